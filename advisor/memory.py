@@ -1,0 +1,276 @@
+"""The memory model: what llama.cpp allocates for a model and a run config.
+
+Follows llama.cpp 0c1e570 (vendored by llama-cpp-python 0.3.36):
+- context sizes: src/llama-context.cpp, llama_context::llama_context()
+- KV cache:      src/llama-kv-cache.cpp, llama_kv_cache::llama_kv_cache()
+- SWA cache:     src/llama-kv-cache-iswa.cpp, llama_kv_cache_iswa::llama_kv_cache_iswa()
+- recurrent:     src/llama-memory-recurrent.cpp, llama_memory_recurrent::llama_memory_recurrent()
+- output buffer: src/llama-context.cpp, llama_context::output_reserve()
+- buffers:       ggml/src/ggml-alloc.c, ggml_backend_alloc_ctx_tensors_from_buft() (per-tensor padding)
+The compute buffer has no closed form (ggml-alloc's greedy reuse); it is a
+documented estimate, checked against real llama.cpp within 5% or 16 MiB.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from advisor.errors import ConfigError
+from advisor.ggml import GGMLType, is_quantized, row_bytes
+from advisor.spec import ModelSpec
+
+MIB = 1 << 20
+CTX_PAD = 256  # GGML_PAD(n_ctx, 256), "ref: PR 17046"
+FLASH_ATTN_MODES = ("on", "off", "auto")
+DEVICES = ("cpu", "cuda")
+# Buffer alignment: CPU TENSOR_ALIGNMENT = 32, CUDA CUDA_ALIGNMENT = 128 (ggml-cuda.cu).
+ALIGNMENT = {"cpu": 32, "cuda": 128}
+CUDA_MATRIX_ROW_PADDING = 512  # ggml-cuda: quantized tensors get padded to a multiple of 512 values
+# Per-device fixed cost outside llama.cpp's buffers. CPU: none. CUDA: the CUDA
+# context and cuBLAS workspace, about 330 MiB measured by unsloth (issue #6718,
+# see shared/peers.md); replaced by a measured value once `verify` has run.
+OVERHEAD_BYTES = {"cpu": 0, "cuda": 330 * MIB}
+
+
+def pad(x: int, n: int) -> int:
+    """GGML_PAD(x, n)."""
+    return -(-x // n) * n
+
+
+@dataclass(frozen=True, slots=True)
+class RunConfig:
+    """What the user asks llama.cpp for, in llama.cpp's flag vocabulary."""
+
+    n_ctx: int = 0  # -c; 0 = n_ctx_train
+    n_parallel: int = 1  # -np, n_seq_max
+    kv_unified: bool = False  # -kvu
+    n_batch: int = 2048  # -b
+    n_ubatch: int = 512  # -ub
+    type_k: GGMLType = GGMLType.F16  # -ctk
+    type_v: GGMLType = GGMLType.F16  # -ctv
+    flash_attn: str = "auto"  # -fa on|off|auto
+    swa_full: bool = False  # --swa-full (llama-server's default is off)
+    device: str = "cpu"  # where the layers go: cpu | cuda (full offload)
+
+
+@dataclass(frozen=True, slots=True)
+class ContextLayout:
+    """The context as llama.cpp resolves it (printed by llama_context:)."""
+
+    n_ctx: int  # cells, padded to 256 (and to n_seq_max streams)
+    n_ctx_seq: int  # cells per stream
+    n_stream: int  # 1 when unified, else n_seq_max
+    n_seq_max: int
+    n_batch: int
+    n_ubatch: int
+    n_ctx_swa: int  # cells per stream of the SWA cache (0 without SWA)
+    flash_attn: bool
+    kv_unified: bool
+    swa_full: bool
+    type_k: GGMLType
+    type_v: GGMLType
+    device: str
+
+
+@dataclass(frozen=True, slots=True)
+class CacheEstimate:
+    """One KV cache as llama.cpp prints it (`llama_kv_cache: size = ...`)."""
+
+    kind: str  # "kv" | "swa"
+    cells: int  # per stream
+    n_layers: int
+    k_bytes: int
+    v_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryEstimate:
+    layout: ContextLayout
+    caches: tuple[CacheEstimate, ...]
+    k_bytes: int
+    v_bytes: int
+    kv_bytes: int
+    recurrent_bytes: int
+    kv_bytes_per_token: int
+    weights_bytes: int
+    compute_bytes: int
+    output_bytes: int
+    overhead_bytes: int
+    total_bytes: int
+
+
+def resolve(spec: ModelSpec, cfg: RunConfig) -> ContextLayout:
+    """llama_context::llama_context(): n_ctx, n_batch and n_ubatch as llama.cpp sets them."""
+    if cfg.n_ctx < 0 or cfg.n_parallel < 1 or cfg.n_batch < 1 or cfg.n_ubatch < 1:
+        raise ConfigError("n_ctx must be >= 0 and n_parallel, n_batch, n_ubatch >= 1")
+    if cfg.flash_attn not in FLASH_ATTN_MODES:
+        raise ConfigError(f"flash_attn must be one of {', '.join(FLASH_ATTN_MODES)}, got {cfg.flash_attn!r}")
+    if cfg.device not in DEVICES:
+        raise ConfigError(f"device must be one of {', '.join(DEVICES)}, got {cfg.device!r}")
+    n_seq_max = cfg.n_parallel
+    n_ctx = cfg.n_ctx or spec.n_ctx_train
+    if n_ctx <= 0:
+        raise ConfigError("the model does not say its training context; pass --ctx")
+    # n_batch and n_ubatch are set before n_ctx is padded
+    n_batch = min(n_ctx, cfg.n_batch)
+    n_ubatch = min(n_batch, cfg.n_ubatch)
+    n_ctx = pad(n_ctx, CTX_PAD)
+    if cfg.kv_unified:
+        n_ctx_seq, n_stream = n_ctx, 1
+    else:
+        n_ctx_seq = pad(n_ctx // n_seq_max, CTX_PAD)
+        n_ctx = n_ctx_seq * n_seq_max  # "n_ctx is not divisible by n_seq_max - rounding down"
+        n_stream = n_seq_max
+    flash_attn = _flash_attn(spec, cfg)
+    n_ctx_swa = 0
+    if spec.has_swa:
+        n_ctx_swa = n_ctx_seq
+        if not cfg.swa_full:
+            # llama_kv_cache_iswa: size_swa = GGML_PAD(min(size_base, n_swa*(unified ? n_seq_max : 1) + n_ubatch), 256)
+            mult = n_seq_max if cfg.kv_unified else 1
+            n_ctx_swa = pad(min(n_ctx_seq, spec.n_swa * mult + n_ubatch), CTX_PAD)
+    return ContextLayout(
+        n_ctx=n_ctx,
+        n_ctx_seq=n_ctx_seq,
+        n_stream=n_stream,
+        n_seq_max=n_seq_max,
+        n_batch=n_batch,
+        n_ubatch=n_ubatch,
+        n_ctx_swa=n_ctx_swa,
+        flash_attn=flash_attn,
+        kv_unified=cfg.kv_unified,
+        swa_full=cfg.swa_full,
+        type_k=cfg.type_k,
+        type_v=cfg.type_v,
+        device=cfg.device,
+    )
+
+
+def _flash_attn(spec: ModelSpec, cfg: RunConfig) -> bool:
+    """llama_init_from_model (src/llama-context.cpp): quantized V needs FA; blocks must divide heads."""
+    for name, t, head in (("K", cfg.type_k, spec.n_embd_head_k), ("V", cfg.type_v, spec.n_embd_head_v)):
+        from advisor.ggml import BLOCK
+
+        blck = BLOCK[t][0]
+        if head and head % blck:
+            raise ConfigError(
+                f"{name} cache type {t.type_name} with block size {blck} does not divide the head size {head}",
+                hint="use f16 or a cache type whose block size divides the head size",
+            )
+    if is_quantized(cfg.type_v) and cfg.flash_attn == "off":
+        raise ConfigError(
+            "V cache quantization requires flash attention",
+            hint="use --flash-attn on (or auto), or an f16 V cache",
+        )
+    # auto resolves to on: the CPU and CUDA backends support FA for these head sizes
+    return cfg.flash_attn != "off"
+
+
+def _tensor_alloc(device: str, t: GGMLType, ne0: int, n_bytes: int) -> int:
+    """ggml_backend_buft_get_alloc_size, padded to the buffer alignment."""
+    if device == "cuda" and is_quantized(t) and ne0 % CUDA_MATRIX_ROW_PADDING:
+        n_bytes += row_bytes(t, CUDA_MATRIX_ROW_PADDING - ne0 % CUDA_MATRIX_ROW_PADDING)
+    return pad(n_bytes, ALIGNMENT[device])
+
+
+def kv_caches(spec: ModelSpec, lay: ContextLayout) -> tuple[CacheEstimate, ...]:
+    """K/V tensors per layer: [n_embd_k_gqa, cells, n_stream] (llama_kv_cache ctor)."""
+    v_max = spec.n_embd_v_gqa_max()
+    out = []
+    groups = [("kv", lay.n_ctx_seq, False)]
+    if spec.has_swa:
+        groups.append(("swa", lay.n_ctx_swa, True))
+    for kind, cells, want_swa in groups:
+        k_bytes = v_bytes = n = 0
+        for il in range(spec.n_layer_all):
+            if not spec.kv_layers[il] or (spec.has_swa and spec.swa_layers[il] != want_swa):
+                continue
+            n += 1
+            nk = spec.n_embd_k_gqa(il)
+            k_bytes += _tensor_alloc(lay.device, lay.type_k, nk, row_bytes(lay.type_k, nk) * cells * lay.n_stream)
+            if not spec.is_mla:  # MLA: has_v = !is_mla, V is a view into K
+                nv = v_max if not lay.flash_attn else spec.n_embd_v_gqa(il)  # v_trans pads V to the widest layer
+                v_bytes += _tensor_alloc(lay.device, lay.type_v, nv, row_bytes(lay.type_v, nv) * cells * lay.n_stream)
+        if n:
+            out.append(CacheEstimate(kind, cells, n, k_bytes, v_bytes))
+    return tuple(out)
+
+
+def kv_bytes_per_token(spec: ModelSpec, lay: ContextLayout) -> int:
+    """Growth of the KV cache per extra token of context (SWA layers only grow with --swa-full)."""
+    v_max = spec.n_embd_v_gqa_max()
+    total = 0
+    for il in range(spec.n_layer_all):
+        if not spec.kv_layers[il] or (spec.has_swa and spec.swa_layers[il] and not lay.swa_full):
+            continue
+        total += row_bytes(lay.type_k, spec.n_embd_k_gqa(il))
+        if not spec.is_mla:
+            nv = v_max if not lay.flash_attn else spec.n_embd_v_gqa(il)
+            total += row_bytes(lay.type_v, nv)
+    return total
+
+
+def recurrent_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
+    """R and S tensors, f32, n_embd_r/s * max(1, n_seq_max) cells per recurrent layer."""
+    cells = max(1, lay.n_seq_max)
+    n = sum(spec.recurrent_layers)
+    r = pad(spec.n_embd_r * 4 * cells, ALIGNMENT[lay.device]) if spec.n_embd_r else 0
+    s = pad(spec.n_embd_s * 4 * cells, ALIGNMENT[lay.device]) if spec.n_embd_s else 0
+    return n * (r + s)
+
+
+def output_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
+    """llama_context::output_reserve: logits for n_seq_max outputs (one per sequence), f32."""
+    return spec.n_vocab * 4 * lay.n_seq_max
+
+
+def compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
+    """Estimate of the compute buffers (ggml-alloc has no closed form).
+
+    The worst-case graph is reserved for n_ubatch tokens against the full
+    cache. Its peak is the largest of: the logits of every token in the
+    ubatch (f32 n_vocab x n_ubatch, plus the hidden state), the attention
+    scores without flash attention (f32 n_kv x n_ubatch x n_head: the term
+    FA removes), and the feed-forward activations.
+    """
+    ub = lay.n_ubatch
+    f32 = 4
+    n_head = max(spec.n_head, default=0)
+    hidden = f32 * ub * spec.n_embd * 2
+    logits = f32 * ub * spec.n_vocab + hidden
+    n_kv = lay.n_ctx_seq if any(spec.kv_layers) else 0
+    if lay.flash_attn:
+        attn = f32 * ub * n_kv + hidden
+    else:
+        attn = f32 * ub * n_kv * n_head + f32 * ub * n_kv + hidden
+    n_ff = spec.n_ff
+    ffn = f32 * ub * (2 * n_ff) + hidden
+    return pad(max(logits, attn, ffn), MIB // 2)
+
+
+def estimate(spec: ModelSpec, cfg: RunConfig) -> MemoryEstimate:
+    lay = resolve(spec, cfg)
+    caches = kv_caches(spec, lay)
+    k = sum(c.k_bytes for c in caches)
+    v = sum(c.v_bytes for c in caches)
+    rs = recurrent_bytes(spec, lay)
+    weights = spec.weights_bytes
+    if lay.device == "cuda" and spec.output_bytes == 0:
+        weights += spec.tok_embd_bytes  # tied embeddings: the GPU holds a copy as the output layer
+    compute = compute_bytes(spec, lay)
+    out = output_bytes(spec, lay)
+    overhead = OVERHEAD_BYTES[lay.device]
+    return MemoryEstimate(
+        layout=lay,
+        caches=caches,
+        k_bytes=k,
+        v_bytes=v,
+        kv_bytes=k + v,
+        recurrent_bytes=rs,
+        kv_bytes_per_token=kv_bytes_per_token(spec, lay),
+        weights_bytes=weights,
+        compute_bytes=compute,
+        output_bytes=out,
+        overhead_bytes=overhead,
+        total_bytes=weights + k + v + rs + compute + out + overhead,
+    )

@@ -1,0 +1,74 @@
+"""ModelSpec: what the memory model needs to know about a model.
+
+Field names follow llama.cpp's ``llama_hparams`` (src/llama-hparams.h,
+llama.cpp 0c1e570). Per-layer values are tuples of length ``n_layer_all``
+(every block in the file, MTP/NextN blocks included).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SWA_NONE = "none"
+SWA_STANDARD = "standard"
+SWA_CHUNKED = "chunked"
+SWA_SYMMETRIC = "symmetric"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    name: str
+    architecture: str  # general.architecture
+    source: str  # where the spec came from: a path, a repo id, a profile
+    n_layer_all: int  # {arch}.block_count
+    n_layer_nextn: int  # {arch}.nextn_predict_layers: MTP blocks, no KV in the main context
+    n_embd: int  # {arch}.embedding_length
+    n_vocab: int  # tokenizer.ggml.tokens length (or {arch}.vocab_size)
+    n_ctx_train: int  # {arch}.context_length
+    n_head: tuple[int, ...]  # {arch}.attention.head_count, per layer
+    n_head_kv: tuple[int, ...]  # {arch}.attention.head_count_kv, per layer (GQA; never n_head)
+    n_embd_head_k: int  # {arch}.attention.key_length (default n_embd / n_head)
+    n_embd_head_v: int  # {arch}.attention.value_length (default n_embd / n_head)
+    n_embd_head_k_swa: int  # {arch}.attention.key_length_swa (default n_embd_head_k)
+    n_embd_head_v_swa: int  # {arch}.attention.value_length_swa (default n_embd_head_v)
+    n_swa: int  # {arch}.attention.sliding_window (0: no SWA)
+    swa_type: str  # none | standard | chunked | symmetric
+    swa_layers: tuple[bool, ...]  # is_swa(il)
+    recurrent_layers: tuple[bool, ...]  # is_recr(il): layers with recurrent state instead of KV
+    kv_layers: tuple[bool, ...]  # layers that own K/V cells in the main context
+    n_embd_r: int  # recurrent conv/token-shift state per layer and sequence, f32 values
+    n_embd_s: int  # recurrent ssm/wkv state per layer and sequence, f32 values
+    is_mla: bool  # key_length_mla and value_length_mla present: K only, V is a view of K
+    n_ff: int  # {arch}.feed_forward_length (largest layer)
+    n_expert: int  # {arch}.expert_count
+    n_expert_used: int  # {arch}.expert_used_count
+    weights_bytes: int  # every tensor in the file, as stored
+    tok_embd_bytes: int  # token_embd.weight: always kept on the CPU by llama.cpp
+    output_bytes: int  # output.weight; 0 when tied to token_embd (llama.cpp then duplicates it)
+    file_type: str  # dominant tensor type of the weights, e.g. q4_K
+    verified: bool  # architecture checked against real llama.cpp in kvadvise's tests
+    notes: tuple[str, ...] = ()
+
+    @property
+    def n_layer(self) -> int:
+        """llama_hparams::n_layer(): the trunk, without MTP/NextN blocks."""
+        return self.n_layer_all - self.n_layer_nextn
+
+    def n_embd_k_gqa(self, il: int) -> int:
+        head = self.n_embd_head_k_swa if self.swa_layers[il] else self.n_embd_head_k
+        return head * self.n_head_kv[il]
+
+    def n_embd_v_gqa(self, il: int) -> int:
+        head = self.n_embd_head_v_swa if self.swa_layers[il] else self.n_embd_head_v
+        return head * self.n_head_kv[il]
+
+    def n_embd_v_gqa_max(self) -> int:
+        return max((self.n_embd_v_gqa(il) for il in range(self.n_layer_all)), default=0)
+
+    @property
+    def has_swa(self) -> bool:
+        return self.swa_type != SWA_NONE and any(self.swa_layers)
+
+    @property
+    def has_recurrent(self) -> bool:
+        return any(self.recurrent_layers)
