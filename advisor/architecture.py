@@ -83,7 +83,7 @@ class _Keys:
     def raw(self, suffix: str) -> Value | None:
         return self.md.get(f"{self.arch}.{suffix}")
 
-    def int(self, suffix: str, default: int | None = None) -> int:
+    def num(self, suffix: str, default: int | None = None) -> int:
         v = self.raw(suffix)
         if v is None:
             if default is None:
@@ -107,7 +107,7 @@ class _Keys:
             if any(x < 0 for x in vals):
                 raise GGUFError(f"{self.source}: {self.arch}.{suffix} has a negative value")
             return vals
-        return (self.int(suffix, default),) * n
+        return (self.num(suffix, default),) * n
 
     def bools(self, suffix: str, n: int) -> tuple[bool, ...] | None:
         v = self.raw(suffix)
@@ -145,7 +145,7 @@ def _swa(k: _Keys, arch: str, n_layer: int, n_layer_all: int) -> tuple[str, int,
         return none  # phi3.cpp: "Phi SWA is currently disabled"
     if rule.needs_key and not (isinstance(n_swa_key, int) and n_swa_key > 0):
         return none
-    n_swa = k.int("attention.sliding_window", rule.n_swa_default)
+    n_swa = k.num("attention.sliding_window", rule.n_swa_default)
     if arch == "llama4" and n_swa_key == 0:
         return none
     # llama_model_base::load_swa_pattern: a bool array wins, else an int n_pattern, else the arch default
@@ -166,21 +166,21 @@ def _recurrent(k: _Keys, arch: str, n_layer: int, n_layer_all: int, n_head_kv: t
         explicit = k.bools("attention.recurrent_layers", n_layer_all)
         if explicit is not None:
             return explicit
-        interval = k.int("full_attention_interval", 4)
+        interval = k.num("full_attention_interval", 4)
         return tuple(il < n_layer and interval > 0 and (il + 1) % interval != 0 for il in range(n_layer_all))
     return (False,) * n_layer_all
 
 
 def _recurrent_dims(k: _Keys, n_embd: int) -> tuple[int, int]:
     """llama_hparams::n_embd_r() and n_embd_s() (src/llama-hparams.cpp)."""
-    wkv = k.int("wkv.head_size", 0)
+    wkv = k.num("wkv.head_size", 0)
     if wkv:
-        return k.int("token_shift_count", 2) * n_embd, n_embd * wkv
-    l_cache = k.int("shortconv.l_cache", 0)
-    d_conv = k.int("ssm.conv_kernel", 0)
-    d_inner = k.int("ssm.inner_size", 0)
-    d_state = k.int("ssm.state_size", 0)
-    n_group = k.int("ssm.group_count", 0)
+        return k.num("token_shift_count", 2) * n_embd, n_embd * wkv
+    l_cache = k.num("shortconv.l_cache", 0)
+    d_conv = k.num("ssm.conv_kernel", 0)
+    d_inner = k.num("ssm.inner_size", 0)
+    d_state = k.num("ssm.state_size", 0)
+    n_group = k.num("ssm.group_count", 0)
     if l_cache:
         return n_embd * (l_cache - 1), d_state * d_inner
     n_r = (d_conv - 1 if d_conv > 0 else 0) * (d_inner + 2 * n_group * d_state)
@@ -204,26 +204,28 @@ def from_gguf(header: GGUFHeader) -> ModelSpec:
     arch = header.architecture
     k = _Keys(header, arch)
     notes: list[str] = []
-    n_layer_all = k.int("block_count")
+    n_layer_all = k.num("block_count")
     if n_layer_all == 0 or n_layer_all > 100_000:
         raise GGUFError(f"{header.source}: {arch}.block_count is {n_layer_all}")
-    n_layer_nextn = k.int("nextn_predict_layers", 0)
+    n_layer_nextn = k.num("nextn_predict_layers", 0)
     if n_layer_nextn > n_layer_all:
         raise GGUFError(f"{header.source}: nextn_predict_layers {n_layer_nextn} > block_count {n_layer_all}")
     n_layer = n_layer_all - n_layer_nextn
-    n_embd = k.int("embedding_length")
+    n_embd = k.num("embedding_length")
     n_head = k.per_layer("attention.head_count", n_layer_all, 0)
     # llama_model::load_hparams: head_count_kv defaults to head_count (MHA)
-    n_head_kv = k.per_layer("attention.head_count_kv", n_layer_all, n_head[0]) if k.raw(
-        "attention.head_count_kv"
-    ) is not None else n_head
+    n_head_kv = (
+        k.per_layer("attention.head_count_kv", n_layer_all, n_head[0])
+        if k.raw("attention.head_count_kv") is not None
+        else n_head
+    )
     head0 = n_head[0] or max(n_head, default=0)
     default_head = n_embd // head0 if head0 else 0
-    n_embd_head_k = k.int("attention.key_length", default_head)
-    n_embd_head_v = k.int("attention.value_length", default_head)
-    n_embd_head_k_swa = k.int("attention.key_length_swa", n_embd_head_k)
-    n_embd_head_v_swa = k.int("attention.value_length_swa", n_embd_head_v)
-    is_mla = k.int("attention.key_length_mla", 0) > 0 and k.int("attention.value_length_mla", 0) > 0
+    n_embd_head_k = k.num("attention.key_length", default_head)
+    n_embd_head_v = k.num("attention.value_length", default_head)
+    n_embd_head_k_swa = k.num("attention.key_length_swa", n_embd_head_k)
+    n_embd_head_v_swa = k.num("attention.value_length_swa", n_embd_head_v)
+    is_mla = k.num("attention.key_length_mla", 0) > 0 and k.num("attention.value_length_mla", 0) > 0
 
     swa_type, n_swa, swa_layers = _swa(k, arch, n_layer, n_layer_all)
     recurrent = _recurrent(k, arch, n_layer, n_layer_all, n_head_kv)
@@ -234,13 +236,22 @@ def from_gguf(header: GGUFHeader) -> ModelSpec:
     kv_layers = tuple(il < n_layer and not recurrent[il] and n_head_kv[il] > 0 for il in range(n_layer_all))
     if arch in ("gemma3n", "gemma4"):
         # n_layer_kv_from_start = n_layer - shared_kv_layers: later layers reuse a cache
-        shared = k.int("attention.shared_kv_layers", 0)
+        shared = k.num("attention.shared_kv_layers", 0)
         kv_layers = tuple(ok and il < n_layer - shared for il, ok in enumerate(kv_layers))
 
     by_name = {t.name: t for t in header.tensors}
     tok_embd = by_name.get("token_embd.weight")
     output = by_name.get("output.weight")
-    weights_bytes = header.data_bytes  # the data section: what the mmap-ed model buffer spans
+    # llama.cpp skips the MTP/NextN blocks' tensors unless asked to load them
+    # (src/models/glm4-moe.cpp and others: mtp_flags |= TENSOR_SKIP when !load_mtp).
+    mtp_prefixes = tuple(f"blk.{il}." for il in range(n_layer, n_layer_all))
+    loaded = [t for t in header.tensors if not (mtp_prefixes and t.name.startswith(mtp_prefixes))]
+    if len(loaded) < len(header.tensors):
+        skipped = sum(t.n_bytes for t in header.tensors) - sum(t.n_bytes for t in loaded)
+        notes.append(f"MTP/NextN block weights ({skipped:,} B) are not loaded by llama.cpp by default")
+    # The file span of the loaded tensors: what llama.cpp's mmap-ed CPU model buffer
+    # covers (a buffer from the host pointer [first offset, last end)).
+    weights_bytes = max(t.offset + t.n_bytes for t in loaded) - min(t.offset for t in loaded) if loaded else 0
     type_bytes: Counter[str] = Counter()
     for t in header.tensors:
         if len(t.shape) >= 2:
@@ -261,7 +272,7 @@ def from_gguf(header: GGUFHeader) -> ModelSpec:
         n_layer_nextn=n_layer_nextn,
         n_embd=n_embd,
         n_vocab=_n_vocab(header, k),
-        n_ctx_train=k.int("context_length", 0),
+        n_ctx_train=k.num("context_length", 0),
         n_head=n_head,
         n_head_kv=n_head_kv,
         n_embd_head_k=n_embd_head_k,
@@ -276,9 +287,9 @@ def from_gguf(header: GGUFHeader) -> ModelSpec:
         n_embd_r=n_embd_r,
         n_embd_s=n_embd_s,
         is_mla=is_mla,
-        n_ff=k.int("feed_forward_length", 0),
-        n_expert=k.int("expert_count", 0),
-        n_expert_used=k.int("expert_used_count", 0),
+        n_ff=k.num("feed_forward_length", 0),
+        n_expert=k.num("expert_count", 0),
+        n_expert_used=k.num("expert_used_count", 0),
         weights_bytes=weights_bytes,
         tok_embd_bytes=tok_embd.n_bytes if tok_embd else 0,
         output_bytes=output.n_bytes if output else 0,

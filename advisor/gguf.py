@@ -19,7 +19,7 @@ import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, Union
+from typing import Protocol
 
 from advisor.errors import GGUFError, InputError
 from advisor.ggml import BLOCK, GGMLType
@@ -53,7 +53,7 @@ _SCALAR_FMT = {
 }
 _SCALAR_SIZE = {t: struct.calcsize(f) for t, f in _SCALAR_FMT.items()}
 TYPE_NAMES = {
-    **{t: n for t, n in zip(range(8), ("u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool"))},
+    **{t: n for t, n in zip(range(8), ("u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool"), strict=True)},
     T_STRING: "string",
     T_ARRAY: "array",
     T_UINT64: "u64",
@@ -71,7 +71,7 @@ class GGUFArray:
     values: tuple[Value, ...] | None = None
 
 
-Value = Union[int, float, bool, str, GGUFArray]
+Value = int | float | bool | str | GGUFArray
 
 
 @dataclass(frozen=True, slots=True)
@@ -385,7 +385,9 @@ class _Reader:
         for k in range(n_tensors):
             name = self.string(f"tensor #{k} name", limit=1 << 16)
             if len(name.encode()) >= GGML_MAX_NAME:
-                raise self.fail(f"tensor #{k} name {name[:80]!r} is {len(name)} bytes; llama.cpp allows < {GGML_MAX_NAME}")
+                raise self.fail(
+                    f"tensor #{k} name {name[:80]!r} is {len(name)} bytes; llama.cpp allows < {GGML_MAX_NAME}"
+                )
             if name in names:
                 raise self.fail(f"duplicate tensor name {name!r}")
             names.add(name)

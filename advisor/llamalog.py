@@ -32,7 +32,9 @@ _RS_SUMMARY = re.compile(
     r"size\s*=\s*(?P<mib>[\d.]+) MiB \(\s*(?P<cells>\d+) cells,\s*(?P<layers>\d+) layers,\s*(?P<seqs>\d+) seqs\), "
     r"R \((?P<type_r>\w+)\):\s*(?P<r_mib>[\d.]+) MiB, S \((?P<type_s>\w+)\):\s*(?P<s_mib>[\d.]+) MiB"
 )
-_CPARAM = re.compile(r"llama_context:\s+(?P<key>n_ctx|n_ctx_seq|n_batch|n_ubatch|flash_attn|n_seq_max)\s+=\s+(?P<val>\S+)")
+_CPARAM = re.compile(
+    r"llama_context:\s+(?P<key>n_ctx|n_ctx_seq|n_batch|n_ubatch|flash_attn|n_seq_max)\s+=\s+(?P<val>\S+)"
+)
 _OFFLOADED = re.compile(r"offloaded (?P<gpu>\d+)/(?P<total>\d+) layers to GPU")
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from advisor.errors import ConfigError
-from advisor.ggml import GGMLType, is_quantized, row_bytes
+from advisor.ggml import BLOCK, GGMLType, is_quantized, row_bytes
 from advisor.spec import ModelSpec
 
 MIB = 1 << 20
@@ -147,23 +147,34 @@ def resolve(spec: ModelSpec, cfg: RunConfig) -> ContextLayout:
 
 
 def _flash_attn(spec: ModelSpec, cfg: RunConfig) -> bool:
-    """llama_init_from_model (src/llama-context.cpp): quantized V needs FA; blocks must divide heads."""
-    for name, t, head in (("K", cfg.type_k, spec.n_embd_head_k), ("V", cfg.type_v, spec.n_embd_head_v)):
-        from advisor.ggml import BLOCK
-
-        blck = BLOCK[t][0]
-        if head and head % blck:
-            raise ConfigError(
-                f"{name} cache type {t.type_name} with block size {blck} does not divide the head size {head}",
-                hint="use f16 or a cache type whose block size divides the head size",
-            )
-    if is_quantized(cfg.type_v) and cfg.flash_attn == "off":
+    """llama_init_from_model (src/llama-context.cpp): the checks it makes before the context exists."""
+    fa = "off" if spec.architecture == "grok" else cfg.flash_attn  # "flash_attn is not compatible with Grok"
+    if spec.is_mla and cfg.type_k != cfg.type_v:
         raise ConfigError(
-            "V cache quantization requires flash attention",
+            f"this model does not support different K ({cfg.type_k.type_name}) and V ({cfg.type_v.type_name}) cache types",
+            hint="MLA models keep one compressed cache: give -ctk and -ctv the same type",
+        )
+    if is_quantized(cfg.type_v) and fa == "off":
+        raise ConfigError(
+            "quantized V cache requires flash attention",
             hint="use --flash-attn on (or auto), or an f16 V cache",
         )
-    # auto resolves to on: the CPU and CUDA backends support FA for these head sizes
-    return cfg.flash_attn != "off"
+    if fa != "off":  # auto resolves to on: the CPU and CUDA backends support FA for these head sizes
+        heads = [
+            (spec.n_embd_head_k_swa, spec.n_embd_head_v_swa)
+            if spec.swa_layers[il]
+            else (spec.n_embd_head_k, spec.n_embd_head_v)
+            for il in range(spec.n_layer)
+        ]
+        for name, t, idx in (("K", cfg.type_k, 0), ("V", cfg.type_v, 1)):
+            blck = BLOCK[t][0]
+            bad = sorted({h[idx] for h in heads if h[idx] % blck})
+            if is_quantized(t) and bad:
+                raise ConfigError(
+                    f"{name} cache type {t.type_name} with block size {blck} does not divide the head size {bad[0]}",
+                    hint="use f16, or a cache type whose block size divides the head size",
+                )
+    return fa != "off"
 
 
 def _tensor_alloc(device: str, t: GGMLType, ne0: int, n_bytes: int) -> int:
@@ -239,10 +250,7 @@ def compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     hidden = f32 * ub * spec.n_embd * 2
     logits = f32 * ub * spec.n_vocab + hidden
     n_kv = lay.n_ctx_seq if any(spec.kv_layers) else 0
-    if lay.flash_attn:
-        attn = f32 * ub * n_kv + hidden
-    else:
-        attn = f32 * ub * n_kv * n_head + f32 * ub * n_kv + hidden
+    attn = f32 * ub * n_kv + hidden if lay.flash_attn else f32 * ub * n_kv * n_head + f32 * ub * n_kv + hidden
     n_ff = spec.n_ff
     ffn = f32 * ub * (2 * n_ff) + hidden
     return pad(max(logits, attn, ffn), MIB // 2)

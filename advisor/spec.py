@@ -72,3 +72,10 @@ class ModelSpec:
     @property
     def has_recurrent(self) -> bool:
         return any(self.recurrent_layers)
+
+
+def with_weights(spec: ModelSpec, weights_bytes: int) -> ModelSpec:
+    """The same model with a known weights size (a config.json alone does not say)."""
+    from dataclasses import replace
+
+    return replace(spec, weights_bytes=weights_bytes)

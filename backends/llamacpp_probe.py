@@ -10,7 +10,7 @@ llama.cpp cannot take the parent down.
 
 Request keys: model (path), n_ctx, n_batch, n_ubatch, n_seq_max, kv_unified,
 flash_attn ("on"|"off"|"auto"), type_k, type_v (ggml type ids), swa_full,
-n_gpu_layers, n_eval (tokens to decode; 0 = load only).
+n_gpu_layers, extra_bufts (CPU repacking), n_eval (tokens to decode; 0 = load only).
 """
 
 from __future__ import annotations
@@ -24,7 +24,13 @@ from typing import Any
 FA = {"auto": -1, "off": 0, "on": 1}
 
 
-def _log_to_stderr() -> Any:
+_LOG_CB: Any = None  # the C side keeps a pointer to it: it must live as long as the process
+
+
+def _log_to_stderr() -> None:
+    global _LOG_CB
+    if _LOG_CB is not None:
+        return
     import llama_cpp
 
     @llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]
@@ -33,16 +39,17 @@ def _log_to_stderr() -> Any:
         sys.stderr.flush()
 
     llama_cpp.llama_log_set(cb, ctypes.c_void_p(0))
-    return cb  # keep a reference: the C side holds a pointer to it
+    _LOG_CB = cb
 
 
 def probe(req: dict[str, Any]) -> dict[str, Any]:
     import llama_cpp as L
 
-    keep = _log_to_stderr()
+    _log_to_stderr()
     L.llama_backend_init()
     mp = L.llama_model_default_params()
     mp.n_gpu_layers = int(req.get("n_gpu_layers", -1))
+    mp.use_extra_bufts = bool(req.get("extra_bufts", True))  # CPU_REPACK copies of some quantized matrices
     model = L.llama_model_load_from_file(str(req["model"]).encode(), mp)
     if not model:
         return {"ok": False, "stage": "load_model", "error": "llama.cpp could not load the model"}
@@ -84,19 +91,32 @@ def probe(req: dict[str, Any]) -> dict[str, Any]:
         out["logit0"] = float(logits[0]) if logits else None
     L.llama_free(ctx)
     L.llama_model_free(model)
-    del keep
     return out
 
 
+MARK = "=== kvadvise-probe request {} ==="
+
+
 def main() -> int:
+    """One request (a JSON object) or several (a JSON list, one model load each).
+
+    With a list, each result is one line on stdout and each request's log is
+    preceded on stderr by a MARK line, so the parent can split the logs.
+    """
     req = json.loads(sys.argv[1])
-    try:
-        out = probe(req)
-    except Exception as e:  # llama-cpp-python raises on some failures; report, don't crash
-        out = {"ok": False, "stage": "exception", "error": f"{type(e).__name__}: {e}"}
-    sys.stdout.write(json.dumps(out) + "\n")
-    sys.stdout.flush()
-    return 0 if out.get("ok") else 3
+    reqs = req if isinstance(req, list) else [req]
+    rc = 0
+    for i, r in enumerate(reqs):
+        sys.stderr.write(MARK.format(i) + "\n")
+        sys.stderr.flush()
+        try:
+            out = probe(r)
+        except Exception as e:  # llama-cpp-python raises on some failures; report, don't crash
+            out = {"ok": False, "stage": "exception", "error": f"{type(e).__name__}: {e}"}
+        sys.stdout.write(json.dumps(out) + "\n")
+        sys.stdout.flush()
+        rc = rc or (0 if out.get("ok") else 3)
+    return rc
 
 
 if __name__ == "__main__":

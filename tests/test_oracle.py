@@ -1,0 +1,88 @@
+"""The oracle: kvadvise's memory model against real llama.cpp.
+
+Every architecture kvadvise calls verified is built as a tiny random-weight
+GGUF (tests/tinymodels.py) and loaded by llama.cpp (llama-cpp-python 0.3.36,
+vendored llama.cpp 0c1e570) under a matrix of run configs, as is the real
+Gemma 3 270M. KV, recurrent state, weights, output buffer and the resolved
+context must match what llama.cpp prints to the 0.01 MiB it prints;
+the compute buffer within 5% or 16 MiB. Configs llama.cpp refuses must be
+refused by kvadvise too, and the other way round.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+import pytest
+from oracle import Measured, check, describe, run_llama
+from tinymodels import RECIPE_ARCH, RECIPES, write_tiny_gguf
+
+from advisor.architecture import VERIFIED, from_gguf
+from advisor.ggml import GGMLType
+from advisor.gguf import read_file
+from advisor.memory import RunConfig
+
+F16, Q8, Q4 = GGMLType.F16, GGMLType.Q8_0, GGMLType.Q4_0
+
+# Context sizes that are not multiples of 256, 1 to 4 sequences, unified or
+# not, f16/q8_0/q4_0 and mixed K/V, flash attention on/off/auto, swa_full.
+TINY_CONFIGS = (
+    RunConfig(n_ctx=1000, type_k=F16, type_v=F16, flash_attn="on"),
+    RunConfig(n_ctx=2048, n_parallel=4, type_k=Q8, type_v=Q8, flash_attn="on"),
+    RunConfig(n_ctx=3000, type_k=Q4, type_v=F16, flash_attn="off"),
+    RunConfig(n_ctx=1536, n_parallel=2, kv_unified=True, type_k=F16, type_v=Q8, flash_attn="auto"),
+    RunConfig(n_ctx=4100, type_k=Q8, type_v=Q4, flash_attn="on", swa_full=True, n_batch=1024, n_ubatch=256),
+    RunConfig(n_ctx=700, n_parallel=3, type_k=F16, type_v=F16, flash_attn="off", n_batch=512),
+    RunConfig(n_ctx=2000, type_k=Q8, type_v=Q8, flash_attn="off"),  # quantized V without FA: refused
+)
+
+TINY_VOCAB = 32000
+
+GEMMA_CONFIGS = (
+    RunConfig(n_ctx=4096, flash_attn="on"),
+    RunConfig(n_ctx=10000, type_k=Q8, type_v=Q8, flash_attn="on"),  # padded to 10240
+    RunConfig(n_ctx=4000, flash_attn="off"),
+    RunConfig(n_ctx=8192, n_parallel=4, type_k=Q4, type_v=Q4, flash_attn="on"),
+    RunConfig(n_ctx=2048, type_k=Q8, type_v=F16, flash_attn="off", swa_full=True),
+    RunConfig(n_ctx=32768, n_parallel=2, kv_unified=True, flash_attn="auto"),
+    RunConfig(n_ctx=6000, flash_attn="off", n_ubatch=128, n_batch=256),
+)
+
+
+@cache
+def _tiny(recipe: str, root: str) -> tuple[Path, list[Measured]]:
+    # A real-size vocabulary, so that the logits dominate the compute buffer as they do in real models
+    path = write_tiny_gguf(Path(root) / f"{recipe}.gguf", recipe, n_vocab=TINY_VOCAB)
+    return path, run_llama(path, list(TINY_CONFIGS))
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(tmp_path_factory.mktemp("tiny"))
+
+
+def test_every_verified_architecture_has_a_recipe() -> None:
+    assert {RECIPE_ARCH[r] for r in RECIPES} >= VERIFIED
+
+
+@pytest.mark.llama
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("i", range(len(TINY_CONFIGS)), ids=[describe(c) for c in TINY_CONFIGS])
+def test_tiny_model_matches_llama_cpp(recipe: str, i: int, tiny_dir: str) -> None:
+    path, measured = _tiny(recipe, tiny_dir)
+    spec = from_gguf(read_file(path))
+    assert spec.verified, spec.notes
+    assert check(recipe, spec, TINY_CONFIGS[i], measured[i]) == []
+
+
+@cache
+def _gemma(path: str) -> list[Measured]:
+    return run_llama(Path(path), list(GEMMA_CONFIGS))
+
+
+@pytest.mark.llama
+@pytest.mark.parametrize("i", range(len(GEMMA_CONFIGS)), ids=[describe(c) for c in GEMMA_CONFIGS])
+def test_gemma3_270m_matches_llama_cpp(i: int, gemma_path: Path) -> None:
+    spec = from_gguf(read_file(gemma_path))
+    assert check("gemma-3-270m Q4_K_M", spec, GEMMA_CONFIGS[i], _gemma(str(gemma_path))[i]) == []
