@@ -157,17 +157,17 @@ def plugins(as_json: bool) -> None:
     """List the installed backends, and any that failed to load."""
     from advisor.plugins import discover
 
-    reg = discover()
+    backends, broken = discover().load_all()
     if as_json:
         doc = {
-            "backends": [{"name": n, "summary": b.summary} for n, b in sorted(reg.backends.items())],
-            "broken": [{"name": b.name, "target": b.target, "error": b.error} for b in reg.broken],
+            "backends": [{"name": n, "summary": b.summary} for n, b in sorted(backends.items())],
+            "broken": [{"name": b.name, "target": b.target, "error": b.error} for b in broken],
         }
         click.echo(json.dumps(doc, indent=2))
         return
-    for name, b in sorted(reg.backends.items()):
+    for name, b in sorted(backends.items()):
         click.echo(f"{name:<10} {b.summary}")
-    for br in reg.broken:
+    for br in broken:
         click.echo(f"{br.name:<10} BROKEN ({br.target}): {br.error}")
 
 

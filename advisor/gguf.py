@@ -295,10 +295,14 @@ class _Reader:
         metadata: dict[str, Value] = {}
         for k in range(n_kv):
             key = self.string(f"metadata key #{k}", limit=1 << 16)
+            if not key:
+                raise self.fail(f"metadata key #{k} is empty")
             t = self.u32(f"the type of {key!r}")
             if key in metadata:
                 raise self.fail(f"duplicate metadata key {key!r}")
             metadata[key] = self.value(t, key, depth=0)
+            if key == "general.alignment" and t != T_UINT32:
+                raise self.fail(f"general.alignment must be of type u32, got {TYPE_NAMES[t]}")
 
         alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
         if (
@@ -320,8 +324,10 @@ class _Reader:
                     "(tensors must be packed in order)"
                 )
             data_bytes += -(-ti.n_bytes // alignment) * alignment
-        if self.size is not None and data_offset + data_bytes > self.size:
-            need = data_offset + data_bytes
+        # llama.cpp only needs each tensor's own bytes inside the file (llama_tensor_weight), not the
+        # padding after the last one; a file without tensors (vocab-only) has no data section at all
+        need = data_offset + tensors[-1].offset + tensors[-1].n_bytes if tensors else header_bytes
+        if self.size is not None and need > self.size:
             raise GGUFError(
                 f"{self.name}: file is truncated: its tensors need {need:,} bytes but the file has {self.size:,}"
                 f" ({need - self.size:,} missing)",

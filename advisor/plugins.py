@@ -9,7 +9,7 @@ reported by name and skipped; it never breaks the others.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 from advisor.errors import InputError
 from advisor.spec import ModelSpec
@@ -17,7 +17,6 @@ from advisor.spec import ModelSpec
 GROUP = "kvadvise.backends"
 
 
-@runtime_checkable
 class Backend(Protocol):
     """A source of model specs (and, for runtimes, of live state and configs)."""
 
@@ -38,28 +37,42 @@ class BrokenPlugin:
 
 @dataclass(frozen=True, slots=True)
 class Registry:
-    backends: dict[str, Backend]
-    broken: tuple[BrokenPlugin, ...]
+    """What the entry points declare; a backend is imported only when asked for."""
+
+    targets: dict[str, str]  # name -> "module:attr"
 
     def get(self, name: str) -> Backend:
+        target = self.targets.get(name)
+        if target is None:
+            known = ", ".join(sorted(self.targets)) or "none"
+            raise InputError(f"no backend named {name!r}", hint=f"installed backends: {known}")
         try:
-            return self.backends[name]
-        except KeyError:
-            known = ", ".join(sorted(self.backends)) or "none"
-            raise InputError(f"no backend named {name!r}", hint=f"installed backends: {known}") from None
+            return _load(target)
+        except InputError:
+            raise
+        except Exception as e:  # a plugin may fail in any way; say which one
+            raise InputError(
+                f"backend {name!r} ({target}) failed to load: {type(e).__name__}: {e}",
+                hint="reinstall or remove the plugin; `kvadvise plugins` lists them all",
+            ) from e
+
+    def load_all(self) -> tuple[dict[str, Backend], tuple[BrokenPlugin, ...]]:
+        """Import every backend; a broken plugin is reported by name and skipped."""
+        backends: dict[str, Backend] = {}
+        broken: list[BrokenPlugin] = []
+        for name, target in sorted(self.targets.items()):
+            try:
+                backends[name] = _load(target)
+            except Exception as e:  # a third-party plugin may fail in any way; report it, keep going
+                broken.append(BrokenPlugin(name, target, f"{type(e).__name__}: {e}"))
+        return backends, tuple(broken)
 
 
 def discover() -> Registry:
-    backends: dict[str, Backend] = {}
-    broken: list[BrokenPlugin] = []
+    targets: dict[str, str] = {}
     for name, target in _entry_points(GROUP):
-        try:
-            backend = _load(target)
-        except Exception as e:  # a third-party plugin may fail in any way; report it, keep going
-            broken.append(BrokenPlugin(name, target, f"{type(e).__name__}: {e}"))
-            continue
-        backends.setdefault(name, backend)
-    return Registry(backends, tuple(broken))
+        targets.setdefault(name, target)
+    return Registry(targets)
 
 
 def _load(target: str) -> Backend:
@@ -70,9 +83,9 @@ def _load(target: str) -> Backend:
     for part in attr.strip().split(".") if attr.strip() else ():
         obj = getattr(obj, part)
     backend = obj() if isinstance(obj, type) else obj
-    if not isinstance(backend, Backend):
+    if not all(hasattr(backend, a) for a in ("name", "summary", "load_spec")):
         raise TypeError("does not implement the Backend protocol (name, summary, load_spec)")
-    return backend
+    return backend  # type: ignore[no-any-return]
 
 
 def _entry_points(group: str) -> list[tuple[str, str]]:

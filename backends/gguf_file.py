@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from advisor.architecture import from_gguf
-from advisor.gguf import read_file
+from advisor.headercache import read
 from advisor.spec import ModelSpec
 
 
 class GGUFFileBackend:
     name = "gguf"
-    summary = "a local GGUF file (header only; the weights are never read)"
+    summary = "a local GGUF file (header only; the weights are never read; headers are cached)"
 
     def load_spec(self, ref: str) -> ModelSpec:
-        return from_gguf(read_file(ref))
+        return from_gguf(read(ref))

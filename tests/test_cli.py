@@ -1,0 +1,146 @@
+"""The command line: JSON keys, numbers, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from advisor.cli import main
+from advisor.gguf import read_file
+from advisor.headercache import load, read
+
+MIB = 1 << 20
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    rc = main(list(args))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_json_keys_and_numbers_for_gemma(gemma_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run(
+        capsys, "gguf", str(gemma_path), "--ctx", "10000", "-ctk", "q8_0", "-ctv", "q8_0", "-fa", "on", "--json"
+    )
+    assert (rc, err) == (0, "")
+    doc = json.loads(out)
+    assert set(doc) >= {"model", "config", "memory", "budget", "fits", "reasons"}
+    assert doc["budget"] is None and doc["fits"] is None and doc["reasons"] == []
+    m = doc["model"]
+    assert (m["architecture"], m["n_layer"], m["n_vocab"], m["n_ctx_train"]) == ("gemma3", 18, 262144, 32768)
+    assert (m["n_head"], m["n_head_kv"], m["n_embd_head_k"], m["n_swa"], m["n_layer_swa"]) == (4, 1, 256, 512, 15)
+    c = doc["config"]
+    assert c == {
+        "n_ctx": 10240,  # 10000 padded to a multiple of 256, as llama.cpp prints it
+        "n_ctx_requested": 10000,
+        "n_ctx_seq": 10240,
+        "n_ctx_swa": 1024,  # pad(512 + 512, 256)
+        "n_parallel": 1,
+        "kv_unified": False,
+        "n_batch": 2048,
+        "n_ubatch": 512,
+        "type_k": "q8_0",
+        "type_v": "q8_0",
+        "flash_attn": True,
+        "swa_full": False,
+        "device": "cpu",
+    }
+    mem = doc["memory"]
+    # q8_0 row of 256 values = 8 blocks x 34 B = 272 B; 3 full layers x 10240 cells + 15 SWA layers x 1024 cells
+    k = 272 * (3 * 10240 + 15 * 1024)
+    assert mem["k_bytes"] == mem["v_bytes"] == k
+    assert mem["kv_bytes"] == 2 * k
+    assert mem["kv_bytes_per_token"] == 3 * 2 * 272  # only the full-attention layers grow with the context
+    assert mem["weights_bytes"] == 246_587_904  # the file's tensor data
+    assert mem["output_bytes"] == 262144 * 4
+    assert mem["recurrent_bytes"] == mem["overhead_bytes"] == 0
+    parts = ("weights_bytes", "kv_bytes", "recurrent_bytes", "compute_bytes", "output_bytes", "overhead_bytes")
+    assert mem["total_bytes"] == sum(mem[p] for p in parts)
+    assert [(c["kind"], c["cells"], c["n_layer"]) for c in mem["caches"]] == [("kv", 10240, 3), ("swa", 1024, 15)]
+
+
+def test_human_output(gemma_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run(capsys, "gguf", str(gemma_path), "--ctx", "4000", "-fa", "on")
+    assert rc == 0
+    assert "n_ctx 4,096 (asked 4,000; llama.cpp pads to 256)" in out
+    assert "K cache       13.50 MiB   3 full layers × 4,096 + 15 SWA layers × 1,024 cells" in out
+    assert "KV per token of context: 3,072 B" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["gguf", "/nonexistent/model.gguf"], "no such file"),
+        (["gguf", "{gemma}", "--ctx", "abc"], "Invalid value for '--ctx'"),
+        (["gguf", "{gemma}", "-ctk", "q3_K"], "Invalid value for '--cache-type-k'"),
+        (["gguf", "{gemma}", "-ctv", "q8_0", "-fa", "off"], "quantized V cache requires flash attention"),
+        (["gguf", "{gemma}", "--parallel", "0"], "Invalid value for '--parallel'"),
+        (["nosuchcommand"], "No such command"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    args: list[str], message: str, gemma_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc, out, err = run(capsys, *[a.replace("{gemma}", str(gemma_path)) for a in args])
+    assert rc == 2
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert 1 <= len(lines) <= 2 and message in lines[0] and lines[0].startswith("kvadvise: error:")
+    assert "Traceback" not in err
+
+
+def test_truncated_download_says_so(gemma_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cut = tmp_path / "cut.gguf"
+    with open(gemma_path, "rb") as src:
+        cut.write_bytes(src.read(100_000_000))  # header intact, tensor data cut short
+    rc, _, err = run(capsys, "gguf", str(cut))
+    assert rc == 2
+    assert "truncated" in err and "download" in err
+
+
+def test_debug_shows_the_traceback(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"NOPE" + bytes(100))
+    env = {**os.environ, "KVADVISE_DEBUG": "1"}
+    p = subprocess.run([sys.executable, "-m", "advisor", "gguf", str(bad)], capture_output=True, text=True, env=env)
+    assert p.returncode != 0 and "Traceback" in p.stderr and "not a GGUF file" in p.stderr
+    p = subprocess.run([sys.executable, "-m", "advisor", "gguf", str(bad)], capture_output=True, text=True)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+
+
+def test_header_cache_is_used_and_invalidated(tmp_path: Path) -> None:
+    import shutil
+    import sys as _sys
+
+    _sys.path.insert(0, str(Path(__file__).parent))
+    from tinymodels import write_tiny_gguf
+
+    path = write_tiny_gguf(tmp_path / "m.gguf", "llama")
+    assert load(path) is None
+    first = read(path)
+    assert first == read_file(path)
+    assert load(path) == first  # stored, and read back identical (floats, bools, arrays)
+    other = write_tiny_gguf(tmp_path / "other.gguf", "qwen3")
+    shutil.copyfile(other, path)  # same path, new content: size/mtime change
+    assert read(path) == read_file(path) != first
+
+
+def test_plugins_lists_builtin_backends(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run(capsys, "plugins", "--json")
+    assert rc == 0
+    doc = json.loads(out)
+    assert {b["name"] for b in doc["backends"]} >= {"gguf", "hf"}
+    assert doc["broken"] == []
+
+
+def test_entry_point_scan_agrees_with_importlib_metadata() -> None:
+    from importlib.metadata import entry_points
+
+    from advisor.plugins import GROUP, _entry_points
+
+    assert sorted(_entry_points(GROUP)) == sorted((ep.name, ep.value) for ep in entry_points(group=GROUP))
