@@ -7,9 +7,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from advisor.hfconfig import from_config
-
 from advisor.errors import BackendUnreachable, InputError
+from advisor.hfconfig import from_config
 from advisor.spec import ModelSpec
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
