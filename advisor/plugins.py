@@ -85,7 +85,7 @@ def _load(target: str) -> Backend:
     backend = obj() if isinstance(obj, type) else obj
     if not all(hasattr(backend, a) for a in ("name", "summary", "load_spec")):
         raise TypeError("does not implement the Backend protocol (name, summary, load_spec)")
-    return backend  # type: ignore[no-any-return]
+    return backend  # type: ignore[return-value]
 
 
 def _entry_points(group: str) -> list[tuple[str, str]]:
