@@ -8,13 +8,19 @@ keys present and a note saying so.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from advisor.errors import GGUFError
 from advisor.gguf import GGUFArray, GGUFHeader, Value
+from advisor.memory import cuda_alloc_bytes
 from advisor.spec import SWA_CHUNKED, SWA_NONE, SWA_STANDARD, ModelSpec
+
+# llama.cpp's LLM_FFN_EXPS_REGEX (common/common.h), plus gate_up: routed experts
+_EXPERT_TENSOR = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch|)exps")
+_BLOCK_TENSOR = re.compile(r"blk\.(\d+)\.")
 
 # Architectures whose KV, recurrent state and weights kvadvise's tests check
 # against real llama.cpp (tests/test_oracle.py builds a model of each).
@@ -252,6 +258,14 @@ def from_gguf(header: GGUFHeader) -> ModelSpec:
     # The file span of the loaded tensors: what llama.cpp's mmap-ed CPU model buffer
     # covers (a buffer from the host pointer [first offset, last end)).
     weights_bytes = max(t.offset + t.n_bytes for t in loaded) - min(t.offset for t in loaded) if loaded else 0
+    expert_bytes = sum(t.n_bytes for t in loaded if _EXPERT_TENSOR.search(t.name))
+    layer_bytes = [0] * n_layer_all
+    for t in loaded:
+        if m := _BLOCK_TENSOR.match(t.name):
+            il = int(m[1])
+            if il < n_layer_all:
+                layer_bytes[il] += t.n_bytes
+    cuda_pad = sum(cuda_alloc_bytes(t.ggml_type, t.shape[0], t.n_bytes) - t.n_bytes for t in loaded)
     type_bytes: Counter[str] = Counter()
     for t in header.tensors:
         if len(t.shape) >= 2:
@@ -296,4 +310,7 @@ def from_gguf(header: GGUFHeader) -> ModelSpec:
         file_type=file_type,
         verified=verified,
         notes=tuple(notes),
+        expert_bytes=expert_bytes,
+        layer_bytes=tuple(layer_bytes),
+        cuda_pad_bytes=cuda_pad,
     )

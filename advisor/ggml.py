@@ -48,6 +48,7 @@ class GGMLType(IntEnum):
     MXFP4 = 39
     NVFP4 = 40
     Q1_0 = 41
+    Q2_0 = 42
 
     @property
     def type_name(self) -> str:
@@ -93,6 +94,7 @@ BLOCK: dict[GGMLType, tuple[int, int]] = {
     GGMLType.MXFP4: (32, 17),
     GGMLType.NVFP4: (64, 36),
     GGMLType.Q1_0: (128, 18),
+    GGMLType.Q2_0: (64, 18),  # ggml-common.h block_q2_0: f16 scale + 64 x 2 bits
 }
 
 # common/arg.cpp kv_cache_types: the only types -ctk/-ctv accept.

@@ -390,9 +390,9 @@ class _Reader:
         names: set[str] = set()
         for k in range(n_tensors):
             name = self.string(f"tensor #{k} name", limit=1 << 16)
-            if len(name.encode()) >= GGML_MAX_NAME:
+            if (name_bytes := len(name.encode())) >= GGML_MAX_NAME:
                 raise self.fail(
-                    f"tensor #{k} name {name[:80]!r} is {len(name)} bytes; llama.cpp allows < {GGML_MAX_NAME}"
+                    f"tensor #{k} name {name[:80]!r} is {name_bytes} bytes; llama.cpp allows < {GGML_MAX_NAME}"
                 )
             if name in names:
                 raise self.fail(f"duplicate tensor name {name!r}")
