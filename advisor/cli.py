@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import click
 
-from advisor.errors import EXIT_BUG, EXIT_INPUT, KvadviseError
+from advisor.errors import EXIT_BUG, EXIT_INPUT, EXIT_NO_FIT, KvadviseError
 
 F = TypeVar("F", bound=Callable[..., Any])
 KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
@@ -25,27 +25,25 @@ def run_options(f: F) -> F:
             "-c",
             "n_ctx",
             type=click.IntRange(min=0),
-            default=0,
-            show_default=True,
-            help="Context size in tokens, total over all sequences (llama.cpp -c). 0 = the model's n_ctx_train.",
+            default=None,
+            help="Context in tokens, total over all sequences (llama.cpp -c); 0 = n_ctx_train. "
+            "Without it, kvadvise recommends one.",
         ),
         click.option(
             "--cache-type-k",
             "-ctk",
             "type_k",
             type=click.Choice(KV_TYPES),
-            default="f16",
-            show_default=True,
-            help="K cache type.",
+            default=None,
+            help="K cache type [default: f16, or recommended when --ctx is not given].",
         ),
         click.option(
             "--cache-type-v",
             "-ctv",
             "type_v",
             type=click.Choice(KV_TYPES),
-            default="f16",
-            show_default=True,
-            help="V cache type (quantized V needs flash attention).",
+            default=None,
+            help="V cache type; quantized V needs flash attention [default: f16, or recommended].",
         ),
         click.option(
             "--flash-attn",
@@ -87,11 +85,56 @@ def run_options(f: F) -> F:
         click.option("--swa-full", is_flag=True, help="Full-size cache for sliding-window layers."),
         click.option(
             "--device",
-            type=click.Choice(["cpu", "cuda"]),
-            default="cpu",
+            type=click.Choice(["auto", "cpu", "cuda"]),
+            default="auto",
             show_default=True,
-            help="Where the layers go: the CPU, or all on one CUDA GPU.",
+            help="Where the layers go: auto = the GPU when there is one (or --gpu/--vram), else the CPU.",
         ),
+        click.option(
+            "--gpu",
+            "gpu",
+            metavar="NAME",
+            help="Plan for a card from profiles/gpus.json (e.g. 4090, 'A100 80GB').",
+            default=None,
+        ),
+        click.option(
+            "--vram",
+            "vram",
+            metavar="SIZE",
+            help="Plan for a memory budget given by hand: 24GiB, 24GB, 24000MiB.",
+            default=None,
+        ),
+        click.option(
+            "--margin",
+            metavar="SIZE",
+            default="1024MiB",
+            show_default=True,
+            help="Memory kept free per GPU (llama.cpp --fit keeps 1024 MiB).",
+        ),
+        click.option(
+            "--target-ctx",
+            type=click.IntRange(min=0),
+            default=0,
+            help="Context per sequence to aim for (default: the model's maximum).",
+        ),
+        click.option(
+            "--use",
+            "use",
+            type=click.Choice(["chat", "code", "agent", "long"]),
+            default=None,
+            help="Aim for a use case: chat 8k, code 32k, agent 64k, long = the model's maximum.",
+        ),
+        click.option(
+            "--min-ctx",
+            type=click.IntRange(min=0),
+            default=0,
+            help="Fail (exit 3) if less than this fits per sequence.",
+        ),
+        click.option(
+            "--repeatable", is_flag=True, help="f16 cache only: quantized caches do not reproduce tokens exactly."
+        ),
+        click.option("--no-hardware", is_flag=True, help="Do not look at this machine's GPUs: estimate only."),
+        click.option("--chart", is_flag=True, help="Draw memory against context for each cache type, with the budget."),
         click.option("--json", "as_json", is_flag=True, help="Print one JSON object (keys in README.md)."),
     ]
     for opt in reversed(opts):
@@ -99,18 +142,56 @@ def run_options(f: F) -> F:
     return f
 
 
-def _estimate_and_print(spec: Any, opts: dict[str, Any]) -> None:
+def _plan_and_print(spec: Any, opts: dict[str, Any], *, same_type_kv: bool = False, quiet_exit: bool = False) -> Any:
     from advisor.ggml import cache_type
-    from advisor.memory import RunConfig, estimate
-    from advisor.render import estimate_dict, estimate_text
+    from advisor.hardware import parse_size
+    from advisor.memory import RunConfig
+    from advisor.plan import HardwareRequest, hardware_for, make_plan
+    from advisor.recommend import Policy, load_use_cases
+    from advisor.render import plan_dict, plan_text
 
-    as_json = opts.pop("as_json")
-    cfg = RunConfig(type_k=cache_type(opts.pop("type_k")), type_v=cache_type(opts.pop("type_v")), **opts)
-    est = estimate(spec, cfg)
+    o = dict(opts)
+    as_json = o.pop("as_json")
+    chart = o.pop("chart")
+    n_ctx = o.pop("n_ctx")
+    use = o.pop("use")
+    target = o.pop("target_ctx") or (load_use_cases()[use] if use else 0)
+    tk, tv = o.pop("type_k"), o.pop("type_v")
+    fixed = (cache_type(tk or "f16"), cache_type(tv or "f16")) if (tk or tv) else None
+    policy = Policy(
+        fixed_kv=fixed,
+        target_ctx=target,
+        min_ctx=o.pop("min_ctx"),
+        repeatable=o.pop("repeatable"),
+        same_type_kv=same_type_kv,
+        use=use,
+    )
+    hw_req = HardwareRequest(
+        gpu=o.pop("gpu"),
+        vram_bytes=parse_size(v) if (v := o.pop("vram")) else None,
+        probe=not o.pop("no_hardware"),
+    )
+    margin = parse_size(o.pop("margin"))
+    kv = fixed or (cache_type("f16"), cache_type("f16"))
+    base = RunConfig(n_ctx=n_ctx or 0, type_k=kv[0], type_v=kv[1], **o)
+    plan = make_plan(
+        spec, base, recommend_ctx=n_ctx is None, hw=hardware_for(hw_req), policy=policy, margin_bytes=margin
+    )
+    requested = n_ctx if n_ctx is not None else None
     if as_json:
-        click.echo(json.dumps(estimate_dict(spec, cfg, est), indent=2))
+        click.echo(json.dumps(plan_dict(plan, requested), indent=2))
     else:
-        click.echo(estimate_text(spec, cfg, est))
+        click.echo(plan_text(plan, requested))
+        if chart and plan.recommendation is not None and plan.budget is not None:
+            from advisor.recommend import curves
+            from advisor.render import chart_text
+
+            lines = curves(spec, base, plan.budget, plan.recommendation.options)
+            click.echo("")
+            click.echo(chart_text(lines, plan.budget.budget_bytes))
+    if plan.fits is False and not quiet_exit:
+        raise click.exceptions.Exit(EXIT_NO_FIT)  # the output says why; the exit code says "does not fit"
+    return plan
 
 
 def _backend(name: str) -> Any:
@@ -131,7 +212,7 @@ def cli(debug: bool) -> None:
 @run_options
 def gguf(path: str, **opts: Any) -> None:
     """Memory for a local GGUF file (reads the header only)."""
-    _estimate_and_print(_backend("gguf").load_spec(path), opts)
+    _plan_and_print(_backend("gguf").load_spec(path), opts)
 
 
 @cli.command()
@@ -148,7 +229,23 @@ def hf(config: str, weights_bytes: int | None, **opts: Any) -> None:
     from advisor.spec import with_weights
 
     spec = _backend("hf").load_spec(config)
-    _estimate_and_print(with_weights(spec, weights_bytes) if weights_bytes is not None else spec, opts)
+    _plan_and_print(with_weights(spec, weights_bytes) if weights_bytes is not None else spec, opts)
+
+
+@cli.command()
+@click.argument("path")
+@run_options
+def llamacpp(path: str, **opts: Any) -> None:
+    """The llama-server command for a local GGUF file: recommended, or for the --ctx you give."""
+    from advisor.llamaserver import command_text
+
+    plan = _plan_and_print(_backend("gguf").load_spec(path), opts, quiet_exit=True)
+    if opts["as_json"]:
+        return
+    click.echo("")
+    click.echo(command_text(path, plan.config))
+    if plan.fits is False:
+        raise click.exceptions.Exit(EXIT_NO_FIT)
 
 
 @cli.command()
@@ -178,7 +275,7 @@ def _debug() -> bool:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: every error becomes one line on stderr and a documented exit code."""
     try:
-        cli.main(args=argv, prog_name="kvadvise", standalone_mode=False)
+        rc = cli.main(args=argv, prog_name="kvadvise", standalone_mode=False)
     except KvadviseError as e:
         if _debug():
             raise
@@ -203,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
             f"kvadvise: internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)", err=True
         )
         return EXIT_BUG
-    return 0
+    return rc if isinstance(rc, int) else 0
 
 
 if __name__ == "__main__":

@@ -97,6 +97,8 @@ class MemoryEstimate:
     output_bytes: int
     overhead_bytes: int
     total_bytes: int
+    device_bytes: int  # what the device must hold: VRAM on cuda (full offload), RAM on cpu
+    host_bytes: int  # what stays in system RAM besides (cuda: token_embd, logits); 0 on cpu
 
 
 def resolve(spec: ModelSpec, cfg: RunConfig) -> ContextLayout:
@@ -179,9 +181,18 @@ def _flash_attn(spec: ModelSpec, cfg: RunConfig) -> bool:
 
 def _tensor_alloc(device: str, t: GGMLType, ne0: int, n_bytes: int) -> int:
     """ggml_backend_buft_get_alloc_size, padded to the buffer alignment."""
-    if device == "cuda" and is_quantized(t) and ne0 % CUDA_MATRIX_ROW_PADDING:
-        n_bytes += row_bytes(t, CUDA_MATRIX_ROW_PADDING - ne0 % CUDA_MATRIX_ROW_PADDING)
+    if device == "cuda":
+        return cuda_alloc_bytes(t, ne0, n_bytes)
     return pad(n_bytes, ALIGNMENT[device])
+
+
+def cuda_alloc_bytes(t: GGMLType, ne0: int, n_bytes: int) -> int:
+    """ggml_backend_cuda_buffer_type_get_alloc_size: quantized rows padded to 512 values, 128-byte aligned."""
+    if is_quantized(t) and ne0 % CUDA_MATRIX_ROW_PADDING:
+        blck, size = BLOCK[t]
+        # ggml_row_size without the whole-block assert: type_size * n / block_size
+        n_bytes += size * (CUDA_MATRIX_ROW_PADDING - ne0 % CUDA_MATRIX_ROW_PADDING) // blck
+    return pad(n_bytes, ALIGNMENT["cuda"])
 
 
 def kv_caches(spec: ModelSpec, lay: ContextLayout) -> tuple[CacheEstimate, ...]:
@@ -263,11 +274,17 @@ def estimate(spec: ModelSpec, cfg: RunConfig) -> MemoryEstimate:
     v = sum(c.v_bytes for c in caches)
     rs = recurrent_bytes(spec, lay)
     weights = spec.weights_bytes
-    if lay.device == "cuda" and spec.output_bytes == 0:
-        weights += spec.tok_embd_bytes  # tied embeddings: the GPU holds a copy as the output layer
     compute = compute_bytes(spec, lay)
     out = output_bytes(spec, lay)
     overhead = OVERHEAD_BYTES[lay.device]
+    if lay.device == "cuda":
+        # llama_model::load_tensors: token_embd always stays on the CPU ("very little benefit");
+        # tied embeddings make the GPU hold a copy as the output layer.
+        weights += spec.cuda_pad_bytes + (spec.tok_embd_bytes if spec.output_bytes == 0 else 0)
+        host = spec.tok_embd_bytes + out
+    else:
+        host = 0
+    total = weights + k + v + rs + compute + out + overhead
     return MemoryEstimate(
         layout=lay,
         caches=caches,
@@ -280,5 +297,7 @@ def estimate(spec: ModelSpec, cfg: RunConfig) -> MemoryEstimate:
         compute_bytes=compute,
         output_bytes=out,
         overhead_bytes=overhead,
-        total_bytes=weights + k + v + rs + compute + out + overhead,
+        total_bytes=total,
+        device_bytes=total - host,
+        host_bytes=host,
     )

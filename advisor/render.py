@@ -5,9 +5,12 @@ The JSON keys are documented in README.md; other tools rely on them.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from advisor.memory import MemoryEstimate, RunConfig
+from advisor.plan import Plan
+from advisor.recommend import Budget, Curve, Recommendation
 from advisor.spec import ModelSpec
 
 LLAMA_CPP_BUILD = "llama.cpp 0c1e570 (vendored by llama-cpp-python 0.3.36)"
@@ -88,6 +91,8 @@ def estimate_dict(spec: ModelSpec, cfg: RunConfig, est: MemoryEstimate) -> dict[
             "output_bytes": est.output_bytes,
             "overhead_bytes": est.overhead_bytes,
             "total_bytes": est.total_bytes,
+            "device_bytes": est.device_bytes,
+            "host_bytes": est.host_bytes,
             "caches": [
                 {"kind": c.kind, "cells": c.cells, "n_layer": c.n_layers, "k_bytes": c.k_bytes, "v_bytes": c.v_bytes}
                 for c in est.caches
@@ -139,4 +144,145 @@ def estimate_text(spec: ModelSpec, cfg: RunConfig, est: MemoryEstimate) -> str:
         lines.append(f"  {label:<10}{fmt_bytes(n):>13}" + (f"   {note}" if note else ""))
     lines.append(f"  KV per token of context: {est.kv_bytes_per_token:,} B")
     lines.extend(f"  note: {n}" for n in spec.notes)
+    return "\n".join(lines)
+
+
+def budget_dict(b: Budget) -> dict[str, Any]:
+    return {
+        "device": b.device,
+        "n_gpu": b.n_gpu,
+        "total_bytes": b.total_bytes,
+        "free_bytes": b.free_bytes,
+        "margin_bytes": b.margin_bytes,
+        "budget_bytes": b.budget_bytes,
+        "source": b.source,
+        "bandwidth_bytes_per_s": b.bandwidth_bytes_per_s,
+        "bandwidth_source": b.bandwidth_source,
+    }
+
+
+def plan_dict(plan: Plan, requested_ctx: int | None = None) -> dict[str, Any]:
+    cfg = replace(plan.config, n_ctx=requested_ctx) if requested_ctx is not None else plan.config
+    doc = estimate_dict(plan.spec, cfg, plan.estimate)
+    if plan.hardware is not None:
+        doc["hardware"] = {
+            "source": plan.hardware.source,
+            "gpus": [
+                {
+                    "index": g.index,
+                    "name": g.name,
+                    "total_bytes": g.total_bytes,
+                    "free_bytes": g.free_bytes,
+                    "used_by_others_bytes": g.used_by_others_bytes,
+                }
+                for g in plan.hardware.gpus
+            ],
+            "ram_total_bytes": plan.hardware.ram_total_bytes,
+            "ram_free_bytes": plan.hardware.ram_free_bytes,
+            "notes": list(plan.hardware.notes),
+        }
+    if plan.budget is not None:
+        doc["budget"] = budget_dict(plan.budget)
+        doc["fits"] = plan.fits
+    rec = plan.recommendation
+    if rec is not None:
+        doc["reasons"] = list(rec.reasons)
+        doc["target_ctx"] = rec.target_ctx
+        doc["options"] = [
+            {
+                "type_k": o.type_k.type_name,
+                "type_v": o.type_v.type_name,
+                "flash_attn": o.flash_attn,
+                "n_ctx_max": o.n_ctx_max,
+                "device_bytes_at_max": o.device_bytes_at_max,
+                "reaches_target": o.reaches_target,
+                "fits": o.n_ctx_max > 0,
+            }
+            for o in rec.options
+        ]
+        doc["decode_tokens_per_s"] = rec.decode_tokens_per_s
+        doc["speed_note"] = rec.speed_note
+    elif plan.budget is not None:
+        where = "the GPU" if plan.budget.device == "cuda" else "system RAM"
+        verdict = "fits" if plan.fits else "does not fit"
+        doc["reasons"] = [
+            f"{verdict}: needs {fmt_bytes(plan.estimate.device_bytes)}; {where} has "
+            f"{fmt_bytes(plan.budget.budget_bytes)} after a {plan.budget.margin_bytes / (1 << 20):,.0f} MiB margin"
+        ]
+    return doc
+
+
+def plan_text(plan: Plan, requested_ctx: int | None = None) -> str:
+    cfg = replace(plan.config, n_ctx=requested_ctx) if requested_ctx is not None else plan.config
+    lines = [estimate_text(plan.spec, cfg, plan.estimate)]
+    if plan.hardware is not None:
+        lines.extend(f"  note: {n}" for n in plan.hardware.notes)
+    b = plan.budget
+    if b is not None:
+        lines.append(
+            f"  device total {fmt_bytes(plan.estimate.device_bytes)} of a {fmt_bytes(b.budget_bytes)} budget"
+            f" ({b.source}) -> {'FITS' if plan.fits else 'DOES NOT FIT'}"
+        )
+    rec = plan.recommendation
+    if rec is not None:
+        lines.append("")
+        lines.append("Recommendation: " + _config_line(rec))
+        for r in rec.reasons:
+            lines.append(f"  - {r}")
+        lines.append("")
+        lines.append(f"  {'K/V cache':<20}{'FA':<5}{'max context':>12}{'memory at max':>16}  target")
+        for o in rec.options:
+            kv = o.type_k.type_name if o.type_k == o.type_v else f"{o.type_k.type_name}/{o.type_v.type_name}"
+            mem = fmt_bytes(o.device_bytes_at_max) if o.n_ctx_max else "-"
+            lines.append(
+                f"  {kv:<20}{'on' if o.flash_attn else 'off':<5}{o.n_ctx_max:>12,}{mem:>16}  "
+                f"{'yes' if o.reaches_target else 'no'}"
+            )
+        if rec.decode_tokens_per_s is not None:
+            lines.append(f"  decode ≈ {rec.decode_tokens_per_s:,.0f} tokens/s ({rec.speed_note})")
+    elif plan.budget is not None and not plan.fits:
+        lines.append("  hint: drop --ctx to let kvadvise recommend a context and cache type that fit")
+    return "\n".join(lines)
+
+
+def _config_line(rec: Recommendation) -> str:
+    c = rec.config
+    per_seq = c.n_ctx // c.n_parallel
+    s = f"{per_seq:,} tokens" + (f" × {c.n_parallel} sequences" if c.n_parallel > 1 else "")
+    s += f", K {c.type_k.type_name} / V {c.type_v.type_name}, flash attention {c.flash_attn}"
+    return s + ("" if rec.fits else "  (DOES NOT FIT)")
+
+
+CHART_MARKS = "f8m4abcdefgh"
+
+
+def chart_text(curves: tuple[Curve, ...], budget_bytes: int, height: int = 16) -> str:
+    """Memory (device) against context per cache type, with the budget as a line of '='."""
+    if not curves or not curves[0].points:
+        return ""
+    xs = [x for x, _ in curves[0].points]
+    top = max(max(max(b for _, b in c.points) for c in curves), budget_bytes) * 1.05
+    rows = [[" "] * len(xs) for _ in range(height)]
+
+    def row_of(b: float) -> int:
+        return min(height - 1, int(b / top * height))
+
+    budget_row = row_of(budget_bytes)
+    for j in range(len(xs)):
+        rows[budget_row][j] = "="
+    for mark, c in zip(CHART_MARKS, curves, strict=False):
+        for j, (_, b) in enumerate(c.points):
+            rows[row_of(b)][j] = mark
+    lines = []
+    for i in range(height - 1, -1, -1):
+        value = budget_bytes if i == budget_row else top * (i + 1) / height
+        label = f"{value / (1 << 30):7.1f} GiB |" if i % 4 == 3 or i == budget_row else " " * 12 + "|"
+        lines.append(label + "".join(rows[i]) + (" budget" if i == budget_row else ""))
+    lines.append(" " * 12 + "+" + "-" * len(xs))
+    lines.append(" " * 13 + f"context per sequence: {xs[0]:,} .. {xs[-1]:,} tokens")
+    legend = []
+    for mark, c in zip(CHART_MARKS, curves, strict=False):
+        kv = c.type_k.type_name if c.type_k == c.type_v else f"{c.type_k.type_name}/{c.type_v.type_name}"
+        legend.append(f"{mark} = {kv}{'' if c.flash_attn else ' (FA off)'}")
+    lines.append(" " * 13 + "   ".join(legend) + "   == = budget")
     return "\n".join(lines)

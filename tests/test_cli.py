@@ -25,7 +25,19 @@ def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
 
 def test_json_keys_and_numbers_for_gemma(gemma_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, err = run(
-        capsys, "gguf", str(gemma_path), "--ctx", "10000", "-ctk", "q8_0", "-ctv", "q8_0", "-fa", "on", "--json"
+        capsys,
+        "gguf",
+        str(gemma_path),
+        "--ctx",
+        "10000",
+        "-ctk",
+        "q8_0",
+        "-ctv",
+        "q8_0",
+        "-fa",
+        "on",
+        "--json",
+        "--no-hardware",
     )
     assert (rc, err) == (0, "")
     doc = json.loads(out)
@@ -65,7 +77,7 @@ def test_json_keys_and_numbers_for_gemma(gemma_path: Path, capsys: pytest.Captur
 
 
 def test_human_output(gemma_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rc, out, _ = run(capsys, "gguf", str(gemma_path), "--ctx", "4000", "-fa", "on")
+    rc, out, _ = run(capsys, "gguf", str(gemma_path), "--ctx", "4000", "-fa", "on", "--no-hardware")
     assert rc == 0
     assert "n_ctx 4,096 (asked 4,000; llama.cpp pads to 256)" in out
     assert "K cache       13.50 MiB   3 full layers × 4,096 + 15 SWA layers × 1,024 cells" in out
@@ -144,3 +156,41 @@ def test_entry_point_scan_agrees_with_importlib_metadata() -> None:
     from advisor.plugins import GROUP, _entry_points
 
     assert sorted(_entry_points(GROUP)) == sorted((ep.name, ep.value) for ep in entry_points(group=GROUP))
+
+
+def test_given_ctx_against_a_budget_fits_or_exits_3(gemma_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run(capsys, "gguf", str(gemma_path), "--ctx", "32768", "--vram", "8GiB", "--json")
+    doc = json.loads(out)
+    assert rc == 0 and doc["fits"] is True
+    assert doc["budget"]["budget_bytes"] == 8 * 1024 * MIB - 1024 * MIB  # minus llama.cpp's 1024 MiB fit margin
+    assert doc["config"]["device"] == "cuda" and doc["memory"]["overhead_bytes"] > 0
+    assert doc["memory"]["device_bytes"] + doc["memory"]["host_bytes"] == doc["memory"]["total_bytes"]
+    rc, out, _ = run(capsys, "gguf", str(gemma_path), "--ctx", "32768", "--vram", "1500MiB", "--json")
+    assert rc == 3 and json.loads(out)["fits"] is False
+
+
+def test_recommends_when_ctx_is_not_given(gemma_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run(capsys, "gguf", str(gemma_path), "--gpu", "rtx 3060", "--use", "code", "--json")
+    doc = json.loads(out)
+    assert rc == 0 and doc["fits"] is True
+    assert doc["target_ctx"] == 32768 and doc["config"]["n_ctx"] == 32768
+    assert (doc["config"]["type_k"], doc["config"]["type_v"]) == ("f16", "f16")  # f16 reaches the target: preferred
+    assert [o["type_k"] + "/" + o["type_v"] for o in doc["options"]] == [
+        "f16/f16",
+        "q8_0/q8_0",
+        "q8_0/q4_0",
+        "q4_0/q4_0",
+    ]
+    assert doc["reasons"] and doc["budget"]["source"].startswith("profile:")
+
+
+def test_llamacpp_prints_the_server_command(gemma_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run(capsys, "llamacpp", str(gemma_path), "--vram", "3GiB", "--target-ctx", "16384", "--chart")
+    assert rc == 0
+    assert f"llama-server -m {gemma_path} -c 16384 -np 1 -fa on -ctk f16 -ctv f16 -ngl 999" in out
+    assert "budget" in out and "f = f16" in out  # the chart
+
+
+def test_min_ctx_unreachable_exits_3(gemma_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = run(capsys, "gguf", str(gemma_path), "--vram", "1200MiB", "--min-ctx", "32768")
+    assert rc == 3 and "min-ctx" in err and "hint" in err

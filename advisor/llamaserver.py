@@ -1,0 +1,55 @@
+"""The llama-server command line (and LLAMA_ARG_* environment) for a config.
+
+Flag and variable names follow common/arg.cpp (llama.cpp 0c1e570). Every flag
+that changes memory is stated explicitly, because llama-server's defaults
+differ from the library's: without -np it runs 4 slots in one unified cache.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from advisor.memory import RunConfig
+
+ALL_LAYERS = 999  # -ngl 999: every layer and the output layer on the GPU (works on every build)
+
+
+def server_args(model_path: str, cfg: RunConfig) -> list[tuple[str, str, str | None]]:
+    """(flag, LLAMA_ARG_ variable, value) triples; value None = a switch."""
+    ngl = ALL_LAYERS if cfg.device == "cuda" else 0
+    out: list[tuple[str, str, str | None]] = [
+        ("-m", "LLAMA_ARG_MODEL", model_path),
+        ("-c", "LLAMA_ARG_CTX_SIZE", str(cfg.n_ctx)),
+        ("-np", "LLAMA_ARG_N_PARALLEL", str(cfg.n_parallel)),
+        ("-fa", "LLAMA_ARG_FLASH_ATTN", cfg.flash_attn),
+        ("-ctk", "LLAMA_ARG_CACHE_TYPE_K", cfg.type_k.type_name),
+        ("-ctv", "LLAMA_ARG_CACHE_TYPE_V", cfg.type_v.type_name),
+        ("-ngl", "LLAMA_ARG_N_GPU_LAYERS", str(ngl)),
+    ]
+    if cfg.kv_unified:
+        out.append(("-kvu", "LLAMA_ARG_KV_UNIFIED", None))
+    if cfg.swa_full:
+        out.append(("--swa-full", "LLAMA_ARG_SWA_FULL", None))
+    if cfg.n_batch != 2048:
+        out.append(("-b", "LLAMA_ARG_BATCH", str(cfg.n_batch)))
+    if cfg.n_ubatch != 512:
+        out.append(("-ub", "LLAMA_ARG_UBATCH", str(cfg.n_ubatch)))
+    return out
+
+
+def command_text(model_path: str, cfg: RunConfig, binary: str = "llama-server") -> str:
+    words = [binary]
+    for flag, _, value in server_args(model_path, cfg):
+        words.append(flag)
+        if value is not None:
+            words.append(value)
+    return shlex.join(words)
+
+
+def env_text(model_path: str, cfg: RunConfig) -> str:
+    lines = [
+        "# llama-server settings written by kvadvise; llama.cpp reads LLAMA_ARG_* for flags not on its command line"
+    ]
+    for _, var, value in server_args(model_path, cfg):
+        lines.append(f"{var}={shlex.quote(value) if value is not None else 'true'}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,695 @@
+"""advisor.hardware: NVML probing (faked at the pynvml boundary), GPU profiles,
+the Apple unified-memory share, manual budgets and size parsing.
+
+No test touches the real NVML: an autouse fixture puts a tripwire module named
+``pynvml`` in sys.modules, and the probe tests replace it with a fake that has
+the same function names and NVMLError classes. psutil is faked the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import types
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import pytest
+
+from advisor import hardware
+from advisor.errors import EXIT_INPUT, InputError
+from advisor.hardware import (
+    Gpu,
+    Hardware,
+    apple_gpu_share_bytes,
+    find_profile,
+    from_profile,
+    list_profiles,
+    load_profiles,
+    manual,
+    match_nvml_name,
+    parse_size,
+    probe,
+)
+
+GiB = 1 << 30
+MiB = 1 << 20
+RAM_TOTAL = 64 * GiB
+RAM_AVAILABLE = 48 * GiB
+
+
+# ------------------------------------------------------------------ fakes
+
+
+class FakeNVMLError(Exception):
+    """Stands for pynvml.NVMLError (whose __str__ asks the library for the text)."""
+
+    def __init__(self, text: str = "Unknown Error") -> None:
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return self.text
+
+
+class FakeLibraryNotFound(FakeNVMLError):
+    def __init__(self) -> None:
+        super().__init__("NVML Shared Library Not Found")
+
+
+class FakeDriverNotLoaded(FakeNVMLError):
+    def __init__(self) -> None:
+        super().__init__("Driver Not Loaded")
+
+
+@dataclass
+class FakeProc:
+    pid: int
+    usedGpuMemory: int | None  # NVML's field name
+
+
+@dataclass
+class FakeDevice:
+    name: bytes | str
+    total: int
+    used: int = 0
+    compute: list[FakeProc] = field(default_factory=list)
+    graphics: list[FakeProc] = field(default_factory=list)
+    processes_fail: bool = False
+    memory_fails: bool = False
+
+
+@dataclass
+class FakeNVML:
+    devices: list[FakeDevice]
+    init_error: Callable[[], Exception] | None = None
+    count_error: bool = False
+    calls: list[str] = field(default_factory=list)
+
+    def module(self) -> types.ModuleType:
+        mod = types.ModuleType("pynvml")
+        mod.NVMLError = FakeNVMLError  # type: ignore[attr-defined]
+        mod.NVMLError_LibraryNotFound = FakeLibraryNotFound  # type: ignore[attr-defined]
+        mod.NVMLError_DriverNotLoaded = FakeDriverNotLoaded  # type: ignore[attr-defined]
+
+        def nvmlInit() -> None:
+            self.calls.append("init")
+            if self.init_error is not None:
+                raise self.init_error()
+
+        def nvmlShutdown() -> None:
+            self.calls.append("shutdown")
+
+        def nvmlDeviceGetCount() -> int:
+            if self.count_error:
+                raise FakeNVMLError("Unknown Error")
+            return len(self.devices)
+
+        def nvmlDeviceGetHandleByIndex(i: int) -> FakeDevice:
+            return self.devices[i]
+
+        def nvmlDeviceGetName(h: FakeDevice) -> bytes | str:
+            return h.name
+
+        def nvmlDeviceGetMemoryInfo(h: FakeDevice) -> types.SimpleNamespace:
+            if h.memory_fails:
+                raise FakeNVMLError("GPU is lost")
+            return types.SimpleNamespace(total=h.total, free=h.total - h.used, used=h.used)
+
+        def nvmlDeviceGetComputeRunningProcesses(h: FakeDevice) -> list[FakeProc]:
+            if h.processes_fail:
+                raise FakeNVMLError("Not Supported")
+            return h.compute
+
+        def nvmlDeviceGetGraphicsRunningProcesses(h: FakeDevice) -> list[FakeProc]:
+            if h.processes_fail:
+                raise FakeNVMLError("Not Supported")
+            return h.graphics
+
+        for fn in (
+            nvmlInit,
+            nvmlShutdown,
+            nvmlDeviceGetCount,
+            nvmlDeviceGetHandleByIndex,
+            nvmlDeviceGetName,
+            nvmlDeviceGetMemoryInfo,
+            nvmlDeviceGetComputeRunningProcesses,
+            nvmlDeviceGetGraphicsRunningProcesses,
+        ):
+            setattr(mod, fn.__name__, fn)
+        return mod
+
+
+def _tripwire_pynvml() -> types.ModuleType:
+    mod = types.ModuleType("pynvml")
+
+    def __getattr__(name: str) -> Any:
+        raise AssertionError(f"a test reached the real NVML (pynvml.{name})")
+
+    mod.__getattr__ = __getattr__  # type: ignore[method-assign]
+    return mod
+
+
+@pytest.fixture(autouse=True)
+def _fake_system(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    psutil = types.ModuleType("psutil")
+    psutil.virtual_memory = lambda: types.SimpleNamespace(total=RAM_TOTAL, available=RAM_AVAILABLE)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "psutil", psutil)
+    monkeypatch.setitem(sys.modules, "pynvml", _tripwire_pynvml())
+    yield
+
+
+def install(monkeypatch: pytest.MonkeyPatch, nvml: FakeNVML) -> FakeNVML:
+    monkeypatch.setitem(sys.modules, "pynvml", nvml.module())
+    return nvml
+
+
+def _assert_no_gpu(hw: Hardware, *reason_parts: str) -> None:
+    assert hw.gpus == ()
+    assert not hw.has_gpu
+    assert hw.source == "none"
+    assert (hw.ram_total_bytes, hw.ram_free_bytes) == (RAM_TOTAL, RAM_AVAILABLE)
+    assert len(hw.notes) == 1
+    note = hw.notes[0]
+    assert note.startswith("no NVIDIA GPU found: ")
+    assert note.endswith("; planning for the CPU, or pass --gpu NAME / --vram SIZE")
+    for part in reason_parts:
+        assert part in note
+
+
+# ------------------------------------------------------------------ probe
+
+
+@pytest.mark.parametrize("name", [b"NVIDIA GeForce RTX 4090", "NVIDIA GeForce RTX 4090"])
+def test_probe_one_gpu(monkeypatch: pytest.MonkeyPatch, name: bytes | str) -> None:
+    nvml = install(monkeypatch, FakeNVML([FakeDevice(name, total=24564 * MiB, used=300 * MiB)]))
+    hw = probe()
+    assert hw.source == "nvml"
+    assert (hw.ram_total_bytes, hw.ram_free_bytes) == (RAM_TOTAL, RAM_AVAILABLE)
+    assert hw.gpus == (
+        Gpu(
+            index=0,
+            name="NVIDIA GeForce RTX 4090",
+            total_bytes=24564 * MiB,
+            free_bytes=(24564 - 300) * MiB,
+            used_by_others_bytes=0,
+            bandwidth_bytes_per_s=1_008_000_000_000,
+            bandwidth_source=hw.gpus[0].bandwidth_source,
+            unified_memory=False,
+        ),
+    )
+    assert hw.gpus[0].bandwidth_source is not None
+    assert hw.gpus[0].bandwidth_source.startswith("profile:rtx-4090 (https://www.nvidia.com/")
+    assert hw.notes == ()
+    assert nvml.calls == ["init", "shutdown"]
+
+
+def test_probe_two_gpus_one_unknown(monkeypatch: pytest.MonkeyPatch) -> None:
+    install(
+        monkeypatch,
+        FakeNVML(
+            [
+                FakeDevice(b"NVIDIA GeForce RTX 3090", total=24576 * MiB, used=1 * GiB),
+                FakeDevice(b"NVIDIA Mystery Card 9000", total=48 * GiB),
+            ]
+        ),
+    )
+    hw = probe()
+    assert hw.source == "nvml"
+    assert [g.index for g in hw.gpus] == [0, 1]
+    first, second = hw.gpus
+    assert first.name == "NVIDIA GeForce RTX 3090"
+    assert first.free_bytes == 24576 * MiB - GiB
+    assert first.bandwidth_bytes_per_s == 936_000_000_000
+    assert second.name == "NVIDIA Mystery Card 9000"
+    assert (second.total_bytes, second.free_bytes) == (48 * GiB, 48 * GiB)
+    assert second.bandwidth_bytes_per_s is None and second.bandwidth_source is None
+    assert any("GPU 1 (NVIDIA Mystery Card 9000): memory bandwidth unknown" in n for n in hw.notes)
+
+
+def test_probe_counts_memory_held_by_other_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    dev = FakeDevice(
+        b"NVIDIA GeForce RTX 4090",
+        total=24564 * MiB,
+        used=6 * GiB,
+        compute=[FakeProc(111, 4 * GiB), FakeProc(222, None), FakeProc(os.getpid(), 3 * GiB)],
+        # 111 is also a graphics client (C+G): counted once; 333 is graphics only
+        graphics=[FakeProc(111, 4 * GiB), FakeProc(333, 512 * MiB)],
+    )
+    install(monkeypatch, FakeNVML([dev]))
+    (gpu,) = probe().gpus
+    # None (not available) counts 0; our own process is not "another" process
+    assert gpu.used_by_others_bytes == 4 * GiB + 512 * MiB
+    assert gpu.free_bytes == 24564 * MiB - 6 * GiB
+
+
+def test_probe_process_list_unavailable_counts_all_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    dev = FakeDevice(b"NVIDIA L4", total=23034 * MiB, used=700 * MiB, processes_fail=True)
+    install(monkeypatch, FakeNVML([dev]))
+    hw = probe()
+    (gpu,) = hw.gpus
+    assert gpu.used_by_others_bytes == 700 * MiB
+    assert gpu.bandwidth_bytes_per_s == 300_000_000_000
+    assert any("cannot list its processes" in n for n in hw.notes)
+
+
+def test_probe_without_nvml_binding(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml -> ImportError
+    _assert_no_gpu(probe(), "nvidia-ml-py", "not installed")
+
+
+@pytest.mark.parametrize(
+    ("error", "text"),
+    [
+        (FakeDriverNotLoaded, "Driver Not Loaded"),
+        (FakeLibraryNotFound, "NVML Shared Library Not Found"),
+        (lambda: FakeNVMLError("Insufficient Permissions"), "Insufficient Permissions"),
+    ],
+)
+def test_probe_nvml_cannot_start(monkeypatch: pytest.MonkeyPatch, error: Callable[[], Exception], text: str) -> None:
+    nvml = install(monkeypatch, FakeNVML([FakeDevice(b"NVIDIA GeForce RTX 4090", total=24 * GiB)], init_error=error))
+    _assert_no_gpu(probe(), "NVML could not start", text)
+    assert nvml.calls == ["init"]
+
+
+def test_probe_zero_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    nvml = install(monkeypatch, FakeNVML([]))
+    _assert_no_gpu(probe(), "NVML reports no GPU")
+    assert nvml.calls == ["init", "shutdown"]
+
+
+def test_probe_count_error_still_shuts_down(monkeypatch: pytest.MonkeyPatch) -> None:
+    nvml = install(monkeypatch, FakeNVML([], count_error=True))
+    _assert_no_gpu(probe(), "could not count")
+    assert nvml.calls == ["init", "shutdown"]
+
+
+def test_probe_skips_a_broken_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    devices = [
+        FakeDevice(b"NVIDIA A10", total=23028 * MiB, memory_fails=True),
+        FakeDevice(b"Tesla T4", total=15360 * MiB),
+    ]
+    install(monkeypatch, FakeNVML(devices))
+    hw = probe()
+    assert [(g.index, g.name) for g in hw.gpus] == [(1, "Tesla T4")]
+    assert hw.gpus[0].bandwidth_bytes_per_s == 320_000_000_000
+    assert any(n.startswith("GPU 0: NVML error (GPU is lost)") for n in hw.notes)
+
+
+def test_probe_only_broken_gpus_is_no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    install(monkeypatch, FakeNVML([FakeDevice(b"NVIDIA A10", total=23028 * MiB, memory_fails=True)]))
+    _assert_no_gpu(probe(), "GPU is lost")
+
+
+@pytest.mark.parametrize(
+    ("nvml_name", "total", "expected"),
+    [
+        ("NVIDIA GeForce RTX 4090", 24564 * MiB, "rtx-4090"),
+        ("NVIDIA GeForce RTX 4090", None, "rtx-4090"),
+        ("NVIDIA GeForce RTX 4090 D", 24564 * MiB, None),  # another card
+        ("NVIDIA GeForce RTX 4090 Laptop GPU", 16376 * MiB, None),
+        ("NVIDIA GeForce RTX 3060", 12288 * MiB, "rtx-3060-12gb"),
+        ("NVIDIA GeForce RTX 3060", 8192 * MiB, None),  # the 8 GB 3060 has less bandwidth
+        ("NVIDIA GeForce RTX 4060 Ti", 16380 * MiB, "rtx-4060-ti-16gb"),
+        ("NVIDIA GeForce RTX 4060", 8188 * MiB, None),
+        ("Tesla T4", 15360 * MiB, "t4"),
+        ("NVIDIA A10", 23028 * MiB, "a10"),
+        ("NVIDIA A10G", 23028 * MiB, None),
+        ("NVIDIA A100-SXM4-80GB", 81920 * MiB, "a100-80gb-sxm"),
+        ("NVIDIA A100 80GB PCIe", 81920 * MiB, "a100-80gb-pcie"),
+        ("NVIDIA A100-PCIE-40GB", 40536 * MiB, "a100-40gb"),
+        ("NVIDIA H100 80GB HBM3", 81559 * MiB, "h100-sxm"),
+        ("NVIDIA H100 PCIe", 81559 * MiB, "h100-pcie"),
+        ("NVIDIA H100 NVL", 95830 * MiB, None),
+        ("NVIDIA H200", 143771 * MiB, "h200"),
+        ("NVIDIA GeForce RTX 5090", 32607 * MiB, "rtx-5090"),
+        ("", None, None),
+    ],
+)
+def test_match_nvml_name(nvml_name: str, total: int | None, expected: str | None) -> None:
+    found = match_nvml_name(nvml_name, total)
+    assert (found.id if found else None) == expected
+
+
+# ------------------------------------------------------------------ profiles
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("4090", "rtx-4090"),
+        ("rtx4090", "rtx-4090"),
+        ("RTX 4090", "rtx-4090"),
+        ("rtx-4090", "rtx-4090"),
+        ("NVIDIA GeForce RTX 4090", "rtx-4090"),
+        ("3060", "rtx-3060-12gb"),
+        ("RTX 3060 12GB", "rtx-3060-12gb"),
+        ("3090", "rtx-3090"),
+        ("4060 Ti", "rtx-4060-ti-16gb"),
+        ("rtx4060ti", "rtx-4060-ti-16gb"),
+        ("4070", "rtx-4070"),
+        ("4080", "rtx-4080"),
+        ("5090", "rtx-5090"),
+        ("a10", "a10"),
+        ("L4", "l4"),
+        ("Tesla T4", "t4"),
+        ("a100-40", "a100-40gb"),
+        ("a100-80", "a100-80gb-sxm"),
+        ("A100 80GB", "a100-80gb-sxm"),
+        ("a100 80gb pcie", "a100-80gb-pcie"),
+        ("h100", "h100-sxm"),
+        ("H100 PCIe", "h100-pcie"),
+        ("h200", "h200"),
+        ("m3-max-36", "m3-max-36gb"),
+        ("M3 Max 36GB", "m3-max-36gb"),
+        ("m3 max 36 GiB", "m3-max-36gb"),
+        ("m2-ultra-192", "m2-ultra-192gb"),
+        ("m4 24gb", "m4-24gb"),  # not the M4 Pro 24 GB: "pro" was not asked for
+        ("M4 Pro 24GB", "m4-pro-24gb"),
+    ],
+)
+def test_find_profile(query: str, expected: str) -> None:
+    assert find_profile(query).id == expected
+
+
+@pytest.mark.parametrize(
+    ("query", "ids"),
+    [
+        ("a100", {"a100-40gb", "a100-80gb-sxm", "a100-80gb-pcie"}),
+        ("m3 max", {"m3-max-36gb", "m3-max-48gb", "m3-max-64gb", "m3-max-128gb"}),
+        ("m4-max", {"m4-max-36gb", "m4-max-48gb", "m4-max-64gb", "m4-max-128gb"}),
+    ],
+)
+def test_find_profile_ambiguous(query: str, ids: set[str]) -> None:
+    with pytest.raises(InputError) as info:
+        from_profile(query)
+    err = info.value
+    assert err.exit_code == EXIT_INPUT
+    assert "ambiguous" in err.message and "\n" not in err.message
+    for pid in ids:
+        assert pid in err.message
+    assert err.hint and "--gpu" in err.hint
+
+
+@pytest.mark.parametrize(
+    ("query", "suggested"),
+    [
+        ("4060", "rtx-4060-ti-16gb"),  # the plain 4060 is another card: suggested, not taken
+        ("m3-36", "m3-pro-36gb"),
+        ("rtx 9999", None),
+        ("rtx-4909", "rtx-4090"),
+        ("", None),
+        ("---", None),
+    ],
+)
+def test_find_profile_unknown(query: str, suggested: str | None) -> None:
+    with pytest.raises(InputError) as info:
+        from_profile(query)
+    err = info.value
+    assert err.message.startswith("unknown GPU profile") and "\n" not in err.message
+    if suggested:
+        assert suggested in err.message
+    assert err.hint and "profiles/gpus.json" in err.hint
+
+
+def test_from_profile_nvidia_uses_nvml_total() -> None:
+    hw = from_profile("RTX 4090")
+    assert hw.source == "profile:rtx-4090"
+    assert (hw.ram_total_bytes, hw.ram_free_bytes) == (RAM_TOTAL, RAM_AVAILABLE)  # this machine's RAM
+    (gpu,) = hw.gpus
+    assert gpu == Gpu(
+        index=0,
+        name="NVIDIA GeForce RTX 4090",
+        total_bytes=24564 * MiB,
+        free_bytes=24564 * MiB,
+        used_by_others_bytes=0,
+        bandwidth_bytes_per_s=1_008_000_000_000,
+        bandwidth_source="https://www.nvidia.com/en-us/geforce/graphics-cards/40-series/rtx-4090/",
+        unified_memory=False,
+    )
+    assert "24,564 MiB as NVML reports it" in hw.notes[0]
+
+
+def test_from_profile_without_nvml_total_uses_published_size() -> None:
+    p = find_profile("a100 80gb pcie")
+    assert p.nvml_total_bytes is None
+    (gpu,) = from_profile(p.id).gpus
+    assert gpu.total_bytes == gpu.free_bytes == 80 * GiB
+
+
+def test_every_nvidia_profile_plans_with_nvml_total_when_known() -> None:
+    for p in load_profiles():
+        if p.unified_memory:
+            continue
+        (gpu,) = from_profile(p.id).gpus
+        expected = p.nvml_total_bytes if p.nvml_total_bytes is not None else p.memory_bytes
+        assert gpu.total_bytes == gpu.free_bytes == expected, p.id
+        assert gpu.used_by_others_bytes == 0
+
+
+@pytest.mark.parametrize(
+    ("ram_gib", "share_bytes"),
+    [
+        (8, 8 * GiB * 2 // 3),
+        (16, 16 * GiB * 2 // 3),  # llama.cpp logs 10922.67 MB
+        (18, 12 * GiB),
+        (32, 32 * GiB * 2 // 3),  # llama.cpp logs 21845.34 MB
+        (36, 24 * GiB),  # the boundary is still 2/3
+        (48, 36 * GiB),
+        (64, 48 * GiB),
+        (96, 72 * GiB),  # llama.cpp logs 73728.00 MB
+        (128, 96 * GiB),
+        (192, 144 * GiB),
+        (512, 384 * GiB),
+    ],
+)
+def test_apple_gpu_share(ram_gib: int, share_bytes: int) -> None:
+    assert apple_gpu_share_bytes(ram_gib * GiB) == share_bytes
+
+
+def test_apple_gpu_share_just_above_threshold_is_three_quarters() -> None:
+    ram = 36 * GiB + 16 * MiB
+    assert apple_gpu_share_bytes(ram) == ram * 3 // 4
+
+
+@pytest.mark.parametrize(
+    ("query", "ram_gib", "gpu_bytes", "fraction"),
+    [
+        ("m3-max-36", 36, 24 * GiB, "2/3"),
+        ("m4-pro-24gb", 24, 16 * GiB, "2/3"),
+        ("m2-ultra-192", 192, 144 * GiB, "3/4"),
+        ("m4-max-128gb", 128, 96 * GiB, "3/4"),
+    ],
+)
+def test_from_profile_apple(query: str, ram_gib: int, gpu_bytes: int, fraction: str) -> None:
+    hw = from_profile(query)
+    (gpu,) = hw.gpus
+    assert gpu.unified_memory is True
+    assert gpu.total_bytes == gpu.free_bytes == gpu_bytes
+    assert gpu.used_by_others_bytes == 0
+    assert gpu.bandwidth_bytes_per_s is not None and gpu.bandwidth_bytes_per_s > 0
+    # the whole Mac: RAM is the unified memory, not this machine's
+    assert hw.ram_total_bytes == hw.ram_free_bytes == ram_gib * GiB
+    assert hw.source.startswith("profile:m")
+    assert fraction in hw.notes[0] and "iogpu.wired_limit_mb" in hw.notes[0]
+
+
+def test_list_profiles() -> None:
+    profiles = list_profiles()
+    ids = [pid for pid, _ in profiles]
+    assert len(ids) == len(set(ids))
+    assert all(isinstance(pid, str) and isinstance(name, str) and name for pid, name in profiles)
+    assert ("rtx-4090", "NVIDIA GeForce RTX 4090") in profiles
+
+
+def test_every_profile_is_found_by_its_id_and_name() -> None:
+    for p in load_profiles():
+        assert find_profile(p.id) is p
+        assert find_profile(p.name) is p
+        for alias in p.aliases:
+            assert find_profile(alias) is p, alias
+
+
+# ------------------------------------------------------------------ gpus.json
+
+
+def _raw_profiles() -> dict[str, Any]:
+    text = resources.files("profiles").joinpath("gpus.json").read_text(encoding="utf-8")
+    data: dict[str, Any] = json.loads(text)
+    return data
+
+
+REQUIRED = [
+    "rtx-3060-12gb",
+    "rtx-3090",
+    "rtx-4060-ti-16gb",
+    "rtx-4070",
+    "rtx-4080",
+    "rtx-4090",
+    "rtx-5090",
+    "a10",
+    "l4",
+    "t4",
+    "a100-40gb",
+    "a100-80gb-sxm",
+    "h100-sxm",
+    "h200",
+]
+
+
+def test_gpus_json_has_the_required_cards() -> None:
+    ids = {e["id"] for e in _raw_profiles()["gpus"]}
+    assert set(REQUIRED) <= ids
+    for chip in ("m1", "m2", "m3", "m4"):
+        for tier in ("pro", "max"):
+            assert any(i.startswith(f"{chip}-{tier}-") for i in ids), (chip, tier)
+    for chip in ("m1", "m2", "m3"):
+        assert any(i.startswith(f"{chip}-ultra-") for i in ids), chip
+
+
+def test_gpus_json_entries_have_sources_and_positive_numbers() -> None:
+    data = _raw_profiles()
+    assert data["apple_gpu_share"]["source"].startswith("https://github.com/ollama/ollama/blob/")
+    for e in data["gpus"]:
+        pid = e["id"]
+        assert e["source"].startswith("https://"), pid
+        assert e["name"], pid
+        assert isinstance(e["memory_bytes"], int) and e["memory_bytes"] > 0, pid
+        assert isinstance(e["bandwidth_bytes_per_s"], int) and e["bandwidth_bytes_per_s"] > 0, pid
+        assert e["bandwidth_published"], pid
+        assert e["unified_memory"] is (e["vendor"] == "apple"), pid
+        if "nvml_total_bytes" in e:
+            assert isinstance(e["nvml_total_bytes"], int) and e["nvml_total_bytes"] > 0, pid
+            # NVML's total is a little below the published size, never above it
+            # (GDDR cards with ECC on, A10/L4/T4/L40S, lose 1/16 of it)
+            assert e["memory_bytes"] * 0.9 < e["nvml_total_bytes"] <= e["memory_bytes"], pid
+            assert e["nvml_total_source"], pid
+        if e["vendor"] == "nvidia":
+            assert e["nvml_names"], pid
+
+
+def test_gpus_json_published_figures() -> None:
+    by_id = {e["id"]: e for e in _raw_profiles()["gpus"]}
+    assert by_id["rtx-4090"]["nvml_total_bytes"] == 24564 * MiB
+    assert by_id["rtx-4090"]["memory_bytes"] == 24 * GiB
+    assert by_id["rtx-4090"]["bandwidth_bytes_per_s"] == 1008 * 10**9
+    assert by_id["h100-sxm"]["bandwidth_bytes_per_s"] == 3350 * 10**9
+    assert by_id["h200"]["bandwidth_bytes_per_s"] == 4800 * 10**9
+    assert by_id["m4-max-128gb"]["bandwidth_bytes_per_s"] == 546 * 10**9
+    assert by_id["m4-max-36gb"]["bandwidth_bytes_per_s"] == 410 * 10**9
+
+
+# ------------------------------------------------------------------ manual
+
+
+def test_manual() -> None:
+    hw = manual(24 * GiB)
+    assert hw.source == "manual"
+    assert (hw.ram_total_bytes, hw.ram_free_bytes) == (RAM_TOTAL, RAM_AVAILABLE)
+    assert hw.gpus == (
+        Gpu(
+            index=0,
+            name="manual budget",
+            total_bytes=24 * GiB,
+            free_bytes=24 * GiB,
+            used_by_others_bytes=0,
+            bandwidth_bytes_per_s=None,
+            bandwidth_source=None,
+        ),
+    )
+
+
+@pytest.mark.parametrize("size", [0, -1])
+def test_manual_refuses_non_positive(size: int) -> None:
+    with pytest.raises(InputError):
+        manual(size)
+
+
+# ------------------------------------------------------------------ parse_size
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("24GiB", 24 * GiB),
+        ("24gib", 24 * GiB),
+        ("24GB", 24 * 10**9),
+        ("24 GB", 24 * 10**9),
+        (" 8 GiB ", 8 * GiB),
+        ("24000MiB", 24000 * MiB),
+        ("24000MB", 24 * 10**9),
+        ("23.5GiB", 23 * GiB + GiB // 2),
+        ("0.5GiB", GiB // 2),
+        (".5GiB", GiB // 2),
+        ("512M", 512 * MiB),
+        ("512m", 512 * MiB),
+        ("24G", 24 * GiB),
+        ("1.5KiB", 1536),
+        ("1.5KB", 1500),
+        ("4K", 4096),
+        ("2TB", 2 * 10**12),
+        ("1TiB", 1 << 40),
+        ("1T", 1 << 40),
+        ("25769803776B", 24 * GiB),
+        ("100b", 100),
+        ("0.1GB", 100_000_000),
+        ("1.0000000001GB", 1_000_000_000),  # rounded to the nearest byte
+    ],
+)
+def test_parse_size(text: str, expected: int) -> None:
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("24", "no unit"),
+        ("25769803776", "no unit"),
+        ("", "not a size"),
+        ("   ", "not a size"),
+        ("GB", "not a size"),
+        ("-1GB", "not a size"),
+        ("+1GB", "not a size"),
+        ("1,5GB", "not a size"),
+        ("1e9B", "not a size"),
+        ("24 XB", "unknown size unit"),
+        ("24 gigs", "unknown size unit"),
+        ("24Gb/s", "not a size"),
+        ("24 G B", "not a size"),
+        ("24GB extra", "not a size"),
+        ("nanGB", "not a size"),
+        ("infGiB", "not a size"),
+        ("0GB", "more than 0"),
+        ("0.0000000001B", "more than 0"),
+        ("１２GB", "not a size"),  # full-width digits
+    ],
+)
+def test_parse_size_refuses(text: str, fragment: str) -> None:
+    with pytest.raises(InputError) as info:
+        parse_size(text)
+    err = info.value
+    assert fragment in err.message
+    assert "\n" not in err.message
+    assert err.hint is not None and "24GiB" in err.hint
+
+
+# ------------------------------------------------------------------ start-up
+
+
+def test_import_does_not_load_nvml_or_psutil() -> None:
+    code = "import sys, advisor.hardware; print('pynvml' in sys.modules, 'psutil' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
+
+
+def test_hardware_types_are_frozen() -> None:
+    hw = hardware.manual(GiB)
+    with pytest.raises(AttributeError):
+        hw.source = "x"  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        hw.gpus[0].total_bytes = 1  # type: ignore[misc]

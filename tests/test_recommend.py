@@ -1,0 +1,175 @@
+"""The recommender: the seed case, the policy, and that every answer fits."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from advisor.errors import DoesNotFit
+from advisor.ggml import GGMLType
+from advisor.hardware import Gpu, Hardware
+from advisor.hfconfig import from_config
+from advisor.memory import CTX_PAD, RunConfig, estimate
+from advisor.recommend import Policy, budget_for, max_context, recommend
+from advisor.spec import ModelSpec, with_weights
+
+MIB, GIB = 1 << 20, 1 << 30
+F16, Q8, Q4 = GGMLType.F16, GGMLType.Q8_0, GGMLType.Q4_0
+DATA = Path(__file__).parent / "data" / "hf"
+# An RTX 4090 as NVML reports it: 24,564 MiB total (a "24 GB" card), nothing else running.
+RTX_4090 = Hardware(
+    (Gpu(0, "NVIDIA GeForce RTX 4090", 24564 * MIB, 24564 * MIB, 0, None, None),), 64 * GIB, 60 * GIB, "test"
+)
+# qwen3-coder:30b on the Ollama library: Q4_K_M, 19 GB download (the brief's "19 GB model")
+QWEN3_CODER_WEIGHTS = 19_000_000_000
+
+
+def hf_spec(name: str, weights: int) -> ModelSpec:
+    cfg = json.loads((DATA / f"{name}.json").read_text())
+    cfg.pop("_source", None)
+    return with_weights(from_config(cfg, source=name), weights)
+
+
+@pytest.fixture(scope="module")
+def qwen3_coder() -> ModelSpec:
+    return hf_spec("qwen3-coder-30b", QWEN3_CODER_WEIGHTS)
+
+
+def test_seed_case_f16_does_not_fit_64k_but_q8_0_does(qwen3_coder: ModelSpec) -> None:
+    budget = budget_for(RTX_4090)
+    assert budget.budget_bytes == (24564 - 1024) * MIB  # llama.cpp's fit margin: 1024 MiB
+    at_64k = {
+        kv: estimate(qwen3_coder, RunConfig(n_ctx=65536, type_k=kv, type_v=kv, flash_attn="on", device="cuda"))
+        for kv in (F16, Q8)
+    }
+    assert at_64k[F16].kv_bytes == 48 * 4 * 128 * 2 * 2 * 65536  # 6 GiB
+    assert at_64k[F16].device_bytes > budget.budget_bytes  # about 25 GB: spills
+    assert at_64k[Q8].device_bytes <= budget.budget_bytes
+    rec = recommend(qwen3_coder, RunConfig(), budget, Policy(target_ctx=65536))
+    assert (rec.config.type_k, rec.config.type_v, rec.config.flash_attn) == (Q8, Q8, "on")
+    assert rec.config.n_ctx == 65536 and rec.fits
+    assert any("f16 K/V at 65,536 tokens needs" in r for r in rec.reasons)
+
+
+def test_seed_case_repeatable_gives_f16_at_the_largest_context(qwen3_coder: ModelSpec) -> None:
+    budget = budget_for(RTX_4090)
+    rec = recommend(qwen3_coder, RunConfig(), budget, Policy(target_ctx=65536, repeatable=True))
+    assert (rec.config.type_k, rec.config.type_v) == (F16, F16)
+    n = rec.config.n_ctx
+    assert n % CTX_PAD == 0 and 32768 < n < 65536
+    assert rec.estimate.device_bytes <= budget.budget_bytes
+    bigger = estimate(qwen3_coder, replace(rec.config, n_ctx=n + CTX_PAD))
+    assert bigger.device_bytes > budget.budget_bytes  # the largest that fits
+    assert [(o.type_k, o.type_v) for o in rec.options] == [(F16, F16)]
+
+
+def test_prefers_f16_when_it_reaches_the_target(qwen3_coder: ModelSpec) -> None:
+    rec = recommend(qwen3_coder, RunConfig(), budget_for(RTX_4090), Policy(target_ctx=8192))
+    assert (rec.config.type_k, rec.config.n_ctx) == (F16, 8192)
+    assert any("reproduces tokens exactly" in r for r in rec.reasons)
+
+
+def test_min_ctx_fails_with_what_would_fit(qwen3_coder: ModelSpec) -> None:
+    small = Hardware((Gpu(0, "small", 20 * GIB, 20 * GIB, 0, None, None),), 64 * GIB, 60 * GIB, "test")
+    with pytest.raises(DoesNotFit) as e:
+        recommend(qwen3_coder, RunConfig(n_parallel=2), budget_for(small), Policy(min_ctx=131072))
+    assert e.value.exit_code == 3
+    assert e.value.hint and "more free memory" in e.value.hint and "fewer parallel slots" in e.value.hint
+
+
+def test_weights_alone_too_big_is_reported_not_hidden(qwen3_coder: ModelSpec) -> None:
+    tiny = Hardware((Gpu(0, "tiny", 8 * GIB, 8 * GIB, 0, None, None),), 64 * GIB, 60 * GIB, "test")
+    rec = recommend(qwen3_coder, RunConfig(), budget_for(tiny), Policy())
+    assert not rec.fits
+    assert any("does not fit" in r for r in rec.reasons)
+
+
+def test_two_gpus_and_memory_held_by_others() -> None:
+    hw = Hardware(
+        (
+            Gpu(0, "a", 24 * GIB, 20 * GIB, 4 * GIB, None, None),
+            Gpu(1, "b", 24 * GIB, 24 * GIB, 0, None, None),
+        ),
+        64 * GIB,
+        60 * GIB,
+        "nvml",
+    )
+    b = budget_for(hw, margin_bytes=512 * MIB)
+    assert (b.free_bytes, b.margin_bytes, b.budget_bytes, b.n_gpu) == (44 * GIB, 1 * GIB, 43 * GIB, 2)
+
+
+def test_no_gpu_plans_for_system_ram() -> None:
+    b = budget_for(Hardware((), 32 * GIB, 30 * GIB, "none"))
+    assert (b.device, b.budget_bytes) == ("cpu", 30 * GIB - 1024 * MIB)
+
+
+def test_same_type_kv_for_ollama_and_mla(qwen3_coder: ModelSpec) -> None:
+    rec = recommend(qwen3_coder, RunConfig(), budget_for(RTX_4090), Policy(same_type_kv=True))
+    assert all(o.type_k == o.type_v for o in rec.options)
+    mla = hf_spec("deepseek-coder-v2-16b", 10_000_000_000)
+    rec = recommend(mla, RunConfig(), budget_for(RTX_4090), Policy())
+    assert all(o.type_k == o.type_v for o in rec.options)  # llama.cpp refuses different K and V types for MLA
+
+
+configs = st.fixed_dictionaries(
+    {
+        "num_hidden_layers": st.integers(1, 96),
+        "num_attention_heads": st.sampled_from([8, 16, 32, 64]),
+        "kv_div": st.sampled_from([1, 2, 4, 8]),
+        "head_dim": st.sampled_from([64, 128, 256]),
+        "vocab_size": st.integers(1000, 260_000),
+        "max_position_embeddings": st.sampled_from([4096, 32768, 131072, 262144]),
+        "intermediate_size": st.integers(256, 30000),
+    }
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    cfg=configs,
+    weights_gib=st.floats(0.1, 60),
+    vram_gib=st.floats(2, 160),
+    n_parallel=st.integers(1, 4),
+    target=st.sampled_from([0, 4096, 65536]),
+    repeatable=st.booleans(),
+)
+def test_property_every_recommendation_fits_and_is_the_largest(
+    cfg: dict[str, int], weights_gib: float, vram_gib: float, n_parallel: int, target: int, repeatable: bool
+) -> None:
+    hf = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": cfg["num_attention_heads"] * cfg["head_dim"],
+        "num_key_value_heads": max(1, cfg["num_attention_heads"] // cfg["kv_div"]),
+        **{k: v for k, v in cfg.items() if k != "kv_div"},
+    }
+    spec = with_weights(from_config(hf, source="random"), int(weights_gib * GIB))
+    hw = Hardware((Gpu(0, "g", int(vram_gib * GIB), int(vram_gib * GIB), 0, None, None),), 64 * GIB, 60 * GIB, "t")
+    budget = budget_for(hw)
+    rec = recommend(spec, RunConfig(n_parallel=n_parallel), budget, Policy(target_ctx=target, repeatable=repeatable))
+    if rec.fits:
+        assert rec.estimate.device_bytes <= budget.budget_bytes
+    for o in rec.options:
+        base = RunConfig(n_parallel=n_parallel)
+        if o.n_ctx_max == 0:
+            continue
+        cfg_at = RunConfig(
+            n_ctx=o.n_ctx_max * n_parallel,
+            n_parallel=n_parallel,
+            type_k=o.type_k,
+            type_v=o.type_v,
+            flash_attn="on" if o.flash_attn else "off",
+            device="cuda",
+        )
+        assert estimate(spec, cfg_at).device_bytes <= budget.budget_bytes
+        if o.n_ctx_max + CTX_PAD <= spec.n_ctx_train:
+            over = replace(cfg_at, n_ctx=(o.n_ctx_max + CTX_PAD) * n_parallel)
+            assert estimate(spec, over).device_bytes > budget.budget_bytes
+        assert o.n_ctx_max == max_context(spec, base, (o.type_k, o.type_v), o.flash_attn, budget)
+    if repeatable:
+        assert (rec.config.type_k, rec.config.type_v) == (F16, F16)
