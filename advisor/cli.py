@@ -7,6 +7,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import click
@@ -143,16 +144,36 @@ def run_options(f: F) -> F:
 
 
 def _plan_and_print(spec: Any, opts: dict[str, Any], *, same_type_kv: bool = False, quiet_exit: bool = False) -> Any:
+    from advisor.render import plan_dict, plan_text
+
+    plan = _make_plan(spec, opts, same_type_kv=same_type_kv)
+    requested = opts["n_ctx"]
+    if opts["as_json"]:
+        click.echo(json.dumps(plan_dict(plan, requested), indent=2))
+    else:
+        click.echo(plan_text(plan, requested))
+        if opts["chart"] and plan.recommendation is not None and plan.budget is not None:
+            from advisor.recommend import curves
+            from advisor.render import chart_text
+
+            lines = curves(spec, replace(plan.config, n_ctx=0), plan.budget, plan.recommendation.options)
+            click.echo("")
+            click.echo(chart_text(lines, plan.budget.budget_bytes))
+    if plan.fits is False and not quiet_exit:
+        raise click.exceptions.Exit(EXIT_NO_FIT)  # the output says why; the exit code says "does not fit"
+    return plan
+
+
+def _make_plan(spec: Any, opts: dict[str, Any], *, same_type_kv: bool = False) -> Any:
     from advisor.ggml import cache_type
     from advisor.hardware import parse_size
     from advisor.memory import RunConfig
     from advisor.plan import HardwareRequest, hardware_for, make_plan
     from advisor.recommend import Policy, load_use_cases
-    from advisor.render import plan_dict, plan_text
 
     o = dict(opts)
-    as_json = o.pop("as_json")
-    chart = o.pop("chart")
+    o.pop("as_json")
+    o.pop("chart")
     n_ctx = o.pop("n_ctx")
     use = o.pop("use")
     target = o.pop("target_ctx") or (load_use_cases()[use] if use else 0)
@@ -174,24 +195,9 @@ def _plan_and_print(spec: Any, opts: dict[str, Any], *, same_type_kv: bool = Fal
     margin = parse_size(o.pop("margin"))
     kv = fixed or (cache_type("f16"), cache_type("f16"))
     base = RunConfig(n_ctx=n_ctx or 0, type_k=kv[0], type_v=kv[1], **o)
-    plan = make_plan(
+    return make_plan(
         spec, base, recommend_ctx=n_ctx is None, hw=hardware_for(hw_req), policy=policy, margin_bytes=margin
     )
-    requested = n_ctx if n_ctx is not None else None
-    if as_json:
-        click.echo(json.dumps(plan_dict(plan, requested), indent=2))
-    else:
-        click.echo(plan_text(plan, requested))
-        if chart and plan.recommendation is not None and plan.budget is not None:
-            from advisor.recommend import curves
-            from advisor.render import chart_text
-
-            lines = curves(spec, base, plan.budget, plan.recommendation.options)
-            click.echo("")
-            click.echo(chart_text(lines, plan.budget.budget_bytes))
-    if plan.fits is False and not quiet_exit:
-        raise click.exceptions.Exit(EXIT_NO_FIT)  # the output says why; the exit code says "does not fit"
-    return plan
 
 
 def _backend(name: str) -> Any:
@@ -235,16 +241,75 @@ def hf(config: str, weights_bytes: int | None, **opts: Any) -> None:
 @cli.command()
 @click.argument("path")
 @run_options
-def llamacpp(path: str, **opts: Any) -> None:
+@click.option(
+    "--write-env",
+    "write_env",
+    metavar="PATH",
+    default=None,
+    help="Also write the settings as LLAMA_ARG_* variables (an env file llama-server reads).",
+)
+@click.option("--force", is_flag=True, help="Overwrite the --write-env file if it exists.")
+def llamacpp(path: str, write_env: str | None, force: bool, **opts: Any) -> None:
     """The llama-server command for a local GGUF file: recommended, or for the --ctx you give."""
-    from advisor.llamaserver import command_text
+    from advisor.files import write_text_file
+    from advisor.llamaserver import command_text, env_text
 
     plan = _plan_and_print(_backend("gguf").load_spec(path), opts, quiet_exit=True)
-    if opts["as_json"]:
-        return
-    click.echo("")
-    click.echo(command_text(path, plan.config))
+    if not opts["as_json"]:
+        click.echo("")
+        click.echo(command_text(path, plan.config))
+    if write_env:
+        written = write_text_file(write_env, env_text(path, plan.config), force=force)
+        click.echo(
+            f"wrote {written}: load it with `set -a; . {written}; set +a` before starting llama-server", err=True
+        )
     if plan.fits is False:
+        raise click.exceptions.Exit(EXIT_NO_FIT)
+
+
+@cli.group()
+def verify() -> None:
+    """Prove a config on the real runtime: did it fit, what did it take, how fast was it."""
+
+
+@verify.command("llamacpp")
+@click.argument("path")
+@run_options
+@click.option(
+    "--llama-server",
+    "server",
+    metavar="PATH",
+    default=None,
+    help="The llama-server binary to run (default: llama-server on PATH, else llama-cpp-python).",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=0.1),
+    default=600,
+    show_default=True,
+    help="Seconds before the run is stopped.",
+)
+def verify_llamacpp(path: str, server: str | None, timeout_s: float, **opts: Any) -> None:
+    """Launch llama.cpp with the recommended (or given) settings and compare with the prediction."""
+    from advisor.render import verification_dict, verification_text
+    from advisor.verify import compare
+
+    backend = _backend("llamacpp")
+    as_json = opts["as_json"]
+    plan = _make_plan(backend.load_spec(path), opts)
+    if plan.fits is False:
+        click.echo("kvadvise: the prediction says this config does not fit; running it anyway", err=True)
+    measured = backend.measure(
+        path,
+        plan.config,
+        server=server,
+        timeout_s=timeout_s,
+        progress=lambda msg: click.echo(f"kvadvise: {msg}", err=True),
+    )
+    result = compare(plan, measured)
+    click.echo(json.dumps(verification_dict(result), indent=2) if as_json else verification_text(result))
+    if not result.fits:
         raise click.exceptions.Exit(EXIT_NO_FIT)
 
 

@@ -12,6 +12,7 @@ from advisor.memory import MemoryEstimate, RunConfig
 from advisor.plan import Plan
 from advisor.recommend import Budget, Curve, Recommendation
 from advisor.spec import ModelSpec
+from advisor.verify import Verification
 
 LLAMA_CPP_BUILD = "llama.cpp 0c1e570 (vendored by llama-cpp-python 0.3.36)"
 
@@ -285,4 +286,71 @@ def chart_text(curves: tuple[Curve, ...], budget_bytes: int, height: int = 16) -
         kv = c.type_k.type_name if c.type_k == c.type_v else f"{c.type_k.type_name}/{c.type_v.type_name}"
         legend.append(f"{mark} = {kv}{'' if c.flash_attn else ' (FA off)'}")
     lines.append(" " * 13 + "   ".join(legend) + "   == = budget")
+    return "\n".join(lines)
+
+
+def verification_dict(v: Verification) -> dict[str, Any]:
+    doc = plan_dict(v.plan)
+    m = v.measured
+    doc["measured"] = {
+        "k_bytes": m.k_bytes,
+        "v_bytes": m.v_bytes,
+        "kv_bytes": m.kv_bytes,
+        "recurrent_bytes": m.recurrent_bytes,
+        "weights_bytes": m.weights_bytes,
+        "compute_bytes": m.compute_bytes,
+        "output_bytes": m.output_bytes,
+        "device_used_bytes": m.device_used_bytes,
+        "prompt_tokens_per_s": m.prompt_tokens_per_s,
+        "decode_tokens_per_s": m.decode_tokens_per_s,
+        "n_ctx": m.n_ctx,
+        "gpu_layers": m.gpu_layers,
+        "total_layers": m.total_layers,
+        "runner": m.runner,
+        "backend": m.backend,
+        "llama_cpp_build": m.llama_cpp_build,
+    }
+    e = v.error
+    doc["error"] = {
+        "k_bytes": e.k_bytes,
+        "v_bytes": e.v_bytes,
+        "kv_bytes": e.kv_bytes,
+        "recurrent_bytes": e.recurrent_bytes,
+        "weights_bytes": e.weights_bytes,
+        "compute_bytes": e.compute_bytes,
+        "output_bytes": e.output_bytes,
+    }
+    doc["fits"] = v.fits
+    doc["verdict"] = v.verdict
+    doc["reasons"] = list(doc.get("reasons", [])) + list(v.reasons)
+    return doc
+
+
+def verification_text(v: Verification) -> str:
+    est, m = v.plan.estimate, v.measured
+    rows = [
+        ("K cache", est.k_bytes, m.k_bytes),
+        ("V cache", est.v_bytes, m.v_bytes),
+        ("KV buffers", est.kv_bytes, m.kv_bytes),
+        ("recurrent", est.recurrent_bytes, m.recurrent_bytes),
+        ("weights", est.weights_bytes, m.weights_bytes),
+        ("compute", est.compute_bytes, m.compute_bytes),
+        ("output", est.output_bytes, m.output_bytes),
+    ]
+    lines = [
+        f"{v.plan.spec.name}: measured with {m.runner} ({m.llama_cpp_build}, backend {m.backend})",
+        f"  {'':<12}{'predicted':>14}{'measured':>14}{'difference':>14}",
+    ]
+    for label, p, q in rows:
+        lines.append(f"  {label:<12}{fmt_bytes(p):>14}{fmt_bytes(q):>14}{fmt_bytes(q - p) if q != p else '0':>14}")
+    if m.device_used_bytes is not None:
+        lines.append(f"  device memory used (NVML): {fmt_bytes(m.device_used_bytes)}")
+    if m.gpu_layers is not None:
+        lines.append(f"  layers on the GPU: {m.gpu_layers}/{m.total_layers}")
+    if m.prompt_tokens_per_s is not None:
+        lines.append(f"  prompt: {m.prompt_tokens_per_s:,.1f} tokens/s")
+    if m.decode_tokens_per_s is not None:
+        lines.append(f"  decode: {m.decode_tokens_per_s:,.1f} tokens/s")
+    lines.extend(f"  - {r}" for r in v.reasons)
+    lines.append(v.verdict)
     return "\n".join(lines)

@@ -10,7 +10,9 @@ llama.cpp cannot take the parent down.
 
 Request keys: model (path), n_ctx, n_batch, n_ubatch, n_seq_max, kv_unified,
 flash_attn ("on"|"off"|"auto"), type_k, type_v (ggml type ids), swa_full,
-n_gpu_layers, extra_bufts (CPU repacking), n_eval (tokens to decode; 0 = load only).
+n_gpu_layers, extra_bufts (CPU repacking), n_eval (tokens to decode; 0 = load only),
+bench ({"n_prompt": N, "n_gen": M}: time a prompt of N tokens, then M single-token
+decode steps), nvml (read GPU memory used before load, after load, after bench).
 """
 
 from __future__ import annotations
@@ -42,10 +44,51 @@ def _log_to_stderr() -> None:
     _LOG_CB = cb
 
 
+def _gpu_used() -> int | None:
+    """Memory used on GPU 0 (NVML), or None without an NVIDIA GPU."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).used)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no NVML, no driver, no GPU: the measurement is simply absent
+        return None
+
+
+def _bench(L: Any, ctx: Any, n_vocab: int, n_prompt: int, n_gen: int, n_batch: int) -> dict[str, Any]:
+    """Prompt processing in batches of n_batch, then n_gen single-token steps (greedy-free: fixed ids)."""
+    ids = [(i * 7919) % max(1, n_vocab - 10) + 5 for i in range(n_prompt + n_gen)]
+    t0 = time.perf_counter()
+    done = 0
+    while done < n_prompt:
+        n = min(n_batch, n_prompt - done)
+        arr = (L.llama_token * n)(*ids[done : done + n])
+        if L.llama_decode(ctx, L.llama_batch_get_one(arr, n)) != 0:
+            return {"bench_error": f"llama_decode failed on the prompt at token {done}"}
+        done += n
+    t1 = time.perf_counter()
+    for i in range(n_gen):
+        arr = (L.llama_token * 1)(ids[n_prompt + i])
+        if L.llama_decode(ctx, L.llama_batch_get_one(arr, 1)) != 0:
+            return {"bench_error": f"llama_decode failed at generated token {i}"}
+    t2 = time.perf_counter()
+    return {
+        "prompt_tokens": n_prompt,
+        "gen_tokens": n_gen,
+        "prompt_tokens_per_s": n_prompt / (t1 - t0) if t1 > t0 else None,
+        "decode_tokens_per_s": n_gen / (t2 - t1) if t2 > t1 and n_gen else None,
+    }
+
+
 def probe(req: dict[str, Any]) -> dict[str, Any]:
     import llama_cpp as L
 
     _log_to_stderr()
+    nvml = bool(req.get("nvml", False))
+    used_before = _gpu_used() if nvml else None
     L.llama_backend_init()
     mp = L.llama_model_default_params()
     mp.n_gpu_layers = int(req.get("n_gpu_layers", -1))
@@ -79,6 +122,8 @@ def probe(req: dict[str, Any]) -> dict[str, Any]:
         "init_s": time.perf_counter() - t0,
         "llama_cpp_python": getattr(L, "__version__", "unknown"),
         "system_info": L.llama_print_system_info().decode(errors="replace").strip(),
+        "gpu_used_before": used_before,
+        "gpu_used_after_load": _gpu_used() if nvml else None,
     }
     n_eval = int(req.get("n_eval", 0))
     if n_eval:
@@ -89,6 +134,11 @@ def probe(req: dict[str, Any]) -> dict[str, Any]:
         out["decode_s"] = time.perf_counter() - t1
         logits = L.llama_get_logits_ith(ctx, -1)
         out["logit0"] = float(logits[0]) if logits else None
+    bench = req.get("bench")
+    if bench:
+        n_prompt = min(int(bench.get("n_prompt", 256)), max(1, out["n_ctx"] - int(bench.get("n_gen", 64)) - 1))
+        out.update(_bench(L, ctx, out["n_vocab"], n_prompt, int(bench.get("n_gen", 64)), out["n_batch"]))
+        out["gpu_used_after_bench"] = _gpu_used() if nvml else None
     L.llama_free(ctx)
     L.llama_model_free(model)
     return out

@@ -1,0 +1,185 @@
+"""`kvadvise verify llamacpp`: real llama.cpp, failure paths, no orphaned children."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from oracle import COMPUTE_TOLERANCE
+
+from advisor.cli import main
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+MIB = 1 << 20
+
+
+def children_named(marker: str) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if any(marker in part for part in (p.info["cmdline"] or [])):
+                out.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _no_orphans() -> object:
+    yield
+    time.sleep(0.1)
+    assert children_named("backends.llamacpp_probe") == []
+    assert children_named("fake_llama_server.py") == []
+
+
+def verify(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, object] | None, str]:
+    rc = main(["verify", "llamacpp", *args, "--json", "--no-hardware"])
+    out, err = capsys.readouterr()
+    return rc, (json.loads(out) if out.strip() else None), err
+
+
+@pytest.mark.llama
+@pytest.mark.parametrize(
+    ("ctx", "kv", "cells"),
+    [("4096", "f16", 4096), ("10000", "q8_0", 10240)],
+)
+def test_real_llama_cpp_kv_exact_compute_close(
+    ctx: str, kv: str, cells: int, gemma_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc, doc, err = verify(capsys, str(gemma_path), "--ctx", ctx, "-ctk", kv, "-ctv", kv, "-fa", "on")
+    assert rc == 0, err
+    assert doc is not None
+    m, e = doc["measured"], doc["error"]
+    assert isinstance(m, dict) and isinstance(e, dict)
+    assert m["n_ctx"] == cells and m["runner"] == "llama-cpp-python" and m["backend"] == "CPU"
+    # llama.cpp prints each buffer to 0.01 MiB: "exact" is exact to what it prints (two KV buffers: SWA and full)
+    printed = MIB // 200 + 1
+    assert abs(e["kv_bytes"]) <= 2 * printed and abs(e["k_bytes"]) <= 2 * printed and abs(e["v_bytes"]) <= 2 * printed
+    assert e["recurrent_bytes"] == 0 and abs(e["output_bytes"]) <= printed
+    rel, absolute = COMPUTE_TOLERANCE
+    assert abs(e["compute_bytes"]) <= max(rel * m["compute_bytes"], absolute)
+    assert m["decode_tokens_per_s"] > 0 and m["prompt_tokens_per_s"] > 0
+    assert doc["fits"] is True and "CPU buffers only" in str(doc["verdict"])
+
+
+@pytest.mark.llama
+def test_allocation_that_cannot_succeed_exits_3(gemma_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # 16M cells of f32 K and V: ~92 GiB of KV on a 24 GiB machine; llama.cpp's allocation fails
+    rc, doc, err = verify(capsys, str(gemma_path), "--ctx", "16000000", "-ctk", "f32", "-ctv", "f32", "-fa", "on")
+    assert rc == 3 and doc is None
+    assert "allocate" in err or "memory" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.llama
+def test_file_llama_cpp_rejects_exits_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sys.path.insert(0, str(TESTS))
+    from gguf import GGUFReader, GGUFWriter
+    from tinymodels import write_tiny_gguf
+
+    good = write_tiny_gguf(tmp_path / "good.gguf", "llama")
+    # same header shape, but a required tensor renamed: our header checks pass, llama.cpp's loader refuses it
+    r = GGUFReader(good)
+    w = GGUFWriter(tmp_path / "bad.gguf", "llama")
+    for f in r.fields.values():
+        if f.name.startswith("GGUF.") or f.name == "general.architecture":
+            continue
+        w.add_key_value(f.name, f.contents(), f.types[0], f.types[-1] if len(f.types) > 1 else None)
+    for t in r.tensors:
+        name = "blk.0.attn_q.weight_renamed" if t.name == "blk.0.attn_q.weight" else t.name
+        w.add_tensor(name, t.data, raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    rc, _doc, err = verify(capsys, str(tmp_path / "bad.gguf"), "--ctx", "512")
+    assert rc == 3 and "llama.cpp failed" in err
+
+
+@pytest.mark.llama
+def test_timeout_stops_the_child(gemma_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _doc, err = verify(capsys, str(gemma_path), "--ctx", "4096", "--timeout", "0.3")
+    assert rc == 3 and "did not finish within 0.3 s" in err
+
+
+def fake_server(tmp_path: Path, log: str, mode: str) -> Path:
+    logfile = tmp_path / "llama.log"
+    logfile.write_text(log)
+    script = tmp_path / "llama-server"
+    script.write_text(
+        f'#!/bin/sh\nexec {sys.executable} {TESTS / "fake_llama_server.py"} --log {logfile} --mode {mode} "$@"\n'
+    )
+    script.chmod(0o755)
+    return script
+
+
+@pytest.fixture(scope="module")
+def real_log(gemma_path: Path) -> str:
+    """What real llama.cpp printed loading Gemma 3 270M at -c 4096 -fa on (the server's log has the same lines)."""
+    from oracle import run_llama
+
+    from advisor.memory import RunConfig
+
+    return run_llama(gemma_path, [RunConfig(n_ctx=4096, flash_attn="on")])[0].text
+
+
+@pytest.mark.llama
+def test_llama_server_runner(
+    gemma_path: Path, real_log: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server = fake_server(tmp_path, "build: 7000 (0c1e570) with cc for x86_64-linux-gnu\n" + real_log, "ok")
+    rc, doc, err = verify(capsys, str(gemma_path), "--ctx", "4096", "-fa", "on", "--llama-server", str(server))
+    assert rc == 0, err
+    assert doc is not None and isinstance(doc["measured"], dict) and isinstance(doc["error"], dict)
+    assert doc["measured"]["runner"] == "llama-server"
+    assert doc["measured"]["llama_cpp_build"] == "b7000 (0c1e570)"
+    assert (doc["measured"]["prompt_tokens_per_s"], doc["measured"]["decode_tokens_per_s"]) == (500.0, 50.0)
+    assert abs(doc["error"]["kv_bytes"]) <= 2 * (MIB // 200 + 1)
+
+
+@pytest.mark.parametrize(("mode", "message"), [("crash", "stopped while loading"), ("hang", "did not become ready")])
+def test_llama_server_failures_exit_3(
+    mode: str, message: str, gemma_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server = fake_server(tmp_path, "load_tensors: loading model\n", mode)
+    rc, _doc, err = verify(capsys, str(gemma_path), "--ctx", "4096", "--llama-server", str(server), "--timeout", "2")
+    assert rc == 3 and message in err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_leaves_no_child(sig: signal.Signals, gemma_path: Path, tmp_path: Path) -> None:
+    server = fake_server(tmp_path, "load_tensors: loading model\n", "hang")
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "advisor",
+            "verify",
+            "llamacpp",
+            str(gemma_path),
+            "--ctx",
+            "4096",
+            "--no-hardware",
+            "--llama-server",
+            str(server),
+        ],
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 20
+    while not children_named("fake_llama_server.py") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert children_named("fake_llama_server.py"), "the fake server never started"
+    os.kill(p.pid, sig)
+    rc = p.wait(timeout=20)
+    assert rc != 0
+    assert "Traceback" not in (p.stderr.read() if p.stderr else "")
