@@ -153,7 +153,7 @@ def _plan_and_print(spec: Any, opts: dict[str, Any], *, same_type_kv: bool = Fal
     else:
         click.echo(plan_text(plan, requested))
         if opts["chart"] and plan.recommendation is not None and plan.budget is not None:
-            from advisor.recommend import curves
+            from advisor.recommender import curves
             from advisor.render import chart_text
 
             lines = curves(spec, replace(plan.config, n_ctx=0), plan.budget, plan.recommendation.options)
@@ -168,8 +168,8 @@ def _make_plan(spec: Any, opts: dict[str, Any], *, same_type_kv: bool = False) -
     from advisor.ggml import cache_type
     from advisor.hardware import parse_size
     from advisor.memory import RunConfig
-    from advisor.plan import HardwareRequest, hardware_for, make_plan
-    from advisor.recommend import Policy, load_use_cases
+    from advisor.planning import HardwareRequest, hardware_for, make_plan
+    from advisor.recommender import Policy, load_use_cases
 
     o = dict(opts)
     o.pop("as_json")
@@ -206,7 +206,40 @@ def _backend(name: str) -> Any:
     return discover().get(name)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class PluginGroup(click.Group):
+    """Built-in commands, plus `kvadvise <backend> REF` for every installed plugin backend without one.
+
+    Plugins are looked up only when a name is not a built-in command (or for
+    --help), so they never slow down or break the built-in commands.
+    """
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        from advisor.plugins import discover
+
+        return sorted(set(super().list_commands(ctx)) | set(discover().targets))
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        cmd = super().get_command(ctx, name)
+        if cmd is not None:
+            return cmd
+        from advisor.plugins import discover
+
+        if name not in discover().targets:
+            return None
+        return _plugin_command(name)
+
+
+def _plugin_command(name: str) -> click.Command:
+    @click.command(name=name, help=f"Memory for a model from the {name!r} backend (a plugin).")
+    @click.argument("ref")
+    @run_options
+    def command(ref: str, **opts: Any) -> None:
+        _plan_and_print(_backend(name).load_spec(ref), opts)
+
+    return command
+
+
+@click.group(cls=PluginGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="kvadvise")
 @click.option("--debug", is_flag=True, envvar="KVADVISE_DEBUG", help="Show tracebacks (also KVADVISE_DEBUG=1).")
 def cli(debug: bool) -> None:
@@ -293,7 +326,7 @@ def verify() -> None:
 def verify_llamacpp(path: str, server: str | None, timeout_s: float, **opts: Any) -> None:
     """Launch llama.cpp with the recommended (or given) settings and compare with the prediction."""
     from advisor.render import verification_dict, verification_text
-    from advisor.verify import compare
+    from advisor.verification import compare
 
     backend = _backend("llamacpp")
     as_json = opts["as_json"]
@@ -317,18 +350,23 @@ def verify_llamacpp(path: str, server: str | None, timeout_s: float, **opts: Any
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def plugins(as_json: bool) -> None:
     """List the installed backends, and any that failed to load."""
-    from advisor.plugins import discover
+    from advisor.plugins import capabilities, discover
 
     backends, broken = discover().load_all()
     if as_json:
         doc = {
-            "backends": [{"name": n, "summary": b.summary} for n, b in sorted(backends.items())],
+            "backends": [
+                {"name": n, "summary": b.summary, "capabilities": list(capabilities(b))}
+                for n, b in sorted(backends.items())
+            ],
             "broken": [{"name": b.name, "target": b.target, "error": b.error} for b in broken],
         }
         click.echo(json.dumps(doc, indent=2))
         return
+    from advisor.plugins import capabilities
+
     for name, b in sorted(backends.items()):
-        click.echo(f"{name:<10} {b.summary}")
+        click.echo(f"{name:<10} {b.summary}  [{', '.join(capabilities(b))}]")
     for br in broken:
         click.echo(f"{br.name:<10} BROKEN ({br.target}): {br.error}")
 

@@ -18,7 +18,14 @@ GROUP = "kvadvise.backends"
 
 
 class Backend(Protocol):
-    """A source of model specs (and, for runtimes, of live state and configs)."""
+    """A source of model specs (and, for runtimes, of live state and configs).
+
+    Required: ``name``, ``summary`` and ``load_spec``. A backend says what
+    more it can do by having the optional methods of CAPABILITIES:
+    ``measure(model_path, cfg, *, server, timeout_s, progress) -> advisor.verification.Measurement``
+    (verify on the real runtime), ``running_models(host)`` (live state),
+    ``write_config(...)`` (write where the runtime reads it).
+    """
 
     name: str
     summary: str
@@ -26,6 +33,19 @@ class Backend(Protocol):
     def load_spec(self, ref: str) -> ModelSpec:
         """Resolve ``ref`` (a path, a repo id, a model name) to a ModelSpec."""
         ...
+
+
+# capability -> the optional method that provides it
+CAPABILITIES = {
+    "resolve": "load_spec",
+    "verify": "measure",
+    "live-state": "running_models",
+    "write-config": "write_config",
+}
+
+
+def capabilities(backend: object) -> tuple[str, ...]:
+    return tuple(cap for cap, method in CAPABILITIES.items() if callable(getattr(backend, method, None)))
 
 
 @dataclass(frozen=True, slots=True)

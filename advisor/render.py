@@ -9,10 +9,10 @@ from dataclasses import replace
 from typing import Any
 
 from advisor.memory import MemoryEstimate, RunConfig
-from advisor.plan import Plan
-from advisor.recommend import Budget, Curve, Recommendation
+from advisor.planning import Plan
+from advisor.recommender import Budget, Curve, Recommendation
 from advisor.spec import ModelSpec
-from advisor.verify import Verification
+from advisor.verification import Verification
 
 LLAMA_CPP_BUILD = "llama.cpp 0c1e570 (vendored by llama-cpp-python 0.3.36)"
 

@@ -34,7 +34,7 @@ from advisor.llamalog import parse
 from advisor.llamaserver import server_args
 from advisor.memory import RunConfig
 from advisor.spec import ModelSpec
-from advisor.verify import Measurement, build_from_log, measurement_from_log
+from advisor.verification import Measurement, build_from_log, measurement_from_log
 from backends import childproc
 from backends.llamacpp_probe import _gpu_used
 

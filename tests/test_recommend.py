@@ -15,7 +15,7 @@ from advisor.ggml import GGMLType
 from advisor.hardware import Gpu, Hardware
 from advisor.hfconfig import from_config
 from advisor.memory import CTX_PAD, RunConfig, estimate
-from advisor.recommend import Policy, budget_for, max_context, recommend
+from advisor.recommender import Policy, budget_for, max_context, recommend
 from advisor.spec import ModelSpec, with_weights
 
 MIB, GIB = 1 << 20, 1 << 30

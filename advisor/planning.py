@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 
 from advisor.hardware import Hardware
 from advisor.memory import MemoryEstimate, RunConfig, estimate
-from advisor.recommend import DEFAULT_MARGIN_BYTES, Budget, Policy, Recommendation, budget_for, recommend
+from advisor.recommender import DEFAULT_MARGIN_BYTES, Budget, Policy, Recommendation, budget_for, recommend
 from advisor.spec import ModelSpec
 
 

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 
 from advisor.llamalog import MIB, LoadLog
-from advisor.plan import Plan
+from advisor.planning import Plan
 
 BUILD = re.compile(r"build(?: info)?:\s*(\d+)\s*\(([0-9a-f]+)\)")
 
