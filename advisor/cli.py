@@ -323,7 +323,8 @@ def verify() -> None:
     show_default=True,
     help="Seconds before the run is stopped.",
 )
-def verify_llamacpp(path: str, server: str | None, timeout_s: float, **opts: Any) -> None:
+@click.option("--save-calibration", is_flag=True, help="Store what was measured; later plans for this device use it.")
+def verify_llamacpp(path: str, server: str | None, timeout_s: float, save_calibration: bool, **opts: Any) -> None:
     """Launch llama.cpp with the recommended (or given) settings and compare with the prediction."""
     from advisor.render import verification_dict, verification_text
     from advisor.verification import compare
@@ -342,8 +343,49 @@ def verify_llamacpp(path: str, server: str | None, timeout_s: float, **opts: Any
     )
     result = compare(plan, measured)
     click.echo(json.dumps(verification_dict(result), indent=2) if as_json else verification_text(result))
+    if save_calibration:
+        from advisor import calibration
+
+        device = plan.hardware.gpus[0].name if plan.hardware is not None and plan.hardware.gpus else "CPU"
+        saved = calibration.save(calibration.from_verification(result, device))
+        click.echo(f"kvadvise: calibration for {device} saved to {saved}", err=True)
     if not result.fits:
         raise click.exceptions.Exit(EXIT_NO_FIT)
+
+
+@cli.group("calibration")
+def calibration_group() -> None:
+    """What `verify --save-calibration` stored for this machine."""
+
+
+@calibration_group.command("show")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def calibration_show(as_json: bool) -> None:
+    """List the stored calibrations."""
+    from dataclasses import asdict
+
+    from advisor import calibration
+
+    entries = calibration.load()
+    if as_json:
+        click.echo(json.dumps({"path": str(calibration.path()), "entries": [asdict(e) for e in entries]}, indent=2))
+        return
+    if not entries:
+        click.echo(f"no calibration stored ({calibration.path()})")
+    for e in entries:
+        overhead = f"{e.overhead_bytes / (1 << 20):,.0f} MiB" if e.overhead_bytes is not None else "n/a (CPU)"
+        click.echo(
+            f"{e.device}: overhead {overhead}, compute x{e.compute_ratio:.3f} ({e.llama_cpp_build}, {e.model}, "
+            f"{e.config}, {e.measured_at})"
+        )
+
+
+@calibration_group.command("clear")
+def calibration_clear() -> None:
+    """Forget every stored calibration."""
+    from advisor import calibration
+
+    click.echo(f"removed {calibration.clear()} calibration entries")
 
 
 @cli.command()

@@ -51,6 +51,7 @@ class RunConfig:
     flash_attn: str = "auto"  # -fa on|off|auto
     swa_full: bool = False  # --swa-full (llama-server's default is off)
     device: str = "cpu"  # where the layers go: cpu | cuda (full offload)
+    overhead_bytes: int | None = None  # per-device fixed cost; None = OVERHEAD_BYTES[device] (or a calibration)
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,7 +277,7 @@ def estimate(spec: ModelSpec, cfg: RunConfig) -> MemoryEstimate:
     weights = spec.weights_bytes
     compute = compute_bytes(spec, lay)
     out = output_bytes(spec, lay)
-    overhead = OVERHEAD_BYTES[lay.device]
+    overhead = cfg.overhead_bytes if cfg.overhead_bytes is not None else OVERHEAD_BYTES[lay.device]
     if lay.device == "cuda":
         # llama_model::load_tensors: token_embd always stays on the CPU ("very little benefit");
         # tied embeddings make the GPU hold a copy as the output layer.

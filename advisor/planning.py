@@ -27,6 +27,7 @@ class Plan:
     budget: Budget | None
     fits: bool | None
     recommendation: Recommendation | None  # None when the user fixed --ctx
+    notes: tuple[str, ...] = ()
 
 
 def hardware_for(req: HardwareRequest) -> Hardware | None:
@@ -50,12 +51,23 @@ def make_plan(
 ) -> Plan:
     """``recommend_ctx``: pick context, cache types and FA; else estimate ``base`` as given."""
     budget = budget_for(hw, margin_bytes) if hw is not None else None
+    notes: tuple[str, ...] = ()
+    if hw is not None and hw.gpus and base.overhead_bytes is None:
+        from advisor.calibration import lookup
+
+        cal = lookup(hw.gpus[0].name)
+        if cal is not None and cal.overhead_bytes is not None:
+            base = replace(base, overhead_bytes=cal.overhead_bytes)
+            notes = (
+                f"overhead {cal.overhead_bytes / (1 << 20):,.0f} MiB from the calibration measured on {cal.device} "
+                f"({cal.llama_cpp_build}, {cal.measured_at})",
+            )
     if recommend_ctx and budget is not None:
         rec = recommend(spec, base, budget, policy)
-        return Plan(spec, rec.config, rec.estimate, hw, budget, rec.fits, rec)
+        return Plan(spec, rec.config, rec.estimate, hw, budget, rec.fits, rec, notes)
     cfg = replace(base, device=budget.device) if budget is not None and base.device == "auto" else base
     if cfg.device == "auto":
         cfg = replace(cfg, device="cpu")
     est = estimate(spec, cfg)
     fits = est.device_bytes <= budget.budget_bytes if budget is not None else None
-    return Plan(spec, cfg, est, hw, budget, fits, None)
+    return Plan(spec, cfg, est, hw, budget, fits, None, notes)

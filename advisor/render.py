@@ -185,6 +185,7 @@ def plan_dict(plan: Plan, requested_ctx: int | None = None) -> dict[str, Any]:
     if plan.budget is not None:
         doc["budget"] = budget_dict(plan.budget)
         doc["fits"] = plan.fits
+    doc["notes"] = list(plan.notes)
     rec = plan.recommendation
     if rec is not None:
         doc["reasons"] = list(rec.reasons)
@@ -218,6 +219,7 @@ def plan_text(plan: Plan, requested_ctx: int | None = None) -> str:
     lines = [estimate_text(plan.spec, cfg, plan.estimate)]
     if plan.hardware is not None:
         lines.extend(f"  note: {n}" for n in plan.hardware.notes)
+    lines.extend(f"  note: {n}" for n in plan.notes)
     b = plan.budget
     if b is not None:
         lines.append(
