@@ -196,26 +196,42 @@ def cuda_alloc_bytes(t: GGMLType, ne0: int, n_bytes: int) -> int:
     return pad(n_bytes, ALIGNMENT["cuda"])
 
 
-def kv_caches(spec: ModelSpec, lay: ContextLayout) -> tuple[CacheEstimate, ...]:
-    """K/V tensors per layer: [n_embd_k_gqa, cells, n_stream] (llama_kv_cache ctor)."""
+def layer_kv_bytes(spec: ModelSpec, lay: ContextLayout) -> tuple[tuple[int, int], ...]:
+    """(K, V) bytes of each layer: tensors [n_embd_k_gqa, cells, n_stream] (llama_kv_cache ctor)."""
     v_max = spec.n_embd_v_gqa_max()
     out = []
+    for il in range(spec.n_layer_all):
+        if not spec.kv_layers[il]:
+            out.append((0, 0))
+            continue
+        cells = lay.n_ctx_swa if spec.has_swa and spec.swa_layers[il] else lay.n_ctx_seq
+        nk = spec.n_embd_k_gqa(il)
+        k = _tensor_alloc(lay.device, lay.type_k, nk, row_bytes(lay.type_k, nk) * cells * lay.n_stream)
+        v = 0
+        if not spec.is_mla:  # MLA: has_v = !is_mla, V is a view into K
+            nv = v_max if not lay.flash_attn else spec.n_embd_v_gqa(il)  # v_trans pads V to the widest layer
+            v = _tensor_alloc(lay.device, lay.type_v, nv, row_bytes(lay.type_v, nv) * cells * lay.n_stream)
+        out.append((k, v))
+    return tuple(out)
+
+
+def kv_caches(spec: ModelSpec, lay: ContextLayout) -> tuple[CacheEstimate, ...]:
+    """The caches llama.cpp creates: one, or two with sliding-window layers (iSWA: non-SWA first)."""
+    per_layer = layer_kv_bytes(spec, lay)
     groups = [("kv", lay.n_ctx_seq, False)]
     if spec.has_swa:
         groups.append(("swa", lay.n_ctx_swa, True))
+    out = []
     for kind, cells, want_swa in groups:
-        k_bytes = v_bytes = n = 0
-        for il in range(spec.n_layer_all):
-            if not spec.kv_layers[il] or (spec.has_swa and spec.swa_layers[il] != want_swa):
-                continue
-            n += 1
-            nk = spec.n_embd_k_gqa(il)
-            k_bytes += _tensor_alloc(lay.device, lay.type_k, nk, row_bytes(lay.type_k, nk) * cells * lay.n_stream)
-            if not spec.is_mla:  # MLA: has_v = !is_mla, V is a view into K
-                nv = v_max if not lay.flash_attn else spec.n_embd_v_gqa(il)  # v_trans pads V to the widest layer
-                v_bytes += _tensor_alloc(lay.device, lay.type_v, nv, row_bytes(lay.type_v, nv) * cells * lay.n_stream)
-        if n:
-            out.append(CacheEstimate(kind, cells, n, k_bytes, v_bytes))
+        layers = [
+            il
+            for il in range(spec.n_layer_all)
+            if spec.kv_layers[il] and (not spec.has_swa or spec.swa_layers[il] == want_swa)
+        ]
+        if layers:
+            k = sum(per_layer[il][0] for il in layers)
+            v = sum(per_layer[il][1] for il in layers)
+            out.append(CacheEstimate(kind, cells, len(layers), k, v))
     return tuple(out)
 
 
