@@ -1,0 +1,106 @@
+"""Built-in profiles of Ollama library models (profiles/ollama_models.json)."""
+
+from __future__ import annotations
+
+import json
+from importlib.resources import files
+
+import pytest
+
+from advisor.memory import RunConfig, estimate
+from advisor.spec import SWA_NONE, SWA_STANDARD
+from backends.ollama_name import parse_name
+from backends.ollama_profiles import find_profile, profile_ids, profiles
+
+GiB = 1 << 30
+F16 = 2
+
+REQUIRED = {
+    "qwen3-coder": ["30b"],
+    "qwen2.5-coder": ["7b", "14b", "32b"],
+    "qwen3": ["8b", "14b", "30b-a3b", "32b"],
+    "llama3.1": ["8b", "70b"],
+    "llama3.2": ["1b", "3b"],
+    "gemma3": ["4b", "12b", "27b"],
+    "gpt-oss": ["20b", "120b"],
+    "deepseek-r1": ["8b", "14b", "32b"],
+    "mistral": ["7b"],
+    "phi4": ["14b"],
+}
+LATEST = {
+    "qwen3-coder": "30b",
+    "qwen2.5-coder": "7b",
+    "qwen3": "8b",
+    "llama3.1": "8b",
+    "llama3.2": "3b",
+    "gemma3": "4b",
+    "gpt-oss": "20b",
+    "deepseek-r1": "8b",
+    "mistral": "7b",
+    "phi4": "14b",
+}
+
+
+def test_the_file_is_json_with_models() -> None:
+    doc = json.loads(files("profiles").joinpath("ollama_models.json").read_text(encoding="utf-8"))
+    assert isinstance(doc["models"], dict) and doc["_about"]
+
+
+@pytest.mark.parametrize(("model", "tag"), [(m, t) for m, tags in REQUIRED.items() for t in tags])
+def test_required_models(model: str, tag: str) -> None:
+    p = find_profile(parse_name(f"{model}:{tag}"))
+    assert p is not None and p.id == f"{model}:{tag}"
+
+
+@pytest.mark.parametrize(("model", "tag"), LATEST.items())
+def test_latest_aliases(model: str, tag: str) -> None:
+    p = find_profile(parse_name(model))
+    assert p is not None and p.id == f"{model}:{tag}"
+
+
+@pytest.mark.parametrize("pid", profile_ids())
+def test_every_profile_has_sources_and_loads(pid: str) -> None:
+    p = profiles()[pid]
+    assert p.source.strip() and p.hf_repo.strip() and p.confidence.strip()
+    if p.download_bytes is not None:
+        assert p.download_bytes > 100_000_000 and p.download_source and p.download_size
+    if p.aliases:
+        assert all(a.split(":")[0] == pid.split(":")[0] for a in p.aliases)
+    spec = p.spec()
+    assert spec.n_layer > 0 and spec.n_vocab > 0 and spec.n_ctx_train > 0
+    assert spec.source == f"profile:{pid}" and spec.name == pid
+    assert spec.notes[0].startswith("planned from a built-in profile")
+    if p.download_bytes:
+        assert spec.weights_bytes == p.download_bytes
+        assert spec.notes[0] == f"planned from a built-in profile; weights size from {p.download_source}"
+    else:
+        assert spec.weights_bytes == 0
+    # every layer of every profile holds KV in these architectures (no recurrent ones here)
+    assert not spec.has_recurrent and all(spec.kv_layers)
+    assert estimate(spec, RunConfig(n_ctx=4096, flash_attn="on")).kv_bytes > 0
+
+
+def test_qwen3_coder_30b_kv_per_token() -> None:
+    """48 layers x 4 KV heads x 128 x 2 (K and V) x 2 B (f16) = 98,304 B per token."""
+    spec = find_profile(parse_name("qwen3-coder:30b")).spec()  # type: ignore[union-attr]
+    assert (spec.architecture, spec.n_layer, spec.n_head_kv[0], spec.n_embd_head_k) == ("qwen3moe", 48, 4, 128)
+    per_token = 48 * 4 * 128 * 2 * F16
+    assert per_token == 98_304
+    est = estimate(spec, RunConfig(n_ctx=32768, flash_attn="on"))
+    assert est.kv_bytes_per_token == per_token and est.kv_bytes == 3 * GiB
+    assert spec.file_type == "q4_K"
+
+
+def test_sliding_window_models() -> None:
+    g = find_profile(parse_name("gemma3:27b")).spec()  # type: ignore[union-attr]
+    assert g.swa_type == SWA_STANDARD and g.n_swa == 1024 and sum(g.swa_layers) == 52  # 62 layers, 1 in 6 global
+    o = find_profile(parse_name("gpt-oss:20b")).spec()  # type: ignore[union-attr]
+    assert o.n_swa == 128 and sum(o.swa_layers) == 12 and o.file_type == "mxfp4"
+    phi = find_profile(parse_name("phi4")).spec()  # type: ignore[union-attr]
+    assert phi.swa_type == SWA_NONE  # llama.cpp disables phi3's window
+
+
+def test_unknown_and_non_library() -> None:
+    assert find_profile(parse_name("qwen3:0.6b")) is None
+    assert find_profile(parse_name("jdoe/qwen3:8b")) is None
+    assert find_profile(parse_name("QWEN3:8B")) is not None  # Ollama names are case-insensitive

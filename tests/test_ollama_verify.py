@@ -1,0 +1,126 @@
+"""`verify`: after launch, is the model 100% on the GPU with the context asked for? Against the fake server."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from ollama_fake import FakeOllama, closed_port_url, ps_entry, running_fake
+
+from advisor.errors import BackendUnreachable, InputError
+from backends.ollama_verify import verify
+
+GiB = 1 << 30
+FULL = ps_entry("gemma3-270m:latest", size=900_000_000, size_vram=900_000_000, context_length=8192)
+SPILLED = ps_entry("qwen3-coder:30b", size=25 * GiB, size_vram=13 * GiB, context_length=65536)
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeOllama]:
+    with running_fake() as s:
+        yield s
+
+
+def test_fits(fake: FakeOllama) -> None:
+    fake.running = [SPILLED, FULL]
+    v = verify(fake.url, "gemma3-270m", load=False, num_ctx=8192, predicted_total_bytes=850_000_000)
+    assert v.loaded and v.fits and v.reasons == ()
+    assert (v.name, v.size, v.size_vram, v.context_length, v.processor) == (
+        "gemma3-270m:latest",
+        900_000_000,
+        900_000_000,
+        8192,
+        "100% GPU",
+    )
+    assert v.predicted_total_bytes == 850_000_000 and v.difference_bytes == 50_000_000
+    assert [r[:2] for r in fake.requests] == [("GET", "/api/ps")]  # no load asked, none done
+
+
+def test_spilled(fake: FakeOllama) -> None:
+    fake.running = [SPILLED]
+    v = verify(fake.url, "qwen3-coder:30b", load=False, num_ctx=65536, predicted_total_bytes=None)
+    assert v.loaded and not v.fits
+    assert v.processor == "48%/52% CPU/GPU" and v.difference_bytes is None
+    assert any("spilled" in r and "48%/52% CPU/GPU" in r for r in v.reasons)
+
+
+def test_not_loaded(fake: FakeOllama) -> None:
+    fake.running = [SPILLED]
+    v = verify(fake.url, "gemma3-270m", load=False, num_ctx=8192, predicted_total_bytes=1)
+    assert not v.loaded and not v.fits and v.processor == "" and v.size == 0
+    assert any("is not loaded" in r and "qwen3-coder:30b" in r for r in v.reasons)
+    assert any("--load" in r for r in v.reasons)
+
+
+def test_context_differs(fake: FakeOllama) -> None:
+    fake.running = [FULL]
+    v = verify(fake.url, "gemma3-270m:latest", load=False, num_ctx=32768, predicted_total_bytes=None)
+    assert v.loaded and not v.fits and v.processor == "100% GPU"
+    assert any("context 8,192, asked 32,768" in r for r in v.reasons)
+    assert verify(fake.url, "gemma3-270m", load=False, num_ctx=None, predicted_total_bytes=None).fits
+
+
+def test_load_then_check(fake: FakeOllama) -> None:
+    fake.loads["gemma3-270m:latest"] = FULL
+    v = verify(fake.url, "gemma3-270m", load=True, num_ctx=16384, predicted_total_bytes=None, keep_alive="10m")
+    method, path, body = fake.requests[0]
+    assert (method, path) == ("POST", "/api/generate")
+    assert body == {
+        "model": "gemma3-270m",
+        "prompt": "",
+        "stream": False,
+        "keep_alive": "10m",
+        "options": {"num_ctx": 16384},
+    }
+    assert fake.requests[1][:2] == ("GET", "/api/ps")
+    assert v.loaded and v.fits and v.context_length == 16384
+
+
+def test_load_clamped_context(fake: FakeOllama) -> None:
+    """A server that runs another context than asked (Ollama clamps num_ctx to n_ctx_train)."""
+    fake.loads["gemma3-270m:latest"] = {**FULL, "context_length": 32768, "fixed_context": True}
+    v = verify(fake.url, "gemma3-270m", load=True, num_ctx=65536, predicted_total_bytes=None)
+    assert v.loaded and not v.fits and v.context_length == 32768
+
+
+def test_load_spilled(fake: FakeOllama) -> None:
+    fake.loads["qwen3-coder:30b"] = SPILLED
+    v = verify(fake.url, "qwen3-coder:30b", load=True, num_ctx=65536, predicted_total_bytes=24 * GiB)
+    assert not v.fits and v.difference_bytes == 1 * GiB
+
+
+def test_load_unknown_model(fake: FakeOllama) -> None:
+    with pytest.raises(InputError, match="does not have nope:latest") as e:
+        verify(fake.url, "nope", load=True, num_ctx=4096, predicted_total_bytes=None)
+    assert e.value.hint == "ollama pull nope:latest"
+
+
+def test_load_failure_is_reported(fake: FakeOllama) -> None:
+    fake.fail("/api/generate", 400, "model requires more system memory (30.1 GiB) than is available (12.0 GiB)")
+    v = verify(fake.url, "qwen3-coder:30b", load=True, num_ctx=65536, predicted_total_bytes=None)
+    assert not v.loaded and not v.fits
+    assert any("more system memory" in r for r in v.reasons)
+
+
+def test_load_crash_is_reported_not_unreachable(fake: FakeOllama) -> None:
+    fake.fail("/api/generate", 500, "llama runner process has terminated: cudaMalloc failed: out of memory")
+    v = verify(fake.url, "qwen3-coder:30b", load=True, num_ctx=65536, predicted_total_bytes=None)
+    assert not v.loaded and not v.fits
+    assert any("HTTP 500" in r and "out of memory" in r for r in v.reasons)
+
+
+def test_server_down() -> None:
+    with pytest.raises(BackendUnreachable) as e:
+        verify(closed_port_url(), "gemma3-270m", load=False, num_ctx=None, predicted_total_bytes=None)
+    assert e.value.exit_code == 4 and "\n" not in e.value.message
+
+
+def test_server_down_during_load() -> None:
+    with pytest.raises(BackendUnreachable):
+        verify(closed_port_url(), "gemma3-270m", load=True, num_ctx=4096, predicted_total_bytes=None)
+
+
+def test_server_error_on_ps(fake: FakeOllama) -> None:
+    fake.fail("/api/ps", 500, "boom")
+    with pytest.raises(BackendUnreachable, match="500"):
+        verify(fake.url, "gemma3-270m", load=False, num_ctx=None, predicted_total_bytes=None)
