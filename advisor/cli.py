@@ -164,7 +164,7 @@ def _plan_and_print(spec: Any, opts: dict[str, Any], *, same_type_kv: bool = Fal
     return plan
 
 
-def _make_plan(spec: Any, opts: dict[str, Any], *, same_type_kv: bool = False) -> Any:
+def _make_plan(spec: Any, opts: dict[str, Any], *, same_type_kv: bool = False, extra_margin_bytes: int = 0) -> Any:
     from advisor.ggml import cache_type
     from advisor.hardware import parse_size
     from advisor.memory import RunConfig
@@ -192,7 +192,7 @@ def _make_plan(spec: Any, opts: dict[str, Any], *, same_type_kv: bool = False) -
         vram_bytes=parse_size(v) if (v := o.pop("vram")) else None,
         probe=not o.pop("no_hardware"),
     )
-    margin = parse_size(o.pop("margin"))
+    margin = parse_size(o.pop("margin")) + extra_margin_bytes
     kv = fixed or (cache_type("f16"), cache_type("f16"))
     base = RunConfig(n_ctx=n_ctx or 0, type_k=kv[0], type_v=kv[1], **o)
     return make_plan(
@@ -300,6 +300,56 @@ def llamacpp(path: str, write_env: str | None, force: bool, **opts: Any) -> None
         raise click.exceptions.Exit(EXIT_NO_FIT)
 
 
+def _host_option(f: F) -> F:
+    return click.option(
+        "--host", default=None, metavar="URL", help="The Ollama server (default: $OLLAMA_HOST, else 127.0.0.1:11434)."
+    )(f)
+
+
+@cli.command()
+@click.argument("name")
+@run_options
+@_host_option
+@click.option("--write-modelfile", metavar="PATH", default=None, help="Write a Modelfile (FROM NAME:TAG + num_ctx).")
+@click.option("--write-env", metavar="PATH", default=None, help="Write OLLAMA_* server settings as an env file.")
+@click.option("--write-systemd", metavar="PATH", default=None, help="Write a systemd drop-in for ollama.service.")
+@click.option("--force", is_flag=True, help="Overwrite files that exist.")
+def ollama(
+    name: str,
+    host: str | None,
+    write_modelfile: str | None,
+    write_env: str | None,
+    write_systemd: str | None,
+    force: bool,
+    **opts: Any,
+) -> None:
+    """Advice for an Ollama model (NAME[:TAG]): found in the model store, on the server, or in the built-in profiles.
+
+    For Ollama, --ctx is num_ctx: the context of each slot (Ollama runs llama-server with -c num_ctx × slots).
+    """
+    from advisor.render import plan_dict, plan_text
+
+    backend = _backend("ollama")
+    model = backend.resolve(name, host=host)
+    from backends import ollama_advice as oa
+
+    if opts["n_ctx"]:
+        opts = {**opts, "n_ctx": opts["n_ctx"] * opts["n_parallel"]}
+    plan = _make_plan(model.spec, opts, same_type_kv=True, extra_margin_bytes=oa.projector_margin_bytes(model))
+    advice = oa.advise(model, plan, oa.live_state(host))
+    if opts["as_json"]:
+        click.echo(json.dumps(plan_dict(plan) | {"ollama": oa.advice_dict(advice)}, indent=2))
+    else:
+        click.echo(plan_text(plan))
+        click.echo(oa.advice_text(advice))
+    for w in oa.write_files(advice, modelfile=write_modelfile, env=write_env, systemd=write_systemd, force=force):
+        click.echo(f"kvadvise: wrote {w.path}; apply it with:", err=True)
+        for h in w.hints:
+            click.echo(f"  {h}", err=True)
+    if plan.fits is False:
+        raise click.exceptions.Exit(EXIT_NO_FIT)
+
+
 @cli.group()
 def verify() -> None:
     """Prove a config on the real runtime: did it fit, what did it take, how fast was it."""
@@ -350,6 +400,43 @@ def verify_llamacpp(path: str, server: str | None, timeout_s: float, save_calibr
         saved = calibration.save(calibration.from_verification(result, device))
         click.echo(f"kvadvise: calibration for {device} saved to {saved}", err=True)
     if not result.fits:
+        raise click.exceptions.Exit(EXIT_NO_FIT)
+
+
+@verify.command("ollama")
+@click.argument("name")
+@_host_option
+@click.option("--load", is_flag=True, help="Load the model first (POST /api/generate with the recommended num_ctx).")
+@click.option("--num-ctx", type=click.IntRange(min=1), default=None, help="The context per slot to load and expect.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def verify_ollama(name: str, host: str | None, load: bool, num_ctx: int | None, as_json: bool) -> None:
+    """After `ollama run`: read /api/ps; size_vram must equal size (100% GPU) and the context must be as asked."""
+    from dataclasses import asdict
+
+    from advisor.memory import RunConfig, estimate
+    from backends.ollama_verify import verify as ollama_verify
+
+    model = _backend("ollama").resolve(name, host=host)
+    ctx = num_ctx or model.default_num_ctx
+    predicted = None
+    if ctx:
+        predicted = estimate(model.spec, RunConfig(n_ctx=ctx, flash_attn="on", device="cuda")).total_bytes
+    v = ollama_verify(host, name, load=load, num_ctx=ctx, predicted_total_bytes=predicted)
+    if as_json:
+        click.echo(json.dumps(asdict(v), indent=2))
+    else:
+        click.echo(
+            f"{v.name}: {v.processor or 'not loaded'}"
+            + (f", {v.size / 1e9:.1f} GB, context {v.context_length}" if v.loaded else "")
+        )
+        if v.predicted_total_bytes is not None and v.difference_bytes is not None:
+            click.echo(
+                f"  predicted {v.predicted_total_bytes / 1e9:.2f} GB; reported - predicted = {v.difference_bytes / 1e6:+,.0f} MB"
+            )
+        for r in v.reasons:
+            click.echo(f"  - {r}")
+        click.echo("fits: 100% GPU" if v.fits else "does not fit as asked")
+    if not v.fits:
         raise click.exceptions.Exit(EXIT_NO_FIT)
 
 

