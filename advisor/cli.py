@@ -136,6 +136,11 @@ def run_options(f: F) -> F:
         ),
         click.option("--no-hardware", is_flag=True, help="Do not look at this machine's GPUs: estimate only."),
         click.option("--chart", is_flag=True, help="Draw memory against context for each cache type, with the budget."),
+        click.option(
+            "--allow-cpu",
+            is_flag=True,
+            help="Also say how many layers or experts must stay on the CPU to reach the target.",
+        ),
         click.option("--json", "as_json", is_flag=True, help="Print one JSON object (keys in README.md)."),
     ]
     for opt in reversed(opts):
@@ -184,6 +189,7 @@ def _make_plan(spec: Any, opts: dict[str, Any], *, same_type_kv: bool = False, e
         target_ctx=target,
         min_ctx=o.pop("min_ctx"),
         repeatable=o.pop("repeatable"),
+        allow_cpu=o.pop("allow_cpu"),
         same_type_kv=same_type_kv,
         use=use,
     )
@@ -291,6 +297,13 @@ def llamacpp(path: str, write_env: str | None, force: bool, **opts: Any) -> None
     if not opts["as_json"]:
         click.echo("")
         click.echo(command_text(path, plan.config))
+        off = plan.recommendation.offload if plan.recommendation is not None else None
+        if off is not None:
+            from dataclasses import replace as _replace
+
+            cfg = _replace(plan.config, n_ctx=off.n_ctx * plan.config.n_parallel, type_k=off.type_k, type_v=off.type_v)
+            click.echo("# with part of the model on the CPU (--allow-cpu):")
+            click.echo(command_text(path, cfg, n_gpu_layers=off.n_gpu_layers, n_cpu_moe=off.n_cpu_moe))
     if write_env:
         written = write_text_file(write_env, env_text(path, plan.config), force=force)
         click.echo(

@@ -14,9 +14,11 @@ from advisor.memory import RunConfig
 ALL_LAYERS = 999  # -ngl 999: every layer and the output layer on the GPU (works on every build)
 
 
-def server_args(model_path: str, cfg: RunConfig) -> list[tuple[str, str, str | None]]:
+def server_args(
+    model_path: str, cfg: RunConfig, *, n_gpu_layers: int | None = None, n_cpu_moe: int = 0
+) -> list[tuple[str, str, str | None]]:
     """(flag, LLAMA_ARG_ variable, value) triples; value None = a switch."""
-    ngl = ALL_LAYERS if cfg.device == "cuda" else 0
+    ngl = n_gpu_layers if n_gpu_layers is not None else ALL_LAYERS if cfg.device == "cuda" else 0
     out: list[tuple[str, str, str | None]] = [
         ("-m", "LLAMA_ARG_MODEL", model_path),
         ("-c", "LLAMA_ARG_CTX_SIZE", str(cfg.n_ctx)),
@@ -26,6 +28,8 @@ def server_args(model_path: str, cfg: RunConfig) -> list[tuple[str, str, str | N
         ("-ctv", "LLAMA_ARG_CACHE_TYPE_V", cfg.type_v.type_name),
         ("-ngl", "LLAMA_ARG_N_GPU_LAYERS", str(ngl)),
     ]
+    if n_cpu_moe:
+        out.append(("--n-cpu-moe", "LLAMA_ARG_N_CPU_MOE", str(n_cpu_moe)))
     if cfg.kv_unified:
         out.append(("-kvu", "LLAMA_ARG_KV_UNIFIED", None))
     if cfg.swa_full:
@@ -37,9 +41,16 @@ def server_args(model_path: str, cfg: RunConfig) -> list[tuple[str, str, str | N
     return out
 
 
-def command_text(model_path: str, cfg: RunConfig, binary: str = "llama-server") -> str:
+def command_text(
+    model_path: str,
+    cfg: RunConfig,
+    binary: str = "llama-server",
+    *,
+    n_gpu_layers: int | None = None,
+    n_cpu_moe: int = 0,
+) -> str:
     words = [binary]
-    for flag, _, value in server_args(model_path, cfg):
+    for flag, _, value in server_args(model_path, cfg, n_gpu_layers=n_gpu_layers, n_cpu_moe=n_cpu_moe):
         words.append(flag)
         if value is not None:
             words.append(value)

@@ -57,6 +57,7 @@ class Policy:
     same_type_kv: bool = False  # the runtime has one cache type for K and V (Ollama)
     use: str | None = None  # the --use profile the target came from
     fixed_kv: tuple[GGMLType, GGMLType] | None = None  # the user chose -ctk/-ctv: only the context is picked
+    allow_cpu: bool = False  # also say what partial offload would reach the target
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +81,79 @@ class Recommendation:
     options: tuple[Option, ...]
     decode_tokens_per_s: float | None
     speed_note: str | None
+    offload: Offload | None = None  # with --allow-cpu, when the target needs part of the model on the CPU
+
+
+# Typical dual-channel DDR5 throughput; the CPU side of a partial offload is bound by it.
+CPU_BANDWIDTH_BYTES_PER_S = 60_000_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Offload:
+    n_ctx: int  # per sequence: the target
+    type_k: GGMLType
+    type_v: GGMLType
+    n_gpu_layers: int  # -ngl: llama.cpp offloads the output layer first, then the last repeating layers
+    n_cpu_layers: int  # repeating layers kept on the CPU (the first ones)
+    n_cpu_moe: int  # --n-cpu-moe N: the experts of the first N layers stay on the CPU (MoE models)
+    device_bytes: int
+    host_bytes: int
+    decode_tokens_per_s: float | None
+    note: str
+
+
+def partial_offload(
+    spec: ModelSpec, base: RunConfig, budget: Budget, n_ctx_seq: int, kv: tuple[GGMLType, GGMLType]
+) -> Offload | None:
+    """How much of the model must stay on the CPU for ``n_ctx_seq`` tokens (None: it all fits, or nothing does).
+
+    MoE models move experts first (what llama.cpp's --fit does: attention stays
+    on the GPU); dense models move whole layers, with their KV, from the front.
+    Approximate: llama.cpp also copies CPU weights through the GPU compute
+    buffer for large batches (op_offload).
+    """
+    from advisor.memory import layer_kv_bytes, resolve
+
+    if budget.device != "cuda" or not spec.layer_bytes:
+        return None
+    cfg = _cfg(base, n_ctx_seq, kv, True, budget.device)
+    full = estimate(spec, cfg)
+    excess = full.device_bytes - budget.budget_bytes
+    if excess <= 0:
+        return None
+    n_layer = spec.n_layer
+    moved = 0
+    n_cpu_moe = n_cpu = 0
+    if spec.n_expert and spec.expert_bytes:
+        per_layer = spec.expert_bytes // max(1, n_layer)
+        n_cpu_moe = -(-excess // per_layer) if per_layer else n_layer + 1
+        moved = n_cpu_moe * per_layer
+        if n_cpu_moe > n_layer:
+            n_cpu_moe, moved = 0, 0
+    if not n_cpu_moe:
+        kv_l = layer_kv_bytes(spec, resolve(spec, cfg))
+        for il in range(n_layer):
+            if moved >= excess:
+                break
+            moved += spec.layer_bytes[il] + kv_l[il][0] + kv_l[il][1]
+            n_cpu += 1
+        if moved < excess:
+            return None  # even with every layer on the CPU the rest does not fit
+    device = full.device_bytes - moved
+    host = full.host_bytes + moved
+    tps = None
+    if budget.bandwidth_bytes_per_s:
+        gpu_read = max(1, device - full.compute_bytes - full.overhead_bytes)
+        cpu_read = moved
+        if n_cpu_moe and spec.n_expert:
+            cpu_read = moved * spec.n_expert_used // spec.n_expert
+        tps = 1 / (gpu_read / budget.bandwidth_bytes_per_s + cpu_read / CPU_BANDWIDTH_BYTES_PER_S)
+    what = f"the experts of {n_cpu_moe} layers" if n_cpu_moe else f"{n_cpu} of {n_layer} layers"
+    note = (
+        f"to run {n_ctx_seq:,} tokens with {kv[0].type_name}/{kv[1].type_name}: keep {what} ({moved / GIB:.2f} GiB) "
+        f"on the CPU; speed assumes {CPU_BANDWIDTH_BYTES_PER_S / 1e9:.0f} GB/s system memory"
+    )
+    return Offload(n_ctx_seq, kv[0], kv[1], n_layer + 1 - n_cpu, n_cpu, n_cpu_moe, device, host, tps, note)
 
 
 def load_use_cases() -> dict[str, int]:
@@ -197,7 +271,12 @@ def recommend(spec: ModelSpec, base: RunConfig, budget: Budget, policy: Policy) 
             hint=_what_would_fit(spec, base, budget, policy),
         )
     tps, note = _decode_speed(spec, est, budget)
-    return Recommendation(cfg, est, budget, fits, target, tuple(reasons), tuple(options), tps, note)
+    offload = None
+    if policy.allow_cpu and (not fits or n_ctx_seq < target):
+        offload = partial_offload(spec, base, budget, target, (chosen.type_k, chosen.type_v))
+        if offload is not None:
+            reasons.append("--allow-cpu: " + offload.note)
+    return Recommendation(cfg, est, budget, fits, target, tuple(reasons), tuple(options), tps, note, offload)
 
 
 def _name(o: Option) -> str:
@@ -294,12 +373,15 @@ def _decode_speed(spec: ModelSpec, est: MemoryEstimate, budget: Budget) -> tuple
     if spec.n_expert and spec.expert_bytes:
         experts_unused = spec.expert_bytes * (spec.n_expert - spec.n_expert_used) // spec.n_expert
     active = est.weights_bytes - spec.tok_embd_bytes - experts_unused
+    moe_unknown = bool(spec.n_expert) and not spec.expert_bytes
     per_token = active + (est.kv_bytes + est.recurrent_bytes) // max(1, est.layout.n_stream)
     tps = budget.bandwidth_bytes_per_s / per_token
     note = (
         f"estimate: {budget.bandwidth_bytes_per_s / 1e9:,.0f} GB/s ÷ {_gb(per_token)} read per token"
         f" (bandwidth: {budget.bandwidth_source}); `kvadvise verify` measures the real figure"
     )
+    if moe_unknown:
+        note += "; MoE expert sizes are unknown without the GGUF, so every expert is counted (a low estimate)"
     return tps, note
 
 

@@ -204,6 +204,23 @@ def plan_dict(plan: Plan, requested_ctx: int | None = None) -> dict[str, Any]:
         ]
         doc["decode_tokens_per_s"] = rec.decode_tokens_per_s
         doc["speed_note"] = rec.speed_note
+        off = rec.offload
+        doc["offload"] = (
+            None
+            if off is None
+            else {
+                "n_ctx": off.n_ctx,
+                "type_k": off.type_k.type_name,
+                "type_v": off.type_v.type_name,
+                "n_gpu_layers": off.n_gpu_layers,
+                "n_cpu_layers": off.n_cpu_layers,
+                "n_cpu_moe": off.n_cpu_moe,
+                "device_bytes": off.device_bytes,
+                "host_bytes": off.host_bytes,
+                "decode_tokens_per_s": off.decode_tokens_per_s,
+                "note": off.note,
+            }
+        )
     elif plan.budget is not None:
         where = "the GPU" if plan.budget.device == "cuda" else "system RAM"
         verdict = "fits" if plan.fits else "does not fit"
@@ -243,6 +260,8 @@ def plan_text(plan: Plan, requested_ctx: int | None = None) -> str:
             )
         if rec.decode_tokens_per_s is not None:
             lines.append(f"  decode ≈ {rec.decode_tokens_per_s:,.0f} tokens/s ({rec.speed_note})")
+        if rec.offload is not None and rec.offload.decode_tokens_per_s is not None:
+            lines.append(f"  with part on the CPU: decode ≈ {rec.offload.decode_tokens_per_s:,.0f} tokens/s")
     elif plan.budget is not None and not plan.fits:
         lines.append("  hint: drop --ctx to let kvadvise recommend a context and cache type that fit")
     return "\n".join(lines)

@@ -173,3 +173,53 @@ def test_property_every_recommendation_fits_and_is_the_largest(
         assert o.n_ctx_max == max_context(spec, base, (o.type_k, o.type_v), o.flash_attn, budget)
     if repeatable:
         assert (rec.config.type_k, rec.config.type_v) == (F16, F16)
+
+
+def _hw(budget_bytes: int) -> Hardware:
+    total = budget_bytes + 1024 * MIB  # the default margin is taken back off
+    return Hardware((Gpu(0, "g", total, total, 0, 1_000_000_000_000, "test"),), 64 * GIB, 60 * GIB, "test")
+
+
+def test_allow_cpu_moves_dense_layers(gemma_path: Path) -> None:
+    from advisor.architecture import from_gguf
+    from advisor.headercache import read
+    from advisor.memory import layer_kv_bytes, resolve
+
+    spec = from_gguf(read(gemma_path))
+    cfg = RunConfig(n_ctx=32768, flash_attn="on", device="cuda")
+    full = estimate(spec, cfg)
+    budget = budget_for(_hw(full.device_bytes - 10 * MIB))
+    rec = recommend(spec, RunConfig(), budget, Policy(target_ctx=32768, repeatable=True, allow_cpu=True))
+    off = rec.offload
+    assert off is not None and off.n_cpu_moe == 0 and off.n_cpu_layers > 0
+    kv = layer_kv_bytes(spec, resolve(spec, cfg))
+    moved = sum(spec.layer_bytes[il] + kv[il][0] + kv[il][1] for il in range(off.n_cpu_layers))
+    assert moved >= 10 * MIB > moved - (spec.layer_bytes[off.n_cpu_layers - 1] + sum(kv[off.n_cpu_layers - 1]))
+    assert off.device_bytes == full.device_bytes - moved <= budget.budget_bytes
+    assert off.n_gpu_layers == spec.n_layer + 1 - off.n_cpu_layers  # -ngl counts the output layer
+    assert any(r.startswith("--allow-cpu:") for r in rec.reasons)
+    assert recommend(spec, RunConfig(), budget, Policy(target_ctx=32768, repeatable=True)).offload is None
+
+
+def test_allow_cpu_moves_moe_experts_first(tmp_path: Path) -> None:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tinymodels import write_tiny_gguf
+
+    from advisor.architecture import from_gguf
+    from advisor.gguf import read_file
+
+    spec = from_gguf(read_file(write_tiny_gguf(tmp_path / "m.gguf", "mixtral")))
+    assert spec.n_expert and spec.expert_bytes
+    full = estimate(spec, RunConfig(n_ctx=4096, flash_attn="on", device="cuda"))
+    per_layer = spec.expert_bytes // spec.n_layer
+    rec = recommend(
+        spec,
+        RunConfig(),
+        budget_for(_hw(full.device_bytes - per_layer // 2)),
+        Policy(target_ctx=4096, repeatable=True, allow_cpu=True),
+    )
+    assert rec.offload is not None
+    assert (rec.offload.n_cpu_moe, rec.offload.n_cpu_layers) == (1, 0)
+    assert rec.offload.device_bytes == full.device_bytes - per_layer
