@@ -117,6 +117,7 @@ def _entry_points(group: str) -> list[tuple[str, str]]:
     (tests/test_plugins.py checks that).
     """
     import os
+    import re
     import sys
 
     found: list[tuple[str, str]] = []
@@ -135,7 +136,9 @@ def _entry_points(group: str) -> list[tuple[str, str]]:
                     text = f.read()
             except OSError:
                 continue
-            dist = d.rsplit("-", 1)[0].lower().replace("_", "-") if d.count("-") else d
+            # the distribution's name, normalized as importlib.metadata does (PEP 503), first on sys.path wins
+            stem = d.removesuffix(".dist-info").removesuffix(".egg-info").split("-")[0]
+            dist = re.sub(r"[-_.]+", "-", stem).lower()
             if dist in seen:
                 continue
             seen.add(dist)
