@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from advisor.ggml import GGMLType
 from advisor.hardware import Hardware
 from advisor.memory import MemoryEstimate, RunConfig
 from advisor.planning import Plan, make_plan
@@ -98,25 +97,3 @@ def to_json(obj: Plan | Verification) -> dict[str, Any]:
     from advisor.render import plan_dict, verification_dict
 
     return verification_dict(obj) if isinstance(obj, Verification) else plan_dict(obj)
-
-
-__all__ = [
-    "GGMLType",
-    "Hardware",
-    "MemoryEstimate",
-    "ModelSpec",
-    "Plan",
-    "Policy",
-    "Recommendation",
-    "RunConfig",
-    "Verification",
-    "estimate",
-    "gpu_profile",
-    "llama_server_command",
-    "load_model",
-    "plan",
-    "probe_hardware",
-    "recommend",
-    "to_json",
-    "verify_llamacpp",
-]

@@ -72,8 +72,9 @@ class LlamaCppBackend:
         return measure_with_python(model_path, cfg, timeout_s=timeout_s, progress=progress)
 
 
-def probe_request(model_path: str, cfg: RunConfig) -> dict[str, Any]:
-    return {
+def probe_request(model_path: str, cfg: RunConfig, *, bench: bool = True, extra_bufts: bool = True) -> dict[str, Any]:
+    """The backends.llamacpp_probe request for ``cfg``: a benchmark and NVML readings unless ``bench`` is off."""
+    req: dict[str, Any] = {
         "model": model_path,
         "n_ctx": cfg.n_ctx,
         "n_batch": cfg.n_batch,
@@ -85,9 +86,13 @@ def probe_request(model_path: str, cfg: RunConfig) -> dict[str, Any]:
         "type_v": int(cfg.type_v),
         "swa_full": cfg.swa_full,
         "n_gpu_layers": 999 if cfg.device == "cuda" else 0,
-        "bench": {"n_prompt": BENCH_PROMPT_TOKENS, "n_gen": BENCH_GEN_TOKENS},
-        "nvml": True,
+        "extra_bufts": extra_bufts,
     }
+    if bench:
+        req |= {"bench": {"n_prompt": BENCH_PROMPT_TOKENS, "n_gen": BENCH_GEN_TOKENS}, "nvml": True}
+    else:
+        req["n_eval"] = 4  # decode a few tokens: the config must really run, not only allocate
+    return req
 
 
 def measure_with_python(model_path: str, cfg: RunConfig, *, timeout_s: float, progress: Progress) -> Measurement:

@@ -13,6 +13,7 @@ from advisor import llamalog
 from advisor.errors import ConfigError
 from advisor.memory import MIB, MemoryEstimate, RunConfig, estimate
 from advisor.spec import ModelSpec
+from backends.llamacpp import probe_request
 
 ROOT = Path(__file__).resolve().parent.parent
 MARK = "=== kvadvise-probe request "
@@ -26,28 +27,10 @@ class Measured:
     text: str
 
 
-def request(model: Path, cfg: RunConfig) -> dict[str, object]:
-    return {
-        "model": str(model),
-        "n_ctx": cfg.n_ctx,
-        "n_batch": cfg.n_batch,
-        "n_ubatch": cfg.n_ubatch,
-        "n_seq_max": cfg.n_parallel,
-        "kv_unified": cfg.kv_unified,
-        "flash_attn": cfg.flash_attn,
-        "type_k": int(cfg.type_k),
-        "type_v": int(cfg.type_v),
-        "swa_full": cfg.swa_full,
-        "n_gpu_layers": 0,
-        # No CPU_REPACK copies: the CPU model buffer is then exactly the mmap-ed file span.
-        "extra_bufts": False,
-        "n_eval": 4,
-    }
-
-
 def run_llama(model: Path, cfgs: list[RunConfig], timeout_s: float = 900) -> list[Measured]:
     """Load ``model`` once per config in one child process; parse each log."""
-    reqs = [request(model, c) for c in cfgs]
+    # No CPU_REPACK copies: the CPU model buffer is then exactly the mmap-ed file span.
+    reqs = [probe_request(str(model), c, bench=False, extra_bufts=False) for c in cfgs]
     p = subprocess.run(
         [sys.executable, "-m", "backends.llamacpp_probe", json.dumps(reqs)],
         capture_output=True,
