@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from advisor.ggml import GGMLType as GGMLType  # re-exported by advisor.__all__
 from advisor.hardware import Hardware
 from advisor.memory import MemoryEstimate, RunConfig
 from advisor.planning import Plan, make_plan
