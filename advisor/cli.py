@@ -266,14 +266,22 @@ def gguf(path: str, **opts: Any) -> None:
     "--weights-bytes",
     type=click.IntRange(min=0),
     default=None,
-    help="Size of the weights you will load (a config.json alone does not say).",
+    help="Size of the weights you will load [default: from the safetensors index, or --quant].",
+)
+@click.option(
+    "--quant",
+    metavar="QUANT",
+    default=None,
+    help="Weights as a GGUF of this llama.cpp quant (e.g. Q4_K_M): bits per weight × parameters.",
 )
 @run_options
-def hf(config: str, weights_bytes: int | None, **opts: Any) -> None:
+def hf(config: str, weights_bytes: int | None, quant: str | None, **opts: Any) -> None:
     """Memory for a Hugging Face model: a config.json file or folder, or a repo id."""
     from advisor.spec import with_weights
 
-    spec = _backend("hf").load_spec(config)
+    if quant is not None and weights_bytes is not None:
+        raise click.UsageError("give --quant or --weights-bytes, not both")
+    spec = _backend("hf").load_spec(config, quant=quant, find_weights=weights_bytes is None)
     _plan_and_print(with_weights(spec, weights_bytes) if weights_bytes is not None else spec, opts)
 
 

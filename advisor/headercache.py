@@ -55,7 +55,7 @@ def load(path: Path) -> GGUFHeader | None:
         doc = json.loads(_entry(real).read_text(encoding="utf-8"))
         if doc.get("format") != FORMAT or doc.get("path") != real or doc.get("stamp") != stamp:
             return None
-        return _decode(doc["header"], str(path))
+        return decode(doc["header"], str(path))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -68,7 +68,7 @@ def store(path: Path, header: GGUFHeader) -> None:
         return
     real, stamp = ident
     target = _entry(real)
-    doc = {"format": FORMAT, "path": real, "stamp": stamp, "header": _encode(header)}
+    doc = {"format": FORMAT, "path": real, "stamp": stamp, "header": encode(header)}
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_suffix(f".{os.getpid()}.tmp")
@@ -98,7 +98,7 @@ def _dec_value(v: Any) -> Value:
     raise TypeError(f"unexpected cached value {v!r}")
 
 
-def _encode(h: GGUFHeader) -> dict[str, Any]:
+def encode(h: GGUFHeader) -> dict[str, Any]:
     return {
         "version": h.version,
         "byte_order": h.byte_order,
@@ -112,7 +112,7 @@ def _encode(h: GGUFHeader) -> dict[str, Any]:
     }
 
 
-def _decode(d: dict[str, Any], source: str) -> GGUFHeader:
+def decode(d: dict[str, Any], source: str) -> GGUFHeader:
     return GGUFHeader(
         source=source,
         version=int(d["version"]),

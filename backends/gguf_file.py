@@ -1,15 +1,190 @@
-"""Backend: a local GGUF file."""
+"""Backend: a GGUF model, local or remote, read header only.
+
+``ref`` is, in this order:
+
+- an ``http://`` or ``https://`` URL (a Hub link goes through the Hub);
+- an ``hf://`` Hub name (backends.hub);
+- a local file (its header is cached by advisor.headercache);
+- ``USER/REPO:QUANT`` or ``hf.co/USER/REPO[:QUANT]``, when no such local path exists.
+
+Split models (``-00001-of-00003.gguf``) are read part by part and merged
+(advisor.splits); the first part must be given, as llama.cpp requires.
+Remote headers are read with HTTP range requests (backends.http_source)
+and cached by URL and ETag, or by Hub commit (advisor.remotecache); a cached
+header is used when the server cannot be reached or the Hub is offline.
+"""
 
 from __future__ import annotations
 
+import urllib.parse
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from advisor import headercache, splits
 from advisor.architecture import from_gguf
-from advisor.headercache import read
+from advisor.errors import BackendUnreachable, InputError
+from advisor.gguf import GGUFHeader
 from advisor.spec import ModelSpec
+
+if TYPE_CHECKING:  # the remote modules are imported only for remote names: a local plan starts fast
+    from backends.hub import HubRef
 
 
 class GGUFFileBackend:
     name = "gguf"
-    summary = "a local GGUF file (header only; the weights are never read; headers are cached)"
+    summary = (
+        "a GGUF file: a path, an https:// URL, hf://USER/REPO/FILE.gguf or USER/REPO:QUANT "
+        "(header only, over HTTP range requests when remote; split models merged; headers are cached)"
+    )
 
     def load_spec(self, ref: str) -> ModelSpec:
-        return from_gguf(read(ref))
+        header = load_header(ref)
+        spec = from_gguf(header)
+        parts = header.extra.get("split_parts")
+        if isinstance(parts, tuple) and len(parts) > 1:
+            spec = replace(
+                spec, notes=(*spec.notes, f"split model: {len(parts)} parts, the tensors of all parts summed")
+            )
+        return spec
+
+
+def load_header(ref: str) -> GGUFHeader:
+    """The (merged) header of the model ``ref`` names."""
+    from backends import hub
+
+    if ref.startswith(("http://", "https://")):
+        named = hub.parse_ref(ref)
+        return read_hub(named) if named is not None else read_url(ref)
+    if ref.startswith("hf://"):
+        named = hub.parse_ref(ref)
+        assert named is not None  # parse_ref raises on a malformed hf:// name
+        return read_hub(named)
+    path = Path(ref).expanduser()
+    if not path.exists():
+        named = hub.parse_ref(ref)
+        if named is not None:
+            return read_hub(named)
+    return read_local(path)
+
+
+# -- local ---------------------------------------------------------------------
+
+
+def read_local(path: Path) -> GGUFHeader:
+    first = headercache.read(path)
+    n = splits.check_first(first)
+    if n == 1:
+        return first
+    name = splits.parse_name(str(path))
+    if name is None or name.count != n or name.number != 1:
+        raise InputError(
+            f"{path}: part 1 of a split model of {n} parts, but its name does not end in -00001-of-{n:05d}.gguf",
+            hint="llama.cpp finds the other parts by that name; keep the names gguf-split gave them",
+        )
+    parts = [first]
+    for i, p in enumerate(name.parts[1:], start=2):
+        if not Path(p).is_file():
+            raise InputError(f"{p}: part {i} of {n} of the split model is missing", hint="download every part")
+        parts.append(headercache.read(p))
+    return splits.merge(parts)
+
+
+# -- remote --------------------------------------------------------------------
+
+
+def read_url(url: str) -> GGUFHeader:
+    """A GGUF on any HTTP server; the other parts of a split model are found by name."""
+    from backends.http_source import display_url
+
+    first = _remote_header(url, key=f"url:{display_url(url)}")
+    n = splits.check_first(first)
+    if n == 1:
+        return first
+    p = urllib.parse.urlsplit(url)
+    name = splits.parse_name(p.path)
+    if name is None or name.count != n:
+        raise InputError(
+            f"{display_url(url)}: part 1 of a split model of {n} parts, but the URL is not named -00001-of-{n:05d}.gguf"
+        )
+    parts = [first]
+    for part_path in name.parts[1:]:
+        part_url = urllib.parse.urlunsplit((p.scheme, p.netloc, part_path, p.query, ""))
+        parts.append(_remote_header(part_url, key=f"url:{display_url(part_url)}"))
+    return splits.merge(parts)
+
+
+def read_hub(ref: HubRef) -> GGUFHeader:
+    """A GGUF in a Hub repo: all parts of a split model, each header read at the resolved commit."""
+    from backends import hub
+
+    model = hub.resolve(ref)
+    headers: Callable[[], Mapping[str, str]] = hub.auth_headers
+    parts = [
+        _remote_header(
+            model.url(f),
+            key=model.cache_key(f),
+            name=model.display(f),
+            immutable=model.commit if model.pinned else None,
+            headers=headers,
+            denied_hint=hub.denied_hint(model.repo_id),
+            offline=hub.offline(),
+        )
+        for f in model.files
+    ]
+    if len(parts) == 1:
+        n = splits.check_first(parts[0])
+        if n > 1:
+            raise InputError(f"{model.display(model.files[0])}: split into {n} parts but its name says otherwise")
+        return parts[0]
+    return splits.merge(parts)
+
+
+def _remote_header(
+    url: str,
+    *,
+    key: str,
+    name: str | None = None,
+    immutable: str | None = None,
+    headers: Callable[[], Mapping[str, str]] | None = None,
+    denied_hint: str | None = None,
+    offline: bool = False,
+) -> GGUFHeader:
+    """Read one remote header, or take it from the cache.
+
+    ``immutable``: the Hub commit the URL is pinned to; a cached header read
+    at that commit is used without asking the server. Otherwise the cached
+    header's ETag is sent with the first request (If-None-Match) and a 304 or
+    the same ETag keeps it; a server that cannot be reached falls back to it.
+    """
+    from advisor import remotecache
+    from advisor.gguf import read_header
+    from backends.http_source import HTTPSource, display_url
+
+    shown = name or display_url(url)
+    if immutable is not None:
+        hit = remotecache.load(key, shown, immutable)
+        if hit is not None:
+            return hit.header
+    cached = remotecache.load(key, shown)
+    if offline:
+        if cached is None:
+            raise BackendUnreachable(
+                f"{shown}: offline and its header is not cached", hint="plan it once with a network"
+            )
+        return cached.header
+    with HTTPSource(url, headers=headers() if headers else None, name=shown, denied_hint=denied_hint) as src:
+        etag = cached.validator if cached is not None and immutable is None else None
+        try:
+            unchanged = src.open(if_none_match=etag if etag and not etag.startswith("size:") else None)
+        except BackendUnreachable:
+            if cached is None:
+                raise
+            return cached.header
+        validator = immutable or src.etag or (f"size:{src.size()};{src.last_modified}" if src.last_modified else None)
+        if cached is not None and (unchanged or (validator is not None and validator == cached.validator)):
+            return cached.header
+        header = read_header(src)
+    remotecache.store(key, header, validator)
+    return header
