@@ -33,6 +33,14 @@ MAX_ARRAY_DEPTH = 4
 MAX_STRING_BYTES = 16 << 20  # a single metadata string; real ones are < 1 MiB
 DECODE_NUMERIC_MAX = 1 << 16  # numeric arrays up to this length are decoded (per-layer arrays)
 DECODE_STRING_MAX = 64  # string arrays up to this length are decoded (tags, languages)
+# Work done item by item, summed over all arrays of a header, is capped so that a header whose arrays
+# claim the data section (zeros parse as empty strings and empty arrays) cannot take minutes or GBs.
+# Real files: a 262k-token vocabulary and < 1M merges; per-layer arrays of a few hundred numbers;
+# no nested arrays at all (llama.cpp refuses them).
+MAX_STRINGS = 1 << 23  # strings in arrays, walked or decoded
+MAX_NESTED_ARRAYS = 1 << 16  # arrays inside arrays
+MAX_DECODED_NUMBERS = 1 << 20  # numbers decoded from numeric arrays
+_ITEM_LIMITS = {"strings": MAX_STRINGS, "nested arrays": MAX_NESTED_ARRAYS, "decoded numbers": MAX_DECODED_NUMBERS}
 _CHUNK = 1 << 20
 
 # GGUF value types (gguf_type)
@@ -171,6 +179,7 @@ class _Reader:
         self.buf_start = 0
         self.pos = 0
         self.chunk = _CHUNK
+        self.spent = dict.fromkeys(_ITEM_LIMITS, 0)
 
     # -- low level -------------------------------------------------------
 
@@ -237,6 +246,16 @@ class _Reader:
             return self.buf[i : i + n].decode("utf-8")
         except UnicodeDecodeError:
             return self.buf[i : i + n].decode("utf-8", errors="replace")
+
+    def spend(self, what: str, n: int, key: str) -> None:
+        """Count ``n`` array items of kind ``what`` against the per-header cap, before touching them."""
+        limit = _ITEM_LIMITS[what]
+        self.spent[what] += n
+        if self.spent[what] > limit:
+            raise self.fail(
+                f"{key!r}: more than {limit:,} {what} in the header's arrays; real models hold far fewer "
+                "(a corrupt or hostile file?)"
+            )
 
     def skip(self, n: int, what: str) -> None:
         if n > self.remaining():
@@ -367,6 +386,7 @@ class _Reader:
             if count > DECODE_NUMERIC_MAX:
                 self.skip(nbytes, repr(key))
                 return GGUFArray(it, count)
+            self.spend("decoded numbers", count, key)
             i = self.ensure(nbytes, repr(key))
             self.pos += nbytes
             fmt = self.structs[T_UINT8].format[0] + f"{count}{_SCALAR_FMT[it]}"
@@ -374,6 +394,7 @@ class _Reader:
         if it == T_STRING:
             if count * 8 > self.remaining():
                 raise self.fail(f"{key!r}: array of {count:,} strings does not fit in the bytes that remain")
+            self.spend("strings", count, key)
             if self.decode_strings or count <= DECODE_STRING_MAX:
                 return GGUFArray(it, count, tuple(self.string(f"{key!r}[{j}]") for j in range(count)))
             self.skip_strings(count, repr(key))
@@ -381,6 +402,7 @@ class _Reader:
         if it == T_ARRAY:
             if count * 12 > self.remaining():
                 raise self.fail(f"{key!r}: array of {count:,} arrays does not fit in the bytes that remain")
+            self.spend("nested arrays", count, key)
             items = tuple(self.value(T_ARRAY, key, depth + 1) for _ in range(count))
             return GGUFArray(it, count, items)
         raise self.fail(f"{key!r}: array has unknown element type {it}")

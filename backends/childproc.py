@@ -13,6 +13,7 @@ import subprocess
 import threading
 from collections.abc import Iterator, Sequence
 from types import FrameType
+from typing import Any
 
 from advisor.errors import DoesNotFit
 
@@ -39,11 +40,24 @@ def _sigterm_raises() -> Iterator[None]:
 
 
 def kill_group(p: subprocess.Popen[str]) -> None:
-    if p.poll() is None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(p.pid, signal.SIGKILL)
+    """Kill the child's process group, and every process it started that left the group (setsid)."""
+    strays = _descendants(p.pid) if p.poll() is None else []  # found while the child lives: orphans are lost
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(p.pid, signal.SIGKILL)  # also after the child exited: the rest of its group lives on
+    for proc in strays:
+        with contextlib.suppress(Exception):
+            proc.kill()  # psutil checks it is still the same process
     with contextlib.suppress(Exception):
         p.wait(timeout=10)
+
+
+def _descendants(pid: int) -> list[Any]:
+    try:
+        import psutil
+
+        return list(psutil.Process(pid).children(recursive=True))
+    except Exception:  # gone already, or no psutil: the group kill still applies
+        return []
 
 
 @contextlib.contextmanager

@@ -142,10 +142,17 @@ class ServerError(BackendUnreachable):
         self.error = error
 
 
+MAX_ANSWER_BYTES = 64 << 20  # a verbose /api/show of a 262k-token model (vocabulary, merges) is ~20 MB
+
+
 def call(
     host: str, method: str, path: str, *, body: Mapping[str, Any] | None = None, timeout: float = DEFAULT_TIMEOUT
 ) -> Any:
-    """One call through ``ollama.Client``; the decoded JSON answer. ResponseError for 4xx."""
+    """One call through ``ollama.Client``; the decoded JSON answer. ResponseError for 4xx.
+
+    The answer is read in chunks and refused past MAX_ANSWER_BYTES (a server that
+    sends 100 MB is not held in memory whole).
+    """
     import httpx
     import ollama
 
@@ -153,34 +160,61 @@ def call(
     # environment proxies never apply to this machine's own server
     client = ollama.Client(host=url, timeout=timeout, trust_env=not _is_loopback(url))
     try:
-        response: httpx.Response = client._request_raw(method, path, json=body)  # type: ignore[no-untyped-call]
-    except ollama.ResponseError as e:
-        if e.status_code >= 500 or e.status_code < 0:
-            raise ServerError(
-                f"Ollama at {url} failed: HTTP {e.status_code} on {path}: {one_line(e.error)}",
-                status=e.status_code,
-                error=str(e.error),
-                hint="look at the server's log (journalctl -u ollama)",
-            ) from None
-        raise
-    except ConnectionError:  # the client turns httpx.ConnectError into this
-        raise BackendUnreachable(
-            f"no Ollama server at {url} (connection refused)",
-            hint="start it with `ollama serve` (or `systemctl start ollama`), or set OLLAMA_HOST",
-        ) from None
+        status, content = _read_capped(client._client, method, path, body, url)
+    except httpx.ConnectError:
+        raise _refused(url) from None
     except httpx.TimeoutException:
         raise BackendUnreachable(f"Ollama at {url} did not answer {path} within {timeout:g} s") from None
     except httpx.HTTPError as e:
         raise BackendUnreachable(f"Ollama at {url}: {type(e).__name__} on {path}: {one_line(str(e))}") from None
     finally:
         client.close()  # type: ignore[no-untyped-call]
+    if status >= 400:  # as ollama.Client._request_raw reports it
+        err = ollama.ResponseError(content.decode("utf-8", errors="replace"), status)
+        if status >= 500:
+            raise ServerError(
+                f"Ollama at {url} failed: HTTP {status} on {path}: {one_line(err.error)}",
+                status=status,
+                error=str(err.error),
+                hint="look at the server's log (journalctl -u ollama)",
+            )
+        raise err
     try:
-        return response.json()
+        return json.loads(content)
     except ValueError:
         raise BackendUnreachable(
             f"{url} answered {path} with something that is not JSON: is it an Ollama server?",
             hint="check OLLAMA_HOST",
         ) from None
+
+
+def _read_capped(http: Any, method: str, path: str, body: Mapping[str, Any] | None, url: str) -> tuple[int, bytearray]:
+    """Status and body of one request, the body read chunk by chunk up to MAX_ANSWER_BYTES."""
+    with http.stream(method, path, json=body) as r:
+        declared = r.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > MAX_ANSWER_BYTES:
+            raise _too_big(url, path, f"{int(declared):,} bytes")
+        data = bytearray()
+        for chunk in r.iter_bytes():
+            data += chunk
+            if len(data) > MAX_ANSWER_BYTES:
+                raise _too_big(url, path, f"more than {MAX_ANSWER_BYTES:,} bytes")
+        return int(r.status_code), data
+
+
+def _too_big(url: str, path: str, size: str) -> BackendUnreachable:
+    return BackendUnreachable(
+        f"Ollama at {url} answered {path} with {size}; kvadvise reads at most {MAX_ANSWER_BYTES >> 20} MiB: "
+        "is it an Ollama server?",
+        hint="check OLLAMA_HOST",
+    )
+
+
+def _refused(url: str) -> BackendUnreachable:
+    return BackendUnreachable(
+        f"no Ollama server at {url} (connection refused)",
+        hint="start it with `ollama serve` (or `systemctl start ollama`), or set OLLAMA_HOST",
+    )
 
 
 def one_line(s: object) -> str:
