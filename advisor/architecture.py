@@ -8,6 +8,7 @@ keys present and a note saying so.
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from collections.abc import Mapping
@@ -95,13 +96,12 @@ class _Keys:
             if default is None:
                 raise GGUFError(f"{self.source}: required key {self.arch}.{suffix} is missing")
             return default
-        if isinstance(v, GGUFArray) and v.values:
-            v = max(v.values)  # type: ignore[type-var]
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise GGUFError(f"{self.source}: {self.arch}.{suffix} should be a number, got {type(v).__name__}")
-        if v < 0:
-            raise GGUFError(f"{self.source}: {self.arch}.{suffix} is negative ({v})")
-        return int(v)
+        if isinstance(v, GGUFArray):
+            if not v.values:
+                raise GGUFError(f"{self.source}: {self.arch}.{suffix} is an array of {v.count} values, not a number")
+            # llama.cpp's get_key_or_arr: the largest per-layer value sizes the model-wide field
+            return max(self._count(x, suffix) for x in v.values)
+        return self._count(v, suffix)
 
     def per_layer(self, suffix: str, n: int, default: int | None) -> tuple[int, ...]:
         """get_key_or_arr: a scalar broadcast to every layer, or one value per layer."""
@@ -109,11 +109,18 @@ class _Keys:
         if isinstance(v, GGUFArray):
             if v.values is None or len(v.values) != n:
                 raise GGUFError(f"{self.source}: {self.arch}.{suffix} has {v.count} values for {n} layers")
-            vals = tuple(int(x) for x in v.values)  # type: ignore[arg-type]
-            if any(x < 0 for x in vals):
-                raise GGUFError(f"{self.source}: {self.arch}.{suffix} has a negative value")
-            return vals
+            return tuple(self._count(x, suffix) for x in v.values)
         return (self.num(suffix, default),) * n
+
+    def _count(self, v: object, suffix: str) -> int:
+        """A non-negative whole number, or a GGUFError naming the key (strings, nested arrays, NaN...)."""
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise GGUFError(f"{self.source}: {self.arch}.{suffix} should be a number, got {type(v).__name__}")
+        if not math.isfinite(v):
+            raise GGUFError(f"{self.source}: {self.arch}.{suffix} is {v}, not a count")
+        if v < 0:
+            raise GGUFError(f"{self.source}: {self.arch}.{suffix} is negative ({v})")
+        return int(v)
 
     def bools(self, suffix: str, n: int) -> tuple[bool, ...] | None:
         v = self.raw(suffix)

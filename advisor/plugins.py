@@ -23,8 +23,8 @@ class Backend(Protocol):
     Required: ``name``, ``summary`` and ``load_spec``. A backend says what
     more it can do by having the optional methods of CAPABILITIES:
     ``measure(model_path, cfg, *, server, timeout_s, progress) -> advisor.verification.Measurement``
-    (verify on the real runtime), ``running_models(host)`` (live state),
-    ``write_config(...)`` (write where the runtime reads it).
+    or ``verify_running(...)`` (verify on the real runtime), ``running_models(host)``
+    (live state), ``write_config(...)`` (write where the runtime reads it).
     """
 
     name: str
@@ -35,17 +35,19 @@ class Backend(Protocol):
         ...
 
 
-# capability -> the optional method that provides it
+# capability -> the optional methods that provide it (any one of them)
 CAPABILITIES = {
-    "resolve": "load_spec",
-    "verify": "measure",
-    "live-state": "running_models",
-    "write-config": "write_config",
+    "resolve": ("load_spec",),
+    "verify": ("measure", "verify_running"),
+    "live-state": ("running_models",),
+    "write-config": ("write_config",),
 }
 
 
 def capabilities(backend: object) -> tuple[str, ...]:
-    return tuple(cap for cap, method in CAPABILITIES.items() if callable(getattr(backend, method, None)))
+    return tuple(
+        cap for cap, methods in CAPABILITIES.items() if any(callable(getattr(backend, m, None)) for m in methods)
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from advisor.architecture import from_gguf
 from advisor.errors import BackendUnreachable, InputError
@@ -28,6 +28,11 @@ from advisor.spec import ModelSpec
 from backends import ollama_api, ollama_store
 from backends.ollama_name import OllamaName, parse_name
 from backends.ollama_profiles import find_profile, profile_ids
+
+if TYPE_CHECKING:
+    from advisor.planning import Plan
+    from backends.ollama_advice import LiveState, OllamaAdvice, Written
+    from backends.ollama_verify import OllamaVerification
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,3 +173,48 @@ class OllamaBackend:
 
     def resolve(self, ref: str, **kwargs: Any) -> OllamaModel:
         return resolve(ref, **kwargs)
+
+    # The CLI reaches the rest of the Ollama backend through these methods only
+    # (advisor never imports backends); the modules load when first used.
+
+    def projector_margin_bytes(self, model: OllamaModel) -> int:
+        from backends.ollama_advice import projector_margin_bytes
+
+        return projector_margin_bytes(model)
+
+    def running_models(self, host: str | None = None) -> LiveState:
+        """Live state: the server's version and what /api/ps says it holds."""
+        from backends.ollama_advice import live_state
+
+        return live_state(host)
+
+    def advise(self, model: OllamaModel, plan: Plan, live: LiveState) -> OllamaAdvice:
+        from backends.ollama_advice import advise
+
+        return advise(model, plan, live)
+
+    def advice_dict(self, advice: OllamaAdvice) -> dict[str, object]:
+        from backends.ollama_advice import advice_dict
+
+        return advice_dict(advice)
+
+    def advice_text(self, advice: OllamaAdvice) -> str:
+        from backends.ollama_advice import advice_text
+
+        return advice_text(advice)
+
+    def write_config(
+        self, advice: OllamaAdvice, *, modelfile: str | None, env: str | None, systemd: str | None, force: bool
+    ) -> tuple[Written, ...]:
+        """Modelfile, env file, systemd drop-in: atomic, never over a file without ``force``."""
+        from backends.ollama_advice import write_files
+
+        return write_files(advice, modelfile=modelfile, env=env, systemd=systemd, force=force)
+
+    def verify_running(
+        self, name: str, *, host: str | None, load: bool, num_ctx: int | None, predicted_total_bytes: int | None
+    ) -> OllamaVerification:
+        """After `ollama run`: /api/ps must show size_vram == size and the context asked for."""
+        from backends.ollama_verify import verify
+
+        return verify(host, name, load=load, num_ctx=num_ctx, predicted_total_bytes=predicted_total_bytes)

@@ -4,7 +4,7 @@
   in a fresh process: 0 exceptions other than GGUFError, none over 2 s, RSS
   under 200 MB. The full 10,000-case run is `python benchmarks/fuzz_gguf.py`.
 - Regression tests, inputs inline: the reader (fixed in advisor/gguf.py), and
-  the crashes `--pipeline` finds in advisor/architecture.py (xfail until fixed).
+  the crashes `--pipeline` found in advisor/architecture.py (fixed in _Keys).
 """
 
 from __future__ import annotations
@@ -202,11 +202,6 @@ def _replace(key: str, t: int, raw: bytes) -> bytes:
     return _header(*(kv for kv in LLAMA if f"{key}".encode() not in kv), _kv(key, t, raw))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="advisor/architecture.py _Keys.num / per_layer: max() over nested arrays (TypeError), int() of a "
-    "string (ValueError) or of NaN (ValueError) escape as exceptions: `kvadvise gguf` says 'internal error', exit 1",
-)
 @pytest.mark.parametrize(
     "raw",
     [

@@ -119,6 +119,30 @@ def test_api_and_json_agree_on_a_recommendation(gemma_path: Path, capsys: pytest
     api_doc = advisor.to_json(advisor.plan(spec, hardware=hw, policy=advisor.Policy(target_ctx=16384)))
     assert main(["gguf", str(gemma_path), "--gpu", "rtx 3060", "--target-ctx", "16384", "--json"]) == 0
     cli_doc = json.loads(capsys.readouterr().out)
+    for doc in (api_doc, cli_doc):  # the card is a profile, but free RAM is read live, moments apart
+        doc["hardware"].pop("ram_free_bytes")
     assert api_doc == cli_doc
     rec = advisor.recommend(spec, hw, advisor.Policy(target_ctx=16384))
     assert rec.config.n_ctx == cli_doc["config"]["n_ctx"] == 16384
+
+
+def test_advisor_never_imports_backends() -> None:
+    """The built-in backends are plugins like any other: advisor/ reaches them only through entry points."""
+    import ast
+
+    offenders = []
+    for path in sorted((ROOT / "advisor").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            offenders += [f"{path.name}:{node.lineno} {n}" for n in names if n.split(".")[0] == "backends"]
+    assert offenders == []
+
+
+def test_builtin_backends_declare_their_capabilities(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plugins", "--json"]) == 0
+    caps = {b["name"]: b["capabilities"] for b in json.loads(capsys.readouterr().out)["backends"]}
+    assert caps["ollama"] == ["resolve", "verify", "live-state", "write-config"]
+    assert caps["llamacpp"] == ["resolve", "verify"]
+    assert caps["gguf"] == ["resolve"]
