@@ -352,18 +352,17 @@ def ollama(
 
     backend = _backend("ollama")
     model = backend.resolve(name, host=host)
-    from backends import ollama_advice as oa
-
     if opts["n_ctx"]:
         opts = {**opts, "n_ctx": opts["n_ctx"] * opts["n_parallel"]}
-    plan = _make_plan(model.spec, opts, same_type_kv=True, extra_margin_bytes=oa.projector_margin_bytes(model))
-    advice = oa.advise(model, plan, oa.live_state(host))
+    plan = _make_plan(model.spec, opts, same_type_kv=True, extra_margin_bytes=backend.projector_margin_bytes(model))
+    advice = backend.advise(model, plan, backend.running_models(host))
     if opts["as_json"]:
-        click.echo(json.dumps(plan_dict(plan) | {"ollama": oa.advice_dict(advice)}, indent=2))
+        click.echo(json.dumps(plan_dict(plan) | {"ollama": backend.advice_dict(advice)}, indent=2))
     else:
         click.echo(plan_text(plan))
-        click.echo(oa.advice_text(advice))
-    for w in oa.write_files(advice, modelfile=write_modelfile, env=write_env, systemd=write_systemd, force=force):
+        click.echo(backend.advice_text(advice))
+    written = backend.write_config(advice, modelfile=write_modelfile, env=write_env, systemd=write_systemd, force=force)
+    for w in written:
         click.echo(f"kvadvise: wrote {w.path}; apply it with:", err=True)
         for h in w.hints:
             click.echo(f"  {h}", err=True)
@@ -435,14 +434,14 @@ def verify_ollama(name: str, host: str | None, load: bool, num_ctx: int | None, 
     from dataclasses import asdict
 
     from advisor.memory import RunConfig, estimate
-    from backends.ollama_verify import verify as ollama_verify
 
-    model = _backend("ollama").resolve(name, host=host)
+    backend = _backend("ollama")
+    model = backend.resolve(name, host=host)
     ctx = num_ctx or model.default_num_ctx
     predicted = None
     if ctx:
         predicted = estimate(model.spec, RunConfig(n_ctx=ctx, flash_attn="on", device="cuda")).total_bytes
-    v = ollama_verify(host, name, load=load, num_ctx=ctx, predicted_total_bytes=predicted)
+    v = backend.verify_running(name, host=host, load=load, num_ctx=ctx, predicted_total_bytes=predicted)
     if as_json:
         click.echo(json.dumps(asdict(v), indent=2))
     else:
@@ -521,8 +520,11 @@ def plugins(as_json: bool) -> None:
         click.echo(f"{br.name:<10} BROKEN ({br.target}): {br.error}")
 
 
-def _debug() -> bool:
-    return "--debug" in sys.argv[1:] or os.environ.get("KVADVISE_DEBUG", "") not in ("", "0")
+def _debug(argv: list[str] | None) -> bool:
+    return "--debug" in (sys.argv[1:] if argv is None else argv) or os.environ.get("KVADVISE_DEBUG", "") not in (
+        "",
+        "0",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -530,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rc = cli.main(args=argv, prog_name="kvadvise", standalone_mode=False)
     except KvadviseError as e:
-        if _debug():
+        if _debug(argv):
             raise
         click.echo(f"kvadvise: error: {e.message}", err=True)
         if e.hint:
@@ -547,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     except Exception as e:
-        if _debug():
+        if _debug(argv):
             raise
         click.echo(
             f"kvadvise: internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)", err=True
