@@ -301,19 +301,21 @@ def llamacpp(path: str, write_env: str | None, force: bool, **opts: Any) -> None
     from advisor.files import write_text_file
     from advisor.llamaserver import command_text, env_text
 
-    plan = _plan_and_print(_backend("gguf").load_spec(path), opts, quiet_exit=True)
+    backend = _backend("llamacpp")
+    plan = _plan_and_print(backend.load_spec(path), opts, quiet_exit=True)
+    model = backend.model_source(path)
     if not opts["as_json"]:
         click.echo("")
-        click.echo(command_text(path, plan.config))
+        click.echo(command_text(model, plan.config))
         off = plan.recommendation.offload if plan.recommendation is not None else None
         if off is not None:
             from dataclasses import replace as _replace
 
             cfg = _replace(plan.config, n_ctx=off.n_ctx * plan.config.n_parallel, type_k=off.type_k, type_v=off.type_v)
             click.echo("# with part of the model on the CPU (--allow-cpu):")
-            click.echo(command_text(path, cfg, n_gpu_layers=off.n_gpu_layers, n_cpu_moe=off.n_cpu_moe))
+            click.echo(command_text(model, cfg, n_gpu_layers=off.n_gpu_layers, n_cpu_moe=off.n_cpu_moe))
     if write_env:
-        written = write_text_file(write_env, env_text(path, plan.config), force=force)
+        written = write_text_file(write_env, env_text(model, plan.config), force=force)
         click.echo(
             f"wrote {written}: load it with `set -a; . {written}; set +a` before starting llama-server", err=True
         )

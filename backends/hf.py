@@ -16,22 +16,30 @@ the weight bytes divided by the bytes of ``torch_dtype``.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
+import logging
 import math
+import os
 import re
 import struct
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from advisor.errors import BackendUnreachable, InputError
+from advisor.errors import BackendUnreachable, InputError, KvadviseError
 from advisor.hfconfig import from_config
 from advisor.spec import ModelSpec
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
+CONFIG = "config.json"
+MAX_JSON_BYTES = 16 << 20  # a config.json is a few KB, a safetensors index a few hundred
+_T = TypeVar("_T")
 
 # Bits per weight of a GGUF by llama.cpp quant type, for the weights of a model not yet downloaded.
 # Source: llama.cpp 0c1e570 tools/quantize/quantize.cpp QUANT_OPTIONS. Where it gives a file size
@@ -286,17 +294,10 @@ def _remote_safetensors(repo_id: str) -> tuple[int, int] | None:
 
 
 def _download_optional(repo_id: str, filename: str) -> Path | None:
-    """A small file of the repo through the HF cache, or None when the repo has none (or offline without it)."""
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError
-
-    from backends import hub
-
+    """A small file of the repo through the HF cache, or None when the repo has none (or it cannot be had)."""
     try:
-        return Path(hf_hub_download(repo_id, filename, endpoint=hub.endpoint()))
-    except (EntryNotFoundError, LocalEntryNotFoundError):
-        return None
-    except (OSError, HfHubHTTPError):
+        return _hub_file(repo_id, filename)
+    except KvadviseError:
         return None
 
 
@@ -305,49 +306,210 @@ def _download_optional(repo_id: str, filename: str) -> Path | None:
 
 def _load_json(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_JSON_BYTES:
+                raise _too_large(path, size)
+            raw = f.read(MAX_JSON_BYTES + 1)
+    except OSError as e:
+        raise InputError(f"{path}: cannot read ({e.strerror})") from None
+    if len(raw) > MAX_JSON_BYTES:  # grew since the stat
+        raise _too_large(path, len(raw))
+    try:
+        data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise InputError(f"{path}: not a text file") from None
     except json.JSONDecodeError as e:
         raise InputError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    except OSError as e:
-        raise InputError(f"{path}: cannot read ({e.strerror})") from None
     if not isinstance(data, dict):
         raise InputError(f"{path}: a config.json must hold a JSON object")
     return data
 
 
+def _too_large(where: object, size: int) -> InputError:
+    return InputError(
+        f"{where}: {size / (1 << 20):,.1f} MiB is too large for a config.json "
+        f"(they are a few KB; the limit is {MAX_JSON_BYTES >> 20} MiB)",
+        hint="is it the right file? a config.json holds the model's hyperparameters, not its weights",
+    )
+
+
 def _download(repo_id: str) -> Path:
-    """hf_hub_download honours HF_TOKEN, HF_ENDPOINT, HF_HUB_OFFLINE and the HF cache."""
-    from huggingface_hub import hf_hub_download
+    """The repo's config.json, through the HF cache (HF_TOKEN, HF_ENDPOINT, HF_HUB_OFFLINE honoured)."""
+    return _hub_file(repo_id, CONFIG)
+
+
+# -- the Hub: one file, in bounded time, in one line -----------------------------------
+
+
+def _hub_file(repo_id: str, filename: str) -> Path:
+    """``filename`` of the repo through the HF cache (``hf_hub_download``: HF_TOKEN, HF_ENDPOINT,
+    HF_HUB_OFFLINE and the cache honoured), or a domain error.
+
+    huggingface_hub retries a failed request for up to ~25 s, logging each retry on stderr, and
+    turns most failures of its HEAD request into a LocalEntryNotFoundError that no longer says
+    what happened. So: one HEAD first (``get_hf_file_metadata``, which does not retry) tells a
+    rejected token, a denied repo, a missing file, a Hub that is down or unreachable, and a file
+    too large to be a config; when it fails, a copy in the cache is used as huggingface_hub would.
+    The download itself is given a deadline (the HEAD and download timeouts, one attempt each),
+    and huggingface_hub's logger is kept to errors.
+    """
+    from huggingface_hub import constants, get_hf_file_metadata, hf_hub_download, hf_hub_url
+
+    from backends import hub
+
+    _quiet_hub()
+    if hub.offline():
+        cached = _cached(repo_id, filename)
+        if cached is None:
+            raise BackendUnreachable(
+                f"{repo_id}: offline (HF_HUB_OFFLINE is set) and {filename} is not in the local HF cache",
+                hint="run it once with a network, or pass a local config.json",
+            )
+        return cached
+    base = hub.endpoint()
+    etag_s = float(getattr(constants, "HF_HUB_ETAG_TIMEOUT", 10))
+    download_s = float(getattr(constants, "HF_HUB_DOWNLOAD_TIMEOUT", 10))
+    try:
+        meta = get_hf_file_metadata(hf_hub_url(repo_id, filename, endpoint=base), timeout=etag_s)
+    except Exception as e:
+        cached = _cached(repo_id, filename)
+        if cached is not None:  # what hf_hub_download does when its HEAD fails
+            return cached
+        err = _hub_error(repo_id, filename, e, f"cannot reach {base}")
+        if err is None:
+            raise
+        raise err from None
+    size = getattr(meta, "size", None)
+    if isinstance(size, int) and size > MAX_JSON_BYTES:
+        raise _too_large(f"{repo_id}/{filename}", size)
+    deadline = etag_s + download_s + 1.0
+    try:
+        return Path(_within(deadline, lambda: hf_hub_download(repo_id, filename, endpoint=base)))
+    except TimeoutError:
+        raise BackendUnreachable(
+            f"{repo_id}: downloading {filename} from {base} failed: no complete answer within {deadline:g} s",
+            hint="check the network; HF_HUB_DOWNLOAD_TIMEOUT (seconds) allows more",
+        ) from None
+    except Exception as e:
+        err = _hub_error(repo_id, filename, e, f"downloading {filename} from {base} failed")
+        if err is None:
+            raise
+        raise err from None
+
+
+def _cached(repo_id: str, filename: str) -> Path | None:
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(repo_id, filename)
+    return Path(found) if isinstance(found, str) and Path(found).is_file() else None
+
+
+def _quiet_hub() -> None:
+    """Keep huggingface_hub's retry warnings off stderr (unless HF_HUB_VERBOSITY asks for them)."""
+    if os.environ.get("HF_HUB_VERBOSITY"):
+        return
+    logging.getLogger("huggingface_hub").setLevel(logging.ERROR)  # its library root logger
+
+
+def _within(seconds: float, call: Callable[[], _T]) -> _T:
+    """``call()``, or TimeoutError after ``seconds`` (the call is left to end in a daemon thread)."""
+    result: list[_T] = []
+    error: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(call())
+        except BaseException as e:  # handed to the caller's thread
+            error.append(e)
+
+    worker = threading.Thread(target=run, name="kvadvise-hub-download", daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        raise TimeoutError
+    if error:
+        raise error[0]
+    return result[0]
+
+
+def _http_errors() -> tuple[type[BaseException], ...]:
+    """The base errors of huggingface_hub's HTTP client, whichever it is: OSError (requests),
+    httpx.HTTPError (huggingface_hub 1.x), httpx2.HTTPError (2.x); they include the timeouts,
+    connection resets and bodies shorter than their length."""
+    errs: list[type[BaseException]] = [OSError]
+    for module in ("httpx", "httpx2"):
+        with contextlib.suppress(ImportError, AttributeError):
+            errs.append(importlib.import_module(module).HTTPError)
+    return tuple(errs)
+
+
+def _hub_error(repo_id: str, filename: str, e: BaseException, failed: str) -> KvadviseError | None:
+    """The domain error for what huggingface_hub raised (``failed``: what to say of a network error);
+    None when it is none of the Hub's or the network's (a bug: re-raise it)."""
     from huggingface_hub.errors import (
         EntryNotFoundError,
         GatedRepoError,
         HfHubHTTPError,
         LocalEntryNotFoundError,
+        OfflineModeIsEnabled,
         RepositoryNotFoundError,
     )
 
     from backends import hub
 
-    try:
-        return Path(hf_hub_download(repo_id, "config.json", endpoint=hub.endpoint()))
-    except GatedRepoError:
-        raise InputError(
-            f"{repo_id} is gated: accept its licence on the Hub, then give a token",
-            hint="export HF_TOKEN=<your token> (or run `hf auth login`)",
-        ) from None
-    except RepositoryNotFoundError:
-        raise InputError(
-            f"{repo_id}: no such repository on the Hub (or it is private)",
-            hint="check the name; for a private repo export HF_TOKEN",
-        ) from None
-    except EntryNotFoundError:
-        raise InputError(f"{repo_id} has no config.json (a GGUF-only repo? use `kvadvise gguf`)") from None
-    except LocalEntryNotFoundError:
-        raise BackendUnreachable(
-            f"{repo_id}: the Hub cannot be reached and config.json is not in the local cache",
+    if isinstance(e, LocalEntryNotFoundError):  # before EntryNotFoundError: a subclass of it (huggingface_hub 2.x)
+        cause = e.__cause__
+        if isinstance(cause, Exception) and not isinstance(cause, LocalEntryNotFoundError):
+            return _hub_error(repo_id, filename, cause, failed)
+        return BackendUnreachable(
+            f"{repo_id}: the Hub cannot be reached and {filename} is not in the local HF cache",
             hint="connect to the network once, or pass a local config.json",
-        ) from None
-    except (OSError, HfHubHTTPError) as e:
-        raise BackendUnreachable(f"{repo_id}: download failed ({type(e).__name__})") from None
+        )
+    if isinstance(e, OfflineModeIsEnabled):
+        return BackendUnreachable(
+            f"{repo_id}: huggingface_hub is in offline mode and {filename} is not in the local HF cache",
+            hint="unset HF_HUB_OFFLINE, or pass a local config.json",
+        )
+    if isinstance(e, GatedRepoError):  # before RepositoryNotFoundError: a subclass of it
+        return InputError(
+            f"{repo_id} is gated: accept its licence on the Hub, then give a token", hint=hub.denied_hint(repo_id)
+        )
+    if isinstance(e, RepositoryNotFoundError):
+        return InputError(
+            f"{repo_id}: no such repository on the Hub (or it is private)",
+            hint="check the name; for a private repo export HF_TOKEN=<your token>",
+        )
+    if isinstance(e, EntryNotFoundError):
+        if filename == CONFIG:
+            return InputError(f"{repo_id} has no config.json (a GGUF-only repo? use `kvadvise gguf`)")
+        return InputError(f"{repo_id} has no {filename}")
+    if isinstance(e, HfHubHTTPError):
+        status = getattr(getattr(e, "response", None), "status_code", None)
+        if status == 401:
+            if hub.auth_headers():
+                return InputError(
+                    f"{repo_id}: the Hub rejected the access token (HTTP 401: invalid credentials)",
+                    hint="export HF_TOKEN=<a valid token with read access> (or run `hf auth login`); "
+                    "a public repo needs none: unset HF_TOKEN",
+                )
+            return InputError(
+                f"{repo_id}: the Hub asks for an access token (HTTP 401)",
+                hint="export HF_TOKEN=<your token> (or run `hf auth login`)",
+            )
+        if status == 403:
+            return InputError(f"{repo_id}: the Hub denied access (HTTP 403)", hint=hub.denied_hint(repo_id))
+        if status == 404:
+            return InputError(f"{repo_id}: {filename} not found on the Hub (HTTP 404)")
+        return BackendUnreachable(f"{repo_id}: {failed}: the Hub answered HTTP {status}", hint="try again later")
+    if isinstance(e, OSError) and e.filename:  # the HF cache, not the network
+        return InputError(
+            f"{e.filename}: {e.strerror or type(e).__name__}",
+            hint="the HF cache must be writable: check HF_HOME / HF_HUB_CACHE",
+        )
+    if isinstance(e, _http_errors()):
+        return BackendUnreachable(
+            f"{repo_id}: {failed} ({type(e).__name__})",
+            hint="check the network; a config.json downloaded once is used from the HF cache",
+        )
+    return None

@@ -27,11 +27,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from advisor.architecture import from_gguf
 from advisor.errors import DoesNotFit, InputError
-from advisor.headercache import read
 from advisor.llamalog import parse
-from advisor.llamaserver import server_args
+from advisor.llamaserver import ModelSource, server_args
 from advisor.memory import RunConfig
 from advisor.spec import ModelSpec
 from advisor.verification import Measurement, build_from_log, measurement_from_log
@@ -48,7 +46,29 @@ class LlamaCppBackend:
     summary = "llama.cpp: a GGUF file, its llama-server command, and `verify` on the real runtime"
 
     def load_spec(self, ref: str) -> ModelSpec:
-        return from_gguf(read(ref))
+        """A local file, or any remote name the gguf backend reads (URL, hf://, USER/REPO:QUANT)."""
+        from backends.gguf_file import GGUFFileBackend
+
+        return GGUFFileBackend().load_spec(ref)
+
+    def model_source(self, ref: str) -> ModelSource:
+        """How llama-server is pointed at ``ref``: a local file, or a URL / Hub name it downloads itself."""
+        if ref.startswith(("http://", "https://")):
+            return ModelSource.url(ref)
+        if not Path(ref).exists():
+            from backends.hub import DEFAULT_REVISION, file_url, parse_ref
+
+            hub = parse_ref(ref)
+            if hub is not None:
+                if hub.revision == DEFAULT_REVISION:
+                    return ModelSource.hub(hub.repo_id, quant=hub.quant, filename=hub.filename)
+                if hub.filename is None:  # -hf has no revision: name the file, and its URL pins the revision
+                    raise InputError(
+                        f"{ref}: llama-server's -hf cannot take a revision ({hub.revision})",
+                        hint=f"name the file: hf://{hub.repo_id}@{hub.revision}/FILE.gguf",
+                    )
+                return ModelSource.url(file_url(hub.repo_id, hub.filename, hub.revision))
+        return ModelSource.path(ref)
 
     def measure(
         self,
@@ -59,6 +79,11 @@ class LlamaCppBackend:
         timeout_s: float = 600,
         progress: Progress = lambda _: None,
     ) -> Measurement:
+        if not Path(model_path).is_file():
+            raise InputError(
+                f"{model_path}: verify runs llama.cpp on a local GGUF file",
+                hint="download it first (llama-server -hf USER/REPO:QUANT or -mu URL does), then verify the file",
+            )
         binary = server or shutil.which("llama-server")
         if server and not Path(server).exists():
             raise InputError(f"{server}: no such llama-server binary")

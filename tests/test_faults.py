@@ -272,14 +272,11 @@ HF_CASES: dict[str, HFCase] = {
         ),
         2,
         "token|credentials",
-        bug="a rejected HF_TOKEN is reported as 'download failed (HfHubHTTPError)', exit 4: it is bad input",
     ),
     "403 forbidden": HFCase(
         Answer(403, b'{"error":"Forbidden"}'),
         2,
         "403|forbidden|denied|permission|access",
-        bug="huggingface_hub turns the failed HEAD into LocalEntryNotFoundError, a subclass of EntryNotFoundError "
-        "in huggingface_hub 2.x, so hf.py says 'has no config.json'",
     ),
     "404 repo": HFCase(
         Answer(404, b'{"error":"Repository not found"}', {"X-Error-Code": "RepoNotFound"}), 2, "no such repository"
@@ -293,40 +290,32 @@ HF_CASES: dict[str, HFCase] = {
         Answer(500, b"Internal Error"),
         4,
         "reach|500|unavailable|failed",
-        bug="huggingface_hub retries 5 times (~23 s, its log lines on stderr), then LocalEntryNotFoundError "
-        "is caught as EntryNotFoundError: 'has no config.json', exit 2",
     ),
     "connection reset": HFCase(
         Answer(fault="reset"),
         4,
         "reach|reset|failed",
-        bug="httpx2.ReadError is not caught by hf.py: 'internal error', exit 1",
     ),
     "answer after the timeout": HFCase(
         Answer(200, CONFIG, _HF_OK, delay_s=6.0),
         4,
         "reach|time|answer|failed",
-        bug="huggingface_hub retries the download with its log lines on stderr, then a timeout error escapes: "
-        "'internal error', exit 1",
     ),
     "body shorter than its length": HFCase(
         Answer(200, CONFIG[:100], _HF_OK, declared=len(CONFIG)),
         4,
         "reach|incomplete|failed|truncated",
-        bug="huggingface_hub retries with log lines on stderr, then httpx2.RemoteProtocolError escapes: exit 1",
     ),
     "100 MB config.json": HFCase(
         Answer(200, b" " * MIB, _HF_OK, repeat=100, tail=CONFIG),
         2,
         "large|size|MiB|MB",
-        bug="hf.py _load_json reads the whole file (read_text) with no size cap: 100 MB in memory, exit 0",
     ),
     "offline, not cached": HFCase(
         Answer(200, CONFIG, _HF_OK),
         4,
         "cannot be reached|cache|offline",
         env=(("HF_HUB_OFFLINE", "1"),),
-        bug="LocalEntryNotFoundError is caught as EntryNotFoundError: 'has no config.json', exit 2",
     ),
 }
 HF_DEBUG = ("404 repo", "connection reset")  # also run with --debug: the traceback shows, the token does not

@@ -291,3 +291,12 @@ def test_reads_behind_the_kept_bytes_fetch_again(server: LoopbackServer) -> None
         assert src.read(10, 5) == data[10:15]
         assert src.read(16300, 1000) == data[16300:]  # clipped at the end of the file
         assert src.requests == 4
+
+
+def test_llamacpp_command_for_a_url_uses_model_url(
+    gemma_path: Path, server: LoopbackServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = server.add("/gemma.gguf", Route(file=gemma_path, etag=ETAG))
+    rc, out, err = run(capsys, "llamacpp", url, "--ctx", "4096", "--no-hardware")
+    assert rc == 0, err
+    assert out.splitlines()[-1].startswith(f"llama-server -mu {url} -c 4096 -np 1 ")

@@ -349,3 +349,36 @@ def test_hf_offline_keeps_working_from_the_hf_cache(
     fake_hub.reset()
     assert HFBackend().load_spec("Qwen/Qwen3-8B").weights_bytes == 16_381_470_720
     assert fake_hub.api.requests() == []
+
+
+def test_llamacpp_command_lets_llama_server_download_hub_names(
+    gemma_path: Path, fake_hub: Hub, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """llama-server cannot open hf:// or USER/REPO:QUANT with -m: the command says -hf / -hfr -hff / -mu."""
+    _gemma_repo(gemma_path).register(fake_hub.api, fake_hub.cdn)
+    common = ("--ctx", "4096", "-fa", "on", "--no-hardware")
+    rc, out, err = run(capsys, "llamacpp", f"{GEMMA_REPO}:Q4_K_M", *common)
+    assert rc == 0, err
+    assert out.splitlines()[-1] == (
+        f"llama-server -hf {GEMMA_REPO}:Q4_K_M -c 4096 -np 1 -fa on -ctk f16 -ctv f16 -ngl 0"
+    )
+    rc, out, err = run(
+        capsys, "llamacpp", f"hf://{GEMMA_REPO}/{GEMMA_FILE}", *common, "--write-env", str(tmp_path / "e")
+    )
+    assert rc == 0, err
+    assert out.splitlines()[-1].startswith(f"llama-server -hfr {GEMMA_REPO} -hff {GEMMA_FILE} -c 4096 ")
+    env = (tmp_path / "e").read_text().splitlines()
+    assert f"LLAMA_ARG_HF_REPO={GEMMA_REPO}" in env and f"LLAMA_ARG_HF_FILE={GEMMA_FILE}" in env
+    rc, out, err = run(capsys, "llamacpp", f"hf://{GEMMA_REPO}@{HubRepo.sha}/{GEMMA_FILE}", *common)
+    assert rc == 0, err
+    url = f"{fake_hub.api.origin}/{GEMMA_REPO}/resolve/{HubRepo.sha}/{GEMMA_FILE}"
+    assert out.splitlines()[-1].startswith(f"llama-server -mu {url} -c 4096 ")
+    rc, out, err = run(capsys, "llamacpp", f"hf://{GEMMA_REPO}@{HubRepo.sha}:Q4_K_M", *common)
+    assert rc == 2 and "-hf cannot take a revision" in err
+
+
+def test_verify_needs_a_local_file(gemma_path: Path, fake_hub: Hub, capsys: pytest.CaptureFixture[str]) -> None:
+    _gemma_repo(gemma_path).register(fake_hub.api, fake_hub.cdn)
+    rc, out, err = run(capsys, "verify", "llamacpp", f"{GEMMA_REPO}:Q4_K_M", "--ctx", "4096", "--no-hardware")
+    assert (rc, out) == (2, "")
+    assert "verify runs llama.cpp on a local GGUF file" in err and "Traceback" not in err
