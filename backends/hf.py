@@ -351,7 +351,7 @@ def _hub_file(repo_id: str, filename: str) -> Path:
     what happened. So: one HEAD first (``get_hf_file_metadata``, which does not retry) tells a
     rejected token, a denied repo, a missing file, a Hub that is down or unreachable, and a file
     too large to be a config; when it fails, a copy in the cache is used as huggingface_hub would.
-    The download itself is given a deadline (the HEAD and download timeouts, one attempt each),
+    The download itself is given a deadline (the HEAD and download timeouts: one attempt each),
     and huggingface_hub's logger is kept to errors.
     """
     from huggingface_hub import constants, get_hf_file_metadata, hf_hub_download, hf_hub_url
@@ -383,7 +383,7 @@ def _hub_file(repo_id: str, filename: str) -> Path:
     size = getattr(meta, "size", None)
     if isinstance(size, int) and size > MAX_JSON_BYTES:
         raise _too_large(f"{repo_id}/{filename}", size)
-    deadline = etag_s + download_s + 1.0
+    deadline = etag_s + download_s  # one HEAD and one GET, no retries
     try:
         return Path(_within(deadline, lambda: hf_hub_download(repo_id, filename, endpoint=base)))
     except TimeoutError:
@@ -501,7 +501,9 @@ def _hub_error(repo_id: str, filename: str, e: BaseException, failed: str) -> Kv
             return InputError(f"{repo_id}: the Hub denied access (HTTP 403)", hint=hub.denied_hint(repo_id))
         if status == 404:
             return InputError(f"{repo_id}: {filename} not found on the Hub (HTTP 404)")
-        return BackendUnreachable(f"{repo_id}: {failed}: the Hub answered HTTP {status}", hint="try again later")
+        return BackendUnreachable(
+            f"{repo_id}: the Hub ({hub.endpoint()}) answered HTTP {status} for {filename}", hint="try again later"
+        )
     if isinstance(e, OSError) and e.filename:  # the HF cache, not the network
         return InputError(
             f"{e.filename}: {e.strerror or type(e).__name__}",

@@ -227,11 +227,6 @@ def test_ollama_cli_debug_flag_shows_the_traceback(tmp_path: Path) -> None:
             assert OLLAMA_KEY not in p.stdout + p.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="advisor.cli._debug() reads sys.argv, not the argv given to main(): main(['--debug', ...]) called "
-    "from Python prints one line instead of re-raising (KVADVISE_DEBUG=1 and the console script work)",
-)
 def test_debug_flag_given_to_main_reraises(tmp_path: Path) -> None:
     with pytest.raises(InputError):
         main(["--debug", "gguf", str(tmp_path / "missing.gguf")])
