@@ -52,6 +52,10 @@ class RunConfig:
     swa_full: bool = False  # --swa-full (llama-server's default is off)
     device: str = "cpu"  # where the layers go: cpu | cuda (full offload)
     overhead_bytes: int | None = None  # per-device fixed cost; None = OVERHEAD_BYTES[device] (or a calibration)
+    # llama_context_params.n_outputs_max, the logits rows the compute graph is reserved for.
+    # None = as llama-server (and so Ollama) sets it: one per sequence (tools/server/server-context.cpp
+    # server_output_limits, no speculative decoding); 0 = n_batch, the library's and llama-cli's default.
+    n_outputs_max: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +68,7 @@ class ContextLayout:
     n_seq_max: int
     n_batch: int
     n_ubatch: int
+    n_outputs_max: int  # cparams.n_outputs_max: logits rows per ubatch the graph is reserved for
     n_ctx_swa: int  # cells per stream of the SWA cache (0 without SWA)
     flash_attn: bool
     kv_unified: bool
@@ -106,6 +111,8 @@ def resolve(spec: ModelSpec, cfg: RunConfig) -> ContextLayout:
     """llama_context::llama_context(): n_ctx, n_batch and n_ubatch as llama.cpp sets them."""
     if cfg.n_ctx < 0 or cfg.n_parallel < 1 or cfg.n_batch < 1 or cfg.n_ubatch < 1:
         raise ConfigError("n_ctx must be >= 0 and n_parallel, n_batch, n_ubatch >= 1")
+    if cfg.n_outputs_max is not None and cfg.n_outputs_max < 0:
+        raise ConfigError("n_outputs_max must be >= 0 (0 = n_batch)")
     if cfg.flash_attn not in FLASH_ATTN_MODES:
         raise ConfigError(f"flash_attn must be one of {', '.join(FLASH_ATTN_MODES)}, got {cfg.flash_attn!r}")
     if cfg.device not in DEVICES:
@@ -117,6 +124,8 @@ def resolve(spec: ModelSpec, cfg: RunConfig) -> ContextLayout:
     # n_batch and n_ubatch are set before n_ctx is padded
     n_batch = min(n_ctx, cfg.n_batch)
     n_ubatch = min(n_batch, cfg.n_ubatch)
+    n_outputs = n_seq_max if cfg.n_outputs_max is None else cfg.n_outputs_max
+    n_outputs_max = n_batch if n_outputs == 0 else n_outputs  # llama_context: "0 = n_batch"
     n_ctx = pad(n_ctx, CTX_PAD)
     if cfg.kv_unified:
         n_ctx_seq, n_stream = n_ctx, 1
@@ -139,6 +148,7 @@ def resolve(spec: ModelSpec, cfg: RunConfig) -> ContextLayout:
         n_seq_max=n_seq_max,
         n_batch=n_batch,
         n_ubatch=n_ubatch,
+        n_outputs_max=n_outputs_max,
         n_ctx_swa=n_ctx_swa,
         flash_attn=flash_attn,
         kv_unified=cfg.kv_unified,
@@ -267,21 +277,29 @@ def compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     """Estimate of the compute buffers (ggml-alloc has no closed form).
 
     The worst-case graph is reserved for n_ubatch tokens against the full
-    cache. Its peak is the largest of: the logits of every token in the
-    ubatch (f32 n_vocab x n_ubatch, plus the hidden state), the attention
-    scores without flash attention (f32 n_kv x n_ubatch x n_head: the term
-    FA removes), and the feed-forward activations.
+    cache, with min(n_ubatch, n_outputs_max) output rows (llama_context::
+    sched_reserve). It holds the KQ masks and the hidden state throughout,
+    plus the largest of: the logits of those rows (f32 n_vocab x rows), the
+    attention (with the scores, f32 n_kv x n_ubatch x n_head, when flash
+    attention is off), and the feed-forward activations.
     """
     ub = lay.n_ubatch
     f32 = 4
     n_head = max(spec.n_head, default=0)
-    hidden = f32 * ub * spec.n_embd * 2
-    logits = f32 * ub * spec.n_vocab + hidden
-    n_kv = lay.n_ctx_seq if any(spec.kv_layers) else 0
-    attn = f32 * ub * n_kv + hidden if lay.flash_attn else f32 * ub * n_kv * n_head + f32 * ub * n_kv + hidden
-    n_ff = spec.n_ff
-    ffn = f32 * ub * (2 * n_ff) + hidden
-    return pad(max(logits, attn, ffn), MIB // 2)
+    hidden = 4 * f32 * ub * spec.n_embd  # the residual stream, its norm, the layer input and output
+    # KQ masks are graph inputs, alive through the whole graph: [n_kv, ub] per cache kind, f16 for
+    # flash attention, else f32 (src/llama-graph.cpp build_attn_inp_kq_mask).
+    full = any(kv and not swa for kv, swa in zip(spec.kv_layers, spec.swa_layers, strict=True))
+    swa = any(kv and s for kv, s in zip(spec.kv_layers, spec.swa_layers, strict=True))
+    n_kv = lay.n_ctx_seq if full else 0
+    n_kv_swa = lay.n_ctx_swa if swa else 0
+    masks = (n_kv + n_kv_swa) * ub * (2 if lay.flash_attn else f32)
+    logits = f32 * min(ub, lay.n_outputs_max) * spec.n_vocab
+    q = f32 * ub * n_head * spec.n_embd_head_k
+    # without flash attention the scores are materialised: f32 [n_kv, ub, n_head] (the softmax reuses them)
+    attn = 2 * q + (0 if lay.flash_attn else f32 * ub * max(n_kv, n_kv_swa) * n_head)
+    ffn = 3 * f32 * ub * spec.n_ff  # gate, up and their product
+    return pad(masks + hidden + max(logits, attn, ffn), MIB // 2)
 
 
 def estimate(spec: ModelSpec, cfg: RunConfig) -> MemoryEstimate:

@@ -9,7 +9,7 @@ llama.cpp's own log goes to stderr, where the parent parses the buffer sizes
 llama.cpp cannot take the parent down.
 
 Request keys: model (path), n_ctx, n_batch, n_ubatch, n_seq_max, kv_unified,
-flash_attn ("on"|"off"|"auto"), type_k, type_v (ggml type ids), swa_full,
+flash_attn ("on"|"off"|"auto"), type_k, type_v (ggml type ids), swa_full, n_outputs_max (logits rows the graph is reserved for; 0 = n_batch),
 n_gpu_layers, extra_bufts (CPU repacking), n_eval (tokens to decode; 0 = load only),
 bench ({"n_prompt": N, "n_gen": M}: time a prompt of N tokens, then M single-token
 decode steps), nvml (read GPU memory used before load, after load, after bench).
@@ -106,6 +106,7 @@ def probe(req: dict[str, Any]) -> dict[str, Any]:
     cp.type_k = int(req.get("type_k", 1))
     cp.type_v = int(req.get("type_v", 1))
     cp.swa_full = bool(req.get("swa_full", False))
+    cp.n_outputs_max = int(req.get("n_outputs_max", 0))  # llama-server sets n_parallel; 0 = n_batch
     cp.n_threads = cp.n_threads_batch = int(req.get("n_threads", 2))
     t0 = time.perf_counter()
     ctx = L.llama_init_from_model(model, cp)

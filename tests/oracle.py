@@ -74,14 +74,20 @@ class Report:
             "| model | config | " + " | ".join(f"{k} pred / meas (MiB)" for k in keys) + " |",
             "|---|---|" + "---|" * len(keys),
         ]
-        worst = 0.0
+        worst_bytes, worst_rel = 0, 0.0
         for r in self.rows:
             cells = [f"{r.predicted.get(k, '-')} / {r.measured.get(k, '-')}" for k in keys]
             lines.append(f"| {r.model} | {r.config} | " + " | ".join(cells) + " |")
             if r.compute_meas:
-                worst = max(worst, abs(r.compute_pred - r.compute_meas) / r.compute_meas)
+                err = abs(r.compute_pred - r.compute_meas)
+                worst_bytes = max(worst_bytes, err)
+                if r.compute_meas >= COMPUTE_TOLERANCE[1]:  # relative error only where it means something
+                    worst_rel = max(worst_rel, err / r.compute_meas)
         lines.append("")
-        lines.append(f"{len(self.rows)} configurations; largest compute-buffer error {worst:.1%}.")
+        lines.append(
+            f"{len(self.rows)} configurations; largest compute-buffer error {worst_bytes / MIB:.2f} MiB, "
+            f"and {worst_rel:.1%} among buffers of {COMPUTE_TOLERANCE[1] // MIB} MiB or more."
+        )
         return "\n".join(lines)
 
 
@@ -94,6 +100,8 @@ def describe(cfg: RunConfig) -> str:
         parts.append(f"np={cfg.n_parallel}" + ("u" if cfg.kv_unified else ""))
     if cfg.swa_full:
         parts.append("swa_full")
+    if cfg.n_outputs_max is not None:
+        parts.append(f"outputs={cfg.n_outputs_max or 'batch'}")
     if cfg.n_ubatch != 512 or cfg.n_batch != 2048:
         parts.append(f"b={cfg.n_batch}/{cfg.n_ubatch}")
     return " ".join(parts)

@@ -26,7 +26,8 @@ from advisor.memory import RunConfig
 F16, Q8, Q4 = GGMLType.F16, GGMLType.Q8_0, GGMLType.Q4_0
 
 # Context sizes that are not multiples of 256, 1 to 4 sequences, unified or
-# not, f16/q8_0/q4_0 and mixed K/V, flash attention on/off/auto, swa_full.
+# not, f16/q8_0/q4_0 and mixed K/V, flash attention on/off/auto, swa_full; logits
+# reserved per sequence (llama-server, the default) or for the whole batch (n_outputs_max=0).
 TINY_CONFIGS = (
     RunConfig(n_ctx=1000, type_k=F16, type_v=F16, flash_attn="on"),
     RunConfig(n_ctx=2048, n_parallel=4, type_k=Q8, type_v=Q8, flash_attn="on"),
@@ -35,6 +36,7 @@ TINY_CONFIGS = (
     RunConfig(n_ctx=4100, type_k=Q8, type_v=Q4, flash_attn="on", swa_full=True, n_batch=1024, n_ubatch=256),
     RunConfig(n_ctx=700, n_parallel=3, type_k=F16, type_v=F16, flash_attn="off", n_batch=512),
     RunConfig(n_ctx=2000, type_k=Q8, type_v=Q8, flash_attn="off"),  # quantized V without FA: refused
+    RunConfig(n_ctx=1000, n_parallel=2, flash_attn="on", n_outputs_max=0),  # logits for the whole batch (the library)
 )
 
 TINY_VOCAB = 32000
@@ -47,6 +49,8 @@ GEMMA_CONFIGS = (
     RunConfig(n_ctx=2048, type_k=Q8, type_v=F16, flash_attn="off", swa_full=True),
     RunConfig(n_ctx=32768, n_parallel=2, kv_unified=True, flash_attn="auto"),
     RunConfig(n_ctx=6000, flash_attn="off", n_ubatch=128, n_batch=256),
+    RunConfig(n_ctx=4096, flash_attn="on", n_outputs_max=0),  # as llama-cli / the library: 262k x 512 logits
+    RunConfig(n_ctx=6000, flash_attn="off", n_ubatch=128, n_batch=256, n_outputs_max=0),
 )
 
 
