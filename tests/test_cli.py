@@ -56,6 +56,7 @@ def test_json_keys_and_numbers_for_gemma(gemma_path: Path, capsys: pytest.Captur
         "kv_unified": False,
         "n_batch": 2048,
         "n_ubatch": 512,
+        "n_outputs_max": 1,
         "type_k": "q8_0",
         "type_v": "q8_0",
         "flash_attn": True,
