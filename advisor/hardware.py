@@ -14,9 +14,11 @@ import contextlib
 import json
 import os
 import re
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from advisor.errors import InputError
@@ -202,10 +204,25 @@ def find_profile(name: str) -> GpuProfile:
 
 
 def _ram_now() -> tuple[int, int]:
+    """(total, available) bytes of system RAM."""
+    if "psutil" not in sys.modules and sys.platform == "linux":
+        # what psutil reads too (MemTotal, MemAvailable), without its ~15 ms import on every plan
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            return _meminfo(Path("/proc/meminfo").read_text())
     import psutil
 
     vm = psutil.virtual_memory()
     return int(vm.total), int(vm.available)
+
+
+def _meminfo(text: str) -> tuple[int, int]:
+    kib = {k: int(v.split()[0]) for k, _, v in (line.partition(":") for line in text.splitlines()) if v}
+    return kib["MemTotal"] * 1024, kib["MemAvailable"] * 1024
+
+
+def _no_nvidia_driver() -> bool:
+    """Linux without the NVIDIA kernel driver (nor WSL's GPU device): NVML cannot start there."""
+    return sys.platform == "linux" and not Path("/proc/driver/nvidia").exists() and not Path("/dev/dxg").exists()
 
 
 def _fmt_gib(n: int) -> str:
@@ -371,6 +388,8 @@ def probe() -> Hardware:
     (:func:`match_nvml_name`), else it is None.
     """
     ram = _ram_now()
+    if "pynvml" not in sys.modules and _no_nvidia_driver():  # skip the binding's ~15 ms import
+        return _none("no NVIDIA driver (no /proc/driver/nvidia)", ram)
     try:
         import pynvml
     except ImportError:

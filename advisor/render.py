@@ -6,13 +6,15 @@ The JSON keys are documented in README.md; other tools rely on them.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from advisor.memory import MemoryEstimate, RunConfig
 from advisor.planning import Plan
 from advisor.recommender import Budget, Curve, Recommendation
 from advisor.spec import ModelSpec
-from advisor.verification import Verification
+
+if TYPE_CHECKING:  # only verification output needs it; a plan renders without loading the log parser
+    from advisor.verification import Verification
 
 LLAMA_CPP_BUILD = "llama.cpp 0c1e570 (vendored by llama-cpp-python 0.3.36)"
 

@@ -52,6 +52,9 @@ class GGUFFileBackend:
 
 def load_header(ref: str) -> GGUFHeader:
     """The (merged) header of the model ``ref`` names."""
+    path = Path(ref).expanduser()
+    if not ref.startswith(("http://", "https://", "hf://")) and path.exists():
+        return read_local(path)  # without importing the remote modules: a local plan starts fast
     from backends import hub
 
     if ref.startswith(("http://", "https://")):
@@ -61,11 +64,9 @@ def load_header(ref: str) -> GGUFHeader:
         named = hub.parse_ref(ref)
         assert named is not None  # parse_ref raises on a malformed hf:// name
         return read_hub(named)
-    path = Path(ref).expanduser()
-    if not path.exists():
-        named = hub.parse_ref(ref)
-        if named is not None:
-            return read_hub(named)
+    named = hub.parse_ref(ref)
+    if named is not None:
+        return read_hub(named)
     return read_local(path)
 
 

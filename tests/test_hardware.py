@@ -9,6 +9,7 @@ the same function names and NVMLError classes. psutil is faked the same way.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import types
@@ -685,6 +686,29 @@ def test_import_does_not_load_nvml_or_psutil() -> None:
     code = "import sys, advisor.hardware; print('pynvml' in sys.modules, 'psutil' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="/proc/meminfo and /proc/driver/nvidia are Linux's")
+def test_probe_without_a_driver_imports_neither_binding() -> None:
+    """No NVIDIA driver: the plan starts without pynvml or psutil (~30 ms), and RAM is what psutil says."""
+    code = (
+        "import sys, json, advisor.hardware as h; hw = h.probe(); "
+        "loaded = ['pynvml' in sys.modules, 'psutil' in sys.modules]; import psutil; "
+        "print(json.dumps([hw.ram_total_bytes, psutil.virtual_memory().total, list(hw.notes), *loaded]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    total, psutil_total, notes, nvml_loaded, psutil_loaded = json.loads(out)
+    assert total == psutil_total
+    assert not psutil_loaded
+    if not os.path.exists("/proc/driver/nvidia") and not os.path.exists("/dev/dxg"):
+        assert not nvml_loaded and any("no NVIDIA driver" in n for n in notes)
+
+
+def test_meminfo_parse() -> None:
+    text = (
+        "MemTotal:       24683568 kB\nMemFree:         1000 kB\nMemAvailable:   23241800 kB\nHugePages_Total:       0\n"
+    )
+    assert hardware._meminfo(text) == (24683568 * 1024, 23241800 * 1024)
 
 
 def test_hardware_types_are_frozen() -> None:
