@@ -245,7 +245,6 @@ class HFCase:
     rc: int  # the documented exit code
     pattern: str  # what the error line must say
     env: tuple[tuple[str, str], ...] = ()
-    bug: str = ""  # why it fails today (an xfail that must be fixed in backends/hf.py)
 
 
 HF_CASES: dict[str, HFCase] = {
@@ -435,14 +434,7 @@ def hf_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[tuple[str
     yield runs
 
 
-def _hf_params() -> list[Any]:
-    return [
-        pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=HF_CASES[c].bug)) if HF_CASES[c].bug else c
-        for c in HF_CASES
-    ]
-
-
-@pytest.mark.parametrize("case", _hf_params())
+@pytest.mark.parametrize("case", list(HF_CASES))
 def test_hf_fault_exit_code_and_one_line(case: str, hf_runs: dict[tuple[str, bool], HFRun]) -> None:
     c, r = HF_CASES[case], hf_runs[case, False]
     assert r.seconds < HF_MAX_S, f"{r.seconds:.1f} s: {r.err[-500:]}"
