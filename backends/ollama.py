@@ -113,7 +113,7 @@ def resolve(
                 projector_bytes=0,
                 model_bytes=profile.download_bytes or 0,
                 source=f"profile:{profile.id}",
-                notes=(*notes, *spec.notes[:1]),
+                notes=notes,  # the profile's own notes are the spec's, printed with the plan
             )
         known = ", ".join(profile_ids())
         tried.append(f"the built-in profiles: none for {name.display} (there are: {known})")

@@ -43,16 +43,49 @@ class Profile:
     download_source: str | None
 
     def spec(self) -> ModelSpec:
-        """The ModelSpec llama.cpp would build from this model's GGUF, weights from the download size."""
+        """The ModelSpec llama.cpp would build from this model's GGUF: weights from the download size,
+        else estimated from the parameter count at the default quantization's bits per weight."""
         spec = from_config(self.config, source=f"profile:{self.id}", weights_bytes=self.download_bytes)
         notes = list(spec.notes)
         if self.download_bytes:
             notes.insert(0, f"planned from a built-in profile; weights size from {self.download_source}")
+        elif (n_params := dense_params(spec, self.config)) is not None:
+            from backends.hf import quant_bpw
+
+            quant, bpw = quant_bpw(self.quantization or DEFAULT_QUANT)
+            weights = -(-n_params * int(bpw * 1000) // 8000)
+            spec = from_config(self.config, source=f"profile:{self.id}", weights_bytes=weights)
+            notes = list(spec.notes)
+            assumed = "" if self.quantization else ", assumed: the library's default"
+            notes.insert(
+                0,
+                f"planned from a built-in profile; download size unknown: weights estimated as {n_params:,} "
+                f"parameters x {bpw:.2f} bits per weight ({quant}{assumed}) = {weights / 1e9:.2f} GB",
+            )
         else:
             notes.insert(0, "planned from a built-in profile; download size unknown: weights counted as 0")
         notes.append(f"config.json of {self.hf_repo} from {self.source} (confidence: {self.confidence})")
-        file_type = _FILE_TYPE.get(self.quantization or "", (self.quantization or spec.file_type).lower())
+        quant = self.quantization or DEFAULT_QUANT
+        file_type = _FILE_TYPE.get(quant, quant.lower())
         return dataclasses.replace(spec, name=self.id, file_type=file_type, notes=tuple(notes))
+
+
+DEFAULT_QUANT = "Q4_K_M"  # the quantization of Ollama library tags like qwen3:8b
+
+
+def dense_params(spec: ModelSpec, config: Mapping[str, Any]) -> int | None:
+    """Parameters of a dense transformer from its hparams (embeddings, attention, gated FFN; norms
+    and biases are < 0.1%); None for MoE, recurrent or MLA models, which this does not cover."""
+    if spec.n_expert or spec.is_mla or any(spec.recurrent_layers) or not spec.n_ff:
+        return None
+    tied = bool(config.get("tie_word_embeddings", False))
+    n = spec.n_vocab * spec.n_embd * (1 if tied else 2)
+    for il in range(spec.n_layer_all - spec.n_layer_nextn):
+        q = spec.n_head[il] * spec.n_embd_head_k
+        kv = spec.n_head_kv[il] * (spec.n_embd_head_k + spec.n_embd_head_v)
+        o = spec.n_head[il] * spec.n_embd_head_v
+        n += spec.n_embd * (q + kv + o) + 3 * spec.n_embd * spec.n_ff
+    return n
 
 
 def _load_text() -> str:

@@ -73,11 +73,37 @@ def test_every_profile_has_sources_and_loads(pid: str) -> None:
     if p.download_bytes:
         assert spec.weights_bytes == p.download_bytes
         assert spec.notes[0] == f"planned from a built-in profile; weights size from {p.download_source}"
-    else:
-        assert spec.weights_bytes == 0
+    else:  # never 0: a plan with no weights would say anything fits
+        assert spec.weights_bytes > 1_000_000_000 and "weights estimated as" in spec.notes[0]
     # every layer of every profile holds KV in these architectures (no recurrent ones here)
     assert not spec.has_recurrent and all(spec.kv_layers)
     assert estimate(spec, RunConfig(n_ctx=4096, flash_attn="on")).kv_bytes > 0
+
+
+@pytest.mark.parametrize(
+    ("pid", "published"),
+    # the parameter counts on the models' Hugging Face cards
+    [("qwen3:8b", 8.2e9), ("qwen3:14b", 14.8e9), ("qwen3:32b", 32.8e9), ("qwen2.5-coder:7b", 7.61e9),
+     ("qwen2.5-coder:14b", 14.7e9), ("qwen2.5-coder:32b", 32.5e9), ("llama3.1:8b", 8.03e9), ("phi4:14b", 14.7e9)],
+)  # fmt: skip
+def test_dense_parameter_count_matches_the_published_one(pid: str, published: float) -> None:
+    from backends.ollama_profiles import dense_params
+
+    p = profiles()[pid]
+    n = dense_params(p.spec(), p.config)
+    assert n is not None and abs(n - published) / published < 0.015, n
+
+
+def test_profile_without_a_download_size_gets_q4_k_m_weights() -> None:
+    p = profiles()["qwen3:32b"]
+    assert p.download_bytes is None
+    spec = p.spec()
+    # 32.76 B parameters x 4.90 bits per weight (llama.cpp's Q4_K_M figure, tools/quantize/quantize.cpp)
+    assert 19.5e9 < spec.weights_bytes < 20.5e9 and spec.file_type == "q4_K"
+    moe = profiles()["qwen3:30b-a3b"]
+    from backends.ollama_profiles import dense_params
+
+    assert dense_params(moe.spec(), moe.config) is None  # MoE: not this formula
 
 
 def test_qwen3_coder_30b_kv_per_token() -> None:
