@@ -41,12 +41,18 @@ def gemma_path() -> Path:
 
 
 @pytest.fixture(scope="session")
-def real_llama_server() -> Path:
+def real_llama_server(request: pytest.FixtureRequest) -> Path:
     """A real llama-server of the same llama.cpp as llama-cpp-python, built once (tests/llama_server_build.py)."""
     from llama_server_build import BuildUnavailable, llama_server
 
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+
+    def say(msg: str) -> None:  # past pytest's capture: the first build takes minutes
+        with capture.global_and_fixture_disabled():
+            print(f"\n[llama-server build] {msg}", file=sys.stderr, flush=True)
+
     try:
-        return llama_server()
+        return llama_server(say)
     except BuildUnavailable as e:
         pytest.skip(f"no llama-server can be built here: {e}")
 

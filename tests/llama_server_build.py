@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 # Read when the test session starts, before the tests' isolated environment replaces XDG_CACHE_HOME.
@@ -34,10 +35,10 @@ class BuildUnavailable(Exception):
 
 
 def _say(msg: str) -> None:
-    print(f"[llama-server build] {msg}", file=sys.__stderr__, flush=True)
+    print(f"[llama-server build] {msg}", file=sys.stderr, flush=True)
 
 
-def llama_server() -> Path:
+def llama_server(say: Callable[[str], None] = _say) -> Path:
     """The path of a working llama-server binary, building it the first time."""
     if OVERRIDE:
         return Path(OVERRIDE)
@@ -50,7 +51,7 @@ def llama_server() -> Path:
     with open(home / ".lock", "w") as lock:  # two test sessions at once build it once
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not _works(binary):
-            _build(version, home, binary)
+            _build(version, home, binary, say)
     return binary
 
 
@@ -64,11 +65,11 @@ def _works(binary: Path) -> bool:
     return p.returncode == 0 and "version:" in (p.stdout + p.stderr)
 
 
-def _build(version: str, home: Path, binary: Path) -> None:
+def _build(version: str, home: Path, binary: Path, say: Callable[[str], None]) -> None:
     for tool in ("cmake", "c++"):
         if shutil.which(tool) is None:
             raise BuildUnavailable(f"no {tool} on PATH: cannot build llama-server from source here")
-    sdist = _sdist(version, CACHE / "sdist")
+    sdist = _sdist(version, CACHE / "sdist", say)
     log = home / "build.log"
     with tempfile.TemporaryDirectory(dir=home) as tmp:
         src = _unpack_llama_cpp(sdist, Path(tmp))
@@ -84,7 +85,7 @@ def _build(version: str, home: Path, binary: Path) -> None:
             "-DLLAMA_OPENSSL=OFF", "-DLLAMA_CURL=OFF",
         ]  # fmt: skip
         jobs = str(os.cpu_count() or 2)
-        _say(f"building llama-server from llama-cpp-python {version}'s llama.cpp (once; log: {log}) ...")
+        say(f"building llama-server from llama-cpp-python {version}'s llama.cpp (once; log: {log}) ...")
         with open(log, "w") as out:
             for cmd in (configure, ["cmake", "--build", str(build), "--target", "llama-server", "-j", jobs]):
                 if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode != 0:
@@ -93,16 +94,16 @@ def _build(version: str, home: Path, binary: Path) -> None:
         built = build / "bin" / "llama-server"
         shutil.copy2(built, binary.with_suffix(".tmp"))
         os.replace(binary.with_suffix(".tmp"), binary)
-    _say(f"built {binary}")
+    say(f"built {binary}")
 
 
-def _sdist(version: str, into: Path) -> Path:
+def _sdist(version: str, into: Path, say: Callable[[str], None]) -> Path:
     name = f"llama_cpp_python-{version}.tar.gz"
     path = into / name
     if path.is_file():
         return path
     into.mkdir(parents=True, exist_ok=True)
-    _say(f"downloading the llama-cpp-python {version} sdist through pip ...")
+    say(f"downloading the llama-cpp-python {version} sdist through pip ...")
     cmd = [sys.executable, "-m", "pip", "download", f"llama-cpp-python=={version}", "--no-binary", ":all:"]
     cmd += ["--no-deps", "-d", str(into), "-q"]
     p = subprocess.run(cmd, capture_output=True, text=True)
