@@ -148,25 +148,43 @@ def run_options(f: F) -> F:
     return f
 
 
-def _plan_and_print(spec: Any, opts: dict[str, Any], *, same_type_kv: bool = False, quiet_exit: bool = False) -> Any:
+def _plan_and_print(
+    spec: Any,
+    opts: dict[str, Any],
+    *,
+    same_type_kv: bool = False,
+    quiet_exit: bool = False,
+    extra_json: Callable[[Any], dict[str, Any]] | None = None,
+) -> Any:
     from advisor.render import plan_dict, plan_text
 
     plan = _make_plan(spec, opts, same_type_kv=same_type_kv)
     requested = opts["n_ctx"]
     if opts["as_json"]:
-        click.echo(json.dumps(plan_dict(plan, requested), indent=2))
+        doc = plan_dict(plan, requested) | (extra_json(plan) if extra_json else {})
+        click.echo(json.dumps(doc, indent=2))
     else:
         click.echo(plan_text(plan, requested))
-        if opts["chart"] and plan.recommendation is not None and plan.budget is not None:
-            from advisor.recommender import curves
-            from advisor.render import chart_text
-
-            lines = curves(spec, replace(plan.config, n_ctx=0), plan.budget, plan.recommendation.options)
-            click.echo("")
-            click.echo(chart_text(lines, plan.budget.budget_bytes))
+        _chart(spec, plan, opts)
     if plan.fits is False and not quiet_exit:
         raise click.exceptions.Exit(EXIT_NO_FIT)  # the output says why; the exit code says "does not fit"
     return plan
+
+
+def _chart(spec: Any, plan: Any, opts: dict[str, Any]) -> None:
+    if not opts["chart"]:
+        return
+    if plan.recommendation is None or plan.budget is None:
+        click.echo(
+            "kvadvise: no chart: it needs a budget (not --no-hardware) and a recommendation (no --ctx)", err=True
+        )
+        return
+    from advisor.recommender import curves
+    from advisor.render import chart_text
+
+    lines = curves(spec, replace(plan.config, n_ctx=0), plan.budget, plan.recommendation.options)
+    click.echo("")
+    click.echo(chart_text(lines, plan.budget.budget_bytes))
 
 
 def _make_plan(spec: Any, opts: dict[str, Any], *, same_type_kv: bool = False, extra_margin_bytes: int = 0) -> Any:
@@ -256,7 +274,7 @@ def cli(debug: bool) -> None:
 @click.argument("path")
 @run_options
 def gguf(path: str, **opts: Any) -> None:
-    """Memory for a local GGUF file (reads the header only)."""
+    """Memory for a GGUF model: a file, an https:// URL, hf://USER/REPO/FILE.gguf or USER/REPO:QUANT (header only)."""
     _plan_and_print(_backend("gguf").load_spec(path), opts)
 
 
@@ -282,7 +300,9 @@ def hf(config: str, weights_bytes: int | None, quant: str | None, **opts: Any) -
     if quant is not None and weights_bytes is not None:
         raise click.UsageError("give --quant or --weights-bytes, not both")
     spec = _backend("hf").load_spec(config, quant=quant, find_weights=weights_bytes is None)
-    _plan_and_print(with_weights(spec, weights_bytes) if weights_bytes is not None else spec, opts)
+    if weights_bytes is not None:
+        spec = with_weights(spec, weights_bytes, source="--weights-bytes")
+    _plan_and_print(spec, opts)
 
 
 @cli.command()
@@ -297,29 +317,52 @@ def hf(config: str, weights_bytes: int | None, quant: str | None, **opts: Any) -
 )
 @click.option("--force", is_flag=True, help="Overwrite the --write-env file if it exists.")
 def llamacpp(path: str, write_env: str | None, force: bool, **opts: Any) -> None:
-    """The llama-server command for a local GGUF file: recommended, or for the --ctx you give."""
+    """The llama-server command for a GGUF model (a file, URL or Hub name): recommended, or for the --ctx you give."""
     from advisor.files import write_text_file
-    from advisor.llamaserver import command_text, env_text
+    from advisor.llamaserver import command_text, env_text, server_args
 
     backend = _backend("llamacpp")
-    plan = _plan_and_print(backend.load_spec(path), opts, quiet_exit=True)
     model = backend.model_source(path)
-    if not opts["as_json"]:
-        click.echo("")
-        click.echo(command_text(model, plan.config))
+
+    def commands(plan: Any) -> list[tuple[str, str]]:
+        out = [("command", command_text(model, plan.config))]
         off = plan.recommendation.offload if plan.recommendation is not None else None
         if off is not None:
-            from dataclasses import replace as _replace
+            cfg = replace(plan.config, n_ctx=off.n_ctx * plan.config.n_parallel, type_k=off.type_k, type_v=off.type_v)
+            out.append(
+                ("offload_command", command_text(model, cfg, n_gpu_layers=off.n_gpu_layers, n_cpu_moe=off.n_cpu_moe))
+            )
+        return out
 
-            cfg = _replace(plan.config, n_ctx=off.n_ctx * plan.config.n_parallel, type_k=off.type_k, type_v=off.type_v)
-            click.echo("# with part of the model on the CPU (--allow-cpu):")
-            click.echo(command_text(model, cfg, n_gpu_layers=off.n_gpu_layers, n_cpu_moe=off.n_cpu_moe))
+    def as_json(plan: Any) -> dict[str, Any]:
+        cmds = dict(commands(plan))
+        env = {var: value if value is not None else "true" for _, var, value in server_args(model, plan.config)}
+        return {
+            "llama_server": {"command": cmds["command"], "env": env, "offload_command": cmds.get("offload_command")}
+        }
+
+    plan = _plan_and_print(backend.load_spec(path), opts, quiet_exit=True, extra_json=as_json)
+    if not opts["as_json"]:
+        click.echo("")
+        for kind, text in commands(plan):
+            if kind == "offload_command":
+                click.echo("# with part of the model on the CPU (--allow-cpu):")
+            click.echo(text)
     if write_env:
+        _refuse_to_write_what_does_not_fit(plan, write_env)
         written = write_text_file(write_env, env_text(model, plan.config), force=force)
         click.echo(
             f"wrote {written}: load it with `set -a; . {written}; set +a` before starting llama-server", err=True
         )
     if plan.fits is False:
+        raise click.exceptions.Exit(EXIT_NO_FIT)
+
+
+def _refuse_to_write_what_does_not_fit(plan: Any, *paths: str | None) -> None:
+    """Never write a config that does not fit (the policy): say so, exit 3, leave the files as they are."""
+    if plan.fits is False and any(paths):
+        names = ", ".join(p for p in paths if p)
+        click.echo(f"kvadvise: not written ({names}): this config does not fit (see above)", err=True)
         raise click.exceptions.Exit(EXIT_NO_FIT)
 
 
@@ -352,6 +395,12 @@ def ollama(
     """
     from advisor.render import plan_dict, plan_text
 
+    tk, tv = opts["type_k"], opts["type_v"]
+    if tk and tv and tk != tv:
+        raise click.UsageError(
+            "Ollama takes one OLLAMA_KV_CACHE_TYPE for K and V: give one type (-ctk or -ctv), or the same for both"
+        )
+    opts = {**opts, "type_k": tk or tv, "type_v": tk or tv}
     backend = _backend("ollama")
     model = backend.resolve(name, host=host)
     if opts["n_ctx"]:
@@ -362,7 +411,9 @@ def ollama(
         click.echo(json.dumps(plan_dict(plan) | {"ollama": backend.advice_dict(advice)}, indent=2))
     else:
         click.echo(plan_text(plan))
+        _chart(model.spec, plan, opts)
         click.echo(backend.advice_text(advice))
+    _refuse_to_write_what_does_not_fit(plan, write_modelfile, write_env, write_systemd)
     written = backend.write_config(advice, modelfile=write_modelfile, env=write_env, systemd=write_systemd, force=force)
     for w in written:
         click.echo(f"kvadvise: wrote {w.path}; apply it with:", err=True)
@@ -370,6 +421,11 @@ def ollama(
             click.echo(f"  {h}", err=True)
     if plan.fits is False:
         raise click.exceptions.Exit(EXIT_NO_FIT)
+
+
+for _param in ollama.params:
+    if _param.name == "n_ctx" and isinstance(_param, click.Option):
+        _param.help = "num_ctx: the context of each slot (Ollama runs -c num_ctx × slots). Without it, recommended."
 
 
 @cli.group()
@@ -428,21 +484,47 @@ def verify_llamacpp(path: str, server: str | None, timeout_s: float, save_calibr
 @verify.command("ollama")
 @click.argument("name")
 @_host_option
-@click.option("--load", is_flag=True, help="Load the model first (POST /api/generate with the recommended num_ctx).")
-@click.option("--num-ctx", type=click.IntRange(min=1), default=None, help="The context per slot to load and expect.")
+@click.option("--load", is_flag=True, help="Load the model first (POST /api/generate with --num-ctx, if given).")
+@click.option(
+    "--num-ctx",
+    type=click.IntRange(min=1),
+    default=None,
+    help="The context per slot to load and expect [default: the model's num_ctx parameter].",
+)
+@click.option(
+    "--kv-cache-type",
+    type=click.Choice(["f16", "q8_0", "q4_0"]),
+    default="f16",
+    show_default=True,
+    help="The server's OLLAMA_KV_CACHE_TYPE, for the predicted size.",
+)
+@click.option(
+    "--num-parallel",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="The server's OLLAMA_NUM_PARALLEL, for the predicted size.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def verify_ollama(name: str, host: str | None, load: bool, num_ctx: int | None, as_json: bool) -> None:
+def verify_ollama(
+    name: str, host: str | None, load: bool, num_ctx: int | None, kv_cache_type: str, num_parallel: int, as_json: bool
+) -> None:
     """After `ollama run`: read /api/ps; size_vram must equal size (100% GPU) and the context must be as asked."""
     from dataclasses import asdict
 
+    from advisor.ggml import cache_type
     from advisor.memory import RunConfig, estimate
 
     backend = _backend("ollama")
     model = backend.resolve(name, host=host)
     ctx = num_ctx or model.default_num_ctx
     predicted = None
-    if ctx:
-        predicted = estimate(model.spec, RunConfig(n_ctx=ctx, flash_attn="on", device="cuda")).total_bytes
+    if ctx:  # as Ollama runs it: -c num_ctx x slots, one cache type for K and V, flash attention on
+        kv = cache_type(kv_cache_type)
+        cfg = RunConfig(
+            n_ctx=ctx * num_parallel, n_parallel=num_parallel, type_k=kv, type_v=kv, flash_attn="on", device="cuda"
+        )
+        predicted = estimate(model.spec, cfg).total_bytes
     v = backend.verify_running(name, host=host, load=load, num_ctx=ctx, predicted_total_bytes=predicted)
     if as_json:
         click.echo(json.dumps(asdict(v), indent=2))

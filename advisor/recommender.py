@@ -114,7 +114,7 @@ def partial_offload(
     """
     from advisor.memory import layer_kv_bytes, resolve
 
-    if budget.device != "cuda" or not spec.layer_bytes:
+    if budget.device != "cuda" or not any(spec.layer_bytes):
         return None
     cfg = _cfg(base, n_ctx_seq, kv, True, budget.device)
     full = estimate(spec, cfg)
@@ -276,6 +276,13 @@ def recommend(spec: ModelSpec, base: RunConfig, budget: Budget, policy: Policy) 
         offload = partial_offload(spec, base, budget, target, (chosen.type_k, chosen.type_v))
         if offload is not None:
             reasons.append("--allow-cpu: " + offload.note)
+        elif budget.device != "cuda":
+            reasons.append("--allow-cpu: nothing to move: the model already runs on the CPU")
+        elif not any(spec.layer_bytes):
+            reasons.append(
+                "--allow-cpu: no partial-offload figure: the per-layer sizes are unknown for this model "
+                "(a profile or config.json); plan the GGUF file itself for one"
+            )
     return Recommendation(cfg, est, budget, fits, target, tuple(reasons), tuple(options), tps, note, offload)
 
 
@@ -349,11 +356,15 @@ def _what_would_fit(spec: ModelSpec, base: RunConfig, budget: Budget, policy: Po
     need = estimate(spec, _cfg(base, ctx, kv, True, budget.device)).device_bytes
     short = need - budget.budget_bytes
     tips = []
+    if budget.budget_bytes <= 0:
+        tips.append(f"a margin smaller than {_gb(budget.margin_bytes)} (--margin): it leaves no budget at all")
     if short > 0:
         tips.append(f"{_gb(short)} more free memory (a bigger card, or unload other models)")
-        if spec.weights_bytes:
+        # a lower-bit quant of the same model saves at most about half its weights
+        if spec.weights_bytes and short < spec.weights_bytes // 2:
             tips.append(
-                f"a smaller quantization of the weights (about {_gb(short)} smaller than {_gb(spec.weights_bytes)})"
+                f"a smaller quantization of the weights (at least {_gb(short)} smaller than "
+                f"the {_gb(spec.weights_bytes)} they take now)"
             )
     if base.n_parallel > 1:
         one = max_context(spec, replace(base, n_parallel=1), kv, True, budget)

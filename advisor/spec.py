@@ -77,8 +77,9 @@ class ModelSpec:
         return any(self.recurrent_layers)
 
 
-def with_weights(spec: ModelSpec, weights_bytes: int) -> ModelSpec:
-    """The same model with a known weights size (a config.json alone does not say)."""
+def with_weights(spec: ModelSpec, weights_bytes: int, source: str | None = None) -> ModelSpec:
+    """The same model with a known weights size (a config.json alone does not say); ``source`` is noted."""
     from dataclasses import replace
 
-    return replace(spec, weights_bytes=weights_bytes)
+    notes = (*spec.notes, f"weights: {weights_bytes:,} B from {source}") if source else spec.notes
+    return replace(spec, weights_bytes=weights_bytes, notes=notes)

@@ -195,3 +195,30 @@ def test_llamacpp_prints_the_server_command(gemma_path: Path, capsys: pytest.Cap
 def test_min_ctx_unreachable_exits_3(gemma_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc, _, err = run(capsys, "gguf", str(gemma_path), "--vram", "1200MiB", "--min-ctx", "32768")
     assert rc == 3 and "min-ctx" in err and "hint" in err
+
+
+def test_llamacpp_json_has_the_command_and_refuses_to_write_what_does_not_fit(
+    gemma_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = main(["llamacpp", str(gemma_path), "--ctx", "4096", "-fa", "on", "--no-hardware", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    ls = doc["llama_server"]
+    assert ls["command"] == f"llama-server -m {gemma_path} -c 4096 -np 1 -fa on -ctk f16 -ctv f16 -ngl 0"
+    assert ls["env"]["LLAMA_ARG_CTX_SIZE"] == "4096" and ls["offload_command"] is None
+    env = tmp_path / "llama.env"
+    rc = main(["llamacpp", str(gemma_path), "--vram", "1GiB", "--write-env", str(env)])
+    assert rc == 3 and not env.exists()
+    assert "not written" in capsys.readouterr().err
+
+
+def test_chart_that_cannot_be_drawn_says_why(gemma_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["gguf", str(gemma_path), "--ctx", "4096", "--no-hardware", "--chart"]) == 0
+    assert "no chart: it needs a budget" in capsys.readouterr().err
+
+
+def test_hf_weights_bytes_is_noted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = Path(__file__).parent / "data" / "hf" / "qwen3-coder-30b.json"
+    rc = main(["hf", str(cfg), "--weights-bytes", "19000000000", "--ctx", "32768", "--no-hardware", "--json"])
+    assert rc == 0
+    assert "weights: 19,000,000,000 B from --weights-bytes" in json.loads(capsys.readouterr().out)["model"]["notes"]

@@ -116,3 +116,58 @@ def test_verify_ollama(store: Path, capsys: pytest.CaptureFixture[str], monkeypa
         assert rc == 3 and json.loads(out)["processor"] == "50%/50% CPU/GPU"
     rc, _, err = run(capsys, "verify", "ollama", "gemma3-270m")
     assert rc == 4 and "Traceback" not in err
+
+
+def test_verify_ollama_predicts_with_the_servers_cache_type_and_slots(
+    store: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from advisor.ggml import GGMLType
+    from advisor.memory import RunConfig, estimate
+    from backends.ollama import resolve
+
+    state = FakeOllama()
+    state.running.append(ps_entry("gemma3-270m:latest", size=2 * GB, size_vram=2 * GB, context_length=8192))
+    with running_fake(state) as fake:
+        monkeypatch.setenv("OLLAMA_HOST", fake.url)
+        args = ("verify", "ollama", "gemma3-270m", "--num-ctx", "8192", "--json")
+        _, out, _ = run(capsys, *args)
+        f16 = json.loads(out)["predicted_total_bytes"]
+        _, out, _ = run(capsys, *args, "--kv-cache-type", "q8_0", "--num-parallel", "2")
+        q8 = json.loads(out)["predicted_total_bytes"]
+    spec = resolve("gemma3-270m", use_api=False).spec
+    q = GGMLType.Q8_0
+    cfg = RunConfig(n_ctx=16384, n_parallel=2, type_k=q, type_v=q, flash_attn="on", device="cuda")
+    assert q8 == estimate(spec, cfg).total_bytes
+    assert f16 == estimate(spec, RunConfig(n_ctx=8192, flash_attn="on", device="cuda")).total_bytes
+
+
+def test_one_cache_type_for_k_and_v(store: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = run(capsys, "ollama", "gemma3-270m", "--ctx", "4096", "-ctk", "q8_0", "-ctv", "q4_0", "--json")
+    assert rc == 2 and "one OLLAMA_KV_CACHE_TYPE for K and V" in err
+    rc, out, err = run(capsys, "ollama", "gemma3-270m", "--ctx", "4096", "-ctk", "q8_0", "--vram", "8GiB", "--json")
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert doc["config"]["type_k"] == doc["config"]["type_v"] == "q8_0"
+    assert doc["ollama"]["env"]["OLLAMA_KV_CACHE_TYPE"] == "q8_0"
+
+
+def test_nothing_is_written_when_it_does_not_fit(
+    store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mf, env = tmp_path / "Modelfile", tmp_path / "ollama.env"
+    rc, _, err = run(
+        capsys, "ollama", "gemma3-270m", "--vram", "1GiB", "--write-modelfile", str(mf), "--write-env", str(env)
+    )
+    assert rc == 3 and "not written" in err and "does not fit" in err
+    assert not mf.exists() and not env.exists()
+
+
+def test_allow_cpu_says_when_it_cannot_size_an_offload(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "none"))
+    monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
+    rc, out, _ = run(capsys, "ollama", "qwen3-coder", "--gpu", "rtx 3060", "--use", "agent", "--allow-cpu", "--json")
+    doc = json.loads(out)
+    assert rc == 3 and doc["offload"] is None
+    assert any("per-layer sizes are unknown" in r for r in doc["reasons"])
