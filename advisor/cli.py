@@ -271,7 +271,7 @@ def cli(debug: bool) -> None:
 
 
 @cli.command()
-@click.argument("path")
+@click.argument("path", metavar="MODEL")
 @run_options
 def gguf(path: str, **opts: Any) -> None:
     """Memory for a GGUF model: a file, an https:// URL, hf://USER/REPO/FILE.gguf or USER/REPO:QUANT (header only)."""
@@ -306,7 +306,7 @@ def hf(config: str, weights_bytes: int | None, quant: str | None, **opts: Any) -
 
 
 @cli.command()
-@click.argument("path")
+@click.argument("path", metavar="MODEL")
 @run_options
 @click.option(
     "--write-env",
