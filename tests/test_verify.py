@@ -245,6 +245,29 @@ def test_real_llama_server_kv_exact_compute_close(
 
 
 @pytest.mark.llama
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--ctx", "8192", "-np", "2", "-fa", "on"),  # two slots: 4096 cells each, logits for 2 outputs
+        ("--ctx", "8192", "-np", "3", "-kvu", "-fa", "off", "-ctk", "q8_0"),  # unified cache, scores materialised
+        ("--ctx", "6000", "-fa", "on", "-ctk", "q4_0", "-ctv", "q4_0", "-ub", "256", "-b", "1024"),
+    ],
+    ids=["np2", "np3-unified-fa-off", "q4_0-ub256"],
+)
+def test_real_llama_server_slots_and_batches(
+    args: tuple[str, ...], real_llama_server: Path, gemma_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc, doc, err = verify(capsys, str(gemma_path), *args, "--llama-server", str(real_llama_server))
+    assert rc == 0, err
+    assert doc is not None and isinstance(doc["error"], dict) and isinstance(doc["measured"], dict)
+    e, m = doc["error"], doc["measured"]
+    printed = MIB // 200 + 1
+    assert abs(e["kv_bytes"]) <= 2 * printed and abs(e["output_bytes"]) <= printed
+    rel, absolute = COMPUTE_TOLERANCE
+    assert abs(e["compute_bytes"]) <= max(rel * m["compute_bytes"], absolute)
+
+
+@pytest.mark.llama
 def test_real_llama_server_that_cannot_allocate_exits_3(
     real_llama_server: Path, gemma_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
