@@ -73,8 +73,9 @@ def main() -> int:
     subprocess.run(
         [sys.executable, "-m", "compileall", "-q", str(root / "advisor"), str(root / "backends")], check=True
     )
+    click_only = [sys.executable, "-c", "import click"]  # the CLI framework alone: a floor for any click CLI
     median_wall([kvadvise], 2)  # warm the page cache and the header cache
-    cmd, base = median_wall([kvadvise, bare], args.runs)
+    cmd, base, floor = median_wall([kvadvise, bare, click_only], args.runs)
     cli_ratio = cmd / base
 
     print(f"file: {path} ({path.stat().st_size:,} bytes)")
@@ -83,7 +84,11 @@ def main() -> int:
     print(f"reader speed-up:          {reader_ratio:10.0f}x   (goal >= 300x)")
     print(f"kvadvise gguf --json:     {cmd * 1000:10.1f} ms (median of {args.runs})")
     print(f"python3 -c pass:          {base * 1000:10.1f} ms (median of {args.runs})")
-    print(f"end-to-end / bare python: {cli_ratio:10.2f}x   (goal <= 4x)")
+    print(f"python3 -c 'import click':{floor * 1000:10.1f} ms (median of {args.runs})")
+    print(f"end-to-end / bare python: {cli_ratio:10.2f}x   (goal <= 4x; `import click` alone: {floor / base:.2f}x)")
+    if "__editable__" in "".join(str(p) for p in sys.path) or any("__editable__" in m for m in sys.modules):
+        print("note: an editable install: its import hook also slows the bare interpreter; a regular install")
+        print("      (pip install .) gives the figure users see")
     return 0 if reader_ratio >= 300 and cli_ratio <= 4 else 1
 
 
