@@ -281,8 +281,8 @@ def test_real_llama_server_that_cannot_allocate_exits_3(
 def test_real_llama_server_timeout_and_sigterm_leave_no_process(real_llama_server: Path, gemma_path: Path) -> None:
     base = [sys.executable, "-m", "advisor", "verify", "llamacpp", str(gemma_path), "--ctx", "4096"]
     base += ["--no-hardware", "--llama-server", str(real_llama_server)]
-    p = subprocess.run([*base, "--timeout", "0.5"], capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert p.returncode == 3 and "did not become ready within 0.5 s" in p.stderr
+    p = subprocess.run([*base, "--timeout", "0.2"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert p.returncode == 3 and "did not become ready within 0.2 s" in p.stderr
     assert llama_servers() == []
     q = subprocess.Popen(base, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     deadline = time.monotonic() + 60
