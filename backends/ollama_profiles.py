@@ -47,27 +47,26 @@ class Profile:
         else estimated from the parameter count at the default quantization's bits per weight."""
         spec = from_config(self.config, source=f"profile:{self.id}", weights_bytes=self.download_bytes)
         notes = list(spec.notes)
+        quant = self.quantization or DEFAULT_QUANT
+        weights = spec.weights_bytes
         if self.download_bytes:
             notes.insert(0, f"planned from a built-in profile; weights size from {self.download_source}")
         elif (n_params := dense_params(spec, self.config)) is not None:
             from backends.hf import quant_bpw
 
-            quant, bpw = quant_bpw(self.quantization or DEFAULT_QUANT)
+            canon, bpw = quant_bpw(quant)
             weights = -(-n_params * int(bpw * 1000) // 8000)
-            spec = from_config(self.config, source=f"profile:{self.id}", weights_bytes=weights)
-            notes = list(spec.notes)
             assumed = "" if self.quantization else ", assumed: the library's default"
             notes.insert(
                 0,
                 f"planned from a built-in profile; download size unknown: weights estimated as {n_params:,} "
-                f"parameters x {bpw:.2f} bits per weight ({quant}{assumed}) = {weights / 1e9:.2f} GB",
+                f"parameters x {bpw:.2f} bits per weight ({canon}{assumed}) = {weights / 1e9:.2f} GB",
             )
         else:
             notes.insert(0, "planned from a built-in profile; download size unknown: weights counted as 0")
         notes.append(f"config.json of {self.hf_repo} from {self.source} (confidence: {self.confidence})")
-        quant = self.quantization or DEFAULT_QUANT
         file_type = _FILE_TYPE.get(quant, quant.lower())
-        return dataclasses.replace(spec, name=self.id, file_type=file_type, notes=tuple(notes))
+        return dataclasses.replace(spec, name=self.id, weights_bytes=weights, file_type=file_type, notes=tuple(notes))
 
 
 DEFAULT_QUANT = "Q4_K_M"  # the quantization of Ollama library tags like qwen3:8b
