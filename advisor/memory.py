@@ -57,6 +57,11 @@ class RunConfig:
     # server_output_limits, no speculative decoding); 0 = n_batch, the library's and llama-cli's default.
     n_outputs_max: int | None = None
 
+    @property
+    def llama_n_outputs_max(self) -> int:
+        """The llama_context_params.n_outputs_max llama.cpp is given for this config (0 = n_batch)."""
+        return self.n_parallel if self.n_outputs_max is None else self.n_outputs_max
+
 
 @dataclass(frozen=True, slots=True)
 class ContextLayout:
@@ -124,8 +129,7 @@ def resolve(spec: ModelSpec, cfg: RunConfig) -> ContextLayout:
     # n_batch and n_ubatch are set before n_ctx is padded
     n_batch = min(n_ctx, cfg.n_batch)
     n_ubatch = min(n_batch, cfg.n_ubatch)
-    n_outputs = n_seq_max if cfg.n_outputs_max is None else cfg.n_outputs_max
-    n_outputs_max = n_batch if n_outputs == 0 else n_outputs  # llama_context: "0 = n_batch"
+    n_outputs_max = cfg.llama_n_outputs_max or n_batch  # llama_context: "0 = n_batch"
     n_ctx = pad(n_ctx, CTX_PAD)
     if cfg.kv_unified:
         n_ctx_seq, n_stream = n_ctx, 1

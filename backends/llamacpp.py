@@ -111,7 +111,7 @@ def probe_request(model_path: str, cfg: RunConfig, *, bench: bool = True, extra_
         "type_k": int(cfg.type_k),
         "type_v": int(cfg.type_v),
         "swa_full": cfg.swa_full,
-        "n_outputs_max": cfg.n_parallel if cfg.n_outputs_max is None else cfg.n_outputs_max,
+        "n_outputs_max": cfg.llama_n_outputs_max,
         "n_gpu_layers": 999 if cfg.device == "cuda" else 0,
         "extra_bufts": extra_bufts,
     }
