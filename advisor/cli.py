@@ -319,7 +319,7 @@ def hf(config: str, weights_bytes: int | None, quant: str | None, **opts: Any) -
 def llamacpp(path: str, write_env: str | None, force: bool, **opts: Any) -> None:
     """The llama-server command for a GGUF model (a file, URL or Hub name): recommended, or for the --ctx you give."""
     from advisor.files import write_text_file
-    from advisor.llamaserver import command_text, env_text, server_args
+    from advisor.llamaserver import command_text, env_text, server_env
 
     backend = _backend("llamacpp")
     model = backend.model_source(path)
@@ -336,7 +336,7 @@ def llamacpp(path: str, write_env: str | None, force: bool, **opts: Any) -> None
 
     def as_json(plan: Any) -> dict[str, Any]:
         cmds = dict(commands(plan))
-        env = {var: value if value is not None else "true" for _, var, value in server_args(model, plan.config)}
+        env = server_env(model, plan.config)
         return {
             "llama_server": {"command": cmds["command"], "env": env, "offload_command": cmds.get("offload_command")}
         }

@@ -81,10 +81,14 @@ def command_text(
     return shlex.join(words)
 
 
+def server_env(model: str | ModelSource, cfg: RunConfig) -> dict[str, str]:
+    """The same settings as LLAMA_ARG_* variables (a switch is "true")."""
+    return {var: value if value is not None else "true" for _, var, value in server_args(model, cfg)}
+
+
 def env_text(model: str | ModelSource, cfg: RunConfig) -> str:
     lines = [
         "# llama-server settings written by kvadvise; llama.cpp reads LLAMA_ARG_* for flags not on its command line"
     ]
-    for _, var, value in server_args(model, cfg):
-        lines.append(f"{var}={shlex.quote(value) if value is not None else 'true'}")
+    lines += [f"{var}={shlex.quote(value)}" for var, value in server_env(model, cfg).items()]
     return "\n".join(lines) + "\n"
