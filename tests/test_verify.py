@@ -125,6 +125,12 @@ def test_timeout_stops_the_child(gemma_path: Path, capsys: pytest.CaptureFixture
     assert rc == 3 and "did not finish within 0.3 s" in err
 
 
+def verify_command(model: Path, server: Path) -> list[str]:
+    """`kvadvise verify llamacpp` in a process of its own, for the signal tests."""
+    cmd = [sys.executable, "-m", "advisor", "verify", "llamacpp", str(model), "--ctx", "4096", "--no-hardware"]
+    return [*cmd, "--llama-server", str(server)]
+
+
 def fake_server(tmp_path: Path, log: str, mode: str) -> Path:
     logfile = tmp_path / "llama.log"
     logfile.write_text(log)
@@ -183,24 +189,7 @@ def test_llama_server_failures_exit_3(
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_leaves_no_child(sig: signal.Signals, gemma_path: Path, tmp_path: Path) -> None:
     server = fake_server(tmp_path, "load_tensors: loading model\n", "hang")
-    p = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "advisor",
-            "verify",
-            "llamacpp",
-            str(gemma_path),
-            "--ctx",
-            "4096",
-            "--no-hardware",
-            "--llama-server",
-            str(server),
-        ],
-        cwd=ROOT,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    p = subprocess.Popen(verify_command(gemma_path, server), cwd=ROOT, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 20
     while not children_named("fake_llama_server.py") and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -279,8 +268,7 @@ def test_real_llama_server_that_cannot_allocate_exits_3(
 
 @pytest.mark.llama
 def test_real_llama_server_timeout_and_sigterm_leave_no_process(real_llama_server: Path, gemma_path: Path) -> None:
-    base = [sys.executable, "-m", "advisor", "verify", "llamacpp", str(gemma_path), "--ctx", "4096"]
-    base += ["--no-hardware", "--llama-server", str(real_llama_server)]
+    base = verify_command(gemma_path, real_llama_server)
     p = subprocess.run([*base, "--timeout", "0.2"], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert p.returncode == 3 and "did not become ready within 0.2 s" in p.stderr
     assert llama_servers() == []
