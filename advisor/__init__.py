@@ -1,9 +1,9 @@
 """kvadvise: exact llama.cpp / Ollama memory planning.
 
-The stable API lives in ``advisor.api`` and is re-exported here lazily, so
+The stable API lives in ``kvadvise.api`` and is re-exported here lazily, so
 ``import advisor`` stays cheap for the CLI::
 
-    import advisor
+    import kvadvise
     spec = advisor.load_model("model.gguf")
     rec = advisor.recommend(spec, advisor.gpu_profile("4090"))
 """
@@ -36,7 +36,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from advisor import api
+        from kvadvise import api
 
         return getattr(api, name)
     raise AttributeError(f"module 'advisor' has no attribute {name!r}")

@@ -1,5 +1,5 @@
 import sys
 
-from advisor.cli import main
+from kvadvise.cli import main
 
 sys.exit(main())

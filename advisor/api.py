@@ -9,39 +9,39 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from advisor.ggml import GGMLType as GGMLType  # re-exported by advisor.__all__
-from advisor.hardware import Hardware
-from advisor.memory import MemoryEstimate, RunConfig
-from advisor.planning import Plan, make_plan
-from advisor.recommender import DEFAULT_MARGIN_BYTES, Policy, Recommendation, budget_for
-from advisor.spec import ModelSpec
-from advisor.verification import Verification
+from kvadvise.model.ggml import GGMLType as GGMLType  # re-exported by advisor.__all__
+from kvadvise.model.spec import ModelSpec
+from kvadvise.planner.hardware import Hardware
+from kvadvise.planner.memory import MemoryEstimate, RunConfig
+from kvadvise.planner.planning import Plan, make_plan
+from kvadvise.planner.recommender import DEFAULT_MARGIN_BYTES, Policy, Recommendation, budget_for
+from kvadvise.runtime.verification import Verification
 
 
 def load_model(ref: str, backend: str = "gguf") -> ModelSpec:
     """A model spec from any installed backend: "gguf" (a file), "hf" (config.json or repo id), "ollama", a plugin..."""
-    from advisor.plugins import discover
+    from kvadvise.plugins import discover
 
     return discover().get(backend).load_spec(ref)
 
 
 def estimate(spec: ModelSpec, config: RunConfig) -> MemoryEstimate:
     """What llama.cpp allocates for ``spec`` run with ``config``."""
-    from advisor.memory import estimate as _estimate
+    from kvadvise.planner.memory import estimate as _estimate
 
     return _estimate(spec, config)
 
 
 def probe_hardware() -> Hardware:
     """This machine's NVIDIA GPUs (NVML) and RAM; no GPU is not an error."""
-    from advisor.hardware import probe
+    from kvadvise.planner.hardware import probe
 
     return probe()
 
 
 def gpu_profile(name: str) -> Hardware:
     """A card you don't own, from profiles/gpus.json ("4090", "A100 80GB", "m3-max-36"...)."""
-    from advisor.hardware import from_profile
+    from kvadvise.planner.hardware import from_profile
 
     return from_profile(name)
 
@@ -54,7 +54,7 @@ def recommend(
     margin_bytes: int = DEFAULT_MARGIN_BYTES,
 ) -> Recommendation:
     """Context, K/V cache types and flash attention that keep ``spec`` inside ``hardware``'s memory."""
-    from advisor.recommender import recommend as _recommend
+    from kvadvise.planner.recommender import recommend as _recommend
 
     return _recommend(spec, base or RunConfig(), budget_for(hardware, margin_bytes), policy or Policy())
 
@@ -79,15 +79,15 @@ def plan(
 
 
 def llama_server_command(model_path: str, config: RunConfig) -> str:
-    from advisor.llamaserver import command_text
+    from kvadvise.runtime.llamaserver import command_text
 
     return command_text(model_path, config)
 
 
 def verify_llamacpp(model_path: str, plan_: Plan, *, server: str | None = None, timeout_s: float = 600) -> Verification:
     """Run ``plan_.config`` on real llama.cpp and compare with the prediction."""
-    from advisor.plugins import discover
-    from advisor.verification import compare
+    from kvadvise.plugins import discover
+    from kvadvise.runtime.verification import compare
 
     backend: Any = discover().get("llamacpp")
     return compare(plan_, backend.measure(model_path, plan_.config, server=server, timeout_s=timeout_s))
@@ -95,6 +95,6 @@ def verify_llamacpp(model_path: str, plan_: Plan, *, server: str | None = None, 
 
 def to_json(obj: Plan | Verification) -> dict[str, Any]:
     """The document `--json` prints for the same result."""
-    from advisor.render import plan_dict, verification_dict
+    from kvadvise.render import plan_dict, verification_dict
 
     return verification_dict(obj) if isinstance(obj, Verification) else plan_dict(obj)

@@ -1,4 +1,4 @@
-"""Domain errors. Core code raises these; only ``advisor.cli.main`` turns them
+"""Domain errors. Core code raises these; only ``kvadvise.cli.main`` turns them
 into a one-line message and an exit code (documented in README.md)."""
 
 from __future__ import annotations

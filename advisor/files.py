@@ -14,7 +14,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from advisor.errors import InputError
+from kvadvise.errors import InputError
 
 FILE_MODE = 0o644  # generated configs are not secret; the directory decides who may read them
 
@@ -88,3 +88,50 @@ def _os_error(where: Path, e: OSError) -> InputError:
     if e.errno == errno.ENOSPC:
         return InputError(f"{where}: no space left on device")
     return InputError(f"{where}: cannot write ({e.strerror or e})")
+
+
+def open_regular(path: str | os.PathLike[str]) -> int:
+    """A read-only descriptor for ``path``, which must be a regular file.
+
+    Opened with O_NONBLOCK so a FIFO in its place cannot block the open, then
+    checked with fstat on the descriptor itself (no race with a swap after a
+    stat): a FIFO, a device such as /dev/zero, a socket or a directory is an
+    InputError. The caller closes the descriptor.
+    """
+    p = Path(path)
+    try:
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise InputError(f"{p}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"{p}: is a directory, not a file") from None
+    except OSError as e:
+        raise InputError(f"{p}: cannot read ({e.strerror or e})") from None
+    import stat
+
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
+        raise InputError(f"{p}: {kind}, not a regular file", hint="give the path of a regular file")
+    if hasattr(os, "set_blocking"):
+        os.set_blocking(fd, True)
+    return fd
+
+
+def read_regular_bytes(path: str | os.PathLike[str], *, max_bytes: int) -> bytes:
+    """The whole of a regular file of at most ``max_bytes`` (InputError past it, or for any other kind of file)."""
+    fd = open_regular(path)
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise InputError(f"{path}: larger than {max_bytes:,} bytes; not read")
+    return data
+
+
+def read_regular_text(path: str | os.PathLike[str], *, max_bytes: int) -> str:
+    data = read_regular_bytes(path, max_bytes=max_bytes)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None

@@ -8,23 +8,29 @@ reported by name and skipped; it never breaks the others.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from advisor.errors import InputError
-from advisor.spec import ModelSpec
+from kvadvise.errors import InputError
+from kvadvise.model.spec import ModelSpec
+
+if TYPE_CHECKING:
+    import click
+
+    from kvadvise.planner.memory import RunConfig
+    from kvadvise.runtime.verification import Measurement
 
 GROUP = "kvadvise.backends"
 
 
 class Backend(Protocol):
-    """A source of model specs (and, for runtimes, of live state and configs).
+    """A source of model specs (and, for runtimes, of commands, measurements and configs).
 
-    Required: ``name``, ``summary`` and ``load_spec``. A backend says what
-    more it can do by having the optional methods of CAPABILITIES:
-    ``measure(model_path, cfg, *, server, timeout_s, progress) -> advisor.verification.Measurement``
-    or ``verify_running(...)`` (verify on the real runtime), ``running_models(host)``
-    (live state), ``write_config(...)`` (write where the runtime reads it).
+    Required: ``name``, ``summary`` and ``load_spec``. A backend says what more
+    it can do with the optional protocols below (CAPABILITIES lists them):
+    :class:`CommandProvider` brings its own commands, :class:`Measurer` runs a
+    config on the real runtime. The built-in backends use exactly these.
     """
 
     name: str
@@ -35,9 +41,39 @@ class Backend(Protocol):
         ...
 
 
+@runtime_checkable
+class CommandProvider(Protocol):
+    """A backend that brings its own commands, as simonw/llm's ``register_commands`` hook.
+
+    Called once, when the CLI first needs a command named after the backend:
+    ``kvadvise NAME ...`` goes in ``cli``, ``kvadvise verify NAME ...`` in
+    ``verify``. The commands may use kvadvise.cli.options, .plan and .output,
+    the pieces the built-in commands are made of. A backend without this gets
+    the generic ``kvadvise NAME MODEL`` planning command.
+    """
+
+    def register_commands(self, cli: click.Group, verify: click.Group) -> None: ...
+
+
+@runtime_checkable
+class Measurer(Protocol):
+    """A backend that runs a config on the real runtime and reports what it allocated."""
+
+    def measure(
+        self,
+        model_path: str,
+        cfg: RunConfig,
+        *,
+        server: str | None = None,
+        timeout_s: float = 600,
+        progress: Callable[[str], None] = ...,
+    ) -> Measurement: ...
+
+
 # capability -> the optional methods that provide it (any one of them)
 CAPABILITIES = {
     "resolve": ("load_spec",),
+    "commands": ("register_commands",),
     "verify": ("measure", "verify_running"),
     "live-state": ("running_models",),
     "write-config": ("write_config",),

@@ -8,13 +8,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from advisor.memory import MemoryEstimate, RunConfig
-from advisor.planning import Plan
-from advisor.recommender import Budget, Curve, Recommendation
-from advisor.spec import ModelSpec
+from kvadvise.model.spec import ModelSpec
+from kvadvise.planner.memory import MemoryEstimate, RunConfig
+from kvadvise.planner.planning import Plan
+from kvadvise.planner.recommender import Budget, Curve, Recommendation
 
 if TYPE_CHECKING:  # only verification output needs it; a plan renders without loading the log parser
-    from advisor.verification import Verification
+    from kvadvise.runtime.verification import Verification
 
 LLAMA_CPP_BUILD = "llama.cpp 0c1e570 (vendored by llama-cpp-python 0.3.36)"
 

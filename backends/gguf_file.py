@@ -3,14 +3,14 @@
 ``ref`` is, in this order:
 
 - an ``http://`` or ``https://`` URL (a Hub link goes through the Hub);
-- an ``hf://`` Hub name (backends.hub);
-- a local file (its header is cached by advisor.headercache);
+- an ``hf://`` Hub name (kvadvise.backends.remote.hub);
+- a local file (its header is cached by kvadvise.backends.gguf_cache);
 - ``USER/REPO:QUANT`` or ``hf.co/USER/REPO[:QUANT]``, when no such local path exists.
 
 Split models (``-00001-of-00003.gguf``) are read part by part and merged
-(advisor.splits); the first part must be given, as llama.cpp requires.
-Remote headers are read with HTTP range requests (backends.http_source)
-and cached by URL and ETag, or by Hub commit (advisor.remotecache); a cached
+(kvadvise.model.splits); the first part must be given, as llama.cpp requires.
+Remote headers are read with HTTP range requests (kvadvise.backends.remote.http_source)
+and cached by URL and ETag, or by Hub commit (kvadvise.backends.remote.cache); a cached
 header is used when the server cannot be reached or the Hub is offline.
 """
 
@@ -22,14 +22,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from advisor import headercache, splits
-from advisor.architecture import from_gguf
-from advisor.errors import BackendUnreachable, InputError
-from advisor.gguf import GGUFHeader
-from advisor.spec import ModelSpec
+from kvadvise.backends import gguf_cache as headercache
+from kvadvise.errors import BackendUnreachable, InputError
+from kvadvise.model import splits
+from kvadvise.model.architecture import from_gguf
+from kvadvise.model.gguf import GGUFHeader
+from kvadvise.model.spec import ModelSpec
 
 if TYPE_CHECKING:  # the remote modules are imported only for remote names: a local plan starts fast
-    from backends.hub import HubRef
+    import click
+
+    from kvadvise.backends.remote.hub import HubRef
 
 
 class GGUFFileBackend:
@@ -38,6 +41,19 @@ class GGUFFileBackend:
         "a GGUF file: a path, an https:// URL, hf://USER/REPO/FILE.gguf or USER/REPO:QUANT "
         "(header only, over HTTP range requests when remote; split models merged; headers are cached)"
     )
+
+    def register_commands(self, cli: click.Group, verify: click.Group) -> None:
+        """``kvadvise gguf MODEL`` (kvadvise.plugins.CommandProvider)."""
+        from kvadvise.cli.plan import plan_command
+
+        cli.add_command(
+            plan_command(
+                "gguf",
+                "Memory for a GGUF model: a file, an https:// URL, hf://USER/REPO/FILE.gguf or USER/REPO:QUANT "
+                "(header only).",
+                self.load_spec,
+            )
+        )
 
     def load_spec(self, ref: str) -> ModelSpec:
         header = load_header(ref)
@@ -55,7 +71,7 @@ def load_header(ref: str) -> GGUFHeader:
     path = Path(ref).expanduser()
     if not ref.startswith(("http://", "https://", "hf://")) and path.exists():
         return read_local(path)  # without importing the remote modules: a local plan starts fast
-    from backends import hub
+    from kvadvise.backends.remote import hub
 
     if ref.startswith(("http://", "https://")):
         named = hub.parse_ref(ref)
@@ -97,7 +113,7 @@ def read_local(path: Path) -> GGUFHeader:
 
 def read_url(url: str) -> GGUFHeader:
     """A GGUF on any HTTP server; the other parts of a split model are found by name."""
-    from backends.http_source import display_url
+    from kvadvise.backends.remote.http_source import display_url
 
     first = _remote_header(url, key=f"url:{display_url(url)}")
     n = splits.check_first(first)
@@ -118,7 +134,7 @@ def read_url(url: str) -> GGUFHeader:
 
 def read_hub(ref: HubRef) -> GGUFHeader:
     """A GGUF in a Hub repo: all parts of a split model, each header read at the resolved commit."""
-    from backends import hub
+    from kvadvise.backends.remote import hub
 
     model = hub.resolve(ref)
     headers: Callable[[], Mapping[str, str]] = hub.auth_headers
@@ -159,9 +175,9 @@ def _remote_header(
     header's ETag is sent with the first request (If-None-Match) and a 304 or
     the same ETag keeps it; a server that cannot be reached falls back to it.
     """
-    from advisor import remotecache
-    from advisor.gguf import read_header
-    from backends.http_source import HTTPSource, display_url
+    from kvadvise.backends.remote import cache as remotecache
+    from kvadvise.backends.remote.http_source import HTTPSource, display_url
+    from kvadvise.model.gguf import read_header
 
     shown = name or display_url(url)
     if immutable is not None:

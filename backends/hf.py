@@ -28,11 +28,14 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from advisor.errors import BackendUnreachable, InputError, KvadviseError
-from advisor.hfconfig import from_config
-from advisor.spec import ModelSpec
+from kvadvise.errors import BackendUnreachable, InputError, KvadviseError
+from kvadvise.model.hfconfig import from_config
+from kvadvise.model.spec import ModelSpec
+
+if TYPE_CHECKING:
+    import click
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 INDEX = "model.safetensors.index.json"
@@ -117,6 +120,10 @@ class Weights:
 class HFBackend:
     name = "hf"
     summary = "a Hugging Face config.json: a local file or folder, or a repo id fetched from the Hub (weights from its safetensors index, or --quant)"
+
+    def register_commands(self, cli: click.Group, verify: click.Group) -> None:
+        """``kvadvise hf CONFIG`` (kvadvise.plugins.CommandProvider)."""
+        cli.add_command(_hf_command(self))
 
     def load_spec(self, ref: str, *, quant: str | None = None, find_weights: bool = True) -> ModelSpec:
         """The spec of ``ref``; with ``find_weights``, its weights too (``quant``: as that GGUF quant)."""
@@ -257,7 +264,7 @@ def _hub_weights(repo_id: str, need_params: bool) -> Weights | None:
 
 def _hub_params(repo_id: str) -> tuple[int | None, str]:
     """The parameter count the Hub computed from the safetensors files (one request); None offline."""
-    from backends import hub
+    from kvadvise.backends.remote import hub
 
     if hub.offline():
         return None, ""
@@ -276,11 +283,11 @@ def _hub_params(repo_id: str) -> tuple[int | None, str]:
 
 def _remote_safetensors(repo_id: str) -> tuple[int, int] | None:
     """Tensor bytes and parameters of a single-file checkpoint, from its header (HTTP range requests)."""
-    from backends import hub
+    from kvadvise.backends.remote import hub
 
     if hub.offline():
         return None
-    from backends.http_source import HTTPSource
+    from kvadvise.backends.remote.http_source import HTTPSource
 
     url = hub.file_url(repo_id, SINGLE)
     name = f"hf://{repo_id}/{SINGLE}"
@@ -356,7 +363,7 @@ def _hub_file(repo_id: str, filename: str) -> Path:
     """
     from huggingface_hub import constants, get_hf_file_metadata, hf_hub_download, hf_hub_url
 
-    from backends import hub
+    from kvadvise.backends.remote import hub
 
     _quiet_hub()
     if hub.offline():
@@ -456,7 +463,7 @@ def _hub_error(repo_id: str, filename: str, e: BaseException, failed: str) -> Kv
         RepositoryNotFoundError,
     )
 
-    from backends import hub
+    from kvadvise.backends.remote import hub
 
     if isinstance(e, LocalEntryNotFoundError):  # before EntryNotFoundError: a subclass of it (huggingface_hub 2.x)
         cause = e.__cause__
@@ -515,3 +522,40 @@ def _hub_error(repo_id: str, filename: str, e: BaseException, failed: str) -> Kv
             hint="check the network; a config.json downloaded once is used from the HF cache",
         )
     return None
+
+
+def _hf_command(backend: HFBackend) -> click.Command:
+    import click
+
+    from kvadvise.cli.options import PlanOptions, run_options
+    from kvadvise.cli.plan import build_plan, exit_if_no_fit, show_plan
+    from kvadvise.model.spec import with_weights
+
+    @click.command("hf")
+    @click.argument("config")
+    @click.option(
+        "--weights-bytes",
+        type=click.IntRange(min=0),
+        default=None,
+        help="Size of the weights you will load [default: from the safetensors index, or --quant].",
+    )
+    @click.option(
+        "--quant",
+        metavar="QUANT",
+        default=None,
+        help="Weights as a GGUF of this llama.cpp quant (e.g. Q4_K_M): bits per weight × parameters.",
+    )
+    @run_options
+    def hf(config: str, weights_bytes: int | None, quant: str | None, **kwargs: object) -> None:
+        """Memory for a Hugging Face model: a config.json file or folder, or a repo id."""
+        if quant is not None and weights_bytes is not None:
+            raise click.UsageError("give --quant or --weights-bytes, not both")
+        o = PlanOptions.take(dict(kwargs))
+        spec = backend.load_spec(config, quant=quant, find_weights=weights_bytes is None)
+        if weights_bytes is not None:
+            spec = with_weights(spec, weights_bytes, source="--weights-bytes")
+        plan = build_plan(spec, o)
+        show_plan(plan, o, requested_ctx=o.n_ctx)
+        exit_if_no_fit(plan)
+
+    return hf

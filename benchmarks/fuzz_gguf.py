@@ -49,10 +49,10 @@ for p in (ROOT, ROOT / "tests"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-from advisor.errors import GGUFError, InputError  # noqa: E402
-from advisor.gguf import read_header  # noqa: E402
+from kvadvise.errors import GGUFError, InputError  # noqa: E402
+from kvadvise.model.gguf import read_header  # noqa: E402
 
-# GGUF value types (gguf_type), as the spec numbers them; kept apart from advisor.gguf on purpose
+# GGUF value types (gguf_type), as the spec numbers them; kept apart from kvadvise.model.gguf on purpose
 U8, I8, U16, I16, U32, I32, F32, BOOL, STR, ARR, U64, I64, F64 = range(13)
 SCALAR_SIZE = {U8: 1, I8: 1, U16: 2, I16: 2, U32: 4, I32: 4, F32: 4, BOOL: 1, U64: 8, I64: 8, F64: 8}
 TINY_RECIPES = ("llama", "gemma3", "qwen3moe", "deepseek2-mla", "qwen3next", "mamba2", "gpt-oss", "lfm2")
@@ -108,7 +108,7 @@ class Layout:
 
 
 def walk(data: bytes) -> Layout:
-    """The structure of a well-formed little-endian GGUF header (the seeds), independent of advisor.gguf."""
+    """The structure of a well-formed little-endian GGUF header (the seeds), independent of kvadvise.model.gguf."""
     fields: list[Field] = []
     add = fields.append
     u32 = struct.Struct("<I").unpack_from
@@ -184,7 +184,7 @@ class Seed:
 
 def seed_from_file(path: Path, name: str | None = None) -> Seed:
     """The header of a GGUF file as a seed: the bytes up to the data section."""
-    from advisor.gguf import read_file
+    from kvadvise.model.gguf import read_file
 
     h = read_file(path)
     with open(path, "rb") as f:
@@ -551,8 +551,8 @@ def run_one(case: Case, *, pipeline: bool) -> str:
     except GGUFError:
         return "refused"
     if pipeline:
-        from advisor.architecture import from_gguf
-        from advisor.memory import RunConfig, estimate
+        from kvadvise.model.architecture import from_gguf
+        from kvadvise.planner.memory import RunConfig, estimate
 
         try:
             estimate(from_gguf(header), RunConfig(n_ctx=4096))

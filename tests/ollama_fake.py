@@ -26,7 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from advisor.gguf import T_BOOL, T_STRING, GGUFArray, GGUFHeader
+from kvadvise.model.gguf import T_BOOL, T_STRING, GGUFArray, GGUFHeader
 
 GiB = 1 << 30
 

@@ -9,11 +9,11 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from advisor import llamalog
-from advisor.errors import ConfigError
-from advisor.memory import MIB, MemoryEstimate, RunConfig, estimate
-from advisor.spec import ModelSpec
-from backends.llamacpp import probe_request
+from kvadvise.backends.llamacpp import probe_request
+from kvadvise.errors import ConfigError
+from kvadvise.model.spec import ModelSpec
+from kvadvise.planner.memory import MIB, MemoryEstimate, RunConfig, estimate
+from kvadvise.runtime import llamalog
 
 ROOT = Path(__file__).resolve().parent.parent
 MARK = "=== kvadvise-probe request "
@@ -32,7 +32,7 @@ def run_llama(model: Path, cfgs: list[RunConfig], timeout_s: float = 900) -> lis
     # No CPU_REPACK copies: the CPU model buffer is then exactly the mmap-ed file span.
     reqs = [probe_request(str(model), c, bench=False, extra_bufts=False) for c in cfgs]
     p = subprocess.run(
-        [sys.executable, "-m", "backends.llamacpp_probe", json.dumps(reqs)],
+        [sys.executable, "-m", "kvadvise.backends.llamacpp.probe", json.dumps(reqs)],
         capture_output=True,
         text=True,
         timeout=timeout_s,

@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from advisor import calibration
-from advisor.architecture import from_gguf
-from advisor.cli import main
-from advisor.hardware import Gpu, Hardware
-from advisor.headercache import read
-from advisor.memory import MIB, OVERHEAD_BYTES, RunConfig
-from advisor.planning import make_plan
-from advisor.recommender import Policy
-from advisor.verification import Measurement, compare
+from kvadvise.backends.gguf_cache import read
+from kvadvise.cli import main
+from kvadvise.model.architecture import from_gguf
+from kvadvise.planner.hardware import Gpu, Hardware
+from kvadvise.planner.memory import MIB, OVERHEAD_BYTES, RunConfig
+from kvadvise.planner.planning import make_plan
+from kvadvise.planner.recommender import Policy
+from kvadvise.runtime import calibration
+from kvadvise.runtime.verification import Measurement, compare
 
 GPU = "NVIDIA GeForce RTX 4090"
 
@@ -54,8 +54,15 @@ def test_measured_overhead_is_stored_and_used(gemma_path: Path, capsys: pytest.C
     cal = calibration.from_verification(v, GPU)
     assert cal.overhead_bytes == 400 * MIB and cal.compute_ratio == 1.0
     calibration.save(cal)
+    measured, notes = calibration.measured_overhead(GPU)
+    assert notes == ()
     again = make_plan(
-        spec, RunConfig(n_ctx=4096, flash_attn="on", device="cuda"), recommend_ctx=False, hw=hw, policy=Policy()
+        spec,
+        RunConfig(n_ctx=4096, flash_attn="on", device="cuda"),
+        recommend_ctx=False,
+        hw=hw,
+        policy=Policy(),
+        measured_overhead=measured,
     )
     assert again.estimate.overhead_bytes == 400 * MIB
     assert again.estimate.total_bytes == plan.estimate.total_bytes - OVERHEAD_BYTES["cuda"] + 400 * MIB
@@ -64,7 +71,7 @@ def test_measured_overhead_is_stored_and_used(gemma_path: Path, capsys: pytest.C
     doc = json.loads(capsys.readouterr().out)
     assert [e["device"] for e in doc["entries"]] == [GPU] and doc["entries"][0]["model"] == "Gemma 3 270m"
     assert main(["calibration", "clear"]) == 0
-    assert calibration.load() == ()
+    assert calibration.load().entries == ()
 
 
 def test_partial_offload_is_reported_as_not_fitting(gemma_path: Path) -> None:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from advisor.cli import main
-from advisor.gguf import read_file
-from advisor.headercache import load, read
+from kvadvise.backends.gguf_cache import load, read
+from kvadvise.cli import main
+from kvadvise.model.gguf import read_file
 
 MIB = 1 << 20
 
@@ -120,9 +120,9 @@ def test_debug_shows_the_traceback(tmp_path: Path) -> None:
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"NOPE" + bytes(100))
     env = {**os.environ, "KVADVISE_DEBUG": "1"}
-    p = subprocess.run([sys.executable, "-m", "advisor", "gguf", str(bad)], capture_output=True, text=True, env=env)
+    p = subprocess.run([sys.executable, "-m", "kvadvise", "gguf", str(bad)], capture_output=True, text=True, env=env)
     assert p.returncode != 0 and "Traceback" in p.stderr and "not a GGUF file" in p.stderr
-    p = subprocess.run([sys.executable, "-m", "advisor", "gguf", str(bad)], capture_output=True, text=True)
+    p = subprocess.run([sys.executable, "-m", "kvadvise", "gguf", str(bad)], capture_output=True, text=True)
     assert p.returncode == 2 and "Traceback" not in p.stderr
 
 
@@ -154,7 +154,7 @@ def test_plugins_lists_builtin_backends(capsys: pytest.CaptureFixture[str]) -> N
 def test_entry_point_scan_agrees_with_importlib_metadata() -> None:
     from importlib.metadata import entry_points
 
-    from advisor.plugins import GROUP, _entry_points
+    from kvadvise.plugins import GROUP, _entry_points
 
     assert sorted(_entry_points(GROUP)) == sorted((ep.name, ep.value) for ep in entry_points(group=GROUP))
 

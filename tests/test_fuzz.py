@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from advisor.cli import main
-from advisor.errors import GGUFError
-from advisor.gguf import MAX_NESTED_ARRAYS, MAX_STRINGS, GGUFArray, read_file, read_header
+from kvadvise.cli import main
+from kvadvise.errors import GGUFError
+from kvadvise.model.gguf import MAX_NESTED_ARRAYS, MAX_STRINGS, GGUFArray, read_file, read_header
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "fuzz_gguf.py"

@@ -28,10 +28,10 @@ from gguf import GGML_QUANT_SIZES, GGUFEndian, GGUFReader, GGUFWriter
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFValueType as V
 
-from advisor.cli import main
-from advisor.errors import GGUFError
-from advisor.ggml import BLOCK, GGMLType
-from advisor.gguf import (
+from kvadvise.cli import main
+from kvadvise.errors import GGUFError
+from kvadvise.model.ggml import BLOCK, GGMLType
+from kvadvise.model.gguf import (
     DECODE_NUMERIC_MAX,
     DECODE_STRING_MAX,
     MAX_ARRAY_DEPTH,
@@ -797,7 +797,7 @@ def test_gemma_header(gemma: GGUFHeader, gemma_path: Path) -> None:
 
 
 def _parse_tensor_infos(raw: bytes, start: int, count: int) -> tuple[list[tuple[str, tuple[int, ...], int, int]], int]:
-    """A dozen-line tensor-info parser, independent of advisor.gguf."""
+    """A dozen-line tensor-info parser, independent of kvadvise.model.gguf."""
     out = []
     pos = start
     for _ in range(count):

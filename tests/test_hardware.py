@@ -1,4 +1,4 @@
-"""advisor.hardware: NVML probing (faked at the pynvml boundary), GPU profiles,
+"""kvadvise.planner.hardware: NVML probing (faked at the pynvml boundary), GPU profiles,
 the Apple unified-memory share, manual budgets and size parsing.
 
 No test touches the real NVML: an autouse fixture puts a tripwire module named
@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from advisor import hardware
-from advisor.errors import EXIT_INPUT, InputError
-from advisor.hardware import (
+from kvadvise.errors import EXIT_INPUT, InputError
+from kvadvise.planner import hardware
+from kvadvise.planner.hardware import (
     Gpu,
     Hardware,
     apple_gpu_share_bytes,
@@ -520,7 +520,7 @@ def test_every_profile_is_found_by_its_id_and_name() -> None:
 
 
 def _raw_profiles() -> dict[str, Any]:
-    text = resources.files("profiles").joinpath("gpus.json").read_text(encoding="utf-8")
+    text = resources.files("kvadvise.profiles").joinpath("gpus.json").read_text(encoding="utf-8")
     data: dict[str, Any] = json.loads(text)
     return data
 
@@ -683,7 +683,7 @@ def test_parse_size_refuses(text: str, fragment: str) -> None:
 
 
 def test_import_does_not_load_nvml_or_psutil() -> None:
-    code = "import sys, advisor.hardware; print('pynvml' in sys.modules, 'psutil' in sys.modules)"
+    code = "import sys, kvadvise.planner.hardware; print('pynvml' in sys.modules, 'psutil' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
 
@@ -692,7 +692,7 @@ def test_import_does_not_load_nvml_or_psutil() -> None:
 def test_probe_without_a_driver_imports_neither_binding() -> None:
     """No NVIDIA driver: the plan starts without pynvml or psutil (~30 ms), and RAM is what psutil says."""
     code = (
-        "import sys, json, advisor.hardware as h; hw = h.probe(); "
+        "import sys, json, kvadvise.planner.hardware as h; hw = h.probe(); "
         "loaded = ['pynvml' in sys.modules, 'psutil' in sys.modules]; import psutil; "
         "print(json.dumps([hw.ram_total_bytes, psutil.virtual_memory().total, list(hw.notes), *loaded]))"
     )

@@ -1,4 +1,4 @@
-"""advisor.hfconfig: published config.json files -> the ModelSpec llama.cpp builds from their GGUF.
+"""kvadvise.model.hfconfig: published config.json files -> the ModelSpec llama.cpp builds from their GGUF.
 
 Every config under tests/data/hf/ is a published config.json (its "_source" key
 says where it was copied from and what, if anything, was changed). Every
@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from advisor.errors import InputError
-from advisor.hfconfig import from_config
-from advisor.memory import MemoryEstimate, RunConfig, estimate
-from advisor.spec import SWA_NONE, SWA_STANDARD, ModelSpec
+from kvadvise.errors import InputError
+from kvadvise.model.hfconfig import from_config
+from kvadvise.model.spec import SWA_NONE, SWA_STANDARD, ModelSpec
+from kvadvise.planner.memory import MemoryEstimate, RunConfig, estimate
 
 DATA = Path(__file__).resolve().parent / "data" / "hf"
 KiB, GiB = 1 << 10, 1 << 30

@@ -9,11 +9,8 @@ from pathlib import Path
 import pytest
 from ollama_fake import Failure, FakeOllama, closed_port_url, ps_entry, running_fake, show_payload
 
-from advisor.architecture import from_gguf
-from advisor.errors import BackendUnreachable, InputError
-from advisor.gguf import GGUFHeader, read_file
-from backends import ollama_api
-from backends.ollama_api import (
+from kvadvise.backends.ollama import api as ollama_api
+from kvadvise.backends.ollama.api import (
     normalize_host,
     parse_parameters,
     processor,
@@ -22,6 +19,9 @@ from backends.ollama_api import (
     show_model,
     version_warning,
 )
+from kvadvise.errors import BackendUnreachable, InputError
+from kvadvise.model.architecture import from_gguf
+from kvadvise.model.gguf import GGUFHeader, read_file
 
 GiB = 1 << 30
 PARAMETERS = 'stop                           "<end_of_turn>"\ntemperature                    1\ntop_k                          64\ntop_p                          0.95'

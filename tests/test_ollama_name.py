@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from advisor.errors import InputError
-from backends.ollama_name import OllamaName, parse_name
+from kvadvise.backends.ollama.name import OllamaName, parse_name
+from kvadvise.errors import InputError
 
 
 @pytest.mark.parametrize(

@@ -7,10 +7,10 @@ from importlib.resources import files
 
 import pytest
 
-from advisor.memory import RunConfig, estimate
-from advisor.spec import SWA_NONE, SWA_STANDARD
-from backends.ollama_name import parse_name
-from backends.ollama_profiles import find_profile, profile_ids, profiles
+from kvadvise.backends.ollama.name import parse_name
+from kvadvise.backends.ollama.profiles import find_profile, profile_ids, profiles
+from kvadvise.model.spec import SWA_NONE, SWA_STANDARD
+from kvadvise.planner.memory import RunConfig, estimate
 
 GiB = 1 << 30
 F16 = 2
@@ -42,7 +42,7 @@ LATEST = {
 
 
 def test_the_file_is_json_with_models() -> None:
-    doc = json.loads(files("profiles").joinpath("ollama_models.json").read_text(encoding="utf-8"))
+    doc = json.loads(files("kvadvise.profiles").joinpath("ollama_models.json").read_text(encoding="utf-8"))
     assert isinstance(doc["models"], dict) and doc["_about"]
 
 
@@ -87,7 +87,7 @@ def test_every_profile_has_sources_and_loads(pid: str) -> None:
      ("qwen2.5-coder:14b", 14.7e9), ("qwen2.5-coder:32b", 32.5e9), ("llama3.1:8b", 8.03e9), ("phi4:14b", 14.7e9)],
 )  # fmt: skip
 def test_dense_parameter_count_matches_the_published_one(pid: str, published: float) -> None:
-    from backends.ollama_profiles import dense_params
+    from kvadvise.backends.ollama.profiles import dense_params
 
     p = profiles()[pid]
     n = dense_params(p.spec(), p.config)
@@ -101,7 +101,7 @@ def test_profile_without_a_download_size_gets_q4_k_m_weights() -> None:
     # 32.76 B parameters x 4.90 bits per weight (llama.cpp's Q4_K_M figure, tools/quantize/quantize.cpp)
     assert 19.5e9 < spec.weights_bytes < 20.5e9 and spec.file_type == "q4_K"
     moe = profiles()["qwen3:30b-a3b"]
-    from backends.ollama_profiles import dense_params
+    from kvadvise.backends.ollama.profiles import dense_params
 
     assert dense_params(moe.spec(), moe.config) is None  # MoE: not this formula
 

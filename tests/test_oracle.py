@@ -18,10 +18,10 @@ import pytest
 from oracle import Measured, check, describe, run_llama
 from tinymodels import RECIPE_ARCH, RECIPES, write_tiny_gguf
 
-from advisor.architecture import VERIFIED, from_gguf
-from advisor.ggml import GGMLType
-from advisor.gguf import read_file
-from advisor.memory import RunConfig
+from kvadvise.model.architecture import VERIFIED, from_gguf
+from kvadvise.model.ggml import GGMLType
+from kvadvise.model.gguf import read_file
+from kvadvise.planner.memory import RunConfig
 
 F16, Q8, Q4 = GGMLType.F16, GGMLType.Q8_0, GGMLType.Q4_0
 

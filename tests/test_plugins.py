@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-import advisor
-from advisor.cli import main
+import kvadvise
+from kvadvise.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 
 PLUGIN = '''
 """A third-party runtime: specs from a tiny text format 'layers,kv_heads,head_dim,ctx'."""
-from advisor.hfconfig import from_config
-from advisor.spec import with_weights
+from kvadvise.model.hfconfig import from_config
+from kvadvise.model.spec import with_weights
 
 
 class TinyRuntime:
@@ -55,7 +55,7 @@ def plugin_path(tmp_path: Path) -> Path:
 
 def cli(plugin_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(plugin_path)}
-    return subprocess.run([sys.executable, "-m", "advisor", *args], capture_output=True, text=True, env=env, cwd=ROOT)
+    return subprocess.run([sys.executable, "-m", "kvadvise", *args], capture_output=True, text=True, env=env, cwd=ROOT)
 
 
 def test_plugin_is_listed_and_broken_one_reported(plugin_path: Path) -> None:
@@ -85,9 +85,9 @@ def test_broken_plugin_never_breaks_builtin_commands(plugin_path: Path, gemma_pa
 
 
 def test_api_and_json_agree_on_an_estimate(gemma_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    spec = advisor.load_model(str(gemma_path))
-    cfg = advisor.RunConfig(n_ctx=10000, type_k=advisor.GGMLType.Q8_0, type_v=advisor.GGMLType.Q8_0, flash_attn="on")
-    api_doc = advisor.to_json(advisor.plan(spec, cfg))
+    spec = kvadvise.load_model(str(gemma_path))
+    cfg = kvadvise.RunConfig(n_ctx=10000, type_k=kvadvise.GGMLType.Q8_0, type_v=kvadvise.GGMLType.Q8_0, flash_attn="on")
+    api_doc = kvadvise.to_json(kvadvise.plan(spec, cfg))
     assert (
         main(
             [
@@ -110,39 +110,44 @@ def test_api_and_json_agree_on_an_estimate(gemma_path: Path, capsys: pytest.Capt
     cli_doc = json.loads(capsys.readouterr().out)
     cli_doc["config"]["n_ctx_requested"] = api_doc["config"]["n_ctx_requested"]
     assert api_doc == cli_doc
-    assert advisor.estimate(spec, cfg).kv_bytes == cli_doc["memory"]["kv_bytes"]
+    assert kvadvise.estimate(spec, cfg).kv_bytes == cli_doc["memory"]["kv_bytes"]
 
 
 def test_api_and_json_agree_on_a_recommendation(gemma_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    spec = advisor.load_model(str(gemma_path))
-    hw = advisor.gpu_profile("rtx 3060")
-    api_doc = advisor.to_json(advisor.plan(spec, hardware=hw, policy=advisor.Policy(target_ctx=16384)))
+    spec = kvadvise.load_model(str(gemma_path))
+    hw = kvadvise.gpu_profile("rtx 3060")
+    api_doc = kvadvise.to_json(kvadvise.plan(spec, hardware=hw, policy=kvadvise.Policy(target_ctx=16384)))
     assert main(["gguf", str(gemma_path), "--gpu", "rtx 3060", "--target-ctx", "16384", "--json"]) == 0
     cli_doc = json.loads(capsys.readouterr().out)
     for doc in (api_doc, cli_doc):  # the card is a profile, but free RAM is read live, moments apart
         doc["hardware"].pop("ram_free_bytes")
     assert api_doc == cli_doc
-    rec = advisor.recommend(spec, hw, advisor.Policy(target_ctx=16384))
+    rec = kvadvise.recommend(spec, hw, kvadvise.Policy(target_ctx=16384))
     assert rec.config.n_ctx == cli_doc["config"]["n_ctx"] == 16384
 
 
-def test_advisor_never_imports_backends() -> None:
-    """The built-in backends are plugins like any other: advisor/ reaches them only through entry points."""
+def test_core_never_imports_backends() -> None:
+    """The built-in backends are plugins like any other: the core (advisor/, installed as
+    kvadvise) reaches kvadvise.backends only through entry points."""
     import ast
 
     offenders = []
-    for path in sorted((ROOT / "advisor").glob("*.py")):
+    for path in sorted((ROOT / "advisor").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
             if isinstance(node, ast.ImportFrom) and node.module:
                 names = [node.module]
-            offenders += [f"{path.name}:{node.lineno} {n}" for n in names if n.split(".")[0] == "backends"]
+            offenders += [
+                f"{path.relative_to(ROOT)}:{node.lineno} {n}"
+                for n in names
+                if n.split(".")[0] in ("advisor", "backends", "profiles") or n.startswith("kvadvise.backends")
+            ]
     assert offenders == []
 
 
 def test_builtin_backends_declare_their_capabilities(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plugins", "--json"]) == 0
     caps = {b["name"]: b["capabilities"] for b in json.loads(capsys.readouterr().out)["backends"]}
-    assert caps["ollama"] == ["resolve", "verify", "live-state", "write-config"]
-    assert caps["llamacpp"] == ["resolve", "verify"]
-    assert caps["gguf"] == ["resolve"]
+    assert caps["ollama"] == ["resolve", "commands", "verify", "live-state", "write-config"]
+    assert caps["llamacpp"] == ["resolve", "commands", "verify"]
+    assert caps["gguf"] == ["resolve", "commands"]

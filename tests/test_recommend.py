@@ -10,13 +10,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from advisor.errors import DoesNotFit
-from advisor.ggml import GGMLType
-from advisor.hardware import Gpu, Hardware
-from advisor.hfconfig import from_config
-from advisor.memory import CTX_PAD, RunConfig, estimate
-from advisor.recommender import Policy, budget_for, max_context, recommend
-from advisor.spec import ModelSpec, with_weights
+from kvadvise.errors import DoesNotFit
+from kvadvise.model.ggml import GGMLType
+from kvadvise.model.hfconfig import from_config
+from kvadvise.model.spec import ModelSpec, with_weights
+from kvadvise.planner.hardware import Gpu, Hardware
+from kvadvise.planner.memory import CTX_PAD, RunConfig, estimate
+from kvadvise.planner.recommender import Policy, budget_for, max_context, recommend
 
 MIB, GIB = 1 << 20, 1 << 30
 F16, Q8, Q4 = GGMLType.F16, GGMLType.Q8_0, GGMLType.Q4_0
@@ -181,9 +181,9 @@ def _hw(budget_bytes: int) -> Hardware:
 
 
 def test_allow_cpu_moves_dense_layers(gemma_path: Path) -> None:
-    from advisor.architecture import from_gguf
-    from advisor.headercache import read
-    from advisor.memory import layer_kv_bytes, resolve
+    from kvadvise.backends.gguf_cache import read
+    from kvadvise.model.architecture import from_gguf
+    from kvadvise.planner.memory import layer_kv_bytes, resolve
 
     spec = from_gguf(read(gemma_path))
     cfg = RunConfig(n_ctx=32768, flash_attn="on", device="cuda")
@@ -207,8 +207,8 @@ def test_allow_cpu_moves_moe_experts_first(tmp_path: Path) -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     from tinymodels import write_tiny_gguf
 
-    from advisor.architecture import from_gguf
-    from advisor.gguf import read_file
+    from kvadvise.model.architecture import from_gguf
+    from kvadvise.model.gguf import read_file
 
     spec = from_gguf(read_file(write_tiny_gguf(tmp_path / "m.gguf", "mixtral")))
     assert spec.n_expert and spec.expert_bytes

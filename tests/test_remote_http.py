@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from http_fixtures import LoopbackServer, Route
 
-from advisor.cli import main
-from advisor.errors import BackendUnreachable, GGUFError, InputError
-from advisor.gguf import read_file, read_header
-from advisor.remotecache import remote_dir
-from backends.gguf_file import GGUFFileBackend, load_header
-from backends.http_source import HTTPSource, display_url
+from kvadvise.backends.gguf_file import GGUFFileBackend, load_header
+from kvadvise.backends.remote.cache import remote_dir
+from kvadvise.backends.remote.http_source import HTTPSource, display_url
+from kvadvise.cli import main
+from kvadvise.errors import BackendUnreachable, GGUFError, InputError
+from kvadvise.model.gguf import read_file, read_header
 
 MIB = 1 << 20
 GEMMA_HEADER = 6_525_112  # bytes up to the end of the tensor infos (262,144-token vocabulary)
@@ -36,7 +36,7 @@ def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
 
 
 def _same_header(a: object, b: object) -> None:
-    from advisor.gguf import GGUFHeader
+    from kvadvise.model.gguf import GGUFHeader
 
     assert isinstance(a, GGUFHeader) and isinstance(b, GGUFHeader)
     assert a.metadata == b.metadata

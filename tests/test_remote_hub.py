@@ -15,12 +15,12 @@ import pytest
 from http_fixtures import HubRepo, LoopbackServer, write_split
 from tinymodels import write_tiny_gguf
 
-from advisor.cli import main
-from advisor.errors import BackendUnreachable, InputError
-from advisor.headercache import cache_dir
-from backends import hub
-from backends.gguf_file import GGUFFileBackend, load_header
-from backends.hf import QUANT_BPW, HFBackend, quant_bpw
+from kvadvise.backends.gguf_cache import cache_dir
+from kvadvise.backends.gguf_file import GGUFFileBackend, load_header
+from kvadvise.backends.hf import QUANT_BPW, HFBackend, quant_bpw
+from kvadvise.backends.remote import hub
+from kvadvise.cli import main
+from kvadvise.errors import BackendUnreachable, InputError
 
 MIB = 1 << 20
 GEMMA_HEADER = 6_525_112

@@ -11,10 +11,10 @@ import pytest
 from http_fixtures import LoopbackServer, Route, write_split
 from tinymodels import write_tiny_gguf
 
-from advisor import splits
-from advisor.errors import GGUFError, InputError
-from advisor.gguf import read_file
-from backends.gguf_file import GGUFFileBackend, load_header
+from kvadvise.backends.gguf_file import GGUFFileBackend, load_header
+from kvadvise.errors import GGUFError, InputError
+from kvadvise.model import splits
+from kvadvise.model.gguf import read_file
 
 
 @pytest.fixture
@@ -142,8 +142,8 @@ def test_remote_split_with_a_missing_part(split3: tuple[Path, list[Path]], serve
 def test_llama_cpp_maps_each_part_as_predicted(split3: tuple[Path, list[Path]]) -> None:
     from oracle import run_llama
 
-    from advisor.ggml import cache_type
-    from advisor.memory import MIB, RunConfig
+    from kvadvise.model.ggml import cache_type
+    from kvadvise.planner.memory import MIB, RunConfig
 
     _, parts = split3
     spec = GGUFFileBackend().load_spec(str(parts[0]))

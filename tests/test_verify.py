@@ -15,7 +15,7 @@ import psutil
 import pytest
 from oracle import COMPUTE_TOLERANCE
 
-from advisor.cli import main
+from kvadvise.cli import main
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -50,7 +50,7 @@ def children_named(marker: str) -> list[psutil.Process]:
 def _no_orphans() -> object:
     yield
     time.sleep(0.1)
-    assert children_named("backends.llamacpp_probe") == []
+    assert children_named("kvadvise.backends.llamacpp.probe") == []
     assert children_named("fake_llama_server.py") == []
     assert llama_servers() == []
 
@@ -127,7 +127,7 @@ def test_timeout_stops_the_child(gemma_path: Path, capsys: pytest.CaptureFixture
 
 def verify_command(model: Path, server: Path) -> list[str]:
     """`kvadvise verify llamacpp` in a process of its own, for the signal tests."""
-    cmd = [sys.executable, "-m", "advisor", "verify", "llamacpp", str(model), "--ctx", "4096", "--no-hardware"]
+    cmd = [sys.executable, "-m", "kvadvise", "verify", "llamacpp", str(model), "--ctx", "4096", "--no-hardware"]
     return [*cmd, "--llama-server", str(server)]
 
 
@@ -147,7 +147,7 @@ def real_log(gemma_path: Path) -> str:
     """What real llama.cpp printed loading Gemma 3 270M at -c 4096 -fa on (the server's log has the same lines)."""
     from oracle import run_llama
 
-    from advisor.memory import RunConfig
+    from kvadvise.planner.memory import RunConfig
 
     return run_llama(gemma_path, [RunConfig(n_ctx=4096, flash_attn="on")])[0].text
 

@@ -1,0 +1,227 @@
+"""The options every planning command shares, in llama.cpp's flag vocabulary, and the
+frozen :class:`PlanOptions` they become before anything else runs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import click
+
+from kvadvise.errors import InputError
+from kvadvise.model.ggml import KV_CACHE_TYPES
+
+F = TypeVar("F", bound=Callable[..., Any])
+KV_TYPES = tuple(t.type_name for t in KV_CACHE_TYPES)  # the one list: kvadvise.model.ggml
+USES = ("chat", "code", "agent", "long")
+
+
+class SizeType(click.ParamType):
+    """A memory size (``24GiB``, ``24GB``, ``512M``) → bytes; ``allow_zero`` for margins."""
+
+    name = "size"
+
+    def __init__(self, *, allow_zero: bool = False) -> None:
+        self.allow_zero = allow_zero
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        from kvadvise.planner.hardware import parse_size
+
+        try:
+            return parse_size(str(value), allow_zero=self.allow_zero)
+        except InputError as e:
+            self.fail(e.message + (f" ({e.hint})" if e.hint else ""), param, ctx)
+
+
+SIZE = SizeType()
+SIZE_OR_ZERO = SizeType(allow_zero=True)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanOptions:
+    """What the shared planning flags say, typed; built once from click's keyword arguments."""
+
+    n_ctx: int | None
+    type_k: str | None
+    type_v: str | None
+    flash_attn: str
+    n_parallel: int
+    kv_unified: bool
+    n_batch: int
+    n_ubatch: int
+    swa_full: bool
+    device: str
+    gpu: str | None
+    vram_bytes: int | None
+    margin_bytes: int
+    target_ctx: int
+    use: str | None
+    min_ctx: int
+    repeatable: bool
+    no_hardware: bool
+    chart: bool
+    allow_cpu: bool
+    as_json: bool
+
+    @classmethod
+    def take(cls, kwargs: dict[str, Any]) -> PlanOptions:
+        """Pop this class's fields out of ``kwargs`` (what is left belongs to the command).
+        A command without --gpu/--vram (verify: it measures this machine) gets None for them."""
+        absent = {"gpu": None, "vram_bytes": None}
+        return cls(**{name: kwargs.pop(name) if name in kwargs else absent[name] for name in cls.__slots__})
+
+
+def run_options(f: F) -> F:
+    """llama.cpp's own flag names for the run configuration."""
+    for opt in reversed(_options(planned_hardware=True)):
+        f = opt(f)
+    return f
+
+
+def measured_run_options(f: F) -> F:
+    """As :func:`run_options` without --gpu and --vram: a run is measured on this machine's
+    own hardware, so a card planned for cannot be measured (nor calibrated)."""
+    for opt in reversed(_options(planned_hardware=False)):
+        f = opt(f)
+    return f
+
+
+def _options(*, planned_hardware: bool) -> list[Callable[[F], F]]:
+    opts = [
+        click.option(
+            "--ctx",
+            "-c",
+            "n_ctx",
+            type=click.IntRange(min=0, max=2**31 - 1),
+            default=None,
+            help="Context in tokens, total over all sequences (llama.cpp -c); 0 = n_ctx_train. "
+            "Without it, kvadvise recommends one.",
+        ),
+        click.option(
+            "--cache-type-k",
+            "-ctk",
+            "type_k",
+            type=click.Choice(KV_TYPES),
+            default=None,
+            help="K cache type [default: f16, or recommended when --ctx is not given].",
+        ),
+        click.option(
+            "--cache-type-v",
+            "-ctv",
+            "type_v",
+            type=click.Choice(KV_TYPES),
+            default=None,
+            help="V cache type; quantized V needs flash attention [default: f16, or recommended].",
+        ),
+        click.option(
+            "--flash-attn",
+            "-fa",
+            "flash_attn",
+            type=click.Choice(["on", "off", "auto"]),
+            default="auto",
+            show_default=True,
+            help="Flash attention.",
+        ),
+        click.option(
+            "--parallel",
+            "-np",
+            "n_parallel",
+            type=click.IntRange(min=1, max=4096),
+            default=1,
+            show_default=True,
+            help="Parallel sequences (slots).",
+        ),
+        click.option("--kv-unified", "-kvu", is_flag=True, help="One KV buffer shared by all sequences."),
+        click.option(
+            "--batch",
+            "-b",
+            "n_batch",
+            type=click.IntRange(min=1, max=2**31 - 1),
+            default=2048,
+            show_default=True,
+            help="Logical batch size.",
+        ),
+        click.option(
+            "--ubatch",
+            "-ub",
+            "n_ubatch",
+            type=click.IntRange(min=1, max=2**31 - 1),
+            default=512,
+            show_default=True,
+            help="Physical batch size.",
+        ),
+        click.option("--swa-full", is_flag=True, help="Full-size cache for sliding-window layers."),
+        click.option(
+            "--device",
+            type=click.Choice(["auto", "cpu", "cuda"]),
+            default="auto",
+            show_default=True,
+            help="Where the layers go: auto = the GPU when there is one (or --gpu/--vram), else the CPU.",
+        ),
+        *_hardware_options(planned_hardware),
+        click.option(
+            "--margin",
+            "margin_bytes",
+            type=SIZE_OR_ZERO,
+            metavar="SIZE",
+            default="1024MiB",
+            show_default=True,
+            help="Memory kept free per GPU (llama.cpp --fit keeps 1024 MiB; 0 is allowed, as -fitt 0).",
+        ),
+        click.option(
+            "--target-ctx",
+            type=click.IntRange(min=0, max=2**31 - 1),
+            default=0,
+            help="Context per sequence to aim for (default: the model's maximum).",
+        ),
+        click.option(
+            "--use",
+            "use",
+            type=click.Choice(USES),
+            default=None,
+            help="Aim for a use case: chat 8k, code 32k, agent 64k, long = the model's maximum.",
+        ),
+        click.option(
+            "--min-ctx",
+            type=click.IntRange(min=0, max=2**31 - 1),
+            default=0,
+            help="Fail (exit 3) if less than this fits per sequence.",
+        ),
+        click.option(
+            "--repeatable", is_flag=True, help="f16 cache only: quantized caches do not reproduce tokens exactly."
+        ),
+        click.option("--no-hardware", is_flag=True, help="Do not look at this machine's GPUs: estimate only."),
+        click.option("--chart", is_flag=True, help="Draw memory against context for each cache type, with the budget."),
+        click.option(
+            "--allow-cpu",
+            is_flag=True,
+            help="Also say how many layers or experts must stay on the CPU to reach the target.",
+        ),
+        click.option("--json", "as_json", is_flag=True, help="Print one JSON object (keys in README.md)."),
+    ]
+    return opts
+
+
+def _hardware_options(planned: bool) -> list[Callable[[F], F]]:
+    if not planned:
+        return []
+    return [
+        click.option(
+            "--gpu",
+            "gpu",
+            metavar="NAME",
+            help="Plan for a card of the built-in list (e.g. 4090, 'A100 80GB').",
+            default=None,
+        ),
+        click.option(
+            "--vram",
+            "vram_bytes",
+            type=SIZE,
+            metavar="SIZE",
+            help="Plan for a memory budget given by hand: 24GiB, 24GB, 24000MiB.",
+            default=None,
+        ),
+    ]

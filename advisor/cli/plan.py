@@ -1,0 +1,151 @@
+"""From the shared flags to a plan on the screen: what every planning command does,
+built-in or brought by a backend. Commands only parse, call this and render."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import click
+
+from kvadvise.cli import output
+from kvadvise.cli.options import PlanOptions
+from kvadvise.errors import EXIT_NO_FIT
+
+if TYPE_CHECKING:
+    from kvadvise.model.spec import ModelSpec
+    from kvadvise.planner.planning import MeasuredOverhead, Plan
+
+JSONDoc = dict[str, object]
+
+
+def check_flags(o: PlanOptions) -> None:
+    """Flags that contradict each other: refused (exit 2) rather than one silently winning."""
+    if o.gpu and o.vram_bytes is not None:
+        raise click.UsageError("give --gpu or --vram, not both")
+    if (o.gpu or o.vram_bytes is not None) and o.device == "cpu":
+        raise click.UsageError("--device cpu plans without a GPU: drop --gpu/--vram, or use --device cuda")
+    if o.n_ctx is not None and (o.use or o.target_ctx):
+        raise click.UsageError("--ctx fixes the context; --use and --target-ctx aim for one: give one of them")
+
+
+def build_plan(spec: ModelSpec, o: PlanOptions, *, same_type_kv: bool = False, extra_margin_bytes: int = 0) -> Plan:
+    """The plan for ``spec`` under the flags ``o``; a calibration of this machine's GPU is read here
+    and passed in, so planning itself stays pure."""
+    from kvadvise.model.ggml import cache_type
+    from kvadvise.planner.memory import RunConfig
+    from kvadvise.planner.planning import HardwareRequest, hardware_for, make_plan
+    from kvadvise.planner.recommender import Policy, load_use_cases
+
+    check_flags(o)
+    target = o.target_ctx or (load_use_cases()[o.use] if o.use else 0)
+    fixed = (cache_type(o.type_k or "f16"), cache_type(o.type_v or "f16")) if (o.type_k or o.type_v) else None
+    policy = Policy(
+        fixed_kv=fixed,
+        target_ctx=target,
+        min_ctx=o.min_ctx,
+        repeatable=o.repeatable,
+        allow_cpu=o.allow_cpu,
+        same_type_kv=same_type_kv,
+        use=o.use,
+    )
+    probed = not o.gpu and o.vram_bytes is None and not o.no_hardware
+    hw = hardware_for(HardwareRequest(gpu=o.gpu, vram_bytes=o.vram_bytes, probe=not o.no_hardware))
+    measured, notes = _calibration(hw.gpus[0].name if probed and hw is not None and hw.gpus else None)
+    kv = fixed or (cache_type("f16"), cache_type("f16"))
+    base = RunConfig(
+        n_ctx=o.n_ctx or 0,
+        n_parallel=o.n_parallel,
+        kv_unified=o.kv_unified,
+        n_batch=o.n_batch,
+        n_ubatch=o.n_ubatch,
+        type_k=kv[0],
+        type_v=kv[1],
+        flash_attn=o.flash_attn,
+        swa_full=o.swa_full,
+        device=o.device,
+    )
+    return make_plan(
+        spec,
+        base,
+        recommend_ctx=o.n_ctx is None,
+        hw=hw,
+        policy=policy,
+        margin_bytes=o.margin_bytes + extra_margin_bytes,
+        measured_overhead=measured,
+        notes=notes,
+    )
+
+
+def _calibration(gpu_name: str | None) -> tuple[MeasuredOverhead | None, tuple[str, ...]]:
+    """The overhead ``verify --save-calibration`` measured on this machine's GPU, if any."""
+    if gpu_name is None:
+        return None, ()
+    from kvadvise.runtime.calibration import measured_overhead
+
+    return measured_overhead(gpu_name)
+
+
+def show_plan(
+    plan: Plan,
+    o: PlanOptions,
+    *,
+    requested_ctx: int | None,
+    extra_json: Callable[[Plan], JSONDoc] | None = None,
+    extra_text: Callable[[Plan], str] | None = None,
+) -> None:
+    """The plan as text (and its chart) or as one JSON document with the command's own keys."""
+    from kvadvise.render import plan_dict, plan_text
+
+    if o.as_json:
+        output.result_json(plan_dict(plan, requested_ctx) | (extra_json(plan) if extra_json else {}))
+        return
+    output.result(plan_text(plan, requested_ctx))
+    show_chart(plan, o)
+    if extra_text is not None:
+        output.result(extra_text(plan))
+
+
+def show_chart(plan: Plan, o: PlanOptions) -> None:
+    if not o.chart:
+        return
+    if plan.recommendation is None or plan.budget is None:
+        output.note("no chart: it needs a budget (not --no-hardware) and a recommendation (no --ctx)")
+        return
+    from kvadvise.planner.recommender import curves
+    from kvadvise.render import chart_text
+
+    lines = curves(plan.spec, replace(plan.config, n_ctx=0), plan.budget, plan.recommendation.options)
+    output.result("")
+    output.result(chart_text(lines, plan.budget.budget_bytes))
+
+
+def refuse_to_write_what_does_not_fit(plan: Plan, *paths: str | None) -> None:
+    """Never write a config that does not fit (the policy): say so, exit 3, leave the files as they are."""
+    if plan.fits is False and any(paths):
+        names = ", ".join(p for p in paths if p)
+        output.note(f"not written ({names}): this config does not fit (see above)")
+        raise click.exceptions.Exit(EXIT_NO_FIT)
+
+
+def exit_if_no_fit(plan: Plan) -> None:
+    if plan.fits is False:
+        raise click.exceptions.Exit(EXIT_NO_FIT)  # the output says why; the exit code says "does not fit"
+
+
+def plan_command(name: str, help_text: str, load: Callable[[str], ModelSpec]) -> click.Command:
+    """``kvadvise NAME MODEL [flags]``: plan a model a backend resolves. The generic command of every
+    backend that brings none of its own (a third-party plugin gets exactly this)."""
+    from kvadvise.cli.options import run_options
+
+    @click.command(name=name, help=help_text)
+    @click.argument("ref", metavar="MODEL")
+    @run_options
+    def command(ref: str, **kwargs: object) -> None:
+        o = PlanOptions.take(kwargs)
+        plan = build_plan(load(ref), o)
+        show_plan(plan, o, requested_ctx=o.n_ctx)
+        exit_if_no_fit(plan)
+
+    return command

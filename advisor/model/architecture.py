@@ -1,0 +1,323 @@
+"""GGUF metadata -> ModelSpec, with llama.cpp's per-architecture rules.
+
+Every rule cites where llama.cpp 0c1e570 (vendored by llama-cpp-python
+0.3.36) sets it; ``src/models/<arch>.cpp`` is ``load_arch_hparams`` of that
+architecture. Architectures not in VERIFIED get the generic rules from the
+keys present and a note saying so.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from kvadvise.errors import GGUFError
+from kvadvise.model.gguf import GGUFArray, GGUFHeader, Value
+from kvadvise.model.spec import SWA_CHUNKED, SWA_NONE, SWA_STANDARD, ModelSpec
+from kvadvise.planner.memory import cuda_alloc_bytes
+
+# llama.cpp's LLM_FFN_EXPS_REGEX (common/common.h), plus gate_up: routed experts
+_EXPERT_TENSOR = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch|)exps")
+_BLOCK_TENSOR = re.compile(r"blk\.(\d+)\.")
+
+# Architectures whose KV, recurrent state and weights kvadvise's tests check
+# against real llama.cpp (tests/test_oracle.py builds a model of each).
+VERIFIED = frozenset(
+    {
+        "llama",
+        "qwen2",
+        "qwen3",
+        "qwen3moe",
+        "gemma2",
+        "gemma3",
+        "gpt-oss",
+        "phi3",
+        "command-r",
+        "cohere2",
+        "granite",
+        "deepseek2",
+        "glm4moe",
+        "qwen3next",
+        "qwen35",
+        "mamba2",
+        "lfm2",
+        "granitehybrid",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _SwaRule:
+    pattern: int  # default n_pattern for load_swa_pattern (overridden by {arch}.attention.sliding_window_pattern)
+    swa_type: str = SWA_STANDARD
+    n_swa_default: int = 0  # used when the file has no sliding_window key
+    needs_key: bool = False  # SWA only when {arch}.attention.sliding_window > 0 is present
+    dense_first: bool = False
+
+
+# src/models/<arch>.cpp load_arch_hparams -> load_swa_pattern(ml, n_pattern)
+_SWA_RULES: dict[str, _SwaRule] = {
+    "gemma2": _SwaRule(2, n_swa_default=4096),  # gemma2.cpp: n_swa = 4096 default
+    "gemma3": _SwaRule(6, needs_key=True),  # gemma3.cpp: only if found_swa && n_swa > 0
+    "gemma3n": _SwaRule(5),
+    "cohere2": _SwaRule(4),  # cohere2.cpp
+    "gpt-oss": _SwaRule(2),  # openai-moe.cpp
+    "llama4": _SwaRule(4, swa_type=SWA_CHUNKED, n_swa_default=8192),  # llama4.cpp: 3 chunked, 1 full
+    "exaone4": _SwaRule(4, n_swa_default=4096),
+}
+
+# Pure recurrent architectures: every layer holds state, none holds KV.
+_RECURRENT_ALL = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
+# Hybrids whose recurrent layers are those with head_count_kv == 0
+# (granite-hybrid.cpp, lfm2.cpp: is_recr_impl[il] = n_head_kv(il) == 0).
+_RECURRENT_BY_ZERO_KV = frozenset({"granitehybrid", "lfm2", "lfm2moe", "jamba", "nemotron_h", "nemotron_h_moe"})
+# Hybrids with {arch}.full_attention_interval (qwen3next.cpp, qwen35.cpp):
+# is_recr[i] = i < n_layer() && (i + 1) % interval != 0, default interval 4.
+_RECURRENT_BY_INTERVAL = frozenset({"qwen3next", "qwen35", "qwen35moe"})
+
+
+class _Keys:
+    """Typed access to metadata with the {arch} prefix filled in."""
+
+    def __init__(self, header: GGUFHeader, arch: str) -> None:
+        self.md: Mapping[str, Value] = header.metadata
+        self.arch = arch
+        self.source = header.source
+
+    def raw(self, suffix: str) -> Value | None:
+        return self.md.get(f"{self.arch}.{suffix}")
+
+    def num(self, suffix: str, default: int | None = None) -> int:
+        v = self.raw(suffix)
+        if v is None:
+            if default is None:
+                raise GGUFError(f"{self.source}: required key {self.arch}.{suffix} is missing")
+            return default
+        if isinstance(v, GGUFArray):
+            if not v.values:
+                raise GGUFError(f"{self.source}: {self.arch}.{suffix} is an array of {v.count} values, not a number")
+            # llama.cpp's get_key_or_arr: the largest per-layer value sizes the model-wide field
+            return max(self._count(x, suffix) for x in v.values)
+        return self._count(v, suffix)
+
+    def per_layer(self, suffix: str, n: int, default: int | None) -> tuple[int, ...]:
+        """get_key_or_arr: a scalar broadcast to every layer, or one value per layer."""
+        v = self.raw(suffix)
+        if isinstance(v, GGUFArray):
+            if v.values is None or len(v.values) != n:
+                raise GGUFError(f"{self.source}: {self.arch}.{suffix} has {v.count} values for {n} layers")
+            return tuple(self._count(x, suffix) for x in v.values)
+        return (self.num(suffix, default),) * n
+
+    def _count(self, v: object, suffix: str) -> int:
+        """A non-negative whole number, or a GGUFError naming the key (strings, nested arrays, NaN...)."""
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise GGUFError(f"{self.source}: {self.arch}.{suffix} should be a number, got {type(v).__name__}")
+        if not math.isfinite(v):
+            raise GGUFError(f"{self.source}: {self.arch}.{suffix} is {v}, not a count")
+        if v < 0:
+            raise GGUFError(f"{self.source}: {self.arch}.{suffix} is negative ({v})")
+        return int(v)
+
+    def bools(self, suffix: str, n: int) -> tuple[bool, ...] | None:
+        v = self.raw(suffix)
+        if isinstance(v, GGUFArray) and v.values is not None and len(v.values) == n:
+            return tuple(bool(x) for x in v.values)
+        return None
+
+
+def _swa_pattern(n_layer: int, n_layer_all: int, n_pattern: int, dense_first: bool) -> tuple[bool, ...]:
+    """llama_hparams::set_swa_pattern (src/llama-hparams.cpp)."""
+    out = []
+    for il in range(n_layer_all):
+        if il >= n_layer:
+            out.append(False)
+        elif dense_first:
+            out.append(n_pattern == 0 or il % n_pattern != 0)
+        else:
+            out.append(n_pattern == 0 or il % n_pattern < n_pattern - 1)
+    return tuple(out)
+
+
+def _swa(k: _Keys, arch: str, n_layer: int, n_layer_all: int) -> tuple[str, int, tuple[bool, ...]]:
+    none = (SWA_NONE, 0, (False,) * n_layer_all)
+    n_swa_key = k.raw("attention.sliding_window")
+    rule = _SWA_RULES.get(arch)
+    if rule is None:
+        # lfm2.cpp: with a sliding window, every attention layer is SWA.
+        if arch in ("lfm2", "lfm2moe") and isinstance(n_swa_key, int) and n_swa_key > 0:
+            kv = k.per_layer("attention.head_count_kv", n_layer_all, 0)
+            return SWA_STANDARD, n_swa_key, tuple(h > 0 for h in kv)
+        # Unknown or non-SWA architectures: only an explicit pattern array makes layers SWA.
+        explicit = k.bools("attention.sliding_window_pattern", n_layer_all)
+        if explicit and isinstance(n_swa_key, int) and n_swa_key > 0 and arch not in ("phi3",):
+            return SWA_STANDARD, n_swa_key, explicit
+        return none  # phi3.cpp: "Phi SWA is currently disabled"
+    if rule.needs_key and not (isinstance(n_swa_key, int) and n_swa_key > 0):
+        return none
+    n_swa = k.num("attention.sliding_window", rule.n_swa_default)
+    if arch == "llama4" and n_swa_key == 0:
+        return none
+    # llama_model_base::load_swa_pattern: a bool array wins, else an int n_pattern, else the arch default
+    explicit = k.bools("attention.sliding_window_pattern", n_layer_all)
+    if explicit is not None:
+        return rule.swa_type, n_swa, explicit
+    pat = k.raw("attention.sliding_window_pattern")
+    n_pattern = pat if isinstance(pat, int) and not isinstance(pat, bool) else rule.pattern
+    return rule.swa_type, n_swa, _swa_pattern(n_layer, n_layer_all, n_pattern, rule.dense_first)
+
+
+def _recurrent(k: _Keys, arch: str, n_layer: int, n_layer_all: int, n_head_kv: tuple[int, ...]) -> tuple[bool, ...]:
+    if arch in _RECURRENT_ALL:
+        return (True,) * n_layer_all
+    if arch in _RECURRENT_BY_ZERO_KV:
+        return tuple(h == 0 for h in n_head_kv)
+    if arch in _RECURRENT_BY_INTERVAL:
+        explicit = k.bools("attention.recurrent_layers", n_layer_all)
+        if explicit is not None:
+            return explicit
+        interval = k.num("full_attention_interval", 4)
+        return tuple(il < n_layer and interval > 0 and (il + 1) % interval != 0 for il in range(n_layer_all))
+    return (False,) * n_layer_all
+
+
+def _recurrent_dims(k: _Keys, n_embd: int) -> tuple[int, int]:
+    """llama_hparams::n_embd_r() and n_embd_s() (src/llama-hparams.cpp)."""
+    wkv = k.num("wkv.head_size", 0)
+    if wkv:
+        return k.num("token_shift_count", 2) * n_embd, n_embd * wkv
+    l_cache = k.num("shortconv.l_cache", 0)
+    d_conv = k.num("ssm.conv_kernel", 0)
+    d_inner = k.num("ssm.inner_size", 0)
+    d_state = k.num("ssm.state_size", 0)
+    n_group = k.num("ssm.group_count", 0)
+    if l_cache:
+        return n_embd * (l_cache - 1), d_state * d_inner
+    n_r = (d_conv - 1 if d_conv > 0 else 0) * (d_inner + 2 * n_group * d_state)
+    return n_r, d_state * d_inner
+
+
+def _n_vocab(header: GGUFHeader, k: _Keys) -> int:
+    toks = header.metadata.get("tokenizer.ggml.tokens")
+    if isinstance(toks, GGUFArray):
+        return toks.count
+    v = k.raw("vocab_size")
+    if isinstance(v, int):
+        return v
+    for t in header.tensors:
+        if t.name == "token_embd.weight" and len(t.shape) >= 2:
+            return t.shape[1]
+    return 0
+
+
+def from_gguf(header: GGUFHeader) -> ModelSpec:
+    arch = header.architecture
+    k = _Keys(header, arch)
+    notes: list[str] = []
+    n_layer_all = k.num("block_count")
+    if n_layer_all == 0 or n_layer_all > 100_000:
+        raise GGUFError(f"{header.source}: {arch}.block_count is {n_layer_all}")
+    n_layer_nextn = k.num("nextn_predict_layers", 0)
+    if n_layer_nextn > n_layer_all:
+        raise GGUFError(f"{header.source}: nextn_predict_layers {n_layer_nextn} > block_count {n_layer_all}")
+    n_layer = n_layer_all - n_layer_nextn
+    n_embd = k.num("embedding_length")
+    n_head = k.per_layer("attention.head_count", n_layer_all, 0)
+    # llama_model::load_hparams: head_count_kv defaults to head_count (MHA)
+    n_head_kv = (
+        k.per_layer("attention.head_count_kv", n_layer_all, n_head[0])
+        if k.raw("attention.head_count_kv") is not None
+        else n_head
+    )
+    head0 = n_head[0] or max(n_head, default=0)
+    default_head = n_embd // head0 if head0 else 0
+    n_embd_head_k = k.num("attention.key_length", default_head)
+    n_embd_head_v = k.num("attention.value_length", default_head)
+    n_embd_head_k_swa = k.num("attention.key_length_swa", n_embd_head_k)
+    n_embd_head_v_swa = k.num("attention.value_length_swa", n_embd_head_v)
+    is_mla = k.num("attention.key_length_mla", 0) > 0 and k.num("attention.value_length_mla", 0) > 0
+
+    swa_type, n_swa, swa_layers = _swa(k, arch, n_layer, n_layer_all)
+    recurrent = _recurrent(k, arch, n_layer, n_layer_all, n_head_kv)
+    n_embd_r, n_embd_s = _recurrent_dims(k, n_embd) if any(recurrent) else (0, 0)
+
+    # Which layers own KV in the main context (create_memory filters):
+    # trunk only (il < n_layer(): MTP blocks are filtered), not recurrent, with KV heads.
+    kv_layers = tuple(il < n_layer and not recurrent[il] and n_head_kv[il] > 0 for il in range(n_layer_all))
+    if arch in ("gemma3n", "gemma4"):
+        # n_layer_kv_from_start = n_layer - shared_kv_layers: later layers reuse a cache
+        shared = k.num("attention.shared_kv_layers", 0)
+        kv_layers = tuple(ok and il < n_layer - shared for il, ok in enumerate(kv_layers))
+
+    by_name = {t.name: t for t in header.tensors}
+    tok_embd = by_name.get("token_embd.weight")
+    output = by_name.get("output.weight")
+    # llama.cpp skips the MTP/NextN blocks' tensors unless asked to load them
+    # (src/models/glm4-moe.cpp and others: mtp_flags |= TENSOR_SKIP when !load_mtp).
+    mtp_prefixes = tuple(f"blk.{il}." for il in range(n_layer, n_layer_all))
+    loaded = [t for t in header.tensors if not (mtp_prefixes and t.name.startswith(mtp_prefixes))]
+    if len(loaded) < len(header.tensors):
+        skipped = sum(t.n_bytes for t in header.tensors) - sum(t.n_bytes for t in loaded)
+        notes.append(f"MTP/NextN block weights ({skipped:,} B) are not loaded by llama.cpp by default")
+    # The file span of the loaded tensors: what llama.cpp's mmap-ed CPU model buffer
+    # covers (a buffer from the host pointer [first offset, last end)).
+    weights_bytes = max(t.offset + t.n_bytes for t in loaded) - min(t.offset for t in loaded) if loaded else 0
+    expert_bytes = sum(t.n_bytes for t in loaded if _EXPERT_TENSOR.search(t.name))
+    layer_bytes = [0] * n_layer_all
+    for t in loaded:
+        if m := _BLOCK_TENSOR.match(t.name):
+            il = int(m[1])
+            if il < n_layer_all:
+                layer_bytes[il] += t.n_bytes
+    cuda_pad = sum(cuda_alloc_bytes(t.ggml_type, t.shape[0], t.n_bytes) - t.n_bytes for t in loaded)
+    type_bytes: Counter[str] = Counter()
+    for t in header.tensors:
+        if len(t.shape) >= 2:
+            type_bytes[t.ggml_type.type_name] += t.n_bytes
+    file_type = type_bytes.most_common(1)[0][0] if type_bytes else "unknown"
+
+    verified = arch in VERIFIED
+    if not verified:
+        notes.append(f"architecture {arch!r} is not verified against llama.cpp; generic rules applied")
+    if is_mla:
+        notes.append("MLA: llama.cpp stores only the compressed K (V is a view of it)")
+    name = header.metadata.get("general.name")
+    return ModelSpec(
+        name=name if isinstance(name, str) and name else arch,
+        architecture=arch,
+        source=header.source,
+        n_layer_all=n_layer_all,
+        n_layer_nextn=n_layer_nextn,
+        n_embd=n_embd,
+        n_vocab=_n_vocab(header, k),
+        n_ctx_train=k.num("context_length", 0),
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        n_embd_head_k=n_embd_head_k,
+        n_embd_head_v=n_embd_head_v,
+        n_embd_head_k_swa=n_embd_head_k_swa,
+        n_embd_head_v_swa=n_embd_head_v_swa,
+        n_swa=n_swa,
+        swa_type=swa_type,
+        swa_layers=swa_layers,
+        recurrent_layers=recurrent,
+        kv_layers=kv_layers,
+        n_embd_r=n_embd_r,
+        n_embd_s=n_embd_s,
+        is_mla=is_mla,
+        n_ff=k.num("feed_forward_length", 0),
+        n_expert=k.num("expert_count", 0),
+        n_expert_used=k.num("expert_used_count", 0),
+        weights_bytes=weights_bytes,
+        tok_embd_bytes=tok_embd.n_bytes if tok_embd else 0,
+        output_bytes=output.n_bytes if output else 0,
+        file_type=file_type,
+        verified=verified,
+        notes=tuple(notes),
+        expert_bytes=expert_bytes,
+        layer_bytes=tuple(layer_bytes),
+        cuda_pad_bytes=cuda_pad,
+    )

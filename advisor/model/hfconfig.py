@@ -1,0 +1,656 @@
+"""Hugging Face config.json -> ModelSpec, as llama.cpp sees the GGUF converted from it.
+
+Two steps, each following the code that defines it:
+
+1. ``convert_hf_to_gguf.py`` (llama.cpp 0c1e570, ``conversion/*.py``) decides
+   which GGUF keys a config becomes. This module emulates the ``__init__`` and
+   ``set_gguf_parameters`` of the converter class of each mapped architecture,
+   key for key (the metadata the memory model needs, nothing else).
+2. :func:`kvadvise.model.architecture.from_gguf` applies llama.cpp's per-architecture
+   rules to those keys (SWA patterns, recurrent layers, MLA, NextN/MTP).
+   It is reused as is, so a config.json and the GGUF converted from it give
+   the same ModelSpec and no rule lives in two places.
+
+Rules of the converter that matter for memory and are easy to get wrong:
+
+- ``head_count_kv`` is ``num_key_value_heads``, never ``num_attention_heads``
+  (when it is missing llama.cpp defaults to MHA, as transformers does).
+- Only the architectures whose llama.cpp model reads a sliding window get one:
+  qwen2/qwen3, llama/mistral and starcoder2 GGUFs have no SWA whatever
+  ``sliding_window`` / ``use_sliding_window`` say; phi3 writes it but
+  llama.cpp disables it. gemma2/gemma3/cohere2/gpt-oss use llama.cpp's own
+  layer pattern (the converter writes no pattern key for them).
+- deepseek2 (DeepSeek V2/V3) is MLA: head_count_kv 1, key_length
+  kv_lora_rank + qk_rope_head_dim, value_length kv_lora_rank, and its MTP
+  layers are dropped (``skip_mtp``), so num_nextn_predict_layers adds nothing.
+- glm4moe and qwen3next/qwen35 append their MTP layers to block_count and
+  write nextn_predict_layers.
+- context_length is max_position_embeddings as published (rope scaling such
+  as yarn is written to separate keys); command-r prefers model_max_length;
+  mamba2 and hybrid Granite 4 (NoPE) write 2**20.
+- ``load_hparams`` goes through transformers' AutoConfig, which fills class
+  defaults for keys a config.json omits; the nested Gemma 3 text_config relies
+  on this, so Gemma3TextConfig's defaults are applied here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+from kvadvise.errors import GGUFError, InputError
+from kvadvise.model.architecture import from_gguf
+from kvadvise.model.gguf import T_BOOL, T_INT32, GGUFArray, GGUFHeader, Value
+from kvadvise.model.spec import ModelSpec
+
+__all__ = ["ARCH_BY_HF_CLASS", "ARCH_BY_MODEL_TYPE", "from_config"]
+
+# convert_hf_to_gguf.py dispatches on architectures[0] (ModelBase.register in
+# conversion/*.py); the value is the GGUF general.architecture it writes.
+ARCH_BY_HF_CLASS: Mapping[str, str] = {
+    "LLaMAForCausalLM": "llama",  # llama.py LlamaModel
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "llama",
+    "MixtralForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",  # qwen.py Qwen2Model
+    "Qwen2Model": "qwen2",
+    "Qwen2MoeForCausalLM": "qwen2moe",  # qwen.py Qwen2MoeModel
+    "Qwen3ForCausalLM": "qwen3",  # qwen.py Qwen3Model
+    "Qwen3Model": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3moe",  # qwen.py Qwen3MoeModel
+    "Qwen3NextForCausalLM": "qwen3next",  # qwen.py Qwen3NextModel
+    "Qwen3_5ForConditionalGeneration": "qwen35",  # qwen.py Qwen3_5TextModel
+    "Qwen3_5ForCausalLM": "qwen35",
+    "Qwen3_5MoeForConditionalGeneration": "qwen35moe",  # qwen.py Qwen3_5MoeTextModel
+    "Qwen3_5MoeForCausalLM": "qwen35moe",
+    "Gemma2ForCausalLM": "gemma2",  # gemma.py Gemma2Model
+    "Gemma3ForCausalLM": "gemma3",  # gemma.py Gemma3Model
+    "Gemma3ForConditionalGeneration": "gemma3",
+    "GptOssForCausalLM": "gpt-oss",  # gpt_oss.py GptOssModel
+    "Phi3ForCausalLM": "phi3",  # phi.py Phi3MiniModel
+    "CohereForCausalLM": "command-r",  # command_r.py CommandR2Model
+    "Cohere2ForCausalLM": "cohere2",  # command_r.py Cohere2Model
+    "GraniteForCausalLM": "granite",  # granite.py GraniteModel
+    "GraniteMoeForCausalLM": "granitemoe",  # granite.py GraniteMoeModel
+    "GraniteMoeSharedForCausalLM": "granitemoe",
+    "GraniteMoeHybridForCausalLM": "granitehybrid",  # granite.py GraniteHybridModel
+    "BambaForCausalLM": "granitehybrid",
+    "DeepseekV2ForCausalLM": "deepseek2",  # deepseek.py DeepseekV2Model
+    "DeepseekV3ForCausalLM": "deepseek2",
+    "Glm4MoeForCausalLM": "glm4moe",  # glm.py Glm4MoeModel
+    "Mamba2ForCausalLM": "mamba2",  # mamba.py Mamba2Model
+    "Lfm2ForCausalLM": "lfm2",  # lfm2.py LFM2Model
+    "LFM2ForCausalLM": "lfm2",
+    "Lfm2MoeForCausalLM": "lfm2moe",  # lfm2.py LFM2MoeModel
+    "Starcoder2ForCausalLM": "starcoder2",  # starcoder.py StarCoder2Model
+}
+
+# For a config.json without "architectures": its model_type (top level or text_config).
+ARCH_BY_MODEL_TYPE: Mapping[str, str] = {
+    "llama": "llama",
+    "mistral": "llama",
+    "mixtral": "llama",
+    "qwen2": "qwen2",
+    "qwen2_moe": "qwen2moe",
+    "qwen3": "qwen3",
+    "qwen3_moe": "qwen3moe",
+    "qwen3_next": "qwen3next",
+    "qwen3_5": "qwen35",
+    "qwen3_5_text": "qwen35",
+    "qwen3_5_moe": "qwen35moe",
+    "qwen3_5_moe_text": "qwen35moe",
+    "gemma2": "gemma2",
+    "gemma3": "gemma3",
+    "gemma3_text": "gemma3",
+    "gpt_oss": "gpt-oss",
+    "phi3": "phi3",
+    "cohere": "command-r",
+    "cohere2": "cohere2",
+    "granite": "granite",
+    "granitemoe": "granitemoe",
+    "granitemoeshared": "granitemoe",
+    "granitemoehybrid": "granitehybrid",
+    "bamba": "granitehybrid",
+    "deepseek_v2": "deepseek2",
+    "deepseek_v3": "deepseek2",
+    "glm4_moe": "glm4moe",
+    "mamba2": "mamba2",
+    "lfm2": "lfm2",
+    "lfm2_moe": "lfm2moe",
+    "starcoder2": "starcoder2",
+}
+
+# transformers Gemma3TextConfig.__init__ defaults (configuration_gemma3.py). The
+# converter loads configs through AutoConfig, so a slim text_config (gemma-3-4b-it
+# lists only a few keys) gets these; gemma.py Gemma3Model repeats some as fallbacks.
+_GEMMA3_TEXT_DEFAULTS: Mapping[str, object] = {
+    "vocab_size": 262_208,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "max_position_embeddings": 131_072,
+    "sliding_window": 4096,
+    "sliding_window_pattern": 6,
+}
+
+# What no real model exceeds; larger values are typos or hostile input.
+_U32_MAX = (1 << 32) - 1
+_MAX_LAYERS = 10_000
+_MAX_DIM = 1 << 20  # widths, head sizes, head and expert counts
+_MAX_VOCAB = 1 << 24
+_LIMITS: Mapping[str, int] = {
+    "max_position_embeddings": _U32_MAX,
+    "model_max_length": _U32_MAX,
+    "n_ctx": _U32_MAX,
+    "n_positions": _U32_MAX,
+    "max_length": _U32_MAX,
+    "max_sequence_length": _U32_MAX,
+    "sliding_window": _U32_MAX,
+    "vocab_size": _MAX_VOCAB,
+    "n_layers": _MAX_LAYERS,
+    "num_hidden_layers": _MAX_LAYERS,
+    "n_layer": _MAX_LAYERS,
+    "num_layers": _MAX_LAYERS,
+    "num_nextn_predict_layers": _MAX_LAYERS,
+    "mtp_num_hidden_layers": _MAX_LAYERS,
+}
+
+# Renames in ModelBase.load_hparams (conversion/base.py): these become text_config.
+_TEXT_CONFIG_ALIASES = ("llm_config", "lm_config", "language_config", "lfm")
+_LAYER_KEYS = ("n_layers", "num_hidden_layers", "n_layer", "num_layers")
+_CTX_KEYS = ("max_position_embeddings", "n_ctx", "n_positions", "max_length", "max_sequence_length", "model_max_length")
+_EMBD_KEYS = ("hidden_size", "n_embd", "dim")
+_FF_KEYS = ("prefix_dense_intermediate_size", "dense_intermediate_size", "intermediate_size", "n_inner", "hidden_dim")
+_HEAD_KEYS = ("num_attention_heads", "n_head", "n_heads")
+_HEAD_KV_KEYS = ("num_key_value_heads", "n_kv_heads")
+_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
+_EXPERT_USED_KEYS = ("num_experts_per_tok", "num_experts_per_token", "top_k_experts")
+_DTYPES = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}
+
+
+class _HParams:
+    """The converter's ``self.hparams``: text_config merged over the top level (TextModel.__init__)."""
+
+    def __init__(self, config: Mapping[str, object], source: str) -> None:
+        self.source = source
+        top = dict(config)
+        for alias in _TEXT_CONFIG_ALIASES:
+            if alias in top:
+                top["text_config"] = top[alias]
+        thinker = top.get("thinker_config")
+        if isinstance(thinker, Mapping) and "text_config" in thinker:
+            top["text_config"] = thinker["text_config"]
+        text = top.get("text_config")
+        if text is not None and not isinstance(text, Mapping):
+            raise InputError(f"{source}: text_config should be a JSON object, got {type(text).__name__}")
+        self.top: dict[str, object] = top
+        self.text: Mapping[str, object] = text or {}
+        self.hp: dict[str, object] = {**top, **self.text}
+
+    def fail(self, what: str) -> InputError:
+        return InputError(f"{self.source}: {what}")
+
+    def get(self, key: str, default: object = None) -> object:
+        return self.hp.get(key, default)
+
+    def find(self, keys: Iterable[str]) -> tuple[str, object] | None:
+        """ModelBase.find_hparam: the first key present (its value may be null)."""
+        for k in keys:
+            if k in self.hp:
+                return k, self.hp[k]
+        return None
+
+    def check_int(self, key: str, v: object) -> int:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise self.fail(f"{key} should be a whole number, got {v!r}")
+        if isinstance(v, float):
+            if not v.is_integer():
+                raise self.fail(f"{key} should be a whole number, got {v!r}")
+            v = int(v)
+        if v < 0:
+            raise self.fail(f"{key} is negative ({v})")
+        limit = _LIMITS.get(key, _MAX_DIM)
+        if v > limit:
+            raise self.fail(f"{key} is {v}, larger than any real model (limit {limit})")
+        return v
+
+    def num(self, keys: Sequence[str]) -> int | None:
+        """find_hparam(keys, optional=True), checked; None when absent or null."""
+        found = self.find(keys)
+        if found is None or found[1] is None:
+            return None
+        return self.check_int(*found)
+
+    def need(self, keys: Sequence[str], why: str = "") -> int:
+        v = self.num(keys)
+        if v is None:
+            names = " / ".join(keys)
+            raise self.fail(f"{names} is missing" + (f" ({why})" if why else ""))
+        return v
+
+    def strs(self, key: str, n: int) -> list[str] | None:
+        v = self.hp.get(key)
+        if v is None:
+            return None
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            raise self.fail(f"{key} should be a list of strings")
+        if len(v) != n:
+            raise self.fail(f"{key} has {len(v)} entries for {n} layers")
+        return list(v)
+
+
+class _Writer:
+    """gguf_writer: later writes of a key overwrite earlier ones (GGUFWriter.add_key_value)."""
+
+    def __init__(self, arch: str) -> None:
+        self.arch = arch
+        self.md: dict[str, Value] = {"general.architecture": arch}
+        self.block_count = 0
+
+    def put(self, suffix: str, value: Value | None) -> None:
+        if value is not None:
+            self.md[f"{self.arch}.{suffix}"] = value
+
+    def ints(self, suffix: str, values: Sequence[int]) -> None:
+        self.md[f"{self.arch}.{suffix}"] = GGUFArray(T_INT32, len(values), tuple(values))
+
+    def bools(self, suffix: str, values: Sequence[bool]) -> None:
+        self.md[f"{self.arch}.{suffix}"] = GGUFArray(T_BOOL, len(values), tuple(values))
+
+
+_Convert = Callable[[_HParams, _Writer, list[str]], None]
+
+
+def _text_model(hp: _HParams, w: _Writer) -> None:
+    """TextModel.set_gguf_parameters (conversion/base.py), the keys every architecture starts from."""
+    w.put("block_count", w.block_count)
+    w.put("context_length", hp.num(_CTX_KEYS))
+    w.put("embedding_length", hp.num(_EMBD_KEYS))
+    w.put("feed_forward_length", hp.num(_FF_KEYS))
+    w.put("attention.head_count", hp.num(_HEAD_KEYS))
+    kv = hp.find(_HEAD_KV_KEYS)
+    if kv is not None and isinstance(kv[1], list):  # per-layer list set by lfm2 / lfm2moe
+        w.ints("attention.head_count_kv", [hp.check_int(kv[0], x) for x in kv[1]])
+    else:
+        w.put("attention.head_count_kv", hp.num(_HEAD_KV_KEYS))
+    w.put("expert_count", hp.num(_EXPERT_KEYS))
+    w.put("expert_used_count", hp.num(_EXPERT_USED_KEYS))
+    head_dim = hp.num(("head_dim",))
+    w.put("attention.key_length", head_dim)
+    w.put("attention.value_length", head_dim)
+
+
+def _vocab(hp: _HParams, w: _Writer, pad: int = 1) -> None:
+    """n_vocab: the token list the converter writes has vocab_size entries (padded for Mamba-2)."""
+    v = hp.num(("vocab_size",))
+    if v is not None:
+        w.put("vocab_size", -(v // -pad) * pad)
+
+
+def _generic(hp: _HParams, w: _Writer, notes: list[str]) -> None:
+    _text_model(hp, w)
+    _vocab(hp, w)
+
+
+def _llama(hp: _HParams, w: _Writer, notes: list[str]) -> None:
+    """llama.py LlamaModel: TextModel keys + vocab_size. Mistral's sliding_window is not written."""
+    _generic(hp, w, notes)
+
+
+def _granite(hp: _HParams, w: _Writer, notes: list[str]) -> None:
+    """granite.py GraniteModel: pops head_dim ("No head_dim support"), then LlamaModel."""
+    hp.hp.pop("head_dim", None)
+    _llama(hp, w, notes)
+
+
+def _gemma2(hp: _HParams, w: _Writer, notes: list[str]) -> None:
+    """gemma.py Gemma2Model: its own keys; head_count_kv falls back to head_count; sliding_window."""
+    w.put("context_length", hp.num(("max_position_embeddings",)))
+    w.put("embedding_length", hp.num(("hidden_size",)))
+    w.put("block_count", w.block_count)
+    w.put("feed_forward_length", hp.num(("intermediate_size",)))
+    n_head = hp.num(("num_attention_heads",))
+    w.put("attention.head_count", n_head)
+    kv = hp.num(("num_key_value_heads",))
+    w.put("attention.head_count_kv", kv if kv is not None else n_head)
+    head_dim = hp.num(("head_dim",))
+    w.put("attention.key_length", head_dim)
+    w.put("attention.value_length", head_dim)
+    w.put("attention.sliding_window", hp.num(("sliding_window",)))  # absent: llama.cpp's gemma2 default 4096
+    _vocab(hp, w)
+
+
+def _gemma3(hp: _HParams, w: _Writer, notes: list[str]) -> None:
+    """gemma.py Gemma3Model: sliding_window unless sliding_window_pattern == 1 (llama.cpp uses pattern 6)."""
+    _text_model(hp, w)
+    if hp.get("sliding_window_pattern") != 1:
+        w.put("attention.sliding_window", hp.need(("sliding_window",)))
+    _vocab(hp, w)
+
+
+def _gpt_oss(hp: _HParams, w: _Writer, notes: list[str]) -> None:
+    """gpt_oss.py GptOssModel: TextModel keys + hparams["sliding_window"]; llama.cpp uses pattern 2."""
+    _text_model(hp, w)
+    w.put("attention.sliding_window", hp.need(("sliding_window",), "convert_hf_to_gguf.py requires it for gpt-oss"))
+    _vocab(hp, w)
+
+
+def _phi3(hp: _HParams, w: _Writer, notes: list[str]) -> None:
+    """phi.py Phi3MiniModel: its own keys, no key_length; sliding_window (llama.cpp disables Phi SWA)."""
+    w.put("context_length", hp.num(("n_positions", "max_position_embeddings")))
+    w.put("embedding_length", hp.num(("hidden_size", "n_embd")))
+    w.put("feed_forward_length", hp.num(("intermediate_size",)))
+    w.put("block_count", w.block_count)
+    n_head = hp.num(("num_attention_heads", "n_head"))
+    w.put("attention.head_count", n_head)
+    kv = hp.num(("num_key_value_heads", "n_head_kv"))
+    w.put("attention.head_count_kv", kv if kv is not None else n_head)  # AutoConfig: None -> MHA
+    w.put("attention.sliding_window", hp.num(("sliding_window",)) or 0)
+    _vocab(hp, w)
+
+
+def _command_r(hp: _HParams, w: _Writer, notes: list[str]) -> None:
+    """command_r.py CommandR2Model: max_position_embeddings = model_max_length if present."""
+    ctx = hp.find(("model_max_length", "max_position_embeddings"))
+    if ctx is not None:
+        hp.hp["max_position_embeddings"] = ctx[1]
+    _generic(hp, w, notes)
+
+
+def _cohere2(hp: _HParams, w: _Writer, notes: list[str]) -> None:
+    """command_r.py Cohere2Model: TextModel keys + sliding_window; llama.cpp uses pattern 4."""
+    _text_model(hp, w)
+    w.put("attention.sliding_window", hp.need(("sliding_window",), "convert_hf_to_gguf.py requires it for cohere2"))
+    _vocab(hp, w)
+
+
+def _deepseek2(hp: _HParams, w: _Writer, notes: list[str]) -> None:
+    """deepseek.py DeepseekV2Model: MLA as MQA with one wide KV head; MTP layers skipped."""
+    hp.hp["num_key_value_heads"] = 1
+    _text_model(hp, w)
+    kv_lora_rank = hp.num(("kv_lora_rank",)) if "kv_lora_rank" in hp.hp else 512
+    if kv_lora_rank is None:
+        raise hp.fail("kv_lora_rank is null")
+    rope = hp.need(("qk_rope_head_dim",), "DeepSeek MLA")
+    nope = hp.need(("qk_nope_head_dim",), "DeepSeek MLA")
+    v_head = hp.need(("v_head_dim",), "DeepSeek MLA")
+    w.put("attention.kv_lora_rank", kv_lora_rank)
+    w.put("attention.key_length", kv_lora_rank + rope)
+    w.put("attention.value_length", kv_lora_rank)
+    w.put("attention.key_length_mla", nope + rope)
+    w.put("attention.value_length_mla", v_head)
+    w.put("expert_count", hp.num(("n_routed_experts",)))
+    _vocab(hp, w)
+    if hp.num(("num_nextn_predict_layers",)):
+        notes.append("the DeepSeek MTP layers (num_nextn_predict_layers) are dropped by convert_hf_to_gguf.py")
+
+
+def _glm4moe(hp: _HParams, w: _Writer, notes: list[str]) -> None:
+    """glm.py Glm4MoeModel: MTP layers appended to block_count, nextn_predict_layers written."""
+    nextn = hp.num(("num_nextn_predict_layers",)) or 0
+    w.block_count += nextn
+    _text_model(hp, w)
+    w.put("expert_count", hp.num(("n_routed_experts",)))
+    if nextn:
+        w.put("nextn_predict_layers", nextn)
+    _vocab(hp, w)
+
+
+def _qwen3next(hp: _HParams, w: _Writer, notes: list[str]) -> None:
+    """qwen.py Qwen3NextModel (and Qwen3.5 / 3.5-MoE): Gated DeltaNet layers + MTP."""
+    n_layer = w.block_count
+    n_mtp = hp.num(("mtp_num_hidden_layers",)) or 0
+    if n_mtp == 0 and w.arch == "qwen3next":
+        notes.append("Qwen3-Next MTP layers are counted from the weights by the converter; not in config.json")
+    w.block_count += n_mtp
+    _text_model(hp, w)
+    if n_mtp:
+        w.put("nextn_predict_layers", n_mtp)
+    why = "Gated DeltaNet layers"
+    w.put("ssm.conv_kernel", hp.need(("linear_conv_kernel_dim",), why))
+    w.put("ssm.state_size", hp.need(("linear_key_head_dim",), why))
+    w.put("ssm.group_count", hp.need(("linear_num_key_heads",), why))
+    n_v_heads = hp.need(("linear_num_value_heads",), why)
+    w.put("ssm.time_step_rank", n_v_heads)
+    w.put("ssm.inner_size", hp.need(("linear_value_head_dim",), why) * n_v_heads)
+    layer_types = hp.strs("layer_types", n_layer)
+    if layer_types is not None:
+        w.bools("attention.recurrent_layers", [t == "linear_attention" for t in layer_types] + [False] * n_mtp)
+    interval = hp.num(("full_attention_interval",))
+    w.put("full_attention_interval", 4 if interval is None else interval)
+    _vocab(hp, w)
+
+
+def _mamba2(hp: _HParams, w: _Writer, notes: list[str]) -> None:
+    """mamba.py Mamba2Model (reads config.json directly, no AutoConfig)."""
+    d_model = hp.need(("hidden_size", "d_model", "dim"))
+    expand = hp.num(("mamba_expand", "expand")) or 2
+    d_inner = hp.num(("mamba_d_ssm", "intermediate_size", "d_inner")) or expand * d_model
+    n_group = hp.num(("n_groups",)) or 1
+    d_conv = hp.num(("conv_kernel", "d_conv")) or 4
+    d_state = hp.num(("state_size", "d_state")) or 128
+    head_dim = hp.num(("mamba_d_head", "head_dim")) or 64
+    w.put("context_length", 1 << 20)  # "arbitrary value; for those who use the default"
+    w.put("embedding_length", d_model)
+    w.put("feed_forward_length", 0)
+    w.put("attention.head_count", 0)
+    w.put("block_count", w.block_count)
+    w.put("ssm.conv_kernel", d_conv)
+    w.put("ssm.inner_size", d_inner)
+    w.put("ssm.state_size", d_state)
+    w.put("ssm.time_step_rank", d_inner // head_dim if head_dim else 0)
+    w.put("ssm.group_count", n_group)
+    pad = hp.num(("pad_vocab_size_multiple",)) or 16  # Mamba2Model.set_vocab rounds the vocab up
+    _vocab(hp, w, pad)
+
+
+def _granitehybrid(hp: _HParams, w: _Writer, notes: list[str]) -> None:
+    """granite.py GraniteHybridModel: Mamba-2 layers (head_count_kv 0) + attention layers; mamba_* keys."""
+    n_layer = w.block_count
+
+    def find(keys: Sequence[str]) -> int | None:  # find_hparam with the "mamba" prefix
+        return hp.num([*keys, *(f"mamba_{k}" for k in keys)])
+
+    layer_types = hp.strs("layer_types", n_layer)
+    if layer_types is not None:
+        attn = [i for i, t in enumerate(layer_types) if t == "attention"]
+    elif isinstance(idx := hp.get("attn_layer_indices"), list) and idx:
+        attn = [hp.check_int("attn_layer_indices", i) for i in idx]
+    else:
+        period = hp.num(("attn_layer_period",))
+        offset = hp.num(("attn_layer_offset",))
+        if not period or offset is None:
+            raise hp.fail("layer_types (or attn_layer_indices / attn_layer_period) is missing for a hybrid Granite")
+        attn = [i for i in range(n_layer) if i % period == offset]
+    has_ssm = len(set(attn)) < n_layer
+    if not has_ssm:  # "non-hybrid" members of the family become granite / granitemoe
+        w.arch = "granitemoe" if hp.find(("num_experts_per_tok", "num_experts_per_token")) else "granite"
+        w.md = {"general.architecture": w.arch}
+        _granite(hp, w, notes)
+        return
+    hp.hp.pop("head_dim", None)  # GraniteModel
+    _text_model(hp, w)
+    d_model = find(("mamba_head_dim", "hidden_size", "d_model"))
+    if not d_model:
+        raise hp.fail("hidden_size is missing")
+    n_group = find(("n_groups", "num_groups"))
+    if n_group is None:
+        notes.append("mamba_n_groups is missing (the converter requires it); assumed 1")
+        n_group = 1
+    expand = find(("expand", "num_heads"))
+    if expand is None:
+        raise hp.fail("mamba_expand is missing (hybrid Granite)")
+    d_conv, d_state = find(("conv_kernel", "d_conv")), find(("state_size", "d_state", "state_dim", "ssm_state_size"))
+    if d_conv is None or d_state is None:
+        raise hp.fail("mamba_d_conv / mamba_d_state is missing (hybrid Granite)")
+    w.put("ssm.conv_kernel", d_conv)
+    w.put("ssm.state_size", d_state)
+    w.put("ssm.group_count", n_group)
+    w.put("ssm.inner_size", expand * d_model)
+    w.put("ssm.time_step_rank", find(("n_heads", "num_heads")))
+    kv = hp.need(("num_key_value_heads", "n_head_kv", "mamba_num_key_value_heads", "mamba_n_head_kv"))
+    w.ints("attention.head_count_kv", [kv if i in attn else 0 for i in range(n_layer)])
+    archs = hp.top.get("architectures")
+    if not (isinstance(archs, list) and "BambaForCausalLM" in archs):
+        w.put("context_length", 1 << 20)  # no RoPE: the converter writes 2**20 over max_position_embeddings
+    _vocab(hp, w, 8)
+
+
+def _lfm2(hp: _HParams, w: _Writer, notes: list[str]) -> None:
+    """lfm2.py LFM2Model / LFM2MoeModel: head_count_kv 0 on the short-conv layers."""
+    n_layer = w.block_count
+    layer_types = hp.strs("layer_types", n_layer)
+    if layer_types is None:  # transformers Lfm2Config builds layer_types from full_attn_idxs
+        idxs = hp.get("full_attn_idxs")
+        if not isinstance(idxs, list):
+            raise hp.fail("layer_types (or full_attn_idxs) is missing for LFM2")
+        full = {hp.check_int("full_attn_idxs", i) for i in idxs}
+        layer_types = ["full_attention" if i in full else "conv" for i in range(n_layer)]
+    kv = hp.need(("num_key_value_heads",))
+    if w.arch == "lfm2":
+        hp.hp["num_key_value_heads"] = [kv if t != "conv" else 0 for t in layer_types]
+    else:
+        hp.hp["num_key_value_heads"] = [kv if t == "full_attention" else 0 for t in layer_types]
+    _text_model(hp, w)
+    w.put("shortconv.l_cache", hp.need(("conv_L_cache",), "LFM2 short convolutions"))
+    _vocab(hp, w)
+
+
+_CONVERTERS: Mapping[str, _Convert] = {
+    "llama": _llama,
+    "mistral3": _llama,
+    "qwen2": _generic,
+    "qwen2moe": _generic,
+    "qwen3": _generic,
+    "qwen3moe": _generic,
+    "qwen3next": _qwen3next,
+    "qwen35": _qwen3next,
+    "qwen35moe": _qwen3next,
+    "gemma2": _gemma2,
+    "gemma3": _gemma3,
+    "gpt-oss": _gpt_oss,
+    "phi3": _phi3,
+    "command-r": _command_r,
+    "cohere2": _cohere2,
+    "granite": _granite,
+    "granitemoe": _granite,
+    "granitehybrid": _granitehybrid,
+    "deepseek2": _deepseek2,
+    "glm4moe": _glm4moe,
+    "mamba2": _mamba2,
+    "lfm2": _lfm2,
+    "lfm2moe": _lfm2,
+    "starcoder2": _generic,
+}
+# Attention-free architectures: num_attention_heads is not required.
+_NO_ATTENTION = frozenset({"mamba2"})
+
+
+def _architecture(hp: _HParams) -> tuple[str, str | None]:
+    """(GGUF architecture, HF class or model_type it came from when unmapped)."""
+    cls: object = None
+    archs = hp.top.get("architectures")
+    if isinstance(archs, list) and archs:
+        cls = archs[0]
+    text_archs = hp.text.get("architectures")
+    if isinstance(text_archs, list) and text_archs:  # get_model_architecture: the sub-config's wins
+        cls = text_archs[0]
+    if cls is not None:
+        if not isinstance(cls, str):
+            raise hp.fail(f"architectures should hold class names, got {cls!r}")
+        if cls in ARCH_BY_HF_CLASS:
+            return ARCH_BY_HF_CLASS[cls], None
+    types = [t for t in (hp.top.get("model_type"), hp.text.get("model_type")) if isinstance(t, str) and t]
+    if cls is None:
+        for t in types:
+            if t in ARCH_BY_MODEL_TYPE:
+                return ARCH_BY_MODEL_TYPE[t], None
+    name = types[0] if types else (cls if isinstance(cls, str) else "")
+    if not name:
+        raise hp.fail("neither architectures nor model_type says which model this is")
+    return name.lower(), name
+
+
+def _check(hp: _HParams, arch: str) -> int:
+    """Required keys and cross-checks, before anything is converted. Returns block_count."""
+    n_layer = hp.num(_LAYER_KEYS)
+    if n_layer is None:
+        raise hp.fail("num_hidden_layers is missing")
+    if n_layer == 0:
+        raise hp.fail("num_hidden_layers is 0")
+    n_embd = hp.num((*_EMBD_KEYS, "d_model"))
+    if not n_embd:
+        raise hp.fail("hidden_size is missing" if n_embd is None else "hidden_size is 0")
+    if arch not in _NO_ATTENTION:
+        n_head = hp.num(_HEAD_KEYS)
+        if n_head is None:
+            raise hp.fail("num_attention_heads is missing")
+        if n_head == 0:
+            raise hp.fail("num_attention_heads is 0")
+        kv = hp.num(_HEAD_KV_KEYS)
+        if n_head and kv is not None and kv > n_head:
+            raise hp.fail(f"num_key_value_heads ({kv}) is larger than num_attention_heads ({n_head})")
+    n_expert = hp.num(_EXPERT_KEYS)
+    n_used = hp.num(_EXPERT_USED_KEYS)
+    if n_expert is not None and n_used is not None and n_used > n_expert > 0:
+        raise hp.fail(f"num_experts_per_tok ({n_used}) is larger than the expert count ({n_expert})")
+    for key in ("vocab_size", "head_dim", "sliding_window", "intermediate_size"):
+        if hp.get(key) is not None:
+            hp.check_int(key, hp.get(key))
+    return n_layer
+
+
+def _sliding_layers(hp: _HParams) -> bool:
+    lt = hp.get("layer_types")
+    return isinstance(lt, list) and any(t in ("sliding_attention", "sliding_window") for t in lt)
+
+
+def from_config(config: Mapping[str, object], *, source: str, weights_bytes: int | None = None) -> ModelSpec:
+    """The ModelSpec llama.cpp builds from the GGUF that convert_hf_to_gguf.py makes of ``config``.
+
+    ``weights_bytes``: size of the weights when known (a config.json does not say); 0 otherwise.
+    Raises InputError naming ``source`` for a config that cannot describe a model.
+    """
+    if not isinstance(config, Mapping):
+        raise InputError(f"{source}: a config.json must hold a JSON object, got {type(config).__name__}")
+    if weights_bytes is not None and (
+        isinstance(weights_bytes, bool) or not isinstance(weights_bytes, int) or weights_bytes < 0
+    ):
+        raise InputError(f"{source}: weights_bytes must be a non-negative integer, got {weights_bytes!r}")
+    hp = _HParams(config, source)
+    arch, unmapped = _architecture(hp)
+    notes: list[str] = []
+    if unmapped is not None:
+        notes.append(f"config.json {unmapped!r} is not mapped to a llama.cpp architecture; generic converter keys used")
+        if _sliding_layers(hp) or hp.get("sliding_window"):
+            notes.append("its sliding-window layers are not applied (full KV assumed: an upper bound)")
+    if arch == "gemma3":
+        for k, v in _GEMMA3_TEXT_DEFAULTS.items():
+            hp.hp.setdefault(k, v)
+    n_layer = _check(hp, arch)
+    w = _Writer(arch)
+    w.block_count = n_layer
+    _CONVERTERS.get(arch, _generic)(hp, w, notes)
+    name = hp.top.get("_name_or_path")
+    w.md["general.name"] = name if isinstance(name, str) and name else source
+    header = GGUFHeader(
+        source=source,
+        version=3,
+        byte_order="<",
+        metadata=w.md,
+        tensors=(),
+        alignment=32,
+        header_bytes=0,
+        data_offset=0,
+        data_bytes=0,
+        file_bytes=None,
+    )
+    try:
+        spec = from_gguf(header)
+    except GGUFError as e:  # should not happen after _check; keep the source and say where it came from
+        raise InputError(f"{e.message} (GGUF metadata converted from config.json)") from None
+    dtype = hp.get("torch_dtype", hp.get("dtype"))
+    file_type = "unknown"
+    if weights_bytes and isinstance(dtype, str) and "quantization_config" not in hp.hp:
+        file_type = _DTYPES.get(dtype, "unknown")
+    return dataclasses.replace(spec, weights_bytes=weights_bytes or 0, file_type=file_type, notes=(*notes, *spec.notes))

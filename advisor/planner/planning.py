@@ -1,0 +1,83 @@
+"""One planning request, whatever the source: estimate a given config, or
+recommend one, against the hardware at hand or a card planned for."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from kvadvise.model.spec import ModelSpec
+from kvadvise.planner.hardware import Hardware
+from kvadvise.planner.memory import MemoryEstimate, RunConfig, estimate
+from kvadvise.planner.recommender import DEFAULT_MARGIN_BYTES, Budget, Policy, Recommendation, budget_for, recommend
+
+
+@dataclass(frozen=True, slots=True)
+class HardwareRequest:
+    gpu: str | None = None  # plan for a card from profiles/gpus.json
+    vram_bytes: int | None = None  # a budget given by hand
+    probe: bool = True  # else: no hardware (estimate only)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    spec: ModelSpec
+    config: RunConfig
+    estimate: MemoryEstimate
+    hardware: Hardware | None
+    budget: Budget | None
+    fits: bool | None
+    recommendation: Recommendation | None  # None when the user fixed --ctx
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class MeasuredOverhead:
+    """A device's fixed cost as ``verify --save-calibration`` measured it. Planning is pure:
+    the caller reads the calibration store (kvadvise.runtime.calibration) and passes this in."""
+
+    overhead_bytes: int
+    source: str  # said in the plan's notes: what was measured, where and when
+
+
+def hardware_for(req: HardwareRequest) -> Hardware | None:
+    from kvadvise.planner import hardware
+
+    if req.vram_bytes is not None:
+        return hardware.manual(req.vram_bytes)
+    if req.gpu:
+        return hardware.from_profile(req.gpu)
+    return hardware.probe() if req.probe else None
+
+
+def make_plan(
+    spec: ModelSpec,
+    base: RunConfig,
+    *,
+    recommend_ctx: bool,
+    hw: Hardware | None,
+    policy: Policy,
+    margin_bytes: int = DEFAULT_MARGIN_BYTES,
+    measured_overhead: MeasuredOverhead | None = None,
+    notes: tuple[str, ...] = (),
+) -> Plan:
+    """``recommend_ctx``: pick context, cache types and FA; else estimate ``base`` as given.
+
+    ``measured_overhead`` replaces the default per-device overhead on a GPU plan (unless
+    ``base`` sets one); ``notes`` are carried into the plan (e.g. why a calibration was skipped).
+    """
+    budget = budget_for(hw, margin_bytes) if hw is not None else None
+    if hw is not None and hw.gpus and base.overhead_bytes is None and measured_overhead is not None:
+        base = replace(base, overhead_bytes=measured_overhead.overhead_bytes)
+        notes = (
+            *notes,
+            f"overhead {measured_overhead.overhead_bytes / (1 << 20):,.0f} MiB from {measured_overhead.source}",
+        )
+    if recommend_ctx and budget is not None:
+        rec = recommend(spec, base, budget, policy)
+        return Plan(spec, rec.config, rec.estimate, hw, budget, rec.fits, rec, notes)
+    cfg = replace(base, device=budget.device) if budget is not None and base.device == "auto" else base
+    if cfg.device == "auto":
+        cfg = replace(cfg, device="cpu")
+    est = estimate(spec, cfg)
+    fits = est.device_bytes <= budget.budget_bytes if budget is not None else None
+    return Plan(spec, cfg, est, hw, budget, fits, None, notes)

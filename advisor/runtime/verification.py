@@ -1,0 +1,144 @@
+"""Verification: what a real llama.cpp run allocated, against the prediction.
+
+A runner (backends/llamacpp.py: the user's llama-server, or llama-cpp-python
+in a child process) loads the model, runs a short benchmark and hands back
+its log; this module turns the log into a Measurement and compares.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from kvadvise.planner.planning import Plan
+from kvadvise.runtime.llamalog import MIB, LoadLog
+
+# "build: 7000 (0c1e570) with ..." (older builds), "common_params_print_info: build 1 (0c1e570) with ..."
+# (a build from a source tarball without git says "build 0 (unknown)")
+BUILD = re.compile(r"\bbuild(?: info)?:?\s+(\d+)\s*\(([0-9a-f]+|unknown)\)")
+
+
+@dataclass(frozen=True, slots=True)
+class Measurement:
+    runner: str  # "llama-server" | "llama-cpp-python"
+    backend: str  # "CUDA" | "CPU" | ... from the buffer names
+    llama_cpp_build: str
+    k_bytes: int
+    v_bytes: int
+    kv_bytes: int
+    recurrent_bytes: int
+    weights_bytes: int
+    compute_bytes: int
+    output_bytes: int
+    device_used_bytes: int | None  # NVML: used after load - used before; None without a GPU
+    prompt_tokens_per_s: float | None
+    decode_tokens_per_s: float | None
+    n_ctx: int | None
+    gpu_layers: int | None  # "offloaded N/M layers to GPU"
+    total_layers: int | None
+    repack_bytes: int = 0  # CPU_REPACK: CPU-only copies of some quantized matrices, inside weights_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ByteErrors:
+    """measured - predicted, per component (bytes)."""
+
+    k_bytes: int
+    v_bytes: int
+    kv_bytes: int
+    recurrent_bytes: int
+    weights_bytes: int
+    compute_bytes: int
+    output_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Verification:
+    plan: Plan
+    measured: Measurement
+    error: ByteErrors
+    fits: bool
+    verdict: str
+    reasons: tuple[str, ...]
+
+
+def _b(mib: float) -> int:
+    return round(mib * MIB)
+
+
+def measurement_from_log(
+    log: LoadLog,
+    *,
+    runner: str,
+    build: str,
+    n_ctx: int | None,
+    device_used_bytes: int | None,
+    prompt_tokens_per_s: float | None,
+    decode_tokens_per_s: float | None,
+) -> Measurement:
+    """Sizes as llama.cpp printed them (to 0.01 MiB)."""
+    gpu = sorted({b.buft.rstrip("0123456789") for b in log.buffers if not b.buft.startswith("CPU") and b.buft != "CPU"})
+    backend = "/".join(x.removesuffix("_Host") for x in gpu if not x.endswith("_Host")) or "CPU"
+    return Measurement(
+        runner=runner,
+        backend=backend,
+        llama_cpp_build=build,
+        k_bytes=_b(sum(s.k_mib for s in log.kv)),
+        v_bytes=_b(sum(s.v_mib for s in log.kv)),
+        kv_bytes=_b(log.mib("KV")),
+        recurrent_bytes=_b(log.mib("RS")),
+        weights_bytes=_b(log.mib("model")),
+        compute_bytes=_b(log.mib("compute")),
+        output_bytes=_b(log.mib("output")),
+        device_used_bytes=device_used_bytes,
+        prompt_tokens_per_s=prompt_tokens_per_s,
+        decode_tokens_per_s=decode_tokens_per_s,
+        n_ctx=n_ctx,
+        gpu_layers=log.gpu_layers,
+        total_layers=log.total_layers,
+        repack_bytes=_b(sum(b.mib for b in log.buffers if b.kind == "model" and b.buft == "CPU_REPACK")),
+    )
+
+
+def build_from_log(text: str, fallback: str) -> str:
+    m = BUILD.search(text)
+    return f"b{m[1]} ({m[2]})" if m else fallback
+
+
+def compare(plan: Plan, m: Measurement) -> Verification:
+    est = plan.estimate
+    err = ByteErrors(
+        k_bytes=m.k_bytes - est.k_bytes,
+        v_bytes=m.v_bytes - est.v_bytes,
+        kv_bytes=m.kv_bytes - est.kv_bytes,
+        recurrent_bytes=m.recurrent_bytes - est.recurrent_bytes,
+        weights_bytes=m.weights_bytes - est.weights_bytes,
+        compute_bytes=m.compute_bytes - est.compute_bytes,
+        output_bytes=m.output_bytes - est.output_bytes,
+    )
+    reasons: list[str] = []
+    on_gpu = m.backend != "CPU"
+    if on_gpu:
+        all_on_gpu = m.gpu_layers is not None and m.gpu_layers == m.total_layers
+        within = True
+        if plan.budget is not None and m.device_used_bytes is not None:
+            within = m.device_used_bytes <= plan.budget.free_bytes
+            reasons.append(
+                f"device memory used by the run: {m.device_used_bytes / MIB:,.0f} MiB of {plan.budget.free_bytes / MIB:,.0f} MiB free"
+            )
+        fits = all_on_gpu and within
+        cpu_layers = (m.total_layers or 0) - (m.gpu_layers or 0)
+        verdict = "fits: 100% GPU, 0 layers on CPU" if fits else f"does not fit: {cpu_layers} layers on the CPU"
+        if all_on_gpu and not within:
+            verdict = "does not fit: device memory went past what was free"
+    else:
+        fits = True
+        verdict = "ran on the CPU: the result covers CPU buffers only (no GPU in this run)"
+    if m.repack_bytes:
+        reasons.append(
+            f"weights include {m.repack_bytes / MIB:,.2f} MiB of CPU_REPACK: llama.cpp's repacked copies of some "
+            "quantized matrices for faster CPU matmuls (not predicted; CPU runs only)"
+        )
+    if abs(err.kv_bytes) > MIB // 100:
+        reasons.append(f"KV cache differs from the prediction by {err.kv_bytes / MIB:+.2f} MiB")
+    return Verification(plan, m, err, fits, verdict, tuple(reasons))

@@ -1,0 +1,139 @@
+"""A cache of GGUF headers already read, in the user's cache dir.
+
+A 262k-token vocabulary makes a header several MB that must be walked string
+by string; a second plan of the same file should not pay that again. Entries
+are keyed by the file's real path and trusted only while its size, mtime and
+inode are unchanged. The cache is best effort: an unreadable or stale entry is
+ignored and a failed write is silent. ``KVADVISE_NO_CACHE=1`` turns it off.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from kvadvise.model.ggml import GGMLType
+from kvadvise.model.gguf import GGUFArray, GGUFHeader, TensorInfo, Value
+
+FORMAT = 1
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "kvadvise" / "headers"
+
+
+def enabled() -> bool:
+    return os.environ.get("KVADVISE_NO_CACHE", "") in ("", "0")
+
+
+def _identity(path: Path) -> tuple[str, list[int]] | None:
+    try:
+        real = os.path.realpath(path)
+        st = os.stat(real)
+    except OSError:
+        return None
+    return real, [st.st_size, st.st_mtime_ns, st.st_ino]
+
+
+def _entry(real: str) -> Path:
+    import zlib  # a cheap name; the entry itself records the path it belongs to
+
+    return cache_dir() / f"{zlib.crc32(real.encode()):08x}-{len(real)}.json"
+
+
+def load(path: Path) -> GGUFHeader | None:
+    if not enabled():
+        return None
+    ident = _identity(path)
+    if ident is None:
+        return None
+    real, stamp = ident
+    try:
+        doc = json.loads(_entry(real).read_text(encoding="utf-8"))
+        if doc.get("format") != FORMAT or doc.get("path") != real or doc.get("stamp") != stamp:
+            return None
+        return decode(doc["header"], str(path))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def store(path: Path, header: GGUFHeader) -> None:
+    if not enabled():
+        return
+    ident = _identity(path)
+    if ident is None:
+        return
+    real, stamp = ident
+    target = _entry(real)
+    doc = {"format": FORMAT, "path": real, "stamp": stamp, "header": encode(header)}
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(doc, separators=(",", ":")), encoding="utf-8")
+        os.replace(tmp, target)
+    except OSError:
+        pass
+
+
+def _enc_value(v: Value) -> Any:
+    if isinstance(v, GGUFArray):
+        vals = None if v.values is None else [_enc_value(x) for x in v.values]
+        return {"a": [v.item_type, v.count, vals]}
+    if isinstance(v, float):
+        return {"f": v}  # keeps 1.0 a float, not an int
+    return v
+
+
+def _dec_value(v: Any) -> Value:
+    if isinstance(v, dict):
+        if "f" in v:
+            return float(v["f"])
+        item_type, count, vals = v["a"]
+        return GGUFArray(int(item_type), int(count), None if vals is None else tuple(_dec_value(x) for x in vals))
+    if isinstance(v, (bool, int, str)):
+        return v
+    raise TypeError(f"unexpected cached value {v!r}")
+
+
+def encode(h: GGUFHeader) -> dict[str, Any]:
+    return {
+        "version": h.version,
+        "byte_order": h.byte_order,
+        "metadata": {k: _enc_value(v) for k, v in h.metadata.items()},
+        "tensors": [[t.name, list(t.shape), int(t.ggml_type), t.offset, t.n_bytes] for t in h.tensors],
+        "alignment": h.alignment,
+        "header_bytes": h.header_bytes,
+        "data_offset": h.data_offset,
+        "data_bytes": h.data_bytes,
+        "file_bytes": h.file_bytes,
+    }
+
+
+def decode(d: dict[str, Any], source: str) -> GGUFHeader:
+    return GGUFHeader(
+        source=source,
+        version=int(d["version"]),
+        byte_order=str(d["byte_order"]),
+        metadata={str(k): _dec_value(v) for k, v in d["metadata"].items()},
+        tensors=tuple(TensorInfo(n, tuple(s), GGMLType(t), o, b) for n, s, t, o, b in d["tensors"]),
+        alignment=int(d["alignment"]),
+        header_bytes=int(d["header_bytes"]),
+        data_offset=int(d["data_offset"]),
+        data_bytes=int(d["data_bytes"]),
+        file_bytes=d["file_bytes"],
+    )
+
+
+def read(path: str | os.PathLike[str]) -> GGUFHeader:
+    """The header of a local GGUF file: from the cache when the file is unchanged."""
+    from kvadvise.model.gguf import read_file
+
+    p = Path(path)
+    header = load(p)
+    if header is None:
+        header = read_file(p)
+        store(p, header)
+    return header

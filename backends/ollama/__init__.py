@@ -1,0 +1,66 @@
+"""Backend: an Ollama model by name (``qwen3-coder``, ``qwen3:8b``, ``hf.co/user/repo:Q4_K_M``).
+
+The package: name.py (names), store.py (the on-disk store), api.py (a running
+server), profiles.py (built-in profiles), resolve.py (the three in order),
+model.py (the resolved model), rules.py (how Ollama runs llama-server),
+advice.py, config.py and modelfile.py (what to set and write), verify.py
+(``/api/ps`` after a run), commands.py (``kvadvise ollama`` and ``kvadvise
+verify ollama``, registered through the plugin interface). Submodules never
+import this package's ``__init__``; it imports them lazily.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kvadvise.backends.ollama.model import OllamaModel
+from kvadvise.backends.ollama.resolve import resolve
+from kvadvise.model.spec import ModelSpec
+
+if TYPE_CHECKING:
+    import click
+
+    from kvadvise.backends.ollama.advice import LiveState, OllamaAdvice, Written
+    from kvadvise.backends.ollama.verify import OllamaVerification
+
+__all__ = ["OllamaBackend", "OllamaModel", "resolve"]
+
+
+class OllamaBackend:
+    name = "ollama"
+    summary = "an Ollama model by name: the local model store, a running server (OLLAMA_HOST), or a built-in profile"
+
+    def load_spec(self, ref: str) -> ModelSpec:
+        from kvadvise.backends.ollama import api
+
+        with api.session():
+            return resolve(ref).spec
+
+    def register_commands(self, cli: click.Group, verify: click.Group) -> None:
+        """``kvadvise ollama NAME`` and ``kvadvise verify ollama NAME`` (kvadvise.plugins.CommandProvider)."""
+        from kvadvise.backends.ollama.commands import ollama_command, verify_ollama_command
+
+        cli.add_command(ollama_command)
+        verify.add_command(verify_ollama_command)
+
+    def running_models(self, host: str | None = None) -> LiveState:
+        """Live state: the server's version and what /api/ps says it holds."""
+        from kvadvise.backends.ollama.advice import live_state
+
+        return live_state(host)
+
+    def write_config(
+        self, advice: OllamaAdvice, *, modelfile: str | None, env: str | None, systemd: str | None, force: bool
+    ) -> tuple[Written, ...]:
+        """Modelfile, env file, systemd drop-in: atomic, never over a file without ``force``."""
+        from kvadvise.backends.ollama.advice import write_files
+
+        return write_files(advice, modelfile=modelfile, env=env, systemd=systemd, force=force)
+
+    def verify_running(
+        self, name: str, *, host: str | None, load: bool, num_ctx: int | None, predicted_total_bytes: int | None
+    ) -> OllamaVerification:
+        """After `ollama run`: /api/ps must show size_vram == size and the context asked for."""
+        from kvadvise.backends.ollama.verify import verify
+
+        return verify(host, name, load=load, num_ctx=num_ctx, predicted_total_bytes=predicted_total_bytes)

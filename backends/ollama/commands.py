@@ -1,0 +1,140 @@
+"""``kvadvise ollama NAME`` and ``kvadvise verify ollama NAME``: the Ollama backend's own
+commands, registered through the plugin interface (OllamaBackend.register_commands)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TypeVar
+
+import click
+
+from kvadvise.backends.ollama import api as ollama_api
+from kvadvise.backends.ollama import rules
+from kvadvise.cli import output
+from kvadvise.cli.options import PlanOptions, run_options
+from kvadvise.cli.plan import build_plan, exit_if_no_fit, refuse_to_write_what_does_not_fit, show_chart
+
+F = TypeVar("F")
+
+
+def _host_option(f: F) -> F:
+    return click.option(  # type: ignore[no-any-return]
+        "--host", default=None, metavar="URL", help="The Ollama server (default: $OLLAMA_HOST, else 127.0.0.1:11434)."
+    )(f)  # type: ignore[arg-type]
+
+
+@click.command("ollama")
+@click.argument("name")
+@run_options
+@_host_option
+@click.option("--write-modelfile", metavar="PATH", default=None, help="Write a Modelfile (FROM NAME:TAG + num_ctx).")
+@click.option("--write-env", metavar="PATH", default=None, help="Write OLLAMA_* server settings as an env file.")
+@click.option("--write-systemd", metavar="PATH", default=None, help="Write a systemd drop-in for ollama.service.")
+@click.option("--force", is_flag=True, help="Overwrite files that exist.")
+def ollama_command(
+    name: str,
+    host: str | None,
+    write_modelfile: str | None,
+    write_env: str | None,
+    write_systemd: str | None,
+    force: bool,
+    **kwargs: object,
+) -> None:
+    """Advice for an Ollama model (NAME[:TAG]): found in the model store, on the server, or in the built-in profiles.
+
+    For Ollama, --ctx is num_ctx: the context of each slot (Ollama runs llama-server with -c num_ctx × slots).
+    """
+    from kvadvise.backends.ollama.advice import advice_dict, advice_text, advise, live_state, write_files
+    from kvadvise.backends.ollama.resolve import resolve
+    from kvadvise.backends.ollama.rules import projector_margin_bytes
+    from kvadvise.render import plan_dict, plan_text
+
+    o = PlanOptions.take(dict(kwargs))
+    kv = rules.one_cache_type(o.type_k, o.type_v)
+    o = replace(o, type_k=kv, type_v=kv)
+    if o.n_ctx:
+        o = replace(o, n_ctx=rules.llama_n_ctx(o.n_ctx, o.n_parallel))
+    with ollama_api.session():
+        model = resolve(name, host=host)
+        plan = build_plan(model.spec, o, same_type_kv=True, extra_margin_bytes=projector_margin_bytes(model))
+        advice = advise(model, plan, live_state(host))
+    if o.as_json:
+        output.result_json(plan_dict(plan) | {"ollama": advice_dict(advice)})
+    else:
+        output.result(plan_text(plan))
+        show_chart(plan, o)
+        output.result(advice_text(advice))
+    refuse_to_write_what_does_not_fit(plan, write_modelfile, write_env, write_systemd)
+    written = write_files(advice, modelfile=write_modelfile, env=write_env, systemd=write_systemd, force=force)
+    for w in written:
+        output.note(f"wrote {w.path}; apply it with:")
+        for h in w.hints:
+            click.echo(output.safe(f"  {h}"), err=True)
+    exit_if_no_fit(plan)
+
+
+for _param in ollama_command.params:
+    if _param.name == "n_ctx" and isinstance(_param, click.Option):
+        _param.help = "num_ctx: the context of each slot (Ollama runs -c num_ctx × slots). Without it, recommended."
+
+
+@click.command("ollama")
+@click.argument("name")
+@_host_option
+@click.option("--load", is_flag=True, help="Load the model first (POST /api/generate with --num-ctx, if given).")
+@click.option(
+    "--num-ctx",
+    type=click.IntRange(min=1, max=2**31 - 1),
+    default=None,
+    help="The context per slot to load and expect [default: the model's num_ctx parameter].",
+)
+@click.option(
+    "--kv-cache-type",
+    type=click.Choice(rules.KV_CACHE_TYPES),
+    default="f16",
+    show_default=True,
+    help="The server's OLLAMA_KV_CACHE_TYPE, for the predicted size.",
+)
+@click.option(
+    "--num-parallel",
+    type=click.IntRange(min=1, max=4096),
+    default=1,
+    show_default=True,
+    help="The server's OLLAMA_NUM_PARALLEL, for the predicted size.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def verify_ollama_command(
+    name: str, host: str | None, load: bool, num_ctx: int | None, kv_cache_type: str, num_parallel: int, as_json: bool
+) -> None:
+    """After `ollama run`: read /api/ps; size_vram must equal size (100% GPU) and the context must be as asked."""
+    from dataclasses import asdict
+
+    from kvadvise.backends.ollama.resolve import resolve
+    from kvadvise.backends.ollama.verify import verify
+    from kvadvise.errors import EXIT_NO_FIT
+    from kvadvise.planner.memory import estimate
+
+    with ollama_api.session():
+        model = resolve(name, host=host)
+        ctx = num_ctx or model.default_num_ctx
+        predicted = None
+        if ctx:  # as Ollama runs it: -c num_ctx x slots, one cache type for K and V, flash attention on
+            predicted = estimate(model.spec, rules.run_config(ctx, num_parallel, kv_cache_type)).total_bytes
+        v = verify(host, name, load=load, num_ctx=ctx, predicted_total_bytes=predicted)
+    if as_json:
+        output.result_json(asdict(v))
+    else:
+        output.result(
+            f"{v.name}: {v.processor or 'not loaded'}"
+            + (f", {v.size / 1e9:.1f} GB, context {v.context_length}" if v.loaded else "")
+        )
+        if v.predicted_total_bytes is not None and v.difference_bytes is not None:
+            output.result(
+                f"  predicted {v.predicted_total_bytes / 1e9:.2f} GB; "
+                f"reported - predicted = {v.difference_bytes / 1e6:+,.0f} MB"
+            )
+        for r in v.reasons:
+            output.result(f"  - {r}")
+        output.result("fits: 100% GPU" if v.fits else "does not fit as asked")
+    if not v.fits:
+        raise click.exceptions.Exit(EXIT_NO_FIT)

@@ -1,0 +1,34 @@
+"""An Ollama model, resolved: the one type every Ollama module shares (it imports none of them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kvadvise.model.spec import ModelSpec
+
+
+@dataclass(frozen=True, slots=True)
+class OllamaModel:
+    """An Ollama model, resolved."""
+
+    name: str  # without the default host/namespace and without the tag: "qwen3", "user/m", "hf.co/u/r"
+    tag: str
+    spec: ModelSpec
+    params: dict[str, Any]  # the model's default options (params layer / /api/show parameters): num_ctx, stop, ...
+    projector_bytes: int  # vision projector (mmproj) bytes, 0 if none or unknown
+    model_bytes: int  # the GGUF blob (store), the tensors (API) or the download size (profile)
+    source: str  # "store:<manifest path>" | "api:<host>" | "profile:<id>"
+    notes: tuple[str, ...] = ()
+    digest: str | None = None  # sha256 of the manifest (store): the ID `ollama ps` shows
+
+    @property
+    def ref(self) -> str:
+        """``name:tag``, what to give ``ollama run`` / ``FROM``."""
+        return f"{self.name}:{self.tag}"
+
+    @property
+    def default_num_ctx(self) -> int | None:
+        """The model's own num_ctx parameter, if it sets one."""
+        v = self.params.get("num_ctx")
+        return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None

@@ -1,0 +1,295 @@
+"""Modelfiles: the one kvadvise writes, and Ollama's parser to read one back.
+
+Writing follows ``parser.Command.String`` (``FROM x``, ``PARAMETER k v``,
+values quoted by ``quote``); values are formatted as Go's ``%v`` prints the
+params blob (what ``ollama show --modelfile`` writes). Reading is a port of
+``parser.ParseFile``'s state machine (Ollama ``parser/parser.go``):
+instructions are case-insensitive, ``#`` starts a comment, ``\"\"\"`` (or ``"``)
+values may span lines, and PARAMETER names are checked against the JSON tags
+of ``api.Options`` + ``api.Runner`` (memory-spec.md §6.g), as ``ollama
+create`` does ("unknown parameter").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from kvadvise.errors import InputError
+
+if TYPE_CHECKING:
+    from kvadvise.backends.ollama.model import OllamaModel
+    from kvadvise.backends.ollama.rules import OllamaSettings
+
+RUNNER_PARAMETERS = ("num_ctx", "num_batch", "num_gpu", "main_gpu", "use_mmap", "num_thread", "draft_num_predict")
+PREDICT_PARAMETERS = (
+    "num_keep",
+    "seed",
+    "num_predict",
+    "top_k",
+    "top_p",
+    "min_p",
+    "typical_p",
+    "repeat_last_n",
+    "temperature",
+    "repeat_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "stop",
+)
+VALID_PARAMETERS = frozenset(RUNNER_PARAMETERS + PREDICT_PARAMETERS)
+# parser.go deprecatedParameters: `ollama create` warns and skips them
+DEPRECATED_PARAMETERS = frozenset(
+    {
+        "penalize_newline",
+        "low_vram",
+        "f16_kv",
+        "logits_all",
+        "vocab_only",
+        "use_mlock",
+        "mirostat",
+        "mirostat_tau",
+        "mirostat_eta",
+    }
+)
+# parser.go isValidCommand; the name each gets in a parsed command ("from" becomes "model")
+INSTRUCTIONS = frozenset(
+    {
+        "from",
+        "license",
+        "template",
+        "system",
+        "adapter",
+        "draft",
+        "renderer",
+        "parser",
+        "parameter",
+        "message",
+        "requires",
+    }
+)
+_NOT_PARAMETERS = frozenset(INSTRUCTIONS - {"from", "parameter"} | {"model"})
+_MESSAGE_ROLES = ("system", "user", "assistant")
+# the settings kvadvise writes itself; the model's own values for these are replaced
+_OWN = ("num_ctx", "num_batch")
+
+
+# --- writing -------------------------------------------------------------------
+
+
+def quote(s: str) -> str:
+    """parser.go quote."""
+    if "\n" in s or s.startswith(" ") or s.endswith(" "):
+        if '"' in s:
+            return '"""' + s + '"""'
+        return '"' + s + '"'
+    return s
+
+
+def format_value(v: object) -> str | None:
+    """A parameter value as Go's %v prints what the params blob decodes to; None if it has no text form."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if v != v or v in (float("inf"), float("-inf")):
+            return None
+        return str(int(v)) if v.is_integer() and abs(v) < 1e21 else repr(v)
+    if isinstance(v, str):
+        return v
+    return None
+
+
+def parameter_lines(name: str, value: object) -> list[str]:
+    """``PARAMETER name value`` lines; a list value (``stop``) gives one line per item."""
+    items: Iterable[object] = value if isinstance(value, (list, tuple)) else (value,)
+    out = []
+    for item in items:
+        text = format_value(item)
+        if text is not None:
+            out.append(f"PARAMETER {name} {quote(text)}")
+    return out
+
+
+def modelfile_text(model: OllamaModel, s: OllamaSettings) -> str:
+    """``FROM name:tag``, ``PARAMETER num_ctx N`` (``num_batch`` only when set), then the model's own parameters.
+
+    Parameters ``ollama create`` would refuse (unknown or deprecated names)
+    are left out, with a comment saying so.
+    """
+    lines = [f"FROM {model.ref}", f"PARAMETER num_ctx {s.num_ctx}"]
+    if s.num_batch is not None:
+        lines.append(f"PARAMETER num_batch {s.num_batch}")
+    left_out: list[str] = []
+    for k, v in model.params.items():
+        if k in _OWN:
+            continue
+        if k not in VALID_PARAMETERS:
+            left_out.append(k)
+            continue
+        lines.extend(parameter_lines(k, v))
+    for k in left_out:
+        lines.append(f"# kvadvise: left out the model's parameter {k!r} (not accepted by `ollama create`)")
+    return "\n".join(lines) + "\n"
+
+
+# --- reading -------------------------------------------------------------------
+
+_NIL, _NAME, _VALUE, _PARAMETER, _MESSAGE, _COMMENT = range(6)
+
+
+def _is_alpha(r: str) -> bool:
+    return "a" <= r <= "z" or "A" <= r <= "Z"
+
+
+def _is_space(r: str) -> bool:
+    return r in (" ", "\t")
+
+
+def _is_newline(r: str) -> bool:
+    return r in ("\r", "\n")
+
+
+class _Unexpected(Exception):
+    """parser.go io.ErrUnexpectedEOF / errInvalidCommand from parseRuneForState."""
+
+
+def _rune(r: str, cs: int) -> tuple[int, str]:
+    """parser.go parseRuneForState: (next state, the rune to keep or "")."""
+    if cs == _NIL:
+        if r == "#":
+            return _COMMENT, ""
+        if _is_space(r) or _is_newline(r):
+            return _NIL, ""
+        return _NAME, r
+    if cs == _NAME:
+        if _is_alpha(r):
+            return _NAME, r
+        if _is_space(r):
+            return _VALUE, ""
+        raise _Unexpected("an instruction must be one of " + ", ".join(sorted(INSTRUCTIONS)))
+    if cs == _VALUE:
+        if _is_newline(r) or _is_space(r):
+            return _NIL, r
+        return _VALUE, r
+    if cs == _PARAMETER:
+        if _is_alpha(r) or (r.isascii() and r.isdigit()) or r == "_":
+            return _PARAMETER, r
+        if _is_space(r):
+            return _VALUE, ""
+        raise _Unexpected("a PARAMETER needs a name and a value")
+    if cs == _MESSAGE:
+        if _is_alpha(r):
+            return _MESSAGE, r
+        if _is_space(r):
+            return _VALUE, ""
+        raise _Unexpected("a MESSAGE needs a role and a text")
+    # comment
+    if _is_newline(r):
+        return _NIL, ""
+    return _COMMENT, ""
+
+
+def _unquote(s: str) -> tuple[str, bool]:
+    """parser.go unquote."""
+    if s.startswith('"""'):
+        if len(s) >= 6 and s.endswith('"""'):
+            return s[3:-3], True
+        return "", False
+    if s.startswith('"'):
+        if len(s) >= 2 and s.endswith('"'):
+            return s[1:-1], True
+        return "", False
+    return s, True
+
+
+def parse_modelfile(text: str, *, source: str = "Modelfile") -> list[tuple[str, str]]:
+    """Parse a Modelfile with Ollama's rules: ``(name, args)`` per instruction, in order.
+
+    Names are Ollama's: ``model`` for FROM, the parameter's name for PARAMETER
+    (``num_ctx``, ``stop``, ...), the lower-cased instruction otherwise;
+    MESSAGE args are ``role: text``. InputError (with the line) for what
+    ``ollama create`` would refuse: an unknown instruction or parameter, an
+    unterminated quote, no FROM.
+    """
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    commands: list[tuple[str, str]] = []
+    name = ""
+    role = ""
+    curr = _NIL
+    line = 1
+    buf: list[str] = []
+
+    def fail(msg: str) -> InputError:
+        return InputError(f"{source} (line {line}): {msg}")
+
+    for ch in text:
+        if _is_newline(ch):
+            line += 1
+        try:
+            nxt, r = _rune(ch, curr)
+        except _Unexpected as e:
+            raise fail(str(e)) from None
+        if nxt != curr:
+            if curr == _NAME:
+                word = "".join(buf)
+                if word.lower() not in INSTRUCTIONS:
+                    raise fail(f"unknown instruction {word!r}")
+                low = word.lower()
+                if low == "from":
+                    name = "model"
+                elif low == "parameter":
+                    nxt = _PARAMETER
+                elif low == "message":
+                    nxt = _MESSAGE
+                    name = low
+                else:
+                    name = low
+            elif curr == _PARAMETER:
+                name = "".join(buf)
+            elif curr == _MESSAGE:
+                role = "".join(buf)
+                if role not in _MESSAGE_ROLES:
+                    raise fail('message role must be one of "system", "user", or "assistant"')
+            elif curr == _VALUE:
+                value, ok = _unquote("".join(buf).strip())
+                if not ok or _is_space(r):
+                    buf.append(r)
+                    continue
+                if role:
+                    value, role = f"{role}: {value}", ""
+                commands.append((name, value))
+            buf.clear()
+            curr = nxt
+        if r and r.isprintable():
+            buf.append(r)
+
+    if curr == _VALUE:
+        value, ok = _unquote("".join(buf).strip())
+        if not ok:
+            raise fail("unterminated quoted value at the end of the file")
+        if role:
+            value = f"{role}: {value}"
+        commands.append((name, value))
+    elif curr not in (_NIL, _COMMENT):
+        raise fail("the file ends inside an instruction")
+
+    for cmd, _ in commands:
+        if cmd not in _NOT_PARAMETERS and cmd not in VALID_PARAMETERS and cmd not in DEPRECATED_PARAMETERS:
+            raise InputError(
+                f"{source}: unknown parameter {cmd!r}", hint="valid: " + ", ".join(sorted(VALID_PARAMETERS))
+            )
+    if not any(cmd == "model" for cmd, _ in commands):
+        raise InputError(f"{source}: no FROM line")
+    return commands
+
+
+def parameters_of(commands: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
+    """The PARAMETER values of parsed commands, by name (``stop`` may repeat)."""
+    out: dict[str, list[str]] = {}
+    for cmd, args in commands:
+        if cmd not in _NOT_PARAMETERS:
+            out.setdefault(cmd, []).append(args)
+    return out

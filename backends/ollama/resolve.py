@@ -1,0 +1,132 @@
+"""Backend: an Ollama model by name (``qwen3-coder``, ``qwen3:8b``, ``hf.co/user/repo:Q4_K_M``).
+
+Resolution, first that works:
+
+1. the on-disk store (``$OLLAMA_MODELS``, ``~/.ollama/models``, the Linux
+   service's ``/usr/share/ollama/.ollama/models``): the GGUF blob's header,
+   the params layer, the projector; no server needed;
+2. a running server at ``OLLAMA_HOST`` (``/api/show``, verbose);
+3. a built-in profile (``profiles/ollama_models.json``), to plan before
+   ``ollama pull``.
+
+A server that does not answer is not an error here (the profile may still
+plan the model); it is one of the tries the final error lists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+
+from kvadvise.backends.gguf_cache import read as read_header
+from kvadvise.backends.ollama import api as ollama_api
+from kvadvise.backends.ollama import store as ollama_store
+from kvadvise.backends.ollama.model import OllamaModel
+from kvadvise.backends.ollama.name import OllamaName, parse_name
+from kvadvise.backends.ollama.profiles import find_profile, profile_ids
+from kvadvise.errors import BackendUnreachable, InputError
+from kvadvise.model.architecture import from_gguf
+
+
+def resolve(
+    ref: str,
+    *,
+    host: str | None = None,
+    roots: Sequence[Path] | None = None,
+    use_api: bool = True,
+    use_profiles: bool = True,
+    timeout: float = ollama_api.DEFAULT_TIMEOUT,
+) -> OllamaModel:
+    """Find ``ref`` in the store, then on the server, then in the built-in profiles.
+
+    ``host`` defaults to ``$OLLAMA_HOST``; ``roots`` to the store roots Ollama
+    uses. InputError naming every try when none has the model.
+    """
+    name = parse_name(ref)
+    tried: list[str] = []
+
+    search = ollama_store.store_roots() if roots is None else tuple(roots)
+    entry = ollama_store.find(name, search)
+    if entry is not None:
+        return _from_store(name, entry)
+    shown_roots = ", ".join(str(r) for r in search) or "none"
+    tried.append(f"the model store ({shown_roots}): no manifest for {name.display}")
+
+    server_note: str | None = None
+    if use_api:
+        url = ollama_api.server_url(host)
+        try:
+            shown = ollama_api.show_model(url, name.display, timeout=timeout)
+        except BackendUnreachable as e:
+            tried.append(f"the Ollama server: {e.message}")
+            server_note = f"the Ollama server could not be asked ({e.message})"
+        else:
+            if shown is not None:
+                return _from_api(name, url, shown)
+            tried.append(f"the Ollama server at {url}: it does not have {name.display}")
+
+    if use_profiles:
+        profile = find_profile(name)
+        if profile is not None:
+            spec = profile.spec()
+            notes = (server_note,) if server_note else ()
+            if profile.id.lower() != f"{name.model}:{name.tag}".lower():
+                notes = (*notes, f"{name.display} is {profile.id} in Ollama's library")
+            return OllamaModel(
+                name=name.short,
+                tag=name.tag,
+                spec=spec,
+                params={},
+                projector_bytes=0,
+                model_bytes=profile.download_bytes or 0,
+                source=f"profile:{profile.id}",
+                notes=notes,  # the profile's own notes are the spec's, printed with the plan
+            )
+        known = ", ".join(profile_ids())
+        tried.append(f"the built-in profiles: none for {name.display} (there are: {known})")
+
+    raise InputError(
+        f"{name.display}: not found. Tried " + "; ".join(tried),
+        hint=f"ollama pull {name.display}",
+    )
+
+
+def _from_store(name: OllamaName, entry: ollama_store.StoreEntry) -> OllamaModel:
+    header = read_header(entry.model_blob)
+    spec = from_gguf(header)
+    notes = list(entry.notes)
+    file_type = entry.config.get("file_type")
+    if isinstance(file_type, str) and file_type:
+        notes.append(f"quantization {file_type} (from the model's config blob)")
+    spec = dataclasses.replace(spec, source=str(entry.model_blob), notes=(*spec.notes, *entry.notes))
+    return OllamaModel(
+        name=name.short,
+        tag=name.tag,
+        spec=spec,
+        params=dict(entry.params),
+        projector_bytes=entry.projector_bytes,
+        model_bytes=entry.model_bytes,
+        source=f"store:{entry.manifest_path}",
+        notes=tuple(notes),
+        digest=entry.manifest_digest,
+    )
+
+
+def _from_api(name: OllamaName, url: str, shown: ollama_api.ShownModel) -> OllamaModel:
+    spec = from_gguf(shown.header)
+    spec = dataclasses.replace(spec, notes=(*spec.notes, *shown.notes))
+    notes = list(shown.notes)
+    quant = shown.details.get("quantization_level")
+    if isinstance(quant, str) and quant:
+        notes.append(f"quantization {quant} (from the server)")
+    return OllamaModel(
+        name=name.short,
+        tag=name.tag,
+        spec=spec,
+        params=dict(shown.params),
+        projector_bytes=0,
+        model_bytes=spec.weights_bytes,
+        source=f"api:{url}",
+        notes=tuple(notes),
+    )

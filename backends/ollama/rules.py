@@ -1,0 +1,134 @@
+"""How Ollama (>= 0.30) runs a model, in one place: the settings it takes and what it
+passes to llama-server (memory-spec.md §6).
+
+``num_ctx`` is the context of one slot: llama-server gets ``-c num_ctx×num_parallel
+-np num_parallel`` (llm/llama_server.go); ``OLLAMA_KV_CACHE_TYPE`` is one type for
+K and V, server-wide; flash attention is on unless ``OLLAMA_FLASH_ATTENTION=0``;
+``--fit`` keeps ``LLAMA_ARG_FIT_TARGET`` MiB free (1024, more with a projector).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kvadvise.errors import ConfigError
+
+if TYPE_CHECKING:
+    from kvadvise.backends.ollama.model import OllamaModel
+    from kvadvise.planner.memory import RunConfig
+
+KV_CACHE_TYPES = ("f16", "q8_0", "q4_0")  # what Ollama documents (docs/faq); one type for K and V
+GIB = 1 << 30
+MIB = 1 << 20
+DEFAULT_FIT_TARGET_MIB = 1024  # llama.cpp common/arg.cpp: -fitt default
+# server/sched.go: numParallel forced to 1 for these architectures (memory-spec §6.a)
+SINGLE_SLOT_ARCHS = frozenset(
+    {
+        "mllama",
+        "qwen3vl",
+        "qwen3vlmoe",
+        "qwen35",
+        "qwen35moe",
+        "qwen3next",
+        "lfm2",
+        "lfm2moe",
+        "nemotron_h",
+        "nemotron_h_moe",
+        "nemotron_h_omni",
+    }
+)
+
+
+def llama_n_ctx(num_ctx: int, num_parallel: int) -> int:
+    """The ``-c`` llama-server is started with: num_ctx is per slot (llm/llama_server.go)."""
+    return num_ctx * num_parallel
+
+
+def num_ctx_per_slot(n_ctx: int, n_parallel: int) -> int:
+    """The inverse: the num_ctx that gives llama-server ``-c n_ctx`` with ``n_parallel`` slots."""
+    return max(1, n_ctx // max(1, n_parallel))
+
+
+def one_cache_type(type_k: str | None, type_v: str | None) -> str | None:
+    """Ollama's one OLLAMA_KV_CACHE_TYPE for K and V, from -ctk/-ctv (either, or both the same)."""
+    if type_k and type_v and type_k != type_v:
+        raise ConfigError(
+            "Ollama takes one OLLAMA_KV_CACHE_TYPE for K and V",
+            hint="give one type (-ctk or -ctv), or the same for both",
+        )
+    return type_k or type_v
+
+
+def run_config(num_ctx: int, num_parallel: int, kv_cache_type: str, *, flash_attention: bool = True) -> RunConfig:
+    """The llama.cpp config Ollama runs for these settings, on the GPU."""
+    from kvadvise.model.ggml import cache_type
+    from kvadvise.planner.memory import RunConfig
+
+    kv = cache_type(kv_cache_type)
+    return RunConfig(
+        n_ctx=llama_n_ctx(num_ctx, num_parallel),
+        n_parallel=num_parallel,
+        type_k=kv,
+        type_v=kv,
+        flash_attn="on" if flash_attention else "off",
+        device="cuda",
+    )
+
+
+def projector_margin_bytes(model: OllamaModel) -> int:
+    """What --fit keeps free with a projector: mmprojFitTargetMiB = ceil((mmproj + 1 GiB) / MiB) (llm/llama_server.go)."""
+    if not model.projector_bytes:
+        return 0
+    return math.ceil((model.projector_bytes + GIB) / MIB) * MIB
+
+
+def default_num_ctx(total_vram_bytes: int) -> int:
+    """Ollama's context when nothing sets it: a tier by total VRAM (server/routes.go Serve, since 2026-02)."""
+    if total_vram_bytes >= 47 * GIB:
+        return 262144
+    if total_vram_bytes >= 23 * GIB:
+        return 32768
+    return 4096
+
+
+@dataclass(frozen=True, slots=True)
+class OllamaSettings:
+    """What kvadvise advises an Ollama user to set."""
+
+    num_ctx: int  # context per slot (Ollama's num_ctx)
+    num_parallel: int  # OLLAMA_NUM_PARALLEL
+    kv_cache_type: str  # OLLAMA_KV_CACHE_TYPE: f16 | q8_0 | q4_0, for K and V, server-wide
+    flash_attention: bool  # OLLAMA_FLASH_ATTENTION
+    num_batch: int | None = None  # PARAMETER num_batch, only when the advice changes it
+    fit_target_mib: int | None = None  # LLAMA_ARG_FIT_TARGET
+
+    def __post_init__(self) -> None:
+        for field, v in (("num_ctx", self.num_ctx), ("num_parallel", self.num_parallel)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"{field} must be a positive whole number, got {v!r}")
+        if self.num_batch is not None and (
+            isinstance(self.num_batch, bool) or not isinstance(self.num_batch, int) or self.num_batch < 1
+        ):
+            raise ConfigError(f"num_batch must be a positive whole number, got {self.num_batch!r}")
+        if self.fit_target_mib is not None and (
+            isinstance(self.fit_target_mib, bool) or not isinstance(self.fit_target_mib, int) or self.fit_target_mib < 0
+        ):
+            raise ConfigError(f"fit_target_mib must be a whole number >= 0, got {self.fit_target_mib!r}")
+        if self.kv_cache_type not in KV_CACHE_TYPES:
+            raise ConfigError(
+                f"OLLAMA_KV_CACHE_TYPE {self.kv_cache_type!r} is not one Ollama supports",
+                hint="one of " + ", ".join(KV_CACHE_TYPES),
+            )
+        if self.kv_cache_type != "f16" and not self.flash_attention:
+            # Ollama passes the type as both -ctk and -ctv; llama.cpp refuses a quantized V without FA
+            raise ConfigError(
+                f"OLLAMA_KV_CACHE_TYPE={self.kv_cache_type} needs flash attention (a quantized V cache does)",
+                hint="set OLLAMA_FLASH_ATTENTION=1 or use f16",
+            )
+
+    @property
+    def kv_is_server_wide(self) -> bool:
+        """A non-default KV cache type changes the cache of every model the server runs."""
+        return self.kv_cache_type != "f16"

@@ -1,0 +1,226 @@
+"""Ollama's on-disk model store: manifests and blobs, read without a server.
+
+Layout (memory-spec.md §6.f; Ollama ``manifest/``, ``envconfig.Models()``):
+``<root>/manifests/<host>/<namespace>/<model>/<tag>`` is a JSON manifest whose
+layers name blobs by digest; ``<root>/blobs/sha256-<hex>`` holds each blob.
+The ``application/vnd.ollama.image.model`` layer is the GGUF, the ``params``
+layer a JSON map of default options, a ``projector`` layer a vision
+projector (its memory counts).
+
+Everything read here comes from files other programs wrote, so: every digest
+is checked against ``^sha256[:-][0-9a-fA-F]{64}$`` before it becomes a path,
+no manifest or blob may resolve (through symlinks) outside the store root,
+and JSON files are size-capped before they are parsed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvadvise.backends.ollama.name import OllamaName
+from kvadvise.errors import InputError
+
+MEDIA_MODEL = "application/vnd.ollama.image.model"
+MEDIA_PARAMS = "application/vnd.ollama.image.params"
+MEDIA_PROJECTOR = "application/vnd.ollama.image.projector"
+MEDIA_ADAPTER = "application/vnd.ollama.image.adapter"
+MEDIA_DRAFT = "application/vnd.ollama.image.draft"
+MEDIA_TENSOR = "application/vnd.ollama.image.tensor"
+
+DIGEST_RE = re.compile(r"^sha256[:-][0-9a-fA-F]{64}$")
+MAX_JSON_BYTES = 4 << 20  # manifests, params and config blobs are a few KB
+
+SERVICE_STORE = Path("/usr/share/ollama/.ollama/models")  # the Linux install script's `ollama` user
+
+
+@dataclass(frozen=True, slots=True)
+class Layer:
+    media_type: str
+    digest: str
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoreEntry:
+    """What the store holds for one model name."""
+
+    root: Path
+    manifest_path: Path
+    manifest_digest: str  # sha256 hex of the manifest bytes: the ID `ollama ps` / `ollama list` show
+    model_blob: Path
+    model_bytes: int  # size of the GGUF blob
+    params: dict[str, Any]  # the params layer: the model's default options
+    projector_bytes: int  # projector blobs, 0 without
+    config: dict[str, Any]  # the config blob (ConfigV2): model_family, file_type, ...
+    notes: tuple[str, ...]
+
+
+def store_roots() -> tuple[Path, ...]:
+    """Where to look: ``$OLLAMA_MODELS`` alone when set, else ``~/.ollama/models`` then the service's store."""
+    env = os.environ.get("OLLAMA_MODELS", "").strip()
+    if env:
+        return (Path(env).expanduser(),)
+    return (Path("~/.ollama/models").expanduser(), SERVICE_STORE)
+
+
+def check_digest(digest: object, where: str) -> str:
+    """The digest if it is a well-formed sha256 digest; InputError otherwise (never a path)."""
+    if not isinstance(digest, str) or not DIGEST_RE.match(digest):
+        shown = repr(digest)[:100]
+        raise InputError(f"{where}: invalid blob digest {shown} (expected sha256:<64 hex digits>)")
+    return digest
+
+
+def blob_path(root: Path, digest: str, where: str) -> Path:
+    """``<root>/blobs/sha256-<hex>`` for a checked digest; refuses one that leaves the store."""
+    d = check_digest(digest, where)
+    path = root / "blobs" / ("sha256-" + d[7:])  # Ollama: strings.ReplaceAll(digest, ":", "-")
+    return _inside(root, path, where)
+
+
+def _inside(root: Path, path: Path, where: str) -> Path:
+    real_root = os.path.realpath(root)
+    real = os.path.realpath(path)
+    if os.path.commonpath([real_root, real]) != real_root:
+        raise InputError(
+            f"{where}: {path} resolves to {real}, outside the model store {real_root}; refusing to read it",
+            hint="a symlink in the store points elsewhere; remove it and `ollama pull` the model again",
+        )
+    return path
+
+
+def find(name: OllamaName, roots: Sequence[Path] | None = None) -> StoreEntry | None:
+    """The model ``name`` in the first store that has its manifest; None when no store has it."""
+    for root in store_roots() if roots is None else roots:
+        manifest = root / "manifests" / Path(*name.manifest_parts())
+        if not root.is_dir() or not (manifest.is_file() or manifest.is_symlink()):
+            continue
+        return _read_entry(root, manifest, name)
+    return None
+
+
+def _read_bytes(path: Path, what: str, limit: int = MAX_JSON_BYTES) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except FileNotFoundError:
+        raise InputError(f"{path}: {what} is missing") from None
+    except PermissionError:
+        raise InputError(
+            f"{path}: permission denied reading the {what}",
+            hint="the Linux service's store belongs to the `ollama` user: run as a user who can read it",
+        ) from None
+    except OSError as e:
+        raise InputError(f"{path}: cannot read the {what} ({e.strerror})") from None
+    if len(data) > limit:
+        raise InputError(f"{path}: the {what} is larger than {limit:,} bytes; not an Ollama {what}")
+    return data
+
+
+def _parse_json(data: bytes, path: Path, what: str) -> Any:
+    try:
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: the {what} is not text (corrupt?)") from None
+    except json.JSONDecodeError as e:
+        raise InputError(f"{path}: the {what} is not valid JSON ({e.msg} at line {e.lineno})") from None
+
+
+def _layers(doc: Mapping[str, Any], path: Path) -> Iterator[Layer]:
+    layers = doc.get("layers")
+    if not isinstance(layers, list):
+        raise InputError(f"{path}: the manifest has no list of layers")
+    for i, raw in enumerate(layers):
+        if not isinstance(raw, dict):
+            raise InputError(f"{path}: layer #{i} of the manifest is not an object")
+        media = raw.get("mediaType")
+        size = raw.get("size", 0)
+        if not isinstance(media, str):
+            raise InputError(f"{path}: layer #{i} of the manifest has no mediaType")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise InputError(f"{path}: layer #{i} of the manifest has an invalid size {size!r}")
+        yield Layer(media, check_digest(raw.get("digest"), f"{path}: layer #{i}"), size)
+
+
+def _read_entry(root: Path, manifest: Path, name: OllamaName) -> StoreEntry:
+    where = str(manifest)
+    _inside(root, manifest, where)
+    data = _read_bytes(manifest, "manifest")
+    doc = _parse_json(data, manifest, "manifest")
+    if not isinstance(doc, dict):
+        raise InputError(f"{manifest}: the manifest is not a JSON object")
+    layers = list(_layers(doc, manifest))
+    notes: list[str] = []
+
+    model_layers = [la for la in layers if la.media_type == MEDIA_MODEL]
+    if not model_layers:
+        kind = "safetensors/MLX" if any(la.media_type == MEDIA_TENSOR for la in layers) else "non-GGUF"
+        raise InputError(
+            f"{name.display}: a {kind} model (its manifest {manifest} has no {MEDIA_MODEL} layer)",
+            hint="kvadvise plans GGUF models, which Ollama runs on llama.cpp",
+        )
+    model_blob = blob_path(root, model_layers[0].digest, where)
+    try:
+        model_bytes = model_blob.stat().st_size
+    except FileNotFoundError:
+        raise InputError(
+            f"{name.display}: the model blob {model_blob} is missing (the store is incomplete)",
+            hint=f"ollama pull {name.display}",
+        ) from None
+
+    params: dict[str, Any] = {}
+    for layer in layers:
+        if layer.media_type != MEDIA_PARAMS:
+            continue
+        path = blob_path(root, layer.digest, where)
+        doc_p = _parse_json(_read_bytes(path, "params blob"), path, "params blob")
+        if not isinstance(doc_p, dict):
+            raise InputError(f"{path}: the params blob is not a JSON object")
+        params.update(doc_p)
+
+    projector_bytes = 0
+    for layer in layers:
+        if layer.media_type != MEDIA_PROJECTOR:
+            continue
+        path = blob_path(root, layer.digest, where)
+        try:
+            projector_bytes += path.stat().st_size
+        except FileNotFoundError:
+            projector_bytes += layer.size
+            notes.append(f"projector blob {path.name} is missing; its size is taken from the manifest")
+    if projector_bytes:
+        notes.append(f"vision projector: {projector_bytes:,} B (Ollama passes it to llama-server as --mmproj)")
+    if any(la.media_type == MEDIA_ADAPTER for la in layers):
+        notes.append("has a LoRA adapter layer; its memory is not counted")
+    if any(la.media_type == MEDIA_DRAFT for la in layers):
+        notes.append("has a draft model layer; its memory is not counted")
+
+    config: dict[str, Any] = {}
+    cfg = doc.get("config")
+    if isinstance(cfg, dict) and cfg.get("digest") is not None:
+        path = blob_path(root, cfg["digest"], where)
+        try:
+            doc_c = _parse_json(_read_bytes(path, "config blob"), path, "config blob")
+        except InputError as e:
+            notes.append(f"config blob unreadable: {e.message}")
+        else:
+            if isinstance(doc_c, dict):
+                config = doc_c
+    return StoreEntry(
+        root=root,
+        manifest_path=manifest,
+        manifest_digest=hashlib.sha256(data).hexdigest(),
+        model_blob=model_blob,
+        model_bytes=model_bytes,
+        params=params,
+        projector_bytes=projector_bytes,
+        config=config,
+        notes=tuple(notes),
+    )
