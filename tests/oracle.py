@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvadvise.backends.llamacpp import probe_request
+from kvadvise.backends.llamacpp.runners import probe_request
 from kvadvise.errors import ConfigError
 from kvadvise.model.spec import ModelSpec
 from kvadvise.planner.memory import MIB, MemoryEstimate, RunConfig, estimate

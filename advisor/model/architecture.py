@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kvadvise.errors import GGUFError
+from kvadvise.model.ggml import cuda_alloc_bytes
 from kvadvise.model.gguf import GGUFArray, GGUFHeader, Value
 from kvadvise.model.spec import SWA_CHUNKED, SWA_NONE, SWA_STANDARD, ModelSpec
-from kvadvise.planner.memory import cuda_alloc_bytes
 
 # llama.cpp's LLM_FFN_EXPS_REGEX (common/common.h), plus gate_up: routed experts
 _EXPERT_TENSOR = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch|)exps")

@@ -133,3 +133,21 @@ def cache_type(name: str) -> GGMLType:
             return t
     allowed = ", ".join(t.type_name for t in KV_CACHE_TYPES)
     raise ConfigError(f"unsupported cache type: {name!r}", hint=f"use one of {allowed}")
+
+
+ALIGNMENT = {"cpu": 32, "cuda": 128}  # buffer alignment per backend (ggml_backend_buft_get_alignment)
+CUDA_MATRIX_ROW_PADDING = 512  # ggml-cuda: quantized tensors get padded to a multiple of 512 values
+
+
+def pad(x: int, n: int) -> int:
+    """GGML_PAD(x, n)."""
+    return -(-x // n) * n
+
+
+def cuda_alloc_bytes(t: GGMLType, ne0: int, n_bytes: int) -> int:
+    """ggml_backend_cuda_buffer_type_get_alloc_size: quantized rows padded to 512 values, 128-byte aligned."""
+    if is_quantized(t) and ne0 % CUDA_MATRIX_ROW_PADDING:
+        blck, size = BLOCK[t]
+        # ggml_row_size without the whole-block assert: type_size * n / block_size
+        n_bytes += size * (CUDA_MATRIX_ROW_PADDING - ne0 % CUDA_MATRIX_ROW_PADDING) // blck
+    return pad(n_bytes, ALIGNMENT["cuda"])

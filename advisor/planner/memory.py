@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvadvise.errors import ConfigError
-from kvadvise.model.ggml import BLOCK, GGMLType, is_quantized, row_bytes
+from kvadvise.model.ggml import ALIGNMENT, BLOCK, GGMLType, cuda_alloc_bytes, is_quantized, pad, row_bytes
 from kvadvise.model.spec import ModelSpec
 
 MIB = 1 << 20
@@ -24,17 +24,10 @@ CTX_PAD = 256  # GGML_PAD(n_ctx, 256), "ref: PR 17046"
 FLASH_ATTN_MODES = ("on", "off", "auto")
 DEVICES = ("cpu", "cuda")
 # Buffer alignment: CPU TENSOR_ALIGNMENT = 32, CUDA CUDA_ALIGNMENT = 128 (ggml-cuda.cu).
-ALIGNMENT = {"cpu": 32, "cuda": 128}
-CUDA_MATRIX_ROW_PADDING = 512  # ggml-cuda: quantized tensors get padded to a multiple of 512 values
 # Per-device fixed cost outside llama.cpp's buffers. CPU: none. CUDA: the CUDA
 # context and cuBLAS workspace, about 330 MiB measured by unsloth (issue #6718,
 # see shared/peers.md); replaced by a measured value once `verify` has run.
 OVERHEAD_BYTES = {"cpu": 0, "cuda": 330 * MIB}
-
-
-def pad(x: int, n: int) -> int:
-    """GGML_PAD(x, n)."""
-    return -(-x // n) * n
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,15 +192,6 @@ def _tensor_alloc(device: str, t: GGMLType, ne0: int, n_bytes: int) -> int:
     if device == "cuda":
         return cuda_alloc_bytes(t, ne0, n_bytes)
     return pad(n_bytes, ALIGNMENT[device])
-
-
-def cuda_alloc_bytes(t: GGMLType, ne0: int, n_bytes: int) -> int:
-    """ggml_backend_cuda_buffer_type_get_alloc_size: quantized rows padded to 512 values, 128-byte aligned."""
-    if is_quantized(t) and ne0 % CUDA_MATRIX_ROW_PADDING:
-        blck, size = BLOCK[t]
-        # ggml_row_size without the whole-block assert: type_size * n / block_size
-        n_bytes += size * (CUDA_MATRIX_ROW_PADDING - ne0 % CUDA_MATRIX_ROW_PADDING) // blck
-    return pad(n_bytes, ALIGNMENT["cuda"])
 
 
 def layer_kv_bytes(spec: ModelSpec, lay: ContextLayout) -> tuple[tuple[int, int], ...]:

@@ -40,14 +40,14 @@ def _commands(model: ModelSource, plan: Plan) -> list[tuple[str, str]]:
 @click.option("--force", is_flag=True, help="Overwrite the --write-env file if it exists.")
 def llamacpp_command(path: str, write_env: str | None, force: bool, **kwargs: object) -> None:
     """The llama-server command for a GGUF model (a file, URL or Hub name): recommended, or for the --ctx you give."""
-    from kvadvise.backends.llamacpp import LlamaCppBackend
+    from kvadvise.backends.gguf_file import GGUFFileBackend
+    from kvadvise.backends.llamacpp.runners import model_source
     from kvadvise.files import write_text_file
     from kvadvise.runtime.llamaserver import env_text, server_env
 
     o = PlanOptions.take(dict(kwargs))
-    backend = LlamaCppBackend()
-    model = backend.model_source(path)
-    plan = build_plan(backend.load_spec(path), o)
+    model = model_source(path)
+    plan = build_plan(GGUFFileBackend().load_spec(path), o)
 
     def as_json(p: Plan) -> dict[str, object]:
         cmds = dict(_commands(model, p))
@@ -102,17 +102,17 @@ def verify_llamacpp_command(
 
     It measures this machine's own hardware, so it takes no --gpu or --vram.
     """
-    from kvadvise.backends.llamacpp import LlamaCppBackend
+    from kvadvise.backends.gguf_file import GGUFFileBackend
+    from kvadvise.backends.llamacpp.runners import measure
     from kvadvise.errors import EXIT_NO_FIT
     from kvadvise.render import verification_dict, verification_text
     from kvadvise.runtime.verification import compare
 
     o = PlanOptions.take(dict(kwargs))
-    backend = LlamaCppBackend()
-    plan = build_plan(backend.load_spec(path), o)
+    plan = build_plan(GGUFFileBackend().load_spec(path), o)
     if plan.fits is False:
         output.note("the prediction says this config does not fit; running it anyway")
-    measured = backend.measure(path, plan.config, server=server, timeout_s=timeout_s, progress=output.note)
+    measured = measure(path, plan.config, server=server, timeout_s=timeout_s, progress=output.note)
     result = compare(plan, measured)
     if o.as_json:
         output.result_json(verification_dict(result))
