@@ -17,7 +17,7 @@ KV_TYPES = tuple(t.type_name for t in KV_CACHE_TYPES)  # the one list: kvadvise.
 USES = ("chat", "code", "agent", "long")
 
 
-class SizeType(click.ParamType):
+class SizeType(click.ParamType):  # type: ignore[type-arg]  # generic in click >= 8.2 only
     """A memory size (``24GiB``, ``24GB``, ``512M``) → bytes; ``allow_zero`` for margins."""
 
     name = "size"
@@ -70,8 +70,9 @@ class PlanOptions:
     def take(cls, kwargs: dict[str, Any]) -> PlanOptions:
         """Pop this class's fields out of ``kwargs`` (what is left belongs to the command).
         A command without --gpu/--vram (verify: it measures this machine) gets None for them."""
-        absent = {"gpu": None, "vram_bytes": None}
-        return cls(**{name: kwargs.pop(name) if name in kwargs else absent[name] for name in cls.__slots__})
+        absent: dict[str, Any] = {"gpu": None, "vram_bytes": None}
+        values: dict[str, Any] = {name: kwargs.pop(name) if name in kwargs else absent[name] for name in cls.__slots__}
+        return cls(**values)
 
 
 def run_options(f: F) -> F:

@@ -75,8 +75,8 @@ def load() -> Loaded:
         )
     good: list[Calibration] = []
     bad = 0
-    for e in doc["entries"]:
-        c = _entry(e)
+    for item in doc["entries"]:
+        c = _entry(item)
         if c is None:
             bad += 1
         else:

@@ -3,8 +3,9 @@ commands, registered through the plugin interface (OllamaBackend.register_comman
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import click
 
@@ -14,13 +15,13 @@ from kvadvise.cli import output
 from kvadvise.cli.options import PlanOptions, run_options
 from kvadvise.cli.plan import build_plan, exit_if_no_fit, refuse_to_write_what_does_not_fit, show_chart
 
-F = TypeVar("F")
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _host_option(f: F) -> F:
-    return click.option(  # type: ignore[no-any-return]
+    return click.option(
         "--host", default=None, metavar="URL", help="The Ollama server (default: $OLLAMA_HOST, else 127.0.0.1:11434)."
-    )(f)  # type: ignore[arg-type]
+    )(f)
 
 
 @click.command("ollama")
