@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from kvadvise.errors import BackendUnreachable, InputError, KvadviseError
 from kvadvise.model.hfconfig import from_config
+from kvadvise.model.quants import quant_bpw
 from kvadvise.model.spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -44,67 +45,7 @@ CONFIG = "config.json"
 MAX_JSON_BYTES = 16 << 20  # a config.json is a few KB, a safetensors index a few hundred
 _T = TypeVar("_T")
 
-# Bits per weight of a GGUF by llama.cpp quant type, for the weights of a model not yet downloaded.
-# Source: llama.cpp 0c1e570 tools/quantize/quantize.cpp QUANT_OPTIONS. Where it gives a file size
-# for Llama-3-8B ("4.58G, +0.1754 ppl @ Llama-3-8B"; G = GiB, 8,030,261,248 parameters) the bits per
-# weight are that size × 2^33 / parameters: the whole-file average, with the embedding and output
-# tensors at the types llama.cpp's mixes give them. Where it gives bits per weight
-# ("2.06 bpw quantization") those are used as they are. F16/BF16/F32: the type's width.
-_LLAMA3_8B_PARAMS = 8_030_261_248
-_GIB_AT_LLAMA3_8B = {
-    "Q2_K": 2.96,
-    "Q2_K_S": 2.96,
-    "Q3_K_S": 3.41,
-    "Q3_K_M": 3.74,
-    "Q3_K_L": 4.03,
-    "Q4_0": 4.34,
-    "Q4_1": 4.78,
-    "Q4_K_S": 4.37,
-    "Q4_K_M": 4.58,
-    "Q5_0": 5.21,
-    "Q5_1": 5.65,
-    "Q5_K_S": 5.21,
-    "Q5_K_M": 5.33,
-    "Q6_K": 6.14,
-    "Q8_0": 7.96,
-}
-_NOMINAL_BPW = {
-    "Q1_0": 1.125,
-    "Q2_0": 2.25,
-    "IQ1_S": 1.56,
-    "IQ1_M": 1.75,
-    "TQ1_0": 1.69,
-    "TQ2_0": 2.06,
-    "IQ2_XXS": 2.06,
-    "IQ2_XS": 2.31,
-    "IQ2_S": 2.5,
-    "IQ2_M": 2.7,
-    "IQ3_XXS": 3.06,
-    "IQ3_XS": 3.3,
-    "IQ3_S": 3.44,
-    "IQ3_M": 3.66,
-    "IQ4_XS": 4.25,
-    "IQ4_NL": 4.5,
-    "F16": 16.0,
-    "BF16": 16.0,
-    "F32": 32.0,
-}
-QUANT_BPW: dict[str, float] = {
-    **{q: gib * (1 << 33) / _LLAMA3_8B_PARAMS for q, gib in _GIB_AT_LLAMA3_8B.items()},
-    **_NOMINAL_BPW,
-}
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
-
-
-def quant_bpw(quant: str) -> tuple[str, float]:
-    """The canonical name and bits per weight of ``quant`` (case-insensitive)."""
-    q = quant.strip().upper()
-    if q not in QUANT_BPW:
-        raise InputError(
-            f"unknown quant {quant!r}",
-            hint="one of: " + ", ".join(sorted(QUANT_BPW)),
-        )
-    return q, QUANT_BPW[q]
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from kvadvise.errors import GGUFError
 from kvadvise.model.ggml import cuda_alloc_bytes
 from kvadvise.model.gguf import GGUFArray, GGUFHeader, Value
+from kvadvise.model.keys import LLM, SSM, WKV, Attention, General, ShortConv, Tokenizer, key
+from kvadvise.model.quants import file_type_label
 from kvadvise.model.spec import SWA_CHUNKED, SWA_NONE, SWA_STANDARD, ModelSpec
 
 # llama.cpp's LLM_FFN_EXPS_REGEX (common/common.h), plus gate_up: routed experts
@@ -87,43 +89,45 @@ class _Keys:
         self.arch = arch
         self.source = header.source
 
-    def raw(self, suffix: str) -> Value | None:
-        return self.md.get(f"{self.arch}.{suffix}")
+    def raw(self, template: str) -> Value | None:
+        return self.md.get(key(template, self.arch))
 
-    def num(self, suffix: str, default: int | None = None) -> int:
-        v = self.raw(suffix)
+    def num(self, template: str, default: int | None = None) -> int:
+        v = self.raw(template)
         if v is None:
             if default is None:
-                raise GGUFError(f"{self.source}: required key {self.arch}.{suffix} is missing")
+                raise GGUFError(f"{self.source}: required key {key(template, self.arch)} is missing")
             return default
         if isinstance(v, GGUFArray):
             if not v.values:
-                raise GGUFError(f"{self.source}: {self.arch}.{suffix} is an array of {v.count} values, not a number")
+                raise GGUFError(
+                    f"{self.source}: {key(template, self.arch)} is an array of {v.count} values, not a number"
+                )
             # llama.cpp's get_key_or_arr: the largest per-layer value sizes the model-wide field
-            return max(self._count(x, suffix) for x in v.values)
-        return self._count(v, suffix)
+            return max(self._count(x, template) for x in v.values)
+        return self._count(v, template)
 
-    def per_layer(self, suffix: str, n: int, default: int | None) -> tuple[int, ...]:
+    def per_layer(self, template: str, n: int, default: int | None) -> tuple[int, ...]:
         """get_key_or_arr: a scalar broadcast to every layer, or one value per layer."""
-        v = self.raw(suffix)
+        v = self.raw(template)
         if isinstance(v, GGUFArray):
             if v.values is None or len(v.values) != n:
-                raise GGUFError(f"{self.source}: {self.arch}.{suffix} has {v.count} values for {n} layers")
-            return tuple(self._count(x, suffix) for x in v.values)
-        return (self.num(suffix, default),) * n
+                raise GGUFError(f"{self.source}: {key(template, self.arch)} has {v.count} values for {n} layers")
+            return tuple(self._count(x, template) for x in v.values)
+        return (self.num(template, default),) * n
 
-    def _count(self, v: object, suffix: str) -> int:
+    def _count(self, v: object, template: str) -> int:
         """A non-negative whole number, or a GGUFError naming the key (strings, nested arrays, NaN...)."""
         if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise GGUFError(f"{self.source}: {self.arch}.{suffix} should be a number, got {type(v).__name__}")
+            raise GGUFError(f"{self.source}: {key(template, self.arch)} should be a number, got {type(v).__name__}")
         if not math.isfinite(v):
-            raise GGUFError(f"{self.source}: {self.arch}.{suffix} is {v}, not a count")
+            raise GGUFError(f"{self.source}: {key(template, self.arch)} is {v}, not a count")
         if v < 0:
-            raise GGUFError(f"{self.source}: {self.arch}.{suffix} is negative ({v})")
+            raise GGUFError(f"{self.source}: {key(template, self.arch)} is negative ({v})")
         return int(v)
 
-    def bools(self, suffix: str, n: int) -> tuple[bool, ...] | None:
-        v = self.raw(suffix)
+    def bools(self, template: str, n: int) -> tuple[bool, ...] | None:
+        v = self.raw(template)
         if isinstance(v, GGUFArray) and v.values is not None and len(v.values) == n:
             return tuple(bool(x) for x in v.values)
         return None
@@ -144,28 +148,28 @@ def _swa_pattern(n_layer: int, n_layer_all: int, n_pattern: int, dense_first: bo
 
 def _swa(k: _Keys, arch: str, n_layer: int, n_layer_all: int) -> tuple[str, int, tuple[bool, ...]]:
     none = (SWA_NONE, 0, (False,) * n_layer_all)
-    n_swa_key = k.raw("attention.sliding_window")
+    n_swa_key = k.raw(Attention.SLIDING_WINDOW)
     rule = _SWA_RULES.get(arch)
     if rule is None:
         # lfm2.cpp: with a sliding window, every attention layer is SWA.
         if arch in ("lfm2", "lfm2moe") and isinstance(n_swa_key, int) and n_swa_key > 0:
-            kv = k.per_layer("attention.head_count_kv", n_layer_all, 0)
+            kv = k.per_layer(Attention.HEAD_COUNT_KV, n_layer_all, 0)
             return SWA_STANDARD, n_swa_key, tuple(h > 0 for h in kv)
         # Unknown or non-SWA architectures: only an explicit pattern array makes layers SWA.
-        explicit = k.bools("attention.sliding_window_pattern", n_layer_all)
+        explicit = k.bools(Attention.SLIDING_WINDOW_PATTERN, n_layer_all)
         if explicit and isinstance(n_swa_key, int) and n_swa_key > 0 and arch not in ("phi3",):
             return SWA_STANDARD, n_swa_key, explicit
         return none  # phi3.cpp: "Phi SWA is currently disabled"
     if rule.needs_key and not (isinstance(n_swa_key, int) and n_swa_key > 0):
         return none
-    n_swa = k.num("attention.sliding_window", rule.n_swa_default)
+    n_swa = k.num(Attention.SLIDING_WINDOW, rule.n_swa_default)
     if arch == "llama4" and n_swa_key == 0:
         return none
     # llama_model_base::load_swa_pattern: a bool array wins, else an int n_pattern, else the arch default
-    explicit = k.bools("attention.sliding_window_pattern", n_layer_all)
+    explicit = k.bools(Attention.SLIDING_WINDOW_PATTERN, n_layer_all)
     if explicit is not None:
         return rule.swa_type, n_swa, explicit
-    pat = k.raw("attention.sliding_window_pattern")
+    pat = k.raw(Attention.SLIDING_WINDOW_PATTERN)
     n_pattern = pat if isinstance(pat, int) and not isinstance(pat, bool) else rule.pattern
     return rule.swa_type, n_swa, _swa_pattern(n_layer, n_layer_all, n_pattern, rule.dense_first)
 
@@ -176,24 +180,24 @@ def _recurrent(k: _Keys, arch: str, n_layer: int, n_layer_all: int, n_head_kv: t
     if arch in _RECURRENT_BY_ZERO_KV:
         return tuple(h == 0 for h in n_head_kv)
     if arch in _RECURRENT_BY_INTERVAL:
-        explicit = k.bools("attention.recurrent_layers", n_layer_all)
+        explicit = k.bools(Attention.RECURRENT_LAYERS, n_layer_all)
         if explicit is not None:
             return explicit
-        interval = k.num("full_attention_interval", 4)
+        interval = k.num(LLM.FULL_ATTENTION_INTERVAL, 4)
         return tuple(il < n_layer and interval > 0 and (il + 1) % interval != 0 for il in range(n_layer_all))
     return (False,) * n_layer_all
 
 
 def _recurrent_dims(k: _Keys, n_embd: int) -> tuple[int, int]:
     """llama_hparams::n_embd_r() and n_embd_s() (src/llama-hparams.cpp)."""
-    wkv = k.num("wkv.head_size", 0)
+    wkv = k.num(WKV.HEAD_SIZE, 0)
     if wkv:
-        return k.num("token_shift_count", 2) * n_embd, n_embd * wkv
-    l_cache = k.num("shortconv.l_cache", 0)
-    d_conv = k.num("ssm.conv_kernel", 0)
-    d_inner = k.num("ssm.inner_size", 0)
-    d_state = k.num("ssm.state_size", 0)
-    n_group = k.num("ssm.group_count", 0)
+        return k.num(LLM.TOKEN_SHIFT_COUNT, 2) * n_embd, n_embd * wkv
+    l_cache = k.num(ShortConv.L_CACHE, 0)
+    d_conv = k.num(SSM.CONV_KERNEL, 0)
+    d_inner = k.num(SSM.INNER_SIZE, 0)
+    d_state = k.num(SSM.STATE_SIZE, 0)
+    n_group = k.num(SSM.GROUP_COUNT, 0)
     if l_cache:
         return n_embd * (l_cache - 1), d_state * d_inner
     n_r = (d_conv - 1 if d_conv > 0 else 0) * (d_inner + 2 * n_group * d_state)
@@ -201,10 +205,10 @@ def _recurrent_dims(k: _Keys, n_embd: int) -> tuple[int, int]:
 
 
 def _n_vocab(header: GGUFHeader, k: _Keys) -> int:
-    toks = header.metadata.get("tokenizer.ggml.tokens")
+    toks = header.metadata.get(Tokenizer.LIST)
     if isinstance(toks, GGUFArray):
         return toks.count
-    v = k.raw("vocab_size")
+    v = k.raw(LLM.VOCAB_SIZE)
     if isinstance(v, int):
         return v
     for t in header.tensors:
@@ -217,28 +221,28 @@ def from_gguf(header: GGUFHeader) -> ModelSpec:
     arch = header.architecture
     k = _Keys(header, arch)
     notes: list[str] = []
-    n_layer_all = k.num("block_count")
+    n_layer_all = k.num(LLM.BLOCK_COUNT)
     if n_layer_all == 0 or n_layer_all > 100_000:
         raise GGUFError(f"{header.source}: {arch}.block_count is {n_layer_all}")
-    n_layer_nextn = k.num("nextn_predict_layers", 0)
+    n_layer_nextn = k.num(LLM.NEXTN_PREDICT_LAYERS, 0)
     if n_layer_nextn > n_layer_all:
         raise GGUFError(f"{header.source}: nextn_predict_layers {n_layer_nextn} > block_count {n_layer_all}")
     n_layer = n_layer_all - n_layer_nextn
-    n_embd = k.num("embedding_length")
-    n_head = k.per_layer("attention.head_count", n_layer_all, 0)
+    n_embd = k.num(LLM.EMBEDDING_LENGTH)
+    n_head = k.per_layer(Attention.HEAD_COUNT, n_layer_all, 0)
     # llama_model::load_hparams: head_count_kv defaults to head_count (MHA)
     n_head_kv = (
-        k.per_layer("attention.head_count_kv", n_layer_all, n_head[0])
-        if k.raw("attention.head_count_kv") is not None
+        k.per_layer(Attention.HEAD_COUNT_KV, n_layer_all, n_head[0])
+        if k.raw(Attention.HEAD_COUNT_KV) is not None
         else n_head
     )
     head0 = n_head[0] or max(n_head, default=0)
     default_head = n_embd // head0 if head0 else 0
-    n_embd_head_k = k.num("attention.key_length", default_head)
-    n_embd_head_v = k.num("attention.value_length", default_head)
-    n_embd_head_k_swa = k.num("attention.key_length_swa", n_embd_head_k)
-    n_embd_head_v_swa = k.num("attention.value_length_swa", n_embd_head_v)
-    is_mla = k.num("attention.key_length_mla", 0) > 0 and k.num("attention.value_length_mla", 0) > 0
+    n_embd_head_k = k.num(Attention.KEY_LENGTH, default_head)
+    n_embd_head_v = k.num(Attention.VALUE_LENGTH, default_head)
+    n_embd_head_k_swa = k.num(Attention.KEY_LENGTH_SWA, n_embd_head_k)
+    n_embd_head_v_swa = k.num(Attention.VALUE_LENGTH_SWA, n_embd_head_v)
+    is_mla = k.num(Attention.KEY_LENGTH_MLA, 0) > 0 and k.num(Attention.VALUE_LENGTH_MLA, 0) > 0
 
     swa_type, n_swa, swa_layers = _swa(k, arch, n_layer, n_layer_all)
     recurrent = _recurrent(k, arch, n_layer, n_layer_all, n_head_kv)
@@ -249,7 +253,7 @@ def from_gguf(header: GGUFHeader) -> ModelSpec:
     kv_layers = tuple(il < n_layer and not recurrent[il] and n_head_kv[il] > 0 for il in range(n_layer_all))
     if arch in ("gemma3n", "gemma4"):
         # n_layer_kv_from_start = n_layer - shared_kv_layers: later layers reuse a cache
-        shared = k.num("attention.shared_kv_layers", 0)
+        shared = k.num(Attention.SHARED_KV_LAYERS, 0)
         kv_layers = tuple(ok and il < n_layer - shared for il, ok in enumerate(kv_layers))
 
     by_name = {t.name: t for t in header.tensors}
@@ -277,14 +281,18 @@ def from_gguf(header: GGUFHeader) -> ModelSpec:
     for t in header.tensors:
         if len(t.shape) >= 2:
             type_bytes[t.ggml_type.type_name] += t.n_bytes
-    file_type = type_bytes.most_common(1)[0][0] if type_bytes else "unknown"
+    # The quant mix the file was made with (general.file_type), as llama.cpp prints it; without it,
+    # the type that holds the most bytes (a Q4_K_M file's largest tensor can be a q8_0 embedding).
+    file_type = file_type_label(header.metadata.get(General.FILE_TYPE)) or (
+        type_bytes.most_common(1)[0][0] if type_bytes else "unknown"
+    )
 
     verified = arch in VERIFIED
     if not verified:
         notes.append(f"architecture {arch!r} is not verified against llama.cpp; generic rules applied")
     if is_mla:
         notes.append("MLA: llama.cpp stores only the compressed K (V is a view of it)")
-    name = header.metadata.get("general.name")
+    name = header.metadata.get(General.NAME)
     return ModelSpec(
         name=name if isinstance(name, str) and name else arch,
         architecture=arch,
@@ -293,7 +301,7 @@ def from_gguf(header: GGUFHeader) -> ModelSpec:
         n_layer_nextn=n_layer_nextn,
         n_embd=n_embd,
         n_vocab=_n_vocab(header, k),
-        n_ctx_train=k.num("context_length", 0),
+        n_ctx_train=k.num(LLM.CONTEXT_LENGTH, 0),
         n_head=n_head,
         n_head_kv=n_head_kv,
         n_embd_head_k=n_embd_head_k,
@@ -308,9 +316,9 @@ def from_gguf(header: GGUFHeader) -> ModelSpec:
         n_embd_r=n_embd_r,
         n_embd_s=n_embd_s,
         is_mla=is_mla,
-        n_ff=k.num("feed_forward_length", 0),
-        n_expert=k.num("expert_count", 0),
-        n_expert_used=k.num("expert_used_count", 0),
+        n_ff=k.num(LLM.FEED_FORWARD_LENGTH, 0),
+        n_expert=k.num(LLM.EXPERT_COUNT, 0),
+        n_expert_used=k.num(LLM.EXPERT_USED_COUNT, 0),
         weights_bytes=weights_bytes,
         tok_embd_bytes=tok_embd.n_bytes if tok_embd else 0,
         output_bytes=output.n_bytes if output else 0,

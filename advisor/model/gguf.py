@@ -23,6 +23,7 @@ from typing import Protocol
 
 from kvadvise.errors import GGUFError, InputError
 from kvadvise.model.ggml import BLOCK, GGMLType
+from kvadvise.model.keys import General
 
 MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -107,7 +108,7 @@ class GGUFHeader:
 
     @property
     def architecture(self) -> str:
-        arch = self.metadata.get("general.architecture")
+        arch = self.metadata.get(General.ARCHITECTURE)
         if not isinstance(arch, str) or not arch:
             raise GGUFError(f"{self.source}: general.architecture is missing")
         return arch
@@ -320,10 +321,10 @@ class _Reader:
             if key in metadata:
                 raise self.fail(f"duplicate metadata key {key!r}")
             metadata[key] = self.value(t, key, depth=0)
-            if key == "general.alignment" and t != T_UINT32:
+            if key == General.ALIGNMENT and t != T_UINT32:
                 raise self.fail(f"general.alignment must be of type u32, got {TYPE_NAMES[t]}")
 
-        alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+        alignment = metadata.get(General.ALIGNMENT, DEFAULT_ALIGNMENT)
         if (
             not isinstance(alignment, int)
             or isinstance(alignment, bool)

@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from kvadvise.errors import GGUFError, InputError
 from kvadvise.model.architecture import from_gguf
 from kvadvise.model.gguf import T_BOOL, T_INT32, GGUFArray, GGUFHeader, Value
+from kvadvise.model.keys import LLM, SSM, Attention, General, ShortConv, key
 from kvadvise.model.spec import ModelSpec
 
 __all__ = ["ARCH_BY_HF_CLASS", "ARCH_BY_MODEL_TYPE", "from_config"]
@@ -244,18 +245,18 @@ class _Writer:
 
     def __init__(self, arch: str) -> None:
         self.arch = arch
-        self.md: dict[str, Value] = {"general.architecture": arch}
+        self.md: dict[str, Value] = {General.ARCHITECTURE: arch}
         self.block_count = 0
 
-    def put(self, suffix: str, value: Value | None) -> None:
+    def put(self, template: str, value: Value | None) -> None:
         if value is not None:
-            self.md[f"{self.arch}.{suffix}"] = value
+            self.md[key(template, self.arch)] = value
 
-    def ints(self, suffix: str, values: Sequence[int]) -> None:
-        self.md[f"{self.arch}.{suffix}"] = GGUFArray(T_INT32, len(values), tuple(values))
+    def ints(self, template: str, values: Sequence[int]) -> None:
+        self.md[key(template, self.arch)] = GGUFArray(T_INT32, len(values), tuple(values))
 
-    def bools(self, suffix: str, values: Sequence[bool]) -> None:
-        self.md[f"{self.arch}.{suffix}"] = GGUFArray(T_BOOL, len(values), tuple(values))
+    def bools(self, template: str, values: Sequence[bool]) -> None:
+        self.md[key(template, self.arch)] = GGUFArray(T_BOOL, len(values), tuple(values))
 
 
 _Convert = Callable[[_HParams, _Writer, list[str]], None]
@@ -263,28 +264,28 @@ _Convert = Callable[[_HParams, _Writer, list[str]], None]
 
 def _text_model(hp: _HParams, w: _Writer) -> None:
     """TextModel.set_gguf_parameters (conversion/base.py), the keys every architecture starts from."""
-    w.put("block_count", w.block_count)
-    w.put("context_length", hp.num(_CTX_KEYS))
-    w.put("embedding_length", hp.num(_EMBD_KEYS))
-    w.put("feed_forward_length", hp.num(_FF_KEYS))
-    w.put("attention.head_count", hp.num(_HEAD_KEYS))
+    w.put(LLM.BLOCK_COUNT, w.block_count)
+    w.put(LLM.CONTEXT_LENGTH, hp.num(_CTX_KEYS))
+    w.put(LLM.EMBEDDING_LENGTH, hp.num(_EMBD_KEYS))
+    w.put(LLM.FEED_FORWARD_LENGTH, hp.num(_FF_KEYS))
+    w.put(Attention.HEAD_COUNT, hp.num(_HEAD_KEYS))
     kv = hp.find(_HEAD_KV_KEYS)
     if kv is not None and isinstance(kv[1], list):  # per-layer list set by lfm2 / lfm2moe
-        w.ints("attention.head_count_kv", [hp.check_int(kv[0], x) for x in kv[1]])
+        w.ints(Attention.HEAD_COUNT_KV, [hp.check_int(kv[0], x) for x in kv[1]])
     else:
-        w.put("attention.head_count_kv", hp.num(_HEAD_KV_KEYS))
-    w.put("expert_count", hp.num(_EXPERT_KEYS))
-    w.put("expert_used_count", hp.num(_EXPERT_USED_KEYS))
+        w.put(Attention.HEAD_COUNT_KV, hp.num(_HEAD_KV_KEYS))
+    w.put(LLM.EXPERT_COUNT, hp.num(_EXPERT_KEYS))
+    w.put(LLM.EXPERT_USED_COUNT, hp.num(_EXPERT_USED_KEYS))
     head_dim = hp.num(("head_dim",))
-    w.put("attention.key_length", head_dim)
-    w.put("attention.value_length", head_dim)
+    w.put(Attention.KEY_LENGTH, head_dim)
+    w.put(Attention.VALUE_LENGTH, head_dim)
 
 
 def _vocab(hp: _HParams, w: _Writer, pad: int = 1) -> None:
     """n_vocab: the token list the converter writes has vocab_size entries (padded for Mamba-2)."""
     v = hp.num(("vocab_size",))
     if v is not None:
-        w.put("vocab_size", -(v // -pad) * pad)
+        w.put(LLM.VOCAB_SIZE, -(v // -pad) * pad)
 
 
 def _generic(hp: _HParams, w: _Writer, notes: list[str]) -> None:
@@ -305,18 +306,18 @@ def _granite(hp: _HParams, w: _Writer, notes: list[str]) -> None:
 
 def _gemma2(hp: _HParams, w: _Writer, notes: list[str]) -> None:
     """gemma.py Gemma2Model: its own keys; head_count_kv falls back to head_count; sliding_window."""
-    w.put("context_length", hp.num(("max_position_embeddings",)))
-    w.put("embedding_length", hp.num(("hidden_size",)))
-    w.put("block_count", w.block_count)
-    w.put("feed_forward_length", hp.num(("intermediate_size",)))
+    w.put(LLM.CONTEXT_LENGTH, hp.num(("max_position_embeddings",)))
+    w.put(LLM.EMBEDDING_LENGTH, hp.num(("hidden_size",)))
+    w.put(LLM.BLOCK_COUNT, w.block_count)
+    w.put(LLM.FEED_FORWARD_LENGTH, hp.num(("intermediate_size",)))
     n_head = hp.num(("num_attention_heads",))
-    w.put("attention.head_count", n_head)
+    w.put(Attention.HEAD_COUNT, n_head)
     kv = hp.num(("num_key_value_heads",))
-    w.put("attention.head_count_kv", kv if kv is not None else n_head)
+    w.put(Attention.HEAD_COUNT_KV, kv if kv is not None else n_head)
     head_dim = hp.num(("head_dim",))
-    w.put("attention.key_length", head_dim)
-    w.put("attention.value_length", head_dim)
-    w.put("attention.sliding_window", hp.num(("sliding_window",)))  # absent: llama.cpp's gemma2 default 4096
+    w.put(Attention.KEY_LENGTH, head_dim)
+    w.put(Attention.VALUE_LENGTH, head_dim)
+    w.put(Attention.SLIDING_WINDOW, hp.num(("sliding_window",)))  # absent: llama.cpp's gemma2 default 4096
     _vocab(hp, w)
 
 
@@ -324,28 +325,28 @@ def _gemma3(hp: _HParams, w: _Writer, notes: list[str]) -> None:
     """gemma.py Gemma3Model: sliding_window unless sliding_window_pattern == 1 (llama.cpp uses pattern 6)."""
     _text_model(hp, w)
     if hp.get("sliding_window_pattern") != 1:
-        w.put("attention.sliding_window", hp.need(("sliding_window",)))
+        w.put(Attention.SLIDING_WINDOW, hp.need(("sliding_window",)))
     _vocab(hp, w)
 
 
 def _gpt_oss(hp: _HParams, w: _Writer, notes: list[str]) -> None:
     """gpt_oss.py GptOssModel: TextModel keys + hparams["sliding_window"]; llama.cpp uses pattern 2."""
     _text_model(hp, w)
-    w.put("attention.sliding_window", hp.need(("sliding_window",), "convert_hf_to_gguf.py requires it for gpt-oss"))
+    w.put(Attention.SLIDING_WINDOW, hp.need(("sliding_window",), "convert_hf_to_gguf.py requires it for gpt-oss"))
     _vocab(hp, w)
 
 
 def _phi3(hp: _HParams, w: _Writer, notes: list[str]) -> None:
     """phi.py Phi3MiniModel: its own keys, no key_length; sliding_window (llama.cpp disables Phi SWA)."""
-    w.put("context_length", hp.num(("n_positions", "max_position_embeddings")))
-    w.put("embedding_length", hp.num(("hidden_size", "n_embd")))
-    w.put("feed_forward_length", hp.num(("intermediate_size",)))
-    w.put("block_count", w.block_count)
+    w.put(LLM.CONTEXT_LENGTH, hp.num(("n_positions", "max_position_embeddings")))
+    w.put(LLM.EMBEDDING_LENGTH, hp.num(("hidden_size", "n_embd")))
+    w.put(LLM.FEED_FORWARD_LENGTH, hp.num(("intermediate_size",)))
+    w.put(LLM.BLOCK_COUNT, w.block_count)
     n_head = hp.num(("num_attention_heads", "n_head"))
-    w.put("attention.head_count", n_head)
+    w.put(Attention.HEAD_COUNT, n_head)
     kv = hp.num(("num_key_value_heads", "n_head_kv"))
-    w.put("attention.head_count_kv", kv if kv is not None else n_head)  # AutoConfig: None -> MHA
-    w.put("attention.sliding_window", hp.num(("sliding_window",)) or 0)
+    w.put(Attention.HEAD_COUNT_KV, kv if kv is not None else n_head)  # AutoConfig: None -> MHA
+    w.put(Attention.SLIDING_WINDOW, hp.num(("sliding_window",)) or 0)
     _vocab(hp, w)
 
 
@@ -360,7 +361,7 @@ def _command_r(hp: _HParams, w: _Writer, notes: list[str]) -> None:
 def _cohere2(hp: _HParams, w: _Writer, notes: list[str]) -> None:
     """command_r.py Cohere2Model: TextModel keys + sliding_window; llama.cpp uses pattern 4."""
     _text_model(hp, w)
-    w.put("attention.sliding_window", hp.need(("sliding_window",), "convert_hf_to_gguf.py requires it for cohere2"))
+    w.put(Attention.SLIDING_WINDOW, hp.need(("sliding_window",), "convert_hf_to_gguf.py requires it for cohere2"))
     _vocab(hp, w)
 
 
@@ -374,12 +375,12 @@ def _deepseek2(hp: _HParams, w: _Writer, notes: list[str]) -> None:
     rope = hp.need(("qk_rope_head_dim",), "DeepSeek MLA")
     nope = hp.need(("qk_nope_head_dim",), "DeepSeek MLA")
     v_head = hp.need(("v_head_dim",), "DeepSeek MLA")
-    w.put("attention.kv_lora_rank", kv_lora_rank)
-    w.put("attention.key_length", kv_lora_rank + rope)
-    w.put("attention.value_length", kv_lora_rank)
-    w.put("attention.key_length_mla", nope + rope)
-    w.put("attention.value_length_mla", v_head)
-    w.put("expert_count", hp.num(("n_routed_experts",)))
+    w.put(Attention.KV_LORA_RANK, kv_lora_rank)
+    w.put(Attention.KEY_LENGTH, kv_lora_rank + rope)
+    w.put(Attention.VALUE_LENGTH, kv_lora_rank)
+    w.put(Attention.KEY_LENGTH_MLA, nope + rope)
+    w.put(Attention.VALUE_LENGTH_MLA, v_head)
+    w.put(LLM.EXPERT_COUNT, hp.num(("n_routed_experts",)))
     _vocab(hp, w)
     if hp.num(("num_nextn_predict_layers",)):
         notes.append("the DeepSeek MTP layers (num_nextn_predict_layers) are dropped by convert_hf_to_gguf.py")
@@ -390,9 +391,9 @@ def _glm4moe(hp: _HParams, w: _Writer, notes: list[str]) -> None:
     nextn = hp.num(("num_nextn_predict_layers",)) or 0
     w.block_count += nextn
     _text_model(hp, w)
-    w.put("expert_count", hp.num(("n_routed_experts",)))
+    w.put(LLM.EXPERT_COUNT, hp.num(("n_routed_experts",)))
     if nextn:
-        w.put("nextn_predict_layers", nextn)
+        w.put(LLM.NEXTN_PREDICT_LAYERS, nextn)
     _vocab(hp, w)
 
 
@@ -405,19 +406,19 @@ def _qwen3next(hp: _HParams, w: _Writer, notes: list[str]) -> None:
     w.block_count += n_mtp
     _text_model(hp, w)
     if n_mtp:
-        w.put("nextn_predict_layers", n_mtp)
+        w.put(LLM.NEXTN_PREDICT_LAYERS, n_mtp)
     why = "Gated DeltaNet layers"
-    w.put("ssm.conv_kernel", hp.need(("linear_conv_kernel_dim",), why))
-    w.put("ssm.state_size", hp.need(("linear_key_head_dim",), why))
-    w.put("ssm.group_count", hp.need(("linear_num_key_heads",), why))
+    w.put(SSM.CONV_KERNEL, hp.need(("linear_conv_kernel_dim",), why))
+    w.put(SSM.STATE_SIZE, hp.need(("linear_key_head_dim",), why))
+    w.put(SSM.GROUP_COUNT, hp.need(("linear_num_key_heads",), why))
     n_v_heads = hp.need(("linear_num_value_heads",), why)
-    w.put("ssm.time_step_rank", n_v_heads)
-    w.put("ssm.inner_size", hp.need(("linear_value_head_dim",), why) * n_v_heads)
+    w.put(SSM.TIME_STEP_RANK, n_v_heads)
+    w.put(SSM.INNER_SIZE, hp.need(("linear_value_head_dim",), why) * n_v_heads)
     layer_types = hp.strs("layer_types", n_layer)
     if layer_types is not None:
-        w.bools("attention.recurrent_layers", [t == "linear_attention" for t in layer_types] + [False] * n_mtp)
+        w.bools(Attention.RECURRENT_LAYERS, [t == "linear_attention" for t in layer_types] + [False] * n_mtp)
     interval = hp.num(("full_attention_interval",))
-    w.put("full_attention_interval", 4 if interval is None else interval)
+    w.put(LLM.FULL_ATTENTION_INTERVAL, 4 if interval is None else interval)
     _vocab(hp, w)
 
 
@@ -430,16 +431,16 @@ def _mamba2(hp: _HParams, w: _Writer, notes: list[str]) -> None:
     d_conv = hp.num(("conv_kernel", "d_conv")) or 4
     d_state = hp.num(("state_size", "d_state")) or 128
     head_dim = hp.num(("mamba_d_head", "head_dim")) or 64
-    w.put("context_length", 1 << 20)  # "arbitrary value; for those who use the default"
-    w.put("embedding_length", d_model)
-    w.put("feed_forward_length", 0)
-    w.put("attention.head_count", 0)
-    w.put("block_count", w.block_count)
-    w.put("ssm.conv_kernel", d_conv)
-    w.put("ssm.inner_size", d_inner)
-    w.put("ssm.state_size", d_state)
-    w.put("ssm.time_step_rank", d_inner // head_dim if head_dim else 0)
-    w.put("ssm.group_count", n_group)
+    w.put(LLM.CONTEXT_LENGTH, 1 << 20)  # "arbitrary value; for those who use the default"
+    w.put(LLM.EMBEDDING_LENGTH, d_model)
+    w.put(LLM.FEED_FORWARD_LENGTH, 0)
+    w.put(Attention.HEAD_COUNT, 0)
+    w.put(LLM.BLOCK_COUNT, w.block_count)
+    w.put(SSM.CONV_KERNEL, d_conv)
+    w.put(SSM.INNER_SIZE, d_inner)
+    w.put(SSM.STATE_SIZE, d_state)
+    w.put(SSM.TIME_STEP_RANK, d_inner // head_dim if head_dim else 0)
+    w.put(SSM.GROUP_COUNT, n_group)
     pad = hp.num(("pad_vocab_size_multiple",)) or 16  # Mamba2Model.set_vocab rounds the vocab up
     _vocab(hp, w, pad)
 
@@ -465,7 +466,7 @@ def _granitehybrid(hp: _HParams, w: _Writer, notes: list[str]) -> None:
     has_ssm = len(set(attn)) < n_layer
     if not has_ssm:  # "non-hybrid" members of the family become granite / granitemoe
         w.arch = "granitemoe" if hp.find(("num_experts_per_tok", "num_experts_per_token")) else "granite"
-        w.md = {"general.architecture": w.arch}
+        w.md = {General.ARCHITECTURE: w.arch}
         _granite(hp, w, notes)
         return
     hp.hp.pop("head_dim", None)  # GraniteModel
@@ -483,16 +484,16 @@ def _granitehybrid(hp: _HParams, w: _Writer, notes: list[str]) -> None:
     d_conv, d_state = find(("conv_kernel", "d_conv")), find(("state_size", "d_state", "state_dim", "ssm_state_size"))
     if d_conv is None or d_state is None:
         raise hp.fail("mamba_d_conv / mamba_d_state is missing (hybrid Granite)")
-    w.put("ssm.conv_kernel", d_conv)
-    w.put("ssm.state_size", d_state)
-    w.put("ssm.group_count", n_group)
-    w.put("ssm.inner_size", expand * d_model)
-    w.put("ssm.time_step_rank", find(("n_heads", "num_heads")))
+    w.put(SSM.CONV_KERNEL, d_conv)
+    w.put(SSM.STATE_SIZE, d_state)
+    w.put(SSM.GROUP_COUNT, n_group)
+    w.put(SSM.INNER_SIZE, expand * d_model)
+    w.put(SSM.TIME_STEP_RANK, find(("n_heads", "num_heads")))
     kv = hp.need(("num_key_value_heads", "n_head_kv", "mamba_num_key_value_heads", "mamba_n_head_kv"))
-    w.ints("attention.head_count_kv", [kv if i in attn else 0 for i in range(n_layer)])
+    w.ints(Attention.HEAD_COUNT_KV, [kv if i in attn else 0 for i in range(n_layer)])
     archs = hp.top.get("architectures")
     if not (isinstance(archs, list) and "BambaForCausalLM" in archs):
-        w.put("context_length", 1 << 20)  # no RoPE: the converter writes 2**20 over max_position_embeddings
+        w.put(LLM.CONTEXT_LENGTH, 1 << 20)  # no RoPE: the converter writes 2**20 over max_position_embeddings
     _vocab(hp, w, 8)
 
 
@@ -512,7 +513,7 @@ def _lfm2(hp: _HParams, w: _Writer, notes: list[str]) -> None:
     else:
         hp.hp["num_key_value_heads"] = [kv if t == "full_attention" else 0 for t in layer_types]
     _text_model(hp, w)
-    w.put("shortconv.l_cache", hp.need(("conv_L_cache",), "LFM2 short convolutions"))
+    w.put(ShortConv.L_CACHE, hp.need(("conv_L_cache",), "LFM2 short convolutions"))
     _vocab(hp, w)
 
 
@@ -594,9 +595,9 @@ def _check(hp: _HParams, arch: str) -> int:
     n_used = hp.num(_EXPERT_USED_KEYS)
     if n_expert is not None and n_used is not None and n_used > n_expert > 0:
         raise hp.fail(f"num_experts_per_tok ({n_used}) is larger than the expert count ({n_expert})")
-    for key in ("vocab_size", "head_dim", "sliding_window", "intermediate_size"):
-        if hp.get(key) is not None:
-            hp.check_int(key, hp.get(key))
+    for name in ("vocab_size", "head_dim", "sliding_window", "intermediate_size"):
+        if hp.get(name) is not None:
+            hp.check_int(name, hp.get(name))
     return n_layer
 
 
@@ -632,7 +633,7 @@ def from_config(config: Mapping[str, object], *, source: str, weights_bytes: int
     w.block_count = n_layer
     _CONVERTERS.get(arch, _generic)(hp, w, notes)
     name = hp.top.get("_name_or_path")
-    w.md["general.name"] = name if isinstance(name, str) and name else source
+    w.md[General.NAME] = name if isinstance(name, str) and name else source
     header = GGUFHeader(
         source=source,
         version=3,

@@ -24,10 +24,11 @@ from dataclasses import dataclass, replace
 
 from kvadvise.errors import GGUFError, InputError
 from kvadvise.model.gguf import GGUFHeader, TensorInfo
+from kvadvise.model.keys import Split
 
-KEY_NO = "split.no"
-KEY_COUNT = "split.count"
-KEY_TENSORS = "split.tensors.count"
+KEY_NO = Split.NO
+KEY_COUNT = Split.COUNT
+KEY_TENSORS = Split.TENSORS_COUNT
 MAX_PARTS = 9999  # five digits in the name; more would not be a llama.cpp split
 
 _NAME = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)

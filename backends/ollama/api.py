@@ -42,6 +42,7 @@ from kvadvise.model.gguf import (
     TensorInfo,
     Value,
 )
+from kvadvise.model.keys import General
 
 DEFAULT_HOST = "http://127.0.0.1:11434"
 DEFAULT_PORT = 11434
@@ -397,8 +398,8 @@ def header_from_show(
             arr = _array(v)
             if arr is not None:
                 metadata[k] = arr
-    metadata.setdefault("general.name", name)  # /api/show leaves general.name out
-    align = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+    metadata.setdefault(General.NAME, name)  # /api/show leaves general.name out
+    align = metadata.get(General.ALIGNMENT, DEFAULT_ALIGNMENT)
     alignment = align if isinstance(align, int) and not isinstance(align, bool) and align > 0 else DEFAULT_ALIGNMENT
     infos: list[TensorInfo] = []
     offset = 0

@@ -52,7 +52,7 @@ class Profile:
         if self.download_bytes:
             notes.insert(0, f"planned from a built-in profile; weights size from {self.download_source}")
         elif (n_params := dense_params(spec, self.config)) is not None:
-            from kvadvise.backends.hf import quant_bpw
+            from kvadvise.model.quants import quant_bpw
 
             canon, bpw = quant_bpw(quant)
             weights = -(-n_params * int(bpw * 1000) // 8000)

@@ -1,0 +1,82 @@
+"""Every GGUF metadata key kvadvise reads or writes, in one place (the schema).
+
+Names follow gguf-py's ``constants.py`` (``Keys.LLM.BLOCK_COUNT =
+"{arch}.block_count"``) and llama.cpp's ``src/llama-arch.cpp`` (LLM_KV_NAMES,
+commit 0c1e570). Architecture keys are templates with ``{arch}``: fill them
+with :func:`key`. A misspelt name is an AttributeError at import time (and a
+mypy error), never a key that is silently absent and read as 0.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+
+def key(template: str, arch: str) -> str:
+    """The key ``template`` names for architecture ``arch`` ("{arch}.block_count" -> "llama.block_count")."""
+    return template.format(arch=arch)
+
+
+class General:
+    ARCHITECTURE: Final = "general.architecture"
+    NAME: Final = "general.name"
+    ALIGNMENT: Final = "general.alignment"
+    FILE_TYPE: Final = "general.file_type"
+
+
+class LLM:
+    VOCAB_SIZE: Final = "{arch}.vocab_size"
+    CONTEXT_LENGTH: Final = "{arch}.context_length"
+    EMBEDDING_LENGTH: Final = "{arch}.embedding_length"
+    BLOCK_COUNT: Final = "{arch}.block_count"
+    FEED_FORWARD_LENGTH: Final = "{arch}.feed_forward_length"
+    EXPERT_FEED_FORWARD_LENGTH: Final = "{arch}.expert_feed_forward_length"
+    EXPERT_SHARED_FEED_FORWARD_LENGTH: Final = "{arch}.expert_shared_feed_forward_length"
+    EXPERT_COUNT: Final = "{arch}.expert_count"
+    EXPERT_USED_COUNT: Final = "{arch}.expert_used_count"
+    EXPERT_SHARED_COUNT: Final = "{arch}.expert_shared_count"
+    NEXTN_PREDICT_LAYERS: Final = "{arch}.nextn_predict_layers"
+    FULL_ATTENTION_INTERVAL: Final = "{arch}.full_attention_interval"
+    TOKEN_SHIFT_COUNT: Final = "{arch}.token_shift_count"
+
+
+class Attention:
+    HEAD_COUNT: Final = "{arch}.attention.head_count"
+    HEAD_COUNT_KV: Final = "{arch}.attention.head_count_kv"
+    KEY_LENGTH: Final = "{arch}.attention.key_length"
+    VALUE_LENGTH: Final = "{arch}.attention.value_length"
+    KEY_LENGTH_SWA: Final = "{arch}.attention.key_length_swa"
+    VALUE_LENGTH_SWA: Final = "{arch}.attention.value_length_swa"
+    KEY_LENGTH_MLA: Final = "{arch}.attention.key_length_mla"
+    VALUE_LENGTH_MLA: Final = "{arch}.attention.value_length_mla"
+    KV_LORA_RANK: Final = "{arch}.attention.kv_lora_rank"
+    SLIDING_WINDOW: Final = "{arch}.attention.sliding_window"
+    SLIDING_WINDOW_PATTERN: Final = "{arch}.attention.sliding_window_pattern"
+    SHARED_KV_LAYERS: Final = "{arch}.attention.shared_kv_layers"
+    RECURRENT_LAYERS: Final = "{arch}.attention.recurrent_layers"
+
+
+class SSM:
+    CONV_KERNEL: Final = "{arch}.ssm.conv_kernel"
+    INNER_SIZE: Final = "{arch}.ssm.inner_size"
+    STATE_SIZE: Final = "{arch}.ssm.state_size"
+    TIME_STEP_RANK: Final = "{arch}.ssm.time_step_rank"
+    GROUP_COUNT: Final = "{arch}.ssm.group_count"
+
+
+class WKV:
+    HEAD_SIZE: Final = "{arch}.wkv.head_size"
+
+
+class ShortConv:
+    L_CACHE: Final = "{arch}.shortconv.l_cache"
+
+
+class Tokenizer:
+    LIST: Final = "tokenizer.ggml.tokens"
+
+
+class Split:
+    COUNT: Final = "split.count"
+    NO: Final = "split.no"
+    TENSORS_COUNT: Final = "split.tensors.count"
