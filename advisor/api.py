@@ -6,7 +6,6 @@ Frozen dataclasses in and out; ``to_json`` gives exactly the document
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from kvadvise.model.ggml import GGMLType as GGMLType  # re-exported by advisor.__all__
@@ -70,7 +69,7 @@ def plan(
     cfg = config or RunConfig()
     return make_plan(
         spec,
-        replace(cfg, device="auto") if hardware is not None and config is None else cfg,
+        cfg,
         recommend_ctx=hardware is not None and cfg.n_ctx == 0,
         hw=hardware,
         policy=policy or Policy(),

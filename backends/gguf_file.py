@@ -16,7 +16,6 @@ header is used when the server cannot be reached or the Hub is offline.
 
 from __future__ import annotations
 
-import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -119,6 +118,8 @@ def read_url(url: str) -> GGUFHeader:
     n = splits.check_first(first)
     if n == 1:
         return first
+    import urllib.parse  # remote names only: a local plan starts without it
+
     p = urllib.parse.urlsplit(url)
     name = splits.parse_name(p.path)
     if name is None or name.count != n:

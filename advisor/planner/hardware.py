@@ -119,9 +119,9 @@ def _profile_from_json(entry: dict[str, Any]) -> GpuProfile:
 @lru_cache(maxsize=1)
 def load_profiles() -> tuple[GpuProfile, ...]:
     """Every GPU of profiles/gpus.json, in file order (read once)."""
-    import importlib.resources
+    from kvadvise.profiles import read_text
 
-    text = importlib.resources.files("kvadvise.profiles").joinpath("gpus.json").read_text(encoding="utf-8")
+    text = read_text("gpus.json")
     data = json.loads(text)
     return tuple(_profile_from_json(e) for e in data["gpus"])
 
@@ -487,23 +487,26 @@ def parse_size(text: str, *, allow_zero: bool = False) -> int:
 
     Bad input raises InputError with a one-line message and a hint.
     """
-    from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
-
     m = _SIZE_RE.match(text)
     if m is None:
         raise InputError(f"not a size: {text!r}", hint=_SIZE_HINT)
     number, unit = m.group(1), m.group(2).lower()
-    if not unit and allow_zero and Decimal(number) == 0:
+    if not unit and allow_zero and float(number) == 0:
         return 0  # zero needs no unit
     if not unit:
         raise InputError(f"size {text.strip()!r} has no unit", hint=_SIZE_HINT)
     if unit not in _UNITS:
         raise InputError(f"unknown size unit {m.group(2)!r} in {text.strip()!r}", hint=_SIZE_HINT)
-    try:
-        value = Decimal(number) * _UNITS[unit]
-    except InvalidOperation as err:  # pragma: no cover - the regex only lets digits through
-        raise InputError(f"not a size: {text!r}", hint=_SIZE_HINT) from err
-    n = int(value.to_integral_value(rounding=ROUND_HALF_UP))
+    if number.isdigit():  # the common case; decimal is imported only for a fraction
+        n = int(number) * _UNITS[unit]
+    else:
+        from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+
+        try:
+            value = Decimal(number) * _UNITS[unit]
+        except InvalidOperation as err:  # pragma: no cover - the regex only lets digits through
+            raise InputError(f"not a size: {text!r}", hint=_SIZE_HINT) from err
+        n = int(value.to_integral_value(rounding=ROUND_HALF_UP))
     if n < 0 or (n == 0 and not allow_zero):
         raise InputError(f"size {text.strip()!r} must be more than 0 bytes", hint=_SIZE_HINT)
     return n

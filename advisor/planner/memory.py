@@ -22,7 +22,7 @@ from kvadvise.model.spec import ModelSpec
 MIB = 1 << 20
 CTX_PAD = 256  # GGML_PAD(n_ctx, 256), "ref: PR 17046"
 FLASH_ATTN_MODES = ("on", "off", "auto")
-DEVICES = ("cpu", "cuda")
+DEVICES = ("auto", "cpu", "cuda")
 # Buffer alignment: CPU TENSOR_ALIGNMENT = 32, CUDA CUDA_ALIGNMENT = 128 (ggml-cuda.cu).
 # Per-device fixed cost outside llama.cpp's buffers. CPU: none. CUDA: the CUDA
 # context and cuBLAS workspace, about 330 MiB measured by unsloth (issue #6718,
@@ -43,7 +43,9 @@ class RunConfig:
     type_v: GGMLType = GGMLType.F16  # -ctv
     flash_attn: str = "auto"  # -fa on|off|auto
     swa_full: bool = False  # --swa-full (llama-server's default is off)
-    device: str = "cpu"  # where the layers go: cpu | cuda (full offload)
+    # where the layers go: cpu | cuda (full offload) | auto = the GPU when the plan has one (a budget),
+    # else the CPU; the same default as the CLI's --device, so the API and the CLI plan alike
+    device: str = "auto"
     overhead_bytes: int | None = None  # per-device fixed cost; None = OVERHEAD_BYTES[device] (or a calibration)
     # llama_context_params.n_outputs_max, the logits rows the compute graph is reserved for.
     # None = as llama-server (and so Ollama) sets it: one per sequence (tools/server/server-context.cpp
@@ -152,7 +154,7 @@ def resolve(spec: ModelSpec, cfg: RunConfig) -> ContextLayout:
         swa_full=cfg.swa_full,
         type_k=cfg.type_k,
         type_v=cfg.type_v,
-        device=cfg.device,
+        device="cpu" if cfg.device == "auto" else cfg.device,  # an estimate without hardware is the CPU's
     )
 
 

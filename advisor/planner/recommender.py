@@ -157,9 +157,9 @@ def partial_offload(
 
 
 def load_use_cases() -> dict[str, int]:
-    from importlib.resources import files
+    from kvadvise.profiles import read_text
 
-    doc = json.loads(files("kvadvise.profiles").joinpath("usecases.json").read_text(encoding="utf-8"))
+    doc = json.loads(read_text("usecases.json"))
     return {k: int(v["target_ctx"]) for k, v in doc.items() if not k.startswith("_")}
 
 

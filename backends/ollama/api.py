@@ -156,6 +156,16 @@ def _is_loopback(url: str) -> bool:
 # --- talking to the server ----------------------------------------------------
 
 
+class ClientError(Exception):
+    """A 4xx answer, as ``ollama.ResponseError`` reports it (its ``error`` and ``status_code``), raised
+    without the caller importing the official client (which costs more than a whole run)."""
+
+    def __init__(self, error: str, status_code: int) -> None:
+        super().__init__(error)
+        self.error = error
+        self.status_code = status_code
+
+
 class ServerError(BackendUnreachable):
     """The server answered with a 5xx: it is there, but failed (e.g. a model that could not load)."""
 
@@ -211,7 +221,7 @@ def _connectable(url: str, timeout: float) -> None:
 def call(
     host: str, method: str, path: str, *, body: Mapping[str, Any] | None = None, timeout: float = DEFAULT_TIMEOUT
 ) -> Any:
-    """One call through ``ollama.Client``; the decoded JSON answer. ResponseError for 4xx.
+    """One call through ``ollama.Client``; the decoded JSON answer. ClientError for 4xx.
 
     The answer is read in chunks and refused past MAX_ANSWER_BYTES (a server that
     sends 100 MB is not held in memory whole). Inside a :func:`session`, a server
@@ -256,7 +266,7 @@ def _call(url: str, method: str, path: str, *, body: Mapping[str, Any] | None, t
                 error=str(err.error),
                 hint="look at the server's log (journalctl -u ollama)",
             )
-        raise err
+        raise ClientError(str(err.error), status)
     try:
         return json.loads(content)
     except ValueError:
@@ -329,12 +339,10 @@ class ShownModel:
 
 def show_model(host: str | None, name: str, *, timeout: float = DEFAULT_TIMEOUT) -> ShownModel | None:
     """``POST /api/show`` (verbose). None when the server does not have the model (404)."""
-    import ollama
-
     url = server_url(host)
     try:
         doc = call(url, "POST", "/api/show", body={"model": name, "verbose": True}, timeout=timeout)
-    except ollama.ResponseError as e:
+    except ClientError as e:
         if e.status_code == 404:
             return None
         raise InputError(f"Ollama at {url} refused to show {name}: {one_line(e.error)}") from None
@@ -518,12 +526,10 @@ class RunningModel:
 
 def running_models(host: str | None = None, *, timeout: float = DEFAULT_TIMEOUT) -> tuple[RunningModel, ...]:
     """``GET /api/ps``: the models the server holds in memory now."""
-    import ollama
-
     url = server_url(host)
     try:
         doc = call(url, "GET", "/api/ps", timeout=timeout)
-    except ollama.ResponseError as e:
+    except ClientError as e:
         raise BackendUnreachable(f"Ollama at {url} refused /api/ps: HTTP {e.status_code} {one_line(e.error)}") from None
     models = doc.get("models") if isinstance(doc, dict) else None
     if models is None and isinstance(doc, dict):
@@ -579,11 +585,9 @@ def processor(size: int, size_vram: int) -> str:
 
 def server_version(host: str | None = None, *, timeout: float = DEFAULT_TIMEOUT) -> str | None:
     """``GET /api/version``; None when the server answers without a version. BackendUnreachable if none answers."""
-    import ollama
-
     try:
         doc = call(server_url(host), "GET", "/api/version", timeout=timeout)
-    except ollama.ResponseError:
+    except ClientError:
         return None
     v = doc.get("version") if isinstance(doc, dict) else None
     return v.strip() if isinstance(v, str) and v.strip() else None

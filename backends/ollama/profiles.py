@@ -88,9 +88,9 @@ def dense_params(spec: ModelSpec, config: Mapping[str, Any]) -> int | None:
 
 
 def _load_text() -> str:
-    from importlib.resources import files
+    from kvadvise.profiles import read_text
 
-    return files("kvadvise.profiles").joinpath(RESOURCE).read_text(encoding="utf-8")
+    return read_text(RESOURCE)
 
 
 @cache

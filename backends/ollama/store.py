@@ -15,7 +15,6 @@ and JSON files are size-capped before they are parsed.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -216,7 +215,7 @@ def _read_entry(root: Path, manifest: Path, name: OllamaName) -> StoreEntry:
     return StoreEntry(
         root=root,
         manifest_path=manifest,
-        manifest_digest=hashlib.sha256(data).hexdigest(),
+        manifest_digest=_sha256(data),
         model_blob=model_blob,
         model_bytes=model_bytes,
         params=params,
@@ -224,3 +223,9 @@ def _read_entry(root: Path, manifest: Path, name: OllamaName) -> StoreEntry:
         config=config,
         notes=tuple(notes),
     )
+
+
+def _sha256(data: bytes) -> str:
+    import hashlib  # only when a model is in the store: hashlib costs a few ms of every start
+
+    return hashlib.sha256(data).hexdigest()

@@ -46,8 +46,6 @@ def verify(
     load_timeout: float = DEFAULT_LOAD_TIMEOUT,
 ) -> OllamaVerification:
     """Check a model on a live server. BackendUnreachable when the server does not answer."""
-    import ollama
-
     wanted = parse_name(name)
     url = ollama_api.server_url(host)
     reasons: list[str] = []
@@ -57,7 +55,7 @@ def verify(
             body["options"] = {"num_ctx": num_ctx}
         try:
             ollama_api.call(url, "POST", "/api/generate", body=body, timeout=load_timeout)
-        except ollama.ResponseError as e:
+        except ollama_api.ClientError as e:
             if e.status_code == 404:
                 raise InputError(
                     f"Ollama at {url} does not have {wanted.display}", hint=f"ollama pull {wanted.display}"

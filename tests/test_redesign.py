@@ -1,0 +1,145 @@
+"""Bugs found while reshaping the package (the "one installed package" issue), each held here."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fault_server import Answer, serving
+
+import kvadvise
+from kvadvise.backends.ollama import api as ollama_api
+from kvadvise.cli import main
+from kvadvise.errors import EXIT_INPUT, EXIT_UNREACHABLE
+from kvadvise.runtime import calibration
+
+
+def test_api_and_cli_plan_on_the_same_device(gemma_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """RunConfig's device defaults to "auto", as --device does: both plan a given --ctx on the card."""
+    spec = kvadvise.load_model(str(gemma_path))
+    api_doc = kvadvise.to_json(
+        kvadvise.plan(spec, kvadvise.RunConfig(n_ctx=4096), hardware=kvadvise.gpu_profile("4090"))
+    )
+    assert main(["gguf", str(gemma_path), "--ctx", "4096", "--gpu", "4090", "--json"]) == 0
+    cli_doc = json.loads(capsys.readouterr().out)
+    assert api_doc["config"]["device"] == cli_doc["config"]["device"] == "cuda"
+    assert api_doc["memory"] == cli_doc["memory"]
+    # without hardware both estimate the CPU
+    assert kvadvise.estimate(spec, kvadvise.RunConfig(n_ctx=4096)).layout.device == "cpu"
+
+
+def test_margin_zero_is_accepted(gemma_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """llama.cpp's -fitt 0 is legal, and kvadvise itself suggests a smaller margin."""
+    assert main(["gguf", str(gemma_path), "--gpu", "4090", "--margin", "0", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["budget"]["margin_bytes"] == 0
+    assert doc["budget"]["budget_bytes"] == doc["budget"]["free_bytes"]
+    assert main(["gguf", str(gemma_path), "--gpu", "4090", "--margin", "-1GiB"]) == EXIT_INPUT
+    assert main(["gguf", str(gemma_path), "--gpu", "4090", "--margin", "lots"]) == EXIT_INPUT
+
+
+def test_verify_takes_no_planned_card(gemma_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A run is measured on this machine: --gpu/--vram (a card you do not own) are not options of verify."""
+    for flag in (["--gpu", "4090"], ["--vram", "24GiB"]):
+        assert main(["verify", "llamacpp", str(gemma_path), "--ctx", "512", *flag]) == EXIT_INPUT
+        assert "No such option" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"format": 1, "entries": [{"device": "NVIDIA X", "overhead_bytes": 1}]},  # fields missing
+        {"format": 2, "entries": []},  # a newer format
+        {
+            "format": 1,
+            "entries": [
+                {
+                    "device": "NVIDIA X",
+                    "llama_cpp_build": "b",
+                    "runner": "r",
+                    "model": "m",
+                    "config": "c",
+                    "measured_at": "t",
+                    "overhead_bytes": -5,
+                    "compute_ratio": 1.0,
+                }
+            ],
+        },
+        "not json at all",
+    ],
+    ids=["missing field", "newer format", "negative overhead", "not JSON"],
+)
+def test_a_bad_calibration_file_is_skipped_and_can_be_cleared(
+    doc: object, gemma_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    p = calibration.path()
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(doc if isinstance(doc, str) else json.dumps(doc))
+    measured, notes = calibration.measured_overhead("NVIDIA X")
+    assert measured is None and len(notes) == 1 and "ignored" in notes[0]
+    assert main(["calibration", "show", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["entries"] == [] and len(shown["notes"]) == 1
+    assert main(["gguf", str(gemma_path), "--gpu", "4090"]) == 0  # plans are not stopped by it
+    assert main(["calibration", "clear"]) == 0
+    assert not p.exists()
+
+
+def test_a_good_entry_survives_a_bad_one(tmp_path: Path) -> None:
+    good = {"device": "NVIDIA X", "llama_cpp_build": "b7000", "runner": "llama-server", "model": "m",
+            "config": "-c 4096", "measured_at": "2026-12-03T00:00:00Z", "overhead_bytes": 400 << 20,
+            "compute_ratio": 1.01}  # fmt: skip
+    p = calibration.path()
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps({"format": 1, "entries": [good, {"device": 3}]}))
+    measured, notes = calibration.measured_overhead("NVIDIA X")
+    assert measured is not None and measured.overhead_bytes == 400 << 20
+    assert notes and "1 calibration entry malformed" in notes[0]
+
+
+def test_a_hung_ollama_server_costs_one_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """/api/show times out; /api/ps and /api/version are then not asked again within the command."""
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "empty-store"))
+    real = ollama_api._call
+    calls: list[str] = []
+
+    def counted(url: str, method: str, path: str, **kw: Any) -> Any:
+        calls.append(path)
+        return real(url, method, path, **{**kw, "timeout": 0.5})
+
+    monkeypatch.setattr(ollama_api, "_call", counted)
+    with serving(lambda method, path: Answer(200, b"{}", delay_s=3.0)) as srv:
+        t0 = time.monotonic()
+        rc = main(["ollama", "qwen3-coder", "--gpu", "4090", "--host", srv.url])
+        took = time.monotonic() - t0
+    out, err = capsys.readouterr()
+    assert rc == 0, err  # the built-in profile plans it; the live state is reported as unread
+    assert calls == ["/api/show"]
+    assert took < 2.5
+    assert "live state not read" in out
+
+
+def test_weights_label_is_the_file_type(gemma_path: Path) -> None:
+    """general.file_type = 15 (Q4_K_M); the largest tensor (the 262k-token embedding) is q8_0."""
+    assert kvadvise.load_model(str(gemma_path)).file_type == "Q4_K_M"
+
+
+def test_no_server_no_client_import(tmp_path: Path) -> None:
+    """With no Ollama server listening, the official client (pydantic, httpx) is never imported."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from kvadvise.cli import main; "
+        "rc = main(['ollama', 'qwen3-coder', '--gpu', '4090', '--json', '--host', '127.0.0.1:9']); "
+        "print(rc, 'ollama' in sys.modules, 'httpx' in sys.modules, 'pydantic' in sys.modules)"
+    )
+    env = {"OLLAMA_MODELS": str(tmp_path), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert p.stdout.strip().splitlines()[-1] == "0 False False False", p.stderr
+    assert EXIT_UNREACHABLE == 4
