@@ -36,6 +36,38 @@ class TinyRuntime:
 
     def running_models(self, host):
         return ()
+
+
+class CommandRuntime(TinyRuntime):
+    """As the README's plugin example: its own `kvadvise cmdrt NAME` and `kvadvise verify cmdrt NAME`."""
+
+    name = "cmdrt"
+
+    def register_commands(self, cli, verify):
+        import click
+
+        from kvadvise.cli import output
+        from kvadvise.cli.options import PlanOptions, run_options
+        from kvadvise.cli.plan import build_plan, exit_if_no_fit, show_plan
+
+        @cli.command("cmdrt")
+        @click.argument("name")
+        @click.option("--shout", is_flag=True, help="An option of the plugin's own.")
+        @run_options
+        def cmdrt(name, shout, **kwargs):
+            """Plan a model of the command runtime."""
+            o = PlanOptions.take(kwargs)
+            plan = build_plan(self.load_spec(name), o)
+            show_plan(plan, o, requested_ctx=o.n_ctx)
+            if shout:
+                output.note("PLANNED")
+            exit_if_no_fit(plan)
+
+        @verify.command("cmdrt")
+        @click.argument("name")
+        def verify_cmdrt(name):
+            """Check a running model of the command runtime."""
+            output.result(f"verified {name}")
 '''
 
 
@@ -49,6 +81,7 @@ def plugin_path(tmp_path: Path) -> Path:
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: kvadvise-tinyrt\nVersion: 1.0\n")
     (info / "entry_points.txt").write_text(
         "[kvadvise.backends]\ntinyrt = kvadvise_tinyrt:TinyRuntime\nbroken = kvadvise_tinyrt:DoesNotExist\n"
+        "cmdrt = kvadvise_tinyrt:CommandRuntime\n"
     )
     return tmp_path
 
@@ -75,6 +108,21 @@ def test_plugin_works_through_the_cli(plugin_path: Path) -> None:
     doc = json.loads(p.stdout)
     assert doc["memory"]["kv_bytes_per_token"] == 32 * 8 * 128 * 2 * 2
     assert doc["memory"]["kv_bytes"] == 32 * 8 * 128 * 2 * 2 * 8192
+
+
+def test_a_plugin_brings_its_own_commands(plugin_path: Path) -> None:
+    """register_commands, as the built-in backends use it: a command with an option of its own, and a verify one."""
+    p = cli(plugin_path, "cmdrt", "32,8,128,8192", "--ctx", "8192", "--no-hardware", "--json", "--shout")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["memory"]["kv_bytes"] == 32 * 8 * 128 * 2 * 2 * 8192
+    assert "PLANNED" in p.stderr
+    p = cli(plugin_path, "verify", "cmdrt", "m1")
+    assert (p.returncode, p.stdout) == (0, "verified m1\n"), p.stderr
+    p = cli(plugin_path, "--help")
+    assert "cmdrt" in p.stdout and "Plan a model of the command runtime." in p.stdout
+    p = cli(plugin_path, "plugins", "--json")
+    caps = {b["name"]: b["capabilities"] for b in json.loads(p.stdout)["backends"]}
+    assert caps["cmdrt"] == ["resolve", "commands", "live-state"]
 
 
 def test_broken_plugin_never_breaks_builtin_commands(plugin_path: Path, gemma_path: Path) -> None:

@@ -47,11 +47,17 @@ class _BackendCommands:
 
     @classmethod
     def names(cls, group: click.Group, ctx: click.Context) -> list[str]:
+        """For --help: the core's commands and those of every backend that loads (a broken
+        plugin is left out here; `kvadvise plugins` names it, and calling it says why)."""
         from kvadvise.plugins import discover
 
         names = set(click.Group.list_commands(group, ctx))
         for name in discover().targets:
-            if group is cli or cls.find(group, ctx, name) is not None:
+            try:
+                found = cls.find(group, ctx, name)
+            except KvadviseError:
+                continue
+            if found is not None:
                 names.add(name)
         return sorted(names)
 
