@@ -159,3 +159,24 @@ def test_runs_from_a_folder_holding_advisor_backends_and_profiles(tmp_path: Path
         p = subprocess.run(argv, capture_output=True, text=True, cwd=cwd, timeout=120)
         assert p.returncode == 0, (argv, p.stderr)
         assert "broken" not in p.stdout or '"broken": []' in p.stdout
+
+
+@pytest.mark.llama
+def test_verify_runs_from_a_folder_holding_backends(tmp_path: Path, gemma_path: Path) -> None:
+    """The bug this layout fixes: verify's llama-cpp-python child was `python -m backends.llamacpp_probe`,
+    which a user's own backends/ package shadowed (reported as "llama.cpp crashed", exit 3)."""
+    cwd = _shadowing_folder(tmp_path)
+    env = {**os.environ, "PATH": "/usr/bin:/bin"}  # no llama-server on PATH: the llama-cpp-python child runs
+    argv = [str(Path(sys.executable).with_name("kvadvise")), "verify", "llamacpp", str(gemma_path)]
+    p = subprocess.run(
+        [*argv, "--ctx", "512", "--no-hardware", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    doc = __import__("json").loads(p.stdout)
+    assert doc["measured"]["runner"] == "llama-cpp-python"
+    assert doc["error"]["kv_bytes"] == 0
