@@ -78,6 +78,7 @@ def estimate_dict(spec: ModelSpec, cfg: RunConfig, est: MemoryEstimate) -> dict[
             "n_batch": lay.n_batch,
             "n_ubatch": lay.n_ubatch,
             "n_outputs_max": lay.n_outputs_max,
+            "runtime": cfg.runtime,
             "type_k": lay.type_k.type_name,
             "type_v": lay.type_v.type_name,
             "flash_attn": lay.flash_attn,

@@ -57,6 +57,7 @@ def test_json_keys_and_numbers_for_gemma(gemma_path: Path, capsys: pytest.Captur
         "n_batch": 2048,
         "n_ubatch": 512,
         "n_outputs_max": 1,
+        "runtime": "llama-server",
         "type_k": "q8_0",
         "type_v": "q8_0",
         "flash_attn": True,

@@ -143,3 +143,21 @@ def test_no_server_no_client_import(tmp_path: Path) -> None:
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert p.stdout.strip().splitlines()[-1] == "0 False False False", p.stderr
     assert EXIT_UNREACHABLE == 4
+
+
+def test_runtime_decides_the_logits_rows(gemma_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """llama-server reserves one logits row per slot; llama-cli (the library, llama-cpp-python) the batch."""
+    docs = {}
+    for runtime in ("llama-server", "llama-cli"):
+        argv = ["gguf", str(gemma_path), "--ctx", "4096", "-fa", "on", "-np", "2", "--no-hardware", "--json"]
+        assert main([*argv, "--runtime", runtime]) == 0
+        docs[runtime] = json.loads(capsys.readouterr().out)
+    server, cli = docs["llama-server"], docs["llama-cli"]
+    assert (server["config"]["runtime"], server["config"]["n_outputs_max"]) == ("llama-server", 2)
+    assert (cli["config"]["runtime"], cli["config"]["n_outputs_max"]) == ("llama-cli", 2048)
+    # 510 more rows of 262,144 f32 logits (ubatch 512 rows against 2)
+    extra = cli["memory"]["compute_bytes"] - server["memory"]["compute_bytes"]
+    assert extra >= 4 * 262144 * 500
+    assert main(["gguf", str(gemma_path), "--ctx", "4096", "--n-outputs-max", "2", "--runtime", "llama-cli",
+                 "-fa", "on", "-np", "2", "--no-hardware", "--json"]) == 0  # fmt: skip
+    assert json.loads(capsys.readouterr().out)["memory"] == server["memory"]

@@ -11,6 +11,7 @@ import click
 
 from kvadvise.errors import InputError
 from kvadvise.model.ggml import KV_CACHE_TYPES
+from kvadvise.planner.memory import RUNTIMES
 
 F = TypeVar("F", bound=Callable[..., Any])
 KV_TYPES = tuple(t.type_name for t in KV_CACHE_TYPES)  # the one list: kvadvise.model.ggml
@@ -65,6 +66,8 @@ class PlanOptions:
     chart: bool
     allow_cpu: bool
     as_json: bool
+    runtime: str
+    n_outputs_max: int | None
 
     @classmethod
     def take(cls, kwargs: dict[str, Any]) -> PlanOptions:
@@ -155,6 +158,22 @@ def _options(*, planned_hardware: bool) -> list[Callable[[F], F]]:
             help="Physical batch size.",
         ),
         click.option("--swa-full", is_flag=True, help="Full-size cache for sliding-window layers."),
+        click.option(
+            "--runtime",
+            type=click.Choice(RUNTIMES),
+            default="llama-server",
+            show_default=True,
+            help="The program that runs the model: llama-server (and Ollama) reserves logits for one row per "
+            "slot; llama-cli also stands for llama-bench, the library and its bindings (llama-cpp-python, "
+            "LM Studio) and llama-servers built before mid-2026, which reserve them for the whole batch.",
+        ),
+        click.option(
+            "--n-outputs-max",
+            type=click.IntRange(min=0, max=2**31 - 1),
+            default=None,
+            help="Logits rows the compute graph is reserved for (llama_context_params.n_outputs_max; 0 = the "
+            "batch) [default: what --runtime gives].",
+        ),
         click.option(
             "--device",
             type=click.Choice(["auto", "cpu", "cuda"]),

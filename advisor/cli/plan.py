@@ -65,6 +65,8 @@ def build_plan(spec: ModelSpec, o: PlanOptions, *, same_type_kv: bool = False, e
         flash_attn=o.flash_attn,
         swa_full=o.swa_full,
         device=o.device,
+        runtime=o.runtime,
+        n_outputs_max=o.n_outputs_max,
     )
     return make_plan(
         spec,

@@ -23,6 +23,7 @@ MIB = 1 << 20
 CTX_PAD = 256  # GGML_PAD(n_ctx, 256), "ref: PR 17046"
 FLASH_ATTN_MODES = ("on", "off", "auto")
 DEVICES = ("auto", "cpu", "cuda")
+RUNTIMES = ("llama-server", "llama-cli")
 # Buffer alignment: CPU TENSOR_ALIGNMENT = 32, CUDA CUDA_ALIGNMENT = 128 (ggml-cuda.cu).
 # Per-device fixed cost outside llama.cpp's buffers. CPU: none. CUDA: the CUDA
 # context and cuBLAS workspace, about 330 MiB measured by unsloth (issue #6718,
@@ -47,15 +48,22 @@ class RunConfig:
     # else the CPU; the same default as the CLI's --device, so the API and the CLI plan alike
     device: str = "auto"
     overhead_bytes: int | None = None  # per-device fixed cost; None = OVERHEAD_BYTES[device] (or a calibration)
-    # llama_context_params.n_outputs_max, the logits rows the compute graph is reserved for.
-    # None = as llama-server (and so Ollama) sets it: one per sequence (tools/server/server-context.cpp
-    # server_output_limits, no speculative decoding); 0 = n_batch, the library's and llama-cli's default.
+    # llama_context_params.n_outputs_max, the logits rows the compute graph is reserved for;
+    # None = what ``runtime`` gives it.
     n_outputs_max: int | None = None
+    # The program that runs the model (RUNTIMES): "llama-server" (and so Ollama >= 0.30) passes one
+    # output row per slot (tools/server/server-context.cpp server_output_limits, ggml-org/llama.cpp#23861,
+    # no speculative decoding); "llama-cli" stands for llama-cli, llama-bench, the library and its
+    # bindings (llama-cpp-python, node-llama-cpp, LM Studio) and llama-servers built before that change:
+    # the library's default 0 = the whole batch.
+    runtime: str = "llama-server"
 
     @property
     def llama_n_outputs_max(self) -> int:
         """The llama_context_params.n_outputs_max llama.cpp is given for this config (0 = n_batch)."""
-        return self.n_parallel if self.n_outputs_max is None else self.n_outputs_max
+        if self.n_outputs_max is not None:
+            return self.n_outputs_max
+        return self.n_parallel if self.runtime == "llama-server" else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +123,8 @@ def resolve(spec: ModelSpec, cfg: RunConfig) -> ContextLayout:
         raise ConfigError("n_outputs_max must be >= 0 (0 = n_batch)")
     if cfg.flash_attn not in FLASH_ATTN_MODES:
         raise ConfigError(f"flash_attn must be one of {', '.join(FLASH_ATTN_MODES)}, got {cfg.flash_attn!r}")
+    if cfg.runtime not in RUNTIMES:
+        raise ConfigError(f"runtime must be one of {', '.join(RUNTIMES)}, got {cfg.runtime!r}")
     if cfg.device not in DEVICES:
         raise ConfigError(f"device must be one of {', '.join(DEVICES)}, got {cfg.device!r}")
     n_seq_max = cfg.n_parallel

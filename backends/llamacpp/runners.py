@@ -30,7 +30,7 @@ from typing import Any
 
 from kvadvise.backends.llamacpp import childproc
 from kvadvise.backends.llamacpp.probe import _gpu_used
-from kvadvise.errors import DoesNotFit, InputError
+from kvadvise.errors import ConfigError, DoesNotFit, InputError
 from kvadvise.planner.memory import RunConfig
 from kvadvise.runtime.llamalog import parse
 from kvadvise.runtime.llamaserver import ModelSource, server_args
@@ -256,6 +256,13 @@ def measure(
     if server and not Path(server).exists():
         raise InputError(f"{server}: no such llama-server binary")
     if binary:
+        if cfg.runtime != "llama-server" and cfg.n_outputs_max is None:
+            # verify predicts the program it launches (one logits row per slot here)
+            raise ConfigError(
+                f"verify launches llama-server ({binary}), not {cfg.runtime}",
+                hint="use --runtime llama-server; to measure the library, run without a llama-server on PATH "
+                "(llama-cpp-python then runs it)",
+            )
         return measure_with_server(binary, model_path, cfg, timeout_s=timeout_s, progress=progress)
     if importlib.util.find_spec("llama_cpp") is None:
         raise InputError(
