@@ -32,6 +32,18 @@ def _host_option(f: F) -> F:
 @click.option("--write-env", metavar="PATH", default=None, help="Write OLLAMA_* server settings as an env file.")
 @click.option("--write-systemd", metavar="PATH", default=None, help="Write a systemd drop-in for ollama.service.")
 @click.option("--force", is_flag=True, help="Overwrite files that exist.")
+@click.option(
+    "--server-default",
+    is_flag=True,
+    help="Also set OLLAMA_CONTEXT_LENGTH: every model without its own num_ctx then loads at this context.",
+)
+@click.option(
+    "--platform",
+    type=click.Choice(["auto", "linux", "macos", "windows", "docker"]),
+    default="auto",
+    show_default=True,
+    help="How to apply the server settings: systemd/env file, launchctl, user variables, docker --env-file.",
+)
 def ollama_command(
     name: str,
     host: str | None,
@@ -39,17 +51,28 @@ def ollama_command(
     write_env: str | None,
     write_systemd: str | None,
     force: bool,
+    server_default: bool,
+    platform: str,
     **kwargs: object,
 ) -> None:
     """Advice for an Ollama model (NAME[:TAG]): found in the model store, on the server, or in the built-in profiles.
 
     For Ollama, --ctx is num_ctx: the context of each slot (Ollama runs llama-server with -c num_ctx × slots).
     """
-    from kvadvise.backends.ollama.advice import advice_dict, advice_text, advise, live_state, write_files
+    from kvadvise.backends.ollama.advice import (
+        advice_dict,
+        advice_text,
+        advise,
+        apply_steps,
+        live_state,
+        write_files,
+    )
+    from kvadvise.backends.ollama.config import current_platform
     from kvadvise.backends.ollama.resolve import resolve
     from kvadvise.backends.ollama.rules import projector_margin_bytes
     from kvadvise.render import plan_dict, plan_text
 
+    _refuse_llamacpp_only(click.get_current_context())
     o = PlanOptions.take(dict(kwargs))
     kv = rules.one_cache_type(o.type_k, o.type_v)
     o = replace(o, type_k=kv, type_v=kv)
@@ -57,8 +80,17 @@ def ollama_command(
         o = replace(o, n_ctx=rules.llama_n_ctx(o.n_ctx, o.n_parallel))
     with ollama_api.session():
         model = resolve(name, host=host)
-        plan = build_plan(model.spec, o, same_type_kv=True, extra_margin_bytes=projector_margin_bytes(model))
-        advice = advise(model, plan, live_state(host))
+        plan = build_plan(
+            model.spec,
+            o,
+            same_type_kv=True,
+            extra_margin_bytes=projector_margin_bytes(model),
+            weights_uncertain=model.source.startswith("profile:"),
+        )
+        where = current_platform() if platform == "auto" else platform
+        advice = advise(
+            model, plan, live_state(host), server_default=server_default, repeatable=o.repeatable, platform=where
+        )
     if o.as_json:
         output.result_json(plan_dict(plan) | {"ollama": advice_dict(advice)})
     else:
@@ -71,7 +103,31 @@ def ollama_command(
         output.note(f"wrote {w.path}; apply it with:")
         for h in w.hints:
             click.echo(output.safe(f"  {h}"), err=True)
+    steps = apply_steps(advice, modelfile=write_modelfile, env=write_env, systemd=write_systemd)
+    if steps and not o.as_json:
+        output.result(f"\nNext ({advice.platform}; --platform to choose):")
+        output.result("\n".join(f"  {x}" for x in steps))
     exit_if_no_fit(plan)
+
+
+# llama.cpp knobs Ollama does not pass to llama-server (memory-spec §6.a): a plan with them would not be
+# what Ollama runs. --batch is Ollama's num_batch (-b and -ub equal), so only -ub apart from it is refused.
+_LLAMACPP_ONLY = {"kv_unified": "-kvu/--kv-unified", "swa_full": "--swa-full", "n_ubatch": "-ub/--ubatch"}
+
+
+def _refuse_llamacpp_only(ctx: click.Context) -> None:
+    from click.core import ParameterSource
+
+    given = [
+        flag
+        for param, flag in _LLAMACPP_ONLY.items()
+        if ctx.get_parameter_source(param) not in (None, ParameterSource.DEFAULT)
+    ]
+    if given:
+        raise click.UsageError(
+            f"{', '.join(given)}: llama.cpp only; Ollama does not pass it to llama-server "
+            "(use `kvadvise llamacpp` for a llama-server plan; Ollama's num_batch is --batch)"
+        )
 
 
 for _param in ollama_command.params:
