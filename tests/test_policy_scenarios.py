@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from ollama_fake import closed_port_url
 
-from kvadvise.backends.ollama.modelfile import parse_modelfile, parameters_of
+from kvadvise.backends.ollama.modelfile import parameters_of, parse_modelfile
 from kvadvise.cli import main
 from kvadvise.model.ggml import GGMLType
 from kvadvise.model.hfconfig import from_config
