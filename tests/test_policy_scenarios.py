@@ -167,7 +167,7 @@ def test_ctx_that_does_not_fit_says_what_does(capsys: pytest.CaptureFixture[str]
 def test_written_files_parse_back(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     mf, env, dropin = tmp_path / "Modelfile", tmp_path / "ollama.env", tmp_path / "kvadvise.conf"
     args = ["--write-modelfile", str(mf), "--write-env", str(env), "--write-systemd", str(dropin)]
-    rc, doc = plan(capsys, "qwen3-coder", "--gpu", "rtx-4090", "--server-default", *args)
+    rc, _ = plan(capsys, "qwen3-coder", "--gpu", "rtx-4090", "--server-default", *args)
     assert rc == 0
     text = mf.read_text()
     assert text.startswith("# needs OLLAMA_FLASH_ATTENTION=1 and OLLAMA_KV_CACHE_TYPE=q8_0")
