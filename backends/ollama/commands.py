@@ -148,9 +148,15 @@ for _param in ollama_command.params:
 @click.option(
     "--kv-cache-type",
     type=click.Choice(rules.KV_CACHE_TYPES),
-    default="f16",
-    show_default=True,
-    help="The server's OLLAMA_KV_CACHE_TYPE, for the predicted size.",
+    default=None,
+    help="The server's OLLAMA_KV_CACHE_TYPE, for the predicted size [default: from --env-file, else the "
+    "ollama.service drop-ins, else $OLLAMA_KV_CACHE_TYPE, else f16].",
+)
+@click.option(
+    "--env-file",
+    metavar="PATH",
+    default=None,
+    help="The env file the server runs with (what `kvadvise ollama --write-env` wrote): its OLLAMA_KV_CACHE_TYPE.",
 )
 @click.option(
     "--num-parallel",
@@ -161,23 +167,45 @@ for _param in ollama_command.params:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def verify_ollama_command(
-    name: str, host: str | None, load: bool, num_ctx: int | None, kv_cache_type: str, num_parallel: int, as_json: bool
+    name: str,
+    host: str | None,
+    load: bool,
+    num_ctx: int | None,
+    kv_cache_type: str | None,
+    env_file: str | None,
+    num_parallel: int,
+    as_json: bool,
 ) -> None:
-    """After `ollama run`: read /api/ps; size_vram must equal size (100% GPU) and the context must be as asked."""
+    """After `ollama run`: read /api/ps; size_vram must equal size (100% GPU) and the context must be as asked.
+
+    With --load it also runs one short generate (64 tokens) and prints prompt and decode tokens/s from
+    Ollama's own counters. A model is matched by name, else by digest (qwen3-coder:latest is qwen3-coder:30b).
+    """
     from dataclasses import asdict
 
+    from kvadvise.backends.ollama.config import server_kv_cache_type
     from kvadvise.backends.ollama.resolve import resolve
     from kvadvise.backends.ollama.verify import verify
     from kvadvise.errors import EXIT_NO_FIT
     from kvadvise.planner.memory import estimate
 
+    kv, kv_source = server_kv_cache_type(kv_cache_type, env_file)
     with ollama_api.session():
         model = resolve(name, host=host)
         ctx = num_ctx or model.default_num_ctx
         predicted = None
         if ctx:  # as Ollama runs it: -c num_ctx x slots, one cache type for K and V, flash attention on
-            predicted = estimate(model.spec, rules.run_config(ctx, num_parallel, kv_cache_type)).total_bytes
-        v = verify(host, name, load=load, num_ctx=ctx, predicted_total_bytes=predicted)
+            predicted = estimate(model.spec, rules.run_config(ctx, num_parallel, kv)).total_bytes
+        v = verify(
+            host,
+            name,
+            load=load,
+            num_ctx=ctx,
+            predicted_total_bytes=predicted,
+            digest=model.digest,
+            measure_speed=load,
+        )
+    v = replace(v, kv_cache_type=kv, kv_cache_type_source=kv_source)
     if as_json:
         output.result_json(asdict(v))
     else:
@@ -189,6 +217,12 @@ def verify_ollama_command(
             output.result(
                 f"  predicted {v.predicted_total_bytes / 1e9:.2f} GB; "
                 f"reported - predicted = {v.difference_bytes / 1e6:+,.0f} MB"
+            )
+        output.result(f"  K/V cache {kv} ({kv_source})")
+        if v.prompt_tokens_per_s is not None or v.decode_tokens_per_s is not None:
+            output.result(
+                f"  measured (Ollama's counters, {64} tokens): prompt {v.prompt_tokens_per_s or 0:,.1f} tokens/s, "
+                f"decode {v.decode_tokens_per_s or 0:,.1f} tokens/s"
             )
         for r in v.reasons:
             output.result(f"  - {r}")

@@ -225,3 +225,48 @@ def verify_command(name: str, s: OllamaSettings) -> str:
     if s.num_parallel > 1:
         cmd += f" --num-parallel {s.num_parallel}"
     return cmd
+
+
+def _kv_in(text: str) -> str | None:
+    """OLLAMA_KV_CACHE_TYPE as an env file (``K=V``) or a drop-in (``Environment="K=V"``) sets it; the last wins."""
+    import re
+
+    found = re.findall(r"OLLAMA_KV_CACHE_TYPE=([A-Za-z0-9_]+)", text)
+    return found[-1].lower() if found else None
+
+
+def server_kv_cache_type(
+    flag: str | None, env_file: str | Path | None, dropin_dir: Path = SYSTEMD_DROPIN_DIR
+) -> tuple[str, str]:
+    """The cache type the server really uses, and where it was read: the flag; the env file kvadvise wrote;
+    the ollama.service drop-ins (the last in systemd's order wins); $OLLAMA_KV_CACHE_TYPE; else f16."""
+    import os
+
+    if flag:
+        return flag, "--kv-cache-type"
+    if env_file:
+        try:
+            v = _kv_in(Path(env_file).read_text(encoding="utf-8", errors="replace"))
+        except OSError as e:
+            from kvadvise.errors import InputError
+
+            raise InputError(f"cannot read {env_file}: {e.strerror}") from None
+        return (v, f"from {env_file}") if v in KV_CACHE_TYPES else ("f16", f"{env_file} sets none: f16")
+    try:
+        dropins = sorted(dropin_dir.glob("*.conf"))
+    except OSError:
+        dropins = []
+    found = None
+    for f in dropins:
+        try:
+            v = _kv_in(f.read_text(encoding="utf-8", errors="replace"))
+        except OSError:
+            continue
+        if v in KV_CACHE_TYPES:
+            found = (v, f"from {f}")
+    if found:
+        return found
+    v = os.environ.get("OLLAMA_KV_CACHE_TYPE", "").lower()
+    if v in KV_CACHE_TYPES:
+        return v, "from $OLLAMA_KV_CACHE_TYPE"
+    return "f16", "Ollama's default; --kv-cache-type or --env-file if the server sets another"
