@@ -163,6 +163,8 @@ def budget_dict(b: Budget) -> dict[str, Any]:
         "source": b.source,
         "bandwidth_bytes_per_s": b.bandwidth_bytes_per_s,
         "bandwidth_source": b.bandwidth_source,
+        "headroom_bytes": b.headroom_bytes,
+        "headroom_notes": list(b.headroom_notes),
     }
 
 
@@ -203,6 +205,7 @@ def plan_dict(plan: Plan, requested_ctx: int | None = None) -> dict[str, Any]:
                 "device_bytes_at_max": o.device_bytes_at_max,
                 "reaches_target": o.reaches_target,
                 "fits": o.n_ctx_max > 0,
+                "allowed": o.allowed,
             }
             for o in rec.options
         ]
@@ -231,6 +234,7 @@ def plan_dict(plan: Plan, requested_ctx: int | None = None) -> dict[str, Any]:
         doc["reasons"] = [
             f"{verdict}: needs {fmt_bytes(plan.estimate.device_bytes)}; {where} has "
             f"{fmt_bytes(plan.budget.budget_bytes)} after a {plan.budget.margin_bytes / (1 << 20):,.0f} MiB margin"
+            + "".join(f", minus {n}" for n in plan.budget.headroom_notes)
         ]
     return doc
 
@@ -260,7 +264,7 @@ def plan_text(plan: Plan, requested_ctx: int | None = None) -> str:
             mem = fmt_bytes(o.device_bytes_at_max) if o.n_ctx_max else "-"
             lines.append(
                 f"  {kv:<20}{'on' if o.flash_attn else 'off':<5}{o.n_ctx_max:>12,}{mem:>16}  "
-                f"{'yes' if o.reaches_target else 'no'}"
+                f"{'yes' if o.reaches_target else 'no'}" + ("" if o.allowed else "   (only with --allow-q4)")
             )
         if rec.decode_tokens_per_s is not None:
             lines.append(f"  decode ≈ {rec.decode_tokens_per_s:,.0f} tokens/s ({rec.speed_note})")

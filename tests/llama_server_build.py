@@ -1,4 +1,6 @@
-"""A real ``llama-server`` for the tests, built once from the llama.cpp inside llama-cpp-python's sdist.
+"""A real ``llama-server`` and ``rpc-server`` for the tests, built once from the llama.cpp inside
+llama-cpp-python's sdist (with the RPC backend, so that a split over several devices can run on
+loopback: two ``rpc-server`` processes are two more devices).
 
 The verifier's first runner is the user's own llama-server; the tests run the
 same llama.cpp build that llama-cpp-python (the oracle) was built from, so
@@ -9,7 +11,8 @@ target with cmake (~20-30 min on 2 cores); the binary is kept in
 reused by later runs on the same machine.
 
 ``KVADVISE_TEST_LLAMA_SERVER=/path/to/llama-server`` uses a binary you have
-instead (it must be the same llama.cpp build for the byte-exact checks).
+instead (it must be the same llama.cpp build for the byte-exact checks), and
+``KVADVISE_TEST_RPC_SERVER`` the rpc-server of that build (default: beside it).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from pathlib import Path
 # Read when the test session starts, before the tests' isolated environment replaces XDG_CACHE_HOME.
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvadvise-tests"
 OVERRIDE = os.environ.get("KVADVISE_TEST_LLAMA_SERVER")
+RPC_OVERRIDE = os.environ.get("KVADVISE_TEST_RPC_SERVER")
 
 
 class BuildUnavailable(Exception):
@@ -43,7 +47,7 @@ def llama_server(say: Callable[[str], None] = _say) -> Path:
     if OVERRIDE:
         return Path(OVERRIDE)
     version = importlib.metadata.version("llama-cpp-python")
-    home = CACHE / f"llama-server-{version}"
+    home = CACHE / f"llama-server-{version}-rpc"
     binary = home / "llama-server"
     if _works(binary):
         return binary
@@ -53,6 +57,14 @@ def llama_server(say: Callable[[str], None] = _say) -> Path:
         if not _works(binary):
             _build(version, home, binary, say)
     return binary
+
+
+def rpc_server(say: Callable[[str], None] = _say) -> Path:
+    """The rpc-server built with llama_server() (the same llama.cpp)."""
+    if RPC_OVERRIDE:
+        return Path(RPC_OVERRIDE)
+    server = llama_server(say)
+    return server.with_name("rpc-server")
 
 
 def _works(binary: Path) -> bool:
@@ -83,17 +95,19 @@ def _build(version: str, home: Path, binary: Path, say: Callable[[str], None]) -
             "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_APP=OFF",
             "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",  # no web UI download
             "-DLLAMA_OPENSSL=OFF", "-DLLAMA_CURL=OFF",
+            "-DGGML_RPC=ON",  # rpc-server: more devices on loopback (tools/rpc)
         ]  # fmt: skip
         jobs = str(os.cpu_count() or 2)
         say(f"building llama-server from llama-cpp-python {version}'s llama.cpp (once; log: {log}) ...")
         with open(log, "w") as out:
-            for cmd in (configure, ["cmake", "--build", str(build), "--target", "llama-server", "-j", jobs]):
+            targets = ["--target", "llama-server", "--target", "rpc-server"]
+            for cmd in (configure, ["cmake", "--build", str(build), *targets, "-j", jobs]):
                 if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode != 0:
                     tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-30:])
                     raise RuntimeError(f"building llama-server failed ({' '.join(cmd[:3])} ...):\n{tail}")
-        built = build / "bin" / "llama-server"
-        shutil.copy2(built, binary.with_suffix(".tmp"))
-        os.replace(binary.with_suffix(".tmp"), binary)
+        for name in ("rpc-server", "llama-server"):  # llama-server last: its presence means both are there
+            shutil.copy2(build / "bin" / name, home / f"{name}.tmp")
+            os.replace(home / f"{name}.tmp", home / name)
     say(f"built {binary}")
 
 

@@ -149,6 +149,20 @@ class FakeOllama:
                 entry["context_length"] = opts["num_ctx"]
             entry.pop("fixed_context", None)
             self.running = [m for m in self.running if m["name"] != entry["name"]] + [entry]
+            if body.get("prompt"):  # a real generate: Ollama's counters (durations in ns)
+                n = int(opts.get("num_predict", 128))
+                return _ok(
+                    {
+                        "model": model,
+                        "response": "x " * n,
+                        "done": True,
+                        "done_reason": "length",
+                        "prompt_eval_count": 20,
+                        "prompt_eval_duration": 10_000_000,  # 2,000 tokens/s
+                        "eval_count": n,
+                        "eval_duration": n * 20_000_000,  # 50 tokens/s
+                    }
+                )
             return _ok(
                 {
                     "model": model,

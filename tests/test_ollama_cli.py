@@ -56,14 +56,17 @@ def test_recommend_and_write_everything(store: Path, tmp_path: Path, capsys: pyt
     assert doc["config"]["n_ctx"] == 32768 and doc["fits"] is True
     o = doc["ollama"]
     assert o["model"] == "gemma3-270m:latest" and o["source"].startswith("store:")
-    assert o["env"]["OLLAMA_KV_CACHE_TYPE"] == "f16" and o["env"]["OLLAMA_FLASH_ATTENTION"] == "1"
+    # issue 13: server settings only where needed: an f16 cache with flash attention is Ollama's default
+    assert o["settings"]["kv_cache_type"] == "f16" and o["settings"]["flash_attention"] is True
+    assert "OLLAMA_KV_CACHE_TYPE" not in o["env"] and "OLLAMA_CONTEXT_LENGTH" not in o["env"]
     assert o["server"]["reachable"] is False
     assert all(opt["type_k"] == opt["type_v"] for opt in doc["options"])  # Ollama: one type for K and V
     parsed = parse_modelfile(mf.read_text(), source=str(mf))
     assert ("model", "gemma3-270m:latest") in parsed  # FROM, as Ollama's parser names it
     assert ("num_ctx", "32768") in parsed and ("top_k", "64") in parsed  # the model's own parameters are kept
-    assert "OLLAMA_CONTEXT_LENGTH=32768\n" in env.read_text()
-    assert 'Environment="OLLAMA_FLASH_ATTENTION=1"' in dropin.read_text() and "[Service]" in dropin.read_text()
+    assert "OLLAMA_CONTEXT_LENGTH" not in env.read_text() and "Nothing to set" in env.read_text()
+    assert "[Service]" in dropin.read_text()
+    assert mf.read_text().startswith("# needs no server settings")
     assert "ollama create gemma3-270m-32k -f" in err and "systemctl" in err
     # never overwritten without --force
     rc, _, err = run(capsys, "ollama", "gemma3-270m", "--vram", "8GiB", "--write-env", str(env))

@@ -92,25 +92,24 @@ def test_modelfile_text(model: OllamaModel) -> None:
 
 
 def test_env_text() -> None:
-    assert env_text(S).splitlines()[1:] == [
-        "OLLAMA_FLASH_ATTENTION=1",
-        "OLLAMA_KV_CACHE_TYPE=q8_0",
-        "OLLAMA_CONTEXT_LENGTH=32768",
-        "OLLAMA_NUM_PARALLEL=1",
-    ]
+    # issue 13: only what differs from Ollama's defaults; OLLAMA_CONTEXT_LENGTH only for a server default
+    assert env_text(S).splitlines()[1:] == ["OLLAMA_FLASH_ATTENTION=1", "OLLAMA_KV_CACHE_TYPE=q8_0"]
+    server = OllamaSettings(32768, 1, "q8_0", True, server_default=True)
+    assert "OLLAMA_CONTEXT_LENGTH=32768\n" in env_text(server)
     off = env_text(OllamaSettings(4096, 2, "f16", False, fit_target_mib=1536))
-    assert "OLLAMA_FLASH_ATTENTION=0\n" in off and "OLLAMA_KV_CACHE_TYPE=f16\n" in off
+    assert "OLLAMA_FLASH_ATTENTION=0\n" in off and "OLLAMA_KV_CACHE_TYPE" not in off
     assert "OLLAMA_NUM_PARALLEL=2\n" in off and off.endswith("LLAMA_ARG_FIT_TARGET=1536\n")
+    assert "Nothing to set" in env_text(OllamaSettings(4096, 1, "f16", True))
+    assert "OLLAMA_NUM_PARALLEL=1\n" in env_text(OllamaSettings(4096, 1, "f16", True, repeatable=True))
 
 
 def test_systemd_text() -> None:
-    text = systemd_text(OllamaSettings(65536, 1, "q4_0", True, fit_target_mib=1024))
+    text = systemd_text(OllamaSettings(65536, 1, "q4_0", True, fit_target_mib=1024, server_default=True))
     body = text.split("[Service]\n", 1)[1]
     assert body == (
         'Environment="OLLAMA_FLASH_ATTENTION=1"\n'
         'Environment="OLLAMA_KV_CACHE_TYPE=q4_0"\n'
         'Environment="OLLAMA_CONTEXT_LENGTH=65536"\n'
-        'Environment="OLLAMA_NUM_PARALLEL=1"\n'
         'Environment="LLAMA_ARG_FIT_TARGET=1024"\n'
     )
     assert all(line.startswith("#") for line in text.split("[Service]")[0].splitlines())
@@ -126,10 +125,13 @@ def test_hints(model: OllamaModel, tmp_path: Path) -> None:
     assert created_name(tagged, 8192) == "repo-Q4_K_M-8k"
     reload = "sudo systemctl daemon-reload && sudo systemctl restart ollama"
     assert apply_hint_systemd("/etc/systemd/system/ollama.service.d/kvadvise.conf") == (reload,)
+    # issue 13: installed under a name that sorts after override.conf (systemctl edit's), so its values win
     cp, r = apply_hint_systemd(tmp_path / "ollama-ctx.conf")
-    assert cp.endswith("/etc/systemd/system/ollama.service.d/ollama-ctx.conf") and r == reload
-    assert apply_hint_systemd(tmp_path / "dropin")[0].endswith("ollama.service.d/kvadvise.conf")
+    assert cp.endswith("/etc/systemd/system/ollama.service.d/zz-ollama-ctx.conf") and r == reload
+    assert apply_hint_systemd(tmp_path / "dropin")[0].endswith("ollama.service.d/zz-kvadvise.conf")
+    assert apply_hint_systemd(tmp_path / "zz-mine.conf")[0].endswith("ollama.service.d/zz-mine.conf")
     assert "ollama serve" in apply_hint_env(tmp_path / "ollama.env")[0]
+    assert ". ./ollama.env &&" in apply_hint_env("ollama.env")[0]  # a bare `. file` searches PATH in dash
 
 
 def test_format_value() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from ollama_fake import FakeOllama, closed_port_url, ps_entry, running_fake
@@ -124,3 +125,53 @@ def test_server_error_on_ps(fake: FakeOllama) -> None:
     fake.fail("/api/ps", 500, "boom")
     with pytest.raises(BackendUnreachable, match="500"):
         verify(fake.url, "gemma3-270m", load=False, num_ctx=None, predicted_total_bytes=None)
+
+
+# --- issue 13: digest, old servers, a measured generate, the server's real cache type -------------
+
+
+def test_matched_by_digest(fake: FakeOllama) -> None:
+    fake.running = [ps_entry("qwen3-coder:30b", size=20 * GiB, size_vram=20 * GiB, context_length=65536)]
+    digest = fake.running[0]["digest"]
+    v = verify(fake.url, "qwen3-coder:latest", load=False, num_ctx=65536, predicted_total_bytes=None, digest=digest)
+    assert v.loaded and v.fits and v.matched_by == "digest" and v.name == "qwen3-coder:30b"
+    assert any("the same digest" in r for r in v.reasons)
+    other = verify(fake.url, "qwen3-coder:latest", load=False, num_ctx=65536, predicted_total_bytes=None)
+    assert not other.loaded  # without the digest the names differ
+
+
+def test_old_server_without_context_length_is_not_a_failure(fake: FakeOllama) -> None:
+    entry = dict(FULL)
+    del entry["context_length"]
+    fake.running = [entry]
+    v = verify(fake.url, "gemma3-270m", load=False, num_ctx=8192, predicted_total_bytes=None)
+    assert v.loaded and v.fits and not v.context_checked
+    assert any("cannot be checked" in r and "v0.9.7" in r for r in v.reasons)
+
+
+def test_short_generate_measures_speed(fake: FakeOllama) -> None:
+    fake.loads["gemma3-270m:latest"] = FULL
+    v = verify(fake.url, "gemma3-270m", load=True, num_ctx=8192, predicted_total_bytes=None, measure_speed=True)
+    assert v.fits and v.prompt_tokens_per_s == pytest.approx(2000) and v.decode_tokens_per_s == pytest.approx(50)
+    gen = [b for m, p, b in fake.requests if p == "/api/generate" and b.get("prompt")]
+    assert gen and gen[0]["options"]["num_predict"] == 64 and gen[0]["options"]["num_ctx"] == 8192
+
+
+def test_server_kv_cache_type_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvadvise.backends.ollama.config import server_kv_cache_type
+
+    none = tmp_path / "none"
+    monkeypatch.delenv("OLLAMA_KV_CACHE_TYPE", raising=False)
+    assert server_kv_cache_type("q4_0", None, none) == ("q4_0", "--kv-cache-type")
+    env = tmp_path / "ollama.env"
+    env.write_text("OLLAMA_FLASH_ATTENTION=1\nOLLAMA_KV_CACHE_TYPE=q8_0\n")
+    assert server_kv_cache_type(None, env, none)[0] == "q8_0"
+    d = tmp_path / "ollama.service.d"
+    d.mkdir()
+    (d / "override.conf").write_text('[Service]\nEnvironment="OLLAMA_KV_CACHE_TYPE=q4_0"\n')
+    (d / "zz-kvadvise.conf").write_text('[Service]\nEnvironment="OLLAMA_KV_CACHE_TYPE=q8_0"\n')
+    kv, src = server_kv_cache_type(None, None, d)
+    assert kv == "q8_0" and "zz-kvadvise.conf" in src  # the last drop-in wins, as in systemd
+    assert server_kv_cache_type(None, None, none)[0] == "f16"
+    monkeypatch.setenv("OLLAMA_KV_CACHE_TYPE", "Q8_0")
+    assert server_kv_cache_type(None, None, none)[0] == "q8_0"

@@ -61,10 +61,11 @@ def test_seed_case_repeatable_gives_f16_at_the_largest_context(qwen3_coder: Mode
     rec = recommend(qwen3_coder, RunConfig(), budget, Policy(target_ctx=65536, repeatable=True))
     assert (rec.config.type_k, rec.config.type_v) == (F16, F16)
     n = rec.config.n_ctx
-    assert n % CTX_PAD == 0 and 32768 < n < 65536
+    assert n % 1024 == 0 and 32768 < n < 65536  # the policy rounds the context down to a multiple of 1,024
     assert rec.estimate.device_bytes <= budget.budget_bytes
-    bigger = estimate(qwen3_coder, replace(rec.config, n_ctx=n + CTX_PAD))
-    assert bigger.device_bytes > budget.budget_bytes  # the largest that fits
+    bigger = estimate(qwen3_coder, replace(rec.config, n_ctx=n + 1024))
+    assert bigger.device_bytes > budget.budget_bytes  # the largest multiple of 1,024 that fits
+    assert rec.options[0].n_ctx_max - n < 1024  # the option still says the exact maximum
     assert [(o.type_k, o.type_v) for o in rec.options] == [(F16, F16)]
 
 

@@ -35,8 +35,9 @@ def test_margin_zero_is_accepted(gemma_path: Path, capsys: pytest.CaptureFixture
     """llama.cpp's -fitt 0 is legal, and kvadvise itself suggests a smaller margin."""
     assert main(["gguf", str(gemma_path), "--gpu", "4090", "--margin", "0", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["budget"]["margin_bytes"] == 0
-    assert doc["budget"]["budget_bytes"] == doc["budget"]["free_bytes"]
+    b = doc["budget"]
+    assert b["margin_bytes"] == 0
+    assert b["budget_bytes"] == b["free_bytes"] - b["headroom_bytes"]  # only the display allowance is kept
     assert main(["gguf", str(gemma_path), "--gpu", "4090", "--margin", "-1GiB"]) == EXIT_INPUT
     assert main(["gguf", str(gemma_path), "--gpu", "4090", "--margin", "lots"]) == EXIT_INPUT
 
@@ -161,3 +162,14 @@ def test_runtime_decides_the_logits_rows(gemma_path: Path, capsys: pytest.Captur
     assert main(["gguf", str(gemma_path), "--ctx", "4096", "--n-outputs-max", "2", "--runtime", "llama-cli",
                  "-fa", "on", "-np", "2", "--no-hardware", "--json"]) == 0  # fmt: skip
     assert json.loads(capsys.readouterr().out)["memory"] == server["memory"]
+
+
+def test_ollama_runs_llama_server(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path))
+    monkeypatch.setenv("OLLAMA_HOST", "127.0.0.1:9")
+    assert main(["ollama", "qwen3-coder", "--gpu", "4090", "--runtime", "llama-cli"]) == EXIT_INPUT
+    assert "runs every GGUF model with llama-server" in capsys.readouterr().err
+    assert main(["ollama", "qwen3-coder", "--gpu", "4090", "--n-outputs-max", "4"]) == EXIT_INPUT
+    assert main(["ollama", "qwen3-coder", "--gpu", "4090", "--runtime", "llama-server", "--json"]) == 0

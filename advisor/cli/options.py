@@ -66,15 +66,24 @@ class PlanOptions:
     chart: bool
     allow_cpu: bool
     as_json: bool
-    runtime: str
-    n_outputs_max: int | None
+    runtime: str = "llama-server"
+    n_outputs_max: int | None = None
+    allow_q4: bool = False
+    headless: bool = False
 
     @classmethod
     def take(cls, kwargs: dict[str, Any]) -> PlanOptions:
         """Pop this class's fields out of ``kwargs`` (what is left belongs to the command).
         A command without --gpu/--vram (verify: it measures this machine) gets None for them."""
+        from dataclasses import MISSING, fields
+
         absent: dict[str, Any] = {"gpu": None, "vram_bytes": None}
-        values: dict[str, Any] = {name: kwargs.pop(name) if name in kwargs else absent[name] for name in cls.__slots__}
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name in kwargs:
+                values[f.name] = kwargs.pop(f.name)
+            elif f.default is MISSING:
+                values[f.name] = absent[f.name]
         return cls(**values)
 
 
@@ -211,7 +220,21 @@ def _options(*, planned_hardware: bool) -> list[Callable[[F], F]]:
             help="Fail (exit 3) if less than this fits per sequence.",
         ),
         click.option(
-            "--repeatable", is_flag=True, help="f16 cache only: quantized caches do not reproduce tokens exactly."
+            "--repeatable",
+            is_flag=True,
+            help="Runs that repeat: an f16 cache only (quantized caches do not reproduce tokens exactly), and for "
+            "Ollama also seed, temperature 0 and one slot in the Modelfile.",
+        ),
+        click.option(
+            "--allow-q4",
+            is_flag=True,
+            help="Let the recommendation pick a q4_0 cache (a small-medium loss in precision; shown as an option "
+            "either way).",
+        ),
+        click.option(
+            "--headless",
+            is_flag=True,
+            help="No display on the GPU: keep no display allowance free on a single desktop card.",
         ),
         click.option("--no-hardware", is_flag=True, help="Do not look at this machine's GPUs: estimate only."),
         click.option("--chart", is_flag=True, help="Draw memory against context for each cache type, with the budget."),

@@ -30,9 +30,17 @@ def check_flags(o: PlanOptions) -> None:
         raise click.UsageError("--ctx fixes the context; --use and --target-ctx aim for one: give one of them")
 
 
-def build_plan(spec: ModelSpec, o: PlanOptions, *, same_type_kv: bool = False, extra_margin_bytes: int = 0) -> Plan:
+def build_plan(
+    spec: ModelSpec,
+    o: PlanOptions,
+    *,
+    same_type_kv: bool = False,
+    extra_margin_bytes: int = 0,
+    weights_uncertain: bool = False,
+) -> Plan:
     """The plan for ``spec`` under the flags ``o``; a calibration of this machine's GPU is read here
-    and passed in, so planning itself stays pure."""
+    and passed in, so planning itself stays pure. ``weights_uncertain``: the weights size is a
+    published figure (a built-in profile), so the recommender keeps 3 % of it free."""
     from kvadvise.model.ggml import cache_type
     from kvadvise.planner.memory import RunConfig
     from kvadvise.planner.planning import HardwareRequest, hardware_for, make_plan
@@ -49,6 +57,9 @@ def build_plan(spec: ModelSpec, o: PlanOptions, *, same_type_kv: bool = False, e
         allow_cpu=o.allow_cpu,
         same_type_kv=same_type_kv,
         use=o.use,
+        allow_q4=o.allow_q4 or "q4_0" in (o.type_k, o.type_v),
+        weights_uncertain=weights_uncertain,
+        headless=o.headless,
     )
     probed = not o.gpu and o.vram_bytes is None and not o.no_hardware
     hw = hardware_for(HardwareRequest(gpu=o.gpu, vram_bytes=o.vram_bytes, probe=not o.no_hardware))

@@ -8,7 +8,16 @@ from dataclasses import dataclass, replace
 from kvadvise.model.spec import ModelSpec
 from kvadvise.planner.hardware import Hardware
 from kvadvise.planner.memory import MemoryEstimate, RunConfig, estimate
-from kvadvise.planner.recommender import DEFAULT_MARGIN_BYTES, Budget, Policy, Recommendation, budget_for, recommend
+from kvadvise.planner.recommender import (
+    DEFAULT_MARGIN_BYTES,
+    Budget,
+    Policy,
+    Recommendation,
+    budget_for,
+    fixed_ctx_alternatives,
+    recommend,
+    with_headroom,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +74,7 @@ def make_plan(
     ``measured_overhead`` replaces the default per-device overhead on a GPU plan (unless
     ``base`` sets one); ``notes`` are carried into the plan (e.g. why a calibration was skipped).
     """
-    budget = budget_for(hw, margin_bytes) if hw is not None else None
+    budget = with_headroom(budget_for(hw, margin_bytes), hw, spec, policy) if hw is not None else None
     if hw is not None and hw.gpus and base.overhead_bytes is None and measured_overhead is not None:
         base = replace(base, overhead_bytes=measured_overhead.overhead_bytes)
         notes = (
@@ -80,4 +89,7 @@ def make_plan(
         cfg = replace(cfg, device="cpu")
     est = estimate(spec, cfg)
     fits = est.device_bytes <= budget.budget_bytes if budget is not None else None
+    if budget is not None and not fits:
+        alt = fixed_ctx_alternatives(spec, cfg, budget, policy)
+        notes = (*notes, alt) if alt else notes
     return Plan(spec, cfg, est, hw, budget, fits, None, notes)

@@ -1,13 +1,25 @@
 """The recommender: context length, K/V cache types and flash attention that
 keep the model inside the memory budget (100% on the GPU), and why.
 
-Policy (also in README.md and in every recommendation's reasons):
-1. f16 K/V when it reaches the target context: an f16 cache reproduces the
-   tokens of a run exactly; a quantized cache (q8_0, q4_0) does not.
-2. Otherwise the least quantized cache that reaches the target
-   (q8_0 > q8_0 K with q4_0 V > q4_0).
-3. If nothing reaches the target: the cache type that gets furthest.
-4. Never a config that does not fit; if even the smallest context does not
+Policy (also in README.md and in every recommendation's reasons; the public
+advice it follows is cited there):
+1. The target is a context a user needs, not the model's maximum: 64k tokens
+   per slot on cards of 16 GB and more, 32k below and on the CPU (Ollama's
+   docs: agents and coding tools need "at least 64000 tokens"), capped at
+   n_ctx_train; ``--use``/``--target-ctx`` choose another; ``--use long`` = max.
+2. f16 K/V when it reaches the target (it reproduces tokens exactly).
+3. Else q8_0 K and V ("usually no noticeable impact", Ollama FAQ; KLD about
+   0.001 on an 8B model, llama.cpp PR #7412), or q8_0 K with f16 V where flash
+   attention is off (a quantized V needs it).
+4. q4_0 only when the user opts in (``--allow-q4`` or ``-ctk/-ctv q4_0``),
+   with a warning; the options always show what q4_0 would reach. When q8_0
+   cannot reach the target, the plan says so and names the real levers.
+5. gpt-oss keeps an f16 K cache (attention sinks); high-GQA models get a note
+   when their cache is quantized (Ollama FAQ).
+6. Headroom: the fit margin (1 GiB, + the projector), 3 % of the weights when
+   they come from a built-in profile, a display allowance on a single desktop
+   GPU unless ``--headless``. The context is rounded down to a multiple of 1,024.
+7. Never a config that does not fit; if even the smallest context does not
    fit, say so (fits = false) and what would.
 Flash attention is on whenever the model allows it: it is required for a
 quantized V cache and removes the attention-score buffer that grows with
@@ -17,6 +29,7 @@ n_ctx × n_head.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, replace
 
 from kvadvise.errors import ConfigError, DoesNotFit, InputError
@@ -31,9 +44,33 @@ MIB = 1 << 20
 # llama.cpp's own fit keeps this much free per device (common/arg.cpp: -fitt, default 1024 MiB)
 DEFAULT_MARGIN_BYTES = 1024 * MIB
 
-# Cache types in order of preference: least quantized first.
+# Cache types in order of preference: least quantized first. q4_0 (K or V) only when the user opts in.
 CACHE_CHOICES: tuple[tuple[GGMLType, GGMLType], ...] = ((F16, F16), (Q8_0, Q8_0), (Q8_0, Q4_0), (Q4_0, Q4_0))
 SAME_TYPE_CHOICES = tuple(c for c in CACHE_CHOICES if c[0] == c[1])  # Ollama: one type for K and V
+# Without flash attention V stays f16 (llama.cpp refuses a quantized V cache without it).
+FA_OFF_CHOICES: tuple[tuple[GGMLType, GGMLType], ...] = ((F16, F16), (Q8_0, F16), (Q4_0, F16))
+
+# Default targets per slot (Ollama docs/context-length.mdx: agents and coding assistants need
+# "at least 64000 tokens"); below 16 GB, or on the CPU, 32k keeps room for the weights.
+DEFAULT_TARGET_CTX = 65536
+SMALL_TARGET_CTX = 32768
+BIG_CARD_BYTES = 15 * GIB  # a "16 GB" card reports about 15.99 GiB through NVML
+CTX_ROUND = 1024  # recommended contexts are rounded down to a multiple of this
+# Plans from a built-in profile: the weights figure is a published download size (Ollama's
+# library shows 19 GB for qwen3-coder:30b where older figures say 18 GB): keep 3 % of it free.
+PROFILE_WEIGHTS_HEADROOM = 0.03
+# A single desktop GPU also drives the display: 0.3 to 1 GB in use (shared/user-evidence.md).
+DISPLAY_ALLOWANCE_BYTES = 512 * MIB
+_DATACENTER_GPU = re.compile(
+    r"\b(tesla|a2|a10g?|a16|a30|a40|a100|a800|h100|h200|h800|h20|l4|l20|l40s?|t4|v100|p100|p40|k80|b100|b200|gb200|gh200)\b"
+)
+# Ollama's FAQ: models with a high GQA count (its example: Qwen2, 7 query heads per KV head)
+# may lose more precision from a quantized cache.
+HIGH_GQA_RATIO = 6
+# gpt-oss uses attention sinks: a quantized K cache badly distorts its output (a KLD study in
+# TheTom/llama-cpp-turboquant#305; Ollama disabled quantized KV for gpt-oss in 2025,
+# ollama/ollama df335aac0 and 19e6796ea).
+F16_K_ARCHS = frozenset({"gpt-oss"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,17 +84,24 @@ class Budget:
     n_gpu: int
     bandwidth_bytes_per_s: int | None
     bandwidth_source: str | None
+    headroom_bytes: int = 0  # kept free besides the margin (already taken out of budget_bytes)
+    headroom_notes: tuple[str, ...] = ()  # why, one line each
 
 
 @dataclass(frozen=True, slots=True)
 class Policy:
-    target_ctx: int = 0  # per sequence; 0 = the model's n_ctx_train
+    target_ctx: int = (
+        0  # per sequence; 0 = the default (64k on >= 16 GB cards, 32k below), or the maximum with use="long"
+    )
     min_ctx: int = 0  # per sequence; fail (exit 3) below it
     repeatable: bool = False  # f16 only: quantized caches do not reproduce tokens exactly
     same_type_kv: bool = False  # the runtime has one cache type for K and V (Ollama)
     use: str | None = None  # the --use profile the target came from
     fixed_kv: tuple[GGMLType, GGMLType] | None = None  # the user chose -ctk/-ctv: only the context is picked
     allow_cpu: bool = False  # also say what partial offload would reach the target
+    allow_q4: bool = False  # q4_0 caches may be chosen (else they are only shown as options)
+    weights_uncertain: bool = False  # the weights size is a published figure (a built-in profile): keep 3 % free
+    headless: bool = False  # no display on the GPU: no display allowance
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +112,7 @@ class Option:
     n_ctx_max: int  # per sequence, a multiple of 256; 0 when not even 256 tokens fit
     device_bytes_at_max: int  # 0 when nothing fits
     reaches_target: bool
+    allowed: bool = True  # False: shown for information (q4_0 without --allow-q4), never chosen
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,56 +258,120 @@ def max_context(spec: ModelSpec, base: RunConfig, kv: tuple[GGMLType, GGMLType],
     return lo * CTX_PAD
 
 
-def _choices(spec: ModelSpec, base: RunConfig, policy: Policy) -> list[tuple[tuple[GGMLType, GGMLType], bool]]:
+def _kv_choices(spec: ModelSpec, base: RunConfig, policy: Policy) -> list[tuple[GGMLType, GGMLType]]:
+    """The cache types the runtime and the model allow, least quantized first (q4_0 included)."""
+    if policy.repeatable:
+        return [(F16, F16)]
+    one_type = policy.same_type_kv or spec.is_mla  # MLA: one compressed cache, same type for K and V
+    if base.flash_attn == "off":
+        # without FA, V must stay f16; a runtime with one type for K and V then has only f16
+        kvs: tuple[tuple[GGMLType, GGMLType], ...] = ((F16, F16),) if one_type else FA_OFF_CHOICES
+    else:
+        kvs = SAME_TYPE_CHOICES if one_type else CACHE_CHOICES
+    if spec.architecture in F16_K_ARCHS:
+        kvs = tuple(c for c in kvs if c[0] == F16)
+        if not one_type and base.flash_attn != "off":
+            kvs = ((F16, F16), (F16, Q8_0), (F16, Q4_0))
+    return list(kvs)
+
+
+def _choices(spec: ModelSpec, base: RunConfig, policy: Policy) -> list[tuple[tuple[GGMLType, GGMLType], bool, bool]]:
+    """(cache types, flash attention, allowed) per candidate; a q4_0 candidate is allowed only on opt-in."""
     if policy.fixed_kv is not None:
         estimate(spec, _cfg(base, CTX_PAD, policy.fixed_kv, base.flash_attn != "off", base.device))  # raises if refused
-        return [(policy.fixed_kv, base.flash_attn != "off")]
-    kvs = SAME_TYPE_CHOICES if policy.same_type_kv else CACHE_CHOICES
-    if policy.repeatable:
-        kvs = ((F16, F16),)
-    if spec.is_mla:
-        kvs = tuple(c for c in kvs if c[0] == c[1])  # MLA: one compressed cache, same type for K and V
-    if base.flash_attn == "off":
-        # without FA, V must stay unquantized; K may still be quantized
-        return [((k, F16), False) for k in dict.fromkeys(c[0] for c in kvs)]
+        return [(policy.fixed_kv, base.flash_attn != "off", True)]
+    fa = base.flash_attn != "off"
     out = []
-    for kv in kvs:
+    for kv in _kv_choices(spec, base, policy):
         try:
-            estimate(spec, _cfg(base, CTX_PAD, kv, True, base.device))
+            estimate(spec, _cfg(base, CTX_PAD, kv, fa, base.device))
         except ConfigError:
             continue  # e.g. the block size does not divide the head size
-        out.append((kv, True))
+        out.append((kv, fa, policy.allow_q4 or Q4_0 not in kv))
     return out
+
+
+def default_target_ctx(budget: Budget) -> tuple[int, str]:
+    """The context per slot to aim for when the user names none, and why."""
+    if budget.device == "cuda" and budget.total_bytes >= BIG_CARD_BYTES:
+        return DEFAULT_TARGET_CTX, (
+            "64k on a card of 16 GB or more (Ollama's docs: agents and coding tools need at least 64000 tokens)"
+        )
+    where = "a card below 16 GB" if budget.device == "cuda" else "the CPU"
+    return SMALL_TARGET_CTX, f"32k on {where} (--use agent aims for 64k, --use long for the maximum)"
+
+
+def with_headroom(budget: Budget, hw: Hardware, spec: ModelSpec, policy: Policy) -> Budget:
+    """The budget with the headroom the uncertainty calls for taken out, and why (in ``headroom_notes``).
+
+    - a plan from a built-in profile: its weights size is a published figure, keep 3 % of it free;
+    - a single desktop GPU (not a data-centre card, not Apple's unified memory, not a --vram budget)
+      also drives the display: 512 MiB unless --headless.
+    """
+    extra, notes = 0, []
+    if policy.weights_uncertain and spec.weights_bytes:
+        n = -(-spec.weights_bytes * 3 // 100)
+        extra += n
+        notes.append(f"{n / MIB:,.0f} MiB: 3% of the weights, whose size comes from a built-in profile")
+    if budget.device == "cuda" and not policy.headless and len(hw.gpus) == 1 and hw.source != "manual":
+        g = hw.gpus[0]
+        if not g.unified_memory and not _DATACENTER_GPU.search(g.name.lower()):
+            extra += DISPLAY_ALLOWANCE_BYTES
+            notes.append(
+                f"{DISPLAY_ALLOWANCE_BYTES / MIB:,.0f} MiB for the display a desktop GPU also drives (--headless: none)"
+            )
+    if not extra:
+        return budget
+    return replace(
+        budget,
+        headroom_bytes=budget.headroom_bytes + extra,
+        headroom_notes=budget.headroom_notes + tuple(notes),
+        budget_bytes=max(0, budget.budget_bytes - extra),
+    )
 
 
 def _gb(n: int) -> str:
     return f"{n / GIB:.2f} GiB"
 
 
+def _gqa_ratio(spec: ModelSpec) -> int:
+    pairs = [(h, kv) for h, kv in zip(spec.n_head, spec.n_head_kv, strict=False) if kv]
+    return max((h // kv for h, kv in pairs), default=1)
+
+
 def recommend(spec: ModelSpec, base: RunConfig, budget: Budget, policy: Policy) -> Recommendation:
     """Pick the config; ``base`` carries the user's n_parallel, batch sizes, kv_unified and swa_full."""
     base = replace(base, device=budget.device)
     n_ctx_train = spec.n_ctx_train or (1 << 20)
-    target = min(policy.target_ctx or n_ctx_train, n_ctx_train)
     reasons: list[str] = []
-    if policy.target_ctx > n_ctx_train:
-        reasons.append(f"target {policy.target_ctx:,} is past the model's training context; capped at {n_ctx_train:,}")
+    if policy.target_ctx:
+        want, why = policy.target_ctx, ""
+    elif policy.use == "long":
+        want, why = n_ctx_train, "the model's training context"
+    else:
+        want, why = default_target_ctx(budget)
+    target = min(want, n_ctx_train)
+    if want > n_ctx_train:
+        reasons.append(f"target {want:,} is past the model's training context; capped at {n_ctx_train:,}")
     options: list[Option] = []
-    for kv, fa in _choices(spec, base, policy):
+    for kv, fa, allowed in _choices(spec, base, policy):
         n_max = max_context(spec, base, kv, fa, budget)
         at_max = estimate(spec, _cfg(base, n_max, kv, fa, budget.device)).device_bytes if n_max else 0
-        options.append(Option(kv[0], kv[1], fa, n_max, at_max, n_max >= target))
-    if not options:
+        options.append(Option(kv[0], kv[1], fa, n_max, at_max, n_max >= target, allowed))
+    usable = [o for o in options if o.allowed]
+    if not usable:
         raise InputError("no cache type is usable for this model with these settings")
 
-    chosen = next((o for o in options if o.reaches_target), None)
+    chosen = next((o for o in usable if o.reaches_target), None)
     if chosen is None:
-        chosen = max(options, key=lambda o: o.n_ctx_max)  # first (least quantized) among equals
+        chosen = max(usable, key=lambda o: o.n_ctx_max)  # first (least quantized) among equals
     n_ctx_seq = min(target, chosen.n_ctx_max) if chosen.n_ctx_max else CTX_PAD
+    if n_ctx_seq >= CTX_ROUND:
+        n_ctx_seq = n_ctx_seq // CTX_ROUND * CTX_ROUND
     cfg = _cfg(base, n_ctx_seq, (chosen.type_k, chosen.type_v), chosen.flash_attn, budget.device)
     est = estimate(spec, cfg)
     fits = est.device_bytes <= budget.budget_bytes
-    reasons += _reasons(spec, base, budget, policy, options, chosen, target, n_ctx_seq, est, fits)
+    reasons += _reasons(spec, base, budget, policy, options, chosen, target, why, n_ctx_seq, est, fits)
 
     if policy.min_ctx and (not fits or n_ctx_seq < policy.min_ctx):
         raise DoesNotFit(
@@ -270,7 +379,7 @@ def recommend(spec: ModelSpec, base: RunConfig, budget: Budget, policy: Policy) 
             f"{chosen.type_v.type_name} at {chosen.n_ctx_max:,} tokens",
             hint=_what_would_fit(spec, base, budget, policy),
         )
-    tps, note = _decode_speed(spec, est, budget)
+    tps, note = _decode_speed(spec, est, budget) if fits else (None, None)  # no speed for a plan that does not fit
     offload = None
     if policy.allow_cpu and (not fits or n_ctx_seq < target):
         offload = partial_offload(spec, base, budget, target, (chosen.type_k, chosen.type_v))
@@ -290,6 +399,18 @@ def _name(o: Option) -> str:
     return o.type_k.type_name if o.type_k == o.type_v else f"{o.type_k.type_name} K / {o.type_v.type_name} V"
 
 
+def budget_line(budget: Budget) -> str:
+    """``budget: X free on the GPU minus ... = Y``, with what is kept free and why."""
+    where = "the GPU" if budget.device == "cuda" else "system RAM"
+    s = (
+        f"budget: {_gb(budget.free_bytes)} free on {where} minus a {budget.margin_bytes / MIB:,.0f} MiB margin"
+        " (what llama.cpp's --fit keeps free)"
+    )
+    for n in budget.headroom_notes:
+        s += f", minus {n}"
+    return s + f" = {_gb(budget.budget_bytes)}"
+
+
 def _reasons(
     spec: ModelSpec,
     base: RunConfig,
@@ -298,20 +419,18 @@ def _reasons(
     options: list[Option],
     chosen: Option,
     target: int,
+    why: str,
     n_ctx_seq: int,
     est: MemoryEstimate,
     fits: bool,
 ) -> list[str]:
     where = "the GPU" if budget.device == "cuda" else "system RAM"
-    out = [
-        f"budget: {_gb(budget.free_bytes)} free on {where} minus a {budget.margin_bytes / MIB:,.0f} MiB margin"
-        f" = {_gb(budget.budget_bytes)}"
-    ]
+    out = [budget_line(budget)]
     goal = f"target: {target:,} tokens per sequence"
     if policy.use:
         goal += f" (--use {policy.use})"
-    elif not policy.target_ctx:
-        goal += " (the model's training context)"
+    elif why:
+        goal += f" ({why})"
     out.append(goal)
     if not fits:
         out.append(
@@ -321,11 +440,15 @@ def _reasons(
         out.append(_what_would_fit(spec, base, budget, policy))
         return out
     f16 = next((o for o in options if o.type_k == F16 and o.type_v == F16), None)
+    q8 = next((o for o in options if o.type_k == Q8_0 and o.allowed), None)
+    q4 = next((o for o in options if Q4_0 in (o.type_k, o.type_v)), None)
     if chosen.type_k == F16 and chosen.type_v == F16:
         out.append(
             "f16 K/V: it reproduces tokens exactly, and it reaches the target"
             if chosen.reaches_target
-            else "f16 K/V (--repeatable): quantized caches do not reproduce tokens exactly"
+            else "f16 K/V"
+            + (" (--repeatable)" if policy.repeatable else "")
+            + ": quantized caches do not reproduce tokens exactly"
         )
     elif f16 is not None:
         need = estimate(spec, _cfg(base, target, (F16, F16), f16.flash_attn, budget.device)).device_bytes
@@ -333,17 +456,60 @@ def _reasons(
             f"f16 K/V at {target:,} tokens needs {_gb(need)}; {where} has {_gb(budget.budget_bytes)} "
             f"(f16 reaches {f16.n_ctx_max:,} tokens)"
         )
+        if Q4_0 in (chosen.type_k, chosen.type_v):
+            out.append(
+                f"{_name(chosen)}: q4_0 because you allowed it (--allow-q4 or -ctk/-ctv q4_0); warning: "
+                "q4_0 has a small-medium loss in precision that may be more noticeable at higher context sizes "
+                "(Ollama FAQ); q8_0 usually has no noticeable impact"
+            )
+        else:
+            out.append(
+                f"{_name(chosen)}: "
+                + ("it reaches the target; " if chosen.reaches_target else "it gets furthest; ")
+                + "q8_0 usually has no noticeable impact on quality (Ollama FAQ; KL divergence about 0.001 on an "
+                "8B model, llama.cpp PR #7412), but a quantized cache does not reproduce tokens exactly "
+                "(--repeatable keeps f16)"
+            )
+    elif policy.fixed_kv is not None and Q4_0 in policy.fixed_kv:
+        out.append("warning: you chose a q4_0 cache: a small-medium loss in precision at long context (Ollama FAQ)")
+    if spec.architecture in F16_K_ARCHS:
         out.append(
-            f"{_name(chosen)} K/V: the least quantized cache that "
-            + ("reaches the target" if chosen.reaches_target else "gets furthest")
-            + "; a quantized cache does not reproduce tokens exactly (--repeatable forbids it)"
+            "gpt-oss keeps an f16 K cache: with attention sinks a quantized K badly distorts its output "
+            "(TheTom/llama-cpp-turboquant#305; Ollama disabled quantized KV for gpt-oss in 2025)"
+        )
+    ratio = _gqa_ratio(spec)
+    if chosen.type_k != F16 and ratio >= HIGH_GQA_RATIO:
+        out.append(
+            f"note: {ratio} query heads share each KV head (high GQA); Ollama's FAQ warns such models may lose "
+            "more precision from a quantized cache: f16 is safer if the budget allows a smaller context"
         )
     if not chosen.reaches_target:
-        out.append(f"the target is not reached: {n_ctx_seq:,} tokens is the most that fits")
+        best = _name(chosen)
+        levers = [
+            f"this smaller context ({n_ctx_seq:,} tokens, chosen)",
+            "fewer parallel slots" if base.n_parallel > 1 else "",
+            "a smaller quantization of the weights or a smaller model",
+            "a GPU with more free memory",
+            "--allow-cpu (part of the model on the CPU: slower)",
+        ]
+        if q4 is not None and not q4.allowed and q4.n_ctx_max > chosen.n_ctx_max:
+            levers.append(f"--allow-q4 (q4_0 reaches {q4.n_ctx_max:,} tokens, with a loss in precision)")
+        out.append(
+            f"the target is not reached: {best} gets {chosen.n_ctx_max:,} tokens at most; levers: "
+            + "; ".join(x for x in levers if x)
+        )
+    elif q8 is not None and q4 is not None and not q4.allowed and chosen.type_k != F16:
+        out.append(f"q4_0 would reach {q4.n_ctx_max:,} tokens; it is used only with --allow-q4 (less precise)")
     if chosen.flash_attn:
         why = "needed for a quantized V cache, and it" if chosen.type_v != F16 else "it"
         out.append(f"flash attention on: {why} removes the n_ctx × n_head attention-score buffer")
-    out.append(f"uses {_gb(est.device_bytes)} of {_gb(budget.budget_bytes)}: 100% on {where}")
+    elif base.flash_attn == "off":
+        out.append("flash attention off (as asked): the V cache stays f16 (a quantized V needs flash attention)")
+    kept = budget.free_bytes - est.device_bytes
+    out.append(
+        f"uses {_gb(est.device_bytes)} of {_gb(budget.budget_bytes)}: 100% on {where}; "
+        f"{_gb(kept)} of {where} stays free"
+    )
     if base.n_parallel > 1:
         out.append(f"{base.n_parallel} parallel sequences of {n_ctx_seq:,} tokens each")
     return out
@@ -352,8 +518,10 @@ def _reasons(
 def _what_would_fit(spec: ModelSpec, base: RunConfig, budget: Budget, policy: Policy) -> str:
     """The shortest honest list of what would make the target fit."""
     ctx = max(policy.min_ctx, CTX_PAD) if policy.min_ctx else CTX_PAD
-    kv = (F16, F16) if policy.repeatable else (Q4_0, Q4_0) if not spec.is_mla else (Q8_0, Q8_0)
-    need = estimate(spec, _cfg(base, ctx, kv, True, budget.device)).device_bytes
+    kvs = [kv for kv, _fa, allowed in _choices(spec, base, policy) if allowed] or [(F16, F16)]
+    kv = kvs[-1]  # the most quantized allowed
+    fa = base.flash_attn != "off"
+    need = estimate(spec, _cfg(base, ctx, kv, fa, budget.device)).device_bytes
     short = need - budget.budget_bytes
     tips = []
     if budget.budget_bytes <= 0:
@@ -366,10 +534,44 @@ def _what_would_fit(spec: ModelSpec, base: RunConfig, budget: Budget, policy: Po
                 f"a smaller quantization of the weights (at least {_gb(short)} smaller than "
                 f"the {_gb(spec.weights_bytes)} they take now)"
             )
+        if budget.device == "cuda" and not policy.allow_cpu:
+            tips.append("--allow-cpu (part of the model on the CPU)")
     if base.n_parallel > 1:
-        one = max_context(spec, replace(base, n_parallel=1), kv, True, budget)
+        one = max_context(spec, replace(base, n_parallel=1), kv, fa, budget)
         tips.append(f"fewer parallel slots (with 1 slot: {one:,} tokens)")
     return "would fit with: " + "; or ".join(tips) if tips else "would fit with a larger memory budget"
+
+
+def fixed_ctx_alternatives(spec: ModelSpec, cfg: RunConfig, budget: Budget, policy: Policy) -> str | None:
+    """For a ``--ctx`` that does not fit: which cache type would fit it, or how far it fits.
+
+    "does not fit with f16; fits with q8_0 K/V (20.40 GiB)", or "fits up to N tokens per sequence with q8_0".
+    """
+    n_seq = max(CTX_PAD, cfg.n_ctx // max(1, cfg.n_parallel))
+    base = replace(cfg, n_ctx=0)
+    now = _name(Option(cfg.type_k, cfg.type_v, cfg.flash_attn != "off", 0, 0, False))
+    fa = cfg.flash_attn != "off"
+    try:
+        kvs = [kv for kv, _fa, allowed in _choices(spec, base, replace(policy, fixed_kv=None)) if allowed]
+    except ConfigError:
+        return None
+    for kv in kvs:
+        if kv == (cfg.type_k, cfg.type_v):
+            continue
+        d = estimate(spec, _cfg(base, n_seq, kv, fa, budget.device)).device_bytes
+        if d <= budget.budget_bytes:
+            return f"does not fit with {now}; fits with {_kv_name(kv)} ({_gb(d)} of {_gb(budget.budget_bytes)})"
+    best = max(
+        ((kv, max_context(spec, base, kv, fa, budget)) for kv in kvs or [(cfg.type_k, cfg.type_v)]),
+        key=lambda t: t[1],
+    )
+    if best[1] <= 0:
+        return f"does not fit with {now}, and no cache type fits even {CTX_PAD} tokens"
+    return f"does not fit with {now}; fits up to {best[1]:,} tokens per sequence (with {_kv_name(best[0])})"
+
+
+def _kv_name(kv: tuple[GGMLType, GGMLType]) -> str:
+    return f"{kv[0].type_name} K/V" if kv[0] == kv[1] else f"{kv[0].type_name} K / {kv[1].type_name} V"
 
 
 def _decode_speed(spec: ModelSpec, est: MemoryEstimate, budget: Budget) -> tuple[float | None, str | None]:

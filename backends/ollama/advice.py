@@ -10,6 +10,7 @@ projector raises it to projector + 1 GiB).
 from __future__ import annotations
 
 import math
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +45,31 @@ class OllamaAdvice:
     settings: OllamaSettings
     live: LiveState
     warnings: tuple[str, ...]
+    platform: str = "linux"  # how the apply hints are written: linux | macos | windows | docker
+
+    @property
+    def fits(self) -> bool:
+        """False: nothing to apply (the plan does not fit)."""
+        return self.plan.fits is not False
+
+    @property
+    def created_name(self) -> str:
+        from kvadvise.backends.ollama.config import created_name
+
+        return created_name(self.model, self.settings.num_ctx)
+
+    @property
+    def planned_for(self) -> str:
+        p, s = self.plan, self.settings
+        what = f"{s.num_ctx:,} tokens per slot"
+        if s.num_parallel > 1:
+            what += f" × {s.num_parallel} slots"
+        if p.budget is not None and p.hardware is not None:
+            dev = p.hardware.gpus[0].name if len(p.hardware.gpus) == 1 else p.hardware.source
+            if not p.hardware.gpus:
+                dev = "the CPU"
+            what += f" on {dev} ({p.budget.budget_bytes / GIB:.2f} GiB budget)"
+        return what
 
 
 def live_state(host: str | None, timeout: float = ollama_api.DEFAULT_TIMEOUT) -> LiveState:
@@ -65,7 +91,15 @@ def live_state(host: str | None, timeout: float = ollama_api.DEFAULT_TIMEOUT) ->
     return LiveState(True, url, version, running, tuple(notes))
 
 
-def advise(model: OllamaModel, plan: Plan, live: LiveState) -> OllamaAdvice:
+def advise(
+    model: OllamaModel,
+    plan: Plan,
+    live: LiveState,
+    *,
+    server_default: bool = False,
+    repeatable: bool = False,
+    platform: str = "linux",
+) -> OllamaAdvice:
     cfg = plan.config
     num_ctx = num_ctx_per_slot(cfg.n_ctx, cfg.n_parallel)
     fit_target = None
@@ -79,16 +113,15 @@ def advise(model: OllamaModel, plan: Plan, live: LiveState) -> OllamaAdvice:
         flash_attention=cfg.flash_attn != "off",
         num_batch=cfg.n_batch if cfg.n_batch != 2048 else None,
         fit_target_mib=fit_target,
+        server_default=server_default,
+        repeatable=repeatable,
     )
-    warnings: list[str] = []
-    if settings.kv_is_server_wide:
-        warnings.append(
-            f"OLLAMA_KV_CACHE_TYPE={settings.kv_cache_type} is server-wide: every model this server runs gets a "
-            f"{settings.kv_cache_type} cache"
-        )
+    from kvadvise.backends.ollama.config import env_effects
+
+    warnings: list[str] = env_effects(settings) if plan.fits is not False else []
     if v := ollama_api.version_warning(live.version):
         warnings.append(v)
-    if plan.budget is not None and plan.budget.device == "cuda":
+    if plan.budget is not None and plan.budget.device == "cuda" and plan.fits is not False:
         tier = default_num_ctx(plan.budget.total_bytes)
         if tier != num_ctx and model.default_num_ctx is None:
             warnings.append(
@@ -96,13 +129,18 @@ def advise(model: OllamaModel, plan: Plan, live: LiveState) -> OllamaAdvice:
             )
     if cfg.n_parallel > 1 and model.spec.architecture in SINGLE_SLOT_ARCHS:
         warnings.append(f"Ollama forces num_parallel = 1 for {model.spec.architecture}")
-    return OllamaAdvice(model, plan, settings, live, tuple(warnings))
+    if repeatable:
+        warnings.append(
+            "--repeatable: an f16 cache, seed and temperature 0 in the Modelfile, and one slot "
+            "(OLLAMA_NUM_PARALLEL=1); API calls that send their own options override the Modelfile's"
+        )
+    return OllamaAdvice(model, plan, settings, live, tuple(warnings), platform)
 
 
 def advice_dict(a: OllamaAdvice) -> dict[str, object]:
     from dataclasses import asdict
 
-    from kvadvise.backends.ollama.config import env_lines
+    from kvadvise.backends.ollama.config import env_lines, verify_command
 
     return {
         "model": a.model.ref,
@@ -129,17 +167,44 @@ def advice_dict(a: OllamaAdvice) -> dict[str, object]:
             "notes": list(a.live.notes),
         },
         "warnings": list(a.warnings),
+        "platform": a.platform,
+        "apply": list(apply_steps(a)),
+        "verify_command": verify_command(a.created_name, a.settings) if a.fits else None,
     }
 
 
+def apply_steps(
+    a: OllamaAdvice, *, modelfile: str | None = None, env: str | None = None, systemd: str | None = None
+) -> tuple[str, ...]:
+    """What to run, in order, to apply the plan on ``a.platform``: the server settings (if any), the
+    Modelfile, and the verify command. Nothing for a plan that does not fit."""
+    from kvadvise.backends.ollama import config as oc
+
+    if not a.fits:
+        return ()
+    steps = list(oc.apply_hints_server(a.settings, a.platform, env_path=env, dropin_path=systemd))
+    mf = modelfile or "Modelfile"
+    steps.append(
+        f"ollama create {a.created_name} -f {shlex.quote(mf)}" + ("" if modelfile else "  (--write-modelfile)")
+    )
+    steps.append(oc.verify_command(a.created_name, a.settings))
+    return tuple(steps)
+
+
 def advice_text(a: OllamaAdvice) -> str:
-    from kvadvise.backends.ollama.config import env_lines
+    from kvadvise.backends.ollama.config import env_lines, modelfile_header
 
     s = a.settings
     lines = ["", f"Ollama: {a.model.ref} ({a.model.source})"]
     lines += [f"  note: {n}" for n in a.model.notes]
-    lines.append(f"  PARAMETER num_ctx {s.num_ctx}" + (f"   PARAMETER num_batch {s.num_batch}" if s.num_batch else ""))
-    lines += [f"  {k}={v}" for k, v in env_lines(s)]
+    if a.fits:
+        lines.append("  " + modelfile_header(s, a.planned_for).strip())
+        lines.append(
+            f"  PARAMETER num_ctx {s.num_ctx}" + (f"   PARAMETER num_batch {s.num_batch}" if s.num_batch else "")
+        )
+        lines += [f"  {k}={v}" for k, v in env_lines(s)]
+    else:
+        lines.append("  no settings to apply: this plan does not fit (see above)")
     if a.live.reachable:
         lines.append(f"  server {a.live.url}" + (f" (version {a.live.version})" if a.live.version else ""))
         for r in a.live.running:
@@ -164,12 +229,17 @@ def write_files(
 
     s, out = a.settings, []
     if modelfile:
-        p = write_text_file(modelfile, oc.modelfile_text(a.model, s), force=force)
+        p = write_text_file(
+            modelfile, oc.modelfile_text(a.model, s, oc.modelfile_header(s, a.planned_for)), force=force
+        )
         out.append(Written(p, (oc.apply_hint_modelfile(a.model, s, p),)))
     if env:
         p = write_text_file(env, oc.env_text(s), force=force)
-        out.append(Written(p, oc.apply_hint_env(p)))
+        hints = oc.apply_hints_server(s, a.platform, env_path=p) if a.platform in ("docker", "linux") else ()
+        out.append(Written(p, hints or oc.apply_hint_env(p)))
     if systemd:
         p = write_text_file(systemd, oc.systemd_text(s), force=force)
-        out.append(Written(p, oc.apply_hint_systemd(p)))
+        name = p.name if p.parent == oc.SYSTEMD_DROPIN_DIR else oc.dropin_name(p)
+        conflicts = tuple(f"warning: {c}" for c in oc.override_conflicts(s, name))
+        out.append(Written(p, oc.apply_hint_systemd(p) + conflicts))
     return tuple(out)

@@ -32,6 +32,18 @@ def _host_option(f: F) -> F:
 @click.option("--write-env", metavar="PATH", default=None, help="Write OLLAMA_* server settings as an env file.")
 @click.option("--write-systemd", metavar="PATH", default=None, help="Write a systemd drop-in for ollama.service.")
 @click.option("--force", is_flag=True, help="Overwrite files that exist.")
+@click.option(
+    "--server-default",
+    is_flag=True,
+    help="Also set OLLAMA_CONTEXT_LENGTH: every model without its own num_ctx then loads at this context.",
+)
+@click.option(
+    "--platform",
+    type=click.Choice(["auto", "linux", "macos", "windows", "docker"]),
+    default="auto",
+    show_default=True,
+    help="How to apply the server settings: systemd/env file, launchctl, user variables, docker --env-file.",
+)
 def ollama_command(
     name: str,
     host: str | None,
@@ -39,17 +51,28 @@ def ollama_command(
     write_env: str | None,
     write_systemd: str | None,
     force: bool,
+    server_default: bool,
+    platform: str,
     **kwargs: object,
 ) -> None:
     """Advice for an Ollama model (NAME[:TAG]): found in the model store, on the server, or in the built-in profiles.
 
     For Ollama, --ctx is num_ctx: the context of each slot (Ollama runs llama-server with -c num_ctx × slots).
     """
-    from kvadvise.backends.ollama.advice import advice_dict, advice_text, advise, live_state, write_files
+    from kvadvise.backends.ollama.advice import (
+        advice_dict,
+        advice_text,
+        advise,
+        apply_steps,
+        live_state,
+        write_files,
+    )
+    from kvadvise.backends.ollama.config import current_platform
     from kvadvise.backends.ollama.resolve import resolve
     from kvadvise.backends.ollama.rules import projector_margin_bytes
     from kvadvise.render import plan_dict, plan_text
 
+    _refuse_llamacpp_only(click.get_current_context())
     o = PlanOptions.take(dict(kwargs))
     kv = rules.one_cache_type(o.type_k, o.type_v)
     o = replace(o, type_k=kv, type_v=kv)
@@ -57,8 +80,17 @@ def ollama_command(
         o = replace(o, n_ctx=rules.llama_n_ctx(o.n_ctx, o.n_parallel))
     with ollama_api.session():
         model = resolve(name, host=host)
-        plan = build_plan(model.spec, o, same_type_kv=True, extra_margin_bytes=projector_margin_bytes(model))
-        advice = advise(model, plan, live_state(host))
+        plan = build_plan(
+            model.spec,
+            o,
+            same_type_kv=True,
+            extra_margin_bytes=projector_margin_bytes(model),
+            weights_uncertain=model.source.startswith("profile:"),
+        )
+        where = current_platform() if platform == "auto" else platform
+        advice = advise(
+            model, plan, live_state(host), server_default=server_default, repeatable=o.repeatable, platform=where
+        )
     if o.as_json:
         output.result_json(plan_dict(plan) | {"ollama": advice_dict(advice)})
     else:
@@ -71,7 +103,38 @@ def ollama_command(
         output.note(f"wrote {w.path}; apply it with:")
         for h in w.hints:
             click.echo(output.safe(f"  {h}"), err=True)
+    steps = apply_steps(advice, modelfile=write_modelfile, env=write_env, systemd=write_systemd)
+    if steps and not o.as_json:
+        output.result(f"\nNext ({advice.platform}; --platform to choose):")
+        output.result("\n".join(f"  {x}" for x in steps))
     exit_if_no_fit(plan)
+
+
+# llama.cpp knobs Ollama does not pass to llama-server (memory-spec §6.a): a plan with them would not be
+# what Ollama runs. --batch is Ollama's num_batch (-b and -ub equal), so only -ub apart from it is refused.
+_LLAMACPP_ONLY = {
+    "kv_unified": "-kvu/--kv-unified",
+    "swa_full": "--swa-full",
+    "n_ubatch": "-ub/--ubatch",
+    "n_outputs_max": "--n-outputs-max",
+}
+
+
+def _refuse_llamacpp_only(ctx: click.Context) -> None:
+    from click.core import ParameterSource
+
+    given = [
+        flag
+        for param, flag in _LLAMACPP_ONLY.items()
+        if ctx.get_parameter_source(param) not in (None, ParameterSource.DEFAULT)
+    ]
+    if ctx.params.get("runtime", "llama-server") != "llama-server":
+        raise click.UsageError("--runtime: Ollama (>= 0.30) runs every GGUF model with llama-server")
+    if given:
+        raise click.UsageError(
+            f"{', '.join(given)}: llama.cpp only; Ollama does not pass it to llama-server "
+            "(use `kvadvise llamacpp` for a llama-server plan; Ollama's num_batch is --batch)"
+        )
 
 
 for _param in ollama_command.params:
@@ -92,9 +155,15 @@ for _param in ollama_command.params:
 @click.option(
     "--kv-cache-type",
     type=click.Choice(rules.KV_CACHE_TYPES),
-    default="f16",
-    show_default=True,
-    help="The server's OLLAMA_KV_CACHE_TYPE, for the predicted size.",
+    default=None,
+    help="The server's OLLAMA_KV_CACHE_TYPE, for the predicted size [default: from --env-file, else the "
+    "ollama.service drop-ins, else $OLLAMA_KV_CACHE_TYPE, else f16].",
+)
+@click.option(
+    "--env-file",
+    metavar="PATH",
+    default=None,
+    help="The env file the server runs with (what `kvadvise ollama --write-env` wrote): its OLLAMA_KV_CACHE_TYPE.",
 )
 @click.option(
     "--num-parallel",
@@ -105,23 +174,45 @@ for _param in ollama_command.params:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def verify_ollama_command(
-    name: str, host: str | None, load: bool, num_ctx: int | None, kv_cache_type: str, num_parallel: int, as_json: bool
+    name: str,
+    host: str | None,
+    load: bool,
+    num_ctx: int | None,
+    kv_cache_type: str | None,
+    env_file: str | None,
+    num_parallel: int,
+    as_json: bool,
 ) -> None:
-    """After `ollama run`: read /api/ps; size_vram must equal size (100% GPU) and the context must be as asked."""
+    """After `ollama run`: read /api/ps; size_vram must equal size (100% GPU) and the context must be as asked.
+
+    With --load it also runs one short generate (64 tokens) and prints prompt and decode tokens/s from
+    Ollama's own counters. A model is matched by name, else by digest (qwen3-coder:latest is qwen3-coder:30b).
+    """
     from dataclasses import asdict
 
+    from kvadvise.backends.ollama.config import server_kv_cache_type
     from kvadvise.backends.ollama.resolve import resolve
     from kvadvise.backends.ollama.verify import verify
     from kvadvise.errors import EXIT_NO_FIT
     from kvadvise.planner.memory import estimate
 
+    kv, kv_source = server_kv_cache_type(kv_cache_type, env_file)
     with ollama_api.session():
         model = resolve(name, host=host)
         ctx = num_ctx or model.default_num_ctx
         predicted = None
         if ctx:  # as Ollama runs it: -c num_ctx x slots, one cache type for K and V, flash attention on
-            predicted = estimate(model.spec, rules.run_config(ctx, num_parallel, kv_cache_type)).total_bytes
-        v = verify(host, name, load=load, num_ctx=ctx, predicted_total_bytes=predicted)
+            predicted = estimate(model.spec, rules.run_config(ctx, num_parallel, kv)).total_bytes
+        v = verify(
+            host,
+            name,
+            load=load,
+            num_ctx=ctx,
+            predicted_total_bytes=predicted,
+            digest=model.digest,
+            measure_speed=load,
+        )
+    v = replace(v, kv_cache_type=kv, kv_cache_type_source=kv_source)
     if as_json:
         output.result_json(asdict(v))
     else:
@@ -133,6 +224,12 @@ def verify_ollama_command(
             output.result(
                 f"  predicted {v.predicted_total_bytes / 1e9:.2f} GB; "
                 f"reported - predicted = {v.difference_bytes / 1e6:+,.0f} MB"
+            )
+        output.result(f"  K/V cache {kv} ({kv_source})")
+        if v.prompt_tokens_per_s is not None or v.decode_tokens_per_s is not None:
+            output.result(
+                f"  measured (Ollama's counters, {64} tokens): prompt {v.prompt_tokens_per_s or 0:,.1f} tokens/s, "
+                f"decode {v.decode_tokens_per_s or 0:,.1f} tokens/s"
             )
         for r in v.reasons:
             output.result(f"  - {r}")

@@ -29,7 +29,10 @@ __all__ = [
     "apply_hint_env",
     "apply_hint_modelfile",
     "apply_hint_systemd",
+    "apply_hints_server",
     "created_name",
+    "dropin_name",
+    "env_effects",
     "env_lines",
     "env_text",
     "modelfile_text",
@@ -43,28 +46,72 @@ SYSTEMD_RELOAD = "sudo systemctl daemon-reload && sudo systemctl restart ollama"
 
 
 def env_lines(s: OllamaSettings) -> list[tuple[str, str]]:
-    """The environment, as (name, value): flash attention and KV type always, the rest where set."""
-    env = [
-        ("OLLAMA_FLASH_ATTENTION", "1" if s.flash_attention else "0"),
-        ("OLLAMA_KV_CACHE_TYPE", s.kv_cache_type),
-        ("OLLAMA_CONTEXT_LENGTH", str(s.num_ctx)),
-        ("OLLAMA_NUM_PARALLEL", str(s.num_parallel)),
-    ]
+    """The server environment this plan needs, as (name, value): only what differs from Ollama's defaults.
+
+    - ``OLLAMA_KV_CACHE_TYPE`` only for a quantized cache (f16 is the default), with
+      ``OLLAMA_FLASH_ATTENTION=1`` (a quantized V needs it; older servers default it off);
+      ``OLLAMA_FLASH_ATTENTION=0`` when flash attention is off;
+    - ``OLLAMA_NUM_PARALLEL`` for more than one slot, or 1 for a repeatable plan;
+    - ``OLLAMA_CONTEXT_LENGTH`` only for a server default (it loads every other model at that context);
+    - ``LLAMA_ARG_FIT_TARGET`` when the margin is not llama.cpp's 1024 MiB.
+    """
+    env = []
+    if not s.flash_attention:
+        env.append(("OLLAMA_FLASH_ATTENTION", "0"))
+    elif s.kv_cache_type != "f16":
+        env.append(("OLLAMA_FLASH_ATTENTION", "1"))
+    if s.kv_cache_type != "f16":
+        env.append(("OLLAMA_KV_CACHE_TYPE", s.kv_cache_type))
+    if s.server_default:
+        env.append(("OLLAMA_CONTEXT_LENGTH", str(s.num_ctx)))
+    if s.num_parallel > 1 or s.repeatable:
+        env.append(("OLLAMA_NUM_PARALLEL", str(s.num_parallel)))
     if s.fit_target_mib is not None:
         env.append(("LLAMA_ARG_FIT_TARGET", str(s.fit_target_mib)))
     return env
 
 
+def env_effects(s: OllamaSettings) -> list[str]:
+    """One warning per server-wide variable: what it does to the other models of the server."""
+    out = []
+    for k, v in env_lines(s):
+        if k == "OLLAMA_KV_CACHE_TYPE":
+            out.append(f"{k}={v} is server-wide: every model this server runs gets a {v} cache")
+        elif k == "OLLAMA_FLASH_ATTENTION":
+            out.append(
+                f"{k}={v} is server-wide: it turns flash attention {'on' if v == '1' else 'off'} for every model"
+            )
+        elif k == "OLLAMA_CONTEXT_LENGTH":
+            out.append(f"{k}={v} is server-wide: every model without its own num_ctx loads at {int(v):,} tokens")
+        elif k == "OLLAMA_NUM_PARALLEL":
+            out.append(f"{k}={v} is server-wide: every model gets {v} slot(s), each with its own num_ctx of cache")
+    return out
+
+
+_HEAD = "# Ollama server settings written by kvadvise. They apply to every model this server runs.\n"
+_NOTHING = "# Nothing to set: Ollama's defaults are what this plan needs.\n"
+
+
 def env_text(s: OllamaSettings) -> str:
-    """``KEY=VALUE`` lines for the server's environment (a shell can source it; systemd's EnvironmentFile reads it)."""
-    head = "# Ollama server settings written by kvadvise. They apply to every model this server runs.\n"
-    return head + "".join(f"{k}={v}\n" for k, v in env_lines(s))
+    """``KEY=VALUE`` lines for the server's environment: ``set -a; . ./file`` in a POSIX shell, systemd's
+    EnvironmentFile=, ``docker run --env-file``."""
+    lines = env_lines(s)
+    return _HEAD + ("".join(f"{k}={v}\n" for k, v in lines) if lines else _NOTHING)
 
 
 def systemd_text(s: OllamaSettings) -> str:
     """A drop-in for /etc/systemd/system/ollama.service.d/: ``[Service]`` with ``Environment="K=V"`` lines."""
-    head = "# Ollama server settings written by kvadvise. They apply to every model this server runs.\n"
-    return head + "[Service]\n" + "".join(f'Environment="{k}={v}"\n' for k, v in env_lines(s))
+    lines = env_lines(s)
+    return (
+        _HEAD + (_NOTHING if not lines else "") + "[Service]\n" + "".join(f'Environment="{k}={v}"\n' for k, v in lines)
+    )
+
+
+def modelfile_header(s: OllamaSettings, planned_for: str) -> str:
+    """The Modelfile's first comment lines: the server settings it needs and what it was planned for."""
+    env = env_lines(s)
+    needs = " and ".join(f"{k}={v}" for k, v in env) if env else "no server settings (Ollama's defaults)"
+    return f"# needs {needs} on the server; planned by kvadvise for {planned_for}\n"
 
 
 def created_name(model: OllamaModel, num_ctx: int) -> str:
@@ -81,13 +128,29 @@ def apply_hint_modelfile(model: OllamaModel, s: OllamaSettings, path: str | Path
     return f"ollama create {created_name(model, s.num_ctx)} -f {shlex.quote(str(path))}"
 
 
+def _dot_path(path: str | Path) -> str:
+    """``. ./file``: a bare ``. file`` searches PATH in dash, zsh and ``bash --posix``."""
+    p = str(path)
+    if "/" not in p:
+        p = "./" + p
+    return shlex.quote(p)
+
+
 def apply_hint_env(path: str | Path) -> tuple[str, ...]:
     """How to start a server with an env file."""
-    p = shlex.quote(str(path))
     return (
-        f"set -a && . {p} && set +a && ollama serve",
+        f"set -a && . {_dot_path(path)} && set +a && ollama serve",
         f"(systemd: add EnvironmentFile={Path(path).expanduser().absolute()} to the [Service] of ollama.service)",
     )
+
+
+def dropin_name(path: str | Path) -> str:
+    """The name the drop-in gets in ollama.service.d/: systemd reads drop-ins in lexical order and the
+    last value wins, so it must sort after ``override.conf`` (what ``systemctl edit`` writes)."""
+    name = Path(path).name
+    if not name.endswith(".conf"):
+        name = "kvadvise.conf"  # systemd reads only *.conf drop-ins
+    return name if name > "override.conf" else f"zz-{name}"
 
 
 def apply_hint_systemd(path: str | Path) -> tuple[str, ...]:
@@ -95,8 +158,115 @@ def apply_hint_systemd(path: str | Path) -> tuple[str, ...]:
     p = Path(path).expanduser().absolute()
     if p.parent == SYSTEMD_DROPIN_DIR:
         return (SYSTEMD_RELOAD,)
-    name = p.name if p.name.endswith(".conf") else "kvadvise.conf"  # systemd reads only *.conf drop-ins
     return (
-        f"sudo mkdir -p {SYSTEMD_DROPIN_DIR} && sudo cp {shlex.quote(str(p))} {SYSTEMD_DROPIN_DIR / name}",
+        f"sudo mkdir -p {SYSTEMD_DROPIN_DIR} && sudo cp {shlex.quote(str(p))} {SYSTEMD_DROPIN_DIR / dropin_name(p)}",
         SYSTEMD_RELOAD,
     )
+
+
+def override_conflicts(s: OllamaSettings, installed_name: str, dropin_dir: Path = SYSTEMD_DROPIN_DIR) -> list[str]:
+    """Variables this plan sets that a drop-in read after ours (``override.conf`` when ours sorts first) also
+    sets: systemd keeps the last value, so theirs would win."""
+    mine = [k for k, _ in env_lines(s)]
+    out = []
+    try:
+        later = sorted(f for f in dropin_dir.glob("*.conf") if f.name > installed_name)
+    except OSError:
+        return []
+    for f in later:
+        try:
+            text = f.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        out += [
+            f"{f} also sets {k} and is read after {installed_name}: its value wins" for k in mine if f"{k}=" in text
+        ]
+    return out
+
+
+PLATFORMS = ("linux", "macos", "windows", "docker")
+
+
+def current_platform() -> str:
+    import sys
+
+    return {"darwin": "macos", "win32": "windows", "cygwin": "windows"}.get(sys.platform, "linux")
+
+
+def apply_hints_server(
+    s: OllamaSettings, platform: str, *, env_path: str | Path | None = None, dropin_path: str | Path | None = None
+) -> tuple[str, ...]:
+    """How to give the server these settings on ``platform`` (linux|macos|windows|docker), as printed commands."""
+    env = env_lines(s)
+    if not env:
+        return ()
+    if platform == "macos":  # Ollama FAQ: launchctl setenv, then restart the app
+        return (*(f"launchctl setenv {k} {shlex.quote(v)}" for k, v in env), "then quit and reopen the Ollama app")
+    if platform == "windows":  # Ollama FAQ: user environment variables, then restart Ollama
+        return (*(f"setx {k} {v}" for k, v in env), "then quit Ollama (taskbar icon) and start it again")
+    if platform == "docker":
+        src = f"--env-file {_dot_path(env_path)}" if env_path else " ".join(f"-e {k}={v}" for k, v in env)
+        return (f"docker run -d --gpus=all {src} -v ollama:/root/.ollama -p 11434:11434 --name ollama ollama/ollama",)
+    if dropin_path is not None:
+        return apply_hint_systemd(dropin_path)
+    if env_path is not None:
+        return apply_hint_env(env_path)
+    return (
+        "sudo systemctl edit ollama.service  # add under [Service]: "
+        + " ".join(f'Environment="{k}={v}"' for k, v in env),
+        SYSTEMD_RELOAD,
+        "(or, without systemd: " + " ".join(f"{k}={v}" for k, v in env) + " ollama serve)",
+    )
+
+
+def verify_command(name: str, s: OllamaSettings) -> str:
+    """The exact ``kvadvise verify ollama`` to run once the settings are applied."""
+    cmd = f"kvadvise verify ollama {shlex.quote(name)} --load --kv-cache-type {s.kv_cache_type} --num-ctx {s.num_ctx}"
+    if s.num_parallel > 1:
+        cmd += f" --num-parallel {s.num_parallel}"
+    return cmd
+
+
+def _kv_in(text: str) -> str | None:
+    """OLLAMA_KV_CACHE_TYPE as an env file (``K=V``) or a drop-in (``Environment="K=V"``) sets it; the last wins."""
+    import re
+
+    found = re.findall(r"OLLAMA_KV_CACHE_TYPE=([A-Za-z0-9_]+)", text)
+    return found[-1].lower() if found else None
+
+
+def server_kv_cache_type(
+    flag: str | None, env_file: str | Path | None, dropin_dir: Path = SYSTEMD_DROPIN_DIR
+) -> tuple[str, str]:
+    """The cache type the server really uses, and where it was read: the flag; the env file kvadvise wrote;
+    the ollama.service drop-ins (the last in systemd's order wins); $OLLAMA_KV_CACHE_TYPE; else f16."""
+    import os
+
+    if flag:
+        return flag, "--kv-cache-type"
+    if env_file:
+        try:
+            v = _kv_in(Path(env_file).read_text(encoding="utf-8", errors="replace"))
+        except OSError as e:
+            from kvadvise.errors import InputError
+
+            raise InputError(f"cannot read {env_file}: {e.strerror}") from None
+        return (v, f"from {env_file}") if v in KV_CACHE_TYPES else ("f16", f"{env_file} sets none: f16")
+    try:
+        dropins = sorted(dropin_dir.glob("*.conf"))
+    except OSError:
+        dropins = []
+    found = None
+    for f in dropins:
+        try:
+            v = _kv_in(f.read_text(encoding="utf-8", errors="replace"))
+        except OSError:
+            continue
+        if v in KV_CACHE_TYPES:
+            found = (v, f"from {f}")
+    if found:
+        return found
+    v = os.environ.get("OLLAMA_KV_CACHE_TYPE", "").lower()
+    if v in KV_CACHE_TYPES:
+        return v, "from $OLLAMA_KV_CACHE_TYPE"
+    return "f16", "Ollama's default; --kv-cache-type or --env-file if the server sets another"

@@ -112,8 +112,12 @@ def parameter_lines(name: str, value: object) -> list[str]:
     return out
 
 
-def modelfile_text(model: OllamaModel, s: OllamaSettings) -> str:
-    """``FROM name:tag``, ``PARAMETER num_ctx N`` (``num_batch`` only when set), then the model's own parameters.
+REPEATABLE_SEED = 42
+
+
+def modelfile_text(model: OllamaModel, s: OllamaSettings, header: str = "") -> str:
+    """``header`` (comment lines), ``FROM name:tag``, ``PARAMETER num_ctx N`` (``num_batch`` only when set;
+    ``seed`` and ``temperature 0`` for a repeatable plan), then the model's own parameters.
 
     Parameters ``ollama create`` would refuse (unknown or deprecated names)
     are left out, with a comment saying so.
@@ -121,9 +125,13 @@ def modelfile_text(model: OllamaModel, s: OllamaSettings) -> str:
     lines = [f"FROM {model.ref}", f"PARAMETER num_ctx {s.num_ctx}"]
     if s.num_batch is not None:
         lines.append(f"PARAMETER num_batch {s.num_batch}")
+    own: tuple[str, ...] = _OWN
+    if s.repeatable:  # the same tokens run after run: a fixed seed and greedy sampling
+        lines += [f"PARAMETER seed {REPEATABLE_SEED}", "PARAMETER temperature 0"]
+        own += ("seed", "temperature")
     left_out: list[str] = []
     for k, v in model.params.items():
-        if k in _OWN:
+        if k in own:
             continue
         if k not in VALID_PARAMETERS:
             left_out.append(k)
@@ -131,7 +139,7 @@ def modelfile_text(model: OllamaModel, s: OllamaSettings) -> str:
         lines.extend(parameter_lines(k, v))
     for k in left_out:
         lines.append(f"# kvadvise: left out the model's parameter {k!r} (not accepted by `ollama create`)")
-    return "\n".join(lines) + "\n"
+    return header + "\n".join(lines) + "\n"
 
 
 # --- reading -------------------------------------------------------------------

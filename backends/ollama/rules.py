@@ -103,6 +103,8 @@ class OllamaSettings:
     flash_attention: bool  # OLLAMA_FLASH_ATTENTION
     num_batch: int | None = None  # PARAMETER num_batch, only when the advice changes it
     fit_target_mib: int | None = None  # LLAMA_ARG_FIT_TARGET
+    server_default: bool = False  # also set OLLAMA_CONTEXT_LENGTH (every model without num_ctx gets it)
+    repeatable: bool = False  # seed + temperature 0 in the Modelfile, OLLAMA_NUM_PARALLEL=1
 
     def __post_init__(self) -> None:
         for field, v in (("num_ctx", self.num_ctx), ("num_parallel", self.num_parallel)):

@@ -32,6 +32,12 @@ class OllamaVerification:
     difference_bytes: int | None  # size - predicted_total_bytes
     loaded: bool
     reasons: tuple[str, ...]
+    context_checked: bool = True  # False: the server (older than v0.9.7) does not report context_length
+    prompt_tokens_per_s: float | None = None  # Ollama's counters, from one short generate (--load)
+    decode_tokens_per_s: float | None = None
+    kv_cache_type: str | None = None  # the cache type the prediction used
+    kv_cache_type_source: str | None = None  # the flag, the env file or drop-in kvadvise wrote, or the default
+    matched_by: str | None = None  # "name" | "digest"
 
 
 def verify(
@@ -42,6 +48,8 @@ def verify(
     num_ctx: int | None,
     predicted_total_bytes: int | None,
     keep_alive: str | int = "5m",
+    digest: str | None = None,
+    measure_speed: bool = False,
     timeout: float = ollama_api.DEFAULT_TIMEOUT,
     load_timeout: float = DEFAULT_LOAD_TIMEOUT,
 ) -> OllamaVerification:
@@ -64,8 +72,19 @@ def verify(
         except ollama_api.ServerError as e:  # it answered: a failed load (out of memory, ...), not a missing server
             reasons.append(f"the server failed to load it: HTTP {e.status} {ollama_api.one_line(e.error)}")
 
+    speed: tuple[float | None, float | None] = (None, None)
+    if load and measure_speed and not reasons:
+        speed = _measure_speed(url, name, num_ctx, keep_alive, load_timeout)
     running = ollama_api.running_models(url, timeout=timeout)
     match = next((m for m in running if _same(m.name, wanted) or _same(m.model, wanted)), None)
+    matched_by = "name" if match is not None else None
+    if match is None and digest:
+        # `ollama ps` lists a model under the name it was loaded by: qwen3-coder:latest and
+        # qwen3-coder:30b are one digest
+        match = next((m for m in running if m.digest and _digest_eq(m.digest, digest)), None)
+        if match is not None:
+            matched_by = "digest"
+            reasons.append(f"{wanted.display} is loaded as {match.name} (the same digest)")
     if match is None:
         others = ", ".join(m.name for m in running) or "none"
         reasons.append(f"{wanted.display} is not loaded (loaded now: {others})")
@@ -92,7 +111,13 @@ def verify(
             reasons.append(
                 f"the server reports size {match.size:,} B and size_vram {match.size_vram:,} B ({match.processor})"
             )
-    ctx_ok = num_ctx is None or match.context_length == num_ctx
+    context_checked = match.context_length is not None
+    if not context_checked and num_ctx is not None:
+        reasons.append(
+            "the context cannot be checked: this server does not report context_length in /api/ps "
+            "(Ollama older than v0.9.7)"
+        )
+    ctx_ok = num_ctx is None or not context_checked or match.context_length == num_ctx
     if not ctx_ok:
         shown = "not reported" if match.context_length is None else f"{match.context_length:,}"
         reasons.append(
@@ -111,7 +136,47 @@ def verify(
         difference_bytes=diff,
         loaded=True,
         reasons=tuple(reasons),
+        context_checked=context_checked,
+        prompt_tokens_per_s=speed[0],
+        decode_tokens_per_s=speed[1],
+        matched_by=matched_by,
     )
+
+
+SPEED_PROMPT = "Explain in two sentences why a GPU's memory bandwidth limits the decode speed of a language model."
+SPEED_TOKENS = 64
+
+
+def _measure_speed(
+    url: str, name: str, num_ctx: int | None, keep_alive: str | int, timeout: float
+) -> tuple[float | None, float | None]:
+    """One short generate (num_predict 64): prompt and decode tokens/s from Ollama's own counters
+    (prompt_eval_count / prompt_eval_duration, eval_count / eval_duration; durations in ns)."""
+    import ollama
+
+    opts: dict[str, object] = {"num_predict": SPEED_TOKENS}
+    if num_ctx is not None:
+        opts["num_ctx"] = num_ctx
+    body = {"model": name, "prompt": SPEED_PROMPT, "stream": False, "keep_alive": keep_alive, "options": opts}
+    try:
+        doc = ollama_api.call(url, "POST", "/api/generate", body=body, timeout=timeout)
+    except (ollama.ResponseError, ollama_api.ServerError):
+        return None, None
+    if not isinstance(doc, dict):
+        return None, None
+    return _rate(doc, "prompt_eval_count", "prompt_eval_duration"), _rate(doc, "eval_count", "eval_duration")
+
+
+def _rate(doc: dict[str, object], count: str, duration_ns: str) -> float | None:
+    n, d = doc.get(count), doc.get(duration_ns)
+    if not isinstance(n, int) or not isinstance(d, int) or isinstance(n, bool) or n <= 0 or d <= 0:
+        return None
+    return n / (d / 1e9)
+
+
+def _digest_eq(a: str, b: str) -> bool:
+    a, b = a.removeprefix("sha256:").lower(), b.removeprefix("sha256:").lower()
+    return len(a) >= 12 and len(b) >= 12 and (a.startswith(b) or b.startswith(a))
 
 
 def _same(ps_name: str, wanted: OllamaName) -> bool:
