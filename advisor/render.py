@@ -64,7 +64,9 @@ def model_dict(spec: ModelSpec) -> dict[str, Any]:
     }
 
 
-def estimate_dict(spec: ModelSpec, cfg: RunConfig, est: MemoryEstimate) -> dict[str, Any]:
+def estimate_dict(
+    spec: ModelSpec, cfg: RunConfig, est: MemoryEstimate, budget_bytes: int | None = None
+) -> dict[str, Any]:
     lay = est.layout
     return {
         "model": model_dict(spec),
@@ -98,6 +100,26 @@ def estimate_dict(spec: ModelSpec, cfg: RunConfig, est: MemoryEstimate) -> dict[
             "total_bytes": est.total_bytes,
             "device_bytes": est.device_bytes,
             "host_bytes": est.host_bytes,
+            "devices": [
+                {
+                    "name": d.name,
+                    "n_layers": d.n_layers,
+                    "weights_bytes": d.weights_bytes,
+                    "kv_bytes": d.kv_bytes,
+                    "recurrent_bytes": d.recurrent_bytes,
+                    "compute_bytes": d.compute_bytes,
+                    "overhead_bytes": d.overhead_bytes,
+                    "total_bytes": d.total_bytes,
+                    "budget_bytes": budget_bytes,
+                }
+                for d in est.devices
+            ],
+            "host": {
+                "weights_bytes": est.host.weights_bytes,
+                "compute_bytes": est.host.compute_bytes,
+                "output_bytes": est.host.output_bytes,
+                "total_bytes": est.host.total_bytes,
+            },
             "caches": [
                 {"kind": c.kind, "cells": c.cells, "n_layer": c.n_layers, "k_bytes": c.k_bytes, "v_bytes": c.v_bytes}
                 for c in est.caches
@@ -134,19 +156,26 @@ def estimate_text(spec: ModelSpec, cfg: RunConfig, est: MemoryEstimate) -> str:
     cache_note = " + ".join(
         f"{c.n_layers} {'SWA' if c.kind == 'swa' else 'full'} layers × {c.cells:,}" for c in est.caches
     )
+    dev, host = est.devices[0] if est.devices else None, est.host
+    # (label, total, on the device, in system RAM, note); the two columns only for a GPU run
     rows = [
-        ("weights", est.weights_bytes, spec.file_type),
-        ("K cache", est.k_bytes, cache_note + (" cells" if cache_note else "")),
-        ("V cache", est.v_bytes, "none: MLA keeps only K" if spec.is_mla else ""),
-        ("recurrent", est.recurrent_bytes, f"{sum(spec.recurrent_layers)} layers" if spec.has_recurrent else ""),
-        ("compute", est.compute_bytes, "estimate"),
-        ("output", est.output_bytes, "logits"),
-        ("overhead", est.overhead_bytes, lay.device),
-        ("total", est.total_bytes, ""),
-    ]
+        ("weights", est.weights_bytes, dev and dev.weights_bytes, host.weights_bytes, spec.file_type),
+        ("K cache", est.k_bytes, est.k_bytes, 0, cache_note + (" cells" if cache_note else "")),
+        ("V cache", est.v_bytes, est.v_bytes, 0, "none: MLA keeps only K" if spec.is_mla else ""),
+        ("recurrent", est.recurrent_bytes, est.recurrent_bytes, 0,
+         f"{sum(spec.recurrent_layers)} layers" if spec.has_recurrent else ""),
+        ("compute", est.compute_bytes, dev and dev.compute_bytes, host.compute_bytes, "estimate"),
+        ("output", est.output_bytes, 0, host.output_bytes, "logits"),
+        ("overhead", est.overhead_bytes, est.overhead_bytes, 0, lay.device),
+        ("total", est.total_bytes, est.device_bytes, est.host_bytes, ""),
+    ]  # fmt: skip
+    split = lay.device != "cpu" and dev is not None
     lines = [head, "  " + " · ".join(parts)]
-    for label, n, note in rows:
-        lines.append(f"  {label:<10}{fmt_bytes(n):>13}" + (f"   {note}" if note else ""))
+    if split:
+        lines.append(f"  {'':<10}{'total':>13}{dev.name if dev else '':>13}{'host RAM':>13}")
+    for label, n, on_dev, in_ram, note in rows:
+        cols = f"{fmt_bytes(on_dev or 0):>13}{fmt_bytes(in_ram):>13}" if split else ""
+        lines.append(f"  {label:<10}{fmt_bytes(n):>13}{cols}" + (f"   {note}" if note else ""))
     lines.append(f"  KV per token of context: {est.kv_bytes_per_token:,} B")
     lines.extend(f"  note: {n}" for n in spec.notes)
     return "\n".join(lines)
@@ -170,7 +199,7 @@ def budget_dict(b: Budget) -> dict[str, Any]:
 
 def plan_dict(plan: Plan, requested_ctx: int | None = None) -> dict[str, Any]:
     cfg = replace(plan.config, n_ctx=requested_ctx) if requested_ctx is not None else plan.config
-    doc = estimate_dict(plan.spec, cfg, plan.estimate)
+    doc = estimate_dict(plan.spec, cfg, plan.estimate, plan.budget.budget_bytes if plan.budget else None)
     if plan.hardware is not None:
         doc["hardware"] = {
             "source": plan.hardware.source,

@@ -100,13 +100,14 @@ def _build(version: str, home: Path, binary: Path, say: Callable[[str], None]) -
         jobs = str(os.cpu_count() or 2)
         say(f"building llama-server from llama-cpp-python {version}'s llama.cpp (once; log: {log}) ...")
         with open(log, "w") as out:
-            targets = ["--target", "llama-server", "--target", "rpc-server"]
+            targets = ["--target", "llama-server", "--target", "ggml-rpc-server"]  # tools/rpc/CMakeLists.txt
             for cmd in (configure, ["cmake", "--build", str(build), *targets, "-j", jobs]):
                 if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode != 0:
                     tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-30:])
                     raise RuntimeError(f"building llama-server failed ({' '.join(cmd[:3])} ...):\n{tail}")
-        for name in ("rpc-server", "llama-server"):  # llama-server last: its presence means both are there
-            shutil.copy2(build / "bin" / name, home / f"{name}.tmp")
+        # llama-server last: its presence means both are there
+        for built, name in (("ggml-rpc-server", "rpc-server"), ("llama-server", "llama-server")):
+            shutil.copy2(build / "bin" / built, home / f"{name}.tmp")
             os.replace(home / f"{name}.tmp", home / name)
     say(f"built {binary}")
 

@@ -98,6 +98,31 @@ class CacheEstimate:
 
 
 @dataclass(frozen=True, slots=True)
+class DeviceMemory:
+    """What one device that holds layers allocates (a GPU, or the CPU when it runs them)."""
+
+    name: str  # as llama.cpp names its buffers: CUDA0, CPU
+    n_layers: int  # as "offloaded N/M layers to GPU" counts them (the output layer is one)
+    weights_bytes: int
+    kv_bytes: int
+    recurrent_bytes: int
+    compute_bytes: int
+    overhead_bytes: int
+    total_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class HostMemory:
+    """What a GPU run keeps in system RAM: token_embd, the graph inputs' compute buffer
+    (CUDA_Host), the logits of the output buffer. All zero when the CPU runs the layers."""
+
+    weights_bytes: int
+    compute_bytes: int
+    output_bytes: int
+    total_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class MemoryEstimate:
     layout: ContextLayout
     caches: tuple[CacheEstimate, ...]
@@ -112,7 +137,9 @@ class MemoryEstimate:
     overhead_bytes: int
     total_bytes: int
     device_bytes: int  # what the device must hold: VRAM on cuda (full offload), RAM on cpu
-    host_bytes: int  # what stays in system RAM besides (cuda: token_embd, logits); 0 on cpu
+    host_bytes: int  # what stays in system RAM besides (cuda: token_embd, inputs, logits); 0 on cpu
+    devices: tuple[DeviceMemory, ...] = ()  # per device that holds layers (their sums are device_bytes)
+    host: HostMemory = HostMemory(0, 0, 0, 0)
 
 
 def resolve(spec: ModelSpec, cfg: RunConfig) -> ContextLayout:
@@ -302,6 +329,29 @@ def compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     return pad(masks + hidden + max(logits, attn, ffn), MIB // 2)
 
 
+def mask_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
+    """The KQ masks, one per cache kind (full and SWA): [n_kv, n_tokens/n_stream, 1, n_stream], f16 with
+    flash attention, else f32 (src/llama-graph.cpp build_attn_inp_kq_mask, 0c1e570)."""
+    full = any(kv and not swa for kv, swa in zip(spec.kv_layers, spec.swa_layers, strict=True))
+    swa = any(kv and s for kv, s in zip(spec.kv_layers, spec.swa_layers, strict=True))
+    n_kv = (lay.n_ctx_seq if full else 0) + (lay.n_ctx_swa if swa else 0)
+    return n_kv * lay.n_ubatch * (2 if lay.flash_attn else 4)
+
+
+def host_compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
+    """The CPU-side compute buffer of a GPU run (CUDA_Host), sized by its own allocation pass.
+
+    ggml_backend_sched_backend_id_from_cur (ggml/src/ggml-backend.cpp) puts every graph input on
+    the last backend, the CPU, whose buffer type is the GPU's pinned host type when there is a GPU
+    (src/llama-context.cpp, backend_buft). So it holds the KQ masks, the token ids, the positions
+    and the output ids, and the rows get_rows takes from token_embd, which stays on the CPU
+    (llama_model::load_tensors), f32 [n_embd, n_ubatch].
+    """
+    ub = lay.n_ubatch
+    ids = 4 * ub * 2 + 4 * min(ub, lay.n_outputs_max)  # tokens and positions (i32), output ids (i32)
+    return pad(mask_bytes(spec, lay) + 4 * ub * spec.n_embd + ids, ALIGNMENT["cuda"])
+
+
 def estimate(spec: ModelSpec, cfg: RunConfig) -> MemoryEstimate:
     lay = resolve(spec, cfg)
     caches = kv_caches(spec, lay)
@@ -316,10 +366,31 @@ def estimate(spec: ModelSpec, cfg: RunConfig) -> MemoryEstimate:
         # llama_model::load_tensors: token_embd always stays on the CPU ("very little benefit");
         # tied embeddings make the GPU hold a copy as the output layer.
         weights += spec.cuda_pad_bytes + (spec.tok_embd_bytes if spec.output_bytes == 0 else 0)
-        host = spec.tok_embd_bytes + out
+        host_compute = host_compute_bytes(spec, lay)
+        host_mem = HostMemory(
+            weights_bytes=spec.tok_embd_bytes,
+            compute_bytes=host_compute,
+            output_bytes=out,
+            total_bytes=spec.tok_embd_bytes + host_compute + out,
+        )
+        device_weights = weights - spec.tok_embd_bytes
+        name, n_layers = "CUDA0", spec.n_layer + 1  # the repeating layers and the output layer
     else:
-        host = 0
-    total = weights + k + v + rs + compute + out + overhead
+        host_compute = 0
+        host_mem = HostMemory(0, 0, 0, 0)
+        device_weights = weights
+        name, n_layers = "CPU", spec.n_layer + 1
+    total = weights + k + v + rs + compute + host_compute + out + overhead
+    device = DeviceMemory(
+        name=name,
+        n_layers=n_layers,
+        weights_bytes=device_weights,
+        kv_bytes=k + v,
+        recurrent_bytes=rs,
+        compute_bytes=compute,
+        overhead_bytes=overhead,
+        total_bytes=total - host_mem.total_bytes,
+    )
     return MemoryEstimate(
         layout=lay,
         caches=caches,
@@ -329,10 +400,12 @@ def estimate(spec: ModelSpec, cfg: RunConfig) -> MemoryEstimate:
         recurrent_bytes=rs,
         kv_bytes_per_token=kv_bytes_per_token(spec, lay),
         weights_bytes=weights,
-        compute_bytes=compute,
+        compute_bytes=compute + host_compute,
         output_bytes=out,
         overhead_bytes=overhead,
         total_bytes=total,
-        device_bytes=total - host,
-        host_bytes=host,
+        device_bytes=device.total_bytes,
+        host_bytes=host_mem.total_bytes,
+        devices=(device,),
+        host=host_mem,
     )
