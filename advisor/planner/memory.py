@@ -339,17 +339,29 @@ def mask_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
 
 
 def host_compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
-    """The CPU-side compute buffer of a GPU run (CUDA_Host), sized by its own allocation pass.
+    """The CPU-side compute buffer of a run whose layers are on a device (CUDA_Host, or CPU beside RPC
+    devices), sized by its own allocation pass (ggml_backend_sched: one buffer per backend).
 
-    ggml_backend_sched_backend_id_from_cur (ggml/src/ggml-backend.cpp) puts every graph input on
-    the last backend, the CPU, whose buffer type is the GPU's pinned host type when there is a GPU
-    (src/llama-context.cpp, backend_buft). So it holds the KQ masks, the token ids, the positions
-    and the output ids, and the rows get_rows takes from token_embd, which stays on the CPU
-    (llama_model::load_tensors), f32 [n_embd, n_ubatch].
+    ggml_backend_sched_backend_id_from_cur (ggml/src/ggml-backend.cpp) puts every graph input on the
+    last backend, the CPU, whose buffer type is the GPU's pinned host type when there is a GPU
+    (src/llama-context.cpp, backend_buft): the KQ masks, the token ids, positions and output ids;
+    token_embd stays on the CPU (llama_model::load_tensors), so its get_rows is there too. Measured
+    with real llama.cpp 0c1e570 (RPC devices on loopback; tests/test_devices.py): the masks, two
+    f32 [n_embd, n_ubatch] tensors of the embedding step, and without flash attention one f32
+    [n_head * n_embd_head_k, n_ubatch] (the Q-sized input of the attention's first split), within
+    0.02 MiB on 24 configurations of three architectures.
     """
     ub = lay.n_ubatch
+    embd = 2 * 4 * ub * spec.n_embd
+    q = 0 if lay.flash_attn else 4 * ub * max(spec.n_head, default=0) * spec.n_embd_head_k
     ids = 4 * ub * 2 + 4 * min(ub, lay.n_outputs_max)  # tokens and positions (i32), output ids (i32)
-    return pad(mask_bytes(spec, lay) + 4 * ub * spec.n_embd + ids, ALIGNMENT["cuda"])
+    return pad(mask_bytes(spec, lay) + embd + q + ids, ALIGNMENT["cuda"])
+
+
+def device_compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
+    """The compute buffer of the device that runs the layers: the CPU alone's graph but the embedding
+    rows, which stay on the host (measured as for host_compute_bytes: within the CPU formula's error)."""
+    return max(0, compute_bytes(spec, lay) - 4 * lay.n_ubatch * spec.n_embd)
 
 
 def estimate(spec: ModelSpec, cfg: RunConfig) -> MemoryEstimate:
@@ -359,7 +371,7 @@ def estimate(spec: ModelSpec, cfg: RunConfig) -> MemoryEstimate:
     v = sum(c.v_bytes for c in caches)
     rs = recurrent_bytes(spec, lay)
     weights = spec.weights_bytes
-    compute = compute_bytes(spec, lay)
+    compute = compute_bytes(spec, lay) if lay.device == "cpu" else device_compute_bytes(spec, lay)
     out = output_bytes(spec, lay)
     overhead = cfg.overhead_bytes if cfg.overhead_bytes is not None else OVERHEAD_BYTES[lay.device]
     if lay.device == "cuda":
