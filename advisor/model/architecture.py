@@ -277,6 +277,10 @@ def from_gguf(header: GGUFHeader) -> ModelSpec:
             if il < n_layer_all:
                 layer_bytes[il] += t.n_bytes
     cuda_pad = sum(cuda_alloc_bytes(t.ggml_type, t.shape[0], t.n_bytes) - t.n_bytes for t in loaded)
+    layer_pad = [0] * n_layer_all
+    for t in loaded:
+        if (m := _BLOCK_TENSOR.match(t.name)) and int(m[1]) < n_layer_all:
+            layer_pad[int(m[1])] += cuda_alloc_bytes(t.ggml_type, t.shape[0], t.n_bytes) - t.n_bytes
     type_bytes: Counter[str] = Counter()
     for t in header.tensors:
         if len(t.shape) >= 2:
@@ -328,4 +332,5 @@ def from_gguf(header: GGUFHeader) -> ModelSpec:
         expert_bytes=expert_bytes,
         layer_bytes=tuple(layer_bytes),
         cuda_pad_bytes=cuda_pad,
+        layer_cuda_pad_bytes=tuple(layer_pad),
     )

@@ -135,7 +135,8 @@ def cache_type(name: str) -> GGMLType:
     raise ConfigError(f"unsupported cache type: {name!r}", hint=f"use one of {allowed}")
 
 
-ALIGNMENT = {"cpu": 32, "cuda": 128}  # buffer alignment per backend (ggml_backend_buft_get_alignment)
+# buffer alignment per backend (ggml_backend_buft_get_alignment); an RPC device has its server's (CPU here)
+ALIGNMENT = {"cpu": 32, "cuda": 128, "rpc": 32}
 CUDA_MATRIX_ROW_PADDING = 512  # ggml-cuda: quantized tensors get padded to a multiple of 512 values
 
 

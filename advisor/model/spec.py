@@ -51,6 +51,7 @@ class ModelSpec:
     expert_bytes: int = 0  # routed-expert tensors (ffn_*_exps): only n_expert_used of n_expert are read per token
     layer_bytes: tuple[int, ...] = ()  # weights of each block (blk.N.*), for partial offload
     cuda_pad_bytes: int = 0  # extra bytes CUDA buffers add (128-byte alignment, quantized rows padded to 512)
+    layer_cuda_pad_bytes: tuple[int, ...] = ()  # that padding per block, for a split over several devices
 
     @property
     def n_layer(self) -> int:

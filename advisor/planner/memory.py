@@ -13,6 +13,8 @@ documented estimate, checked against real llama.cpp within 5% or 16 MiB.
 
 from __future__ import annotations
 
+import bisect
+import struct
 from dataclasses import dataclass
 
 from kvadvise.errors import ConfigError
@@ -22,13 +24,17 @@ from kvadvise.model.spec import ModelSpec
 MIB = 1 << 20
 CTX_PAD = 256  # GGML_PAD(n_ctx, 256), "ref: PR 17046"
 FLASH_ATTN_MODES = ("on", "off", "auto")
-DEVICES = ("auto", "cpu", "cuda")
+DEVICES = ("auto", "cpu", "cuda", "rpc")
 RUNTIMES = ("llama-server", "llama-cli")
 # Buffer alignment: CPU TENSOR_ALIGNMENT = 32, CUDA CUDA_ALIGNMENT = 128 (ggml-cuda.cu).
 # Per-device fixed cost outside llama.cpp's buffers. CPU: none. CUDA: the CUDA
 # context and cuBLAS workspace, about 330 MiB measured by unsloth (issue #6718,
 # see shared/peers.md); replaced by a measured value once `verify` has run.
-OVERHEAD_BYTES = {"cpu": 0, "cuda": 330 * MIB}
+OVERHEAD_BYTES = {"cpu": 0, "cuda": 330 * MIB, "rpc": 0}
+# ggml_backend_sched: with pipeline parallelism the split inputs are kept in this many copies
+# (GGML_SCHED_MAX_COPIES, ggml/src/ggml-backend.cpp; llama.cpp logs "pipeline parallelism enabled").
+N_COPIES = 4
+DEVICE_PREFIX = {"cuda": "CUDA", "rpc": "RPC"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +63,11 @@ class RunConfig:
     # bindings (llama-cpp-python, node-llama-cpp, LM Studio) and llama-servers built before that change:
     # the library's default 0 = the whole batch.
     runtime: str = "llama-server"
+    # llama.cpp -ts: the share of the layers each device gets (-sm layer). () = one device; with
+    # several GPUs the planner passes their free memory, which is what llama.cpp splits by when
+    # -ts is not given (llama_model::load_tensors).
+    tensor_split: tuple[float, ...] = ()
+    device_names: tuple[str, ...] = ()  # as llama.cpp prints them (CUDA0, RPC0[host:port]); () = numbered
 
     @property
     def llama_n_outputs_max(self) -> int:
@@ -364,60 +375,147 @@ def device_compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     return max(0, compute_bytes(spec, lay) - 4 * lay.n_ubatch * spec.n_embd)
 
 
+def layer_devices(n_layer_all: int, tensor_split: tuple[float, ...]) -> tuple[int, ...]:
+    """The device of each layer 0..n_layer_all (the last entry: the output layer), full offload,
+    -sm layer: llama_model::load_tensors's split points, cumulative shares normalised to 1 (in
+    float, as llama.cpp), a layer to the first device whose point is above il / (n_layer_all + 1)."""
+    n_dev = max(1, len(tensor_split))
+    if n_dev == 1:
+        return (0,) * (n_layer_all + 1)
+    if any(x < 0 for x in tensor_split) or sum(tensor_split) <= 0:
+        raise ConfigError("a tensor split needs shares >= 0 that are not all 0", hint="e.g. -ts 3,1")
+
+    def f32(x: float) -> float:
+        return float(struct.unpack("f", struct.pack("f", x))[0])
+
+    points, acc = [], 0.0
+    for x in tensor_split:
+        acc = f32(acc + f32(x))
+        points.append(acc)
+    points = [f32(p / acc) for p in points]
+    act = n_layer_all + 1
+    return tuple(min(bisect.bisect_right(points, f32(il / act)), n_dev - 1) for il in range(act))
+
+
+def _split_compute(spec: ModelSpec, lay: ContextLayout, layers: list[int], *, last: bool, copies: int) -> int:
+    """One device's compute buffer in a split over several devices (pipeline parallelism: ``copies``
+    copies of its split inputs, the masks its layers use and the hidden state that reaches it),
+    measured with real llama.cpp 0c1e570 on RPC devices on loopback (tests/test_devices.py)."""
+    ub, f32 = lay.n_ubatch, 4
+    embd = f32 * ub * spec.n_embd
+    full = any(spec.kv_layers[il] and not spec.swa_layers[il] for il in layers)
+    swa = any(spec.kv_layers[il] and spec.swa_layers[il] for il in layers)
+    n_kv, n_kv_swa = (lay.n_ctx_seq if full else 0), (lay.n_ctx_swa if swa else 0)
+    masks = (n_kv + n_kv_swa) * ub * (2 if lay.flash_attn else f32)
+    n_head = max((spec.n_head[il] for il in layers if il < len(spec.n_head)), default=0)
+    q = f32 * ub * n_head * spec.n_embd_head_k
+    attn = (2 * q + (0 if lay.flash_attn else f32 * ub * max(n_kv, n_kv_swa) * n_head)) if (full or swa) else 0
+    ffn = 3 * f32 * ub * spec.n_ff if layers else 0
+    logits = f32 * min(ub, lay.n_outputs_max) * spec.n_vocab if last else 0
+    return pad(copies * (masks + embd) + 3 * embd + max(logits, attn, ffn), MIB // 2)
+
+
 def estimate(spec: ModelSpec, cfg: RunConfig) -> MemoryEstimate:
     lay = resolve(spec, cfg)
     caches = kv_caches(spec, lay)
     k = sum(c.k_bytes for c in caches)
     v = sum(c.v_bytes for c in caches)
     rs = recurrent_bytes(spec, lay)
-    weights = spec.weights_bytes
-    compute = compute_bytes(spec, lay) if lay.device == "cpu" else device_compute_bytes(spec, lay)
     out = output_bytes(spec, lay)
     overhead = cfg.overhead_bytes if cfg.overhead_bytes is not None else OVERHEAD_BYTES[lay.device]
-    if lay.device == "cuda":
-        # llama_model::load_tensors: token_embd always stays on the CPU ("very little benefit");
-        # tied embeddings make the GPU hold a copy as the output layer.
-        weights += spec.cuda_pad_bytes + (spec.tok_embd_bytes if spec.output_bytes == 0 else 0)
-        host_compute = host_compute_bytes(spec, lay)
-        host_mem = HostMemory(
-            weights_bytes=spec.tok_embd_bytes,
-            compute_bytes=host_compute,
-            output_bytes=out,
-            total_bytes=spec.tok_embd_bytes + host_compute + out,
+    common = {
+        "layout": lay,
+        "caches": caches,
+        "k_bytes": k,
+        "v_bytes": v,
+        "kv_bytes": k + v,
+        "recurrent_bytes": rs,
+        "kv_bytes_per_token": kv_bytes_per_token(spec, lay),
+        "output_bytes": out,
+    }
+    if lay.device == "cpu":
+        compute = compute_bytes(spec, lay)
+        total = spec.weights_bytes + k + v + rs + compute + out + overhead
+        cpu = DeviceMemory("CPU", spec.n_layer + 1, spec.weights_bytes, k + v, rs, compute, overhead, total)
+        return MemoryEstimate(
+            **common,
+            weights_bytes=spec.weights_bytes,
+            compute_bytes=compute,
+            overhead_bytes=overhead,
+            total_bytes=total,
+            device_bytes=total,
+            host_bytes=0,
+            devices=(cpu,),
         )
-        device_weights = weights - spec.tok_embd_bytes
-        name, n_layers = "CUDA0", spec.n_layer + 1  # the repeating layers and the output layer
-    else:
-        host_compute = 0
-        host_mem = HostMemory(0, 0, 0, 0)
-        device_weights = weights
-        name, n_layers = "CPU", spec.n_layer + 1
-    total = weights + k + v + rs + compute + host_compute + out + overhead
-    device = DeviceMemory(
-        name=name,
-        n_layers=n_layers,
-        weights_bytes=device_weights,
-        kv_bytes=k + v,
-        recurrent_bytes=rs,
-        compute_bytes=compute,
-        overhead_bytes=overhead,
-        total_bytes=total - host_mem.total_bytes,
+    return _offloaded(spec, cfg, lay, common, k + v, rs, out, overhead)
+
+
+def _offloaded(
+    spec: ModelSpec,
+    cfg: RunConfig,
+    lay: ContextLayout,
+    common: dict[str, object],
+    kv: int,
+    rs: int,
+    out: int,
+    overhead: int,
+) -> MemoryEstimate:
+    """Every layer on one or several devices (-ngl all, -sm layer): per device its layers' weights and
+    KV, its compute buffer and fixed overhead; token_embd, the graph inputs and the logits in host RAM."""
+    n_dev = max(1, len(cfg.tensor_split))
+    owner = layer_devices(spec.n_layer_all, cfg.tensor_split)
+    names = cfg.device_names or tuple(f"{DEVICE_PREFIX[lay.device]}{i}" for i in range(n_dev))
+    if len(names) != n_dev:
+        raise ConfigError(f"{len(names)} device names for a split over {n_dev} devices")
+    cuda = lay.device == "cuda"
+    layer_kv = [a + b for a, b in layer_kv_bytes(spec, lay)]
+    rs_layers = sum(spec.recurrent_layers)
+    layer_rs = [rs // rs_layers if (spec.recurrent_layers[il] and rs_layers) else 0 for il in range(spec.n_layer_all)]
+    layer_w = list(spec.layer_bytes) or [0] * spec.n_layer_all
+    layer_pad = list(spec.layer_cuda_pad_bytes) or [0] * spec.n_layer_all
+    # llama_model::load_tensors: token_embd always stays on the CPU ("very little benefit"); what is not
+    # in a block (output, output_norm, ...) goes with the output layer; tied embeddings make that device
+    # hold a copy of token_embd as the output layer.
+    rest = (
+        spec.weights_bytes - spec.tok_embd_bytes - sum(layer_w) + (spec.tok_embd_bytes if spec.output_bytes == 0 else 0)
     )
+    rest_pad = spec.cuda_pad_bytes - sum(layer_pad) if cuda else 0
+    pipeline = n_dev > 1  # llama_context: several devices, every layer offloaded, -sm layer
+    copies = N_COPIES if pipeline else 1
+    devices = []
+    for d in range(n_dev):
+        layers = [il for il in range(spec.n_layer_all) if owner[il] == d]
+        last = owner[spec.n_layer_all] == d
+        weights = sum(layer_w[il] + (layer_pad[il] if cuda else 0) for il in layers) + (
+            (rest + rest_pad) if last else 0
+        )
+        kv_d = sum(layer_kv[il] for il in layers)
+        rs_d = sum(layer_rs[il] for il in layers)
+        if n_dev == 1:
+            compute = device_compute_bytes(spec, lay)
+        else:
+            compute = _split_compute(spec, lay, layers, last=last, copies=copies) if (layers or last) else 0
+        n_layers = sum(1 for il in layers if il < spec.n_layer) + (1 if last else 0)
+        total = weights + kv_d + rs_d + compute + overhead
+        devices.append(DeviceMemory(names[d], n_layers, weights, kv_d, rs_d, compute, overhead, total))
+    if pipeline:
+        ub = lay.n_ubatch
+        q = 0 if lay.flash_attn else 4 * ub * max(spec.n_head, default=0) * spec.n_embd_head_k
+        embd = 4 * ub * spec.n_embd
+        ids = 4 * ub * 2 + 4 * min(ub, lay.n_outputs_max)
+        host_compute = pad(copies * (mask_bytes(spec, lay) + embd + q) + embd + ids, ALIGNMENT["cuda"])
+    else:
+        host_compute = host_compute_bytes(spec, lay)
+    host = HostMemory(spec.tok_embd_bytes, host_compute, out, spec.tok_embd_bytes + host_compute + out)
+    device_total = sum(x.total_bytes for x in devices)
     return MemoryEstimate(
-        layout=lay,
-        caches=caches,
-        k_bytes=k,
-        v_bytes=v,
-        kv_bytes=k + v,
-        recurrent_bytes=rs,
-        kv_bytes_per_token=kv_bytes_per_token(spec, lay),
-        weights_bytes=weights,
-        compute_bytes=compute + host_compute,
-        output_bytes=out,
-        overhead_bytes=overhead,
-        total_bytes=total,
-        device_bytes=device.total_bytes,
-        host_bytes=host_mem.total_bytes,
-        devices=(device,),
-        host=host_mem,
+        **common,  # type: ignore[arg-type]
+        weights_bytes=sum(x.weights_bytes for x in devices) + spec.tok_embd_bytes,
+        compute_bytes=sum(x.compute_bytes for x in devices) + host_compute,
+        overhead_bytes=overhead * n_dev,
+        total_bytes=device_total + host.total_bytes,
+        device_bytes=device_total,
+        host_bytes=host.total_bytes,
+        devices=tuple(devices),
+        host=host,
     )
