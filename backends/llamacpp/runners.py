@@ -31,6 +31,7 @@ from typing import Any
 from kvadvise.backends.llamacpp import childproc
 from kvadvise.backends.llamacpp.probe import _gpu_used
 from kvadvise.errors import DoesNotFit, InputError
+from kvadvise.files import load_json
 from kvadvise.planner.memory import RunConfig
 from kvadvise.runtime.llamalog import parse
 from kvadvise.runtime.llamaserver import ModelSource, server_args
@@ -81,7 +82,7 @@ def measure_with_python(model_path: str, cfg: RunConfig, *, timeout_s: float, pr
     if not lines:
         tail = " | ".join(err.strip().splitlines()[-3:])
         raise DoesNotFit(f"llama.cpp crashed (exit code {rc}) before reporting: {tail or 'no output'}")
-    res = json.loads(lines[-1])
+    res = load_json(lines[-1])
     if not res.get("ok"):
         why = _failure_reason(err) or res.get("error", "unknown failure")
         raise DoesNotFit(
@@ -124,7 +125,7 @@ def _http(url: str, body: dict[str, Any] | None, timeout_s: float) -> tuple[int,
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as r:
-            return r.status, json.loads(r.read() or b"{}")
+            return r.status, load_json(r.read() or b"{}")
     except urllib.error.HTTPError as e:
         return e.code, {}
 

