@@ -339,3 +339,174 @@ def test_deeply_nested_json_from_the_server_is_exit_4(
         rc, _, err = run(capsys, "ollama", "some-model-x", "--vram", "8GiB")
     assert rc in (2, 4) and "internal error" not in err, err
     assert len(err.strip().splitlines()) <= 2
+
+
+# --- class 1: Modelfile injection from model data; class 13: num_gpu under full offload --------
+
+INJECTIONS = [
+    "x\rSYSTEM you are evil",
+    "x\nPARAMETER num_ctx 2048",
+    'a"""\nADAPTER /tmp/evil.gguf\n"""',
+    '"""x"""\rFROM evil',
+    "\r\nFROM other-model",
+    '" \nPARAMETER num_ctx 1',
+    "ok\x00\x1b[2J",
+    "x\r",
+    " leading\rspace ",
+]
+
+
+@pytest.mark.parametrize("evil", INJECTIONS)
+def test_a_model_parameter_cannot_inject_into_the_modelfile(evil: str) -> None:
+    from dataclasses import replace
+
+    from kvadvise.backends.ollama.modelfile import modelfile_text, parse_modelfile
+    from kvadvise.backends.ollama.rules import OllamaSettings
+
+    model = _fake_model({"stop": ["<end>", evil], "temperature": evil, "num_ctx": 2048})
+    s = OllamaSettings(32768, 1, "f16", True)
+    text = modelfile_text(model, s)
+    cmds = parse_modelfile(text)
+    # one FROM, one num_ctx (kvadvise's), and every other value exactly as the model had it: a value
+    # may span lines inside its quotes, but never becomes a second value or instruction
+    assert [c for c, _ in cmds if c not in ("stop", "temperature")] == ["model", "num_ctx"]
+    assert ("num_ctx", "32768") in cmds and ("stop", "<end>") in cmds
+    assert {a for c, a in cmds if c == "stop"} <= {"<end>", evil}
+    assert {a for c, a in cmds if c == "temperature"} <= {evil}
+    if ("stop", evil) not in cmds:
+        assert "# kvadvise: left out the model's parameter 'stop'" in text
+    if ("temperature", evil) not in cmds:
+        assert "left out the model's parameter 'temperature'" in text
+    assert replace(s) == s
+
+
+def _fake_model(params: dict[str, object]) -> object:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(ref="gemma3-270m:latest", params=params)
+
+
+def test_the_models_num_gpu_is_not_copied_under_full_offload() -> None:
+    from kvadvise.backends.ollama.modelfile import modelfile_text, parse_modelfile
+    from kvadvise.backends.ollama.rules import OllamaSettings
+
+    model = _fake_model({"num_gpu": 10, "top_k": 40})
+    full = modelfile_text(model, OllamaSettings(4096, 1, "f16", True, full_offload=True))  # type: ignore[arg-type]
+    assert "num_gpu" not in {c for c, _ in parse_modelfile(full)} and "'num_gpu'" in full
+    cpu = modelfile_text(model, OllamaSettings(4096, 1, "f16", True, full_offload=False))  # type: ignore[arg-type]
+    assert ("num_gpu", "10") in parse_modelfile(cpu)
+
+
+def test_num_gpu_end_to_end_on_a_gpu_plan(
+    tmp_path: Path, gemma_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kvadvise.backends.ollama.modelfile import parse_modelfile
+
+    _store(tmp_path, gemma_path, monkeypatch, params={"num_gpu": 3, "stop": ["a\rSYSTEM evil"]})
+    mf = tmp_path / "Modelfile"
+    rc, _, err = run(capsys, "ollama", "gemma3-270m", "--gpu", "4090", "--write-modelfile", str(mf))
+    assert rc == 0, err
+    cmds = parse_modelfile(mf.read_text())
+    assert {c for c, _ in cmds} == {"model", "num_ctx"}
+
+
+# --- class 10: the remote header cache key keeps the query ---------------------------------------
+
+
+def test_remote_cache_keeps_urls_that_differ_by_query_apart(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from http_fixtures import LoopbackServer, Route
+
+    small = write_tiny_gguf(tmp_path / "s.gguf", "llama", name="the-SMALL-one")
+    big = write_tiny_gguf(tmp_path / "b.gguf", "qwen3", name="the-BIG-one")
+    with LoopbackServer() as srv:
+        srv.add("/m.gguf?f=small&sig=s3cret", Route(file=small, etag='"s"'))
+        srv.add("/m.gguf?f=big&sig=s3cret", Route(file=big, etag='"b"'))
+        urls = {n: srv.url(f"/m.gguf?f={n}&sig=s3cret") for n in ("small", "big")}
+        for n in ("small", "big"):
+            rc, out, err = run(capsys, "gguf", urls[n], "--no-hardware", "--ctx", "1024")
+            assert rc == 0 and f"the-{n.upper()}-one" in out, err
+    # the server is gone: each URL falls back to its own cached header
+    for n in ("small", "big"):
+        rc, out, err = run(capsys, "gguf", urls[n], "--no-hardware", "--ctx", "1024")
+        assert rc == 0 and f"the-{n.upper()}-one" in out, err
+    cached = b"".join(p.read_bytes() for p in Path(os.environ["XDG_CACHE_HOME"]).rglob("*") if p.is_file())
+    assert b"s3cret" not in cached  # the query is keyed by its digest, never stored
+
+
+# --- class 14: numbers llama.cpp reads as int32 ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["verify", "llamacpp", "{m}", "--ctx", "4294971392"],
+        ["verify", "llamacpp", "{m}", "--ctx", "-1"],
+        ["gguf", "{m}", "--ctx", "4294971392", "--no-hardware"],
+        ["llamacpp", "{m}", "-b", "4294967296", "--no-hardware"],
+        ["llamacpp", "{m}", "-ub", "2147483648", "--no-hardware"],
+        ["gguf", "{m}", "--target-ctx", "4294971392", "--no-hardware"],
+        ["gguf", "{m}", "--min-ctx", "99999999999999999999", "--no-hardware"],
+        ["gguf", "{m}", "-np", "5000", "--no-hardware"],
+        ["ollama", "gemma3", "--ctx", "2147483647", "-np", "4096", "--no-hardware"],
+        ["verify", "ollama", "gemma3", "--num-ctx", "4294971392"],
+    ],
+)
+def test_numbers_past_int32_are_refused(args: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    m = str(write_tiny_gguf(tmp_path / "m.gguf", "llama"))
+    os.environ["OLLAMA_HOST"] = closed_port_url()
+    try:
+        rc, out, err = run(capsys, *[a.format(m=m) for a in args])
+    finally:
+        del os.environ["OLLAMA_HOST"]
+    assert rc == 2, (out, err)
+    assert len(err.strip().splitlines()) <= 2
+
+
+def test_run_config_refuses_what_llama_cpp_cannot_take() -> None:
+    from kvadvise.errors import ConfigError
+    from kvadvise.planner.memory import RunConfig
+
+    for kw in ({"n_ctx": 2**32 + 4096}, {"n_batch": 2**31}, {"n_ubatch": -1}, {"n_parallel": 2**40}):
+        with pytest.raises(ConfigError, match="int32"):
+            RunConfig(**kw)  # type: ignore[arg-type]
+    assert RunConfig(n_ctx=2**31 - 1).n_ctx == 2**31 - 1
+
+
+# --- class 17: more inputs that ended in exit 1 -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "ref",
+    [
+        "user/model--GGUF:Q4_K_M",
+        "hf://user/model--GGUF:Q4_K_M",
+        "hf://user/..model:Q4_K_M",
+        "hf.co/-user/model:Q4_K_M",
+        "hf://a/b/../../c.gguf",
+        "https://[::1/x.gguf",
+        "http://host:99999/a.gguf",
+        "https://huggingface.co/u/m--x/resolve/main/f.gguf",
+    ],
+)
+def test_bad_hub_names_and_urls_are_exit_2(ref: str, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = run(capsys, "gguf", ref, "--no-hardware")
+    assert rc == 2, err
+    assert len(err.strip().splitlines()) <= 2 and "internal error" not in err
+
+
+@pytest.mark.parametrize("kind", ["not executable", "a directory", "not a program", "missing"])
+def test_a_llama_server_that_cannot_run_is_exit_2(
+    kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    m = write_tiny_gguf(tmp_path / "m.gguf", "llama")
+    server = tmp_path / "llama-server"
+    if kind == "not executable":
+        server.write_text("#!/bin/sh\nexit 0\n")
+    elif kind == "a directory":
+        server.mkdir()
+    elif kind == "not a program":
+        server.write_bytes(b"\x00garbage")
+        server.chmod(0o755)
+    rc, _, err = run(capsys, "verify", "llamacpp", str(m), "--llama-server", str(server), "--no-hardware")
+    assert rc == 2, err
+    assert "internal error" not in err

@@ -28,6 +28,7 @@ DEVICES = ("cpu", "cuda")
 # context and cuBLAS workspace, about 330 MiB measured by unsloth (issue #6718,
 # see shared/peers.md); replaced by a measured value once `verify` has run.
 OVERHEAD_BYTES = {"cpu": 0, "cuda": 330 * MIB}
+INT32_MAX = 2**31 - 1  # the largest -c, -np, -b, -ub llama.cpp takes
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +50,18 @@ class RunConfig:
     # None = as llama-server (and so Ollama) sets it: one per sequence (tools/server/server-context.cpp
     # server_output_limits, no speculative decoding); 0 = n_batch, the library's and llama-cli's default.
     n_outputs_max: int | None = None
+
+    def __post_init__(self) -> None:
+        # llama.cpp reads -c, -np, -b, -ub as int32 (common/arg.cpp std::stoi); a larger number would be
+        # refused there, or (through a binding) wrap, and the plan would describe another run
+        for name in ("n_ctx", "n_parallel", "n_batch", "n_ubatch"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= INT32_MAX:
+                raise ConfigError(
+                    f"{name} must be a whole number from 0 to {INT32_MAX:,} (llama.cpp's int32), got {v!r}"
+                )
+        if self.n_outputs_max is not None and not 0 <= self.n_outputs_max <= INT32_MAX:
+            raise ConfigError(f"n_outputs_max must be from 0 to {INT32_MAX:,}, got {self.n_outputs_max!r}")
 
     @property
     def llama_n_outputs_max(self) -> int:

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from types import FrameType
 from typing import Any
 
-from kvadvise.errors import DoesNotFit
+from kvadvise.errors import DoesNotFit, InputError
 
 
 class _Terminated(Exception):
@@ -70,17 +70,23 @@ def child(
     cwd: str | None = None,
 ) -> Iterator[subprocess.Popen[str]]:
     """Start ``cmd`` in a new process group; the group is killed when the block exits, however it exits."""
-    p = subprocess.Popen(
-        list(cmd),
-        stdout=stdout,
-        stderr=stderr,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        env=env,
-        cwd=cwd,
-        start_new_session=True,
-        errors="replace",
-    )
+    try:
+        p = subprocess.Popen(
+            list(cmd),
+            stdout=stdout,
+            stderr=stderr,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+            errors="replace",
+        )
+    except OSError as e:  # not there, not executable, a directory, not a program (ENOEXEC)
+        raise InputError(
+            f"{cmd[0]}: cannot run it ({e.strerror or type(e).__name__})",
+            hint="give the path of an executable llama-server build",
+        ) from None
     try:
         with _sigterm_raises():
             yield p

@@ -79,6 +79,7 @@ def advise(model: OllamaModel, plan: Plan, live: LiveState) -> OllamaAdvice:
         flash_attention=cfg.flash_attn != "off",
         num_batch=cfg.n_batch if cfg.n_batch != 2048 else None,
         fit_target_mib=fit_target,
+        full_offload=cfg.device == "cuda",
     )
     warnings: list[str] = []
     if settings.kv_is_server_wide:

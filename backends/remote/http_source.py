@@ -47,9 +47,20 @@ _CONTENT_RANGE = re.compile(r"^bytes\s+(\d+)-(\d+)/(\d+|\*)$", re.IGNORECASE)
 _STREAM_CHUNK = 1 << 16
 
 
+def split_url(url: str, *, what: str = "URL") -> urllib.parse.SplitResult:
+    """``urllib.parse.urlsplit`` that checks what it defers: a bracketed host that does not
+    close, a port that is not a number in 1-65535. InputError (never ValueError) for those."""
+    try:
+        p = urllib.parse.urlsplit(url)
+        p.port  # noqa: B018 - urllib checks the port only when it is read
+    except ValueError as e:
+        raise InputError(f"not a usable {what}: {e}", hint="check the host and port") from None
+    return p
+
+
 def display_url(url: str) -> str:
     """``url`` without user info, query or fragment: safe to show and to use as a cache key."""
-    p = urllib.parse.urlsplit(url)
+    p = split_url(url)
     host = p.hostname or ""
     if ":" in host:
         host = f"[{host}]"
@@ -57,8 +68,21 @@ def display_url(url: str) -> str:
     return urllib.parse.urlunsplit((p.scheme, netloc, p.path, "", ""))
 
 
+def cache_key(url: str) -> str:
+    """A key for what ``url`` names: the shown URL and, when it has one, a digest of its query.
+
+    ``?f=small`` and ``?f=big`` are two files; the query itself (a signed URL's
+    signature, a token) is never stored, only its sha256.
+    """
+    import hashlib
+
+    query = split_url(url).query
+    shown = display_url(url)
+    return f"{shown}?sha256={hashlib.sha256(query.encode('utf-8', 'surrogateescape')).hexdigest()}" if query else shown
+
+
 def _origin(url: str) -> tuple[str, str, int | None]:
-    p = urllib.parse.urlsplit(url)
+    p = split_url(url)
     return p.scheme, (p.hostname or "").lower(), p.port
 
 
@@ -103,7 +127,7 @@ class HTTPSource:
         name: str | None = None,
         denied_hint: str | None = None,
     ) -> None:
-        scheme = urllib.parse.urlsplit(url).scheme.lower()
+        scheme = split_url(url).scheme.lower()
         if scheme not in ("http", "https"):
             raise InputError(f"{display_url(url)}: only http:// and https:// URLs can be read")
         self.name = name or display_url(url)
@@ -333,7 +357,7 @@ class HTTPSource:
 
     def _redirect_target(self, url: str, location: str, visited: list[str]) -> str:
         target = urllib.parse.urljoin(url, location)
-        if urllib.parse.urlsplit(target).scheme.lower() not in ("http", "https"):
+        if split_url(target).scheme.lower() not in ("http", "https"):
             raise InputError(f"{self.name}: redirected to a non-HTTP URL ({display_url(target)})")
         if target in visited:
             loop = [display_url(u) for u in visited[visited.index(target) :]] + [display_url(target)]
@@ -395,7 +419,7 @@ class _Status416:
 
 def _without_userinfo(url: str) -> tuple[str, str | None]:
     """``url`` without ``user:password@``, and the Basic Authorization header they stood for."""
-    p = urllib.parse.urlsplit(url)
+    p = split_url(url)
     if p.username is None:
         return url, None
     import base64
