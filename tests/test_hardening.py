@@ -510,3 +510,228 @@ def test_a_llama_server_that_cannot_run_is_exit_2(
     rc, _, err = run(capsys, "verify", "llamacpp", str(m), "--llama-server", str(server), "--no-hardware")
     assert rc == 2, err
     assert "internal error" not in err
+
+
+# --- class 4: no llama-server outlives kvadvise, whatever signal ends it ----------------------------
+
+
+def _fake_llama_server(tmp_path: Path, body: str) -> Path:
+    script = tmp_path / "llama-server"
+    script.write_text(f"#!/bin/sh\n{body}\n")
+    script.chmod(0o755)
+    return script
+
+
+def _procs_with(marker: str) -> list[object]:
+    import psutil
+
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if any(marker in part for part in (p.info["cmdline"] or [])):
+                out.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return out
+
+
+@pytest.mark.parametrize("sig", ["SIGHUP", "SIGQUIT", "SIGKILL", "SIGTERM"])
+def test_no_llama_server_survives_a_signal(sig: str, tmp_path: Path) -> None:
+    import signal
+    import time
+
+    model = write_tiny_gguf(tmp_path / "m.gguf", "llama")
+    log = tmp_path / "llama.log"
+    log.write_text("load_tensors: loading model\n")
+    server = _fake_llama_server(
+        tmp_path, f'exec {sys.executable} {Path(__file__).parent / "fake_llama_server.py"} --log {log} --mode hang "$@"'
+    )
+    cmd = [*KVADVISE, "verify", "llamacpp", str(model), "--ctx", "1024", "--no-hardware", "--llama-server", str(server)]
+    p = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while not _procs_with(str(log)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _procs_with(str(log)), "the fake llama-server never started"
+    os.kill(p.pid, getattr(signal, sig))
+    p.wait(timeout=20)
+    deadline = time.monotonic() + 10
+    while _procs_with(str(log)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _procs_with(str(log)) == []
+    assert b"Traceback" not in (p.stderr.read() if p.stderr else b"")
+
+
+# --- class 8: a chatty child cannot fill kvadvise's memory ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "chatter", ["exec yes 'llama_model_loader: a chatty line of log output'", "exec cat /dev/zero"]
+)
+def test_verify_keeps_a_bounded_tail_of_a_chatty_child(chatter: str, tmp_path: Path) -> None:
+    import time
+
+    import psutil
+
+    model = write_tiny_gguf(tmp_path / "m.gguf", "llama")
+    server = _fake_llama_server(tmp_path, chatter)
+    cmd = [*KVADVISE, "verify", "llamacpp", str(model), "--ctx", "1024", "--no-hardware"]
+    p = subprocess.Popen([*cmd, "--llama-server", str(server), "--timeout", "4"], stderr=subprocess.PIPE)
+    proc = psutil.Process(p.pid)
+    peak = 0
+    while p.poll() is None:
+        try:
+            peak = max(peak, proc.memory_info().rss)
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.05)
+    err = p.stderr.read() if p.stderr else b""
+    assert p.returncode == 3, err
+    assert b"did not become ready within 4 s" in err
+    assert peak < 300 << 20, f"peak RSS {peak >> 20} MiB"
+
+
+def test_bounded_log_keeps_what_the_parser_needs() -> None:
+    from kvadvise.backends.llamacpp.childproc import LLAMA_LOG_NEEDED, TAIL_LINES, BoundedLog
+
+    log = BoundedLog(LLAMA_LOG_NEEDED)
+    log.add("llama_kv_cache:        CPU KV buffer size =    12.00 MiB\n")
+    for i in range(100_000):
+        log.add(f"noise {i}\n")
+    log.add("x" * 100_000 + "\n")
+    text = log.text()
+    assert text.startswith("llama_kv_cache:        CPU KV buffer size")
+    assert len(text.splitlines()) == 1 + TAIL_LINES and len(text) < 100_000
+
+
+# --- class 5: timeouts are total deadlines ------------------------------------------------------------
+
+
+def _drip_server() -> tuple[str, object]:
+    """A server that accepts, then sends a valid HTTP answer one byte every 0.1 s, forever."""
+    import socket
+    import threading
+    import time
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    stop = threading.Event()
+
+    def drip(conn: socket.socket) -> None:
+        answer = b"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-999999/1000000\r\nContent-Length: 1000000\r\n"
+        answer += b"X-Pad: " + b"a" * 5000 + b"\r\n\r\n" + b"{" * 1000000
+        try:
+            conn.recv(65536)
+            for i in range(len(answer)):
+                if stop.is_set():
+                    break
+                conn.sendall(answer[i : i + 1])
+                time.sleep(0.1)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    def serve() -> None:
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                continue
+            threading.Thread(target=drip, args=(conn,), daemon=True).start()
+        srv.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return f"http://127.0.0.1:{srv.getsockname()[1]}", stop
+
+
+@pytest.mark.parametrize("client", ["ollama", "remote", "verify"])
+def test_a_dripping_server_cannot_stretch_a_timeout(client: str) -> None:
+    import time
+
+    from kvadvise.errors import KvadviseError
+
+    url, stop = _drip_server()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(KvadviseError, match="within 1 s"):
+            if client == "ollama":
+                from kvadvise.backends.ollama.api import call
+
+                call(url, "GET", "/api/version", timeout=1)
+            elif client == "remote":
+                from kvadvise.backends.remote.http_source import HTTPSource
+
+                HTTPSource(url + "/m.gguf", timeout_s=1).read(0, 100)
+            else:
+                from kvadvise.backends.llamacpp.runners import _http
+
+                _http(url + "/completion", {}, 1)
+        assert time.monotonic() - t0 < 3
+    finally:
+        stop.set()  # type: ignore[attr-defined]
+
+
+# --- class 6: a remote header read is capped ----------------------------------------------------------
+
+
+def test_a_remote_header_with_endless_strings_stops_at_the_cap(tmp_path: Path) -> None:
+    import struct
+
+    from http_fixtures import LoopbackServer, Route
+
+    from kvadvise.backends.remote import http_source
+    from kvadvise.errors import InputError
+    from kvadvise.model.gguf import read_header
+
+    f = tmp_path / "huge.gguf"
+    key = b"tokenizer.ggml.tokens"
+    n, each = 64, 15 << 20  # 64 strings of 15 MiB (each under the reader's 16 MiB cap): 960 MiB of header
+    head = b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key + struct.pack("<IIQ", 9, 8, n)
+    with open(f, "wb") as out:  # sparse: only the lengths are written
+        out.write(head)
+        for _ in range(n):
+            out.write(struct.pack("<Q", each))
+            out.seek(each, os.SEEK_CUR)
+        out.truncate(out.tell() + (1 << 20))
+    with LoopbackServer() as srv:
+        url = srv.add("/huge.gguf", Route(file=f))
+        with http_source.HTTPSource(url) as src, pytest.raises(InputError, match="more than 64 MiB"):
+            read_header(src)
+        assert srv.body_bytes() <= http_source.MAX_TRANSFER_BYTES + http_source.FIRST_READ
+
+
+# --- class 11: a file that changes between range requests ------------------------------------------------
+
+
+@pytest.mark.parametrize("validator", ["ETag", "Last-Modified"])
+def test_a_file_that_changes_between_range_requests_is_not_stitched(validator: str, tmp_path: Path) -> None:
+    import re as _re
+
+    from fault_server import Answer, serving
+
+    from kvadvise.backends.remote.http_source import HTTPSource
+    from kvadvise.errors import BackendUnreachable
+    from kvadvise.model.gguf import read_header
+
+    data = write_tiny_gguf(tmp_path / "m.gguf", "llama").read_bytes()
+    served = {"n": 0}
+    holder: dict[str, object] = {}
+
+    def route(method: str, path: str) -> Answer:
+        srv = holder["srv"]
+        rng = srv.requests[-1].headers.get("range", "")  # type: ignore[attr-defined]
+        m = _re.match(r"bytes=(\d+)-(\d+)", rng)
+        assert m
+        s, e = int(m[1]), min(int(m[2]), len(data) - 1)
+        served["n"] += 1
+        version = "v1" if served["n"] == 1 else "v2"
+        value = f'"{version}"' if validator == "ETag" else f"Mon, 0{served['n']} Jan 2026 00:00:00 GMT"
+        return Answer(206, data[s : e + 1], {"Content-Range": f"bytes {s}-{e}/{len(data)}", validator: value})
+
+    with serving(route) as srv:
+        holder["srv"] = srv
+        with HTTPSource(srv.url + "/m.gguf", first_read=256) as src, pytest.raises(BackendUnreachable, match="changed"):
+            read_header(src)
+        assert srv.requests[1].headers.get("if-range")  # the server was asked to send the range only if unchanged

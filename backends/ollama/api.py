@@ -24,6 +24,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvadvise.deadline import within
 from kvadvise.errors import BackendUnreachable, InputError
 from kvadvise.files import load_json
 from kvadvise.model.ggml import BLOCK, GGMLType
@@ -236,8 +237,13 @@ def _call(url: str, method: str, path: str, *, body: Mapping[str, Any] | None, t
 
     # environment proxies never apply to this machine's own server
     client = ollama.Client(host=url, timeout=timeout, trust_env=not _is_loopback(url))
+
+    def too_slow() -> BackendUnreachable:
+        return BackendUnreachable(f"Ollama at {url} did not answer {path} within {timeout:g} s (in all)")
+
     try:
-        status, content = _read_capped(client._client, method, path, body, url)
+        # the timeout is a total deadline: a server that drips a byte per second never trips a per-read one
+        status, content = within(timeout, lambda: _read_capped(client._client, method, path, body, url), too_slow)
     except httpx.ConnectError:
         raise _refused(url) from None
     except httpx.TimeoutException:
