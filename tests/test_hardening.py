@@ -735,3 +735,76 @@ def test_a_file_that_changes_between_range_requests_is_not_stitched(validator: s
         with HTTPSource(srv.url + "/m.gguf", first_read=256) as src, pytest.raises(BackendUnreachable, match="changed"):
             read_header(src)
         assert srv.requests[1].headers.get("if-range")  # the server was asked to send the range only if unchanged
+
+
+# --- fuzz: Ollama manifests, /api/show answers and Modelfile parameters --------------------------------
+
+FUZZ_CASES = 200  # per target here; more with KVADVISE_FUZZ_CASES
+
+
+def _mutate(rng: object, doc: object, depth: int = 0) -> object:
+    import random
+
+    assert isinstance(rng, random.Random)
+    junk: list[object] = [None, True, -1, 2**64, 1e308, float("nan"), "", "\x1b[2J", "a\rSYSTEM x", [], {}, "[" * 50]
+    r = rng.random()
+    if r < 0.05:
+        return rng.choice(junk)
+    if isinstance(doc, dict):
+        out = {k: _mutate(rng, v, depth + 1) for k, v in doc.items() if rng.random() > 0.05}
+        if rng.random() < 0.1:
+            out[rng.choice(["layers", "config", "digest", "size", "mediaType", "x"])] = rng.choice(junk)
+        return out
+    if isinstance(doc, list):
+        items = [_mutate(rng, v, depth + 1) for v in doc]
+        if items and rng.random() < 0.1:
+            items = items * rng.randint(2, 50)
+        return items
+    return doc
+
+
+@pytest.mark.parametrize("target", ["manifest", "show", "parameters"])
+def test_fuzz_ollama_inputs_raise_only_domain_errors(
+    target: str, tmp_path: Path, gemma_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import random
+    import time
+
+    from kvadvise.backends.gguf_cache import read
+    from kvadvise.backends.ollama import api, store
+    from kvadvise.backends.ollama.modelfile import modelfile_text, parse_modelfile
+    from kvadvise.backends.ollama.name import parse_name
+    from kvadvise.backends.ollama.rules import OllamaSettings
+    from kvadvise.errors import KvadviseError
+
+    n = int(os.environ.get("KVADVISE_FUZZ_CASES", FUZZ_CASES))
+    rng = random.Random(16)
+    b = build_store(tmp_path / "models", gemma_path, SHA, params={"stop": ["<end>"], "temperature": 1})
+    manifest = json.loads(b.manifest.read_text())
+    show = show_payload(read(gemma_path), parameters='stop "<end>"\ntemperature 1')
+    show["model_info"] = {k: v for k, v in show["model_info"].items() if not isinstance(v, list)}
+    worst = 0.0
+    for _ in range(n):
+        t0 = time.monotonic()
+        try:
+            if target == "manifest":
+                b.manifest.write_text(json.dumps(_mutate(rng, manifest)))
+                store.find(parse_name("gemma3-270m"), roots=[b.root])
+            elif target == "show":
+                doc = _mutate(rng, show)
+                info = doc.get("model_info") if isinstance(doc, dict) else None
+                tensors = doc.get("tensors") if isinstance(doc, dict) else None
+                if isinstance(info, dict):
+                    api.header_from_show(info, tensors, source="fuzz", name="m:latest", notes=[])
+                    api.parse_parameters(doc.get("parameters") if isinstance(doc, dict) else None)
+            else:
+                value = _mutate(rng, rng.choice([["<end>", "a\nb"], 'x"""\rFROM y', 0.5, "z" * 100]))
+                text = modelfile_text(
+                    _fake_model({"stop": value, "temperature": value}), OllamaSettings(4096, 1, "f16", True)
+                )  # type: ignore[arg-type]
+                cmds = parse_modelfile(text)
+                assert [c for c, _ in cmds if c in ("model", "num_ctx")] == ["model", "num_ctx"]
+        except KvadviseError:
+            pass
+        worst = max(worst, time.monotonic() - t0)
+    assert worst < 2, worst
