@@ -739,7 +739,7 @@ def test_a_file_that_changes_between_range_requests_is_not_stitched(validator: s
 
 # --- fuzz: Ollama manifests, /api/show answers and Modelfile parameters --------------------------------
 
-FUZZ_CASES = 200  # per target here; more with KVADVISE_FUZZ_CASES
+FUZZ_CASES = 200  # per target here; more with FUZZ_OLLAMA_CASES
 
 
 def _mutate(rng: object, doc: object, depth: int = 0) -> object:
@@ -777,7 +777,7 @@ def test_fuzz_ollama_inputs_raise_only_domain_errors(
     from kvadvise.backends.ollama.rules import OllamaSettings
     from kvadvise.errors import KvadviseError
 
-    n = int(os.environ.get("KVADVISE_FUZZ_CASES", FUZZ_CASES))
+    n = int(os.environ.get("FUZZ_OLLAMA_CASES", FUZZ_CASES))
     rng = random.Random(16)
     b = build_store(tmp_path / "models", gemma_path, SHA, params={"stop": ["<end>"], "temperature": 1})
     manifest = json.loads(b.manifest.read_text())
