@@ -10,9 +10,11 @@ Every failure is an :class:`InputError` naming the path and what to do.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from kvadvise.errors import InputError
 
@@ -105,6 +107,8 @@ def open_regular(path: str | os.PathLike[str]) -> int:
         raise InputError(f"{p}: no such file") from None
     except IsADirectoryError:
         raise InputError(f"{p}: is a directory, not a file") from None
+    except PermissionError:
+        raise InputError(f"{p}: permission denied") from None
     except OSError as e:
         raise InputError(f"{p}: cannot read ({e.strerror or e})") from None
     import stat
@@ -112,7 +116,17 @@ def open_regular(path: str | os.PathLike[str]) -> int:
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
-        kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
+        if stat.S_ISDIR(mode):
+            raise InputError(f"{p}: is a directory, not a file")
+        kind = (
+            "a FIFO"
+            if stat.S_ISFIFO(mode)
+            else "a device"
+            if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "a socket"
+            if stat.S_ISSOCK(mode)
+            else "not a file"
+        )
         raise InputError(f"{p}: {kind}, not a regular file", hint="give the path of a regular file")
     if hasattr(os, "set_blocking"):
         os.set_blocking(fd, True)
@@ -135,3 +149,33 @@ def read_regular_text(path: str | os.PathLike[str], *, max_bytes: int) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise InputError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+MAX_JSON_DEPTH = 64  # manifests, /api/show answers, config.json and caches nest a few levels
+
+
+def load_json(data: str | bytes | bytearray, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """``json.loads`` for text from files and servers, with a nesting bound.
+
+    Python's parser recurses: ``[[[[...`` 100,000 deep raises RecursionError,
+    and a document a little under its limit would raise it later in whatever
+    walks it. Both are a ``json.JSONDecodeError`` (a ValueError) here, which
+    every caller already turns into its domain error.
+    """
+    try:
+        doc = json.loads(data)
+    except RecursionError:
+        raise json.JSONDecodeError(f"nested deeper than {max_depth} levels", "", 0) from None
+    stack: list[tuple[Any, int]] = [(doc, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, dict):
+            items: Any = v.values()
+        elif isinstance(v, list):
+            items = v
+        else:
+            continue
+        if depth > max_depth:
+            raise json.JSONDecodeError(f"nested deeper than {max_depth} levels", "", 0)
+        stack.extend((x, depth + 1) for x in items if isinstance(x, (dict, list)))
+    return doc

@@ -2,22 +2,30 @@
 
 A 262k-token vocabulary makes a header several MB that must be walked string
 by string; a second plan of the same file should not pay that again. Entries
-are keyed by the file's real path and trusted only while its size, mtime and
-inode are unchanged. The cache is best effort: an unreadable or stale entry is
-ignored and a failed write is silent. ``KVADVISE_NO_CACHE=1`` turns it off.
+are keyed by the file's real path and trusted only while its size, mtime,
+ctime, inode and device are unchanged *and* the header's own bytes still hash
+to what was read (a rewrite within the same second, or one that put the mtime
+back, keeps every stamp on a coarse file system; re-hashing the header costs a
+read of a few MB, walking it costs seconds). The cache is best effort: an
+unreadable or stale entry is ignored and a failed write is silent.
+``KVADVISE_NO_CACHE=1`` turns it off.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
 from typing import Any
 
+from kvadvise.errors import InputError
+from kvadvise.files import load_json, open_regular, read_regular_text
 from kvadvise.model.ggml import GGMLType
 from kvadvise.model.gguf import GGUFArray, GGUFHeader, TensorInfo, Value
 
-FORMAT = 1
+FORMAT = 2  # 2: ctime and device in the stamp, the header bytes hashed
+MAX_ENTRY_BYTES = 256 << 20  # a 262k-token vocabulary is ~10 MB of JSON
 
 
 def cache_dir() -> Path:
@@ -33,15 +41,33 @@ def _identity(path: Path) -> tuple[str, list[int]] | None:
     try:
         real = os.path.realpath(path)
         st = os.stat(real)
-    except OSError:
+    except (OSError, ValueError):
         return None
-    return real, [st.st_size, st.st_mtime_ns, st.st_ino]
+    return real, [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+
+
+def _header_digest(real: str, header_bytes: int) -> str | None:
+    """sha256 of the file's first ``header_bytes`` bytes (the header the entry holds); None if unreadable."""
+    try:
+        fd = open_regular(real)
+    except InputError:
+        return None
+    h = hashlib.sha256()
+    with os.fdopen(fd, "rb") as f:
+        left = header_bytes
+        while left > 0:
+            chunk = f.read(min(left, 1 << 20))
+            if not chunk:
+                return None
+            h.update(chunk)
+            left -= len(chunk)
+    return h.hexdigest()
 
 
 def _entry(real: str) -> Path:
     import zlib  # a cheap name; the entry itself records the path it belongs to
 
-    return cache_dir() / f"{zlib.crc32(real.encode()):08x}-{len(real)}.json"
+    return cache_dir() / f"{zlib.crc32(os.fsencode(real)):08x}-{len(real)}.json"  # any file name, UTF-8 or not
 
 
 def load(path: Path) -> GGUFHeader | None:
@@ -52,11 +78,14 @@ def load(path: Path) -> GGUFHeader | None:
         return None
     real, stamp = ident
     try:
-        doc = json.loads(_entry(real).read_text(encoding="utf-8"))
-        if doc.get("format") != FORMAT or doc.get("path") != real or doc.get("stamp") != stamp:
+        doc = load_json(read_regular_text(_entry(real), max_bytes=MAX_ENTRY_BYTES))
+        if doc.get("format") != FORMAT or doc.get("path") != os.fsencode(real).hex() or doc.get("stamp") != stamp:
             return None
-        return decode(doc["header"], str(path))
-    except (OSError, ValueError, KeyError, TypeError):
+        header = decode(doc["header"], str(path))
+        if doc.get("sha256") != _header_digest(real, header.header_bytes):
+            return None
+        return header
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, InputError):
         return None
 
 
@@ -68,7 +97,11 @@ def store(path: Path, header: GGUFHeader) -> None:
         return
     real, stamp = ident
     target = _entry(real)
-    doc = {"format": FORMAT, "path": real, "stamp": stamp, "header": encode(header)}
+    digest = _header_digest(real, header.header_bytes)
+    if digest is None:
+        return
+    path_hex = os.fsencode(real).hex()
+    doc = {"format": FORMAT, "path": path_hex, "stamp": stamp, "sha256": digest, "header": encode(header)}
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_suffix(f".{os.getpid()}.tmp")

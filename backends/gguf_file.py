@@ -112,15 +112,15 @@ def read_local(path: Path) -> GGUFHeader:
 
 def read_url(url: str) -> GGUFHeader:
     """A GGUF on any HTTP server; the other parts of a split model are found by name."""
-    from kvadvise.backends.remote.http_source import display_url
+    from kvadvise.backends.remote.http_source import cache_key, display_url, split_url
 
-    first = _remote_header(url, key=f"url:{display_url(url)}")
+    first = _remote_header(url, key=f"url:{cache_key(url)}")
     n = splits.check_first(first)
     if n == 1:
         return first
-    import urllib.parse  # remote names only: a local plan starts without it
+    from urllib.parse import urlunsplit  # remote names only: a local plan starts without it
 
-    p = urllib.parse.urlsplit(url)
+    p = split_url(url)
     name = splits.parse_name(p.path)
     if name is None or name.count != n:
         raise InputError(
@@ -128,8 +128,8 @@ def read_url(url: str) -> GGUFHeader:
         )
     parts = [first]
     for part_path in name.parts[1:]:
-        part_url = urllib.parse.urlunsplit((p.scheme, p.netloc, part_path, p.query, ""))
-        parts.append(_remote_header(part_url, key=f"url:{display_url(part_url)}"))
+        part_url = urlunsplit((p.scheme, p.netloc, part_path, p.query, ""))
+        parts.append(_remote_header(part_url, key=f"url:{cache_key(part_url)}"))
     return splits.merge(parts)
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from kvadvise.errors import BackendUnreachable, InputError, KvadviseError
+from kvadvise.files import load_json
 from kvadvise.model.hfconfig import from_config
 from kvadvise.model.quants import quant_bpw
 from kvadvise.model.spec import ModelSpec
@@ -168,7 +169,7 @@ def _safetensors_header(read: Callable[[int, int], bytes], where: str) -> tuple[
     if n > 100 << 20:
         raise InputError(f"{where}: not a safetensors file (header length {n:,})")
     try:
-        doc = json.loads(read(8, n))
+        doc = load_json(read(8, n))
     except (ValueError, UnicodeDecodeError):
         raise InputError(f"{where}: not a safetensors file (its header is not JSON)") from None
     n_bytes = n_params = 0
@@ -264,7 +265,7 @@ def _load_json(path: Path) -> dict[str, Any]:
     if len(raw) > MAX_JSON_BYTES:  # grew since the stat
         raise _too_large(path, len(raw))
     try:
-        data = json.loads(raw.decode("utf-8"))
+        data = load_json(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise InputError(f"{path}: not a text file") from None
     except json.JSONDecodeError as e:

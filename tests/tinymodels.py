@@ -915,19 +915,22 @@ RECIPE_ARCH: dict[str, str] = {name: arch for name, (arch, _) in _RECIPES.items(
 """general.architecture written for each recipe."""
 
 
-def write_tiny_gguf(path: Path, recipe: str, *, n_vocab: int = 512, n_ctx_train: int = 8192, seed: int = 0) -> Path:
+def write_tiny_gguf(
+    path: Path, recipe: str, *, n_vocab: int = 512, n_ctx_train: int = 8192, seed: int = 0, name: str | None = None
+) -> Path:
     """Write a tiny random-weight GGUF for ``recipe`` to ``path`` and return ``path``.
 
     ``n_vocab`` is the exact number of tokens llama.cpp will report
     (``llama_vocab_n_tokens``); it must be at least ``MIN_VOCAB``.
-    ``n_ctx_train`` is written as ``{arch}.context_length``. The same
+    ``n_ctx_train`` is written as ``{arch}.context_length``; ``name`` as
+    ``general.name`` (default ``tiny-RECIPE``). The same
     (recipe, n_vocab, n_ctx_train, seed) always produces identical bytes.
     """
     if recipe not in _RECIPES:
         raise ValueError(f"unknown recipe {recipe!r}; expected one of {RECIPES}")
     arch, build = _RECIPES[recipe]
     path = Path(path)
-    writer = _TinyWriter(path, arch, f"tiny-{recipe}", n_vocab, n_ctx_train, seed)
+    writer = _TinyWriter(path, arch, name if name is not None else f"tiny-{recipe}", n_vocab, n_ctx_train, seed)
     build(writer)
     writer.finish()
     return path

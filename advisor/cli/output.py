@@ -15,8 +15,10 @@ import re
 
 import click
 
-# C0 controls but \n and \t, DEL, the C1 controls, and the Unicode bidi overrides and isolates
-_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+# C0 controls but \n and \t, DEL, the C1 controls, the Unicode line/paragraph separators, bidi marks,
+# overrides and isolates, and lone surrogates (a file name that is not UTF-8 arrives as \udcXX: printed
+# raw it cannot even be encoded, and the command would die on its own error message)
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]")
 
 
 def safe(text: str) -> str:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from kvadvise.errors import GGUFError, InputError
+from kvadvise.errors import GGUFError
 from kvadvise.model.ggml import BLOCK, GGMLType
 from kvadvise.model.keys import General
 
@@ -128,17 +128,11 @@ class FileSource:
     """A local file as a ByteSource."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
+        from kvadvise.files import open_regular
+
         self.name = str(path)
-        try:
-            self._f = open(path, "rb")  # noqa: SIM115 - closed by close()
-        except FileNotFoundError:
-            raise InputError(f"{path}: no such file") from None
-        except IsADirectoryError:
-            raise InputError(f"{path}: is a directory, not a GGUF file") from None
-        except PermissionError:
-            raise InputError(f"{path}: permission denied") from None
-        except OSError as e:
-            raise InputError(f"{path}: cannot open ({e.strerror})") from None
+        # only a regular file: a FIFO would block the open or the read, /dev/zero never end
+        self._f = os.fdopen(open_regular(path), "rb")
         self._size = os.fstat(self._f.fileno()).st_size
 
     def size(self) -> int | None:

@@ -35,6 +35,7 @@ OVERHEAD_BYTES = {"cpu": 0, "cuda": 330 * MIB, "rpc": 0}
 # (GGML_SCHED_MAX_COPIES, ggml/src/ggml-backend.cpp; llama.cpp logs "pipeline parallelism enabled").
 N_COPIES = 4
 DEVICE_PREFIX = {"cuda": "CUDA", "rpc": "RPC"}
+INT32_MAX = 2**31 - 1  # the largest -c, -np, -b, -ub llama.cpp takes
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +69,18 @@ class RunConfig:
     # -ts is not given (llama_model::load_tensors).
     tensor_split: tuple[float, ...] = ()
     device_names: tuple[str, ...] = ()  # as llama.cpp prints them (CUDA0, RPC0[host:port]); () = numbered
+
+    def __post_init__(self) -> None:
+        # llama.cpp reads -c, -np, -b, -ub as int32 (common/arg.cpp std::stoi); a larger number would be
+        # refused there, or (through a binding) wrap, and the plan would describe another run
+        for name in ("n_ctx", "n_parallel", "n_batch", "n_ubatch"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= INT32_MAX:
+                raise ConfigError(
+                    f"{name} must be a whole number from 0 to {INT32_MAX:,} (llama.cpp's int32), got {v!r}"
+                )
+        if self.n_outputs_max is not None and not 0 <= self.n_outputs_max <= INT32_MAX:
+            raise ConfigError(f"n_outputs_max must be from 0 to {INT32_MAX:,}, got {self.n_outputs_max!r}")
 
     @property
     def llama_n_outputs_max(self) -> int:
@@ -423,43 +436,39 @@ def estimate(spec: ModelSpec, cfg: RunConfig) -> MemoryEstimate:
     rs = recurrent_bytes(spec, lay)
     out = output_bytes(spec, lay)
     overhead = cfg.overhead_bytes if cfg.overhead_bytes is not None else OVERHEAD_BYTES[lay.device]
-    common = {
-        "layout": lay,
-        "caches": caches,
-        "k_bytes": k,
-        "v_bytes": v,
-        "kv_bytes": k + v,
-        "recurrent_bytes": rs,
-        "kv_bytes_per_token": kv_bytes_per_token(spec, lay),
-        "output_bytes": out,
-    }
     if lay.device == "cpu":
         compute = compute_bytes(spec, lay)
         total = spec.weights_bytes + k + v + rs + compute + out + overhead
-        cpu = DeviceMemory("CPU", spec.n_layer + 1, spec.weights_bytes, k + v, rs, compute, overhead, total)
-        return MemoryEstimate(
-            **common,
-            weights_bytes=spec.weights_bytes,
-            compute_bytes=compute,
-            overhead_bytes=overhead,
-            total_bytes=total,
-            device_bytes=total,
-            host_bytes=0,
-            devices=(cpu,),
+        devices: tuple[DeviceMemory, ...] = (
+            DeviceMemory("CPU", spec.n_layer + 1, spec.weights_bytes, k + v, rs, compute, overhead, total),
         )
-    return _offloaded(spec, cfg, lay, common, k + v, rs, out, overhead)
+        host = HostMemory(0, 0, 0, 0)
+    else:
+        devices, host = _offloaded(spec, cfg, lay, rs, out, overhead)
+    device_total = sum(d.total_bytes for d in devices)
+    return MemoryEstimate(
+        layout=lay,
+        caches=caches,
+        k_bytes=k,
+        v_bytes=v,
+        kv_bytes=k + v,
+        recurrent_bytes=rs,
+        kv_bytes_per_token=kv_bytes_per_token(spec, lay),
+        weights_bytes=sum(d.weights_bytes for d in devices) + host.weights_bytes,
+        compute_bytes=sum(d.compute_bytes for d in devices) + host.compute_bytes,
+        output_bytes=out,
+        overhead_bytes=sum(d.overhead_bytes for d in devices),
+        total_bytes=device_total + host.total_bytes,
+        device_bytes=device_total,
+        host_bytes=host.total_bytes,
+        devices=devices,
+        host=host,
+    )
 
 
 def _offloaded(
-    spec: ModelSpec,
-    cfg: RunConfig,
-    lay: ContextLayout,
-    common: dict[str, object],
-    kv: int,
-    rs: int,
-    out: int,
-    overhead: int,
-) -> MemoryEstimate:
+    spec: ModelSpec, cfg: RunConfig, lay: ContextLayout, rs: int, out: int, overhead: int
+) -> tuple[tuple[DeviceMemory, ...], HostMemory]:
     """Every layer on one or several devices (-ngl all, -sm layer): per device its layers' weights and
     KV, its compute buffer and fixed overhead; token_embd, the graph inputs and the logits in host RAM."""
     n_dev = max(1, len(cfg.tensor_split))
@@ -507,15 +516,4 @@ def _offloaded(
     else:
         host_compute = host_compute_bytes(spec, lay)
     host = HostMemory(spec.tok_embd_bytes, host_compute, out, spec.tok_embd_bytes + host_compute + out)
-    device_total = sum(x.total_bytes for x in devices)
-    return MemoryEstimate(
-        **common,  # type: ignore[arg-type]
-        weights_bytes=sum(x.weights_bytes for x in devices) + spec.tok_embd_bytes,
-        compute_bytes=sum(x.compute_bytes for x in devices) + host_compute,
-        overhead_bytes=overhead * n_dev,
-        total_bytes=device_total + host.total_bytes,
-        device_bytes=device_total,
-        host_bytes=host.total_bytes,
-        devices=tuple(devices),
-        host=host,
-    )
+    return tuple(devices), host

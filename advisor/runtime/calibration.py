@@ -56,13 +56,13 @@ class Loaded:
 
 def load() -> Loaded:
     """Every valid entry; a bad file or entry is skipped with a note, never an error that stops a plan."""
-    from kvadvise.files import read_regular_text
+    from kvadvise.files import load_json, read_regular_text
 
     p = path()
     if not p.exists():
         return Loaded(())
     try:
-        doc = json.loads(read_regular_text(p, max_bytes=4 << 20))
+        doc = load_json(read_regular_text(p, max_bytes=4 << 20))
     except (OSError, ValueError, InputError) as e:
         return Loaded((), (f"{p}: unreadable calibration file, ignored ({_reason(e)}); `kvadvise calibration clear`",))
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("entries"), list):

@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -30,7 +31,9 @@ from typing import Any
 
 from kvadvise.backends.llamacpp import childproc
 from kvadvise.backends.llamacpp.probe import _gpu_used
+from kvadvise.deadline import within
 from kvadvise.errors import ConfigError, DoesNotFit, InputError
+from kvadvise.files import load_json
 from kvadvise.planner.memory import RunConfig
 from kvadvise.runtime.llamalog import parse
 from kvadvise.runtime.llamaserver import ModelSource, server_args
@@ -81,7 +84,7 @@ def measure_with_python(model_path: str, cfg: RunConfig, *, timeout_s: float, pr
     if not lines:
         tail = " | ".join(err.strip().splitlines()[-3:])
         raise DoesNotFit(f"llama.cpp crashed (exit code {rc}) before reporting: {tail or 'no output'}")
-    res = json.loads(lines[-1])
+    res = load_json(lines[-1])
     if not res.get("ok"):
         why = _failure_reason(err) or res.get("error", "unknown failure")
         raise DoesNotFit(
@@ -119,14 +122,30 @@ def _free_port() -> int:
         return port
 
 
+MAX_ANSWER_BYTES = 16 << 20  # /health and /completion answers are a few KB
+
+
 def _http(url: str, body: dict[str, Any] | None, timeout_s: float) -> tuple[int, dict[str, Any]]:
+    """One request to the llama-server kvadvise started, within ``timeout_s`` in all (a total
+    deadline, not per read); DoesNotFit past it."""
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as r:
-            return r.status, json.loads(r.read() or b"{}")
-    except urllib.error.HTTPError as e:
-        return e.code, {}
+
+    def call() -> tuple[int, dict[str, Any]]:
+        try:
+            with urllib.request.urlopen(req, timeout=timeout_s) as r:
+                raw = r.read(MAX_ANSWER_BYTES + 1)
+                if len(raw) > MAX_ANSWER_BYTES:
+                    raise ValueError(f"an answer over {MAX_ANSWER_BYTES >> 20} MiB")
+                doc = load_json(raw or b"{}")
+                return r.status, doc if isinstance(doc, dict) else {}
+        except urllib.error.HTTPError as e:
+            return e.code, {}
+
+    def too_slow() -> DoesNotFit:
+        return DoesNotFit(f"llama-server did not answer {urllib.parse.urlsplit(url).path} within {timeout_s:g} s")
+
+    return within(timeout_s, call, too_slow)
 
 
 # For a measurement: --fit off measures the config as given (fit only touches what -c / -ngl leave
@@ -161,29 +180,29 @@ def _measure_with_server(
     progress(f"starting {binary} on 127.0.0.1:{port} ...")
     used_before = _gpu_used()
     used_after: int | None = None
-    log: list[str] = []
+    log = childproc.BoundedLog(childproc.LLAMA_LOG_NEEDED)  # never the whole output: a chatty child is endless
     deadline = time.monotonic() + timeout_s
     with childproc.child(args, stderr=subprocess.STDOUT) as p:
         assert p.stdout is not None
-        reader = threading.Thread(target=lambda: log.extend(p.stdout or ()), daemon=True)
+        reader = threading.Thread(target=log.read_from, args=(p.stdout,), daemon=True)
         reader.start()
         base = f"http://127.0.0.1:{port}"
         while True:
             if p.poll() is not None:
                 reader.join(timeout=5)
-                if flags and re.search(r"invalid argument: (--fit|-lv)\b", "".join(log)):
+                if flags and re.search(r"invalid argument: (--fit|-lv)\b", log.text()):
                     raise _UnknownFlags
-                why = _failure_reason("".join(log)) or f"exit code {p.returncode}"
+                why = _failure_reason(log.text()) or f"exit code {p.returncode}"
                 raise DoesNotFit(
                     f"llama-server stopped while loading: {why}", hint="try a smaller context or a quantized cache"
                 )
             if time.monotonic() > deadline:
                 raise DoesNotFit(f"llama-server did not become ready within {timeout_s:g} s; it was stopped")
             try:
-                status, _ = _http(f"{base}/health", None, 2)
+                status, _ = _http(f"{base}/health", None, min(2.0, max(0.1, deadline - time.monotonic())))
                 if status == 200:
                     break
-            except (OSError, ValueError):
+            except (OSError, ValueError, DoesNotFit):
                 pass
             time.sleep(0.2)
         used_after = _gpu_used()
@@ -193,7 +212,7 @@ def _measure_with_server(
             status, res = _http(
                 f"{base}/completion",
                 {"prompt": prompt, "n_predict": BENCH_GEN_TOKENS, "cache_prompt": False, "temperature": 0},
-                max(1.0, deadline - time.monotonic()),
+                max(0.1, deadline - time.monotonic()),  # --timeout covers the whole run
             )
         except (OSError, ValueError) as e:
             raise DoesNotFit(f"llama-server did not answer the benchmark: {e}") from None
@@ -202,7 +221,7 @@ def _measure_with_server(
         timings = res.get("timings") or {}
         childproc.kill_group(p)
         reader.join(timeout=5)
-    text = "".join(log)
+    text = log.text()
     return measurement_from_log(
         parse(text.splitlines()),
         runner="llama-server",

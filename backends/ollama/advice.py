@@ -115,6 +115,7 @@ def advise(
         fit_target_mib=fit_target,
         server_default=server_default,
         repeatable=repeatable,
+        full_offload=cfg.device == "cuda",
     )
     from kvadvise.backends.ollama.config import env_effects
 

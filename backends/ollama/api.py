@@ -16,7 +16,6 @@ is a :class:`BackendUnreachable` naming the host, in one line.
 from __future__ import annotations
 
 import ipaddress
-import json
 import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -25,7 +24,9 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvadvise.deadline import within
 from kvadvise.errors import BackendUnreachable, InputError
+from kvadvise.files import load_json
 from kvadvise.model.ggml import BLOCK, GGMLType
 from kvadvise.model.gguf import (
     DECODE_NUMERIC_MAX,
@@ -247,8 +248,13 @@ def _call(url: str, method: str, path: str, *, body: Mapping[str, Any] | None, t
 
     # environment proxies never apply to this machine's own server
     client = ollama.Client(host=url, timeout=timeout, trust_env=not _is_loopback(url))
+
+    def too_slow() -> BackendUnreachable:
+        return BackendUnreachable(f"Ollama at {url} did not answer {path} within {timeout:g} s (in all)")
+
     try:
-        status, content = _read_capped(client._client, method, path, body, url)
+        # the timeout is a total deadline: a server that drips a byte per second never trips a per-read one
+        status, content = within(timeout, lambda: _read_capped(client._client, method, path, body, url), too_slow)
     except httpx.ConnectError:
         raise _refused(url) from None
     except httpx.TimeoutException:
@@ -268,7 +274,7 @@ def _call(url: str, method: str, path: str, *, body: Mapping[str, Any] | None, t
             )
         raise ClientError(str(err.error), status)
     try:
-        return json.loads(content)
+        return load_json(content)
     except ValueError:
         raise BackendUnreachable(
             f"{url} answered {path} with something that is not JSON: is it an Ollama server?",
@@ -478,7 +484,7 @@ def parse_parameters(text: object) -> dict[str, Any]:
         value: Any
         if raw.startswith('"'):
             try:
-                value = json.loads(raw)
+                value = load_json(raw)
             except ValueError:
                 value = raw.strip('"')
         elif raw in ("true", "false"):

@@ -102,25 +102,47 @@ def format_value(v: object) -> str | None:
 
 
 def parameter_lines(name: str, value: object) -> list[str]:
-    """``PARAMETER name value`` lines; a list value (``stop``) gives one line per item."""
+    """``PARAMETER name value`` lines; a list value (``stop``) gives one line per item.
+
+    Only lines that Ollama's parser reads back as exactly this one parameter
+    with exactly this value: a value with a ``\\r`` or ``\\n``, a ``\"\"\"``
+    that closes its own quote, a character the parser drops, would become a
+    second instruction (``SYSTEM``, ``ADAPTER``, ``FROM``, another ``PARAMETER
+    num_ctx`` that wins) or another value. Such an item gives no line.
+    """
     items: Iterable[object] = value if isinstance(value, (list, tuple)) else (value,)
     out = []
     for item in items:
         text = format_value(item)
-        if text is not None:
-            out.append(f"PARAMETER {name} {quote(text)}")
+        if text is None:
+            continue
+        line = f"PARAMETER {name} {quote(text)}"
+        if _reads_back(line, name, text):
+            out.append(line)
     return out
 
 
 REPEATABLE_SEED = 42
 
 
+def _reads_back(line: str, name: str, text: str) -> bool:
+    """``line`` alone, after a FROM, parses to the one command (name, text)."""
+    try:
+        return parse_modelfile(f"FROM x\n{line}\n") == [("model", "x"), (name, text)]
+    except InputError:
+        return False
+
+
 def modelfile_text(model: OllamaModel, s: OllamaSettings, header: str = "") -> str:
     """``header`` (comment lines), ``FROM name:tag``, ``PARAMETER num_ctx N`` (``num_batch`` only when set;
     ``seed`` and ``temperature 0`` for a repeatable plan), then the model's own parameters.
 
-    Parameters ``ollama create`` would refuse (unknown or deprecated names)
-    are left out, with a comment saying so.
+    Parameters ``ollama create`` would refuse (unknown or deprecated names),
+    values its parser would read as more than one value or instruction, and
+    the model's own ``num_gpu`` under a full-offload plan (it would override
+    the plan's layer count) are left out, with a comment saying so. The text
+    is parsed back with the parser port before it is returned: the only
+    ``FROM`` and ``num_ctx`` are kvadvise's own.
     """
     lines = [f"FROM {model.ref}", f"PARAMETER num_ctx {s.num_ctx}"]
     if s.num_batch is not None:
@@ -129,17 +151,41 @@ def modelfile_text(model: OllamaModel, s: OllamaSettings, header: str = "") -> s
     if s.repeatable:  # the same tokens run after run: a fixed seed and greedy sampling
         lines += [f"PARAMETER seed {REPEATABLE_SEED}", "PARAMETER temperature 0"]
         own += ("seed", "temperature")
-    left_out: list[str] = []
+    left_out: list[tuple[str, str]] = []
     for k, v in model.params.items():
         if k in own:
             continue
         if k not in VALID_PARAMETERS:
-            left_out.append(k)
+            left_out.append((k, "not accepted by `ollama create`"))
             continue
-        lines.extend(parameter_lines(k, v))
-    for k in left_out:
-        lines.append(f"# kvadvise: left out the model's parameter {k!r} (not accepted by `ollama create`)")
-    return header + "\n".join(lines) + "\n"
+        if k == "num_gpu" and s.full_offload:
+            left_out.append((k, "the plan offloads every layer; the model's num_gpu would override it"))
+            continue
+        got = parameter_lines(k, v)
+        n_items = len(v) if isinstance(v, (list, tuple)) else 1
+        if len(got) < n_items:
+            left_out.append((k, "a value Ollama's parser would read as more than one value or instruction"))
+        lines.extend(got)
+    for k, why in left_out:
+        lines.append(f"# kvadvise: left out the model's parameter {_comment_safe(k)} ({why})")
+    text = header + "\n".join(lines) + "\n"
+    _check(text, model.ref, s)
+    return text
+
+
+def _comment_safe(k: str) -> str:
+    """A parameter name for a comment line: repr, with nothing the parser ends a line at."""
+    return ascii(k)
+
+
+def _check(text: str, ref: str, s: OllamaSettings) -> None:
+    """Parse the text back: one FROM (``ref``), one num_ctx (``s.num_ctx``), else refuse to write it."""
+    cmds = parse_modelfile(text)
+    froms = [a for c, a in cmds if c == "model"]
+    ctxs = [a for c, a in cmds if c == "num_ctx"]
+    others = {c for c, _ in cmds} & (_NOT_PARAMETERS - {"model"})
+    if froms != [ref] or ctxs != [str(s.num_ctx)] or others:
+        raise InputError(f"refusing to write a Modelfile for {ref!r} that Ollama would read differently")
 
 
 # --- reading -------------------------------------------------------------------

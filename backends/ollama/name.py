@@ -82,7 +82,7 @@ def _alnum_or_underscore(c: str) -> bool:
 
 def _valid_part(kind: str, s: str) -> bool:
     """name.go isValidPart."""
-    if not s or len(s.encode()) > _MAX_LEN[kind]:
+    if not s or len(s.encode("utf-8", "surrogateescape")) > _MAX_LEN[kind]:  # argv may not be UTF-8
         return False
     for i, c in enumerate(s):
         if i == 0:

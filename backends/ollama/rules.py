@@ -105,11 +105,16 @@ class OllamaSettings:
     fit_target_mib: int | None = None  # LLAMA_ARG_FIT_TARGET
     server_default: bool = False  # also set OLLAMA_CONTEXT_LENGTH (every model without num_ctx gets it)
     repeatable: bool = False  # seed + temperature 0 in the Modelfile, OLLAMA_NUM_PARALLEL=1
+    full_offload: bool = False  # the plan puts every layer on the GPU (no model num_gpu may override it)
 
     def __post_init__(self) -> None:
         for field, v in (("num_ctx", self.num_ctx), ("num_parallel", self.num_parallel)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{field} must be a positive whole number, got {v!r}")
+        if self.num_ctx * self.num_parallel > 2**31 - 1:  # Ollama runs llama-server -c num_ctx×num_parallel, an int32
+            raise ConfigError(
+                f"num_ctx {self.num_ctx:,} × num_parallel {self.num_parallel} is more than llama.cpp's int32 -c takes"
+            )
         if self.num_batch is not None and (
             isinstance(self.num_batch, bool) or not isinstance(self.num_batch, int) or self.num_batch < 1
         ):

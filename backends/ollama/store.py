@@ -25,6 +25,7 @@ from typing import Any
 
 from kvadvise.backends.ollama.name import OllamaName
 from kvadvise.errors import InputError
+from kvadvise.files import load_json, open_regular
 
 MEDIA_MODEL = "application/vnd.ollama.image.model"
 MEDIA_PARAMS = "application/vnd.ollama.image.params"
@@ -35,6 +36,7 @@ MEDIA_TENSOR = "application/vnd.ollama.image.tensor"
 
 DIGEST_RE = re.compile(r"^sha256[:-][0-9a-fA-F]{64}$")
 MAX_JSON_BYTES = 4 << 20  # manifests, params and config blobs are a few KB
+MAX_PARAMS_LAYERS = 16  # a real manifest has one
 
 SERVICE_STORE = Path("/usr/share/ollama/.ollama/models")  # the Linux install script's `ollama` user
 
@@ -99,23 +101,31 @@ def find(name: OllamaName, roots: Sequence[Path] | None = None) -> StoreEntry | 
     """The model ``name`` in the first store that has its manifest; None when no store has it."""
     for root in store_roots() if roots is None else roots:
         manifest = root / "manifests" / Path(*name.manifest_parts())
-        if not root.is_dir() or not (manifest.is_file() or manifest.is_symlink()):
+        if not root.is_dir() or not os.path.lexists(manifest):
             continue
         return _read_entry(root, manifest, name)
     return None
 
 
+def _open(path: Path, what: str) -> int:
+    """A descriptor of ``path``, a regular file (a FIFO, a device or a socket in the store is refused, unread)."""
+    try:
+        return open_regular(path)
+    except InputError as e:
+        if not os.path.lexists(path):
+            raise InputError(f"{path}: {what} is missing") from None
+        if "permission denied" in e.message:
+            raise InputError(
+                f"{path}: permission denied reading the {what}",
+                hint="the Linux service's store belongs to the `ollama` user: run as a user who can read it",
+            ) from None
+        raise InputError(f"{path}: the {what} is {e.message.partition(': ')[2]}", hint=e.hint) from None
+
+
 def _read_bytes(path: Path, what: str, limit: int = MAX_JSON_BYTES) -> bytes:
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(_open(path, what), "rb") as f:
             data = f.read(limit + 1)
-    except FileNotFoundError:
-        raise InputError(f"{path}: {what} is missing") from None
-    except PermissionError:
-        raise InputError(
-            f"{path}: permission denied reading the {what}",
-            hint="the Linux service's store belongs to the `ollama` user: run as a user who can read it",
-        ) from None
     except OSError as e:
         raise InputError(f"{path}: cannot read the {what} ({e.strerror})") from None
     if len(data) > limit:
@@ -125,7 +135,7 @@ def _read_bytes(path: Path, what: str, limit: int = MAX_JSON_BYTES) -> bytes:
 
 def _parse_json(data: bytes, path: Path, what: str) -> Any:
     try:
-        return json.loads(data.decode("utf-8"))
+        return load_json(data.decode("utf-8"))
     except UnicodeDecodeError:
         raise InputError(f"{path}: the {what} is not text (corrupt?)") from None
     except json.JSONDecodeError as e:
@@ -158,6 +168,8 @@ def _read_entry(root: Path, manifest: Path, name: OllamaName) -> StoreEntry:
     layers = list(_layers(doc, manifest))
     notes: list[str] = []
 
+    # Ollama's GetModel walks the layers in order and each model layer replaces the one before:
+    # the last one is the model it loads (server/images.go, `case "application/vnd.ollama.image.model"`)
     model_layers = [la for la in layers if la.media_type == MEDIA_MODEL]
     if not model_layers:
         kind = "safetensors/MLX" if any(la.media_type == MEDIA_TENSOR for la in layers) else "non-GGUF"
@@ -165,19 +177,30 @@ def _read_entry(root: Path, manifest: Path, name: OllamaName) -> StoreEntry:
             f"{name.display}: a {kind} model (its manifest {manifest} has no {MEDIA_MODEL} layer)",
             hint="kvadvise plans GGUF models, which Ollama runs on llama.cpp",
         )
-    model_blob = blob_path(root, model_layers[0].digest, where)
-    try:
-        model_bytes = model_blob.stat().st_size
-    except FileNotFoundError:
+    if len(model_layers) > 1:
+        notes.append(f"the manifest has {len(model_layers)} model layers; Ollama loads the last one, planned here")
+    model_blob = blob_path(root, model_layers[-1].digest, where)
+    if not os.path.lexists(model_blob):
         raise InputError(
             f"{name.display}: the model blob {model_blob} is missing (the store is incomplete)",
             hint=f"ollama pull {name.display}",
-        ) from None
+        )
+    fd = _open(model_blob, "model blob")
+    model_bytes = os.fstat(fd).st_size
+    os.close(fd)
 
+    # The work per manifest is bounded by what it names, not by how often it names it: a 4 MiB
+    # manifest can repeat one layer ~30,000 times. Each blob is read once (a repeat changes
+    # nothing: Ollama decodes the same options again), and a manifest naming more distinct JSON
+    # blobs than a real one ever has is refused.
     params: dict[str, Any] = {}
+    seen: set[str] = set()
     for layer in layers:
-        if layer.media_type != MEDIA_PARAMS:
+        if layer.media_type != MEDIA_PARAMS or layer.digest in seen:
             continue
+        seen.add(layer.digest)
+        if len(seen) > MAX_PARAMS_LAYERS:
+            raise InputError(f"{manifest}: the manifest names more than {MAX_PARAMS_LAYERS} params layers")
         path = blob_path(root, layer.digest, where)
         doc_p = _parse_json(_read_bytes(path, "params blob"), path, "params blob")
         if not isinstance(doc_p, dict):
@@ -185,15 +208,19 @@ def _read_entry(root: Path, manifest: Path, name: OllamaName) -> StoreEntry:
         params.update(doc_p)
 
     projector_bytes = 0
+    projectors: set[str] = set()
     for layer in layers:
-        if layer.media_type != MEDIA_PROJECTOR:
+        if layer.media_type != MEDIA_PROJECTOR or layer.digest in projectors:
             continue
+        projectors.add(layer.digest)
         path = blob_path(root, layer.digest, where)
-        try:
-            projector_bytes += path.stat().st_size
-        except FileNotFoundError:
+        if not os.path.lexists(path):
             projector_bytes += layer.size
             notes.append(f"projector blob {path.name} is missing; its size is taken from the manifest")
+            continue
+        fd = _open(path, "projector blob")
+        projector_bytes += os.fstat(fd).st_size
+        os.close(fd)
     if projector_bytes:
         notes.append(f"vision projector: {projector_bytes:,} B (Ollama passes it to llama-server as --mmproj)")
     if any(la.media_type == MEDIA_ADAPTER for la in layers):

@@ -25,9 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from kvadvise.backends.gguf_cache import cache_dir, decode, enabled, encode
+from kvadvise.errors import InputError
+from kvadvise.files import load_json, read_regular_text
 from kvadvise.model.gguf import GGUFHeader
 
 FORMAT = 1
+MAX_ENTRY_BYTES = 256 << 20  # a cached header (a 262k-token vocabulary is ~10 MB of JSON)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,8 +52,8 @@ def _read(kind: str, key: str) -> dict[str, Any] | None:
     if not enabled():
         return None
     try:
-        doc = json.loads(_entry(kind, key).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        doc = load_json(read_regular_text(_entry(kind, key), max_bytes=MAX_ENTRY_BYTES))
+    except (OSError, ValueError, InputError):
         return None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("key") != key:
         return None

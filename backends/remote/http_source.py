@@ -34,9 +34,14 @@ import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
+from kvadvise.deadline import within
 from kvadvise.errors import BackendUnreachable, InputError
 
-DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_TIMEOUT_S = 30.0  # a total deadline per request, body included (not per read: a drip cannot stretch it)
+# What one header read may transfer, in all. The largest real headers are a few MB (Gemma 3's
+# 262k-token vocabulary: 6.5 MB; Qwen3's vocabulary and merges: ~8 MB); 64 MiB is ~8x that. A
+# header with strings that go on and on is refused past it instead of downloaded without end.
+MAX_TRANSFER_BYTES = 64 << 20
 MAX_REDIRECTS = 10
 # The header reader's first read (kvadvise.model.gguf: 1 MiB, then doubling) is fetched by the first request,
 # so a 262k-token vocabulary (Gemma 3: a 6.5 MB header) takes 3 requests: 1 + 2 + 4 MiB.
@@ -47,9 +52,20 @@ _CONTENT_RANGE = re.compile(r"^bytes\s+(\d+)-(\d+)/(\d+|\*)$", re.IGNORECASE)
 _STREAM_CHUNK = 1 << 16
 
 
+def split_url(url: str, *, what: str = "URL") -> urllib.parse.SplitResult:
+    """``urllib.parse.urlsplit`` that checks what it defers: a bracketed host that does not
+    close, a port that is not a number in 1-65535. InputError (never ValueError) for those."""
+    try:
+        p = urllib.parse.urlsplit(url)
+        p.port  # noqa: B018 - urllib checks the port only when it is read
+    except ValueError as e:
+        raise InputError(f"not a usable {what}: {e}", hint="check the host and port") from None
+    return p
+
+
 def display_url(url: str) -> str:
     """``url`` without user info, query or fragment: safe to show and to use as a cache key."""
-    p = urllib.parse.urlsplit(url)
+    p = split_url(url)
     host = p.hostname or ""
     if ":" in host:
         host = f"[{host}]"
@@ -57,8 +73,21 @@ def display_url(url: str) -> str:
     return urllib.parse.urlunsplit((p.scheme, netloc, p.path, "", ""))
 
 
+def cache_key(url: str) -> str:
+    """A key for what ``url`` names: the shown URL and, when it has one, a digest of its query.
+
+    ``?f=small`` and ``?f=big`` are two files; the query itself (a signed URL's
+    signature, a token) is never stored, only its sha256.
+    """
+    import hashlib
+
+    query = split_url(url).query
+    shown = display_url(url)
+    return f"{shown}?sha256={hashlib.sha256(query.encode('utf-8', 'surrogateescape')).hexdigest()}" if query else shown
+
+
 def _origin(url: str) -> tuple[str, str, int | None]:
-    p = urllib.parse.urlsplit(url)
+    p = split_url(url)
     return p.scheme, (p.hostname or "").lower(), p.port
 
 
@@ -103,7 +132,7 @@ class HTTPSource:
         name: str | None = None,
         denied_hint: str | None = None,
     ) -> None:
-        scheme = urllib.parse.urlsplit(url).scheme.lower()
+        scheme = split_url(url).scheme.lower()
         if scheme not in ("http", "https"):
             raise InputError(f"{display_url(url)}: only http:// and https:// URLs can be read")
         self.name = name or display_url(url)
@@ -120,6 +149,7 @@ class HTTPSource:
         self._opener = _opener()
         self.requests = 0
         self.bytes_received = 0
+        self.max_transfer = MAX_TRANSFER_BYTES
         self.etag: str | None = None
         self.last_modified: str | None = None
         self.ranges = True  # False once the server answered a Range request with the whole body
@@ -172,15 +202,19 @@ class HTTPSource:
         """
         self._opened = True
         extra = {"If-None-Match": if_none_match} if if_none_match else {}
-        resp = self._request(0, self._first_read, extra)
-        if resp is None:
-            return True
-        try:
-            self._take_first(resp)
-        except BaseException:
-            resp.close()
-            raise
-        return False
+
+        def first() -> bool:
+            resp = self._request(0, self._first_read, extra)
+            if resp is None:
+                return True
+            try:
+                self._take_first(resp)
+            except BaseException:
+                resp.close()
+                raise
+            return False
+
+        return within(self._timeout, first, self._timeout_error)
 
     def _take_first(self, resp: Any) -> None:
         self.etag = resp.headers.get("ETag")
@@ -209,24 +243,58 @@ class HTTPSource:
         self._buf = bytearray(self._stream_read(self._first_read))
 
     def _fetch(self, start: int, end: int) -> bytes:
-        resp = self._request(start, end - start, {})
+        self._check_transfer(end - start)
+        return within(self._timeout, lambda: self._fetch_now(start, end), self._timeout_error)
+
+    def _fetch_now(self, start: int, end: int) -> bytes:
+        # If-Range: a server whose file changed since the first request sends all of it (200), not the range
+        validator = self.etag if self.etag and not self.etag.startswith("W/") else self.last_modified
+        resp = self._request(start, end - start, {"If-Range": validator} if validator else {})
         if resp is None:  # 304 without If-None-Match: not HTTP
             raise self._protocol("answered 304 Not Modified to a plain request")
         try:
+            if resp.status == 200 and validator:
+                raise self._changed("it no longer matches If-Range")
             if resp.status != 206:
                 raise self._protocol(f"answered a range request with HTTP {resp.status} after honouring one")
-            got_start, _, _ = self._content_range(resp)
+            got_start, _, total = self._content_range(resp)
             if got_start != start:
                 raise self._protocol(f"asked for bytes from {start:,}, got a range from {got_start:,}")
+            etag, modified = resp.headers.get("ETag"), resp.headers.get("Last-Modified")
+            if (self.etag and etag and etag != self.etag) or (
+                not self.etag and modified and modified != self.last_modified
+            ):
+                raise self._changed("its ETag or Last-Modified changed")
+            if total is not None and self._size is not None and total != self._size:
+                raise self._changed(f"its size changed from {self._size:,} to {total:,} bytes")
             return self._body(resp, end - start)
         finally:
             resp.close()
 
+    def _check_transfer(self, n: int) -> None:
+        if self.bytes_received + n > self.max_transfer:
+            raise InputError(
+                f"{self.name}: the header needs more than {self.max_transfer >> 20} MiB; "
+                "no real model's header is this large, so it is not read further",
+                hint="a GGUF header with strings or arrays that go on and on: check the file",
+            )
+
+    def _changed(self, why: str) -> BackendUnreachable:
+        return BackendUnreachable(
+            f"{self.name}: the file changed on the server while its header was read ({why})",
+            hint="run the command again: it reads the new version from the start",
+        )
+
     def _stream_to(self, start: int, end: int) -> bytes:
         """Read the streamed body up to ``end``; bytes before ``start`` are skipped."""
-        if start > self._stream_pos:
-            self._stream_read(start - self._stream_pos, keep=False)
-        return self._stream_read(end - start)
+        self._check_transfer(end - self._stream_pos)
+
+        def read() -> bytes:
+            if start > self._stream_pos:
+                self._stream_read(start - self._stream_pos, keep=False)
+            return self._stream_read(end - start)
+
+        return within(self._timeout, read, self._timeout_error)
 
     def _stream_read(self, n: int, *, keep: bool = True) -> bytes:
         if self._stream is None:
@@ -333,7 +401,7 @@ class HTTPSource:
 
     def _redirect_target(self, url: str, location: str, visited: list[str]) -> str:
         target = urllib.parse.urljoin(url, location)
-        if urllib.parse.urlsplit(target).scheme.lower() not in ("http", "https"):
+        if split_url(target).scheme.lower() not in ("http", "https"):
             raise InputError(f"{self.name}: redirected to a non-HTTP URL ({display_url(target)})")
         if target in visited:
             loop = [display_url(u) for u in visited[visited.index(target) :]] + [display_url(target)]
@@ -348,7 +416,7 @@ class HTTPSource:
 
     def _timeout_error(self) -> BackendUnreachable:
         return BackendUnreachable(
-            f"{self.name}: no answer within {self._timeout:g} s",
+            f"{self.name}: no complete answer within {self._timeout:g} s",
             hint="the server is slow or unreachable; try again later",
         )
 
@@ -395,7 +463,7 @@ class _Status416:
 
 def _without_userinfo(url: str) -> tuple[str, str | None]:
     """``url`` without ``user:password@``, and the Basic Authorization header they stood for."""
-    p = urllib.parse.urlsplit(url)
+    p = split_url(url)
     if p.username is None:
         return url, None
     import base64

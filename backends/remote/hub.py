@@ -56,6 +56,14 @@ class HubRef:
     filename: str | None = None  # a file in the repo, or None: choose one for ``quant``
     quant: str | None = None  # None: llama.cpp's default choice
 
+    def __post_init__(self) -> None:
+        check_repo_id(self.repo_id)
+        bad = [
+            c for c in self.revision + (self.filename or "") if ord(c) < 32 or c == "\x7f" or 0xD800 <= ord(c) < 0xE000
+        ]
+        if bad or not self.revision or (self.filename is not None and _bad_path(self.filename)):
+            raise InputError(f"{self.repo_id}: not a Hub revision and file name the Hub could hold")
+
     @property
     def key(self) -> str:
         """The name in a canonical form (for the resolution cache)."""
@@ -87,6 +95,26 @@ class HubModel:
         return f"hf:{self.endpoint}/{self.repo_id}@{self.commit}/{filename}"
 
 
+# huggingface_hub validate_repo_id: each part 1-96 of [\w.-], no "--" or "..", no "-" or "." at either end
+_REPO_PART = re.compile(r"^(?!.*(?:--|\.\.))[A-Za-z0-9_](?:[\w.-]{0,94}[A-Za-z0-9_])?$", re.ASCII)
+
+
+def check_repo_id(repo_id: str) -> str:
+    """``repo_id`` if the Hub could hold such a repo (huggingface_hub's rules); InputError otherwise."""
+    parts = repo_id.split("/")
+    if len(parts) != 2 or not all(_REPO_PART.match(p) for p in parts):
+        raise InputError(
+            f"{repo_id!r} is not a Hub repo name: USER/REPO, each 1-96 letters, digits, '_', '-' or '.', "
+            "without '--' or '..', not starting or ending with '-' or '.'",
+            hint="copy the name from the repo's page on huggingface.co",
+        )
+    return repo_id
+
+
+def _bad_path(filename: str) -> bool:
+    return filename.startswith("/") or any(part in ("", ".", "..") for part in filename.split("/"))
+
+
 def file_url(repo_id: str, filename: str, revision: str = DEFAULT_REVISION, base: str | None = None) -> str:
     """The download URL of a file, as huggingface_hub's hf_hub_url builds it: {endpoint}/{repo}/resolve/{rev}/{file}."""
     rev = urllib.parse.quote(revision, safe="")
@@ -104,10 +132,12 @@ def parse_ref(ref: str) -> HubRef | None:
             raise InputError(f"{ref!r}: give a file or a quant, not both")
         return HubRef(m["repo"], rev, m["file"], _quant(m["quant"]))
     if ref.startswith(("http://", "https://")):
-        p = urllib.parse.urlsplit(ref)
+        from kvadvise.backends.remote.http_source import split_url
+
+        p = split_url(ref)
         hub_hosts = {"huggingface.co", "hf.co"}
         if os.environ.get("HF_ENDPOINT"):
-            hub_hosts.add(urllib.parse.urlsplit(os.environ["HF_ENDPOINT"]).netloc.lower())
+            hub_hosts.add(split_url(os.environ["HF_ENDPOINT"], what="HF_ENDPOINT").netloc.lower())
         if p.netloc.lower() not in hub_hosts:
             return None
         w = _WEB.match(p.path)
