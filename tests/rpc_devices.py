@@ -1,0 +1,88 @@
+"""Several llama.cpp devices on one machine: ``rpc-server`` processes on loopback, each a device
+(``RPC0[127.0.0.1:PORT]``, ...) that llama-server splits layers over exactly as over several GPUs.
+
+Every process started here is in its own session and is killed on every path (``devices()`` is
+a context manager; ``run_server`` kills llama-server once its buffers are printed).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _kill(p: subprocess.Popen[str] | subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    p.wait()
+
+
+@contextmanager
+def devices(rpc_server: Path, n: int) -> Iterator[list[str]]:
+    """``n`` rpc-servers on loopback; yields their HOST:PORT endpoints."""
+    procs: list[subprocess.Popen[bytes]] = []
+    endpoints: list[str] = []
+    try:
+        for _ in range(n):
+            port = _free_port()
+            procs.append(
+                subprocess.Popen(
+                    [str(rpc_server), "-H", "127.0.0.1", "-p", str(port)],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            )
+            endpoints.append(f"127.0.0.1:{port}")
+        deadline = time.monotonic() + 30
+        for ep in endpoints:  # wait until each one accepts connections
+            host, port = ep.rsplit(":", 1)
+            while True:
+                try:
+                    socket.create_connection((host, int(port)), timeout=1).close()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"rpc-server at {ep} did not start") from None
+                    time.sleep(0.1)
+        yield endpoints
+    finally:
+        for p in procs:
+            _kill(p)
+
+
+def run_server(
+    llama_server: Path, model: Path, args: Sequence[str], endpoints: Sequence[str], timeout_s: float = 180
+) -> str:
+    """Start llama-server with the devices, read its log until it listens (every buffer is printed by
+    then), stop it; the log."""
+    cmd = [str(llama_server), "-m", str(model), "--host", "127.0.0.1", "--port", str(_free_port())]
+    cmd += ["--fit", "off", "-lv", "4", *args]
+    if endpoints:
+        cmd += ["--rpc", ",".join(endpoints)]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        assert p.stdout is not None
+        for line in p.stdout:
+            lines.append(line)
+            if "listening on" in line or time.monotonic() > deadline:
+                break
+    finally:
+        _kill(p)
+    return "".join(lines)

@@ -1,0 +1,126 @@
+"""Several devices, proved on real llama.cpp: rpc-server processes on loopback are devices that
+llama-server splits layers over as over several GPUs (same scheduler, same buffers). Per device
+the weights and KV must equal kvadvise's prediction, the compute buffers within 5 % or 8 MiB, and
+the host's compute buffer too. One device tells the device/host split of a GPU run apart.
+
+The table of every run is printed at the end of the session (and written to
+build/devices-report.md).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from rpc_devices import devices, run_server
+from tinymodels import write_tiny_gguf
+
+import kvadvise
+from kvadvise.planner.memory import MemoryEstimate, RunConfig, estimate
+from kvadvise.runtime.llamalog import parse
+
+pytestmark = pytest.mark.llama
+MIB = 1 << 20
+ROOT = Path(__file__).resolve().parent.parent
+REPORT: list[str] = []
+
+
+@pytest.fixture(scope="module")
+def rpc_server(real_llama_server: Path) -> Path:
+    from llama_server_build import rpc_server as built
+
+    path = built()
+    if not path.exists():
+        pytest.skip(f"no rpc-server beside {real_llama_server}")
+    return path
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory, gemma_path: Path) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("device-models")
+    out = {r: write_tiny_gguf(d / f"{r}.gguf", r, n_vocab=32000) for r in ("llama", "qwen3moe", "gemma3")}
+    out["gemma-3-270m"] = gemma_path
+    return out
+
+
+@pytest.fixture(scope="module")
+def three(rpc_server: Path) -> Iterator[list[str]]:
+    with devices(rpc_server, 3) as eps:
+        yield eps
+
+
+def _check(label: str, model: Path, cfg: RunConfig, log: str, endpoints: list[str]) -> None:
+    got = parse(log.splitlines())
+    assert "compute buffer size" in log, log[-3000:]
+    spec = kvadvise.load_model(str(model))
+    est: MemoryEstimate = estimate(spec, cfg)
+
+    def mib(buft: str, kind: str) -> float:
+        return sum(b.mib for b in got.buffers if b.buft == buft and b.kind == kind)
+
+    # a device is named after its endpoint (RPC<n>[host:port]), in the order --rpc lists them;
+    # a device that gets no layer prints no buffer, and is predicted empty
+    names = [next((b.buft for b in got.buffers if b.buft.endswith(f"[{ep}]")), f"RPC[{ep}]") for ep in endpoints]
+    for name, d in zip(names, est.devices, strict=True):
+        assert mib(name, "model") == pytest.approx(d.weights_bytes / MIB, abs=0.01), (label, name)
+        assert mib(name, "KV") == pytest.approx(d.kv_bytes / MIB, abs=0.01), (label, name)
+        compute = mib(name, "compute")
+        assert abs(compute - d.compute_bytes / MIB) <= max(8.0, 0.05 * compute), (label, name, compute)
+        REPORT.append(
+            f"| {label} | {name.split('[')[0]} | {mib(name, 'model'):.2f} / {d.weights_bytes / MIB:.2f} "
+            f"| {mib(name, 'KV'):.2f} / {d.kv_bytes / MIB:.2f} | {compute:.2f} / {d.compute_bytes / MIB:.2f} |"
+        )
+    host = mib("CPU", "compute")
+    assert abs(host - est.host.compute_bytes / MIB) <= max(8.0, 0.05 * host), (label, host)
+    assert mib("CPU_Mapped", "model") == pytest.approx(est.host.weights_bytes / MIB, abs=0.01)
+    REPORT.append(f"| {label} | host | | | {host:.2f} / {est.host.compute_bytes / MIB:.2f} |")
+
+
+CASES = [  # (model, n_devices, -ts, -fa, -np)
+    ("gemma-3-270m", 1, "", "on", 1),
+    ("gemma-3-270m", 1, "", "off", 1),
+    ("llama", 1, "", "off", 4),
+    ("gemma-3-270m", 2, "1,1", "on", 1),
+    ("gemma-3-270m", 2, "3,1", "off", 4),
+    ("gemma3", 2, "1,1", "on", 1),
+    ("gemma3", 2, "3,1", "off", 1),
+    ("qwen3moe", 2, "1,1", "on", 4),
+    ("llama", 2, "1,3", "off", 1),
+    ("gemma-3-270m", 3, "1,1,1", "on", 4),
+    ("gemma3", 3, "1,2,1", "off", 1),
+    ("qwen3moe", 3, "2,1,1", "off", 1),
+]
+
+
+@pytest.mark.parametrize(("model", "n_dev", "ts", "fa", "np_"), CASES)
+def test_split_over_devices_as_predicted(
+    model: str,
+    n_dev: int,
+    ts: str,
+    fa: str,
+    np_: int,
+    three: list[str],
+    models: dict[str, Path],
+    real_llama_server: Path,
+) -> None:
+    n_ctx = 8192
+    args = ["-c", str(n_ctx), "-fa", fa, "-np", str(np_), "-ngl", "99"] + (["-ts", ts] if ts else [])
+    log = run_server(real_llama_server, models[model], args, three[:n_dev])
+    split = tuple(float(x) for x in ts.split(",")) if ts else ()
+    cfg = RunConfig(n_ctx=n_ctx, n_parallel=np_, flash_attn=fa, device="rpc", tensor_split=split)
+    _check(f"{model} {n_dev} dev -ts {ts or '-'} -fa {fa} -np {np_}", models[model], cfg, log, three[:n_dev])
+    if n_dev > 1:
+        assert re.search(r"pipeline parallelism enabled", log)  # the copies the model counts
+
+
+def test_report() -> None:
+    """Prints the table of the runs above (predicted after the slash)."""
+    if not REPORT:
+        pytest.skip("no device runs in this session")
+    head = "| run | device | model MiB | KV MiB | compute MiB |\n|---|---|---|---|---|"
+    text = "\n".join([head, *REPORT])
+    (ROOT / "build").mkdir(exist_ok=True)
+    (ROOT / "build" / "devices-report.md").write_text(text + "\n")
+    print("\n" + text)
