@@ -79,10 +79,11 @@ def verify() -> None:
 
 
 def _register_core() -> None:
-    from kvadvise.cli import admin
+    from kvadvise.cli import admin, gpus
 
     cli.add_command(admin.calibration_group)
     cli.add_command(admin.plugins)
+    cli.add_command(gpus.gpus)
 
 
 _register_core()
