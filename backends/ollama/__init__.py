@@ -37,10 +37,12 @@ class OllamaBackend:
             return resolve(ref).spec
 
     def register_commands(self, cli: click.Group, verify: click.Group) -> None:
-        """``kvadvise ollama NAME`` and ``kvadvise verify ollama NAME`` (kvadvise.plugins.CommandProvider)."""
+        """``kvadvise ollama NAME``, ``kvadvise ollama --installed`` and ``kvadvise verify ollama NAME``
+        (kvadvise.plugins.CommandProvider)."""
         from kvadvise.backends.ollama.commands import ollama_command, verify_ollama_command
+        from kvadvise.backends.ollama.installed import with_installed
 
-        cli.add_command(ollama_command)
+        cli.add_command(with_installed(ollama_command))  # NAME optional: `kvadvise ollama --installed` lists the store
         verify.add_command(verify_ollama_command)
 
     def running_models(self, host: str | None = None) -> LiveState:
