@@ -174,7 +174,7 @@ def test_empty_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: py
     (tmp_path / "m" / "manifests").mkdir(parents=True)
     monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "m"))
     monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
-    rc, out, err = run(capsys, "ollama", "--installed", "--vram", "8GiB", "--json")
+    rc, out, _ = run(capsys, "ollama", "--installed", "--vram", "8GiB", "--json")
     assert rc == 0 and json.loads(out)["models"] == [] and "ollama pull" in out
 
 
