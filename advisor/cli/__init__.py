@@ -79,11 +79,12 @@ def verify() -> None:
 
 
 def _register_core() -> None:
-    from kvadvise.cli import admin, gpus
+    from kvadvise.cli import admin, compare, gpus
 
     cli.add_command(admin.calibration_group)
     cli.add_command(admin.plugins)
     cli.add_command(gpus.gpus)
+    cli.add_command(compare.compare)
 
 
 _register_core()

@@ -45,6 +45,14 @@ class OllamaBackend:
         cli.add_command(with_installed(ollama_command))  # NAME optional: `kvadvise ollama --installed` lists the store
         verify.add_command(verify_ollama_command)
 
+    def builtin_models(self) -> tuple[tuple[str, ModelSpec], ...]:
+        """The built-in profiles (profiles/ollama_models.json) as (model:tag, spec): what `kvadvise compare`
+        compares when it is given no model."""
+        from kvadvise.backends.ollama.profiles import profiles
+
+        seen = {p.id: p for p in profiles().values()}
+        return tuple((pid, seen[pid].spec()) for pid in sorted(seen))
+
     def running_models(self, host: str | None = None) -> LiveState:
         """Live state: the server's version and what /api/ps says it holds."""
         from kvadvise.backends.ollama.advice import live_state
