@@ -63,6 +63,7 @@ class PlanOptions:
     repeatable: bool
     no_hardware: bool
     chart: bool
+    chart_file: str | None
     allow_cpu: bool
     as_json: bool
 
@@ -195,7 +196,16 @@ def _options(*, planned_hardware: bool) -> list[Callable[[F], F]]:
             "--repeatable", is_flag=True, help="f16 cache only: quantized caches do not reproduce tokens exactly."
         ),
         click.option("--no-hardware", is_flag=True, help="Do not look at this machine's GPUs: estimate only."),
-        click.option("--chart", is_flag=True, help="Draw memory against context for each cache type, with the budget."),
+        click.option(
+            "--chart", is_flag=True, help="Draw memory against context for each cache type, with the budget, here."
+        ),
+        click.option(
+            "--chart-file",
+            "chart_file",
+            metavar="FILE.svg|FILE.png",
+            default=None,
+            help="Write the same chart as an image (needs matplotlib: pip install 'kvadvise[chart]').",
+        ),
         click.option(
             "--allow-cpu",
             is_flag=True,
