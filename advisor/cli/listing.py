@@ -139,7 +139,9 @@ def listing_dict(budget: Budget | None, settings: RunSettings, rows: list[Row], 
 def _size(n: int) -> str:
     if n >= 10**8:
         return f"{n / 1e9:.1f} GB"
-    return f"{n / 1e6:.1f} MB" if n >= 10**5 else f"{n / 1e3:.1f} KB"
+    if n >= 10**5:
+        return f"{n / 1e6:.1f} MB"
+    return f"{n / 1e3:.1f} KB" if n >= 10**3 else f"{n} B"
 
 
 def _ctx(v: int | None) -> str:
