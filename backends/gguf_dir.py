@@ -85,7 +85,10 @@ def list_folder(folder: Path, kwargs: dict[str, Any], sort: str, load: Callable[
         raise click.UsageError("a folder listing runs one cache type for K and V: give -ctk or -ctv")
     files = model_files(folder)
     if not files:
-        raise InputError(f"{folder}: no .gguf file in this folder or below it", hint="give a folder of GGUF models")
+        raise InputError(
+            f"{folder}: is a directory with no .gguf file in it or below it",
+            hint="give a GGUF file, or a folder of GGUF models to list them",
+        )
     n_parallel = int(kwargs.get("n_parallel") or 1)
     n_ctx = kwargs.get("n_ctx")
     settings = RunSettings(

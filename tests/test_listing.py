@@ -238,7 +238,7 @@ def test_gguf_folder(
 
 def test_gguf_folder_errors(tmp_path: Path, gemma_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc, _, err = run(capsys, "gguf", str(tmp_path), "--vram", "4GiB")
-    assert rc == 2 and "no .gguf file" in err
+    assert rc == 2 and "is a directory with no .gguf file" in err
     rc, _, err = run(capsys, "gguf", str(gemma_path), "--vram", "4GiB", "--sort", "size")
     assert rc == 2 and "--sort orders the listing of a folder" in err
     rc, out, _ = run(capsys, "gguf", str(gemma_path), "--vram", "4GiB", "--json")
