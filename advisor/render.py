@@ -313,18 +313,40 @@ def _config_line(rec: Recommendation) -> str:
 
 
 CHART_MARKS = "f8m4abcdefgh"
+CHART_CHOSEN = "*"
 
 
-def chart_text(curves: tuple[Curve, ...], budget_bytes: int, height: int = 16) -> str:
-    """Memory (device) against context per cache type, with the budget as a line of '='."""
+def curve_label(c: Curve) -> str:
+    kv = c.type_k.type_name if c.type_k == c.type_v else f"{c.type_k.type_name} K / {c.type_v.type_name} V"
+    return kv + ("" if c.flash_attn else " (flash attention off)")
+
+
+def _ctx_tick(n: int) -> str:
+    return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else f"{n:,}"
+
+
+def chart_text(
+    curves: tuple[Curve, ...], budget_bytes: int, height: int = 16, chosen: tuple[int, int] | None = None
+) -> str:
+    """Memory on the device against the context per sequence, one curve per cache type (its letter), the
+    budget as one line of '=' (labelled with its size), and the recommended point as '*'.
+
+    ``chosen``: (context per sequence, device bytes) of the recommendation.
+    """
     if not curves or not curves[0].points:
         return ""
     xs = [x for x, _ in curves[0].points]
-    top = max(max(max(b for _, b in c.points) for c in curves), budget_bytes) * 1.05
+    values = [b for c in curves for _, b in c.points] + [budget_bytes]
+    span = max(values) - min(values) or max(values) or 1
+    lo = max(0.0, min(values) - span * 0.05)  # the axis covers the data, not 0..max: the curves stay apart
+    hi = max(values) + span * 0.05
     rows = [[" "] * len(xs) for _ in range(height)]
 
     def row_of(b: float) -> int:
-        return min(height - 1, int(b / top * height))
+        return max(0, min(height - 1, int((b - lo) / (hi - lo) * height)))
+
+    def value_of(i: int) -> float:
+        return lo + (hi - lo) * (i + 0.5) / height
 
     budget_row = row_of(budget_bytes)
     for j in range(len(xs)):
@@ -332,18 +354,31 @@ def chart_text(curves: tuple[Curve, ...], budget_bytes: int, height: int = 16) -
     for mark, c in zip(CHART_MARKS, curves, strict=False):
         for j, (_, b) in enumerate(c.points):
             rows[row_of(b)][j] = mark
-    lines = []
+    if chosen is not None:
+        j = min(range(len(xs)), key=lambda k: abs(xs[k] - chosen[0]))
+        rows[row_of(chosen[1])][j] = CHART_CHOSEN
+    lines = ["memory on the device (GiB)"]
     for i in range(height - 1, -1, -1):
-        value = budget_bytes if i == budget_row else top * (i + 1) / height
-        label = f"{value / (1 << 30):7.1f} GiB |" if i % 4 == 3 or i == budget_row else " " * 12 + "|"
+        if i == budget_row:
+            label = f"{budget_bytes / (1 << 30):8.2f} ="
+        elif i in (height - 1, 0) or (i % 4 == 3 and abs(i - budget_row) > 1):
+            label = f"{value_of(i) / (1 << 30):8.2f} |"
+        else:
+            label = " " * 9 + "|"
         lines.append(label + "".join(rows[i]) + (" budget" if i == budget_row else ""))
-    lines.append(" " * 12 + "+" + "-" * len(xs))
-    lines.append(" " * 13 + f"context per sequence: {xs[0]:,} .. {xs[-1]:,} tokens")
-    legend = []
-    for mark, c in zip(CHART_MARKS, curves, strict=False):
-        kv = c.type_k.type_name if c.type_k == c.type_v else f"{c.type_k.type_name}/{c.type_v.type_name}"
-        legend.append(f"{mark} = {kv}{'' if c.flash_attn else ' (FA off)'}")
-    lines.append(" " * 13 + "   ".join(legend) + "   == = budget")
+    lines.append(" " * 9 + "+" + "-" * len(xs))
+    ticks = [" "] * (len(xs) + 12)
+    for j in (0, len(xs) // 2, len(xs) - 1):
+        text = _ctx_tick(xs[j])
+        at = max(0, min(j - len(text) // 2, len(xs) + 6 - len(text))) if j else 0
+        ticks[at : at + len(text)] = text
+    lines.append(" " * 10 + "".join(ticks).rstrip())
+    lines.append(" " * 10 + "context per sequence (tokens)")
+    legend = [f"{mark} = {curve_label(c)}" for mark, c in zip(CHART_MARKS, curves, strict=False)]
+    legend.append("= budget")
+    if chosen is not None:
+        legend.append(f"* = recommended ({chosen[0]:,} tokens, {chosen[1] / (1 << 30):.2f} GiB)")
+    lines.append(" " * 10 + "   ".join(legend))
     return "\n".join(lines)
 
 

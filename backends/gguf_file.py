@@ -42,17 +42,17 @@ class GGUFFileBackend:
     )
 
     def register_commands(self, cli: click.Group, verify: click.Group) -> None:
-        """``kvadvise gguf MODEL`` (kvadvise.plugins.CommandProvider)."""
+        """``kvadvise gguf MODEL`` and ``kvadvise gguf DIR`` (kvadvise.plugins.CommandProvider)."""
+        from kvadvise.backends.gguf_dir import with_folder_listing
         from kvadvise.cli.plan import plan_command
 
-        cli.add_command(
-            plan_command(
-                "gguf",
-                "Memory for a GGUF model: a file, an https:// URL, hf://USER/REPO/FILE.gguf or USER/REPO:QUANT "
-                "(header only).",
-                self.load_spec,
-            )
+        command = plan_command(
+            "gguf",
+            "Memory for a GGUF model: a file, an https:// URL, hf://USER/REPO/FILE.gguf or USER/REPO:QUANT "
+            "(header only).",
+            self.load_spec,
         )
+        cli.add_command(with_folder_listing(command, self.load_spec))  # `kvadvise gguf DIR` lists a folder
 
     def load_spec(self, ref: str) -> ModelSpec:
         header = load_header(ref)

@@ -415,7 +415,7 @@ def test_find_profile_unknown(query: str, suggested: str | None) -> None:
     assert err.message.startswith("unknown GPU profile") and "\n" not in err.message
     if suggested:
         assert suggested in err.message
-    assert err.hint and "profiles/gpus.json" in err.hint
+    assert err.hint and "kvadvise gpus" in err.hint
 
 
 def test_from_profile_nvidia_uses_nvml_total() -> None:

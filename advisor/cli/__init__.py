@@ -85,10 +85,12 @@ def verify() -> None:
 
 
 def _register_core() -> None:
-    from kvadvise.cli import admin
+    from kvadvise.cli import admin, compare, gpus
 
     cli.add_command(admin.calibration_group)
     cli.add_command(admin.plugins)
+    cli.add_command(gpus.gpus)
+    cli.add_command(compare.compare)
 
 
 _register_core()

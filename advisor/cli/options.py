@@ -64,6 +64,7 @@ class PlanOptions:
     repeatable: bool
     no_hardware: bool
     chart: bool
+    chart_file: str | None
     allow_cpu: bool
     as_json: bool
     runtime: str = "llama-server"
@@ -237,7 +238,16 @@ def _options(*, planned_hardware: bool) -> list[Callable[[F], F]]:
             help="No display on the GPU: keep no display allowance free on a single desktop card.",
         ),
         click.option("--no-hardware", is_flag=True, help="Do not look at this machine's GPUs: estimate only."),
-        click.option("--chart", is_flag=True, help="Draw memory against context for each cache type, with the budget."),
+        click.option(
+            "--chart", is_flag=True, help="Draw memory against context for each cache type, with the budget, here."
+        ),
+        click.option(
+            "--chart-file",
+            "chart_file",
+            metavar="FILE.svg|FILE.png",
+            default=None,
+            help="Write the same chart as an image (needs matplotlib: pip install 'kvadvise[chart]').",
+        ),
         click.option(
             "--allow-cpu",
             is_flag=True,

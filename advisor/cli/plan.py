@@ -28,6 +28,10 @@ def check_flags(o: PlanOptions) -> None:
         raise click.UsageError("--device cpu plans without a GPU: drop --gpu/--vram, or use --device cuda")
     if o.n_ctx is not None and (o.use or o.target_ctx):
         raise click.UsageError("--ctx fixes the context; --use and --target-ctx aim for one: give one of them")
+    if o.chart_file:
+        from kvadvise.cli.chart import check_path
+
+        check_path(o.chart_file)
 
 
 def build_plan(
@@ -113,6 +117,7 @@ def show_plan(
 
     if o.as_json:
         output.result_json(plan_dict(plan, requested_ctx) | (extra_json(plan) if extra_json else {}))
+        show_chart(plan, o, terminal=False)
         return
     output.result(plan_text(plan, requested_ctx))
     show_chart(plan, o)
@@ -120,8 +125,9 @@ def show_plan(
         output.result(extra_text(plan))
 
 
-def show_chart(plan: Plan, o: PlanOptions) -> None:
-    if not o.chart:
+def show_chart(plan: Plan, o: PlanOptions, *, terminal: bool = True) -> None:
+    """``--chart``: the chart in the terminal; ``--chart-file``: the same chart as an SVG or PNG image."""
+    if not (o.chart and terminal) and not o.chart_file:
         return
     if plan.recommendation is None or plan.budget is None:
         output.note("no chart: it needs a budget (not --no-hardware) and a recommendation (no --ctx)")
@@ -130,8 +136,22 @@ def show_chart(plan: Plan, o: PlanOptions) -> None:
     from kvadvise.render import chart_text
 
     lines = curves(plan.spec, replace(plan.config, n_ctx=0), plan.budget, plan.recommendation.options)
-    output.result("")
-    output.result(chart_text(lines, plan.budget.budget_bytes))
+    chosen = None
+    if plan.fits:
+        chosen = (plan.config.n_ctx // plan.config.n_parallel, plan.estimate.device_bytes)
+    if o.chart and terminal:
+        output.result("")
+        output.result(chart_text(lines, plan.budget.budget_bytes, chosen=chosen))
+    if o.chart_file:
+        from pathlib import Path
+
+        from kvadvise.cli import chart
+
+        title = f"{plan.spec.name or plan.spec.architecture}: memory against context ({plan.budget.source})"
+        data = chart.render(
+            lines, plan.budget.budget_bytes, chosen=chosen, title=title, suffix=Path(o.chart_file).suffix.lower()
+        )
+        output.note(f"wrote {chart.write(o.chart_file, data)}")
 
 
 def refuse_to_write_what_does_not_fit(plan: Plan, *paths: str | None) -> None:

@@ -199,7 +199,7 @@ def find_profile(name: str) -> GpuProfile:
         msg += f"; did you mean {', '.join(close)}?"
     raise InputError(
         msg,
-        hint="the known cards are listed in profiles/gpus.json (kvadvise.planner.hardware.list_profiles); or pass --vram SIZE",
+        hint="`kvadvise gpus` lists the known cards; or pass --vram SIZE",
     )
 
 

@@ -37,11 +37,21 @@ class OllamaBackend:
             return resolve(ref).spec
 
     def register_commands(self, cli: click.Group, verify: click.Group) -> None:
-        """``kvadvise ollama NAME`` and ``kvadvise verify ollama NAME`` (kvadvise.plugins.CommandProvider)."""
+        """``kvadvise ollama NAME``, ``kvadvise ollama --installed`` and ``kvadvise verify ollama NAME``
+        (kvadvise.plugins.CommandProvider)."""
         from kvadvise.backends.ollama.commands import ollama_command, verify_ollama_command
+        from kvadvise.backends.ollama.installed import with_installed
 
-        cli.add_command(ollama_command)
+        cli.add_command(with_installed(ollama_command))  # NAME optional: `kvadvise ollama --installed` lists the store
         verify.add_command(verify_ollama_command)
+
+    def builtin_models(self) -> tuple[tuple[str, ModelSpec], ...]:
+        """The built-in profiles (profiles/ollama_models.json) as (model:tag, spec): what `kvadvise compare`
+        compares when it is given no model."""
+        from kvadvise.backends.ollama.profiles import profiles
+
+        seen = {p.id: p for p in profiles().values()}
+        return tuple((pid, seen[pid].spec()) for pid in sorted(seen))
 
     def running_models(self, host: str | None = None) -> LiveState:
         """Live state: the server's version and what /api/ps says it holds."""

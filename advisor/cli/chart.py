@@ -1,0 +1,85 @@
+"""``--chart-file FILE.svg|FILE.png``: the memory-against-context chart as an image, drawn with matplotlib
+(the optional extra ``kvadvise[chart]``). The same data as the terminal chart: one curve per cache type,
+the budget as one line, the recommended point marked."""
+
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kvadvise.errors import InputError
+
+if TYPE_CHECKING:
+    from kvadvise.planner.recommender import Curve
+
+FORMATS = (".svg", ".png")
+GIB = 1 << 30
+
+
+def check_path(path: str) -> None:
+    """Refuse a name matplotlib would not write (before any planning)."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in FORMATS:
+        raise InputError(f"--chart-file {path}: give a .svg or .png file name", hint="e.g. --chart-file chart.svg")
+    parent = Path(path).expanduser().parent
+    if not parent.is_dir():
+        raise InputError(f"--chart-file {path}: no such directory {parent}", hint=f"mkdir -p {parent}")
+
+
+def render(
+    curves: tuple[Curve, ...], budget_bytes: int, *, chosen: tuple[int, int] | None, title: str, suffix: str
+) -> bytes:
+    """The chart as SVG or PNG bytes (1000 x 600 pixels at 100 dpi)."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise InputError(
+            "--chart-file needs matplotlib, which is not installed",
+            hint="pip install 'kvadvise[chart]' (or pip install matplotlib); --chart draws in the terminal",
+        ) from None
+    from kvadvise.render import curve_label
+
+    fig = Figure(figsize=(10, 6), dpi=100)
+    ax = fig.add_subplot()
+    for c in curves:
+        ax.plot([x for x, _ in c.points], [b / GIB for _, b in c.points], label=curve_label(c), linewidth=2)
+    ax.axhline(
+        budget_bytes / GIB, color="black", linestyle="--", linewidth=1.5, label=f"budget {budget_bytes / GIB:.2f} GiB"
+    )
+    if chosen is not None:
+        ax.plot(
+            [chosen[0]],
+            [chosen[1] / GIB],
+            marker="*",
+            markersize=16,
+            color="red",
+            linestyle="none",
+            label=f"recommended: {chosen[0]:,} tokens, {chosen[1] / GIB:.2f} GiB",
+        )
+    ax.set_xlabel("context per sequence (tokens)")
+    ax.set_ylabel("memory on the device (GiB)")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="lower right")
+    buf = io.BytesIO()
+    fig.savefig(buf, format=suffix.lstrip("."), metadata={"Date": None} if suffix == ".svg" else None)
+    return buf.getvalue()
+
+
+def write(path: str, data: bytes) -> Path:
+    """Write the image atomically (an existing chart of that name is replaced)."""
+    target = Path(path).expanduser()
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    except OSError as e:
+        raise InputError(f"--chart-file {path}: cannot write it ({e.strerror})") from None
+    return target

@@ -1,0 +1,317 @@
+"""``kvadvise compare``: many models on one card ("which model should I run?"), one model on many cards
+("which card should I buy?"), or both: each pair's recommended plan side by side.
+
+Models are resolved through the installed backends (kvadvise.plugins), as ``kvadvise gguf`` and
+``kvadvise ollama`` resolve them; without any, the Ollama backend's built-in profiles are compared.
+The plan is llama.cpp's (any K and V cache types), the recommendation policy of every other command.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from kvadvise.cli import output
+from kvadvise.cli.options import SIZE, SIZE_OR_ZERO, USES
+from kvadvise.errors import EXIT_NO_FIT, InputError
+
+if TYPE_CHECKING:
+    from kvadvise.model.spec import ModelSpec
+    from kvadvise.planner.hardware import Hardware
+    from kvadvise.planner.planning import Plan
+
+SORTS = ("speed", "context", "size")
+GIB = 1 << 30
+_MULTI = re.compile(r"^(.+?)\s*x\s*(\d+)$", re.IGNORECASE)  # rtx-3090x2: two of them
+
+
+@dataclass(frozen=True, slots=True)
+class Card:
+    label: str  # as the user named it (or "this machine")
+    hardware: Hardware
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    model: str
+    card: Card
+    plan: Plan
+
+
+def card(name: str) -> Card:
+    """A card of the built-in list, ``NAMExN`` for N of them (layers split across the cards)."""
+    from kvadvise.planner.hardware import from_profile
+
+    name = name.strip()
+    m = _MULTI.match(name)
+    count = 1
+    base = name
+    if m is not None:
+        try:
+            from_profile(name)  # a profile whose own name ends in xN wins
+        except InputError:
+            base, count = m[1], int(m[2])
+    if not 1 <= count <= 16:
+        raise InputError(f"--gpu {name!r}: {count} cards", hint="1 to 16 cards, e.g. rtx-3090x2")
+    hw = from_profile(base)
+    if count > 1:
+        gpu = hw.gpus[0]
+        hw = replace(
+            hw,
+            gpus=tuple(replace(gpu, index=i) for i in range(count)),
+            notes=(*hw.notes, f"{count} cards: llama.cpp splits the layers across them"),
+        )
+    return Card(name, hw)
+
+
+def cards(gpu: str | None, vram_bytes: int | None) -> list[Card]:
+    from kvadvise.planner.hardware import manual, probe
+
+    if gpu and vram_bytes is not None:
+        raise click.UsageError("give --gpu or --vram, not both")
+    if vram_bytes is not None:
+        return [Card(f"{vram_bytes / GIB:g} GiB", manual(vram_bytes))]
+    if gpu:
+        names = [n for n in gpu.split(",") if n.strip()]
+        if not names:
+            raise click.UsageError("--gpu needs at least one card name (`kvadvise gpus` lists them)")
+        return [card(n) for n in names]
+    return [Card("this machine", probe())]
+
+
+def resolve_models(refs: tuple[str, ...]) -> list[tuple[str, ModelSpec]]:
+    """``backend:REF`` picks the backend; else a file, URL, hf:// name or USER/REPO:QUANT is a GGUF
+    (``gguf``), anything else an Ollama name (``ollama``: store, server, built-in profile)."""
+    from kvadvise.plugins import discover
+
+    registry = discover()
+    if not refs:
+        backend = registry.get("ollama")
+        builtin = getattr(backend, "builtin_models", None)
+        if not callable(builtin):
+            raise InputError("no model given and no backend with built-in models", hint="name models to compare")
+        models: list[tuple[str, ModelSpec]] = list(builtin())
+        return models
+    out = []
+    for ref in refs:
+        name, spec = _resolve(registry, ref)
+        out.append((name, spec))
+    return out
+
+
+def _resolve(registry: Any, ref: str) -> tuple[str, ModelSpec]:
+    from pathlib import Path
+
+    head, sep, rest = ref.partition(":")
+    if sep and head in registry.targets and not rest.startswith("//"):
+        return ref, registry.get(head).load_spec(rest)
+    looks_gguf = (
+        ref.startswith(("http://", "https://", "hf://", "/", "./", "~"))
+        or ref.endswith(".gguf")
+        or Path(ref).expanduser().exists()
+        or ("/" in ref and not ref.startswith("hf.co/"))
+    )
+    backend = "gguf" if looks_gguf else "ollama"
+    return ref, registry.get(backend).load_spec(ref)
+
+
+def plan_for(
+    spec: ModelSpec, hw: Hardware, *, target: int, use: str | None, n_parallel: int, margin: int, repeatable: bool
+) -> Plan:
+    from kvadvise.planner.memory import RunConfig
+    from kvadvise.planner.planning import make_plan
+    from kvadvise.planner.recommender import Policy
+
+    policy = Policy(target_ctx=target, use=use, repeatable=repeatable)
+    base = RunConfig(n_ctx=0, n_parallel=n_parallel)
+    return make_plan(spec, base, recommend_ctx=True, hw=hw, policy=policy, margin_bytes=margin)
+
+
+def entry_dict(e: Entry) -> dict[str, Any]:
+    p = e.plan
+    rec = p.recommendation
+    assert rec is not None and p.budget is not None
+    c = p.config
+    return {
+        "model": e.model,
+        "architecture": p.spec.architecture,
+        "card": e.card.label,
+        "hardware_source": e.card.hardware.source,
+        "fits": p.fits,
+        "n_ctx": c.n_ctx // c.n_parallel if p.fits else 0,
+        "target_ctx": rec.target_ctx,
+        "reaches_target": bool(p.fits) and c.n_ctx // c.n_parallel >= rec.target_ctx,
+        "type_k": c.type_k.type_name,
+        "type_v": c.type_v.type_name,
+        "flash_attn": c.flash_attn,
+        "weights_bytes": p.spec.weights_bytes,
+        "device_bytes": p.estimate.device_bytes,
+        "budget_bytes": p.budget.budget_bytes,
+        "headroom_bytes": p.budget.budget_bytes - p.estimate.device_bytes,
+        "decode_tokens_per_s": rec.decode_tokens_per_s if p.fits else None,
+        "bandwidth_source": p.budget.bandwidth_source,
+    }
+
+
+def sort_entries(entries: list[Entry], key: str | None) -> list[Entry]:
+    if key is None:
+        return entries
+    docs = {id(e): entry_dict(e) for e in entries}
+    if key == "speed":
+        return sorted(entries, key=lambda e: -(docs[id(e)]["decode_tokens_per_s"] or 0.0))
+    if key == "context":
+        return sorted(entries, key=lambda e: (-docs[id(e)]["n_ctx"], -(docs[id(e)]["decode_tokens_per_s"] or 0.0)))
+    return sorted(entries, key=lambda e: -docs[id(e)]["weights_bytes"])
+
+
+def _ctx(n: int) -> str:
+    return "-" if not n else (f"{n // 1024}k" if n % 1024 == 0 else f"{n:,}")
+
+
+def table_text(entries: list[Entry]) -> list[str]:
+    docs = [entry_dict(e) for e in entries]
+    mw = max([5, *(len(d["model"]) for d in docs)])
+    cw = max([4, *(len(d["card"]) for d in docs)])
+    lines = [
+        f"{'MODEL':<{mw}}  {'CARD':<{cw}}  {'FITS':<4} {'CONTEXT':>8} {'TARGET':>7}  {'CACHE':<10} "
+        f"{'WEIGHTS':>9} {'HEADROOM':>10} {'DECODE':>12}"
+    ]
+    for d in docs:
+        kv = d["type_k"] if d["type_k"] == d["type_v"] else f"{d['type_k']}/{d['type_v']}"
+        if d["flash_attn"] == "off":
+            kv += " noFA"
+        tps = d["decode_tokens_per_s"]
+        speed = f"~{tps:,.0f} tok/s" if tps else "-"
+        head = d["headroom_bytes"] / GIB
+        lines.append(
+            f"{d['model']:<{mw}}  {d['card']:<{cw}}  {'yes' if d['fits'] else 'NO':<4} {_ctx(d['n_ctx']):>8} "
+            f"{_ctx(d['target_ctx']):>7}  {kv if d['fits'] else '-':<10} {d['weights_bytes'] / 1e9:>6.1f} GB "
+            f"{head:>+6.1f} GiB {speed:>12}"
+        )
+    return lines
+
+
+@click.command("compare")
+@click.argument("models", nargs=-1, metavar="[MODEL]...")
+@click.option(
+    "--gpu",
+    metavar="NAME[,NAME...]",
+    default=None,
+    help="Cards of `kvadvise gpus`, comma-separated; NAMExN for N of them (rtx-3090x2).",
+)
+@click.option("--vram", "vram_bytes", type=SIZE, metavar="SIZE", default=None, help="One budget given by hand: 24GiB.")
+@click.option(
+    "--margin",
+    "margin_bytes",
+    type=SIZE_OR_ZERO,
+    metavar="SIZE",
+    default="1024MiB",
+    show_default=True,
+    help="Memory kept free per GPU.",
+)
+@click.option(
+    "--use",
+    type=click.Choice(USES),
+    default=None,
+    help="Aim for a use case: chat 8k, code 32k, agent 64k, long = the model's maximum.",
+)
+@click.option(
+    "--target-ctx", type=click.IntRange(min=0, max=2**31 - 1), default=0, help="Context per sequence to aim for."
+)
+@click.option(
+    "--parallel",
+    "-np",
+    "n_parallel",
+    type=click.IntRange(min=1, max=4096),
+    default=1,
+    show_default=True,
+    help="Parallel sequences (slots).",
+)
+@click.option("--repeatable", is_flag=True, help="f16 cache only.")
+@click.option(
+    "--sort",
+    type=click.Choice(SORTS),
+    default=None,
+    help="speed (fastest decode first), context (longest first) or size (largest weights first); default: as given.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (keys in README.md).")
+def compare(
+    models: tuple[str, ...],
+    gpu: str | None,
+    vram_bytes: int | None,
+    margin_bytes: int,
+    use: str | None,
+    target_ctx: int,
+    n_parallel: int,
+    repeatable: bool,
+    sort: str | None,
+    as_json: bool,
+) -> None:
+    """Each model's plan on each card, side by side: fits, context, cache type, headroom, decode estimate.
+
+    MODEL is what `kvadvise gguf` or `kvadvise ollama` takes (BACKEND:REF to choose: ollama:qwen3:8b,
+    gguf:./m.gguf); without MODEL, the built-in profiles of popular Ollama models are compared.
+    """
+    from kvadvise.planner.recommender import load_use_cases
+
+    if use and target_ctx:
+        raise click.UsageError("give --use or --target-ctx, not both")
+    target = target_ctx or (load_use_cases()[use] if use else 0)
+    card_list = cards(gpu, vram_bytes)
+    specs = resolve_models(models)
+    entries = [
+        Entry(
+            name,
+            c,
+            plan_for(
+                spec,
+                c.hardware,
+                target=target,
+                use=use,
+                n_parallel=n_parallel,
+                margin=margin_bytes,
+                repeatable=repeatable,
+            ),
+        )
+        for c in card_list
+        for name, spec in specs
+    ]
+    entries = sort_entries(entries, sort)
+    if as_json:
+        output.result_json(
+            {
+                "target_ctx": target,
+                "use": use,
+                "n_parallel": n_parallel,
+                "sort": sort,
+                "cards": [
+                    {
+                        "card": c.label,
+                        "source": c.hardware.source,
+                        "n_gpu": len(c.hardware.gpus),
+                        "notes": list(c.hardware.notes),
+                    }
+                    for c in card_list
+                ],
+                "entries": [entry_dict(e) for e in entries],
+            }
+        )
+    else:
+        goal = (
+            f"--use {use}"
+            if use
+            else (f"target {target:,} tokens" if target else "target: each model's training context")
+        )
+        output.result(
+            f"{len(specs)} model(s) on {len(card_list)} card(s); {goal}; {n_parallel} slot(s); llama.cpp cache types"
+        )
+        for line in table_text(entries):
+            output.result(line)
+        for c in card_list:
+            for n in c.hardware.notes:
+                output.note(f"{c.label}: {n}")
+    if not any(e.plan.fits for e in entries):
+        raise click.exceptions.Exit(EXIT_NO_FIT)

@@ -1,0 +1,345 @@
+"""``kvadvise ollama --installed``: every model of the local store (and of the server's ``/api/tags``,
+matched by manifest digest), one line each, sized on this GPU under the server's current settings.
+
+The store is read header by header through the header cache, in threads (the reads are file I/O);
+the server is asked three things: ``/api/tags`` (what it lists), ``/api/ps`` (what it holds now) and,
+for a model it lists that no store here has, ``/api/show``. The server's settings cannot be read over its
+API: they are taken from this shell's ``OLLAMA_*`` variables, as the server would read them if started
+here (``-np`` and ``-ctk`` override them).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from kvadvise.backends.ollama import api as ollama_api
+from kvadvise.backends.ollama import store as ollama_store
+from kvadvise.backends.ollama.name import OllamaName
+from kvadvise.cli.listing import SORTS, Listed, Loaded
+from kvadvise.errors import BackendUnreachable, InputError, KvadviseError
+
+if TYPE_CHECKING:
+    from kvadvise.planner.inventory import RunSettings
+
+MAX_THREADS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Tagged:
+    """One model of ``/api/tags``."""
+
+    name: str
+    digest: str  # sha256 hex of the manifest
+    size: int
+
+
+def store_names(root: Path) -> list[OllamaName]:
+    """Every ``manifests/<host>/<namespace>/<model>/<tag>`` of a store, sorted."""
+    base = root / "manifests"
+    out: list[OllamaName] = []
+    if not base.is_dir():
+        return out
+    for path in sorted(base.glob("*/*/*/*")):
+        if path.is_file() or path.is_symlink():
+            host, ns, model, tag = path.relative_to(base).parts
+            out.append(OllamaName(host, ns, model, tag))
+    return out
+
+
+def _from_store(root: Path, name: OllamaName) -> Listed:
+    from kvadvise.backends.ollama.resolve import resolve
+
+    shown = name.display
+    try:
+        entry = ollama_store.find(name, [root])
+        if entry is None:  # removed while listing
+            raise InputError(f"{shown}: its manifest is gone")
+        m = resolve(shown, roots=[root], use_api=False, use_profiles=False)
+    except KvadviseError as e:
+        return Listed(name=shown, source=f"store:{root}", size_bytes=0, spec=None, error=e.message)
+    from kvadvise.backends.ollama.rules import projector_margin_bytes
+
+    return Listed(
+        name=shown,
+        source=m.source,
+        size_bytes=entry.model_bytes + entry.projector_bytes,
+        spec=m.spec,
+        digest=m.digest,
+        model_ctx=m.default_num_ctx,
+        extra_margin_bytes=projector_margin_bytes(m),
+        notes=m.notes,
+    )
+
+
+def read_store(roots: tuple[Path, ...], threads: int = MAX_THREADS) -> list[Listed]:
+    """Every model of every store root (a name in two roots: the first, as Ollama reads them)."""
+    jobs: list[tuple[Path, OllamaName]] = []
+    seen: set[str] = set()
+    for root in roots:
+        for name in store_names(root):
+            if name.full.lower() not in seen:
+                seen.add(name.full.lower())
+                jobs.append((root, name))
+    if len(jobs) <= 1 or threads <= 1:
+        return [_from_store(r, n) for r, n in jobs]
+    with ThreadPoolExecutor(max_workers=min(threads, len(jobs))) as pool:
+        return list(pool.map(lambda job: _from_store(*job), jobs))
+
+
+def tags(url: str) -> tuple[Tagged, ...]:
+    """``GET /api/tags``: the models the server lists. BackendUnreachable when none answers."""
+    import ollama
+
+    try:
+        doc = ollama_api.call(url, "GET", "/api/tags")
+    except ollama.ResponseError as e:
+        raise BackendUnreachable(
+            f"Ollama at {url} refused /api/tags: HTTP {e.status_code} {ollama_api.one_line(e.error)}"
+        ) from None
+    models = doc.get("models") if isinstance(doc, dict) else None
+    if models is None and isinstance(doc, dict):
+        models = []
+    if not isinstance(models, list):
+        raise BackendUnreachable(f"{url} answered /api/tags with an unexpected payload: no list of models")
+    out = []
+    for m in models:
+        if not isinstance(m, dict):
+            continue
+        name = m.get("name") if isinstance(m.get("name"), str) else m.get("model")
+        if not isinstance(name, str):
+            continue
+        digest = m.get("digest")
+        size = m.get("size")
+        digest = digest.removeprefix("sha256:") if isinstance(digest, str) else ""
+        out.append(Tagged(name, digest, size if isinstance(size, int) and not isinstance(size, bool) else 0))
+    return tuple(out)
+
+
+def _from_server(url: str, t: Tagged) -> Listed:
+    from kvadvise.backends.ollama.resolve import resolve
+
+    try:
+        m = resolve(t.name, host=url, roots=(), use_profiles=False)
+    except KvadviseError as e:
+        return Listed(name=t.name, source=f"api:{url}", size_bytes=t.size, spec=None, error=e.message, digest=t.digest)
+    return Listed(
+        name=m.ref,
+        source=m.source,
+        size_bytes=t.size,
+        spec=m.spec,
+        digest=t.digest or None,
+        model_ctx=m.default_num_ctx,
+        on_server=True,
+        notes=m.notes,
+    )
+
+
+def _same(a: str, b: str) -> bool:
+    def norm(s: str) -> str:
+        return s if ":" in s.rpartition("/")[2] else s + ":latest"
+
+    return norm(a).lower() == norm(b).lower()
+
+
+@dataclass(frozen=True, slots=True)
+class Installed:
+    models: list[Listed]
+    server: dict[str, Any]  # url, reachable, version, notes
+    roots: tuple[Path, ...]
+    notes: tuple[str, ...]
+
+
+def installed(host: str | None) -> Installed:
+    """The store's models and the server's, matched by digest, with what the server holds now."""
+    roots = ollama_store.store_roots()
+    found = [r for r in roots if (r / "manifests").is_dir()]
+    models = read_store(tuple(found))
+    url = ollama_api.server_url(host)
+    notes: list[str] = []
+    server: dict[str, Any] = {"url": url, "reachable": False, "version": None}
+    try:
+        listed = tags(url)
+        running = ollama_api.running_models(url)
+        version = ollama_api.server_version(url)
+    except BackendUnreachable as e:
+        if not found:
+            shown = ", ".join(str(r) for r in roots)
+            raise BackendUnreachable(
+                f"no Ollama model store here ({shown}) and no server answered: {e.message}",
+                hint="start the server (`ollama serve`), set OLLAMA_HOST, or set OLLAMA_MODELS to the store",
+            ) from None
+        notes.append(f"{e.message}: the store alone is listed (no LOADED column)")
+        return Installed(models, server, tuple(found), tuple(notes))
+    server.update(reachable=True, version=version)
+    by_digest = {t.digest: t for t in listed if t.digest}
+    out = []
+    for m in models:
+        on = m.digest is not None and m.digest in by_digest
+        out.append(replace(m, on_server=on, loaded=_loaded(m, running)))
+    known = {m.digest for m in models if m.digest}
+    for t in listed:
+        if t.digest and t.digest in known:
+            continue
+        m = _from_server(url, t)
+        out.append(replace(m, loaded=_loaded(m, running)))
+    if not found:
+        notes.append("no model store on this machine: the server's models are listed (read through /api/show)")
+    return Installed(out, server, tuple(found), tuple(notes))
+
+
+def _loaded(m: Listed, running: tuple[ollama_api.RunningModel, ...]) -> Loaded | None:
+    for r in running:
+        if (m.digest and r.digest.removeprefix("sha256:") == m.digest) or _same(r.name, m.name):
+            return Loaded(r.processor, r.size, r.size_vram, r.context_length)
+    return None
+
+
+# --- the server's settings, from this shell's environment ---------------------
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit() or int(raw) < 0:
+        raise InputError(f"{name}={raw!r} is not a whole number", hint=f"unset {name} or set it to e.g. 1")
+    return int(raw)
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("1", "true", "t", "yes", "on"):
+        return True
+    if raw in ("0", "false", "f", "no", "off"):
+        return False
+    raise InputError(f"{name}={raw!r} is not a boolean", hint=f"set {name}=1 or {name}=0")
+
+
+def server_settings(n_parallel: int | None, cache_type: str | None, total_vram_bytes: int) -> RunSettings:
+    """The settings a server started from this shell would run with (flags override the variables)."""
+    from kvadvise.backends.ollama.rules import KV_CACHE_TYPES, default_num_ctx
+    from kvadvise.model.ggml import cache_type as ggml_type
+    from kvadvise.planner.inventory import RunSettings
+
+    kv = cache_type or os.environ.get("OLLAMA_KV_CACHE_TYPE", "").strip() or "f16"
+    if kv not in KV_CACHE_TYPES:
+        raise InputError(f"OLLAMA_KV_CACHE_TYPE={kv!r} is not a type Ollama supports", hint="f16, q8_0 or q4_0")
+    np = n_parallel or _env_int("OLLAMA_NUM_PARALLEL", 0) or 1
+    ctx = _env_int("OLLAMA_CONTEXT_LENGTH", 0) or default_num_ctx(total_vram_bytes)
+    fa = _env_bool("OLLAMA_FLASH_ATTENTION", True)
+    return RunSettings(n_parallel=np, flash_attn=fa, cache_type=ggml_type(kv), default_ctx=ctx)
+
+
+# --- the command ----------------------------------------------------------------
+
+_NOT_WITH_INSTALLED = {
+    "n_ctx": "--ctx",
+    "write_modelfile": "--write-modelfile",
+    "write_env": "--write-env",
+    "write_systemd": "--write-systemd",
+    "use": "--use",
+    "target_ctx": "--target-ctx",
+    "min_ctx": "--min-ctx",
+    "allow_cpu": "--allow-cpu",
+    "chart": "--chart",
+    "chart_file": "--chart-file",
+}
+
+
+def list_installed(kwargs: dict[str, Any], sort: str) -> None:
+    """``kvadvise ollama --installed``: parse what the listing uses, refuse the rest, print the table."""
+    from kvadvise.backends.ollama.rules import one_cache_type
+    from kvadvise.cli.listing import show_listing, survey
+    from kvadvise.planner.planning import HardwareRequest, hardware_for
+
+    given = [flag for key, flag in _NOT_WITH_INSTALLED.items() if kwargs.get(key)]
+    if given:
+        raise click.UsageError(f"--installed lists every model; {', '.join(given)} is for one model: give NAME")
+    if kwargs.get("gpu") and kwargs.get("vram_bytes") is not None:
+        raise click.UsageError("give --gpu or --vram, not both")
+    kv = one_cache_type(kwargs.get("type_k"), kwargs.get("type_v"))
+    np_flag = kwargs.get("n_parallel")
+    hw = hardware_for(
+        HardwareRequest(gpu=kwargs.get("gpu"), vram_bytes=kwargs.get("vram_bytes"), probe=not kwargs.get("no_hardware"))
+    )
+    vram = sum(g.total_bytes for g in hw.gpus) if hw is not None else 0
+    settings = server_settings(np_flag if np_flag and np_flag != 1 else None, kv, vram)
+    margin = int(kwargs.get("margin_bytes") or 0)
+    with ollama_api.session():
+        found = installed(kwargs.get("host"))
+    budget, rows = survey(found.models, settings, hw, margin)
+    notes = list(found.notes)
+    if hw is not None:
+        notes += list(hw.notes)
+    if not found.models:
+        where = ", ".join(str(r) for r in found.roots) or found.server["url"]
+        notes.append(f"no models installed ({where}); `ollama pull NAME` adds one")
+    show_listing(
+        rows,
+        budget,
+        settings,
+        sort=sort,
+        as_json=bool(kwargs.get("as_json")),
+        show_loaded=bool(found.server["reachable"]),
+        extra_json={"server": found.server, "stores": [str(r) for r in found.roots]},
+        notes=notes,
+    )
+
+
+def with_installed(cmd: click.Command) -> click.Command:
+    """``kvadvise ollama``'s command with NAME optional and ``--installed`` / ``--sort`` added: with
+    ``--installed`` it lists the store; with NAME it is the command as it was."""
+    params: list[click.Parameter] = []
+    for p in cmd.params:
+        if isinstance(p, click.Argument) and p.name == "name":
+            p = click.Argument(["name"], required=False)
+        params.append(p)
+    params += [
+        click.Option(
+            ["--installed"],
+            is_flag=True,
+            help="List every model of the local store (and the server's): size, architecture, the largest "
+            "context per slot at f16 and q8_0 on this GPU, loaded now, what it needs.",
+        ),
+        click.Option(
+            ["--sort"],
+            type=click.Choice(SORTS),
+            default=None,
+            help="With --installed: name (default), size (largest first) or context (longest f16 context first).",
+        ),
+    ]
+    inner: Callable[..., Any] = cmd.callback  # type: ignore[assignment]
+
+    def callback(**kwargs: Any) -> Any:
+        listing = kwargs.pop("installed")
+        sort = kwargs.pop("sort")
+        if listing:
+            if kwargs.get("name"):
+                raise click.UsageError("--installed lists every model: drop NAME (or drop --installed)")
+            return list_installed(kwargs, sort or "name")
+        if sort:
+            raise click.UsageError("--sort orders the --installed listing")
+        if not kwargs.get("name"):
+            raise click.UsageError("give a model NAME[:TAG], or --installed to list the models of the store")
+        return inner(**kwargs)
+
+    help_text = (cmd.help or "") + (
+        "\n\nkvadvise ollama --installed [--sort name|size|context] [--json]: every model of the store, one line each."
+    )
+    return click.Command(
+        cmd.name,
+        params=params,
+        callback=callback,
+        help=help_text,
+        context_settings=cmd.context_settings,
+        short_help=cmd.short_help,
+    )

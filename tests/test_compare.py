@@ -1,0 +1,97 @@
+"""`kvadvise compare`: models side by side on one card, one model on many cards."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from ollama_fake import closed_port_url
+
+from kvadvise.cli import main
+from kvadvise.model.architecture import from_gguf
+from kvadvise.model.gguf import read_file
+from kvadvise.planner.hardware import from_profile
+from kvadvise.planner.memory import RunConfig
+from kvadvise.planner.planning import make_plan
+from kvadvise.planner.recommender import Policy
+
+GiB = 1 << 30
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    rc = main(list(args))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.fixture(autouse=True)
+def _no_server(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "no-store"))
+
+
+def test_builtin_profiles_on_one_card(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run(capsys, "compare", "--gpu", "rtx-4090", "--use", "agent", "--sort", "speed", "--json")
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert doc["target_ctx"] == 65536 and doc["cards"][0]["source"] == "profile:rtx-4090"
+    es = doc["entries"]
+    assert len(es) >= 20 and {e["card"] for e in es} == {"rtx-4090"}
+    speeds = [e["decode_tokens_per_s"] or 0 for e in es]
+    assert speeds == sorted(speeds, reverse=True)
+    big = next(e for e in es if e["model"] == "llama3.1:70b")
+    assert big["fits"] is False and big["n_ctx"] == 0 and big["decode_tokens_per_s"] is None
+    coder = next(e for e in es if e["model"] == "qwen3-coder:30b")
+    assert coder["fits"] and coder["n_ctx"] == 65536 and coder["type_k"] == "q8_0"
+    assert coder["headroom_bytes"] == coder["budget_bytes"] - coder["device_bytes"] > 0
+    rc, out, _ = run(capsys, "compare", "--gpu", "rtx-4090", "--use", "agent", "--sort", "context")
+    lines = out.splitlines()
+    assert lines[1].split()[:4] == ["MODEL", "CARD", "FITS", "CONTEXT"]
+    assert lines[-1].split()[2] == "NO"
+
+
+def test_one_model_on_many_cards(gemma_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run(
+        capsys,
+        "compare",
+        str(gemma_path),
+        "--gpu",
+        "rtx-4090,rtx-5090,rtx-3090x2,m4-max-64gb",
+        "--use",
+        "chat",
+        "--json",
+    )
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert [e["card"] for e in doc["entries"]] == ["rtx-4090", "rtx-5090", "rtx-3090x2", "m4-max-64gb"]
+    assert doc["cards"][2]["n_gpu"] == 2
+    spec = from_gguf(read_file(gemma_path))
+    plan = make_plan(
+        spec, RunConfig(n_ctx=0), recommend_ctx=True, hw=from_profile("rtx-5090"), policy=Policy(target_ctx=8192)
+    )
+    e = doc["entries"][1]
+    assert e["n_ctx"] == 8192 and e["device_bytes"] == plan.estimate.device_bytes
+    assert e["decode_tokens_per_s"] == pytest.approx(plan.recommendation.decode_tokens_per_s)
+    x2 = doc["entries"][2]
+    assert x2["budget_bytes"] == 2 * (from_profile("rtx-3090").gpus[0].total_bytes - (1 << 30))
+
+
+def test_explicit_backend_and_no_fit_exit_3(gemma_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run(capsys, "compare", f"gguf:{gemma_path}", "--vram", "100MiB", "--margin", "0")
+    assert rc == 3 and "NO" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["compare", "--gpu", "rtx-9999"], 2, "kvadvise gpus"),
+        (["compare", "--gpu", "rtx-4090", "--vram", "8GiB"], 2, "not both"),
+        (["compare", "--use", "chat", "--target-ctx", "4096", "--gpu", "t4"], 2, "not both"),
+        (["compare", "no-such-model:1b", "--gpu", "t4"], 2, "not found"),
+        (["compare", "--gpu", "t4", "--sort", "price"], 2, "Invalid value"),
+    ],
+)
+def test_errors(args: list[str], code: int, message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run(capsys, *args)
+    assert rc == code and out == "" and message in err

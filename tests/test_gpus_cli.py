@@ -1,0 +1,101 @@
+"""`kvadvise gpus`: the built-in cards and this machine's GPUs (NVML faked at kvadvise.planner.hardware.probe)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvadvise.cli import main
+from kvadvise.planner import hardware
+from kvadvise.planner.hardware import Gpu, Hardware, load_profiles
+
+GiB = 1 << 30
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    rc = main(list(args))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def _machine() -> Hardware:
+    rtx = next(p for p in load_profiles() if p.id == "rtx-4090")
+    return Hardware(
+        gpus=(
+            Gpu(0, "NVIDIA GeForce RTX 4090", rtx.usable_bytes, 20 * GiB, 3 * GiB, rtx.bandwidth_bytes_per_s, "x"),
+            Gpu(1, "Some Card 7", 8 * GiB, 8 * GiB, 0, None, None),
+        ),
+        ram_total_bytes=64 * GiB,
+        ram_free_bytes=40 * GiB,
+        source="nvml",
+        notes=("GPU 1 (Some Card 7): memory bandwidth unknown (not in profiles/gpus.json)",),
+    )
+
+
+@pytest.fixture
+def machine(monkeypatch: pytest.MonkeyPatch) -> Hardware:
+    hw = _machine()
+    monkeypatch.setattr(hardware, "probe", lambda: hw)
+    return hw
+
+
+def test_json_lists_every_profile_and_the_machine(machine: Hardware, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run(capsys, "gpus", "--json")
+    assert (rc, err) == (0, "")
+    doc = json.loads(out)
+    assert [p["id"] for p in doc["profiles"]] == [p.id for p in load_profiles()]
+    p4090 = next(p for p in doc["profiles"] if p["id"] == "rtx-4090")
+    assert set(p4090) == {
+        "id",
+        "name",
+        "vendor",
+        "aliases",
+        "memory_bytes",
+        "usable_bytes",
+        "bandwidth_bytes_per_s",
+        "unified_memory",
+        "source",
+    }
+    assert p4090["bandwidth_bytes_per_s"] == 1_008_000_000_000 and p4090["source"].startswith("https://")
+    m4 = next(p for p in doc["profiles"] if p["id"] == "m4-max-64gb")
+    assert m4["unified_memory"] and m4["usable_bytes"] == 48 * GiB  # 3/4 of 64 GiB
+    m = doc["machine"]
+    assert m["source"] == "nvml" and m["ram_total_bytes"] == 64 * GiB
+    g0, g1 = m["gpus"]
+    assert (g0["profile"], g0["free_bytes"], g0["used_by_others_bytes"]) == ("rtx-4090", 20 * GiB, 3 * GiB)
+    assert (g1["profile"], g1["bandwidth_bytes_per_s"]) == (None, None)
+    assert m["notes"] == list(machine.notes)
+
+
+def test_text(machine: Hardware, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run(capsys, "gpus")
+    assert rc == 0
+    lines = out.splitlines()
+    assert lines[0].startswith("--gpu ID")
+    assert any(line.startswith("rtx-4090 ") and "1,008 GB/s" in line and "24.0 GiB" in line for line in lines)
+    assert "GPU 0: NVIDIA GeForce RTX 4090  24.0 GiB total, 20.0 GiB free, 3.0 GiB used by other processes" in out
+    assert "(--gpu rtx-4090)" in out and "not in the built-in list" in out
+
+
+def test_every_listed_id_is_a_gpu_name_plan_accepts(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run(capsys, "gpus", "--json", "--no-hardware")
+    assert rc == 0
+    doc = json.loads(out)
+    assert doc["machine"] is None
+    for p in doc["profiles"]:
+        assert hardware.find_profile(p["id"]).id == p["id"]
+
+
+def test_no_gpu(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(
+        hardware, "probe", lambda: Hardware((), 16 * GiB, 8 * GiB, "none", ("no NVIDIA GPU found: no driver",))
+    )
+    rc, out, _ = run(capsys, "gpus")
+    assert rc == 0 and "no GPU seen by NVML" in out
+
+
+def test_unknown_gpu_points_to_the_command(capsys: pytest.CaptureFixture[str], tmp_path: object) -> None:
+    rc, _, err = run(capsys, "gguf", "/nonexistent.gguf", "--gpu", "rtx 9999")
+    assert rc == 2
+    assert "kvadvise gpus" in err or "No such file" in err or "nonexistent" in err
