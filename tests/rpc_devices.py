@@ -13,7 +13,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 
@@ -24,10 +24,8 @@ def _free_port() -> int:
 
 
 def _kill(p: subprocess.Popen[str] | subprocess.Popen[bytes]) -> None:
-    try:
+    with suppress(ProcessLookupError):
         os.killpg(p.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     p.wait()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import struct
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -19,7 +20,15 @@ def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     return rc, out, err
 
 
+def _recommended(capsys: pytest.CaptureFixture[str], gemma_path: Path) -> int:
+    """The context per sequence the plan recommends for this card (the policy decides it, not the chart)."""
+    rc, out, _ = run(capsys, "gguf", str(gemma_path), "--vram", "640MiB", "--margin", "0", "--json")
+    assert rc == 0
+    return int(json.loads(out)["config"]["n_ctx_seq"])
+
+
 def test_terminal_chart_reads_clearly(gemma_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    n = _recommended(capsys, gemma_path)
     rc, out, _ = run(capsys, "gguf", str(gemma_path), "--vram", "640MiB", "--margin", "0", "--chart")
     assert rc == 0
     chart = out[out.index("memory on the device (GiB)") :].splitlines()
@@ -34,7 +43,7 @@ def test_terminal_chart_reads_clearly(gemma_path: Path, capsys: pytest.CaptureFi
         "m = q8_0 K / q4_0 V",
         "4 = q4_0",
         "= budget",
-        "* = recommended (29,184 tokens",
+        f"* = recommended ({n:,} tokens",
     ):
         assert part in legend
     plotted = "".join(chart[1:-4])
@@ -44,6 +53,7 @@ def test_terminal_chart_reads_clearly(gemma_path: Path, capsys: pytest.CaptureFi
 @pytest.mark.parametrize("suffix", [".svg", ".png"])
 def test_chart_file(suffix: str, gemma_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("matplotlib")
+    n = _recommended(capsys, gemma_path)
     path = tmp_path / f"chart{suffix}"
     rc, out, err = run(
         capsys, "gguf", str(gemma_path), "--vram", "640MiB", "--margin", "0", "--chart-file", str(path), "--json"
@@ -59,7 +69,7 @@ def test_chart_file(suffix: str, gemma_path: Path, tmp_path: Path, capsys: pytes
     ns = "{http://www.w3.org/2000/svg}"
     assert root.tag == f"{ns}svg" and root.get("width") == "720pt" and root.get("height") == "432pt"
     text = data.decode()
-    for label in ("f16", "q8_0", "q4_0", "budget 0.62 GiB", "recommended: 29,184 tokens", "context per sequence"):
+    for label in ("f16", "q8_0", "q4_0", "budget 0.62 GiB", f"recommended: {n:,} tokens", "context per sequence"):
         assert label in text  # matplotlib keeps text as comments/ids in the SVG
     assert len(root.findall(f".//{ns}path")) > 10
 

@@ -43,5 +43,6 @@ def test_every_option_is_documented() -> None:
 
 def test_every_command_the_readme_heads_exists() -> None:
     known = {" ".join(path) for path in _commands(cli)}
-    headed = re.findall(r"^### `kvadvise ([a-z][a-z -]*?)(?: [A-Z\[]|`|\|)", README, flags=re.M)
+    # the command's words: up to its first argument (MODEL, NAME[:TAG]) or option (--installed)
+    headed = re.findall(r"^### `kvadvise ([a-z][a-z ]*?)(?: [A-Z\[-]|`|\|)", README, flags=re.M)
     assert headed and [h.strip() for h in headed if h.strip() not in known] == []

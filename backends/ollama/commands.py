@@ -93,6 +93,7 @@ def ollama_command(
         )
     if o.as_json:
         output.result_json(plan_dict(plan) | {"ollama": advice_dict(advice)})
+        show_chart(plan, o, terminal=False)  # --chart-file writes the image with --json too
     else:
         output.result(plan_text(plan))
         show_chart(plan, o)
