@@ -65,7 +65,7 @@ def model_dict(spec: ModelSpec) -> dict[str, Any]:
 
 
 def estimate_dict(
-    spec: ModelSpec, cfg: RunConfig, est: MemoryEstimate, budget_bytes: int | None = None
+    spec: ModelSpec, cfg: RunConfig, est: MemoryEstimate, device_budgets: tuple[int, ...] = ()
 ) -> dict[str, Any]:
     lay = est.layout
     return {
@@ -110,9 +110,9 @@ def estimate_dict(
                     "compute_bytes": d.compute_bytes,
                     "overhead_bytes": d.overhead_bytes,
                     "total_bytes": d.total_bytes,
-                    "budget_bytes": budget_bytes,
+                    "budget_bytes": device_budgets[i] if i < len(device_budgets) else None,
                 }
-                for d in est.devices
+                for i, d in enumerate(est.devices)
             ],
             "host": {
                 "weights_bytes": est.host.weights_bytes,
@@ -156,25 +156,37 @@ def estimate_text(spec: ModelSpec, cfg: RunConfig, est: MemoryEstimate) -> str:
     cache_note = " + ".join(
         f"{c.n_layers} {'SWA' if c.kind == 'swa' else 'full'} layers × {c.cells:,}" for c in est.caches
     )
-    dev, host = est.devices[0] if est.devices else None, est.host
-    # (label, total, on the device, in system RAM, note); the two columns only for a GPU run
-    rows = [
-        ("weights", est.weights_bytes, dev and dev.weights_bytes, host.weights_bytes, spec.file_type),
-        ("K cache", est.k_bytes, est.k_bytes, 0, cache_note + (" cells" if cache_note else "")),
-        ("V cache", est.v_bytes, est.v_bytes, 0, "none: MLA keeps only K" if spec.is_mla else ""),
-        ("recurrent", est.recurrent_bytes, est.recurrent_bytes, 0,
+    host = est.host
+    devs = est.devices if lay.device != "cpu" else ()
+    # (label, total, per device, in system RAM, note); the device and host columns only for a GPU run
+    rows: list[tuple[str, int, list[int | None], int, str] | None] = [
+        ("weights", est.weights_bytes, [d.weights_bytes for d in devs], host.weights_bytes, spec.file_type),
+        ("K cache", est.k_bytes, [est.k_bytes if len(devs) == 1 else None for _ in devs], 0,
+         cache_note + (" cells" if cache_note else "")),
+        ("V cache", est.v_bytes, [est.v_bytes if len(devs) == 1 else None for _ in devs], 0,
+         "none: MLA keeps only K" if spec.is_mla else ""),
+        ("K+V", est.kv_bytes, [d.kv_bytes for d in devs], 0, "per device") if len(devs) > 1 else None,
+        ("recurrent", est.recurrent_bytes, [d.recurrent_bytes for d in devs], 0,
          f"{sum(spec.recurrent_layers)} layers" if spec.has_recurrent else ""),
-        ("compute", est.compute_bytes, dev and dev.compute_bytes, host.compute_bytes, "estimate"),
-        ("output", est.output_bytes, 0, host.output_bytes, "logits"),
-        ("overhead", est.overhead_bytes, est.overhead_bytes, 0, lay.device),
-        ("total", est.total_bytes, est.device_bytes, est.host_bytes, ""),
+        ("compute", est.compute_bytes, [d.compute_bytes for d in devs], host.compute_bytes, "estimate"),
+        ("output", est.output_bytes, [0 for _ in devs], host.output_bytes, "logits"),
+        ("overhead", est.overhead_bytes, [d.overhead_bytes for d in devs], 0, lay.device),
+        ("total", est.total_bytes, [d.total_bytes for d in devs], est.host_bytes, ""),
+        ("layers", 0, [d.n_layers for d in devs], 0, "") if len(devs) > 1 else None,
     ]  # fmt: skip
-    split = lay.device != "cpu" and dev is not None
     lines = [head, "  " + " · ".join(parts)]
-    if split:
-        lines.append(f"  {'':<10}{'total':>13}{dev.name if dev else '':>13}{'host RAM':>13}")
-    for label, n, on_dev, in_ram, note in rows:
-        cols = f"{fmt_bytes(on_dev or 0):>13}{fmt_bytes(in_ram):>13}" if split else ""
+    if devs:
+        lines.append(f"  {'':<10}{'total':>13}" + "".join(f"{d.name[:12]:>13}" for d in devs) + f"{'host RAM':>13}")
+    for row in rows:
+        if row is None:
+            continue
+        label, n, per_dev, in_ram, note = row
+        if label == "layers":
+            lines.append(f"  {label:<10}{'':>13}" + "".join(f"{x:>13}" for x in per_dev))
+            continue
+        cols = "".join(f"{'' if x is None else fmt_bytes(x):>13}" for x in per_dev) + (
+            f"{fmt_bytes(in_ram):>13}" if devs else ""
+        )
         lines.append(f"  {label:<10}{fmt_bytes(n):>13}{cols}" + (f"   {note}" if note else ""))
     lines.append(f"  KV per token of context: {est.kv_bytes_per_token:,} B")
     lines.extend(f"  note: {n}" for n in spec.notes)
@@ -194,12 +206,15 @@ def budget_dict(b: Budget) -> dict[str, Any]:
         "bandwidth_source": b.bandwidth_source,
         "headroom_bytes": b.headroom_bytes,
         "headroom_notes": list(b.headroom_notes),
+        "device_budgets_bytes": list(b.device_budgets),
     }
 
 
 def plan_dict(plan: Plan, requested_ctx: int | None = None) -> dict[str, Any]:
     cfg = replace(plan.config, n_ctx=requested_ctx) if requested_ctx is not None else plan.config
-    doc = estimate_dict(plan.spec, cfg, plan.estimate, plan.budget.budget_bytes if plan.budget else None)
+    b = plan.budget
+    budgets = (b.device_budgets or (b.budget_bytes,)) if b is not None else ()
+    doc = estimate_dict(plan.spec, cfg, plan.estimate, budgets)
     if plan.hardware is not None:
         doc["hardware"] = {
             "source": plan.hardware.source,
@@ -275,7 +290,15 @@ def plan_text(plan: Plan, requested_ctx: int | None = None) -> str:
         lines.extend(f"  note: {n}" for n in plan.hardware.notes)
     lines.extend(f"  note: {n}" for n in plan.notes)
     b = plan.budget
-    if b is not None:
+    if b is not None and len(b.device_budgets) > 1 and len(plan.estimate.devices) == len(b.device_budgets):
+        each = ", ".join(
+            f"{d.name} {fmt_bytes(d.total_bytes)} of {fmt_bytes(x)}"
+            for d, x in zip(plan.estimate.devices, b.device_budgets, strict=True)
+        )
+        lines.append(
+            f"  each device within its own budget: {each} ({b.source}) -> {'FITS' if plan.fits else 'DOES NOT FIT'}"
+        )
+    elif b is not None:
         lines.append(
             f"  device total {fmt_bytes(plan.estimate.device_bytes)} of a {fmt_bytes(b.budget_bytes)} budget"
             f" ({b.source}) -> {'FITS' if plan.fits else 'DOES NOT FIT'}"

@@ -173,3 +173,26 @@ def test_ollama_runs_llama_server(
     assert "runs every GGUF model with llama-server" in capsys.readouterr().err
     assert main(["ollama", "qwen3-coder", "--gpu", "4090", "--n-outputs-max", "4"]) == EXIT_INPUT
     assert main(["ollama", "qwen3-coder", "--gpu", "4090", "--runtime", "llama-server", "--json"]) == 0
+
+
+def test_several_gpus_are_not_one_big_card(gemma_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two 24 GB cards: each holds its layers, its compute buffer and its own CUDA context, within its own budget."""
+    argv = ["llamacpp", str(gemma_path), "--ctx", "8192", "--json"]
+    assert main([*argv, "--gpu", "rtx-3090x2", "-ts", "3,1"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    devs = doc["memory"]["devices"]
+    assert [d["name"] for d in devs] == ["CUDA0", "CUDA1"]
+    assert [d["n_layers"] for d in devs] == [15, 4]  # 18 layers + output, split at 3/4 as llama.cpp does
+    assert all(d["overhead_bytes"] == 330 << 20 for d in devs)  # a CUDA context on each card
+    assert sum(d["total_bytes"] for d in devs) == doc["memory"]["device_bytes"]
+    assert [d["budget_bytes"] for d in devs] == doc["budget"]["device_budgets_bytes"]
+    assert "-ts 3,1" in doc["llama_server"]["command"]
+    assert doc["llama_server"]["env"]["LLAMA_ARG_TENSOR_SPLIT"] == "3,1"
+    # by free memory when -ts is not given: two equal cards split evenly
+    assert main([*argv, "--gpu", "rtx-3090,rtx-3090"]) == 0
+    even = json.loads(capsys.readouterr().out)["memory"]["devices"]
+    assert [d["n_layers"] for d in even] == [10, 9]
+    # one card of 8 GiB and one of 2 GiB for a model that fits neither alone but both together
+    assert main(["gguf", str(gemma_path), "--ctx", "4096", "--vram", "8GiB,2GiB", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["memory"]["devices"]) == 2
+    assert main([*argv, "--gpu", "rtx-3090x2", "-ts", "1,1,1"]) == EXIT_INPUT  # three shares, two cards

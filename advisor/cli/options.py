@@ -41,6 +41,34 @@ SIZE = SizeType()
 SIZE_OR_ZERO = SizeType(allow_zero=True)
 
 
+class SizeListType(click.ParamType):  # type: ignore[type-arg]  # generic in click >= 8.2 only
+    """Sizes separated by commas, one per GPU (``24GiB,16GiB``) -> a tuple of bytes."""
+
+    name = "sizes"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[int, ...]:
+        if isinstance(value, tuple):
+            return value
+        return tuple(SIZE.convert(part, param, ctx) for part in str(value).split(","))
+
+
+class SplitType(click.ParamType):  # type: ignore[type-arg]
+    """llama.cpp's -ts: shares separated by commas (``3,1``) -> a tuple of floats."""
+
+    name = "split"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[float, ...]:
+        if isinstance(value, tuple):
+            return value
+        try:
+            shares = tuple(float(x) for x in str(value).split(","))
+        except ValueError:
+            self.fail(f"{value!r}: shares separated by commas, e.g. 3,1", param, ctx)
+        if any(not 0 <= s < 1e9 for s in shares) or not any(shares):
+            self.fail(f"{value!r}: shares >= 0, not all 0, e.g. 3,1", param, ctx)
+        return shares
+
+
 @dataclass(frozen=True, slots=True)
 class PlanOptions:
     """What the shared planning flags say, typed; built once from click's keyword arguments."""
@@ -56,7 +84,7 @@ class PlanOptions:
     swa_full: bool
     device: str
     gpu: str | None
-    vram_bytes: int | None
+    vram_bytes: tuple[int, ...] | None
     margin_bytes: int
     target_ctx: int
     use: str | None
@@ -71,6 +99,7 @@ class PlanOptions:
     n_outputs_max: int | None = None
     allow_q4: bool = False
     headless: bool = False
+    tensor_split: tuple[float, ...] = ()
 
     @classmethod
     def take(cls, kwargs: dict[str, Any]) -> PlanOptions:
@@ -266,15 +295,24 @@ def _hardware_options(planned: bool) -> list[Callable[[F], F]]:
             "--gpu",
             "gpu",
             metavar="NAME",
-            help="Plan for a card of the built-in list (e.g. 4090, 'A100 80GB').",
+            help="Plan for cards of the built-in list (`kvadvise gpus`): 4090; several: 4090,3090 or rtx-3090x2.",
             default=None,
         ),
         click.option(
             "--vram",
             "vram_bytes",
-            type=SIZE,
-            metavar="SIZE",
-            help="Plan for a memory budget given by hand: 24GiB, 24GB, 24000MiB.",
+            type=SizeListType(),
+            metavar="SIZE[,SIZE...]",
+            help="Plan for memory budgets given by hand, one per GPU: 24GiB, 24GB, 24000MiB; 24GiB,16GiB.",
             default=None,
+        ),
+        click.option(
+            "--tensor-split",
+            "-ts",
+            "tensor_split",
+            type=SplitType(),
+            metavar="N,N,...",
+            default=None,
+            help="With several GPUs, each one's share of the layers (llama.cpp -ts) [default: by free memory].",
         ),
     ]

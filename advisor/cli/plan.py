@@ -82,6 +82,7 @@ def build_plan(
         device=o.device,
         runtime=o.runtime,
         n_outputs_max=o.n_outputs_max,
+        tensor_split=o.tensor_split or (),
     )
     return make_plan(
         spec,

@@ -16,7 +16,7 @@ import os
 import re
 import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -271,6 +271,46 @@ def from_profile(name: str) -> Hardware:
         source=f"profile:{p.id}",
         notes=notes,
     )
+
+
+_MULTI = re.compile(r"^(.+?)\s*[x×]\s*(\d+)$", re.IGNORECASE)
+
+
+def from_profiles(names: str) -> Hardware:
+    """Several cards you don't own: ``4090,3090`` (comma-separated), ``NAMExN`` for N of one card
+    (``rtx-3090x2``). One name is :func:`from_profile`. llama.cpp splits the layers over them."""
+    cards: list[Gpu] = []
+    first: Hardware | None = None
+    for raw in (n.strip() for n in names.split(",")):
+        if not raw:
+            raise InputError(f"--gpu {names!r}: an empty card name", hint="e.g. --gpu rtx-4090,rtx-3090")
+        count, base = 1, raw
+        m = _MULTI.match(raw)
+        if m is not None:
+            try:
+                find_profile(raw)  # a profile whose own name ends in xN wins
+            except InputError:
+                base, count = m[1], int(m[2])
+        if not 1 <= count <= 16:
+            raise InputError(f"--gpu {raw!r}: {count} cards", hint="1 to 16 cards, e.g. rtx-3090x2")
+        hw = from_profile(base)
+        first = first or hw
+        cards.extend(hw.gpus[0] for _ in range(count))
+    assert first is not None
+    if len(cards) == 1:
+        return first
+    gpus = tuple(replace(g, index=i) for i, g in enumerate(cards))
+    note = f"{len(gpus)} GPUs: " + ", ".join(g.name for g in gpus) + "; llama.cpp splits the layers across them"
+    return replace(first, gpus=gpus, source=f"profiles:{names}", notes=(*first.notes, note))
+
+
+def manual_many(sizes: Sequence[int]) -> Hardware:
+    """``--vram 24GiB,16GiB``: one GPU of each size, nothing else running; this machine's RAM."""
+    if len(sizes) == 1:
+        return manual(sizes[0])
+    hws = [manual(s) for s in sizes]
+    gpus = tuple(replace(h.gpus[0], index=i, name=f"manual budget {i}") for i, h in enumerate(hws))
+    return replace(hws[0], gpus=gpus)
 
 
 def manual(vram_bytes: int) -> Hardware:

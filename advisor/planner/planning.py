@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from kvadvise.errors import ConfigError
 from kvadvise.model.spec import ModelSpec
 from kvadvise.planner.hardware import Hardware
 from kvadvise.planner.memory import MemoryEstimate, RunConfig, estimate
@@ -23,7 +24,7 @@ from kvadvise.planner.recommender import (
 @dataclass(frozen=True, slots=True)
 class HardwareRequest:
     gpu: str | None = None  # plan for a card from profiles/gpus.json
-    vram_bytes: int | None = None  # a budget given by hand
+    vram_bytes: tuple[int, ...] | None = None  # budgets given by hand, one per GPU
     probe: bool = True  # else: no hardware (estimate only)
 
 
@@ -52,9 +53,9 @@ def hardware_for(req: HardwareRequest) -> Hardware | None:
     from kvadvise.planner import hardware
 
     if req.vram_bytes is not None:
-        return hardware.manual(req.vram_bytes)
+        return hardware.manual_many(req.vram_bytes)
     if req.gpu:
-        return hardware.from_profile(req.gpu)
+        return hardware.from_profiles(req.gpu)
     return hardware.probe() if req.probe else None
 
 
@@ -81,6 +82,16 @@ def make_plan(
             *notes,
             f"overhead {measured_overhead.overhead_bytes / (1 << 20):,.0f} MiB from {measured_overhead.source}",
         )
+    n_gpu = len(budget.device_free) if budget is not None else 0
+    if base.tensor_split and len(base.tensor_split) != max(1, n_gpu):
+        raise ConfigError(
+            f"--tensor-split has {len(base.tensor_split)} shares for {max(1, n_gpu)} GPU(s)",
+            hint="one share per GPU, e.g. --gpu rtx-3090x2 -ts 3,1",
+        )
+    if budget is not None and n_gpu > 1 and not base.tensor_split:
+        # several GPUs and no -ts: llama.cpp splits the layers by each device's free memory
+        # (llama_model::load_tensors); in GiB, so the command can state the same split (-ts)
+        base = replace(base, tensor_split=tuple(round(f / (1 << 30), 2) for f in budget.device_free))
     if recommend_ctx and budget is not None:
         rec = recommend(spec, base, budget, policy)
         return Plan(spec, rec.config, rec.estimate, hw, budget, rec.fits, rec, notes)
@@ -88,7 +99,7 @@ def make_plan(
     if cfg.device == "auto":
         cfg = replace(cfg, device="cpu")
     est = estimate(spec, cfg)
-    fits = est.device_bytes <= budget.budget_bytes if budget is not None else None
+    fits = budget.fits(est) if budget is not None else None
     if budget is not None and not fits:
         alt = fixed_ctx_alternatives(spec, cfg, budget, policy)
         notes = (*notes, alt) if alt else notes

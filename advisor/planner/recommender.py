@@ -86,6 +86,16 @@ class Budget:
     bandwidth_source: str | None
     headroom_bytes: int = 0  # kept free besides the margin (already taken out of budget_bytes)
     headroom_notes: tuple[str, ...] = ()  # why, one line each
+    # with several GPUs, each one's own budget (its free memory minus its margin and its share of the
+    # headroom): a plan fits only when every device fits its own; budget_bytes is their sum
+    device_budgets: tuple[int, ...] = ()
+    device_free: tuple[int, ...] = ()  # each GPU's free memory: llama.cpp's default split (-ts) follows it
+
+    def fits(self, est: MemoryEstimate) -> bool:
+        """Every device within its own budget (one budget for one device, or the CPU)."""
+        if len(self.device_budgets) > 1 and len(est.devices) == len(self.device_budgets):
+            return all(d.total_bytes <= b for d, b in zip(est.devices, self.device_budgets, strict=True))
+        return est.device_bytes <= self.budget_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,7 +229,10 @@ def budget_for(hw: Hardware, margin_bytes: int = DEFAULT_MARGIN_BYTES) -> Budget
         bw = [g.bandwidth_bytes_per_s for g in hw.gpus]
         bandwidth = min(b for b in bw if b) if any(bw) else None  # layers run one GPU after another
         src = next((g.bandwidth_source for g in hw.gpus if g.bandwidth_source), None)
-        return Budget("cuda", total, free, margin, max(0, free - margin), hw.source, len(hw.gpus), bandwidth, src)
+        per = tuple(max(0, g.free_bytes - margin_bytes) for g in hw.gpus)
+        frees = tuple(g.free_bytes for g in hw.gpus)
+        budget = Budget("cuda", total, free, margin, max(0, free - margin), hw.source, len(hw.gpus), bandwidth, src)
+        return replace(budget, device_budgets=per, device_free=frees) if len(hw.gpus) > 1 else budget
     free = hw.ram_free_bytes
     return Budget("cpu", hw.ram_total_bytes, free, margin_bytes, max(0, free - margin_bytes), "ram", 0, None, None)
 
@@ -244,7 +257,7 @@ def max_context(spec: ModelSpec, base: RunConfig, kv: tuple[GGMLType, GGMLType],
     cap = max(CTX_PAD, spec.n_ctx_train // CTX_PAD * CTX_PAD) if spec.n_ctx_train else 1 << 20
 
     def fits(n_seq: int) -> bool:
-        return estimate(spec, _cfg(base, n_seq, kv, fa, budget.device)).device_bytes <= budget.budget_bytes
+        return budget.fits(estimate(spec, _cfg(base, n_seq, kv, fa, budget.device)))
 
     lo, hi = 0, cap // CTX_PAD  # in units of 256
     if not fits(CTX_PAD):
@@ -322,11 +335,13 @@ def with_headroom(budget: Budget, hw: Hardware, spec: ModelSpec, policy: Policy)
             )
     if not extra:
         return budget
+    n = max(1, len(budget.device_budgets))
     return replace(
         budget,
         headroom_bytes=budget.headroom_bytes + extra,
         headroom_notes=budget.headroom_notes + tuple(notes),
         budget_bytes=max(0, budget.budget_bytes - extra),
+        device_budgets=tuple(max(0, b - -(-extra // n)) for b in budget.device_budgets),
     )
 
 
@@ -370,7 +385,7 @@ def recommend(spec: ModelSpec, base: RunConfig, budget: Budget, policy: Policy) 
         n_ctx_seq = n_ctx_seq // CTX_ROUND * CTX_ROUND
     cfg = _cfg(base, n_ctx_seq, (chosen.type_k, chosen.type_v), chosen.flash_attn, budget.device)
     est = estimate(spec, cfg)
-    fits = est.device_bytes <= budget.budget_bytes
+    fits = budget.fits(est)
     reasons += _reasons(spec, base, budget, policy, options, chosen, target, why, n_ctx_seq, est, fits)
 
     if policy.min_ctx and (not fits or n_ctx_seq < policy.min_ctx):
@@ -558,8 +573,9 @@ def fixed_ctx_alternatives(spec: ModelSpec, cfg: RunConfig, budget: Budget, poli
     for kv in kvs:
         if kv == (cfg.type_k, cfg.type_v):
             continue
-        d = estimate(spec, _cfg(base, n_seq, kv, fa, budget.device)).device_bytes
-        if d <= budget.budget_bytes:
+        e = estimate(spec, _cfg(base, n_seq, kv, fa, budget.device))
+        d = e.device_bytes
+        if budget.fits(e):
             return f"does not fit with {now}; fits with {_kv_name(kv)} ({_gb(d)} of {_gb(budget.budget_bytes)})"
     best = max(
         ((kv, max_context(spec, base, kv, fa, budget)) for kv in kvs or [(cfg.type_k, cfg.type_v)]),

@@ -118,6 +118,7 @@ _LLAMACPP_ONLY = {
     "swa_full": "--swa-full",
     "n_ubatch": "-ub/--ubatch",
     "n_outputs_max": "--n-outputs-max",
+    "tensor_split": "-ts/--tensor-split",
 }
 
 
