@@ -22,13 +22,28 @@ ROOT = TESTS.parent
 MIB = 1 << 20
 
 
+# Every process a test starts inherits this variable with the test's own value, so the checks below
+# count the processes of this test only, not those another session runs on the same machine.
+SESSION_VAR = "KVTEST_PROCESS_MARK"
+
+
+def _ours(p: psutil.Process) -> bool:
+    mark = os.environ.get(SESSION_VAR)
+    if not mark:
+        return True
+    try:
+        return p.environ().get(SESSION_VAR) == mark
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+
+
 def llama_servers() -> list[psutil.Process]:
-    """Running llama-server processes (the real binary; its path is the first word of the command line)."""
+    """Running llama-server processes this test started (the real binary: the first word of the command line)."""
     out = []
     for p in psutil.process_iter(["cmdline"]):
         try:
             cmd = p.info["cmdline"] or []
-            if cmd and os.path.basename(cmd[0]) == "llama-server":
+            if cmd and os.path.basename(cmd[0]) == "llama-server" and _ours(p):
                 out.append(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
@@ -39,7 +54,7 @@ def children_named(marker: str) -> list[psutil.Process]:
     out = []
     for p in psutil.process_iter(["cmdline"]):
         try:
-            if any(marker in part for part in (p.info["cmdline"] or [])):
+            if any(marker in part for part in (p.info["cmdline"] or [])) and _ours(p):
                 out.append(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
@@ -47,7 +62,8 @@ def children_named(marker: str) -> list[psutil.Process]:
 
 
 @pytest.fixture(autouse=True)
-def _no_orphans() -> object:
+def _no_orphans(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> object:
+    monkeypatch.setenv(SESSION_VAR, f"{os.getpid()}:{request.node.nodeid}")
     yield
     time.sleep(0.1)
     assert children_named("kvadvise.backends.llamacpp.probe") == []
