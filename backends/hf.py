@@ -24,12 +24,12 @@ import math
 import os
 import re
 import struct
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from kvadvise.deadline import within
 from kvadvise.errors import BackendUnreachable, InputError, KvadviseError
 from kvadvise.files import load_json
 from kvadvise.model.hfconfig import from_config
@@ -213,9 +213,18 @@ def _hub_params(repo_id: str) -> tuple[int | None, str]:
     from huggingface_hub import HfApi
     from huggingface_hub.errors import HfHubHTTPError
 
-    errors: tuple[type[BaseException], ...] = (HfHubHTTPError, ValueError, *hub.transport_errors())
-    try:
-        info = HfApi(endpoint=hub.endpoint()).model_info(repo_id, expand=["safetensors"])
+    errors: tuple[type[BaseException], ...] = (
+        HfHubHTTPError,
+        ValueError,
+        BackendUnreachable,
+        *hub.transport_errors(),
+    )
+    try:  # optional: a Hub that does not answer in time leaves the count unknown
+        info = within(
+            hub.HUB_DEADLINE_S,
+            lambda: HfApi(endpoint=hub.endpoint()).model_info(repo_id, expand=["safetensors"]),
+            lambda: BackendUnreachable(f"{repo_id}: no answer in time"),
+        )
     except errors:
         return None, ""
     st = info.safetensors
@@ -320,7 +329,16 @@ def _hub_file(repo_id: str, filename: str) -> Path:
     etag_s = float(getattr(constants, "HF_HUB_ETAG_TIMEOUT", 10))
     download_s = float(getattr(constants, "HF_HUB_DOWNLOAD_TIMEOUT", 10))
     try:
-        meta = get_hf_file_metadata(hf_hub_url(repo_id, filename, endpoint=base), timeout=etag_s)
+        meta = within(
+            etag_s,
+            lambda: get_hf_file_metadata(hf_hub_url(repo_id, filename, endpoint=base), timeout=etag_s),
+            lambda: BackendUnreachable(f"{repo_id}: no complete answer from {base} within {etag_s:g} s"),
+        )
+    except BackendUnreachable:
+        cached = _cached(repo_id, filename)
+        if cached is not None:
+            return cached
+        raise
     except Exception as e:
         cached = _cached(repo_id, filename)
         if cached is not None:  # what hf_hub_download does when its HEAD fails
@@ -334,12 +352,18 @@ def _hub_file(repo_id: str, filename: str) -> Path:
         raise _too_large(f"{repo_id}/{filename}", size)
     deadline = etag_s + download_s  # one HEAD and one GET, no retries
     try:
-        return Path(_within(deadline, lambda: hf_hub_download(repo_id, filename, endpoint=base)))
-    except TimeoutError:
-        raise BackendUnreachable(
-            f"{repo_id}: downloading {filename} from {base} failed: no complete answer within {deadline:g} s",
-            hint="check the network; HF_HUB_DOWNLOAD_TIMEOUT (seconds) allows more",
-        ) from None
+        return Path(
+            within(
+                deadline,
+                lambda: hf_hub_download(repo_id, filename, endpoint=base),
+                lambda: BackendUnreachable(
+                    f"{repo_id}: downloading {filename} from {base} failed: no complete answer within {deadline:g} s",
+                    hint="check the network; HF_HUB_DOWNLOAD_TIMEOUT (seconds) allows more",
+                ),
+            )
+        )
+    except BackendUnreachable:
+        raise
     except Exception as e:
         err = _hub_error(repo_id, filename, e, f"downloading {filename} from {base} failed")
         if err is None:
@@ -359,27 +383,6 @@ def _quiet_hub() -> None:
     if os.environ.get("HF_HUB_VERBOSITY"):
         return
     logging.getLogger("huggingface_hub").setLevel(logging.ERROR)  # its library root logger
-
-
-def _within(seconds: float, call: Callable[[], _T]) -> _T:
-    """``call()``, or TimeoutError after ``seconds`` (the call is left to end in a daemon thread)."""
-    result: list[_T] = []
-    error: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            result.append(call())
-        except BaseException as e:  # handed to the caller's thread
-            error.append(e)
-
-    worker = threading.Thread(target=run, name="kvadvise-hub-download", daemon=True)
-    worker.start()
-    worker.join(seconds)
-    if worker.is_alive():
-        raise TimeoutError
-    if error:
-        raise error[0]
-    return result[0]
 
 
 def _http_errors() -> tuple[type[BaseException], ...]:

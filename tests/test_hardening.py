@@ -646,8 +646,8 @@ def _drip_server() -> tuple[str, object]:
     return f"http://127.0.0.1:{srv.getsockname()[1]}", stop
 
 
-@pytest.mark.parametrize("client", ["ollama", "remote", "verify"])
-def test_a_dripping_server_cannot_stretch_a_timeout(client: str) -> None:
+@pytest.mark.parametrize("client", ["ollama", "remote", "verify", "hub"])
+def test_a_dripping_server_cannot_stretch_a_timeout(client: str, monkeypatch: pytest.MonkeyPatch) -> None:
     import time
 
     from kvadvise.errors import KvadviseError
@@ -664,6 +664,13 @@ def test_a_dripping_server_cannot_stretch_a_timeout(client: str) -> None:
                 from kvadvise.backends.remote.http_source import HTTPSource
 
                 HTTPSource(url + "/m.gguf", timeout_s=1).read(0, 100)
+            elif client == "hub":  # huggingface_hub's own client, under kvadvise's total deadline
+                from kvadvise.backends.remote import hub
+
+                monkeypatch.setenv("HF_ENDPOINT", url)
+                monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+                monkeypatch.setattr(hub, "HUB_DEADLINE_S", 1.0)
+                hub.resolve(hub.HubRef("user/model-GGUF", quant="Q4_K_M"))
             else:
                 from kvadvise.backends.llamacpp.runners import _http
 

@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvadvise.backends.remote import cache as remotecache
+from kvadvise.deadline import within
 from kvadvise.errors import BackendUnreachable, InputError
 from kvadvise.model.splits import parse_name
 
@@ -250,6 +251,10 @@ def transport_errors() -> tuple[type[BaseException], ...]:
     return tuple(errs)
 
 
+# A total deadline for one Hub API call (a server that drips a byte at a time must not stretch it)
+HUB_DEADLINE_S = 30.0
+
+
 def _list(ref: HubRef) -> tuple[str | None, list[str]]:
     """The commit sha and file list of the repo at ``ref.revision`` (HfApi.model_info: one request)."""
     from huggingface_hub import HfApi
@@ -263,7 +268,13 @@ def _list(ref: HubRef) -> tuple[str | None, list[str]]:
 
     name = _show(ref)
     try:
-        info = HfApi(endpoint=endpoint()).model_info(ref.repo_id, revision=ref.revision)
+        info = within(
+            HUB_DEADLINE_S,
+            lambda: HfApi(endpoint=endpoint()).model_info(ref.repo_id, revision=ref.revision),
+            lambda: BackendUnreachable(
+                f"{name}: no complete answer from {endpoint()} within {HUB_DEADLINE_S:g} s", hint="check the network"
+            ),
+        )
     except GatedRepoError:
         raise InputError(f"{name}: access to {ref.repo_id} is restricted", hint=denied_hint(ref.repo_id)) from None
     except RevisionNotFoundError:
