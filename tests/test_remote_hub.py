@@ -18,10 +18,10 @@ from tinymodels import write_tiny_gguf
 from kvadvise.backends.gguf_cache import cache_dir
 from kvadvise.backends.gguf_file import GGUFFileBackend, load_header
 from kvadvise.backends.hf import HFBackend
-from kvadvise.model.quants import QUANT_BPW, quant_bpw
 from kvadvise.backends.remote import hub
 from kvadvise.cli import main
 from kvadvise.errors import BackendUnreachable, InputError
+from kvadvise.model.quants import QUANT_BPW, quant_bpw
 
 MIB = 1 << 20
 GEMMA_HEADER = 6_525_112
