@@ -161,12 +161,18 @@ def sized(bd: Breakdown, quant: str, total_bytes: int | None = None) -> Breakdow
     )
     est = parts[0] + parts[1] + sum(parts[2]) + sum(parts[3]) + sum(parts[4])
     k = total_bytes / est if total_bytes and est else 1.0
+    ke = k
+    if exp_bpw != bpw and total_bytes and est:
+        # MXFP4 experts are MXFP4 in every build; what else the file holds (BF16, Q8_0) takes the rest
+        rest = est - sum(parts[4])
+        k = max(0.0, total_bytes - sum(parts[4])) / rest if rest else 1.0
+        ke = 1.0
     return Breakdown(
         tok_embd=round(parts[0] * k),
         output=round(parts[1] * k),
         attn=tuple(round(x * k) for x in parts[2]),
         dense=tuple(round(x * k) for x in parts[3]),
-        experts=tuple(round(x * k) for x in parts[4]),
+        experts=tuple(round(x * ke) for x in parts[4]),
         n_expert=bd.n_expert,
         n_expert_used=bd.n_expert_used,
     )
