@@ -26,8 +26,12 @@ def main() -> int:
             (pkg / entry.name).symlink_to(entry)
     (pkg / "backends").symlink_to(ROOT / "backends")
     (pkg / "profiles").symlink_to(ROOT / "profiles")
-    rc = subprocess.run([sys.executable, "-m", "ruff", "check", "advisor", "backends", "tests", "benchmarks"], cwd=ROOT).returncode
-    rc |= subprocess.run([sys.executable, "-m", "ruff", "format", "--check", "advisor", "backends"], cwd=ROOT).returncode
+    rc = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "advisor", "backends", "tests", "benchmarks"], cwd=ROOT
+    ).returncode
+    rc |= subprocess.run(
+        [sys.executable, "-m", "ruff", "format", "--check", "advisor", "backends"], cwd=ROOT
+    ).returncode
     mypy = [sys.executable, "-m", "mypy", "-p", "kvadvise", "--config-file", str(ROOT / "pyproject.toml")]
     rc |= subprocess.run(mypy, cwd=tree).returncode
     return rc

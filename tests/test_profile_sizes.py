@@ -27,7 +27,9 @@ def _recount(pid: str) -> tuple[int, int]:
 @pytest.mark.parametrize("pid", profile_ids())
 def test_stated_size_is_within_5_percent_of_the_recount(pid: str) -> None:
     counted, stated = _recount(pid)
-    assert abs(stated - counted) / counted <= TOLERANCE, f"{pid}: stated {stated / 1e9:.2f} GB, counted {counted / 1e9:.2f}"
+    assert abs(stated - counted) / counted <= TOLERANCE, (
+        f"{pid}: stated {stated / 1e9:.2f} GB, counted {counted / 1e9:.2f}"
+    )
 
 
 @pytest.mark.parametrize("pid", profile_ids())

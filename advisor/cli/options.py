@@ -56,6 +56,7 @@ class PlanOptions:
     device: str
     gpu: str | None
     vram_bytes: int | None
+    bandwidth_gbs: float | None
     margin_bytes: int
     target_ctx: int
     use: str | None
@@ -70,7 +71,7 @@ class PlanOptions:
     def take(cls, kwargs: dict[str, Any]) -> PlanOptions:
         """Pop this class's fields out of ``kwargs`` (what is left belongs to the command).
         A command without --gpu/--vram (verify: it measures this machine) gets None for them."""
-        absent: dict[str, Any] = {"gpu": None, "vram_bytes": None}
+        absent: dict[str, Any] = {"gpu": None, "vram_bytes": None, "bandwidth_gbs": None}
         values: dict[str, Any] = {name: kwargs.pop(name) if name in kwargs else absent[name] for name in cls.__slots__}
         return cls(**values)
 
@@ -223,6 +224,14 @@ def _hardware_options(planned: bool) -> list[Callable[[F], F]]:
             type=SIZE,
             metavar="SIZE",
             help="Plan for a memory budget given by hand: 24GiB, 24GB, 24000MiB.",
+            default=None,
+        ),
+        click.option(
+            "--bandwidth",
+            "bandwidth_gbs",
+            type=click.FloatRange(min=1, min_open=False),
+            metavar="GB/S",
+            help="With --vram: the card's memory bandwidth in GB/s, for the decode-speed estimate (e.g. 448).",
             default=None,
         ),
     ]

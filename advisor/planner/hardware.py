@@ -273,8 +273,8 @@ def from_profile(name: str) -> Hardware:
     )
 
 
-def manual(vram_bytes: int) -> Hardware:
-    """One GPU of ``vram_bytes`` (``--vram SIZE``), nothing else running; this machine's RAM."""
+def manual(vram_bytes: int, bandwidth_bytes_per_s: int | None = None) -> Hardware:
+    """One GPU of ``vram_bytes`` (``--vram SIZE``, ``--bandwidth GB/s``), nothing else running; this machine's RAM."""
     if vram_bytes <= 0:
         raise InputError(f"--vram must be positive, got {vram_bytes} bytes", hint="e.g. --vram 24GiB")
     ram_total, ram_free = _ram_now()
@@ -284,8 +284,8 @@ def manual(vram_bytes: int) -> Hardware:
         total_bytes=vram_bytes,
         free_bytes=vram_bytes,
         used_by_others_bytes=0,
-        bandwidth_bytes_per_s=None,
-        bandwidth_source=None,
+        bandwidth_bytes_per_s=bandwidth_bytes_per_s,
+        bandwidth_source=None if bandwidth_bytes_per_s is None else "--bandwidth",
     )
     return Hardware(gpus=(gpu,), ram_total_bytes=ram_total, ram_free_bytes=ram_free, source="manual")
 

@@ -9,6 +9,7 @@ from kvadvise.model.spec import ModelSpec
 from kvadvise.planner.hardware import Hardware
 from kvadvise.planner.memory import MemoryEstimate, RunConfig, estimate
 from kvadvise.planner.recommender import DEFAULT_MARGIN_BYTES, Budget, Policy, Recommendation, budget_for, recommend
+from kvadvise.planner.speed import SpeedEstimate
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,6 +17,7 @@ class HardwareRequest:
     gpu: str | None = None  # plan for a card from profiles/gpus.json
     vram_bytes: int | None = None  # a budget given by hand
     probe: bool = True  # else: no hardware (estimate only)
+    bandwidth_bytes_per_s: int | None = None  # --bandwidth, with --vram
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +30,7 @@ class Plan:
     fits: bool | None
     recommendation: Recommendation | None  # None when the user fixed --ctx
     notes: tuple[str, ...] = ()
+    speed: SpeedEstimate | None = None  # decode estimate (a GPU plan that fits); with --ctx too
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +46,7 @@ def hardware_for(req: HardwareRequest) -> Hardware | None:
     from kvadvise.planner import hardware
 
     if req.vram_bytes is not None:
-        return hardware.manual(req.vram_bytes)
+        return hardware.manual(req.vram_bytes, req.bandwidth_bytes_per_s)
     if req.gpu:
         return hardware.from_profile(req.gpu)
     return hardware.probe() if req.probe else None
@@ -74,10 +77,15 @@ def make_plan(
         )
     if recommend_ctx and budget is not None:
         rec = recommend(spec, base, budget, policy)
-        return Plan(spec, rec.config, rec.estimate, hw, budget, rec.fits, rec, notes)
+        return Plan(spec, rec.config, rec.estimate, hw, budget, rec.fits, rec, notes, rec.speed)
     cfg = replace(base, device=budget.device) if budget is not None and base.device == "auto" else base
     if cfg.device == "auto":
         cfg = replace(cfg, device="cpu")
     est = estimate(spec, cfg)
     fits = est.device_bytes <= budget.budget_bytes if budget is not None else None
-    return Plan(spec, cfg, est, hw, budget, fits, None, notes)
+    speed = None
+    if fits and budget is not None:
+        from kvadvise.planner.recommender import _decode_speed
+
+        speed = _decode_speed(spec, cfg, budget)[2]
+    return Plan(spec, cfg, est, hw, budget, fits, None, notes, speed)
