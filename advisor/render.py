@@ -12,6 +12,7 @@ from kvadvise.model.spec import ModelSpec
 from kvadvise.planner.memory import MemoryEstimate, RunConfig
 from kvadvise.planner.planning import Plan
 from kvadvise.planner.recommender import Budget, Curve, Recommendation
+from kvadvise.planner.speed import SpeedEstimate
 
 if TYPE_CHECKING:  # only verification output needs it; a plan renders without loading the log parser
     from kvadvise.runtime.verification import Verification
@@ -207,6 +208,20 @@ def budget_dict(b: Budget) -> dict[str, Any]:
         "headroom_bytes": b.headroom_bytes,
         "headroom_notes": list(b.headroom_notes),
         "device_budgets_bytes": list(b.device_budgets),
+        "backend": b.backend,
+    }
+
+
+def speed_dict(sp: SpeedEstimate | None) -> dict[str, Any] | None:
+    if sp is None:
+        return None
+    return {
+        "tokens_per_s": sp.tokens_per_s,
+        "low": sp.low,
+        "high": sp.high,
+        "at_context": [{"n_ctx": c, "tokens_per_s": t} for c, t in sp.points],
+        "text": sp.text(),
+        "note": sp.note,
     }
 
 
@@ -235,6 +250,7 @@ def plan_dict(plan: Plan, requested_ctx: int | None = None) -> dict[str, Any]:
     if plan.budget is not None:
         doc["budget"] = budget_dict(plan.budget)
         doc["fits"] = plan.fits
+        doc["decode_estimate"] = speed_dict(plan.speed)
     doc["notes"] = list(plan.notes)
     rec = plan.recommendation
     if rec is not None:
@@ -318,10 +334,14 @@ def plan_text(plan: Plan, requested_ctx: int | None = None) -> str:
                 f"  {kv:<20}{'on' if o.flash_attn else 'off':<5}{o.n_ctx_max:>12,}{mem:>16}  "
                 f"{'yes' if o.reaches_target else 'no'}" + ("" if o.allowed else "   (only with --allow-q4)")
             )
-        if rec.decode_tokens_per_s is not None:
-            lines.append(f"  decode ≈ {rec.decode_tokens_per_s:,.0f} tokens/s ({rec.speed_note})")
+        if rec.speed is not None:
+            lines.append(f"  decode: {rec.speed.text()}")
+            lines.append(f"    ({rec.speed.note})")
         if rec.offload is not None and rec.offload.decode_tokens_per_s is not None:
             lines.append(f"  with part on the CPU: decode ≈ {rec.offload.decode_tokens_per_s:,.0f} tokens/s")
+    elif plan.speed is not None:
+        lines.append(f"  decode: {plan.speed.text()}")
+        lines.append(f"    ({plan.speed.note})")
     elif plan.budget is not None and not plan.fits:
         lines.append("  hint: drop --ctx to let kvadvise recommend a context and cache type that fit")
     return "\n".join(lines)

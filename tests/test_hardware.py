@@ -317,7 +317,7 @@ def test_probe_only_broken_gpus_is_no_gpu(monkeypatch: pytest.MonkeyPatch) -> No
         ("NVIDIA GeForce RTX 3060", 12288 * MiB, "rtx-3060-12gb"),
         ("NVIDIA GeForce RTX 3060", 8192 * MiB, None),  # the 8 GB 3060 has less bandwidth
         ("NVIDIA GeForce RTX 4060 Ti", 16380 * MiB, "rtx-4060-ti-16gb"),
-        ("NVIDIA GeForce RTX 4060", 8188 * MiB, None),
+        ("NVIDIA GeForce RTX 4060", 8188 * MiB, "rtx-4060"),  # in the list since issue 14
         ("Tesla T4", 15360 * MiB, "t4"),
         ("NVIDIA A10", 23028 * MiB, "a10"),
         ("NVIDIA A10G", 23028 * MiB, None),
@@ -400,7 +400,7 @@ def test_find_profile_ambiguous(query: str, ids: set[str]) -> None:
 @pytest.mark.parametrize(
     ("query", "suggested"),
     [
-        ("4060", "rtx-4060-ti-16gb"),  # the plain 4060 is another card: suggested, not taken
+        ("4060 ti 12gb", "rtx-4060-ti-16gb"),  # a variant word matches, the size does not: suggested, not taken
         ("m3-36", "m3-pro-36gb"),
         ("rtx 9999", None),
         ("rtx-4909", "rtx-4090"),
@@ -717,3 +717,9 @@ def test_hardware_types_are_frozen() -> None:
         hw.source = "x"  # type: ignore[misc]
     with pytest.raises(AttributeError):
         hw.gpus[0].total_bytes = 1  # type: ignore[misc]
+
+
+def test_plain_4060_is_the_8gb_card() -> None:
+    """Issue 14: `--gpu 4060` plans for the RTX 4060 8 GB (272 GB/s), not the 4060 Ti 16 GB."""
+    hw = from_profile("4060")
+    assert hw.gpus[0].total_bytes == 8 << 30 and hw.gpus[0].bandwidth_bytes_per_s == 272_000_000_000

@@ -91,7 +91,9 @@ def test_unusable_server_falls_through_to_profile(empty_store: Path, fake: FakeO
 def test_profile_alias(empty_store: Path) -> None:
     m = resolve("qwen3-coder", use_api=False)
     assert m.source == "profile:qwen3-coder:30b" and m.ref == "qwen3-coder:latest"
-    assert m.spec.name == "qwen3-coder:30b" and m.model_bytes == m.spec.weights_bytes == 18_000_000_000
+    assert (
+        m.spec.name == "qwen3-coder:30b" and m.model_bytes == m.spec.weights_bytes == 19_000_000_000
+    )  # the library size (issue 14)
     assert any("qwen3-coder:latest is qwen3-coder:30b" in n for n in m.notes)
 
 

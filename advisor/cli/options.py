@@ -85,6 +85,7 @@ class PlanOptions:
     device: str
     gpu: str | None
     vram_bytes: tuple[int, ...] | None
+    bandwidth_gbs: float | None
     margin_bytes: int
     target_ctx: int
     use: str | None
@@ -107,7 +108,7 @@ class PlanOptions:
         A command without --gpu/--vram (verify: it measures this machine) gets None for them."""
         from dataclasses import MISSING, fields
 
-        absent: dict[str, Any] = {"gpu": None, "vram_bytes": None}
+        absent: dict[str, Any] = {"gpu": None, "vram_bytes": None, "bandwidth_gbs": None}
         values: dict[str, Any] = {}
         for f in fields(cls):
             if f.name in kwargs:
@@ -314,5 +315,13 @@ def _hardware_options(planned: bool) -> list[Callable[[F], F]]:
             metavar="N,N,...",
             default=None,
             help="With several GPUs, each one's share of the layers (llama.cpp -ts) [default: by free memory].",
+        ),
+        click.option(
+            "--bandwidth",
+            "bandwidth_gbs",
+            type=click.FloatRange(min=1, min_open=False),
+            metavar="GB/S",
+            help="With --vram: the card's memory bandwidth in GB/s, for the decode-speed estimate (e.g. 448).",
+            default=None,
         ),
     ]

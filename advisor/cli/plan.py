@@ -24,6 +24,8 @@ def check_flags(o: PlanOptions) -> None:
     """Flags that contradict each other: refused (exit 2) rather than one silently winning."""
     if o.gpu and o.vram_bytes is not None:
         raise click.UsageError("give --gpu or --vram, not both")
+    if o.bandwidth_gbs is not None and o.vram_bytes is None:
+        raise click.UsageError("--bandwidth goes with --vram (a --gpu card has its own)")
     if (o.gpu or o.vram_bytes is not None) and o.device == "cpu":
         raise click.UsageError("--device cpu plans without a GPU: drop --gpu/--vram, or use --device cuda")
     if o.n_ctx is not None and (o.use or o.target_ctx):
@@ -66,7 +68,14 @@ def build_plan(
         headless=o.headless,
     )
     probed = not o.gpu and o.vram_bytes is None and not o.no_hardware
-    hw = hardware_for(HardwareRequest(gpu=o.gpu, vram_bytes=o.vram_bytes, probe=not o.no_hardware))
+    hw = hardware_for(
+        HardwareRequest(
+            gpu=o.gpu,
+            vram_bytes=o.vram_bytes,
+            probe=not o.no_hardware,
+            bandwidth_bytes_per_s=None if o.bandwidth_gbs is None else int(o.bandwidth_gbs * 1e9),
+        )
+    )
     measured, notes = _calibration(hw.gpus[0].name if probed and hw is not None and hw.gpus else None)
     kv = fixed or (cache_type("f16"), cache_type("f16"))
     base = RunConfig(

@@ -304,17 +304,17 @@ def from_profiles(names: str) -> Hardware:
     return replace(first, gpus=gpus, source=f"profiles:{names}", notes=(*first.notes, note))
 
 
-def manual_many(sizes: Sequence[int]) -> Hardware:
+def manual_many(sizes: Sequence[int], bandwidth_bytes_per_s: int | None = None) -> Hardware:
     """``--vram 24GiB,16GiB``: one GPU of each size, nothing else running; this machine's RAM."""
     if len(sizes) == 1:
-        return manual(sizes[0])
-    hws = [manual(s) for s in sizes]
+        return manual(sizes[0], bandwidth_bytes_per_s)
+    hws = [manual(s, bandwidth_bytes_per_s) for s in sizes]
     gpus = tuple(replace(h.gpus[0], index=i, name=f"manual budget {i}") for i, h in enumerate(hws))
     return replace(hws[0], gpus=gpus)
 
 
-def manual(vram_bytes: int) -> Hardware:
-    """One GPU of ``vram_bytes`` (``--vram SIZE``), nothing else running; this machine's RAM."""
+def manual(vram_bytes: int, bandwidth_bytes_per_s: int | None = None) -> Hardware:
+    """One GPU of ``vram_bytes`` (``--vram SIZE``, ``--bandwidth GB/s``), nothing else running; this machine's RAM."""
     if vram_bytes <= 0:
         raise InputError(f"--vram must be positive, got {vram_bytes} bytes", hint="e.g. --vram 24GiB")
     ram_total, ram_free = _ram_now()
@@ -324,8 +324,8 @@ def manual(vram_bytes: int) -> Hardware:
         total_bytes=vram_bytes,
         free_bytes=vram_bytes,
         used_by_others_bytes=0,
-        bandwidth_bytes_per_s=None,
-        bandwidth_source=None,
+        bandwidth_bytes_per_s=bandwidth_bytes_per_s,
+        bandwidth_source=None if bandwidth_bytes_per_s is None else "--bandwidth",
     )
     return Hardware(gpus=(gpu,), ram_total_bytes=ram_total, ram_free_bytes=ram_free, source="manual")
 

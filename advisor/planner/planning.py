@@ -19,6 +19,7 @@ from kvadvise.planner.recommender import (
     recommend,
     with_headroom,
 )
+from kvadvise.planner.speed import SpeedEstimate
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +27,7 @@ class HardwareRequest:
     gpu: str | None = None  # plan for a card from profiles/gpus.json
     vram_bytes: tuple[int, ...] | None = None  # budgets given by hand, one per GPU
     probe: bool = True  # else: no hardware (estimate only)
+    bandwidth_bytes_per_s: int | None = None  # --bandwidth, with --vram
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +40,7 @@ class Plan:
     fits: bool | None
     recommendation: Recommendation | None  # None when the user fixed --ctx
     notes: tuple[str, ...] = ()
+    speed: SpeedEstimate | None = None  # decode estimate (a GPU plan that fits); with --ctx too
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +56,7 @@ def hardware_for(req: HardwareRequest) -> Hardware | None:
     from kvadvise.planner import hardware
 
     if req.vram_bytes is not None:
-        return hardware.manual_many(req.vram_bytes)
+        return hardware.manual_many(req.vram_bytes, req.bandwidth_bytes_per_s)
     if req.gpu:
         return hardware.from_profiles(req.gpu)
     return hardware.probe() if req.probe else None
@@ -94,13 +97,18 @@ def make_plan(
         base = replace(base, tensor_split=tuple(round(f / (1 << 30), 2) for f in budget.device_free))
     if recommend_ctx and budget is not None:
         rec = recommend(spec, base, budget, policy)
-        return Plan(spec, rec.config, rec.estimate, hw, budget, rec.fits, rec, notes)
+        return Plan(spec, rec.config, rec.estimate, hw, budget, rec.fits, rec, notes, rec.speed)
     cfg = replace(base, device=budget.device) if budget is not None and base.device == "auto" else base
     if cfg.device == "auto":
         cfg = replace(cfg, device="cpu")
     est = estimate(spec, cfg)
     fits = budget.fits(est) if budget is not None else None
+    speed = None
+    if fits and budget is not None:
+        from kvadvise.planner.recommender import _decode_speed
+
+        speed = _decode_speed(spec, cfg, budget)[2]
     if budget is not None and not fits:
         alt = fixed_ctx_alternatives(spec, cfg, budget, policy)
         notes = (*notes, alt) if alt else notes
-    return Plan(spec, cfg, est, hw, budget, fits, None, notes)
+    return Plan(spec, cfg, est, hw, budget, fits, None, notes, speed)

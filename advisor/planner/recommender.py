@@ -37,6 +37,7 @@ from kvadvise.model.ggml import GGMLType
 from kvadvise.model.spec import ModelSpec
 from kvadvise.planner.hardware import Hardware
 from kvadvise.planner.memory import CTX_PAD, MemoryEstimate, RunConfig, estimate
+from kvadvise.planner.speed import Device, SpeedEstimate, seconds_per_token, weight_reads
 
 F16, Q8_0, Q4_0 = GGMLType.F16, GGMLType.Q8_0, GGMLType.Q4_0
 GIB = 1 << 30
@@ -84,6 +85,7 @@ class Budget:
     n_gpu: int
     bandwidth_bytes_per_s: int | None
     bandwidth_source: str | None
+    backend: str = "cuda"  # for the decode-speed estimate: cuda | metal | vulkan | cpu
     headroom_bytes: int = 0  # kept free besides the margin (already taken out of budget_bytes)
     headroom_notes: tuple[str, ...] = ()  # why, one line each
     # with several GPUs, each one's own budget (its free memory minus its margin and its share of the
@@ -137,6 +139,7 @@ class Recommendation:
     decode_tokens_per_s: float | None
     speed_note: str | None
     offload: Offload | None = None  # with --allow-cpu, when the target needs part of the model on the CPU
+    speed: SpeedEstimate | None = None  # the decode estimate at 4k and at the context (None: it does not fit)
 
 
 # Typical dual-channel DDR5 throughput; the CPU side of a partial offload is bound by it.
@@ -198,11 +201,13 @@ def partial_offload(
     host = full.host_bytes + moved
     tps = None
     if budget.bandwidth_bytes_per_s:
-        gpu_read = max(1, device - full.compute_bytes - full.overhead_bytes)
-        cpu_read = moved
-        if n_cpu_moe and spec.n_expert:
-            cpu_read = moved * spec.n_expert_used // spec.n_expert
-        tps = 1 / (gpu_read / budget.bandwidth_bytes_per_s + cpu_read / CPU_BANDWIDTH_BYTES_PER_S)
+        from kvadvise.planner.speed import kv_read_bytes
+
+        dev = [Device(budget.backend, budget.bandwidth_bytes_per_s)]
+        frac = n_cpu / max(1, n_layer)
+        kv_read = kv_read_bytes(spec, n_ctx_seq, kv[0], kv[1])
+        t = seconds_per_token(weight_reads(spec), kv_read, dev, cpu_expert_layers=n_cpu_moe, cpu_dense_fraction=frac)
+        tps = 1 / t
     what = f"the experts of {n_cpu_moe} layers" if n_cpu_moe else f"{n_cpu} of {n_layer} layers"
     note = (
         f"to run {n_ctx_seq:,} tokens with {kv[0].type_name}/{kv[1].type_name}: keep {what} ({moved / GIB:.2f} GiB) "
@@ -229,10 +234,14 @@ def budget_for(hw: Hardware, margin_bytes: int = DEFAULT_MARGIN_BYTES) -> Budget
         bw = [g.bandwidth_bytes_per_s for g in hw.gpus]
         bandwidth = min(b for b in bw if b) if any(bw) else None  # layers run one GPU after another
         src = next((g.bandwidth_source for g in hw.gpus if g.bandwidth_source), None)
-        per = tuple(max(0, g.free_bytes - margin_bytes) for g in hw.gpus)
-        frees = tuple(g.free_bytes for g in hw.gpus)
-        budget = Budget("cuda", total, free, margin, max(0, free - margin), hw.source, len(hw.gpus), bandwidth, src)
-        return replace(budget, device_budgets=per, device_free=frees) if len(hw.gpus) > 1 else budget
+        backend = "metal" if any(g.unified_memory for g in hw.gpus) else "cuda"
+        budget = Budget(
+            "cuda", total, free, margin, max(0, free - margin), hw.source, len(hw.gpus), bandwidth, src, backend
+        )
+        if len(hw.gpus) > 1:
+            per = tuple(max(0, g.free_bytes - margin_bytes) for g in hw.gpus)
+            budget = replace(budget, device_budgets=per, device_free=tuple(g.free_bytes for g in hw.gpus))
+        return budget
     free = hw.ram_free_bytes
     return Budget("cpu", hw.ram_total_bytes, free, margin_bytes, max(0, free - margin_bytes), "ram", 0, None, None)
 
@@ -394,7 +403,7 @@ def recommend(spec: ModelSpec, base: RunConfig, budget: Budget, policy: Policy) 
             f"{chosen.type_v.type_name} at {chosen.n_ctx_max:,} tokens",
             hint=_what_would_fit(spec, base, budget, policy),
         )
-    tps, note = _decode_speed(spec, est, budget) if fits else (None, None)  # no speed for a plan that does not fit
+    tps, note, speed = _decode_speed(spec, cfg, budget) if fits else (None, None, None)
     offload = None
     if policy.allow_cpu and (not fits or n_ctx_seq < target):
         offload = partial_offload(spec, base, budget, target, (chosen.type_k, chosen.type_v))
@@ -407,7 +416,7 @@ def recommend(spec: ModelSpec, base: RunConfig, budget: Budget, policy: Policy) 
                 "--allow-cpu: no partial-offload figure: the per-layer sizes are unknown for this model "
                 "(a profile or config.json); plan the GGUF file itself for one"
             )
-    return Recommendation(cfg, est, budget, fits, target, tuple(reasons), tuple(options), tps, note, offload)
+    return Recommendation(cfg, est, budget, fits, target, tuple(reasons), tuple(options), tps, note, offload, speed)
 
 
 def _name(o: Option) -> str:
@@ -590,28 +599,21 @@ def _kv_name(kv: tuple[GGMLType, GGMLType]) -> str:
     return f"{kv[0].type_name} K/V" if kv[0] == kv[1] else f"{kv[0].type_name} K / {kv[1].type_name} V"
 
 
-def _decode_speed(spec: ModelSpec, est: MemoryEstimate, budget: Budget) -> tuple[float | None, str | None]:
-    """Decode is memory-bandwidth-bound: tokens/s ≈ bandwidth ÷ bytes read per token.
+def _decode_speed(
+    spec: ModelSpec, cfg: RunConfig, budget: Budget
+) -> tuple[float | None, str | None, SpeedEstimate | None]:
+    """The decode estimate of kvadvise.planner.speed at 4k and at the planned context per sequence."""
+    from kvadvise.planner import speed
 
-    Per token every active weight is read once (MoE: only n_expert_used of
-    n_expert experts) plus the KV of one sequence at full context.
-    """
-    if not budget.bandwidth_bytes_per_s or not spec.weights_bytes:
-        return None, None
-    experts_unused = 0
-    if spec.n_expert and spec.expert_bytes:
-        experts_unused = spec.expert_bytes * (spec.n_expert - spec.n_expert_used) // spec.n_expert
-    active = est.weights_bytes - spec.tok_embd_bytes - experts_unused
-    moe_unknown = bool(spec.n_expert) and not spec.expert_bytes
-    per_token = active + (est.kv_bytes + est.recurrent_bytes) // max(1, est.layout.n_stream)
-    tps = budget.bandwidth_bytes_per_s / per_token
-    note = (
-        f"estimate: {budget.bandwidth_bytes_per_s / 1e9:,.0f} GB/s ÷ {_gb(per_token)} read per token"
-        f" (bandwidth: {budget.bandwidth_source}); `kvadvise verify` measures the real figure"
-    )
-    if moe_unknown:
-        note += "; MoE expert sizes are unknown without the GGUF, so every expert is counted (a low estimate)"
-    return tps, note
+    if not budget.bandwidth_bytes_per_s or not budget.n_gpu:
+        return None, None, None
+    n = budget.n_gpu
+    devices = [Device(budget.backend, budget.bandwidth_bytes_per_s, 1 / n) for _ in range(n)]
+    n_seq = cfg.n_ctx // max(1, cfg.n_parallel)
+    est = speed.estimate(spec, n_seq, devices, type_k=cfg.type_k, type_v=cfg.type_v, source=budget.bandwidth_source)
+    if est is None:
+        return None, None, None
+    return est.points[-1][1], f"{est.text()}; {est.note}", est
 
 
 @dataclass(frozen=True, slots=True)

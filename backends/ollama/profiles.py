@@ -5,8 +5,14 @@ model's published ``config.json``, read by :func:`kvadvise.model.hfconfig.from_c
 (the converter's GGUF keys, then llama.cpp's rules: the same ModelSpec
 ``kvadvise hf`` gives), plus the default tag's quantization and download size
 with where each came from. A download size is the whole blob as the library
-page prints it (rounded, decimal units, projector included), so the weights
-of a profile are approximate; a model in the store or on a server is exact.
+page prints it (2 significant digits, decimal units, projector included) or
+the exact blob bytes where a published source gives them, so the weights of a
+profile are good to about 1 to 3 %; a model in the store or on a server is exact.
+The per-part sizes llama.cpp places one by one (token embeddings, output,
+each block, the routed experts) are counted from the config at the
+quantization and scaled to the download size (:mod:`kvadvise.model.breakdown`),
+so partial offload (``--allow-cpu``, ``--n-cpu-moe``) and the decode-speed
+estimate work for a profile as for a GGUF.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import Any
 
 from kvadvise.backends.ollama.name import OllamaName
 from kvadvise.errors import InputError
+from kvadvise.model.breakdown import params, sized
 from kvadvise.model.hfconfig import from_config
 from kvadvise.model.spec import ModelSpec
 
@@ -41,6 +48,10 @@ class Profile:
     download_bytes: int | None
     download_size: str | None
     download_source: str | None
+    download_date: str | None = None  # when the source gave that size
+    download_kind: str | None = None  # "exact bytes" or the library's rounded size
+    projector_bytes: int = 0  # a vision tower inside the blob (not counted by the text config)
+    projector_source: str | None = None
 
     def spec(self) -> ModelSpec:
         """The ModelSpec llama.cpp would build from this model's GGUF: weights from the download size,
@@ -51,11 +62,12 @@ class Profile:
         weights = spec.weights_bytes
         if self.download_bytes:
             notes.insert(0, f"planned from a built-in profile; weights size from {self.download_source}")
-        elif (n_params := dense_params(spec, self.config)) is not None:
+        elif (bd := params(spec, self.config)) is not None:
             from kvadvise.model.quants import quant_bpw
 
-            canon, bpw = quant_bpw(quant)
-            weights = -(-n_params * int(bpw * 1000) // 8000)
+            n_params = bd.total
+            canon, bpw = quant_bpw(quant) if quant.upper() != "MXFP4" else ("MXFP4", 4.25)
+            weights = sized(bd, quant).total + self.projector_bytes
             assumed = "" if self.quantization else ", assumed: the library's default"
             notes.insert(
                 0,
@@ -66,10 +78,28 @@ class Profile:
             notes.insert(0, "planned from a built-in profile; download size unknown: weights counted as 0")
         notes.append(f"config.json of {self.hf_repo} from {self.source} (confidence: {self.confidence})")
         file_type = _FILE_TYPE.get(quant, quant.lower())
-        return dataclasses.replace(spec, name=self.id, weights_bytes=weights, file_type=file_type, notes=tuple(notes))
+        spec = dataclasses.replace(spec, name=self.id, weights_bytes=weights, file_type=file_type, notes=tuple(notes))
+        return with_parts(spec, self.config, quant, self.projector_bytes)
 
 
 DEFAULT_QUANT = "Q4_K_M"  # the quantization of Ollama library tags like qwen3:8b
+
+
+def with_parts(spec: ModelSpec, config: Mapping[str, Any], quant: str, projector_bytes: int = 0) -> ModelSpec:
+    """``spec`` with the sizes of its parts (embeddings, output, blocks, experts) counted from the config at
+    ``quant`` and scaled to its weights (less a projector); unchanged when the config cannot be counted."""
+    bd = params(spec, config)
+    if bd is None or not spec.weights_bytes:
+        return spec
+    b = sized(bd, quant, max(1, spec.weights_bytes - projector_bytes))
+    layers = b.layers + (0,) * spec.n_layer_nextn
+    return dataclasses.replace(
+        spec,
+        tok_embd_bytes=b.tok_embd,
+        output_bytes=b.output,
+        expert_bytes=sum(b.experts),
+        layer_bytes=layers,
+    )
 
 
 def dense_params(spec: ModelSpec, config: Mapping[str, Any]) -> int | None:
@@ -116,6 +146,10 @@ def profiles() -> dict[str, Profile]:
             download_bytes=entry.get("download_bytes"),
             download_size=entry.get("download_size"),
             download_source=entry.get("download_source"),
+            download_date=entry.get("download_date"),
+            download_kind=entry.get("download_kind"),
+            projector_bytes=int(entry.get("projector_bytes", 0)),
+            projector_source=entry.get("projector_source"),
         )
         for key in (pid, *p.aliases):
             out[key.lower()] = p
