@@ -485,8 +485,14 @@ def verification_text(v: Verification) -> str:
         lines.append(f"  layers on the GPU: {m.gpu_layers}/{m.total_layers}")
     if m.prompt_tokens_per_s is not None:
         lines.append(f"  prompt: {m.prompt_tokens_per_s:,.1f} tokens/s")
+    sp = v.plan.speed
     if m.decode_tokens_per_s is not None:
-        lines.append(f"  decode: {m.decode_tokens_per_s:,.1f} tokens/s")
+        beside = ""
+        if sp is not None and sp.tokens_per_s:  # the plan's estimate at its context, and measured / estimate
+            beside = f"   (estimated ≈ {sp.tokens_per_s:,.0f}; measured / estimated = {m.decode_tokens_per_s / sp.tokens_per_s:.2f})"
+        lines.append(f"  decode: {m.decode_tokens_per_s:,.1f} tokens/s{beside}")
+    elif sp is not None:
+        lines.append(f"  decode estimated: {sp.text()}")
     lines.extend(f"  - {r}" for r in v.reasons)
     lines.append(v.verdict)
     return "\n".join(lines)
