@@ -38,6 +38,7 @@ script, else ``python -m advisor``), never imported.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import io
 import json
@@ -154,6 +155,7 @@ def prune(sdist: Path, dest: Path) -> dict[str, Any]:
                 dropped += 1
                 continue
             m.name = "llama.cpp/" + rel
+            m.pax_headers = {}  # a pax "path" header would put the old name back on write
             m.uid = m.gid = 0
             m.uname = m.gname = ""
             if m.isfile():
@@ -185,13 +187,22 @@ def _wheels(into: Path) -> list[str]:
     pip = [sys.executable, "-m", "pip"]
     gguf = f"gguf=={version('gguf')}"
     plat = ["--platform", "manylinux_2_17_x86_64", "--python-version", "3.12", "--implementation", "cp"]
-    if subprocess.run([*pip, "download", "-q", "--no-deps", "--only-binary=:all:", *plat, "-d", str(into), gguf]).returncode:
+    if subprocess.run(
+        [*pip, "download", "-q", "--no-deps", "--only-binary=:all:", *plat, "-d", str(into), gguf]
+    ).returncode:
         subprocess.run([*pip, "wheel", "-q", "--no-deps", "-w", str(into), gguf], check=True)
     with tempfile.TemporaryDirectory() as tmp:  # build from a copy: no build/ or egg-info in the tree
         src = Path(tmp) / "src"
-        shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv", ".gpu_truth", "build", "*.egg-info",
-                                                                 "__pycache__", ".whl", ".gl", "*_cache"))
-        subprocess.run([*pip, "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(into), str(src)], check=True)
+        shutil.copytree(
+            ROOT,
+            src,
+            ignore=shutil.ignore_patterns(
+                ".git", ".venv", ".gpu_truth", "build", "*.egg-info", "__pycache__", ".whl", ".gl", "*_cache"
+            ),
+        )
+        subprocess.run(
+            [*pip, "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(into), str(src)], check=True
+        )
     return sorted(p.name for p in into.glob("*.whl"))
 
 
@@ -220,8 +231,10 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     (carry / MANIFEST).write_text(json.dumps(info, indent=2) + "\n")
     size = sum(p.stat().st_size for p in carry.rglob("*") if p.is_file())
     repo = _travel_bytes()
-    print(f"{carry}: {size / MIB:.1f} MiB ({info['files']} source files, {info['unpacked_bytes'] / MIB:.1f} MiB "
-          f"unpacked; archive {info['archive_bytes'] / MIB:.1f} MiB; {time.monotonic() - t:.0f} s)")
+    print(
+        f"{carry}: {size / MIB:.1f} MiB ({info['files']} source files, {info['unpacked_bytes'] / MIB:.1f} MiB "
+        f"unpacked; archive {info['archive_bytes'] / MIB:.1f} MiB; {time.monotonic() - t:.0f} s)"
+    )
     print(f"llama.cpp commit {info['llama_cpp_commit']}; wheels: {', '.join(info['wheels']) or 'none'}")
     if repo is not None:
         total = repo + size
@@ -250,9 +263,7 @@ def _cmd_out(cmd: list[str], timeout: float = 30) -> str | None:
 
 
 def _nvcc() -> str | None:
-    return shutil.which("nvcc") or next(
-        (str(p) for p in (Path("/usr/local/cuda/bin/nvcc"),) if p.is_file()), None
-    )
+    return shutil.which("nvcc") or next((str(p) for p in (Path("/usr/local/cuda/bin/nvcc"),) if p.is_file()), None)
 
 
 class Build:
@@ -265,9 +276,13 @@ class Build:
     def binary(self, name: str) -> Path:
         return self.build / "bin" / name
 
-    def run(self, targets: tuple[str, ...] = ("llama-server", "llama-bench")) -> dict[str, Any]:
+    def run(
+        self, targets: tuple[str, ...] = ("llama-server", "llama-bench"), configure_only: bool = False
+    ) -> dict[str, Any]:
         t = time.monotonic()
         info = self.info
+        nvcc = _nvcc()
+        cublas = cublas_from_pip(nvcc, self.work)
         server = self.binary("llama-server")
         if server.is_file() and _cmd_out([str(server), "--version"]):
             info.update(ok=True, reused=True, seconds=0.0)
@@ -277,7 +292,6 @@ class Build:
         if not src.is_dir():
             with tarfile.open(self.archive) as tar:
                 tar.extractall(self.work, filter="data")
-        nvcc = _nvcc()
         gen = ["-G", "Ninja"] if shutil.which("ninja") else []
         flags = [
             "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF",
@@ -289,15 +303,38 @@ class Build:
         ]  # fmt: skip
         if nvcc:
             flags.append(f"-DCMAKE_CUDA_COMPILER={nvcc}")
+        if cublas:  # the toolkit has no cuBLAS: the pip package's (nvidia-cublas, beside PyTorch)
+            inc, lib = cublas
+            flags += [
+                f"-DCMAKE_CXX_FLAGS=-I{inc}",
+                f"-DCMAKE_C_FLAGS=-I{inc}",
+                f"-DCMAKE_CUDA_FLAGS=-I{inc}",
+                f"-DCUDA_cublas_LIBRARY={lib}/libcublas.so",
+                f"-DCUDA_cublasLt_LIBRARY={lib}/libcublasLt.so",
+            ]
+            info["cublas_from_pip"] = str(lib)
+        libcuda = find_libcuda(nvcc)
+        if libcuda:
+            flags.append(f"-DCUDA_cuda_driver_LIBRARY={libcuda}")
+        else:  # no driver library to link (a machine without a GPU): llama.cpp's legacy memory pool
+            flags.append("-DGGML_CUDA_NO_VMM=ON")
+        info["libcuda"] = libcuda
         if self.commit:
             flags.append(f"-DLLAMA_BUILD_COMMIT={self.commit[:7]}")
         info.update(cmake_flags=flags, generator=gen[1:] or ["Unix Makefiles"], jobs=self.jobs, nvcc=nvcc)
         with open(self.log, "w") as out:
             steps = [
                 ["cmake", "-S", str(src), "-B", str(self.build), *gen, *flags],
-                ["cmake", "--build", str(self.build), "-j", str(self.jobs), *sum((["--target", x] for x in targets), [])],
+                [
+                    "cmake",
+                    "--build",
+                    str(self.build),
+                    "-j",
+                    str(self.jobs),
+                    *[a for x in targets for a in ("--target", x)],
+                ],
             ]
-            for i, cmd in enumerate(steps):
+            for i, cmd in enumerate(steps[:1] if configure_only else steps):
                 ts = time.monotonic()
                 rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode
                 info["configure_s" if i == 0 else "compile_s"] = round(time.monotonic() - ts, 1)
@@ -316,6 +353,59 @@ class Build:
         if info.get("ok"):
             info["version"] = _cmd_out([str(self.binary("llama-server")), "--version"])
         return info
+
+
+def cublas_from_pip(nvcc: str | None, work: Path) -> tuple[Path, Path] | None:
+    """When the CUDA toolkit lacks cuBLAS (no cublas_v2.h), the headers and libraries of the nvidia-cublas
+    wheel (``nvidia/cu13`` or ``nvidia/cublas``) linked into ``work``: only cuBLAS's files, so that no
+    other header of the wheels shadows the toolkit's. None when the toolkit has it, or nothing is found."""
+    roots = [Path(nvcc).resolve().parent.parent] if nvcc else []
+    roots += [Path("/usr/local/cuda"), Path("/usr")]
+    for r in roots:
+        for inc in (r / "include", r / "targets" / "x86_64-linux" / "include"):
+            if (inc / "cublas_v2.h").is_file():
+                return None
+    import site
+
+    dirs = [*sys.path, *site.getsitepackages(), site.getusersitepackages()]
+    for d in dirs:
+        for sub in ("nvidia/cu13", "nvidia/cublas", "nvidia/cu12"):
+            base = Path(d) / sub
+            if (base / "include" / "cublas_v2.h").is_file() and list((base / "lib").glob("libcublas.so*")):
+                inc, lib = work / "cublas" / "include", work / "cublas" / "lib"
+                for x in (inc, lib):
+                    shutil.rmtree(x, ignore_errors=True)
+                    x.mkdir(parents=True)
+                for h in (base / "include").glob("cublas*.h"):
+                    (inc / h.name).symlink_to(h)
+                for so in (base / "lib").glob("libcublas*.so*"):
+                    (lib / so.name).symlink_to(so)
+                    unversioned = lib / re.sub(r"\.so\..*", ".so", so.name)
+                    if not unversioned.exists():
+                        unversioned.symlink_to(so)
+                os.environ["LD_LIBRARY_PATH"] = os.pathsep.join(
+                    x for x in (str(lib), os.environ.get("LD_LIBRARY_PATH")) if x
+                )
+                return inc, lib
+    return None
+
+
+def find_libcuda(nvcc: str | None) -> str | None:
+    """The driver library ggml-cuda links for its VMM pool (CUDA::cuda_driver): the toolkit's stub, else the driver's."""
+    cands = []
+    if nvcc:
+        root = Path(nvcc).resolve().parent.parent
+        cands += [
+            root / "lib64" / "stubs" / "libcuda.so",
+            root / "lib" / "stubs" / "libcuda.so",
+            root / "targets" / "x86_64-linux" / "lib" / "stubs" / "libcuda.so",
+        ]
+    cands += [Path("/usr/local/cuda/lib64/stubs/libcuda.so")]
+    for d in ("/usr/local/nvidia/lib64", "/usr/local/nvidia/lib", "/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/lib64"):
+        cands += [Path(d) / "libcuda.so", Path(d) / "libcuda.so.1"]
+    ldconfig = _cmd_out(["ldconfig", "-p"]) or ""
+    cands += [Path(m[1]) for m in re.finditer(r"libcuda\.so(?:\.1)? .*=> (\S+)", ldconfig)]
+    return next((str(c) for c in cands if c.is_file()), None)
 
 
 def _tail(path: Path, n: int) -> str:
@@ -346,7 +436,9 @@ BIG = {"n_layer": 8, "n_embd": 2048, "n_head": 16, "n_head_kv": 4, "head": 128, 
 N_CTX_TRAIN = 32768
 
 
-def write_models(spec: list[tuple[str, str, int]], into: Path, big: dict[str, int] | None = None) -> list[dict[str, Any]]:
+def write_models(
+    spec: list[tuple[str, str, int]], into: Path, big: dict[str, int] | None = None
+) -> list[dict[str, Any]]:
     """Write the GGUFs (tests/tinymodels.py); the rows describe each (recipe, dims, size, seconds)."""
     sys.path.insert(0, str(ROOT / "tests"))
     import numpy as np
@@ -357,13 +449,19 @@ def write_models(spec: list[tuple[str, str, int]], into: Path, big: dict[str, in
     for name, recipe, n_vocab in spec:
         t = time.monotonic()
         path = into / f"{name}.gguf"
-        row: dict[str, Any] = {"kind": "model", "name": name, "recipe": recipe, "n_vocab": n_vocab,
-                               "n_ctx_train": N_CTX_TRAIN, "path": str(path)}
+        row: dict[str, Any] = {
+            "kind": "model",
+            "name": name,
+            "recipe": recipe,
+            "n_vocab": n_vocab,
+            "n_ctx_train": N_CTX_TRAIN,
+            "path": str(path),
+        }
         if recipe == "big":
             dims = dict(BIG, **(big or {}))
             row["arch"], row["dims"] = "llama", dims
 
-            class Fast(tm._TinyWriter):  # noqa: N801 -- numpy's Generator: 1 GB of normals in seconds
+            class Fast(tm._TinyWriter):
                 def _random(self, ne: Any, std: float) -> Any:
                     if not hasattr(self, "gen"):
                         self.gen = np.random.default_rng(0)
@@ -400,7 +498,19 @@ def install_kvadvise(site: Path, carry: Path, env: dict[str, str]) -> dict[str, 
     """Make kvadvise and gguf importable without network: as they are, else pip --target ``site``."""
     py = sys.executable
     info: dict[str, Any] = {"kind": "install", "python": py, "python_version": platform.python_version()}
-    pip = [py, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--upgrade", "--target", str(site)]
+    pip = [
+        py,
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--no-index",
+        "--no-deps",
+        "--no-compile",
+        "--upgrade",
+        "--target",
+        str(site),
+    ]
     steps = []
     if not _importable(py, "gguf", env):
         steps.append(("gguf", [*pip, *map(str, sorted((carry / "wheels").glob("gguf-*.whl")))]))
@@ -430,8 +540,9 @@ def _cmd_env(cmd: list[str], env: dict[str, str]) -> str | None:
 def kvadvise_cli(env: dict[str, str]) -> list[str] | None:
     """How to run kvadvise: ``python -m kvadvise``, the ``kvadvise`` script, or ``python -m advisor``."""
     cands = [[sys.executable, "-m", "kvadvise"]]
-    script = shutil.which("kvadvise", path=os.pathsep.join(
-        x for x in (str(Path(sys.executable).parent), env.get("PATH", "")) if x))
+    script = shutil.which(
+        "kvadvise", path=os.pathsep.join(x for x in (str(Path(sys.executable).parent), env.get("PATH", "")) if x)
+    )
     if script:
         cands.append([script])
     for d in env.get("PYTHONPATH", "").split(os.pathsep):
@@ -463,12 +574,17 @@ _DEVICE = re.compile(r"using device (?P<dev>\S+) \((?P<name>[^)]*)\).*?(?P<free>
 
 def parse_log(text: str) -> dict[str, Any]:
     buffers = [
-        {"func": m["func"], "buft": m["buft"], "kind": m["kind"], "mib": float(m["mib"])} for m in _BUFFER.finditer(text)
+        {"func": m["func"], "buft": m["buft"], "kind": m["kind"], "mib": float(m["mib"])}
+        for m in _BUFFER.finditer(text)
     ]
     return {
         "buffers": buffers,
-        "cache_summaries": [f"{m['func']}: {m['mib']} MiB ({m['rest'].strip()}" for m in _KV.finditer(text)],
-        "devices": [{"device": m["dev"], "name": m["name"], "free_mib": int(m["free"])} for m in _DEVICE.finditer(text)],
+        "cache_summaries": [
+            f"{m['func']}: {m['mib']} MiB ({m['rest'].strip()}" for m in _KV.finditer(text)
+        ],  # K/V per cache
+        "devices": [
+            {"device": m["dev"], "name": m["name"], "free_mib": int(m["free"])} for m in _DEVICE.finditer(text)
+        ],
         "buffer_mib_by_type": _by_type(buffers),
     }
 
@@ -545,10 +661,8 @@ class NvmlSampler:
             if used is not None and (self.peak_used is None or used > self.peak_used):
                 self.peak_used = used
             if pid is None:
-                try:
+                with contextlib.suppress(OSError, ValueError):
                     pid = int(self.pidfile.read_text().strip())
-                except (OSError, ValueError):
-                    pass
             try:
                 for p in self.nv.nvmlDeviceGetComputeRunningProcesses(self.h):
                     mem = int(p.usedGpuMemory or 0)
@@ -567,7 +681,8 @@ class NvmlSampler:
         return {
             "device_used_baseline_bytes": self.baseline,
             "device_used_peak_bytes": self.peak_used,
-            "device_used_delta_bytes": None if self.peak_used is None or self.baseline is None
+            "device_used_delta_bytes": None
+            if self.peak_used is None or self.baseline is None
             else self.peak_used - self.baseline,
             "process_used_peak_bytes": self.peak_proc,  # null when NVML's pids are not ours (a pid namespace)
             "processes_seen": {str(k): v for k, v in self.procs.items()},
@@ -577,14 +692,17 @@ class NvmlSampler:
 
 def matrix(models: list[str], cpu: bool) -> list[dict[str, Any]]:
     """The configs, most valuable first; the run stops starting new ones at its deadline."""
+
     def cfg(model: str, k: str, v: str, fa: str, np_: int, ub: int, ctx: int) -> dict[str, Any]:
         return {"model": model, "ctk": k, "ctv": v, "fa": fa, "np": np_, "ub": ub, "ctx": ctx}
 
+    # The benchmark prompt is ~930 tokens (+64 generated) with these vocabularies: every slot needs
+    # n_ctx_seq = PAD(ctx / np, 256) >= 1024, so 4 slots get 4500 or 10000 (neither a multiple of 256).
     if cpu:
         m0, m1 = models[0], models[-1]
         return [
             cfg(m0, "f16", "f16", "on", 1, 512, 1000),
-            cfg(m0, "q8_0", "q8_0", "on", 2, 256, 1500),
+            cfg(m0, "q8_0", "q8_0", "on", 2, 256, 2100),
             cfg(m1, "q8_0", "f16", "off", 1, 512, 1000),
         ]
     out: list[dict[str, Any]] = []
@@ -596,20 +714,20 @@ def matrix(models: list[str], cpu: bool) -> list[dict[str, Any]]:
             cfg(m, "q8_0", "q8_0", "on", 4, 2048, 10000),
             cfg(m, "f16", "f16", "off", 1, 2048, 10000),
             cfg(m, "q4_0", "q4_0", "on", 1, 512, 10000),
-            cfg(m, "f16" if mla else "q8_0", "f16", "off", 4, 512, 4000),
+            cfg(m, "f16" if mla else "q8_0", "f16", "off", 4, 512, 4500),
         ]
     for m in models:  # tier 3
         out += [
-            cfg(m, "q4_0", "q4_0", "on", 4, 2048, 4000),
+            cfg(m, "q4_0", "q4_0", "on", 4, 2048, 4500),
             cfg(m, "f16", "f16", "off", 4, 512, 10000),
             cfg(m, "q8_0", "q8_0", "on", 1, 512, 4000),
         ]
     for m in models[:2]:  # tier 4: the whole grid on the big dense model and the small dense one
         for k in ("f16", "q8_0", "q4_0"):
-            for fa in ("on", "off"):
+            for fa in ("on", "off"):  # a quantized V needs FA: with FA off, V stays f16
                 for np_ in (1, 4):
                     for ub in (512, 2048):
-                        for ctx in (4000, 10000):
+                        for ctx in (4000, 10000) if np_ == 1 else (4500, 10000):
                             out.append(cfg(m, k, k if fa == "on" else "f16", fa, np_, ub, ctx))
     seen, uniq = set(), []
     for c in out:
@@ -621,8 +739,16 @@ def matrix(models: list[str], cpu: bool) -> list[dict[str, Any]]:
 
 
 def run_one(
-    i: int, c: dict[str, Any], model: dict[str, Any], cli: list[str], server: Path, work: Path,
-    sampler: NvmlSampler, timeout: float, env: dict[str, str],
+    i: int,
+    c: dict[str, Any],
+    model: dict[str, Any],
+    cli: list[str],
+    server: Path,
+    work: Path,
+    sampler: NvmlSampler,
+    timeout: float,
+    env: dict[str, str],
+    device: str = "cuda",
 ) -> dict[str, Any]:
     rid = f"{i:03d}-{c['model']}-k{c['ctk']}-v{c['ctv']}-fa{c['fa']}-np{c['np']}-ub{c['ub']}-c{c['ctx']}"
     log, pidfile, argsfile = work / "logs" / f"{rid}.log", work / f"{rid}.pid", work / f"{rid}.args"
@@ -631,12 +757,23 @@ def run_one(
     cmd = [
         *cli, "verify", "llamacpp", model["path"], "--llama-server", str(wrapper), "--json",
         "--ctx", str(c["ctx"]), "-ctk", c["ctk"], "-ctv", c["ctv"], "-fa", c["fa"],
-        "-np", str(c["np"]), "-ub", str(c["ub"]), "--timeout", str(int(timeout)),
+        "-np", str(c["np"]), "-ub", str(c["ub"]), "--timeout", str(int(timeout)), "--device", device,
     ]  # fmt: skip
-    renv = dict(env, GPU_TRUTH_SERVER=str(server), GPU_TRUTH_LOG=str(log), GPU_TRUTH_PIDFILE=str(pidfile),
-                GPU_TRUTH_ARGSFILE=str(argsfile))
-    row: dict[str, Any] = {"kind": "run", "id": rid, "config": c, "model": {k: model[k] for k in model if k != "kind"},
-                           "command": cmd, "log": f"logs/{rid}.log"}
+    renv = dict(
+        env,
+        GPU_TRUTH_SERVER=str(server),
+        GPU_TRUTH_LOG=str(log),
+        GPU_TRUTH_PIDFILE=str(pidfile),
+        GPU_TRUTH_ARGSFILE=str(argsfile),
+    )
+    row: dict[str, Any] = {
+        "kind": "run",
+        "id": rid,
+        "config": c,
+        "model": {k: model[k] for k in model if k != "kind"},
+        "command": cmd,
+        "log": f"logs/{rid}.log",
+    }
     t = time.monotonic()
     sampler.start(pidfile)
     try:
@@ -711,8 +848,10 @@ class Output:
         os.replace(tmp, self.out / "gpu_truth_logs.tar.gz")
 
     def table(self) -> None:
-        lines = ["id | ok | K pred/meas MiB | V pred/meas | weights pred/meas | compute pred/meas | "
-                 "NVML delta MiB | pp t/s | tg t/s | error"]
+        lines = [
+            "id | ok | K pred/meas MiB | V pred/meas | weights pred/meas | compute pred/meas | "
+            "NVML delta MiB | pp t/s | tg t/s | error"
+        ]
         for r in self.rows:
             if r.get("kind") != "run":
                 continue
@@ -805,6 +944,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             server = build.binary("llama-server")
             prov["server"] = {"path": str(server), "version": binfo.get("version")}
     maker.join()
+    if os.environ.get("LD_LIBRARY_PATH"):  # the pip cuBLAS the build linked, if any
+        env["LD_LIBRARY_PATH"] = os.environ["LD_LIBRARY_PATH"]
     out.add(prov)
     out.add(install)
     if build is not None:
@@ -838,7 +979,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         if left < guess + 5:
             _say(f"deadline: {len(configs) - i} configs not started ({left:.0f} s left)")
             break
-        row = run_one(i, c, by_name[c["model"]], cli, server, work, sampler, min(args.run_timeout, left - 5), env)
+        row = run_one(
+            i,
+            c,
+            by_name[c["model"]],
+            cli,
+            server,
+            work,
+            sampler,
+            min(args.run_timeout, left - 5),
+            env,
+            "cpu" if args.cpu else "cuda",
+        )
         out.add(row)
         durations.append(row["wall_s"])
         done += 1
@@ -850,12 +1002,30 @@ def cmd_run(args: argparse.Namespace) -> int:
     bench = build.binary("llama-bench") if build else None
     if bench and bench.is_file() and "dense-1g" in by_name and deadline - time.monotonic() > 40:
         out.add(llama_bench(bench, by_name["dense-1g"]["path"], min(60, deadline - time.monotonic() - 10)))
-    out.add({"kind": "summary", "configs": len(configs), "runs": done, "failed": failed,
-             "not_started": len(configs) - done, "elapsed_s": round(time.monotonic() - T0, 1)})
+    out.add(
+        {
+            "kind": "summary",
+            "configs": len(configs),
+            "runs": done,
+            "failed": failed,
+            "not_started": len(configs) - done,
+            "elapsed_s": round(time.monotonic() - T0, 1),
+        }
+    )
     out.table()
     out.archive([build.log] if build else [])
     _say(f"{done} runs ({failed} failed) of {len(configs)}; files in {out.out}")
     return 0
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    """Only the build step (the compile check on a machine without a GPU, or a build kept for later runs)."""
+    carry = Path(args.carry)
+    manifest = json.loads((carry / MANIFEST).read_text()) if (carry / MANIFEST).is_file() else {}
+    b = Build(carry / ARCHIVE, Path(args.build_dir), args.jobs, manifest.get("llama_cpp_commit"))
+    info = b.run(tuple(args.target or ("llama-server", "llama-bench")), configure_only=args.configure_only)
+    print(json.dumps(info, indent=2))
+    return 0 if info.get("ok") or (args.configure_only and "error" not in info) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -878,8 +1048,14 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--max-runs", type=int, default=0)
     r.add_argument("--models", help="comma-separated model names to keep (default: all)")
     r.add_argument("--big-layers", type=int, default=0, help="layers of the big dense model (default 8: 1.24 GB)")
+    b = sub.add_parser("build", help="only build llama-server (CUDA) from the carried source")
+    b.add_argument("--carry", default=str(CARRY))
+    b.add_argument("--build-dir", default="/tmp/gpu_truth_build")
+    b.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    b.add_argument("--target", action="append", help="ninja target (repeatable; default llama-server, llama-bench)")
+    b.add_argument("--configure-only", action="store_true")
     a = ap.parse_args(argv)
-    return cmd_prepare(a) if a.cmd == "prepare" else cmd_run(a)
+    return {"prepare": cmd_prepare, "run": cmd_run, "build": cmd_build}[a.cmd](a)
 
 
 if __name__ == "__main__":
