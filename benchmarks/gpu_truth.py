@@ -491,7 +491,8 @@ def write_models(
 
 def _importable(python: str, module: str, env: dict[str, str]) -> bool:
     code = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
-    return subprocess.run([python, "-c", code], env=env, capture_output=True).returncode == 0
+    # from /: the repo root on sys.path would make its folders (advisor/, backends/) importable
+    return subprocess.run([python, "-c", code], env=env, capture_output=True, cwd="/").returncode == 0
 
 
 def install_kvadvise(site: Path, carry: Path, env: dict[str, str]) -> dict[str, Any]:
@@ -514,18 +515,19 @@ def install_kvadvise(site: Path, carry: Path, env: dict[str, str]) -> dict[str, 
     steps = []
     if not _importable(py, "gguf", env):
         steps.append(("gguf", [*pip, *map(str, sorted((carry / "wheels").glob("gguf-*.whl")))]))
-    if not (_importable(py, "kvadvise", env) or _importable(py, "advisor", env)):
+    if not _importable(py, "kvadvise", env):
         steps.append(("kvadvise (source)", [*pip, "--no-build-isolation", str(ROOT)]))
     for what, cmd in steps:
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        if p.returncode and what.startswith("kvadvise"):  # no setuptools there: the wheel built by prepare
-            wheels = sorted((carry / "wheels").glob("kvadvise-*.whl"))
-            p = subprocess.run([*pip, *map(str, wheels)], capture_output=True, text=True, env=env)
-            what = "kvadvise (wheel)"
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd="/")
         info[what] = "ok" if p.returncode == 0 else f"failed: {(p.stdout + p.stderr)[-800:]}"
+        if p.returncode and what.startswith("kvadvise"):  # no setuptools/wheel there: the wheel built by prepare
+            wheels = sorted((carry / "wheels").glob("kvadvise-*.whl"))
+            p = subprocess.run([*pip, *map(str, wheels)], capture_output=True, text=True, env=env, cwd="/")
+            info["kvadvise (wheel)"] = "ok" if p.returncode == 0 else f"failed: {(p.stdout + p.stderr)[-800:]}"
     if steps:
         env["PYTHONPATH"] = os.pathsep.join(x for x in (str(site), env.get("PYTHONPATH")) if x)
         os.environ["PYTHONPATH"] = env["PYTHONPATH"]
+        sys.path.insert(0, str(site))  # the models are written in this process (gguf)
     cli = kvadvise_cli(env)
     info["cli"] = cli
     info["version"] = _cmd_env([*cli, "--version"], env) if cli else None
