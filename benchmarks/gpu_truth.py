@@ -277,8 +277,12 @@ class Build:
         return self.build / "bin" / name
 
     def run(
-        self, targets: tuple[str, ...] = ("llama-server", "llama-bench"), configure_only: bool = False
+        self,
+        targets: tuple[str, ...] = ("llama-server", "llama-bench"),
+        configure_only: bool = False,
+        until: float | None = None,
     ) -> dict[str, Any]:
+        """Configure and build; a build still running at time.monotonic() == ``until`` is stopped."""
         t = time.monotonic()
         info = self.info
         nvcc = _nvcc()
@@ -336,8 +340,11 @@ class Build:
             ]
             for i, cmd in enumerate(steps[:1] if configure_only else steps):
                 ts = time.monotonic()
-                rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode
+                rc = _run_until(cmd, out, None if until is None else until - time.monotonic())
                 info["configure_s" if i == 0 else "compile_s"] = round(time.monotonic() - ts, 1)
+                if rc is None:
+                    info["error"] = f"{' '.join(cmd[:2])} stopped at the deadline: " + _tail(self.log, 1500)
+                    return self._finish(info, t)
                 if rc:
                     info["error"] = f"{' '.join(cmd[:2])} exited {rc}: " + _tail(self.log, 1500)
                     return self._finish(info, t)
@@ -406,6 +413,18 @@ def find_libcuda(nvcc: str | None) -> str | None:
     ldconfig = _cmd_out(["ldconfig", "-p"]) or ""
     cands += [Path(m[1]) for m in re.finditer(r"libcuda\.so(?:\.1)? .*=> (\S+)", ldconfig)]
     return next((str(c) for c in cands if c.is_file()), None)
+
+
+def _run_until(cmd: list[str], out: Any, seconds: float | None) -> int | None:
+    """Run ``cmd`` in its own process group; past ``seconds`` the group is killed and None returned."""
+    p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        return p.wait(timeout=None if seconds is None else max(1.0, seconds))
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, 9)
+        p.wait()
+        return None
 
 
 def _tail(path: Path, n: int) -> str:
@@ -779,10 +798,10 @@ def run_one(
     t = time.monotonic()
     sampler.start(pidfile)
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, env=renv, timeout=timeout + 30)
+        p = subprocess.run(cmd, capture_output=True, text=True, env=renv, timeout=timeout + 15)
         row["rc"], stdout, stderr = p.returncode, p.stdout, p.stderr
     except subprocess.TimeoutExpired as e:
-        row["rc"], stdout, stderr = None, e.stdout or "", f"gpu_truth: killed after {timeout + 30:.0f} s"
+        row["rc"], stdout, stderr = None, e.stdout or "", f"gpu_truth: killed after {timeout + 15:.0f} s"
         stdout = stdout.decode(errors="replace") if isinstance(stdout, bytes) else stdout
     row["nvml"] = sampler.stop()
     row["wall_s"] = round(time.monotonic() - t, 2)
@@ -941,7 +960,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         else:
             build = Build(carry / ARCHIVE, Path(args.build_dir), args.jobs, manifest.get("llama_cpp_commit"))
             _say(f"building llama-server (CUDA, -j{args.jobs}) in {build.build} ...")
-            binfo = build.run()
+            binfo = build.run(until=deadline - 60)  # a build that cannot finish still leaves its log
             _say(f"build: ok={binfo['ok']} in {binfo['seconds']} s")
             server = build.binary("llama-server")
             prov["server"] = {"path": str(server), "version": binfo.get("version")}
@@ -989,7 +1008,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             server,
             work,
             sampler,
-            min(args.run_timeout, left - 5),
+            max(10.0, min(args.run_timeout, left - 20)),
             env,
             "cpu" if args.cpu else "cuda",
         )
