@@ -262,8 +262,19 @@ def _cmd_out(cmd: list[str], timeout: float = 30) -> str | None:
     return (p.stdout + p.stderr).strip() if p.returncode == 0 else None
 
 
+def _tool(name: str, *extra: Path) -> str | None:
+    """``name`` on PATH, beside this Python (a venv's bin/), or at one of ``extra``."""
+    found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    return found or next((str(p) for p in extra if p.is_file()), None)
+
+
 def _nvcc() -> str | None:
-    return shutil.which("nvcc") or next((str(p) for p in (Path("/usr/local/cuda/bin/nvcc"),) if p.is_file()), None)
+    import site
+
+    wheels = [
+        Path(d) / sub / "bin" / "nvcc" for d in site.getsitepackages() for sub in ("nvidia/cu13", "nvidia/cuda_nvcc")
+    ]
+    return _tool("nvcc", Path("/usr/local/cuda/bin/nvcc"), *wheels)
 
 
 class Build:
@@ -296,7 +307,8 @@ class Build:
         if not src.is_dir():
             with tarfile.open(self.archive) as tar:
                 tar.extractall(self.work, filter="data")
-        gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+        ninja = _tool("ninja")
+        gen = ["-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={ninja}"] if ninja else []
         flags = [
             "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF",
             "-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=90", "-DGGML_NATIVE=ON",
@@ -326,6 +338,7 @@ class Build:
         if self.commit:
             flags.append(f"-DLLAMA_BUILD_COMMIT={self.commit[:7]}")
         info.update(cmake_flags=flags, generator=gen[1:] or ["Unix Makefiles"], jobs=self.jobs, nvcc=nvcc)
+        info["cmake"] = _cmd_out(["cmake", "--version"])
         with open(self.log, "w") as out:
             steps = [
                 ["cmake", "-S", str(src), "-B", str(self.build), *gen, *flags],
@@ -358,7 +371,10 @@ class Build:
             if b.is_file():
                 info[f"{name}_bytes"] = b.stat().st_size
         if info.get("ok"):
-            info["version"] = _cmd_out([str(self.binary("llama-server")), "--version"])
+            server = str(self.binary("llama-server"))
+            info["version"] = _cmd_out([server, "--version"])
+            ldd = _cmd_out(["ldd", server]) or ""  # which CUDA runtime and cuBLAS it will load
+            info["ldd"] = [ln.strip() for ln in ldd.splitlines() if re.search(r"cu|nvidia|not found", ln)]
         return info
 
 
@@ -926,6 +942,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         "nvidia_smi": _cmd_out(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,memory.used,"
                                 "clocks.max.sm,clocks.max.mem,pci.bus_id", "--format=csv"]),
         "nvcc": _cmd_out([n, "--version"]) if (n := _nvcc()) else None,
+        "nvidia_smi_version": _cmd_out(["nvidia-smi", "--version"]),
         "cmake": _cmd_out(["cmake", "--version"]), "llama_cpp_source": manifest,
         "kvadvise_git": _cmd_out(["git", "-C", str(ROOT), "rev-parse", "HEAD"]),
         "deadline_s": args.deadline, "argv": sys.argv,
