@@ -956,14 +956,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     model_rows: list[dict[str, Any]] = []
     model_err: list[str] = []
 
-    def make_models() -> None:
+    install: dict[str, Any] = {"kind": "install"}
+
+    def make_models() -> None:  # beside the build: kvadvise and gguf installed first (PYTHONPATH), then the GGUFs
+        try:
+            install.update(install_kvadvise(work / "site", carry, env))
+        except Exception as e:
+            install["error"] = f"{type(e).__name__}: {e}"
         try:
             big = {"n_layer": args.big_layers} if args.big_layers else None
             model_rows.extend(write_models(models_spec, work / "models", big))
         except Exception as e:  # recorded; the runs of missing models fail alone
             model_err.append(f"{type(e).__name__}: {e}")
 
-    install = install_kvadvise(work / "site", carry, env)  # before the thread: it sets PYTHONPATH for gguf
     maker = threading.Thread(target=make_models)
     maker.start()
     build: Build | None = None
@@ -977,7 +982,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         else:
             build = Build(carry / ARCHIVE, Path(args.build_dir), args.jobs, manifest.get("llama_cpp_commit"))
             _say(f"building llama-server (CUDA, -j{args.jobs}) in {build.build} ...")
-            binfo = build.run(until=deadline - 60)  # a build that cannot finish still leaves its log
+            binfo = build.run(until=deadline - 45)  # a build that cannot finish still leaves its log
             _say(f"build: ok={binfo['ok']} in {binfo['seconds']} s")
             server = build.binary("llama-server")
             prov["server"] = {"path": str(server), "version": binfo.get("version")}
@@ -1081,7 +1086,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--build-dir", default="/tmp/gpu_truth_build")
     r.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     r.add_argument("--llama-server", help="use this llama-server instead of building one")
-    r.add_argument("--deadline", type=float, default=510, help="no run starts after this many seconds")
+    r.add_argument("--deadline", type=float, default=480, help="no run starts after this many seconds")
     r.add_argument("--run-timeout", type=float, default=90, help="kvadvise verify --timeout per run")
     r.add_argument("--max-runs", type=int, default=0)
     r.add_argument("--models", help="comma-separated model names to keep (default: all)")
