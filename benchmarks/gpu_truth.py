@@ -437,8 +437,16 @@ def _run_until(cmd: list[str], out: Any, seconds: float | None) -> int | None:
     try:
         return p.wait(timeout=None if seconds is None else max(1.0, seconds))
     except subprocess.TimeoutExpired:
+        kids = []
+        with contextlib.suppress(Exception):  # ninja starts each compiler in a process group of its own
+            import psutil
+
+            kids = psutil.Process(p.pid).children(recursive=True)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(p.pid, 9)
+        for k in kids:
+            with contextlib.suppress(Exception):
+                k.kill()
         p.wait()
         return None
 
