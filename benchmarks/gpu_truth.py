@@ -228,6 +228,11 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     info["llama_cpp_python"] = LLAMA_CPP_PYTHON.split("==")[1]
     info["wheels"] = [] if args.no_wheels else _wheels(carry / "wheels")
     info["prepared_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    # the device copy has no .git: the kvadvise commit the run measures is recorded here
+    info["kvadvise_git"] = _cmd_out(["git", "-C", str(ROOT), "rev-parse", "HEAD"])
+    info["kvadvise_git_dirty"] = bool(
+        _cmd_out(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"])
+    )
     (carry / MANIFEST).write_text(json.dumps(info, indent=2) + "\n")
     size = sum(p.stat().st_size for p in carry.rglob("*") if p.is_file())
     repo = _travel_bytes()
@@ -298,6 +303,12 @@ class Build:
         info = self.info
         nvcc = _nvcc()
         cublas = cublas_from_pip(nvcc, self.work)
+        if nvcc:  # the toolkit's runtime libraries for llama-server, should its RPATH miss them
+            root = Path(nvcc).resolve().parent.parent
+            libs = [
+                str(d) for d in (root / "lib64", root / "lib", root / "targets" / "x86_64-linux" / "lib") if d.is_dir()
+            ]
+            os.environ["LD_LIBRARY_PATH"] = os.pathsep.join([*libs, *filter(None, [os.environ.get("LD_LIBRARY_PATH")])])
         server = self.binary("llama-server")
         if server.is_file() and _cmd_out([str(server), "--version"]):
             info.update(ok=True, reused=True, seconds=0.0)
