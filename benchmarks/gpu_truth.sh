@@ -6,10 +6,14 @@
 #   benchmarks/gpu_truth.sh --cpu [...]        # the same on the CPU, small matrix, no build (the test suite)
 #
 # Every other flag goes to `gpu_truth.py run` (see `benchmarks/gpu_truth.py run --help`).
-# $PYTHON picks the interpreter (default: python3).
+# $PYTHON picks the interpreter (default: the repo's .venv/bin/python if there is one, else python3;
+# on the GPU machine .venv does not travel, so python3 there).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-py="${PYTHON:-python3}"
+py="${PYTHON:-}"
+if [[ -z "$py" ]]; then
+    if [[ -x "$here/../.venv/bin/python" ]]; then py="$here/../.venv/bin/python"; else py=python3; fi
+fi
 export PYTHONUNBUFFERED=1
 if [[ "${1:-}" == "--prepare" ]]; then
     shift
