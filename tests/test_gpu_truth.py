@@ -108,7 +108,7 @@ def test_cpu_run_measured_equals_predicted_kv(cpu_run: tuple[Path, list[dict], s
         assert r["cache_summaries"] and r["server_command"]
         c = r["config"]
         assert f"-c {c['ctx']} -np {c['np']}" in r["server_command"] and "--fit off" in r["server_command"]
-        assert r["nvml"] == {"nvml": None}  # no GPU here
+        assert r["nvml"] == {"nvml": None} or "device_used_peak_bytes" in r["nvml"]  # no GPU here, or sampled
     summary = rows[-1]
     assert summary["kind"] == "summary" and summary["runs"] == 3 and summary["failed"] == 0
 
