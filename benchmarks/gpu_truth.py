@@ -205,7 +205,9 @@ def _wheels(into: Path) -> list[str]:
             ),
         )
         cmd = [*pip, "wheel", "-q", "--no-deps", "-w", str(into), str(src)]
-        if subprocess.run([*cmd, "--no-build-isolation"], capture_output=True).returncode:  # no setuptools/wheel here: pip fetches them
+        if subprocess.run(
+            [*cmd, "--no-build-isolation"], capture_output=True
+        ).returncode:  # no setuptools/wheel here: pip fetches them
             subprocess.run(cmd, check=True)
     return sorted(p.name for p in into.glob("*.whl"))
 
@@ -970,6 +972,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         "kvadvise_git": _cmd_out(["git", "-C", str(ROOT), "rev-parse", "HEAD"]),
         "deadline_s": args.deadline, "argv": sys.argv,
     }  # fmt: skip
+    out.add(prov)  # first, so that even a run cut short says where it ran
     _say(f"work dir {work}; out {out.out}; deadline {args.deadline:.0f} s")
 
     # 1. the build (CUDA) or the CPU server, with the models and kvadvise made meanwhile
@@ -997,22 +1000,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     build: Build | None = None
     if args.cpu:
         server = _find_cpu_server(args.llama_server)
-        prov["server"] = {"path": str(server), "version": _cmd_out([str(server), "--version"]) if server else None}
+        server_row = {"path": str(server), "version": _cmd_out([str(server), "--version"]) if server else None}
     else:
         if args.llama_server:
             server = Path(args.llama_server)
-            prov["server"] = {"path": str(server), "version": _cmd_out([str(server), "--version"])}
+            server_row = {"path": str(server), "version": _cmd_out([str(server), "--version"])}
         else:
             build = Build(carry / ARCHIVE, Path(args.build_dir), args.jobs, manifest.get("llama_cpp_commit"))
             _say(f"building llama-server (CUDA, -j{args.jobs}) in {build.build} ...")
             binfo = build.run(until=deadline - 45)  # a build that cannot finish still leaves its log
             _say(f"build: ok={binfo['ok']} in {binfo['seconds']} s")
             server = build.binary("llama-server")
-            prov["server"] = {"path": str(server), "version": binfo.get("version")}
+            server_row = {"path": str(server), "version": binfo.get("version")}
     maker.join()
     if os.environ.get("LD_LIBRARY_PATH"):  # the pip cuBLAS the build linked, if any
         env["LD_LIBRARY_PATH"] = os.environ["LD_LIBRARY_PATH"]
-    out.add(prov)
+    out.add({"kind": "server", **server_row})
     out.add(install)
     if build is not None:
         out.add(build.info)
