@@ -31,6 +31,16 @@ Three commands (``benchmarks/gpu_truth.sh`` runs them with python3):
     ``$KVADVISE_TEST_LLAMA_SERVER``, or the one tests/llama_server_build.py caches), for the test
     suite (tests/test_gpu_truth.py), so the script cannot rot.
 
+The device tool's call (after ``benchmarks/gpu_truth.sh --prepare`` in the checkout that travels)::
+
+    run(command='nvidia-smi -L; export PYTHONUNBUFFERED=1; set -o pipefail;
+                 bash benchmarks/gpu_truth.sh --out "$OUT" --deadline 480 2>&1 | tee "$OUT/gpu_truth_console.log"',
+        carry=[".gpu_truth"], timeout_s=560)
+
+Four files come back: gpu_truth.jsonl, gpu_truth.txt, gpu_truth_logs.tar.gz, gpu_truth_console.log.
+The build takes an estimated 3.5-5 min on 16 cores (144 CUDA and ~210 C++ translation units for sm_90;
+the heaviest, a fattn-mma instance, ~42 s of CPU); the runs fill the rest, most valuable first.
+
 kvadvise is driven only through its command line (``python -m kvadvise``, else the ``kvadvise``
 script, else ``python -m advisor``), never imported.
 """
