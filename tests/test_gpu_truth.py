@@ -1,0 +1,212 @@
+"""benchmarks/gpu_truth.sh (issue 17): the GPU run is prepared here and dry-run on the CPU, so it cannot rot.
+
+The CUDA half (build with nvcc, NVML) needs the GPU machine; ``--cpu`` runs the same driver, the same
+kvadvise command line and the same output files with a small matrix on the tests' CPU llama-server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import gpu_truth  # noqa: E402
+
+MIB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def cpu_run(real_llama_server: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict], str]:
+    tmp = tmp_path_factory.mktemp("gpu_truth")
+    out = tmp / "out"
+    env = dict(os.environ, PYTHON=sys.executable)
+    cmd = [
+        "bash",
+        str(ROOT / "benchmarks" / "gpu_truth.sh"),
+        "--cpu",
+        "--out",
+        str(out),
+        "--work",
+        str(tmp / "work"),
+        "--carry",
+        str(tmp / "no-carry"),
+        "--llama-server",
+        str(real_llama_server),
+        "--deadline",
+        "120",
+    ]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=180)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "gpu_truth.jsonl").read_text().splitlines()]
+    return out, rows, p.stdout
+
+
+def test_cpu_run_writes_the_files_the_device_tool_brings_back(cpu_run: tuple[Path, list[dict], str]) -> None:
+    out, _, _ = cpu_run
+    files = sorted(p.name for p in out.rglob("*") if p.is_file())
+    assert files == ["gpu_truth.jsonl", "gpu_truth.txt", "gpu_truth_logs.tar.gz"]
+    assert len(files) <= 8 and all((out / f).stat().st_size < 16 * MIB for f in files)
+
+
+def test_cpu_run_provenance(cpu_run: tuple[Path, list[dict], str]) -> None:
+    _, rows, _ = cpu_run
+    prov = rows[0]
+    assert prov["kind"] == "provenance" and prov["mode"] == "cpu"
+    for key in (
+        "started_at",
+        "host",
+        "cpus",
+        "platform",
+        "python",
+        "gpu",
+        "nvidia_smi",
+        "nvcc",
+        "llama_cpp_source",
+        "kvadvise_git",
+        "deadline_s",
+        "argv",
+    ):
+        assert key in prov, key
+    server = next(r for r in rows if r["kind"] == "server")
+    assert "version:" in server["version"]
+    install = next(r for r in rows if r["kind"] == "install")
+    assert install["cli"] and install["version"].startswith("kvadvise")
+    models = {r["name"]: r for r in rows if r["kind"] == "model"}
+    assert set(models) == {"qwen3", "gemma3-swa"}
+    assert models["gemma3-swa"]["arch"] == "gemma3" and models["qwen3"]["bytes"] > 0
+
+
+def test_cpu_run_measured_equals_predicted_kv(cpu_run: tuple[Path, list[dict], str]) -> None:
+    _, rows, _ = cpu_run
+    runs = [r for r in rows if r["kind"] == "run"]
+    assert [r["id"].split("-", 1)[1] for r in runs] == [
+        "qwen3-kf16-vf16-faon-np1-ub512-c1000",
+        "qwen3-kq8_0-vq8_0-faon-np2-ub256-c2100",
+        "gemma3-swa-kq8_0-vf16-faoff-np1-ub512-c1000",
+    ]
+    for r in runs:
+        assert r["ok"], r.get("error")
+        assert r["rc"] == 0
+        v = r["verify"]
+        # llama.cpp prints sizes as %.2f MiB: measured bytes are exact to 0.005 MiB per printed buffer
+        n_kv = sum(b["kind"] == "KV" for b in r["buffers"])
+        for key in ("k_bytes", "v_bytes", "kv_bytes", "recurrent_bytes"):
+            assert abs(v["measured"][key] - v["memory"][key]) <= n_kv * 0.005 * MIB, (r["id"], key)
+        assert v["measured"]["kv_bytes"] > 0
+        assert r["prompt_tokens_per_s"] > 0 and r["decode_tokens_per_s"] > 0
+        # every buffer line of the raw log, and the server's own command line (through the wrapper)
+        kinds = {(b["buft"], b["kind"]) for b in r["buffers"]}
+        assert {("CPU", "KV"), ("CPU", "compute")} <= kinds, kinds
+        assert r["cache_summaries"] and r["server_command"]
+        c = r["config"]
+        assert f"-c {c['ctx']} -np {c['np']}" in r["server_command"] and "--fit off" in r["server_command"]
+        assert r["nvml"] == {"nvml": None} or "device_used_peak_bytes" in r["nvml"]  # no GPU here, or sampled
+    summary = rows[-1]
+    assert summary["kind"] == "summary" and summary["runs"] == 3 and summary["failed"] == 0
+
+
+def test_cpu_run_archives_every_log(cpu_run: tuple[Path, list[dict], str]) -> None:
+    out, rows, _ = cpu_run
+    with tarfile.open(out / "gpu_truth_logs.tar.gz") as tar:
+        names = set(tar.getnames())
+        for r in (r for r in rows if r["kind"] == "run"):
+            assert r["log"] in names
+            text = tar.extractfile(r["log"]).read().decode()
+            assert "KV buffer size" in text
+    table = (out / "gpu_truth.txt").read_text().splitlines()
+    assert len(table) == 1 + 3 and all("| yes |" in line for line in table[1:])
+
+
+def test_gpu_matrix() -> None:
+    names = [m[0] for m in gpu_truth.GPU_MODELS]
+    m = gpu_truth.matrix(names, cpu=False)
+    assert [c["model"] for c in m[: len(names)]] == names  # every model runs first
+    assert len({tuple(sorted(c.items())) for c in m}) == len(m)
+    for c in m:
+        assert c["ctx"] % 256, c  # not a multiple of 256: the padding shows
+        assert c["ctx"] / c["np"] > 768, c  # room for the ~1000-token benchmark in every slot
+        assert c["fa"] == "on" or c["ctv"] == "f16", c  # a quantized V needs flash attention
+        if "mla" in c["model"]:
+            assert c["ctk"] == c["ctv"], c
+    seen = {(k, c[k]) for c in m for k in ("ctk", "fa", "np", "ub")}
+    assert {
+        ("ctk", "f16"),
+        ("ctk", "q8_0"),
+        ("ctk", "q4_0"),
+        ("fa", "on"),
+        ("fa", "off"),
+        ("np", 1),
+        ("np", 4),
+        ("ub", 512),
+        ("ub", 2048),
+    } <= seen
+    recipes = {r for _, r, _ in gpu_truth.GPU_MODELS}
+    assert {"big", "qwen3", "qwen3moe", "gemma3", "qwen35", "deepseek2-mla"} == recipes
+
+
+def test_big_model_is_over_1_gb() -> None:
+    b = gpu_truth.BIG
+    per_layer = 2 * b["n_embd"] * b["n_head"] * b["head"] + 2 * b["n_embd"] * b["n_head_kv"] * b["head"]
+    per_layer += 3 * b["n_embd"] * b["n_ff"]
+    total = 2 * (b["n_layer"] * per_layer + 2 * 32000 * b["n_embd"])  # f16, untied output
+    assert total > 1e9
+
+
+def test_prune_keeps_what_the_cuda_build_needs() -> None:
+    keep = gpu_truth.keep
+    for rel in (
+        "CMakeLists.txt",
+        "cmake/build-info.cmake",
+        "ggml/src/ggml-cuda/fattn.cu",
+        "ggml/src/ggml-cuda/template-instances/fattn-vec-instance-f16-f16.cu",
+        "ggml/src/ggml-cpu/ops.cpp",
+        "src/models/llama.cpp",
+        "common/arg.cpp",
+        "tools/server/server.cpp",
+        "tools/ui/CMakeLists.txt",
+        "tools/mtmd/clip.cpp",
+        "scripts/ui-assets.cmake",
+        "vendor/cpp-httplib/httplib.cpp",
+        "LICENSE",
+    ):
+        assert keep(rel), rel
+    for rel in (
+        "docs/build.md",
+        "models/ggml-vocab-llama-bpe.gguf",
+        "tests/test-backend-ops.cpp",
+        "examples/simple/simple.cpp",
+        "ggml/src/ggml-vulkan/ggml-vulkan.cpp",
+        "ggml/src/ggml-metal/x.m",
+        "tools/ui/src/app.ts",
+        "tools/server/tests/unit/test_basic.py",
+        "tools/mtmd/test-3.mp4",
+        "convert_hf_to_gguf.py",
+    ):
+        assert not keep(rel), rel
+
+
+def test_parse_log_reads_every_buffer_line() -> None:
+    text = "\n".join([
+        "load_tensors:   CPU_Mapped model buffer size =   125.00 MiB",
+        "load_tensors:        CUDA0 model buffer size =  1172.00 MiB",
+        "llama_context:  CUDA_Host  output buffer size =     0.12 MiB",
+        "llama_kv_cache:        CUDA0 KV buffer size =   250.00 MiB",
+        "llama_kv_cache: size =  250.00 MiB (  4096 cells,   8 layers,  1/1 seqs), K (f16):  125.00 MiB, V (f16):  125.00 MiB",
+        "sched_reserve:      CUDA0 compute buffer size =   300.75 MiB",
+        "sched_reserve:  CUDA_Host compute buffer size =    40.02 MiB",
+        "llama_model_load_from_file_impl: using device CUDA0 (NVIDIA H200) (0000:00:05.0) - 142000 MiB free",
+    ])  # fmt: skip
+    got = gpu_truth.parse_log(text)
+    assert len(got["buffers"]) == 6
+    assert got["buffer_mib_by_type"]["CUDA0 compute"] == 300.75
+    assert got["buffer_mib_by_type"]["CUDA_Host compute"] == 40.02
+    assert got["devices"] == [{"device": "CUDA0", "name": "NVIDIA H200", "free_mib": 142000}]
+    assert "4096 cells" in got["cache_summaries"][0]
