@@ -8,13 +8,16 @@ import contextlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from kvadvise.cli.listing import SORTS, Listed
+from kvadvise.cli.options import LIST_SORTS as SORTS
 from kvadvise.errors import InputError, KvadviseError
 from kvadvise.model import splits
+
+if TYPE_CHECKING:  # the listing's module loads only for a folder: `kvadvise gguf FILE` starts without it
+    from kvadvise.cli.listing import Listed
 
 MAX_THREADS = 8
 
@@ -43,6 +46,8 @@ def _size(path: Path) -> int:
 
 
 def _read(folder: Path, path: Path, load: Callable[[str], Any]) -> Listed:
+    from kvadvise.cli.listing import Listed
+
     shown = str(path.relative_to(folder))
     try:
         spec = load(str(path))

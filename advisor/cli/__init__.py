@@ -62,13 +62,23 @@ class _BackendCommands:
         return sorted(names)
 
 
+# Core commands whose modules load only when asked for (their imports would slow every other command)
+_LAZY_CORE = {"compare": ("kvadvise.cli.compare", "compare"), "gpus": ("kvadvise.cli.gpus", "gpus")}
+
+
 class BackendGroup(click.Group):
     """A group whose commands are the core's plus those the installed backends bring."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return _BackendCommands.names(self, ctx)
+        names = _BackendCommands.names(self, ctx)
+        return sorted({*names, *_LAZY_CORE}) if self is cli else names
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if self is cli and name in _LAZY_CORE and name not in self.commands:
+            import importlib
+
+            module, attr = _LAZY_CORE[name]
+            self.add_command(getattr(importlib.import_module(module), attr))
         return super().get_command(ctx, name) or _BackendCommands.find(self, ctx, name)
 
 
@@ -85,12 +95,10 @@ def verify() -> None:
 
 
 def _register_core() -> None:
-    from kvadvise.cli import admin, compare, gpus
+    from kvadvise.cli import admin
 
     cli.add_command(admin.calibration_group)
     cli.add_command(admin.plugins)
-    cli.add_command(gpus.gpus)
-    cli.add_command(compare.compare)
 
 
 _register_core()

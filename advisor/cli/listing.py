@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     from kvadvise.planner.inventory import ModelFit, RunSettings
     from kvadvise.planner.recommender import Budget
 
-SORTS = ("name", "size", "context")
 GIB = 1 << 30
 
 

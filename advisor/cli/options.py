@@ -16,6 +16,7 @@ from kvadvise.planner.memory import RUNTIMES
 F = TypeVar("F", bound=Callable[..., Any])
 KV_TYPES = tuple(t.type_name for t in KV_CACHE_TYPES)  # the one list: kvadvise.model.ggml
 USES = ("chat", "code", "agent", "long")
+LIST_SORTS = ("name", "size", "context")  # how a listing of models is ordered (ollama --installed, gguf DIR)
 
 
 class SizeType(click.ParamType):  # type: ignore[type-arg]  # generic in click >= 8.2 only

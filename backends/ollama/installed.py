@@ -22,7 +22,8 @@ import click
 from kvadvise.backends.ollama import api as ollama_api
 from kvadvise.backends.ollama import store as ollama_store
 from kvadvise.backends.ollama.name import OllamaName
-from kvadvise.cli.listing import SORTS, Listed, Loaded
+from kvadvise.cli.listing import Listed, Loaded
+from kvadvise.cli.options import LIST_SORTS as SORTS
 from kvadvise.errors import BackendUnreachable, InputError, KvadviseError
 
 if TYPE_CHECKING:
