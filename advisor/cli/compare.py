@@ -8,8 +8,7 @@ The plan is llama.cpp's (any K and V cache types), the recommendation policy of 
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -25,7 +24,6 @@ if TYPE_CHECKING:
 
 SORTS = ("speed", "context", "size")
 GIB = 1 << 30
-_MULTI = re.compile(r"^(.+?)\s*x\s*(\d+)$", re.IGNORECASE)  # rtx-3090x2: two of them
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,28 +41,10 @@ class Entry:
 
 def card(name: str) -> Card:
     """A card of the built-in list, ``NAMExN`` for N of them (layers split across the cards)."""
-    from kvadvise.planner.hardware import from_profile
+    from kvadvise.planner.hardware import from_profiles
 
     name = name.strip()
-    m = _MULTI.match(name)
-    count = 1
-    base = name
-    if m is not None:
-        try:
-            from_profile(name)  # a profile whose own name ends in xN wins
-        except InputError:
-            base, count = m[1], int(m[2])
-    if not 1 <= count <= 16:
-        raise InputError(f"--gpu {name!r}: {count} cards", hint="1 to 16 cards, e.g. rtx-3090x2")
-    hw = from_profile(base)
-    if count > 1:
-        gpu = hw.gpus[0]
-        hw = replace(
-            hw,
-            gpus=tuple(replace(gpu, index=i) for i in range(count)),
-            notes=(*hw.notes, f"{count} cards: llama.cpp splits the layers across them"),
-        )
-    return Card(name, hw)
+    return Card(name, from_profiles(name))
 
 
 def cards(gpu: str | None, vram_bytes: int | None) -> list[Card]:
