@@ -12,7 +12,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +48,8 @@ def write_text_file(path: str | os.PathLike[str], text: str, *, force: bool) -> 
 
 def _write_temp(parent: Path, name: str, text: str) -> str:
     try:
+        import tempfile  # only when a file is written: it costs every start a few ms
+
         fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=parent)
     except OSError as e:
         raise _os_error(parent, e) from None

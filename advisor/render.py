@@ -12,9 +12,9 @@ from kvadvise.model.spec import ModelSpec
 from kvadvise.planner.memory import MemoryEstimate, RunConfig
 from kvadvise.planner.planning import Plan
 from kvadvise.planner.recommender import Budget, Curve, Recommendation
-from kvadvise.planner.speed import SpeedEstimate
 
 if TYPE_CHECKING:  # only verification output needs it; a plan renders without loading the log parser
+    from kvadvise.planner.speed import SpeedEstimate
     from kvadvise.runtime.verification import Verification
 
 LLAMA_CPP_BUILD = "llama.cpp 0c1e570 (vendored by llama-cpp-python 0.3.36)"

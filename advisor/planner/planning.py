@@ -4,6 +4,7 @@ recommend one, against the hardware at hand or a card planned for."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from kvadvise.errors import ConfigError
 from kvadvise.model.spec import ModelSpec
@@ -19,7 +20,9 @@ from kvadvise.planner.recommender import (
     recommend,
     with_headroom,
 )
-from kvadvise.planner.speed import SpeedEstimate
+
+if TYPE_CHECKING:  # the speed model loads only for a plan with a GPU budget
+    from kvadvise.planner.speed import SpeedEstimate
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,9 +108,9 @@ def make_plan(
     fits = budget.fits(est) if budget is not None else None
     speed = None
     if fits and budget is not None:
-        from kvadvise.planner.recommender import _decode_speed
+        from kvadvise.planner.recommender import decode_speed
 
-        speed = _decode_speed(spec, cfg, budget)[2]
+        speed = decode_speed(spec, cfg, budget)[2]
     if budget is not None and not fits:
         alt = fixed_ctx_alternatives(spec, cfg, budget, policy)
         notes = (*notes, alt) if alt else notes

@@ -31,13 +31,16 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from kvadvise.errors import ConfigError, DoesNotFit, InputError
 from kvadvise.model.ggml import GGMLType
 from kvadvise.model.spec import ModelSpec
 from kvadvise.planner.hardware import Hardware
 from kvadvise.planner.memory import CTX_PAD, MemoryEstimate, RunConfig, estimate
-from kvadvise.planner.speed import Device, SpeedEstimate, seconds_per_token, weight_reads
+
+if TYPE_CHECKING:  # the speed model loads only for a plan with a GPU budget
+    from kvadvise.planner.speed import SpeedEstimate
 
 F16, Q8_0, Q4_0 = GGMLType.F16, GGMLType.Q8_0, GGMLType.Q4_0
 GIB = 1 << 30
@@ -201,7 +204,7 @@ def partial_offload(
     host = full.host_bytes + moved
     tps = None
     if budget.bandwidth_bytes_per_s:
-        from kvadvise.planner.speed import kv_read_bytes
+        from kvadvise.planner.speed import Device, kv_read_bytes, seconds_per_token, weight_reads
 
         dev = [Device(budget.backend, budget.bandwidth_bytes_per_s)]
         frac = n_cpu / max(1, n_layer)
@@ -403,7 +406,7 @@ def recommend(spec: ModelSpec, base: RunConfig, budget: Budget, policy: Policy) 
             f"{chosen.type_v.type_name} at {chosen.n_ctx_max:,} tokens",
             hint=_what_would_fit(spec, base, budget, policy),
         )
-    tps, note, speed = _decode_speed(spec, cfg, budget) if fits else (None, None, None)
+    tps, note, speed = decode_speed(spec, cfg, budget) if fits else (None, None, None)
     offload = None
     if policy.allow_cpu and (not fits or n_ctx_seq < target):
         offload = partial_offload(spec, base, budget, target, (chosen.type_k, chosen.type_v))
@@ -599,14 +602,15 @@ def _kv_name(kv: tuple[GGMLType, GGMLType]) -> str:
     return f"{kv[0].type_name} K/V" if kv[0] == kv[1] else f"{kv[0].type_name} K / {kv[1].type_name} V"
 
 
-def _decode_speed(
+def decode_speed(
     spec: ModelSpec, cfg: RunConfig, budget: Budget
 ) -> tuple[float | None, str | None, SpeedEstimate | None]:
     """The decode estimate of kvadvise.planner.speed at 4k and at the planned context per sequence."""
-    from kvadvise.planner import speed
-
     if not budget.bandwidth_bytes_per_s or not budget.n_gpu:
         return None, None, None
+    from kvadvise.planner import speed
+    from kvadvise.planner.speed import Device
+
     n = budget.n_gpu
     devices = [Device(budget.backend, budget.bandwidth_bytes_per_s, 1 / n) for _ in range(n)]
     n_seq = cfg.n_ctx // max(1, cfg.n_parallel)

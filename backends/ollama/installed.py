@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,11 +21,11 @@ import click
 from kvadvise.backends.ollama import api as ollama_api
 from kvadvise.backends.ollama import store as ollama_store
 from kvadvise.backends.ollama.name import OllamaName
-from kvadvise.cli.listing import Listed, Loaded
 from kvadvise.cli.options import LIST_SORTS as SORTS
 from kvadvise.errors import BackendUnreachable, InputError, KvadviseError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the listing module loads only with --installed: `kvadvise ollama NAME` starts without it
+    from kvadvise.cli.listing import Listed, Loaded
     from kvadvise.planner.inventory import RunSettings
 
 MAX_THREADS = 8
@@ -56,6 +55,7 @@ def store_names(root: Path) -> list[OllamaName]:
 
 def _from_store(root: Path, name: OllamaName) -> Listed:
     from kvadvise.backends.ollama.resolve import resolve
+    from kvadvise.cli.listing import Listed
 
     shown = name.display
     try:
@@ -90,6 +90,8 @@ def read_store(roots: tuple[Path, ...], threads: int = MAX_THREADS) -> list[List
                 jobs.append((root, name))
     if len(jobs) <= 1 or threads <= 1:
         return [_from_store(r, n) for r, n in jobs]
+    from concurrent.futures import ThreadPoolExecutor
+
     with ThreadPoolExecutor(max_workers=min(threads, len(jobs))) as pool:
         return list(pool.map(lambda job: _from_store(*job), jobs))
 
@@ -125,6 +127,7 @@ def tags(url: str) -> tuple[Tagged, ...]:
 
 def _from_server(url: str, t: Tagged) -> Listed:
     from kvadvise.backends.ollama.resolve import resolve
+    from kvadvise.cli.listing import Listed
 
     try:
         m = resolve(t.name, host=url, roots=(), use_profiles=False)
@@ -196,6 +199,8 @@ def installed(host: str | None) -> Installed:
 
 
 def _loaded(m: Listed, running: tuple[ollama_api.RunningModel, ...]) -> Loaded | None:
+    from kvadvise.cli.listing import Loaded
+
     for r in running:
         if (m.digest and r.digest.removeprefix("sha256:") == m.digest) or _same(r.name, m.name):
             return Loaded(r.processor, r.size, r.size_vram, r.context_length)
