@@ -175,3 +175,31 @@ def test_server_kv_cache_type_sources(tmp_path: Path, monkeypatch: pytest.Monkey
     assert server_kv_cache_type(None, None, none)[0] == "f16"
     monkeypatch.setenv("OLLAMA_KV_CACHE_TYPE", "Q8_0")
     assert server_kv_cache_type(None, None, none)[0] == "q8_0"
+
+
+@pytest.mark.parametrize(("runner_bytes", "fits"), [(880_000_000, True), (100_000_000, False)])
+def test_nvml_cross_checks_the_runner(
+    runner_bytes: int, fits: bool, fake: FakeOllama, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/api/ps says 100% GPU; NVML says how much the Ollama runner really holds (ollama/ollama#7323, #9704)."""
+    import subprocess
+    import sys
+
+    from test_hardware import FakeDevice, FakeNVML, FakeProc
+
+    runner = subprocess.Popen(["bash", "-c", 'exec -a "ollama runner" sleep 60'])
+    try:
+        import time
+
+        time.sleep(0.2)  # the exec has happened
+        nvml = FakeNVML(
+            [FakeDevice(b"NVIDIA GeForce RTX 4090", 24 * GiB, compute=[FakeProc(runner.pid, runner_bytes)])]
+        )
+        monkeypatch.setitem(sys.modules, "pynvml", nvml.module())
+        fake.running = [FULL]
+        v = verify(fake.url, "gemma3-270m", load=False, num_ctx=8192, predicted_total_bytes=None)
+    finally:
+        runner.kill()
+        runner.wait()
+    assert v.processor == "100% GPU" and v.fits is fits
+    assert any("NVML sees the Ollama runner holding only 100,000,000 B" in r for r in v.reasons) is (not fits)

@@ -419,6 +419,46 @@ def _used_by_others(pynvml: Any, handle: object) -> int | None:
     return anonymous + sum(per_pid.values())
 
 
+def gpu_memory_by_process() -> dict[int, int] | None:
+    """Device memory each process holds, summed over this machine's NVIDIA GPUs (NVML's compute
+    and graphics process lists); None without NVML, a driver or a GPU, or when it cannot list them."""
+    if "pynvml" not in sys.modules and _no_nvidia_driver():
+        return None
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # ImportError, OSError, pynvml.NVMLError: no binding, no driver or no GPU
+        return None
+    out: dict[int, int] = {}
+    listed = False
+    try:
+        for i in range(int(pynvml.nvmlDeviceGetCount())):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            per_pid: dict[int, int] = {}
+            for fn_name in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+                fn = getattr(pynvml, fn_name, None)
+                if fn is None:
+                    continue
+                try:
+                    procs = fn(handle)
+                except pynvml.NVMLError:
+                    continue
+                listed = True
+                for proc in procs or ():
+                    pid, used = getattr(proc, "pid", None), getattr(proc, "usedGpuMemory", None)
+                    if isinstance(pid, int) and used is not None:  # a process may be both kinds: count it once
+                        per_pid[pid] = max(per_pid.get(pid, 0), int(used))
+            for pid, used in per_pid.items():
+                out[pid] = out.get(pid, 0) + used
+    except pynvml.NVMLError:
+        return None
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+    return out if listed else None
+
+
 def probe() -> Hardware:
     """Every NVIDIA GPU of this machine through NVML, and the system RAM through psutil.
 

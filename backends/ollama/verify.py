@@ -111,6 +111,14 @@ def verify(
             reasons.append(
                 f"the server reports size {match.size:,} B and size_vram {match.size_vram:,} B ({match.processor})"
             )
+    runner = _runner_gpu_bytes()
+    if on_gpu and runner is not None and runner < match.size_vram // 2:
+        # users see "100% GPU" while the model runs on the CPU (ollama/ollama#7323, #9704)
+        on_gpu = False
+        reasons.append(
+            f"the server reports {match.size_vram:,} B on the GPU, but NVML sees the Ollama runner holding only "
+            f"{runner:,} B there: the model may be running on the CPU"
+        )
     context_checked = match.context_length is not None
     if not context_checked and num_ctx is not None:
         reasons.append(
@@ -186,3 +194,24 @@ def _same(ps_name: str, wanted: OllamaName) -> bool:
         return parse_name(ps_name).same_model(wanted)
     except InputError:
         return False
+
+
+RUNNER_NAMES = ("ollama", "llama-server")  # Ollama's runner is `ollama runner` or (>= 0.30) llama-server
+
+
+def _runner_gpu_bytes() -> int | None:
+    """GPU memory the Ollama runner processes hold, as NVML sees it; None without NVML (or no runner seen)."""
+    from kvadvise.planner.hardware import gpu_memory_by_process
+
+    by_pid = gpu_memory_by_process()
+    if by_pid is None:
+        return None
+    import psutil
+
+    total, seen = 0, False
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        cmd = p.info.get("cmdline") or []
+        if any(any(n in part for n in RUNNER_NAMES) for part in cmd[:2]):
+            seen = True
+            total += by_pid.get(int(p.info["pid"]), 0)
+    return total if seen else None
