@@ -289,7 +289,7 @@ def plan_dict(plan: Plan, requested_ctx: int | None = None) -> dict[str, Any]:
             }
         )
     elif plan.budget is not None:
-        where = "the GPU" if plan.budget.device == "cuda" else "system RAM"
+        where = "the GPU" if plan.budget.device != "cpu" else "system RAM"
         verdict = "fits" if plan.fits else "does not fit"
         doc["reasons"] = [
             f"{verdict}: needs {fmt_bytes(plan.estimate.device_bytes)}; {where} has "

@@ -196,3 +196,21 @@ def test_several_gpus_are_not_one_big_card(gemma_path: Path, capsys: pytest.Capt
     assert main(["gguf", str(gemma_path), "--ctx", "4096", "--vram", "8GiB,2GiB", "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)["memory"]["devices"]) == 2
     assert main([*argv, "--gpu", "rtx-3090x2", "-ts", "1,1,1"]) == EXIT_INPUT  # three shares, two cards
+
+
+def test_apple_plans_are_metal(gemma_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Unified memory is planned as Metal: no CUDA row padding, Metal's overhead (512 MiB, Ollama's
+    MinimumMemory on Metal), the layers offloaded (-ngl), the Metal speed factors."""
+    argv = ["llamacpp", str(gemma_path), "--ctx", "8192", "--json"]
+    assert main([*argv, "--gpu", "m4-max-64gb"]) == 0
+    mac = json.loads(capsys.readouterr().out)
+    assert main([*argv, "--gpu", "rtx-4090"]) == 0
+    nv = json.loads(capsys.readouterr().out)
+    assert mac["config"]["device"] == "metal" and mac["budget"]["device"] == "metal"
+    (dev,) = mac["memory"]["devices"]
+    assert dev["name"] == "Metal" and dev["overhead_bytes"] == 512 << 20
+    assert nv["memory"]["devices"][0]["name"] == "CUDA0" and nv["memory"]["devices"][0]["overhead_bytes"] == 330 << 20
+    # the same weights, but CUDA pads quantized rows to 512 values and Metal does not
+    assert dev["weights_bytes"] < nv["memory"]["devices"][0]["weights_bytes"]
+    assert dev["kv_bytes"] == nv["memory"]["devices"][0]["kv_bytes"]  # f16 rows of 256: no padding either way
+    assert "-ngl 999" in mac["llama_server"]["command"]

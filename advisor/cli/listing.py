@@ -169,7 +169,7 @@ def listing_text(budget: Budget | None, settings: RunSettings, rows: list[Row], 
     if budget is None:
         head = "no budget (--no-hardware): contexts not computed"
     else:
-        where = "GPU" if budget.device == "cuda" else "system RAM"
+        where = "GPU" if budget.device != "cpu" else "system RAM"
         head = (
             f"budget {fmt_bytes(budget.budget_bytes)} on the {where} ({budget.source}, after a "
             f"{budget.margin_bytes / (1 << 20):,.0f} MiB margin)"

@@ -217,7 +217,7 @@ def _options(*, planned_hardware: bool) -> list[Callable[[F], F]]:
         ),
         click.option(
             "--device",
-            type=click.Choice(["auto", "cpu", "cuda"]),
+            type=click.Choice(["auto", "cpu", "cuda", "metal"]),
             default="auto",
             show_default=True,
             help="Where the layers go: auto = the GPU when there is one (or --gpu/--vram), else the CPU.",

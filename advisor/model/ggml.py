@@ -136,7 +136,7 @@ def cache_type(name: str) -> GGMLType:
 
 
 # buffer alignment per backend (ggml_backend_buft_get_alignment); an RPC device has its server's (CPU here)
-ALIGNMENT = {"cpu": 32, "cuda": 128, "rpc": 32}
+ALIGNMENT = {"cpu": 32, "cuda": 128, "metal": 32, "rpc": 32}
 CUDA_MATRIX_ROW_PADDING = 512  # ggml-cuda: quantized tensors get padded to a multiple of 512 values
 
 

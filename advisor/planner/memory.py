@@ -24,17 +24,20 @@ from kvadvise.model.spec import ModelSpec
 MIB = 1 << 20
 CTX_PAD = 256  # GGML_PAD(n_ctx, 256), "ref: PR 17046"
 FLASH_ATTN_MODES = ("on", "off", "auto")
-DEVICES = ("auto", "cpu", "cuda", "rpc")
+DEVICES = ("auto", "cpu", "cuda", "metal", "rpc")
+GPU_DEVICES = ("cuda", "metal", "rpc")  # devices that hold offloaded layers (not the CPU)
 RUNTIMES = ("llama-server", "llama-cli")
 # Buffer alignment: CPU TENSOR_ALIGNMENT = 32, CUDA CUDA_ALIGNMENT = 128 (ggml-cuda.cu).
 # Per-device fixed cost outside llama.cpp's buffers. CPU: none. CUDA: the CUDA
 # context and cuBLAS workspace, about 330 MiB measured by unsloth (issue #6718,
 # see shared/peers.md); replaced by a measured value once `verify` has run.
-OVERHEAD_BYTES = {"cpu": 0, "cuda": 330 * MIB, "rpc": 0}
+# Metal: Ollama's MinimumMemory on Metal, the reserve it kept per device (ml/device.go; memory-spec §6), for
+# the Metal context and its command buffers, which llama.cpp does not print as buffers.
+OVERHEAD_BYTES = {"cpu": 0, "cuda": 330 * MIB, "metal": 512 * MIB, "rpc": 0}
 # ggml_backend_sched: with pipeline parallelism the split inputs are kept in this many copies
 # (GGML_SCHED_MAX_COPIES, ggml/src/ggml-backend.cpp; llama.cpp logs "pipeline parallelism enabled").
 N_COPIES = 4
-DEVICE_PREFIX = {"cuda": "CUDA", "rpc": "RPC"}
+DEVICE_PREFIX = {"cuda": "CUDA", "metal": "Metal", "rpc": "RPC"}
 INT32_MAX = 2**31 - 1  # the largest -c, -np, -b, -ub llama.cpp takes
 
 
@@ -473,7 +476,11 @@ def _offloaded(
     KV, its compute buffer and fixed overhead; token_embd, the graph inputs and the logits in host RAM."""
     n_dev = max(1, len(cfg.tensor_split))
     owner = layer_devices(spec.n_layer_all, cfg.tensor_split)
-    names = cfg.device_names or tuple(f"{DEVICE_PREFIX[lay.device]}{i}" for i in range(n_dev))
+    prefix = DEVICE_PREFIX[lay.device]
+    # as llama.cpp names the buffers: CUDA0, CUDA1, ...; Apple's one GPU is "Metal"
+    names = cfg.device_names or tuple(
+        prefix if lay.device == "metal" and n_dev == 1 else f"{prefix}{i}" for i in range(n_dev)
+    )
     if len(names) != n_dev:
         raise ConfigError(f"{len(names)} device names for a split over {n_dev} devices")
     cuda = lay.device == "cuda"

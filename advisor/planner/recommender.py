@@ -79,7 +79,7 @@ F16_K_ARCHS = frozenset({"gpt-oss"})
 
 @dataclass(frozen=True, slots=True)
 class Budget:
-    device: str  # "cuda" | "cpu"
+    device: str  # "cuda" | "metal" (Apple: unified memory) | "cpu"
     total_bytes: int
     free_bytes: int
     margin_bytes: int
@@ -175,7 +175,7 @@ def partial_offload(
     """
     from kvadvise.planner.memory import layer_kv_bytes, resolve
 
-    if budget.device != "cuda" or not any(spec.layer_bytes):
+    if budget.device == "cpu" or not any(spec.layer_bytes):
         return None
     cfg = _cfg(base, n_ctx_seq, kv, True, budget.device)
     full = estimate(spec, cfg)
@@ -239,7 +239,7 @@ def budget_for(hw: Hardware, margin_bytes: int = DEFAULT_MARGIN_BYTES) -> Budget
         src = next((g.bandwidth_source for g in hw.gpus if g.bandwidth_source), None)
         backend = "metal" if any(g.unified_memory for g in hw.gpus) else "cuda"
         budget = Budget(
-            "cuda", total, free, margin, max(0, free - margin), hw.source, len(hw.gpus), bandwidth, src, backend
+            backend, total, free, margin, max(0, free - margin), hw.source, len(hw.gpus), bandwidth, src, backend
         )
         if len(hw.gpus) > 1:
             per = tuple(max(0, g.free_bytes - margin_bytes) for g in hw.gpus)
@@ -318,11 +318,11 @@ def _choices(spec: ModelSpec, base: RunConfig, policy: Policy) -> list[tuple[tup
 
 def default_target_ctx(budget: Budget) -> tuple[int, str]:
     """The context per slot to aim for when the user names none, and why."""
-    if budget.device == "cuda" and budget.total_bytes >= BIG_CARD_BYTES:
+    if budget.device != "cpu" and budget.total_bytes >= BIG_CARD_BYTES:
         return DEFAULT_TARGET_CTX, (
             "64k on a card of 16 GB or more (Ollama's docs: agents and coding tools need at least 64000 tokens)"
         )
-    where = "a card below 16 GB" if budget.device == "cuda" else "the CPU"
+    where = "a card below 16 GB" if budget.device != "cpu" else "the CPU"
     return SMALL_TARGET_CTX, f"32k on {where} (--use agent aims for 64k, --use long for the maximum)"
 
 
@@ -338,7 +338,7 @@ def with_headroom(budget: Budget, hw: Hardware, spec: ModelSpec, policy: Policy)
         n = -(-spec.weights_bytes * 3 // 100)
         extra += n
         notes.append(f"{n / MIB:,.0f} MiB: 3% of the weights, whose size comes from a built-in profile")
-    if budget.device == "cuda" and not policy.headless and len(hw.gpus) == 1 and hw.source != "manual":
+    if budget.device != "cpu" and not policy.headless and len(hw.gpus) == 1 and hw.source != "manual":
         g = hw.gpus[0]
         if not g.unified_memory and not _DATACENTER_GPU.search(g.name.lower()):
             extra += DISPLAY_ALLOWANCE_BYTES
@@ -412,7 +412,7 @@ def recommend(spec: ModelSpec, base: RunConfig, budget: Budget, policy: Policy) 
         offload = partial_offload(spec, base, budget, target, (chosen.type_k, chosen.type_v))
         if offload is not None:
             reasons.append("--allow-cpu: " + offload.note)
-        elif budget.device != "cuda":
+        elif budget.device == "cpu":
             reasons.append("--allow-cpu: nothing to move: the model already runs on the CPU")
         elif not any(spec.layer_bytes):
             reasons.append(
@@ -428,7 +428,7 @@ def _name(o: Option) -> str:
 
 def budget_line(budget: Budget) -> str:
     """``budget: X free on the GPU minus ... = Y``, with what is kept free and why."""
-    where = "the GPU" if budget.device == "cuda" else "system RAM"
+    where = "the GPU" if budget.device != "cpu" else "system RAM"
     s = (
         f"budget: {_gb(budget.free_bytes)} free on {where} minus a {budget.margin_bytes / MIB:,.0f} MiB margin"
         " (what llama.cpp's --fit keeps free)"
@@ -451,7 +451,7 @@ def _reasons(
     est: MemoryEstimate,
     fits: bool,
 ) -> list[str]:
-    where = "the GPU" if budget.device == "cuda" else "system RAM"
+    where = "the GPU" if budget.device != "cpu" else "system RAM"
     out = [budget_line(budget)]
     goal = f"target: {target:,} tokens per sequence"
     if policy.use:
@@ -561,7 +561,7 @@ def _what_would_fit(spec: ModelSpec, base: RunConfig, budget: Budget, policy: Po
                 f"a smaller quantization of the weights (at least {_gb(short)} smaller than "
                 f"the {_gb(spec.weights_bytes)} they take now)"
             )
-        if budget.device == "cuda" and not policy.allow_cpu:
+        if budget.device != "cpu" and not policy.allow_cpu:
             tips.append("--allow-cpu (part of the model on the CPU)")
     if base.n_parallel > 1:
         one = max_context(spec, replace(base, n_parallel=1), kv, fa, budget)

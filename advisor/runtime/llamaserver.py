@@ -41,7 +41,7 @@ def server_args(
     model: str | ModelSource, cfg: RunConfig, *, n_gpu_layers: int | None = None, n_cpu_moe: int = 0
 ) -> list[tuple[str, str, str | None]]:
     """(flag, LLAMA_ARG_ variable, value) triples; value None = a switch. A str ``model`` is a local path."""
-    ngl = n_gpu_layers if n_gpu_layers is not None else ALL_LAYERS if cfg.device == "cuda" else 0
+    ngl = n_gpu_layers if n_gpu_layers is not None else ALL_LAYERS if cfg.device not in ("cpu", "auto") else 0
     source = model if isinstance(model, ModelSource) else ModelSource.path(model)
     out: list[tuple[str, str, str | None]] = [
         *source.args,

@@ -58,7 +58,7 @@ def probe_request(model_path: str, cfg: RunConfig, *, bench: bool = True, extra_
         "type_v": int(cfg.type_v),
         "swa_full": cfg.swa_full,
         "n_outputs_max": cfg.llama_n_outputs_max,
-        "n_gpu_layers": 999 if cfg.device == "cuda" else 0,
+        "n_gpu_layers": 999 if cfg.device not in ("cpu", "auto") else 0,
         "extra_bufts": extra_bufts,
     }
     if bench:

@@ -115,14 +115,14 @@ def advise(
         fit_target_mib=fit_target,
         server_default=server_default,
         repeatable=repeatable,
-        full_offload=cfg.device == "cuda",
+        full_offload=cfg.device != "cpu",
     )
     from kvadvise.backends.ollama.config import env_effects
 
     warnings: list[str] = env_effects(settings) if plan.fits is not False else []
     if v := ollama_api.version_warning(live.version):
         warnings.append(v)
-    if plan.budget is not None and plan.budget.device == "cuda" and plan.fits is not False:
+    if plan.budget is not None and plan.budget.device != "cpu" and plan.fits is not False:
         tier = default_num_ctx(plan.budget.total_bytes)
         if tier != num_ctx and model.default_num_ctx is None:
             warnings.append(
