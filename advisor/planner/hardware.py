@@ -389,11 +389,11 @@ def _decode(name: object) -> str:
     return str(name)
 
 
-def _used_by_others(pynvml: Any, handle: object) -> int | None:
-    """Bytes held by other processes on this GPU; None when NVML cannot list them."""
-    per_pid: dict[object, int] = {}
+def _processes(pynvml: Any, handle: object) -> tuple[dict[int, int], int] | None:
+    """Device memory per process on one GPU (NVML's compute and graphics lists; a process in both is
+    counted once) and what processes without a pid hold; None when NVML cannot list them."""
+    per_pid: dict[int, int] = {}
     anonymous = 0
-    me = os.getpid()
     listed = False
     for fn_name in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
         fn = getattr(pynvml, fn_name, None)
@@ -408,15 +408,21 @@ def _used_by_others(pynvml: Any, handle: object) -> int | None:
             used = getattr(proc, "usedGpuMemory", None)
             used = int(used) if used is not None else 0  # None: not available (e.g. Windows WDDM)
             pid = getattr(proc, "pid", None)
-            if pid == me:
-                continue
-            if pid is None:
-                anonymous += used
-            else:  # a process can be both a compute and a graphics client: count it once
+            if isinstance(pid, int):
                 per_pid[pid] = max(per_pid.get(pid, 0), used)
-    if not listed:
+            else:
+                anonymous += used
+    return (per_pid, anonymous) if listed else None
+
+
+def _used_by_others(pynvml: Any, handle: object) -> int | None:
+    """Bytes held by other processes on this GPU; None when NVML cannot list them."""
+    found = _processes(pynvml, handle)
+    if found is None:
         return None
-    return anonymous + sum(per_pid.values())
+    per_pid, anonymous = found
+    me = os.getpid()
+    return anonymous + sum(used for pid, used in per_pid.items() if pid != me)
 
 
 def gpu_memory_by_process() -> dict[int, int] | None:
@@ -434,22 +440,11 @@ def gpu_memory_by_process() -> dict[int, int] | None:
     listed = False
     try:
         for i in range(int(pynvml.nvmlDeviceGetCount())):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            per_pid: dict[int, int] = {}
-            for fn_name in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
-                fn = getattr(pynvml, fn_name, None)
-                if fn is None:
-                    continue
-                try:
-                    procs = fn(handle)
-                except pynvml.NVMLError:
-                    continue
-                listed = True
-                for proc in procs or ():
-                    pid, used = getattr(proc, "pid", None), getattr(proc, "usedGpuMemory", None)
-                    if isinstance(pid, int) and used is not None:  # a process may be both kinds: count it once
-                        per_pid[pid] = max(per_pid.get(pid, 0), int(used))
-            for pid, used in per_pid.items():
+            found = _processes(pynvml, pynvml.nvmlDeviceGetHandleByIndex(i))
+            if found is None:
+                continue
+            listed = True
+            for pid, used in found[0].items():
                 out[pid] = out.get(pid, 0) + used
     except pynvml.NVMLError:
         return None
