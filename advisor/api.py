@@ -85,10 +85,13 @@ def llama_server_command(model_path: str, config: RunConfig) -> str:
 
 def verify_llamacpp(model_path: str, plan_: Plan, *, server: str | None = None, timeout_s: float = 600) -> Verification:
     """Run ``plan_.config`` on real llama.cpp and compare with the prediction."""
-    from kvadvise.plugins import discover
+    from kvadvise.errors import InputError
+    from kvadvise.plugins import Measurer, discover
     from kvadvise.runtime.verification import compare
 
-    backend: Any = discover().get("llamacpp")
+    backend = discover().get("llamacpp")
+    if not isinstance(backend, Measurer):
+        raise InputError("the installed llamacpp backend cannot run a model (no measure())")
     return compare(plan_, backend.measure(model_path, plan_.config, server=server, timeout_s=timeout_s))
 
 

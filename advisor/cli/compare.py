@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from kvadvise.model.spec import ModelSpec
     from kvadvise.planner.hardware import Hardware
     from kvadvise.planner.planning import Plan
+    from kvadvise.plugins import Registry
 
 SORTS = ("speed", "context", "size")
 GIB = 1 << 30
@@ -82,7 +83,7 @@ def resolve_models(refs: tuple[str, ...]) -> list[tuple[str, ModelSpec]]:
     return out
 
 
-def _resolve(registry: Any, ref: str) -> tuple[str, ModelSpec]:
+def _resolve(registry: Registry, ref: str) -> tuple[str, ModelSpec]:
     from pathlib import Path
 
     head, sep, rest = ref.partition(":")
