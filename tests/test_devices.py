@@ -124,3 +124,29 @@ def test_report() -> None:
     (ROOT / "build").mkdir(exist_ok=True)
     (ROOT / "build" / "devices-report.md").write_text(text + "\n")
     print("\n" + text)
+
+
+def test_cli_plan_over_rpc_hosts_is_what_llama_server_allocates(
+    three: list[str], models: dict[str, Path], real_llama_server: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`kvadvise llamacpp MODEL --rpc HOST:PORT=SIZE ...` plans the hosts as llama.cpp's devices; its
+    llama-server command, run over those rpc-servers, allocates what the JSON says, device by device."""
+    import json
+    import shlex
+
+    from kvadvise.cli import main
+
+    a, b = three[:2]
+    argv = ["llamacpp", str(models["gemma-3-270m"]), "--rpc", f"{a}=2GiB", "--rpc", f"{b}=6GiB", "--ctx", "8192"]
+    assert main([*argv, "-fa", "on", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    cmd = shlex.split(doc["llama_server"]["command"])
+    assert cmd[cmd.index("--rpc") + 1] == f"{a},{b}" and cmd[cmd.index("-ts") + 1] == "2,6"
+    args = [x for i, x in enumerate(cmd[1:], 1) if cmd[i - 1] not in ("-m", "--rpc") and x not in ("-m", "--rpc")]
+    got = parse(run_server(real_llama_server, models["gemma-3-270m"], args, [a, b]).splitlines())
+    for d in doc["memory"]["devices"]:
+        mib = {k: sum(x.mib for x in got.buffers if x.buft == d["name"] and x.kind == k) for k in ("model", "KV")}
+        assert mib["model"] == pytest.approx(d["weights_bytes"] / MIB, abs=0.01), d["name"]
+        assert mib["KV"] == pytest.approx(d["kv_bytes"] / MIB, abs=0.01), d["name"]
+        compute = sum(x.mib for x in got.buffers if x.buft == d["name"] and x.kind == "compute")
+        assert abs(compute - d["compute_bytes"] / MIB) <= max(8.0, 0.05 * compute), d["name"]

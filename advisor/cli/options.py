@@ -102,6 +102,7 @@ class PlanOptions:
     allow_q4: bool = False
     headless: bool = False
     tensor_split: tuple[float, ...] = ()
+    rpc: tuple[str, ...] = ()
 
     @classmethod
     def take(cls, kwargs: dict[str, Any]) -> PlanOptions:
@@ -316,6 +317,13 @@ def _hardware_options(planned: bool) -> list[Callable[[F], F]]:
             metavar="N,N,...",
             default=None,
             help="With several GPUs, each one's share of the layers (llama.cpp -ts) [default: by free memory].",
+        ),
+        click.option(
+            "--rpc",
+            "rpc",
+            multiple=True,
+            metavar="HOST:PORT=SIZE",
+            help="Plan over hosts of llama.cpp's RPC backend (rpc-server on each), SIZE free on each; repeatable.",
         ),
         click.option(
             "--bandwidth",

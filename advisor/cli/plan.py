@@ -22,6 +22,8 @@ JSONDoc = dict[str, object]
 
 def check_flags(o: PlanOptions) -> None:
     """Flags that contradict each other: refused (exit 2) rather than one silently winning."""
+    if o.rpc and (o.gpu or o.vram_bytes is not None):
+        raise click.UsageError("--rpc plans the RPC hosts as the devices: give it without --gpu/--vram")
     if o.gpu and o.vram_bytes is not None:
         raise click.UsageError("give --gpu or --vram, not both")
     if o.bandwidth_gbs is not None and o.vram_bytes is None:
@@ -67,11 +69,12 @@ def build_plan(
         weights_uncertain=weights_uncertain,
         headless=o.headless,
     )
-    probed = not o.gpu and o.vram_bytes is None and not o.no_hardware
+    probed = not o.gpu and o.vram_bytes is None and not o.rpc and not o.no_hardware
     hw = hardware_for(
         HardwareRequest(
             gpu=o.gpu,
             vram_bytes=o.vram_bytes,
+            rpc=tuple(o.rpc or ()),
             probe=not o.no_hardware,
             bandwidth_bytes_per_s=None if o.bandwidth_gbs is None else int(o.bandwidth_gbs * 1e9),
         )

@@ -34,6 +34,7 @@ class Gpu:
     bandwidth_bytes_per_s: int | None  # memory bandwidth, for the decode-speed estimate
     bandwidth_source: str | None  # where that figure comes from
     unified_memory: bool = False  # Apple silicon: GPU memory is a share of system RAM
+    rpc_endpoint: str | None = None  # a host of llama.cpp's RPC backend (rpc-server at HOST:PORT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,6 +303,31 @@ def from_profiles(names: str) -> Hardware:
     gpus = tuple(replace(g, index=i) for i, g in enumerate(cards))
     note = f"{len(gpus)} GPUs: " + ", ".join(g.name for g in gpus) + "; llama.cpp splits the layers across them"
     return replace(first, gpus=gpus, source=f"profiles:{names}", notes=(*first.notes, note))
+
+
+def rpc_hosts(specs: Sequence[str]) -> Hardware:
+    """``--rpc HOST:PORT=SIZE``: hosts of llama.cpp's RPC backend (``rpc-server`` on each, ``llama-server
+    --rpc HOST:PORT,...``), each a device with SIZE free; llama.cpp names each ``RPC0[HOST:PORT]``."""
+    ram_total, ram_free = _ram_now()
+    gpus = []
+    for i, raw in enumerate(specs):
+        endpoint, sep, size = raw.partition("=")
+        host, colon, port = endpoint.strip().rpartition(":")
+        if not sep or not colon or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+            raise InputError(f"--rpc {raw!r}: not HOST:PORT=SIZE", hint="e.g. --rpc 192.168.1.20:50052=24GiB")
+        n = parse_size(size)
+        ep = f"{host}:{int(port)}"
+        gpus.append(Gpu(i, f"RPC0[{ep}]", n, n, 0, None, None, rpc_endpoint=ep))
+    return Hardware(
+        gpus=tuple(gpus),
+        ram_total_bytes=ram_total,
+        ram_free_bytes=ram_free,
+        source="rpc",
+        notes=(
+            "RPC hosts: the layers run one host after another and every token's hidden state crosses the "
+            "network between them (llama.cpp's RPC backend); the speed depends on that link",
+        ),
+    )
 
 
 def manual_many(sizes: Sequence[int], bandwidth_bytes_per_s: int | None = None) -> Hardware:

@@ -72,6 +72,7 @@ class RunConfig:
     # -ts is not given (llama_model::load_tensors).
     tensor_split: tuple[float, ...] = ()
     device_names: tuple[str, ...] = ()  # as llama.cpp prints them (CUDA0, RPC0[host:port]); () = numbered
+    rpc_servers: tuple[str, ...] = ()  # llama-server --rpc HOST:PORT,...: the RPC hosts the devices are
 
     def __post_init__(self) -> None:
         # llama.cpp reads -c, -np, -b, -ub as int32 (common/arg.cpp std::stoi); a larger number would be

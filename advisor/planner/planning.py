@@ -31,6 +31,7 @@ class HardwareRequest:
     vram_bytes: tuple[int, ...] | None = None  # budgets given by hand, one per GPU
     probe: bool = True  # else: no hardware (estimate only)
     bandwidth_bytes_per_s: int | None = None  # --bandwidth, with --vram
+    rpc: tuple[str, ...] = ()  # --rpc HOST:PORT=SIZE: hosts of llama.cpp's RPC backend
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +59,8 @@ class MeasuredOverhead:
 def hardware_for(req: HardwareRequest) -> Hardware | None:
     from kvadvise.planner import hardware
 
+    if req.rpc:
+        return hardware.rpc_hosts(req.rpc)
     if req.vram_bytes is not None:
         return hardware.manual_many(req.vram_bytes, req.bandwidth_bytes_per_s)
     if req.gpu:
@@ -93,6 +96,13 @@ def make_plan(
         raise ConfigError(
             f"--tensor-split has {len(base.tensor_split)} shares for {max(1, n_gpu)} GPU(s)",
             hint="one share per GPU, e.g. --gpu rtx-3090x2 -ts 3,1",
+        )
+    if budget is not None and budget.device == "rpc" and hw is not None and not base.rpc_servers:
+        # llama-server --rpc HOST:PORT,...: each host a device, named as llama.cpp prints it
+        base = replace(
+            base,
+            rpc_servers=tuple(g.rpc_endpoint or "" for g in hw.gpus),
+            device_names=tuple(g.name for g in hw.gpus),
         )
     if budget is not None and n_gpu > 1 and not base.tensor_split:
         # several GPUs and no -ts: llama.cpp splits the layers by each device's free memory

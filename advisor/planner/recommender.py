@@ -238,8 +238,9 @@ def budget_for(hw: Hardware, margin_bytes: int = DEFAULT_MARGIN_BYTES) -> Budget
         bandwidth = min(b for b in bw if b) if any(bw) else None  # layers run one GPU after another
         src = next((g.bandwidth_source for g in hw.gpus if g.bandwidth_source), None)
         backend = "metal" if any(g.unified_memory for g in hw.gpus) else "cuda"
+        device = "rpc" if all(g.rpc_endpoint for g in hw.gpus) else backend
         budget = Budget(
-            backend, total, free, margin, max(0, free - margin), hw.source, len(hw.gpus), bandwidth, src, backend
+            device, total, free, margin, max(0, free - margin), hw.source, len(hw.gpus), bandwidth, src, backend
         )
         if len(hw.gpus) > 1:
             per = tuple(max(0, g.free_bytes - margin_bytes) for g in hw.gpus)

@@ -54,6 +54,8 @@ def server_args(
     ]
     if n_cpu_moe:
         out.append(("--n-cpu-moe", "LLAMA_ARG_N_CPU_MOE", str(n_cpu_moe)))
+    if cfg.rpc_servers:  # the hosts of llama.cpp's RPC backend, each running rpc-server (tools/rpc)
+        out.append(("--rpc", "LLAMA_ARG_RPC", ",".join(cfg.rpc_servers)))
     if len(cfg.tensor_split) > 1:  # -sm layer's shares, as planned (llama_model::load_tensors)
         out.append(("-ts", "LLAMA_ARG_TENSOR_SPLIT", ",".join(f"{x:g}" for x in cfg.tensor_split)))
     if cfg.kv_unified:

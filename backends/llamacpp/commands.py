@@ -58,6 +58,8 @@ def llamacpp_command(path: str, write_env: str | None, force: bool, **kwargs: ob
 
     def as_text(p: Plan) -> str:
         lines = [""]
+        for ep in p.config.rpc_servers:  # llama.cpp's RPC backend: one rpc-server per host (tools/rpc)
+            lines.append(f"# on {ep.rpartition(':')[0]}: rpc-server -H 0.0.0.0 -p {ep.rpartition(':')[2]}")
         for kind, text in _commands(model, p):
             if kind == "offload_command":
                 lines.append("# with part of the model on the CPU (--allow-cpu):")

@@ -119,6 +119,7 @@ _LLAMACPP_ONLY = {
     "n_ubatch": "-ub/--ubatch",
     "n_outputs_max": "--n-outputs-max",
     "tensor_split": "-ts/--tensor-split",
+    "rpc": "--rpc",
 }
 
 
