@@ -214,3 +214,26 @@ def test_apple_plans_are_metal(gemma_path: Path, capsys: pytest.CaptureFixture[s
     assert dev["weights_bytes"] < nv["memory"]["devices"][0]["weights_bytes"]
     assert dev["kv_bytes"] == nv["memory"]["devices"][0]["kv_bytes"]  # f16 rows of 256: no padding either way
     assert "-ngl 999" in mac["llama_server"]["command"]
+
+
+def test_ollama_places_a_model_on_one_gpu_when_it_fits_there(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """server/sched.go: one GPU when the model takes at most 80 % of its free memory, else all of them;
+    OLLAMA_SCHED_SPREAD spreads it anyway."""
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path))
+    monkeypatch.setenv("OLLAMA_HOST", "127.0.0.1:9")
+    monkeypatch.delenv("OLLAMA_SCHED_SPREAD", raising=False)
+
+    def plan(name: str) -> dict[str, Any]:
+        assert main(["ollama", name, "--gpu", "rtx-3090x2", "--json"]) == 0
+        return json.loads(capsys.readouterr().out)  # type: ignore[no-any-return]
+
+    small = plan("llama3.1:8b")
+    assert len(small["memory"]["devices"]) == 1 and any("on one GPU" in n for n in small["notes"])
+    assert small["memory"]["device_bytes"] <= 0.8 * small["budget"]["free_bytes"]
+    big = plan("llama3.1:70b")
+    assert len(big["memory"]["devices"]) == 2 and any("spreads it over the 2 GPUs" in n for n in big["notes"])
+    monkeypatch.setenv("OLLAMA_SCHED_SPREAD", "1")
+    spread = plan("llama3.1:8b")
+    assert len(spread["memory"]["devices"]) == 2 and any("OLLAMA_SCHED_SPREAD is set" in n for n in spread["notes"])

@@ -15,6 +15,7 @@ from kvadvise.errors import EXIT_NO_FIT
 
 if TYPE_CHECKING:
     from kvadvise.model.spec import ModelSpec
+    from kvadvise.planner.hardware import Hardware
     from kvadvise.planner.planning import MeasuredOverhead, Plan
 
 JSONDoc = dict[str, object]
@@ -45,6 +46,7 @@ def build_plan(
     same_type_kv: bool = False,
     extra_margin_bytes: int = 0,
     weights_uncertain: bool = False,
+    hardware: Hardware | None = None,
 ) -> Plan:
     """The plan for ``spec`` under the flags ``o``; a calibration of this machine's GPU is read here
     and passed in, so planning itself stays pure. ``weights_uncertain``: the weights size is a
@@ -70,7 +72,7 @@ def build_plan(
         headless=o.headless,
     )
     probed = not o.gpu and o.vram_bytes is None and not o.rpc and not o.no_hardware
-    hw = hardware_for(
+    hw = hardware or hardware_for(
         HardwareRequest(
             gpu=o.gpu,
             vram_bytes=o.vram_bytes,

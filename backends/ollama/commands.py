@@ -11,9 +11,12 @@ import click
 
 from kvadvise.backends.ollama import api as ollama_api
 from kvadvise.backends.ollama import rules
+from kvadvise.backends.ollama.model import OllamaModel
 from kvadvise.cli import output
 from kvadvise.cli.options import PlanOptions, run_options
 from kvadvise.cli.plan import build_plan, exit_if_no_fit, refuse_to_write_what_does_not_fit, show_chart
+from kvadvise.planner.hardware import Hardware
+from kvadvise.planner.planning import Plan
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -69,7 +72,6 @@ def ollama_command(
     )
     from kvadvise.backends.ollama.config import current_platform
     from kvadvise.backends.ollama.resolve import resolve
-    from kvadvise.backends.ollama.rules import projector_margin_bytes
     from kvadvise.render import plan_dict, plan_text
 
     _refuse_llamacpp_only(click.get_current_context())
@@ -80,13 +82,7 @@ def ollama_command(
         o = replace(o, n_ctx=rules.llama_n_ctx(o.n_ctx, o.n_parallel))
     with ollama_api.session():
         model = resolve(name, host=host)
-        plan = build_plan(
-            model.spec,
-            o,
-            same_type_kv=True,
-            extra_margin_bytes=projector_margin_bytes(model),
-            weights_uncertain=model.source.startswith("profile:"),
-        )
+        plan = _placed_as_ollama_does(model, o, _plan(model, o))
         where = current_platform() if platform == "auto" else platform
         advice = advise(
             model, plan, live_state(host), server_default=server_default, repeatable=o.repeatable, platform=where
@@ -239,3 +235,40 @@ def verify_ollama_command(
         output.result("fits: 100% GPU" if v.fits else "does not fit as asked")
     if not v.fits:
         raise click.exceptions.Exit(EXIT_NO_FIT)
+
+
+def _plan(model: OllamaModel, o: PlanOptions, hardware: Hardware | None = None) -> Plan:
+    """The plan as Ollama runs the model: one cache type, its projector's fit target, a profile's
+    uncertain weights."""
+    from kvadvise.backends.ollama.rules import projector_margin_bytes
+
+    return build_plan(
+        model.spec,
+        o,
+        same_type_kv=True,
+        extra_margin_bytes=projector_margin_bytes(model),
+        weights_uncertain=model.source.startswith("profile:"),
+        hardware=hardware,
+    )
+
+
+def _placed_as_ollama_does(model: OllamaModel, o: PlanOptions, plan: Plan) -> Plan:
+    """Several GPUs: Ollama puts the model on its best single GPU when it fits there in 80 % of the free
+    memory (``--split-mode none``), and spreads it over all of them only otherwise or with
+    OLLAMA_SCHED_SPREAD (server/sched.go selectLlamaServerPlacement). Plan what it will do."""
+    hw = plan.hardware
+    if hw is None or len(hw.gpus) < 2:
+        return plan
+    if rules.sched_spread():
+        note = "OLLAMA_SCHED_SPREAD is set: Ollama spreads the model over all the GPUs"
+        return replace(plan, notes=(*plan.notes, note))
+    best = rules.single_gpu(hw.gpus)
+    alone = _plan(model, replace(o, tensor_split=()), replace(hw, gpus=(best,)))
+    if alone.fits and alone.estimate.device_bytes <= rules.SINGLE_GPU_SHARE * best.free_bytes:
+        note = (
+            f"Ollama runs it on one GPU ({best.name}, --split-mode none): it fits in 80 % of that GPU's free "
+            "memory; OLLAMA_SCHED_SPREAD=1 on the server would spread it over all of them"
+        )
+        return replace(alone, notes=(*alone.notes, note))
+    note = f"Ollama spreads it over the {len(hw.gpus)} GPUs: it does not fit in 80 % of one GPU's free memory"
+    return replace(plan, notes=(*plan.notes, note))

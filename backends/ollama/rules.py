@@ -16,7 +16,10 @@ from typing import TYPE_CHECKING
 from kvadvise.errors import ConfigError
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from kvadvise.backends.ollama.model import OllamaModel
+    from kvadvise.planner.hardware import Gpu
     from kvadvise.planner.memory import RunConfig
 
 KV_CACHE_TYPES = ("f16", "q8_0", "q4_0")  # what Ollama documents (docs/faq); one type for K and V
@@ -39,6 +42,24 @@ SINGLE_SLOT_ARCHS = frozenset(
         "nemotron_h_omni",
     }
 )
+
+
+# server/sched.go selectLlamaServerPlacement (Ollama >= 0.30, memory-spec §6): with several GPUs and no
+# OLLAMA_SCHED_SPREAD, the best single GPU (discrete first, then the most free memory) takes the model when
+# its prediction is at most 80 % of that GPU's free memory (--split-mode none); else all of them.
+SINGLE_GPU_SHARE = 0.8
+
+
+def single_gpu(gpus: Sequence[Gpu]) -> Gpu:
+    """The GPU Ollama would try alone: discrete before integrated/unified, then the most free memory."""
+    return max(gpus, key=lambda g: (not g.unified_memory, g.free_bytes))
+
+
+def sched_spread() -> bool:
+    """OLLAMA_SCHED_SPREAD as this shell has it (the server's own setting cannot be read over its API)."""
+    import os
+
+    return os.environ.get("OLLAMA_SCHED_SPREAD", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def llama_n_ctx(num_ctx: int, num_parallel: int) -> int:
