@@ -203,3 +203,24 @@ def test_nvml_cross_checks_the_runner(
         runner.wait()
     assert v.processor == "100% GPU" and v.fits is fits
     assert any("NVML sees the Ollama runner holding only 100,000,000 B" in r for r in v.reasons) is (not fits)
+
+
+def test_verify_prints_the_estimate_beside_the_measure(
+    fake: FakeOllama, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """On a machine whose GPU the card list knows (here an RTX 4090 stands in for NVML), the decode
+    estimate is printed beside Ollama's measured tokens/s."""
+    import json
+
+    from kvadvise.cli import main
+    from kvadvise.planner import hardware
+
+    monkeypatch.setattr(hardware, "probe", lambda: hardware.from_profile("rtx-4090"))
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path))  # no store: the built-in profile plans the model
+    fake.loads["llama3.1:8b"] = ps_entry("llama3.1:8b", size=6 * GiB, size_vram=6 * GiB, context_length=8192)
+    argv = ["verify", "ollama", "llama3.1:8b", "--host", fake.url, "--load", "--num-ctx", "8192"]
+    assert main([*argv, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["decode_tokens_per_s"] == pytest.approx(50) and doc["decode_estimate_tokens_per_s"] > 50
+    assert main(argv) == 0
+    assert "measured / estimated = " in capsys.readouterr().out

@@ -15,7 +15,9 @@ from kvadvise.backends.ollama.model import OllamaModel
 from kvadvise.cli import output
 from kvadvise.cli.options import PlanOptions, run_options
 from kvadvise.cli.plan import build_plan, exit_if_no_fit, refuse_to_write_what_does_not_fit, show_chart
+from kvadvise.model.spec import ModelSpec
 from kvadvise.planner.hardware import Hardware
+from kvadvise.planner.memory import RunConfig
 from kvadvise.planner.planning import Plan
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -212,6 +214,10 @@ def verify_ollama_command(
             measure_speed=load,
         )
     v = replace(v, kv_cache_type=kv, kv_cache_type_source=kv_source)
+    if v.decode_tokens_per_s is not None and ctx:
+        v = replace(
+            v, decode_estimate_tokens_per_s=_decode_estimate(model.spec, rules.run_config(ctx, num_parallel, kv))
+        )
     if as_json:
         output.result_json(asdict(v))
     else:
@@ -230,11 +236,29 @@ def verify_ollama_command(
                 f"  measured (Ollama's counters, {64} tokens): prompt {v.prompt_tokens_per_s or 0:,.1f} tokens/s, "
                 f"decode {v.decode_tokens_per_s or 0:,.1f} tokens/s"
             )
+        if v.decode_estimate_tokens_per_s and v.decode_tokens_per_s:
+            ratio = v.decode_tokens_per_s / v.decode_estimate_tokens_per_s
+            output.result(
+                f"  decode estimated ≈ {v.decode_estimate_tokens_per_s:,.0f} tokens/s on this GPU; "
+                f"measured / estimated = {ratio:.2f}"
+            )
         for r in v.reasons:
             output.result(f"  - {r}")
         output.result("fits: 100% GPU" if v.fits else "does not fit as asked")
     if not v.fits:
         raise click.exceptions.Exit(EXIT_NO_FIT)
+
+
+def _decode_estimate(spec: ModelSpec, cfg: RunConfig) -> float | None:
+    """kvadvise's decode estimate for ``cfg`` on this machine's GPUs (NVML and the card list's bandwidth);
+    None without a GPU of known bandwidth."""
+    from kvadvise.planner import hardware
+    from kvadvise.planner.recommender import budget_for, decode_speed
+
+    hw = hardware.probe()
+    if not hw.gpus:
+        return None
+    return decode_speed(spec, cfg, budget_for(hw))[0]
 
 
 def _plan(model: OllamaModel, o: PlanOptions, hardware: Hardware | None = None) -> Plan:

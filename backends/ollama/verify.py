@@ -38,6 +38,7 @@ class OllamaVerification:
     kv_cache_type: str | None = None  # the cache type the prediction used
     kv_cache_type_source: str | None = None  # the flag, the env file or drop-in kvadvise wrote, or the default
     matched_by: str | None = None  # "name" | "digest"
+    decode_estimate_tokens_per_s: float | None = None  # kvadvise's estimate on this machine's GPU, beside the measure
 
 
 def verify(
