@@ -27,7 +27,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from kvadvise.deadline import within
 from kvadvise.errors import BackendUnreachable, InputError, KvadviseError
@@ -44,7 +44,6 @@ INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 CONFIG = "config.json"
 MAX_JSON_BYTES = 16 << 20  # a config.json is a few KB, a safetensors index a few hundred
-_T = TypeVar("_T")
 
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from kvadvise.cli import output
-from kvadvise.cli.options import SIZE, SIZE_OR_ZERO, USES
+from kvadvise.cli.options import MARGIN_OPTION, PARALLEL_OPTION, SIZE, USE_OPTION
 from kvadvise.errors import EXIT_NO_FIT, InputError
 
 if TYPE_CHECKING:
@@ -184,33 +184,12 @@ def table_text(entries: list[Entry]) -> list[str]:
     help="Cards of `kvadvise gpus`, comma-separated; NAMExN for N of them (rtx-3090x2).",
 )
 @click.option("--vram", "vram_bytes", type=SIZE, metavar="SIZE", default=None, help="One budget given by hand: 24GiB.")
-@click.option(
-    "--margin",
-    "margin_bytes",
-    type=SIZE_OR_ZERO,
-    metavar="SIZE",
-    default="1024MiB",
-    show_default=True,
-    help="Memory kept free per GPU.",
-)
-@click.option(
-    "--use",
-    type=click.Choice(USES),
-    default=None,
-    help="Aim for a use case: chat 8k, code 32k, agent 64k, long = the model's maximum.",
-)
+@MARGIN_OPTION
+@USE_OPTION
 @click.option(
     "--target-ctx", type=click.IntRange(min=0, max=2**31 - 1), default=0, help="Context per sequence to aim for."
 )
-@click.option(
-    "--parallel",
-    "-np",
-    "n_parallel",
-    type=click.IntRange(min=1, max=4096),
-    default=1,
-    show_default=True,
-    help="Parallel sequences (slots).",
-)
+@PARALLEL_OPTION
 @click.option("--repeatable", is_flag=True, help="f16 cache only.")
 @click.option(
     "--sort",

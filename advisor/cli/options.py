@@ -120,6 +120,34 @@ class PlanOptions:
         return cls(**values)
 
 
+# Options other commands share as they are (kvadvise compare)
+PARALLEL_OPTION = click.option(
+    "--parallel",
+    "-np",
+    "n_parallel",
+    type=click.IntRange(min=1, max=4096),
+    default=1,
+    show_default=True,
+    help="Parallel sequences (slots).",
+)
+MARGIN_OPTION = click.option(
+    "--margin",
+    "margin_bytes",
+    type=SIZE_OR_ZERO,
+    metavar="SIZE",
+    default="1024MiB",
+    show_default=True,
+    help="Memory kept free per GPU (llama.cpp --fit keeps 1024 MiB; 0 is allowed, as -fitt 0).",
+)
+USE_OPTION = click.option(
+    "--use",
+    "use",
+    type=click.Choice(USES),
+    default=None,
+    help="Aim for a use case: chat 8k, code 32k, agent 64k, long = the model's maximum.",
+)
+
+
 def run_options(f: F) -> F:
     """llama.cpp's own flag names for the run configuration."""
     for opt in reversed(_options(planned_hardware=True)):
@@ -171,15 +199,7 @@ def _options(*, planned_hardware: bool) -> list[Callable[[F], F]]:
             show_default=True,
             help="Flash attention.",
         ),
-        click.option(
-            "--parallel",
-            "-np",
-            "n_parallel",
-            type=click.IntRange(min=1, max=4096),
-            default=1,
-            show_default=True,
-            help="Parallel sequences (slots).",
-        ),
+        PARALLEL_OPTION,
         click.option("--kv-unified", "-kvu", is_flag=True, help="One KV buffer shared by all sequences."),
         click.option(
             "--batch",
@@ -224,28 +244,14 @@ def _options(*, planned_hardware: bool) -> list[Callable[[F], F]]:
             help="Where the layers go: auto = the GPU when there is one (or --gpu/--vram), else the CPU.",
         ),
         *_hardware_options(planned_hardware),
-        click.option(
-            "--margin",
-            "margin_bytes",
-            type=SIZE_OR_ZERO,
-            metavar="SIZE",
-            default="1024MiB",
-            show_default=True,
-            help="Memory kept free per GPU (llama.cpp --fit keeps 1024 MiB; 0 is allowed, as -fitt 0).",
-        ),
+        MARGIN_OPTION,
         click.option(
             "--target-ctx",
             type=click.IntRange(min=0, max=2**31 - 1),
             default=0,
             help="Context per sequence to aim for (default: the model's maximum).",
         ),
-        click.option(
-            "--use",
-            "use",
-            type=click.Choice(USES),
-            default=None,
-            help="Aim for a use case: chat 8k, code 32k, agent 64k, long = the model's maximum.",
-        ),
+        USE_OPTION,
         click.option(
             "--min-ctx",
             type=click.IntRange(min=0, max=2**31 - 1),
