@@ -88,6 +88,8 @@ def capabilities(backend: object) -> tuple[str, ...]:
 
 @dataclass(frozen=True, slots=True)
 class BrokenPlugin:
+    """A backend entry point that failed to load, and why."""
+
     name: str
     target: str
     error: str

@@ -3,19 +3,21 @@
 A 262k-token vocabulary makes a header several MB that must be walked string
 by string; a second plan of the same file should not pay that again. Entries
 are keyed by the file's real path and trusted only while its size, mtime,
-ctime, inode and device are unchanged *and* the header's own bytes still hash
-to what was read (a rewrite within the same second, or one that put the mtime
-back, keeps every stamp on a coarse file system; re-hashing the header costs a
-read of a few MB, walking it costs seconds). The cache is best effort: an
+ctime, inode and device are unchanged *and* the header's own bytes still have
+the CRC-32 that was read (a rewrite within the same second, or one that put the
+mtime back, keeps every stamp on a coarse file system; the check guards against
+accidents, not an attacker, who cannot set the ctime anyway: CRC-32 reads a
+6.5 MB header in 1.5 ms where sha256 takes 4 ms plus 2.5 ms to import
+OpenSSL, on every start; walking the header costs seconds). The cache is best effort: an
 unreadable or stale entry is ignored and a failed write is silent.
 ``KVADVISE_NO_CACHE=1`` turns it off.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,7 @@ from kvadvise.files import load_json, open_regular, read_regular_text
 from kvadvise.model.ggml import GGMLType
 from kvadvise.model.gguf import GGUFArray, GGUFHeader, TensorInfo, Value
 
-FORMAT = 2  # 2: ctime and device in the stamp, the header bytes hashed
+FORMAT = 3  # 2: ctime and device in the stamp, the header bytes hashed; 3: CRC-32, not sha256
 MAX_ENTRY_BYTES = 256 << 20  # a 262k-token vocabulary is ~10 MB of JSON
 
 
@@ -47,26 +49,25 @@ def _identity(path: Path) -> tuple[str, list[int]] | None:
 
 
 def _header_digest(real: str, header_bytes: int) -> str | None:
-    """sha256 of the file's first ``header_bytes`` bytes (the header the entry holds); None if unreadable."""
+    """CRC-32 of the file's first ``header_bytes`` bytes (the header the entry holds); None if unreadable."""
     try:
         fd = open_regular(real)
     except InputError:
         return None
-    h = hashlib.sha256()
+    import mmap  # mapped, not read: no copy of a header of several MB
+
     with os.fdopen(fd, "rb") as f:
-        left = header_bytes
-        while left > 0:
-            chunk = f.read(min(left, 1 << 20))
-            if not chunk:
+        try:
+            if os.fstat(f.fileno()).st_size < header_bytes or header_bytes <= 0:
                 return None
-            h.update(chunk)
-            left -= len(chunk)
-    return h.hexdigest()
+            with mmap.mmap(f.fileno(), header_bytes, access=mmap.ACCESS_READ) as m:
+                return f"{zlib.crc32(m):08x}-{header_bytes}"
+        except (OSError, ValueError):
+            return None
 
 
 def _entry(real: str) -> Path:
-    import zlib  # a cheap name; the entry itself records the path it belongs to
-
+    # a cheap name; the entry itself records the path it belongs to
     return cache_dir() / f"{zlib.crc32(os.fsencode(real)):08x}-{len(real)}.json"  # any file name, UTF-8 or not
 
 
@@ -82,7 +83,7 @@ def load(path: Path) -> GGUFHeader | None:
         if doc.get("format") != FORMAT or doc.get("path") != os.fsencode(real).hex() or doc.get("stamp") != stamp:
             return None
         header = decode(doc["header"], str(path))
-        if doc.get("sha256") != _header_digest(real, header.header_bytes):
+        if doc.get("crc32") != _header_digest(real, header.header_bytes):
             return None
         return header
     except (OSError, ValueError, KeyError, TypeError, AttributeError, InputError):
@@ -101,7 +102,7 @@ def store(path: Path, header: GGUFHeader) -> None:
     if digest is None:
         return
     path_hex = os.fsencode(real).hex()
-    doc = {"format": FORMAT, "path": path_hex, "stamp": stamp, "sha256": digest, "header": encode(header)}
+    doc = {"format": FORMAT, "path": path_hex, "stamp": stamp, "crc32": digest, "header": encode(header)}
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_suffix(f".{os.getpid()}.tmp")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -60,6 +59,8 @@ def read_folder(folder: Path, load: Callable[[str], Any], threads: int = MAX_THR
     files = model_files(folder)
     if len(files) <= 1 or threads <= 1:
         return [_read(folder, f, load) for f in files]
+    from concurrent.futures import ThreadPoolExecutor  # 5 ms of imports (logging): only for a folder
+
     with ThreadPoolExecutor(max_workers=min(threads, len(files))) as pool:
         return list(pool.map(lambda f: _read(folder, f, load), files))
 

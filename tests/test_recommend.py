@@ -224,3 +224,52 @@ def test_allow_cpu_moves_moe_experts_first(tmp_path: Path) -> None:
     assert rec.offload is not None
     assert (rec.offload.n_cpu_moe, rec.offload.n_cpu_layers) == (1, 0)
     assert rec.offload.device_bytes == full.device_bytes - per_layer
+
+
+def _bisect_reference(spec: ModelSpec, base: RunConfig, kv: tuple[GGMLType, GGMLType], fa: bool, budget) -> int:  # type: ignore[no-untyped-def]
+    """The plain bisection max_context used before it learned to interpolate: the answer to match."""
+    from kvadvise.planner.recommender import _cfg
+
+    cap = max(CTX_PAD, spec.n_ctx_train // CTX_PAD * CTX_PAD) if spec.n_ctx_train else 1 << 20
+
+    def fits(n: int) -> bool:
+        return budget.fits(estimate(spec, _cfg(base, n, kv, fa, budget.device)))
+
+    lo, hi = 0, cap // CTX_PAD
+    if not fits(CTX_PAD):
+        return 0
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid * CTX_PAD):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo * CTX_PAD
+
+
+@pytest.mark.parametrize(
+    "name", ["qwen3-coder-30b", "gemma3-27b", "gpt-oss-20b", "qwen3.5-35b-a3b", "deepseek-v3", "mistral-7b"]
+)
+def test_max_context_search_equals_bisection_on_every_budget(name: str) -> None:
+    """The interpolating search finds exactly what bisection finds: over budgets from "nothing fits"
+    to "everything fits", FA on and off (FA off: the scores grow with the context, not linear), with
+    one and four slots and two GPUs."""
+    spec = hf_spec(name, 12 * GIB)
+    checked = set()
+    for free_mib in range(12 * 1024, 96 * 1024, 1531):  # odd steps: budgets fall between multiples of 256
+        for n_gpu in (1, 2):
+            each = free_mib * MIB // n_gpu
+            hw = Hardware(
+                tuple(Gpu(i, "NVIDIA RTX A6000", each, each, 0, None, None) for i in range(n_gpu)),
+                64 * GIB,
+                60 * GIB,
+                "t",
+            )
+            budget = budget_for(hw)
+            kvs = ((True, (Q8, Q8), 1), (False, (F16, F16), 4)) + (() if spec.is_mla else ((True, (F16, Q4), 1),))
+            for fa, kv, n_par in kvs:
+                base = RunConfig(flash_attn="on" if fa else "off", device="cuda", n_parallel=n_par)
+                got = max_context(spec, base, kv, fa, budget)
+                assert got == _bisect_reference(spec, base, kv, fa, budget), (free_mib, n_gpu, fa, kv, n_par)
+                checked.add(got)
+    assert 0 in checked and len(checked) > 20  # the sweep spans "nothing fits" to long contexts

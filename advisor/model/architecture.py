@@ -53,6 +53,8 @@ VERIFIED = frozenset(
 
 @dataclass(frozen=True, slots=True)
 class _SwaRule:
+    """How an architecture lays out its sliding-window layers (llama-model.cpp, load_hparams)."""
+
     pattern: int  # default n_pattern for load_swa_pattern (overridden by {arch}.attention.sliding_window_pattern)
     swa_type: str = SWA_STANDARD
     n_swa_default: int = 0  # used when the file has no sliding_window key

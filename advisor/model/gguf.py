@@ -85,6 +85,8 @@ Value = int | float | bool | str | GGUFArray
 
 @dataclass(frozen=True, slots=True)
 class TensorInfo:
+    """One tensor's entry in a GGUF header (gguf_get_tensor_*)."""
+
     name: str
     shape: tuple[int, ...]  # ne0 first, as stored in GGUF
     ggml_type: GGMLType
@@ -94,6 +96,8 @@ class TensorInfo:
 
 @dataclass(frozen=True, slots=True)
 class GGUFHeader:
+    """A GGUF file's header: key/value metadata and tensor infos, no tensor data."""
+
     source: str
     version: int
     byte_order: str  # "<" little endian, ">" big endian

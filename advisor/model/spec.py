@@ -17,6 +17,8 @@ SWA_SYMMETRIC = "symmetric"
 
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
+    """What the memory model needs to know of a model, from any source (GGUF, config.json, profile)."""
+
     name: str
     architecture: str  # general.architecture
     source: str  # where the spec came from: a path, a repo id, a profile

@@ -26,6 +26,8 @@ from kvadvise.errors import InputError
 
 @dataclass(frozen=True, slots=True)
 class Gpu:
+    """One GPU: its memory (total and free now) and bandwidth."""
+
     index: int
     name: str
     total_bytes: int
@@ -39,6 +41,8 @@ class Gpu:
 
 @dataclass(frozen=True, slots=True)
 class Hardware:
+    """The machine a plan is for: its GPUs and its RAM, and where that came from."""
+
     gpus: tuple[Gpu, ...]
     ram_total_bytes: int
     ram_free_bytes: int
@@ -274,7 +278,7 @@ def from_profile(name: str) -> Hardware:
     )
 
 
-_MULTI = re.compile(r"^(.+?)\s*[x×]\s*(\d+)$", re.IGNORECASE)
+_MULTI = r"(?i)^(.+?)\s*[x×]\s*(\d+)$"  # compiled by re on first use
 
 
 def from_profiles(names: str) -> Hardware:
@@ -286,7 +290,7 @@ def from_profiles(names: str) -> Hardware:
         if not raw:
             raise InputError(f"--gpu {names!r}: an empty card name", hint="e.g. --gpu rtx-4090,rtx-3090")
         count, base = 1, raw
-        m = _MULTI.match(raw)
+        m = re.match(_MULTI, raw)
         if m is not None:
             try:
                 find_profile(raw)  # a profile whose own name ends in xN wins
@@ -552,7 +556,7 @@ def probe() -> Hardware:
 
 # -------------------------------------------------------------------- sizes
 
-_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-z]*)\s*$", re.IGNORECASE | re.ASCII)
+_SIZE_RE = r"(?ia)^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-z]*)\s*$"  # compiled by re on first use
 _UNITS: dict[str, int] = {
     "b": 1,
     "kib": 1 << 10,
@@ -588,7 +592,7 @@ def parse_size(text: str, *, allow_zero: bool = False) -> int:
 
     Bad input raises InputError with a one-line message and a hint.
     """
-    m = _SIZE_RE.match(text)
+    m = re.match(_SIZE_RE, text)
     if m is None:
         raise InputError(f"not a size: {text!r}", hint=_SIZE_HINT)
     number, unit = m.group(1), m.group(2).lower()

@@ -152,6 +152,8 @@ class HostMemory:
 
 @dataclass(frozen=True, slots=True)
 class MemoryEstimate:
+    """What llama.cpp allocates for one run: caches, buffers, per device and on the host."""
+
     layout: ContextLayout
     caches: tuple[CacheEstimate, ...]
     k_bytes: int
@@ -264,25 +266,36 @@ def _tensor_alloc(device: str, t: GGMLType, ne0: int, n_bytes: int) -> int:
 def layer_kv_bytes(spec: ModelSpec, lay: ContextLayout) -> tuple[tuple[int, int], ...]:
     """(K, V) bytes of each layer: tensors [n_embd_k_gqa, cells, n_stream] (llama_kv_cache ctor)."""
     v_max = spec.n_embd_v_gqa_max()
+    has_swa = spec.has_swa
     out = []
+    sizes: dict[tuple[int, int, int], tuple[int, int]] = {}  # layers mostly share a shape: size each once
     for il in range(spec.n_layer_all):
         if not spec.kv_layers[il]:
             out.append((0, 0))
             continue
-        cells = lay.n_ctx_swa if spec.has_swa and spec.swa_layers[il] else lay.n_ctx_seq
+        cells = lay.n_ctx_swa if has_swa and spec.swa_layers[il] else lay.n_ctx_seq
         nk = spec.n_embd_k_gqa(il)
-        k = _tensor_alloc(lay.device, lay.type_k, nk, row_bytes(lay.type_k, nk) * cells * lay.n_stream)
-        v = 0
-        if not spec.is_mla:  # MLA: has_v = !is_mla, V is a view into K
-            nv = v_max if not lay.flash_attn else spec.n_embd_v_gqa(il)  # v_trans pads V to the widest layer
-            v = _tensor_alloc(lay.device, lay.type_v, nv, row_bytes(lay.type_v, nv) * cells * lay.n_stream)
-        out.append((k, v))
+        # MLA: has_v = !is_mla, V is a view into K; v_trans (FA off) pads V to the widest layer
+        nv = -1 if spec.is_mla else v_max if not lay.flash_attn else spec.n_embd_v_gqa(il)
+        kv = sizes.get((cells, nk, nv))
+        if kv is None:
+            k = _tensor_alloc(lay.device, lay.type_k, nk, row_bytes(lay.type_k, nk) * cells * lay.n_stream)
+            v = (
+                0
+                if nv < 0
+                else _tensor_alloc(lay.device, lay.type_v, nv, row_bytes(lay.type_v, nv) * cells * lay.n_stream)
+            )
+            kv = sizes[(cells, nk, nv)] = (k, v)
+        out.append(kv)
     return tuple(out)
 
 
-def kv_caches(spec: ModelSpec, lay: ContextLayout) -> tuple[CacheEstimate, ...]:
+def kv_caches(
+    spec: ModelSpec, lay: ContextLayout, per_layer: tuple[tuple[int, int], ...] | None = None
+) -> tuple[CacheEstimate, ...]:
     """The caches llama.cpp creates: one, or two with sliding-window layers (iSWA: non-SWA first)."""
-    per_layer = layer_kv_bytes(spec, lay)
+    if per_layer is None:
+        per_layer = layer_kv_bytes(spec, lay)
     groups = [("kv", lay.n_ctx_seq, False)]
     if spec.has_swa:
         groups.append(("swa", lay.n_ctx_swa, True))
@@ -434,7 +447,8 @@ def _split_compute(spec: ModelSpec, lay: ContextLayout, layers: list[int], *, la
 
 def estimate(spec: ModelSpec, cfg: RunConfig) -> MemoryEstimate:
     lay = resolve(spec, cfg)
-    caches = kv_caches(spec, lay)
+    per_layer = layer_kv_bytes(spec, lay)
+    caches = kv_caches(spec, lay, per_layer)
     k = sum(c.k_bytes for c in caches)
     v = sum(c.v_bytes for c in caches)
     rs = recurrent_bytes(spec, lay)
@@ -448,7 +462,7 @@ def estimate(spec: ModelSpec, cfg: RunConfig) -> MemoryEstimate:
         )
         host = HostMemory(0, 0, 0, 0)
     else:
-        devices, host = _offloaded(spec, cfg, lay, rs, out, overhead)
+        devices, host = _offloaded(spec, cfg, lay, per_layer, rs, out, overhead)
     device_total = sum(d.total_bytes for d in devices)
     return MemoryEstimate(
         layout=lay,
@@ -471,7 +485,13 @@ def estimate(spec: ModelSpec, cfg: RunConfig) -> MemoryEstimate:
 
 
 def _offloaded(
-    spec: ModelSpec, cfg: RunConfig, lay: ContextLayout, rs: int, out: int, overhead: int
+    spec: ModelSpec,
+    cfg: RunConfig,
+    lay: ContextLayout,
+    per_layer: tuple[tuple[int, int], ...],
+    rs: int,
+    out: int,
+    overhead: int,
 ) -> tuple[tuple[DeviceMemory, ...], HostMemory]:
     """Every layer on one or several devices (-ngl all, -sm layer): per device its layers' weights and
     KV, its compute buffer and fixed overhead; token_embd, the graph inputs and the logits in host RAM."""
@@ -485,7 +505,7 @@ def _offloaded(
     if len(names) != n_dev:
         raise ConfigError(f"{len(names)} device names for a split over {n_dev} devices")
     cuda = lay.device == "cuda"
-    layer_kv = [a + b for a, b in layer_kv_bytes(spec, lay)]
+    layer_kv = [a + b for a, b in per_layer]
     rs_layers = sum(spec.recurrent_layers)
     layer_rs = [rs // rs_layers if (spec.recurrent_layers[il] and rs_layers) else 0 for il in range(spec.n_layer_all)]
     layer_w = list(spec.layer_bytes) or [0] * spec.n_layer_all

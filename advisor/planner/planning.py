@@ -27,6 +27,8 @@ if TYPE_CHECKING:  # the speed model loads only for a plan with a GPU budget
 
 @dataclass(frozen=True, slots=True)
 class HardwareRequest:
+    """Which hardware to plan for: a named card, sizes given by hand, or the GPUs found."""
+
     gpu: str | None = None  # plan for a card from profiles/gpus.json
     vram_bytes: tuple[int, ...] | None = None  # budgets given by hand, one per GPU
     probe: bool = True  # else: no hardware (estimate only)
@@ -36,6 +38,8 @@ class HardwareRequest:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
+    """A model, its recommended run configuration, the estimate and the hardware it is for."""
+
     spec: ModelSpec
     config: RunConfig
     estimate: MemoryEstimate

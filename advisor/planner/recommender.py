@@ -65,9 +65,8 @@ CTX_ROUND = 1024  # recommended contexts are rounded down to a multiple of this
 PROFILE_WEIGHTS_HEADROOM = 0.03
 # A single desktop GPU also drives the display: 0.3 to 1 GB in use (shared/user-evidence.md).
 DISPLAY_ALLOWANCE_BYTES = 512 * MIB
-_DATACENTER_GPU = re.compile(
-    r"\b(tesla|a2|a10g?|a16|a30|a40|a100|a800|h100|h200|h800|h20|l4|l20|l40s?|t4|v100|p100|p40|k80|b100|b200|gb200|gh200)\b"
-)
+# a pattern, compiled (and cached by re) on first use: start-up pays nothing for it
+_DATACENTER_GPU = r"\b(tesla|a2|a10g?|a16|a30|a40|a100|a800|h100|h200|h800|h20|l4|l20|l40s?|t4|v100|p100|p40|k80|b100|b200|gb200|gh200)\b"
 # Ollama's FAQ: models with a high GQA count (its example: Qwen2, 7 query heads per KV head)
 # may lose more precision from a quantized cache.
 HIGH_GQA_RATIO = 6
@@ -79,6 +78,8 @@ F16_K_ARCHS = frozenset({"gpt-oss"})
 
 @dataclass(frozen=True, slots=True)
 class Budget:
+    """The memory a plan may use, per device, after margins and reservations."""
+
     device: str  # "cuda" | "metal" (Apple: unified memory) | "cpu"
     total_bytes: int
     free_bytes: int
@@ -98,13 +99,19 @@ class Budget:
 
     def fits(self, est: MemoryEstimate) -> bool:
         """Every device within its own budget (one budget for one device, or the CPU)."""
+        return self.slack_bytes(est) >= 0
+
+    def slack_bytes(self, est: MemoryEstimate) -> int:
+        """What is left of the tightest device's budget (negative: over it)."""
         if len(self.device_budgets) > 1 and len(est.devices) == len(self.device_budgets):
-            return all(d.total_bytes <= b for d, b in zip(est.devices, self.device_budgets, strict=True))
-        return est.device_bytes <= self.budget_bytes
+            return min(b - d.total_bytes for d, b in zip(est.devices, self.device_budgets, strict=True))
+        return self.budget_bytes - est.device_bytes
 
 
 @dataclass(frozen=True, slots=True)
 class Policy:
+    """What the user asked the recommender for: context, cache types, slots, margins."""
+
     target_ctx: int = (
         0  # per sequence; 0 = the default (64k on >= 16 GB cards, 32k below), or the maximum with use="long"
     )
@@ -121,6 +128,8 @@ class Policy:
 
 @dataclass(frozen=True, slots=True)
 class Option:
+    """One cache configuration and the longest context it fits."""
+
     type_k: GGMLType
     type_v: GGMLType
     flash_attn: bool
@@ -132,6 +141,8 @@ class Option:
 
 @dataclass(frozen=True, slots=True)
 class Recommendation:
+    """The configuration picked, its estimate and budget, and why."""
+
     config: RunConfig
     estimate: MemoryEstimate
     budget: Budget
@@ -151,6 +162,8 @@ CPU_BANDWIDTH_BYTES_PER_S = 60_000_000_000
 
 @dataclass(frozen=True, slots=True)
 class Offload:
+    """A plan that leaves part of the model in RAM (--allow-cpu): layers or experts on the CPU."""
+
     n_ctx: int  # per sequence: the target
     type_k: GGMLType
     type_v: GGMLType
@@ -264,23 +277,43 @@ def _cfg(base: RunConfig, n_ctx_seq: int, kv: tuple[GGMLType, GGMLType], fa: boo
 def max_context(spec: ModelSpec, base: RunConfig, kv: tuple[GGMLType, GGMLType], fa: bool, budget: Budget) -> int:
     """The largest context per sequence (a multiple of 256, at most n_ctx_train) that fits the budget.
 
-    Memory grows monotonically with the context, so a binary search over
-    multiples of 256 inverts the memory model exactly.
+    Memory grows monotonically with the context, so a search over multiples of 256 that keeps
+    one that fits below one that does not inverts the memory model exactly. Memory is close to
+    linear in the context (the KV cache), so the next probe is where the line through the two
+    ends crosses the budget, and the one after it just above: two or three estimates where a
+    bisection takes ten; bisection takes over if that does not close in.
     """
     cap = max(CTX_PAD, spec.n_ctx_train // CTX_PAD * CTX_PAD) if spec.n_ctx_train else 1 << 20
 
-    def fits(n_seq: int) -> bool:
-        return budget.fits(estimate(spec, _cfg(base, n_seq, kv, fa, budget.device)))
+    def slack(units: int) -> int:
+        return budget.slack_bytes(estimate(spec, _cfg(base, units * CTX_PAD, kv, fa, budget.device)))
 
-    lo, hi = 0, cap // CTX_PAD  # in units of 256
-    if not fits(CTX_PAD):
+    hi = cap // CTX_PAD  # in units of 256
+    s_hi = slack(hi)
+    if s_hi >= 0:  # the common case on a roomy budget: one estimate
+        return cap
+    lo, s_lo = 1, slack(1)
+    if s_lo < 0:
         return 0
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if fits(mid * CTX_PAD):
-            lo = mid
+    for step in range(64):  # invariant: lo fits, hi does not
+        if hi - lo <= 1:
+            break
+        if step < 4:
+            mid = lo + (hi - lo) * s_lo // (s_lo - s_hi)
+            mid = min(max(mid, lo + 1), hi - 1)
         else:
-            hi = mid - 1
+            mid = (lo + hi) // 2
+        s_mid = slack(mid)
+        if s_mid >= 0:
+            lo, s_lo = mid, s_mid
+            if step < 4 and hi - lo > 1:  # the line's crossing is at or just below the answer: look above
+                s_up = slack(lo + 1)
+                if s_up < 0:
+                    hi, s_hi = lo + 1, s_up
+                else:
+                    lo, s_lo = lo + 1, s_up
+        else:
+            hi, s_hi = mid, s_mid
     return lo * CTX_PAD
 
 
@@ -341,7 +374,7 @@ def with_headroom(budget: Budget, hw: Hardware, spec: ModelSpec, policy: Policy)
         notes.append(f"{n / MIB:,.0f} MiB: 3% of the weights, whose size comes from a built-in profile")
     if budget.device != "cpu" and not policy.headless and len(hw.gpus) == 1 and hw.source != "manual":
         g = hw.gpus[0]
-        if not g.unified_memory and not _DATACENTER_GPU.search(g.name.lower()):
+        if not g.unified_memory and not re.search(_DATACENTER_GPU, g.name.lower()):
             extra += DISPLAY_ALLOWANCE_BYTES
             notes.append(
                 f"{DISPLAY_ALLOWANCE_BYTES / MIB:,.0f} MiB for the display a desktop GPU also drives (--headless: none)"
@@ -623,6 +656,8 @@ def decode_speed(
 
 @dataclass(frozen=True, slots=True)
 class Curve:
+    """Device memory against context for one cache configuration (the chart's line)."""
+
     type_k: GGMLType
     type_v: GGMLType
     flash_attn: bool

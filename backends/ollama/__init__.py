@@ -39,8 +39,7 @@ class OllamaBackend:
     def register_commands(self, cli: click.Group, verify: click.Group) -> None:
         """``kvadvise ollama NAME``, ``kvadvise ollama --installed`` and ``kvadvise verify ollama NAME``
         (kvadvise.plugins.CommandProvider)."""
-        from kvadvise.backends.ollama.commands import ollama_command, verify_ollama_command
-        from kvadvise.backends.ollama.installed import with_installed
+        from kvadvise.backends.ollama.commands import ollama_command, verify_ollama_command, with_installed
 
         cli.add_command(with_installed(ollama_command))  # NAME optional: `kvadvise ollama --installed` lists the store
         verify.add_command(verify_ollama_command)

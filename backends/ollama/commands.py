@@ -13,7 +13,7 @@ from kvadvise.backends.ollama import api as ollama_api
 from kvadvise.backends.ollama import rules
 from kvadvise.backends.ollama.model import OllamaModel
 from kvadvise.cli import output
-from kvadvise.cli.options import PlanOptions, run_options
+from kvadvise.cli.options import LIST_SORTS, PlanOptions, run_options
 from kvadvise.cli.plan import build_plan, exit_if_no_fit, refuse_to_write_what_does_not_fit, show_chart
 from kvadvise.model.spec import ModelSpec
 from kvadvise.planner.hardware import Hardware
@@ -296,3 +296,55 @@ def _placed_as_ollama_does(model: OllamaModel, o: PlanOptions, plan: Plan) -> Pl
         return replace(alone, notes=(*alone.notes, note))
     note = f"Ollama spreads it over the {len(hw.gpus)} GPUs: it does not fit in 80 % of one GPU's free memory"
     return replace(plan, notes=(*plan.notes, note))
+
+
+def with_installed(cmd: click.Command) -> click.Command:
+    """``kvadvise ollama``'s command with NAME optional and ``--installed`` / ``--sort`` added: with
+    ``--installed`` it lists the store; with NAME it is the command as it was."""
+    params: list[click.Parameter] = []
+    for p in cmd.params:
+        if isinstance(p, click.Argument) and p.name == "name":
+            p = click.Argument(["name"], required=False)
+        params.append(p)
+    params += [
+        click.Option(
+            ["--installed"],
+            is_flag=True,
+            help="List every model of the local store (and the server's): size, architecture, the largest "
+            "context per slot at f16 and q8_0 on this GPU, loaded now, what it needs.",
+        ),
+        click.Option(
+            ["--sort"],
+            type=click.Choice(LIST_SORTS),
+            default=None,
+            help="With --installed: name (default), size (largest first) or context (longest f16 context first).",
+        ),
+    ]
+    inner: Callable[..., Any] = cmd.callback  # type: ignore[assignment]
+
+    def callback(**kwargs: Any) -> Any:
+        listing = kwargs.pop("installed")
+        sort = kwargs.pop("sort")
+        if listing:
+            if kwargs.get("name"):
+                raise click.UsageError("--installed lists every model: drop NAME (or drop --installed)")
+            from kvadvise.backends.ollama.installed import list_installed  # the store listing: only when asked
+
+            return list_installed(kwargs, sort or "name")
+        if sort:
+            raise click.UsageError("--sort orders the --installed listing")
+        if not kwargs.get("name"):
+            raise click.UsageError("give a model NAME[:TAG], or --installed to list the models of the store")
+        return inner(**kwargs)
+
+    help_text = (cmd.help or "") + (
+        "\n\nkvadvise ollama --installed [--sort name|size|context] [--json]: every model of the store, one line each."
+    )
+    return click.Command(
+        cmd.name,
+        params=params,
+        callback=callback,
+        help=help_text,
+        context_settings=cmd.context_settings,
+        short_help=cmd.short_help,
+    )

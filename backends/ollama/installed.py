@@ -11,7 +11,6 @@ here (``-np`` and ``-ctk`` override them).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,7 +20,6 @@ import click
 from kvadvise.backends.ollama import api as ollama_api
 from kvadvise.backends.ollama import store as ollama_store
 from kvadvise.backends.ollama.name import OllamaName
-from kvadvise.cli.options import LIST_SORTS as SORTS
 from kvadvise.errors import BackendUnreachable, InputError, KvadviseError
 
 if TYPE_CHECKING:  # the listing module loads only with --installed: `kvadvise ollama NAME` starts without it
@@ -298,54 +296,4 @@ def list_installed(kwargs: dict[str, Any], sort: str) -> None:
         show_loaded=bool(found.server["reachable"]),
         extra_json={"server": found.server, "stores": [str(r) for r in found.roots]},
         notes=notes,
-    )
-
-
-def with_installed(cmd: click.Command) -> click.Command:
-    """``kvadvise ollama``'s command with NAME optional and ``--installed`` / ``--sort`` added: with
-    ``--installed`` it lists the store; with NAME it is the command as it was."""
-    params: list[click.Parameter] = []
-    for p in cmd.params:
-        if isinstance(p, click.Argument) and p.name == "name":
-            p = click.Argument(["name"], required=False)
-        params.append(p)
-    params += [
-        click.Option(
-            ["--installed"],
-            is_flag=True,
-            help="List every model of the local store (and the server's): size, architecture, the largest "
-            "context per slot at f16 and q8_0 on this GPU, loaded now, what it needs.",
-        ),
-        click.Option(
-            ["--sort"],
-            type=click.Choice(SORTS),
-            default=None,
-            help="With --installed: name (default), size (largest first) or context (longest f16 context first).",
-        ),
-    ]
-    inner: Callable[..., Any] = cmd.callback  # type: ignore[assignment]
-
-    def callback(**kwargs: Any) -> Any:
-        listing = kwargs.pop("installed")
-        sort = kwargs.pop("sort")
-        if listing:
-            if kwargs.get("name"):
-                raise click.UsageError("--installed lists every model: drop NAME (or drop --installed)")
-            return list_installed(kwargs, sort or "name")
-        if sort:
-            raise click.UsageError("--sort orders the --installed listing")
-        if not kwargs.get("name"):
-            raise click.UsageError("give a model NAME[:TAG], or --installed to list the models of the store")
-        return inner(**kwargs)
-
-    help_text = (cmd.help or "") + (
-        "\n\nkvadvise ollama --installed [--sort name|size|context] [--json]: every model of the store, one line each."
-    )
-    return click.Command(
-        cmd.name,
-        params=params,
-        callback=callback,
-        help=help_text,
-        context_settings=cmd.context_settings,
-        short_help=cmd.short_help,
     )
