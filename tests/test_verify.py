@@ -296,3 +296,17 @@ def test_real_llama_server_timeout_and_sigterm_leave_no_process(real_llama_serve
     q.send_signal(signal.SIGTERM)
     _, err = q.communicate(timeout=60)
     assert q.returncode != 0 and "Traceback" not in err
+
+
+@pytest.mark.llama
+def test_real_llama_server_on_the_cpu_does_not_verify_a_cuda_plan(
+    real_llama_server: Path, gemma_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--device cuda` on a CPU build (this machine's): llama.cpp runs, but on the CPU, so the CUDA plan
+    is not verified: exit 3 and a verdict that says why, never a pass."""
+    rc, doc, _ = verify(
+        capsys, str(gemma_path), "--ctx", "1024", "--device", "cuda", "--llama-server", str(real_llama_server)
+    )
+    assert rc == 3
+    assert doc["measured"]["backend"] == "CPU" and doc["fits"] is False
+    assert doc["verdict"].startswith("not verified: the plan is for cuda but llama.cpp ran on the CPU")

@@ -131,6 +131,14 @@ def compare(plan: Plan, m: Measurement) -> Verification:
         verdict = "fits: 100% GPU, 0 layers on CPU" if fits else f"does not fit: {cpu_layers} layers on the CPU"
         if all_on_gpu and not within:
             verdict = "does not fit: device memory went past what was free"
+    elif est.layout.device in ("cuda", "metal", "rpc"):
+        # the plan is for a GPU, the run used none (a CPU-only build, no driver, or no device it could
+        # use): the buffers are not the ones the plan predicts, and nothing was shown to fit
+        fits = False
+        verdict = (
+            f"not verified: the plan is for {est.layout.device} but llama.cpp ran on the CPU "
+            "(a CPU-only build, or no GPU it could use)"
+        )
     else:
         fits = True
         verdict = "ran on the CPU: the result covers CPU buffers only (no GPU in this run)"
