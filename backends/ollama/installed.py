@@ -11,7 +11,7 @@ here (``-np`` and ``-ctk`` override them).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -151,9 +151,20 @@ def _same(a: str, b: str) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
+class Server:
+    """The Ollama server the listing asked: where, whether it answered, its version."""
+
+    url: str
+    reachable: bool = False
+    version: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Installed:
+    """The models of the store and of the server, and what the listing could not see."""
+
     models: list[Listed]
-    server: dict[str, Any]  # url, reachable, version, notes
+    server: Server
     roots: tuple[Path, ...]
     notes: tuple[str, ...]
 
@@ -165,7 +176,6 @@ def installed(host: str | None) -> Installed:
     models = read_store(tuple(found))
     url = ollama_api.server_url(host)
     notes: list[str] = []
-    server: dict[str, Any] = {"url": url, "reachable": False, "version": None}
     try:
         listed = tags(url)
         running = ollama_api.running_models(url)
@@ -178,8 +188,7 @@ def installed(host: str | None) -> Installed:
                 hint="start the server (`ollama serve`), set OLLAMA_HOST, or set OLLAMA_MODELS to the store",
             ) from None
         notes.append(f"{e.message}: the store alone is listed (no LOADED column)")
-        return Installed(models, server, tuple(found), tuple(notes))
-    server.update(reachable=True, version=version)
+        return Installed(models, Server(url), tuple(found), tuple(notes))
     by_digest = {t.digest: t for t in listed if t.digest}
     out = []
     for m in models:
@@ -193,7 +202,7 @@ def installed(host: str | None) -> Installed:
         out.append(replace(m, loaded=_loaded(m, running)))
     if not found:
         notes.append("no model store on this machine: the server's models are listed (read through /api/show)")
-    return Installed(out, server, tuple(found), tuple(notes))
+    return Installed(out, Server(url, True, version), tuple(found), tuple(notes))
 
 
 def _loaded(m: Listed, running: tuple[ollama_api.RunningModel, ...]) -> Loaded | None:
@@ -285,7 +294,7 @@ def list_installed(kwargs: dict[str, Any], sort: str) -> None:
     if hw is not None:
         notes += list(hw.notes)
     if not found.models:
-        where = ", ".join(str(r) for r in found.roots) or found.server["url"]
+        where = ", ".join(str(r) for r in found.roots) or found.server.url
         notes.append(f"no models installed ({where}); `ollama pull NAME` adds one")
     show_listing(
         rows,
@@ -293,7 +302,7 @@ def list_installed(kwargs: dict[str, Any], sort: str) -> None:
         settings,
         sort=sort,
         as_json=bool(kwargs.get("as_json")),
-        show_loaded=bool(found.server["reachable"]),
-        extra_json={"server": found.server, "stores": [str(r) for r in found.roots]},
+        show_loaded=found.server.reachable,
+        extra_json={"server": asdict(found.server), "stores": [str(r) for r in found.roots]},
         notes=notes,
     )
