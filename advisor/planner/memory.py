@@ -380,16 +380,50 @@ def host_compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     0.02 MiB on 24 configurations of three architectures.
     """
     ub = lay.n_ubatch
+    ids = 4 * ub * 2 + 4 * min(ub, lay.n_outputs_max)  # tokens and positions (i32), output ids (i32)
+    if lay.device != "rpc":
+        # A GPU (CUDA, ROCm, Vulkan, Metal) takes the rest of the graph: the host keeps the masks, the
+        # f32 [n_embd, n_ubatch] rows get_rows takes from token_embd and the ids, nothing of the
+        # attention. Published CUDA/ROCm/Vulkan logs of 2024-2025 print exactly that (mask f32, as
+        # before ggml-org/llama.cpp#23764; FA on and off; tests/data/published, e.g. 4*ub*(n_ctx +
+        # n_embd) + 0.01 MiB for Mistral 7B at 2048 and 32768, llama-cpp-python).
+        return pad(mask_bytes(spec, lay) + 4 * ub * spec.n_embd + ids, ALIGNMENT["cuda"])
     embd = 2 * 4 * ub * spec.n_embd
     q = 0 if lay.flash_attn else 4 * ub * max(spec.n_head, default=0) * spec.n_embd_head_k
-    ids = 4 * ub * 2 + 4 * min(ub, lay.n_outputs_max)  # tokens and positions (i32), output ids (i32)
     return pad(mask_bytes(spec, lay) + embd + q + ids, ALIGNMENT["cuda"])
 
 
 def device_compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
-    """The compute buffer of the device that runs the layers: the CPU alone's graph but the embedding
-    rows, which stay on the host (measured as for host_compute_bytes: within the CPU formula's error)."""
-    return max(0, compute_bytes(spec, lay) - 4 * lay.n_ubatch * spec.n_embd)
+    """The compute buffer of the one device that runs every layer.
+
+    RPC devices (CPU rpc-servers): the CPU alone's graph but the embedding rows, which stay on the
+    host (measured with real llama.cpp 0c1e570 on loopback, tests/test_devices.py).
+
+    A GPU: ggml-alloc's peak is the largest of three live sets (ggml/src/ggml-alloc.c frees a tensor
+    after its last consumer; the graph inputs live in the host buffer, the device holds their copies):
+    - the output layer: the logits of the reserved rows and the normed hidden state that makes them
+      (the masks and activations of the layers are dead by then);
+    - without flash attention, a layer's attention: the f32 scores [n_kv, n_ubatch, n_head] (softmax
+      works in place), the device's copy of the masks, the residual and normed input (n_embd) and Q
+      and KQV (n_head * n_embd_head_k);
+    - the feed-forward: gate, up and their product, with the residual and normed input.
+    Published logs (tests/data/published: CUDA Mistral 7B at 2048 and 32768 tokens, Llama 3.2 3B with
+    4 slots, Llama 3.1 70B, Qwen 2.5/3 with flash attention) match to the 0.01 MiB they print.
+    """
+    if lay.device == "rpc":
+        return max(0, compute_bytes(spec, lay) - 4 * lay.n_ubatch * spec.n_embd)
+    ub, f32 = lay.n_ubatch, 4
+    embd = f32 * ub * spec.n_embd
+    n_head = max(spec.n_head, default=0)
+    q = f32 * ub * n_head * spec.n_embd_head_k
+    full = any(kv and not swa for kv, swa in zip(spec.kv_layers, spec.swa_layers, strict=True))
+    swa = any(kv and s for kv, s in zip(spec.kv_layers, spec.swa_layers, strict=True))
+    n_kv = max(lay.n_ctx_seq if full else 0, lay.n_ctx_swa if swa else 0)
+    logits = f32 * min(ub, lay.n_outputs_max) * spec.n_vocab + embd
+    scores = 0 if lay.flash_attn else f32 * ub * n_kv * n_head
+    attn = mask_bytes(spec, lay) + 2 * embd + 2 * q + scores if (full or swa) else 0
+    ffn = 2 * embd + 3 * f32 * ub * spec.n_ff
+    return pad(max(logits, attn, ffn), ALIGNMENT["cuda"])
 
 
 def layer_devices(n_layer_all: int, tensor_split: tuple[float, ...]) -> tuple[int, ...]:
