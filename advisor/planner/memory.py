@@ -377,19 +377,15 @@ def host_compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     with real llama.cpp 0c1e570 (RPC devices on loopback; tests/test_devices.py): the masks, two
     f32 [n_embd, n_ubatch] tensors of the embedding step, and without flash attention one f32
     [n_head * n_embd_head_k, n_ubatch] (the Q-sized input of the attention's first split), within
-    0.02 MiB on 24 configurations of three architectures.
+    0.02 MiB on 24 configurations of three architectures. Published GPU logs of 2026 builds agree
+    (Metal, tests/data/published: the masks and two [n_embd, n_ubatch] rows); builds of 2024-2025
+    kept one such row on the host, and before ggml-org/llama.cpp#23764 (2026-05-28) the mask was
+    f32 with flash attention too (the device cast it to f16).
     """
     ub = lay.n_ubatch
-    ids = 4 * ub * 2 + 4 * min(ub, lay.n_outputs_max)  # tokens and positions (i32), output ids (i32)
-    if lay.device != "rpc":
-        # A GPU (CUDA, ROCm, Vulkan, Metal) takes the rest of the graph: the host keeps the masks, the
-        # f32 [n_embd, n_ubatch] rows get_rows takes from token_embd and the ids, nothing of the
-        # attention. Published CUDA/ROCm/Vulkan logs of 2024-2025 print exactly that (mask f32, as
-        # before ggml-org/llama.cpp#23764; FA on and off; tests/data/published, e.g. 4*ub*(n_ctx +
-        # n_embd) + 0.01 MiB for Mistral 7B at 2048 and 32768, llama-cpp-python).
-        return pad(mask_bytes(spec, lay) + 4 * ub * spec.n_embd + ids, ALIGNMENT["cuda"])
     embd = 2 * 4 * ub * spec.n_embd
     q = 0 if lay.flash_attn else 4 * ub * max(spec.n_head, default=0) * spec.n_embd_head_k
+    ids = 4 * ub * 2 + 4 * min(ub, lay.n_outputs_max)  # tokens and positions (i32), output ids (i32)
     return pad(mask_bytes(spec, lay) + embd + q + ids, ALIGNMENT["cuda"])
 
 
