@@ -390,7 +390,10 @@ def host_compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     with real llama.cpp 0c1e570 (RPC devices on loopback; tests/test_devices.py): the masks, two
     f32 [n_embd, n_ubatch] tensors of the embedding step, and without flash attention one f32
     [n_head * n_embd_head_k, n_ubatch] (the Q-sized input of the attention's first split), within
-    0.02 MiB on 24 configurations of three architectures.
+    0.02 MiB on 24 configurations of three architectures. Published GPU logs of 2026 builds agree
+    (Metal, tests/data/published: the masks and two [n_embd, n_ubatch] rows); builds of 2024-2025
+    kept one such row on the host, and before ggml-org/llama.cpp#23764 (2026-05-28) the mask was
+    f32 with flash attention too (the device cast it to f16).
     """
     ub = lay.n_ubatch
     embd = 2 * 4 * ub * spec.n_embd
@@ -400,9 +403,39 @@ def host_compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
 
 
 def device_compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
-    """The compute buffer of the device that runs the layers: the CPU alone's graph but the embedding
-    rows, which stay on the host (measured as for host_compute_bytes: within the CPU formula's error)."""
-    return max(0, compute_bytes(spec, lay) - 4 * lay.n_ubatch * spec.n_embd)
+    """The compute buffer of the one device that runs every layer.
+
+    RPC devices (CPU rpc-servers): the CPU alone's graph but the embedding rows, which stay on the
+    host (measured with real llama.cpp 0c1e570 on loopback, tests/test_devices.py).
+
+    A GPU: ggml-alloc's peak is the largest of three live sets (ggml/src/ggml-alloc.c frees a tensor
+    after its last consumer; the graph inputs live in the host buffer, the device holds their copies):
+    - the output layer: the logits of the reserved rows and two [n_embd, n_ubatch] rows (the normed
+      hidden state that makes them and the last layer's output; the masks and the activations of the
+      layers are dead by then). 2026 builds print two rows (Metal logs; the CPU at 0c1e570: Gemma 3
+      270M with whole-batch logits, 512 + 2 x 1.25 MiB); CUDA builds of 2024-2025 printed one;
+    - without flash attention, a layer's attention: the f32 scores [n_kv, n_ubatch, n_head] (softmax
+      works in place), the device's copy of the masks, the residual and normed input (n_embd) and Q
+      and KQV (n_head * n_embd_head_k);
+    - the feed-forward: gate, up and their product, with the residual and normed input.
+    Published logs (tests/data/published) match to the 0.01 MiB they print: without flash attention
+    CUDA Mistral 7B at 2048 and 32768 tokens, Llama 3.2 3B with 4 slots, Llama 3.1 70B; with it the
+    2026 Metal runs of gpt-oss 20B, Qwen3 8B and Qwen2.5 0.5B.
+    """
+    if lay.device == "rpc":
+        return max(0, compute_bytes(spec, lay) - 4 * lay.n_ubatch * spec.n_embd)
+    ub, f32 = lay.n_ubatch, 4
+    embd = f32 * ub * spec.n_embd
+    n_head = max(spec.n_head, default=0)
+    q = f32 * ub * n_head * spec.n_embd_head_k
+    full = any(kv and not swa for kv, swa in zip(spec.kv_layers, spec.swa_layers, strict=True))
+    swa = any(kv and s for kv, s in zip(spec.kv_layers, spec.swa_layers, strict=True))
+    n_kv = max(lay.n_ctx_seq if full else 0, lay.n_ctx_swa if swa else 0)
+    logits = f32 * min(ub, lay.n_outputs_max) * spec.n_vocab + 2 * embd
+    scores = 0 if lay.flash_attn else f32 * ub * n_kv * n_head
+    attn = mask_bytes(spec, lay) + 2 * embd + 2 * q + scores if (full or swa) else 0
+    ffn = 2 * embd + 3 * f32 * ub * spec.n_ff
+    return pad(max(logits, attn, ffn), ALIGNMENT["cuda"])
 
 
 def layer_devices(n_layer_all: int, tensor_split: tuple[float, ...]) -> tuple[int, ...]:
