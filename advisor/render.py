@@ -87,6 +87,7 @@ def estimate_dict(
             "flash_attn": lay.flash_attn,
             "swa_full": lay.swa_full,
             "device": lay.device,
+            "cpu_repack": cfg.cpu_repack,
         },
         "memory": {
             "k_bytes": est.k_bytes,
@@ -101,6 +102,7 @@ def estimate_dict(
             "total_bytes": est.total_bytes,
             "device_bytes": est.device_bytes,
             "host_bytes": est.host_bytes,
+            "repack_bytes": est.repack_bytes,
             "devices": [
                 {
                     "name": d.name,
@@ -161,7 +163,8 @@ def estimate_text(spec: ModelSpec, cfg: RunConfig, est: MemoryEstimate) -> str:
     devs = est.devices if lay.device != "cpu" else ()
     # (label, total, per device, in system RAM, note); the device and host columns only for a GPU run
     rows: list[tuple[str, int, list[int | None], int, str] | None] = [
-        ("weights", est.weights_bytes, [d.weights_bytes for d in devs], host.weights_bytes, spec.file_type),
+        ("weights", est.weights_bytes, [d.weights_bytes for d in devs], host.weights_bytes, spec.file_type + (
+            f", of which {fmt_bytes(est.repack_bytes)} CPU_REPACK ({cfg.cpu_repack} layouts)" if est.repack_bytes else "")),
         ("K cache", est.k_bytes, [est.k_bytes if len(devs) == 1 else None for _ in devs], 0,
          cache_note + (" cells" if cache_note else "")),
         ("V cache", est.v_bytes, [est.v_bytes if len(devs) == 1 else None for _ in devs], 0,

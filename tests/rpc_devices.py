@@ -12,7 +12,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
@@ -64,10 +64,15 @@ def devices(rpc_server: Path, n: int) -> Iterator[list[str]]:
 
 
 def run_server(
-    llama_server: Path, model: Path, args: Sequence[str], endpoints: Sequence[str], timeout_s: float = 180
+    llama_server: Path,
+    model: Path,
+    args: Sequence[str],
+    endpoints: Sequence[str],
+    timeout_s: float = 180,
+    on_ready: Callable[[int], None] | None = None,
 ) -> str:
     """Start llama-server with the devices, read its log until it listens (every buffer is printed by
-    then), stop it; the log."""
+    then), stop it; the log. ``on_ready(pid)`` runs while it listens (e.g. to read its memory)."""
     cmd = [str(llama_server), "-m", str(model), "--host", "127.0.0.1", "--port", str(_free_port())]
     cmd += ["--fit", "off", "-lv", "4", *args]
     if endpoints:
@@ -80,6 +85,8 @@ def run_server(
         for line in p.stdout:
             lines.append(line)
             if "listening on" in line or time.monotonic() > deadline:
+                if on_ready is not None and "listening on" in line:
+                    on_ready(p.pid)
                 break
     finally:
         _kill(p)

@@ -103,6 +103,7 @@ class PlanOptions:
     headless: bool = False
     tensor_split: tuple[float, ...] = ()
     rpc: tuple[str, ...] = ()
+    no_repack: bool = False
 
     @classmethod
     def take(cls, kwargs: dict[str, Any]) -> PlanOptions:
@@ -242,6 +243,13 @@ def _options(*, planned_hardware: bool) -> list[Callable[[F], F]]:
             default="auto",
             show_default=True,
             help="Where the layers go: auto = the GPU when there is one (or --gpu/--vram), else the CPU.",
+        ),
+        click.option(
+            "--no-repack",
+            "-nr",
+            "no_repack",
+            is_flag=True,
+            help="The CPU's weights are not repacked (llama.cpp -nr): no CPU_REPACK copies on a CPU plan.",
         ),
         *_hardware_options(planned_hardware),
         MARGIN_OPTION,

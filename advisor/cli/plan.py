@@ -97,6 +97,7 @@ def build_plan(
         runtime=o.runtime,
         n_outputs_max=o.n_outputs_max,
         tensor_split=o.tensor_split or (),
+        cpu_repack=_cpu_repack(o),
     )
     return make_plan(
         spec,
@@ -108,6 +109,16 @@ def build_plan(
         measured_overhead=measured,
         notes=notes,
     )
+
+
+def _cpu_repack(o: PlanOptions) -> str:
+    """The CPU_REPACK rule of a CPU plan: this machine's CPU (kvadvise.planner.repack; --no-hardware
+    leaves the GPUs alone, not the CPU a CPU plan runs on), "off" with --no-repack."""
+    if o.no_repack:
+        return "off"
+    from kvadvise.planner.repack import cpu_isa
+
+    return cpu_isa()
 
 
 def _calibration(gpu_name: str | None) -> tuple[MeasuredOverhead | None, tuple[str, ...]]:

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from kvadvise.errors import ConfigError
 from kvadvise.model.ggml import ALIGNMENT, BLOCK, GGMLType, cuda_alloc_bytes, is_quantized, pad, row_bytes
 from kvadvise.model.spec import ModelSpec
+from kvadvise.planner.repack import RULES as REPACK_RULES
+from kvadvise.planner.repack import plan_repack
 
 MIB = 1 << 20
 CTX_PAD = 256  # GGML_PAD(n_ctx, 256), "ref: PR 17046"
@@ -73,6 +75,10 @@ class RunConfig:
     tensor_split: tuple[float, ...] = ()
     device_names: tuple[str, ...] = ()  # as llama.cpp prints them (CUDA0, RPC0[host:port]); () = numbered
     rpc_servers: tuple[str, ...] = ()  # llama-server --rpc HOST:PORT,...: the RPC hosts the devices are
+    # the CPU's repack rule (kvadvise.planner.repack.RULES) for the weights a CPU plan keeps on the CPU;
+    # "auto" = this machine's CPU, resolved by kvadvise.plan and the CLI (estimate() alone looks at no
+    # hardware: no CPU_REPACK buffer); "off" = llama-server --no-repack; "none" = no repacked layout
+    cpu_repack: str = "auto"
 
     def __post_init__(self) -> None:
         # llama.cpp reads -c, -np, -b, -ub as int32 (common/arg.cpp std::stoi); a larger number would be
@@ -168,6 +174,7 @@ class MemoryEstimate:
     host_bytes: int  # what stays in system RAM besides (cuda: token_embd, inputs, logits); 0 on cpu
     devices: tuple[DeviceMemory, ...] = ()  # per device that holds layers (their sums are device_bytes)
     host: HostMemory = HostMemory(0, 0, 0, 0)
+    repack_bytes: int = 0  # of weights_bytes: the CPU_REPACK buffer (kvadvise.planner.repack)
 
 
 def resolve(spec: ModelSpec, cfg: RunConfig) -> ContextLayout:
@@ -182,6 +189,8 @@ def resolve(spec: ModelSpec, cfg: RunConfig) -> ContextLayout:
         raise ConfigError(f"runtime must be one of {', '.join(RUNTIMES)}, got {cfg.runtime!r}")
     if cfg.device not in DEVICES:
         raise ConfigError(f"device must be one of {', '.join(DEVICES)}, got {cfg.device!r}")
+    if cfg.cpu_repack not in REPACK_RULES:
+        raise ConfigError(f"cpu_repack must be one of {', '.join(REPACK_RULES)}, got {cfg.cpu_repack!r}")
     n_seq_max = cfg.n_parallel
     n_ctx = cfg.n_ctx or spec.n_ctx_train
     if n_ctx <= 0:
@@ -440,11 +449,16 @@ def estimate(spec: ModelSpec, cfg: RunConfig) -> MemoryEstimate:
     rs = recurrent_bytes(spec, lay)
     out = output_bytes(spec, lay)
     overhead = cfg.overhead_bytes if cfg.overhead_bytes is not None else OVERHEAD_BYTES[lay.device]
+    repack = 0
     if lay.device == "cpu":
         compute = compute_bytes(spec, lay)
-        total = spec.weights_bytes + k + v + rs + compute + out + overhead
+        cpu_weights = spec.weights_bytes
+        if REPACK_RULES[cfg.cpu_repack]:  # the mapped span left beside the CPU_REPACK copies, and those copies
+            r = plan_repack(spec, cfg.cpu_repack)
+            cpu_weights, repack = r.mapped_bytes + r.repack_bytes, r.repack_bytes
+        total = cpu_weights + k + v + rs + compute + out + overhead
         devices: tuple[DeviceMemory, ...] = (
-            DeviceMemory("CPU", spec.n_layer + 1, spec.weights_bytes, k + v, rs, compute, overhead, total),
+            DeviceMemory("CPU", spec.n_layer + 1, cpu_weights, k + v, rs, compute, overhead, total),
         )
         host = HostMemory(0, 0, 0, 0)
     else:
@@ -467,6 +481,7 @@ def estimate(spec: ModelSpec, cfg: RunConfig) -> MemoryEstimate:
         host_bytes=host.total_bytes,
         devices=devices,
         host=host,
+        repack_bytes=repack,
     )
 
 

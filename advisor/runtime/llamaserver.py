@@ -58,6 +58,8 @@ def server_args(
         out.append(("--rpc", "LLAMA_ARG_RPC", ",".join(cfg.rpc_servers)))
     if len(cfg.tensor_split) > 1:  # -sm layer's shares, as planned (llama_model::load_tensors)
         out.append(("-ts", "LLAMA_ARG_TENSOR_SPLIT", ",".join(f"{x:g}" for x in cfg.tensor_split)))
+    if cfg.cpu_repack == "off" and cfg.device == "cpu":  # common/arg.cpp --no-repack (params.no_extra_bufts)
+        out.append(("--no-repack", "LLAMA_ARG_NO_REPACK", None))  # LLAMA_ARG_NO_*: the negative form
     if cfg.kv_unified:
         out.append(("-kvu", "LLAMA_ARG_KV_UNIFIED", None))
     if cfg.swa_full:
