@@ -113,6 +113,7 @@ def estimate_dict(
                     "compute_bytes": d.compute_bytes,
                     "overhead_bytes": d.overhead_bytes,
                     "total_bytes": d.total_bytes,
+                    "projector_bytes": d.projector_bytes,
                     "budget_bytes": device_budgets[i] if i < len(device_budgets) else None,
                 }
                 for i, d in enumerate(est.devices)
@@ -122,6 +123,17 @@ def estimate_dict(
                 "compute_bytes": est.host.compute_bytes,
                 "output_bytes": est.host.output_bytes,
                 "total_bytes": est.host.total_bytes,
+                "projector_bytes": est.host.projector_bytes,
+            },
+            "projector": None
+            if est.projector is None or cfg.mmproj is None
+            else {
+                "source": cfg.mmproj.source,
+                "projector_type": cfg.mmproj.projector_type,
+                "weights_bytes": est.projector.weights_bytes,
+                "compute_bytes": est.projector.compute_bytes,
+                "host_compute_bytes": est.projector.host_compute_bytes,
+                "compute_note": est.projector.compute_note,
             },
             "caches": [
                 {"kind": c.kind, "cells": c.cells, "n_layer": c.n_layers, "k_bytes": c.k_bytes, "v_bytes": c.v_bytes}
@@ -174,6 +186,11 @@ def estimate_text(spec: ModelSpec, cfg: RunConfig, est: MemoryEstimate) -> str:
          f"{sum(spec.recurrent_layers)} layers" if spec.has_recurrent else ""),
         ("compute", est.compute_bytes, [d.compute_bytes for d in devs], host.compute_bytes, "estimate"),
         ("output", est.output_bytes, [0 for _ in devs], host.output_bytes, "logits"),
+        ("projector", sum(d.projector_bytes for d in est.devices) + host.projector_bytes,
+         [d.projector_bytes for d in devs], host.projector_bytes,
+         f"--mmproj {cfg.mmproj.projector_type}: weights {fmt_bytes(est.projector.weights_bytes)} + compute "
+         f"{fmt_bytes(est.projector.compute_bytes + est.projector.host_compute_bytes)} (estimate)")
+        if est.projector is not None and cfg.mmproj is not None else None,
         ("overhead", est.overhead_bytes, [d.overhead_bytes for d in devs], 0, lay.device),
         ("total", est.total_bytes, [d.total_bytes for d in devs], est.host_bytes, ""),
         ("layers", 0, [d.n_layers for d in devs], 0, "") if len(devs) > 1 else None,

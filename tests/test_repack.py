@@ -57,8 +57,10 @@ def test_cpu_repack_buffers_and_rss(name: str, models: dict[str, Path], real_lla
         assert packed == pytest.approx(est.repack_bytes / MIB, abs=0.01), (name, repack, isa)
         assert mapped == pytest.approx((est.weights_bytes - est.repack_bytes) / MIB, abs=0.01), (name, repack)
         runs[repack] = (packed, rss)
-        print(f"{name} repack={repack} ({isa}): CPU_Mapped {mapped:.2f} MiB, CPU_REPACK {packed:.2f} MiB "
-              f"(predicted {est.repack_bytes / MIB:.2f}), RSS {({k: round(v / MIB, 1) for k, v in rss.items()})}")
+        print(
+            f"{name} repack={repack} ({isa}): CPU_Mapped {mapped:.2f} MiB, CPU_REPACK {packed:.2f} MiB "
+            f"(predicted {est.repack_bytes / MIB:.2f}), RSS { ({k: round(v / MIB, 1) for k, v in rss.items()}) }"
+        )
     packed, with_rss = runs[True]
     if isa == "none" or not with_rss:
         return

@@ -104,6 +104,7 @@ class PlanOptions:
     tensor_split: tuple[float, ...] = ()
     rpc: tuple[str, ...] = ()
     no_repack: bool = False
+    mmproj: str | None = None
 
     @classmethod
     def take(cls, kwargs: dict[str, Any]) -> PlanOptions:
@@ -111,7 +112,7 @@ class PlanOptions:
         A command without --gpu/--vram (verify: it measures this machine) gets None for them."""
         from dataclasses import MISSING, fields
 
-        absent: dict[str, Any] = {"gpu": None, "vram_bytes": None, "bandwidth_gbs": None}
+        absent: dict[str, Any] = {"gpu": None, "vram_bytes": None, "bandwidth_gbs": None}  # and defaults
         values: dict[str, Any] = {}
         for f in fields(cls):
             if f.name in kwargs:
@@ -146,6 +147,16 @@ USE_OPTION = click.option(
     type=click.Choice(USES),
     default=None,
     help="Aim for a use case: chat 8k, code 32k, agent 64k, long = the model's maximum.",
+)
+
+
+MMPROJ_OPTION = click.option(
+    "--mmproj",
+    "mmproj",
+    metavar="FILE",
+    default=None,
+    help="A multimodal projector (mmproj GGUF) llama-server loads beside the model (llama.cpp --mmproj): "
+    "its weights and compute buffer on the first device.",
 )
 
 

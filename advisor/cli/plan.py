@@ -14,6 +14,7 @@ from kvadvise.cli.options import PlanOptions
 from kvadvise.errors import EXIT_NO_FIT
 
 if TYPE_CHECKING:
+    from kvadvise.model.projector import ProjectorSpec
     from kvadvise.model.spec import ModelSpec
     from kvadvise.planner.hardware import Hardware
     from kvadvise.planner.planning import MeasuredOverhead, Plan
@@ -98,6 +99,7 @@ def build_plan(
         n_outputs_max=o.n_outputs_max,
         tensor_split=o.tensor_split or (),
         cpu_repack=_cpu_repack(o),
+        mmproj=_projector(o.mmproj),
     )
     return make_plan(
         spec,
@@ -109,6 +111,16 @@ def build_plan(
         measured_overhead=measured,
         notes=notes,
     )
+
+
+def _projector(path: str | None) -> ProjectorSpec | None:
+    """--mmproj FILE: the projector's header (a local file, as llama-server's --mmproj takes it)."""
+    if path is None:
+        return None
+    from kvadvise.model.gguf import read_file
+    from kvadvise.model.projector import projector_from_gguf
+
+    return projector_from_gguf(read_file(path))
 
 
 def _cpu_repack(o: PlanOptions) -> str:
@@ -193,9 +205,16 @@ def exit_if_no_fit(plan: Plan) -> None:
         raise click.exceptions.Exit(EXIT_NO_FIT)  # the output says why; the exit code says "does not fit"
 
 
-def plan_command(name: str, help_text: str, load: Callable[[str], ModelSpec]) -> click.Command:
+def plan_command(
+    name: str,
+    help_text: str,
+    load: Callable[[str], ModelSpec],
+    *,
+    options: tuple[Callable[[Callable[..., None]], Callable[..., None]], ...] = (),
+) -> click.Command:
     """``kvadvise NAME MODEL [flags]``: plan a model a backend resolves. The generic command of every
-    backend that brings none of its own (a third-party plugin gets exactly this)."""
+    backend that brings none of its own (a third-party plugin gets exactly this). ``options``: more
+    shared options the command takes (e.g. kvadvise.cli.options.MMPROJ_OPTION)."""
     from kvadvise.cli.options import run_options
 
     @click.command(name=name, help=help_text)
@@ -207,4 +226,6 @@ def plan_command(name: str, help_text: str, load: Callable[[str], ModelSpec]) ->
         show_plan(plan, o, requested_ctx=o.n_ctx)
         exit_if_no_fit(plan)
 
+    for option in options:
+        command = option(command)  # type: ignore[assignment]
     return command

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import bisect
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvadvise.errors import ConfigError
 from kvadvise.model.ggml import ALIGNMENT, BLOCK, GGMLType, cuda_alloc_bytes, is_quantized, pad, row_bytes
+from kvadvise.model.projector import ProjectorSpec
 from kvadvise.model.spec import ModelSpec
+from kvadvise.planner.projector import ProjectorMemory, projector_memory
 from kvadvise.planner.repack import RULES as REPACK_RULES
 from kvadvise.planner.repack import plan_repack
 
@@ -79,6 +81,9 @@ class RunConfig:
     # "auto" = this machine's CPU, resolved by kvadvise.plan and the CLI (estimate() alone looks at no
     # hardware: no CPU_REPACK buffer); "off" = llama-server --no-repack; "none" = no repacked layout
     cpu_repack: str = "auto"
+    # llama-server --mmproj FILE: a multimodal projector loaded beside the model, on the first device
+    # (kvadvise.planner.projector)
+    mmproj: ProjectorSpec | None = None
 
     def __post_init__(self) -> None:
         # llama.cpp reads -c, -np, -b, -ub as int32 (common/arg.cpp std::stoi); a larger number would be
@@ -143,6 +148,7 @@ class DeviceMemory:
     compute_bytes: int
     overhead_bytes: int
     total_bytes: int
+    projector_bytes: int = 0  # --mmproj: the projector's weights and compute buffer (in total_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +160,7 @@ class HostMemory:
     compute_bytes: int
     output_bytes: int
     total_bytes: int
+    projector_bytes: int = 0  # --mmproj: the CPU compute buffer of its graph input (in total_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +182,7 @@ class MemoryEstimate:
     devices: tuple[DeviceMemory, ...] = ()  # per device that holds layers (their sums are device_bytes)
     host: HostMemory = HostMemory(0, 0, 0, 0)
     repack_bytes: int = 0  # of weights_bytes: the CPU_REPACK buffer (kvadvise.planner.repack)
+    projector: ProjectorMemory | None = None  # --mmproj (in the totals of the first device and the host)
 
 
 def resolve(spec: ModelSpec, cfg: RunConfig) -> ContextLayout:
@@ -463,6 +471,10 @@ def estimate(spec: ModelSpec, cfg: RunConfig) -> MemoryEstimate:
         host = HostMemory(0, 0, 0, 0)
     else:
         devices, host = _offloaded(spec, cfg, lay, rs, out, overhead)
+    proj = None
+    if cfg.mmproj is not None:
+        proj = projector_memory(cfg.mmproj, lay.device, flash_attn=lay.flash_attn)
+        devices, host = _with_projector(devices, host, proj)
     device_total = sum(d.total_bytes for d in devices)
     return MemoryEstimate(
         layout=lay,
@@ -482,7 +494,18 @@ def estimate(spec: ModelSpec, cfg: RunConfig) -> MemoryEstimate:
         devices=devices,
         host=host,
         repack_bytes=repack,
+        projector=proj,
     )
+
+
+def _with_projector(
+    devices: tuple[DeviceMemory, ...], host: HostMemory, p: ProjectorMemory
+) -> tuple[tuple[DeviceMemory, ...], HostMemory]:
+    """The projector on the first device (its weights and compute buffer), its input buffer in RAM."""
+    on_device = p.weights_bytes + p.compute_bytes
+    first = replace(devices[0], projector_bytes=on_device, total_bytes=devices[0].total_bytes + on_device)
+    host = replace(host, projector_bytes=p.host_compute_bytes, total_bytes=host.total_bytes + p.host_compute_bytes)
+    return (first, *devices[1:]), host
 
 
 def _offloaded(

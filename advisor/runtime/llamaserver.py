@@ -58,6 +58,8 @@ def server_args(
         out.append(("--rpc", "LLAMA_ARG_RPC", ",".join(cfg.rpc_servers)))
     if len(cfg.tensor_split) > 1:  # -sm layer's shares, as planned (llama_model::load_tensors)
         out.append(("-ts", "LLAMA_ARG_TENSOR_SPLIT", ",".join(f"{x:g}" for x in cfg.tensor_split)))
+    if cfg.mmproj is not None:  # common/arg.cpp -mm/--mmproj: the projector loads on the first device
+        out.append(("--mmproj", "LLAMA_ARG_MMPROJ", cfg.mmproj.source))
     if cfg.cpu_repack == "off" and cfg.device == "cpu":  # common/arg.cpp --no-repack (params.no_extra_bufts)
         out.append(("--no-repack", "LLAMA_ARG_NO_REPACK", None))  # LLAMA_ARG_NO_*: the negative form
     if cfg.kv_unified:

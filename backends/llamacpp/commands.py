@@ -8,7 +8,7 @@ from dataclasses import replace
 import click
 
 from kvadvise.cli import output
-from kvadvise.cli.options import PlanOptions, measured_run_options, run_options
+from kvadvise.cli.options import MMPROJ_OPTION, PlanOptions, measured_run_options, run_options
 from kvadvise.cli.plan import build_plan, exit_if_no_fit, refuse_to_write_what_does_not_fit, show_plan
 from kvadvise.planner.planning import Plan
 from kvadvise.runtime.llamaserver import ModelSource
@@ -30,6 +30,7 @@ def _commands(model: ModelSource, plan: Plan) -> list[tuple[str, str]]:
 @click.command("llamacpp")
 @click.argument("path", metavar="MODEL")
 @run_options
+@MMPROJ_OPTION
 @click.option(
     "--write-env",
     "write_env",
