@@ -303,6 +303,7 @@ def plan_dict(plan: Plan, requested_ctx: int | None = None) -> dict[str, Any]:
                 "n_cpu_layers": off.n_cpu_layers,
                 "n_cpu_moe": off.n_cpu_moe,
                 "device_bytes": off.device_bytes,
+                "op_offload_bytes": off.op_offload_bytes,
                 "host_bytes": off.host_bytes,
                 "decode_tokens_per_s": off.decode_tokens_per_s,
                 "note": off.note,

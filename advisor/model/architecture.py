@@ -321,9 +321,12 @@ def from_gguf(header: GGUFHeader) -> ModelSpec:
                 layer_bytes[il] += t.n_bytes
     cuda_pad = sum(cuda_alloc_bytes(t.ggml_type, t.shape[0], t.n_bytes) - t.n_bytes for t in loaded)
     layer_pad = [0] * n_layer_all
+    layer_largest = [0] * n_layer_all
     for t in loaded:
         if (m := _BLOCK_TENSOR.match(t.name)) and int(m[1]) < n_layer_all:
-            layer_pad[int(m[1])] += cuda_alloc_bytes(t.ggml_type, t.shape[0], t.n_bytes) - t.n_bytes
+            alloc = cuda_alloc_bytes(t.ggml_type, t.shape[0], t.n_bytes)
+            layer_pad[int(m[1])] += alloc - t.n_bytes
+            layer_largest[int(m[1])] = max(layer_largest[int(m[1])], alloc)
     matmul_weights, fixed_span = _matmul_weights(loaded)
     type_bytes: Counter[str] = Counter()
     for t in header.tensors:
@@ -378,5 +381,6 @@ def from_gguf(header: GGUFHeader) -> ModelSpec:
         cuda_pad_bytes=cuda_pad,
         layer_cuda_pad_bytes=tuple(layer_pad),
         matmul_weights=matmul_weights,
+        layer_largest_tensor_bytes=tuple(layer_largest),
         fixed_span=fixed_span,
     )

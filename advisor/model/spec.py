@@ -67,6 +67,9 @@ class ModelSpec:
     # the quantized matmul weights of the types some CPU repacks (kvadvise.planner.repack), and the file
     # span [first, last) of every other loaded tensor: what stays mapped whatever is repacked
     matmul_weights: tuple[MatmulWeight, ...] = ()
+    # the largest tensor of each block as a CUDA buffer sizes it: what op offload copies to the GPU for a
+    # block kept on the CPU (kvadvise.planner.opoffload); () when unknown
+    layer_largest_tensor_bytes: tuple[int, ...] = ()
     fixed_span: tuple[int, int] = (0, 0)
 
     @property
