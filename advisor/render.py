@@ -114,6 +114,7 @@ def estimate_dict(
                     "overhead_bytes": d.overhead_bytes,
                     "total_bytes": d.total_bytes,
                     "projector_bytes": d.projector_bytes,
+                    "draft_bytes": d.draft_bytes,
                     "budget_bytes": device_budgets[i] if i < len(device_budgets) else None,
                 }
                 for i, d in enumerate(est.devices)
@@ -124,6 +125,23 @@ def estimate_dict(
                 "output_bytes": est.host.output_bytes,
                 "total_bytes": est.host.total_bytes,
                 "projector_bytes": est.host.projector_bytes,
+                "draft_bytes": est.host.draft_bytes,
+            },
+            "draft": None
+            if est.draft is None or cfg.draft is None
+            else {
+                "model": cfg.draft.name,
+                "source": cfg.draft.source,
+                "n_ctx": est.draft.layout.n_ctx,
+                "type_k": est.draft.layout.type_k.type_name,
+                "type_v": est.draft.layout.type_v.type_name,
+                "flash_attn": est.draft.layout.flash_attn,
+                "weights_bytes": est.draft.weights_bytes,
+                "kv_bytes": est.draft.kv_bytes,
+                "recurrent_bytes": est.draft.recurrent_bytes,
+                "compute_bytes": est.draft.compute_bytes,
+                "output_bytes": est.draft.output_bytes,
+                "total_bytes": est.draft.total_bytes,
             },
             "projector": None
             if est.projector is None or cfg.mmproj is None
@@ -191,6 +209,11 @@ def estimate_text(spec: ModelSpec, cfg: RunConfig, est: MemoryEstimate) -> str:
          f"--mmproj {cfg.mmproj.projector_type}: weights {fmt_bytes(est.projector.weights_bytes)} + compute "
          f"{fmt_bytes(est.projector.compute_bytes + est.projector.host_compute_bytes)} (estimate)")
         if est.projector is not None and cfg.mmproj is not None else None,
+        ("draft", est.draft.total_bytes, [d.draft_bytes for d in devs], host.draft_bytes,
+         f"-md {cfg.draft.name}: weights {fmt_bytes(est.draft.weights_bytes)}, KV {fmt_bytes(est.draft.kv_bytes)} "
+         f"({cfg.type_k_draft.type_name}/{cfg.type_v_draft.type_name}), compute {fmt_bytes(est.draft.compute_bytes)}, "
+         f"output {fmt_bytes(est.draft.output_bytes)}")
+        if est.draft is not None and cfg.draft is not None else None,
         ("overhead", est.overhead_bytes, [d.overhead_bytes for d in devs], 0, lay.device),
         ("total", est.total_bytes, [d.total_bytes for d in devs], est.host_bytes, ""),
         ("layers", 0, [d.n_layers for d in devs], 0, "") if len(devs) > 1 else None,

@@ -119,3 +119,29 @@ def test_projector_on_the_cpu(name: str, fa: str, files: dict[str, Path], real_l
     assert size is not None and abs(float(size[1]) * MIB - est.projector.weights_bytes) <= PRINTED + 32 * len(
         proj.tensors
     )
+
+
+def test_cli_command_with_a_projector_runs_as_planned(
+    files: dict[str, Path], rpc_device: tuple[str, Path], real_llama_server: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`kvadvise llamacpp MODEL --mmproj FILE --rpc HOST:PORT=SIZE`: the command loads the projector, and
+    run over that rpc-server its buffers are the JSON's memory.projector, on the first device."""
+    import json
+    import shlex
+
+    from kvadvise.cli import main
+
+    endpoint, _ = rpc_device
+    argv = ["llamacpp", str(files["text"]), "--mmproj", str(files["p1024"]), "--rpc", f"{endpoint}=2GiB"]
+    assert main([*argv, "--ctx", "1024", "-fa", "on", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    cmd = shlex.split(doc["llama_server"]["command"])
+    assert cmd[cmd.index("--mmproj") + 1] == str(files["p1024"])
+    assert doc["llama_server"]["env"]["LLAMA_ARG_MMPROJ"] == str(files["p1024"])
+    args = [x for i, x in enumerate(cmd[1:], 1) if cmd[i - 1] not in ("-m", "--rpc") and x not in ("-m", "--rpc")]
+    printed = dict(_CLIP_COMPUTE.findall(run_server(real_llama_server, files["text"], args, [endpoint])))
+    p, (dev,) = doc["memory"]["projector"], doc["memory"]["devices"]
+    assert float(printed[dev["name"]]) == pytest.approx(p["compute_bytes"] / MIB, abs=0.01)
+    assert float(printed["CPU"]) == pytest.approx(p["host_compute_bytes"] / MIB, abs=0.01)
+    assert dev["projector_bytes"] == p["weights_bytes"] + p["compute_bytes"]
+    assert "estimate" in p["compute_note"] and p["projector_type"] == "gemma3"

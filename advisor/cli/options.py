@@ -105,6 +105,9 @@ class PlanOptions:
     rpc: tuple[str, ...] = ()
     no_repack: bool = False
     mmproj: str | None = None
+    model_draft: str | None = None
+    type_k_draft: str = "f16"
+    type_v_draft: str = "f16"
 
     @classmethod
     def take(cls, kwargs: dict[str, Any]) -> PlanOptions:
@@ -158,6 +161,44 @@ MMPROJ_OPTION = click.option(
     help="A multimodal projector (mmproj GGUF) llama-server loads beside the model (llama.cpp --mmproj): "
     "its weights and compute buffer on the first device.",
 )
+
+
+DRAFT_OPTIONS = (
+    click.option(
+        "--model-draft",
+        "-md",
+        "model_draft",
+        metavar="MODEL",
+        default=None,
+        help="A draft model for speculative decoding (llama.cpp -md): its own context, as large as the model's, "
+        "on the same devices.",
+    ),
+    click.option(
+        "--cache-type-k-draft",
+        "-ctkd",
+        "type_k_draft",
+        type=click.Choice(KV_TYPES),
+        default="f16",
+        show_default=True,
+        help="The draft model's K cache type (llama.cpp -ctkd).",
+    ),
+    click.option(
+        "--cache-type-v-draft",
+        "-ctvd",
+        "type_v_draft",
+        type=click.Choice(KV_TYPES),
+        default="f16",
+        show_default=True,
+        help="The draft model's V cache type (llama.cpp -ctvd).",
+    ),
+)
+
+
+def draft_options(f: F) -> F:
+    """-md, -ctkd, -ctvd: a draft model for speculative decoding."""
+    for opt in reversed(DRAFT_OPTIONS):
+        f = opt(f)
+    return f
 
 
 def run_options(f: F) -> F:

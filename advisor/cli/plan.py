@@ -48,10 +48,12 @@ def build_plan(
     extra_margin_bytes: int = 0,
     weights_uncertain: bool = False,
     hardware: Hardware | None = None,
+    draft: ModelSpec | None = None,
 ) -> Plan:
     """The plan for ``spec`` under the flags ``o``; a calibration of this machine's GPU is read here
     and passed in, so planning itself stays pure. ``weights_uncertain``: the weights size is a
-    published figure (a built-in profile), so the recommender keeps 3 % of it free."""
+    published figure (a built-in profile), so the recommender keeps 3 % of it free. ``draft``: the
+    draft model of ``--model-draft``, loaded by the command's backend."""
     from kvadvise.model.ggml import cache_type
     from kvadvise.planner.memory import RunConfig
     from kvadvise.planner.planning import HardwareRequest, hardware_for, make_plan
@@ -100,6 +102,9 @@ def build_plan(
         tensor_split=o.tensor_split or (),
         cpu_repack=_cpu_repack(o),
         mmproj=_projector(o.mmproj),
+        draft=draft,
+        type_k_draft=cache_type(o.type_k_draft),
+        type_v_draft=cache_type(o.type_v_draft),
     )
     return make_plan(
         spec,
@@ -214,7 +219,8 @@ def plan_command(
 ) -> click.Command:
     """``kvadvise NAME MODEL [flags]``: plan a model a backend resolves. The generic command of every
     backend that brings none of its own (a third-party plugin gets exactly this). ``options``: more
-    shared options the command takes (e.g. kvadvise.cli.options.MMPROJ_OPTION)."""
+    shared options the command takes (kvadvise.cli.options.MMPROJ_OPTION, DRAFT_OPTIONS: a draft
+    model is loaded with ``load`` too)."""
     from kvadvise.cli.options import run_options
 
     @click.command(name=name, help=help_text)
@@ -222,7 +228,7 @@ def plan_command(
     @run_options
     def command(ref: str, **kwargs: object) -> None:
         o = PlanOptions.take(kwargs)
-        plan = build_plan(load(ref), o)
+        plan = build_plan(load(ref), o, draft=load(o.model_draft) if o.model_draft else None)
         show_plan(plan, o, requested_ctx=o.n_ctx)
         exit_if_no_fit(plan)
 

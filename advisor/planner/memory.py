@@ -84,6 +84,11 @@ class RunConfig:
     # llama-server --mmproj FILE: a multimodal projector loaded beside the model, on the first device
     # (kvadvise.planner.projector)
     mmproj: ProjectorSpec | None = None
+    # llama-server -md FILE: a draft model for speculative decoding, a second context on the same devices
+    # (see draft_config); -ctkd / -ctvd: its cache types (common/arg.cpp, default f16)
+    draft: ModelSpec | None = None
+    type_k_draft: GGMLType = GGMLType.F16
+    type_v_draft: GGMLType = GGMLType.F16
 
     def __post_init__(self) -> None:
         # llama.cpp reads -c, -np, -b, -ub as int32 (common/arg.cpp std::stoi); a larger number would be
@@ -149,6 +154,7 @@ class DeviceMemory:
     overhead_bytes: int
     total_bytes: int
     projector_bytes: int = 0  # --mmproj: the projector's weights and compute buffer (in total_bytes)
+    draft_bytes: int = 0  # -md: the draft context's buffers on this device (in total_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +167,7 @@ class HostMemory:
     output_bytes: int
     total_bytes: int
     projector_bytes: int = 0  # --mmproj: the CPU compute buffer of its graph input (in total_bytes)
+    draft_bytes: int = 0  # -md: the draft context's host buffers (in total_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +190,7 @@ class MemoryEstimate:
     host: HostMemory = HostMemory(0, 0, 0, 0)
     repack_bytes: int = 0  # of weights_bytes: the CPU_REPACK buffer (kvadvise.planner.repack)
     projector: ProjectorMemory | None = None  # --mmproj (in the totals of the first device and the host)
+    draft: MemoryEstimate | None = None  # -md: the draft model's own context (in the devices' and host totals)
 
 
 def resolve(spec: ModelSpec, cfg: RunConfig) -> ContextLayout:
@@ -475,6 +483,10 @@ def estimate(spec: ModelSpec, cfg: RunConfig) -> MemoryEstimate:
     if cfg.mmproj is not None:
         proj = projector_memory(cfg.mmproj, lay.device, flash_attn=lay.flash_attn)
         devices, host = _with_projector(devices, host, proj)
+    draft = None
+    if cfg.draft is not None:
+        draft = estimate(cfg.draft, draft_config(cfg, lay))
+        devices, host = _with_draft(devices, host, draft)
     device_total = sum(d.total_bytes for d in devices)
     return MemoryEstimate(
         layout=lay,
@@ -495,7 +507,40 @@ def estimate(spec: ModelSpec, cfg: RunConfig) -> MemoryEstimate:
         host=host,
         repack_bytes=repack,
         projector=proj,
+        draft=draft,
     )
+
+
+def draft_config(cfg: RunConfig, lay: ContextLayout) -> RunConfig:
+    """The draft model's context as llama-server creates it (common/speculative.cpp,
+    common_base_params_to_speculative and common_speculative_init_result, llama.cpp 0c1e570): the main
+    parameters (batch, ubatch, slots, unified cache, flash attention, --swa-full, devices and -ts) with
+    the draft's cache types (-ctkd/-ctvd), n_outputs_max = the slots, and n_ctx = the main context's
+    resolved size (llama_n_ctx(ctx_tgt)); no projector, no second draft; the same process, so no
+    second per-device overhead."""
+    return replace(
+        cfg,
+        n_ctx=lay.n_ctx,
+        type_k=cfg.type_k_draft,
+        type_v=cfg.type_v_draft,
+        n_outputs_max=cfg.n_parallel,
+        mmproj=None,
+        draft=None,
+        overhead_bytes=0,
+    )
+
+
+def _with_draft(
+    devices: tuple[DeviceMemory, ...], host: HostMemory, d: MemoryEstimate
+) -> tuple[tuple[DeviceMemory, ...], HostMemory]:
+    """The draft context's buffers added to each device it shares (split as the main model) and to RAM."""
+    if len(d.devices) != len(devices):
+        raise ConfigError(f"the draft model is split over {len(d.devices)} devices, the model over {len(devices)}")
+    out = tuple(
+        replace(m, draft_bytes=x.total_bytes, total_bytes=m.total_bytes + x.total_bytes)
+        for m, x in zip(devices, d.devices, strict=True)
+    )
+    return out, replace(host, draft_bytes=d.host.total_bytes, total_bytes=host.total_bytes + d.host.total_bytes)
 
 
 def _with_projector(
