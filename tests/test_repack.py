@@ -20,7 +20,6 @@ from kvadvise.planner.memory import RunConfig, estimate
 from kvadvise.planner.repack import cpu_isa
 from kvadvise.runtime.llamalog import parse
 
-pytestmark = pytest.mark.llama
 MIB = 1 << 20
 
 
@@ -39,6 +38,7 @@ def models(tmp_path_factory: pytest.TempPathFactory, gemma_path: Path) -> dict[s
     return {"mixtral": write_tiny_gguf(d / "mixtral.gguf", "mixtral", n_vocab=32000), "gemma-3-270m": gemma_path}
 
 
+@pytest.mark.llama
 @pytest.mark.parametrize("name", ["gemma-3-270m", "mixtral"])
 def test_cpu_repack_buffers_and_rss(name: str, models: dict[str, Path], real_llama_server: Path) -> None:
     isa = cpu_isa()
@@ -69,3 +69,26 @@ def test_cpu_repack_buffers_and_rss(name: str, models: dict[str, Path], real_lla
     grow = with_rss["RssAnon"] - runs[False][1]["RssAnon"]
     assert abs(grow / MIB - packed) <= max(4.0, 0.1 * packed), (name, grow / MIB, packed)
     assert with_rss["RssFile"] >= 0.9 * spec.weights_bytes, (name, with_rss)
+
+
+def test_repack_rules_by_cpu(tmp_path: Path) -> None:
+    """Which matrices each CPU repacks (repack.cpp ggml_repack_get_optimal_repack_type), on the tiny MoE:
+    q8_0 attention, q4_0 experts, a q8_0 token_embd (get_rows: never) and an f16 output."""
+    from kvadvise.model.gguf import read_file
+    from kvadvise.planner.repack import plan_repack
+
+    path = write_tiny_gguf(tmp_path / "mixtral.gguf", "mixtral", n_vocab=32000)
+    tensors = read_file(path).tensors
+    spec = kvadvise.load_model(str(path))
+    experts = [t for t in tensors if "_exps" in t.name]
+    attention = [t for t in tensors if ".attn_" in t.name and t.ggml_type.type_name == "q8_0"]
+    assert len(experts) == 6 and len(attention) == 8
+    x86 = plan_repack(spec, "avx2")  # q4_0 only: the experts (3-D, MUL_MAT_ID)
+    assert (x86.repack_bytes, x86.n_tensors) == (sum(t.n_bytes for t in experts), 6)
+    # the experts of the last block end the file: the mapped span loses them
+    last_kept = max(t.offset + t.n_bytes for t in tensors if t not in experts)
+    assert x86.mapped_bytes == last_kept - min(t.offset for t in tensors)
+    arm = plan_repack(spec, "arm-dotprod")  # and q8_0 matrices with rows % 4 == 0; never token_embd
+    assert arm.repack_bytes == sum(t.n_bytes for t in experts + attention) and arm.n_tensors == 14
+    assert plan_repack(spec, "none").repack_bytes == plan_repack(spec, "off").repack_bytes == 0
+    assert plan_repack(spec, "none").mapped_bytes == spec.weights_bytes
