@@ -6,6 +6,8 @@ llama.cpp 0c1e570, ggml/src/ggml-backend.cpp:
   default; llama-server --no-op-offload) and the device's offload_op, which for CUDA is a batch of at
   least 32 rows (ggml-cuda.cu get_op_batch_size / op_offload_min_batch_size, GGML_OP_OFFLOAD_MIN_BATCH)
   and for Metal a MUL_MAT / MUL_MAT_ID of such a batch; ggml-rpc has none.
+- ggml-org/llama.cpp#6083 moved this into the scheduler: the weights are copied into the compute buffer,
+  which grows markedly under partial offload.
 - ggml_backend_sched_split_graph: such a weight is an input of the GPU split and is copied into the
   GPU's compute buffer; a weight the GPU cannot read in place starts a new split ("by starting a new
   split, the memory of the previously offloaded weights can be reused"), so one copy is alive at a time.
