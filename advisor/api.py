@@ -6,6 +6,7 @@ Frozen dataclasses in and out; ``to_json`` gives exactly the document
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from kvadvise.model.ggml import GGMLType as GGMLType  # re-exported by advisor.__all__
@@ -67,6 +68,10 @@ def plan(
 ) -> Plan:
     """What the CLI computes: ``config`` with n_ctx set = estimate it; n_ctx None/0 with hardware = recommend."""
     cfg = config or RunConfig()
+    if cfg.cpu_repack == "auto":  # the CPU a CPU plan runs on: this machine's, as the CLI does
+        from kvadvise.planner.repack import cpu_isa
+
+        cfg = replace(cfg, cpu_repack=cpu_isa())
     return make_plan(
         spec,
         cfg,

@@ -87,6 +87,7 @@ def estimate_dict(
             "flash_attn": lay.flash_attn,
             "swa_full": lay.swa_full,
             "device": lay.device,
+            "cpu_repack": cfg.cpu_repack,
         },
         "memory": {
             "k_bytes": est.k_bytes,
@@ -101,6 +102,7 @@ def estimate_dict(
             "total_bytes": est.total_bytes,
             "device_bytes": est.device_bytes,
             "host_bytes": est.host_bytes,
+            "repack_bytes": est.repack_bytes,
             "devices": [
                 {
                     "name": d.name,
@@ -111,6 +113,8 @@ def estimate_dict(
                     "compute_bytes": d.compute_bytes,
                     "overhead_bytes": d.overhead_bytes,
                     "total_bytes": d.total_bytes,
+                    "projector_bytes": d.projector_bytes,
+                    "draft_bytes": d.draft_bytes,
                     "budget_bytes": device_budgets[i] if i < len(device_budgets) else None,
                 }
                 for i, d in enumerate(est.devices)
@@ -120,6 +124,34 @@ def estimate_dict(
                 "compute_bytes": est.host.compute_bytes,
                 "output_bytes": est.host.output_bytes,
                 "total_bytes": est.host.total_bytes,
+                "projector_bytes": est.host.projector_bytes,
+                "draft_bytes": est.host.draft_bytes,
+            },
+            "draft": None
+            if est.draft is None or cfg.draft is None
+            else {
+                "model": cfg.draft.name,
+                "source": cfg.draft.source,
+                "n_ctx": est.draft.layout.n_ctx,
+                "type_k": est.draft.layout.type_k.type_name,
+                "type_v": est.draft.layout.type_v.type_name,
+                "flash_attn": est.draft.layout.flash_attn,
+                "weights_bytes": est.draft.weights_bytes,
+                "kv_bytes": est.draft.kv_bytes,
+                "recurrent_bytes": est.draft.recurrent_bytes,
+                "compute_bytes": est.draft.compute_bytes,
+                "output_bytes": est.draft.output_bytes,
+                "total_bytes": est.draft.total_bytes,
+            },
+            "projector": None
+            if est.projector is None or cfg.mmproj is None
+            else {
+                "source": cfg.mmproj.source,
+                "projector_type": cfg.mmproj.projector_type,
+                "weights_bytes": est.projector.weights_bytes,
+                "compute_bytes": est.projector.compute_bytes,
+                "host_compute_bytes": est.projector.host_compute_bytes,
+                "compute_note": est.projector.compute_note,
             },
             "caches": [
                 {"kind": c.kind, "cells": c.cells, "n_layer": c.n_layers, "k_bytes": c.k_bytes, "v_bytes": c.v_bytes}
@@ -161,7 +193,8 @@ def estimate_text(spec: ModelSpec, cfg: RunConfig, est: MemoryEstimate) -> str:
     devs = est.devices if lay.device != "cpu" else ()
     # (label, total, per device, in system RAM, note); the device and host columns only for a GPU run
     rows: list[tuple[str, int, list[int | None], int, str] | None] = [
-        ("weights", est.weights_bytes, [d.weights_bytes for d in devs], host.weights_bytes, spec.file_type),
+        ("weights", est.weights_bytes, [d.weights_bytes for d in devs], host.weights_bytes, spec.file_type + (
+            f", of which {fmt_bytes(est.repack_bytes)} CPU_REPACK ({cfg.cpu_repack} layouts)" if est.repack_bytes else "")),
         ("K cache", est.k_bytes, [est.k_bytes if len(devs) == 1 else None for _ in devs], 0,
          cache_note + (" cells" if cache_note else "")),
         ("V cache", est.v_bytes, [est.v_bytes if len(devs) == 1 else None for _ in devs], 0,
@@ -171,6 +204,16 @@ def estimate_text(spec: ModelSpec, cfg: RunConfig, est: MemoryEstimate) -> str:
          f"{sum(spec.recurrent_layers)} layers" if spec.has_recurrent else ""),
         ("compute", est.compute_bytes, [d.compute_bytes for d in devs], host.compute_bytes, "estimate"),
         ("output", est.output_bytes, [0 for _ in devs], host.output_bytes, "logits"),
+        ("projector", sum(d.projector_bytes for d in est.devices) + host.projector_bytes,
+         [d.projector_bytes for d in devs], host.projector_bytes,
+         f"--mmproj {cfg.mmproj.projector_type}: weights {fmt_bytes(est.projector.weights_bytes)} + compute "
+         f"{fmt_bytes(est.projector.compute_bytes + est.projector.host_compute_bytes)} (estimate)")
+        if est.projector is not None and cfg.mmproj is not None else None,
+        ("draft", est.draft.total_bytes, [d.draft_bytes for d in devs], host.draft_bytes,
+         f"-md {cfg.draft.name}: weights {fmt_bytes(est.draft.weights_bytes)}, KV {fmt_bytes(est.draft.kv_bytes)} "
+         f"({cfg.type_k_draft.type_name}/{cfg.type_v_draft.type_name}), compute {fmt_bytes(est.draft.compute_bytes)}, "
+         f"output {fmt_bytes(est.draft.output_bytes)}")
+        if est.draft is not None and cfg.draft is not None else None,
         ("overhead", est.overhead_bytes, [d.overhead_bytes for d in devs], 0, lay.device),
         ("total", est.total_bytes, [d.total_bytes for d in devs], est.host_bytes, ""),
         ("layers", 0, [d.n_layers for d in devs], 0, "") if len(devs) > 1 else None,
@@ -283,6 +326,7 @@ def plan_dict(plan: Plan, requested_ctx: int | None = None) -> dict[str, Any]:
                 "n_cpu_layers": off.n_cpu_layers,
                 "n_cpu_moe": off.n_cpu_moe,
                 "device_bytes": off.device_bytes,
+                "op_offload_bytes": off.op_offload_bytes,
                 "host_bytes": off.host_bytes,
                 "decode_tokens_per_s": off.decode_tokens_per_s,
                 "note": off.note,

@@ -72,6 +72,8 @@ _NOT_WITH_DIR = {
     "allow_cpu": "--allow-cpu",
     "chart": "--chart",
     "chart_file": "--chart-file",
+    "mmproj": "--mmproj",
+    "model_draft": "--model-draft",
 }
 
 

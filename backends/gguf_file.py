@@ -44,6 +44,7 @@ class GGUFFileBackend:
     def register_commands(self, cli: click.Group, verify: click.Group) -> None:
         """``kvadvise gguf MODEL`` and ``kvadvise gguf DIR`` (kvadvise.plugins.CommandProvider)."""
         from kvadvise.backends.gguf_dir import with_folder_listing
+        from kvadvise.cli.options import DRAFT_OPTIONS, MMPROJ_OPTION
         from kvadvise.cli.plan import plan_command
 
         command = plan_command(
@@ -51,6 +52,7 @@ class GGUFFileBackend:
             "Memory for a GGUF model: a file, an https:// URL, hf://USER/REPO/FILE.gguf or USER/REPO:QUANT "
             "(header only).",
             self.load_spec,
+            options=(MMPROJ_OPTION, *DRAFT_OPTIONS),
         )
         cli.add_command(with_folder_listing(command, self.load_spec))  # `kvadvise gguf DIR` lists a folder
 

@@ -12,7 +12,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
@@ -30,21 +30,30 @@ def _kill(p: subprocess.Popen[str] | subprocess.Popen[bytes]) -> None:
 
 
 @contextmanager
-def devices(rpc_server: Path, n: int) -> Iterator[list[str]]:
-    """``n`` rpc-servers on loopback; yields their HOST:PORT endpoints."""
+def devices(rpc_server: Path, n: int, *, debug_logs: Path | None = None) -> Iterator[list[str]]:
+    """``n`` rpc-servers on loopback; yields their HOST:PORT endpoints. ``debug_logs``: a folder where
+    each writes ``rpc-N.log`` with GGML_RPC_DEBUG=1 (every buffer it allocates, with its size)."""
     procs: list[subprocess.Popen[bytes]] = []
     endpoints: list[str] = []
     try:
-        for _ in range(n):
+        for i in range(n):
             port = _free_port()
-            procs.append(
-                subprocess.Popen(
-                    [str(rpc_server), "-H", "127.0.0.1", "-p", str(port)],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                    start_new_session=True,
+            env, err = None, None
+            if debug_logs is not None:
+                env, err = {**os.environ, "GGML_RPC_DEBUG": "1"}, open(debug_logs / f"rpc-{i}.log", "wb")  # noqa: SIM115
+            try:
+                procs.append(
+                    subprocess.Popen(
+                        [str(rpc_server), "-H", "127.0.0.1", "-p", str(port)],
+                        stdout=subprocess.DEVNULL,
+                        stderr=err if err is not None else subprocess.DEVNULL,
+                        start_new_session=True,
+                        env=env,
+                    )
                 )
-            )
+            finally:
+                if err is not None:
+                    err.close()
             endpoints.append(f"127.0.0.1:{port}")
         deadline = time.monotonic() + 30
         for ep in endpoints:  # wait until each one accepts connections
@@ -64,10 +73,15 @@ def devices(rpc_server: Path, n: int) -> Iterator[list[str]]:
 
 
 def run_server(
-    llama_server: Path, model: Path, args: Sequence[str], endpoints: Sequence[str], timeout_s: float = 180
+    llama_server: Path,
+    model: Path,
+    args: Sequence[str],
+    endpoints: Sequence[str],
+    timeout_s: float = 180,
+    on_ready: Callable[[int], None] | None = None,
 ) -> str:
     """Start llama-server with the devices, read its log until it listens (every buffer is printed by
-    then), stop it; the log."""
+    then), stop it; the log. ``on_ready(pid)`` runs while it listens (e.g. to read its memory)."""
     cmd = [str(llama_server), "-m", str(model), "--host", "127.0.0.1", "--port", str(_free_port())]
     cmd += ["--fit", "off", "-lv", "4", *args]
     if endpoints:
@@ -80,6 +94,8 @@ def run_server(
         for line in p.stdout:
             lines.append(line)
             if "listening on" in line or time.monotonic() > deadline:
+                if on_ready is not None and "listening on" in line:
+                    on_ready(p.pid)
                 break
     finally:
         _kill(p)

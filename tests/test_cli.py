@@ -13,6 +13,7 @@ import pytest
 from kvadvise.backends.gguf_cache import load, read
 from kvadvise.cli import main
 from kvadvise.model.gguf import read_file
+from kvadvise.planner.repack import cpu_isa
 
 MIB = 1 << 20
 
@@ -63,6 +64,7 @@ def test_json_keys_and_numbers_for_gemma(gemma_path: Path, capsys: pytest.Captur
         "flash_attn": True,
         "swa_full": False,
         "device": "cpu",
+        "cpu_repack": cpu_isa(),  # this machine's CPU: a CPU plan adds its CPU_REPACK copies
     }
     mem = doc["memory"]
     # q8_0 row of 256 values = 8 blocks x 34 B = 272 B; 3 full layers x 10240 cells + 15 SWA layers x 1024 cells
@@ -70,7 +72,10 @@ def test_json_keys_and_numbers_for_gemma(gemma_path: Path, capsys: pytest.Captur
     assert mem["k_bytes"] == mem["v_bytes"] == k
     assert mem["kv_bytes"] == 2 * k
     assert mem["kv_bytes_per_token"] == 3 * 2 * 272  # only the full-attention layers grow with the context
-    assert mem["weights_bytes"] == 246_587_904  # the file's tensor data
+    # the file's tensor data, and the copies of its q4_K matrices (12.66 MiB) where the CPU repacks them
+    assert mem["weights_bytes"] - mem["repack_bytes"] == 246_587_904
+    if cpu_isa() in ("avx2", "avx512"):
+        assert mem["repack_bytes"] == 13_271_040
     assert mem["output_bytes"] == 262144 * 4
     assert mem["recurrent_bytes"] == mem["overhead_bytes"] == 0
     parts = ("weights_bytes", "kv_bytes", "recurrent_bytes", "compute_bytes", "output_bytes", "overhead_bytes")

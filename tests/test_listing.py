@@ -241,5 +241,8 @@ def test_gguf_folder_errors(tmp_path: Path, gemma_path: Path, capsys: pytest.Cap
     assert rc == 2 and "is a directory with no .gguf file" in err
     rc, _, err = run(capsys, "gguf", str(gemma_path), "--vram", "4GiB", "--sort", "size")
     assert rc == 2 and "--sort orders the listing of a folder" in err
+    for flag in ("--mmproj", "--model-draft"):  # a projector or a draft goes with one model
+        rc, _, err = run(capsys, "gguf", str(gemma_path.parent), flag, str(gemma_path))
+        assert rc == 2 and f"{flag} is for one model" in err
     rc, out, _ = run(capsys, "gguf", str(gemma_path), "--vram", "4GiB", "--json")
     assert rc == 0 and json.loads(out)["model"]["architecture"] == "gemma3"

@@ -179,3 +179,31 @@ def test_allow_cpu_plans_expert_offload_for_a_profile(
     assert (
         doc["decode_tokens_per_s"] is None and doc["decode_estimate"] is None
     )  # no speed for a plan that does not fit
+
+
+def test_projector_layer_is_planned_on_the_gpu(
+    tmp_path: Path, gemma_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A projector layer whose blob is an mmproj GGUF: planned as llama-server loads it (--mmproj, on the
+    first GPU: weights exact, compute estimated), with Ollama's raise of the fit target (ceil(mmproj / MiB)
+    beyond the 1 GiB margin); a blob that does not read as one keeps the fit-target stand-in."""
+    from tinymmproj import write_tiny_mmproj
+
+    mm = write_tiny_mmproj(tmp_path / "mmproj.gguf", n_embd_text=640, image_size=224, patch_size=14)
+    docs = {}
+    for label, blob in (("gguf", mm.read_bytes()), ("zeros", b"\0" * 4096)):
+        root = tmp_path / label
+        build_store(root, gemma_path, SHA, params=PARAMS, projector=blob)
+        monkeypatch.setenv("OLLAMA_MODELS", str(root))
+        rc, out, _ = run(capsys, "ollama", "gemma3-270m", "--gpu", "rtx-4090", "--ctx", "8192", "--json")
+        assert rc == 0
+        docs[label] = json.loads(out)
+    planned, stand_in = docs["gguf"], docs["zeros"]
+    p = planned["memory"]["projector"]
+    assert p is not None and p["projector_type"] == "gemma3" and "estimate" in p["compute_note"]
+    assert planned["memory"]["devices"][0]["projector_bytes"] == p["weights_bytes"] + p["compute_bytes"] > 0
+    mib = 1 << 20
+    size = mm.stat().st_size
+    assert planned["budget"]["margin_bytes"] == 1024 * mib + -(-size // mib) * mib
+    assert stand_in["memory"]["projector"] is None
+    assert stand_in["budget"]["margin_bytes"] == 1024 * mib + -(-(4096 + 1024 * mib) // mib) * mib

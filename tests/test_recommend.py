@@ -195,8 +195,14 @@ def test_allow_cpu_moves_dense_layers(gemma_path: Path) -> None:
     assert off is not None and off.n_cpu_moe == 0 and off.n_cpu_layers > 0
     kv = layer_kv_bytes(spec, resolve(spec, cfg))
     moved = sum(spec.layer_bytes[il] + kv[il][0] + kv[il][1] for il in range(off.n_cpu_layers))
-    assert moved >= 10 * MIB > moved - (spec.layer_bytes[off.n_cpu_layers - 1] + sum(kv[off.n_cpu_layers - 1]))
-    assert off.device_bytes == full.device_bytes - moved <= budget.budget_bytes
+    # op offload: the GPU compute buffer holds a copy of the largest weight of the CPU's blocks
+    copy = max(spec.layer_largest_tensor_bytes[: off.n_cpu_layers])
+    assert off.op_offload_bytes == copy > 0
+    last = spec.layer_bytes[off.n_cpu_layers - 1] + sum(kv[off.n_cpu_layers - 1])
+    assert moved >= 10 * MIB + copy and moved - last < 10 * MIB + max(
+        spec.layer_largest_tensor_bytes[: off.n_cpu_layers - 1] or [0]
+    )
+    assert off.device_bytes == full.device_bytes - moved + copy <= budget.budget_bytes
     assert off.n_gpu_layers == spec.n_layer + 1 - off.n_cpu_layers  # -ngl counts the output layer
     assert any(r.startswith("--allow-cpu:") for r in rec.reasons)
     assert recommend(spec, RunConfig(), budget, Policy(target_ctx=32768, repeatable=True)).offload is None
@@ -223,7 +229,9 @@ def test_allow_cpu_moves_moe_experts_first(tmp_path: Path) -> None:
     )
     assert rec.offload is not None
     assert (rec.offload.n_cpu_moe, rec.offload.n_cpu_layers) == (1, 0)
-    assert rec.offload.device_bytes == full.device_bytes - per_layer
+    # plus op offload's copy of the largest CPU-resident weight (block 0's largest tensor: an expert tensor)
+    assert rec.offload.op_offload_bytes == spec.layer_largest_tensor_bytes[0] > 0
+    assert rec.offload.device_bytes == full.device_bytes - per_layer + spec.layer_largest_tensor_bytes[0]
 
 
 def _bisect_reference(spec: ModelSpec, base: RunConfig, kv: tuple[GGMLType, GGMLType], fa: bool, budget) -> int:  # type: ignore[no-untyped-def]

@@ -81,7 +81,8 @@ def test_gemma_plan_by_url_matches_the_local_plan(
     assert remote["model"].pop("source") == url
     local["model"].pop("source")
     assert remote == local
-    assert remote["memory"]["weights_bytes"] == 246_587_904
+    # the file's tensor data (and, on a CPU plan, the CPU_REPACK copies this machine's CPU makes)
+    assert remote["memory"]["weights_bytes"] - remote["memory"]["repack_bytes"] == 246_587_904
 
 
 # -- the cache -----------------------------------------------------------------------

@@ -236,6 +236,8 @@ def test_real_llama_server_kv_exact_compute_close(
     printed = MIB // 200 + 1
     assert abs(e["kv_bytes"]) <= 2 * printed and abs(e["k_bytes"]) <= 2 * printed and abs(e["v_bytes"]) <= 2 * printed
     assert e["recurrent_bytes"] == 0 and abs(e["output_bytes"]) <= printed
+    # weights: the mapped file span and, on a CPU with repacked layouts, the CPU_REPACK copies (Gemma's q4_K)
+    assert abs(e["weights_bytes"]) <= 2 * printed
     # llama-server reserves logits for one output per slot, not the whole batch: ~23 MiB, not ~515
     rel, absolute = COMPUTE_TOLERANCE
     assert m["compute_bytes"] < 64 * MIB
@@ -245,7 +247,7 @@ def test_real_llama_server_kv_exact_compute_close(
     rc, doc2, err = verify(capsys, *args)
     assert rc == 0, err
     assert doc2 is not None and isinstance(doc2["measured"], dict)
-    for key in ("kv_bytes", "k_bytes", "v_bytes", "compute_bytes", "output_bytes"):
+    for key in ("kv_bytes", "k_bytes", "v_bytes", "compute_bytes", "output_bytes", "weights_bytes"):
         assert doc2["measured"][key] == m[key], key
 
 

@@ -103,6 +103,11 @@ class PlanOptions:
     headless: bool = False
     tensor_split: tuple[float, ...] = ()
     rpc: tuple[str, ...] = ()
+    no_repack: bool = False
+    mmproj: str | None = None
+    model_draft: str | None = None
+    type_k_draft: str = "f16"
+    type_v_draft: str = "f16"
 
     @classmethod
     def take(cls, kwargs: dict[str, Any]) -> PlanOptions:
@@ -110,7 +115,7 @@ class PlanOptions:
         A command without --gpu/--vram (verify: it measures this machine) gets None for them."""
         from dataclasses import MISSING, fields
 
-        absent: dict[str, Any] = {"gpu": None, "vram_bytes": None, "bandwidth_gbs": None}
+        absent: dict[str, Any] = {"gpu": None, "vram_bytes": None, "bandwidth_gbs": None}  # and defaults
         values: dict[str, Any] = {}
         for f in fields(cls):
             if f.name in kwargs:
@@ -146,6 +151,54 @@ USE_OPTION = click.option(
     default=None,
     help="Aim for a use case: chat 8k, code 32k, agent 64k, long = the model's maximum.",
 )
+
+
+MMPROJ_OPTION = click.option(
+    "--mmproj",
+    "mmproj",
+    metavar="FILE",
+    default=None,
+    help="A multimodal projector (mmproj GGUF) llama-server loads beside the model (llama.cpp --mmproj): "
+    "its weights and compute buffer on the first device.",
+)
+
+
+DRAFT_OPTIONS = (
+    click.option(
+        "--model-draft",
+        "-md",
+        "model_draft",
+        metavar="MODEL",
+        default=None,
+        help="A draft model for speculative decoding (llama.cpp -md): its own context, as large as the model's, "
+        "on the same devices.",
+    ),
+    click.option(
+        "--cache-type-k-draft",
+        "-ctkd",
+        "type_k_draft",
+        type=click.Choice(KV_TYPES),
+        default="f16",
+        show_default=True,
+        help="The draft model's K cache type (llama.cpp -ctkd).",
+    ),
+    click.option(
+        "--cache-type-v-draft",
+        "-ctvd",
+        "type_v_draft",
+        type=click.Choice(KV_TYPES),
+        default="f16",
+        show_default=True,
+        help="The draft model's V cache type (llama.cpp -ctvd).",
+    ),
+)
+
+
+def draft_options(f: F) -> F:
+    """-md, -ctkd, -ctvd: a draft model for speculative decoding."""
+    for opt in reversed(DRAFT_OPTIONS):
+        f = opt(f)
+    return f
 
 
 def run_options(f: F) -> F:
@@ -242,6 +295,13 @@ def _options(*, planned_hardware: bool) -> list[Callable[[F], F]]:
             default="auto",
             show_default=True,
             help="Where the layers go: auto = the GPU when there is one (or --gpu/--vram), else the CPU.",
+        ),
+        click.option(
+            "--no-repack",
+            "-nr",
+            "no_repack",
+            is_flag=True,
+            help="The CPU's weights are not repacked (llama.cpp -nr): no CPU_REPACK copies on a CPU plan.",
         ),
         *_hardware_options(planned_hardware),
         MARGIN_OPTION,

@@ -14,6 +14,7 @@ from kvadvise.cli.options import PlanOptions
 from kvadvise.errors import EXIT_NO_FIT
 
 if TYPE_CHECKING:
+    from kvadvise.model.projector import ProjectorSpec
     from kvadvise.model.spec import ModelSpec
     from kvadvise.planner.hardware import Hardware
     from kvadvise.planner.planning import MeasuredOverhead, Plan
@@ -47,10 +48,12 @@ def build_plan(
     extra_margin_bytes: int = 0,
     weights_uncertain: bool = False,
     hardware: Hardware | None = None,
+    draft: ModelSpec | None = None,
 ) -> Plan:
     """The plan for ``spec`` under the flags ``o``; a calibration of this machine's GPU is read here
     and passed in, so planning itself stays pure. ``weights_uncertain``: the weights size is a
-    published figure (a built-in profile), so the recommender keeps 3 % of it free."""
+    published figure (a built-in profile), so the recommender keeps 3 % of it free. ``draft``: the
+    draft model of ``--model-draft``, loaded by the command's backend."""
     from kvadvise.model.ggml import cache_type
     from kvadvise.planner.memory import RunConfig
     from kvadvise.planner.planning import HardwareRequest, hardware_for, make_plan
@@ -97,6 +100,11 @@ def build_plan(
         runtime=o.runtime,
         n_outputs_max=o.n_outputs_max,
         tensor_split=o.tensor_split or (),
+        cpu_repack=_cpu_repack(o),
+        mmproj=_projector(o.mmproj),
+        draft=draft,
+        type_k_draft=cache_type(o.type_k_draft),
+        type_v_draft=cache_type(o.type_v_draft),
     )
     return make_plan(
         spec,
@@ -108,6 +116,26 @@ def build_plan(
         measured_overhead=measured,
         notes=notes,
     )
+
+
+def _projector(path: str | None) -> ProjectorSpec | None:
+    """--mmproj FILE: the projector's header (a local file, as llama-server's --mmproj takes it)."""
+    if path is None:
+        return None
+    from kvadvise.model.gguf import read_file
+    from kvadvise.model.projector import projector_from_gguf
+
+    return projector_from_gguf(read_file(path))
+
+
+def _cpu_repack(o: PlanOptions) -> str:
+    """The CPU_REPACK rule of a CPU plan: this machine's CPU (kvadvise.planner.repack; --no-hardware
+    leaves the GPUs alone, not the CPU a CPU plan runs on), "off" with --no-repack."""
+    if o.no_repack:
+        return "off"
+    from kvadvise.planner.repack import cpu_isa
+
+    return cpu_isa()
 
 
 def _calibration(gpu_name: str | None) -> tuple[MeasuredOverhead | None, tuple[str, ...]]:
@@ -182,9 +210,17 @@ def exit_if_no_fit(plan: Plan) -> None:
         raise click.exceptions.Exit(EXIT_NO_FIT)  # the output says why; the exit code says "does not fit"
 
 
-def plan_command(name: str, help_text: str, load: Callable[[str], ModelSpec]) -> click.Command:
+def plan_command(
+    name: str,
+    help_text: str,
+    load: Callable[[str], ModelSpec],
+    *,
+    options: tuple[Callable[[Callable[..., None]], Callable[..., None]], ...] = (),
+) -> click.Command:
     """``kvadvise NAME MODEL [flags]``: plan a model a backend resolves. The generic command of every
-    backend that brings none of its own (a third-party plugin gets exactly this)."""
+    backend that brings none of its own (a third-party plugin gets exactly this). ``options``: more
+    shared options the command takes (kvadvise.cli.options.MMPROJ_OPTION, DRAFT_OPTIONS: a draft
+    model is loaded with ``load`` too)."""
     from kvadvise.cli.options import run_options
 
     @click.command(name=name, help=help_text)
@@ -192,8 +228,10 @@ def plan_command(name: str, help_text: str, load: Callable[[str], ModelSpec]) ->
     @run_options
     def command(ref: str, **kwargs: object) -> None:
         o = PlanOptions.take(kwargs)
-        plan = build_plan(load(ref), o)
+        plan = build_plan(load(ref), o, draft=load(o.model_draft) if o.model_draft else None)
         show_plan(plan, o, requested_ctx=o.n_ctx)
         exit_if_no_fit(plan)
 
+    for option in options:
+        command = option(command)  # type: ignore[assignment]
     return command

@@ -15,11 +15,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kvadvise.errors import GGUFError
-from kvadvise.model.ggml import cuda_alloc_bytes
-from kvadvise.model.gguf import GGUFArray, GGUFHeader, Value
+from kvadvise.model.ggml import GGMLType, cuda_alloc_bytes
+from kvadvise.model.gguf import GGUFArray, GGUFHeader, TensorInfo, Value
 from kvadvise.model.keys import LLM, SSM, WKV, Attention, General, ShortConv, Tokenizer, key
 from kvadvise.model.quants import file_type_label
-from kvadvise.model.spec import SWA_CHUNKED, SWA_NONE, SWA_STANDARD, ModelSpec
+from kvadvise.model.spec import SWA_CHUNKED, SWA_NONE, SWA_STANDARD, MatmulWeight, ModelSpec
 
 # llama.cpp's LLM_FFN_EXPS_REGEX (common/common.h), plus gate_up: routed experts
 _EXPERT_TENSOR = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch|)exps")
@@ -219,6 +219,49 @@ def _n_vocab(header: GGUFHeader, k: _Keys) -> int:
     return 0
 
 
+# Types the CPU backend has a repacked layout for (ggml/src/ggml-cpu/repack.cpp,
+# ggml_repack_get_optimal_repack_type, llama.cpp 0c1e570); which of them a CPU uses: kvadvise.planner.repack
+_REPACK_TYPES = frozenset(
+    t.type_name
+    for t in (
+        GGMLType.Q1_0, GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
+        GGMLType.Q2_K, GGMLType.IQ4_NL, GGMLType.MXFP4, GGMLType.Q8_0,
+    )
+)  # fmt: skip
+# 2-D weights that are read by GET_ROWS or another op, never by a matmul (src/llama-arch.cpp LLM_TENSOR_INFOS)
+_NOT_MATMUL = re.compile(r"^(token_embd|per_layer_token_embd|pos_embd|token_types|enc\.token_embd)\.|conv1d|_norm\.")
+
+
+def _matmul_weights(loaded: list[TensorInfo]) -> tuple[tuple[MatmulWeight, ...], tuple[int, int]]:
+    """The repackable matmul weights (llama_model_loader::create_tensor picks each tensor's buffer type by
+    its op: MUL_MAT on a 2-D weight, MUL_MAT_ID on 3-D experts) and the span of every other tensor."""
+    out: list[MatmulWeight] = []
+    first, last = -1, 0
+    for t in loaded:
+        dims = _n_dims(t.shape)
+        is_expert = bool(_EXPERT_TENSOR.search(t.name))
+        if (
+            t.ggml_type.type_name in _REPACK_TYPES
+            and t.name.endswith(".weight")
+            and not _NOT_MATMUL.search(t.name)
+            and dims == (3 if is_expert else 2)
+        ):
+            m = _BLOCK_TENSOR.match(t.name)
+            out.append(MatmulWeight(t.ggml_type.type_name, t.shape[1], t.n_bytes, t.offset, int(m[1]) if m else -1))
+        else:
+            first = t.offset if first < 0 else min(first, t.offset)
+            last = max(last, t.offset + t.n_bytes)
+    return tuple(out), ((first, last) if first >= 0 else (0, 0))
+
+
+def _n_dims(shape: tuple[int, ...]) -> int:
+    """ggml_n_dims: trailing dimensions of 1 do not count."""
+    n = len(shape)
+    while n > 1 and shape[n - 1] == 1:
+        n -= 1
+    return n
+
+
 def from_gguf(header: GGUFHeader) -> ModelSpec:
     arch = header.architecture
     k = _Keys(header, arch)
@@ -280,9 +323,13 @@ def from_gguf(header: GGUFHeader) -> ModelSpec:
                 layer_bytes[il] += t.n_bytes
     cuda_pad = sum(cuda_alloc_bytes(t.ggml_type, t.shape[0], t.n_bytes) - t.n_bytes for t in loaded)
     layer_pad = [0] * n_layer_all
+    layer_largest = [0] * n_layer_all
     for t in loaded:
         if (m := _BLOCK_TENSOR.match(t.name)) and int(m[1]) < n_layer_all:
-            layer_pad[int(m[1])] += cuda_alloc_bytes(t.ggml_type, t.shape[0], t.n_bytes) - t.n_bytes
+            alloc = cuda_alloc_bytes(t.ggml_type, t.shape[0], t.n_bytes)
+            layer_pad[int(m[1])] += alloc - t.n_bytes
+            layer_largest[int(m[1])] = max(layer_largest[int(m[1])], alloc)
+    matmul_weights, fixed_span = _matmul_weights(loaded)
     type_bytes: Counter[str] = Counter()
     for t in header.tensors:
         if len(t.shape) >= 2:
@@ -335,4 +382,7 @@ def from_gguf(header: GGUFHeader) -> ModelSpec:
         layer_bytes=tuple(layer_bytes),
         cuda_pad_bytes=cuda_pad,
         layer_cuda_pad_bytes=tuple(layer_pad),
+        matmul_weights=matmul_weights,
+        layer_largest_tensor_bytes=tuple(layer_largest),
+        fixed_span=fixed_span,
     )

@@ -16,6 +16,18 @@ SWA_SYMMETRIC = "symmetric"
 
 
 @dataclass(frozen=True, slots=True)
+class MatmulWeight:
+    """A quantized weight matrix a matmul reads (``MUL_MAT``, 2-D, or ``MUL_MAT_ID``, 3-D experts): what
+    the CPU backend may repack into its CPU_REPACK buffer (ggml/src/ggml-cpu/repack.cpp)."""
+
+    type_name: str  # ggml_type_name, e.g. q4_k
+    ne1: int  # rows (ne[1]): the repack layouts need a multiple of 4 or 8
+    n_bytes: int  # ggml_nbytes
+    offset: int  # in the file's data section
+    block: int  # blk.N; -1 for the output layer
+
+
+@dataclass(frozen=True, slots=True)
 class ModelSpec:
     """What the memory model needs to know of a model, from any source (GGUF, config.json, profile)."""
 
@@ -54,6 +66,13 @@ class ModelSpec:
     layer_bytes: tuple[int, ...] = ()  # weights of each block (blk.N.*), for partial offload
     cuda_pad_bytes: int = 0  # extra bytes CUDA buffers add (128-byte alignment, quantized rows padded to 512)
     layer_cuda_pad_bytes: tuple[int, ...] = ()  # that padding per block, for a split over several devices
+    # the quantized matmul weights of the types some CPU repacks (kvadvise.planner.repack), and the file
+    # span [first, last) of every other loaded tensor: what stays mapped whatever is repacked
+    matmul_weights: tuple[MatmulWeight, ...] = ()
+    # the largest tensor of each block as a CUDA buffer sizes it: what op offload copies to the GPU for a
+    # block kept on the CPU (kvadvise.planner.opoffload); () when unknown
+    layer_largest_tensor_bytes: tuple[int, ...] = ()
+    fixed_span: tuple[int, int] = (0, 0)
 
     @property
     def n_layer(self) -> int:

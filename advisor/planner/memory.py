@@ -15,11 +15,15 @@ from __future__ import annotations
 
 import bisect
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvadvise.errors import ConfigError
 from kvadvise.model.ggml import ALIGNMENT, BLOCK, GGMLType, cuda_alloc_bytes, is_quantized, pad, row_bytes
+from kvadvise.model.projector import ProjectorSpec
 from kvadvise.model.spec import ModelSpec
+from kvadvise.planner.projector import ProjectorMemory, projector_memory
+from kvadvise.planner.repack import RULES as REPACK_RULES
+from kvadvise.planner.repack import plan_repack
 
 MIB = 1 << 20
 CTX_PAD = 256  # GGML_PAD(n_ctx, 256), "ref: PR 17046"
@@ -73,6 +77,18 @@ class RunConfig:
     tensor_split: tuple[float, ...] = ()
     device_names: tuple[str, ...] = ()  # as llama.cpp prints them (CUDA0, RPC0[host:port]); () = numbered
     rpc_servers: tuple[str, ...] = ()  # llama-server --rpc HOST:PORT,...: the RPC hosts the devices are
+    # the CPU's repack rule (kvadvise.planner.repack.RULES) for the weights a CPU plan keeps on the CPU;
+    # "auto" = this machine's CPU, resolved by kvadvise.plan and the CLI (estimate() alone looks at no
+    # hardware: no CPU_REPACK buffer); "off" = llama-server --no-repack; "none" = no repacked layout
+    cpu_repack: str = "auto"
+    # llama-server --mmproj FILE: a multimodal projector loaded beside the model, on the first device
+    # (kvadvise.planner.projector)
+    mmproj: ProjectorSpec | None = None
+    # llama-server -md FILE: a draft model for speculative decoding, a second context on the same devices
+    # (see draft_config); -ctkd / -ctvd: its cache types (common/arg.cpp, default f16)
+    draft: ModelSpec | None = None
+    type_k_draft: GGMLType = GGMLType.F16
+    type_v_draft: GGMLType = GGMLType.F16
 
     def __post_init__(self) -> None:
         # llama.cpp reads -c, -np, -b, -ub as int32 (common/arg.cpp std::stoi); a larger number would be
@@ -137,6 +153,8 @@ class DeviceMemory:
     compute_bytes: int
     overhead_bytes: int
     total_bytes: int
+    projector_bytes: int = 0  # --mmproj: the projector's weights and compute buffer (in total_bytes)
+    draft_bytes: int = 0  # -md: the draft context's buffers on this device (in total_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +166,8 @@ class HostMemory:
     compute_bytes: int
     output_bytes: int
     total_bytes: int
+    projector_bytes: int = 0  # --mmproj: the CPU compute buffer of its graph input (in total_bytes)
+    draft_bytes: int = 0  # -md: the draft context's host buffers (in total_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +190,9 @@ class MemoryEstimate:
     host_bytes: int  # what stays in system RAM besides (cuda: token_embd, inputs, logits); 0 on cpu
     devices: tuple[DeviceMemory, ...] = ()  # per device that holds layers (their sums are device_bytes)
     host: HostMemory = HostMemory(0, 0, 0, 0)
+    repack_bytes: int = 0  # of weights_bytes: the CPU_REPACK buffer (kvadvise.planner.repack)
+    projector: ProjectorMemory | None = None  # --mmproj (in the totals of the first device and the host)
+    draft: MemoryEstimate | None = None  # -md: the draft model's own context (in the devices' and host totals)
 
 
 def resolve(spec: ModelSpec, cfg: RunConfig) -> ContextLayout:
@@ -184,6 +207,8 @@ def resolve(spec: ModelSpec, cfg: RunConfig) -> ContextLayout:
         raise ConfigError(f"runtime must be one of {', '.join(RUNTIMES)}, got {cfg.runtime!r}")
     if cfg.device not in DEVICES:
         raise ConfigError(f"device must be one of {', '.join(DEVICES)}, got {cfg.device!r}")
+    if cfg.cpu_repack not in REPACK_RULES:
+        raise ConfigError(f"cpu_repack must be one of {', '.join(REPACK_RULES)}, got {cfg.cpu_repack!r}")
     n_seq_max = cfg.n_parallel
     n_ctx = cfg.n_ctx or spec.n_ctx_train
     if n_ctx <= 0:
@@ -487,15 +512,28 @@ def estimate(spec: ModelSpec, cfg: RunConfig) -> MemoryEstimate:
     rs = recurrent_bytes(spec, lay)
     out = output_bytes(spec, lay)
     overhead = cfg.overhead_bytes if cfg.overhead_bytes is not None else OVERHEAD_BYTES[lay.device]
+    repack = 0
     if lay.device == "cpu":
         compute = compute_bytes(spec, lay)
-        total = spec.weights_bytes + k + v + rs + compute + out + overhead
+        cpu_weights = spec.weights_bytes
+        if REPACK_RULES[cfg.cpu_repack]:  # the mapped span left beside the CPU_REPACK copies, and those copies
+            r = plan_repack(spec, cfg.cpu_repack)
+            cpu_weights, repack = r.mapped_bytes + r.repack_bytes, r.repack_bytes
+        total = cpu_weights + k + v + rs + compute + out + overhead
         devices: tuple[DeviceMemory, ...] = (
-            DeviceMemory("CPU", spec.n_layer + 1, spec.weights_bytes, k + v, rs, compute, overhead, total),
+            DeviceMemory("CPU", spec.n_layer + 1, cpu_weights, k + v, rs, compute, overhead, total),
         )
         host = HostMemory(0, 0, 0, 0)
     else:
         devices, host = _offloaded(spec, cfg, lay, per_layer, rs, out, overhead)
+    proj = None
+    if cfg.mmproj is not None:
+        proj = projector_memory(cfg.mmproj, lay.device, flash_attn=lay.flash_attn)
+        devices, host = _with_projector(devices, host, proj)
+    draft = None
+    if cfg.draft is not None:
+        draft = estimate(cfg.draft, draft_config(cfg, lay))
+        devices, host = _with_draft(devices, host, draft)
     device_total = sum(d.total_bytes for d in devices)
     return MemoryEstimate(
         layout=lay,
@@ -514,7 +552,52 @@ def estimate(spec: ModelSpec, cfg: RunConfig) -> MemoryEstimate:
         host_bytes=host.total_bytes,
         devices=devices,
         host=host,
+        repack_bytes=repack,
+        projector=proj,
+        draft=draft,
     )
+
+
+def draft_config(cfg: RunConfig, lay: ContextLayout) -> RunConfig:
+    """The draft model's context as llama-server creates it (common/speculative.cpp,
+    common_base_params_to_speculative and common_speculative_init_result, llama.cpp 0c1e570): the main
+    parameters (batch, ubatch, slots, unified cache, flash attention, --swa-full, devices and -ts) with
+    the draft's cache types (-ctkd/-ctvd), n_outputs_max = the slots, and n_ctx = the main context's
+    resolved size (llama_n_ctx(ctx_tgt)); no projector, no second draft; the same process, so no
+    second per-device overhead."""
+    return replace(
+        cfg,
+        n_ctx=lay.n_ctx,
+        type_k=cfg.type_k_draft,
+        type_v=cfg.type_v_draft,
+        n_outputs_max=cfg.n_parallel,
+        mmproj=None,
+        draft=None,
+        overhead_bytes=0,
+    )
+
+
+def _with_draft(
+    devices: tuple[DeviceMemory, ...], host: HostMemory, d: MemoryEstimate
+) -> tuple[tuple[DeviceMemory, ...], HostMemory]:
+    """The draft context's buffers added to each device it shares (split as the main model) and to RAM."""
+    if len(d.devices) != len(devices):
+        raise ConfigError(f"the draft model is split over {len(d.devices)} devices, the model over {len(devices)}")
+    out = tuple(
+        replace(m, draft_bytes=x.total_bytes, total_bytes=m.total_bytes + x.total_bytes)
+        for m, x in zip(devices, d.devices, strict=True)
+    )
+    return out, replace(host, draft_bytes=d.host.total_bytes, total_bytes=host.total_bytes + d.host.total_bytes)
+
+
+def _with_projector(
+    devices: tuple[DeviceMemory, ...], host: HostMemory, p: ProjectorMemory
+) -> tuple[tuple[DeviceMemory, ...], HostMemory]:
+    """The projector on the first device (its weights and compute buffer), its input buffer in RAM."""
+    on_device = p.weights_bytes + p.compute_bytes
+    first = replace(devices[0], projector_bytes=on_device, total_bytes=devices[0].total_bytes + on_device)
+    host = replace(host, projector_bytes=p.host_compute_bytes, total_bytes=host.total_bytes + p.host_compute_bytes)
+    return (first, *devices[1:]), host
 
 
 def _offloaded(

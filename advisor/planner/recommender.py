@@ -174,6 +174,9 @@ class Offload:
     host_bytes: int
     decode_tokens_per_s: float | None
     note: str
+    # of device_bytes: the GPU compute buffer's copy of the largest CPU-resident weight (op offload,
+    # kvadvise.planner.opoffload); None when the model's tensor sizes are unknown
+    op_offload_bytes: int | None = 0
 
 
 def partial_offload(
@@ -183,10 +186,11 @@ def partial_offload(
 
     MoE models move experts first (what llama.cpp's --fit does: attention stays
     on the GPU); dense models move whole layers, with their KV, from the front.
-    Approximate: llama.cpp also copies CPU weights through the GPU compute
-    buffer for large batches (op_offload).
+    The GPU's compute buffer also holds a copy of the largest weight left on the CPU, for prompt
+    batches (op offload, kvadvise.planner.opoffload): enough is moved to pay for it too.
     """
     from kvadvise.planner.memory import layer_kv_bytes, resolve
+    from kvadvise.planner.opoffload import op_offload_bytes
 
     if budget.device == "cpu" or not any(spec.layer_bytes):
         return None
@@ -196,24 +200,32 @@ def partial_offload(
     if excess <= 0:
         return None
     n_layer = spec.n_layer
+    ub = resolve(spec, cfg).n_ubatch
+
+    def copy_bytes(n_blocks: int) -> int:  # the op-offload copy for the first n_blocks on the CPU
+        return op_offload_bytes(spec, range(n_blocks), budget.device, ub) or 0
+
     moved = 0
     n_cpu_moe = n_cpu = 0
     if spec.n_expert and spec.expert_bytes:
         per_layer = spec.expert_bytes // max(1, n_layer)
         n_cpu_moe = -(-excess // per_layer) if per_layer else n_layer + 1
+        while per_layer and n_cpu_moe <= n_layer and n_cpu_moe * per_layer < excess + copy_bytes(n_cpu_moe):
+            n_cpu_moe += 1
         moved = n_cpu_moe * per_layer
         if n_cpu_moe > n_layer:
             n_cpu_moe, moved = 0, 0
     if not n_cpu_moe:
         kv_l = layer_kv_bytes(spec, resolve(spec, cfg))
         for il in range(n_layer):
-            if moved >= excess:
+            if n_cpu and moved >= excess + copy_bytes(n_cpu):
                 break
             moved += spec.layer_bytes[il] + kv_l[il][0] + kv_l[il][1]
             n_cpu += 1
-        if moved < excess:
+        if moved < excess + copy_bytes(n_cpu):
             return None  # even with every layer on the CPU the rest does not fit
-    device = full.device_bytes - moved
+    op_copy = op_offload_bytes(spec, range(n_cpu_moe or n_cpu), budget.device, ub)
+    device = full.device_bytes - moved + (op_copy or 0)
     host = full.host_bytes + moved
     tps = None
     if budget.bandwidth_bytes_per_s:
@@ -229,7 +241,14 @@ def partial_offload(
         f"to run {n_ctx_seq:,} tokens with {kv[0].type_name}/{kv[1].type_name}: keep {what} ({moved / GIB:.2f} GiB) "
         f"on the CPU; speed assumes {CPU_BANDWIDTH_BYTES_PER_S / 1e9:.0f} GB/s system memory"
     )
-    return Offload(n_ctx_seq, kv[0], kv[1], n_layer + 1 - n_cpu, n_cpu, n_cpu_moe, device, host, tps, note)
+    if op_copy:
+        note += (
+            f"; the GPU compute buffer grows by {op_copy / MIB:,.1f} MiB (estimate): prompt batches copy the "
+            "largest CPU-resident weight to the GPU (op offload; --no-op-offload avoids it, prompts slower)"
+        )
+    elif op_copy is None:
+        note += "; op offload's copy of a CPU weight in the GPU compute buffer is not counted (tensor sizes unknown)"
+    return Offload(n_ctx_seq, kv[0], kv[1], n_layer + 1 - n_cpu, n_cpu, n_cpu_moe, device, host, tps, note, op_copy)
 
 
 def load_use_cases() -> dict[str, int]:

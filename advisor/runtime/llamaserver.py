@@ -10,6 +10,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
+from kvadvise.model.ggml import GGMLType
 from kvadvise.planner.memory import RunConfig
 
 ALL_LAYERS = 999  # -ngl 999: every layer and the output layer on the GPU (works on every build)
@@ -58,6 +59,19 @@ def server_args(
         out.append(("--rpc", "LLAMA_ARG_RPC", ",".join(cfg.rpc_servers)))
     if len(cfg.tensor_split) > 1:  # -sm layer's shares, as planned (llama_model::load_tensors)
         out.append(("-ts", "LLAMA_ARG_TENSOR_SPLIT", ",".join(f"{x:g}" for x in cfg.tensor_split)))
+    if cfg.mmproj is not None:  # common/arg.cpp -mm/--mmproj: the projector loads on the first device
+        out.append(("--mmproj", "LLAMA_ARG_MMPROJ", cfg.mmproj.source))
+    if cfg.draft is not None:  # common/arg.cpp -md, -ngld, -ctkd, -ctvd: the draft's own context
+        out.append(("-md", "LLAMA_ARG_SPEC_DRAFT_MODEL", cfg.draft.source))
+        out.append(
+            ("-ngld", "LLAMA_ARG_N_GPU_LAYERS_DRAFT", str(ALL_LAYERS if cfg.device not in ("cpu", "auto") else 0))
+        )
+        if cfg.type_k_draft != GGMLType.F16:
+            out.append(("-ctkd", "LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_K", cfg.type_k_draft.type_name))
+        if cfg.type_v_draft != GGMLType.F16:
+            out.append(("-ctvd", "LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_V", cfg.type_v_draft.type_name))
+    if cfg.cpu_repack == "off" and cfg.device == "cpu":  # common/arg.cpp --no-repack (params.no_extra_bufts)
+        out.append(("--no-repack", "LLAMA_ARG_NO_REPACK", None))  # LLAMA_ARG_NO_*: the negative form
     if cfg.kv_unified:
         out.append(("-kvu", "LLAMA_ARG_KV_UNIFIED", None))
     if cfg.swa_full:

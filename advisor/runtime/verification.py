@@ -142,10 +142,11 @@ def compare(plan: Plan, m: Measurement) -> Verification:
     else:
         fits = True
         verdict = "ran on the CPU: the result covers CPU buffers only (no GPU in this run)"
-    if m.repack_bytes:
+    if m.repack_bytes or est.repack_bytes:
         reasons.append(
-            f"weights include {m.repack_bytes / MIB:,.2f} MiB of CPU_REPACK: llama.cpp's repacked copies of some "
-            "quantized matrices for faster CPU matmuls (not predicted; CPU runs only)"
+            f"weights include {m.repack_bytes / MIB:,.2f} MiB of CPU_REPACK (predicted {est.repack_bytes / MIB:,.2f} "
+            f"MiB, {plan.config.cpu_repack} layouts): llama.cpp's repacked copies of some quantized matrices for "
+            "faster CPU matmuls, anonymous memory beside the mapped file"
         )
     if abs(err.kv_bytes) > MIB // 100:
         reasons.append(f"KV cache differs from the prediction by {err.kv_bytes / MIB:+.2f} MiB")

@@ -8,7 +8,7 @@ from dataclasses import replace
 import click
 
 from kvadvise.cli import output
-from kvadvise.cli.options import PlanOptions, measured_run_options, run_options
+from kvadvise.cli.options import MMPROJ_OPTION, PlanOptions, draft_options, measured_run_options, run_options
 from kvadvise.cli.plan import build_plan, exit_if_no_fit, refuse_to_write_what_does_not_fit, show_plan
 from kvadvise.planner.planning import Plan
 from kvadvise.runtime.llamaserver import ModelSource
@@ -30,6 +30,8 @@ def _commands(model: ModelSource, plan: Plan) -> list[tuple[str, str]]:
 @click.command("llamacpp")
 @click.argument("path", metavar="MODEL")
 @run_options
+@MMPROJ_OPTION
+@draft_options
 @click.option(
     "--write-env",
     "write_env",
@@ -47,7 +49,9 @@ def llamacpp_command(path: str, write_env: str | None, force: bool, **kwargs: ob
 
     o = PlanOptions.take(dict(kwargs))
     model = model_source(path)
-    plan = build_plan(GGUFFileBackend().load_spec(path), o)
+    backend = GGUFFileBackend()
+    draft = backend.load_spec(o.model_draft) if o.model_draft else None
+    plan = build_plan(backend.load_spec(path), o, draft=draft)
 
     def as_json(p: Plan) -> dict[str, object]:
         cmds = dict(_commands(model, p))

@@ -77,7 +77,7 @@ def measure_with_python(model_path: str, cfg: RunConfig, *, timeout_s: float, pr
         *safe_path,
         "-m",
         "kvadvise.backends.llamacpp.probe",
-        json.dumps(probe_request(model_path, cfg)),
+        json.dumps(probe_request(model_path, cfg, extra_bufts=cfg.cpu_repack != "off")),
     ]
     rc, out, err = childproc.run(cmd, timeout_s=timeout_s, what="llama.cpp (llama-cpp-python)")
     lines = [ln for ln in out.splitlines() if ln.startswith("{")]

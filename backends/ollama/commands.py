@@ -266,14 +266,32 @@ def _plan(model: OllamaModel, o: PlanOptions, hardware: Hardware | None = None) 
     uncertain weights."""
     from kvadvise.backends.ollama.rules import projector_margin_bytes
 
+    mmproj = _readable_projector(model)
     return build_plan(
         model.spec,
-        o,
+        replace(o, mmproj=mmproj) if mmproj else o,
         same_type_kv=True,
-        extra_margin_bytes=projector_margin_bytes(model),
+        extra_margin_bytes=projector_margin_bytes(model, planned=mmproj is not None),
         weights_uncertain=model.source.startswith("profile:"),
         hardware=hardware,
     )
+
+
+def _readable_projector(model: OllamaModel) -> str | None:
+    """The projector blob of a store model when its header reads as an mmproj GGUF (Ollama passes it to
+    llama-server as --mmproj): planned on the first GPU as llama.cpp loads it. None otherwise (a model
+    from the API or a profile, an unreadable blob): the fit-target rule stands in for it."""
+    if model.projector_path is None:
+        return None
+    from kvadvise.errors import KvadviseError
+    from kvadvise.model.gguf import read_file
+    from kvadvise.model.projector import projector_from_gguf
+
+    try:
+        projector_from_gguf(read_file(model.projector_path))
+    except KvadviseError:
+        return None
+    return model.projector_path
 
 
 def _placed_as_ollama_does(model: OllamaModel, o: PlanOptions, plan: Plan) -> Plan:

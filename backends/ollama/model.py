@@ -21,6 +21,7 @@ class OllamaModel:
     source: str  # "store:<manifest path>" | "api:<host>" | "profile:<id>"
     notes: tuple[str, ...] = ()
     digest: str | None = None  # sha256 of the manifest (store): the ID `ollama ps` shows
+    projector_path: str | None = None  # the projector blob in the store (an mmproj GGUF), when there is one
 
     @property
     def ref(self) -> str:

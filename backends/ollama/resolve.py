@@ -110,6 +110,7 @@ def _from_store(name: OllamaName, entry: ollama_store.StoreEntry) -> OllamaModel
         source=f"store:{entry.manifest_path}",
         notes=tuple(notes),
         digest=entry.manifest_digest,
+        projector_path=str(entry.projector_blob) if entry.projector_blob is not None else None,
     )
 
 

@@ -98,10 +98,18 @@ def run_config(num_ctx: int, num_parallel: int, kv_cache_type: str, *, flash_att
     )
 
 
-def projector_margin_bytes(model: OllamaModel) -> int:
-    """What --fit keeps free with a projector: mmprojFitTargetMiB = ceil((mmproj + 1 GiB) / MiB) (llm/llama_server.go)."""
+def projector_margin_bytes(model: OllamaModel, *, planned: bool = False) -> int:
+    """What --fit keeps free with a projector, beyond the plan's margin: Ollama sets LLAMA_ARG_FIT_TARGET to
+    mmprojFitTargetMiB = ceil((mmproj + 1 GiB) / MiB) (llm/llama_server.go) in place of llama.cpp's 1024 MiB,
+    and llama-server adds the projector's own memory to that target and loads the projector into it
+    (tools/server/server-context.cpp, mtmd_get_memory_usage). ``planned``: the projector's weights and
+    compute are in the plan (its header was read: kvadvise.planner.projector), so only Ollama's raise of
+    the target is left, ceil(mmproj / MiB) beyond the 1 GiB margin; else the whole target stands in for
+    the projector's own memory too."""
     if not model.projector_bytes:
         return 0
+    if planned:
+        return math.ceil(model.projector_bytes / MIB) * MIB
     return math.ceil((model.projector_bytes + GIB) / MIB) * MIB
 
 

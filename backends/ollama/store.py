@@ -61,6 +61,7 @@ class StoreEntry:
     projector_bytes: int  # projector blobs, 0 without
     config: dict[str, Any]  # the config blob (ConfigV2): model_family, file_type, ...
     notes: tuple[str, ...]
+    projector_blob: Path | None = None  # the (first) projector blob on disk: an mmproj GGUF
 
 
 def store_roots() -> tuple[Path, ...]:
@@ -208,6 +209,7 @@ def _read_entry(root: Path, manifest: Path, name: OllamaName) -> StoreEntry:
         params.update(doc_p)
 
     projector_bytes = 0
+    projector_blob: Path | None = None
     projectors: set[str] = set()
     for layer in layers:
         if layer.media_type != MEDIA_PROJECTOR or layer.digest in projectors:
@@ -221,6 +223,7 @@ def _read_entry(root: Path, manifest: Path, name: OllamaName) -> StoreEntry:
         fd = _open(path, "projector blob")
         projector_bytes += os.fstat(fd).st_size
         os.close(fd)
+        projector_blob = projector_blob or path
     if projector_bytes:
         notes.append(f"vision projector: {projector_bytes:,} B (Ollama passes it to llama-server as --mmproj)")
     if any(la.media_type == MEDIA_ADAPTER for la in layers):
@@ -249,6 +252,7 @@ def _read_entry(root: Path, manifest: Path, name: OllamaName) -> StoreEntry:
         projector_bytes=projector_bytes,
         config=config,
         notes=tuple(notes),
+        projector_blob=projector_blob,
     )
 
 
