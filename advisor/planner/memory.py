@@ -16,14 +16,17 @@ from __future__ import annotations
 import bisect
 import struct
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from kvadvise.errors import ConfigError
 from kvadvise.model.ggml import ALIGNMENT, BLOCK, GGMLType, cuda_alloc_bytes, is_quantized, pad, row_bytes
-from kvadvise.model.projector import ProjectorSpec
 from kvadvise.model.spec import ModelSpec
-from kvadvise.planner.projector import ProjectorMemory, projector_memory
 from kvadvise.planner.repack import RULES as REPACK_RULES
 from kvadvise.planner.repack import plan_repack
+
+if TYPE_CHECKING:  # the projector's modules load only with --mmproj
+    from kvadvise.model.projector import ProjectorSpec
+    from kvadvise.planner.projector import ProjectorMemory
 
 MIB = 1 << 20
 CTX_PAD = 256  # GGML_PAD(n_ctx, 256), "ref: PR 17046"
@@ -528,6 +531,8 @@ def estimate(spec: ModelSpec, cfg: RunConfig) -> MemoryEstimate:
         devices, host = _offloaded(spec, cfg, lay, per_layer, rs, out, overhead)
     proj = None
     if cfg.mmproj is not None:
+        from kvadvise.planner.projector import projector_memory
+
         proj = projector_memory(cfg.mmproj, lay.device, flash_attn=lay.flash_attn)
         devices, host = _with_projector(devices, host, proj)
     draft = None

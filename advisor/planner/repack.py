@@ -27,7 +27,6 @@ as they are clean. kvadvise counts both, as llama.cpp prints both.
 from __future__ import annotations
 
 import platform
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,6 +109,8 @@ def cpu_isa() -> str:
 
 
 def _sysctl(name: str) -> str:
+    import subprocess  # macOS only: not on every start
+
     try:
         p = subprocess.run(["sysctl", "-n", name], capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.TimeoutExpired):
