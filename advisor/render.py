@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from kvadvise.model.spec import ModelSpec
 from kvadvise.planner.memory import MemoryEstimate, RunConfig
 from kvadvise.planner.planning import Plan
-from kvadvise.planner.recommender import Budget, Curve, Recommendation
+from kvadvise.planner.recommender import Budget, Curve, Offload, Recommendation
 
 if TYPE_CHECKING:  # only verification output needs it; a plan renders without loading the log parser
     from kvadvise.planner.speed import SpeedEstimate
@@ -295,6 +295,8 @@ def plan_dict(plan: Plan, requested_ctx: int | None = None) -> dict[str, Any]:
         doc["fits"] = plan.fits
         doc["decode_estimate"] = speed_dict(plan.speed)
     doc["notes"] = list(plan.notes)
+    if plan.budget is not None:
+        doc["offload"] = offload_dict(plan.offload)
     rec = plan.recommendation
     if rec is not None:
         doc["reasons"] = list(rec.reasons)
@@ -314,24 +316,6 @@ def plan_dict(plan: Plan, requested_ctx: int | None = None) -> dict[str, Any]:
         ]
         doc["decode_tokens_per_s"] = rec.decode_tokens_per_s
         doc["speed_note"] = rec.speed_note
-        off = rec.offload
-        doc["offload"] = (
-            None
-            if off is None
-            else {
-                "n_ctx": off.n_ctx,
-                "type_k": off.type_k.type_name,
-                "type_v": off.type_v.type_name,
-                "n_gpu_layers": off.n_gpu_layers,
-                "n_cpu_layers": off.n_cpu_layers,
-                "n_cpu_moe": off.n_cpu_moe,
-                "device_bytes": off.device_bytes,
-                "op_offload_bytes": off.op_offload_bytes,
-                "host_bytes": off.host_bytes,
-                "decode_tokens_per_s": off.decode_tokens_per_s,
-                "note": off.note,
-            }
-        )
     elif plan.budget is not None:
         where = "the GPU" if plan.budget.device != "cpu" else "system RAM"
         verdict = "fits" if plan.fits else "does not fit"
@@ -341,6 +325,36 @@ def plan_dict(plan: Plan, requested_ctx: int | None = None) -> dict[str, Any]:
             + "".join(f", minus {n}" for n in plan.budget.headroom_notes)
         ]
     return doc
+
+
+def offload_dict(off: Offload | None) -> dict[str, Any] | None:
+    if off is None:
+        return None
+    return {
+        "n_ctx": off.n_ctx,
+        "type_k": off.type_k.type_name,
+        "type_v": off.type_v.type_name,
+        "n_gpu_layers": off.n_gpu_layers,
+        "n_cpu_layers": off.n_cpu_layers,
+        "n_cpu_moe": off.n_cpu_moe,
+        "device_bytes": off.device_bytes,
+        "op_offload_bytes": off.op_offload_bytes,
+        "host_bytes": off.host_bytes,
+        "decode_tokens_per_s": off.decode_tokens_per_s,
+        "note": off.note,
+    }
+
+
+def offload_line(off: Offload) -> str:
+    """``with part on the CPU (--allow-cpu): 65,536 tokens, K q8_0 / V q8_0, -ngl 49 --n-cpu-moe 44, decode ≈ 17 t/s``"""
+    flags = f"-ngl {off.n_gpu_layers}" + (f" --n-cpu-moe {off.n_cpu_moe}" if off.n_cpu_moe else "")
+    s = (
+        f"with part on the CPU (--allow-cpu): {off.n_ctx:,} tokens, K {off.type_k.type_name} / V "
+        f"{off.type_v.type_name}, {flags}, {fmt_bytes(off.device_bytes)} on the GPU"
+    )
+    if off.decode_tokens_per_s is not None:
+        s += f", decode ≈ {off.decode_tokens_per_s:,.0f} tokens/s"
+    return s
 
 
 def plan_text(plan: Plan, requested_ctx: int | None = None) -> str:
@@ -381,13 +395,13 @@ def plan_text(plan: Plan, requested_ctx: int | None = None) -> str:
         if rec.speed is not None:
             lines.append(f"  decode: {rec.speed.text()}")
             lines.append(f"    ({rec.speed.note})")
-        if rec.offload is not None and rec.offload.decode_tokens_per_s is not None:
-            lines.append(f"  with part on the CPU: decode ≈ {rec.offload.decode_tokens_per_s:,.0f} tokens/s")
     elif plan.speed is not None:
         lines.append(f"  decode: {plan.speed.text()}")
         lines.append(f"    ({plan.speed.note})")
-    elif plan.budget is not None and not plan.fits:
+    elif plan.budget is not None and not plan.fits and plan.offload is None:
         lines.append("  hint: drop --ctx to let kvadvise recommend a context and cache type that fit")
+    if plan.offload is not None:
+        lines.append("  " + offload_line(plan.offload))
     return "\n".join(lines)
 
 

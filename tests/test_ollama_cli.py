@@ -181,6 +181,35 @@ def test_allow_cpu_plans_expert_offload_for_a_profile(
     )  # no speed for a plan that does not fit
 
 
+def test_allow_cpu_on_an_8gb_card_keeps_attention_on_the_gpu(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """qwen3-coder at 64k on an 8 GB card: the experts of every layer are not enough with an f16 cache, so
+    whole layers would go too (≈7 t/s); a q8_0 cache keeps every layer's attention on the GPU with only
+    experts on the CPU, which is faster: that plan is taken, with its reason, and Ollama's text says what
+    to set by hand (nothing is written for a plan that does not fit)."""
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "none"))
+    monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
+    args = ["ollama", "qwen3-coder", "--gpu", "4060", "--allow-cpu"]
+    rc, out, _ = run(capsys, *args, "--use", "agent", "--json")
+    off = json.loads(out)["offload"]
+    assert rc == 3 and off["type_k"] == off["type_v"] == "q8_0" and off["n_cpu_layers"] == 0
+    assert 0 < off["n_cpu_moe"] <= 48 and off["n_gpu_layers"] == 49
+    assert off["op_offload_bytes"] > 0  # a profile's largest tensor per block is estimated from its shapes
+    # the same context with an f16 cache, fixed: every layer's experts and some whole layers, slower
+    rc, out, _ = run(capsys, *args, "--ctx", "65536", "-ctk", "f16", "-ctv", "f16", "--json")
+    doc = json.loads(out)
+    f16 = doc["offload"]
+    assert rc == 3 and doc["fits"] is False and f16["type_k"] == "f16"
+    assert f16["n_cpu_moe"] == 48 and f16["n_cpu_layers"] > 0 and f16["n_gpu_layers"] == 49 - f16["n_cpu_layers"]
+    assert f16["device_bytes"] <= doc["budget"]["budget_bytes"] < f16["device_bytes"] + f16["host_bytes"]
+    assert f16["decode_tokens_per_s"] < off["decode_tokens_per_s"]
+    rc, text, _ = run(capsys, *args, "--use", "agent")
+    assert "keeps every layer's attention on the GPU" in text
+    assert "by hand: PARAMETER num_ctx 65536, OLLAMA_KV_CACHE_TYPE=q8_0" in text
+    assert f"--n-cpu-moe {off['n_cpu_moe']}" in text
+
+
 def test_projector_layer_is_planned_on_the_gpu(
     tmp_path: Path, gemma_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

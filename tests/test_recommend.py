@@ -234,6 +234,35 @@ def test_allow_cpu_moves_moe_experts_first(tmp_path: Path) -> None:
     assert rec.offload.device_bytes == full.device_bytes - per_layer + spec.layer_largest_tensor_bytes[0]
 
 
+def test_allow_cpu_moe_keeps_all_experts_on_the_cpu_before_whole_layers(tmp_path: Path) -> None:
+    """When the experts of every layer are not enough, they all stay on the CPU (--n-cpu-moe N_LAYER, as
+    llama.cpp's --fit goes dense-only first) and whole layers then go from the front, each counting only
+    what is left of it (attention, router, its KV): not whole layers with their experts counted twice."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tinymodels import write_tiny_gguf
+
+    from kvadvise.model.architecture import from_gguf
+    from kvadvise.model.gguf import read_file
+    from kvadvise.planner.memory import layer_kv_bytes, resolve
+    from kvadvise.planner.recommender import partial_offload
+
+    spec = from_gguf(read_file(write_tiny_gguf(tmp_path / "m.gguf", "mixtral")))
+    cfg = RunConfig(n_ctx=4096, flash_attn="on", device="cuda")
+    full = estimate(spec, cfg)
+    per_layer = spec.expert_bytes // spec.n_layer
+    kv = layer_kv_bytes(spec, resolve(spec, cfg))
+    rest0 = spec.layer_bytes[0] - per_layer + sum(kv[0])
+    budget = budget_for(_hw(full.device_bytes - spec.expert_bytes - rest0 // 2))
+    off = partial_offload(spec, RunConfig(), budget, 4096, (cfg.type_k, cfg.type_v))
+    assert off is not None and off.n_cpu_moe == spec.n_layer and off.n_cpu_layers == 1
+    copy = max(spec.layer_largest_tensor_bytes)
+    assert off.device_bytes == full.device_bytes - spec.expert_bytes - rest0 + copy <= budget.budget_bytes
+    assert off.n_gpu_layers == spec.n_layer  # -ngl: the output layer and every block but the first
+    assert "the experts of all" in off.note and "and the first layer whole" in off.note
+
+
 def _bisect_reference(spec: ModelSpec, base: RunConfig, kv: tuple[GGMLType, GGMLType], fa: bool, budget) -> int:  # type: ignore[no-untyped-def]
     """The plain bisection max_context used before it learned to interpolate: the answer to match."""
     from kvadvise.planner.recommender import _cfg

@@ -7,16 +7,20 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from kvadvise.errors import ConfigError
+from kvadvise.model.ggml import GGMLType
 from kvadvise.model.spec import ModelSpec
 from kvadvise.planner.hardware import Hardware
 from kvadvise.planner.memory import MemoryEstimate, RunConfig, estimate
 from kvadvise.planner.recommender import (
     DEFAULT_MARGIN_BYTES,
     Budget,
+    Offload,
     Policy,
     Recommendation,
+    attention_on_gpu,
     budget_for,
     fixed_ctx_alternatives,
+    partial_offload,
     recommend,
     with_headroom,
 )
@@ -49,6 +53,7 @@ class Plan:
     recommendation: Recommendation | None  # None when the user fixed --ctx
     notes: tuple[str, ...] = ()
     speed: SpeedEstimate | None = None  # decode estimate (a GPU plan that fits); with --ctx too
+    offload: Offload | None = None  # --allow-cpu and the context does not fit the GPU: what stays on the CPU
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +119,7 @@ def make_plan(
         base = replace(base, tensor_split=tuple(round(f / (1 << 30), 2) for f in budget.device_free))
     if recommend_ctx and budget is not None:
         rec = recommend(spec, base, budget, policy)
-        return Plan(spec, rec.config, rec.estimate, hw, budget, rec.fits, rec, notes, rec.speed)
+        return Plan(spec, rec.config, rec.estimate, hw, budget, rec.fits, rec, notes, rec.speed, rec.offload)
     cfg = replace(base, device=budget.device) if budget is not None and base.device == "auto" else base
     if cfg.device == "auto":
         cfg = replace(cfg, device="cpu")
@@ -125,7 +130,20 @@ def make_plan(
         from kvadvise.planner.recommender import decode_speed
 
         speed = decode_speed(spec, cfg, budget)[2]
+    offload = None
     if budget is not None and not fits:
         alt = fixed_ctx_alternatives(spec, cfg, budget, policy)
         notes = (*notes, alt) if alt else notes
-    return Plan(spec, cfg, est, hw, budget, fits, None, notes, speed)
+        if policy.allow_cpu:  # the --ctx as given, with part of the model on the CPU
+            n_seq = max(1, cfg.n_ctx // max(1, cfg.n_parallel))
+            kv = (cfg.type_k, cfg.type_v)
+            offload = partial_offload(spec, replace(cfg, n_ctx=0), budget, n_seq, kv)
+            if policy.fixed_kv is None:  # the cache type is the user's only when they gave one
+                kvs = [kv, (GGMLType.Q8_0, GGMLType.Q8_0)] + (
+                    [(GGMLType.Q4_0, GGMLType.Q4_0)] if policy.allow_q4 else []
+                )
+                offload, why = attention_on_gpu(spec, replace(cfg, n_ctx=0), budget, n_seq, offload, kvs)
+                notes = (*notes, why) if why else notes
+            if offload is not None:
+                notes = (*notes, "--allow-cpu: " + offload.note)
+    return Plan(spec, cfg, est, hw, budget, fits, None, notes, speed, offload)

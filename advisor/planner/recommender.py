@@ -207,24 +207,25 @@ def partial_offload(
 
     moved = 0
     n_cpu_moe = n_cpu = 0
-    if spec.n_expert and spec.expert_bytes:
-        per_layer = spec.expert_bytes // max(1, n_layer)
-        n_cpu_moe = -(-excess // per_layer) if per_layer else n_layer + 1
-        while per_layer and n_cpu_moe <= n_layer and n_cpu_moe * per_layer < excess + copy_bytes(n_cpu_moe):
+    per_layer = spec.expert_bytes // max(1, n_layer) if spec.n_expert and spec.expert_bytes else 0
+    if per_layer:
+        n_cpu_moe = -(-excess // per_layer)
+        while n_cpu_moe <= n_layer and n_cpu_moe * per_layer < excess + copy_bytes(n_cpu_moe):
             n_cpu_moe += 1
+        # every layer's experts on the CPU is not enough: they all stay there (--n-cpu-moe N_LAYER, as
+        # llama.cpp's --fit first goes "dense-only", common/fit.cpp), then whole layers go from the front
+        n_cpu_moe = min(n_cpu_moe, n_layer)
         moved = n_cpu_moe * per_layer
-        if n_cpu_moe > n_layer:
-            n_cpu_moe, moved = 0, 0
-    if not n_cpu_moe:
+    if moved < excess + copy_bytes(n_cpu_moe):
         kv_l = layer_kv_bytes(spec, resolve(spec, cfg))
         for il in range(n_layer):
-            if n_cpu and moved >= excess + copy_bytes(n_cpu):
+            if n_cpu and moved >= excess + copy_bytes(max(n_cpu, n_cpu_moe)):
                 break
-            moved += spec.layer_bytes[il] + kv_l[il][0] + kv_l[il][1]
+            moved += max(0, spec.layer_bytes[il] - (per_layer if n_cpu_moe else 0)) + kv_l[il][0] + kv_l[il][1]
             n_cpu += 1
-        if moved < excess + copy_bytes(n_cpu):
+        if moved < excess + copy_bytes(max(n_cpu, n_cpu_moe)):
             return None  # even with every layer on the CPU the rest does not fit
-    op_copy = op_offload_bytes(spec, range(n_cpu_moe or n_cpu), budget.device, ub)
+    op_copy = op_offload_bytes(spec, range(max(n_cpu, n_cpu_moe)), budget.device, ub)
     device = full.device_bytes - moved + (op_copy or 0)
     host = full.host_bytes + moved
     tps = None
@@ -237,6 +238,9 @@ def partial_offload(
         t = seconds_per_token(weight_reads(spec), kv_read, dev, cpu_expert_layers=n_cpu_moe, cpu_dense_fraction=frac)
         tps = 1 / t
     what = f"the experts of {n_cpu_moe} layers" if n_cpu_moe else f"{n_cpu} of {n_layer} layers"
+    if n_cpu_moe and n_cpu:
+        first = "the first layer" if n_cpu == 1 else f"the first {n_cpu} layers"
+        what = f"the experts of all {n_layer} layers and {first} whole"
     note = (
         f"to run {n_ctx_seq:,} tokens with {kv[0].type_name}/{kv[1].type_name}: keep {what} ({moved / GIB:.2f} GiB) "
         f"on the CPU; speed assumes {CPU_BANDWIDTH_BYTES_PER_S / 1e9:.0f} GB/s system memory"
@@ -249,6 +253,31 @@ def partial_offload(
     elif op_copy is None:
         note += "; op offload's copy of a CPU weight in the GPU compute buffer is not counted (tensor sizes unknown)"
     return Offload(n_ctx_seq, kv[0], kv[1], n_layer + 1 - n_cpu, n_cpu, n_cpu_moe, device, host, tps, note, op_copy)
+
+
+def attention_on_gpu(
+    spec: ModelSpec,
+    base: RunConfig,
+    budget: Budget,
+    n_ctx_seq: int,
+    offload: Offload | None,
+    kvs: list[tuple[GGMLType, GGMLType]],
+) -> tuple[Offload | None, str | None]:
+    """For a MoE offload that also needs whole layers on the CPU: the first cache type of ``kvs``
+    (in preference order) that keeps every layer's attention on the GPU, and why it was taken.
+    Whole layers on the CPU cost far more speed than a q8_0 cache costs quality."""
+    if offload is None or not (offload.n_cpu_moe and offload.n_cpu_layers):
+        return offload, None
+    for kv in dict.fromkeys(kvs):
+        alt = partial_offload(spec, base, budget, n_ctx_seq, kv)
+        if alt is not None and not alt.n_cpu_layers:
+            why = (
+                f"--allow-cpu: a {_kv_name(kv)} cache keeps every layer's attention on the GPU (with "
+                f"{_kv_name((offload.type_k, offload.type_v))}, {offload.n_cpu_layers} whole layers would also "
+                "stay on the CPU)"
+            )
+            return alt, why
+    return offload, None
 
 
 def load_use_cases() -> dict[str, int]:
@@ -463,6 +492,9 @@ def recommend(spec: ModelSpec, base: RunConfig, budget: Budget, policy: Policy) 
     offload = None
     if policy.allow_cpu and (not fits or n_ctx_seq < target):
         offload = partial_offload(spec, base, budget, target, (chosen.type_k, chosen.type_v))
+        offload, why_kv = attention_on_gpu(spec, base, budget, target, offload, [(o.type_k, o.type_v) for o in usable])
+        if why_kv:
+            reasons.append(why_kv)
         if offload is not None:
             reasons.append("--allow-cpu: " + offload.note)
         elif budget.device == "cpu":

@@ -18,7 +18,7 @@ def _commands(model: ModelSource, plan: Plan) -> list[tuple[str, str]]:
     from kvadvise.runtime.llamaserver import command_text
 
     out = [("command", command_text(model, plan.config))]
-    off = plan.recommendation.offload if plan.recommendation is not None else None
+    off = plan.offload
     if off is not None:
         cfg = replace(plan.config, n_ctx=off.n_ctx * plan.config.n_parallel, type_k=off.type_k, type_v=off.type_v)
         out.append(

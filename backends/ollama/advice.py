@@ -27,6 +27,7 @@ from kvadvise.backends.ollama.rules import (
 )
 from kvadvise.errors import BackendUnreachable
 from kvadvise.planner.planning import Plan
+from kvadvise.planner.recommender import Offload
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +205,8 @@ def advice_text(a: OllamaAdvice) -> str:
             f"  PARAMETER num_ctx {s.num_ctx}" + (f"   PARAMETER num_batch {s.num_batch}" if s.num_batch else "")
         )
         lines += [f"  {k}={v}" for k, v in env_lines(s)]
+    elif (off := a.plan.offload) is not None:
+        lines.append("  " + offload_text(off, a.plan.spec.n_layer))
     else:
         lines.append("  no settings to apply: this plan does not fit (see above)")
     if a.live.reachable:
@@ -213,6 +216,24 @@ def advice_text(a: OllamaAdvice) -> str:
     lines += [f"  note: {n}" for n in a.live.notes]
     lines += [f"  warning: {w}" for w in a.warnings]
     return "\n".join(lines)
+
+
+def offload_text(off: Offload, n_layer: int) -> str:
+    """What Ollama does with a model that does not fit its GPU: since 0.30 it runs llama-server
+    with --fit on and never passes -ngl unless num_gpu is set (memory-spec.md §6, server/llama_server.go),
+    so llama.cpp's fit moves experts (MoE) or whole layers to the CPU by itself (common/fit.cpp)."""
+    kv = off.type_k.type_name
+    what = f"the experts of about {off.n_cpu_moe} layers" if off.n_cpu_moe else f"about {off.n_cpu_layers} layers"
+    if off.n_cpu_moe and off.n_cpu_layers:
+        what = f"the experts of all {n_layer} layers and about {off.n_cpu_layers} layers whole"
+    s = (
+        f"with part on the CPU (--allow-cpu), by hand: PARAMETER num_ctx {off.n_ctx}"
+        + (f", OLLAMA_KV_CACHE_TYPE={kv}, OLLAMA_FLASH_ATTENTION=1" if kv != "f16" else "")
+        + f"; Ollama (>= 0.30) then keeps {what} on the CPU by itself (llama.cpp's --fit; leave num_gpu unset)"
+    )
+    if off.decode_tokens_per_s is not None:
+        s += f", decode ≈ {off.decode_tokens_per_s:,.0f} tokens/s"
+    return s + "; nothing is written for a plan that does not fit the GPU"
 
 
 @dataclass(frozen=True, slots=True)

@@ -93,12 +93,17 @@ def with_parts(spec: ModelSpec, config: Mapping[str, Any], quant: str, projector
         return spec
     b = sized(bd, quant, max(1, spec.weights_bytes - projector_bytes))
     layers = b.layers + (0,) * spec.n_layer_nextn
+    # the largest tensor of each block, for op offload's copy (kvadvise.planner.opoffload): a merged
+    # expert tensor (ffn_{gate,up,down}_exps: a third of the experts), else one of the FFN's matrices,
+    # else q or o (about half the attention); an estimate from the config's shapes
+    largest = tuple(max(x // 3, d // 3, a // 2) for a, d, x in zip(b.attn, b.dense, b.experts, strict=True))
     return dataclasses.replace(
         spec,
         tok_embd_bytes=b.tok_embd,
         output_bytes=b.output,
         expert_bytes=sum(b.experts),
         layer_bytes=layers,
+        layer_largest_tensor_bytes=largest + (0,) * spec.n_layer_nextn,
     )
 
 
