@@ -306,6 +306,22 @@ def test_command_r_context_prefers_model_max_length() -> None:
     assert from_config({**cfg, "model_max_length": 131072}, source="x").n_ctx_train == 131072
 
 
+def test_chatglm_glm4_9b() -> None:
+    """glm.py ChatGLMModel: KV heads are multi_query_group_num (2, not the 32 attention heads), the FFN is
+    ffn_hidden_size, the context seq_length, the vocab padded_vocab_size. GLM-4-9B-chat is published as
+    9.4 B parameters; Ollama's glm4:9b Q4_0 blob is 5,455,319,040 B."""
+    from kvadvise.model.breakdown import params, sized
+
+    cfg = load("glm4-9b")
+    spec = from_config(cfg, source="glm4-9b.json")
+    assert spec.architecture == "chatglm" and spec.n_layer == 40 and spec.n_vocab == 151552
+    assert spec.n_ctx_train == 131072 and spec.n_ff == 13696
+    assert run(spec, 8192).kv_bytes_per_token == 40 * 2 * 128 * 2 * F16
+    bd = params(spec, cfg)
+    assert bd is not None and abs(bd.total - 9.4e9) / 9.4e9 < 0.01
+    assert abs(sized(bd, "Q4_0").total - 5_455_319_040) / 5_455_319_040 < 0.01
+
+
 def test_mixtral_is_llama_with_experts() -> None:
     spec = spec_of("mixtral-8x7b")
     assert spec.architecture == "llama" and (spec.n_expert, spec.n_expert_used) == (8, 2)

@@ -84,6 +84,8 @@ ARCH_BY_HF_CLASS: Mapping[str, str] = {
     "LFM2ForCausalLM": "lfm2",
     "Lfm2MoeForCausalLM": "lfm2moe",  # lfm2.py LFM2MoeModel
     "Starcoder2ForCausalLM": "starcoder2",  # starcoder.py StarCoder2Model
+    "ChatGLMModel": "chatglm",  # glm.py ChatGLMModel (GLM-4-9B-chat, Ollama's glm4)
+    "ChatGLMForConditionalGeneration": "chatglm",
 }
 
 # For a config.json without "architectures": its model_type (top level or text_config).
@@ -119,6 +121,7 @@ ARCH_BY_MODEL_TYPE: Mapping[str, str] = {
     "lfm2": "lfm2",
     "lfm2_moe": "lfm2moe",
     "starcoder2": "starcoder2",
+    "chatglm": "chatglm",
 }
 
 # transformers Gemma3TextConfig.__init__ defaults (configuration_gemma3.py). The
@@ -517,6 +520,21 @@ def _lfm2(hp: _HParams, w: _Writer, notes: list[str]) -> None:
     _vocab(hp, w)
 
 
+def _chatglm(hp: _HParams, w: _Writer, notes: list[str]) -> None:
+    """glm.py ChatGLMModel.set_gguf_parameters: ChatGLM's own names (multi_query_group_num KV heads,
+    seq_length, ffn_hidden_size); the token list has padded_vocab_size entries (set_vocab_gpt2)."""
+    n_embd = hp.need(("hidden_size", "n_embed"))
+    n_head = hp.need(("n_head", "num_attention_heads"))
+    w.put(LLM.CONTEXT_LENGTH, hp.num(("seq_length",)) or n_embd)
+    w.put(LLM.EMBEDDING_LENGTH, n_embd)
+    w.put(LLM.FEED_FORWARD_LENGTH, hp.num(("ffn_hidden_size", "intermediate_size")) or 4 * n_embd)
+    w.put(LLM.BLOCK_COUNT, w.block_count)
+    w.put(Attention.HEAD_COUNT, n_head)
+    kv = hp.num(("multi_query_group_num", "num_key_value_heads"))
+    w.put(Attention.HEAD_COUNT_KV, n_head if kv is None else kv)
+    w.put(LLM.VOCAB_SIZE, hp.num(("padded_vocab_size", "vocab_size")))
+
+
 _CONVERTERS: Mapping[str, _Convert] = {
     "llama": _llama,
     "mistral3": _llama,
@@ -542,6 +560,7 @@ _CONVERTERS: Mapping[str, _Convert] = {
     "lfm2": _lfm2,
     "lfm2moe": _lfm2,
     "starcoder2": _generic,
+    "chatglm": _chatglm,
 }
 # Attention-free architectures: num_attention_heads is not required.
 _NO_ATTENTION = frozenset({"mamba2"})
