@@ -4,12 +4,12 @@ frozen :class:`PlanOptions` they become before anything else runs."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import click
 
 from kvadvise.errors import InputError
+from kvadvise.frozen import dataclass
 from kvadvise.model.ggml import KV_CACHE_TYPES
 from kvadvise.planner.memory import RUNTIMES
 

@@ -7,7 +7,7 @@ llama.cpp 0c1e570). Per-layer values are tuples of length ``n_layer_all``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from kvadvise.frozen import dataclass
 
 SWA_NONE = "none"
 SWA_STANDARD = "standard"

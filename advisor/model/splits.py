@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from kvadvise.errors import GGUFError, InputError
+from kvadvise.frozen import dataclass
 from kvadvise.model.gguf import GGUFHeader, TensorInfo
 from kvadvise.model.keys import Split
 

@@ -16,12 +16,13 @@ import os
 import re
 import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from kvadvise.errors import InputError
+from kvadvise.frozen import dataclass
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,9 +4,10 @@ at the context it would run at. Pure: the caller brings the specs and the budget
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from kvadvise.errors import ConfigError
+from kvadvise.frozen import dataclass
 from kvadvise.model.ggml import GGMLType
 from kvadvise.model.spec import ModelSpec
 from kvadvise.planner.memory import CTX_PAD, RunConfig, estimate

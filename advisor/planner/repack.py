@@ -27,9 +27,9 @@ as they are clean. kvadvise counts both, as llama.cpp prints both.
 from __future__ import annotations
 
 import platform
-from dataclasses import dataclass
 from pathlib import Path
 
+from kvadvise.frozen import dataclass
 from kvadvise.model.ggml import pad
 from kvadvise.model.spec import MatmulWeight, ModelSpec
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+
+from kvadvise.frozen import dataclass
 
 MIB = 1 << 20
 
