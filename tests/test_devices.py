@@ -60,7 +60,8 @@ def _check(label: str, model: Path, cfg: RunConfig, log: str, endpoints: list[st
     def mib(buft: str, kind: str) -> float:
         return sum(b.mib for b in got.buffers if b.buft == buft and b.kind == kind)
 
-    # a device is named after its endpoint (RPC<n>[host:port]), in the order --rpc lists them;
+    # a device is named after its endpoint (RPC<n>[host:port], n its index on that server), in the order
+    # --rpc lists them;
     # a device that gets no layer prints no buffer, and is predicted empty
     names = [next((b.buft for b in got.buffers if b.buft.endswith(f"[{ep}]")), f"RPC[{ep}]") for ep in endpoints]
     for name, d in zip(names, est.devices, strict=True):
@@ -69,7 +70,7 @@ def _check(label: str, model: Path, cfg: RunConfig, log: str, endpoints: list[st
         compute = mib(name, "compute")
         assert abs(compute - d.compute_bytes / MIB) <= max(8.0, 0.05 * compute), (label, name, compute)
         REPORT.append(
-            f"| {label} | {name.split('[')[0]} | {mib(name, 'model'):.2f} / {d.weights_bytes / MIB:.2f} "
+            f"| {label} | {name.replace('127.0.0.1', '')} | {mib(name, 'model'):.2f} / {d.weights_bytes / MIB:.2f} "
             f"| {mib(name, 'KV'):.2f} / {d.kv_bytes / MIB:.2f} | {compute:.2f} / {d.compute_bytes / MIB:.2f} |"
         )
     host = mib("CPU", "compute")

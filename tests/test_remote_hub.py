@@ -48,6 +48,9 @@ def fake_hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Hub]:
 
     with LoopbackServer() as api, LoopbackServer() as cdn:
         monkeypatch.setenv("HF_ENDPOINT", api.origin)
+        # kvadvise's own caches in tmp too: a loopback port an earlier test used (and cached a resolution
+        # under) can come back, and the resolution cache is keyed by the endpoint
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
         monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
         monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
         monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
