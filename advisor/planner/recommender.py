@@ -178,6 +178,7 @@ class Offload:
     # of device_bytes: the GPU compute buffer's copy of the largest CPU-resident weight (op offload,
     # kvadvise.planner.opoffload); None when the model's tensor sizes are unknown
     op_offload_bytes: int | None = 0
+    speed: SpeedEstimate | None = None  # decode at 4k and at n_ctx (decode_tokens_per_s: the first)
 
 
 def partial_offload(
@@ -229,15 +230,22 @@ def partial_offload(
     op_copy = op_offload_bytes(spec, range(max(n_cpu, n_cpu_moe)), budget.device, ub)
     device = full.device_bytes - moved + (op_copy or 0)
     host = full.host_bytes + moved
-    tps = None
+    speed = None
     if budget.bandwidth_bytes_per_s:
-        from kvadvise.planner.speed import Device, kv_read_bytes, seconds_per_token, weight_reads
+        from kvadvise.planner import speed as speed_model
 
-        dev = [Device(budget.backend, budget.bandwidth_bytes_per_s)]
-        frac = n_cpu / max(1, n_layer)
-        kv_read = kv_read_bytes(spec, n_ctx_seq, kv[0], kv[1])
-        t = seconds_per_token(weight_reads(spec), kv_read, dev, cpu_expert_layers=n_cpu_moe, cpu_dense_fraction=frac)
-        tps = 1 / t
+        # at 4k and at the full context, as for a plan that fits: deep in the context the K/V read dominates
+        speed = speed_model.estimate(
+            spec,
+            n_ctx_seq,
+            [speed_model.Device(budget.backend, budget.bandwidth_bytes_per_s)],
+            type_k=kv[0],
+            type_v=kv[1],
+            cpu_expert_layers=n_cpu_moe,
+            cpu_dense_fraction=n_cpu / max(1, n_layer),
+            source=budget.bandwidth_source,
+        )
+    tps = speed.tokens_per_s if speed is not None else None
     what = f"the experts of {n_cpu_moe} layers" if n_cpu_moe else f"{n_cpu} of {n_layer} layers"
     if n_cpu_moe and n_cpu:
         first = "the first layer" if n_cpu == 1 else f"the first {n_cpu} layers"
@@ -253,7 +261,9 @@ def partial_offload(
         )
     elif op_copy is None:
         note += "; op offload's copy of a CPU weight in the GPU compute buffer is not counted (tensor sizes unknown)"
-    return Offload(n_ctx_seq, kv[0], kv[1], n_layer + 1 - n_cpu, n_cpu, n_cpu_moe, device, host, tps, note, op_copy)
+    return Offload(
+        n_ctx_seq, kv[0], kv[1], n_layer + 1 - n_cpu, n_cpu, n_cpu_moe, device, host, tps, note, op_copy, speed
+    )
 
 
 def attention_on_gpu(

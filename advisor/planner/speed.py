@@ -74,7 +74,6 @@ def weight_reads(spec: ModelSpec) -> Reads:
     used = 0
     if moe and spec.expert_bytes:
         used = spec.expert_bytes * spec.n_expert_used // spec.n_expert
-        spec.expert_bytes - used
     tied_output = spec.tok_embd_bytes if spec.output_bytes == 0 else 0  # the output matmul reads the embedding
     dense = spec.weights_bytes - spec.tok_embd_bytes + tied_output - spec.expert_bytes
     layers = sum(1 for b in spec.layer_bytes if b) if spec.layer_bytes else spec.n_layer
@@ -150,11 +149,15 @@ class SpeedEstimate:
     note: str
 
     def text(self) -> str:
-        at = ", ".join(f"≈ {tps:,.0f} t/s at {_ctx(c)}" for c, tps in self.points)
-        return f"{at} (range {self.low:,.0f} to {self.high:,.0f} t/s at {_ctx(self.points[0][0])})"
+        return f"{self.at_depths()} (range {self.low:,.0f} to {self.high:,.0f} t/s at {ctx_label(self.points[0][0])})"
+
+    def at_depths(self) -> str:
+        """``≈ 25 t/s at 4k, ≈ 17 t/s at 64k``"""
+        return ", ".join(f"≈ {tps:,.0f} t/s at {ctx_label(c)}" for c, tps in self.points)
 
 
-def _ctx(n: int) -> str:
+def ctx_label(n: int) -> str:
+    """4096 -> "4k"; 1000 -> "1,000"."""
     return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else f"{n:,}"
 
 

@@ -231,8 +231,8 @@ def offload_text(off: Offload, n_layer: int) -> str:
         + (f", OLLAMA_KV_CACHE_TYPE={kv}, OLLAMA_FLASH_ATTENTION=1" if kv != "f16" else "")
         + f"; Ollama (>= 0.30) then keeps {what} on the CPU by itself (llama.cpp's --fit; leave num_gpu unset)"
     )
-    if off.decode_tokens_per_s is not None:
-        s += f", decode ≈ {off.decode_tokens_per_s:,.0f} tokens/s"
+    if off.speed is not None:
+        s += f", decode {off.speed.at_depths()}"
     return s + "; nothing is written for a plan that does not fit the GPU"
 
 
