@@ -165,6 +165,14 @@ def estimate_dict(
     }
 
 
+def _device_label(cfg: RunConfig, device: str) -> str:
+    """``cuda``, or the backend a non-NVIDIA card runs CUDA's rules under: ``cuda (ROCm)``."""
+    names = cfg.device_names
+    if device == "cuda" and names and not names[0].startswith("CUDA"):
+        return f"cuda ({names[0].rstrip('0123456789')})"
+    return device
+
+
 def estimate_text(spec: ModelSpec, cfg: RunConfig, est: MemoryEstimate) -> str:
     lay = est.layout
     asked = cfg.n_ctx or spec.n_ctx_train
@@ -182,7 +190,7 @@ def estimate_text(spec: ModelSpec, cfg: RunConfig, est: MemoryEstimate) -> str:
         f"K {lay.type_k.type_name} / V {lay.type_v.type_name}",
         f"flash attention {'on' if lay.flash_attn else 'off'}",
         f"batch {lay.n_batch}/{lay.n_ubatch}",
-        f"device {lay.device}",
+        f"device {_device_label(cfg, lay.device)}",
     ]
     if spec.has_swa:
         parts.append(f"SWA cache {lay.n_ctx_swa:,} cells" + (" (--swa-full)" if lay.swa_full else ""))
@@ -214,7 +222,7 @@ def estimate_text(spec: ModelSpec, cfg: RunConfig, est: MemoryEstimate) -> str:
          f"({cfg.type_k_draft.type_name}/{cfg.type_v_draft.type_name}), compute {fmt_bytes(est.draft.compute_bytes)}, "
          f"output {fmt_bytes(est.draft.output_bytes)}")
         if est.draft is not None and cfg.draft is not None else None,
-        ("overhead", est.overhead_bytes, [d.overhead_bytes for d in devs], 0, lay.device),
+        ("overhead", est.overhead_bytes, [d.overhead_bytes for d in devs], 0, _device_label(cfg, lay.device)),
         ("total", est.total_bytes, [d.total_bytes for d in devs], est.host_bytes, ""),
         ("layers", 0, [d.n_layers for d in devs], 0, "") if len(devs) > 1 else None,
     ]  # fmt: skip

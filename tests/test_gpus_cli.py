@@ -55,8 +55,12 @@ def test_json_lists_every_profile_and_the_machine(machine: Hardware, capsys: pyt
         "usable_bytes",
         "bandwidth_bytes_per_s",
         "unified_memory",
+        "backend",
         "source",
     }
+    assert (
+        p4090["backend"] == "cuda" and next(p for p in doc["profiles"] if p["vendor"] == "apple")["backend"] == "metal"
+    )
     assert p4090["bandwidth_bytes_per_s"] == 1_008_000_000_000 and p4090["source"].startswith("https://")
     m4 = next(p for p in doc["profiles"] if p["id"] == "m4-max-64gb")
     assert m4["unified_memory"] and m4["usable_bytes"] == 48 * GiB  # 3/4 of 64 GiB
@@ -99,3 +103,27 @@ def test_unknown_gpu_points_to_the_command(capsys: pytest.CaptureFixture[str], t
     rc, _, err = run(capsys, "gguf", "/nonexistent.gguf", "--gpu", "rtx 9999")
     assert rc == 2
     assert "kvadvise gpus" in err or "No such file" in err or "nonexistent" in err
+
+
+@pytest.mark.parametrize(
+    ("card", "backend", "device", "speed_key"),
+    [("7900xtx", "rocm", "ROCm0", "vulkan"), ("b580", "sycl", "SYCL0", "vulkan"), ("strix-halo", "vulkan", "Vulkan0", "vulkan")],
+)  # fmt: skip
+def test_amd_and_intel_cards_plan_under_their_backend(
+    card: str, backend: str, device: str, speed_key: str, capsys: pytest.CaptureFixture[str], gemma_path: object
+) -> None:
+    """Issue 14: an AMD or Intel card is not planned as CUDA silently: its buffers carry its backend's name
+    (ROCm0: ggml-cuda built with HIP; Vulkan0, SYCL0: CUDA's rules as an approximation, said in a note) and
+    the speed uses the factors fitted for a non-CUDA GPU API."""
+    from kvadvise.planner.speed import EFFICIENCY
+
+    rc, out, _ = run(capsys, "gguf", str(gemma_path), "--gpu", card, "--json")
+    doc = json.loads(out)
+    assert rc == 0 and doc["budget"]["backend"] == backend
+    assert [d["name"] for d in doc["memory"]["devices"]] == [device]
+    assert any(n.startswith(device[:-1] + ":") for n in doc["notes"])
+    # the same bandwidth read with the CUDA factor would give a different figure
+    assert doc["decode_estimate"]["note"].endswith("measures the real figure")
+    assert f"({speed_key})" in doc["decode_estimate"]["note"] and EFFICIENCY[speed_key] != EFFICIENCY["cuda"]
+    rc, out, _ = run(capsys, "gpus", "--json")
+    assert next(p for p in json.loads(out)["profiles"] if card in p["aliases"] or p["id"] == card)["backend"] == backend

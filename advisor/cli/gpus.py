@@ -25,6 +25,7 @@ def profile_dict(p: GpuProfile) -> dict[str, Any]:
         "usable_bytes": p.usable_bytes,
         "bandwidth_bytes_per_s": p.bandwidth_bytes_per_s,
         "unified_memory": p.unified_memory,
+        "backend": p.backend,
         "source": p.source,
     }
 

@@ -38,6 +38,7 @@ class Gpu:
     bandwidth_source: str | None  # where that figure comes from
     unified_memory: bool = False  # Apple silicon: GPU memory is a share of system RAM
     rpc_endpoint: str | None = None  # a host of llama.cpp's RPC backend (rpc-server at HOST:PORT)
+    backend: str = "cuda"  # the ggml backend that runs it: cuda | rocm | vulkan | sycl | metal
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +98,7 @@ class GpuProfile:
     bandwidth_bytes_per_s: int
     unified_memory: bool
     source: str
+    backend: str = "cuda"  # cuda (NVIDIA), metal (Apple), rocm (AMD), vulkan, sycl (Intel)
 
     @property
     def usable_bytes(self) -> int:
@@ -119,6 +121,7 @@ def _profile_from_json(entry: dict[str, Any]) -> GpuProfile:
         bandwidth_bytes_per_s=int(entry["bandwidth_bytes_per_s"]),
         unified_memory=bool(entry.get("unified_memory", False)),
         source=str(entry["source"]),
+        backend=str(entry.get("backend") or ("metal" if entry["vendor"] == "apple" else "cuda")),
     )
 
 
@@ -254,6 +257,7 @@ def from_profile(name: str) -> Hardware:
         bandwidth_bytes_per_s=p.bandwidth_bytes_per_s,
         bandwidth_source=p.source,
         unified_memory=p.unified_memory,
+        backend=p.backend,
     )
     if p.unified_memory:
         ram_total = ram_free = p.memory_bytes

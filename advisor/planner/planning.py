@@ -78,6 +78,18 @@ def hardware_for(req: HardwareRequest) -> Hardware | None:
     return hardware.probe() if req.probe else None
 
 
+# Cards that llama.cpp does not run through CUDA: how it names their buffers, and what the plan assumes
+BACKEND_PREFIX = {"rocm": "ROCm", "vulkan": "Vulkan", "sycl": "SYCL"}
+BACKEND_NOTES = {
+    "rocm": "ROCm: llama.cpp builds ggml-cuda with HIP, so the buffers are CUDA's (as published ROCm logs print "
+    "them); the HIP runtime's own memory is taken to be CUDA's",
+    "vulkan": "Vulkan: buffers planned with CUDA's rules (ggml-vulkan sizes its compute buffer its own way: an "
+    "approximation); the speed uses factors fitted on Vulkan measurements",
+    "sycl": "SYCL: buffers planned with CUDA's rules (ggml-sycl sizes its compute buffer its own way: an "
+    "approximation); the speed uses the Vulkan factors (too few SYCL measurements)",
+}
+
+
 def make_plan(
     spec: ModelSpec,
     base: RunConfig,
@@ -114,6 +126,11 @@ def make_plan(
             rpc_servers=tuple(g.rpc_endpoint or "" for g in hw.gpus),
             device_names=tuple(g.name for g in hw.gpus),
         )
+    if budget is not None and budget.device == "cuda" and budget.backend in BACKEND_PREFIX and not base.device_names:
+        # an AMD or Intel card: its buffers are named after its backend (ROCm0, Vulkan0, SYCL0)
+        prefix = BACKEND_PREFIX[budget.backend]
+        base = replace(base, device_names=tuple(f"{prefix}{i}" for i in range(max(1, budget.n_gpu))))
+        notes = (*notes, BACKEND_NOTES[budget.backend])
     if budget is not None and n_gpu > 1 and not base.tensor_split:
         # several GPUs and no -ts: llama.cpp splits the layers by each device's free memory
         # (llama_model::load_tensors); in GiB, so the command can state the same split (-ts)

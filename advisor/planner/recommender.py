@@ -90,7 +90,7 @@ class Budget:
     n_gpu: int
     bandwidth_bytes_per_s: int | None
     bandwidth_source: str | None
-    backend: str = "cuda"  # for the decode-speed estimate: cuda | metal | vulkan | cpu
+    backend: str = "cuda"  # the GPUs' ggml backend (speed factors, buffer names): cuda | rocm | vulkan | sycl | metal
     headroom_bytes: int = 0  # kept free besides the margin (already taken out of budget_bytes)
     headroom_notes: tuple[str, ...] = ()  # why, one line each
     # with several GPUs, each one's own budget (its free memory minus its margin and its share of the
@@ -309,8 +309,10 @@ def budget_for(hw: Hardware, margin_bytes: int = DEFAULT_MARGIN_BYTES) -> Budget
         bw = [g.bandwidth_bytes_per_s for g in hw.gpus]
         bandwidth = min(b for b in bw if b) if any(bw) else None  # layers run one GPU after another
         src = next((g.bandwidth_source for g in hw.gpus if g.bandwidth_source), None)
-        backend = "metal" if any(g.unified_memory for g in hw.gpus) else "cuda"
-        device = "rpc" if all(g.rpc_endpoint for g in hw.gpus) else backend
+        backend = "metal" if any(g.unified_memory for g in hw.gpus) else hw.gpus[0].backend
+        # the memory rules: ROCm builds are ggml-cuda compiled with HIP (the same buffers, as published
+        # ROCm logs print them); Vulkan and SYCL are planned with them too (see GPU_BACKEND_NOTE)
+        device = "rpc" if all(g.rpc_endpoint for g in hw.gpus) else ("metal" if backend == "metal" else "cuda")
         budget = Budget(
             device, total, free, margin, max(0, free - margin), hw.source, len(hw.gpus), bandwidth, src, backend
         )
