@@ -723,3 +723,59 @@ def test_plain_4060_is_the_8gb_card() -> None:
     """Issue 14: `--gpu 4060` plans for the RTX 4060 8 GB (272 GB/s), not the 4060 Ti 16 GB."""
     hw = from_profile("4060")
     assert hw.gpus[0].total_bytes == 8 << 30 and hw.gpus[0].bandwidth_bytes_per_s == 272_000_000_000
+
+
+# --- AMD cards through the amdgpu driver's sysfs ---------------------------------------------------
+
+
+def _amd_card(
+    root: Any, n: int, pci_id: str, vram: int, used: int, gtt: int | None = None, vendor: str = "0x1002"
+) -> None:
+    """A /sys/class/drm/cardN/device as the amdgpu driver writes it (values and newlines as in sysfs)."""
+    dev = root / f"card{n}" / "device"
+    dev.mkdir(parents=True)
+    (dev / "vendor").write_text(vendor + "\n")
+    (dev / "device").write_text(pci_id + "\n")
+    (dev / "mem_info_vram_total").write_text(f"{vram}\n")
+    (dev / "mem_info_vram_used").write_text(f"{used}\n")
+    if gtt is not None:
+        (dev / "mem_info_gtt_total").write_text(f"{gtt}\n")
+    (root / f"card{n}-DP-1").mkdir()  # a connector beside the card: not a card
+
+
+def test_amd_gpus_are_read_from_sysfs(tmp_path: Any) -> None:
+    """No NVML for AMD: the driver's VRAM figures, a profile by PCI id and VRAM (the 7900 XTX, XT and GRE
+    share 0x744c), its bandwidth and backend; an unknown id keeps its VRAM and says the bandwidth is unknown;
+    an NVIDIA card's sysfs entry (vendor 0x10de) and connectors are skipped."""
+    _amd_card(tmp_path, 0, "0x744c", 24 * GiB, 2 * GiB)
+    _amd_card(tmp_path, 1, "0x744c", 20 * GiB, 0)  # a 7900 XT: same id, no profile of its size
+    _amd_card(tmp_path, 2, "0x2684", 24 * GiB, 0, vendor="0x10de")
+    _amd_card(tmp_path, 3, "0x1586", 512 << 20, 0, gtt=62 * GiB)  # Strix Halo, 512 MiB carve-out
+    hw = hardware.amd_hardware((64 * GiB, 32 * GiB), root=tmp_path)
+    assert hw is not None and hw.source == "amdgpu" and len(hw.gpus) == 3
+    xtx, xt, apu = hw.gpus
+    assert (xtx.name, xtx.total_bytes, xtx.free_bytes, xtx.used_by_others_bytes) == (
+        "Radeon RX 7900 XTX 24GB",
+        24 * GiB,
+        22 * GiB,
+        2 * GiB,
+    )
+    assert xtx.bandwidth_bytes_per_s == 960_000_000_000 and xtx.backend == "rocm"
+    assert xt.name == "AMD GPU (PCI 0x744c)" and xt.bandwidth_bytes_per_s is None and xt.backend == "rocm"
+    assert apu.backend == "vulkan" and apu.total_bytes == 512 << 20 and apu.bandwidth_bytes_per_s == 256_000_000_000
+    assert any("bandwidth unknown (PCI id 0x744c" in n for n in hw.notes)
+    assert any("GTT" in n and "--vram" in n for n in hw.notes)
+    assert hardware.amd_hardware((1, 1), root=tmp_path / "missing") is None
+
+
+def test_probe_falls_back_to_amd_without_an_nvidia_driver(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    from kvadvise.planner import amdgpu
+
+    _amd_card(tmp_path, 0, "0x7550", 16 * GiB, GiB)
+    monkeypatch.setattr(hardware, "_no_nvidia_driver", lambda: True)
+    monkeypatch.setattr(amdgpu, "SYSFS_DRM", tmp_path)
+    monkeypatch.setattr(amdgpu.cards, "__defaults__", (tmp_path,))
+    monkeypatch.delitem(sys.modules, "pynvml", raising=False)
+    monkeypatch.setattr(sys, "platform", "linux")
+    hw = hardware.probe()
+    assert hw.source == "amdgpu" and hw.gpus[0].name == "Radeon RX 9070 XT 16GB" and hw.gpus[0].backend == "rocm"

@@ -48,7 +48,7 @@ class Hardware:
     gpus: tuple[Gpu, ...]
     ram_total_bytes: int
     ram_free_bytes: int
-    source: str  # "nvml" | "profile:<name>" | "manual" | "none"
+    source: str  # "nvml" | "amdgpu" | "profile:<name>" | "manual" | "none"
     notes: tuple[str, ...] = ()
 
     @property
@@ -99,6 +99,8 @@ class GpuProfile:
     unified_memory: bool
     source: str
     backend: str = "cuda"  # cuda (NVIDIA), metal (Apple), rocm (AMD), vulkan, sycl (Intel)
+    pci_ids: tuple[str, ...] = ()  # AMD cards: the PCI device ids the driver reports (amdgpu sysfs)
+    integrated: bool = False  # an APU: its VRAM is a carve-out of system RAM, of any size
 
     @property
     def usable_bytes(self) -> int:
@@ -122,6 +124,8 @@ def _profile_from_json(entry: dict[str, Any]) -> GpuProfile:
         unified_memory=bool(entry.get("unified_memory", False)),
         source=str(entry["source"]),
         backend=str(entry.get("backend") or ("metal" if entry["vendor"] == "apple" else "cuda")),
+        pci_ids=tuple(str(i).lower() for i in entry.get("pci_ids", ())),
+        integrated=bool(entry.get("integrated", False)),
     )
 
 
@@ -399,6 +403,59 @@ def match_nvml_name(nvml_name: str, total_bytes: int | None = None) -> GpuProfil
     return None
 
 
+def match_amd(pci_id: str, vram_bytes: int) -> GpuProfile | None:
+    """The profile of an AMD card by its PCI id and, for a discrete card, its VRAM within 5 % (one id can
+    stand for cards of several sizes: the RX 7900 XTX, XT and GRE are all 0x744c); None when unsure."""
+    found = {
+        p.id: p
+        for p in load_profiles()
+        if p.vendor == "amd"
+        and pci_id.lower() in p.pci_ids
+        and (p.integrated or abs(vram_bytes - p.memory_bytes) <= 0.05 * p.memory_bytes)
+    }
+    return next(iter(found.values())) if len(found) == 1 else None
+
+
+def amd_hardware(ram: tuple[int, int], root: Path | None = None) -> Hardware | None:
+    """AMD GPUs through the amdgpu driver's sysfs (kvadvise.planner.amdgpu); None when there is none."""
+    if sys.platform != "linux" and root is None:
+        return None
+    from kvadvise.planner import amdgpu
+
+    found = amdgpu.cards(root) if root is not None else amdgpu.cards()
+    gpus: list[Gpu] = []
+    notes: list[str] = []
+    for i, c in enumerate(found):
+        p = match_amd(c.pci_id, c.vram_total_bytes)
+        name = c.product_name or (p.name if p is not None else f"AMD GPU (PCI {c.pci_id})")
+        if p is None:
+            notes.append(f"GPU {i} ({name}): memory bandwidth unknown (PCI id {c.pci_id} not in profiles/gpus.json)")
+        elif p.integrated and c.gtt_total_bytes:
+            notes.append(
+                f"GPU {i} ({name}): an APU, planned with its {_fmt_gib(c.vram_total_bytes)} VRAM carve-out; it can also "
+                f"map {_fmt_gib(c.gtt_total_bytes)} of system RAM (GTT), which llama.cpp's Vulkan and ROCm builds "
+                "may use: --vram SIZE plans for that"
+            )
+        gpus.append(
+            Gpu(
+                index=i,
+                name=name,
+                total_bytes=c.vram_total_bytes,
+                free_bytes=max(0, c.vram_total_bytes - c.vram_used_bytes),
+                used_by_others_bytes=c.vram_used_bytes,
+                bandwidth_bytes_per_s=None if p is None else p.bandwidth_bytes_per_s,
+                bandwidth_source=None if p is None else f"profile:{p.id} ({p.source})",
+                backend="rocm" if p is None else p.backend,
+            )
+        )
+    if not gpus:
+        return None
+    notes.append("AMD GPUs read from the amdgpu driver (sysfs mem_info_vram_total / mem_info_vram_used)")
+    return Hardware(
+        gpus=tuple(gpus), ram_total_bytes=ram[0], ram_free_bytes=ram[1], source="amdgpu", notes=tuple(notes)
+    )
+
+
 def _none(reason: str, ram: tuple[int, int] | None = None) -> Hardware:
     ram_total, ram_free = ram if ram is not None else _ram_now()
     return Hardware(
@@ -490,7 +547,8 @@ def gpu_memory_by_process() -> dict[int, int] | None:
 
 
 def probe() -> Hardware:
-    """Every NVIDIA GPU of this machine through NVML, and the system RAM through psutil.
+    """Every NVIDIA GPU of this machine through NVML (else every AMD one through the amdgpu driver's
+    sysfs, :func:`amd_hardware`), and the system RAM through psutil.
 
     Never raises for a missing NVML: no Python binding, no driver or no GPU
     gives ``Hardware(gpus=(), source="none")`` with a note saying why. The
@@ -499,7 +557,7 @@ def probe() -> Hardware:
     """
     ram = _ram_now()
     if "pynvml" not in sys.modules and _no_nvidia_driver():  # skip the binding's ~15 ms import
-        return _none("no NVIDIA driver (no /proc/driver/nvidia)", ram)
+        return amd_hardware(ram) or _none("no NVIDIA driver (no /proc/driver/nvidia)", ram)
     try:
         import pynvml
     except ImportError:
