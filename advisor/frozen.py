@@ -113,8 +113,8 @@ else:
             self.__post_init__()
 
     def _repr(self):
-        lay = type(self).__kvadvise_layout__
-        return f"{lay.name}({', '.join(f'{n}={getattr(self, n)!r}' for n in lay.repr)})"
+        names = type(self).__kvadvise_layout__.repr
+        return f"{type(self).__qualname__}({', '.join(f'{n}={getattr(self, n)!r}' for n in names)})"
 
     def _eq(self, other):
         if other.__class__ is not self.__class__:
@@ -153,9 +153,21 @@ else:
         for name in _METHODS:
             if name in cls.__dict__:
                 raise TypeError(f"{cls.__qualname__} defines {name}; use dataclasses.dataclass for it")
-        cls = _dc.dataclass(cls, init=False, repr=False, eq=False, frozen=False, slots=True)
+        documented = bool(cls.__dict__.get("__doc__"))
+        # frozen=False spares the exec of __setattr__/__delattr__, but dataclasses refuses it under a frozen
+        # base (a record subclassing a record): there only, the standard frozen flag (methods replaced below)
+        frozen_base = any(getattr(getattr(b, "__dataclass_params__", None), "frozen", False) for b in cls.__mro__[1:])
+        cls = _dc.dataclass(cls, init=False, repr=False, eq=False, frozen=frozen_base, slots=True)
+        fields = cls.__dataclass_fields__.values()
+        if any(f._field_type is not _dc._FIELD for f in fields if f._field_type is not _dc._FIELD_CLASSVAR):
+            raise TypeError(f"{cls.__qualname__}: InitVar fields are not supported here")
         for name, fn in _METHODS.items():
             setattr(cls, name, fn)
+        # what the standard decorator records for frozen=True (a stdlib dataclass may then inherit from it)
+        params = type(cls.__dataclass_params__)
+        cls.__dataclass_params__ = params(True, True, True, False, False, True)  # init repr eq order hash frozen
+        if not documented:  # as the standard decorator does, without inspect.signature
+            cls.__doc__ = f"{cls.__name__}({', '.join(f.name for f in _dc.fields(cls) if f.init)})"
         cls.__kvadvise_layout__ = _Layout(cls)
         return cls
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import pickle
-from dataclasses import FrozenInstanceError, field
+from dataclasses import FrozenInstanceError, InitVar, field
 
 import pytest
 
@@ -129,3 +129,35 @@ def test_every_package_dataclass_is_frozen() -> None:
     with pytest.raises(FrozenInstanceError):
         cfg.n_ctx = 1  # type: ignore[misc]
     assert "__kvadvise_layout__" in vars(ModelSpec) and "__kvadvise_layout__" in vars(RunConfig)
+
+
+def test_params_doc_initvar_and_plain_subclasses() -> None:
+    """What a review found: the recorded parameters are those of frozen=True (a stdlib frozen dataclass may
+    inherit from a record), an undocumented class gets the standard "Name(fields)" doc, InitVar is refused at
+    decoration, and a plain subclass shows its own name."""
+    params = FastPoint.__dataclass_params__  # type: ignore[attr-defined]
+    assert (params.init, params.repr, params.eq, params.frozen) == (True, True, True, True)
+
+    @dataclasses.dataclass(frozen=True)
+    class Child(FastPoint):
+        z: int = 0
+
+    assert Child(1).z == 0 and Child(1, z=2).x == 1
+
+    @fast(frozen=True, slots=True)
+    class Bare:
+        a: int
+        b: int = 0
+
+    assert Bare.__doc__ == "Bare(a, b)" and FastPoint.__doc__ == "A point, made fast."
+    with pytest.raises(TypeError, match="InitVar"):
+
+        @fast(frozen=True, slots=True)
+        class WithInitVar:
+            a: int
+            s: InitVar[int] = 1
+
+    class Plain(Bare):
+        pass
+
+    assert repr(Plain(1)).startswith(f"{Plain.__qualname__}(a=1")
