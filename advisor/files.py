@@ -12,16 +12,20 @@ from __future__ import annotations
 import errno
 import json
 import os
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvadvise.errors import InputError
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 FILE_MODE = 0o644  # generated configs are not secret; the directory decides who may read them
 
 
 def write_text_file(path: str | os.PathLike[str], text: str, *, force: bool) -> Path:
     """Write ``text`` to ``path`` atomically; refuse to overwrite unless ``force``. Returns the path."""
+    from pathlib import Path  # only to write: reading a model file starts without pathlib
+
     target = Path(path).expanduser()
     parent = target.parent
     if target.is_dir():
@@ -101,7 +105,7 @@ def open_regular(path: str | os.PathLike[str]) -> int:
     stat): a FIFO, a device such as /dev/zero, a socket or a directory is an
     InputError. The caller closes the descriptor.
     """
-    p = Path(path)
+    p = os.fspath(path)
     try:
         fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:

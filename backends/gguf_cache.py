@@ -18,28 +18,36 @@ from __future__ import annotations
 import json
 import os
 import zlib
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvadvise.errors import InputError
 from kvadvise.files import load_json, open_regular, read_regular_text
 from kvadvise.model.ggml import GGMLType
 from kvadvise.model.gguf import GGUFArray, GGUFHeader, TensorInfo, Value
 
+if TYPE_CHECKING:
+    from pathlib import Path
+
 FORMAT = 3  # 2: ctime and device in the stamp, the header bytes hashed; 3: CRC-32, not sha256
 MAX_ENTRY_BYTES = 256 << 20  # a 262k-token vocabulary is ~10 MB of JSON
 
 
-def cache_dir() -> Path:
+def _cache_root() -> str:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "kvadvise" / "headers"
+    return os.path.join(base, "kvadvise", "headers")
+
+
+def cache_dir() -> Path:
+    from pathlib import Path  # not on the path of a cache hit: pathlib and urllib.parse cost ~3 ms of start-up
+
+    return Path(_cache_root())
 
 
 def enabled() -> bool:
     return os.environ.get("KVADVISE_NO_CACHE", "") in ("", "0")
 
 
-def _identity(path: Path) -> tuple[str, list[int]] | None:
+def _identity(path: str | os.PathLike[str]) -> tuple[str, list[int]] | None:
     try:
         real = os.path.realpath(path)
         st = os.stat(real)
@@ -66,12 +74,20 @@ def _header_digest(real: str, header_bytes: int) -> str | None:
             return None
 
 
-def _entry(real: str) -> Path:
+def _entry_path(real: str) -> str:
     # a cheap name; the entry itself records the path it belongs to
-    return cache_dir() / f"{zlib.crc32(os.fsencode(real)):08x}-{len(real)}.json"  # any file name, UTF-8 or not
+    return os.path.join(
+        _cache_root(), f"{zlib.crc32(os.fsencode(real)):08x}-{len(real)}.json"
+    )  # any name, UTF-8 or not
 
 
-def load(path: Path) -> GGUFHeader | None:
+def _entry(real: str) -> Path:
+    from pathlib import Path
+
+    return Path(_entry_path(real))
+
+
+def load(path: str | os.PathLike[str]) -> GGUFHeader | None:
     if not enabled():
         return None
     ident = _identity(path)
@@ -79,10 +95,10 @@ def load(path: Path) -> GGUFHeader | None:
         return None
     real, stamp = ident
     try:
-        doc = load_json(read_regular_text(_entry(real), max_bytes=MAX_ENTRY_BYTES))
+        doc = load_json(read_regular_text(_entry_path(real), max_bytes=MAX_ENTRY_BYTES))
         if doc.get("format") != FORMAT or doc.get("path") != os.fsencode(real).hex() or doc.get("stamp") != stamp:
             return None
-        header = decode(doc["header"], str(path))
+        header = decode(doc["header"], os.fspath(path))
         if doc.get("crc32") != _header_digest(real, header.header_bytes):
             return None
         return header
@@ -90,7 +106,7 @@ def load(path: Path) -> GGUFHeader | None:
         return None
 
 
-def store(path: Path, header: GGUFHeader) -> None:
+def store(path: str | os.PathLike[str], header: GGUFHeader) -> None:
     if not enabled():
         return
     ident = _identity(path)
@@ -165,9 +181,8 @@ def read(path: str | os.PathLike[str]) -> GGUFHeader:
     """The header of a local GGUF file: from the cache when the file is unchanged."""
     from kvadvise.model.gguf import read_file
 
-    p = Path(path)
-    header = load(p)
+    header = load(path)
     if header is None:
-        header = read_file(p)
-        store(p, header)
+        header = read_file(path)
+        store(path, header)
     return header

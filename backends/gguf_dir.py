@@ -5,8 +5,8 @@ part); a file that cannot be read is a line with its error, never the end of the
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -16,6 +16,8 @@ from kvadvise.errors import InputError, KvadviseError
 from kvadvise.model import splits
 
 if TYPE_CHECKING:  # the listing's module loads only for a folder: `kvadvise gguf FILE` starts without it
+    from pathlib import Path
+
     from kvadvise.cli.listing import Listed
 
 MAX_THREADS = 8
@@ -40,7 +42,7 @@ def _size(path: Path) -> int:
     total = 0
     for p in parts:
         with contextlib.suppress(OSError):  # a missing part: the read says so
-            total += Path(p).stat().st_size
+            total += os.stat(p).st_size
     return total
 
 
@@ -138,7 +140,9 @@ def with_folder_listing(cmd: click.Command, load: Callable[[str], Any]) -> click
     def callback(**kwargs: Any) -> Any:
         sort = kwargs.pop("sort")
         ref = kwargs.get("ref")
-        if isinstance(ref, str) and Path(ref).expanduser().is_dir():
+        if isinstance(ref, str) and os.path.isdir(os.path.expanduser(ref)):
+            from pathlib import Path  # a folder only: pathlib stays off the start-up of `kvadvise gguf FILE`
+
             kwargs.pop("ref")
             return list_folder(Path(ref).expanduser(), kwargs, sort or "name", load)
         if sort:

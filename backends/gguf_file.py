@@ -16,9 +16,9 @@ header is used when the server cannot be reached or the Hub is offline.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvadvise.backends import gguf_cache as headercache
@@ -69,8 +69,8 @@ class GGUFFileBackend:
 
 def load_header(ref: str) -> GGUFHeader:
     """The (merged) header of the model ``ref`` names."""
-    path = Path(ref).expanduser()
-    if not ref.startswith(("http://", "https://", "hf://")) and path.exists():
+    path = os.path.expanduser(ref)
+    if not ref.startswith(("http://", "https://", "hf://")) and os.path.exists(path):
         return read_local(path)  # without importing the remote modules: a local plan starts fast
     from kvadvise.backends.remote import hub
 
@@ -90,12 +90,12 @@ def load_header(ref: str) -> GGUFHeader:
 # -- local ---------------------------------------------------------------------
 
 
-def read_local(path: Path) -> GGUFHeader:
+def read_local(path: str) -> GGUFHeader:
     first = headercache.read(path)
     n = splits.check_first(first)
     if n == 1:
         return first
-    name = splits.parse_name(str(path))
+    name = splits.parse_name(path)
     if name is None or name.count != n or name.number != 1:
         raise InputError(
             f"{path}: part 1 of a split model of {n} parts, but its name does not end in -00001-of-{n:05d}.gguf",
@@ -103,7 +103,7 @@ def read_local(path: Path) -> GGUFHeader:
         )
     parts = [first]
     for i, p in enumerate(name.parts[1:], start=2):
-        if not Path(p).is_file():
+        if not os.path.isfile(p):
             raise InputError(f"{p}: part {i} of {n} of the split model is missing", hint="download every part")
         parts.append(headercache.read(p))
     return splits.merge(parts)

@@ -18,7 +18,6 @@ import os
 import struct
 from collections.abc import Mapping
 from dataclasses import field
-from pathlib import Path
 from typing import Protocol
 
 from kvadvise.errors import GGUFError
@@ -159,8 +158,7 @@ class FileSource:
 
 def read_file(path: str | os.PathLike[str], *, decode_string_arrays: bool = False) -> GGUFHeader:
     """Read the header of a local GGUF file."""
-    p = Path(path)
-    with FileSource(p) as src:
+    with FileSource(path) as src:
         return read_header(src, decode_string_arrays=decode_string_arrays)
 
 

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
 
 from kvadvise.frozen import dataclass
 
 AMD_VENDOR = "0x1002"
-SYSFS_DRM = Path("/sys/class/drm")
+SYSFS_DRM = "/sys/class/drm"
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,19 +32,20 @@ class AmdCard:
     gtt_total_bytes: int | None = None  # system RAM the GPU can map besides (an APU's larger pool)
 
 
-def _read(path: Path) -> str | None:
+def _read(path: str) -> str | None:
     try:
-        return path.read_text(encoding="ascii", errors="replace").strip()
+        with open(path, encoding="ascii", errors="replace") as f:
+            return f.read().strip()
     except OSError:
         return None
 
 
-def _int(path: Path) -> int | None:
+def _int(path: str) -> int | None:
     text = _read(path)
     return int(text) if text is not None and text.isdigit() else None
 
 
-def cards(root: Path = SYSFS_DRM) -> tuple[AmdCard, ...]:
+def cards(root: str | os.PathLike[str] = SYSFS_DRM) -> tuple[AmdCard, ...]:
     """Every AMD card under ``root`` that reports its VRAM, in card order; () when there is none."""
     try:
         names = sorted((e for e in os.listdir(root) if re.fullmatch(r"card[0-9]+", e)), key=lambda e: int(e[4:]))
@@ -53,13 +53,13 @@ def cards(root: Path = SYSFS_DRM) -> tuple[AmdCard, ...]:
         return ()
     found = []
     for card in names:
-        dev = root / card / "device"
-        if _read(dev / "vendor") != AMD_VENDOR:
+        dev = os.path.join(root, card, "device")
+        if _read(os.path.join(dev, "vendor")) != AMD_VENDOR:
             continue
-        total, used = _int(dev / "mem_info_vram_total"), _int(dev / "mem_info_vram_used")
+        total, used = _int(os.path.join(dev, "mem_info_vram_total")), _int(os.path.join(dev, "mem_info_vram_used"))
         if not total or used is None:
             continue
-        pci_id = (_read(dev / "device") or "unknown").lower()
-        gtt = _int(dev / "mem_info_gtt_total")
-        found.append(AmdCard(card, pci_id, _read(dev / "product_name") or None, total, used, gtt))
+        pci_id = (_read(os.path.join(dev, "device")) or "unknown").lower()
+        gtt = _int(os.path.join(dev, "mem_info_gtt_total"))
+        found.append(AmdCard(card, pci_id, _read(os.path.join(dev, "product_name")) or None, total, used, gtt))
     return tuple(found)

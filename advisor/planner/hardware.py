@@ -18,7 +18,6 @@ import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 from kvadvise.errors import InputError
@@ -220,8 +219,11 @@ def _ram_now() -> tuple[int, int]:
     """(total, available) bytes of system RAM."""
     if "psutil" not in sys.modules and sys.platform == "linux":
         # what psutil reads too (MemTotal, MemAvailable), without its ~15 ms import on every plan
-        with contextlib.suppress(OSError, ValueError, KeyError):
-            return _meminfo(Path("/proc/meminfo").read_text())
+        with (
+            contextlib.suppress(OSError, ValueError, KeyError),
+            open("/proc/meminfo", encoding="ascii", errors="replace") as f,
+        ):
+            return _meminfo(f.read())
     import psutil
 
     vm = psutil.virtual_memory()
@@ -235,7 +237,7 @@ def _meminfo(text: str) -> tuple[int, int]:
 
 def _no_nvidia_driver() -> bool:
     """Linux without the NVIDIA kernel driver (nor WSL's GPU device): NVML cannot start there."""
-    return sys.platform == "linux" and not Path("/proc/driver/nvidia").exists() and not Path("/dev/dxg").exists()
+    return sys.platform == "linux" and not os.path.exists("/proc/driver/nvidia") and not os.path.exists("/dev/dxg")
 
 
 def _fmt_gib(n: int) -> str:
@@ -416,7 +418,7 @@ def match_amd(pci_id: str, vram_bytes: int) -> GpuProfile | None:
     return next(iter(found.values())) if len(found) == 1 else None
 
 
-def amd_hardware(ram: tuple[int, int], root: Path | None = None) -> Hardware | None:
+def amd_hardware(ram: tuple[int, int], root: str | os.PathLike[str] | None = None) -> Hardware | None:
     """AMD GPUs through the amdgpu driver's sysfs (kvadvise.planner.amdgpu); None when there is none."""
     if sys.platform != "linux" and root is None:
         return None

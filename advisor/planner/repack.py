@@ -27,7 +27,6 @@ as they are clean. kvadvise counts both, as llama.cpp prints both.
 from __future__ import annotations
 
 import platform
-from pathlib import Path
 
 from kvadvise.frozen import dataclass
 from kvadvise.model.ggml import pad
@@ -89,7 +88,8 @@ def cpu_isa() -> str:
     machine = platform.machine().lower()
     flags: set[str] = set()
     try:
-        text = Path("/proc/cpuinfo").read_text(errors="replace")
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            text = f.read()
     except OSError:
         text = ""
     for line in text.splitlines():
