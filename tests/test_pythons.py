@@ -100,7 +100,12 @@ def _plan(python: str, site: Path, tmp: Path, argv: list[str]) -> dict[str, obje
 @pytest.mark.parametrize("version", sorted(PYTHONS), ids=lambda v: f"{v[0]}.{v[1]}")
 def test_other_pythons_plan_as_this_one(version: tuple[int, int], site: Path, gemma_path: Path, tmp_path: Path) -> None:
     python = PYTHONS[version]
+    folder = tmp_path / "models"
+    folder.mkdir()
+    (folder / gemma_path.name).symlink_to(gemma_path)
     for argv in (
+        ["gguf", str(folder), "--no-hardware", "--sort", "size", "--json"],
+        ["hf", str(ROOT / "tests" / "data" / "hf" / "glm4-9b.json"), "--gpu", "rtx-4060", "--allow-cpu", "--json"],
         ["gguf", str(gemma_path), "--gpu", "rtx-4090", "--json"],
         [
             "gguf",
@@ -121,4 +126,4 @@ def test_other_pythons_plan_as_this_one(version: tuple[int, int], site: Path, ge
         theirs = _plan(python, site, tmp_path / "theirs", argv)
         ours = _plan(sys.executable, site, tmp_path / "ours", argv)
         assert theirs == ours, argv
-        assert "fits" in theirs and theirs["memory"], theirs.keys()
+        assert theirs.get("models") or ("fits" in theirs and theirs["memory"]), theirs.keys()
