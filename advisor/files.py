@@ -171,16 +171,13 @@ def load_json(data: str | bytes | bytearray, *, max_depth: int = MAX_JSON_DEPTH)
         doc = json.loads(data)
     except RecursionError:
         raise json.JSONDecodeError(f"nested deeper than {max_depth} levels", "", 0) from None
-    stack: list[tuple[Any, int]] = [(doc, 1)]
-    while stack:
-        v, depth = stack.pop()
-        if isinstance(v, dict):
-            items: Any = v.values()
-        elif isinstance(v, list):
-            items = v
-        else:
-            continue
-        if depth > max_depth:
-            raise json.JSONDecodeError(f"nested deeper than {max_depth} levels", "", 0)
-        stack.extend((x, depth + 1) for x in items if isinstance(x, (dict, list)))
+    # level by level: one list per depth rather than a tuple per container (a header cache entry holds
+    # ~1,000 of them, read on every start)
+    level: list[Any] = [doc] if isinstance(doc, (dict, list)) else []
+    for _ in range(max_depth):
+        if not level:
+            return doc
+        level = [x for v in level for x in (v.values() if isinstance(v, dict) else v) if isinstance(x, (dict, list))]
+    if level:
+        raise json.JSONDecodeError(f"nested deeper than {max_depth} levels", "", 0)
     return doc
