@@ -69,6 +69,10 @@ class GGUFFileBackend:
 
 def load_header(ref: str) -> GGUFHeader:
     """The (merged) header of the model ``ref`` names."""
+    if not ref.strip():
+        raise InputError(
+            "MODEL is empty", hint="give a GGUF file, an https:// URL, hf://USER/REPO/FILE.gguf or USER/REPO:QUANT"
+        )
     path = os.path.expanduser(ref)
     if not ref.startswith(("http://", "https://", "hf://")) and os.path.exists(path):
         return read_local(path)  # without importing the remote modules: a local plan starts fast

@@ -815,3 +815,10 @@ def test_fuzz_ollama_inputs_raise_only_domain_errors(
             pass
         worst = max(worst, time.monotonic() - t0)
     assert worst < 2, worst
+
+
+def test_an_empty_model_name_is_named_so(capsys: pytest.CaptureFixture[str]) -> None:
+    """`kvadvise gguf ""` (an unset shell variable) says the name is empty, not ": no such file"."""
+    for ref in ("", "  "):
+        rc, _, err = run(capsys, "gguf", ref, "--no-hardware")
+        assert rc == 2 and "MODEL is empty" in err and "hint: give a GGUF file" in err
