@@ -822,3 +822,17 @@ def test_an_empty_model_name_is_named_so(capsys: pytest.CaptureFixture[str]) -> 
     for ref in ("", "  "):
         rc, _, err = run(capsys, "gguf", ref, "--no-hardware")
         assert rc == 2 and "MODEL is empty" in err and "hint: give a GGUF file" in err
+
+
+def test_nan_and_inf_are_refused_where_a_number_is_asked(
+    tmp_path: Path, gemma_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """nan passes click.FloatRange's bounds (every comparison with it is false): `--bandwidth nan` ended in
+    "internal error: cannot convert float NaN to integer" (exit 1)."""
+    for value in ("nan", "inf", "1e999"):
+        rc, _, err = run(capsys, "gguf", str(gemma_path), "--vram", "8GiB", "--bandwidth", value)
+        assert rc == 2 and "not a finite number" in err, err
+        rc, _, err = run(capsys, "verify", "llamacpp", str(gemma_path), "--timeout", value)
+        assert rc == 2 and ("not a finite number" in err or "not in the range" in err), err
+    rc, out, _ = run(capsys, "gguf", str(gemma_path), "--vram", "8GiB", "--bandwidth", "448")
+    assert rc == 0 and "448 GB/s" in out

@@ -3,6 +3,7 @@ frozen :class:`PlanOptions` they become before anything else runs."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -40,6 +41,17 @@ class SizeType(click.ParamType):  # type: ignore[type-arg]  # generic in click >
 
 SIZE = SizeType()
 SIZE_OR_ZERO = SizeType(allow_zero=True)
+
+
+class FiniteFloatRange(click.FloatRange):
+    """``click.FloatRange`` without ``nan`` and ``inf``: nan passes its bounds (every comparison with it is
+    false) and reached the planner as an internal error."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
 
 
 class SizeListType(click.ParamType):  # type: ignore[type-arg]  # generic in click >= 8.2 only
@@ -394,7 +406,7 @@ def _hardware_options(planned: bool) -> list[Callable[[F], F]]:
         click.option(
             "--bandwidth",
             "bandwidth_gbs",
-            type=click.FloatRange(min=1, min_open=False),
+            type=FiniteFloatRange(min=1, min_open=False),
             metavar="GB/S",
             help="With --vram: the card's memory bandwidth in GB/s, for the decode-speed estimate (e.g. 448).",
             default=None,

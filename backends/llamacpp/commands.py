@@ -8,7 +8,14 @@ from dataclasses import replace
 import click
 
 from kvadvise.cli import output
-from kvadvise.cli.options import MMPROJ_OPTION, PlanOptions, draft_options, measured_run_options, run_options
+from kvadvise.cli.options import (
+    MMPROJ_OPTION,
+    FiniteFloatRange,
+    PlanOptions,
+    draft_options,
+    measured_run_options,
+    run_options,
+)
 from kvadvise.cli.plan import build_plan, exit_if_no_fit, refuse_to_write_what_does_not_fit, show_plan
 from kvadvise.planner.planning import Plan
 from kvadvise.runtime.llamaserver import ModelSource
@@ -93,7 +100,7 @@ def llamacpp_command(path: str, write_env: str | None, force: bool, **kwargs: ob
 @click.option(
     "--timeout",
     "timeout_s",
-    type=click.FloatRange(min=0.1, max=86400),
+    type=FiniteFloatRange(min=0.1, max=86400),
     default=600,
     show_default=True,
     help="Seconds before the run is stopped.",
