@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from kvadvise.errors import InputError
@@ -24,18 +25,8 @@ FILE_MODE = 0o644  # generated configs are not secret; the directory decides who
 
 def write_text_file(path: str | os.PathLike[str], text: str, *, force: bool) -> Path:
     """Write ``text`` to ``path`` atomically; refuse to overwrite unless ``force``. Returns the path."""
-    from pathlib import Path  # only to write: reading a model file starts without pathlib
-
-    target = Path(path).expanduser()
+    target = _check_target(path, force=force)
     parent = target.parent
-    if target.is_dir():
-        raise InputError(f"{target}: is a directory", hint="give a file name")
-    if not parent.exists():
-        raise InputError(f"{parent}: no such directory", hint=f"create it first: mkdir -p {parent}")
-    if not parent.is_dir():
-        raise InputError(f"{parent}: not a directory")
-    if not force and (target.exists() or target.is_symlink()):
-        raise InputError(f"{target} already exists", hint="pass --force to overwrite it")
     tmp = _write_temp(parent, target.name, text)
     try:
         if force:
@@ -48,6 +39,39 @@ def write_text_file(path: str | os.PathLike[str], text: str, *, force: bool) -> 
         if os.path.lexists(tmp):
             os.unlink(tmp)
     return target
+
+
+def _check_target(path: str | os.PathLike[str], *, force: bool) -> Path:
+    """``path`` as a file that may be written now: its folder exists, it is not a folder, and it does not
+    exist yet unless ``force``."""
+    from pathlib import Path  # only to write: reading a model file starts without pathlib
+
+    target = Path(path).expanduser()
+    parent = target.parent
+    if target.is_dir():
+        raise InputError(f"{target}: is a directory", hint="give a file name")
+    if not parent.exists():
+        raise InputError(f"{parent}: no such directory", hint=f"create it first: mkdir -p {parent}")
+    if not parent.is_dir():
+        raise InputError(f"{parent}: not a directory")
+    if not force and (target.exists() or target.is_symlink()):
+        raise InputError(f"{target} already exists", hint="pass --force to overwrite it")
+    return target
+
+
+def check_targets(targets: Mapping[str, str | None], *, force: bool) -> None:
+    """Before writing several files (by the option that names each): every one can be written and no two
+    are the same file, so a refusal leaves none of them written rather than some."""
+    seen: dict[str, str] = {}
+    for option, path in targets.items():
+        if path is None:
+            continue
+        if not path.strip():
+            raise InputError(f"{option}: the path is empty", hint="give a file name")
+        key = os.path.realpath(_check_target(path, force=force))
+        if key in seen:
+            raise InputError(f"{seen[key]} and {option} name the same file ({path})", hint="give each its own file")
+        seen[key] = option
 
 
 def _write_temp(parent: Path, name: str, text: str) -> str:

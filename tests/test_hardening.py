@@ -836,3 +836,35 @@ def test_nan_and_inf_are_refused_where_a_number_is_asked(
         assert rc == 2 and ("not a finite number" in err or "not in the range" in err), err
     rc, out, _ = run(capsys, "gguf", str(gemma_path), "--vram", "8GiB", "--bandwidth", "448")
     assert rc == 0 and "448 GB/s" in out
+
+
+def test_several_files_are_checked_before_any_is_written(
+    tmp_path: Path, gemma_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--write-modelfile, --write-env and --write-systemd: an existing file, an empty path or two options
+    naming the same file are refused before anything is written (the Modelfile was written, then the env
+    file refused: half a config), and nothing of the user's changes."""
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "empty"))
+    monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
+    mine = tmp_path / "mine.env"
+    mine.write_text("KEEP=1\n")
+    plan = ("ollama", "qwen3-coder", "--gpu", "rtx-4090")
+    cases = [
+        (("--write-modelfile", str(tmp_path / "Modelfile"), "--write-env", str(mine)), "already exists"),
+        (("--write-modelfile", str(tmp_path / "Modelfile"), "--write-env", ""), "--write-env: the path is empty"),
+        (
+            ("--write-env", str(tmp_path / "a.env"), "--write-systemd", str(tmp_path / "." / "a.env"), "--force"),
+            "--write-env and --write-systemd name the same file",
+        ),
+    ]
+    for extra, message in cases:
+        rc, _, err = run(capsys, *plan, *extra)
+        assert rc == 2 and message in err, err
+        assert not (tmp_path / "Modelfile").exists() and not (tmp_path / "a.env").exists()
+    assert mine.read_text() == "KEEP=1\n"
+    rc, _, err = run(capsys, "llamacpp", str(gemma_path), "--gpu", "rtx-4090", "--write-env", "")
+    assert rc == 2 and "--write-env: the path is empty" in err
+    rc, _, _ = run(
+        capsys, *plan, "--write-modelfile", str(tmp_path / "Modelfile"), "--write-env", str(tmp_path / "a.env")
+    )
+    assert rc == 0 and (tmp_path / "Modelfile").exists() and (tmp_path / "a.env").exists()

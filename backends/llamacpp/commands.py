@@ -51,7 +51,7 @@ def llamacpp_command(path: str, write_env: str | None, force: bool, **kwargs: ob
     """The llama-server command for a GGUF model (a file, URL or Hub name): recommended, or for the --ctx you give."""
     from kvadvise.backends.gguf_file import GGUFFileBackend
     from kvadvise.backends.llamacpp.runners import model_source
-    from kvadvise.files import write_text_file
+    from kvadvise.files import check_targets, write_text_file
     from kvadvise.runtime.llamaserver import env_text, server_env
 
     o = PlanOptions.take(dict(kwargs))
@@ -78,8 +78,9 @@ def llamacpp_command(path: str, write_env: str | None, force: bool, **kwargs: ob
         return "\n".join(lines)
 
     show_plan(plan, o, requested_ctx=o.n_ctx, extra_json=as_json, extra_text=as_text)
-    if write_env:
+    if write_env is not None:
         refuse_to_write_what_does_not_fit(plan, write_env)
+        check_targets({"--write-env": write_env}, force=force)  # an empty path says so
         written = write_text_file(write_env, env_text(model, plan.config), force=force)
         # `. ./file`: a bare `. file` searches PATH in dash, zsh and bash --posix
         shown = written if written.is_absolute() else f"./{written}"

@@ -247,8 +247,9 @@ def write_files(
 ) -> tuple[Written, ...]:
     """Write what was asked for; never overwrite without ``force`` (kvadvise.files)."""
     from kvadvise.backends.ollama import config as oc
-    from kvadvise.files import write_text_file
+    from kvadvise.files import check_targets, write_text_file
 
+    check_targets({"--write-modelfile": modelfile, "--write-env": env, "--write-systemd": systemd}, force=force)
     s, out = a.settings, []
     if modelfile:
         p = write_text_file(
