@@ -73,7 +73,7 @@ def load_header(ref: str) -> GGUFHeader:
         raise InputError(
             "MODEL is empty", hint="give a GGUF file, an https:// URL, hf://USER/REPO/FILE.gguf or USER/REPO:QUANT"
         )
-    path = os.path.expanduser(ref)
+    path = _as_pathlib_shows(os.path.expanduser(ref))
     if not ref.startswith(("http://", "https://", "hf://")) and os.path.exists(path):
         return read_local(path)  # without importing the remote modules: a local plan starts fast
     from kvadvise.backends.remote import hub
@@ -94,7 +94,19 @@ def load_header(ref: str) -> GGUFHeader:
 # -- local ---------------------------------------------------------------------
 
 
-def read_local(path: str) -> GGUFHeader:
+def _as_pathlib_shows(path: str) -> str:
+    """``str(pathlib.Path(path))`` without importing pathlib (~3 ms of start-up): no ``.`` parts, doubled
+    or trailing slashes (``model.gguf/`` names the file); ``..`` is kept, since it may cross a symlink."""
+    if os.sep != "/":  # Windows' drives and separators: pathlib itself, off the start-up that matters here
+        from pathlib import Path
+
+        return str(Path(path))
+    root = "//" if path.startswith("//") and not path.startswith("///") else "/" if path.startswith("/") else ""
+    return root + "/".join(part for part in path.split("/") if part not in ("", ".")) or "."
+
+
+def read_local(path: str | os.PathLike[str]) -> GGUFHeader:
+    path = os.fspath(path)  # a Python caller's pathlib.Path: the split-name parser takes text
     first = headercache.read(path)
     n = splits.check_first(first)
     if n == 1:

@@ -868,3 +868,18 @@ def test_several_files_are_checked_before_any_is_written(
         capsys, *plan, "--write-modelfile", str(tmp_path / "Modelfile"), "--write-env", str(tmp_path / "a.env")
     )
     assert rc == 0 and (tmp_path / "Modelfile").exists() and (tmp_path / "a.env").exists()
+
+
+def test_a_model_path_is_shown_and_read_as_pathlib_tidies_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`model.gguf/` names the file on a header-cache miss as on a hit, and `./model.gguf` is shown as
+    `model.gguf` (what pathlib made of both before it left the start-up path; review of issue 11)."""
+    write_tiny_gguf(tmp_path / "m.gguf", "llama", name="tidy")
+    monkeypatch.chdir(tmp_path)
+    for cache in ("1", "0", "0"):  # no cache, then a miss that stores, then a hit
+        monkeypatch.setenv("KVADVISE_NO_CACHE", cache)
+        for ref in ("m.gguf/", "./m.gguf", ".//m.gguf/."):
+            rc, out, err = run(capsys, "gguf", ref, "--no-hardware", "--json")
+            assert rc == 0, (ref, cache, err)
+            assert json.loads(out)["model"]["source"] == "m.gguf"

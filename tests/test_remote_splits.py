@@ -11,7 +11,7 @@ import pytest
 from http_fixtures import LoopbackServer, Route, write_split
 from tinymodels import write_tiny_gguf
 
-from kvadvise.backends.gguf_file import GGUFFileBackend, load_header
+from kvadvise.backends.gguf_file import GGUFFileBackend, load_header, read_local
 from kvadvise.errors import GGUFError, InputError
 from kvadvise.model import splits
 from kvadvise.model.gguf import read_file
@@ -74,6 +74,7 @@ def test_local_split_merges_to_the_whole_model(split3: tuple[Path, list[Path]]) 
     assert len(h.tensors) == len(read_file(whole).tensors)
     assert h.file_bytes == sum(p.stat().st_size for p in parts)
     assert h.extra["split_parts"] == tuple(str(p) for p in parts)
+    assert read_local(parts[0]).tensors == h.tensors  # a pathlib.Path from a Python caller, as before
 
 
 def test_a_later_part_is_refused_with_the_first_named(split3: tuple[Path, list[Path]]) -> None:
