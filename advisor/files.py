@@ -46,16 +46,22 @@ def _check_target(path: str | os.PathLike[str], *, force: bool) -> Path:
     exist yet unless ``force``."""
     from pathlib import Path  # only to write: reading a model file starts without pathlib
 
-    target = Path(path).expanduser()
+    try:
+        target = Path(path).expanduser()
+    except RuntimeError:  # ~user of no such user
+        raise InputError(f"{path}: no such user's home folder", hint="give the folder itself") from None
     parent = target.parent
-    if target.is_dir():
-        raise InputError(f"{target}: is a directory", hint="give a file name")
-    if not parent.exists():
-        raise InputError(f"{parent}: no such directory", hint=f"create it first: mkdir -p {parent}")
-    if not parent.is_dir():
-        raise InputError(f"{parent}: not a directory")
-    if not force and (target.exists() or target.is_symlink()):
-        raise InputError(f"{target} already exists", hint="pass --force to overwrite it")
+    try:
+        if target.is_dir():
+            raise InputError(f"{target}: is a directory", hint="give a file name")
+        if not parent.exists():
+            raise InputError(f"{parent}: no such directory", hint=f"create it first: mkdir -p {parent}")
+        if not parent.is_dir():
+            raise InputError(f"{parent}: not a directory")
+        if not force and (target.exists() or target.is_symlink()):
+            raise InputError(f"{target} already exists", hint="pass --force to overwrite it")
+    except OSError as e:  # a name too long, a folder that cannot be searched
+        raise _os_error(target, e) from None
     return target
 
 

@@ -883,3 +883,19 @@ def test_a_model_path_is_shown_and_read_as_pathlib_tidies_it(
             rc, out, err = run(capsys, "gguf", ref, "--no-hardware", "--json")
             assert rc == 0, (ref, cache, err)
             assert json.loads(out)["model"]["source"] == "m.gguf"
+
+
+def test_an_unusable_output_path_is_an_input_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file name longer than the file system allows and `~user` of no such user ended in an internal
+    error (exit 1) when a file was to be written (review of issue 11)."""
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "empty"))
+    monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
+    for target, message in (
+        (str(tmp_path / ("x" * 300 + ".env")), "cannot write (File name too long)"),
+        ("~no-such-user-kvadvise/x.env", "no such user's home folder"),
+    ):
+        rc, _, err = run(capsys, "ollama", "qwen3-coder", "--gpu", "rtx-4090", "--write-env", target)
+        assert rc == 2 and message in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
