@@ -240,6 +240,7 @@ else:
             raise TypeError(f"{cls.__name__} already specifies __slots__")
         fields = _collect_fields(cls)
         names = tuple(f.name for f in fields.values() if f._field_type is _FIELD)
+        init_names = tuple(f.name for f in fields.values() if f._field_type is _FIELD and f.init)
         # a new class with __slots__, as dataclasses._add_slots makes it (slots cannot be added to a class)
         namespace = dict(cls.__dict__)
         inherited = {slot for base in cls.__mro__[1:-1] for slot in _slots(base)}
@@ -250,14 +251,10 @@ else:
         namespace.pop("__weakref__", None)
         namespace["__dataclass_fields__"] = fields
         namespace["__dataclass_params__"] = _PARAMS
-        namespace.setdefault(
-            "__match_args__", tuple(f.name for f in fields.values() if f._field_type is _FIELD and f.init)
-        )
+        namespace.setdefault("__match_args__", init_names)
         namespace.update(_METHODS)
         if not namespace.get("__doc__"):  # as the standard decorator does, without inspect.signature
-            namespace["__doc__"] = (
-                f"{cls.__name__}({', '.join(f.name for f in fields.values() if f._field_type is _FIELD and f.init)})"
-            )
+            namespace["__doc__"] = f"{cls.__name__}({', '.join(init_names)})"
         qualname = cls.__qualname__
         cls = type(cls)(cls.__name__, cls.__bases__, namespace)
         cls.__qualname__ = qualname

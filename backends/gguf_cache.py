@@ -75,10 +75,8 @@ def _header_digest(real: str, header_bytes: int) -> str | None:
 
 
 def _entry_path(real: str) -> str:
-    # a cheap name; the entry itself records the path it belongs to
-    return os.path.join(
-        _cache_root(), f"{zlib.crc32(os.fsencode(real)):08x}-{len(real)}.json"
-    )  # any name, UTF-8 or not
+    # a cheap name, whatever the path's bytes (UTF-8 or not); the entry itself records the path it belongs to
+    return os.path.join(_cache_root(), f"{zlib.crc32(os.fsencode(real)):08x}-{len(real)}.json")
 
 
 def _entry(real: str) -> Path:
