@@ -9,10 +9,10 @@ reported by name and skipped; it never breaks the others.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from kvadvise.errors import InputError
-from kvadvise.frozen import dataclass
 from kvadvise.model.spec import ModelSpec
 
 if TYPE_CHECKING:

@@ -25,14 +25,13 @@ import os
 import re
 import struct
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvadvise.deadline import within
 from kvadvise.errors import BackendUnreachable, InputError, KvadviseError
 from kvadvise.files import load_json
-from kvadvise.frozen import dataclass
 from kvadvise.model.hfconfig import from_config
 from kvadvise.model.quants import quant_bpw
 from kvadvise.model.spec import ModelSpec

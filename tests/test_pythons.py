@@ -3,7 +3,7 @@
 The wheel is unpacked beside click (as ``pip install --target`` would lay it out) and each interpreter
 plans the real Gemma 3 270M and a built-in profile; the JSON must be the one the test's own Python
 prints. Found in issue 11: Python 3.12 gave dataclasses' ``_DataclassParams`` four more fields, and
-``kvadvise.frozen`` failed at import there (every command, exit 1), while CI ran 3.11 only.
+a home-made dataclass once failed at import there (every command, exit 1), while CI ran 3.11 only.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ The plan is llama.cpp's (any K and V cache types), the recommendation policy of 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -15,7 +16,6 @@ import click
 from kvadvise.cli import output
 from kvadvise.cli.options import MARGIN_OPTION, PARALLEL_OPTION, SIZE, USE_OPTION
 from kvadvise.errors import EXIT_NO_FIT, InputError
-from kvadvise.frozen import dataclass
 
 if TYPE_CHECKING:
     from kvadvise.model.spec import ModelSpec

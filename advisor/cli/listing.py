@@ -5,11 +5,10 @@ this module sizes them (kvadvise.planner.inventory), sorts them and renders text
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kvadvise.cli import output
-from kvadvise.frozen import dataclass
 
 if TYPE_CHECKING:
     from kvadvise.model.spec import ModelSpec

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import click
 
 from kvadvise.errors import InputError
-from kvadvise.frozen import dataclass
 from kvadvise.model.ggml import KV_CACHE_TYPES
 from kvadvise.planner.memory import RUNTIMES
 

@@ -12,9 +12,9 @@ import math
 import re
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from kvadvise.errors import GGUFError
-from kvadvise.frozen import dataclass
 from kvadvise.model.ggml import GGMLType, cuda_alloc_bytes
 from kvadvise.model.gguf import GGUFArray, GGUFHeader, TensorInfo, Value
 from kvadvise.model.keys import LLM, SSM, WKV, Attention, General, ShortConv, Tokenizer, key

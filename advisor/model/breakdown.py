@@ -21,8 +21,8 @@ Recurrent and hybrid layers (Mamba, gated delta-net) are not covered: None.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
-from kvadvise.frozen import dataclass
 from kvadvise.model.spec import ModelSpec
 
 # MXFP4: 32 4-bit values + one 8-bit scale per block (ggml-common.h block_mxfp4)

@@ -17,11 +17,10 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Mapping
-from dataclasses import field
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from kvadvise.errors import GGUFError
-from kvadvise.frozen import dataclass
 from kvadvise.model.ggml import BLOCK, GGMLType
 from kvadvise.model.keys import General
 

@@ -10,8 +10,9 @@ block_count, projection_dim}.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from kvadvise.errors import GGUFError
-from kvadvise.frozen import dataclass
 from kvadvise.model.ggml import GGMLType
 from kvadvise.model.gguf import GGUFHeader
 

@@ -7,7 +7,7 @@ llama.cpp 0c1e570). Per-layer values are tuples of length ``n_layer_all``
 
 from __future__ import annotations
 
-from kvadvise.frozen import dataclass
+from dataclasses import dataclass
 
 SWA_NONE = "none"
 SWA_STANDARD = "standard"

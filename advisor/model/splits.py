@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from kvadvise.errors import GGUFError, InputError
-from kvadvise.frozen import dataclass
 from kvadvise.model.gguf import GGUFHeader, TensorInfo
 from kvadvise.model.keys import Split
 

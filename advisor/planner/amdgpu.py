@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import os
 import re
-
-from kvadvise.frozen import dataclass
+from dataclasses import dataclass
 
 AMD_VENDOR = "0x1002"
 SYSFS_DRM = "/sys/class/drm"

@@ -16,12 +16,11 @@ import os
 import re
 import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
 from kvadvise.errors import InputError
-from kvadvise.frozen import dataclass
 
 
 @dataclass(frozen=True, slots=True)

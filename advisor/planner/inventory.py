@@ -4,10 +4,9 @@ at the context it would run at. Pure: the caller brings the specs and the budget
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from kvadvise.errors import ConfigError
-from kvadvise.frozen import dataclass
 from kvadvise.model.ggml import GGMLType
 from kvadvise.model.spec import ModelSpec
 from kvadvise.planner.memory import CTX_PAD, RunConfig, estimate

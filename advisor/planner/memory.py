@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import bisect
 import struct
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from kvadvise.errors import ConfigError
-from kvadvise.frozen import dataclass
 from kvadvise.model.ggml import ALIGNMENT, BLOCK, GGMLType, cuda_alloc_bytes, is_quantized, pad, row_bytes
 from kvadvise.model.spec import ModelSpec
 from kvadvise.planner.repack import RULES as REPACK_RULES

@@ -3,11 +3,10 @@ recommend one, against the hardware at hand or a card planned for."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from kvadvise.errors import ConfigError
-from kvadvise.frozen import dataclass
 from kvadvise.model.ggml import GGMLType
 from kvadvise.model.spec import ModelSpec
 from kvadvise.planner.hardware import Hardware

@@ -25,7 +25,8 @@ attention 22·P·n_embd with flash attention, or the f32 scores 4·P²·n_head p
 
 from __future__ import annotations
 
-from kvadvise.frozen import dataclass
+from dataclasses import dataclass
+
 from kvadvise.model.ggml import ALIGNMENT, cuda_alloc_bytes, pad
 from kvadvise.model.projector import ProjectorSpec
 

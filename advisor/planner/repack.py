@@ -27,8 +27,8 @@ as they are clean. kvadvise counts both, as llama.cpp prints both.
 from __future__ import annotations
 
 import platform
+from dataclasses import dataclass
 
-from kvadvise.frozen import dataclass
 from kvadvise.model.ggml import pad
 from kvadvise.model.spec import MatmulWeight, ModelSpec
 

@@ -25,8 +25,8 @@ estimate that covers 80 % of those rows: the range a plan prints.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from kvadvise.frozen import dataclass
 from kvadvise.model.ggml import GGMLType, row_bytes
 from kvadvise.model.spec import ModelSpec
 

@@ -12,13 +12,12 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvadvise.errors import InputError
 from kvadvise.files import write_text_file
-from kvadvise.frozen import dataclass
 from kvadvise.runtime.verification import Verification
 
 if TYPE_CHECKING:

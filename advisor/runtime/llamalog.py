@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-
-from kvadvise.frozen import dataclass
+from dataclasses import dataclass
 
 MIB = 1 << 20
 

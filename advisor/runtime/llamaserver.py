@@ -8,8 +8,8 @@ differ from the library's: without -np it runs 4 slots in one unified cache.
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass
 
-from kvadvise.frozen import dataclass
 from kvadvise.model.ggml import GGMLType
 from kvadvise.planner.memory import RunConfig
 

@@ -8,8 +8,8 @@ its log; this module turns the log into a Measurement and compares.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
-from kvadvise.frozen import dataclass
 from kvadvise.planner.planning import Plan
 from kvadvise.runtime.llamalog import MIB, LoadLog
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 
 from kvadvise.backends.ollama import api as ollama_api
@@ -25,7 +26,6 @@ from kvadvise.backends.ollama.rules import (
     num_ctx_per_slot,
 )
 from kvadvise.errors import BackendUnreachable
-from kvadvise.frozen import dataclass
 from kvadvise.planner.planning import Plan
 from kvadvise.planner.recommender import Offload
 

@@ -21,13 +21,12 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import field
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvadvise.deadline import within
 from kvadvise.errors import BackendUnreachable, InputError
 from kvadvise.files import load_json
-from kvadvise.frozen import dataclass
 from kvadvise.model.ggml import BLOCK, GGMLType
 from kvadvise.model.gguf import (
     DECODE_NUMERIC_MAX,

@@ -11,7 +11,7 @@ here (``-np`` and ``-ctk`` override them).
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +21,6 @@ from kvadvise.backends.ollama import api as ollama_api
 from kvadvise.backends.ollama import store as ollama_store
 from kvadvise.backends.ollama.name import OllamaName
 from kvadvise.errors import BackendUnreachable, InputError, KvadviseError
-from kvadvise.frozen import dataclass
 
 if TYPE_CHECKING:  # the listing module loads only with --installed: `kvadvise ollama NAME` starts without it
     from kvadvise.cli.listing import Listed, Loaded

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from kvadvise.frozen import dataclass
 from kvadvise.model.spec import ModelSpec
 
 

@@ -10,8 +10,9 @@ So ``qwen3``, ``qwen3:8b``, ``user/model:tag``, ``host/user/model:tag`` and
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from kvadvise.errors import InputError
-from kvadvise.frozen import dataclass
 
 DEFAULT_HOST = "registry.ollama.ai"
 DEFAULT_NAMESPACE = "library"

@@ -20,12 +20,12 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
 from kvadvise.backends.ollama.name import OllamaName
 from kvadvise.errors import InputError
-from kvadvise.frozen import dataclass
 from kvadvise.model.breakdown import params, sized
 from kvadvise.model.hfconfig import from_config
 from kvadvise.model.spec import ModelSpec

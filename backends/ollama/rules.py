@@ -10,10 +10,10 @@ K and V, server-wide; flash attention is on unless ``OLLAMA_FLASH_ATTENTION=0``;
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvadvise.errors import ConfigError
-from kvadvise.frozen import dataclass
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

@@ -19,13 +19,13 @@ import json
 import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kvadvise.backends.ollama.name import OllamaName
 from kvadvise.errors import InputError
 from kvadvise.files import load_json, open_regular
-from kvadvise.frozen import dataclass
 
 MEDIA_MODEL = "application/vnd.ollama.image.model"
 MEDIA_PARAMS = "application/vnd.ollama.image.params"

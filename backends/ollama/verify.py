@@ -11,10 +11,11 @@ context check.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from kvadvise.backends.ollama import api as ollama_api
 from kvadvise.backends.ollama.name import OllamaName, parse_name
 from kvadvise.errors import InputError
-from kvadvise.frozen import dataclass
 
 DEFAULT_LOAD_TIMEOUT = 600.0  # loading a large model from a slow disk takes minutes
 

@@ -20,13 +20,13 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kvadvise.backends.gguf_cache import cache_dir, decode, enabled, encode
 from kvadvise.errors import InputError
 from kvadvise.files import load_json, read_regular_text
-from kvadvise.frozen import dataclass
 from kvadvise.model.gguf import GGUFHeader
 
 FORMAT = 1

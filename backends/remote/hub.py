@@ -30,11 +30,11 @@ import os
 import re
 import urllib.parse
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from kvadvise.backends.remote import cache as remotecache
 from kvadvise.deadline import within
 from kvadvise.errors import BackendUnreachable, InputError
-from kvadvise.frozen import dataclass
 from kvadvise.model.splits import parse_name
 
 DEFAULT_REVISION = "main"
