@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import io
 import json
 import os
@@ -69,7 +68,6 @@ ROOT = Path(__file__).resolve().parent.parent
 CARRY = ROOT / ".gpu_truth"
 ARCHIVE = "llama.cpp.tar.gz"
 MANIFEST = "manifest.json"
-LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"  # the version pyproject.toml's verify extra pins
 GGUF_VERSION = "0.19.0"  # carried when this Python has no gguf (tests/tinymodels.py was checked with it)
 MIB = 1 << 20
 T0 = time.monotonic()
@@ -78,114 +76,10 @@ T0 = time.monotonic()
 # prepare: the pruned llama.cpp source and the wheels
 # --------------------------------------------------------------------------------------------------
 
-# Top-level entries of llama.cpp a build of llama-server does not read (LLAMA_BUILD_TESTS/EXAMPLES/APP
-# off): documentation, test data, the vocab GGUFs in models/, the Python converters, CI.
-_DROP_TOP = {
-    ".github", ".devops", ".gemini", ".pi", "app", "benches", "ci", "conversion", "docs", "examples",
-    "gguf-py", "grammars", "media", "models", "pocs", "requirements", "skills", "tests",
-}  # fmt: skip
-# ggml backends other than CPU, CUDA (and HIP/MUSA, which reuse CUDA's sources) and RPC: only
-# add_subdirectory'd when their GGML_<NAME> option is on (ggml/src/CMakeLists.txt ggml_add_backend).
-_DROP_BACKENDS = {
-    "ggml-cann", "ggml-et", "ggml-hexagon", "ggml-metal", "ggml-opencl", "ggml-openvino", "ggml-sycl",
-    "ggml-virtgpu", "ggml-vulkan", "ggml-webgpu", "ggml-zdnn", "ggml-zendnn",
-}  # fmt: skip
-_DROP_SUFFIX = (".gguf", ".mp3", ".mp4", ".wav", ".png", ".jpg", ".jpeg", ".gif", ".webp", ".ico", ".pdf")
+sys.path.insert(0, str(ROOT / "tests"))
+import llama_cpp_source as source  # noqa: E402  the one pruned llama.cpp of the tests and this run
 
-
-def keep(rel: str) -> bool:
-    """Whether ``rel`` (a path inside llama.cpp/) goes into the pruned archive."""
-    parts = rel.split("/")
-    if parts[0] in _DROP_TOP:
-        return False
-    if len(parts) == 1 and (parts[0].startswith("convert_") or parts[0].endswith((".sh", ".nix"))):
-        return False
-    if parts[:2] == ["ggml", "src"] and len(parts) > 2 and parts[2] in _DROP_BACKENDS:
-        return False
-    if parts[:2] == ["tools", "ui"]:  # the web UI's sources: with LLAMA_BUILD_UI=OFF only its CMakeLists is read
-        return rel == "tools/ui/CMakeLists.txt" or len(parts) == 2
-    if parts[:2] == ["tools", "server"] and len(parts) > 2 and parts[2] in ("tests", "bench", "public_simplechat"):
-        return False
-    if len(parts) > 2 and parts[0] == "tools" and parts[2] == "tests":
-        return False
-    return not rel.lower().endswith(_DROP_SUFFIX)
-
-
-def _sdist(explicit: str | None) -> Path:
-    version = LLAMA_CPP_PYTHON.split("==")[1]
-    name = f"llama_cpp_python-{version}.tar.gz"
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvadvise-tests" / "sdist"
-    for cand in ([Path(explicit)] if explicit else []) + [cache / name]:
-        if cand.is_file():
-            return cand
-    cache.mkdir(parents=True, exist_ok=True)
-    print(f"downloading the {LLAMA_CPP_PYTHON} sdist through pip ...", flush=True)
-    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", LLAMA_CPP_PYTHON]
-    subprocess.run([*cmd, "-d", str(cache)], check=True)
-    return cache / name
-
-
-def _submodule_commit(sdist: Path, prefix: str) -> str | None:
-    """The llama.cpp commit: the gitlink of vendor/llama.cpp in the sdist's own .git (it ships one)."""
-    if shutil.which("git") is None:
-        return None
-    with tempfile.TemporaryDirectory() as tmp, tarfile.open(sdist) as tar:
-        members = [m for m in tar.getmembers() if m.name.startswith(prefix + ".git/")]
-        if not members:
-            return None
-        tar.extractall(tmp, members=members, filter="data")
-        p = subprocess.run(
-            ["git", "--git-dir", str(Path(tmp) / prefix / ".git"), "ls-tree", "HEAD", "vendor/llama.cpp"],
-            capture_output=True,
-            text=True,
-        )
-    m = re.match(r"160000 commit ([0-9a-f]{40})\s", p.stdout)
-    return m[1] if m else None
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def prune(sdist: Path, dest: Path) -> dict[str, Any]:
-    """Write the pruned llama.cpp of ``sdist`` to ``dest`` (entries under ``llama.cpp/``)."""
-    prefix = sdist.name.removesuffix(".tar.gz") + "/"
-    vendor = prefix + "vendor/llama.cpp/"
-    kept = dropped = kept_bytes = 0
-    tmp = dest.with_suffix(".tmp")
-    with tarfile.open(sdist) as src, tarfile.open(tmp, "w:gz", compresslevel=9) as out:
-        for m in src:
-            if not m.name.startswith(vendor) or not (m.isfile() or m.isdir()):
-                continue
-            rel = m.name[len(vendor) :]
-            if not rel or rel == ".git" or not keep(rel):
-                dropped += 1
-                continue
-            m.name = "llama.cpp/" + rel
-            m.pax_headers = {}  # a pax "path" header would put the old name back on write
-            m.uid = m.gid = 0
-            m.uname = m.gname = ""
-            if m.isfile():
-                out.addfile(m, src.extractfile(m))
-                kept += 1
-                kept_bytes += m.size
-            else:
-                out.addfile(m)
-    os.replace(tmp, dest)
-    return {
-        "llama_cpp_commit": _submodule_commit(sdist, prefix),
-        "sdist": sdist.name,
-        "sdist_sha256": _sha256(sdist),
-        "archive_sha256": _sha256(dest),
-        "files": kept,
-        "entries_dropped": dropped,
-        "unpacked_bytes": kept_bytes,
-        "archive_bytes": dest.stat().st_size,
-    }
+keep = source.keep  # the pruning rules (tests/test_gpu_truth.py checks them)
 
 
 def _wheels(into: Path) -> list[str]:
@@ -238,10 +132,12 @@ def _travel_bytes() -> int | None:
 def cmd_prepare(args: argparse.Namespace) -> int:
     carry = Path(args.carry)
     carry.mkdir(parents=True, exist_ok=True)
-    sdist = _sdist(args.sdist)
     t = time.monotonic()
-    info = prune(sdist, carry / ARCHIVE)
-    info["llama_cpp_python"] = LLAMA_CPP_PYTHON.split("==")[1]
+    version = source.llama_cpp_python_version()
+    # the very archive the test suite's llama-server is built from (same bytes, same sha256)
+    archive, info = source.pruned_archive(version, _say, Path(args.sdist) if args.sdist else None)
+    shutil.copy2(archive, carry / ARCHIVE)
+    info = dict(info)
     info["wheels"] = [] if args.no_wheels else _wheels(carry / "wheels")
     info["prepared_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     # the device copy has no .git: the kvadvise commit the run measures is recorded here
@@ -298,9 +194,12 @@ def _nvcc() -> str | None:
     return _tool("nvcc", Path("/usr/local/cuda/bin/nvcc"), *wheels)
 
 
+TARGETS = ("llama-server", "llama-bench", "llama-fit-params")
+
+
 class Build:
-    def __init__(self, archive: Path, work: Path, jobs: int, commit: str | None) -> None:
-        self.archive, self.work, self.jobs, self.commit = archive, work, jobs, commit
+    def __init__(self, archive: Path, work: Path, jobs: int, manifest: dict[str, Any]) -> None:
+        self.archive, self.work, self.jobs, self.manifest = archive, work, jobs, manifest
         self.build = work / "build"
         self.log = work / "build.log"
         self.info: dict[str, Any] = {"kind": "build", "ok": False}
@@ -310,7 +209,7 @@ class Build:
 
     def run(
         self,
-        targets: tuple[str, ...] = ("llama-server", "llama-bench"),
+        targets: tuple[str, ...] = TARGETS,
         configure_only: bool = False,
         until: float | None = None,
     ) -> dict[str, Any]:
@@ -336,14 +235,9 @@ class Build:
                 tar.extractall(self.work, filter="data")
         ninja = _tool("ninja")
         gen = ["-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={ninja}"] if ninja else []
-        flags = [
-            "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF",
-            "-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=90", "-DGGML_NATIVE=ON",
-            "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
-            "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_APP=OFF",
-            "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON",
-            "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
-        ]  # fmt: skip
+        # the tests' CPU build's options (tests/llama_cpp_source.py) plus CUDA for the H200 (sm_90)
+        flags = [*source.CMAKE_FLAGS, *source.version_flags(self.manifest)]
+        flags += ["-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=90", "-DGGML_NATIVE=ON"]
         if nvcc:
             flags.append(f"-DCMAKE_CUDA_COMPILER={nvcc}")
         if cublas:  # the toolkit has no cuBLAS: the pip package's (nvidia-cublas, beside PyTorch)
@@ -362,38 +256,34 @@ class Build:
         else:  # no driver library to link (a machine without a GPU): llama.cpp's legacy memory pool
             flags.append("-DGGML_CUDA_NO_VMM=ON")
         info["libcuda"] = libcuda
-        if self.commit:
-            flags.append(f"-DLLAMA_BUILD_COMMIT={self.commit[:7]}")
         info.update(cmake_flags=flags, generator=gen[1:] or ["Unix Makefiles"], jobs=self.jobs, nvcc=nvcc)
         info["cmake"] = _cmd_out(["cmake", "--version"])
+        build = ["cmake", "--build", str(self.build), "-j", str(self.jobs)]
+        # llama-server first (the runs need it); the other tools then cost a few links
+        steps = [["cmake", "-S", str(src), "-B", str(self.build), *gen, *flags]]
+        if not configure_only:
+            steps.append([*build, "--target", targets[0]])
+            if targets[1:]:
+                steps.append([*build, *[a for x in targets[1:] for a in ("--target", x)]])
         with open(self.log, "w") as out:
-            steps = [
-                ["cmake", "-S", str(src), "-B", str(self.build), *gen, *flags],
-                [
-                    "cmake",
-                    "--build",
-                    str(self.build),
-                    "-j",
-                    str(self.jobs),
-                    *[a for x in targets for a in ("--target", x)],
-                ],
-            ]
-            for i, cmd in enumerate(steps[:1] if configure_only else steps):
+            for i, cmd in enumerate(steps):
                 ts = time.monotonic()
                 rc = _run_until(cmd, out, None if until is None else until - time.monotonic())
-                info["configure_s" if i == 0 else "compile_s"] = round(time.monotonic() - ts, 1)
-                if rc is None:
-                    info["error"] = f"{' '.join(cmd[:2])} stopped at the deadline: " + _tail(self.log, 1500)
-                    return self._finish(info, t)
-                if rc:
-                    info["error"] = f"{' '.join(cmd[:2])} exited {rc}: " + _tail(self.log, 1500)
-                    return self._finish(info, t)
+                info[("configure_s", "compile_s", "compile_tools_s")[i]] = round(time.monotonic() - ts, 1)
+                if rc is None or rc:
+                    why = "stopped at the deadline" if rc is None else f"exited {rc}"
+                    err = f"{' '.join(cmd[:2])} {' '.join(cmd[-1:])} {why}: " + _tail(self.log, 1500)
+                    if i < 2:  # no llama-server: nothing can run
+                        info["error"] = err
+                        return self._finish(info, t)
+                    info["tools_error"] = err  # llama-bench / llama-fit-params missing: the runs go on
         info["ok"] = server.is_file()
         return self._finish(info, t)
 
     def _finish(self, info: dict[str, Any], t: float) -> dict[str, Any]:
         info["seconds"] = round(time.monotonic() - t, 1)
-        for name in ("llama-server", "llama-bench"):
+        info["progress"] = build_progress(self.log)
+        for name in TARGETS:
             b = self.binary(name)
             if b.is_file():
                 info[f"{name}_bytes"] = b.stat().st_size
@@ -458,11 +348,38 @@ def find_libcuda(nvcc: str | None) -> str | None:
     return next((str(c) for c in cands if c.is_file()), None)
 
 
-def _run_until(cmd: list[str], out: Any, seconds: float | None) -> int | None:
-    """Run ``cmd`` in its own process group; past ``seconds`` the group is killed and None returned."""
-    p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+_STEP = re.compile(rb"\[(\d+)/(\d+)\]")
+
+
+def build_progress(log: Path) -> tuple[int, int] | None:
+    """The last ``[N/M]`` step ninja wrote to ``log`` (CMake's makefiles print ``[ P%]``: None)."""
     try:
-        return p.wait(timeout=None if seconds is None else max(1.0, seconds))
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - 4096))
+            steps = _STEP.findall(f.read())
+    except OSError:
+        return None
+    return (int(steps[-1][0]), int(steps[-1][1])) if steps else None
+
+
+def _run_until(cmd: list[str], out: Any, seconds: float | None, every: float = 20.0) -> int | None:
+    """Run ``cmd`` in its own process group, saying its progress every ``every`` seconds; past
+    ``seconds`` the group is killed and None returned."""
+    p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    end = None if seconds is None else time.monotonic() + max(1.0, seconds)
+    log = Path(out.name) if isinstance(getattr(out, "name", None), str) else None
+    try:
+        while True:
+            wait = every if end is None else min(every, max(0.0, end - time.monotonic()))
+            try:
+                return p.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                if end is not None and time.monotonic() >= end:
+                    raise
+                step = build_progress(log) if log else None
+                if step:
+                    left = "" if end is None else f", {end - time.monotonic():.0f} s to the build deadline"
+                    _say(f"build: step {step[0]} of {step[1]}{left}")
     except subprocess.TimeoutExpired:
         kids = []
         with contextlib.suppress(Exception):  # ninja starts each compiler in a process group of its own
@@ -1016,9 +933,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             server = Path(args.llama_server)
             server_row = {"path": str(server), "version": _cmd_out([str(server), "--version"])}
         else:
-            build = Build(carry / ARCHIVE, Path(args.build_dir), args.jobs, manifest.get("llama_cpp_commit"))
+            build = Build(carry / ARCHIVE, Path(args.build_dir), args.jobs, manifest)
             _say(f"building llama-server (CUDA, -j{args.jobs}) in {build.build} ...")
-            binfo = build.run(until=deadline - 45)  # a build that cannot finish still leaves its log
+            # a build that cannot finish by its deadline is stopped (its log and last step are kept)
+            binfo = build.run(until=T0 + (args.build_deadline or args.deadline - 45))
             _say(f"build: ok={binfo['ok']} in {binfo['seconds']} s")
             server = build.binary("llama-server")
             server_row = {"path": str(server), "version": binfo.get("version")}
@@ -1101,8 +1019,8 @@ def cmd_build(args: argparse.Namespace) -> int:
     """Only the build step (the compile check on a machine without a GPU, or a build kept for later runs)."""
     carry = Path(args.carry)
     manifest = json.loads((carry / MANIFEST).read_text()) if (carry / MANIFEST).is_file() else {}
-    b = Build(carry / ARCHIVE, Path(args.build_dir), args.jobs, manifest.get("llama_cpp_commit"))
-    info = b.run(tuple(args.target or ("llama-server", "llama-bench")), configure_only=args.configure_only)
+    b = Build(carry / ARCHIVE, Path(args.build_dir), args.jobs, manifest)
+    info = b.run(tuple(args.target or TARGETS), configure_only=args.configure_only)
     print(json.dumps(info, indent=2))
     return 0 if info.get("ok") or (args.configure_only and "error" not in info) else 1
 
@@ -1123,6 +1041,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     r.add_argument("--llama-server", help="use this llama-server instead of building one")
     r.add_argument("--deadline", type=float, default=480, help="no run starts after this many seconds")
+    r.add_argument(
+        "--build-deadline", type=float, default=0, help="stop building after this many seconds (default: deadline - 45)"
+    )
     r.add_argument("--run-timeout", type=float, default=90, help="kvadvise verify --timeout per run")
     r.add_argument("--max-runs", type=int, default=0)
     r.add_argument("--models", help="comma-separated model names to keep (default: all)")

@@ -1,37 +1,44 @@
-"""A real ``llama-server`` and ``rpc-server`` for the tests, built once from the llama.cpp inside
-llama-cpp-python's sdist (with the RPC backend, so that a split over several devices can run on
-loopback: two ``rpc-server`` processes are two more devices).
+"""A real ``llama-server``, ``rpc-server`` and ``llama-fit-params`` for the tests, built once from
+the pruned llama.cpp of llama-cpp-python's sdist (tests/llama_cpp_source.py): the very archive
+``benchmarks/gpu_truth.sh --prepare`` carries to the GPU machine, so every run of the suite proves
+that archive builds. The RPC backend is on, so that a split over several devices can run on
+loopback (two ``rpc-server`` processes are two more devices).
 
 The verifier's first runner is the user's own llama-server; the tests run the
 same llama.cpp build that llama-cpp-python (the oracle) was built from, so
 both runners are checked against one llama.cpp. The first run downloads the
-sdist through pip (its cache makes that cheap) and builds the ``llama-server``
-target with cmake (~20-30 min on 2 cores); the binary is kept in
-``~/.cache/kvadvise-tests/llama-server-<llama-cpp-python version>/`` and
-reused by later runs on the same machine.
+sdist through pip (its cache makes that cheap) and builds the targets with
+cmake (~20-30 min on 2 cores); the binaries are kept in
+``~/.cache/kvadvise-tests/llama-server-<llama-cpp-python version>-<archive sha256>/``
+with ``source.json`` (the archive's manifest) and reused by later runs on the same machine.
 
 ``KVADVISE_TEST_LLAMA_SERVER=/path/to/llama-server`` uses a binary you have
-instead (it must be the same llama.cpp build for the byte-exact checks), and
-``KVADVISE_TEST_RPC_SERVER`` the rpc-server of that build (default: beside it).
+instead (it must be the same llama.cpp build for the byte-exact checks),
+``KVADVISE_TEST_RPC_SERVER`` and ``KVADVISE_TEST_FIT_PARAMS`` the rpc-server and
+llama-fit-params of that build (default: beside it).
 """
 
 from __future__ import annotations
 
 import fcntl
-import importlib.metadata
+import json
 import os
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+import llama_cpp_source as source
+
 # Read when the test session starts, before the tests' isolated environment replaces XDG_CACHE_HOME.
-CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvadvise-tests"
+CACHE = source.CACHE
 OVERRIDE = os.environ.get("KVADVISE_TEST_LLAMA_SERVER")
 RPC_OVERRIDE = os.environ.get("KVADVISE_TEST_RPC_SERVER")
+FIT_OVERRIDE = os.environ.get("KVADVISE_TEST_FIT_PARAMS")
+# installed name: CMake target (tools/rpc/CMakeLists.txt names its target ggml-rpc-server)
+TARGETS = {"llama-server": "llama-server", "rpc-server": "ggml-rpc-server", "llama-fit-params": "llama-fit-params"}
 
 
 class BuildUnavailable(Exception):
@@ -46,25 +53,46 @@ def llama_server(say: Callable[[str], None] = _say) -> Path:
     """The path of a working llama-server binary, building it the first time."""
     if OVERRIDE:
         return Path(OVERRIDE)
-    version = importlib.metadata.version("llama-cpp-python")
-    home = CACHE / f"llama-server-{version}-rpc"
-    binary = home / "llama-server"
-    if _works(binary):
-        return binary
-    home.mkdir(parents=True, exist_ok=True)
-    with open(home / ".lock", "w") as lock:  # two test sessions at once build it once
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not _works(binary):
-            _build(version, home, binary, say)
-    return binary
+    return _built(say) / "llama-server"
 
 
 def rpc_server(say: Callable[[str], None] = _say) -> Path:
     """The rpc-server built with llama_server() (the same llama.cpp)."""
     if RPC_OVERRIDE:
         return Path(RPC_OVERRIDE)
-    server = llama_server(say)
-    return server.with_name("rpc-server")
+    return llama_server(say).with_name("rpc-server")
+
+
+def fit_params(say: Callable[[str], None] = _say) -> Path:
+    """llama.cpp's own no-allocation fit (tools/fit-params), built with llama_server()."""
+    if FIT_OVERRIDE:
+        return Path(FIT_OVERRIDE)
+    if OVERRIDE:
+        return Path(OVERRIDE).with_name("llama-fit-params")
+    return _built(say) / "llama-fit-params"
+
+
+def built_from(say: Callable[[str], None] = _say) -> dict[str, object]:
+    """The manifest of the pruned archive the binaries were built from (tests/llama_cpp_source.py)."""
+    return json.loads((_built(say) / "source.json").read_text())
+
+
+def _built(say: Callable[[str], None]) -> Path:
+    """The folder of the binaries built from the pruned archive of llama-cpp-python's llama.cpp."""
+    version = source.llama_cpp_python_version()
+    try:
+        archive, info = source.pruned_archive(version, say)
+    except source.SourceUnavailable as e:
+        raise BuildUnavailable(str(e)) from None
+    home = CACHE / f"llama-server-{version}-{info['archive_sha256'][:12]}"
+    if _works(home / "llama-server"):
+        return home
+    home.mkdir(parents=True, exist_ok=True)
+    with open(home / ".lock", "w") as lock:  # two test sessions at once build it once
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not _works(home / "llama-server"):
+            _build(version, archive, info, home, say)
+    return home
 
 
 def _works(binary: Path) -> bool:
@@ -77,65 +105,31 @@ def _works(binary: Path) -> bool:
     return p.returncode == 0 and "version:" in (p.stdout + p.stderr)
 
 
-def _build(version: str, home: Path, binary: Path, say: Callable[[str], None]) -> None:
+def _build(version: str, archive: Path, info: dict[str, object], home: Path, say: Callable[[str], None]) -> None:
     for tool in ("cmake", "c++"):
         if shutil.which(tool) is None:
             raise BuildUnavailable(f"no {tool} on PATH: cannot build llama-server from source here")
-    sdist = _sdist(version, CACHE / "sdist", say)
     log = home / "build.log"
     with tempfile.TemporaryDirectory(dir=home) as tmp:
-        src = _unpack_llama_cpp(sdist, Path(tmp))
+        src = source.unpack(archive, Path(tmp))
         build = Path(tmp) / "build"
         generator = ["-G", "Ninja"] if shutil.which("ninja") else []
-        configure = [
-            "cmake", "-S", str(src), "-B", str(build), *generator,
-            "-DCMAKE_BUILD_TYPE=Release",
-            "-DBUILD_SHARED_LIBS=OFF",  # one self-contained binary that survives the temp dir
-            "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON",
-            "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_APP=OFF",
-            "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",  # no web UI download
-            "-DLLAMA_OPENSSL=OFF", "-DLLAMA_CURL=OFF",
-            "-DGGML_RPC=ON",  # rpc-server: more devices on loopback (tools/rpc)
-        ]  # fmt: skip
+        configure = ["cmake", "-S", str(src), "-B", str(build), *generator, *source.CMAKE_FLAGS]
+        configure += [*source.version_flags(info), "-DGGML_RPC=ON"]  # rpc-server: more devices on loopback
         jobs = str(os.cpu_count() or 2)
-        say(f"building llama-server from llama-cpp-python {version}'s llama.cpp (once; log: {log}) ...")
+        say(f"building llama-server from the pruned llama.cpp of llama-cpp-python {version} (once; log: {log}) ...")
         with open(log, "w") as out:
-            targets = ["--target", "llama-server", "--target", "ggml-rpc-server"]  # tools/rpc/CMakeLists.txt
+            targets = [a for t in TARGETS.values() for a in ("--target", t)]
             for cmd in (configure, ["cmake", "--build", str(build), *targets, "-j", jobs]):
                 if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode != 0:
                     tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-30:])
                     raise RuntimeError(f"building llama-server failed ({' '.join(cmd[:3])} ...):\n{tail}")
-        # llama-server last: its presence means both are there
-        for built, name in (("ggml-rpc-server", "rpc-server"), ("llama-server", "llama-server")):
+        (home / "source.json").write_text(json.dumps(info, indent=2) + "\n")
+        # llama-server last: its presence means all are there
+        for name, built in sorted(TARGETS.items(), key=lambda kv: kv[0] == "llama-server"):
             shutil.copy2(build / "bin" / built, home / f"{name}.tmp")
             os.replace(home / f"{name}.tmp", home / name)
-    say(f"built {binary}")
-
-
-def _sdist(version: str, into: Path, say: Callable[[str], None]) -> Path:
-    name = f"llama_cpp_python-{version}.tar.gz"
-    path = into / name
-    if path.is_file():
-        return path
-    into.mkdir(parents=True, exist_ok=True)
-    say(f"downloading the llama-cpp-python {version} sdist through pip ...")
-    cmd = [sys.executable, "-m", "pip", "download", f"llama-cpp-python=={version}", "--no-binary", ":all:"]
-    cmd += ["--no-deps", "-d", str(into), "-q"]
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    if p.returncode != 0 or not path.is_file():  # no network or no index: nothing to build from
-        raise BuildUnavailable(f"pip could not download the llama-cpp-python {version} sdist: {p.stderr[-500:]}")
-    return path
-
-
-def _unpack_llama_cpp(sdist: Path, into: Path) -> Path:
-    """Only vendor/llama.cpp/ of the sdist, with tarfile's data filter (no links out, no devices)."""
-    prefix = sdist.name.removesuffix(".tar.gz") + "/vendor/llama.cpp/"
-    with tarfile.open(sdist) as tar:
-        members = [m for m in tar.getmembers() if m.name.startswith(prefix)]
-        if not members:
-            raise RuntimeError(f"{sdist} has no {prefix}")
-        tar.extractall(into, members=members, filter="data")
-    return into / prefix.rstrip("/")
+    say(f"built {home / 'llama-server'}")
 
 
 if __name__ == "__main__":  # build (or find) it by hand: python tests/llama_server_build.py

@@ -172,6 +172,11 @@ def test_prune_keeps_what_the_cuda_build_needs() -> None:
         "common/arg.cpp",
         "tools/server/server.cpp",
         "tools/ui/CMakeLists.txt",
+        "tools/ui/ui.h.in",  # read by scripts/ui-assets.cmake even with LLAMA_BUILD_UI=OFF (the lost device run)
+        "tools/ui/ui.cpp.in",
+        "tools/ui/sources.cmake",
+        "tools/fit-params/main.cpp",
+        "tools/rpc/rpc-server.cpp",
         "tools/mtmd/clip.cpp",
         "scripts/ui-assets.cmake",
         "vendor/cpp-httplib/httplib.cpp",
@@ -186,6 +191,7 @@ def test_prune_keeps_what_the_cuda_build_needs() -> None:
         "ggml/src/ggml-vulkan/ggml-vulkan.cpp",
         "ggml/src/ggml-metal/x.m",
         "tools/ui/src/app.ts",
+        "tools/ui/static/favicon.svg",
         "tools/server/tests/unit/test_basic.py",
         "tools/mtmd/test-3.mp4",
         "convert_hf_to_gguf.py",
@@ -210,3 +216,40 @@ def test_parse_log_reads_every_buffer_line() -> None:
     assert got["buffer_mib_by_type"]["CUDA_Host compute"] == 40.02
     assert got["devices"] == [{"device": "CUDA0", "name": "NVIDIA H200", "free_mib": 142000}]
     assert "4096 cells" in got["cache_summaries"][0]
+
+
+def test_the_suites_llama_server_is_built_from_the_archive_that_travels(
+    real_llama_server: Path, tmp_path: Path
+) -> None:
+    """One llama.cpp source (issue 24): `prepare` carries the very archive the suite built its
+    llama-server, rpc-server and llama-fit-params from, byte for byte; so a CI run proves it builds."""
+    if os.environ.get("KVADVISE_TEST_LLAMA_SERVER"):
+        pytest.skip("KVADVISE_TEST_LLAMA_SERVER: a llama-server built elsewhere")
+    from llama_server_build import built_from
+
+    carry = tmp_path / "carry"
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_truth.py"), "prepare", "--no-wheels", "--carry", str(carry)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert p.returncode in (0, 1), p.stdout + p.stderr  # 1: only the travel-size warning of a dirty checkout
+    manifest = json.loads((carry / "manifest.json").read_text())
+    built = built_from()
+    assert (
+        manifest["archive_sha256"]
+        == built["archive_sha256"]
+        == gpu_truth.source.sha256_file(carry / "llama.cpp.tar.gz")
+    )
+    assert manifest["llama_cpp_commit"] == built["llama_cpp_commit"] and manifest["llama_cpp_commit"]
+    with tarfile.open(carry / "llama.cpp.tar.gz") as tar:
+        names = set(tar.getnames())
+    for rel in ("tools/ui/ui.h.in", "tools/ui/ui.cpp.in", "tools/ui/CMakeLists.txt", "scripts/ui-assets.cmake"):
+        assert "llama.cpp/" + rel in names, rel
+    assert not any(n.startswith("llama.cpp/tools/ui/src/") for n in names)
+    # the binaries name their build as a release binary does (b11312 = 0c1e570), which plans key on
+    version = subprocess.run([str(real_llama_server), "--version"], capture_output=True, text=True).stderr
+    assert f"version: {built['llama_cpp_build']} ({str(built['llama_cpp_commit'])[:7]})" in version
+    for tool in ("rpc-server", "llama-fit-params"):
+        assert real_llama_server.with_name(tool).is_file(), tool
