@@ -138,6 +138,39 @@ def test_the_wheel_installs_one_package(tmp_path: Path) -> None:
     assert {t for t in tops if not t.endswith(".dist-info")} == {"kvadvise"}
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"kvadvise/profiles/gpus.json", "kvadvise/py.typed", "kvadvise/backends/ollama/commands.py"} <= names
+    # every module and data file of the three folders is in the wheel: a subpackage missing from
+    # pyproject.toml's package list (or a data suffix missing from package-data) fails here
+    wanted = {
+        f"{name.replace('.', '/')}{'/__init__' if path.name == '__init__.py' else ''}.py"
+        for name, path in _modules().items()
+    }
+    for folder, pkg in FOLDERS.items():
+        for data in (ROOT / folder).rglob("*"):
+            if data.is_file() and data.suffix in (".json", ".toml", ".typed"):
+                wanted.add("/".join([*pkg.split("."), *data.relative_to(ROOT / folder).parts]))
+    assert sorted(wanted - names) == []
+
+
+def test_every_package_is_listed_in_pyproject() -> None:
+    """pyproject.toml names the packages one by one (the package-dir mapping rules out find:)."""
+    text = (ROOT / "pyproject.toml").read_text()
+    listed = set(text.split("packages = [", 1)[1].split("]", 1)[0].replace('"', " ").replace(",", " ").split())
+    packages = {name for name, path in _modules().items() if path.name == "__init__.py"}
+    assert packages == listed
+
+
+def test_the_installed_package_is_this_source() -> None:
+    """The developers' install (README: pip install -e '.[test]' --config-settings editable_mode=strict) is a
+    tree of links to these files, which mypy and import checkers can read; a module added since the install
+    is missing from it until the install is run again."""
+    import importlib.util
+
+    missing = []
+    for name, path in _modules().items():
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None or Path(spec.origin).resolve() != path.resolve():
+            missing.append(f"{name} ({spec.origin if spec else 'not found'})")
+    assert missing == [], "reinstall: python3 -m pip install -e '.[test]' --config-settings editable_mode=strict"
 
 
 def _shadowing_folder(tmp_path: Path) -> Path:
