@@ -20,21 +20,11 @@ from typing import Any
 
 import pytest
 
+from kvadvise.cli.options import parse_size
 from kvadvise.errors import EXIT_INPUT, InputError
 from kvadvise.planner import hardware
-from kvadvise.planner.hardware import (
-    Gpu,
-    Hardware,
-    apple_gpu_share_bytes,
-    find_profile,
-    from_profile,
-    list_profiles,
-    load_profiles,
-    manual,
-    match_nvml_name,
-    parse_size,
-    probe,
-)
+from kvadvise.planner.gpus import apple_gpu_share_bytes, find_profile, list_profiles, load_profiles, match_nvml_name
+from kvadvise.planner.hardware import Gpu, Hardware, from_profile, manual, probe
 
 GiB = 1 << 30
 MiB = 1 << 20

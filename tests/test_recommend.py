@@ -14,9 +14,11 @@ from kvadvise.errors import DoesNotFit
 from kvadvise.model.ggml import GGMLType
 from kvadvise.model.hfconfig import from_config
 from kvadvise.model.spec import ModelSpec, with_weights
+from kvadvise.planner.budget import budget_for
 from kvadvise.planner.hardware import Gpu, Hardware
 from kvadvise.planner.memory import CTX_PAD, RunConfig, estimate
-from kvadvise.planner.recommender import Policy, budget_for, max_context, recommend
+from kvadvise.planner.policy import Policy
+from kvadvise.planner.recommender import max_context, recommend
 
 MIB, GIB = 1 << 20, 1 << 30
 F16, Q8, Q4 = GGMLType.F16, GGMLType.Q8_0, GGMLType.Q4_0
@@ -246,7 +248,7 @@ def test_allow_cpu_moe_keeps_all_experts_on_the_cpu_before_whole_layers(tmp_path
     from kvadvise.model.architecture import from_gguf
     from kvadvise.model.gguf import read_file
     from kvadvise.planner.memory import layer_kv_bytes, resolve
-    from kvadvise.planner.recommender import partial_offload
+    from kvadvise.planner.offload import partial_offload
 
     spec = from_gguf(read_file(write_tiny_gguf(tmp_path / "m.gguf", "mixtral")))
     cfg = RunConfig(n_ctx=4096, flash_attn="on", device="cuda")
@@ -265,7 +267,7 @@ def test_allow_cpu_moe_keeps_all_experts_on_the_cpu_before_whole_layers(tmp_path
 
 def _bisect_reference(spec: ModelSpec, base: RunConfig, kv: tuple[GGMLType, GGMLType], fa: bool, budget) -> int:  # type: ignore[no-untyped-def]
     """The plain bisection max_context used before it learned to interpolate: the answer to match."""
-    from kvadvise.planner.recommender import _cfg
+    from kvadvise.planner.policy import config_at as _cfg
 
     cap = max(CTX_PAD, spec.n_ctx_train // CTX_PAD * CTX_PAD) if spec.n_ctx_train else 1 << 20
 

@@ -9,10 +9,10 @@ from dataclasses import dataclass, replace
 from kvadvise.errors import ConfigError
 from kvadvise.model.ggml import GGMLType
 from kvadvise.model.spec import ModelSpec
+from kvadvise.planner.budget import Budget
 from kvadvise.planner.memory import CTX_PAD, RunConfig, estimate
-from kvadvise.planner.recommender import Budget, max_context
-
-LISTED_CACHE_TYPES = (GGMLType.F16, GGMLType.Q8_0)  # the columns of a listing
+from kvadvise.planner.policy import LISTED_CACHE_TYPES
+from kvadvise.planner.recommender import max_context
 
 
 @dataclass(frozen=True, slots=True)
