@@ -312,3 +312,33 @@ def test_max_context_search_equals_bisection_on_every_budget(name: str) -> None:
                 assert got == _bisect_reference(spec, base, kv, fa, budget), (free_mib, n_gpu, fa, kv, n_par)
                 checked.add(got)
     assert 0 in checked and len(checked) > 20  # the sweep spans "nothing fits" to long contexts
+
+
+def test_a_fixed_ctx_offloads_as_the_recommendation_does(tmp_path: Path) -> None:
+    """One plan_offload for both: `--ctx N --allow-cpu` and a recommendation aiming at N plan the same
+    offload with the same notes, from the policy's cache types (--repeatable: f16 only)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tinymodels import write_tiny_gguf
+
+    from kvadvise.model.architecture import from_gguf
+    from kvadvise.model.gguf import read_file
+    from kvadvise.planner.memory import layer_kv_bytes, resolve
+    from kvadvise.planner.planning import make_plan
+
+    spec = from_gguf(read_file(write_tiny_gguf(tmp_path / "m.gguf", "mixtral")))
+    cfg = RunConfig(n_ctx=4096, flash_attn="on", device="cuda")
+    full = estimate(spec, cfg)
+    kv = layer_kv_bytes(spec, resolve(spec, cfg))
+    rest0 = spec.layer_bytes[0] - spec.expert_bytes // spec.n_layer + sum(kv[0])
+    hw = _hw(full.device_bytes - spec.expert_bytes - rest0 // 2)  # f16: every expert and one whole layer
+    rec = recommend(spec, RunConfig(), budget_for(hw), Policy(target_ctx=4096, repeatable=True, allow_cpu=True))
+    plan = make_plan(
+        spec, cfg, recommend_ctx=False, hw=hw, policy=Policy(repeatable=True, allow_cpu=True, headless=True)
+    )
+    assert plan.budget == budget_for(hw)  # headless: no display allowance; a file's weights: no 3 %
+    assert rec.offload is not None and plan.offload == rec.offload
+    assert [n for n in plan.notes if "--allow-cpu" in n] == [r for r in rec.reasons if r.startswith("--allow-cpu")]
+    off = rec.offload
+    assert (off.type_k, off.type_v, off.n_cpu_moe, off.n_cpu_layers) == (GGMLType.F16, GGMLType.F16, spec.n_layer, 1)

@@ -92,7 +92,7 @@ def parse_rpc_host(text: str) -> RpcHost:
     endpoint, sep, size = text.partition("=")
     host, colon, port = endpoint.strip().rpartition(":")
     if not sep or not colon or not host or not port.isdigit() or not 0 < int(port) <= 65535:
-        raise InputError(f"--rpc {text!r}: not HOST:PORT=SIZE", hint="e.g. --rpc 192.168.1.20:50052=24GiB")
+        raise InputError(f"{text!r}: not HOST:PORT=SIZE", hint="e.g. --rpc 192.168.1.20:50052=24GiB")
     return RpcHost(f"{host}:{int(port)}", parse_size(size))
 
 
