@@ -11,10 +11,12 @@ from typing import Any
 
 from kvadvise.model.ggml import GGMLType as GGMLType  # re-exported by advisor.__all__
 from kvadvise.model.spec import ModelSpec
+from kvadvise.planner.budget import DEFAULT_MARGIN_BYTES, plan_budget
 from kvadvise.planner.hardware import Hardware
 from kvadvise.planner.memory import MemoryEstimate, RunConfig
 from kvadvise.planner.planning import Plan, make_plan
-from kvadvise.planner.recommender import DEFAULT_MARGIN_BYTES, Policy, Recommendation, budget_for
+from kvadvise.planner.policy import Policy
+from kvadvise.planner.recommender import Recommendation
 from kvadvise.runtime.verification import Verification
 
 
@@ -56,7 +58,11 @@ def recommend(
     """Context, K/V cache types and flash attention that keep ``spec`` inside ``hardware``'s memory."""
     from kvadvise.planner.recommender import recommend as _recommend
 
-    return _recommend(spec, base or RunConfig(), budget_for(hardware, margin_bytes), policy or Policy())
+    policy = policy or Policy()
+    budget = plan_budget(
+        hardware, margin_bytes, spec=spec, headless=policy.headless, weights_uncertain=policy.weights_uncertain
+    )
+    return _recommend(spec, base or RunConfig(), budget, policy)
 
 
 def plan(

@@ -9,11 +9,14 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from kvadvise.model.spec import ModelSpec
+from kvadvise.planner.budget import Budget
 from kvadvise.planner.memory import MemoryEstimate, RunConfig
 from kvadvise.planner.planning import Plan
-from kvadvise.planner.recommender import Budget, Curve, Offload, Recommendation
+from kvadvise.planner.recommender import Recommendation
 
 if TYPE_CHECKING:  # only verification output needs it; a plan renders without loading the log parser
+    from kvadvise.planner.curves import Curve
+    from kvadvise.planner.offload import Offload
     from kvadvise.planner.speed import SpeedEstimate
     from kvadvise.runtime.verification import Verification
 

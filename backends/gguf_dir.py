@@ -111,7 +111,9 @@ def list_folder(folder: Path, kwargs: dict[str, Any], sort: str, load: Callable[
         HardwareRequest(gpu=kwargs.get("gpu"), vram_bytes=kwargs.get("vram_bytes"), probe=not kwargs.get("no_hardware"))
     )
     models = read_folder(folder, load)
-    budget, rows = survey(models, settings, hw, int(kwargs.get("margin_bytes") or 0))
+    budget, rows = survey(
+        models, settings, hw, int(kwargs.get("margin_bytes") or 0), headless=bool(kwargs.get("headless"))
+    )
     show_listing(
         rows,
         budget,

@@ -14,7 +14,7 @@ from kvadvise.model.architecture import from_gguf
 from kvadvise.planner.hardware import Gpu, Hardware
 from kvadvise.planner.memory import MIB, OVERHEAD_BYTES, RunConfig
 from kvadvise.planner.planning import make_plan
-from kvadvise.planner.recommender import Policy
+from kvadvise.planner.policy import Policy
 from kvadvise.runtime import calibration
 from kvadvise.runtime.verification import Measurement, compare
 

@@ -14,7 +14,7 @@ from kvadvise.model.gguf import read_file
 from kvadvise.planner.hardware import from_profile
 from kvadvise.planner.memory import RunConfig
 from kvadvise.planner.planning import make_plan
-from kvadvise.planner.recommender import Policy
+from kvadvise.planner.policy import Policy
 
 GiB = 1 << 30
 

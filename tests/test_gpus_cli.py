@@ -7,8 +7,9 @@ import json
 import pytest
 
 from kvadvise.cli import main
-from kvadvise.planner import hardware
-from kvadvise.planner.hardware import Gpu, Hardware, load_profiles
+from kvadvise.planner import gpus, hardware
+from kvadvise.planner.gpus import load_profiles
+from kvadvise.planner.hardware import Gpu, Hardware
 
 GiB = 1 << 30
 
@@ -88,7 +89,7 @@ def test_every_listed_id_is_a_gpu_name_plan_accepts(capsys: pytest.CaptureFixtur
     doc = json.loads(out)
     assert doc["machine"] is None
     for p in doc["profiles"]:
-        assert hardware.find_profile(p["id"]).id == p["id"]
+        assert gpus.find_profile(p["id"]).id == p["id"]
 
 
 def test_no_gpu(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:

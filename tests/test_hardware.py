@@ -20,21 +20,11 @@ from typing import Any
 
 import pytest
 
+from kvadvise.cli.options import parse_rpc_host, parse_size
 from kvadvise.errors import EXIT_INPUT, InputError
 from kvadvise.planner import hardware
-from kvadvise.planner.hardware import (
-    Gpu,
-    Hardware,
-    apple_gpu_share_bytes,
-    find_profile,
-    from_profile,
-    list_profiles,
-    load_profiles,
-    manual,
-    match_nvml_name,
-    parse_size,
-    probe,
-)
+from kvadvise.planner.gpus import apple_gpu_share_bytes, find_profile, list_profiles, load_profiles, match_nvml_name
+from kvadvise.planner.hardware import Gpu, Hardware, from_profile, manual, probe
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -677,6 +667,30 @@ def test_parse_size_refuses(text: str, fragment: str) -> None:
     assert fragment in err.message
     assert "\n" not in err.message
     assert err.hint is not None and "24GiB" in err.hint
+
+
+@pytest.mark.parametrize(
+    ("text", "endpoint", "free"),
+    [("192.168.1.20:50052=24GiB", "192.168.1.20:50052", 24 * GiB), ("host:0050=512M", "host:50", 512 * MiB)],
+)
+def test_parse_rpc_host(text: str, endpoint: str, free: int) -> None:
+    """--rpc HOST:PORT=SIZE is parsed on the command line; the planner gets RpcHost values."""
+    assert parse_rpc_host(text) == hardware.RpcHost(endpoint, free)
+    hw = hardware.rpc_hosts([parse_rpc_host(text)])
+    assert [(g.name, g.free_bytes, g.rpc_endpoint) for g in hw.gpus] == [(f"RPC0[{endpoint}]", free, endpoint)]
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [("host:50052", "not HOST:PORT=SIZE"), ("host=8GiB", "not HOST:PORT=SIZE"), ("host:99999=8GiB", "not HOST:PORT"),
+     (":50052=8GiB", "not HOST:PORT"), ("host:50052=8", "no unit")],
+)  # fmt: skip
+def test_rpc_refused_with_exit_2(text: str, fragment: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from kvadvise.cli import main
+
+    assert main(["hf", "Qwen/Qwen3-8B", "--rpc", text]) == EXIT_INPUT
+    err = capsys.readouterr().err
+    assert fragment in err and err.count("\n") == 1 and err.startswith("kvadvise: error: Invalid value for '--rpc'")
 
 
 # ------------------------------------------------------------------ start-up

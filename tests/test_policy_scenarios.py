@@ -17,9 +17,11 @@ from kvadvise.cli import main
 from kvadvise.model.ggml import GGMLType
 from kvadvise.model.hfconfig import from_config
 from kvadvise.model.spec import with_weights
+from kvadvise.planner.budget import budget_for
 from kvadvise.planner.hardware import Gpu, Hardware
 from kvadvise.planner.memory import RunConfig
-from kvadvise.planner.recommender import Policy, budget_for, recommend
+from kvadvise.planner.policy import Policy
+from kvadvise.planner.recommender import recommend
 
 MIB, GIB = 1 << 20, 1 << 30
 DATA = Path(__file__).parent / "data" / "hf"

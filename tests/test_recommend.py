@@ -14,9 +14,11 @@ from kvadvise.errors import DoesNotFit
 from kvadvise.model.ggml import GGMLType
 from kvadvise.model.hfconfig import from_config
 from kvadvise.model.spec import ModelSpec, with_weights
+from kvadvise.planner.budget import budget_for
 from kvadvise.planner.hardware import Gpu, Hardware
 from kvadvise.planner.memory import CTX_PAD, RunConfig, estimate
-from kvadvise.planner.recommender import Policy, budget_for, max_context, recommend
+from kvadvise.planner.policy import Policy
+from kvadvise.planner.recommender import max_context, recommend
 
 MIB, GIB = 1 << 20, 1 << 30
 F16, Q8, Q4 = GGMLType.F16, GGMLType.Q8_0, GGMLType.Q4_0
@@ -246,7 +248,7 @@ def test_allow_cpu_moe_keeps_all_experts_on_the_cpu_before_whole_layers(tmp_path
     from kvadvise.model.architecture import from_gguf
     from kvadvise.model.gguf import read_file
     from kvadvise.planner.memory import layer_kv_bytes, resolve
-    from kvadvise.planner.recommender import partial_offload
+    from kvadvise.planner.offload import partial_offload
 
     spec = from_gguf(read_file(write_tiny_gguf(tmp_path / "m.gguf", "mixtral")))
     cfg = RunConfig(n_ctx=4096, flash_attn="on", device="cuda")
@@ -265,7 +267,7 @@ def test_allow_cpu_moe_keeps_all_experts_on_the_cpu_before_whole_layers(tmp_path
 
 def _bisect_reference(spec: ModelSpec, base: RunConfig, kv: tuple[GGMLType, GGMLType], fa: bool, budget) -> int:  # type: ignore[no-untyped-def]
     """The plain bisection max_context used before it learned to interpolate: the answer to match."""
-    from kvadvise.planner.recommender import _cfg
+    from kvadvise.planner.policy import config_at as _cfg
 
     cap = max(CTX_PAD, spec.n_ctx_train // CTX_PAD * CTX_PAD) if spec.n_ctx_train else 1 << 20
 
@@ -310,3 +312,33 @@ def test_max_context_search_equals_bisection_on_every_budget(name: str) -> None:
                 assert got == _bisect_reference(spec, base, kv, fa, budget), (free_mib, n_gpu, fa, kv, n_par)
                 checked.add(got)
     assert 0 in checked and len(checked) > 20  # the sweep spans "nothing fits" to long contexts
+
+
+def test_a_fixed_ctx_offloads_as_the_recommendation_does(tmp_path: Path) -> None:
+    """One plan_offload for both: `--ctx N --allow-cpu` and a recommendation aiming at N plan the same
+    offload with the same notes, from the policy's cache types (--repeatable: f16 only)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tinymodels import write_tiny_gguf
+
+    from kvadvise.model.architecture import from_gguf
+    from kvadvise.model.gguf import read_file
+    from kvadvise.planner.memory import layer_kv_bytes, resolve
+    from kvadvise.planner.planning import make_plan
+
+    spec = from_gguf(read_file(write_tiny_gguf(tmp_path / "m.gguf", "mixtral")))
+    cfg = RunConfig(n_ctx=4096, flash_attn="on", device="cuda")
+    full = estimate(spec, cfg)
+    kv = layer_kv_bytes(spec, resolve(spec, cfg))
+    rest0 = spec.layer_bytes[0] - spec.expert_bytes // spec.n_layer + sum(kv[0])
+    hw = _hw(full.device_bytes - spec.expert_bytes - rest0 // 2)  # f16: every expert and one whole layer
+    rec = recommend(spec, RunConfig(), budget_for(hw), Policy(target_ctx=4096, repeatable=True, allow_cpu=True))
+    plan = make_plan(
+        spec, cfg, recommend_ctx=False, hw=hw, policy=Policy(repeatable=True, allow_cpu=True, headless=True)
+    )
+    assert plan.budget == budget_for(hw)  # headless: no display allowance; a file's weights: no 3 %
+    assert rec.offload is not None and plan.offload == rec.offload
+    assert [n for n in plan.notes if "--allow-cpu" in n] == [r for r in rec.reasons if r.startswith("--allow-cpu")]
+    off = rec.offload
+    assert (off.type_k, off.type_v, off.n_cpu_moe, off.n_cpu_layers) == (GGMLType.F16, GGMLType.F16, spec.n_layer, 1)

@@ -63,7 +63,12 @@ class _BackendCommands:
 
 
 # Core commands whose modules load only when asked for (their imports would slow every other command)
-_LAZY_CORE = {"compare": ("kvadvise.cli.compare", "compare"), "gpus": ("kvadvise.cli.gpus", "gpus")}
+_LAZY_CORE = {
+    "compare": ("kvadvise.cli.compare", "compare"),
+    "gpus": ("kvadvise.cli.gpus", "gpus"),
+    "calibration": ("kvadvise.cli.admin", "calibration_group"),
+    "plugins": ("kvadvise.cli.admin", "plugins"),
+}
 
 
 class BackendGroup(click.Group):
@@ -92,16 +97,6 @@ def cli(debug: bool) -> None:
 @cli.group(cls=BackendGroup)
 def verify() -> None:
     """Prove a config on the real runtime: did it fit, what did it take, how fast was it."""
-
-
-def _register_core() -> None:
-    from kvadvise.cli import admin
-
-    cli.add_command(admin.calibration_group)
-    cli.add_command(admin.plugins)
-
-
-_register_core()
 
 
 def _debug(argv: list[str] | None) -> bool:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from kvadvise.errors import InputError
 
 if TYPE_CHECKING:
-    from kvadvise.planner.recommender import Curve
+    from kvadvise.planner.curves import Curve
 
 FORMATS = (".svg", ".png")
 GIB = 1 << 30

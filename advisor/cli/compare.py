@@ -104,7 +104,7 @@ def plan_for(
 ) -> Plan:
     from kvadvise.planner.memory import RunConfig
     from kvadvise.planner.planning import make_plan
-    from kvadvise.planner.recommender import Policy
+    from kvadvise.planner.policy import Policy
 
     policy = Policy(target_ctx=target, use=use, repeatable=repeatable)
     base = RunConfig(n_ctx=0, n_parallel=n_parallel)
@@ -215,7 +215,7 @@ def compare(
     MODEL is what `kvadvise gguf` or `kvadvise ollama` takes (BACKEND:REF to choose: ollama:qwen3:8b,
     gguf:./m.gguf); without MODEL, the built-in profiles of popular Ollama models are compared.
     """
-    from kvadvise.planner.recommender import load_use_cases
+    from kvadvise.planner.policy import load_use_cases
 
     if use and target_ctx:
         raise click.UsageError("give --use or --target-ctx, not both")

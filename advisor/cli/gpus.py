@@ -10,7 +10,8 @@ import click
 from kvadvise.cli import output
 
 if TYPE_CHECKING:
-    from kvadvise.planner.hardware import GpuProfile, Hardware
+    from kvadvise.planner.gpus import GpuProfile
+    from kvadvise.planner.hardware import Hardware
 
 GIB = 1 << 30
 
@@ -31,7 +32,7 @@ def profile_dict(p: GpuProfile) -> dict[str, Any]:
 
 
 def machine_dict(hw: Hardware) -> dict[str, Any]:
-    from kvadvise.planner.hardware import match_nvml_name
+    from kvadvise.planner.gpus import match_nvml_name
 
     gpus = []
     for g in hw.gpus:
@@ -94,7 +95,8 @@ def _short(source: str, width: int = 60) -> str:
 @click.option("--no-hardware", is_flag=True, help="Only the built-in list: do not look at this machine's GPUs.")
 def gpus(as_json: bool, no_hardware: bool) -> None:
     """The cards --gpu knows (memory, bandwidth, where the figures come from) and this machine's GPUs (NVML)."""
-    from kvadvise.planner.hardware import load_profiles, probe
+    from kvadvise.planner.gpus import load_profiles
+    from kvadvise.planner.hardware import probe
 
     profiles = load_profiles()
     hw = None if no_hardware else probe()

@@ -12,9 +12,9 @@ from kvadvise.cli import output
 
 if TYPE_CHECKING:
     from kvadvise.model.spec import ModelSpec
+    from kvadvise.planner.budget import Budget
     from kvadvise.planner.hardware import Hardware
     from kvadvise.planner.inventory import ModelFit, RunSettings
-    from kvadvise.planner.recommender import Budget
 
 GIB = 1 << 30
 
@@ -54,33 +54,34 @@ class Row:
 
 
 def survey(
-    items: Sequence[Listed], settings: RunSettings, hw: Hardware | None, margin_bytes: int
+    items: Sequence[Listed], settings: RunSettings, hw: Hardware | None, margin_bytes: int, *, headless: bool = False
 ) -> tuple[Budget | None, list[Row]]:
-    """Size every model on the budget of ``hw`` (a projector's extra margin per model)."""
+    """Size every model on the budget of ``hw``, by the rule of every plan (kvadvise.planner.budget):
+    each model with its own headroom and a projector's extra margin."""
+    from kvadvise.planner.budget import plan_budget
     from kvadvise.planner.inventory import fit_of
-    from kvadvise.planner.recommender import budget_for
 
-    base = budget_for(hw, margin_bytes) if hw is not None else None
+    base = plan_budget(hw, margin_bytes, headless=headless) if hw is not None else None
     rows = []
     for it in items:
-        if it.spec is None:
-            rows.append(Row(it, None, base))
-            continue
-        budget = (
-            budget_for(hw, margin_bytes + it.extra_margin_bytes) if hw is not None and it.extra_margin_bytes else base
-        )
-        rows.append(Row(it, fit_of(it.spec, settings, budget, model_ctx=it.model_ctx), budget))
+        budget = base
+        if it.spec is not None and hw is not None:
+            budget = plan_budget(hw, margin_bytes + it.extra_margin_bytes, spec=it.spec, headless=headless)
+        fit = fit_of(it.spec, settings, budget, model_ctx=it.model_ctx) if it.spec is not None else None
+        rows.append(Row(it, fit, budget))
     return base, rows
 
 
 def sort_rows(rows: list[Row], key: str) -> list[Row]:
     """name: A to Z; size: largest first; context: the longest f16 context first (models that cannot be
     read last, in name order)."""
+    from kvadvise.planner.policy import LISTED_CACHE_TYPES
+
     by_name = sorted(rows, key=lambda r: r.item.name.lower())
     if key == "size":
         return sorted(by_name, key=lambda r: -r.item.size_bytes)
     if key == "context":
-        return sorted(by_name, key=lambda r: (r.fit is None, -_reach(r, "f16"), -_reach(r, "q8_0")))
+        return sorted(by_name, key=lambda r: (r.fit is None, *(-_reach(r, t.type_name) for t in LISTED_CACHE_TYPES)))
     return by_name
 
 
@@ -164,6 +165,7 @@ def _needs(r: Row) -> str:
 
 
 def listing_text(budget: Budget | None, settings: RunSettings, rows: list[Row], *, show_loaded: bool) -> list[str]:
+    from kvadvise.planner.policy import LISTED_CACHE_TYPES
     from kvadvise.render import fmt_bytes
 
     if budget is None:
@@ -172,12 +174,16 @@ def listing_text(budget: Budget | None, settings: RunSettings, rows: list[Row], 
         where = "GPU" if budget.device != "cpu" else "system RAM"
         head = (
             f"budget {fmt_bytes(budget.budget_bytes)} on the {where} ({budget.source}, after a "
-            f"{budget.margin_bytes / (1 << 20):,.0f} MiB margin)"
+            f"{budget.margin_bytes / (1 << 20):,.0f} MiB margin"
+            + "".join(f" and {n}" for n in budget.headroom_notes)
+            + ")"
         )
     head += f"; {settings.n_parallel} slot{'s' if settings.n_parallel > 1 else ''}"
     head += f", flash attention {'on' if settings.flash_attn else 'off'}, cache {settings.cache_type.type_name} now"
     width = max([len("MODEL"), *(len(r.item.name) for r in rows)])
-    cols = f"{'MODEL':<{width}}  {'SIZE':>8}  {'ARCH':<12} {'F16 CTX':>8} {'Q8_0 CTX':>8}"
+    cols = f"{'MODEL':<{width}}  {'SIZE':>8}  {'ARCH':<12} " + " ".join(
+        f"{t.type_name.upper() + ' CTX':>8}" for t in LISTED_CACHE_TYPES
+    )
     if show_loaded:
         cols += f"  {'LOADED':<16}"
     lines = [head, cols + "  NEEDS (context it runs at, cache now)"]
@@ -185,10 +191,8 @@ def listing_text(budget: Budget | None, settings: RunSettings, rows: list[Row], 
         it, f = r.item, r.fit
         arch = it.spec.architecture if it.spec is not None else "?"
         line = f"{it.name:<{width}}  {_size(it.size_bytes):>8}  {arch[:12]:<12} "
-        if f is None:
-            line += f"{'-':>8} {'-':>8}"
-        else:
-            line += f"{_ctx(f.max_ctx.get('f16')):>8} {_ctx(f.max_ctx.get('q8_0')):>8}"
+        reach = [None if f is None else f.max_ctx.get(t.type_name) for t in LISTED_CACHE_TYPES]
+        line += " ".join(f"{'-':>8}" if f is None else f"{_ctx(n):>8}" for n in reach)
         if show_loaded:
             loaded = (
                 it.loaded.processor

@@ -57,7 +57,7 @@ def build_plan(
     from kvadvise.model.ggml import cache_type
     from kvadvise.planner.memory import RunConfig
     from kvadvise.planner.planning import HardwareRequest, hardware_for, make_plan
-    from kvadvise.planner.recommender import Policy, load_use_cases
+    from kvadvise.planner.policy import Policy, load_use_cases, needs_opt_in
 
     check_flags(o)
     target = o.target_ctx or (load_use_cases()[o.use] if o.use else 0)
@@ -70,7 +70,7 @@ def build_plan(
         allow_cpu=o.allow_cpu,
         same_type_kv=same_type_kv,
         use=o.use,
-        allow_q4=o.allow_q4 or "q4_0" in (o.type_k, o.type_v),
+        allow_q4=o.allow_q4 or (fixed is not None and needs_opt_in(fixed)),
         weights_uncertain=weights_uncertain,
         headless=o.headless,
     )
@@ -175,7 +175,7 @@ def show_chart(plan: Plan, o: PlanOptions, *, terminal: bool = True) -> None:
     if plan.recommendation is None or plan.budget is None:
         output.note("no chart: it needs a budget (not --no-hardware) and a recommendation (no --ctx)")
         return
-    from kvadvise.planner.recommender import curves
+    from kvadvise.planner.curves import curves
     from kvadvise.render import chart_text
 
     lines = curves(plan.spec, replace(plan.config, n_ctx=0), plan.budget, plan.recommendation.options)

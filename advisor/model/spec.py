@@ -70,7 +70,7 @@ class ModelSpec:
     # span [first, last) of every other loaded tensor: what stays mapped whatever is repacked
     matmul_weights: tuple[MatmulWeight, ...] = ()
     # the largest tensor of each block as a CUDA buffer sizes it: what op offload copies to the GPU for a
-    # block kept on the CPU (kvadvise.planner.opoffload); () when unknown
+    # block kept on the CPU (kvadvise.planner.offload); () when unknown
     layer_largest_tensor_bytes: tuple[int, ...] = ()
     fixed_span: tuple[int, int] = (0, 0)
 

@@ -9,10 +9,10 @@ from dataclasses import dataclass, replace
 from kvadvise.errors import ConfigError
 from kvadvise.model.ggml import GGMLType
 from kvadvise.model.spec import ModelSpec
+from kvadvise.planner import policy
+from kvadvise.planner.budget import Budget
 from kvadvise.planner.memory import CTX_PAD, RunConfig, estimate
-from kvadvise.planner.recommender import Budget, max_context
-
-LISTED_CACHE_TYPES = (GGMLType.F16, GGMLType.Q8_0)  # the columns of a listing
+from kvadvise.planner.recommender import max_context
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +41,7 @@ def fit_of(spec: ModelSpec, settings: RunSettings, budget: Budget | None, *, mod
     fa = "on" if settings.flash_attn else "off"
     base = RunConfig(n_ctx=0, n_parallel=settings.n_parallel, flash_attn=fa, device=device)
     reach: dict[str, int | None] = {}
-    for t in LISTED_CACHE_TYPES:
+    for t in policy.LISTED_CACHE_TYPES:  # the listing's columns
         if budget is None:
             reach[t.type_name] = None
             continue

@@ -7,25 +7,15 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from kvadvise.errors import ConfigError
-from kvadvise.model.ggml import GGMLType
 from kvadvise.model.spec import ModelSpec
-from kvadvise.planner.hardware import Hardware
+from kvadvise.planner.budget import DEFAULT_MARGIN_BYTES, Budget, plan_budget
+from kvadvise.planner.hardware import Hardware, RpcHost
 from kvadvise.planner.memory import MemoryEstimate, RunConfig, estimate
-from kvadvise.planner.recommender import (
-    DEFAULT_MARGIN_BYTES,
-    Budget,
-    Offload,
-    Policy,
-    Recommendation,
-    attention_on_gpu,
-    budget_for,
-    fixed_ctx_alternatives,
-    partial_offload,
-    recommend,
-    with_headroom,
-)
+from kvadvise.planner.policy import Policy
+from kvadvise.planner.recommender import Recommendation, fixed_ctx_alternatives, recommend
 
-if TYPE_CHECKING:  # the speed model loads only for a plan with a GPU budget
+if TYPE_CHECKING:  # the speed model loads only for a plan with a GPU budget, the offload with --allow-cpu
+    from kvadvise.planner.offload import Offload
     from kvadvise.planner.speed import SpeedEstimate
 
 
@@ -37,7 +27,7 @@ class HardwareRequest:
     vram_bytes: tuple[int, ...] | None = None  # budgets given by hand, one per GPU
     probe: bool = True  # else: no hardware (estimate only)
     bandwidth_bytes_per_s: int | None = None  # --bandwidth, with --vram
-    rpc: tuple[str, ...] = ()  # --rpc HOST:PORT=SIZE: hosts of llama.cpp's RPC backend
+    rpc: tuple[RpcHost, ...] = ()  # --rpc HOST:PORT=SIZE: hosts of llama.cpp's RPC backend
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +95,11 @@ def make_plan(
     ``measured_overhead`` replaces the default per-device overhead on a GPU plan (unless
     ``base`` sets one); ``notes`` are carried into the plan (e.g. why a calibration was skipped).
     """
-    budget = with_headroom(budget_for(hw, margin_bytes), hw, spec, policy) if hw is not None else None
+    budget = (
+        plan_budget(hw, margin_bytes, spec=spec, headless=policy.headless, weights_uncertain=policy.weights_uncertain)
+        if hw is not None
+        else None
+    )
     if hw is not None and hw.gpus and base.overhead_bytes is None and measured_overhead is not None:
         base = replace(base, overhead_bytes=measured_overhead.overhead_bytes)
         notes = (
@@ -152,15 +146,10 @@ def make_plan(
         alt = fixed_ctx_alternatives(spec, cfg, budget, policy)
         notes = (*notes, alt) if alt else notes
         if policy.allow_cpu:  # the --ctx as given, with part of the model on the CPU
+            from kvadvise.planner.offload import plan_offload
+
             n_seq = max(1, cfg.n_ctx // max(1, cfg.n_parallel))
             kv = (cfg.type_k, cfg.type_v)
-            offload = partial_offload(spec, replace(cfg, n_ctx=0), budget, n_seq, kv)
-            if policy.fixed_kv is None:  # the cache type is the user's only when they gave one
-                kvs = [kv, (GGMLType.Q8_0, GGMLType.Q8_0)] + (
-                    [(GGMLType.Q4_0, GGMLType.Q4_0)] if policy.allow_q4 else []
-                )
-                offload, why = attention_on_gpu(spec, replace(cfg, n_ctx=0), budget, n_seq, offload, kvs)
-                notes = (*notes, why) if why else notes
-            if offload is not None:
-                notes = (*notes, "--allow-cpu: " + offload.note)
+            offload, why = plan_offload(spec, replace(cfg, n_ctx=0), budget, n_seq, kv, policy)
+            notes = (*notes, *why)
     return Plan(spec, cfg, est, hw, budget, fits, None, notes, speed, offload)

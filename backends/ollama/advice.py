@@ -13,6 +13,7 @@ import math
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvadvise.backends.ollama import api as ollama_api
 from kvadvise.backends.ollama.model import OllamaModel
@@ -27,7 +28,9 @@ from kvadvise.backends.ollama.rules import (
 )
 from kvadvise.errors import BackendUnreachable
 from kvadvise.planner.planning import Plan
-from kvadvise.planner.recommender import Offload
+
+if TYPE_CHECKING:  # an offload is planned only with --allow-cpu
+    from kvadvise.planner.offload import Offload
 
 
 @dataclass(frozen=True, slots=True)

@@ -253,12 +253,13 @@ def _decode_estimate(spec: ModelSpec, cfg: RunConfig) -> float | None:
     """kvadvise's decode estimate for ``cfg`` on this machine's GPUs (NVML and the card list's bandwidth);
     None without a GPU of known bandwidth."""
     from kvadvise.planner import hardware
-    from kvadvise.planner.recommender import budget_for, decode_speed
+    from kvadvise.planner.budget import plan_budget
+    from kvadvise.planner.recommender import decode_speed
 
     hw = hardware.probe()
     if not hw.gpus:
         return None
-    return decode_speed(spec, cfg, budget_for(hw))[0]
+    return decode_speed(spec, cfg, plan_budget(hw, spec=spec))[0]
 
 
 def _plan(model: OllamaModel, o: PlanOptions, hardware: Hardware | None = None) -> Plan:

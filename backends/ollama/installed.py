@@ -289,7 +289,7 @@ def list_installed(kwargs: dict[str, Any], sort: str) -> None:
     margin = int(kwargs.get("margin_bytes") or 0)
     with ollama_api.session():
         found = installed(kwargs.get("host"))
-    budget, rows = survey(found.models, settings, hw, margin)
+    budget, rows = survey(found.models, settings, hw, margin, headless=bool(kwargs.get("headless")))
     notes = list(found.notes)
     if hw is not None:
         notes += list(hw.notes)

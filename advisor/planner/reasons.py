@@ -1,0 +1,209 @@
+"""The explanation of a plan, in words: the budget, the target, why this cache type, what it costs,
+and what would make a plan fit that does not. Numbers come from the recommender's search; this
+module only says them."""
+
+from __future__ import annotations
+
+from kvadvise.model.spec import ModelSpec
+from kvadvise.planner.budget import Budget
+from kvadvise.planner.memory import CTX_PAD, MemoryEstimate, RunConfig, estimate
+from kvadvise.planner.policy import (
+    F16,
+    F16_K_ARCHS,
+    HIGH_GQA_RATIO,
+    KV,
+    Q8_0,
+    Option,
+    Policy,
+    config_at,
+    gqa_ratio,
+    kv_name,
+    needs_opt_in,
+)
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+def _gb(n: int) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
+def _short(kv: KV) -> str:
+    return kv[0].type_name if kv[0] == kv[1] else f"{kv[0].type_name} K / {kv[1].type_name} V"
+
+
+def _name(o: Option) -> str:
+    return _short((o.type_k, o.type_v))
+
+
+def budget_line(budget: Budget) -> str:
+    """``budget: X free on the GPU minus ... = Y``, with what is kept free and why."""
+    where = "the GPU" if budget.device != "cpu" else "system RAM"
+    s = (
+        f"budget: {_gb(budget.free_bytes)} free on {where} minus a {budget.margin_bytes / MIB:,.0f} MiB margin"
+        " (what llama.cpp's --fit keeps free)"
+    )
+    for n in budget.headroom_notes:
+        s += f", minus {n}"
+    return s + f" = {_gb(budget.budget_bytes)}"
+
+
+def reasons(
+    spec: ModelSpec,
+    base: RunConfig,
+    budget: Budget,
+    policy: Policy,
+    options: list[Option],
+    chosen: Option,
+    target: int,
+    why: str,
+    n_ctx_seq: int,
+    est: MemoryEstimate,
+    fits: bool,
+    would_fit: str,
+) -> list[str]:
+    """Why this configuration: the budget, the target, the cache type and what it costs; ``would_fit``:
+    what would make it fit (said when it does not)."""
+    where = "the GPU" if budget.device != "cpu" else "system RAM"
+    out = [budget_line(budget)]
+    goal = f"target: {target:,} tokens per sequence"
+    if policy.use:
+        goal += f" (--use {policy.use})"
+    elif why:
+        goal += f" ({why})"
+    out.append(goal)
+    if not fits:
+        out.append(
+            f"does not fit: the weights and buffers alone need {_gb(est.device_bytes)} at {n_ctx_seq:,} tokens; "
+            f"{where} has {_gb(budget.budget_bytes)}"
+        )
+        out.append(would_fit)
+        return out
+    f16 = next((o for o in options if o.type_k == F16 and o.type_v == F16), None)
+    q8 = next((o for o in options if o.type_k == Q8_0 and o.allowed), None)
+    q4 = next((o for o in options if needs_opt_in((o.type_k, o.type_v))), None)
+    if chosen.type_k == F16 and chosen.type_v == F16:
+        out.append(
+            "f16 K/V: it reproduces tokens exactly, and it reaches the target"
+            if chosen.reaches_target
+            else "f16 K/V"
+            + (" (--repeatable)" if policy.repeatable else "")
+            + ": quantized caches do not reproduce tokens exactly"
+        )
+    elif f16 is not None:
+        need = estimate(spec, config_at(base, target, (F16, F16), f16.flash_attn, budget.device)).device_bytes
+        out.append(
+            f"f16 K/V at {target:,} tokens needs {_gb(need)}; {where} has {_gb(budget.budget_bytes)} "
+            f"(f16 reaches {f16.n_ctx_max:,} tokens)"
+        )
+        if needs_opt_in((chosen.type_k, chosen.type_v)):
+            out.append(
+                f"{_name(chosen)}: q4_0 because you allowed it (--allow-q4 or -ctk/-ctv q4_0); warning: "
+                "q4_0 has a small-medium loss in precision that may be more noticeable at higher context sizes "
+                "(Ollama FAQ); q8_0 usually has no noticeable impact"
+            )
+        else:
+            out.append(
+                f"{_name(chosen)}: "
+                + ("it reaches the target; " if chosen.reaches_target else "it gets furthest; ")
+                + "q8_0 usually has no noticeable impact on quality (Ollama FAQ; KL divergence about 0.001 on an "
+                "8B model, llama.cpp PR #7412), but a quantized cache does not reproduce tokens exactly "
+                "(--repeatable keeps f16)"
+            )
+    elif policy.fixed_kv is not None and needs_opt_in(policy.fixed_kv):
+        out.append("warning: you chose a q4_0 cache: a small-medium loss in precision at long context (Ollama FAQ)")
+    if spec.architecture in F16_K_ARCHS:
+        out.append(
+            "gpt-oss keeps an f16 K cache: with attention sinks a quantized K badly distorts its output "
+            "(TheTom/llama-cpp-turboquant#305; Ollama disabled quantized KV for gpt-oss in 2025)"
+        )
+    ratio = gqa_ratio(spec)
+    if chosen.type_k != F16 and ratio >= HIGH_GQA_RATIO:
+        out.append(
+            f"note: {ratio} query heads share each KV head (high GQA); Ollama's FAQ warns such models may lose "
+            "more precision from a quantized cache: f16 is safer if the budget allows a smaller context"
+        )
+    if not chosen.reaches_target:
+        best = _name(chosen)
+        levers = [
+            f"this smaller context ({n_ctx_seq:,} tokens, chosen)",
+            "fewer parallel slots" if base.n_parallel > 1 else "",
+            "a smaller quantization of the weights or a smaller model",
+            "a GPU with more free memory",
+            "--allow-cpu (part of the model on the CPU: slower)",
+        ]
+        if q4 is not None and not q4.allowed and q4.n_ctx_max > chosen.n_ctx_max:
+            levers.append(f"--allow-q4 (q4_0 reaches {q4.n_ctx_max:,} tokens, with a loss in precision)")
+        out.append(
+            f"the target is not reached: {best} gets {chosen.n_ctx_max:,} tokens at most; levers: "
+            + "; ".join(x for x in levers if x)
+        )
+    elif q8 is not None and q4 is not None and not q4.allowed and chosen.type_k != F16:
+        out.append(f"q4_0 would reach {q4.n_ctx_max:,} tokens; it is used only with --allow-q4 (less precise)")
+    if chosen.flash_attn:
+        why = "needed for a quantized V cache, and it" if chosen.type_v != F16 else "it"
+        out.append(f"flash attention on: {why} removes the n_ctx × n_head attention-score buffer")
+    elif base.flash_attn == "off":
+        out.append("flash attention off (as asked): the V cache stays f16 (a quantized V needs flash attention)")
+    kept = budget.free_bytes - est.device_bytes
+    out.append(
+        f"uses {_gb(est.device_bytes)} of {_gb(budget.budget_bytes)}: 100% on {where}; "
+        f"{_gb(kept)} of {where} stays free"
+    )
+    if base.n_parallel > 1:
+        out.append(f"{base.n_parallel} parallel sequences of {n_ctx_seq:,} tokens each")
+    return out
+
+
+def what_would_fit(
+    spec: ModelSpec, base: RunConfig, budget: Budget, policy: Policy, kv: KV, one_slot_ctx: int | None
+) -> str:
+    """The shortest honest list of what would make the target fit, with cache types ``kv`` (the most
+    quantized allowed); ``one_slot_ctx``: how far one slot reaches (with several)."""
+    ctx = max(policy.min_ctx, CTX_PAD) if policy.min_ctx else CTX_PAD
+    fa = base.flash_attn != "off"
+    need = estimate(spec, config_at(base, ctx, kv, fa, budget.device)).device_bytes
+    short = need - budget.budget_bytes
+    tips = []
+    if budget.budget_bytes <= 0:
+        tips.append(f"a margin smaller than {_gb(budget.margin_bytes)} (--margin): it leaves no budget at all")
+    if short > 0:
+        tips.append(f"{_gb(short)} more free memory (a bigger card, or unload other models)")
+        # a lower-bit quant of the same model saves at most about half its weights
+        if spec.weights_bytes and short < spec.weights_bytes // 2:
+            tips.append(
+                f"a smaller quantization of the weights (at least {_gb(short)} smaller than "
+                f"the {_gb(spec.weights_bytes)} they take now)"
+            )
+        if budget.device != "cpu" and not policy.allow_cpu:
+            tips.append("--allow-cpu (part of the model on the CPU)")
+    if one_slot_ctx is not None:
+        tips.append(f"fewer parallel slots (with 1 slot: {one_slot_ctx:,} tokens)")
+    return "would fit with: " + "; or ".join(tips) if tips else "would fit with a larger memory budget"
+
+
+def fits_with_another(now: KV, kv: KV, device_bytes: int, budget: Budget) -> str:
+    """A ``--ctx`` that does not fit with ``now`` fits with ``kv``."""
+    return (
+        f"does not fit with {_short(now)}; fits with {kv_name(kv)} ({_gb(device_bytes)} of {_gb(budget.budget_bytes)})"
+    )
+
+
+def fits_up_to(now: KV, best: KV, n_ctx_seq: int) -> str:
+    """A ``--ctx`` that no cache type fits: how far the best one reaches."""
+    if n_ctx_seq <= 0:
+        return f"does not fit with {_short(now)}, and no cache type fits even {CTX_PAD} tokens"
+    return f"does not fit with {_short(now)}; fits up to {n_ctx_seq:,} tokens per sequence (with {kv_name(best)})"
+
+
+def no_offload(spec: ModelSpec, budget: Budget) -> tuple[str, ...]:
+    """Why --allow-cpu gives no partial-offload plan, where the reason is not that nothing fits."""
+    if budget.device == "cpu":
+        return ("--allow-cpu: nothing to move: the model already runs on the CPU",)
+    if not any(spec.layer_bytes):
+        return (
+            "--allow-cpu: no partial-offload figure: the per-layer sizes are unknown for this model "
+            "(a profile or config.json); plan the GGUF file itself for one",
+        )
+    return ()
