@@ -6,6 +6,7 @@ import json
 import re
 from collections.abc import Iterator
 from importlib.resources import files
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -213,3 +214,20 @@ def test_unknown_and_non_library() -> None:
     assert find_profile(parse_name("qwen3:0.6b")) is None
     assert find_profile(parse_name("jdoe/qwen3:8b")) is None
     assert find_profile(parse_name("QWEN3:8B")) is not None  # Ollama names are case-insensitive
+
+
+def test_json_plan_of_a_profile_carries_its_sources(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The text plan prints one line per source; --json has the whole provenance (issue 26.5)."""
+    from ollama_fake import closed_port_url
+
+    from kvadvise.cli import main
+
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "none"))
+    monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
+    assert main(["ollama", "gemma4", "--gpu", "rtx-4090", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["ollama"]["source"] == "profile:gemma4:e4b"
+    assert doc["ollama"]["provenance"] == profiles()["gemma4:e4b"].provenance()
+    assert doc["model"]["notes"][0] == "planned from a built-in profile; weights: 9.6 GB, exact bytes, 2026-07-20"
