@@ -25,6 +25,12 @@ Rules of the converter that matter for memory and are easy to get wrong:
   layers are dropped (``skip_mtp``), so num_nextn_predict_layers adds nothing.
 - glm4moe and qwen3next/qwen35 append their MTP layers to block_count and
   write nextn_predict_layers.
+- Nemotron-H (nemotron_h / nemotron_h_moe) has one mixer per block, read from
+  hybrid_override_pattern: head_count_kv and feed_forward_length are per-layer
+  arrays, zero except on the attention and MLP/MoE blocks.
+- Gemma 4 writes its SWA layers as a bool array from layer_types, the head
+  size of full-attention layers (global_head_dim) apart from the SWA ones,
+  per-layer KV heads, shared KV layers and per-layer embeddings.
 - context_length is max_position_embeddings as published (rope scaling such
   as yarn is written to separate keys); command-r prefers model_max_length;
   mamba2 and hybrid Granite 4 (NoPE) write 2**20.

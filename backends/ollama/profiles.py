@@ -4,7 +4,8 @@ They let a user plan a model before ``ollama pull``: each entry holds the
 model's published ``config.json``, read by :func:`kvadvise.model.hfconfig.from_config`
 (the converter's GGUF keys, then llama.cpp's rules: the same ModelSpec
 ``kvadvise hf`` gives), plus the default tag's quantization and download size
-with where each came from. A download size is the whole blob as the library
+with where each came from (a :class:`Source`: kind, ref, url, date; a plan prints
+one line per source, ``--json`` all of them). A download size is the whole blob as the library
 page prints it (2 significant digits, decimal units, projector included) or
 the exact blob bytes where a published source gives them, so the weights of a
 profile are good to about 1 to 3 %; a model in the store or on a server is exact.
@@ -12,7 +13,8 @@ The per-part sizes llama.cpp places one by one (token embeddings, output,
 each block, the routed experts) are counted from the config at the
 quantization and scaled to the download size (:mod:`kvadvise.model.breakdown`),
 so partial offload (``--allow-cpu``, ``--n-cpu-moe``) and the decode-speed
-estimate work for a profile as for a GGUF.
+estimate work for a profile as for a GGUF. A name that is not here gets at most
+three close ones (:func:`suggestions`).
 """
 
 from __future__ import annotations
