@@ -263,6 +263,60 @@ def test_granite4_hybrid() -> None:
     assert est.recurrent_bytes == 36 * 4 * ((d_conv - 1) * (d_inner + 2 * n_group * d_state) + d_state * d_inner)
 
 
+def test_nemotron_3_nano_hybrid() -> None:
+    """nemotron.py NemotronHModel: one mixer per block from hybrid_override_pattern (M Mamba-2, * attention,
+    E MoE); head_count_kv only on the 6 attention blocks, feed_forward_length only on the 23 MoE ones, so
+    llama.cpp's nemotron-h.cpp marks the 23 Mamba-2 blocks recurrent (n_head_kv == 0 && n_ff == 0)."""
+    cfg = load("nemotron-3-nano-30b-a3b")
+    pattern = cfg["hybrid_override_pattern"]
+    spec = from_config(cfg, source="nemotron-3-nano-30b-a3b.json")
+    assert spec.architecture == "nemotron_h_moe" and spec.n_layer_all == len(pattern) == 52
+    assert spec.recurrent_layers == tuple(c == "M" for c in pattern)
+    assert spec.kv_layers == tuple(c == "*" for c in pattern)
+    assert (pattern.count("M"), pattern.count("E"), pattern.count("*")) == (23, 23, 6)
+    assert spec.n_ctx_train == 2**20  # GraniteHybridModel: no RoPE
+    assert (spec.n_expert, spec.n_expert_used, spec.n_ff) == (128, 6, 1856)
+    d_inner, d_state, n_group, d_conv = 64 * 64, 128, 8, 4  # mamba_num_heads * mamba_head_dim
+    assert (spec.n_embd_r, spec.n_embd_s) == ((d_conv - 1) * (d_inner + 2 * n_group * d_state), d_state * d_inner)
+    est = run(spec, 32768)
+    assert est.kv_bytes_per_token == 6 * 2 * 128 * 2 * F16
+    assert est.recurrent_bytes == 23 * 4 * ((d_conv - 1) * (d_inner + 2 * n_group * d_state) + d_state * d_inner)
+
+
+def test_gemma4_26b_and_31b() -> None:
+    """gemma.py Gemma4Model: the SWA layers from layer_types (5 of every 6), global_head_dim 512 on the full
+    layers and head_dim 256 on the SWA ones, num_global_key_value_heads on the full layers."""
+    for name, n_layer, kv_swa, kv_full, n_expert in (("gemma4-26b-a4b", 30, 8, 2, 128), ("gemma4-31b", 60, 16, 4, 0)):
+        cfg = load(name)
+        spec = from_config(cfg, source=f"{name}.json")
+        full = [il for il, t in enumerate(cfg["text_config"]["layer_types"]) if t == "full_attention"]
+        assert spec.architecture == "gemma4" and spec.n_layer_all == n_layer and spec.n_expert == n_expert
+        assert [il for il in range(n_layer) if not spec.swa_layers[il]] == full == list(range(5, n_layer, 6))
+        assert spec.swa_type == SWA_STANDARD and spec.n_swa == 1024 and all(spec.kv_layers)
+        assert (spec.n_embd_head_k, spec.n_embd_head_k_swa) == (512, 256)
+        assert {spec.n_head_kv[il] for il in full} == {kv_full}
+        assert {spec.n_head_kv[il] for il in range(n_layer) if il not in full} == {kv_swa}
+        # only the full layers grow with the context: K and V of kv_full heads x 512 each
+        assert spec.n_embd_k_gqa(full[0]) == kv_full * 512 and spec.n_embd_k_gqa(0) == kv_swa * 256
+
+
+def test_gemma4_e4b_shares_kv() -> None:
+    """num_kv_shared_layers 18: the last 18 layers reuse earlier caches (gemma4.cpp n_layer_kv_from_start =
+    n_layer - 18), so 24 layers hold KV: 4 full (5, 11, 17, 23) and 20 SWA."""
+    spec = spec_of("gemma4-e4b")
+    assert spec.architecture == "gemma4" and spec.n_layer_all == 42
+    assert [il for il in range(42) if spec.kv_layers[il]] == list(range(24))
+    assert [il for il in range(24) if not spec.swa_layers[il]] == [5, 11, 17, 23]
+    assert run(spec, 32768).kv_bytes_per_token == 4 * 2 * 512 * 2 * F16
+
+
+def test_qwen36_is_qwen35moe() -> None:
+    spec = spec_of("qwen3.6-35b-a3b")
+    assert spec.architecture == "qwen35moe" and spec.n_layer_all == 41 and spec.n_layer_nextn == 1
+    assert sum(spec.kv_layers) == 10 and sum(spec.recurrent_layers) == 30
+    assert run(spec, 32768).kv_bytes_per_token == 10 * 2 * 256 * 2 * F16
+
+
 # --- converter details -------------------------------------------------------------
 
 

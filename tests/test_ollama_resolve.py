@@ -85,7 +85,7 @@ def test_unusable_server_falls_through_to_profile(empty_store: Path, fake: FakeO
     m = resolve("qwen3-coder:30b", host=host, timeout=0.3)
     assert m.source == "profile:qwen3-coder:30b"
     assert any("the Ollama server could not be asked" in n for n in m.notes)
-    assert m.spec.notes[0].startswith("planned from a built-in profile; weights size from")
+    assert m.spec.notes[0] == "planned from a built-in profile; weights: 19 GB, Ollama library, 2025-09-13"
 
 
 def test_profile_alias(empty_store: Path) -> None:
@@ -103,9 +103,30 @@ def test_nothing_found_names_every_try(empty_store: Path) -> None:
         resolve("no-such-model:7b", host=host, timeout=0.5)
     msg = e.value.message
     assert "no-such-model:7b: not found" in msg
-    assert str(empty_store) in msg and host in msg and "built-in profiles" in msg and "qwen3-coder:30b" in msg
+    assert str(empty_store) in msg and host in msg and "built-in profiles: none for no-such-model:7b" in msg
+    assert "did you mean" not in msg and "\n" not in msg  # nothing close: no list of every profile
     assert e.value.hint == "ollama pull no-such-model:7b"
     assert e.value.exit_code == 2
+
+
+@pytest.mark.parametrize(
+    ("typed", "offered"),
+    [("qwen3-codr", "qwen3-coder, qwen2.5-coder, qwen3"), ("gemma4:e4", "gemma4:e4b, gemma4:e2b, gemma4:31b"),
+     ("nemotron", "nemotron-3-nano"), ("qwen3:0.6b", "qwen3:30b, qwen3:8b, qwen3:4b")],
+)  # fmt: skip
+def test_a_typo_gets_did_you_mean(empty_store: Path, typed: str, offered: str) -> None:
+    """At most three close names (difflib over the profiles' names and aliases), on the one error line."""
+    with pytest.raises(InputError) as e:
+        resolve(typed, use_api=False)
+    assert e.value.message.endswith(f"did you mean {offered}?") and e.value.exit_code == 2
+    assert "\n" not in e.value.message
+
+
+@pytest.mark.parametrize(("bare", "pid"), [("mistral-nemo", "mistral-nemo:12b"), ("devstral", "devstral:24b"),
+                                           ("gemma4", "gemma4:e4b"), ("qwen3.6", "qwen3.6:35b")])  # fmt: skip
+def test_bare_names_are_the_librarys_latest(empty_store: Path, bare: str, pid: str) -> None:
+    m = resolve(bare, use_api=False)
+    assert m.source == f"profile:{pid}" and any(f"{bare}:latest is {pid}" in n for n in m.notes)
 
 
 def test_nothing_found_on_a_live_server(empty_store: Path, fake: FakeOllama) -> None:

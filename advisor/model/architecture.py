@@ -77,7 +77,10 @@ _SWA_RULES: dict[str, _SwaRule] = {
 _RECURRENT_ALL = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
 # Hybrids whose recurrent layers are those with head_count_kv == 0
 # (granite-hybrid.cpp, lfm2.cpp: is_recr_impl[il] = n_head_kv(il) == 0).
-_RECURRENT_BY_ZERO_KV = frozenset({"granitehybrid", "lfm2", "lfm2moe", "jamba", "nemotron_h", "nemotron_h_moe"})
+_RECURRENT_BY_ZERO_KV = frozenset({"granitehybrid", "lfm2", "lfm2moe", "jamba"})
+# Nemotron-H: one mixer per block; recurrent when it has neither KV heads nor an FFN (nemotron-h.cpp
+# load_arch_hparams: is_recr = il < n_layer() && n_head_kv(il) == 0 && n_ff(il) == 0), so MLP/MoE blocks are not
+_RECURRENT_BY_ZERO_KV_AND_FF = frozenset({"nemotron_h", "nemotron_h_moe"})
 # Hybrids with {arch}.full_attention_interval (qwen3next.cpp, qwen35.cpp):
 # is_recr[i] = i < n_layer() && (i + 1) % interval != 0, default interval 4.
 _RECURRENT_BY_INTERVAL = frozenset({"qwen3next", "qwen35", "qwen35moe"})
@@ -181,6 +184,9 @@ def _recurrent(k: _Keys, arch: str, n_layer: int, n_layer_all: int, n_head_kv: t
         return (True,) * n_layer_all
     if arch in _RECURRENT_BY_ZERO_KV:
         return tuple(h == 0 for h in n_head_kv)
+    if arch in _RECURRENT_BY_ZERO_KV_AND_FF:
+        n_ff = k.per_layer(LLM.FEED_FORWARD_LENGTH, n_layer_all, 0)
+        return tuple(il < n_layer and n_head_kv[il] == 0 and n_ff[il] == 0 for il in range(n_layer_all))
     if arch in _RECURRENT_BY_INTERVAL:
         explicit = k.bools(Attention.RECURRENT_LAYERS, n_layer_all)
         if explicit is not None:

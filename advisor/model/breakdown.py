@@ -2,20 +2,30 @@
 
 A GGUF lists its tensors; a model planned from a config.json (a built-in
 profile, ``kvadvise hf`` without a file) does not. This counts the parameters
-of each part the way convert_hf_to_gguf.py lays them out (llama.cpp 0c1e570):
+of each part with the shapes llama.cpp's loader gives the tensors
+(``load_arch_tensors`` in ``src/models/<arch>.cpp``, llama.cpp 0c1e570), from the
+GGUF keys convert_hf_to_gguf.py writes for the config
+(:func:`kvadvise.model.hfconfig.gguf_metadata`):
 
-- ``token_embd`` (n_vocab × n_embd) and ``output`` (the same, or none when tied);
-- per block: attention (q, k, v, o; MLA's low-rank projections for
-  DeepSeek-2/3), the dense FFN (gate, up, down; up and down for the
-  ungated MLPs of StarCoder2 and GPT-BigCode), shared experts and the router,
-  and the routed experts (n_expert × the expert FFN).
+- ``token_embd`` (n_vocab × n_embd), ``output`` (the same, or none when tied)
+  and Gemma 3n/4's ``per_layer_token_embd`` (n_vocab × n_embd_per_layer × n_layer);
+- per block: the token mixer (attention: q, k, v, o, with MLA's low-rank
+  projections for DeepSeek-2/3 and the gated q of Qwen3-Next/3.5; or the
+  recurrent mixer of the hybrid blocks: Mamba-2's ssm_in/conv1d/ssm_out,
+  Gated DeltaNet's qkv/gate/conv1d/beta/alpha/ssm_out), the dense FFN (gate,
+  up, down; up and down for ungated MLPs), shared experts and the router, and
+  the routed experts (n_expert × the expert FFN);
+- the MTP/NextN blocks, which the file holds and llama.cpp does not load
+  unless asked to (``mtp_flags = TENSOR_SKIP``).
 
-Norms and biases (< 0.1 %) are left out. Sizes at a quant use llama.cpp's
-whole-file bits per weight (:mod:`kvadvise.model.quants`); MXFP4 builds keep
-only the experts at MXFP4 (4.25 bits) and the rest at BF16 (Ollama's
+Norms, biases, conv and SSM scalars are counted where they are per-channel
+vectors of the mixer; the rest (< 0.1 %) is left out. Sizes at a quant use
+llama.cpp's whole-file bits per weight (:mod:`kvadvise.model.quants`); MXFP4
+builds keep only the experts at MXFP4 (4.25 bits) and the rest at BF16 (Ollama's
 gpt-oss) unless told otherwise. When the real file size is known, the parts are
 scaled to it, so their shares stay those of the config and the sum is exact.
-Recurrent and hybrid layers (Mamba, gated delta-net) are not covered: None.
+Recurrent architectures other than Mamba-2 and Gated DeltaNet hybrids (RWKV,
+LFM2's short convolutions) are not covered: None.
 """
 
 from __future__ import annotations
@@ -23,13 +33,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from kvadvise.errors import InputError
+from kvadvise.model.gguf import GGUFArray, Value
+from kvadvise.model.keys import LLM, SSM, key
 from kvadvise.model.spec import ModelSpec
 
 # MXFP4: 32 4-bit values + one 8-bit scale per block (ggml-common.h block_mxfp4)
 MXFP4_BPW = 4.25
-_UNGATED = frozenset({"starcoder2", "starcoder", "gpt2", "falcon", "phi2"})
+_UNGATED = frozenset({"starcoder2", "starcoder", "gpt2", "falcon", "phi2", "nemotron_h", "nemotron_h_moe"})
 # tie_word_embeddings when a config.json leaves it out: the transformers config class's default
-_TIED_BY_DEFAULT = frozenset({"gemma", "gemma2", "gemma3", "gemma3n", "starcoder2", "command-r", "cohere2"})
+_TIED_BY_DEFAULT = frozenset({"gemma", "gemma2", "gemma3", "gemma3n", "gemma4", "starcoder2", "command-r", "cohere2"})
+# Gated DeltaNet hybrids (qwen3next.cpp, qwen35.cpp, qwen35moe.cpp) and Mamba-2 ones (mamba2.cpp,
+# granite-hybrid.cpp, nemotron-h.cpp): the recurrent mixers whose tensors are counted
+_DELTA_NET = frozenset({"qwen3next", "qwen35", "qwen35moe"})
+_MAMBA2 = frozenset({"mamba2", "granitehybrid", "nemotron_h", "nemotron_h_moe"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,15 +55,31 @@ class Breakdown:
 
     tok_embd: int
     output: int  # 0: tied to tok_embd
-    attn: tuple[int, ...]  # per block
+    attn: tuple[int, ...]  # per block: the token mixer (attention, or a recurrent block's SSM / delta net)
     dense: tuple[int, ...]  # per block: dense FFN, shared experts, router (read for every token)
     experts: tuple[int, ...]  # per block: every routed expert
     n_expert: int
     n_expert_used: int
+    tok_embd_per_layer: int = 0  # per_layer_token_embd (Gemma 3n/4): looked up per token, like tok_embd
+    nextn: int = 0  # the MTP/NextN blocks: in the file, not loaded by llama.cpp unless asked for
+    # of the above, the parameters in tensors whose rows are not a multiple of QK_K (a K-quant cannot hold
+    # them: :func:`sized` gives them the 32-block type llama.cpp falls back to); token_embd and output alike
+    tok_embd_odd: int = 0
+    attn_odd: tuple[int, ...] = ()
+    dense_odd: tuple[int, ...] = ()
+    experts_odd: tuple[int, ...] = ()
+    nextn_odd: int = 0
 
     @property
     def total(self) -> int:
-        return self.tok_embd + self.output + sum(self.attn) + sum(self.dense) + sum(self.experts)
+        """Everything the file holds (the MTP blocks included)."""
+        return self.loaded + self.nextn
+
+    @property
+    def loaded(self) -> int:
+        """What llama.cpp loads by default: the file less its MTP/NextN blocks."""
+        parts = (self.tok_embd, self.output, self.tok_embd_per_layer, sum(self.attn), sum(self.dense))
+        return sum(parts) + sum(self.experts)
 
     @property
     def layers(self) -> tuple[int, ...]:
@@ -61,7 +94,7 @@ class Breakdown:
 
     @property
     def active(self) -> int:
-        """What one token of decode reads, without the token embedding (one row of it is looked up)."""
+        """What one token of decode reads, without the token embeddings (one row of each is looked up)."""
         return self.output + sum(self.attn) + sum(self.dense) + self.active_experts
 
 
@@ -78,28 +111,124 @@ def _int(hp: Mapping[str, object], *keys: str, default: int = 0) -> int:
     return default
 
 
+class _Md:
+    """The converted GGUF metadata, read as llama.cpp's loader reads it (get_key_or_arr)."""
+
+    def __init__(self, md: Mapping[str, Value], arch: str, n: int) -> None:
+        self.md, self.arch, self.n = md, arch, n
+
+    def num(self, template: str, default: int = 0) -> int:
+        v = self.md.get(key(template, self.arch))
+        if isinstance(v, GGUFArray):
+            return max((int(x) for x in v.values or () if isinstance(x, int)), default=default)
+        return v if isinstance(v, int) and not isinstance(v, bool) else default
+
+    def per_layer(self, template: str, default: int = 0) -> tuple[int, ...]:
+        v = self.md.get(key(template, self.arch))
+        if isinstance(v, GGUFArray) and v.values is not None and len(v.values) == self.n:
+            return tuple(int(x) if isinstance(x, int) else default for x in v.values)
+        return (self.num(template, default),) * self.n
+
+
+# llama.cpp's K-quants pack 256 values per block (QK_K); a tensor whose rows (ne[0]) are not a multiple
+# of that falls back to a 32-block type (llama-quant.cpp tensor_type_fallback; Ollama's quantizer ports it)
+QK_K = 256
+
+
+class _Count:
+    """Parameters of one part, and how many of them sit in tensors with rows not a multiple of QK_K."""
+
+    __slots__ = ("n", "odd")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.odd = 0
+
+    def mat(self, ne0: int, ne1: int, count: int = 1) -> _Count:
+        """A weight of shape {ne0, ne1} (llama.cpp's create_tensor order: ne0 is the row length), ``count`` times."""
+        n = ne0 * ne1 * count
+        self.n += n
+        if ne0 % QK_K:
+            self.odd += n
+        return self
+
+    def vec(self, n: int) -> _Count:
+        """Vectors (norms, biases, SSM scalars): stored unquantized, counted at the quant's rate."""
+        self.n += n
+        return self
+
+
+def _delta_net(c: _Count, m: _Md, e: int) -> None:
+    """A Gated DeltaNet block (qwen35.cpp load_block_trunk, recurrent branch): head_k_dim = head_v_dim =
+    ssm_d_state, n_k_heads = ssm_n_group, n_v_heads = ssm_dt_rank."""
+    d_state, n_k, n_v, d_conv = (m.num(SSM.STATE_SIZE), m.num(SSM.GROUP_COUNT), m.num(SSM.TIME_STEP_RANK),
+                                 m.num(SSM.CONV_KERNEL))  # fmt: skip
+    key_dim, value_dim = d_state * n_k, d_state * n_v
+    conv_dim = 2 * key_dim + value_dim
+    c.mat(e, conv_dim)  # attn_qkv (qwen3next's legacy ssm_in holds it and the gate)
+    c.mat(e, value_dim)  # attn_gate
+    c.mat(e, n_v, 2)  # ssm_beta + ssm_alpha (qwen3next: ssm_beta_alpha {n_embd, 2 n_v})
+    c.mat(value_dim, e)  # ssm_out
+    c.vec(d_conv * conv_dim + 2 * n_v + d_state)  # ssm_conv1d, ssm_dt, ssm_a, ssm_norm
+
+
+def _mamba2(c: _Count, m: _Md, e: int) -> None:
+    """A Mamba-2 block (nemotron-h.cpp / mamba2.cpp): ssm_in {n_embd, 2·d_inner + 2·n_group·d_state + n_head},
+    ssm_conv1d {d_conv, d_inner + 2·n_group·d_state}, ssm_dt/a/d {n_head}, ssm_norm {d_inner}, ssm_out."""
+    d_inner, d_state, n_group, n_head, d_conv = (m.num(SSM.INNER_SIZE), m.num(SSM.STATE_SIZE),
+        m.num(SSM.GROUP_COUNT), m.num(SSM.TIME_STEP_RANK), m.num(SSM.CONV_KERNEL))  # fmt: skip
+    xbc = d_inner + 2 * n_group * d_state
+    c.mat(e, 2 * d_inner + 2 * n_group * d_state + n_head)  # ssm_in
+    c.mat(d_inner, e)  # ssm_out
+    c.vec(d_conv * xbc + 3 * n_head + d_inner)
+
+
 def params(spec: ModelSpec, config: Mapping[str, object]) -> Breakdown | None:
-    """Parameters of each part of ``spec`` (made from ``config``); None for recurrent or hybrid models."""
-    if any(spec.recurrent_layers) or not spec.n_embd:
+    """Parameters of each part of ``spec`` (made from ``config``); None for recurrent blocks not covered."""
+    from kvadvise.model.hfconfig import gguf_metadata
+
+    try:
+        md = gguf_metadata(config, source=spec.source)
+    except InputError:
         return None
-    hp = _hp(config)
+    return params_from_metadata(spec, md, config)
+
+
+def params_from_metadata(
+    spec: ModelSpec, metadata: Mapping[str, Value], config: Mapping[str, object] | None = None
+) -> Breakdown | None:
+    """The same count from GGUF metadata (what :func:`params` converts a config.json to, or a file's header);
+    ``config`` adds what the keys do not say (tie_word_embeddings, MoE layer placement, Gemma 4's K = V)."""
+    arch = spec.architecture
+    if not spec.n_embd or (any(spec.recurrent_layers) and arch not in _DELTA_NET | _MAMBA2):
+        return None
+    m = _Md(metadata, arch, spec.n_layer_all)
+    hp = _hp(config or {})
     e = spec.n_embd
-    tied = bool(hp.get("tie_word_embeddings", spec.architecture in _TIED_BY_DEFAULT))
-    tok = spec.n_vocab * e
-    n_layer = spec.n_layer_all - spec.n_layer_nextn
-    gated = 2 if spec.architecture in _UNGATED else 3
+    tied = bool(hp.get("tie_word_embeddings", arch in _TIED_BY_DEFAULT))
+    n_layer = spec.n_layer
+    gated = arch not in _UNGATED
     n_expert, n_used = spec.n_expert, spec.n_expert_used
-    expert_ff = _int(hp, "moe_intermediate_size", "expert_intermediate_size") or spec.n_ff
+    n_ff = m.per_layer(LLM.FEED_FORWARD_LENGTH)
+    expert_ff = m.num(LLM.EXPERT_FEED_FORWARD_LENGTH) or _int(hp, "moe_intermediate_size", "expert_intermediate_size")
+    expert_ff = expert_ff or spec.n_ff
     dense_ff = _int(hp, "intermediate_size") or spec.n_ff
-    shared_ff = _int(hp, "shared_expert_intermediate_size")
-    if not shared_ff and _int(hp, "n_shared_experts"):
+    shared_ff = m.num(LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH) or _int(hp, "shared_expert_intermediate_size")
+    if not shared_ff and _int(hp, "n_shared_experts") and arch != "nemotron_h_moe":
         shared_ff = _int(hp, "n_shared_experts") * expert_ff
     first_dense = _int(hp, "first_k_dense_replace")
     step = _int(hp, "decoder_sparse_step", default=1) or 1
     mlp_only = hp.get("mlp_only_layers")
     dense_only = set(mlp_only) if isinstance(mlp_only, list) else set()
-    attn, dense, experts = [], [], []
-    for il in range(n_layer):
+    per_layer_embd = m.num(LLM.EMBEDDING_LENGTH_PER_LAYER)
+    k_eq_v = bool(hp.get("attention_k_eq_v"))  # Gemma 4 26B/31B: full-attention layers have no attn_v
+
+    def ffn(c: _Count, f: int, n: int = 1) -> None:
+        """gate, up {n_embd, f} and down {f, n_embd} (no gate for the ungated MLPs), ``n`` times (experts)."""
+        c.mat(e, f, n * (2 if gated else 1))
+        c.mat(f, e, n)
+
+    def attention(c: _Count, il: int) -> None:
         if spec.is_mla:
             n_head = spec.n_head[il]
             q_lora = _int(hp, "q_lora_rank")
@@ -108,30 +237,115 @@ def params(spec: ModelSpec, config: Mapping[str, object]) -> Breakdown | None:
             nope = _int(hp, "qk_nope_head_dim")
             v_head = _int(hp, "v_head_dim")
             qk = nope + rope
-            q = e * q_lora + q_lora * n_head * qk if q_lora else e * n_head * qk
-            attn.append(q + e * (kv_lora + rope) + kv_lora * n_head * (nope + v_head) + n_head * v_head * e)
-        else:
-            swa = spec.swa_layers[il]
-            hk = spec.n_embd_head_k_swa if swa else spec.n_embd_head_k
-            hv = spec.n_embd_head_v_swa if swa else spec.n_embd_head_v
-            nh, nkv = spec.n_head[il], spec.n_head_kv[il]
-            attn.append(e * (nh * hk + nkv * (hk + hv)) + nh * hv * e)
-        moe = bool(n_expert) and il >= first_dense and il not in dense_only and (il + 1) % step == 0
-        if moe:
-            experts.append(n_expert * gated * e * expert_ff)
-            dense.append(gated * e * shared_ff + e * n_expert)  # shared experts, router
-        else:
-            experts.append(0)
-            dense.append(gated * e * dense_ff)
+            if q_lora:
+                c.mat(e, q_lora).mat(q_lora, n_head * qk)
+            else:
+                c.mat(e, n_head * qk)
+            c.mat(e, kv_lora + rope).mat(kv_lora, n_head * (nope + v_head)).mat(n_head * v_head, e)
+            return
+        swa = spec.swa_layers[il]
+        hk = spec.n_embd_head_k_swa if swa else spec.n_embd_head_k
+        hv = spec.n_embd_head_v_swa if swa else spec.n_embd_head_v
+        nh, nkv = spec.n_head[il], spec.n_head_kv[il]
+        c.mat(e, nh * hk * (2 if arch in _DELTA_NET else 1))  # qwen35.cpp: wq {n_embd, n_embd_head_k·n_head·2}
+        c.mat(e, nkv * hk)
+        if not (k_eq_v and not swa):
+            c.mat(e, nkv * hv)
+        c.mat(nh * hv, e)
+
+    def block_ffn(il: int, dense: _Count, experts: _Count) -> None:
+        """The FFN of block ``il``: dense FFN, shared experts and router into ``dense``; routed ``experts``."""
+        if arch in ("nemotron_h", "nemotron_h_moe"):  # nemotron-h.cpp: an MLP/MoE block when n_ff(il) > 0
+            if n_ff[il] and n_expert:
+                dense.mat(e, n_expert)
+                ffn(dense, shared_ff)
+                ffn(experts, expert_ff, n_expert)
+            elif n_ff[il]:
+                ffn(dense, n_ff[il])
+            return
+        if arch == "gemma4":  # gemma4.cpp: a dense FFN in every block, experts beside it in the MoE model
+            ffn(dense, n_ff[il])
+            if n_expert:
+                dense.mat(e, n_expert)
+                ffn(experts, expert_ff, n_expert)
+            return
+        if bool(n_expert) and il >= first_dense and il not in dense_only and (il + 1) % step == 0:
+            dense.mat(e, n_expert)  # the router
+            if shared_ff:
+                ffn(dense, shared_ff)
+                if arch in ("qwen3next", "qwen35moe", "qwen2moe"):
+                    dense.vec(e)  # ffn_gate_inp_shexp
+            ffn(experts, expert_ff, n_expert)
+            return
+        ffn(dense, n_ff[il] if arch == "qwen35" else dense_ff)
+
+    attn: list[_Count] = []
+    dense: list[_Count] = []
+    experts: list[_Count] = []
+    for il in range(n_layer):
+        a, d, x = _Count(), _Count(), _Count()
+        if spec.recurrent_layers[il]:
+            (_delta_net if arch in _DELTA_NET else _mamba2)(a, m, e)
+        elif not (arch in _MAMBA2 and not spec.n_head_kv[il]):  # Nemotron-H's MLP/MoE blocks have no attention
+            attention(a, il)
+        block_ffn(il, d, x)
+        if per_layer_embd:  # gemma4.cpp: per_layer_inp_gate {n_embd, n_pl}, per_layer_proj {n_pl, n_embd}
+            d.mat(e, per_layer_embd).mat(per_layer_embd, e)
+        attn.append(a)
+        dense.append(d)
+        experts.append(x)
+    if per_layer_embd and dense:  # per_layer_model_proj {n_embd, n_pl·n_layer}: once per token, like a block's
+        dense[0].mat(e, per_layer_embd * n_layer)
+    nextn = _Count()
+    for il in range(
+        n_layer, spec.n_layer_all
+    ):  # glm4-moe.cpp, qwen35.cpp...: a full block + eh_proj {2·n_embd, n_embd}
+        attention(nextn, il)
+        block_ffn(il, nextn, nextn)
+        nextn.mat(2 * e, e)
+    embd_odd = spec.n_vocab * e if e % QK_K else 0
     return Breakdown(
-        tok_embd=tok,
-        output=0 if tied else tok,
-        attn=tuple(attn),
-        dense=tuple(dense),
-        experts=tuple(experts),
+        tok_embd=spec.n_vocab * e,
+        output=0 if tied else spec.n_vocab * e,
+        attn=tuple(c.n for c in attn),
+        dense=tuple(c.n for c in dense),
+        experts=tuple(c.n for c in experts),
         n_expert=n_expert,
         n_expert_used=n_used,
+        tok_embd_per_layer=spec.n_vocab * per_layer_embd * n_layer,
+        nextn=nextn.n,
+        tok_embd_odd=embd_odd,
+        attn_odd=tuple(c.odd for c in attn),
+        dense_odd=tuple(c.odd for c in dense),
+        experts_odd=tuple(c.odd for c in experts),
+        nextn_odd=nextn.odd,
     )
+
+
+def vision_params(config: Mapping[str, object]) -> int | None:
+    """Parameters of the vision tower a config.json's ``vision_config`` describes, for the towers Ollama's
+    library blobs embed whole (Qwen3.5/3.6, Gemma 4); None for others. Counted per block: attention (q, k,
+    v, o: 4·h²), the MLP (Qwen's fc1/fc2: 2·h·i; Gemma 4's gated: 3·h·i), plus the patch and position
+    embeddings and the projector into the text model (Qwen's 2×2 merger, Gemma 4's embed_vision)."""
+    vc = config.get("vision_config")
+    text = _hp(config)
+    if not isinstance(vc, Mapping):
+        return None
+    kind = str(vc.get("model_type", ""))
+    h, i = _int(vc, "hidden_size"), _int(vc, "intermediate_size")
+    depth = _int(vc, "depth", "num_hidden_layers")
+    patch = _int(vc, "patch_size", default=16)
+    if not (h and i and depth):
+        return None
+    if kind.startswith("qwen3_5"):
+        merge = _int(vc, "spatial_merge_size", default=2) ** 2 * h
+        embed = _int(vc, "in_channels", default=3) * _int(vc, "temporal_patch_size", default=2) * patch * patch * h
+        merger = merge * merge + merge * _int(vc, "out_hidden_size")
+        return depth * (4 * h * h + 2 * h * i) + embed + _int(vc, "num_position_embeddings") * h + merger
+    if kind.startswith("gemma4"):
+        embed = 3 * patch * patch * h + 2 * _int(vc, "position_embedding_size") * h
+        return depth * (4 * h * h + 3 * h * i) + embed + h * _int(text, "hidden_size")
+    return None
 
 
 def bits_per_weight(quant: str) -> tuple[float, float]:
@@ -145,34 +359,81 @@ def bits_per_weight(quant: str) -> tuple[float, float]:
     return bpw, bpw
 
 
-def sized(bd: Breakdown, quant: str, total_bytes: int | None = None) -> Breakdown:
-    """Bytes of each part at ``quant``; scaled so that they sum to ``total_bytes`` when that is known."""
+# ggml's block sizes in bits per weight (ggml-common.h): the K types and the 32-block types a tensor with
+# rows not a multiple of QK_K falls back to (llama-quant.cpp tensor_type_fallback)
+_K_BPW = {"Q2_K": 2.625, "Q3_K": 3.4375, "Q4_K": 4.5, "Q5_K": 5.5, "Q6_K": 6.5625}
+_FALLBACK_BPW = {"Q2_K": 4.5, "Q3_K": 4.5, "Q4_K": 5.5, "Q5_K": 6.0, "Q6_K": 8.5}  # Q4_0, Q4_0, Q5_0, Q5_1, Q8_0
+# the two K types each mix is made of (llama-quant.cpp llama_tensor_get_type: most tensors at the first,
+# some attn_v/ffn_down/output at the second)
+_K_MIX = {
+    "Q2_K": ("Q2_K", "Q4_K"), "Q2_K_S": ("Q2_K", "Q4_K"), "Q3_K_S": ("Q3_K", "Q3_K"),
+    "Q3_K_M": ("Q3_K", "Q5_K"), "Q3_K_L": ("Q3_K", "Q5_K"), "Q4_K_S": ("Q4_K", "Q5_K"),
+    "Q4_K_M": ("Q4_K", "Q6_K"), "Q5_K_S": ("Q5_K", "Q6_K"), "Q5_K_M": ("Q5_K", "Q6_K"), "Q6_K": ("Q6_K", "Q6_K"),
+}  # fmt: skip
+
+
+def fallback_bits_per_weight(quant: str) -> float:
+    """Bits per weight of ``quant``'s mix in tensors whose rows are not a multiple of QK_K: each K type of the
+    mix replaced by its 32-block fallback, in the same shares (the whole-file rate for other quants)."""
+    _, bpw = bits_per_weight(quant)
+    mix = _K_MIX.get(quant.strip().upper())
+    if mix is None:
+        return bpw
+    lo, hi = _K_BPW[mix[0]], _K_BPW[mix[1]]
+    f_hi = min(1.0, max(0.0, (bpw - lo) / (hi - lo))) if hi > lo else 0.0
+    return bpw + (1 - f_hi) * (_FALLBACK_BPW[mix[0]] - lo) + f_hi * (_FALLBACK_BPW[mix[1]] - hi)
+
+
+def sized(
+    bd: Breakdown,
+    quant: str,
+    total_bytes: int | None = None,
+    *,
+    per_layer_embd_bpw: float | None = None,
+    expert_bpw: float | None = None,
+) -> Breakdown:
+    """Bytes of each part at ``quant``; scaled so that they sum to ``total_bytes`` when that is known.
+
+    Tensors whose rows are not a multiple of QK_K are counted at the fallback rate
+    (:func:`fallback_bits_per_weight`). ``per_layer_embd_bpw``: the bits of ``per_layer_token_embd`` when
+    the file keeps it apart from the quant (Ollama's quantizer leaves it at its 16-bit source type); it is
+    then not scaled. ``expert_bpw``: the routed experts' bits when a quantizer gives them their own types."""
     exp_bpw, bpw = bits_per_weight(quant)
+    if expert_bpw is not None:
+        exp_bpw = expert_bpw
+    odd_bpw = fallback_bits_per_weight(quant)
 
-    def b(n: int, bits: float) -> float:
-        return n * bits / 8
+    def b(n: int, odd: int, bits: float) -> float:
+        return ((n - odd) * bits + odd * (odd_bpw if bits == bpw else bits)) / 8
 
-    parts = (
-        b(bd.tok_embd, bpw),
-        b(bd.output, bpw),
-        [b(n, bpw) for n in bd.attn],
-        [b(n, bpw) for n in bd.dense],
-        [b(n, exp_bpw) for n in bd.experts],
-    )
-    est = parts[0] + parts[1] + sum(parts[2]) + sum(parts[3]) + sum(parts[4])
-    k = total_bytes / est if total_bytes and est else 1.0
+    def per_block(ns: tuple[int, ...], odds: tuple[int, ...], bits: float) -> list[float]:
+        return [b(n, odd, bits) for n, odd in zip(ns, odds or (0,) * len(ns), strict=True)]
+
+    ple = b(bd.tok_embd_per_layer, 0, bpw if per_layer_embd_bpw is None else per_layer_embd_bpw)
+    tok = b(bd.tok_embd, bd.tok_embd_odd, bpw)
+    out = b(bd.output, bd.tok_embd_odd if bd.output else 0, bpw)
+    attn = per_block(bd.attn, bd.attn_odd, bpw)
+    dense = per_block(bd.dense, bd.dense_odd, bpw)
+    experts = per_block(bd.experts, bd.experts_odd, exp_bpw)
+    nextn = b(bd.nextn, bd.nextn_odd, bpw)
+    fixed = ple if per_layer_embd_bpw is not None else 0.0
+    est = tok + out + sum(attn) + sum(dense) + sum(experts) + nextn + ple - fixed
+    k = max(0.0, total_bytes - fixed) / est if total_bytes and est else 1.0
     ke = k
-    if exp_bpw != bpw and total_bytes and est:
+    kp = 1.0 if per_layer_embd_bpw is not None else k
+    if exp_bpw == MXFP4_BPW and exp_bpw != bpw and total_bytes and est:
         # MXFP4 experts are MXFP4 in every build; what else the file holds (BF16, Q8_0) takes the rest
-        rest = est - sum(parts[4])
-        k = max(0.0, total_bytes - sum(parts[4])) / rest if rest else 1.0
+        rest = est - sum(experts)
+        k = max(0.0, total_bytes - fixed - sum(experts)) / rest if rest else 1.0
         ke = 1.0
     return Breakdown(
-        tok_embd=round(parts[0] * k),
-        output=round(parts[1] * k),
-        attn=tuple(round(x * k) for x in parts[2]),
-        dense=tuple(round(x * k) for x in parts[3]),
-        experts=tuple(round(x * ke) for x in parts[4]),
+        tok_embd=round(tok * k),
+        output=round(out * k),
+        attn=tuple(round(x * k) for x in attn),
+        dense=tuple(round(x * k) for x in dense),
+        experts=tuple(round(x * ke) for x in experts),
         n_expert=bd.n_expert,
         n_expert_used=bd.n_expert_used,
+        tok_embd_per_layer=round(ple * kp),
+        nextn=round(nextn * k),
     )

@@ -25,6 +25,12 @@ Rules of the converter that matter for memory and are easy to get wrong:
   layers are dropped (``skip_mtp``), so num_nextn_predict_layers adds nothing.
 - glm4moe and qwen3next/qwen35 append their MTP layers to block_count and
   write nextn_predict_layers.
+- Nemotron-H (nemotron_h / nemotron_h_moe) has one mixer per block, read from
+  hybrid_override_pattern: head_count_kv and feed_forward_length are per-layer
+  arrays, zero except on the attention and MLP/MoE blocks.
+- Gemma 4 writes its SWA layers as a bool array from layer_types, the head
+  size of full-attention layers (global_head_dim) apart from the SWA ones,
+  per-layer KV heads, shared KV layers and per-layer embeddings.
 - context_length is max_position_embeddings as published (rope scaling such
   as yarn is written to separate keys); command-r prefers model_max_length;
   mamba2 and hybrid Granite 4 (NoPE) write 2**20.
@@ -44,7 +50,7 @@ from kvadvise.model.gguf import T_BOOL, T_INT32, GGUFArray, GGUFHeader, Value
 from kvadvise.model.keys import LLM, SSM, Attention, General, ShortConv, key
 from kvadvise.model.spec import ModelSpec
 
-__all__ = ["ARCH_BY_HF_CLASS", "ARCH_BY_MODEL_TYPE", "from_config"]
+__all__ = ["ARCH_BY_HF_CLASS", "ARCH_BY_MODEL_TYPE", "from_config", "gguf_metadata"]
 
 # convert_hf_to_gguf.py dispatches on architectures[0] (ModelBase.register in
 # conversion/*.py); the value is the GGUF general.architecture it writes.
@@ -67,6 +73,8 @@ ARCH_BY_HF_CLASS: Mapping[str, str] = {
     "Gemma2ForCausalLM": "gemma2",  # gemma.py Gemma2Model
     "Gemma3ForCausalLM": "gemma3",  # gemma.py Gemma3Model
     "Gemma3ForConditionalGeneration": "gemma3",
+    "Gemma4ForCausalLM": "gemma4",  # gemma.py Gemma4Model
+    "Gemma4ForConditionalGeneration": "gemma4",
     "GptOssForCausalLM": "gpt-oss",  # gpt_oss.py GptOssModel
     "Phi3ForCausalLM": "phi3",  # phi.py Phi3MiniModel
     "CohereForCausalLM": "command-r",  # command_r.py CommandR2Model
@@ -76,6 +84,7 @@ ARCH_BY_HF_CLASS: Mapping[str, str] = {
     "GraniteMoeSharedForCausalLM": "granitemoe",
     "GraniteMoeHybridForCausalLM": "granitehybrid",  # granite.py GraniteHybridModel
     "BambaForCausalLM": "granitehybrid",
+    "NemotronHForCausalLM": "nemotron_h",  # nemotron.py NemotronHModel (nemotron_h_moe with experts)
     "DeepseekV2ForCausalLM": "deepseek2",  # deepseek.py DeepseekV2Model
     "DeepseekV3ForCausalLM": "deepseek2",
     "Glm4MoeForCausalLM": "glm4moe",  # glm.py Glm4MoeModel
@@ -105,6 +114,8 @@ ARCH_BY_MODEL_TYPE: Mapping[str, str] = {
     "gemma2": "gemma2",
     "gemma3": "gemma3",
     "gemma3_text": "gemma3",
+    "gemma4": "gemma4",
+    "gemma4_text": "gemma4",
     "gpt_oss": "gpt-oss",
     "phi3": "phi3",
     "cohere": "command-r",
@@ -114,6 +125,7 @@ ARCH_BY_MODEL_TYPE: Mapping[str, str] = {
     "granitemoeshared": "granitemoe",
     "granitemoehybrid": "granitehybrid",
     "bamba": "granitehybrid",
+    "nemotron_h": "nemotron_h",
     "deepseek_v2": "deepseek2",
     "deepseek_v3": "deepseek2",
     "glm4_moe": "glm4moe",
@@ -332,6 +344,43 @@ def _gemma3(hp: _HParams, w: _Writer, notes: list[str]) -> None:
     _vocab(hp, w)
 
 
+def _gemma4(hp: _HParams, w: _Writer, notes: list[str]) -> None:
+    """gemma.py Gemma4Model over Gemma3Model.set_gguf_parameters: the SWA layers from layer_types (a bool
+    array), global_head_dim on full-attention layers and head_dim on SWA ones, shared KV layers, per-layer
+    embeddings, and per-layer KV heads when num_global_key_value_heads is set; use_double_wide_mlp doubles
+    the FFN of the KV-shared layers."""
+    n_layer = w.block_count
+    layer_types = hp.strs("layer_types", n_layer)
+    if layer_types is None:
+        raise hp.fail("layer_types is missing (Gemma 4 writes its SWA pattern from it)")
+    swa = [t == "sliding_attention" for t in layer_types]
+    _text_model(hp, w)
+    w.put(LLM.CONTEXT_LENGTH, hp.num(("max_position_embeddings",)) or 131_072)  # Gemma3Model's defaults
+    w.put(Attention.HEAD_COUNT, hp.num(("num_attention_heads",)) or 8)
+    if hp.get("sliding_window_pattern") != 1:
+        w.put(Attention.SLIDING_WINDOW, hp.need(("sliding_window",)))
+    n_kv_swa = hp.num(("num_key_value_heads",))
+    w.put(Attention.HEAD_COUNT_KV, 4 if n_kv_swa is None else n_kv_swa)
+    shared = hp.num(("num_kv_shared_layers",)) or 0
+    w.put(Attention.SHARED_KV_LAYERS, shared)
+    w.put(LLM.EMBEDDING_LENGTH_PER_LAYER, hp.num(("hidden_size_per_layer_input",)) or 0)
+    w.bools(Attention.SLIDING_WINDOW_PATTERN, swa)
+    head_full = hp.need(("global_head_dim",), "Gemma 4 full-attention head size")
+    head_swa = hp.num(("head_dim",)) or 256
+    w.put(Attention.KEY_LENGTH, head_full)
+    w.put(Attention.VALUE_LENGTH, head_full)
+    w.put(Attention.KEY_LENGTH_SWA, head_swa)
+    w.put(Attention.VALUE_LENGTH_SWA, head_swa)
+    w.put(LLM.EXPERT_FEED_FORWARD_LENGTH, hp.num(("expert_intermediate_size", "moe_intermediate_size")))
+    n_ff = hp.num(("intermediate_size",))
+    if hp.get("use_double_wide_mlp") and n_ff is not None:
+        w.ints(LLM.FEED_FORWARD_LENGTH, [n_ff if il < n_layer - shared else 2 * n_ff for il in range(n_layer)])
+    n_kv_full = hp.num(("num_global_key_value_heads",))
+    if n_kv_full is not None and n_kv_swa is not None:
+        w.ints(Attention.HEAD_COUNT_KV, [n_kv_swa if s else n_kv_full for s in swa])
+    _vocab(hp, w)
+
+
 def _gpt_oss(hp: _HParams, w: _Writer, notes: list[str]) -> None:
     """gpt_oss.py GptOssModel: TextModel keys + hparams["sliding_window"]; llama.cpp uses pattern 2."""
     _text_model(hp, w)
@@ -422,6 +471,9 @@ def _qwen3next(hp: _HParams, w: _Writer, notes: list[str]) -> None:
         w.bools(Attention.RECURRENT_LAYERS, [t == "linear_attention" for t in layer_types] + [False] * n_mtp)
     interval = hp.num(("full_attention_interval",))
     w.put(LLM.FULL_ATTENTION_INTERVAL, 4 if interval is None else interval)
+    # Qwen2MoeModel.set_gguf_parameters, which Qwen3NextModel extends (absent in the dense Qwen3.5)
+    w.put(LLM.EXPERT_FEED_FORWARD_LENGTH, hp.num(("moe_intermediate_size",)))
+    w.put(LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, hp.num(("shared_expert_intermediate_size",)))
     _vocab(hp, w)
 
 
@@ -500,6 +552,68 @@ def _granitehybrid(hp: _HParams, w: _Writer, notes: list[str]) -> None:
     _vocab(hp, w, 8)
 
 
+def _nemotron_h(hp: _HParams, w: _Writer, notes: list[str]) -> None:
+    """nemotron.py NemotronHModel over GraniteHybridModel: one mixer per block, from hybrid_override_pattern
+    ("M" Mamba-2, "*" attention, "-" MLP, "E" MoE); nemotron_h_moe when the config has num_experts_per_tok.
+    head_count_kv is 0 except on attention blocks and feed_forward_length 0 except on MLP/MoE blocks,
+    which is how llama.cpp tells the recurrent blocks apart (nemotron-h.cpp: n_head_kv == 0 && n_ff == 0)."""
+    moe = "num_experts_per_tok" in hp.hp
+    if moe:
+        w.arch = "nemotron_h_moe"
+        w.md = {General.ARCHITECTURE: w.arch}
+    pattern = hp.get("hybrid_override_pattern") or hp.get("layers_block_type")
+    if isinstance(pattern, list):
+        w.block_count = len(pattern)
+        kinds = ["*" if p in ("attention", "full_attention") else "E" if p == "moe" else "M" for p in pattern]
+    elif isinstance(pattern, str) and len(pattern) == w.block_count:
+        kinds = list(pattern)
+    else:
+        raise hp.fail(f"hybrid_override_pattern should name the {w.block_count} blocks (M, *, - or E)")
+    mlp = "E" if moe else "-"
+    n_mtp = (hp.num(("num_nextn_predict_layers",)) or 0) if moe else 0
+    if n_mtp:  # the MTP head becomes one trailing block with an attention and a MoE sub-layer
+        kinds.append("+")
+        w.block_count += 1
+
+    def find(keys: Sequence[str]) -> int | None:  # GraniteHybridModel.find_hparam, "mamba" prefix
+        return hp.num([*keys, *(f"mamba_{k}" for k in keys)])
+
+    head_dim = hp.num(("head_dim", "attention_head_dim"))
+    if head_dim is None:
+        raise hp.fail("head_dim is missing (Nemotron-H attention)")
+    hp.hp.pop("head_dim", None)  # GraniteModel: "No head_dim support"; NemotronHModel writes its own
+    _text_model(hp, w)
+    d_model = find(("mamba_head_dim", "hidden_size", "d_model"))
+    n_heads = find(("num_heads",))
+    n_group = find(("n_groups", "num_groups"))
+    d_conv = find(("conv_kernel", "d_conv"))
+    d_state = find(("state_size", "d_state", "state_dim", "ssm_state_size"))
+    if None in (d_model, n_heads, n_group, d_conv, d_state):
+        raise hp.fail("mamba_head_dim / mamba_num_heads / n_groups / conv_kernel / ssm_state_size is missing")
+    assert d_model is not None and n_heads is not None
+    w.put(SSM.CONV_KERNEL, d_conv)
+    w.put(SSM.STATE_SIZE, d_state)
+    w.put(SSM.GROUP_COUNT, n_group)
+    w.put(SSM.INNER_SIZE, n_heads * d_model)  # NemotronHModel: d_inner = num_heads * mamba_head_dim
+    w.put(SSM.TIME_STEP_RANK, find(("n_heads", "num_heads")))
+    kv = hp.need(("num_key_value_heads", "n_head_kv"))
+    w.ints(Attention.HEAD_COUNT_KV, [kv if k in "*+" else 0 for k in kinds])
+    w.put(LLM.CONTEXT_LENGTH, 1 << 20)  # GraniteHybridModel: no RoPE, so context_length 2**20
+    w.put(Attention.KEY_LENGTH, head_dim)
+    w.put(Attention.VALUE_LENGTH, head_dim)
+    ff = hp.need(("moe_intermediate_size",) if moe else ("intermediate_size", "n_inner", "hidden_dim"))
+    w.ints(LLM.FEED_FORWARD_LENGTH, [ff if k in (mlp, "+") else 0 for k in kinds])
+    if moe:
+        w.put(LLM.EXPERT_FEED_FORWARD_LENGTH, ff)
+        w.put(LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, hp.need(("moe_shared_expert_intermediate_size",)))
+        w.put(LLM.EXPERT_COUNT, hp.need(("n_routed_experts",)))
+        w.put(LLM.EXPERT_SHARED_COUNT, hp.num(("n_shared_experts",)))
+        w.put(LLM.MOE_LATENT_SIZE, hp.num(("moe_latent_size",)))
+    if n_mtp:
+        w.put(LLM.NEXTN_PREDICT_LAYERS, n_mtp)
+    _vocab(hp, w, 8)  # NemotronHModel.set_vocab pads to a multiple of 8
+
+
 def _lfm2(hp: _HParams, w: _Writer, notes: list[str]) -> None:
     """lfm2.py LFM2Model / LFM2MoeModel: head_count_kv 0 on the short-conv layers."""
     n_layer = w.block_count
@@ -547,6 +661,7 @@ _CONVERTERS: Mapping[str, _Convert] = {
     "qwen35moe": _qwen3next,
     "gemma2": _gemma2,
     "gemma3": _gemma3,
+    "gemma4": _gemma4,
     "gpt-oss": _gpt_oss,
     "phi3": _phi3,
     "command-r": _command_r,
@@ -554,6 +669,7 @@ _CONVERTERS: Mapping[str, _Convert] = {
     "granite": _granite,
     "granitemoe": _granite,
     "granitehybrid": _granitehybrid,
+    "nemotron_h": _nemotron_h,
     "deepseek2": _deepseek2,
     "glm4moe": _glm4moe,
     "mamba2": _mamba2,
@@ -625,18 +741,15 @@ def _sliding_layers(hp: _HParams) -> bool:
     return isinstance(lt, list) and any(t in ("sliding_attention", "sliding_window") for t in lt)
 
 
-def from_config(config: Mapping[str, object], *, source: str, weights_bytes: int | None = None) -> ModelSpec:
-    """The ModelSpec llama.cpp builds from the GGUF that convert_hf_to_gguf.py makes of ``config``.
+def gguf_metadata(config: Mapping[str, object], *, source: str) -> Mapping[str, Value]:
+    """The GGUF metadata convert_hf_to_gguf.py writes for ``config`` (the keys the memory model reads):
+    what :mod:`kvadvise.model.breakdown` shapes each tensor from, as llama.cpp's loader does."""
+    return _convert(config, source)[0].metadata
 
-    ``weights_bytes``: size of the weights when known (a config.json does not say); 0 otherwise.
-    Raises InputError naming ``source`` for a config that cannot describe a model.
-    """
+
+def _convert(config: Mapping[str, object], source: str) -> tuple[GGUFHeader, _HParams, list[str]]:
     if not isinstance(config, Mapping):
         raise InputError(f"{source}: a config.json must hold a JSON object, got {type(config).__name__}")
-    if weights_bytes is not None and (
-        isinstance(weights_bytes, bool) or not isinstance(weights_bytes, int) or weights_bytes < 0
-    ):
-        raise InputError(f"{source}: weights_bytes must be a non-negative integer, got {weights_bytes!r}")
     hp = _HParams(config, source)
     arch, unmapped = _architecture(hp)
     notes: list[str] = []
@@ -665,6 +778,20 @@ def from_config(config: Mapping[str, object], *, source: str, weights_bytes: int
         data_bytes=0,
         file_bytes=None,
     )
+    return header, hp, notes
+
+
+def from_config(config: Mapping[str, object], *, source: str, weights_bytes: int | None = None) -> ModelSpec:
+    """The ModelSpec llama.cpp builds from the GGUF that convert_hf_to_gguf.py makes of ``config``.
+
+    ``weights_bytes``: size of the weights when known (a config.json does not say); 0 otherwise.
+    Raises InputError naming ``source`` for a config that cannot describe a model.
+    """
+    if weights_bytes is not None and (
+        isinstance(weights_bytes, bool) or not isinstance(weights_bytes, int) or weights_bytes < 0
+    ):
+        raise InputError(f"{source}: weights_bytes must be a non-negative integer, got {weights_bytes!r}")
+    header, hp, notes = _convert(config, source)
     try:
         spec = from_gguf(header)
     except GGUFError as e:  # should not happen after _check; keep the source and say where it came from

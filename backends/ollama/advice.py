@@ -147,9 +147,15 @@ def advice_dict(a: OllamaAdvice) -> dict[str, object]:
 
     from kvadvise.backends.ollama.config import env_lines, verify_command
 
+    provenance = None
+    if a.model.source.startswith("profile:"):
+        from kvadvise.backends.ollama.profiles import profiles
+
+        provenance = profiles()[a.model.source.removeprefix("profile:").lower()].provenance()
     return {
         "model": a.model.ref,
         "source": a.model.source,
+        "provenance": provenance,
         "notes": list(a.model.notes),
         "settings": asdict(a.settings),
         "env": dict(env_lines(a.settings)),

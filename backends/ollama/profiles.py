@@ -4,7 +4,8 @@ They let a user plan a model before ``ollama pull``: each entry holds the
 model's published ``config.json``, read by :func:`kvadvise.model.hfconfig.from_config`
 (the converter's GGUF keys, then llama.cpp's rules: the same ModelSpec
 ``kvadvise hf`` gives), plus the default tag's quantization and download size
-with where each came from. A download size is the whole blob as the library
+with where each came from (a :class:`Source`: kind, ref, url, date; a plan prints
+one line per source, ``--json`` all of them). A download size is the whole blob as the library
 page prints it (2 significant digits, decimal units, projector included) or
 the exact blob bytes where a published source gives them, so the weights of a
 profile are good to about 1 to 3 %; a model in the store or on a server is exact.
@@ -12,21 +13,23 @@ The per-part sizes llama.cpp places one by one (token embeddings, output,
 each block, the routed experts) are counted from the config at the
 quantization and scaled to the download size (:mod:`kvadvise.model.breakdown`),
 so partial offload (``--allow-cpu``, ``--n-cpu-moe``) and the decode-speed
-estimate work for a profile as for a GGUF.
+estimate work for a profile as for a GGUF. A name that is not here gets at most
+three close ones (:func:`suggestions`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from kvadvise.backends.ollama.name import OllamaName
+from kvadvise.backends.ollama.name import DEFAULT_TAG, OllamaName
 from kvadvise.errors import InputError
-from kvadvise.model.breakdown import params, sized
+from kvadvise.model.breakdown import Breakdown, params, sized, vision_params
 from kvadvise.model.hfconfig import from_config
 from kvadvise.model.spec import ModelSpec
 
@@ -35,39 +38,118 @@ RESOURCE = "ollama_models.json"
 # the default tag's quantization (Ollama's file type name) -> the dominant tensor type, as llama.cpp names it
 _FILE_TYPE = {"Q4_K_M": "q4_K", "Q4_K_S": "q4_K", "Q8_0": "q8_0", "Q4_0": "q4_0", "F16": "f16", "BF16": "bf16"}
 
+# What each kind of source is, in the one line a plan prints per source
+KINDS: Mapping[str, str] = {
+    "exact": "exact bytes",
+    "library": "Ollama library",
+    "log": "llama.cpp log",
+    "estimate": "estimate",
+    "count": "counted from the config",
+    "copy": "copy of the published file",
+    "transcription": "transcription",
+}
+
+# Ollama's quantizer, not llama.cpp's mix, picks these tensors' types in its library blobs (server/quantization.go
+# newType and qwen3LinearAttnQuantType at ollama/ollama@87288ced, the Go quantizer that made them):
+# per_layer_token_embd, v.* and a.* tensors are not quantized (16-bit, as converted), and for qwen3next /
+# qwen35 / qwen35moe at Q4_K_M the routed experts' gate and up are Q4_K (4.5 bits), their down Q6_K (6.5625)
+_PLE_BPW = 16.0
+_PROJECTOR_BYTES_PER_PARAM = 2
+_OLLAMA_EXPERT_BPW = {("qwen3next", "Q4_K_M"): (2 * 4.5 + 6.5625) / 3, ("qwen35moe", "Q4_K_M"): (2 * 4.5 + 6.5625) / 3}
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """Where a figure of a profile comes from, in a form a user can check."""
+
+    kind: str  # one of KINDS
+    ref: str | None = None  # owner/repo@commit path, an issue or a document; None: not recorded
+    url: str | None = None  # where to check the figure
+    date: str | None = None  # when the source gave it (YYYY-MM-DD)
+
+    @property
+    def line(self) -> str:
+        """ "Ollama library, 2025-09-13": what it is and when, for a one-line note."""
+        return ", ".join(x for x in (KINDS.get(self.kind, self.kind), self.date) if x)
+
+    def as_dict(self) -> dict[str, str]:
+        return {k: v for k, v in (("kind", self.kind), ("ref", self.ref), ("url", self.url), ("date", self.date)) if v}
+
 
 @dataclass(frozen=True, slots=True)
 class Profile:
     id: str  # "model:tag" as in Ollama's library
     aliases: tuple[str, ...]  # other tags of the same blob ("qwen3-coder:latest")
     hf_repo: str
-    source: str  # where the config.json was copied from
-    confidence: str
     config: Mapping[str, Any]
+    config_source: Source
+    confidence: str  # full | partial
     quantization: str | None
     download_bytes: int | None
-    download_size: str | None
-    download_source: str | None
-    download_date: str | None = None  # when the source gave that size
-    download_kind: str | None = None  # "exact bytes" or the library's rounded size
-    projector_bytes: int = 0  # a vision tower inside the blob (not counted by the text config)
-    projector_source: str | None = None
+    download_size: str | None  # as the source shows it ("19 GB")
+    download_source: Source | None = None
+    aliases_source: Source | None = None
+    projector_bytes: int = 0  # a vision/audio tower inside the blob (not counted by the text config)
+    projector_source: Source | None = None
+    inferred: tuple[str, ...] = ()  # config keys not in the published file
+
+    @property
+    def weights_line(self) -> str | None:
+        """ "weights: 19 GB, Ollama library, 2025-09-13"; None without a download size."""
+        if not self.download_size or self.download_source is None:
+            return None
+        return f"weights: {self.download_size}, {self.download_source.line}"
+
+    def provenance(self) -> dict[str, Any]:
+        """Every source of this profile, for --json and --verbose."""
+        out: dict[str, Any] = {"config": {"hf_repo": self.hf_repo, "confidence": self.confidence,
+                                          **self.config_source.as_dict()}}  # fmt: skip
+        if self.download_source is not None:
+            out["weights"] = {
+                "bytes": self.download_bytes,
+                "shown": self.download_size,
+                **self.download_source.as_dict(),
+            }
+        if self.projector_source is not None:
+            out["projector"] = {"bytes": self.projector_bytes, **self.projector_source.as_dict()}
+        if self.aliases_source is not None:
+            out["aliases"] = {"names": list(self.aliases), **self.aliases_source.as_dict()}
+        return out
+
+    def sizes(self, spec: ModelSpec, bd: Breakdown, total_bytes: int | None = None) -> Breakdown:
+        """The parts of the blob in bytes (kvadvise.model.breakdown.sized) with Ollama's own quant choices,
+        scaled to ``total_bytes`` (the blob less its projector) when that is known."""
+        quant = self.quantization or DEFAULT_QUANT
+        return sized(
+            bd,
+            quant,
+            total_bytes,
+            per_layer_embd_bpw=_PLE_BPW,
+            expert_bpw=_OLLAMA_EXPERT_BPW.get((spec.architecture, quant.upper())),
+        )
 
     def spec(self) -> ModelSpec:
-        """The ModelSpec llama.cpp would build from this model's GGUF: weights from the download size,
-        else estimated from the parameter count at the default quantization's bits per weight."""
+        """The ModelSpec llama.cpp would build from this model's GGUF: weights from the download size (less
+        the MTP blocks llama.cpp does not load), else estimated from the parameter count at the default
+        quantization's bits per weight."""
         spec = from_config(self.config, source=f"profile:{self.id}", weights_bytes=self.download_bytes)
         notes = list(spec.notes)
         quant = self.quantization or DEFAULT_QUANT
+        text_bytes = self.download_bytes - self.projector_bytes if self.download_bytes else None
+        bd = params(spec, self.config)
+        sizes = self.sizes(spec, bd, text_bytes) if bd is not None else None
         weights = spec.weights_bytes
         if self.download_bytes:
-            notes.insert(0, f"planned from a built-in profile; weights size from {self.download_source}")
-        elif (bd := params(spec, self.config)) is not None:
+            notes.insert(0, f"planned from a built-in profile; {self.weights_line or 'weights: download size'}")
+            if sizes is not None and sizes.nextn:
+                weights -= sizes.nextn
+                notes.append(f"its MTP block ({sizes.nextn / 1e9:.2f} GB of the download) is not loaded by llama.cpp")
+        elif bd is not None and sizes is not None:
             from kvadvise.model.quants import quant_bpw
 
-            n_params = bd.total
+            n_params = bd.loaded
             canon, bpw = quant_bpw(quant) if quant.upper() != "MXFP4" else ("MXFP4", 4.25)
-            weights = sized(bd, quant).total + self.projector_bytes
+            weights = sizes.loaded + self.projector_bytes
             assumed = "" if self.quantization else ", assumed: the library's default"
             notes.insert(
                 0,
@@ -76,34 +158,52 @@ class Profile:
             )
         else:
             notes.insert(0, "planned from a built-in profile; download size unknown: weights counted as 0")
-        notes.append(f"config.json of {self.hf_repo} from {self.source} (confidence: {self.confidence})")
+        if self.projector_bytes and self.projector_source is not None:
+            notes.append(
+                f"vision/audio tower in the blob: {self.projector_bytes / 1e9:.2f} GB, {self.projector_source.line}"
+            )
+        notes.append(f"config.json of {self.hf_repo}: {self.config_source.line} ({self.confidence})")
         file_type = _FILE_TYPE.get(quant, quant.lower())
         spec = dataclasses.replace(spec, name=self.id, weights_bytes=weights, file_type=file_type, notes=tuple(notes))
-        return with_parts(spec, self.config, quant, self.projector_bytes)
+        return with_parts(spec, self.config, quant, self.projector_bytes, sizes=sizes)
 
 
 DEFAULT_QUANT = "Q4_K_M"  # the quantization of Ollama library tags like qwen3:8b
 
 
-def with_parts(spec: ModelSpec, config: Mapping[str, Any], quant: str, projector_bytes: int = 0) -> ModelSpec:
+def with_parts(
+    spec: ModelSpec, config: Mapping[str, Any], quant: str, projector_bytes: int = 0, *, sizes: Breakdown | None = None
+) -> ModelSpec:
     """``spec`` with the sizes of its parts (embeddings, output, blocks, experts) counted from the config at
-    ``quant`` and scaled to its weights (less a projector); unchanged when the config cannot be counted."""
-    bd = params(spec, config)
-    if bd is None or not spec.weights_bytes:
-        return spec
-    b = sized(bd, quant, max(1, spec.weights_bytes - projector_bytes))
+    ``quant`` and scaled to its weights (less a projector); unchanged when the config cannot be counted.
+    ``sizes``: the parts in bytes when the caller has them (a profile, with Ollama's own quant choices)."""
+    if sizes is None:
+        bd = params(spec, config)
+        if bd is None or not spec.weights_bytes:
+            return spec
+        sizes = sized(bd, quant, max(1, spec.weights_bytes - projector_bytes))
+    b = sizes
     layers = b.layers + (0,) * spec.n_layer_nextn
     # the largest tensor of each block, for op offload's copy (kvadvise.planner.opoffload): a merged
     # expert tensor (ffn_{gate,up,down}_exps: a third of the experts), else one of the FFN's matrices,
     # else q or o (about half the attention); an estimate from the config's shapes
     largest = tuple(max(x // 3, d // 3, a // 2) for a, d, x in zip(b.attn, b.dense, b.experts, strict=True))
+    # per_layer_token_embd is an input tensor like token_embd (llama-arch.cpp: LLM_TENSOR_LAYER_INPUT, so on
+    # the CPU); a tied output layer is a copy of token_embd alone (gemma4.cpp: TENSOR_DUPLICATED), so that copy
+    # is given as the output layer, and the weights llama.cpp holds are the file plus it
+    output, weights, notes = b.output, spec.weights_bytes, spec.notes
+    if b.tok_embd_per_layer and not b.output:
+        output, weights = b.tok_embd, spec.weights_bytes + b.tok_embd
+        notes = (*notes, f"the tied output layer is a copy of token_embd ({b.tok_embd / 1e9:.2f} GB) on the GPU")
     return dataclasses.replace(
         spec,
-        tok_embd_bytes=b.tok_embd,
-        output_bytes=b.output,
+        weights_bytes=weights,
+        tok_embd_bytes=b.tok_embd + b.tok_embd_per_layer,
+        output_bytes=output,
         expert_bytes=sum(b.experts),
         layer_bytes=layers,
         layer_largest_tensor_bytes=largest + (0,) * spec.n_layer_nextn,
+        notes=notes,
     )
 
 
@@ -128,6 +228,46 @@ def _load_text() -> str:
     return read_text(RESOURCE)
 
 
+def _source(raw: object, where: str, default_kind: str) -> Source:
+    if not isinstance(raw, Mapping):
+        raise InputError(f"built-in profiles ({RESOURCE}): {where} should be an object")
+    fields = {k: raw.get(k) for k in ("ref", "url", "date")}
+    kind = raw.get("kind", default_kind)
+    if not isinstance(kind, str) or not all(v is None or isinstance(v, str) for v in fields.values()):
+        raise InputError(f"built-in profiles ({RESOURCE}): {where} holds a value that is not text")
+    return Source(kind=kind, ref=fields["ref"], url=fields["url"], date=fields["date"])
+
+
+def _profile(pid: str, entry: Mapping[str, Any]) -> Profile:
+    config = entry["config"]
+    cs = entry["config_source"]
+    download = entry.get("download")
+    projector = entry.get("projector")
+    projector_bytes = int(projector["bytes"]) if projector else 0
+    projector_source = _source(projector, f"{pid} projector", "estimate") if projector else None
+    if projector is None and (n := vision_params(config)):
+        # a vision_config in the config: its tower, which Ollama keeps in the blob at 16 bits
+        projector_bytes = n * _PROJECTOR_BYTES_PER_PARAM
+        projector_source = Source(kind="count", ref="vision_config of the config.json, 2 bytes per parameter")
+    aliases_source = entry.get("aliases_source")
+    return Profile(
+        id=pid,
+        aliases=tuple(entry.get("aliases", ())),
+        hf_repo=entry["hf_repo"],
+        config=config,
+        config_source=_source(cs, f"{pid} config_source", "copy"),
+        confidence=str(cs.get("confidence", "unknown")),
+        quantization=entry.get("quantization"),
+        download_bytes=int(download["bytes"]) if download else None,
+        download_size=str(download["shown"]) if download else None,
+        download_source=_source(download, f"{pid} download", "library") if download else None,
+        aliases_source=_source(aliases_source, f"{pid} aliases_source", "library") if aliases_source else None,
+        projector_bytes=projector_bytes,
+        projector_source=projector_source,
+        inferred=tuple(entry.get("inferred", ())),
+    )
+
+
 @cache
 def profiles() -> dict[str, Profile]:
     """Every profile by id and by alias, keys in lower case."""
@@ -140,22 +280,10 @@ def profiles() -> dict[str, Profile]:
         raise InputError(f"built-in profiles ({RESOURCE}): no 'models' object")
     out: dict[str, Profile] = {}
     for pid, entry in models.items():
-        p = Profile(
-            id=pid,
-            aliases=tuple(entry.get("aliases", ())),
-            hf_repo=entry["hf_repo"],
-            source=entry["source"],
-            confidence=entry.get("confidence", "unknown"),
-            config=entry["config"],
-            quantization=entry.get("quantization"),
-            download_bytes=entry.get("download_bytes"),
-            download_size=entry.get("download_size"),
-            download_source=entry.get("download_source"),
-            download_date=entry.get("download_date"),
-            download_kind=entry.get("download_kind"),
-            projector_bytes=int(entry.get("projector_bytes", 0)),
-            projector_source=entry.get("projector_source"),
-        )
+        try:
+            p = _profile(pid, entry)
+        except (KeyError, TypeError, ValueError) as e:
+            raise InputError(f"built-in profiles ({RESOURCE}): {pid}: {e!r}") from None
         for key in (pid, *p.aliases):
             out[key.lower()] = p
     return out
@@ -171,3 +299,23 @@ def find_profile(name: OllamaName) -> Profile | None:
 def profile_ids() -> tuple[str, ...]:
     """The ids (not aliases), sorted, for messages."""
     return tuple(sorted({p.id for p in profiles().values()}))
+
+
+def suggestions(name: OllamaName, limit: int = 3) -> tuple[str, ...]:
+    """Up to ``limit`` built-in names close to ``name``, best first (difflib's ratio): what "did you mean"
+    offers for ``qwen3-codr`` (qwen3-coder) or ``gemma4:e4`` (gemma4:e4b, gemma4:e2b...). A known model with an
+    unknown tag gets its own tags; a bare name gets model names (bare where their ``:latest`` is known)."""
+    if not name.is_library:
+        return ()
+    names = profiles()
+    model, tag = name.model.lower(), name.tag.lower()
+    own_tags = sorted(k for k in names if k.split(":")[0] == model)
+    if own_tags:
+        return tuple(difflib.get_close_matches(f"{model}:{tag}", own_tags, n=limit, cutoff=0.0))
+    if tag == DEFAULT_TAG:
+        shown: dict[str, str] = {}
+        for k in sorted(names):
+            m = k.split(":")[0]
+            shown.setdefault(m, m if f"{m}:{DEFAULT_TAG}" in names else names[k].id)
+        return tuple(shown[m] for m in difflib.get_close_matches(model, sorted(shown), n=limit, cutoff=0.6))
+    return tuple(difflib.get_close_matches(f"{model}:{tag}", sorted(names), n=limit, cutoff=0.6))

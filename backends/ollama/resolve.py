@@ -24,7 +24,7 @@ from kvadvise.backends.ollama import api as ollama_api
 from kvadvise.backends.ollama import store as ollama_store
 from kvadvise.backends.ollama.model import OllamaModel
 from kvadvise.backends.ollama.name import OllamaName, parse_name
-from kvadvise.backends.ollama.profiles import find_profile, profile_ids
+from kvadvise.backends.ollama.profiles import find_profile, suggestions
 from kvadvise.errors import BackendUnreachable, InputError
 from kvadvise.model.architecture import from_gguf
 
@@ -83,8 +83,9 @@ def resolve(
                 source=f"profile:{profile.id}",
                 notes=notes,  # the profile's own notes are the spec's, printed with the plan
             )
-        known = ", ".join(profile_ids())
-        tried.append(f"the built-in profiles: none for {name.display} (there are: {known})")
+        close = suggestions(name)
+        maybe = f"; did you mean {', '.join(close)}?" if close else ""
+        tried.append(f"the built-in profiles: none for {name.display}{maybe}")
 
     raise InputError(
         f"{name.display}: not found. Tried " + "; ".join(tried),
