@@ -21,6 +21,9 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from go_modelfile import parse_file
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kvadvise.cli import main
 from kvadvise.errors import GGUFError
@@ -221,3 +224,70 @@ def test_header_values_of_the_wrong_kind_are_input_errors(
     assert main(["gguf", str(path), "--no-hardware", "--ctx", "512"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("kvadvise: error: ") and "internal error" not in err
+
+
+# ---------------------------------------------------------------- Modelfile parameters (issue 28, class 1)
+
+# Characters that end a value, close a quote, start a comment or an instruction, and the code points
+# whose printability differs between Unicode versions (Go 1.21-1.26: 15.0; Python 3.10: 13.0, 3.11: 14.0,
+# 3.13: 15.1), drawn more often than chance would; any other code point too.
+_MODELFILE_SPECIAL = [*'"#\n\r \t', "\u2ffc", "\u2ffb", "\U0001f6dc", "\u31ef", "\U0002ebf0", "\u0cf3"]
+_MODELFILE_SPECIAL += ["\u2028", "\x85", "\ufeff", "\xa0", "\xad", "\ud800", '"""', "FROM x", "SYSTEM y"]
+
+
+@pytest.fixture(scope="module")
+def go_isprint() -> Any:
+    """The oracle: Go's unicode.IsPrint from Unicode 15.0.0's categories (a CPython 3.12's unicodedata, in
+    its own process), else the shipped table (which test_hardening3.py compares with it where it can)."""
+    from test_hardening3 import PY15
+
+    from kvadvise.backends.ollama.goprint import is_print
+
+    if PY15 is None:
+        return is_print
+    bits = subprocess.run(
+        [
+            PY15,
+            "-c",
+            "import unicodedata as u\n"
+            "print(''.join('1' if r == 32 or u.category(chr(r))[0] in 'LMNPS' else '0' for r in range(0x110000)))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout.strip()
+    assert len(bits) == 0x110000
+    return lambda ch: bits[ord(ch)] == "1"
+
+
+_VALUE = st.lists(st.sampled_from(_MODELFILE_SPECIAL) | st.characters(), max_size=12).map("".join)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(stops=st.lists(_VALUE, min_size=1, max_size=4), temperature=_VALUE)
+def test_modelfile_parameters_read_back_under_go_isprint(stops: list[str], temperature: str, go_isprint: Any) -> None:
+    """Whatever a model's parameters hold, the Modelfile read as Ollama reads it (tests/go_modelfile.py,
+    with Go's IsPrint) has one FROM and one num_ctx,
+    and every value Ollama would read back as itself, and only those, each as itself: nothing dropped,
+    nothing added, no second instruction. Each value is made only of what Go's parser keeps (IsPrint, or a
+    tab, space or line break inside the value)."""
+    from types import SimpleNamespace
+
+    from kvadvise.backends.ollama.modelfile import modelfile_text, quote
+    from kvadvise.backends.ollama.rules import OllamaSettings
+
+    def reads_back(name: str, value: str) -> bool:
+        try:
+            return parse_file(f"FROM x\nPARAMETER {name} {quote(value)}\n", go_isprint)[1:] == [(name, value)]
+        except ValueError:
+            return False
+
+    model = SimpleNamespace(ref="m:latest", params={"stop": stops, "temperature": temperature})
+    text = modelfile_text(model, OllamaSettings(4096, 1, "f16", True))  # type: ignore[arg-type]
+    cmds = parse_file(text, go_isprint)
+    assert cmds[:2] == [("model", "m:latest"), ("num_ctx", "4096")]
+    expected = [("stop", s) for s in stops if reads_back("stop", s)]
+    expected += [("temperature", temperature)] if reads_back("temperature", temperature) else []
+    assert cmds[2:] == expected
+    for _, value in cmds[2:]:
+        assert all(ch in "\t\n\r " or go_isprint(ch) for ch in value), ascii(value)

@@ -1,0 +1,147 @@
+"""Issue 28, reliability and security round 3: one regression test (or more) per class of defect.
+
+Each section names its class (the issue's numbering); tests/README.md lists them in its "Round 3" table.
+Classes 4 and 5 (RPC endpoints, splits, projectors, device mixes; budget rules) are not here yet.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from ollama_fake import closed_port_url
+
+from kvadvise.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+KVADVISE = [sys.executable, "-m", "kvadvise"]
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    rc = main(list(args))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+# --- class 1: Modelfile injection through a Unicode gap (Go's IsPrint, Unicode 15.0) -----------------
+
+UNICODE_15 = "15.0.0"  # Go 1.21 to 1.26 (Ollama's go.mod: go 1.26.0)
+
+
+def _unicode_15_python() -> str | None:
+    """A CPython whose unicodedata is Unicode 15.0.0 (3.12): an oracle for Go's tables independent of them."""
+    import unicodedata
+
+    if unicodedata.unidata_version == UNICODE_15:
+        return sys.executable
+    pyenv = os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")
+    for python in [*sorted(glob.glob(os.path.join(pyenv, "versions", "3.12*", "bin", "python3"))), "python3.12"]:
+        found = shutil.which(python)
+        if not found:
+            continue
+        p = subprocess.run(
+            [found, "-c", "import unicodedata; print(unicodedata.unidata_version)"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        if p.returncode == 0 and p.stdout.strip() == UNICODE_15:
+            return found
+    return None
+
+
+PY15 = _unicode_15_python()
+
+
+@pytest.mark.skipif(PY15 is None, reason="no CPython with Unicode 15.0.0 (3.12) on this machine")
+def test_the_shipped_table_is_gos_unicode_15_isprint() -> None:
+    """benchmarks/make_goprint.py (Go's makeisprint.go on UCD 15.0.0) gives the shipped module byte for byte,
+    and every code point agrees with Unicode 15.0.0's categories (L, M, N, P, S and the ASCII space)."""
+    assert PY15 is not None
+    p = subprocess.run(
+        [PY15, str(ROOT / "benchmarks" / "make_goprint.py"), "--check"], capture_output=True, text=True, timeout=120
+    )
+    assert p.returncode == 0 and p.stdout.strip() == "same", p.stdout + p.stderr
+    oracle = subprocess.run(
+        [
+            PY15,
+            "-c",
+            "import unicodedata as u\n"
+            "print(''.join('1' if r == 32 or u.category(chr(r))[0] in 'LMNPS' else '0' for r in range(0x110000)))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout.strip()
+    from kvadvise.backends.ollama.goprint import is_print
+
+    ours = "".join("1" if is_print(chr(r)) else "0" for r in range(0x110000))
+    assert len(oracle) == 0x110000 and ours == oracle
+
+
+@pytest.mark.parametrize(
+    ("ch", "printable"),
+    [
+        (" ", True),
+        ("\t", False),
+        ("\xa0", False),  # no-break space: Go prints only the ASCII space
+        ("\xad", False),  # soft hyphen
+        ("\u2ffb", True),
+        ("\u2ffc", False),  # new in Unicode 15.1: printable to Python 3.13, dropped by Ollama
+        ("\u31ef", False),  # 15.1
+        ("\U0002ebf0", False),  # 15.1, CJK extension I
+        ("\U0001f6dc", True),  # new in 15.0: unprintable to Python 3.10 and 3.11, kept by Ollama
+        ("\u0cf3", True),  # 15.0
+        ("\U000323af", True),  # 15.0, the last of CJK extension H
+        ("\ufeff", False),
+        ("\ufffd", True),
+        ("\ue000", False),  # private use
+        ("\ud800", False),  # a lone surrogate (from a JSON params blob)
+        ("\u2028", False),
+    ],
+)
+def test_go_isprint_on_the_code_points_that_differ_between_versions(ch: str, printable: bool) -> None:
+    from kvadvise.backends.ollama.goprint import is_print
+
+    assert is_print(ch) is printable
+
+
+def test_the_parser_keeps_and_drops_what_ollamas_parser_does() -> None:
+    """U+1F6DC (Unicode 15.0) is kept (Python 3.11's isprintable dropped it); U+2FFC (15.1) is dropped, so
+    `\"\"\"x\"\"\"⿼` closes its quote and the next line is a second FROM (Python 3.13 read one long value)."""
+    from kvadvise.backends.ollama.modelfile import parse_modelfile
+
+    assert parse_modelfile("FROM x\nPARAMETER stop a\U0001f6dcb\n") == [("model", "x"), ("stop", "a\U0001f6dcb")]
+    text = 'FROM x\nPARAMETER stop """x"""\u2ffc\nFROM attacker/evil\n#"""\n'
+    assert parse_modelfile(text) == [("model", "x"), ("stop", "x"), ("model", "attacker/evil")]
+
+
+INJECTIONS_UNICODE = [
+    'x"""\u2ffc\nFROM attacker/evil\n#',
+    'x"""\u2ffc\nSYSTEM evil\n#',
+    'x"""\U0002ebf0\nADAPTER /tmp/evil.gguf\n#',
+    'x"""\u31ef\nPARAMETER num_ctx 1\n#',
+    '"""\u2fff\rFROM y\r"""',
+]
+
+
+@pytest.mark.parametrize("evil", INJECTIONS_UNICODE)
+def test_a_unicode_15_1_character_cannot_inject_an_instruction(evil: str) -> None:
+    """The issue's params blob: every item whose line Ollama would read as anything but itself is left out
+    (test_pythons.py runs the same on 3.10, 3.12 and 3.13)."""
+    from types import SimpleNamespace
+
+    from kvadvise.backends.ollama.modelfile import modelfile_text, parameter_lines, parse_modelfile
+    from kvadvise.backends.ollama.rules import OllamaSettings
+
+    assert parameter_lines("stop", evil) == []
+    model = SimpleNamespace(ref="gemma3-270m:latest", params={"stop": ["<end>", evil], "system": evil})
+    text = modelfile_text(model, OllamaSettings(4096, 1, "f16", True))  # type: ignore[arg-type]
+    assert parse_modelfile(text) == [("model", "gemma3-270m:latest"), ("num_ctx", "4096"), ("stop", "<end>")]
+    assert "left out the model's parameter 'stop'" in text
