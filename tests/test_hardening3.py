@@ -264,3 +264,120 @@ def test_a_denied_store_beside_a_readable_one_lists_the_readable_one(
     assert rc == 0 and f"skipped the model store {service} (permission denied)" in out
     rc, out, err = run(capsys, "ollama", "gemma3-270m", "--gpu", "rtx-4090")
     assert rc == 0 and "skipped" not in out + err  # found in the first store: the second is not looked at
+
+
+# --- class 3: `verify ollama` measures the runner the server uses, never a client or a remote server -------
+
+GiB = 1 << 30
+BLOB = "/var/lib/ollama/models/blobs/sha256-" + "a" * 64
+OTHER_BLOB = "/var/lib/ollama/models/blobs/sha256-" + "b" * 64
+
+
+def _verify_with_nvml(
+    monkeypatch: pytest.MonkeyPatch, procs: dict[int, int], *, model_path: str | None = BLOB, remote: bool = False
+) -> object:
+    """verify against the fake server (100% GPU, 900 MB) with NVML listing ``procs`` (pid -> bytes)."""
+    from ollama_fake import ps_entry, running_fake
+    from test_hardware import FakeDevice, FakeNVML, FakeProc
+
+    from kvadvise.backends.ollama import verify as verify_mod
+
+    nvml = FakeNVML([FakeDevice(b"NVIDIA H200", 141 * GiB, compute=[FakeProc(p, b) for p, b in procs.items()])])
+    monkeypatch.setitem(sys.modules, "pynvml", nvml.module())
+    if remote:
+        monkeypatch.setattr(verify_mod, "is_this_machine", lambda url: False, raising=False)
+    with running_fake() as fake:
+        fake.running = [ps_entry("gemma3-270m:latest", size=900_000_000, size_vram=900_000_000, context_length=8192)]
+        kw = {"model_path": model_path} if "model_path" in verify_mod.verify.__code__.co_varnames else {}
+        return verify_mod.verify(fake.url, "gemma3-270m", load=False, num_ctx=8192, predicted_total_bytes=None, **kw)
+
+
+def test_a_remote_server_is_not_judged_by_a_local_client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An idle `ollama run` here and the server elsewhere: its "100% GPU" was turned into exit 3 by the client's
+    0 bytes (the H200 runs of the issue)."""
+    from fake_runner import running
+
+    with running(tmp_path, client=True) as p:
+        v = _verify_with_nvml(monkeypatch, {p.pids["client"]: 0}, remote=True)
+    assert v.fits, v.reasons  # type: ignore[attr-defined]
+    assert any("cannot measure device memory of a remote server" in r for r in v.reasons)  # type: ignore[attr-defined]
+
+
+def test_the_runner_of_the_model_is_measured_not_another(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two models loaded: this one's llama-server holds 100 MB (it runs on the CPU), the other's 20 GB. The sum
+    over every "ollama"-like process passed it; the runner whose --model is this model's blob fails it."""
+    from fake_runner import running
+
+    with (
+        running(tmp_path / "a", serve_blob=BLOB, client=True) as a,
+        running(tmp_path / "b", runner_blob=OTHER_BLOB) as b,
+    ):
+        mine, other = a.pids["llama-server"], b.pids["runner"]
+        v = _verify_with_nvml(monkeypatch, {mine: 100_000_000, other: 20 * GiB, a.pids["client"]: 0})
+    assert not v.fits  # type: ignore[attr-defined]
+    assert any(f"NVML sees the Ollama runner (pid {mine}) holding only 100,000,000 B" in r for r in v.reasons)  # type: ignore[attr-defined]
+    assert v.runner_pid == mine and v.runner_gpu_bytes == 100_000_000  # type: ignore[attr-defined]
+
+
+def test_a_runner_nvml_cannot_see_is_not_a_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVML lists the PIDs of another namespace (the server in a container): "cannot measure", not exit 3."""
+    from fake_runner import running
+
+    with running(tmp_path, serve_blob=BLOB) as p:
+        gone = max(psutil_pids()) + 10_000
+        v = _verify_with_nvml(monkeypatch, {gone: 880_000_000})
+        assert p.pids["llama-server"] not in (gone,)
+    assert v.fits and any("another PID namespace" in r for r in v.reasons)  # type: ignore[attr-defined]
+
+
+def test_a_stray_llama_server_and_no_runner_cannot_be_measured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fake_runner import running
+
+    with running(tmp_path, stray_blob=BLOB, client=True) as p:
+        v = _verify_with_nvml(monkeypatch, {p.pids["stray"]: 0, p.pids["client"]: 0})
+    assert v.fits and any("no Ollama runner process is running here" in r for r in v.reasons)  # type: ignore[attr-defined]
+
+
+def test_the_older_runner_and_the_only_runner_are_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fake_runner import running
+
+    with running(tmp_path, runner_blob=BLOB) as p:
+        v = _verify_with_nvml(monkeypatch, {p.pids["runner"]: 880_000_000})
+        assert v.fits and v.runner_pid == p.pids["runner"] and v.reasons == ()  # type: ignore[attr-defined]
+        v = _verify_with_nvml(monkeypatch, {p.pids["runner"]: 100_000_000}, model_path=None)  # the only runner
+        assert not v.fits and v.runner_gpu_bytes == 100_000_000  # type: ignore[attr-defined]
+
+
+def psutil_pids() -> list[int]:
+    import psutil
+
+    return psutil.pids()
+
+
+@pytest.mark.parametrize(
+    ("url", "here"),
+    [
+        ("http://127.0.0.1:11434", True),
+        ("http://127.8.9.1:11434", True),
+        ("http://[::1]:11434", True),
+        ("http://localhost:11434", True),
+        ("http://0.0.0.0:11434", True),
+        ("http://192.0.2.7:11434", False),  # TEST-NET-1: nobody's
+        ("http://[2001:db8::7]:11434", False),
+    ],
+)
+def test_which_servers_run_here(url: str, here: bool) -> None:
+    from kvadvise.backends.ollama.verify import is_this_machine
+
+    assert is_this_machine(url) is here
+
+
+def test_an_address_of_this_machine_is_here() -> None:
+    import psutil
+
+    from kvadvise.backends.ollama.verify import is_this_machine
+
+    for nics in psutil.net_if_addrs().values():
+        for nic in nics:
+            if nic.family.name == "AF_INET":
+                assert is_this_machine(f"http://{nic.address}:11434")

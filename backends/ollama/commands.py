@@ -211,6 +211,7 @@ def verify_ollama_command(
             num_ctx=ctx,
             predicted_total_bytes=predicted,
             digest=model.digest,
+            model_path=model.spec.source if model.source.startswith("store:") else None,
             measure_speed=load,
         )
     v = replace(v, kv_cache_type=kv, kv_cache_type_source=kv_source)
