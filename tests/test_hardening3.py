@@ -381,3 +381,114 @@ def test_an_address_of_this_machine_is_here() -> None:
         for nic in nics:
             if nic.family.name == "AF_INET":
                 assert is_this_machine(f"http://{nic.address}:11434")
+
+
+# --- class 6: several files are one write; no temporary file is ever left -------------------------------
+
+
+def _ollama_plan_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> tuple[str, ...]:
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "empty"))
+    monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
+    return ("ollama", "qwen3-coder", "--gpu", "rtx-4090")
+
+
+def _left(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_the_chart_and_a_config_naming_one_file_are_refused(
+    tmp_path: Path, gemma_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--chart-file X --write-env X` wrote the chart, then refused the env file (or, with --force, wrote X twice)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    same = str(out / "x.svg")
+    for force in ((), ("--force",)):
+        rc, _, err = run(
+            capsys, *_ollama_plan_env(monkeypatch, tmp_path), "--chart-file", same, "--write-env", same, *force
+        )
+        assert rc == 2 and "--chart-file and --write-env name the same file" in err, err
+        rc, _, err = run(
+            capsys, "llamacpp", str(gemma_path), "--gpu", "rtx-4090", "--chart-file", same, "--write-env", same, *force
+        )
+        assert rc == 2 and "--chart-file and --write-env name the same file" in err, err
+        assert _left(out) == []
+
+
+@pytest.mark.parametrize("bad", ["/proc/kvadvise-test.env", "/proc/self/kvadvise.env"])
+def test_a_target_that_cannot_be_written_leaves_the_others_unwritten(
+    bad: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Modelfile and the chart were written, then the env file in /proc failed: half a config."""
+    out = tmp_path / "out"
+    out.mkdir()
+    args = ("--write-modelfile", str(out / "Modelfile"), "--chart-file", str(out / "c.svg"), "--write-env", bad)
+    rc, _, err = run(capsys, *_ollama_plan_env(monkeypatch, tmp_path), *args)
+    assert rc == 2 and "internal error" not in err and err.count("\n") <= 2, err
+    assert _left(out) == []
+
+
+def test_a_failed_rename_puts_back_what_was_replaced(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With --force, the second rename fails: the first file replaced is put back, no temporary or backup file
+    stays, and the chart (written in the same transaction) is not there either."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "Modelfile").write_text("FROM mine\n")
+    real_replace = os.replace
+    calls: list[str] = []
+
+    def flaky(src: object, dst: object) -> None:
+        calls.append(os.fspath(dst))  # type: ignore[call-overload]
+        if os.fspath(dst).endswith("ollama.env"):  # type: ignore[call-overload]
+            raise OSError(5, "Input/output error")
+        real_replace(src, dst)  # type: ignore[arg-type]
+
+    plan = _ollama_plan_env(monkeypatch, tmp_path)
+    monkeypatch.setattr(os, "replace", flaky)
+    args = ("--chart-file", str(out / "c.svg"), "--write-modelfile", str(out / "Modelfile"))
+    rc, _, err = run(capsys, *plan, *args, "--write-env", str(out / "ollama.env"), "--force")
+    assert rc == 2 and "ollama.env: cannot write (Input/output error)" in err, err
+    assert _left(out) == ["Modelfile"] and (out / "Modelfile").read_text() == "FROM mine\n"
+    assert any(c.endswith("Modelfile") for c in calls)  # it was replaced, then put back
+    monkeypatch.setattr(os, "replace", real_replace)
+    rc, _, err = run(capsys, *plan, *args, "--write-env", str(out / "ollama.env"), "--force")
+    assert rc == 0 and _left(out) == ["Modelfile", "c.svg", "ollama.env"], err
+
+
+def test_a_chart_that_cannot_be_renamed_leaves_no_temporary_file(
+    tmp_path: Path, gemma_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+
+    def broken(src: object, dst: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", broken)
+    rc, _, err = run(capsys, "gguf", str(gemma_path), "--gpu", "rtx-4090", "--chart-file", str(out / "c.png"))
+    assert rc == 2 and "no space left on device" in err, err
+    assert _left(out) == []
+
+
+def test_the_header_caches_leave_no_temporary_file(
+    tmp_path: Path, gemma_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cache entry that could not be renamed into place left `<entry>.<pid>.tmp` behind (local and remote)."""
+    from kvadvise.backends import gguf_cache
+    from kvadvise.backends.remote import cache as remote_cache
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+    def no_space(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", no_space)
+    rc, _, err = run(capsys, "gguf", str(gemma_path), "--no-hardware", "--ctx", "1024")
+    assert rc == 0, err
+    remote_cache._write("header", "https://example.invalid/m.gguf", {"header": {}})
+    assert (tmp_path / "cache" / "kvadvise").is_dir()
+    left = [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
+    assert left == [], left
+    assert gguf_cache.load(gemma_path) is None

@@ -5,14 +5,13 @@ the budget as one line, the recommended point marked."""
 from __future__ import annotations
 
 import io
-import os
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvadvise.errors import InputError
 
 if TYPE_CHECKING:
+    from kvadvise.files import NewFile
     from kvadvise.planner.recommender import Curve
 
 FORMATS = (".svg", ".png")
@@ -72,14 +71,14 @@ def render(
 
 
 def write(path: str, data: bytes) -> Path:
-    """Write the image atomically (an existing chart of that name is replaced)."""
-    target = Path(path).expanduser()
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except OSError as e:
-        raise InputError(f"--chart-file {path}: cannot write it ({e.strerror})") from None
-    return target
+    """Write the image atomically (an existing chart of that name is replaced); no temporary file is left."""
+    from kvadvise.files import write_files
+
+    return write_files([new_file(path, data)], force=False)[0]
+
+
+def new_file(path: str, data: bytes) -> NewFile:
+    """The chart as one of the files a command writes together (kvadvise.files.write_files)."""
+    from kvadvise.files import NewFile
+
+    return NewFile("--chart-file", path, data, replace=True)

@@ -41,6 +41,11 @@ def note(message: str) -> None:
     click.echo(safe(f"kvadvise: {message}"), err=True)
 
 
+def note_line(text: str) -> None:
+    """A line that goes on with the note before it (a hint to apply a file), on stderr."""
+    click.echo(safe(text), err=True)
+
+
 def error(message: str, hint: str | None = None) -> None:
     click.echo(safe(f"kvadvise: error: {message}"), err=True)
     if hint:

@@ -91,17 +91,24 @@ def ollama_command(
         )
     if o.as_json:
         output.result_json(plan_dict(plan) | {"ollama": advice_dict(advice)})
-        show_chart(plan, o, terminal=False)  # --chart-file writes the image with --json too
+        chart = show_chart(plan, o, terminal=False, write=False)  # --chart-file writes the image with --json too
     else:
         output.result(plan_text(plan))
-        show_chart(plan, o)
+        chart = show_chart(plan, o, write=False)
         output.result(advice_text(advice))
-    refuse_to_write_what_does_not_fit(plan, write_modelfile, write_env, write_systemd)
-    written = write_files(advice, modelfile=write_modelfile, env=write_env, systemd=write_systemd, force=force)
+    refuse_to_write_what_does_not_fit(plan, write_modelfile, write_env, write_systemd, chart=chart)
+    written = write_files(
+        advice,
+        modelfile=write_modelfile,
+        env=write_env,
+        systemd=write_systemd,
+        force=force,
+        extra=(chart,) if chart is not None else (),
+    )  # the chart and the configs: all written, or none
     for w in written:
-        output.note(f"wrote {w.path}; apply it with:")
+        output.note(f"wrote {w.path}" + ("; apply it with:" if w.hints else ""))
         for h in w.hints:
-            click.echo(output.safe(f"  {h}"), err=True)
+            output.note_line(f"  {h}")
     steps = apply_steps(advice, modelfile=write_modelfile, env=write_env, systemd=write_systemd)
     if steps and not o.as_json:
         output.result(f"\nNext ({advice.platform}; --platform to choose):")
