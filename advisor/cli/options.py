@@ -43,6 +43,25 @@ SIZE = SizeType()
 SIZE_OR_ZERO = SizeType(allow_zero=True)
 
 
+class TextType(click.ParamType):  # type: ignore[type-arg]  # generic in click >= 8.2 only
+    """A name or a path that says something: ``--gpu ""`` (an unset shell variable) was taken as no --gpu
+    at all and planned this machine instead; a NUL byte (no file or host has one) ended in an internal
+    error. Both are refused, exit 2."""
+
+    name = "text"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = value if isinstance(value, str) else str(value)
+        if not text.strip():
+            self.fail("the value is empty", param, ctx)
+        if "\x00" in text:
+            self.fail(f"{text!a} holds a NUL byte", param, ctx)
+        return text
+
+
+TEXT = TextType()
+
+
 class FiniteFloatRange(click.FloatRange):
     """``click.FloatRange`` without ``nan`` and ``inf``: nan passes its bounds (every comparison with it is
     false) and reached the planner as an internal error."""
@@ -170,6 +189,7 @@ MMPROJ_OPTION = click.option(
     "mmproj",
     metavar="FILE",
     default=None,
+    type=TEXT,
     help="A multimodal projector (mmproj GGUF) llama-server loads beside the model (llama.cpp --mmproj): "
     "its weights and compute buffer on the first device.",
 )
@@ -181,6 +201,7 @@ DRAFT_OPTIONS = (
         "-md",
         "model_draft",
         metavar="MODEL",
+        type=TEXT,
         default=None,
         help="A draft model for speculative decoding (llama.cpp -md): its own context, as large as the model's, "
         "on the same devices.",
@@ -355,6 +376,7 @@ def _options(*, planned_hardware: bool) -> list[Callable[[F], F]]:
             "--chart-file",
             "chart_file",
             metavar="FILE.svg|FILE.png",
+            type=TEXT,
             default=None,
             help="Write the same chart as an image (needs matplotlib: pip install 'kvadvise[chart]').",
         ),
@@ -376,6 +398,7 @@ def _hardware_options(planned: bool) -> list[Callable[[F], F]]:
             "--gpu",
             "gpu",
             metavar="NAME",
+            type=TEXT,
             help="Plan for cards of the built-in list (`kvadvise gpus`): 4090; several: 4090,3090 or rtx-3090x2.",
             default=None,
         ),
@@ -400,6 +423,7 @@ def _hardware_options(planned: bool) -> list[Callable[[F], F]]:
             "--rpc",
             "rpc",
             multiple=True,
+            type=TEXT,
             metavar="HOST:PORT=SIZE",
             help="Plan over hosts of llama.cpp's RPC backend (rpc-server on each), SIZE free on each; repeatable.",
         ),

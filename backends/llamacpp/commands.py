@@ -10,6 +10,7 @@ import click
 from kvadvise.cli import output
 from kvadvise.cli.options import (
     MMPROJ_OPTION,
+    TEXT,
     FiniteFloatRange,
     PlanOptions,
     draft_options,
@@ -99,6 +100,7 @@ def llamacpp_command(path: str, write_env: str | None, force: bool, **kwargs: ob
     "--llama-server",
     "server",
     metavar="PATH",
+    type=TEXT,
     default=None,
     help="The llama-server binary to run (default: llama-server on PATH, else llama-cpp-python).",
 )

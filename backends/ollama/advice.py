@@ -30,6 +30,7 @@ from kvadvise.backends.ollama.rules import (
 from kvadvise.errors import BackendUnreachable
 from kvadvise.planner.planning import Plan
 from kvadvise.planner.recommender import Offload
+from kvadvise.text import lines as text_lines
 
 if TYPE_CHECKING:
     from kvadvise.files import NewFile
@@ -220,7 +221,7 @@ def advice_text(a: OllamaAdvice) -> str:
             lines.append(f"    loaded: {r.name}  {r.size / 1e9:.1f} GB  {r.processor}  ctx {r.context_length}")
     lines += [f"  note: {n}" for n in a.live.notes]
     lines += [f"  warning: {w}" for w in a.warnings]
-    return "\n".join(lines)
+    return text_lines(lines)  # a name, a note: one line each, whatever they hold
 
 
 def offload_text(off: Offload, n_layer: int) -> str:

@@ -167,11 +167,11 @@ class Installed:
 def installed(host: str | None) -> Installed:
     """The store's models and the server's, matched by digest, with what the server holds now."""
     roots = ollama_store.store_roots()
-    listed = {r: ollama_store.list_manifests(r) for r in roots}
-    found = [r for r in roots if listed[r].present]
-    models = read_store(tuple(found), listed=listed)
+    manifests = {r: ollama_store.list_manifests(r) for r in roots}
+    found = [r for r in roots if manifests[r].present]
+    models = read_store(tuple(found), listed=manifests)
     url = ollama_api.server_url(host)
-    notes = [ollama_store.skipped_note(r, d) for r in roots for d in listed[r].skipped]
+    notes = [ollama_store.skipped_note(r, d) for r in roots for d in manifests[r].skipped]
     try:
         listed = tags(url)
         running = ollama_api.running_models(url)
