@@ -617,7 +617,9 @@ def test_a_newline_in_a_store_name_cannot_forge_a_row(
     rows = out.splitlines()
     assert not [r for r in rows if r.startswith("forged")], out
     assert len(rows) == 2 + 5, out  # the header, the columns, the model and its four forged-looking twins
-    assert [r.split(":1b")[0] for r in rows[3:]] == [f"gemma3-270m:x{b}forged" for b in ("\\n", "\\r", "\\x85", "\\u2028")]
+    assert [r.split(":1b")[0] for r in rows[3:]] == [
+        f"gemma3-270m:x{b}forged" for b in ("\\n", "\\r", "\\x85", "\\u2028")
+    ]
 
 
 def test_a_newline_in_a_file_name_cannot_forge_a_row(
@@ -645,3 +647,102 @@ def test_a_newline_in_general_name_and_in_an_error_stays_on_its_line(
     assert not [r for r in out.splitlines() if r.startswith("  device total 1 B")], out
     rc, _, err = run(capsys, "gguf", str(tmp_path / "no\nkvadvise: error: forged.gguf"), "--no-hardware")
     assert rc == 2 and len(err.splitlines()) == 1 and "no\\nkvadvise" in err, err
+
+
+# --- class 9: the Python API checks its arguments as the CLI checks its flags -------------------------------
+
+
+@pytest.fixture(scope="module")
+def api_inputs(gemma_path: Path) -> dict[str, object]:
+    import kvadvise
+
+    return {"spec": kvadvise.load_model(str(gemma_path)), "hw": kvadvise.gpu_profile("rtx-4090")}
+
+
+def _api_cases(spec: object, hw: object) -> list[tuple[str, object, str]]:
+    import kvadvise
+    from kvadvise import Policy, RunConfig
+
+    return [
+        ("load_model None", lambda: kvadvise.load_model(None), "Invalid value for 'ref': expected a str"),  # type: ignore[arg-type]
+        ("load_model ''", lambda: kvadvise.load_model(""), "Invalid value for 'ref': the value is empty"),
+        ("gpu_profile None", lambda: kvadvise.gpu_profile(None), "Invalid value for 'name': expected a str"),  # type: ignore[arg-type]
+        ("plan spec", lambda: kvadvise.plan("x"), "Invalid value for 'spec': expected a ModelSpec"),  # type: ignore[arg-type]
+        ("plan config", lambda: kvadvise.plan(spec, {"n_ctx": 1}), "Invalid value for 'config': expected a RunConfig"),  # type: ignore[arg-type]
+        ("plan hardware", lambda: kvadvise.plan(spec, hardware="4090"), "Invalid value for 'hardware'"),  # type: ignore[arg-type]
+        ("plan policy", lambda: kvadvise.plan(spec, hardware=hw, policy="x"), "Invalid value for 'policy'"),  # type: ignore[arg-type]
+        ("margin nan", lambda: kvadvise.plan(spec, hardware=hw, margin_bytes=float("nan")), "'margin_bytes'"),  # type: ignore[arg-type]
+        ("margin bool", lambda: kvadvise.plan(spec, hardware=hw, margin_bytes=True), "'margin_bytes'"),
+        ("margin -1", lambda: kvadvise.recommend(spec, hw, margin_bytes=-1), "the margin cannot be negative"),
+        ("estimate None", lambda: kvadvise.estimate(spec, None), "Invalid value for 'config'"),  # type: ignore[arg-type]
+        ("recommend None", lambda: kvadvise.recommend(spec, None), "Invalid value for 'hardware'"),  # type: ignore[arg-type]
+        ("command", lambda: kvadvise.llama_server_command(5, RunConfig()), "'model_path': expected a str"),  # type: ignore[arg-type]
+        ("to_json", lambda: kvadvise.to_json("x"), "Invalid value for 'obj'"),  # type: ignore[arg-type]
+        ("verify plan", lambda: kvadvise.verify_llamacpp("m.gguf", "x"), "Invalid value for 'plan_'"),  # type: ignore[arg-type]
+        ("policy use", lambda: kvadvise.plan(spec, hardware=hw, policy=Policy(use="x")), "'policy.use'"),
+    ]
+
+
+def test_the_api_raises_domain_errors_not_bare_exceptions(api_inputs: dict[str, object]) -> None:
+    """kvadvise.plan("x") raised AttributeError, a margin of nan planned, a cache type by name raised KeyError."""
+    from kvadvise.errors import KvadviseError
+
+    for name, call, message in _api_cases(api_inputs["spec"], api_inputs["hw"]):
+        with pytest.raises(KvadviseError) as e:
+            call()  # type: ignore[operator]
+        assert message in e.value.message, (name, e.value.message)
+
+
+@pytest.mark.parametrize(
+    ("cli", "api"),
+    [
+        (["--use", "nosuch"], "policy_use"),
+        (["--target-ctx", "-1"], "policy_target"),
+        (["--margin", "-1"], "margin_text"),
+        (["-ctk", "q9"], "type_k"),
+        (["--gpu", "nosuch"], "gpu"),
+    ],
+)
+def test_the_api_says_what_the_cli_says(
+    cli: list[str], api: str, api_inputs: dict[str, object], gemma_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same wrong value, by flag and by argument: the same message after the name of what was wrong."""
+    import kvadvise
+    from kvadvise import Policy, RunConfig
+    from kvadvise.errors import KvadviseError
+
+    spec, hw = api_inputs["spec"], api_inputs["hw"]
+    rc, _, err = run(capsys, "gguf", str(gemma_path), *cli)
+    assert rc == 2
+    cli_message = err.splitlines()[0].removeprefix("kvadvise: error: ")
+    calls = {
+        "policy_use": lambda: kvadvise.plan(spec, hardware=hw, policy=Policy(use="nosuch")),  # type: ignore[arg-type]
+        "policy_target": lambda: kvadvise.plan(spec, hardware=hw, policy=Policy(target_ctx=-1)),  # type: ignore[arg-type]
+        "margin_text": lambda: kvadvise.plan(spec, hardware=hw, margin_bytes="-1"),  # type: ignore[arg-type]
+        "type_k": lambda: kvadvise.plan(spec, RunConfig(n_ctx=4096, type_k="q9")),  # type: ignore[arg-type]
+        "gpu": lambda: kvadvise.gpu_profile("nosuch"),
+    }
+    with pytest.raises(KvadviseError) as e:
+        calls[api]()
+    ours = e.value.message
+    if ours.startswith("Invalid value for"):
+        assert ours.split("': ", 1)[1] in cli_message and cli_message.split("': ", 1)[1].startswith(
+            ours.split("': ", 1)[1]
+        )
+    else:
+        assert ours == cli_message
+
+
+def test_the_api_takes_what_the_cli_takes(api_inputs: dict[str, object]) -> None:
+    """A margin as the CLI writes it and a cache type by its name plan as the typed values do."""
+    import kvadvise
+    from kvadvise import RunConfig
+    from kvadvise.model.ggml import cache_type
+
+    spec, hw = api_inputs["spec"], api_inputs["hw"]
+    a = kvadvise.plan(
+        spec, RunConfig(n_ctx=4096, type_k="q8_0", type_v="q8_0", flash_attn="on"), hw, margin_bytes="1GiB"
+    )  # type: ignore[arg-type]
+    q8 = cache_type("q8_0")
+    b = kvadvise.plan(spec, RunConfig(n_ctx=4096, type_k=q8, type_v=q8, flash_attn="on"), hw, margin_bytes=1 << 30)  # type: ignore[arg-type]
+    assert kvadvise.to_json(a) == kvadvise.to_json(b)
