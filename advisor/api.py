@@ -2,10 +2,17 @@
 
 Frozen dataclasses in and out; ``to_json`` gives exactly the document
 ``--json`` prints for the same inputs, so a tool and the CLI always agree.
+Arguments are checked as the CLI checks its flags, with the same messages:
+a wrong one raises a domain error (:class:`kvadvise.errors.InputError`, or
+``ConfigError`` for a run configuration llama.cpp would refuse), never an
+AttributeError from deep inside. A margin may be given in bytes or as the CLI
+takes it (``"1GiB"``); a cache type as a GGMLType or its name (``"q8_0"``).
 """
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import replace
 from typing import Any
 
@@ -19,19 +26,105 @@ from kvadvise.planner.policy import Policy
 from kvadvise.planner.recommender import Recommendation
 from kvadvise.runtime.verification import Verification
 
+USES = ("chat", "code", "agent", "long")  # as the CLI's --use
+MAX_TIMEOUT_S = 86400.0  # as the CLI's --timeout: 0.1 to 86400 s
+
+
+def _invalid(param: str, message: str, hint: str | None = None) -> Exception:
+    """The error click gives for a bad flag value, for an argument: ``Invalid value for 'margin_bytes': ...``."""
+    from kvadvise.errors import InputError
+
+    return InputError(f"Invalid value for {param!r}: {message}", hint=hint)
+
+
+def _need(param: str, value: object, kind: type, what: str) -> None:
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise _invalid(param, f"expected {what}, got {type(value).__name__} {_shown(value)}")
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _text(param: str, value: object) -> str:
+    """A name or path: a str (or os.PathLike), not empty, no NUL byte (the CLI's TEXT)."""
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    _need(param, value, str, "a str")
+    assert isinstance(value, str)
+    if not value.strip():
+        raise _invalid(param, "the value is empty")
+    if "\x00" in value:
+        raise _invalid(param, f"{value!a} holds a NUL byte")
+    return value
+
+
+def _margin(value: object) -> int:
+    """Bytes (an int >= 0) or a size as the CLI's --margin takes it ("1GiB", "0")."""
+    if isinstance(value, str):
+        from kvadvise.errors import InputError
+        from kvadvise.units import parse_size
+
+        try:
+            return parse_size(value, allow_zero=True)
+        except InputError as e:
+            raise _invalid("margin_bytes", e.message, e.hint) from None
+    _need("margin_bytes", value, int, "a whole number of bytes or a size such as '1GiB'")
+    assert isinstance(value, int)
+    if value < 0:
+        raise _invalid("margin_bytes", f"{value} is negative: the margin cannot be negative")
+    return value
+
+
+def _config(value: object, param: str = "config") -> RunConfig:
+    """A RunConfig; cache types given by name are parsed as -ctk/-ctv are (model.ggml.cache_type)."""
+    _need(param, value, RunConfig, "a RunConfig")
+    assert isinstance(value, RunConfig)
+    from kvadvise.model.ggml import KV_CACHE_TYPES, cache_type
+
+    names = tuple(t.type_name for t in KV_CACHE_TYPES)
+    named: dict[str, Any] = {}
+    for field in ("type_k", "type_v", "type_k_draft", "type_v_draft"):
+        v = getattr(value, field)
+        if isinstance(v, str):
+            if v not in names:  # as the CLI's -ctk/-ctv choices say it
+                raise _invalid(f"{param}.{field}", f"{v!r} is not one of " + ", ".join(map(repr, names)) + ".")
+            named[field] = cache_type(v)
+    cfg = replace(value, **named) if named else value
+    for name in ("type_k", "type_v"):
+        _need(f"{param}.{name}", getattr(cfg, name), GGMLType, "a GGMLType or a cache type name")
+    if cfg.draft is not None:
+        _need(f"{param}.draft", cfg.draft, ModelSpec, "a ModelSpec")
+    return cfg
+
+
+def _policy(value: object) -> Policy:
+    _need("policy", value, Policy, "a Policy")
+    assert isinstance(value, Policy)
+    if value.use is not None and value.use not in USES:
+        raise _invalid("policy.use", f"{value.use!r} is not one of " + ", ".join(repr(u) for u in USES) + ".")
+    for name in ("target_ctx", "min_ctx"):
+        v = getattr(value, name)
+        _need(f"policy.{name}", v, int, "a whole number of tokens")
+        if not 0 <= v <= 2**31 - 1:
+            raise _invalid(f"policy.{name}", f"{v} is not in the range 0<=x<=2147483647.")
+    return value
+
 
 def load_model(ref: str, backend: str = "gguf") -> ModelSpec:
     """A model spec from any installed backend: "gguf" (a file), "hf" (config.json or repo id), "ollama", a plugin..."""
     from kvadvise.plugins import discover
 
-    return discover().get(backend).load_spec(ref)
+    return discover().get(_text("backend", backend)).load_spec(_text("ref", ref))
 
 
 def estimate(spec: ModelSpec, config: RunConfig) -> MemoryEstimate:
     """What llama.cpp allocates for ``spec`` run with ``config``."""
     from kvadvise.planner.memory import estimate as _estimate
 
-    return _estimate(spec, config)
+    _need("spec", spec, ModelSpec, "a ModelSpec")
+    return _estimate(spec, _config(config))
 
 
 def probe_hardware() -> Hardware:
@@ -45,7 +138,7 @@ def gpu_profile(name: str) -> Hardware:
     """A card you don't own, from profiles/gpus.json ("4090", "A100 80GB", "m3-max-36"...)."""
     from kvadvise.planner.hardware import from_profile
 
-    return from_profile(name)
+    return from_profile(_text("name", name))
 
 
 def recommend(
@@ -58,11 +151,14 @@ def recommend(
     """Context, K/V cache types and flash attention that keep ``spec`` inside ``hardware``'s memory."""
     from kvadvise.planner.recommender import recommend as _recommend
 
-    policy = policy or Policy()
+    _need("spec", spec, ModelSpec, "a ModelSpec")
+    _need("hardware", hardware, Hardware, "a Hardware (gpu_profile, probe_hardware)")
+    cfg = _config(base, "base") if base is not None else RunConfig()
+    pol = _policy(policy) if policy is not None else Policy()
     budget = plan_budget(
-        hardware, margin_bytes, spec=spec, headless=policy.headless, weights_uncertain=policy.weights_uncertain
+        hardware, _margin(margin_bytes), spec=spec, headless=pol.headless, weights_uncertain=pol.weights_uncertain
     )
-    return _recommend(spec, base or RunConfig(), budget, policy)
+    return _recommend(spec, cfg, budget, pol)
 
 
 def plan(
@@ -73,7 +169,12 @@ def plan(
     margin_bytes: int = DEFAULT_MARGIN_BYTES,
 ) -> Plan:
     """What the CLI computes: ``config`` with n_ctx set = estimate it; n_ctx None/0 with hardware = recommend."""
-    cfg = config or RunConfig()
+    _need("spec", spec, ModelSpec, "a ModelSpec")
+    cfg = _config(config) if config is not None else RunConfig()
+    if hardware is not None:
+        _need("hardware", hardware, Hardware, "a Hardware (gpu_profile, probe_hardware)")
+    policy = _policy(policy) if policy is not None else None
+    margin_bytes = _margin(margin_bytes)
     if cfg.cpu_repack == "auto":  # the CPU a CPU plan runs on: this machine's, as the CLI does
         from kvadvise.planner.repack import cpu_isa
 
@@ -89,9 +190,10 @@ def plan(
 
 
 def llama_server_command(model_path: str, config: RunConfig) -> str:
+    """The llama-server command line for ``model_path`` run with ``config``."""
     from kvadvise.runtime.llamaserver import command_text
 
-    return command_text(model_path, config)
+    return command_text(_text("model_path", model_path), _config(config))
 
 
 def verify_llamacpp(model_path: str, plan_: Plan, *, server: str | None = None, timeout_s: float = 600) -> Verification:
@@ -100,6 +202,16 @@ def verify_llamacpp(model_path: str, plan_: Plan, *, server: str | None = None, 
     from kvadvise.plugins import Measurer, discover
     from kvadvise.runtime.verification import compare
 
+    model_path = _text("model_path", model_path)
+    _need("plan_", plan_, Plan, "a Plan (kvadvise.plan)")
+    if server is not None:
+        server = _text("server", server)
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)):
+        raise _invalid("timeout_s", f"expected a number of seconds, got {type(timeout_s).__name__}")
+    if not math.isfinite(timeout_s):
+        raise _invalid("timeout_s", f"{str(timeout_s)!r} is not a finite number")
+    if not 0.1 <= timeout_s <= MAX_TIMEOUT_S:
+        raise _invalid("timeout_s", f"{float(timeout_s)} is not in the range 0.1<=x<=86400.")
     backend = discover().get("llamacpp")
     if not isinstance(backend, Measurer):
         raise InputError("the installed llamacpp backend cannot run a model (no measure())")
@@ -110,4 +222,7 @@ def to_json(obj: Plan | Verification) -> dict[str, Any]:
     """The document `--json` prints for the same result."""
     from kvadvise.render import plan_dict, verification_dict
 
-    return verification_dict(obj) if isinstance(obj, Verification) else plan_dict(obj)
+    if isinstance(obj, Verification):
+        return verification_dict(obj)
+    _need("obj", obj, Plan, "a Plan or a Verification")
+    return plan_dict(obj)

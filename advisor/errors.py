@@ -8,6 +8,7 @@ EXIT_BUG = 1
 EXIT_INPUT = 2
 EXIT_NO_FIT = 3
 EXIT_UNREACHABLE = 4
+EXIT_PIPE = 141  # the reader of the output went away (`| head`): as a program killed by SIGPIPE (128 + 13)
 
 
 class KvadviseError(Exception):

@@ -1,18 +1,26 @@
-"""Writing the files kvadvise generates (Modelfiles, env files, systemd drop-ins).
+"""Writing the files kvadvise generates (Modelfiles, env files, systemd drop-ins, charts, caches).
 
 A file is never overwritten unless asked (``force``), and never left half
 written: the text goes to a temporary file in the same directory, which then
 takes the target's name in one ``os.replace`` (or ``os.link`` when the target
 must not exist yet, so a file created meanwhile is not clobbered either).
-Every failure is an :class:`InputError` naming the path and what to do.
+Several files asked for by one command are one write (:func:`write_files`):
+every target is checked, then every one is written to its temporary file,
+then all are renamed; a failure at any step removes every temporary file and
+puts back what the renames before it changed, so it leaves all the targets as
+they were. Every failure is an :class:`InputError` naming the path and what to
+do. Caches (:func:`write_cache_file`) are best effort and leave no temporary
+file either.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvadvise.errors import InputError
@@ -23,22 +31,133 @@ if TYPE_CHECKING:
 FILE_MODE = 0o644  # generated configs are not secret; the directory decides who may read them
 
 
+@dataclass(frozen=True, slots=True)
+class NewFile:
+    """One file a command writes: the option that names it (for messages), where, and what."""
+
+    option: str  # "--write-env", "--chart-file"
+    path: str
+    data: bytes
+    replace: bool = False  # overwritten without --force (a chart image is); else only with force
+
+
+def text_file(option: str, path: str, text: str) -> NewFile:
+    """A text file to write, UTF-8 (a file name that is not UTF-8 stays the bytes it was)."""
+    try:
+        data = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError as e:
+        raise InputError(f"{option or path}: the text holds {text[e.start : e.end]!a}, which is not Unicode") from None
+    return NewFile(option, path, data)
+
+
 def write_text_file(path: str | os.PathLike[str], text: str, *, force: bool) -> Path:
     """Write ``text`` to ``path`` atomically; refuse to overwrite unless ``force``. Returns the path."""
-    target = _check_target(path, force=force)
-    parent = target.parent
-    tmp = _write_temp(parent, target.name, text)
+    (target,) = write_files([text_file("", os.fspath(path), text)], force=force)
+    return target
+
+
+def write_files(files: Sequence[NewFile], *, force: bool) -> tuple[Path, ...]:
+    """Write every file or none: check them all (:func:`check_targets`), write each to a temporary file
+    beside its target, then give each its name. A failure anywhere leaves every target as it was: the
+    temporary files are removed and the renames already done are undone (a replaced file comes back from
+    a hard link, or a copy, made before it was replaced)."""
+    check_targets(
+        {f.option or f.path: f.path for f in files}, force=force, replace={f.path for f in files if f.replace}
+    )
+    targets = [_check_target(f.path, force=force or f.replace) for f in files]
+    temps: list[str] = []
+    done: list[tuple[Path, str | None]] = []  # (target, its backup or None when it was new)
     try:
-        if force:
-            os.replace(tmp, target)
-        else:
+        for f, target in zip(files, targets, strict=True):
+            temps.append(_write_temp(target.parent, target.name, f.data))
+        for f, target, tmp in zip(files, targets, temps, strict=True):
+            done.append((target, _commit(tmp, target, replace=force or f.replace)))
+    except BaseException:
+        for target, backup in reversed(done):
+            with contextlib.suppress(OSError):
+                if backup is None:
+                    os.unlink(target)
+                else:
+                    os.replace(backup, target)
+        raise
+    finally:
+        for leftover in [*temps, *(b for _, b in done if b is not None)]:
+            with contextlib.suppress(OSError):
+                if os.path.lexists(leftover):
+                    os.unlink(leftover)
+    return tuple(targets)
+
+
+def _commit(tmp: str, target: Path, *, replace: bool) -> str | None:
+    """Give ``tmp`` the name ``target``; the backup of what it replaced (None: there was nothing)."""
+    try:
+        if not replace:
             _link_new(tmp, target)
+            return None
+        backup = _backup(target)
+        try:
+            os.replace(tmp, target)
+        except BaseException:
+            if backup is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(backup)
+            raise
+        return backup
     except OSError as e:
         raise _os_error(target, e) from None
+
+
+def _backup(target: Path) -> str | None:
+    """A second name for what ``target`` is now (a hard link, else a copy), so that a rename can be undone."""
+    if not os.path.lexists(target):
+        return None
+    import secrets
+
+    for _ in range(100):
+        backup = os.path.join(target.parent, f".{target.name}.{secrets.token_hex(6)}.old")
+        try:
+            os.link(target, backup, follow_symlinks=False)  # a symlink is kept as the link it is
+            return backup
+        except FileExistsError:
+            continue
+        except OSError:
+            break  # no hard links on this file system: a copy
+    import shutil
+    import tempfile
+
+    fd, backup = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent)
+    os.close(fd)
+    try:
+        shutil.copy2(target, backup, follow_symlinks=False)
+    except BaseException:
+        os.unlink(backup)
+        raise
+    return backup
+
+
+def write_cache_file(path: str | os.PathLike[str], text: str) -> bool:
+    """For caches, best effort: ``text`` at ``path`` atomically (its folder made); False on any failure, and
+    never a temporary file left behind (a full disk, a folder that cannot be written, an interrupt)."""
+    import tempfile
+
+    target = os.fspath(path)
+    parent = os.path.dirname(target) or "."
+    try:
+        os.makedirs(parent, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp", dir=parent)
+    except OSError:
+        return False
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, target)
+        return True
+    except (OSError, ValueError):
+        return False
     finally:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-    return target
+        with contextlib.suppress(OSError):
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
 
 
 def _check_target(path: str | os.PathLike[str], *, force: bool) -> Path:
@@ -46,6 +165,8 @@ def _check_target(path: str | os.PathLike[str], *, force: bool) -> Path:
     exist yet unless ``force``."""
     from pathlib import Path  # only to write: reading a model file starts without pathlib
 
+    if "\x00" in os.fspath(path):
+        raise InputError(f"{os.fspath(path)!a}: not a file name (it holds a NUL byte)")
     try:
         target = Path(path).expanduser()
     except RuntimeError:  # ~user of no such user
@@ -65,22 +186,25 @@ def _check_target(path: str | os.PathLike[str], *, force: bool) -> Path:
     return target
 
 
-def check_targets(targets: Mapping[str, str | None], *, force: bool) -> None:
+def check_targets(
+    targets: Mapping[str, str | None], *, force: bool, replace: set[str] | frozenset[str] = frozenset()
+) -> None:
     """Before writing several files (by the option that names each): every one can be written and no two
-    are the same file, so a refusal leaves none of them written rather than some."""
+    are the same file, so a refusal leaves none of them written rather than some. A path in ``replace``
+    is overwritten without ``force``."""
     seen: dict[str, str] = {}
     for option, path in targets.items():
         if path is None:
             continue
         if not path.strip():
             raise InputError(f"{option}: the path is empty", hint="give a file name")
-        key = os.path.realpath(_check_target(path, force=force))
+        key = os.path.realpath(_check_target(path, force=force or path in replace))
         if key in seen:
             raise InputError(f"{seen[key]} and {option} name the same file ({path})", hint="give each its own file")
         seen[key] = option
 
 
-def _write_temp(parent: Path, name: str, text: str) -> str:
+def _write_temp(parent: Path, name: str, data: bytes) -> str:
     try:
         import tempfile  # only when a file is written: it costs every start a few ms
 
@@ -88,14 +212,17 @@ def _write_temp(parent: Path, name: str, text: str) -> str:
     except OSError as e:
         raise _os_error(parent, e) from None
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, FILE_MODE)
-    except OSError as e:
-        os.unlink(tmp)
-        raise _os_error(parent, e) from None
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(e, OSError):
+            raise _os_error(parent, e) from None
+        raise
     return tmp
 
 
@@ -127,6 +254,34 @@ def _os_error(where: Path, e: OSError) -> InputError:
     return InputError(f"{where}: cannot write ({e.strerror or e})")
 
 
+@dataclass(frozen=True, slots=True)
+class FolderFiles:
+    """The files of a folder tree with one suffix, and the subfolders that could not be read."""
+
+    files: tuple[str, ...]  # sorted by path component, as pathlib sorts them
+    skipped: tuple[str, ...]  # "<folder> (permission denied)"
+
+
+def files_below(folder: str | os.PathLike[str], suffix: str) -> FolderFiles:
+    """The regular files (or links to one) named ``*<suffix>`` in ``folder`` and below, symlinked folders not
+    followed (as ``Path.rglob``). ``rglob`` passes over a folder it cannot read without a word; here each one
+    is named in ``skipped``."""
+    found: list[tuple[str, ...]] = []
+    skipped: list[str] = []
+
+    def skip(e: OSError) -> None:
+        why = "permission denied" if isinstance(e, PermissionError) else (e.strerror or type(e).__name__)
+        skipped.append(f"{e.filename} ({why})")
+
+    top = os.fspath(folder)
+    for here, _, names in os.walk(top, onerror=skip):
+        for name in names:
+            path = os.path.join(here, name)
+            if name.endswith(suffix) and os.path.isfile(path):
+                found.append(tuple(os.path.relpath(path, top).split(os.sep)))
+    return FolderFiles(tuple(os.path.join(top, *parts) for parts in sorted(found)), tuple(skipped))
+
+
 def open_regular(path: str | os.PathLike[str]) -> int:
     """A read-only descriptor for ``path``, which must be a regular file.
 
@@ -146,6 +301,8 @@ def open_regular(path: str | os.PathLike[str]) -> int:
         raise InputError(f"{p}: permission denied") from None
     except OSError as e:
         raise InputError(f"{p}: cannot read ({e.strerror or e})") from None
+    except ValueError:  # a NUL byte: no file has such a name
+        raise InputError(f"{p!a}: not a file name (it holds a NUL byte)") from None
     import stat
 
     mode = os.fstat(fd).st_mode

@@ -13,6 +13,7 @@ from kvadvise.planner.budget import Budget
 from kvadvise.planner.memory import MemoryEstimate, RunConfig
 from kvadvise.planner.planning import Plan
 from kvadvise.planner.recommender import Recommendation
+from kvadvise.text import lines as text_lines
 
 if TYPE_CHECKING:  # only verification output needs it; a plan renders without loading the log parser
     from kvadvise.planner.curves import Curve
@@ -245,7 +246,7 @@ def estimate_text(spec: ModelSpec, cfg: RunConfig, est: MemoryEstimate) -> str:
         lines.append(f"  {label:<10}{fmt_bytes(n):>13}{cols}" + (f"   {note}" if note else ""))
     lines.append(f"  KV per token of context: {est.kv_bytes_per_token:,} B")
     lines.extend(f"  note: {n}" for n in spec.notes)
-    return "\n".join(lines)
+    return text_lines(lines)  # a name, a note: one line each, whatever they hold
 
 
 def budget_dict(b: Budget) -> dict[str, Any]:
@@ -372,7 +373,8 @@ def offload_line(off: Offload) -> str:
 
 def plan_text(plan: Plan, requested_ctx: int | None = None) -> str:
     cfg = replace(plan.config, n_ctx=requested_ctx) if requested_ctx is not None else plan.config
-    lines = [estimate_text(plan.spec, cfg, plan.estimate)]
+    head = estimate_text(plan.spec, cfg, plan.estimate)
+    lines: list[str] = []
     if plan.hardware is not None:
         lines.extend(f"  note: {n}" for n in plan.hardware.notes)
     lines.extend(f"  note: {n}" for n in plan.notes)
@@ -415,7 +417,7 @@ def plan_text(plan: Plan, requested_ctx: int | None = None) -> str:
         lines.append("  hint: drop --ctx to let kvadvise recommend a context and cache type that fit")
     if plan.offload is not None:
         lines.append("  " + offload_line(plan.offload))
-    return "\n".join(lines)
+    return head + ("\n" + text_lines(lines) if lines else "")
 
 
 def _config_line(rec: Recommendation) -> str:
@@ -566,4 +568,4 @@ def verification_text(v: Verification) -> str:
         lines.append(f"  decode estimated: {sp.text()}")
     lines.extend(f"  - {r}" for r in v.reasons)
     lines.append(v.verdict)
-    return "\n".join(lines)
+    return text_lines(lines)

@@ -21,7 +21,7 @@ import zlib
 from typing import TYPE_CHECKING, Any
 
 from kvadvise.errors import InputError
-from kvadvise.files import load_json, open_regular, read_regular_text
+from kvadvise.files import load_json, open_regular, read_regular_text, write_cache_file
 from kvadvise.model.ggml import GGMLType
 from kvadvise.model.gguf import GGUFArray, GGUFHeader, TensorInfo, Value
 
@@ -117,13 +117,7 @@ def store(path: str | os.PathLike[str], header: GGUFHeader) -> None:
         return
     path_hex = os.fsencode(real).hex()
     doc = {"format": FORMAT, "path": path_hex, "stamp": stamp, "crc32": digest, "header": encode(header)}
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(doc, separators=(",", ":")), encoding="utf-8")
-        os.replace(tmp, target)
-    except OSError:
-        pass
+    write_cache_file(target, json.dumps(doc, separators=(",", ":")))  # best effort; no temporary file left
 
 
 def _enc_value(v: Value) -> Any:

@@ -23,16 +23,22 @@ if TYPE_CHECKING:  # the listing's module loads only for a folder: `kvadvise ggu
 MAX_THREADS = 8
 
 
-def model_files(folder: Path) -> list[Path]:
-    """The .gguf files of ``folder``, sorted; of a split model only its first part."""
+def model_files(folder: Path, skipped: list[str] | None = None) -> list[Path]:
+    """The .gguf files of ``folder``, sorted; of a split model only its first part. A subfolder that cannot
+    be read is added to ``skipped`` (kvadvise.files.files_below)."""
+    from pathlib import Path
+
+    from kvadvise.files import files_below
+
+    found = files_below(folder, ".gguf")
+    if skipped is not None:
+        skipped.extend(found.skipped)
     out = []
-    for p in sorted(folder.rglob("*.gguf")):
-        if not p.is_file():
-            continue
-        name = splits.parse_name(str(p))
+    for p in found.files:
+        name = splits.parse_name(p)
         if name is not None and name.number != 1:
             continue
-        out.append(p)
+        out.append(Path(p))
     return out
 
 
@@ -93,10 +99,12 @@ def list_folder(folder: Path, kwargs: dict[str, Any], sort: str, load: Callable[
     tk, tv = kwargs.get("type_k"), kwargs.get("type_v")
     if tk and tv and tk != tv:
         raise click.UsageError("a folder listing runs one cache type for K and V: give -ctk or -ctv")
-    files = model_files(folder)
+    skipped: list[str] = []
+    files = model_files(folder, skipped)
     if not files:
         raise InputError(
-            f"{folder}: is a directory with no .gguf file in it or below it",
+            f"{folder}: is a directory with no .gguf file in it or below it"
+            + "".join(f"; skipped {s}" for s in skipped),
             hint="give a GGUF file, or a folder of GGUF models to list them",
         )
     n_parallel = int(kwargs.get("n_parallel") or 1)
@@ -122,7 +130,7 @@ def list_folder(folder: Path, kwargs: dict[str, Any], sort: str, load: Callable[
         as_json=bool(kwargs.get("as_json")),
         show_loaded=False,
         extra_json={"folder": str(folder)},
-        notes=list(hw.notes) if hw is not None else [],
+        notes=[*(f"skipped {s}" for s in skipped), *(hw.notes if hw is not None else ())],
     )
 
 

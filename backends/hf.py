@@ -69,10 +69,10 @@ class HFBackend:
     def load_spec(self, ref: str, *, quant: str | None = None, find_weights: bool = True) -> ModelSpec:
         """The spec of ``ref``; with ``find_weights``, its weights too (``quant``: as that GGUF quant)."""
         canon = quant_bpw(quant) if quant else None
-        path = Path(ref).expanduser()
-        if path.is_dir():
+        path = Path(os.path.expanduser(ref))  # ~user of no such user stays as typed: "no such file"
+        if os.path.isdir(path):  # os.path: a folder that cannot be searched is not an internal error
             path = path / "config.json"
-        if path.is_file():
+        if os.path.isfile(path):
             config = _load_json(path)
             source = str(path)
             find: Callable[[bool], Weights | None] = lambda need_params: _local_weights(path.parent)  # noqa: E731
@@ -471,7 +471,7 @@ def _hub_error(repo_id: str, filename: str, e: BaseException, failed: str) -> Kv
 def _hf_command(backend: HFBackend) -> click.Command:
     import click
 
-    from kvadvise.cli.options import PlanOptions, run_options
+    from kvadvise.cli.options import TEXT, PlanOptions, run_options
     from kvadvise.cli.plan import build_plan, exit_if_no_fit, show_plan
     from kvadvise.model.spec import with_weights
 
@@ -486,6 +486,7 @@ def _hf_command(backend: HFBackend) -> click.Command:
     @click.option(
         "--quant",
         metavar="QUANT",
+        type=TEXT,
         default=None,
         help="Weights as a GGUF of this llama.cpp quant (e.g. Q4_K_M): bits per weight × parameters.",
     )

@@ -21,6 +21,9 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from go_modelfile import parse_file
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kvadvise.cli import main
 from kvadvise.errors import GGUFError
@@ -221,3 +224,138 @@ def test_header_values_of_the_wrong_kind_are_input_errors(
     assert main(["gguf", str(path), "--no-hardware", "--ctx", "512"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("kvadvise: error: ") and "internal error" not in err
+
+
+# ---------------------------------------------------------------- Modelfile parameters (issue 28, class 1)
+
+# Characters that end a value, close a quote, start a comment or an instruction, and the code points
+# whose printability differs between Unicode versions (Go 1.21-1.26: 15.0; Python 3.10: 13.0, 3.11: 14.0,
+# 3.13: 15.1), drawn more often than chance would; any other code point too.
+_MODELFILE_SPECIAL = [*'"#\n\r \t', "\u2ffc", "\u2ffb", "\U0001f6dc", "\u31ef", "\U0002ebf0", "\u0cf3"]
+_MODELFILE_SPECIAL += ["\u2028", "\x85", "\ufeff", "\xa0", "\xad", "\ud800", '"""', "FROM x", "SYSTEM y"]
+
+
+@pytest.fixture(scope="module")
+def go_isprint() -> Any:
+    """The oracle: Go's unicode.IsPrint from Unicode 15.0.0's categories (a CPython 3.12's unicodedata, in
+    its own process), else the shipped table (which test_hardening3.py compares with it where it can)."""
+    from test_hardening3 import PY15
+
+    from kvadvise.backends.ollama.goprint import is_print
+
+    if PY15 is None:
+        return is_print
+    bits = subprocess.run(
+        [
+            PY15,
+            "-c",
+            "import unicodedata as u\n"
+            "print(''.join('1' if r == 32 or u.category(chr(r))[0] in 'LMNPS' else '0' for r in range(0x110000)))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout.strip()
+    assert len(bits) == 0x110000
+    return lambda ch: bits[ord(ch)] == "1"
+
+
+_VALUE = st.lists(st.sampled_from(_MODELFILE_SPECIAL) | st.characters(), max_size=12).map("".join)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(stops=st.lists(_VALUE, min_size=1, max_size=4), temperature=_VALUE)
+def test_modelfile_parameters_read_back_under_go_isprint(stops: list[str], temperature: str, go_isprint: Any) -> None:
+    """Whatever a model's parameters hold, the Modelfile read as Ollama reads it (tests/go_modelfile.py,
+    with Go's IsPrint) has one FROM and one num_ctx,
+    and every value Ollama would read back as itself, and only those, each as itself: nothing dropped,
+    nothing added, no second instruction. Each value is made only of what Go's parser keeps (IsPrint, or a
+    tab, space or line break inside the value)."""
+    from types import SimpleNamespace
+
+    from kvadvise.backends.ollama.modelfile import modelfile_text, quote
+    from kvadvise.backends.ollama.rules import OllamaSettings
+
+    def reads_back(name: str, value: str) -> bool:
+        try:
+            return parse_file(f"FROM x\nPARAMETER {name} {quote(value)}\n", go_isprint)[1:] == [(name, value)]
+        except ValueError:
+            return False
+
+    model = SimpleNamespace(ref="m:latest", params={"stop": stops, "temperature": temperature})
+    text = modelfile_text(model, OllamaSettings(4096, 1, "f16", True))  # type: ignore[arg-type]
+    cmds = parse_file(text, go_isprint)
+    assert cmds[:2] == [("model", "m:latest"), ("num_ctx", "4096")]
+    expected = [("stop", s) for s in stops if reads_back("stop", s)]
+    expected += [("temperature", temperature)] if reads_back("temperature", temperature) else []
+    assert cmds[2:] == expected
+    for _, value in cmds[2:]:
+        assert all(ch in "\t\n\r " or go_isprint(ch) for ch in value), ascii(value)
+
+
+# ---------------------------------------------------------------- every command's options (issue 28, class 7)
+
+_ODD = ["", " ", "nan", "inf", "-inf", "-1", "0", "1e999", "9" * 30, "\x00", "a\nb", "$\\foo$", "x" * 3000]
+_ODD += ["~no-such-user-kvadvise/x.svg", "/proc/x.svg", "-", ",", "1e-45,1", "\udcff", "a\u2028b", "0x10", "1_000"]
+_COMMANDS = {  # the command, and arguments that plan (or answer) when the fuzzed option is left alone
+    "gguf": ["gguf", "{gemma}", "--gpu", "rtx-4090"],
+    "hf": ["hf", str(ROOT / "tests" / "data" / "hf" / "glm4-9b.json"), "--gpu", "rtx-4060"],
+    "llamacpp": ["llamacpp", "{gemma}", "--gpu", "rtx-4090"],
+    "ollama": ["ollama", "qwen3:8b", "--gpu", "rtx-4090"],
+    "compare": ["compare", "qwen3:8b", "gemma3:4b", "--vram", "24GiB"],
+    "gpus": ["gpus", "--no-hardware"],
+    "verify-ollama": ["verify", "ollama", "qwen3:8b"],
+    "calibration": ["calibration", "show"],
+}
+
+
+def _valued_options(path: list[str]) -> list[str]:
+    import click
+
+    from kvadvise.cli import cli
+
+    cmd: click.Command = cli
+    for part in path:
+        assert isinstance(cmd, click.Group)
+        found = cmd.get_command(click.Context(cmd), part)
+        assert found is not None
+        cmd = found
+    return [p.opts[0] for p in cmd.params if isinstance(p, click.Option) and not p.is_flag and p.name != "help"]
+
+
+@pytest.mark.parametrize("command", sorted(_COMMANDS))
+def test_no_option_value_ends_in_an_internal_error(
+    command: str, gemma_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Odd strings, empty strings, huge numbers, NaN, NUL bytes, line breaks and lone surrogates in any option
+    of any command: exit 0, 2, 3 or 4 with one-line messages, never 1 (an internal error) or a traceback; an
+    empty value is refused (exit 2), not taken as no value (`--gpu ''` planned this machine)."""
+    import contextlib
+    import io
+
+    from ollama_fake import closed_port_url
+
+    monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "empty"))
+    monkeypatch.chdir(tmp_path)  # a --write-env VALUE is written here
+    base = [a.replace("{gemma}", str(gemma_path)) for a in _COMMANDS[command]]
+    path = base[:2] if base[0] in ("verify", "calibration") else base[:1]
+    options = _valued_options(path)
+    assert options or command in ("gpus", "calibration")
+    if not options:
+        return
+
+    @settings(max_examples=30, deadline=None, derandomize=True)
+    @given(option=st.sampled_from(options), value=st.sampled_from(_ODD) | st.text(max_size=40))
+    def one(option: str, value: str) -> None:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = main([*base, option, value])
+        shown = err.getvalue()
+        assert rc in (0, 2, 3, 4) and "internal error" not in shown and "Traceback" not in shown, (option, value, shown)
+        if not value.strip():
+            assert rc == 2 and len(shown.splitlines()) <= 2, (option, shown)
+
+    one()
+    for option in options:  # every option at least once with the empty value
+        one.hypothesis.inner_test(option, "")  # type: ignore[attr-defined]

@@ -777,8 +777,11 @@ def test_fuzz_ollama_inputs_raise_only_domain_errors(
     import random
     import time
 
+    from go_modelfile import parse_file
+
     from kvadvise.backends.gguf_cache import read
     from kvadvise.backends.ollama import api, store
+    from kvadvise.backends.ollama.goprint import is_print
     from kvadvise.backends.ollama.modelfile import modelfile_text, parse_modelfile
     from kvadvise.backends.ollama.name import parse_name
     from kvadvise.backends.ollama.rules import OllamaSettings
@@ -805,12 +808,14 @@ def test_fuzz_ollama_inputs_raise_only_domain_errors(
                     api.header_from_show(info, tensors, source="fuzz", name="m:latest", notes=[])
                     api.parse_parameters(doc.get("parameters") if isinstance(doc, dict) else None)
             else:
-                value = _mutate(rng, rng.choice([["<end>", "a\nb"], 'x"""\rFROM y', 0.5, "z" * 100]))
+                candidates = [["<end>", "a\nb"], 'x"""\rFROM y', 0.5, "z" * 100, 'x"""\u2ffc\nFROM y\n#', "a\U0001f6dc"]
+                value = _mutate(rng, rng.choice(candidates))
                 text = modelfile_text(
                     _fake_model({"stop": value, "temperature": value}), OllamaSettings(4096, 1, "f16", True)
                 )  # type: ignore[arg-type]
                 cmds = parse_modelfile(text)
                 assert [c for c, _ in cmds if c in ("model", "num_ctx")] == ["model", "num_ctx"]
+                assert parse_file(text, is_print) == cmds  # as Ollama reads it (Go's IsPrint, issue 28)
         except KvadviseError:
             pass
         worst = max(worst, time.monotonic() - t0)

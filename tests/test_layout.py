@@ -91,7 +91,7 @@ def test_no_import_circles() -> None:
 
 # layers, lowest first: a module may import its own layer and those below, never above
 LAYERS = [
-    ("kvadvise.errors", "kvadvise.files", "kvadvise.deadline"),
+    ("kvadvise.errors", "kvadvise.files", "kvadvise.deadline", "kvadvise.text", "kvadvise.units"),
     ("kvadvise.model",),
     ("kvadvise.planner",),
     ("kvadvise.runtime",),

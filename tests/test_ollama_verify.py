@@ -179,30 +179,24 @@ def test_server_kv_cache_type_sources(tmp_path: Path, monkeypatch: pytest.Monkey
 
 @pytest.mark.parametrize(("runner_bytes", "fits"), [(880_000_000, True), (100_000_000, False)])
 def test_nvml_cross_checks_the_runner(
-    runner_bytes: int, fits: bool, fake: FakeOllama, monkeypatch: pytest.MonkeyPatch
+    runner_bytes: int, fits: bool, fake: FakeOllama, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """/api/ps says 100% GPU; NVML says how much the Ollama runner really holds (ollama/ollama#7323, #9704)."""
-    import subprocess
+    """/api/ps says 100% GPU; NVML says how much the Ollama runner really holds (ollama/ollama#7323, #9704):
+    the llama-server `ollama serve` started for this model's blob (tests/fake_runner.py)."""
     import sys
 
+    from fake_runner import running
     from test_hardware import FakeDevice, FakeNVML, FakeProc
 
-    runner = subprocess.Popen(["bash", "-c", 'exec -a "ollama runner" sleep 60'])
-    try:
-        import time
-
-        time.sleep(0.2)  # the exec has happened
-        nvml = FakeNVML(
-            [FakeDevice(b"NVIDIA GeForce RTX 4090", 24 * GiB, compute=[FakeProc(runner.pid, runner_bytes)])]
-        )
+    blob = str(tmp_path / "blobs" / ("sha256-" + "c" * 64))
+    with running(tmp_path / "procs", serve_blob=blob) as p:
+        pid = p.pids["llama-server"]
+        nvml = FakeNVML([FakeDevice(b"NVIDIA GeForce RTX 4090", 24 * GiB, compute=[FakeProc(pid, runner_bytes)])])
         monkeypatch.setitem(sys.modules, "pynvml", nvml.module())
         fake.running = [FULL]
-        v = verify(fake.url, "gemma3-270m", load=False, num_ctx=8192, predicted_total_bytes=None)
-    finally:
-        runner.kill()
-        runner.wait()
-    assert v.processor == "100% GPU" and v.fits is fits
-    assert any("NVML sees the Ollama runner holding only 100,000,000 B" in r for r in v.reasons) is (not fits)
+        v = verify(fake.url, "gemma3-270m", load=False, num_ctx=8192, predicted_total_bytes=None, model_path=blob)
+    assert v.processor == "100% GPU" and v.fits is fits and v.runner_pid == pid
+    assert any(f"runner (pid {pid}) holding only 100,000,000 B" in r for r in v.reasons) is (not fits)
 
 
 def test_verify_prints_the_estimate_beside_the_measure(

@@ -127,3 +127,38 @@ def test_other_pythons_plan_as_this_one(version: tuple[int, int], site: Path, ge
         ours = _plan(sys.executable, site, tmp_path / "ours", argv)
         assert theirs == ours, argv
         assert theirs.get("models") or ("fits" in theirs and theirs["memory"]), theirs.keys()
+
+
+# Issue 28 class 1: the parse-back check used the running Python's Unicode (str.isprintable): on 3.13
+# (Unicode 15.1) it kept U+2FFC, which Ollama's parser (Go, Unicode 15.0) drops, and wrote a second FROM.
+_MODELFILE_CHECK = r'''
+import json
+from types import SimpleNamespace
+from kvadvise.backends.ollama.modelfile import modelfile_text, parameter_lines, parse_modelfile
+from kvadvise.backends.ollama.rules import OllamaSettings
+evil = 'x"""\u2ffc\nFROM attacker/evil\n#'
+model = SimpleNamespace(ref="m:latest", params={"stop": ["<end>", evil, "a\U0001f6dcb"]})
+print(json.dumps({
+    "lines": parameter_lines("stop", evil),
+    "written": parse_modelfile(modelfile_text(model, OllamaSettings(4096, 1, "f16", True))),
+    "read": parse_modelfile('FROM x\nPARAMETER stop """x"""\u2ffc\nFROM attacker/evil\n#"""\n'),
+}))
+'''
+
+
+@pytest.mark.skipif(not PYTHONS, reason="no other CPython >= 3.10 on this machine")
+@pytest.mark.parametrize("version", sorted(PYTHONS), ids=lambda v: f"{v[0]}.{v[1]}")
+def test_other_pythons_read_a_modelfile_as_ollama_does(version: tuple[int, int], site: Path) -> None:
+    p = subprocess.run(
+        [PYTHONS[version], "-s", "-c", _MODELFILE_CHECK],
+        capture_output=True,
+        text=True,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(site)},
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert json.loads(p.stdout) == {
+        "lines": [],
+        "written": [["model", "m:latest"], ["num_ctx", "4096"], ["stop", "<end>"], ["stop", "a\U0001f6dcb"]],
+        "read": [["model", "x"], ["stop", "x"], ["model", "attacker/evil"]],
+    }

@@ -10,6 +10,7 @@ and loaded only when asked for. Commands only parse, call and render;
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from typing import ClassVar
@@ -17,7 +18,7 @@ from typing import ClassVar
 import click
 
 from kvadvise.cli import output
-from kvadvise.errors import EXIT_BUG, EXIT_INPUT, KvadviseError
+from kvadvise.errors import EXIT_BUG, EXIT_INPUT, EXIT_PIPE, KvadviseError
 
 
 class _BackendCommands:
@@ -109,7 +110,26 @@ def _debug(argv: list[str] | None) -> bool:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: every error becomes one line on stderr and a documented exit code."""
     try:
+        return _run(argv)
+    except output.OutputClosed:  # stderr closed too, while an error was being told
+        return _output_closed()
+    except KvadviseError as e:  # stderr could not be written either (a full disk): the exit code tells
+        if _debug(argv):
+            raise
+        return e.exit_code
+
+
+def _run(argv: list[str] | None) -> int:
+    try:
         rc = cli.main(args=argv, prog_name="kvadvise", standalone_mode=False)
+    except output.OutputClosed:
+        return _output_closed()
+    except SystemExit as e:
+        # click's own output (--help, a usage error) to a closed pipe: click.core.Command.main catches EPIPE,
+        # wraps the streams (_PacifyFlushWrapper) and calls sys.exit(1), even with standalone_mode=False
+        if e.code == 1 and type(sys.stdout).__name__.endswith("PacifyFlushWrapper"):
+            return _output_closed()
+        raise
     except KvadviseError as e:
         if _debug(argv):
             raise
@@ -124,13 +144,48 @@ def main(argv: list[str] | None = None) -> int:
     except click.exceptions.Exit as e:
         return int(e.exit_code)
     except BrokenPipeError:
-        return 0
+        return _output_closed()
+    except OSError as e:
+        if _debug(argv):
+            raise
+        if e.filename is None and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO):
+            # click's own output (--help) to a full disk: as output.result says it
+            output.error(f"cannot write the output ({e.strerror})", "send the output somewhere it can be written")
+            return EXIT_INPUT
+        if e.filename is None:
+            return _bug(e)
+        # a file system refusal no check foresaw (a folder that cannot be entered): the path and why, exit 2
+        why = "permission denied" if isinstance(e, PermissionError) else (e.strerror or type(e).__name__)
+        output.error(f"{os.fsdecode(e.filename)}: {why}")
+        return EXIT_INPUT
     except Exception as e:
         if _debug(argv):
             raise
-        output.note(f"internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)")
-        return EXIT_BUG
+        return _bug(e)
     return rc if isinstance(rc, int) else 0
+
+
+def _bug(e: BaseException) -> int:
+    output.note(f"internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)")
+    return EXIT_BUG
+
+
+def _output_closed() -> int:
+    """The reader of stdout (or stderr) went away: say nothing more, exit 141 as `yes | head -1`'s yes does.
+    Both streams are pointed at /dev/null so Python's final flush cannot fail on them (exit 120, a
+    traceback of BrokenPipeError)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        return EXIT_PIPE
+    for stream in (sys.__stdout__, sys.__stderr__):
+        try:
+            if stream is not None:
+                os.dup2(devnull, stream.fileno())
+        except (OSError, ValueError):
+            continue
+    os.close(devnull)
+    return EXIT_PIPE
 
 
 if __name__ == "__main__":

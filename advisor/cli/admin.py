@@ -69,6 +69,6 @@ def plugins(as_json: bool) -> None:
         )
         return
     for name, b in sorted(loaded.items()):
-        output.result(f"{name:<10} {b.summary}  [{', '.join(capabilities(b))}]")
+        output.line(f"{name:<10} {b.summary}  [{', '.join(capabilities(b))}]")
     for br in broken:
-        output.result(f"{br.name:<10} BROKEN ({br.target}): {br.error}")
+        output.line(f"{br.name:<10} BROKEN ({br.target}): {br.error}")

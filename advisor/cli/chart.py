@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import io
 import os
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvadvise.errors import InputError
+from kvadvise.text import one_line
 
 if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from kvadvise.files import NewFile
     from kvadvise.planner.curves import Curve
 
 FORMATS = (".svg", ".png")
@@ -24,8 +27,11 @@ def check_path(path: str) -> None:
     suffix = Path(path).suffix.lower()
     if suffix not in FORMATS:
         raise InputError(f"--chart-file {path}: give a .svg or .png file name", hint="e.g. --chart-file chart.svg")
-    parent = Path(path).expanduser().parent
-    if not parent.is_dir():
+    try:
+        parent = Path(path).expanduser().parent
+    except RuntimeError:  # ~user of no such user
+        raise InputError(f"--chart-file {path}: no such user's home folder", hint="give the folder itself") from None
+    if not os.path.isdir(parent):  # never raises: a folder that cannot be searched is not one to write in
         raise InputError(f"--chart-file {path}: no such directory {parent}", hint=f"mkdir -p {parent}")
 
 
@@ -40,9 +46,29 @@ def render(
             "--chart-file needs matplotlib, which is not installed",
             hint="pip install 'kvadvise[chart]' (or pip install matplotlib); --chart draws in the terminal",
         ) from None
+    import warnings
+
+    import matplotlib
+
+    # Every label is plain text: a model named `$\foo$` is a title, not a formula matplotlib cannot parse
+    # (mathtext raised ValueError: an internal error); a glyph the font lacks is drawn as a box, silently.
+    with matplotlib.rc_context({"text.parse_math": False, "text.usetex": False}), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _draw(Figure, curves, budget_bytes, chosen=chosen, title=one_line(title), suffix=suffix)
+
+
+def _draw(
+    figure: type[Figure],
+    curves: tuple[Curve, ...],
+    budget_bytes: int,
+    *,
+    chosen: tuple[int, int] | None,
+    title: str,
+    suffix: str,
+) -> bytes:
     from kvadvise.render import curve_label
 
-    fig = Figure(figsize=(10, 6), dpi=100)
+    fig = figure(figsize=(10, 6), dpi=100)
     ax = fig.add_subplot()
     for c in curves:
         ax.plot([x for x, _ in c.points], [b / GIB for _, b in c.points], label=curve_label(c), linewidth=2)
@@ -72,14 +98,14 @@ def render(
 
 
 def write(path: str, data: bytes) -> Path:
-    """Write the image atomically (an existing chart of that name is replaced)."""
-    target = Path(path).expanduser()
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except OSError as e:
-        raise InputError(f"--chart-file {path}: cannot write it ({e.strerror})") from None
-    return target
+    """Write the image atomically (an existing chart of that name is replaced); no temporary file is left."""
+    from kvadvise.files import write_files
+
+    return write_files([new_file(path, data)], force=False)[0]
+
+
+def new_file(path: str, data: bytes) -> NewFile:
+    """The chart as one of the files a command writes together (kvadvise.files.write_files)."""
+    from kvadvise.files import NewFile
+
+    return NewFile("--chart-file", path, data, replace=True)

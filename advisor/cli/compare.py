@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from kvadvise.cli import output
-from kvadvise.cli.options import MARGIN_OPTION, PARALLEL_OPTION, SIZE, USE_OPTION
+from kvadvise.cli.options import MARGIN_OPTION, PARALLEL_OPTION, SIZE, TEXT, USE_OPTION
 from kvadvise.errors import EXIT_NO_FIT, InputError
 
 if TYPE_CHECKING:
@@ -180,6 +180,7 @@ def table_text(entries: list[Entry]) -> list[str]:
 @click.option(
     "--gpu",
     metavar="NAME[,NAME...]",
+    type=TEXT,
     default=None,
     help="Cards of `kvadvise gpus`, comma-separated; NAMExN for N of them (rtx-3090x2).",
 )

@@ -109,8 +109,8 @@ def gpus(as_json: bool, no_hardware: bool) -> None:
         )
         return
     for line in profiles_text(profiles):
-        output.result(line)
+        output.line(line)
     if hw is not None:
         output.result("")
         for line in machine_text(hw):
-            output.result(line)
+            output.line(line)

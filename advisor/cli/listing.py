@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kvadvise.cli import output
+from kvadvise.text import one_line
 
 if TYPE_CHECKING:
     from kvadvise.model.spec import ModelSpec
@@ -180,7 +181,7 @@ def listing_text(budget: Budget | None, settings: RunSettings, rows: list[Row], 
         )
     head += f"; {settings.n_parallel} slot{'s' if settings.n_parallel > 1 else ''}"
     head += f", flash attention {'on' if settings.flash_attn else 'off'}, cache {settings.cache_type.type_name} now"
-    width = max([len("MODEL"), *(len(r.item.name) for r in rows)])
+    width = max([len("MODEL"), *(len(one_line(r.item.name)) for r in rows)])
     cols = f"{'MODEL':<{width}}  {'SIZE':>8}  {'ARCH':<12} " + " ".join(
         f"{t.type_name.upper() + ' CTX':>8}" for t in LISTED_CACHE_TYPES
     )
@@ -190,7 +191,7 @@ def listing_text(budget: Budget | None, settings: RunSettings, rows: list[Row], 
     for r in rows:
         it, f = r.item, r.fit
         arch = it.spec.architecture if it.spec is not None else "?"
-        line = f"{it.name:<{width}}  {_size(it.size_bytes):>8}  {arch[:12]:<12} "
+        line = f"{one_line(it.name):<{width}}  {_size(it.size_bytes):>8}  {one_line(arch)[:12]:<12} "
         reach = [None if f is None else f.max_ctx.get(t.type_name) for t in LISTED_CACHE_TYPES]
         line += " ".join(f"{'-':>8}" if f is None else f"{_ctx(n):>8}" for n in reach)
         if show_loaded:
@@ -221,6 +222,6 @@ def show_listing(
         output.result_json(listing_dict(budget, settings, rows, sort) | (extra_json or {}) | {"notes": list(notes)})
         return
     for line in listing_text(budget, settings, rows, show_loaded=show_loaded):
-        output.result(line)
+        output.line(line)  # a model name with a newline in it must not forge a row
     for n in notes:
         output.note(n)

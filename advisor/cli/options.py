@@ -4,7 +4,6 @@ frozen :class:`PlanOptions` they become before anything else runs."""
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -14,6 +13,7 @@ import click
 from kvadvise.errors import InputError
 from kvadvise.model.ggml import KV_CACHE_TYPES
 from kvadvise.planner.memory import RUNTIMES
+from kvadvise.units import parse_size
 
 if TYPE_CHECKING:
     from kvadvise.planner.hardware import RpcHost
@@ -22,67 +22,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 KV_TYPES = tuple(t.type_name for t in KV_CACHE_TYPES)  # the one list: kvadvise.model.ggml
 USES = ("chat", "code", "agent", "long")
 LIST_SORTS = ("name", "size", "context")  # how a listing of models is ordered (ollama --installed, gguf DIR)
-
-
-_SIZE_RE = r"(?ia)^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-z]*)\s*$"  # compiled by re on first use
-_UNITS: dict[str, int] = {
-    "b": 1,
-    "kib": 1 << 10,
-    "mib": 1 << 20,
-    "gib": 1 << 30,
-    "tib": 1 << 40,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    # a bare letter is binary, as in docker --memory 512m or llama.cpp's 24G cards
-    "k": 1 << 10,
-    "m": 1 << 20,
-    "g": 1 << 30,
-    "t": 1 << 40,
-}
-_SIZE_HINT = "write a number and a unit, e.g. 24GiB, 24000MiB, 23.5GiB or 24GB (GiB/MiB/KiB binary, GB/MB/KB decimal)"
-
-
-def parse_size(text: str, *, allow_zero: bool = False) -> int:
-    """A memory size given by a person -> bytes.
-
-    - ``KiB MiB GiB TiB`` are binary (1024-based), ``KB MB GB TB`` decimal
-      (1000-based), as the IEC/SI prefixes say; ``24GB`` is therefore 24e9
-      bytes, a little under a 24 GiB card: the safe side.
-    - a bare letter ``K M G T`` is binary (``512M`` = 512 MiB), like docker and
-      most command-line tools; ``B`` is bytes.
-    - units are case-insensitive; a space before the unit is allowed;
-      decimals are allowed (``23.5GiB``) and rounded to the nearest byte.
-    - a bare number is refused: ``--vram 24`` would be 24 bytes or 24 GB
-      depending on who reads it. Write ``24GiB`` (or ``25769803776B``).
-    - the size must be positive (``allow_zero``: or 0, e.g. a margin, as llama.cpp's ``-fitt 0``).
-
-    Bad input raises InputError with a one-line message and a hint.
-    """
-    m = re.match(_SIZE_RE, text)
-    if m is None:
-        raise InputError(f"not a size: {text!r}", hint=_SIZE_HINT)
-    number, unit = m.group(1), m.group(2).lower()
-    if not unit and allow_zero and float(number) == 0:
-        return 0  # zero needs no unit
-    if not unit:
-        raise InputError(f"size {text.strip()!r} has no unit", hint=_SIZE_HINT)
-    if unit not in _UNITS:
-        raise InputError(f"unknown size unit {m.group(2)!r} in {text.strip()!r}", hint=_SIZE_HINT)
-    if number.isdigit():  # the common case; decimal is imported only for a fraction
-        n = int(number) * _UNITS[unit]
-    else:
-        from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
-
-        try:
-            value = Decimal(number) * _UNITS[unit]
-        except InvalidOperation as err:  # pragma: no cover - the regex only lets digits through
-            raise InputError(f"not a size: {text!r}", hint=_SIZE_HINT) from err
-        n = int(value.to_integral_value(rounding=ROUND_HALF_UP))
-    if n < 0 or (n == 0 and not allow_zero):
-        raise InputError(f"size {text.strip()!r} must be more than 0 bytes", hint=_SIZE_HINT)
-    return n
 
 
 def parse_rpc_host(text: str) -> RpcHost:
@@ -129,6 +68,25 @@ class RpcHostType(click.ParamType):  # type: ignore[type-arg]  # generic in clic
             return parse_rpc_host(value)
         except InputError as e:
             self.fail(e.message + (f" ({e.hint})" if e.hint else ""), param, ctx)
+
+
+class TextType(click.ParamType):  # type: ignore[type-arg]  # generic in click >= 8.2 only
+    """A name or a path that says something: ``--gpu ""`` (an unset shell variable) was taken as no --gpu
+    at all and planned this machine instead; a NUL byte (no file or host has one) ended in an internal
+    error. Both are refused, exit 2."""
+
+    name = "text"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = value if isinstance(value, str) else str(value)
+        if not text.strip():
+            self.fail("the value is empty", param, ctx)
+        if "\x00" in text:
+            self.fail(f"{text!a} holds a NUL byte", param, ctx)
+        return text
+
+
+TEXT = TextType()
 
 
 class FiniteFloatRange(click.FloatRange):
@@ -258,6 +216,7 @@ MMPROJ_OPTION = click.option(
     "mmproj",
     metavar="FILE",
     default=None,
+    type=TEXT,
     help="A multimodal projector (mmproj GGUF) llama-server loads beside the model (llama.cpp --mmproj): "
     "its weights and compute buffer on the first device.",
 )
@@ -269,6 +228,7 @@ DRAFT_OPTIONS = (
         "-md",
         "model_draft",
         metavar="MODEL",
+        type=TEXT,
         default=None,
         help="A draft model for speculative decoding (llama.cpp -md): its own context, as large as the model's, "
         "on the same devices.",
@@ -443,6 +403,7 @@ def _options(*, planned_hardware: bool) -> list[Callable[[F], F]]:
             "--chart-file",
             "chart_file",
             metavar="FILE.svg|FILE.png",
+            type=TEXT,
             default=None,
             help="Write the same chart as an image (needs matplotlib: pip install 'kvadvise[chart]').",
         ),
@@ -464,6 +425,7 @@ def _hardware_options(planned: bool) -> list[Callable[[F], F]]:
             "--gpu",
             "gpu",
             metavar="NAME",
+            type=TEXT,
             help="Plan for cards of the built-in list (`kvadvise gpus`): 4090; several: 4090,3090 or rtx-3090x2.",
             default=None,
         ),
@@ -487,7 +449,7 @@ def _hardware_options(planned: bool) -> list[Callable[[F], F]]:
         click.option(
             "--rpc",
             "rpc",
-            type=RpcHostType(),
+            type=RpcHostType(),  # refuses an empty value and a NUL byte as TEXT does (not HOST:PORT=SIZE)
             multiple=True,
             metavar="HOST:PORT=SIZE",
             help="Plan over hosts of llama.cpp's RPC backend (rpc-server on each), SIZE free on each; repeatable.",

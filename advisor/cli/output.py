@@ -5,7 +5,14 @@ Every text that reaches the terminal goes through :func:`safe`: model names,
 ``general.name``, parameters and server strings come from files and servers
 a user may not trust, and a control character or ANSI escape in them could
 rewrite what the user sees. kvadvise's own text has no control characters
-but the newline, so escaping them all here fixes it at the root.
+but the newline, so escaping them all here fixes it at the root. A newline
+inside such a string would still start a line of its own: a note, an error,
+a hint and a :func:`line` are one line whatever they hold
+(kvadvise.text.one_line), and the text builders make each row one line.
+
+Output to a closed pipe (``kvadvise ... | head -1``) ends the command as a
+program killed by SIGPIPE would, exit 141, with nothing more written
+(:class:`OutputClosed`).
 """
 
 from __future__ import annotations
@@ -14,6 +21,9 @@ import json
 import re
 
 import click
+
+from kvadvise.errors import InputError
+from kvadvise.text import one_line
 
 # C0 controls but \n and \t, DEL, the C1 controls, the Unicode line/paragraph separators, bidi marks,
 # overrides and isolates, and lone surrogates (a file name that is not UTF-8 arrives as \udcXX: printed
@@ -26,22 +36,48 @@ def safe(text: str) -> str:
     return re.sub(_UNSAFE, lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
+class OutputClosed(Exception):
+    """stdout or stderr is a pipe whose reader has gone (EPIPE): the command stops (kvadvise.cli.main)."""
+
+
+def _echo(text: str, *, err: bool = False) -> None:
+    try:
+        click.echo(text, err=err)
+    except BrokenPipeError:
+        raise OutputClosed from None
+    except OSError as e:  # a full disk (> /dev/full), an I/O error: where the output was sent, exit 2
+        raise InputError(
+            f"cannot write to {'stderr' if err else 'stdout'} ({e.strerror or e})",
+            hint="send the output somewhere it can be written",
+        ) from None
+
+
 def result(text: str) -> None:
-    """The command's answer, as text."""
-    click.echo(safe(text))
+    """The command's answer, as text (several lines: each built one line by kvadvise.text.lines)."""
+    _echo(safe(text))
+
+
+def line(text: str) -> None:
+    """One line of the command's answer: a line break in it (a name, a path) is shown escaped."""
+    _echo(safe(one_line(text)))
 
 
 def result_json(doc: object) -> None:
     """The command's answer, as one JSON document (JSON escapes control characters itself)."""
-    click.echo(json.dumps(doc, indent=2))
+    _echo(json.dumps(doc, indent=2))
 
 
 def note(message: str) -> None:
     """Progress and side remarks, on stderr."""
-    click.echo(safe(f"kvadvise: {message}"), err=True)
+    _echo(safe(one_line(f"kvadvise: {message}")), err=True)
+
+
+def note_line(text: str) -> None:
+    """A line that goes on with the note before it (a hint to apply a file), on stderr."""
+    _echo(safe(one_line(text)), err=True)
 
 
 def error(message: str, hint: str | None = None) -> None:
-    click.echo(safe(f"kvadvise: error: {message}"), err=True)
+    _echo(safe(one_line(f"kvadvise: error: {message}")), err=True)
     if hint:
-        click.echo(safe(f"kvadvise: hint: {hint}"), err=True)
+        _echo(safe(one_line(f"kvadvise: hint: {hint}")), err=True)

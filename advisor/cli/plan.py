@@ -14,6 +14,7 @@ from kvadvise.cli.options import PlanOptions
 from kvadvise.errors import EXIT_NO_FIT
 
 if TYPE_CHECKING:
+    from kvadvise.files import NewFile
     from kvadvise.model.projector import ProjectorSpec
     from kvadvise.model.spec import ModelSpec
     from kvadvise.planner.hardware import Hardware
@@ -154,27 +155,31 @@ def show_plan(
     requested_ctx: int | None,
     extra_json: Callable[[Plan], JSONDoc] | None = None,
     extra_text: Callable[[Plan], str] | None = None,
-) -> None:
-    """The plan as text (and its chart) or as one JSON document with the command's own keys."""
+    write_chart: bool = True,
+) -> NewFile | None:
+    """The plan as text (and its chart) or as one JSON document with the command's own keys.
+    ``write_chart=False``: the ``--chart-file`` image is returned, for the command to write it with its
+    other files in one :func:`kvadvise.files.write_files`."""
     from kvadvise.render import plan_dict, plan_text
 
     if o.as_json:
         output.result_json(plan_dict(plan, requested_ctx) | (extra_json(plan) if extra_json else {}))
-        show_chart(plan, o, terminal=False)
-        return
+        return show_chart(plan, o, terminal=False, write=write_chart)
     output.result(plan_text(plan, requested_ctx))
-    show_chart(plan, o)
+    chart = show_chart(plan, o, write=write_chart)
     if extra_text is not None:
         output.result(extra_text(plan))
+    return chart
 
 
-def show_chart(plan: Plan, o: PlanOptions, *, terminal: bool = True) -> None:
-    """``--chart``: the chart in the terminal; ``--chart-file``: the same chart as an SVG or PNG image."""
+def show_chart(plan: Plan, o: PlanOptions, *, terminal: bool = True, write: bool = True) -> NewFile | None:
+    """``--chart``: the chart in the terminal; ``--chart-file``: the same chart as an SVG or PNG image,
+    written here, or returned (``write=False``) to be written with the command's other files."""
     if not (o.chart and terminal) and not o.chart_file:
-        return
+        return None
     if plan.recommendation is None or plan.budget is None:
         output.note("no chart: it needs a budget (not --no-hardware) and a recommendation (no --ctx)")
-        return
+        return None
     from kvadvise.planner.curves import curves
     from kvadvise.render import chart_text
 
@@ -185,21 +190,30 @@ def show_chart(plan: Plan, o: PlanOptions, *, terminal: bool = True) -> None:
     if o.chart and terminal:
         output.result("")
         output.result(chart_text(lines, plan.budget.budget_bytes, chosen=chosen))
-    if o.chart_file:
-        from pathlib import Path
+    if not o.chart_file:
+        return None
+    from pathlib import Path
 
-        from kvadvise.cli import chart
+    from kvadvise.cli import chart
 
-        title = f"{plan.spec.name or plan.spec.architecture}: memory against context ({plan.budget.source})"
-        data = chart.render(
-            lines, plan.budget.budget_bytes, chosen=chosen, title=title, suffix=Path(o.chart_file).suffix.lower()
-        )
-        output.note(f"wrote {chart.write(o.chart_file, data)}")
+    title = f"{plan.spec.name or plan.spec.architecture}: memory against context ({plan.budget.source})"
+    data = chart.render(
+        lines, plan.budget.budget_bytes, chosen=chosen, title=title, suffix=Path(o.chart_file).suffix.lower()
+    )
+    if not write:
+        return chart.new_file(o.chart_file, data)
+    output.note(f"wrote {chart.write(o.chart_file, data)}")
+    return None
 
 
-def refuse_to_write_what_does_not_fit(plan: Plan, *paths: str | None) -> None:
-    """Never write a config that does not fit (the policy): say so, exit 3, leave the files as they are."""
+def refuse_to_write_what_does_not_fit(plan: Plan, *paths: str | None, chart: NewFile | None = None) -> None:
+    """Never write a config that does not fit (the policy): say so, exit 3, leave the files as they are.
+    The ``chart`` (which shows why) is still written."""
     if plan.fits is False and any(paths):
+        if chart is not None:
+            from kvadvise.files import write_files
+
+            output.note(f"wrote {write_files([chart], force=False)[0]}")
         names = ", ".join(p for p in paths if p)
         output.note(f"not written ({names}): this config does not fit (see above)")
         raise click.exceptions.Exit(EXIT_NO_FIT)

@@ -10,6 +10,7 @@ import click
 from kvadvise.cli import output
 from kvadvise.cli.options import (
     MMPROJ_OPTION,
+    TEXT,
     FiniteFloatRange,
     PlanOptions,
     draft_options,
@@ -51,7 +52,7 @@ def llamacpp_command(path: str, write_env: str | None, force: bool, **kwargs: ob
     """The llama-server command for a GGUF model (a file, URL or Hub name): recommended, or for the --ctx you give."""
     from kvadvise.backends.gguf_file import GGUFFileBackend
     from kvadvise.backends.llamacpp.runners import model_source
-    from kvadvise.files import check_targets, write_text_file
+    from kvadvise.files import text_file, write_files
     from kvadvise.runtime.llamaserver import env_text, server_env
 
     o = PlanOptions.take(dict(kwargs))
@@ -77,11 +78,15 @@ def llamacpp_command(path: str, write_env: str | None, force: bool, **kwargs: ob
             lines.append(text)
         return "\n".join(lines)
 
-    show_plan(plan, o, requested_ctx=o.n_ctx, extra_json=as_json, extra_text=as_text)
+    chart = show_plan(plan, o, requested_ctx=o.n_ctx, extra_json=as_json, extra_text=as_text, write_chart=False)
+    files = [chart] if chart is not None else []
     if write_env is not None:
-        refuse_to_write_what_does_not_fit(plan, write_env)
-        check_targets({"--write-env": write_env}, force=force)  # an empty path says so
-        written = write_text_file(write_env, env_text(model, plan.config), force=force)
+        refuse_to_write_what_does_not_fit(plan, write_env, chart=chart)
+        files.append(text_file("--write-env", write_env, env_text(model, plan.config)))
+    for f, written in zip(files, write_files(files, force=force), strict=True):  # all or none
+        if f.option != "--write-env":
+            output.note(f"wrote {written}")
+            continue
         # `. ./file`: a bare `. file` searches PATH in dash, zsh and bash --posix
         shown = written if written.is_absolute() else f"./{written}"
         output.note(f"wrote {written}: load it with `set -a; . {shown}; set +a` before starting llama-server")
@@ -95,6 +100,7 @@ def llamacpp_command(path: str, write_env: str | None, force: bool, **kwargs: ob
     "--llama-server",
     "server",
     metavar="PATH",
+    type=TEXT,
     default=None,
     help="The llama-server binary to run (default: llama-server on PATH, else llama-cpp-python).",
 )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,8 +29,10 @@ from kvadvise.backends.ollama.rules import (
 )
 from kvadvise.errors import BackendUnreachable
 from kvadvise.planner.planning import Plan
+from kvadvise.text import lines as text_lines
 
 if TYPE_CHECKING:  # an offload is planned only with --allow-cpu
+    from kvadvise.files import NewFile
     from kvadvise.planner.offload import Offload
 
 
@@ -224,7 +227,7 @@ def advice_text(a: OllamaAdvice) -> str:
             lines.append(f"    loaded: {r.name}  {r.size / 1e9:.1f} GB  {r.processor}  ctx {r.context_length}")
     lines += [f"  note: {n}" for n in a.live.notes]
     lines += [f"  warning: {w}" for w in a.warnings]
-    return "\n".join(lines)
+    return text_lines(lines)  # a name, a note: one line each, whatever they hold
 
 
 def offload_text(off: Offload, n_layer: int) -> str:
@@ -252,26 +255,40 @@ class Written:
 
 
 def write_files(
-    a: OllamaAdvice, *, modelfile: str | None, env: str | None, systemd: str | None, force: bool
+    a: OllamaAdvice,
+    *,
+    modelfile: str | None,
+    env: str | None,
+    systemd: str | None,
+    force: bool,
+    extra: Sequence[NewFile] = (),
 ) -> tuple[Written, ...]:
-    """Write what was asked for; never overwrite without ``force`` (kvadvise.files)."""
+    """Write what was asked for (and ``extra``: the --chart-file image), all or none; never overwrite
+    without ``force`` (kvadvise.files.write_files)."""
     from kvadvise.backends.ollama import config as oc
-    from kvadvise.files import check_targets, write_text_file
+    from kvadvise.files import text_file
+    from kvadvise.files import write_files as write_all
 
-    check_targets({"--write-modelfile": modelfile, "--write-env": env, "--write-systemd": systemd}, force=force)
-    s, out = a.settings, []
-    if modelfile:
-        p = write_text_file(
-            modelfile, oc.modelfile_text(a.model, s, oc.modelfile_header(s, a.planned_for)), force=force
-        )
-        out.append(Written(p, (oc.apply_hint_modelfile(a.model, s, p),)))
-    if env:
-        p = write_text_file(env, oc.env_text(s), force=force)
-        hints = oc.apply_hints_server(s, a.platform, env_path=p) if a.platform in ("docker", "linux") else ()
-        out.append(Written(p, hints or oc.apply_hint_env(p)))
-    if systemd:
-        p = write_text_file(systemd, oc.systemd_text(s), force=force)
-        name = p.name if p.parent == oc.SYSTEMD_DROPIN_DIR else oc.dropin_name(p)
-        conflicts = tuple(f"warning: {c}" for c in oc.override_conflicts(s, name))
-        out.append(Written(p, oc.apply_hint_systemd(p) + conflicts))
+    s = a.settings
+    files = list(extra)
+    if modelfile is not None:
+        text = oc.modelfile_text(a.model, s, oc.modelfile_header(s, a.planned_for))
+        files.append(text_file("--write-modelfile", modelfile, text))
+    if env is not None:
+        files.append(text_file("--write-env", env, oc.env_text(s)))
+    if systemd is not None:
+        files.append(text_file("--write-systemd", systemd, oc.systemd_text(s)))
+    out = []
+    for f, p in zip(files, write_all(files, force=force), strict=True):
+        if f.option == "--write-modelfile":
+            out.append(Written(p, (oc.apply_hint_modelfile(a.model, s, p),)))
+        elif f.option == "--write-env":
+            hints = oc.apply_hints_server(s, a.platform, env_path=p) if a.platform in ("docker", "linux") else ()
+            out.append(Written(p, hints or oc.apply_hint_env(p)))
+        elif f.option == "--write-systemd":
+            name = p.name if p.parent == oc.SYSTEMD_DROPIN_DIR else oc.dropin_name(p)
+            conflicts = tuple(f"warning: {c}" for c in oc.override_conflicts(s, name))
+            out.append(Written(p, oc.apply_hint_systemd(p) + conflicts))
+        else:
+            out.append(Written(p, ()))
     return tuple(out)

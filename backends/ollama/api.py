@@ -102,6 +102,11 @@ def normalize_host(raw: str | None = None) -> str:
         ip = ipaddress.ip_address(host)
     except ValueError:
         ip = None
+    try:  # what the HTTP client does with them: a label over 63 characters, a lone surrogate (issue 28)
+        (host if ip is not None else host.encode("idna").decode("ascii")).encode("ascii")
+        path.encode("utf-8")
+    except UnicodeError:
+        raise InputError(f"OLLAMA_HOST {shown!r}: not a host name") from None
     if ip is not None and ip.is_unspecified:
         host = "::1" if ip.version == 6 else "127.0.0.1"
     if ":" in host:

@@ -13,7 +13,7 @@ from kvadvise.backends.ollama import api as ollama_api
 from kvadvise.backends.ollama import rules
 from kvadvise.backends.ollama.model import OllamaModel
 from kvadvise.cli import output
-from kvadvise.cli.options import LIST_SORTS, PlanOptions, run_options
+from kvadvise.cli.options import LIST_SORTS, TEXT, PlanOptions, run_options
 from kvadvise.cli.plan import build_plan, exit_if_no_fit, refuse_to_write_what_does_not_fit, show_chart
 from kvadvise.model.spec import ModelSpec
 from kvadvise.planner.hardware import Hardware
@@ -25,7 +25,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def _host_option(f: F) -> F:
     return click.option(
-        "--host", default=None, metavar="URL", help="The Ollama server (default: $OLLAMA_HOST, else 127.0.0.1:11434)."
+        "--host",
+        default=None,
+        metavar="URL",
+        type=TEXT,
+        help="The Ollama server (default: $OLLAMA_HOST, else 127.0.0.1:11434).",
     )(f)
 
 
@@ -91,21 +95,29 @@ def ollama_command(
         )
     if o.as_json:
         output.result_json(plan_dict(plan) | {"ollama": advice_dict(advice)})
-        show_chart(plan, o, terminal=False)  # --chart-file writes the image with --json too
+        chart = show_chart(plan, o, terminal=False, write=False)  # --chart-file writes the image with --json too
     else:
         output.result(plan_text(plan))
-        show_chart(plan, o)
+        chart = show_chart(plan, o, write=False)
         output.result(advice_text(advice))
-    refuse_to_write_what_does_not_fit(plan, write_modelfile, write_env, write_systemd)
-    written = write_files(advice, modelfile=write_modelfile, env=write_env, systemd=write_systemd, force=force)
+    refuse_to_write_what_does_not_fit(plan, write_modelfile, write_env, write_systemd, chart=chart)
+    written = write_files(
+        advice,
+        modelfile=write_modelfile,
+        env=write_env,
+        systemd=write_systemd,
+        force=force,
+        extra=(chart,) if chart is not None else (),
+    )  # the chart and the configs: all written, or none
     for w in written:
-        output.note(f"wrote {w.path}; apply it with:")
+        output.note(f"wrote {w.path}" + ("; apply it with:" if w.hints else ""))
         for h in w.hints:
-            click.echo(output.safe(f"  {h}"), err=True)
+            output.note_line(f"  {h}")
     steps = apply_steps(advice, modelfile=write_modelfile, env=write_env, systemd=write_systemd)
     if steps and not o.as_json:
         output.result(f"\nNext ({advice.platform}; --platform to choose):")
-        output.result("\n".join(f"  {x}" for x in steps))
+        for x in steps:
+            output.line(f"  {x}")
     exit_if_no_fit(plan)
 
 
@@ -163,6 +175,7 @@ for _param in ollama_command.params:
 @click.option(
     "--env-file",
     metavar="PATH",
+    type=TEXT,
     default=None,
     help="The env file the server runs with (what `kvadvise ollama --write-env` wrote): its OLLAMA_KV_CACHE_TYPE.",
 )
@@ -211,6 +224,7 @@ def verify_ollama_command(
             num_ctx=ctx,
             predicted_total_bytes=predicted,
             digest=model.digest,
+            model_path=model.spec.source if model.source.startswith("store:") else None,
             measure_speed=load,
         )
     v = replace(v, kv_cache_type=kv, kv_cache_type_source=kv_source)
@@ -221,30 +235,30 @@ def verify_ollama_command(
     if as_json:
         output.result_json(asdict(v))
     else:
-        output.result(
+        output.line(
             f"{v.name}: {v.processor or 'not loaded'}"
             + (f", {v.size / 1e9:.1f} GB, context {v.context_length}" if v.loaded else "")
         )
         if v.predicted_total_bytes is not None and v.difference_bytes is not None:
-            output.result(
+            output.line(
                 f"  predicted {v.predicted_total_bytes / 1e9:.2f} GB; "
                 f"reported - predicted = {v.difference_bytes / 1e6:+,.0f} MB"
             )
-        output.result(f"  K/V cache {kv} ({kv_source})")
+        output.line(f"  K/V cache {kv} ({kv_source})")
         if v.prompt_tokens_per_s is not None or v.decode_tokens_per_s is not None:
-            output.result(
+            output.line(
                 f"  measured (Ollama's counters, {64} tokens): prompt {v.prompt_tokens_per_s or 0:,.1f} tokens/s, "
                 f"decode {v.decode_tokens_per_s or 0:,.1f} tokens/s"
             )
         if v.decode_estimate_tokens_per_s and v.decode_tokens_per_s:
             ratio = v.decode_tokens_per_s / v.decode_estimate_tokens_per_s
-            output.result(
+            output.line(
                 f"  decode estimated ≈ {v.decode_estimate_tokens_per_s:,.0f} tokens/s on this GPU; "
                 f"measured / estimated = {ratio:.2f}"
             )
         for r in v.reasons:
-            output.result(f"  - {r}")
-        output.result("fits: 100% GPU" if v.fits else "does not fit as asked")
+            output.line(f"  - {r}")
+        output.line("fits: 100% GPU" if v.fits else "does not fit as asked")
     if not v.fits:
         raise click.exceptions.Exit(EXIT_NO_FIT)
 

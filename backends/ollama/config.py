@@ -245,12 +245,9 @@ def server_kv_cache_type(
     if flag:
         return flag, "--kv-cache-type"
     if env_file:
-        try:
-            v = _kv_in(Path(env_file).read_text(encoding="utf-8", errors="replace"))
-        except OSError as e:
-            from kvadvise.errors import InputError
+        from kvadvise.files import read_regular_bytes  # a regular file: a FIFO, a device, a NUL byte are refused
 
-            raise InputError(f"cannot read {env_file}: {e.strerror}") from None
+        v = _kv_in(read_regular_bytes(env_file, max_bytes=1 << 20).decode("utf-8", errors="replace"))
         return (v, f"from {env_file}") if v in KV_CACHE_TYPES else ("f16", f"{env_file} sets none: f16")
     try:
         dropins = sorted(dropin_dir.glob("*.conf"))

@@ -39,16 +39,8 @@ class Tagged:
 
 
 def store_names(root: Path) -> list[OllamaName]:
-    """Every ``manifests/<host>/<namespace>/<model>/<tag>`` of a store, sorted."""
-    base = root / "manifests"
-    out: list[OllamaName] = []
-    if not base.is_dir():
-        return out
-    for path in sorted(base.glob("*/*/*/*")):
-        if path.is_file() or path.is_symlink():
-            host, ns, model, tag = path.relative_to(base).parts
-            out.append(OllamaName(host, ns, model, tag))
-    return out
+    """Every ``manifests/<host>/<namespace>/<model>/<tag>`` of a store, sorted (store.list_manifests)."""
+    return list(ollama_store.list_manifests(root).names)
 
 
 def _from_store(root: Path, name: OllamaName) -> Listed:
@@ -77,12 +69,15 @@ def _from_store(root: Path, name: OllamaName) -> Listed:
     )
 
 
-def read_store(roots: tuple[Path, ...], threads: int = MAX_THREADS) -> list[Listed]:
-    """Every model of every store root (a name in two roots: the first, as Ollama reads them)."""
+def read_store(
+    roots: tuple[Path, ...], threads: int = MAX_THREADS, listed: dict[Path, ollama_store.Manifests] | None = None
+) -> list[Listed]:
+    """Every model of every store root (a name in two roots: the first, as Ollama reads them); ``listed``:
+    the stores' manifests when already listed."""
     jobs: list[tuple[Path, OllamaName]] = []
     seen: set[str] = set()
     for root in roots:
-        for name in store_names(root):
+        for name in listed[root].names if listed and root in listed else store_names(root):
             if name.full.lower() not in seen:
                 seen.add(name.full.lower())
                 jobs.append((root, name))
@@ -172,17 +167,18 @@ class Installed:
 def installed(host: str | None) -> Installed:
     """The store's models and the server's, matched by digest, with what the server holds now."""
     roots = ollama_store.store_roots()
-    found = [r for r in roots if (r / "manifests").is_dir()]
-    models = read_store(tuple(found))
+    manifests = {r: ollama_store.list_manifests(r) for r in roots}
+    found = [r for r in roots if manifests[r].present]
+    models = read_store(tuple(found), listed=manifests)
     url = ollama_api.server_url(host)
-    notes: list[str] = []
+    notes = [ollama_store.skipped_note(r, d) for r in roots for d in manifests[r].skipped]
     try:
         listed = tags(url)
         running = ollama_api.running_models(url)
         version = ollama_api.server_version(url)
     except BackendUnreachable as e:
         if not found:
-            shown = ", ".join(str(r) for r in roots)
+            shown = "; ".join([", ".join(str(r) for r in roots), *notes])
             raise BackendUnreachable(
                 f"no Ollama model store here ({shown}) and no server answered: {e.message}",
                 hint="start the server (`ollama serve`), set OLLAMA_HOST, or set OLLAMA_MODELS to the store",

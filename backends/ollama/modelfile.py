@@ -7,7 +7,11 @@ params blob (what ``ollama show --modelfile`` writes). Reading is a port of
 instructions are case-insensitive, ``#`` starts a comment, ``\"\"\"`` (or ``"``)
 values may span lines, and PARAMETER names are checked against the JSON tags
 of ``api.Options`` + ``api.Runner`` (memory-spec.md §6.g), as ``ollama
-create`` does ("unknown parameter").
+create`` does ("unknown parameter"). A rune is kept only where Go's
+``strconv.IsPrint`` keeps it, with Go's Unicode 15.0.0 tables (goprint.py),
+never the running Python's: on 3.13 (Unicode 15.1) ``str.isprintable`` kept
+U+2FFC, which Ollama drops, and a value that read back as one ``stop`` here
+was a second ``FROM`` to Ollama.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from kvadvise.backends.ollama.goprint import is_print
 from kvadvise.errors import InputError
 
 if TYPE_CHECKING:
@@ -205,6 +210,10 @@ def _is_newline(r: str) -> bool:
     return r in ("\r", "\n")
 
 
+# Go's unicode.IsSpace, what strings.TrimSpace trims (Python's str.strip also trims U+001C-U+001F)
+_GO_SPACE = "\t\n\v\f\r \x85\xa0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + "\u2028\u2029\u202f\u205f\u3000"
+
+
 class _Unexpected(Exception):
     """parser.go io.ErrUnexpectedEOF / errInvalidCommand from parseRuneForState."""
 
@@ -308,7 +317,7 @@ def parse_modelfile(text: str, *, source: str = "Modelfile") -> list[tuple[str, 
                 if role not in _MESSAGE_ROLES:
                     raise fail('message role must be one of "system", "user", or "assistant"')
             elif curr == _VALUE:
-                value, ok = _unquote("".join(buf).strip())
+                value, ok = _unquote("".join(buf).strip(_GO_SPACE))
                 if not ok or _is_space(r):
                     buf.append(r)
                     continue
@@ -317,11 +326,11 @@ def parse_modelfile(text: str, *, source: str = "Modelfile") -> list[tuple[str, 
                 commands.append((name, value))
             buf.clear()
             curr = nxt
-        if r and r.isprintable():
+        if r and is_print(r):  # strconv.IsPrint(r), Go's tables
             buf.append(r)
 
     if curr == _VALUE:
-        value, ok = _unquote("".join(buf).strip())
+        value, ok = _unquote("".join(buf).strip(_GO_SPACE))
         if not ok:
             raise fail("unterminated quoted value at the end of the file")
         if role:

@@ -184,7 +184,7 @@ def with_parts(
         sizes = sized(bd, quant, max(1, spec.weights_bytes - projector_bytes))
     b = sizes
     layers = b.layers + (0,) * spec.n_layer_nextn
-    # the largest tensor of each block, for op offload's copy (kvadvise.planner.opoffload): a merged
+    # the largest tensor of each block, for op offload's copy (kvadvise.planner.offload): a merged
     # expert tensor (ffn_{gate,up,down}_exps: a third of the experts), else one of the FFN's matrices,
     # else q or o (about half the attention); an estimate from the config's shapes
     largest = tuple(max(x // 3, d // 3, a // 2) for a, d, x in zip(b.attn, b.dense, b.experts, strict=True))

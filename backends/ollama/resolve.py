@@ -50,8 +50,11 @@ def resolve(
     entry = ollama_store.find(name, search)
     if entry is not None:
         return _from_store(name, entry)
+    skipped = ollama_store.skipped(name, search)  # a store that cannot be searched: named, then passed over
     shown_roots = ", ".join(str(r) for r in search) or "none"
-    tried.append(f"the model store ({shown_roots}): no manifest for {name.display}")
+    tried.append(
+        f"the model store ({shown_roots}): no manifest for {name.display}" + "".join(f"; {n}" for n in skipped)
+    )
 
     server_note: str | None = None
     if use_api:
@@ -63,14 +66,15 @@ def resolve(
             server_note = f"the Ollama server could not be asked ({e.message})"
         else:
             if shown is not None:
-                return _from_api(name, url, shown)
+                found = _from_api(name, url, shown)
+                return dataclasses.replace(found, notes=(*skipped, *found.notes))
             tried.append(f"the Ollama server at {url}: it does not have {name.display}")
 
     if use_profiles:
         profile = find_profile(name)
         if profile is not None:
             spec = profile.spec()
-            notes = (server_note,) if server_note else ()
+            notes = (*skipped, server_note) if server_note else skipped
             if profile.id.lower() != f"{name.model}:{name.tag}".lower():
                 notes = (*notes, f"{name.display} is {profile.id} in Ollama's library")
             return OllamaModel(

@@ -11,6 +11,12 @@ Everything read here comes from files other programs wrote, so: every digest
 is checked against ``^sha256[:-][0-9a-fA-F]{64}$`` before it becomes a path,
 no manifest or blob may resolve (through symlinks) outside the store root,
 and JSON files are size-capped before they are parsed.
+
+A store, or a folder of one, that cannot be entered (the Linux service's
+store under /usr/share/ollama, mode 0750, for a user outside the ``ollama``
+group) is skipped and named (:func:`skipped`, :attr:`Manifests.skipped`),
+never the end of the command: the other stores, the server and the built-in
+profiles still plan.
 """
 
 from __future__ import annotations
@@ -98,14 +104,91 @@ def _inside(root: Path, path: Path, where: str) -> Path:
     return path
 
 
+def skipped_note(root: Path, what: str) -> str:
+    """A note for a store (or a folder of it, ``what``) that could not be read."""
+    if root == SERVICE_STORE:
+        return f"skipped {what}: the Linux service's store belongs to the `ollama` user (join its group)"
+    return f"skipped {what}"
+
+
+def _why(e: OSError) -> str:
+    return "permission denied" if isinstance(e, PermissionError) else (e.strerror or type(e).__name__)
+
+
+def _manifest(root: Path, name: OllamaName) -> Path:
+    return root / "manifests" / Path(*name.manifest_parts())
+
+
+def _probe(path: Path) -> OSError | None:
+    """The error of an lstat of ``path`` (None when it exists): ENOENT or ENOTDIR when it is not there,
+    EACCES when a folder on the way cannot be searched."""
+    try:
+        os.lstat(path)
+    except OSError as e:
+        return e
+    return None
+
+
 def find(name: OllamaName, roots: Sequence[Path] | None = None) -> StoreEntry | None:
-    """The model ``name`` in the first store that has its manifest; None when no store has it."""
+    """The model ``name`` in the first store that has its manifest; None when no store has it (a store
+    that cannot be searched is passed over: :func:`skipped` says which)."""
     for root in store_roots() if roots is None else roots:
-        manifest = root / "manifests" / Path(*name.manifest_parts())
-        if not root.is_dir() or not os.path.lexists(manifest):
+        manifest = _manifest(root, name)
+        if _probe(manifest) is not None or not os.path.isdir(root):
             continue
         return _read_entry(root, manifest, name)
     return None
+
+
+def skipped(name: OllamaName, roots: Sequence[Path]) -> tuple[str, ...]:
+    """The stores :func:`find` passed over for ``name`` because it could not look in them, and why."""
+    out = []
+    for root in roots:
+        e = _probe(_manifest(root, name))
+        if e is not None and not isinstance(e, (FileNotFoundError, NotADirectoryError)):
+            out.append(skipped_note(root, f"the model store {root} ({_why(e)})"))
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class Manifests:
+    """The manifests of one store (``manifests/<host>/<namespace>/<model>/<tag>``), and the folders of it
+    that could not be read."""
+
+    root: Path
+    present: bool  # the store has a manifests folder that could be read
+    names: tuple[OllamaName, ...]
+    skipped: tuple[str, ...]  # "<folder> (permission denied)"
+
+
+def list_manifests(root: Path) -> Manifests:
+    """Every manifest of the store at ``root``, sorted, as ``manifests/*/*/*/*`` matches them (files or
+    symlinks four levels down); a folder that cannot be read is named in ``skipped``, not left out silently."""
+    names: list[OllamaName] = []
+    skipped_dirs: list[str] = []
+
+    def scan(folder: str, parts: tuple[str, ...]) -> bool:
+        try:
+            with os.scandir(folder) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        except OSError as e:
+            skipped_dirs.append(f"{folder} ({_why(e)})")
+            return False
+        for entry in entries:
+            try:
+                if len(parts) == 3:
+                    if entry.is_file() or entry.is_symlink():
+                        names.append(OllamaName(*parts, entry.name))
+                elif entry.is_dir():
+                    scan(entry.path, (*parts, entry.name))
+            except OSError as e:
+                skipped_dirs.append(f"{entry.path} ({_why(e)})")
+        return True
+
+    present = scan(os.path.join(root, "manifests"), ())
+    return Manifests(root, present, tuple(names), tuple(skipped_dirs))
 
 
 def _open(path: Path, what: str) -> int:

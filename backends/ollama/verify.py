@@ -11,6 +11,7 @@ context check.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from kvadvise.backends.ollama import api as ollama_api
@@ -39,6 +40,8 @@ class OllamaVerification:
     kv_cache_type_source: str | None = None  # the flag, the env file or drop-in kvadvise wrote, or the default
     matched_by: str | None = None  # "name" | "digest"
     decode_estimate_tokens_per_s: float | None = None  # kvadvise's estimate on this machine's GPU, beside the measure
+    runner_pid: int | None = None  # the runner process measured through NVML (a local server)
+    runner_gpu_bytes: int | None = None  # what NVML lists for it; None when it cannot be measured
 
 
 def verify(
@@ -50,11 +53,13 @@ def verify(
     predicted_total_bytes: int | None,
     keep_alive: str | int = "5m",
     digest: str | None = None,
+    model_path: str | None = None,
     measure_speed: bool = False,
     timeout: float = ollama_api.DEFAULT_TIMEOUT,
     load_timeout: float = DEFAULT_LOAD_TIMEOUT,
 ) -> OllamaVerification:
-    """Check a model on a live server. BackendUnreachable when the server does not answer."""
+    """Check a model on a live server. BackendUnreachable when the server does not answer. ``model_path``:
+    the model's GGUF blob in the store, to tell its runner process from the others (:func:`runner_memory`)."""
     wanted = parse_name(name)
     url = ollama_api.server_url(host)
     reasons: list[str] = []
@@ -112,13 +117,15 @@ def verify(
             reasons.append(
                 f"the server reports size {match.size:,} B and size_vram {match.size_vram:,} B ({match.processor})"
             )
-    runner = _runner_gpu_bytes()
-    if on_gpu and runner is not None and runner < match.size_vram // 2:
+    runner = runner_memory(url, model_path) if match.size_vram > 0 else None
+    if runner is not None and runner.note is not None:
+        reasons.append(runner.note)
+    elif on_gpu and runner is not None and runner.gpu_bytes is not None and runner.gpu_bytes < match.size_vram // 2:
         # users see "100% GPU" while the model runs on the CPU (ollama/ollama#7323, #9704)
         on_gpu = False
         reasons.append(
-            f"the server reports {match.size_vram:,} B on the GPU, but NVML sees the Ollama runner holding only "
-            f"{runner:,} B there: the model may be running on the CPU"
+            f"the server reports {match.size_vram:,} B on the GPU, but NVML sees the Ollama runner (pid "
+            f"{runner.pid}) holding only {runner.gpu_bytes:,} B there: the model may be running on the CPU"
         )
     context_checked = match.context_length is not None
     if not context_checked and num_ctx is not None:
@@ -149,6 +156,8 @@ def verify(
         prompt_tokens_per_s=speed[0],
         decode_tokens_per_s=speed[1],
         matched_by=matched_by,
+        runner_pid=runner.pid if runner is not None else None,
+        runner_gpu_bytes=runner.gpu_bytes if runner is not None else None,
     )
 
 
@@ -197,22 +206,135 @@ def _same(ps_name: str, wanted: OllamaName) -> bool:
         return False
 
 
-RUNNER_NAMES = ("ollama", "llama-server")  # Ollama's runner is `ollama runner` or (>= 0.30) llama-server
+@dataclass(frozen=True, slots=True)
+class RunnerMemory:
+    """The device memory of the runner process serving a model, as NVML sees it."""
+
+    pid: int | None  # the runner found (None: none could be told apart)
+    gpu_bytes: int | None  # what NVML lists for it; None when it cannot be measured
+    note: str | None  # why it cannot be measured ("cannot measure ..."), for the reasons
 
 
-def _runner_gpu_bytes() -> int | None:
-    """GPU memory the Ollama runner processes hold, as NVML sees it; None without NVML (or no runner seen)."""
+@dataclass(frozen=True, slots=True)
+class _Runner:
+    pid: int
+    model: str  # its --model argument
+    port: str
+
+
+def _is_ollama(argv: list[str]) -> bool:
+    return bool(argv) and os.path.basename(argv[0]).removesuffix(".exe") == "ollama"
+
+
+def _flag(argv: list[str], *names: str) -> str | None:
+    """The value of ``--name V`` or ``--name=V`` in a command line (llama.cpp's and Ollama's flag forms)."""
+    for i, arg in enumerate(argv):
+        for n in names:
+            if arg == n and i + 1 < len(argv):
+                return argv[i + 1]
+            if arg.startswith(n + "="):
+                return arg[len(n) + 1 :]
+    return None
+
+
+def _runners() -> list[_Runner]:
+    """The Ollama runners of this machine: ``llama-server --model M --port N`` started by an ``ollama serve``
+    (llm/llama_server.go startLlamaServer, Ollama >= 0.30) and ``ollama runner --model M --port N`` (the
+    runners before it). A client (``ollama run``, ``ollama ps``), the server itself and a llama-server that
+    no Ollama started are not runners."""
+    import psutil
+
+    out = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        argv = proc.info.get("cmdline") or []
+        if not argv:
+            continue
+        model, port = _flag(argv, "--model", "-m"), _flag(argv, "--port")
+        if model is None or port is None:
+            continue
+        old_runner = _is_ollama(argv) and argv[1:2] == ["runner"]
+        if old_runner or (
+            os.path.basename(argv[0]).removesuffix(".exe") == "llama-server" and _started_by_ollama(proc)
+        ):
+            out.append(_Runner(int(proc.info["pid"]), model, port))
+    return out
+
+
+def _started_by_ollama(proc: object) -> bool:
+    import psutil
+
+    try:
+        parents = proc.parents()  # type: ignore[attr-defined]
+        return any(_is_ollama(p.cmdline()) and "serve" in p.cmdline()[1:2] for p in parents)
+    except (psutil.Error, OSError):
+        return False
+
+
+def is_this_machine(url: str) -> bool:
+    """Whether the server at ``url`` runs here: a loopback or unspecified address, this machine's name, or
+    an address of one of its interfaces."""
+    import ipaddress
+    import socket
+    from urllib.parse import urlsplit
+
+    host = (urlsplit(url).hostname or "").lower()
+    if host in ("localhost", socket.gethostname().lower()):
+        return True
+    try:
+        addrs = {ipaddress.ip_address(host)}
+    except ValueError:
+        try:  # the name the client just reached: resolved already
+            addrs = {ipaddress.ip_address(str(a[4][0]).split("%")[0]) for a in socket.getaddrinfo(host, None)}
+        except (OSError, ValueError):
+            return False
+    if all(a.is_loopback or a.is_unspecified for a in addrs):
+        return True
+    import psutil
+
+    mine = set()
+    for nics in psutil.net_if_addrs().values():
+        for nic in nics:
+            try:
+                mine.add(ipaddress.ip_address(nic.address.split("%")[0]))
+            except ValueError:
+                continue  # a MAC address
+    return bool(addrs) and addrs <= mine
+
+
+def runner_memory(url: str, model_path: str | None) -> RunnerMemory | None:
+    """What the runner serving the model holds on the GPUs, through NVML; None without NVML (nothing to say).
+
+    The runner is the one whose ``--model`` is the model's blob (``model_path``, from the store), else the
+    only runner here. A remote server, several runners none of which is the model's, or an NVML that lists
+    processes of another PID namespace (a container) cannot be measured: the note says so, and the verdict
+    rests on what the server reports.
+    """
     from kvadvise.planner.hardware import gpu_memory_by_process
 
+    if not is_this_machine(url):
+        return RunnerMemory(None, None, f"cannot measure device memory of a remote server ({url})")
     by_pid = gpu_memory_by_process()
     if by_pid is None:
         return None
-    import psutil
+    runners = _runners()
+    blob = os.path.basename(model_path) if model_path else None
+    mine = [r for r in runners if blob and os.path.basename(r.model) == blob]
+    if not mine and not blob and len(runners) == 1:
+        mine = runners
+    if len(mine) != 1:
+        why = "no Ollama runner process is running here" if not runners else "no runner process is this model's"
+        if len(mine) > 1:
+            why = f"{len(mine)} runner processes serve this model"
+        return RunnerMemory(None, None, f"cannot measure the runner's device memory: {why}")
+    runner = mine[0]
+    if runner.pid not in by_pid:
+        import psutil
 
-    total, seen = 0, False
-    for p in psutil.process_iter(["pid", "cmdline"]):
-        cmd = p.info.get("cmdline") or []
-        if any(any(n in part for n in RUNNER_NAMES) for part in cmd[:2]):
-            seen = True
-            total += by_pid.get(int(p.info["pid"]), 0)
-    return total if seen else None
+        if not all(psutil.pid_exists(pid) for pid in by_pid):  # NVML's PIDs are another namespace's
+            return RunnerMemory(
+                runner.pid,
+                None,
+                "cannot measure the runner's device memory: NVML lists the processes of another "
+                "PID namespace (a container)",
+            )
+    return RunnerMemory(runner.pid, by_pid.get(runner.pid, 0), None)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,7 @@ from typing import Any
 
 from kvadvise.backends.gguf_cache import cache_dir, decode, enabled, encode
 from kvadvise.errors import InputError
-from kvadvise.files import load_json, read_regular_text
+from kvadvise.files import load_json, read_regular_text, write_cache_file
 from kvadvise.model.gguf import GGUFHeader
 
 FORMAT = 1
@@ -63,14 +62,8 @@ def _read(kind: str, key: str) -> dict[str, Any] | None:
 def _write(kind: str, key: str, doc: dict[str, Any]) -> None:
     if not enabled():
         return
-    target = _entry(kind, key)
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"format": FORMAT, "key": key, **doc}, separators=(",", ":")), encoding="utf-8")
-        os.replace(tmp, target)
-    except OSError:
-        pass
+    # best effort; no temporary file left
+    write_cache_file(_entry(kind, key), json.dumps({"format": FORMAT, "key": key, **doc}, separators=(",", ":")))
 
 
 def load(key: str, source: str, validator: str | None = None) -> CachedHeader | None:

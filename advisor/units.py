@@ -1,0 +1,71 @@
+"""Sizes as people write them: ``24GiB``, ``24000MiB``, ``23.5GiB``, ``24GB`` -> bytes.
+
+Used by the command line (``--vram``, ``--margin``, ``--rpc HOST:PORT=SIZE``) and by the Python API, which
+takes a size as the command line does (issue 28, class 9).
+"""
+
+from __future__ import annotations
+
+import re
+
+from kvadvise.errors import InputError
+
+_SIZE_RE = r"(?ia)^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-z]*)\s*$"  # compiled by re on first use
+_UNITS: dict[str, int] = {
+    "b": 1,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    # a bare letter is binary, as in docker --memory 512m or llama.cpp's 24G cards
+    "k": 1 << 10,
+    "m": 1 << 20,
+    "g": 1 << 30,
+    "t": 1 << 40,
+}
+_SIZE_HINT = "write a number and a unit, e.g. 24GiB, 24000MiB, 23.5GiB or 24GB (GiB/MiB/KiB binary, GB/MB/KB decimal)"
+
+
+def parse_size(text: str, *, allow_zero: bool = False) -> int:
+    """A memory size given by a person -> bytes.
+
+    - ``KiB MiB GiB TiB`` are binary (1024-based), ``KB MB GB TB`` decimal
+      (1000-based), as the IEC/SI prefixes say; ``24GB`` is therefore 24e9
+      bytes, a little under a 24 GiB card: the safe side.
+    - a bare letter ``K M G T`` is binary (``512M`` = 512 MiB), like docker and
+      most command-line tools; ``B`` is bytes.
+    - units are case-insensitive; a space before the unit is allowed;
+      decimals are allowed (``23.5GiB``) and rounded to the nearest byte.
+    - a bare number is refused: ``--vram 24`` would be 24 bytes or 24 GB
+      depending on who reads it. Write ``24GiB`` (or ``25769803776B``).
+    - the size must be positive (``allow_zero``: or 0, e.g. a margin, as llama.cpp's ``-fitt 0``).
+
+    Bad input raises InputError with a one-line message and a hint.
+    """
+    m = re.match(_SIZE_RE, text)
+    if m is None:
+        raise InputError(f"not a size: {text!r}", hint=_SIZE_HINT)
+    number, unit = m.group(1), m.group(2).lower()
+    if not unit and allow_zero and float(number) == 0:
+        return 0  # zero needs no unit
+    if not unit:
+        raise InputError(f"size {text.strip()!r} has no unit", hint=_SIZE_HINT)
+    if unit not in _UNITS:
+        raise InputError(f"unknown size unit {m.group(2)!r} in {text.strip()!r}", hint=_SIZE_HINT)
+    if number.isdigit():  # the common case; decimal is imported only for a fraction
+        n = int(number) * _UNITS[unit]
+    else:
+        from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+
+        try:
+            value = Decimal(number) * _UNITS[unit]
+        except InvalidOperation as err:  # pragma: no cover - the regex only lets digits through
+            raise InputError(f"not a size: {text!r}", hint=_SIZE_HINT) from err
+        n = int(value.to_integral_value(rounding=ROUND_HALF_UP))
+    if n < 0 or (n == 0 and not allow_zero):
+        raise InputError(f"size {text.strip()!r} must be more than 0 bytes", hint=_SIZE_HINT)
+    return n
