@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from ollama_fake import closed_port_url
@@ -95,3 +96,33 @@ def test_explicit_backend_and_no_fit_exit_3(gemma_path: Path, capsys: pytest.Cap
 def test_errors(args: list[str], code: int, message: str, capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, err = run(capsys, *args)
     assert rc == code and out == "" and message in err
+
+
+# --- issue 30.3: compare made faster, no result changed --------------------------------------------
+
+BASELINE = Path(__file__).parent / "data" / "compare_baseline.json"
+
+
+def _bench() -> Any:
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_compare.py"
+    spec = importlib.util.spec_from_file_location("bench_compare", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_results_as_the_baseline_recorded() -> None:
+    """Every built-in profile on 8 cards (4 settings: default, --use long, 4 slots at 8k, f16 only), planned as
+    the code before the speed-up planned them (recorded by benchmarks/bench_compare.py --record from commit
+    21f7cd3): the same context, cache types, bytes, options, decode figures and reasons, exactly."""
+    bench = _bench()
+    recorded = json.loads(BASELINE.read_text(encoding="utf-8"))
+    assert recorded["sample"] == json.loads(json.dumps([list(x) for x in bench.SAMPLE]))
+    now = bench.run(None, {"sample": recorded["sample"], "n_cards": 0, "results": True})["results"]
+    assert len(now) == len(recorded["results"]) == 560
+    for a, b in zip(now, recorded["results"], strict=True):
+        assert a == b, (a["model"], a["card"], a["settings"])
+
