@@ -39,7 +39,7 @@ def test_builtin_profiles_on_one_card(capsys: pytest.CaptureFixture[str]) -> Non
     assert doc["target_ctx"] == 65536 and doc["cards"][0]["source"] == "profile:rtx-4090"
     es = doc["entries"]
     assert len(es) >= 20 and {e["card"] for e in es} == {"rtx-4090"}
-    speeds = [e["decode_tokens_per_s"] or 0 for e in es]
+    speeds = [e["decode_4k_tokens_per_s"] or 0 for e in es]  # --sort speed: by the figure at 4k
     assert speeds == sorted(speeds, reverse=True)
     big = next(e for e in es if e["model"] == "llama3.1:70b")
     assert big["fits"] is False and big["n_ctx"] == 0 and big["decode_tokens_per_s"] is None
@@ -48,7 +48,7 @@ def test_builtin_profiles_on_one_card(capsys: pytest.CaptureFixture[str]) -> Non
     assert coder["headroom_bytes"] == coder["budget_bytes"] - coder["device_bytes"] > 0
     rc, out, _ = run(capsys, "compare", "--gpu", "rtx-4090", "--use", "agent", "--sort", "context")
     lines = out.splitlines()
-    assert lines[1].split()[:4] == ["MODEL", "CARD", "FITS", "CONTEXT"]
+    assert lines[2].split()[:4] == ["MODEL", "CARD", "FITS", "CONTEXT"]
     assert lines[-1].split()[2] == "NO"
 
 
@@ -126,3 +126,47 @@ def test_results_as_the_baseline_recorded() -> None:
     for a, b in zip(now, recorded["results"], strict=True):
         assert a == b, (a["model"], a["card"], a["settings"])
 
+
+def test_decode_at_4k_and_at_the_context_labelled(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 29.3: phi4 (16k) ranked above llama3.1:8b (64k) by each one's speed at its own context, though at
+    4k llama3.1:8b is much faster; both figures are printed and labelled, --sort speed takes the 4k one, and the
+    header says the target the plans used (64k on a 24 GB card), not "each model's training context"."""
+    rc, out, err = run(capsys, "compare", "phi4:14b", "llama3.1:8b", "--gpu", "rtx-4090", "--sort", "speed", "--json")
+    assert rc == 0, err
+    es = {e["model"]: e for e in json.loads(out)["entries"]}
+    phi, llama = es["phi4:14b"], es["llama3.1:8b"]
+    assert (phi["n_ctx"], llama["n_ctx"]) == (16384, 65536)
+    assert phi["decode_tokens_per_s"] > llama["decode_tokens_per_s"]  # each at its own context
+    assert llama["decode_4k_tokens_per_s"] > 1.5 * phi["decode_4k_tokens_per_s"]  # at one depth
+    assert [e["model"] for e in json.loads(out)["entries"]] == ["llama3.1:8b", "phi4:14b"]
+    plan = make_plan(
+        read_profile("llama3.1:8b"),
+        RunConfig(n_ctx=0),
+        recommend_ctx=True,
+        hw=from_profile("rtx-4090"),
+        policy=Policy(),
+    )
+    assert plan.speed is not None and plan.speed.points[0][0] == 4096
+    assert llama["decode_4k_tokens_per_s"] == pytest.approx(plan.speed.points[0][1])
+    assert llama["decode_tokens_per_s"] == pytest.approx(plan.speed.points[-1][1])
+
+    rc, out, _ = run(capsys, "compare", "phi4:14b", "llama3.1:8b", "--gpu", "rtx-4090", "--sort", "speed")
+    head, legend, columns, first = out.splitlines()[:4]
+    assert "target 64k per slot (the default on this card), capped at each model's training context" in head
+    assert "training context;" not in head.replace("capped at each model's training context", "")
+    assert "4k tokens of context, and at its CONTEXT; sorted by the 4k figure" in legend
+    assert columns.split()[-2:] == ["T/S@4K", "T/S@CTX"]
+    assert first.split()[0] == "llama3.1:8b" and first.split()[-2:] == [
+        f"~{llama['decode_4k_tokens_per_s']:,.0f}",
+        f"~{llama['decode_tokens_per_s']:,.0f}",
+    ]
+    rc, out, _ = run(capsys, "compare", "phi4:14b", "--gpu", "rtx-4090", "--use", "long")
+    assert "target (--use long): each model's training context" in out.splitlines()[0]
+    rc, out, _ = run(capsys, "compare", "phi4:14b", "--gpu", "rtx-4090,rtx-3060", "--target-ctx", "8192")
+    assert "target 8k per slot (--target-ctx)" in out.splitlines()[0]
+
+
+def read_profile(pid: str) -> Any:
+    from kvadvise.backends.ollama.profiles import profiles
+
+    return profiles()[pid].spec()
