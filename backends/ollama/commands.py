@@ -192,7 +192,7 @@ def verify_ollama_command(
     from dataclasses import asdict
 
     from kvadvise.backends.ollama.config import server_kv_cache_type
-    from kvadvise.backends.ollama.resolve import resolve
+    from kvadvise.backends.ollama.resolve import library_names, resolve
     from kvadvise.backends.ollama.verify import verify
     from kvadvise.errors import EXIT_NO_FIT
     from kvadvise.planner.memory import estimate
@@ -201,22 +201,26 @@ def verify_ollama_command(
     with ollama_api.session():
         model = resolve(name, host=host)
         ctx = num_ctx or model.default_num_ctx
-        predicted = None
-        if ctx:  # as Ollama runs it: -c num_ctx x slots, one cache type for K and V, flash attention on
-            predicted = estimate(model.spec, rules.run_config(ctx, num_parallel, kv)).total_bytes
+
+        def predict(n_ctx: int) -> int:  # as Ollama runs it: -c num_ctx x slots, one cache type, flash attention
+            return estimate(model.spec, rules.run_config(n_ctx, num_parallel, kv)).total_bytes
+
         v = verify(
             host,
             name,
             load=load,
             num_ctx=ctx,
-            predicted_total_bytes=predicted,
+            predicted_total_bytes=predict(ctx) if ctx else None,
             digest=model.digest,
+            aliases=library_names(name),
+            predict_at=predict,
             measure_speed=load,
         )
     v = replace(v, kv_cache_type=kv, kv_cache_type_source=kv_source)
-    if v.decode_tokens_per_s is not None and ctx:
+    run_ctx = v.context_length or ctx
+    if v.decode_tokens_per_s is not None and run_ctx:
         v = replace(
-            v, decode_estimate_tokens_per_s=_decode_estimate(model.spec, rules.run_config(ctx, num_parallel, kv))
+            v, decode_estimate_tokens_per_s=_decode_estimate(model.spec, rules.run_config(run_ctx, num_parallel, kv))
         )
     if as_json:
         output.result_json(asdict(v))
@@ -226,8 +230,9 @@ def verify_ollama_command(
             + (f", {v.size / 1e9:.1f} GB, context {v.context_length}" if v.loaded else "")
         )
         if v.predicted_total_bytes is not None and v.difference_bytes is not None:
+            at = f" at context {v.predicted_ctx:,}" if v.predicted_ctx else ""
             output.result(
-                f"  predicted {v.predicted_total_bytes / 1e9:.2f} GB; "
+                f"  predicted {v.predicted_total_bytes / 1e9:.2f} GB{at}; "
                 f"reported - predicted = {v.difference_bytes / 1e6:+,.0f} MB"
             )
         output.result(f"  K/V cache {kv} ({kv_source})")
