@@ -328,9 +328,15 @@ def with_installed(cmd: click.Command) -> click.Command:
     params: list[click.Parameter] = []
     for p in cmd.params:
         if isinstance(p, click.Argument) and p.name == "name":
-            p = click.Argument(["name"], required=False)
+            p = click.Argument(["name"], required=False, nargs=-1)  # several: planned together
         params.append(p)
     params += [
+        click.Option(
+            ["--write-preset"],
+            metavar="PATH",
+            default=None,
+            help="With several models: also write them as a llama-server router preset (--models-preset).",
+        ),
         click.Option(
             ["--installed"],
             is_flag=True,
@@ -349,20 +355,32 @@ def with_installed(cmd: click.Command) -> click.Command:
     def callback(**kwargs: Any) -> Any:
         listing = kwargs.pop("installed")
         sort = kwargs.pop("sort")
+        names: tuple[str, ...] = kwargs.pop("name") or ()
         if listing:
-            if kwargs.get("name"):
+            if names:
                 raise click.UsageError("--installed lists every model: drop NAME (or drop --installed)")
+            if kwargs.pop("write_preset"):
+                raise click.UsageError("--installed lists every model; --write-preset is for several models: name them")
             from kvadvise.backends.ollama.installed import list_installed  # the store listing: only when asked
 
-            return list_installed(kwargs, sort or "name")
+            return list_installed(kwargs | {"name": None}, sort or "name")
         if sort:
             raise click.UsageError("--sort orders the --installed listing")
-        if not kwargs.get("name"):
+        if not names:
             raise click.UsageError("give a model NAME[:TAG], or --installed to list the models of the store")
-        return inner(**kwargs)
+        if len(names) > 1:  # several models on one server: Ollama's scheduler (backends/ollama/together.py)
+            from kvadvise.backends.ollama.together import run
+
+            return run(names, kwargs)
+        if kwargs.pop("write_preset"):
+            raise click.UsageError("--write-preset writes several models as a llama-server router preset")
+        return inner(name=names[0], **kwargs)
 
     help_text = (cmd.help or "") + (
         "\n\nkvadvise ollama --installed [--sort name|size|context] [--json]: every model of the store, one line each."
+        "\n\nkvadvise ollama NAME NAME... [--write-env FILE] [--write-preset FILE]: several models on one server, "
+        "as Ollama's scheduler places them: which stay loaded together on which GPU, which evicts which, and the "
+        "settings that keep them loaded."
     )
     return click.Command(
         cmd.name,
