@@ -331,7 +331,10 @@ def test_store_models_an_embedding_model_and_a_router_preset(
     bert = _tiny_bert(tmp_path / "bert.gguf")
     build_store(root, bert, hashlib.sha256(bert.read_bytes()).hexdigest(), model="nomic-embed-text")
     spec = from_gguf(read_file(bert))  # llama_model::create_memory: no memory module for an encoder
-    assert not any(spec.kv_layers) and estimate(spec, RunConfig(n_ctx=2048, device="cuda")).kv_bytes == 0
+    est = estimate(spec, RunConfig(n_ctx=2048, device="cuda"))
+    assert not any(spec.kv_layers) and est.kv_bytes == 0
+    # no output tensor (src/models/nomic-bert.cpp): the GPU holds the blocks, not a copy of token_embd
+    assert est.devices[0].weights_bytes == spec.weights_bytes - spec.tok_embd_bytes + spec.cuda_pad_bytes
     monkeypatch.setenv("OLLAMA_MODELS", str(root))
     monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
     monkeypatch.setenv("OLLAMA_NUM_PARALLEL", "2")

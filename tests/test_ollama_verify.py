@@ -286,9 +286,7 @@ def test_load_by_a_name_the_server_lists_under_another(fake: FakeOllama) -> None
     digest, else the library alias) instead of stopping at "does not have"."""
     fake.tags = [tags_entry("qwen3-coder:latest", CODER_DIGEST)]
     fake.loads["qwen3-coder:latest"] = _coder_ps("qwen3-coder:latest")
-    v = verify(
-        fake.url, "qwen3-coder:30b", load=True, num_ctx=65536, predicted_total_bytes=None, digest=CODER_DIGEST
-    )
+    v = verify(fake.url, "qwen3-coder:30b", load=True, num_ctx=65536, predicted_total_bytes=None, digest=CODER_DIGEST)
     loads = [b["model"] for m, p, b in fake.requests if p == "/api/generate"]
     assert loads == ["qwen3-coder:30b", "qwen3-coder:latest"]
     assert v.loaded and v.fits and v.matched_by == "digest"
@@ -322,3 +320,16 @@ def test_predicted_at_the_context_the_server_reports(
     assert main(["verify", "ollama", "qwen3-coder:30b", "--num-ctx", "65536"]) == 3
     out = capsys.readouterr().out
     assert f"predicted {want / 1e9:.2f} GB at context 32,768" in out and "context 32,768, asked 65,536" in out
+
+
+def test_a_server_failing_api_tags_still_verifies(fake: FakeOllama) -> None:
+    """/api/tags is asked only when no name matches; a server that fails it (4xx or 5xx) is still verified from
+    /api/ps: by the store's digest, the library alias, or "not loaded"."""
+    fake.fail("/api/tags", 500, "boom")
+    fake.running = [_coder_ps("qwen3-coder:latest")]
+    v = verify(fake.url, "qwen3-coder:30b", load=False, num_ctx=65536, predicted_total_bytes=None)
+    assert not v.loaded and any("is not loaded" in r for r in v.reasons)
+    v = verify(
+        fake.url, "qwen3-coder:30b", load=False, num_ctx=65536, predicted_total_bytes=None, aliases=("qwen3-coder",)
+    )
+    assert v.loaded and v.matched_by == "alias"

@@ -283,6 +283,9 @@ NO_MEMORY_ARCHS = frozenset(
         "rnd1",
     }
 )
+# Of those, the encoders (src/models/bert.cpp, nomic-bert.cpp, ...): no output tensor either (they pool
+# the hidden states into an embedding), so no tied copy of token_embd is made for an output layer.
+ENCODER_ARCHS = NO_MEMORY_ARCHS - {"wavtokenizer-dec", "dream", "llada", "llada-moe", "rnd1"}
 
 
 def from_gguf(header: GGUFHeader) -> ModelSpec:

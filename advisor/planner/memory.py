@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from kvadvise.errors import ConfigError
+from kvadvise.model.architecture import ENCODER_ARCHS
 from kvadvise.model.ggml import ALIGNMENT, BLOCK, GGMLType, cuda_alloc_bytes, is_quantized, pad, row_bytes
 from kvadvise.model.spec import ModelSpec
 from kvadvise.planner.repack import RULES as REPACK_RULES
@@ -700,10 +701,9 @@ def _device_layers(spec: ModelSpec, owner: tuple[int, ...], n_dev: int, cuda: bo
     layer_pad = list(spec.layer_cuda_pad_bytes) or [0] * spec.n_layer_all
     # llama_model::load_tensors: token_embd always stays on the CPU ("very little benefit"); what is not
     # in a block (output, output_norm, ...) goes with the output layer; tied embeddings make that device
-    # hold a copy of token_embd as the output layer.
-    rest = (
-        spec.weights_bytes - spec.tok_embd_bytes - sum(layer_w) + (spec.tok_embd_bytes if spec.output_bytes == 0 else 0)
-    )
+    # hold a copy of token_embd as the output layer (an encoder has no output layer: no copy)
+    tied_copy = spec.tok_embd_bytes if spec.output_bytes == 0 and spec.architecture not in ENCODER_ARCHS else 0
+    rest = spec.weights_bytes - spec.tok_embd_bytes - sum(layer_w) + tied_copy
     rest_pad = spec.cuda_pad_bytes - sum(layer_pad) if cuda else 0
     parts = []
     for d in range(n_dev):

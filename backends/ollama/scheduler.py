@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from kvadvise.backends.ollama.rules import GIB, MIB
-from kvadvise.model.architecture import NO_MEMORY_ARCHS
+from kvadvise.model.architecture import ENCODER_ARCHS
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -50,10 +50,10 @@ FOREVER_S = float("inf")  # a negative OLLAMA_KEEP_ALIVE: never unloaded
 BATCH_DEFAULT, BATCH_MEDIUM, BATCH_LARGE = 512, 1024, 2048
 BATCH_SURCHARGE = {BATCH_LARGE: 2 * GIB, BATCH_MEDIUM: 768 * MIB, BATCH_DEFAULT: 0}
 BATCH_HEADROOM = {BATCH_LARGE: (60, 100), BATCH_MEDIUM: (75, 100)}
-# Ollama loads a model without the completion capability (an embedding model: its GGUF has a pooling type)
-# with one slot and no batch surcharge; these are the encoder architectures of llama.cpp that embedding
-# models use (nomic-embed-text is nomic-bert, bge-m3 and mxbai-embed-large are bert): no KV cache either.
-EMBEDDING_ARCHS = NO_MEMORY_ARCHS - {"wavtokenizer-dec", "dream", "llada", "llada-moe", "rnd1"}
+# Ollama loads a model without the completion capability (an embedding model: its GGUF has a pooling type,
+# llm/llama_server.go) with one slot and no batch surcharge; llama.cpp's encoder architectures are what
+# embedding models use (nomic-embed-text is nomic-bert, bge-m3 and mxbai-embed-large are bert)
+EMBEDDING_ARCHS = ENCODER_ARCHS
 
 
 @dataclass(frozen=True, slots=True)

@@ -190,12 +190,12 @@ def verify(
 
 
 def _server_tags(url: str) -> tuple[Tagged, ...]:
-    """``/api/tags``; () from a server that refuses it (it still answers /api/ps)."""
+    """``/api/tags``; () from a server that refuses or fails it (a 4xx or 5xx: it still answers /api/ps)."""
     from kvadvise.backends.ollama.installed import tags
 
     try:
         return tags(url)
-    except ollama_api.ClientError:
+    except (ollama_api.ClientError, ollama_api.ServerError):
         return ()
 
 
