@@ -88,6 +88,18 @@ def ps_entry(name: str, *, size: int, size_vram: int, context_length: int, famil
     }
 
 
+def tags_entry(name: str, digest: str, *, size: int = 1 << 30, family: str = "gemma3") -> dict[str, Any]:
+    """One /api/tags model (ListModelResponse): ``digest`` is the manifest's sha256, as /api/ps reports it."""
+    return {
+        "name": name,
+        "model": name,
+        "modified_at": "2026-08-21T10:00:00.000000000+02:00",
+        "size": size,
+        "digest": digest,
+        "details": {"format": "gguf", "family": family, "families": [family], "quantization_level": "Q4_K_M"},
+    }
+
+
 @dataclass
 class Failure:
     status: int
@@ -102,6 +114,7 @@ class FakeOllama:
     version: str = "0.32.7"
     shows: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> /api/show payload
     running: list[dict[str, Any]] = field(default_factory=list)  # /api/ps models
+    tags: list[dict[str, Any]] | None = None  # /api/tags models (tags_entry); None: /api/tags answers 404
     loads: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> ps entry /api/generate adds
     failures: dict[str, Failure] = field(default_factory=dict)  # path -> what to answer instead
     delays: dict[str, float] = field(default_factory=dict)  # path -> seconds before answering
@@ -136,6 +149,8 @@ class FakeOllama:
             return _ok({"version": self.version})
         if method == "GET" and path == "/api/ps":
             return _ok({"models": self.running})
+        if method == "GET" and path == "/api/tags" and self.tags is not None:
+            return _ok({"models": self.tags})
         if method == "POST" and path == "/api/show":
             payload = self._lookup(self.shows, model)
             return _ok(payload) if payload is not None else _not_found(model)

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from ollama_fake import FakeOllama, closed_port_url, ps_entry, running_fake
+from ollama_fake import FakeOllama, closed_port_url, ps_entry, running_fake, tags_entry
 
 from kvadvise.backends.ollama.verify import verify
 from kvadvise.errors import BackendUnreachable, InputError
@@ -218,3 +218,112 @@ def test_verify_prints_the_estimate_beside_the_measure(
     assert doc["decode_tokens_per_s"] == pytest.approx(50) and doc["decode_estimate_tokens_per_s"] > 50
     assert main(argv) == 0
     assert "measured / estimated = " in capsys.readouterr().out
+
+
+# --- issue 29.2: names resolved through /api/tags digests and the library's aliases, on a remote server ----
+
+CODER_DIGEST = "9b1a8e0a3c1d4b7f2e6d5c4b3a29180716f5e4d3c2b1a09f8e7d6c5b4a392817"  # one manifest, two names
+
+
+def _remote(fake: FakeOllama, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A server whose store is not on this machine: no local manifests; the server knows no /api/show."""
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "no-store-here"))
+    monkeypatch.setenv("OLLAMA_HOST", fake.url)
+
+
+def _coder_ps(name: str, ctx: int = 65536) -> dict[str, object]:
+    return {**ps_entry(name, size=20 * GiB, size_vram=20 * GiB, context_length=ctx), "digest": CODER_DIGEST}
+
+
+@pytest.mark.parametrize("asked", ["qwen3-coder:30b", "qwen3-coder"])
+def test_remote_server_matched_by_the_digest_it_lists(
+    asked: str, fake: FakeOllama, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`ollama run qwen3-coder` loaded the model as qwen3-coder:latest; the user asks for qwen3-coder:30b. The
+    server (not this machine's store) lists both names with one digest: matched by that digest."""
+    import json
+
+    from kvadvise.cli import main
+
+    _remote(fake, monkeypatch, tmp_path)
+    fake.tags = [tags_entry("qwen3-coder:latest", CODER_DIGEST), tags_entry("qwen3-coder:30b", CODER_DIGEST)]
+    fake.running = [FULL, _coder_ps("qwen3-coder:latest" if asked.endswith(":30b") else "qwen3-coder:30b")]
+    assert main(["verify", "ollama", asked, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["loaded"] and doc["fits"] and doc["matched_by"] == "digest"
+    assert [p for _m, p, _b in fake.requests] == ["/api/show", "/api/ps", "/api/tags"]
+
+
+def test_remote_server_listing_one_name_is_matched_by_the_library_alias(
+    fake: FakeOllama, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Only qwen3-coder:latest was pulled: the server does not list qwen3-coder:30b, so no digest is known for
+    it; Ollama's library names the two as one model (the built-in profile's alias): matched, and said so."""
+    from kvadvise.backends.ollama.resolve import library_names
+
+    _remote(fake, monkeypatch, tmp_path)
+    fake.tags = [tags_entry("qwen3-coder:latest", CODER_DIGEST), tags_entry("gemma3-270m:latest", "ab" * 32)]
+    fake.running = [_coder_ps("qwen3-coder:latest")]
+    aliases = library_names("qwen3-coder:30b")
+    assert aliases == ("qwen3-coder:latest",)
+    v = verify(fake.url, "qwen3-coder:30b", load=False, num_ctx=65536, predicted_total_bytes=None, aliases=aliases)
+    assert v.loaded and v.fits and v.matched_by == "alias" and v.name == "qwen3-coder:latest"
+    assert any("qwen3-coder:latest in Ollama's library" in r and "does not list" in r for r in v.reasons)
+    # another model loaded under its own name is not taken for it
+    fake.running = [FULL]
+    v = verify(fake.url, "qwen3-coder:30b", load=False, num_ctx=65536, predicted_total_bytes=None, aliases=aliases)
+    assert not v.loaded and any("gemma3-270m:latest" in r for r in v.reasons)
+
+
+def test_load_by_a_name_the_server_lists_under_another(fake: FakeOllama) -> None:
+    """--load qwen3-coder:30b on a server that has only qwen3-coder:latest: it loads that one (the /api/tags
+    digest, else the library alias) instead of stopping at "does not have"."""
+    fake.tags = [tags_entry("qwen3-coder:latest", CODER_DIGEST)]
+    fake.loads["qwen3-coder:latest"] = _coder_ps("qwen3-coder:latest")
+    v = verify(fake.url, "qwen3-coder:30b", load=True, num_ctx=65536, predicted_total_bytes=None, digest=CODER_DIGEST)
+    loads = [b["model"] for m, p, b in fake.requests if p == "/api/generate"]
+    assert loads == ["qwen3-coder:30b", "qwen3-coder:latest"]
+    assert v.loaded and v.fits and v.matched_by == "digest"
+    assert any("loaded qwen3-coder:latest (the same digest)" in r for r in v.reasons)
+    with pytest.raises(InputError, match="does not have nope:latest"):
+        verify(fake.url, "nope", load=True, num_ctx=4096, predicted_total_bytes=None, aliases=("nope:1b",))
+
+
+def test_predicted_at_the_context_the_server_reports(
+    fake: FakeOllama, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No --num-ctx and no num_ctx in the model: the runner holds the context Ollama chose (OLLAMA_CONTEXT_LENGTH,
+    or its VRAM tier), which /api/ps reports: the prediction is for that context, not for none."""
+    import json
+
+    from kvadvise.backends.ollama import rules
+    from kvadvise.backends.ollama.resolve import resolve
+    from kvadvise.cli import main
+    from kvadvise.planner.memory import estimate
+
+    _remote(fake, monkeypatch, tmp_path)
+    fake.tags = [tags_entry("qwen3-coder:30b", CODER_DIGEST)]
+    fake.running = [_coder_ps("qwen3-coder:30b", ctx=32768)]
+    assert main(["verify", "ollama", "qwen3-coder:30b", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    spec = resolve("qwen3-coder:30b", use_api=False).spec
+    want = estimate(spec, rules.run_config(32768, 1, "f16")).total_bytes
+    assert doc["predicted_ctx"] == 32768 and doc["predicted_total_bytes"] == want
+    assert doc["difference_bytes"] == 20 * GiB - want
+    # asked for 65,536, the server runs 32,768 (a clamp, or an earlier load): flagged, and predicted at 32,768
+    assert main(["verify", "ollama", "qwen3-coder:30b", "--num-ctx", "65536"]) == 3
+    out = capsys.readouterr().out
+    assert f"predicted {want / 1e9:.2f} GB at context 32,768" in out and "context 32,768, asked 65,536" in out
+
+
+def test_a_server_failing_api_tags_still_verifies(fake: FakeOllama) -> None:
+    """/api/tags is asked only when no name matches; a server that fails it (4xx or 5xx) is still verified from
+    /api/ps: by the store's digest, the library alias, or "not loaded"."""
+    fake.fail("/api/tags", 500, "boom")
+    fake.running = [_coder_ps("qwen3-coder:latest")]
+    v = verify(fake.url, "qwen3-coder:30b", load=False, num_ctx=65536, predicted_total_bytes=None)
+    assert not v.loaded and any("is not loaded" in r for r in v.reasons)
+    v = verify(
+        fake.url, "qwen3-coder:30b", load=False, num_ctx=65536, predicted_total_bytes=None, aliases=("qwen3-coder",)
+    )
+    assert v.loaded and v.matched_by == "alias"

@@ -133,18 +133,32 @@ def entry_dict(e: Entry) -> dict[str, Any]:
         "budget_bytes": p.budget.budget_bytes,
         "headroom_bytes": p.budget.budget_bytes - p.estimate.device_bytes,
         "decode_tokens_per_s": rec.decode_tokens_per_s if p.fits else None,
+        # --- issue 29.3: decode at 4k beside decode at the context, so that models compare at one depth
+        "decode_4k_tokens_per_s": decode_at_4k(p),
         "bandwidth_source": p.budget.bandwidth_source,
     }
+
+
+DEPTH_4K = 4096
+
+
+def decode_at_4k(p: Plan) -> float | None:
+    """The decode estimate of one sequence with 4k tokens of context (the first depth the speed model gives;
+    None when the plan does not fit or holds fewer than 4k tokens)."""
+    speed = p.speed if p.fits else None
+    if speed is None or speed.points[0][0] != DEPTH_4K:
+        return None
+    return speed.points[0][1]
 
 
 def sort_entries(entries: list[Entry], key: str | None) -> list[Entry]:
     if key is None:
         return entries
     docs = {id(e): entry_dict(e) for e in entries}
-    if key == "speed":
-        return sorted(entries, key=lambda e: -(docs[id(e)]["decode_tokens_per_s"] or 0.0))
+    if key == "speed":  # at 4k, one depth for every model (at its own context a model with less looks faster)
+        return sorted(entries, key=lambda e: -(docs[id(e)]["decode_4k_tokens_per_s"] or 0.0))
     if key == "context":
-        return sorted(entries, key=lambda e: (-docs[id(e)]["n_ctx"], -(docs[id(e)]["decode_tokens_per_s"] or 0.0)))
+        return sorted(entries, key=lambda e: (-docs[id(e)]["n_ctx"], -(docs[id(e)]["decode_4k_tokens_per_s"] or 0.0)))
     return sorted(entries, key=lambda e: -docs[id(e)]["weights_bytes"])
 
 
@@ -158,21 +172,43 @@ def table_text(entries: list[Entry]) -> list[str]:
     cw = max([4, *(len(d["card"]) for d in docs)])
     lines = [
         f"{'MODEL':<{mw}}  {'CARD':<{cw}}  {'FITS':<4} {'CONTEXT':>8} {'TARGET':>7}  {'CACHE':<10} "
-        f"{'WEIGHTS':>9} {'HEADROOM':>10} {'DECODE':>12}"
+        f"{'WEIGHTS':>9} {'HEADROOM':>10} {'T/S@4K':>7} {'T/S@CTX':>8}"
     ]
     for d in docs:
         kv = d["type_k"] if d["type_k"] == d["type_v"] else f"{d['type_k']}/{d['type_v']}"
         if d["flash_attn"] == "off":
             kv += " noFA"
-        tps = d["decode_tokens_per_s"]
-        speed = f"~{tps:,.0f} tok/s" if tps else "-"
         head = d["headroom_bytes"] / GIB
         lines.append(
             f"{d['model']:<{mw}}  {d['card']:<{cw}}  {'yes' if d['fits'] else 'NO':<4} {_ctx(d['n_ctx']):>8} "
             f"{_ctx(d['target_ctx']):>7}  {kv if d['fits'] else '-':<10} {d['weights_bytes'] / 1e9:>6.1f} GB "
-            f"{head:>+6.1f} GiB {speed:>12}"
+            f"{head:>+6.1f} GiB {_tps(d['decode_4k_tokens_per_s']):>7} {_tps(d['decode_tokens_per_s']):>8}"
         )
     return lines
+
+
+def _tps(tps: float | None) -> str:
+    return f"~{tps:,.0f}" if tps else "-"
+
+
+def goal_text(entries: list[Entry], use: str | None, target: int) -> str:
+    """What the TARGET column holds, as the plans set it: --use, --target-ctx or the policy's default for the
+    card (kvadvise.planner.policy.default_target_ctx: 64k on cards of 16 GB or more, 32k below); capped at
+    each model's training context."""
+    from kvadvise.planner.policy import default_target_ctx
+
+    capped = "capped at each model's training context"
+    if use == "long":
+        return "target (--use long): each model's training context"
+    if use:
+        return f"target {_ctx(target)} per slot (--use {use}), {capped}"
+    if target:
+        return f"target {_ctx(target)} per slot (--target-ctx), {capped}"
+    defaults = sorted({default_target_ctx(e.plan.budget)[0] for e in entries if e.plan.budget is not None})
+    if len(defaults) == 1:
+        cards = "this card" if len({e.card.label for e in entries}) == 1 else "these cards"
+        return f"target {_ctx(defaults[0])} per slot (the default on {cards}), {capped}"
+    return f"target 64k per slot on cards of 16 GB or more, 32k below (the default), {capped}"
 
 
 @click.command("compare")
@@ -196,7 +232,8 @@ def table_text(entries: list[Entry]) -> list[str]:
     "--sort",
     type=click.Choice(SORTS),
     default=None,
-    help="speed (fastest decode first), context (longest first) or size (largest weights first); default: as given.",
+    help="speed (fastest decode at 4k tokens of context first), context (longest first) or size (largest "
+    "weights first); default: as given.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (keys in README.md).")
 def compare(
@@ -261,13 +298,13 @@ def compare(
             }
         )
     else:
-        goal = (
-            f"--use {use}"
-            if use
-            else (f"target {target:,} tokens" if target else "target: each model's training context")
+        output.result(
+            f"{len(specs)} model(s) on {len(card_list)} card(s); {goal_text(entries, use, target)}; "
+            f"{n_parallel} slot(s); llama.cpp cache types"
         )
         output.result(
-            f"{len(specs)} model(s) on {len(card_list)} card(s); {goal}; {n_parallel} slot(s); llama.cpp cache types"
+            "T/S: estimated decode tokens/s of one sequence with 4k tokens of context, and at its CONTEXT"
+            + ("; sorted by the 4k figure" if sort == "speed" else "")
         )
         for line in table_text(entries):
             output.result(line)

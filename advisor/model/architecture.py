@@ -268,6 +268,32 @@ def _n_dims(shape: tuple[int, ...]) -> int:
     return n
 
 
+# llama_model::create_memory (src/llama-model.cpp, llama.cpp 0c1e570) makes no memory module for these
+# architectures (res = nullptr): encoders (the BERT family, which embedding models such as nomic-embed-text,
+# bge-m3 and mxbai-embed-large are) and diffusion models. No KV cache, whatever the context.
+NO_MEMORY_ARCHS = frozenset(
+    {
+        "bert",
+        "jina-bert-v2",
+        "jina-bert-v3",
+        "nomic-bert",
+        "nomic-bert-moe",
+        "neo-bert",
+        "eurobert",
+        "wavtokenizer-dec",
+        "modern-bert",
+        "gemma-embedding",
+        "dream",
+        "llada",
+        "llada-moe",
+        "rnd1",
+    }
+)
+# Of those, the encoders (src/models/bert.cpp, nomic-bert.cpp, ...): no output tensor either (they pool
+# the hidden states into an embedding), so no tied copy of token_embd is made for an output layer.
+ENCODER_ARCHS = NO_MEMORY_ARCHS - {"wavtokenizer-dec", "dream", "llada", "llada-moe", "rnd1"}
+
+
 def from_gguf(header: GGUFHeader) -> ModelSpec:
     arch = header.architecture
     k = _Keys(header, arch)
@@ -302,6 +328,8 @@ def from_gguf(header: GGUFHeader) -> ModelSpec:
     # Which layers own KV in the main context (create_memory filters):
     # trunk only (il < n_layer(): MTP blocks are filtered), not recurrent, with KV heads.
     kv_layers = tuple(il < n_layer and not recurrent[il] and n_head_kv[il] > 0 for il in range(n_layer_all))
+    if arch in NO_MEMORY_ARCHS:  # encoders and diffusion models: no KV cache at all
+        kv_layers = (False,) * n_layer_all
     if arch in ("gemma3n", "gemma4"):
         # n_layer_kv_from_start = n_layer - shared_kv_layers: later layers reuse a cache
         shared = k.num(Attention.SHARED_KV_LAYERS, 0)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from kvadvise.errors import ConfigError
+from kvadvise.model.architecture import ENCODER_ARCHS
 from kvadvise.model.ggml import ALIGNMENT, BLOCK, GGMLType, cuda_alloc_bytes, is_quantized, pad, row_bytes
 from kvadvise.model.spec import ModelSpec
 from kvadvise.planner.repack import RULES as REPACK_RULES
@@ -198,6 +199,77 @@ class MemoryEstimate:
     draft: MemoryEstimate | None = None  # -md: the draft model's own context (in the devices' and host totals)
 
 
+@dataclass(frozen=True, slots=True)
+class LayerShapes:
+    """What sizing the caches reads of a model's layers: the same for every card, context and cache type,
+    so it is worked out once per model (``compare`` plans each model on dozens of cards)."""
+
+    v_max: int  # n_embd_v_gqa_max(): the width of every V row when V is transposed (flash attention off)
+    # per layer: (sliding-window, n_embd_k_gqa, n_embd_v_gqa), None for a layer without KV cells
+    keys: tuple[tuple[bool, int, int] | None, ...]
+    counts: tuple[tuple[tuple[bool, int, int], int], ...]  # each distinct key and how many layers have it
+    kv_group: tuple[int, ...]  # the layers of the non-SWA cache (all KV layers without SWA)
+    swa_group: tuple[int, ...]  # the layers of the SWA cache
+    kv_counts: tuple[tuple[tuple[bool, int, int], int], ...]  # :attr:`counts` of the non-SWA cache's layers
+    swa_counts: tuple[tuple[tuple[bool, int, int], int], ...]  # and of the SWA cache's
+    has_full: bool  # some KV layer attends to the whole context
+    has_swa_layer: bool  # some KV layer is sliding-window
+    heads: frozenset[tuple[int, int]]  # the (K, V) head sizes of the trunk's layers, for flash attention's check
+
+
+_SHAPES: dict[int, tuple[ModelSpec, LayerShapes]] = {}  # id(spec) -> (spec, shapes); the spec is kept to pin its id
+_SHAPES_MAX = 256
+
+
+def layer_shapes(spec: ModelSpec) -> LayerShapes:
+    """The model's :class:`LayerShapes`, computed on first use and kept for the last few hundred models."""
+    hit = _SHAPES.get(id(spec))
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    has_swa = spec.has_swa
+    keys = tuple(
+        (bool(spec.swa_layers[il]), spec.n_embd_k_gqa(il), spec.n_embd_v_gqa(il)) if spec.kv_layers[il] else None
+        for il in range(spec.n_layer_all)
+    )
+    counts: dict[tuple[bool, int, int], int] = {}
+    for key in keys:
+        if key is not None:
+            counts[key] = counts.get(key, 0) + 1
+    kv_layers = [il for il, key in enumerate(keys) if key is not None]
+    kv_group = tuple(il for il in kv_layers if not has_swa or not spec.swa_layers[il])
+    swa_group = tuple(il for il in kv_layers if has_swa and spec.swa_layers[il]) if has_swa else ()
+
+    def count(group: tuple[int, ...]) -> tuple[tuple[tuple[bool, int, int], int], ...]:
+        c: dict[tuple[bool, int, int], int] = {}
+        for il in group:
+            key = keys[il]
+            assert key is not None
+            c[key] = c.get(key, 0) + 1
+        return tuple(c.items())
+
+    shapes = LayerShapes(
+        v_max=spec.n_embd_v_gqa_max(),
+        keys=keys,
+        counts=tuple(counts.items()),
+        kv_group=kv_group,
+        swa_group=swa_group,
+        kv_counts=count(kv_group),
+        swa_counts=count(swa_group),
+        has_full=any(kv and not swa for kv, swa in zip(spec.kv_layers, spec.swa_layers, strict=True)),
+        has_swa_layer=any(kv and swa for kv, swa in zip(spec.kv_layers, spec.swa_layers, strict=True)),
+        heads=frozenset(
+            (spec.n_embd_head_k_swa, spec.n_embd_head_v_swa)
+            if spec.swa_layers[il]
+            else (spec.n_embd_head_k, spec.n_embd_head_v)
+            for il in range(spec.n_layer)
+        ),
+    )
+    if len(_SHAPES) >= _SHAPES_MAX:
+        _SHAPES.clear()
+    _SHAPES[id(spec)] = (spec, shapes)
+    return shapes
+
+
 def resolve(spec: ModelSpec, cfg: RunConfig) -> ContextLayout:
     """llama_context::llama_context(): n_ctx, n_batch and n_ubatch as llama.cpp sets them."""
     if cfg.n_ctx < 0 or cfg.n_parallel < 1 or cfg.n_batch < 1 or cfg.n_ubatch < 1:
@@ -267,12 +339,7 @@ def _flash_attn(spec: ModelSpec, cfg: RunConfig) -> bool:
             hint="use --flash-attn on (or auto), or an f16 V cache",
         )
     if fa != "off":  # auto resolves to on: the CPU and CUDA backends support FA for these head sizes
-        heads = [
-            (spec.n_embd_head_k_swa, spec.n_embd_head_v_swa)
-            if spec.swa_layers[il]
-            else (spec.n_embd_head_k, spec.n_embd_head_v)
-            for il in range(spec.n_layer)
-        ]
+        heads = layer_shapes(spec).heads
         for name, t, idx in (("K", cfg.type_k, 0), ("V", cfg.type_v, 1)):
             blck = BLOCK[t][0]
             bad = sorted({h[idx] for h in heads if h[idx] % blck})
@@ -291,67 +358,63 @@ def _tensor_alloc(device: str, t: GGMLType, ne0: int, n_bytes: int) -> int:
     return pad(n_bytes, ALIGNMENT[device])
 
 
-def layer_kv_bytes(spec: ModelSpec, lay: ContextLayout) -> tuple[tuple[int, int], ...]:
-    """(K, V) bytes of each layer: tensors [n_embd_k_gqa, cells, n_stream] (llama_kv_cache ctor)."""
-    v_max = spec.n_embd_v_gqa_max()
+def kv_shape_bytes(spec: ModelSpec, lay: ContextLayout) -> dict[tuple[bool, int, int] | None, tuple[int, int]]:
+    """(K, V) bytes of a layer of each distinct shape (:attr:`LayerShapes.keys`; None: no KV): tensors
+    [n_embd_k_gqa, cells, n_stream] (llama_kv_cache ctor). Layers mostly share a shape: each is sized once."""
+    shapes = layer_shapes(spec)
     has_swa = spec.has_swa
-    out = []
-    sizes: dict[tuple[int, int, int], tuple[int, int]] = {}  # layers mostly share a shape: size each once
-    for il in range(spec.n_layer_all):
-        if not spec.kv_layers[il]:
-            out.append((0, 0))
-            continue
-        cells = lay.n_ctx_swa if has_swa and spec.swa_layers[il] else lay.n_ctx_seq
-        nk = spec.n_embd_k_gqa(il)
+    sizes: dict[tuple[bool, int, int] | None, tuple[int, int]] = {None: (0, 0)}
+    for key, _n in shapes.counts:
+        swa, nk, nv_fa = key
+        cells = lay.n_ctx_swa if has_swa and swa else lay.n_ctx_seq
         # MLA: has_v = !is_mla, V is a view into K; v_trans (FA off) pads V to the widest layer
-        nv = -1 if spec.is_mla else v_max if not lay.flash_attn else spec.n_embd_v_gqa(il)
-        kv = sizes.get((cells, nk, nv))
-        if kv is None:
-            k = _tensor_alloc(lay.device, lay.type_k, nk, row_bytes(lay.type_k, nk) * cells * lay.n_stream)
-            v = (
-                0
-                if nv < 0
-                else _tensor_alloc(lay.device, lay.type_v, nv, row_bytes(lay.type_v, nv) * cells * lay.n_stream)
-            )
-            kv = sizes[(cells, nk, nv)] = (k, v)
-        out.append(kv)
-    return tuple(out)
+        nv = -1 if spec.is_mla else shapes.v_max if not lay.flash_attn else nv_fa
+        k = _tensor_alloc(lay.device, lay.type_k, nk, row_bytes(lay.type_k, nk) * cells * lay.n_stream)
+        v = 0 if nv < 0 else _tensor_alloc(lay.device, lay.type_v, nv, row_bytes(lay.type_v, nv) * cells * lay.n_stream)
+        sizes[key] = (k, v)
+    return sizes
+
+
+def layer_kv_bytes(spec: ModelSpec, lay: ContextLayout) -> tuple[tuple[int, int], ...]:
+    """(K, V) bytes of each layer."""
+    sizes = kv_shape_bytes(spec, lay)
+    return tuple(sizes[key] for key in layer_shapes(spec).keys)
 
 
 def kv_caches(
-    spec: ModelSpec, lay: ContextLayout, per_layer: tuple[tuple[int, int], ...] | None = None
+    spec: ModelSpec,
+    lay: ContextLayout,
+    sizes: dict[tuple[bool, int, int] | None, tuple[int, int]] | None = None,
 ) -> tuple[CacheEstimate, ...]:
-    """The caches llama.cpp creates: one, or two with sliding-window layers (iSWA: non-SWA first)."""
-    if per_layer is None:
-        per_layer = layer_kv_bytes(spec, lay)
-    groups = [("kv", lay.n_ctx_seq, False)]
+    """The caches llama.cpp creates: one, or two with sliding-window layers (iSWA: non-SWA first).
+    ``sizes``: :func:`kv_shape_bytes`, when the caller has it."""
+    if sizes is None:
+        sizes = kv_shape_bytes(spec, lay)
+    shapes = layer_shapes(spec)
+    groups = [("kv", lay.n_ctx_seq, shapes.kv_group, shapes.kv_counts)]
     if spec.has_swa:
-        groups.append(("swa", lay.n_ctx_swa, True))
+        groups.append(("swa", lay.n_ctx_swa, shapes.swa_group, shapes.swa_counts))
     out = []
-    for kind, cells, want_swa in groups:
-        layers = [
-            il
-            for il in range(spec.n_layer_all)
-            if spec.kv_layers[il] and (not spec.has_swa or spec.swa_layers[il] == want_swa)
-        ]
+    for kind, cells, layers, counts in groups:
         if layers:
-            k = sum(per_layer[il][0] for il in layers)
-            v = sum(per_layer[il][1] for il in layers)
+            k = sum(n * sizes[key][0] for key, n in counts)
+            v = sum(n * sizes[key][1] for key, n in counts)
             out.append(CacheEstimate(kind, cells, len(layers), k, v))
     return tuple(out)
 
 
 def kv_bytes_per_token(spec: ModelSpec, lay: ContextLayout) -> int:
     """Growth of the KV cache per extra token of context (SWA layers only grow with --swa-full)."""
-    v_max = spec.n_embd_v_gqa_max()
+    shapes = layer_shapes(spec)
+    has_swa = spec.has_swa
     total = 0
-    for il in range(spec.n_layer_all):
-        if not spec.kv_layers[il] or (spec.has_swa and spec.swa_layers[il] and not lay.swa_full):
+    for (swa, nk, nv_fa), n in shapes.counts:
+        if has_swa and swa and not lay.swa_full:
             continue
-        total += row_bytes(lay.type_k, spec.n_embd_k_gqa(il))
+        row = row_bytes(lay.type_k, nk)
         if not spec.is_mla:
-            nv = v_max if not lay.flash_attn else spec.n_embd_v_gqa(il)
-            total += row_bytes(lay.type_v, nv)
+            row += row_bytes(lay.type_v, shapes.v_max if not lay.flash_attn else nv_fa)
+        total += n * row
     return total
 
 
@@ -385,8 +448,8 @@ def compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     hidden = 4 * f32 * ub * spec.n_embd  # the residual stream, its norm, the layer input and output
     # KQ masks are graph inputs, alive through the whole graph: [n_kv, ub] per cache kind, f16 for
     # flash attention, else f32 (src/llama-graph.cpp build_attn_inp_kq_mask).
-    full = any(kv and not swa for kv, swa in zip(spec.kv_layers, spec.swa_layers, strict=True))
-    swa = any(kv and s for kv, s in zip(spec.kv_layers, spec.swa_layers, strict=True))
+    shapes = layer_shapes(spec)
+    full, swa = shapes.has_full, shapes.has_swa_layer
     n_kv = lay.n_ctx_seq if full else 0
     n_kv_swa = lay.n_ctx_swa if swa else 0
     masks = (n_kv + n_kv_swa) * ub * (2 if lay.flash_attn else f32)
@@ -401,8 +464,8 @@ def compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
 def mask_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     """The KQ masks, one per cache kind (full and SWA): [n_kv, n_tokens/n_stream, 1, n_stream], f16 with
     flash attention, else f32 (src/llama-graph.cpp build_attn_inp_kq_mask, 0c1e570)."""
-    full = any(kv and not swa for kv, swa in zip(spec.kv_layers, spec.swa_layers, strict=True))
-    swa = any(kv and s for kv, s in zip(spec.kv_layers, spec.swa_layers, strict=True))
+    shapes = layer_shapes(spec)
+    full, swa = shapes.has_full, shapes.has_swa_layer
     n_kv = (lay.n_ctx_seq if full else 0) + (lay.n_ctx_swa if swa else 0)
     return n_kv * lay.n_ubatch * (2 if lay.flash_attn else 4)
 
@@ -456,8 +519,8 @@ def device_compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     embd = f32 * ub * spec.n_embd
     n_head = max(spec.n_head, default=0)
     q = f32 * ub * n_head * spec.n_embd_head_k
-    full = any(kv and not swa for kv, swa in zip(spec.kv_layers, spec.swa_layers, strict=True))
-    swa = any(kv and s for kv, s in zip(spec.kv_layers, spec.swa_layers, strict=True))
+    shapes = layer_shapes(spec)
+    full, swa = shapes.has_full, shapes.has_swa_layer
     n_kv = max(lay.n_ctx_seq if full else 0, lay.n_ctx_swa if swa else 0)
     logits = f32 * min(ub, lay.n_outputs_max) * spec.n_vocab + 2 * embd
     scores = 0 if lay.flash_attn else f32 * ub * n_kv * n_head
@@ -506,10 +569,19 @@ def _split_compute(spec: ModelSpec, lay: ContextLayout, layers: list[int], *, la
     return pad(copies * (masks + embd) + 3 * embd + max(logits, attn, ffn), MIB // 2)
 
 
+def validate(spec: ModelSpec, cfg: RunConfig) -> None:
+    """Raise the ConfigError :func:`estimate` would raise for ``cfg``, without sizing anything: llama.cpp's
+    checks of the context and its cache types (:func:`resolve`), the tensor split, the draft's own."""
+    lay = resolve(spec, cfg)
+    layer_devices(spec.n_layer_all, cfg.tensor_split)
+    if cfg.draft is not None:
+        validate(cfg.draft, draft_config(cfg, lay))
+
+
 def estimate(spec: ModelSpec, cfg: RunConfig) -> MemoryEstimate:
     lay = resolve(spec, cfg)
-    per_layer = layer_kv_bytes(spec, lay)
-    caches = kv_caches(spec, lay, per_layer)
+    sizes = kv_shape_bytes(spec, lay)
+    caches = kv_caches(spec, lay, sizes)
     k = sum(c.k_bytes for c in caches)
     v = sum(c.v_bytes for c in caches)
     rs = recurrent_bytes(spec, lay)
@@ -528,7 +600,7 @@ def estimate(spec: ModelSpec, cfg: RunConfig) -> MemoryEstimate:
         )
         host = HostMemory(0, 0, 0, 0)
     else:
-        devices, host = _offloaded(spec, cfg, lay, per_layer, rs, out, overhead)
+        devices, host = _offloaded(spec, cfg, lay, caches, sizes, rs, out, overhead)
     proj = None
     if cfg.mmproj is not None:
         from kvadvise.planner.projector import projector_memory
@@ -605,11 +677,55 @@ def _with_projector(
     return (first, *devices[1:]), host
 
 
+@dataclass(frozen=True, slots=True)
+class _DeviceLayers:
+    """One device's share of a split (-sm layer): its blocks, whether it has the output layer, the weights."""
+
+    layers: tuple[int, ...]
+    last: bool  # it holds the output layer
+    weights_bytes: int
+    n_layers: int  # as "offloaded N/M layers to GPU" counts them (the output layer is one)
+
+
+_SPLITS: dict[tuple[int, tuple[int, ...], bool], tuple[ModelSpec, tuple[_DeviceLayers, ...]]] = {}
+
+
+def _device_layers(spec: ModelSpec, owner: tuple[int, ...], n_dev: int, cuda: bool) -> tuple[_DeviceLayers, ...]:
+    """Each device's blocks and weights for a split: the same at every context, so worked out once per model
+    and split (kept for the last few hundred)."""
+    key = (id(spec), owner, cuda)
+    hit = _SPLITS.get(key)
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    layer_w = list(spec.layer_bytes) or [0] * spec.n_layer_all
+    layer_pad = list(spec.layer_cuda_pad_bytes) or [0] * spec.n_layer_all
+    # llama_model::load_tensors: token_embd always stays on the CPU ("very little benefit"); what is not
+    # in a block (output, output_norm, ...) goes with the output layer; tied embeddings make that device
+    # hold a copy of token_embd as the output layer (an encoder has no output layer: no copy)
+    tied_copy = spec.tok_embd_bytes if spec.output_bytes == 0 and spec.architecture not in ENCODER_ARCHS else 0
+    rest = spec.weights_bytes - spec.tok_embd_bytes - sum(layer_w) + tied_copy
+    rest_pad = spec.cuda_pad_bytes - sum(layer_pad) if cuda else 0
+    parts = []
+    for d in range(n_dev):
+        layers = tuple(il for il in range(spec.n_layer_all) if owner[il] == d)
+        last = owner[spec.n_layer_all] == d
+        weights = sum(layer_w[il] + (layer_pad[il] if cuda else 0) for il in layers) + (
+            (rest + rest_pad) if last else 0
+        )
+        n_layers = sum(1 for il in layers if il < spec.n_layer) + (1 if last else 0)
+        parts.append(_DeviceLayers(layers, last, weights, n_layers))
+    if len(_SPLITS) >= _SHAPES_MAX:
+        _SPLITS.clear()
+    out = _SPLITS[key] = (spec, tuple(parts))
+    return out[1]
+
+
 def _offloaded(
     spec: ModelSpec,
     cfg: RunConfig,
     lay: ContextLayout,
-    per_layer: tuple[tuple[int, int], ...],
+    caches: tuple[CacheEstimate, ...],
+    sizes: dict[tuple[bool, int, int] | None, tuple[int, int]],
     rs: int,
     out: int,
     overhead: int,
@@ -626,36 +742,25 @@ def _offloaded(
     if len(names) != n_dev:
         raise ConfigError(f"{len(names)} device names for a split over {n_dev} devices")
     cuda = lay.device == "cuda"
-    layer_kv = [a + b for a, b in per_layer]
     rs_layers = sum(spec.recurrent_layers)
-    layer_rs = [rs // rs_layers if (spec.recurrent_layers[il] and rs_layers) else 0 for il in range(spec.n_layer_all)]
-    layer_w = list(spec.layer_bytes) or [0] * spec.n_layer_all
-    layer_pad = list(spec.layer_cuda_pad_bytes) or [0] * spec.n_layer_all
-    # llama_model::load_tensors: token_embd always stays on the CPU ("very little benefit"); what is not
-    # in a block (output, output_norm, ...) goes with the output layer; tied embeddings make that device
-    # hold a copy of token_embd as the output layer.
-    rest = (
-        spec.weights_bytes - spec.tok_embd_bytes - sum(layer_w) + (spec.tok_embd_bytes if spec.output_bytes == 0 else 0)
-    )
-    rest_pad = spec.cuda_pad_bytes - sum(layer_pad) if cuda else 0
     pipeline = n_dev > 1  # llama_context: several devices, every layer offloaded, -sm layer
     copies = N_COPIES if pipeline else 1
+    keys = layer_shapes(spec).keys
     devices = []
-    for d in range(n_dev):
-        layers = [il for il in range(spec.n_layer_all) if owner[il] == d]
-        last = owner[spec.n_layer_all] == d
-        weights = sum(layer_w[il] + (layer_pad[il] if cuda else 0) for il in layers) + (
-            (rest + rest_pad) if last else 0
-        )
-        kv_d = sum(layer_kv[il] for il in layers)
-        rs_d = sum(layer_rs[il] for il in layers)
-        if n_dev == 1:
+    for d, part in enumerate(_device_layers(spec, owner, n_dev, cuda)):
+        if n_dev == 1:  # every KV layer is in one of the caches
+            kv_d = sum(c.k_bytes + c.v_bytes for c in caches)
+            rs_d = rs // rs_layers * rs_layers if rs_layers else 0
             compute = device_compute_bytes(spec, lay)
         else:
-            compute = _split_compute(spec, lay, layers, last=last, copies=copies) if (layers or last) else 0
-        n_layers = sum(1 for il in layers if il < spec.n_layer) + (1 if last else 0)
-        total = weights + kv_d + rs_d + compute + overhead
-        devices.append(DeviceMemory(names[d], n_layers, weights, kv_d, rs_d, compute, overhead, total))
+            kv_d = sum(sum(sizes[keys[il]]) for il in part.layers)
+            rs_d = rs // rs_layers * sum(1 for il in part.layers if spec.recurrent_layers[il]) if rs_layers else 0
+            last = part.last
+            compute = (
+                _split_compute(spec, lay, list(part.layers), last=last, copies=copies) if (part.layers or last) else 0
+            )
+        total = part.weights_bytes + kv_d + rs_d + compute + overhead
+        devices.append(DeviceMemory(names[d], part.n_layers, part.weights_bytes, kv_d, rs_d, compute, overhead, total))
     if pipeline:
         ub = lay.n_ubatch
         q = 0 if lay.flash_attn else 4 * ub * max(spec.n_head, default=0) * spec.n_embd_head_k

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 from kvadvise.errors import ConfigError
 from kvadvise.model.ggml import GGMLType
 from kvadvise.model.spec import ModelSpec
-from kvadvise.planner.memory import CTX_PAD, RunConfig, estimate
+from kvadvise.planner.memory import CTX_PAD, RunConfig, validate
 
 if TYPE_CHECKING:
     from kvadvise.planner.budget import Budget
@@ -168,14 +168,16 @@ def kv_choices(spec: ModelSpec, base: RunConfig, policy: Policy) -> list[KV]:
 
 def choices(spec: ModelSpec, base: RunConfig, policy: Policy) -> list[tuple[KV, bool, bool]]:
     """(cache types, flash attention, allowed) per candidate; a q4_0 candidate is allowed only on opt-in."""
+    # validate() raises what estimate() would for these types, without sizing anything (issue 30.3: a full
+    # estimate here was 29 % of `compare`)
     if policy.fixed_kv is not None:
-        estimate(spec, config_at(base, CTX_PAD, policy.fixed_kv, base.flash_attn != "off", base.device))  # raises
+        validate(spec, config_at(base, CTX_PAD, policy.fixed_kv, base.flash_attn != "off", base.device))  # raises
         return [(policy.fixed_kv, base.flash_attn != "off", True)]
     fa = base.flash_attn != "off"
     out = []
     for kv in kv_choices(spec, base, policy):
         try:
-            estimate(spec, config_at(base, CTX_PAD, kv, fa, base.device))
+            validate(spec, config_at(base, CTX_PAD, kv, fa, base.device))
         except ConfigError:
             continue  # e.g. the block size does not divide the head size
         out.append((kv, fa, policy.allow_q4 or not needs_opt_in(kv)))

@@ -205,7 +205,7 @@ def verify_ollama_command(
     from dataclasses import asdict
 
     from kvadvise.backends.ollama.config import server_kv_cache_type
-    from kvadvise.backends.ollama.resolve import resolve
+    from kvadvise.backends.ollama.resolve import library_names, resolve
     from kvadvise.backends.ollama.verify import verify
     from kvadvise.errors import EXIT_NO_FIT
     from kvadvise.planner.memory import estimate
@@ -214,23 +214,27 @@ def verify_ollama_command(
     with ollama_api.session():
         model = resolve(name, host=host)
         ctx = num_ctx or model.default_num_ctx
-        predicted = None
-        if ctx:  # as Ollama runs it: -c num_ctx x slots, one cache type for K and V, flash attention on
-            predicted = estimate(model.spec, rules.run_config(ctx, num_parallel, kv)).total_bytes
+
+        def predict(n_ctx: int) -> int:  # as Ollama runs it: -c num_ctx x slots, one cache type, flash attention
+            return estimate(model.spec, rules.run_config(n_ctx, num_parallel, kv)).total_bytes
+
         v = verify(
             host,
             name,
             load=load,
             num_ctx=ctx,
-            predicted_total_bytes=predicted,
+            predicted_total_bytes=predict(ctx) if ctx else None,
             digest=model.digest,
             model_path=model.spec.source if model.source.startswith("store:") else None,
+            aliases=library_names(name),
+            predict_at=predict,
             measure_speed=load,
         )
     v = replace(v, kv_cache_type=kv, kv_cache_type_source=kv_source)
-    if v.decode_tokens_per_s is not None and ctx:
+    run_ctx = v.context_length or ctx
+    if v.decode_tokens_per_s is not None and run_ctx:
         v = replace(
-            v, decode_estimate_tokens_per_s=_decode_estimate(model.spec, rules.run_config(ctx, num_parallel, kv))
+            v, decode_estimate_tokens_per_s=_decode_estimate(model.spec, rules.run_config(run_ctx, num_parallel, kv))
         )
     if as_json:
         output.result_json(asdict(v))
@@ -240,8 +244,9 @@ def verify_ollama_command(
             + (f", {v.size / 1e9:.1f} GB, context {v.context_length}" if v.loaded else "")
         )
         if v.predicted_total_bytes is not None and v.difference_bytes is not None:
+            at = f" at context {v.predicted_ctx:,}" if v.predicted_ctx else ""
             output.line(
-                f"  predicted {v.predicted_total_bytes / 1e9:.2f} GB; "
+                f"  predicted {v.predicted_total_bytes / 1e9:.2f} GB{at}; "
                 f"reported - predicted = {v.difference_bytes / 1e6:+,.0f} MB"
             )
         output.line(f"  K/V cache {kv} ({kv_source})")
@@ -337,9 +342,15 @@ def with_installed(cmd: click.Command) -> click.Command:
     params: list[click.Parameter] = []
     for p in cmd.params:
         if isinstance(p, click.Argument) and p.name == "name":
-            p = click.Argument(["name"], required=False)
+            p = click.Argument(["name"], required=False, nargs=-1)  # several: planned together
         params.append(p)
     params += [
+        click.Option(
+            ["--write-preset"],
+            metavar="PATH",
+            default=None,
+            help="With several models: also write them as a llama-server router preset (--models-preset).",
+        ),
         click.Option(
             ["--installed"],
             is_flag=True,
@@ -358,20 +369,32 @@ def with_installed(cmd: click.Command) -> click.Command:
     def callback(**kwargs: Any) -> Any:
         listing = kwargs.pop("installed")
         sort = kwargs.pop("sort")
+        names: tuple[str, ...] = kwargs.pop("name") or ()
         if listing:
-            if kwargs.get("name"):
+            if names:
                 raise click.UsageError("--installed lists every model: drop NAME (or drop --installed)")
+            if kwargs.pop("write_preset"):
+                raise click.UsageError("--installed lists every model; --write-preset is for several models: name them")
             from kvadvise.backends.ollama.installed import list_installed  # the store listing: only when asked
 
-            return list_installed(kwargs, sort or "name")
+            return list_installed(kwargs | {"name": None}, sort or "name")
         if sort:
             raise click.UsageError("--sort orders the --installed listing")
-        if not kwargs.get("name"):
+        if not names:
             raise click.UsageError("give a model NAME[:TAG], or --installed to list the models of the store")
-        return inner(**kwargs)
+        if len(names) > 1:  # several models on one server: Ollama's scheduler (backends/ollama/together.py)
+            from kvadvise.backends.ollama.together import run
+
+            return run(names, kwargs)
+        if kwargs.pop("write_preset"):
+            raise click.UsageError("--write-preset writes several models as a llama-server router preset")
+        return inner(name=names[0], **kwargs)
 
     help_text = (cmd.help or "") + (
         "\n\nkvadvise ollama --installed [--sort name|size|context] [--json]: every model of the store, one line each."
+        "\n\nkvadvise ollama NAME NAME... [--write-env FILE] [--write-preset FILE]: several models on one server, "
+        "as Ollama's scheduler places them: which stay loaded together on which GPU, which evicts which, and the "
+        "settings that keep them loaded."
     )
     return click.Command(
         cmd.name,

@@ -97,6 +97,21 @@ def resolve(
     )
 
 
+def library_names(ref: str) -> tuple[str, ...]:
+    """The other names of ``ref`` in Ollama's library, from the built-in profiles (qwen3-coder:latest and
+    qwen3-coder:30b are one model): what ``verify ollama`` matches a loaded model by when neither its name
+    nor a digest does. () for a name no profile knows."""
+    try:
+        name = parse_name(ref)
+    except InputError:
+        return ()
+    profile = find_profile(name)  # None off the library
+    if profile is None:
+        return ()
+    own = f"{name.model}:{name.tag}".lower()
+    return tuple(n for n in (profile.id, *profile.aliases) if n.lower() != own)
+
+
 def _from_store(name: OllamaName, entry: ollama_store.StoreEntry) -> OllamaModel:
     header = read_header(entry.model_blob)
     spec = from_gguf(header)

@@ -12,11 +12,16 @@ context check.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kvadvise.backends.ollama import api as ollama_api
 from kvadvise.backends.ollama.name import OllamaName, parse_name
 from kvadvise.errors import InputError
+
+if TYPE_CHECKING:  # the listing module loads only when a name does not match
+    from kvadvise.backends.ollama.installed import Tagged
 
 DEFAULT_LOAD_TIMEOUT = 600.0  # loading a large model from a slow disk takes minutes
 
@@ -38,10 +43,11 @@ class OllamaVerification:
     decode_tokens_per_s: float | None = None
     kv_cache_type: str | None = None  # the cache type the prediction used
     kv_cache_type_source: str | None = None  # the flag, the env file or drop-in kvadvise wrote, or the default
-    matched_by: str | None = None  # "name" | "digest"
+    matched_by: str | None = None  # "name" | "digest" | "alias"
     decode_estimate_tokens_per_s: float | None = None  # kvadvise's estimate on this machine's GPU, beside the measure
     runner_pid: int | None = None  # the runner process measured through NVML (a local server)
     runner_gpu_bytes: int | None = None  # what NVML lists for it; None when it cannot be measured
+    predicted_ctx: int | None = None  # the context per slot the prediction is for: the server's, when it reports one
 
 
 def verify(
@@ -54,15 +60,26 @@ def verify(
     keep_alive: str | int = "5m",
     digest: str | None = None,
     model_path: str | None = None,
+    aliases: Sequence[str] = (),
+    predict_at: Callable[[int], int] | None = None,
     measure_speed: bool = False,
     timeout: float = ollama_api.DEFAULT_TIMEOUT,
     load_timeout: float = DEFAULT_LOAD_TIMEOUT,
 ) -> OllamaVerification:
-    """Check a model on a live server. BackendUnreachable when the server does not answer. ``model_path``:
-    the model's GGUF blob in the store, to tell its runner process from the others (:func:`runner_memory`)."""
+    """Check a model on a live server. BackendUnreachable when the server does not answer.
+
+    ``digest``: the manifest's, when a store here has the model; the server's ``/api/tags`` gives it
+    otherwise. ``aliases``: other names of the same model in Ollama's library (the built-in profile's id
+    and aliases: qwen3-coder:latest is qwen3-coder:30b). ``predict_at``: the predicted total at a context
+    per slot, asked at the context the server reports it runs (else ``predicted_total_bytes`` stands).
+    ``model_path``: the model's GGUF blob in the store, to tell its runner process from the others
+    (:func:`runner_memory`).
+    """
     wanted = parse_name(name)
     url = ollama_api.server_url(host)
     reasons: list[str] = []
+    tagged: tuple[Tagged, ...] | None = None  # /api/tags, asked once and only when a name does not match
+    loaded_ok = load
     if load:
         body: dict[str, object] = {"model": name, "prompt": "", "stream": False, "keep_alive": keep_alive}
         if num_ctx is not None:
@@ -70,27 +87,41 @@ def verify(
         try:
             ollama_api.call(url, "POST", "/api/generate", body=body, timeout=load_timeout)
         except ollama_api.ClientError as e:
-            if e.status_code == 404:
-                raise InputError(
-                    f"Ollama at {url} does not have {wanted.display}", hint=f"ollama pull {wanted.display}"
-                ) from None
-            reasons.append(f"the server refused to load it: HTTP {e.status_code} {ollama_api.one_line(e.error)}")
+            if e.status_code != 404:
+                loaded_ok = False
+                reasons.append(f"the server refused to load it: HTTP {e.status_code} {ollama_api.one_line(e.error)}")
+            else:
+                # the server may have it under another name: the same digest, or a library alias it was pulled by
+                tagged = _server_tags(url)
+                other = _same_on_server(tagged, wanted, digest, aliases)
+                if other is None:
+                    raise InputError(
+                        f"Ollama at {url} does not have {wanted.display}", hint=f"ollama pull {wanted.display}"
+                    ) from None
+                name = other[0].name
+                body["model"] = name
+                reasons.append(f"the server does not list {wanted.display}; loaded {name} ({other[1]})")
+                try:
+                    ollama_api.call(url, "POST", "/api/generate", body=body, timeout=load_timeout)
+                except ollama_api.ClientError as e2:
+                    loaded_ok = False
+                    reasons.append(
+                        f"the server refused to load it: HTTP {e2.status_code} {ollama_api.one_line(e2.error)}"
+                    )
+                except ollama_api.ServerError as e2:
+                    loaded_ok = False
+                    reasons.append(f"the server failed to load it: HTTP {e2.status} {ollama_api.one_line(e2.error)}")
         except ollama_api.ServerError as e:  # it answered: a failed load (out of memory, ...), not a missing server
+            loaded_ok = False
             reasons.append(f"the server failed to load it: HTTP {e.status} {ollama_api.one_line(e.error)}")
 
     speed: tuple[float | None, float | None] = (None, None)
-    if load and measure_speed and not reasons:
+    if loaded_ok and measure_speed:
         speed = _measure_speed(url, name, num_ctx, keep_alive, load_timeout)
     running = ollama_api.running_models(url, timeout=timeout)
-    match = next((m for m in running if _same(m.name, wanted) or _same(m.model, wanted)), None)
-    matched_by = "name" if match is not None else None
-    if match is None and digest:
-        # `ollama ps` lists a model under the name it was loaded by: qwen3-coder:latest and
-        # qwen3-coder:30b are one digest
-        match = next((m for m in running if m.digest and _digest_eq(m.digest, digest)), None)
-        if match is not None:
-            matched_by = "digest"
-            reasons.append(f"{wanted.display} is loaded as {match.name} (the same digest)")
+    match, matched_by, how = _find_running(running, wanted, url, digest, aliases, tagged)
+    if how:
+        reasons.append(how)
     if match is None:
         others = ", ".join(m.name for m in running) or "none"
         reasons.append(f"{wanted.display} is not loaded (loaded now: {others})")
@@ -140,6 +171,12 @@ def verify(
             f"context {shown}, asked {num_ctx:,} (Ollama clamps num_ctx to the model's training context; "
             "a model already loaded with another num_ctx keeps it until it is reloaded)"
         )
+    predicted_ctx = num_ctx
+    if predict_at is not None and match.context_length:
+        # the size /api/ps reports is that of the context the runner holds (num_ctx clamped to the training
+        # context, or a load by another client): predict that one
+        predicted_ctx = match.context_length
+        predicted_total_bytes = predict_at(match.context_length)
     diff = match.size - predicted_total_bytes if predicted_total_bytes is not None else None
     return OllamaVerification(
         name=match.name,
@@ -158,7 +195,77 @@ def verify(
         matched_by=matched_by,
         runner_pid=runner.pid if runner is not None else None,
         runner_gpu_bytes=runner.gpu_bytes if runner is not None else None,
+        predicted_ctx=predicted_ctx if predicted_total_bytes is not None else None,
     )
+
+
+def _server_tags(url: str) -> tuple[Tagged, ...]:
+    """``/api/tags``; () from a server that refuses or fails it (a 4xx or 5xx: it still answers /api/ps)."""
+    from kvadvise.backends.ollama.installed import tags
+
+    try:
+        return tags(url)
+    except (ollama_api.ClientError, ollama_api.ServerError):
+        return ()
+
+
+def _same_on_server(
+    tagged: Sequence[Tagged], wanted: OllamaName, digest: str | None, aliases: Sequence[str]
+) -> tuple[Tagged, str] | None:
+    """The model the server lists under another name than ``wanted``: by digest, else by a library alias."""
+    if digest:
+        for t in tagged:
+            if t.digest and _digest_eq(t.digest, digest):
+                return t, "the same digest"
+    for alias in aliases:
+        for t in tagged:
+            if _same(t.name, _parsed(alias)):
+                return t, f"{alias} is {wanted.display} in Ollama's library"
+    return None
+
+
+def _find_running(
+    running: Sequence[ollama_api.RunningModel],
+    wanted: OllamaName,
+    url: str,
+    digest: str | None,
+    aliases: Sequence[str],
+    tagged: tuple[Tagged, ...] | None,
+) -> tuple[ollama_api.RunningModel | None, str | None, str | None]:
+    """The /api/ps entry of ``wanted``, how it matched and, unless by name, a line that says so.
+
+    `ollama ps` lists a model under the name it was loaded by, and qwen3-coder:latest and qwen3-coder:30b
+    are one manifest. Tried in turn: the name; the manifest digest, the store's or else the one /api/tags
+    lists for the name (both endpoints report mf.Digest(): Ollama server/model_list_cache.go and
+    server/images.go GetModel); the library's aliases (the built-in profiles), which hold when the server
+    lists only one of the names.
+    """
+    match = next((m for m in running if _same(m.name, wanted) or _same(m.model, wanted)), None)
+    if match is not None or not running:
+        return match, "name" if match is not None else None, None
+    digests = [digest] if digest else []
+    if tagged is None:
+        tagged = _server_tags(url)
+    digests += [t.digest for t in tagged if t.digest and _same(t.name, wanted)]
+    for d in digests:
+        match = next((m for m in running if m.digest and _digest_eq(m.digest, d)), None)
+        if match is not None:
+            return match, "digest", f"{wanted.display} is loaded as {match.name} (the same digest)"
+    for alias in aliases:
+        a = _parsed(alias)
+        match = next((m for m in running if _same(m.name, a) or _same(m.model, a)), None)
+        if match is not None:
+            listed = any(_same(t.name, wanted) for t in tagged)
+            why = "" if listed else f"; the server does not list {wanted.display}, so its digest is not known"
+            return match, "alias", f"{wanted.display} is loaded as {match.name} ({alias} in Ollama's library{why})"
+    return None, None, None
+
+
+def _parsed(name: str) -> OllamaName:
+    try:
+        return parse_name(name)
+    except InputError:
+        return OllamaName("", "", "", "")
 
 
 SPEED_PROMPT = "Explain in two sentences why a GPU's memory bandwidth limits the decode speed of a language model."

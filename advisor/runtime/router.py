@@ -1,0 +1,62 @@
+"""llama-server's router mode: several models behind one server, each in its own llama-server process
+(llama.cpp tools/server, in build 0c1e570 = b11312 and newer: server-models.cpp).
+
+The router starts with no model; ``--models-preset FILE`` names the models in an INI file, one section
+each, whose keys are llama-server's own flags without the dashes (short forms allowed: ``c``, ``ngl``),
+plus ``load-on-startup``; ``--models-max N`` (default 4, 0 = no limit) is how many may be loaded at once:
+past it the least recently used idle model is unloaded (server_lru_sched::pick_victim). It counts
+models, not memory: it is the plan that says whether N of them fit. ``models-max`` is the router's own
+flag and is dropped from a preset (unset_reserved_args), so it goes on the command line.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvadvise.planner.memory import RunConfig
+from kvadvise.runtime.llamaserver import server_args
+
+DEFAULT_MODELS_MAX = 4  # common/common.h models_max
+
+
+@dataclass(frozen=True, slots=True)
+class RoutedModel:
+    """One model of the router's preset."""
+
+    name: str  # the section: the name clients ask for ("model" in the request)
+    path: str | None  # the GGUF file; None when no file of it is on this machine
+    config: RunConfig
+    device: str | None = None  # -dev: the one GPU it is pinned to (CUDA0), None for all of them
+    embedding: bool = False  # --embedding: an embedding model (llama-server serves /v1/embeddings only)
+    note: str | None = None  # a comment for the section
+
+
+def preset_text(models: Sequence[RoutedModel], *, header: str = "") -> str:
+    """The INI file for ``llama-server --models-preset FILE`` (tools/server/README.md, Model presets)."""
+    lines = [f"; {line}" for line in header.splitlines()] if header else []
+    lines.append("version = 1")
+    for m in models:
+        lines.append("")
+        lines.append(f"[{m.name}]")
+        if m.note:
+            lines.append(f"; {m.note}")
+        for flag, _var, value in server_args(m.path or "", m.config):
+            key = "model" if flag == "-m" else flag.lstrip("-")
+            if key == "model" and m.path is None:
+                lines.append(f"; model = /path/to/{m.name}.gguf  (no GGUF file of it on this machine)")
+                continue
+            lines.append(f"{key} = {value if value is not None else 'true'}")
+        if m.device:
+            lines.append(f"device = {m.device}")
+        if m.embedding:
+            lines.append("embedding = true")
+        lines.append("load-on-startup = true")
+    return "\n".join(lines) + "\n"
+
+
+def router_command(preset_path: str, models_max: int, binary: str = "llama-server") -> str:
+    """The router's command line for the preset: ``--models-max`` always stated (the default, 4, would let a
+    model of the router's cache load beside the planned ones)."""
+    return shlex.join([binary, "--models-preset", preset_path, "--models-max", str(models_max)])
