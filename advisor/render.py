@@ -17,7 +17,7 @@ from kvadvise.planner.recommender import Recommendation
 if TYPE_CHECKING:  # only verification output needs it; a plan renders without loading the log parser
     from kvadvise.planner.curves import Curve
     from kvadvise.planner.offload import Offload
-    from kvadvise.planner.speed import SpeedEstimate
+    from kvadvise.planner.speed import PrefillEstimate, SpeedEstimate
     from kvadvise.runtime.verification import Verification
 
 LLAMA_CPP_BUILD = "llama.cpp 0c1e570 (vendored by llama-cpp-python 0.3.36)"
@@ -279,6 +279,22 @@ def speed_dict(sp: SpeedEstimate | None) -> dict[str, Any] | None:
     }
 
 
+def prefill_dict(pf: PrefillEstimate | None) -> dict[str, Any] | None:
+    """The ``prefill`` key: prompt processing of one sequence from an empty context."""
+    if pf is None:
+        return None
+    return {
+        "tokens_per_s": pf.tokens_per_s,
+        "seconds": pf.seconds,
+        "n_prompt": pf.points[0][0],
+        "low": pf.low,
+        "high": pf.high,
+        "at_prompt": [{"n_prompt": n, "tokens_per_s": t, "seconds": sec} for n, t, sec in pf.points],
+        "text": pf.text(),
+        "note": pf.note,
+    }
+
+
 def plan_dict(plan: Plan, requested_ctx: int | None = None) -> dict[str, Any]:
     cfg = replace(plan.config, n_ctx=requested_ctx) if requested_ctx is not None else plan.config
     b = plan.budget
@@ -305,6 +321,7 @@ def plan_dict(plan: Plan, requested_ctx: int | None = None) -> dict[str, Any]:
         doc["budget"] = budget_dict(plan.budget)
         doc["fits"] = plan.fits
         doc["decode_estimate"] = speed_dict(plan.speed)
+        doc["prefill"] = prefill_dict(plan.prefill)
     doc["notes"] = list(plan.notes)
     if plan.budget is not None:
         doc["offload"] = offload_dict(plan.offload)
@@ -415,6 +432,9 @@ def plan_text(plan: Plan, requested_ctx: int | None = None) -> str:
         lines.append("  hint: drop --ctx to let kvadvise recommend a context and cache type that fit")
     if plan.offload is not None:
         lines.append("  " + offload_line(plan.offload))
+    if plan.prefill is not None:
+        lines.append(f"  prompt: {plan.prefill.text()}")
+        lines.append(f"    ({plan.prefill.note})")
     return "\n".join(lines)
 
 

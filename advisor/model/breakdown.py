@@ -20,6 +20,7 @@ Recurrent and hybrid layers (Mamba, gated delta-net) are not covered: None.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -175,4 +176,39 @@ def sized(bd: Breakdown, quant: str, total_bytes: int | None = None) -> Breakdow
         experts=tuple(round(x * ke) for x in parts[4]),
         n_expert=bd.n_expert,
         n_expert_used=bd.n_expert_used,
+    )
+
+
+def with_parts(
+    spec: ModelSpec,
+    config: Mapping[str, object],
+    quant: str,
+    projector_bytes: int = 0,
+    *,
+    sizes: Breakdown | None = None,
+) -> ModelSpec:
+    """``spec`` with the sizes of its parts (embeddings, output, blocks, experts) counted from the config at
+    ``quant`` and scaled to its weights (less a projector); unchanged when the config cannot be counted.
+    ``sizes``: the parts in bytes when the caller has them. Every spec made from a config.json goes through
+    this (a built-in profile, ``kvadvise hf``), so the routed experts, the layer split over several GPUs and
+    partial offload are planned as for a GGUF, whose header lists the same parts."""
+    bd = params(spec, config)
+    if bd is None or not spec.weights_bytes:
+        return spec
+    b = sizes if sizes is not None else sized(bd, quant, max(1, spec.weights_bytes - projector_bytes))
+    layers = b.layers + (0,) * spec.n_layer_nextn
+    # the largest tensor of each block, for op offload's copy (kvadvise.planner.offload): a merged
+    # expert tensor (ffn_{gate,up,down}_exps: a third of the experts), else one of the FFN's matrices,
+    # else q or o (about half the attention); an estimate from the config's shapes
+    largest = tuple(max(x // 3, d // 3, a // 2) for a, d, x in zip(b.attn, b.dense, b.experts, strict=True))
+    # the output matmul reads token_embd when they are tied (llama.cpp duplicates it as the output layer)
+    active = bd.active if bd.output else bd.active + bd.tok_embd
+    return dataclasses.replace(
+        spec,
+        tok_embd_bytes=b.tok_embd,
+        output_bytes=b.output,
+        expert_bytes=sum(b.experts),
+        layer_bytes=layers,
+        layer_largest_tensor_bytes=largest + (0,) * spec.n_layer_nextn,
+        active_params=active,
     )

@@ -629,7 +629,9 @@ def _offloaded(
     layer_kv = [a + b for a, b in per_layer]
     rs_layers = sum(spec.recurrent_layers)
     layer_rs = [rs // rs_layers if (spec.recurrent_layers[il] and rs_layers) else 0 for il in range(spec.n_layer_all)]
-    layer_w = list(spec.layer_bytes) or [0] * spec.n_layer_all
+    # a spec without per-block sizes (a config the breakdown cannot count): the blocks share the weights
+    # evenly, so that a split over several devices gives each its layers' share, not all to the last one
+    layer_w = list(spec.layer_bytes) or _even_layers(spec)
     layer_pad = list(spec.layer_cuda_pad_bytes) or [0] * spec.n_layer_all
     # llama_model::load_tensors: token_embd always stays on the CPU ("very little benefit"); what is not
     # in a block (output, output_norm, ...) goes with the output layer; tied embeddings make that device
@@ -666,3 +668,11 @@ def _offloaded(
         host_compute = host_compute_bytes(spec, lay)
     host = HostMemory(spec.tok_embd_bytes, host_compute, out, spec.tok_embd_bytes + host_compute + out)
     return tuple(devices), host
+
+
+def _even_layers(spec: ModelSpec) -> list[int]:
+    """Equal block sizes for a spec whose per-block sizes are unknown: the weights less the token embedding
+    and the output layer, over the trunk's layers."""
+    body = max(0, spec.weights_bytes - spec.tok_embd_bytes - spec.output_bytes)
+    n = max(1, spec.n_layer)
+    return [body // n if il < spec.n_layer else 0 for il in range(spec.n_layer_all)]

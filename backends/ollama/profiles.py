@@ -26,7 +26,7 @@ from typing import Any
 
 from kvadvise.backends.ollama.name import OllamaName
 from kvadvise.errors import InputError
-from kvadvise.model.breakdown import params, sized
+from kvadvise.model.breakdown import params, sized, with_parts
 from kvadvise.model.hfconfig import from_config
 from kvadvise.model.spec import ModelSpec
 
@@ -83,28 +83,6 @@ class Profile:
 
 
 DEFAULT_QUANT = "Q4_K_M"  # the quantization of Ollama library tags like qwen3:8b
-
-
-def with_parts(spec: ModelSpec, config: Mapping[str, Any], quant: str, projector_bytes: int = 0) -> ModelSpec:
-    """``spec`` with the sizes of its parts (embeddings, output, blocks, experts) counted from the config at
-    ``quant`` and scaled to its weights (less a projector); unchanged when the config cannot be counted."""
-    bd = params(spec, config)
-    if bd is None or not spec.weights_bytes:
-        return spec
-    b = sized(bd, quant, max(1, spec.weights_bytes - projector_bytes))
-    layers = b.layers + (0,) * spec.n_layer_nextn
-    # the largest tensor of each block, for op offload's copy (kvadvise.planner.opoffload): a merged
-    # expert tensor (ffn_{gate,up,down}_exps: a third of the experts), else one of the FFN's matrices,
-    # else q or o (about half the attention); an estimate from the config's shapes
-    largest = tuple(max(x // 3, d // 3, a // 2) for a, d, x in zip(b.attn, b.dense, b.experts, strict=True))
-    return dataclasses.replace(
-        spec,
-        tok_embd_bytes=b.tok_embd,
-        output_bytes=b.output,
-        expert_bytes=sum(b.experts),
-        layer_bytes=layers,
-        layer_largest_tensor_bytes=largest + (0,) * spec.n_layer_nextn,
-    )
 
 
 def dense_params(spec: ModelSpec, config: Mapping[str, Any]) -> int | None:
