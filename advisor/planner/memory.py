@@ -631,7 +631,7 @@ def _offloaded(
     layer_rs = [rs // rs_layers if (spec.recurrent_layers[il] and rs_layers) else 0 for il in range(spec.n_layer_all)]
     # a spec without per-block sizes (a config the breakdown cannot count): the blocks share the weights
     # evenly, so that a split over several devices gives each its layers' share, not all to the last one
-    layer_w = list(spec.layer_bytes) or _even_layers(spec)
+    layer_w = list(spec.layer_bytes) if any(spec.layer_bytes) else _even_layers(spec)
     layer_pad = list(spec.layer_cuda_pad_bytes) or [0] * spec.n_layer_all
     # llama_model::load_tensors: token_embd always stays on the CPU ("very little benefit"); what is not
     # in a block (output, output_norm, ...) goes with the output layer; tied embeddings make that device

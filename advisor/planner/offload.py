@@ -206,7 +206,7 @@ def cpu_moe_placement(spec: ModelSpec, n_cpu_moe: int, device: str, n_ubatch: in
     with the first moved layer (on the first device: layer 0 is always there), so that every context the
     recommender tries counts it; :func:`with_cpu_moe` then moves it to the compute buffer."""
     ids = tuple(il for il in speed_model.expert_layer_ids(spec) if il < n_cpu_moe)
-    if not ids or not spec.expert_bytes or not spec.layer_bytes:
+    if not ids or not spec.expert_bytes or not any(spec.layer_bytes):
         return CpuMoe(n_cpu_moe, ids, 0, 0, spec)
     per = spec.expert_bytes // len(speed_model.expert_layer_ids(spec))
     moved = per * len(ids)

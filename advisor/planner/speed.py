@@ -75,19 +75,19 @@ _BACKEND_ALIASES = {"hip": "rocm", "sycl": "vulkan"}
 # data-centre cards (A100, H100, H200: "cuda-dc") reach a far smaller share of their much larger tensor
 # peak: llama.cpp's quantized matmul kernels (MMQ) do not use what their tensor cores add per SM.
 PREFILL_EFFICIENCY: dict[str, dict[str, float]] = {
-    "cuda": {"dense": 0.40, "moe": 0.20},
-    "cuda-dc": {"dense": 0.18, "moe": 0.10},
+    "cuda": {"dense": 0.40, "moe": 0.16},
+    "cuda-dc": {"dense": 0.16, "moe": 0.10},
     "metal": {"dense": 0.66, "moe": 0.30},
-    # Vulkan and ROCm MoE, and the CPU: no fit row; CUDA's MoE/dense ratio (and a guess for the CPU)
-    "vulkan": {"dense": 0.24, "moe": 0.12},
-    "rocm": {"dense": 0.42, "moe": 0.21},
-    "cpu": {"dense": 0.30, "moe": 0.15},
+    # Vulkan and ROCm MoE, and the CPU: no fit row; CUDA's MoE/dense ratio (0.4; a guess for the CPU's dense)
+    "vulkan": {"dense": 0.24, "moe": 0.10},
+    "rocm": {"dense": 0.42, "moe": 0.17},
+    "cpu": {"dense": 0.30, "moe": 0.12},
 }
 # Weights kept in RAM reach the GPU over PCIe for every ubatch (op offload): a PCIe 4.0 x16 link's
 # sustained host-to-device rate (fitted on the partial-offload rows).
 PCIE_BYTES_PER_S = 20_000_000_000
 OP_OFFLOAD_MIN_BATCH = 32  # ggml-cuda.cu / ggml-vulkan.cpp: GGML_OP_OFFLOAD_MIN_BATCH's default
-PREFILL_RANGE = (0.75, 1.26)
+PREFILL_RANGE = (0.75, 1.35)
 DEFAULT_PROMPT_TOKENS = 4096  # the prompt a plan times when --prompt-tokens is not given
 # CUDA cards whose tensor peak llama.cpp's kernels reach far less of (see PREFILL_EFFICIENCY), by name
 # or profile id; compiled by re on first use
@@ -140,7 +140,7 @@ def _expert_layers(spec: ModelSpec) -> int:
 def expert_layer_ids(spec: ModelSpec) -> tuple[int, ...]:
     """The trunk layers that hold routed experts: every layer whose weights reach the experts' share per
     layer (a dense first layer, as DeepSeek's and GLM's, is far smaller), else every trunk layer."""
-    if not spec.n_expert or not spec.expert_bytes or not spec.layer_bytes:
+    if not spec.n_expert or not spec.expert_bytes or not any(spec.layer_bytes):
         return tuple(range(spec.n_layer)) if spec.n_expert else ()
     trunk = spec.layer_bytes[: spec.n_layer]
     filled = [il for il, b in enumerate(trunk) if b]
@@ -191,10 +191,10 @@ def layer_shares(spec: ModelSpec, tensor_split: Sequence[float]) -> tuple[float,
         return (1.0,)
     owner = layer_devices(spec.n_layer_all, tuple(tensor_split))
     per = [0.0] * n_dev
-    sizes = list(spec.layer_bytes) if spec.layer_bytes else [1.0] * spec.n_layer_all
+    sizes = list(spec.layer_bytes) if any(spec.layer_bytes) else [1.0] * spec.n_layer_all
     for il in range(spec.n_layer_all):
         per[owner[il]] += sizes[il]
-    out_w = spec.output_bytes or spec.tok_embd_bytes if spec.layer_bytes else 0
+    out_w = (spec.output_bytes or spec.tok_embd_bytes) if any(spec.layer_bytes) else 0
     per[owner[spec.n_layer_all]] += out_w
     total = sum(per) or 1.0
     return tuple(p / total for p in per)
@@ -413,32 +413,33 @@ def prefill_seconds(
     """
     if n_prompt <= 0:
         return 0.0
-    reads = weight_reads(spec)
-    kind = "moe" if reads.moe else "dense"
+    kind = "moe" if spec.n_expert and spec.n_expert_used else "dense"
     params = n_active if n_active is not None else active_params(spec)
-    # the prompt's tokens see depth .. depth + n_prompt cells: the mean is in the middle
-    flops = n_prompt * (2.0 * params + attention_flops(spec, depth + n_prompt // 2))
+    # the prompt's tokens see depth .. depth + n_prompt cells: the mean is in the middle. The attention
+    # (flash attention's dense kernels) runs at the dense efficiency, the weights' matmuls at the model's
+    w_flops = n_prompt * 2.0 * params
+    a_flops = n_prompt * attention_flops(spec, depth + n_prompt // 2)
     ub = max(1, min(n_ubatch, n_prompt))
     n_ub = -(-n_prompt // ub)
+
+    def at(eff: dict[str, float], peak: float, share: float = 1.0) -> float:
+        return share * (w_flops / (eff[kind] * peak) + a_flops / (eff["dense"] * peak))
+
     if not devices:
-        if cpu_flops_per_s <= 0:
-            return None
-        return flops / (PREFILL_EFFICIENCY["cpu"][kind] * cpu_flops_per_s)
+        return at(PREFILL_EFFICIENCY["cpu"], cpu_flops_per_s) if cpu_flops_per_s > 0 else None
     if not all(d.flops_per_s for d in devices):
         return None
-    total_w = reads.dense + reads.experts
-    cpu_share = min(1.0, cpu_bytes / total_w) if total_w and cpu_bytes else 0.0
     t = 0.0
     if cpu_bytes and ub < OP_OFFLOAD_MIN_BATCH:  # too small a batch to offload: the CPU computes its part
         if cpu_flops_per_s <= 0:
             return None
-        t += flops * cpu_share / (PREFILL_EFFICIENCY["cpu"][kind] * cpu_flops_per_s)
-        flops *= 1 - cpu_share
+        cpu_share = min(1.0, cpu_bytes / max(1, spec.weights_bytes))  # of the weights (an upper bound of the FLOPs)
+        t += cpu_share * w_flops / (PREFILL_EFFICIENCY["cpu"][kind] * cpu_flops_per_s)
+        w_flops *= 1 - cpu_share
     elif cpu_bytes:
         t += n_ub * cpu_bytes / PCIE_BYTES_PER_S
     for d in devices:
-        k = prefill_key(d.backend, d.name)
-        t += flops * d.share / (PREFILL_EFFICIENCY[k][kind] * d.flops_per_s)
+        t += at(PREFILL_EFFICIENCY[prefill_key(d.backend, d.name)], d.flops_per_s, d.share)
     return t
 
 
@@ -559,7 +560,7 @@ def cpu_resident_bytes(spec: ModelSpec, n_cpu_moe: int = 0, n_cpu_layers: int = 
     per_exp = spec.expert_bytes / max(1, _expert_layers(spec)) if spec.expert_bytes else 0.0
     whole = (
         sum(spec.layer_bytes[:n_cpu_layers])
-        if spec.layer_bytes
+        if any(spec.layer_bytes)
         else spec.weights_bytes * n_cpu_layers // max(1, spec.n_layer)
     )
     experts = per_exp * max(0, cpu_expert_layers(spec, n_cpu_moe) - min(n_cpu_layers, n_cpu_moe))
