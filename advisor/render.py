@@ -529,6 +529,7 @@ def verification_dict(v: Verification) -> dict[str, Any]:
         "output_bytes": m.output_bytes,
         "device_used_bytes": m.device_used_bytes,
         "prompt_tokens_per_s": m.prompt_tokens_per_s,
+        "prompt_tokens": m.prompt_tokens,
         "decode_tokens_per_s": m.decode_tokens_per_s,
         "n_ctx": m.n_ctx,
         "gpu_layers": m.gpu_layers,
@@ -547,6 +548,7 @@ def verification_dict(v: Verification) -> dict[str, Any]:
         "compute_bytes": e.compute_bytes,
         "output_bytes": e.output_bytes,
     }
+    doc["prompt_estimate_tokens_per_s"] = v.prompt_estimate_tokens_per_s
     doc["fits"] = v.fits
     doc["verdict"] = v.verdict
     doc["reasons"] = list(doc.get("reasons", [])) + list(v.reasons)
@@ -575,7 +577,13 @@ def verification_text(v: Verification) -> str:
     if m.gpu_layers is not None:
         lines.append(f"  layers on the GPU: {m.gpu_layers}/{m.total_layers}")
     if m.prompt_tokens_per_s is not None:
-        lines.append(f"  prompt: {m.prompt_tokens_per_s:,.1f} tokens/s")
+        beside = ""
+        if v.prompt_estimate_tokens_per_s:  # the prefill estimate for the same prompt, and measured / estimate
+            beside = (
+                f"   (estimated ≈ {v.prompt_estimate_tokens_per_s:,.0f} for {m.prompt_tokens:,} tokens; "
+                f"measured / estimated = {m.prompt_tokens_per_s / v.prompt_estimate_tokens_per_s:.2f})"
+            )
+        lines.append(f"  prompt: {m.prompt_tokens_per_s:,.1f} tokens/s{beside}")
     sp = v.plan.speed
     if m.decode_tokens_per_s is not None:
         beside = ""

@@ -249,9 +249,11 @@ def _with_cpu_moe(
         notes=notes,
     )
     est = with_cpu_moe(inner.estimate, placement)
+    size = placement.host_bytes
+    shown = f"{size / (1 << 30):.2f} GiB" if size >= 1 << 30 else f"{size / (1 << 20):,.1f} MiB"
     moved = (
         f"--n-cpu-moe {n_cpu_moe}: the routed experts of {len(placement.expert_layers)} layers "
-        f"({placement.host_bytes / (1 << 30):.2f} GiB) in RAM (llama.cpp's CPU buffer), the rest as -ngl places it"
+        f"({shown}) in RAM (llama.cpp's CPU buffer), the rest as -ngl places it"
     )
     if placement.op_offload_bytes:
         moved += (

@@ -24,7 +24,9 @@ from kvadvise.runtime.llamaserver import ModelSource
 def _commands(model: ModelSource, plan: Plan) -> list[tuple[str, str]]:
     from kvadvise.runtime.llamaserver import command_text
 
-    out = [("command", command_text(model, plan.config))]
+    # --n-cpu-moe N as given: the command keeps it (kvadvise.planner.offload.cpu_moe_placement planned it)
+    ncmoe = plan.cpu_moe.n_cpu_moe if plan.cpu_moe is not None else 0
+    out = [("command", command_text(model, plan.config, n_cpu_moe=ncmoe))]
     off = plan.offload
     if off is not None:
         cfg = replace(plan.config, n_ctx=off.n_ctx * plan.config.n_parallel, type_k=off.type_k, type_v=off.type_v)
@@ -62,7 +64,7 @@ def llamacpp_command(path: str, write_env: str | None, force: bool, **kwargs: ob
 
     def as_json(p: Plan) -> dict[str, object]:
         cmds = dict(_commands(model, p))
-        env = server_env(model, p.config)
+        env = server_env(model, p.config, n_cpu_moe=p.cpu_moe.n_cpu_moe if p.cpu_moe else 0)
         return {
             "llama_server": {"command": cmds["command"], "env": env, "offload_command": cmds.get("offload_command")}
         }
@@ -81,7 +83,11 @@ def llamacpp_command(path: str, write_env: str | None, force: bool, **kwargs: ob
     if write_env is not None:
         refuse_to_write_what_does_not_fit(plan, write_env)
         check_targets({"--write-env": write_env}, force=force)  # an empty path says so
-        written = write_text_file(write_env, env_text(model, plan.config), force=force)
+        written = write_text_file(
+            write_env,
+            env_text(model, plan.config, n_cpu_moe=plan.cpu_moe.n_cpu_moe if plan.cpu_moe else 0),
+            force=force,
+        )
         # `. ./file`: a bare `. file` searches PATH in dash, zsh and bash --posix
         shown = written if written.is_absolute() else f"./{written}"
         output.note(f"wrote {written}: load it with `set -a; . {shown}; set +a` before starting llama-server")

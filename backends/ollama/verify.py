@@ -39,6 +39,8 @@ class OllamaVerification:
     kv_cache_type_source: str | None = None  # the flag, the env file or drop-in kvadvise wrote, or the default
     matched_by: str | None = None  # "name" | "digest"
     decode_estimate_tokens_per_s: float | None = None  # kvadvise's estimate on this machine's GPU, beside the measure
+    prompt_tokens: int | None = None  # the prompt Ollama's prompt counters timed (prompt_eval_count)
+    prompt_estimate_tokens_per_s: float | None = None  # kvadvise's prefill estimate for that prompt, beside the measure
 
 
 def verify(
@@ -73,7 +75,7 @@ def verify(
         except ollama_api.ServerError as e:  # it answered: a failed load (out of memory, ...), not a missing server
             reasons.append(f"the server failed to load it: HTTP {e.status} {ollama_api.one_line(e.error)}")
 
-    speed: tuple[float | None, float | None] = (None, None)
+    speed: tuple[float | None, float | None, int | None] = (None, None, None)
     if load and measure_speed and not reasons:
         speed = _measure_speed(url, name, num_ctx, keep_alive, load_timeout)
     running = ollama_api.running_models(url, timeout=timeout)
@@ -148,6 +150,7 @@ def verify(
         context_checked=context_checked,
         prompt_tokens_per_s=speed[0],
         decode_tokens_per_s=speed[1],
+        prompt_tokens=speed[2],
         matched_by=matched_by,
     )
 
@@ -158,7 +161,7 @@ SPEED_TOKENS = 64
 
 def _measure_speed(
     url: str, name: str, num_ctx: int | None, keep_alive: str | int, timeout: float
-) -> tuple[float | None, float | None]:
+) -> tuple[float | None, float | None, int | None]:
     """One short generate (num_predict 64): prompt and decode tokens/s from Ollama's own counters
     (prompt_eval_count / prompt_eval_duration, eval_count / eval_duration; durations in ns)."""
     import ollama
@@ -170,10 +173,12 @@ def _measure_speed(
     try:
         doc = ollama_api.call(url, "POST", "/api/generate", body=body, timeout=timeout)
     except (ollama.ResponseError, ollama_api.ServerError):
-        return None, None
+        return None, None, None
     if not isinstance(doc, dict):
-        return None, None
-    return _rate(doc, "prompt_eval_count", "prompt_eval_duration"), _rate(doc, "eval_count", "eval_duration")
+        return None, None, None
+    count = doc.get("prompt_eval_count")
+    n_prompt = count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else None
+    return _rate(doc, "prompt_eval_count", "prompt_eval_duration"), _rate(doc, "eval_count", "eval_duration"), n_prompt
 
 
 def _rate(doc: dict[str, object], count: str, duration_ns: str) -> float | None:
