@@ -282,8 +282,15 @@ def test_n_cpu_moe_refused_with_contradicting_flags(args: list[str], message: st
 
 
 def test_n_cpu_moe_on_a_dense_model_is_an_input_error(capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["ollama", "qwen3:8b", "--gpu", "rtx-4090", "--n-cpu-moe", "4"])
+    dense = str(ROOT / "tests" / "data" / "hf" / "qwen3-8b.json")
+    rc = main(["hf", dense, "--quant", "Q4_K_M", "--gpu", "rtx-4090", "--n-cpu-moe", "4"])
     assert rc == 2 and "no routed experts" in capsys.readouterr().err
+
+
+def test_n_cpu_moe_is_llama_cpp_only(capsys: pytest.CaptureFixture[str]) -> None:
+    """Ollama has no such setting (it places the experts itself): refused, as its other llama.cpp-only flags."""
+    rc = main(["ollama", "qwen3-coder:30b", "--gpu", "rtx-4090", "--n-cpu-moe", "4"])
+    assert rc == 2 and "--n-cpu-moe: llama.cpp only" in capsys.readouterr().err
 
 
 def test_n_cpu_moe_counts_only_layers_with_experts() -> None:

@@ -118,6 +118,7 @@ _LLAMACPP_ONLY = {
     "n_outputs_max": "--n-outputs-max",
     "tensor_split": "-ts/--tensor-split",
     "rpc": "--rpc",
+    "n_cpu_moe": "--n-cpu-moe",  # Ollama places the experts itself (its own fit), with no such setting
 }
 
 
