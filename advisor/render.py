@@ -18,7 +18,7 @@ from kvadvise.text import lines as text_lines
 if TYPE_CHECKING:  # only verification output needs it; a plan renders without loading the log parser
     from kvadvise.planner.curves import Curve
     from kvadvise.planner.offload import Offload
-    from kvadvise.planner.speed import SpeedEstimate
+    from kvadvise.planner.speed import PrefillEstimate, SpeedEstimate
     from kvadvise.runtime.verification import Verification
 
 LLAMA_CPP_BUILD = "llama.cpp 0c1e570 (vendored by llama-cpp-python 0.3.36)"
@@ -280,6 +280,22 @@ def speed_dict(sp: SpeedEstimate | None) -> dict[str, Any] | None:
     }
 
 
+def prefill_dict(pf: PrefillEstimate | None) -> dict[str, Any] | None:
+    """The ``prefill`` key: prompt processing of one sequence from an empty context."""
+    if pf is None:
+        return None
+    return {
+        "tokens_per_s": pf.tokens_per_s,
+        "seconds": pf.seconds,
+        "n_prompt": pf.points[0][0],
+        "low": pf.low,
+        "high": pf.high,
+        "at_prompt": [{"n_prompt": n, "tokens_per_s": t, "seconds": sec} for n, t, sec in pf.points],
+        "text": pf.text(),
+        "note": pf.note,
+    }
+
+
 def plan_dict(plan: Plan, requested_ctx: int | None = None) -> dict[str, Any]:
     cfg = replace(plan.config, n_ctx=requested_ctx) if requested_ctx is not None else plan.config
     b = plan.budget
@@ -306,6 +322,7 @@ def plan_dict(plan: Plan, requested_ctx: int | None = None) -> dict[str, Any]:
         doc["budget"] = budget_dict(plan.budget)
         doc["fits"] = plan.fits
         doc["decode_estimate"] = speed_dict(plan.speed)
+        doc["prefill"] = prefill_dict(plan.prefill)
     doc["notes"] = list(plan.notes)
     if plan.budget is not None:
         doc["offload"] = offload_dict(plan.offload)
@@ -417,6 +434,9 @@ def plan_text(plan: Plan, requested_ctx: int | None = None) -> str:
         lines.append("  hint: drop --ctx to let kvadvise recommend a context and cache type that fit")
     if plan.offload is not None:
         lines.append("  " + offload_line(plan.offload))
+    if plan.prefill is not None:
+        lines.append(f"  prompt: {plan.prefill.text()}")
+        lines.append(f"    ({plan.prefill.note})")
     return head + ("\n" + text_lines(lines) if lines else "")
 
 
@@ -511,6 +531,7 @@ def verification_dict(v: Verification) -> dict[str, Any]:
         "output_bytes": m.output_bytes,
         "device_used_bytes": m.device_used_bytes,
         "prompt_tokens_per_s": m.prompt_tokens_per_s,
+        "prompt_tokens": m.prompt_tokens,
         "decode_tokens_per_s": m.decode_tokens_per_s,
         "n_ctx": m.n_ctx,
         "gpu_layers": m.gpu_layers,
@@ -529,6 +550,7 @@ def verification_dict(v: Verification) -> dict[str, Any]:
         "compute_bytes": e.compute_bytes,
         "output_bytes": e.output_bytes,
     }
+    doc["prompt_estimate_tokens_per_s"] = v.prompt_estimate_tokens_per_s
     doc["fits"] = v.fits
     doc["verdict"] = v.verdict
     doc["reasons"] = list(doc.get("reasons", [])) + list(v.reasons)
@@ -557,7 +579,13 @@ def verification_text(v: Verification) -> str:
     if m.gpu_layers is not None:
         lines.append(f"  layers on the GPU: {m.gpu_layers}/{m.total_layers}")
     if m.prompt_tokens_per_s is not None:
-        lines.append(f"  prompt: {m.prompt_tokens_per_s:,.1f} tokens/s")
+        beside = ""
+        if v.prompt_estimate_tokens_per_s:  # the prefill estimate for the same prompt, and measured / estimate
+            beside = (
+                f"   (estimated ≈ {v.prompt_estimate_tokens_per_s:,.0f} for {m.prompt_tokens:,} tokens; "
+                f"measured / estimated = {m.prompt_tokens_per_s / v.prompt_estimate_tokens_per_s:.2f})"
+            )
+        lines.append(f"  prompt: {m.prompt_tokens_per_s:,.1f} tokens/s{beside}")
     sp = v.plan.speed
     if m.decode_tokens_per_s is not None:
         beside = ""

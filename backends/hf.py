@@ -32,9 +32,11 @@ from typing import TYPE_CHECKING, Any
 from kvadvise.deadline import within
 from kvadvise.errors import BackendUnreachable, InputError, KvadviseError
 from kvadvise.files import load_json
+from kvadvise.model.breakdown import params as count_params
+from kvadvise.model.breakdown import with_parts
 from kvadvise.model.hfconfig import from_config
 from kvadvise.model.quants import quant_bpw
-from kvadvise.model.spec import ModelSpec
+from kvadvise.model.spec import ModelSpec, with_weights
 
 if TYPE_CHECKING:
     import click
@@ -66,8 +68,20 @@ class HFBackend:
         """``kvadvise hf CONFIG`` (kvadvise.plugins.CommandProvider)."""
         cli.add_command(_hf_command(self))
 
-    def load_spec(self, ref: str, *, quant: str | None = None, find_weights: bool = True) -> ModelSpec:
-        """The spec of ``ref``; with ``find_weights``, its weights too (``quant``: as that GGUF quant)."""
+    def load_spec(
+        self, ref: str, *, quant: str | None = None, find_weights: bool = True, weights_bytes: int | None = None
+    ) -> ModelSpec:
+        """The spec of ``ref``; with ``find_weights``, its weights too (``quant``: as that GGUF quant;
+        ``weights_bytes``: given by hand, nothing looked up). The parts of the weights (embeddings, each
+        block, the routed experts) are counted from the config and scaled to them
+        (kvadvise.model.breakdown.with_parts): a MoE model reads only the experts in use per token, and
+        several GPUs take their layers' share, as for a GGUF."""
+        config, spec = self._load(ref, quant=quant, find_weights=find_weights and weights_bytes is None)
+        if weights_bytes is not None:
+            spec = with_weights(spec, weights_bytes, source="--weights-bytes")
+        return with_parts(spec, config, _parts_quant(config, quant, spec.file_type))
+
+    def _load(self, ref: str, *, quant: str | None, find_weights: bool) -> tuple[dict[str, Any], ModelSpec]:
         canon = quant_bpw(quant) if quant else None
         path = Path(os.path.expanduser(ref))  # ~user of no such user stays as typed: "no such file"
         if os.path.isdir(path):  # os.path: a folder that cannot be searched is not an internal error
@@ -85,17 +99,21 @@ class HFBackend:
             source = f"hf:{ref}"
             find = lambda need_params: _hub_weights(ref, need_params)  # noqa: E731
         if not find_weights:
-            return from_config(config, source=source)
+            return config, from_config(config, source=source)
         weights = find(canon is not None)
         if canon is None:
             if weights is None or weights.n_bytes is None:
                 spec = from_config(config, source=source)
                 note = "weights unknown (no safetensors index found): counted as 0; pass --weights-bytes or --quant"
-                return replace(spec, notes=(*spec.notes, note))
+                return config, replace(spec, notes=(*spec.notes, note))
             spec = from_config(config, source=source, weights_bytes=weights.n_bytes)
-            return replace(spec, notes=(*spec.notes, f"weights: {weights.n_bytes:,} B from {weights.source}"))
+            return config, replace(spec, notes=(*spec.notes, f"weights: {weights.n_bytes:,} B from {weights.source}"))
         q, bpw = canon
         params, params_source = _params(weights, config)
+        if params is None:  # no checkpoint to read: count the config's parts (kvadvise.model.breakdown)
+            counted = count_params(from_config(config, source=source), config)
+            if counted is not None:
+                params, params_source = counted.total, "counted from config.json, norms and biases left out"
         if params is None:
             raise InputError(
                 f"{source}: the parameter count is unknown, so --quant {q} cannot size the weights",
@@ -107,7 +125,18 @@ class HFBackend:
             f"weights: {q} at {bpw:.2f} bits per weight × {params:,} parameters ({params_source}) = {n_bytes:,} B, "
             "an estimate (bits per weight from llama.cpp's quantize table, tools/quantize/quantize.cpp)"
         )
-        return replace(spec, weights_bytes=n_bytes, file_type=q, notes=(*spec.notes, note))
+        return config, replace(spec, weights_bytes=n_bytes, file_type=q, notes=(*spec.notes, note))
+
+
+def _parts_quant(config: dict[str, Any], quant: str | None, file_type: str) -> str:
+    """The quant the parts are sized at: --quant, an MXFP4 checkpoint's (gpt-oss: experts MXFP4, the rest
+    BF16), else the dtype's (one width for every part: only their shares matter once scaled)."""
+    if quant:
+        return quant
+    qc = config.get("quantization_config")
+    if isinstance(qc, dict) and str(qc.get("quant_method", "")).lower() == "mxfp4":
+        return "MXFP4"
+    return file_type.upper() if file_type.upper() in ("F16", "BF16", "F32") else "F16"
 
 
 def _params(weights: Weights | None, config: dict[str, Any]) -> tuple[int | None, str]:
@@ -473,7 +502,6 @@ def _hf_command(backend: HFBackend) -> click.Command:
 
     from kvadvise.cli.options import TEXT, PlanOptions, run_options
     from kvadvise.cli.plan import build_plan, exit_if_no_fit, show_plan
-    from kvadvise.model.spec import with_weights
 
     @click.command("hf")
     @click.argument("config")
@@ -496,9 +524,7 @@ def _hf_command(backend: HFBackend) -> click.Command:
         if quant is not None and weights_bytes is not None:
             raise click.UsageError("give --quant or --weights-bytes, not both")
         o = PlanOptions.take(dict(kwargs))
-        spec = backend.load_spec(config, quant=quant, find_weights=weights_bytes is None)
-        if weights_bytes is not None:
-            spec = with_weights(spec, weights_bytes, source="--weights-bytes")
+        spec = backend.load_spec(config, quant=quant, weights_bytes=weights_bytes)
         plan = build_plan(spec, o)
         show_plan(plan, o, requested_ctx=o.n_ctx)
         exit_if_no_fit(plan)

@@ -108,7 +108,7 @@ def test_unknown_gpu_points_to_the_command(capsys: pytest.CaptureFixture[str], t
 
 @pytest.mark.parametrize(
     ("card", "backend", "device", "speed_key"),
-    [("7900xtx", "rocm", "ROCm0", "vulkan"), ("b580", "sycl", "SYCL0", "vulkan"), ("strix-halo", "vulkan", "Vulkan0", "vulkan")],
+    [("7900xtx", "rocm", "ROCm0", "rocm"), ("b580", "sycl", "SYCL0", "vulkan"), ("strix-halo", "vulkan", "Vulkan0", "vulkan")],
 )  # fmt: skip
 def test_amd_and_intel_cards_plan_under_their_backend(
     card: str, backend: str, device: str, speed_key: str, capsys: pytest.CaptureFixture[str], gemma_path: object

@@ -190,6 +190,8 @@ def test_probe_one_gpu(monkeypatch: pytest.MonkeyPatch, name: bytes | str) -> No
             bandwidth_bytes_per_s=1_008_000_000_000,
             bandwidth_source=hw.gpus[0].bandwidth_source,
             unified_memory=False,
+            flops_per_s=330.3e12,  # the card's FP16 tensor peak (profiles/gpus.json fp16_tflops): prompt speed
+            flops_source="profiles/gpus.json rtx-4090 fp16_tflops",
         ),
     )
     assert hw.gpus[0].bandwidth_source is not None
@@ -422,6 +424,8 @@ def test_from_profile_nvidia_uses_nvml_total() -> None:
         bandwidth_bytes_per_s=1_008_000_000_000,
         bandwidth_source="https://www.nvidia.com/en-us/geforce/graphics-cards/40-series/rtx-4090/",
         unified_memory=False,
+        flops_per_s=330.3e12,
+        flops_source="profiles/gpus.json rtx-4090 fp16_tflops",
     )
     assert "24,564 MiB as NVML reports it" in hw.notes[0]
 

@@ -166,6 +166,9 @@ class PlanOptions:
     model_draft: str | None = None
     type_k_draft: str = "f16"
     type_v_draft: str = "f16"
+    prompt_tokens: int | None = None
+    n_cpu_moe: int = 0
+    ram_bandwidth_gbs: float | None = None
 
     @classmethod
     def take(cls, kwargs: dict[str, Any]) -> PlanOptions:
@@ -413,7 +416,35 @@ def _options(*, planned_hardware: bool) -> list[Callable[[F], F]]:
             help="Also say how many layers or experts must stay on the CPU to reach the target.",
         ),
         click.option("--json", "as_json", is_flag=True, help="Print one JSON object (keys in README.md)."),
+        click.option(
+            "--ram-bandwidth",
+            "ram_bandwidth_gbs",
+            type=FiniteFloatRange(min=1, min_open=False),
+            metavar="GB/S",
+            default=None,
+            help="System memory bandwidth for the speed of what runs on the CPU (experts or layers kept in RAM, a "
+            "CPU plan) [default: measured once on this machine and cached].",
+        ),
     ]
+    if planned_hardware:
+        opts += [
+            click.option(
+                "--prompt-tokens",
+                "prompt_tokens",
+                type=click.IntRange(min=1, max=2**31 - 1),
+                default=None,
+                help="Time a prompt of this many tokens (the prefill estimate) [default: 4096 and the whole context].",
+            ),
+            click.option(
+                "--n-cpu-moe",
+                "-ncmoe",
+                "n_cpu_moe",
+                type=click.IntRange(min=0, max=4096),
+                default=0,
+                help="Keep the routed experts of the first N layers on the CPU, as llama.cpp's --n-cpu-moe: plan the "
+                "GPUs' memory and the speed for that placement.",
+            ),
+        ]
     return opts
 
 

@@ -33,6 +33,10 @@ def check_flags(o: PlanOptions) -> None:
         raise click.UsageError("--bandwidth goes with --vram (a --gpu card has its own)")
     if (o.gpu or o.vram_bytes is not None) and o.device == "cpu":
         raise click.UsageError("--device cpu plans without a GPU: drop --gpu/--vram, or use --device cuda")
+    if o.n_cpu_moe and o.allow_cpu:
+        raise click.UsageError("--n-cpu-moe places the experts as given; --allow-cpu finds a placement: give one")
+    if o.n_cpu_moe and o.device == "cpu":
+        raise click.UsageError("--n-cpu-moe keeps experts on the CPU beside a GPU: drop it with --device cpu")
     if o.n_ctx is not None and (o.use or o.target_ctx):
         raise click.UsageError("--ctx fixes the context; --use and --target-ctx aim for one: give one of them")
     if o.chart_file:
@@ -83,8 +87,11 @@ def build_plan(
             rpc=tuple(o.rpc or ()),
             probe=not o.no_hardware,
             bandwidth_bytes_per_s=None if o.bandwidth_gbs is None else int(o.bandwidth_gbs * 1e9),
+            ram_bandwidth_bytes_per_s=None if o.ram_bandwidth_gbs is None else int(o.ram_bandwidth_gbs * 1e9),
         )
     )
+    if hardware is not None and hw is not None and o.ram_bandwidth_gbs is not None:
+        hw = replace(hw, ram_bandwidth_bytes_per_s=int(o.ram_bandwidth_gbs * 1e9))
     measured, notes = _calibration(hw.gpus[0].name if probed and hw is not None and hw.gpus else None)
     kv = fixed or (cache_type("f16"), cache_type("f16"))
     base = RunConfig(
@@ -116,6 +123,8 @@ def build_plan(
         margin_bytes=o.margin_bytes + extra_margin_bytes,
         measured_overhead=measured,
         notes=notes,
+        prompt_tokens=o.prompt_tokens,
+        n_cpu_moe=o.n_cpu_moe,
     )
 
 

@@ -349,6 +349,7 @@ def from_gguf(header: GGUFHeader) -> ModelSpec:
     # covers (a buffer from the host pointer [first offset, last end)).
     weights_bytes = max(t.offset + t.n_bytes for t in loaded) - min(t.offset for t in loaded) if loaded else 0
     expert_bytes = sum(t.n_bytes for t in loaded if _EXPERT_TENSOR.search(t.name))
+    active_params = _active_params(loaded, k.num(LLM.EXPERT_COUNT, 0), k.num(LLM.EXPERT_USED_COUNT, 0))
     layer_bytes = [0] * n_layer_all
     for t in loaded:
         if m := _BLOCK_TENSOR.match(t.name):
@@ -419,4 +420,26 @@ def from_gguf(header: GGUFHeader) -> ModelSpec:
         matmul_weights=matmul_weights,
         layer_largest_tensor_bytes=tuple(layer_largest),
         fixed_span=fixed_span,
+        active_params=active_params,
     )
+
+
+def _active_params(loaded: list[TensorInfo], n_expert: int, n_expert_used: int) -> int:
+    """The parameters one token multiplies by (ModelSpec.active_params): every tensor but the token
+    embeddings (a row lookup; a model without output.weight multiplies by token_embd instead), the routed
+    experts (ffn_*_exps, as --n-cpu-moe matches them) at n_expert_used of n_expert."""
+    total = experts = embd = 0
+    has_output = False
+    for t in loaded:
+        n = math.prod(t.shape)
+        if t.name == "token_embd.weight":
+            embd = n
+        elif "token_embd" in t.name:  # per_layer_token_embd (Gemma 3n): looked up too
+            continue
+        elif _EXPERT_TENSOR.search(t.name):
+            experts += n
+        else:
+            total += n
+            has_output = has_output or t.name == "output.weight"
+    used = experts * n_expert_used // n_expert if n_expert and n_expert_used else experts
+    return total + used + (0 if has_output else embd)

@@ -73,6 +73,10 @@ class ModelSpec:
     # block kept on the CPU (kvadvise.planner.offload); () when unknown
     layer_largest_tensor_bytes: tuple[int, ...] = ()
     fixed_span: tuple[int, int] = (0, 0)
+    # parameters one token multiplies by: every matmul weight but token_embd (one row is looked up; a tied
+    # output layer counts it), of the routed experts n_expert_used of n_expert. Prompt processing costs
+    # 2 FLOPs per such parameter and token (kvadvise.planner.speed); 0: unknown (then from the bytes)
+    active_params: int = 0
 
     @property
     def n_layer(self) -> int:

@@ -56,6 +56,13 @@ class Budget:
     # headroom): a plan fits only when every device fits its own; budget_bytes is their sum
     device_budgets: tuple[int, ...] = ()
     device_free: tuple[int, ...] = ()  # each GPU's free memory: llama.cpp's default split (-ts) follows it
+    # the speed model's per-GPU figures (kvadvise.planner.speed.plan_devices): each GPU's bandwidth (decode)
+    # and FP16 tensor peak (prompt processing), () unless every GPU's is known, and its name
+    device_bandwidths: tuple[int, ...] = ()
+    device_flops: tuple[float, ...] = ()
+    device_names: tuple[str, ...] = ()
+    flops_source: str | None = None
+    ram_bandwidth_bytes_per_s: int | None = None  # --ram-bandwidth; None: measured when a plan needs it
 
     def fits(self, est: MemoryEstimate) -> bool:
         """Every device within its own budget (one budget for one device, or the CPU)."""
@@ -103,9 +110,18 @@ def budget_for(hw: Hardware, margin_bytes: int = DEFAULT_MARGIN_BYTES) -> Budget
         if len(hw.gpus) > 1:
             per = tuple(max(0, g.free_bytes - margin_bytes) for g in hw.gpus)
             budget = replace(budget, device_budgets=per, device_free=tuple(g.free_bytes for g in hw.gpus))
-        return budget
+        flops = [g.flops_per_s for g in hw.gpus]
+        return replace(
+            budget,
+            device_bandwidths=tuple(b for b in bw if b) if all(bw) else (),
+            device_flops=tuple(f for f in flops if f) if all(flops) else (),
+            device_names=tuple(g.name for g in hw.gpus),
+            flops_source=next((g.flops_source for g in hw.gpus if g.flops_source), None),
+            ram_bandwidth_bytes_per_s=hw.ram_bandwidth_bytes_per_s,
+        )
     free = hw.ram_free_bytes
-    return Budget("cpu", hw.ram_total_bytes, free, margin_bytes, max(0, free - margin_bytes), "ram", 0, None, None)
+    cpu = Budget("cpu", hw.ram_total_bytes, free, margin_bytes, max(0, free - margin_bytes), "ram", 0, None, None)
+    return replace(cpu, ram_bandwidth_bytes_per_s=hw.ram_bandwidth_bytes_per_s)
 
 
 def weights_published(spec: ModelSpec) -> bool:

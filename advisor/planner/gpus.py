@@ -54,6 +54,8 @@ class GpuProfile:
     backend: str = "cuda"  # cuda (NVIDIA), metal (Apple), rocm (AMD), vulkan, sycl (Intel)
     pci_ids: tuple[str, ...] = ()  # AMD cards: the PCI device ids the driver reports (amdgpu sysfs)
     integrated: bool = False  # an APU: its VRAM is a carve-out of system RAM, of any size
+    fp16_tflops: float | None = None  # FP16 tensor peak, dense (prompt processing); fp16_tflops_basis: where from
+    fp16_tflops_basis: str | None = None
 
     @property
     def usable_bytes(self) -> int:
@@ -79,6 +81,8 @@ def _profile_from_json(entry: dict[str, Any]) -> GpuProfile:
         backend=str(entry.get("backend") or ("metal" if entry["vendor"] == "apple" else "cuda")),
         pci_ids=tuple(str(i).lower() for i in entry.get("pci_ids", ())),
         integrated=bool(entry.get("integrated", False)),
+        fp16_tflops=float(entry["fp16_tflops"]) if entry.get("fp16_tflops") else None,
+        fp16_tflops_basis=str(entry["fp16_tflops_basis"]) if entry.get("fp16_tflops_basis") else None,
     )
 
 

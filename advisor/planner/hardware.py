@@ -19,9 +19,12 @@ import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvadvise.errors import InputError
+
+if TYPE_CHECKING:
+    from kvadvise.planner.gpus import GpuProfile
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +41,8 @@ class Gpu:
     unified_memory: bool = False  # Apple silicon: GPU memory is a share of system RAM
     rpc_endpoint: str | None = None  # a host of llama.cpp's RPC backend (rpc-server at HOST:PORT)
     backend: str = "cuda"  # the ggml backend that runs it: cuda | rocm | vulkan | sycl | metal
+    flops_per_s: float | None = None  # FP16 tensor peak, dense (profiles/gpus.json fp16_tflops): prompt speed
+    flops_source: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +54,9 @@ class Hardware:
     ram_free_bytes: int
     source: str  # "nvml" | "amdgpu" | "profile:<name>" | "manual" | "none"
     notes: tuple[str, ...] = ()
+    # system memory bandwidth given by hand (--ram-bandwidth); None: measured when a plan needs it
+    # (kvadvise.planner.cpuspeed)
+    ram_bandwidth_bytes_per_s: int | None = None
 
     @property
     def has_gpu(self) -> bool:
@@ -86,6 +94,13 @@ def _no_nvidia_driver() -> bool:
     return sys.platform == "linux" and not os.path.exists("/proc/driver/nvidia") and not os.path.exists("/dev/dxg")
 
 
+def compute_of(gpu: Gpu, p: GpuProfile | None) -> Gpu:
+    """``gpu`` with its profile's compute figure (prompt processing); as it is for an unknown card."""
+    if p is None or not p.fp16_tflops:
+        return gpu
+    return replace(gpu, flops_per_s=p.fp16_tflops * 1e12, flops_source=f"profiles/gpus.json {p.id} fp16_tflops")
+
+
 def _fmt_gib(n: int) -> str:
     return f"{n / GIB:.1f} GiB"
 
@@ -113,6 +128,7 @@ def from_profile(name: str) -> Hardware:
         unified_memory=p.unified_memory,
         backend=p.backend,
     )
+    gpu = compute_of(gpu, p)
     if p.unified_memory:
         ram_total = ram_free = p.memory_bytes
         num, den = APPLE_SHARE_SMALL if p.memory_bytes <= APPLE_SHARE_THRESHOLD_BYTES else APPLE_SHARE_LARGE
@@ -252,15 +268,18 @@ def amd_hardware(ram: tuple[int, int], root: str | os.PathLike[str] | None = Non
                 "may use: --vram SIZE plans for that"
             )
         gpus.append(
-            Gpu(
-                index=i,
-                name=name,
-                total_bytes=c.vram_total_bytes,
-                free_bytes=max(0, c.vram_total_bytes - c.vram_used_bytes),
-                used_by_others_bytes=c.vram_used_bytes,
-                bandwidth_bytes_per_s=None if p is None else p.bandwidth_bytes_per_s,
-                bandwidth_source=None if p is None else f"profile:{p.id} ({p.source})",
-                backend="rocm" if p is None else p.backend,
+            compute_of(
+                Gpu(
+                    index=i,
+                    name=name,
+                    total_bytes=c.vram_total_bytes,
+                    free_bytes=max(0, c.vram_total_bytes - c.vram_used_bytes),
+                    used_by_others_bytes=c.vram_used_bytes,
+                    bandwidth_bytes_per_s=None if p is None else p.bandwidth_bytes_per_s,
+                    bandwidth_source=None if p is None else f"profile:{p.id} ({p.source})",
+                    backend="rocm" if p is None else p.backend,
+                ),
+                p,
             )
         )
     if not gpus:
@@ -409,14 +428,17 @@ def probe() -> Hardware:
             if profile is None:
                 notes.append(f"GPU {i} ({name}): memory bandwidth unknown (not in profiles/gpus.json)")
             gpus.append(
-                Gpu(
-                    index=i,
-                    name=name,
-                    total_bytes=total,
-                    free_bytes=free,
-                    used_by_others_bytes=others,
-                    bandwidth_bytes_per_s=None if profile is None else profile.bandwidth_bytes_per_s,
-                    bandwidth_source=None if profile is None else f"profile:{profile.id} ({profile.source})",
+                compute_of(
+                    Gpu(
+                        index=i,
+                        name=name,
+                        total_bytes=total,
+                        free_bytes=free,
+                        used_by_others_bytes=others,
+                        bandwidth_bytes_per_s=None if profile is None else profile.bandwidth_bytes_per_s,
+                        bandwidth_source=None if profile is None else f"profile:{profile.id} ({profile.source})",
+                    ),
+                    profile,
                 )
             )
     finally:

@@ -697,7 +697,9 @@ def _device_layers(spec: ModelSpec, owner: tuple[int, ...], n_dev: int, cuda: bo
     hit = _SPLITS.get(key)
     if hit is not None and hit[0] is spec:
         return hit[1]
-    layer_w = list(spec.layer_bytes) or [0] * spec.n_layer_all
+    # a spec without per-block sizes (a config the breakdown cannot count): the blocks share the weights
+    # evenly, so that a split over several devices gives each its layers' share, not all to the last one
+    layer_w = list(spec.layer_bytes) if any(spec.layer_bytes) else _even_layers(spec)
     layer_pad = list(spec.layer_cuda_pad_bytes) or [0] * spec.n_layer_all
     # llama_model::load_tensors: token_embd always stays on the CPU ("very little benefit"); what is not
     # in a block (output, output_norm, ...) goes with the output layer; tied embeddings make that device
@@ -771,3 +773,11 @@ def _offloaded(
         host_compute = host_compute_bytes(spec, lay)
     host = HostMemory(spec.tok_embd_bytes, host_compute, out, spec.tok_embd_bytes + host_compute + out)
     return tuple(devices), host
+
+
+def _even_layers(spec: ModelSpec) -> list[int]:
+    """Equal block sizes for a spec whose per-block sizes are unknown: the weights less the token embedding
+    and the output layer, over the trunk's layers."""
+    body = max(0, spec.weights_bytes - spec.tok_embd_bytes - spec.output_bytes)
+    n = max(1, spec.n_layer)
+    return [body // n if il < spec.n_layer else 0 for il in range(spec.n_layer_all)]

@@ -28,13 +28,13 @@ does not op-offload, so the loopback RPC runs cannot show it).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvadvise.model.ggml import GGMLType
 from kvadvise.model.spec import ModelSpec
 from kvadvise.planner import speed as speed_model
 from kvadvise.planner.budget import Budget
-from kvadvise.planner.memory import RunConfig, estimate, layer_kv_bytes, resolve
+from kvadvise.planner.memory import MemoryEstimate, RunConfig, estimate, layer_kv_bytes, resolve
 from kvadvise.planner.policy import KV, Policy, allowed_kvs, config_at, kv_name
 
 GIB = 1 << 30
@@ -137,19 +137,8 @@ def partial_offload(spec: ModelSpec, base: RunConfig, budget: Budget, n_ctx_seq:
     op_copy = op_offload_bytes(spec, range(max(n_cpu, n_cpu_moe)), budget.device, ub)
     device = full.device_bytes - moved + (op_copy or 0)
     host = full.host_bytes + moved
-    speed = None
-    if budget.bandwidth_bytes_per_s:
-        # at 4k and at the full context, as for a plan that fits: deep in the context the K/V read dominates
-        speed = speed_model.estimate(
-            spec,
-            n_ctx_seq,
-            [speed_model.Device(budget.backend, budget.bandwidth_bytes_per_s)],
-            type_k=kv[0],
-            type_v=kv[1],
-            cpu_expert_layers=n_cpu_moe,
-            cpu_dense_fraction=n_cpu / max(1, n_layer),
-            source=budget.bandwidth_source,
-        )
+    # at 4k and at the full context, as for a plan that fits: deep in the context the K/V read dominates
+    speed = speed_model.plan_decode(spec, cfg, budget, n_cpu_moe=n_cpu_moe, n_cpu_layers=n_cpu)
     tps = speed.tokens_per_s if speed is not None else None
     what = f"the experts of {n_cpu_moe} layers" if n_cpu_moe else f"{n_cpu} of {n_layer} layers"
     if n_cpu_moe and n_cpu:
@@ -157,7 +146,7 @@ def partial_offload(spec: ModelSpec, base: RunConfig, budget: Budget, n_ctx_seq:
         what = f"the experts of all {n_layer} layers and {first} whole"
     note = (
         f"to run {n_ctx_seq:,} tokens with {kv[0].type_name}/{kv[1].type_name}: keep {what} ({moved / GIB:.2f} GiB) "
-        f"on the CPU; speed assumes {speed_model.CPU_BANDWIDTH_BYTES_PER_S / 1e9:.0f} GB/s system memory"
+        "on the CPU"
     )
     if op_copy:
         note += (
@@ -194,3 +183,69 @@ def _attention_on_gpu(
             )
             return alt, why
     return offload, None
+
+
+@dataclass(frozen=True, slots=True)
+class CpuMoe:
+    """``--n-cpu-moe N`` as llama.cpp places it: the routed-expert tensors of layers 0..N-1 in a CPU buffer
+    (common/arg.cpp: ``llm_add_n_cpu_ffn_overrides(N, LLM_FFN_EXPS_REGEX, ...)``; common/common.h:
+    ``blk\\.{i}\\.ffn_(up|down|gate|gate_up)_(ch|)exps`` -> ``ggml_backend_cpu_buffer_type()``, llama.cpp
+    0c1e570); shared experts, the router, attention and norms stay where -ngl puts them."""
+
+    n_cpu_moe: int
+    expert_layers: tuple[int, ...]  # of those N layers, the ones that hold routed experts
+    host_bytes: int  # the experts kept in RAM
+    op_offload_bytes: int | None  # the first GPU's copy of the largest of them (op offload); None: unknown
+    gpu_spec: ModelSpec  # the model as the GPUs hold it (those experts out of their layers, the copy in)
+
+
+def cpu_moe_placement(spec: ModelSpec, n_cpu_moe: int, device: str, n_ubatch: int) -> CpuMoe:
+    """Where ``--n-cpu-moe N`` puts the weights (see :class:`CpuMoe`). ``gpu_spec`` plans the GPUs' memory
+    with the memory model as it is: the moved experts leave their layers' bytes (on whichever device the
+    layer split gives them), and the op-offload copy, which the first GPU's compute buffer holds, is kept
+    with the first moved layer (on the first device: layer 0 is always there), so that every context the
+    recommender tries counts it; :func:`with_cpu_moe` then moves it to the compute buffer."""
+    ids = tuple(il for il in speed_model.expert_layer_ids(spec) if il < n_cpu_moe)
+    if not ids or not spec.expert_bytes or not any(spec.layer_bytes):
+        return CpuMoe(n_cpu_moe, ids, 0, 0, spec)
+    per = spec.expert_bytes // len(speed_model.expert_layer_ids(spec))
+    moved = per * len(ids)
+    copy = op_offload_bytes(spec, ids, device, n_ubatch)
+    layers = list(spec.layer_bytes)
+    for il in ids:
+        layers[il] = max(0, layers[il] - per)
+    layers[ids[0]] += copy or 0
+    gpu = replace(
+        spec,
+        weights_bytes=spec.weights_bytes - moved + (copy or 0),
+        expert_bytes=spec.expert_bytes - moved,
+        layer_bytes=tuple(layers),
+    )
+    return CpuMoe(n_cpu_moe, ids, moved, copy, gpu)
+
+
+def with_cpu_moe(est: MemoryEstimate, placement: CpuMoe) -> MemoryEstimate:
+    """The estimate of ``placement.gpu_spec`` as llama.cpp prints it for the whole model: the moved experts
+    in host RAM (the CPU's model buffer), the op-offload copy in the first GPU's compute buffer."""
+    if not placement.host_bytes or not est.devices:
+        return est
+    copy = placement.op_offload_bytes or 0
+    first = est.devices[0]
+    devices = (
+        replace(first, weights_bytes=first.weights_bytes - copy, compute_bytes=first.compute_bytes + copy),
+        *est.devices[1:],
+    )
+    host = replace(
+        est.host,
+        weights_bytes=est.host.weights_bytes + placement.host_bytes,
+        total_bytes=est.host.total_bytes + placement.host_bytes,
+    )
+    return replace(
+        est,
+        devices=devices,
+        host=host,
+        weights_bytes=est.weights_bytes + placement.host_bytes - copy,
+        compute_bytes=est.compute_bytes + copy,
+        host_bytes=est.host_bytes + placement.host_bytes,
+        total_bytes=est.total_bytes + placement.host_bytes,
+    )

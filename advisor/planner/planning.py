@@ -15,8 +15,8 @@ from kvadvise.planner.policy import Policy
 from kvadvise.planner.recommender import Recommendation, fixed_ctx_alternatives, recommend
 
 if TYPE_CHECKING:  # the speed model loads only for a plan with a GPU budget, the offload with --allow-cpu
-    from kvadvise.planner.offload import Offload
-    from kvadvise.planner.speed import SpeedEstimate
+    from kvadvise.planner.offload import CpuMoe, Offload
+    from kvadvise.planner.speed import PrefillEstimate, SpeedEstimate
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +28,7 @@ class HardwareRequest:
     probe: bool = True  # else: no hardware (estimate only)
     bandwidth_bytes_per_s: int | None = None  # --bandwidth, with --vram
     rpc: tuple[RpcHost, ...] = ()  # --rpc HOST:PORT=SIZE: hosts of llama.cpp's RPC backend
+    ram_bandwidth_bytes_per_s: int | None = None  # --ram-bandwidth: the system memory's (else measured)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +45,8 @@ class Plan:
     notes: tuple[str, ...] = ()
     speed: SpeedEstimate | None = None  # decode estimate (a GPU plan that fits); with --ctx too
     offload: Offload | None = None  # --allow-cpu and the context does not fit the GPU: what stays on the CPU
+    prefill: PrefillEstimate | None = None  # prompt processing at the plan's context (a plan that fits)
+    cpu_moe: CpuMoe | None = None  # --n-cpu-moe N: the experts kept in RAM, as planned
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +59,13 @@ class MeasuredOverhead:
 
 
 def hardware_for(req: HardwareRequest) -> Hardware | None:
+    hw = _hardware_for(req)
+    if hw is not None and req.ram_bandwidth_bytes_per_s:
+        hw = replace(hw, ram_bandwidth_bytes_per_s=req.ram_bandwidth_bytes_per_s)
+    return hw
+
+
+def _hardware_for(req: HardwareRequest) -> Hardware | None:
     from kvadvise.planner import hardware
 
     if req.rpc:
@@ -89,12 +99,29 @@ def make_plan(
     margin_bytes: int = DEFAULT_MARGIN_BYTES,
     measured_overhead: MeasuredOverhead | None = None,
     notes: tuple[str, ...] = (),
+    prompt_tokens: int | None = None,
+    n_cpu_moe: int = 0,
 ) -> Plan:
     """``recommend_ctx``: pick context, cache types and FA; else estimate ``base`` as given.
 
     ``measured_overhead`` replaces the default per-device overhead on a GPU plan (unless
     ``base`` sets one); ``notes`` are carried into the plan (e.g. why a calibration was skipped).
+    ``prompt_tokens``: the prompt the prefill estimate times (default 4k); ``n_cpu_moe``: llama.cpp's
+    --n-cpu-moe N, planned as given (kvadvise.planner.offload.cpu_moe_placement).
     """
+    if n_cpu_moe:
+        return _with_cpu_moe(
+            spec,
+            base,
+            n_cpu_moe,
+            recommend_ctx=recommend_ctx,
+            hw=hw,
+            policy=policy,
+            margin_bytes=margin_bytes,
+            measured_overhead=measured_overhead,
+            notes=notes,
+            prompt_tokens=prompt_tokens,
+        )
     budget = (
         plan_budget(hw, margin_bytes, spec=spec, headless=policy.headless, weights_uncertain=policy.weights_uncertain)
         if hw is not None
@@ -130,7 +157,8 @@ def make_plan(
         base = replace(base, tensor_split=tuple(round(f / (1 << 30), 2) for f in budget.device_free))
     if recommend_ctx and budget is not None:
         rec = recommend(spec, base, budget, policy)
-        return Plan(spec, rec.config, rec.estimate, hw, budget, rec.fits, rec, notes, rec.speed, rec.offload)
+        prefill = _prefill(spec, rec.config, budget, rec.fits, prompt_tokens, rec.offload)
+        return Plan(spec, rec.config, rec.estimate, hw, budget, rec.fits, rec, notes, rec.speed, rec.offload, prefill)
     cfg = replace(base, device=budget.device) if budget is not None and base.device == "auto" else base
     if cfg.device == "auto":
         cfg = replace(cfg, device="cpu")
@@ -152,4 +180,106 @@ def make_plan(
             kv = (cfg.type_k, cfg.type_v)
             offload, why = plan_offload(spec, replace(cfg, n_ctx=0), budget, n_seq, kv, policy)
             notes = (*notes, *why)
-    return Plan(spec, cfg, est, hw, budget, fits, None, notes, speed, offload)
+    prefill = _prefill(spec, cfg, budget, fits, prompt_tokens, offload) if budget is not None else None
+    return Plan(spec, cfg, est, hw, budget, fits, None, notes, speed, offload, prefill)
+
+
+def _prefill(
+    spec: ModelSpec,
+    cfg: RunConfig,
+    budget: Budget,
+    fits: bool | None,
+    prompt_tokens: int | None,
+    offload: Offload | None,
+    n_cpu_moe: int = 0,
+) -> PrefillEstimate | None:
+    """The prompt-processing estimate of a plan that fits, or of its partial offload."""
+    from kvadvise.planner.speed import plan_prefill
+
+    if offload is not None:
+        n_ctx = offload.n_ctx * max(1, cfg.n_parallel)
+        at = replace(cfg, n_ctx=n_ctx, type_k=offload.type_k, type_v=offload.type_v)
+        return plan_prefill(
+            spec,
+            at,
+            budget,
+            prompt_tokens=prompt_tokens,
+            n_cpu_moe=offload.n_cpu_moe,
+            n_cpu_layers=offload.n_cpu_layers,
+        )
+    if not fits:
+        return None
+    return plan_prefill(spec, cfg, budget, prompt_tokens=prompt_tokens, n_cpu_moe=n_cpu_moe)
+
+
+def _with_cpu_moe(
+    spec: ModelSpec,
+    base: RunConfig,
+    n_cpu_moe: int,
+    *,
+    recommend_ctx: bool,
+    hw: Hardware | None,
+    policy: Policy,
+    margin_bytes: int,
+    measured_overhead: MeasuredOverhead | None,
+    notes: tuple[str, ...],
+    prompt_tokens: int | None,
+) -> Plan:
+    """A plan with ``--n-cpu-moe N``: the GPUs' memory planned for the model as they hold it (the experts of
+    the first N layers in RAM), the estimate shown for the whole model, the speeds with those experts read
+    and copied from RAM."""
+    from kvadvise.planner.offload import cpu_moe_placement, with_cpu_moe
+    from kvadvise.planner.speed import plan_decode
+
+    if not spec.n_expert or not spec.expert_bytes:
+        raise ConfigError(
+            f"--n-cpu-moe {n_cpu_moe}: {spec.name} has no routed experts to keep on the CPU",
+            hint="--n-cpu-moe is for MoE models; a dense model's layers stay on the CPU with -ngl",
+        )
+    device = "cpu" if hw is None or not hw.gpus else ("metal" if any(g.unified_memory for g in hw.gpus) else "cuda")
+    placement = cpu_moe_placement(spec, n_cpu_moe, device, base.n_ubatch)
+    inner = make_plan(
+        placement.gpu_spec,
+        base,
+        recommend_ctx=recommend_ctx,
+        hw=hw,
+        policy=policy,
+        margin_bytes=margin_bytes,
+        measured_overhead=measured_overhead,
+        notes=notes,
+    )
+    est = with_cpu_moe(inner.estimate, placement)
+    size = placement.host_bytes
+    shown = f"{size / (1 << 30):.2f} GiB" if size >= 1 << 30 else f"{size / (1 << 20):,.1f} MiB"
+    moved = (
+        f"--n-cpu-moe {n_cpu_moe}: the routed experts of {len(placement.expert_layers)} layers "
+        f"({shown}) in RAM (llama.cpp's CPU buffer), the rest as -ngl places it"
+    )
+    if placement.op_offload_bytes:
+        moved += (
+            f"; the first GPU's compute buffer holds a copy of the largest of them "
+            f"({placement.op_offload_bytes / (1 << 20):,.1f} MiB, op offload, an estimate)"
+        )
+    speed = prefill = None
+    if inner.budget is not None and inner.fits:
+        speed = plan_decode(spec, inner.config, inner.budget, n_cpu_moe=n_cpu_moe)
+        prefill = _prefill(spec, inner.config, inner.budget, True, prompt_tokens, None, n_cpu_moe)
+    rec = inner.recommendation
+    if rec is not None:
+        rec = replace(
+            rec,
+            estimate=est,
+            speed=speed,
+            decode_tokens_per_s=speed.points[-1][1] if speed is not None else None,
+            speed_note=f"{speed.text()}; {speed.note}" if speed is not None else None,
+        )
+    return replace(
+        inner,
+        spec=spec,
+        estimate=est,
+        recommendation=rec,
+        speed=speed,
+        prefill=prefill,
+        cpu_moe=placement,
+        notes=(*inner.notes, moved),
+    )

@@ -175,16 +175,11 @@ def fixed_ctx_alternatives(spec: ModelSpec, cfg: RunConfig, budget: Budget, poli
 def decode_speed(
     spec: ModelSpec, cfg: RunConfig, budget: Budget
 ) -> tuple[float | None, str | None, SpeedEstimate | None]:
-    """The decode estimate of kvadvise.planner.speed at 4k and at the planned context per sequence."""
-    if not budget.bandwidth_bytes_per_s or not budget.n_gpu:
-        return None, None, None
-    from kvadvise.planner import speed
-    from kvadvise.planner.speed import Device
+    """The decode estimate of kvadvise.planner.speed at 4k and at the planned context per sequence (each
+    GPU at its own bandwidth and share of the layers; a CPU plan at the system memory's bandwidth)."""
+    from kvadvise.planner.speed import plan_decode
 
-    n = budget.n_gpu
-    devices = [Device(budget.backend, budget.bandwidth_bytes_per_s, 1 / n) for _ in range(n)]
-    n_seq = cfg.n_ctx // max(1, cfg.n_parallel)
-    est = speed.estimate(spec, n_seq, devices, type_k=cfg.type_k, type_v=cfg.type_v, source=budget.bandwidth_source)
+    est = plan_decode(spec, cfg, budget)
     if est is None:
         return None, None, None
     return est.points[-1][1], f"{est.text()}; {est.note}", est

@@ -1,60 +1,113 @@
-"""Decode speed: how many tokens per second one sequence generates, from memory bandwidth.
+"""Decode and prompt speed: how many tokens per second one sequence generates, and how long a prompt takes.
 
-Decode of one sequence is bound by memory reads: each token reads every
-weight it uses once, and the K/V of the tokens before it. Per token:
+**Decode** of one sequence is bound by memory reads: each token reads every weight it uses once, and the
+K/V of the tokens before it. Per token:
 
-- weights: everything but the token embedding (one row is looked up), and of
-  the routed experts only ``n_expert_used`` of ``n_expert`` (shared experts,
-  attention, router and output always);
-- K/V: every KV layer's cells up to the depth (a sliding-window layer at most
-  its window), at the cache type's bytes.
+- weights: everything but the token embedding (one row is looked up), and of the routed experts only
+  ``n_expert_used`` of ``n_expert`` (shared experts, attention, router and output always);
+- K/V: every KV layer's cells up to the depth (a sliding-window layer at most its window), at the cache
+  type's bytes.
 
-Each device reads its share at a measured fraction of its published bandwidth
-(:data:`EFFICIENCY`, by backend and by dense or MoE model), and each token
-costs a fixed time per layer on top (:data:`LAYER_OVERHEAD_S`: kernel launches
-and synchronisation, what bounds tiny models and fast cards). With several
-devices, or part of the model on the CPU, the devices run one after another:
-their times add up.
+Each device reads its share (its layers' weights and K/V, llama.cpp's layer split) at a measured fraction
+of its published bandwidth (:data:`EFFICIENCY`, by backend and by dense or MoE model), and each token costs
+a fixed time per layer on top (:data:`LAYER_OVERHEAD_S`: kernel launches and synchronisation, what bounds
+tiny models and fast cards), and per MoE layer a little more (:data:`MOE_LAYER_OVERHEAD_S`: the router,
+top-k and the expert gathers: the cost that makes small experts slow per byte read). The devices run one
+after another: their times add up. The CPU's share (``--n-cpu-moe``, whole layers kept in RAM) reads at
+the system memory's bandwidth, measured or given (kvadvise.planner.cpuspeed).
 
-The factors are fitted on published measurements (tests/data/speed/
-measurements.json, with sources; ``benchmarks/bench_speed.py`` prints the
-estimate ÷ measured of every row). :data:`RANGE` is the spread of measured ÷
-estimate that covers 80 % of those rows: the range a plan prints.
+**Prompt processing** is bound by arithmetic: each prompt token costs 2 FLOPs per active parameter (the
+weights one token multiplies by, :attr:`kvadvise.model.spec.ModelSpec.active_params`) and the attention
+over the tokens before it (QK and AV: 2 x (head_k + head_v) x n_head FLOPs per layer and cell). Each GPU
+computes its share at a fitted fraction of its FP16 tensor peak (:data:`PREFILL_EFFICIENCY`; the
+``fp16_tflops`` of profiles/gpus.json, with sources). Weights kept on the CPU are copied to the GPU for
+every prompt batch of 32 tokens or more (llama.cpp's op offload: ggml-backend.cpp
+ggml_backend_sched_backend_id_from_cur, ggml-cuda.cu / ggml-vulkan.cpp offload_op with
+GGML_OP_OFFLOAD_MIN_BATCH 32), which costs their bytes over PCIe once per ubatch
+(:data:`PCIE_BYTES_PER_S`); a CPU plan computes at the CPU's vector peak.
+
+The factors are fitted on published measurements (tests/data/speed/measurements.json, with sources, on
+the rows marked for the fit; ``benchmarks/bench_speed.py`` prints the estimate ÷ measured of every row,
+the held-out rows apart). :data:`RANGE` / :data:`PREFILL_RANGE` are the spread of measured ÷ estimate
+that covers 80 % of those rows: the range a plan prints.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kvadvise.model.ggml import GGMLType, row_bytes
 from kvadvise.model.spec import ModelSpec
 
+if TYPE_CHECKING:
+    from kvadvise.planner.budget import Budget
+    from kvadvise.planner.memory import RunConfig
+
 # Fraction of the published bandwidth decode reaches, by backend and kind of model (fitted, see module doc).
-# CPU: not fitted (no clean rows); the usual 0.6 of a dual-channel DDR5 system for dense reads.
+# CPU: relative to the measured copy bandwidth (kvadvise.planner.cpuspeed).
 EFFICIENCY: dict[str, dict[str, float]] = {
-    "cuda": {"dense": 0.80, "moe": 0.88},
-    "metal": {"dense": 0.72, "moe": 0.42},
-    "vulkan": {"dense": 0.82, "moe": 0.52},
-    "cpu": {"dense": 0.60, "moe": 0.50},
+    "cuda": {"dense": 0.82, "moe": 0.90},
+    "metal": {"dense": 0.80, "moe": 0.54},
+    "vulkan": {"dense": 0.80, "moe": 0.62},
+    "rocm": {"dense": 0.70, "moe": 0.42},
+    "cpu": {"dense": 0.60, "moe": 0.62},
 }
 # Fraction of the bandwidth reading the K/V reaches (attention kernels are less efficient than matmuls; fitted).
-# Vulkan: no row at depth, so CUDA's figure; CPU: a guess.
-KV_EFFICIENCY: dict[str, float] = {"cuda": 0.68, "metal": 0.10, "vulkan": 0.68, "cpu": 0.3}
-# Fixed time per layer and token (s): launches, syncs, small ops (fitted).
-LAYER_OVERHEAD_S: dict[str, float] = {"cuda": 65e-6, "metal": 110e-6, "vulkan": 15e-6, "cpu": 20e-6}
+# Vulkan and ROCm: no fit row at depth, so CUDA's prior; CPU: a guess.
+KV_EFFICIENCY: dict[str, float] = {"cuda": 0.66, "metal": 0.10, "vulkan": 0.68, "rocm": 0.68, "cpu": 0.3}
+# Fixed time per layer and token (s): launches, syncs, small ops (fitted; CPU: a guess).
+LAYER_OVERHEAD_S: dict[str, float] = {"cuda": 65e-6, "metal": 145e-6, "vulkan": 20e-6, "rocm": 30e-6, "cpu": 20e-6}
+# Extra fixed time per MoE layer and token (s): the router, top-k and the used experts' gathers, a cost that
+# would make small experts slower per byte read. Fitted: 0 on every backend with MoE rows (on CUDA MoE
+# layers read at a higher fraction of the bandwidth than dense ones; Metal, Vulkan and ROCm read them at
+# a lower one: EFFICIENCY's "moe"), kept so that a refit can find it.
+MOE_LAYER_OVERHEAD_S: dict[str, float] = {"cuda": 0.0, "metal": 0.0, "vulkan": 0.0, "rocm": 0.0, "cpu": 0.0}
 # measured ÷ estimate: the band around the estimate that held 80 % of the collected rows
-RANGE = (0.85, 1.25)
-# Typical dual-channel DDR5 throughput, for the CPU share of a partial offload (no probe reads it).
+RANGE = (0.84, 1.21)
+# The CPU's bandwidth when nothing measured or gave one (the API without a budget): dual-channel DDR5.
 CPU_BANDWIDTH_BYTES_PER_S = 60_000_000_000
-# ROCm/HIP has too few published rows of its own: it takes Vulkan's factors (another non-CUDA GPU API).
-_BACKEND_ALIASES = {"rocm": "vulkan", "hip": "vulkan", "sycl": "vulkan"}
+# HIP is ROCm; SYCL has too few published rows of its own: it takes Vulkan's factors (another non-CUDA GPU API).
+_BACKEND_ALIASES = {"hip": "rocm", "sycl": "vulkan"}
+
+# Fraction of the FP16 tensor peak prompt processing reaches, by backend and kind of model (fitted). CUDA
+# data-centre cards (A100, H100, H200: "cuda-dc") reach a far smaller share of their much larger tensor
+# peak: llama.cpp's quantized matmul kernels (MMQ) do not use what their tensor cores add per SM.
+PREFILL_EFFICIENCY: dict[str, dict[str, float]] = {
+    "cuda": {"dense": 0.40, "moe": 0.16},
+    "cuda-dc": {"dense": 0.16, "moe": 0.10},
+    "metal": {"dense": 0.66, "moe": 0.30},
+    # Vulkan and ROCm MoE, and the CPU: no fit row; CUDA's MoE/dense ratio (0.4; a guess for the CPU's dense)
+    "vulkan": {"dense": 0.24, "moe": 0.10},
+    "rocm": {"dense": 0.42, "moe": 0.17},
+    "cpu": {"dense": 0.30, "moe": 0.12},
+}
+# Weights kept in RAM reach the GPU over PCIe for every ubatch (op offload): a PCIe 4.0 x16 link's
+# sustained host-to-device rate (fitted on the partial-offload rows).
+PCIE_BYTES_PER_S = 20_000_000_000
+OP_OFFLOAD_MIN_BATCH = 32  # ggml-cuda.cu / ggml-vulkan.cpp: GGML_OP_OFFLOAD_MIN_BATCH's default
+PREFILL_RANGE = (0.75, 1.35)
+DEFAULT_PROMPT_TOKENS = 4096  # the prompt a plan times when --prompt-tokens is not given
+# CUDA cards whose tensor peak llama.cpp's kernels reach far less of (see PREFILL_EFFICIENCY), by name
+# or profile id; compiled by re on first use
+_DATACENTER_TENSOR = r"\b(a100|a800|h100|h800|h200|h20|gh200|b100|b200|gb200)\b"
 
 
 def backend_key(backend: str) -> str:
     b = backend.lower()
     b = _BACKEND_ALIASES.get(b, b)
     return b if b in EFFICIENCY else "cuda"
+
+
+def prefill_key(backend: str, gpu_name: str = "") -> str:
+    """The prefill efficiency class: the backend's, or "cuda-dc" for a data-centre tensor card."""
+    import re
+
+    b = backend_key(backend)
+    if b == "cuda" and re.search(_DATACENTER_TENSOR, gpu_name.lower()):
+        return "cuda-dc"
+    return b
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,8 +129,27 @@ def weight_reads(spec: ModelSpec) -> Reads:
         used = spec.expert_bytes * spec.n_expert_used // spec.n_expert
     tied_output = spec.tok_embd_bytes if spec.output_bytes == 0 else 0  # the output matmul reads the embedding
     dense = spec.weights_bytes - spec.tok_embd_bytes + tied_output - spec.expert_bytes
-    layers = sum(1 for b in spec.layer_bytes if b) if spec.layer_bytes else spec.n_layer
-    return Reads(max(0, dense), used, layers if moe else 0, spec.n_layer, moe)
+    layers = _expert_layers(spec) if moe else 0
+    return Reads(max(0, dense), used, layers, spec.n_layer, moe)
+
+
+def _expert_layers(spec: ModelSpec) -> int:
+    return len(expert_layer_ids(spec))
+
+
+def expert_layer_ids(spec: ModelSpec) -> tuple[int, ...]:
+    """The trunk layers that hold routed experts: every layer whose weights reach the experts' share per
+    layer (a dense first layer, as DeepSeek's and GLM's, is far smaller), else every trunk layer."""
+    if not spec.n_expert or not spec.expert_bytes or not any(spec.layer_bytes):
+        return tuple(range(spec.n_layer)) if spec.n_expert else ()
+    trunk = spec.layer_bytes[: spec.n_layer]
+    filled = [il for il, b in enumerate(trunk) if b]
+    if not filled:
+        return tuple(range(spec.n_layer))
+    ids = [il for il in filled if trunk[il] >= 0.9 * spec.expert_bytes / len(filled)]
+    # a first pass over all layers understates the share where some are dense: settle on the layers found
+    ids = [il for il in filled if trunk[il] >= 0.9 * spec.expert_bytes / max(1, len(ids))] or ids
+    return tuple(ids) or tuple(filled)
 
 
 def _elem_bytes(t: GGMLType) -> float:
@@ -100,9 +172,48 @@ def kv_read_bytes(spec: ModelSpec, depth: int, type_k: GGMLType = GGMLType.F16, 
 
 @dataclass(frozen=True, slots=True)
 class Device:
+    """One GPU as the speed model sees it."""
+
     backend: str  # cuda | metal | vulkan | rocm | cpu
     bandwidth_bytes_per_s: int
-    share: float = 1.0  # of the GPU-resident weights and KV (layer split across several GPUs)
+    share: float = 1.0  # of the GPU-resident weights and KV (its layers, llama.cpp's layer split)
+    flops_per_s: float = 0.0  # FP16 tensor peak (profiles/gpus.json fp16_tflops); 0: unknown (no prefill)
+    name: str = ""  # the card's name or profile id, for the prefill class (prefill_key)
+
+
+def layer_shares(spec: ModelSpec, tensor_split: Sequence[float]) -> tuple[float, ...]:
+    """Each device's share of the GPU-resident weights under llama.cpp's layer split (-ts; the output layer
+    with the last device), by the layers' bytes when known, else by their count."""
+    from kvadvise.planner.memory import layer_devices
+
+    n_dev = max(1, len(tensor_split))
+    if n_dev == 1:
+        return (1.0,)
+    owner = layer_devices(spec.n_layer_all, tuple(tensor_split))
+    per = [0.0] * n_dev
+    sizes = list(spec.layer_bytes) if any(spec.layer_bytes) else [1.0] * spec.n_layer_all
+    for il in range(spec.n_layer_all):
+        per[owner[il]] += sizes[il]
+    out_w = (spec.output_bytes or spec.tok_embd_bytes) if any(spec.layer_bytes) else 0
+    per[owner[spec.n_layer_all]] += out_w
+    total = sum(per) or 1.0
+    return tuple(p / total for p in per)
+
+
+def devices(
+    spec: ModelSpec,
+    backend: str,
+    bandwidths: Sequence[int],
+    tensor_split: Sequence[float] = (),
+    flops: Sequence[float] = (),
+    names: Sequence[str] = (),
+) -> list[Device]:
+    """The GPUs of a plan, each with its own bandwidth and compute and its share of the layers."""
+    n = len(bandwidths)
+    shares = layer_shares(spec, tensor_split) if n > 1 and len(tensor_split) == n else (1 / max(1, n),) * n
+    fl = list(flops) if len(flops) == n else [0.0] * n
+    ids = list(names) if len(names) == n else [""] * n
+    return [Device(backend, bw, s, f, i) for bw, s, f, i in zip(bandwidths, shares, fl, ids, strict=True)]
 
 
 def seconds_per_token(
@@ -120,7 +231,9 @@ def seconds_per_token(
     ``cpu_dense_fraction``: the share of the other weights and KV on the CPU (whole layers kept there).
     """
     kind = "moe" if reads.moe else "dense"
-    cpu_exp = reads.experts * cpu_expert_layers // reads.expert_layers if reads.expert_layers else 0
+    cpu_exp = (
+        reads.experts * min(cpu_expert_layers, reads.expert_layers) // reads.expert_layers if reads.expert_layers else 0
+    )
     cpu_w = (reads.dense + reads.experts - cpu_exp) * cpu_dense_fraction + cpu_exp
     cpu_kv = kv_bytes * cpu_dense_fraction
     if not devices:
@@ -136,7 +249,7 @@ def seconds_per_token(
     if cpu_w or cpu_kv:
         t += cpu_w / (EFFICIENCY["cpu"][kind] * cpu_bandwidth_bytes_per_s)
         t += cpu_kv / (KV_EFFICIENCY["cpu"] * cpu_bandwidth_bytes_per_s)
-    t += reads.n_layer * LAYER_OVERHEAD_S[lead]
+    t += reads.n_layer * LAYER_OVERHEAD_S[lead] + reads.expert_layers * MOE_LAYER_OVERHEAD_S[lead]
     return t
 
 
@@ -172,8 +285,10 @@ def estimate(
     cpu_dense_fraction: float = 0.0,
     cpu_bandwidth_bytes_per_s: int = CPU_BANDWIDTH_BYTES_PER_S,
     source: str | None = None,
+    cpu_bandwidth_source: str | None = None,
 ) -> SpeedEstimate | None:
-    """Decode speed of one sequence at 4k and at ``n_ctx`` tokens of context (None: nothing to go on)."""
+    """Decode speed of one sequence at 4k and at ``n_ctx`` tokens of context (None: nothing to go on).
+    No ``devices``: a CPU plan, everything read at ``cpu_bandwidth_bytes_per_s``."""
     if not spec.weights_bytes or (devices and not all(d.bandwidth_bytes_per_s for d in devices)):
         return None
     reads = weight_reads(spec)
@@ -191,15 +306,295 @@ def estimate(
         pts.append((depth, 1 / t))
     first = pts[0][1]
     kind = "MoE" if reads.moe else "dense"
-    bw = " + ".join(f"{d.bandwidth_bytes_per_s / 1e9:,.0f} GB/s ({backend_key(d.backend)})" for d in devices)
+    bw = " + ".join(
+        f"{d.bandwidth_bytes_per_s / 1e9:,.0f} GB/s ({backend_key(d.backend)}"
+        + (f", {d.share:.0%} of the layers" if len(devices) > 1 else "")
+        + ")"
+        for d in devices
+    )
+    on_cpu = not devices or cpu_expert_layers or cpu_dense_fraction
+    if on_cpu:
+        cpu = f"{cpu_bandwidth_bytes_per_s / 1e9:,.0f} GB/s system memory" + (
+            f" ({cpu_bandwidth_source})" if cpu_bandwidth_source else ""
+        )
+        bw = f"{bw} and {cpu}" if bw else cpu
     note = (
         f"estimate for one sequence: {(reads.dense + reads.experts) / 1e9:.2f} GB of weights read per token "
         f"({kind}{', only the experts in use' if reads.moe and reads.experts else ''}) plus the K/V up to the depth, "
         f"at {bw}"
-        + (f" (bandwidth: {source})" if source else "")
+        + (f" (bandwidth: {source})" if source and devices else "")
         + f"; calibrated on published measurements (80 % within {RANGE[0]:.0%} to {RANGE[1]:.0%}); "
         "`kvadvise verify` measures the real figure"
     )
     if reads.moe and not spec.expert_bytes:
         note += "; MoE expert sizes are unknown, so every expert is counted (a low estimate)"
     return SpeedEstimate(first, first * RANGE[0], first * RANGE[1], tuple(pts), note)
+
+
+# -- prompt processing ----------------------------------------------------------------------------
+
+
+def active_params(spec: ModelSpec) -> int:
+    """The parameters one token multiplies by: the spec's count, else its active bytes at the file's
+    average bits per weight (a spec without tensor shapes)."""
+    if spec.active_params:
+        return spec.active_params
+    reads = weight_reads(spec)
+    from kvadvise.errors import InputError
+    from kvadvise.model.quants import quant_bpw
+
+    try:
+        bpw = quant_bpw(spec.file_type)[1]
+    except InputError:  # a type name quant_bpw does not know: a 4.5-bit average, the common quants' middle
+        bpw = 4.5
+    return int((reads.dense + reads.experts) * 8 / bpw)
+
+
+def attention_flops(spec: ModelSpec, depth: int) -> float:
+    """FLOPs of one token's attention over ``depth`` cells: QK and AV in every KV layer (a sliding-window
+    layer over at most its window; MLA over its compressed rank)."""
+    total = 0.0
+    for il in range(spec.n_layer):
+        if not spec.kv_layers[il]:
+            continue
+        cells = min(depth, spec.n_swa) if spec.has_swa and spec.swa_layers[il] and spec.n_swa else depth
+        swa = spec.swa_layers[il]
+        hk = spec.n_embd_head_k_swa if swa else spec.n_embd_head_k
+        hv = spec.n_embd_head_v_swa if swa else spec.n_embd_head_v
+        total += 2.0 * cells * spec.n_head[il] * (hk + hv)
+    return total
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillEstimate:
+    """Prompt processing of one sequence: tokens per second and seconds for a prompt, at a few sizes."""
+
+    tokens_per_s: float  # for the first prompt of ``points``
+    seconds: float
+    low: float
+    high: float
+    points: tuple[tuple[int, float, float], ...]  # (prompt tokens, tokens/s, seconds), from an empty context
+    note: str
+
+    def text(self) -> str:
+        return f"{self.at_sizes()} (range {self.low:,.0f} to {self.high:,.0f} t/s for {ctx_label(self.points[0][0])})"
+
+    def at_sizes(self) -> str:
+        """``≈ 5,200 t/s: 4k tokens in 0.8 s, 64k in 21 s``"""
+        first, *rest = self.points
+        s = f"≈ {first[1]:,.0f} t/s: {ctx_label(first[0])} tokens in {_secs(first[2])}"
+        return s + "".join(f", {ctx_label(n)} in {_secs(sec)} (≈ {tps:,.0f} t/s)" for n, tps, sec in rest)
+
+
+def _secs(s: float) -> str:
+    if s < 10:
+        return f"{s:.1f} s"
+    if s < 600:
+        return f"{s:,.0f} s"
+    return f"{s / 60:,.0f} min"
+
+
+def prefill_seconds(
+    spec: ModelSpec,
+    n_prompt: int,
+    devices: Sequence[Device],
+    *,
+    depth: int = 0,
+    n_ubatch: int = 512,
+    cpu_bytes: int = 0,
+    cpu_flops_per_s: float = 0.0,
+    n_active: int | None = None,
+) -> float | None:
+    """Seconds to process ``n_prompt`` tokens after ``depth`` cached ones.
+
+    ``devices``: the GPUs (none: the CPU computes everything at ``cpu_flops_per_s``); ``cpu_bytes``: the
+    weights kept in RAM, copied to the GPU once per ubatch of 32 tokens or more (op offload), computed by
+    the CPU for a smaller one. None when a device's compute is unknown.
+    """
+    if n_prompt <= 0:
+        return 0.0
+    kind = "moe" if spec.n_expert and spec.n_expert_used else "dense"
+    params = n_active if n_active is not None else active_params(spec)
+    # the prompt's tokens see depth .. depth + n_prompt cells: the mean is in the middle. The attention
+    # (flash attention's dense kernels) runs at the dense efficiency, the weights' matmuls at the model's
+    w_flops = n_prompt * 2.0 * params
+    a_flops = n_prompt * attention_flops(spec, depth + n_prompt // 2)
+    ub = max(1, min(n_ubatch, n_prompt))
+    n_ub = -(-n_prompt // ub)
+
+    def at(eff: dict[str, float], peak: float, share: float = 1.0) -> float:
+        return share * (w_flops / (eff[kind] * peak) + a_flops / (eff["dense"] * peak))
+
+    if not devices:
+        return at(PREFILL_EFFICIENCY["cpu"], cpu_flops_per_s) if cpu_flops_per_s > 0 else None
+    if not all(d.flops_per_s for d in devices):
+        return None
+    t = 0.0
+    if cpu_bytes and ub < OP_OFFLOAD_MIN_BATCH:  # too small a batch to offload: the CPU computes its part
+        if cpu_flops_per_s <= 0:
+            return None
+        cpu_share = min(1.0, cpu_bytes / max(1, spec.weights_bytes))  # of the weights (an upper bound of the FLOPs)
+        t += cpu_share * w_flops / (PREFILL_EFFICIENCY["cpu"][kind] * cpu_flops_per_s)
+        w_flops *= 1 - cpu_share
+    elif cpu_bytes:
+        t += n_ub * cpu_bytes / PCIE_BYTES_PER_S
+    for d in devices:
+        t += at(PREFILL_EFFICIENCY[prefill_key(d.backend, d.name)], d.flops_per_s, d.share)
+    return t
+
+
+def prefill(
+    spec: ModelSpec,
+    n_ctx: int,
+    devices: Sequence[Device],
+    *,
+    prompt_tokens: int | None = None,
+    n_ubatch: int = 512,
+    cpu_bytes: int = 0,
+    cpu_flops_per_s: float = 0.0,
+    cpu_flops_source: str | None = None,
+    source: str | None = None,
+) -> PrefillEstimate | None:
+    """Prompt processing of one sequence: ``prompt_tokens`` (default :data:`DEFAULT_PROMPT_TOKENS`, at most
+    the context) from an empty cache, and the whole context ``n_ctx``. None: a compute figure is unknown."""
+    if not spec.weights_bytes:
+        return None
+    limit = n_ctx if n_ctx > 0 else None
+    first = prompt_tokens if prompt_tokens else DEFAULT_PROMPT_TOKENS
+    if limit is not None:
+        first = min(first, limit)
+    sizes = [first] + ([limit] if limit is not None and limit > first and not prompt_tokens else [])
+    pts = []
+    for n in sizes:
+        s = prefill_seconds(spec, n, devices, n_ubatch=n_ubatch, cpu_bytes=cpu_bytes, cpu_flops_per_s=cpu_flops_per_s)
+        if s is None or s <= 0:
+            return None
+        pts.append((n, n / s, s))
+    tps = pts[0][1]
+    kind = "MoE" if spec.n_expert and spec.n_expert_used else "dense"
+    where = " + ".join(
+        f"{d.flops_per_s / 1e12:,.0f} TFLOPS ({prefill_key(d.backend, d.name)})" for d in devices
+    ) or f"{cpu_flops_per_s / 1e12:,.1f} TFLOPS CPU" + (f" ({cpu_flops_source})" if cpu_flops_source else "")
+    note = (
+        f"estimate for one sequence from an empty context: {2 * active_params(spec) / 1e9:.1f} GFLOP per token "
+        f"({kind}) plus the attention over the tokens before it, at {where} FP16 peak"
+        + (f" ({source})" if source and devices else "")
+    )
+    if cpu_bytes and devices:
+        note += (
+            f"; the {cpu_bytes / 1e9:.1f} GB kept in RAM cross PCIe once per ubatch of {n_ubatch} "
+            f"(op offload, at {PCIE_BYTES_PER_S / 1e9:.0f} GB/s): a larger -ub amortises it"
+        )
+    note += (
+        f"; calibrated on published measurements (80 % within {PREFILL_RANGE[0]:.0%} to {PREFILL_RANGE[1]:.0%}); "
+        "`kvadvise verify` measures the real figure"
+    )
+    return PrefillEstimate(tps, pts[0][2], tps * PREFILL_RANGE[0], tps * PREFILL_RANGE[1], tuple(pts), note)
+
+
+# -- a plan's devices -----------------------------------------------------------------------------
+
+
+def plan_devices(spec: ModelSpec, budget: Budget, tensor_split: Sequence[float] = ()) -> list[Device] | None:
+    """The GPUs of ``budget`` as the speed model sees them: each with its own bandwidth, compute and share
+    of the layers (``tensor_split``: llama.cpp's -ts, by default each GPU's free memory). [] for a CPU
+    budget; None when a GPU's bandwidth is unknown."""
+    if budget.device == "cpu" or not budget.n_gpu:
+        return []
+    n = budget.n_gpu
+    bws = budget.device_bandwidths
+    if len(bws) != n:
+        if not budget.bandwidth_bytes_per_s:
+            return None
+        bws = (budget.bandwidth_bytes_per_s,) * n
+    split = tuple(tensor_split) or tuple(float(f) for f in budget.device_free)
+    return devices(spec, budget.backend, bws, split, budget.device_flops, budget.device_names)
+
+
+def ram_bandwidth(budget: Budget) -> tuple[int, str]:
+    """The system memory's bandwidth: --ram-bandwidth, else this machine's, measured once and cached."""
+    if budget.ram_bandwidth_bytes_per_s:
+        return budget.ram_bandwidth_bytes_per_s, "--ram-bandwidth"
+    from kvadvise.planner.cpuspeed import measured_bandwidth
+
+    r = measured_bandwidth()
+    return r.bytes_per_s, r.source
+
+
+def cpu_expert_layers(spec: ModelSpec, n_cpu_moe: int) -> int:
+    """How many of the first ``n_cpu_moe`` layers hold routed experts (--n-cpu-moe moves only those)."""
+    if not n_cpu_moe or not spec.n_expert:
+        return 0
+    return sum(1 for il in expert_layer_ids(spec) if il < n_cpu_moe)
+
+
+def plan_decode(
+    spec: ModelSpec, cfg: RunConfig, budget: Budget, *, n_cpu_moe: int = 0, n_cpu_layers: int = 0
+) -> SpeedEstimate | None:
+    """Decode of one sequence at 4k and at the planned context for the plan's hardware: its GPUs, each
+    at its bandwidth and share, and what stays on the CPU (the experts of the first ``n_cpu_moe`` layers,
+    the first ``n_cpu_layers`` whole) at the system memory's bandwidth; a CPU plan at that bandwidth."""
+    devs = plan_devices(spec, budget, cfg.tensor_split)
+    if devs is None:
+        return None
+    on_cpu = not devs or n_cpu_moe or n_cpu_layers
+    cpu_bw, cpu_src = ram_bandwidth(budget) if on_cpu else (CPU_BANDWIDTH_BYTES_PER_S, None)
+    n_seq = cfg.n_ctx // max(1, cfg.n_parallel) if cfg.n_ctx else spec.n_ctx_train
+    return estimate(
+        spec,
+        n_seq,
+        devs,
+        type_k=cfg.type_k,
+        type_v=cfg.type_v,
+        cpu_expert_layers=cpu_expert_layers(spec, n_cpu_moe),
+        cpu_dense_fraction=n_cpu_layers / max(1, spec.n_layer),
+        cpu_bandwidth_bytes_per_s=cpu_bw,
+        source=budget.bandwidth_source,
+        cpu_bandwidth_source=cpu_src,
+    )
+
+
+def cpu_resident_bytes(spec: ModelSpec, n_cpu_moe: int = 0, n_cpu_layers: int = 0) -> int:
+    """The weights a partial offload keeps in RAM: the routed experts of the first ``n_cpu_moe`` layers
+    and the first ``n_cpu_layers`` layers whole (token_embd is always there and never multiplied)."""
+    per_exp = spec.expert_bytes / max(1, _expert_layers(spec)) if spec.expert_bytes else 0.0
+    whole = (
+        sum(spec.layer_bytes[:n_cpu_layers])
+        if any(spec.layer_bytes)
+        else spec.weights_bytes * n_cpu_layers // max(1, spec.n_layer)
+    )
+    experts = per_exp * max(0, cpu_expert_layers(spec, n_cpu_moe) - min(n_cpu_layers, n_cpu_moe))
+    return int(whole + experts)
+
+
+def plan_prefill(
+    spec: ModelSpec,
+    cfg: RunConfig,
+    budget: Budget,
+    *,
+    prompt_tokens: int | None = None,
+    n_cpu_moe: int = 0,
+    n_cpu_layers: int = 0,
+) -> PrefillEstimate | None:
+    """Prompt processing for the plan's hardware: a prompt of ``prompt_tokens`` (default 4k) and the whole
+    planned context, each from an empty cache; the weights kept in RAM cross PCIe once per ubatch."""
+    devs = plan_devices(spec, budget, cfg.tensor_split)
+    if devs is None:
+        return None
+    cpu = None
+    if not devs:
+        from kvadvise.planner.cpuspeed import cpu_flops
+
+        cpu = cpu_flops()
+    n_seq = cfg.n_ctx // max(1, cfg.n_parallel) if cfg.n_ctx else spec.n_ctx_train
+    return prefill(
+        spec,
+        n_seq,
+        devs,
+        prompt_tokens=prompt_tokens,
+        n_ubatch=cfg.n_ubatch,
+        cpu_bytes=cpu_resident_bytes(spec, n_cpu_moe, n_cpu_layers) if devs else 0,
+        cpu_flops_per_s=cpu.flops_per_s if cpu else 0.0,
+        cpu_flops_source=cpu.source if cpu else None,
+        source=budget.flops_source,
+    )

@@ -99,14 +99,16 @@ def command_text(
     return shlex.join(words)
 
 
-def server_env(model: str | ModelSource, cfg: RunConfig) -> dict[str, str]:
+def server_env(model: str | ModelSource, cfg: RunConfig, *, n_cpu_moe: int = 0) -> dict[str, str]:
     """The same settings as LLAMA_ARG_* variables (a switch is "true")."""
-    return {var: value if value is not None else "true" for _, var, value in server_args(model, cfg)}
+    return {
+        var: value if value is not None else "true" for _, var, value in server_args(model, cfg, n_cpu_moe=n_cpu_moe)
+    }
 
 
-def env_text(model: str | ModelSource, cfg: RunConfig) -> str:
+def env_text(model: str | ModelSource, cfg: RunConfig, *, n_cpu_moe: int = 0) -> str:
     lines = [
         "# llama-server settings written by kvadvise; llama.cpp reads LLAMA_ARG_* for flags not on its command line"
     ]
-    lines += [f"{var}={shlex.quote(value)}" for var, value in server_env(model, cfg).items()]
+    lines += [f"{var}={shlex.quote(value)}" for var, value in server_env(model, cfg, n_cpu_moe=n_cpu_moe).items()]
     return "\n".join(lines) + "\n"

@@ -37,6 +37,7 @@ class Measurement:
     gpu_layers: int | None  # "offloaded N/M layers to GPU"
     total_layers: int | None
     repack_bytes: int = 0  # CPU_REPACK: CPU-only copies of some quantized matrices, inside weights_bytes
+    prompt_tokens: int | None = None  # the prompt prompt_tokens_per_s timed (llama-server's timings.prompt_n)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +61,8 @@ class Verification:
     fits: bool
     verdict: str
     reasons: tuple[str, ...]
+    # kvadvise's prefill estimate for the measured prompt on the plan's hardware (kvadvise.planner.speed)
+    prompt_estimate_tokens_per_s: float | None = None
 
 
 def _b(mib: float) -> int:
@@ -75,6 +78,7 @@ def measurement_from_log(
     device_used_bytes: int | None,
     prompt_tokens_per_s: float | None,
     decode_tokens_per_s: float | None,
+    prompt_tokens: int | None = None,
 ) -> Measurement:
     """Sizes as llama.cpp printed them (to 0.01 MiB)."""
     gpu = sorted({b.buft.rstrip("0123456789") for b in log.buffers if not b.buft.startswith("CPU") and b.buft != "CPU"})
@@ -97,6 +101,7 @@ def measurement_from_log(
         gpu_layers=log.gpu_layers,
         total_layers=log.total_layers,
         repack_bytes=_b(sum(b.mib for b in log.buffers if b.kind == "model" and b.buft == "CPU_REPACK")),
+        prompt_tokens=prompt_tokens,
     )
 
 
@@ -150,4 +155,14 @@ def compare(plan: Plan, m: Measurement) -> Verification:
         )
     if abs(err.kv_bytes) > MIB // 100:
         reasons.append(f"KV cache differs from the prediction by {err.kv_bytes / MIB:+.2f} MiB")
-    return Verification(plan, m, err, fits, verdict, tuple(reasons))
+    return Verification(plan, m, err, fits, verdict, tuple(reasons), _prompt_estimate(plan, m))
+
+
+def _prompt_estimate(plan: Plan, m: Measurement) -> float | None:
+    """kvadvise's prefill estimate for the prompt the run timed, on the plan's hardware (None: unknown)."""
+    if m.prompt_tokens_per_s is None or not m.prompt_tokens or plan.budget is None:
+        return None
+    from kvadvise.planner.speed import plan_prefill
+
+    est = plan_prefill(plan.spec, plan.config, plan.budget, prompt_tokens=m.prompt_tokens)
+    return est.tokens_per_s if est is not None else None

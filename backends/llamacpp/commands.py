@@ -25,7 +25,9 @@ from kvadvise.runtime.llamaserver import ModelSource
 def _commands(model: ModelSource, plan: Plan) -> list[tuple[str, str]]:
     from kvadvise.runtime.llamaserver import command_text
 
-    out = [("command", command_text(model, plan.config))]
+    # --n-cpu-moe N as given: the command keeps it (kvadvise.planner.offload.cpu_moe_placement planned it)
+    ncmoe = plan.cpu_moe.n_cpu_moe if plan.cpu_moe is not None else 0
+    out = [("command", command_text(model, plan.config, n_cpu_moe=ncmoe))]
     off = plan.offload
     if off is not None:
         cfg = replace(plan.config, n_ctx=off.n_ctx * plan.config.n_parallel, type_k=off.type_k, type_v=off.type_v)
@@ -63,7 +65,7 @@ def llamacpp_command(path: str, write_env: str | None, force: bool, **kwargs: ob
 
     def as_json(p: Plan) -> dict[str, object]:
         cmds = dict(_commands(model, p))
-        env = server_env(model, p.config)
+        env = server_env(model, p.config, n_cpu_moe=p.cpu_moe.n_cpu_moe if p.cpu_moe else 0)
         return {
             "llama_server": {"command": cmds["command"], "env": env, "offload_command": cmds.get("offload_command")}
         }
@@ -82,7 +84,13 @@ def llamacpp_command(path: str, write_env: str | None, force: bool, **kwargs: ob
     files = [chart] if chart is not None else []
     if write_env is not None:
         refuse_to_write_what_does_not_fit(plan, write_env, chart=chart)
-        files.append(text_file("--write-env", write_env, env_text(model, plan.config)))
+        files.append(
+            text_file(
+                "--write-env",
+                write_env,
+                env_text(model, plan.config, n_cpu_moe=plan.cpu_moe.n_cpu_moe if plan.cpu_moe else 0),
+            )
+        )
     for f, written in zip(files, write_files(files, force=force), strict=True):  # all or none
         if f.option != "--write-env":
             output.note(f"wrote {written}")

@@ -104,6 +104,7 @@ def measure_with_python(model_path: str, cfg: RunConfig, *, timeout_s: float, pr
         device_used_bytes=used,
         prompt_tokens_per_s=res.get("prompt_tokens_per_s"),
         decode_tokens_per_s=res.get("decode_tokens_per_s"),
+        prompt_tokens=res.get("prompt_tokens"),
     )
 
 
@@ -230,6 +231,7 @@ def _measure_with_server(
         device_used_bytes=used_after - used_before if used_after is not None and used_before is not None else None,
         prompt_tokens_per_s=timings.get("prompt_per_second"),
         decode_tokens_per_s=timings.get("predicted_per_second"),
+        prompt_tokens=timings.get("prompt_n"),
     )
 
 

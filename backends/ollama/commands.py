@@ -130,6 +130,7 @@ _LLAMACPP_ONLY = {
     "n_outputs_max": "--n-outputs-max",
     "tensor_split": "-ts/--tensor-split",
     "rpc": "--rpc",
+    "n_cpu_moe": "--n-cpu-moe",  # Ollama places the experts itself (its own fit), with no such setting
 }
 
 
@@ -236,6 +237,13 @@ def verify_ollama_command(
         v = replace(
             v, decode_estimate_tokens_per_s=_decode_estimate(model.spec, rules.run_config(run_ctx, num_parallel, kv))
         )
+    if v.prompt_tokens_per_s is not None and v.prompt_tokens and ctx:
+        v = replace(
+            v,
+            prompt_estimate_tokens_per_s=_prompt_estimate(
+                model.spec, rules.run_config(ctx, num_parallel, kv), v.prompt_tokens
+            ),
+        )
     if as_json:
         output.result_json(asdict(v))
     else:
@@ -254,6 +262,12 @@ def verify_ollama_command(
             output.line(
                 f"  measured (Ollama's counters, {64} tokens): prompt {v.prompt_tokens_per_s or 0:,.1f} tokens/s, "
                 f"decode {v.decode_tokens_per_s or 0:,.1f} tokens/s"
+            )
+        if v.prompt_estimate_tokens_per_s and v.prompt_tokens_per_s:
+            ratio = v.prompt_tokens_per_s / v.prompt_estimate_tokens_per_s
+            output.result(
+                f"  prompt estimated ≈ {v.prompt_estimate_tokens_per_s:,.0f} tokens/s for {v.prompt_tokens} tokens on "
+                f"this GPU; measured / estimated = {ratio:.2f}"
             )
         if v.decode_estimate_tokens_per_s and v.decode_tokens_per_s:
             ratio = v.decode_tokens_per_s / v.decode_estimate_tokens_per_s
@@ -279,6 +293,20 @@ def _decode_estimate(spec: ModelSpec, cfg: RunConfig) -> float | None:
     if not hw.gpus:
         return None
     return decode_speed(spec, cfg, plan_budget(hw, spec=spec))[0]
+
+
+def _prompt_estimate(spec: ModelSpec, cfg: RunConfig, prompt_tokens: int) -> float | None:
+    """kvadvise's prefill estimate for a prompt of ``prompt_tokens`` on this machine's GPUs (the card list's
+    FP16 peak); None without a GPU of known compute."""
+    from kvadvise.planner import hardware
+    from kvadvise.planner.budget import plan_budget
+    from kvadvise.planner.speed import plan_prefill
+
+    hw = hardware.probe()
+    if not hw.gpus:
+        return None
+    est = plan_prefill(spec, cfg, plan_budget(hw, spec=spec), prompt_tokens=prompt_tokens)
+    return est.tokens_per_s if est is not None else None
 
 
 def _plan(model: OllamaModel, o: PlanOptions, hardware: Hardware | None = None) -> Plan:

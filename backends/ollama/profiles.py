@@ -29,7 +29,7 @@ from typing import Any
 
 from kvadvise.backends.ollama.name import DEFAULT_TAG, OllamaName
 from kvadvise.errors import InputError
-from kvadvise.model.breakdown import Breakdown, params, sized, vision_params
+from kvadvise.model.breakdown import Breakdown, params, sized, vision_params, with_parts
 from kvadvise.model.hfconfig import from_config
 from kvadvise.model.spec import ModelSpec
 
@@ -169,42 +169,6 @@ class Profile:
 
 
 DEFAULT_QUANT = "Q4_K_M"  # the quantization of Ollama library tags like qwen3:8b
-
-
-def with_parts(
-    spec: ModelSpec, config: Mapping[str, Any], quant: str, projector_bytes: int = 0, *, sizes: Breakdown | None = None
-) -> ModelSpec:
-    """``spec`` with the sizes of its parts (embeddings, output, blocks, experts) counted from the config at
-    ``quant`` and scaled to its weights (less a projector); unchanged when the config cannot be counted.
-    ``sizes``: the parts in bytes when the caller has them (a profile, with Ollama's own quant choices)."""
-    if sizes is None:
-        bd = params(spec, config)
-        if bd is None or not spec.weights_bytes:
-            return spec
-        sizes = sized(bd, quant, max(1, spec.weights_bytes - projector_bytes))
-    b = sizes
-    layers = b.layers + (0,) * spec.n_layer_nextn
-    # the largest tensor of each block, for op offload's copy (kvadvise.planner.offload): a merged
-    # expert tensor (ffn_{gate,up,down}_exps: a third of the experts), else one of the FFN's matrices,
-    # else q or o (about half the attention); an estimate from the config's shapes
-    largest = tuple(max(x // 3, d // 3, a // 2) for a, d, x in zip(b.attn, b.dense, b.experts, strict=True))
-    # per_layer_token_embd is an input tensor like token_embd (llama-arch.cpp: LLM_TENSOR_LAYER_INPUT, so on
-    # the CPU); a tied output layer is a copy of token_embd alone (gemma4.cpp: TENSOR_DUPLICATED), so that copy
-    # is given as the output layer, and the weights llama.cpp holds are the file plus it
-    output, weights, notes = b.output, spec.weights_bytes, spec.notes
-    if b.tok_embd_per_layer and not b.output:
-        output, weights = b.tok_embd, spec.weights_bytes + b.tok_embd
-        notes = (*notes, f"the tied output layer is a copy of token_embd ({b.tok_embd / 1e9:.2f} GB) on the GPU")
-    return dataclasses.replace(
-        spec,
-        weights_bytes=weights,
-        tok_embd_bytes=b.tok_embd + b.tok_embd_per_layer,
-        output_bytes=output,
-        expert_bytes=sum(b.experts),
-        layer_bytes=layers,
-        layer_largest_tensor_bytes=largest + (0,) * spec.n_layer_nextn,
-        notes=notes,
-    )
 
 
 def dense_params(spec: ModelSpec, config: Mapping[str, Any]) -> int | None:

@@ -48,6 +48,8 @@ class OllamaVerification:
     runner_pid: int | None = None  # the runner process measured through NVML (a local server)
     runner_gpu_bytes: int | None = None  # what NVML lists for it; None when it cannot be measured
     predicted_ctx: int | None = None  # the context per slot the prediction is for: the server's, when it reports one
+    prompt_tokens: int | None = None  # the prompt Ollama's prompt counters timed (prompt_eval_count)
+    prompt_estimate_tokens_per_s: float | None = None  # kvadvise's prefill estimate for that prompt, beside the measure
 
 
 def verify(
@@ -115,7 +117,7 @@ def verify(
             loaded_ok = False
             reasons.append(f"the server failed to load it: HTTP {e.status} {ollama_api.one_line(e.error)}")
 
-    speed: tuple[float | None, float | None] = (None, None)
+    speed: tuple[float | None, float | None, int | None] = (None, None, None)
     if loaded_ok and measure_speed:
         speed = _measure_speed(url, name, num_ctx, keep_alive, load_timeout)
     running = ollama_api.running_models(url, timeout=timeout)
@@ -192,6 +194,7 @@ def verify(
         context_checked=context_checked,
         prompt_tokens_per_s=speed[0],
         decode_tokens_per_s=speed[1],
+        prompt_tokens=speed[2],
         matched_by=matched_by,
         runner_pid=runner.pid if runner is not None else None,
         runner_gpu_bytes=runner.gpu_bytes if runner is not None else None,
@@ -274,7 +277,7 @@ SPEED_TOKENS = 64
 
 def _measure_speed(
     url: str, name: str, num_ctx: int | None, keep_alive: str | int, timeout: float
-) -> tuple[float | None, float | None]:
+) -> tuple[float | None, float | None, int | None]:
     """One short generate (num_predict 64): prompt and decode tokens/s from Ollama's own counters
     (prompt_eval_count / prompt_eval_duration, eval_count / eval_duration; durations in ns)."""
     import ollama
@@ -286,10 +289,12 @@ def _measure_speed(
     try:
         doc = ollama_api.call(url, "POST", "/api/generate", body=body, timeout=timeout)
     except (ollama.ResponseError, ollama_api.ServerError):
-        return None, None
+        return None, None, None
     if not isinstance(doc, dict):
-        return None, None
-    return _rate(doc, "prompt_eval_count", "prompt_eval_duration"), _rate(doc, "eval_count", "eval_duration")
+        return None, None, None
+    count = doc.get("prompt_eval_count")
+    n_prompt = count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else None
+    return _rate(doc, "prompt_eval_count", "prompt_eval_duration"), _rate(doc, "eval_count", "eval_duration"), n_prompt
 
 
 def _rate(doc: dict[str, object], count: str, duration_ns: str) -> float | None:
