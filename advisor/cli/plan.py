@@ -34,6 +34,8 @@ def check_flags(o: PlanOptions) -> None:
         raise click.UsageError("--device cpu plans without a GPU: drop --gpu/--vram, or use --device cuda")
     if o.n_ctx is not None and (o.use or o.target_ctx):
         raise click.UsageError("--ctx fixes the context; --use and --target-ctx aim for one: give one of them")
+    if o.gpu_only and o.allow_cpu:
+        raise click.UsageError("--gpu-only keeps the whole model on the GPU; --allow-cpu plans part on the CPU")
     if o.chart_file:
         from kvadvise.cli.chart import check_path
 
@@ -73,6 +75,7 @@ def build_plan(
         allow_q4=o.allow_q4 or (fixed is not None and needs_opt_in(fixed)),
         weights_uncertain=weights_uncertain,
         headless=o.headless,
+        gpu_only=o.gpu_only,
     )
     probed = not o.gpu and o.vram_bytes is None and not o.rpc and not o.no_hardware
     hw = hardware or hardware_for(
@@ -82,6 +85,7 @@ def build_plan(
             rpc=tuple(o.rpc or ()),
             probe=not o.no_hardware,
             bandwidth_bytes_per_s=None if o.bandwidth_gbs is None else int(o.bandwidth_gbs * 1e9),
+            ram_bytes=o.ram_bytes,
         )
     )
     measured, notes = _calibration(hw.gpus[0].name if probed and hw is not None and hw.gpus else None)
@@ -198,15 +202,20 @@ def show_chart(plan: Plan, o: PlanOptions, *, terminal: bool = True) -> None:
 
 
 def refuse_to_write_what_does_not_fit(plan: Plan, *paths: str | None) -> None:
-    """Never write a config that does not fit (the policy): say so, exit 3, leave the files as they are."""
-    if plan.fits is False and any(paths):
+    """Never write a config that does not run (the policy): say so, exit 3, leave the files as they are. A
+    plan that does not fit the GPU but whose partial offload runs is written (as that offload)."""
+    if plan.runnable is False and any(paths):
         names = ", ".join(p for p in paths if p)
-        output.note(f"not written ({names}): this config does not fit (see above)")
+        why = "it does not fit the RAM" if plan.fits or plan.offload is not None else "this config does not fit"
+        output.note(f"not written ({names}): {why} (see above)")
         raise click.exceptions.Exit(EXIT_NO_FIT)
 
 
 def exit_if_no_fit(plan: Plan) -> None:
-    if plan.fits is False:
+    """Exit 3 when no plan that runs was printed: it fits neither the GPU (with --gpu-only, or no partial
+    offload fits) nor, for what does, the RAM. 0 = a runnable plan, on the GPU or partly on the CPU
+    (``fits`` says which)."""
+    if plan.runnable is False:
         raise click.exceptions.Exit(EXIT_NO_FIT)  # the output says why; the exit code says "does not fit"
 
 
