@@ -164,7 +164,7 @@ def _versus(best: Offload, first: Offload, n_layer: int) -> str:
     )
     if best.speed is not None and first.speed is not None:
         s += f": {best.speed.at_depths()} against {first.speed.at_depths()}"
-    return s + " (the fastest at the target is taken; a cache at least 5 % faster than a less quantized one)"
+    return s + " (the fastest at the target: a more quantized cache only when at least 5 % faster)"
 
 
 @dataclass(frozen=True, slots=True)
