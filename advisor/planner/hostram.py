@@ -129,9 +129,11 @@ def plan_host_ram(
     *,
     cpu_weights_bytes: int = 0,
     cpu_buffers_bytes: int = 0,
+    gpu_bytes: int | None = None,
 ) -> HostRam:
     """The RAM ``est`` needs on the host of ``budget``. ``cpu_weights_bytes`` / ``cpu_buffers_bytes``: what a
-    partial offload also keeps there (its weights, mapped; its KV and the CPU's compute buffer)."""
+    partial offload also keeps there (its weights, mapped; its KV and the CPU's compute buffer);
+    ``gpu_bytes``: what its GPU holds (else ``est``'s), part of the same RAM on unified memory."""
     if est.layout.device == "cpu":
         mapped = est.weights_bytes - est.repack_bytes
         buffers = est.device_bytes - mapped
@@ -139,7 +141,7 @@ def plan_host_ram(
     else:
         mapped = est.host.weights_bytes
         buffers = est.host_bytes - est.host.weights_bytes
-        shared = est.device_bytes if budget.device == "metal" else 0
+        shared = (est.device_bytes if gpu_bytes is None else gpu_bytes) if budget.device == "metal" else 0
     mapped += cpu_weights_bytes
     buffers += cpu_buffers_bytes
     server = cfg.runtime in RUNTIMES_WITH_PROMPT_CACHE

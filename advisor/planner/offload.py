@@ -270,7 +270,15 @@ def partial_offload(spec: ModelSpec, base: RunConfig, budget: Budget, n_ctx_seq:
     moved = cpu_weights + cpu_kv
     # the CPU's compute buffer for what it runs: at most what it needs to run every layer (an upper bound)
     cpu_compute = compute_bytes(spec, full.layout) if (n_cpu or n_cpu_moe) else 0
-    ram = plan_host_ram(spec, cfg, full, budget, cpu_weights_bytes=cpu_weights, cpu_buffers_bytes=cpu_kv + cpu_compute)
+    ram = plan_host_ram(
+        spec,
+        cfg,
+        full,
+        budget,
+        cpu_weights_bytes=cpu_weights,
+        cpu_buffers_bytes=cpu_kv + cpu_compute,
+        gpu_bytes=sum(each),
+    )
     speed = None
     if budget.bandwidth_bytes_per_s:
         # at 4k and at the full context, as for a plan that fits: deep in the context the K/V read dominates

@@ -126,7 +126,7 @@ def advise(
         num_ctx=num_ctx,
         num_parallel=cfg.n_parallel,
         kv_cache_type=kv_type,
-        flash_attention=cfg.flash_attn != "off" or off is not None,
+        flash_attention=cfg.flash_attn != "off",  # a partial offload keeps the plan's flash attention
         num_batch=cfg.n_batch if cfg.n_batch != 2048 else None,
         fit_target_mib=fit_target,
         server_default=server_default,

@@ -206,6 +206,8 @@ def verify_ollama_command(
     with ollama_api.session():
         model = resolve(name, host=host)
         ctx = num_ctx or model.default_num_ctx
+        if ctx:  # Ollama runs at most the training context (llm/server.go): that is what loads and is checked
+            ctx = rules.capped_num_ctx(ctx, model.spec.n_ctx_train)
         predicted = None
         if ctx:  # as Ollama runs it: -c num_ctx x slots, one cache type for K and V, flash attention on
             predicted = estimate(model.spec, rules.run_config(ctx, num_parallel, kv)).total_bytes
