@@ -17,6 +17,7 @@ from kvadvise.text import lines as text_lines
 
 if TYPE_CHECKING:  # only verification output needs it; a plan renders without loading the log parser
     from kvadvise.planner.curves import Curve
+    from kvadvise.planner.hostram import HostRam
     from kvadvise.planner.offload import Offload
     from kvadvise.planner.speed import PrefillEstimate, SpeedEstimate
     from kvadvise.runtime.verification import Verification
@@ -326,6 +327,8 @@ def plan_dict(plan: Plan, requested_ctx: int | None = None) -> dict[str, Any]:
     doc["notes"] = list(plan.notes)
     if plan.budget is not None:
         doc["offload"] = offload_dict(plan.offload)
+        doc["runnable"] = plan.runnable
+        doc["ram"] = ram_dict(plan.ram)
     rec = plan.recommendation
     if rec is not None:
         doc["reasons"] = list(rec.reasons)
@@ -372,19 +375,74 @@ def offload_dict(off: Offload | None) -> dict[str, Any] | None:
         "decode_tokens_per_s": off.decode_tokens_per_s,
         "decode_estimate": speed_dict(off.speed),
         "note": off.note,
+        "devices_bytes": list(off.devices_bytes),
+        "device_budgets_bytes": list(off.device_budgets),
+        "ram": ram_dict(off.ram),
+        "runnable": off.runnable,
     }
 
 
-def offload_line(off: Offload) -> str:
-    """``with part on the CPU (--allow-cpu): 65,536 tokens, K q8_0 / V q8_0, -ngl 49 --n-cpu-moe 44, 5.83 GiB
-    on the GPU, decode ≈ 25 t/s at 4k, ≈ 17 t/s at 64k``"""
+def ram_dict(r: HostRam | None) -> dict[str, Any] | None:
+    if r is None:
+        return None
+    return {
+        "total_bytes": r.total_bytes,
+        "ram_bytes": r.ram_bytes,
+        "ram_source": r.ram_source,
+        "fits": r.fits,
+        "mapped_bytes": r.mapped_bytes,
+        "buffers_bytes": r.buffers_bytes,
+        "gpu_shared_bytes": r.gpu_shared_bytes,
+        "prompt_cache_bytes": r.prompt_cache_bytes,
+        "checkpoints_bytes": r.checkpoints_bytes,
+        "checkpoint_bytes": r.checkpoint_bytes,
+        "cache_ram_mib": r.cache_ram_mib,
+        "ctx_checkpoints": r.ctx_checkpoints,
+        "container_limit_bytes": r.container_limit_bytes,
+    }
+
+
+def ram_line(r: HostRam) -> str:
+    """``system RAM: 9.86 GiB of 24.00 GiB (given (--ram)): 1.2 GiB weights the CPU reads (mapped) + ...
+    -> FITS; in a container: --memory 11g``"""
+    parts = [f"{fmt_bytes(r.mapped_bytes)} weights read by the CPU (mmap, page cache)"]
+    parts.append(f"{fmt_bytes(r.buffers_bytes)} buffers")
+    if r.gpu_shared_bytes:
+        parts.append(f"{fmt_bytes(r.gpu_shared_bytes)} the GPU's (unified memory)")
+    if r.prompt_cache_bytes or r.cache_ram_mib is not None:
+        cache = "--cache-ram " + (f"{r.cache_ram_mib}" if r.cache_ram_mib is not None else "default 8192")
+        parts.append(f"{fmt_bytes(r.prompt_cache_bytes)} prompt cache at most ({cache})")
+    if r.checkpoint_bytes:
+        n = "default 32" if r.ctx_checkpoints is None else str(r.ctx_checkpoints)
+        parts.append(f"{fmt_bytes(r.checkpoints_bytes)} context checkpoints at most (--ctx-checkpoints {n} per slot)")
+    verdict = "FITS" if r.fits else "DOES NOT FIT"
+    s = f"system RAM: {fmt_bytes(r.total_bytes)} of {fmt_bytes(r.ram_bytes)} ({r.ram_source}): " + " + ".join(parts)
+    s += f" -> {verdict}"
+    if r.fits:
+        s += f"; in a container give it at least {r.container_limit_bytes >> 30} GiB (docker run --memory={r.container_limit_bytes >> 30}g)"
+    return s
+
+
+def offload_line(off: Offload, *, fits_gpu: bool | None) -> str:
+    """``the plan that runs, part on the CPU: 65,536 tokens, K q8_0 / V q8_0, -ngl 49 --n-cpu-moe 21, 13.88 GiB
+    on the GPU; decode (estimate) ≈ 38 t/s at 4k, ≈ 23 t/s at 64k``"""
     flags = f"-ngl {off.n_gpu_layers}" + (f" --n-cpu-moe {off.n_cpu_moe}" if off.n_cpu_moe else "")
-    s = (
-        f"with part on the CPU (--allow-cpu): {off.n_ctx:,} tokens, K {off.type_k.type_name} / V "
-        f"{off.type_v.type_name}, {flags}, {fmt_bytes(off.device_bytes)} on the GPU"
-    )
+    if fits_gpu is False:
+        label = (
+            "PLAN THAT RUNS (100% GPU does not fit), part on the CPU"
+            if off.runnable
+            else ("part on the CPU (does not fit the RAM either)")
+        )
+    else:
+        label = "at the target with part on the CPU (--allow-cpu)"
+    where = f"{fmt_bytes(off.device_bytes)} on the GPU"
+    if len(off.devices_bytes) > 1:
+        where = "on the GPUs " + ", ".join(
+            f"{fmt_bytes(d)} of {fmt_bytes(b)}" for d, b in zip(off.devices_bytes, off.device_budgets, strict=True)
+        )
+    s = f"{label}: {off.n_ctx:,} tokens, K {off.type_k.type_name} / V {off.type_v.type_name}, {flags}, {where}"
     if off.speed is not None:
-        s += f", decode {off.speed.at_depths()}"
+        s += f"; decode (estimate) {off.speed.at_depths()}"
     return s
 
 
@@ -432,8 +490,12 @@ def plan_text(plan: Plan, requested_ctx: int | None = None) -> str:
         lines.append(f"    ({plan.speed.note})")
     elif plan.budget is not None and not plan.fits and plan.offload is None:
         lines.append("  hint: drop --ctx to let kvadvise recommend a context and cache type that fit")
+    if plan.ram is not None:
+        lines.append("  " + ram_line(plan.ram))
     if plan.offload is not None:
-        lines.append("  " + offload_line(plan.offload))
+        lines.append("  " + offload_line(plan.offload, fits_gpu=plan.fits))
+        if plan.offload.ram is not None:
+            lines.append("    " + ram_line(plan.offload.ram))
     if plan.prefill is not None:
         lines.append(f"  prompt: {plan.prefill.text()}")
         lines.append(f"    ({plan.prefill.note})")
@@ -445,7 +507,9 @@ def _config_line(rec: Recommendation) -> str:
     per_seq = c.n_ctx // c.n_parallel
     s = f"{per_seq:,} tokens" + (f" × {c.n_parallel} sequences" if c.n_parallel > 1 else "")
     s += f", K {c.type_k.type_name} / V {c.type_v.type_name}, flash attention {c.flash_attn}"
-    return s + ("" if rec.fits else "  (DOES NOT FIT)")
+    if not rec.fits:
+        s += "  (100% GPU: DOES NOT FIT" + ("; the plan that runs is below)" if rec.offload is not None else ")")
+    return s
 
 
 CHART_MARKS = "f8m4abcdefgh"

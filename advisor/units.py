@@ -69,3 +69,25 @@ def parse_size(text: str, *, allow_zero: bool = False) -> int:
     if n < 0 or (n == 0 and not allow_zero):
         raise InputError(f"size {text.strip()!r} must be more than 0 bytes", hint=_SIZE_HINT)
     return n
+
+
+# --- sizes of memory a device or a machine has (issue 27): binary units only ----------------------------
+_DECIMAL_UNITS = frozenset({"kb", "mb", "gb", "tb"})
+
+
+def parse_memory_size(text: str, flag: str) -> int:
+    """The memory a card or a machine has (``--vram``, ``--ram``, ``--rpc``'s SIZE): :func:`parse_size`, but a
+    decimal unit is refused. Memory is sold in binary units (a "24 GB" card has 24 GiB, a "32 GB" kit 32
+    GiB), so ``24GB`` (22.35 GiB) is rarely what was meant, and it moves the plan: Ollama's VRAM tier
+    (server/routes.go: 32k from 23 GiB) flips below 23 GiB."""
+    m = re.match(_SIZE_RE, text)
+    if m is not None and m.group(2).lower() in _DECIMAL_UNITS:
+        n = parse_size(text)
+        number = m.group(1)
+        binary = m.group(2)[0].upper() + "iB"
+        raise InputError(
+            f"{flag} {text.strip()}: {m.group(2)} is decimal ({n / (1 << 30):,.2f} GiB); memory is sold in binary "
+            f"units (a 24 GB card has 24 GiB)",
+            hint=f"write {flag} {number}{binary} for memory of that size, or {n / (1 << 30):.2f}GiB for {n:,} bytes",
+        )
+    return parse_size(text)

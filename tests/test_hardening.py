@@ -447,7 +447,8 @@ def test_remote_cache_keeps_urls_that_differ_by_query_apart(tmp_path: Path, caps
         ["gguf", "{m}", "--target-ctx", "4294971392", "--no-hardware"],
         ["gguf", "{m}", "--min-ctx", "99999999999999999999", "--no-hardware"],
         ["gguf", "{m}", "-np", "5000", "--no-hardware"],
-        ["ollama", "gemma3", "--ctx", "2147483647", "-np", "4096", "--no-hardware"],
+        # Ollama caps num_ctx at the training context first (llm/server.go): 1,024,000 x 4096 slots
+        ["ollama", "mistral-nemo", "--ctx", "2147483647", "-np", "4096", "--no-hardware"],
         ["verify", "ollama", "gemma3", "--num-ctx", "4294971392"],
     ],
 )

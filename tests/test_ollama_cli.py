@@ -56,18 +56,24 @@ def test_recommend_and_write_everything(store: Path, tmp_path: Path, capsys: pyt
     assert doc["config"]["n_ctx"] == 32768 and doc["fits"] is True
     o = doc["ollama"]
     assert o["model"] == "gemma3-270m:latest" and o["source"].startswith("store:")
-    # issue 13: server settings only where needed: an f16 cache with flash attention is Ollama's default
+    # issue 27: the cache type and flash attention are pinned even where they are Ollama's defaults (an
+    # OLLAMA_KV_CACHE_TYPE=q4_0 left in the service would win otherwise); OLLAMA_CONTEXT_LENGTH only on request
     assert o["settings"]["kv_cache_type"] == "f16" and o["settings"]["flash_attention"] is True
-    assert "OLLAMA_KV_CACHE_TYPE" not in o["env"] and "OLLAMA_CONTEXT_LENGTH" not in o["env"]
+    assert o["env"] == {"OLLAMA_FLASH_ATTENTION": "1", "OLLAMA_KV_CACHE_TYPE": "f16"}
     assert o["server"]["reachable"] is False
     assert all(opt["type_k"] == opt["type_v"] for opt in doc["options"])  # Ollama: one type for K and V
     parsed = parse_modelfile(mf.read_text(), source=str(mf))
     assert ("model", "gemma3-270m:latest") in parsed  # FROM, as Ollama's parser names it
     assert ("num_ctx", "32768") in parsed and ("top_k", "64") in parsed  # the model's own parameters are kept
-    assert "OLLAMA_CONTEXT_LENGTH" not in env.read_text() and "Nothing to set" in env.read_text()
-    assert "[Service]" in dropin.read_text()
-    assert mf.read_text().startswith("# needs no server settings")
+    assert "OLLAMA_CONTEXT_LENGTH" not in env.read_text()
+    assert env.read_text().splitlines()[-2:] == ["OLLAMA_FLASH_ATTENTION=1", "OLLAMA_KV_CACHE_TYPE=f16"]
+    assert dropin.read_text().endswith(
+        '[Service]\nEnvironment="OLLAMA_FLASH_ATTENTION=1"\nEnvironment="OLLAMA_KV_CACHE_TYPE=f16"\n'
+    )
+    assert mf.read_text().startswith("# needs OLLAMA_FLASH_ATTENTION=1 and OLLAMA_KV_CACHE_TYPE=f16 on the server")
     assert "ollama create gemma3-270m-32k -f" in err and "systemctl" in err
+    # issue 27.5: how to call the new name, and that a client's own num_ctx overrides the Modelfile
+    assert "ollama run gemma3-270m-32k" in err and "overrides the Modelfile's 32,768" in err
     # never overwritten without --force
     rc, _, err = run(capsys, "ollama", "gemma3-270m", "--vram", "8GiB", "--write-env", str(env))
     assert rc == 2 and "already exists" in err and "--force" in err
@@ -172,9 +178,10 @@ def test_allow_cpu_plans_expert_offload_for_a_profile(
     gets the --n-cpu-moe plan with its speed (it said "per-layer sizes are unknown" before)."""
     monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "none"))
     monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
-    rc, out, _ = run(capsys, "ollama", "qwen3-coder", "--gpu", "rtx 3060", "--use", "agent", "--allow-cpu", "--json")
+    rc, out, _ = run(capsys, "ollama", "qwen3-coder", "--gpu", "rtx 3060", "--use", "agent", "--ram", "64GiB", "--json")
     doc = json.loads(out)
-    assert rc == 3 and doc["offload"] is not None and doc["fits"] is False
+    # issue 27: the plan that runs is the answer (exit 0), 100 % GPU says fits: false
+    assert rc == 0 and doc["offload"] is not None and doc["fits"] is False and doc["runnable"] is True
     assert 0 < doc["offload"]["n_cpu_moe"] <= 48 and doc["offload"]["decode_tokens_per_s"] > 5
     assert (
         doc["decode_tokens_per_s"] is None and doc["decode_estimate"] is None
@@ -186,27 +193,27 @@ def test_allow_cpu_on_an_8gb_card_keeps_attention_on_the_gpu(
 ) -> None:
     """qwen3-coder at 64k on an 8 GB card: the experts of every layer are not enough with an f16 cache, so
     whole layers would go too (≈7 t/s); a q8_0 cache keeps every layer's attention on the GPU with only
-    experts on the CPU, which is faster: that plan is taken, with its reason, and Ollama's text says what
-    to set by hand (nothing is written for a plan that does not fit)."""
+    experts on the CPU, which is faster: that plan is taken, with its reason, and Ollama's settings are
+    those of that plan (issue 27: the plan that runs, exit 0)."""
     monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "none"))
     monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
-    args = ["ollama", "qwen3-coder", "--gpu", "4060", "--allow-cpu"]
+    args = ["ollama", "qwen3-coder", "--gpu", "4060", "--ram", "64GiB"]
     rc, out, _ = run(capsys, *args, "--use", "agent", "--json")
     off = json.loads(out)["offload"]
-    assert rc == 3 and off["type_k"] == off["type_v"] == "q8_0" and off["n_cpu_layers"] == 0
+    assert rc == 0 and off["type_k"] == off["type_v"] == "q8_0" and off["n_cpu_layers"] == 0
     assert 0 < off["n_cpu_moe"] <= 48 and off["n_gpu_layers"] == 49
     assert off["op_offload_bytes"] > 0  # a profile's largest tensor per block is estimated from its shapes
     # the same context with an f16 cache, fixed: every layer's experts and some whole layers, slower
     rc, out, _ = run(capsys, *args, "--ctx", "65536", "-ctk", "f16", "-ctv", "f16", "--json")
     doc = json.loads(out)
     f16 = doc["offload"]
-    assert rc == 3 and doc["fits"] is False and f16["type_k"] == "f16"
+    assert rc == 0 and doc["fits"] is False and f16["type_k"] == "f16"
     assert f16["n_cpu_moe"] == 48 and f16["n_cpu_layers"] > 0 and f16["n_gpu_layers"] == 49 - f16["n_cpu_layers"]
     assert f16["device_bytes"] <= doc["budget"]["budget_bytes"] < f16["device_bytes"] + f16["host_bytes"]
     assert f16["decode_tokens_per_s"] < off["decode_tokens_per_s"]
     rc, text, _ = run(capsys, *args, "--use", "agent")
-    assert "keeps every layer's attention on the GPU" in text
-    assert "by hand: PARAMETER num_ctx 65536, OLLAMA_KV_CACHE_TYPE=q8_0" in text
+    assert f"a q8_0 K/V cache keeps the experts of {off['n_cpu_moe']} layers on the CPU where f16 K/V keeps " in text
+    assert "\n  PARAMETER num_ctx 65536\n" in text and "\n  OLLAMA_KV_CACHE_TYPE=q8_0\n" in text
     assert f"--n-cpu-moe {off['n_cpu_moe']}" in text
 
 

@@ -91,16 +91,27 @@ def test_modelfile_text(model: OllamaModel) -> None:
     assert with_batch.startswith("FROM gemma3-270m:latest\nPARAMETER num_ctx 32768\nPARAMETER num_batch 1024\n")
 
 
+def _vars(text: str) -> list[str]:
+    return [line for line in text.splitlines() if not line.startswith("#")]
+
+
 def test_env_text() -> None:
-    # issue 13: only what differs from Ollama's defaults; OLLAMA_CONTEXT_LENGTH only for a server default
-    assert env_text(S).splitlines()[1:] == ["OLLAMA_FLASH_ATTENTION=1", "OLLAMA_KV_CACHE_TYPE=q8_0"]
+    # issue 27: the cache type and flash attention always, so a value left from before cannot win;
+    # OLLAMA_CONTEXT_LENGTH only for a server default
+    assert _vars(env_text(S)) == ["OLLAMA_FLASH_ATTENTION=1", "OLLAMA_KV_CACHE_TYPE=q8_0"]
     server = OllamaSettings(32768, 1, "q8_0", True, server_default=True)
     assert "OLLAMA_CONTEXT_LENGTH=32768\n" in env_text(server)
     off = env_text(OllamaSettings(4096, 2, "f16", False, fit_target_mib=1536))
-    assert "OLLAMA_FLASH_ATTENTION=0\n" in off and "OLLAMA_KV_CACHE_TYPE" not in off
+    assert "OLLAMA_FLASH_ATTENTION=0\n" in off and "OLLAMA_KV_CACHE_TYPE=f16\n" in off
     assert "OLLAMA_NUM_PARALLEL=2\n" in off and off.endswith("LLAMA_ARG_FIT_TARGET=1536\n")
-    assert "Nothing to set" in env_text(OllamaSettings(4096, 1, "f16", True))
+    assert _vars(env_text(OllamaSettings(4096, 1, "f16", True))) == [
+        "OLLAMA_FLASH_ATTENTION=1",
+        "OLLAMA_KV_CACHE_TYPE=f16",
+    ]
     assert "OLLAMA_NUM_PARALLEL=1\n" in env_text(OllamaSettings(4096, 1, "f16", True, repeatable=True))
+    # the RAM's bounds on llama-server's prompt cache and checkpoints, which Ollama's runner inherits
+    ram = env_text(OllamaSettings(4096, 1, "f16", True, cache_ram_mib=1024, ctx_checkpoints=4))
+    assert ram.endswith("LLAMA_ARG_CACHE_RAM=1024\nLLAMA_ARG_CTX_CHECKPOINTS=4\n")
 
 
 def test_systemd_text() -> None:

@@ -73,13 +73,15 @@ def test_q4_0_only_when_allowed(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_qwen3_coder_on_an_8gb_card_does_not_fit_and_says_what_would(capsys: pytest.CaptureFixture[str]) -> None:
-    rc, doc = plan(capsys, "qwen3-coder", "--vram", "8GiB")
-    assert rc == 3 and doc["fits"] is False
+    """--gpu-only keeps the strict answer: 100 % on the GPU or nothing (exit 3, no settings); without it the
+    same card gets the plan that runs, part on the CPU (tests/test_offload_default.py)."""
+    rc, doc = plan(capsys, "qwen3-coder", "--vram", "8GiB", "--gpu-only", "--ram", "64GiB")
+    assert rc == 3 and doc["fits"] is False and doc["runnable"] is False and doc["offload"] is None
     assert doc["target_ctx"] == 32768  # 32k below 16 GB
-    assert "more free memory" in reasons(doc) and "--allow-cpu" in reasons(doc)
+    assert "more free memory" in reasons(doc) and "dropping --gpu-only" in reasons(doc)
     assert doc["decode_tokens_per_s"] is None  # no speed for a plan that does not fit
     assert doc["ollama"]["verify_command"] is None and doc["ollama"]["apply"] == []
-    main(["ollama", "qwen3-coder", "--vram", "8GiB"])
+    main(["ollama", "qwen3-coder", "--vram", "8GiB", "--gpu-only"])
     out, _ = capsys.readouterr()
     assert "PARAMETER num_ctx" not in out and "no settings to apply" in out and "decode ≈" not in out
 
@@ -162,10 +164,16 @@ def test_llamacpp_only_knobs_are_refused(capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_ctx_that_does_not_fit_says_what_does(capsys: pytest.CaptureFixture[str]) -> None:
-    rc, doc = plan(capsys, "qwen3-coder", "--gpu", "rtx-4090", "--ctx", "65536", "-ctk", "f16")
+    gpu_only = ("--gpu", "rtx-4090", "--gpu-only")
+    rc, doc = plan(capsys, "qwen3-coder", *gpu_only, "--ctx", "65536", "-ctk", "f16")
     assert rc == 3 and any("does not fit with f16; fits with q8_0 K/V" in n for n in doc["notes"])
-    rc, doc = plan(capsys, "qwen3-coder", "--gpu", "rtx-4090", "--ctx", "262144")
+    rc, doc = plan(capsys, "qwen3-coder", *gpu_only, "--ctx", "262144")
     assert rc == 3 and any("fits up to" in n for n in doc["notes"])
+    # without --gpu-only the same --ctx runs with part on the CPU, in the cache type given (exit 0)
+    rc, doc = plan(capsys, "qwen3-coder", "--gpu", "rtx-4090", "--ram", "64GiB", "--ctx", "65536", "-ctk", "f16")
+    assert rc == 0 and doc["fits"] is False and doc["runnable"] is True
+    assert doc["offload"]["type_k"] == "f16" and doc["offload"]["n_ctx"] == 65536
+    assert any("does not fit with f16; fits with q8_0 K/V" in n for n in doc["notes"])
 
 
 def test_written_files_parse_back(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

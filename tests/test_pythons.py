@@ -105,8 +105,18 @@ def test_other_pythons_plan_as_this_one(version: tuple[int, int], site: Path, ge
     (folder / gemma_path.name).symlink_to(gemma_path)
     for argv in (
         ["gguf", str(folder), "--no-hardware", "--sort", "size", "--json"],
-        ["hf", str(ROOT / "tests" / "data" / "hf" / "glm4-9b.json"), "--gpu", "rtx-4060", "--allow-cpu", "--json"],
-        ["gguf", str(gemma_path), "--gpu", "rtx-4090", "--json"],
+        # --ram: a plan's RAM check would otherwise follow this machine's free RAM between two runs
+        [
+            "hf",
+            str(ROOT / "tests" / "data" / "hf" / "glm4-9b.json"),
+            "--gpu",
+            "rtx-4060",
+            "--allow-cpu",
+            "--ram",
+            "64GiB",
+            "--json",
+        ],
+        ["gguf", str(gemma_path), "--gpu", "rtx-4090", "--ram", "64GiB", "--json"],
         [
             "gguf",
             str(gemma_path),
@@ -121,7 +131,7 @@ def test_other_pythons_plan_as_this_one(version: tuple[int, int], site: Path, ge
             "2",
             "--json",
         ],
-        ["ollama", "qwen3-coder", "--gpu", "rtx-3090x2", "--json"],
+        ["ollama", "qwen3-coder", "--gpu", "rtx-3090x2", "--ram", "64GiB", "--json"],
     ):
         theirs = _plan(python, site, tmp_path / "theirs", argv)
         ours = _plan(sys.executable, site, tmp_path / "ours", argv)

@@ -136,6 +136,28 @@ def entry_dict(e: Entry) -> dict[str, Any]:
         # --- issue 29.3: decode at 4k beside decode at the context, so that models compare at one depth
         "decode_4k_tokens_per_s": decode_at_4k(p),
         "bandwidth_source": p.budget.bandwidth_source,
+        "partial": partial_dict(p),
+    }
+
+
+def partial_dict(p: Plan) -> dict[str, Any] | None:
+    """The plan that runs with part of the model on the CPU, for a pair that does not fit the GPU alone
+    (issue 27: the same answer a plan gives); None when it fits, or when no partial plan fits."""
+    off = p.offload
+    if p.fits or off is None:
+        return None
+    sp = off.speed
+    return {
+        "n_ctx": off.n_ctx,
+        "type_k": off.type_k.type_name,
+        "type_v": off.type_v.type_name,
+        "n_gpu_layers": off.n_gpu_layers,
+        "n_cpu_moe": off.n_cpu_moe,
+        "n_cpu_layers": off.n_cpu_layers,
+        "device_bytes": off.device_bytes,
+        "decode_tokens_per_s": off.decode_tokens_per_s,
+        "decode_at_target_tokens_per_s": sp.points[-1][1] if sp is not None else None,
+        "runnable": off.runnable,
     }
 
 
@@ -172,7 +194,7 @@ def table_text(entries: list[Entry]) -> list[str]:
     cw = max([4, *(len(d["card"]) for d in docs)])
     lines = [
         f"{'MODEL':<{mw}}  {'CARD':<{cw}}  {'FITS':<4} {'CONTEXT':>8} {'TARGET':>7}  {'CACHE':<10} "
-        f"{'WEIGHTS':>9} {'HEADROOM':>10} {'T/S@4K':>7} {'T/S@CTX':>8}"
+        f"{'WEIGHTS':>9} {'HEADROOM':>10} {'T/S@4K':>7} {'T/S@CTX':>8}  PART ON CPU"
     ]
     for d in docs:
         kv = d["type_k"] if d["type_k"] == d["type_v"] else f"{d['type_k']}/{d['type_v']}"
@@ -183,6 +205,7 @@ def table_text(entries: list[Entry]) -> list[str]:
             f"{d['model']:<{mw}}  {d['card']:<{cw}}  {'yes' if d['fits'] else 'NO':<4} {_ctx(d['n_ctx']):>8} "
             f"{_ctx(d['target_ctx']):>7}  {kv if d['fits'] else '-':<10} {d['weights_bytes'] / 1e9:>6.1f} GB "
             f"{head:>+6.1f} GiB {_tps(d['decode_4k_tokens_per_s']):>7} {_tps(d['decode_tokens_per_s']):>8}"
+            f"  {_partial(d['partial'])}"
         )
     return lines
 
@@ -209,6 +232,17 @@ def goal_text(entries: list[Entry], use: str | None, target: int) -> str:
         cards = "this card" if len({e.card.label for e in entries}) == 1 else "these cards"
         return f"target {_ctx(defaults[0])} per slot (the default on {cards}), {capped}"
     return f"target 64k per slot on cards of 16 GB or more, 32k below (the default), {capped}"
+
+
+def _partial(d: dict[str, Any] | None) -> str:
+    """``64k q8_0 -ngl 49 --n-cpu-moe 21 ~38 tok/s`` (the plan that runs when 100 % GPU does not fit), else -."""
+    if d is None:
+        return "-"
+    kv = d["type_k"] if d["type_k"] == d["type_v"] else f"{d['type_k']}/{d['type_v']}"
+    flags = f"-ngl {d['n_gpu_layers']}" + (f" --n-cpu-moe {d['n_cpu_moe']}" if d["n_cpu_moe"] else "")
+    tps = d["decode_tokens_per_s"]
+    s = f"{_ctx(d['n_ctx'])} {kv} {flags}" + (f" ~{tps:,.0f} tok/s" if tps else "")
+    return s if d["runnable"] else s + " (not in RAM)"
 
 
 @click.command("compare")
@@ -311,5 +345,5 @@ def compare(
         for c in card_list:
             for n in c.hardware.notes:
                 output.note(f"{c.label}: {n}")
-    if not any(e.plan.fits for e in entries):
+    if not any(e.plan.runnable for e in entries):  # no pair runs, on the GPU or partly on the CPU
         raise click.exceptions.Exit(EXIT_NO_FIT)

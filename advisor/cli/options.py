@@ -4,6 +4,7 @@ frozen :class:`PlanOptions` they become before anything else runs."""
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -13,7 +14,7 @@ import click
 from kvadvise.errors import InputError
 from kvadvise.model.ggml import KV_CACHE_TYPES
 from kvadvise.planner.memory import RUNTIMES
-from kvadvise.units import parse_size
+from kvadvise.units import parse_memory_size, parse_size
 
 if TYPE_CHECKING:
     from kvadvise.planner.hardware import RpcHost
@@ -24,29 +25,58 @@ USES = ("chat", "code", "agent", "long")
 LIST_SORTS = ("name", "size", "context")  # how a listing of models is ordered (ollama --installed, gguf DIR)
 
 
+# --- --rpc HOST:PORT=SIZE, as llama.cpp reads an endpoint (issue 28, class 4) -------------------------
 def parse_rpc_host(text: str) -> RpcHost:
-    """``HOST:PORT=SIZE`` (``--rpc``): a host of llama.cpp's RPC backend and the memory free on it."""
+    """``HOST:PORT=SIZE`` (``--rpc``): a host of llama.cpp's RPC backend and the memory free on it.
+
+    What llama-server would refuse is refused here (llama.cpp 0c1e570): its ``--rpc`` splits its value at
+    commas (common/arg.cpp ``add_rpc_devices``), so one endpoint per ``--rpc``; an endpoint's host is what
+    comes before the first ``:`` (ggml/src/ggml-rpc/ggml-rpc.cpp ``parse_endpoint``) and is resolved as
+    IPv4 (ggml-rpc/transport.cpp: ``gethostbyname``, ``AF_INET``), so an IPv6 address cannot be given."""
     from kvadvise.planner.hardware import RpcHost
 
+    hint = "e.g. --rpc 192.168.1.20:50052=24GiB, one host per --rpc"
     endpoint, sep, size = text.partition("=")
-    host, colon, port = endpoint.strip().rpartition(":")
-    if not sep or not colon or not host or not port.isdigit() or not 0 < int(port) <= 65535:
-        raise InputError(f"{text!r}: not HOST:PORT=SIZE", hint="e.g. --rpc 192.168.1.20:50052=24GiB")
-    return RpcHost(f"{host}:{int(port)}", parse_size(size))
+    endpoint = endpoint.strip()
+    if "," in endpoint:
+        raise InputError(
+            f"--rpc {text!r}: one HOST:PORT per --rpc (llama-server splits its --rpc at commas)", hint=hint
+        )
+    if endpoint.startswith("[") or endpoint.count(":") > 1:
+        raise InputError(
+            f"--rpc {text!r}: an IPv6 address; llama.cpp's RPC client takes the host up to the first ':' and "
+            "connects over IPv4 (ggml-rpc parse_endpoint, gethostbyname)",
+            hint="give the host's IPv4 address or a name that resolves to it",
+        )
+    host, colon, port = endpoint.partition(":")
+    if (
+        not sep
+        or not colon
+        or not host
+        or any(c.isspace() for c in host)
+        or not port.isdigit()
+        or not 0 < int(port) <= 65535
+    ):
+        raise InputError(f"--rpc {text!r}: not HOST:PORT=SIZE", hint=hint)
+    return RpcHost(f"{host}:{int(port)}", parse_memory_size(size, "--rpc ...="))
 
 
 class SizeType(click.ParamType):  # type: ignore[type-arg]  # generic in click >= 8.2 only
-    """A memory size (``24GiB``, ``24GB``, ``512M``) → bytes; ``allow_zero`` for margins."""
+    """A memory size (``24GiB``, ``24GB``, ``512M``) → bytes; ``allow_zero`` for margins; ``memory``: the
+    memory a card or machine has, in binary units only (:func:`parse_memory_size`)."""
 
     name = "size"
 
-    def __init__(self, *, allow_zero: bool = False) -> None:
+    def __init__(self, *, allow_zero: bool = False, memory: str | None = None) -> None:
         self.allow_zero = allow_zero
+        self.memory = memory
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
         if isinstance(value, int):
             return value
         try:
+            if self.memory is not None:
+                return parse_memory_size(str(value), self.memory)
             return parse_size(str(value), allow_zero=self.allow_zero)
         except InputError as e:
             self.fail(e.message + (f" ({e.hint})" if e.hint else ""), param, ctx)
@@ -54,6 +84,8 @@ class SizeType(click.ParamType):  # type: ignore[type-arg]  # generic in click >
 
 SIZE = SizeType()
 SIZE_OR_ZERO = SizeType(allow_zero=True)
+VRAM_SIZE = SizeType(memory="--vram")
+RAM_SIZE = SizeType(memory="--ram")
 
 
 class RpcHostType(click.ParamType):  # type: ignore[type-arg]  # generic in click >= 8.2 only
@@ -101,30 +133,52 @@ class FiniteFloatRange(click.FloatRange):
 
 
 class SizeListType(click.ParamType):  # type: ignore[type-arg]  # generic in click >= 8.2 only
-    """Sizes separated by commas, one per GPU (``24GiB,16GiB``) -> a tuple of bytes."""
+    """Sizes separated by commas, one per GPU (``24GiB,16GiB``) -> a tuple of bytes (a card's memory:
+    binary units only)."""
 
     name = "sizes"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[int, ...]:
         if isinstance(value, tuple):
             return value
-        return tuple(SIZE.convert(part, param, ctx) for part in str(value).split(","))
+        return tuple(VRAM_SIZE.convert(part, param, ctx) for part in str(value).split(","))
+
+
+# float32's smallest normal number: std::stof throws out_of_range below it (strtof's ERANGE on underflow)
+_FLT_MIN = 1.17549435e-38
+_MAX_SHARES = 15  # common/arg.cpp -ts: "got %zu input configs, but system only has %zu devices" from 16
 
 
 class SplitType(click.ParamType):  # type: ignore[type-arg]
-    """llama.cpp's -ts: shares separated by commas (``3,1``) -> a tuple of floats."""
+    """llama.cpp's -ts: shares separated by commas or slashes (``3,1``) -> a tuple of floats.
+
+    Only what llama-server takes (common/arg.cpp ``-ts``, 0c1e570): it splits at ``[,/]+``, refuses as many
+    shares as llama_max_devices() (16), and reads each with ``std::stof``, which throws on a number float32
+    cannot hold (``1e-45``: below its smallest normal number; ``1e39``). A share is printed back as ``%g``,
+    so what is checked is that printed form."""
 
     name = "split"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[float, ...]:
         if isinstance(value, tuple):
             return value
+        parts = re.split(r"[,/]+", str(value).strip())
         try:
-            shares = tuple(float(x) for x in str(value).split(","))
+            shares = tuple(float(x) for x in parts)
         except ValueError:
             self.fail(f"{value!r}: shares separated by commas, e.g. 3,1", param, ctx)
-        if any(not 0 <= s < 1e9 for s in shares) or not any(shares):
+        if any(not math.isfinite(s) or not 0 <= s < 1e9 for s in shares) or not any(shares):
             self.fail(f"{value!r}: shares >= 0, not all 0, e.g. 3,1", param, ctx)
+        tiny = [x for x in shares if x and float(f"{x:g}") < _FLT_MIN]
+        if tiny:
+            self.fail(
+                f"{value!r}: llama-server reads each share as a float (std::stof) and refuses {tiny[0]:g}, "
+                "below float32's smallest normal number; give shares such as 1,3",
+                param,
+                ctx,
+            )
+        if len(shares) > _MAX_SHARES:
+            self.fail(f"{value!r}: {len(shares)} shares; llama-server takes at most {_MAX_SHARES}", param, ctx)
         return shares
 
 
@@ -169,6 +223,8 @@ class PlanOptions:
     prompt_tokens: int | None = None
     n_cpu_moe: int = 0
     ram_bandwidth_gbs: float | None = None
+    gpu_only: bool = False  # --gpu-only: 100 % on the GPU or nothing (no partial offload)
+    ram_bytes: int | None = None  # --ram SIZE: the system RAM the plan may use
 
     @classmethod
     def take(cls, kwargs: dict[str, Any]) -> PlanOptions:
@@ -413,7 +469,13 @@ def _options(*, planned_hardware: bool) -> list[Callable[[F], F]]:
         click.option(
             "--allow-cpu",
             is_flag=True,
-            help="Also say how many layers or experts must stay on the CPU to reach the target.",
+            help="When the GPU alone reaches less than the target: also plan the target with part of the model "
+            "on the CPU (a plan that does not fit the GPU at all gets one anyway).",
+        ),
+        click.option(
+            "--gpu-only",
+            is_flag=True,
+            help="100% on the GPU or nothing: no partial offload; a plan that does not fit exits 3 and writes nothing.",
         ),
         click.option("--json", "as_json", is_flag=True, help="Print one JSON object (keys in README.md)."),
         click.option(
@@ -448,6 +510,22 @@ def _options(*, planned_hardware: bool) -> list[Callable[[F], F]]:
     return opts
 
 
+def _gpu_list(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> str | None:
+    """``--gpu`` given more than once is a list, as ``--gpu A,B`` (issue 27: the last one silently won)."""
+    if not value:
+        return None
+    if any(not v.strip() for v in value):
+        raise click.BadParameter("an empty card name (see `kvadvise gpus`)", ctx=ctx, param=param)
+    return ",".join(v.strip() for v in value)
+
+
+def _vram_list(
+    ctx: click.Context, param: click.Parameter, value: tuple[tuple[int, ...], ...]
+) -> tuple[int, ...] | None:
+    """``--vram`` given more than once is a list of budgets, as ``--vram 24GiB,16GiB``."""
+    return tuple(n for sizes in value for n in sizes) if value else None
+
+
 def _hardware_options(planned: bool) -> list[Callable[[F], F]]:
     if not planned:
         return []
@@ -456,17 +534,28 @@ def _hardware_options(planned: bool) -> list[Callable[[F], F]]:
             "--gpu",
             "gpu",
             metavar="NAME",
-            type=TEXT,
-            help="Plan for cards of the built-in list (`kvadvise gpus`): 4090; several: 4090,3090 or rtx-3090x2.",
-            default=None,
+            type=TEXT,  # an empty name or a NUL byte: exit 2
+            multiple=True,
+            callback=_gpu_list,
+            help="Plan for cards of the built-in list (`kvadvise gpus`): 4090; several: 4090,3090, rtx-3090x2 "
+            "or --gpu 4090 --gpu 3090.",
         ),
         click.option(
             "--vram",
             "vram_bytes",
             type=SizeListType(),
             metavar="SIZE[,SIZE...]",
-            help="Plan for memory budgets given by hand, one per GPU: 24GiB, 24GB, 24000MiB; 24GiB,16GiB.",
+            multiple=True,
+            callback=_vram_list,
+            help="Plan for memory budgets given by hand, one per GPU: 24GiB, 24000MiB; 24GiB,16GiB (binary units).",
+        ),
+        click.option(
+            "--ram",
+            "ram_bytes",
+            type=RAM_SIZE,
+            metavar="SIZE",
             default=None,
+            help="The system RAM the plan may use (64GiB) [default: what is free here now].",
         ),
         click.option(
             "--tensor-split",

@@ -39,6 +39,8 @@ def check_flags(o: PlanOptions) -> None:
         raise click.UsageError("--n-cpu-moe keeps experts on the CPU beside a GPU: drop it with --device cpu")
     if o.n_ctx is not None and (o.use or o.target_ctx):
         raise click.UsageError("--ctx fixes the context; --use and --target-ctx aim for one: give one of them")
+    if o.gpu_only and o.allow_cpu:
+        raise click.UsageError("--gpu-only keeps the whole model on the GPU; --allow-cpu plans part on the CPU")
     if o.chart_file:
         from kvadvise.cli.chart import check_path
 
@@ -78,6 +80,7 @@ def build_plan(
         allow_q4=o.allow_q4 or (fixed is not None and needs_opt_in(fixed)),
         weights_uncertain=weights_uncertain,
         headless=o.headless,
+        gpu_only=o.gpu_only,
     )
     probed = not o.gpu and o.vram_bytes is None and not o.rpc and not o.no_hardware
     hw = hardware or hardware_for(
@@ -88,6 +91,7 @@ def build_plan(
             probe=not o.no_hardware,
             bandwidth_bytes_per_s=None if o.bandwidth_gbs is None else int(o.bandwidth_gbs * 1e9),
             ram_bandwidth_bytes_per_s=None if o.ram_bandwidth_gbs is None else int(o.ram_bandwidth_gbs * 1e9),
+            ram_bytes=o.ram_bytes,
         )
     )
     if hardware is not None and hw is not None and o.ram_bandwidth_gbs is not None:
@@ -216,20 +220,25 @@ def show_chart(plan: Plan, o: PlanOptions, *, terminal: bool = True, write: bool
 
 
 def refuse_to_write_what_does_not_fit(plan: Plan, *paths: str | None, chart: NewFile | None = None) -> None:
-    """Never write a config that does not fit (the policy): say so, exit 3, leave the files as they are.
-    The ``chart`` (which shows why) is still written."""
-    if plan.fits is False and any(paths):
+    """Never write a config that does not run (the policy): say so, exit 3, leave the files as they are. A
+    plan that does not fit the GPU but whose partial offload runs is written (as that offload). The
+    ``chart`` (which shows why) is still written."""
+    if plan.runnable is False and any(paths):
         if chart is not None:
             from kvadvise.files import write_files
 
             output.note(f"wrote {write_files([chart], force=False)[0]}")
         names = ", ".join(p for p in paths if p)
-        output.note(f"not written ({names}): this config does not fit (see above)")
+        why = "it does not fit the RAM" if plan.fits or plan.offload is not None else "this config does not fit"
+        output.note(f"not written ({names}): {why} (see above)")
         raise click.exceptions.Exit(EXIT_NO_FIT)
 
 
 def exit_if_no_fit(plan: Plan) -> None:
-    if plan.fits is False:
+    """Exit 3 when no plan that runs was printed: it fits neither the GPU (with --gpu-only, or no partial
+    offload fits) nor, for what does, the RAM. 0 = a runnable plan, on the GPU or partly on the CPU
+    (``fits`` says which)."""
+    if plan.runnable is False:
         raise click.exceptions.Exit(EXIT_NO_FIT)  # the output says why; the exit code says "does not fit"
 
 

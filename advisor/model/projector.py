@@ -42,11 +42,44 @@ class ProjectorSpec:
     n_layer: int  # clip.vision.block_count
     projection_dim: int  # clip.vision.projection_dim
     tensors: tuple[ProjectorTensor, ...]
+    # the width of the embeddings it hands the text model (clip_n_mmproj_embd, without Qwen3-VL's deepstack
+    # copies): mtmd_init_from_file refuses a text model whose n_embd differs; 0 when the type is not known here
+    n_embd_text: int = 0
 
     @property
     def n_patches(self) -> int:
         """Patches of the warmup image (clip.cpp get_dummy_batch: warmup_image_size = image_size)."""
         return (self.image_size // self.patch_size) ** 2 if self.patch_size else 0
+
+
+# tools/mtmd/clip.cpp clip_n_mmproj_embd (0c1e570): the tensor, and its dimension, that gives the width of
+# the embeddings a projector type hands the text model (tensor names: tools/mtmd/clip-impl.h, load_tensors)
+_OUT_WIDTH: dict[str, tuple[tuple[str, int], ...]] = {
+    "gemma3": (("mm.input_projection.weight", 0),),
+    "gemma4v": (("mm.input_projection.weight", 1),),
+    "gemma4uv": (("mm.input_projection.weight", 1),),
+    # LLaVA's MLP: mm.2 (Yi's variant, MLP_NORM: mm.3's bias)
+    "mlp": (("mm.3.bias", 0), ("mm.2.weight", 1)),
+    "pixtral": (("mm.2.weight", 1),),
+    "phi4": (("mm.2.weight", 1),),
+    "lightonocr": (("mm.2.weight", 1),),
+    "lfm2": (("mm.2.weight", 1),),
+    "kimivl": (("mm.2.weight", 1),),
+    "internvl": (("mm.3.weight", 1),),
+    "idefics3": (("mm.model.fc.weight", 1),),
+    "qwen2vl_merger": (("mm.2.bias", 0),),
+    "qwen2.5vl_merger": (("mm.2.bias", 0),),
+    "qwen3vl_merger": (("mm.2.bias", 0),),  # per path: the text model's n_embd_inp repeats it as often
+}
+
+
+def _n_embd_text(projector_type: str, header: GGUFHeader) -> int:
+    shapes = {t.name: t.shape for t in header.tensors}
+    for name, dim in _OUT_WIDTH.get(projector_type, ()):
+        shape = shapes.get(name)
+        if shape is not None and len(shape) > dim:
+            return int(shape[dim])
+    return 0
 
 
 def projector_from_gguf(header: GGUFHeader) -> ProjectorSpec:
@@ -71,9 +104,10 @@ def projector_from_gguf(header: GGUFHeader) -> ProjectorSpec:
     has_audio = meta.get("clip.has_audio_encoder") is True
     if not has_vision and not has_audio:
         raise GGUFError(f"{header.source}: the projector has neither a vision nor an audio encoder")
+    projector_type = text("clip.projector_type") or text("clip.vision.projector_type") or "unknown"
     return ProjectorSpec(
         source=header.source,
-        projector_type=text("clip.projector_type") or text("clip.vision.projector_type") or "unknown",
+        projector_type=projector_type,
         has_vision=has_vision,
         has_audio=has_audio,
         image_size=num("clip.vision.image_size") if has_vision else 0,
@@ -84,4 +118,5 @@ def projector_from_gguf(header: GGUFHeader) -> ProjectorSpec:
         n_layer=num("clip.vision.block_count"),
         projection_dim=num("clip.vision.projection_dim"),
         tensors=tuple(ProjectorTensor(t.ggml_type, t.shape[0] if t.shape else 1, t.n_bytes) for t in header.tensors),
+        n_embd_text=_n_embd_text(projector_type, header),
     )

@@ -63,6 +63,9 @@ class Budget:
     device_names: tuple[str, ...] = ()
     flops_source: str | None = None
     ram_bandwidth_bytes_per_s: int | None = None  # --ram-bandwidth; None: measured when a plan needs it
+    # system RAM a plan may use beside (kvadvise.planner.hostram): free now, or given with --ram
+    ram_bytes: int = 0
+    ram_source: str = ""
 
     def fits(self, est: MemoryEstimate) -> bool:
         """Every device within its own budget (one budget for one device, or the CPU)."""
@@ -105,7 +108,18 @@ def budget_for(hw: Hardware, margin_bytes: int = DEFAULT_MARGIN_BYTES) -> Budget
         # ROCm logs print them); Vulkan and SYCL are planned with them too (see GPU_BACKEND_NOTE)
         device = "rpc" if all(g.rpc_endpoint for g in hw.gpus) else ("metal" if backend == "metal" else "cuda")
         budget = Budget(
-            device, total, free, margin, max(0, free - margin), hw.source, len(hw.gpus), bandwidth, src, backend
+            device,
+            total,
+            free,
+            margin,
+            max(0, free - margin),
+            hw.source,
+            len(hw.gpus),
+            bandwidth,
+            src,
+            backend,
+            ram_bytes=hw.ram_free_bytes,
+            ram_source=hw.ram_source,
         )
         if len(hw.gpus) > 1:
             per = tuple(max(0, g.free_bytes - margin_bytes) for g in hw.gpus)
@@ -120,7 +134,19 @@ def budget_for(hw: Hardware, margin_bytes: int = DEFAULT_MARGIN_BYTES) -> Budget
             ram_bandwidth_bytes_per_s=hw.ram_bandwidth_bytes_per_s,
         )
     free = hw.ram_free_bytes
-    cpu = Budget("cpu", hw.ram_total_bytes, free, margin_bytes, max(0, free - margin_bytes), "ram", 0, None, None)
+    cpu = Budget(
+        "cpu",
+        hw.ram_total_bytes,
+        free,
+        margin_bytes,
+        max(0, free - margin_bytes),
+        "ram",
+        0,
+        None,
+        None,
+        ram_bytes=max(0, free - margin_bytes),  # the CPU runs the model: RAM is its device, with the margin
+        ram_source=hw.ram_source,
+    )
     return replace(cpu, ram_bandwidth_bytes_per_s=hw.ram_bandwidth_bytes_per_s)
 
 

@@ -57,6 +57,7 @@ class Hardware:
     # system memory bandwidth given by hand (--ram-bandwidth); None: measured when a plan needs it
     # (kvadvise.planner.cpuspeed)
     ram_bandwidth_bytes_per_s: int | None = None
+    ram_source: str = "free now"  # where ram_free_bytes comes from: free now (MemAvailable), --ram, a Mac's memory
 
     @property
     def has_gpu(self) -> bool:
@@ -150,10 +151,14 @@ def from_profile(name: str) -> Hardware:
         ram_free_bytes=ram_free,
         source=f"profile:{p.id}",
         notes=notes,
+        ram_source=f"{p.name}'s unified memory" if p.unified_memory else "this machine's, free now",
     )
 
 
 _MULTI = r"(?i)^(.+?)\s*[x×]\s*(\d+)$"  # compiled by re on first use
+# A plan over several devices states its split (-ts), and common/arg.cpp's -ts refuses as many shares as
+# llama_max_devices() (16, src/llama.cpp): "got %zu input configs, but system only has %zu devices"
+MAX_DEVICES = 15
 
 
 def from_profiles(names: str) -> Hardware:
@@ -181,6 +186,19 @@ def from_profiles(names: str) -> Hardware:
     assert first is not None
     if len(cards) == 1:
         return first
+    if len(cards) > MAX_DEVICES:
+        raise InputError(
+            f"--gpu {names!r}: {len(cards)} cards; llama-server's -ts takes at most {MAX_DEVICES} shares",
+            hint=f"plan at most {MAX_DEVICES} cards",
+        )
+    if len({c.unified_memory for c in cards}) > 1:
+        # one process runs one kind of machine: Apple's Metal GPUs are not in a PC with NVIDIA or AMD cards
+        apple = next(c.name for c in cards if c.unified_memory)
+        other = next(c.name for c in cards if not c.unified_memory)
+        raise InputError(
+            f"--gpu {names!r}: {apple} (Apple silicon, Metal) and {other} cannot run one llama.cpp process together",
+            hint="plan the Mac and the PC apart (kvadvise compare --gpu takes both as separate cards)",
+        )
     gpus = tuple(replace(g, index=i) for i, g in enumerate(cards))
     note = f"{len(gpus)} GPUs: " + ", ".join(g.name for g in gpus) + "; llama.cpp splits the layers across them"
     return replace(first, gpus=gpus, source=f"profiles:{names}", notes=(*first.notes, note))
@@ -197,27 +215,48 @@ class RpcHost:
 def rpc_hosts(hosts: Sequence[RpcHost]) -> Hardware:
     """``--rpc HOST:PORT=SIZE``: hosts of llama.cpp's RPC backend (``rpc-server`` on each, ``llama-server
     --rpc HOST:PORT,...``), each a device with SIZE free; llama.cpp names each ``RPC0[HOST:PORT]``."""
+    # llama.cpp registers an endpoint once (ggml/src/ggml-rpc/ggml-rpc.cpp ggml_backend_rpc_add_server keeps
+    # a map by endpoint string; ggml-backend-reg.cpp register_backend skips a backend it has): one endpoint
+    # given twice is one device, holding its share once
+    unique: dict[str, RpcHost] = {}
+    for h in hosts:
+        seen = unique.setdefault(h.endpoint, h)
+        if seen.free_bytes != h.free_bytes:
+            raise InputError(
+                f"--rpc {h.endpoint} is given twice with different sizes ({seen.free_bytes:,} and {h.free_bytes:,} bytes)",
+                hint="llama-server makes one device of an endpoint given twice: give each host once",
+            )
+    if len(unique) > MAX_DEVICES:
+        raise InputError(f"{len(unique)} RPC hosts; llama-server's -ts takes at most {MAX_DEVICES} shares")
+    notes = [
+        "RPC hosts: the layers run one host after another and every token's hidden state crosses the "
+        "network between them (llama.cpp's RPC backend); the speed depends on that link",
+    ]
+    if len(unique) < len(hosts):
+        twice = ", ".join(e for e in unique if sum(h.endpoint == e for h in hosts) > 1)
+        notes.append(f"{twice}: given more than once; llama.cpp makes one device of it (planned once)")
     ram_total, ram_free = _ram_now()
     gpus = tuple(
         Gpu(i, f"RPC0[{h.endpoint}]", h.free_bytes, h.free_bytes, 0, None, None, rpc_endpoint=h.endpoint)
-        for i, h in enumerate(hosts)
+        for i, h in enumerate(unique.values())
     )
-    return Hardware(
-        gpus=gpus,
-        ram_total_bytes=ram_total,
-        ram_free_bytes=ram_free,
-        source="rpc",
-        notes=(
-            "RPC hosts: the layers run one host after another and every token's hidden state crosses the "
-            "network between them (llama.cpp's RPC backend); the speed depends on that link",
-        ),
-    )
+    return Hardware(gpus=gpus, ram_total_bytes=ram_total, ram_free_bytes=ram_free, source="rpc", notes=tuple(notes))
+
+
+def with_ram(hw: Hardware, ram_bytes: int) -> Hardware:
+    """``--ram SIZE``: the system RAM a plan may use, given by hand (the machine the plan is for, or what a
+    container may hold), in place of what is free here now."""
+    if ram_bytes <= 0:
+        raise InputError(f"--ram must be positive, got {ram_bytes} bytes", hint="e.g. --ram 32GiB")
+    return replace(hw, ram_total_bytes=ram_bytes, ram_free_bytes=ram_bytes, ram_source="given (--ram)")
 
 
 def manual_many(sizes: Sequence[int], bandwidth_bytes_per_s: int | None = None) -> Hardware:
     """``--vram 24GiB,16GiB``: one GPU of each size, nothing else running; this machine's RAM."""
     if len(sizes) == 1:
         return manual(sizes[0], bandwidth_bytes_per_s)
+    if len(sizes) > MAX_DEVICES:
+        raise InputError(f"--vram: {len(sizes)} budgets; llama-server's -ts takes at most {MAX_DEVICES} shares")
     hws = [manual(s, bandwidth_bytes_per_s) for s in sizes]
     gpus = tuple(replace(h.gpus[0], index=i, name=f"manual budget {i}") for i, h in enumerate(hws))
     return replace(hws[0], gpus=gpus)

@@ -1,7 +1,17 @@
-"""Partial offload (``--allow-cpu``): how much of the model stays in RAM for a context the GPU alone
-cannot hold, and what that costs. One entry point, :func:`plan_offload`, for a recommended plan and
-for a ``--ctx`` given by hand; the cache types it may turn to are the policy's
-(kvadvise.planner.policy.allowed_kvs).
+"""Partial offload: how much of the model stays in RAM for a context the GPUs alone cannot hold, and
+what that costs. A plan that does not fit the GPU gets one by default (``--gpu-only``: none), and
+``--allow-cpu`` asks for one at the target when the GPU alone reaches less. One entry point,
+:func:`plan_offload`, for a recommended plan and for a ``--ctx`` given by hand: of the cache types the
+policy allows (kvadvise.planner.policy.allowed_kvs) it takes the one whose offload decodes fastest at
+the target, and checks every device against its own budget and the host against the RAM
+(kvadvise.planner.hostram).
+
+Where llama.cpp puts what (src/llama-model.cpp ``llama_model::load_tensors``, 0c1e570): ``-ngl N``
+offloads the output layer and the last ``N - 1`` blocks, the first blocks stay on the CPU; the
+offloaded ones are split over the devices by the cumulative shares of ``-ts`` applied to the
+offloaded layers only (``(il - i_gpu_start) / act_gpu_layers``). ``--n-cpu-moe N`` keeps the experts
+of the first ``N`` blocks in CPU buffers (common/arg.cpp: a tensor override to the CPU buffer type),
+whatever device the block is on.
 
 The GPU's extra compute under partial offload is llama.cpp's op offload.
 
@@ -27,14 +37,23 @@ does not op-offload, so the loopback RPC runs cannot show it).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from kvadvise.model.ggml import GGMLType
 from kvadvise.model.spec import ModelSpec
 from kvadvise.planner import speed as speed_model
 from kvadvise.planner.budget import Budget
-from kvadvise.planner.memory import MemoryEstimate, RunConfig, estimate, layer_kv_bytes, resolve
+from kvadvise.planner.hostram import HostRam, plan_host_ram
+from kvadvise.planner.memory import (
+    MemoryEstimate,
+    RunConfig,
+    compute_bytes,
+    estimate,
+    layer_devices,
+    layer_kv_bytes,
+    resolve,
+)
 from kvadvise.planner.policy import KV, Policy, allowed_kvs, config_at, kv_name
 
 GIB = 1 << 30
@@ -42,6 +61,10 @@ MIB = 1 << 20
 
 OP_OFFLOAD_MIN_BATCH = 32  # ggml-cuda.cu: GGML_OP_OFFLOAD_MIN_BATCH's default
 OP_OFFLOAD_DEVICES = ("cuda", "metal")  # backends with an offload_op (not ggml-rpc)
+# A more quantized cache is taken for a partial offload only when it decodes at least this much faster at
+# the target than the one before it in the policy's order (f16 first): its cost in quality is small
+# ("usually no noticeable impact", Ollama FAQ) but not nothing, so a tie keeps the exact cache.
+FASTER_BY = 1.05
 
 
 def op_offload_bytes(spec: ModelSpec, cpu_blocks: Iterable[int], device: str, n_ubatch: int) -> int | None:
@@ -59,7 +82,7 @@ def op_offload_bytes(spec: ModelSpec, cpu_blocks: Iterable[int], device: str, n_
 
 @dataclass(frozen=True, slots=True)
 class Offload:
-    """A plan that leaves part of the model in RAM (--allow-cpu): layers or experts on the CPU."""
+    """A plan that leaves part of the model in RAM: layers or experts on the CPU."""
 
     n_ctx: int  # per sequence: the target
     type_k: GGMLType
@@ -67,7 +90,7 @@ class Offload:
     n_gpu_layers: int  # -ngl: llama.cpp offloads the output layer first, then the last repeating layers
     n_cpu_layers: int  # repeating layers kept on the CPU (the first ones)
     n_cpu_moe: int  # --n-cpu-moe N: the experts of the first N layers stay on the CPU (MoE models)
-    device_bytes: int
+    device_bytes: int  # on the GPUs, summed
     host_bytes: int
     decode_tokens_per_s: float | None
     note: str
@@ -75,69 +98,189 @@ class Offload:
     # op_offload_bytes); None when the model's tensor sizes are unknown
     op_offload_bytes: int | None = 0
     speed: speed_model.SpeedEstimate | None = None  # decode at 4k and at n_ctx (decode_tokens_per_s: the first)
+    devices_bytes: tuple[int, ...] = ()  # each GPU's total, in the order of the budget's devices
+    device_budgets: tuple[int, ...] = ()  # each GPU's own budget, as checked
+    ram: HostRam | None = None  # what it keeps in system RAM, against the RAM
+
+    @property
+    def runnable(self) -> bool:
+        """Every device within its budget (by construction) and the host within its RAM."""
+        return self.ram is None or self.ram.fits
 
 
 def plan_offload(
     spec: ModelSpec, base: RunConfig, budget: Budget, n_ctx_seq: int, kv: KV, policy: Policy
 ) -> tuple[Offload | None, tuple[str, ...]]:
-    """What must stay on the CPU for ``n_ctx_seq`` tokens per sequence with cache types ``kv``, and the
-    notes that say so (None: it all fits on the GPU, or nothing does). For a MoE model that would also
-    leave whole layers on the CPU, the first cache type the policy allows that keeps every layer's
-    attention on the GPU is taken instead (``policy.fixed_kv``: the user's type only)."""
-    offload = partial_offload(spec, base, budget, n_ctx_seq, kv)
+    """What must stay on the CPU for ``n_ctx_seq`` tokens per sequence, and the notes that say so (None: it
+    all fits on the GPU, or nothing does). Of the cache types the policy allows (``policy.fixed_kv``: the
+    user's only; ``kv`` first when the policy does not list it), the one whose offload fits the RAM and
+    decodes fastest at ``n_ctx_seq``; a later (more quantized) type only when it is at least 5 % faster."""
     kvs = allowed_kvs(spec, base, policy)
-    offload, why = _attention_on_gpu(spec, base, budget, n_ctx_seq, offload, kvs if kv in kvs else [kv, *kvs])
-    notes = (why,) if why else ()
-    if offload is not None:
-        notes = (*notes, "--allow-cpu: " + offload.note)
-    return offload, notes
+    cands = [
+        (k, partial_offload(spec, base, budget, n_ctx_seq, k)) for k in dict.fromkeys(kvs if kv in kvs else [kv, *kvs])
+    ]
+    viable = [(k, o) for k, o in cands if o is not None]
+    if not viable:
+        return None, ()
+    in_ram = [(k, o) for k, o in viable if o.runnable] or viable
+    first_kv, first = in_ram[0]
+    best_kv, best = first_kv, first
+    for k, o in in_ram[1:]:
+        if _faster(o, best):
+            best_kv, best = k, o
+    notes: list[str] = []
+    if best_kv != first_kv:
+        notes.append(f"partial offload: {_versus(best, first, spec.n_layer)}")
+    notes.append("partial offload: " + best.note)
+    if best.ram is not None and not best.ram.fits:
+        notes.append(
+            f"partial offload does not fit the RAM: the weights the CPU reads and the buffers alone need "
+            f"{best.ram.essential_bytes / GIB:.2f} GiB; the RAM has {best.ram.ram_bytes / GIB:.2f} GiB "
+            f"({best.ram.ram_source})"
+        )
+    return best, tuple(notes)
+
+
+def _faster(a: Offload, b: Offload) -> bool:
+    """``a`` decodes at least 5 % faster than ``b`` at the target (without a bandwidth to go on: keeps at
+    least 5 % fewer bytes on the CPU)."""
+    if a.speed is not None and b.speed is not None:
+        return a.speed.points[-1][1] >= b.speed.points[-1][1] * FASTER_BY
+    moved_a, moved_b = a.host_bytes, b.host_bytes
+    return moved_a * FASTER_BY <= moved_b
+
+
+def _kept(o: Offload, n_layer: int) -> str:
+    if o.n_cpu_moe and o.n_cpu_layers:
+        return f"the experts of all {n_layer} layers and {o.n_cpu_layers} whole"
+    return f"the experts of {o.n_cpu_moe} layers" if o.n_cpu_moe else f"{o.n_cpu_layers} of {n_layer} layers"
+
+
+def _versus(best: Offload, first: Offload, n_layer: int) -> str:
+    """Why a more quantized cache was taken: what it keeps on the CPU and decodes, against the first."""
+    s = (
+        f"a {kv_name((best.type_k, best.type_v))} cache keeps {_kept(best, n_layer)} on the CPU where "
+        f"{kv_name((first.type_k, first.type_v))} keeps {_kept(first, n_layer)}"
+    )
+    if best.speed is not None and first.speed is not None:
+        s += f": {best.speed.at_depths()} against {first.speed.at_depths()}"
+    return s + " (the fastest at the target: a more quantized cache only when at least 5 % faster)"
+
+
+@dataclass(frozen=True, slots=True)
+class _Layers:
+    """The full offload's numbers per block and per device, to move blocks and experts off it."""
+
+    fixed: tuple[int, ...]  # per device: what does not belong to a repeating block (overhead, compute, output)
+    block: tuple[int, ...]  # per block: its weights (with the device's row padding), KV and recurrent state
+    experts: tuple[int, ...]  # per block: the routed experts' bytes
+    kv: tuple[int, ...]  # per block: its KV and recurrent state (stays with the block)
+    weights: tuple[int, ...]  # per block: its weights as stored (what the CPU maps)
+
+
+def _layers(spec: ModelSpec, full: MemoryEstimate, cfg: RunConfig) -> _Layers:
+    lay = full.layout
+    n_all = spec.n_layer_all
+    kv_l = layer_kv_bytes(spec, lay)
+    n_rs = sum(spec.recurrent_layers)
+    rs = [full.recurrent_bytes // n_rs if spec.recurrent_layers[il] and n_rs else 0 for il in range(n_all)]
+    pads = list(spec.layer_cuda_pad_bytes) if lay.device == "cuda" and spec.layer_cuda_pad_bytes else [0] * n_all
+    weights = list(spec.layer_bytes) or [0] * n_all
+    per_exp = spec.expert_bytes // max(1, spec.n_layer) if spec.n_expert and spec.expert_bytes else 0
+    experts = [per_exp if il < spec.n_layer else 0 for il in range(n_all)]
+    kv = [kv_l[il][0] + kv_l[il][1] + rs[il] for il in range(n_all)]
+    block = [weights[il] + pads[il] + kv[il] for il in range(n_all)]
+    n_dev = max(1, len(full.devices))
+    owner = layer_devices(n_all, cfg.tensor_split) if n_dev > 1 else (0,) * (n_all + 1)
+    fixed = [d.total_bytes for d in full.devices] or [full.device_bytes]
+    for il in range(n_all):
+        fixed[owner[il]] -= block[il]
+    return _Layers(tuple(fixed), tuple(block), tuple(experts), tuple(kv), tuple(weights))
+
+
+def _on_devices(layers: _Layers, ts: tuple[float, ...], n_cpu: int, n_cpu_moe: int, copy: int) -> list[int]:
+    """Each device's total with the first ``n_cpu`` blocks on the CPU and the experts of the first
+    ``n_cpu_moe`` there too: the blocks left are split over the devices as llama.cpp splits -ngl's layers."""
+    n_all = len(layers.block)
+    n_dev = len(layers.fixed)
+    act = n_all + 1 - n_cpu  # the offloaded blocks and the output layer
+    owner = layer_devices(act - 1, ts) if n_dev > 1 else (0,) * act
+    out = list(layers.fixed)
+    for il in range(n_cpu, n_all):
+        out[owner[il - n_cpu]] += layers.block[il] - (layers.experts[il] if il < n_cpu_moe else 0)
+    out[0] += copy  # op offload runs on the first GPU (the scheduler's highest-priority backend)
+    return out
 
 
 def partial_offload(spec: ModelSpec, base: RunConfig, budget: Budget, n_ctx_seq: int, kv: KV) -> Offload | None:
     """How much of the model must stay on the CPU for ``n_ctx_seq`` tokens (None: it all fits, or nothing does).
 
-    MoE models move experts first (what llama.cpp's --fit does: attention stays
-    on the GPU); dense models move whole layers, with their KV, from the front.
-    The GPU's compute buffer also holds a copy of the largest weight left on the CPU, for prompt
-    batches (op offload, :func:`op_offload_bytes`): enough is moved to pay for it too.
+    MoE models move experts first (what llama.cpp's --fit does: attention stays on the GPU); when the
+    experts of every layer are not enough, they all stay on the CPU (--n-cpu-moe N_LAYER: common/fit.cpp
+    goes "dense-only" first) and whole layers then go from the front; dense models move whole layers,
+    with their KV, from the front. Every device is checked against its own budget (the layers left are
+    split over the GPUs as -ts splits them). The GPU's compute buffer also holds a copy of the largest
+    weight left on the CPU, for prompt batches (op offload, :func:`op_offload_bytes`): enough is moved to
+    pay for it too.
     """
     if budget.device == "cpu" or not any(spec.layer_bytes):
         return None
-    cfg = config_at(base, n_ctx_seq, kv, True, budget.device)
+    fa = base.flash_attn != "off"
+    cfg = config_at(base, n_ctx_seq, kv, fa, budget.device)
     full = estimate(spec, cfg)
-    excess = full.device_bytes - budget.budget_bytes
-    if excess <= 0:
+    # one budget per device where the budget has them (kvadvise.planner.budget: several GPUs), else one
+    per_device = len(budget.device_budgets) > 1 and len(budget.device_budgets) == len(full.devices)
+    budgets = budget.device_budgets if per_device else (budget.budget_bytes,)
+    if budget.fits(full):
         return None
+    layers = _layers(spec, full, cfg)
+    if not per_device and len(layers.fixed) > 1:
+        layers = _Layers((sum(layers.fixed),), layers.block, layers.experts, layers.kv, layers.weights)
     n_layer = spec.n_layer
     ub = resolve(spec, cfg).n_ubatch
 
     def copy_bytes(n_blocks: int) -> int:  # the op-offload copy for the first n_blocks on the CPU
         return op_offload_bytes(spec, range(n_blocks), budget.device, ub) or 0
 
-    moved = 0
-    n_cpu_moe = n_cpu = 0
-    per_layer = spec.expert_bytes // max(1, n_layer) if spec.n_expert and spec.expert_bytes else 0
-    if per_layer:
-        n_cpu_moe = -(-excess // per_layer)
-        while n_cpu_moe <= n_layer and n_cpu_moe * per_layer < excess + copy_bytes(n_cpu_moe):
-            n_cpu_moe += 1
-        # every layer's experts on the CPU is not enough: they all stay there (--n-cpu-moe N_LAYER, as
-        # llama.cpp's --fit first goes "dense-only", common/fit.cpp), then whole layers go from the front
-        n_cpu_moe = min(n_cpu_moe, n_layer)
-        moved = n_cpu_moe * per_layer
-    if moved < excess + copy_bytes(n_cpu_moe):
-        kv_l = layer_kv_bytes(spec, resolve(spec, cfg))
-        for il in range(n_layer):
-            if n_cpu and moved >= excess + copy_bytes(max(n_cpu, n_cpu_moe)):
+    def fits(n_cpu: int, n_cpu_moe: int) -> list[int] | None:
+        each = _on_devices(layers, cfg.tensor_split, n_cpu, n_cpu_moe, copy_bytes(max(n_cpu, n_cpu_moe)))
+        return each if all(d <= b for d, b in zip(each, budgets, strict=True)) else None
+
+    found: tuple[int, int, list[int]] | None = None
+    moe = any(layers.experts)
+    for n_moe in range(1, n_layer + 1) if moe else ():
+        if (each := fits(0, n_moe)) is not None:
+            found = (0, n_moe, each)
+            break
+    if found is None:
+        # every layer's experts on the CPU is not enough (or a dense model): whole layers from the front
+        n_moe = n_layer if moe else 0
+        for n_cpu in range(1, n_layer + 1):
+            if (each := fits(n_cpu, n_moe)) is not None:
+                found = (n_cpu, n_moe, each)
                 break
-            moved += max(0, spec.layer_bytes[il] - (per_layer if n_cpu_moe else 0)) + kv_l[il][0] + kv_l[il][1]
-            n_cpu += 1
-        if moved < excess + copy_bytes(max(n_cpu, n_cpu_moe)):
-            return None  # even with every layer on the CPU the rest does not fit
+    if found is None:
+        return None  # even with every layer on the CPU the rest does not fit
+    n_cpu, n_cpu_moe, each = found
     op_copy = op_offload_bytes(spec, range(max(n_cpu, n_cpu_moe)), budget.device, ub)
-    device = full.device_bytes - moved + (op_copy or 0)
-    host = full.host_bytes + moved
-    # at 4k and at the full context, as for a plan that fits: deep in the context the K/V read dominates
+    cpu_weights = sum(layers.weights[il] for il in range(n_cpu)) + sum(
+        layers.experts[il] for il in range(n_cpu, n_cpu_moe)
+    )
+    cpu_kv = sum(layers.kv[il] for il in range(n_cpu))
+    moved = cpu_weights + cpu_kv
+    # the CPU's compute buffer for what it runs: at most what it needs to run every layer (an upper bound)
+    cpu_compute = compute_bytes(spec, full.layout) if (n_cpu or n_cpu_moe) else 0
+    ram = plan_host_ram(
+        spec,
+        cfg,
+        full,
+        budget,
+        cpu_weights_bytes=cpu_weights,
+        cpu_buffers_bytes=cpu_kv + cpu_compute,
+        gpu_bytes=sum(each),
+    )
+    # at 4k and at the full context, as for a plan that fits: deep in the context the K/V read dominates;
+    # each GPU at its bandwidth and share, what stays on the CPU at the system memory's
     speed = speed_model.plan_decode(spec, cfg, budget, n_cpu_moe=n_cpu_moe, n_cpu_layers=n_cpu)
     tps = speed.tokens_per_s if speed is not None else None
     what = f"the experts of {n_cpu_moe} layers" if n_cpu_moe else f"{n_cpu} of {n_layer} layers"
@@ -148,6 +291,10 @@ def partial_offload(spec: ModelSpec, base: RunConfig, budget: Budget, n_ctx_seq:
         f"to run {n_ctx_seq:,} tokens with {kv[0].type_name}/{kv[1].type_name}: keep {what} ({moved / GIB:.2f} GiB) "
         "on the CPU"
     )
+    if len(each) > 1:
+        note += "; each GPU within its own budget: " + ", ".join(
+            f"{d / GIB:.2f} of {b / GIB:.2f} GiB" for d, b in zip(each, budgets, strict=True)
+        )
     if op_copy:
         note += (
             f"; the GPU compute buffer grows by {op_copy / MIB:,.1f} MiB (estimate): prompt batches copy the "
@@ -156,33 +303,22 @@ def partial_offload(spec: ModelSpec, base: RunConfig, budget: Budget, n_ctx_seq:
     elif op_copy is None:
         note += "; op offload's copy of a CPU weight in the GPU compute buffer is not counted (tensor sizes unknown)"
     return Offload(
-        n_ctx_seq, kv[0], kv[1], n_layer + 1 - n_cpu, n_cpu, n_cpu_moe, device, host, tps, note, op_copy, speed
+        n_ctx_seq,
+        kv[0],
+        kv[1],
+        n_layer + 1 - n_cpu,
+        n_cpu,
+        n_cpu_moe,
+        sum(each),
+        full.host_bytes + moved,
+        tps,
+        note,
+        op_copy,
+        speed,
+        tuple(each),
+        tuple(budgets),
+        ram,
     )
-
-
-def _attention_on_gpu(
-    spec: ModelSpec,
-    base: RunConfig,
-    budget: Budget,
-    n_ctx_seq: int,
-    offload: Offload | None,
-    kvs: Sequence[KV],
-) -> tuple[Offload | None, str | None]:
-    """For a MoE offload that also needs whole layers on the CPU: the first cache type of ``kvs``
-    (in preference order) that keeps every layer's attention on the GPU, and why it was taken.
-    Whole layers on the CPU cost far more speed than a q8_0 cache costs quality."""
-    if offload is None or not (offload.n_cpu_moe and offload.n_cpu_layers):
-        return offload, None
-    for kv in dict.fromkeys(kvs):
-        alt = partial_offload(spec, base, budget, n_ctx_seq, kv)
-        if alt is not None and not alt.n_cpu_layers:
-            why = (
-                f"--allow-cpu: a {kv_name(kv)} cache keeps every layer's attention on the GPU (with "
-                f"{kv_name((offload.type_k, offload.type_v))}, {offload.n_cpu_layers} whole layers would also "
-                "stay on the CPU)"
-            )
-            return alt, why
-    return offload, None
 
 
 @dataclass(frozen=True, slots=True)

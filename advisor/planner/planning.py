@@ -10,9 +10,10 @@ from kvadvise.errors import ConfigError
 from kvadvise.model.spec import ModelSpec
 from kvadvise.planner.budget import DEFAULT_MARGIN_BYTES, Budget, plan_budget
 from kvadvise.planner.hardware import Hardware, RpcHost
+from kvadvise.planner.hostram import HostRam, plan_host_ram
 from kvadvise.planner.memory import MemoryEstimate, RunConfig, estimate
 from kvadvise.planner.policy import Policy
-from kvadvise.planner.recommender import Recommendation, fixed_ctx_alternatives, recommend
+from kvadvise.planner.recommender import Recommendation, fixed_ctx_alternatives, recommend, wants_offload
 
 if TYPE_CHECKING:  # the speed model loads only for a plan with a GPU budget, the offload with --allow-cpu
     from kvadvise.planner.offload import CpuMoe, Offload
@@ -29,6 +30,7 @@ class HardwareRequest:
     bandwidth_bytes_per_s: int | None = None  # --bandwidth, with --vram
     rpc: tuple[RpcHost, ...] = ()  # --rpc HOST:PORT=SIZE: hosts of llama.cpp's RPC backend
     ram_bandwidth_bytes_per_s: int | None = None  # --ram-bandwidth: the system memory's (else measured)
+    ram_bytes: int | None = None  # --ram SIZE: the system RAM a plan may use, in place of what is free now
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,9 +46,22 @@ class Plan:
     recommendation: Recommendation | None  # None when the user fixed --ctx
     notes: tuple[str, ...] = ()
     speed: SpeedEstimate | None = None  # decode estimate (a GPU plan that fits); with --ctx too
-    offload: Offload | None = None  # --allow-cpu and the context does not fit the GPU: what stays on the CPU
+    # the best plan that runs when the GPUs alone do not fit (unless --gpu-only), or --allow-cpu's plan at
+    # the target: what stays on the CPU
+    offload: Offload | None = None
     prefill: PrefillEstimate | None = None  # prompt processing at the plan's context (a plan that fits)
     cpu_moe: CpuMoe | None = None  # --n-cpu-moe N: the experts kept in RAM, as planned
+    ram: HostRam | None = None  # what the config keeps in system RAM, against the RAM (a plan with hardware)
+
+    @property
+    def runnable(self) -> bool | None:
+        """A plan that runs was printed: the config fits the GPUs and the RAM, or (when it does not fit the
+        GPUs) its partial offload fits both. None without hardware (nothing to check against)."""
+        if self.fits is None:
+            return None
+        if self.fits:
+            return self.ram is None or self.ram.fits
+        return self.offload is not None and self.offload.runnable
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,12 +84,16 @@ def _hardware_for(req: HardwareRequest) -> Hardware | None:
     from kvadvise.planner import hardware
 
     if req.rpc:
-        return hardware.rpc_hosts(req.rpc)
-    if req.vram_bytes is not None:
-        return hardware.manual_many(req.vram_bytes, req.bandwidth_bytes_per_s)
-    if req.gpu:
-        return hardware.from_profiles(req.gpu)
-    return hardware.probe() if req.probe else None
+        hw: Hardware | None = hardware.rpc_hosts(req.rpc)
+    elif req.vram_bytes is not None:
+        hw = hardware.manual_many(req.vram_bytes, req.bandwidth_bytes_per_s)
+    elif req.gpu:
+        hw = hardware.from_profiles(req.gpu)
+    else:
+        hw = hardware.probe() if req.probe else None
+    if hw is not None and req.ram_bytes is not None:
+        hw = hardware.with_ram(hw, req.ram_bytes)
+    return hw
 
 
 # Cards that llama.cpp does not run through CUDA: how it names their buffers, and what the plan assumes
@@ -87,6 +106,20 @@ BACKEND_NOTES = {
     "sycl": "SYCL: buffers planned with CUDA's rules (ggml-sycl sizes its compute buffer its own way: an "
     "approximation); the speed uses the Vulkan factors (too few SYCL measurements)",
 }
+
+
+def check_projector(spec: ModelSpec, base: RunConfig) -> None:
+    """A projector made for another model is refused before planning: llama-server exits when the width of
+    its embeddings is not the text model's (tools/mtmd/mtmd.cpp mtmd_init_from_file: "mismatch between text
+    model (n_embd = %d) and mmproj (n_embd = %d)", "you may be using wrong mmproj")."""
+    p = base.mmproj
+    if p is not None and p.n_embd_text and spec.n_embd and p.n_embd_text != spec.n_embd:
+        raise ConfigError(
+            f"--mmproj {p.source}: its {p.projector_type} projector makes embeddings of width {p.n_embd_text:,}; "
+            f"{spec.name or spec.architecture} takes {spec.n_embd:,} (llama-server refuses the pair: "
+            '"mismatch between text model and mmproj")',
+            hint="give the mmproj-*.gguf published beside this model",
+        )
 
 
 def make_plan(
@@ -109,6 +142,7 @@ def make_plan(
     ``prompt_tokens``: the prompt the prefill estimate times (default 4k); ``n_cpu_moe``: llama.cpp's
     --n-cpu-moe N, planned as given (kvadvise.planner.offload.cpu_moe_placement).
     """
+    check_projector(spec, base)
     if n_cpu_moe:
         return _with_cpu_moe(
             spec,
@@ -158,7 +192,11 @@ def make_plan(
     if recommend_ctx and budget is not None:
         rec = recommend(spec, base, budget, policy)
         prefill = _prefill(spec, rec.config, budget, rec.fits, prompt_tokens, rec.offload)
-        return Plan(spec, rec.config, rec.estimate, hw, budget, rec.fits, rec, notes, rec.speed, rec.offload, prefill)
+        ram = plan_host_ram(spec, rec.config, rec.estimate, budget) if rec.fits else None
+        return Plan(
+            spec, rec.config, rec.estimate, hw, budget, rec.fits, rec, notes, rec.speed, rec.offload,
+            prefill=prefill, ram=ram,
+        )  # fmt: skip
     cfg = replace(base, device=budget.device) if budget is not None and base.device == "auto" else base
     if cfg.device == "auto":
         cfg = replace(cfg, device="cpu")
@@ -173,7 +211,7 @@ def make_plan(
     if budget is not None and not fits:
         alt = fixed_ctx_alternatives(spec, cfg, budget, policy)
         notes = (*notes, alt) if alt else notes
-        if policy.allow_cpu:  # the --ctx as given, with part of the model on the CPU
+        if wants_offload(policy, False, False):  # the --ctx as given, with part of the model on the CPU
             from kvadvise.planner.offload import plan_offload
 
             n_seq = max(1, cfg.n_ctx // max(1, cfg.n_parallel))
@@ -181,7 +219,8 @@ def make_plan(
             offload, why = plan_offload(spec, replace(cfg, n_ctx=0), budget, n_seq, kv, policy)
             notes = (*notes, *why)
     prefill = _prefill(spec, cfg, budget, fits, prompt_tokens, offload) if budget is not None else None
-    return Plan(spec, cfg, est, hw, budget, fits, None, notes, speed, offload, prefill)
+    ram = plan_host_ram(spec, cfg, est, budget) if budget is not None and fits else None
+    return Plan(spec, cfg, est, hw, budget, fits, None, notes, speed, offload, prefill=prefill, ram=ram)
 
 
 def _prefill(
@@ -273,6 +312,8 @@ def _with_cpu_moe(
             decode_tokens_per_s=speed.points[-1][1] if speed is not None else None,
             speed_note=f"{speed.text()}; {speed.note}" if speed is not None else None,
         )
+    # the experts in RAM are the host's: with_cpu_moe put them in the estimate's host weights
+    ram = plan_host_ram(spec, inner.config, est, inner.budget) if inner.budget is not None and inner.fits else None
     return replace(
         inner,
         spec=spec,
@@ -281,5 +322,6 @@ def _with_cpu_moe(
         speed=speed,
         prefill=prefill,
         cpu_moe=placement,
+        ram=ram,
         notes=(*inner.notes, moved),
     )

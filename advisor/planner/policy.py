@@ -19,7 +19,8 @@ this module only.
    built-in profile, a display allowance on a single desktop GPU. The context is rounded down
    to a multiple of 1,024.
 7. Never a config that does not fit; if even the smallest context does not
-   fit, say so (fits = false) and what would.
+   fit the GPU, say so (fits = false) and, beside it, the fastest partial
+   offload that runs (kvadvise.planner.offload), unless ``gpu_only``.
 Flash attention is on whenever the model allows it: it is required for a
 quantized V cache and removes the attention-score buffer that grows with
 n_ctx × n_head.
@@ -82,7 +83,10 @@ class Policy:
     same_type_kv: bool = False  # the runtime has one cache type for K and V (Ollama)
     use: str | None = None  # the --use profile the target came from
     fixed_kv: KV | None = None  # the user chose -ctk/-ctv: only the context is picked
-    allow_cpu: bool = False  # also say what partial offload would reach the target
+    # also plan a partial offload at the target when the GPU alone reaches less (a plan that does not fit
+    # the GPU at all gets one anyway, unless gpu_only)
+    allow_cpu: bool = False
+    gpu_only: bool = False  # --gpu-only: 100 % on the GPU or nothing: no partial offload
     allow_q4: bool = False  # q4_0 caches may be chosen (else they are only shown as options)
     # the weights size is a published figure: keep 3 % free (kvadvise.planner.budget; a spec from a
     # built-in profile is taken as one without it)

@@ -176,8 +176,8 @@ def what_would_fit(
                 f"a smaller quantization of the weights (at least {_gb(short)} smaller than "
                 f"the {_gb(spec.weights_bytes)} they take now)"
             )
-        if budget.device != "cpu" and not policy.allow_cpu:
-            tips.append("--allow-cpu (part of the model on the CPU)")
+        if budget.device != "cpu" and policy.gpu_only:
+            tips.append("dropping --gpu-only (part of the model on the CPU: the partial plan)")
     if one_slot_ctx is not None:
         tips.append(f"fewer parallel slots (with 1 slot: {one_slot_ctx:,} tokens)")
     return "would fit with: " + "; or ".join(tips) if tips else "would fit with a larger memory budget"
@@ -198,12 +198,12 @@ def fits_up_to(now: KV, best: KV, n_ctx_seq: int) -> str:
 
 
 def no_offload(spec: ModelSpec, budget: Budget) -> tuple[str, ...]:
-    """Why --allow-cpu gives no partial-offload plan, where the reason is not that nothing fits."""
+    """Why there is no partial-offload plan, where the reason is not that nothing fits."""
     if budget.device == "cpu":
-        return ("--allow-cpu: nothing to move: the model already runs on the CPU",)
+        return ("partial offload: nothing to move: the model already runs on the CPU",)
     if not any(spec.layer_bytes):
         return (
-            "--allow-cpu: no partial-offload figure: the per-layer sizes are unknown for this model "
+            "partial offload: no figure: the per-layer sizes are unknown for this model "
             "(a profile or config.json); plan the GGUF file itself for one",
         )
     return ()

@@ -134,12 +134,23 @@ def recommend(spec: ModelSpec, base: RunConfig, budget: Budget, policy: Policy) 
         )
     tps, note, speed = decode_speed(spec, cfg, budget) if fits else (None, None, None)
     offload = None
-    if policy.allow_cpu and (not fits or n_ctx_seq < target):
-        from kvadvise.planner.offload import plan_offload
+    if wants_offload(policy, fits, n_ctx_seq < target):
+        if budget.device == "cpu":  # the model already runs on the CPU
+            reasons += words.no_offload(spec, budget) if policy.allow_cpu else ()
+        else:
+            from kvadvise.planner.offload import plan_offload
 
-        offload, notes = plan_offload(spec, base, budget, target, (chosen.type_k, chosen.type_v), policy)
-        reasons += notes if offload is not None else (*notes, *words.no_offload(spec, budget))
+            offload, notes = plan_offload(spec, base, budget, target, (chosen.type_k, chosen.type_v), policy)
+            reasons += notes if offload is not None else (*notes, *words.no_offload(spec, budget))
     return Recommendation(cfg, est, budget, fits, target, tuple(reasons), tuple(options), tps, note, offload, speed)
+
+
+def wants_offload(policy: Policy, fits: bool, short_of_target: bool) -> bool:
+    """A partial offload is planned for a plan that does not fit the GPU (the best plan that runs), unless
+    --gpu-only; and with --allow-cpu for one that fits short of the target."""
+    if policy.gpu_only:
+        return False
+    return not fits or (policy.allow_cpu and short_of_target)
 
 
 def _what_would_fit(spec: ModelSpec, base: RunConfig, budget: Budget, policy: Policy) -> str:

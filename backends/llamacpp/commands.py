@@ -3,7 +3,9 @@ own commands, registered through the plugin interface (LlamaCppBackend.register_
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import click
 
@@ -18,23 +20,73 @@ from kvadvise.cli.options import (
     run_options,
 )
 from kvadvise.cli.plan import build_plan, exit_if_no_fit, refuse_to_write_what_does_not_fit, show_plan
+from kvadvise.planner.memory import RunConfig
 from kvadvise.planner.planning import Plan
 from kvadvise.runtime.llamaserver import ModelSource
 
+if TYPE_CHECKING:
+    from kvadvise.planner.hostram import HostRam
+    from kvadvise.planner.offload import Offload
+
+
+# --- the settings of the plan that runs (issue 27): 100 % GPU, or its partial offload, and the RAM's flags ---
+
+
+def _ram_args(ram: HostRam | None) -> list[tuple[str, str, str | None]]:
+    """--cache-ram / --ctx-checkpoints where the RAM needs less than llama.cpp's defaults (common/arg.cpp
+    -cram, LLAMA_ARG_CACHE_RAM; -ctxcp, LLAMA_ARG_CTX_CHECKPOINTS)."""
+    out: list[tuple[str, str, str | None]] = []
+    if ram is not None and ram.ctx_checkpoints is not None:
+        out.append(("--ctx-checkpoints", "LLAMA_ARG_CTX_CHECKPOINTS", str(ram.ctx_checkpoints)))
+    if ram is not None and ram.cache_ram_mib is not None:
+        out.append(("--cache-ram", "LLAMA_ARG_CACHE_RAM", str(ram.cache_ram_mib)))
+    return out
+
+
+def _offload_config(plan: Plan, off: Offload) -> RunConfig:
+    return replace(plan.config, n_ctx=off.n_ctx * plan.config.n_parallel, type_k=off.type_k, type_v=off.type_v)
+
+
+def _args(model: ModelSource, plan: Plan, off: Offload | None) -> list[tuple[str, str, str | None]]:
+    """llama-server's (flag, variable, value) for the plan's config, or for its partial offload ``off``."""
+    from kvadvise.runtime.llamaserver import server_args
+
+    if off is None:
+        # --n-cpu-moe N as given: the command keeps it (kvadvise.planner.offload.cpu_moe_placement planned it)
+        ncmoe = plan.cpu_moe.n_cpu_moe if plan.cpu_moe is not None else 0
+        return server_args(model, plan.config, n_cpu_moe=ncmoe) + _ram_args(plan.ram)
+    args = server_args(model, _offload_config(plan, off), n_gpu_layers=off.n_gpu_layers, n_cpu_moe=off.n_cpu_moe)
+    return args + _ram_args(off.ram)
+
+
+def _text(args: list[tuple[str, str, str | None]]) -> str:
+    words = ["llama-server"]
+    for flag, _, value in args:
+        words += [flag] if value is None else [flag, value]
+    return shlex.join(words)
+
+
+def _to_run(plan: Plan) -> Offload | None:
+    """The partial offload to run when the plan does not fit the GPU alone (None: the plan's own config)."""
+    off = plan.offload
+    return off if plan.fits is False and off is not None and off.runnable else None
+
 
 def _commands(model: ModelSource, plan: Plan) -> list[tuple[str, str]]:
-    from kvadvise.runtime.llamaserver import command_text
-
-    # --n-cpu-moe N as given: the command keeps it (kvadvise.planner.offload.cpu_moe_placement planned it)
-    ncmoe = plan.cpu_moe.n_cpu_moe if plan.cpu_moe is not None else 0
-    out = [("command", command_text(model, plan.config, n_cpu_moe=ncmoe))]
-    off = plan.offload
-    if off is not None:
-        cfg = replace(plan.config, n_ctx=off.n_ctx * plan.config.n_parallel, type_k=off.type_k, type_v=off.type_v)
-        out.append(
-            ("offload_command", command_text(model, cfg, n_gpu_layers=off.n_gpu_layers, n_cpu_moe=off.n_cpu_moe))
-        )
+    out = [("command", _text(_args(model, plan, None)))]
+    if plan.offload is not None:
+        out.append(("offload_command", _text(_args(model, plan, plan.offload))))
     return out
+
+
+def _env_text(model: ModelSource, plan: Plan) -> str:
+    """The plan that runs as LLAMA_ARG_* variables (kvadvise.runtime.llamaserver.env_text's format)."""
+    args = _args(model, plan, _to_run(plan))
+    lines = [
+        "# llama-server settings written by kvadvise; llama.cpp reads LLAMA_ARG_* for flags not on its command line"
+    ]
+    lines += [f"{var}={shlex.quote(value if value is not None else 'true')}" for _, var, value in args]
+    return "\n".join(lines) + "\n"
 
 
 @click.command("llamacpp")
@@ -55,7 +107,6 @@ def llamacpp_command(path: str, write_env: str | None, force: bool, **kwargs: ob
     from kvadvise.backends.gguf_file import GGUFFileBackend
     from kvadvise.backends.llamacpp.runners import model_source
     from kvadvise.files import text_file, write_files
-    from kvadvise.runtime.llamaserver import env_text, server_env
 
     o = PlanOptions.take(dict(kwargs))
     model = model_source(path)
@@ -65,18 +116,33 @@ def llamacpp_command(path: str, write_env: str | None, force: bool, **kwargs: ob
 
     def as_json(p: Plan) -> dict[str, object]:
         cmds = dict(_commands(model, p))
-        env = server_env(model, p.config, n_cpu_moe=p.cpu_moe.n_cpu_moe if p.cpu_moe else 0)
+        run = _args(model, p, _to_run(p))
+        env = {var: value if value is not None else "true" for _, var, value in run}
         return {
-            "llama_server": {"command": cmds["command"], "env": env, "offload_command": cmds.get("offload_command")}
+            "llama_server": {
+                "command": cmds["command"],
+                "env": env,
+                "offload_command": cmds.get("offload_command"),
+                # what to run: the command, or the offload's when the GPU alone does not fit; null when nothing runs
+                "run_command": _text(run) if p.runnable is not False else None,
+            }
         }
 
     def as_text(p: Plan) -> str:
         lines = [""]
         for ep in p.config.rpc_servers:  # llama.cpp's RPC backend: one rpc-server per host (tools/rpc)
             lines.append(f"# on {ep.rpartition(':')[0]}: rpc-server -H 0.0.0.0 -p {ep.rpartition(':')[2]}")
+        if _to_run(p) is not None:  # the plan that runs: part on the CPU
+            lines.append("# 100% on the GPU does not fit; the plan that runs keeps part of the model on the CPU:")
+            lines.append(_text(_args(model, p, _to_run(p))))
+            return "\n".join(lines)
         for kind, text in _commands(model, p):
             if kind == "offload_command":
-                lines.append("# with part of the model on the CPU (--allow-cpu):")
+                lines.append(
+                    "# at the target with part of the model on the CPU (--allow-cpu):"
+                    if p.fits
+                    else "# with part of the model on the CPU (does not fit the RAM either):"
+                )
             lines.append(text)
         return "\n".join(lines)
 
@@ -84,13 +150,7 @@ def llamacpp_command(path: str, write_env: str | None, force: bool, **kwargs: ob
     files = [chart] if chart is not None else []
     if write_env is not None:
         refuse_to_write_what_does_not_fit(plan, write_env, chart=chart)
-        files.append(
-            text_file(
-                "--write-env",
-                write_env,
-                env_text(model, plan.config, n_cpu_moe=plan.cpu_moe.n_cpu_moe if plan.cpu_moe else 0),
-            )
-        )
+        files.append(text_file("--write-env", write_env, _env_text(model, plan)))
     for f, written in zip(files, write_files(files, force=force), strict=True):  # all or none
         if f.option != "--write-env":
             output.note(f"wrote {written}")

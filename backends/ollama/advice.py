@@ -56,8 +56,14 @@ class OllamaAdvice:
 
     @property
     def fits(self) -> bool:
-        """False: nothing to apply (the plan does not fit)."""
-        return self.plan.fits is not False
+        """False: nothing to apply (no plan that runs: it fits neither the GPU nor, partly on the CPU, the RAM)."""
+        return self.plan.runnable is not False
+
+    @property
+    def offload(self) -> Offload | None:
+        """The partial offload the settings are for (the plan does not fit the GPU alone), else None."""
+        off = self.plan.offload
+        return off if self.plan.fits is False and off is not None and off.runnable else None
 
     @property
     def created_name(self) -> str:
@@ -76,6 +82,8 @@ class OllamaAdvice:
             if not p.hardware.gpus:
                 dev = "the CPU"
             what += f" on {dev} ({p.budget.budget_bytes / GIB:.2f} GiB budget)"
+        if (off := self.offload) is not None:
+            what += f", part on the CPU ({_kept_text(off, p.spec.n_layer)})"
         return what
 
 
@@ -108,7 +116,11 @@ def advise(
     platform: str = "linux",
 ) -> OllamaAdvice:
     cfg = plan.config
-    num_ctx = num_ctx_per_slot(cfg.n_ctx, cfg.n_parallel)
+    off = plan.offload if plan.fits is False and plan.offload is not None and plan.offload.runnable else None
+    if off is not None:  # the plan that runs: part on the CPU, placed by Ollama's --fit
+        num_ctx, kv_type, ram = off.n_ctx, off.type_k.type_name, off.ram
+    else:
+        num_ctx, kv_type, ram = num_ctx_per_slot(cfg.n_ctx, cfg.n_parallel), cfg.type_k.type_name, plan.ram
     fit_target = None
     margin = plan.budget.margin_bytes // max(1, plan.budget.n_gpu) if plan.budget else DEFAULT_FIT_TARGET_MIB * MIB
     if margin != DEFAULT_FIT_TARGET_MIB * MIB:
@@ -116,25 +128,41 @@ def advise(
     settings = OllamaSettings(
         num_ctx=num_ctx,
         num_parallel=cfg.n_parallel,
-        kv_cache_type=cfg.type_k.type_name,
-        flash_attention=cfg.flash_attn != "off",
+        kv_cache_type=kv_type,
+        flash_attention=cfg.flash_attn != "off",  # a partial offload keeps the plan's flash attention
         num_batch=cfg.n_batch if cfg.n_batch != 2048 else None,
         fit_target_mib=fit_target,
         server_default=server_default,
         repeatable=repeatable,
+        # a GPU plan, full or partial, is placed by llama.cpp's fit: a model's num_gpu would override it
         full_offload=cfg.device != "cpu",
+        partial=off is not None,
+        cache_ram_mib=ram.cache_ram_mib if ram is not None else None,
+        ctx_checkpoints=ram.ctx_checkpoints if ram is not None else None,
     )
     from kvadvise.backends.ollama.config import env_effects
 
-    warnings: list[str] = env_effects(settings) if plan.fits is not False else []
+    runnable = plan.runnable is not False
+    warnings: list[str] = env_effects(settings) if runnable else []
     if v := ollama_api.version_warning(live.version):
         warnings.append(v)
-    if plan.budget is not None and plan.budget.device != "cpu" and plan.fits is not False:
-        tier = default_num_ctx(plan.budget.total_bytes)
+    if plan.budget is not None and plan.budget.device != "cpu" and runnable:
+        tier = default_num_ctx(plan.budget.total_bytes, model.spec.n_ctx_train)
         if tier != num_ctx and model.default_num_ctx is None:
             warnings.append(
-                f"without these settings Ollama would run {tier:,} tokens on this card (its VRAM tier default)"
+                f"without these settings Ollama would run {tier:,} tokens on this card (its VRAM tier default, "
+                "server/routes.go, capped at the model's training context)"
             )
+    if runnable and ram is not None and ram.cache_ram_mib is not None:
+        warnings.append(
+            f"the RAM holds a prompt cache of {ram.cache_ram_mib:,} MiB at most beside this plan, not llama.cpp's "
+            "default 8192 (per loaded model): LLAMA_ARG_CACHE_RAM is in the settings"
+        )
+    if runnable and off is not None:
+        warnings.append(
+            "part of the model runs on the CPU: leave num_gpu unset, Ollama (>= 0.30) lets llama.cpp's --fit "
+            "place the experts and layers (`ollama ps` shows a CPU/GPU split, not 100% GPU)"
+        )
     if cfg.n_parallel > 1 and model.spec.architecture in SINGLE_SLOT_ARCHS:
         warnings.append(f"Ollama forces num_parallel = 1 for {model.spec.architecture}")
     if repeatable:
@@ -183,7 +211,7 @@ def advice_dict(a: OllamaAdvice) -> dict[str, object]:
         "warnings": list(a.warnings),
         "platform": a.platform,
         "apply": list(apply_steps(a)),
-        "verify_command": verify_command(a.created_name, a.settings) if a.fits else None,
+        "verify_command": verify_command(a.created_name, a.settings) if a.fits and not a.settings.partial else None,
     }
 
 
@@ -201,7 +229,11 @@ def apply_steps(
     steps.append(
         f"ollama create {a.created_name} -f {shlex.quote(mf)}" + ("" if modelfile else "  (--write-modelfile)")
     )
-    steps.append(oc.verify_command(a.created_name, a.settings))
+    steps += oc.call_hints(a.created_name, a.settings)
+    if a.settings.partial:  # `kvadvise verify ollama` checks a 100 % GPU plan
+        steps.append(f"ollama run {a.created_name} '' && ollama ps  # PROCESSOR: a CPU/GPU split, as planned")
+    else:
+        steps.append(oc.verify_command(a.created_name, a.settings))
     return tuple(steps)
 
 
@@ -212,13 +244,15 @@ def advice_text(a: OllamaAdvice) -> str:
     lines = ["", f"Ollama: {a.model.ref} ({a.model.source})"]
     lines += [f"  note: {n}" for n in a.model.notes]
     if a.fits:
+        if (off := a.offload) is not None:
+            lines.append("  " + offload_text(off, a.plan.spec.n_layer))
         lines.append("  " + modelfile_header(s, a.planned_for).strip())
         lines.append(
             f"  PARAMETER num_ctx {s.num_ctx}" + (f"   PARAMETER num_batch {s.num_batch}" if s.num_batch else "")
         )
         lines += [f"  {k}={v}" for k, v in env_lines(s)]
-    elif (off := a.plan.offload) is not None:
-        lines.append("  " + offload_text(off, a.plan.spec.n_layer))
+    elif a.plan.offload is not None:
+        lines.append("  no settings to apply: the plan with part on the CPU does not fit the RAM either (see above)")
     else:
         lines.append("  no settings to apply: this plan does not fit (see above)")
     if a.live.reachable:
@@ -230,22 +264,24 @@ def advice_text(a: OllamaAdvice) -> str:
     return text_lines(lines)  # a name, a note: one line each, whatever they hold
 
 
+def _kept_text(off: Offload, n_layer: int) -> str:
+    what = f"the experts of about {off.n_cpu_moe} layers" if off.n_cpu_moe else f"about {off.n_cpu_layers} layers"
+    if off.n_cpu_moe and off.n_cpu_layers:
+        what = f"the experts of all {n_layer} layers and about {off.n_cpu_layers} layers whole"
+    return what
+
+
 def offload_text(off: Offload, n_layer: int) -> str:
     """What Ollama does with a model that does not fit its GPU: since 0.30 it runs llama-server
     with --fit on and never passes -ngl unless num_gpu is set (memory-spec.md §6, server/llama_server.go),
     so llama.cpp's fit moves experts (MoE) or whole layers to the CPU by itself (common/fit.cpp)."""
-    kv = off.type_k.type_name
-    what = f"the experts of about {off.n_cpu_moe} layers" if off.n_cpu_moe else f"about {off.n_cpu_layers} layers"
-    if off.n_cpu_moe and off.n_cpu_layers:
-        what = f"the experts of all {n_layer} layers and about {off.n_cpu_layers} layers whole"
     s = (
-        f"with part on the CPU (--allow-cpu), by hand: PARAMETER num_ctx {off.n_ctx}"
-        + (f", OLLAMA_KV_CACHE_TYPE={kv}, OLLAMA_FLASH_ATTENTION=1" if kv != "f16" else "")
-        + f"; Ollama (>= 0.30) then keeps {what} on the CPU by itself (llama.cpp's --fit; leave num_gpu unset)"
+        f"the plan that runs keeps part of the model on the CPU: with these settings Ollama (>= 0.30) keeps "
+        f"{_kept_text(off, n_layer)} on the CPU by itself (llama.cpp's --fit; leave num_gpu unset)"
     )
     if off.speed is not None:
-        s += f", decode {off.speed.at_depths()}"
-    return s + "; nothing is written for a plan that does not fit the GPU"
+        s += f"; decode (estimate) {off.speed.at_depths()}"
+    return s
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,7 +317,7 @@ def write_files(
     out = []
     for f, p in zip(files, write_all(files, force=force), strict=True):
         if f.option == "--write-modelfile":
-            out.append(Written(p, (oc.apply_hint_modelfile(a.model, s, p),)))
+            out.append(Written(p, (oc.apply_hint_modelfile(a.model, s, p), *oc.call_hints(a.created_name, s))))
         elif f.option == "--write-env":
             hints = oc.apply_hints_server(s, a.platform, env_path=p) if a.platform in ("docker", "linux") else ()
             out.append(Written(p, hints or oc.apply_hint_env(p)))

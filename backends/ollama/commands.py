@@ -84,11 +84,16 @@ def ollama_command(
     o = PlanOptions.take(dict(kwargs))
     kv = rules.one_cache_type(o.type_k, o.type_v)
     o = replace(o, type_k=kv, type_v=kv)
-    if o.n_ctx:
-        o = replace(o, n_ctx=rules.llama_n_ctx(o.n_ctx, o.n_parallel))
     with ollama_api.session():
         model = resolve(name, host=host)
+        # num_ctx past the training context: Ollama runs the training context (llm/server.go), so that is planned
+        too_large = rules.too_large_warning(o.n_ctx, model.spec.n_ctx_train) if o.n_ctx else None
+        if o.n_ctx:
+            num_ctx = rules.capped_num_ctx(o.n_ctx, model.spec.n_ctx_train)
+            o = replace(o, n_ctx=rules.llama_n_ctx(num_ctx, o.n_parallel))
         plan = _placed_as_ollama_does(model, o, _plan(model, o))
+        if too_large:
+            plan = replace(plan, notes=(*plan.notes, too_large))
         where = current_platform() if platform == "auto" else platform
         advice = advise(
             model, plan, live_state(host), server_default=server_default, repeatable=o.repeatable, platform=where
@@ -215,6 +220,8 @@ def verify_ollama_command(
     with ollama_api.session():
         model = resolve(name, host=host)
         ctx = num_ctx or model.default_num_ctx
+        if ctx:  # Ollama runs at most the training context (llm/server.go): that is what loads and is checked
+            ctx = rules.capped_num_ctx(ctx, model.spec.n_ctx_train)
 
         def predict(n_ctx: int) -> int:  # as Ollama runs it: -c num_ctx x slots, one cache type, flash attention
             return estimate(model.spec, rules.run_config(n_ctx, num_parallel, kv)).total_bytes

@@ -30,6 +30,7 @@ __all__ = [
     "apply_hint_modelfile",
     "apply_hint_systemd",
     "apply_hints_server",
+    "call_hints",
     "created_name",
     "dropin_name",
     "env_effects",
@@ -46,28 +47,31 @@ SYSTEMD_RELOAD = "sudo systemctl daemon-reload && sudo systemctl restart ollama"
 
 
 def env_lines(s: OllamaSettings) -> list[tuple[str, str]]:
-    """The server environment this plan needs, as (name, value): only what differs from Ollama's defaults.
+    """The server environment this plan needs, as (name, value).
 
-    - ``OLLAMA_KV_CACHE_TYPE`` only for a quantized cache (f16 is the default), with
-      ``OLLAMA_FLASH_ATTENTION=1`` (a quantized V needs it; older servers default it off);
-      ``OLLAMA_FLASH_ATTENTION=0`` when flash attention is off;
+    - ``OLLAMA_FLASH_ATTENTION`` and ``OLLAMA_KV_CACHE_TYPE`` always, f16 and flash attention on included:
+      the plan was sized for them, and a value left in the service from before (``q4_0``, ``0``) would
+      otherwise win (llm/llama_server.go passes both to llama-server: ``--cache-type-k/-v``, ``--flash-attn``);
     - ``OLLAMA_NUM_PARALLEL`` for more than one slot, or 1 for a repeatable plan;
     - ``OLLAMA_CONTEXT_LENGTH`` only for a server default (it loads every other model at that context);
-    - ``LLAMA_ARG_FIT_TARGET`` when the margin is not llama.cpp's 1024 MiB.
+    - ``LLAMA_ARG_FIT_TARGET`` when the margin is not llama.cpp's 1024 MiB;
+    - ``LLAMA_ARG_CACHE_RAM`` / ``LLAMA_ARG_CTX_CHECKPOINTS`` when the RAM needs a smaller prompt cache or
+      fewer context checkpoints than llama.cpp's defaults (the runner inherits the server's environment).
     """
-    env = []
-    if not s.flash_attention:
-        env.append(("OLLAMA_FLASH_ATTENTION", "0"))
-    elif s.kv_cache_type != "f16":
-        env.append(("OLLAMA_FLASH_ATTENTION", "1"))
-    if s.kv_cache_type != "f16":
-        env.append(("OLLAMA_KV_CACHE_TYPE", s.kv_cache_type))
+    env = [
+        ("OLLAMA_FLASH_ATTENTION", "1" if s.flash_attention else "0"),
+        ("OLLAMA_KV_CACHE_TYPE", s.kv_cache_type),
+    ]
     if s.server_default:
         env.append(("OLLAMA_CONTEXT_LENGTH", str(s.num_ctx)))
     if s.num_parallel > 1 or s.repeatable:
         env.append(("OLLAMA_NUM_PARALLEL", str(s.num_parallel)))
     if s.fit_target_mib is not None:
         env.append(("LLAMA_ARG_FIT_TARGET", str(s.fit_target_mib)))
+    if s.cache_ram_mib is not None:
+        env.append(("LLAMA_ARG_CACHE_RAM", str(s.cache_ram_mib)))
+    if s.ctx_checkpoints is not None:
+        env.append(("LLAMA_ARG_CTX_CHECKPOINTS", str(s.ctx_checkpoints)))
     return env
 
 
@@ -75,12 +79,17 @@ def env_effects(s: OllamaSettings) -> list[str]:
     """One warning per server-wide variable: what it does to the other models of the server."""
     out = []
     for k, v in env_lines(s):
-        if k == "OLLAMA_KV_CACHE_TYPE":
+        if k == "OLLAMA_KV_CACHE_TYPE" and v != "f16":
             out.append(f"{k}={v} is server-wide: every model this server runs gets a {v} cache")
-        elif k == "OLLAMA_FLASH_ATTENTION":
+        elif k == "OLLAMA_FLASH_ATTENTION" and v == "0":
+            out.append(f"{k}={v} is server-wide: it turns flash attention off for every model")
+        elif k == "LLAMA_ARG_CACHE_RAM":
             out.append(
-                f"{k}={v} is server-wide: it turns flash attention {'on' if v == '1' else 'off'} for every model"
+                f"{k}={v} is server-wide: every model's runner keeps at most {int(v):,} MiB of prompt cache in RAM "
+                "(llama.cpp's default: 8192 per runner)"
             )
+        elif k == "LLAMA_ARG_CTX_CHECKPOINTS":
+            out.append(f"{k}={v} is server-wide: every runner keeps at most {v} context checkpoints per slot")
         elif k == "OLLAMA_CONTEXT_LENGTH":
             out.append(f"{k}={v} is server-wide: every model without its own num_ctx loads at {int(v):,} tokens")
         elif k == "OLLAMA_NUM_PARALLEL":
@@ -88,23 +97,22 @@ def env_effects(s: OllamaSettings) -> list[str]:
     return out
 
 
-_HEAD = "# Ollama server settings written by kvadvise. They apply to every model this server runs.\n"
-_NOTHING = "# Nothing to set: Ollama's defaults are what this plan needs.\n"
+_HEAD = (
+    "# Ollama server settings written by kvadvise. They apply to every model this server runs.\n"
+    "# The cache type and flash attention are stated even where they are Ollama's defaults: the plan was\n"
+    "# sized for them, and a value set earlier would otherwise win.\n"
+)
 
 
 def env_text(s: OllamaSettings) -> str:
     """``KEY=VALUE`` lines for the server's environment: ``set -a; . ./file`` in a POSIX shell, systemd's
     EnvironmentFile=, ``docker run --env-file``."""
-    lines = env_lines(s)
-    return _HEAD + ("".join(f"{k}={v}\n" for k, v in lines) if lines else _NOTHING)
+    return _HEAD + "".join(f"{k}={v}\n" for k, v in env_lines(s))
 
 
 def systemd_text(s: OllamaSettings) -> str:
     """A drop-in for /etc/systemd/system/ollama.service.d/: ``[Service]`` with ``Environment="K=V"`` lines."""
-    lines = env_lines(s)
-    return (
-        _HEAD + (_NOTHING if not lines else "") + "[Service]\n" + "".join(f'Environment="{k}={v}"\n' for k, v in lines)
-    )
+    return _HEAD + "[Service]\n" + "".join(f'Environment="{k}={v}"\n' for k, v in env_lines(s))
 
 
 def modelfile_header(s: OllamaSettings, planned_for: str) -> str:
@@ -126,6 +134,17 @@ def created_name(model: OllamaModel, num_ctx: int) -> str:
 def apply_hint_modelfile(model: OllamaModel, s: OllamaSettings, path: str | Path) -> str:
     """``ollama create NAME-<ctx> -f PATH``."""
     return f"ollama create {created_name(model, s.num_ctx)} -f {shlex.quote(str(path))}"
+
+
+def call_hints(name: str, s: OllamaSettings) -> tuple[str, ...]:
+    """How to call the model ``ollama create`` made, and what overrides its num_ctx: a request's own
+    ``options.num_ctx`` wins over the Modelfile's PARAMETER (server/routes.go usesAutomaticNumCtx: the
+    request's options first, then the model's)."""
+    return (
+        f'then call it by its new name: ollama run {name}  (API: "model": "{name}")',
+        f'note: a client that sends its own num_ctx ("options": {{"num_ctx": ...}}; some editors and chat UIs '
+        f"do) overrides the Modelfile's {s.num_ctx:,}: set it to {s.num_ctx:,} there, or leave it unset",
+    )
 
 
 def _dot_path(path: str | Path) -> str:

@@ -113,13 +113,34 @@ def projector_margin_bytes(model: OllamaModel, *, planned: bool = False) -> int:
     return math.ceil((model.projector_bytes + GIB) / MIB) * MIB
 
 
-def default_num_ctx(total_vram_bytes: int) -> int:
-    """Ollama's context when nothing sets it: a tier by total VRAM (server/routes.go Serve, since 2026-02)."""
+def default_num_ctx(total_vram_bytes: int, n_ctx_train: int = 0) -> int:
+    """Ollama's context when nothing sets it: a tier by the GPUs' total VRAM (server/routes.go Serve: 262144
+    from 47 GiB, 32768 from 23 GiB, else 4096), capped like any num_ctx at the model's training context
+    (llm/server.go NewLlamaServer, server/sched.go effectiveContext; ``n_ctx_train`` 0: unknown, no cap)."""
     if total_vram_bytes >= 47 * GIB:
-        return 262144
-    if total_vram_bytes >= 23 * GIB:
-        return 32768
-    return 4096
+        tier = 262144
+    elif total_vram_bytes >= 23 * GIB:
+        tier = 32768
+    else:
+        tier = 4096
+    return capped_num_ctx(tier, n_ctx_train)
+
+
+def capped_num_ctx(num_ctx: int, n_ctx_train: int) -> int:
+    """The num_ctx Ollama runs: at most the model's training context. llm/server.go NewLlamaServer (ollama
+    fb30760, 2026-08-21): ``if opts.NumCtx > int(trainCtx) && trainCtx > 0`` it logs "requested context
+    size too large for model" and sets ``opts.NumCtx = int(trainCtx)``."""
+    return min(num_ctx, n_ctx_train) if n_ctx_train > 0 else num_ctx
+
+
+def too_large_warning(num_ctx: int, n_ctx_train: int) -> str | None:
+    """Ollama's warning for a num_ctx past the training context, and what it runs instead."""
+    if n_ctx_train <= 0 or num_ctx <= n_ctx_train:
+        return None
+    return (
+        f"num_ctx {num_ctx:,} is past the model's training context: Ollama logs \"requested context size too large "
+        f'for model" and runs {n_ctx_train:,} (llm/server.go); planned at {n_ctx_train:,}'
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +156,12 @@ class OllamaSettings:
     server_default: bool = False  # also set OLLAMA_CONTEXT_LENGTH (every model without num_ctx gets it)
     repeatable: bool = False  # seed + temperature 0 in the Modelfile, OLLAMA_NUM_PARALLEL=1
     full_offload: bool = False  # the plan puts every layer on the GPU (no model num_gpu may override it)
+    partial: bool = False  # the plan that runs keeps part of the model on the CPU (Ollama's --fit places it)
+    # llama-server's prompt cache and context checkpoints (kvadvise.planner.hostram), where the RAM needs
+    # less than llama.cpp's defaults: LLAMA_ARG_CACHE_RAM / LLAMA_ARG_CTX_CHECKPOINTS in the server's
+    # environment, which Ollama's runner inherits (llm/llama_server.go: cmd.Env = os.Environ())
+    cache_ram_mib: int | None = None
+    ctx_checkpoints: int | None = None
 
     def __post_init__(self) -> None:
         for field, v in (("num_ctx", self.num_ctx), ("num_parallel", self.num_parallel)):
@@ -157,6 +184,9 @@ class OllamaSettings:
                 f"OLLAMA_KV_CACHE_TYPE {self.kv_cache_type!r} is not one Ollama supports",
                 hint="one of " + ", ".join(KV_CACHE_TYPES),
             )
+        for field, n in (("cache_ram_mib", self.cache_ram_mib), ("ctx_checkpoints", self.ctx_checkpoints)):
+            if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
+                raise ConfigError(f"{field} must be a whole number >= 0, got {n!r}")
         if self.kv_cache_type != "f16" and not self.flash_attention:
             # Ollama passes the type as both -ctk and -ctv; llama.cpp refuses a quantized V without FA
             raise ConfigError(
