@@ -304,3 +304,21 @@ def test_llamacpp_command_for_a_url_uses_model_url(
     rc, out, err = run(capsys, "llamacpp", url, "--ctx", "4096", "--no-hardware")
     assert rc == 0, err
     assert out.splitlines()[-1].startswith(f"llama-server -mu {url} -c 4096 -np 1 ")
+
+
+def test_a_server_on_this_machine_is_never_reached_through_a_proxy(
+    gemma_path: Path, server: LoopbackServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one transport's rule (backends/remote/transport.py), for the range reader as for the Ollama API."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    for name in ("no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("http_proxy", dead)
+    url = server.add("/gemma.gguf", Route(file=gemma_path, etag=ETAG))
+    with HTTPSource(url) as src:
+        assert read_header(src).header_bytes == GEMMA_HEADER
+    with HTTPSource("http://files.example/m.gguf", timeout_s=5) as src, pytest.raises(BackendUnreachable) as e:
+        src.size()  # anywhere else: through the proxy, which is not there
+    assert "connection refused" in e.value.message

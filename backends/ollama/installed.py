@@ -96,11 +96,9 @@ def read_store(roots: tuple[Path, ...], threads: int = MAX_THREADS) -> list[List
 
 def tags(url: str) -> tuple[Tagged, ...]:
     """``GET /api/tags``: the models the server lists. BackendUnreachable when none answers."""
-    import ollama
-
     try:
         doc = ollama_api.call(url, "GET", "/api/tags")
-    except ollama.ResponseError as e:
+    except ollama_api.ClientError as e:
         raise BackendUnreachable(
             f"Ollama at {url} refused /api/tags: HTTP {e.status_code} {ollama_api.one_line(e.error)}"
         ) from None

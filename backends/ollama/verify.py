@@ -161,15 +161,13 @@ def _measure_speed(
 ) -> tuple[float | None, float | None]:
     """One short generate (num_predict 64): prompt and decode tokens/s from Ollama's own counters
     (prompt_eval_count / prompt_eval_duration, eval_count / eval_duration; durations in ns)."""
-    import ollama
-
     opts: dict[str, object] = {"num_predict": SPEED_TOKENS}
     if num_ctx is not None:
         opts["num_ctx"] = num_ctx
     body = {"model": name, "prompt": SPEED_PROMPT, "stream": False, "keep_alive": keep_alive, "options": opts}
     try:
         doc = ollama_api.call(url, "POST", "/api/generate", body=body, timeout=timeout)
-    except (ollama.ResponseError, ollama_api.ServerError):
+    except (ollama_api.ClientError, ollama_api.ServerError):
         return None, None
     if not isinstance(doc, dict):
         return None, None
