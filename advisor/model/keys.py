@@ -74,6 +74,7 @@ class ShortConv:
 
 class Tokenizer:
     LIST: Final = "tokenizer.ggml.tokens"
+    MODEL: Final = "tokenizer.ggml.model"  # "llama" (SentencePiece), "gpt2" (BPE), ...
 
 
 class Split:

@@ -49,7 +49,7 @@ def resolve(
     search = ollama_store.store_roots() if roots is None else tuple(roots)
     entry = ollama_store.find(name, search)
     if entry is not None:
-        return _from_store(name, entry)
+        return from_store(name, entry)
     shown_roots = ", ".join(str(r) for r in search) or "none"
     tried.append(f"the model store ({shown_roots}): no manifest for {name.display}")
 
@@ -92,7 +92,8 @@ def resolve(
     )
 
 
-def _from_store(name: OllamaName, entry: ollama_store.StoreEntry) -> OllamaModel:
+def from_store(name: OllamaName, entry: ollama_store.StoreEntry) -> OllamaModel:
+    """The model of a store entry already found (its manifest read): its header through the cache."""
     header = read_header(entry.model_blob)
     spec = from_gguf(header)
     notes = list(entry.notes)

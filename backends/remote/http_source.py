@@ -41,8 +41,9 @@ DEFAULT_TIMEOUT_S = 30.0  # a total deadline per request, body included (not per
 # header with strings that go on and on is refused past it instead of downloaded without end.
 MAX_TRANSFER_BYTES = 64 << 20
 MAX_REDIRECTS = transport.MAX_REDIRECTS
-# The header reader's first read (kvadvise.model.gguf: 1 MiB, then doubling) is fetched by the first request,
-# so a 262k-token vocabulary (Gemma 3: a 6.5 MB header) takes 3 requests: 1 + 2 + 4 MiB.
+# The header reader's first read (kvadvise.model.gguf: 1 MiB) is fetched by the first request; the reader
+# sizes the next from the counts read by then (its rest_of_header), so a 262k-token vocabulary (Gemma 3: a
+# 6.5 MB header) takes 2 requests: 1 MiB, then 5.8 MiB.
 FIRST_READ = 1 << 20
 USER_AGENT = "kvadvise (GGUF header reader)"
 _CONTENT_RANGE = re.compile(r"^bytes\s+(\d+)-(\d+)/(\d+|\*)$", re.IGNORECASE)
