@@ -318,6 +318,10 @@ def test_a_warm_hit_is_a_stat_and_a_small_read(tmp_path: Path, monkeypatch: pyte
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     monkeypatch.undo()
     assert gguf_cache.read(path).metadata["general.name"] == "model-BBBB"
+    stamp = gguf_cache._identity(path)
+    assert stamp is not None
+    gguf_cache._entry(stamp).write_text("[" * 100_000 + "]" * 100_000)  # nested past the parser's recursion
+    assert gguf_cache.load(path) is None and gguf_cache.read(path).metadata["general.name"] == "model-BBBB"
 
 
 # --- class 15: two model layers --------------------------------------------------------------

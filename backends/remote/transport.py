@@ -98,13 +98,15 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _opener() -> urllib.request.OpenerDirector:
-    """urllib's opener with the environment's proxies, no redirect handler and no HTTPErrorProcessor:
-    every answer comes back as it is (redirects are followed by :func:`send`, errors worded by the caller)."""
+def _opener(proxied: bool) -> urllib.request.OpenerDirector:
+    """urllib's opener with the environment's proxies (``proxied``) or none, no redirect handler and no
+    HTTPErrorProcessor: every answer comes back as it is (redirects are followed by :func:`send`, errors
+    worded by the caller)."""
     import urllib.request
 
+    proxies = urllib.request.ProxyHandler() if proxied else urllib.request.ProxyHandler({})
     opener = urllib.request.OpenerDirector()
-    for handler in (urllib.request.ProxyHandler(), urllib.request.HTTPHandler(), urllib.request.HTTPSHandler()):
+    for handler in (proxies, urllib.request.HTTPHandler(), urllib.request.HTTPSHandler()):
         opener.add_handler(handler)
     return opener
 
@@ -133,7 +135,7 @@ def send(
         if p.scheme.lower() == "http" and is_loopback(p.hostname or ""):
             resp = _send_here(p, method, body, hop_headers, timeout_s)
         else:
-            resp = _send_by_urllib(url, method, body, hop_headers, timeout_s)
+            resp = _send_by_urllib(url, method, body, hop_headers, timeout_s, proxied=not is_loopback(p.hostname or ""))
         location = resp.headers.get("Location")
         if resp.status not in REDIRECTS or not location:
             return Answer(url, resp, sent)
@@ -181,7 +183,7 @@ def _send_here(
 
 
 def _send_by_urllib(
-    url: str, method: str, body: bytes | None, headers: dict[str, str], timeout_s: float
+    url: str, method: str, body: bytes | None, headers: dict[str, str], timeout_s: float, *, proxied: bool
 ) -> http.client.HTTPResponse:
     import http.client
     import urllib.error
@@ -189,7 +191,7 @@ def _send_by_urllib(
 
     req = urllib.request.Request(url, data=body, headers=headers, method=method)
     try:  # a new opener each time: ProxyHandler reads the environment when it is made
-        resp: http.client.HTTPResponse = _opener().open(req, timeout=timeout_s)
+        resp: http.client.HTTPResponse = _opener(proxied).open(req, timeout=timeout_s)
     except urllib.error.URLError as e:  # raised before an answer: the connection (or the proxy) failed
         reason = e.reason
         if isinstance(reason, TimeoutError):
