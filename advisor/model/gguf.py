@@ -292,7 +292,7 @@ class _Reader:
         array from the counts already read, so that one more read reaches the end: a remote header
         (backends/remote/http_source.py) costs a request per read, and a 262k-token vocabulary took three.
 
-        The rest of the array at the mean length walked so far, plus a quarter (token ids grow longer
+        The rest of the array at the mean length walked so far, plus a quarter (tokens grow longer
         toward the end of a vocabulary: Gemma 3's first 65,664 strings average 15.95 bytes, all 262,144
         16.8); after the vocabulary, what llama.cpp's converter writes for each token
         (convert_hf_to_gguf.py ``_set_vocab_sentencepiece``: scores (f32) and types (i32);
