@@ -1,35 +1,46 @@
 """A cache of GGUF headers already read, in the user's cache dir.
 
 A 262k-token vocabulary makes a header several MB that must be walked string
-by string; a second plan of the same file should not pay that again. Entries
-are keyed by the file's real path and trusted only while its size, mtime,
-ctime, inode and device are unchanged *and* the header's own bytes still have
-the CRC-32 that was read (a rewrite within the same second, or one that put the
-mtime back, keeps every stamp on a coarse file system; the check guards against
-accidents, not an attacker, who cannot set the ctime anyway: CRC-32 reads a
-6.5 MB header in 1.5 ms where sha256 takes 4 ms plus 2.5 ms to import
-OpenSSL, on every start; walking the header costs seconds). The cache is best effort: an
-unreadable or stale entry is ignored and a failed write is silent.
-``KVADVISE_NO_CACHE=1`` turns it off.
+by string; a second plan of the same file should not pay that again, and a
+listing of a thousand files should cost a thousand stats and small reads.
+Entries are keyed by the file's device and inode and trusted while its size,
+mtime, ctime, inode and device are unchanged: the kernel sets the ctime to the
+current time on every write, truncate, rename over or utime (a program can
+put the mtime back, never the ctime), so any rewrite after the stamp was
+taken shows in it. The one blind spot is a rewrite within the same tick of
+the file system's clock as the change the stamp recorded (ctime is as coarse
+as a jiffy on Linux, a second or two elsewhere): an entry whose file changed
+less than ``RACY_NS`` before it was stamped is *racy* (git's word for the same
+problem of its index), and only such an entry keeps a CRC-32 of the header's
+bytes that a hit checks. The first hit once the window has passed stores it
+again without the CRC. The check guards against accidents, not an attacker.
+The cache is best effort: an unreadable or stale entry is ignored and a
+failed write is silent. ``KVADVISE_NO_CACHE=1`` turns it off.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 import zlib
 from typing import TYPE_CHECKING, Any
 
 from kvadvise.errors import InputError
-from kvadvise.files import load_json, open_regular, read_regular_text, write_cache_file
+from kvadvise.files import open_regular, read_regular_text, write_cache_file
 from kvadvise.model.ggml import GGMLType
 from kvadvise.model.gguf import GGUFArray, GGUFHeader, TensorInfo, Value
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-FORMAT = 3  # 2: ctime and device in the stamp, the header bytes hashed; 3: CRC-32, not sha256
-MAX_ENTRY_BYTES = 256 << 20  # a 262k-token vocabulary is ~10 MB of JSON
+# 2: ctime and device in the stamp, the header bytes hashed; 3: CRC-32, not sha256; 4: keyed by device and
+# inode, the CRC in racy entries only
+FORMAT = 4
+# A file changed this close to the moment its stamp was taken may be rewritten within the same clock tick
+# without a new ctime: its entry keeps the header's CRC. 2 s covers the coarsest clocks (FAT's mtime).
+RACY_NS = 2_000_000_000
+MAX_ENTRY_BYTES = 256 << 20  # an entry (metadata and tensor list, long arrays as a length) is a few KB to ~1 MB
 
 
 def _cache_root() -> str:
@@ -47,26 +58,32 @@ def enabled() -> bool:
     return os.environ.get("KVADVISE_NO_CACHE", "") in ("", "0")
 
 
-def _identity(path: str | os.PathLike[str]) -> tuple[str, list[int]] | None:
+def _identity(path: str | os.PathLike[str]) -> list[int] | None:
+    """The stamp of the file ``path`` names (through symlinks): size, mtime, ctime, inode, device."""
     try:
-        real = os.path.realpath(path)
-        st = os.stat(real)
+        st = os.stat(path)
     except (OSError, ValueError):
         return None
-    return real, [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
 
 
-def _header_digest(real: str, header_bytes: int) -> str | None:
-    """CRC-32 of the file's first ``header_bytes`` bytes (the header the entry holds); None if unreadable."""
+def _racy(stamp: list[int], now_ns: int) -> bool:
+    """The file changed (mtime or ctime) within RACY_NS of ``now_ns``, or later (a clock ahead of ours)."""
+    return max(stamp[1], stamp[2]) > now_ns - RACY_NS
+
+
+def _header_digest(path: str | os.PathLike[str], stamp: list[int], header_bytes: int) -> str | None:
+    """CRC-32 of the first ``header_bytes`` bytes of the file ``stamp`` names; None if unreadable or another file."""
     try:
-        fd = open_regular(real)
+        fd = open_regular(path)
     except InputError:
         return None
     import mmap  # mapped, not read: no copy of a header of several MB
 
     with os.fdopen(fd, "rb") as f:
         try:
-            if os.fstat(f.fileno()).st_size < header_bytes or header_bytes <= 0:
+            st = os.fstat(f.fileno())
+            if (st.st_ino, st.st_dev) != (stamp[3], stamp[4]) or st.st_size < header_bytes or header_bytes <= 0:
                 return None
             with mmap.mmap(f.fileno(), header_bytes, access=mmap.ACCESS_READ) as m:
                 return f"{zlib.crc32(m):08x}-{header_bytes}"
@@ -74,49 +91,70 @@ def _header_digest(real: str, header_bytes: int) -> str | None:
             return None
 
 
-def _entry_path(real: str) -> str:
-    # a cheap name, whatever the path's bytes (UTF-8 or not); the entry itself records the path it belongs to
-    return os.path.join(_cache_root(), f"{zlib.crc32(os.fsencode(real)):08x}-{len(real)}.json")
+def _entry_path(stamp: list[int]) -> str:
+    # one entry per file (device and inode): hard links share it, a path needs no realpath (a lstat per
+    # component) to find it; a new file on a reused inode has another ctime, so its stamp differs
+    return os.path.join(_cache_root(), f"{stamp[4]:x}-{stamp[3]:x}.json")
 
 
-def _entry(real: str) -> Path:
+def _entry(stamp: list[int]) -> Path:
     from pathlib import Path
 
-    return Path(_entry_path(real))
+    return Path(_entry_path(stamp))
 
 
 def load(path: str | os.PathLike[str]) -> GGUFHeader | None:
+    """The cached header of ``path`` when its stamp is unchanged (a racy entry: and its header bytes):
+    a stat and the read of a small file."""
     if not enabled():
         return None
-    ident = _identity(path)
-    if ident is None:
+    stamp = _identity(path)
+    if stamp is None:
         return None
-    real, stamp = ident
     try:
-        doc = load_json(read_regular_text(_entry_path(real), max_bytes=MAX_ENTRY_BYTES))
-        if doc.get("format") != FORMAT or doc.get("path") != os.fsencode(real).hex() or doc.get("stamp") != stamp:
+        # json.loads, not files.load_json: the entry is kvadvise's own, and load_json's walk over every
+        # container (its nesting bound) was a sixth of a warm listing; a nested one fails as a miss below
+        doc = json.loads(read_regular_text(_entry_path(stamp), max_bytes=MAX_ENTRY_BYTES))
+        if doc.get("format") != FORMAT or doc.get("stamp") != stamp:
             return None
         header = decode(doc["header"], os.fspath(path))
-        if doc.get("crc32") != _header_digest(real, header.header_bytes):
-            return None
+        crc = doc.get("crc32")
+        if crc is not None:
+            if crc != _header_digest(path, stamp, header.header_bytes):
+                return None
+            if not _racy(stamp, time.time_ns()):  # the window has passed: the stamp will do from now on
+                _write(stamp, None, doc["header"])
         return header
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, InputError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError, InputError):
         return None
 
 
-def store(path: str | os.PathLike[str], header: GGUFHeader) -> None:
-    if not enabled():
+def store(path: str | os.PathLike[str], header: GGUFHeader, stamped: tuple[list[int], int] | None) -> None:
+    """Keep ``header``, read from ``path`` after ``stamped`` (its stamp and the time it was taken:
+    :func:`stamp_of`, before the read, so that a write during the read shows as a changed stamp)."""
+    if not enabled() or stamped is None:
         return
-    ident = _identity(path)
-    if ident is None:
-        return
-    real, stamp = ident
-    target = _entry(real)
-    digest = _header_digest(real, header.header_bytes)
-    if digest is None:
-        return
-    path_hex = os.fsencode(real).hex()
-    doc = {"format": FORMAT, "path": path_hex, "stamp": stamp, "crc32": digest, "header": encode(header)}
+    stamp, taken_ns = stamped
+    crc = None
+    if _racy(stamp, taken_ns):
+        crc = _header_digest(path, stamp, header.header_bytes)
+        if crc is None:
+            return
+    _write(stamp, crc, encode(header))
+
+
+def stamp_of(path: str | os.PathLike[str]) -> tuple[list[int], int] | None:
+    """``path``'s stamp and when it was taken; None when it cannot be stat'ed."""
+    now = time.time_ns()
+    stamp = _identity(path)
+    return None if stamp is None else (stamp, now)
+
+
+def _write(stamp: list[int], crc: str | None, header: dict[str, Any]) -> None:
+    target = _entry(stamp)
+    doc = {"format": FORMAT, "stamp": stamp, "header": header}
+    if crc is not None:
+        doc["crc32"] = crc
     write_cache_file(target, json.dumps(doc, separators=(",", ":")))  # best effort; no temporary file left
 
 
@@ -154,13 +192,18 @@ def encode(h: GGUFHeader) -> dict[str, Any]:
     }
 
 
+# the GGML types by number: a dict lookup is ~15x cheaper than GGMLType(n), and a warm listing of a
+# thousand headers looks up hundreds of thousands of tensor types
+_GGML_TYPES = {int(t): t for t in GGMLType}
+
+
 def decode(d: dict[str, Any], source: str) -> GGUFHeader:
     return GGUFHeader(
         source=source,
         version=int(d["version"]),
         byte_order=str(d["byte_order"]),
         metadata={str(k): _dec_value(v) for k, v in d["metadata"].items()},
-        tensors=tuple(TensorInfo(n, tuple(s), GGMLType(t), o, b) for n, s, t, o, b in d["tensors"]),
+        tensors=tuple(TensorInfo(n, tuple(s), _GGML_TYPES[t], o, b) for n, s, t, o, b in d["tensors"]),
         alignment=int(d["alignment"]),
         header_bytes=int(d["header_bytes"]),
         data_offset=int(d["data_offset"]),
@@ -175,6 +218,7 @@ def read(path: str | os.PathLike[str]) -> GGUFHeader:
 
     header = load(path)
     if header is None:
+        stamped = stamp_of(path)  # before the read: a write while it reads changes the stamp stored
         header = read_file(path)
-        store(path, header)
+        store(path, header, stamped)
     return header

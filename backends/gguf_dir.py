@@ -1,5 +1,6 @@
 """``kvadvise gguf DIR``: every GGUF model of a folder (and its subfolders), one line each, sized on
-this GPU: headers only, through the header cache, read in threads. A split model is one line (its first
+this GPU: headers only, through the header cache, one file after the other (a listing is mostly Python
+work: threads only slowed it on 2 cores, benchmarks/bench_list.py). A split model is one line (its first
 part); a file that cannot be read is a line with its error, never the end of the listing."""
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ if TYPE_CHECKING:  # the listing's module loads only for a folder: `kvadvise ggu
 
     from kvadvise.cli.listing import Listed
 
-MAX_THREADS = 8
+LONG_LISTING = 50  # a listing this long shows how far it is on a terminal's stderr
 
 
 def model_files(folder: Path, skipped: list[str] | None = None) -> list[Path]:
@@ -63,14 +64,15 @@ def _read(folder: Path, path: Path, load: Callable[[str], Any]) -> Listed:
     return Listed(name=shown, source=str(path), size_bytes=_size(path), spec=spec)
 
 
-def read_folder(folder: Path, load: Callable[[str], Any], threads: int = MAX_THREADS) -> list[Listed]:
-    files = model_files(folder)
-    if len(files) <= 1 or threads <= 1:
-        return [_read(folder, f, load) for f in files]
-    from concurrent.futures import ThreadPoolExecutor  # 5 ms of imports (logging): only for a folder
+def read_folder(folder: Path, files: list[Path], load: Callable[[str], Any]) -> list[Listed]:
+    from kvadvise.cli import output
 
-    with ThreadPoolExecutor(max_workers=min(threads, len(files))) as pool:
-        return list(pool.map(lambda f: _read(folder, f, load), files))
+    out = []
+    for done, f in enumerate(files, 1):
+        out.append(_read(folder, f, load))
+        if len(files) >= LONG_LISTING:
+            output.progress(done, len(files), "reading headers")
+    return out
 
 
 _NOT_WITH_DIR = {
@@ -118,7 +120,7 @@ def list_folder(folder: Path, kwargs: dict[str, Any], sort: str, load: Callable[
     hw = hardware_for(
         HardwareRequest(gpu=kwargs.get("gpu"), vram_bytes=kwargs.get("vram_bytes"), probe=not kwargs.get("no_hardware"))
     )
-    models = read_folder(folder, load)
+    models = read_folder(folder, files, load)
     budget, rows = survey(
         models, settings, hw, int(kwargs.get("margin_bytes") or 0), headless=bool(kwargs.get("headless"))
     )

@@ -209,8 +209,9 @@ def test_fifo_model_file_and_fifo_caches_do_not_block(tmp_path: Path, capsys: py
     from kvadvise.runtime import calibration
 
     model = write_tiny_gguf(tmp_path / "m.gguf", "llama")
-    real = os.path.realpath(model)
-    entry = gguf_cache._entry(real)
+    stamp = gguf_cache._identity(model)
+    assert stamp is not None
+    entry = gguf_cache._entry(stamp)
     entry.parent.mkdir(parents=True, exist_ok=True)
     os.mkfifo(entry)
     cal = calibration.path()
@@ -268,20 +269,59 @@ def test_header_cache_sees_a_rewrite_that_keeps_size_mtime_and_inode(
     assert (a.stat().st_ino, a.stat().st_size, a.stat().st_mtime_ns) == (st.st_ino, st.st_size, st.st_mtime_ns)
     rc, out, _ = run(capsys, "gguf", str(a), "--no-hardware", "--ctx", "1024")
     assert rc == 0 and "model-BBBB" in out and "model-AAAA" not in out
-    # the ctime is not the only guard: a stamp that matches still needs the same header bytes
+    # a file changed within RACY_NS of its stamp may be rewritten within the same tick of the clock, ctime
+    # and all: then a stamp that matches still needs the same header bytes
     from kvadvise.backends import gguf_cache
 
     with open(a, "r+b") as f:
         f.write(b.read_bytes().replace(b"BBBB", b"CCCC"))
-    real = os.path.realpath(a)
-    entry = gguf_cache._entry(real)
-    doc = json.loads(entry.read_text())
     ident = gguf_cache._identity(a)
     assert ident is not None
-    doc["stamp"] = ident[1]  # as if the rewrite had kept every stamp, ctime included
+    entry = gguf_cache._entry(ident)  # the file's device and inode: the rewrite kept them
+    doc = json.loads(entry.read_text())
+    assert "crc32" in doc  # the file changed less than RACY_NS before it was stamped: a racy entry
+    doc["stamp"] = ident  # as if the rewrite had kept every stamp, ctime included
     entry.write_text(json.dumps(doc))
     rc, out, _ = run(capsys, "gguf", str(a), "--no-hardware", "--ctx", "1024")
     assert rc == 0 and "model-CCCC" in out
+
+
+def test_a_warm_hit_is_a_stat_and_a_small_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once the racy window has passed, a hit trusts the stamp (a rewrite changes the ctime) and reads
+    neither the model nor its header bytes; the entry is small (long arrays are kept as a length)."""
+    import time
+
+    from kvadvise.backends import gguf_cache
+    from kvadvise.model import gguf
+
+    path = write_tiny_gguf(tmp_path / "m.gguf", "llama", n_vocab=32000, name="model-AAAA")
+    first = gguf_cache.read(path)
+    stamp = gguf_cache._identity(path)
+    assert stamp is not None
+    entry = gguf_cache._entry(stamp)
+    assert "crc32" in json.loads(entry.read_text())  # written just now: racy
+    monkeypatch.setattr(gguf_cache, "RACY_NS", 0)  # as if the file had been written long before
+    assert gguf_cache.load(path) == first  # the bytes checked once more, then stored without the CRC
+    assert "crc32" not in json.loads(entry.read_text()) and entry.stat().st_size < 32 << 10
+
+    def unread(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a warm hit read the model file")
+
+    monkeypatch.setattr(gguf_cache, "_header_digest", unread)
+    monkeypatch.setattr(gguf, "read_file", unread)
+    assert gguf_cache.read(path) == first
+    time.sleep(0.05)  # a tick of the file system's clock
+    st = path.stat()
+    data = path.read_bytes()
+    with open(path, "r+b") as f:  # same inode and size, the mtime put back: only the ctime moves
+        f.write(data.replace(b"model-AAAA", b"model-BBBB"))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    monkeypatch.undo()
+    assert gguf_cache.read(path).metadata["general.name"] == "model-BBBB"
+    stamp = gguf_cache._identity(path)
+    assert stamp is not None
+    gguf_cache._entry(stamp).write_text("[" * 100_000 + "]" * 100_000)  # nested past the parser's recursion
+    assert gguf_cache.load(path) is None and gguf_cache.read(path).metadata["general.name"] == "model-BBBB"
 
 
 # --- class 15: two model layers --------------------------------------------------------------

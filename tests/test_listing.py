@@ -250,3 +250,53 @@ def test_gguf_folder_errors(tmp_path: Path, gemma_path: Path, capsys: pytest.Cap
         assert rc == 2 and f"{flag} is for one model" in err
     rc, out, _ = run(capsys, "gguf", str(gemma_path), "--vram", "4GiB", "--json")
     assert rc == 0 and json.loads(out)["model"]["architecture"] == "gemma3"
+
+
+def _stderr_on_a_terminal(argv: list[str], env: dict[str, str]) -> tuple[str, str]:
+    """Run kvadvise with stderr on a pseudo-terminal: its stdout, and what the terminal received."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    master, slave = pty.openpty()
+    try:
+        p = subprocess.run(
+            [sys.executable, "-m", "kvadvise", *argv], stdout=subprocess.PIPE, stderr=slave, env=env, timeout=120
+        )
+    finally:
+        os.close(slave)
+    seen = b""
+    try:
+        while chunk := os.read(master, 1 << 16):
+            seen += chunk
+    except OSError:  # EIO: the terminal's other end is closed and drained
+        pass
+    os.close(master)
+    assert p.returncode == 0, seen
+    return p.stdout.decode(), seen.decode()
+
+
+def test_long_listings_show_progress_on_a_terminal_only(tmp_path: Path, tiny_files: dict[str, Path]) -> None:
+    """A folder of 50 files (LONG_LISTING): `reading headers N/50` on a terminal's stderr, cleared at the
+    end; nothing on a pipe's."""
+    import os
+    import subprocess
+    import sys
+
+    from kvadvise.backends.gguf_dir import LONG_LISTING
+
+    folder = tmp_path / "many"
+    folder.mkdir()
+    for i in range(LONG_LISTING):
+        os.link(tiny_files[TINY[i % len(TINY)]], folder / f"m{i:02d}.gguf")
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    argv = ["gguf", str(folder), "--no-hardware", "--json"]
+    out, terminal = _stderr_on_a_terminal(argv, env)
+    assert len(json.loads(out)["models"]) == LONG_LISTING
+    assert "kvadvise: reading headers 1/50" in terminal and "kvadvise: reading headers 49/50" in terminal
+    assert terminal.endswith("\r" + " " * len("kvadvise: reading headers 49/50") + "\r")  # the line is cleared
+    p = subprocess.run([sys.executable, "-m", "kvadvise", *argv], capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0 and p.stderr == ""
+    (folder / "m00.gguf").unlink()  # 49: not a long listing, nothing on a terminal either
+    assert _stderr_on_a_terminal(argv, env)[1] == ""

@@ -264,3 +264,83 @@ def test_cloud_model_without_model_info(fake: FakeOllama) -> None:
     }
     with pytest.raises(InputError, match="no GGUF metadata"):
         show_model(fake.url, "gpt-oss:120b-cloud")
+
+
+# --- the transport: the standard library's client, one for the API and remote headers ----------------
+
+_IMPORT_PROBE = (
+    "import sys; from kvadvise.cli import main; rc = main({argv!r}); "
+    "print(rc, sorted(m for m in ('ollama', 'httpx', 'pydantic', 'http.client', 'urllib.request') if m in sys.modules))"
+)
+
+
+@pytest.mark.parametrize(
+    ("server", "argv", "imported"),
+    [
+        ("down", ["ollama", "qwen3-coder", "--gpu", "4090", "--json"], []),
+        ("up", ["ollama", "qwen3-coder", "--gpu", "4090", "--json"], ["http.client"]),
+        ("up", ["ollama", "gemma3-270m", "--gpu", "4090", "--json"], ["http.client"]),
+        ("up", ["ollama", "--installed", "--gpu", "4090", "--json"], ["http.client"]),
+    ],
+)
+def test_no_official_client_and_no_urllib_for_a_local_server(
+    server: str, argv: list[str], imported: list[str], fake: FakeOllama, tmp_path: Path
+) -> None:
+    """The `ollama` package (pydantic, httpx) is imported on no path; a server on this machine costs
+    http.client alone, imported only once it accepted the connection (no server: not even that)."""
+    import subprocess
+    import sys
+
+    host = fake.url if server == "up" else closed_port_url()
+    fake.failures["/api/tags"] = Failure(200, '{"models": []}')  # the fake lists nothing
+    code = _IMPORT_PROBE.format(argv=[*argv, "--host", host])
+    env = {"OLLAMA_MODELS": str(tmp_path), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert p.stdout.strip().splitlines()[-1] == f"0 {imported}", p.stderr
+    if server == "up":
+        assert {path for _, path, _ in fake.requests} >= {"/api/show", "/api/ps", "/api/version"} - (
+            {"/api/show"} if "--installed" in argv else set()
+        )
+
+
+def test_api_key_goes_as_a_bearer_token_to_the_servers_origin_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """OLLAMA_API_KEY as the official client sends it (Authorization: Bearer); a redirect to another
+    origin (another port here) follows without it, as httpx and the browsers do."""
+    from fault_server import Answer, serving
+
+    monkeypatch.setenv("OLLAMA_API_KEY", "k3y-never-shown")
+    with serving(lambda method, path: Answer(200, b'{"version": "0.32.7"}')) as target:
+        moved = Answer(307, b"", {"Location": target.url + "/api/version"})
+        with serving(lambda method, path: moved) as first:
+            assert server_version(first.url) == "0.32.7"
+    assert [r.headers.get("authorization") for r in first.requests] == ["Bearer k3y-never-shown"]
+    assert [r.headers.get("authorization") for r in target.requests] == [None]
+    assert first.requests[0].headers["user-agent"] == "kvadvise"
+
+
+def test_proxies_of_the_environment_serve_remote_servers_never_this_machine(
+    fake: FakeOllama, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fault_server import Answer, serving
+
+    for name in ("no_proxy", "NO_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    with serving(lambda method, path: Answer(200, b'{"version": "9.9.9"}')) as proxy:
+        monkeypatch.setenv("http_proxy", proxy.url)
+        assert server_version(fake.url) == "0.32.7" and proxy.requests == []  # loopback: straight to it
+        assert server_version("http://ollama.example:11434") == "9.9.9"  # anywhere else: through the proxy
+    assert [r.path for r in proxy.requests] == ["http://ollama.example:11434/api/version"]
+
+
+def test_redirects_keep_a_post_only_where_http_says_so() -> None:
+    """307/308 repeat the POST with its body; 303 (and 301/302 after a POST) continue as a GET (RFC 9110 §15.4)."""
+    import json
+
+    from fault_server import Answer, serving
+
+    for status, method in ((307, "POST"), (308, "POST"), (303, "GET"), (302, "GET")):
+        with serving(lambda m, path: Answer(200, json.dumps({"method": m}).encode())) as to:
+            moved = Answer(status, b"", {"Location": to.url + "/api/show"})
+            with serving(lambda m, path, moved=moved: moved) as first:
+                doc = ollama_api.call(first.url, "POST", "/api/show", body={"model": "m"})
+        assert doc == {"method": method} and [r.method for r in to.requests] == [method], status

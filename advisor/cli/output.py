@@ -81,3 +81,14 @@ def error(message: str, hint: str | None = None) -> None:
     _echo(safe(one_line(f"kvadvise: error: {message}")), err=True)
     if hint:
         _echo(safe(one_line(f"kvadvise: hint: {hint}")), err=True)
+
+
+def progress(done: int, total: int, what: str) -> None:
+    """How far a long job is (``reading headers 340/1,000``), on stderr, rewritten in place and cleared
+    when done: on a terminal only (a pipe or a log gets nothing), and only about every hundredth step."""
+    import sys
+
+    if not sys.stderr.isatty() or (done % max(1, total // 100) and done != total):
+        return
+    text = f"kvadvise: {what} {done:,}/{total:,}"
+    click.echo(f"\r{' ' * len(text)}\r" if done == total else f"\r{text}", err=True, nl=False)

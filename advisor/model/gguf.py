@@ -22,7 +22,7 @@ from typing import Protocol
 
 from kvadvise.errors import GGUFError
 from kvadvise.model.ggml import BLOCK, GGMLType
-from kvadvise.model.keys import General
+from kvadvise.model.keys import General, Tokenizer
 
 MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -31,7 +31,10 @@ GGML_MAX_DIMS = 4
 GGML_MAX_NAME = 64  # gguf.cpp refuses tensor names of this length or longer
 MAX_ARRAY_DEPTH = 4
 MAX_STRING_BYTES = 16 << 20  # a single metadata string; real ones are < 1 MiB
-DECODE_NUMERIC_MAX = 1 << 16  # numeric arrays up to this length are decoded (per-layer arrays)
+# Numeric arrays up to this length are decoded: the per-layer arrays llama.cpp reads (get_key_or_arr, at
+# most LLAMA_MAX_LAYERS = 512 values, src/llama-hparams.h), 8x over. A vocabulary's scores and token types
+# (32,000 for Llama 2) are kept as a length: decoded, they made each cached header hundreds of KB of JSON.
+DECODE_NUMERIC_MAX = 1 << 12
 DECODE_STRING_MAX = 64  # string arrays up to this length are decoded (tags, languages)
 # Work done item by item, summed over all arrays of a header, is capped so that a header whose arrays
 # claim the data section (zeros parse as empty strings and empty arrays) cannot take minutes or GBs.
@@ -42,6 +45,7 @@ MAX_NESTED_ARRAYS = 1 << 16  # arrays inside arrays
 MAX_DECODED_NUMBERS = 1 << 20  # numbers decoded from numeric arrays
 _ITEM_LIMITS = {"strings": MAX_STRINGS, "nested arrays": MAX_NESTED_ARRAYS, "decoded numbers": MAX_DECODED_NUMBERS}
 _CHUNK = 1 << 20
+MAX_READ_AHEAD = 32 << 20  # the most one read asks for on a guess of what the header still holds
 
 # GGUF value types (gguf_type)
 T_UINT8, T_INT8, T_UINT16, T_INT16, T_UINT32, T_INT32, T_FLOAT32, T_BOOL = range(8)
@@ -177,6 +181,8 @@ class _Reader:
         self.pos = 0
         self.chunk = _CHUNK
         self.spent = dict.fromkeys(_ITEM_LIMITS, 0)
+        self.metadata: dict[str, Value] = {}
+        self.n_tensors = 0
 
     # -- low level -------------------------------------------------------
 
@@ -193,14 +199,15 @@ class _Reader:
             hint="the file is truncated: a download cut short? download it again",
         )
 
-    def ensure(self, n: int, what: str) -> int:
-        """Make bytes [pos, pos+n) available; return their index in buf."""
+    def ensure(self, n: int, what: str, ahead: int = 0) -> int:
+        """Make bytes [pos, pos+n) available; return their index in buf. A read fetches at least
+        ``ahead`` bytes (a guess of what the header still holds) and at least the next chunk."""
         i = self.pos - self.buf_start
         if i >= 0 and i + n <= len(self.buf):
             return i
         if n > self.remaining():
             raise self.truncated(what)
-        want = max(n, self.chunk)
+        want = max(n, self.chunk, min(ahead, MAX_READ_AHEAD, self.remaining()))
         self.chunk = min(self.chunk * 2, 16 << 20)  # long vocabularies: fewer, larger reads
         try:
             data = self.src.read(self.pos, want)
@@ -259,12 +266,13 @@ class _Reader:
             raise self.truncated(what)
         self.pos += n
 
-    def skip_strings(self, count: int, what: str) -> None:
+    def skip_strings(self, count: int, what: str, key: str) -> None:
         """Walk past ``count`` strings without decoding them (the hot loop)."""
         unpack = self.s_u64.unpack_from
         left = count
+        start = self.pos
         while left:
-            i = self.ensure(8, what)
+            i = self.ensure(8, what, ahead=self.rest_of_header(key, count, left, self.pos - start))
             buf = self.buf
             lim = len(buf) - 8
             done = 0
@@ -278,6 +286,31 @@ class _Reader:
             self.pos = self.buf_start + i
             if self.size is not None and self.pos > self.size:
                 raise self.truncated(what)
+
+    def rest_of_header(self, key: str, count: int, left: int, walked: int) -> int:
+        """A guess of the bytes from here to the end of the header, made in the middle of a long string
+        array from the counts already read, so that one more read reaches the end: a remote header
+        (backends/remote/http_source.py) costs a request per read, and a 262k-token vocabulary took three.
+
+        The rest of the array at the mean length walked so far, plus a quarter (tokens grow longer
+        toward the end of a vocabulary: Gemma 3's first 65,664 strings average 15.95 bytes, all 262,144
+        16.8); after the vocabulary, what llama.cpp's converter writes for each token
+        (convert_hf_to_gguf.py ``_set_vocab_sentencepiece``: scores (f32) and types (i32);
+        ``_set_vocab_gpt2``: types and about as many merges, each two tokens and a space); then the
+        tensor infos (a name under 64 bytes, the dimensions, type and offset). A guess that falls short
+        costs one more read, one too long reads a little past the header.
+        """
+        done = count - left
+        if done < 1024:  # too few strings walked to know their mean length: the chunk size decides
+            return 0
+        mean = walked / done
+        rest = left * mean * 5 / 4
+        if key == Tokenizer.LIST:
+            if self.metadata.get(Tokenizer.MODEL) == "gpt2":
+                rest += count * 4 + count * (2 * mean - 7)
+            else:
+                rest += count * 8
+        return int(rest) + self.n_tensors * 96
 
     # -- structure -------------------------------------------------------
 
@@ -308,7 +341,8 @@ class _Reader:
         if n_tensors * 24 > self.remaining():
             raise self.fail(f"header claims {n_tensors:,} tensors; the file is too small to hold them")
 
-        metadata: dict[str, Value] = {}
+        self.n_tensors = n_tensors
+        metadata = self.metadata
         for k in range(n_kv):
             key = self.string(f"metadata key #{k}", limit=1 << 16)
             if not key:
@@ -394,7 +428,7 @@ class _Reader:
             self.spend("strings", count, key)
             if self.decode_strings or count <= DECODE_STRING_MAX:
                 return GGUFArray(it, count, tuple(self.string(f"{key!r}[{j}]") for j in range(count)))
-            self.skip_strings(count, repr(key))
+            self.skip_strings(count, repr(key), key)
             return GGUFArray(it, count)
         if it == T_ARRAY:
             if count * 12 > self.remaining():

@@ -76,6 +76,7 @@ class ShortConv:
 
 class Tokenizer:
     LIST: Final = "tokenizer.ggml.tokens"
+    MODEL: Final = "tokenizer.ggml.model"  # "llama" (SentencePiece), "gpt2" (BPE), ...
 
 
 class Split:

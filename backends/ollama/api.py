@@ -1,4 +1,4 @@
-"""A running Ollama server, through the official ``ollama`` Python client.
+"""A running Ollama server, through its HTTP API (kvadvise's one HTTP transport, the standard library's).
 
 - ``POST /api/show`` with ``verbose`` (so arrays are not cut to ``[]``): the
   GGUF key/values (``model_info``), the tensor list and the default
@@ -147,24 +147,12 @@ def _split_host_port(hostport: str, shown: str) -> tuple[str, str]:
     return host, port
 
 
-def _is_loopback(url: str) -> bool:
-    from urllib.parse import urlsplit
-
-    h = urlsplit(url).hostname or ""
-    if h == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(h).is_loopback
-    except ValueError:
-        return False
-
-
 # --- talking to the server ----------------------------------------------------
 
 
 class ClientError(Exception):
-    """A 4xx answer, as ``ollama.ResponseError`` reports it (its ``error`` and ``status_code``), raised
-    without the caller importing the official client (which costs more than a whole run)."""
+    """A 4xx answer: its ``error`` (the ``{"error": ...}`` of the body, else the body) and ``status_code``,
+    as the official client's ``ollama.ResponseError`` reports them."""
 
     def __init__(self, error: str, status_code: int) -> None:
         super().__init__(error)
@@ -205,32 +193,10 @@ def _remember_down(url: str, e: BackendUnreachable) -> BackendUnreachable:
     return e
 
 
-def _connectable(url: str, timeout: float) -> None:
-    """A plain TCP connect to this machine's server before the official client is imported
-    (pydantic and httpx cost more than the rest of a run): no server, no import."""
-    import socket
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    name = parts.hostname or "127.0.0.1"
-    # an ASCII name goes as bytes: a str makes getaddrinfo import the IDNA codec (1.5 ms of every start)
-    host: str | bytes = name.encode("ascii") if name.isascii() else name
-    try:
-        with socket.create_connection((host, port), timeout=timeout):  # type: ignore[arg-type]
-            pass
-    except ConnectionRefusedError:
-        raise _refused(url) from None
-    except TimeoutError:
-        raise BackendUnreachable(f"Ollama at {url} did not accept a connection within {timeout:g} s") from None
-    except OSError as e:
-        raise BackendUnreachable(f"Ollama at {url}: cannot connect ({e.strerror or type(e).__name__})") from None
-
-
 def call(
     host: str, method: str, path: str, *, body: Mapping[str, Any] | None = None, timeout: float = DEFAULT_TIMEOUT
 ) -> Any:
-    """One call through ``ollama.Client``; the decoded JSON answer. ClientError for 4xx.
+    """One request to the Ollama API; the decoded JSON answer. ClientError for 4xx.
 
     The answer is read in chunks and refused past MAX_ANSWER_BYTES (a server that
     sends 100 MB is not held in memory whole). Inside a :func:`session`, a server
@@ -248,39 +214,63 @@ def call(
         raise _remember_down(url, e) from None
 
 
-def _call(url: str, method: str, path: str, *, body: Mapping[str, Any] | None, timeout: float) -> Any:
-    if _is_loopback(url):  # a remote server may be reached only through a proxy: let the client try
-        _connectable(url, timeout)
-    import httpx
-    import ollama
+def _headers(body: Mapping[str, Any] | None) -> tuple[dict[str, str], dict[str, str]]:
+    """The headers of a request, and its credentials: ``OLLAMA_API_KEY`` as a bearer token, as the
+    official client sends it (ollama-python ``_client.py`` BaseClient); never shown anywhere."""
+    import os
 
-    # environment proxies never apply to this machine's own server
-    client = ollama.Client(host=url, timeout=timeout, trust_env=not _is_loopback(url))
+    headers = {"Accept": "application/json", "User-Agent": "kvadvise"}
+    if body is not None:
+        headers["Content-Type"] = "application/json"
+    key = os.environ.get("OLLAMA_API_KEY")
+    return headers, ({"Authorization": f"Bearer {key}"} if key else {})
+
+
+def _call(url: str, method: str, path: str, *, body: Mapping[str, Any] | None, timeout: float) -> Any:
+    import json
+
+    from kvadvise.backends.remote import transport
+
+    headers, credentials = _headers(body)
+    data = json.dumps(body).encode() if body is not None else None
+
+    def exchange() -> tuple[int, bytes]:
+        answer = transport.send(
+            url + path, method=method, body=data, headers=headers, credentials=credentials, timeout_s=timeout
+        )
+        with answer.response as r:
+            return r.status, transport.read_capped(r, MAX_ANSWER_BYTES)
 
     def too_slow() -> BackendUnreachable:
         return BackendUnreachable(f"Ollama at {url} did not answer {path} within {timeout:g} s (in all)")
 
     try:
         # the timeout is a total deadline: a server that drips a byte per second never trips a per-read one
-        status, content = within(timeout, lambda: _read_capped(client._client, method, path, body, url), too_slow)
-    except httpx.ConnectError:
-        raise _refused(url) from None
-    except httpx.TimeoutException:
-        raise BackendUnreachable(f"Ollama at {url} did not answer {path} within {timeout:g} s") from None
-    except httpx.HTTPError as e:
-        raise BackendUnreachable(f"Ollama at {url}: {type(e).__name__} on {path}: {one_line(str(e))}") from None
-    finally:
-        client.close()  # type: ignore[no-untyped-call]
-    if status >= 400:  # as ollama.Client._request_raw reports it
-        err = ollama.ResponseError(content.decode("utf-8", errors="replace"), status)
+        status, content = within(timeout, exchange, too_slow)
+    except transport.NoAnswer as e:
+        if e.refused:
+            raise _refused(url) from None
+        if e.timed_out and e.connecting:
+            raise BackendUnreachable(f"Ollama at {url} did not accept a connection within {timeout:g} s") from None
+        if e.timed_out:
+            raise BackendUnreachable(f"Ollama at {url} did not answer {path} within {timeout:g} s") from None
+        if e.connecting:
+            raise BackendUnreachable(f"Ollama at {url}: cannot connect ({e.reason})") from None
+        raise BackendUnreachable(f"Ollama at {url}: {e.reason} on {path}") from None
+    except transport.TooLarge as e:
+        raise _too_big(url, path, str(e)) from None
+    except transport.BadRedirect as e:
+        raise BackendUnreachable(f"Ollama at {url}: {e.message} on {path}", hint="check OLLAMA_HOST") from None
+    if status >= 400:
+        error = _error_text(content)
         if status >= 500:
             raise ServerError(
-                f"Ollama at {url} failed: HTTP {status} on {path}: {one_line(err.error)}",
+                f"Ollama at {url} failed: HTTP {status} on {path}: {one_line(error)}",
                 status=status,
-                error=str(err.error),
+                error=error,
                 hint="look at the server's log (journalctl -u ollama)",
             )
-        raise ClientError(str(err.error), status)
+        raise ClientError(error, status)
     try:
         return load_json(content)
     except ValueError:
@@ -290,18 +280,15 @@ def _call(url: str, method: str, path: str, *, body: Mapping[str, Any] | None, t
         ) from None
 
 
-def _read_capped(http: Any, method: str, path: str, body: Mapping[str, Any] | None, url: str) -> tuple[int, bytearray]:
-    """Status and body of one request, the body read chunk by chunk up to MAX_ANSWER_BYTES."""
-    with http.stream(method, path, json=body) as r:
-        declared = r.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > MAX_ANSWER_BYTES:
-            raise _too_big(url, path, f"{int(declared):,} bytes")
-        data = bytearray()
-        for chunk in r.iter_bytes():
-            data += chunk
-            if len(data) > MAX_ANSWER_BYTES:
-                raise _too_big(url, path, f"more than {MAX_ANSWER_BYTES:,} bytes")
-        return int(r.status_code), data
+def _error_text(content: bytes) -> str:
+    """What a failed answer says: its ``{"error": "..."}``, else its text (as ollama.ResponseError reads it)."""
+    text = content.decode("utf-8", errors="replace")
+    try:
+        doc = load_json(content)
+    except ValueError:
+        return text
+    error = doc.get("error") if isinstance(doc, dict) else None
+    return error if isinstance(error, str) else text
 
 
 def _too_big(url: str, path: str, size: str) -> BackendUnreachable:

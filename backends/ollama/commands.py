@@ -383,6 +383,7 @@ def with_installed(cmd: click.Command) -> click.Command:
         click.Option(
             ["--write-preset"],
             metavar="PATH",
+            type=TEXT,  # an empty path or a NUL byte: exit 2
             default=None,
             help="With several models: also write them as a llama-server router preset (--models-preset).",
         ),

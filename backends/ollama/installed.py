@@ -1,8 +1,9 @@
 """``kvadvise ollama --installed``: every model of the local store (and of the server's ``/api/tags``,
 matched by manifest digest), one line each, sized on this GPU under the server's current settings.
 
-The store is read header by header through the header cache, in threads (the reads are file I/O);
-the server is asked three things: ``/api/tags`` (what it lists), ``/api/ps`` (what it holds now) and,
+The store is read model by model (each manifest once, each header through the header cache), in
+turn: a listing is mostly Python work, and threads only slowed it on 2 cores (1.70x on a warm 1,000-model
+store, benchmarks/bench_list.py); the server is asked three things: ``/api/tags`` (what it lists), ``/api/ps`` (what it holds now) and,
 for a model it lists that no store here has, ``/api/show``. The server's settings cannot be read over its
 API: they are taken from this shell's ``OLLAMA_*`` variables, as the server would read them if started
 here (``-np`` and ``-ctk`` override them).
@@ -26,7 +27,8 @@ if TYPE_CHECKING:  # the listing module loads only with --installed: `kvadvise o
     from kvadvise.cli.listing import Listed, Loaded
     from kvadvise.planner.inventory import RunSettings
 
-MAX_THREADS = 8
+# a listing this long shows how far it is on a terminal's stderr
+LONG_LISTING = 50
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,15 +46,15 @@ def store_names(root: Path) -> list[OllamaName]:
 
 
 def _from_store(root: Path, name: OllamaName) -> Listed:
-    from kvadvise.backends.ollama.resolve import resolve
+    from kvadvise.backends.ollama.resolve import from_store
     from kvadvise.cli.listing import Listed
 
     shown = name.display
     try:
-        entry = ollama_store.find(name, [root])
+        entry = ollama_store.find(name, [root])  # the manifest, read once
         if entry is None:  # removed while listing
             raise InputError(f"{shown}: its manifest is gone")
-        m = resolve(shown, roots=[root], use_api=False, use_profiles=False)
+        m = from_store(name, entry)
     except KvadviseError as e:
         return Listed(name=shown, source=f"store:{root}", size_bytes=0, spec=None, error=e.message)
     from kvadvise.backends.ollama.rules import projector_margin_bytes
@@ -69,11 +71,12 @@ def _from_store(root: Path, name: OllamaName) -> Listed:
     )
 
 
-def read_store(
-    roots: tuple[Path, ...], threads: int = MAX_THREADS, listed: dict[Path, ollama_store.Manifests] | None = None
-) -> list[Listed]:
-    """Every model of every store root (a name in two roots: the first, as Ollama reads them); ``listed``:
-    the stores' manifests when already listed."""
+def read_store(roots: tuple[Path, ...], listed: dict[Path, ollama_store.Manifests] | None = None) -> list[Listed]:
+    """Every model of every store root (a name in two roots: the first, as Ollama reads them), one after
+    the other (a thread pool only slowed it on 2 cores); ``listed``: the stores' manifests when already
+    listed."""
+    from kvadvise.cli import output
+
     jobs: list[tuple[Path, OllamaName]] = []
     seen: set[str] = set()
     for root in roots:
@@ -81,21 +84,19 @@ def read_store(
             if name.full.lower() not in seen:
                 seen.add(name.full.lower())
                 jobs.append((root, name))
-    if len(jobs) <= 1 or threads <= 1:
-        return [_from_store(r, n) for r, n in jobs]
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=min(threads, len(jobs))) as pool:
-        return list(pool.map(lambda job: _from_store(*job), jobs))
+    out = []
+    for done, (root, name) in enumerate(jobs, 1):
+        out.append(_from_store(root, name))
+        if len(jobs) >= LONG_LISTING:
+            output.progress(done, len(jobs), "reading the model store")
+    return out
 
 
 def tags(url: str) -> tuple[Tagged, ...]:
     """``GET /api/tags``: the models the server lists. BackendUnreachable when none answers."""
-    import ollama
-
     try:
         doc = ollama_api.call(url, "GET", "/api/tags")
-    except ollama.ResponseError as e:
+    except ollama_api.ClientError as e:
         raise BackendUnreachable(
             f"Ollama at {url} refused /api/tags: HTTP {e.status_code} {ollama_api.one_line(e.error)}"
         ) from None

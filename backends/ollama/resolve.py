@@ -49,7 +49,7 @@ def resolve(
     search = ollama_store.store_roots() if roots is None else tuple(roots)
     entry = ollama_store.find(name, search)
     if entry is not None:
-        return _from_store(name, entry)
+        return from_store(name, entry)
     skipped = ollama_store.skipped(name, search)  # a store that cannot be searched: named, then passed over
     shown_roots = ", ".join(str(r) for r in search) or "none"
     tried.append(
@@ -112,7 +112,8 @@ def library_names(ref: str) -> tuple[str, ...]:
     return tuple(n for n in (profile.id, *profile.aliases) if n.lower() != own)
 
 
-def _from_store(name: OllamaName, entry: ollama_store.StoreEntry) -> OllamaModel:
+def from_store(name: OllamaName, entry: ollama_store.StoreEntry) -> OllamaModel:
+    """The model of a store entry already found (its manifest read): its header through the cache."""
     header = read_header(entry.model_blob)
     spec = from_gguf(header)
     notes = list(entry.notes)

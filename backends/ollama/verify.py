@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from kvadvise.backends.ollama import api as ollama_api
 from kvadvise.backends.ollama.name import OllamaName, parse_name
-from kvadvise.errors import InputError
+from kvadvise.errors import BackendUnreachable, InputError
 
 if TYPE_CHECKING:  # the listing module loads only when a name does not match
     from kvadvise.backends.ollama.installed import Tagged
@@ -203,12 +203,13 @@ def verify(
 
 
 def _server_tags(url: str) -> tuple[Tagged, ...]:
-    """``/api/tags``; () from a server that refuses or fails it (a 4xx or 5xx: it still answers /api/ps)."""
+    """``/api/tags``; () from a server that refuses or fails it (a 4xx or 5xx: it still answers /api/ps; a
+    server that is down says so at /api/ps, asked next)."""
     from kvadvise.backends.ollama.installed import tags
 
     try:
         return tags(url)
-    except (ollama_api.ClientError, ollama_api.ServerError):
+    except (ollama_api.ClientError, ollama_api.ServerError, BackendUnreachable):
         return ()
 
 
@@ -280,15 +281,13 @@ def _measure_speed(
 ) -> tuple[float | None, float | None, int | None]:
     """One short generate (num_predict 64): prompt and decode tokens/s from Ollama's own counters
     (prompt_eval_count / prompt_eval_duration, eval_count / eval_duration; durations in ns)."""
-    import ollama
-
     opts: dict[str, object] = {"num_predict": SPEED_TOKENS}
     if num_ctx is not None:
         opts["num_ctx"] = num_ctx
     body = {"model": name, "prompt": SPEED_PROMPT, "stream": False, "keep_alive": keep_alive, "options": opts}
     try:
         doc = ollama_api.call(url, "POST", "/api/generate", body=body, timeout=timeout)
-    except (ollama.ResponseError, ollama_api.ServerError):
+    except (ollama_api.ClientError, ollama_api.ServerError):
         return None, None, None
     if not isinstance(doc, dict):
         return None, None, None

@@ -1,15 +1,15 @@
 """A remote file as a ByteSource: HTTP range reads, for reading GGUF headers
 without downloading the weights.
 
-Plain ``urllib`` (system proxies honoured), no session state. What it does:
+Requests go through :mod:`kvadvise.backends.remote.transport` (the standard library's client,
+the environment's proxies; redirects, credentials and failures as it says). What it does:
 
 - ``Range`` requests for exactly the bytes the header reader asks for and
   does not already hold (the reader's reads overlap and never go back, so
   only the bytes from the last read offset on are kept);
-- redirects followed by hand, at most ``max_redirects``, a loop named as
-  such; only http(s) targets; the ``Authorization`` header is dropped when a
-  redirect leaves the origin (a CDN's signed URL must not receive a Hub
-  token); later reads go straight to the final URL;
+- redirects followed (by the transport), at most ``max_redirects``; the
+  ``headers`` given (a Hub token) go only to the first URL's origin; later
+  reads go straight to the final URL;
 - a server that ignores ``Range`` (answers 200 with the whole file): the body
   is streamed and read only as far as the reader needs, then the connection
   is closed;
@@ -27,13 +27,11 @@ from __future__ import annotations
 
 import http.client
 import re
-import socket
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
+from kvadvise.backends.remote import transport
 from kvadvise.deadline import within
 from kvadvise.errors import BackendUnreachable, InputError
 
@@ -42,12 +40,12 @@ DEFAULT_TIMEOUT_S = 30.0  # a total deadline per request, body included (not per
 # 262k-token vocabulary: 6.5 MB; Qwen3's vocabulary and merges: ~8 MB); 64 MiB is ~8x that. A
 # header with strings that go on and on is refused past it instead of downloaded without end.
 MAX_TRANSFER_BYTES = 64 << 20
-MAX_REDIRECTS = 10
-# The header reader's first read (kvadvise.model.gguf: 1 MiB, then doubling) is fetched by the first request,
-# so a 262k-token vocabulary (Gemma 3: a 6.5 MB header) takes 3 requests: 1 + 2 + 4 MiB.
+MAX_REDIRECTS = transport.MAX_REDIRECTS
+# The header reader's first read (kvadvise.model.gguf: 1 MiB) is fetched by the first request; the reader
+# sizes the next from the counts read by then (its rest_of_header), so a 262k-token vocabulary (Gemma 3: a
+# 6.5 MB header) takes 2 requests: 1 MiB, then 5.8 MiB.
 FIRST_READ = 1 << 20
 USER_AGENT = "kvadvise (GGUF header reader)"
-_REDIRECTS = (301, 302, 303, 307, 308)
 _CONTENT_RANGE = re.compile(r"^bytes\s+(\d+)-(\d+)/(\d+|\*)$", re.IGNORECASE)
 _STREAM_CHUNK = 1 << 16
 
@@ -56,21 +54,15 @@ def split_url(url: str, *, what: str = "URL") -> urllib.parse.SplitResult:
     """``urllib.parse.urlsplit`` that checks what it defers: a bracketed host that does not
     close, a port that is not a number in 1-65535. InputError (never ValueError) for those."""
     try:
-        p = urllib.parse.urlsplit(url)
-        p.port  # noqa: B018 - urllib checks the port only when it is read
+        return transport.split_url(url)
     except ValueError as e:
         raise InputError(f"not a usable {what}: {e}", hint="check the host and port") from None
-    return p
 
 
 def display_url(url: str) -> str:
     """``url`` without user info, query or fragment: safe to show and to use as a cache key."""
-    p = split_url(url)
-    host = p.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = host if p.port is None else f"{host}:{p.port}"
-    return urllib.parse.urlunsplit((p.scheme, netloc, p.path, "", ""))
+    split_url(url)
+    return transport.display_url(url)
 
 
 def cache_key(url: str) -> str:
@@ -84,32 +76,6 @@ def cache_key(url: str) -> str:
     query = split_url(url).query
     shown = display_url(url)
     return f"{shown}?sha256={hashlib.sha256(query.encode('utf-8', 'surrogateescape')).hexdigest()}" if query else shown
-
-
-def _origin(url: str) -> tuple[str, str, int | None]:
-    p = split_url(url)
-    return p.scheme, (p.hostname or "").lower(), p.port
-
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """Redirects come back as HTTPError; HTTPSource follows them itself."""
-
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
-def _opener() -> urllib.request.OpenerDirector:
-    opener = urllib.request.OpenerDirector()
-    for handler in (
-        urllib.request.ProxyHandler(),
-        urllib.request.HTTPHandler(),
-        urllib.request.HTTPSHandler(),
-        urllib.request.HTTPDefaultErrorHandler(),
-        urllib.request.HTTPErrorProcessor(),
-        _NoRedirect(),
-    ):
-        opener.add_handler(handler)
-    return opener
 
 
 class HTTPSource:
@@ -141,12 +107,11 @@ class HTTPSource:
         if basic and "Authorization" not in self._headers:
             self._headers["Authorization"] = basic
         self.url = url
-        self._auth_origin = _origin(url)
+        self._auth_origin = transport.origin(url)
         self._timeout = timeout_s
         self._max_redirects = max_redirects
         self._first_read = max(1, first_read)
         self._denied_hint = denied_hint
-        self._opener = _opener()
         self.requests = 0
         self.bytes_received = 0
         self.max_transfer = MAX_TRANSFER_BYTES
@@ -230,7 +195,7 @@ class HTTPSource:
             return
         if status == 416:  # a Range the file cannot satisfy: an empty file
             resp.close()
-            cr = resp.headers.get("Content-Range", "")
+            cr = resp.headers.get("Content-Range") or ""
             m = re.match(r"^bytes\s+\*/(\d+)$", cr.strip(), re.IGNORECASE)
             self._size = int(m[1]) if m else 0
             return
@@ -356,61 +321,37 @@ class HTTPSource:
 
     def _request(self, start: int, n: int, extra: Mapping[str, str]) -> Any:
         """GET bytes [start, start+n), following redirects. None on 304 Not Modified."""
-        url = self.url
-        visited = [url]
-        for _ in range(self._max_redirects + 1):
-            headers = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity", **extra}
-            headers["Range"] = f"bytes={start}-{start + n - 1}"
-            if _origin(url) == self._auth_origin:
-                headers.update(self._headers)
-            req = urllib.request.Request(url, headers=headers, method="GET")
-            self.requests += 1
-            try:
-                resp = self._opener.open(req, timeout=self._timeout)
-            except urllib.error.HTTPError as e:
-                location = e.headers.get("Location") if e.headers else None
-                code = e.code
-                e.close()
-                if code == 304:
-                    return None
-                if code in _REDIRECTS and location:
-                    url = self._redirect_target(url, location, visited)
-                    continue
-                if code == 416:
-                    return _Status416(e.headers)
-                raise self._http_error(code) from None
-            except urllib.error.URLError as e:
-                reason = e.reason
-                if isinstance(reason, TimeoutError):
-                    raise self._timeout_error() from None
-                raise BackendUnreachable(
-                    f"{self.name}: cannot connect ({_reason(reason)})",
-                    hint="check the URL and the network",
-                ) from None
-            except TimeoutError:
-                raise self._timeout_error() from None
-            except (http.client.HTTPException, OSError) as e:
-                raise BackendUnreachable(f"{self.name}: the connection failed ({type(e).__name__})") from None
-            self.url = url  # later reads go straight to the final URL
-            return resp
-        shown = " -> ".join(display_url(u) for u in visited[:3])
-        raise InputError(
-            f"{self.name}: more than {self._max_redirects} redirects ({shown} -> …)",
-            hint="the URL does not lead to a file; check it in a browser",
-        )
-
-    def _redirect_target(self, url: str, location: str, visited: list[str]) -> str:
-        target = urllib.parse.urljoin(url, location)
-        if split_url(target).scheme.lower() not in ("http", "https"):
-            raise InputError(f"{self.name}: redirected to a non-HTTP URL ({display_url(target)})")
-        if target in visited:
-            loop = [display_url(u) for u in visited[visited.index(target) :]] + [display_url(target)]
-            raise InputError(
-                f"{self.name}: redirect loop ({' -> '.join(loop)})",
-                hint="the server sends the request round in circles; check the URL",
+        headers = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity", **extra}
+        headers["Range"] = f"bytes={start}-{start + n - 1}"
+        try:
+            answer = transport.send(
+                self.url,
+                headers=headers,
+                # to the first URL's origin only: a Hub token never reaches a CDN, on a redirect or after it
+                credentials=self._headers if transport.origin(self.url) == self._auth_origin else None,
+                timeout_s=self._timeout,
+                max_redirects=self._max_redirects,
             )
-        visited.append(target)
-        return target
+        except transport.NoAnswer as e:
+            if e.timed_out:
+                raise self._timeout_error() from None
+            if e.connecting:
+                raise BackendUnreachable(
+                    f"{self.name}: cannot connect ({e.reason})", hint="check the URL and the network"
+                ) from None
+            raise BackendUnreachable(f"{self.name}: the connection failed ({e.reason})") from None
+        except transport.BadRedirect as e:
+            raise InputError(f"{self.name}: {e.message}", hint=e.hint) from None
+        self.requests += answer.requests
+        resp = answer.response
+        if resp.status == 304:
+            resp.close()
+            return None
+        if resp.status not in (200, 206, 416):
+            resp.close()
+            raise self._http_error(resp.status)
+        self.url = answer.url  # later reads go straight to the final URL
+        return resp
 
     # -- errors ----------------------------------------------------------
 
@@ -449,18 +390,6 @@ class HTTPSource:
         self.close()
 
 
-class _Status416:
-    """A 416 answer to the first Range request (an empty file), shaped like a response."""
-
-    status = 416
-
-    def __init__(self, headers: Any) -> None:
-        self.headers = headers if headers is not None else {}
-
-    def close(self) -> None:
-        pass
-
-
 def _without_userinfo(url: str) -> tuple[str, str | None]:
     """``url`` without ``user:password@``, and the Basic Authorization header they stood for."""
     p = split_url(url)
@@ -473,13 +402,3 @@ def _without_userinfo(url: str) -> tuple[str, str | None]:
     netloc = p.netloc.rsplit("@", 1)[1]
     basic = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
     return urllib.parse.urlunsplit((p.scheme, netloc, p.path, p.query, p.fragment)), basic
-
-
-def _reason(reason: object) -> str:
-    if isinstance(reason, socket.gaierror):
-        return "unknown host"
-    if isinstance(reason, ConnectionRefusedError):
-        return "connection refused"
-    if isinstance(reason, OSError) and reason.strerror:
-        return reason.strerror.lower()
-    return type(reason).__name__
