@@ -120,6 +120,7 @@ class PlanOptions:
     model_draft: str | None = None
     type_k_draft: str = "f16"
     type_v_draft: str = "f16"
+    llama_build: str = "auto"
 
     @classmethod
     def take(cls, kwargs: dict[str, Any]) -> PlanOptions:
@@ -226,6 +227,20 @@ def measured_run_options(f: F) -> F:
     for opt in reversed(_options(planned_hardware=False)):
         f = opt(f)
     return f
+
+
+# --llama-build (issue 25): the llama.cpp build a plan is for; kvadvise.runtime.llamabuild resolves it
+LLAMA_BUILD_OPTION = click.option(
+    "--llama-build",
+    "llama_build",
+    metavar="bNNNN|auto|unknown",
+    default="auto",
+    show_default=True,
+    envvar="KVADVISE_LLAMA_BUILD",
+    help="The llama.cpp build the plan is for (its memory rules): bNNNN, or what `llama-server --version` "
+    "prints; auto = the llama-server on PATH (verify: the one it runs); unknown = the largest figure of the "
+    "builds kvadvise models. Env: KVADVISE_LLAMA_BUILD.",
+)
 
 
 def _options(*, planned_hardware: bool) -> list[Callable[[F], F]]:
@@ -364,6 +379,7 @@ def _options(*, planned_hardware: bool) -> list[Callable[[F], F]]:
             help="Also say how many layers or experts must stay on the CPU to reach the target.",
         ),
         click.option("--json", "as_json", is_flag=True, help="Print one JSON object (keys in README.md)."),
+        LLAMA_BUILD_OPTION,
     ]
     return opts
 
