@@ -58,7 +58,7 @@ def build_plan(
     draft model of ``--model-draft``, loaded by the command's backend. ``llama_build``: the build the
     command found itself (verify: the llama-server or library it runs) where --llama-build is auto."""
     from kvadvise.model.ggml import cache_type
-    from kvadvise.planner.memory import RunConfig
+    from kvadvise.planner.memory import RunConfig, flash_attn_note
     from kvadvise.planner.planning import HardwareRequest, hardware_for, make_plan
     from kvadvise.planner.recommender import Policy, load_use_cases
 
@@ -112,7 +112,7 @@ def build_plan(
         type_v_draft=cache_type(o.type_v_draft),
         llama_build=build,
     )
-    return make_plan(
+    plan = make_plan(
         spec,
         base,
         recommend_ctx=o.n_ctx is None,
@@ -122,6 +122,8 @@ def build_plan(
         measured_overhead=measured,
         notes=notes,
     )
+    fa_note = flash_attn_note(spec, plan.config)
+    return replace(plan, notes=(*plan.notes, fa_note)) if fa_note else plan
 
 
 def _llama_build(spec: ModelSpec, o: PlanOptions, found: BuildChoice | None) -> tuple[int | None, tuple[str, ...]]:

@@ -8,6 +8,10 @@ the exact build is not known, the earliest it can be, so that an older build is 
 - SWA_PAD_256 (ggml-org/llama.cpp#17046, merged 2025-11-06): the sliding-window cache is padded to 256
   cells like the full one (llama_kv_cache_iswa); before, it held min(n_ctx, n_swa + n_ubatch) cells (a
   b6182 log prints 640 cells for gpt-oss at n_ubatch 512, not 768).
+- SET_ROWS (the KV cache written with ggml_set_rows, llama_kv_cache::cpy_v; 2025, replacing ggml_cpy: the
+  log of b6000-era builds says "LLAMA_SET_ROWS=0, using old ggml_cpy() method"): without flash attention the
+  host holds the V cache's row indices, i64 [n_embd_v_gqa * n_ubatch] per cache. The exact build is not known
+  here: from b6200 on it is planned (a b6209 log and later show it; 2024 and early 2025 logs do not).
 - MLA_V_LESS (#19067, merged 2026-01-24/25; b7813 of 2026-01-23 lacks it): MLA models keep no V tensor
   (llama_kv_cache ctor: has_v = !is_mla); before, V (kv_lora_rank wide) was allocated beside K.
 - F16_MASK_FA (#23764, commit 031ddb2e0 = b9410): with flash attention the KQ mask is created f16
@@ -30,6 +34,7 @@ from kvadvise.errors import InputError
 
 REFERENCE = 11312  # 0c1e570: the rules of kvadvise.planner.memory
 SWA_PAD_256 = 6900
+SET_ROWS = 6200
 MLA_V_LESS = 7830
 F16_MASK_FA = 9410
 SERVER_OUTPUT_LIMITS = 9467

@@ -283,6 +283,18 @@ def _flash_attn(spec: ModelSpec, cfg: RunConfig) -> bool:
             "quantized V cache requires flash attention",
             hint="use --flash-attn on (or auto), or an f16 V cache",
         )
+    if is_quantized(cfg.type_v) and fa == "auto":
+        fa = "on"  # llama_init_from_model: "enabling flash_attn since it is required for quantized V cache"
+    if cfg.device == "cuda" and fa != "off" and (missing := cuda_flash_attn_missing(spec, cfg.type_k, cfg.type_v)):
+        if fa == "on":
+            # enabled, llama.cpp does not probe: ggml_backend_sched gives every attention to the CPU, which
+            # then reads each layer's K and V from the device: a run kvadvise does not plan
+            raise ConfigError(
+                f"CUDA has no flash-attention kernel for this model ({missing}): llama.cpp would run every "
+                "attention on the CPU",
+                hint="use --flash-attn auto or off (llama.cpp's auto turns it off), and an f16 V cache",
+            )
+        fa = "off"  # llama_context::resolve_fused_ops: the FA probe lands on the CPU, auto -> disabled
     if fa != "off":  # auto resolves to on: the CPU and CUDA backends support FA for these head sizes
         heads = [
             (spec.n_embd_head_k_swa, spec.n_embd_head_v_swa)
@@ -299,6 +311,61 @@ def _flash_attn(spec: ModelSpec, cfg: RunConfig) -> bool:
                     hint="use f16, or a cache type whose block size divides the head size",
                 )
     return fa != "off"
+
+
+# ggml/src/ggml-cuda/fattn.cu (0c1e570): the K/V types with a kernel (ggml_cuda_fattn_kv_type_supported) and
+# the head sizes ggml_cuda_get_best_fattn_kernel takes: K == V from this set, or the pairs below with a GQA ratio
+# (n_head / n_head_kv) that is a multiple of the number given (the "gqa_opt" kernels; 2 = any ratio >= 2)
+_CUDA_FA_TYPES = frozenset(
+    {
+        GGMLType.F32,
+        GGMLType.F16,
+        GGMLType.BF16,
+        GGMLType.Q4_0,
+        GGMLType.Q4_1,
+        GGMLType.Q5_0,
+        GGMLType.Q5_1,
+        GGMLType.Q8_0,
+    }
+)
+_CUDA_FA_HEADS = frozenset({40, 64, 72, 80, 96, 112, 128, 256})
+_CUDA_FA_GQA_PAIRS = {(192, 128): 8, (320, 256): 32, (512, 512): 2, (576, 512): 2}
+
+
+def cuda_flash_attn_missing(spec: ModelSpec, type_k: GGMLType, type_v: GGMLType) -> str | None:
+    """Why CUDA has no flash-attention kernel for this model and cache (None: it has one). Without one, FA
+    "auto" resolves to off (llama_context::resolve_fused_ops: the op lands on the CPU) and "on" runs every
+    attention on the CPU: DeepSeek-V2-Lite's pre-MLA GGUFs (K head 192, V 128, no GQA), an iq4_nl cache."""
+    for name, t in (("K", type_k), ("V", type_v)):
+        if t not in _CUDA_FA_TYPES:
+            return f"no kernel reads a {t.type_name} {name} cache"
+    for il in range(spec.n_layer):
+        if not spec.kv_layers[il]:
+            continue
+        dk = spec.n_embd_head_k_swa if spec.swa_layers[il] else spec.n_embd_head_k
+        dv = spec.n_embd_head_v_swa if spec.swa_layers[il] else spec.n_embd_head_v
+        gqa = spec.n_head[il] // max(1, spec.n_head_kv[il])
+        if dk == dv and dk in _CUDA_FA_HEADS:
+            continue
+        step = _CUDA_FA_GQA_PAIRS.get((dk, dv))
+        if step is not None and gqa >= 2 and gqa % step == 0:
+            continue
+        return f"K head {dk} / V head {dv} at a GQA ratio of {gqa}"
+    return None
+
+
+def flash_attn_note(spec: ModelSpec, cfg: RunConfig) -> str | None:
+    """What a plan says when CUDA has no kernel and flash attention "auto" was resolved off."""
+    if cfg.device != "cuda" or cfg.flash_attn != "auto":
+        return None
+    missing = cuda_flash_attn_missing(spec, cfg.type_k, cfg.type_v)
+    if missing is None:
+        return None
+    return (
+        f"flash attention off: CUDA has no kernel for this model ({missing}; ggml-cuda fattn.cu), so llama.cpp's "
+        "auto resolves it off (llama_context::resolve_fused_ops): the attention scores take n_kv x n_ubatch x "
+        "n_head floats and V is stored transposed"
+    )
 
 
 def _tensor_alloc(device: str, t: GGMLType, ne0: int, n_bytes: int) -> int:
@@ -539,9 +606,10 @@ def _host_compute(spec: ModelSpec, lay: ContextLayout, f32_mask: bool) -> int:
     s = _sizes(spec, lay)
     ub = lay.n_ubatch
     masks = s.mask_cells * ub * (2 if lay.flash_attn and not f32_mask else 4)
-    rows = 1 if f32_mask else 2
+    old = lay.llama_build is not None and lay.llama_build < builds.F16_MASK_FA
+    rows = 1 if f32_mask or old else 2
     v_idxs = 0
-    if not lay.flash_attn and not spec.is_mla:
+    if not lay.flash_attn and not spec.is_mla and not all(builds.older_than(lay.llama_build, builds.SET_ROWS)):
         kinds = len(
             {lay.n_ctx_swa if spec.swa_layers[il] else lay.n_ctx_seq for il, kv in enumerate(spec.kv_layers) if kv}
         )

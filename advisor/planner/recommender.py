@@ -190,7 +190,7 @@ def partial_offload(
     The GPU's compute buffer also holds a copy of the largest weight left on the CPU, for prompt
     batches (op offload, kvadvise.planner.opoffload): enough is moved to pay for it too.
     """
-    from kvadvise.planner.memory import layer_kv_bytes, resolve
+    from kvadvise.planner.memory import layer_kv_bytes, op_offload_growth, resolve
     from kvadvise.planner.opoffload import op_offload_bytes
 
     if budget.device == "cpu" or not any(spec.layer_bytes):
@@ -201,10 +201,12 @@ def partial_offload(
     if excess <= 0:
         return None
     n_layer = spec.n_layer
-    ub = resolve(spec, cfg).n_ubatch
+    lay = resolve(spec, cfg)
+    ub = lay.n_ubatch
 
-    def copy_bytes(n_blocks: int) -> int:  # the op-offload copy for the first n_blocks on the CPU
-        return op_offload_bytes(spec, range(n_blocks), budget.device, ub) or 0
+    def copy_bytes(n_blocks: int) -> int:  # what the op-offload copy for the first n_blocks on the CPU adds
+        # the copy lives in a layer's live set, not beside the logits (issue 25: memory.op_offload_growth)
+        return op_offload_growth(spec, lay, op_offload_bytes(spec, range(n_blocks), budget.device, ub) or 0)
 
     moved = 0
     n_cpu_moe = n_cpu = 0
@@ -226,7 +228,8 @@ def partial_offload(
             n_cpu += 1
         if moved < excess + copy_bytes(max(n_cpu, n_cpu_moe)):
             return None  # even with every layer on the CPU the rest does not fit
-    op_copy = op_offload_bytes(spec, range(max(n_cpu, n_cpu_moe)), budget.device, ub)
+    copied = op_offload_bytes(spec, range(max(n_cpu, n_cpu_moe)), budget.device, ub)
+    op_copy = None if copied is None else op_offload_growth(spec, lay, copied)
     device = full.device_bytes - moved + (op_copy or 0)
     host = full.host_bytes + moved
     speed = None
