@@ -14,7 +14,7 @@ import tinymodels
 from tinymodels import write_tiny_gguf
 
 from kvadvise.cli import main
-from kvadvise.errors import ConfigError, InputError
+from kvadvise.errors import GGUFError, InputError
 from kvadvise.model.architecture import LLAMA_ARCHITECTURES, from_gguf
 from kvadvise.model.ggml import GGMLType
 from kvadvise.model.gguf import T_INT32, GGUFArray, GGUFHeader, read_file
@@ -119,7 +119,7 @@ def test_an_architecture_llama_cpp_does_not_know_is_refused(tmp_path: Path, caps
     tinymodels._llama(t)
     t.finish()
     assert "foo-net" not in LLAMA_ARCHITECTURES and "llama" in LLAMA_ARCHITECTURES
-    with pytest.raises(InputError, match="does not know the architecture 'foo-net'"):
+    with pytest.raises(GGUFError, match="does not know the architecture 'foo-net'"):
         from_gguf(read_file(path))
     assert main(["gguf", str(path), "--ctx", "4096", "--no-hardware"]) == 2
     err = capsys.readouterr().err
@@ -164,26 +164,49 @@ def test_nemotron_h_mlp_blocks_hold_neither() -> None:
 
 def test_cuda_flash_attention_kernels(tmp_path: Path) -> None:
     """ggml-cuda fattn.cu: no kernel for K head 96 / V head 64 at a GQA ratio of 1 (a pre-MLA DeepSeek GGUF) or an
-    iq4_nl cache: auto resolves to off (the plan says so); on is refused; a quantized V forces flash attention
-    (llama_init_from_model), so an iq4_nl V is refused too. The CPU has kernels for all."""
+    iq4_nl cache: auto resolves to off (the plan says so); on runs attention on the CPU (said); a quantized V forces it
+    (llama_init_from_model), so an iq4_nl V runs it on the CPU: planned, and said. The CPU has kernels for all."""
     legacy = from_gguf(read_file(write_tiny_gguf(tmp_path / "legacy.gguf", "deepseek2-legacy", n_vocab=600)))
     cuda = RunConfig(n_ctx=4096, device="cuda")
     assert resolve(legacy, cuda).flash_attn is False
     note = flash_attn_note(legacy, cuda)
     assert note is not None and "K head 96 / V head 64 at a GQA ratio of 1" in note
-    with pytest.raises(ConfigError, match="no flash-attention kernel"):
-        resolve(legacy, replace(cuda, flash_attn="on"))
+    on = replace(cuda, flash_attn="on")  # asked for: llama.cpp runs attention on the CPU; planned and said
+    assert resolve(legacy, on).flash_attn is True
+    assert "runs every attention on the CPU" in (flash_attn_note(legacy, on) or "")
     assert resolve(legacy, replace(cuda, device="cpu")).flash_attn is True
     llama = from_gguf(read_file(write_tiny_gguf(tmp_path / "qwen3.gguf", "qwen3", n_vocab=600)))  # heads of 64
     assert resolve(llama, cuda).flash_attn is True and flash_attn_note(llama, cuda) is None
     tiny = from_gguf(read_file(write_tiny_gguf(tmp_path / "llama.gguf", "llama", n_vocab=600)))
     assert resolve(tiny, cuda).flash_attn is False  # heads of 32: no CUDA kernel either
     assert resolve(llama, replace(cuda, type_k=IQ4)).flash_attn is False  # K only: auto resolves off
-    with pytest.raises(ConfigError, match="iq4_nl K cache"):
-        resolve(llama, replace(cuda, type_k=IQ4, type_v=IQ4))  # quantized V: FA forced on
+    iq4 = replace(cuda, type_k=IQ4, type_v=IQ4)  # a quantized V forces flash attention on: no kernel
+    assert resolve(llama, iq4).flash_attn is True and "iq4_nl K cache" in (flash_attn_note(llama, iq4) or "")
     assert resolve(llama, replace(cuda, type_k=Q8, type_v=Q8)).flash_attn is True
     assert (
         estimate(legacy, cuda).devices[0].compute_bytes
         > estimate(legacy, replace(cuda, device="cpu")).compute_bytes / 2
     )
     assert MIB  # the module's unit, imported for the figures above
+
+
+@pytest.mark.parametrize("body", ["exec yes 'version: 1'", "exec sleep 30"], ids=["chatty", "silent"])
+def test_a_program_that_is_not_llama_server_costs_nothing(
+    body: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--llama-build auto runs `llama-server --version`: a program that ignores it is read to 64 KiB at most,
+    killed with its group after the timeout, and leaves the build unknown."""
+    import time
+
+    import psutil
+
+    monkeypatch.setattr(llamabuild, "VERSION_TIMEOUT_S", 1)
+    fake = tmp_path / "llama-server"
+    fake.write_text(f"#!/bin/sh\n{body}\n")
+    fake.chmod(0o755)
+    t0 = time.monotonic()
+    assert llamabuild.detect(str(fake)).build is None
+    assert time.monotonic() - t0 < 8
+    time.sleep(0.2)
+    left = [p for p in psutil.process_iter(["cmdline"]) if str(fake) in " ".join(p.info["cmdline"] or [])]
+    assert left == []

@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kvadvise.errors import GGUFError, InputError
+from kvadvise.errors import GGUFError
 from kvadvise.model.ggml import GGMLType, cuda_alloc_bytes
 from kvadvise.model.gguf import GGUFArray, GGUFHeader, TensorInfo, Value
 from kvadvise.model.keys import LLM, SSM, WKV, Attention, General, ShortConv, Tokenizer, key
@@ -396,7 +396,7 @@ def from_gguf(header: GGUFHeader, *, known_only: bool = True) -> ModelSpec:
     )
 
     if known_only and arch not in LLAMA_ARCHITECTURES:
-        raise InputError(
+        raise GGUFError(
             f"{header.source}: llama.cpp (b11312) does not know the architecture {arch!r}: it refuses to load "
             'this model ("unknown model architecture", src/llama-arch.cpp), so there is nothing to plan',
             hint="a llama.cpp build that supports it is needed; kvadvise plans only what llama.cpp can run",

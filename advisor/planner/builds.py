@@ -41,25 +41,30 @@ SERVER_OUTPUT_LIMITS = 9467
 SUPPORTED_FROM = MLA_V_LESS  # what an unknown build may be: the largest figure of these builds is planned
 
 _BUILD = re.compile(r"^\s*(?:b|build\s*|version:?\s*)?(\d{3,6})(?:\s*\(([0-9a-f]{6,40})\))?\s*$", re.IGNORECASE)
-_VERSION_LINE = re.compile(r"version:\s*(\d{3,6})\s*\(([0-9a-f]{6,40})\)")
+# llama-server --version: "version: 9410 (031ddb2e0)", or since 2026 "version: 0.5.0-dev (build 11312, commit
+# 0c1e570)" (common/build-info); a log's "build: 9410 (031ddb2e0) with ..."
+_VERSION_LINE = re.compile(
+    r"(?:version:\s*|\bbuild:?\s+)(\d{3,6})\s*\(([0-9a-f]{6,40})\)|\(build (\d{3,6}), commit ([0-9a-f]{6,40})\)"
+)
 
 
 def parse(text: str) -> int:
     """A llama.cpp build from what a user or a program says: ``b9410``, ``9410``, ``version: 9410 (031ddb2e0)``
     (``llama-server --version``), or that output whole."""
-    m = _BUILD.match(text) or _VERSION_LINE.search(text)
-    if m is None:
+    m = _BUILD.match(text)
+    build = int(m.group(1)) if m else version_build(text)
+    if build is None:
         raise InputError(
             f"not a llama.cpp build: {text.strip()[:80]!r}",
             hint="give it as bNNNN (llama-server --version prints 'version: NNNN (commit)')",
         )
-    return int(m.group(1))
+    return build
 
 
 def version_build(output: str) -> int | None:
-    """The build in ``llama-server --version`` output (``version: 9410 (031ddb2e0)``), None if it has none."""
+    """The build in ``llama-server --version`` output or a log's build line, None if it has none."""
     m = _VERSION_LINE.search(output)
-    return int(m.group(1)) if m else None
+    return int(m.group(1) or m.group(3)) if m else None
 
 
 def label(build: int | None) -> str:

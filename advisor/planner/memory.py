@@ -7,8 +7,10 @@ Follows llama.cpp 0c1e570 (vendored by llama-cpp-python 0.3.36):
 - recurrent:     src/llama-memory-recurrent.cpp, llama_memory_recurrent::llama_memory_recurrent()
 - output buffer: src/llama-context.cpp, llama_context::output_reserve()
 - buffers:       ggml/src/ggml-alloc.c, ggml_backend_alloc_ctx_tensors_from_buft() (per-tensor padding)
-The compute buffer has no closed form (ggml-alloc's greedy reuse); it is a
-documented estimate, checked against real llama.cpp within 5% or 16 MiB.
+The compute buffer has no closed form (ggml-alloc's greedy reuse): it is the largest of the graph's live
+sets, each a closed form (_sizes), checked against llama.cpp's own allocation pass (llama-fit-params, real-size
+layers of 20 families, tests/test_oracle.py) and published logs within 16 MiB or 3 %. The rules that moved
+between llama.cpp builds are kvadvise.planner.builds'.
 """
 
 from __future__ import annotations
@@ -285,16 +287,11 @@ def _flash_attn(spec: ModelSpec, cfg: RunConfig) -> bool:
         )
     if is_quantized(cfg.type_v) and fa == "auto":
         fa = "on"  # llama_init_from_model: "enabling flash_attn since it is required for quantized V cache"
-    if cfg.device == "cuda" and fa != "off" and (missing := cuda_flash_attn_missing(spec, cfg.type_k, cfg.type_v)):
-        if fa == "on":
-            # enabled, llama.cpp does not probe: ggml_backend_sched gives every attention to the CPU, which
-            # then reads each layer's K and V from the device: a run kvadvise does not plan
-            raise ConfigError(
-                f"CUDA has no flash-attention kernel for this model ({missing}): llama.cpp would run every "
-                "attention on the CPU",
-                hint="use --flash-attn auto or off (llama.cpp's auto turns it off), and an f16 V cache",
-            )
+    if fa == "auto" and cfg.device == "cuda" and cuda_flash_attn_missing(spec, cfg.type_k, cfg.type_v):
         fa = "off"  # llama_context::resolve_fused_ops: the FA probe lands on the CPU, auto -> disabled
+    # enabled without a CUDA kernel (asked for, or forced by a quantized V), llama.cpp does not probe:
+    # ggml_backend_sched runs every attention on the CPU; planned as flash attention, and the plan says so
+    # (flash_attn_note)
     if fa != "off":  # auto resolves to on: the CPU and CUDA backends support FA for these head sizes
         heads = [
             (spec.n_embd_head_k_swa, spec.n_embd_head_v_swa)
@@ -355,16 +352,22 @@ def cuda_flash_attn_missing(spec: ModelSpec, type_k: GGMLType, type_v: GGMLType)
 
 
 def flash_attn_note(spec: ModelSpec, cfg: RunConfig) -> str | None:
-    """What a plan says when CUDA has no kernel and flash attention "auto" was resolved off."""
-    if cfg.device != "cuda" or cfg.flash_attn != "auto":
+    """What a plan says when CUDA has no flash-attention kernel for the model and its cache."""
+    if cfg.device != "cuda" or cfg.flash_attn == "off":
         return None
     missing = cuda_flash_attn_missing(spec, cfg.type_k, cfg.type_v)
     if missing is None:
         return None
+    if cfg.flash_attn == "auto" and not is_quantized(cfg.type_v):
+        return (
+            f"flash attention off: CUDA has no kernel for this model ({missing}; ggml-cuda fattn.cu), so "
+            "llama.cpp's auto resolves it off (llama_context::resolve_fused_ops): the attention scores take "
+            "n_kv x n_ubatch x n_head floats and V is stored transposed"
+        )
     return (
-        f"flash attention off: CUDA has no kernel for this model ({missing}; ggml-cuda fattn.cu), so llama.cpp's "
-        "auto resolves it off (llama_context::resolve_fused_ops): the attention scores take n_kv x n_ubatch x "
-        "n_head floats and V is stored transposed"
+        f"flash attention is on but CUDA has no kernel for it ({missing}; ggml-cuda fattn.cu): llama.cpp runs "
+        "every attention on the CPU, slowly, and copies each layer's K and V to host memory for it (not in "
+        "these figures); use --flash-attn auto with an f16 V cache (llama.cpp then turns it off)"
     )
 
 

@@ -7,8 +7,12 @@ the notes say so, and what an older llama-server would reserve besides.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import signal
 import subprocess
+import threading
 from dataclasses import dataclass
 
 from kvadvise.planner import builds
@@ -16,7 +20,8 @@ from kvadvise.planner import builds
 # llama-cpp-python's version -> the llama.cpp build it vendors (its vendor/llama.cpp submodule): the one
 # kvadvise's tests build and run (0c1e570 = b11312, tests/llama_cpp_source.py)
 LLAMA_CPP_PYTHON_BUILDS = {"0.3.36": 11312}
-VERSION_TIMEOUT_S = 15
+VERSION_TIMEOUT_S = 10
+VERSION_MAX_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,25 +34,57 @@ class BuildChoice:
 
 def detect(binary: str | None = None) -> BuildChoice:
     """The build of ``binary`` (a llama-server), or of the llama-server on PATH; unknown when there is
-    none or it does not say. Never raises: a plan goes on for an unknown build."""
+    none or it does not say. Never raises: a plan goes on for an unknown build. The binary runs in its own
+    session, its output is read up to VERSION_MAX_BYTES, and the whole group is killed after
+    VERSION_TIMEOUT_S (a program that is not llama-server may ignore --version)."""
     path = binary or shutil.which("llama-server")
     if not path:
         return BuildChoice(None, "no llama-server on PATH")
     try:
-        p = subprocess.run(
+        p = subprocess.Popen(
             [path, "--version"],
-            capture_output=True,
-            text=True,
-            timeout=VERSION_TIMEOUT_S,
-            check=False,
-            errors="replace",
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
-    except (OSError, subprocess.SubprocessError) as e:
+    except OSError as e:
         return BuildChoice(None, f"{path} --version failed ({e.__class__.__name__})")
-    build = builds.version_build(p.stdout + p.stderr)
+    out_box: list[bytes] = []
+    try:
+        reader = threading.Thread(target=_read_some, args=(p, out_box), daemon=True)
+        reader.start()
+        reader.join(VERSION_TIMEOUT_S)
+        out = b"".join(out_box)
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(p.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=5)
+    build = builds.version_build(out.decode("utf-8", errors="replace"))
     if build is None:
         return BuildChoice(None, f"{path} --version names no build")
     return BuildChoice(build, f"{path} --version")
+
+
+def _read_some(p: subprocess.Popen[bytes], box: list[bytes]) -> None:
+    """At most VERSION_MAX_BYTES of the child's output (a version is one line; a chatty program is cut)."""
+    assert p.stdout is not None
+    got = 0
+    while got < VERSION_MAX_BYTES:
+        chunk = p.stdout.read1(VERSION_MAX_BYTES - got)
+        if not chunk:
+            return
+        box.append(chunk)
+        got += len(chunk)
+
+
+def measured_build(runner_build: str) -> int | None:
+    """The build a verify run names (kvadvise.runtime.verification: "b11312 (0c1e570)" from llama-server's
+    log, "llama-cpp-python 0.3.36"), None when it does not."""
+    if runner_build.startswith("llama-cpp-python "):
+        return LLAMA_CPP_PYTHON_BUILDS.get(runner_build.split()[1])
+    return builds.version_build(f"build: {runner_build.removeprefix('b')}")
 
 
 def library_build() -> BuildChoice:

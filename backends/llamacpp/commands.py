@@ -3,7 +3,6 @@ own commands, registered through the plugin interface (LlamaCppBackend.register_
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -144,6 +143,8 @@ def verify_llamacpp_command(
     from kvadvise.backends.gguf_file import GGUFFileBackend
     from kvadvise.backends.llamacpp.runners import measure
     from kvadvise.errors import EXIT_NO_FIT
+    from kvadvise.planner import builds
+    from kvadvise.planner.memory import estimate
     from kvadvise.render import verification_dict, verification_text
     from kvadvise.runtime import llamabuild
     from kvadvise.runtime.verification import compare
@@ -153,11 +154,16 @@ def verify_llamacpp_command(
     if dry_run:
         _dry_run(path, spec, o, server=server, fit_params=fit_params, timeout_s=timeout_s)
         return
-    found = llamabuild.detect(server) if server or shutil.which("llama-server") else llamabuild.library_build()
-    plan = build_plan(spec, o, llama_build=found)
+    # the build is the run's own (its log names it; kvadvise.runtime.llamabuild.measured_build): planned for
+    # b11312 until then, then predicted again for the build that ran (--llama-build given: that one)
+    plan = build_plan(spec, o, llama_build=llamabuild.BuildChoice(builds.REFERENCE, "the run's log"))
     if plan.fits is False:
         output.note("the prediction says this config does not fit; running it anyway")
     measured = measure(path, plan.config, server=server, timeout_s=timeout_s, progress=output.note)
+    ran = llamabuild.measured_build(measured.llama_cpp_build)
+    if o.llama_build == "auto" and ran is not None and ran != plan.config.llama_build:
+        cfg = replace(plan.config, llama_build=ran)
+        plan = replace(plan, config=cfg, estimate=estimate(spec, cfg))
     result = compare(plan, measured)
     if o.as_json:
         output.result_json(verification_dict(result))
@@ -186,7 +192,7 @@ def _dry_run(
     from kvadvise.runtime import dryrun, llamabuild
 
     binary = find_binary(fit_params, server)
-    plan = build_plan(spec, o, llama_build=llamabuild.detect(binary))
+    plan = build_plan(spec, o, llama_build=llamabuild.detect(binary))  # llama-fit-params --version names it
     # llama-fit-params reserves the logits of the whole batch (no --n-outputs-max) and projects neither the
     # projector nor a draft model: kvadvise's figures beside it are for the same
     cfg = replace(plan.config, n_outputs_max=0, mmproj=None, draft=None)
