@@ -70,9 +70,10 @@ def detect(binary: str | None = None) -> BuildChoice:
 def _read_some(p: subprocess.Popen[bytes], box: list[bytes]) -> None:
     """At most VERSION_MAX_BYTES of the child's output (a version is one line; a chatty program is cut)."""
     assert p.stdout is not None
+    stream = p.stdout
     got = 0
     while got < VERSION_MAX_BYTES:
-        chunk = p.stdout.read1(VERSION_MAX_BYTES - got)
+        chunk = os.read(stream.fileno(), VERSION_MAX_BYTES - got)  # what is there, without waiting for more
         if not chunk:
             return
         box.append(chunk)
