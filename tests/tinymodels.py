@@ -4,7 +4,8 @@ Public interface::
 
     RECIPES: tuple[str, ...]
     RECIPE_ARCH: dict[str, str]          # recipe -> general.architecture
-    write_tiny_gguf(path, recipe, *, n_vocab=512, n_ctx_train=8192, seed=0) -> Path
+    write_tiny_gguf(path, recipe, *, n_vocab=512, n_ctx_train=8192, seed=0, dims=None, sparse=False) -> Path
+        dims: a recipe's dimensions by name (real-size layers); sparse: the header only, the data a hole
 
 Every recipe was loaded and evaluated with llama-cpp-python 0.3.36 (vendored llama.cpp commit 0c1e57098bba):
 n_ctx 1000/2048/4096, n_ubatch 512/128/64, n_seq_max 1 and 4, kv_unified on/off, swa_full on/off,

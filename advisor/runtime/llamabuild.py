@@ -32,6 +32,12 @@ class BuildChoice:
     source: str  # "--llama-build", the binary that said it, or why it is unknown
 
 
+# Ollama >= 0.30 runs llama-server of the llama.cpp its source pins (LLAMA_CPP_VERSION: b10091, then b10488,
+# b10630 (ollama/ollama#18003), b10760 (#18199), b10864 (#18317) in August-September 2026): all after the last
+# rule kvadvise.planner.builds knows of, so they plan as b11312; its /api/version does not name the build.
+OLLAMA_BUILD = BuildChoice(builds.REFERENCE, "Ollama >= 0.30 runs llama.cpp builds from b10091 on: b11312's rules")
+
+
 def detect(binary: str | None = None) -> BuildChoice:
     """The build of ``binary`` (a llama-server), or of the llama-server on PATH; unknown when there is
     none or it does not say. Never raises: a plan goes on for an unknown build. The binary runs in its own
