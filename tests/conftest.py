@@ -30,6 +30,8 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.Temp
     monkeypatch.setenv("XDG_CONFIG_HOME", str(home / "config"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     _seed_ram_bandwidth(home / "cache")
+    # plans are for the llama.cpp the suite builds and runs (b11312 = 0c1e570), not an unknown build
+    monkeypatch.setenv("KVADVISE_LLAMA_BUILD", "b11312")
     yield
 
 

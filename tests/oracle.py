@@ -4,6 +4,7 @@ allocates with kvadvise's prediction."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -182,3 +183,74 @@ def check(model_name: str, spec: ModelSpec, cfg: RunConfig, m: Measured) -> list
         )
     )
     return bad
+
+
+# --- llama.cpp's own allocation pass (issue 25): llama-fit-params -fitp on, no allocation -----------------
+# Real-size layers of every family a tiny recipe builds (tests/tinymodels.py), written sparse (header only): the
+# shapes of a published model of each family, so that every term of the compute buffer shows (the masks at
+# 32k cells, MoE experts, gated delta net, Mamba-2, MLA, SWA). The vocabulary is 1,024 tokens by default, so
+# that the layers, not the logits, are the peak; REAL_VOCAB gives the published one.
+REAL_SIZES: dict[str, dict[str, int]] = {
+    "llama": dict(n_layer=32, n_embd=4096, n_head=32, n_head_kv=8, head=128, n_ff=14336),  # Llama-3.1-8B
+    "mixtral": dict(n_layer=32, n_embd=4096, n_head=32, n_head_kv=8, head=128, n_ff=14336, n_expert=8, n_expert_used=2),
+    "qwen2": dict(n_layer=28, n_embd=3584, n_head=28, n_head_kv=4, n_ff=18944),  # Qwen2.5-7B
+    "qwen3": dict(n_layer=28, n_embd=1024, n_head=16, n_head_kv=8, head=128, n_ff=3072),  # Qwen3-0.6B
+    "qwen3moe": dict(n_layer=48, n_embd=2048, n_head=32, n_head_kv=4, head=128, n_ff=6144, n_expert=128,
+                     n_expert_used=8, n_ff_exp=768),  # Qwen3-30B-A3B
+    "gemma2": dict(n_layer=42, n_embd=3584, n_head=16, n_head_kv=8, head=256, n_ff=14336, n_swa=4096),  # 9B
+    "gemma3": dict(n_layer=48, n_embd=3840, n_head=16, n_head_kv=8, head=256, n_ff=15360, n_swa=1024),  # 12B
+    "gpt-oss": dict(n_layer=24, n_embd=2880, n_head=64, n_head_kv=8, head=64, n_swa=128, n_expert=32,
+                    n_expert_used=4, n_ff_exp=2880),  # gpt-oss-20b
+    "phi3": dict(n_layer=32, n_embd=3072, n_head=32, n_head_kv=32, n_ff=8192),  # Phi-3-mini
+    "command-r": dict(n_layer=40, n_embd=8192, n_head=64, n_head_kv=8, n_ff=22528),  # Command-R 35B
+    "cohere2": dict(n_layer=32, n_embd=4096, n_head=32, n_head_kv=8, n_ff=14336, n_swa=4096, swa_pattern=4),
+    "granite": dict(n_layer=40, n_embd=4096, n_head=32, n_head_kv=8, n_ff=12800),  # Granite-3.3-8B
+    "deepseek2-mla": dict(n_layer=27, n_embd=2048, n_head=16, n_ff=10944, qk_nope=128, qk_rope=64, v_head=128,
+                          kv_lora=512, q_lora=0, n_expert=64, n_expert_used=6, n_expert_shared=2, n_ff_exp=1408,
+                          n_dense_lead=1),  # DeepSeek-V2-Lite
+    "deepseek2-legacy": dict(n_layer=27, n_embd=2048, n_head=16, n_ff=10944, qk_nope=128, qk_rope=64, v_head=128,
+                             kv_lora=512, q_lora=0, n_expert=64, n_expert_used=6, n_expert_shared=2, n_ff_exp=1408,
+                             n_dense_lead=1),  # DeepSeek-V2-Lite, a pre-MLA GGUF
+    "glm4moe": dict(n_layer_all=47, n_nextn=1, n_embd=4096, n_head=96, n_head_kv=8, head=128, n_rot=64, n_ff=10944,
+                    n_expert=128, n_expert_used=8, n_expert_shared=1, n_ff_exp=1408, n_dense_lead=1),  # GLM-4.5-Air
+    "qwen35": dict(n_layer=32, n_embd=4096, n_head=16, n_head_kv=4, head=256, n_rot=64, n_ff=12288, interval=4,
+                   d_conv=4, gdn_head=128, n_k_heads=16, n_v_heads=32),  # Qwen3.5-9B
+    "qwen3next": dict(n_layer=48, n_embd=2048, n_head=16, n_head_kv=2, head=256, n_rot=64, n_ff=5120, n_expert=512,
+                      n_expert_used=10, n_ff_exp=512, n_ff_shexp=512, d_conv=4, gdn_head=128, n_k_heads=16,
+                      n_v_heads=32),  # Qwen3-Next-80B-A3B
+    "mamba2": dict(n_layer=64, n_embd=2560, d_conv=4, d_inner=5120, d_state=128, n_head=80, n_group=1),  # 2.7B
+    "lfm2": dict(n_layer=16, n_embd=2048, n_head=32, n_head_kv=8, n_ff=8192, l_cache=3),  # LFM2-1.2B
+    "granitehybrid": dict(n_layer=40, n_embd=1536, n_head=12, n_head_kv=4, n_ff=4096, d_conv=4, d_state=128,
+                          n_ssm_head=48, n_group=1),  # Granite-4.0-H-Tiny's shape
+}  # fmt: skip
+REAL_VOCAB = {"llama": 128256, "qwen3": 151936, "gemma3": 262208, "gpt-oss": 201088, "qwen35": 248320}
+DRY_TOLERANCE = (0.03, 16 * MIB)  # issue 25: 16 MiB or 3 %
+_COMPUTE_LINE = re.compile(r"(\S+) compute buffer size = +([\d.]+) MiB")
+
+
+def fit_params_args(cfg: RunConfig, *, rpc: str | None = None) -> list[str]:
+    """llama-fit-params flags for ``cfg`` (the plan's llama-server flags; -ngl 99 onto an RPC device)."""
+    args = ["-c", str(cfg.n_ctx), "-fa", cfg.flash_attn, "-ub", str(cfg.n_ubatch), "-b", str(cfg.n_batch)]
+    args += ["-np", str(cfg.n_parallel), "-ctk", cfg.type_k.type_name, "-ctv", cfg.type_v.type_name]
+    if rpc:
+        args += ["--rpc", rpc, "-ngl", "99"]
+    else:
+        args += ["-ngl", "0"]
+    return args
+
+
+def dry_run(binary: Path, model: Path, cfg: RunConfig, *, rpc: str | None = None) -> dict[str, float]:
+    """Every compute buffer llama.cpp's no-allocation pass reserves for ``cfg`` (buffer type -> MiB, to the 0.01
+    MiB its -v log prints): CPU alone, or an RPC device and the host's CPU buffer."""
+    cmd = [str(binary), "-m", str(model), "-fitp", "on", "-v", *fit_params_args(cfg, rpc=rpc)]
+    for _ in range(3):  # a loopback rpc-server that was busy answers the next time
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+        found = {m.group(1): float(m.group(2)) for m in _COMPUTE_LINE.finditer(p.stdout + p.stderr)}
+        if p.returncode == 0 and found:
+            return found
+    raise RuntimeError(f"llama-fit-params failed ({p.returncode}):\n{(p.stdout + p.stderr)[-3000:]}")
+
+
+def within(predicted: int, measured_mib: float) -> bool:
+    rel, absolute = DRY_TOLERANCE
+    return abs(predicted - measured_mib * MIB) <= max(absolute, rel * measured_mib * MIB)

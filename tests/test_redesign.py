@@ -140,9 +140,10 @@ def test_runtime_decides_the_logits_rows(gemma_path: Path, capsys: pytest.Captur
     server, cli = docs["llama-server"], docs["llama-cli"]
     assert (server["config"]["runtime"], server["config"]["n_outputs_max"]) == ("llama-server", 2)
     assert (cli["config"]["runtime"], cli["config"]["n_outputs_max"]) == ("llama-cli", 2048)
-    # 510 more rows of 262,144 f32 logits (ubatch 512 rows against 2)
+    # 510 more rows of 262,144 f32 logits (ubatch 512 rows against 2), less the layers' own peak (masks and
+    # activations, ~18 MiB) that the server's buffer keeps (real llama.cpp: 514.50 against 22.77 MiB)
     extra = cli["memory"]["compute_bytes"] - server["memory"]["compute_bytes"]
-    assert extra >= 4 * 262144 * 500
+    assert extra >= 4 * 262144 * 480
     assert main(["gguf", str(gemma_path), "--ctx", "4096", "--n-outputs-max", "2", "--runtime", "llama-cli",
                  "-fa", "on", "-np", "2", "--no-hardware", "--json"]) == 0  # fmt: skip
     assert json.loads(capsys.readouterr().out)["memory"] == server["memory"]

@@ -312,3 +312,84 @@ def test_real_llama_server_on_the_cpu_does_not_verify_a_cuda_plan(
     assert rc == 3
     assert doc["measured"]["backend"] == "CPU" and doc["fits"] is False
     assert doc["verdict"].startswith("not verified: the plan is for cuda but llama.cpp ran on the CPU")
+
+
+# --- verify llamacpp --dry-run: llama.cpp's own no-allocation projection beside the plan (issue 25) ---------
+
+
+@pytest.fixture(scope="module")
+def fit_params_binary(real_llama_server: Path) -> Path:
+    from llama_server_build import fit_params
+
+    path = fit_params()
+    if not path.exists():
+        pytest.skip(f"no llama-fit-params beside {real_llama_server}")
+    return path
+
+
+@pytest.mark.llama
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--ctx", "4096", "-fa", "on"],
+        ["--ctx", "8192", "-fa", "off", "-np", "2", "--ubatch", "256"],
+        ["--ctx", "32768", "-ctk", "q8_0", "-ctv", "q8_0", "--swa-full"],
+    ],
+    ids=["fa-on", "fa-off-np2", "q8-swa-full"],
+)
+def test_dry_run_prints_llama_cpps_projection_beside_the_plan(
+    flags: list[str], gemma_path: Path, fit_params_binary: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The real Gemma 3 270M on the CPU: llama-fit-params projects the plan (no allocation) and its figures are
+    printed beside kvadvise's per device; they agree (compute within 16 MiB or 3 %, KV to the MiB), exit 0."""
+    argv = ["verify", "llamacpp", str(gemma_path), *flags, "--dry-run", "--llama-fit-params", str(fit_params_binary)]
+    assert main([*argv, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)["dry_run"]
+    assert doc["agree"] and doc["binary"] == str(fit_params_binary) and doc["llama_build"] == 11312
+    (cpu,) = doc["devices"]
+    assert cpu["name"] == "CPU" and cpu["ok"]
+    assert cpu["llama_cpp_mib"]["context"] == int(cpu["kvadvise_mib"]["context"])  # KV, floored as it prints
+    assert abs(cpu["compute_diff_mib"]) <= max(16, 0.03 * cpu["llama_cpp_mib"]["compute"])
+    assert "-fitp on" in doc["command"] and "-ngl 0" in doc["command"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "llama.cpp's own projection (no allocation)" in text and "kvadvise and llama.cpp agree" in text
+    assert re.search(r"^CPU +\d+ / \d+ +\d+ / \d+ +[\d.,]+ / [\d.,]+ \([+-][\d.]+\)$", text, re.M), text
+
+
+def test_dry_run_without_llama_fit_params_exits_4(
+    gemma_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No llama-fit-params given, beside --llama-server or on PATH: exit 4 and one line saying how to give one."""
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert main(["verify", "llamacpp", str(gemma_path), "--ctx", "4096", "--dry-run"]) == 4
+    err = capsys.readouterr().err
+    assert "no llama-fit-params" in err and "--llama-fit-params" in err and "Traceback" not in err
+
+
+def test_dry_run_disagreement_exits_3(gemma_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A projection that differs from the plan is marked and exits 3: a fake llama-fit-params that prints the
+    table and log lines llama.cpp prints (common_fit_print, sched_reserve) with a compute buffer 108 MiB larger."""
+    fake = tmp_path / "llama-fit-params"
+    fake.write_text(
+        "#!/bin/sh\necho 'sched_reserve:        CPU compute buffer size =   622.50 MiB' >&2\necho 'Host 222 27 622'\n"
+    )
+    fake.chmod(0o755)
+    assert (
+        main(["verify", "llamacpp", str(gemma_path), "--ctx", "4096", "--dry-run", "--llama-fit-params", str(fake)])
+        == 3
+    )
+    out = capsys.readouterr().out
+    assert "<- differs" in out and "differ (marked)" in out and "(-108.00)" in out
+
+
+def test_dry_run_that_fails_exits_3_with_its_last_words(
+    gemma_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake = tmp_path / "llama-fit-params"
+    fake.write_text("#!/bin/sh\necho 'llama_model_load: error loading model: boom' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    args = ["verify", "llamacpp", str(gemma_path), "--ctx", "4096", "--dry-run", "--llama-fit-params", str(fake)]
+    assert main(args) == 3
+    err = capsys.readouterr().err
+    assert "llama-fit-params failed (exit 1)" in err and "boom" in err

@@ -4,7 +4,8 @@ Public interface::
 
     RECIPES: tuple[str, ...]
     RECIPE_ARCH: dict[str, str]          # recipe -> general.architecture
-    write_tiny_gguf(path, recipe, *, n_vocab=512, n_ctx_train=8192, seed=0) -> Path
+    write_tiny_gguf(path, recipe, *, n_vocab=512, n_ctx_train=8192, seed=0, dims=None, sparse=False) -> Path
+        dims: a recipe's dimensions by name (real-size layers); sparse: the header only, the data a hole
 
 Every recipe was loaded and evaluated with llama-cpp-python 0.3.36 (vendored llama.cpp commit 0c1e57098bba):
 n_ctx 1000/2048/4096, n_ubatch 512/128/64, n_seq_max 1 and 4, kv_unified on/off, swa_full on/off,
@@ -119,16 +120,17 @@ granitehybrid (granitehybrid): 4 layers, n_embd 128, n_head 4, head_count_kv per
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 from gguf.quants import quantize
 
 __all__ = ["RECIPES", "RECIPE_ARCH", "write_tiny_gguf"]
 
 F16 = GGMLQuantizationType.F16
+F32 = GGMLQuantizationType.F32
 Q8_0 = GGMLQuantizationType.Q8_0
 Q4_0 = GGMLQuantizationType.Q4_0
 
@@ -172,15 +174,36 @@ class _TinyWriter:
     ``create_tensor`` calls of llama.cpp; they are reversed for numpy.
     """
 
-    def __init__(self, path: Path, arch: str, name: str, n_vocab: int, n_ctx_train: int, seed: int) -> None:
+    def __init__(
+        self,
+        path: Path,
+        arch: str,
+        name: str,
+        n_vocab: int,
+        n_ctx_train: int,
+        seed: int,
+        *,
+        dims: Mapping[str, int] | None = None,
+        sparse: bool = False,
+    ) -> None:
         self.arch = arch
         self.n_vocab = n_vocab
         self.rng = np.random.RandomState(seed)
         self.path = path
         self.gguf = GGUFWriter(str(path), arch)
+        self._dims = dict(dims or {})
+        self._dims_used: set[str] = set()
+        self.sparse = sparse
+        self._data_bytes = 0  # sparse: the data section's size (each tensor padded to the alignment)
         self.gguf.add_name(name)
         self.u32("context_length", n_ctx_train)
         self._write_vocab()
+
+    def dims(self, **defaults: int) -> tuple[int, ...]:
+        """The recipe's dimensions in the order given: ``defaults`` (the tiny model's), each replaced by
+        the value of the same name ``write_tiny_gguf(dims=...)`` was given."""
+        self._dims_used.update(defaults)
+        return tuple(self._dims.get(k, v) for k, v in defaults.items())
 
     # --- metadata -------------------------------------------------------
 
@@ -231,8 +254,19 @@ class _TinyWriter:
     def _random(self, ne: Sequence[int], std: float) -> np.ndarray:
         return (self.rng.standard_normal(tuple(reversed(ne))) * std).astype(np.float32)
 
+    def _info(self, name: str, ne: Sequence[int], qtype: GGMLQuantizationType) -> None:
+        """Sparse: only the tensor's header entry; its bytes are a hole of the file (finish)."""
+        block, size = GGML_QUANT_SIZES[qtype]
+        if ne[0] % block:
+            raise ValueError(f"{name}: ne0 {ne[0]} is not a multiple of {qtype.name}'s block {block}")
+        n_bytes = int(np.prod(ne, dtype=np.int64)) // block * size
+        self.gguf.add_tensor_info(name, tuple(reversed(ne)), np.dtype(np.float32), n_bytes, raw_dtype=qtype)
+        self._data_bytes += GGUFWriter.ggml_pad(n_bytes, self.gguf.data_alignment)
+
     def mat(self, name: str, *ne: int, qtype: GGMLQuantizationType = F16) -> None:
         """Random weight matrix, f16 or quantized (q8_0 / q4_0 need ne0 % 32 == 0)."""
+        if self.sparse:
+            return self._info(name, ne, qtype)
         data = self._random(ne, WEIGHT_STD)
         if qtype == F16:
             self.gguf.add_tensor(name, data.astype(np.float16))
@@ -241,19 +275,33 @@ class _TinyWriter:
 
     def vec(self, name: str, *ne: int, std: float = WEIGHT_STD) -> None:
         """Random f32 tensor (biases, small f32 matrices like conv kernels)."""
+        if self.sparse:
+            return self._info(name, ne, F32)
         self.gguf.add_tensor(name, self._random(ne, std))
 
     def fill(self, name: str, value: float, *ne: int) -> None:
         """Constant f32 tensor (norm weights = 1, SSM A < 0, D = 1, ...)."""
+        if self.sparse:
+            return self._info(name, ne, F32)
         self.gguf.add_tensor(name, np.full(tuple(reversed(ne)), value, dtype=np.float32))
 
     def norm(self, name: str, *ne: int) -> None:
         self.fill(name, 1.0, *ne)
 
     def finish(self) -> None:
+        unused = set(self._dims) - self._dims_used
+        if unused:
+            raise ValueError(f"{self.arch}: no dimension named {', '.join(sorted(unused))} in this recipe")
         self.gguf.write_header_to_file()
         self.gguf.write_kv_data_to_file()
-        self.gguf.write_tensors_to_file()
+        if not self.sparse:
+            self.gguf.write_tensors_to_file()
+        else:  # the data section as a hole: llama.cpp checks its bounds, a no-allocation load never reads it
+            self.gguf.write_ti_data_to_file()
+            assert self.gguf.fout is not None
+            out = self.gguf.fout[0]
+            self.gguf.write_padding(out, out.tell())
+            out.truncate(out.tell() + self._data_bytes)
         self.gguf.close()
 
 
@@ -442,7 +490,9 @@ def _nextn(t: _TinyWriter, il: int, n_embd: int) -> None:
 
 
 def _llama(t: _TinyWriter) -> None:
-    n_layer, n_embd, n_head, n_head_kv, head, n_ff = 2, 128, 4, 2, 32, 256
+    n_layer, n_embd, n_head, n_head_kv, head, n_ff = t.dims(
+        n_layer=2, n_embd=128, n_head=4, n_head_kv=2, head=32, n_ff=256
+    )
     _hparams(t, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff, n_rot=head)
     _embeddings(t, n_embd, tied=False)
     for il in range(n_layer):
@@ -453,8 +503,10 @@ def _llama(t: _TinyWriter) -> None:
 
 
 def _mixtral(t: _TinyWriter) -> None:
-    n_layer, n_embd, n_head, n_head_kv, head, n_ff = 2, 128, 4, 2, 32, 128
-    n_expert, n_expert_used = 4, 2
+    n_layer, n_embd, n_head, n_head_kv, head, n_ff = t.dims(
+        n_layer=2, n_embd=128, n_head=4, n_head_kv=2, head=32, n_ff=128
+    )
+    n_expert, n_expert_used = t.dims(n_expert=4, n_expert_used=2)
     _hparams(t, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff, n_rot=head)
     _experts_hparams(t, n_expert, n_expert_used)
     _embeddings(t, n_embd, tied=False, qtype=Q8_0)
@@ -466,7 +518,7 @@ def _mixtral(t: _TinyWriter) -> None:
 
 
 def _qwen2(t: _TinyWriter) -> None:
-    n_layer, n_embd, n_head, n_head_kv, n_ff = 2, 128, 4, 2, 256
+    n_layer, n_embd, n_head, n_head_kv, n_ff = t.dims(n_layer=2, n_embd=128, n_head=4, n_head_kv=2, n_ff=256)
     head = n_embd // n_head
     _hparams(t, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff)
     _embeddings(t, n_embd, tied=True)
@@ -478,7 +530,9 @@ def _qwen2(t: _TinyWriter) -> None:
 
 
 def _qwen3(t: _TinyWriter) -> None:
-    n_layer, n_embd, n_head, n_head_kv, head, n_ff = 2, 128, 4, 2, 64, 256
+    n_layer, n_embd, n_head, n_head_kv, head, n_ff = t.dims(
+        n_layer=2, n_embd=128, n_head=4, n_head_kv=2, head=64, n_ff=256
+    )
     _hparams(t, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff, head_k=head, head_v=head)
     _embeddings(t, n_embd, tied=True)
     for il in range(n_layer):
@@ -490,8 +544,10 @@ def _qwen3(t: _TinyWriter) -> None:
 
 
 def _qwen3moe(t: _TinyWriter) -> None:
-    n_layer, n_embd, n_head, n_head_kv, head, n_ff = 2, 128, 4, 2, 64, 256
-    n_expert, n_expert_used, n_ff_exp = 8, 2, 64
+    n_layer, n_embd, n_head, n_head_kv, head, n_ff = t.dims(
+        n_layer=2, n_embd=128, n_head=4, n_head_kv=2, head=64, n_ff=256
+    )
+    n_expert, n_expert_used, n_ff_exp = t.dims(n_expert=8, n_expert_used=2, n_ff_exp=64)
     _hparams(t, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff, head_k=head, head_v=head)
     _experts_hparams(t, n_expert, n_expert_used, n_ff_exp)
     _embeddings(t, n_embd, tied=False)
@@ -513,7 +569,9 @@ def _gemma_block(t: _TinyWriter, il: int, n_embd: int, n_head: int, n_head_kv: i
 
 
 def _gemma2(t: _TinyWriter) -> None:
-    n_layer, n_embd, n_head, n_head_kv, head, n_ff, n_swa = 4, 128, 4, 2, 64, 256, 256
+    n_layer, n_embd, n_head, n_head_kv, head, n_ff, n_swa = t.dims(
+        n_layer=4, n_embd=128, n_head=4, n_head_kv=2, head=64, n_ff=256, n_swa=256
+    )
     _hparams(t, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff, head_k=head, head_v=head)
     t.u32("attention.sliding_window", n_swa)
     t.f32("attn_logit_softcapping", 50.0)
@@ -524,7 +582,9 @@ def _gemma2(t: _TinyWriter) -> None:
 
 
 def _gemma3(t: _TinyWriter) -> None:
-    n_layer, n_embd, n_head, n_head_kv, head, n_ff, n_swa = 8, 128, 4, 1, 64, 256, 128
+    n_layer, n_embd, n_head, n_head_kv, head, n_ff, n_swa = t.dims(
+        n_layer=8, n_embd=128, n_head=4, n_head_kv=1, head=64, n_ff=256, n_swa=128
+    )
     _hparams(
         t,
         n_layer=n_layer,
@@ -545,8 +605,10 @@ def _gemma3(t: _TinyWriter) -> None:
 
 
 def _gpt_oss(t: _TinyWriter) -> None:
-    n_layer, n_embd, n_head, n_head_kv, head, n_swa = 4, 128, 4, 2, 64, 128
-    n_expert, n_expert_used, n_ff_exp = 4, 2, 64
+    n_layer, n_embd, n_head, n_head_kv, head, n_swa = t.dims(
+        n_layer=4, n_embd=128, n_head=4, n_head_kv=2, head=64, n_swa=128
+    )
+    n_expert, n_expert_used, n_ff_exp = t.dims(n_expert=4, n_expert_used=2, n_ff_exp=64)
     _hparams(
         t, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff_exp, head_k=head, head_v=head
     )
@@ -568,7 +630,9 @@ def _gpt_oss(t: _TinyWriter) -> None:
 
 
 def _phi3(t: _TinyWriter) -> None:
-    n_layer, n_embd, n_head, n_head_kv, n_ff, n_swa = 2, 128, 4, 4, 256, 2047
+    n_layer, n_embd, n_head, n_head_kv, n_ff, n_swa = t.dims(
+        n_layer=2, n_embd=128, n_head=4, n_head_kv=4, n_ff=256, n_swa=2047
+    )
     head = n_embd // n_head
     _hparams(t, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff, n_rot=head)
     t.u32("attention.sliding_window", n_swa)  # present in Phi-3 GGUFs; llama.cpp ignores it
@@ -590,7 +654,7 @@ def _cohere_block(t: _TinyWriter, il: int, n_embd: int, n_head_kv: int, head: in
 
 
 def _command_r(t: _TinyWriter) -> None:
-    n_layer, n_embd, n_head, n_head_kv, n_ff = 2, 128, 4, 2, 256
+    n_layer, n_embd, n_head, n_head_kv, n_ff = t.dims(n_layer=2, n_embd=128, n_head=4, n_head_kv=2, n_ff=256)
     head = n_embd // n_head
     _hparams(t, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff, rms_norm=False)
     t.f32("logit_scale", 0.0625)
@@ -600,7 +664,9 @@ def _command_r(t: _TinyWriter) -> None:
 
 
 def _cohere2(t: _TinyWriter) -> None:
-    n_layer, n_embd, n_head, n_head_kv, n_ff, n_swa, swa_pattern = 4, 128, 4, 2, 256, 64, 4
+    n_layer, n_embd, n_head, n_head_kv, n_ff, n_swa, swa_pattern = t.dims(
+        n_layer=4, n_embd=128, n_head=4, n_head_kv=2, n_ff=256, n_swa=64, swa_pattern=4
+    )
     head = n_embd // n_head
     _hparams(t, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff, rms_norm=False)
     t.u32("attention.sliding_window", n_swa)
@@ -619,7 +685,7 @@ def _granite_scales(t: _TinyWriter, attention_scale: float) -> None:
 
 
 def _granite(t: _TinyWriter) -> None:
-    n_layer, n_embd, n_head, n_head_kv, n_ff = 2, 128, 4, 2, 256
+    n_layer, n_embd, n_head, n_head_kv, n_ff = t.dims(n_layer=2, n_embd=128, n_head=4, n_head_kv=2, n_ff=256)
     head = n_embd // n_head
     _hparams(t, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff, n_rot=head)
     _granite_scales(t, 1.0 / head)
@@ -632,11 +698,13 @@ def _granite(t: _TinyWriter) -> None:
 
 
 def _deepseek2(t: _TinyWriter, *, mla: bool) -> None:
-    n_layer, n_embd, n_head, n_ff = 2, 128, 4, 256
-    qk_nope, qk_rope, v_head = 64, 32, 64
-    kv_lora = 128
-    q_lora = 64 if mla else 0  # 0 -> plain attn_q (DeepSeek-V2-Lite style)
-    n_expert, n_expert_used, n_expert_shared, n_ff_exp, n_dense_lead = 4, 2, 1, 64, 1
+    n_layer, n_embd, n_head, n_ff = t.dims(n_layer=2, n_embd=128, n_head=4, n_ff=256)
+    qk_nope, qk_rope, v_head = t.dims(qk_nope=64, qk_rope=32, v_head=64)
+    (kv_lora,) = t.dims(kv_lora=128)
+    (q_lora,) = t.dims(q_lora=64 if mla else 0)  # 0 -> plain attn_q (DeepSeek-V2-Lite style)
+    n_expert, n_expert_used, n_expert_shared, n_ff_exp, n_dense_lead = t.dims(
+        n_expert=4, n_expert_used=2, n_expert_shared=1, n_ff_exp=64, n_dense_lead=1
+    )
     if mla:
         # converted with MLA absorption: one latent "head" per token
         _hparams(
@@ -705,8 +773,12 @@ def _deepseek2_legacy(t: _TinyWriter) -> None:
 
 
 def _glm4moe(t: _TinyWriter) -> None:
-    n_layer_all, n_nextn, n_embd, n_head, n_head_kv, head, n_rot, n_ff = 3, 1, 128, 4, 2, 64, 32, 256
-    n_expert, n_expert_used, n_expert_shared, n_ff_exp, n_dense_lead = 4, 2, 1, 64, 1
+    n_layer_all, n_nextn, n_embd, n_head, n_head_kv, head, n_rot, n_ff = t.dims(
+        n_layer_all=3, n_nextn=1, n_embd=128, n_head=4, n_head_kv=2, head=64, n_rot=32, n_ff=256
+    )
+    n_expert, n_expert_used, n_expert_shared, n_ff_exp, n_dense_lead = t.dims(
+        n_expert=4, n_expert_used=2, n_expert_shared=1, n_ff_exp=64, n_dense_lead=1
+    )
     _hparams(
         t,
         n_layer=n_layer_all,
@@ -742,9 +814,12 @@ def _glm4moe(t: _TinyWriter) -> None:
 
 
 def _qwen35(t: _TinyWriter) -> None:
-    n_layer, n_embd, n_head, n_head_kv, head, n_rot, n_ff, interval = 6, 128, 4, 2, 64, 32, 256, 3
-    d_conv, gdn_head, n_k_heads, n_v_heads = 4, 32, 2, 4
-    rope_sections = (6, 5, 5, 0)  # imrope: sum == n_rot / 2
+    n_layer, n_embd, n_head, n_head_kv, head, n_rot, n_ff, interval = t.dims(
+        n_layer=6, n_embd=128, n_head=4, n_head_kv=2, head=64, n_rot=32, n_ff=256, interval=3
+    )
+    d_conv, gdn_head, n_k_heads, n_v_heads = t.dims(d_conv=4, gdn_head=32, n_k_heads=2, n_v_heads=4)
+    half, third = n_rot // 2, n_rot // 6
+    rope_sections = (half - 2 * third, third, third, 0)  # imrope: sum == n_rot / 2 ((6, 5, 5, 0) at n_rot 32)
     _hparams(
         t,
         n_layer=n_layer,
@@ -782,10 +857,12 @@ def _qwen35(t: _TinyWriter) -> None:
 
 
 def _qwen3next(t: _TinyWriter) -> None:
-    n_layer, n_embd, n_head, n_head_kv, head, n_rot, n_ff = 4, 128, 4, 2, 64, 32, 256
-    n_expert, n_expert_used, n_ff_exp, n_ff_shexp = 4, 2, 64, 64
-    d_conv, gdn_head, n_k_heads, n_v_heads = 4, 32, 2, 4
-    interval = 4  # qwen3next.cpp default when the key is absent; written anyway
+    n_layer, n_embd, n_head, n_head_kv, head, n_rot, n_ff = t.dims(
+        n_layer=4, n_embd=128, n_head=4, n_head_kv=2, head=64, n_rot=32, n_ff=256
+    )
+    n_expert, n_expert_used, n_ff_exp, n_ff_shexp = t.dims(n_expert=4, n_expert_used=2, n_ff_exp=64, n_ff_shexp=64)
+    d_conv, gdn_head, n_k_heads, n_v_heads = t.dims(d_conv=4, gdn_head=32, n_k_heads=2, n_v_heads=4)
+    (interval,) = t.dims(interval=4)  # qwen3next.cpp default when the key is absent; written anyway
     _hparams(
         t,
         n_layer=n_layer,
@@ -826,7 +903,9 @@ def _qwen3next(t: _TinyWriter) -> None:
 
 
 def _mamba2(t: _TinyWriter) -> None:
-    n_layer, n_embd, d_conv, d_inner, d_state, n_head, n_group = 2, 128, 4, 256, 32, 4, 1
+    n_layer, n_embd, d_conv, d_inner, d_state, n_head, n_group = t.dims(
+        n_layer=2, n_embd=128, d_conv=4, d_inner=256, d_state=32, n_head=4, n_group=1
+    )
     t.u32("block_count", n_layer)
     t.u32("embedding_length", n_embd)
     t.u32("feed_forward_length", 0)
@@ -840,9 +919,10 @@ def _mamba2(t: _TinyWriter) -> None:
 
 
 def _lfm2(t: _TinyWriter) -> None:
-    n_embd, n_head, n_ff, l_cache = 128, 4, 256, 3
-    head_count_kv = (0, 0, 2, 0, 0, 2)  # 0 -> shortconv layer
-    n_layer = len(head_count_kv)
+    n_layer, n_embd, n_head, n_head_kv, n_ff, l_cache = t.dims(
+        n_layer=6, n_embd=128, n_head=4, n_head_kv=2, n_ff=256, l_cache=3
+    )
+    head_count_kv = tuple(n_head_kv if il % 3 == 2 else 0 for il in range(n_layer))  # 0 -> shortconv layer
     head = n_embd // n_head
     _hparams(t, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=head_count_kv, n_ff=n_ff)
     t.u32("shortconv.l_cache", l_cache)
@@ -862,10 +942,10 @@ def _lfm2(t: _TinyWriter) -> None:
 
 
 def _granitehybrid(t: _TinyWriter) -> None:
-    n_embd, n_head, n_ff = 128, 4, 256
-    head_count_kv = (0, 0, 2, 0)  # 0 -> mamba2 layer
-    d_conv, d_inner, d_state, n_ssm_head, n_group = 4, 2 * n_embd, 64, 8, 1
-    n_layer = len(head_count_kv)
+    n_layer, n_embd, n_head, n_head_kv, n_ff = t.dims(n_layer=4, n_embd=128, n_head=4, n_head_kv=2, n_ff=256)
+    head_count_kv = tuple(n_head_kv if il % 4 == 2 else 0 for il in range(n_layer))  # 0 -> mamba2 layer
+    d_conv, d_state, n_ssm_head, n_group = t.dims(d_conv=4, d_state=64, n_ssm_head=8, n_group=1)
+    d_inner = 2 * n_embd  # granite-hybrid.cpp: must be 2 * n_embd
     head = n_embd // n_head
     _hparams(t, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=head_count_kv, n_ff=n_ff, n_rot=head)
     _granite_scales(t, 1.0 / head)
@@ -916,7 +996,15 @@ RECIPE_ARCH: dict[str, str] = {name: arch for name, (arch, _) in _RECIPES.items(
 
 
 def write_tiny_gguf(
-    path: Path, recipe: str, *, n_vocab: int = 512, n_ctx_train: int = 8192, seed: int = 0, name: str | None = None
+    path: Path,
+    recipe: str,
+    *,
+    n_vocab: int = 512,
+    n_ctx_train: int = 8192,
+    seed: int = 0,
+    name: str | None = None,
+    dims: Mapping[str, int] | None = None,
+    sparse: bool = False,
 ) -> Path:
     """Write a tiny random-weight GGUF for ``recipe`` to ``path`` and return ``path``.
 
@@ -925,12 +1013,19 @@ def write_tiny_gguf(
     ``n_ctx_train`` is written as ``{arch}.context_length``; ``name`` as
     ``general.name`` (default ``tiny-RECIPE``). The same
     (recipe, n_vocab, n_ctx_train, seed) always produces identical bytes.
+
+    ``dims`` replaces the recipe's dimensions by name (``n_embd``, ``n_layer``, ``n_ff``, ... as the
+    builder names them; an unknown name is an error), so that a recipe can be written at a real model's
+    size. ``sparse`` writes only the header: the data section is a hole of the right size (llama.cpp
+    checks every tensor's bounds but a no-allocation load, ``llama-fit-params``, never reads it), so a
+    model of many GB costs a few MB of disk and no time.
     """
     if recipe not in _RECIPES:
         raise ValueError(f"unknown recipe {recipe!r}; expected one of {RECIPES}")
     arch, build = _RECIPES[recipe]
     path = Path(path)
-    writer = _TinyWriter(path, arch, name if name is not None else f"tiny-{recipe}", n_vocab, n_ctx_train, seed)
+    label = name if name is not None else f"tiny-{recipe}"
+    writer = _TinyWriter(path, arch, label, n_vocab, n_ctx_train, seed, dims=dims, sparse=sparse)
     build(writer)
     writer.finish()
     return path

@@ -225,6 +225,7 @@ class PlanOptions:
     ram_bandwidth_gbs: float | None = None
     gpu_only: bool = False  # --gpu-only: 100 % on the GPU or nothing (no partial offload)
     ram_bytes: int | None = None  # --ram SIZE: the system RAM the plan may use
+    llama_build: str = "auto"
 
     @classmethod
     def take(cls, kwargs: dict[str, Any]) -> PlanOptions:
@@ -333,6 +334,20 @@ def measured_run_options(f: F) -> F:
     for opt in reversed(_options(planned_hardware=False)):
         f = opt(f)
     return f
+
+
+# --llama-build (issue 25): the llama.cpp build a plan is for; kvadvise.runtime.llamabuild resolves it
+LLAMA_BUILD_OPTION = click.option(
+    "--llama-build",
+    "llama_build",
+    metavar="bNNNN|auto|unknown",
+    default="auto",
+    show_default=True,
+    envvar="KVADVISE_LLAMA_BUILD",
+    help="The llama.cpp build the plan is for (its memory rules): bNNNN, or what `llama-server --version` "
+    "prints; auto = the llama-server on PATH (verify: the one it runs); unknown = the largest figure of the "
+    "builds kvadvise models. Env: KVADVISE_LLAMA_BUILD.",
+)
 
 
 def _options(*, planned_hardware: bool) -> list[Callable[[F], F]]:
@@ -487,6 +502,7 @@ def _options(*, planned_hardware: bool) -> list[Callable[[F], F]]:
             help="System memory bandwidth for the speed of what runs on the CPU (experts or layers kept in RAM, a "
             "CPU plan) [default: measured once on this machine and cached].",
         ),
+        LLAMA_BUILD_OPTION,
     ]
     if planned_hardware:
         opts += [

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from kvadvise.model.spec import ModelSpec
     from kvadvise.planner.hardware import Hardware
     from kvadvise.planner.planning import MeasuredOverhead, Plan
+    from kvadvise.runtime.llamabuild import BuildChoice
 
 JSONDoc = dict[str, object]
 
@@ -56,13 +57,15 @@ def build_plan(
     weights_uncertain: bool = False,
     hardware: Hardware | None = None,
     draft: ModelSpec | None = None,
+    llama_build: BuildChoice | None = None,
 ) -> Plan:
     """The plan for ``spec`` under the flags ``o``; a calibration of this machine's GPU is read here
     and passed in, so planning itself stays pure. ``weights_uncertain``: the weights size is a
     published figure (a built-in profile), so the recommender keeps 3 % of it free. ``draft``: the
-    draft model of ``--model-draft``, loaded by the command's backend."""
+    draft model of ``--model-draft``, loaded by the command's backend. ``llama_build``: the build the
+    command found itself (verify: the llama-server or library it runs) where --llama-build is auto."""
     from kvadvise.model.ggml import cache_type
-    from kvadvise.planner.memory import RunConfig
+    from kvadvise.planner.memory import RunConfig, flash_attn_note
     from kvadvise.planner.planning import HardwareRequest, hardware_for, make_plan
     from kvadvise.planner.policy import Policy, load_use_cases, needs_opt_in
 
@@ -97,6 +100,8 @@ def build_plan(
     if hardware is not None and hw is not None and o.ram_bandwidth_gbs is not None:
         hw = replace(hw, ram_bandwidth_bytes_per_s=int(o.ram_bandwidth_gbs * 1e9))
     measured, notes = _calibration(hw.gpus[0].name if probed and hw is not None and hw.gpus else None)
+    build, build_notes = _llama_build(spec, o, llama_build)
+    notes = (*notes, *build_notes)
     kv = fixed or (cache_type("f16"), cache_type("f16"))
     base = RunConfig(
         n_ctx=o.n_ctx or 0,
@@ -117,8 +122,9 @@ def build_plan(
         draft=draft,
         type_k_draft=cache_type(o.type_k_draft),
         type_v_draft=cache_type(o.type_v_draft),
+        llama_build=build,
     )
-    return make_plan(
+    plan = make_plan(
         spec,
         base,
         recommend_ctx=o.n_ctx is None,
@@ -130,6 +136,22 @@ def build_plan(
         prompt_tokens=o.prompt_tokens,
         n_cpu_moe=o.n_cpu_moe,
     )
+    fa_note = flash_attn_note(spec, plan.config)
+    return replace(plan, notes=(*plan.notes, fa_note)) if fa_note else plan
+
+
+def _llama_build(spec: ModelSpec, o: PlanOptions, found: BuildChoice | None) -> tuple[int | None, tuple[str, ...]]:
+    """--llama-build: the build the plan follows (kvadvise.runtime.llamabuild) and what the plan says about it;
+    for an unknown build and llama-server, how much more an older server's logits would take."""
+    from kvadvise.runtime import llamabuild
+
+    choice = found if found is not None and o.llama_build == "auto" else llamabuild.choose(o.llama_build)
+    notes = list(llamabuild.notes(choice, runtime=o.runtime))
+    if choice.build is None and o.runtime == "llama-server" and o.n_outputs_max is None:
+        rows = min(o.n_ubatch, o.n_batch) - o.n_parallel
+        if rows > 0:
+            notes[-1] += f" ({4 * rows * spec.n_vocab / (1 << 20):,.0f} MiB more here)"
+    return choice.build, tuple(notes)
 
 
 def _projector(path: str | None) -> ProjectorSpec | None:

@@ -19,7 +19,7 @@ from kvadvise.model.ggml import GGMLType, cuda_alloc_bytes
 from kvadvise.model.gguf import GGUFArray, GGUFHeader, TensorInfo, Value
 from kvadvise.model.keys import LLM, SSM, WKV, Attention, General, ShortConv, Tokenizer, key
 from kvadvise.model.quants import file_type_label
-from kvadvise.model.spec import SWA_CHUNKED, SWA_NONE, SWA_STANDARD, MatmulWeight, ModelSpec
+from kvadvise.model.spec import SWA_CHUNKED, SWA_NONE, SWA_STANDARD, MatmulWeight, ModelSpec, SSMDims
 
 # llama.cpp's LLM_FFN_EXPS_REGEX (common/common.h), plus gate_up: routed experts
 _EXPERT_TENSOR = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch|)exps")
@@ -51,6 +51,32 @@ VERIFIED = frozenset(
 )
 
 
+# Every architecture llama.cpp 0c1e570 (b11312) knows: src/llama-arch.cpp, LLM_ARCH_NAMES. A GGUF of any
+# other architecture fails there with "unknown model architecture" (llm_arch_from_string -> LLM_ARCH_UNKNOWN).
+LLAMA_ARCHITECTURES = frozenset(
+    {
+        "clip", "llama", "llama4", "deci", "falcon", "grok", "gpt2", "gptj", "gptneox", "mpt", "baichuan",
+        "starcoder", "refact", "bert", "modern-bert", "nomic-bert", "nomic-bert-moe", "neo-bert", "jina-bert-v2",
+        "jina-bert-v3", "eurobert", "bloom", "stablelm", "qwen", "qwen2", "qwen2moe", "qwen2vl", "qwen3",
+        "qwen3moe", "qwen3next", "qwen3vl", "qwen3vlmoe", "qwen35", "qwen35moe", "qwen4exp", "phi2", "phi3",
+        "phimoe", "plamo", "plamo2", "plamo3", "codeshell", "orion", "internlm2", "minicpm", "minicpm3", "gemma",
+        "gemma2", "gemma3", "gemma3n", "gemma4", "gemma4-assistant", "gemma-embedding", "starcoder2", "mamba",
+        "mamba2", "maple", "jamba", "falcon-h1", "xverse", "command-r", "cohere2", "cohere2moe", "dbrx", "olmo",
+        "olmo2", "olmoe", "muse-glimmer", "openelm", "arctic", "deepseek", "deepseek2", "deepseek2-ocr",
+        "deepseek32", "deepseek4", "chatglm", "glm4", "glm4moe", "glm-dsa", "bitnet", "t5", "t5encoder", "jais",
+        "jais2", "nemotron", "nemotron_h", "nemotron_h_moe", "exaone", "exaone4", "exaone-moe", "rwkv6",
+        "rwkv6qwen2", "rwkv7", "arwkv7", "granite", "granitemoe", "granitehybrid", "graniteswitch", "granite_swa",
+        "chameleon", "wavtokenizer-dec", "plm", "bailingmoe", "bailingmoe2", "bailingmoe3", "dots1", "dots3note",
+        "arcee", "afmoe", "laguna", "ernie4_5", "ernie4_5-moe", "hunyuan-moe", "hunyuan-dense", "hunyuan_vl",
+        "hy_v3", "hy_v4", "smollm3", "gpt-oss", "lfm2", "lfm2moe", "dream", "smallthinker", "llada", "llada-moe",
+        "seed_oss", "grovemoe", "apertus", "minimax-01", "hrm_text", "minimax-m2", "minimax-m3", "cogvlm", "rnd1",
+        "pangu-embedded", "mistral3", "eagle3", "dflash", "mistral4", "paddleocr", "mimo2", "step35", "spark2_5",
+        "llama-embed", "maincoder", "kimi-linear", "kimi-k3", "glm5-next", "talkie", "mellum", "nanbeige",
+        "qwen3tts", "pockettts",
+    }
+)  # fmt: skip
+
+
 @dataclass(frozen=True, slots=True)
 class _SwaRule:
     """How an architecture lays out its sliding-window layers (llama-model.cpp, load_hparams)."""
@@ -77,10 +103,24 @@ _SWA_RULES: dict[str, _SwaRule] = {
 _RECURRENT_ALL = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
 # Hybrids whose recurrent layers are those with head_count_kv == 0
 # (granite-hybrid.cpp, lfm2.cpp: is_recr_impl[il] = n_head_kv(il) == 0).
-_RECURRENT_BY_ZERO_KV = frozenset({"granitehybrid", "lfm2", "lfm2moe", "jamba"})
-# Nemotron-H: one mixer per block; recurrent when it has neither KV heads nor an FFN (nemotron-h.cpp
-# load_arch_hparams: is_recr = il < n_layer() && n_head_kv(il) == 0 && n_ff(il) == 0), so MLP/MoE blocks are not
-_RECURRENT_BY_ZERO_KV_AND_FF = frozenset({"nemotron_h", "nemotron_h_moe"})
+_RECURRENT_BY_ZERO_KV = frozenset({"granitehybrid", "lfm2", "lfm2moe", "jamba", "plamo2"})
+# nemotron-h.cpp: is_recr_impl[i] = i < n_layer() && n_head_kv(i) == 0 && n_ff(i) == 0; llama_model::create_memory
+# gives attention only to !is_recr(il) && n_ff(il) == 0: the MLP blocks (n_ff != 0) hold neither.
+_RECURRENT_NEMOTRON_H = frozenset({"nemotron_h", "nemotron_h_moe"})
+# falcon-h1.cpp fills is_recr_impl with true, and create_memory's filter_attn passes every layer: each layer
+# holds an attention cache and a Mamba-2 state.
+_RECURRENT_AND_ATTENTION = frozenset({"falcon-h1"})
+# The recurrent mixer each family runs (src/models/*.cpp build_*_layer), for its compute-buffer activations.
+_SSM_KIND = {
+    **dict.fromkeys(("mamba2", "granitehybrid", "falcon-h1", "nemotron_h", "nemotron_h_moe", "plamo2"), "mamba2"),
+    **dict.fromkeys(("mamba", "jamba"), "mamba"),
+    **dict.fromkeys(("qwen3next", "qwen35", "qwen35moe"), "gdn"),
+    **dict.fromkeys(("lfm2", "lfm2moe"), "shortconv"),
+    **dict.fromkeys(("rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"), "rwkv"),
+}
+# Blocks whose attention and feed-forward read the same normed input and are summed (command-r.cpp,
+# cohere2.cpp, phi2.cpp, gptj.cpp, falcon.cpp): the attention output lives through the feed-forward.
+_PARALLEL_BLOCK = frozenset({"command-r", "cohere2", "cohere2moe", "phi2", "gptj", "falcon"})
 # Hybrids with {arch}.full_attention_interval (qwen3next.cpp, qwen35.cpp):
 # is_recr[i] = i < n_layer() && (i + 1) % interval != 0, default interval 4.
 _RECURRENT_BY_INTERVAL = frozenset({"qwen3next", "qwen35", "qwen35moe"})
@@ -180,13 +220,13 @@ def _swa(k: _Keys, arch: str, n_layer: int, n_layer_all: int) -> tuple[str, int,
 
 
 def _recurrent(k: _Keys, arch: str, n_layer: int, n_layer_all: int, n_head_kv: tuple[int, ...]) -> tuple[bool, ...]:
-    if arch in _RECURRENT_ALL:
+    if arch in _RECURRENT_ALL or arch in _RECURRENT_AND_ATTENTION:
         return (True,) * n_layer_all
-    if arch in _RECURRENT_BY_ZERO_KV:
-        return tuple(h == 0 for h in n_head_kv)
-    if arch in _RECURRENT_BY_ZERO_KV_AND_FF:
+    if arch in _RECURRENT_NEMOTRON_H:
         n_ff = k.per_layer(LLM.FEED_FORWARD_LENGTH, n_layer_all, 0)
         return tuple(il < n_layer and n_head_kv[il] == 0 and n_ff[il] == 0 for il in range(n_layer_all))
+    if arch in _RECURRENT_BY_ZERO_KV:
+        return tuple(h == 0 for h in n_head_kv)
     if arch in _RECURRENT_BY_INTERVAL:
         explicit = k.bools(Attention.RECURRENT_LAYERS, n_layer_all)
         if explicit is not None:
@@ -294,7 +334,10 @@ NO_MEMORY_ARCHS = frozenset(
 ENCODER_ARCHS = NO_MEMORY_ARCHS - {"wavtokenizer-dec", "dream", "llada", "llada-moe", "rnd1"}
 
 
-def from_gguf(header: GGUFHeader) -> ModelSpec:
+def from_gguf(header: GGUFHeader, *, known_only: bool = True) -> ModelSpec:
+    """The ModelSpec of a GGUF header. ``known_only``: refuse an architecture llama.cpp does not know (a GGUF
+    file llama.cpp would refuse to load); off for metadata kvadvise made itself (a config.json it could
+    not map is planned with generic rules, as an estimate)."""
     arch = header.architecture
     k = _Keys(header, arch)
     notes: list[str] = []
@@ -327,7 +370,13 @@ def from_gguf(header: GGUFHeader) -> ModelSpec:
 
     # Which layers own KV in the main context (create_memory filters):
     # trunk only (il < n_layer(): MTP blocks are filtered), not recurrent, with KV heads.
-    kv_layers = tuple(il < n_layer and not recurrent[il] and n_head_kv[il] > 0 for il in range(n_layer_all))
+    kv_layers = tuple(
+        il < n_layer and (arch in _RECURRENT_AND_ATTENTION or not recurrent[il]) and n_head_kv[il] > 0
+        for il in range(n_layer_all)
+    )
+    if arch in _RECURRENT_NEMOTRON_H:  # create_memory: !is_recr(il) && n_ff(il) == 0
+        n_ff_l = k.per_layer(LLM.FEED_FORWARD_LENGTH, n_layer_all, 0)
+        kv_layers = tuple(ok and n_ff_l[il] == 0 for il, ok in enumerate(kv_layers))
     if arch in NO_MEMORY_ARCHS:  # encoders and diffusion models: no KV cache at all
         kv_layers = (False,) * n_layer_all
     if arch in ("gemma3n", "gemma4"):
@@ -375,11 +424,37 @@ def from_gguf(header: GGUFHeader) -> ModelSpec:
         type_bytes.most_common(1)[0][0] if type_bytes else "unknown"
     )
 
+    if known_only and arch not in LLAMA_ARCHITECTURES:
+        raise GGUFError(
+            f"{header.source}: llama.cpp (b11312) does not know the architecture {arch!r}: it refuses to load "
+            'this model ("unknown model architecture", src/llama-arch.cpp), so there is nothing to plan',
+            hint="a llama.cpp build that supports it is needed; kvadvise plans only what llama.cpp can run",
+        )
     verified = arch in VERIFIED
     if not verified:
-        notes.append(f"architecture {arch!r} is not verified against llama.cpp; generic rules applied")
+        notes.append(
+            f"architecture {arch!r} is not verified against llama.cpp; generic rules applied: every figure is an "
+            "estimate"
+        )
     if is_mla:
         notes.append("MLA: llama.cpp stores only the compressed K (V is a view of it)")
+    n_expert = k.num(LLM.EXPERT_COUNT, 0)
+    n_ff = k.num(LLM.FEED_FORWARD_LENGTH, 0)
+    # the MoE FFN's width: expert_feed_forward_length, else feed_forward_length (llama.cpp's MoE llama models)
+    n_ff_exp = k.num(LLM.EXPERT_FEED_FORWARD_LENGTH, n_ff) if n_expert else 0
+    n_ff_shexp = k.num(LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, 0) or n_ff_exp * k.num(LLM.EXPERT_SHARED_COUNT, 0)
+    ssm = None
+    if any(recurrent) and arch in _SSM_KIND:
+        kind = _SSM_KIND[arch]
+        conv = k.num(ShortConv.L_CACHE, 0) if kind == "shortconv" else k.num(SSM.CONV_KERNEL, 0)
+        ssm = SSMDims(
+            kind=kind,
+            d_conv=conv,
+            d_inner=k.num(SSM.INNER_SIZE, 0),
+            d_state=k.num(SSM.STATE_SIZE, 0),
+            n_group=k.num(SSM.GROUP_COUNT, 0),
+            n_head=k.num(SSM.TIME_STEP_RANK, 0),
+        )
     name = header.metadata.get(General.NAME)
     return ModelSpec(
         name=name if isinstance(name, str) and name else arch,
@@ -404,8 +479,8 @@ def from_gguf(header: GGUFHeader) -> ModelSpec:
         n_embd_r=n_embd_r,
         n_embd_s=n_embd_s,
         is_mla=is_mla,
-        n_ff=k.num(LLM.FEED_FORWARD_LENGTH, 0),
-        n_expert=k.num(LLM.EXPERT_COUNT, 0),
+        n_ff=n_ff,
+        n_expert=n_expert,
         n_expert_used=k.num(LLM.EXPERT_USED_COUNT, 0),
         weights_bytes=weights_bytes,
         tok_embd_bytes=tok_embd.n_bytes if tok_embd else 0,
@@ -421,6 +496,10 @@ def from_gguf(header: GGUFHeader) -> ModelSpec:
         layer_largest_tensor_bytes=tuple(layer_largest),
         fixed_span=fixed_span,
         active_params=active_params,
+        n_ff_exp=n_ff_exp,
+        n_ff_shexp=n_ff_shexp,
+        parallel_block=arch in _PARALLEL_BLOCK,
+        ssm=ssm,
     )
 
 

@@ -126,6 +126,23 @@ def row_bytes(t: GGMLType, n: int) -> int:
     return n // blck * size
 
 
+# The cache types CUDA's flash attention has a kernel for, K and V in any pairing (ggml/src/ggml-cuda/fattn.cu
+# ggml_cuda_fattn_kv_type_supported, 0c1e570: a quantized pair the vector kernels lack runs on the MMA path,
+# converted to f16); any other type (iq4_nl) makes ggml_cuda_get_best_fattn_kernel return NONE.
+CUDA_FA_CACHE_TYPES = frozenset(
+    {
+        GGMLType.F32,
+        GGMLType.F16,
+        GGMLType.BF16,
+        GGMLType.Q4_0,
+        GGMLType.Q4_1,
+        GGMLType.Q5_0,
+        GGMLType.Q5_1,
+        GGMLType.Q8_0,
+    }
+)
+
+
 def cache_type(name: str) -> GGMLType:
     """kv_cache_type_from_str(): parse a -ctk/-ctv value."""
     for t in KV_CACHE_TYPES:

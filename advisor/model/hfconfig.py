@@ -291,6 +291,12 @@ def _text_model(hp: _HParams, w: _Writer) -> None:
         w.put(Attention.HEAD_COUNT_KV, hp.num(_HEAD_KV_KEYS))
     w.put(LLM.EXPERT_COUNT, hp.num(_EXPERT_KEYS))
     w.put(LLM.EXPERT_USED_COUNT, hp.num(_EXPERT_USED_KEYS))
+    # The MoE widths the converters write (qwen.py, deepseek.py, glm.py: expert_feed_forward_length from
+    # moe_intermediate_size; the shared experts' width or count): they size the compute buffer's expert
+    # activations (kvadvise.planner.memory); absent, llama.cpp's MoE llama models use feed_forward_length.
+    w.put(LLM.EXPERT_FEED_FORWARD_LENGTH, hp.num(("moe_intermediate_size",)))
+    w.put(LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, hp.num(("shared_expert_intermediate_size",)))
+    w.put(LLM.EXPERT_SHARED_COUNT, hp.num(("n_shared_experts", "num_shared_experts")))
     head_dim = hp.num(("head_dim",))
     w.put(Attention.KEY_LENGTH, head_dim)
     w.put(Attention.VALUE_LENGTH, head_dim)
@@ -793,7 +799,7 @@ def from_config(config: Mapping[str, object], *, source: str, weights_bytes: int
         raise InputError(f"{source}: weights_bytes must be a non-negative integer, got {weights_bytes!r}")
     header, hp, notes = _convert(config, source)
     try:
-        spec = from_gguf(header)
+        spec = from_gguf(header, known_only=False)  # an unmapped config: generic rules, an estimate
     except GGUFError as e:  # should not happen after _check; keep the source and say where it came from
         raise InputError(f"{e.message} (GGUF metadata converted from config.json)") from None
     dtype = hp.get("torch_dtype", hp.get("dtype"))

@@ -28,6 +28,20 @@ class MatmulWeight:
 
 
 @dataclass(frozen=True, slots=True)
+class SSMDims:
+    """The recurrent mixer's sizes, for its activations in the compute buffer (llama_hparams ssm_* fields;
+    ``kind``: mamba2 (Mamba-2, Granite-hybrid, Falcon-H1, Nemotron-H, Jamba's mamba layers), gdn (Qwen3-Next /
+    Qwen3.5 gated delta net), shortconv (LFM2), rwkv, mamba (Mamba-1))."""
+
+    kind: str
+    d_conv: int  # {arch}.ssm.conv_kernel (shortconv: {arch}.shortconv.l_cache)
+    d_inner: int  # {arch}.ssm.inner_size (GDN: v heads x head dim)
+    d_state: int  # {arch}.ssm.state_size (GDN: head dim)
+    n_group: int  # {arch}.ssm.group_count (GDN: k heads)
+    n_head: int  # {arch}.ssm.time_step_rank (Mamba-2 heads; GDN: v heads)
+
+
+@dataclass(frozen=True, slots=True)
 class ModelSpec:
     """What the memory model needs to know of a model, from any source (GGUF, config.json, profile)."""
 
@@ -77,6 +91,11 @@ class ModelSpec:
     # output layer counts it), of the routed experts n_expert_used of n_expert. Prompt processing costs
     # 2 FLOPs per such parameter and token (kvadvise.planner.speed); 0: unknown (then from the bytes)
     active_params: int = 0
+    # What sizes the compute buffer beyond the fields above (kvadvise.planner.memory.compute phases):
+    n_ff_exp: int = 0  # {arch}.expert_feed_forward_length (0: n_ff, as llama.cpp's MoE llama models)
+    n_ff_shexp: int = 0  # the shared experts' width: expert_shared_feed_forward_length or shared_count x n_ff_exp
+    parallel_block: bool = False  # attention and FFN read the same input (command-r, cohere2): both outputs live
+    ssm: SSMDims | None = None  # the recurrent mixer, for hybrid and recurrent models
 
     @property
     def n_layer(self) -> int:

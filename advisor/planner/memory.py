@@ -7,8 +7,10 @@ Follows llama.cpp 0c1e570 (vendored by llama-cpp-python 0.3.36):
 - recurrent:     src/llama-memory-recurrent.cpp, llama_memory_recurrent::llama_memory_recurrent()
 - output buffer: src/llama-context.cpp, llama_context::output_reserve()
 - buffers:       ggml/src/ggml-alloc.c, ggml_backend_alloc_ctx_tensors_from_buft() (per-tensor padding)
-The compute buffer has no closed form (ggml-alloc's greedy reuse); it is a
-documented estimate, checked against real llama.cpp within 5% or 16 MiB.
+The compute buffer has no closed form (ggml-alloc's greedy reuse): it is the largest of the graph's live
+sets, each a closed form (_sizes), checked against llama.cpp's own allocation pass (llama-fit-params, real-size
+layers of 20 families, tests/test_oracle.py) and published logs within 16 MiB or 3 %. The rules that moved
+between llama.cpp builds are kvadvise.planner.builds'.
 """
 
 from __future__ import annotations
@@ -20,8 +22,18 @@ from typing import TYPE_CHECKING
 
 from kvadvise.errors import ConfigError
 from kvadvise.model.architecture import ENCODER_ARCHS
-from kvadvise.model.ggml import ALIGNMENT, BLOCK, GGMLType, cuda_alloc_bytes, is_quantized, pad, row_bytes
-from kvadvise.model.spec import ModelSpec
+from kvadvise.model.ggml import (
+    ALIGNMENT,
+    BLOCK,
+    CUDA_FA_CACHE_TYPES,
+    GGMLType,
+    cuda_alloc_bytes,
+    is_quantized,
+    pad,
+    row_bytes,
+)
+from kvadvise.model.spec import ModelSpec, SSMDims
+from kvadvise.planner import builds
 from kvadvise.planner.repack import RULES as REPACK_RULES
 from kvadvise.planner.repack import plan_repack
 
@@ -93,6 +105,10 @@ class RunConfig:
     draft: ModelSpec | None = None
     type_k_draft: GGMLType = GGMLType.F16
     type_v_draft: GGMLType = GGMLType.F16
+    # the llama.cpp build (bNNNN) the plan is for: its memory rules (kvadvise.planner.builds); None = not
+    # known, planned for the largest figure of the supported builds. The API's default is the build whose
+    # rules kvadvise follows (b11312); the CLI finds the installed one or says it does not know it.
+    llama_build: int | None = builds.REFERENCE
 
     def __post_init__(self) -> None:
         # llama.cpp reads -c, -np, -b, -ub as int32 (common/arg.cpp std::stoi); a larger number would be
@@ -105,13 +121,20 @@ class RunConfig:
                 )
         if self.n_outputs_max is not None and not 0 <= self.n_outputs_max <= INT32_MAX:
             raise ConfigError(f"n_outputs_max must be from 0 to {INT32_MAX:,}, got {self.n_outputs_max!r}")
+        if self.llama_build is not None and not 0 < self.llama_build <= INT32_MAX:
+            raise ConfigError(f"llama_build must be a build number (bNNNN), got {self.llama_build!r}")
 
     @property
     def llama_n_outputs_max(self) -> int:
         """The llama_context_params.n_outputs_max llama.cpp is given for this config (0 = n_batch)."""
         if self.n_outputs_max is not None:
             return self.n_outputs_max
-        return self.n_parallel if self.runtime == "llama-server" else 0
+        if self.runtime != "llama-server":
+            return 0
+        # a llama-server built before ggml-org/llama.cpp#23861 reserves the whole batch, as the library does;
+        # an unknown build follows the runtime (llama-cli stands for such servers; the plan's note says so)
+        old = self.llama_build is not None and self.llama_build < builds.SERVER_OUTPUT_LIMITS
+        return 0 if old else self.n_parallel
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +155,7 @@ class ContextLayout:
     type_k: GGMLType
     type_v: GGMLType
     device: str
+    llama_build: int | None = builds.REFERENCE  # the build whose rules apply (None: the largest of them)
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,9 +328,12 @@ def resolve(spec: ModelSpec, cfg: RunConfig) -> ContextLayout:
     if spec.has_swa:
         n_ctx_swa = n_ctx_seq
         if not cfg.swa_full:
-            # llama_kv_cache_iswa: size_swa = GGML_PAD(min(size_base, n_swa*(unified ? n_seq_max : 1) + n_ubatch), 256)
+            # llama_kv_cache_iswa: size_swa = GGML_PAD(min(size_base, n_swa*(unified ? n_seq_max : 1) + n_ubatch), 256);
+            # builds before ggml-org/llama.cpp#17046 did not pad it (kvadvise.planner.builds.SWA_PAD_256)
             mult = n_seq_max if cfg.kv_unified else 1
-            n_ctx_swa = pad(min(n_ctx_seq, spec.n_swa * mult + n_ubatch), CTX_PAD)
+            n_ctx_swa = min(n_ctx_seq, spec.n_swa * mult + n_ubatch)
+            if not all(builds.older_than(cfg.llama_build, builds.SWA_PAD_256)):
+                n_ctx_swa = pad(n_ctx_swa, CTX_PAD)
     return ContextLayout(
         n_ctx=n_ctx,
         n_ctx_seq=n_ctx_seq,
@@ -322,6 +349,7 @@ def resolve(spec: ModelSpec, cfg: RunConfig) -> ContextLayout:
         type_k=cfg.type_k,
         type_v=cfg.type_v,
         device="cpu" if cfg.device == "auto" else cfg.device,  # an estimate without hardware is the CPU's
+        llama_build=cfg.llama_build,
     )
 
 
@@ -338,6 +366,13 @@ def _flash_attn(spec: ModelSpec, cfg: RunConfig) -> bool:
             "quantized V cache requires flash attention",
             hint="use --flash-attn on (or auto), or an f16 V cache",
         )
+    if is_quantized(cfg.type_v) and fa == "auto":
+        fa = "on"  # llama_init_from_model: "enabling flash_attn since it is required for quantized V cache"
+    if fa == "auto" and cfg.device == "cuda" and cuda_flash_attn_missing(spec, cfg.type_k, cfg.type_v):
+        fa = "off"  # llama_context::resolve_fused_ops: the FA probe lands on the CPU, auto -> disabled
+    # enabled without a CUDA kernel (asked for, or forced by a quantized V), llama.cpp does not probe:
+    # ggml_backend_sched runs every attention on the CPU; planned as flash attention, and the plan says so
+    # (flash_attn_note)
     if fa != "off":  # auto resolves to on: the CPU and CUDA backends support FA for these head sizes
         heads = layer_shapes(spec).heads
         for name, t, idx in (("K", cfg.type_k, 0), ("V", cfg.type_v, 1)):
@@ -349,6 +384,55 @@ def _flash_attn(spec: ModelSpec, cfg: RunConfig) -> bool:
                     hint="use f16, or a cache type whose block size divides the head size",
                 )
     return fa != "off"
+
+
+# ggml/src/ggml-cuda/fattn.cu (0c1e570): the K/V types with a kernel (model.ggml.CUDA_FA_CACHE_TYPES) and
+# the head sizes ggml_cuda_get_best_fattn_kernel takes: K == V from this set, or the pairs below with a GQA ratio
+# (n_head / n_head_kv) that is a multiple of the number given (the "gqa_opt" kernels; 2 = any ratio >= 2)
+_CUDA_FA_HEADS = frozenset({40, 64, 72, 80, 96, 112, 128, 256})
+_CUDA_FA_GQA_PAIRS = {(192, 128): 8, (320, 256): 32, (512, 512): 2, (576, 512): 2}
+
+
+def cuda_flash_attn_missing(spec: ModelSpec, type_k: GGMLType, type_v: GGMLType) -> str | None:
+    """Why CUDA has no flash-attention kernel for this model and cache (None: it has one). Without one, FA
+    "auto" resolves to off (llama_context::resolve_fused_ops: the op lands on the CPU) and "on" runs every
+    attention on the CPU: DeepSeek-V2-Lite's pre-MLA GGUFs (K head 192, V 128, no GQA), an iq4_nl cache."""
+    for name, t in (("K", type_k), ("V", type_v)):
+        if t not in CUDA_FA_CACHE_TYPES:
+            return f"no kernel reads a {t.type_name} {name} cache"
+    for il in range(spec.n_layer):
+        if not spec.kv_layers[il]:
+            continue
+        dk = spec.n_embd_head_k_swa if spec.swa_layers[il] else spec.n_embd_head_k
+        dv = spec.n_embd_head_v_swa if spec.swa_layers[il] else spec.n_embd_head_v
+        gqa = spec.n_head[il] // max(1, spec.n_head_kv[il])
+        if dk == dv and dk in _CUDA_FA_HEADS:
+            continue
+        step = _CUDA_FA_GQA_PAIRS.get((dk, dv))
+        if step is not None and gqa >= 2 and gqa % step == 0:
+            continue
+        return f"K head {dk} / V head {dv} at a GQA ratio of {gqa}"
+    return None
+
+
+def flash_attn_note(spec: ModelSpec, cfg: RunConfig) -> str | None:
+    """What a plan says when CUDA has no flash-attention kernel for the model and its cache."""
+    if cfg.device != "cuda" or cfg.flash_attn == "off":
+        return None
+    missing = cuda_flash_attn_missing(spec, cfg.type_k, cfg.type_v)
+    if missing is None:
+        return None
+    if cfg.flash_attn == "auto" and not is_quantized(cfg.type_v):
+        return (
+            f"flash attention off: CUDA has no kernel for this model ({missing}; ggml-cuda fattn.cu), so "
+            "llama.cpp's auto resolves it off (llama_context::resolve_fused_ops): the attention scores take "
+            "n_kv x n_ubatch x n_head floats and V is stored transposed"
+        )
+    return (
+        f"flash attention is on but CUDA has no kernel for it ({missing}; ggml-cuda fattn.cu): llama.cpp runs "
+        "every attention on the CPU, slowly, and copies each layer's K and V to host memory for it (not in "
+        "these figures); use --flash-attn auto with an f16 V cache (llama.cpp then turns it off)"
+    )
 
 
 def _tensor_alloc(device: str, t: GGMLType, ne0: int, n_bytes: int) -> int:
@@ -363,12 +447,14 @@ def kv_shape_bytes(spec: ModelSpec, lay: ContextLayout) -> dict[tuple[bool, int,
     [n_embd_k_gqa, cells, n_stream] (llama_kv_cache ctor). Layers mostly share a shape: each is sized once."""
     shapes = layer_shapes(spec)
     has_swa = spec.has_swa
+    mla_v = _mla_keeps_v(lay)
     sizes: dict[tuple[bool, int, int] | None, tuple[int, int]] = {None: (0, 0)}
     for key, _n in shapes.counts:
         swa, nk, nv_fa = key
         cells = lay.n_ctx_swa if has_swa and swa else lay.n_ctx_seq
-        # MLA: has_v = !is_mla, V is a view into K; v_trans (FA off) pads V to the widest layer
-        nv = -1 if spec.is_mla else shapes.v_max if not lay.flash_attn else nv_fa
+        # MLA: has_v = !is_mla, V is a view into K (builds before #19067 kept a V, kvadvise.planner.builds);
+        # v_trans (FA off) pads V to the widest layer
+        nv = -1 if spec.is_mla and not mla_v else shapes.v_max if not lay.flash_attn else nv_fa
         k = _tensor_alloc(lay.device, lay.type_k, nk, row_bytes(lay.type_k, nk) * cells * lay.n_stream)
         v = 0 if nv < 0 else _tensor_alloc(lay.device, lay.type_v, nv, row_bytes(lay.type_v, nv) * cells * lay.n_stream)
         sizes[key] = (k, v)
@@ -379,6 +465,11 @@ def layer_kv_bytes(spec: ModelSpec, lay: ContextLayout) -> tuple[tuple[int, int]
     """(K, V) bytes of each layer."""
     sizes = kv_shape_bytes(spec, lay)
     return tuple(sizes[key] for key in layer_shapes(spec).keys)
+
+
+def _mla_keeps_v(lay: ContextLayout) -> bool:
+    """Builds before ggml-org/llama.cpp#19067 allocated an MLA model's V (kv_lora_rank wide) beside K."""
+    return lay.llama_build is not None and lay.llama_build < builds.MLA_V_LESS
 
 
 def kv_caches(
@@ -412,7 +503,7 @@ def kv_bytes_per_token(spec: ModelSpec, lay: ContextLayout) -> int:
         if has_swa and swa and not lay.swa_full:
             continue
         row = row_bytes(lay.type_k, nk)
-        if not spec.is_mla:
+        if not spec.is_mla or _mla_keeps_v(lay):
             row += row_bytes(lay.type_v, shapes.v_max if not lay.flash_attn else nv_fa)
         total += n * row
     return total
@@ -432,42 +523,130 @@ def output_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     return spec.n_vocab * 4 * lay.n_seq_max
 
 
-def compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
-    """Estimate of the compute buffers (ggml-alloc has no closed form).
+@dataclass(frozen=True, slots=True)
+class _Sizes:
+    """The tensors the compute-buffer phases are made of, in bytes (f32 activations of n_ubatch tokens)."""
 
-    The worst-case graph is reserved for n_ubatch tokens against the full
-    cache, with min(n_ubatch, n_outputs_max) output rows (llama_context::
-    sched_reserve). It holds the KQ masks and the hidden state throughout,
-    plus the largest of: the logits of those rows (f32 n_vocab x rows), the
-    attention (with the scores, f32 n_kv x n_ubatch x n_head, when flash
-    attention is off), and the feed-forward activations.
-    """
-    ub = lay.n_ubatch
-    f32 = 4
+    embd: int  # [n_embd, n_ubatch]: the residual stream and each normed copy of it
+    q: int  # [n_head * n_embd_head_k, n_ubatch]: Q, and the attention's output before wo
+    logits: int  # [n_vocab, rows]: the reserved logits
+    mask_cells: int  # KQ mask columns of every cache kind (full and SWA), one per token of the batch
+    scores: int  # without flash attention: [n_kv, n_ubatch, n_head] f32 (softmax works in place)
+    attn: int  # the attention's live set (0 without attention layers), no masks
+    mix: int  # the feed-forward's or recurrent mixer's live set, no masks
+    layer: int  # the largest live set of a layer's own tensors (attention, feed-forward or mixer), no masks
+
+
+def _sizes(spec: ModelSpec, lay: ContextLayout) -> _Sizes:
+    ub, f32 = lay.n_ubatch, 4
+    embd = f32 * ub * spec.n_embd
     n_head = max(spec.n_head, default=0)
-    hidden = 4 * f32 * ub * spec.n_embd  # the residual stream, its norm, the layer input and output
-    # KQ masks are graph inputs, alive through the whole graph: [n_kv, ub] per cache kind, f16 for
-    # flash attention, else f32 (src/llama-graph.cpp build_attn_inp_kq_mask).
-    shapes = layer_shapes(spec)
-    full, swa = shapes.has_full, shapes.has_swa_layer
-    n_kv = lay.n_ctx_seq if full else 0
-    n_kv_swa = lay.n_ctx_swa if swa else 0
-    masks = (n_kv + n_kv_swa) * ub * (2 if lay.flash_attn else f32)
-    logits = f32 * min(ub, lay.n_outputs_max) * spec.n_vocab
     q = f32 * ub * n_head * spec.n_embd_head_k
-    # without flash attention the scores are materialised: f32 [n_kv, ub, n_head] (the softmax reuses them)
-    attn = 2 * q + (0 if lay.flash_attn else f32 * ub * max(n_kv, n_kv_swa) * n_head)
-    ffn = 3 * f32 * ub * spec.n_ff  # gate, up and their product
-    return pad(masks + hidden + max(logits, attn, ffn), MIB // 2)
+    shapes = layer_shapes(spec)  # remembered per model (compare plans many cards)
+    full, swa = shapes.has_full, shapes.has_swa_layer
+    cells = (lay.n_ctx_seq if full else 0) + (lay.n_ctx_swa if swa else 0)
+    n_kv = max(lay.n_ctx_seq if full else 0, lay.n_ctx_swa if swa else 0)
+    scores = 0 if lay.flash_attn else f32 * ub * n_kv * n_head
+    attn = 0
+    if full or swa:
+        # the attention: the residual, its norm and Q/K/V (3 rows of n_embd), Q and the output before wo;
+        # without flash attention the scores and a third Q-sized tensor (KQV before its permute)
+        attn = 3 * embd + (2 * q if lay.flash_attn else 3 * q + scores)
+    phases = [0]
+    if spec.n_ff:  # a dense feed-forward: gate, up and their product (ggml_swiglu_split is not in place)
+        phases.append(3 * embd + 3 * f32 * ub * spec.n_ff)
+    if spec.n_expert:
+        phases.append(_moe_phase(spec, ub, embd, q))
+    if spec.ssm is not None:
+        phases.append(_mixer_phase(spec, spec.ssm, ub, embd, lay.n_seq_max))
+    # parallel blocks (command-r, cohere2) keep the attention's output alive through the feed-forward
+    mix = max(phases) + (embd if spec.parallel_block else 0)
+    layer = max(attn, mix)
+    logits = f32 * min(ub, lay.n_outputs_max) * spec.n_vocab
+    if spec.is_mla:
+        # measured (llama-fit-params, b11312, DeepSeek-V2-Lite's shape): the logits land above two Q-sized
+        # tensors the last MLA layer leaves at the top of the buffer (ggml-alloc's best fit), 36 MiB at n_ubatch 512
+        logits += 2 * q
+    return _Sizes(embd, q, logits, cells, scores, attn, mix, layer)
+
+
+def _moe_phase(spec: ModelSpec, ub: int, embd: int, q: int) -> int:
+    """llm_graph_context::build_moe_ffn (src/llama-graph.cpp): gate and up per selected expert and their
+    product (F = [n_ff_exp, n_expert_used, n_ubatch] each), then the down projection's [n_embd,
+    n_expert_used, n_ubatch] (Eu), which takes the place of the freed gate and up where it fits (2F), else
+    stacks on top. Measured with llama.cpp's own allocation pass (llama-fit-params, b11312) over 18 shapes of
+    Qwen3-MoE, Mixtral, gpt-oss and GLM-4.5 layers: exact on 10, within 12 MiB on the rest but one (GLM-4.5-Air's
+    shape, 22 MiB over, the shared expert's tensors reuse more)."""
+    f32 = 4
+    ff = f32 * ub * (spec.n_ff_exp or spec.n_ff) * spec.n_expert_used
+    eu = f32 * ub * spec.n_embd * spec.n_expert_used
+    return 2 * embd + 3 * ff + max(embd, q) + (eu if eu > 2 * ff else 0)
+
+
+def _mixer_phase(spec: ModelSpec, ssm: SSMDims, ub: int, embd: int, n_seqs: int) -> int:
+    """A recurrent layer's live set (src/models/graph-context-mamba.cpp, delta-net-base.cpp, lfm2.cpp), measured
+    with llama.cpp's allocation pass (b11312) on real-size layers: Mamba-2 (the in-projection, the conv input
+    and output, y and its gate, two rows of n_embd, the states of every sequence: exact on Mamba2-2.7B's
+    shape, 13 % over on Granite-4.0-H's); gated delta net (three rows of the conv width q|k|v and two of n_embd,
+    within 1 % on three Qwen3.5 shapes); LFM2's short conv (six rows of n_embd, exact)."""
+    f32 = 4
+    if ssm.kind == "gdn":
+        conv = 2 * ssm.n_group * ssm.d_state + ssm.d_inner
+        return f32 * ub * 3 * conv + 2 * embd + MIB
+    if ssm.kind == "shortconv":
+        return 6 * embd
+    if ssm.kind in ("mamba2", "mamba"):
+        conv = ssm.d_inner + 2 * ssm.n_group * ssm.d_state
+        in_proj = 2 * ssm.d_inner + 2 * ssm.n_group * ssm.d_state + ssm.n_head
+        states = ssm.d_state * ssm.d_inner + max(0, ssm.d_conv - 1) * conv
+        return f32 * ub * (in_proj + 2 * conv + 2 * ssm.d_inner) + 2 * embd + f32 * states * max(1, n_seqs)
+    return 8 * embd  # RWKV: time mix and channel mix (not measured: an estimate)
+
+
+def _mask_eras(lay: ContextLayout) -> tuple[bool, ...]:
+    """Whether the plan follows builds before ggml-org/llama.cpp#23764 (an f32 mask with flash attention):
+    one era for a known build, both for an unknown one (kvadvise.planner.builds)."""
+    return builds.older_than(lay.llama_build, builds.F16_MASK_FA) if lay.flash_attn else (False,)
 
 
 def mask_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     """The KQ masks, one per cache kind (full and SWA): [n_kv, n_tokens/n_stream, 1, n_stream], f16 with
-    flash attention, else f32 (src/llama-graph.cpp build_attn_inp_kq_mask, 0c1e570)."""
-    shapes = layer_shapes(spec)
-    full, swa = shapes.has_full, shapes.has_swa_layer
-    n_kv = (lay.n_ctx_seq if full else 0) + (lay.n_ctx_swa if swa else 0)
-    return n_kv * lay.n_ubatch * (2 if lay.flash_attn else 4)
+    flash attention, else f32 (src/llama-graph.cpp build_attn_inp_kq_mask, 0c1e570); f32 with flash attention
+    too in builds before #23764 (kvadvise.planner.builds): the larger of the two for an unknown build."""
+    s = _sizes(spec, lay)
+    f32 = not lay.flash_attn or any(_mask_eras(lay))
+    return s.mask_cells * lay.n_ubatch * (4 if f32 else 2)
+
+
+def compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
+    """The compute buffer when the CPU runs every layer (one buffer; llama_context::sched_reserve).
+
+    ggml-alloc (ggml/src/ggml-alloc.c) allocates the graph inputs first and frees every tensor after its last
+    consumer: the KQ masks live from the first layer to the last attention, so a layer's peak is the masks
+    plus its largest live set (kvadvise.planner.memory._sizes) plus the token embeddings' get_rows; the
+    output layer's is the logits of the reserved rows and two rows of n_embd. Measured with llama.cpp's
+    allocation pass (llama-fit-params, b11312) on real-size models of 20 families (tests/test_oracle.py)."""
+    return max(_cpu_compute(spec, lay, old) for old in _mask_eras(lay))
+
+
+def _layer_peak(s: _Sizes, lay: ContextLayout, f32_mask: bool) -> int:
+    """A layer's peak: the masks (f16 with flash attention, else f32) and the layer's live set; before
+    ggml-org/llama.cpp#23764, with flash attention, also the f32 mask input until its f16 cast, which the
+    first attention reads (build_attn_inp_kq_mask: ggml_cast of the f32 input; the PR: "the f32 mask still
+    uses the compute buffer even though it is not used")."""
+    if not s.layer:
+        return 0
+    ub = lay.n_ubatch
+    masks = s.mask_cells * ub * (2 if lay.flash_attn else 4)
+    peak = masks + s.layer
+    if f32_mask and s.attn:
+        peak = max(peak, masks + s.mask_cells * ub * 4 + s.attn)
+    return peak
+
+
+def _cpu_compute(spec: ModelSpec, lay: ContextLayout, f32_mask: bool) -> int:
+    s = _sizes(spec, lay)
+    return pad(max(s.logits + 2 * s.embd, _layer_peak(s, lay, f32_mask) + s.embd), ALIGNMENT["cuda"])
 
 
 def host_compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
@@ -476,57 +655,68 @@ def host_compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
 
     ggml_backend_sched_backend_id_from_cur (ggml/src/ggml-backend.cpp) puts every graph input on the
     last backend, the CPU, whose buffer type is the GPU's pinned host type when there is a GPU
-    (src/llama-context.cpp, backend_buft): the KQ masks, the token ids, positions and output ids;
-    token_embd stays on the CPU (llama_model::load_tensors), so its get_rows is there too. Measured
-    with real llama.cpp 0c1e570 (RPC devices on loopback; tests/test_devices.py): the masks, two
-    f32 [n_embd, n_ubatch] tensors of the embedding step, and without flash attention one f32
-    [n_head * n_embd_head_k, n_ubatch] (the Q-sized input of the attention's first split), within
-    0.02 MiB on 24 configurations of three architectures. Published GPU logs of 2026 builds agree
-    (Metal, tests/data/published: the masks and two [n_embd, n_ubatch] rows); builds of 2024-2025
-    kept one such row on the host, and before ggml-org/llama.cpp#23764 (2026-05-28) the mask was
-    f32 with flash attention too (the device cast it to f16).
+    (src/llama-context.cpp, backend_buft): the KQ masks, the token ids, positions and output ids, and
+    without flash attention the V cache's row indices (i64 [n_embd_v_gqa * n_ubatch] per cache,
+    llm_graph_input_attn_kv::set_input, the V cache being transposed); token_embd stays on the CPU
+    (llama_model::load_tensors), so its get_rows is there too: two [n_embd, n_ubatch] rows in b11312, one in
+    builds before #23764, which also kept the mask f32 with flash attention. Measured with llama.cpp's
+    allocation pass on RPC devices (b11312, 20 families, tests/test_oracle.py) and published logs.
     """
+    return max(_host_compute(spec, lay, old) for old in _mask_eras(lay))
+
+
+def _host_compute(spec: ModelSpec, lay: ContextLayout, f32_mask: bool) -> int:
+    s = _sizes(spec, lay)
     ub = lay.n_ubatch
-    embd = 2 * 4 * ub * spec.n_embd
-    q = 0 if lay.flash_attn else 4 * ub * max(spec.n_head, default=0) * spec.n_embd_head_k
+    masks = s.mask_cells * ub * (2 if lay.flash_attn and not f32_mask else 4)
+    old = lay.llama_build is not None and lay.llama_build < builds.F16_MASK_FA
+    rows = 1 if f32_mask or old else 2
+    v_idxs = 0
+    if not lay.flash_attn and not spec.is_mla and not all(builds.older_than(lay.llama_build, builds.SET_ROWS)):
+        kinds = len(
+            {lay.n_ctx_swa if spec.swa_layers[il] else lay.n_ctx_seq for il, kv in enumerate(spec.kv_layers) if kv}
+        )
+        v_idxs = 8 * ub * spec.n_embd_v_gqa_max() * kinds
     ids = 4 * ub * 2 + 4 * min(ub, lay.n_outputs_max)  # tokens and positions (i32), output ids (i32)
-    return pad(mask_bytes(spec, lay) + embd + q + ids, ALIGNMENT["cuda"])
+    return pad(masks + rows * s.embd + v_idxs + ids, ALIGNMENT["cuda"])
 
 
-def device_compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
-    """The compute buffer of the one device that runs every layer.
+def device_compute_bytes(spec: ModelSpec, lay: ContextLayout, *, weight_copy: int = 0) -> int:
+    """The compute buffer of the one device that runs every layer (a GPU, or an RPC device).
 
-    RPC devices (CPU rpc-servers): the CPU alone's graph but the embedding rows, which stay on the
-    host (measured with real llama.cpp 0c1e570 on loopback, tests/test_devices.py).
-
-    A GPU: ggml-alloc's peak is the largest of three live sets (ggml/src/ggml-alloc.c frees a tensor
-    after its last consumer; the graph inputs live in the host buffer, the device holds their copies):
-    - the output layer: the logits of the reserved rows and two [n_embd, n_ubatch] rows (the normed
-      hidden state that makes them and the last layer's output; the masks and the activations of the
-      layers are dead by then). 2026 builds print two rows (Metal logs; the CPU at 0c1e570: Gemma 3
-      270M with whole-batch logits, 512 + 2 x 1.25 MiB); CUDA builds of 2024-2025 printed one;
-    - without flash attention, a layer's attention: the f32 scores [n_kv, n_ubatch, n_head] (softmax
-      works in place), the device's copy of the masks, the residual and normed input (n_embd) and Q
-      and KQV (n_head * n_embd_head_k);
-    - the feed-forward: gate, up and their product, with the residual and normed input.
-    Published logs (tests/data/published) match to the 0.01 MiB they print: without flash attention
-    CUDA Mistral 7B at 2048 and 32768 tokens, Llama 3.2 3B with 4 slots, Llama 3.1 70B; with it the
-    2026 Metal runs of gpt-oss 20B, Qwen3 8B and Qwen2.5 0.5B.
+    ggml-alloc's peak is the largest of its live sets (ggml/src/ggml-alloc.c frees a tensor after its last
+    consumer; the graph inputs are allocated first and live in the host buffer, the device holds their
+    copies, also allocated first):
+    - the output layer: the logits of the reserved rows and up to two [n_embd, n_ubatch] rows (the normed
+      hidden state that makes them; the masks and the layers' activations are dead by then);
+    - a layer: the device's copy of the KQ masks, alive from the first layer to the last attention, and the
+      layer's largest live set (kvadvise.planner.memory._sizes); before ggml-org/llama.cpp#23764 (b9410)
+      the device also held the f32 mask input until its f16 cast at the first attention ("the f32 mask still
+      uses the compute buffer even though it is not used").
+    ``weight_copy``: op offload's copy of a CPU-resident weight (kvadvise.planner.offload), alive during a
+    layer's matmul, not beside the logits.
+    Measured with llama.cpp's allocation pass (llama-fit-params, b11312) on RPC devices, on real-size models
+    of 20 families (tests/test_oracle.py); published CUDA, Metal and Vulkan logs (tests/data/published).
     """
-    if lay.device == "rpc":
-        return max(0, compute_bytes(spec, lay) - 4 * lay.n_ubatch * spec.n_embd)
-    ub, f32 = lay.n_ubatch, 4
-    embd = f32 * ub * spec.n_embd
-    n_head = max(spec.n_head, default=0)
-    q = f32 * ub * n_head * spec.n_embd_head_k
-    shapes = layer_shapes(spec)
-    full, swa = shapes.has_full, shapes.has_swa_layer
-    n_kv = max(lay.n_ctx_seq if full else 0, lay.n_ctx_swa if swa else 0)
-    logits = f32 * min(ub, lay.n_outputs_max) * spec.n_vocab + 2 * embd
-    scores = 0 if lay.flash_attn else f32 * ub * n_kv * n_head
-    attn = mask_bytes(spec, lay) + 2 * embd + 2 * q + scores if (full or swa) else 0
-    ffn = 2 * embd + 3 * f32 * ub * spec.n_ff
-    return pad(max(logits, attn, ffn), ALIGNMENT["cuda"])
+    return max(_device_compute(spec, lay, old, weight_copy) for old in _mask_eras(lay))
+
+
+def _device_compute(spec: ModelSpec, lay: ContextLayout, f32_mask: bool, weight_copy: int) -> int:
+    s = _sizes(spec, lay)
+    layer = _layer_peak(s, lay, f32_mask)
+    if weight_copy and s.layer:  # op offload: the copy beside a matmul's inputs and output, masks alive
+        layer = max(layer, s.mask_cells * lay.n_ubatch * (2 if lay.flash_attn else 4) + s.layer + weight_copy)
+    return pad(max(s.logits + 2 * s.embd, layer), ALIGNMENT["cuda"])
+
+
+def op_offload_growth(spec: ModelSpec, lay: ContextLayout, weight_copy: int) -> int:
+    """How much op offload's copy of a CPU-resident weight grows the device's compute buffer: the copy is
+    alive during the matmul that reads it, inside a layer's live set, not beside the output layer's logits
+    (ggml_backend_sched_split_graph: the weight is an input of its split). Checked on a published CUDA log
+    (Qwen3.6-35B-A3B, experts of 34 layers in host memory, tests/test_published_logs.py)."""
+    if weight_copy <= 0:
+        return 0
+    return device_compute_bytes(spec, lay, weight_copy=weight_copy) - device_compute_bytes(spec, lay)
 
 
 def layer_devices(n_layer_all: int, tensor_split: tuple[float, ...]) -> tuple[int, ...]:
@@ -564,7 +754,8 @@ def _split_compute(spec: ModelSpec, lay: ContextLayout, layers: list[int], *, la
     n_head = max((spec.n_head[il] for il in layers if il < len(spec.n_head)), default=0)
     q = f32 * ub * n_head * spec.n_embd_head_k
     attn = (2 * q + (0 if lay.flash_attn else f32 * ub * max(n_kv, n_kv_swa) * n_head)) if (full or swa) else 0
-    ffn = 3 * f32 * ub * spec.n_ff if layers else 0
+    # the feed-forward or recurrent mixer (kvadvise.planner.memory._sizes, its rows of n_embd counted above)
+    ffn = max(0, _sizes(spec, lay).mix - 3 * embd) if layers else 0
     logits = f32 * min(ub, lay.n_outputs_max) * spec.n_vocab if last else 0
     return pad(copies * (masks + embd) + 3 * embd + max(logits, attn, ffn), MIB // 2)
 

@@ -52,6 +52,7 @@ from kvadvise.planner.memory import (
     estimate,
     layer_devices,
     layer_kv_bytes,
+    op_offload_growth,
     resolve,
 )
 from kvadvise.planner.policy import KV, Policy, allowed_kvs, config_at, kv_name
@@ -237,10 +238,12 @@ def partial_offload(spec: ModelSpec, base: RunConfig, budget: Budget, n_ctx_seq:
     if not per_device and len(layers.fixed) > 1:
         layers = _Layers((sum(layers.fixed),), layers.block, layers.experts, layers.kv, layers.weights)
     n_layer = spec.n_layer
-    ub = resolve(spec, cfg).n_ubatch
+    lay = resolve(spec, cfg)
+    ub = lay.n_ubatch
 
-    def copy_bytes(n_blocks: int) -> int:  # the op-offload copy for the first n_blocks on the CPU
-        return op_offload_bytes(spec, range(n_blocks), budget.device, ub) or 0
+    def copy_bytes(n_blocks: int) -> int:  # what the op-offload copy for the first n_blocks on the CPU adds
+        # the copy lives in a layer's live set, not beside the logits (issue 25: memory.op_offload_growth)
+        return op_offload_growth(spec, lay, op_offload_bytes(spec, range(n_blocks), budget.device, ub) or 0)
 
     def fits(n_cpu: int, n_cpu_moe: int) -> list[int] | None:
         each = _on_devices(layers, cfg.tensor_split, n_cpu, n_cpu_moe, copy_bytes(max(n_cpu, n_cpu_moe)))
@@ -262,7 +265,8 @@ def partial_offload(spec: ModelSpec, base: RunConfig, budget: Budget, n_ctx_seq:
     if found is None:
         return None  # even with every layer on the CPU the rest does not fit
     n_cpu, n_cpu_moe, each = found
-    op_copy = op_offload_bytes(spec, range(max(n_cpu, n_cpu_moe)), budget.device, ub)
+    copied = op_offload_bytes(spec, range(max(n_cpu, n_cpu_moe)), budget.device, ub)
+    op_copy = None if copied is None else op_offload_growth(spec, lay, copied)
     cpu_weights = sum(layers.weights[il] for il in range(n_cpu)) + sum(
         layers.experts[il] for il in range(n_cpu, n_cpu_moe)
     )

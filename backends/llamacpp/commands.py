@@ -25,6 +25,7 @@ from kvadvise.planner.planning import Plan
 from kvadvise.runtime.llamaserver import ModelSource
 
 if TYPE_CHECKING:
+    from kvadvise.model.spec import ModelSpec
     from kvadvise.planner.hostram import HostRam
     from kvadvise.planner.offload import Offload
 
@@ -183,24 +184,57 @@ def llamacpp_command(path: str, write_env: str | None, force: bool, **kwargs: ob
 @click.option(
     "--save-calibration", is_flag=True, help="Store what was measured on this machine; later plans for it use it."
 )
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Allocate nothing: run llama.cpp's own projection of the plan (llama-fit-params -fitp on) and print "
+    "its figures per device beside kvadvise's, with the difference.",
+)
+@click.option(
+    "--llama-fit-params",
+    "fit_params",
+    metavar="PATH",
+    default=None,
+    help="The llama-fit-params binary for --dry-run (default: beside --llama-server, else on PATH).",
+)
 def verify_llamacpp_command(
-    path: str, server: str | None, timeout_s: float, save_calibration: bool, **kwargs: object
+    path: str,
+    server: str | None,
+    timeout_s: float,
+    save_calibration: bool,
+    dry_run: bool,
+    fit_params: str | None,
+    **kwargs: object,
 ) -> None:
     """Launch llama.cpp with the recommended (or given) settings on this machine and compare with the prediction.
 
-    It measures this machine's own hardware, so it takes no --gpu or --vram.
+    It measures this machine's own hardware, so it takes no --gpu or --vram. With --dry-run it allocates
+    nothing: llama.cpp projects the plan (llama-fit-params) and both projections are printed side by side.
     """
     from kvadvise.backends.gguf_file import GGUFFileBackend
     from kvadvise.backends.llamacpp.runners import measure
     from kvadvise.errors import EXIT_NO_FIT
+    from kvadvise.planner import builds
+    from kvadvise.planner.memory import estimate
     from kvadvise.render import verification_dict, verification_text
+    from kvadvise.runtime import llamabuild
     from kvadvise.runtime.verification import compare
 
     o = PlanOptions.take(dict(kwargs))
-    plan = build_plan(GGUFFileBackend().load_spec(path), o)
+    spec = GGUFFileBackend().load_spec(path)
+    if dry_run:
+        _dry_run(path, spec, o, server=server, fit_params=fit_params, timeout_s=timeout_s)
+        return
+    # the build is the run's own (its log names it; kvadvise.runtime.llamabuild.measured_build): planned for
+    # b11312 until then, then predicted again for the build that ran (--llama-build given: that one)
+    plan = build_plan(spec, o, llama_build=llamabuild.BuildChoice(builds.REFERENCE, "the run's log"))
     if plan.fits is False:
         output.note("the prediction says this config does not fit; running it anyway")
     measured = measure(path, plan.config, server=server, timeout_s=timeout_s, progress=output.note)
+    ran = llamabuild.measured_build(measured.llama_cpp_build)
+    if o.llama_build == "auto" and ran is not None and ran != plan.config.llama_build:
+        cfg = replace(plan.config, llama_build=ran)
+        plan = replace(plan, config=cfg, estimate=estimate(spec, cfg))
     result = compare(plan, measured)
     if o.as_json:
         output.result_json(verification_dict(result))
@@ -215,4 +249,66 @@ def verify_llamacpp_command(
         saved = calibration.save(calibration.from_verification(result, device))
         output.note(f"calibration for {device} saved to {saved}")
     if not result.fits:
+        raise click.exceptions.Exit(EXIT_NO_FIT)
+
+
+def _dry_run(
+    path: str, spec: ModelSpec, o: PlanOptions, *, server: str | None, fit_params: str | None, timeout_s: float
+) -> None:
+    """``verify llamacpp --dry-run``: the plan, llama.cpp's own projection of it, the two side by side; exit 3
+    when a figure differs (compute beyond 16 MiB or 3 %, context or model beyond the MiB llama.cpp prints)."""
+    from kvadvise.backends.llamacpp.dryrun import BINARY, find_binary, fit_params_args, project
+    from kvadvise.errors import EXIT_NO_FIT
+    from kvadvise.planner.memory import estimate
+    from kvadvise.runtime import dryrun, llamabuild
+
+    binary = find_binary(fit_params, server)
+    plan = build_plan(spec, o, llama_build=llamabuild.detect(binary))  # llama-fit-params --version names it
+    # llama-fit-params reserves the logits of the whole batch (no --n-outputs-max) and projects neither the
+    # projector nor a draft model: kvadvise's figures beside it are for the same
+    cfg = replace(plan.config, n_outputs_max=0, mmproj=None, draft=None)
+    est = estimate(spec, cfg)
+    projected = project(binary, path, cfg, timeout_s=timeout_s)
+    rows = dryrun.compare(est, projected)
+    agree = all(r.ok for r in rows)
+    command = " ".join([BINARY, *fit_params_args(path, cfg)])
+    if o.as_json:
+        output.result_json(
+            {
+                "dry_run": {
+                    "binary": binary,
+                    "command": command,
+                    "llama_build": cfg.llama_build,
+                    "agree": agree,
+                    "devices": [
+                        {
+                            "name": r.name,
+                            "kvadvise_mib": {
+                                "model": r.ours_model,
+                                "context": r.ours_context,
+                                "compute": r.ours_compute,
+                            },
+                            "llama_cpp_mib": {
+                                "model": r.theirs.model_mib,
+                                "context": r.theirs.context_mib,
+                                "compute": r.theirs.compute_mib,
+                            },
+                            "compute_diff_mib": round(r.ours_compute - r.theirs.compute_mib, 2),
+                            "ok": r.ok,
+                        }
+                        for r in rows
+                    ],
+                }
+            }
+        )
+    else:
+        output.result(f"llama.cpp's own projection (no allocation): {command}")
+        output.result(dryrun.table_text(rows))
+        verdict = "agree" if agree else "differ (marked)"
+        output.result(
+            f"kvadvise and llama.cpp {verdict}: compute within {dryrun.COMPUTE_ABS_MIB:g} MiB or "
+            f"{dryrun.COMPUTE_REL:.0%}, model and context to the MiB llama.cpp prints (both for the logits of "
+            "the whole batch, what llama-fit-params reserves)"
+        )
+    if not agree:
         raise click.exceptions.Exit(EXIT_NO_FIT)

@@ -320,6 +320,7 @@ def _plan(model: OllamaModel, o: PlanOptions, hardware: Hardware | None = None) 
     """The plan as Ollama runs the model: one cache type, its projector's fit target, a profile's
     uncertain weights."""
     from kvadvise.backends.ollama.rules import projector_margin_bytes
+    from kvadvise.runtime.llamabuild import OLLAMA_BUILD
 
     mmproj = _readable_projector(model)
     return build_plan(
@@ -329,6 +330,7 @@ def _plan(model: OllamaModel, o: PlanOptions, hardware: Hardware | None = None) 
         extra_margin_bytes=projector_margin_bytes(model, planned=mmproj is not None),
         weights_uncertain=model.source.startswith("profile:"),
         hardware=hardware,
+        llama_build=OLLAMA_BUILD,  # issue 25: Ollama's llama-server, not the one on PATH
     )
 
 

@@ -1,0 +1,80 @@
+"""Which llama.cpp build a plan is for, and the memory rules that changed between builds.
+
+llama.cpp numbers its builds bNNNN (``llama-server --version`` prints ``version: 9410 (031ddb2e0)``). The
+memory model follows b11312 (0c1e570, the llama.cpp llama-cpp-python 0.3.36 vendors and the tests build);
+these rules moved before it, each from the build named (the first build known to carry the change; where
+the exact build is not known, the earliest it can be, so that an older build is never planned smaller):
+
+- SWA_PAD_256 (ggml-org/llama.cpp#17046, merged 2025-11-06): the sliding-window cache is padded to 256
+  cells like the full one (llama_kv_cache_iswa); before, it held min(n_ctx, n_swa + n_ubatch) cells (a
+  b6182 log prints 640 cells for gpt-oss at n_ubatch 512, not 768).
+- SET_ROWS (the KV cache written with ggml_set_rows, llama_kv_cache::cpy_v; 2025, replacing ggml_cpy: the
+  log of b6000-era builds says "LLAMA_SET_ROWS=0, using old ggml_cpy() method"): without flash attention the
+  host holds the V cache's row indices, i64 [n_embd_v_gqa * n_ubatch] per cache. The exact build is not known
+  here: from b6200 on it is planned (a b6209 log and later show it; 2024 and early 2025 logs do not).
+- MLA_V_LESS (#19067, merged 2026-01-24/25; b7813 of 2026-01-23 lacks it): MLA models keep no V tensor
+  (llama_kv_cache ctor: has_v = !is_mla); before, V (kv_lora_rank wide) was allocated beside K.
+- F16_MASK_FA (#23764, commit 031ddb2e0 = b9410): with flash attention the KQ mask is created f16
+  (llm_graph_context::build_attn_inp_kq_mask); before, it was an f32 graph input on the host that the
+  device copied and cast to f16, both alive at the first attention ("the f32 mask still uses the compute
+  buffer even though it is not used", the PR), and the host kept one [n_embd, n_ubatch] row, not two.
+- SERVER_OUTPUT_LIMITS (#23861, commit de6f727aa, merged 2026-06-01; b9442 of 2026-05-31 lacks it, b9467 of
+  2026-06-02 has it): llama-server reserves the logits of one row per slot (server_output_limits); before,
+  of the whole batch, as the library does (RunConfig.runtime "llama-cli").
+
+An unknown build is planned for the largest figure of the builds from SUPPORTED_FROM to REFERENCE (the
+builds of 2026 with the V-less MLA cache); an older build is planned by its own rules when named.
+"""
+
+from __future__ import annotations
+
+import re
+
+from kvadvise.errors import InputError
+
+REFERENCE = 11312  # 0c1e570: the rules of kvadvise.planner.memory
+SWA_PAD_256 = 6900
+SET_ROWS = 6200
+MLA_V_LESS = 7830
+F16_MASK_FA = 9410
+SERVER_OUTPUT_LIMITS = 9467
+SUPPORTED_FROM = MLA_V_LESS  # what an unknown build may be: the largest figure of these builds is planned
+
+_BUILD = re.compile(r"^\s*(?:b|build\s*|version:?\s*)?(\d{3,6})(?:\s*\(([0-9a-f]{6,40})\))?\s*$", re.IGNORECASE)
+# llama-server --version: "version: 9410 (031ddb2e0)", or since 2026 "version: 0.5.0-dev (build 11312, commit
+# 0c1e570)" (common/build-info); a log's "build: 9410 (031ddb2e0) with ..."
+_VERSION_LINE = re.compile(
+    r"(?:version:\s*|\bbuild:?\s+)(\d{3,6})\s*\(([0-9a-f]{6,40})\)|\(build (\d{3,6}), commit ([0-9a-f]{6,40})\)"
+)
+
+
+def parse(text: str) -> int:
+    """A llama.cpp build from what a user or a program says: ``b9410``, ``9410``, ``version: 9410 (031ddb2e0)``
+    (``llama-server --version``), or that output whole."""
+    m = _BUILD.match(text)
+    build = int(m.group(1)) if m else version_build(text)
+    if build is None:
+        raise InputError(
+            f"not a llama.cpp build: {text.strip()[:80]!r}",
+            hint="give it as bNNNN (llama-server --version prints 'version: NNNN (commit)')",
+        )
+    return build
+
+
+def version_build(output: str) -> int | None:
+    """The build in ``llama-server --version`` output or a log's build line, None if it has none."""
+    m = _VERSION_LINE.search(output)
+    return int(m.group(1) or m.group(3)) if m else None
+
+
+def label(build: int | None) -> str:
+    return f"b{build}" if build is not None else "unknown"
+
+
+def older_than(build: int | None, rule: int) -> tuple[bool, ...]:
+    """Whether a plan for ``build`` follows the rule before ``rule``: (True,) or (False,) for a known build,
+    both for an unknown one (the planner keeps the larger figure), only the new rule where every supported
+    build has it."""
+    if build is not None:
+        return (build < rule,)
+    return (False,) if rule <= SUPPORTED_FROM else (False, True)

@@ -1,0 +1,141 @@
+"""Which llama.cpp build a plan is for: given (``--llama-build bNNNN``), read from the installed
+``llama-server --version`` ("version: 9410 (031ddb2e0)", common/build-info), or unknown.
+
+An unknown build is planned by kvadvise.planner.builds for the largest figure of the builds it models;
+the notes say so, and what an older llama-server would reserve besides.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import threading
+from dataclasses import dataclass
+
+from kvadvise.planner import builds
+
+# llama-cpp-python's version -> the llama.cpp build it vendors (its vendor/llama.cpp submodule): the one
+# kvadvise's tests build and run (0c1e570 = b11312, tests/llama_cpp_source.py)
+LLAMA_CPP_PYTHON_BUILDS = {"0.3.36": 11312}
+VERSION_TIMEOUT_S = 10
+VERSION_MAX_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class BuildChoice:
+    """The build a plan follows, and how it was found (for the plan's notes)."""
+
+    build: int | None  # None: unknown
+    source: str  # "--llama-build", the binary that said it, or why it is unknown
+
+
+# Ollama >= 0.30 runs llama-server of the llama.cpp its source pins (LLAMA_CPP_VERSION: b10091, then b10488,
+# b10630 (ollama/ollama#18003), b10760 (#18199), b10864 (#18317) in August-September 2026): all after the last
+# rule kvadvise.planner.builds knows of, so they plan as b11312; its /api/version does not name the build.
+OLLAMA_BUILD = BuildChoice(builds.REFERENCE, "Ollama >= 0.30 runs llama.cpp builds from b10091 on: b11312's rules")
+
+
+def detect(binary: str | None = None) -> BuildChoice:
+    """The build of ``binary`` (a llama-server), or of the llama-server on PATH; unknown when there is
+    none or it does not say. Never raises: a plan goes on for an unknown build. The binary runs in its own
+    session, its output is read up to VERSION_MAX_BYTES, and the whole group is killed after
+    VERSION_TIMEOUT_S (a program that is not llama-server may ignore --version)."""
+    path = binary or shutil.which("llama-server")
+    if not path:
+        return BuildChoice(None, "no llama-server on PATH")
+    try:
+        p = subprocess.Popen(
+            [path, "--version"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    except OSError as e:
+        return BuildChoice(None, f"{path} --version failed ({e.__class__.__name__})")
+    out_box: list[bytes] = []
+    try:
+        reader = threading.Thread(target=_read_some, args=(p, out_box), daemon=True)
+        reader.start()
+        reader.join(VERSION_TIMEOUT_S)
+        out = b"".join(out_box)
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(p.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=5)
+    build = builds.version_build(out.decode("utf-8", errors="replace"))
+    if build is None:
+        return BuildChoice(None, f"{path} --version names no build")
+    return BuildChoice(build, f"{path} --version")
+
+
+def _read_some(p: subprocess.Popen[bytes], box: list[bytes]) -> None:
+    """At most VERSION_MAX_BYTES of the child's output (a version is one line; a chatty program is cut)."""
+    assert p.stdout is not None
+    stream = p.stdout
+    got = 0
+    while got < VERSION_MAX_BYTES:
+        chunk = os.read(stream.fileno(), VERSION_MAX_BYTES - got)  # what is there, without waiting for more
+        if not chunk:
+            return
+        box.append(chunk)
+        got += len(chunk)
+
+
+def measured_build(runner_build: str) -> int | None:
+    """The build a verify run names (kvadvise.runtime.verification: "b11312 (0c1e570)" from llama-server's
+    log, "llama-cpp-python 0.3.36"), None when it does not."""
+    if runner_build.startswith("llama-cpp-python "):
+        return LLAMA_CPP_PYTHON_BUILDS.get(runner_build.split()[1])
+    return builds.version_build(f"build: {runner_build.removeprefix('b')}")
+
+
+def library_build() -> BuildChoice:
+    """The build llama-cpp-python vendors, where kvadvise knows it (``verify`` without a llama-server)."""
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+
+        v = version("llama_cpp_python")
+    except PackageNotFoundError:
+        return BuildChoice(None, "llama-cpp-python is not installed")
+    build = LLAMA_CPP_PYTHON_BUILDS.get(v)
+    return BuildChoice(build, f"llama-cpp-python {v}" if build else f"llama-cpp-python {v} (build not known)")
+
+
+def choose(option: str, *, binary: str | None = None) -> BuildChoice:
+    """``--llama-build``: bNNNN (or a version line), ``unknown``, or ``auto`` (the llama-server given or on
+    PATH)."""
+    text = option.strip()
+    if text.lower() == "unknown":
+        return BuildChoice(None, "--llama-build unknown")
+    if text.lower() == "auto":
+        return detect(binary)
+    return BuildChoice(builds.parse(text), "--llama-build")
+
+
+def notes(choice: BuildChoice, *, runtime: str) -> tuple[str, ...]:
+    """What a plan says about the build it is for."""
+    if choice.build is not None:
+        if choice.build == builds.REFERENCE:
+            return ()
+        out = [f"planned for llama.cpp b{choice.build} ({choice.source}): the memory rules of that build"]
+        if choice.build > builds.REFERENCE:
+            out[0] += f"; kvadvise checked its rules up to b{builds.REFERENCE}: later changes are not known"
+        if choice.build < builds.SUPPORTED_FROM:
+            out[0] += f"; rules before b{builds.SUPPORTED_FROM} are modelled in part (kvadvise.planner.builds)"
+        return tuple(out)
+    out = [
+        f"llama.cpp build unknown ({choice.source}): planned for the largest figure of b{builds.SUPPORTED_FROM} to "
+        f"b{builds.REFERENCE} (builds before b{builds.F16_MASK_FA} kept the flash-attention mask in f32); "
+        "name it with --llama-build bNNNN"
+    ]
+    if runtime == "llama-server":
+        out.append(
+            f"a llama-server older than b{builds.SERVER_OUTPUT_LIMITS} reserves the logits of the whole batch "
+            "(ggml-org/llama.cpp#23861): plan it with --runtime llama-cli or --llama-build"
+        )
+    return tuple(out)

@@ -1,0 +1,212 @@
+"""Which llama.cpp build a plan is for, and the rules that moved between builds (issue 25); the architecture
+rules of the same issue (an architecture llama.cpp does not know, Falcon-H1, Nemotron-H) and CUDA's
+flash-attention kernels. The figures of each build are checked against published logs of that build in
+tests/test_published_logs.py (b6168, b6182, b7406 and older) and against b11312 by the oracle tests."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import tinymodels
+from tinymodels import write_tiny_gguf
+
+from kvadvise.cli import main
+from kvadvise.errors import GGUFError, InputError
+from kvadvise.model.architecture import LLAMA_ARCHITECTURES, from_gguf
+from kvadvise.model.ggml import GGMLType
+from kvadvise.model.gguf import T_INT32, GGUFArray, GGUFHeader, read_file
+from kvadvise.planner import builds
+from kvadvise.planner.memory import MIB, RunConfig, estimate, flash_attn_note, resolve
+from kvadvise.runtime import llamabuild
+
+F16, Q8, IQ4 = GGMLType.F16, GGMLType.Q8_0, GGMLType.IQ4_NL
+
+
+@pytest.mark.parametrize(
+    ("text", "build"),
+    [
+        ("b9410", 9410),
+        ("9410", 9410),
+        ("B11312", 11312),
+        ("version: 9410 (031ddb2e0)", 9410),
+        ("ggml_cuda_init: found 1 CUDA devices\nversion: 6168 (092fd845)\nbuilt with clang 19\n", 6168),
+    ],
+)
+def test_a_build_is_read_as_llama_cpp_prints_it(text: str, build: int) -> None:
+    assert builds.parse(text) == build
+
+
+@pytest.mark.parametrize("text", ["", "latest", "b", "v0.3.36", "b12x"])
+def test_what_is_not_a_build_is_an_input_error(text: str) -> None:
+    with pytest.raises(InputError, match=r"not a llama\.cpp build"):
+        builds.parse(text)
+
+
+def test_the_installed_llama_server_says_its_build(tmp_path: Path) -> None:
+    """--llama-build auto: `llama-server --version` (common/build-info: 'version: N (commit)'); unknown when it
+    does not answer or says nothing of it, never an error."""
+    good = tmp_path / "good" / "llama-server"
+    good.parent.mkdir()
+    good.write_text("#!/bin/sh\necho 'version: 9410 (031ddb2e0)' >&2\necho 'built with cc 13' >&2\n")
+    good.chmod(0o755)
+    assert llamabuild.detect(str(good)) == llamabuild.BuildChoice(9410, f"{good} --version")
+    mute = tmp_path / "mute"
+    mute.write_text("#!/bin/sh\necho hello\n")
+    mute.chmod(0o755)
+    assert llamabuild.detect(str(mute)).build is None
+    assert llamabuild.detect(str(tmp_path / "absent")).build is None
+    assert llamabuild.choose("unknown").build is None and llamabuild.choose("b7000").build == 7000
+
+
+def test_an_unknown_build_is_planned_for_the_largest_figure(gemma_path: Path) -> None:
+    """Builds before ggml-org/llama.cpp#23764 held the f32 mask with flash attention: an unknown build gets the
+    larger of the two figures, device and host; a known build its own."""
+    spec = from_gguf(read_file(gemma_path))
+    base = RunConfig(n_ctx=32768, flash_attn="on", device="cuda", n_outputs_max=1)  # the layers are the peak
+    new, old, unknown = (estimate(spec, replace(base, llama_build=b)) for b in (11312, 9000, None))
+    assert (
+        old.host.compute_bytes > new.host.compute_bytes and old.devices[0].compute_bytes > new.devices[0].compute_bytes
+    )
+    assert unknown.host.compute_bytes == max(old.host.compute_bytes, new.host.compute_bytes)
+    assert unknown.devices[0].compute_bytes == max(old.devices[0].compute_bytes, new.devices[0].compute_bytes)
+    # the f32 mask: 32768 cells + the SWA cache's 1024, 512 rows, 4 bytes, and one [n_embd, n_ubatch] row, not two
+    cells = 32768 + 1024
+    assert old.host.compute_bytes - new.host.compute_bytes == pytest.approx(cells * 512 * 2 - 4 * 512 * 640, abs=128)
+
+
+def test_older_builds_rules(gemma_path: Path, tmp_path: Path) -> None:
+    """llama-server's logits for the whole batch before b9467 (#23861); the SWA cache unpadded before #17046;
+    the MLA V tensor before #19067."""
+    spec = from_gguf(read_file(gemma_path))
+    server = RunConfig(n_ctx=4096, device="cuda", runtime="llama-server")
+    assert resolve(spec, server).n_outputs_max == 1
+    assert resolve(spec, replace(server, llama_build=9000)).n_outputs_max == 2048  # 0: the batch
+    assert resolve(spec, replace(server, llama_build=None)).n_outputs_max == 1  # the runtime says it: notes warn
+    assert (
+        resolve(spec, server).n_ctx_swa == 1024 and resolve(spec, replace(server, llama_build=6182)).n_ctx_swa == 1024
+    )
+    assert resolve(spec, replace(server, n_ubatch=300)).n_ctx_swa == 1024  # n_swa 512 + 300, padded to 256
+    assert resolve(spec, replace(server, n_ubatch=300, llama_build=6182)).n_ctx_swa == 812
+    mla = from_gguf(read_file(write_tiny_gguf(tmp_path / "mla.gguf", "deepseek2-mla", n_vocab=600)))
+    cfg = RunConfig(n_ctx=4096)
+    k_only, with_v = estimate(mla, cfg), estimate(mla, replace(cfg, llama_build=7000))
+    assert k_only.v_bytes == 0 and with_v.k_bytes == k_only.k_bytes
+    assert with_v.v_bytes == 2 * 128 * 4096 * 2  # 2 layers x kv_lora_rank 128 x 4096 cells x f16
+
+
+def test_the_plan_says_which_build_it_is_for(gemma_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["gguf", str(gemma_path), "--ctx", "4096", "--no-hardware", "--json"]
+    assert main([*args, "--llama-build", "unknown"]) == 0
+    notes = " ".join(json.loads(capsys.readouterr().out)["notes"])
+    assert "llama.cpp build unknown" in notes and "b9467" in notes and "MiB more here" in notes
+    assert main([*args, "--llama-build", "b9000"]) == 0
+    notes = " ".join(json.loads(capsys.readouterr().out)["notes"])
+    assert "planned for llama.cpp b9000 (--llama-build)" in notes
+    assert main([*args, "--llama-build", "b11312"]) == 0
+    assert not any("build" in n for n in json.loads(capsys.readouterr().out)["notes"])
+    assert main([*args, "--llama-build", "latest"]) == 2
+    assert "not a llama.cpp build" in capsys.readouterr().err
+
+
+def test_an_architecture_llama_cpp_does_not_know_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 25: a GGUF llama.cpp cannot load (src/llama-arch.cpp has no such name) is not planned as fitting:
+    exit 2 and one line saying why."""
+    path = tmp_path / "foo.gguf"
+    t = tinymodels._TinyWriter(path, "foo-net", "foo", 600, 8192, 0)
+    tinymodels._llama(t)
+    t.finish()
+    assert "foo-net" not in LLAMA_ARCHITECTURES and "llama" in LLAMA_ARCHITECTURES
+    with pytest.raises(GGUFError, match="does not know the architecture 'foo-net'"):
+        from_gguf(read_file(path))
+    assert main(["gguf", str(path), "--ctx", "4096", "--no-hardware"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown model architecture" in err and "Traceback" not in err
+
+
+def _header(arch: str, md: dict[str, object]) -> GGUFHeader:
+    meta = {"general.architecture": arch, **{f"{arch}.{k}": v for k, v in md.items()}}
+    return GGUFHeader("synthetic", 3, "<", meta, (), 32, 0, 0, 0, None)  # type: ignore[arg-type]
+
+
+def test_falcon_h1_layers_hold_kv_and_recurrent_state() -> None:
+    """falcon-h1.cpp: is_recr_impl all true; llama_model::create_memory's filter_attn passes every layer: each
+    layer holds its attention cache and a Mamba-2 state (issue 25: Falcon-H1 got no state)."""
+    md = {
+        "block_count": 4, "embedding_length": 1024, "attention.head_count": 8, "attention.head_count_kv": 2,
+        "attention.key_length": 64, "attention.value_length": 64, "context_length": 8192, "feed_forward_length": 2048,
+        "ssm.conv_kernel": 4, "ssm.inner_size": 2048, "ssm.state_size": 128, "ssm.group_count": 1,
+        "ssm.time_step_rank": 32,
+    }  # fmt: skip
+    spec = from_gguf(_header("falcon-h1", md))
+    assert spec.recurrent_layers == (True,) * 4 and spec.kv_layers == (True,) * 4
+    est = estimate(spec, RunConfig(n_ctx=4096, n_parallel=2))
+    r, s = 3 * (2048 + 2 * 128), 128 * 2048  # (d_conv - 1)(d_inner + 2 n_group d_state), d_state d_inner
+    assert est.recurrent_bytes == 4 * 2 * (r + s) * 4 and est.kv_bytes == 4 * 2 * 128 * 4096 * 2
+
+
+def test_nemotron_h_mlp_blocks_hold_neither() -> None:
+    """nemotron-h.cpp: recurrent = head_count_kv 0 and feed_forward_length 0; attention = !recurrent and
+    feed_forward_length 0; the MLP blocks (feed_forward_length > 0) hold neither."""
+    kv = GGUFArray(T_INT32, 4, (0, 0, 2, 0))
+    ff = GGUFArray(T_INT32, 4, (0, 2048, 0, 2048))
+    md = {
+        "block_count": 4, "embedding_length": 1024, "attention.head_count": 8, "attention.head_count_kv": kv,
+        "feed_forward_length": ff, "context_length": 8192, "ssm.conv_kernel": 4, "ssm.inner_size": 2048,
+        "ssm.state_size": 128, "ssm.group_count": 8, "ssm.time_step_rank": 32,
+    }  # fmt: skip
+    spec = from_gguf(_header("nemotron_h", md))
+    assert spec.recurrent_layers == (True, False, False, False)
+    assert spec.kv_layers == (False, False, True, False)
+
+
+def test_cuda_flash_attention_kernels(tmp_path: Path) -> None:
+    """ggml-cuda fattn.cu: no kernel for K head 96 / V head 64 at a GQA ratio of 1 (a pre-MLA DeepSeek GGUF) or an
+    iq4_nl cache: auto resolves to off (the plan says so); on runs attention on the CPU (said); a quantized V forces it
+    (llama_init_from_model), so an iq4_nl V runs it on the CPU: planned, and said. The CPU has kernels for all."""
+    legacy = from_gguf(read_file(write_tiny_gguf(tmp_path / "legacy.gguf", "deepseek2-legacy", n_vocab=600)))
+    cuda = RunConfig(n_ctx=4096, device="cuda")
+    assert resolve(legacy, cuda).flash_attn is False
+    note = flash_attn_note(legacy, cuda)
+    assert note is not None and "K head 96 / V head 64 at a GQA ratio of 1" in note
+    on = replace(cuda, flash_attn="on")  # asked for: llama.cpp runs attention on the CPU; planned and said
+    assert resolve(legacy, on).flash_attn is True
+    assert "runs every attention on the CPU" in (flash_attn_note(legacy, on) or "")
+    assert resolve(legacy, replace(cuda, device="cpu")).flash_attn is True
+    llama = from_gguf(read_file(write_tiny_gguf(tmp_path / "qwen3.gguf", "qwen3", n_vocab=600)))  # heads of 64
+    assert resolve(llama, cuda).flash_attn is True and flash_attn_note(llama, cuda) is None
+    tiny = from_gguf(read_file(write_tiny_gguf(tmp_path / "llama.gguf", "llama", n_vocab=600)))
+    assert resolve(tiny, cuda).flash_attn is False  # heads of 32: no CUDA kernel either
+    assert resolve(llama, replace(cuda, type_k=IQ4)).flash_attn is False  # K only: auto resolves off
+    iq4 = replace(cuda, type_k=IQ4, type_v=IQ4)  # a quantized V forces flash attention on: no kernel
+    assert resolve(llama, iq4).flash_attn is True and "iq4_nl K cache" in (flash_attn_note(llama, iq4) or "")
+    assert resolve(llama, replace(cuda, type_k=Q8, type_v=Q8)).flash_attn is True
+    assert (
+        estimate(legacy, cuda).devices[0].compute_bytes
+        > estimate(legacy, replace(cuda, device="cpu")).compute_bytes / 2
+    )
+    assert MIB  # the module's unit, imported for the figures above
+
+
+@pytest.mark.parametrize("body", ["exec yes 'version: 1'", "exec sleep 30"], ids=["chatty", "silent"])
+def test_a_program_that_is_not_llama_server_costs_nothing(
+    body: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--llama-build auto runs `llama-server --version`: a program that ignores it is read to 64 KiB at most,
+    killed with its group after the timeout, and leaves the build unknown."""
+    import time
+
+    import psutil
+
+    monkeypatch.setattr(llamabuild, "VERSION_TIMEOUT_S", 1)
+    fake = tmp_path / "llama-server"
+    fake.write_text(f"#!/bin/sh\n{body}\n")
+    fake.chmod(0o755)
+    t0 = time.monotonic()
+    assert llamabuild.detect(str(fake)).build is None
+    assert time.monotonic() - t0 < 8
+    time.sleep(0.2)
+    left = [p for p in psutil.process_iter(["cmdline"]) if str(fake) in " ".join(p.info["cmdline"] or [])]
+    assert left == []
