@@ -4,7 +4,6 @@ allocates with kvadvise's prediction."""
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -225,7 +224,6 @@ REAL_SIZES: dict[str, dict[str, int]] = {
 }  # fmt: skip
 REAL_VOCAB = {"llama": 128256, "qwen3": 151936, "gemma3": 262208, "gpt-oss": 201088, "qwen35": 248320}
 DRY_TOLERANCE = (0.03, 16 * MIB)  # issue 25: 16 MiB or 3 %
-_COMPUTE_LINE = re.compile(r"(\S+) compute buffer size = +([\d.]+) MiB")
 
 
 def fit_params_args(cfg: RunConfig, *, rpc: str | None = None) -> list[str]:
@@ -240,13 +238,19 @@ def fit_params_args(cfg: RunConfig, *, rpc: str | None = None) -> list[str]:
 
 
 def dry_run(binary: Path, model: Path, cfg: RunConfig, *, rpc: str | None = None) -> dict[str, float]:
-    """Every compute buffer llama.cpp's no-allocation pass reserves for ``cfg`` (buffer type -> MiB, to the 0.01
-    MiB its -v log prints): CPU alone, or an RPC device and the host's CPU buffer."""
+    """Every compute buffer llama.cpp's no-allocation pass reserves for ``cfg`` (device name -> MiB; the host as
+    "CPU"): CPU alone, or an RPC device and the host.
+
+    Read as ``verify llamacpp --dry-run`` reads it (kvadvise.runtime.dryrun.parse): the stdout table is the source
+    that always arrives (stdio is flushed at exit); the -v log's 0.01 MiB lines refine it where they survive, since
+    common_log's worker thread is never joined at exit (common/log.cpp, common_log_main; llama.cpp#22142)."""
+    from kvadvise.runtime.dryrun import HOST, parse
+
     cmd = [str(binary), "-m", str(model), "-fitp", "on", "-v", *fit_params_args(cfg, rpc=rpc)]
     for _ in range(3):  # a loopback rpc-server that was busy answers the next time
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
-        found = {m.group(1): float(m.group(2)) for m in _COMPUTE_LINE.finditer(p.stdout + p.stderr)}
-        if p.returncode == 0 and found:
+        found = {("CPU" if row.name == HOST else row.name): row.compute_mib for row in parse(p.stdout, p.stderr)}
+        if p.returncode == 0 and "CPU" in found:
             return found
     raise RuntimeError(f"llama-fit-params failed ({p.returncode}):\n{(p.stdout + p.stderr)[-3000:]}")
 
