@@ -67,6 +67,7 @@ def model_dict(spec: ModelSpec) -> dict[str, Any]:
         "file_type": spec.file_type,
         "verified": spec.verified,
         "notes": list(spec.notes),
+        "sources": list(spec.sources),
     }
 
 
@@ -247,6 +248,7 @@ def estimate_text(spec: ModelSpec, cfg: RunConfig, est: MemoryEstimate) -> str:
         lines.append(f"  {label:<10}{fmt_bytes(n):>13}{cols}" + (f"   {note}" if note else ""))
     lines.append(f"  KV per token of context: {est.kv_bytes_per_token:,} B")
     lines.extend(f"  note: {n}" for n in spec.notes)
+    lines.extend(f"  source: {n}" for n in spec.sources)
     return text_lines(lines)  # a name, a note: one line each, whatever they hold
 
 
@@ -318,6 +320,7 @@ def plan_dict(plan: Plan, requested_ctx: int | None = None) -> dict[str, Any]:
             "ram_total_bytes": plan.hardware.ram_total_bytes,
             "ram_free_bytes": plan.hardware.ram_free_bytes,
             "notes": list(plan.hardware.notes),
+            "sources": list(plan.hardware.sources),
         }
     if plan.budget is not None:
         doc["budget"] = budget_dict(plan.budget)
@@ -452,6 +455,7 @@ def plan_text(plan: Plan, requested_ctx: int | None = None) -> str:
     lines: list[str] = []
     if plan.hardware is not None:
         lines.extend(f"  note: {n}" for n in plan.hardware.notes)
+        lines.extend(f"  source: {n}" for n in plan.hardware.sources)
     lines.extend(f"  note: {n}" for n in plan.notes)
     b = plan.budget
     if b is not None and len(b.device_budgets) > 1 and len(plan.estimate.devices) == len(b.device_budgets):

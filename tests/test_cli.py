@@ -84,7 +84,7 @@ def test_json_keys_and_numbers_for_gemma(gemma_path: Path, capsys: pytest.Captur
 
 
 def test_human_output(gemma_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rc, out, _ = run(capsys, "gguf", str(gemma_path), "--ctx", "4000", "-fa", "on", "--no-hardware")
+    rc, out, _ = run(capsys, "gguf", str(gemma_path), "--ctx", "4000", "-fa", "on", "--no-hardware", "--verbose")
     assert rc == 0
     assert "n_ctx 4,096 (asked 4,000; llama.cpp pads to 256)" in out
     assert "K cache       13.50 MiB   3 full layers × 4,096 + 15 SWA layers × 1,024 cells" in out

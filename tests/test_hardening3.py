@@ -195,7 +195,7 @@ def test_a_store_that_cannot_be_entered_is_skipped_and_named(locked_store: Path,
     p = _as_user(["ollama", "qwen3:8b", "--gpu", "rtx-4090"], env, tmp_path)
     assert p.returncode == 0, p.stderr
     assert f"skipped the model store {locked_store} (permission denied)" in p.stdout
-    assert "profile:qwen3:8b" in p.stdout
+    assert "built-in profile qwen3:8b" in p.stdout
     p = _as_user(["ollama", "nosuch:1b", "--gpu", "rtx-4090"], env, tmp_path)
     assert p.returncode == 2 and "internal error" not in p.stderr
     assert f"skipped the model store {locked_store} (permission denied)" in p.stderr

@@ -427,7 +427,7 @@ def test_from_profile_nvidia_uses_nvml_total() -> None:
         flops_per_s=330.3e12,
         flops_source="profiles/gpus.json rtx-4090 fp16_tflops",
     )
-    assert "24,564 MiB as NVML reports it" in hw.notes[0]
+    assert "24,564 MiB as NVML reports it" in hw.sources[0]
 
 
 def test_from_profile_without_nvml_total_uses_published_size() -> None:

@@ -89,14 +89,14 @@ def test_every_profile_has_sources_and_loads(pid: str) -> None:
     spec = p.spec()
     assert spec.n_layer > 0 and spec.n_vocab > 0 and spec.n_ctx_train > 0
     assert spec.source == f"profile:{pid}" and spec.name == pid
-    assert spec.notes[0].startswith("planned from a built-in profile")
+    assert spec.sources[0] == f"built-in profile {pid}" and spec.sources[-1].startswith(f"config: {p.hf_repo}")
     if p.download_bytes:
         # the blob less the MTP block llama.cpp does not load (qwen3.5/3.6: one block, 1.4-3.6 % of it);
         # Gemma 4 E2B/E4B: plus the copy of token_embd their tied output layer is (the per-layer embeddings
         # stay with token_embd on the CPU)
         copy = spec.output_bytes if "copy of token_embd" in " ".join(spec.notes) else 0
         assert 0.95 * p.download_bytes < spec.weights_bytes - copy <= p.download_bytes
-        assert spec.notes[0] == f"planned from a built-in profile; {p.weights_line}"
+        assert spec.sources[1] == p.weights_line
     else:  # never 0: a plan with no weights would say anything fits
         assert spec.weights_bytes > 1_000_000_000 and "weights estimated as" in spec.notes[0]
     # every layer holds KV except the recurrent layers of the hybrids (and Nemotron-H's MLP/MoE blocks)
@@ -104,7 +104,7 @@ def test_every_profile_has_sources_and_loads(pid: str) -> None:
     if not spec.has_recurrent:
         assert all(spec.kv_layers) or spec.architecture == "gemma4"  # Gemma 4 E2B/E4B share the last layers' KV
     assert estimate(spec, RunConfig(n_ctx=4096, flash_attn="on")).kv_bytes > 0
-    assert all(len(line) <= 200 for line in spec.notes), spec.notes
+    assert all(len(line) <= 200 for line in (*spec.notes, *spec.sources)), (spec.notes, spec.sources)
 
 
 def _strings(node: Any, path: str = "") -> Iterator[tuple[str, str]]:
@@ -230,4 +230,4 @@ def test_json_plan_of_a_profile_carries_its_sources(
     doc = json.loads(capsys.readouterr().out)
     assert doc["ollama"]["source"] == "profile:gemma4:e4b"
     assert doc["ollama"]["provenance"] == profiles()["gemma4:e4b"].provenance()
-    assert doc["model"]["notes"][0] == "planned from a built-in profile; weights: 9.6 GB, exact bytes, 2026-07-20"
+    assert doc["model"]["sources"][:2] == ["built-in profile gemma4:e4b", "weights: 9.6 GB, exact bytes, 2026-07-20"]

@@ -85,7 +85,7 @@ def test_unusable_server_falls_through_to_profile(empty_store: Path, fake: FakeO
     m = resolve("qwen3-coder:30b", host=host, timeout=0.3)
     assert m.source == "profile:qwen3-coder:30b"
     assert any("the Ollama server could not be asked" in n for n in m.notes)
-    assert m.spec.notes[0] == "planned from a built-in profile; weights: 19 GB, Ollama library, 2025-09-13"
+    assert m.spec.sources[:2] == ("built-in profile qwen3-coder:30b", "weights: 19 GB, Ollama library, 2025-09-13")
 
 
 def test_profile_alias(empty_store: Path) -> None:

@@ -310,9 +310,15 @@ def test_n_cpu_moe_counts_only_layers_with_experts() -> None:
 
 
 def test_prefill_in_the_plan_text_and_json() -> None:
-    res = CliRunner().invoke(cli, ["ollama", "qwen3:8b", "--gpu", "rtx-4090", "--ctx", "32768", "--prompt-tokens", "20000"])
+    res = CliRunner().invoke(
+        cli, ["ollama", "qwen3:8b", "--gpu", "rtx-4090", "--ctx", "32768", "--prompt-tokens", "20000"]
+    )
     assert res.exit_code == 0, res.output
-    assert "  prompt: ≈ " in res.output and "19k tokens in" not in res.output
+    assert "; prompt ≈ " in res.output and "20,000 tokens in" in res.output and "19k tokens in" not in res.output
+    res = CliRunner().invoke(
+        cli, ["ollama", "qwen3:8b", "--gpu", "rtx-4090", "--ctx", "32768", "--prompt-tokens", "20000", "-v"]
+    )
+    assert "\n  prompt: ≈ " in res.output and "20,000 tokens in" in res.output
     doc = _json(["ollama", "qwen3:8b", "--gpu", "rtx-4090", "--ctx", "32768", "--prompt-tokens", "20000", "--json"])
     pf = doc["prefill"]
     assert pf["n_prompt"] == 20000 and pf["seconds"] == pytest.approx(20000 / pf["tokens_per_s"])
@@ -365,7 +371,9 @@ def test_verify_prints_prompt_measured_over_estimated(
         f'#!/bin/sh\nexec {sys.executable} {TESTS / "fake_llama_server.py"} --log {logfile} --mode ok "$@"\n'
     )
     server.chmod(0o755)
-    rc = main(["verify", "llamacpp", str(gemma_path), "--ctx", "4096", "-fa", "on", "--llama-server", str(server), "--json"])
+    rc = main(
+        ["verify", "llamacpp", str(gemma_path), "--ctx", "4096", "-fa", "on", "--llama-server", str(server), "--json"]
+    )
     out, err = capsys.readouterr()
     assert rc == 0, err
     doc = json.loads(out)

@@ -226,6 +226,7 @@ class PlanOptions:
     gpu_only: bool = False  # --gpu-only: 100 % on the GPU or nothing (no partial offload)
     ram_bytes: int | None = None  # --ram SIZE: the system RAM the plan may use
     llama_build: str = "auto"
+    verbose: bool = False  # --verbose: the whole estimate, every reason, the options table (else the summary)
 
     @classmethod
     def take(cls, kwargs: dict[str, Any]) -> PlanOptions:
@@ -493,6 +494,13 @@ def _options(*, planned_hardware: bool) -> list[Callable[[F], F]]:
             help="100% on the GPU or nothing: no partial offload; a plan that does not fit exits 3 and writes nothing.",
         ),
         click.option("--json", "as_json", is_flag=True, help="Print one JSON object (keys in README.md)."),
+        click.option(
+            "--verbose",
+            "-v",
+            "verbose",
+            is_flag=True,
+            help="Print the whole estimate (every buffer per device), every reason and the options table.",
+        ),
         click.option(
             "--ram-bandwidth",
             "ram_bandwidth_gbs",

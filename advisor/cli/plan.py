@@ -3,7 +3,7 @@ built-in or brought by a backend. Commands only parse, call this and render."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -190,19 +190,44 @@ def show_plan(
     requested_ctx: int | None,
     extra_json: Callable[[Plan], JSONDoc] | None = None,
     extra_text: Callable[[Plan], str] | None = None,
+    settings: Callable[[Plan], Sequence[str]] | None = None,
+    settings_title: str = "Settings (llama.cpp)",
+    command: Callable[[Plan], str | None] | None = None,
     write_chart: bool = True,
 ) -> NewFile | None:
-    """The plan as text (and its chart) or as one JSON document with the command's own keys.
-    ``write_chart=False``: the ``--chart-file`` image is returned, for the command to write it with its
-    other files in one :func:`kvadvise.files.write_files`."""
+    """The plan as text (and its chart) or as one JSON document with the command's own keys. The text is
+        the summary (kvadvise.summary: the settings first, ``settings``; by default llama.cpp's flags), or with
+        ``--verbose`` the whole estimate and ``extra_text``; ``command``, the program's command line, is the summary's last
+    line (``| tail -1`` takes it, as it takes the verbose text's). ``write_chart=False``: the ``--chart-file`` image is
+        returned, for the command to write it with its other files in one :func:`kvadvise.files.write_files`."""
     from kvadvise.render import plan_dict, plan_text
 
     if o.as_json:
         output.result_json(plan_dict(plan, requested_ctx) | (extra_json(plan) if extra_json else {}))
         return show_chart(plan, o, terminal=False, write=write_chart)
-    output.result(plan_text(plan, requested_ctx))
+    if o.verbose:
+        output.result(plan_text(plan, requested_ctx))
+    else:
+        from kvadvise.summary import VERBOSE_HINT, llama_flags, summary_text
+
+        if command is not None:
+            lines: Sequence[str] = ()
+        elif settings is not None:
+            lines = settings(plan)
+        else:
+            lines = [
+                llama_flags(plan) if plan.runnable is not False else "no settings to apply: this plan does not fit"
+            ]
+        output.result(summary_text(plan, requested_ctx, settings_title=settings_title, settings=lines))
+        output.line(VERBOSE_HINT)
+        run = command(plan) if command is not None else None
+        if run:
+            output.line("Command:")
+            output.line(run)
+        elif command is not None:
+            output.line("no command: this plan does not fit")
     chart = show_chart(plan, o, write=write_chart)
-    if extra_text is not None:
+    if o.verbose and extra_text is not None:
         output.result(extra_text(plan))
     return chart
 

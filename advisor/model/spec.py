@@ -75,7 +75,8 @@ class ModelSpec:
     output_bytes: int  # output.weight; 0 when tied to token_embd (llama.cpp then duplicates it)
     file_type: str  # dominant tensor type of the weights, e.g. q4_K
     verified: bool  # architecture checked against real llama.cpp in kvadvise's tests
-    notes: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()  # caveats of the figures: printed with every plan
+    sources: tuple[str, ...] = ()  # where the figures come from, one line each ("weights: 19 GB, Ollama library, ...")
     expert_bytes: int = 0  # routed-expert tensors (ffn_*_exps): only n_expert_used of n_expert are read per token
     layer_bytes: tuple[int, ...] = ()  # weights of each block (blk.N.*), for partial offload
     cuda_pad_bytes: int = 0  # extra bytes CUDA buffers add (128-byte alignment, quantized rows padded to 512)

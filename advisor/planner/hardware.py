@@ -54,6 +54,7 @@ class Hardware:
     ram_free_bytes: int
     source: str  # "nvml" | "amdgpu" | "profile:<name>" | "manual" | "none"
     notes: tuple[str, ...] = ()
+    sources: tuple[str, ...] = ()  # where a planned card's figures come from, one line each
     # system memory bandwidth given by hand (--ram-bandwidth); None: measured when a plan needs it
     # (kvadvise.planner.cpuspeed)
     ram_bandwidth_bytes_per_s: int | None = None
@@ -130,6 +131,7 @@ def from_profile(name: str) -> Hardware:
         backend=p.backend,
     )
     gpu = compute_of(gpu, p)
+    sources: tuple[str, ...] = (f"card: {p.id} ({p.source})",)
     if p.unified_memory:
         ram_total = ram_free = p.memory_bytes
         num, den = APPLE_SHARE_SMALL if p.memory_bytes <= APPLE_SHARE_THRESHOLD_BYTES else APPLE_SHARE_LARGE
@@ -144,13 +146,15 @@ def from_profile(name: str) -> Hardware:
             if p.nvml_total_bytes is not None
             else f"{_fmt_gib(usable)} as published"
         )
-        notes = (f"planned for {p.name}: {basis}, nothing else running; system RAM is this machine's",)
+        notes = ()
+        sources = (f"card: {p.id}, {basis} ({p.source}), nothing else running",)
     return Hardware(
         gpus=(gpu,),
         ram_total_bytes=ram_total,
         ram_free_bytes=ram_free,
         source=f"profile:{p.id}",
         notes=notes,
+        sources=sources,
         ram_source=f"{p.name}'s unified memory" if p.unified_memory else "this machine's, free now",
     )
 
@@ -248,7 +252,7 @@ def with_ram(hw: Hardware, ram_bytes: int) -> Hardware:
     container may hold), in place of what is free here now."""
     if ram_bytes <= 0:
         raise InputError(f"--ram must be positive, got {ram_bytes} bytes", hint="e.g. --ram 32GiB")
-    return replace(hw, ram_total_bytes=ram_bytes, ram_free_bytes=ram_bytes, ram_source="given (--ram)")
+    return replace(hw, ram_total_bytes=ram_bytes, ram_free_bytes=ram_bytes, ram_source="given with --ram")
 
 
 def manual_many(sizes: Sequence[int], bandwidth_bytes_per_s: int | None = None) -> Hardware:

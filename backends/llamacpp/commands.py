@@ -147,7 +147,18 @@ def llamacpp_command(path: str, write_env: str | None, force: bool, **kwargs: ob
             lines.append(text)
         return "\n".join(lines)
 
-    chart = show_plan(plan, o, requested_ctx=o.n_ctx, extra_json=as_json, extra_text=as_text, write_chart=False)
+    def command(p: Plan) -> str | None:  # the summary's last line: the command of the plan that runs
+        return _text(_args(model, p, _to_run(p))) if p.runnable is not False else None
+
+    chart = show_plan(
+        plan,
+        o,
+        requested_ctx=o.n_ctx,
+        extra_json=as_json,
+        extra_text=as_text,
+        command=command,
+        write_chart=False,
+    )
     files = [chart] if chart is not None else []
     if write_env is not None:
         refuse_to_write_what_does_not_fit(plan, write_env, chart=chart)

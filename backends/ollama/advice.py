@@ -264,6 +264,38 @@ def advice_text(a: OllamaAdvice) -> str:
     return text_lines(lines)  # a name, a note: one line each, whatever they hold
 
 
+def advice_summary(a: OllamaAdvice) -> tuple[list[str], list[str], list[str]]:
+    """The summary's parts (kvadvise.summary): the settings to apply (the Modelfile's, the server's, the
+    warnings that go with them), the notes, and where the model was found."""
+    from kvadvise.backends.ollama.config import env_lines
+
+    s = a.settings
+    settings: list[str] = []
+    if a.fits:
+        settings.append(
+            f"Modelfile: PARAMETER num_ctx {s.num_ctx}"
+            + (f"   PARAMETER num_batch {s.num_batch}" if s.num_batch else "")
+        )
+        settings.append("server:    " + "  ".join(f"{k}={v}" for k, v in env_lines(s)))
+        settings += [f"warning: {w}" for w in a.warnings]
+    elif a.plan.offload is not None:
+        settings.append("no settings to apply: the plan with part on the CPU does not fit the RAM either")
+    else:
+        settings.append("no settings to apply: this plan does not fit")
+    notes = list(a.model.notes)
+    if a.live.reachable:
+        server = f"server {a.live.url}" + (f" (version {a.live.version})" if a.live.version else "")
+        loaded = "; ".join(f"{r.name} {r.size / 1e9:.1f} GB {r.processor}" for r in a.live.running)
+        notes.append(server + (f": loaded {loaded}" if loaded else ": nothing loaded"))
+        notes += list(a.live.notes)
+    else:  # one line for a server that did not answer (resolve and the live state both say so)
+        notes = [n for n in notes if not n.startswith("the Ollama server could not be asked")]
+        notes += list(a.live.notes)
+    # a built-in profile names itself among the model's sources; a model found in a store or on a server here
+    sources = [] if a.model.source.startswith("profile:") else [f"model: {a.model.ref} ({a.model.source})"]
+    return settings, notes, sources
+
+
 def _kept_text(off: Offload, n_layer: int) -> str:
     what = f"the experts of about {off.n_cpu_moe} layers" if off.n_cpu_moe else f"about {off.n_cpu_layers} layers"
     if off.n_cpu_moe and off.n_cpu_layers:

@@ -70,6 +70,7 @@ def ollama_command(
     """
     from kvadvise.backends.ollama.advice import (
         advice_dict,
+        advice_summary,
         advice_text,
         advise,
         apply_steps,
@@ -101,10 +102,18 @@ def ollama_command(
     if o.as_json:
         output.result_json(plan_dict(plan) | {"ollama": advice_dict(advice)})
         chart = show_chart(plan, o, terminal=False, write=False)  # --chart-file writes the image with --json too
-    else:
+    elif o.verbose:
         output.result(plan_text(plan))
         chart = show_chart(plan, o, write=False)
         output.result(advice_text(advice))
+    else:
+        from kvadvise.summary import summary_text
+
+        settings, notes, sources = advice_summary(advice)
+        output.result(
+            summary_text(plan, settings_title="Settings (Ollama)", settings=settings, notes=notes, sources=sources)
+        )
+        chart = show_chart(plan, o, write=False)
     refuse_to_write_what_does_not_fit(plan, write_modelfile, write_env, write_systemd, chart=chart)
     written = write_files(
         advice,
@@ -120,9 +129,13 @@ def ollama_command(
             output.note_line(f"  {h}")
     steps = apply_steps(advice, modelfile=write_modelfile, env=write_env, systemd=write_systemd)
     if steps and not o.as_json:
-        output.result(f"\nNext ({advice.platform}; --platform to choose):")
+        output.result(f"Next ({advice.platform}; --platform to choose):")
         for x in steps:
             output.line(f"  {x}")
+    if not o.as_json and not o.verbose:
+        from kvadvise.summary import VERBOSE_HINT
+
+        output.line(VERBOSE_HINT)
     exit_if_no_fit(plan)
 
 

@@ -134,13 +134,14 @@ class Profile:
         quantization's bits per weight."""
         spec = from_config(self.config, source=f"profile:{self.id}", weights_bytes=self.download_bytes)
         notes = list(spec.notes)
+        sources: list[str] = []
         quant = self.quantization or DEFAULT_QUANT
         text_bytes = self.download_bytes - self.projector_bytes if self.download_bytes else None
         bd = params(spec, self.config)
         sizes = self.sizes(spec, bd, text_bytes) if bd is not None else None
         weights = spec.weights_bytes
         if self.download_bytes:
-            notes.insert(0, f"planned from a built-in profile; {self.weights_line or 'weights: download size'}")
+            sources.append(self.weights_line or "weights: download size")
             if sizes is not None and sizes.nextn:
                 weights -= sizes.nextn
                 notes.append(f"its MTP block ({sizes.nextn / 1e9:.2f} GB of the download) is not loaded by llama.cpp")
@@ -159,12 +160,19 @@ class Profile:
         else:
             notes.insert(0, "planned from a built-in profile; download size unknown: weights counted as 0")
         if self.projector_bytes and self.projector_source is not None:
-            notes.append(
+            sources.append(
                 f"vision/audio tower in the blob: {self.projector_bytes / 1e9:.2f} GB, {self.projector_source.line}"
             )
-        notes.append(f"config.json of {self.hf_repo}: {self.config_source.line} ({self.confidence})")
+        sources.append(f"config: {self.hf_repo} config.json, {self.config_source.line} ({self.confidence})")
         file_type = _FILE_TYPE.get(quant, quant.lower())
-        spec = dataclasses.replace(spec, name=self.id, weights_bytes=weights, file_type=file_type, notes=tuple(notes))
+        spec = dataclasses.replace(
+            spec,
+            name=self.id,
+            weights_bytes=weights,
+            file_type=file_type,
+            notes=tuple(notes),
+            sources=(f"built-in profile {self.id}", *sources),
+        )
         return with_parts(spec, self.config, quant, self.projector_bytes, sizes=sizes)
 
 

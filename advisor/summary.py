@@ -1,0 +1,228 @@
+"""The default text of a plan (issue 26.5): the verdict, the settings to apply, then what it costs, why, and
+where the figures come from, in about 25 lines. ``--verbose`` prints the whole estimate, every reason and
+the options table (:func:`kvadvise.render.plan_text`); ``--json`` every figure and its provenance."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from kvadvise.render import fmt_bytes
+from kvadvise.text import lines as text_lines
+
+if TYPE_CHECKING:
+    from kvadvise.planner.offload import Offload
+    from kvadvise.planner.planning import Plan
+    from kvadvise.planner.recommender import Recommendation
+
+VERBOSE_HINT = "(--verbose: every buffer per device, every reason, the options table; --json: every figure)"
+
+
+def _kv(type_k: str, type_v: str) -> str:
+    return f"K/V {type_k}" if type_k == type_v else f"K {type_k} / V {type_v}"
+
+
+def _a(size: str) -> str:
+    """``a 24.00 GiB``, ``an 8.00 GiB``, ``an 11.00 GiB``: the article as the number is read aloud."""
+    an = size[0] == "8" or (size[:2] in ("11", "18") and not size[2:3].isdigit())
+    return ("an " if an else "a ") + size
+
+
+def _where(plan: Plan) -> str:
+    """``NVIDIA GeForce RTX 4090``, ``2 x NVIDIA GeForce RTX 3090``, ``the CPU``; "" without hardware."""
+    hw = plan.hardware
+    if hw is None:
+        return ""
+    if not hw.gpus:
+        return " on the CPU"
+    if hw.source == "manual":  # --vram: budgets given by hand
+        return " on " + " + ".join(f"{_a(fmt_bytes(g.total_bytes))} GPU" for g in hw.gpus) + " (--vram)"
+    names = [g.name for g in hw.gpus]
+    if len(set(names)) == 1:
+        return f" on {names[0]}" if len(names) == 1 else f" on {len(names)} x {names[0]}"
+    return " on " + " + ".join(names)
+
+
+def _offload_to_run(plan: Plan) -> Offload | None:
+    off = plan.offload
+    return off if plan.fits is False and off is not None else None
+
+
+def headline(plan: Plan, requested_ctx: int | None = None) -> str:
+    """``qwen3-coder:30b on NVIDIA GeForce RTX 4090: 65,536 tokens, K/V q8_0, flash attention on: fits 100%
+    on the GPU``."""
+    cfg = plan.config
+    n_ctx = plan.estimate.layout.n_ctx  # what llama.cpp allocates: -c rounded up to 256 (llama_context ctor)
+    n_par = max(1, cfg.n_parallel)
+    what = f"{n_ctx // n_par:,} tokens" + (f" x {n_par} slots" if n_par > 1 else "")
+    if requested_ctx and requested_ctx != n_ctx:
+        what += f" (asked {requested_ctx:,}; llama.cpp pads to 256)"
+    what += f", {_kv(cfg.type_k.type_name, cfg.type_v.type_name)}, flash attention {cfg.flash_attn}"
+    off = _offload_to_run(plan)
+    head = f"{plan.spec.name}{_where(plan)}: "
+    if plan.fits is None:
+        return head + what + " (no hardware: an estimate only)"
+    on_cpu = plan.budget is not None and plan.budget.device == "cpu"
+    if off is not None:
+        run = f"{off.n_ctx:,} tokens, {_kv(off.type_k.type_name, off.type_v.type_name)}"
+        if off.runnable:
+            return head + f"100% on the GPU does not fit; the plan that runs keeps part on the CPU: {run}"
+        return head + f"DOES NOT FIT, not even with part on the CPU ({run}: the RAM is short too)"
+    if not plan.fits:
+        return head + what + ": DOES NOT FIT" + ("" if on_cpu else " the GPU")
+    if plan.ram is not None and not plan.ram.fits:
+        return head + what + ": fits the GPU, but NOT the system RAM"
+    return head + what + (": fits in RAM" if on_cpu else ": fits 100% on the GPU")
+
+
+def _model(plan: Plan) -> str:
+    """``model: qwen3moe, 48 layers, trained on 262,144 tokens; weights q4_K, 17.70 GiB``"""
+    spec = plan.spec
+    s = f"model: {spec.architecture}, {spec.n_layer} layers, trained on {spec.n_ctx_train:,} tokens"
+    return s + f"; weights {spec.file_type}, {fmt_bytes(spec.weights_bytes)}"
+
+
+def _memory(plan: Plan) -> list[str]:
+    est, b = plan.estimate, plan.budget
+    off = _offload_to_run(plan)
+    if off is not None:
+        flags = f"-ngl {off.n_gpu_layers}" + (f" --n-cpu-moe {off.n_cpu_moe}" if off.n_cpu_moe else "")
+        kept = f"the experts of {off.n_cpu_moe} layers" if off.n_cpu_moe else f"{off.n_cpu_layers} layers"
+        if off.n_cpu_moe and off.n_cpu_layers:
+            kept += f" and {off.n_cpu_layers} whole layers"
+        where = f"{fmt_bytes(off.device_bytes)} on the GPU"
+        if len(off.devices_bytes) > 1:
+            where = ", ".join(
+                f"{fmt_bytes(d)} of {fmt_bytes(x)}" for d, x in zip(off.devices_bytes, off.device_budgets, strict=True)
+            )
+        return [f"on the CPU: {kept} ({flags}); {where}, {fmt_bytes(off.host_bytes)} in RAM"]
+    parts = [f"weights {fmt_bytes(est.weights_bytes - est.host.weights_bytes)}"]
+    if est.kv_bytes:
+        parts.append(f"K/V cache {fmt_bytes(est.kv_bytes)}")
+    if est.recurrent_bytes:
+        parts.append(f"recurrent state {fmt_bytes(est.recurrent_bytes)}")
+    parts.append(f"compute {fmt_bytes(est.compute_bytes - est.host.compute_bytes)}")
+    if est.overhead_bytes:
+        parts.append(f"overhead {fmt_bytes(est.overhead_bytes)}")
+    if b is None:
+        return [f"memory: {fmt_bytes(est.device_bytes)} on the {est.layout.device.upper()}: " + ", ".join(parts)]
+    if len(b.device_budgets) > 1 and len(est.devices) == len(b.device_budgets):
+        used = ", ".join(
+            f"{d.name} {fmt_bytes(d.total_bytes)} of {fmt_bytes(x)}"
+            for d, x in zip(est.devices, b.device_budgets, strict=True)
+        )
+    else:
+        left = b.budget_bytes - est.device_bytes
+        used = f"{fmt_bytes(est.device_bytes)} of a {fmt_bytes(b.budget_bytes)} budget"
+        used += f" ({fmt_bytes(left)} to spare)" if left >= 0 else f" ({fmt_bytes(-left)} short)"
+    return [f"memory: {used}; " + ", ".join(parts)]
+
+
+def _speed(plan: Plan) -> list[str]:
+    off = _offload_to_run(plan)
+    rec = plan.recommendation
+    decode = off.speed if off is not None else (rec.speed if rec is not None else plan.speed)
+    out = []
+    if decode is not None:
+        s = f"speed (estimate, one sequence): decode {decode.at_depths()}"
+        b = plan.budget
+        if b is not None and b.bandwidth_bytes_per_s:
+            at = f"{b.bandwidth_bytes_per_s / 1e9:,.0f} GB/s"
+            if off is not None:  # the CPU's share runs at the system memory's bandwidth (measured once, cached)
+                from kvadvise.planner.speed import ram_bandwidth
+
+                at = f"GPU {at}, system RAM {ram_bandwidth(b)[0] / 1e9:,.0f} GB/s"
+            s += f" (at {at})"
+        if plan.prefill is not None:
+            s += f"; prompt {plan.prefill.at_sizes()}"
+        out.append(s)
+    ram = off.ram if off is not None else plan.ram
+    if ram is not None:
+        verdict = "fits" if ram.fits else "DOES NOT FIT"
+        s = f"system RAM: {fmt_bytes(ram.total_bytes)} of {fmt_bytes(ram.ram_bytes)} ({ram.ram_source}): {verdict}"
+        if ram.prompt_cache_bytes:
+            s += f", {fmt_bytes(ram.prompt_cache_bytes)} of it llama-server's prompt cache at most"
+        if ram.fits:
+            s += f"; a container needs --memory={ram.container_limit_bytes >> 30}g"
+        out.append(s)
+    return out
+
+
+def why(rec: Recommendation | None) -> list[str]:
+    """The choice in one or two lines: what each cache type reaches against the target, then the caveats the
+    recommender attached (its reasons that start with ``note:``)."""
+    if rec is None:
+        return []
+    if not rec.fits:  # why 100 % GPU does not fit, and which cache type the plan that runs takes
+        said = [r for r in rec.reasons if r.startswith(("does not fit", "would fit with"))]
+        said += [r for r in rec.reasons if r.startswith("partial offload: a ")][:1]
+        return [f"why: {r}" for r in said] + [r for r in rec.reasons if r.startswith("note:")]
+    chosen = (rec.config.type_k, rec.config.type_v)
+    target = rec.target_ctx
+    steps: list[str] = []
+    later: list[str] = []
+    picked, best = False, 0
+    for o in rec.options:
+        name = _kv(o.type_k.type_name, o.type_v.type_name).removeprefix("K/V ")
+        reach = f"{o.n_ctx_max:,}" if o.n_ctx_max else "nothing"
+        if picked:
+            if not o.allowed and o.n_ctx_max > best:  # only what would reach further than the choice
+                later.append(f"{name} would reach {reach} (--allow-q4, less precise)")
+            continue
+        if (o.type_k, o.type_v) == chosen and o.allowed:
+            picked, best = True, o.n_ctx_max
+            if o.type_k.type_name == "f16" == o.type_v.type_name:
+                steps.append(
+                    f"f16 reaches {reach} tokens of the {target:,} target: an exact cache, no need to quantize"
+                )
+            else:
+                steps.append(
+                    f"{name} reaches {reach}: chosen (q8_0 usually has no noticeable quality loss, Ollama FAQ)"
+                )
+        elif o.allowed:
+            steps.append(f"{name} reaches {reach} of the {target:,}-token target")
+    out = ["why: " + "; ".join(steps)] if steps else []
+    if later:
+        out.append("     " + "; ".join(later))
+    out += [r for r in rec.reasons if r.startswith("note:")]
+    return out
+
+
+def summary_text(
+    plan: Plan,
+    requested_ctx: int | None = None,
+    *,
+    settings_title: str = "Settings",
+    settings: Sequence[str] = (),
+    notes: Sequence[str] = (),
+    sources: Sequence[str] = (),
+) -> str:
+    """The plan in about 25 lines: headline, settings, memory and speed, why, notes, sources."""
+    lines = [headline(plan, requested_ctx)]
+    if settings:
+        lines.append(f"{settings_title}:")
+        lines += [f"  {x}" for x in settings]
+    lines += [f"  {x}" for x in (_model(plan), *_memory(plan), *_speed(plan))]
+    lines += [f"  {x}" for x in why(plan.recommendation)]
+    hw_notes = plan.hardware.notes if plan.hardware is not None else ()
+    lines += [f"  note: {n}" for n in (*hw_notes, *plan.notes, *notes)]
+    srcs = (*plan.spec.sources, *(plan.hardware.sources if plan.hardware is not None else ()), *sources)
+    if srcs:
+        lines.append("Sources:")
+        lines += [f"  {x}" for x in srcs]
+    return text_lines(lines)
+
+
+def llama_flags(plan: Plan) -> str:
+    """The llama.cpp flags of the plan (of the plan that runs when part stays on the CPU)."""
+    cfg = plan.config
+    off = _offload_to_run(plan)
+    n_ctx, tk, tv = (
+        (off.n_ctx * max(1, cfg.n_parallel), off.type_k, off.type_v) if off else (cfg.n_ctx, cfg.type_k, cfg.type_v)
+    )
+    s = f"-c {n_ctx} -np {cfg.n_parallel} -fa {cfg.flash_attn} -ctk {tk.type_name} -ctv {tv.type_name}"
+    if off is not None:
+        s += f" -ngl {off.n_gpu_layers}" + (f" --n-cpu-moe {off.n_cpu_moe}" if off.n_cpu_moe else "")
+    elif plan.budget is not None and plan.budget.device != "cpu":
+        s += " -ngl 999"
+    return s
