@@ -84,12 +84,24 @@ def real_llama_server(request: pytest.FixtureRequest) -> Path:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if not REPORT:
-        return
-    text = REPORT.markdown()
-    out = ROOT / "build" / "oracle-report.md"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(text)
-    terminalreporter.write_sep("=", "kvadvise prediction vs real llama.cpp")
-    terminalreporter.write_line(text)
-    terminalreporter.write_line(f"(written to {out})")
+    """The accuracy tables of the session's runs against real llama.cpp: the oracle's, the RPC devices', the
+    published logs'; each also written under build/."""
+    from published_logs import REPORT_ROWS, table
+    from rpc_devices import REPORT as DEVICE_ROWS
+    from rpc_devices import REPORT_HEAD
+
+    reports = [
+        ("kvadvise prediction vs real llama.cpp", "oracle-report.md", REPORT.markdown() if REPORT else ""),
+        ("several devices on loopback RPC (predicted after the slash)", "devices-report.md",
+         "\n".join([REPORT_HEAD, *DEVICE_ROWS]) if DEVICE_ROWS else ""),
+        ("published llama.cpp logs", "published-report.md", table(REPORT_ROWS) if REPORT_ROWS else ""),
+    ]  # fmt: skip
+    for title, name, text in reports:
+        if not text:
+            continue
+        out = ROOT / "build" / name
+        out.parent.mkdir(exist_ok=True)
+        out.write_text(text + "\n")
+        terminalreporter.write_sep("=", title)
+        terminalreporter.write_line(text)
+        terminalreporter.write_line(f"(written to {out})")

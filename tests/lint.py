@@ -21,7 +21,9 @@ def main() -> int:
     rc = subprocess.run(
         [sys.executable, "-m", "ruff", "check", "advisor", "backends", "tests", "benchmarks"], cwd=ROOT
     ).returncode
-    rc |= subprocess.run([sys.executable, "-m", "ruff", "format", "--check", "advisor", "backends"], cwd=ROOT).returncode
+    rc |= subprocess.run(
+        [sys.executable, "-m", "ruff", "format", "--check", "advisor", "backends"], cwd=ROOT
+    ).returncode
     spec = importlib.util.find_spec("kvadvise")
     if spec is None or spec.origin is None or "__editable__" not in spec.origin:
         print(

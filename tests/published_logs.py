@@ -129,6 +129,10 @@ def compare(log: PublishedLog) -> tuple[BufferRow, ...]:
     return tuple(rows)
 
 
+# the rows tests/test_published_logs.py compared, printed at the end of the session by tests/conftest.py
+REPORT_ROWS: list[BufferRow] = []
+
+
 def table(rows: tuple[BufferRow, ...] | list[BufferRow], logs: tuple[PublishedLog, ...] = LOGS) -> str:
     """Markdown: one line per printed buffer, published / predicted, the difference and pass/fail."""
     by_id = {log.id: log for log in logs}

@@ -16,6 +16,11 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+# the rows of tests/test_devices.py's runs ("| run | device | model | KV | compute |", predicted after the slash),
+# printed at the end of the session by tests/conftest.py
+REPORT: list[str] = []
+REPORT_HEAD = "| run | device | model MiB | KV MiB | compute MiB |\n|---|---|---|---|---|"
+
 
 def _free_port() -> int:
     with socket.socket() as s:

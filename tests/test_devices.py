@@ -3,7 +3,7 @@ llama-server splits layers over as over several GPUs (same scheduler, same buffe
 the weights and KV must equal kvadvise's prediction, the compute buffers within 5 % or 8 MiB, and
 the host's compute buffer too. One device tells the device/host split of a GPU run apart.
 
-The table of every run is printed at the end of the session (and written to
+The table of every run is printed at the end of the session by tests/conftest.py (and written to
 build/devices-report.md).
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from rpc_devices import devices, run_server
+from rpc_devices import REPORT, devices, run_server
 from tinymodels import write_tiny_gguf
 
 import kvadvise
@@ -24,7 +24,6 @@ from kvadvise.runtime.llamalog import parse
 pytestmark = pytest.mark.llama
 MIB = 1 << 20
 ROOT = Path(__file__).resolve().parent.parent
-REPORT: list[str] = []
 
 
 @pytest.fixture(scope="module")
@@ -114,17 +113,6 @@ def test_split_over_devices_as_predicted(
     _check(f"{model} {n_dev} dev -ts {ts or '-'} -fa {fa} -np {np_}", models[model], cfg, log, three[:n_dev])
     if n_dev > 1:
         assert re.search(r"pipeline parallelism enabled", log)  # the copies the model counts
-
-
-def test_report() -> None:
-    """Prints the table of the runs above (predicted after the slash)."""
-    if not REPORT:
-        pytest.skip("no device runs in this session")
-    head = "| run | device | model MiB | KV MiB | compute MiB |\n|---|---|---|---|---|"
-    text = "\n".join([head, *REPORT])
-    (ROOT / "build").mkdir(exist_ok=True)
-    (ROOT / "build" / "devices-report.md").write_text(text + "\n")
-    print("\n" + text)
 
 
 def test_cli_plan_over_rpc_hosts_is_what_llama_server_allocates(

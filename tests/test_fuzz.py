@@ -238,8 +238,8 @@ _MODELFILE_SPECIAL += ["\u2028", "\x85", "\ufeff", "\xa0", "\xad", "\ud800", '""
 @pytest.fixture(scope="module")
 def go_isprint() -> Any:
     """The oracle: Go's unicode.IsPrint from Unicode 15.0.0's categories (a CPython 3.12's unicodedata, in
-    its own process), else the shipped table (which test_hardening3.py compares with it where it can)."""
-    from test_hardening3 import PY15
+    its own process), else the shipped table (which test_injection_stores_and_writes.py compares with it where it can)."""
+    from test_injection_stores_and_writes import PY15
 
     from kvadvise.backends.ollama.goprint import is_print
 

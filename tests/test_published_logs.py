@@ -3,7 +3,7 @@
 Every printed KV buffer must equal kvadvise's figure to the 0.01 MiB llama.cpp prints; every printed
 compute buffer, device and host apart, within 16 MiB or 3 %. A log kvadvise does not model says why
 in its ``xfail`` and is a strict xfail, so a fix that makes it pass shows up. The table of every
-buffer is printed at the end (and written to build/published-report.md); so does
+buffer is printed at the end by tests/conftest.py (and written to build/published-report.md); so does
 ``python benchmarks/bench_published.py`` without pytest.
 """
 
@@ -12,10 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from published_logs import LOGS, MIB, BufferRow, PublishedLog, compare, table
+from published_logs import LOGS, MIB, REPORT_ROWS, PublishedLog, compare, table
 
 ROOT = Path(__file__).resolve().parent.parent
-ROWS: list[BufferRow] = []
 
 
 def test_the_published_set_is_what_issue_12_asks() -> None:
@@ -39,21 +38,11 @@ def test_the_published_set_is_what_issue_12_asks() -> None:
 @pytest.mark.parametrize("log", LOGS, ids=[log.id for log in LOGS])
 def test_published_log(log: PublishedLog, request: pytest.FixtureRequest) -> None:
     rows = compare(log)
-    ROWS.extend(rows)
+    REPORT_ROWS.extend(rows)
     if log.xfail:
         request.applymarker(pytest.mark.xfail(reason=log.xfail, strict=True))
     bad = [r for r in rows if not r.ok]
     assert not bad, "\n" + table(bad)
-
-
-def test_report() -> None:
-    """Prints the accuracy table of the logs above."""
-    if not ROWS:
-        pytest.skip("no published log ran in this session")
-    text = table(ROWS)
-    (ROOT / "build").mkdir(exist_ok=True)
-    (ROOT / "build" / "published-report.md").write_text(text + "\n")
-    print("\n" + text)
 
 
 def test_op_offload_copy_sits_in_a_layer_not_beside_the_logits() -> None:
