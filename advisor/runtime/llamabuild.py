@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
-import signal
-import subprocess
-import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kvadvise.planner import builds
+
+if TYPE_CHECKING:
+    import subprocess
 
 # llama-cpp-python's version -> the llama.cpp build it vendors (its vendor/llama.cpp submodule): the one
 # kvadvise's tests build and run (0c1e570 = b11312, tests/llama_cpp_source.py)
@@ -43,6 +43,12 @@ def detect(binary: str | None = None) -> BuildChoice:
     none or it does not say. Never raises: a plan goes on for an unknown build. The binary runs in its own
     session, its output is read up to VERSION_MAX_BYTES, and the whole group is killed after
     VERSION_TIMEOUT_S (a program that is not llama-server may ignore --version)."""
+    # the process machinery only when a binary is probed: an Ollama plan never needs it (start-up, issue 26.1)
+    import shutil
+    import signal
+    import subprocess
+    import threading
+
     path = binary or shutil.which("llama-server")
     if not path:
         return BuildChoice(None, "no llama-server on PATH")

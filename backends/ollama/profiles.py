@@ -20,7 +20,6 @@ three close ones (:func:`suggestions`).
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -277,6 +276,8 @@ def suggestions(name: OllamaName, limit: int = 3) -> tuple[str, ...]:
     """Up to ``limit`` built-in names close to ``name``, best first (difflib's ratio): what "did you mean"
     offers for ``qwen3-codr`` (qwen3-coder) or ``gemma4:e4`` (gemma4:e4b, gemma4:e2b...). A known model with an
     unknown tag gets its own tags; a bare name gets model names (bare where their ``:latest`` is known)."""
+    import difflib  # only for a name that is not there
+
     if not name.is_library:
         return ()
     names = profiles()

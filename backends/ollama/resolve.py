@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-from kvadvise.backends.gguf_cache import read as read_header
 from kvadvise.backends.ollama import api as ollama_api
 from kvadvise.backends.ollama import store as ollama_store
 from kvadvise.backends.ollama.model import OllamaModel
@@ -27,6 +26,9 @@ from kvadvise.backends.ollama.name import OllamaName, parse_name
 from kvadvise.backends.ollama.profiles import find_profile, suggestions
 from kvadvise.errors import BackendUnreachable, InputError
 from kvadvise.model.architecture import from_gguf
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 def resolve(
@@ -114,6 +116,8 @@ def library_names(ref: str) -> tuple[str, ...]:
 
 def from_store(name: OllamaName, entry: ollama_store.StoreEntry) -> OllamaModel:
     """The model of a store entry already found (its manifest read): its header through the cache."""
+    from kvadvise.backends.gguf_cache import read as read_header  # a model in the store: its blob's header
+
     header = read_header(entry.model_blob)
     spec = from_gguf(header)
     notes = list(entry.notes)
