@@ -177,12 +177,18 @@ def test_per_layer_embeddings_stay_on_the_token_embedding_side() -> None:
     bd = params(spec, p.config)
     assert bd is not None and bd.tok_embd_per_layer == 262_144 * 256 * 42
     ple_bytes = bd.tok_embd_per_layer * 2  # Ollama keeps it at 16 bits
-    assert spec.tok_embd_bytes == ple_bytes + spec.output_bytes
-    # the tied output layer: llama.cpp's copy of token_embd alone (not of the per-layer table), on the GPU
-    assert spec.weights_bytes == p.download_bytes + spec.output_bytes
-    assert spec.tok_embd_bytes + sum(spec.layer_bytes) + spec.output_bytes == pytest.approx(
+    assert spec.input_extra_bytes == ple_bytes and spec.output_bytes == 0  # tied to token_embd
+    assert spec.weights_bytes == p.download_bytes
+    assert spec.tok_embd_bytes + spec.input_extra_bytes + sum(spec.layer_bytes) == pytest.approx(
         spec.weights_bytes - p.projector_bytes, abs=256
     )
+    # planned on a GPU: both tables in the CPU's buffer, the output layer's copy of token_embd alone on the GPU
+    # (with everything else: the blocks, the vision tower the blob carries)
+    from kvadvise.planner.memory import RunConfig, estimate
+
+    est = estimate(spec, RunConfig(n_ctx=4096, device="cuda"))
+    assert est.host.weights_bytes == spec.tok_embd_bytes + ple_bytes
+    assert est.devices[0].weights_bytes - spec.cuda_pad_bytes == spec.weights_bytes - ple_bytes
 
 
 def test_rows_that_a_k_quant_cannot_hold_fall_back() -> None:

@@ -275,6 +275,8 @@ _REPACK_TYPES = frozenset(
     )
 )  # fmt: skip
 # 2-D weights that are read by GET_ROWS or another op, never by a matmul (src/llama-arch.cpp LLM_TENSOR_INFOS)
+# llama-arch.cpp LLM_TENSOR_INFOS: the input layer's tensors besides token_embd (kept on the CPU with it)
+_INPUT_EXTRA = frozenset({"per_layer_token_embd.weight", "position_embd.weight", "token_types.weight"})
 _NOT_MATMUL = re.compile(r"^(token_embd|per_layer_token_embd|pos_embd|token_types|enc\.token_embd)\.|conv1d|_norm\.")
 
 
@@ -405,7 +407,10 @@ def from_gguf(header: GGUFHeader, *, known_only: bool = True) -> ModelSpec:
             il = int(m[1])
             if il < n_layer_all:
                 layer_bytes[il] += t.n_bytes
-    cuda_pad = sum(cuda_alloc_bytes(t.ggml_type, t.shape[0], t.n_bytes) - t.n_bytes for t in loaded)
+    # the input layer's extra tables stay in the CPU's buffer: no CUDA padding (token_embd's pads its tied copy)
+    cuda_pad = sum(
+        cuda_alloc_bytes(t.ggml_type, t.shape[0], t.n_bytes) - t.n_bytes for t in loaded if t.name not in _INPUT_EXTRA
+    )
     layer_pad = [0] * n_layer_all
     layer_largest = [0] * n_layer_all
     for t in loaded:
@@ -484,6 +489,7 @@ def from_gguf(header: GGUFHeader, *, known_only: bool = True) -> ModelSpec:
         n_expert_used=k.num(LLM.EXPERT_USED_COUNT, 0),
         weights_bytes=weights_bytes,
         tok_embd_bytes=tok_embd.n_bytes if tok_embd else 0,
+        input_extra_bytes=sum(t.n_bytes for t in loaded if t.name in _INPUT_EXTRA),
         output_bytes=output.n_bytes if output else 0,
         file_type=file_type,
         verified=verified,

@@ -466,22 +466,17 @@ def with_parts(
     # else q or o (about half the attention); an estimate from the config's shapes
     largest = tuple(max(x // 3, d // 3, a // 2) for a, d, x in zip(b.attn, b.dense, b.experts, strict=True))
     # per_layer_token_embd is an input tensor like token_embd (llama-arch.cpp: LLM_TENSOR_LAYER_INPUT, so on
-    # the CPU); a tied output layer is a copy of token_embd alone (gemma4.cpp: TENSOR_DUPLICATED), so that copy
-    # is given as the output layer, and the weights llama.cpp holds are the file plus it
-    output, weights, notes = b.output, spec.weights_bytes, spec.notes
-    if b.tok_embd_per_layer and not b.output:
-        output, weights = b.tok_embd, spec.weights_bytes + b.tok_embd
-        notes = (*notes, f"the tied output layer is a copy of token_embd ({b.tok_embd / 1e9:.2f} GB) on the GPU")
+    # the CPU: ModelSpec.input_extra_bytes); a tied output layer is a copy of token_embd alone (gemma4.cpp:
+    # TENSOR_DUPLICATED), which kvadvise.planner.memory adds to the output layer's device as for any tied model
     # the output matmul reads token_embd when they are tied (llama.cpp duplicates it as the output layer)
     active = spec.active_params if bd is None else (bd.active if bd.output else bd.active + bd.tok_embd)
     return dataclasses.replace(
         spec,
-        weights_bytes=weights,
-        tok_embd_bytes=b.tok_embd + b.tok_embd_per_layer,
-        output_bytes=output,
+        tok_embd_bytes=b.tok_embd,
+        input_extra_bytes=b.tok_embd_per_layer,
+        output_bytes=b.output,
         expert_bytes=sum(b.experts),
         layer_bytes=layers,
         layer_largest_tensor_bytes=largest + (0,) * spec.n_layer_nextn,
-        notes=notes,
         active_params=active,
     )

@@ -77,6 +77,10 @@ class ModelSpec:
     verified: bool  # architecture checked against real llama.cpp in kvadvise's tests
     notes: tuple[str, ...] = ()  # caveats of the figures: printed with every plan
     sources: tuple[str, ...] = ()  # where the figures come from, one line each ("weights: 19 GB, Ollama library, ...")
+    # the other input-layer tensors (Gemma 3n/4's per_layer_token_embd, position_embd, token_types): on the CPU
+    # beside token_embd (llama-arch.cpp: LLM_TENSOR_LAYER_INPUT; llama_model::load_tensors keeps dev_input on the
+    # CPU, "very little benefit" to offload it), never a tied output's copy
+    input_extra_bytes: int = 0
     expert_bytes: int = 0  # routed-expert tensors (ffn_*_exps): only n_expert_used of n_expert are read per token
     layer_bytes: tuple[int, ...] = ()  # weights of each block (blk.N.*), for partial offload
     cuda_pad_bytes: int = 0  # extra bytes CUDA buffers add (128-byte alignment, quantized rows padded to 512)

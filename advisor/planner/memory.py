@@ -894,9 +894,10 @@ def _device_layers(spec: ModelSpec, owner: tuple[int, ...], n_dev: int, cuda: bo
     layer_pad = list(spec.layer_cuda_pad_bytes) or [0] * spec.n_layer_all
     # llama_model::load_tensors: token_embd always stays on the CPU ("very little benefit"); what is not
     # in a block (output, output_norm, ...) goes with the output layer; tied embeddings make that device
-    # hold a copy of token_embd as the output layer (an encoder has no output layer: no copy)
+    # hold a copy of token_embd as the output layer (an encoder has no output layer: no copy); the input layer's
+    # other tensors (per_layer_token_embd, position_embd, token_types) stay on the CPU with token_embd
     tied_copy = spec.tok_embd_bytes if spec.output_bytes == 0 and spec.architecture not in ENCODER_ARCHS else 0
-    rest = spec.weights_bytes - spec.tok_embd_bytes - sum(layer_w) + tied_copy
+    rest = spec.weights_bytes - spec.tok_embd_bytes - spec.input_extra_bytes - sum(layer_w) + tied_copy
     rest_pad = spec.cuda_pad_bytes - sum(layer_pad) if cuda else 0
     parts = []
     for d in range(n_dev):
@@ -962,13 +963,14 @@ def _offloaded(
         host_compute = pad(copies * (mask_bytes(spec, lay) + embd + q) + embd + ids, ALIGNMENT["cuda"])
     else:
         host_compute = host_compute_bytes(spec, lay)
-    host = HostMemory(spec.tok_embd_bytes, host_compute, out, spec.tok_embd_bytes + host_compute + out)
+    host_w = spec.tok_embd_bytes + spec.input_extra_bytes  # the input layer (dev_input: the CPU)
+    host = HostMemory(host_w, host_compute, out, host_w + host_compute + out)
     return tuple(devices), host
 
 
 def _even_layers(spec: ModelSpec) -> list[int]:
     """Equal block sizes for a spec whose per-block sizes are unknown: the weights less the token embedding
     and the output layer, over the trunk's layers."""
-    body = max(0, spec.weights_bytes - spec.tok_embd_bytes - spec.output_bytes)
+    body = max(0, spec.weights_bytes - spec.tok_embd_bytes - spec.input_extra_bytes - spec.output_bytes)
     n = max(1, spec.n_layer)
     return [body // n if il < spec.n_layer else 0 for il in range(spec.n_layer_all)]

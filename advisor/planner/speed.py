@@ -128,7 +128,8 @@ def weight_reads(spec: ModelSpec) -> Reads:
     if moe and spec.expert_bytes:
         used = spec.expert_bytes * spec.n_expert_used // spec.n_expert
     tied_output = spec.tok_embd_bytes if spec.output_bytes == 0 else 0  # the output matmul reads the embedding
-    dense = spec.weights_bytes - spec.tok_embd_bytes + tied_output - spec.expert_bytes
+    # the input layer's tables are looked up a row per token (get_rows), not read whole
+    dense = spec.weights_bytes - spec.tok_embd_bytes - spec.input_extra_bytes + tied_output - spec.expert_bytes
     layers = _expert_layers(spec) if moe else 0
     return Reads(max(0, dense), used, layers, spec.n_layer, moe)
 
