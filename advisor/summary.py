@@ -128,6 +128,8 @@ def _speed(plan: Plan) -> list[str]:
         b = plan.budget
         if b is not None and b.bandwidth_bytes_per_s:
             at = f"{b.bandwidth_bytes_per_s / 1e9:,.0f} GB/s"
+            if len(set(b.device_bandwidths)) > 1:  # each GPU reads its share of the layers at its own bandwidth
+                at = " + ".join(f"{x / 1e9:,.0f}" for x in b.device_bandwidths) + " GB/s"
             if off is not None:  # the CPU's share runs at the system memory's bandwidth (measured once, cached)
                 from kvadvise.planner.speed import ram_bandwidth
 

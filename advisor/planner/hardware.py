@@ -172,6 +172,7 @@ def from_profiles(names: str) -> Hardware:
 
     cards: list[Gpu] = []
     first: Hardware | None = None
+    sources: dict[str, None] = {}  # each card's source once, in the order given
     for raw in (n.strip() for n in names.split(",")):
         if not raw:
             raise InputError(f"--gpu {names!r}: an empty card name", hint="e.g. --gpu rtx-4090,rtx-3090")
@@ -186,6 +187,7 @@ def from_profiles(names: str) -> Hardware:
             raise InputError(f"--gpu {raw!r}: {count} cards", hint="1 to 16 cards, e.g. rtx-3090x2")
         hw = from_profile(base)
         first = first or hw
+        sources.update(dict.fromkeys(hw.sources))
         cards.extend(hw.gpus[0] for _ in range(count))
     assert first is not None
     if len(cards) == 1:
@@ -205,7 +207,7 @@ def from_profiles(names: str) -> Hardware:
         )
     gpus = tuple(replace(g, index=i) for i, g in enumerate(cards))
     note = f"{len(gpus)} GPUs: " + ", ".join(g.name for g in gpus) + "; llama.cpp splits the layers across them"
-    return replace(first, gpus=gpus, source=f"profiles:{names}", notes=(*first.notes, note))
+    return replace(first, gpus=gpus, source=f"profiles:{names}", notes=(*first.notes, note), sources=tuple(sources))
 
 
 @dataclass(frozen=True, slots=True)

@@ -74,10 +74,23 @@ def reasons(
         goal += f" ({why})"
     out.append(goal)
     if not fits:
-        out.append(
-            f"does not fit: the weights and buffers alone need {_gb(est.device_bytes)} at {n_ctx_seq:,} tokens; "
-            f"{where} has {_gb(budget.budget_bytes)}"
+        several = len(budget.device_budgets) == len(est.devices) > 1
+        over = (
+            [(d, x) for d, x in zip(est.devices, budget.device_budgets, strict=True) if d.total_bytes > x]
+            if several
+            else []
         )
+        if over:  # several devices: each holds its share of the layers within its own budget
+            out.append(
+                f"does not fit at {n_ctx_seq:,} tokens: "
+                + "; ".join(f"{d.name} needs {_gb(d.total_bytes)} of its {_gb(x)}" for d, x in over)
+                + " (each device holds its share of the layers: -ts, else by free memory)"
+            )
+        else:
+            out.append(
+                f"does not fit: the weights and buffers alone need {_gb(est.device_bytes)} at {n_ctx_seq:,} tokens; "
+                f"{where} has {_gb(budget.budget_bytes)}"
+            )
         out.append(would_fit)
         return out
     f16 = next((o for o in options if o.type_k == F16 and o.type_v == F16), None)
