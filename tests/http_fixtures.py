@@ -67,7 +67,7 @@ class LoopbackServer:
 
     def __init__(self) -> None:
         self.routes: dict[str, Route] = {}
-        self.log: list[Logged] = []
+        self.log: list[Logged | None] = []  # in the order requests arrived (a slot is kept until served)
         self._lock = threading.Lock()
         self._active = 0  # requests being served: measurements wait for them
         owner = self
@@ -121,7 +121,7 @@ class LoopbackServer:
         while self._active and time.monotonic() < deadline:
             time.sleep(0.005)
         with self._lock:
-            return [r for r in self.log if r.path.startswith(prefix)]
+            return [r for r in self.log if r is not None and r.path.startswith(prefix)]
 
     def body_bytes(self, prefix: str = "") -> int:
         return sum(r.body_bytes for r in self.requests(prefix))
@@ -134,8 +134,10 @@ class LoopbackServer:
     # -- serving -------------------------------------------------------------
 
     def _serve(self, h: BaseHTTPRequestHandler, *, head: bool) -> None:
-        with self._lock:
+        with self._lock:  # the request's place in the log is when it arrived, not when its answer was sent
             self._active += 1
+            slot = len(self.log)
+            self.log.append(None)
         path = h.path
         route = self.routes.get(path) or self.routes.get(path.split("?", 1)[0])
         rng = h.headers.get("Range")
@@ -185,7 +187,7 @@ class LoopbackServer:
         finally:
             h.close_connection = True
             with self._lock:
-                self.log.append(Logged(h.command, path, rng, inm, auth is not None, status, sent))
+                self.log[slot] = Logged(h.command, path, rng, inm, auth is not None, status, sent)
                 self._active -= 1
 
     def _send(self, h: BaseHTTPRequestHandler, status: int, body: bytes, headers: dict[str, str], head: bool) -> int:

@@ -706,10 +706,14 @@ def test_a_dripping_server_cannot_stretch_a_timeout(client: str, monkeypatch: py
 
                 HTTPSource(url + "/m.gguf", timeout_s=1).read(0, 100)
             elif client == "hub":  # huggingface_hub's own client, under kvadvise's total deadline
+                from huggingface_hub import constants
+
                 from kvadvise.backends.remote import hub
 
                 monkeypatch.setenv("HF_ENDPOINT", url)
                 monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+                # huggingface_hub reads HF_HUB_OFFLINE once, when first imported (by an earlier test, offline)
+                monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
                 monkeypatch.setattr(hub, "HUB_DEADLINE_S", 1.0)
                 hub.resolve(hub.HubRef("user/model-GGUF", quant="Q4_K_M"))
             else:
