@@ -109,6 +109,9 @@ class RunConfig:
     # known, planned for the largest figure of the supported builds. The API's default is the build whose
     # rules kvadvise follows (b11312); the CLI finds the installed one or says it does not know it.
     llama_build: int | None = builds.REFERENCE
+    # op offload's copy of the largest weight kept on the CPU (--n-cpu-moe; kvadvise.planner.offload): the first
+    # device's compute buffer holds it during that layer's matmul for prompt batches (memory.op_offload_growth)
+    op_offload_copy_bytes: int = 0
 
     def __post_init__(self) -> None:
         # llama.cpp reads -c, -np, -b, -ub as int32 (common/arg.cpp std::stoi); a larger number would be
@@ -953,6 +956,8 @@ def _offloaded(
             compute = (
                 _split_compute(spec, lay, list(part.layers), last=last, copies=copies) if (part.layers or last) else 0
             )
+        if d == 0 and cfg.op_offload_copy_bytes:  # the copy lives in a layer's live set (op_offload_growth)
+            compute += op_offload_growth(spec, lay, cfg.op_offload_copy_bytes)
         total = part.weights_bytes + kv_d + rs_d + compute + overhead
         devices.append(DeviceMemory(names[d], part.n_layers, part.weights_bytes, kv_d, rs_d, compute, overhead, total))
     if pipeline:

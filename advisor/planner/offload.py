@@ -335,16 +335,16 @@ class CpuMoe:
     n_cpu_moe: int
     expert_layers: tuple[int, ...]  # of those N layers, the ones that hold routed experts
     host_bytes: int  # the experts kept in RAM
-    op_offload_bytes: int | None  # the first GPU's copy of the largest of them (op offload); None: unknown
-    gpu_spec: ModelSpec  # the model as the GPUs hold it (those experts out of their layers, the copy in)
+    # the first GPU's copy of the largest of them (op offload; RunConfig.op_offload_copy_bytes); None: unknown
+    op_offload_bytes: int | None
+    gpu_spec: ModelSpec  # the model as the GPUs hold it (those experts out of their layers)
 
 
 def cpu_moe_placement(spec: ModelSpec, n_cpu_moe: int, device: str, n_ubatch: int) -> CpuMoe:
     """Where ``--n-cpu-moe N`` puts the weights (see :class:`CpuMoe`). ``gpu_spec`` plans the GPUs' memory
     with the memory model as it is: the moved experts leave their layers' bytes (on whichever device the
-    layer split gives them), and the op-offload copy, which the first GPU's compute buffer holds, is kept
-    with the first moved layer (on the first device: layer 0 is always there), so that every context the
-    recommender tries counts it; :func:`with_cpu_moe` then moves it to the compute buffer."""
+    layer split gives them); the op-offload copy is planned with the config (RunConfig.op_offload_copy_bytes),
+    as the first GPU's compute buffer grows by it at each context the recommender tries."""
     ids = tuple(il for il in speed_model.expert_layer_ids(spec) if il < n_cpu_moe)
     if not ids or not spec.expert_bytes or not any(spec.layer_bytes):
         return CpuMoe(n_cpu_moe, ids, 0, 0, spec)
@@ -354,10 +354,9 @@ def cpu_moe_placement(spec: ModelSpec, n_cpu_moe: int, device: str, n_ubatch: in
     layers = list(spec.layer_bytes)
     for il in ids:
         layers[il] = max(0, layers[il] - per)
-    layers[ids[0]] += copy or 0
     gpu = replace(
         spec,
-        weights_bytes=spec.weights_bytes - moved + (copy or 0),
+        weights_bytes=spec.weights_bytes - moved,
         expert_bytes=spec.expert_bytes - moved,
         layer_bytes=tuple(layers),
     )
@@ -366,15 +365,9 @@ def cpu_moe_placement(spec: ModelSpec, n_cpu_moe: int, device: str, n_ubatch: in
 
 def with_cpu_moe(est: MemoryEstimate, placement: CpuMoe) -> MemoryEstimate:
     """The estimate of ``placement.gpu_spec`` as llama.cpp prints it for the whole model: the moved experts
-    in host RAM (the CPU's model buffer), the op-offload copy in the first GPU's compute buffer."""
+    in host RAM (the CPU's model buffer); the op-offload copy is already in the first GPU's compute buffer."""
     if not placement.host_bytes or not est.devices:
         return est
-    copy = placement.op_offload_bytes or 0
-    first = est.devices[0]
-    devices = (
-        replace(first, weights_bytes=first.weights_bytes - copy, compute_bytes=first.compute_bytes + copy),
-        *est.devices[1:],
-    )
     host = replace(
         est.host,
         weights_bytes=est.host.weights_bytes + placement.host_bytes,
@@ -382,10 +375,8 @@ def with_cpu_moe(est: MemoryEstimate, placement: CpuMoe) -> MemoryEstimate:
     )
     return replace(
         est,
-        devices=devices,
         host=host,
-        weights_bytes=est.weights_bytes + placement.host_bytes - copy,
-        compute_bytes=est.compute_bytes + copy,
+        weights_bytes=est.weights_bytes + placement.host_bytes,
         host_bytes=est.host_bytes + placement.host_bytes,
         total_bytes=est.total_bytes + placement.host_bytes,
     )

@@ -279,7 +279,7 @@ def _with_cpu_moe(
     placement = cpu_moe_placement(spec, n_cpu_moe, device, base.n_ubatch)
     inner = make_plan(
         placement.gpu_spec,
-        base,
+        replace(base, op_offload_copy_bytes=placement.op_offload_bytes or 0),
         recommend_ctx=recommend_ctx,
         hw=hw,
         policy=policy,
@@ -296,7 +296,7 @@ def _with_cpu_moe(
     )
     if placement.op_offload_bytes:
         moved += (
-            f"; the first GPU's compute buffer holds a copy of the largest of them "
+            f"; the first GPU's compute buffer holds a copy of the largest of them during its layer's matmul "
             f"({placement.op_offload_bytes / (1 << 20):,.1f} MiB, op offload, an estimate)"
         )
     speed = prefill = None
