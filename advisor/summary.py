@@ -187,6 +187,7 @@ def why(rec: Recommendation | None) -> list[str]:
     if later:
         out.append("     " + "; ".join(later))
     out += [r for r in rec.reasons if r.startswith("note:")]
+    out += [f"why: {r}" for r in rec.reasons if r.startswith("layers per device")]  # the -ts of the command
     return out
 
 

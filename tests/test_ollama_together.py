@@ -334,7 +334,11 @@ def test_store_models_an_embedding_model_and_a_router_preset(
     est = estimate(spec, RunConfig(n_ctx=2048, device="cuda"))
     assert not any(spec.kv_layers) and est.kv_bytes == 0
     # no output tensor (src/models/nomic-bert.cpp): the GPU holds the blocks, not a copy of token_embd
-    assert est.devices[0].weights_bytes == spec.weights_bytes - spec.tok_embd_bytes + spec.cuda_pad_bytes
+    # token_types (an input tensor, llama-arch.cpp LLM_TENSOR_LAYER_INPUT) stays on the CPU with token_embd
+    assert spec.input_extra_bytes > 0
+    assert est.devices[0].weights_bytes == (
+        spec.weights_bytes - spec.tok_embd_bytes - spec.input_extra_bytes + spec.cuda_pad_bytes
+    )
     monkeypatch.setenv("OLLAMA_MODELS", str(root))
     monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
     monkeypatch.setenv("OLLAMA_NUM_PARALLEL", "2")

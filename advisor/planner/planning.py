@@ -9,11 +9,18 @@ from typing import TYPE_CHECKING
 from kvadvise.errors import ConfigError
 from kvadvise.model.spec import ModelSpec
 from kvadvise.planner.budget import DEFAULT_MARGIN_BYTES, Budget, plan_budget
+from kvadvise.planner.fitsplit import fit_split
 from kvadvise.planner.hardware import Hardware, RpcHost
 from kvadvise.planner.hostram import HostRam, plan_host_ram
 from kvadvise.planner.memory import MemoryEstimate, RunConfig, estimate
 from kvadvise.planner.policy import Policy
-from kvadvise.planner.recommender import Recommendation, fixed_ctx_alternatives, recommend, wants_offload
+from kvadvise.planner.recommender import (
+    Recommendation,
+    fixed_ctx_alternatives,
+    recommend,
+    refit_reason,
+    wants_offload,
+)
 
 if TYPE_CHECKING:  # the speed model loads only for a plan with a GPU budget, the offload with --allow-cpu
     from kvadvise.planner.offload import CpuMoe, Offload
@@ -187,8 +194,10 @@ def make_plan(
         notes = (*notes, BACKEND_NOTES[budget.backend])
     if budget is not None and n_gpu > 1 and not base.tensor_split:
         # several GPUs and no -ts: llama.cpp splits the layers by each device's free memory
-        # (llama_model::load_tensors); in GiB, so the command can state the same split (-ts)
+        # (llama_model::load_tensors); in GiB, so the command can state the same split (-ts); where that
+        # leaves a device short, its --fit moves layers between them (kvadvise.planner.fitsplit)
         base = replace(base, tensor_split=tuple(round(f / (1 << 30), 2) for f in budget.device_free))
+        policy = replace(policy, fit_split=True)
     if recommend_ctx and budget is not None:
         rec = recommend(spec, base, budget, policy)
         prefill = _prefill(spec, rec.config, budget, rec.fits, prompt_tokens, rec.offload)
@@ -202,6 +211,12 @@ def make_plan(
         cfg = replace(cfg, device="cpu")
     est = estimate(spec, cfg)
     fits = budget.fits(est) if budget is not None else None
+    if budget is not None and not fits and policy.fit_split:  # the --ctx as given, layers moved as --fit moves them
+        split = fit_split(spec, cfg, budget)
+        if split is not None:
+            notes = (*notes, refit_reason(cfg.tensor_split, split))
+            cfg = replace(cfg, tensor_split=split)
+            est, fits = estimate(spec, cfg), True
     speed = None
     if fits and budget is not None:
         from kvadvise.planner.recommender import decode_speed

@@ -92,6 +92,9 @@ class Policy:
     # built-in profile is taken as one without it)
     weights_uncertain: bool = False
     headless: bool = False  # no display on the GPU: no display allowance
+    # several devices and no -ts: when the split by free memory leaves a device short of its budget, llama.cpp's
+    # --fit moves layers between them (kvadvise.planner.fitsplit), and so does the plan
+    fit_split: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ from kvadvise.errors import ConfigError, DoesNotFit, InputError
 from kvadvise.model.spec import ModelSpec
 from kvadvise.planner import reasons as words
 from kvadvise.planner.budget import Budget
+from kvadvise.planner.fitsplit import fit_split
 from kvadvise.planner.memory import CTX_PAD, MemoryEstimate, RunConfig, estimate
 from kvadvise.planner.policy import (
     CTX_ROUND,
@@ -48,7 +49,7 @@ class Recommendation:
     speed: SpeedEstimate | None = None  # the decode estimate at 4k and at the context (None: it does not fit)
 
 
-def max_context(spec: ModelSpec, base: RunConfig, kv: KV, fa: bool, budget: Budget) -> int:
+def max_context(spec: ModelSpec, base: RunConfig, kv: KV, fa: bool, budget: Budget, *, refit: bool = False) -> int:
     """The largest context per sequence (a multiple of 256, at most n_ctx_train) that fits the budget.
 
     Memory grows monotonically with the context, so a search over multiples of 256 that keeps
@@ -60,7 +61,13 @@ def max_context(spec: ModelSpec, base: RunConfig, kv: KV, fa: bool, budget: Budg
     cap = max(CTX_PAD, spec.n_ctx_train // CTX_PAD * CTX_PAD) if spec.n_ctx_train else 1 << 20
 
     def slack(units: int) -> int:
-        return budget.slack_bytes(estimate(spec, config_at(base, units * CTX_PAD, kv, fa, budget.device)))
+        cfg = config_at(base, units * CTX_PAD, kv, fa, budget.device)
+        s = budget.slack_bytes(estimate(spec, cfg))
+        if s < 0 and refit:  # ``refit``: the layers moved between the devices as llama.cpp's --fit moves them
+            split = fit_split(spec, cfg, budget)
+            if split is not None:
+                return budget.slack_bytes(estimate(spec, replace(cfg, tensor_split=split)))
+        return s
 
     hi = cap // CTX_PAD  # in units of 256
     s_hi = slack(hi)
@@ -107,8 +114,12 @@ def recommend(spec: ModelSpec, base: RunConfig, budget: Budget, policy: Policy) 
         reasons.append(f"target {want:,} is past the model's training context; capped at {n_ctx_train:,}")
     options: list[Option] = []
     for kv, fa, allowed in choices(spec, base, policy):
-        n_max = max_context(spec, base, kv, fa, budget)
-        at_max = estimate(spec, config_at(base, n_max, kv, fa, budget.device)).device_bytes if n_max else 0
+        n_max = max_context(spec, base, kv, fa, budget, refit=policy.fit_split)
+        at_max = (
+            estimate(spec, _refit(spec, config_at(base, n_max, kv, fa, budget.device), budget, policy)).device_bytes
+            if n_max
+            else 0
+        )
         options.append(Option(kv[0], kv[1], fa, n_max, at_max, n_max >= target, allowed))
     usable = [o for o in options if o.allowed]
     if not usable:
@@ -120,11 +131,18 @@ def recommend(spec: ModelSpec, base: RunConfig, budget: Budget, policy: Policy) 
     n_ctx_seq = min(target, chosen.n_ctx_max) if chosen.n_ctx_max else CTX_PAD
     if n_ctx_seq >= CTX_ROUND:
         n_ctx_seq = n_ctx_seq // CTX_ROUND * CTX_ROUND
-    cfg = config_at(base, n_ctx_seq, (chosen.type_k, chosen.type_v), chosen.flash_attn, budget.device)
+    cfg = _refit(
+        spec,
+        config_at(base, n_ctx_seq, (chosen.type_k, chosen.type_v), chosen.flash_attn, budget.device),
+        budget,
+        policy,
+    )
     est = estimate(spec, cfg)
     fits = budget.fits(est)
     would_fit = "" if fits else _what_would_fit(spec, base, budget, policy)
     reasons += words.reasons(spec, base, budget, policy, options, chosen, target, why, n_ctx_seq, est, fits, would_fit)
+    if cfg.tensor_split != base.tensor_split:
+        reasons.append(refit_reason(base.tensor_split, cfg.tensor_split))
 
     if policy.min_ctx and (not fits or n_ctx_seq < policy.min_ctx):
         raise DoesNotFit(
@@ -143,6 +161,25 @@ def recommend(spec: ModelSpec, base: RunConfig, budget: Budget, policy: Policy) 
             offload, notes = plan_offload(spec, base, budget, target, (chosen.type_k, chosen.type_v), policy)
             reasons += notes if offload is not None else (*notes, *words.no_offload(spec, budget))
     return Recommendation(cfg, est, budget, fits, target, tuple(reasons), tuple(options), tps, note, offload, speed)
+
+
+def _refit(spec: ModelSpec, cfg: RunConfig, budget: Budget, policy: Policy) -> RunConfig:
+    """``cfg``, or with llama.cpp's --fit split when the split by free memory does not fit and that one does
+    (``policy.fit_split``: several devices, no -ts; kvadvise.planner.fitsplit)."""
+    if not policy.fit_split or budget.fits(estimate(spec, cfg)):
+        return cfg
+    split = fit_split(spec, cfg, budget)
+    return cfg if split is None else replace(cfg, tensor_split=split)
+
+
+def refit_reason(by_free: tuple[float, ...], split: tuple[float, ...]) -> str:
+    """What the refitted split is and why (a reason of the plan)."""
+    free = ",".join(f"{x:g}" for x in by_free)
+    layers = ",".join(f"{x:g}" for x in split)
+    return (
+        f"layers per device {layers} (-ts {layers}): the split by free memory ({free}) leaves a device short of its "
+        "budget, so the layers are filled back to front as llama.cpp's --fit fills them (common/fit.cpp)"
+    )
 
 
 def wants_offload(policy: Policy, fits: bool, short_of_target: bool) -> bool:

@@ -1,0 +1,57 @@
+"""The layer split llama.cpp's ``--fit`` picks when the split by free memory leaves a device short of its margin.
+
+Without ``-ts``, llama.cpp splits the layers by each device's free memory (llama_model::load_tensors). With
+``--fit on`` (llama-server's default, and Ollama >= 0.30's), when a device would keep less free than its
+target (``-fitt``, 1024 MiB by default), ``common_fit_params`` fills the devices back to front instead: the
+last device takes as many whole layers as fit its target, then the one before it, and so on; the number of
+layers per device becomes the tensor split (common/fit.cpp, ``common_params_fit_impl`` step 3,
+``set_ngl_tensor_split_tbo``: ``tensor_split[id] = n_layer``; llama.cpp 0c1e570). kvadvise does the same for
+a plan of several devices without ``-ts`` and writes the result as ``-ts``, so the command is the split that
+was planned. What does not fit on the devices even so is the partial offload's job (kvadvise.planner.offload).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from kvadvise.model.spec import ModelSpec
+from kvadvise.planner.budget import Budget
+from kvadvise.planner.memory import RunConfig, estimate
+
+
+def fit_split(spec: ModelSpec, cfg: RunConfig, budget: Budget) -> tuple[float, ...] | None:
+    """Layers per device (the output layer counted with the last device's, as llama.cpp counts ``n_layer + 1``)
+    such that every device stays within its own budget at ``cfg``, filled back to front as llama.cpp's fit
+    fills them; None when there is one device, or when the devices cannot hold every layer."""
+    budgets = budget.device_budgets
+    n_dev = len(budgets)
+    if n_dev < 2 or len(cfg.tensor_split) != n_dev:
+        return None
+    n_all = spec.n_layer_all + 1
+    counts = [0] * n_dev
+
+    def within(d: int, k: int) -> bool:
+        """Device ``d`` within its budget holding ``k`` layers, the ones not placed yet on device 0."""
+        trial = list(counts)
+        trial[d] = k
+        trial[0] += n_all - sum(trial)
+        est = estimate(spec, replace(cfg, tensor_split=tuple(float(c) for c in trial)))
+        return est.devices[d].total_bytes <= budgets[d]
+
+    for d in range(n_dev - 1, 0, -1):
+        left = n_all - sum(counts)
+        lo, hi = 0, left  # the most layers device d holds within its budget (0 if not even its fixed costs fit)
+        if within(d, hi):
+            lo = hi
+        else:
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if within(d, mid):
+                    lo = mid
+                else:
+                    hi = mid
+        counts[d] = lo
+    counts[0] = n_all - sum(counts)
+    split = tuple(float(c) for c in counts)
+    est = estimate(spec, replace(cfg, tensor_split=split))
+    return split if budget.fits(est) else None
