@@ -115,8 +115,22 @@ def test_split_over_devices_as_predicted(
         assert re.search(r"pipeline parallelism enabled", log)  # the copies the model counts
 
 
+@pytest.mark.parametrize(
+    ("first", "split"),
+    [
+        ("2GiB", "2,6"),  # by free memory
+        # 36 MiB left after the margin: by free memory its 3 layers (39 MiB) would not fit, so the layers are
+        # filled back to front as llama.cpp's --fit fills them: all 19 on the second host (planner/fitsplit.py)
+        ("1060MiB", "0,19"),
+    ],
+)
 def test_cli_plan_over_rpc_hosts_is_what_llama_server_allocates(
-    three: list[str], models: dict[str, Path], real_llama_server: Path, capsys: pytest.CaptureFixture[str]
+    first: str,
+    split: str,
+    three: list[str],
+    models: dict[str, Path],
+    real_llama_server: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """`kvadvise llamacpp MODEL --rpc HOST:PORT=SIZE ...` plans the hosts as llama.cpp's devices; its
     llama-server command, run over those rpc-servers, allocates what the JSON says, device by device."""
@@ -126,11 +140,11 @@ def test_cli_plan_over_rpc_hosts_is_what_llama_server_allocates(
     from kvadvise.cli import main
 
     a, b = three[:2]
-    argv = ["llamacpp", str(models["gemma-3-270m"]), "--rpc", f"{a}=2GiB", "--rpc", f"{b}=6GiB", "--ctx", "8192"]
+    argv = ["llamacpp", str(models["gemma-3-270m"]), "--rpc", f"{a}={first}", "--rpc", f"{b}=6GiB", "--ctx", "8192"]
     assert main([*argv, "-fa", "on", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     cmd = shlex.split(doc["llama_server"]["command"])
-    assert cmd[cmd.index("--rpc") + 1] == f"{a},{b}" and cmd[cmd.index("-ts") + 1] == "2,6"
+    assert cmd[cmd.index("--rpc") + 1] == f"{a},{b}" and cmd[cmd.index("-ts") + 1] == split
     args = [x for i, x in enumerate(cmd[1:], 1) if cmd[i - 1] not in ("-m", "--rpc") and x not in ("-m", "--rpc")]
     got = parse(run_server(real_llama_server, models["gemma-3-270m"], args, [a, b]).splitlines())
     for d in doc["memory"]["devices"]:

@@ -1,0 +1,86 @@
+"""Several devices without -ts: where the split by free memory leaves a device short of its budget, the layers
+are filled back to front as llama.cpp's --fit fills them (common/fit.cpp, kvadvise.planner.fitsplit), and the
+command carries that split; a split that fits, or one the user gave, is kept."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from ollama_fake import closed_port_url
+
+from kvadvise.cli import main
+from kvadvise.model.architecture import from_gguf
+from kvadvise.model.gguf import read_file
+from kvadvise.planner.budget import plan_budget
+from kvadvise.planner.fitsplit import fit_split
+from kvadvise.planner.hardware import manual_many
+from kvadvise.planner.memory import RunConfig, estimate
+
+MIB, GIB = 1 << 20, 1 << 30
+
+
+@pytest.fixture(autouse=True)
+def _no_server(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "no-store"))
+
+
+def _plan(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, object]:
+    rc = main([*args, "--ram", "16GiB", "--json"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert isinstance(doc, dict)
+    return doc
+
+
+def test_a_small_first_card_gets_no_layers_and_the_plan_runs(
+    gemma_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """1.46 GiB and 3 GiB: by free memory the first card would take a third of the layers and miss its budget
+    (its CUDA context alone is 330 MiB of its 476 MiB); filled back to front, the second card takes all 19
+    (18 blocks and the output layer), as llama.cpp's fit would."""
+    doc = _plan(capsys, "llamacpp", str(gemma_path), "--vram", "1500MiB,3GiB", "--ctx", "32768")
+    assert doc["fits"] is True
+    devices = doc["memory"]["devices"]
+    assert [d["n_layers"] for d in devices] == [0, 19]
+    assert all(d["total_bytes"] <= d["budget_bytes"] for d in devices)
+    cmd = shlex.split(doc["llama_server"]["command"])
+    assert cmd[cmd.index("-ts") + 1] == "0,19"
+    assert any("layers per device 0,19" in n for n in doc["notes"])
+
+
+def test_the_fill_is_back_to_front_and_tight(gemma_path: Path) -> None:
+    """Each device from the last takes the most layers its budget holds: one more would not fit."""
+    spec = from_gguf(read_file(gemma_path))
+    budget = plan_budget(manual_many([2048 * MIB, 1600 * MIB]), 1024 * MIB)  # budgets 1,024 and 576 MiB
+    cfg = RunConfig(n_ctx=32768, device="cuda", flash_attn="on", tensor_split=(2.0, 1.5625))
+    assert not budget.fits(estimate(spec, cfg))  # by free memory the second card's share misses its budget
+    split = fit_split(spec, cfg, budget)
+    assert split is not None and sum(split) == spec.n_layer_all + 1
+    est = estimate(spec, replace(cfg, tensor_split=split))
+    assert budget.fits(est) and [d.n_layers for d in est.devices] == [int(x) for x in split] == [18, 1]
+    last = len(split) - 1
+    more = tuple(x + (1 if i == last else -1 if i == 0 else 0) for i, x in enumerate(split))
+    assert estimate(spec, replace(cfg, tensor_split=more)).devices[last].total_bytes > budget.device_budgets[last]
+
+
+def test_a_split_that_fits_and_a_given_split_are_kept(gemma_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    doc = _plan(capsys, "llamacpp", str(gemma_path), "--vram", "24GiB,16GiB", "--ctx", "32768")
+    cmd = shlex.split(doc["llama_server"]["command"])
+    assert cmd[cmd.index("-ts") + 1] == "24,16"  # by free memory, as llama.cpp splits without --fit's help
+    assert not any("layers per device" in n for n in doc["notes"])
+    rc = main(["llamacpp", str(gemma_path), "--vram", "1500MiB,3GiB", "--ctx", "32768", "-ts", "1,2", "--json"])
+    out, _ = capsys.readouterr()
+    assert rc == 3 and json.loads(out)["fits"] is False  # the user's -ts is the user's: not moved
+
+
+def test_nothing_to_fit_when_the_devices_cannot_hold_every_layer(gemma_path: Path) -> None:
+    spec = from_gguf(read_file(gemma_path))
+    budget = plan_budget(manual_many([1400 * MIB, 1400 * MIB]), 1024 * MIB)
+    cfg = RunConfig(n_ctx=131072, device="cuda", flash_attn="on", tensor_split=(1.37, 1.37))
+    assert fit_split(spec, cfg, budget) is None
