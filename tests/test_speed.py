@@ -195,6 +195,7 @@ def test_ram_bandwidth_is_measured_once_then_read_from_the_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(cpuspeed, "_busy", lambda: None)  # the machine as idle (the next test: busy)
     t0 = time.perf_counter()
     r = cpuspeed.measured_bandwidth.__wrapped__()
     took = time.perf_counter() - t0
@@ -209,6 +210,33 @@ def test_ram_bandwidth_is_measured_once_then_read_from_the_cache(
     monkeypatch.setattr(cpuspeed, "measure", no)
     again = cpuspeed.measured_bandwidth.__wrapped__()
     assert again.bytes_per_s == r.bytes_per_s
+
+
+def test_a_figure_measured_on_a_busy_machine_is_not_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copy measured while other work shares the memory bus (load above the CPUs) is used for this plan
+    only: cached, it would slow every later plan's CPU share (a 2-core VM measured 5 GB/s busy, ~31 idle)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(cpuspeed, "_busy", lambda: 7.5)
+    r = cpuspeed.measured_bandwidth.__wrapped__()
+    assert r.bytes_per_s > 0 and "busy (load 7.5): not kept" in r.source and "--ram-bandwidth" in r.source
+    assert not cpuspeed.cache_path().exists()
+    monkeypatch.setattr(cpuspeed, "_busy", lambda: None)
+    cpuspeed.measured_bandwidth.__wrapped__()
+    assert cpuspeed.cache_path().exists()
+
+
+def test_busy_means_a_load_above_the_logical_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cpuspeed.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(cpuspeed.os, "getloadavg", lambda: (2.5, 1.0, 1.0), raising=False)
+    assert cpuspeed._busy() == 2.5
+    monkeypatch.setattr(cpuspeed.os, "getloadavg", lambda: (1.9, 3.0, 3.0), raising=False)
+    assert cpuspeed._busy() is None
+
+    def unavailable() -> tuple[float, float, float]:
+        raise OSError("no load average")
+
+    monkeypatch.setattr(cpuspeed.os, "getloadavg", unavailable, raising=False)
+    assert cpuspeed._busy() is None
 
 
 def test_a_plan_that_fits_the_gpu_never_measures_the_ram(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -134,8 +134,15 @@ def measured_bandwidth() -> RamBandwidth:
             return RamBandwidth(int(doc["bytes_per_s"]), f"measured {doc['measured_at']} on {key} ({path})")
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass  # none yet, or unreadable: measure again
+    load = _busy()  # read before measuring: the copies themselves raise the load
     bps = int(measure())
     when = time.strftime("%Y-%m-%d", time.gmtime())
+    if load is not None:  # other work shared the memory bus: a figure for now, not for every later plan
+        return RamBandwidth(
+            bps,
+            f"measured {when} on {key} while the machine was busy (load {load:.1f}): not kept, measured again "
+            "next time; --ram-bandwidth GB/S gives it",
+        )
     doc = {"format": FORMAT, "machine": key, "bytes_per_s": bps, "measured_at": when, "method": "memmove copy"}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -144,6 +151,16 @@ def measured_bandwidth() -> RamBandwidth:
     except (OSError, KvadviseError):
         where = "not cached: the cache folder is not writable"
     return RamBandwidth(bps, f"measured {when} on {key} ({where})")
+
+
+def _busy() -> float | None:
+    """The 1-minute load average when it is above the logical CPUs (the machine is busy: a copy then measures
+    a share of the bandwidth, not what the model will get), else None; None where there is no load average."""
+    try:
+        load = os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return None
+    return load if load > (os.cpu_count() or 1) else None
 
 
 def _physical_cores(info: dict[str, str]) -> int:
