@@ -216,7 +216,9 @@ def summary_text(
         lines += [f"  {x}" for x in settings]
     lines += [f"  {x}" for x in (_model(plan), *_memory(plan), *_speed(plan))]
     if _no_memory(plan) and plan.recommendation is not None and plan.recommendation.fits:
-        lines.append("  why: no K/V cache (llama.cpp makes no memory module for this model): the cache type changes nothing")
+        lines.append(
+            "  why: no K/V cache (llama.cpp makes no memory module for this model): the cache type changes nothing"
+        )
     else:
         lines += [f"  {x}" for x in why(plan.recommendation)]
     hw_notes = plan.hardware.notes if plan.hardware is not None else ()

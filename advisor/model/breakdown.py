@@ -140,6 +140,10 @@ class _Md:
         return (self.num(template, default),) * self.n
 
 
+# convert_hf_to_gguf.py (ModelBase.prepare_tensors, "Some tensor types are always in float32") keeps
+# position_embd and token_types in f32 whatever the output type; llama-quant.cpp leaves them too
+F32_BYTES = 4
+
 # llama.cpp's K-quants pack 256 values per block (QK_K); a tensor whose rows (ne[0]) are not a multiple
 # of that falls back to a 32-block type (llama-quant.cpp tensor_type_fallback; Ollama's quantizer ports it)
 QK_K = 256
@@ -432,14 +436,14 @@ def sized(
         return [b(n, odd, bits) for n, odd in zip(ns, odds or (0,) * len(ns), strict=True)]
 
     ple = b(bd.tok_embd_per_layer, 0, bpw if per_layer_embd_bpw is None else per_layer_embd_bpw)
-    extra = b(bd.input_extra, 0, bpw)
+    extra = bd.input_extra * F32_BYTES  # always f32 in the file: not scaled with the quant
     tok = b(bd.tok_embd, bd.tok_embd_odd, bpw)
     out = b(bd.output, bd.tok_embd_odd if bd.output else 0, bpw)
     attn = per_block(bd.attn, bd.attn_odd, bpw)
     dense = per_block(bd.dense, bd.dense_odd, bpw)
     experts = per_block(bd.experts, bd.experts_odd, exp_bpw)
     nextn = b(bd.nextn, bd.nextn_odd, bpw)
-    fixed = ple if per_layer_embd_bpw is not None else 0.0
+    fixed = (ple if per_layer_embd_bpw is not None else 0.0) + extra
     est = tok + out + extra + sum(attn) + sum(dense) + sum(experts) + nextn + ple - fixed
     k = max(0.0, total_bytes - fixed) / est if total_bytes and est else 1.0
     ke = k
@@ -458,7 +462,7 @@ def sized(
         n_expert=bd.n_expert,
         n_expert_used=bd.n_expert_used,
         tok_embd_per_layer=round(ple * kp),
-        input_extra=round(extra * k),
+        input_extra=round(extra),
         nextn=round(nextn * k),
     )
 
