@@ -22,6 +22,12 @@ def _kv(type_k: str, type_v: str) -> str:
     return f"K/V {type_k}" if type_k == type_v else f"K {type_k} / V {type_v}"
 
 
+def _no_memory(plan: Plan) -> bool:
+    """No K/V cache and no recurrent state: an encoder (bert, nomic-bert: embedding models) or a diffusion model,
+    for which llama_model::create_memory makes no memory module; a cache type changes nothing there."""
+    return not any(plan.spec.kv_layers) and not plan.spec.has_recurrent
+
+
 def _a(size: str) -> str:
     """``a 24.00 GiB``, ``an 8.00 GiB``, ``an 11.00 GiB``: the article as the number is read aloud."""
     an = size[0] == "8" or (size[:2] in ("11", "18") and not size[2:3].isdigit())
@@ -57,7 +63,8 @@ def headline(plan: Plan, requested_ctx: int | None = None) -> str:
     what = f"{n_ctx // n_par:,} tokens" + (f" x {n_par} slots" if n_par > 1 else "")
     if requested_ctx and requested_ctx != n_ctx:
         what += f" (asked {requested_ctx:,}; llama.cpp pads to 256)"
-    what += f", {_kv(cfg.type_k.type_name, cfg.type_v.type_name)}, flash attention {cfg.flash_attn}"
+    kv = "no K/V cache" if _no_memory(plan) else _kv(cfg.type_k.type_name, cfg.type_v.type_name)
+    what += f", {kv}, flash attention {cfg.flash_attn}"
     off = _offload_to_run(plan)
     head = f"{plan.spec.name}{_where(plan)}: "
     if plan.fits is None:
@@ -123,7 +130,9 @@ def _speed(plan: Plan) -> list[str]:
     rec = plan.recommendation
     decode = off.speed if off is not None else (rec.speed if rec is not None else plan.speed)
     out = []
-    if decode is not None:
+    if decode is not None and _no_memory(plan) and plan.prefill is not None:  # an encoder reads, it does not decode
+        out.append(f"speed (estimate): prompt {plan.prefill.at_sizes()}")
+    elif decode is not None:
         s = f"speed (estimate, one sequence): decode {decode.at_depths()}"
         b = plan.budget
         if b is not None and b.bandwidth_bytes_per_s:
@@ -206,7 +215,12 @@ def summary_text(
         lines.append(f"{settings_title}:")
         lines += [f"  {x}" for x in settings]
     lines += [f"  {x}" for x in (_model(plan), *_memory(plan), *_speed(plan))]
-    lines += [f"  {x}" for x in why(plan.recommendation)]
+    if _no_memory(plan) and plan.recommendation is not None and plan.recommendation.fits:
+        lines.append(
+            "  why: no K/V cache (llama.cpp makes no memory module for this model): the cache type changes nothing"
+        )
+    else:
+        lines += [f"  {x}" for x in why(plan.recommendation)]
     hw_notes = plan.hardware.notes if plan.hardware is not None else ()
     lines += [f"  note: {n}" for n in (*hw_notes, *plan.notes, *notes)]
     srcs = (*plan.spec.sources, *(plan.hardware.sources if plan.hardware is not None else ()), *sources)

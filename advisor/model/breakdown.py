@@ -15,6 +15,8 @@ GGUF keys convert_hf_to_gguf.py writes for the config
   Gated DeltaNet's qkv/gate/conv1d/beta/alpha/ssm_out), the dense FFN (gate,
   up, down; up and down for ungated MLPs), shared experts and the router, and
   the routed experts (n_expert × the expert FFN);
+- an encoder's (BERT, Nomic BERT: embedding models) token_types and position_embd, input-layer tables
+  like token_embd, and no output tensor;
 - the MTP/NextN blocks, which the file holds and llama.cpp does not load
   unless asked to (``mtp_flags = TENSOR_SKIP``).
 
@@ -36,12 +38,18 @@ from dataclasses import dataclass
 
 from kvadvise.errors import InputError
 from kvadvise.model.gguf import GGUFArray, Value
-from kvadvise.model.keys import LLM, SSM, key
+from kvadvise.model.keys import LLM, SSM, Tokenizer, key
 from kvadvise.model.spec import ModelSpec
 
 # MXFP4: 32 4-bit values + one 8-bit scale per block (ggml-common.h block_mxfp4)
 MXFP4_BPW = 4.25
-_UNGATED = frozenset({"starcoder2", "starcoder", "gpt2", "falcon", "phi2", "nemotron_h", "nemotron_h_moe"})
+_UNGATED = frozenset({"starcoder2", "starcoder", "gpt2", "falcon", "phi2", "nemotron_h", "nemotron_h_moe", "bert"})
+# the encoders of embedding models (bert.cpp, nomic-bert.cpp load_arch_tensors): no output tensor; token_types
+# {n_embd, n_token_types} and, for bert only (nomic-bert has RoPE), position_embd {n_embd, n_ctx_train} beside
+# token_embd; per block qkv + attn_output (bert: with biases), attn_output_norm, ffn_up (+ ffn_gate for
+# nomic-bert), ffn_down, layer_output_norm (weight and bias each)
+_ENCODERS = frozenset({"bert", "nomic-bert"})
+_BIASED = frozenset({"bert"})
 # tie_word_embeddings when a config.json leaves it out: the transformers config class's default
 _TIED_BY_DEFAULT = frozenset({"gemma", "gemma2", "gemma3", "gemma3n", "gemma4", "starcoder2", "command-r", "cohere2"})
 # Gated DeltaNet hybrids (qwen3next.cpp, qwen35.cpp, qwen35moe.cpp) and Mamba-2 ones (mamba2.cpp,
@@ -62,6 +70,7 @@ class Breakdown:
     n_expert: int
     n_expert_used: int
     tok_embd_per_layer: int = 0  # per_layer_token_embd (Gemma 3n/4): looked up per token, like tok_embd
+    input_extra: int = 0  # an encoder's position_embd and token_types: input-layer tables, like tok_embd
     nextn: int = 0  # the MTP/NextN blocks: in the file, not loaded by llama.cpp unless asked for
     # of the above, the parameters in tensors whose rows are not a multiple of QK_K (a K-quant cannot hold
     # them: :func:`sized` gives them the 32-block type llama.cpp falls back to); token_embd and output alike
@@ -79,7 +88,7 @@ class Breakdown:
     @property
     def loaded(self) -> int:
         """What llama.cpp loads by default: the file less its MTP/NextN blocks."""
-        parts = (self.tok_embd, self.output, self.tok_embd_per_layer, sum(self.attn), sum(self.dense))
+        parts = (self.tok_embd, self.output, self.tok_embd_per_layer, self.input_extra, sum(self.attn), sum(self.dense))
         return sum(parts) + sum(self.experts)
 
     @property
@@ -130,6 +139,10 @@ class _Md:
             return tuple(int(x) if isinstance(x, int) else default for x in v.values)
         return (self.num(template, default),) * self.n
 
+
+# convert_hf_to_gguf.py (ModelBase.prepare_tensors, "Some tensor types are always in float32") keeps
+# position_embd and token_types in f32 whatever the output type; llama-quant.cpp leaves them too
+F32_BYTES = 4
 
 # llama.cpp's K-quants pack 256 values per block (QK_K); a tensor whose rows (ne[0]) are not a multiple
 # of that falls back to a 32-block type (llama-quant.cpp tensor_type_fallback; Ollama's quantizer ports it)
@@ -253,6 +266,8 @@ def params_from_metadata(
         if not (k_eq_v and not swa):
             c.mat(e, nkv * hv)
         c.mat(nh * hv, e)
+        if arch in _ENCODERS:  # attn_output_norm (weight, bias); bert: q, k, v and attn_output biases
+            c.vec(2 * e + ((nh * hk + nkv * (hk + hv) + e) if arch in _BIASED else 0))
 
     def block_ffn(il: int, dense: _Count, experts: _Count) -> None:
         """The FFN of block ``il``: dense FFN, shared experts and router into ``dense``; routed ``experts``."""
@@ -279,6 +294,8 @@ def params_from_metadata(
             ffn(experts, expert_ff, n_expert)
             return
         ffn(dense, n_ff[il] if arch == "qwen35" else dense_ff)
+        if arch in _ENCODERS:  # layer_output_norm (weight, bias); bert: ffn_up and ffn_down biases
+            dense.vec(2 * e + ((dense_ff + e) if arch in _BIASED else 0))
 
     attn: list[_Count] = []
     dense: list[_Count] = []
@@ -305,9 +322,17 @@ def params_from_metadata(
         block_ffn(il, nextn, nextn)
         nextn.mat(2 * e, e)
     embd_odd = spec.n_vocab * e if e % QK_K else 0
+    input_extra = 0
+    if arch in _ENCODERS:
+        tied = True  # no output tensor at all (and no copy of token_embd for one: kvadvise.planner.memory)
+        n_types = metadata.get(Tokenizer.TOKEN_TYPE_COUNT)
+        input_extra = e * (n_types if isinstance(n_types, int) and not isinstance(n_types, bool) else 0)
+        if arch == "bert":
+            input_extra += e * spec.n_ctx_train  # position_embd {n_embd, n_ctx_train}
     return Breakdown(
         tok_embd=spec.n_vocab * e,
         output=0 if tied else spec.n_vocab * e,
+        input_extra=input_extra,
         attn=tuple(c.n for c in attn),
         dense=tuple(c.n for c in dense),
         experts=tuple(c.n for c in experts),
@@ -411,14 +436,15 @@ def sized(
         return [b(n, odd, bits) for n, odd in zip(ns, odds or (0,) * len(ns), strict=True)]
 
     ple = b(bd.tok_embd_per_layer, 0, bpw if per_layer_embd_bpw is None else per_layer_embd_bpw)
+    extra = bd.input_extra * F32_BYTES  # always f32 in the file: not scaled with the quant
     tok = b(bd.tok_embd, bd.tok_embd_odd, bpw)
     out = b(bd.output, bd.tok_embd_odd if bd.output else 0, bpw)
     attn = per_block(bd.attn, bd.attn_odd, bpw)
     dense = per_block(bd.dense, bd.dense_odd, bpw)
     experts = per_block(bd.experts, bd.experts_odd, exp_bpw)
     nextn = b(bd.nextn, bd.nextn_odd, bpw)
-    fixed = ple if per_layer_embd_bpw is not None else 0.0
-    est = tok + out + sum(attn) + sum(dense) + sum(experts) + nextn + ple - fixed
+    fixed = (ple if per_layer_embd_bpw is not None else 0.0) + extra
+    est = tok + out + extra + sum(attn) + sum(dense) + sum(experts) + nextn + ple - fixed
     k = max(0.0, total_bytes - fixed) / est if total_bytes and est else 1.0
     ke = k
     kp = 1.0 if per_layer_embd_bpw is not None else k
@@ -436,6 +462,7 @@ def sized(
         n_expert=bd.n_expert,
         n_expert_used=bd.n_expert_used,
         tok_embd_per_layer=round(ple * kp),
+        input_extra=round(extra),
         nextn=round(nextn * k),
     )
 
@@ -469,11 +496,13 @@ def with_parts(
     # the CPU: ModelSpec.input_extra_bytes); a tied output layer is a copy of token_embd alone (gemma4.cpp:
     # TENSOR_DUPLICATED), which kvadvise.planner.memory adds to the output layer's device as for any tied model
     # the output matmul reads token_embd when they are tied (llama.cpp duplicates it as the output layer)
-    active = spec.active_params if bd is None else (bd.active if bd.output else bd.active + bd.tok_embd)
+    # (an encoder has no output layer: nothing reads token_embd but its lookup)
+    tied_read = bool(bd is not None and not bd.output and spec.architecture not in _ENCODERS)
+    active = spec.active_params if bd is None else bd.active + (bd.tok_embd if tied_read else 0)
     return dataclasses.replace(
         spec,
         tok_embd_bytes=b.tok_embd,
-        input_extra_bytes=b.tok_embd_per_layer,
+        input_extra_bytes=b.tok_embd_per_layer + b.input_extra,
         output_bytes=b.output,
         expert_bytes=sum(b.experts),
         layer_bytes=layers,

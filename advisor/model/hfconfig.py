@@ -34,6 +34,9 @@ Rules of the converter that matter for memory and are easy to get wrong:
 - context_length is max_position_embeddings as published (rope scaling such
   as yarn is written to separate keys); command-r prefers model_max_length;
   mamba2 and hybrid Granite 4 (NoPE) write 2**20.
+- The encoders of Ollama's embedding models (BERT, XLM-RoBERTa: "bert"; Nomic BERT: "nomic-bert") write
+  attention.causal false and tokenizer.ggml.token_type_count; XLM-RoBERTa's context is
+  max_position_embeddings less 1 + pad_token_id, nomic-embed-text v1.5's the 2048 it was trained for.
 - ``load_hparams`` goes through transformers' AutoConfig, which fills class
   defaults for keys a config.json omits; the nested Gemma 3 text_config relies
   on this, so Gemma3TextConfig's defaults are applied here.
@@ -47,7 +50,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from kvadvise.errors import GGUFError, InputError
 from kvadvise.model.architecture import from_gguf
 from kvadvise.model.gguf import T_BOOL, T_INT32, GGUFArray, GGUFHeader, Value
-from kvadvise.model.keys import LLM, SSM, Attention, General, ShortConv, key
+from kvadvise.model.keys import LLM, SSM, Attention, General, ShortConv, Tokenizer, key
 from kvadvise.model.spec import ModelSpec
 
 __all__ = ["ARCH_BY_HF_CLASS", "ARCH_BY_MODEL_TYPE", "from_config", "gguf_metadata"]
@@ -95,6 +98,12 @@ ARCH_BY_HF_CLASS: Mapping[str, str] = {
     "Starcoder2ForCausalLM": "starcoder2",  # starcoder.py StarCoder2Model
     "ChatGLMModel": "chatglm",  # glm.py ChatGLMModel (GLM-4-9B-chat, Ollama's glm4)
     "ChatGLMForConditionalGeneration": "chatglm",
+    # the encoders Ollama's embedding models are (conversion/bert.py): BertModel and XLMRobertaModel write
+    # llama.cpp's "bert", NomicBertModel "nomic-bert" (nomic-bert-moe with moe_every_n_layers, not mapped)
+    "BertModel": "bert",
+    "BertForMaskedLM": "bert",
+    "XLMRobertaModel": "bert",
+    "NomicBertModel": "nomic-bert",
 }
 
 # For a config.json without "architectures": its model_type (top level or text_config).
@@ -134,6 +143,9 @@ ARCH_BY_MODEL_TYPE: Mapping[str, str] = {
     "lfm2_moe": "lfm2moe",
     "starcoder2": "starcoder2",
     "chatglm": "chatglm",
+    "bert": "bert",
+    "xlm-roberta": "bert",
+    "nomic_bert": "nomic-bert",
 }
 
 # transformers Gemma3TextConfig.__init__ defaults (configuration_gemma3.py). The
@@ -655,6 +667,34 @@ def _chatglm(hp: _HParams, w: _Writer, notes: list[str]) -> None:
     w.put(LLM.VOCAB_SIZE, hp.num(("padded_vocab_size", "vocab_size")))
 
 
+def _bert(hp: _HParams, w: _Writer, notes: list[str]) -> None:
+    """bert.py BertModel / XLMRobertaModel / NomicBertModel: TextModel keys, attention.causal false and the
+    token type count (set_vocab: type_vocab_size, default 1), which sizes token_types.weight. XLMRobertaModel
+    (and RobertaModel) drop the first 1 + pad_token_id rows of the position embeddings and lower
+    max_position_embeddings by as many (_xlmroberta_tokenizer_init: bge-m3's 8194 becomes 8192); NomicBertModel
+    writes the 2048 tokens nomic-embed-text v1/v1.5 were trained for over its n_positions 8192. The pooling
+    type comes from sentence-transformers' modules.json, not config.json: not written (no memory depends on it)."""
+    archs = hp.top.get("architectures")
+    cls = archs[0] if isinstance(archs, list) and archs else None
+    roberta = cls == "XLMRobertaModel" or (cls is None and hp.top.get("model_type") == "xlm-roberta")
+    if roberta and (pad := hp.num(("pad_token_id",))) is not None and "max_position_embeddings" in hp.hp:
+        hp.hp["max_position_embeddings"] = max(0, hp.need(("max_position_embeddings",)) - (1 + pad))
+    if w.arch == "nomic-bert":
+        npos, trained = hp.num(("n_positions",)), hp.num(("max_trained_positions",))
+        trained = 2048 if trained is None else trained
+        if npos == 8192 and trained == 2048:
+            hp.hp["n_positions"] = 2048  # "nomic-embed-text v1 and v1.5 are trained for 2048 tokens"
+        elif npos == 2048 and trained == 2048:
+            hp.hp["n_positions"] = 512  # nomic-embed-text-v2-moe
+        else:
+            raise hp.fail(f"n_positions {npos} / max_trained_positions {trained}: not a nomic-bert the converter knows")
+    _text_model(hp, w)
+    w.put(Attention.CAUSAL, False)
+    n_types = hp.num(("type_vocab_size",))
+    w.md[Tokenizer.TOKEN_TYPE_COUNT] = 1 if n_types is None else n_types
+    _vocab(hp, w)
+
+
 _CONVERTERS: Mapping[str, _Convert] = {
     "llama": _llama,
     "mistral3": _llama,
@@ -683,6 +723,8 @@ _CONVERTERS: Mapping[str, _Convert] = {
     "lfm2moe": _lfm2,
     "starcoder2": _generic,
     "chatglm": _chatglm,
+    "bert": _bert,
+    "nomic-bert": _bert,
 }
 # Attention-free architectures: num_attention_heads is not required.
 _NO_ATTENTION = frozenset({"mamba2"})

@@ -40,6 +40,7 @@ class LLM:
     NEXTN_PREDICT_LAYERS: Final = "{arch}.nextn_predict_layers"
     FULL_ATTENTION_INTERVAL: Final = "{arch}.full_attention_interval"
     TOKEN_SHIFT_COUNT: Final = "{arch}.token_shift_count"
+    POOLING_TYPE: Final = "{arch}.pooling_type"
 
 
 class Attention:
@@ -56,6 +57,7 @@ class Attention:
     SLIDING_WINDOW_PATTERN: Final = "{arch}.attention.sliding_window_pattern"
     SHARED_KV_LAYERS: Final = "{arch}.attention.shared_kv_layers"
     RECURRENT_LAYERS: Final = "{arch}.attention.recurrent_layers"
+    CAUSAL: Final = "{arch}.attention.causal"
 
 
 class SSM:
@@ -77,6 +79,7 @@ class ShortConv:
 class Tokenizer:
     LIST: Final = "tokenizer.ggml.tokens"
     MODEL: Final = "tokenizer.ggml.model"  # "llama" (SentencePiece), "gpt2" (BPE), ...
+    TOKEN_TYPE_COUNT: Final = "tokenizer.ggml.token_type_count"  # BERT's token types (token_types.weight rows)
 
 
 class Split:

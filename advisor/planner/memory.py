@@ -315,8 +315,9 @@ def resolve(spec: ModelSpec, cfg: RunConfig) -> ContextLayout:
     n_ctx = cfg.n_ctx or spec.n_ctx_train
     if n_ctx <= 0:
         raise ConfigError("the model does not say its training context; pass --ctx")
-    # n_batch and n_ubatch are set before n_ctx is padded
-    n_batch = min(n_ctx, cfg.n_batch)
+    # n_batch and n_ubatch are set before n_ctx is padded; "with causal attention, the batch size is limited by
+    # the context size" (llama-context.cpp): an encoder's (causal_attn false) is not
+    n_batch = cfg.n_batch if spec.architecture in ENCODER_ARCHS else min(n_ctx, cfg.n_batch)
     n_ubatch = min(n_batch, cfg.n_ubatch)
     n_outputs_max = cfg.llama_n_outputs_max or n_batch  # llama_context: "0 = n_batch"
     n_ctx = pad(n_ctx, CTX_PAD)

@@ -46,11 +46,13 @@ class OllamaBackend:
 
     def builtin_models(self) -> tuple[tuple[str, ModelSpec], ...]:
         """The built-in profiles (profiles/ollama_models.json) as (model:tag, spec): what `kvadvise compare`
-        compares when it is given no model."""
+        compares when it is given no model. Not the embedding models (encoders: no K/V cache, no decode)."""
         from kvadvise.backends.ollama.profiles import profiles
+        from kvadvise.model.architecture import ENCODER_ARCHS
 
         seen = {p.id: p for p in profiles().values()}
-        return tuple((pid, seen[pid].spec()) for pid in sorted(seen))
+        specs = ((pid, seen[pid].spec()) for pid in sorted(seen))
+        return tuple((pid, spec) for pid, spec in specs if spec.architecture not in ENCODER_ARCHS)
 
     def running_models(self, host: str | None = None) -> LiveState:
         """Live state: the server's version and what /api/ps says it holds."""

@@ -139,6 +139,8 @@ def advise(
         partial=off is not None,
         cache_ram_mib=ram.cache_ram_mib if ram is not None else None,
         ctx_checkpoints=ram.ctx_checkpoints if ram is not None else None,
+        # an encoder (an embedding model) keeps no K/V cache: OLLAMA_KV_CACHE_TYPE is left to the server
+        kv_cache=any(model.spec.kv_layers) or model.spec.has_recurrent,
     )
     from kvadvise.backends.ollama.config import env_effects
 

@@ -49,7 +49,8 @@ SYSTEMD_RELOAD = "sudo systemctl daemon-reload && sudo systemctl restart ollama"
 def env_lines(s: OllamaSettings) -> list[tuple[str, str]]:
     """The server environment this plan needs, as (name, value).
 
-    - ``OLLAMA_FLASH_ATTENTION`` and ``OLLAMA_KV_CACHE_TYPE`` always, f16 and flash attention on included:
+    - ``OLLAMA_FLASH_ATTENTION`` and ``OLLAMA_KV_CACHE_TYPE`` always (the cache type not for a model that keeps
+      no K/V cache: an embedding model's encoder), f16 and flash attention on included:
       the plan was sized for them, and a value left in the service from before (``q4_0``, ``0``) would
       otherwise win (llm/llama_server.go passes both to llama-server: ``--cache-type-k/-v``, ``--flash-attn``);
     - ``OLLAMA_NUM_PARALLEL`` for more than one slot, or 1 for a repeatable plan;
@@ -58,10 +59,9 @@ def env_lines(s: OllamaSettings) -> list[tuple[str, str]]:
     - ``LLAMA_ARG_CACHE_RAM`` / ``LLAMA_ARG_CTX_CHECKPOINTS`` when the RAM needs a smaller prompt cache or
       fewer context checkpoints than llama.cpp's defaults (the runner inherits the server's environment).
     """
-    env = [
-        ("OLLAMA_FLASH_ATTENTION", "1" if s.flash_attention else "0"),
-        ("OLLAMA_KV_CACHE_TYPE", s.kv_cache_type),
-    ]
+    env = [("OLLAMA_FLASH_ATTENTION", "1" if s.flash_attention else "0")]
+    if s.kv_cache:  # a model without a K/V cache (an encoder) leaves the server's cache type as it is
+        env.append(("OLLAMA_KV_CACHE_TYPE", s.kv_cache_type))
     if s.server_default:
         env.append(("OLLAMA_CONTEXT_LENGTH", str(s.num_ctx)))
     if s.num_parallel > 1 or s.repeatable:
@@ -240,7 +240,8 @@ def apply_hints_server(
 
 def verify_command(name: str, s: OllamaSettings) -> str:
     """The exact ``kvadvise verify ollama`` to run once the settings are applied."""
-    cmd = f"kvadvise verify ollama {shlex.quote(name)} --load --kv-cache-type {s.kv_cache_type} --num-ctx {s.num_ctx}"
+    kv = f" --kv-cache-type {s.kv_cache_type}" if s.kv_cache else ""  # no K/V cache: its type changes nothing
+    cmd = f"kvadvise verify ollama {shlex.quote(name)} --load{kv} --num-ctx {s.num_ctx}"
     if s.num_parallel > 1:
         cmd += f" --num-parallel {s.num_parallel}"
     return cmd

@@ -162,6 +162,9 @@ class OllamaSettings:
     # environment, which Ollama's runner inherits (llm/llama_server.go: cmd.Env = os.Environ())
     cache_ram_mib: int | None = None
     ctx_checkpoints: int | None = None
+    # False: the model keeps no K/V cache (an encoder: bert, nomic-bert; llama.cpp makes no memory module for
+    # it), so OLLAMA_KV_CACHE_TYPE changes nothing for it and is not set (the server's other models keep theirs)
+    kv_cache: bool = True
 
     def __post_init__(self) -> None:
         for field, v in (("num_ctx", self.num_ctx), ("num_parallel", self.num_parallel)):
