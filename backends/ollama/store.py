@@ -21,6 +21,7 @@ profiles still plan.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -93,8 +94,14 @@ def blob_path(root: Path, digest: str, where: str) -> Path:
     return _inside(root, path, where)
 
 
+@functools.lru_cache(maxsize=16)
+def _real_root(root: Path) -> str:
+    """The store's own real path: resolved once per process, not for each of a listing's thousand blobs."""
+    return os.path.realpath(root)
+
+
 def _inside(root: Path, path: Path, where: str) -> Path:
-    real_root = os.path.realpath(root)
+    real_root = _real_root(root)
     real = os.path.realpath(path)
     if os.path.commonpath([real_root, real]) != real_root:
         raise InputError(
