@@ -186,10 +186,12 @@ def why(rec: Recommendation | None) -> list[str]:
                 steps.append(
                     f"f16 reaches {reach} tokens of the {target:,} target: an exact cache, no need to quantize"
                 )
-            else:
+            elif o.type_k.type_name == "q8_0" == o.type_v.type_name:
                 steps.append(
                     f"{name} reaches {reach}: chosen (q8_0 usually has no noticeable quality loss, Ollama FAQ)"
                 )
+            else:  # a 4-bit type, taken only when asked (--allow-q4) or given (-ctk/-ctv)
+                steps.append(f"{name} reaches {reach}: chosen (smaller and less precise than q8_0)")
         elif o.allowed:
             steps.append(f"{name} reaches {reach} of the {target:,}-token target")
     out = ["why: " + "; ".join(steps)] if steps else []
