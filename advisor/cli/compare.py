@@ -29,12 +29,16 @@ GIB = 1 << 30
 
 @dataclass(frozen=True, slots=True)
 class Card:
+    """One card of a comparison, as the user named it."""
+
     label: str  # as the user named it (or "this machine")
     hardware: Hardware
 
 
 @dataclass(frozen=True, slots=True)
 class Entry:
+    """One model on one card: its plan."""
+
     model: str
     card: Card
     plan: Plan

@@ -49,6 +49,8 @@ class Listed:
 
 @dataclass(frozen=True, slots=True)
 class Row:
+    """One row of a listing: the model, how it fits, the budget it was checked against."""
+
     item: Listed
     fit: ModelFit | None
     budget: Budget | None

@@ -111,34 +111,38 @@ _TOKEN_ALIASES = {"gib": "gb"}
 _VARIANT_TOKENS = frozenset({"ti", "super", "pro", "max", "ultra"})
 
 
+_WORD_RUN = re.compile(r"[a-z0-9]+")
+_LETTERS_OR_DIGITS = re.compile(r"[a-z]+|[0-9]+")
+
+
 def _tokens(text: str) -> tuple[str, ...]:
     out: list[str] = []
-    for run in re.findall(r"[a-z0-9]+", text.lower()):
-        for tok in re.findall(r"[a-z]+|[0-9]+", run):
+    for run in _WORD_RUN.findall(text.lower()):
+        for tok in _LETTERS_OR_DIGITS.findall(run):
             tok = _TOKEN_ALIASES.get(tok, tok)
             if tok not in _STOPWORDS:
                 out.append(tok)
     return tuple(out)
 
 
-def _spellings(p: GpuProfile) -> Iterable[tuple[str, ...]]:
-    yield _tokens(p.id)
-    yield _tokens(p.name)
-    for a in p.aliases:
-        yield _tokens(a)
+@lru_cache(maxsize=1)
+def _all_spellings() -> tuple[tuple[GpuProfile, tuple[tuple[str, ...], ...]], ...]:
+    """Each profile with the tokens of its id, name and aliases, worked out once per process: a
+    lookup then compares tuples instead of tokenizing all 77 cards again (compare looks up many)."""
+    return tuple((p, (_tokens(p.id), _tokens(p.name), *(_tokens(a) for a in p.aliases))) for p in load_profiles())
 
 
 def _match_profiles(query: str) -> tuple[list[GpuProfile], list[GpuProfile]]:
     """(matches, loose candidates): exact spelling first, then token subsets."""
     q = _tokens(query)
-    profiles = load_profiles()
     if not q:
         return [], []
-    exact = [p for p in profiles if any(s == q for s in _spellings(p))]
+    spelled = _all_spellings()
+    exact = [p for p, spellings in spelled if q in spellings]
     if exact:
         return exact, exact
     qs = set(q)
-    loose = [p for p in profiles if any(qs <= set(s) for s in _spellings(p))]
+    loose = [p for p, spellings in spelled if any(qs <= set(s) for s in spellings)]
     strict = [p for p in loose if not ((set(_tokens(p.id)) & _VARIANT_TOKENS) - qs)]
     return strict, loose
 

@@ -27,6 +27,8 @@ class RunSettings:
 
 @dataclass(frozen=True, slots=True)
 class ModelFit:
+    """How one listed model fits the device: the largest context per cache type, and what it would run at."""
+
     max_ctx: dict[str, int | None]  # cache type -> the largest context per slot on the device (0: not even 256
     # tokens; None: this cache type cannot run here, e.g. a quantized V without flash attention)
     run_ctx: int  # per slot: the context the runtime would give it (its own num_ctx, else the settings' default)

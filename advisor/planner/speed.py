@@ -256,6 +256,8 @@ def seconds_per_token(
 
 @dataclass(frozen=True, slots=True)
 class SpeedEstimate:
+    """Decode or prompt speed for one sequence, with its calibrated range and how it was worked out."""
+
     tokens_per_s: float
     low: float
     high: float

@@ -31,6 +31,8 @@ MAX_OVERHEAD_BYTES = 16 << 30
 
 @dataclass(frozen=True, slots=True)
 class Calibration:
+    """A measured correction for one device, build and runner, saved by `verify --save-calibration`."""
+
     device: str  # the GPU's name as NVML reports it, or "CPU"
     llama_cpp_build: str
     runner: str

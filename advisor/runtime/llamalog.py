@@ -40,6 +40,8 @@ _OFFLOADED = re.compile(r"offloaded (?P<gpu>\d+)/(?P<total>\d+) layers to GPU")
 
 @dataclass(frozen=True, slots=True)
 class Buffer:
+    """One buffer size line of a llama.cpp log."""
+
     func: str  # the printing function: load_tensors, llama_kv_cache, sched_reserve, ...
     buft: str  # buffer type name: CPU, CPU_Mapped, CUDA0, CUDA_Host, ...
     kind: str  # model | KV | RS | compute | output
@@ -48,6 +50,8 @@ class Buffer:
 
 @dataclass(frozen=True, slots=True)
 class KVSummary:
+    """llama_kv_cache's summary line: cells, layers, sequences and the K/V sizes."""
+
     cells: int
     layers: int
     n_seq_max: int
@@ -60,6 +64,8 @@ class KVSummary:
 
 @dataclass(frozen=True, slots=True)
 class RSSummary:
+    """llama_memory_recurrent's summary line: cells and the R/S state sizes."""
+
     cells: int
     r_mib: float
     s_mib: float
@@ -67,6 +73,8 @@ class RSSummary:
 
 @dataclass(frozen=True, slots=True)
 class LoadLog:
+    """What a llama.cpp load printed: buffers, caches and the context's parameters."""
+
     buffers: tuple[Buffer, ...]
     kv: tuple[KVSummary, ...]  # one per KV cache (two for iSWA: non-SWA first, as printed)
     rs: tuple[RSSummary, ...]

@@ -20,6 +20,8 @@ BUILD = re.compile(r"\bbuild(?: info)?:?\s+(\d+)\s*\(([0-9a-f]+|unknown)\)")
 
 @dataclass(frozen=True, slots=True)
 class Measurement:
+    """What a real llama.cpp allocated and how fast it ran."""
+
     runner: str  # "llama-server" | "llama-cpp-python"
     backend: str  # "CUDA" | "CPU" | ... from the buffer names
     llama_cpp_build: str
@@ -55,6 +57,8 @@ class ByteErrors:
 
 @dataclass(frozen=True, slots=True)
 class Verification:
+    """A plan beside its measurement, with the differences."""
+
     plan: Plan
     measured: Measurement
     error: ByteErrors

@@ -38,6 +38,8 @@ if TYPE_CHECKING:  # an offload is planned only with --allow-cpu
 
 @dataclass(frozen=True, slots=True)
 class LiveState:
+    """What the Ollama server says now: its version and the models it holds (/api/ps)."""
+
     reachable: bool
     url: str
     version: str | None
@@ -47,6 +49,8 @@ class LiveState:
 
 @dataclass(frozen=True, slots=True)
 class OllamaAdvice:
+    """A plan for one Ollama model, the settings that apply it, and the server's state."""
+
     model: OllamaModel
     plan: Plan
     settings: OllamaSettings
@@ -320,6 +324,8 @@ def offload_text(off: Offload, n_layer: int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Written:
+    """A file kvadvise wrote, and how to apply it."""
+
     path: Path
     hints: tuple[str, ...]  # how to apply it
 

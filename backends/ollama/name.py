@@ -25,6 +25,8 @@ _MAX_LEN = {"host": 350, "namespace": 80, "model": 80, "tag": 80}
 
 @dataclass(frozen=True, slots=True)
 class OllamaName:
+    """A model name as Ollama parses it: [host/][namespace/]model[:tag]."""
+
     host: str
     namespace: str
     model: str

@@ -77,6 +77,8 @@ class Source:
 
 @dataclass(frozen=True, slots=True)
 class Profile:
+    """One built-in model of profiles/ollama_models.json: its config.json, sizes and their sources."""
+
     id: str  # "model:tag" as in Ollama's library
     aliases: tuple[str, ...]  # other tags of the same blob ("qwen3-coder:latest")
     hf_repo: str
@@ -240,8 +242,8 @@ def _profile(pid: str, entry: Mapping[str, Any]) -> Profile:
 
 
 @cache
-def profiles() -> dict[str, Profile]:
-    """Every profile by id and by alias, keys in lower case."""
+def _entries() -> tuple[Mapping[str, Any], dict[str, str]]:
+    """The profiles' JSON entries by id, and every id and alias (lower case) -> its id."""
     try:
         doc = json.loads(_load_text())
     except (OSError, ValueError) as e:  # a broken install, not the user's input
@@ -249,27 +251,39 @@ def profiles() -> dict[str, Profile]:
     models = doc.get("models") if isinstance(doc, dict) else None
     if not isinstance(models, dict):
         raise InputError(f"built-in profiles ({RESOURCE}): no 'models' object")
-    out: dict[str, Profile] = {}
+    keys: dict[str, str] = {}
     for pid, entry in models.items():
-        try:
-            p = _profile(pid, entry)
-        except (KeyError, TypeError, ValueError) as e:
-            raise InputError(f"built-in profiles ({RESOURCE}): {pid}: {e!r}") from None
-        for key in (pid, *p.aliases):
-            out[key.lower()] = p
-    return out
+        aliases = entry.get("aliases", ()) if isinstance(entry, dict) else ()
+        for key in (pid, *(a for a in aliases if isinstance(a, str))):
+            keys[key.lower()] = pid
+    return models, keys
+
+
+@cache
+def _profile_by_id(pid: str) -> Profile:
+    # Built on demand: a plan needs one of the profiles, not all of them with their sources.
+    try:
+        return _profile(pid, _entries()[0][pid])
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise InputError(f"built-in profiles ({RESOURCE}): {pid}: {e!r}") from None
+
+
+def profiles() -> dict[str, Profile]:
+    """Every profile by id and by alias, keys in lower case."""
+    return {key: _profile_by_id(pid) for key, pid in _entries()[1].items()}
 
 
 def find_profile(name: OllamaName) -> Profile | None:
     """The profile of a library model name (``qwen3``, ``qwen3:8b``); None for others."""
     if not name.is_library:
         return None
-    return profiles().get(f"{name.model}:{name.tag}".lower())
+    pid = _entries()[1].get(f"{name.model}:{name.tag}".lower())
+    return None if pid is None else _profile_by_id(pid)
 
 
 def profile_ids() -> tuple[str, ...]:
     """The ids (not aliases), sorted, for messages."""
-    return tuple(sorted({p.id for p in profiles().values()}))
+    return tuple(sorted(_entries()[0]))
 
 
 def suggestions(name: OllamaName, limit: int = 3) -> tuple[str, ...]:
@@ -280,7 +294,7 @@ def suggestions(name: OllamaName, limit: int = 3) -> tuple[str, ...]:
 
     if not name.is_library:
         return ()
-    names = profiles()
+    names = _entries()[1]  # id or alias -> id
     model, tag = name.model.lower(), name.tag.lower()
     own_tags = sorted(k for k in names if k.split(":")[0] == model)
     if own_tags:
@@ -289,6 +303,6 @@ def suggestions(name: OllamaName, limit: int = 3) -> tuple[str, ...]:
         shown: dict[str, str] = {}
         for k in sorted(names):
             m = k.split(":")[0]
-            shown.setdefault(m, m if f"{m}:{DEFAULT_TAG}" in names else names[k].id)
+            shown.setdefault(m, m if f"{m}:{DEFAULT_TAG}" in names else names[k])
         return tuple(shown[m] for m in difflib.get_close_matches(model, sorted(shown), n=limit, cutoff=0.6))
     return tuple(difflib.get_close_matches(f"{model}:{tag}", sorted(names), n=limit, cutoff=0.6))

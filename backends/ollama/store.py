@@ -50,6 +50,8 @@ SERVICE_STORE = Path("/usr/share/ollama/.ollama/models")  # the Linux install sc
 
 @dataclass(frozen=True, slots=True)
 class Layer:
+    """One layer of a manifest: a blob by media type, digest and size."""
+
     media_type: str
     digest: str
     size: int

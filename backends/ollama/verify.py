@@ -28,6 +28,8 @@ DEFAULT_LOAD_TIMEOUT = 600.0  # loading a large model from a slow disk takes min
 
 @dataclass(frozen=True, slots=True)
 class OllamaVerification:
+    """What `verify ollama` found: the model as the server runs it, against the plan for it."""
+
     name: str  # as /api/ps names it (or as asked, when not loaded)
     size: int  # bytes, /api/ps size (0 when not loaded)
     size_vram: int
@@ -328,6 +330,8 @@ class RunnerMemory:
 
 @dataclass(frozen=True, slots=True)
 class _Runner:
+    """One llama-server runner process of the Ollama server on this machine."""
+
     pid: int
     model: str  # its --model argument
     port: str

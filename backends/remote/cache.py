@@ -34,6 +34,8 @@ MAX_ENTRY_BYTES = 256 << 20  # a cached header (a 262k-token vocabulary is ~10 M
 
 @dataclass(frozen=True, slots=True)
 class CachedHeader:
+    """A remote GGUF header from the cache, with the validator to revalidate it."""
+
     header: GGUFHeader
     validator: str | None  # the ETag or commit it was read at; None when the server gave neither
 
