@@ -147,6 +147,8 @@ def _speed(plan: Plan) -> list[str]:
         if plan.prefill is not None:
             s += f"; prompt {plan.prefill.at_sizes()}"
         out.append(s)
+    elif plan.budget is not None and plan.budget.source == "manual" and not plan.budget.bandwidth_bytes_per_s:
+        out.append("speed: not estimated: a card given by its size (--vram) has no known bandwidth; --gpu NAME has")
     ram = off.ram if off is not None else plan.ram
     if ram is not None:
         verdict = "fits" if ram.fits else "DOES NOT FIT"

@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpu_truth  # noqa: E402
+from cuda_truth import check_run  # noqa: E402
 
 MIB = 1 << 20
 
@@ -132,6 +133,23 @@ def test_cpu_run_measured_equals_predicted_kv(cpu_run: tuple[Path, list[dict], s
         assert r["nvml"] == {"nvml": None} or "device_used_peak_bytes" in r["nvml"]  # no GPU here, or sampled
     summary = rows[-1]
     assert summary["kind"] == "summary" and summary["runs"] == 4 and summary["failed"] == 0
+
+
+def test_cpu_run_rows_hold_the_cuda_bars(cpu_run: tuple[Path, list[dict], str]) -> None:
+    """The check the CUDA rows will get (tests/cuda_truth.py), on the CPU rows: it holds, and a row that
+    misses by more than the bar is named."""
+    import copy
+
+    _, rows, _ = cpu_run
+    runs = [r for r in rows if r["kind"] == "run"]
+    assert [p for r in runs for p in check_run(r)] == []
+    off = copy.deepcopy(runs[1])
+    compute = next(b for b in off["buffers"] if b["kind"] == "compute")
+    compute["mib"] += 17 + 0.03 * compute["mib"]
+    off["verify"]["measured"]["v_bytes"] += 1 << 20
+    problems = check_run(off)
+    assert len(problems) == 2, problems
+    assert "compute predicted" in problems[1] and "v_bytes predicted" in problems[0]
 
 
 def test_cpu_run_archives_every_log(cpu_run: tuple[Path, list[dict], str]) -> None:

@@ -243,3 +243,17 @@ def test_projector_layer_is_planned_on_the_gpu(
     assert planned["budget"]["margin_bytes"] == 1024 * mib + -(-size // mib) * mib
     assert stand_in["memory"]["projector"] is None
     assert stand_in["budget"]["margin_bytes"] == 1024 * mib + -(-(4096 + 1024 * mib) // mib) * mib
+
+
+def test_the_default_plan_is_short_and_settings_first(store: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 26.5: what a user acts on first, in about 25 lines, no research notes; the speed line says why it
+    is missing when the card was given by its size."""
+    code, out, _ = run(capsys, "ollama", "qwen3-coder", "--gpu", "rtx-4090")
+    lines = out.splitlines()
+    assert code == 0 and len(lines) <= 30, out
+    assert lines[1] == "Settings (Ollama):" and "PARAMETER num_ctx" in lines[2], out
+    assert sum(line.startswith("  speed (estimate, one sequence): decode") for line in lines) == 1, out
+    assert not any(w in out for w in ("find_string", "index id", "stale", "irrelevant")), out
+    code, out, _ = run(capsys, "ollama", "qwen3-coder", "--vram", "8GiB")
+    assert code == 0 and len(out.splitlines()) <= 30, out
+    assert "speed: not estimated: a card given by its size (--vram) has no known bandwidth; --gpu NAME has" in out
