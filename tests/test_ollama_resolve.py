@@ -120,6 +120,13 @@ def test_a_typo_gets_did_you_mean(empty_store: Path, typed: str, offered: str) -
         resolve(typed, use_api=False)
     assert e.value.message.endswith(f"did you mean {offered}?") and e.value.exit_code == 2
     assert "\n" not in e.value.message
+    # a model name kvadvise does not know: the closest name first, pulling what was typed second; a known
+    # model with another tag (qwen3:0.6b is in Ollama's library): the pull first
+    first, pull = offered.split(",")[0], f"ollama pull {typed}"
+    if ":" in typed and first.startswith(typed.split(":")[0] + ":"):
+        assert e.value.hint == f"{pull}; or kvadvise ollama {first} (a tag kvadvise knows)", e.value.hint
+    else:
+        assert e.value.hint.startswith(f"kvadvise ollama {first}; or {pull}"), e.value.hint
 
 
 @pytest.mark.parametrize(("bare", "pid"), [("mistral-nemo", "mistral-nemo:12b"), ("devstral", "devstral:24b"),

@@ -72,6 +72,7 @@ def resolve(
                 return dataclasses.replace(found, notes=(*skipped, *found.notes))
             tried.append(f"the Ollama server at {url}: it does not have {name.display}")
 
+    close: tuple[str, ...] = ()
     if use_profiles:
         profile = find_profile(name)
         if profile is not None:
@@ -93,10 +94,15 @@ def resolve(
         maybe = f"; did you mean {', '.join(close)}?" if close else ""
         tried.append(f"the built-in profiles: none for {name.display}{maybe}")
 
-    raise InputError(
-        f"{name.display}: not found. Tried " + "; ".join(tried),
-        hint=f"ollama pull {name.display}",
-    )
+    # a model name kvadvise does not know that resembles one it does is most likely a typo: the known name
+    # first; a known model with a tag kvadvise has no profile of (qwen3:0.6b) is most likely real: pull first
+    pull = f"ollama pull {name.display}"
+    hint = pull
+    if close and close[0].split(":")[0] == name.model.lower():
+        hint = f"{pull}; or kvadvise ollama {close[0]} (a tag kvadvise knows)"
+    elif close:
+        hint = f"kvadvise ollama {close[0]}; or {pull} if the library has that name"
+    raise InputError(f"{name.display}: not found. Tried " + "; ".join(tried), hint=hint)
 
 
 def library_names(ref: str) -> tuple[str, ...]:
