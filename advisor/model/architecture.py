@@ -35,6 +35,7 @@ VERIFIED = frozenset(
         "qwen3moe",
         "gemma2",
         "gemma3",
+        "gemma4",
         "gpt-oss",
         "phi3",
         "command-r",
@@ -490,6 +491,10 @@ def from_gguf(header: GGUFHeader, *, known_only: bool = True) -> ModelSpec:
         weights_bytes=weights_bytes,
         tok_embd_bytes=tok_embd.n_bytes if tok_embd else 0,
         input_extra_bytes=sum(t.n_bytes for t in loaded if t.name in _INPUT_EXTRA),
+        # a GGUF's per_layer_token_embd, or a header made from a config.json (no tensors: the key alone)
+        n_embd_per_layer=k.num(LLM.EMBEDDING_LENGTH_PER_LAYER, 0)
+        if "per_layer_token_embd.weight" in by_name or not header.tensors
+        else 0,
         output_bytes=output.n_bytes if output else 0,
         file_type=file_type,
         verified=verified,

@@ -100,6 +100,9 @@ class ModelSpec:
     n_ff_exp: int = 0  # {arch}.expert_feed_forward_length (0: n_ff, as llama.cpp's MoE llama models)
     n_ff_shexp: int = 0  # the shared experts' width: expert_shared_feed_forward_length or shared_count x n_ff_exp
     parallel_block: bool = False  # attention and FFN read the same input (command-r, cohere2): both outputs live
+    # Gemma 3n/4's per-layer embeddings: {arch}.embedding_length_per_layer_input when per_layer_token_embd is
+    # there (0: none); each token's per-layer inputs are [n_embd_per_layer, n_layer] f32 in the compute buffers
+    n_embd_per_layer: int = 0
     ssm: SSMDims | None = None  # the recurrent mixer, for hybrid and recurrent models
 
     @property

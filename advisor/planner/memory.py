@@ -539,6 +539,7 @@ class _Sizes:
     attn: int  # the attention's live set (0 without attention layers), no masks
     mix: int  # the feed-forward's or recurrent mixer's live set, no masks
     layer: int  # the largest live set of a layer's own tensors (attention, feed-forward or mixer), no masks
+    ple: int  # Gemma 3n/4's per-layer inputs of the batch: [n_embd_per_layer, n_layer, n_ubatch] f32 (0: none)
 
 
 def _sizes(spec: ModelSpec, lay: ContextLayout) -> _Sizes:
@@ -571,7 +572,8 @@ def _sizes(spec: ModelSpec, lay: ContextLayout) -> _Sizes:
         # measured (llama-fit-params, b11312, DeepSeek-V2-Lite's shape): the logits land above two Q-sized
         # tensors the last MLA layer leaves at the top of the buffer (ggml-alloc's best fit), 36 MiB at n_ubatch 512
         logits += 2 * q
-    return _Sizes(embd, q, logits, cells, scores, attn, mix, layer)
+    ple = f32 * ub * spec.n_embd_per_layer * spec.n_layer
+    return _Sizes(embd, q, logits, cells, scores, attn, mix, layer, ple)
 
 
 def _moe_phase(spec: ModelSpec, ub: int, embd: int, q: int) -> int:
@@ -648,9 +650,21 @@ def _layer_peak(s: _Sizes, lay: ContextLayout, f32_mask: bool) -> int:
     return peak
 
 
+def _ple_layer(s: _Sizes) -> int:
+    """What Gemma 3n/4's per-layer inputs add to a layer's peak (models/gemma4.cpp build_inp_per_layer and
+    project_per_layer_inputs: the rows of per_layer_token_embd and the projection of the hidden state, added,
+    then permuted into a [n_embd_per_layer, n_ubatch, n_layer] copy that every layer reads a slice of). Measured
+    with llama.cpp's allocation pass (b11312) on 24 real-size shapes of tests/tinymodels.py's gemma4 recipe
+    (n_embd_per_layer 128-512, 23 and 35 layers): 0.65 to 1.8 times the inputs on a device, 0.74 to 2.66 on
+    the CPU (the permuted copy alive through every layer, and the hole its source leaves in ggml-alloc's best
+    fit); planned at 1.5 times, which holds Gemma 4 E2B's shape (n_embd_per_layer 256) within 16 MiB or 3 %."""
+    return s.ple * 3 // 2
+
+
 def _cpu_compute(spec: ModelSpec, lay: ContextLayout, f32_mask: bool) -> int:
     s = _sizes(spec, lay)
-    return pad(max(s.logits + 2 * s.embd, _layer_peak(s, lay, f32_mask) + s.embd), ALIGNMENT["cuda"])
+    layer = _layer_peak(s, lay, f32_mask) + _ple_layer(s) if s.layer else 0
+    return pad(max(s.logits + 2 * s.embd + s.ple, layer + s.embd), ALIGNMENT["cuda"])
 
 
 def host_compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
@@ -682,7 +696,9 @@ def _host_compute(spec: ModelSpec, lay: ContextLayout, f32_mask: bool) -> int:
         )
         v_idxs = 8 * ub * spec.n_embd_v_gqa_max() * kinds
     ids = 4 * ub * 2 + 4 * min(ub, lay.n_outputs_max)  # tokens and positions (i32), output ids (i32)
-    return pad(masks + rows * s.embd + v_idxs + ids, ALIGNMENT["cuda"])
+    # Gemma 3n/4: per_layer_token_embd is an input tensor on the CPU, so its get_rows for the batch is here
+    # (one [n_embd_per_layer * n_layer, n_ubatch] f32; exact on 24 shapes of llama.cpp's allocation pass)
+    return pad(masks + rows * s.embd + v_idxs + ids + s.ple, ALIGNMENT["cuda"])
 
 
 def device_compute_bytes(spec: ModelSpec, lay: ContextLayout, *, weight_copy: int = 0) -> int:
@@ -710,7 +726,10 @@ def _device_compute(spec: ModelSpec, lay: ContextLayout, f32_mask: bool, weight_
     layer = _layer_peak(s, lay, f32_mask)
     if weight_copy and s.layer:  # op offload: the copy beside a matmul's inputs and output, masks alive
         layer = max(layer, s.mask_cells * lay.n_ubatch * (2 if lay.flash_attn else 4) + s.layer + weight_copy)
-    return pad(max(s.logits + 2 * s.embd, layer), ALIGNMENT["cuda"])
+    if s.layer:
+        layer += _ple_layer(s)
+    # the logits land above the per-layer inputs' hole (measured: + the inputs' size + 0 to 5 MiB)
+    return pad(max(s.logits + 2 * s.embd + s.ple, layer), ALIGNMENT["cuda"])
 
 
 def op_offload_growth(spec: ModelSpec, lay: ContextLayout, weight_copy: int) -> int:
