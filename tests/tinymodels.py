@@ -64,6 +64,16 @@ gemma2 (gemma2): 4 layers, n_embd 128, n_head 4, n_head_kv 2, head 64, n_ff 256,
 gemma3 (gemma3): 8 layers, n_embd 128, n_head 4, n_head_kv 1, head 64, n_ff 256, sliding_window 128,
     rope.freq_base 1e6 / freq_base_swa 1e4, q/k norm, tied. models/gemma3.cpp: SWA only if sliding_window
     is present and > 0; load_swa_pattern(ml, 6) -> layers 0-4, 6, 7 SWA, layer 5 full. K = V = 64.
+gemma4 (gemma4): Gemma 4 E2B-style. 9 layers, n_embd 128, n_head 4, n_head_kv 1, key/value_length 64 (full)
+    and key/value_length_swa 32 with rope.dimension_count_swa 32, sliding_window 128, a bool
+    sliding_window_pattern (required by models/gemma4.cpp; layers 2, 5, 8 full), embedding_length_per_layer_input
+    16 (per_layer_token_embd {16*9, n_vocab}, per_layer_model_proj, per-layer inp_gate/proj/post_norm),
+    shared_kv_layers 3: n_layer_kv_from_start 6, layers 6-8 keep no K/V and read layer 4 (SWA) or 5 (full)
+    (llama_model::create_memory's reuse: the full layer must sit just before the shared ones), one rope_freqs,
+    tied. KV: 4 SWA layers K = V = 32, 2 full K = V = 64.
+gemma4-moe (gemma4): Gemma 4 26B-A4B-style. 6 layers, the same attention with n_head_kv_full for the full
+    layers, embedding_length_per_layer_input 0 (required), no shared caches, every layer a dense MLP (n_ff 256)
+    beside 4 experts (2 used, ff 64) with the router's scale vector and pre/post norms 1 and 2.
 gpt-oss (gpt-oss): 4 layers, n_embd 128, n_head 4, n_head_kv 2, key/value_length 64, sliding_window 128
     (required), attn_sinks, q/k/v/o biases, expert_count 4, used 2, expert_feed_forward_length 64 (required),
     untied (required). models/openai-moe.cpp: load_swa_pattern(ml, 2) -> layers 0, 2 SWA. K = V = 128.
@@ -604,6 +614,92 @@ def _gemma3(t: _TinyWriter) -> None:
         _qk_norm(t, il, head)
 
 
+def _gemma4(t: _TinyWriter) -> None:
+    """Gemma 4 E2B/E4B-style (models/gemma4.cpp): a per-layer bool SWA pattern (required), SWA layers with
+    their own head size and rope width, per-layer embeddings (per_layer_token_embd in the CPU's buffer with
+    token_embd, a projection into every layer), the last ``shared_kv`` layers reading an earlier layer's
+    cache (n_layer_kv_from_start = n_layer - shared_kv_layers: no K/V of their own), tied output."""
+    _gemma4_build(t, moe=False)
+
+
+def _gemma4_moe(t: _TinyWriter) -> None:
+    """Gemma 4 26B-A4B-style: no per-layer embeddings, no shared caches, every layer a dense MLP beside routed
+    experts (its own router on the attention output with a scale vector, GELU experts, pre/post norms)."""
+    _gemma4_build(t, moe=True)
+
+
+def _gemma4_build(t: _TinyWriter, *, moe: bool) -> None:
+    n_layer, n_embd, n_head, n_head_kv, n_head_kv_full, head, head_swa, n_ff, n_swa = t.dims(
+        n_layer=9 if not moe else 6, n_embd=128, n_head=4, n_head_kv=1, n_head_kv_full=1, head=64, head_swa=32,
+        n_ff=256, n_swa=128,
+    )  # fmt: skip
+    if moe:
+        n_embd_per_layer, shared_kv = 0, 0
+        n_expert, n_expert_used, n_ff_exp = t.dims(n_expert=4, n_expert_used=2, n_ff_exp=64)
+    else:
+        n_embd_per_layer, shared_kv = t.dims(n_embd_per_layer=16, shared_kv=3)
+    # every third layer full attention; a shared layer reads the last cache of its kind before the shared
+    # ones (llama_model::create_memory's reuse: n_layer_kv_from_start - (is_swa ? 2 : 1)), so that layer
+    # n_layer - shared_kv - 1 must be full and the one before it SWA, as in the real models
+    swa = [il % 3 != 2 for il in range(n_layer)]
+    kv_heads = [n_head_kv if x else n_head_kv_full for x in swa]  # 26B-A4B: 8 KV heads of 256, 2 of 512
+    _hparams(
+        t,
+        n_layer=n_layer,
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=n_head_kv if n_head_kv == n_head_kv_full else kv_heads,
+        n_ff=n_ff,
+        head_k=head,
+        head_v=head,
+        rope_base=GEMMA3_ROPE_FREQ_BASE,
+    )
+    t.gguf.add_array(t._key("attention.sliding_window_pattern"), swa)
+    t.u32("attention.sliding_window", n_swa)
+    t.u32("attention.key_length_swa", head_swa)
+    t.u32("attention.value_length_swa", head_swa)
+    t.u32("rope.dimension_count_swa", head_swa)  # n_rot_swa defaults to the full layers' head
+    t.u32("attention.shared_kv_layers", shared_kv)
+    t.u32("embedding_length_per_layer_input", n_embd_per_layer)  # required, 0 for none
+    t.f32("rope.freq_base_swa", ROPE_FREQ_BASE)
+    if moe:
+        _experts_hparams(t, n_expert, n_expert_used, n_ff_exp)
+    _embeddings(t, n_embd, tied=True)
+    if n_embd_per_layer:
+        t.mat("per_layer_token_embd.weight", n_embd_per_layer * n_layer, t.n_vocab)
+        t.mat("per_layer_model_proj.weight", n_embd, n_embd_per_layer * n_layer)
+        t.norm("per_layer_proj_norm.weight", n_embd_per_layer)
+    t.norm("rope_freqs.weight", head // 2)  # the full-attention layers' proportional rope (one tensor)
+    for il in range(n_layer):
+        hd = head_swa if swa[il] else head
+        has_kv = il < n_layer - shared_kv
+        t.norm(f"blk.{il}.attn_norm.weight", n_embd)
+        t.mat(f"blk.{il}.attn_q.weight", n_embd, n_head * hd)
+        if has_kv:
+            t.mat(f"blk.{il}.attn_k.weight", n_embd, kv_heads[il] * hd)
+            t.mat(f"blk.{il}.attn_v.weight", n_embd, kv_heads[il] * hd)
+            t.norm(f"blk.{il}.attn_k_norm.weight", hd)
+        t.mat(f"blk.{il}.attn_output.weight", n_head * hd, n_embd)
+        t.norm(f"blk.{il}.attn_q_norm.weight", hd)
+        t.norm(f"blk.{il}.post_attention_norm.weight", n_embd)
+        t.norm(f"blk.{il}.ffn_norm.weight", n_embd)
+        _ffn(t, il, n_embd, n_ff)
+        t.norm(f"blk.{il}.post_ffw_norm.weight", n_embd)
+        if moe:
+            t.vec(f"blk.{il}.ffn_gate_inp.weight", n_embd, n_expert)
+            t.norm(f"blk.{il}.ffn_gate_inp.scale", n_embd)
+            t.norm(f"blk.{il}.pre_ffw_norm_2.weight", n_embd)
+            t.norm(f"blk.{il}.post_ffw_norm_1.weight", n_embd)
+            t.norm(f"blk.{il}.post_ffw_norm_2.weight", n_embd)
+            t.mat(f"blk.{il}.ffn_gate_exps.weight", n_embd, n_ff_exp, n_expert)
+            t.mat(f"blk.{il}.ffn_up_exps.weight", n_embd, n_ff_exp, n_expert)
+            t.mat(f"blk.{il}.ffn_down_exps.weight", n_ff_exp, n_embd, n_expert)
+        if n_embd_per_layer:
+            t.mat(f"blk.{il}.inp_gate.weight", n_embd, n_embd_per_layer)
+            t.mat(f"blk.{il}.proj.weight", n_embd_per_layer, n_embd)
+            t.norm(f"blk.{il}.post_norm.weight", n_embd)
+
+
 def _gpt_oss(t: _TinyWriter) -> None:
     n_layer, n_embd, n_head, n_head_kv, head, n_swa = t.dims(
         n_layer=4, n_embd=128, n_head=4, n_head_kv=2, head=64, n_swa=128
@@ -973,6 +1069,8 @@ _RECIPES: dict[str, tuple[str, _Builder]] = {
     "qwen3moe": ("qwen3moe", _qwen3moe),
     "gemma2": ("gemma2", _gemma2),
     "gemma3": ("gemma3", _gemma3),
+    "gemma4": ("gemma4", _gemma4),
+    "gemma4-moe": ("gemma4", _gemma4_moe),
     "gpt-oss": ("gpt-oss", _gpt_oss),
     "phi3": ("phi3", _phi3),
     "command-r": ("command-r", _command_r),
