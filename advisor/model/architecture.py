@@ -25,6 +25,9 @@ from kvadvise.model.spec import SWA_CHUNKED, SWA_NONE, SWA_STANDARD, MatmulWeigh
 _EXPERT_TENSOR = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch|)exps")
 _BLOCK_TENSOR = re.compile(r"blk\.(\d+)\.")
 
+# llama_hparams::n_altup (src/llama-hparams.h, b11312): Gemma 3n's residual streams, not read from the file
+GEMMA3N_ALTUP = 4
+
 # Architectures whose KV, recurrent state and weights kvadvise's tests check
 # against real llama.cpp (tests/test_oracle.py builds a model of each).
 VERIFIED = frozenset(
@@ -35,6 +38,7 @@ VERIFIED = frozenset(
         "qwen3moe",
         "gemma2",
         "gemma3",
+        "gemma3n",
         "gemma4",
         "gpt-oss",
         "phi3",
@@ -495,6 +499,7 @@ def from_gguf(header: GGUFHeader, *, known_only: bool = True) -> ModelSpec:
         n_embd_per_layer=k.num(LLM.EMBEDDING_LENGTH_PER_LAYER, 0)
         if "per_layer_token_embd.weight" in by_name or not header.tensors
         else 0,
+        n_altup=GEMMA3N_ALTUP if arch == "gemma3n" else 0,
         output_bytes=output.n_bytes if output else 0,
         file_type=file_type,
         verified=verified,

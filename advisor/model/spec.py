@@ -103,6 +103,8 @@ class ModelSpec:
     # Gemma 3n/4's per-layer embeddings: {arch}.embedding_length_per_layer_input when per_layer_token_embd is
     # there (0: none); each token's per-layer inputs are [n_embd_per_layer, n_layer] f32 in the compute buffers
     n_embd_per_layer: int = 0
+    # Gemma 3n's residual streams (altup): llama_hparams::n_altup, fixed at 4 for gemma3n, 0 for other models
+    n_altup: int = 0
     ssm: SSMDims | None = None  # the recurrent mixer, for hybrid and recurrent models
 
     @property

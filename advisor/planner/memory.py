@@ -540,6 +540,11 @@ class _Sizes:
     mix: int  # the feed-forward's or recurrent mixer's live set, no masks
     layer: int  # the largest live set of a layer's own tensors (attention, feed-forward or mixer), no masks
     ple: int  # Gemma 3n/4's per-layer inputs of the batch: [n_embd_per_layer, n_layer, n_ubatch] f32 (0: none)
+    # Gemma 3n's residual streams (models/gemma3n.cpp: the layer's input and its altup predictions are
+    # [n_embd, n_ubatch, n_altup] each): measured with llama.cpp's allocation pass (b11312) on three real-size
+    # shapes, 2 to 4 rows of n_embd above a layer's peak beside the per-layer inputs' term; planned at half the
+    # streams, which holds E2B's and E4B's shapes within 16 MiB or 3 % with and without flash attention
+    altup: int
 
 
 def _sizes(spec: ModelSpec, lay: ContextLayout) -> _Sizes:
@@ -573,7 +578,7 @@ def _sizes(spec: ModelSpec, lay: ContextLayout) -> _Sizes:
         # tensors the last MLA layer leaves at the top of the buffer (ggml-alloc's best fit), 36 MiB at n_ubatch 512
         logits += 2 * q
     ple = f32 * ub * spec.n_embd_per_layer * spec.n_layer
-    return _Sizes(embd, q, logits, cells, scores, attn, mix, layer, ple)
+    return _Sizes(embd, q, logits, cells, scores, attn, mix, layer, ple, embd * spec.n_altup // 2)
 
 
 def _moe_phase(spec: ModelSpec, ub: int, embd: int, q: int) -> int:
@@ -651,14 +656,14 @@ def _layer_peak(s: _Sizes, lay: ContextLayout, f32_mask: bool) -> int:
 
 
 def _ple_layer(s: _Sizes) -> int:
-    """What Gemma 3n/4's per-layer inputs add to a layer's peak (models/gemma4.cpp build_inp_per_layer and
+    """What Gemma 3n/4's per-layer inputs (and Gemma 3n's residual streams, _Sizes.altup) add to a layer's peak (models/gemma4.cpp build_inp_per_layer and
     project_per_layer_inputs: the rows of per_layer_token_embd and the projection of the hidden state, added,
     then permuted into a [n_embd_per_layer, n_ubatch, n_layer] copy that every layer reads a slice of). Measured
     with llama.cpp's allocation pass (b11312) on 24 real-size shapes of tests/tinymodels.py's gemma4 recipe
     (n_embd_per_layer 128-512, 23 and 35 layers): 0.65 to 1.8 times the inputs on a device, 0.74 to 2.66 on
     the CPU (the permuted copy alive through every layer, and the hole its source leaves in ggml-alloc's best
     fit); planned at 1.5 times, which holds Gemma 4 E2B's shape (n_embd_per_layer 256) within 16 MiB or 3 %."""
-    return s.ple * 3 // 2
+    return s.ple * 3 // 2 + s.altup
 
 
 def _cpu_compute(spec: ModelSpec, lay: ContextLayout, f32_mask: bool) -> int:
