@@ -198,6 +198,7 @@ REAL_SIZES: dict[str, dict[str, int]] = {
                      n_expert_used=8, n_ff_exp=768),  # Qwen3-30B-A3B
     "gemma2": dict(n_layer=42, n_embd=3584, n_head=16, n_head_kv=8, head=256, n_ff=14336, n_swa=4096),  # 9B
     "gemma3": dict(n_layer=48, n_embd=3840, n_head=16, n_head_kv=8, head=256, n_ff=15360, n_swa=1024),  # 12B
+    "gemma3n": dict(n_layer=30, n_embd=2048, n_head=8, n_head_kv=2, head=256, n_ff=8192, n_swa=512),  # Gemma 3n E2B
     "gemma4": dict(n_layer=35, n_embd=1536, n_head=8, n_head_kv=1, head=512, head_swa=256, n_ff=6144, n_swa=512,
                    n_embd_per_layer=256, shared_kv=20),  # Gemma 4 E2B (its shared layers' double-wide MLP aside)
     "gemma4-moe": dict(n_layer=30, n_embd=2816, n_head=16, n_head_kv=8, n_head_kv_full=2, head=512, head_swa=256,
@@ -226,7 +227,15 @@ REAL_SIZES: dict[str, dict[str, int]] = {
     "granitehybrid": dict(n_layer=40, n_embd=1536, n_head=12, n_head_kv=4, n_ff=4096, d_conv=4, d_state=128,
                           n_ssm_head=48, n_group=1),  # Granite-4.0-H-Tiny's shape
 }  # fmt: skip
-REAL_VOCAB = {"llama": 128256, "qwen3": 151936, "gemma3": 262208, "gemma4": 262144, "gpt-oss": 201088, "qwen35": 248320}
+REAL_VOCAB = {
+    "llama": 128256,
+    "qwen3": 151936,
+    "gemma3": 262208,
+    "gemma3n": 262144,
+    "gemma4": 262144,
+    "gpt-oss": 201088,
+    "qwen35": 248320,
+}
 DRY_TOLERANCE = (0.03, 16 * MIB)  # issue 25: 16 MiB or 3 %
 
 

@@ -64,6 +64,12 @@ gemma2 (gemma2): 4 layers, n_embd 128, n_head 4, n_head_kv 2, head 64, n_ff 256,
 gemma3 (gemma3): 8 layers, n_embd 128, n_head 4, n_head_kv 1, head 64, n_ff 256, sliding_window 128,
     rope.freq_base 1e6 / freq_base_swa 1e4, q/k norm, tied. models/gemma3.cpp: SWA only if sliding_window
     is present and > 0; load_swa_pattern(ml, 6) -> layers 0-4, 6, 7 SWA, layer 5 full. K = V = 64.
+gemma3n (gemma3n): 22 layers, n_embd 128, n_head 4, n_head_kv 1, head 64, n_ff 256, sliding_window 128, the
+    default SWA pattern 5 (layers 4, 9, 14, 19 full); altup (4 streams: altup_proj/unembd_proj {n_embd, n_embd, 3},
+    per-layer router, predict/correct coefficients), laurel (rank 64), per-layer embeddings 256 wide (all fixed
+    in llama_hparams); n_layer_kv_from_start is fixed at 20, so layers 20, 21 read layer 18's cache. Tied.
+    KV: 16 SWA layers and 4 full, K = V = 64. Written with 2,048 tokens (test_oracle: the 256 x n_layer
+    table at 32,000 would be 360 MB).
 gemma4 (gemma4): Gemma 4 E2B-style. 9 layers, n_embd 128, n_head 4, n_head_kv 1, key/value_length 64 (full)
     and key/value_length_swa 32 with rope.dimension_count_swa 32, sliding_window 128, a bool
     sliding_window_pattern (required by models/gemma4.cpp; layers 2, 5, 8 full), embedding_length_per_layer_input
@@ -614,6 +620,53 @@ def _gemma3(t: _TinyWriter) -> None:
         _qk_norm(t, il, head)
 
 
+def _gemma3n(t: _TinyWriter) -> None:
+    """Gemma 3n (models/gemma3n.cpp): four residual streams (altup: n_altup 4, laurel rank 64 and
+    n_embd_altup 256 are fixed in llama_hparams, not read from the file), per-layer embeddings of that fixed
+    width, SWA by the default pattern 5 (layers 4, 9, ... full), n_layer_kv_from_start fixed at 20: layers
+    20 and up keep no K/V (the SWA ones read layer 18, the full ones 19), activation sparsity on the first 10
+    layers' gate, tied output."""
+    n_layer, n_embd, n_head, n_head_kv, head, n_ff, n_swa = t.dims(
+        n_layer=22, n_embd=128, n_head=4, n_head_kv=1, head=64, n_ff=256, n_swa=128
+    )
+    n_altup, laurel_rank, n_embd_altup = 4, 64, 256  # llama_hparams: n_altup, laurel_rank, n_embd_altup
+    _hparams(
+        t,
+        n_layer=n_layer,
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        n_ff=n_ff,
+        head_k=head,
+        head_v=head,
+        rope_base=GEMMA3_ROPE_FREQ_BASE,
+    )
+    t.u32("attention.sliding_window", n_swa)
+    t.f32("rope.freq_base_swa", ROPE_FREQ_BASE)
+    t.u32("embedding_length_per_layer_input", n_embd_altup)  # as the converter writes it (llama.cpp: fixed)
+    t.u32("attention.shared_kv_layers", max(0, n_layer - 20))
+    _embeddings(t, n_embd, tied=True)
+    t.mat("altup_proj.weight", n_embd, n_embd, n_altup - 1)
+    t.mat("altup_unembd_proj.weight", n_embd, n_embd, n_altup - 1)
+    t.mat("per_layer_token_embd.weight", n_embd_altup * n_layer, t.n_vocab)
+    t.mat("per_layer_model_proj.weight", n_embd, n_embd_altup * n_layer)
+    t.norm("per_layer_proj_norm.weight", n_embd_altup)
+    for il in range(n_layer):
+        _gemma_block(t, il, n_embd, n_head, n_head_kv, head, n_ff)
+        _qk_norm(t, il, head)
+        t.mat(f"blk.{il}.inp_gate.weight", n_embd, n_embd_altup)
+        t.mat(f"blk.{il}.proj.weight", n_embd_altup, n_embd)
+        t.norm(f"blk.{il}.post_norm.weight", n_embd)
+        t.vec(f"blk.{il}.altup_correct_coef.weight", n_altup, n_altup)
+        t.norm(f"blk.{il}.altup_correct_scale.weight", n_embd)
+        t.vec(f"blk.{il}.altup_predict_coef.weight", n_altup, n_altup * n_altup)
+        t.mat(f"blk.{il}.altup_router.weight", n_embd, n_altup)
+        t.norm(f"blk.{il}.altup_router_norm.weight", n_embd)
+        t.mat(f"blk.{il}.laurel_l.weight", n_embd, laurel_rank)
+        t.mat(f"blk.{il}.laurel_r.weight", laurel_rank, n_embd)
+        t.norm(f"blk.{il}.laurel_post_norm.weight", n_embd)
+
+
 def _gemma4(t: _TinyWriter) -> None:
     """Gemma 4 E2B/E4B-style (models/gemma4.cpp): a per-layer bool SWA pattern (required), SWA layers with
     their own head size and rope width, per-layer embeddings (per_layer_token_embd in the CPU's buffer with
@@ -1069,6 +1122,7 @@ _RECIPES: dict[str, tuple[str, _Builder]] = {
     "qwen3moe": ("qwen3moe", _qwen3moe),
     "gemma2": ("gemma2", _gemma2),
     "gemma3": ("gemma3", _gemma3),
+    "gemma3n": ("gemma3n", _gemma3n),
     "gemma4": ("gemma4", _gemma4),
     "gemma4-moe": ("gemma4", _gemma4_moe),
     "gpt-oss": ("gpt-oss", _gpt_oss),
