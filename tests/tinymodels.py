@@ -584,6 +584,47 @@ def _gemma_block(t: _TinyWriter, il: int, n_embd: int, n_head: int, n_head_kv: i
     t.norm(f"blk.{il}.post_ffw_norm.weight", n_embd)
 
 
+def _gemma_hparams(
+    t: _TinyWriter,
+    *,
+    n_layer: int,
+    n_embd: int,
+    n_head: int,
+    n_head_kv: int | Sequence[int],
+    n_ff: int,
+    head: int,
+    n_swa: int,
+) -> None:
+    """Gemma 3/3n/4: rope base 1e6 on full layers, 1e4 on sliding-window ones."""
+    _hparams(
+        t,
+        n_layer=n_layer,
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        n_ff=n_ff,
+        head_k=head,
+        head_v=head,
+        rope_base=GEMMA3_ROPE_FREQ_BASE,
+    )
+    t.u32("attention.sliding_window", n_swa)
+    t.f32("rope.freq_base_swa", ROPE_FREQ_BASE)
+
+
+def _per_layer_embeddings(t: _TinyWriter, n_embd: int, width: int, n_layer: int) -> None:
+    """Gemma 3n/4's per-layer embedding table (an input tensor: on the CPU) and its projection."""
+    t.mat("per_layer_token_embd.weight", width * n_layer, t.n_vocab)
+    t.mat("per_layer_model_proj.weight", n_embd, width * n_layer)
+    t.norm("per_layer_proj_norm.weight", width)
+
+
+def _per_layer_input(t: _TinyWriter, il: int, n_embd: int, width: int) -> None:
+    """A layer's gate into and projection out of its per-layer input (Gemma 3n/4)."""
+    t.mat(f"blk.{il}.inp_gate.weight", n_embd, width)
+    t.mat(f"blk.{il}.proj.weight", width, n_embd)
+    t.norm(f"blk.{il}.post_norm.weight", n_embd)
+
+
 def _gemma2(t: _TinyWriter) -> None:
     n_layer, n_embd, n_head, n_head_kv, head, n_ff, n_swa = t.dims(
         n_layer=4, n_embd=128, n_head=4, n_head_kv=2, head=64, n_ff=256, n_swa=256
@@ -601,19 +642,9 @@ def _gemma3(t: _TinyWriter) -> None:
     n_layer, n_embd, n_head, n_head_kv, head, n_ff, n_swa = t.dims(
         n_layer=8, n_embd=128, n_head=4, n_head_kv=1, head=64, n_ff=256, n_swa=128
     )
-    _hparams(
-        t,
-        n_layer=n_layer,
-        n_embd=n_embd,
-        n_head=n_head,
-        n_head_kv=n_head_kv,
-        n_ff=n_ff,
-        head_k=head,
-        head_v=head,
-        rope_base=GEMMA3_ROPE_FREQ_BASE,
+    _gemma_hparams(
+        t, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff, head=head, n_swa=n_swa
     )
-    t.u32("attention.sliding_window", n_swa)
-    t.f32("rope.freq_base_swa", ROPE_FREQ_BASE)
     _embeddings(t, n_embd, tied=True)
     for il in range(n_layer):
         _gemma_block(t, il, n_embd, n_head, n_head_kv, head, n_ff)
@@ -630,33 +661,19 @@ def _gemma3n(t: _TinyWriter) -> None:
         n_layer=22, n_embd=128, n_head=4, n_head_kv=1, head=64, n_ff=256, n_swa=128
     )
     n_altup, laurel_rank, n_embd_altup = 4, 64, 256  # llama_hparams: n_altup, laurel_rank, n_embd_altup
-    _hparams(
-        t,
-        n_layer=n_layer,
-        n_embd=n_embd,
-        n_head=n_head,
-        n_head_kv=n_head_kv,
-        n_ff=n_ff,
-        head_k=head,
-        head_v=head,
-        rope_base=GEMMA3_ROPE_FREQ_BASE,
+    _gemma_hparams(
+        t, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff, head=head, n_swa=n_swa
     )
-    t.u32("attention.sliding_window", n_swa)
-    t.f32("rope.freq_base_swa", ROPE_FREQ_BASE)
     t.u32("embedding_length_per_layer_input", n_embd_altup)  # as the converter writes it (llama.cpp: fixed)
     t.u32("attention.shared_kv_layers", max(0, n_layer - 20))
     _embeddings(t, n_embd, tied=True)
     t.mat("altup_proj.weight", n_embd, n_embd, n_altup - 1)
     t.mat("altup_unembd_proj.weight", n_embd, n_embd, n_altup - 1)
-    t.mat("per_layer_token_embd.weight", n_embd_altup * n_layer, t.n_vocab)
-    t.mat("per_layer_model_proj.weight", n_embd, n_embd_altup * n_layer)
-    t.norm("per_layer_proj_norm.weight", n_embd_altup)
+    _per_layer_embeddings(t, n_embd, n_embd_altup, n_layer)
     for il in range(n_layer):
         _gemma_block(t, il, n_embd, n_head, n_head_kv, head, n_ff)
         _qk_norm(t, il, head)
-        t.mat(f"blk.{il}.inp_gate.weight", n_embd, n_embd_altup)
-        t.mat(f"blk.{il}.proj.weight", n_embd_altup, n_embd)
-        t.norm(f"blk.{il}.post_norm.weight", n_embd)
+        _per_layer_input(t, il, n_embd, n_embd_altup)
         t.vec(f"blk.{il}.altup_correct_coef.weight", n_altup, n_altup)
         t.norm(f"blk.{il}.altup_correct_scale.weight", n_embd)
         t.vec(f"blk.{il}.altup_predict_coef.weight", n_altup, n_altup * n_altup)
@@ -696,32 +713,21 @@ def _gemma4_build(t: _TinyWriter, *, moe: bool) -> None:
     # n_layer - shared_kv - 1 must be full and the one before it SWA, as in the real models
     swa = [il % 3 != 2 for il in range(n_layer)]
     kv_heads = [n_head_kv if x else n_head_kv_full for x in swa]  # 26B-A4B: 8 KV heads of 256, 2 of 512
-    _hparams(
-        t,
-        n_layer=n_layer,
-        n_embd=n_embd,
-        n_head=n_head,
-        n_head_kv=n_head_kv if n_head_kv == n_head_kv_full else kv_heads,
-        n_ff=n_ff,
-        head_k=head,
-        head_v=head,
-        rope_base=GEMMA3_ROPE_FREQ_BASE,
+    heads_kv = n_head_kv if n_head_kv == n_head_kv_full else kv_heads
+    _gemma_hparams(
+        t, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=heads_kv, n_ff=n_ff, head=head, n_swa=n_swa
     )
     t.gguf.add_array(t._key("attention.sliding_window_pattern"), swa)
-    t.u32("attention.sliding_window", n_swa)
     t.u32("attention.key_length_swa", head_swa)
     t.u32("attention.value_length_swa", head_swa)
     t.u32("rope.dimension_count_swa", head_swa)  # n_rot_swa defaults to the full layers' head
     t.u32("attention.shared_kv_layers", shared_kv)
     t.u32("embedding_length_per_layer_input", n_embd_per_layer)  # required, 0 for none
-    t.f32("rope.freq_base_swa", ROPE_FREQ_BASE)
     if moe:
         _experts_hparams(t, n_expert, n_expert_used, n_ff_exp)
     _embeddings(t, n_embd, tied=True)
     if n_embd_per_layer:
-        t.mat("per_layer_token_embd.weight", n_embd_per_layer * n_layer, t.n_vocab)
-        t.mat("per_layer_model_proj.weight", n_embd, n_embd_per_layer * n_layer)
-        t.norm("per_layer_proj_norm.weight", n_embd_per_layer)
+        _per_layer_embeddings(t, n_embd, n_embd_per_layer, n_layer)
     t.norm("rope_freqs.weight", head // 2)  # the full-attention layers' proportional rope (one tensor)
     for il in range(n_layer):
         hd = head_swa if swa[il] else head
@@ -739,18 +745,13 @@ def _gemma4_build(t: _TinyWriter, *, moe: bool) -> None:
         _ffn(t, il, n_embd, n_ff)
         t.norm(f"blk.{il}.post_ffw_norm.weight", n_embd)
         if moe:
-            t.vec(f"blk.{il}.ffn_gate_inp.weight", n_embd, n_expert)
+            _moe(t, il, n_embd, n_ff_exp, n_expert)
             t.norm(f"blk.{il}.ffn_gate_inp.scale", n_embd)
             t.norm(f"blk.{il}.pre_ffw_norm_2.weight", n_embd)
             t.norm(f"blk.{il}.post_ffw_norm_1.weight", n_embd)
             t.norm(f"blk.{il}.post_ffw_norm_2.weight", n_embd)
-            t.mat(f"blk.{il}.ffn_gate_exps.weight", n_embd, n_ff_exp, n_expert)
-            t.mat(f"blk.{il}.ffn_up_exps.weight", n_embd, n_ff_exp, n_expert)
-            t.mat(f"blk.{il}.ffn_down_exps.weight", n_ff_exp, n_embd, n_expert)
         if n_embd_per_layer:
-            t.mat(f"blk.{il}.inp_gate.weight", n_embd, n_embd_per_layer)
-            t.mat(f"blk.{il}.proj.weight", n_embd_per_layer, n_embd)
-            t.norm(f"blk.{il}.post_norm.weight", n_embd)
+            _per_layer_input(t, il, n_embd, n_embd_per_layer)
 
 
 def _gpt_oss(t: _TinyWriter) -> None:

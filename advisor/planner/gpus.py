@@ -142,9 +142,9 @@ def _match_profiles(query: str) -> tuple[list[GpuProfile], list[GpuProfile]]:
     if exact:
         return exact, exact
     qs = set(q)
-    loose = [p for p, spellings in spelled if any(qs <= set(s) for s in spellings)]
-    strict = [p for p in loose if not ((set(_tokens(p.id)) & _VARIANT_TOKENS) - qs)]
-    return strict, loose
+    loose = [(p, spellings) for p, spellings in spelled if any(qs <= set(s) for s in spellings)]
+    strict = [p for p, spellings in loose if not ((set(spellings[0]) & _VARIANT_TOKENS) - qs)]  # [0]: the id's
+    return strict, [p for p, _ in loose]
 
 
 def _close_names(query: str, loose: Sequence[GpuProfile]) -> list[str]:

@@ -540,11 +540,17 @@ class _Sizes:
     mix: int  # the feed-forward's or recurrent mixer's live set, no masks
     layer: int  # the largest live set of a layer's own tensors (attention, feed-forward or mixer), no masks
     ple: int  # Gemma 3n/4's per-layer inputs of the batch: [n_embd_per_layer, n_layer, n_ubatch] f32 (0: none)
-    # Gemma 3n's residual streams (models/gemma3n.cpp: the layer's input and its altup predictions are
-    # [n_embd, n_ubatch, n_altup] each): measured with llama.cpp's allocation pass (b11312) on three real-size
-    # shapes, 2 to 4 rows of n_embd above a layer's peak beside the per-layer inputs' term; planned at half the
-    # streams, which holds E2B's and E4B's shapes within 16 MiB or 3 % with and without flash attention
-    altup: int
+    # What Gemma 3n/4 add to a layer's peak, on a device and on the CPU (0 for other models), measured with
+    # llama.cpp's allocation pass (b11312) on real-size shapes of tests/tinymodels.py's recipes:
+    # - the per-layer inputs (models/gemma4.cpp build_inp_per_layer, project_per_layer_inputs: the rows of
+    #   per_layer_token_embd and the projection of the hidden state, added, then permuted into a copy every
+    #   layer reads a slice of): 0.65 to 1.8 times ``ple`` on a device, 0.74 to 2.66 on the CPU over 24 Gemma 4
+    #   shapes (n_embd_per_layer 128-512, 23 and 35 layers; the permuted copy alive through every layer, and
+    #   the hole its source leaves in ggml-alloc's best fit); planned at 1.5 times;
+    # - Gemma 3n's residual streams (models/gemma3n.cpp: the layer's input and its altup predictions are
+    #   [n_embd, n_ubatch, n_altup] each): 2 to 4 rows of n_embd over three shapes; planned at n_altup / 2.
+    # Both hold Gemma 4 E2B/E4B's and Gemma 3n E2B/E4B's shapes within 16 MiB or 3 %.
+    layer_inputs: int
 
 
 def _sizes(spec: ModelSpec, lay: ContextLayout) -> _Sizes:
@@ -578,7 +584,8 @@ def _sizes(spec: ModelSpec, lay: ContextLayout) -> _Sizes:
         # tensors the last MLA layer leaves at the top of the buffer (ggml-alloc's best fit), 36 MiB at n_ubatch 512
         logits += 2 * q
     ple = f32 * ub * spec.n_embd_per_layer * spec.n_layer
-    return _Sizes(embd, q, logits, cells, scores, attn, mix, layer, ple, embd * spec.n_altup // 2)
+    layer_inputs = ple * 3 // 2 + embd * spec.n_altup // 2 if layer else 0
+    return _Sizes(embd, q, logits, cells, scores, attn, mix, layer, ple, layer_inputs)
 
 
 def _moe_phase(spec: ModelSpec, ub: int, embd: int, q: int) -> int:
@@ -655,20 +662,9 @@ def _layer_peak(s: _Sizes, lay: ContextLayout, f32_mask: bool) -> int:
     return peak
 
 
-def _ple_layer(s: _Sizes) -> int:
-    """What Gemma 3n/4's per-layer inputs (and Gemma 3n's residual streams, _Sizes.altup) add to a layer's peak (models/gemma4.cpp build_inp_per_layer and
-    project_per_layer_inputs: the rows of per_layer_token_embd and the projection of the hidden state, added,
-    then permuted into a [n_embd_per_layer, n_ubatch, n_layer] copy that every layer reads a slice of). Measured
-    with llama.cpp's allocation pass (b11312) on 24 real-size shapes of tests/tinymodels.py's gemma4 recipe
-    (n_embd_per_layer 128-512, 23 and 35 layers): 0.65 to 1.8 times the inputs on a device, 0.74 to 2.66 on
-    the CPU (the permuted copy alive through every layer, and the hole its source leaves in ggml-alloc's best
-    fit); planned at 1.5 times, which holds Gemma 4 E2B's shape (n_embd_per_layer 256) within 16 MiB or 3 %."""
-    return s.ple * 3 // 2 + s.altup
-
-
 def _cpu_compute(spec: ModelSpec, lay: ContextLayout, f32_mask: bool) -> int:
     s = _sizes(spec, lay)
-    layer = _layer_peak(s, lay, f32_mask) + _ple_layer(s) if s.layer else 0
+    layer = _layer_peak(s, lay, f32_mask) + s.layer_inputs
     return pad(max(s.logits + 2 * s.embd + s.ple, layer + s.embd), ALIGNMENT["cuda"])
 
 
@@ -731,8 +727,7 @@ def _device_compute(spec: ModelSpec, lay: ContextLayout, f32_mask: bool, weight_
     layer = _layer_peak(s, lay, f32_mask)
     if weight_copy and s.layer:  # op offload: the copy beside a matmul's inputs and output, masks alive
         layer = max(layer, s.mask_cells * lay.n_ubatch * (2 if lay.flash_attn else 4) + s.layer + weight_copy)
-    if s.layer:
-        layer += _ple_layer(s)
+    layer += s.layer_inputs
     # the logits land above the per-layer inputs' hole (measured: + the inputs' size + 0 to 5 MiB)
     return pad(max(s.logits + 2 * s.embd + s.ple, layer), ALIGNMENT["cuda"])
 
