@@ -1,11 +1,11 @@
 """kvadvise: exact llama.cpp / Ollama memory planning.
 
 The stable API lives in ``kvadvise.api`` and is re-exported here lazily, so
-``import advisor`` stays cheap for the CLI::
+``import kvadvise`` stays cheap for the CLI::
 
     import kvadvise
-    spec = advisor.load_model("model.gguf")
-    rec = advisor.recommend(spec, advisor.gpu_profile("4090"))
+    plan = kvadvise.plan("qwen3-coder", kvadvise.PlanRequest(gpu="rtx-4090"), runtime="ollama")
+    print(kvadvise.to_json(plan)["ollama"]["env"])
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ __all__ = [
     "MemoryEstimate",
     "ModelSpec",
     "Plan",
+    "PlanRequest",
     "Policy",
     "Recommendation",
     "RunConfig",
@@ -39,4 +40,4 @@ def __getattr__(name: str) -> Any:
         from kvadvise import api
 
         return getattr(api, name)
-    raise AttributeError(f"module 'advisor' has no attribute {name!r}")
+    raise AttributeError(f"module 'kvadvise' has no attribute {name!r}")

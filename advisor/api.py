@@ -16,24 +16,24 @@ import os
 from dataclasses import replace
 from typing import Any
 
-from kvadvise.model.ggml import GGMLType as GGMLType  # re-exported by advisor.__all__
+from kvadvise.errors import InputError
+from kvadvise.model.ggml import GGMLType as GGMLType  # re-exported by kvadvise.__all__
 from kvadvise.model.spec import ModelSpec
 from kvadvise.planner.budget import DEFAULT_MARGIN_BYTES, plan_budget
 from kvadvise.planner.hardware import Hardware
 from kvadvise.planner.memory import MemoryEstimate, RunConfig
-from kvadvise.planner.planning import Plan, make_plan
+from kvadvise.planner.planning import Plan
 from kvadvise.planner.policy import Policy
 from kvadvise.planner.recommender import Recommendation
+from kvadvise.request import PlanRequest as PlanRequest  # re-exported by kvadvise.__all__
+from kvadvise.request import check
 from kvadvise.runtime.verification import Verification
 
-USES = ("chat", "code", "agent", "long")  # as the CLI's --use
 MAX_TIMEOUT_S = 86400.0  # as the CLI's --timeout: 0.1 to 86400 s
 
 
-def _invalid(param: str, message: str, hint: str | None = None) -> Exception:
+def _invalid(param: str, message: str, hint: str | None = None) -> InputError:
     """The error click gives for a bad flag value, for an argument: ``Invalid value for 'margin_bytes': ...``."""
-    from kvadvise.errors import InputError
-
     return InputError(f"Invalid value for {param!r}: {message}", hint=hint)
 
 
@@ -63,7 +63,6 @@ def _text(param: str, value: object) -> str:
 def _margin(value: object) -> int:
     """Bytes (an int >= 0) or a size as the CLI's --margin takes it ("1GiB", "0")."""
     if isinstance(value, str):
-        from kvadvise.errors import InputError
         from kvadvise.units import parse_size
 
         try:
@@ -100,16 +99,97 @@ def _config(value: object, param: str = "config") -> RunConfig:
 
 
 def _policy(value: object) -> Policy:
+    """A Policy, its values checked as the request's are (the messages of --use, --target-ctx...)."""
     _need("policy", value, Policy, "a Policy")
     assert isinstance(value, Policy)
-    if value.use is not None and value.use not in USES:
-        raise _invalid("policy.use", f"{value.use!r} is not one of " + ", ".join(repr(u) for u in USES) + ".")
-    for name in ("target_ctx", "min_ctx"):
-        v = getattr(value, name)
-        _need(f"policy.{name}", v, int, "a whole number of tokens")
-        if not 0 <= v <= 2**31 - 1:
-            raise _invalid(f"policy.{name}", f"{v} is not in the range 0<=x<=2147483647.")
+    check(_policy_request(value, PlanRequest()))
     return value
+
+
+def _kv_name(param: str, v: object) -> str:
+    if isinstance(v, GGMLType):
+        return v.type_name
+    if isinstance(v, str):
+        return v
+    raise _invalid(param, f"expected a GGMLType or a cache type name, got {type(v).__name__} {_shown(v)}")
+
+
+def _policy_request(p: Policy, r: PlanRequest) -> PlanRequest:
+    """The request's wishes from a Policy (the same fields the flags set)."""
+    fixed = p.fixed_kv
+    if fixed is not None and (not isinstance(fixed, tuple) or len(fixed) != 2):
+        raise _invalid("policy.fixed_kv", f"expected (type_k, type_v), got {_shown(fixed)}")
+    return replace(
+        r,
+        type_k=_kv_name("policy.fixed_kv", fixed[0]) if fixed else r.type_k,
+        type_v=_kv_name("policy.fixed_kv", fixed[1]) if fixed else r.type_v,
+        target_ctx=p.target_ctx,
+        min_ctx=p.min_ctx,
+        repeatable=p.repeatable,
+        use=p.use,
+        allow_cpu=p.allow_cpu,
+        gpu_only=p.gpu_only,
+        allow_q4=p.allow_q4,
+        headless=p.headless,
+    )
+
+
+def _config_request(cfg: RunConfig) -> PlanRequest:
+    """The request a RunConfig states: its context fixed (0 = the training context, as -c 0), its cache
+    types, its flags, its build."""
+    _need("config", cfg, RunConfig, "a RunConfig or a PlanRequest")
+    return PlanRequest(
+        n_ctx=cfg.n_ctx,
+        type_k=_kv_name("config.type_k", cfg.type_k),
+        type_v=_kv_name("config.type_v", cfg.type_v),
+        flash_attn=cfg.flash_attn,
+        n_parallel=cfg.n_parallel,
+        kv_unified=cfg.kv_unified,
+        n_batch=cfg.n_batch,
+        n_ubatch=cfg.n_ubatch,
+        swa_full=cfg.swa_full,
+        device=cfg.device,
+        n_outputs_max=cfg.n_outputs_max,
+        tensor_split=tuple(cfg.tensor_split),
+        cpu_repack=cfg.cpu_repack,
+        mmproj=cfg.mmproj,
+        draft=cfg.draft,
+        type_k_draft=_kv_name("config.type_k_draft", cfg.type_k_draft),
+        type_v_draft=_kv_name("config.type_v_draft", cfg.type_v_draft),
+        llama_build="unknown" if cfg.llama_build is None else f"b{cfg.llama_build}",
+        overhead_bytes=cfg.overhead_bytes,
+    )
+
+
+def request(
+    config: RunConfig | PlanRequest | None = None,
+    *,
+    hardware: Hardware | None = None,
+    policy: Policy | None = None,
+    margin_bytes: int | str | None = None,
+) -> PlanRequest:
+    """The :class:`PlanRequest` the arguments of :func:`plan` state, checked as the command line checks its
+    flags (the same messages). A PlanRequest is taken as it is; a RunConfig fixes the context (0 = the
+    model's training context, as ``--ctx 0``); none: kvadvise recommends the context and the cache types.
+    Without ``hardware`` and without a PlanRequest that names some, nothing is probed: an estimate."""
+    if isinstance(config, PlanRequest):
+        if policy is not None or margin_bytes is not None:
+            raise InputError(
+                "give the policy and the margin in the PlanRequest (target_ctx, use, margin_bytes...)",
+                hint="kvadvise.PlanRequest(n_ctx=..., target_ctx=..., margin_bytes=...)",
+            )
+        r = config
+    else:
+        r = PlanRequest() if config is None else _config_request(config)
+        r = replace(r, no_hardware=hardware is None)
+        if policy is not None:
+            _need("policy", policy, Policy, "a Policy")
+            r = _policy_request(policy, r)
+        if margin_bytes is not None:
+            r = replace(r, margin_bytes=_margin(margin_bytes))
+    if r.no_hardware and hardware is not None:
+        r = replace(r, no_hardware=False)
+    return check(r)
 
 
 def load_model(ref: str, backend: str = "gguf") -> ModelSpec:
@@ -162,31 +242,40 @@ def recommend(
 
 
 def plan(
-    spec: ModelSpec,
-    config: RunConfig | None = None,
+    model: ModelSpec | str,
+    config: RunConfig | PlanRequest | None = None,
     hardware: Hardware | None = None,
     policy: Policy | None = None,
-    margin_bytes: int = DEFAULT_MARGIN_BYTES,
+    margin_bytes: int | str | None = None,
+    *,
+    runtime: str = "llama-server",
 ) -> Plan:
-    """What the CLI computes: ``config`` with n_ctx set = estimate it; n_ctx None/0 with hardware = recommend."""
-    _need("spec", spec, ModelSpec, "a ModelSpec")
-    cfg = _config(config) if config is not None else RunConfig()
+    """What the command line answers for the same question (kvadvise.entry.plan_for, the one entry).
+
+    ``model``: a ModelSpec, or a reference the runtime's backend resolves (``"qwen3-coder"`` for
+    ``runtime="ollama"``: its store entry, its projector, its own num_ctx; a GGUF path or Hub name for
+    llama-server, whose command line the plan then carries). ``config``: a :class:`PlanRequest` (the
+    command line's question, field for flag), or a RunConfig whose context is fixed (0 = the training
+    context, as ``--ctx 0``); none: the context and cache types are recommended. ``runtime``:
+    "llama-server", "llama-cli" (the library and its bindings) or a backend's ("ollama")."""
+    from kvadvise.entry import plan_for
+    from kvadvise.plugins import for_model
+    from kvadvise.plugins import runtime as named
+    from kvadvise.runtime.seam import Runtime
+
+    name = _text("runtime", runtime)
+    if isinstance(model, str):
+        spec, rt = for_model(_text("model", model), name)
+    else:
+        _need("model", model, ModelSpec, "a ModelSpec or a model reference")
+        spec, rt = model, named(name)
+    assert isinstance(rt, Runtime)
     if hardware is not None:
         _need("hardware", hardware, Hardware, "a Hardware (gpu_profile, probe_hardware)")
-    policy = _policy(policy) if policy is not None else None
-    margin_bytes = _margin(margin_bytes)
-    if cfg.cpu_repack == "auto":  # the CPU a CPU plan runs on: this machine's, as the CLI does
-        from kvadvise.planner.repack import cpu_isa
-
-        cfg = replace(cfg, cpu_repack=cpu_isa())
-    return make_plan(
-        spec,
-        cfg,
-        recommend_ctx=hardware is not None and cfg.n_ctx == 0,
-        hw=hardware,
-        policy=policy or Policy(),
-        margin_bytes=margin_bytes,
-    )
+    if config is not None and not isinstance(config, (RunConfig, PlanRequest)):
+        raise _invalid("config", f"expected a RunConfig or a PlanRequest, got {type(config).__name__}")
+    r = request(config, hardware=hardware, policy=policy, margin_bytes=margin_bytes)
+    return plan_for(spec, r, rt, hardware=hardware)
 
 
 def llama_server_command(model_path: str, config: RunConfig) -> str:
@@ -198,7 +287,6 @@ def llama_server_command(model_path: str, config: RunConfig) -> str:
 
 def verify_llamacpp(model_path: str, plan_: Plan, *, server: str | None = None, timeout_s: float = 600) -> Verification:
     """Run ``plan_.config`` on real llama.cpp and compare with the prediction."""
-    from kvadvise.errors import InputError
     from kvadvise.plugins import Measurer, discover
     from kvadvise.runtime.verification import compare
 

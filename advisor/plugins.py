@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     import click
 
     from kvadvise.planner.memory import RunConfig
+    from kvadvise.runtime.seam import Runtime
     from kvadvise.runtime.verification import Measurement
 
 GROUP = "kvadvise.backends"
@@ -47,7 +48,7 @@ class CommandProvider(Protocol):
 
     Called once, when the CLI first needs a command named after the backend:
     ``kvadvise NAME ...`` goes in ``cli``, ``kvadvise verify NAME ...`` in
-    ``verify``. The commands may use kvadvise.cli.options, .plan and .output,
+    ``verify``. The commands may use kvadvise.ui.flags, .plan and .output,
     the pieces the built-in commands are made of. A backend without this gets
     the generic ``kvadvise NAME MODEL`` planning command.
     """
@@ -70,6 +71,20 @@ class Measurer(Protocol):
     ) -> Measurement: ...
 
 
+@runtime_checkable
+class RuntimeProvider(Protocol):
+    """A backend that brings a runtime (kvadvise.runtime.seam.Runtime): ``kvadvise.plan(..., runtime=NAME)``
+    plans for it, and its commands do through the same entry (kvadvise.entry.plan_for)."""
+
+    def runtime(self) -> Runtime:
+        """The runtime for a model given as a bare ModelSpec."""
+        ...
+
+    def runtime_for(self, ref: str) -> tuple[ModelSpec, Runtime]:
+        """``ref`` resolved, and the runtime bound to that model (its projector, its own settings)."""
+        ...
+
+
 # capability -> the optional methods that provide it (any one of them)
 CAPABILITIES = {
     "resolve": ("load_spec",),
@@ -77,6 +92,7 @@ CAPABILITIES = {
     "verify": ("measure", "verify_running"),
     "live-state": ("running_models",),
     "write-config": ("write_config",),
+    "runtime": ("runtime_for",),
 }
 
 
@@ -199,3 +215,40 @@ def _parse_group(text: str, group: str) -> list[tuple[str, str]]:
             name, _, value = line.partition("=")
             out.append((name.strip(), value.strip()))
     return out
+
+
+# --- runtimes: the built-in ones and those the backends bring ---------------------------------------------
+
+
+def runtime(name: str) -> Runtime:
+    """The runtime called ``name``: llama-server, llama-cli (the library and its bindings), or one an
+    installed backend brings (``ollama``: kvadvise.plugins.RuntimeProvider)."""
+    if name == "llama-server":
+        from kvadvise.runtime.llamaserver import LlamaServer
+
+        return LlamaServer()
+    if name == "llama-cli":
+        from kvadvise.runtime.library import LlamaLibrary
+
+        return LlamaLibrary()
+    registry = discover()
+    if isinstance(name, str) and name in registry.targets:
+        backend = registry.get(name)
+        if isinstance(backend, RuntimeProvider):
+            return backend.runtime()
+    raise InputError(f"no runtime named {name!r}", hint="llama-server, llama-cli, or a backend's: ollama")
+
+
+# the backend that resolves a model reference for a built-in runtime (kvadvise.api.plan given a name)
+_LOADERS = {"llama-server": "llamacpp", "llama-cli": "gguf"}
+
+
+def for_model(ref: str, name: str) -> tuple[ModelSpec, Runtime]:
+    """``ref`` resolved by the backend of the runtime called ``name`` (``ollama``: the store, the server or a
+    built-in profile; llama-server: a GGUF file, URL or Hub name, whose command the plan then carries), and
+    the runtime bound to that model."""
+    backend = discover().get(_LOADERS.get(name, name))
+    if isinstance(backend, RuntimeProvider):
+        spec, bound = backend.runtime_for(ref)
+        return (spec, bound) if bound.name == name else (spec, runtime(name))
+    return backend.load_spec(ref), runtime(name)

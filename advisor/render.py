@@ -300,6 +300,7 @@ def prefill_dict(pf: PrefillEstimate | None) -> dict[str, Any] | None:
 
 
 def plan_dict(plan: Plan, requested_ctx: int | None = None) -> dict[str, Any]:
+    requested_ctx = requested_ctx if requested_ctx is not None else plan.n_ctx_requested
     cfg = replace(plan.config, n_ctx=requested_ctx) if requested_ctx is not None else plan.config
     b = plan.budget
     budgets = (b.device_budgets or (b.budget_bytes,)) if b is not None else ()
@@ -359,6 +360,9 @@ def plan_dict(plan: Plan, requested_ctx: int | None = None) -> dict[str, Any]:
             f"{fmt_bytes(plan.budget.budget_bytes)} after a {plan.budget.margin_bytes / (1 << 20):,.0f} MiB margin"
             + "".join(f", minus {n}" for n in plan.budget.headroom_notes)
         ]
+    doc["runtime"] = plan.runtime
+    if plan.advice is not None:  # the runtime's part: its settings, command, warnings (kvadvise.runtime.seam)
+        doc[plan.advice.key] = plan.advice.json_doc()
     return doc
 
 
@@ -450,6 +454,7 @@ def offload_line(off: Offload, *, fits_gpu: bool | None) -> str:
 
 
 def plan_text(plan: Plan, requested_ctx: int | None = None) -> str:
+    requested_ctx = requested_ctx if requested_ctx is not None else plan.n_ctx_requested
     cfg = replace(plan.config, n_ctx=requested_ctx) if requested_ctx is not None else plan.config
     head = estimate_text(plan.spec, cfg, plan.estimate)
     lines: list[str] = []

@@ -1,4 +1,4 @@
-"""The default text of a plan (issue 26.5): the verdict, the settings to apply, then what it costs, why, and
+"""The default text of a plan: the verdict, the settings to apply, then what it costs, why, and
 where the figures come from, in about 25 lines. ``--verbose`` prints the whole estimate, every reason and
 the options table (:func:`kvadvise.render.plan_text`); ``--json`` every figure and its provenance."""
 
@@ -214,7 +214,7 @@ def summary_text(
     sources: Sequence[str] = (),
 ) -> str:
     """The plan in about 25 lines: headline, settings, memory and speed, why, notes, sources."""
-    lines = [headline(plan, requested_ctx)]
+    lines = [headline(plan, requested_ctx if requested_ctx is not None else plan.n_ctx_requested)]
     if settings:
         lines.append(f"{settings_title}:")
         lines += [f"  {x}" for x in settings]

@@ -5,7 +5,7 @@ line break; printed inside a table row or a note, it starts a row of its own
 that kvadvise never wrote (a forged model in ``ollama --installed``, a second
 ``kvadvise:`` message). :func:`one_line` shows every line break as its escape,
 so a line kvadvise builds stays one line. The control characters other than
-the newline are escaped by ``kvadvise.cli.output.safe`` on the way out.
+the newline are escaped by ``kvadvise.ui.output.safe`` on the way out.
 """
 
 from __future__ import annotations

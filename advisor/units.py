@@ -1,7 +1,7 @@
 """Sizes as people write them: ``24GiB``, ``24000MiB``, ``23.5GiB``, ``24GB`` -> bytes.
 
 Used by the command line (``--vram``, ``--margin``, ``--rpc HOST:PORT=SIZE``) and by the Python API, which
-takes a size as the command line does (issue 28, class 9).
+takes a size as the command line does.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def parse_size(text: str, *, allow_zero: bool = False) -> int:
     return n
 
 
-# --- sizes of memory a device or a machine has (issue 27): binary units only ----------------------------
+# --- sizes of memory a device or a machine has: binary units only ----------------------------
 _DECIMAL_UNITS = frozenset({"kb", "mb", "gb", "tb"})
 
 
@@ -91,3 +91,28 @@ def parse_memory_size(text: str, flag: str) -> int:
             hint=f"write {flag} {number}{binary} for memory of that size, or {n / (1 << 30):.2f}GiB for {n:,} bytes",
         )
     return parse_size(text)
+
+
+_TOKENS_RE = r"(?ia)^\s*([0-9]+(?:\.[0-9]+)?)\s*([km]?)\s*$"  # compiled by re on first use
+_TOKEN_UNITS = {"": 1, "k": 1024, "m": 1024 * 1024}  # as llama.cpp users write a context: 64k = 65,536
+_TOKENS_HINT = "a whole number of tokens, or with k (1,024 tokens) or m (1,048,576): 8192, 64k, 128K, 1m"
+
+
+def parse_tokens(text: str) -> int:
+    """A token count given by a person -> tokens: ``65536``, ``64k``, ``128K``, ``1.5k``, ``1m``. A context
+    is a power of two of 1,024 tokens so often (Ollama's 4k/32k/256k, llama.cpp's -c 64k in guides) that k
+    is 1,024 here, not 1,000; the result must be a whole number of tokens."""
+    if len(text) > 40:  # a number that long is no context (and Python's int() refuses 4,300 digits)
+        raise InputError(f"not a token count: {text[:20]!r}... ({len(text)} characters)", hint=_TOKENS_HINT)
+    m = re.match(_TOKENS_RE, text)
+    if m is None:
+        raise InputError(f"not a token count: {text!r}", hint=_TOKENS_HINT)
+    number, unit = m.group(1), m.group(2).lower()
+    if "." in number and not unit:
+        raise InputError(f"not a whole number of tokens: {text.strip()!r}", hint=_TOKENS_HINT)
+    whole, _, frac = number.partition(".")
+    scale = _TOKEN_UNITS[unit]
+    n = int(whole) * scale + (int(frac) * scale // 10 ** len(frac) if frac else 0)
+    if frac and int(frac) * scale % 10 ** len(frac):
+        raise InputError(f"{text.strip()!r} is not a whole number of tokens", hint=_TOKENS_HINT)
+    return n

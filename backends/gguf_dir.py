@@ -12,14 +12,15 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from kvadvise.cli.options import LIST_SORTS as SORTS
 from kvadvise.errors import InputError, KvadviseError
 from kvadvise.model import splits
+from kvadvise.ui.flags import LIST_SORTS as SORTS
 
 if TYPE_CHECKING:  # the listing's module loads only for a folder: `kvadvise gguf FILE` starts without it
     from pathlib import Path
 
-    from kvadvise.cli.listing import Listed
+    from kvadvise.model.spec import ModelSpec
+    from kvadvise.ui.listing import Listed
 
 LONG_LISTING = 50  # a listing this long shows how far it is on a terminal's stderr
 
@@ -53,8 +54,8 @@ def _size(path: Path) -> int:
     return total
 
 
-def _read(folder: Path, path: Path, load: Callable[[str], Any]) -> Listed:
-    from kvadvise.cli.listing import Listed
+def _read(folder: Path, path: Path, load: Callable[[str], ModelSpec]) -> Listed:
+    from kvadvise.ui.listing import Listed
 
     shown = str(path.relative_to(folder))
     try:
@@ -64,8 +65,8 @@ def _read(folder: Path, path: Path, load: Callable[[str], Any]) -> Listed:
     return Listed(name=shown, source=str(path), size_bytes=_size(path), spec=spec)
 
 
-def read_folder(folder: Path, files: list[Path], load: Callable[[str], Any]) -> list[Listed]:
-    from kvadvise.cli import output
+def read_folder(folder: Path, files: list[Path], load: Callable[[str], ModelSpec]) -> list[Listed]:
+    from kvadvise.ui import output
 
     out = []
     for done, f in enumerate(files, 1):
@@ -75,31 +76,28 @@ def read_folder(folder: Path, files: list[Path], load: Callable[[str], Any]) -> 
     return out
 
 
-_NOT_WITH_DIR = {
-    "use": "--use",
-    "target_ctx": "--target-ctx",
-    "min_ctx": "--min-ctx",
-    "allow_cpu": "--allow-cpu",
-    "chart": "--chart",
-    "chart_file": "--chart-file",
-    "mmproj": "--mmproj",
-    "model_draft": "--model-draft",
-}
+# what only one model can take: a listing of a folder refuses it
+_NOT_WITH_DIR = ("use", "target_ctx", "min_ctx", "allow_cpu", "mmproj", "draft")
 
 
-def list_folder(folder: Path, kwargs: dict[str, Any], sort: str, load: Callable[[str], Any]) -> None:
-    from kvadvise.cli.listing import show_listing, survey
+def list_folder(folder: Path, kwargs: dict[str, Any], sort: str, load: Callable[[str], ModelSpec]) -> None:
+    from kvadvise.entry import hardware_of
     from kvadvise.model.ggml import cache_type
     from kvadvise.planner.inventory import RunSettings
-    from kvadvise.planner.planning import HardwareRequest, hardware_for
+    from kvadvise.request import check
+    from kvadvise.ui.flags import given_flags, take
+    from kvadvise.ui.listing import show_listing, survey
 
-    given = [flag for key, flag in _NOT_WITH_DIR.items() if kwargs.get(key)]
+    draft = kwargs.pop("model_draft", None)  # refused below, not read
+    f = take(kwargs)
+    r = f.request
+    given = [*given_flags(r, _NOT_WITH_DIR), *(["--model-draft"] if draft else [])]
+    if f.view.chart or f.view.chart_file:
+        given.append("--chart" if f.view.chart else "--chart-file")
     if given:
         raise click.UsageError(f"a folder lists every model; {', '.join(given)} is for one model: give a file")
-    if kwargs.get("gpu") and kwargs.get("vram_bytes") is not None:
-        raise click.UsageError("give --gpu or --vram, not both")
-    tk, tv = kwargs.get("type_k"), kwargs.get("type_v")
-    if tk and tv and tk != tv:
+    check(r)
+    if r.type_k and r.type_v and r.type_k != r.type_v:
         raise click.UsageError("a folder listing runs one cache type for K and V: give -ctk or -ctv")
     skipped: list[str] = []
     files = model_files(folder, skipped)
@@ -109,34 +107,28 @@ def list_folder(folder: Path, kwargs: dict[str, Any], sort: str, load: Callable[
             + "".join(f"; skipped {s}" for s in skipped),
             hint="give a GGUF file, or a folder of GGUF models to list them",
         )
-    n_parallel = int(kwargs.get("n_parallel") or 1)
-    n_ctx = kwargs.get("n_ctx")
     settings = RunSettings(
-        n_parallel=n_parallel,
-        flash_attn=kwargs.get("flash_attn") != "off",
-        cache_type=cache_type(tk or tv or "f16"),
-        default_ctx=(n_ctx // n_parallel) if n_ctx else 0,
+        n_parallel=r.n_parallel,
+        flash_attn=r.flash_attn != "off",
+        cache_type=cache_type(r.type_k or r.type_v or "f16"),
+        default_ctx=(r.n_ctx // r.n_parallel) if r.n_ctx else 0,
     )
-    hw = hardware_for(
-        HardwareRequest(gpu=kwargs.get("gpu"), vram_bytes=kwargs.get("vram_bytes"), probe=not kwargs.get("no_hardware"))
-    )
+    hw = hardware_of(r)
     models = read_folder(folder, files, load)
-    budget, rows = survey(
-        models, settings, hw, int(kwargs.get("margin_bytes") or 0), headless=bool(kwargs.get("headless"))
-    )
+    budget, rows = survey(models, settings, hw, r.margin_bytes, headless=r.headless)
     show_listing(
         rows,
         budget,
         settings,
         sort=sort,
-        as_json=bool(kwargs.get("as_json")),
+        as_json=f.view.as_json,
         show_loaded=False,
         extra_json={"folder": str(folder)},
         notes=[*(f"skipped {s}" for s in skipped), *(hw.notes if hw is not None else ())],
     )
 
 
-def with_folder_listing(cmd: click.Command, load: Callable[[str], Any]) -> click.Command:
+def with_folder_listing(cmd: click.Command, load: Callable[[str], ModelSpec]) -> click.Command:
     """``kvadvise gguf``'s command, which lists a folder when MODEL is one (``--sort`` added)."""
     params = [
         *cmd.params,

@@ -44,8 +44,8 @@ class GGUFFileBackend:
     def register_commands(self, cli: click.Group, verify: click.Group) -> None:
         """``kvadvise gguf MODEL`` and ``kvadvise gguf DIR`` (kvadvise.plugins.CommandProvider)."""
         from kvadvise.backends.gguf_dir import with_folder_listing
-        from kvadvise.cli.options import DRAFT_OPTIONS, MMPROJ_OPTION
-        from kvadvise.cli.plan import plan_command
+        from kvadvise.ui.flags import DRAFT_OPTIONS, MMPROJ_OPTION
+        from kvadvise.ui.show import plan_command
 
         command = plan_command(
             "gguf",

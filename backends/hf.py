@@ -500,8 +500,8 @@ def _hub_error(repo_id: str, filename: str, e: BaseException, failed: str) -> Kv
 def _hf_command(backend: HFBackend) -> click.Command:
     import click
 
-    from kvadvise.cli.options import TEXT, PlanOptions, run_options
-    from kvadvise.cli.plan import build_plan, exit_if_no_fit, show_plan
+    from kvadvise.ui.flags import TEXT, run_options, take
+    from kvadvise.ui.show import answer
 
     @click.command("hf")
     @click.argument("config")
@@ -523,10 +523,12 @@ def _hf_command(backend: HFBackend) -> click.Command:
         """Memory for a Hugging Face model: a config.json file or folder, or a repo id."""
         if quant is not None and weights_bytes is not None:
             raise click.UsageError("give --quant or --weights-bytes, not both")
-        o = PlanOptions.take(dict(kwargs))
-        spec = backend.load_spec(config, quant=quant, weights_bytes=weights_bytes)
-        plan = build_plan(spec, o)
-        show_plan(plan, o, requested_ctx=o.n_ctx)
-        exit_if_no_fit(plan)
+        from kvadvise.entry import plan_for
+        from kvadvise.plugins import runtime as named
+
+        f = take(dict(kwargs))
+        runtime = named(f.runtime)
+        plan = plan_for(backend.load_spec(config, quant=quant, weights_bytes=weights_bytes), f.request, runtime)
+        answer(plan, f.view, runtime, requested_ctx=f.request.n_ctx)
 
     return hf

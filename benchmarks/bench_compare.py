@@ -5,7 +5,7 @@ The baseline is checked out of git (``git archive BASELINE advisor backends prof
 temporary folder laid out as the installed package (advisor/ is ``kvadvise``, backends/ is
 ``kvadvise.backends``, profiles/ is ``kvadvise.profiles``) and imported from there through
 PYTHONPATH, ahead of this checkout's install. Each run is a fresh process that plans every
-(model, card) pair as ``compare`` does (``kvadvise.cli.compare.plan_for``, the recommendation of
+(model, card) pair as ``compare`` does (``kvadvise.cli.compare.plan_pair``, the recommendation of
 every other command); the two trees run in turn (A B A B ...) and the ratio is the median of the
 pairwise ratios, so drift of a shared machine hits both alike. Both trees' results are compared
 too: any difference is printed and the benchmark exits 1 (the optimisation may change no result).
@@ -47,7 +47,7 @@ GIB = 1 << 30
 # Run in the child: plan every pair with the kvadvise it imports; print seconds and (optionally) results.
 WORKER = r"""
 import hashlib, json, os, sys, time
-from kvadvise.cli.compare import card, plan_for, resolve_models
+from kvadvise.cli.compare import card, plan_pair, resolve_models
 from kvadvise.planner.gpus import load_profiles
 args = json.loads(sys.argv[1])
 specs = resolve_models(())
@@ -58,7 +58,7 @@ t = time.perf_counter()
 for i, s, cards in jobs:
     for c in cards:
         for name, spec in specs:
-            p = plan_for(spec, c.hardware, target=s["target"], use=s["use"], n_parallel=s["n_parallel"],
+            p = plan_pair(spec, c.hardware, target=s["target"], use=s["use"], n_parallel=s["n_parallel"],
                          margin=1 << 30, repeatable=s["repeatable"])
             out.append((name, c.label, i, p))
 seconds = time.perf_counter() - t

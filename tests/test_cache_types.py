@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from kvadvise.cli.options import KV_TYPES
 from kvadvise.model.ggml import KV_CACHE_TYPES, GGMLType
 from kvadvise.planner import policy
+from kvadvise.ui.flags import KV_TYPES
 
 ROOT = Path(__file__).resolve().parent.parent
 NAMES = {t.type_name for t in KV_CACHE_TYPES}
@@ -90,10 +90,10 @@ def test_every_list_derives_from_ggml_and_policy() -> None:
 def test_a_listing_column_per_listed_type(monkeypatch: pytest.MonkeyPatch) -> None:
     """Adding a type to policy.LISTED_CACHE_TYPES adds its column to listings (kvadvise ollama --installed,
     gguf DIR), with no other edit."""
-    from kvadvise.cli.listing import Listed, listing_text, survey
     from kvadvise.model.hfconfig import from_config
     from kvadvise.planner.hardware import manual
     from kvadvise.planner.inventory import RunSettings
+    from kvadvise.ui.listing import Listed, listing_text, survey
 
     monkeypatch.setattr(policy, "LISTED_CACHE_TYPES", (GGMLType.F16, GGMLType.Q8_0, GGMLType.Q4_0))
     spec = from_config(

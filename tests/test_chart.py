@@ -31,7 +31,7 @@ def test_terminal_chart_reads_clearly(gemma_path: Path, capsys: pytest.CaptureFi
     n = _recommended(capsys, gemma_path)
     rc, out, _ = run(capsys, "gguf", str(gemma_path), "--vram", "640MiB", "--margin", "0", "--chart")
     assert rc == 0
-    chart = out[out.index("memory on the device (GiB)") :].splitlines()
+    chart = out[out.index("memory on the device (GiB)") :].split("\n(--verbose")[0].splitlines()  # the tail after it
     budget_lines = [line for line in chart if line.endswith(" budget")]
     assert len(budget_lines) == 1 and budget_lines[0].lstrip().startswith("0.62 =")  # one budget line, labelled
     assert sum(line.count("*") for line in chart[:-1]) == 1  # the recommended point, once

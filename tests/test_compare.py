@@ -109,14 +109,14 @@ class _NeverHit(dict):  # type: ignore[type-arg]
 
 
 def _plans(sample: list[tuple[dict[str, Any], tuple[str, ...]]]) -> list[tuple[str, str, int, Any]]:
-    from kvadvise.cli.compare import card, plan_for, resolve_models
+    from kvadvise.cli.compare import card, plan_pair, resolve_models
 
     specs = resolve_models(())
     out = []
     for i, (s, names) in enumerate(sample):
         for c in (card(n) for n in names):
             for name, spec in specs:
-                p = plan_for(spec, c.hardware, target=s["target"], use=s["use"], n_parallel=s["n_parallel"],
+                p = plan_pair(spec, c.hardware, target=s["target"], use=s["use"], n_parallel=s["n_parallel"],
                              margin=1 << 30, repeatable=s["repeatable"])  # fmt: skip
                 out.append((name, c.label, i, p))
     return out

@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
-from kvadvise.cli.options import parse_rpc_host, parse_size
 from kvadvise.errors import EXIT_INPUT, InputError
 from kvadvise.planner import hardware
 from kvadvise.planner.gpus import apple_gpu_share_bytes, find_profile, list_profiles, load_profiles, match_nvml_name
 from kvadvise.planner.hardware import Gpu, Hardware, from_profile, manual, probe
+from kvadvise.ui.flags import parse_rpc_host, parse_size
 
 GiB = 1 << 30
 MiB = 1 << 20

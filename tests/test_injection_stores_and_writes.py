@@ -667,7 +667,7 @@ def _api_cases(spec: object, hw: object) -> list[tuple[str, object, str]]:
         ("load_model None", lambda: kvadvise.load_model(None), "Invalid value for 'ref': expected a str"),  # type: ignore[arg-type]
         ("load_model ''", lambda: kvadvise.load_model(""), "Invalid value for 'ref': the value is empty"),
         ("gpu_profile None", lambda: kvadvise.gpu_profile(None), "Invalid value for 'name': expected a str"),  # type: ignore[arg-type]
-        ("plan spec", lambda: kvadvise.plan("x"), "Invalid value for 'spec': expected a ModelSpec"),  # type: ignore[arg-type]
+        ("plan model", lambda: kvadvise.plan(5), "Invalid value for 'model': expected a ModelSpec"),  # type: ignore[arg-type]
         ("plan config", lambda: kvadvise.plan(spec, {"n_ctx": 1}), "Invalid value for 'config': expected a RunConfig"),  # type: ignore[arg-type]
         ("plan hardware", lambda: kvadvise.plan(spec, hardware="4090"), "Invalid value for 'hardware'"),  # type: ignore[arg-type]
         ("plan policy", lambda: kvadvise.plan(spec, hardware=hw, policy="x"), "Invalid value for 'policy'"),  # type: ignore[arg-type]
@@ -679,7 +679,7 @@ def _api_cases(spec: object, hw: object) -> list[tuple[str, object, str]]:
         ("command", lambda: kvadvise.llama_server_command(5, RunConfig()), "'model_path': expected a str"),  # type: ignore[arg-type]
         ("to_json", lambda: kvadvise.to_json("x"), "Invalid value for 'obj'"),  # type: ignore[arg-type]
         ("verify plan", lambda: kvadvise.verify_llamacpp("m.gguf", "x"), "Invalid value for 'plan_'"),  # type: ignore[arg-type]
-        ("policy use", lambda: kvadvise.plan(spec, hardware=hw, policy=Policy(use="x")), "'policy.use'"),
+        ("policy use", lambda: kvadvise.plan(spec, hardware=hw, policy=Policy(use="x")), "Invalid value for '--use'"),
     ]
 
 

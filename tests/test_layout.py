@@ -94,8 +94,10 @@ LAYERS = [
     ("kvadvise.errors", "kvadvise.files", "kvadvise.deadline", "kvadvise.text", "kvadvise.units"),
     ("kvadvise.model",),
     ("kvadvise.planner",),
+    ("kvadvise.request",),
     ("kvadvise.runtime",),
-    ("kvadvise.plugins", "kvadvise.render", "kvadvise.api"),
+    ("kvadvise.plugins", "kvadvise.render", "kvadvise.summary", "kvadvise.entry"),
+    ("kvadvise.api", "kvadvise.ui"),
     ("kvadvise.cli", "kvadvise.__main__"),
     ("kvadvise.backends",),
 ]
@@ -118,6 +120,18 @@ def test_layers_import_downward() -> None:
         if _layer(a) >= 0 and _layer(b) > _layer(a) and a != "kvadvise"
     ]
     assert upward == []
+
+
+def test_backends_never_import_the_cli() -> None:
+    """A backend brings its commands as a third-party plugin would: from kvadvise.ui (flags, output, the plan
+    on the screen) and kvadvise.entry (the one planning entry), never from kvadvise.cli (the group and main)."""
+    offenders = [
+        f"{a} -> {b}"
+        for a, deps in _graph().items()
+        for b in deps
+        if a.startswith("kvadvise.backends") and (b == "kvadvise.cli" or b.startswith("kvadvise.cli."))
+    ]
+    assert offenders == []
 
 
 def test_the_wheel_installs_one_package(tmp_path: Path) -> None:

@@ -46,9 +46,10 @@ class CommandRuntime(TinyRuntime):
     def register_commands(self, cli, verify):
         import click
 
-        from kvadvise.cli import output
-        from kvadvise.cli.options import PlanOptions, run_options
-        from kvadvise.cli.plan import build_plan, exit_if_no_fit, show_plan
+        from kvadvise.entry import plan_for
+        from kvadvise.ui import output
+        from kvadvise.ui.flags import run_options, take
+        from kvadvise.ui.show import exit_if_no_fit, show_plan
 
         @cli.command("cmdrt")
         @click.argument("name")
@@ -56,9 +57,9 @@ class CommandRuntime(TinyRuntime):
         @run_options
         def cmdrt(name, shout, **kwargs):
             """Plan a model of the command runtime."""
-            o = PlanOptions.take(kwargs)
-            plan = build_plan(self.load_spec(name), o)
-            show_plan(plan, o, requested_ctx=o.n_ctx)
+            f = take(kwargs)
+            plan = plan_for(self.load_spec(name), f.request)
+            show_plan(plan, f.view, requested_ctx=f.request.n_ctx)
             if shout:
                 output.note("PLANNED")
             exit_if_no_fit(plan)
@@ -196,6 +197,6 @@ def test_core_never_imports_backends() -> None:
 def test_builtin_backends_declare_their_capabilities(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plugins", "--json"]) == 0
     caps = {b["name"]: b["capabilities"] for b in json.loads(capsys.readouterr().out)["backends"]}
-    assert caps["ollama"] == ["resolve", "commands", "verify", "live-state", "write-config"]
-    assert caps["llamacpp"] == ["resolve", "commands", "verify"]
+    assert caps["ollama"] == ["resolve", "commands", "verify", "live-state", "write-config", "runtime"]
+    assert caps["llamacpp"] == ["resolve", "commands", "verify", "runtime"]
     assert caps["gguf"] == ["resolve", "commands"]

@@ -17,8 +17,8 @@ from typing import ClassVar
 
 import click
 
-from kvadvise.cli import output
 from kvadvise.errors import EXIT_BUG, EXIT_INPUT, EXIT_PIPE, KvadviseError
+from kvadvise.ui import output
 
 
 class _BackendCommands:
@@ -40,7 +40,7 @@ class _BackendCommands:
                 backend.register_commands(cli, verify)
         cmd = click.Group.get_command(group, ctx, name)
         if cmd is None and group is cli:  # a backend without commands of its own: the generic one
-            from kvadvise.cli.plan import plan_command
+            from kvadvise.ui.show import plan_command
 
             cmd = plan_command(name, f"Memory for {backend.summary} (a plugin).", backend.load_spec)
             cli.add_command(cmd)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from kvadvise.cli import output
+from kvadvise.ui import output
 
 
 @click.group("calibration")

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from kvadvise.cli import output
-from kvadvise.cli.options import MARGIN_OPTION, PARALLEL_OPTION, SIZE, TEXT, USE_OPTION
 from kvadvise.errors import EXIT_NO_FIT, InputError
+from kvadvise.ui import output
+from kvadvise.ui.flags import MARGIN_OPTION, PARALLEL_OPTION, SIZE, TEXT, USE_OPTION
 
 if TYPE_CHECKING:
     from kvadvise.model.spec import ModelSpec
@@ -103,16 +103,42 @@ def _resolve(registry: Registry, ref: str) -> tuple[str, ModelSpec]:
     return ref, registry.get(backend).load_spec(ref)
 
 
-def plan_for(
-    spec: ModelSpec, hw: Hardware, *, target: int, use: str | None, n_parallel: int, margin: int, repeatable: bool
+def plan_pair(
+    spec: ModelSpec,
+    hw: Hardware,
+    *,
+    target: int,
+    use: str | None,
+    n_parallel: int,
+    margin: int,
+    repeatable: bool,
+    llama_build: str = "auto",
 ) -> Plan:
-    from kvadvise.planner.memory import RunConfig
-    from kvadvise.planner.planning import make_plan
-    from kvadvise.planner.policy import Policy
+    """One model on one card: the plan `kvadvise gguf MODEL --gpu CARD` makes (kvadvise.entry.plan_for), for
+    llama-server; ``llama_build``: resolved once by the command (a probe of the llama-server on PATH per pair
+    would cost a process each)."""
+    from kvadvise.entry import plan_for
+    from kvadvise.request import PlanRequest
 
-    policy = Policy(target_ctx=target, use=use, repeatable=repeatable)
-    base = RunConfig(n_ctx=0, n_parallel=n_parallel)
-    return make_plan(spec, base, recommend_ctx=True, hw=hw, policy=policy, margin_bytes=margin)
+    request = PlanRequest(
+        target_ctx=0 if use else target,
+        use=use,
+        n_parallel=n_parallel,
+        margin_bytes=margin,
+        repeatable=repeatable,
+        llama_build=llama_build,
+    )
+    return plan_for(spec, request, hardware=hw)
+
+
+def resolved_build() -> str:
+    """--llama-build auto, resolved once for a whole comparison: bNNNN, or unknown."""
+    import os
+
+    from kvadvise.runtime import llamabuild
+
+    choice = llamabuild.choose(os.environ.get("KVADVISE_LLAMA_BUILD", "").strip() or "auto")
+    return "unknown" if choice.build is None else f"b{choice.build}"
 
 
 def entry_dict(e: Entry) -> dict[str, Any]:
@@ -137,7 +163,7 @@ def entry_dict(e: Entry) -> dict[str, Any]:
         "budget_bytes": p.budget.budget_bytes,
         "headroom_bytes": p.budget.budget_bytes - p.estimate.device_bytes,
         "decode_tokens_per_s": rec.decode_tokens_per_s if p.fits else None,
-        # --- issue 29.3: decode at 4k beside decode at the context, so that models compare at one depth
+        # decode at 4k beside decode at the context, so that models compare at one depth
         "decode_4k_tokens_per_s": decode_at_4k(p),
         "bandwidth_source": p.budget.bandwidth_source,
         "partial": partial_dict(p),
@@ -146,7 +172,7 @@ def entry_dict(e: Entry) -> dict[str, Any]:
 
 def partial_dict(p: Plan) -> dict[str, Any] | None:
     """The plan that runs with part of the model on the CPU, for a pair that does not fit the GPU alone
-    (issue 27: the same answer a plan gives); None when it fits, or when no partial plan fits."""
+    (the same answer a plan gives); None when it fits, or when no partial plan fits."""
     off = p.offload
     if p.fits or off is None:
         return None
@@ -298,11 +324,12 @@ def compare(
     target = target_ctx or (load_use_cases()[use] if use else 0)
     card_list = cards(gpu, vram_bytes)
     specs = resolve_models(models)
+    build = resolved_build()
     entries = [
         Entry(
             name,
             c,
-            plan_for(
+            plan_pair(
                 spec,
                 c.hardware,
                 target=target,
@@ -310,6 +337,7 @@ def compare(
                 n_parallel=n_parallel,
                 margin=margin_bytes,
                 repeatable=repeatable,
+                llama_build=build,
             ),
         )
         for c in card_list

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from kvadvise.cli import output
+from kvadvise.ui import output
 
 if TYPE_CHECKING:
     from kvadvise.planner.gpus import GpuProfile

@@ -5,7 +5,7 @@
 - :func:`manual`, :func:`manual_many`: budgets given by hand (``--vram SIZE``);
 - :func:`rpc_hosts`: hosts of llama.cpp's RPC backend (``--rpc HOST:PORT=SIZE``).
 
-Sizes arrive as bytes: the command line parses what a person typed (kvadvise.cli.options).
+Sizes arrive as bytes: the command line parses what a person typed (kvadvise.ui.flags).
 
 pynvml and psutil are imported inside the functions that need them, so that
 importing this module (and starting kvadvise) stays fast.

@@ -16,6 +16,7 @@ between llama.cpp builds are kvadvise.planner.builds'.
 from __future__ import annotations
 
 import bisect
+import math
 import struct
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -126,6 +127,13 @@ class RunConfig:
             raise ConfigError(f"n_outputs_max must be from 0 to {INT32_MAX:,}, got {self.n_outputs_max!r}")
         if self.llama_build is not None and not 0 < self.llama_build <= INT32_MAX:
             raise ConfigError(f"llama_build must be a build number (bNNNN), got {self.llama_build!r}")
+        if self.overhead_bytes is not None and (
+            isinstance(self.overhead_bytes, bool) or not isinstance(self.overhead_bytes, int) or self.overhead_bytes < 0
+        ):
+            raise ConfigError(f"overhead_bytes must be a whole number of bytes >= 0, got {self.overhead_bytes!r}")
+        if any(not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0 for x in self.tensor_split):
+            # llama.cpp's -ts takes finite shares >= 0 (common/arg.cpp); nan split the layers 0/5
+            raise ConfigError(f"tensor_split must be finite shares >= 0, got {self.tensor_split!r}")
 
     @property
     def llama_n_outputs_max(self) -> int:

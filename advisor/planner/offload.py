@@ -242,7 +242,7 @@ def partial_offload(spec: ModelSpec, base: RunConfig, budget: Budget, n_ctx_seq:
     ub = lay.n_ubatch
 
     def copy_bytes(n_blocks: int) -> int:  # what the op-offload copy for the first n_blocks on the CPU adds
-        # the copy lives in a layer's live set, not beside the logits (issue 25: memory.op_offload_growth)
+        # the copy lives in a layer's live set, not beside the logits (memory.op_offload_growth)
         return op_offload_growth(spec, lay, op_offload_bytes(spec, range(n_blocks), budget.device, ub) or 0)
 
     def fits(n_cpu: int, n_cpu_moe: int) -> list[int] | None:

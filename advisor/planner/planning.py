@@ -3,8 +3,9 @@ recommend one, against the hardware at hand or a card planned for."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from kvadvise.errors import ConfigError
 from kvadvise.model.spec import ModelSpec
@@ -41,6 +42,40 @@ class HardwareRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class AdviceSummary:
+    """A runtime's part of the short answer (kvadvise.summary): what to set, and the lines that go with it."""
+
+    title: str  # "Settings (Ollama)"
+    settings: tuple[str, ...]  # one line each, what the user sets
+    notes: tuple[str, ...] = ()
+    sources: tuple[str, ...] = ()
+    command: str | None = None  # the program's command line: the answer's last line (``| tail -1`` takes it)
+
+
+@runtime_checkable
+class RuntimeAdvice(Protocol):
+    """What a runtime adds to a plan: its settings, warnings and files (kvadvise.runtimes; Ollama's is
+    kvadvise.backends.ollama.advice.OllamaAdvice, llama-server's kvadvise.runtime.llamaserver.ServerAdvice)."""
+
+    @property
+    def key(self) -> str:
+        """Its key in the plan's JSON document ("ollama", "llama_server")."""
+        ...
+
+    def json_doc(self) -> dict[str, object]: ...
+
+    def summary(self) -> AdviceSummary: ...
+
+    def text(self) -> str:
+        """The whole advice, for --verbose."""
+        ...
+
+    def next_steps(self, written: Sequence[tuple[str, str]]) -> tuple[str, tuple[str, ...]]:
+        """What to run to apply it, given the files written as (option, path): a title and the steps."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
     """A model, its recommended run configuration, the estimate and the hardware it is for."""
 
@@ -59,6 +94,9 @@ class Plan:
     prefill: PrefillEstimate | None = None  # prompt processing at the plan's context (a plan that fits)
     cpu_moe: CpuMoe | None = None  # --n-cpu-moe N: the experts kept in RAM, as planned
     ram: HostRam | None = None  # what the config keeps in system RAM, against the RAM (a plan with hardware)
+    runtime: str = "llama-server"  # the runtime it is for (kvadvise.runtime.seam): llama-server, llama-cli, ollama
+    n_ctx_requested: int | None = None  # the -c asked for (None: recommended), before llama.cpp pads it
+    advice: RuntimeAdvice | None = None  # what that runtime adds: its settings, warnings, command
 
     @property
     def runnable(self) -> bool | None:

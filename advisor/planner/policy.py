@@ -175,7 +175,7 @@ def kv_choices(spec: ModelSpec, base: RunConfig, policy: Policy) -> list[KV]:
 
 def choices(spec: ModelSpec, base: RunConfig, policy: Policy) -> list[tuple[KV, bool, bool]]:
     """(cache types, flash attention, allowed) per candidate; a q4_0 candidate is allowed only on opt-in."""
-    # validate() raises what estimate() would for these types, without sizing anything (issue 30.3: a full
+    # validate() raises what estimate() would for these types, without sizing anything (a full
     # estimate here was 29 % of `compare`)
     if policy.fixed_kv is not None:
         validate(spec, config_at(base, CTX_PAD, policy.fixed_kv, base.flash_attn != "off", base.device))  # raises

@@ -25,7 +25,7 @@ _TABLE = re.compile(r"^(\S+) (\d+) (\d+) (\d+) ?$")
 # llama_context::sched_reserve: "%s: %10s compute buffer size = %8.2f MiB" (buffer type names)
 _COMPUTE = re.compile(r"(\S+) compute buffer size = +([\d.]+) MiB")
 HOST = "Host"
-# the tolerance of issue 25 for a compute buffer: 16 MiB or 3 %; model and context are compared to the
+# the tolerance for a compute buffer: 16 MiB or 3 %; model and context are compared to the
 # whole MiB llama-fit-params prints (it rounds down)
 COMPUTE_ABS_MIB = 16.0
 COMPUTE_REL = 0.03

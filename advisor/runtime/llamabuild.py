@@ -43,7 +43,7 @@ def detect(binary: str | None = None) -> BuildChoice:
     none or it does not say. Never raises: a plan goes on for an unknown build. The binary runs in its own
     session, its output is read up to VERSION_MAX_BYTES, and the whole group is killed after
     VERSION_TIMEOUT_S (a program that is not llama-server may ignore --version)."""
-    # the process machinery only when a binary is probed: an Ollama plan never needs it (start-up, issue 26.1)
+    # the process machinery only when a binary is probed: an Ollama plan never needs it (start-up)
     import shutil
     import signal
     import subprocess

@@ -1,4 +1,4 @@
-"""The llama-server command line (and LLAMA_ARG_* environment) for a config.
+"""llama-server as a runtime: its command line (and LLAMA_ARG_* environment) for a config and a plan.
 
 Flag and variable names follow common/arg.cpp (llama.cpp 0c1e570). Every flag
 that changes memory is stated explicitly, because llama-server's defaults
@@ -8,10 +8,20 @@ differ from the library's: without -np it runs 4 slots in one unified cache.
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvadvise.model.ggml import GGMLType
 from kvadvise.planner.memory import RunConfig
+from kvadvise.planner.planning import AdviceSummary, Plan
+from kvadvise.request import PlanRequest
+from kvadvise.runtime.seam import LlamaCppRuntime, Writer
+
+if TYPE_CHECKING:
+    from kvadvise.planner.hostram import HostRam
+    from kvadvise.planner.offload import Offload
 
 ALL_LAYERS = 999  # -ngl 999: every layer and the output layer on the GPU (works on every build)
 
@@ -112,3 +122,154 @@ def env_text(model: str | ModelSource, cfg: RunConfig, *, n_cpu_moe: int = 0) ->
     ]
     lines += [f"{var}={shlex.quote(value)}" for var, value in server_env(model, cfg, n_cpu_moe=n_cpu_moe).items()]
     return "\n".join(lines) + "\n"
+
+
+# --- the plan that runs: 100 % on the GPU, or its partial offload, and the RAM's flags --------------------
+
+
+def _ram_args(ram: HostRam | None) -> list[tuple[str, str, str | None]]:
+    """--cache-ram / --ctx-checkpoints where the RAM needs less than llama.cpp's defaults (common/arg.cpp
+    -cram, LLAMA_ARG_CACHE_RAM; -ctxcp, LLAMA_ARG_CTX_CHECKPOINTS)."""
+    out: list[tuple[str, str, str | None]] = []
+    if ram is not None and ram.ctx_checkpoints is not None:
+        out.append(("--ctx-checkpoints", "LLAMA_ARG_CTX_CHECKPOINTS", str(ram.ctx_checkpoints)))
+    if ram is not None and ram.cache_ram_mib is not None:
+        out.append(("--cache-ram", "LLAMA_ARG_CACHE_RAM", str(ram.cache_ram_mib)))
+    return out
+
+
+def offload_to_run(plan: Plan) -> Offload | None:
+    """The partial offload to run when the plan does not fit the GPU alone (None: the plan's own config)."""
+    off = plan.offload
+    return off if plan.fits is False and off is not None and off.runnable else None
+
+
+def plan_args(model: ModelSource, plan: Plan, off: Offload | None) -> list[tuple[str, str, str | None]]:
+    """llama-server's (flag, variable, value) for the plan's config, or for its partial offload ``off``."""
+    if off is None:
+        # --n-cpu-moe N as given: the command keeps it (kvadvise.planner.offload.cpu_moe_placement planned it)
+        ncmoe = plan.cpu_moe.n_cpu_moe if plan.cpu_moe is not None else 0
+        return server_args(model, plan.config, n_cpu_moe=ncmoe) + _ram_args(plan.ram)
+    cfg = replace(plan.config, n_ctx=off.n_ctx * plan.config.n_parallel, type_k=off.type_k, type_v=off.type_v)
+    args = server_args(model, cfg, n_gpu_layers=off.n_gpu_layers, n_cpu_moe=off.n_cpu_moe)
+    return args + _ram_args(off.ram)
+
+
+def args_text(args: list[tuple[str, str, str | None]], binary: str = "llama-server") -> str:
+    words = [binary]
+    for flag, _, value in args:
+        words += [flag] if value is None else [flag, value]
+    return shlex.join(words)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerAdvice:
+    """llama-server's part of a plan: the command that runs it (and, when the GPU alone does not fit, the
+    command of the plan that runs with part on the CPU), and its LLAMA_ARG_* environment."""
+
+    command: str  # the plan's own config
+    offload_command: str | None  # its partial offload, when one was planned
+    run_command: str | None  # what to run: the command, or the offload's; None when nothing runs
+    env: tuple[tuple[str, str], ...]  # the run command as LLAMA_ARG_* variables
+    rpc_servers: tuple[str, ...]  # one rpc-server to start per host (tools/rpc)
+    partial: bool  # the run command keeps part of the model on the CPU
+    fits: bool | None  # the plan's own config fits the GPUs
+    key: str = "llama_server"
+
+    def json_doc(self) -> dict[str, object]:
+        return {
+            "command": self.command,
+            "env": dict(self.env),
+            "offload_command": self.offload_command,
+            # what to run: the command, or the offload's when the GPU alone does not fit; null when nothing runs
+            "run_command": self.run_command,
+        }
+
+    def summary(self) -> AdviceSummary:
+        return AdviceSummary(
+            "Settings (llama.cpp)", (), command=self.run_command or "no command: this plan does not fit"
+        )
+
+    def text(self) -> str:
+        lines = [""]
+        for ep in self.rpc_servers:  # llama.cpp's RPC backend: one rpc-server per host (tools/rpc)
+            lines.append(f"# on {ep.rpartition(':')[0]}: rpc-server -H 0.0.0.0 -p {ep.rpartition(':')[2]}")
+        if self.partial and self.run_command:  # the plan that runs: part on the CPU
+            lines.append("# 100% on the GPU does not fit; the plan that runs keeps part of the model on the CPU:")
+            lines.append(self.run_command)
+            return "\n".join(lines)
+        lines.append(self.command)
+        if self.offload_command is not None:
+            lines.append(
+                "# at the target with part of the model on the CPU (--allow-cpu):"
+                if self.fits
+                else "# with part of the model on the CPU (does not fit the RAM either):"
+            )
+            lines.append(self.offload_command)
+        return "\n".join(lines)
+
+    def next_steps(self, written: Sequence[tuple[str, str]]) -> tuple[str, tuple[str, ...]]:
+        return "", ()
+
+
+def server_advice(model: ModelSource, plan: Plan) -> ServerAdvice:
+    run = offload_to_run(plan)
+    run_args = plan_args(model, plan, run)
+    return ServerAdvice(
+        command=args_text(plan_args(model, plan, None)),
+        offload_command=args_text(plan_args(model, plan, plan.offload)) if plan.offload is not None else None,
+        run_command=args_text(run_args) if plan.runnable is not False else None,
+        env=tuple((var, value if value is not None else "true") for _, var, value in run_args),
+        rpc_servers=plan.config.rpc_servers,
+        partial=run is not None,
+        fits=plan.fits,
+    )
+
+
+def plan_env_text(plan: Plan) -> str:
+    """The plan that runs as LLAMA_ARG_* variables (an env file llama-server reads): the ``--write-env`` file."""
+    assert isinstance(plan.advice, ServerAdvice), "a llama-server env file needs the plan's command line"
+    lines = [
+        "# llama-server settings written by kvadvise; llama.cpp reads LLAMA_ARG_* for flags not on its command line"
+    ]
+    lines += [f"{var}={shlex.quote(value)}" for var, value in plan.advice.env]
+    return "\n".join(lines) + "\n"
+
+
+def _env_hints(plan: Plan, path: Path) -> tuple[str, ...]:
+    # `. ./file`: a bare `. file` searches PATH in dash, zsh and bash --posix
+    shown = path if path.is_absolute() else f"./{path}"
+    return (f"load it with `set -a; . {shown}; set +a` before starting llama-server",)
+
+
+class LlamaServer(LlamaCppRuntime):
+    """llama-server: logits for one row per slot (tools/server/server-context.cpp server_output_limits).
+    With ``source`` (how llama-server finds the model: -m, -mu, -hf) the plan carries its command line and
+    the runtime writes it as an env file (``--write-env``)."""
+
+    name = "llama-server"
+    program = "llama-server"
+
+    def __init__(self, source: ModelSource | None = None, *, program: str = "llama-server") -> None:
+        self.source = source
+        # "llama-cli": a llama-server built before mid-2026 reserves the logits of the whole batch, as the
+        # library does (--runtime llama-cli stands for it)
+        self.program = program
+
+    def advise(self, plan: Plan, request: PlanRequest) -> Plan:
+        if self.source is None:
+            return plan
+        return replace(plan, advice=server_advice(self.source, plan))
+
+    def writers(self) -> tuple[Writer[Plan], ...]:
+        return WRITERS
+
+
+WRITERS: tuple[Writer[Plan], ...] = (
+    Writer(
+        "--write-env",
+        "Also write the settings as LLAMA_ARG_* variables (an env file llama-server reads).",
+        plan_env_text,
+        _env_hints,
+    ),
+)

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     import click
 
     from kvadvise.planner.memory import RunConfig
-    from kvadvise.runtime.llamaserver import ModelSource
+    from kvadvise.runtime.llamaserver import LlamaServer, ModelSource
     from kvadvise.runtime.verification import Measurement
 
 
@@ -35,6 +35,19 @@ class LlamaCppBackend:
 
         cli.add_command(llamacpp_command)
         verify.add_command(verify_llamacpp_command)
+
+    def runtime(self) -> LlamaServer:
+        """llama-server for a bare ModelSpec: no command line (kvadvise.plugins.RuntimeProvider)."""
+        from kvadvise.runtime.llamaserver import LlamaServer
+
+        return LlamaServer()
+
+    def runtime_for(self, ref: str) -> tuple[ModelSpec, LlamaServer]:
+        """``ref`` read as `kvadvise llamacpp REF` reads it, and llama-server bound to it: the plan carries
+        its command line."""
+        from kvadvise.runtime.llamaserver import LlamaServer
+
+        return self.load_spec(ref), LlamaServer(self.model_source(ref))
 
     def model_source(self, ref: str) -> ModelSource:
         from kvadvise.backends.llamacpp.runners import model_source

@@ -20,8 +20,11 @@ from kvadvise.model.spec import ModelSpec
 if TYPE_CHECKING:
     import click
 
-    from kvadvise.backends.ollama.advice import LiveState, OllamaAdvice, Written
+    from kvadvise.backends.ollama.advice import LiveState
+    from kvadvise.backends.ollama.runtime import OllamaRuntime
     from kvadvise.backends.ollama.verify import OllamaVerification
+    from kvadvise.planner.planning import Plan
+    from kvadvise.runtime.seam import Written
 
 __all__ = ["OllamaBackend", "OllamaModel", "resolve"]
 
@@ -44,6 +47,21 @@ class OllamaBackend:
         cli.add_command(with_installed(ollama_command))  # NAME optional: `kvadvise ollama --installed` lists the store
         verify.add_command(verify_ollama_command)
 
+    def runtime(self) -> OllamaRuntime:
+        """Ollama as a runtime, for a bare ModelSpec (kvadvise.plugins.RuntimeProvider)."""
+        from kvadvise.backends.ollama.runtime import OllamaRuntime
+
+        return OllamaRuntime()
+
+    def runtime_for(self, ref: str) -> tuple[ModelSpec, OllamaRuntime]:
+        """``ref`` resolved as `kvadvise ollama REF` resolves it, and Ollama bound to that model."""
+        from kvadvise.backends.ollama import api
+        from kvadvise.backends.ollama.runtime import OllamaRuntime
+
+        with api.session():
+            model = resolve(ref)
+        return model.spec, OllamaRuntime(model)
+
     def builtin_models(self) -> tuple[tuple[str, ModelSpec], ...]:
         """The built-in profiles (profiles/ollama_models.json) as (model:tag, spec): what `kvadvise compare`
         compares when it is given no model. Not the embedding models (encoders: no K/V cache, no decode)."""
@@ -61,12 +79,15 @@ class OllamaBackend:
         return live_state(host)
 
     def write_config(
-        self, advice: OllamaAdvice, *, modelfile: str | None, env: str | None, systemd: str | None, force: bool
+        self, plan: Plan, *, modelfile: str | None, env: str | None, systemd: str | None, force: bool
     ) -> tuple[Written, ...]:
-        """Modelfile, env file, systemd drop-in: atomic, never over a file without ``force``."""
-        from kvadvise.backends.ollama.advice import write_files
+        """Modelfile, env file, systemd drop-in of an Ollama plan (its runtime's writers): atomic, all or
+        none, never over a file without ``force``."""
+        from kvadvise.backends.ollama.runtime import WRITERS
+        from kvadvise.runtime.seam import write_outputs
 
-        return write_files(advice, modelfile=modelfile, env=env, systemd=systemd, force=force)
+        paths = {"--write-modelfile": modelfile, "--write-env": env, "--write-systemd": systemd}
+        return write_outputs(plan, WRITERS, paths, force=force)
 
     def verify_running(
         self, name: str, *, host: str | None, load: bool, num_ctx: int | None, predicted_total_bytes: int | None

@@ -13,7 +13,6 @@ import math
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvadvise.backends.ollama import api as ollama_api
@@ -28,11 +27,10 @@ from kvadvise.backends.ollama.rules import (
     num_ctx_per_slot,
 )
 from kvadvise.errors import BackendUnreachable
-from kvadvise.planner.planning import Plan
+from kvadvise.planner.planning import AdviceSummary, Plan
 from kvadvise.text import lines as text_lines
 
 if TYPE_CHECKING:  # an offload is planned only with --allow-cpu
-    from kvadvise.files import NewFile
     from kvadvise.planner.offload import Offload
 
 
@@ -57,6 +55,28 @@ class OllamaAdvice:
     live: LiveState
     warnings: tuple[str, ...]
     platform: str = "linux"  # how the apply hints are written: linux | macos | windows | docker
+    key = "ollama"  # its part of the plan's JSON document (kvadvise.planner.planning.RuntimeAdvice)
+
+    def json_doc(self) -> dict[str, object]:
+        return advice_dict(self)
+
+    def summary(self) -> AdviceSummary:
+        settings, notes, sources = advice_summary(self)
+        return AdviceSummary("Settings (Ollama)", tuple(settings), tuple(notes), tuple(sources))
+
+    def text(self) -> str:
+        return advice_text(self)
+
+    def next_steps(self, written: Sequence[tuple[str, str]]) -> tuple[str, tuple[str, ...]]:
+        """What to run to apply it on its platform, given the files asked for as (option, path)."""
+        paths = dict(written)
+        steps = apply_steps(
+            self,
+            modelfile=paths.get("--write-modelfile"),
+            env=paths.get("--write-env"),
+            systemd=paths.get("--write-systemd"),
+        )
+        return f"Next ({self.platform}; --platform to choose):", steps
 
     @property
     def fits(self) -> bool:
@@ -320,51 +340,3 @@ def offload_text(off: Offload, n_layer: int) -> str:
     if off.speed is not None:
         s += f"; decode (estimate) {off.speed.at_depths()}"
     return s
-
-
-@dataclass(frozen=True, slots=True)
-class Written:
-    """A file kvadvise wrote, and how to apply it."""
-
-    path: Path
-    hints: tuple[str, ...]  # how to apply it
-
-
-def write_files(
-    a: OllamaAdvice,
-    *,
-    modelfile: str | None,
-    env: str | None,
-    systemd: str | None,
-    force: bool,
-    extra: Sequence[NewFile] = (),
-) -> tuple[Written, ...]:
-    """Write what was asked for (and ``extra``: the --chart-file image), all or none; never overwrite
-    without ``force`` (kvadvise.files.write_files)."""
-    from kvadvise.backends.ollama import config as oc
-    from kvadvise.files import text_file
-    from kvadvise.files import write_files as write_all
-
-    s = a.settings
-    files = list(extra)
-    if modelfile is not None:
-        text = oc.modelfile_text(a.model, s, oc.modelfile_header(s, a.planned_for))
-        files.append(text_file("--write-modelfile", modelfile, text))
-    if env is not None:
-        files.append(text_file("--write-env", env, oc.env_text(s)))
-    if systemd is not None:
-        files.append(text_file("--write-systemd", systemd, oc.systemd_text(s)))
-    out = []
-    for f, p in zip(files, write_all(files, force=force), strict=True):
-        if f.option == "--write-modelfile":
-            out.append(Written(p, (oc.apply_hint_modelfile(a.model, s, p), *oc.call_hints(a.created_name, s))))
-        elif f.option == "--write-env":
-            hints = oc.apply_hints_server(s, a.platform, env_path=p) if a.platform in ("docker", "linux") else ()
-            out.append(Written(p, hints or oc.apply_hint_env(p)))
-        elif f.option == "--write-systemd":
-            name = p.name if p.parent == oc.SYSTEMD_DROPIN_DIR else oc.dropin_name(p)
-            conflicts = tuple(f"warning: {c}" for c in oc.override_conflicts(s, name))
-            out.append(Written(p, oc.apply_hint_systemd(p) + conflicts))
-        else:
-            out.append(Written(p, ()))
-    return tuple(out)

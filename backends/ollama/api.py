@@ -102,7 +102,7 @@ def normalize_host(raw: str | None = None) -> str:
         ip = ipaddress.ip_address(host)
     except ValueError:
         ip = None
-    try:  # what the HTTP client does with them: a label over 63 characters, a lone surrogate (issue 28)
+    try:  # what the HTTP client does with them: a label over 63 characters, a lone surrogate
         (host if ip is not None else host.encode("idna").decode("ascii")).encode("ascii")
         path.encode("utf-8")
     except UnicodeError:
@@ -179,6 +179,9 @@ _DOWN: ContextVar[dict[str, BackendUnreachable] | None] = ContextVar("kvadvise_o
 def session() -> Iterator[None]:
     """One command's dealings with Ollama servers: a server that did not answer once is
     not asked again (a hung server costs one timeout per command, not one per request)."""
+    if _DOWN.get() is not None:  # inside a command's session already: one session, one memory
+        yield
+        return
     token = _DOWN.set({})
     try:
         yield

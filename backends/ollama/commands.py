@@ -11,14 +11,12 @@ import click
 
 from kvadvise.backends.ollama import api as ollama_api
 from kvadvise.backends.ollama import rules
-from kvadvise.backends.ollama.model import OllamaModel
-from kvadvise.cli import output
-from kvadvise.cli.options import LIST_SORTS, TEXT, PlanOptions, run_options
-from kvadvise.cli.plan import build_plan, exit_if_no_fit, refuse_to_write_what_does_not_fit, show_chart
+from kvadvise.backends.ollama.runtime import LLAMACPP_ONLY, WRITERS
 from kvadvise.model.spec import ModelSpec
-from kvadvise.planner.hardware import Hardware
 from kvadvise.planner.memory import RunConfig
-from kvadvise.planner.planning import Plan
+from kvadvise.ui import output
+from kvadvise.ui.flags import LIST_SORTS, TEXT, Flags, run_options, take
+from kvadvise.ui.show import answer, writer_options, writer_paths
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -37,10 +35,7 @@ def _host_option(f: F) -> F:
 @click.argument("name")
 @run_options
 @_host_option
-@click.option("--write-modelfile", metavar="PATH", default=None, help="Write a Modelfile (FROM NAME:TAG + num_ctx).")
-@click.option("--write-env", metavar="PATH", default=None, help="Write OLLAMA_* server settings as an env file.")
-@click.option("--write-systemd", metavar="PATH", default=None, help="Write a systemd drop-in for ollama.service.")
-@click.option("--force", is_flag=True, help="Overwrite files that exist.")
+@writer_options(WRITERS)
 @click.option(
     "--server-default",
     is_flag=True,
@@ -54,124 +49,42 @@ def _host_option(f: F) -> F:
     help="How to apply the server settings: systemd/env file, launchctl, user variables, docker --env-file.",
 )
 def ollama_command(
-    name: str,
-    host: str | None,
-    write_modelfile: str | None,
-    write_env: str | None,
-    write_systemd: str | None,
-    force: bool,
-    server_default: bool,
-    platform: str,
-    **kwargs: object,
+    name: str, host: str | None, force: bool, server_default: bool, platform: str, **kwargs: object
 ) -> None:
     """Advice for an Ollama model (NAME[:TAG]): found in the model store, on the server, or in the built-in profiles.
 
     For Ollama, --ctx is num_ctx: the context of each slot (Ollama runs llama-server with -c num_ctx × slots).
     """
-    from kvadvise.backends.ollama.advice import (
-        advice_dict,
-        advice_summary,
-        advice_text,
-        advise,
-        apply_steps,
-        live_state,
-        write_files,
-    )
-    from kvadvise.backends.ollama.config import current_platform
     from kvadvise.backends.ollama.resolve import resolve
-    from kvadvise.render import plan_dict, plan_text
+    from kvadvise.backends.ollama.runtime import OllamaRuntime
+    from kvadvise.entry import plan_for
 
-    _refuse_llamacpp_only(click.get_current_context())
-    o = PlanOptions.take(dict(kwargs))
-    kv = rules.one_cache_type(o.type_k, o.type_v)
-    o = replace(o, type_k=kv, type_v=kv)
+    paths = writer_paths(kwargs, WRITERS)
+    f = ollama_flags(kwargs)
     with ollama_api.session():
         model = resolve(name, host=host)
-        # num_ctx past the training context: Ollama runs the training context (llm/server.go), so that is planned
-        too_large = rules.too_large_warning(o.n_ctx, model.spec.n_ctx_train) if o.n_ctx else None
-        if o.n_ctx:
-            num_ctx = rules.capped_num_ctx(o.n_ctx, model.spec.n_ctx_train)
-            o = replace(o, n_ctx=rules.llama_n_ctx(num_ctx, o.n_parallel))
-        plan = _placed_as_ollama_does(model, o, _plan(model, o))
-        if too_large:
-            plan = replace(plan, notes=(*plan.notes, too_large))
-        where = current_platform() if platform == "auto" else platform
-        advice = advise(
-            model, plan, live_state(host), server_default=server_default, repeatable=o.repeatable, platform=where
-        )
-    if o.as_json:
-        output.result_json(plan_dict(plan) | {"ollama": advice_dict(advice)})
-        chart = show_chart(plan, o, terminal=False, write=False)  # --chart-file writes the image with --json too
-    elif o.verbose:
-        output.result(plan_text(plan))
-        chart = show_chart(plan, o, write=False)
-        output.result(advice_text(advice))
-    else:
-        from kvadvise.summary import summary_text
-
-        settings, notes, sources = advice_summary(advice)
-        output.result(
-            summary_text(plan, settings_title="Settings (Ollama)", settings=settings, notes=notes, sources=sources)
-        )
-        chart = show_chart(plan, o, write=False)
-    refuse_to_write_what_does_not_fit(plan, write_modelfile, write_env, write_systemd, chart=chart)
-    written = write_files(
-        advice,
-        modelfile=write_modelfile,
-        env=write_env,
-        systemd=write_systemd,
-        force=force,
-        extra=(chart,) if chart is not None else (),
-    )  # the chart and the configs: all written, or none
-    for w in written:
-        output.note(f"wrote {w.path}" + ("; apply it with:" if w.hints else ""))
-        for h in w.hints:
-            output.note_line(f"  {h}")
-    steps = apply_steps(advice, modelfile=write_modelfile, env=write_env, systemd=write_systemd)
-    if steps and not o.as_json:
-        output.result(f"Next ({advice.platform}; --platform to choose):")
-        for x in steps:
-            output.line(f"  {x}")
-    if not o.as_json and not o.verbose:
-        from kvadvise.summary import VERBOSE_HINT
-
-        output.line(VERBOSE_HINT)
-    exit_if_no_fit(plan)
+        runtime = OllamaRuntime(model, host=host, platform=platform, server_default=server_default)
+        plan = plan_for(model.spec, f.request, runtime)
+    answer(plan, f.view, runtime, requested_ctx=None, paths=paths, force=force)
 
 
-# llama.cpp knobs Ollama does not pass to llama-server (memory-spec §6.a): a plan with them would not be
-# what Ollama runs. --batch is Ollama's num_batch (-b and -ub equal), so only -ub apart from it is refused.
-_LLAMACPP_ONLY = {
-    "kv_unified": "-kvu/--kv-unified",
-    "swa_full": "--swa-full",
-    "n_ubatch": "-ub/--ubatch",
-    "n_outputs_max": "--n-outputs-max",
-    "tensor_split": "-ts/--tensor-split",
-    "rpc": "--rpc",
-    "n_cpu_moe": "--n-cpu-moe",  # Ollama places the experts itself (its own fit), with no such setting
-}
-
-
-def _refuse_llamacpp_only(ctx: click.Context) -> None:
-    from click.core import ParameterSource
-
-    given = [
-        flag
-        for param, flag in _LLAMACPP_ONLY.items()
-        if ctx.get_parameter_source(param) not in (None, ParameterSource.DEFAULT)
-    ]
-    if ctx.params.get("runtime", "llama-server") != "llama-server":
+def ollama_flags(kwargs: dict[str, Any]) -> Flags:
+    """The shared flags of an Ollama command: --runtime is llama-server's (Ollama >= 0.30 runs every GGUF
+    model with it); the rest is the request, whose llama.cpp-only flags the Ollama runtime refuses."""
+    f = take(kwargs)
+    if f.runtime != "llama-server":
         raise click.UsageError("--runtime: Ollama (>= 0.30) runs every GGUF model with llama-server")
-    if given:
-        raise click.UsageError(
-            f"{', '.join(given)}: llama.cpp only; Ollama does not pass it to llama-server "
-            "(use `kvadvise llamacpp` for a llama-server plan; Ollama's num_batch is --batch)"
-        )
+    return f
 
 
+# what `kvadvise ollama --help` leaves out: llama.cpp's own knobs (refused with why, when given anyway)
 for _param in ollama_command.params:
     if _param.name == "n_ctx" and isinstance(_param, click.Option):
-        _param.help = "num_ctx: the context of each slot (Ollama runs -c num_ctx × slots). Without it, recommended."
+        _param.help = (
+            "num_ctx: the context of each slot (Ollama runs -c num_ctx × slots; 64k = 65,536). Without it, recommended."
+        )
+    if isinstance(_param, click.Option) and _param.name in (*LLAMACPP_ONLY, "runtime", "no_repack", "llama_build"):
+        _param.hidden = True
 
 
 @click.command("ollama")
@@ -329,61 +242,21 @@ def _prompt_estimate(spec: ModelSpec, cfg: RunConfig, prompt_tokens: int) -> flo
     return est.tokens_per_s if est is not None else None
 
 
-def _plan(model: OllamaModel, o: PlanOptions, hardware: Hardware | None = None) -> Plan:
-    """The plan as Ollama runs the model: one cache type, its projector's fit target, a profile's
-    uncertain weights."""
-    from kvadvise.backends.ollama.rules import projector_margin_bytes
-    from kvadvise.runtime.llamabuild import OLLAMA_BUILD
+def _single_model_options(kwargs: dict[str, Any]) -> tuple[str | None, tuple[str, ...]]:
+    """Pop the options of `kvadvise ollama NAME` that are not the request: the server, and those given that
+    only one model can take (a listing or several models refuse them by flag)."""
+    from click.core import ParameterSource
 
-    mmproj = _readable_projector(model)
-    return build_plan(
-        model.spec,
-        replace(o, mmproj=mmproj) if mmproj else o,
-        same_type_kv=True,
-        extra_margin_bytes=projector_margin_bytes(model, planned=mmproj is not None),
-        weights_uncertain=model.source.startswith("profile:"),
-        hardware=hardware,
-        llama_build=OLLAMA_BUILD,  # issue 25: Ollama's llama-server, not the one on PATH
-    )
-
-
-def _readable_projector(model: OllamaModel) -> str | None:
-    """The projector blob of a store model when its header reads as an mmproj GGUF (Ollama passes it to
-    llama-server as --mmproj): planned on the first GPU as llama.cpp loads it. None otherwise (a model
-    from the API or a profile, an unreadable blob): the fit-target rule stands in for it."""
-    if model.projector_path is None:
-        return None
-    from kvadvise.errors import KvadviseError
-    from kvadvise.model.gguf import read_file
-    from kvadvise.model.projector import projector_from_gguf
-
-    try:
-        projector_from_gguf(read_file(model.projector_path))
-    except KvadviseError:
-        return None
-    return model.projector_path
-
-
-def _placed_as_ollama_does(model: OllamaModel, o: PlanOptions, plan: Plan) -> Plan:
-    """Several GPUs: Ollama puts the model on its best single GPU when it fits there in 80 % of the free
-    memory (``--split-mode none``), and spreads it over all of them only otherwise or with
-    OLLAMA_SCHED_SPREAD (server/sched.go selectLlamaServerPlacement). Plan what it will do."""
-    hw = plan.hardware
-    if hw is None or len(hw.gpus) < 2:
-        return plan
-    if rules.sched_spread():
-        note = "OLLAMA_SCHED_SPREAD is set: Ollama spreads the model over all the GPUs"
-        return replace(plan, notes=(*plan.notes, note))
-    best = rules.single_gpu(hw.gpus)
-    alone = _plan(model, replace(o, tensor_split=()), replace(hw, gpus=(best,)))
-    if alone.fits and alone.estimate.device_bytes <= rules.SINGLE_GPU_SHARE * best.free_bytes:
-        note = (
-            f"Ollama runs it on one GPU ({best.name}, --split-mode none): it fits in 80 % of that GPU's free "
-            "memory; OLLAMA_SCHED_SPREAD=1 on the server would spread it over all of them"
-        )
-        return replace(alone, notes=(*alone.notes, note))
-    note = f"Ollama spreads it over the {len(hw.gpus)} GPUs: it does not fit in 80 % of one GPU's free memory"
-    return replace(plan, notes=(*plan.notes, note))
+    ctx = click.get_current_context()
+    host = kwargs.pop("host")
+    single = [w.option for w in WRITERS if kwargs.pop(w.dest, None)]
+    kwargs.pop("force", None)
+    if kwargs.pop("server_default", False):
+        single.append("--server-default")
+    kwargs.pop("platform", None)
+    if ctx.get_parameter_source("platform") not in (None, ParameterSource.DEFAULT):
+        single.append("--platform")
+    return host, tuple(single)
 
 
 def with_installed(cmd: click.Command) -> click.Command:
@@ -428,7 +301,8 @@ def with_installed(cmd: click.Command) -> click.Command:
                 raise click.UsageError("--installed lists every model; --write-preset is for several models: name them")
             from kvadvise.backends.ollama.installed import list_installed  # the store listing: only when asked
 
-            return list_installed(kwargs | {"name": None}, sort or "name")
+            host, single = _single_model_options(kwargs)
+            return list_installed(ollama_flags(kwargs), host=host, sort=sort or "name", single_model=single)
         if sort:
             raise click.UsageError("--sort orders the --installed listing")
         if not names:
@@ -436,7 +310,12 @@ def with_installed(cmd: click.Command) -> click.Command:
         if len(names) > 1:  # several models on one server: Ollama's scheduler (backends/ollama/together.py)
             from kvadvise.backends.ollama.together import run
 
-            return run(names, kwargs)
+            write_env, write_preset, force = kwargs.pop("write_env"), kwargs.pop("write_preset"), kwargs["force"]
+            host, single = _single_model_options(kwargs)
+            f = ollama_flags(kwargs)
+            return run(
+                names, f, host=host, write_env=write_env, write_preset=write_preset, force=force, single_model=single
+            )
         if kwargs.pop("write_preset"):
             raise click.UsageError("--write-preset writes several models as a llama-server router preset")
         return inner(name=names[0], **kwargs)

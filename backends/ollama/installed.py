@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -22,10 +22,12 @@ from kvadvise.backends.ollama import api as ollama_api
 from kvadvise.backends.ollama import store as ollama_store
 from kvadvise.backends.ollama.name import OllamaName
 from kvadvise.errors import BackendUnreachable, InputError, KvadviseError
+from kvadvise.request import check
 
 if TYPE_CHECKING:  # the listing module loads only with --installed: `kvadvise ollama NAME` starts without it
-    from kvadvise.cli.listing import Listed, Loaded
     from kvadvise.planner.inventory import RunSettings
+    from kvadvise.ui.flags import Flags
+    from kvadvise.ui.listing import Listed, Loaded
 
 # a listing this long shows how far it is on a terminal's stderr
 LONG_LISTING = 50
@@ -47,7 +49,7 @@ def store_names(root: Path) -> list[OllamaName]:
 
 def _from_store(root: Path, name: OllamaName) -> Listed:
     from kvadvise.backends.ollama.resolve import from_store
-    from kvadvise.cli.listing import Listed
+    from kvadvise.ui.listing import Listed
 
     shown = name.display
     try:
@@ -75,7 +77,7 @@ def read_store(roots: tuple[Path, ...], listed: dict[Path, ollama_store.Manifest
     """Every model of every store root (a name in two roots: the first, as Ollama reads them), one after
     the other (a thread pool only slowed it on 2 cores); ``listed``: the stores' manifests when already
     listed."""
-    from kvadvise.cli import output
+    from kvadvise.ui import output
 
     jobs: list[tuple[Path, OllamaName]] = []
     seen: set[str] = set()
@@ -121,7 +123,7 @@ def tags(url: str) -> tuple[Tagged, ...]:
 
 def _from_server(url: str, t: Tagged) -> Listed:
     from kvadvise.backends.ollama.resolve import resolve
-    from kvadvise.cli.listing import Listed
+    from kvadvise.ui.listing import Listed
 
     try:
         m = resolve(t.name, host=url, roots=(), use_profiles=False)
@@ -203,7 +205,7 @@ def installed(host: str | None) -> Installed:
 
 
 def _loaded(m: Listed, running: tuple[ollama_api.RunningModel, ...]) -> Loaded | None:
-    from kvadvise.cli.listing import Loaded
+    from kvadvise.ui.listing import Loaded
 
     for r in running:
         if (m.digest and r.digest.removeprefix("sha256:") == m.digest) or _same(r.name, m.name):
@@ -251,55 +253,47 @@ def server_settings(n_parallel: int | None, cache_type: str | None, total_vram_b
 
 # --- the command ----------------------------------------------------------------
 
-_NOT_WITH_INSTALLED = {
-    "n_ctx": "--ctx",
-    "write_modelfile": "--write-modelfile",
-    "write_env": "--write-env",
-    "write_systemd": "--write-systemd",
-    "use": "--use",
-    "target_ctx": "--target-ctx",
-    "min_ctx": "--min-ctx",
-    "allow_cpu": "--allow-cpu",
-    "chart": "--chart",
-    "chart_file": "--chart-file",
-}
+# what only one model can take: a listing of every model refuses it
+_NOT_WITH_INSTALLED = ("n_ctx", "use", "target_ctx", "min_ctx", "allow_cpu")
 
 
-def list_installed(kwargs: dict[str, Any], sort: str) -> None:
-    """``kvadvise ollama --installed``: parse what the listing uses, refuse the rest, print the table."""
+def list_installed(f: Flags, *, host: str | None, sort: str, single_model: tuple[str, ...] = ()) -> None:
+    """``kvadvise ollama --installed``: what the listing uses of the request, the rest refused, the table."""
     from kvadvise.backends.ollama.rules import one_cache_type
-    from kvadvise.cli.listing import show_listing, survey
-    from kvadvise.planner.planning import HardwareRequest, hardware_for
+    from kvadvise.backends.ollama.runtime import OllamaRuntime
+    from kvadvise.entry import hardware_of
+    from kvadvise.runtime.seam import refuse
+    from kvadvise.ui.flags import given_flags
+    from kvadvise.ui.listing import show_listing, survey
 
-    given = [flag for key, flag in _NOT_WITH_INSTALLED.items() if kwargs.get(key)]
+    r = f.request
+    given = [*given_flags(r, _NOT_WITH_INSTALLED), *single_model]
+    if f.view.chart or f.view.chart_file:
+        given.append("--chart" if f.view.chart else "--chart-file")
     if given:
         raise click.UsageError(f"--installed lists every model; {', '.join(given)} is for one model: give NAME")
-    if kwargs.get("gpu") and kwargs.get("vram_bytes") is not None:
-        raise click.UsageError("give --gpu or --vram, not both")
-    kv = one_cache_type(kwargs.get("type_k"), kwargs.get("type_v"))
-    np_flag = kwargs.get("n_parallel")
-    hw = hardware_for(
-        HardwareRequest(gpu=kwargs.get("gpu"), vram_bytes=kwargs.get("vram_bytes"), probe=not kwargs.get("no_hardware"))
-    )
+    check(r)
+    refuse(OllamaRuntime(), r)
+    kv = one_cache_type(r.type_k, r.type_v)
+    hw = hardware_of(r)
     vram = sum(g.total_bytes for g in hw.gpus) if hw is not None else 0
-    settings = server_settings(np_flag if np_flag and np_flag != 1 else None, kv, vram)
-    margin = int(kwargs.get("margin_bytes") or 0)
+    settings = server_settings(r.n_parallel if r.n_parallel != 1 else None, kv, vram)
     with ollama_api.session():
-        found = installed(kwargs.get("host"))
-    budget, rows = survey(found.models, settings, hw, margin, headless=bool(kwargs.get("headless")))
+        found = installed(host)
+    budget, rows = survey(found.models, settings, hw, r.margin_bytes, headless=r.headless)
     notes = list(found.notes)
     if hw is not None:
         notes += list(hw.notes)
     if not found.models:
-        where = ", ".join(str(r) for r in found.roots) or found.server.url
+        where = ", ".join(str(root) for root in found.roots) or found.server.url
         notes.append(f"no models installed ({where}); `ollama pull NAME` adds one")
     show_listing(
         rows,
         budget,
         settings,
         sort=sort,
-        as_json=bool(kwargs.get("as_json")),
+        as_json=f.view.as_json,
         show_loaded=found.server.reachable,
-        extra_json={"server": asdict(found.server), "stores": [str(r) for r in found.roots]},
+        extra_json={"server": asdict(found.server), "stores": [str(root) for root in found.roots]},
         notes=notes,
     )

@@ -20,36 +20,32 @@ from kvadvise.backends.ollama import api as ollama_api
 from kvadvise.backends.ollama import rules
 from kvadvise.backends.ollama import scheduler as sched
 from kvadvise.backends.ollama.model import OllamaModel
-from kvadvise.cli import output
 from kvadvise.errors import EXIT_NO_FIT, ConfigError
+from kvadvise.ui import output
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from kvadvise.cli.options import PlanOptions
     from kvadvise.planner.hardware import Hardware
+    from kvadvise.request import PlanRequest
+    from kvadvise.ui.flags import Flags
 
 GIB = rules.GIB
 NAME_KEY = "name:"  # the model key of a model whose file is not known here (sched.go keys by the blob path)
 MIN_CTX = 2048  # the smallest server-wide context the search offers (a vision model needs 2048 anyway)
-# what `kvadvise ollama NAME` takes that has no meaning for several models at once
-SINGLE_MODEL_ONLY = {
-    "write_modelfile": "--write-modelfile",
-    "write_systemd": "--write-systemd",
-    "server_default": "--server-default",
-    "use": "--use",
-    "target_ctx": "--target-ctx",
-    "min_ctx": "--min-ctx",
-    "allow_cpu": "--allow-cpu",
-    "allow_q4": "--allow-q4",
-    "chart": "--chart",
-    "chart_file": "--chart-file",
-    "repeatable": "--repeatable",
-    "no_hardware": "--no-hardware",
-    "mmproj": "--mmproj",
-    "model_draft": "--model-draft",
-    "rpc": "--rpc",
-}
+# what `kvadvise ollama NAME` takes that has no meaning for several models at once (request fields)
+SINGLE_MODEL_ONLY = (
+    "use",
+    "target_ctx",
+    "min_ctx",
+    "allow_cpu",
+    "allow_q4",
+    "repeatable",
+    "no_hardware",
+    "mmproj",
+    "draft",
+    "rpc",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,31 +84,37 @@ class Together:
         return self.final.together([m.ref for m in self.models])
 
 
-def run(names: Sequence[str], kwargs: dict[str, Any]) -> None:
+def run(
+    names: Sequence[str],
+    f: Flags,
+    *,
+    host: str | None,
+    write_env: str | None,
+    write_preset: str | None,
+    force: bool,
+    single_model: tuple[str, ...] = (),
+) -> None:
     """The command: resolve, replay, print, write."""
     from kvadvise.backends.ollama.resolve import resolve
-    from kvadvise.cli.options import PlanOptions
+    from kvadvise.ui.flags import given_flags
 
-    ctx = click.get_current_context()
-    given = [flag for p, flag in SINGLE_MODEL_ONLY.items() if _given(ctx, p)]
+    r = f.request
+    given = [*given_flags(r, SINGLE_MODEL_ONLY), *single_model]
+    if f.view.chart or f.view.chart_file:
+        given.append("--chart" if f.view.chart else "--chart-file")
     if given:
         raise click.UsageError(f"{', '.join(given)}: for one model; with several, give each its own run")
-    host = kwargs.pop("host")
-    write_env, write_preset, force = (kwargs.pop(k, None) for k in ("write_env", "write_preset", "force"))
-    for k in ("write_modelfile", "write_systemd", "server_default", "platform"):
-        kwargs.pop(k, None)
-    o = PlanOptions.take(kwargs)
-    kv = rules.one_cache_type(o.type_k, o.type_v) or os.environ.get("OLLAMA_KV_CACHE_TYPE", "").strip().lower() or "f16"
+    kv = rules.one_cache_type(r.type_k, r.type_v) or os.environ.get("OLLAMA_KV_CACHE_TYPE", "").strip().lower() or "f16"
     if kv not in rules.KV_CACHE_TYPES:
         raise click.UsageError(f"OLLAMA_KV_CACHE_TYPE {kv!r}: Ollama takes one of {', '.join(rules.KV_CACHE_TYPES)}")
-    hw = _hardware(o)
+    hw = _hardware(r)
     with ollama_api.session():
         models = tuple(resolve(n, host=host) for n in names)
-        loaded, live_note = _loaded_now(host, hw, o)
-    t = plan_together(models, hw, settings(o, hw, kv), loaded=loaded, headless=o.headless)
+        loaded, live_note = _loaded_now(host, hw, r)
+    t = plan_together(models, hw, settings(r, hw, kv), loaded=loaded, headless=r.headless)
     if live_note:
         t = replace(t, notes=(*t.notes, live_note))
-    if o.as_json:
+    if f.view.as_json:
         output.result_json(together_dict(t))
     else:
         output.result(together_text(t))
@@ -120,27 +122,18 @@ def run(names: Sequence[str], kwargs: dict[str, Any]) -> None:
         if write_env or write_preset:
             output.note("nothing written: these models do not stay loaded together")
         raise click.exceptions.Exit(EXIT_NO_FIT)
-    _write(t, write_env, write_preset, bool(force))
+    _write(t, write_env, write_preset, force)
 
 
-def _given(ctx: click.Context, param: str) -> bool:
-    from click.core import ParameterSource
+def _hardware(r: PlanRequest) -> Hardware:
+    from kvadvise.backends.ollama.runtime import OllamaRuntime
+    from kvadvise.entry import hardware_of
+    from kvadvise.request import check
+    from kvadvise.runtime.seam import refuse
 
-    return ctx.get_parameter_source(param) not in (None, ParameterSource.DEFAULT)
-
-
-def _hardware(o: PlanOptions) -> Hardware:
-    from kvadvise.cli.plan import check_flags
-    from kvadvise.planner.planning import HardwareRequest, hardware_for
-
-    check_flags(o)
-    hw = hardware_for(
-        HardwareRequest(
-            gpu=o.gpu,
-            vram_bytes=o.vram_bytes,
-            bandwidth_bytes_per_s=None if o.bandwidth_gbs is None else int(o.bandwidth_gbs * 1e9),
-        )
-    )
+    check(r)
+    refuse(OllamaRuntime(), r)
+    hw = hardware_of(r)
     assert hw is not None
     if not hw.gpus:
         raise ConfigError(
@@ -150,7 +143,7 @@ def _hardware(o: PlanOptions) -> Hardware:
     return hw
 
 
-def settings(o: PlanOptions, hw: Hardware, kv: str) -> Settings:
+def settings(o: PlanRequest, hw: Hardware, kv: str) -> Settings:
     """The server's settings: the flags, else this shell's OLLAMA_* (as the server reads them when started
     here, envconfig/config.go), else Ollama's defaults."""
     env = os.environ
@@ -201,7 +194,7 @@ def keep_alive_seconds(text: str) -> float:
     return sched.FOREVER_S if value < 0 else value
 
 
-def _loaded_now(host: str | None, hw: Hardware, o: PlanOptions) -> tuple[tuple[sched.Runner, ...], str | None]:
+def _loaded_now(host: str | None, hw: Hardware, o: PlanRequest) -> tuple[tuple[sched.Runner, ...], str | None]:
     """The models the server holds now (/api/ps): they take GPU memory and count against the limit. Only for
     this machine's GPUs (a card planned for is empty)."""
     if o.gpu or o.vram_bytes is not None:

@@ -1,31 +1,31 @@
-"""The options every planning command shares, in llama.cpp's flag vocabulary, and the
-frozen :class:`PlanOptions` they become before anything else runs."""
+"""The options every planning command shares, in llama.cpp's flag vocabulary, and what they become
+before anything else runs: a :class:`kvadvise.request.PlanRequest` (the question, checked by the core
+with the same messages the API gets) and a :class:`View` (how the answer is shown)."""
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from kvadvise.errors import InputError
-from kvadvise.model.ggml import KV_CACHE_TYPES
 from kvadvise.planner.memory import RUNTIMES
-from kvadvise.units import parse_memory_size, parse_size
+from kvadvise.request import FLASH_ATTN, INT_RANGES, KV_TYPES, USES, PlanRequest, check_split
+from kvadvise.units import parse_memory_size, parse_size, parse_tokens
 
 if TYPE_CHECKING:
+    from kvadvise.model.spec import ModelSpec
     from kvadvise.planner.hardware import RpcHost
 
 F = TypeVar("F", bound=Callable[..., Any])
-KV_TYPES = tuple(t.type_name for t in KV_CACHE_TYPES)  # the one list: kvadvise.model.ggml
-USES = ("chat", "code", "agent", "long")
 LIST_SORTS = ("name", "size", "context")  # how a listing of models is ordered (ollama --installed, gguf DIR)
 
 
-# --- --rpc HOST:PORT=SIZE, as llama.cpp reads an endpoint (issue 28, class 4) -------------------------
+# --- --rpc HOST:PORT=SIZE, as llama.cpp reads an endpoint -------------------------
 def parse_rpc_host(text: str) -> RpcHost:
     """``HOST:PORT=SIZE`` (``--rpc``): a host of llama.cpp's RPC backend and the memory free on it.
 
@@ -144,18 +144,10 @@ class SizeListType(click.ParamType):  # type: ignore[type-arg]  # generic in cli
         return tuple(VRAM_SIZE.convert(part, param, ctx) for part in str(value).split(","))
 
 
-# float32's smallest normal number: std::stof throws out_of_range below it (strtof's ERANGE on underflow)
-_FLT_MIN = 1.17549435e-38
-_MAX_SHARES = 15  # common/arg.cpp -ts: "got %zu input configs, but system only has %zu devices" from 16
-
-
 class SplitType(click.ParamType):  # type: ignore[type-arg]
-    """llama.cpp's -ts: shares separated by commas or slashes (``3,1``) -> a tuple of floats.
-
-    Only what llama-server takes (common/arg.cpp ``-ts``, 0c1e570): it splits at ``[,/]+``, refuses as many
-    shares as llama_max_devices() (16), and reads each with ``std::stof``, which throws on a number float32
-    cannot hold (``1e-45``: below its smallest normal number; ``1e39``). A share is printed back as ``%g``,
-    so what is checked is that printed form."""
+    """llama.cpp's -ts: shares separated by commas or slashes (``3,1``) -> a tuple of floats, as llama-server
+    splits them (common/arg.cpp ``-ts``: at ``[,/]+``); what it refuses is refused by the core
+    (kvadvise.request.check_split), for the API too."""
 
     name = "split"
 
@@ -167,81 +159,100 @@ class SplitType(click.ParamType):  # type: ignore[type-arg]
             shares = tuple(float(x) for x in parts)
         except ValueError:
             self.fail(f"{value!r}: shares separated by commas, e.g. 3,1", param, ctx)
-        if any(not math.isfinite(s) or not 0 <= s < 1e9 for s in shares) or not any(shares):
-            self.fail(f"{value!r}: shares >= 0, not all 0, e.g. 3,1", param, ctx)
-        tiny = [x for x in shares if x and float(f"{x:g}") < _FLT_MIN]
-        if tiny:
-            self.fail(
-                f"{value!r}: llama-server reads each share as a float (std::stof) and refuses {tiny[0]:g}, "
-                "below float32's smallest normal number; give shares such as 1,3",
-                param,
-                ctx,
-            )
-        if len(shares) > _MAX_SHARES:
-            self.fail(f"{value!r}: {len(shares)} shares; llama-server takes at most {_MAX_SHARES}", param, ctx)
+        try:
+            check_split(shares)
+        except InputError as e:
+            self.fail(e.message.partition(": ")[2].replace(repr(shares), repr(value), 1), param, ctx)
         return shares
 
 
+class TokensType(click.ParamType):  # type: ignore[type-arg]  # generic in click >= 8.2 only
+    """A token count as llama.cpp users write it: ``65536``, ``64k``, ``128K``, ``1m`` (k = 1,024 tokens),
+    in the bounds of its request field (kvadvise.request.INT_RANGES)."""
+
+    name = "tokens"
+
+    def __init__(self, field: str) -> None:
+        self.lo, self.hi = INT_RANGES[field]
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            n = value
+        elif re.fullmatch(r"\s*-[0-9]{1,30}\s*", str(value)):  # a negative count: said as click's IntRange says it
+            n = int(str(value))
+        else:
+            try:
+                n = parse_tokens(str(value))
+            except InputError as e:
+                self.fail(e.message + (f" ({e.hint})" if e.hint else ""), param, ctx)
+        if not self.lo <= n <= self.hi:
+            self.fail(f"{n} is not in the range {self.lo}<=x<={self.hi}.", param, ctx)
+        return n
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "N|64k"
+
+
 @dataclass(frozen=True, slots=True)
-class PlanOptions:
-    """What the shared planning flags say, typed; built once from click's keyword arguments."""
+class View:
+    """How an answer is shown: presentation, not part of the question."""
 
-    n_ctx: int | None
-    type_k: str | None
-    type_v: str | None
-    flash_attn: str
-    n_parallel: int
-    kv_unified: bool
-    n_batch: int
-    n_ubatch: int
-    swa_full: bool
-    device: str
-    gpu: str | None
-    vram_bytes: tuple[int, ...] | None
-    bandwidth_gbs: float | None
-    margin_bytes: int
-    target_ctx: int
-    use: str | None
-    min_ctx: int
-    repeatable: bool
-    no_hardware: bool
-    chart: bool
-    chart_file: str | None
-    allow_cpu: bool
-    as_json: bool
-    runtime: str = "llama-server"
-    n_outputs_max: int | None = None
-    allow_q4: bool = False
-    headless: bool = False
-    tensor_split: tuple[float, ...] = ()
-    rpc: tuple[RpcHost, ...] = ()
-    no_repack: bool = False
-    mmproj: str | None = None
-    model_draft: str | None = None
-    type_k_draft: str = "f16"
-    type_v_draft: str = "f16"
-    prompt_tokens: int | None = None
-    n_cpu_moe: int = 0
-    ram_bandwidth_gbs: float | None = None
-    gpu_only: bool = False  # --gpu-only: 100 % on the GPU or nothing (no partial offload)
-    ram_bytes: int | None = None  # --ram SIZE: the system RAM the plan may use
-    llama_build: str = "auto"
-    verbose: bool = False  # --verbose: the whole estimate, every reason, the options table (else the summary)
+    as_json: bool = False  # --json: one JSON document
+    verbose: bool = False  # --verbose: the whole estimate, every reason, the options table
+    chart: bool = False  # --chart: memory against context, in the terminal
+    chart_file: str | None = None  # --chart-file: the same chart as an image
 
-    @classmethod
-    def take(cls, kwargs: dict[str, Any]) -> PlanOptions:
-        """Pop this class's fields out of ``kwargs`` (what is left belongs to the command).
-        A command without --gpu/--vram (verify: it measures this machine) gets None for them."""
-        from dataclasses import MISSING, fields
 
-        absent: dict[str, Any] = {"gpu": None, "vram_bytes": None, "bandwidth_gbs": None}  # and defaults
-        values: dict[str, Any] = {}
-        for f in fields(cls):
-            if f.name in kwargs:
-                values[f.name] = kwargs.pop(f.name)
-            elif f.default is MISSING:
-                values[f.name] = absent[f.name]
-        return cls(**values)
+@dataclass(frozen=True, slots=True)
+class Flags:
+    """The shared flags of one command line, parsed: the question, how to show the answer, the runtime."""
+
+    request: PlanRequest
+    view: View
+    runtime: str = "llama-server"  # --runtime: llama-server or llama-cli (the library and the bindings)
+
+
+_VIEW = ("as_json", "verbose", "chart", "chart_file")
+
+
+def given_flags(request: PlanRequest, names: Sequence[str]) -> list[str]:
+    """The flags among ``names`` (request fields) the user gave, as typed (``--ctx``): for a command that
+    refuses them (a listing of many models, several models at once)."""
+    from kvadvise.request import FLAGS
+
+    given = set(request.given())
+    return [FLAGS[n][0] for n in names if n in given]
+
+
+def take(kwargs: dict[str, Any], *, load: Callable[[str], ModelSpec] | None = None) -> Flags:
+    """Pop the shared flags out of click's ``kwargs`` (what is left belongs to the command) and make the
+    request. ``load``: the command's backend, which reads a --model-draft."""
+    view = View(**{k: kwargs.pop(k) for k in _VIEW if k in kwargs})
+    if view.chart_file:
+        from kvadvise.ui.chart import check_path
+
+        check_path(view.chart_file)
+    runtime = kwargs.pop("runtime", "llama-server")
+    no_repack = kwargs.pop("no_repack", False)
+    model_draft = kwargs.pop("model_draft", None)
+    values: dict[str, Any] = {f.name: kwargs.pop(f.name) for f in fields(PlanRequest) if f.name in kwargs}
+    if values.get("tensor_split") is None:
+        values.pop("tensor_split", None)
+    if "rpc" in values:
+        values["rpc"] = tuple(values["rpc"] or ())
+    if no_repack:
+        values["cpu_repack"] = "off"
+    if model_draft:
+        if load is None:
+            raise InputError("--model-draft: this command cannot read a draft model")
+        values["draft"] = load(model_draft)
+    return Flags(PlanRequest(**values), view, runtime)
+
+
+def _int(field: str) -> click.IntRange:
+    """A whole-number flag in the bounds of its request field (kvadvise.request.INT_RANGES)."""
+    lo, hi = INT_RANGES[field]
+    return click.IntRange(min=lo, max=hi)
 
 
 # Options other commands share as they are (kvadvise compare)
@@ -249,7 +260,7 @@ PARALLEL_OPTION = click.option(
     "--parallel",
     "-np",
     "n_parallel",
-    type=click.IntRange(min=1, max=4096),
+    type=_int("n_parallel"),
     default=1,
     show_default=True,
     help="Parallel sequences (slots).",
@@ -337,7 +348,7 @@ def measured_run_options(f: F) -> F:
     return f
 
 
-# --llama-build (issue 25): the llama.cpp build a plan is for; kvadvise.runtime.llamabuild resolves it
+# --llama-build: the llama.cpp build a plan is for; kvadvise.runtime.llamabuild resolves it
 LLAMA_BUILD_OPTION = click.option(
     "--llama-build",
     "llama_build",
@@ -357,10 +368,10 @@ def _options(*, planned_hardware: bool) -> list[Callable[[F], F]]:
             "--ctx",
             "-c",
             "n_ctx",
-            type=click.IntRange(min=0, max=2**31 - 1),
+            type=TokensType("n_ctx"),
             default=None,
-            help="Context in tokens, total over all sequences (llama.cpp -c); 0 = n_ctx_train. "
-            "Without it, kvadvise recommends one.",
+            help="Context in tokens, total over all sequences (llama.cpp -c; 64k = 65,536: k is 1,024 tokens); "
+            "0 = n_ctx_train. Without it, kvadvise recommends one, cache type and flash attention too.",
         ),
         click.option(
             "--cache-type-k",
@@ -382,7 +393,7 @@ def _options(*, planned_hardware: bool) -> list[Callable[[F], F]]:
             "--flash-attn",
             "-fa",
             "flash_attn",
-            type=click.Choice(["on", "off", "auto"]),
+            type=click.Choice(FLASH_ATTN),
             default="auto",
             show_default=True,
             help="Flash attention.",
@@ -393,7 +404,7 @@ def _options(*, planned_hardware: bool) -> list[Callable[[F], F]]:
             "--batch",
             "-b",
             "n_batch",
-            type=click.IntRange(min=1, max=2**31 - 1),
+            type=_int("n_batch"),
             default=2048,
             show_default=True,
             help="Logical batch size.",
@@ -402,7 +413,7 @@ def _options(*, planned_hardware: bool) -> list[Callable[[F], F]]:
             "--ubatch",
             "-ub",
             "n_ubatch",
-            type=click.IntRange(min=1, max=2**31 - 1),
+            type=_int("n_ubatch"),
             default=512,
             show_default=True,
             help="Physical batch size.",
@@ -419,7 +430,7 @@ def _options(*, planned_hardware: bool) -> list[Callable[[F], F]]:
         ),
         click.option(
             "--n-outputs-max",
-            type=click.IntRange(min=0, max=2**31 - 1),
+            type=_int("n_outputs_max"),
             default=None,
             help="Logits rows the compute graph is reserved for (llama_context_params.n_outputs_max; 0 = the "
             "batch) [default: what --runtime gives].",
@@ -442,14 +453,14 @@ def _options(*, planned_hardware: bool) -> list[Callable[[F], F]]:
         MARGIN_OPTION,
         click.option(
             "--target-ctx",
-            type=click.IntRange(min=0, max=2**31 - 1),
+            type=TokensType("target_ctx"),
             default=0,
             help="Context per sequence to aim for (default: the model's maximum).",
         ),
         USE_OPTION,
         click.option(
             "--min-ctx",
-            type=click.IntRange(min=0, max=2**31 - 1),
+            type=TokensType("min_ctx"),
             default=0,
             help="Fail (exit 3) if less than this fits per sequence.",
         ),
@@ -517,7 +528,7 @@ def _options(*, planned_hardware: bool) -> list[Callable[[F], F]]:
             click.option(
                 "--prompt-tokens",
                 "prompt_tokens",
-                type=click.IntRange(min=1, max=2**31 - 1),
+                type=TokensType("prompt_tokens"),
                 default=None,
                 help="Time a prompt of this many tokens (the prefill estimate) [default: 4096 and the whole context].",
             ),
@@ -525,7 +536,7 @@ def _options(*, planned_hardware: bool) -> list[Callable[[F], F]]:
                 "--n-cpu-moe",
                 "-ncmoe",
                 "n_cpu_moe",
-                type=click.IntRange(min=0, max=4096),
+                type=_int("n_cpu_moe"),
                 default=0,
                 help="Keep the routed experts of the first N layers on the CPU, as llama.cpp's --n-cpu-moe: plan the "
                 "GPUs' memory and the speed for that placement.",
@@ -535,7 +546,7 @@ def _options(*, planned_hardware: bool) -> list[Callable[[F], F]]:
 
 
 def _gpu_list(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> str | None:
-    """``--gpu`` given more than once is a list, as ``--gpu A,B`` (issue 27: the last one silently won)."""
+    """``--gpu`` given more than once is a list, as ``--gpu A,B`` (else the last one would silently win)."""
     if not value:
         return None
     if any(not v.strip() for v in value):

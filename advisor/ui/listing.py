@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from kvadvise.cli import output
 from kvadvise.text import one_line
+from kvadvise.ui import output
 
 if TYPE_CHECKING:
     from kvadvise.model.spec import ModelSpec

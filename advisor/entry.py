@@ -1,0 +1,237 @@
+"""The one planning entry: :func:`plan_for` answers a :class:`~kvadvise.request.PlanRequest` for a model
+on a runtime. The command line (every backend's command), the Python API and the several-model modes call
+it; the runtime (kvadvise.runtime.seam) says what it changes about the question.
+
+What is read from the machine is read here, once, and passed down, so the planner stays pure: the
+hardware (NVML, or the card planned for), a calibration ``verify --save-calibration`` stored for this
+GPU, the llama.cpp build on PATH, this CPU's repack rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from kvadvise.errors import InputError
+from kvadvise.request import PlanRequest, check
+
+if TYPE_CHECKING:
+    from kvadvise.model.projector import ProjectorSpec
+    from kvadvise.model.spec import ModelSpec
+    from kvadvise.planner.hardware import Hardware
+    from kvadvise.planner.planning import HardwareRequest, MeasuredOverhead, Plan
+    from kvadvise.planner.policy import Policy
+    from kvadvise.runtime.llamabuild import BuildChoice
+    from kvadvise.runtime.seam import Runtime, Shaped
+
+
+def plan_for(
+    spec: ModelSpec,
+    request: PlanRequest,
+    runtime: Runtime | None = None,
+    *,
+    hardware: Hardware | None = None,
+    found_build: BuildChoice | None = None,
+) -> Plan:
+    """The plan for ``spec`` asked by ``request`` on ``runtime`` (default: llama-server).
+
+    ``hardware``: the machine when the caller has it already (the API's ``hardware=``); else the request
+    says (``gpu``, ``vram_bytes``, ``rpc``) or this machine is probed. ``found_build``: the llama.cpp build
+    the caller found itself (verify: the binary it runs), used where the request says ``auto``."""
+    from kvadvise.runtime.seam import refuse
+
+    if runtime is None:
+        from kvadvise.runtime.llamaserver import LlamaServer
+
+        runtime = LlamaServer()
+    check(request)
+    refuse(runtime, request)
+    shaped = runtime.shape(spec, request)
+    check(shaped.request)
+    hw = hardware if hardware is not None else hardware_of(shaped.request)
+    if hardware is not None and shaped.request.ram_bandwidth_gbs is not None:
+        hw = replace(hardware, ram_bandwidth_bytes_per_s=int(shaped.request.ram_bandwidth_gbs * 1e9))
+    check_machine(shaped.request, hw)
+    probed = hardware is None and _probes(shaped.request)
+    plan = _plan(spec, shaped, runtime, hw, probed=probed, found_build=found_build)
+
+    def replan(alone: Hardware) -> Plan:
+        narrowed = replace(shaped, request=replace(shaped.request, tensor_split=()))
+        return _plan(spec, narrowed, runtime, alone, probed=probed, found_build=found_build)
+
+    plan = runtime.place(plan, replan)
+    if shaped.notes:
+        plan = replace(plan, notes=(*plan.notes, *shaped.notes))
+    return runtime.advise(plan, shaped.request)
+
+
+def _probes(r: PlanRequest) -> bool:
+    """This machine's GPUs are what the plan is for (not a card named, sizes given, RPC hosts, or none)."""
+    return not r.gpu and r.vram_bytes is None and not r.rpc and not r.no_hardware
+
+
+def hardware_request(r: PlanRequest) -> HardwareRequest:
+    from kvadvise.planner.planning import HardwareRequest
+
+    return HardwareRequest(
+        gpu=r.gpu,
+        vram_bytes=r.vram_bytes,
+        rpc=r.rpc,
+        probe=not r.no_hardware,
+        bandwidth_bytes_per_s=None if r.bandwidth_gbs is None else int(r.bandwidth_gbs * 1e9),
+        ram_bandwidth_bytes_per_s=None if r.ram_bandwidth_gbs is None else int(r.ram_bandwidth_gbs * 1e9),
+        ram_bytes=r.ram_bytes,
+    )
+
+
+def hardware_of(r: PlanRequest) -> Hardware | None:
+    """The machine the request plans for: the cards named, the sizes given, the RPC hosts, or this one."""
+    from kvadvise.planner.planning import hardware_for
+
+    return hardware_for(hardware_request(r))
+
+
+def check_machine(r: PlanRequest, hw: Hardware | None) -> None:
+    """A machine that cannot exist is refused: ``--device metal`` on an NVIDIA card, ``--device cuda`` on an
+    Apple chip (Metal runs only on Apple Silicon, CUDA only on NVIDIA cards)."""
+    if hw is None or r.device not in ("cuda", "metal"):
+        return
+    for g in hw.gpus:
+        if r.device == "metal" and g.backend != "metal":
+            raise InputError(
+                f"--device metal: {g.name} is not an Apple GPU (Metal runs on Apple Silicon)",
+                hint="drop --device, or plan an Apple chip (`kvadvise gpus` lists them)",
+            )
+        if r.device == "cuda" and g.backend == "metal":
+            raise InputError(
+                f"--device cuda: {g.name} runs Metal, not CUDA", hint="drop --device, or use --device metal"
+            )
+
+
+def policy_of(r: PlanRequest, runtime: Runtime, *, weights_uncertain: bool = False) -> Policy:
+    """The recommender's policy for the request on ``runtime``."""
+    from kvadvise.model.ggml import cache_type
+    from kvadvise.planner.policy import Policy, load_use_cases, needs_opt_in
+
+    fixed = None
+    if r.type_k or r.type_v:
+        fixed = (cache_type(r.type_k or "f16"), cache_type(r.type_v or "f16"))
+    return Policy(
+        fixed_kv=fixed,
+        target_ctx=r.target_ctx or (load_use_cases()[r.use] if r.use else 0),
+        min_ctx=r.min_ctx,
+        repeatable=r.repeatable,
+        allow_cpu=r.allow_cpu,
+        same_type_kv=runtime.same_type_kv,
+        use=r.use,
+        allow_q4=r.allow_q4 or (fixed is not None and needs_opt_in(fixed)),
+        weights_uncertain=weights_uncertain,
+        headless=r.headless,
+        gpu_only=r.gpu_only,
+    )
+
+
+def _plan(
+    spec: ModelSpec,
+    shaped: Shaped,
+    runtime: Runtime,
+    hw: Hardware | None,
+    *,
+    probed: bool,
+    found_build: BuildChoice | None,
+) -> Plan:
+    from kvadvise.model.ggml import cache_type
+    from kvadvise.planner.memory import RunConfig, flash_attn_note
+    from kvadvise.planner.planning import make_plan
+
+    r = shaped.request
+    measured, notes = _calibration(hw.gpus[0].name if probed and hw is not None and hw.gpus else None)
+    build, build_notes = _llama_build(spec, r, runtime, shaped.build or found_build)
+    kv = (cache_type(r.type_k or "f16"), cache_type(r.type_v or "f16"))
+    base = RunConfig(
+        n_ctx=r.n_ctx or 0,
+        n_parallel=r.n_parallel,
+        kv_unified=r.kv_unified,
+        n_batch=r.n_batch,
+        n_ubatch=r.n_ubatch,
+        type_k=kv[0],
+        type_v=kv[1],
+        flash_attn=r.flash_attn,
+        swa_full=r.swa_full,
+        device=r.device,
+        overhead_bytes=r.overhead_bytes,
+        runtime=runtime.program,
+        n_outputs_max=r.n_outputs_max,
+        tensor_split=r.tensor_split,
+        cpu_repack=_cpu_repack(r.cpu_repack),
+        mmproj=_projector(r.mmproj),
+        draft=r.draft,
+        type_k_draft=cache_type(r.type_k_draft),
+        type_v_draft=cache_type(r.type_v_draft),
+        llama_build=build,
+    )
+    plan = make_plan(
+        spec,
+        base,
+        recommend_ctx=r.n_ctx is None,
+        hw=hw,
+        policy=policy_of(r, runtime, weights_uncertain=shaped.weights_uncertain),
+        margin_bytes=r.margin_bytes + shaped.extra_margin_bytes,
+        measured_overhead=measured,
+        notes=(*notes, *build_notes),
+        prompt_tokens=r.prompt_tokens,
+        n_cpu_moe=r.n_cpu_moe,
+    )
+    fa_note = flash_attn_note(spec, plan.config)
+    plan = replace(plan, runtime=runtime.name, n_ctx_requested=r.n_ctx)
+    return replace(plan, notes=(*plan.notes, fa_note)) if fa_note else plan
+
+
+def _llama_build(
+    spec: ModelSpec, r: PlanRequest, runtime: Runtime, found: BuildChoice | None
+) -> tuple[int | None, tuple[str, ...]]:
+    """--llama-build: the build the plan follows (kvadvise.runtime.llamabuild) and what the plan says about it;
+    for an unknown build and llama-server, how much more an older server's logits would take."""
+    import os
+
+    from kvadvise.runtime import llamabuild
+
+    option = r.llama_build
+    if option == "auto":  # KVADVISE_LLAMA_BUILD, as --llama-build's default reads it: the API alike
+        option = os.environ.get("KVADVISE_LLAMA_BUILD", "").strip() or "auto"
+    choice = found if found is not None and option == "auto" else llamabuild.choose(option)
+    notes = list(llamabuild.notes(choice, runtime=runtime.program))
+    if choice.build is None and runtime.program == "llama-server" and r.n_outputs_max is None:
+        rows = min(r.n_ubatch, r.n_batch) - r.n_parallel
+        if rows > 0 and notes:
+            notes[-1] += f" ({4 * rows * spec.n_vocab / (1 << 20):,.0f} MiB more here)"
+    return choice.build, tuple(notes)
+
+
+def _projector(path: str | ProjectorSpec | None) -> ProjectorSpec | None:
+    """--mmproj FILE: the projector's header (a local file, as llama-server's --mmproj takes it)."""
+    if path is None or not isinstance(path, str):
+        return path
+    from kvadvise.model.gguf import read_file
+    from kvadvise.model.projector import projector_from_gguf
+
+    return projector_from_gguf(read_file(path))
+
+
+def _cpu_repack(rule: str) -> str:
+    """The CPU_REPACK rule of a CPU plan: "auto" is this machine's CPU (kvadvise.planner.repack; --no-hardware
+    leaves the GPUs alone, not the CPU a CPU plan runs on), "off" with --no-repack."""
+    if rule != "auto":
+        return rule
+    from kvadvise.planner.repack import cpu_isa
+
+    return cpu_isa()
+
+
+def _calibration(gpu_name: str | None) -> tuple[MeasuredOverhead | None, tuple[str, ...]]:
+    """The overhead ``verify --save-calibration`` measured on this machine's GPU, if any."""
+    if gpu_name is None:
+        return None, ()
+    from kvadvise.runtime.calibration import measured_overhead
+
+    return measured_overhead(gpu_name)

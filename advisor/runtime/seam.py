@@ -1,0 +1,160 @@
+"""The runtime seam: what a runtime changes about planning, as data and small methods.
+
+A plan is for one program: llama-server (kvadvise.runtime.llamaserver), the library and its bindings
+(kvadvise.runtime.library), or what a backend brings (Ollama: kvadvise.backends.ollama.runtime). One
+planning entry (kvadvise.entry.plan_for) asks the runtime
+
+- which flags it refuses (:attr:`Runtime.refused`: what it does not pass to llama.cpp),
+- how it runs the request (:meth:`Runtime.shape`: Ollama's num_ctx per slot, its one cache type, its build),
+- where it places the model (:meth:`Runtime.place`: Ollama's single GPU),
+- what it adds to the plan (:meth:`Runtime.advise`: its settings and warnings),
+- and which files it writes (:meth:`Runtime.writers`): one :class:`Writer` per file, so a new output
+  file is one writer and one line in its runtime's ``writers()``.
+
+A runtime is looked up by name with kvadvise.plugins.runtime (the built-in ones, then those of the
+installed backends: kvadvise.plugins.RuntimeProvider).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar, runtime_checkable
+
+from kvadvise.errors import InputError
+from kvadvise.request import FLAGS, PlanRequest
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from kvadvise.files import NewFile
+    from kvadvise.model.spec import ModelSpec
+    from kvadvise.planner.hardware import Hardware
+    from kvadvise.planner.planning import Plan
+    from kvadvise.runtime.llamabuild import BuildChoice
+
+R = TypeVar("R")
+
+
+@dataclass(frozen=True, slots=True)
+class Shaped:
+    """The request as a runtime runs it, and what that adds to the plan."""
+
+    request: PlanRequest
+    notes: tuple[str, ...] = ()  # said with the plan (Ollama: a num_ctx past the training context)
+    extra_margin_bytes: int = 0  # kept free beyond the margin (Ollama: a projector's fit target)
+    build: BuildChoice | None = None  # the llama.cpp build the runtime runs, when it pins one (Ollama's)
+    weights_uncertain: bool = False  # the weights size is a published figure: keep 3 % of it free
+
+
+def _no_hints(result: object, path: Path) -> tuple[str, ...]:
+    return ()
+
+
+@dataclass(frozen=True, slots=True)
+class Writer(Generic[R]):
+    """One output file: the option that names its path, and its text from the result (a plan, or several
+    models planned together). Written by kvadvise.files.write_files, with every other file of the command,
+    all or none, never over a file without --force."""
+
+    option: str  # the flag, "--write-env"
+    help: str
+    render: Callable[[R], str]
+    hints: Callable[[R, Path], tuple[str, ...]] = _no_hints  # how to apply the file once written
+    metavar: str = "PATH"
+
+    @property
+    def dest(self) -> str:
+        """The click parameter name: ``--write-env`` -> ``write_env``."""
+        return self.option.lstrip("-").replace("-", "_")
+
+
+@runtime_checkable
+class Runtime(Protocol):
+    """What a runtime changes about planning."""
+
+    name: str  # "llama-server", "llama-cli", "ollama"
+    program: str  # whose rules size the compute graph: "llama-server" or "llama-cli" (RunConfig.runtime)
+    same_type_kv: bool  # one cache type for K and V (Ollama's OLLAMA_KV_CACHE_TYPE)
+    refused: tuple[str, ...]  # PlanRequest fields it does not pass to llama.cpp
+    refused_why: str  # said with a refusal: "Ollama does not pass it to llama-server"
+    refused_hint: str  # what to do instead
+
+    def shape(self, spec: ModelSpec, request: PlanRequest) -> Shaped: ...
+
+    def place(self, plan: Plan, replan: Callable[[Hardware], Plan]) -> Plan: ...
+
+    def advise(self, plan: Plan, request: PlanRequest) -> Plan: ...
+
+    def writers(self) -> tuple[Writer[Plan], ...]: ...
+
+
+class LlamaCppRuntime:
+    """What the llama.cpp programs share: every flag is theirs, the request runs as given, placed as
+    llama.cpp places it. A subclass names the program and brings its advice and files."""
+
+    name = "llama-server"
+    program = "llama-server"
+    same_type_kv = False
+    refused: tuple[str, ...] = ()
+    refused_why = ""
+    refused_hint = ""
+
+    def shape(self, spec: ModelSpec, request: PlanRequest) -> Shaped:
+        return Shaped(request)
+
+    def place(self, plan: Plan, replan: Callable[[Hardware], Plan]) -> Plan:
+        return plan
+
+    def advise(self, plan: Plan, request: PlanRequest) -> Plan:
+        return plan
+
+    def writers(self) -> tuple[Writer[Plan], ...]:
+        return ()
+
+
+def refuse(runtime: Runtime, request: PlanRequest) -> None:
+    """The flags ``runtime`` does not pass to llama.cpp, given anyway: refused, one message (exit 2)."""
+    given = set(request.given())
+    flags = ["/".join(reversed(FLAGS[f])) if f in FLAGS else f for f in runtime.refused if f in given]
+    if flags:
+        raise InputError(
+            f"{', '.join(flags)}: llama.cpp only; {runtime.refused_why}", hint=runtime.refused_hint or None
+        )
+
+
+def with_notes(plan: Plan, notes: tuple[str, ...]) -> Plan:
+    return replace(plan, notes=(*plan.notes, *notes)) if notes else plan
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """A file kvadvise wrote, and how to apply it."""
+
+    option: str  # the flag that named it ("--write-env"); "--chart-file" for the chart
+    path: Path
+    hints: tuple[str, ...]  # how to apply it
+
+
+def write_outputs(
+    result: R,
+    writers: Sequence[Writer[R]],
+    paths: Mapping[str, str | None],
+    *,
+    force: bool,
+    extra: Sequence[NewFile] = (),
+) -> tuple[Written, ...]:
+    """The files of ``writers`` whose option has a path in ``paths`` (by option, ``--write-env``), and
+    ``extra`` (the --chart-file image): all written or none, never over a file without ``force``
+    (kvadvise.files.write_files, the one atomic write)."""
+    from kvadvise.files import text_file, write_files
+
+    chosen = [(w, paths[w.option]) for w in writers if paths.get(w.option) is not None]
+    files = [*extra, *(text_file(w.option, str(p), w.render(result)) for w, p in chosen)]
+    hints = {w.option: w.hints for w, _ in chosen}
+    out = []
+    for f, path in zip(files, write_files(files, force=force), strict=True):
+        hint = hints.get(f.option)
+        out.append(Written(f.option, path, hint(result, path) if hint is not None else ()))
+    return tuple(out)

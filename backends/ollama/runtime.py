@@ -1,0 +1,222 @@
+"""Ollama as a runtime (kvadvise.runtime.seam): what Ollama (>= 0.30) changes about a plan.
+
+- ``num_ctx`` is the context of one slot: llama-server gets ``-c num_ctx × num_parallel``, at most the
+  training context (llm/llama_server.go, llm/server.go);
+- one ``OLLAMA_KV_CACHE_TYPE`` for K and V, server-wide, of f16, q8_0 and q4_0;
+- llama.cpp's own knobs it does not pass (``-kvu``, ``--swa-full``, ``-ub`` apart from ``num_batch``,
+  ``-ts``, ``--rpc``, ``--n-cpu-moe``, a projector or draft of the user's) are refused;
+- the llama.cpp build it vendors (kvadvise.runtime.llamabuild.OLLAMA_BUILD), not the one on PATH;
+- a store model's projector (an mmproj GGUF) planned on the first GPU, and its fit target kept free;
+- on several GPUs, the best single GPU when the model fits in 80 % of its free memory
+  (server/sched.go selectLlamaServerPlacement);
+- its advice (kvadvise.backends.ollama.advice) and its files: a Modelfile, an env file, a systemd drop-in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kvadvise.backends.ollama import rules
+from kvadvise.backends.ollama.model import OllamaModel
+from kvadvise.request import PlanRequest
+from kvadvise.runtime.seam import Shaped, Writer
+
+if TYPE_CHECKING:
+    from kvadvise.backends.ollama.advice import OllamaAdvice
+    from kvadvise.model.spec import ModelSpec
+    from kvadvise.planner.hardware import Hardware
+    from kvadvise.planner.planning import Plan
+
+# llama.cpp knobs Ollama does not pass to llama-server (memory-spec §6.a): a plan with them would not be
+# what Ollama runs. --batch is Ollama's num_batch (-b and -ub equal), so only -ub apart from it is refused.
+LLAMACPP_ONLY: tuple[str, ...] = (
+    "kv_unified",
+    "swa_full",
+    "n_ubatch",
+    "n_outputs_max",
+    "tensor_split",
+    "rpc",
+    "n_cpu_moe",  # Ollama places the experts itself (its own fit), with no such setting
+    "mmproj",  # Ollama passes the projector of the model's own store entry
+    "draft",
+    "type_k_draft",
+    "type_v_draft",
+)
+
+
+class OllamaRuntime:
+    """Ollama, for one model (``model``: its projector, its own num_ctx, where it was found) or for a bare
+    spec (the API given a ModelSpec). ``host``: the server whose state (/api/ps, its version) the advice
+    reads; ``platform``: how the apply steps are written (auto: this machine's); ``server_default``: also
+    set OLLAMA_CONTEXT_LENGTH; ``live``: ask the server at all."""
+
+    name = "ollama"
+    program = "llama-server"  # Ollama >= 0.30 runs every GGUF model with llama-server
+    same_type_kv = True
+    refused = LLAMACPP_ONLY
+    refused_why = "Ollama does not pass it to llama-server"
+    refused_hint = "use `kvadvise llamacpp` for a llama-server plan; Ollama's num_batch is --batch"
+
+    def __init__(
+        self,
+        model: OllamaModel | None = None,
+        *,
+        host: str | None = None,
+        platform: str = "auto",
+        server_default: bool = False,
+        live: bool = True,
+    ) -> None:
+        self.model = model
+        self.host = host
+        self.platform = platform
+        self.server_default = server_default
+        self.live = live
+
+    def _model(self, spec: ModelSpec) -> OllamaModel:
+        if self.model is not None:
+            return self.model
+        name, _, tag = (spec.name or spec.architecture).partition(":")
+        return OllamaModel(name, tag or "latest", spec, {}, 0, spec.weights_bytes, f"spec:{spec.source}")
+
+    def shape(self, spec: ModelSpec, request: PlanRequest) -> Shaped:
+        from kvadvise.runtime.llamabuild import OLLAMA_BUILD
+
+        model = self._model(spec)
+        kv = rules.one_cache_type(request.type_k, request.type_v)
+        r = replace(request, type_k=kv, type_v=kv)
+        notes: tuple[str, ...] = ()
+        if r.n_ctx:  # num_ctx per slot; past the training context Ollama runs the training context (llm/server.go)
+            warning = rules.too_large_warning(r.n_ctx, spec.n_ctx_train)
+            notes = (warning,) if warning else ()
+            r = replace(r, n_ctx=rules.llama_n_ctx(rules.capped_num_ctx(r.n_ctx, spec.n_ctx_train), r.n_parallel))
+        projector = readable_projector(model)
+        if projector is not None:
+            r = replace(r, mmproj=projector)
+        return Shaped(
+            r,
+            notes,
+            extra_margin_bytes=rules.projector_margin_bytes(model, planned=projector is not None),
+            build=OLLAMA_BUILD,  # Ollama's llama-server, not the one on PATH
+            weights_uncertain=model.source.startswith("profile:"),
+        )
+
+    def place(self, plan: Plan, replan: Callable[[Hardware], Plan]) -> Plan:
+        """Several GPUs: Ollama puts the model on its best single GPU when it fits there in 80 % of the free
+        memory (``--split-mode none``), and spreads it over all of them only otherwise or with
+        OLLAMA_SCHED_SPREAD (server/sched.go selectLlamaServerPlacement)."""
+        hw = plan.hardware
+        if hw is None or len(hw.gpus) < 2:
+            return plan
+        if rules.sched_spread():
+            note = "OLLAMA_SCHED_SPREAD is set: Ollama spreads the model over all the GPUs"
+            return replace(plan, notes=(*plan.notes, note))
+        best = rules.single_gpu(hw.gpus)
+        alone = replan(replace(hw, gpus=(best,)))
+        if alone.fits and alone.estimate.device_bytes <= rules.SINGLE_GPU_SHARE * best.free_bytes:
+            note = (
+                f"Ollama runs it on one GPU ({best.name}, --split-mode none): it fits in 80 % of that GPU's free "
+                "memory; OLLAMA_SCHED_SPREAD=1 on the server would spread it over all of them"
+            )
+            return replace(alone, notes=(*alone.notes, note))
+        note = f"Ollama spreads it over the {len(hw.gpus)} GPUs: it does not fit in 80 % of one GPU's free memory"
+        return replace(plan, notes=(*plan.notes, note))
+
+    def advise(self, plan: Plan, request: PlanRequest) -> Plan:
+        from kvadvise.backends.ollama import api as ollama_api
+        from kvadvise.backends.ollama.advice import LiveState, advise, live_state
+        from kvadvise.backends.ollama.config import current_platform
+
+        model = self._model(plan.spec)
+        if self.live:
+            with ollama_api.session():
+                live = live_state(self.host)
+        else:
+            live = LiveState(False, ollama_api.server_url(self.host), None, (), ())
+        where = current_platform() if self.platform == "auto" else self.platform
+        advice = advise(
+            model, plan, live, server_default=self.server_default, repeatable=request.repeatable, platform=where
+        )
+        return replace(plan, advice=advice)
+
+    def writers(self) -> tuple[Writer[Plan], ...]:
+        return WRITERS
+
+
+def readable_projector(model: OllamaModel) -> str | None:
+    """The projector blob of a store model when its header reads as an mmproj GGUF (Ollama passes it to
+    llama-server as --mmproj): planned on the first GPU as llama.cpp loads it. None otherwise (a model
+    from the API or a profile, an unreadable blob): the fit-target rule stands in for it."""
+    if model.projector_path is None:
+        return None
+    from kvadvise.errors import KvadviseError
+    from kvadvise.model.gguf import read_file
+    from kvadvise.model.projector import projector_from_gguf
+
+    try:
+        projector_from_gguf(read_file(model.projector_path))
+    except KvadviseError:
+        return None
+    return model.projector_path
+
+
+# --- the files: each one writer ------------------------------------------------------------------------
+
+
+def _advice(plan: Plan) -> OllamaAdvice:
+    from kvadvise.backends.ollama.advice import OllamaAdvice
+
+    assert isinstance(plan.advice, OllamaAdvice), "an Ollama writer renders an Ollama plan"
+    return plan.advice
+
+
+def _modelfile(plan: Plan) -> str:
+    from kvadvise.backends.ollama import config as oc
+
+    a = _advice(plan)
+    return oc.modelfile_text(a.model, a.settings, oc.modelfile_header(a.settings, a.planned_for))
+
+
+def _modelfile_hints(plan: Plan, path: Path) -> tuple[str, ...]:
+    from kvadvise.backends.ollama import config as oc
+
+    a = _advice(plan)
+    return (oc.apply_hint_modelfile(a.model, a.settings, path), *oc.call_hints(a.created_name, a.settings))
+
+
+def _env(plan: Plan) -> str:
+    from kvadvise.backends.ollama import config as oc
+
+    return oc.env_text(_advice(plan).settings)
+
+
+def _env_hints(plan: Plan, path: Path) -> tuple[str, ...]:
+    from kvadvise.backends.ollama import config as oc
+
+    a = _advice(plan)
+    hints = oc.apply_hints_server(a.settings, a.platform, env_path=path) if a.platform in ("docker", "linux") else ()
+    return tuple(hints) or oc.apply_hint_env(path)
+
+
+def _systemd(plan: Plan) -> str:
+    from kvadvise.backends.ollama import config as oc
+
+    return oc.systemd_text(_advice(plan).settings)
+
+
+def _systemd_hints(plan: Plan, path: Path) -> tuple[str, ...]:
+    from kvadvise.backends.ollama import config as oc
+
+    a = _advice(plan)
+    name = path.name if path.parent == oc.SYSTEMD_DROPIN_DIR else oc.dropin_name(path)
+    conflicts = tuple(f"warning: {c}" for c in oc.override_conflicts(a.settings, name))
+    return oc.apply_hint_systemd(path) + conflicts
+
+
+WRITERS: tuple[Writer[Plan], ...] = (
+    Writer("--write-modelfile", "Write a Modelfile (FROM NAME:TAG + num_ctx).", _modelfile, _modelfile_hints),
+    Writer("--write-env", "Write OLLAMA_* server settings as an env file.", _env, _env_hints),
+    Writer("--write-systemd", "Write a systemd drop-in for ollama.service.", _systemd, _systemd_hints),
+)

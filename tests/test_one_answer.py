@@ -1,0 +1,171 @@
+"""One question, one answer: the Python API and the command line plan through one entry
+(kvadvise.entry.plan_for) from one checked request (kvadvise.request.PlanRequest), so the same question
+gets the same document, whichever face asks it, for every runtime.
+
+Each case is written once, as flags and as the request's fields; the API's ``to_json(plan)`` must equal
+the command's ``--json`` (less what is read live: the RAM free this moment)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import kvadvise
+from kvadvise.cli import main
+from kvadvise.errors import KvadviseError
+
+# (flags, the same as PlanRequest fields); the hardware is a card of the built-in list
+CASES: list[tuple[list[str], dict[str, Any]]] = [
+    ([], {}),
+    (["--ctx", "0"], {"n_ctx": 0}),
+    (["--ctx", "8192"], {"n_ctx": 8192}),
+    (["--ctx", "64k"], {"n_ctx": 65536}),
+    (["-ctk", "q8_0", "-ctv", "q8_0"], {"type_k": "q8_0", "type_v": "q8_0"}),
+    (["--ctx", "16384", "-ctk", "q8_0"], {"n_ctx": 16384, "type_k": "q8_0"}),
+    (["--use", "code"], {"use": "code"}),
+    (["--target-ctx", "128k", "--allow-q4"], {"target_ctx": 131072, "allow_q4": True}),
+    (["-np", "2", "--margin", "512MiB"], {"n_parallel": 2, "margin_bytes": 512 << 20}),
+    (["--gpu-only", "--headless"], {"gpu_only": True, "headless": True}),
+]
+CARDS = ("rtx-4090", "rtx-3060-12gb", "rtx-4060", "m4-max-64gb")
+OLLAMA_MODELS = ("qwen3-coder", "gemma3:4b", "llama3.1:8b", "gpt-oss:20b", "qwen3:32b", "deepseek-r1:8b")
+
+
+def _live(doc: dict[str, Any]) -> dict[str, Any]:
+    """The document without what is read from this machine at the moment (free RAM)."""
+    hw = doc.get("hardware")
+    if isinstance(hw, dict):
+        hw.pop("ram_free_bytes", None)
+    ram = doc.get("ram")
+    if isinstance(ram, dict):
+        ram.pop("ram_bytes", None)
+        ram.pop("fits", None)
+    off = doc.get("offload")
+    if isinstance(off, dict) and isinstance(off.get("ram"), dict):
+        off["ram"].pop("ram_bytes", None)
+        off["ram"].pop("fits", None)
+    return doc
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, Any]]:
+    rc = main([*args, "--json"])
+    out = capsys.readouterr().out
+    return rc, _live(json.loads(out))
+
+
+@pytest.mark.parametrize("card", CARDS)
+@pytest.mark.parametrize(("flags", "fields"), CASES, ids=[" ".join(c[0]) or "default" for c in CASES])
+def test_ollama_the_api_and_the_cli_agree(
+    card: str, flags: list[str], fields: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    if "-ctk" in flags and fields.get("type_k") and not fields.get("type_v"):
+        fields = {**fields, "type_v": fields["type_k"]}  # Ollama: -ctk alone is the one cache type
+    for model in OLLAMA_MODELS[:3] if card != "rtx-4090" else OLLAMA_MODELS:
+        rc, cli_doc = _cli(capsys, "ollama", model, "--gpu", card, *flags)
+        plan = kvadvise.plan(model, kvadvise.PlanRequest(gpu=card, **fields), runtime="ollama")
+        assert rc == (3 if plan.runnable is False else 0), (model, card, flags)
+        assert _live(kvadvise.to_json(plan)) == cli_doc, (model, card, flags)
+        assert cli_doc["runtime"] == "ollama" and "ollama" in cli_doc
+
+
+@pytest.mark.parametrize(("flags", "fields"), CASES, ids=[" ".join(c[0]) or "default" for c in CASES])
+def test_llama_server_the_api_and_the_cli_agree(
+    flags: list[str], fields: dict[str, Any], gemma_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`kvadvise gguf` (llama-server, no command line) and `kvadvise llamacpp` (with it) against the API given a
+    ModelSpec and a model reference."""
+    spec = kvadvise.load_model(str(gemma_path))
+    request = kvadvise.PlanRequest(vram_bytes=(640 << 20,), **fields)
+    rc, cli_doc = _cli(capsys, "gguf", str(gemma_path), "--vram", "640MiB", *flags)
+    assert _live(kvadvise.to_json(kvadvise.plan(spec, request))) == cli_doc, flags
+    rc, cli_doc = _cli(capsys, "llamacpp", str(gemma_path), "--vram", "640MiB", *flags)
+    doc = _live(kvadvise.to_json(kvadvise.plan(str(gemma_path), request)))
+    assert doc == cli_doc and doc["llama_server"]["command"].startswith("llama-server -m "), flags
+
+
+def test_ctx_zero_means_the_training_context_everywhere(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--ctx 0` and `n_ctx=0` (a PlanRequest, or a RunConfig as before) plan the model's training context;
+    the API recommended 64k for RunConfig(n_ctx=0) while the command line planned 262,144 tokens."""
+    spec = kvadvise.load_model("qwen3-coder", backend="ollama")
+    hw = kvadvise.gpu_profile("rtx-4090")
+    rc, cli_doc = _cli(capsys, "ollama", "qwen3-coder", "--gpu", "rtx-4090", "--ctx", "0")
+    for plan in (
+        kvadvise.plan(spec, kvadvise.RunConfig(n_ctx=0), hardware=hw, runtime="ollama"),
+        kvadvise.plan("qwen3-coder", kvadvise.PlanRequest(n_ctx=0, gpu="rtx-4090"), runtime="ollama"),
+    ):
+        assert plan.recommendation is None and plan.config.n_ctx == 0
+        assert plan.estimate.kv_bytes == cli_doc["memory"]["kv_bytes"]
+        assert cli_doc["config"]["n_ctx_seq"] == spec.n_ctx_train == 262144
+
+
+def test_the_api_plans_only_what_ollama_runs() -> None:
+    """Ollama runs one cache type for K and V: its plan never lists q8_0 K / q4_0 V, and it carries the
+    Ollama advice (settings, env, apply steps) the command prints."""
+    plan = kvadvise.plan("qwen3-coder", kvadvise.PlanRequest(gpu="rtx-4090", allow_q4=True), runtime="ollama")
+    assert plan.recommendation is not None
+    assert all(o.type_k == o.type_v for o in plan.recommendation.options)
+    doc = kvadvise.to_json(plan)
+    assert doc["ollama"]["env"]["OLLAMA_KV_CACHE_TYPE"] == plan.config.type_k.type_name
+    with pytest.raises(KvadviseError, match="Ollama takes one OLLAMA_KV_CACHE_TYPE"):
+        kvadvise.plan("qwen3-coder", kvadvise.PlanRequest(type_k="q8_0", type_v="q4_0"), runtime="ollama")
+    with pytest.raises(KvadviseError, match="llama.cpp only; Ollama does not pass it"):
+        kvadvise.plan("qwen3-coder", kvadvise.PlanRequest(kv_unified=True), runtime="ollama")
+
+
+@pytest.mark.parametrize(
+    ("flags", "fields"),
+    [
+        (["--ctx", "-5"], {"n_ctx": -5}),
+        (["-ctk", "q9"], {"type_k": "q9"}),
+        (["--use", "nosuch"], {"use": "nosuch"}),
+        (["-np", "0"], {"n_parallel": 0}),
+        (["-fa", "maybe"], {"flash_attn": "maybe"}),
+        (["--ctx", "4096", "--use", "code"], {"n_ctx": 4096, "use": "code"}),
+        (["--gpu", "rtx-4090", "--vram", "8GiB"], {"gpu": "rtx-4090", "vram_bytes": (8 << 30,)}),
+        (["--n-cpu-moe", "2", "--allow-cpu"], {"n_cpu_moe": 2, "allow_cpu": True}),
+        (["--gpu-only", "--allow-cpu"], {"gpu_only": True, "allow_cpu": True}),
+        (["--gpu", "rtx-4090", "--device", "metal"], {"gpu": "rtx-4090", "device": "metal"}),
+        (["--gpu", "m4-max-64gb", "--device", "cuda"], {"gpu": "m4-max-64gb", "device": "cuda"}),
+    ],
+)
+def test_the_api_refuses_with_the_cli_message(
+    flags: list[str], fields: dict[str, Any], gemma_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = main(["gguf", str(gemma_path), *flags])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    cli_message = err.splitlines()[0].removeprefix("kvadvise: error: ")
+    with pytest.raises(KvadviseError) as e:
+        kvadvise.plan(kvadvise.load_model(str(gemma_path)), kvadvise.PlanRequest(**fields))
+    assert e.value.exit_code == 2
+    ours = e.value.message
+    if ours.startswith("Invalid value for"):  # click names the flag with its spellings; the reason is the same
+        assert ours.split("': ", 1)[1] == cli_message.split("': ", 1)[1], (ours, cli_message)
+    else:
+        assert ours == cli_message
+
+
+def test_bad_api_values_raise_domain_errors() -> None:
+    """Values the command line cannot even spell, refused by the one check rather than deep inside."""
+    spec = kvadvise.load_model("qwen3-coder", backend="ollama")
+    hw = kvadvise.gpu_profile("rtx-4090")
+    cases = [
+        lambda: kvadvise.plan(spec, hardware=hw, policy=kvadvise.Policy(fixed_kv=("q9", "q8_0"))),
+        lambda: kvadvise.plan(spec, kvadvise.RunConfig(overhead_bytes=-100 << 30), hardware=hw),
+        lambda: kvadvise.plan(spec, kvadvise.PlanRequest(tensor_split=(float("nan"), 1.0), gpu="rtx-3090x2")),
+        lambda: kvadvise.estimate(spec, kvadvise.RunConfig(n_ctx=4096, tensor_split=(float("nan"), 1.0))),
+        lambda: kvadvise.plan(spec, kvadvise.PlanRequest(vram_bytes=(0,))),
+        lambda: kvadvise.plan(spec, kvadvise.PlanRequest(bandwidth_gbs=float("inf"), vram_bytes=(8 << 30,))),
+        lambda: kvadvise.plan(spec, kvadvise.PlanRequest(n_ctx=True)),  # type: ignore[arg-type]
+        lambda: kvadvise.plan(spec, runtime="lmstudio"),
+    ]
+    for i, call in enumerate(cases):
+        with pytest.raises(KvadviseError) as e:
+            call()
+        assert e.value.exit_code == 2, i
+    # a fixed cache type given by name, as -ctk takes it: planned, not a KeyError
+    plan = kvadvise.plan(spec, hardware=hw, policy=kvadvise.Policy(fixed_kv=("q8_0", "q8_0")))
+    assert plan.config.type_k.type_name == "q8_0"
