@@ -138,10 +138,13 @@ def _config_request(cfg: RunConfig) -> PlanRequest:
     """The request a RunConfig states: its context fixed (0 = the training context, as -c 0), its cache
     types, its flags, its build."""
     _need("config", cfg, RunConfig, "a RunConfig or a PlanRequest")
+    # a RunConfig cannot leave its cache types out: its defaults (f16, f16) stand for "not given", as the
+    # flags' do, and the policy chooses (PlanRequest(type_k="f16") fixes f16)
+    default = cfg.type_k == GGMLType.F16 and cfg.type_v == GGMLType.F16
     return PlanRequest(
         n_ctx=cfg.n_ctx,
-        type_k=_kv_name("config.type_k", cfg.type_k),
-        type_v=_kv_name("config.type_v", cfg.type_v),
+        type_k=None if default else _kv_name("config.type_k", cfg.type_k),
+        type_v=None if default else _kv_name("config.type_v", cfg.type_v),
         flash_attn=cfg.flash_attn,
         n_parallel=cfg.n_parallel,
         kv_unified=cfg.kv_unified,

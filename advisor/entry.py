@@ -200,12 +200,11 @@ def _llama_build(
     if option == "auto":  # KVADVISE_LLAMA_BUILD, as --llama-build's default reads it: the API alike
         option = os.environ.get("KVADVISE_LLAMA_BUILD", "").strip() or "auto"
     choice = found if found is not None and option == "auto" else llamabuild.choose(option)
-    notes = list(llamabuild.notes(choice, runtime=runtime.program))
+    more = None
     if choice.build is None and runtime.program == "llama-server" and r.n_outputs_max is None:
         rows = min(r.n_ubatch, r.n_batch) - r.n_parallel
-        if rows > 0 and notes:
-            notes[-1] += f" ({4 * rows * spec.n_vocab / (1 << 20):,.0f} MiB more here)"
-    return choice.build, tuple(notes)
+        more = 4 * rows * spec.n_vocab / (1 << 20) if rows > 0 else None
+    return choice.build, llamabuild.notes(choice, runtime=runtime.program, older_server_mib=more)
 
 
 def _projector(path: str | ProjectorSpec | None) -> ProjectorSpec | None:

@@ -1,5 +1,5 @@
 """Domain errors. Core code raises these; only ``kvadvise.cli.main`` turns them
-into a one-line message and an exit code (documented in README.md)."""
+into a one-line message and an exit code (documented in docs/exit-codes.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Pure text builders: an estimate -> the JSON document or the human table.
 
-The JSON keys are documented in README.md; other tools rely on them.
+The JSON keys are documented in docs/json.md and docs/schema/ (a test holds each document to its schema); other tools rely on them.
 """
 
 from __future__ import annotations
@@ -277,7 +277,11 @@ def speed_dict(sp: SpeedEstimate | None) -> dict[str, Any] | None:
         "tokens_per_s": sp.tokens_per_s,
         "low": sp.low,
         "high": sp.high,
-        "at_context": [{"n_ctx": c, "tokens_per_s": t} for c, t in sp.points],
+        "at_context": [{"n_ctx": c, "tokens_per_s": t, "extrapolated": sp.extrapolated(c)} for c, t in sp.points],
+        "measured_depth": sp.measured_depth,  # the deepest context of the measurements it is calibrated on
+        "measured_what": sp.measured_what,
+        "ram_bandwidth_bytes_per_s": sp.ram_bandwidth_bytes_per_s,  # the system memory's, for the CPU's share
+        "ram_bandwidth_source": sp.ram_bandwidth_source,
         "text": sp.text(),
         "note": sp.note,
     }
@@ -293,7 +297,12 @@ def prefill_dict(pf: PrefillEstimate | None) -> dict[str, Any] | None:
         "n_prompt": pf.points[0][0],
         "low": pf.low,
         "high": pf.high,
-        "at_prompt": [{"n_prompt": n, "tokens_per_s": t, "seconds": sec} for n, t, sec in pf.points],
+        "at_prompt": [
+            {"n_prompt": n, "tokens_per_s": t, "seconds": sec, "extrapolated": pf.extrapolated(n)}
+            for n, t, sec in pf.points
+        ],
+        "measured_tokens": pf.measured_tokens,  # the longest prompt of the measurements it is calibrated on
+        "measured_what": pf.measured_what,
         "text": pf.text(),
         "note": pf.note,
     }

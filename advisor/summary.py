@@ -73,7 +73,7 @@ def headline(plan: Plan, requested_ctx: int | None = None) -> str:
     if off is not None:
         run = f"{off.n_ctx:,} tokens, {_kv(off.type_k.type_name, off.type_v.type_name)}"
         if off.runnable:
-            return head + f"100% on the GPU does not fit; the plan that runs keeps part on the CPU: {run}"
+            return head + f"part on the CPU (100% on the GPU does not fit): {run}"
         return head + f"DOES NOT FIT, not even with part on the CPU ({run}: the RAM is short too)"
     if not plan.fits:
         return head + what + ": DOES NOT FIT" + ("" if on_cpu else " the GPU")
@@ -133,30 +133,26 @@ def _speed(plan: Plan) -> list[str]:
     if decode is not None and _no_memory(plan) and plan.prefill is not None:  # an encoder reads, it does not decode
         out.append(f"speed (estimate): prompt {plan.prefill.at_sizes()}")
     elif decode is not None:
-        s = f"speed (estimate, one sequence): decode {decode.at_depths()}"
+        s = f"decode (estimate): {decode.at_depths()}"
         b = plan.budget
         if b is not None and b.bandwidth_bytes_per_s:
             at = f"{b.bandwidth_bytes_per_s / 1e9:,.0f} GB/s"
             if len(set(b.device_bandwidths)) > 1:  # each GPU reads its share of the layers at its own bandwidth
                 at = " + ".join(f"{x / 1e9:,.0f}" for x in b.device_bandwidths) + " GB/s"
-            if off is not None:  # the CPU's share runs at the system memory's bandwidth (measured once, cached)
-                from kvadvise.planner.speed import ram_bandwidth
-
-                at = f"GPU {at}, system RAM {ram_bandwidth(b)[0] / 1e9:,.0f} GB/s"
-            s += f" (at {at})"
-        if plan.prefill is not None:
-            s += f"; prompt {plan.prefill.at_sizes()}"
+            if decode.ram_bandwidth_bytes_per_s:  # the CPU's share at the system memory's (measured once, cached)
+                at = f"GPU {at}, RAM {decode.ram_bandwidth_bytes_per_s / 1e9:,.0f} GB/s"
+            s += f"; at {at}"
         out.append(s)
+        if plan.prefill is not None:
+            out.append(f"prompt (estimate): {plan.prefill.at_sizes()}")
     elif plan.budget is not None and plan.budget.source == "manual" and not plan.budget.bandwidth_bytes_per_s:
-        out.append("speed: not estimated: a card given by its size (--vram) has no known bandwidth; --gpu NAME has")
+        out.append("speed: not estimated: no catalogue card has this size; --bandwidth GB/S or --gpu NAME gives one")
     ram = off.ram if off is not None else plan.ram
     if ram is not None:
         verdict = "fits" if ram.fits else "DOES NOT FIT"
         s = f"system RAM: {fmt_bytes(ram.total_bytes)} of {fmt_bytes(ram.ram_bytes)} ({ram.ram_source}): {verdict}"
         if ram.prompt_cache_bytes:
-            s += f", {fmt_bytes(ram.prompt_cache_bytes)} of it llama-server's prompt cache at most"
-        if ram.fits:
-            s += f"; a container needs --memory={ram.container_limit_bytes >> 30}g"
+            s += f" (prompt cache {fmt_bytes(ram.prompt_cache_bytes)} at most)"
         out.append(s)
     return out
 
@@ -166,10 +162,13 @@ def why(rec: Recommendation | None) -> list[str]:
     recommender attached (its reasons that start with ``note:``)."""
     if rec is None:
         return []
-    if not rec.fits:  # why 100 % GPU does not fit, and which cache type the plan that runs takes
+    if not rec.fits:  # why 100 % GPU does not fit, and which cache type the plan that runs takes: one why
         said = [r for r in rec.reasons if r.startswith(("does not fit", "would fit with"))]
-        said += [r for r in rec.reasons if r.startswith("partial offload: a ")][:1]
-        return [f"why: {r}" for r in said] + [r for r in rec.reasons if r.startswith("note:")]
+        out = [("why: " if i == 0 else "     ") + r for i, r in enumerate(said)]
+        out += [
+            f"     {r.removeprefix('partial offload: ')}" for r in rec.reasons if r.startswith("partial offload: a ")
+        ][:1]
+        return out + [r for r in rec.reasons if r.startswith("note:")]
     chosen = (rec.config.type_k, rec.config.type_v)
     target = rec.target_ctx
     steps: list[str] = []
@@ -226,12 +225,33 @@ def summary_text(
     else:
         lines += [f"  {x}" for x in why(plan.recommendation)]
     hw_notes = plan.hardware.notes if plan.hardware is not None else ()
-    lines += [f"  note: {n}" for n in (*hw_notes, *plan.notes, *notes)]
+    said: set[str] = set()
+    for n in (*hw_notes, *plan.notes, *notes):  # each once
+        if n not in said:
+            said.add(n)
+            lines.append(f"  note: {n}")
     srcs = (*plan.spec.sources, *(plan.hardware.sources if plan.hardware is not None else ()), *sources)
     if srcs:
-        lines.append("Sources:")
-        lines += [f"  {x}" for x in srcs]
+        lines.append(sources_line(srcs))
     return text_lines(lines)
+
+
+SOURCES_WIDTH = 118
+
+
+def sources_line(srcs: Sequence[str]) -> str:
+    """Where the figures come from, in one line: each source up to its first detail (``--verbose`` and
+    ``--json`` have them whole)."""
+    short = []
+    for x in srcs:
+        head = x.split(" (", 1)[0].split(", ", 1)[0]
+        if head not in short:
+            short.append(head)
+    line = "Sources: " + "; ".join(short)
+    while len(line) > SOURCES_WIDTH and len(short) > 1:
+        short.pop()
+        line = "Sources: " + "; ".join(short) + "; ... (--verbose)"
+    return line
 
 
 def llama_flags(plan: Plan) -> str:

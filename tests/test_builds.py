@@ -101,7 +101,7 @@ def test_the_plan_says_which_build_it_is_for(gemma_path: Path, capsys: pytest.Ca
     args = ["gguf", str(gemma_path), "--ctx", "4096", "--no-hardware", "--json"]
     assert main([*args, "--llama-build", "unknown"]) == 0
     notes = " ".join(json.loads(capsys.readouterr().out)["notes"])
-    assert "llama.cpp build unknown" in notes and "b9467" in notes and "MiB more here" in notes
+    assert "llama.cpp build unknown" in notes and "b9467" in notes and "MiB more)" in notes
     assert main([*args, "--llama-build", "b9000"]) == 0
     notes = " ".join(json.loads(capsys.readouterr().out)["notes"])
     assert "planned for llama.cpp b9000 (--llama-build)" in notes

@@ -91,8 +91,8 @@ def test_small_cards_get_the_plan_that_runs_and_write_it(
     assert "OLLAMA_FLASH_ATTENTION=1" in lines and f"OLLAMA_KV_CACHE_TYPE={s['kv_cache_type']}" in lines
     rc, out, _ = run(capsys, "ollama", model, "--gpu", card, *RAM)
     if doc["fits"] is False:
-        assert "100% on the GPU does not fit; the plan that runs keeps part on the CPU" in out
-        assert "decode ≈ " in out and " t/s at 4k, ≈ " in out
+        assert "part on the CPU (100% on the GPU does not fit)" in out
+        assert "decode (estimate): ≈ " in out and " t/s at 4k, ≈ " in out
 
 
 def test_the_fastest_cache_type_at_the_target(capsys: pytest.CaptureFixture[str]) -> None:
@@ -132,18 +132,19 @@ def test_llamacpp_prints_and_writes_the_offload(tmp_path: Path, capsys: pytest.C
     full = estimate(spec, RunConfig(n_ctx=4096, flash_attn="on", device="cuda"))
     vram = f"{full.device_bytes + 1024 * MIB - spec.expert_bytes // spec.n_layer // 2}B"  # one layer's experts short
     env = tmp_path / "llama.env"
-    rc, doc = _json(capsys, "llamacpp", str(path), "--vram", vram, "--ctx", "4096", *RAM, "--write-env", str(env))
+    f16 = ("-ctk", "f16", "-ctv", "f16")  # at f16 (the --ctx alone would take q8_0, which fits 100% on the GPU)
+    rc, doc = _json(capsys, "llamacpp", str(path), "--vram", vram, "--ctx", "4096", *f16, *RAM, "--write-env", str(env))
     off, ls = doc["offload"], doc["llama_server"]
     assert isinstance(off, dict) and isinstance(ls, dict)
     assert rc == 0 and doc["fits"] is False and (off["n_cpu_moe"], off["n_cpu_layers"]) == (1, 0)
     assert ls["run_command"] == ls["offload_command"] and "--n-cpu-moe 1" in ls["run_command"]
     written = env.read_text().splitlines()
     assert "LLAMA_ARG_N_CPU_MOE=1" in written and f"LLAMA_ARG_N_GPU_LAYERS={spec.n_layer + 1}" in written
-    rc, out, _ = run(capsys, "llamacpp", str(path), "--vram", vram, "--ctx", "4096", *RAM, "--verbose")
+    rc, out, _ = run(capsys, "llamacpp", str(path), "--vram", vram, "--ctx", "4096", *f16, *RAM, "--verbose")
     assert rc == 0 and "# 100% on the GPU does not fit; the plan that runs keeps part of the model on the CPU:" in out
     env.unlink()
     rc, _, err = run(
-        capsys, "llamacpp", str(path), "--vram", vram, "--ctx", "4096", "--gpu-only", "--write-env", str(env)
+        capsys, "llamacpp", str(path), "--vram", vram, "--ctx", "4096", *f16, "--gpu-only", "--write-env", str(env)
     )
     assert rc == 3 and not env.exists() and "not written" in err
 
@@ -333,7 +334,7 @@ def test_llama31_8b_is_never_planned_past_its_training_context(capsys: pytest.Ca
     assert any("requested context size too large for model" in n for n in doc["notes"])  # type: ignore[union-attr]
     rc, doc = _json(capsys, "ollama", "llama3.1:8b", "--gpu", "h200", "--use", "agent", *RAM)
     warnings = "\n".join(doc["ollama"]["warnings"])  # type: ignore[index]
-    assert rc == 0 and "Ollama would run 131,072 tokens" in warnings and "262,144" not in warnings
+    assert rc == 0 and "Ollama runs 131,072 tokens" in warnings and "262,144" not in warnings
     rc, doc = _json(capsys, "ollama", "llama3.1:8b", "--gpu", "h200", "--use", "long", *RAM)
     assert doc["config"]["n_ctx_seq"] == 131072  # type: ignore[index]
 

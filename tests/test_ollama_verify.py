@@ -251,7 +251,8 @@ def test_remote_server_matched_by_the_digest_it_lists(
     assert main(["verify", "ollama", asked, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["loaded"] and doc["fits"] and doc["matched_by"] == "digest"
-    assert [p for _m, p, _b in fake.requests] == ["/api/show", "/api/ps", "/api/tags"]
+    # the server is asked first whether it is up (verify needs it), then for the model
+    assert [p for _m, p, _b in fake.requests] == ["/api/version", "/api/show", "/api/ps", "/api/tags"]
 
 
 def test_remote_server_listing_one_name_is_matched_by_the_library_alias(

@@ -79,9 +79,9 @@ def test_llama_server_the_api_and_the_cli_agree(
     ModelSpec and a model reference."""
     spec = kvadvise.load_model(str(gemma_path))
     request = kvadvise.PlanRequest(vram_bytes=(640 << 20,), **fields)
-    rc, cli_doc = _cli(capsys, "gguf", str(gemma_path), "--vram", "640MiB", *flags)
+    _, cli_doc = _cli(capsys, "gguf", str(gemma_path), "--vram", "640MiB", *flags)
     assert _live(kvadvise.to_json(kvadvise.plan(spec, request))) == cli_doc, flags
-    rc, cli_doc = _cli(capsys, "llamacpp", str(gemma_path), "--vram", "640MiB", *flags)
+    _rc, cli_doc = _cli(capsys, "llamacpp", str(gemma_path), "--vram", "640MiB", *flags)
     doc = _live(kvadvise.to_json(kvadvise.plan(str(gemma_path), request)))
     assert doc == cli_doc and doc["llama_server"]["command"].startswith("llama-server -m "), flags
 
@@ -91,7 +91,7 @@ def test_ctx_zero_means_the_training_context_everywhere(capsys: pytest.CaptureFi
     the API recommended 64k for RunConfig(n_ctx=0) while the command line planned 262,144 tokens."""
     spec = kvadvise.load_model("qwen3-coder", backend="ollama")
     hw = kvadvise.gpu_profile("rtx-4090")
-    rc, cli_doc = _cli(capsys, "ollama", "qwen3-coder", "--gpu", "rtx-4090", "--ctx", "0")
+    _rc, cli_doc = _cli(capsys, "ollama", "qwen3-coder", "--gpu", "rtx-4090", "--ctx", "0")
     for plan in (
         kvadvise.plan(spec, kvadvise.RunConfig(n_ctx=0), hardware=hw, runtime="ollama"),
         kvadvise.plan("qwen3-coder", kvadvise.PlanRequest(n_ctx=0, gpu="rtx-4090"), runtime="ollama"),
@@ -111,7 +111,7 @@ def test_the_api_plans_only_what_ollama_runs() -> None:
     assert doc["ollama"]["env"]["OLLAMA_KV_CACHE_TYPE"] == plan.config.type_k.type_name
     with pytest.raises(KvadviseError, match="Ollama takes one OLLAMA_KV_CACHE_TYPE"):
         kvadvise.plan("qwen3-coder", kvadvise.PlanRequest(type_k="q8_0", type_v="q4_0"), runtime="ollama")
-    with pytest.raises(KvadviseError, match="llama.cpp only; Ollama does not pass it"):
+    with pytest.raises(KvadviseError, match=r"llama\.cpp only; Ollama does not pass it"):
         kvadvise.plan("qwen3-coder", kvadvise.PlanRequest(kv_unified=True), runtime="ollama")
 
 

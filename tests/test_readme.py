@@ -1,5 +1,6 @@
-"""README.md and the CLI cannot drift: every command and every option of every command is
-documented, and every command the README heads a section with exists."""
+"""The documentation and the CLI cannot drift: every command and every option of every command is
+documented in docs/commands.md (the reference of every command and flag), and every command a page
+heads a section with (README.md, docs/*.md) exists."""
 
 from __future__ import annotations
 
@@ -10,7 +11,12 @@ import click
 
 from kvadvise.cli import cli
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+ROOT = Path(__file__).resolve().parent.parent
+COMMANDS = (ROOT / "docs" / "commands.md").read_text(encoding="utf-8")
+PAGES = {
+    p.relative_to(ROOT).as_posix(): p.read_text(encoding="utf-8")
+    for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]
+}
 
 
 def _commands(group: click.Group, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], click.Command]:
@@ -26,7 +32,8 @@ def _commands(group: click.Group, prefix: tuple[str, ...] = ()) -> dict[tuple[st
 
 
 def test_every_command_has_a_section() -> None:
-    missing = [" ".join(path) for path in _commands(cli) if f"`kvadvise {' '.join(path)}" not in README]
+    headed = re.findall(r"^#{2,3} .*$", COMMANDS, flags=re.M)
+    missing = [" ".join(path) for path in _commands(cli) if not any(f"`kvadvise {' '.join(path)}" in h for h in headed)]
     assert missing == []
 
 
@@ -36,13 +43,16 @@ def test_every_option_is_documented() -> None:
         for p in cmd.params:
             if isinstance(p, click.Option) and not p.hidden:
                 longs = [o for o in p.opts if o.startswith("--")]
-                if longs and not any(f"`{o}" in README or f" {o}" in README for o in longs):
+                if longs and not any(re.search(rf"[` ]{re.escape(o)}(?![\w-])", COMMANDS) for o in longs):
                     missing.append(f"kvadvise {' '.join(path)} {longs[0]}")
     assert missing == []
 
 
-def test_every_command_the_readme_heads_exists() -> None:
+def test_every_command_a_page_heads_exists() -> None:
     known = {" ".join(path) for path in _commands(cli)}
-    # the command's words: up to its first argument (MODEL, NAME[:TAG]) or option (--installed)
-    headed = re.findall(r"^### `kvadvise ([a-z][a-z ]*?)(?: [A-Z\[-]|`|\|)", README, flags=re.M)
-    assert headed and [h.strip() for h in headed if h.strip() not in known] == []
+    headed = {}
+    for name, text in PAGES.items():
+        # the command's words: up to its first argument (MODEL, NAME[:TAG]) or option (--installed)
+        for h in re.findall(r"^#{1,3} .*?`kvadvise ([a-z][a-z ]*?)(?: [A-Z\[-]|`|\|)", text, flags=re.M):
+            headed[h.strip()] = name
+    assert headed and {h: page for h, page in headed.items() if h not in known} == {}

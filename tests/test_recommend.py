@@ -82,7 +82,7 @@ def test_min_ctx_fails_with_what_would_fit(qwen3_coder: ModelSpec) -> None:
     with pytest.raises(DoesNotFit) as e:
         recommend(qwen3_coder, RunConfig(n_parallel=2), budget_for(small), Policy(min_ctx=131072))
     assert e.value.exit_code == 3
-    assert e.value.hint and "more free memory" in e.value.hint and "fewer parallel slots" in e.value.hint
+    assert e.value.hint and "more memory" in e.value.hint and "fewer parallel slots" in e.value.hint
 
 
 def test_weights_alone_too_big_is_reported_not_hidden(qwen3_coder: ModelSpec) -> None:

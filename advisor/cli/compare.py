@@ -15,7 +15,7 @@ import click
 
 from kvadvise.errors import EXIT_NO_FIT, InputError
 from kvadvise.ui import output
-from kvadvise.ui.flags import MARGIN_OPTION, PARALLEL_OPTION, SIZE, TEXT, USE_OPTION
+from kvadvise.ui.flags import MARGIN_OPTION, PARALLEL_OPTION, SIZE, TEXT, USE_OPTION, TokensType
 
 if TYPE_CHECKING:
     from kvadvise.model.spec import ModelSpec
@@ -207,11 +207,17 @@ def sort_entries(entries: list[Entry], key: str | None) -> list[Entry]:
     if key is None:
         return entries
     docs = {id(e): entry_dict(e) for e in entries}
+
+    def short(e: Entry) -> bool:  # a pair short of the target never ranks above one that reaches it
+        return not docs[id(e)]["reaches_target"]
+
     if key == "speed":  # at 4k, one depth for every model (at its own context a model with less looks faster)
-        return sorted(entries, key=lambda e: -(docs[id(e)]["decode_4k_tokens_per_s"] or 0.0))
+        return sorted(entries, key=lambda e: (short(e), -(docs[id(e)]["decode_4k_tokens_per_s"] or 0.0)))
     if key == "context":
-        return sorted(entries, key=lambda e: (-docs[id(e)]["n_ctx"], -(docs[id(e)]["decode_4k_tokens_per_s"] or 0.0)))
-    return sorted(entries, key=lambda e: -docs[id(e)]["weights_bytes"])
+        return sorted(
+            entries, key=lambda e: (short(e), -docs[id(e)]["n_ctx"], -(docs[id(e)]["decode_4k_tokens_per_s"] or 0.0))
+        )
+    return sorted(entries, key=lambda e: (short(e), -docs[id(e)]["weights_bytes"]))
 
 
 def _ctx(n: int) -> str:
@@ -223,7 +229,7 @@ def table_text(entries: list[Entry]) -> list[str]:
     mw = max([5, *(len(d["model"]) for d in docs)])
     cw = max([4, *(len(d["card"]) for d in docs)])
     lines = [
-        f"{'MODEL':<{mw}}  {'CARD':<{cw}}  {'FITS':<4} {'CONTEXT':>8} {'TARGET':>7}  {'CACHE':<10} "
+        f"{'MODEL':<{mw}}  {'CARD':<{cw}}  {'FITS':<4} {'CONTEXT':>8} {'TARGET':>7} {'REACHED':<7}  {'CACHE':<10} "
         f"{'WEIGHTS':>9} {'HEADROOM':>10} {'T/S@4K':>7} {'T/S@CTX':>8}  PART ON CPU"
     ]
     for d in docs:
@@ -233,7 +239,8 @@ def table_text(entries: list[Entry]) -> list[str]:
         head = d["headroom_bytes"] / GIB
         lines.append(
             f"{d['model']:<{mw}}  {d['card']:<{cw}}  {'yes' if d['fits'] else 'NO':<4} {_ctx(d['n_ctx']):>8} "
-            f"{_ctx(d['target_ctx']):>7}  {kv if d['fits'] else '-':<10} {d['weights_bytes'] / 1e9:>6.1f} GB "
+            f"{_ctx(d['target_ctx']):>7} {'yes' if d['reaches_target'] else 'SHORT':<7}  {kv if d['fits'] else '-':<10} "
+            f"{d['weights_bytes'] / 1e9:>6.1f} GB "
             f"{head:>+6.1f} GiB {_tps(d['decode_4k_tokens_per_s']):>7} {_tps(d['decode_tokens_per_s']):>8}"
             f"  {_partial(d['partial'])}"
         )
@@ -288,7 +295,13 @@ def _partial(d: dict[str, Any] | None) -> str:
 @MARGIN_OPTION
 @USE_OPTION
 @click.option(
-    "--target-ctx", type=click.IntRange(min=0, max=2**31 - 1), default=0, help="Context per sequence to aim for."
+    "--target-ctx",
+    "--ctx",
+    "target_ctx",
+    type=TokensType("target_ctx"),
+    default=0,
+    help="Context per sequence to aim for (64k = 65,536); a pair short of it says so and never ranks above one "
+    "that reaches it.",
 )
 @PARALLEL_OPTION
 @click.option("--repeatable", is_flag=True, help="f16 cache only.")
@@ -299,7 +312,9 @@ def _partial(d: dict[str, Any] | None) -> str:
     help="speed (fastest decode at 4k tokens of context first), context (longest first) or size (largest "
     "weights first); default: as given.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (keys in README.md).")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print one JSON object (keys: docs/json.md, schema: docs/schema/)."
+)
 def compare(
     models: tuple[str, ...],
     gpu: str | None,

@@ -56,6 +56,7 @@ from kvadvise.planner.memory import (
     resolve,
 )
 from kvadvise.planner.policy import KV, Policy, allowed_kvs, config_at, kv_name
+from kvadvise.planner.speed import ctx_label
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -164,8 +165,10 @@ def _versus(best: Offload, first: Offload, n_layer: int) -> str:
         f"{kv_name((first.type_k, first.type_v))} keeps {_kept(first, n_layer)}"
     )
     if best.speed is not None and first.speed is not None:
-        s += f": {best.speed.at_depths()} against {first.speed.at_depths()}"
-    return s + " (the fastest at the target: a more quantized cache only when at least 5 % faster)"
+        (depth, fast), (_, slow) = best.speed.points[-1], first.speed.points[-1]
+        if round(fast) != round(slow):
+            s += f" (≈ {fast:,.0f} against ≈ {slow:,.0f} t/s at {ctx_label(depth)})"
+    return s
 
 
 @dataclass(frozen=True, slots=True)

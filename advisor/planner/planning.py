@@ -17,6 +17,7 @@ from kvadvise.planner.memory import MemoryEstimate, RunConfig, estimate
 from kvadvise.planner.policy import Policy
 from kvadvise.planner.recommender import (
     Recommendation,
+    cache_for_ctx,
     fixed_ctx_alternatives,
     recommend,
     refit_reason,
@@ -247,6 +248,9 @@ def make_plan(
     cfg = replace(base, device=budget.device) if budget is not None and base.device == "auto" else base
     if cfg.device == "auto":
         cfg = replace(cfg, device="cpu")
+    if budget is not None and policy.fixed_kv is None:  # --ctx alone: the cache type is still the policy's
+        cfg, chosen = cache_for_ctx(spec, cfg, budget, policy)
+        notes = (*notes, *chosen)
     est = estimate(spec, cfg)
     fits = budget.fits(est) if budget is not None else None
     if budget is not None and not fits and policy.fit_split:  # the --ctx as given, layers moved as --fit moves them
@@ -267,7 +271,7 @@ def make_plan(
         if wants_offload(policy, False, False):  # the --ctx as given, with part of the model on the CPU
             from kvadvise.planner.offload import plan_offload
 
-            n_seq = max(1, cfg.n_ctx // max(1, cfg.n_parallel))
+            n_seq = max(1, (cfg.n_ctx or spec.n_ctx_train) // max(1, cfg.n_parallel))  # -c 0: the training context
             kv = (cfg.type_k, cfg.type_v)
             offload, why = plan_offload(spec, replace(cfg, n_ctx=0), budget, n_seq, kv, policy)
             notes = (*notes, *why)

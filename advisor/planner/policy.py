@@ -33,9 +33,9 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from kvadvise.errors import ConfigError
-from kvadvise.model.ggml import GGMLType
+from kvadvise.model.ggml import GGMLType, is_quantized
 from kvadvise.model.spec import ModelSpec
-from kvadvise.planner.memory import CTX_PAD, RunConfig, validate
+from kvadvise.planner.memory import CTX_PAD, RunConfig, cuda_flash_attn_missing, validate
 
 if TYPE_CHECKING:
     from kvadvise.planner.budget import Budget
@@ -178,9 +178,15 @@ def choices(spec: ModelSpec, base: RunConfig, policy: Policy) -> list[tuple[KV, 
     # validate() raises what estimate() would for these types, without sizing anything (a full
     # estimate here was 29 % of `compare`)
     if policy.fixed_kv is not None:
-        validate(spec, config_at(base, CTX_PAD, policy.fixed_kv, base.flash_attn != "off", base.device))  # raises
-        return [(policy.fixed_kv, base.flash_attn != "off", True)]
+        # auto without a CUDA kernel resolves off, unless a quantized V forces it on (llama_init_from_model)
+        fa = base.flash_attn != "off" and not (no_fa_kernel(spec, base) and not is_quantized(policy.fixed_kv[1]))
+        validate(spec, config_at(base, CTX_PAD, policy.fixed_kv, fa, base.device))  # raises
+        return [(policy.fixed_kv, fa, True)]
     fa = base.flash_attn != "off"
+    if fa and no_fa_kernel(spec, base):
+        # llama.cpp resolves auto off where CUDA has no kernel (llama_context::resolve_fused_ops), so the
+        # candidates are those without flash attention: V stays f16
+        base, fa = replace(base, flash_attn="off"), False
     out = []
     for kv in kv_choices(spec, base, policy):
         try:
@@ -189,6 +195,15 @@ def choices(spec: ModelSpec, base: RunConfig, policy: Policy) -> list[tuple[KV, 
             continue  # e.g. the block size does not divide the head size
         out.append((kv, fa, policy.allow_q4 or not needs_opt_in(kv)))
     return out
+
+
+def no_fa_kernel(spec: ModelSpec, base: RunConfig) -> str | None:
+    """Why kvadvise, choosing, plans without flash attention: CUDA has no kernel for this model's heads
+    (ggml-cuda fattn.cu ggml_cuda_get_best_fattn_kernel: DeepSeek-V2-Lite's pre-MLA K head 192 / V head 128 at
+    GQA 1), so llama.cpp's auto resolves it off; None where it has one (or the user set -fa on/off)."""
+    if base.flash_attn != "auto" or base.device != "cuda":
+        return None
+    return cuda_flash_attn_missing(spec, F16, F16)
 
 
 def allowed_kvs(spec: ModelSpec, base: RunConfig, policy: Policy) -> list[KV]:

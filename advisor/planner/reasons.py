@@ -88,8 +88,7 @@ def reasons(
             )
         else:
             out.append(
-                f"does not fit: the weights and buffers alone need {_gb(est.device_bytes)} at {n_ctx_seq:,} tokens; "
-                f"{where} has {_gb(budget.budget_bytes)}"
+                f"does not fit: {_gb(est.device_bytes)} at {n_ctx_seq:,} tokens, {where} has {_gb(budget.budget_bytes)}"
             )
         out.append(would_fit)
         return out
@@ -182,7 +181,7 @@ def what_would_fit(
     if budget.budget_bytes <= 0:
         tips.append(f"a margin smaller than {_gb(budget.margin_bytes)} (--margin): it leaves no budget at all")
     if short > 0:
-        tips.append(f"{_gb(short)} more free memory (a bigger card, or unload other models)")
+        tips.append(f"{_gb(short)} more memory (a bigger card, or unload other models)")
         # a lower-bit quant of the same model saves at most about half its weights
         if spec.weights_bytes and short < spec.weights_bytes // 2:
             tips.append(
@@ -193,13 +192,21 @@ def what_would_fit(
             tips.append("dropping --gpu-only (part of the model on the CPU: the partial plan)")
     if one_slot_ctx is not None:
         tips.append(f"fewer parallel slots (with 1 slot: {one_slot_ctx:,} tokens)")
-    return "would fit with: " + "; or ".join(tips) if tips else "would fit with a larger memory budget"
+    return "would fit with " + "; or ".join(tips) if tips else "would fit with a larger memory budget"
 
 
 def fits_with_another(now: KV, kv: KV, device_bytes: int, budget: Budget) -> str:
     """A ``--ctx`` that does not fit with ``now`` fits with ``kv``."""
     return (
         f"does not fit with {_short(now)}; fits with {kv_name(kv)} ({_gb(device_bytes)} of {_gb(budget.budget_bytes)})"
+    )
+
+
+def no_fa_kernel(missing: str) -> str:
+    """Why the plan is without flash attention on a CUDA card."""
+    return (
+        f"flash attention off: CUDA has no kernel for this model ({missing}; ggml-cuda fattn.cu), so llama.cpp "
+        "runs without it and the plan is sized for that (a quantized V cache, which needs it, is not chosen)"
     )
 
 

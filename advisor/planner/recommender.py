@@ -25,6 +25,7 @@ from kvadvise.planner.policy import (
     choices,
     config_at,
     default_target_ctx,
+    no_fa_kernel,
 )
 
 if TYPE_CHECKING:  # the speed model loads only for a plan with a GPU budget, the offload with --allow-cpu
@@ -141,6 +142,8 @@ def recommend(spec: ModelSpec, base: RunConfig, budget: Budget, policy: Policy) 
     fits = budget.fits(est)
     would_fit = "" if fits else _what_would_fit(spec, base, budget, policy)
     reasons += words.reasons(spec, base, budget, policy, options, chosen, target, why, n_ctx_seq, est, fits, would_fit)
+    if (missing := no_fa_kernel(spec, base)) is not None:
+        reasons.append(words.no_fa_kernel(missing))
     if cfg.tensor_split != base.tensor_split:
         reasons.append(refit_reason(base.tensor_split, cfg.tensor_split))
 
@@ -202,7 +205,7 @@ def fixed_ctx_alternatives(spec: ModelSpec, cfg: RunConfig, budget: Budget, poli
 
     "does not fit with f16; fits with q8_0 K/V (20.40 GiB)", or "fits up to N tokens per sequence with q8_0".
     """
-    n_seq = max(CTX_PAD, cfg.n_ctx // max(1, cfg.n_parallel))
+    n_seq = max(CTX_PAD, (cfg.n_ctx or spec.n_ctx_train) // max(1, cfg.n_parallel))  # -c 0: the training context
     base = replace(cfg, n_ctx=0)
     now = (cfg.type_k, cfg.type_v)
     fa = cfg.flash_attn != "off"
@@ -218,6 +221,38 @@ def fixed_ctx_alternatives(spec: ModelSpec, cfg: RunConfig, budget: Budget, poli
             return words.fits_with_another(now, kv, e.device_bytes, budget)
     best = max(((kv, max_context(spec, base, kv, fa, budget)) for kv in kvs or [now]), key=lambda t: t[1])
     return words.fits_up_to(now, *best)
+
+
+def cache_for_ctx(spec: ModelSpec, cfg: RunConfig, budget: Budget, policy: Policy) -> tuple[RunConfig, tuple[str, ...]]:
+    """``--ctx N`` without ``-ctk/-ctv``: the context is the user's, the cache types and flash attention are
+    still the policy's (f16, then q8_0, q4_0 only when allowed): the first that fits 100 % on the GPU at that
+    context; when none does, the most quantized allowed, for the plan with part on the CPU (the most of the
+    model stays on the GPU). The notes say what was chosen over f16, and why, and a split refitted as llama.cpp's
+    --fit refits it."""
+    n_seq = max(CTX_PAD, (cfg.n_ctx or spec.n_ctx_train or CTX_PAD) // max(1, cfg.n_parallel))
+    base = replace(cfg, n_ctx=0)
+    try:
+        candidates = [(kv, fa) for kv, fa, allowed in choices(spec, base, policy) if allowed]
+    except ConfigError:
+        return cfg, ()
+    if not candidates:
+        return cfg, ()
+    first = candidates[0][0]
+    for kv, fa in candidates:
+        at = _refit(spec, config_at(base, n_seq, kv, fa, cfg.device), budget, policy)
+        if budget.fits(e := estimate(spec, at)):
+            notes = (
+                []
+                if kv == first
+                else [f"{n_seq:,} tokens per sequence: " + words.fits_with_another(first, kv, e.device_bytes, budget)]
+            )
+            if at.tensor_split != cfg.tensor_split:
+                notes.append(refit_reason(cfg.tensor_split, at.tensor_split))
+            at = at if cfg.n_ctx else replace(at, n_ctx=0)  # -c 0 stays the training context, as asked
+            return at, tuple(notes)
+    kv, fa = candidates[-1]
+    at = config_at(base, n_seq, kv, fa, cfg.device)
+    return (at if cfg.n_ctx else replace(at, n_ctx=0)), ()
 
 
 def decode_speed(

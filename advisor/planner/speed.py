@@ -66,6 +66,16 @@ LAYER_OVERHEAD_S: dict[str, float] = {"cuda": 65e-6, "metal": 145e-6, "vulkan": 
 MOE_LAYER_OVERHEAD_S: dict[str, float] = {"cuda": 0.0, "metal": 0.0, "vulkan": 0.0, "rocm": 0.0, "cpu": 0.0}
 # measured ÷ estimate: the band around the estimate that held 80 % of the collected rows
 RANGE = (0.84, 1.21)
+# The deepest context of the decode measurements the factors are fitted and checked on, by backend
+# (tests/data/speed/measurements.json: context_tokens + n_gen of the rows, fitted and held out; tests/test_speed.py
+# recomputes it from the file): a figure at a deeper context is an extrapolation and is labelled so. Up to 4k the
+# weights' reads dominate a token's time, so that first figure stands on any backend. A plan with part of the
+# model on the CPU: the rows with a partial offload (depth 0 only); a CPU plan: none.
+DECODE_MEASURED_DEPTH: dict[str, int] = {"cuda": 32800, "metal": 8192, "vulkan": 128, "rocm": 4160}
+PARTIAL_MEASURED_DEPTH = 0
+PREFILL_MEASURED_TOKENS: dict[str, int] = {"cuda": 34816, "metal": 1024, "vulkan": 4096, "rocm": 6144}
+EXTRAPOLATION_FLOOR = 4096
+_BACKEND_NAMES = {"cuda": "CUDA", "metal": "Metal", "vulkan": "Vulkan", "rocm": "ROCm", "cpu": "CPU"}
 # The CPU's bandwidth when nothing measured or gave one (the API without a budget): dual-channel DDR5.
 CPU_BANDWIDTH_BYTES_PER_S = 60_000_000_000
 # HIP is ROCm; SYCL has too few published rows of its own: it takes Vulkan's factors (another non-CUDA GPU API).
@@ -263,13 +273,47 @@ class SpeedEstimate:
     high: float
     points: tuple[tuple[int, float], ...]  # (context, tokens/s): the figure at a few depths
     note: str
+    # the deepest context the measurements it is calibrated on reach (at least 4k): a point past it is an
+    # extrapolation, and says so (:data:`DECODE_MEASURED_DEPTH`)
+    measured_depth: int = 1 << 62
+    measured_what: str = ""  # which measurements: "CUDA", "Metal", "part on the CPU"...
+    ram_bandwidth_bytes_per_s: int | None = None  # the system memory's, where the CPU reads a share
+    ram_bandwidth_source: str | None = None
+    # a card given by its size (--vram): the figures over the catalogue's cards of that size, (context, lowest,
+    # highest) per depth, and which cards; points then hold the middle card's
+    spread: tuple[tuple[int, float, float], ...] = ()
+    spread_over: str = ""
 
     def text(self) -> str:
+        if self.spread:
+            return self.at_depths()
         return f"{self.at_depths()} (range {self.low:,.0f} to {self.high:,.0f} t/s at {ctx_label(self.points[0][0])})"
 
+    def extrapolated(self, depth: int) -> bool:
+        return depth > self.measured_depth
+
     def at_depths(self) -> str:
-        """``≈ 25 t/s at 4k, ≈ 17 t/s at 64k``"""
-        return ", ".join(f"≈ {tps:,.0f} t/s at {ctx_label(c)}" for c, tps in self.points)
+        """``≈ 25 t/s at 4k, ≈ 17 t/s at 64k (extrapolated: CUDA measured to 32k)``"""
+        if self.spread:
+            s = ", ".join(
+                f"≈ {lo:,.0f} to {hi:,.0f} t/s at {ctx_label(c)}"
+                if round(lo) != round(hi)
+                else f"≈ {lo:,.0f} t/s at {ctx_label(c)}"
+                for c, lo, hi in self.spread
+            )
+            return f"{s} ({self.spread_over})" + self.extrapolation_note()
+        s = ", ".join(f"≈ {tps:,.0f} t/s at {ctx_label(c)}" for c, tps in self.points)
+        return s + self.extrapolation_note()
+
+    def extrapolation_note(self) -> str:
+        if not any(self.extrapolated(c) for c, _ in self.points):
+            return ""
+        return f" (past {_k(self.measured_depth)}: extrapolated)"
+
+
+def _k(n: int) -> str:
+    """32800 -> "32k": a depth in whole k, rounded down."""
+    return f"{n // 1024}k" if n >= 1024 else f"{n:,}"
 
 
 def ctx_label(n: int) -> str:
@@ -331,7 +375,24 @@ def estimate(
     )
     if reads.moe and not spec.expert_bytes:
         note += "; MoE expert sizes are unknown, so every expert is counted (a low estimate)"
-    return SpeedEstimate(first, first * RANGE[0], first * RANGE[1], tuple(pts), note)
+    lead = backend_key(devices[0].backend) if devices else "cpu"
+    if not devices:
+        measured, what = 0, "CPU-only"
+    elif on_cpu:
+        measured, what = PARTIAL_MEASURED_DEPTH, f"{_BACKEND_NAMES[lead]} partial-offload"
+    else:
+        measured, what = DECODE_MEASURED_DEPTH.get(lead, 0), _BACKEND_NAMES[lead]
+    return SpeedEstimate(
+        first,
+        first * RANGE[0],
+        first * RANGE[1],
+        tuple(pts),
+        note,
+        measured_depth=max(measured, EXTRAPOLATION_FLOOR),
+        measured_what=what,
+        ram_bandwidth_bytes_per_s=cpu_bandwidth_bytes_per_s if on_cpu else None,
+        ram_bandwidth_source=cpu_bandwidth_source if on_cpu else None,
+    )
 
 
 # -- prompt processing ----------------------------------------------------------------------------
@@ -378,15 +439,23 @@ class PrefillEstimate:
     high: float
     points: tuple[tuple[int, float, float], ...]  # (prompt tokens, tokens/s, seconds), from an empty context
     note: str
+    measured_tokens: int = 1 << 62  # the longest prompt the measurements reach (at least 4k): past it, extrapolated
+    measured_what: str = ""
 
     def text(self) -> str:
         return f"{self.at_sizes()} (range {self.low:,.0f} to {self.high:,.0f} t/s for {ctx_label(self.points[0][0])})"
+
+    def extrapolated(self, n_prompt: int) -> bool:
+        return n_prompt > self.measured_tokens
 
     def at_sizes(self) -> str:
         """``≈ 5,200 t/s: 4k tokens in 0.8 s, 64k in 21 s``"""
         first, *rest = self.points
         s = f"≈ {first[1]:,.0f} t/s: {ctx_label(first[0])} tokens in {_secs(first[2])}"
-        return s + "".join(f", {ctx_label(n)} in {_secs(sec)} (≈ {tps:,.0f} t/s)" for n, tps, sec in rest)
+        s += "".join(f", {ctx_label(n)} in {_secs(sec)} (≈ {tps:,.0f} t/s)" for n, tps, sec in rest)
+        if any(self.extrapolated(n) for n, _, _ in self.points):
+            s += f" (past {_k(self.measured_tokens)}: extrapolated)"
+        return s
 
 
 def _secs(s: float) -> str:
@@ -492,7 +561,19 @@ def prefill(
         f"; calibrated on published measurements (80 % within {PREFILL_RANGE[0]:.0%} to {PREFILL_RANGE[1]:.0%}); "
         "`kvadvise verify` measures the real figure"
     )
-    return PrefillEstimate(tps, pts[0][2], tps * PREFILL_RANGE[0], tps * PREFILL_RANGE[1], tuple(pts), note)
+    lead = backend_key(devices[0].backend) if devices else "cpu"
+    measured = PREFILL_MEASURED_TOKENS.get(lead, 0) if devices and not cpu_bytes else 0
+    what = _BACKEND_NAMES[lead] + (" partial-offload" if cpu_bytes and devices else "" if devices else "-only")
+    return PrefillEstimate(
+        tps,
+        pts[0][2],
+        tps * PREFILL_RANGE[0],
+        tps * PREFILL_RANGE[1],
+        tuple(pts),
+        note,
+        measured_tokens=max(measured, EXTRAPOLATION_FLOOR),
+        measured_what=what,
+    )
 
 
 # -- a plan's devices -----------------------------------------------------------------------------
@@ -539,7 +620,7 @@ def plan_decode(
     the first ``n_cpu_layers`` whole) at the system memory's bandwidth; a CPU plan at that bandwidth."""
     devs = plan_devices(spec, budget, cfg.tensor_split)
     if devs is None:
-        return None
+        return _over_cards_of_the_size(spec, cfg, budget, n_cpu_moe=n_cpu_moe, n_cpu_layers=n_cpu_layers)
     on_cpu = not devs or n_cpu_moe or n_cpu_layers
     cpu_bw, cpu_src = ram_bandwidth(budget) if on_cpu else (CPU_BANDWIDTH_BYTES_PER_S, None)
     n_seq = cfg.n_ctx // max(1, cfg.n_parallel) if cfg.n_ctx else spec.n_ctx_train
@@ -554,6 +635,61 @@ def plan_decode(
         cpu_bandwidth_bytes_per_s=cpu_bw,
         source=budget.bandwidth_source,
         cpu_bandwidth_source=cpu_src,
+    )
+
+
+SIZE_MATCH = 0.03  # a catalogue card "of that size": its published memory within 3 % of the --vram given
+
+
+def _over_cards_of_the_size(
+    spec: ModelSpec, cfg: RunConfig, budget: Budget, *, n_cpu_moe: int, n_cpu_layers: int
+) -> SpeedEstimate | None:
+    """A card given by its size (``--vram 8GiB``, no ``--bandwidth``): its speed is that of the catalogue's
+    cards of that size (profiles/gpus.json), from the slowest to the fastest memory, with the CPU's share
+    (the part kept in RAM, most of the time per token of a partial plan) at this machine's bandwidth."""
+    if budget.source != "manual" or budget.n_gpu != 1:
+        return None
+    from dataclasses import replace
+    from statistics import median
+
+    from kvadvise.planner.gpus import load_profiles
+
+    size = budget.total_bytes
+    cards = sorted(
+        (p for p in load_profiles() if not p.unified_memory and abs(p.memory_bytes - size) <= SIZE_MATCH * size),
+        key=lambda p: p.bandwidth_bytes_per_s,
+    )
+    if not cards:
+        return None
+    ests = []
+    for p in cards:
+        at = replace(
+            budget,
+            bandwidth_bytes_per_s=p.bandwidth_bytes_per_s,
+            device_bandwidths=(p.bandwidth_bytes_per_s,),
+            backend=p.backend,
+            bandwidth_source=p.source,
+        )
+        e = plan_decode(spec, cfg, at, n_cpu_moe=n_cpu_moe, n_cpu_layers=n_cpu_layers)
+        if e is not None:
+            ests.append(e)
+    if not ests:
+        return None
+    mid = ests[len(ests) // 2]
+    spread = tuple(
+        (c, min(e.points[i][1] for e in ests), max(e.points[i][1] for e in ests)) for i, (c, _) in enumerate(mid.points)
+    )
+    names = ", ".join(f"{p.id} {p.bandwidth_bytes_per_s / 1e9:,.0f} GB/s" for p in cards)
+    lo_bw, hi_bw = cards[0].bandwidth_bytes_per_s / 1e9, cards[-1].bandwidth_bytes_per_s / 1e9
+    over = f"over the {len(cards)} catalogue card(s) of {size / (1 << 30):g} GiB, {lo_bw:,.0f} to {hi_bw:,.0f} GB/s"
+    return replace(
+        mid,
+        tokens_per_s=median(e.tokens_per_s for e in ests),
+        low=spread[0][1],
+        high=spread[0][2],
+        spread=spread,
+        spread_over=over,
+        note=f"a card given by its size: {over} ({names}); the middle one's figures: {mid.note}",
     )
 
 

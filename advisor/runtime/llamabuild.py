@@ -123,25 +123,25 @@ def choose(option: str, *, binary: str | None = None) -> BuildChoice:
     return BuildChoice(builds.parse(text), "--llama-build")
 
 
-def notes(choice: BuildChoice, *, runtime: str) -> tuple[str, ...]:
-    """What a plan says about the build it is for."""
+def notes(choice: BuildChoice, *, runtime: str, older_server_mib: float | None = None) -> tuple[str, ...]:
+    """What a plan says about the build it is for, in one note. ``older_server_mib``: how much more the logits
+    of a llama-server older than b9467 would take (an unknown build)."""
     if choice.build is not None:
         if choice.build == builds.REFERENCE:
             return ()
-        out = [f"planned for llama.cpp b{choice.build} ({choice.source}): the memory rules of that build"]
+        out = f"planned for llama.cpp b{choice.build} ({choice.source}): the memory rules of that build"
         if choice.build > builds.REFERENCE:
-            out[0] += f"; kvadvise checked its rules up to b{builds.REFERENCE}: later changes are not known"
+            out += f"; kvadvise checked its rules up to b{builds.REFERENCE}: later changes are not known"
         if choice.build < builds.SUPPORTED_FROM:
-            out[0] += f"; rules before b{builds.SUPPORTED_FROM} are modelled in part (kvadvise.planner.builds)"
-        return tuple(out)
-    out = [
-        f"llama.cpp build unknown ({choice.source}): planned for the largest figure of b{builds.SUPPORTED_FROM} to "
-        f"b{builds.REFERENCE} (builds before b{builds.F16_MASK_FA} kept the flash-attention mask in f32); "
-        "name it with --llama-build bNNNN"
-    ]
+            out += f"; rules before b{builds.SUPPORTED_FROM} are modelled in part (kvadvise.planner.builds)"
+        return (out,)
+    out = (
+        f"llama.cpp build unknown ({choice.source}): planned for the largest figure of b{builds.SUPPORTED_FROM} "
+        f"to b{builds.REFERENCE}; --llama-build bNNNN names it"
+    )
     if runtime == "llama-server":
-        out.append(
-            f"a llama-server older than b{builds.SERVER_OUTPUT_LIMITS} reserves the logits of the whole batch "
-            "(ggml-org/llama.cpp#23861): plan it with --runtime llama-cli or --llama-build"
-        )
-    return tuple(out)
+        # builds before b9410 kept the flash-attention mask in f32; before b9467 (ggml-org/llama.cpp#23861)
+        # llama-server reserved the logits of the whole batch
+        more = f" ({older_server_mib:,.0f} MiB more)" if older_server_mib else ""
+        out += f"; a llama-server older than b{builds.SERVER_OUTPUT_LIMITS} takes the whole batch's logits{more}"
+    return (out,)

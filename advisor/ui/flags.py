@@ -504,7 +504,9 @@ def _options(*, planned_hardware: bool) -> list[Callable[[F], F]]:
             is_flag=True,
             help="100% on the GPU or nothing: no partial offload; a plan that does not fit exits 3 and writes nothing.",
         ),
-        click.option("--json", "as_json", is_flag=True, help="Print one JSON object (keys in README.md)."),
+        click.option(
+            "--json", "as_json", is_flag=True, help="Print one JSON object (keys: docs/json.md, schema: docs/schema/)."
+        ),
         click.option(
             "--verbose",
             "-v",

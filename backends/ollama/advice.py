@@ -117,9 +117,8 @@ def live_state(host: str | None, timeout: float = ollama_api.DEFAULT_TIMEOUT) ->
         running = ollama_api.running_models(url, timeout=timeout)
         version = ollama_api.server_version(url, timeout=timeout)
     except BackendUnreachable as e:
-        return LiveState(
-            False, url, None, (), (f"no Ollama server answered at {url} ({e.message}); live state not read",)
-        )
+        said = e.message if url in e.message else f"no Ollama server answered at {url} ({e.message})"
+        return LiveState(False, url, None, (), (f"{said}: live state not read",))
     notes = []
     if running:
         held = sum(r.size_vram for r in running)
@@ -144,7 +143,9 @@ def advise(
     if off is not None:  # the plan that runs: part on the CPU, placed by Ollama's --fit
         num_ctx, kv_type, ram = off.n_ctx, off.type_k.type_name, off.ram
     else:
-        num_ctx, kv_type, ram = num_ctx_per_slot(cfg.n_ctx, cfg.n_parallel), cfg.type_k.type_name, plan.ram
+        # -c 0 is the training context, which Ollama runs when num_ctx is past it
+        n_ctx = cfg.n_ctx or model.spec.n_ctx_train
+        num_ctx, kv_type, ram = num_ctx_per_slot(n_ctx, cfg.n_parallel), cfg.type_k.type_name, plan.ram
     fit_target = None
     margin = plan.budget.margin_bytes // max(1, plan.budget.n_gpu) if plan.budget else DEFAULT_FIT_TARGET_MIB * MIB
     if margin != DEFAULT_FIT_TARGET_MIB * MIB:
@@ -176,8 +177,8 @@ def advise(
         tier = default_num_ctx(plan.budget.total_bytes, model.spec.n_ctx_train)
         if tier != num_ctx and model.default_num_ctx is None:
             warnings.append(
-                f"without these settings Ollama would run {tier:,} tokens on this card (its VRAM tier default, "
-                "server/routes.go, capped at the model's training context)"
+                # server/routes.go: the default num_ctx by the GPUs' total memory, capped at the training context
+                f"without these settings Ollama runs {tier:,} tokens on this card (its default for this much VRAM)"
             )
     if runnable and ram is not None and ram.cache_ram_mib is not None:
         warnings.append(
@@ -186,8 +187,8 @@ def advise(
         )
     if runnable and off is not None:
         warnings.append(
-            "part of the model runs on the CPU: leave num_gpu unset, Ollama (>= 0.30) lets llama.cpp's --fit "
-            "place the experts and layers (`ollama ps` shows a CPU/GPU split, not 100% GPU)"
+            "part of the model runs on the CPU: leave num_gpu unset (llama.cpp's --fit places it; "
+            "`ollama ps` shows CPU/GPU)"
         )
     if cfg.n_parallel > 1 and model.spec.architecture in SINGLE_SLOT_ARCHS:
         warnings.append(f"Ollama forces num_parallel = 1 for {model.spec.architecture}")

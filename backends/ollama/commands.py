@@ -3,7 +3,8 @@ commands, registered through the plugin interface (OllamaBackend.register_comman
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -14,6 +15,7 @@ from kvadvise.backends.ollama import rules
 from kvadvise.backends.ollama.runtime import LLAMACPP_ONLY, WRITERS
 from kvadvise.model.spec import ModelSpec
 from kvadvise.planner.memory import RunConfig
+from kvadvise.request import PlanRequest
 from kvadvise.ui import output
 from kvadvise.ui.flags import LIST_SORTS, TEXT, Flags, run_options, take
 from kvadvise.ui.show import answer, writer_options, writer_paths
@@ -144,6 +146,7 @@ def verify_ollama_command(
 
     kv, kv_source = server_kv_cache_type(kv_cache_type, env_file)
     with ollama_api.session():
+        _server_up(host)  # verify reads the server: a server that is down is said first (exit 4), not "not found"
         model = resolve(name, host=host)
         ctx = num_ctx or model.default_num_ctx
         if ctx:  # Ollama runs at most the training context (llm/server.go): that is what loads and is checked
@@ -215,6 +218,19 @@ def verify_ollama_command(
         raise click.exceptions.Exit(EXIT_NO_FIT)
 
 
+def _server_up(host: str | None) -> None:
+    """BackendUnreachable (exit 4) with how to start the server, when none answers at ``host``."""
+    from kvadvise.errors import BackendUnreachable
+
+    url = ollama_api.server_url(host)
+    try:
+        ollama_api.server_version(url)
+    except BackendUnreachable as e:
+        raise BackendUnreachable(
+            e.message, hint="start it (ollama serve, or systemctl start ollama), or name another with --host URL"
+        ) from None
+
+
 def _decode_estimate(spec: ModelSpec, cfg: RunConfig) -> float | None:
     """kvadvise's decode estimate for ``cfg`` on this machine's GPUs (NVML and the card list's bandwidth);
     None without a GPU of known bandwidth."""
@@ -240,6 +256,9 @@ def _prompt_estimate(spec: ModelSpec, cfg: RunConfig, prompt_tokens: int) -> flo
         return None
     est = plan_prefill(spec, cfg, plan_budget(hw, spec=spec), prompt_tokens=prompt_tokens)
     return est.tokens_per_s if est is not None else None
+
+
+SEVERAL_MODEL_FILES = ("--write-env", "--write-preset", "--write-modelfiles")
 
 
 def _single_model_options(kwargs: dict[str, Any]) -> tuple[str | None, tuple[str, ...]]:
@@ -276,6 +295,13 @@ def with_installed(cmd: click.Command) -> click.Command:
             help="With several models: also write them as a llama-server router preset (--models-preset).",
         ),
         click.Option(
+            ["--write-modelfiles"],
+            metavar="DIR",
+            type=TEXT,  # an empty path or a NUL byte: exit 2
+            default=None,
+            help="With several models: a Modelfile for each model that needs its own context, in DIR.",
+        ),
+        click.Option(
             ["--installed"],
             is_flag=True,
             help="List every model of the local store (and the server's): size, architecture, the largest "
@@ -297,8 +323,10 @@ def with_installed(cmd: click.Command) -> click.Command:
         if listing:
             if names:
                 raise click.UsageError("--installed lists every model: drop NAME (or drop --installed)")
-            if kwargs.pop("write_preset"):
-                raise click.UsageError("--installed lists every model; --write-preset is for several models: name them")
+            if kwargs.pop("write_preset") is not None or kwargs.pop("write_modelfiles") is not None:
+                raise click.UsageError(
+                    "--installed lists every model; --write-preset and --write-modelfiles are for several models"
+                )
             from kvadvise.backends.ollama.installed import list_installed  # the store listing: only when asked
 
             host, single = _single_model_options(kwargs)
@@ -308,16 +336,15 @@ def with_installed(cmd: click.Command) -> click.Command:
         if not names:
             raise click.UsageError("give a model NAME[:TAG], or --installed to list the models of the store")
         if len(names) > 1:  # several models on one server: Ollama's scheduler (backends/ollama/together.py)
-            from kvadvise.backends.ollama.together import run
-
-            write_env, write_preset, force = kwargs.pop("write_env"), kwargs.pop("write_preset"), kwargs["force"]
+            paths = {o: kwargs.pop(o.lstrip("-").replace("-", "_")) for o in SEVERAL_MODEL_FILES}
+            force = kwargs["force"]
             host, single = _single_model_options(kwargs)
             f = ollama_flags(kwargs)
-            return run(
-                names, f, host=host, write_env=write_env, write_preset=write_preset, force=force, single_model=single
+            return run_together(names, f, host=host, paths=paths, force=force, single_model=single)
+        if kwargs.pop("write_preset") is not None or kwargs.pop("write_modelfiles") is not None:
+            raise click.UsageError(
+                "--write-preset and --write-modelfiles are for several models (a router preset, a Modelfile each)"
             )
-        if kwargs.pop("write_preset"):
-            raise click.UsageError("--write-preset writes several models as a llama-server router preset")
         return inner(name=names[0], **kwargs)
 
     help_text = (cmd.help or "") + (
@@ -334,3 +361,66 @@ def with_installed(cmd: click.Command) -> click.Command:
         context_settings=cmd.context_settings,
         short_help=cmd.short_help,
     )
+
+
+def run_together(
+    names: Sequence[str],
+    f: Flags,
+    *,
+    host: str | None,
+    paths: dict[str, str | None],
+    force: bool,
+    single_model: tuple[str, ...] = (),
+) -> None:
+    """``kvadvise ollama A B C``: resolve, replay, plan (kvadvise.backends.ollama.together), print, write."""
+    from kvadvise.backends.ollama.resolve import resolve
+    from kvadvise.backends.ollama.together import SINGLE_MODEL_ONLY, hardware, loaded_now, plan_together, settings
+    from kvadvise.backends.ollama.together_files import write
+    from kvadvise.backends.ollama.together_show import together_dict, together_text
+    from kvadvise.errors import EXIT_NO_FIT
+    from kvadvise.ui.flags import given_flags
+
+    r = f.request
+    given = [*given_flags(r, SINGLE_MODEL_ONLY), *single_model]
+    if f.view.chart or f.view.chart_file:
+        given.append("--chart" if f.view.chart else "--chart-file")
+    if given:
+        raise click.UsageError(f"{', '.join(given)}: for one model; with several, give each its own run")
+    kv = rules.one_cache_type(r.type_k, r.type_v) or os.environ.get("OLLAMA_KV_CACHE_TYPE", "").strip().lower() or "f16"
+    if kv not in rules.KV_CACHE_TYPES:
+        raise click.UsageError(f"OLLAMA_KV_CACHE_TYPE {kv!r}: Ollama takes one of {', '.join(rules.KV_CACHE_TYPES)}")
+    hw = hardware(r)
+    with ollama_api.session():
+        models = tuple(resolve(n, host=host) for n in names)
+        loaded, live_note = loaded_now(host, hw, r)
+    t = plan_together(
+        models,
+        hw,
+        settings(r, hw, kv),
+        loaded=loaded,
+        headless=r.headless,
+        target_ctx=_target(r),
+        kv_fixed=bool(r.type_k or r.type_v),
+        allow_q4=r.allow_q4,
+    )
+    if live_note:
+        t = replace(t, notes=(*t.notes, live_note))
+    if f.view.as_json:
+        output.result_json(together_dict(t))
+    else:
+        output.result(together_text(t, verbose=f.view.verbose))
+    asked = {k: v for k, v in paths.items() if v is not None}
+    if not t.fits:
+        if asked:
+            output.note("nothing written: these models do not stay loaded together")
+        raise click.exceptions.Exit(EXIT_NO_FIT)
+    write(t, asked, force=force)
+
+
+def _target(r: PlanRequest) -> int:
+    """The first model's target: --target-ctx, --use's, else the policy's default for the card (0 here)."""
+    from kvadvise.planner.policy import load_use_cases
+
+    if r.use == "long":
+        return 1 << 30  # capped at the model's training context
+    return r.target_ctx or (load_use_cases()[r.use] if r.use else 0)

@@ -142,8 +142,7 @@ def call_hints(name: str, s: OllamaSettings) -> tuple[str, ...]:
     request's options first, then the model's)."""
     return (
         f'then call it by its new name: ollama run {name}  (API: "model": "{name}")',
-        f'note: a client that sends its own num_ctx ("options": {{"num_ctx": ...}}; some editors and chat UIs '
-        f"do) overrides the Modelfile's {s.num_ctx:,}: set it to {s.num_ctx:,} there, or leave it unset",
+        f"note: a client that sends its own num_ctx (options.num_ctx) overrides the Modelfile's {s.num_ctx:,}",
     )
 
 

@@ -91,8 +91,7 @@ def resolve(
                 notes=notes,  # the profile's own notes are the spec's, printed with the plan
             )
         close = suggestions(name)
-        maybe = f"; did you mean {', '.join(close)}?" if close else ""
-        tried.append(f"the built-in profiles: none for {name.display}{maybe}")
+        tried.append(f"the built-in profiles: none for {name.display}")
 
     # a model name kvadvise does not know that resembles one it does is most likely a typo: the known name
     # first; a known model with a tag kvadvise has no profile of (qwen3:0.6b) is most likely real: pull first
@@ -102,7 +101,11 @@ def resolve(
         hint = f"{pull}; or kvadvise ollama {close[0]} (a tag kvadvise knows)"
     elif close:
         hint = f"kvadvise ollama {close[0]}; or {pull} if the library has that name"
-    raise InputError(f"{name.display}: not found. Tried " + "; ".join(tried), hint=hint)
+    # "did you mean" first, in a short line; where it was looked for in the hint
+    head = f"{name.display}: not found" + (f"; did you mean {', '.join(close)}?" if close else "")
+    if server_note is not None:
+        head += " (the Ollama server did not answer: it may have it)"
+    raise InputError(head, hint=f"{hint} (looked in: " + "; ".join(tried) + ")")
 
 
 def library_names(ref: str) -> tuple[str, ...]:

@@ -139,9 +139,9 @@ class Residency:
         """(unloaded, to make room for) pairs, in order."""
         return tuple((s.evicted, s.model) for s in self.steps if s.action == "evict" and s.evicted)
 
-    def together(self, names: Sequence[str]) -> bool:
-        """Every one of ``names`` is loaded at the end, none with layers on the CPU."""
-        here = {r.name for r in self.resident if not r.spilled}
+    def together(self, names: Sequence[str], may_spill: Sequence[str] = ()) -> bool:
+        """Every one of ``names`` is loaded at the end, none with layers on the CPU but those of ``may_spill``."""
+        here = {r.name for r in self.resident if not r.spilled or r.name in may_spill}
         return all(n in here for n in names)
 
 

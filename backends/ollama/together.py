@@ -1,51 +1,48 @@
-"""``kvadvise ollama A B C``: several models on one Ollama server. Each is resolved as ``kvadvise ollama NAME``
-resolves it, given the context Ollama loads it at, and the requests are replayed through Ollama's scheduler
-(:mod:`kvadvise.backends.ollama.scheduler`): where each goes, which stay loaded together, which evicts
-which. When they do not all stay loaded at Ollama's default context, the largest server-wide
-``OLLAMA_CONTEXT_LENGTH`` at which they do is searched for. The settings that keep them loaded are printed
-(and written with ``--write-env``), and the same set as a llama-server router preset (``--write-preset``).
+"""``kvadvise ollama A B C``: several models on one Ollama server, planned as an expert would.
+
+Each model is resolved as ``kvadvise ollama NAME`` resolves it and the requests are replayed, in the order
+given, through Ollama's scheduler (:mod:`kvadvise.backends.ollama.scheduler`: where each goes, which stay
+loaded together, which evicts which). When they do not all stay loaded at the server's settings, the plan
+gives each model its own context (a Modelfile's num_ctx, or the request's options.num_ctx) rather than
+shrinking every model's: the first model named is the one the user cares most about and keeps the largest
+useful context (its target, else the largest that fits with the others), the helpers get what their job
+needs (an embedding model its batch, a small chat model 8k, else 4k), and the server-wide cache type is
+quantized (q8_0) where that buys the first model context. Each candidate is checked by replaying it
+through the scheduler: Ollama's own prediction and its 80 % rule decide, not only kvadvise's plan. No model
+is given less than 8k (unless --ctx says so); when the models cannot stay together at that, the answer
+says which model to leave out or which card would hold them. Rendering: kvadvise.backends.ollama.together_show;
+files: kvadvise.backends.ollama.together_files.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
-
-import click
+from typing import TYPE_CHECKING
 
 from kvadvise.backends.ollama import api as ollama_api
 from kvadvise.backends.ollama import rules
 from kvadvise.backends.ollama import scheduler as sched
 from kvadvise.backends.ollama.model import OllamaModel
-from kvadvise.errors import EXIT_NO_FIT, ConfigError
-from kvadvise.ui import output
+from kvadvise.errors import ConfigError
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from kvadvise.planner.hardware import Hardware
     from kvadvise.request import PlanRequest
-    from kvadvise.ui.flags import Flags
 
 GIB = rules.GIB
 NAME_KEY = "name:"  # the model key of a model whose file is not known here (sched.go keys by the blob path)
-MIN_CTX = 2048  # the smallest server-wide context the search offers (a vision model needs 2048 anyway)
+USEFUL_CTX = 8192  # no model of the plan gets less (unless --ctx asks for it): a chat model needs that much
+HELPER_CTXS = (8192, 4096)  # a small chat model beside the first one: 8k, else 4k
+HELPER_GROWTH = (65536, 32768, 16384)  # and more where the GPUs still have room once the first has its context
+EMBEDDING_CTX = 2048  # an embedding model: its batch (llm/llama_server.go embeddingBatchSize, at most 2048)
+# the first model's contexts, largest first: a multiple of 4k from its target down to USEFUL_CTX
+CTX_STEP = 4096
 # what `kvadvise ollama NAME` takes that has no meaning for several models at once (request fields)
-SINGLE_MODEL_ONLY = (
-    "use",
-    "target_ctx",
-    "min_ctx",
-    "allow_cpu",
-    "allow_q4",
-    "repeatable",
-    "no_hardware",
-    "mmproj",
-    "draft",
-    "rpc",
-)
+SINGLE_MODEL_ONLY = ("min_ctx", "allow_cpu", "repeatable", "no_hardware", "mmproj", "draft", "rpc")
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,14 +61,18 @@ class Settings:
 
 @dataclass(frozen=True, slots=True)
 class Together:
-    """Several models on one server: the replay at the settings asked, and at the context recommended."""
+    """Several models on one server: the replay at the settings asked, and the plan that keeps them loaded."""
 
     models: tuple[OllamaModel, ...]
     settings: Settings
     asked: sched.Residency
-    recommended_ctx: int | None  # the server-wide context at which all stay loaded, when the asked one fails
+    recommended: sched.Residency | None  # the replay of the plan, when the asked settings do not keep them
+    plan_settings: Settings | None  # the server settings of the plan (its cache type, its limit)
+    contexts: tuple[tuple[str, int], ...]  # the plan's num_ctx for each model that needs its own
     recommended_max_loaded: int | None  # OLLAMA_MAX_LOADED_MODELS that keeps them, when the limit evicts one
-    recommended: sched.Residency | None
+    target_ctx: int  # what the first model aims for (its use case's target, capped at its training context)
+    alternatives: tuple[str, ...]  # when nothing keeps them together at useful contexts: what would
+    tried: tuple[tuple[str, int], ...]  # each server-wide cache type tried and the first model's best context at it
     hardware_text: str
     notes: tuple[str, ...]
 
@@ -80,52 +81,18 @@ class Together:
         return self.recommended if self.recommended is not None else self.asked
 
     @property
+    def final_settings(self) -> Settings:
+        return self.plan_settings if self.plan_settings is not None else self.settings
+
+    @property
     def fits(self) -> bool:
-        return self.final.together([m.ref for m in self.models])
+        return stays(self.final, self.models)
+
+    def own_ctx(self, ref: str) -> int | None:
+        return dict(self.contexts).get(ref)
 
 
-def run(
-    names: Sequence[str],
-    f: Flags,
-    *,
-    host: str | None,
-    write_env: str | None,
-    write_preset: str | None,
-    force: bool,
-    single_model: tuple[str, ...] = (),
-) -> None:
-    """The command: resolve, replay, print, write."""
-    from kvadvise.backends.ollama.resolve import resolve
-    from kvadvise.ui.flags import given_flags
-
-    r = f.request
-    given = [*given_flags(r, SINGLE_MODEL_ONLY), *single_model]
-    if f.view.chart or f.view.chart_file:
-        given.append("--chart" if f.view.chart else "--chart-file")
-    if given:
-        raise click.UsageError(f"{', '.join(given)}: for one model; with several, give each its own run")
-    kv = rules.one_cache_type(r.type_k, r.type_v) or os.environ.get("OLLAMA_KV_CACHE_TYPE", "").strip().lower() or "f16"
-    if kv not in rules.KV_CACHE_TYPES:
-        raise click.UsageError(f"OLLAMA_KV_CACHE_TYPE {kv!r}: Ollama takes one of {', '.join(rules.KV_CACHE_TYPES)}")
-    hw = _hardware(r)
-    with ollama_api.session():
-        models = tuple(resolve(n, host=host) for n in names)
-        loaded, live_note = _loaded_now(host, hw, r)
-    t = plan_together(models, hw, settings(r, hw, kv), loaded=loaded, headless=r.headless)
-    if live_note:
-        t = replace(t, notes=(*t.notes, live_note))
-    if f.view.as_json:
-        output.result_json(together_dict(t))
-    else:
-        output.result(together_text(t))
-    if not t.fits:
-        if write_env or write_preset:
-            output.note("nothing written: these models do not stay loaded together")
-        raise click.exceptions.Exit(EXIT_NO_FIT)
-    _write(t, write_env, write_preset, force)
-
-
-def _hardware(r: PlanRequest) -> Hardware:
+def hardware(r: PlanRequest) -> Hardware:
     from kvadvise.backends.ollama.runtime import OllamaRuntime
     from kvadvise.entry import hardware_of
     from kvadvise.request import check
@@ -194,7 +161,7 @@ def keep_alive_seconds(text: str) -> float:
     return sched.FOREVER_S if value < 0 else value
 
 
-def _loaded_now(host: str | None, hw: Hardware, o: PlanRequest) -> tuple[tuple[sched.Runner, ...], str | None]:
+def loaded_now(host: str | None, hw: Hardware, o: PlanRequest) -> tuple[tuple[sched.Runner, ...], str | None]:
     """The models the server holds now (/api/ps): they take GPU memory and count against the limit. Only for
     this machine's GPUs (a card planned for is empty)."""
     if o.gpu or o.vram_bytes is not None:
@@ -228,13 +195,14 @@ def _loaded_now(host: str | None, hw: Hardware, o: PlanRequest) -> tuple[tuple[s
     return tuple(out), note
 
 
-def request(m: OllamaModel, s: Settings, device: str, context_length: int) -> sched.Request:
-    """``m`` as the scheduler gets it: its own num_ctx or the server's, the slots Ollama gives it."""
+def request(m: OllamaModel, s: Settings, device: str, context_length: int, own_ctx: int | None = None) -> sched.Request:
+    """``m`` as the scheduler gets it: its own num_ctx (``own_ctx``: the plan's, by a Modelfile or the
+    request's options.num_ctx; else the model's parameter) or the server's, the slots Ollama gives it."""
     from kvadvise.planner.memory import estimate
 
     spec = m.spec
     embedding = spec.architecture in sched.EMBEDDING_ARCHS
-    num_ctx = max(4, m.default_num_ctx or context_length)  # getRunner: at least 4
+    num_ctx = max(4, own_ctx or m.default_num_ctx or context_length)  # getRunner: at least 4
     if m.projector_bytes or _vision_profile(m):
         num_ctx = max(num_ctx, 2048)  # a vision model needs 2048
     if spec.n_ctx_train and num_ctx > spec.n_ctx_train:
@@ -301,309 +269,262 @@ def plan_together(
     *,
     loaded: Sequence[sched.Runner] = (),
     headless: bool = False,
+    target_ctx: int = 0,
+    kv_fixed: bool = False,
+    allow_q4: bool = False,
+    explain: bool = True,
 ) -> Together:
-    """Replay the models' requests at the settings ``s``; when they do not all stay loaded and the context
-    is Ollama's default (not --ctx), the largest server-wide context (a power of two) at which they do."""
+    """Replay the models' requests at the settings ``s``; when they do not all stay loaded, the plan an
+    expert would make (see the module doc): per-model contexts, the cache type, the limit on loaded models."""
+    from kvadvise.planner.budget import plan_budget
+    from kvadvise.planner.policy import default_target_ctx
+
     gpus = scheduler_gpus(hw, headless=headless)
-    device = "metal" if hw.gpus[0].backend == "metal" else "cuda"
-
-    def replay(ctx: int, max_loaded: int) -> sched.Residency:
-        reqs = [request(m, s, device, ctx) for m in models]
-        return sched.schedule(reqs, gpus, max_loaded=max_loaded, spread=s.spread, loaded=loaded)
-
     names = [m.ref for m in models]
-    asked = replay(s.context_length, s.max_loaded)
-    rec_ctx: int | None = None
-    rec_max: int | None = None
-    rec: sched.Residency | None = None
-    if not asked.together(names):
-        # the limit on loaded models evicted one of them: as many as the requests and what stays loaded now
-        needed = len(names) + sum(1 for r in loaded if r.name not in names)
-        if any(st.cause == "count" for st in asked.steps) and needed > asked.max_loaded:
-            rec_max = needed
-            r = replay(s.context_length, rec_max)
-            rec = r if r.together(names) else None
-        if rec is None and s.context_source != "--ctx" and any(m.default_num_ctx is None for m in models):
-            ctx = 1 << (s.context_length - 1).bit_length() - 1 if s.context_length > MIN_CTX else 0
-            while ctx >= MIN_CTX:
-                r = replay(ctx, rec_max or s.max_loaded)
-                if r.together(names):
-                    rec_ctx, rec = ctx, r
-                    break
-                ctx //= 2
-        if rec is None:
-            rec_max = None
-    notes = []
+    replay = _replayer(models, hw, gpus, loaded)
+    primary = models[0]
+    n_train = primary.spec.n_ctx_train or (1 << 20)
+    want = target_ctx or default_target_ctx(plan_budget(hw, 0, headless=headless))[0]
+    target = min(want, n_train)
+    asked = replay(s, {})
+    notes: list[str] = []
     own = [m.ref for m in models if m.default_num_ctx]
     if own:
         notes.append(f"{', '.join(own)}: the model's own num_ctx (its Modelfile), whatever the server's default")
     gpu_text = "; ".join(
         f"GPU {g.index} {g.name}: {g.total_bytes / GIB:.1f} GiB, {g.free_bytes / GIB:.1f} GiB free" for g in gpus
     )
-    evicted = any(st.by_key for st in asked.steps)
-    unknown_keys = any(r.model_key.startswith(NAME_KEY) for r in loaded) or any(
-        not m.source.startswith("store:") for m in models
+    hardware_text = f"{gpu_text} ({hw.source})"
+    if stays(asked, models):
+        return Together(tuple(models), s, asked, None, None, (), None, target, (), (), hardware_text, tuple(notes))
+    # the limit on loaded models evicted one of them: as many as the requests and what stays loaded now
+    rec_max = None
+    needed = len(names) + sum(1 for r in loaded if r.name not in names)
+    if any(st.cause == "count" for st in asked.steps) and needed > asked.max_loaded:
+        rec_max = needed
+    base = replace(s, max_loaded=rec_max or s.max_loaded)
+    if rec_max and stays(res := replay(base, {}), models):  # the limit alone was in the way
+        return Together(tuple(models), s, asked, res, base, (), rec_max, target, (), (), hardware_text, tuple(notes))
+    tried: list[tuple[str, int]] = []
+    found = _search(
+        models,
+        base,
+        replay,
+        target,
+        fixed_ctx=s.context_source == "--ctx",
+        kv_fixed=kv_fixed,
+        allow_q4=allow_q4,
+        tried=tried,
     )
-    if evicted and unknown_keys:
-        notes.append(
-            "among runners with the same keep-alive Ollama evicts by the model file's path (blobs/sha256-...); "
-            "for a model not in this machine's store that order is not known here, so the name stands in"
-        )
-    return Together(tuple(models), s, asked, rec_ctx, rec_max, rec, f"{gpu_text} ({hw.source})", tuple(notes))
-
-
-# --- what to set ------------------------------------------------------------------------------------------
-
-
-def env_lines(t: Together) -> list[tuple[str, str]]:
-    """The server environment that keeps these models loaded together: only what differs from Ollama's
-    defaults, and OLLAMA_KEEP_ALIVE=-1 so that an idle model is not unloaded after 5 minutes."""
-    s, n = t.settings, len(t.models)
-    env: list[tuple[str, str]] = []
-    ctx = t.recommended_ctx or (s.context_length if s.context_source != "Ollama's VRAM tier" else None)
-    if ctx:
-        env.append(("OLLAMA_CONTEXT_LENGTH", str(ctx)))
-    n_gpu = len(t.final.gpus)
-    if t.recommended_max_loaded:
-        env.append(("OLLAMA_MAX_LOADED_MODELS", str(t.recommended_max_loaded)))
-    elif n > sched.default_max_loaded(n_gpu) or (s.max_loaded and s.max_loaded < n):
-        env.append(("OLLAMA_MAX_LOADED_MODELS", str(n)))
-    elif s.max_loaded:
-        env.append(("OLLAMA_MAX_LOADED_MODELS", str(s.max_loaded)))
-    env.append(("OLLAMA_KEEP_ALIVE", "-1"))
-    if s.num_parallel > 1:
-        env.append(("OLLAMA_NUM_PARALLEL", str(s.num_parallel)))
-    if s.kv_cache_type != "f16":
-        env += [("OLLAMA_FLASH_ATTENTION", "1"), ("OLLAMA_KV_CACHE_TYPE", s.kv_cache_type)]
-    elif not s.flash_attention:
-        env.append(("OLLAMA_FLASH_ATTENTION", "0"))
-    if s.spread:
-        env.append(("OLLAMA_SCHED_SPREAD", "1"))
-    return env
-
-
-def env_text(t: Together) -> str:
-    head = (
-        "# Ollama server settings written by kvadvise: "
-        + ", ".join(m.ref for m in t.models)
-        + " stay loaded together.\n"
+    if found is not None:
+        st, ctxs, res = found
+        return Together(
+            tuple(models), s, asked, res, st, tuple(ctxs.items()), rec_max, target, (), tuple(tried), hardware_text,
+            tuple(notes),
+        )  # fmt: skip
+    alternatives = _alternatives(models, base, hw, headless, target, loaded) if explain else ()
+    return Together(
+        tuple(models), s, asked, None, None, (), None, target, alternatives, tuple(tried), hardware_text, tuple(notes)
     )
-    return head + "".join(f"{k}={v}\n" for k, v in env_lines(t))
 
 
-def routed(t: Together) -> list[Any]:
-    """The same models for llama-server's router: the context, slots, cache type and batch of the plan, each
-    pinned to the GPU the scheduler put it on (when one of several)."""
-    from kvadvise.runtime.router import RoutedModel
+def stays(res: sched.Residency, models: Sequence[OllamaModel]) -> bool:
+    """Every model stays loaded, on the GPU: an embedding model beside the first may have part of its few
+    layers on the CPU (llama.cpp's --fit keeps them there: it reads little per request, the chat models keep
+    the GPU)."""
+    helpers = [m.ref for m in models[1:] if m.spec.architecture in sched.EMBEDDING_ARCHS]
+    return res.together([m.ref for m in models], may_spill=helpers)
 
-    res = t.final
-    out = []
-    for m in t.models:
-        step = next(st for st in reversed(res.steps) if st.model == m.ref and st.action in ("load", "reuse"))
-        runner = next((r for r in res.resident if r.name == m.ref), None)
-        num_ctx = runner.num_ctx if runner is not None and runner.num_ctx else t.settings.context_length
-        embedding = m.spec.architecture in sched.EMBEDDING_ARCHS
-        n_par = 1 if embedding or m.spec.architecture in rules.SINGLE_SLOT_ARCHS else t.settings.num_parallel
-        cfg = rules.run_config(num_ctx, n_par, t.settings.kv_cache_type, flash_attention=t.settings.flash_attention)
-        if step.num_batch:
-            cfg = replace(cfg, n_batch=step.num_batch, n_ubatch=step.num_batch)
-        device = f"CUDA{step.gpus[0]}" if len(res.gpus) > 1 and len(step.gpus) == 1 else None
-        path = m.spec.source if m.source.startswith("store:") else None
-        out.append(RoutedModel(m.ref, path, cfg, device, embedding))
+
+def _replayer(
+    models: Sequence[OllamaModel], hw: Hardware, gpus: Sequence[sched.Gpu], loaded: Sequence[sched.Runner]
+) -> Callable[[Settings, dict[str, int]], sched.Residency]:
+    """Replay the models' requests on ``gpus`` at the settings and per-model contexts given."""
+    device = "metal" if hw.gpus[0].backend == "metal" else "cuda"
+
+    def replay(st: Settings, ctxs: dict[str, int]) -> sched.Residency:
+        reqs = [request(m, st, device, st.context_length, ctxs.get(m.ref)) for m in models]
+        return sched.schedule(reqs, gpus, max_loaded=st.max_loaded, spread=st.spread, loaded=loaded)
+
+    return replay
+
+
+def _kv_order(s: Settings, kv_fixed: bool, allow_q4: bool) -> list[str]:
+    """The server-wide cache types to try, least quantized first: the server's own, then q8_0 (q4_0 when
+    allowed); only the one given with -ctk/-ctv; a quantized cache needs flash attention."""
+    if kv_fixed or not s.flash_attention:
+        return [s.kv_cache_type]
+    order = [t for t in rules.KV_CACHE_TYPES if t != "q4_0" or allow_q4]
+    return order[order.index(s.kv_cache_type) :] if s.kv_cache_type in order else [s.kv_cache_type]
+
+
+def helper_contexts(m: OllamaModel) -> tuple[int, ...]:
+    """What a helper's job needs, largest first: an embedding model its batch, a chat model 8k else 4k (a
+    model that sets its own num_ctx keeps it when that is smaller); at most its training context."""
+    cap = m.spec.n_ctx_train or (1 << 20)
+    if m.spec.architecture in sched.EMBEDDING_ARCHS:
+        return (min(m.default_num_ctx or EMBEDDING_CTX, EMBEDDING_CTX, cap),)
+    own = m.default_num_ctx
+    picks = [min(c, cap) for c in HELPER_CTXS if own is None or c <= own] or [min(own or HELPER_CTXS[-1], cap)]
+    return tuple(dict.fromkeys(picks))
+
+
+def primary_contexts(m: OllamaModel, target: int) -> list[int]:
+    """The first model's contexts to try, largest first: its target, then multiples of 4k down to 8k."""
+    top = min(target, m.spec.n_ctx_train or target)
+    out = [top, *range(top // CTX_STEP * CTX_STEP, USEFUL_CTX - 1, -CTX_STEP)]
+    return sorted({c for c in out if c >= min(USEFUL_CTX, top)}, reverse=True)
+
+
+def _search(
+    models: Sequence[OllamaModel],
+    s: Settings,
+    replay: Callable[[Settings, dict[str, int]], sched.Residency],
+    target: int,
+    *,
+    fixed_ctx: bool,
+    kv_fixed: bool,
+    allow_q4: bool,
+    tried: list[tuple[str, int]],
+) -> tuple[Settings, dict[str, int], sched.Residency] | None:
+    """The plan: for each cache type (least quantized first) and each helper context (largest first), the
+    largest context of the first model at which the scheduler keeps them all loaded. The first cache type
+    whose plan reaches the target wins; else the plan with the largest first context (the less quantized
+    cache and the larger helpers among equals). ``fixed_ctx``: --ctx fixed the server's context, only the
+    cache type and the limit are searched. ``tried``: each cache type and the first model's best context."""
+    primary, helpers = models[0], models[1:]
+    best: tuple[int, Settings, dict[str, int], sched.Residency] | None = None
+    levels = max((len(helper_contexts(h)) for h in helpers), default=1)
+    for kv in _kv_order(s, kv_fixed, allow_q4):
+        st = replace(s, kv_cache_type=kv)
+        if fixed_ctx:
+            res = replay(st, {})
+            if stays(res, models):
+                return st, {}, res
+            continue
+        reach = 0
+        for level in range(levels):
+            ctxs = {h.ref: helper_contexts(h)[min(level, len(helper_contexts(h)) - 1)] for h in helpers}
+            for c in primary_contexts(primary, target):
+                res = replay(st, {**ctxs, primary.ref: c})
+                if stays(res, models):
+                    reach = max(reach, c)
+                    if best is None or c > best[0]:
+                        best = (c, st, {primary.ref: c, **ctxs}, res)
+                    break
+            if reach >= target:
+                break
+        tried.append((kv, reach))
+        if best is not None and best[1] is st and best[0] >= target:
+            break
+    if best is None:
+        return None
+    _, st, ctxs, res = best
+    for h in helpers:  # room left once the first model has its context: the chat helpers get more
+        if h.spec.architecture in sched.EMBEDDING_ARCHS:
+            continue
+        cap = min(h.default_num_ctx or st.context_length, h.spec.n_ctx_train or st.context_length)
+        for c in (c for c in HELPER_GROWTH if ctxs[h.ref] < c <= cap):
+            more = replay(st, {**ctxs, h.ref: c})
+            if stays(more, models):
+                ctxs, res = {**ctxs, h.ref: c}, more
+                break
+    return st, _needs_own(models, st, ctxs), res
+
+
+def _needs_own(models: Sequence[OllamaModel], s: Settings, ctxs: dict[str, int]) -> dict[str, int]:
+    """The contexts a model must be given (a Modelfile's num_ctx): those that differ from what it gets now."""
+    out = {}
+    for m in models:
+        c = ctxs.get(m.ref)
+        if c is None:
+            continue
+        now = m.default_num_ctx or s.context_length
+        cap = m.spec.n_ctx_train or now
+        if min(now, cap) != c:
+            out[m.ref] = c
     return out
 
 
-def _write(t: Together, env_path: str | None, preset_path: str | None, force: bool) -> None:
-    from kvadvise.backends.ollama import config as oc
-    from kvadvise.files import check_targets, write_text_file
-    from kvadvise.runtime.router import preset_text, router_command
-
-    check_targets({"--write-env": env_path, "--write-preset": preset_path}, force=force)
-    if env_path:
-        p = write_text_file(env_path, env_text(t), force=force)
-        output.note(f"wrote {p}; apply it with:")
-        for h in oc.apply_hint_env(p):
-            click.echo(output.safe(f"  {h}"), err=True)
-    if preset_path:
-        header = f"llama-server router preset written by kvadvise: {', '.join(m.ref for m in t.models)} loaded together"
-        p = write_text_file(preset_path, preset_text(routed(t), header=header), force=force)
-        output.note(f"wrote {p}; run it with:")
-        click.echo(output.safe(f"  {router_command(str(p), len(t.models))}"), err=True)
-
-
-# --- rendering ----------------------------------------------------------------------------------------------
-
-
-def _duration(seconds: float) -> str:
-    if math.isinf(seconds):
-        return "forever"
-    for unit, n in (("h", 3600), ("m", 60)):
-        if seconds >= n and seconds % n == 0:
-            return f"{seconds / n:g}{unit}"
-    return f"{seconds:g}s"
+def _alternatives(
+    models: Sequence[OllamaModel],
+    s: Settings,
+    hw: Hardware,
+    headless: bool,
+    target: int,
+    loaded: Sequence[sched.Runner],
+) -> tuple[str, ...]:
+    """When no plan keeps them together at useful contexts: which model to leave out (the first one's context
+    without it), and the smallest card of the catalogue that holds them all with the first at its target."""
+    out = [_closest(models, s, hw, headless, target, loaded)]
+    primary = models[0]
+    for drop in models[1:]:
+        rest = [m for m in models if m is not drop]
+        t = plan_together(rest, hw, s, loaded=loaded, headless=headless, target_ctx=target, explain=False)
+        if t.fits:
+            ctx = t.own_ctx(primary.ref) or _loaded_ctx(t.final, primary.ref)
+            out.append(f"without {drop.ref}: {primary.ref} at {ctx:,} tokens" if ctx else f"without {drop.ref}")
+    card = _card_that_holds(models, s, hw, target)
+    if card:
+        out.append(card)
+    return tuple(out)
 
 
-def _gib(n: int) -> str:
-    return f"{n / GIB:.1f} GiB"
-
-
-def _where(gpus: Sequence[int]) -> str:
-    return "GPU " + "+".join(str(i) for i in gpus) if gpus else "the CPU"
-
-
-def steps_text(res: sched.Residency) -> list[str]:
-    out = []
-    for i, st in enumerate(res.steps, 1):
-        if st.action == "reuse":
-            out.append(f"  {i}. {st.model}: {st.why}")
-        elif st.action == "evict":
-            out.append(f"  {i}. {st.model}: evicts {st.evicted} ({st.why})")
-        else:
-            plan = "+".join(f"{b / GIB:.1f}" for b in st.footprint_bytes)
-            line = (
-                f"  {i}. {st.model}: loads on {_where(st.gpus)} (num_batch {st.num_batch}); Ollama predicts "
-                f"{_gib(st.predicted_bytes)}, kvadvise plans {plan} GiB; {st.why}"
+def _closest(
+    models: Sequence[OllamaModel],
+    s: Settings,
+    hw: Hardware,
+    headless: bool,
+    target: int,
+    loaded: Sequence[sched.Runner],
+) -> str:
+    """What goes wrong in the smallest plan (the first model at 8k, the helpers at the least their job needs,
+    the most quantized cache the server may take), with the numbers: what Ollama predicts against what is
+    free, or what --fit would have to keep on the CPU."""
+    kv = _kv_order(s, False, False)[-1]
+    st = replace(s, kv_cache_type=kv)
+    primary = models[0]
+    ctxs = {h.ref: helper_contexts(h)[-1] for h in models[1:]}
+    ctxs[primary.ref] = min(USEFUL_CTX, primary.spec.n_ctx_train or USEFUL_CTX)
+    res = _replayer(models, hw, scheduler_gpus(hw, headless=headless), loaded)(st, ctxs)
+    at = ", ".join(f"{ref} {c:,}" for ref, c in ctxs.items())
+    for step in res.steps:
+        if step.action == "evict":
+            return f"at the least ({at}; cache {kv}): {step.model} evicts {step.evicted}: {step.why}"
+        if step.spilled:
+            room = step.available_bytes / GIB
+            need = sum(step.footprint_bytes) / GIB
+            return (
+                f"at the least ({at}; cache {kv}): {step.model} needs {need:.2f} GiB where {room:.2f} GiB is free "
+                f"and llama-server's --fit keeps {rules.DEFAULT_FIT_TARGET_MIB} MiB of it free: part would run on the CPU"
             )
-            if st.spilled:
-                line += "; more than the GPU holds: llama-server's --fit keeps layers on the CPU"
-            out.append(line)
-    return out
+    return f"at the least ({at}; cache {kv}): they do not all stay loaded"
 
 
-def residency_text(res: sched.Residency, names: Sequence[str]) -> list[str]:
-    loaded = [r for r in res.resident if r.name in names or r.preloaded]
-    gone = [n for n in names if n not in {r.name for r in res.resident}]
-    out = []
-    for g in res.gpus:
-        on = [r for r in loaded if g.index < len(r.vram_bytes) and r.vram_bytes[g.index]]
-        held = sum(r.vram_bytes[g.index] for r in on)
-        if on:
-            out.append(
-                f"  GPU {g.index} ({g.name}): "
-                + ", ".join(
-                    f"{r.name} {_gib(r.vram_bytes[g.index])}" + (" (part on the CPU)" if r.spilled else "") for r in on
-                )
-                + f" = {_gib(held)} of {_gib(g.total_bytes)}"
-            )
-    by = {a: b for a, b in res.evictions}
-    for n in gone:
-        out.append(f"  not loaded at the end: {n}" + (f" (evicted when {by[n]} loaded)" if n in by else ""))
-    return out
+def _loaded_ctx(res: sched.Residency, ref: str) -> int | None:
+    return next((r.num_ctx for r in res.resident if r.name == ref), None)
 
 
-def together_text(t: Together) -> str:
-    s = t.settings
-    names = [m.ref for m in t.models]
-    keep = _duration(s.keep_alive_s)
-    lines = [
-        f"{len(names)} models on one Ollama server, requested in this order: {', '.join(names)}",
-        f"  {t.hardware_text}",
-        f"  OLLAMA_MAX_LOADED_MODELS {t.asked.max_loaded} ({t.asked.max_loaded_source}); OLLAMA_NUM_PARALLEL "
-        f"{s.num_parallel}; OLLAMA_KV_CACHE_TYPE {s.kv_cache_type}; keep-alive {keep}; context {s.context_length:,} "
-        f"({s.context_source}) unless the model sets num_ctx",
-        "",
-        f"Ollama's scheduler (server/sched.go) at context {s.context_length:,}:",
-        *steps_text(t.asked),
-        *residency_text(t.asked, names),
-    ]
-    if t.asked.together(names):
-        lines.append("All stay loaded together.")
-    elif t.recommended is not None:
-        what = []
-        if t.recommended_max_loaded:
-            what.append(f"OLLAMA_MAX_LOADED_MODELS={t.recommended_max_loaded}")
-        if t.recommended_ctx:
-            what.append(
-                f"OLLAMA_CONTEXT_LENGTH={t.recommended_ctx} (the largest power of two that works; models with "
-                "their own num_ctx keep it)"
-            )
-        lines += [
-            "",
-            f"With {' and '.join(what)}:",
-            *steps_text(t.recommended),
-            *residency_text(t.recommended, names),
-            "All stay loaded together.",
-        ]
-    else:
-        lines.append(
-            f"They do not all stay loaded together, even at {MIN_CTX:,} tokens: fewer models, a smaller quantization, "
-            "-ctk q8_0 (OLLAMA_KV_CACHE_TYPE), or more GPU memory"
-        )
-    lines += [f"note: {n}" for n in t.notes]
-    if t.fits:
-        lines += ["", "Server settings (--write-env FILE writes them):", *(f"  {k}={v}" for k, v in env_lines(t))]
-        lines.append(
-            "  (keep-alive -1: an idle model is never unloaded; a request's own keep_alive overrides it. "
-            "--write-preset FILE writes the same set as a llama-server router preset.)"
-        )
-    return "\n".join(lines)
+def _card_that_holds(models: Sequence[OllamaModel], s: Settings, hw: Hardware, target: int) -> str | None:
+    """The smallest catalogue card (Apple's if this is one, else a discrete card) on which one replay keeps
+    every model loaded, the first at its target, the helpers at the least their job needs, q8_0 where the
+    server may quantize: the card to buy for this set."""
+    from kvadvise.planner.gpus import load_profiles
+    from kvadvise.planner.hardware import from_profile
 
-
-def _residency_dict(res: sched.Residency) -> dict[str, object]:
-    return {
-        "max_loaded": res.max_loaded,
-        "max_loaded_source": res.max_loaded_source,
-        "steps": [
-            {
-                "model": st.model,
-                "action": st.action,
-                "gpus": list(st.gpus),
-                "predicted_bytes": st.predicted_bytes,
-                "available_bytes": st.available_bytes,
-                "footprint_bytes": list(st.footprint_bytes),
-                "num_batch": st.num_batch,
-                "spilled": st.spilled,
-                "evicted": st.evicted,
-                "cause": st.cause or None,
-                "why": st.why,
-            }
-            for st in res.steps
-        ],
-        "resident": [
-            {
-                "model": r.name,
-                "vram_bytes": list(r.vram_bytes),
-                "num_ctx": r.num_ctx,
-                "spilled": r.spilled,
-                "loaded_before": r.preloaded,
-            }
-            for r in res.resident
-        ],
-        "evictions": [list(e) for e in res.evictions],
-    }
-
-
-def together_dict(t: Together) -> dict[str, object]:
-    s = t.settings
-    return {
-        "models": [
-            {
-                "model": m.ref,
-                "source": m.source,
-                "architecture": m.spec.architecture,
-                "num_ctx_param": m.default_num_ctx,
-            }
-            for m in t.models
-        ],
-        "gpus": [
-            {"index": g.index, "name": g.name, "total_bytes": g.total_bytes, "free_bytes": g.free_bytes}
-            for g in t.final.gpus
-        ],
-        "settings": {
-            "context_length": s.context_length,
-            "context_source": s.context_source,
-            "num_parallel": s.num_parallel,
-            "kv_cache_type": s.kv_cache_type,
-            "flash_attention": s.flash_attention,
-            "max_loaded_models": s.max_loaded,
-            "keep_alive_s": None if math.isinf(s.keep_alive_s) else s.keep_alive_s,
-            "sched_spread": s.spread,
-        },
-        "asked": _residency_dict(t.asked),
-        "recommended_context_length": t.recommended_ctx,
-        "recommended_max_loaded_models": t.recommended_max_loaded,
-        "recommended": _residency_dict(t.recommended) if t.recommended is not None else None,
-        "fit_together": t.fits,
-        "env": dict(env_lines(t)) if t.fits else {},
-        "notes": list(t.notes),
-    }
+    apple = any(g.unified_memory for g in hw.gpus)
+    now = sum(g.total_bytes for g in hw.gpus)
+    cards = sorted(
+        (p for p in load_profiles() if p.unified_memory == apple and p.memory_bytes > now and not p.integrated),
+        key=lambda p: (p.memory_bytes, p.bandwidth_bytes_per_s, p.id),
+    )
+    primary = models[0]
+    ctx = min(target, primary.spec.n_ctx_train or target)
+    ctxs = {h.ref: helper_contexts(h)[-1] for h in models[1:]} | {primary.ref: ctx}
+    kv = "q8_0" if s.flash_attention else s.kv_cache_type
+    for p in cards:
+        bigger = from_profile(p.id)
+        st = replace(s, kv_cache_type=kv, context_length=rules.default_num_ctx(bigger.gpus[0].total_bytes))
+        if stays(_replayer(models, bigger, scheduler_gpus(bigger, headless=False), ())(st, ctxs), models):
+            return f"a card of {p.memory_bytes / GIB:.0f} GiB ({p.id}) holds them all, {primary.ref} at {ctx:,} tokens"
+    return None

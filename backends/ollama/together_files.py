@@ -1,0 +1,142 @@
+"""The files of several models on one server, each one writer (kvadvise.runtime.seam.Writer): the server's
+env file (``--write-env``), the same set as a llama-server router preset (``--write-preset``), and a
+Modelfile for each model that needs its own context (``--write-modelfiles DIR``). All are written by
+kvadvise.runtime.seam.write_outputs: all or none, never over a file without --force."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kvadvise.backends.ollama import rules
+from kvadvise.backends.ollama import scheduler as sched
+from kvadvise.backends.ollama.together import Together
+from kvadvise.runtime.seam import Writer
+from kvadvise.ui import output
+
+if TYPE_CHECKING:
+    from kvadvise.files import NewFile
+    from kvadvise.runtime.router import RoutedModel
+
+
+def env_text(t: Together) -> str:
+    from kvadvise.backends.ollama.together_show import env_lines
+
+    head = (
+        "# Ollama server settings written by kvadvise: "
+        + ", ".join(m.ref for m in t.models)
+        + " stay loaded together.\n"
+    )
+    return head + "".join(f"{k}={v}\n" for k, v in env_lines(t))
+
+
+def _env_hints(t: Together, path: Path) -> tuple[str, ...]:
+    from kvadvise.backends.ollama import config as oc
+
+    return oc.apply_hint_env(path)
+
+
+def routed(t: Together) -> list[RoutedModel]:
+    """The same models for llama-server's router: the context, slots, cache type and batch of the plan, each
+    pinned to the GPU the scheduler put it on (when one of several)."""
+    from kvadvise.runtime.router import RoutedModel
+
+    res, s = t.final, t.final_settings
+    out = []
+    for m in t.models:
+        step = next(st for st in reversed(res.steps) if st.model == m.ref and st.action in ("load", "reuse"))
+        runner = next((r for r in res.resident if r.name == m.ref), None)
+        num_ctx = runner.num_ctx if runner is not None and runner.num_ctx else s.context_length
+        embedding = m.spec.architecture in sched.EMBEDDING_ARCHS
+        n_par = 1 if embedding or m.spec.architecture in rules.SINGLE_SLOT_ARCHS else s.num_parallel
+        cfg = rules.run_config(num_ctx, n_par, s.kv_cache_type, flash_attention=s.flash_attention)
+        if step.num_batch:
+            cfg = replace(cfg, n_batch=step.num_batch, n_ubatch=step.num_batch)
+        device = f"CUDA{step.gpus[0]}" if len(res.gpus) > 1 and len(step.gpus) == 1 else None
+        path = m.spec.source if m.source.startswith("store:") else None
+        out.append(RoutedModel(m.ref, path, cfg, device, embedding))
+    return out
+
+
+def preset_text(t: Together) -> str:
+    from kvadvise.runtime.router import preset_text as text
+
+    header = f"llama-server router preset written by kvadvise: {', '.join(m.ref for m in t.models)} loaded together"
+    return text(routed(t), header=header)
+
+
+def _preset_hints(t: Together, path: Path) -> tuple[str, ...]:
+    from kvadvise.runtime.router import router_command
+
+    return (f"run it with: {router_command(str(path), len(t.models))}",)
+
+
+WRITERS: tuple[Writer[Together], ...] = (
+    Writer("--write-env", "Write the server's OLLAMA_* settings as an env file.", env_text, _env_hints),
+    Writer(
+        "--write-preset",
+        "With several models: also write them as a llama-server router preset (--models-preset).",
+        preset_text,
+        _preset_hints,
+    ),
+)
+MODELFILES_OPTION = "--write-modelfiles"
+
+
+def modelfiles(t: Together, folder: str) -> list[NewFile]:
+    """A Modelfile for each model that needs its own context, named as ``ollama create`` names it."""
+    from kvadvise.backends.ollama.config import modelfile_header
+    from kvadvise.backends.ollama.modelfile import modelfile_text
+    from kvadvise.backends.ollama.rules import OllamaSettings
+    from kvadvise.backends.ollama.together_show import created_names
+    from kvadvise.files import text_file
+
+    s = t.final_settings
+    by_ref = {m.ref: m for m in t.models}
+    out = []
+    for ref, name in created_names(t).items():
+        m = by_ref[ref]
+        n_par = 1 if m.spec.architecture in (*sched.EMBEDDING_ARCHS, *rules.SINGLE_SLOT_ARCHS) else s.num_parallel
+        st = OllamaSettings(
+            num_ctx=dict(t.contexts)[ref],
+            num_parallel=n_par,
+            kv_cache_type=s.kv_cache_type,
+            flash_attention=s.flash_attention,
+            full_offload=True,
+            kv_cache=any(m.spec.kv_layers) or m.spec.has_recurrent,
+        )
+        header = modelfile_header(st, f"{ref} beside {', '.join(x for x in by_ref if x != ref)}")
+        out.append(text_file(MODELFILES_OPTION, str(Path(folder) / f"{name}.Modelfile"), modelfile_text(m, st, header)))
+    return out
+
+
+def _make_folder(folder: Path) -> None:
+    """The --write-modelfiles folder, made when its parent exists (a typo deep in a path is not built)."""
+    if folder.is_dir():
+        return
+    if folder.parent.is_dir() and not folder.exists():
+        try:
+            folder.mkdir()
+        except OSError:
+            return  # kvadvise.files.write_files says why, by name
+
+
+def write(t: Together, paths: dict[str, str], *, force: bool) -> None:
+    """Write what was asked for, all or none, and say how to apply each file."""
+    from kvadvise.runtime.seam import write_outputs
+
+    folder = paths.pop(MODELFILES_OPTION, None)
+    extra = modelfiles(t, folder) if folder is not None else []
+    if extra and folder is not None:
+        _make_folder(Path(folder).expanduser())
+    if folder is not None and not extra:
+        output.note(f"{MODELFILES_OPTION}: no model needs a context of its own: nothing to write there")
+    for w in write_outputs(t, WRITERS, paths, force=force, extra=extra):
+        if w.option == MODELFILES_OPTION:
+            output.note(f"wrote {w.path}: ollama create {w.path.name.removesuffix('.Modelfile')} -f {w.path}")
+            continue
+        output.note(f"wrote {w.path}; apply it with:" if len(w.hints) > 1 else f"wrote {w.path}: " + "".join(w.hints))
+        if len(w.hints) > 1:
+            for h in w.hints:
+                output.note_line(f"  {h}")
