@@ -103,14 +103,14 @@ def _memory(plan: Plan) -> list[str]:
                 f"{fmt_bytes(d)} of {fmt_bytes(x)}" for d, x in zip(off.devices_bytes, off.device_budgets, strict=True)
             )
         return [f"on the CPU: {kept} ({flags}); {where}, {fmt_bytes(off.host_bytes)} in RAM"]
-    parts = [f"weights {fmt_bytes(est.weights_bytes - est.host.weights_bytes)}"]
+    parts = [f"weights {_gib(est.weights_bytes - est.host.weights_bytes)}"]
     if est.kv_bytes:
-        parts.append(f"K/V cache {fmt_bytes(est.kv_bytes)}")
+        parts.append(f"K/V {_gib(est.kv_bytes)}")
     if est.recurrent_bytes:
-        parts.append(f"recurrent state {fmt_bytes(est.recurrent_bytes)}")
-    parts.append(f"compute {fmt_bytes(est.compute_bytes - est.host.compute_bytes)}")
+        parts.append(f"recurrent {_gib(est.recurrent_bytes)}")
+    parts.append(f"compute {_gib(est.compute_bytes - est.host.compute_bytes)}")
     if est.overhead_bytes:
-        parts.append(f"overhead {fmt_bytes(est.overhead_bytes)}")
+        parts.append(f"overhead {_gib(est.overhead_bytes)}")
     if b is None:
         return [f"memory: {fmt_bytes(est.device_bytes)} on the {est.layout.device.upper()}: " + ", ".join(parts)]
     if len(b.device_budgets) > 1 and len(est.devices) == len(b.device_budgets):
@@ -120,9 +120,14 @@ def _memory(plan: Plan) -> list[str]:
         )
     else:
         left = b.budget_bytes - est.device_bytes
-        used = f"{fmt_bytes(est.device_bytes)} of a {fmt_bytes(b.budget_bytes)} budget"
-        used += f" ({fmt_bytes(left)} to spare)" if left >= 0 else f" ({fmt_bytes(-left)} short)"
-    return [f"memory: {used}; " + ", ".join(parts)]
+        used = f"{_gib(est.device_bytes)} of {_gib(b.budget_bytes)}"
+        used += f" ({_gib(left)} spare)" if left >= 0 else f" ({_gib(-left)} short)"
+    return [f"memory: {used}: " + ", ".join(parts)]
+
+
+def _gib(n: int) -> str:
+    """A part of the memory line: GiB with two decimals, or MiB below 1 GiB (``0.14 GiB`` reads worse)."""
+    return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):,.0f} MiB"
 
 
 def _speed(plan: Plan) -> list[str]:
@@ -166,7 +171,9 @@ def why(rec: Recommendation | None) -> list[str]:
         said = [r for r in rec.reasons if r.startswith(("does not fit", "would fit with"))]
         out = [("why: " if i == 0 else "     ") + r for i, r in enumerate(said)]
         out += [
-            f"     {r.removeprefix('partial offload: ')}" for r in rec.reasons if r.startswith("partial offload: a ")
+            f"     {r.removeprefix('partial offload: ')}"
+            for r in rec.reasons
+            if r.startswith("partial offload: ") and " would keep " in r
         ][:1]
         return out + [r for r in rec.reasons if r.startswith("note:")]
     chosen = (rec.config.type_k, rec.config.type_v)
@@ -188,13 +195,11 @@ def why(rec: Recommendation | None) -> list[str]:
                     f"f16 reaches {reach} tokens of the {target:,} target: an exact cache, no need to quantize"
                 )
             elif o.type_k.type_name == "q8_0" == o.type_v.type_name:
-                steps.append(
-                    f"{name} reaches {reach}: chosen (q8_0 usually has no noticeable quality loss, Ollama FAQ)"
-                )
+                steps.append(f"{name} reaches {reach}: chosen (usually no noticeable loss, Ollama FAQ)")
             else:  # a 4-bit type, taken only when asked (--allow-q4) or given (-ctk/-ctv)
                 steps.append(f"{name} reaches {reach}: chosen (smaller and less precise than q8_0)")
         elif o.allowed:
-            steps.append(f"{name} reaches {reach} of the {target:,}-token target")
+            steps.append(f"{name} reaches {reach} of the {target:,} target")
     out = ["why: " + "; ".join(steps)] if steps else []
     if later:
         out.append("     " + "; ".join(later))

@@ -212,7 +212,7 @@ def test_allow_cpu_on_an_8gb_card_keeps_attention_on_the_gpu(
     assert f16["device_bytes"] <= doc["budget"]["budget_bytes"] < f16["device_bytes"] + f16["host_bytes"]
     assert f16["decode_tokens_per_s"] < off["decode_tokens_per_s"]
     rc, text, _ = run(capsys, *args, "--use", "agent")
-    assert f"a q8_0 K/V cache keeps the experts of {off['n_cpu_moe']} layers on the CPU where f16 K/V keeps " in text
+    assert f"q8_0 K/V keeps the experts of {off['n_cpu_moe']} layers on the CPU, f16 K/V would keep " in text
     assert "\n  Modelfile: PARAMETER num_ctx 65536\n" in text and "  OLLAMA_KV_CACHE_TYPE=q8_0\n" in text
     assert f"--n-cpu-moe {off['n_cpu_moe']}" in text
 

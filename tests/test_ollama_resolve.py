@@ -102,7 +102,7 @@ def test_nothing_found_names_every_try(empty_store: Path) -> None:
     with pytest.raises(InputError) as e:
         resolve("no-such-model:7b", host=host, timeout=0.5)
     msg, hint = e.value.message, e.value.hint or ""
-    assert msg == "no-such-model:7b: not found (the Ollama server did not answer: it may have it)"
+    assert msg == "no-such-model:7b: not found (no Ollama server answered)"
     # where it was looked for: in the hint, after what to do
     assert str(empty_store) in hint and host in hint and "built-in profiles: none for no-such-model:7b" in hint
     assert "did you mean" not in msg and "\n" not in msg  # nothing close: no list of every profile

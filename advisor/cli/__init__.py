@@ -79,6 +79,24 @@ class BackendGroup(click.Group):
         names = _BackendCommands.names(self, ctx)
         return sorted({*names, *_LAZY_CORE}) if self is cli else names
 
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        """An unknown command name gets the close ones: `kvadvise olama` -> did you mean ollama?"""
+        try:
+            return super().resolve_command(ctx, args)
+        except click.UsageError as e:
+            if not args or "No such command" not in e.message:
+                raise
+            import difflib
+
+            close = difflib.get_close_matches(args[0], self.list_commands(ctx), n=2, cutoff=0.6)
+            if not close:
+                raise
+            raise click.UsageError(
+                f"No such command {args[0]!r}; did you mean {' or '.join(close)}?", ctx=ctx
+            ) from None
+
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if self is cli and name in _LAZY_CORE and name not in self.commands:
             import importlib
@@ -138,8 +156,13 @@ def _run(argv: list[str] | None) -> int:
     except click.exceptions.Abort:
         output.note("aborted")
         return 130
+    except click.exceptions.NoArgsIsHelpError as e:  # `kvadvise verify`: its help, as help, on stderr
+        if e.ctx is not None:
+            for line in e.ctx.get_help().splitlines():
+                output.note_line(line)
+        return EXIT_INPUT
     except click.ClickException as e:
-        output.error(e.format_message())
+        output.error(e.format_message(), _usage_hint(e))
         return EXIT_INPUT
     except click.exceptions.Exit as e:
         return int(e.exit_code)
@@ -163,6 +186,16 @@ def _run(argv: list[str] | None) -> int:
             raise
         return _bug(e)
     return rc if isinstance(rc, int) else 0
+
+
+def _usage_hint(e: click.ClickException) -> str | None:
+    """A missing argument or a bad option: the command's usage line, and where to read more."""
+    ctx = getattr(e, "ctx", None)
+    if not isinstance(e, click.UsageError) or ctx is None or isinstance(e, click.NoSuchOption):
+        return None
+    if isinstance(e, (click.MissingParameter, click.BadArgumentUsage)):
+        return f"{ctx.get_usage().strip()}  (kvadvise {ctx.command_path.partition(' ')[2]} --help: the flags, examples)"
+    return None
 
 
 def _bug(e: BaseException) -> int:

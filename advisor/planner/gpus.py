@@ -168,7 +168,8 @@ def find_profile(name: str) -> GpuProfile:
             hint="pass one of those ids, e.g. --gpu " + matches[0].id,
         )
     close = _close_names(name, loose)
-    msg = f"unknown GPU profile {name!r}"
+    shown = name if len(name) <= 60 else f"{name[:40]}... ({len(name):,} characters)"
+    msg = f"unknown GPU profile {shown!r}"
     if close:
         msg += f"; did you mean {', '.join(close)}?"
     raise InputError(

@@ -133,8 +133,7 @@ def reasons(
     ratio = gqa_ratio(spec)
     if chosen.type_k != F16 and ratio >= HIGH_GQA_RATIO:
         out.append(
-            f"note: {ratio} query heads share each KV head (high GQA); Ollama's FAQ warns such models may lose "
-            "more precision from a quantized cache: f16 is safer if the budget allows a smaller context"
+            f"note: high GQA ({ratio} query heads per KV head): a quantized cache may lose more precision (Ollama FAQ)"
         )
     if not chosen.reaches_target:
         best = _name(chosen)
@@ -189,7 +188,7 @@ def what_would_fit(
                 f"the {_gb(spec.weights_bytes)} they take now)"
             )
         if budget.device != "cpu" and policy.gpu_only:
-            tips.append("dropping --gpu-only (part of the model on the CPU: the partial plan)")
+            tips.append("without --gpu-only (the plan with part on the CPU)")
     if one_slot_ctx is not None:
         tips.append(f"fewer parallel slots (with 1 slot: {one_slot_ctx:,} tokens)")
     return "would fit with " + "; or ".join(tips) if tips else "would fit with a larger memory budget"

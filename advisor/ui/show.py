@@ -126,15 +126,27 @@ def refuse_to_write_what_does_not_fit(plan: Plan, *paths: str | None, chart: New
 
 
 def write_plan_files(
-    plan: Plan, writers: Sequence[Writer[Plan]], paths: Mapping[str, str | None], *, force: bool, chart: NewFile | None
+    plan: Plan,
+    writers: Sequence[Writer[Plan]],
+    paths: Mapping[str, str | None],
+    *,
+    force: bool,
+    chart: NewFile | None,
+    hints: bool = True,
 ) -> tuple[Written, ...]:
     """The files the runtime writes (its writers, by option) and the chart: all or none, nothing for a plan
-    that does not run (exit 3); each written file is named with how to apply it."""
+    that does not run (exit 3); each written file is named with how to apply it (``hints=False``: only
+    named, where the answer's "Next" block says how, once)."""
     from kvadvise.runtime.seam import write_outputs
 
     refuse_to_write_what_does_not_fit(plan, *paths.values(), chart=chart)
     written = write_outputs(plan, writers, paths, force=force, extra=(chart,) if chart is not None else ())
     for w in written:
+        if not hints:  # a warning among the hints (a conflicting override) is said all the same
+            output.note(f"wrote {w.path}")
+            for h in (h for h in w.hints if h.startswith("warning:")):
+                output.note_line(f"  {h}")
+            continue
         output.note(
             f"wrote {w.path}" + ("; apply it with:" if len(w.hints) > 1 else f": {w.hints[0]}" if w.hints else "")
         )
@@ -158,7 +170,10 @@ def answer(
     chart = show_plan(plan, view, requested_ctx=requested_ctx, write_chart=False)
     asked = {k: v for k, v in (paths or {}).items() if v is not None}  # an empty path is refused by name
     if asked or chart is not None:
-        write_plan_files(plan, runtime.writers(), asked, force=force, chart=chart)
+        # the "Next" block below says how to apply the files, once: the notes then only name them
+        steps = plan.advice.next_steps(())[1] if plan.advice is not None else ()  # the paths are not checked yet
+        quiet = bool(steps) and not view.as_json and not view.verbose
+        write_plan_files(plan, runtime.writers(), asked, force=force, chart=chart, hints=not quiet)
     show_tail(plan, view, tuple(asked.items()))
     exit_if_no_fit(plan)
 

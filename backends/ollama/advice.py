@@ -187,8 +187,7 @@ def advise(
         )
     if runnable and off is not None:
         warnings.append(
-            "part of the model runs on the CPU: leave num_gpu unset (llama.cpp's --fit places it; "
-            "`ollama ps` shows CPU/GPU)"
+            "part runs on the CPU: leave num_gpu unset (llama.cpp's --fit places it; `ollama ps` shows CPU/GPU)"
         )
     if cfg.n_parallel > 1 and model.spec.architecture in SINGLE_SLOT_ARCHS:
         warnings.append(f"Ollama forces num_parallel = 1 for {model.spec.architecture}")
@@ -253,9 +252,12 @@ def apply_steps(
         return ()
     steps = list(oc.apply_hints_server(a.settings, a.platform, env_path=env, dropin_path=systemd))
     mf = modelfile or "Modelfile"
-    steps.append(
-        f"ollama create {a.created_name} -f {shlex.quote(mf)}" + ("" if modelfile else "  (--write-modelfile)")
-    )
+    later = "" if modelfile else "  (--write-modelfile)"
+    if a.platform == "docker":  # the Modelfile is on the host, ollama in the container
+        steps.append(f"docker cp {shlex.quote(mf)} ollama:/tmp/Modelfile{later}")
+        steps.append(f"docker exec ollama ollama create {a.created_name} -f /tmp/Modelfile")
+    else:
+        steps.append(f"ollama create {a.created_name} -f {shlex.quote(mf)}{later}")
     steps += oc.call_hints(a.created_name, a.settings)
     if a.settings.partial:  # `kvadvise verify ollama` checks a 100 % GPU plan
         steps.append(f"ollama run {a.created_name} '' && ollama ps  # PROCESSOR: a CPU/GPU split, as planned")

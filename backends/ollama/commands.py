@@ -12,6 +12,7 @@ import click
 
 from kvadvise.backends.ollama import api as ollama_api
 from kvadvise.backends.ollama import rules
+from kvadvise.backends.ollama.model import OllamaModel
 from kvadvise.backends.ollama.runtime import LLAMACPP_ONLY, WRITERS
 from kvadvise.model.spec import ModelSpec
 from kvadvise.planner.memory import RunConfig
@@ -139,7 +140,7 @@ def verify_ollama_command(
     from dataclasses import asdict
 
     from kvadvise.backends.ollama.config import server_kv_cache_type
-    from kvadvise.backends.ollama.resolve import library_names, resolve
+    from kvadvise.backends.ollama.resolve import library_names
     from kvadvise.backends.ollama.verify import verify
     from kvadvise.errors import EXIT_NO_FIT
     from kvadvise.planner.memory import estimate
@@ -147,7 +148,7 @@ def verify_ollama_command(
     kv, kv_source = server_kv_cache_type(kv_cache_type, env_file)
     with ollama_api.session():
         _server_up(host)  # verify reads the server: a server that is down is said first (exit 4), not "not found"
-        model = resolve(name, host=host)
+        model = _created(name, host)
         ctx = num_ctx or model.default_num_ctx
         if ctx:  # Ollama runs at most the training context (llm/server.go): that is what loads and is checked
             ctx = rules.capped_num_ctx(ctx, model.spec.n_ctx_train)
@@ -216,6 +217,27 @@ def verify_ollama_command(
         output.line("fits: 100% GPU" if v.fits else "does not fit as asked")
     if not v.fits:
         raise click.exceptions.Exit(EXIT_NO_FIT)
+
+
+def _created(name: str, host: str | None) -> OllamaModel:
+    """The model to verify; one named as `kvadvise ollama` names what it plans (qwen3-coder-64k) that the
+    server does not have yet was not created: say how, rather than to pull it."""
+    import re
+
+    from kvadvise.backends.ollama.resolve import resolve
+    from kvadvise.errors import InputError
+
+    try:
+        return resolve(name, host=host)
+    except InputError as e:
+        m = re.fullmatch(r"(?i)(.+?)-(\d+)k(?::latest)?", name.strip())
+        if m is None:
+            raise
+        raise InputError(
+            f"{name}: not on the server yet: the plan's model is made by `ollama create`",
+            hint=f"ollama create {m[0].split(':')[0]} -f Modelfile (kvadvise ollama {m[1]} --write-modelfile "
+            "Modelfile writes it), then verify",
+        ) from e
 
 
 def _server_up(host: str | None) -> None:

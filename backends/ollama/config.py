@@ -222,9 +222,12 @@ def apply_hints_server(
         return (*(f"launchctl setenv {k} {shlex.quote(v)}" for k, v in env), "then quit and reopen the Ollama app")
     if platform == "windows":  # Ollama FAQ: user environment variables, then restart Ollama
         return (*(f"setx {k} {v}" for k, v in env), "then quit Ollama (taskbar icon) and start it again")
-    if platform == "docker":
+    if platform == "docker":  # a container's environment is set when it is created: re-create it
         src = f"--env-file {_dot_path(env_path)}" if env_path else " ".join(f"-e {k}={v}" for k, v in env)
-        return (f"docker run -d --gpus=all {src} -v ollama:/root/.ollama -p 11434:11434 --name ollama ollama/ollama",)
+        return (
+            "docker rm -f ollama  # new settings need the container re-created; the ollama volume keeps the models",
+            f"docker run -d --gpus=all {src} -v ollama:/root/.ollama -p 11434:11434 --name ollama ollama/ollama",
+        )
     if dropin_path is not None:
         return apply_hint_systemd(dropin_path)
     if env_path is not None:

@@ -103,8 +103,8 @@ def resolve(
         hint = f"kvadvise ollama {close[0]}; or {pull} if the library has that name"
     # "did you mean" first, in a short line; where it was looked for in the hint
     head = f"{name.display}: not found" + (f"; did you mean {', '.join(close)}?" if close else "")
-    if server_note is not None:
-        head += " (the Ollama server did not answer: it may have it)"
+    if server_note is not None and not close:  # else a typo is likelier; the hint says the server was down
+        head += " (no Ollama server answered)"
     raise InputError(head, hint=f"{hint} (looked in: " + "; ".join(tried) + ")")
 
 

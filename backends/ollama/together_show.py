@@ -116,7 +116,7 @@ def _plan_rows(t: Together) -> list[str]:
         where = _where([i for i, b in enumerate(runner.vram_bytes) if b]) if runner is not None else "-"
         how = f"its own: {made[m.ref]}" if m.ref in made else "as it loads now"
         if runner is not None and runner.spilled:
-            how += "; partly on the CPU: an embedding model, --fit keeps the GPU for the others"
+            how += "; partly on the CPU by --fit"
         out.append(f"  {m.ref:<{width}}  num_ctx {ctx:>7,}  {held:>5} GiB on {where}  ({how})")
     return out
 
@@ -124,7 +124,7 @@ def _plan_rows(t: Together) -> list[str]:
 def _asked_line(t: Together) -> str:
     """What goes wrong at the settings asked, in one line."""
     s = t.settings
-    head = f"At the server's settings (context {s.context_length:,}, {s.context_source}; cache {s.kv_cache_type})"
+    head = f"At the server's settings ({s.context_length:,} tokens, {s.kv_cache_type})"
     ev = next((st for st in t.asked.steps if st.action == "evict"), None)
     if ev is not None:
         return f"{head}: {ev.model} evicts {ev.evicted} ({ev.why})"
@@ -187,14 +187,9 @@ def together_text(t: Together, *, verbose: bool = False) -> str:
             lines.append("Each model's own context (--write-modelfiles DIR writes a Modelfile each):")
             ctx = dict(t.contexts)
             for ref, name in made.items():
-                lines.append(
-                    f'  ollama create {name} -f {name}.Modelfile   # or per request: "options": {{"num_ctx": {ctx[ref]}}}'
-                )
+                lines.append(f'  ollama create {name} -f {name}.Modelfile  # or "options": {{"num_ctx": {ctx[ref]}}}')
             lines.append(f"  then ask for {', '.join(made.values())} by these names")
-        lines.append(
-            "(--verbose: every step of Ollama's scheduler; --json: every figure; --write-preset FILE: the same "
-            "set for llama-server's router)"
-        )
+        lines.append("(--verbose: the scheduler step by step; --json; --write-preset FILE: llama-server's router)")
     return "\n".join(lines)
 
 
@@ -203,8 +198,8 @@ def _why(t: Together) -> list[str]:
     if len(t.tried) < 2 and not (t.tried and t.tried[0][1] < t.target_ctx):
         return []
     first = t.models[0].ref
-    said = "; ".join(f"{kv}: {ctx:,}" if ctx else f"{kv}: none" for kv, ctx in t.tried)
-    return [f"  why: {first}'s context beside the others by server-wide cache type: {said} (target {t.target_ctx:,})"]
+    said = "; ".join(f"{kv} {ctx:,}" if ctx else f"{kv} none" for kv, ctx in t.tried)
+    return [f"  why: {first} beside the others, by cache type: {said} (target {t.target_ctx:,})"]
 
 
 def _residency_dict(res: sched.Residency) -> dict[str, object]:
