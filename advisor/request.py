@@ -152,7 +152,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
 }
 BOOLS = ("kv_unified", "swa_full", "no_hardware", "headless", "repeatable", "allow_cpu", "allow_q4", "gpu_only")
 TEXTS = ("llama_build", "gpu")
-GBS = ("bandwidth_gbs", "ram_bandwidth_gbs")  # GB/s, a finite number >= 1
+GBS = ("bandwidth_gbs", "ram_bandwidth_gbs")  # GB/s, a finite number from 1 to MAX_GBS
+MAX_GBS = 100_000.0  # 100 TB/s: above any memory's bandwidth (an H200 has 4.8), below what overflows bytes/s
 MAX_SHARES = 15  # -ts: common/arg.cpp, "got %zu input configs, but system only has %zu devices" from 16
 _FLT_MIN = 1.17549435e-38  # -ts reads each share with std::stof, which refuses what float32 cannot hold
 
@@ -211,8 +212,8 @@ def _check_values(r: PlanRequest) -> None:
             raise invalid(name, f"{_shown(v)} is not a valid float.")
         if not math.isfinite(v):
             raise invalid(name, f"{str(v)!r} is not a finite number")
-        if v < 1:
-            raise invalid(name, f"{v} is not in the range x>=1.")
+        if not 1 <= v <= MAX_GBS:
+            raise invalid(name, f"{v} is not in the range 1<=x<={MAX_GBS:g}.")
     if r.mmproj is not None and not isinstance(r.mmproj, str):
         from kvadvise.model.projector import ProjectorSpec
 

@@ -123,9 +123,13 @@ def test_server_settings_from_the_environment(
     assert doc["settings"] == {"n_parallel": 2, "flash_attn": True, "cache_type": "q8_0", "default_ctx": 6144}
     q = next(m for m in doc["models"] if m["name"] == "tiny-qwen3:latest")
     assert q["run_ctx"] == 6144 and q["run_cache_type"] == "q8_0"
+    # as Ollama's envconfig reads them: quotes trimmed; a value that is not a number is its default (1)
+    monkeypatch.setenv("OLLAMA_NUM_PARALLEL", "'2'")
+    rc, out, _ = run(capsys, "ollama", "--installed", "--vram", "8GiB", "--json")
+    assert rc == 0 and json.loads(out)["settings"]["n_parallel"] == 2
     monkeypatch.setenv("OLLAMA_NUM_PARALLEL", "two")
-    rc, _, err = run(capsys, "ollama", "--installed", "--vram", "8GiB")
-    assert rc == 2 and "OLLAMA_NUM_PARALLEL='two'" in err
+    rc, out, _ = run(capsys, "ollama", "--installed", "--vram", "8GiB", "--json")
+    assert rc == 0 and json.loads(out)["settings"]["n_parallel"] == 1
 
 
 def test_with_a_server_tags_ps_and_a_model_only_the_server_has(

@@ -390,7 +390,9 @@ def test_store_models_an_embedding_model_and_a_router_preset(
     assert "no Ollama server answered" in out and "2 models on one Ollama server" in out
     text = preset.read_text()
     sections = text.split("\n[")[1:]
-    assert sections[0].startswith("gemma3-270m:latest]") and sections[1].startswith("nomic-embed-text:latest]")
+    # no tag: the preset loader upper-cases it (common/preset.cpp canonical_tag), so a client asking for
+    # gemma3-270m:latest would not find gemma3-270m:LATEST
+    assert sections[0].startswith("gemma3-270m]") and sections[1].startswith("nomic-embed-text]")
     gemma, emb = sections
     assert f"model = {root / 'blobs' / ('sha256-' + SHA)}" in gemma
     assert "c = 16384\nnp = 2" in gemma  # its own num_ctx 8,192 x OLLAMA_NUM_PARALLEL 2

@@ -72,7 +72,17 @@ _NO_GPU_HINT = "planning for the CPU, or pass --gpu NAME / --vram SIZE"
 
 
 def _ram_now() -> tuple[int, int]:
-    """(total, available) bytes of system RAM."""
+    """(total, available) bytes of system RAM, within this process's memory cgroup: in a container of 2 GiB
+    on a 64 GiB host, llama-server is killed past 2 GiB, whatever the host has free."""
+    total, avail = _ram_host()
+    limit = cgroup_memory()
+    if limit is not None:
+        cap, used = limit
+        total, avail = min(total, cap), max(0, min(avail, cap - used))
+    return total, avail
+
+
+def _ram_host() -> tuple[int, int]:
     if "psutil" not in sys.modules and sys.platform == "linux":
         # what psutil reads too (MemTotal, MemAvailable), without its ~15 ms import on every plan
         with (
@@ -84,6 +94,55 @@ def _ram_now() -> tuple[int, int]:
 
     vm = psutil.virtual_memory()
     return int(vm.total), int(vm.available)
+
+
+NO_LIMIT = 1 << 60  # cgroup v1 writes a page-rounded 2^63 for "no limit"
+
+
+def cgroup_memory(root: str = "/") -> tuple[int, int] | None:
+    """(limit, usage) bytes of this process's memory cgroup, the tightest limit up its hierarchy: cgroup v2
+    (``memory.max``, ``memory.current``) or v1 (``memory.limit_in_bytes``, ``memory.usage_in_bytes``), as
+    /proc/self/cgroup names it (what docker --memory and systemd MemoryMax= set). None: no limit, or not Linux."""
+    if sys.platform != "linux" and root == "/":
+        return None
+    try:
+        with open(os.path.join(root, "proc/self/cgroup"), encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = [*line.split(":", 2), "", ""][:3]
+        if controllers == "":  # v2: 0::/path
+            found = _tightest(os.path.join(root, "sys/fs/cgroup"), path, "memory.max", "memory.current")
+        elif "memory" in controllers.split(","):
+            found = _tightest(
+                os.path.join(root, "sys/fs/cgroup/memory"), path, "memory.limit_in_bytes", "memory.usage_in_bytes"
+            )
+        else:
+            continue
+        if found is not None:
+            return found
+    return None
+
+
+def _tightest(base: str, path: str, limit_file: str, usage_file: str) -> tuple[int, int] | None:
+    best: tuple[int, int] | None = None
+    parts = [p for p in path.split("/") if p and p != ".."]
+    for depth in range(len(parts), -1, -1):  # this cgroup and every parent: the smallest limit holds
+        d = os.path.join(base, *parts[:depth])
+        limit, usage = _read_int(os.path.join(d, limit_file)), _read_int(os.path.join(d, usage_file))
+        if limit is not None and limit < NO_LIMIT and (best is None or limit < best[0]):
+            best = (limit, usage or 0)
+    return best
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            text = f.read(64).strip()
+    except OSError:
+        return None
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 20 else None  # "max": none
 
 
 def _meminfo(text: str) -> tuple[int, int]:

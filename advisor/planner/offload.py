@@ -111,12 +111,48 @@ class Offload:
 
 
 def plan_offload(
-    spec: ModelSpec, base: RunConfig, budget: Budget, n_ctx_seq: int, kv: KV, policy: Policy
+    spec: ModelSpec,
+    base: RunConfig,
+    budget: Budget,
+    n_ctx_seq: int,
+    kv: KV,
+    policy: Policy,
+    *,
+    shrink: bool = False,
 ) -> tuple[Offload | None, tuple[str, ...]]:
     """What must stay on the CPU for ``n_ctx_seq`` tokens per sequence, and the notes that say so (None: it
     all fits on the GPU, or nothing does). Of the cache types the policy allows (``policy.fixed_kv``: the
     user's only; ``kv`` first when the policy does not list it), the one whose offload fits the RAM and
-    decodes fastest at ``n_ctx_seq``; a later (more quantized) type only when it is at least 5 % faster."""
+    decodes fastest at ``n_ctx_seq``; a later (more quantized) type only when it is at least 5 % faster.
+    ``shrink`` (a recommended context, not one the user gave): when no offload at ``n_ctx_seq`` fits the RAM,
+    the largest context, a multiple of 1,024, at which one does, as the GPU's context is searched."""
+    best, notes = _plan_offload(spec, base, budget, n_ctx_seq, kv, policy)
+    if not shrink or best is None or best.runnable or n_ctx_seq <= CTX_STEP:
+        return best, notes
+    lo, hi = 0, n_ctx_seq // CTX_STEP  # units of 1,024: lo runs (0: none found), hi does not
+    found: tuple[Offload | None, tuple[str, ...]] = (None, ())
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        got = _plan_offload(spec, base, budget, mid * CTX_STEP, kv, policy)
+        if got[0] is not None and got[0].runnable:
+            lo, found = mid, got
+        else:
+            hi = mid
+    if found[0] is None:
+        return best, notes
+    said = (
+        f"partial offload: {n_ctx_seq:,} tokens per sequence do not fit the RAM beside the weights the CPU reads; "
+        f"{lo * CTX_STEP:,} do"
+    )
+    return found[0], (said, *found[1])
+
+
+CTX_STEP = 1024  # a context searched for the RAM: a multiple of this
+
+
+def _plan_offload(
+    spec: ModelSpec, base: RunConfig, budget: Budget, n_ctx_seq: int, kv: KV, policy: Policy
+) -> tuple[Offload | None, tuple[str, ...]]:
     kvs = allowed_kvs(spec, base, policy)
     cands = [
         (k, partial_offload(spec, base, budget, n_ctx_seq, k)) for k in dict.fromkeys(kvs if kv in kvs else [kv, *kvs])

@@ -161,7 +161,9 @@ def recommend(spec: ModelSpec, base: RunConfig, budget: Budget, policy: Policy) 
         else:
             from kvadvise.planner.offload import plan_offload
 
-            offload, notes = plan_offload(spec, base, budget, target, (chosen.type_k, chosen.type_v), policy)
+            offload, notes = plan_offload(
+                spec, base, budget, target, (chosen.type_k, chosen.type_v), policy, shrink=True
+            )
             reasons += notes if offload is not None else (*notes, *words.no_offload(spec, budget))
     return Recommendation(cfg, est, budget, fits, target, tuple(reasons), tuple(options), tps, note, offload, speed)
 

@@ -15,15 +15,16 @@ backend's job (kvadvise.backends.llamacpp.dryrun).
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
 from kvadvise.planner.memory import MIB, MemoryEstimate
 
 # common_fit_print: printf("%s %zu %zu %zu\n", device name, model, context, compute) in MiB; "Host" last
-_TABLE = re.compile(r"^(\S+) (\d+) (\d+) (\d+) ?$")
+_TABLE = re.compile(r"^(\S+) ([0-9]{1,15}) ([0-9]{1,15}) ([0-9]{1,15}) ?$")  # bounded: never a 5,000-digit int()
 # llama_context::sched_reserve: "%s: %10s compute buffer size = %8.2f MiB" (buffer type names)
-_COMPUTE = re.compile(r"(\S+) compute buffer size = +([\d.]+) MiB")
+_COMPUTE = re.compile(r"(\S+) compute buffer size = +([0-9]{1,15}(?:\.[0-9]{1,6})?) MiB")
 HOST = "Host"
 # the tolerance for a compute buffer: 16 MiB or 3 %; model and context are compared to the
 # whole MiB llama-fit-params prints (it rounds down)
@@ -54,6 +55,8 @@ class DryRunRow:
 
     @property
     def compute_ok(self) -> bool:
+        if not math.isfinite(self.theirs.compute_mib):  # a figure that is not a number never agrees
+            return False
         diff = abs(self.ours_compute - self.theirs.compute_mib)
         return diff <= max(COMPUTE_ABS_MIB, COMPUTE_REL * self.theirs.compute_mib)
 
@@ -108,7 +111,13 @@ def compare(est: MemoryEstimate, projected: tuple[Projected, ...]) -> tuple[DryR
             rows.append(DryRunRow("CPU", weights / MIB, (d.kv_bytes + d.recurrent_bytes) / MIB,
                                   d.compute_bytes / MIB, host, judge_model=False))  # fmt: skip
         return tuple(rows)
-    for d, p in zip(est.devices, devices, strict=False):
+    for i in range(max(len(est.devices), len(devices))):  # every device on either side: one missing is 0
+        if i >= len(est.devices):
+            p = devices[i]
+            rows.append(DryRunRow(f"{p.name} (not planned)", 0.0, 0.0, 0.0, p))
+            continue
+        d = est.devices[i]
+        p = devices[i] if i < len(devices) else Projected(d.name, 0, 0, 0.0)
         rows.append(DryRunRow(d.name, d.weights_bytes / MIB, (d.kv_bytes + d.recurrent_bytes) / MIB,
                               d.compute_bytes / MIB, p))  # fmt: skip
     if host is not None:

@@ -39,7 +39,7 @@ def preset_text(models: Sequence[RoutedModel], *, header: str = "") -> str:
     lines.append("version = 1")
     for m in models:
         lines.append("")
-        lines.append(f"[{m.name}]")
+        lines.append(f"[{section_name(m.name)}]")
         if m.note:
             lines.append(f"; {m.note}")
         for flag, _var, value in server_args(m.path or "", m.config):
@@ -47,13 +47,39 @@ def preset_text(models: Sequence[RoutedModel], *, header: str = "") -> str:
             if key == "model" and m.path is None:
                 lines.append(f"; model = /path/to/{m.name}.gguf  (no GGUF file of it on this machine)")
                 continue
-            lines.append(f"{key} = {value if value is not None else 'true'}")
+            lines.append(f"{key} = {_value(key, value if value is not None else 'true')}")
         if m.device:
             lines.append(f"device = {m.device}")
         if m.embedding:
             lines.append("embedding = true")
         lines.append("load-on-startup = true")
     return "\n".join(lines) + "\n"
+
+
+def section_name(name: str) -> str:
+    """The name a client asks the router for, as its preset loader reads it back: it upper-cases the tag after
+    the last ':' of a section (common/preset.cpp canonical_tag), so ``gemma3:latest`` would answer only to
+    ``gemma3:LATEST``; the name is written without a tag (``:latest`` dropped, another tag joined by ``-``)."""
+    base, colon, tag = name.rpartition(":")
+    if not colon:
+        return name
+    return base if tag.lower() == "latest" else f"{base}-{tag}"
+
+
+def _value(key: str, value: str) -> str:
+    """A value the loader reads back whole: it ends a value at whitespace followed by ``#`` or ``;``
+    (common/preset.cpp: eol-start), and has no quoting, so such a value is refused with the reason."""
+    import re
+
+    from kvadvise.errors import InputError
+
+    if re.search(r"[ \t][;#]", value) or "\n" in value or "\r" in value:
+        raise InputError(
+            f"router preset: {key} = {value!r}: llama-server's preset loader cuts a value at a space followed by "
+            "'#' or ';' (a comment) and cannot quote it",
+            hint="rename or link the file to a path without ' #' or ' ;', then write the preset",
+        )
+    return value
 
 
 def router_command(preset_path: str, models_max: int, binary: str = "llama-server") -> str:

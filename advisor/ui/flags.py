@@ -14,7 +14,7 @@ import click
 
 from kvadvise.errors import InputError
 from kvadvise.planner.memory import RUNTIMES
-from kvadvise.request import FLASH_ATTN, INT_RANGES, KV_TYPES, USES, PlanRequest, check_split
+from kvadvise.request import FLASH_ATTN, INT_RANGES, KV_TYPES, MAX_GBS, USES, PlanRequest, check_split
 from kvadvise.units import parse_memory_size, parse_size, parse_tokens
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ def parse_rpc_host(text: str) -> RpcHost:
         or not colon
         or not host
         or any(c.isspace() for c in host)
-        or not port.isdigit()
+        or not (port.isascii() and port.isdigit() and len(port) <= 5)
         or not 0 < int(port) <= 65535
     ):
         raise InputError(f"--rpc {text!r}: not HOST:PORT=SIZE", hint=hint)
@@ -126,10 +126,13 @@ class FiniteFloatRange(click.FloatRange):
     false) and reached the planner as an internal error."""
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        number = super().convert(value, param, ctx)
-        if not math.isfinite(number):
+        try:
+            finite = math.isfinite(float(value))
+        except (TypeError, ValueError, OverflowError):
+            finite = True  # not a number at all: FloatRange says so
+        if not finite:
             self.fail(f"{value!r} is not a finite number", param, ctx)
-        return number
+        return super().convert(value, param, ctx)
 
 
 class SizeListType(click.ParamType):  # type: ignore[type-arg]  # generic in click >= 8.2 only
@@ -517,7 +520,7 @@ def _options(*, planned_hardware: bool) -> list[Callable[[F], F]]:
         click.option(
             "--ram-bandwidth",
             "ram_bandwidth_gbs",
-            type=FiniteFloatRange(min=1, min_open=False),
+            type=FiniteFloatRange(min=1, max=MAX_GBS),
             metavar="GB/S",
             default=None,
             help="System memory bandwidth for the speed of what runs on the CPU (experts or layers kept in RAM, a "
@@ -614,7 +617,7 @@ def _hardware_options(planned: bool) -> list[Callable[[F], F]]:
         click.option(
             "--bandwidth",
             "bandwidth_gbs",
-            type=FiniteFloatRange(min=1, min_open=False),
+            type=FiniteFloatRange(min=1, max=MAX_GBS),
             metavar="GB/S",
             help="With --vram: the card's memory bandwidth in GB/s, for the decode-speed estimate (e.g. 448).",
             default=None,

@@ -40,9 +40,26 @@ class OutputClosed(Exception):
     """stdout or stderr is a pipe whose reader has gone (EPIPE): the command stops (kvadvise.cli.main)."""
 
 
+# What a stream that cannot encode them (cp1252, latin-1: `kvadvise ... > plan.txt` on Windows) gets instead
+_ASCII = str.maketrans({"≈": "~", "≤": "<=", "≥": ">=", "×": "x", "→": "->", "—": "-", "–": "-", "µ": "u", "…": "..."})
+
+
 def _echo(text: str, *, err: bool = False) -> None:
+    import sys
+
+    if (sys.stderr if err else sys.stdout) is None:  # started with the stream closed (>&-): nothing reaches anyone
+        raise InputError(
+            f"cannot write to {'stderr' if err else 'stdout'} (it is closed)",
+            hint="send the output somewhere it can be written",
+        )
     try:
-        click.echo(text, err=err)
+        try:
+            click.echo(text, err=err)
+        except UnicodeEncodeError:  # the plan in the stream's own characters, not an internal error
+            stream = sys.stderr if err else sys.stdout
+            encoding = str(getattr(stream, "encoding", None) or "ascii")
+            plain = text.translate(_ASCII).encode(encoding, errors="replace").decode(encoding, errors="replace")
+            click.echo(plain, err=err)
     except BrokenPipeError:
         raise OutputClosed from None
     except OSError as e:  # a full disk (> /dev/full), an I/O error: where the output was sent, exit 2
@@ -77,10 +94,21 @@ def note_line(text: str) -> None:
     _echo(safe(one_line(text)), err=True)
 
 
+ERROR_WIDTH = 1000  # an error or hint longer than this (it quotes a 5,000-character input) is cut in the middle
+
+
 def error(message: str, hint: str | None = None) -> None:
-    _echo(safe(one_line(f"kvadvise: error: {message}")), err=True)
+    _echo(safe(one_line(_clip(f"kvadvise: error: {message}"))), err=True)
     if hint:
-        _echo(safe(one_line(f"kvadvise: hint: {hint}")), err=True)
+        _echo(safe(one_line(_clip(f"kvadvise: hint: {hint}"))), err=True)
+
+
+def _clip(text: str) -> str:
+    """``text`` with its middle cut out past :data:`ERROR_WIDTH`: what was read starts it, why ends it."""
+    if len(text) <= ERROR_WIDTH:
+        return text
+    keep = (ERROR_WIDTH - 40) // 2
+    return f"{text[:keep]} ... ({len(text) - 2 * keep:,} characters) ... {text[-keep:]}"
 
 
 def progress(done: int, total: int, what: str) -> None:

@@ -90,7 +90,7 @@ def normalize_host(raw: str | None = None) -> str:
     hostport = hostport.rpartition("@")[2]  # user:pass@ is dropped
     host, port_s = _split_host_port(hostport, shown)
     if port_s:
-        if not port_s.isdigit() or not 0 < int(port_s) <= 65535:
+        if not (port_s.isascii() and port_s.isdigit()) or len(port_s) > 5 or not 0 < int(port_s) <= 65535:
             raise InputError(f"OLLAMA_HOST {shown!r}: invalid port")
         port = int(port_s)
     else:
@@ -129,9 +129,10 @@ def redact_host(raw: str) -> str:
 
 def server_url(host: str | None = None) -> str:
     """The server to talk to: ``host`` when given, else ``$OLLAMA_HOST``, normalized."""
-    import os
 
-    return normalize_host(os.environ.get("OLLAMA_HOST") if host is None else host)
+    from kvadvise.backends.ollama import envconfig
+
+    return normalize_host((envconfig.var("OLLAMA_HOST") or None) if host is None else host)
 
 
 def _split_host_port(hostport: str, shown: str) -> tuple[str, str]:
@@ -597,7 +598,7 @@ def server_version(host: str | None = None, *, timeout: float = DEFAULT_TIMEOUT)
     return v.strip() if isinstance(v, str) and v.strip() else None
 
 
-_VERSION = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)")
+_VERSION = re.compile(r"^v?([0-9]{1,9})\.([0-9]{1,9})\.([0-9]{1,9})")  # ASCII, bounded: never a 5,000-digit int()
 
 
 def parse_version(version: str) -> tuple[int, int, int] | None:

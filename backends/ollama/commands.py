@@ -3,7 +3,6 @@ commands, registered through the plugin interface (OllamaBackend.register_comman
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -396,7 +395,14 @@ def run_together(
 ) -> None:
     """``kvadvise ollama A B C``: resolve, replay, plan (kvadvise.backends.ollama.together), print, write."""
     from kvadvise.backends.ollama.resolve import resolve
-    from kvadvise.backends.ollama.together import SINGLE_MODEL_ONLY, hardware, loaded_now, plan_together, settings
+    from kvadvise.backends.ollama.together import (
+        SINGLE_MODEL_ONLY,
+        hardware,
+        loaded_now,
+        one_each,
+        plan_together,
+        settings,
+    )
     from kvadvise.backends.ollama.together_files import write
     from kvadvise.backends.ollama.together_show import together_dict, together_text
     from kvadvise.errors import EXIT_NO_FIT
@@ -408,12 +414,14 @@ def run_together(
         given.append("--chart" if f.view.chart else "--chart-file")
     if given:
         raise click.UsageError(f"{', '.join(given)}: for one model; with several, give each its own run")
-    kv = rules.one_cache_type(r.type_k, r.type_v) or os.environ.get("OLLAMA_KV_CACHE_TYPE", "").strip().lower() or "f16"
+    from kvadvise.backends.ollama import envconfig
+
+    kv = rules.one_cache_type(r.type_k, r.type_v) or envconfig.var("OLLAMA_KV_CACHE_TYPE").lower() or "f16"
     if kv not in rules.KV_CACHE_TYPES:
         raise click.UsageError(f"OLLAMA_KV_CACHE_TYPE {kv!r}: Ollama takes one of {', '.join(rules.KV_CACHE_TYPES)}")
     hw = hardware(r)
     with ollama_api.session():
-        models = tuple(resolve(n, host=host) for n in names)
+        models, same = one_each(tuple(resolve(n, host=host) for n in names))
         loaded, live_note = loaded_now(host, hw, r)
     t = plan_together(
         models,
@@ -425,6 +433,8 @@ def run_together(
         kv_fixed=bool(r.type_k or r.type_v),
         allow_q4=r.allow_q4,
     )
+    if same:
+        t = replace(t, notes=(*t.notes, *same))
     if live_note:
         t = replace(t, notes=(*t.notes, live_note))
     if f.view.as_json:

@@ -177,7 +177,9 @@ def apply_hint_systemd(path: str | Path) -> tuple[str, ...]:
     if p.parent == SYSTEMD_DROPIN_DIR:
         return (SYSTEMD_RELOAD,)
     return (
-        f"sudo mkdir -p {SYSTEMD_DROPIN_DIR} && sudo cp {shlex.quote(str(p))} {SYSTEMD_DROPIN_DIR / dropin_name(p)}",
+        # every path quoted: a name with a space, ; or $(...) is a name, never code in the user's shell
+        f"sudo mkdir -p {SYSTEMD_DROPIN_DIR} && sudo cp {shlex.quote(str(p))} "
+        f"{shlex.quote(str(SYSTEMD_DROPIN_DIR / dropin_name(p)))}",
         SYSTEMD_RELOAD,
     )
 
@@ -253,7 +255,10 @@ def _kv_in(text: str) -> str | None:
     """OLLAMA_KV_CACHE_TYPE as an env file (``K=V``) or a drop-in (``Environment="K=V"``) sets it; the last wins."""
     import re
 
-    found = re.findall(r"OLLAMA_KV_CACHE_TYPE=([A-Za-z0-9_]+)", text)
+    # a commented-out line (# in an env file or a drop-in) is not a setting; quotes around the value are
+    # trimmed as envconfig.Var trims them
+    live = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith(("#", ";")))
+    found = re.findall(r"OLLAMA_KV_CACHE_TYPE=[\"']?([A-Za-z0-9_]+)", live)
     return found[-1].lower() if found else None
 
 
@@ -262,7 +267,6 @@ def server_kv_cache_type(
 ) -> tuple[str, str]:
     """The cache type the server really uses, and where it was read: the flag; the env file kvadvise wrote;
     the ollama.service drop-ins (the last in systemd's order wins); $OLLAMA_KV_CACHE_TYPE; else f16."""
-    import os
 
     if flag:
         return flag, "--kv-cache-type"
@@ -285,7 +289,9 @@ def server_kv_cache_type(
             found = (v, f"from {f}")
     if found:
         return found
-    v = os.environ.get("OLLAMA_KV_CACHE_TYPE", "").lower()
+    from kvadvise.backends.ollama import envconfig
+
+    v = envconfig.var("OLLAMA_KV_CACHE_TYPE").lower()
     if v in KV_CACHE_TYPES:
         return v, "from $OLLAMA_KV_CACHE_TYPE"
     return "f16", "Ollama's default; --kv-cache-type or --env-file if the server sets another"

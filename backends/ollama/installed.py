@@ -11,7 +11,6 @@ here (``-np`` and ``-ctk`` override them).
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -216,38 +215,19 @@ def _loaded(m: Listed, running: tuple[ollama_api.RunningModel, ...]) -> Loaded |
 # --- the server's settings, from this shell's environment ---------------------
 
 
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    if not raw.isdigit() or int(raw) < 0:
-        raise InputError(f"{name}={raw!r} is not a whole number", hint=f"unset {name} or set it to e.g. 1")
-    return int(raw)
-
-
-def _env_bool(name: str, default: bool) -> bool:
-    raw = os.environ.get(name, "").strip().lower()
-    if not raw:
-        return default
-    if raw in ("1", "true", "t", "yes", "on"):
-        return True
-    if raw in ("0", "false", "f", "no", "off"):
-        return False
-    raise InputError(f"{name}={raw!r} is not a boolean", hint=f"set {name}=1 or {name}=0")
-
-
 def server_settings(n_parallel: int | None, cache_type: str | None, total_vram_bytes: int) -> RunSettings:
     """The settings a server started from this shell would run with (flags override the variables)."""
+    from kvadvise.backends.ollama import envconfig
     from kvadvise.backends.ollama.rules import KV_CACHE_TYPES, default_num_ctx
     from kvadvise.model.ggml import cache_type as ggml_type
     from kvadvise.planner.inventory import RunSettings
 
-    kv = cache_type or os.environ.get("OLLAMA_KV_CACHE_TYPE", "").strip() or "f16"
+    kv = cache_type or envconfig.var("OLLAMA_KV_CACHE_TYPE").lower() or "f16"
     if kv not in KV_CACHE_TYPES:
         raise InputError(f"OLLAMA_KV_CACHE_TYPE={kv!r} is not a type Ollama supports", hint="f16, q8_0 or q4_0")
-    np = n_parallel or _env_int("OLLAMA_NUM_PARALLEL", 0) or 1
-    ctx = _env_int("OLLAMA_CONTEXT_LENGTH", 0) or default_num_ctx(total_vram_bytes)
-    fa = _env_bool("OLLAMA_FLASH_ATTENTION", True)
+    np = n_parallel or min(envconfig.uint("OLLAMA_NUM_PARALLEL", 0), 4096) or 1
+    ctx = min(envconfig.uint("OLLAMA_CONTEXT_LENGTH", 0), 2**31 - 1) or default_num_ctx(total_vram_bytes)
+    fa = envconfig.boolean("OLLAMA_FLASH_ATTENTION", True)
     return RunSettings(n_parallel=np, flash_attn=fa, cache_type=ggml_type(kv), default_ctx=ctx)
 
 

@@ -57,9 +57,10 @@ def single_gpu(gpus: Sequence[Gpu]) -> Gpu:
 
 def sched_spread() -> bool:
     """OLLAMA_SCHED_SPREAD as this shell has it (the server's own setting cannot be read over its API)."""
-    import os
 
-    return os.environ.get("OLLAMA_SCHED_SPREAD", "").strip().lower() in ("1", "true", "yes", "on")
+    from kvadvise.backends.ollama import envconfig
+
+    return envconfig.boolean("OLLAMA_SCHED_SPREAD", False)
 
 
 def llama_n_ctx(num_ctx: int, num_parallel: int) -> int:

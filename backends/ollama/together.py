@@ -16,7 +16,6 @@ files: kvadvise.backends.ollama.together_files.
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -92,6 +91,30 @@ class Together:
         return dict(self.contexts).get(ref)
 
 
+def one_each(models: Sequence[OllamaModel]) -> tuple[tuple[OllamaModel, ...], tuple[str, ...]]:
+    """One model named twice, or under two names (two tags of one blob, a name and its alias): Ollama serves
+    both from one runner (sched.go: the same model key), so it is planned once; the note says which."""
+    out: list[OllamaModel] = []
+    notes = []
+    for m in models:
+        twin = next((o for o in out if _same_model(o, m)), None)
+        if twin is None:
+            out.append(m)
+        elif m.ref != twin.ref:
+            notes.append(f"{m.ref} is {twin.ref}: one runner serves both, planned once")
+        else:
+            notes.append(f"{m.ref} named twice: planned once")
+    return tuple(out), tuple(notes)
+
+
+def _same_model(a: OllamaModel, b: OllamaModel) -> bool:
+    if a.ref == b.ref:
+        return True
+    if a.digest and b.digest:
+        return a.digest == b.digest or (a.spec.source == b.spec.source and a.source.startswith("store:"))
+    return a.source == b.source and a.source.startswith("profile:")
+
+
 def hardware(r: PlanRequest) -> Hardware:
     from kvadvise.backends.ollama.runtime import OllamaRuntime
     from kvadvise.entry import hardware_of
@@ -113,17 +136,17 @@ def hardware(r: PlanRequest) -> Hardware:
 def settings(o: PlanRequest, hw: Hardware, kv: str) -> Settings:
     """The server's settings: the flags, else this shell's OLLAMA_* (as the server reads them when started
     here, envconfig/config.go), else Ollama's defaults."""
-    env = os.environ
+    from kvadvise.backends.ollama import envconfig
+
     if o.n_ctx:
         ctx, src = o.n_ctx, "--ctx"
-    elif (v := env.get("OLLAMA_CONTEXT_LENGTH", "").strip()).isdigit() and int(v) > 0:
-        ctx, src = int(v), "OLLAMA_CONTEXT_LENGTH"
+    elif (v := min(envconfig.uint("OLLAMA_CONTEXT_LENGTH", 0), 2**31 - 1)) > 0:
+        ctx, src = v, "OLLAMA_CONTEXT_LENGTH"
     else:  # server/routes.go Serve: a tier by the GPUs' total memory
         ctx, src = rules.default_num_ctx(sum(g.total_bytes for g in hw.gpus)), "Ollama's VRAM tier"
-    max_loaded = env.get("OLLAMA_MAX_LOADED_MODELS", "").strip()
-    parallel = env.get("OLLAMA_NUM_PARALLEL", "").strip()
-    n_parallel = o.n_parallel if o.n_parallel != 1 or not parallel.isdigit() else max(1, int(parallel))
-    fa = env.get("OLLAMA_FLASH_ATTENTION", "").strip().lower() not in ("0", "false", "no", "off")
+    parallel = min(envconfig.uint("OLLAMA_NUM_PARALLEL", 0), 4096)
+    n_parallel = o.n_parallel if o.n_parallel != 1 or not parallel else max(1, parallel)
+    fa = envconfig.boolean("OLLAMA_FLASH_ATTENTION", True)
     if o.flash_attn == "off":
         fa = False
     return Settings(
@@ -132,13 +155,13 @@ def settings(o: PlanRequest, hw: Hardware, kv: str) -> Settings:
         num_parallel=n_parallel,
         kv_cache_type=kv,
         flash_attention=fa,
-        max_loaded=int(max_loaded) if max_loaded.isdigit() else 0,
-        keep_alive_s=keep_alive_seconds(env.get("OLLAMA_KEEP_ALIVE", "")),
+        max_loaded=min(envconfig.uint("OLLAMA_MAX_LOADED_MODELS", 0), 1 << 16),
+        keep_alive_s=keep_alive_seconds(envconfig.var("OLLAMA_KEEP_ALIVE")),
         spread=rules.sched_spread(),
     )
 
 
-_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|µs|ms|s|m|h)")  # ASCII digits, as Go's
 _UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
@@ -149,7 +172,9 @@ def keep_alive_seconds(text: str) -> float:
     if not s:
         return sched.DEFAULT_KEEP_ALIVE_S
     body = s.lstrip("+-")
-    if body.isdigit():
+    if len(body) > 30:  # no duration is that long: Go's ParseDuration and Atoi refuse what overflows
+        return sched.DEFAULT_KEEP_ALIVE_S
+    if body.isascii() and body.isdigit():
         value = float(body)
     else:
         parts = _DURATION.findall(body)
