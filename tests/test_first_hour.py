@@ -122,3 +122,19 @@ def test_gpus_table_ids_never_run_into_names(capsys: pytest.CaptureFixture[str])
         assert row.startswith(card_id + " "), row  # a space after every id, the longest included
     rc, out, _ = run(capsys, "gpus", "--json", "--no-hardware")
     assert any(p["id"] == "rtx-pro-6000-blackwell" for p in json.loads(out)["profiles"])
+
+
+def test_the_chart_marks_a_partial_plan(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """qwen3-coder on an 8 GB card runs with part on the CPU: the chart marks that plan's GPU share."""
+    monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
+    rc, out, _ = run(capsys, "ollama", "qwen3-coder", "--gpu", "rtx-4060", "--chart")
+    chart = out[out.index("memory on the device (GiB)") :].split("\nNext")[0].splitlines()
+    assert rc == 0 and sum(line.count("*") for line in chart[:-1]) == 1
+    assert "(32,768 tokens," in chart[-1]
+
+
+def test_rpc_server_commands_say_it_has_no_authentication(capsys: pytest.CaptureFixture[str], gemma_path: Path) -> None:
+    rc, out, _ = run(
+        capsys, "llamacpp", str(gemma_path), "--rpc", "10.0.0.2:50052=8GiB", "--rpc", "10.0.0.3:50052=8GiB", "-v"
+    )
+    assert rc == 0 and "rpc-server -H 0.0.0.0 -p 50052" in out and "no authentication" in out

@@ -194,6 +194,8 @@ class ServerAdvice:
         lines = [""]
         for ep in self.rpc_servers:  # llama.cpp's RPC backend: one rpc-server per host (tools/rpc)
             lines.append(f"# on {ep.rpartition(':')[0]}: rpc-server -H 0.0.0.0 -p {ep.rpartition(':')[2]}")
+        if self.rpc_servers:  # tools/rpc/README.md: never run the RPC server on an open network
+            lines.append("# rpc-server has no authentication: bind it to a trusted network only, never an open one")
         if self.partial and self.run_command:  # the plan that runs: part on the CPU
             lines.append("# 100% on the GPU does not fit; the plan that runs keeps part of the model on the CPU:")
             lines.append(self.run_command)

@@ -33,6 +33,14 @@ def check_path(path: str) -> None:
         raise InputError(f"--chart-file {path}: no such user's home folder", hint="give the folder itself") from None
     if not os.path.isdir(parent):  # never raises: a folder that cannot be searched is not one to write in
         raise InputError(f"--chart-file {path}: no such directory {parent}", hint=f"mkdir -p {parent}")
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:  # said before any plan is printed, not after it
+        raise InputError("--chart-file needs matplotlib, which is not installed", hint=INSTALL_HINT)
+
+
+# kvadvise is installed from a checkout, not from PyPI: the extra is named by the checkout's path
+INSTALL_HINT = "python3 -m pip install matplotlib (or, in the kvadvise checkout: pip install '.[chart]'); --chart draws in the terminal"
 
 
 def render(
@@ -42,10 +50,7 @@ def render(
     try:
         from matplotlib.figure import Figure
     except ImportError:
-        raise InputError(
-            "--chart-file needs matplotlib, which is not installed",
-            hint="pip install 'kvadvise[chart]' (or pip install matplotlib); --chart draws in the terminal",
-        ) from None
+        raise InputError("--chart-file needs matplotlib, which is not installed", hint=INSTALL_HINT) from None
     import warnings
 
     import matplotlib

@@ -494,7 +494,7 @@ def _options(*, planned_hardware: bool) -> list[Callable[[F], F]]:
             metavar="FILE.svg|FILE.png",
             type=TEXT,
             default=None,
-            help="Write the same chart as an image (needs matplotlib: pip install 'kvadvise[chart]').",
+            help="Write the same chart as an image (needs matplotlib: python3 -m pip install matplotlib).",
         ),
         click.option(
             "--allow-cpu",

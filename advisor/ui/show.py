@@ -91,6 +91,8 @@ def show_chart(plan: Plan, view: View, *, terminal: bool = True, write: bool = T
     chosen = None
     if plan.fits:
         chosen = (plan.config.n_ctx // plan.config.n_parallel, plan.estimate.device_bytes)
+    elif plan.offload is not None and plan.offload.runnable:  # the plan that runs: its GPU share, below the curves
+        chosen = (plan.offload.n_ctx, plan.offload.device_bytes)
     if view.chart and terminal:
         output.result("")
         output.result(chart_text(lines, plan.budget.budget_bytes, chosen=chosen))

@@ -288,6 +288,6 @@ def measure(
     if importlib.util.find_spec("llama_cpp") is None:
         raise InputError(
             "nothing to run llama.cpp with: no llama-server on PATH and llama-cpp-python is not installed",
-            hint="pip install 'kvadvise[verify]', or pass --llama-server PATH",
+            hint="python3 -m pip install llama-cpp-python==0.3.36 (or, in the kvadvise checkout: pip install '.[verify]'), or pass --llama-server PATH",
         )
     return measure_with_python(model_path, cfg, timeout_s=timeout_s, progress=progress)
