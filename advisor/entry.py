@@ -53,11 +53,12 @@ def plan_for(
         hw = replace(hardware, ram_bandwidth_bytes_per_s=int(shaped.request.ram_bandwidth_gbs * 1e9))
     check_machine(shaped.request, hw)
     probed = hardware is None and _probes(shaped.request)
-    plan = _plan(spec, shaped, runtime, hw, probed=probed, found_build=found_build)
+    build = _llama_build(spec, shaped.request, runtime, shaped.build or found_build)  # once: it may run a binary
+    plan = _plan(spec, shaped, runtime, hw, probed=probed, build=build)
 
     def replan(alone: Hardware) -> Plan:
         narrowed = replace(shaped, request=replace(shaped.request, tensor_split=()))
-        return _plan(spec, narrowed, runtime, alone, probed=probed, found_build=found_build)
+        return _plan(spec, narrowed, runtime, alone, probed=probed, build=build)
 
     plan = runtime.place(plan, replan)
     if shaped.notes:
@@ -138,7 +139,7 @@ def _plan(
     hw: Hardware | None,
     *,
     probed: bool,
-    found_build: BuildChoice | None,
+    build: tuple[int | None, tuple[str, ...]],
 ) -> Plan:
     from kvadvise.model.ggml import cache_type
     from kvadvise.planner.memory import RunConfig, flash_attn_note
@@ -146,7 +147,7 @@ def _plan(
 
     r = shaped.request
     measured, notes = _calibration(hw.gpus[0].name if probed and hw is not None and hw.gpus else None)
-    build, build_notes = _llama_build(spec, r, runtime, shaped.build or found_build)
+    llama_build, build_notes = build
     kv = (cache_type(r.type_k or "f16"), cache_type(r.type_v or "f16"))
     base = RunConfig(
         n_ctx=r.n_ctx or 0,
@@ -168,7 +169,7 @@ def _plan(
         draft=r.draft,
         type_k_draft=cache_type(r.type_k_draft),
         type_v_draft=cache_type(r.type_v_draft),
-        llama_build=build,
+        llama_build=llama_build,
     )
     plan = make_plan(
         spec,

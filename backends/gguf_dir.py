@@ -91,9 +91,7 @@ def list_folder(folder: Path, kwargs: dict[str, Any], sort: str, load: Callable[
     draft = kwargs.pop("model_draft", None)  # refused below, not read
     f = take(kwargs)
     r = f.request
-    given = [*given_flags(r, _NOT_WITH_DIR), *(["--model-draft"] if draft else [])]
-    if f.view.chart or f.view.chart_file:
-        given.append("--chart" if f.view.chart else "--chart-file")
+    given = [*given_flags(f, _NOT_WITH_DIR), *(["--model-draft"] if draft else [])]
     if given:
         raise click.UsageError(f"a folder lists every model; {', '.join(given)} is for one model: give a file")
     check(r)

@@ -30,6 +30,8 @@ CASES: list[tuple[list[str], dict[str, Any]]] = [
     (["-np", "2", "--margin", "512MiB"], {"n_parallel": 2, "margin_bytes": 512 << 20}),
     (["--gpu-only", "--headless"], {"gpu_only": True, "headless": True}),
 ]
+# the RAM stated on both faces: free RAM read live moments apart would let a partial plan's prompt cache differ
+RAM = 64 << 30
 CARDS = ("rtx-4090", "rtx-3060-12gb", "rtx-4060", "m4-max-64gb")
 OLLAMA_MODELS = ("qwen3-coder", "gemma3:4b", "llama3.1:8b", "gpt-oss:20b", "qwen3:32b", "deepseek-r1:8b")
 
@@ -64,8 +66,8 @@ def test_ollama_the_api_and_the_cli_agree(
     if "-ctk" in flags and fields.get("type_k") and not fields.get("type_v"):
         fields = {**fields, "type_v": fields["type_k"]}  # Ollama: -ctk alone is the one cache type
     for model in OLLAMA_MODELS[:3] if card != "rtx-4090" else OLLAMA_MODELS:
-        rc, cli_doc = _cli(capsys, "ollama", model, "--gpu", card, *flags)
-        plan = kvadvise.plan(model, kvadvise.PlanRequest(gpu=card, **fields), runtime="ollama")
+        rc, cli_doc = _cli(capsys, "ollama", model, "--gpu", card, "--ram", "64GiB", *flags)
+        plan = kvadvise.plan(model, kvadvise.PlanRequest(gpu=card, ram_bytes=RAM, **fields), runtime="ollama")
         assert rc == (3 if plan.runnable is False else 0), (model, card, flags)
         assert _live(kvadvise.to_json(plan)) == cli_doc, (model, card, flags)
         assert cli_doc["runtime"] == "ollama" and "ollama" in cli_doc
@@ -78,10 +80,10 @@ def test_llama_server_the_api_and_the_cli_agree(
     """`kvadvise gguf` (llama-server, no command line) and `kvadvise llamacpp` (with it) against the API given a
     ModelSpec and a model reference."""
     spec = kvadvise.load_model(str(gemma_path))
-    request = kvadvise.PlanRequest(vram_bytes=(640 << 20,), **fields)
-    _, cli_doc = _cli(capsys, "gguf", str(gemma_path), "--vram", "640MiB", *flags)
+    request = kvadvise.PlanRequest(vram_bytes=(640 << 20,), ram_bytes=RAM, **fields)
+    _, cli_doc = _cli(capsys, "gguf", str(gemma_path), "--vram", "640MiB", "--ram", "64GiB", *flags)
     assert _live(kvadvise.to_json(kvadvise.plan(spec, request))) == cli_doc, flags
-    _rc, cli_doc = _cli(capsys, "llamacpp", str(gemma_path), "--vram", "640MiB", *flags)
+    _rc, cli_doc = _cli(capsys, "llamacpp", str(gemma_path), "--vram", "640MiB", "--ram", "64GiB", *flags)
     doc = _live(kvadvise.to_json(kvadvise.plan(str(gemma_path), request)))
     assert doc == cli_doc and doc["llama_server"]["command"].startswith("llama-server -m "), flags
 

@@ -101,27 +101,7 @@ def command_text(
     n_gpu_layers: int | None = None,
     n_cpu_moe: int = 0,
 ) -> str:
-    words = [binary]
-    for flag, _, value in server_args(model, cfg, n_gpu_layers=n_gpu_layers, n_cpu_moe=n_cpu_moe):
-        words.append(flag)
-        if value is not None:
-            words.append(value)
-    return shlex.join(words)
-
-
-def server_env(model: str | ModelSource, cfg: RunConfig, *, n_cpu_moe: int = 0) -> dict[str, str]:
-    """The same settings as LLAMA_ARG_* variables (a switch is "true")."""
-    return {
-        var: value if value is not None else "true" for _, var, value in server_args(model, cfg, n_cpu_moe=n_cpu_moe)
-    }
-
-
-def env_text(model: str | ModelSource, cfg: RunConfig, *, n_cpu_moe: int = 0) -> str:
-    lines = [
-        "# llama-server settings written by kvadvise; llama.cpp reads LLAMA_ARG_* for flags not on its command line"
-    ]
-    lines += [f"{var}={shlex.quote(value)}" for var, value in server_env(model, cfg, n_cpu_moe=n_cpu_moe).items()]
-    return "\n".join(lines) + "\n"
+    return args_text(server_args(model, cfg, n_gpu_layers=n_gpu_layers, n_cpu_moe=n_cpu_moe), binary)
 
 
 # --- the plan that runs: 100 % on the GPU, or its partial offload, and the RAM's flags --------------------

@@ -18,7 +18,7 @@ installed backends: kvadvise.plugins.RuntimeProvider).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar, runtime_checkable
 
@@ -122,10 +122,6 @@ def refuse(runtime: Runtime, request: PlanRequest) -> None:
         raise InputError(
             f"{', '.join(flags)}: llama.cpp only; {runtime.refused_why}", hint=runtime.refused_hint or None
         )
-
-
-def with_notes(plan: Plan, notes: tuple[str, ...]) -> Plan:
-    return replace(plan, notes=(*plan.notes, *notes)) if notes else plan
 
 
 @dataclass(frozen=True, slots=True)

@@ -218,13 +218,16 @@ class Flags:
 _VIEW = ("as_json", "verbose", "chart", "chart_file")
 
 
-def given_flags(request: PlanRequest, names: Sequence[str]) -> list[str]:
-    """The flags among ``names`` (request fields) the user gave, as typed (``--ctx``): for a command that
-    refuses them (a listing of many models, several models at once)."""
+def given_flags(f: Flags, names: Sequence[str]) -> list[str]:
+    """The flags among ``names`` (request fields) the user gave, as typed (``--ctx``), and a chart asked for:
+    what a command that plans no single model refuses (a listing of many models, several models at once)."""
     from kvadvise.request import FLAGS
 
-    given = set(request.given())
-    return [FLAGS[n][0] for n in names if n in given]
+    given = set(f.request.given())
+    out = [FLAGS[n][0] for n in names if n in given]
+    if f.view.chart or f.view.chart_file:
+        out.append("--chart" if f.view.chart else "--chart-file")
+    return out
 
 
 def take(kwargs: dict[str, Any], *, load: Callable[[str], ModelSpec] | None = None) -> Flags:

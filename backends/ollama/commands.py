@@ -409,9 +409,7 @@ def run_together(
     from kvadvise.ui.flags import given_flags
 
     r = f.request
-    given = [*given_flags(r, SINGLE_MODEL_ONLY), *single_model]
-    if f.view.chart or f.view.chart_file:
-        given.append("--chart" if f.view.chart else "--chart-file")
+    given = [*given_flags(f, SINGLE_MODEL_ONLY), *single_model]
     if given:
         raise click.UsageError(f"{', '.join(given)}: for one model; with several, give each its own run")
     from kvadvise.backends.ollama import envconfig

@@ -247,9 +247,7 @@ def list_installed(f: Flags, *, host: str | None, sort: str, single_model: tuple
     from kvadvise.ui.listing import show_listing, survey
 
     r = f.request
-    given = [*given_flags(r, _NOT_WITH_INSTALLED), *single_model]
-    if f.view.chart or f.view.chart_file:
-        given.append("--chart" if f.view.chart else "--chart-file")
+    given = [*given_flags(f, _NOT_WITH_INSTALLED), *single_model]
     if given:
         raise click.UsageError(f"--installed lists every model; {', '.join(given)} is for one model: give NAME")
     check(r)

@@ -26,6 +26,7 @@ from kvadvise.runtime.seam import Shaped, Writer
 
 if TYPE_CHECKING:
     from kvadvise.backends.ollama.advice import OllamaAdvice
+    from kvadvise.model.projector import ProjectorSpec
     from kvadvise.model.spec import ModelSpec
     from kvadvise.planner.hardware import Hardware
     from kvadvise.planner.planning import Plan
@@ -92,7 +93,7 @@ class OllamaRuntime:
             warning = rules.too_large_warning(r.n_ctx, spec.n_ctx_train)
             notes = (warning,) if warning else ()
             r = replace(r, n_ctx=rules.llama_n_ctx(rules.capped_num_ctx(r.n_ctx, spec.n_ctx_train), r.n_parallel))
-        projector = readable_projector(model)
+        projector = readable_projector(model)  # read here, once: the plan and a replan take the header
         if projector is not None:
             r = replace(r, mmproj=projector)
         return Shaped(
@@ -145,8 +146,8 @@ class OllamaRuntime:
         return WRITERS
 
 
-def readable_projector(model: OllamaModel) -> str | None:
-    """The projector blob of a store model when its header reads as an mmproj GGUF (Ollama passes it to
+def readable_projector(model: OllamaModel) -> ProjectorSpec | None:
+    """The header of a store model's projector blob when it reads as an mmproj GGUF (Ollama passes it to
     llama-server as --mmproj): planned on the first GPU as llama.cpp loads it. None otherwise (a model
     from the API or a profile, an unreadable blob): the fit-target rule stands in for it."""
     if model.projector_path is None:
@@ -156,10 +157,9 @@ def readable_projector(model: OllamaModel) -> str | None:
     from kvadvise.model.projector import projector_from_gguf
 
     try:
-        projector_from_gguf(read_file(model.projector_path))
+        return projector_from_gguf(read_file(model.projector_path))
     except KvadviseError:
         return None
-    return model.projector_path
 
 
 # --- the files: each one writer ------------------------------------------------------------------------
