@@ -178,17 +178,11 @@ def advise(
         if tier != num_ctx and model.default_num_ctx is None:
             warnings.append(
                 # server/routes.go: the default num_ctx by the GPUs' total memory, capped at the training context
-                f"without these settings Ollama runs {tier:,} tokens on this card (its default for this much VRAM)"
+                f"without these settings Ollama runs {tier:,} tokens here (its default for this VRAM)"
             )
-    if runnable and ram is not None and ram.cache_ram_mib is not None:
-        warnings.append(
-            f"the RAM holds a prompt cache of {ram.cache_ram_mib:,} MiB at most beside this plan, not llama.cpp's "
-            "default 8192 (per loaded model): LLAMA_ARG_CACHE_RAM is in the settings"
-        )
+    # a LLAMA_ARG_CACHE_RAM the plan sets is said once, by env_effects (its server-wide warning)
     if runnable and off is not None:
-        warnings.append(
-            "part runs on the CPU: leave num_gpu unset (llama.cpp's --fit places it; `ollama ps` shows CPU/GPU)"
-        )
+        warnings.append("part runs on the CPU: leave num_gpu unset (--fit places it; `ollama ps` shows the split)")
     if cfg.n_parallel > 1 and model.spec.architecture in SINGLE_SLOT_ARCHS:
         warnings.append(f"Ollama forces num_parallel = 1 for {model.spec.architecture}")
     if repeatable:
@@ -252,7 +246,7 @@ def apply_steps(
         return ()
     steps = list(oc.apply_hints_server(a.settings, a.platform, env_path=env, dropin_path=systemd))
     mf = modelfile or "Modelfile"
-    later = "" if modelfile else "  (--write-modelfile)"
+    later = "" if modelfile else "  # --write-modelfile Modelfile writes it"  # as printed, the line runs
     if a.platform == "docker":  # the Modelfile is on the host, ollama in the container
         steps.append(f"docker cp {shlex.quote(mf)} ollama:/tmp/Modelfile{later}")
         steps.append(f"docker exec ollama ollama create {a.created_name} -f /tmp/Modelfile")
