@@ -206,3 +206,14 @@ def test_the_servers_version_decides_unless_given(
         given = _json(capsys, "--gpu", "m4-max-64gb", "--ollama-version", "0.40.0")["ollama"]["runner"]
     assert (live["runner"], live["ollama_version"]) == ("llamacpp", "0.33.2")
     assert (given["runner"], given["ollama_version"]) == ("mlx", "0.40.0")
+
+
+def test_recurrent_state_is_fixed_bf16_conv_and_f32_state() -> None:
+    # qwen3.6:35b (qwen35moe): Gated DeltaNet layers hold a state whatever the context (recurrent.go Get)
+    spec = profiles()["qwen3.6:35b"].spec()
+    n_rec = sum(spec.recurrent_layers)
+    assert n_rec > 0
+    state = n_rec * (spec.n_embd_r * 2 + spec.n_embd_s * 4)
+    per_token = mlx.kv_bytes_per_token(spec)
+    assert mlx.kv_bytes(spec, 1) == 256 * per_token + state
+    assert mlx.kv_bytes(spec, 1024) - mlx.kv_bytes(spec, 512) == 512 * per_token  # the state does not grow

@@ -261,12 +261,13 @@ def kv_bytes_per_token(spec: ModelSpec) -> int:
 def kv_bytes(spec: ModelSpec, n_tokens: int) -> int:
     """The K/V arrays after ``n_tokens`` tokens: each layer's buffer grown in whole 256-token steps
     (kvcache.go appendKV), a sliding-window layer's capped at its window (rotating.go), plus the
-    recurrent layers' fixed state (f32, as llama.cpp sizes it: an approximation of x/models/nn/recurrent.go)."""
+    recurrent layers' fixed state (cache/recurrent.go Get: the conv tail in the activation dtype, bf16,
+    the delta/SSM state in f32; llama.cpp's n_embd_r and n_embd_s count the same values)."""
     steps = -(-n_tokens // KV_STEP_TOKENS) * KV_STEP_TOKENS
     total = 0
     for il in range(spec.n_layer_all):
         if spec.recurrent_layers[il]:
-            total += (spec.n_embd_r + spec.n_embd_s) * 4
+            total += spec.n_embd_r * BF16_BYTES + spec.n_embd_s * 4
         if not spec.kv_layers[il]:
             continue
         cells = min(steps, spec.n_swa) if spec.has_swa and spec.swa_layers[il] and spec.n_swa else steps
