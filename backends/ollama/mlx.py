@@ -393,6 +393,9 @@ class RunnerPlan:
             out.append(f"  with prompts kept under num_ctx yourself: {_gib(m.total_bytes_at_num_ctx)}, {verdict}")
         if not m.weights_wired:
             out.append("  the weights exceed the wired limit: the runner warns 'performance may be degraded'")
+        # x/mlxrunner reads no OLLAMA_KV_CACHE_TYPE, OLLAMA_FLASH_ATTENTION or LLAMA_ARG_* (envconfig: only
+        # LoadTimeout, GpuOverhead, LogLevel); num_ctx still sets what /api/ps reports
+        out.append("  the server settings above size llama.cpp loads only: the MLX runner reads none of them")
         return out
 
 
