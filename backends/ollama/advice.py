@@ -31,6 +31,7 @@ from kvadvise.planner.planning import AdviceSummary, Plan
 from kvadvise.text import lines as text_lines
 
 if TYPE_CHECKING:  # an offload is planned only with --allow-cpu
+    from kvadvise.backends.ollama.mlx import RunnerPlan
     from kvadvise.planner.offload import Offload
 
 
@@ -55,6 +56,7 @@ class OllamaAdvice:
     live: LiveState
     warnings: tuple[str, ...]
     platform: str = "linux"  # how the apply hints are written: linux | macos | windows | docker
+    runner: RunnerPlan | None = None  # on Apple Silicon: the runner that loads it (kvadvise.backends.ollama.mlx)
     key = "ollama"  # its part of the plan's JSON document (kvadvise.planner.planning.RuntimeAdvice)
 
     def json_doc(self) -> dict[str, object]:
@@ -203,7 +205,7 @@ def advice_dict(a: OllamaAdvice) -> dict[str, object]:
         from kvadvise.backends.ollama.profiles import profiles
 
         provenance = profiles()[a.model.source.removeprefix("profile:").lower()].provenance()
-    return {
+    doc: dict[str, object] = {
         "model": a.model.ref,
         "source": a.model.source,
         "provenance": provenance,
@@ -233,6 +235,9 @@ def advice_dict(a: OllamaAdvice) -> dict[str, object]:
         "apply": list(apply_steps(a)),
         "verify_command": verify_command(a.created_name, a.settings) if a.fits and not a.settings.partial else None,
     }
+    if a.runner is not None:  # a Mac plan only: the other cards' documents are unchanged
+        doc["runner"] = a.runner.json_doc()
+    return doc
 
 
 def apply_steps(
@@ -284,6 +289,8 @@ def advice_text(a: OllamaAdvice) -> str:
             lines.append(f"    loaded: {r.name}  {r.size / 1e9:.1f} GB  {r.processor}  ctx {r.context_length}")
     lines += [f"  note: {n}" for n in a.live.notes]
     lines += [f"  warning: {w}" for w in a.warnings]
+    if a.runner is not None:
+        lines += [f"  {line}" for line in a.runner.lines()]
     return text_lines(lines)  # a name, a note: one line each, whatever they hold
 
 
@@ -316,6 +323,8 @@ def advice_summary(a: OllamaAdvice) -> tuple[list[str], list[str], list[str]]:
         notes += list(a.live.notes)
     # a built-in profile names itself among the model's sources; a model found in a store or on a server here
     sources = [] if a.model.source.startswith("profile:") else [f"model: {a.model.ref} ({a.model.source})"]
+    if a.runner is not None:
+        settings += a.runner.lines()
     return settings, notes, sources
 
 
