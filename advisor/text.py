@@ -49,8 +49,8 @@ def _breaks(text: str, width: int, floor: int) -> dict[str, int]:
 
 def wrapped(row: str, width: int = WIDTH) -> list[str]:
     """A prose row of an answer as lines of at most ``width`` characters (a word longer than that stays
-    whole). It breaks where the sentence does: after the last ``; `` that fits, else ``: ``, else ``, ``,
-    else a space, never inside parentheses and never in the first third (no line is a stub); each continuation
+    whole). It breaks where the sentence does: after the last ``; `` that fits, else ``: ``, else ``, ``
+    or a space two-thirds into the line, never inside parentheses and never in the first third (no line is a stub); each continuation
     starts under the text after the row's label (``memory: ``), or 4 spaces deeper than the row when it
     has none. Commands are never given here: a wrapped command would not run."""
     if len(row) <= width:
@@ -62,7 +62,9 @@ def wrapped(row: str, width: int = WIDTH) -> list[str]:
     out, rest = [], row
     while len(rest) > width:
         at = _breaks(rest, width + 1, max(len(pad) + 1, width // 3))
-        cut = at.get("; ") or at.get(": ") or at.get(", ") or at.get(" ")
+        full = 2 * width // 3  # a comma or a space only where the line is two-thirds full, if it can be
+        late = [at[s] for s in (", ", " ") if at.get(s, 0) >= full]
+        cut = at.get("; ") or at.get(": ") or (late[0] if late else 0) or at.get(", ") or at.get(" ")
         if not cut:  # a word (or a parenthesis) longer than the line: whole, up to the next space
             cut = (rest.find(" ", width) + 1) or len(rest)
         out.append(rest[:cut].rstrip())
