@@ -43,7 +43,8 @@ class Route:
     json: Any = None
     status: int = 200
     ranges: bool = True  # False: ignore Range and send the whole body with 200
-    redirect: str | None = None  # Location of a 302 (relative or absolute)
+    redirect: str | None = None  # Location of a redirect (relative or absolute)
+    redirect_status: int = 302  # 307: what a registry answers for a blob (to its blob store)
     delay_s: float = 0.0  # before the status line
     token: str | None = None  # a required bearer token
     etag: str | None = None
@@ -162,8 +163,8 @@ class LoopbackServer:
                 sent = self._send(h, status, msg, {"X-Error-Code": "GatedRepo"}, head)
                 return
             if route.redirect is not None:
-                status = 302
-                sent = self._send(h, 302, b"Found.", {"Location": route.redirect, **route.headers}, head)
+                status = route.redirect_status
+                sent = self._send(h, status, b"Found.", {"Location": route.redirect, **route.headers}, head)
                 return
             if route.status != 200:
                 status = route.status

@@ -26,6 +26,7 @@ reads no registry. The environment's proxies (``https_proxy``, ``no_proxy``) are
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import urllib.parse
 from dataclasses import dataclass
@@ -253,6 +254,7 @@ def _model(manifest: Manifest, params: dict[str, Any], notes: list[str]) -> Olla
     from kvadvise.model.projector import projector_from_gguf
 
     name = manifest.name
+    offline = tuple(notes)  # said of this read, not of the model
     models = [la for la in manifest.layers if la.media_type == ollama_store.MEDIA_MODEL]
     if not models:
         kind = (
@@ -281,6 +283,7 @@ def _model(manifest: Manifest, params: dict[str, Any], notes: list[str]) -> Olla
         if projector is None:
             try:
                 projector = projector_from_gguf(_header(manifest, la, "projector"))
+                projector = dataclasses.replace(projector, source=manifest.blob_url(la.digest))
             except InputError as e:  # a header that is not an mmproj: the fit-target rule stands in for it
                 notes.append(f"projector not read ({e.message})")
     if projector_bytes:
@@ -289,6 +292,10 @@ def _model(manifest: Manifest, params: dict[str, Any], notes: list[str]) -> Olla
         notes.append("has a LoRA adapter layer; its memory is not counted")
     if any(la.media_type == ollama_store.MEDIA_DRAFT for la in manifest.layers):
         notes.append("has a draft model layer; its memory is not counted")
+    # as a store model's: the layers' notes with the spec's, the blob's address as its source
+    spec = dataclasses.replace(
+        spec, source=manifest.blob_url(layer.digest), notes=(*spec.notes, *(n for n in notes if n not in offline))
+    )
     notes.insert(0, f"read from the registry before `ollama pull` ({manifest.url})")
     return OllamaModel(
         name=name.short,
