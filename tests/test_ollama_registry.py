@@ -213,4 +213,62 @@ def test_a_registry_that_does_not_answer_is_said(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path))
     with pytest.raises(InputError) as e:
         resolve("no-such-model", use_api=False)
-    assert "the registry did not answer (" in (e.value.hint or "")
+    assert "the registry did not answer: " in (e.value.hint or "")
+
+
+def test_the_refresh_script_writes_snapshots_that_plan_offline(
+    registry: StandInRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """benchmarks/library_profiles.py against the stand-in: each tag's manifest, params and headers with the
+    registry and the date; offline (no registry), the snapshot plans as the registry did; a name the
+    registry lacks is said and left out."""
+    import sys
+
+    from kvadvise.backends.ollama import snapshots
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import library_profiles
+
+    out = tmp_path / "ollama_library.json"
+    assert library_profiles.main(["--out", str(out), "gemma3-270m", "nope:1b"]) == 0
+    said = capsys.readouterr().out
+    assert "gemma3-270m:latest: gemma3, 0.25 GB blob, sha256:" in said and "nope:1b: not in the registry" in said
+    doc = json.loads(out.read_text(encoding="utf-8"))
+    entry = doc["models"]["gemma3-270m:latest"]
+    assert set(doc["models"]) == {"gemma3-270m:latest"} and entry["registry"] == registry.origin
+    assert entry["date"] == ollama_registry.today() and entry["params"] == PARAMS
+    assert hashlib.sha256(entry["manifest"].encode()).hexdigest() == resolve("gemma3-270m", use_api=False).digest
+    live = resolve("gemma3-270m", use_api=False)
+
+    monkeypatch.setattr(snapshots, "_load_text", lambda: out.read_text(encoding="utf-8"))
+    snapshots._entries.cache_clear()
+    try:
+        monkeypatch.setenv("KVADVISE_OLLAMA_REGISTRY", "off")
+        m = resolve("gemma3-270m", use_api=False)
+        assert m.source == f"snapshot:{live.source.removeprefix('registry:')}@{entry['date']}"
+        assert m.spec == live.spec and m.params == live.params and m.digest == live.digest
+        assert m.projector == live.projector and m.projector_bytes == live.projector_bytes > 0
+        assert m.notes[0].startswith(f"planned from the registry's header as read on {entry['date']}")
+        rc, snap_doc, _ = _plan(capsys, "gemma3-270m", "--gpu", "rtx-3060", "--ram", "16GiB")
+        monkeypatch.setenv("KVADVISE_OLLAMA_REGISTRY", registry.origin)
+        rc2, live_doc, _ = _plan(capsys, "gemma3-270m", "--gpu", "rtx-3060", "--ram", "16GiB")
+        assert rc == rc2 == 0 and snap_doc["memory"] == live_doc["memory"]
+        # a typo offers the snapshots' names too
+        monkeypatch.setenv("KVADVISE_OLLAMA_REGISTRY", "off")
+        with pytest.raises(InputError, match="did you mean gemma3-270m"):
+            resolve("gemma3-270", use_api=False)
+    finally:
+        snapshots._entries.cache_clear()
+
+
+def test_the_shipped_snapshots_hold_no_typed_figures() -> None:
+    """Every shipped snapshot is what the script wrote: a manifest whose model layer names the header kept,
+    a registry and a date (the file ships empty until the script is run with a network)."""
+    from kvadvise.backends.ollama import snapshots
+    from kvadvise.backends.ollama.name import parse_name
+
+    for key in snapshots.names():
+        entry = snapshots._entries()[key]
+        assert entry["registry"].startswith("https://") and len(entry["date"]) == 10
+        m = snapshots.find(parse_name(key))
+        assert m is not None and m.spec.weights_bytes > 0

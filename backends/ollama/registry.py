@@ -39,6 +39,7 @@ from kvadvise.backends.remote import transport
 from kvadvise.deadline import within
 from kvadvise.errors import BackendUnreachable, InputError, KvadviseError
 from kvadvise.files import load_json
+from kvadvise.model.gguf import GGUFHeader
 
 REGISTRY_ENV = "KVADVISE_OLLAMA_REGISTRY"
 DEFAULT_REGISTRY = f"https://{DEFAULT_HOST}"
@@ -178,7 +179,7 @@ def parse_manifest(data: bytes, base: str, name: OllamaName, url: str) -> Manife
     return Manifest(base, name, hashlib.sha256(data).hexdigest(), layers, shown, data.decode("utf-8"))
 
 
-def _params(manifest: Manifest) -> dict[str, Any]:
+def params_of(manifest: Manifest) -> dict[str, Any]:
     """The params layers' options, merged in order as the store's are (Ollama decodes each in turn)."""
     params: dict[str, Any] = {}
     seen: list[str] = []
@@ -202,7 +203,16 @@ def _params(manifest: Manifest) -> dict[str, Any]:
     return params
 
 
-def _header(manifest: Manifest, layer: ollama_store.Layer, what: str) -> Any:
+@dataclass(frozen=True, slots=True)
+class Headers:
+    """The GGUF headers of a tag's blobs: the model Ollama loads and its (first) projector."""
+
+    model: GGUFHeader
+    projector: GGUFHeader | None  # None without a projector layer, or one that could not be read
+    projector_error: str | None = None  # why a projector layer was not read
+
+
+def blob_header(manifest: Manifest, layer: ollama_store.Layer, what: str) -> GGUFHeader:
     """A blob's GGUF header by range reads (through redirects to the blob store), cached by its digest:
     the same bytes forever, so a cached header is used without asking."""
     from kvadvise.backends.gguf_file import remote_header
@@ -215,8 +225,52 @@ def _header(manifest: Manifest, layer: ollama_store.Layer, what: str) -> Any:
     )
 
 
+def model_layers(manifest: Manifest) -> list[ollama_store.Layer]:
+    """The model layers; InputError for a manifest without one (safetensors, MLX)."""
+    models = [la for la in manifest.layers if la.media_type == ollama_store.MEDIA_MODEL]
+    if not models:
+        tensors = any(la.media_type == ollama_store.MEDIA_TENSOR for la in manifest.layers)
+        raise InputError(
+            f"{manifest.name.display}: a {'safetensors/MLX' if tensors else 'non-GGUF'} model "
+            f"(its manifest has no {ollama_store.MEDIA_MODEL} layer)",
+            hint="kvadvise plans GGUF models, which Ollama runs on llama.cpp",
+        )
+    return models
+
+
+def projector_layers(manifest: Manifest) -> list[ollama_store.Layer]:
+    out: list[ollama_store.Layer] = []
+    for la in manifest.layers:
+        if la.media_type == ollama_store.MEDIA_PROJECTOR and all(la.digest != o.digest for o in out):
+            out.append(la)
+    return out
+
+
+def read_headers(manifest: Manifest) -> Headers:
+    """The model blob's header (the last model layer: server/images.go GetModel, each model layer replaces
+    the one before) and the first projector's, by range reads or from the cache."""
+    from kvadvise.model.projector import projector_from_gguf
+
+    model = blob_header(manifest, model_layers(manifest)[-1], "model blob")
+    projectors = projector_layers(manifest)
+    if not projectors:
+        return Headers(model, None)
+    try:
+        header = blob_header(manifest, projectors[0], "projector")
+        projector_from_gguf(header)  # an mmproj, else the fit-target rule stands in for it
+    except InputError as e:
+        return Headers(model, None, e.message)
+    return Headers(model, header)
+
+
 def _resolution_key(base: str, name: OllamaName) -> str:
     return f"ollama-registry:{base}|{name.namespace}/{name.model}:{name.tag}".lower()
+
+
+def today() -> str:
+    import datetime
+
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
 
 
 def read_model(name: OllamaName, base: str) -> OllamaModel | None:
@@ -227,76 +281,54 @@ def read_model(name: OllamaName, base: str) -> OllamaModel | None:
     from kvadvise.backends.remote import cache as remotecache
 
     key = _resolution_key(base, name)
-    notes: list[str] = []
+    said = f"read from the registry before `ollama pull` ({manifest_url(base, name)})"
     try:
         manifest = fetch_manifest(name, base)
         if manifest is None:
             return None
-        params = _params(manifest)
+        params = params_of(manifest)
     except BackendUnreachable as e:
         kept = remotecache.load_resolution(key)
         if kept is None or not isinstance(kept.get("manifest"), str) or not isinstance(kept.get("params"), dict):
             raise
-        url = manifest_url(base, name)
-        manifest = parse_manifest(kept["manifest"].encode("utf-8"), base, name, url)
+        manifest = parse_manifest(kept["manifest"].encode("utf-8"), base, name, manifest_url(base, name))
         params = dict(kept["params"])
-        notes.append(f"the registry did not answer ({e.message}); its manifest as read on {kept.get('date', '?')}")
+        said = f"the registry did not answer ({e.message}); its manifest as read on {kept.get('date', '?')}"
     else:
-        import datetime
-
-        today = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
-        remotecache.store_resolution(key, {"manifest": manifest.text, "params": params, "date": today})
-    return _model(manifest, params, notes)
+        remotecache.store_resolution(key, {"manifest": manifest.text, "params": params, "date": today()})
+    return build_model(manifest, params, read_headers(manifest), source=f"registry:{manifest.url}", said=said)
 
 
-def _model(manifest: Manifest, params: dict[str, Any], notes: list[str]) -> OllamaModel:
+def build_model(manifest: Manifest, params: dict[str, Any], headers: Headers, *, source: str, said: str) -> OllamaModel:
+    """The model of a tag, as a store entry of the same manifest and blobs gives it (resolve.from_store):
+    ``said``, how it was read, is the first of its notes."""
     from kvadvise.model.architecture import from_gguf
     from kvadvise.model.projector import projector_from_gguf
 
     name = manifest.name
-    offline = tuple(notes)  # said of this read, not of the model
-    models = [la for la in manifest.layers if la.media_type == ollama_store.MEDIA_MODEL]
-    if not models:
-        kind = (
-            "safetensors/MLX"
-            if any(la.media_type == ollama_store.MEDIA_TENSOR for la in manifest.layers)
-            else "non-GGUF"
-        )
-        raise InputError(
-            f"{name.display}: a {kind} model (its manifest has no {ollama_store.MEDIA_MODEL} layer)",
-            hint="kvadvise plans GGUF models, which Ollama runs on llama.cpp",
-        )
-    if len(models) > 1:  # server/images.go GetModel: each model layer replaces the one before
+    notes: list[str] = []
+    models = model_layers(manifest)
+    if len(models) > 1:
         notes.append(f"the manifest has {len(models)} model layers; Ollama loads the last one, planned here")
     layer = models[-1]
-    header = _header(manifest, layer, "model blob")
-    spec = from_gguf(header)
-
+    projectors = projector_layers(manifest)
     projector = None
-    projector_bytes = 0
-    seen: set[str] = set()
-    for la in manifest.layers:
-        if la.media_type != ollama_store.MEDIA_PROJECTOR or la.digest in seen:
-            continue
-        seen.add(la.digest)
-        projector_bytes += la.size
-        if projector is None:
-            try:
-                projector = projector_from_gguf(_header(manifest, la, "projector"))
-                projector = dataclasses.replace(projector, source=manifest.blob_url(la.digest))
-            except InputError as e:  # a header that is not an mmproj: the fit-target rule stands in for it
-                notes.append(f"projector not read ({e.message})")
+    if headers.projector is not None:
+        projector = dataclasses.replace(
+            projector_from_gguf(headers.projector), source=manifest.blob_url(projectors[0].digest)
+        )
+    elif headers.projector_error:
+        notes.append(f"projector not read ({headers.projector_error})")
+    projector_bytes = sum(la.size for la in projectors)
     if projector_bytes:
         notes.append(f"vision projector: {projector_bytes:,} B (Ollama passes it to llama-server as --mmproj)")
     if any(la.media_type == ollama_store.MEDIA_ADAPTER for la in manifest.layers):
         notes.append("has a LoRA adapter layer; its memory is not counted")
     if any(la.media_type == ollama_store.MEDIA_DRAFT for la in manifest.layers):
         notes.append("has a draft model layer; its memory is not counted")
+    spec = from_gguf(headers.model)
     # as a store model's: the layers' notes with the spec's, the blob's address as its source
-    spec = dataclasses.replace(
-        spec, source=manifest.blob_url(layer.digest), notes=(*spec.notes, *(n for n in notes if n not in offline))
-    )
-    notes.insert(0, f"read from the registry before `ollama pull` ({manifest.url})")
+    spec = dataclasses.replace(spec, source=manifest.blob_url(layer.digest), notes=(*spec.notes, *notes))
     return OllamaModel(
         name=name.short,
         tag=name.tag,
@@ -304,8 +336,8 @@ def _model(manifest: Manifest, params: dict[str, Any], notes: list[str]) -> Olla
         params=params,
         projector_bytes=projector_bytes,
         model_bytes=layer.size,
-        source=f"registry:{manifest.url}",
-        notes=tuple(notes),
+        source=source,
+        notes=(said, *notes),
         digest=manifest.digest,
         projector=projector,
     )

@@ -9,7 +9,8 @@ Resolution, first that works:
 3. the registry the name is pulled from (registry.ollama.ai, ``hf.co``, a host
    in the name; kvadvise.backends.ollama.registry): the tag's manifest and its
    blobs' real headers by range reads, to plan exactly before ``ollama pull``;
-4. a built-in profile (``profiles/ollama_models.json``), offline.
+4. offline, a built-in snapshot of the registry's headers (``profiles/ollama_library.json``,
+   kvadvise.backends.ollama.snapshots), else a built-in profile (``profiles/ollama_models.json``).
 
 A server or a registry that does not answer is not an error here (the profile
 may still plan the model, with a note); it is one of the tries the final
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from kvadvise.backends.ollama import api as ollama_api
 from kvadvise.backends.ollama import registry as ollama_registry
+from kvadvise.backends.ollama import snapshots
 from kvadvise.backends.ollama import store as ollama_store
 from kvadvise.backends.ollama.model import OllamaModel
 from kvadvise.backends.ollama.name import OllamaName, parse_name
@@ -72,7 +74,7 @@ def resolve(
             shown = ollama_api.show_model(url, name.display, timeout=timeout)
         except BackendUnreachable as e:
             tried.append("server")
-            failures.append(f"the server did not answer ({e.message})")
+            failures.append(f"the server did not answer: {e.message}")
             notes = (*notes, f"the Ollama server could not be asked ({e.message})")
         else:
             if shown is not None:
@@ -89,7 +91,7 @@ def resolve(
                 model = ollama_registry.read_model(name, base)
             except BackendUnreachable as e:
                 tried.append("registry")
-                failures.append(f"the registry did not answer ({e.message})")
+                failures.append(f"the registry did not answer: {e.message}")
                 notes = (*notes, f"the registry could not be read ({e.message})")
             else:
                 if model is not None:
@@ -98,6 +100,9 @@ def resolve(
 
     close: tuple[str, ...] = ()
     if use_profiles:
+        snapshot = snapshots.find(name)  # the registry's own header of the tag, as read on a date: exact
+        if snapshot is not None:
+            return dataclasses.replace(snapshot, notes=(*notes, *snapshot.notes))
         profile = find_profile(name)
         if profile is not None:
             spec = profile.spec()
@@ -113,7 +118,7 @@ def resolve(
                 source=f"profile:{profile.id}",
                 notes=notes,  # the profile's own notes are the spec's, printed with the plan
             )
-        close = suggestions(name)
+        close = suggestions(name, snapshots.names())
         tried.append("profiles")
 
     # a model name kvadvise does not know that resembles one it does is most likely a typo: the known name
