@@ -106,7 +106,7 @@ def test_nothing_found_names_every_try(empty_store: Path) -> None:
     assert msg == "no-such-model:7b: not found (tried store, server, profiles)"
     assert "did you mean" not in msg  # nothing close: no list of every profile
     # what to do, then why the server did not answer and that the registry was not asked
-    assert hint.startswith("ollama pull no-such-model:7b; the server did not answer (") and host in hint
+    assert hint.startswith("ollama pull no-such-model:7b; the server did not answer: ") and host in hint
     assert hint.endswith("; the registry was not asked (KVADVISE_OLLAMA_REGISTRY=off)")
     assert e.value.exit_code == 2
 
