@@ -272,3 +272,17 @@ def test_the_shipped_snapshots_hold_no_typed_figures() -> None:
         assert entry["registry"].startswith("https://") and len(entry["date"]) == 10
         m = snapshots.find(parse_name(key))
         assert m is not None and m.spec.weights_bytes > 0
+
+
+def test_a_private_model_is_said_and_the_chain_goes_on(registry: StandInRegistry, capsys: Any) -> None:
+    """401 for the manifest (a private model, or a registry that hides which names it has): the not-found
+    line, with the registry's refusal in the hint; a host whose port is not a number: exit 2, one line."""
+    from http_fixtures import Route
+
+    registry.registry.add("/v2/jdoe/secret/manifests/latest", Route(data=b"{}", token="t"))
+    with pytest.raises(InputError) as e:
+        resolve("jdoe/secret", use_api=False)
+    assert e.value.message == "jdoe/secret:latest: not found (tried store, registry, profiles)"
+    assert "the registry refused the manifest (HTTP 401)" in (e.value.hint or "")
+    rc, _, err = _plan(capsys, "myregistry:99999/ns/model:tag")
+    assert rc == 2 and err.splitlines()[0] == "kvadvise: error: myregistry:99999: not a registry host[:port]"

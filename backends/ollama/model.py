@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kvadvise.model.projector import ProjectorSpec
 from kvadvise.model.spec import ModelSpec
+
+if TYPE_CHECKING:  # only a registry model carries one: the header reader is not imported for the others
+    from kvadvise.model.projector import ProjectorSpec
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,18 +28,18 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import urllib.parse
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvadvise.backends.ollama import store as ollama_store
 from kvadvise.backends.ollama.model import OllamaModel
 from kvadvise.backends.ollama.name import DEFAULT_HOST, OllamaName
-from kvadvise.backends.remote import transport
 from kvadvise.deadline import within
 from kvadvise.errors import BackendUnreachable, InputError, KvadviseError
 from kvadvise.files import load_json
-from kvadvise.model.gguf import GGUFHeader
+
+if TYPE_CHECKING:
+    from kvadvise.model.gguf import GGUFHeader
 
 REGISTRY_ENV = "KVADVISE_OLLAMA_REGISTRY"
 DEFAULT_REGISTRY = f"https://{DEFAULT_HOST}"
@@ -73,6 +73,8 @@ def registry_url(name: OllamaName) -> str | None:
     env = os.environ.get(REGISTRY_ENV, "").strip()
     if env.lower() in OFF and env:
         return None
+    from kvadvise.backends.remote import transport  # only when a registry is asked: ~30 ms of start-up
+
     if name.host.lower() == DEFAULT_HOST and name.scheme == "https":
         if not env:
             return DEFAULT_REGISTRY
@@ -88,7 +90,12 @@ def registry_url(name: OllamaName) -> str | None:
         return env.rstrip("/")
     if name.scheme not in ("http", "https"):
         raise InputError(f"{name.scheme}://{name.host}: Ollama pulls over https (or http with --insecure)")
-    host = transport.split_url(f"{name.scheme}://{name.host}").hostname or ""
+    try:
+        host = transport.split_url(f"{name.scheme}://{name.host}").hostname or ""
+    except ValueError:  # a port that is not a number in 1-65535
+        raise InputError(
+            f"{name.host}: not a registry host[:port]", hint="names look like host:5000/ns/model:tag"
+        ) from None
     if name.scheme == "http" and not transport.is_loopback(host):
         raise InputError(
             f"http://{name.host}: Ollama pulls over http only with --insecure; kvadvise reads http registries "
@@ -100,15 +107,21 @@ def registry_url(name: OllamaName) -> str | None:
 
 def _path(name: OllamaName) -> str:
     """``namespace/model``, as ``DisplayNamespaceModel`` joins them (each part quoted for the URL)."""
+    import urllib.parse
+
     return f"{urllib.parse.quote(name.namespace, safe='')}/{urllib.parse.quote(name.model, safe='')}"
 
 
 def manifest_url(base: str, name: OllamaName) -> str:
+    import urllib.parse
+
     return f"{base}/v2/{_path(name)}/manifests/{urllib.parse.quote(name.tag, safe='')}"
 
 
 def _get(url: str, what: str, *, accept: str | None = None) -> tuple[int, bytes]:
     """The status and body (capped) of one GET, redirects followed, within the deadline."""
+    from kvadvise.backends.remote import transport
+
     shown = transport.display_url(url)
     headers = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity"}
     if accept:
@@ -141,10 +154,17 @@ def _get(url: str, what: str, *, accept: str | None = None) -> tuple[int, bytes]
     )
 
 
+class Refused(InputError):
+    """The registry refused a request (401/403): a private model, or none of that name (registries that
+    hide which)."""
+
+
 def _status_error(url: str, status: int, what: str) -> KvadviseError:
+    from kvadvise.backends.remote import transport
+
     shown = transport.display_url(url)
     if status in (401, 403):
-        return InputError(
+        return Refused(
             f"{shown}: the registry refused the {what} (HTTP {status})",
             hint="a private model: `ollama pull` it with your key, then plan it from the store",
         )
@@ -168,6 +188,8 @@ def fetch_manifest(name: OllamaName, base: str) -> Manifest | None:
 def parse_manifest(data: bytes, base: str, name: OllamaName, url: str) -> Manifest:
     import hashlib
 
+    from kvadvise.backends.remote import transport
+
     shown = transport.display_url(url)
     try:
         doc = load_json(data.decode("utf-8"))
@@ -181,6 +203,8 @@ def parse_manifest(data: bytes, base: str, name: OllamaName, url: str) -> Manife
 
 def params_of(manifest: Manifest) -> dict[str, Any]:
     """The params layers' options, merged in order as the store's are (Ollama decodes each in turn)."""
+    from kvadvise.backends.remote import transport
+
     params: dict[str, Any] = {}
     seen: list[str] = []
     for layer in manifest.layers:

@@ -93,6 +93,9 @@ def resolve(
                 tried.append("registry")
                 failures.append(f"the registry did not answer: {e.message}")
                 notes = (*notes, f"the registry could not be read ({e.message})")
+            except ollama_registry.Refused as e:  # private, or not there: said, and the chain goes on
+                tried.append("registry")
+                failures.append(e.message)
             else:
                 if model is not None:
                     return dataclasses.replace(model, notes=(*notes, *model.notes))
