@@ -286,3 +286,24 @@ def test_a_private_model_is_said_and_the_chain_goes_on(registry: StandInRegistry
     assert "the registry refused the manifest (HTTP 401)" in (e.value.hint or "")
     rc, _, err = _plan(capsys, "myregistry:99999/ns/model:tag")
     assert rc == 2 and err.splitlines()[0] == "kvadvise: error: myregistry:99999: not a registry host[:port]"
+
+
+def test_the_registry_is_reached_through_the_environments_proxy(
+    registry: StandInRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A registry off this machine is asked through http_proxy, as urllib reads it (no proxy code of
+    kvadvise's own): the proxy (here the stand-in, answering absolute-form requests) gets the manifest and
+    the blob's first request; the blob store on loopback is reached directly."""
+    mirror = "http://registry.example"
+    for path, route in list(registry.registry.routes.items()):
+        registry.registry.routes[mirror + path] = route
+    monkeypatch.setenv("KVADVISE_OLLAMA_REGISTRY", mirror)
+    for var in ("http_proxy", "HTTP_PROXY"):
+        monkeypatch.setenv(var, registry.origin)
+    for var in ("no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    m = resolve("gemma3-270m", use_api=False)
+    assert m.source == f"registry:{mirror}/v2/library/gemma3-270m/manifests/latest" and m.params == PARAMS
+    proxied = [r.path for r in registry.registry.requests(mirror)]
+    assert proxied[0] == f"{mirror}/v2/library/gemma3-270m/manifests/latest" and len(proxied) >= 3
+    assert registry.blobs.requests(f"/blobs/sha256:{SHA}")  # the blob store: straight, not through the proxy
