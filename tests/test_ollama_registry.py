@@ -203,6 +203,10 @@ def test_off_asks_no_registry(registry: StandInRegistry, monkeypatch: pytest.Mon
     monkeypatch.setenv("KVADVISE_OLLAMA_REGISTRY", "ftp://x")
     with pytest.raises(InputError, match="is not a registry URL"):
         resolve("gemma3-270m", use_api=False)
+    monkeypatch.setenv("KVADVISE_OLLAMA_REGISTRY", f"http://me:s3cret@{registry.origin[7:]}")
+    with pytest.raises(InputError) as e:  # refused, and the password is not echoed
+        resolve("gemma3-270m", use_api=False)
+    assert "without credentials" in e.value.message and "s3cret" not in f"{e.value.message}{e.value.hint}"
 
 
 def test_a_registry_that_does_not_answer_is_said(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

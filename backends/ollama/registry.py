@@ -82,10 +82,16 @@ def registry_url(name: OllamaName) -> str | None:
             p = transport.split_url(env)
         except ValueError:
             p = None
+        # the value is never echoed: it may hold a password; the model's source and messages show the URL
         if p is None or p.scheme.lower() not in ("http", "https") or not p.hostname:
             raise InputError(
-                f"{REGISTRY_ENV}={env[:200]!r} is not a registry URL",
+                f"{REGISTRY_ENV} is not a registry URL",
                 hint=f"give its base URL, like {DEFAULT_REGISTRY}, or 'off' to read no registry",
+            )
+        if p.username is not None or p.password is not None or p.query or p.fragment:
+            raise InputError(
+                f"{REGISTRY_ENV}: a base URL without credentials, query or fragment",
+                hint="kvadvise reads public manifests only; a private model plans from the store once pulled",
             )
         return env.rstrip("/")
     if name.scheme not in ("http", "https"):
