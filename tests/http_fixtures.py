@@ -61,6 +61,7 @@ class Logged:
     authorization: bool  # an Authorization header was sent (its value is never kept)
     status: int
     body_bytes: int
+    accept: str | None = None  # the Accept header (a registry's manifest request names the manifest type)
 
 
 class LoopbackServer:
@@ -188,7 +189,9 @@ class LoopbackServer:
         finally:
             h.close_connection = True
             with self._lock:
-                self.log[slot] = Logged(h.command, path, rng, inm, auth is not None, status, sent)
+                self.log[slot] = Logged(
+                    h.command, path, rng, inm, auth is not None, status, sent, h.headers.get("Accept")
+                )
                 self._active -= 1
 
     def _send(self, h: BaseHTTPRequestHandler, status: int, body: bytes, headers: dict[str, str], head: bool) -> int:

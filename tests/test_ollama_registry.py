@@ -122,7 +122,8 @@ def test_requests_and_the_cache_by_digest(registry: StandInRegistry) -> None:
     assert [r.status for r in blob_reads] == [307]
     served = registry.blobs.requests("/blobs/sha256:" + SHA)
     assert [r.status for r in served] == [206, 206] and sum(r.body_bytes for r in served) < 8_000_000
-    assert len(registry.registry.requests("/v2/library/gemma3-270m/manifests/")) == 1
+    [manifest] = registry.registry.requests("/v2/library/gemma3-270m/manifests/")
+    assert manifest.accept == "application/vnd.docker.distribution.manifest.v2+json"  # as Ollama asks
     registry.registry.reset()
     registry.blobs.reset()
     resolve("gemma3-270m", use_api=False)
