@@ -50,8 +50,38 @@ def _host_option(f: F) -> F:
     show_default=True,
     help="How to apply the server settings: systemd/env file, launchctl, user variables, docker --env-file.",
 )
+@click.option(
+    "--runner",
+    type=click.Choice(["auto", "llamacpp", "mlx"]),
+    default="auto",
+    show_default=True,
+    help="On a Mac: the runner Ollama loads the model with (auto: by --ollama-version and the architecture; "
+    "mlx: a safetensors tag such as -mlx/-nvfp4). See docs/ollama-mlx.md.",
+)
+@click.option(
+    "--ollama-version",
+    default=None,
+    metavar="X.Y.Z",
+    type=TEXT,
+    help="On a Mac: the Ollama the plan is for (default: the server's, else the newest); it decides the runner.",
+)
+@click.option(
+    "--mlx-quant",
+    type=click.Choice(["nvfp4", "mxfp4", "int4", "mxfp8", "int8", "bf16"]),
+    default="nvfp4",
+    show_default=True,
+    help="The MLX type of the tag the MLX runner loads (Ollama's -mlx tags: nvfp4).",
+)
 def ollama_command(
-    name: str, host: str | None, force: bool, server_default: bool, platform: str, **kwargs: object
+    name: str,
+    host: str | None,
+    force: bool,
+    server_default: bool,
+    platform: str,
+    runner: str,
+    ollama_version: str | None,
+    mlx_quant: str,
+    **kwargs: object,
 ) -> None:
     """Advice for an Ollama model (NAME[:TAG]): found in the model store, on the server, or in the built-in profiles.
 
@@ -65,7 +95,15 @@ def ollama_command(
     f = ollama_flags(kwargs)
     with ollama_api.session():
         model = resolve(name, host=host)
-        runtime = OllamaRuntime(model, host=host, platform=platform, server_default=server_default)
+        runtime = OllamaRuntime(
+            model,
+            host=host,
+            platform=platform,
+            server_default=server_default,
+            runner=runner,
+            ollama_version=ollama_version,
+            mlx_quant=mlx_quant,
+        )
         plan = plan_for(model.spec, f.request, runtime)
     answer(plan, f.view, runtime, requested_ctx=None, paths=paths, force=force)
 

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from kvadvise.backends.ollama import scheduler as sched
 from kvadvise.backends.ollama.together import GIB, Settings, Together, stays
+from kvadvise.text import wrapped
 
 
 def _duration(seconds: float) -> str:
@@ -159,9 +160,7 @@ def together_text(t: Together, *, verbose: bool = False) -> str:
     elif t.recommended is not None:
         first = t.models[0].ref
         lines.append(_asked_line(t))
-        lines.append(
-            f"The plan that keeps them loaded ({first} first, at the largest context that fits beside the others):"
-        )
+        lines.append(f"The plan that keeps them loaded ({first} gets the largest context that fits):")
         lines += _plan_rows(t)
         held = sum(sum(r.vram_bytes) for r in t.final.resident)
         total = sum(g.total_bytes for g in t.final.gpus)
@@ -190,7 +189,9 @@ def together_text(t: Together, *, verbose: bool = False) -> str:
                 lines.append(f'  ollama create {name} -f {name}.Modelfile  # or "options": {{"num_ctx": {ctx[ref]}}}')
             lines.append(f"  then ask for {', '.join(made.values())} by these names")
         lines.append("(--verbose: the scheduler step by step; --json; --write-preset FILE: llama-server's router)")
-    return "\n".join(lines)
+    # prose wrapped to ~100 columns; the settings and `ollama create` lines are commands, copied whole
+    commands = ("ollama create ", "OLLAMA_")
+    return "\n".join(r for row in lines for r in ([row] if row.lstrip().startswith(commands) else wrapped(row)))
 
 
 def _why(t: Together) -> list[str]:
