@@ -111,7 +111,7 @@ def test_live_state_and_quantized_cache_warning(
 
 def test_unknown_model_names_what_was_tried(store: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc, _, err = run(capsys, "ollama", "no-such-model:7b", "--vram", "8GiB")
-    assert rc == 2 and "ollama pull no-such-model:7b" in err and "looked in" in err
+    assert rc == 2 and "ollama pull no-such-model:7b" in err and "(tried store, server, profiles)" in err
 
 
 def test_verify_ollama(store: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:

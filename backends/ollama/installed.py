@@ -125,7 +125,7 @@ def _from_server(url: str, t: Tagged) -> Listed:
     from kvadvise.ui.listing import Listed
 
     try:
-        m = resolve(t.name, host=url, roots=(), use_profiles=False)
+        m = resolve(t.name, host=url, roots=(), use_registry=False, use_profiles=False)
     except KvadviseError as e:
         return Listed(name=t.name, source=f"api:{url}", size_bytes=t.size, spec=None, error=e.message, digest=t.digest)
     return Listed(

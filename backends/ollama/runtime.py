@@ -191,6 +191,8 @@ def readable_projector(model: OllamaModel) -> ProjectorSpec | None:
     """The header of a store model's projector blob when it reads as an mmproj GGUF (Ollama passes it to
     llama-server as --mmproj): planned on the first GPU as llama.cpp loads it. None otherwise (a model
     from the API or a profile, an unreadable blob): the fit-target rule stands in for it."""
+    if model.projector is not None:  # read from the registry's blob with the model's header
+        return model.projector
     if model.projector_path is None:
         return None
     from kvadvise.errors import KvadviseError
