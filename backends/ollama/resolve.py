@@ -92,7 +92,7 @@ def resolve(
             except BackendUnreachable as e:
                 tried.append("registry")
                 failures.append(f"the registry did not answer: {e.message}")
-                notes = (*notes, f"the registry could not be read ({e.message})")
+                notes = (*notes, f"the registry could not be read ({_short(e.message)}): planned offline")
             except ollama_registry.Refused as e:  # private, or not there: said, and the chain goes on
                 tried.append("registry")
                 failures.append(e.message)
@@ -200,3 +200,14 @@ def _from_api(name: OllamaName, url: str, shown: ollama_api.ShownModel) -> Ollam
         source=f"api:{url}",
         notes=tuple(notes),
     )
+
+
+def _short(message: str) -> str:
+    """``https://registry.ollama.ai/v2/library/x/manifests/latest: unknown host`` -> ``registry.ollama.ai:
+    unknown host``: the host and the reason fit one line of the answer."""
+    url, sep, why = message.partition(": ")
+    if sep and url.startswith(("https://", "http://")):
+        from urllib.parse import urlsplit
+
+        return f"{urlsplit(url).netloc}: {why}"
+    return message
