@@ -29,6 +29,7 @@ from kvadvise.errors import ConfigError
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
+    from kvadvise.backends.ollama.together_budget import Combinations
     from kvadvise.planner.hardware import Hardware
     from kvadvise.request import PlanRequest
 
@@ -74,6 +75,8 @@ class Together:
     tried: tuple[tuple[str, int], ...]  # each server-wide cache type tried and the first model's best context at it
     hardware_text: str
     notes: tuple[str, ...]
+    # which combinations fit, for the router preset and llama-swap (together_budget.plan_combinations)
+    combinations: Combinations | None = None
 
     @property
     def final(self) -> sched.Residency:

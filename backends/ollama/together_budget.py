@@ -1,0 +1,109 @@
+"""Which combinations of several planned models fit in memory at once: the budget behind llama-server's
+router (``--models-max``) and llama-swap's groups.
+
+Both start each model as its own llama-server process with the plan's flags (its context, slots, cache
+type, batch, GPU) and neither looks at memory: the router unloads the least recently used model past
+``--models-max`` models (tools/server/server-models.cpp server_lru_sched::pick_victim, b11312), llama-swap
+unloads by its groups. So every combination is checked here the way the plan checks the whole set: the
+models' requests replayed through Ollama's scheduler at the plan's settings and each model's context
+(kvadvise.backends.ollama.together.stays). Memory only grows with a model added, so a combination is only
+checked when every combination one model smaller fits.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from kvadvise.errors import InputError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from kvadvise.backends.ollama.together import Together
+    from kvadvise.planner.hardware import Hardware
+
+MAX_MODELS = 10  # 1,023 combinations at most: more models than that are not planned combination by combination
+
+
+@dataclass(frozen=True, slots=True)
+class Combinations:
+    """Which of the models fit in memory together, at the contexts they are written with."""
+
+    refs: tuple[str, ...]  # the models, in the order named
+    fitting: tuple[tuple[str, ...], ...]  # every combination (one model or more) that fits, smallest first
+    models_max: int  # the most models the router may hold such that every combination of that many fits
+    over: tuple[tuple[str, ...], ...]  # combinations of models_max + 1 that do not fit: why it is not higher
+    groups: tuple[tuple[str, ...], ...]  # the models cut into groups that each fit, in the order named
+    alone_short: tuple[str, ...]  # models that do not fit even alone
+
+    def fits(self, refs: Sequence[str]) -> bool:
+        return tuple(r for r in self.refs if r in refs) in self.fitting
+
+    def within_max_that_fit(self) -> tuple[tuple[str, ...], ...]:
+        """Combinations larger than models_max that would fit but the router's count keeps out."""
+        return tuple(c for c in self.fitting if len(c) > self.models_max)
+
+
+def combinations_of(refs: Sequence[str], fits: Callable[[tuple[str, ...]], bool]) -> Combinations:
+    """Every combination that ``fits``, the largest safe ``--models-max``, and groups (each model in the
+    first group it fits beside, a new group else)."""
+    if len(refs) > MAX_MODELS:
+        raise InputError(
+            f"{len(refs)} models: the router's limit is planned for at most {MAX_MODELS} (every combination is checked)",
+            hint="plan fewer models at once",
+        )
+    refs = tuple(refs)
+    fitting: list[tuple[str, ...]] = []
+    ok: set[tuple[str, ...]] = set()
+    failed_at: dict[int, list[tuple[str, ...]]] = {}
+    for k in range(1, len(refs) + 1):
+        for combo in itertools.combinations(refs, k):
+            smaller = [c for c in itertools.combinations(combo, k - 1)] if k > 1 else []
+            if all(c in ok for c in smaller) and fits(combo):
+                ok.add(combo)
+                fitting.append(combo)
+            else:
+                failed_at.setdefault(k, []).append(combo)
+    alone_short = tuple(c[0] for c in failed_at.get(1, ()))
+    models_max = 0
+    if not alone_short:
+        models_max = next((k - 1 for k in range(1, len(refs) + 1) if failed_at.get(k)), len(refs))
+    over = tuple(failed_at.get(models_max + 1, ())) if models_max else ()
+    groups: list[tuple[str, ...]] = []
+    for r in refs:
+        if r in alone_short:
+            continue
+        for i, g in enumerate(groups):
+            joined = tuple(x for x in refs if x in (*g, r))
+            if joined in ok:
+                groups[i] = joined
+                break
+        else:
+            groups.append((r,))
+    return Combinations(refs, tuple(fitting), models_max, over, tuple(groups), alone_short)
+
+
+def plan_combinations(t: Together, hw: Hardware, *, headless: bool) -> Combinations:
+    """The combinations of ``t``'s models that stay loaded together: each replayed alone on the machine at
+    the plan's settings and the context each model is written with (kvadvise.backends.ollama.together_files
+    routed)."""
+    from kvadvise.backends.ollama.together import _replayer, scheduler_gpus, stays
+    from kvadvise.backends.ollama.together_files import routed
+
+    by_ref = {m.ref: m for m in t.models}
+    s = t.final_settings
+    ctxs = {r.name: r.config.n_ctx // max(1, r.config.n_parallel) for r in routed(t)}
+    gpus = scheduler_gpus(hw, headless=headless)
+
+    def fits(combo: tuple[str, ...]) -> bool:
+        models = [by_ref[r] for r in combo]
+        res = _replayer(models, hw, gpus, ())(replace(s, max_loaded=len(combo)), ctxs)
+        return stays(res, models)
+
+    return combinations_of([m.ref for m in t.models], fits)
+
+
+def names(combo: Sequence[str]) -> str:
+    return " + ".join(combo)

@@ -1,0 +1,196 @@
+"""Several models on llama.cpp with a memory budget (issue 42.3): ``kvadvise ollama A B C --write-llama-swap
+FILE --write-preset FILE``. The llama-swap config is checked against llama-swap's own schema and the checks
+of its loader (mostlygeek/llama-swap 0bdb3720199f, 2026-08-22, committed in tests/data/llama-swap with its
+source); every group and every --models-max combination is checked to fit by planning it on its own, and
+the combinations the router's count would allow but that do not fit are checked not to."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+from ollama_fake import closed_port_url
+
+from kvadvise.backends.ollama.together_budget import combinations_of
+from kvadvise.cli import main
+from kvadvise.errors import InputError
+from kvadvise.runtime.llamaswap import SwapGroup, SwapModel, config_text
+
+DATA = Path(__file__).parent / "data" / "llama-swap"
+RESERVED_MACROS = ("PID", "PORT", "MODEL_ID")  # internal/config/load.go: macro names that are not the user's
+
+
+def load_like_llama_swap(text: str, *, members_defined: bool = True) -> dict[str, Any]:
+    """What llama-swap's LoadConfigFromReader (internal/config/load.go @0bdb3720) refuses, for the parts a
+    written config uses: the schema (config-schema.json), ttl and globalTTL bounds, legacy groups and the
+    routing block not both, no duplicate member, no model in two groups, members that are models, a cmd that
+    SanitizeCommand (commands.go) splits into a command, no macro in it but the reserved ones; and what its
+    example documents but the loader does not check (``members_defined``): "every member must be a model ID
+    defined in the models section" (its own example's groups name models it does not define)."""
+    doc = yaml.safe_load(text)
+    jsonschema.Draft7Validator(json.loads((DATA / "config-schema.json").read_text())).validate(doc)
+    if doc.get("globalTTL", 0) < 0:
+        raise ValueError("globalTTL must be >= 0")
+    models: dict[str, Any] = doc.get("models") or {}
+    for name, m in models.items():
+        ttl = m.get("ttl", -1)
+        if ttl < 0 and ttl != -1:
+            raise ValueError(f"model {name}: invalid TTL value {ttl}")
+        lines = [x for x in str(m["cmd"]).split("\n") if not x.strip().startswith("#")]
+        args = shlex.split(
+            "\n".join(x.strip().removesuffix("\\") + " " if x.strip().endswith("\\") else x for x in lines)
+        )
+        if not args:
+            raise ValueError(f"model {name}: empty command")
+        macros = set(doc.get("macros") or {}) | set(m.get("macros") or {}) | set(RESERVED_MACROS)
+        for macro in re.findall(r"\$\{([^}]*)\}", str(m["cmd"])):
+            if macro not in macros and not macro.startswith("env."):
+                raise ValueError(f"model {name}: unknown macro ${{{macro}}}")
+    rtr = (doc.get("routing") or {}).get("router") or {}
+    if (doc.get("groups") or doc.get("matrix")) and rtr:
+        raise ValueError("config uses both the legacy top-level 'matrix'/'groups' keys and 'routing.router'")
+    groups = doc.get("groups") or (rtr.get("settings") or {}).get("groups") or {}
+    used: dict[str, str] = {}
+    for gid, g in groups.items():
+        seen: set[str] = set()
+        for member in g["members"]:
+            if member in seen:
+                raise ValueError(f"duplicate model member {member} found in group: {gid}")
+            seen.add(member)
+            if member in used:
+                raise ValueError(f"model member {member} is used in multiple groups: {used[member]} and {gid}")
+            used[member] = gid
+            if members_defined and member not in models:
+                raise ValueError(f"group {gid}: {member} is not a model of the config")
+    return doc
+
+
+def test_the_oracle_accepts_llama_swaps_own_example_and_refuses_wrong_configs() -> None:
+    doc = load_like_llama_swap((DATA / "config.example.yaml").read_text(), members_defined=False)
+    assert "gpt-oss-120b" in doc["models"] and doc["routing"]["router"]["settings"]["groups"]["group2"]["swap"] is False
+    good = config_text(
+        [
+            SwapModel("a", ("llama-server", "-m", "/m/a.gguf"), 300),
+            SwapModel("b", ("llama-server", "-m", "/m/b.gguf"), 0),
+        ],
+        [SwapGroup("g", ("a", "b"))],
+    )
+    load_like_llama_swap(good)
+    wrong = {
+        "member not a model": good.replace('- "b"', '- "c"'),
+        "swap not a bool": good.replace("swap: false", "swap: no-thanks"),
+        "ttl below -1": good.replace("ttl: 300", "ttl: -5"),
+        "an unknown macro": good.replace("/m/a.gguf", "${MODELS}/a.gguf"),
+        "both group styles": good + "routing:\n  router:\n    use: group\n",
+        "a model in two groups": good + '  "h":\n    members:\n      - "a"\n',
+    }
+    for why, text in wrong.items():
+        with pytest.raises((ValueError, jsonschema.ValidationError)):
+            load_like_llama_swap(text)
+            pytest.fail(why)
+
+
+def test_cmd_is_split_by_llama_swap_into_the_planned_arguments() -> None:
+    """SanitizeCommand's POSIX split gives back each argument, a path with a space or a quote included; a
+    path llama-swap would read as a macro is refused; a model in two groups is a bug, not a file."""
+    args = ("llama-server", "-m", "/my models/it's.gguf", "-c", "8192", "-np", "2", "-kvu")
+    text = config_text([SwapModel("m:1", args, 60, ("a comment",))], [])
+    doc = load_like_llama_swap(text)
+    cmd = "\n".join(x for x in doc["models"]["m:1"]["cmd"].split("\n") if not x.strip().startswith("#"))
+    assert shlex.split(cmd) == ["llama-server", "--port", "${PORT}", *args[1:]]
+    assert doc["models"]["m:1"]["ttl"] == 60 and "groups" not in doc
+    with pytest.raises(InputError, match="macro"):
+        config_text([SwapModel("m", ("llama-server", "-m", "/x/${HOME}.gguf"), 60)], [])
+    with pytest.raises(ValueError, match="one group only"):
+        config_text([SwapModel("m", ("llama-server",), 60)], [SwapGroup("a", ("m",)), SwapGroup("b", ("m",))])
+
+
+def test_combinations_a_router_count_cannot_express() -> None:
+    """A+B fits, B+C fits, A+C does not: --models-max 2 would allow A+C, so it is 1, and A+C is named;
+    groups keep A+B together and C alone; a model that does not fit alone is in no group and allows nothing."""
+    ok = {("A",), ("B",), ("C",), ("A", "B"), ("B", "C")}
+    c = combinations_of(["A", "B", "C"], lambda combo: combo in ok)
+    assert c.models_max == 1 and c.over == (("A", "C"),)
+    assert c.groups == (("A", "B"), ("C",)) and c.within_max_that_fit() == (("A", "B"), ("B", "C"))
+    assert set(c.fitting) == ok  # A+B+C is never tried: A+C, one of its parts, does not fit
+    every = combinations_of(["A", "B", "C"], lambda combo: True)
+    assert every.models_max == 3 and every.over == () and every.groups == (("A", "B", "C"),)
+    short = combinations_of(["A", "B"], lambda combo: combo == ("A",))
+    assert short.models_max == 0 and short.alone_short == ("B",) and short.groups == (("A",),)
+
+
+@pytest.fixture
+def ollama_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for k in ("OLLAMA_CONTEXT_LENGTH", "OLLAMA_MAX_LOADED_MODELS", "OLLAMA_KEEP_ALIVE", "OLLAMA_NUM_PARALLEL"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.delenv("OLLAMA_KV_CACHE_TYPE", raising=False)
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "no-store"))
+    monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
+
+
+MODELS = ("qwen3-coder:30b", "gemma3:12b", "gemma3:4b")  # built-in profiles
+ON = ("--gpu", "rtx-4090", "--ctx", "32768")
+
+
+def fits_together(capsys: pytest.CaptureFixture[str], *names: str) -> bool:
+    """The co-residency plan of ``names`` alone (kvadvise ollama A B), at the same card and context."""
+    rc = main(["ollama", *names, *ON] if len(names) > 1 else ["ollama", names[0], *ON])
+    capsys.readouterr()
+    assert rc in (0, 3)
+    return rc == 0
+
+
+def test_write_llama_swap_and_router_preset_keep_every_allowed_combination_in_memory(
+    ollama_env: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On a 4090 at 32k, qwen3-coder:30b does not stay beside either Gemma, the two Gemmas stay together:
+    --models-max 1 (the router would otherwise load a pair that does not fit), and llama-swap's groups hold
+    the two Gemmas together and qwen3-coder alone. Each group and each model alone fit when planned on their
+    own; each pair that --models-max 2 would have allowed and the answer names does not."""
+    swap, preset = tmp_path / "llama-swap.yaml", tmp_path / "models.ini"
+    rc = main(["ollama", *MODELS, *ON, "--write-llama-swap", str(swap), "--write-preset", str(preset)])
+    out, err = capsys.readouterr()
+    assert rc == 3 and "do not all stay loaded together" in out  # the question's answer is still no
+    assert f"llama-server --models-preset {preset} --models-max 1" in err
+    doc = load_like_llama_swap(swap.read_text())
+    groups = [g["members"] for g in doc["groups"].values()]
+    assert groups == [["qwen3-coder-30b"], ["gemma3-12b", "gemma3-4b"]]
+    assert all(g["swap"] is False and g["exclusive"] is True for g in doc["groups"].values())
+    by_section = {"qwen3-coder-30b": "qwen3-coder:30b", "gemma3-12b": "gemma3:12b", "gemma3-4b": "gemma3:4b"}
+    for g in groups:
+        assert fits_together(capsys, *(by_section[x] for x in g))
+    named = re.search(r"not 2: .* and (.*) would not fit together", err)
+    assert named is not None
+    pairs = [tuple(p.split(" + ")) for p in named.group(1).split("; ")]
+    assert pairs == [("qwen3-coder:30b", "gemma3:12b"), ("qwen3-coder:30b", "gemma3:4b")]
+    for a, b in itertools.combinations(MODELS, 2):
+        assert fits_together(capsys, a, b) == ((a, b) not in pairs)
+    cmd = doc["models"]["gemma3-4b"]["cmd"]
+    assert "-c 32768" in cmd and "-np 1" in cmd and "--port ${PORT}" in cmd and doc["models"]["gemma3-4b"]["ttl"] == 300
+    text = preset.read_text()
+    assert "; not 2: the router counts models, not bytes" in text  # said in the preset too
+    assert text.count("load-on-startup = true") == 1  # one model at start: --models-max 1
+    rc = main(["ollama", *MODELS, *ON, "--write-llama-swap", str(swap)])
+    _, err = capsys.readouterr()
+    assert rc == 2 and "exists" in err  # never over a file without --force
+
+
+def test_models_that_all_fit_are_one_group_and_models_max_is_their_count(
+    ollama_env: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    swap = tmp_path / "s.yaml"
+    rc = main(
+        ["ollama", "gemma3:12b", "gemma3:4b", "--gpu", "rtx-4090", "--ctx", "8192", "--write-llama-swap", str(swap)]
+    )
+    _, err = capsys.readouterr()
+    assert rc == 0, err
+    doc = load_like_llama_swap(swap.read_text())
+    assert [g["members"] for g in doc["groups"].values()] == [["gemma3-12b", "gemma3-4b"]]
+    assert "--models-max 2" in err and "not 3" not in err
