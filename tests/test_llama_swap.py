@@ -194,3 +194,27 @@ def test_models_that_all_fit_are_one_group_and_models_max_is_their_count(
     doc = load_like_llama_swap(swap.read_text())
     assert [g["members"] for g in doc["groups"].values()] == [["gemma3-12b", "gemma3-4b"]]
     assert "--models-max 2" in err and "not 3" not in err
+
+
+def test_on_two_gpus_each_model_is_pinned_and_checked_on_its_gpu(
+    ollama_env: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two 3090s at 32k: qwen3-coder:30b and gemma3:12b each pinned to a GPU (-dev CUDA0, CUDA1) stay
+    together; gemma3:27b, spread over both, fits beside neither: --models-max 1, and the groups are the
+    pair and gemma3:27b alone, each of which is planned on its own and fits."""
+    swap = tmp_path / "s.yaml"
+    on = ("--gpu", "rtx-3090x2", "--ctx", "32768")
+    rc = main(["ollama", "qwen3-coder:30b", "gemma3:12b", "gemma3:27b", *on, "--write-llama-swap", str(swap)])
+    _, err = capsys.readouterr()
+    assert rc == 3 and "--models-max 1: each of these models fits alone" in err
+    assert "qwen3-coder:30b + gemma3:27b; gemma3:12b + gemma3:27b would not fit together" in err
+    doc = load_like_llama_swap(swap.read_text())
+    assert [g["members"] for g in doc["groups"].values()] == [["qwen3-coder-30b", "gemma3-12b"], ["gemma3-27b"]]
+    assert (
+        "-dev CUDA0" in doc["models"]["qwen3-coder-30b"]["cmd"] and "-dev CUDA1" in doc["models"]["gemma3-12b"]["cmd"]
+    )
+    for names in (("qwen3-coder:30b", "gemma3:12b"), ("gemma3:27b",)):
+        assert main(["ollama", *names, *on]) == 0, names
+        capsys.readouterr()
+    assert main(["ollama", "gemma3:12b", "gemma3:27b", *on]) == 3
+    capsys.readouterr()

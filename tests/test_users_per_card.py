@@ -150,11 +150,25 @@ def test_ollama_writes_num_parallel_and_has_no_unified_cache(
         assert doc["fits"] is fits and doc["config"]["n_ctx"] == n * 32768, n
 
 
-def test_users_is_refused_where_it_cannot_be_answered(gemma_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_users_is_refused_where_it_cannot_be_answered(
+    gemma_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Exit 2 with the reason, never ignored: with another -np, without hardware, for a folder's listing,
+    the store's listing or several models."""
+    from ollama_fake import closed_port_url
+
     rc, _, err = run(capsys, "llamacpp", str(gemma_path), "--users", "4", "--parallel", "2", "--vram", "3GiB")
     assert rc == 2 and "--users 4 runs -np 4: drop --parallel 2" in err
     rc, _, err = run(capsys, "llamacpp", str(gemma_path), "--users", "4", "--no-hardware")
     assert rc == 2 and "--users asks how many sessions fit a card" in err
+    rc, _, err = run(capsys, "gguf", str(gemma_path.parent), "--vram", "3GiB", "--users", "4")
+    assert rc == 2 and "--users is for one model" in err
+    monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "no-store"))
+    rc, _, err = run(capsys, "ollama", "gemma3:4b", "gemma3:12b", "--gpu", "rtx-4090", "--users", "4")
+    assert rc == 2 and "--users: for one model" in err
+    rc, _, err = run(capsys, "ollama", "--installed", "--users", "4")
+    assert rc == 2 and "--users is for one model" in err
 
 
 def test_the_choice_between_the_two_ways() -> None:

@@ -42,7 +42,7 @@ EMBEDDING_CTX = 2048  # an embedding model: its batch (llm/llama_server.go embed
 # the first model's contexts, largest first: a multiple of 4k from its target down to USEFUL_CTX
 CTX_STEP = 4096
 # what `kvadvise ollama NAME` takes that has no meaning for several models at once (request fields)
-SINGLE_MODEL_ONLY = ("min_ctx", "allow_cpu", "repeatable", "no_hardware", "mmproj", "draft", "rpc")
+SINGLE_MODEL_ONLY = ("min_ctx", "allow_cpu", "repeatable", "no_hardware", "mmproj", "draft", "rpc", "users")
 
 
 @dataclass(frozen=True, slots=True)

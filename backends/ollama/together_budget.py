@@ -21,6 +21,7 @@ from kvadvise.errors import InputError
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
+    from kvadvise.backends.ollama.scheduler import Gpu, Residency
     from kvadvise.backends.ollama.together import Together
     from kvadvise.planner.hardware import Hardware
 
@@ -94,13 +95,34 @@ def plan_combinations(t: Together, hw: Hardware, *, headless: bool) -> Combinati
 
     by_ref = {m.ref: m for m in t.models}
     s = t.final_settings
-    ctxs = {r.name: r.config.n_ctx // max(1, r.config.n_parallel) for r in routed(t)}
+    written = routed(t)
+    ctxs = {r.name: r.config.n_ctx // max(1, r.config.n_parallel) for r in written}
+    pinned = {r.name: r.device for r in written if r.device}  # -dev CUDAn: the GPU the files pin it to
     gpus = scheduler_gpus(hw, headless=headless)
 
+    def replay(refs: Sequence[str], on: Sequence[Gpu]) -> Residency:
+        models = [by_ref[r] for r in refs]
+        return _replayer(models, hw, on, ())(replace(s, max_loaded=len(refs)), ctxs)
+
     def fits(combo: tuple[str, ...]) -> bool:
-        models = [by_ref[r] for r in combo]
-        res = _replayer(models, hw, gpus, ())(replace(s, max_loaded=len(combo)), ctxs)
-        return stays(res, models)
+        if combo and all(r in pinned for r in combo):
+            # each model pinned to one GPU (-dev CUDAn, several GPUs): each GPU holds what is pinned to it
+            for dev in sorted({pinned[r] for r in combo}):
+                refs = [r for r in combo if pinned[r] == dev]
+                on = [g for g in gpus if f"CUDA{g.index}" == dev]
+                if not stays(replay(refs, on), [by_ref[r] for r in refs]):
+                    return False
+            return True
+        res = replay(combo, gpus)
+        if not stays(res, [by_ref[r] for r in combo]):
+            return False
+        # pinned models beside one spread over the GPUs: counted as fitting only where the scheduler puts
+        # each pinned model on its own GPU (else not: never more than fits)
+        for ref in (r for r in combo if r in pinned):
+            step = next(st for st in reversed(res.steps) if st.model == ref and st.action in ("load", "reuse"))
+            if len(step.gpus) != 1 or pinned[ref] != f"CUDA{step.gpus[0]}":
+                return False
+        return True
 
     return combinations_of([m.ref for m in t.models], fits)
 
