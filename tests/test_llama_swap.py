@@ -180,6 +180,11 @@ def test_write_llama_swap_and_router_preset_keep_every_allowed_combination_in_me
     rc = main(["ollama", *MODELS, *ON, "--write-llama-swap", str(swap)])
     _, err = capsys.readouterr()
     assert rc == 2 and "exists" in err  # never over a file without --force
+    rc = main(["ollama", *MODELS, *ON, "--write-llama-swap", str(tmp_path / "other.yaml"), "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    schema = json.loads((Path(__file__).parent.parent / "docs" / "schema" / "together.schema.json").read_text())
+    jsonschema.validate(doc, schema)
+    assert doc["router"]["models_max"] == 1 and doc["router"]["not_together"] == [list(p) for p in pairs]
 
 
 def test_models_that_all_fit_are_one_group_and_models_max_is_their_count(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jsonschema
 import pytest
 from oracle import check, run_llama
 
@@ -58,7 +59,10 @@ def test_the_answer_is_the_plans_own_m_fit_and_m_plus_one_do_not(
         "--users", str(n_users), "--target-ctx", str(n_ctx_user), "--json", *extra,
     )  # fmt: skip
     assert rc == 0
-    doc = json.loads(out)["users"]
+    whole = json.loads(out)
+    schema = json.loads((Path(__file__).parent.parent / "docs" / "schema" / "plan.schema.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(whole)  # docs/schema/plan.schema.json: users included
+    doc = whole["users"]
     assert (doc["per_slot"]["max_users"], doc["unified"]["max_users"]) == (per_slot_max, unified_max)
     assert doc["cache_type"] == "f16"
     for way, unified in (("per_slot", False), ("unified", True)):

@@ -447,16 +447,16 @@ def run_together(
         t = replace(t, notes=(*t.notes, *same))
     if live_note:
         t = replace(t, notes=(*t.notes, live_note))
+    asked = {k: v for k, v in paths.items() if v is not None}
+    swapping = {k: v for k, v in asked.items() if k in SWAPPING_OPTIONS}
+    if swapping:  # the router's limit and llama-swap's groups: which combinations fit (together_budget)
+        t = replace(t, combinations=plan_combinations(t, hw, headless=r.headless))
     if f.view.as_json:
         output.result_json(together_dict(t))
     else:
         output.result(together_text(t, verbose=f.view.verbose))
-    asked = {k: v for k, v in paths.items() if v is not None}
-    swapping = {k: v for k, v in asked.items() if k in SWAPPING_OPTIONS}
-    if swapping:  # the router's limit and llama-swap's groups: which combinations fit (together_budget)
-        combos = plan_combinations(t, hw, headless=r.headless)
-        t = replace(t, combinations=combos)
-        for line in budget_lines(combos):
+    if t.combinations is not None:
+        for line in budget_lines(t.combinations):
             output.note(line)
     if not t.fits:
         c = t.combinations
