@@ -92,7 +92,9 @@ def _plan_users(
     else:
         n_ctx_user = plan.recommendation.target_ctx  # --target-ctx, --use, else the policy's, per slot
     allowed = "kv_unified" not in runtime.refused
-    answer = users_per_card(spec, plan.config, plan.budget, n, n_ctx_user, unified_allowed=allowed)
+    answer = users_per_card(
+        spec, plan.config, plan.budget, n, n_ctx_user, unified_allowed=allowed, unified_given=request.kv_unified
+    )
     if answer.chosen.kv_unified and not request.kv_unified:
         plan = plan_for(spec, replace(asked, kv_unified=True), runtime, hardware=hardware, found_build=found_build)
     return replace(plan, users=answer)

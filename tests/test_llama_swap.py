@@ -173,7 +173,7 @@ def test_write_llama_swap_and_router_preset_keep_every_allowed_combination_in_me
     for a, b in itertools.combinations(MODELS, 2):
         assert fits_together(capsys, a, b) == ((a, b) not in pairs)
     cmd = doc["models"]["gemma3-4b"]["cmd"]
-    assert "-c 32768" in cmd and "-np 1" in cmd and "--port ${PORT}" in cmd and doc["models"]["gemma3-4b"]["ttl"] == 300
+    assert "-c 32768" in cmd and "-np 1" in cmd and "--port ${PORT}" in cmd and doc["models"]["gemma3-4b"]["ttl"] == 0
     text = preset.read_text()
     assert "; not 2: the router counts models, not bytes" in text  # said in the preset too
     assert text.count("load-on-startup = true") == 1  # one model at start: --models-max 1

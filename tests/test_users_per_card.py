@@ -185,3 +185,5 @@ def test_the_choice_between_the_two_ways() -> None:
     assert UsersAnswer(4, 4096, way(False, True, 6), way(True, True, 6), "x").chosen.kv_unified is False
     assert UsersAnswer(4, 4096, way(False, True, 6), way(True, True, 7), "x").chosen.kv_unified is True
     assert UsersAnswer(4, 4096, way(False, False, 3), None, "x").max_users == 3
+    given = UsersAnswer(4, 4096, way(False, True, 6), way(True, True, 5), "x", unified_given=True)
+    assert given.chosen.kv_unified is True and given.max_users == 5  # -kvu asked: the way the plan runs

@@ -71,13 +71,14 @@ class UsersAnswer:
     unified: Sessions | None  # None where the runtime does not pass -kvu (Ollama)
     budget_source: str
     cache_type: str = "f16"  # the plan's K/V cache type(s), "f16" or "q8_0/f16" (K/V): both ways are at it
+    unified_given: bool = False  # -kvu was asked for: the plan runs it, whatever holds more
 
     @property
     def chosen(self) -> Sessions:
         """-kvu where it holds more sessions (or the N asked only fit with it), else one slot each (every
         session sure of its context)."""
         u, s = self.unified, self.per_slot
-        if u is not None and (u.max_users > s.max_users or (u.fits and not s.fits)):
+        if u is not None and (self.unified_given or u.max_users > s.max_users or (u.fits and not s.fits)):
             return u
         return s
 
@@ -176,14 +177,21 @@ def sessions(
 
 
 def users_per_card(
-    spec: ModelSpec, base: RunConfig, budget: Budget, n_users: int, n_ctx_user: int, *, unified_allowed: bool = True
+    spec: ModelSpec,
+    base: RunConfig,
+    budget: Budget,
+    n_users: int,
+    n_ctx_user: int,
+    *,
+    unified_allowed: bool = True,
+    unified_given: bool = False,
 ) -> UsersAnswer:
     """``n_users`` sessions of ``n_ctx_user`` tokens on ``budget``'s GPUs, one slot each and (where the
-    runtime passes -kvu) in one unified pool."""
+    runtime passes -kvu) in one unified pool; ``unified_given``: -kvu asked for, the way the plan runs."""
     per_slot = sessions(spec, base, budget, n_users, n_ctx_user, kv_unified=False)
     unified = sessions(spec, base, budget, n_users, n_ctx_user, kv_unified=True) if unified_allowed else None
     kv = base.type_k.type_name if base.type_k == base.type_v else f"{base.type_k.type_name}/{base.type_v.type_name}"
-    return UsersAnswer(n_users, n_ctx_user, per_slot, unified, budget.source, kv)
+    return UsersAnswer(n_users, n_ctx_user, per_slot, unified, budget.source, kv, unified_given and unified is not None)
 
 
 def answer_lines(a: UsersAnswer, *, where: str = "this card") -> list[str]:

@@ -125,14 +125,15 @@ def _preset_hints(t: Together, path: Path) -> tuple[str, ...]:
 
 def llama_swap_text(t: Together) -> str:
     """llama-swap's config (kvadvise.runtime.llamaswap): each model's llama-server command as planned (its
-    context, slots, cache type, batch, GPU), idle for the server's keep-alive, in groups that fit."""
+    context, slots, cache type, batch, GPU), never unloaded for being idle, in groups that fit."""
     from kvadvise.runtime.llamaserver import server_args
     from kvadvise.runtime.llamaswap import FOREVER_TTL_S, SwapGroup, SwapModel, config_text
     from kvadvise.runtime.router import section_name
 
     c = _combinations(t)
-    ka = t.final_settings.keep_alive_s
-    ttl = FOREVER_TTL_S if ka == sched.FOREVER_S else max(1, round(ka))  # 0 would mean never
+    # never unloaded when idle, as the env file's OLLAMA_KEEP_ALIVE=-1 keeps the set loaded (together_show
+    # env_lines); llama-swap still unloads a group when a model of another is asked for (exclusive)
+    ttl = FOREVER_TTL_S
     models = []
     for r in routed(t):
         args: list[str] = ["llama-server"]
