@@ -223,3 +223,66 @@ def test_on_two_gpus_each_model_is_pinned_and_checked_on_its_gpu(
         capsys.readouterr()
     assert main(["ollama", "gemma3:12b", "gemma3:27b", *on]) == 3
     capsys.readouterr()
+
+
+def test_the_real_router_reads_the_preset_and_holds_models_max(
+    real_llama_server: Path, gemma_path: Path, tmp_path: Path
+) -> None:
+    """The real llama-server router (b11312, on the CPU) reads the preset as kvadvise writes it (its header
+    of combinations that would not fit, load-on-startup only for what --models-max allows) and, started
+    with router_command's --models-max 1, unloads one model before it loads the other."""
+    import socket
+    import subprocess
+    import time
+    import urllib.request
+
+    from kvadvise.backends.ollama.together_budget import combinations_of
+    from kvadvise.backends.ollama.together_files import budget_lines
+    from kvadvise.planner.memory import RunConfig
+    from kvadvise.runtime.router import RoutedModel, preset_text, router_command
+
+    c = combinations_of(["gemma-a", "gemma-b"], lambda combo: len(combo) == 1)  # each alone, not both
+    assert c.models_max == 1
+    cfg = RunConfig(n_ctx=2048, flash_attn="on", device="cpu")
+    first = set(c.groups[0][: c.models_max])
+    models = [RoutedModel(n, str(gemma_path), cfg, load_on_startup=n in first) for n in c.refs]
+    preset = tmp_path / "models.ini"
+    preset.write_text(preset_text(models, header="\n".join(budget_lines(c))))
+    assert "; not 2: the router counts models, not bytes, and gemma-a + gemma-b would not fit together" in (
+        preset.read_text()
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = [*shlex.split(router_command(str(preset), c.models_max, str(real_llama_server))), "--port", str(port)]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+
+    def states() -> dict[str, str]:
+        with urllib.request.urlopen(f"{base}/models", timeout=10) as r:
+            return {m["id"]: m["status"]["value"] for m in json.load(r)["data"]}
+
+    try:
+        deadline = time.monotonic() + 120
+        seen: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            try:
+                seen = states()
+            except OSError:
+                seen = {}
+            if seen.get("gemma-a") == "loaded":
+                break
+            time.sleep(0.5)
+        assert seen == {"gemma-a": "loaded", "gemma-b": "unloaded"}  # load-on-startup as written
+        body = json.dumps({"model": "gemma-b", "prompt": "Hi", "max_tokens": 1}).encode()
+        req = urllib.request.Request(f"{base}/v1/completions", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            assert json.load(r)["model"] == "gemma-b"
+        assert states() == {"gemma-a": "unloaded", "gemma-b": "loaded"}  # --models-max 1: never both
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
