@@ -18,7 +18,7 @@ import pytest
 import yaml
 from ollama_fake import closed_port_url
 
-from kvadvise.backends.ollama.together_budget import combinations_of
+from kvadvise.backends.ollama.together_budget import combinations_of, everything
 from kvadvise.cli import main
 from kvadvise.errors import InputError
 from kvadvise.runtime.llamaswap import SwapGroup, SwapModel, config_text
@@ -118,10 +118,14 @@ def test_combinations_a_router_count_cannot_express() -> None:
     ok = {("A",), ("B",), ("C",), ("A", "B"), ("B", "C")}
     c = combinations_of(["A", "B", "C"], lambda combo: combo in ok)
     assert c.models_max == 1 and c.over == (("A", "C"),)
-    assert c.groups == (("A", "B"), ("C",)) and c.within_max_that_fit() == (("A", "B"), ("B", "C"))
-    assert set(c.fitting) == ok  # A+B+C is never tried: A+C, one of its parts, does not fit
+    assert c.groups == (("A", "B"), ("C",)) and c.largest == (("A", "B"), ("B", "C")) == c.kept_out()
+    assert c.fits(["B", "A"]) and not c.fits(["A", "C"]) and not c.fits(["A", "B", "C"])
     every = combinations_of(["A", "B", "C"], lambda combo: True)
     assert every.models_max == 3 and every.over == () and every.groups == (("A", "B", "C"),)
+    assert every == everything(["A", "B", "C"])  # what a plan that keeps them all loaded takes without replaying
+    tried: list[tuple[str, ...]] = []
+    combinations_of(["A", "B", "C"], lambda combo: tried.append(combo) or combo in ok)
+    assert ("A", "B", "C") not in tried  # A+C, one of its parts, does not fit: never replayed
     short = combinations_of(["A", "B"], lambda combo: combo == ("A",))
     assert short.models_max == 0 and short.alone_short == ("B",) and short.groups == (("A",),)
 
@@ -159,6 +163,7 @@ def test_write_llama_swap_and_router_preset_keep_every_allowed_combination_in_me
     out, err = capsys.readouterr()
     assert rc == 3 and "do not all stay loaded together" in out  # the question's answer is still no
     assert f"llama-server --models-preset {preset} --models-max 1" in err
+    assert "gemma3:12b + gemma3:4b would fit together, but not under a count of 1" in err
     doc = load_like_llama_swap(swap.read_text())
     groups = [g["members"] for g in doc["groups"].values()]
     assert groups == [["qwen3-coder-30b"], ["gemma3-12b", "gemma3-4b"]]

@@ -25,7 +25,9 @@ if TYPE_CHECKING:
     from kvadvise.backends.ollama.together import Together
     from kvadvise.planner.hardware import Hardware
 
-MAX_MODELS = 10  # 1,023 combinations at most: more models than that are not planned combination by combination
+MAX_MODELS = (
+    10  # 1,023 combinations at most: more models that do not all fit are not planned combination by combination
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,18 +35,25 @@ class Combinations:
     """Which of the models fit in memory together, at the contexts they are written with."""
 
     refs: tuple[str, ...]  # the models, in the order named
-    fitting: tuple[tuple[str, ...], ...]  # every combination (one model or more) that fits, smallest first
+    largest: tuple[tuple[str, ...], ...]  # the combinations that fit and are part of no larger one that does
     models_max: int  # the most models the router may hold such that every combination of that many fits
     over: tuple[tuple[str, ...], ...]  # combinations of models_max + 1 that do not fit: why it is not higher
     groups: tuple[tuple[str, ...], ...]  # the models cut into groups that each fit, in the order named
     alone_short: tuple[str, ...]  # models that do not fit even alone
 
     def fits(self, refs: Sequence[str]) -> bool:
-        return tuple(r for r in self.refs if r in refs) in self.fitting
+        """``refs`` fit together: they are part of one of the largest combinations that fit."""
+        return bool(refs) and any(set(refs) <= set(c) for c in self.largest)
 
-    def within_max_that_fit(self) -> tuple[tuple[str, ...], ...]:
-        """Combinations larger than models_max that would fit but the router's count keeps out."""
-        return tuple(c for c in self.fitting if len(c) > self.models_max)
+    def kept_out(self) -> tuple[tuple[str, ...], ...]:
+        """The largest combinations that fit but hold more models than the router's count allows."""
+        return tuple(c for c in self.largest if len(c) > self.models_max)
+
+
+def everything(refs: Sequence[str]) -> Combinations:
+    """All the models fit together, so every part of them does (memory only grows with a model added)."""
+    refs = tuple(refs)
+    return Combinations(refs, (refs,), len(refs), (), (refs,), ())
 
 
 def combinations_of(refs: Sequence[str], fits: Callable[[tuple[str, ...]], bool]) -> Combinations:
@@ -56,7 +65,6 @@ def combinations_of(refs: Sequence[str], fits: Callable[[tuple[str, ...]], bool]
             hint="plan fewer models at once",
         )
     refs = tuple(refs)
-    fitting: list[tuple[str, ...]] = []
     ok: set[tuple[str, ...]] = set()
     failed_at: dict[int, list[tuple[str, ...]]] = {}
     for k in range(1, len(refs) + 1):
@@ -64,7 +72,6 @@ def combinations_of(refs: Sequence[str], fits: Callable[[tuple[str, ...]], bool]
             smaller = [c for c in itertools.combinations(combo, k - 1)] if k > 1 else []
             if all(c in ok for c in smaller) and fits(combo):
                 ok.add(combo)
-                fitting.append(combo)
             else:
                 failed_at.setdefault(k, []).append(combo)
     alone_short = tuple(c[0] for c in failed_at.get(1, ()))
@@ -83,16 +90,23 @@ def combinations_of(refs: Sequence[str], fits: Callable[[tuple[str, ...]], bool]
                 break
         else:
             groups.append((r,))
-    return Combinations(refs, tuple(fitting), models_max, over, tuple(groups), alone_short)
+    largest = tuple(
+        c
+        for c in sorted(ok, key=lambda c: (-len(c), [refs.index(r) for r in c]))
+        if not any(set(c) < set(o) for o in ok)
+    )
+    return Combinations(refs, largest, models_max, over, tuple(groups), alone_short)
 
 
 def plan_combinations(t: Together, hw: Hardware, *, headless: bool) -> Combinations:
     """The combinations of ``t``'s models that stay loaded together: each replayed alone on the machine at
     the plan's settings and the context each model is written with (kvadvise.backends.ollama.together_files
-    routed)."""
+    routed). When the plan keeps them all loaded, every part of them fits: nothing to replay."""
     from kvadvise.backends.ollama.together import _replayer, scheduler_gpus, stays
     from kvadvise.backends.ollama.together_files import routed
 
+    if t.fits:
+        return everything([m.ref for m in t.models])
     by_ref = {m.ref: m for m in t.models}
     s = t.final_settings
     written = routed(t)

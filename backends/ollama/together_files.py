@@ -94,6 +94,8 @@ def budget_lines(c: Combinations) -> list[str]:
             + "; ".join(names(x) for x in c.over)
             + " would not fit together"
         )
+    if kept := c.kept_out():
+        out.append(f"{'; '.join(names(x) for x in kept)} would fit together, but not under a count of {n}")
     if len(c.groups) > 1:
         out.append(
             "llama-swap groups (each loaded alone, its members together): " + "; ".join(names(g) for g in c.groups)

@@ -286,6 +286,6 @@ def _router_dict(c: Combinations) -> dict[str, object]:
         "models_max": c.models_max,
         "not_together": [list(x) for x in c.over],
         "groups": [list(g) for g in c.groups],
-        "fitting": [list(x) for x in c.fitting],
+        "largest": [list(x) for x in c.largest],
         "alone_short": list(c.alone_short),
     }
