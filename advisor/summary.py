@@ -35,7 +35,7 @@ def _a(size: str) -> str:
     return ("an " if an else "a ") + size
 
 
-def _where(plan: Plan) -> str:
+def where_on(plan: Plan) -> str:
     """``NVIDIA GeForce RTX 4090``, ``2 x NVIDIA GeForce RTX 3090``, ``the CPU``; "" without hardware."""
     hw = plan.hardware
     if hw is None:
@@ -66,7 +66,7 @@ def headline(plan: Plan, requested_ctx: int | None = None) -> str:
     kv = "no K/V cache" if _no_memory(plan) else _kv(cfg.type_k.type_name, cfg.type_v.type_name)
     what += f", {kv}"  # flash attention is in the settings below (-fa, OLLAMA_FLASH_ATTENTION)
     off = _offload_to_run(plan)
-    head = f"{plan.spec.name}{_where(plan)}: "
+    head = f"{plan.spec.name}{where_on(plan)}: "
     if plan.fits is None:
         return head + what + " (no hardware: an estimate only)"
     on_cpu = plan.budget is not None and plan.budget.device == "cpu"

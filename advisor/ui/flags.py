@@ -541,6 +541,17 @@ def _options(*, planned_hardware: bool) -> list[Callable[[F], F]]:
                 help="Time a prompt of this many tokens (the prefill estimate) [default: 4096 and the whole context].",
             ),
             click.option(
+                "--users",
+                "users",
+                type=_int("users"),
+                default=0,
+                metavar="N",
+                help="N concurrent sessions, each of the context per sequence (--target-ctx, --use, or --ctx per slot as "
+                "the runtime reads it: llama-server's -c over all N, Ollama's num_ctx each): "
+                "do they fit, at most how many would, with one slot each and with a unified cache (-kvu), and "
+                "their decode; the plan is for -np N (and -kvu where it holds more) [default: not asked].",
+            ),
+            click.option(
                 "--n-cpu-moe",
                 "-ncmoe",
                 "n_cpu_moe",

@@ -234,7 +234,7 @@ def server_settings(n_parallel: int | None, cache_type: str | None, total_vram_b
 # --- the command ----------------------------------------------------------------
 
 # what only one model can take: a listing of every model refuses it
-_NOT_WITH_INSTALLED = ("n_ctx", "use", "target_ctx", "min_ctx", "allow_cpu")
+_NOT_WITH_INSTALLED = ("n_ctx", "use", "target_ctx", "min_ctx", "allow_cpu", "users")
 
 
 def list_installed(f: Flags, *, host: str | None, sort: str, single_model: tuple[str, ...] = ()) -> None:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from kvadvise.backends.ollama import scheduler as sched
 from kvadvise.backends.ollama.together import GIB, Settings, Together, stays
+from kvadvise.backends.ollama.together_budget import Combinations
 from kvadvise.text import wrapped
 
 
@@ -276,4 +277,16 @@ def together_dict(t: Together) -> dict[str, object]:
         "fit_together": t.fits,
         "env": dict(env_lines(t)) if t.fits else {},
         "notes": list(t.notes),
+        **({"router": _router_dict(t.combinations)} if t.combinations is not None else {}),
+    }
+
+
+def _router_dict(c: Combinations) -> dict[str, object]:
+    """With --write-preset / --write-llama-swap: which combinations fit (kvadvise.backends.ollama.together_budget)."""
+    return {
+        "models_max": c.models_max,
+        "not_together": [list(x) for x in c.over],
+        "groups": [list(g) for g in c.groups],
+        "largest": [list(x) for x in c.largest],
+        "alone_short": list(c.alone_short),
     }
