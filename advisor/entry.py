@@ -62,7 +62,8 @@ def plan_for(
         narrowed = replace(shaped, request=replace(shaped.request, tensor_split=()))
         return _plan(spec, narrowed, runtime, alone, probed=probed, build=build)
 
-    plan = runtime.place(plan, replan)
+    if not shaped.request.tensor_split:  # -ts: the split was asked for, as given
+        plan = runtime.place(plan, replan)
     if shaped.notes:
         plan = replace(plan, notes=(*plan.notes, *shaped.notes))
     return runtime.advise(plan, shaped.request)

@@ -279,4 +279,6 @@ def llama_flags(plan: Plan) -> str:
         s += f" -ngl {off.n_gpu_layers}" + (f" --n-cpu-moe {off.n_cpu_moe}" if off.n_cpu_moe else "")
     elif plan.budget is not None and plan.budget.device != "cpu":
         s += " -ngl 999"
+    if cfg.devices:  # one card of several (kvadvise.runtime.seam.LlamaCppRuntime.place)
+        s += f" -dev {','.join(cfg.devices)}"
     return s

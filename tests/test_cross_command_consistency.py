@@ -173,13 +173,18 @@ def test_several_gpus_are_not_one_big_card(gemma_path: Path, capsys: pytest.Capt
     assert [d["budget_bytes"] for d in devs] == doc["budget"]["device_budgets_bytes"]
     assert "-ts 3,1" in doc["llama_server"]["command"]
     assert doc["llama_server"]["env"]["LLAMA_ARG_TENSOR_SPLIT"] == "3,1"
-    # by free memory when -ts is not given: two equal cards split evenly
-    assert main([*argv, "--gpu", "rtx-3090,rtx-3090"]) == 0
+    # by free memory when -ts is 1,1: two equal cards split evenly
+    assert main([*argv, "--gpu", "rtx-3090,rtx-3090", "-ts", "1,1"]) == 0
     even = json.loads(capsys.readouterr().out)["memory"]["devices"]
     assert [d["n_layers"] for d in even] == [10, 9]
-    # one card of 8 GiB and one of 2 GiB for a model that fits neither alone but both together
+    # no -ts, and it fits one card: on that card alone (-dev CUDA0), the other left free
+    assert main([*argv, "--gpu", "rtx-3090,rtx-3090"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [d["name"] for d in doc["memory"]["devices"]] == ["CUDA0"]
+    assert doc["llama_server"]["env"]["LLAMA_ARG_DEVICE"] == "CUDA0" and "-dev CUDA0" in doc["llama_server"]["command"]
+    # one card of 8 GiB and one of 2 GiB: the model fits the 8 GiB one alone, and stays there
     assert main(["gguf", str(gemma_path), "--ctx", "4096", "--vram", "8GiB,2GiB", "--json"]) == 0
-    assert len(json.loads(capsys.readouterr().out)["memory"]["devices"]) == 2
+    assert [d["name"] for d in json.loads(capsys.readouterr().out)["memory"]["devices"]] == ["CUDA0"]
     assert main([*argv, "--gpu", "rtx-3090x2", "-ts", "1,1,1"]) == EXIT_INPUT  # three shares, two cards
 
 

@@ -43,15 +43,13 @@ def test_a_small_first_card_gets_no_layers_and_the_plan_runs(
 ) -> None:
     """1.46 GiB and 3 GiB: by free memory the first card would take a third of the layers and miss its budget
     (its CUDA context alone is 330 MiB of its 476 MiB); filled back to front, the second card takes all 19
-    (18 blocks and the output layer), as llama.cpp's fit would."""
+    (18 blocks and the output layer), as llama.cpp's fit would; asked for no split, the model stays on the
+    second card alone (-dev CUDA1), and the first holds nothing, not even a CUDA context (the fill itself:
+    test_the_fill_is_back_to_front_and_tight)."""
     doc = _plan(capsys, "llamacpp", str(gemma_path), "--vram", "1500MiB,3GiB", "--ctx", "32768")
-    assert doc["fits"] is True
-    devices = doc["memory"]["devices"]
-    assert [d["n_layers"] for d in devices] == [0, 19]
-    assert all(d["total_bytes"] <= d["budget_bytes"] for d in devices)
+    assert [(d["name"], d["n_layers"]) for d in doc["memory"]["devices"]] == [("CUDA1", 19)]
     cmd = shlex.split(doc["llama_server"]["command"])
-    assert cmd[cmd.index("-ts") + 1] == "0,19"
-    assert any("layers per device 0,19" in n for n in doc["notes"])
+    assert cmd[cmd.index("-dev") + 1] == "CUDA1" and "-ts" not in cmd
 
 
 def test_the_fill_is_back_to_front_and_tight(gemma_path: Path) -> None:
@@ -70,9 +68,9 @@ def test_the_fill_is_back_to_front_and_tight(gemma_path: Path) -> None:
 
 
 def test_a_split_that_fits_and_a_given_split_are_kept(gemma_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    doc = _plan(capsys, "llamacpp", str(gemma_path), "--vram", "24GiB,16GiB", "--ctx", "32768")
+    doc = _plan(capsys, "llamacpp", str(gemma_path), "--vram", "24GiB,16GiB", "--ctx", "32768", "-ts", "24,16")
     cmd = shlex.split(doc["llama_server"]["command"])
-    assert cmd[cmd.index("-ts") + 1] == "24,16"  # by free memory, as llama.cpp splits without --fit's help
+    assert cmd[cmd.index("-ts") + 1] == "24,16"  # as given: it fits, nothing moved
     assert not any("layers per device" in n for n in doc["notes"])
     rc = main(["llamacpp", str(gemma_path), "--vram", "1500MiB,3GiB", "--ctx", "32768", "-ts", "1,2", "--json"])
     out, _ = capsys.readouterr()

@@ -270,8 +270,17 @@ def from_profiles(names: str) -> Hardware:
             hint="plan the Mac and the PC apart (kvadvise compare --gpu takes both as separate cards)",
         )
     gpus = tuple(replace(g, index=i) for i, g in enumerate(cards))
-    note = f"{len(gpus)} GPUs: " + ", ".join(g.name for g in gpus) + "; llama.cpp splits the layers across them"
+    note = f"{len(gpus)} GPUs: " + ", ".join(g.name for g in gpus) + SPLIT_NOTE
     return replace(first, gpus=gpus, source=f"profiles:{names}", notes=(*first.notes, note), sources=tuple(sources))
+
+
+SPLIT_NOTE = "; llama.cpp splits the layers across them"
+
+
+def one_gpu(hw: Hardware, gpu: Gpu) -> Hardware:
+    """The machine with only ``gpu`` for the model (llama.cpp -dev, Ollama's single-GPU placement): the note
+    that the layers are split over several is no longer true."""
+    return replace(hw, gpus=(gpu,), notes=tuple(n for n in hw.notes if not n.endswith(SPLIT_NOTE)))
 
 
 @dataclass(frozen=True, slots=True)

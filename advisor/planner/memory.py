@@ -93,6 +93,8 @@ class RunConfig:
     # -ts is not given (llama_model::load_tensors).
     tensor_split: tuple[float, ...] = ()
     device_names: tuple[str, ...] = ()  # as llama.cpp prints them (CUDA0, RPC0[host:port]); () = numbered
+    # llama.cpp -dev: the devices the model may use (common/arg.cpp --device); () = every one it finds
+    devices: tuple[str, ...] = ()
     rpc_servers: tuple[str, ...] = ()  # llama-server --rpc HOST:PORT,...: the RPC hosts the devices are
     # the CPU's repack rule (kvadvise.planner.repack.RULES) for the weights a CPU plan keeps on the CPU;
     # "auto" = this machine's CPU, resolved by kvadvise.plan and the CLI (estimate() alone looks at no

@@ -233,6 +233,10 @@ def make_plan(
         prefix = BACKEND_PREFIX[budget.backend]
         base = replace(base, device_names=tuple(f"{prefix}{i}" for i in range(max(1, budget.n_gpu))))
         notes = (*notes, BACKEND_NOTES[budget.backend])
+    if budget is not None and budget.device == "cuda" and hw is not None and len(hw.gpus) == 1 and hw.gpus[0].index:
+        # one card of several (llama.cpp -dev CUDA1): its buffers are named by its own index
+        prefix = BACKEND_PREFIX.get(budget.backend, "CUDA")
+        base = replace(base, device_names=(f"{prefix}{hw.gpus[0].index}",))
     if budget is not None and n_gpu > 1 and not base.tensor_split:
         # several GPUs and no -ts: llama.cpp splits the layers by each device's free memory
         # (llama_model::load_tensors); in GiB, so the command can state the same split (-ts); where that

@@ -65,6 +65,8 @@ def server_args(
     ]
     if n_cpu_moe:
         out.append(("--n-cpu-moe", "LLAMA_ARG_N_CPU_MOE", str(n_cpu_moe)))
+    if cfg.devices:  # common/arg.cpp -dev: only these devices (a model that fits one card stays on it)
+        out.append(("-dev", "LLAMA_ARG_DEVICE", ",".join(cfg.devices)))
     if cfg.rpc_servers:  # the hosts of llama.cpp's RPC backend, each running rpc-server (tools/rpc)
         out.append(("--rpc", "LLAMA_ARG_RPC", ",".join(cfg.rpc_servers)))
     if len(cfg.tensor_split) > 1:  # -sm layer's shares, as planned (llama_model::load_tensors)

@@ -105,7 +105,31 @@ class LlamaCppRuntime:
         return Shaped(request)
 
     def place(self, plan: Plan, replan: Callable[[Hardware], Plan]) -> Plan:
-        return plan
+        """Several GPUs and a plan that fits: on the card with the most free memory alone when the same
+        context and cache types fit there (``-dev CUDA1``), as an expert runs it; llama.cpp would otherwise split the layers
+        over every card it finds (llama_model::load_tensors, -sm layer), which decodes no faster for one
+        sequence and holds memory on each. ``-ts`` asks for the split (kvadvise.entry: not placed then)."""
+        from dataclasses import replace
+
+        hw = plan.hardware
+        if hw is None or len(hw.gpus) < 2 or not plan.fits or plan.config.rpc_servers:
+            return plan
+        best = max(hw.gpus, key=lambda g: (g.free_bytes, -g.index))
+        from kvadvise.planner.hardware import one_gpu
+
+        alone = replan(one_gpu(hw, best))
+        same = (alone.config.type_k, alone.config.type_v) == (plan.config.type_k, plan.config.type_v)
+        if not alone.fits or alone.config.n_ctx < plan.config.n_ctx or not same:  # no less for one card
+            return plan
+        from kvadvise.planner.planning import BACKEND_PREFIX
+
+        name = f"{BACKEND_PREFIX.get(best.backend, 'CUDA')}{best.index}"
+        config = replace(alone.config, devices=(name,))
+        note = (
+            f"fits one GPU: -dev {name} keeps it on {best.name}, the other card(s) free "
+            "(llama.cpp would split the layers over all of them; -ts splits it)"
+        )
+        return replace(alone, config=config, notes=(*alone.notes, note))
 
     def advise(self, plan: Plan, request: PlanRequest) -> Plan:
         return plan

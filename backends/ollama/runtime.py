@@ -124,8 +124,10 @@ class OllamaRuntime:
         if rules.sched_spread():
             note = "OLLAMA_SCHED_SPREAD is set: Ollama spreads the model over all the GPUs"
             return replace(plan, notes=(*plan.notes, note))
+        from kvadvise.planner.hardware import one_gpu
+
         best = rules.single_gpu(hw.gpus)
-        alone = replan(replace(hw, gpus=(best,)))
+        alone = replan(one_gpu(hw, best))
         if alone.fits and alone.estimate.device_bytes <= rules.SINGLE_GPU_SHARE * best.free_bytes:
             note = (
                 f"Ollama runs it on one GPU ({best.name}, --split-mode none): it fits in 80 % of that GPU's free "

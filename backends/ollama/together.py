@@ -29,9 +29,9 @@ from kvadvise.errors import ConfigError
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-    from kvadvise.backends.ollama.together_budget import Combinations
     from kvadvise.planner.hardware import Hardware
     from kvadvise.request import PlanRequest
+    from kvadvise.runtime.router import RoutedModel
 
 GIB = rules.GIB
 NAME_KEY = "name:"  # the model key of a model whose file is not known here (sched.go keys by the blob path)
@@ -556,3 +556,55 @@ def _card_that_holds(models: Sequence[OllamaModel], s: Settings, hw: Hardware, t
         if stays(_replayer(models, bigger, scheduler_gpus(bigger, headless=False), ())(st, ctxs), models):
             return f"a card of {p.memory_bytes / GIB:.0f} GiB ({p.id}) holds them all, {primary.ref} at {ctx:,} tokens"
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class Combinations:
+    """Which of the models fit in memory together, at the contexts they are written with."""
+
+    refs: tuple[str, ...]  # the models, in the order named
+    largest: tuple[tuple[str, ...], ...]  # the combinations that fit and are part of no larger one that does
+    models_max: int  # the most models the router may hold such that every combination of that many fits
+    over: tuple[tuple[str, ...], ...]  # combinations of models_max + 1 that do not fit: why it is not higher
+    groups: tuple[tuple[str, ...], ...]  # the models cut into groups that each fit, in the order named
+    alone_short: tuple[str, ...]  # models that do not fit even alone
+
+    def fits(self, refs: Sequence[str]) -> bool:
+        """``refs`` fit together: they are part of one of the largest combinations that fit."""
+        return bool(refs) and any(set(refs) <= set(c) for c in self.largest)
+
+    def kept_out(self) -> tuple[tuple[str, ...], ...]:
+        """The largest combinations that fit but hold more models than the router's count allows."""
+        return tuple(c for c in self.largest if len(c) > self.models_max)
+
+
+def num_ctxs(t: Together) -> dict[str, int]:
+    """Each model's num_ctx (per slot) as the plan runs it: the scheduler's runner, else the server's."""
+    res, s = t.final, t.final_settings
+    out = {}
+    for m in t.models:
+        runner = next((r for r in res.resident if r.name == m.ref), None)
+        out[m.ref] = runner.num_ctx if runner is not None and runner.num_ctx else s.context_length
+    return out
+
+
+def routed(t: Together) -> list[RoutedModel]:
+    """The same models for llama-server's router: the context, slots, cache type and batch of the plan, each
+    pinned to the GPU the scheduler put it on (when one of several)."""
+    from kvadvise.runtime.router import RoutedModel
+
+    res, s = t.final, t.final_settings
+    ctxs = num_ctxs(t)
+    out = []
+    for m in t.models:
+        step = next(st for st in reversed(res.steps) if st.model == m.ref and st.action in ("load", "reuse"))
+        num_ctx = ctxs[m.ref]
+        embedding = m.spec.architecture in sched.EMBEDDING_ARCHS
+        n_par = 1 if embedding or m.spec.architecture in rules.SINGLE_SLOT_ARCHS else s.num_parallel
+        cfg = rules.run_config(num_ctx, n_par, s.kv_cache_type, flash_attention=s.flash_attention)
+        if step.num_batch:
+            cfg = replace(cfg, n_batch=step.num_batch, n_ubatch=step.num_batch)
+        device = f"CUDA{step.gpus[0]}" if len(res.gpus) > 1 and len(step.gpus) == 1 else None
+        path = m.spec.source if m.source.startswith("store:") else None
+        out.append(RoutedModel(m.ref, path, cfg, device, embedding))
+    return out

@@ -13,9 +13,10 @@ checked when every combination one model smaller fits.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from kvadvise.backends.ollama.together import Combinations
 from kvadvise.errors import InputError
 
 if TYPE_CHECKING:
@@ -28,26 +29,6 @@ if TYPE_CHECKING:
 MAX_MODELS = (
     10  # 1,023 combinations at most: more models that do not all fit are not planned combination by combination
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Combinations:
-    """Which of the models fit in memory together, at the contexts they are written with."""
-
-    refs: tuple[str, ...]  # the models, in the order named
-    largest: tuple[tuple[str, ...], ...]  # the combinations that fit and are part of no larger one that does
-    models_max: int  # the most models the router may hold such that every combination of that many fits
-    over: tuple[tuple[str, ...], ...]  # combinations of models_max + 1 that do not fit: why it is not higher
-    groups: tuple[tuple[str, ...], ...]  # the models cut into groups that each fit, in the order named
-    alone_short: tuple[str, ...]  # models that do not fit even alone
-
-    def fits(self, refs: Sequence[str]) -> bool:
-        """``refs`` fit together: they are part of one of the largest combinations that fit."""
-        return bool(refs) and any(set(refs) <= set(c) for c in self.largest)
-
-    def kept_out(self) -> tuple[tuple[str, ...], ...]:
-        """The largest combinations that fit but hold more models than the router's count allows."""
-        return tuple(c for c in self.largest if len(c) > self.models_max)
 
 
 def everything(refs: Sequence[str]) -> Combinations:
@@ -100,10 +81,9 @@ def combinations_of(refs: Sequence[str], fits: Callable[[tuple[str, ...]], bool]
 
 def plan_combinations(t: Together, hw: Hardware, *, headless: bool) -> Combinations:
     """The combinations of ``t``'s models that stay loaded together: each replayed alone on the machine at
-    the plan's settings and the context each model is written with (kvadvise.backends.ollama.together_files
+    the plan's settings and the context each model is written with (kvadvise.backends.ollama.together
     routed). When the plan keeps them all loaded, every part of them fits: nothing to replay."""
-    from kvadvise.backends.ollama.together import _replayer, scheduler_gpus, stays
-    from kvadvise.backends.ollama.together_files import routed
+    from kvadvise.backends.ollama.together import _replayer, routed, scheduler_gpus, stays
 
     if t.fits:
         return everything([m.ref for m in t.models])

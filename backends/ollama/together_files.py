@@ -11,14 +11,13 @@ from typing import TYPE_CHECKING
 
 from kvadvise.backends.ollama import rules
 from kvadvise.backends.ollama import scheduler as sched
-from kvadvise.backends.ollama.together import Together
+from kvadvise.backends.ollama.together import Together, routed
 from kvadvise.runtime.seam import Writer
 from kvadvise.ui import output
 
 if TYPE_CHECKING:
-    from kvadvise.backends.ollama.together_budget import Combinations
+    from kvadvise.backends.ollama.together import Combinations
     from kvadvise.files import NewFile
-    from kvadvise.runtime.router import RoutedModel
 
 
 def env_text(t: Together) -> str:
@@ -36,38 +35,6 @@ def _env_hints(t: Together, path: Path) -> tuple[str, ...]:
     from kvadvise.backends.ollama import config as oc
 
     return oc.apply_hint_env(path)
-
-
-def num_ctxs(t: Together) -> dict[str, int]:
-    """Each model's num_ctx (per slot) as the plan runs it: the scheduler's runner, else the server's."""
-    res, s = t.final, t.final_settings
-    out = {}
-    for m in t.models:
-        runner = next((r for r in res.resident if r.name == m.ref), None)
-        out[m.ref] = runner.num_ctx if runner is not None and runner.num_ctx else s.context_length
-    return out
-
-
-def routed(t: Together) -> list[RoutedModel]:
-    """The same models for llama-server's router: the context, slots, cache type and batch of the plan, each
-    pinned to the GPU the scheduler put it on (when one of several)."""
-    from kvadvise.runtime.router import RoutedModel
-
-    res, s = t.final, t.final_settings
-    ctxs = num_ctxs(t)
-    out = []
-    for m in t.models:
-        step = next(st for st in reversed(res.steps) if st.model == m.ref and st.action in ("load", "reuse"))
-        num_ctx = ctxs[m.ref]
-        embedding = m.spec.architecture in sched.EMBEDDING_ARCHS
-        n_par = 1 if embedding or m.spec.architecture in rules.SINGLE_SLOT_ARCHS else s.num_parallel
-        cfg = rules.run_config(num_ctx, n_par, s.kv_cache_type, flash_attention=s.flash_attention)
-        if step.num_batch:
-            cfg = replace(cfg, n_batch=step.num_batch, n_ubatch=step.num_batch)
-        device = f"CUDA{step.gpus[0]}" if len(res.gpus) > 1 and len(step.gpus) == 1 else None
-        path = m.spec.source if m.source.startswith("store:") else None
-        out.append(RoutedModel(m.ref, path, cfg, device, embedding))
-    return out
 
 
 def _combinations(t: Together) -> Combinations:

@@ -8,8 +8,7 @@ import math
 from collections.abc import Sequence
 
 from kvadvise.backends.ollama import scheduler as sched
-from kvadvise.backends.ollama.together import GIB, Settings, Together, stays
-from kvadvise.backends.ollama.together_budget import Combinations
+from kvadvise.backends.ollama.together import GIB, Combinations, Settings, Together, stays
 from kvadvise.text import wrapped
 
 
