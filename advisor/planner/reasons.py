@@ -54,6 +54,10 @@ def _measured(policy: Policy, o: Option) -> CacheQuality | None:
     return None if policy.quality is None else policy.quality.of((o.type_k, o.type_v))
 
 
+def _measured_bad(policy: Policy, o: Option) -> bool:
+    return policy.quality is not None and policy.quality.rejects((o.type_k, o.type_v))
+
+
 def rejected_as_measured(policy: Policy, options: list[Option]) -> list[str]:
     """One line per cache type the measurement on this model keeps out (kvadvise.planner.quality)."""
     if policy.quality is None or policy.fixed_kv is not None:
@@ -63,7 +67,8 @@ def rejected_as_measured(policy: Policy, options: list[Option]) -> list[str]:
         q = _measured(policy, o)
         if q is not None and q.too_lossy():
             out.append(
-                f"{_name(o)} not chosen: measured on this model (kvadvise verify quality): {q.text()}; worse than "
+                f"{kv_name((o.type_k, o.type_v))} not chosen: measured on this model (kvadvise verify quality): "
+                f"{q.text()}; worse than "
                 f"the threshold, {THRESHOLD_SOURCE}"
             )
     return out
@@ -178,13 +183,15 @@ def reasons(
             "a GPU with more free memory",
             "--allow-cpu (part of the model on the CPU: slower)",
         ]
-        if q4 is not None and not q4.allowed and q4.n_ctx_max > chosen.n_ctx_max:
+        if q4 is not None and not q4.allowed and q4.n_ctx_max > chosen.n_ctx_max and not _measured_bad(policy, q4):
             levers.append(f"--allow-q4 (q4_0 reaches {q4.n_ctx_max:,} tokens, with a loss in precision)")
         out.append(
             f"the target is not reached: {best} gets {chosen.n_ctx_max:,} tokens at most; levers: "
             + "; ".join(x for x in levers if x)
         )
-    elif q8 is not None and q4 is not None and not q4.allowed and chosen.type_k != F16:
+    elif (
+        q8 is not None and q4 is not None and not q4.allowed and chosen.type_k != F16 and not _measured_bad(policy, q4)
+    ):
         out.append(f"q4_0 would reach {q4.n_ctx_max:,} tokens; it is used only with --allow-q4 (less precise)")
     if chosen.flash_attn:
         why = "needed for a quantized V cache, and it" if chosen.type_v != F16 else "it"

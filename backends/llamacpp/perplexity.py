@@ -33,13 +33,17 @@ from kvadvise.planner.quality import CacheQuality
 BINARY = "llama-perplexity"
 F16 = GGMLType.F16
 
-_MEAN_KLD = re.compile(r"^Mean\s+KLD:\s*(-?[\d.]+(?:e[-+]?\d+)?)", re.M | re.I)
-_P99_KLD = re.compile(r"^99\.0%\s+KLD:\s*(-?[\d.]+(?:e[-+]?\d+)?)", re.M | re.I)
-_SAME_TOP = re.compile(r"^Same top p:\s*([\d.]+)\s*±", re.M)
+# the lines kl_divergence prints (LOG: no prefix; a log with timestamps prefixes them, so unanchored)
+_MEAN_KLD = re.compile(r"Mean\s+KLD:\s*(-?[\d.]+(?:e[-+]?\d+)?)", re.I)
+_P99_KLD = re.compile(r"99\.0%\s+KLD:\s*(-?[\d.]+(?:e[-+]?\d+)?)", re.I)
+_SAME_TOP = re.compile(r"Same top p:\s*([\d.]+)\s*±")
 _CHUNKS = re.compile(r"computing over (\d+) chunks, n_ctx=(\d+)")
+_REFERENCE_DONE = re.compile(r"Final estimate: PPL")  # perplexity(): the reference's logits are written
 _TOO_SHORT = re.compile(r"you need at least (\d+) tokens.*?tokenizes to only (\d+) tokens", re.S)
 # what the parser and the failure messages need of the child's output (the rest: a bounded tail)
-NEEDED = re.compile(r"KLD|Same top p|computing over|you need at least|tokenizes to only|error|fail|abort", re.I)
+NEEDED = re.compile(
+    r"KLD|Same top p|computing over|Final estimate|you need at least|tokenizes to only|error|fail|abort", re.I
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +80,9 @@ def find_binary(given: str | None, server: str | None) -> str:
 
 def args(q: QualityRun, base_file: str, kv: tuple[GGMLType, GGMLType] | None) -> list[str]:
     """The command line: the reference run (``kv`` None: f16, writes ``base_file``) or a cache type's."""
-    words = ["-m", q.model_path, "-f", q.text_path, "-c", str(q.n_ctx), "-fa", "on"]
+    # -b: one chunk per batch: llama-perplexity runs n_batch / n_ctx chunks at once (its default batch is 2048)
+    # and holds the logits of the whole batch, n_batch x n_vocab x 4 bytes (Gemma 3: 2 GiB at 2048)
+    words = ["-m", q.model_path, "-f", q.text_path, "-c", str(q.n_ctx), "-b", str(min(q.n_ctx, 2048)), "-fa", "on"]
     words += ["--kl-divergence-base", base_file]
     if q.n_chunks is not None:
         words += ["--chunks", str(q.n_chunks)]
@@ -142,12 +148,21 @@ def measure(
             progress(f"[{i}/{len(steps)}] {name}: {BINARY} {' '.join(args(q, base_file, kv))}")
             started = time.monotonic()
             what = f"{BINARY} ({name})"
-            code, out, err = run(
-                [binary, *args(q, base_file, kv)], timeout_s=max(0.1, deadline.remaining()), what=what, needed=NEEDED
-            )
+            try:
+                code, out, err = run(
+                    [binary, *args(q, base_file, kv)],
+                    timeout_s=max(0.1, deadline.remaining()),
+                    what=what,
+                    needed=NEEDED,
+                )
+            except DoesNotFit:  # the one deadline of all the runs, said as the user gave it
+                raise DoesNotFit(
+                    f"{what} did not finish within the --timeout of {timeout_s:g} s for all the runs; it was stopped",
+                    hint="raise --timeout, or measure fewer tokens (--chunks, a smaller --ctx)",
+                ) from None
             seconds = time.monotonic() - started
             if kv is None:
-                if code != 0 or not _CHUNKS.search(err + out) or _TOO_SHORT.search(err + out):
+                if code != 0 or not _REFERENCE_DONE.search(err + out) or _TOO_SHORT.search(err + out):
                     raise _failed(what, code, out, err)
                 progress(f"[{i}/{len(steps)}] reference written in {seconds:.1f} s")
                 continue
