@@ -13,6 +13,7 @@ import pytest
 
 from kvadvise.cli import main
 from kvadvise.model.ggml import GGMLType
+from kvadvise.planner.quality import MAX_MEAN_KLD, CacheQuality, MeasuredQuality
 from kvadvise.runtime import qualitycache
 
 F16, Q8_0, Q4_0 = GGMLType.F16, GGMLType.Q8_0, GGMLType.Q4_0
@@ -100,8 +101,129 @@ def test_q4_0_costs_more_than_q8_0_and_the_next_plan_cites_it(
     chosen = (doc["config"]["type_k"], doc["config"]["type_v"])
     assert chosen == (("f16", "f16") if q8["too_lossy"] else ("q8_0", "q8_0"))
     if q4["too_lossy"]:
-        assert f"q4_0 K/V not chosen: measured on this model (kvadvise verify quality): mean KLD {q4['mean_kld']:.4g}" in text
+        assert (
+            f"q4_0 K/V not chosen: measured on this model (kvadvise verify quality): mean KLD {q4['mean_kld']:.4g}"
+            in text
+        )
     # without the measurement, the same plan quotes the FAQ
     qualitycache.path().unlink()
     assert main(plan) == 0
     assert "Ollama FAQ" in "\n".join(json.loads(capsys.readouterr().out)["reasons"])
+
+
+def _fake(tmp_path: Path, body: str) -> Path:
+    fake = tmp_path / "llama-perplexity"
+    fake.write_text("#!/bin/sh\n" + body)
+    fake.chmod(0o755)
+    return fake
+
+
+def test_no_binary_exits_4(
+    gemma_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert main(["verify", "quality", str(gemma_path), *SMALL]) == 4
+    err = capsys.readouterr().err
+    assert "no llama-perplexity" in err and "--llama-perplexity PATH" in err and "Traceback" not in err
+    given = ["verify", "quality", str(gemma_path), "--llama-perplexity", str(tmp_path / "nope")]
+    assert main(given) == 4
+    assert f"no llama-perplexity at {tmp_path / 'nope'}" in capsys.readouterr().err
+
+
+def test_a_killed_run_exits_3_and_leaves_nothing(
+    gemma_path: Path, tmp_path: Path, _temp_here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run killed under it (the OOM killer's SIGKILL): one line naming the signal, exit 3, no temporary file."""
+    # it writes the reference file first, as the real one does
+    fake = _fake(
+        tmp_path, 'p=; for a in "$@"; do [ "$p" = --kl-divergence-base ] && : > "$a"; p=$a; done\nkill -9 $$\n'
+    )
+    assert main(["verify", "quality", str(gemma_path), *SMALL, "--llama-perplexity", str(fake)]) == 3
+    err = capsys.readouterr().err
+    assert "llama-perplexity (f16 K/V reference) was killed (SIGKILL)" in err and "Traceback" not in err
+    assert not list(_temp_here.iterdir())
+
+
+def test_statistics_missing_exits_3(gemma_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """llama-perplexity exits 0 after its own errors: a run that prints no statistics is a failure, with its
+    last words."""
+    fake = _fake(
+        tmp_path,
+        "echo 'perplexity: calculating perplexity over 3 chunks, n_ctx=128, batch_size=128, n_seq=1' >&2\n"
+        "echo 'Final estimate: PPL = 32.8322 +/- 7.82073'\n"
+        "echo 'kl_divergence: failed reading evaluation tokens from x' >&2\n",
+    )
+    assert main(["verify", "quality", str(gemma_path), *SMALL, "--llama-perplexity", str(fake)]) == 3
+    err = capsys.readouterr().err
+    assert "llama-perplexity (q8_0 K/V) failed (exit 0)" in err and "failed reading evaluation tokens" in err
+
+
+def test_a_text_too_short_exits_2(gemma_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fake = _fake(
+        tmp_path,
+        "echo 'perplexity: you need at least 8192 tokens to evaluate perplexity with a context of 4096' >&2\n"
+        "echo 'perplexity: the data file you provided tokenizes to only 4321 tokens' >&2\n",
+    )
+    assert main(["verify", "quality", str(gemma_path), "--ctx", "4096", "--llama-perplexity", str(fake)]) == 2
+    err = capsys.readouterr().err
+    assert "the text is 4,321 tokens for this model; --ctx needs twice the chunk (8,192)" in err
+    assert "--text FILE" in err
+
+
+def test_the_deadline_stops_the_runs(
+    gemma_path: Path, tmp_path: Path, _temp_here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake = _fake(tmp_path, "sleep 30\n")
+    argv = ["verify", "quality", str(gemma_path), *SMALL, "--timeout", "1", "--llama-perplexity", str(fake)]
+    assert main(argv) == 3
+    err = capsys.readouterr().err
+    assert "llama-perplexity (f16 K/V reference) did not finish within the --timeout of 1 s for all the runs" in err
+    assert not list(_temp_here.iterdir())
+
+
+def test_the_statistics_are_read_as_llama_perplexity_prints_them() -> None:
+    """The lines of perplexity.cpp kl_divergence (b11312), as the real run printed them here."""
+    from kvadvise.backends.llamacpp.perplexity import parse
+
+    log = (
+        "0.07.600 I kl_divergence: computing over 2 chunks, n_ctx=256, batch_size=256, n_seq=1\n"
+        "====== KL divergence statistics ======\n"
+        "Mean    KLD:   0.006461 ±   0.000740\n"
+        "Maximum KLD:   0.081023\n"
+        "99.9%   KLD:   0.070212\n"
+        "99.0%   KLD:   0.027542\n"
+        "Same top p: 94.094 ± 1.483 %\n"
+    )
+    q = parse(log, (Q8_0, Q8_0), 28.9, 11312)
+    assert q == CacheQuality(Q8_0, Q8_0, 256, 2, 0.006461, 0.027542, 94.094, 28.9, 11312)
+    assert q.n_scored == 254 and q.too_lossy()
+    assert parse(log.replace("Same top p", "Same top"), (Q8_0, Q8_0), 1.0, None) is None
+
+
+def _q(kv: tuple[GGMLType, GGMLType], mean_kld: float, same_top_pct: float) -> CacheQuality:
+    return CacheQuality(kv[0], kv[1], 1024, 4, mean_kld, 10 * mean_kld, same_top_pct, 1.0, 11312)
+
+
+def test_a_measured_cache_type_past_the_threshold_is_not_chosen(gemma_path: Path) -> None:
+    """The policy with a measurement passed in: q8_0 measured past the threshold (in mean KLD, or in same top)
+    is not a default pick; q4_0 measured fine stays opt-in; -ctk/-ctv naming a rejected type still plan it."""
+    from dataclasses import replace
+
+    from kvadvise.backends.gguf_file import GGUFFileBackend
+    from kvadvise.planner.memory import RunConfig
+    from kvadvise.planner.policy import Policy, choices
+
+    spec = GGUFFileBackend().load_spec(str(gemma_path))
+    base = replace(RunConfig(), flash_attn="on")
+    bad = MeasuredQuality("x", (_q((Q8_0, Q8_0), 2 * MAX_MEAN_KLD, 97.0), _q((Q4_0, Q4_0), 0.0001, 99.9)))
+    allowed = {kv: ok for kv, _fa, ok in choices(spec, base, Policy(quality=bad))}
+    assert allowed[(F16, F16)] and not allowed[(Q8_0, Q8_0)]
+    assert not allowed[(Q4_0, Q4_0)]  # measured fine, but q4_0 stays opt-in
+    assert {kv: ok for kv, _fa, ok in choices(spec, base, Policy(quality=bad, allow_q4=True))}[(Q4_0, Q4_0)]
+    low_top = MeasuredQuality("x", (_q((Q8_0, Q8_0), 0.001, 95.0),))
+    assert not {kv: ok for kv, _fa, ok in choices(spec, base, Policy(quality=low_top))}[(Q8_0, Q8_0)]
+    fixed = Policy(quality=bad, fixed_kv=(Q8_0, Q8_0))
+    assert choices(spec, base, fixed) == [((Q8_0, Q8_0), True, True)]
+    # the deepest measurement of a type is the one used
+    two = MeasuredQuality("x", (_q((Q8_0, Q8_0), 0.001, 99.0), replace(_q((Q8_0, Q8_0), 0.009, 93.0), n_ctx=4096)))
+    assert two.rejects((Q8_0, Q8_0))
