@@ -70,7 +70,7 @@ def test_q4_0_costs_more_than_q8_0_and_the_next_plan_cites_it(
 ) -> None:
     """The policy's quantized cache types, measured in one go: q4_0 K/V loses more than q8_0 K/V; the
     figures are stored under the model's sha256 and the next plan that picks a quantized cache cites them."""
-    argv = [str(gemma_path), "--ctx", "256", "--chunks", "2", "-t", "2", "--llama-perplexity", str(perplexity_binary)]
+    argv = [str(gemma_path), "--ctx", "128", "--chunks", "2", "-t", "2", "--llama-perplexity", str(perplexity_binary)]
     rc, doc, err = _quality(capsys, argv)
     assert rc == 0, err
     rows = {(r["type_k"], r["type_v"]): r for r in doc["results"]}  # type: ignore[attr-defined]
@@ -83,9 +83,9 @@ def test_q4_0_costs_more_than_q8_0_and_the_next_plan_cites_it(
     key = qualitycache.model_key(str(gemma_path))
     stored = json.loads(qualitycache.path().read_text())["models"][key]
     assert {(r["type_k"], r["type_v"], r["n_ctx"]) for r in stored["results"]} == {
-        ("q8_0", "q8_0", 256),
-        ("q8_0", "q4_0", 256),
-        ("q4_0", "q4_0", 256),
+        ("q8_0", "q8_0", 128),
+        ("q8_0", "q4_0", 128),
+        ("q4_0", "q4_0", 128),
     }
     measured = qualitycache.lookup(str(gemma_path), 11312)
     assert measured is not None and measured.of((Q8_0, Q8_0)) is not None
