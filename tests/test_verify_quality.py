@@ -227,3 +227,41 @@ def test_a_measured_cache_type_past_the_threshold_is_not_chosen(gemma_path: Path
     # the deepest measurement of a type is the one used
     two = MeasuredQuality("x", (_q((Q8_0, Q8_0), 0.001, 99.0), replace(_q((Q8_0, Q8_0), 0.009, 93.0), n_ctx=4096)))
     assert two.rejects((Q8_0, Q8_0))
+
+
+def test_the_store_finds_a_model_by_its_file_or_its_blob_digest(tmp_path: Path) -> None:
+    """A GGUF file is found again by the path, size and mtime its measurement recorded (not once it changed);
+    an Ollama blob by the digest its name is, wherever it lies; a bad store is no measurement."""
+    import hashlib
+    import os
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + bytes(60))
+    q8 = _q((Q8_0, Q8_0), 0.002, 98.0)
+    key = qualitycache.model_key(str(model))
+    assert key == hashlib.sha256(b"GGUF" + bytes(60)).hexdigest()
+    qualitycache.save(str(model), key, (q8,), "t")
+    found = qualitycache.lookup(str(model), 11312)
+    assert found is not None and found.model == key and found.of((Q8_0, Q8_0)) == replace_seconds(q8)
+    os.utime(model, ns=(1, 1))  # the file changed since: not the model measured
+    assert qualitycache.lookup(str(model)) is None
+
+    digest = "ab" * 32
+    blob = tmp_path / "blobs" / f"sha256-{digest}"
+    blob.parent.mkdir()
+    blob.write_bytes(b"GGUF")
+    assert qualitycache.model_key(str(blob)) == digest  # the name, not a hash of 4 bytes
+    qualitycache.save(str(blob), digest, (q8,), "t")
+    moved = tmp_path / f"sha256-{digest}"
+    blob.rename(moved)
+    assert qualitycache.lookup(str(moved)) is not None  # found by its digest where it lies now
+
+    qualitycache.path().write_text("{not json")
+    assert qualitycache.lookup(str(moved)) is None
+
+
+def replace_seconds(q: CacheQuality) -> CacheQuality:
+    """As stored: seconds rounded to 0.01."""
+    from dataclasses import replace
+
+    return replace(q, seconds=round(q.seconds, 2))
