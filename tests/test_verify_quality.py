@@ -265,3 +265,27 @@ def replace_seconds(q: CacheQuality) -> CacheQuality:
     from dataclasses import replace
 
     return replace(q, seconds=round(q.seconds, 2))
+
+
+@pytest.mark.parametrize("mean_kld", [0.0012, 0.02], ids=["within", "past"])
+def test_the_plan_text_says_what_the_stored_figure_decided(
+    mean_kld: float, gemma_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A stored q8_0 figure within the threshold: q8_0 is chosen and the why line says measured, not the FAQ;
+    past it: f16 is kept, and the why line says the quantized caches were measured worse (the options too)."""
+    qualitycache.save(
+        str(gemma_path), qualitycache.model_key(str(gemma_path)), (_q((Q8_0, Q8_0), mean_kld, 98.0),), "t"
+    )
+    argv = ["llamacpp", str(gemma_path), "--vram", "1700MiB", "--use", "long"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    if mean_kld < MAX_MEAN_KLD:
+        assert "q8_0 reaches 32,768: chosen (measured on this model: within the threshold)" in out, out
+    else:
+        assert "the quantized caches measured worse than the threshold on this model" in out, out
+        assert "q8_0 would reach 32,768 (measured on this model: worse than the threshold)" in out, out
+    assert "Ollama FAQ" not in out
+    assert main([*argv, "--verbose"]) == 0
+    verbose = capsys.readouterr().out
+    assert f"mean KLD {mean_kld:.4g}, 99th percentile {10 * mean_kld:.4g}, same top token 98.00 %" in verbose
+    assert ("(measured: worse than the threshold)" in verbose) == (mean_kld > MAX_MEAN_KLD)

@@ -17,7 +17,7 @@ import re
 import time
 from pathlib import Path
 
-from kvadvise.errors import KvadviseError
+from kvadvise.errors import InputError, KvadviseError
 from kvadvise.files import write_text_file
 from kvadvise.model.ggml import cache_type
 from kvadvise.planner.quality import CacheQuality, MeasuredQuality
@@ -87,7 +87,15 @@ def save(model_path: str, key: str, results: tuple[CacheQuality, ...], text_sha2
         same = ("type_k", "type_v", "n_ctx", "llama_build", "text_sha256")
         rows = [r for r in rows if any(r.get(k) != row[k] for k in same)] + [row]
     models[key] = {"files": [*files, stamp], "results": rows}
-    return write_text_file(path(), json.dumps(doc, indent=1) + "\n", force=True)
+    target = path()
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError(
+            f"{target.parent}: cannot create it ({e.strerror or e}); the figures above were not stored",
+            hint="set XDG_CACHE_HOME to a writable folder",
+        ) from None
+    return write_text_file(target, json.dumps(doc, indent=1) + "\n", force=True)
 
 
 def _row(r: object) -> CacheQuality | None:

@@ -293,6 +293,13 @@ def verify_quality_command(
     build = llamabuild.detect(exe).build
     output.note(f"measuring {len(q.kvs)} cache type(s) against f16 on {q.text_path} ({n_ctx} tokens per chunk)")
     results = perplexity.measure(exe, q, timeout_s=timeout_s, build=build, progress=output.note)
+    if not as_json:  # the figures first: they are shown even when the store cannot be written
+        output.result(perplexity.report_text(results))
+        r = results[0]
+        output.result(
+            f"against an f16 cache, flash attention on, {r.n_chunks} chunks of {r.n_ctx} tokens ({r.n_scored:,} "
+            f"tokens scored, at depths {r.n_ctx // 2:,} to {r.n_ctx - 1:,}); threshold: {THRESHOLD_SOURCE}"
+        )
     saved = qualitycache.save(path, qualitycache.model_key(path), results, qualitycache.model_key(q.text_path))
     if as_json:
         output.result_json(
@@ -308,11 +315,5 @@ def verify_quality_command(
                 }
             }
         )
-        return
-    output.result(perplexity.report_text(results))
-    r = results[0]
-    output.result(
-        f"against an f16 cache, flash attention on, {r.n_chunks} chunks of {r.n_ctx} tokens ({r.n_scored:,} tokens "
-        f"scored, at depths {r.n_ctx // 2:,} to {r.n_ctx - 1:,}); threshold: {THRESHOLD_SOURCE}"
-    )
-    output.result(f"saved to {saved}: later plans for this model use these figures")
+    else:
+        output.result(f"saved to {saved}: later plans for this model use these figures")
