@@ -257,7 +257,14 @@ def _dry_run(
     default=None,
     help="The llama-perplexity binary (default: beside --llama-server, else on PATH).",
 )
-@click.option("--llama-server", "server", metavar="PATH", type=TEXT, default=None, help="A llama-server build.")
+@click.option(
+    "--llama-server",
+    "server",
+    metavar="PATH",
+    type=TEXT,
+    default=None,
+    help="A llama-server build: its llama-perplexity is the one beside it.",
+)
 @click.option(
     "--timeout",
     "timeout_s",
