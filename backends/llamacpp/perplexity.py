@@ -239,10 +239,7 @@ def quality_run(
     from kvadvise.profiles import KLD_TEXT, path
 
     if not Path(model_path).is_file():
-        raise InputError(
-            f"{model_path}: not a local file; verify quality runs llama-perplexity on a GGUF file",
-            hint="give the path of the .gguf (an Ollama model's is its blob under ~/.ollama/models/blobs)",
-        )
+        model_path = _ollama_blob(model_path)
     spec = GGUFFileBackend().load_spec(model_path)  # a header llama.cpp cannot load is refused here (exit 2)
     text = text_path or str(path(KLD_TEXT))
     if not Path(text).is_file():
@@ -253,3 +250,22 @@ def quality_run(
         base = replace(RunConfig(), flash_attn="on")
         kvs = tuple(kv for kv, _fa, _ok in choices(spec, base, Policy(allow_q4=True)) if kv != (F16, F16))
     return QualityRun(model_path, text, n_ctx, kvs, n_chunks=n_chunks, n_threads=n_threads)
+
+
+def _ollama_blob(ref: str) -> str:
+    """An Ollama model of this machine's store (``qwen3:8b``): its model blob, whose name is its digest
+    (backends/ollama/store.py, as Ollama's server/manifest.go reads a manifest); InputError otherwise."""
+    from kvadvise.backends.ollama.name import parse_name
+    from kvadvise.backends.ollama.store import find
+
+    try:
+        entry = find(parse_name(ref))
+    except InputError:
+        entry = None
+    if entry is None:
+        raise InputError(
+            f"{ref}: neither a local file nor a model in this machine's Ollama store; verify quality runs "
+            "llama-perplexity on a GGUF file",
+            hint="give the path of the .gguf, or the name of a model `ollama pull` fetched here",
+        )
+    return str(entry.model_blob)
