@@ -1,4 +1,4 @@
-"""A real ``llama-server``, ``rpc-server`` and ``llama-fit-params`` for the tests, built once from
+"""A real ``llama-server``, ``rpc-server``, ``llama-fit-params`` and ``llama-perplexity`` for the tests, built once from
 the pruned llama.cpp of llama-cpp-python's sdist (tests/llama_cpp_source.py): the very archive
 ``benchmarks/gpu_truth.sh --prepare`` carries to the GPU machine, so every run of the suite proves
 that archive builds. The RPC backend is on, so that a split over several devices can run on
@@ -12,10 +12,13 @@ cmake (~20-30 min on 2 cores); the binaries are kept in
 ``~/.cache/kvadvise-tests/llama-server-<llama-cpp-python version>-<archive sha256>/``
 with ``source.json`` (the archive's manifest) and reused by later runs on the same machine.
 
+``llama-perplexity`` came later: a cache folder built before it gets it added (that target alone, in a
+build folder of its own under the same cached folder; nothing there is rebuilt or removed).
+
 ``KVADVISE_TEST_LLAMA_SERVER=/path/to/llama-server`` uses a binary you have
 instead (it must be the same llama.cpp build for the byte-exact checks),
 ``KVADVISE_TEST_RPC_SERVER`` and ``KVADVISE_TEST_FIT_PARAMS`` the rpc-server and
-llama-fit-params of that build (default: beside it).
+llama-fit-params of that build (default: beside it), ``KVADVISE_TEST_PERPLEXITY`` its llama-perplexity.
 """
 
 from __future__ import annotations
