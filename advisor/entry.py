@@ -46,6 +46,8 @@ def plan_for(
 
         runtime = LlamaServer()
     check(request)
+    if request.users:
+        return _plan_users(spec, request, runtime, hardware=hardware, found_build=found_build)
     refuse(runtime, request)
     shaped = runtime.shape(spec, request)
     check(shaped.request)
@@ -65,6 +67,38 @@ def plan_for(
     if shaped.notes:
         plan = replace(plan, notes=(*plan.notes, *shaped.notes))
     return runtime.advise(plan, shaped.request)
+
+
+def _plan_users(
+    spec: ModelSpec,
+    request: PlanRequest,
+    runtime: Runtime,
+    *,
+    hardware: Hardware | None,
+    found_build: BuildChoice | None,
+) -> Plan:
+    """--users N: the plan for N slots (-np N), and the answer of kvadvise.planner.users on the plan's own
+    config and budget (its cache types, batch, GPUs): do N sessions of the context per slot fit, how many
+    would, one slot each and unified. Where a unified cache holds more and the runtime passes -kvu (not
+    Ollama), the plan is made again with it."""
+    from kvadvise.planner.users import users_per_card
+
+    asked = replace(request, users=0, n_parallel=request.users)
+    plan = plan_for(spec, asked, runtime, hardware=hardware, found_build=found_build)
+    if plan.budget is None:
+        return plan
+    n = request.users
+    if request.n_ctx is not None or plan.recommendation is None:
+        n_ctx_user = max(1, plan.config.n_ctx // max(1, plan.config.n_parallel))  # --ctx is over all slots
+    else:
+        n_ctx_user = plan.recommendation.target_ctx  # --target-ctx, --use, else the policy's, per slot
+    allowed = "kv_unified" not in runtime.refused
+    answer = users_per_card(
+        spec, plan.config, plan.budget, n, n_ctx_user, unified_allowed=allowed, unified_given=request.kv_unified
+    )
+    if answer.chosen.kv_unified and not request.kv_unified:
+        plan = plan_for(spec, replace(asked, kv_unified=True), runtime, hardware=hardware, found_build=found_build)
+    return replace(plan, users=answer)
 
 
 def _probes(r: PlanRequest) -> bool:

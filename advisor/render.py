@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # only verification output needs it; a plan renders without l
     from kvadvise.planner.hostram import HostRam
     from kvadvise.planner.offload import Offload
     from kvadvise.planner.speed import PrefillEstimate, SpeedEstimate
+    from kvadvise.planner.users import Sessions, UsersAnswer
     from kvadvise.runtime.verification import Verification
 
 LLAMA_CPP_BUILD = "llama.cpp 0c1e570 (vendored by llama-cpp-python 0.3.36)"
@@ -371,9 +372,37 @@ def plan_dict(plan: Plan, requested_ctx: int | None = None) -> dict[str, Any]:
             + "".join(f", minus {n}" for n in plan.budget.headroom_notes)
         ]
     doc["runtime"] = plan.runtime
+    if plan.users is not None:  # --users N (kvadvise.planner.users)
+        doc["users"] = users_dict(plan.users)
     if plan.advice is not None:  # the runtime's part: its settings, command, warnings (kvadvise.runtime.seam)
         doc[plan.advice.key] = plan.advice.json_doc()
     return doc
+
+
+def users_dict(a: UsersAnswer) -> dict[str, Any]:
+    def way(s: Sessions | None) -> dict[str, Any] | None:
+        if s is None:
+            return None
+        return {
+            "kv_unified": s.kv_unified,
+            "fits": s.fits,
+            "max_users": s.max_users,
+            "device_bytes": s.device_bytes,
+            "kv_bytes": s.kv_bytes,
+            "decode_user_tokens_per_s": s.decode_user_tps,
+            "decode_total_tokens_per_s": s.decode_total_tps,
+        }
+
+    return {
+        "n_users": a.n_users,
+        "n_ctx_user": a.n_ctx_user,
+        "fits": a.fits,
+        "max_users": a.max_users,
+        "kv_unified": a.chosen.kv_unified,
+        "cache_type": a.cache_type,
+        "per_slot": way(a.per_slot),
+        "unified": way(a.unified),
+    }
 
 
 def offload_dict(off: Offload | None) -> dict[str, Any] | None:

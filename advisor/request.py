@@ -75,6 +75,7 @@ class PlanRequest:
     allow_q4: bool = False  # a q4_0 cache may be chosen
     gpu_only: bool = False  # 100 % on the GPU or nothing
     prompt_tokens: int | None = None  # the prompt the prefill estimate times
+    users: int = 0  # --users N: N sessions of the context per slot (-np N); 0: not asked (kvadvise.planner.users)
 
     def given(self) -> tuple[str, ...]:
         """The fields that differ from their default: what the user asked for."""
@@ -124,6 +125,7 @@ FLAGS = {
     "allow_q4": ("--allow-q4",),
     "gpu_only": ("--gpu-only",),
     "prompt_tokens": ("--prompt-tokens",),
+    "users": ("--users",),
 }
 # Whole numbers and their bounds: the click options of kvadvise.ui.flags take theirs from here
 INT_RANGES: dict[str, tuple[int, int]] = {
@@ -139,6 +141,7 @@ INT_RANGES: dict[str, tuple[int, int]] = {
     "target_ctx": (0, INT32_MAX),
     "min_ctx": (0, INT32_MAX),
     "prompt_tokens": (1, INT32_MAX),
+    "users": (0, 4096),  # -np's bound
 }
 CHOICES: dict[str, tuple[str, ...]] = {
     "type_k": KV_TYPES,
@@ -283,6 +286,10 @@ def _check_together(r: PlanRequest) -> None:
         raise InputError("give --use or --target-ctx, not both")
     if r.gpu_only and r.allow_cpu:
         raise InputError("--gpu-only keeps the whole model on the GPU; --allow-cpu plans part on the CPU")
+    if r.users and r.n_parallel not in (1, r.users):
+        raise InputError(f"--users {r.users} runs -np {r.users}: drop --parallel {r.n_parallel}")
+    if r.users and r.no_hardware:
+        raise InputError("--users asks how many sessions fit a card: drop --no-hardware, or name one (--gpu, --vram)")
     if r.no_hardware and (r.gpu or r.vram_bytes is not None or r.rpc):
         raise InputError("--no-hardware plans without a GPU: drop --gpu/--vram/--rpc, or --no-hardware")
 

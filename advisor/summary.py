@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from kvadvise.planner.policy import kv_name
 from kvadvise.render import fmt_bytes
+from kvadvise.text import WIDTH, wrapped
 from kvadvise.text import lines as text_lines
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ def _a(size: str) -> str:
     return ("an " if an else "a ") + size
 
 
-def _where(plan: Plan) -> str:
+def where_on(plan: Plan) -> str:
     """``NVIDIA GeForce RTX 4090``, ``2 x NVIDIA GeForce RTX 3090``, ``the CPU``; "" without hardware."""
     hw = plan.hardware
     if hw is None:
@@ -56,8 +57,7 @@ def _offload_to_run(plan: Plan) -> Offload | None:
 
 
 def headline(plan: Plan, requested_ctx: int | None = None) -> str:
-    """``qwen3-coder:30b on NVIDIA GeForce RTX 4090: 65,536 tokens, K/V q8_0, flash attention on: fits 100%
-    on the GPU``."""
+    """``qwen3-coder:30b on NVIDIA GeForce RTX 4090: 65,536 tokens, K/V q8_0: fits 100% on the GPU``."""
     cfg = plan.config
     n_ctx = plan.estimate.layout.n_ctx  # what llama.cpp allocates: -c rounded up to 256 (llama_context ctor)
     n_par = max(1, cfg.n_parallel)
@@ -65,16 +65,16 @@ def headline(plan: Plan, requested_ctx: int | None = None) -> str:
     if requested_ctx and requested_ctx != n_ctx:
         what += f" (asked {requested_ctx:,}; llama.cpp pads to 256)"
     kv = "no K/V cache" if _no_memory(plan) else _kv(cfg.type_k.type_name, cfg.type_v.type_name)
-    what += f", {kv}, flash attention {cfg.flash_attn}"
+    what += f", {kv}"  # flash attention is in the settings below (-fa, OLLAMA_FLASH_ATTENTION)
     off = _offload_to_run(plan)
-    head = f"{plan.spec.name}{_where(plan)}: "
+    head = f"{plan.spec.name}{where_on(plan)}: "
     if plan.fits is None:
         return head + what + " (no hardware: an estimate only)"
     on_cpu = plan.budget is not None and plan.budget.device == "cpu"
     if off is not None:
         run = f"{off.n_ctx:,} tokens, {_kv(off.type_k.type_name, off.type_v.type_name)}"
         if off.runnable:
-            return head + f"part on the CPU (100% on the GPU does not fit): {run}"
+            return head + f"{run}, part on the CPU"  # why 100% on the GPU does not fit: the "why" line
         return head + f"DOES NOT FIT, not even with part on the CPU ({run}: the RAM is short too)"
     if not plan.fits:
         return head + what + ": DOES NOT FIT" + ("" if on_cpu else " the GPU")
@@ -98,12 +98,12 @@ def _memory(plan: Plan) -> list[str]:
         kept = f"the experts of {off.n_cpu_moe} layers" if off.n_cpu_moe else f"{off.n_cpu_layers} layers"
         if off.n_cpu_moe and off.n_cpu_layers:
             kept += f" and {off.n_cpu_layers} whole layers"
-        where = f"{fmt_bytes(off.device_bytes)} on the GPU"
+        where = f"GPU {fmt_bytes(off.device_bytes)}"
         if len(off.devices_bytes) > 1:
             where = ", ".join(
                 f"{fmt_bytes(d)} of {fmt_bytes(x)}" for d, x in zip(off.devices_bytes, off.device_budgets, strict=True)
             )
-        return [f"on the CPU: {kept} ({flags}); {where}, {fmt_bytes(off.host_bytes)} in RAM"]
+        return [f"on the CPU: {kept} ({flags}); {where}, RAM {fmt_bytes(off.host_bytes)}"]
     parts = [f"weights {_gib(est.weights_bytes - est.host.weights_bytes)}"]
     if est.kv_bytes:
         parts.append(f"K/V {_gib(est.kv_bytes)}")
@@ -146,11 +146,11 @@ def _speed(plan: Plan) -> list[str]:
             if len(set(b.device_bandwidths)) > 1:  # each GPU reads its share of the layers at its own bandwidth
                 at = " + ".join(f"{x / 1e9:,.0f}" for x in b.device_bandwidths) + " GB/s"
             if decode.ram_bandwidth_bytes_per_s:  # the CPU's share at the system memory's (measured once, cached)
-                at = f"GPU {at}, RAM {decode.ram_bandwidth_bytes_per_s / 1e9:,.0f} GB/s"
-            s += f"; at {at}"
+                at = f"GPU {at.removesuffix(' GB/s')}, RAM {decode.ram_bandwidth_bytes_per_s / 1e9:,.0f} GB/s"
+            s += f"; at {at}" if not decode.ram_bandwidth_bytes_per_s else f"; {at}"
         out.append(s)
         if plan.prefill is not None:
-            out.append(f"prompt (estimate): {plan.prefill.at_sizes()}")
+            out.append(f"prompt: {plan.prefill.at_sizes()}")  # an estimate, as the decode line says
     elif plan.budget is not None and plan.budget.source == "manual" and not plan.budget.bandwidth_bytes_per_s:
         out.append("speed: not estimated: no catalogue card has this size; --bandwidth GB/S or --gpu NAME gives one")
     ram = off.ram if off is not None else plan.ram
@@ -158,7 +158,7 @@ def _speed(plan: Plan) -> list[str]:
         verdict = "fits" if ram.fits else "DOES NOT FIT"
         s = f"system RAM: {fmt_bytes(ram.total_bytes)} of {fmt_bytes(ram.ram_bytes)} ({ram.ram_source}): {verdict}"
         if ram.prompt_cache_bytes:
-            s += f" (prompt cache {fmt_bytes(ram.prompt_cache_bytes)} at most)"
+            s += f" (prompt cache ≤ {fmt_bytes(ram.prompt_cache_bytes)})"
         out.append(s)
     return out
 
@@ -169,7 +169,7 @@ def why(rec: Recommendation | None) -> list[str]:
     if rec is None:
         return []
     if not rec.fits:  # why 100 % GPU does not fit, and which cache type the plan that runs takes: one why
-        said = [r for r in rec.reasons if r.startswith(("does not fit", "would fit with"))]
+        said = [r for r in rec.reasons if r.startswith("does not fit")]  # "would fit with N more": --verbose
         out = [("why: " if i == 0 else "     ") + r for i, r in enumerate(said)]
         out += [
             f"     {r.removeprefix('partial offload: ')}"
@@ -204,16 +204,17 @@ def why(rec: Recommendation | None) -> list[str]:
                     "than the threshold on this model (--verbose)"
                 )
             elif o.type_k.type_name == "q8_0" == o.type_v.type_name:
+                verb = " " if steps else " reaches "  # "f16 reaches 43,520 of 65,536; q8_0 81,408: chosen"
                 loss = (
                     "measured on this model: within the threshold"
                     if measured_ok
                     else "usually no noticeable loss, Ollama FAQ"
                 )
-                steps.append(f"{name} reaches {reach}: chosen ({loss})")
+                steps.append(f"{name}{verb}{reach}: chosen ({loss})")
             else:  # a 4-bit type, taken only when asked (--allow-q4) or given (-ctk/-ctv)
                 steps.append(f"{name} reaches {reach}: chosen (smaller and less precise than q8_0)")
         elif o.allowed:
-            steps.append(f"{name} reaches {reach} of the {target:,} target")
+            steps.append(f"{name} reaches {reach} of {target:,}")
     out = ["why: " + "; ".join(steps)] if steps else []
     if later:
         out.append("     " + "; ".join(later))
@@ -236,6 +237,7 @@ def summary_text(
     if settings:
         lines.append(f"{settings_title}:")
         lines += [f"  {x}" for x in settings]
+    said_settings = len(lines)
     lines += [f"  {x}" for x in (_model(plan), *_memory(plan), *_speed(plan))]
     if _no_memory(plan) and plan.recommendation is not None and plan.recommendation.fits:
         lines.append(
@@ -252,10 +254,16 @@ def summary_text(
     srcs = (*plan.spec.sources, *(plan.hardware.sources if plan.hardware is not None else ()), *sources)
     if srcs:
         lines.append(sources_line(srcs))
-    return text_lines(lines)
+    # prose is wrapped to the terminal's ~100 columns; a setting is a command or a file line, copied whole
+    out = wrapped(lines[0])
+    for row in lines[1:said_settings]:
+        out += wrapped(row) if row.lstrip().startswith(("warning:", "note:", "(")) else [row]
+    for row in lines[said_settings:]:
+        out += wrapped(row)
+    return text_lines(out)
 
 
-SOURCES_WIDTH = 118
+SOURCES_WIDTH = WIDTH
 
 
 def sources_line(srcs: Sequence[str]) -> str:

@@ -26,3 +26,49 @@ def one_line(text: str) -> str:
 def lines(rows: list[str]) -> str:
     """Rows, each one line (:func:`one_line`), joined by newlines."""
     return "\n".join(one_line(r) for r in rows)
+
+
+# The default answers' width: a terminal of 100 columns shows each line whole (issue 39: "~100 characters")
+WIDTH = 100
+# A row's label (``memory: ``, ``why: ``, ``note: ``): its continuation lines start under the text after it
+_LABEL = re.compile(r"\s*(?:[a-z][A-Za-z ()/-]{0,40}: )?")
+
+
+def _breaks(text: str, width: int, floor: int) -> dict[str, int]:
+    """Where ``text`` may break, by separator: the end of the last ``; ``, ``: ``, ``, `` and space in
+    ``[floor, width]`` outside parentheses (``(past 34k: extrapolated)`` is read whole)."""
+    found: dict[str, int] = {}
+    depth = 0
+    for i, ch in enumerate(text[:width]):
+        depth += (ch == "(") - (ch == ")")
+        if depth <= 0 and ch == " " and i + 1 >= floor:
+            sep = text[i - 1 : i + 1] if text[i - 1] in ";:," else " "
+            found[sep] = i + 1
+    return found
+
+
+def wrapped(row: str, width: int = WIDTH) -> list[str]:
+    """A prose row of an answer as lines of at most ``width`` characters (a word longer than that stays
+    whole). It breaks where the sentence does: after the last ``; `` that fits, else ``: ``, else ``, ``
+    or a space two-thirds into the line, never inside parentheses and never in the first third (no line is a stub); each continuation
+    starts under the text after the row's label (``memory: ``), or 4 spaces deeper than the row when it
+    has none. Commands are never given here: a wrapped command would not run."""
+    if len(row) <= width:
+        return [row]
+    indent = len(row) - len(row.lstrip())
+    label = _LABEL.match(row)
+    lead = label.end() if label is not None and label.end() > indent else indent + 4
+    pad = " " * min(lead, width // 3)
+    out, rest = [], row
+    while len(rest) > width:
+        at = _breaks(rest, width + 1, max(len(pad) + 1, width // 3))
+        full = 2 * width // 3  # a comma or a space only where the line is two-thirds full, if it can be
+        late = [at[s] for s in (", ", " ") if at.get(s, 0) >= full]
+        cut = at.get("; ") or at.get(": ") or (late[0] if late else 0) or at.get(", ") or at.get(" ")
+        if not cut:  # a word (or a parenthesis) longer than the line: whole, up to the next space
+            cut = (rest.find(" ", width) + 1) or len(rest)
+        out.append(rest[:cut].rstrip())
+        rest = pad + rest[cut:].lstrip()
+        if not rest.strip():
+            return out
+    return [*out, rest]

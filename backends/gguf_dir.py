@@ -77,7 +77,7 @@ def read_folder(folder: Path, files: list[Path], load: Callable[[str], ModelSpec
 
 
 # what only one model can take: a listing of a folder refuses it
-_NOT_WITH_DIR = ("use", "target_ctx", "min_ctx", "allow_cpu", "mmproj", "draft")
+_NOT_WITH_DIR = ("use", "target_ctx", "min_ctx", "allow_cpu", "mmproj", "draft", "users")
 
 
 def list_folder(folder: Path, kwargs: dict[str, Any], sort: str, load: Callable[[str], ModelSpec]) -> None:

@@ -132,7 +132,7 @@ def read_url(url: str) -> GGUFHeader:
     """A GGUF on any HTTP server; the other parts of a split model are found by name."""
     from kvadvise.backends.remote.http_source import cache_key, display_url, split_url
 
-    first = _remote_header(url, key=f"url:{cache_key(url)}")
+    first = remote_header(url, key=f"url:{cache_key(url)}")
     n = splits.check_first(first)
     if n == 1:
         return first
@@ -147,7 +147,7 @@ def read_url(url: str) -> GGUFHeader:
     parts = [first]
     for part_path in name.parts[1:]:
         part_url = urlunsplit((p.scheme, p.netloc, part_path, p.query, ""))
-        parts.append(_remote_header(part_url, key=f"url:{cache_key(part_url)}"))
+        parts.append(remote_header(part_url, key=f"url:{cache_key(part_url)}"))
     return splits.merge(parts)
 
 
@@ -158,7 +158,7 @@ def read_hub(ref: HubRef) -> GGUFHeader:
     model = hub.resolve(ref)
     headers: Callable[[], Mapping[str, str]] = hub.auth_headers
     parts = [
-        _remote_header(
+        remote_header(
             model.url(f),
             key=model.cache_key(f),
             name=model.display(f),
@@ -177,7 +177,7 @@ def read_hub(ref: HubRef) -> GGUFHeader:
     return splits.merge(parts)
 
 
-def _remote_header(
+def remote_header(
     url: str,
     *,
     key: str,

@@ -99,7 +99,12 @@ def baseline_tree(commit: str, dest: Path) -> Path:
 
 
 def run(pythonpath: str | None, job: dict[str, Any]) -> dict[str, Any]:
-    env = {**os.environ, "OLLAMA_HOST": "127.0.0.1:9", "OLLAMA_MODELS": "/nonexistent-kvadvise-store"}
+    env = {
+        **os.environ,
+        "OLLAMA_HOST": "127.0.0.1:9",
+        "OLLAMA_MODELS": "/nonexistent-kvadvise-store",
+        "KVADVISE_OLLAMA_REGISTRY": "off",
+    }
     env.pop("PYTHONPATH", None)
     if pythonpath:
         env["PYTHONPATH"] = pythonpath

@@ -85,8 +85,8 @@ def main() -> int:
     llmfit = [str(_llmfit()), "plan", "Qwen/Qwen3-Coder-30B-A3B-Instruct", "--context", "65536", "--json",
               "--no-dashboard"]  # fmt: skip
     with tempfile.TemporaryDirectory() as empty, running_fake(FakeOllama()) as server:
-        # no store, no server: OLLAMA_HOST names a port nothing listens on
-        env = {**os.environ, "OLLAMA_MODELS": empty, "OLLAMA_HOST": "127.0.0.1:9"}
+        # no store, no server (OLLAMA_HOST names a port nothing listens on), no registry: the built-in profile
+        env = {**os.environ, "OLLAMA_MODELS": empty, "OLLAMA_HOST": "127.0.0.1:9", "KVADVISE_OLLAMA_REGISTRY": "off"}
         ollama = paired(plan, llmfit, args.runs, env)
         up = paired(plan, llmfit, args.runs, {**env, "OLLAMA_HOST": server.url})
         asked = {path for _, path, _ in server.requests}

@@ -29,6 +29,8 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.Temp
     monkeypatch.setenv("XDG_DATA_HOME", str(home / "data"))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(home / "config"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # no Ollama registry on the network: the tests that read one start a stand-in (tests/ollama_registry.py)
+    monkeypatch.setenv("KVADVISE_OLLAMA_REGISTRY", "off")
     _seed_ram_bandwidth(home / "cache")
     # plans are for the llama.cpp the suite builds and runs (b11312 = 0c1e570), not an unknown build
     monkeypatch.setenv("KVADVISE_LLAMA_BUILD", "b11312")

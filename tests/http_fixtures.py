@@ -43,7 +43,8 @@ class Route:
     json: Any = None
     status: int = 200
     ranges: bool = True  # False: ignore Range and send the whole body with 200
-    redirect: str | None = None  # Location of a 302 (relative or absolute)
+    redirect: str | None = None  # Location of a redirect (relative or absolute)
+    redirect_status: int = 302  # 307: what a registry answers for a blob (to its blob store)
     delay_s: float = 0.0  # before the status line
     token: str | None = None  # a required bearer token
     etag: str | None = None
@@ -60,6 +61,7 @@ class Logged:
     authorization: bool  # an Authorization header was sent (its value is never kept)
     status: int
     body_bytes: int
+    accept: str | None = None  # the Accept header (a registry's manifest request names the manifest type)
 
 
 class LoopbackServer:
@@ -162,8 +164,8 @@ class LoopbackServer:
                 sent = self._send(h, status, msg, {"X-Error-Code": "GatedRepo"}, head)
                 return
             if route.redirect is not None:
-                status = 302
-                sent = self._send(h, 302, b"Found.", {"Location": route.redirect, **route.headers}, head)
+                status = route.redirect_status
+                sent = self._send(h, status, b"Found.", {"Location": route.redirect, **route.headers}, head)
                 return
             if route.status != 200:
                 status = route.status
@@ -187,7 +189,9 @@ class LoopbackServer:
         finally:
             h.close_connection = True
             with self._lock:
-                self.log[slot] = Logged(h.command, path, rng, inm, auth is not None, status, sent)
+                self.log[slot] = Logged(
+                    h.command, path, rng, inm, auth is not None, status, sent, h.headers.get("Accept")
+                )
                 self._active -= 1
 
     def _send(self, h: BaseHTTPRequestHandler, status: int, body: bytes, headers: dict[str, str], head: bool) -> int:

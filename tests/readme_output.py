@@ -172,6 +172,7 @@ def setting(folder: Path, gemma: Path) -> dict[str, str | None]:
     }
     return unset | {
         "HF_HUB_OFFLINE": "1",
+        "KVADVISE_OLLAMA_REGISTRY": "off",  # no network: models not in the store are built-in profiles
         "OLLAMA_HOST": "127.0.0.1:9",  # the discard port: no server answers
         "OLLAMA_MODELS": str(folder / "models"),
         "XDG_CACHE_HOME": str(folder / "cache"),

@@ -52,7 +52,7 @@ def test_a_context_given_keeps_the_cache_choice(command: list[str], capsys: pyte
         assert rc == 0 and _config(doc) == _config(default), ctx
         assert doc["offload"] is None
     rc, out, _ = run(capsys, *command, "--ctx", "65536")
-    assert "does not fit with f16; fits with q8_0 K/V" in out  # the note says why not f16
+    assert "does not fit with f16; fits with q8_0 K/V" in re.sub(r"\n +", " ", out)  # the note says why not f16
     # where f16 fits, f16 it stays
     rc, out, _ = run(capsys, *command, "--ctx", "16384", "--json")
     assert json.loads(out)["config"]["type_k"] == "f16"
@@ -85,6 +85,7 @@ def test_default_answers_are_short(command: list[str], rc: int, capsys: pytest.C
     got, out, _ = run(capsys, *command)
     lines = out.splitlines()
     assert got == rc and len(lines) <= 30, out
+    assert all(len(x) <= 100 for x in lines), [x for x in lines if len(x) > 100]  # a terminal's ~100 columns
     said = [x.strip() for x in lines if x.strip().startswith(("warning:", "note:"))]
     assert len(said) == len(set(said)), out  # each warning and note once
     for x in lines:  # "≈ 5 t/s at 4k ... against ≈ 5 t/s at 4k": no line compares equal figures
@@ -111,7 +112,8 @@ def test_which_card_to_buy(capsys: pytest.CaptureFixture[str]) -> None:
     reaches = [c["reaches_target"] for c in rows]
     assert reaches == sorted(reaches, reverse=True)  # every card that reaches it first
     rc, out, _ = run(capsys, "gpus", "qwen3-coder", "--target-ctx", "64k")
-    assert out.splitlines()[0].startswith("qwen3-coder at 65,536 tokens, 100% on the GPU: the smallest card")
+    head = re.sub(r"\n +", " ", out).splitlines()[0]  # the answer, wrapped to ~100 columns, read as one line
+    assert head.startswith("qwen3-coder at 65,536 tokens, 100% on the GPU: the smallest card")
     rc, out, _err = run(capsys, "compare", "llama3.3:70b", "--gpu", "rtx-4090x2,rtx-6000-ada", "--ctx", "32k", "--json")
     entries = json.loads(out)["entries"]
     short = {e["card"]: e["reaches_target"] for e in entries}
@@ -140,7 +142,7 @@ def test_extrapolated_speeds_are_labelled(capsys: pytest.CaptureFixture[str]) ->
 
 def test_a_card_given_by_its_size_gets_a_speed_range(capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, _ = run(capsys, "ollama", "qwen3:8b", "--vram", "24GiB")
-    line = next(x for x in out.splitlines() if "decode (estimate)" in x)
+    line = next(x for x in re.sub(r"\n +", " ", out).splitlines() if "decode (estimate)" in x)
     assert rc == 0 and " to " in line and "catalogue card(s) of 24 GiB" in line
     rc, out, _ = run(capsys, "ollama", "qwen3:8b", "--vram", "24GiB", "--json")
     sp = json.loads(out)["decode_estimate"]

@@ -1,8 +1,9 @@
 """Fuzzing the GGUF header reader (benchmarks/fuzz_gguf.py) in the suite, and the crashes it found.
 
 - A deterministic run of 600 mutated headers (Gemma 3 270M and tiny models)
-  in a fresh process: 0 exceptions other than GGUFError, none over 2 s, RSS
-  under 200 MB. The full 10,000-case run is `python benchmarks/fuzz_gguf.py`.
+  in a fresh process: 0 exceptions other than GGUFError, none over 10 s (a
+  hang guard, not a speed goal: the suite may share the machine), RSS under
+  200 MB. The full 10,000-case run is `python benchmarks/fuzz_gguf.py`.
 - Regression tests, inputs inline: the reader (fixed in advisor/gguf.py), and
   the crashes `--pipeline` found in advisor/architecture.py (fixed in _Keys).
 """
@@ -62,7 +63,7 @@ def test_fuzz_600_cases_in_a_fresh_process(gemma_path: Path, tmp_path: Path) -> 
             "--gemma",
             str(gemma_path),
             "--max-seconds",
-            "2",
+            "10",
             "--max-rss-mb",
             "200",
             "--save-dir",

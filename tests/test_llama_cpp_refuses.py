@@ -65,8 +65,9 @@ def test_llama_server_makes_one_device_of_an_endpoint_given_twice(gemma_path: Pa
 @pytest.mark.parametrize(
     ("value", "message"),
     [
-        ("10.0.0.1:50052,10.0.0.2:50052=8GiB", "one HOST:PORT per --rpc"),
-        ("10.0.0.1,10.0.0.2:50052=8GiB", "one HOST:PORT per --rpc"),
+        ("10.0.0.1:50052,10.0.0.2:50052=8GiB", "each HOST:PORT needs its own =SIZE"),
+        ("10.0.0.1,10.0.0.2:50052=8GiB", "each HOST:PORT needs its own =SIZE"),
+        ("10.0.0.1:50052=8GiB,", "each HOST:PORT needs its own =SIZE"),
         ("[::1]:50052=8GiB", "IPv6"),
         ("fe80::1:50052=8GiB", "IPv6"),
         ("host:0=8GiB", "not HOST:PORT=SIZE"),
@@ -79,6 +80,17 @@ def test_rpc_endpoints_llama_server_refuses_are_refused(
 ) -> None:
     rc, out, err = run(capsys, "llamacpp", str(gemma_path), "--rpc", value)
     assert rc == 2 and out == "" and message in err and len(err.strip().splitlines()) <= 3
+
+
+def test_rpc_takes_a_list_as_llama_server_does(gemma_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--rpc a:1=8GiB,b:2=4GiB` (llama-server's comma list, each with its size) plans what two --rpc do."""
+    listed = run(capsys, "llamacpp", str(gemma_path), "--rpc", "10.0.0.1:50052=8GiB,10.0.0.2:50052=4GiB", "--json")
+    repeated = run(
+        capsys, "llamacpp", str(gemma_path), "--rpc", "10.0.0.1:50052=8GiB", "--rpc", "10.0.0.2:50052=4GiB", "--json"
+    )
+    assert listed[0] == 0 and listed[1] == repeated[1]
+    names = [d["name"] for d in json.loads(listed[1])["memory"]["devices"]]
+    assert [n.split("[")[1] for n in names[:2]] == ["10.0.0.1:50052]", "10.0.0.2:50052]"]  # by host:port
 
 
 @pytest.mark.parametrize(

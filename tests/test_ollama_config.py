@@ -137,10 +137,11 @@ def test_hints(model: OllamaModel, tmp_path: Path) -> None:
     reload = "sudo systemctl daemon-reload && sudo systemctl restart ollama"
     assert apply_hint_systemd("/etc/systemd/system/ollama.service.d/kvadvise.conf") == (reload,)
     # issue 13: installed under a name that sorts after override.conf (systemctl edit's), so its values win
-    cp, r = apply_hint_systemd(tmp_path / "ollama-ctx.conf")
+    mkdir, cp, r = apply_hint_systemd(tmp_path / "ollama-ctx.conf")
+    assert mkdir == "sudo mkdir -p /etc/systemd/system/ollama.service.d" and cp.startswith("sudo cp ")
     assert cp.endswith("/etc/systemd/system/ollama.service.d/zz-ollama-ctx.conf") and r == reload
-    assert apply_hint_systemd(tmp_path / "dropin")[0].endswith("ollama.service.d/zz-kvadvise.conf")
-    assert apply_hint_systemd(tmp_path / "zz-mine.conf")[0].endswith("ollama.service.d/zz-mine.conf")
+    assert apply_hint_systemd(tmp_path / "dropin")[1].endswith("ollama.service.d/zz-kvadvise.conf")
+    assert apply_hint_systemd(tmp_path / "zz-mine.conf")[1].endswith("ollama.service.d/zz-mine.conf")
     assert "ollama serve" in apply_hint_env(tmp_path / "ollama.env")[0]
     assert ". ./ollama.env &&" in apply_hint_env("ollama.env")[0]  # a bare `. file` searches PATH in dash
 

@@ -83,6 +83,7 @@ def _plan(python: str, site: Path, tmp: Path, argv: list[str]) -> dict[str, obje
         "XDG_DATA_HOME": str(home / "data"),
         "OLLAMA_MODELS": str(home / "models"),
         "OLLAMA_HOST": "127.0.0.1:9",  # no server: the profile is planned
+        "KVADVISE_OLLAMA_REGISTRY": "off",  # nor a registry
     }
     p = subprocess.run(
         [python, "-s", "-m", "kvadvise", *argv], capture_output=True, text=True, env=env, cwd=home, timeout=120

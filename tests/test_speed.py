@@ -380,11 +380,7 @@ def test_prefill_in_the_plan_text_and_json() -> None:
         cli, ["ollama", "qwen3:8b", "--gpu", "rtx-4090", "--ctx", "32768", "--prompt-tokens", "20000"]
     )
     assert res.exit_code == 0, res.output
-    assert (
-        "  prompt (estimate): ≈ " in res.output
-        and "20,000 tokens in" in res.output
-        and "19k tokens in" not in res.output
-    )
+    assert "  prompt: ≈ " in res.output and "20,000 tokens in" in res.output and "19k tokens in" not in res.output
     res = CliRunner().invoke(
         cli, ["ollama", "qwen3:8b", "--gpu", "rtx-4090", "--ctx", "32768", "--prompt-tokens", "20000", "-v"]
     )

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from kvadvise.planner.gpus import GpuProfile
+from kvadvise.text import wrapped
 from kvadvise.ui import output
 from kvadvise.ui.flags import USE_OPTION, TokensType
 
@@ -234,10 +235,11 @@ def _buying(ref: str, target_ctx: int | None, use: str | None, *, show_all: bool
     else:
         if reaching:
             first = row(reaching[0])
-            output.result(
+            head = (
                 f"{name} at {goal:,} tokens, 100% on the GPU: the smallest card that does is {first['card']} "
                 f"({_gib(reaching[0].profile.memory_bytes)}, {_kv(first)}, {_tps(first)})"
             )
+            output.result("\n".join(wrapped(head)))
         else:
             output.result(f"{name} at {goal:,} tokens: no card of the list runs it 100% on the GPU")
         output.line(
@@ -254,10 +256,11 @@ def _buying(ref: str, target_ctx: int | None, use: str | None, *, show_all: bool
         short = len(fits) - len(reaching)
         if short and not show_all:
             output.line(f"({short} card(s) of the list fall short: --all lists them)")
-        output.line(
+        legend = (
             "T/S: estimated decode tokens/s of one sequence at 4k and at CONTEXT (*: past the measurements the "
             "speed model is calibrated on: extrapolated); llama.cpp cache types, 1 GiB margin"
         )
+        output.result("\n".join(wrapped(legend)))
     if not reaching:
         raise click.exceptions.Exit(EXIT_NO_FIT)
     return None

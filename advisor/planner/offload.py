@@ -199,7 +199,7 @@ def _versus(best: Offload, first: Offload, n_layer: int) -> str:
     fastest at the target: a more quantized cache only when at least 5 % faster)."""
     s = (
         f"{kv_name((best.type_k, best.type_v))} keeps {_kept(best, n_layer)} on the CPU, "
-        f"{kv_name((first.type_k, first.type_v))} would keep {_kept(first, n_layer)}"
+        f"{kv_name((first.type_k, first.type_v)).removesuffix(' K/V')} would keep {_kept(first, n_layer)}"
     )
     if best.speed is not None and first.speed is not None:
         (depth, fast), (_, slow) = best.speed.points[-1], first.speed.points[-1]

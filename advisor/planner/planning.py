@@ -27,6 +27,7 @@ from kvadvise.planner.recommender import (
 if TYPE_CHECKING:  # the speed model loads only for a plan with a GPU budget, the offload with --allow-cpu
     from kvadvise.planner.offload import CpuMoe, Offload
     from kvadvise.planner.speed import PrefillEstimate, SpeedEstimate
+    from kvadvise.planner.users import UsersAnswer
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +99,7 @@ class Plan:
     runtime: str = "llama-server"  # the runtime it is for (kvadvise.runtime.seam): llama-server, llama-cli, ollama
     n_ctx_requested: int | None = None  # the -c asked for (None: recommended), before llama.cpp pads it
     advice: RuntimeAdvice | None = None  # what that runtime adds: its settings, warnings, command
+    users: UsersAnswer | None = None  # --users N: how many sessions of the context fit (kvadvise.planner.users)
 
     @property
     def runnable(self) -> bool | None:

@@ -301,7 +301,7 @@ class SpeedEstimate:
                 else f"≈ {lo:,.0f} t/s at {ctx_label(c)}"
                 for c, lo, hi in self.spread
             )
-            return f"{s} ({self.spread_over})" + self.extrapolation_note()
+            return s + self.extrapolation_note() + f"; {self.spread_over}"  # where the range comes from, last
         s = ", ".join(f"≈ {tps:,.0f} t/s at {ctx_label(c)}" for c, tps in self.points)
         return s + self.extrapolation_note()
 
@@ -681,7 +681,7 @@ def _over_cards_of_the_size(
     )
     names = ", ".join(f"{p.id} {p.bandwidth_bytes_per_s / 1e9:,.0f} GB/s" for p in cards)
     lo_bw, hi_bw = cards[0].bandwidth_bytes_per_s / 1e9, cards[-1].bandwidth_bytes_per_s / 1e9
-    over = f"over the {len(cards)} catalogue card(s) of {size / (1 << 30):g} GiB, {lo_bw:,.0f} to {hi_bw:,.0f} GB/s"
+    over = f"{len(cards)} catalogue card(s) of {size / (1 << 30):g} GiB: {lo_bw:,.0f}-{hi_bw:,.0f} GB/s"
     return replace(
         mid,
         tokens_per_s=median(e.tokens_per_s for e in ests),

@@ -31,6 +31,7 @@ class RoutedModel:
     device: str | None = None  # -dev: the one GPU it is pinned to (CUDA0), None for all of them
     embedding: bool = False  # --embedding: an embedding model (llama-server serves /v1/embeddings only)
     note: str | None = None  # a comment for the section
+    load_on_startup: bool = True  # loaded when the router starts (the models that fit together)
 
 
 def preset_text(models: Sequence[RoutedModel], *, header: str = "") -> str:
@@ -52,7 +53,7 @@ def preset_text(models: Sequence[RoutedModel], *, header: str = "") -> str:
             lines.append(f"device = {m.device}")
         if m.embedding:
             lines.append("embedding = true")
-        lines.append("load-on-startup = true")
+        lines.append(f"load-on-startup = {'true' if m.load_on_startup else 'false'}")
     return "\n".join(lines) + "\n"
 
 

@@ -61,6 +61,18 @@ def parse_rpc_host(text: str) -> RpcHost:
     return RpcHost(f"{host}:{int(port)}", parse_memory_size(size, "--rpc ...="))
 
 
+def parse_rpc_hosts(text: str) -> tuple[RpcHost, ...]:
+    """``HOST:PORT=SIZE[,HOST:PORT=SIZE...]``: llama-server's ``--rpc`` takes a comma-separated list
+    (common/arg.cpp ``add_rpc_devices``), so kvadvise's does too, each endpoint with the memory free on it."""
+    parts = text.split(",")
+    if len(parts) > 1 and not all("=" in p for p in parts):
+        raise InputError(
+            f"--rpc {text!r}: each HOST:PORT needs its own =SIZE",
+            hint="e.g. --rpc 192.168.1.20:50052=24GiB,192.168.1.21:50052=16GiB",
+        )
+    return tuple(parse_rpc_host(p) for p in parts)
+
+
 class SizeType(click.ParamType):  # type: ignore[type-arg]  # generic in click >= 8.2 only
     """A memory size (``24GiB``, ``24GB``, ``512M``) → bytes; ``allow_zero`` for margins; ``memory``: the
     memory a card or machine has, in binary units only (:func:`parse_memory_size`)."""
@@ -89,15 +101,15 @@ RAM_SIZE = SizeType(memory="--ram")
 
 
 class RpcHostType(click.ParamType):  # type: ignore[type-arg]  # generic in click >= 8.2 only
-    """``HOST:PORT=SIZE`` -> :class:`kvadvise.planner.hardware.RpcHost`."""
+    """``HOST:PORT=SIZE[,...]`` -> :class:`kvadvise.planner.hardware.RpcHost` s (flattened by :func:`take`)."""
 
     name = "rpc"
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> RpcHost:
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[RpcHost, ...]:
         if not isinstance(value, str):
             return value  # type: ignore[no-any-return]  # already converted (a default)
         try:
-            return parse_rpc_host(value)
+            return parse_rpc_hosts(value)
         except InputError as e:
             self.fail(e.message + (f" ({e.hint})" if e.hint else ""), param, ctx)
 
@@ -245,7 +257,7 @@ def take(kwargs: dict[str, Any], *, load: Callable[[str], ModelSpec] | None = No
     if values.get("tensor_split") is None:
         values.pop("tensor_split", None)
     if "rpc" in values:
-        values["rpc"] = tuple(values["rpc"] or ())
+        values["rpc"] = tuple(h for hosts in values["rpc"] or () for h in hosts)  # each --rpc: a list
     if no_repack:
         values["cpu_repack"] = "off"
     if model_draft:
@@ -541,6 +553,17 @@ def _options(*, planned_hardware: bool) -> list[Callable[[F], F]]:
                 help="Time a prompt of this many tokens (the prefill estimate) [default: 4096 and the whole context].",
             ),
             click.option(
+                "--users",
+                "users",
+                type=_int("users"),
+                default=0,
+                metavar="N",
+                help="N concurrent sessions, each of the context per sequence (--target-ctx, --use, or --ctx per slot as "
+                "the runtime reads it: llama-server's -c over all N, Ollama's num_ctx each): "
+                "do they fit, at most how many would, with one slot each and with a unified cache (-kvu), and "
+                "their decode; the plan is for -np N (and -kvu where it holds more) [default: not asked].",
+            ),
+            click.option(
                 "--n-cpu-moe",
                 "-ncmoe",
                 "n_cpu_moe",
@@ -614,8 +637,9 @@ def _hardware_options(planned: bool) -> list[Callable[[F], F]]:
             "rpc",
             type=RpcHostType(),  # refuses an empty value and a NUL byte as TEXT does (not HOST:PORT=SIZE)
             multiple=True,
-            metavar="HOST:PORT=SIZE",
-            help="Plan over hosts of llama.cpp's RPC backend (rpc-server on each), SIZE free on each; repeatable.",
+            metavar="HOST:PORT=SIZE[,...]",
+            help="Plan over hosts of llama.cpp's RPC backend (rpc-server on each), SIZE free on each; a list "
+            "or repeated.",
         ),
         click.option(
             "--bandwidth",

@@ -34,6 +34,11 @@ def show_plan(plan: Plan, view: View, *, requested_ctx: int | None, write_chart:
     if view.as_json:
         output.result_json(plan_dict(plan, requested_ctx))
         return show_chart(plan, view, terminal=False, write=write_chart)
+    if plan.users is not None:  # --users N: the question asked, answered first
+        from kvadvise.planner.users import answer_lines
+        from kvadvise.summary import where_on
+
+        output.result("\n".join(answer_lines(plan.users, where=where_on(plan).removeprefix(" on ") or "this card")))
     if view.verbose:
         output.result(plan_text(plan, requested_ctx))
         chart = show_chart(plan, view, write=write_chart)

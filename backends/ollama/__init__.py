@@ -1,7 +1,9 @@
 """Backend: an Ollama model by name (``qwen3-coder``, ``qwen3:8b``, ``hf.co/user/repo:Q4_K_M``).
 
 The package: name.py (names), store.py (the on-disk store), api.py (a running
-server), profiles.py (built-in profiles), resolve.py (the three in order),
+server), registry.py (Ollama's registry: a tag's manifest and its blobs' headers
+before the pull), snapshots.py (built-in snapshots of the registry's headers),
+profiles.py (built-in profiles), resolve.py (them all in order),
 model.py (the resolved model), rules.py (how Ollama runs llama-server),
 advice.py, config.py and modelfile.py (what to set and write), verify.py
 (``/api/ps`` after a run), commands.py (``kvadvise ollama`` and ``kvadvise

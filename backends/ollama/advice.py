@@ -31,6 +31,7 @@ from kvadvise.planner.planning import AdviceSummary, Plan
 from kvadvise.text import lines as text_lines
 
 if TYPE_CHECKING:  # an offload is planned only with --allow-cpu
+    from kvadvise.backends.ollama.mlx import RunnerPlan
     from kvadvise.planner.offload import Offload
 
 
@@ -55,6 +56,7 @@ class OllamaAdvice:
     live: LiveState
     warnings: tuple[str, ...]
     platform: str = "linux"  # how the apply hints are written: linux | macos | windows | docker
+    runner: RunnerPlan | None = None  # on Apple Silicon: the runner that loads it (kvadvise.backends.ollama.mlx)
     key = "ollama"  # its part of the plan's JSON document (kvadvise.planner.planning.RuntimeAdvice)
 
     def json_doc(self) -> dict[str, object]:
@@ -178,17 +180,11 @@ def advise(
         if tier != num_ctx and model.default_num_ctx is None:
             warnings.append(
                 # server/routes.go: the default num_ctx by the GPUs' total memory, capped at the training context
-                f"without these settings Ollama runs {tier:,} tokens on this card (its default for this much VRAM)"
+                f"without these settings Ollama runs {tier:,} tokens here (its default for this VRAM)"
             )
-    if runnable and ram is not None and ram.cache_ram_mib is not None:
-        warnings.append(
-            f"the RAM holds a prompt cache of {ram.cache_ram_mib:,} MiB at most beside this plan, not llama.cpp's "
-            "default 8192 (per loaded model): LLAMA_ARG_CACHE_RAM is in the settings"
-        )
+    # a LLAMA_ARG_CACHE_RAM the plan sets is said once, by env_effects (its server-wide warning)
     if runnable and off is not None:
-        warnings.append(
-            "part runs on the CPU: leave num_gpu unset (llama.cpp's --fit places it; `ollama ps` shows CPU/GPU)"
-        )
+        warnings.append("part runs on the CPU: leave num_gpu unset (--fit places it; `ollama ps` shows the split)")
     if cfg.n_parallel > 1 and model.spec.architecture in SINGLE_SLOT_ARCHS:
         warnings.append(f"Ollama forces num_parallel = 1 for {model.spec.architecture}")
     if repeatable:
@@ -209,7 +205,7 @@ def advice_dict(a: OllamaAdvice) -> dict[str, object]:
         from kvadvise.backends.ollama.profiles import profiles
 
         provenance = profiles()[a.model.source.removeprefix("profile:").lower()].provenance()
-    return {
+    doc: dict[str, object] = {
         "model": a.model.ref,
         "source": a.model.source,
         "provenance": provenance,
@@ -239,6 +235,9 @@ def advice_dict(a: OllamaAdvice) -> dict[str, object]:
         "apply": list(apply_steps(a)),
         "verify_command": verify_command(a.created_name, a.settings) if a.fits and not a.settings.partial else None,
     }
+    if a.runner is not None:  # a Mac plan only: the other cards' documents are unchanged
+        doc["runner"] = a.runner.json_doc()
+    return doc
 
 
 def apply_steps(
@@ -252,7 +251,7 @@ def apply_steps(
         return ()
     steps = list(oc.apply_hints_server(a.settings, a.platform, env_path=env, dropin_path=systemd))
     mf = modelfile or "Modelfile"
-    later = "" if modelfile else "  (--write-modelfile)"
+    later = "" if modelfile else "  # --write-modelfile Modelfile writes it"  # as printed, the line runs
     if a.platform == "docker":  # the Modelfile is on the host, ollama in the container
         steps.append(f"docker cp {shlex.quote(mf)} ollama:/tmp/Modelfile{later}")
         steps.append(f"docker exec ollama ollama create {a.created_name} -f /tmp/Modelfile")
@@ -290,6 +289,8 @@ def advice_text(a: OllamaAdvice) -> str:
             lines.append(f"    loaded: {r.name}  {r.size / 1e9:.1f} GB  {r.processor}  ctx {r.context_length}")
     lines += [f"  note: {n}" for n in a.live.notes]
     lines += [f"  warning: {w}" for w in a.warnings]
+    if a.runner is not None:
+        lines += [f"  {line}" for line in a.runner.lines()]
     return text_lines(lines)  # a name, a note: one line each, whatever they hold
 
 
@@ -322,6 +323,8 @@ def advice_summary(a: OllamaAdvice) -> tuple[list[str], list[str], list[str]]:
         notes += list(a.live.notes)
     # a built-in profile names itself among the model's sources; a model found in a store or on a server here
     sources = [] if a.model.source.startswith("profile:") else [f"model: {a.model.ref} ({a.model.source})"]
+    if a.runner is not None:
+        settings += a.runner.lines()
     return settings, notes, sources
 
 

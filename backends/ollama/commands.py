@@ -50,8 +50,38 @@ def _host_option(f: F) -> F:
     show_default=True,
     help="How to apply the server settings: systemd/env file, launchctl, user variables, docker --env-file.",
 )
+@click.option(
+    "--runner",
+    type=click.Choice(["auto", "llamacpp", "mlx"]),
+    default="auto",
+    show_default=True,
+    help="On a Mac: the runner Ollama loads the model with (auto: by --ollama-version and the architecture; "
+    "mlx: a safetensors tag such as -mlx/-nvfp4). See docs/ollama-mlx.md.",
+)
+@click.option(
+    "--ollama-version",
+    default=None,
+    metavar="X.Y.Z",
+    type=TEXT,
+    help="On a Mac: the Ollama the plan is for (default: the server's, else the newest); it decides the runner.",
+)
+@click.option(
+    "--mlx-quant",
+    type=click.Choice(["nvfp4", "mxfp4", "int4", "mxfp8", "int8", "bf16"]),
+    default="nvfp4",
+    show_default=True,
+    help="The MLX type of the tag the MLX runner loads (Ollama's -mlx tags: nvfp4).",
+)
 def ollama_command(
-    name: str, host: str | None, force: bool, server_default: bool, platform: str, **kwargs: object
+    name: str,
+    host: str | None,
+    force: bool,
+    server_default: bool,
+    platform: str,
+    runner: str,
+    ollama_version: str | None,
+    mlx_quant: str,
+    **kwargs: object,
 ) -> None:
     """Advice for an Ollama model (NAME[:TAG]): found in the model store, on the server, or in the built-in profiles.
 
@@ -65,7 +95,15 @@ def ollama_command(
     f = ollama_flags(kwargs)
     with ollama_api.session():
         model = resolve(name, host=host)
-        runtime = OllamaRuntime(model, host=host, platform=platform, server_default=server_default)
+        runtime = OllamaRuntime(
+            model,
+            host=host,
+            platform=platform,
+            server_default=server_default,
+            runner=runner,
+            ollama_version=ollama_version,
+            mlx_quant=mlx_quant,
+        )
         plan = plan_for(model.spec, f.request, runtime)
     answer(plan, f.view, runtime, requested_ctx=None, paths=paths, force=force)
 
@@ -279,7 +317,7 @@ def _prompt_estimate(spec: ModelSpec, cfg: RunConfig, prompt_tokens: int) -> flo
     return est.tokens_per_s if est is not None else None
 
 
-SEVERAL_MODEL_FILES = ("--write-env", "--write-preset", "--write-modelfiles")
+SEVERAL_MODEL_FILES = ("--write-env", "--write-preset", "--write-llama-swap", "--write-modelfiles")
 
 
 def _single_model_options(kwargs: dict[str, Any]) -> tuple[str | None, tuple[str, ...]]:
@@ -316,6 +354,14 @@ def with_installed(cmd: click.Command) -> click.Command:
             help="With several models: also write them as a llama-server router preset (--models-preset).",
         ),
         click.Option(
+            ["--write-llama-swap"],
+            metavar="PATH",
+            type=TEXT,  # an empty path or a NUL byte: exit 2
+            default=None,
+            help="With several models: also write them as a llama-swap config (a cmd each, groups that fit "
+            "together; written also when they do not all fit at once).",
+        ),
+        click.Option(
             ["--write-modelfiles"],
             metavar="DIR",
             type=TEXT,  # an empty path or a NUL byte: exit 2
@@ -344,9 +390,10 @@ def with_installed(cmd: click.Command) -> click.Command:
         if listing:
             if names:
                 raise click.UsageError("--installed lists every model: drop NAME (or drop --installed)")
-            if kwargs.pop("write_preset") is not None or kwargs.pop("write_modelfiles") is not None:
+            if any([kwargs.pop(o, None) is not None for o in ("write_preset", "write_modelfiles", "write_llama_swap")]):
                 raise click.UsageError(
-                    "--installed lists every model; --write-preset and --write-modelfiles are for several models"
+                    "--installed lists every model; --write-preset, --write-llama-swap and --write-modelfiles are "
+                    "for several models"
                 )
             from kvadvise.backends.ollama.installed import list_installed  # the store listing: only when asked
 
@@ -362,15 +409,17 @@ def with_installed(cmd: click.Command) -> click.Command:
             host, single = _single_model_options(kwargs)
             f = ollama_flags(kwargs)
             return run_together(names, f, host=host, paths=paths, force=force, single_model=single)
-        if kwargs.pop("write_preset") is not None or kwargs.pop("write_modelfiles") is not None:
+        if any([kwargs.pop(o, None) is not None for o in ("write_preset", "write_modelfiles", "write_llama_swap")]):
             raise click.UsageError(
-                "--write-preset and --write-modelfiles are for several models (a router preset, a Modelfile each)"
+                "--write-preset, --write-llama-swap and --write-modelfiles are for several models (a router preset, "
+                "a llama-swap config, a Modelfile each)"
             )
         return inner(name=names[0], **kwargs)
 
     help_text = (cmd.help or "") + (
         "\n\nkvadvise ollama --installed [--sort name|size|context] [--json]: every model of the store, one line each."
-        "\n\nkvadvise ollama NAME NAME... [--write-env FILE] [--write-preset FILE]: several models on one server, "
+        "\n\nkvadvise ollama NAME NAME... [--write-env FILE] [--write-preset FILE] [--write-llama-swap FILE]: several "
+        "models on one server, "
         "as Ollama's scheduler places them: which stay loaded together on which GPU, which evicts which, and the "
         "settings that keep them loaded."
     )
@@ -403,7 +452,8 @@ def run_together(
         plan_together,
         settings,
     )
-    from kvadvise.backends.ollama.together_files import write
+    from kvadvise.backends.ollama.together_budget import plan_combinations
+    from kvadvise.backends.ollama.together_files import SWAPPING_OPTIONS, budget_lines, write
     from kvadvise.backends.ollama.together_show import together_dict, together_text
     from kvadvise.errors import EXIT_NO_FIT
     from kvadvise.ui.flags import given_flags
@@ -435,14 +485,29 @@ def run_together(
         t = replace(t, notes=(*t.notes, *same))
     if live_note:
         t = replace(t, notes=(*t.notes, live_note))
+    asked = {k: v for k, v in paths.items() if v is not None}
+    swapping = {k: v for k, v in asked.items() if k in SWAPPING_OPTIONS}
+    if swapping:  # the router's limit and llama-swap's groups: which combinations fit (together_budget)
+        t = replace(t, combinations=plan_combinations(t, hw, headless=r.headless))
     if f.view.as_json:
         output.result_json(together_dict(t))
     else:
         output.result(together_text(t, verbose=f.view.verbose))
-    asked = {k: v for k, v in paths.items() if v is not None}
+    if t.combinations is not None:
+        for line in budget_lines(t.combinations):
+            output.note(line)
     if not t.fits:
-        if asked:
-            output.note("nothing written: these models do not stay loaded together")
+        c = t.combinations
+        if c is not None and c.models_max and swapping:  # they swap: the router and llama-swap can still serve them
+            if len(swapping) < len(asked):
+                output.note(
+                    f"not written ({', '.join(k for k in asked if k not in swapping)}): these models do not "
+                    "stay loaded together"
+                )
+            write(t, swapping, force=force)
+        elif asked:
+            why = f" ({', '.join(c.alone_short)} does not fit even alone)" if c is not None and c.alone_short else ""
+            output.note(f"nothing written: these models do not stay loaded together{why}")
         raise click.exceptions.Exit(EXIT_NO_FIT)
     write(t, asked, force=force)
 

@@ -84,10 +84,8 @@ def env_effects(s: OllamaSettings) -> list[str]:
         elif k == "OLLAMA_FLASH_ATTENTION" and v == "0":
             out.append(f"{k}={v} is server-wide: it turns flash attention off for every model")
         elif k == "LLAMA_ARG_CACHE_RAM":
-            out.append(
-                f"{k}={v} is server-wide: every model's runner keeps at most {int(v):,} MiB of prompt cache in RAM "
-                "(llama.cpp's default: 8192 per runner)"
-            )
+            # llama.cpp's default is 8192 MiB per runner (common.h cache_ram_mib)
+            out.append(f"{k}={v} is server-wide: each runner keeps ≤ {int(v):,} MiB of prompt cache")
         elif k == "LLAMA_ARG_CTX_CHECKPOINTS":
             out.append(f"{k}={v} is server-wide: every runner keeps at most {v} context checkpoints per slot")
         elif k == "OLLAMA_CONTEXT_LENGTH":
@@ -140,10 +138,7 @@ def call_hints(name: str, s: OllamaSettings) -> tuple[str, ...]:
     """How to call the model ``ollama create`` made, and what overrides its num_ctx: a request's own
     ``options.num_ctx`` wins over the Modelfile's PARAMETER (server/routes.go usesAutomaticNumCtx: the
     request's options first, then the model's)."""
-    return (
-        f'then call it by its new name: ollama run {name}  (API: "model": "{name}")',
-        f"note: a client that sends its own num_ctx (options.num_ctx) overrides the Modelfile's {s.num_ctx:,}",
-    )
+    return (f"ollama run {name}  # a request's own options.num_ctx overrides the Modelfile's {s.num_ctx:,}",)
 
 
 def _dot_path(path: str | Path) -> str:
@@ -178,8 +173,8 @@ def apply_hint_systemd(path: str | Path) -> tuple[str, ...]:
         return (SYSTEMD_RELOAD,)
     return (
         # every path quoted: a name with a space, ; or $(...) is a name, never code in the user's shell
-        f"sudo mkdir -p {SYSTEMD_DROPIN_DIR} && sudo cp {shlex.quote(str(p))} "
-        f"{shlex.quote(str(SYSTEMD_DROPIN_DIR / dropin_name(p)))}",
+        f"sudo mkdir -p {SYSTEMD_DROPIN_DIR}",
+        f"sudo cp {shlex.quote(str(p))} {shlex.quote(str(SYSTEMD_DROPIN_DIR / dropin_name(p)))}",
         SYSTEMD_RELOAD,
     )
 
@@ -227,19 +222,26 @@ def apply_hints_server(
     if platform == "docker":  # a container's environment is set when it is created: re-create it
         src = f"--env-file {_dot_path(env_path)}" if env_path else " ".join(f"-e {k}={v}" for k, v in env)
         return (
-            "docker rm -f ollama  # new settings need the container re-created; the ollama volume keeps the models",
-            f"docker run -d --gpus=all {src} -v ollama:/root/.ollama -p 11434:11434 --name ollama ollama/ollama",
+            "docker rm -f ollama  # new -e settings need a new container; the ollama volume keeps the models",
+            f"docker run -d --gpus=all {src} \\",  # one command on two lines: each fits a terminal
+            "  -v ollama:/root/.ollama -p 11434:11434 --name ollama ollama/ollama",
         )
     if dropin_path is not None:
         return apply_hint_systemd(dropin_path)
     if env_path is not None:
         return apply_hint_env(env_path)
-    return (
-        "sudo systemctl edit ollama.service  # add under [Service]: "
-        + " ".join(f'Environment="{k}={v}"' for k, v in env),
+    return (  # a line per setting: what the editor gets, and short enough to read (and copy) on a terminal
+        "sudo systemctl edit ollama.service  # then add under [Service]:",
+        *(f'  Environment="{k}={v}"' for k, v in env),
         SYSTEMD_RELOAD,
-        "(or, without systemd: " + " ".join(f"{k}={v}" for k, v in env) + " ollama serve)",
+        _serve_without_systemd(env),
     )
+
+
+def _serve_without_systemd(env: list[tuple[str, str]]) -> str:
+    """The server started by hand with the settings, when it fits a terminal line; else where they are."""
+    line = " ".join(f"{k}={shlex.quote(v)}" for k, v in env) + " ollama serve  # without systemd"
+    return line if len(line) <= 96 else "(without systemd: the server settings above, then ollama serve)"
 
 
 def verify_command(name: str, s: OllamaSettings) -> str:

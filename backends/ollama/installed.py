@@ -125,7 +125,7 @@ def _from_server(url: str, t: Tagged) -> Listed:
     from kvadvise.ui.listing import Listed
 
     try:
-        m = resolve(t.name, host=url, roots=(), use_profiles=False)
+        m = resolve(t.name, host=url, roots=(), use_registry=False, use_profiles=False)
     except KvadviseError as e:
         return Listed(name=t.name, source=f"api:{url}", size_bytes=t.size, spec=None, error=e.message, digest=t.digest)
     return Listed(
@@ -234,7 +234,7 @@ def server_settings(n_parallel: int | None, cache_type: str | None, total_vram_b
 # --- the command ----------------------------------------------------------------
 
 # what only one model can take: a listing of every model refuses it
-_NOT_WITH_INSTALLED = ("n_ctx", "use", "target_ctx", "min_ctx", "allow_cpu")
+_NOT_WITH_INSTALLED = ("n_ctx", "use", "target_ctx", "min_ctx", "allow_cpu", "users")
 
 
 def list_installed(f: Flags, *, host: str | None, sort: str, single_model: tuple[str, ...] = ()) -> None:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvadvise.model.spec import ModelSpec
+
+if TYPE_CHECKING:  # only a registry model carries one: the header reader is not imported for the others
+    from kvadvise.model.projector import ProjectorSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,10 +21,11 @@ class OllamaModel:
     params: dict[str, Any]  # the model's default options (params layer / /api/show parameters): num_ctx, stop, ...
     projector_bytes: int  # vision projector (mmproj) bytes, 0 if none or unknown
     model_bytes: int  # the GGUF blob (store), the tensors (API) or the download size (profile)
-    source: str  # "store:<manifest path>" | "api:<host>" | "profile:<id>"
+    source: str  # "store:<manifest path>" | "api:<host>" | "registry:<manifest URL>" | "profile:<id>"
     notes: tuple[str, ...] = ()
     digest: str | None = None  # sha256 of the manifest (store): the ID `ollama ps` shows
     projector_path: str | None = None  # the projector blob in the store (an mmproj GGUF), when there is one
+    projector: ProjectorSpec | None = None  # the projector's header already read (a registry blob's, by range)
 
     @property
     def ref(self) -> str:

@@ -31,6 +31,9 @@ class OllamaName:
     namespace: str
     model: str
     tag: str
+    # name.go ParseNameBare keeps a scheme written before the host ("http://host/ns/model"); Ollama pulls
+    # over https unless the name says http, and then only with --insecure (server/images.go PullModel)
+    scheme: str = "https"
 
     @property
     def is_library(self) -> bool:
@@ -112,6 +115,7 @@ def parse_name(ref: str) -> OllamaName:
     if not s:
         raise InputError("empty model name", hint="give a name like qwen3-coder or qwen3:8b")
     host = namespace = tag = ""
+    scheme = "https"
     rest = s
     # "/" is an illegal tag character, so a ":" after the last "/" starts the tag
     if rest.rfind(":") > rest.rfind("/"):
@@ -124,13 +128,15 @@ def parse_name(ref: str) -> OllamaName:
         if not promised:
             namespace = rest
         else:
-            scheme, sep, after = rest.partition("://")
-            host = after if sep else scheme
+            before, sep, after = rest.partition("://")
+            host = after if sep else before
+            scheme = before.lower() if sep else scheme
     name = OllamaName(
         host=host or DEFAULT_HOST,
         namespace=namespace or DEFAULT_NAMESPACE,
         model=model,
         tag=tag or DEFAULT_TAG,
+        scheme=scheme,
     )
     for kind, part in zip(("host", "namespace", "model", "tag"), name.manifest_parts(), strict=True):
         if not _valid_part(kind, part):

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -286,15 +286,16 @@ def profile_ids() -> tuple[str, ...]:
     return tuple(sorted(_entries()[0]))
 
 
-def suggestions(name: OllamaName, limit: int = 3) -> tuple[str, ...]:
+def suggestions(name: OllamaName, extra: Iterable[str] = (), limit: int = 3) -> tuple[str, ...]:
     """Up to ``limit`` built-in names close to ``name``, best first (difflib's ratio): what "did you mean"
     offers for ``qwen3-codr`` (qwen3-coder) or ``gemma4:e4`` (gemma4:e4b, gemma4:e2b...). A known model with an
-    unknown tag gets its own tags; a bare name gets model names (bare where their ``:latest`` is known)."""
+    unknown tag gets its own tags; a bare name gets model names (bare where their ``:latest`` is known).
+    ``extra``: more ``model:tag`` names to offer (the built-in snapshots of the registry)."""
     import difflib  # only for a name that is not there
 
     if not name.is_library:
         return ()
-    names = _entries()[1]  # id or alias -> id
+    names = {**{e.lower(): e.lower() for e in extra}, **_entries()[1]}  # id or alias -> id (``extra``: more ids)
     model, tag = name.model.lower(), name.tag.lower()
     own_tags = sorted(k for k in names if k.split(":")[0] == model)
     if own_tags:

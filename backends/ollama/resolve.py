@@ -6,11 +6,15 @@ Resolution, first that works:
    service's ``/usr/share/ollama/.ollama/models``): the GGUF blob's header,
    the params layer, the projector; no server needed;
 2. a running server at ``OLLAMA_HOST`` (``/api/show``, verbose);
-3. a built-in profile (``profiles/ollama_models.json``), to plan before
-   ``ollama pull``.
+3. the registry the name is pulled from (registry.ollama.ai, ``hf.co``, a host
+   in the name; kvadvise.backends.ollama.registry): the tag's manifest and its
+   blobs' real headers by range reads, to plan exactly before ``ollama pull``;
+4. offline, a built-in snapshot of the registry's headers (``profiles/ollama_library.json``,
+   kvadvise.backends.ollama.snapshots), else a built-in profile (``profiles/ollama_models.json``).
 
-A server that does not answer is not an error here (the profile may still
-plan the model); it is one of the tries the final error lists.
+A server or a registry that does not answer is not an error here (the profile
+may still plan the model, with a note); it is one of the tries the final
+error lists.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from kvadvise.backends.ollama import api as ollama_api
+from kvadvise.backends.ollama import registry as ollama_registry
+from kvadvise.backends.ollama import snapshots
 from kvadvise.backends.ollama import store as ollama_store
 from kvadvise.backends.ollama.model import OllamaModel
 from kvadvise.backends.ollama.name import OllamaName, parse_name
@@ -31,53 +37,78 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 
+MESSAGE_COLUMNS = 100  # the not-found line, less the CLI's "kvadvise: error: "
+
+
 def resolve(
     ref: str,
     *,
     host: str | None = None,
     roots: Sequence[Path] | None = None,
     use_api: bool = True,
+    use_registry: bool = True,
     use_profiles: bool = True,
     timeout: float = ollama_api.DEFAULT_TIMEOUT,
 ) -> OllamaModel:
-    """Find ``ref`` in the store, then on the server, then in the built-in profiles.
+    """Find ``ref`` in the store, then on the server, then in the registry, then in the built-in profiles.
 
-    ``host`` defaults to ``$OLLAMA_HOST``; ``roots`` to the store roots Ollama
-    uses. InputError naming every try when none has the model.
+    ``host`` defaults to ``$OLLAMA_HOST``; ``roots`` to the store roots Ollama uses. InputError saying
+    in one short line what was tried, and the closest library names, when none has the model.
     """
     name = parse_name(ref)
-    tried: list[str] = []
+    tried: list[str] = []  # one word or two per try, for the one line
+    failures: list[str] = []  # what did not answer and why, for the hint
 
     search = ollama_store.store_roots() if roots is None else tuple(roots)
     entry = ollama_store.find(name, search)
     if entry is not None:
         return from_store(name, entry)
     skipped = ollama_store.skipped(name, search)  # a store that cannot be searched: named, then passed over
-    shown_roots = ", ".join(str(r) for r in search) or "none"
-    tried.append(
-        f"the model store ({shown_roots}): no manifest for {name.display}" + "".join(f"; {n}" for n in skipped)
-    )
+    tried.append("store")
+    failures.extend(skipped)
 
-    server_note: str | None = None
+    notes: tuple[str, ...] = skipped  # what a later try that finds the model carries
     if use_api:
         url = ollama_api.server_url(host)
         try:
             shown = ollama_api.show_model(url, name.display, timeout=timeout)
         except BackendUnreachable as e:
-            tried.append(f"the Ollama server: {e.message}")
-            server_note = f"the Ollama server could not be asked ({e.message})"
+            tried.append("server")
+            failures.append(f"the server did not answer: {e.message}")
+            notes = (*notes, f"the Ollama server could not be asked ({e.message})")
         else:
             if shown is not None:
                 found = _from_api(name, url, shown)
                 return dataclasses.replace(found, notes=(*skipped, *found.notes))
-            tried.append(f"the Ollama server at {url}: it does not have {name.display}")
+            tried.append("server")
+
+    if use_registry:
+        base = ollama_registry.registry_url(name)
+        if base is None:
+            failures.append(f"the registry was not asked ({ollama_registry.REGISTRY_ENV}=off)")
+        else:
+            try:
+                model = ollama_registry.read_model(name, base)
+            except BackendUnreachable as e:
+                tried.append("registry")
+                failures.append(f"the registry did not answer: {e.message}")
+                notes = (*notes, f"the registry could not be read ({_short(e.message)}): planned offline")
+            except ollama_registry.Refused as e:  # private, or not there: said, and the chain goes on
+                tried.append("registry")
+                failures.append(e.message)
+            else:
+                if model is not None:
+                    return dataclasses.replace(model, notes=(*notes, *model.notes))
+                tried.append("registry")
 
     close: tuple[str, ...] = ()
     if use_profiles:
+        snapshot = snapshots.find(name)  # the registry's own header of the tag, as read on a date: exact
+        if snapshot is not None:
+            return dataclasses.replace(snapshot, notes=(*notes, *snapshot.notes))
         profile = find_profile(name)
         if profile is not None:
             spec = profile.spec()
-            notes = (*skipped, server_note) if server_note else skipped
             if profile.id.lower() != f"{name.model}:{name.tag}".lower():
                 notes = (*notes, f"{name.display} is {profile.id} in Ollama's library")
             return OllamaModel(
@@ -90,8 +121,8 @@ def resolve(
                 source=f"profile:{profile.id}",
                 notes=notes,  # the profile's own notes are the spec's, printed with the plan
             )
-        close = suggestions(name)
-        tried.append(f"the built-in profiles: none for {name.display}")
+        close = suggestions(name, snapshots.names())
+        tried.append("profiles")
 
     # a model name kvadvise does not know that resembles one it does is most likely a typo: the known name
     # first; a known model with a tag kvadvise has no profile of (qwen3:0.6b) is most likely real: pull first
@@ -101,11 +132,15 @@ def resolve(
         hint = f"{pull}; or kvadvise ollama {close[0]} (a tag kvadvise knows)"
     elif close:
         hint = f"kvadvise ollama {close[0]}; or {pull} if the library has that name"
-    # "did you mean" first, in a short line; where it was looked for in the hint
-    head = f"{name.display}: not found" + (f"; did you mean {', '.join(close)}?" if close else "")
-    if server_note is not None and not close:  # else a typo is likelier; the hint says the server was down
-        head += " (no Ollama server answered)"
-    raise InputError(head, hint=f"{hint} (looked in: " + "; ".join(tried) + ")")
+    # one short line (the CLI's "kvadvise: error: " before it: ~120 columns): "did you mean" first, then what
+    # was tried; fewer close names rather than a second line; why a try failed goes in the hint
+    where = f" (tried {', '.join(tried)})"
+    head = f"{name.display}: not found"
+    for n in range(len(close), 0, -1):
+        head = f"{name.display}: not found; did you mean {', '.join(close[:n])}?"
+        if len(head + where) <= MESSAGE_COLUMNS:
+            break
+    raise InputError(head + where, hint="; ".join((hint, *failures)))
 
 
 def library_names(ref: str) -> tuple[str, ...]:
@@ -165,3 +200,14 @@ def _from_api(name: OllamaName, url: str, shown: ollama_api.ShownModel) -> Ollam
         source=f"api:{url}",
         notes=tuple(notes),
     )
+
+
+def _short(message: str) -> str:
+    """``https://registry.ollama.ai/v2/library/x/manifests/latest: unknown host`` -> ``registry.ollama.ai:
+    unknown host``: the host and the reason fit one line of the answer."""
+    url, sep, why = message.partition(": ")
+    if sep and url.startswith(("https://", "http://")):
+        from urllib.parse import urlsplit
+
+        return f"{urlsplit(url).netloc}: {why}"
+    return message

@@ -26,6 +26,7 @@ from kvadvise.runtime.seam import Shaped, Writer
 
 if TYPE_CHECKING:
     from kvadvise.backends.ollama.advice import OllamaAdvice
+    from kvadvise.backends.ollama.mlx import RunnerPlan
     from kvadvise.model.projector import ProjectorSpec
     from kvadvise.model.spec import ModelSpec
     from kvadvise.planner.hardware import Hardware
@@ -52,7 +53,10 @@ class OllamaRuntime:
     """Ollama, for one model (``model``: its projector, its own num_ctx, where it was found) or for a bare
     spec (the API given a ModelSpec). ``host``: the server whose state (/api/ps, its version) the advice
     reads; ``platform``: how the apply steps are written (auto: this machine's); ``server_default``: also
-    set OLLAMA_CONTEXT_LENGTH; ``live``: ask the server at all."""
+    set OLLAMA_CONTEXT_LENGTH; ``live``: ask the server at all. On Apple Silicon (a Metal plan) the advice
+    names the runner that loads the model (kvadvise.backends.ollama.mlx): ``runner`` (auto | llamacpp | mlx)
+    forces one, ``ollama_version`` the Ollama it is for (else the server's, else the newest rule),
+    ``mlx_quant`` the MLX type of the tag."""
 
     name = "ollama"
     program = "llama-server"  # Ollama >= 0.30 runs every GGUF model with llama-server
@@ -69,12 +73,18 @@ class OllamaRuntime:
         platform: str = "auto",
         server_default: bool = False,
         live: bool = True,
+        runner: str = "auto",
+        ollama_version: str | None = None,
+        mlx_quant: str = "nvfp4",
     ) -> None:
         self.model = model
         self.host = host
         self.platform = platform
         self.server_default = server_default
         self.live = live
+        self.runner = runner
+        self.ollama_version = ollama_version
+        self.mlx_quant = mlx_quant
 
     def _model(self, spec: ModelSpec) -> OllamaModel:
         if self.model is not None:
@@ -140,7 +150,38 @@ class OllamaRuntime:
         advice = advise(
             model, plan, live, server_default=self.server_default, repeatable=request.repeatable, platform=where
         )
+        runner = self._runner(plan, advice.settings.num_ctx, live.version)
+        if runner is not None:
+            advice = replace(advice, runner=runner)
         return replace(plan, advice=advice)
+
+    def _runner(self, plan: Plan, num_ctx: int, server_version: str | None) -> RunnerPlan | None:
+        """On a Mac (a Metal GPU): the runner Ollama loads the model with, and the MLX runner's memory when
+        it is MLX. None elsewhere: a plan for another card is unchanged; --runner there is an error."""
+        from kvadvise.backends.ollama import mlx
+        from kvadvise.errors import InputError
+
+        apple = plan.hardware is not None and any(g.backend == "metal" for g in plan.hardware.gpus)
+        if not apple:
+            if self.runner != "auto" or self.mlx_quant != "nvfp4":
+                raise InputError(
+                    "--runner/--mlx-quant: Ollama's MLX runner runs on Apple Silicon only",
+                    hint="plan for a Mac with --gpu (e.g. --gpu m4-max-64gb)",
+                )
+            return None
+        version = self.ollama_version or server_version
+        choice = mlx.choose_runner(plan.spec.architecture, version, self.runner)
+        if choice.runner != "mlx":
+            return mlx.RunnerPlan(choice, None)
+        assert plan.hardware is not None
+        memory = mlx.mlx_memory(
+            plan.spec,
+            num_ctx=num_ctx,
+            ram_bytes=plan.hardware.ram_total_bytes,
+            quant=self.mlx_quant,
+            enforced=mlx.num_ctx_enforced(version),
+        )
+        return mlx.RunnerPlan(choice, memory)
 
     def writers(self) -> tuple[Writer[Plan], ...]:
         return WRITERS
@@ -150,6 +191,8 @@ def readable_projector(model: OllamaModel) -> ProjectorSpec | None:
     """The header of a store model's projector blob when it reads as an mmproj GGUF (Ollama passes it to
     llama-server as --mmproj): planned on the first GPU as llama.cpp loads it. None otherwise (a model
     from the API or a profile, an unreadable blob): the fit-target rule stands in for it."""
+    if model.projector is not None:  # read from the registry's blob with the model's header
+        return model.projector
     if model.projector_path is None:
         return None
     from kvadvise.errors import KvadviseError

@@ -235,7 +235,8 @@ def _parse_json(data: bytes, path: Path, what: str) -> Any:
         raise InputError(f"{path}: the {what} is not valid JSON ({e.msg} at line {e.lineno})") from None
 
 
-def _layers(doc: Mapping[str, Any], path: Path) -> Iterator[Layer]:
+def manifest_layers(doc: Mapping[str, Any], path: Path | str) -> Iterator[Layer]:
+    """The layers of a manifest (``path``: where it came from, for messages), each digest checked."""
     layers = doc.get("layers")
     if not isinstance(layers, list):
         raise InputError(f"{path}: the manifest has no list of layers")
@@ -258,7 +259,7 @@ def _read_entry(root: Path, manifest: Path, name: OllamaName) -> StoreEntry:
     doc = _parse_json(data, manifest, "manifest")
     if not isinstance(doc, dict):
         raise InputError(f"{manifest}: the manifest is not a JSON object")
-    layers = list(_layers(doc, manifest))
+    layers = list(manifest_layers(doc, manifest))
     notes: list[str] = []
 
     # Ollama's GetModel walks the layers in order and each model layer replaces the one before:

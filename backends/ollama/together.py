@@ -29,6 +29,7 @@ from kvadvise.errors import ConfigError
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
+    from kvadvise.backends.ollama.together_budget import Combinations
     from kvadvise.planner.hardware import Hardware
     from kvadvise.request import PlanRequest
 
@@ -41,7 +42,7 @@ EMBEDDING_CTX = 2048  # an embedding model: its batch (llm/llama_server.go embed
 # the first model's contexts, largest first: a multiple of 4k from its target down to USEFUL_CTX
 CTX_STEP = 4096
 # what `kvadvise ollama NAME` takes that has no meaning for several models at once (request fields)
-SINGLE_MODEL_ONLY = ("min_ctx", "allow_cpu", "repeatable", "no_hardware", "mmproj", "draft", "rpc")
+SINGLE_MODEL_ONLY = ("min_ctx", "allow_cpu", "repeatable", "no_hardware", "mmproj", "draft", "rpc", "users")
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +75,8 @@ class Together:
     tried: tuple[tuple[str, int], ...]  # each server-wide cache type tried and the first model's best context at it
     hardware_text: str
     notes: tuple[str, ...]
+    # which combinations fit, for the router preset and llama-swap (together_budget.plan_combinations)
+    combinations: Combinations | None = None
 
     @property
     def final(self) -> sched.Residency:

@@ -16,6 +16,7 @@ from kvadvise.runtime.seam import Writer
 from kvadvise.ui import output
 
 if TYPE_CHECKING:
+    from kvadvise.backends.ollama.together_budget import Combinations
     from kvadvise.files import NewFile
     from kvadvise.runtime.router import RoutedModel
 
@@ -37,17 +38,27 @@ def _env_hints(t: Together, path: Path) -> tuple[str, ...]:
     return oc.apply_hint_env(path)
 
 
+def num_ctxs(t: Together) -> dict[str, int]:
+    """Each model's num_ctx (per slot) as the plan runs it: the scheduler's runner, else the server's."""
+    res, s = t.final, t.final_settings
+    out = {}
+    for m in t.models:
+        runner = next((r for r in res.resident if r.name == m.ref), None)
+        out[m.ref] = runner.num_ctx if runner is not None and runner.num_ctx else s.context_length
+    return out
+
+
 def routed(t: Together) -> list[RoutedModel]:
     """The same models for llama-server's router: the context, slots, cache type and batch of the plan, each
     pinned to the GPU the scheduler put it on (when one of several)."""
     from kvadvise.runtime.router import RoutedModel
 
     res, s = t.final, t.final_settings
+    ctxs = num_ctxs(t)
     out = []
     for m in t.models:
         step = next(st for st in reversed(res.steps) if st.model == m.ref and st.action in ("load", "reuse"))
-        runner = next((r for r in res.resident if r.name == m.ref), None)
-        num_ctx = runner.num_ctx if runner is not None and runner.num_ctx else s.context_length
+        num_ctx = ctxs[m.ref]
         embedding = m.spec.architecture in sched.EMBEDDING_ARCHS
         n_par = 1 if embedding or m.spec.architecture in rules.SINGLE_SLOT_ARCHS else s.num_parallel
         cfg = rules.run_config(num_ctx, n_par, s.kv_cache_type, flash_attention=s.flash_attention)
@@ -59,17 +70,98 @@ def routed(t: Together) -> list[RoutedModel]:
     return out
 
 
+def _combinations(t: Together) -> Combinations:
+    if t.combinations is None:  # kvadvise.backends.ollama.together_budget.plan_combinations, before writing
+        raise ValueError("the router preset and the llama-swap config need the plan's combinations")
+    return t.combinations
+
+
+def budget_lines(c: Combinations) -> list[str]:
+    """What the router's count and llama-swap's groups allow, in words: said in the output and written as
+    comments of both files."""
+    from kvadvise.backends.ollama.together_budget import names
+
+    n = c.models_max
+    if n == len(c.refs):
+        out = [f"--models-max {n}: all {n} models fit in memory together"]
+    elif n == 1:
+        out = ["--models-max 1: each of these models fits alone, not every two together"]
+    else:
+        out = [f"--models-max {n}: any {n} of these models fit in memory together"]
+    if c.over:
+        out.append(
+            f"not {n + 1}: the router counts models, not bytes, and "
+            + "; ".join(names(x) for x in c.over)
+            + " would not fit together"
+        )
+    if kept := c.kept_out():
+        out.append(f"{'; '.join(names(x) for x in kept)} would fit together, but not under a count of {n}")
+    if len(c.groups) > 1:
+        out.append(
+            "llama-swap groups (each loaded alone, its members together): " + "; ".join(names(g) for g in c.groups)
+        )
+    return out
+
+
 def preset_text(t: Together) -> str:
     from kvadvise.runtime.router import preset_text as text
 
-    header = f"llama-server router preset written by kvadvise: {', '.join(m.ref for m in t.models)} loaded together"
-    return text(routed(t), header=header)
+    c = _combinations(t)
+    together = "loaded together" if c.models_max == len(t.models) else "swapped by the router"
+    header = "\n".join(
+        [
+            f"llama-server router preset written by kvadvise: {', '.join(m.ref for m in t.models)} {together}",
+            *budget_lines(c),
+        ]
+    )
+    # loaded at start: the first group's first models, as many as --models-max (more would be evicted at once)
+    first = set(c.groups[0][: c.models_max]) if c.groups else set()
+    return text([replace(r, load_on_startup=r.name in first) for r in routed(t)], header=header)
 
 
 def _preset_hints(t: Together, path: Path) -> tuple[str, ...]:
     from kvadvise.runtime.router import router_command
 
-    return (f"run it with: {router_command(str(path), len(t.models))}",)
+    return (f"run it with: {router_command(str(path), _combinations(t).models_max)}",)
+
+
+def llama_swap_text(t: Together) -> str:
+    """llama-swap's config (kvadvise.runtime.llamaswap): each model's llama-server command as planned (its
+    context, slots, cache type, batch, GPU), never unloaded for being idle, in groups that fit."""
+    from kvadvise.runtime.llamaserver import server_args
+    from kvadvise.runtime.llamaswap import FOREVER_TTL_S, SwapGroup, SwapModel, config_text
+    from kvadvise.runtime.router import section_name
+
+    c = _combinations(t)
+    # never unloaded when idle, as the env file's OLLAMA_KEEP_ALIVE=-1 keeps the set loaded (together_show
+    # env_lines); llama-swap still unloads a group when a model of another is asked for (exclusive)
+    ttl = FOREVER_TTL_S
+    models = []
+    for r in routed(t):
+        args: list[str] = ["llama-server"]
+        comments: tuple[str, ...] = ()
+        for flag, _var, value in server_args(r.path or f"/path/to/{section_name(r.name)}.gguf", r.config):
+            args += [flag] if value is None else [flag, value]
+        if r.path is None:
+            comments = (f"no GGUF file of {r.name} on this machine: set the path of -m",)
+        if r.device:
+            args += ["-dev", r.device]
+        if r.embedding:
+            args.append("--embedding")
+        models.append(SwapModel(section_name(r.name), tuple(args), ttl, comments))
+    groups = [SwapGroup(f"together-{i + 1}", tuple(section_name(x) for x in g)) for i, g in enumerate(c.groups)]
+    header = [
+        f"llama-swap config written by kvadvise: {', '.join(m.ref for m in t.models)}",
+        *budget_lines(c),
+        "run it with: llama-swap --config THIS_FILE",
+    ]
+    return config_text(models, groups, header=header)
+
+
+def _swap_hints(t: Together, path: Path) -> tuple[str, ...]:
+    import shlex
+
+    return (f"run it with: {shlex.join(['llama-swap', '--config', str(path)])}",)
 
 
 WRITERS: tuple[Writer[Together], ...] = (
@@ -80,7 +172,14 @@ WRITERS: tuple[Writer[Together], ...] = (
         preset_text,
         _preset_hints,
     ),
+    Writer(
+        "--write-llama-swap",
+        "With several models: also write them as a llama-swap config (a cmd each, groups that fit together).",
+        llama_swap_text,
+        _swap_hints,
+    ),
 )
+SWAPPING_OPTIONS = ("--write-preset", "--write-llama-swap")  # files for models that need not all stay loaded
 MODELFILES_OPTION = "--write-modelfiles"
 
 

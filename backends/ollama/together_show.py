@@ -9,6 +9,8 @@ from collections.abc import Sequence
 
 from kvadvise.backends.ollama import scheduler as sched
 from kvadvise.backends.ollama.together import GIB, Settings, Together, stays
+from kvadvise.backends.ollama.together_budget import Combinations
+from kvadvise.text import wrapped
 
 
 def _duration(seconds: float) -> str:
@@ -159,9 +161,7 @@ def together_text(t: Together, *, verbose: bool = False) -> str:
     elif t.recommended is not None:
         first = t.models[0].ref
         lines.append(_asked_line(t))
-        lines.append(
-            f"The plan that keeps them loaded ({first} first, at the largest context that fits beside the others):"
-        )
+        lines.append(f"The plan that keeps them loaded ({first} gets the largest context that fits):")
         lines += _plan_rows(t)
         held = sum(sum(r.vram_bytes) for r in t.final.resident)
         total = sum(g.total_bytes for g in t.final.gpus)
@@ -190,7 +190,9 @@ def together_text(t: Together, *, verbose: bool = False) -> str:
                 lines.append(f'  ollama create {name} -f {name}.Modelfile  # or "options": {{"num_ctx": {ctx[ref]}}}')
             lines.append(f"  then ask for {', '.join(made.values())} by these names")
         lines.append("(--verbose: the scheduler step by step; --json; --write-preset FILE: llama-server's router)")
-    return "\n".join(lines)
+    # prose wrapped to ~100 columns; the settings and `ollama create` lines are commands, copied whole
+    commands = ("ollama create ", "OLLAMA_")
+    return "\n".join(r for row in lines for r in ([row] if row.lstrip().startswith(commands) else wrapped(row)))
 
 
 def _why(t: Together) -> list[str]:
@@ -275,4 +277,16 @@ def together_dict(t: Together) -> dict[str, object]:
         "fit_together": t.fits,
         "env": dict(env_lines(t)) if t.fits else {},
         "notes": list(t.notes),
+        **({"router": _router_dict(t.combinations)} if t.combinations is not None else {}),
+    }
+
+
+def _router_dict(c: Combinations) -> dict[str, object]:
+    """With --write-preset / --write-llama-swap: which combinations fit (kvadvise.backends.ollama.together_budget)."""
+    return {
+        "models_max": c.models_max,
+        "not_together": [list(x) for x in c.over],
+        "groups": [list(g) for g in c.groups],
+        "largest": [list(x) for x in c.largest],
+        "alone_short": list(c.alone_short),
     }
