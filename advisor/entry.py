@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from kvadvise.planner.hardware import Hardware
     from kvadvise.planner.planning import HardwareRequest, MeasuredOverhead, Plan
     from kvadvise.planner.policy import Policy
+    from kvadvise.planner.quality import MeasuredQuality
     from kvadvise.runtime.llamabuild import BuildChoice
     from kvadvise.runtime.seam import Runtime, Shaped
 
@@ -144,8 +145,11 @@ def check_machine(r: PlanRequest, hw: Hardware | None) -> None:
             )
 
 
-def policy_of(r: PlanRequest, runtime: Runtime, *, weights_uncertain: bool = False) -> Policy:
-    """The recommender's policy for the request on ``runtime``."""
+def policy_of(
+    r: PlanRequest, runtime: Runtime, *, weights_uncertain: bool = False, quality: MeasuredQuality | None = None
+) -> Policy:
+    """The recommender's policy for the request on ``runtime``; ``quality``: what `verify quality` measured
+    on the model (kvadvise.runtime.qualitycache), if anything."""
     from kvadvise.model.ggml import cache_type
     from kvadvise.planner.policy import Policy, load_use_cases, needs_opt_in
 
@@ -164,6 +168,7 @@ def policy_of(r: PlanRequest, runtime: Runtime, *, weights_uncertain: bool = Fal
         weights_uncertain=weights_uncertain,
         headless=r.headless,
         gpu_only=r.gpu_only,
+        quality=quality,
     )
 
 
@@ -211,7 +216,9 @@ def _plan(
         base,
         recommend_ctx=r.n_ctx is None,
         hw=hw,
-        policy=policy_of(r, runtime, weights_uncertain=shaped.weights_uncertain),
+        policy=policy_of(
+            r, runtime, weights_uncertain=shaped.weights_uncertain, quality=_measured_quality(spec, llama_build)
+        ),
         margin_bytes=r.margin_bytes + shaped.extra_margin_bytes,
         measured_overhead=measured,
         notes=(*notes, *build_notes),
@@ -261,6 +268,13 @@ def _cpu_repack(rule: str) -> str:
     from kvadvise.planner.repack import cpu_isa
 
     return cpu_isa()
+
+
+def _measured_quality(spec: ModelSpec, llama_build: int | None) -> MeasuredQuality | None:
+    """What `kvadvise verify quality` measured on this model file, if anything (never raises)."""
+    from kvadvise.runtime.qualitycache import lookup
+
+    return lookup(spec.source, llama_build)
 
 
 def _calibration(gpu_name: str | None) -> tuple[MeasuredOverhead | None, tuple[str, ...]]:

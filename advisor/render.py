@@ -12,6 +12,7 @@ from kvadvise.model.spec import ModelSpec
 from kvadvise.planner.budget import Budget
 from kvadvise.planner.memory import MemoryEstimate, RunConfig
 from kvadvise.planner.planning import Plan
+from kvadvise.planner.policy import Option, needs_opt_in
 from kvadvise.planner.recommender import Recommendation
 from kvadvise.text import lines as text_lines
 
@@ -527,7 +528,7 @@ def plan_text(plan: Plan, requested_ctx: int | None = None) -> str:
             mem = fmt_bytes(o.device_bytes_at_max) if o.n_ctx_max else "-"
             lines.append(
                 f"  {kv:<20}{'on' if o.flash_attn else 'off':<5}{o.n_ctx_max:>12,}{mem:>16}  "
-                f"{'yes' if o.reaches_target else 'no'}" + ("" if o.allowed else "   (only with --allow-q4)")
+                f"{'yes' if o.reaches_target else 'no'}" + ("" if o.allowed else f"   ({_why_not_allowed(o)})")
             )
         if rec.speed is not None:
             lines.append(f"  decode: {rec.speed.text()}")
@@ -708,3 +709,9 @@ def verification_text(v: Verification) -> str:
     lines.extend(f"  - {r}" for r in v.reasons)
     lines.append(v.verdict)
     return text_lines(lines)
+
+
+def _why_not_allowed(o: Option) -> str:
+    """An option the recommendation may not pick: q4_0 without the opt-in, else measured worse than the
+    threshold on this model (kvadvise verify quality; the reasons cite the figure)."""
+    return "only with --allow-q4" if needs_opt_in((o.type_k, o.type_v)) else "measured: worse than the threshold"

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from kvadvise.planner.policy import kv_name
 from kvadvise.render import fmt_bytes
 from kvadvise.text import WIDTH, wrapped
 from kvadvise.text import lines as text_lines
@@ -178,6 +179,9 @@ def why(rec: Recommendation | None) -> list[str]:
         return out + [r for r in rec.reasons if r.startswith("note:")]
     chosen = (rec.config.type_k, rec.config.type_v)
     target = rec.target_ctx
+    # what `verify quality` measured on this model, as the recommender's reasons say it (planner/reasons.py)
+    rejected = {r.split(" not chosen: ")[0] for r in rec.reasons if " not chosen: measured on this model" in r}
+    measured_ok = any("measured on this model" in r and "within the threshold" in r for r in rec.reasons)
     steps: list[str] = []
     later: list[str] = []
     picked, best = False, 0
@@ -186,17 +190,27 @@ def why(rec: Recommendation | None) -> list[str]:
         reach = f"{o.n_ctx_max:,}" if o.n_ctx_max else "nothing"
         if picked:
             if not o.allowed and o.n_ctx_max > best:  # only what would reach further than the choice
-                later.append(f"{name} would reach {reach} (--allow-q4, less precise)")
+                measured = kv_name((o.type_k, o.type_v)) in rejected
+                why_not = "measured on this model: worse than the threshold" if measured else "--allow-q4, less precise"
+                later.append(f"{name} would reach {reach} ({why_not})")
             continue
         if (o.type_k, o.type_v) == chosen and o.allowed:
             picked, best = True, o.n_ctx_max
             if o.type_k.type_name == "f16" == o.type_v.type_name:
                 steps.append(
                     f"f16 reaches {reach} tokens of the {target:,} target: an exact cache, no need to quantize"
+                    if o.reaches_target or not rejected
+                    else f"f16 reaches {reach} tokens of the {target:,} target: the quantized caches measured worse "
+                    "than the threshold on this model (--verbose)"
                 )
             elif o.type_k.type_name == "q8_0" == o.type_v.type_name:
                 verb = " " if steps else " reaches "  # "f16 reaches 43,520 of 65,536; q8_0 81,408: chosen"
-                steps.append(f"{name}{verb}{reach}: chosen (usually no noticeable loss, Ollama FAQ)")
+                loss = (
+                    "measured on this model: within the threshold"
+                    if measured_ok
+                    else "usually no noticeable loss, Ollama FAQ"
+                )
+                steps.append(f"{name}{verb}{reach}: chosen ({loss})")
             else:  # a 4-bit type, taken only when asked (--allow-q4) or given (-ctk/-ctv)
                 steps.append(f"{name} reaches {reach}: chosen (smaller and less precise than q8_0)")
         elif o.allowed:

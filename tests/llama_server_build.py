@@ -1,4 +1,4 @@
-"""A real ``llama-server``, ``rpc-server`` and ``llama-fit-params`` for the tests, built once from
+"""A real ``llama-server``, ``rpc-server``, ``llama-fit-params`` and ``llama-perplexity`` for the tests, built once from
 the pruned llama.cpp of llama-cpp-python's sdist (tests/llama_cpp_source.py): the very archive
 ``benchmarks/gpu_truth.sh --prepare`` carries to the GPU machine, so every run of the suite proves
 that archive builds. The RPC backend is on, so that a split over several devices can run on
@@ -12,10 +12,13 @@ cmake (~20-30 min on 2 cores); the binaries are kept in
 ``~/.cache/kvadvise-tests/llama-server-<llama-cpp-python version>-<archive sha256>/``
 with ``source.json`` (the archive's manifest) and reused by later runs on the same machine.
 
+``llama-perplexity`` came later: a cache folder built before it gets it added (that target alone, in a
+build folder of its own under the same cached folder; nothing there is rebuilt or removed).
+
 ``KVADVISE_TEST_LLAMA_SERVER=/path/to/llama-server`` uses a binary you have
 instead (it must be the same llama.cpp build for the byte-exact checks),
 ``KVADVISE_TEST_RPC_SERVER`` and ``KVADVISE_TEST_FIT_PARAMS`` the rpc-server and
-llama-fit-params of that build (default: beside it).
+llama-fit-params of that build (default: beside it), ``KVADVISE_TEST_PERPLEXITY`` its llama-perplexity.
 """
 
 from __future__ import annotations
@@ -38,7 +41,11 @@ OVERRIDE = os.environ.get("KVADVISE_TEST_LLAMA_SERVER")
 RPC_OVERRIDE = os.environ.get("KVADVISE_TEST_RPC_SERVER")
 FIT_OVERRIDE = os.environ.get("KVADVISE_TEST_FIT_PARAMS")
 # installed name: CMake target (tools/rpc/CMakeLists.txt names its target ggml-rpc-server)
-TARGETS = {"llama-server": "llama-server", "rpc-server": "ggml-rpc-server", "llama-fit-params": "llama-fit-params"}
+TARGETS = {
+    "llama-server": "llama-server", "rpc-server": "ggml-rpc-server", "llama-fit-params": "llama-fit-params",
+    "llama-perplexity": "llama-perplexity",  # verify quality's KL divergence (tools/perplexity)
+}  # fmt: skip
+PERPLEXITY_OVERRIDE = os.environ.get("KVADVISE_TEST_PERPLEXITY")
 
 
 class BuildUnavailable(Exception):
@@ -70,6 +77,29 @@ def fit_params(say: Callable[[str], None] = _say) -> Path:
     if OVERRIDE:
         return Path(OVERRIDE).with_name("llama-fit-params")
     return _built(say) / "llama-fit-params"
+
+
+def perplexity(say: Callable[[str], None] = _say) -> Path:
+    """llama.cpp's llama-perplexity (tools/perplexity), built with llama_server(): into the same
+    cached folder, once, beside the binaries a cache made before it was a target (nothing rebuilt)."""
+    if PERPLEXITY_OVERRIDE:
+        return Path(PERPLEXITY_OVERRIDE)
+    if OVERRIDE:
+        return Path(OVERRIDE).with_name("llama-perplexity")
+    home = _built(say)
+    binary = home / "llama-perplexity"
+    if _works(binary):
+        return binary
+    with open(home / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not _works(binary):
+            version = source.llama_cpp_python_version()
+            try:
+                archive, info = source.pruned_archive(version, say)
+            except source.SourceUnavailable as e:
+                raise BuildUnavailable(str(e)) from None
+            _build(version, archive, info, home, say, {"llama-perplexity": TARGETS["llama-perplexity"]})
+    return binary
 
 
 def built_from(say: Callable[[str], None] = _say) -> dict[str, object]:
@@ -105,11 +135,19 @@ def _works(binary: Path) -> bool:
     return p.returncode == 0 and "version:" in (p.stdout + p.stderr)
 
 
-def _build(version: str, archive: Path, info: dict[str, object], home: Path, say: Callable[[str], None]) -> None:
+def _build(
+    version: str,
+    archive: Path,
+    info: dict[str, object],
+    home: Path,
+    say: Callable[[str], None],
+    targets: dict[str, str] = TARGETS,
+) -> None:
     for tool in ("cmake", "c++"):
         if shutil.which(tool) is None:
             raise BuildUnavailable(f"no {tool} on PATH: cannot build llama-server from source here")
-    log = home / "build.log"
+    # a later target built alone logs apart: build.log stays the log of the first build
+    log = home / ("build.log" if targets is TARGETS else f"build-{'-'.join(targets)}.log")
     with tempfile.TemporaryDirectory(dir=home) as tmp:
         src = source.unpack(archive, Path(tmp))
         build = Path(tmp) / "build"
@@ -117,19 +155,20 @@ def _build(version: str, archive: Path, info: dict[str, object], home: Path, say
         configure = ["cmake", "-S", str(src), "-B", str(build), *generator, *source.CMAKE_FLAGS]
         configure += [*source.version_flags(info), "-DGGML_RPC=ON"]  # rpc-server: more devices on loopback
         jobs = str(os.cpu_count() or 2)
-        say(f"building llama-server from the pruned llama.cpp of llama-cpp-python {version} (once; log: {log}) ...")
+        names = ", ".join(targets)
+        say(f"building {names} from the pruned llama.cpp of llama-cpp-python {version} (once; log: {log}) ...")
         with open(log, "w") as out:
-            targets = [a for t in TARGETS.values() for a in ("--target", t)]
-            for cmd in (configure, ["cmake", "--build", str(build), *targets, "-j", jobs]):
+            flags = [a for t in targets.values() for a in ("--target", t)]
+            for cmd in (configure, ["cmake", "--build", str(build), *flags, "-j", jobs]):
                 if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode != 0:
                     tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-30:])
-                    raise RuntimeError(f"building llama-server failed ({' '.join(cmd[:3])} ...):\n{tail}")
+                    raise RuntimeError(f"building {names} failed ({' '.join(cmd[:3])} ...):\n{tail}")
         (home / "source.json").write_text(json.dumps(info, indent=2) + "\n")
         # llama-server last: its presence means all are there
-        for name, built in sorted(TARGETS.items(), key=lambda kv: kv[0] == "llama-server"):
+        for name, built in sorted(targets.items(), key=lambda kv: kv[0] == "llama-server"):
             shutil.copy2(build / "bin" / built, home / f"{name}.tmp")
             os.replace(home / f"{name}.tmp", home / name)
-    say(f"built {home / 'llama-server'}")
+    say(f"built {names} in {home}")
 
 
 if __name__ == "__main__":  # build (or find) it by hand: python tests/llama_server_build.py

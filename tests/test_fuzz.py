@@ -306,6 +306,7 @@ _COMMANDS = {  # the command, and arguments that plan (or answer) when the fuzze
     "compare": ["compare", "qwen3:8b", "gemma3:4b", "--vram", "24GiB"],
     "gpus": ["gpus", "--no-hardware"],
     "verify-ollama": ["verify", "ollama", "qwen3:8b"],
+    "verify-quality": ["verify", "quality", "{gemma}"],  # no llama-perplexity on PATH: checked, then exit 4
     "calibration": ["calibration", "show"],
 }
 

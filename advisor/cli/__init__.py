@@ -32,6 +32,9 @@ class _BackendCommands:
 
         registry = discover()
         if name not in registry.targets:
+            if group is not cli:  # a verify command not named after its backend (`verify quality`: llama.cpp's)
+                cls.names(group, ctx)  # registers every backend's commands, as --help does
+                return click.Group.get_command(group, ctx, name)
             return None
         backend = registry.get(name)
         if name not in cls.registered:

@@ -10,6 +10,8 @@ this module only.
 3. Else q8_0 K and V ("usually no noticeable impact", Ollama FAQ; KLD about
    0.001 on an 8B model, llama.cpp PR #7412), or q8_0 K with f16 V where flash
    attention is off (a quantized V needs it).
+   A measurement on the model itself (``kvadvise verify quality``) takes precedence: a cache
+   type measured worse than Q6_K weights (kvadvise.planner.quality) is not chosen by default.
 4. q4_0 only when the user opts in (``--allow-q4`` or ``-ctk/-ctv q4_0``),
    with a warning; the options always show what q4_0 would reach. When q8_0
    cannot reach the target, the plan says so and names the real levers.
@@ -39,6 +41,7 @@ from kvadvise.planner.memory import CTX_PAD, RunConfig, cuda_flash_attn_missing,
 
 if TYPE_CHECKING:
     from kvadvise.planner.budget import Budget
+    from kvadvise.planner.quality import MeasuredQuality
 
 F16, Q8_0, Q4_0 = GGMLType.F16, GGMLType.Q8_0, GGMLType.Q4_0
 KV = tuple[GGMLType, GGMLType]  # (type_k, type_v)
@@ -95,6 +98,9 @@ class Policy:
     # several devices and no -ts: when the split by free memory leaves a device short of its budget, llama.cpp's
     # --fit moves layers between them (kvadvise.planner.fitsplit), and so does the plan
     fit_split: bool = False
+    # what `kvadvise verify quality` measured on this model: a cache type measured worse than
+    # kvadvise.planner.quality's threshold is not chosen by default (a -ctk/-ctv naming it still is)
+    quality: MeasuredQuality | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +199,8 @@ def choices(spec: ModelSpec, base: RunConfig, policy: Policy) -> list[tuple[KV, 
             validate(spec, config_at(base, CTX_PAD, kv, fa, base.device))
         except ConfigError:
             continue  # e.g. the block size does not divide the head size
-        out.append((kv, fa, policy.allow_q4 or not needs_opt_in(kv)))
+        measured_bad = policy.quality is not None and policy.quality.rejects(kv)
+        out.append((kv, fa, (policy.allow_q4 or not needs_opt_in(kv)) and not measured_bad))
     return out
 
 

@@ -20,6 +20,7 @@ from kvadvise.planner.policy import (
     kv_name,
     needs_opt_in,
 )
+from kvadvise.planner.quality import THRESHOLD_SOURCE, CacheQuality
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -47,6 +48,30 @@ def budget_line(budget: Budget) -> str:
     for n in budget.headroom_notes:
         s += f", minus {n}"
     return s + f" = {_gb(budget.budget_bytes)}"
+
+
+def _measured(policy: Policy, o: Option) -> CacheQuality | None:
+    return None if policy.quality is None else policy.quality.of((o.type_k, o.type_v))
+
+
+def _measured_bad(policy: Policy, o: Option) -> bool:
+    return policy.quality is not None and policy.quality.rejects((o.type_k, o.type_v))
+
+
+def rejected_as_measured(policy: Policy, options: list[Option]) -> list[str]:
+    """One line per cache type the measurement on this model keeps out (kvadvise.planner.quality)."""
+    if policy.quality is None or policy.fixed_kv is not None:
+        return []
+    out = []
+    for o in options:
+        q = _measured(policy, o)
+        if q is not None and q.too_lossy():
+            out.append(
+                f"{kv_name((o.type_k, o.type_v))} not chosen: measured on this model (kvadvise verify quality): "
+                f"{q.text()}; worse than "
+                f"the threshold, {THRESHOLD_SOURCE}"
+            )
+    return out
 
 
 def reasons(
@@ -109,11 +134,24 @@ def reasons(
             f"f16 K/V at {target:,} tokens needs {_gb(need)}; {where} has {_gb(budget.budget_bytes)} "
             f"(f16 reaches {f16.n_ctx_max:,} tokens)"
         )
-        if needs_opt_in((chosen.type_k, chosen.type_v)):
+        if needs_opt_in((chosen.type_k, chosen.type_v)) and (measured := _measured(policy, chosen)) is not None:
+            out.append(
+                f"{_name(chosen)}: q4_0 because you allowed it (--allow-q4 or -ctk/-ctv q4_0); measured on this "
+                f"model (kvadvise verify quality): {measured.text()}"
+            )
+        elif needs_opt_in((chosen.type_k, chosen.type_v)):
             out.append(
                 f"{_name(chosen)}: q4_0 because you allowed it (--allow-q4 or -ctk/-ctv q4_0); warning: "
                 "q4_0 has a small-medium loss in precision that may be more noticeable at higher context sizes "
                 "(Ollama FAQ); q8_0 usually has no noticeable impact"
+            )
+        elif (measured := _measured(policy, chosen)) is not None:
+            out.append(
+                f"{_name(chosen)}: "
+                + ("it reaches the target; " if chosen.reaches_target else "it gets furthest; ")
+                + f"measured on this model (kvadvise verify quality): {measured.text()}, within the threshold "
+                "(Q6_K weights on LLaMA 3 8B); a quantized cache does not reproduce tokens exactly "
+                "(--repeatable keeps f16)"
             )
         else:
             out.append(
@@ -125,6 +163,7 @@ def reasons(
             )
     elif policy.fixed_kv is not None and needs_opt_in(policy.fixed_kv):
         out.append("warning: you chose a q4_0 cache: a small-medium loss in precision at long context (Ollama FAQ)")
+    out += rejected_as_measured(policy, options)
     if spec.architecture in F16_K_ARCHS:
         out.append(
             "gpt-oss keeps an f16 K cache: with attention sinks a quantized K badly distorts its output "
@@ -144,13 +183,15 @@ def reasons(
             "a GPU with more free memory",
             "--allow-cpu (part of the model on the CPU: slower)",
         ]
-        if q4 is not None and not q4.allowed and q4.n_ctx_max > chosen.n_ctx_max:
+        if q4 is not None and not q4.allowed and q4.n_ctx_max > chosen.n_ctx_max and not _measured_bad(policy, q4):
             levers.append(f"--allow-q4 (q4_0 reaches {q4.n_ctx_max:,} tokens, with a loss in precision)")
         out.append(
             f"the target is not reached: {best} gets {chosen.n_ctx_max:,} tokens at most; levers: "
             + "; ".join(x for x in levers if x)
         )
-    elif q8 is not None and q4 is not None and not q4.allowed and chosen.type_k != F16:
+    elif (
+        q8 is not None and q4 is not None and not q4.allowed and chosen.type_k != F16 and not _measured_bad(policy, q4)
+    ):
         out.append(f"q4_0 would reach {q4.n_ctx_max:,} tokens; it is used only with --allow-q4 (less precise)")
     if chosen.flash_attn:
         why = "needed for a quantized V cache, and it" if chosen.type_v != F16 else "it"

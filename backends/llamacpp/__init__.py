@@ -1,7 +1,8 @@
 """Backend: llama.cpp. A GGUF file, its llama-server command, and measuring a config on
 the real runtime (runners.py: the user's llama-server or llama-cpp-python in a child,
 probe.py: that child, childproc.py: killing it on every path); commands.py brings
-``kvadvise llamacpp`` and ``kvadvise verify llamacpp`` through the plugin interface.
+``kvadvise llamacpp``, ``kvadvise verify llamacpp`` and ``kvadvise verify quality`` (perplexity.py:
+llama.cpp's KL divergence of a quantized cache) through the plugin interface.
 """
 
 from __future__ import annotations
@@ -31,10 +32,15 @@ class LlamaCppBackend:
 
     def register_commands(self, cli: click.Group, verify: click.Group) -> None:
         """``kvadvise llamacpp MODEL`` and ``kvadvise verify llamacpp MODEL`` (kvadvise.plugins.CommandProvider)."""
-        from kvadvise.backends.llamacpp.commands import llamacpp_command, verify_llamacpp_command
+        from kvadvise.backends.llamacpp.commands import (
+            llamacpp_command,
+            verify_llamacpp_command,
+            verify_quality_command,
+        )
 
         cli.add_command(llamacpp_command)
         verify.add_command(verify_llamacpp_command)
+        verify.add_command(verify_quality_command)
 
     def runtime(self) -> LlamaServer:
         """llama-server for a bare ModelSpec: no command line (kvadvise.plugins.RuntimeProvider)."""

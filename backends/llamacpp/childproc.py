@@ -187,11 +187,18 @@ def child(
 
 
 def run(
-    cmd: Sequence[str], *, timeout_s: float, what: str, env: dict[str, str] | None = None, cwd: str | None = None
+    cmd: Sequence[str],
+    *,
+    timeout_s: float,
+    what: str,
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
+    needed: re.Pattern[str] = LLAMA_LOG_NEEDED,
 ) -> tuple[int, str, str]:
-    """Run to completion (or kill it at the timeout); returns (exit code, stdout, stderr), each a BoundedLog's text."""
+    """Run to completion (or kill it at the timeout); returns (exit code, stdout, stderr), each a BoundedLog's text
+    (the lines ``needed`` matches, and a tail)."""
     with child(cmd, env=env, cwd=cwd) as p:
-        logs = (BoundedLog(LLAMA_LOG_NEEDED), BoundedLog(LLAMA_LOG_NEEDED))
+        logs = (BoundedLog(needed), BoundedLog(needed))
         readers = [
             threading.Thread(target=log.read_from, args=(stream,), daemon=True)
             for log, stream in zip(logs, (p.stdout, p.stderr), strict=True)

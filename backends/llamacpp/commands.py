@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from kvadvise.request import KV_TYPES
 from kvadvise.runtime.llamaserver import LlamaServer
 from kvadvise.ui import output
 from kvadvise.ui.flags import (
@@ -203,3 +204,126 @@ def _dry_run(
         )
     if not agree:
         raise click.exceptions.Exit(EXIT_NO_FIT)
+
+
+@click.command("quality")
+@click.argument("path", metavar="MODEL")
+@click.option(
+    "--cache-type-k",
+    "-ctk",
+    "type_k",
+    type=click.Choice(KV_TYPES),
+    default=None,
+    help="The K cache type to measure [default: each quantized type the recommendation may pick].",
+)
+@click.option(
+    "--cache-type-v",
+    "-ctv",
+    "type_v",
+    type=click.Choice(KV_TYPES),
+    default=None,
+    help="The V cache type to measure (a quantized V runs with flash attention on, as llama.cpp requires).",
+)
+@click.option(
+    "--ctx",
+    "-c",
+    "n_ctx",
+    type=click.IntRange(min=16, max=1 << 20),
+    default=1024,
+    show_default=True,
+    help="Tokens per chunk: the second half of each chunk is scored, so this is the depth measured.",
+)
+@click.option(
+    "--chunks",
+    "n_chunks",
+    type=click.IntRange(min=1, max=100_000),
+    default=None,
+    help="Chunks to score [default: all the text holds].",
+)
+@click.option(
+    "--text",
+    "text_path",
+    metavar="FILE",
+    type=TEXT,
+    default=None,
+    help="The text to measure on [default: a shipped public-domain text, about 4,000 tokens].",
+)
+@click.option("--threads", "-t", "n_threads", type=click.IntRange(min=1, max=4096), default=None, help="CPU threads.")
+@click.option(
+    "--llama-perplexity",
+    "binary",
+    metavar="PATH",
+    type=TEXT,
+    default=None,
+    help="The llama-perplexity binary (default: beside --llama-server, else on PATH).",
+)
+@click.option(
+    "--llama-server",
+    "server",
+    metavar="PATH",
+    type=TEXT,
+    default=None,
+    help="A llama-server build: its llama-perplexity is the one beside it.",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=FiniteFloatRange(min=0.1, max=86400),
+    default=3600,
+    show_default=True,
+    help="Seconds for all the runs together; then they are stopped.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def verify_quality_command(
+    path: str,
+    type_k: str | None,
+    type_v: str | None,
+    n_ctx: int,
+    n_chunks: int | None,
+    text_path: str | None,
+    n_threads: int | None,
+    binary: str | None,
+    server: str | None,
+    timeout_s: float,
+    as_json: bool,
+) -> None:
+    """Measure what a quantized K/V cache costs on MODEL (a GGUF file, or a model of this machine's Ollama store):
+    llama.cpp's KL divergence against an
+    f16 cache (llama-perplexity), per cache type. Later plans for this model use the figures (docs/quality.md)."""
+    from kvadvise.backends.llamacpp import perplexity
+    from kvadvise.planner.quality import THRESHOLD_SOURCE
+    from kvadvise.runtime import llamabuild, qualitycache
+
+    q = perplexity.quality_run(
+        path, type_k, type_v, n_ctx=n_ctx, n_chunks=n_chunks, text_path=text_path, n_threads=n_threads
+    )
+    exe = perplexity.find_binary(binary, server)
+    build = llamabuild.detect(exe).build
+    output.note(f"measuring {len(q.kvs)} cache type(s) against f16 on {q.text_path} ({n_ctx} tokens per chunk)")
+    results = perplexity.measure(exe, q, timeout_s=timeout_s, build=build, progress=output.note)
+    if not as_json:  # the figures first: they are shown even when the store cannot be written
+        output.result(perplexity.report_text(results))
+        r = results[0]
+        output.result(
+            f"against an f16 cache, flash attention on, {r.n_chunks} chunks of {r.n_ctx} tokens ({r.n_scored:,} "
+            f"tokens scored, at depths {r.n_ctx // 2:,} to {r.n_ctx - 1:,}); threshold: {THRESHOLD_SOURCE}"
+        )
+    saved = qualitycache.save(
+        q.model_path, qualitycache.model_key(q.model_path), results, qualitycache.model_key(q.text_path)
+    )
+    if as_json:
+        output.result_json(
+            {
+                "quality": {
+                    "model": q.model_path,
+                    "binary": exe,
+                    "llama_build": build,
+                    "text": q.text_path,
+                    "results": perplexity.report_dict(results),
+                    "threshold": THRESHOLD_SOURCE,
+                    "saved": str(saved),
+                }
+            }
+        )
+    else:
+        output.result(f"saved to {saved}: later plans for this model use these figures")
