@@ -117,3 +117,62 @@ def test_gain_text_cites_its_sources() -> None:
     text = mtp.gain_text()
     assert text.startswith("estimate")
     assert all(g.source in text for g in mtp.PUBLISHED_GAINS)
+
+
+def test_plan_states_mtp_memory_gain_and_what_turning_it_off_buys(tmp_path: Path) -> None:
+    """On a budget that bounds the context, the plan's MTP line gives the draft's memory, the published gain
+    and the context the same search finds without MTP (larger: the MTP context's buffers go to KV)."""
+    from kvadvise.entry import plan_for
+    from kvadvise.request import PlanRequest
+
+    path = write_tiny_gguf(tmp_path / "glm.gguf", "glm4moe", n_vocab=32000, n_ctx_train=1 << 20)
+    spec = kvadvise.load_model(str(path))
+    request = PlanRequest(spec_type="draft-mtp", spec_draft_n_max=4, vram_bytes=(420 * MIB,), margin_bytes=0)
+    plan = plan_for(spec, request)
+    assert plan.config.mtp and plan.config.spec_draft_n_max == 4
+    assert plan.estimate.draft is not None
+    note = next(n for n in plan.notes if n.startswith("MTP draft"))
+    plain = plan_for(spec, PlanRequest(vram_bytes=(420 * MIB,), margin_bytes=0))
+    assert plain.config.n_ctx > plan.config.n_ctx, (plain.config.n_ctx, plan.config.n_ctx)
+    assert f"without MTP: {plain.config.n_ctx:,} tokens instead of {plan.config.n_ctx:,}" in note
+    assert mtp.PUBLISHED_GAINS[0].source in note
+    # the MTP context is on the device beside the target's buffers
+    assert plan.estimate.devices[0].draft_bytes == plan.estimate.draft.devices[0].total_bytes > 0
+
+
+def test_ollama_launches_mtp_where_appendDraftArgs_would(glm: Path, tmp_path: Path) -> None:
+    """Ollama (llm/llama_server.go, fb30760) adds --spec-type draft-mtp --spec-draft-n-max N for a GGUF with
+    nextn_predict_layers when the model's parameters set draft_num_predict; not otherwise."""
+    from kvadvise.backends.ollama.model import OllamaModel
+    from kvadvise.backends.ollama.runtime import OllamaRuntime
+    from kvadvise.entry import plan_for
+    from kvadvise.request import PlanRequest
+
+    spec = kvadvise.load_model(str(glm))
+    plain = kvadvise.load_model(str(write_tiny_gguf(tmp_path / "q.gguf", "qwen3", n_vocab=32000)))
+
+    def plan(s: object, params: dict[str, object]) -> RunConfig:
+        assert isinstance(s, type(spec))
+        model = OllamaModel("m", "latest", s, params, 0, s.weights_bytes, "spec:test")
+        rt = OllamaRuntime(model, live=False)
+        return plan_for(s, PlanRequest(n_ctx=4096, device="cpu", no_hardware=True), rt).config
+
+    on = plan(spec, {"draft_num_predict": 4})
+    assert on.mtp and on.spec_draft_n_max == 4
+    assert not plan(spec, {}).mtp  # modelOptions zeroes an unset draft_num_predict
+    assert not plan(plain, {"draft_num_predict": 4}).mtp  # no NextN layers: hasMTPDraft is false
+
+
+def test_cli_writes_the_spec_flags(glm: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from kvadvise.cli import main
+
+    argv = ["llamacpp", str(glm), "--spec-type", "draft-mtp", "--spec-draft-n-max", "4", "--ctx", "4096"]
+    assert main([*argv, "--device", "cpu", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    draft = doc["memory"]["draft"]
+    assert draft["kind"] == "mtp" and draft["n_max"] == 4
+    assert draft["nextn_weights_bytes"] == sum(kvadvise.load_model(str(glm)).nextn_layer_bytes)
+    assert "--spec-type draft-mtp --spec-draft-n-max 4" in doc["llama_server"]["command"]
+    assert main(["llamacpp", str(glm), "--spec-type", "draft-mtp", "-md", str(glm), "--ctx", "4096"]) == 2
