@@ -24,6 +24,7 @@ from kvadvise.ui.show import answer, writer_options, writer_paths
 
 if TYPE_CHECKING:
     from kvadvise.model.spec import ModelSpec
+    from kvadvise.runtime.verification import Measurement
 
 
 @click.command("llamacpp")
@@ -81,6 +82,15 @@ def llamacpp_command(path: str, force: bool, **kwargs: object) -> None:
     default=None,
     help="The llama-fit-params binary for --dry-run (default: beside --llama-server, else on PATH).",
 )
+@click.option(
+    "--log",
+    "log_file",
+    metavar="FILE",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="Launch nothing: read the log of a llama-server you run (-lv 3 or more), compare its last load with the "
+    "plan and say whether a reload placed fewer layers (a server woken from idle re-runs --fit).",
+)
 def verify_llamacpp_command(
     path: str,
     server: str | None,
@@ -88,6 +98,7 @@ def verify_llamacpp_command(
     save_calibration: bool,
     dry_run: bool,
     fit_params: str | None,
+    log_file: str | None = None,
     **kwargs: object,
 ) -> None:
     """Launch llama.cpp with the recommended (or given) settings on this machine and compare with the prediction.
@@ -116,9 +127,12 @@ def verify_llamacpp_command(
     # b11312 until then, then predicted again for the build that ran (--llama-build given: that one)
     runtime = named(o.runtime)
     plan = plan_for(spec, o.request, runtime, found_build=llamabuild.BuildChoice(builds.REFERENCE, "the run's log"))
-    if plan.fits is False:
-        output.note("the prediction says this config does not fit; running it anyway")
-    measured = measure(path, plan.config, server=server, timeout_s=timeout_s, progress=output.note)
+    if log_file is not None:
+        measured = _from_log(log_file)
+    else:
+        if plan.fits is False:
+            output.note("the prediction says this config does not fit; running it anyway")
+        measured = measure(path, plan.config, server=server, timeout_s=timeout_s, progress=output.note)
     ran = llamabuild.measured_build(measured.llama_cpp_build)
     if o.request.llama_build == "auto" and ran is not None and ran != plan.config.llama_build:
         cfg = replace(plan.config, llama_build=ran)
@@ -138,6 +152,41 @@ def verify_llamacpp_command(
         output.note(f"calibration for {device} saved to {saved}")
     if not result.fits:
         raise click.exceptions.Exit(EXIT_NO_FIT)
+
+
+def _from_log(log_file: str) -> Measurement:
+    """A running llama-server's log: the buffers of its last load (after the last "load_model: loading model",
+    which a wake from idle prints again), the placements of every load."""
+    from pathlib import Path
+
+    from kvadvise.errors import InputError
+    from kvadvise.runtime.llamalog import last_load, parse
+    from kvadvise.runtime.verification import build_from_log, measurement_from_log
+
+    try:
+        text = Path(log_file).read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise InputError(f"--log {log_file}: {e.strerror or e}") from None
+    lines = text.splitlines()
+    log = parse(last_load(lines))
+    if not log.buffers:
+        raise InputError(
+            f"--log {log_file}: no buffer sizes in it", hint="start llama-server with -lv 3 (or more) and keep its log"
+        )
+    everything = parse(lines)
+    n_ctx = log.cparams.get("n_ctx")
+    return replace(
+        measurement_from_log(
+            log,
+            runner="llama-server (its log)",
+            build=build_from_log(text, "llama-server (build unknown)"),
+            n_ctx=int(n_ctx) if n_ctx and n_ctx.isdigit() and len(n_ctx) < 12 else None,
+            device_used_bytes=None,
+            prompt_tokens_per_s=None,
+            decode_tokens_per_s=None,
+        ),
+        placements=everything.placements,
+    )
 
 
 def _dry_run(
