@@ -132,3 +132,46 @@ def test_real_server_that_slept_and_woke(
     assert doc["error"]["kv_bytes"] == 0 and doc["measured"]["runner"] == "llama-server (its log)"
     assert doc["measured"]["kv_bytes"] == round(last.mib("KV") * (1 << 20))
     assert not any("drift" in r for r in doc["reasons"])
+
+
+@pytest.mark.llama
+def test_attach_finds_the_server_on_either_default_port(
+    real_llama_server: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """verify llamacpp --attach HOST (no port) asks the default ports in turn (8080, then 9931, where the default
+    moves: llama.cpp#26508); stood in here by a port nothing listens on, then the real server's. Its /props context
+    and slots are compared with the plan: the same is exit 0, another context exit 3."""
+    from kvadvise.cli import main
+    from kvadvise.runtime import serverport
+
+    model = write_tiny_gguf(tmp_path / "glm.gguf", "glm4moe", n_vocab=32000)
+    port, closed = _free_port(), _free_port()
+    cmd = [str(real_llama_server), "-m", str(model), "--host", "127.0.0.1", "--port", str(port)]
+    p = subprocess.Popen(
+        [*cmd, "-c", "4096", "-np", "2", "-kvu"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        monkeypatch.setattr(serverport, "DEFAULT_PORTS", (closed, port))
+        deadline = time.monotonic() + 120
+        while (found := serverport.find_server("127.0.0.1")) is None:
+            assert time.monotonic() < deadline and p.poll() is None
+            time.sleep(0.3)
+        assert found.url == f"http://127.0.0.1:{port}" and found.n_slots == 2 and found.n_ctx == 4096
+        assert found.is_sleeping is False and found.model_path == str(model)
+        base = ["verify", "llamacpp", str(model), "--attach", "127.0.0.1", "--device", "cpu", "-np", "2", "-kvu"]
+        assert main([*base, "--ctx", "4096"]) == 0
+        assert "runs the plan's context and slots" in capsys.readouterr().out
+        assert main([*base, "--ctx", "8192"]) == 3
+        assert "its context per slot is 4,096, the plan's 8,192" in capsys.readouterr().out
+        assert main([*base[:4], f"127.0.0.1:{closed}", *base[5:], "--ctx", "4096"]) == 2
+    finally:
+        _kill(p)
+
+
+def test_router_command_names_its_port() -> None:
+    from kvadvise.runtime.router import router_command
+
+    assert router_command("m.ini", 2).endswith("--models-max 2 --port 8080")

@@ -24,6 +24,7 @@ from kvadvise.ui.show import answer, writer_options, writer_paths
 
 if TYPE_CHECKING:
     from kvadvise.model.spec import ModelSpec
+    from kvadvise.planner.planning import Plan
     from kvadvise.runtime.verification import Measurement
 
 
@@ -91,6 +92,13 @@ def llamacpp_command(path: str, force: bool, **kwargs: object) -> None:
     help="Launch nothing: read the log of a llama-server you run (-lv 3 or more), compare its last load with the "
     "plan and say whether a reload placed fewer layers (a server woken from idle re-runs --fit).",
 )
+@click.option(
+    "--attach",
+    metavar="HOST[:PORT]",
+    default=None,
+    help="Launch nothing: ask the llama-server running there (/props) for its context and slots and compare them "
+    "with the plan; without a port, 8080 then 9931 (the default moves there, llama.cpp#26508).",
+)
 def verify_llamacpp_command(
     path: str,
     server: str | None,
@@ -99,6 +107,7 @@ def verify_llamacpp_command(
     dry_run: bool,
     fit_params: str | None,
     log_file: str | None = None,
+    attach: str | None = None,
     **kwargs: object,
 ) -> None:
     """Launch llama.cpp with the recommended (or given) settings on this machine and compare with the prediction.
@@ -127,6 +136,9 @@ def verify_llamacpp_command(
     # b11312 until then, then predicted again for the build that ran (--llama-build given: that one)
     runtime = named(o.runtime)
     plan = plan_for(spec, o.request, runtime, found_build=llamabuild.BuildChoice(builds.REFERENCE, "the run's log"))
+    if attach is not None and log_file is None:
+        _attach(attach, path, plan)
+        return
     if log_file is not None:
         measured = _from_log(log_file)
     else:
@@ -151,6 +163,31 @@ def verify_llamacpp_command(
         saved = calibration.save(calibration.from_verification(result, device))
         output.note(f"calibration for {device} saved to {saved}")
     if not result.fits:
+        raise click.exceptions.Exit(EXIT_NO_FIT)
+
+
+def _attach(address: str, path: str, plan: Plan) -> None:
+    """``verify llamacpp --attach``: the running server's context and slots against the plan; exit 3 when
+    they differ, 2 when no server answers."""
+    from kvadvise.errors import EXIT_NO_FIT, InputError
+    from kvadvise.runtime.serverport import DEFAULT_PORTS, attach_checks, find_server, parse_address
+
+    host, port = parse_address(address)
+    server = find_server(host, port)
+    if server is None:
+        where = f"{host}:{port}" if port is not None else " or ".join(f"{host}:{p}" for p in DEFAULT_PORTS)
+        raise InputError(f"--attach: no llama-server answered /props on {where}", hint="give HOST:PORT")
+    lay = plan.estimate.layout
+    differs = attach_checks(server, lay.n_ctx_seq, lay.n_seq_max, path)
+    sleeping = (
+        "; it is sleeping: its next request loads the model again, and with --fit it may place fewer layers "
+        "(llama.cpp#24684) unless -c and -ngl are given"
+        if server.is_sleeping
+        else ""
+    )
+    verdict = "differs from the plan: " + "; ".join(differs) if differs else "runs the plan's context and slots"
+    output.result(f"llama-server at {server.url} ({server.build or 'build unknown'}) {verdict}{sleeping}")
+    if differs:
         raise click.exceptions.Exit(EXIT_NO_FIT)
 
 
