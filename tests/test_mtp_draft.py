@@ -161,6 +161,18 @@ def test_ollama_launches_mtp_where_appendDraftArgs_would(glm: Path, tmp_path: Pa
     assert on.mtp and on.spec_draft_n_max == 4
     assert not plan(spec, {}).mtp  # modelOptions zeroes an unset draft_num_predict
     assert not plan(plain, {"draft_num_predict": 4}).mtp  # no NextN layers: hasMTPDraft is false
+    # Ollama decides MTP itself: the flag is llama.cpp's only
+    from kvadvise.errors import InputError
+
+    rt = OllamaRuntime(OllamaModel("m", "latest", spec, {}, 0, spec.weights_bytes, "spec:test"), live=False)
+    with pytest.raises(InputError, match="--spec-type"):
+        plan_for(spec, PlanRequest(n_ctx=4096, device="cpu", no_hardware=True, spec_type="draft-mtp"), rt)
+
+
+def test_api_run_config_with_mtp_plans_as_the_cli(glm: Path) -> None:
+    """kvadvise.plan(path, RunConfig(mtp=True)) carries --spec-type through to the plan."""
+    cfg = kvadvise.plan(str(glm), RunConfig(n_ctx=4096, device="cpu", mtp=True, spec_draft_n_max=2)).config
+    assert cfg.mtp and cfg.spec_draft_n_max == 2
 
 
 def test_cli_writes_the_spec_flags(glm: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -45,6 +45,9 @@ LLAMACPP_ONLY: tuple[str, ...] = (
     "draft",
     "type_k_draft",
     "type_v_draft",
+    # Ollama turns MTP on itself, from the model's draft_num_predict (OllamaRuntime.shape, appendDraftArgs)
+    "spec_type",
+    "spec_draft_n_max",
 )
 
 
