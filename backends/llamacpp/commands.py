@@ -242,8 +242,8 @@ def _dry_run(
     # llama-fit-params --version names its build
     plan = plan_for(spec, o.request, named(o.runtime), found_build=llamabuild.detect(binary))
     # llama-fit-params reserves the logits of the whole batch (no --n-outputs-max) and projects neither the
-    # projector nor a draft model: kvadvise's figures beside it are for the same
-    cfg = replace(plan.config, n_outputs_max=0, mmproj=None, draft=None)
+    # projector nor a draft model (nor an MTP context): kvadvise's figures beside it are for the same
+    cfg = replace(plan.config, n_outputs_max=0, mmproj=None, draft=None, mtp=False)
     est = estimate(spec, cfg)
     projected = project(binary, path, cfg, timeout_s=timeout_s)
     rows = dryrun.compare(est, projected)
