@@ -159,6 +159,8 @@ def _config_request(cfg: RunConfig) -> PlanRequest:
         draft=cfg.draft,
         type_k_draft=_kv_name("config.type_k_draft", cfg.type_k_draft),
         type_v_draft=_kv_name("config.type_v_draft", cfg.type_v_draft),
+        spec_type="draft-mtp" if cfg.mtp else "none",
+        spec_draft_n_max=cfg.spec_draft_n_max,
         llama_build="unknown" if cfg.llama_build is None else f"b{cfg.llama_build}",
         overhead_bytes=cfg.overhead_bytes,
     )

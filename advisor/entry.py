@@ -209,6 +209,8 @@ def _plan(
         draft=r.draft,
         type_k_draft=cache_type(r.type_k_draft),
         type_v_draft=cache_type(r.type_v_draft),
+        mtp=r.spec_type == "draft-mtp",
+        spec_draft_n_max=r.spec_draft_n_max,
         llama_build=llama_build,
     )
     plan = make_plan(
@@ -225,6 +227,24 @@ def _plan(
         prompt_tokens=r.prompt_tokens,
         n_cpu_moe=r.n_cpu_moe,
     )
+    if base.mtp:
+        from kvadvise.planner import mtp
+
+        # what turning MTP off buys: the same search without the MTP context (only when kvadvise picks -c)
+        plain_ctx = None
+        if r.n_ctx is None and plan.fits:
+            plain = make_plan(
+                spec,
+                replace(base, mtp=False),
+                recommend_ctx=True,
+                hw=hw,
+                policy=policy_of(r, runtime, weights_uncertain=shaped.weights_uncertain),
+                margin_bytes=r.margin_bytes + shaped.extra_margin_bytes,
+                measured_overhead=measured,
+                n_cpu_moe=r.n_cpu_moe,
+            )
+            plain_ctx = plain.config.n_ctx if plain.fits else None
+        plan = replace(plan, notes=(*plan.notes, mtp.plan_note(spec, plan.config, plan.estimate, plain_ctx)))
     fa_note = flash_attn_note(spec, plan.config)
     plan = replace(plan, runtime=runtime.name, n_ctx_requested=r.n_ctx)
     return replace(plan, notes=(*plan.notes, fa_note)) if fa_note else plan

@@ -136,10 +136,14 @@ def estimate_dict(
                 "draft_bytes": est.host.draft_bytes,
             },
             "draft": None
-            if est.draft is None or cfg.draft is None
+            if est.draft is None or (cfg.draft is None and not cfg.mtp)
             else {
-                "model": cfg.draft.name,
-                "source": cfg.draft.source,
+                # -md: a draft model; --spec-type draft-mtp: the model's own MTP head (kvadvise.planner.mtp)
+                "kind": "model" if cfg.draft is not None else "mtp",
+                "model": cfg.draft.name if cfg.draft is not None else f"{spec.name} MTP head",
+                "source": cfg.draft.source if cfg.draft is not None else spec.source,
+                "n_max": cfg.spec_draft_n_max,
+                "nextn_weights_bytes": sum(spec.nextn_layer_bytes) if cfg.mtp else 0,
                 "n_ctx": est.draft.layout.n_ctx,
                 "type_k": est.draft.layout.type_k.type_name,
                 "type_v": est.draft.layout.type_v.type_name,
@@ -230,6 +234,11 @@ def estimate_text(spec: ModelSpec, cfg: RunConfig, est: MemoryEstimate) -> str:
          f"({cfg.type_k_draft.type_name}/{cfg.type_v_draft.type_name}), compute {fmt_bytes(est.draft.compute_bytes)}, "
          f"output {fmt_bytes(est.draft.output_bytes)}")
         if est.draft is not None and cfg.draft is not None else None,
+        ("MTP", est.draft.total_bytes, [d.draft_bytes for d in devs], host.draft_bytes,
+         f"--spec-type draft-mtp: KV {fmt_bytes(est.draft.kv_bytes)} ({cfg.type_k_draft.type_name}/"
+         f"{cfg.type_v_draft.type_name}, {spec.n_layer_nextn} NextN layers), compute {fmt_bytes(est.draft.compute_bytes)}, "
+         f"output {fmt_bytes(est.draft.output_bytes)}; NextN weights {fmt_bytes(sum(spec.nextn_layer_bytes))} in weights")
+        if est.draft is not None and cfg.mtp else None,
         ("overhead", est.overhead_bytes, [d.overhead_bytes for d in devs], 0, _device_label(cfg, lay.device)),
         ("total", est.total_bytes, [d.total_bytes for d in devs], est.host_bytes, ""),
         ("layers", 0, [d.n_layers for d in devs], 0, "") if len(devs) > 1 else None,

@@ -17,6 +17,7 @@ from kvadvise.errors import InputError
 from kvadvise.model.ggml import KV_CACHE_TYPES
 from kvadvise.planner.budget import DEFAULT_MARGIN_BYTES
 from kvadvise.planner.hardware import RpcHost
+from kvadvise.planner.mtp import SPEC_TYPES as SPEC_TYPES
 
 if TYPE_CHECKING:
     from kvadvise.model.projector import ProjectorSpec
@@ -54,6 +55,8 @@ class PlanRequest:
     draft: ModelSpec | None = None  # -md: the draft model, loaded by the command's backend
     type_k_draft: str = "f16"  # -ctkd
     type_v_draft: str = "f16"  # -ctvd
+    spec_type: str = "none"  # --spec-type: none | draft-mtp (the model's own MTP/NextN head drafts)
+    spec_draft_n_max: int = 3  # --spec-draft-n-max: tokens drafted per step (llama.cpp's default 3)
     llama_build: str = "auto"  # --llama-build bNNNN | auto | unknown
     overhead_bytes: int | None = None  # per-device fixed cost; None: the device's (or a calibration)
     # --- the hardware
@@ -106,6 +109,8 @@ FLAGS = {
     "draft": ("--model-draft", "-md"),
     "type_k_draft": ("--cache-type-k-draft", "-ctkd"),
     "type_v_draft": ("--cache-type-v-draft", "-ctvd"),
+    "spec_type": ("--spec-type",),
+    "spec_draft_n_max": ("--spec-draft-n-max",),
     "llama_build": ("--llama-build",),
     "overhead_bytes": ("overhead_bytes",),
     "gpu": ("--gpu",),
@@ -135,6 +140,7 @@ INT_RANGES: dict[str, tuple[int, int]] = {
     "n_ubatch": (1, INT32_MAX),
     "n_outputs_max": (0, INT32_MAX),
     "n_cpu_moe": (0, 4096),
+    "spec_draft_n_max": (0, 1024),
     "overhead_bytes": (0, 2**63 - 1),
     "ram_bytes": (1, 2**63 - 1),
     "margin_bytes": (0, 2**63 - 1),
@@ -152,6 +158,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "device": DEVICES,
     "use": USES,
     "cpu_repack": CPU_REPACK,
+    "spec_type": SPEC_TYPES,
 }
 BOOLS = ("kv_unified", "swa_full", "no_hardware", "headless", "repeatable", "allow_cpu", "allow_q4", "gpu_only")
 TEXTS = ("llama_build", "gpu")
@@ -292,6 +299,9 @@ def _check_together(r: PlanRequest) -> None:
         raise InputError("--users asks how many sessions fit a card: drop --no-hardware, or name one (--gpu, --vram)")
     if r.no_hardware and (r.gpu or r.vram_bytes is not None or r.rpc):
         raise InputError("--no-hardware plans without a GPU: drop --gpu/--vram/--rpc, or --no-hardware")
+    if r.draft is not None and r.spec_type == "draft-mtp":
+        # common_speculative_init_result (b11312): with -md the draft model's context is made, not the MTP one
+        raise InputError("--spec-type draft-mtp drafts with the model's own MTP head: drop --model-draft, or it")
 
 
 def check(r: PlanRequest) -> PlanRequest:

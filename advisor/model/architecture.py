@@ -424,6 +424,16 @@ def from_gguf(header: GGUFHeader, *, known_only: bool = True) -> ModelSpec:
             layer_pad[int(m[1])] += alloc - t.n_bytes
             layer_largest[int(m[1])] = max(layer_largest[int(m[1])], alloc)
     matmul_weights, fixed_span = _matmul_weights(loaded)
+    # the MTP/NextN blocks, loaded only for a draft-mtp context (kvadvise.planner.mtp)
+    nextn_bytes = [0] * n_layer_nextn
+    nextn_pad = [0] * n_layer_nextn
+    for t in header.tensors:
+        if (m := _BLOCK_TENSOR.match(t.name)) and n_layer <= int(m[1]) < n_layer_all:
+            nextn_bytes[int(m[1]) - n_layer] += t.n_bytes
+            nextn_pad[int(m[1]) - n_layer] += cuda_alloc_bytes(t.ggml_type, t.shape[0], t.n_bytes) - t.n_bytes
+    every = header.tensors
+    span_all = max(t.offset + t.n_bytes for t in every) - min(t.offset for t in every) if every else 0
+    nextn_span = max(0, span_all - weights_bytes) if n_layer_nextn else 0
     type_bytes: Counter[str] = Counter()
     for t in header.tensors:
         if len(t.shape) >= 2:
@@ -511,6 +521,9 @@ def from_gguf(header: GGUFHeader, *, known_only: bool = True) -> ModelSpec:
         matmul_weights=matmul_weights,
         layer_largest_tensor_bytes=tuple(layer_largest),
         fixed_span=fixed_span,
+        nextn_layer_bytes=tuple(nextn_bytes),
+        nextn_layer_cuda_pad_bytes=tuple(nextn_pad),
+        nextn_span_bytes=nextn_span,
         active_params=active_params,
         n_ff_exp=n_ff_exp,
         n_ff_shexp=n_ff_shexp,

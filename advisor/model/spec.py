@@ -106,6 +106,13 @@ class ModelSpec:
     # Gemma 3n's residual streams (altup): llama_hparams::n_altup, fixed at 4 for gemma3n, 0 for other models
     n_altup: int = 0
     ssm: SSMDims | None = None  # the recurrent mixer, for hybrid and recurrent models
+    # The MTP/NextN blocks (blk.n_layer .. blk.n_layer_all-1), which llama.cpp loads only for a draft-mtp
+    # context (llama_model_params.load_mtp, common/common.cpp common_model_params_to_llama, b11312): each
+    # block's weights as stored and their CUDA padding, and how much the mapped span of the loaded tensors
+    # grows when they load (the CPU_Mapped buffer covers [first offset, last end) of what is loaded)
+    nextn_layer_bytes: tuple[int, ...] = ()
+    nextn_layer_cuda_pad_bytes: tuple[int, ...] = ()
+    nextn_span_bytes: int = 0
 
     @property
     def n_layer(self) -> int:

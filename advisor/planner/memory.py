@@ -108,6 +108,10 @@ class RunConfig:
     draft: ModelSpec | None = None
     type_k_draft: GGMLType = GGMLType.F16
     type_v_draft: GGMLType = GGMLType.F16
+    # llama-server --spec-type draft-mtp: the model's own MTP/NextN blocks draft (kvadvise.planner.mtp), a
+    # second context on the same weights; --spec-draft-n-max: the tokens drafted per step (default 3)
+    mtp: bool = False
+    spec_draft_n_max: int = 3
     # the llama.cpp build (bNNNN) the plan is for: its memory rules (kvadvise.planner.builds); None = not
     # known, planned for the largest figure of the supported builds. The API's default is the build whose
     # rules kvadvise follows (b11312); the CLI finds the installed one or says it does not know it.
@@ -125,6 +129,8 @@ class RunConfig:
                 raise ConfigError(
                     f"{name} must be a whole number from 0 to {INT32_MAX:,} (llama.cpp's int32), got {v!r}"
                 )
+        if isinstance(self.spec_draft_n_max, bool) or not 0 <= self.spec_draft_n_max <= INT32_MAX:
+            raise ConfigError(f"spec_draft_n_max must be from 0 to {INT32_MAX:,}, got {self.spec_draft_n_max!r}")
         if self.n_outputs_max is not None and not 0 <= self.n_outputs_max <= INT32_MAX:
             raise ConfigError(f"n_outputs_max must be from 0 to {INT32_MAX:,}, got {self.n_outputs_max!r}")
         if self.llama_build is not None and not 0 < self.llama_build <= INT32_MAX:
@@ -147,7 +153,11 @@ class RunConfig:
         # a llama-server built before ggml-org/llama.cpp#23861 reserves the whole batch, as the library does;
         # an unknown build follows the runtime (llama-cli stands for such servers; the plan's note says so)
         old = self.llama_build is not None and self.llama_build < builds.SERVER_OUTPUT_LIMITS
-        return 0 if old else self.n_parallel
+        if old:
+            return 0
+        if self.mtp:  # server_output_limits: a row per slot and drafted token (common_speculative_get_output_limits)
+            return min(self.n_batch, self.n_parallel * (1 + self.spec_draft_n_max))
+        return self.n_parallel
 
 
 @dataclass(frozen=True, slots=True)
@@ -800,9 +810,20 @@ def validate(spec: ModelSpec, cfg: RunConfig) -> None:
     layer_devices(spec.n_layer_all, cfg.tensor_split)
     if cfg.draft is not None:
         validate(cfg.draft, draft_config(cfg, lay))
+    if cfg.mtp:
+        from kvadvise.planner import mtp
+
+        mtp.check(spec)
+        validate(mtp.context_spec(spec), mtp.context_config(cfg, lay))
 
 
 def estimate(spec: ModelSpec, cfg: RunConfig) -> MemoryEstimate:
+    target = spec
+    if cfg.mtp:  # the NextN blocks load with the model (load_mtp): kvadvise.planner.mtp
+        from kvadvise.planner import mtp
+
+        mtp.check(spec)
+        spec = mtp.with_nextn_weights(spec)
     lay = resolve(spec, cfg)
     sizes = kv_shape_bytes(spec, lay)
     caches = kv_caches(spec, lay, sizes)
@@ -834,6 +855,9 @@ def estimate(spec: ModelSpec, cfg: RunConfig) -> MemoryEstimate:
     draft = None
     if cfg.draft is not None:
         draft = estimate(cfg.draft, draft_config(cfg, lay))
+        devices, host = _with_draft(devices, host, draft)
+    elif cfg.mtp:  # the MTP context: common_speculative_init_result, on the target's weights
+        draft = estimate(mtp.context_spec(target), mtp.context_config(cfg, lay))
         devices, host = _with_draft(devices, host, draft)
     device_total = sum(d.total_bytes for d in devices)
     return MemoryEstimate(
@@ -874,6 +898,7 @@ def draft_config(cfg: RunConfig, lay: ContextLayout) -> RunConfig:
         n_outputs_max=cfg.n_parallel,
         mmproj=None,
         draft=None,
+        mtp=False,
         overhead_bytes=0,
     )
 

@@ -9,6 +9,17 @@ Formats (llama.cpp 0c1e570; the same regex Ollama uses in
     llama_context:        CPU  output buffer size =     1.00 MiB
     sched_reserve:        CPU compute buffer size =   519.51 MiB
 Values are printed as ``%8.2f`` MiB, so parsed bytes are exact to 0.005 MiB.
+
+The memory breakdown table and ``--fit``'s lines, in every spelling published builds print (whole MiB):
+    llama_print_memory_breakdown:   - CUDA0 (RTX 4090):  24080 = 9436 + (14193 = 13169 + 38 + 985) + 451
+        (its first form, ggml-org/llama.cpp#15860, 2025-09)
+    llama_memory_breakdown_print: |   - CUDA0 (GTX 1080 Ti) | 11165 = 8702 + (10001 = 9814 + 134 + 51) + 17592186036877 |
+        (b7xxx-b9xxx: size_t arithmetic, so a negative "unaccounted" wraps: llama.cpp#19437)
+    common_memory_breakdown_print: |   - CUDA0 (RTX 5090)   | 32111 = 31605 + (18058 = 16386 + 1024 + 648) + -17552 |
+    common_memory_breakdown_print: |   - Host               |                   1234 =   682 +       0 +     552 |
+        (moved to common/ with --fit, llama.cpp#22171; signed: llama.cpp#25465, ollama#17482)
+    llama_params_fit_impl: / common_params_fit_impl: projected to use 9226 MiB of device memory vs. 11312 MiB ...
+    srv    load_model: [spec] estimated memory usage of MTP context is 581.77 MiB
 """
 
 from __future__ import annotations
@@ -36,6 +47,20 @@ _CPARAM = re.compile(
     r"llama_context:\s+(?P<key>n_ctx|n_ctx_seq|n_batch|n_ubatch|flash_attn|n_seq_max)\s+=\s+(?P<val>\S+)"
 )
 _OFFLOADED = re.compile(r"offloaded (?P<gpu>\d+)/(?P<total>\d+) layers to GPU")
+# a device row: "- NAME: total = free + (self = model + context + compute) [+ unaccounted]", in a table
+# ("| ... |") or not; the host row has no free (and, in the first form, a total before self)
+_NUM = r"(-?[0-9]{1,20})"  # bounded: never a 5,000-digit int()
+_BREAKDOWN = re.compile(
+    r"(?P<func>\w*memory_breakdown\w*):\s*\|?\s*-\s+(?P<dev>[^|:]+?)\s*[|:]\s*"
+    rf"(?:{_NUM}\s*=\s*{_NUM}\s*\+\s*\(\s*{_NUM}\s*=\s*{_NUM}\s*\+\s*{_NUM}\s*\+\s*{_NUM}\s*\)(?:\s*\+\s*{_NUM})?"
+    rf"|(?:{_NUM}\s+)?{_NUM}\s*=\s*{_NUM}\s*\+\s*{_NUM}\s*\+\s*{_NUM})\s*\|?\s*$"
+)
+_FIT = re.compile(r"\b(?:llama|common)_params_fit_impl:\s*(?P<msg>.*?)\s*$")
+_FIT_PROJECTED = re.compile(r"projected to use (?P<use>\d+) MiB of (?P<what>device|host) memory vs\. (?P<have>\d+) MiB")
+_FIT_CTX = re.compile(r"context size reduced from (?P<old>\d+) to (?P<new>\d+)")
+_MTP_ESTIMATE = re.compile(r"\[spec\] estimated (?:fixed )?memory usage of MTP context is (?P<mib>[\d.]+) MiB")
+# size_t MiB arithmetic in builds before the table moved to common/: a negative figure printed as 2**64 / 2**20 - x
+_WRAP = 1 << 44
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +97,37 @@ class RSSummary:
 
 
 @dataclass(frozen=True, slots=True)
+class BreakdownRow:
+    """One row of llama.cpp's memory breakdown table, in MiB as printed (whole MiB)."""
+
+    func: str  # llama_print_memory_breakdown | llama_memory_breakdown_print | common_memory_breakdown_print
+    device: str  # "CUDA0 (RTX 5090)", "Host", "CPU (EPYC 7742)"
+    total_mib: int | None  # None on the host row of the table
+    free_mib: int | None
+    self_mib: int
+    model_mib: int
+    context_mib: int
+    compute_mib: int
+    unaccounted_mib: int | None  # total - (free + self); negative when other processes' memory is counted free
+
+    @property
+    def name(self) -> str:
+        """The device as its buffers name it: "CUDA0", "Host"."""
+        return self.device.split(" (", 1)[0]
+
+
+@dataclass(frozen=True, slots=True)
+class FitReport:
+    """What ``--fit`` printed (llama_params_fit_impl, renamed common_params_fit_impl when it moved to common/)."""
+
+    lines: tuple[str, ...]  # its messages, without the function name
+    projected_mib: int | None  # "projected to use N MiB of device memory" (the first such line)
+    free_mib: int | None  # "... vs. N MiB of free device memory"
+    n_ctx_from: int | None  # "context size reduced from A to B"
+    n_ctx_to: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class LoadLog:
     """What a llama.cpp load printed: buffers, caches and the context's parameters."""
 
@@ -81,6 +137,12 @@ class LoadLog:
     cparams: dict[str, str]  # llama_context: n_ctx, n_ctx_seq, n_batch, n_ubatch, flash_attn, ...
     gpu_layers: int | None
     total_layers: int | None
+    breakdown: tuple[BreakdownRow, ...] = ()  # every table row printed, in order (--fit prints several)
+    fit: FitReport | None = None
+    # every "offloaded N/M layers to GPU" of the log, in order: a server woken from idle (--sleep-idle-seconds)
+    # loads again and, with --fit, may place fewer layers (llama.cpp#24684): verify compares them
+    placements: tuple[tuple[int, int], ...] = ()
+    mtp_context_mib: float | None = None  # llama-server's own estimate of its MTP context (--fit's reservation)
 
     def mib(self, kind: str, *, host: bool | None = None) -> float:
         """Sum of the printed sizes of one kind; host=False keeps GPU buffers only."""
@@ -98,8 +160,18 @@ def parse(lines: Iterable[str]) -> LoadLog:
     rs: list[RSSummary] = []
     cparams: dict[str, str] = {}
     gpu_layers = total_layers = None
+    rows: list[BreakdownRow] = []
+    fit: list[str] = []
+    placements: list[tuple[int, int]] = []
+    mtp_mib = None
     for line in lines:
-        if m := _BUFFER.search(line):
+        if m := _BREAKDOWN.search(line):
+            rows.append(_row(m))
+        elif m := _FIT.search(line):
+            fit.append(m["msg"])
+        elif m := _MTP_ESTIMATE.search(line):
+            mtp_mib = float(m["mib"])
+        elif m := _BUFFER.search(line):
             buffers.append(Buffer(m["func"], m["buft"], m["kind"], float(m["mib"])))
         elif m := _KV_SUMMARY.search(line):
             kv.append(
@@ -120,4 +192,56 @@ def parse(lines: Iterable[str]) -> LoadLog:
             cparams[m["key"]] = m["val"]
         elif m := _OFFLOADED.search(line):
             gpu_layers, total_layers = int(m["gpu"]), int(m["total"])
-    return LoadLog(tuple(buffers), tuple(kv), tuple(rs), cparams, gpu_layers, total_layers)
+            placements.append((gpu_layers, total_layers))
+    return LoadLog(
+        tuple(buffers),
+        tuple(kv),
+        tuple(rs),
+        cparams,
+        gpu_layers,
+        total_layers,
+        breakdown=tuple(rows),
+        fit=_fit(fit) if fit else None,
+        placements=tuple(placements),
+        mtp_context_mib=mtp_mib,
+    )
+
+
+def _unwrap(v: int) -> int:
+    return v - _WRAP if v > _WRAP // 2 else v
+
+
+def _row(m: re.Match[str]) -> BreakdownRow:
+    g = [None if x is None else int(x) for x in m.groups()[2:]]
+    func, dev = m["func"], m["dev"].strip()
+    if g[0] is not None:  # a device: total = free + (self = model + context + compute) [+ unaccounted]
+        total, free, self_, model, context, compute, unacc = g[:7]
+        assert total is not None and free is not None and self_ is not None
+        assert model is not None and context is not None and compute is not None
+        return BreakdownRow(
+            func, dev, total, free, self_, model, context, compute, None if unacc is None else _unwrap(unacc)
+        )
+    total, self_, model, context, compute = g[7:]
+    assert self_ is not None and model is not None and context is not None and compute is not None
+    return BreakdownRow(func, dev, total, None, self_, model, context, compute, None)
+
+
+def _fit(lines: list[str]) -> FitReport:
+    projected = free = old = new = None
+    for msg in lines:
+        if projected is None and (m := _FIT_PROJECTED.search(msg)):
+            projected, free = int(m["use"]), int(m["have"])
+        if m := _FIT_CTX.search(msg):
+            old, new = int(m["old"]), int(m["new"])
+    return FitReport(tuple(lines), projected, free, old, new)
+
+
+# llama-server's server_context::load_model prints it at every load, a wake from idle's too
+# (tools/server/server-context.cpp, b11312: SRV_INF("loading model '%s'"))
+LOAD_MARKER = "load_model: loading model"
+
+
+def last_load(lines: list[str]) -> list[str]:
+    """The lines of the last load of a llama-server log (all of them when it has no load marker)."""
+    starts = [i for i, line in enumerate(lines) if LOAD_MARKER in line]
+    return lines[starts[-1] :] if starts else lines

@@ -82,6 +82,13 @@ def server_args(
             out.append(("-ctkd", "LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_K", cfg.type_k_draft.type_name))
         if cfg.type_v_draft != GGMLType.F16:
             out.append(("-ctvd", "LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_V", cfg.type_v_draft.type_name))
+    if cfg.mtp:  # common/arg.cpp --spec-type, --spec-draft-n-max: the MTP context (kvadvise.planner.mtp)
+        out.append(("--spec-type", "LLAMA_ARG_SPEC_TYPE", "draft-mtp"))
+        out.append(("--spec-draft-n-max", "LLAMA_ARG_SPEC_DRAFT_N_MAX", str(cfg.spec_draft_n_max)))
+        if cfg.type_k_draft != GGMLType.F16:
+            out.append(("-ctkd", "LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_K", cfg.type_k_draft.type_name))
+        if cfg.type_v_draft != GGMLType.F16:
+            out.append(("-ctvd", "LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_V", cfg.type_v_draft.type_name))
     if cfg.cpu_repack == "off" and cfg.device == "cpu":  # common/arg.cpp --no-repack (params.no_extra_bufts)
         out.append(("--no-repack", "LLAMA_ARG_NO_REPACK", None))  # LLAMA_ARG_NO_*: the negative form
     if cfg.kv_unified:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from kvadvise.planner.memory import RunConfig
 from kvadvise.runtime.llamaserver import server_args
+from kvadvise.runtime.serverport import LEGACY_PORT
 
 DEFAULT_MODELS_MAX = 4  # common/common.h models_max
 
@@ -83,7 +84,8 @@ def _value(key: str, value: str) -> str:
     return value
 
 
-def router_command(preset_path: str, models_max: int, binary: str = "llama-server") -> str:
+def router_command(preset_path: str, models_max: int, binary: str = "llama-server", port: int = LEGACY_PORT) -> str:
     """The router's command line for the preset: ``--models-max`` always stated (the default, 4, would let a
-    model of the router's cache load beside the planned ones)."""
-    return shlex.join([binary, "--models-preset", preset_path, "--models-max", str(models_max)])
+    model of the router's cache load beside the planned ones), and ``--port``: the default moves from 8080 to
+    9931 (kvadvise.runtime.serverport), and clients set up for one keep finding the router on it."""
+    return shlex.join([binary, "--models-preset", preset_path, "--models-max", str(models_max), "--port", str(port)])

@@ -40,6 +40,8 @@ class Measurement:
     total_layers: int | None
     repack_bytes: int = 0  # CPU_REPACK: CPU-only copies of some quantized matrices, inside weights_bytes
     prompt_tokens: int | None = None  # the prompt prompt_tokens_per_s timed (llama-server's timings.prompt_n)
+    # every load's "offloaded N/M layers to GPU", in order (a server woken from idle loads again)
+    placements: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +108,37 @@ def measurement_from_log(
         total_layers=log.total_layers,
         repack_bytes=_b(sum(b.mib for b in log.buffers if b.kind == "model" and b.buft == "CPU_REPACK")),
         prompt_tokens=prompt_tokens,
+        placements=log.placements,
     )
+
+
+def planned_gpu_layers(plan: Plan) -> int | None:
+    """The layers the plan puts on the GPUs, as "offloaded N/M layers to GPU" counts them (None: a CPU plan)."""
+    if plan.offload is not None:
+        return plan.offload.n_gpu_layers
+    if plan.estimate.layout.device not in ("cuda", "metal", "rpc"):
+        return None
+    return sum(d.n_layers for d in plan.estimate.devices)
+
+
+def placement_drift(plan: Plan, placements: tuple[tuple[int, int], ...]) -> str | None:
+    """What a run's loads say against the plan's placement: a later load with fewer GPU layers than the first
+    (a server woken from idle re-runs --fit and may place fewer, with a silent slowdown: llama.cpp#24684;
+    the fix, PR #27807, was closed unmerged), or a load with fewer than planned. None: no drift."""
+    if not placements:
+        return None
+    seen = ", then ".join(f"{g}/{t}" for g, t in placements)
+    first = placements[0][0]
+    if any(g < first for g, _ in placements[1:]):
+        return (
+            f"placement drifted: the server loaded {seen} layers on the GPU; a server woken from idle "
+            "(--sleep-idle-seconds) re-runs --fit and may place fewer layers, about 20 % slower (llama.cpp#24684); "
+            "give -c and -ngl explicitly, as kvadvise's command does, so that a wake loads the same placement"
+        )
+    planned = planned_gpu_layers(plan)
+    if planned is not None and placements[-1][0] < planned:
+        return f"placement differs from the plan: the server loaded {seen} layers on the GPU, the plan {planned}"
+    return None
 
 
 def build_from_log(text: str, fallback: str) -> str:
@@ -157,6 +189,9 @@ def compare(plan: Plan, m: Measurement) -> Verification:
             f"MiB, {plan.config.cpu_repack} layouts): llama.cpp's repacked copies of some quantized matrices for "
             "faster CPU matmuls, anonymous memory beside the mapped file"
         )
+    drift = placement_drift(plan, m.placements)
+    if drift is not None:
+        reasons.append(drift)
     if abs(err.kv_bytes) > MIB // 100:
         reasons.append(f"KV cache differs from the prediction by {err.kv_bytes / MIB:+.2f} MiB")
     return Verification(plan, m, err, fits, verdict, tuple(reasons), _prompt_estimate(plan, m))

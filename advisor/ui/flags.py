@@ -14,7 +14,7 @@ import click
 
 from kvadvise.errors import InputError
 from kvadvise.planner.memory import RUNTIMES
-from kvadvise.request import FLASH_ATTN, INT_RANGES, KV_TYPES, MAX_GBS, USES, PlanRequest, check_split
+from kvadvise.request import FLASH_ATTN, INT_RANGES, KV_TYPES, MAX_GBS, SPEC_TYPES, USES, PlanRequest, check_split
 from kvadvise.units import parse_memory_size, parse_size, parse_tokens
 
 if TYPE_CHECKING:
@@ -340,6 +340,23 @@ DRAFT_OPTIONS = (
         default="f16",
         show_default=True,
         help="The draft model's V cache type (llama.cpp -ctvd).",
+    ),
+    click.option(
+        "--spec-type",
+        "spec_type",
+        type=click.Choice(SPEC_TYPES),
+        default="none",
+        show_default=True,
+        help="draft-mtp: the model's own MTP/NextN head drafts (llama.cpp --spec-type draft-mtp): its layers load "
+        "with the model and a second context holds their KV.",
+    ),
+    click.option(
+        "--spec-draft-n-max",
+        "spec_draft_n_max",
+        type=_int("spec_draft_n_max"),
+        default=3,
+        show_default=True,
+        help="Tokens drafted per step (llama.cpp --spec-draft-n-max): the target reserves logits for each.",
     ),
 )
 

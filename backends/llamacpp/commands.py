@@ -25,6 +25,8 @@ from kvadvise.ui.show import answer, writer_options, writer_paths
 
 if TYPE_CHECKING:
     from kvadvise.model.spec import ModelSpec
+    from kvadvise.planner.planning import Plan
+    from kvadvise.runtime.verification import Measurement
 
 
 @click.command("llamacpp")
@@ -82,6 +84,22 @@ def llamacpp_command(path: str, force: bool, **kwargs: object) -> None:
     default=None,
     help="The llama-fit-params binary for --dry-run (default: beside --llama-server, else on PATH).",
 )
+@click.option(
+    "--log",
+    "log_file",
+    metavar="FILE",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="Launch nothing: read the log of a llama-server you run (-lv 3 or more), compare its last load with the "
+    "plan and say whether a reload placed fewer layers (a server woken from idle re-runs --fit).",
+)
+@click.option(
+    "--attach",
+    metavar="HOST[:PORT]",
+    default=None,
+    help="Launch nothing: ask the llama-server running there (/props) for its context and slots and compare them "
+    "with the plan; without a port, 8080 then 9931 (the default moves there, llama.cpp#26508).",
+)
 def verify_llamacpp_command(
     path: str,
     server: str | None,
@@ -89,6 +107,8 @@ def verify_llamacpp_command(
     save_calibration: bool,
     dry_run: bool,
     fit_params: str | None,
+    log_file: str | None = None,
+    attach: str | None = None,
     **kwargs: object,
 ) -> None:
     """Launch llama.cpp with the recommended (or given) settings on this machine and compare with the prediction.
@@ -117,9 +137,15 @@ def verify_llamacpp_command(
     # b11312 until then, then predicted again for the build that ran (--llama-build given: that one)
     runtime = named(o.runtime)
     plan = plan_for(spec, o.request, runtime, found_build=llamabuild.BuildChoice(builds.REFERENCE, "the run's log"))
-    if plan.fits is False:
-        output.note("the prediction says this config does not fit; running it anyway")
-    measured = measure(path, plan.config, server=server, timeout_s=timeout_s, progress=output.note)
+    if attach is not None and log_file is None:
+        _attach(attach, path, plan)
+        return
+    if log_file is not None:
+        measured = _from_log(log_file)
+    else:
+        if plan.fits is False:
+            output.note("the prediction says this config does not fit; running it anyway")
+        measured = measure(path, plan.config, server=server, timeout_s=timeout_s, progress=output.note)
     ran = llamabuild.measured_build(measured.llama_cpp_build)
     if o.request.llama_build == "auto" and ran is not None and ran != plan.config.llama_build:
         cfg = replace(plan.config, llama_build=ran)
@@ -141,6 +167,66 @@ def verify_llamacpp_command(
         raise click.exceptions.Exit(EXIT_NO_FIT)
 
 
+def _attach(address: str, path: str, plan: Plan) -> None:
+    """``verify llamacpp --attach``: the running server's context and slots against the plan; exit 3 when
+    they differ, 2 when no server answers."""
+    from kvadvise.errors import EXIT_NO_FIT, InputError
+    from kvadvise.runtime.serverport import DEFAULT_PORTS, attach_checks, find_server, parse_address
+
+    host, port = parse_address(address)
+    server = find_server(host, port)
+    if server is None:
+        where = f"{host}:{port}" if port is not None else " or ".join(f"{host}:{p}" for p in DEFAULT_PORTS)
+        raise InputError(f"--attach: no llama-server answered /props on {where}", hint="give HOST:PORT")
+    lay = plan.estimate.layout
+    differs = attach_checks(server, lay.n_ctx_seq, lay.n_seq_max, path)
+    sleeping = (
+        "; it is sleeping: its next request loads the model again, and with --fit it may place fewer layers "
+        "(llama.cpp#24684) unless -c and -ngl are given"
+        if server.is_sleeping
+        else ""
+    )
+    verdict = "differs from the plan: " + "; ".join(differs) if differs else "runs the plan's context and slots"
+    output.result(f"llama-server at {server.url} ({server.build or 'build unknown'}) {verdict}{sleeping}")
+    if differs:
+        raise click.exceptions.Exit(EXIT_NO_FIT)
+
+
+def _from_log(log_file: str) -> Measurement:
+    """A running llama-server's log: the buffers of its last load (after the last "load_model: loading model",
+    which a wake from idle prints again), the placements of every load."""
+    from pathlib import Path
+
+    from kvadvise.errors import InputError
+    from kvadvise.runtime.llamalog import last_load, parse
+    from kvadvise.runtime.verification import build_from_log, measurement_from_log
+
+    try:
+        text = Path(log_file).read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise InputError(f"--log {log_file}: {e.strerror or e}") from None
+    lines = text.splitlines()
+    log = parse(last_load(lines))
+    if not log.buffers:
+        raise InputError(
+            f"--log {log_file}: no buffer sizes in it", hint="start llama-server with -lv 3 (or more) and keep its log"
+        )
+    everything = parse(lines)
+    n_ctx = log.cparams.get("n_ctx")
+    return replace(
+        measurement_from_log(
+            log,
+            runner="llama-server (its log)",
+            build=build_from_log(text, "llama-server (build unknown)"),
+            n_ctx=int(n_ctx) if n_ctx and n_ctx.isdigit() and len(n_ctx) < 12 else None,
+            device_used_bytes=None,
+            prompt_tokens_per_s=None,
+            decode_tokens_per_s=None,
+        ),
+        placements=everything.placements,
+    )
+
+
 def _dry_run(
     path: str, spec: ModelSpec, o: Flags, *, server: str | None, fit_params: str | None, timeout_s: float
 ) -> None:
@@ -157,8 +243,8 @@ def _dry_run(
     # llama-fit-params --version names its build
     plan = plan_for(spec, o.request, named(o.runtime), found_build=llamabuild.detect(binary))
     # llama-fit-params reserves the logits of the whole batch (no --n-outputs-max) and projects neither the
-    # projector nor a draft model: kvadvise's figures beside it are for the same
-    cfg = replace(plan.config, n_outputs_max=0, mmproj=None, draft=None)
+    # projector nor a draft model (nor an MTP context): kvadvise's figures beside it are for the same
+    cfg = replace(plan.config, n_outputs_max=0, mmproj=None, draft=None, mtp=False)
     est = estimate(spec, cfg)
     projected = project(binary, path, cfg, timeout_s=timeout_s)
     rows = dryrun.compare(est, projected)

@@ -46,6 +46,9 @@ LLAMACPP_ONLY: tuple[str, ...] = (
     "draft",
     "type_k_draft",
     "type_v_draft",
+    # Ollama turns MTP on itself, from the model's draft_num_predict (OllamaRuntime.shape, appendDraftArgs)
+    "spec_type",
+    "spec_draft_n_max",
 )
 
 
@@ -103,6 +106,13 @@ class OllamaRuntime:
             warning = rules.too_large_warning(r.n_ctx, spec.n_ctx_train)
             notes = (warning,) if warning else ()
             r = replace(r, n_ctx=rules.llama_n_ctx(rules.capped_num_ctx(r.n_ctx, spec.n_ctx_train), r.n_parallel))
+        n_max = _draft_num_predict(model)
+        if n_max and spec.n_layer_nextn:
+            # llm/llama_server.go (ollama fb30760, since v0.30.0): a GGUF with nextn_predict_layers and no draft
+            # model gets EnableMTP; appendDraftArgs then adds --spec-type draft-mtp --spec-draft-n-max
+            # draft_num_predict, which server/routes.go modelOptions zeroes unless the model's or the
+            # request's parameters set it
+            r = replace(r, spec_type="draft-mtp", spec_draft_n_max=n_max)
         projector = readable_projector(model)  # read here, once: the plan and a replan take the header
         if projector is not None:
             r = replace(r, mmproj=projector)
@@ -187,6 +197,15 @@ class OllamaRuntime:
 
     def writers(self) -> tuple[Writer[Plan], ...]:
         return WRITERS
+
+
+def _draft_num_predict(model: OllamaModel) -> int:
+    """The model's draft_num_predict parameter (its Modelfile PARAMETER / params layer); 0 when unset, as
+    Ollama's modelOptions leaves it for a model without a draft (server/routes.go, ollama fb30760)."""
+    value = model.params.get("draft_num_predict")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        return 0
+    return min(int(value), 1024)
 
 
 def readable_projector(model: OllamaModel) -> ProjectorSpec | None:
