@@ -209,13 +209,13 @@ def test_the_dry_run_never_agrees_with_what_it_cannot_compare(tmp_path: Path) ->
     mib = 1 << 20
     row = f"CUDA0 {d.weights_bytes // mib} {(d.kv_bytes + d.recurrent_bytes) // mib} {d.compute_bytes // mib}"
     host = f"Host {est.host.weights_bytes // mib} 0 {est.host.compute_bytes // mib}"
-    assert all(r.ok for r in dryrun.compare(est, dryrun.parse(f"{row}\n{host}\n", "")))
+    assert all(r.ok for r in dryrun.compare(spec, est, dryrun.parse(f"{row}\n{host}\n", "")))
     inf_log = "CUDA0 compute buffer size = " + "9" * 400 + ".00 MiB"
     assert dryrun.parse(f"{row}\n", inf_log)[0].compute_mib == float(d.compute_bytes // mib)  # not read: the table's
     huge = dryrun.parse(f"CUDA0 {'9' * 5000} 0 0\n{host}\n", "")
-    assert not all(r.ok for r in dryrun.compare(est, huge))  # the device is missing: a disagreement
+    assert not all(r.ok for r in dryrun.compare(spec, est, huge))  # the device is missing: a disagreement
     extra = dryrun.parse(f"{row}\nCUDA1 10000 0 0\n{host}\n", "")
-    rows = dryrun.compare(est, extra)
+    rows = dryrun.compare(spec, est, extra)
     assert any(r.name == "CUDA1 (not planned)" and not r.ok for r in rows)
     nan = dryrun.Projected("CUDA0", 0, 0, float("inf"))
     assert not dryrun.DryRunRow("CUDA0", 0, 0, 0, nan).compute_ok

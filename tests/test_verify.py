@@ -346,15 +346,47 @@ def test_dry_run_prints_llama_cpps_projection_beside_the_plan(
     assert main([*argv, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)["dry_run"]
     assert doc["agree"] and doc["binary"] == str(fit_params_binary) and doc["llama_build"] == 11312
-    (cpu,) = doc["devices"]
-    assert cpu["name"] == "CPU" and cpu["ok"]
+    cpu, *repack = doc["devices"]
+    assert cpu["name"] == "CPU" and cpu["ok"] and cpu["differences"] == ""
     assert cpu["llama_cpp_mib"]["context"] == int(cpu["kvadvise_mib"]["context"])  # KV, floored as it prints
     assert abs(cpu["compute_diff_mib"]) <= max(16, 0.03 * cpu["llama_cpp_mib"]["compute"])
+    # the model is judged too (issue 37): the projection's Host line is the tensors of the CPU buffer type,
+    # 235.16 MiB of file less the 12.66 MiB of q4_K matrices repacked on an AVX2 CPU = 222.50, floored 222
+    assert cpu["llama_cpp_mib"]["model"] == int(cpu["kvadvise_mib"]["model"])
+    if repack:  # this CPU repacks: the log's own CPU_REPACK line, beside what kvadvise plans for it
+        (r,) = repack
+        assert r["name"] == "CPU_REPACK" and not r["in_table"] and r["ok"]
+        assert cpu["kvadvise_mib"]["model"] + r["kvadvise_mib"]["model"] == pytest.approx(235.16, abs=0.01)
+        assert "maps 235.16 MiB" in doc["note"] and "leaves CPU_REPACK out of its Host line" in doc["note"]
     assert "-fitp on" in doc["command"] and "-ngl 0" in doc["command"]
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert "llama.cpp's own projection (no allocation)" in text and "kvadvise and llama.cpp agree" in text
-    assert re.search(r"^CPU +\d+ / \d+ +\d+ / \d+ +[\d.,]+ / [\d.,]+ \([+-][\d.]+\)$", text, re.M), text
+    assert re.search(r"^CPU +(\d+) / \1 +(\d+) / \2 +[\d.,]+ / [\d.,]+ \([+-][\d.]+\)$", text, re.M), text
+
+
+@pytest.mark.llama
+def test_dry_run_flags_a_model_figure_it_does_not_share(
+    gemma_path: Path, fit_params_binary: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The real llama-fit-params' output, its Host model figure raised by 13 MiB (the mapped span kvadvise plans,
+    235, where the projection counts 222): marked with the figure and its difference, exit 3, never "agree"."""
+    real = subprocess.run(
+        [str(fit_params_binary), "-m", str(gemma_path), "-c", "4096", "-fa", "on", "-ngl", "0", "-fitp", "on", "-v"],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    host = re.search(r"^Host (\d+) (\d+) (\d+) ?$", real.stdout, re.M)
+    assert host, real.stdout
+    log = tmp_path / "log.txt"
+    log.write_text(real.stderr)
+    fake = tmp_path / "llama-fit-params"
+    fake.write_text(f"#!/bin/sh\ncat '{log}' >&2\necho 'Host {int(host[1]) + 13} {host[2]} {host[3]}'\n")
+    fake.chmod(0o755)
+    argv = ["verify", "llamacpp", str(gemma_path), "--ctx", "4096", "-fa", "on", "--dry-run", "--llama-fit-params"]
+    assert main([*argv, str(fake)]) == 3
+    out = capsys.readouterr().out
+    assert re.search(r"<- differs: model -12\.\d\d$", out, re.M) and "differ (marked)" in out, out
+    assert "and llama.cpp agree" not in out
 
 
 def test_dry_run_without_llama_fit_params_exits_4(

@@ -6,13 +6,20 @@ K/V of the tokens before it. Per token:
 - weights: everything but the token embedding (one row is looked up), and of the routed experts only
   ``n_expert_used`` of ``n_expert`` (shared experts, attention, router and output always);
 - K/V: every KV layer's cells up to the depth (a sliding-window layer at most its window), at the cache
-  type's bytes.
+  type's bytes;
+- recurrent state: a recurrent layer (Gated DeltaNet, Mamba, short conv) reads its whole state and writes it
+  back for every token (the scan kernel, e.g. ggml-cuda/gated_delta_net.cu, loads the S_v x S_v state of each
+  head and stores the updated one; ssm_conv shifts the conv window), at the K/V's efficiency.
 
 Each device reads its share (its layers' weights and K/V, llama.cpp's layer split) at a measured fraction
 of its published bandwidth (:data:`EFFICIENCY`, by backend and by dense or MoE model), and each token costs
 a fixed time per layer on top (:data:`LAYER_OVERHEAD_S`: kernel launches and synchronisation, what bounds
 tiny models and fast cards), and per MoE layer a little more (:data:`MOE_LAYER_OVERHEAD_S`: the router,
-top-k and the expert gathers: the cost that makes small experts slow per byte read). The devices run one
+top-k and the expert gathers: the cost that makes small experts slow per byte read). A recurrent layer costs
+that fixed time in proportion to the kernels it launches beside an attention layer of the same model
+(:data:`DECODE_KERNELS`, counted in llama.cpp's own decode graph): a Gated DeltaNet mixer launches
+half again as many as attention (conv, the q/k L2 norms, the gates, the scan, the gated norm), and a
+hybrid's time per token is mostly these launches on a fast card. The devices run one
 after another: their times add up. The CPU's share (``--n-cpu-moe``, whole layers kept in RAM) reads at
 the system memory's bandwidth, measured or given (kvadvise.planner.cpuspeed).
 
@@ -64,8 +71,15 @@ LAYER_OVERHEAD_S: dict[str, float] = {"cuda": 65e-6, "metal": 145e-6, "vulkan": 
 # layers read at a higher fraction of the bandwidth than dense ones; Metal, Vulkan and ROCm read them at
 # a lower one: EFFICIENCY's "moe"), kept so that a refit can find it.
 MOE_LAYER_OVERHEAD_S: dict[str, float] = {"cuda": 0.0, "metal": 0.0, "vulkan": 0.0, "rocm": 0.0, "cpu": 0.0}
+# Kernels (non-view nodes) llama.cpp b11312 runs per layer to decode one token, for an attention layer and a recurrent
+# layer of the same hybrid model: the n_tokens = 1 graph of tests/tinymodels' recipes under llama-fit-params -ub 1
+# with GGML_SCHED_DEBUG=2 (ggml-backend.cpp ggml_backend_sched_print_assignments); tests/test_speed.py recounts them
+# on the real binary. qwen35moe builds qwen3next's layers (models/qwen35moe.cpp: the same Gated DeltaNet mixer, gated
+# attention and MoE with a shared expert). A recurrent layer's fixed time is LAYER_OVERHEAD_S x recurrent / attention.
+# Architectures not listed: 1 (their recurrent layers cost what an attention layer does).
+DECODE_KERNELS: dict[str, tuple[int, int]] = {"qwen35": (26, 41), "qwen3next": (43, 61), "qwen35moe": (43, 61)}
 # measured ÷ estimate: the band around the estimate that held 80 % of the collected rows
-RANGE = (0.84, 1.21)
+RANGE = (0.82, 1.21)
 # The deepest context of the decode measurements the factors are fitted and checked on, by backend
 # (tests/data/speed/measurements.json: context_tokens + n_gen of the rows, fitted and held out; tests/test_speed.py
 # recomputes it from the file): a figure at a deeper context is an extrapolation and is labelled so. Up to 4k the
@@ -129,6 +143,14 @@ class Reads:
     expert_layers: int  # layers with routed experts (to split them per layer for --n-cpu-moe)
     n_layer: int
     moe: bool
+    state: int = 0  # recurrent state read and written back (2 x its bytes), all recurrent layers
+    recurrent_layers: int = 0
+    recurrent_kernels: float = 1.0  # a recurrent layer's kernels per an attention layer's (DECODE_KERNELS)
+
+    @property
+    def layer_units(self) -> float:
+        """The layers' fixed time per token in attention layers: a recurrent layer counts its kernels' share."""
+        return self.n_layer - self.recurrent_layers + self.recurrent_layers * self.recurrent_kernels
 
 
 def weight_reads(spec: ModelSpec) -> Reads:
@@ -141,7 +163,10 @@ def weight_reads(spec: ModelSpec) -> Reads:
     # the input layer's tables are looked up a row per token (get_rows), not read whole
     dense = spec.weights_bytes - spec.tok_embd_bytes - spec.input_extra_bytes + tied_output - spec.expert_bytes
     layers = _expert_layers(spec) if moe else 0
-    return Reads(max(0, dense), used, layers, spec.n_layer, moe)
+    n_rec = sum(spec.recurrent_layers[: spec.n_layer])
+    state = 2 * 4 * n_rec * (spec.n_embd_r + spec.n_embd_s)  # f32, read then written (memory.recurrent_bytes)
+    att, rec = DECODE_KERNELS.get(spec.architecture, (1, 1))
+    return Reads(max(0, dense), used, layers, spec.n_layer, moe, state, n_rec, rec / att)
 
 
 def _expert_layers(spec: ModelSpec) -> int:
@@ -246,6 +271,7 @@ def seconds_per_token(
         reads.experts * min(cpu_expert_layers, reads.expert_layers) // reads.expert_layers if reads.expert_layers else 0
     )
     cpu_w = (reads.dense + reads.experts - cpu_exp) * cpu_dense_fraction + cpu_exp
+    kv_bytes += reads.state  # the recurrent state streams like the K/V (small reads per head, at its efficiency)
     cpu_kv = kv_bytes * cpu_dense_fraction
     if not devices:
         cpu_w, cpu_kv = reads.dense + reads.experts, kv_bytes
@@ -260,7 +286,7 @@ def seconds_per_token(
     if cpu_w or cpu_kv:
         t += cpu_w / (EFFICIENCY["cpu"][kind] * cpu_bandwidth_bytes_per_s)
         t += cpu_kv / (KV_EFFICIENCY["cpu"] * cpu_bandwidth_bytes_per_s)
-    t += reads.n_layer * LAYER_OVERHEAD_S[lead] + reads.expert_layers * MOE_LAYER_OVERHEAD_S[lead]
+    t += reads.layer_units * LAYER_OVERHEAD_S[lead] + reads.expert_layers * MOE_LAYER_OVERHEAD_S[lead]
     return t
 
 

@@ -247,7 +247,8 @@ def _dry_run(
     cfg = replace(plan.config, n_outputs_max=0, mmproj=None, draft=None, mtp=False)
     est = estimate(spec, cfg)
     projected = project(binary, path, cfg, timeout_s=timeout_s)
-    rows = dryrun.compare(est, projected)
+    rows = dryrun.compare(spec, est, projected)
+    note = dryrun.model_note(spec, est)
     agree = all(r.ok for r in rows)
     command = " ".join([BINARY, *fit_params_args(path, cfg)])
     if o.view.as_json:
@@ -272,16 +273,21 @@ def _dry_run(
                                 "compute": r.theirs.compute_mib,
                             },
                             "compute_diff_mib": round(r.ours_compute - r.theirs.compute_mib, 2),
+                            "in_table": r.theirs.in_table,
                             "ok": r.ok,
+                            "differences": r.differences,
                         }
                         for r in rows
                     ],
+                    "note": note,
                 }
             }
         )
     else:
         output.result(f"llama.cpp's own projection (no allocation): {command}")
         output.result(dryrun.table_text(rows))
+        if note:
+            output.result(note)
         verdict = "agree" if agree else "differ (marked)"
         output.result(
             f"kvadvise and llama.cpp {verdict}: compute within {dryrun.COMPUTE_ABS_MIB:g} MiB or "
