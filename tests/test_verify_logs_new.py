@@ -70,7 +70,13 @@ def test_figures_of_the_old_and_the_renamed_lines() -> None:
         "common_memory_breakdown_print", "CUDA0 (RTX 5090)", 32111, 31605, 18058, 16386, 1024, 648, -17552
     )
     host = new.breakdown[1]
-    assert (host.total_mib, host.free_mib, host.self_mib, host.model_mib, host.compute_mib) == (None, None, 1234, 682, 552)
+    assert (host.total_mib, host.free_mib, host.self_mib, host.model_mib, host.compute_mib) == (
+        None,
+        None,
+        1234,
+        682,
+        552,
+    )
     fit = parse(_lines("pr21489-llama-params-fit.log")).fit
     assert fit is not None and (fit.projected_mib, fit.free_mib) == (3287, 110100)
     first = parse(_lines("pr15860-first-breakdown.log")).breakdown
