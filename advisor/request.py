@@ -206,7 +206,7 @@ def _check_values(r: PlanRequest) -> None:
             raise invalid(name, f"{_shown(getattr(r, name))} is not a valid boolean.")
     for name in TEXTS:
         v = getattr(r, name)
-        if v is None:
+        if v is None and name == "gpu":  # no card named; llama_build has its "auto"
             continue
         if not isinstance(v, str):
             raise invalid(name, f"{_shown(v)} is not a string.")
@@ -220,7 +220,7 @@ def _check_values(r: PlanRequest) -> None:
             continue
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise invalid(name, f"{_shown(v)} is not a valid float.")
-        if not math.isfinite(v):
+        if isinstance(v, float) and not math.isfinite(v):  # an int is finite (and may be past a float's range)
             raise invalid(name, f"{str(v)!r} is not a finite number")
         if not 1 <= v <= MAX_GBS:
             raise invalid(name, f"{v} is not in the range 1<=x<={MAX_GBS:g}.")
@@ -258,7 +258,7 @@ def check_split(shares: object) -> None:
         return
     if not isinstance(shares, tuple) or any(isinstance(s, bool) or not isinstance(s, (int, float)) for s in shares):
         raise invalid("tensor_split", f"{_shown(shares)}: shares as a tuple of numbers, e.g. (3, 1)")
-    if any(not math.isfinite(s) or not 0 <= s < 1e9 for s in shares) or not any(shares):
+    if any(not 0 <= s < 1e9 for s in shares) or not any(shares):  # NaN and infinities fail the range too
         raise invalid("tensor_split", f"{_shown(shares)}: shares >= 0, not all 0, e.g. 3,1")
     tiny = [x for x in shares if x and float(f"{x:g}") < _FLT_MIN]
     if tiny:

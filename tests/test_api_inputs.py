@@ -1,0 +1,58 @@
+"""The Python API takes what the command line takes, and nothing else (issue 38, item 2): every field of
+``PlanRequest`` given an odd value (empty, huge, negative, NaN, infinite, of the wrong type, a lone
+surrogate, a duplicated list) either plans or raises a ``KvadviseError`` with a documented exit code (2, 3
+or 4) and a one-line message; never a ``KeyError``, ``TypeError``, ``ValueError`` or an "internal error"
+(exit 1). The command line's side is test_fuzz.py::test_no_option_value_ends_in_an_internal_error."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import kvadvise
+from kvadvise.errors import KvadviseError
+from kvadvise.request import PlanRequest
+
+_ODD: list[object] = [
+    None, "", " ", "\x00", "\udcff", "a\nb", "x" * 3000, "nan", "-1", "²", "٣",
+    0, -1, 1, 2**31, 2**63, 10**400, -(2**70),
+    0.0, -0.5, 1.5, math.nan, math.inf, -math.inf, 1e308,
+    True, False, (), (math.nan,), (1.0, math.inf), (0,), (-1,), (1 << 30, 1 << 30), ("x",), (10**400, 1), [1, 2], {"a": 1},
+]  # fmt: skip
+_FIELDS = [f.name for f in fields(PlanRequest) if f.name not in ("draft", "mmproj")]  # objects: their own tests
+
+
+@pytest.fixture(scope="module")
+def gemma(gemma_path: Path) -> kvadvise.ModelSpec:
+    return kvadvise.load_model(str(gemma_path))
+
+
+def test_every_field_has_odd_values_to_try() -> None:
+    assert len(_FIELDS) >= 35 and "n_ctx" in _FIELDS and "rpc" in _FIELDS and "tensor_split" in _FIELDS
+
+
+@settings(max_examples=1500, deadline=None, derandomize=True)
+@given(name=st.sampled_from(_FIELDS), value=st.sampled_from(_ODD))
+def test_no_api_value_ends_in_an_internal_error(gemma: kvadvise.ModelSpec, name: str, value: object) -> None:
+    request = PlanRequest(**{name: value, "ram_bytes": 16 << 30} if name != "ram_bytes" else {name: value})
+    try:
+        plan = kvadvise.plan(gemma, request, hardware=kvadvise.gpu_profile("rtx-4090"))
+    except KvadviseError as e:
+        assert e.exit_code in (2, 3, 4), (name, value, e.exit_code)
+        assert "\n" not in e.message and e.message.strip(), (name, value, e.message)
+    else:
+        assert plan.estimate.device_bytes >= 0 and plan.estimate.layout.n_ctx > 0, (name, value)
+
+
+@pytest.mark.parametrize("name", ["n_ctx", "n_parallel", "n_batch", "n_ubatch", "margin_bytes", "users"])
+def test_numbers_past_what_llama_cpp_reads_are_refused(gemma: kvadvise.ModelSpec, name: str) -> None:
+    """int32 fields of llama.cpp (common/arg.cpp std::stoi) and sizes: a number no llama.cpp takes is exit 2,
+    the same number as the CLI refuses."""
+    with pytest.raises(KvadviseError) as e:
+        kvadvise.plan(gemma, PlanRequest(**{name: 2**63}), hardware=kvadvise.gpu_profile("rtx-4090"))
+    assert e.value.exit_code == 2
