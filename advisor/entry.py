@@ -228,7 +228,7 @@ def _plan(
         n_cpu_moe=r.n_cpu_moe,
     )
     if base.mtp:
-        from kvadvise.planner import mtp
+        from kvadvise.render import mtp_note
 
         # what turning MTP off buys: the same search without the MTP context (only when kvadvise picks -c)
         plain_ctx = None
@@ -244,7 +244,7 @@ def _plan(
                 n_cpu_moe=r.n_cpu_moe,
             )
             plain_ctx = plain.config.n_ctx if plain.fits else None
-        plan = replace(plan, notes=(*plan.notes, mtp.plan_note(spec, plan.config, plan.estimate, plain_ctx)))
+        plan = replace(plan, notes=(*plan.notes, mtp_note(spec, plan.config, plan.estimate, plain_ctx)))
     fa_note = flash_attn_note(spec, plan.config)
     plan = replace(plan, runtime=runtime.name, n_ctx_requested=r.n_ctx)
     return replace(plan, notes=(*plan.notes, fa_note)) if fa_note else plan

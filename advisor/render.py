@@ -724,3 +724,21 @@ def _why_not_allowed(o: Option) -> str:
     """An option the recommendation may not pick: q4_0 without the opt-in, else measured worse than the
     threshold on this model (kvadvise verify quality; the reasons cite the figure)."""
     return "only with --allow-q4" if needs_opt_in((o.type_k, o.type_v)) else "measured: worse than the threshold"
+
+
+def mtp_note(spec: ModelSpec, cfg: RunConfig, est: MemoryEstimate, plain_n_ctx: int | None) -> str:
+    """The plan's line on MTP: its memory, the published decode gain, and the context it costs (``plain_n_ctx``:
+    the context the same search finds without MTP; None when the context was given)."""
+    from kvadvise.planner.mtp import gain_text
+
+    d = est.draft
+    ctx = d.total_bytes if d is not None else 0
+    text = (
+        f"MTP draft (--spec-type draft-mtp --spec-draft-n-max {cfg.spec_draft_n_max}): "
+        f"{fmt_bytes(ctx + sum(spec.nextn_layer_bytes))} more: NextN weights {fmt_bytes(sum(spec.nextn_layer_bytes))}, "
+        f"its context {fmt_bytes(ctx)} (KV of {spec.n_layer_nextn} layer(s) {fmt_bytes(d.kv_bytes if d else 0)}, "
+        f"compute {fmt_bytes(d.compute_bytes if d else 0)}); decode gain: {gain_text()}"
+    )
+    if plain_n_ctx is not None and plain_n_ctx > cfg.n_ctx:
+        text += f"; without MTP: {plain_n_ctx:,} tokens instead of {cfg.n_ctx:,}"
+    return text

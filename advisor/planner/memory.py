@@ -814,7 +814,7 @@ def validate(spec: ModelSpec, cfg: RunConfig) -> None:
         from kvadvise.planner import mtp
 
         mtp.check(spec)
-        validate(mtp.context_spec(spec), mtp.context_config(cfg, lay))
+        validate(mtp.context_spec(spec), mtp_context_config(cfg, lay))
 
 
 def estimate(spec: ModelSpec, cfg: RunConfig) -> MemoryEstimate:
@@ -857,7 +857,7 @@ def estimate(spec: ModelSpec, cfg: RunConfig) -> MemoryEstimate:
         draft = estimate(cfg.draft, draft_config(cfg, lay))
         devices, host = _with_draft(devices, host, draft)
     elif cfg.mtp:  # the MTP context: common_speculative_init_result, on the target's weights
-        draft = estimate(mtp.context_spec(target), mtp.context_config(cfg, lay))
+        draft = estimate(mtp.context_spec(target), mtp_context_config(cfg, lay))
         devices, host = _with_draft(devices, host, draft)
     device_total = sum(d.total_bytes for d in devices)
     return MemoryEstimate(
@@ -1034,3 +1034,20 @@ def _even_layers(spec: ModelSpec) -> list[int]:
     body = max(0, spec.weights_bytes - spec.tok_embd_bytes - spec.input_extra_bytes - spec.output_bytes)
     n = max(1, spec.n_layer)
     return [body // n if il < spec.n_layer else 0 for il in range(spec.n_layer_all)]
+
+
+def mtp_context_config(cfg: RunConfig, lay: ContextLayout) -> RunConfig:
+    """The MTP context's parameters (common_base_params_to_speculative, common_speculative_init_result):
+    the target's resolved n_ctx, the draft cache types, one output row per slot, no second overhead."""
+    return replace(
+        cfg,
+        n_ctx=lay.n_ctx,
+        type_k=cfg.type_k_draft,
+        type_v=cfg.type_v_draft,
+        n_outputs_max=cfg.n_parallel,
+        mmproj=None,
+        draft=None,
+        mtp=False,
+        cpu_repack="none",
+        overhead_bytes=0,
+    )

@@ -23,7 +23,6 @@ from dataclasses import dataclass, replace
 
 from kvadvise.errors import ConfigError
 from kvadvise.model.spec import ModelSpec
-from kvadvise.planner.memory import ContextLayout, MemoryEstimate, RunConfig
 
 # The speculative types of --spec-type that kvadvise plans (common/speculative.cpp, b11312)
 SPEC_TYPES = ("none", "draft-mtp")
@@ -120,38 +119,3 @@ def context_spec(spec: ModelSpec) -> ModelSpec:
         layer_largest_tensor_bytes=(),
         fixed_span=(0, 0),
     )
-
-
-def context_config(cfg: RunConfig, lay: ContextLayout) -> RunConfig:
-    """The MTP context's parameters (common_base_params_to_speculative, common_speculative_init_result):
-    the target's resolved n_ctx, the draft cache types, one output row per slot, no second overhead."""
-    return replace(
-        cfg,
-        n_ctx=lay.n_ctx,
-        type_k=cfg.type_k_draft,
-        type_v=cfg.type_v_draft,
-        n_outputs_max=cfg.n_parallel,
-        mmproj=None,
-        draft=None,
-        mtp=False,
-        cpu_repack="none",
-        overhead_bytes=0,
-    )
-
-
-def plan_note(spec: ModelSpec, cfg: RunConfig, est: MemoryEstimate, plain_n_ctx: int | None) -> str:
-    """The plan's line on MTP: its memory, the published decode gain, and the context it costs (``plain_n_ctx``:
-    the context the same search finds without MTP; None when the context was given)."""
-    from kvadvise.render import fmt_bytes
-
-    d = est.draft
-    ctx = d.total_bytes if d is not None else 0
-    text = (
-        f"MTP draft (--spec-type draft-mtp --spec-draft-n-max {cfg.spec_draft_n_max}): "
-        f"{fmt_bytes(ctx + sum(spec.nextn_layer_bytes))} more: NextN weights {fmt_bytes(sum(spec.nextn_layer_bytes))}, "
-        f"its context {fmt_bytes(ctx)} (KV of {spec.n_layer_nextn} layer(s) {fmt_bytes(d.kv_bytes if d else 0)}, "
-        f"compute {fmt_bytes(d.compute_bytes if d else 0)}); decode gain: {gain_text()}"
-    )
-    if plain_n_ctx is not None and plain_n_ctx > cfg.n_ctx:
-        text += f"; without MTP: {plain_n_ctx:,} tokens instead of {cfg.n_ctx:,}"
-    return text
