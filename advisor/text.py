@@ -65,7 +65,11 @@ def wrapped(row: str, width: int = WIDTH) -> list[str]:
         full = 2 * width // 3  # a comma or a space only where the line is two-thirds full, if it can be
         late = [at[s] for s in (", ", " ") if at.get(s, 0) >= full]
         cut = at.get("; ") or at.get(": ") or (late[0] if late else 0) or at.get(", ") or at.get(" ")
-        if not cut:  # a word (or a parenthesis) longer than the line: whole, up to the next space
+        if not cut:  # before the parenthesis rather than inside it, if that leaves a quarter of a line
+            cut = max(_breaks(rest, width + 1, max(len(pad) + 1, width // 4)).values(), default=0)
+        if not cut:  # a parenthesis longer than the line: inside it, at its last space that fits
+            cut = rest.rfind(" ", max(len(pad) + 1, width // 3), width + 1) + 1
+        if not cut:  # a word longer than the line: whole, up to the next space
             cut = (rest.find(" ", width) + 1) or len(rest)
         out.append(rest[:cut].rstrip())
         rest = pad + rest[cut:].lstrip()

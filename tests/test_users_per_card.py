@@ -6,6 +6,7 @@ fit and M + 1 do not, each way; the two ways' buffers against real llama.cpp on 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import jsonschema
@@ -81,7 +82,8 @@ def test_the_direct_answer_and_the_command_it_writes(gemma_path: Path, capsys: p
     rc, out, _ = run(capsys, "llamacpp", str(gemma_path), *common, "--users", "8", "--target-ctx", "32768")
     assert rc == 0
     assert out.startswith("8 users at 32k each (K/V f16) on a 3.00 GiB GPU (--vram): yes; at most 12\n")
-    assert "  one slot each: at most 12; 8 take 1.47 GiB (K/V 0.87 GiB); ≈ 153 t/s each, 1,220 t/s in all" in out
+    prose = re.sub(r"\n +≈", " ≈", out)  # a row wrapped to ~100 columns, read whole
+    assert "  one slot each: at most 12; 8 take 1.47 GiB (K/V 0.87 GiB); ≈ 153 t/s each, 1,220 t/s in all" in prose
     assert "  unified cache (-kvu, one pool): at most 10; 8 take 1.64 GiB (K/V 0.82 GiB)" in out
     command = out.strip().splitlines()[-1]
     assert " -c 262144 -np 8 " in command and "-kvu" not in command

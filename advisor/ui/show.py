@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import click
 
 from kvadvise.errors import EXIT_NO_FIT
+from kvadvise.text import wrapped
 from kvadvise.ui import output
 from kvadvise.ui.flags import View, take
 
@@ -38,7 +39,8 @@ def show_plan(plan: Plan, view: View, *, requested_ctx: int | None, write_chart:
         from kvadvise.planner.users import answer_lines
         from kvadvise.summary import where_on
 
-        output.result("\n".join(answer_lines(plan.users, where=where_on(plan).removeprefix(" on ") or "this card")))
+        answer = answer_lines(plan.users, where=where_on(plan).removeprefix(" on ") or "this card")
+        output.result("\n".join(r for row in answer for r in wrapped(row)))
     if view.verbose:
         output.result(plan_text(plan, requested_ctx))
         chart = show_chart(plan, view, write=write_chart)
