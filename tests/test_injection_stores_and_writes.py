@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -194,7 +195,7 @@ def test_a_store_that_cannot_be_entered_is_skipped_and_named(locked_store: Path,
     env = {"OLLAMA_MODELS": str(locked_store), "OLLAMA_HOST": closed_port_url(), "KVADVISE_NO_CACHE": "1"}
     p = _as_user(["ollama", "qwen3:8b", "--gpu", "rtx-4090"], env, tmp_path)
     assert p.returncode == 0, p.stderr
-    assert f"skipped the model store {locked_store} (permission denied)" in p.stdout
+    assert f"skipped the model store {locked_store} (permission denied)" in re.sub(r"\n +", " ", p.stdout)
     assert "built-in profile qwen3:8b" in p.stdout
     p = _as_user(["ollama", "nosuch:1b", "--gpu", "rtx-4090"], env, tmp_path)
     assert p.returncode == 2 and "internal error" not in p.stderr
@@ -261,7 +262,7 @@ def test_a_denied_store_beside_a_readable_one_lists_the_readable_one(
     assert "gemma3-270m:latest" in out and f"skipped {service / 'manifests'} (permission denied)" in err
     assert "the Linux service's store belongs to the `ollama` user" in err
     rc, out, err = run(capsys, "ollama", "qwen3:8b", "--gpu", "rtx-4090")
-    assert rc == 0 and f"skipped the model store {service} (permission denied)" in out
+    assert rc == 0 and f"skipped the model store {service} (permission denied)" in re.sub(r"\n +", " ", out)
     rc, out, err = run(capsys, "ollama", "gemma3-270m", "--gpu", "rtx-4090")
     assert rc == 0 and "skipped" not in out + err  # found in the first store: the second is not looked at
 

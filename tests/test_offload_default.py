@@ -307,8 +307,9 @@ def test_gpu_given_twice_is_two_cards(gemma_path: Path, capsys: pytest.CaptureFi
     """--gpu A --gpu B plans both cards, as --gpu A,B does (the last one silently won before); an empty name
     is refused."""
     args = ("llamacpp", str(gemma_path), "--ctx", "4096", *RAM)
-    rc, one = _json(capsys, *args, "--gpu", "rtx-3060-12gb", "--gpu", "rtx-4060")
-    rc2, joined = _json(capsys, *args, "--gpu", "rtx-3060-12gb,rtx-4060")
+    # -ts 1,1: split over both (without it, the model that fits one card stays on it: -dev)
+    rc, one = _json(capsys, *args, "--gpu", "rtx-3060-12gb", "--gpu", "rtx-4060", "-ts", "1,1")
+    rc2, joined = _json(capsys, *args, "--gpu", "rtx-3060-12gb,rtx-4060", "-ts", "1,1")
     names = [g["name"] for g in one["hardware"]["gpus"]]  # type: ignore[index]
     assert rc == rc2 == 0 and names == ["NVIDIA GeForce RTX 3060 12GB", "NVIDIA GeForce RTX 4060 8GB"]
     assert one["hardware"] == joined["hardware"] and len(one["memory"]["devices"]) == 2  # type: ignore[index]
@@ -317,7 +318,9 @@ def test_gpu_given_twice_is_two_cards(gemma_path: Path, capsys: pytest.CaptureFi
 
 
 def test_vram_given_twice_is_two_budgets(gemma_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rc, doc = _json(capsys, "gguf", str(gemma_path), "--vram", "8GiB", "--vram", "12GiB", "--ctx", "4096", *RAM)
+    rc, doc = _json(
+        capsys, "gguf", str(gemma_path), "--vram", "8GiB", "--vram", "12GiB", "--ctx", "4096", "-ts", "1,1", *RAM
+    )
     assert rc == 0 and [g["total_bytes"] for g in doc["hardware"]["gpus"]] == [8 * GIB, 12 * GIB]  # type: ignore[index]
 
 

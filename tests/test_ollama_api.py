@@ -294,7 +294,13 @@ def test_no_official_client_and_no_urllib_for_a_local_server(
     host = fake.url if server == "up" else closed_port_url()
     fake.failures["/api/tags"] = Failure(200, '{"models": []}')  # the fake lists nothing
     code = _IMPORT_PROBE.format(argv=[*argv, "--host", host])
-    env = {"OLLAMA_MODELS": str(tmp_path), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    # the registry is another server (kvadvise.backends.ollama.registry): not asked here
+    env = {
+        "OLLAMA_MODELS": str(tmp_path),
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "KVADVISE_OLLAMA_REGISTRY": "off",
+    }
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert p.stdout.strip().splitlines()[-1] == f"0 {imported}", p.stderr
     if server == "up":

@@ -46,7 +46,9 @@ DEFAULT_REGISTRY = f"https://{DEFAULT_HOST}"
 OFF = ("off", "0", "none", "false", "no")
 MANIFEST_ACCEPT = "application/vnd.docker.distribution.manifest.v2+json"  # server/images.go pullModelManifest
 USER_AGENT = "kvadvise (Ollama registry manifest reader)"
-DEADLINE_S = 15.0  # one manifest or params request, body included
+DEADLINE_S = (
+    5.0  # one manifest or params request, body included (a few KB): a firewall that drops packets costs 5 s, not 15
+)
 MAX_JSON_BYTES = ollama_store.MAX_JSON_BYTES  # a manifest or a params blob is a few KB
 
 
