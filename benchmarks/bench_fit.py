@@ -150,19 +150,29 @@ def _free_mib() -> int:
     raise RuntimeError("no MemTotal in /proc/meminfo")
 
 
-def run_case(server: Path, model: Path, endpoint: str, budget_bytes: int, n_ctx: int, name: str) -> Row:
+def run_case(
+    server: Path, model: Path, endpoint: str, budget_bytes: int, n_ctx: int, name: str, logs: Path | None = None
+) -> Row:
     plan = _plan(model, endpoint, budget_bytes, n_ctx)
     common = ["--no-warmup", "--threads", "1"]
     ours = None
     if plan.server_args:
-        log = parse(run_server(server, model, [*plan.server_args, *common], [endpoint]).splitlines())
-        ours = _placement(log, budget_bytes)
+        text = run_server(server, model, [*plan.server_args, *common], [endpoint])
+        _keep(logs, f"{name}-{n_ctx}-{budget_bytes // MIB}-kvadvise.log", text)
+        ours = _placement(parse(text.splitlines()), budget_bytes)
     fitt = max(0, _free_mib() - budget_bytes // MIB)
     fit_args = [*plan.cache_args, "--fit", "on", "-fitt", str(fitt), *common]
-    log = parse(run_server(server, model, fit_args, [endpoint]).splitlines())
+    text = run_server(server, model, fit_args, [endpoint])
+    _keep(logs, f"{name}-{n_ctx}-{budget_bytes // MIB}-fit.log", text)
+    log = parse(text.splitlines())
     seen = log.fit.free_mib if log.fit is not None and log.fit.free_mib is not None else None
     fit_budget = (seen - fitt) * MIB if seen is not None else budget_bytes
     return Row(name, n_ctx, budget_bytes, plan, ours, _placement(log, fit_budget))
+
+
+def _keep(folder: Path | None, name: str, text: str) -> None:
+    if folder is not None:
+        (folder / name.replace(" ", "_")).write_text(text)
 
 
 def models(folder: Path) -> list[tuple[str, Path]]:
@@ -184,12 +194,13 @@ def table(rows: Sequence[Row]) -> str:
     head = (
         "| model | ctx | budget MiB | kvadvise -ngl (layers) | kvadvise weights / device MiB | --fit layers |"
         " --fit budget MiB | --fit weights / device MiB | weights ratio | within budget | >= --fit |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     lines = [head]
     for r in rows:
         o, f = r.ours, r.fit
-        ngl = " ".join(a for a in r.plan.server_args if a in ("-ngl", "--n-cpu-moe") or a.isdigit()) or "none"
+        a = r.plan.server_args
+        ngl = " ".join(f"{k} {a[a.index(k) + 1]}" for k in ("-ngl", "--n-cpu-moe") if k in a) or "none"
         ours = f"{_mib(o.weights_bytes)} / {_mib(o.device_bytes)}" if o else "0 / 0"
         fits = f"{_mib(f.weights_bytes)} / {_mib(f.device_bytes)}" if f else "-"
         ratio = f"{(o.weights_bytes if o else 0) / f.weights_bytes:.2f}" if f and f.weights_bytes else "-"
@@ -199,13 +210,14 @@ def table(rows: Sequence[Row]) -> str:
         fit_layers = f"{f.gpu_layers}/{f.total_layers}" if f else "-"
         fit_budget = _mib(f.budget_bytes) if f else "-"
         lines.append(
-            f"| {r.model} | {r.n_ctx} | {_mib(r.budget_bytes)} | {ngl} ({layers}) | {ours} | {fit_layers} |"
+            f"| {r.model} | {r.n_ctx} | {_mib(r.budget_bytes)} | {ngl} ({layers}) | {_mib(r.plan.planned_bytes)}"
+            f" | {ours} | {fit_layers} |"
             f" {fit_budget} | {fits} | {ratio} | {within} | {at_least} |"
         )
     return "\n".join(lines)
 
 
-def run(*, quick: bool = False) -> list[Row]:
+def run(*, quick: bool = False, logs: Path | None = None) -> list[Row]:
     server, rpc = llama_server(), rpc_server()
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="bench-fit-") as tmp, devices(rpc, 1) as endpoints:
@@ -214,7 +226,7 @@ def run(*, quick: bool = False) -> list[Row]:
             for n_ctx in CONTEXTS[: 1 if quick else None]:
                 full = _full_bytes(model, endpoint, n_ctx)
                 for frac in FRACTIONS[1:2] if quick else FRACTIONS:
-                    rows.append(run_case(server, model, endpoint, int(full * frac) // MIB * MIB, n_ctx, name))
+                    rows.append(run_case(server, model, endpoint, int(full * frac) // MIB * MIB, n_ctx, name, logs))
                     print(table(rows[-1:]).splitlines()[-1], flush=True)
     return rows
 
@@ -222,8 +234,9 @@ def run(*, quick: bool = False) -> list[Row]:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--quick", action="store_true", help="one case only")
+    ap.add_argument("--logs", type=Path, help="a folder to keep every llama-server log in")
     args = ap.parse_args(argv)
-    rows = run(quick=args.quick)
+    rows = run(quick=args.quick, logs=args.logs)
     print()
     print(table(rows))
     over = sum(1 for r in rows if r.ours is not None and r.ours.device_bytes > r.budget_bytes)
