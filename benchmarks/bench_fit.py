@@ -225,7 +225,7 @@ def run(*, quick: bool = False, logs: Path | None = None) -> list[Row]:
         for name, model in models(Path(tmp))[: 1 if quick else None]:
             for n_ctx in CONTEXTS[: 1 if quick else None]:
                 full = _full_bytes(model, endpoint, n_ctx)
-                for frac in FRACTIONS[1:2] if quick else FRACTIONS:
+                for frac in FRACTIONS[-1:] if quick else FRACTIONS:
                     rows.append(run_case(server, model, endpoint, int(full * frac) // MIB * MIB, n_ctx, name, logs))
                     print(table(rows[-1:]).splitlines()[-1], flush=True)
     return rows
@@ -233,7 +233,7 @@ def run(*, quick: bool = False, logs: Path | None = None) -> list[Row]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--quick", action="store_true", help="one case only")
+    ap.add_argument("--quick", action="store_true", help="one case only (Gemma 3 270M, 4,096 tokens, 85 %% of its full offload)")
     ap.add_argument("--logs", type=Path, help="a folder to keep every llama-server log in")
     args = ap.parse_args(argv)
     rows = run(quick=args.quick, logs=args.logs)
