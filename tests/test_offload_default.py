@@ -96,22 +96,23 @@ def test_small_cards_get_the_plan_that_runs_and_write_it(
 
 
 def test_the_fastest_cache_type_at_the_target(capsys: pytest.CaptureFixture[str]) -> None:
-    """qwen3-coder at 64k on a 16 GB card: an f16 cache keeps the experts of 29 layers on the CPU; q8_0 keeps 8
+    """qwen3-coder at 64k on a 16 GB card: an f16 cache keeps the experts of 30 layers on the CPU; q8_0 keeps 8
     more layers' experts on the GPU and decodes faster: q8_0. At the suite's system memory of 30 GB/s
-    (tests/conftest.py seeds the measured RAM bandwidth) ≈28/≈19 t/s at 4k/64k against ≈21/≈13 (the issue's
-    ≈38/23 against ≈31/16 assumed 60 GB/s)."""
+    (tests/conftest.py seeds the measured RAM bandwidth) ≈27/≈18 t/s at 4k/64k against ≈21/≈13 (the issue's
+    ≈38/23 against ≈31/16 assumed 60 GB/s). 21 and 29 layers before the output layer was sized at its Q6_K
+    (243 MiB, not the file's average: tests/test_profile_embeddings.py), which tips one more layer off."""
     args = ("ollama", "qwen3-coder", "--gpu", "rtx-4060-ti-16gb", *RAM)
     rc, doc = _json(capsys, *args, "--use", "agent")
     off = doc["offload"]
     assert isinstance(off, dict) and rc == 0
-    assert (off["type_k"], off["n_cpu_moe"], off["n_ctx"]) == ("q8_0", 21, 65536)
+    assert (off["type_k"], off["n_cpu_moe"], off["n_ctx"]) == ("q8_0", 22, 65536)
     rc, f16 = _json(capsys, *args, "--ctx", "65536", "-ctk", "f16")
     f16_off = f16["offload"]
-    assert isinstance(f16_off, dict) and (f16_off["type_k"], f16_off["n_cpu_moe"]) == ("f16", 29)
+    assert isinstance(f16_off, dict) and (f16_off["type_k"], f16_off["n_cpu_moe"]) == ("f16", 30)
     speeds = [[round(p["tokens_per_s"]) for p in o["decode_estimate"]["at_context"]] for o in (off, f16_off)]
-    assert speeds == [[28, 19], [21, 13]]
+    assert speeds == [[27, 18], [21, 13]]
     reasons = "\n".join(doc["reasons"])  # type: ignore[arg-type]
-    assert "q8_0 K/V keeps the experts of 21 layers on the CPU, f16 would keep the experts of 29" in reasons
+    assert "q8_0 K/V keeps the experts of 22 layers on the CPU, f16 would keep the experts of 30" in reasons
 
 
 def test_gpu_only_keeps_the_strict_answer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

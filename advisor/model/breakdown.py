@@ -398,6 +398,17 @@ _K_MIX = {
 }  # fmt: skip
 
 
+# K mixes whose token_embd and output types llama_tensor_get_type fixes (llama-quant.cpp, 0c1e570): the token
+# embeddings keep the ftype's default type (TOKEN_EMBD has no rule for these ftypes), output.weight becomes Q6_K
+_EMBD_BASE = {"Q4_K_S": "Q4_K", "Q4_K_M": "Q4_K", "Q5_K_S": "Q5_K", "Q5_K_M": "Q5_K", "Q6_K": "Q6_K"}
+
+
+def _embedding_types(quant: str) -> tuple[float, float] | None:
+    """(bits per weight of token_embd, of output.weight) in a file of this K mix (untied); None for others."""
+    base = _EMBD_BASE.get(quant.strip().upper())
+    return None if base is None else (_K_BPW[base], _K_BPW["Q6_K"])
+
+
 def fallback_bits_per_weight(quant: str) -> float:
     """Bits per weight of ``quant``'s mix in tensors whose rows are not a multiple of QK_K: each K type of the
     mix replaced by its 32-block fallback, in the same shares (the whole-file rate for other quants)."""
@@ -417,13 +428,17 @@ def sized(
     *,
     per_layer_embd_bpw: float | None = None,
     expert_bpw: float | None = None,
+    quantizer_embeddings: bool = False,
 ) -> Breakdown:
     """Bytes of each part at ``quant``; scaled so that they sum to ``total_bytes`` when that is known.
 
     Tensors whose rows are not a multiple of QK_K are counted at the fallback rate
     (:func:`fallback_bits_per_weight`). ``per_layer_embd_bpw``: the bits of ``per_layer_token_embd`` when
     the file keeps it apart from the quant (Ollama's quantizer leaves it at its 16-bit source type); it is
-    then not scaled. ``expert_bpw``: the routed experts' bits when a quantizer gives them their own types."""
+    then not scaled. ``expert_bpw``: the routed experts' bits when a quantizer gives them their own types.
+    ``quantizer_embeddings``: the file was made by llama.cpp's quantizer rules (an Ollama library blob), so
+    token_embd and output take that quantizer's types exactly (:func:`_embedding_types`); a third-party
+    file of the same quant name may choose its own (unsloth's dynamic quants do)."""
     exp_bpw, bpw = bits_per_weight(quant)
     if expert_bpw is not None:
         exp_bpw = expert_bpw
@@ -444,6 +459,16 @@ def sized(
     experts = per_block(bd.experts, bd.experts_odd, exp_bpw)
     nextn = b(bd.nextn, bd.nextn_odd, bpw)
     fixed = (ple if per_layer_embd_bpw is not None else 0.0) + extra
+    embd_types = _embedding_types(quant) if quantizer_embeddings and not bd.tok_embd_odd else None
+    if embd_types is not None:
+        # the embeddings at the types the quantizer gives them, not the file's average (llama.cpp 0c1e570
+        # src/llama-quant.cpp llama_tensor_get_type: output.weight -> Q6_K; token_embd keeps the mix's base
+        # type, Q4_K for Q4_K_M, or the output's Q6_K when tied): exact, not scaled, so the CPU-resident
+        # token_embd and the GPU's output layer are what the file holds and only the blocks take the rest
+        tok_bits, out_bits = embd_types if bd.output else (embd_types[1], embd_types[1])
+        tok = b(bd.tok_embd, 0, tok_bits)
+        out = b(bd.output, 0, out_bits)
+        fixed += tok + out
     est = tok + out + extra + sum(attn) + sum(dense) + sum(experts) + nextn + ple - fixed
     k = max(0.0, total_bytes - fixed) / est if total_bytes and est else 1.0
     ke = k
@@ -454,8 +479,8 @@ def sized(
         k = max(0.0, total_bytes - fixed - sum(experts)) / rest if rest else 1.0
         ke = 1.0
     return Breakdown(
-        tok_embd=round(tok * k),
-        output=round(out * k),
+        tok_embd=round(tok * (1.0 if embd_types is not None else k)),
+        output=round(out * (1.0 if embd_types is not None else k)),
         attn=tuple(round(x * k) for x in attn),
         dense=tuple(round(x * k) for x in dense),
         experts=tuple(round(x * ke) for x in experts),

@@ -127,6 +127,9 @@ class Profile:
             total_bytes,
             per_layer_embd_bpw=_PLE_BPW,
             expert_bpw=_OLLAMA_EXPERT_BPW.get((spec.architecture, quant.upper())),
+            # Ollama's library blobs: token_embd and output at llama.cpp's quantizer types (Q4_K and Q6_K in a
+            # Q4_K_M), which a load places apart (token_embd on the CPU, output with the last block)
+            quantizer_embeddings=True,
         )
 
     def spec(self) -> ModelSpec:
