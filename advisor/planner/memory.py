@@ -1037,17 +1037,6 @@ def _even_layers(spec: ModelSpec) -> list[int]:
 
 
 def mtp_context_config(cfg: RunConfig, lay: ContextLayout) -> RunConfig:
-    """The MTP context's parameters (common_base_params_to_speculative, common_speculative_init_result):
-    the target's resolved n_ctx, the draft cache types, one output row per slot, no second overhead."""
-    return replace(
-        cfg,
-        n_ctx=lay.n_ctx,
-        type_k=cfg.type_k_draft,
-        type_v=cfg.type_v_draft,
-        n_outputs_max=cfg.n_parallel,
-        mmproj=None,
-        draft=None,
-        mtp=False,
-        cpu_repack="none",
-        overhead_bytes=0,
-    )
+    """The MTP context's parameters (common_base_params_to_speculative, common_speculative_init_result): a
+    draft context's (:func:`draft_config`), with no weights of its own to repack (it runs on the target's)."""
+    return replace(draft_config(cfg, lay), cpu_repack="none")

@@ -106,8 +106,8 @@ class LlamaCppRuntime:
 
     def place(self, plan: Plan, replan: Callable[[Hardware], Plan]) -> Plan:
         """Several GPUs and a plan that fits: on the card with the most free memory alone when the same
-        context and cache types fit there (``-dev CUDA1``), as an expert runs it; llama.cpp would otherwise split the layers
-        over every card it finds (llama_model::load_tensors, -sm layer), which decodes no faster for one
+        context and cache types fit there (``-dev CUDA1``), as an expert runs it; llama.cpp would otherwise
+        split the layers over every card it finds (llama_model::load_tensors, -sm layer), which decodes no faster for one
         sequence and holds memory on each. ``-ts`` asks for the split (kvadvise.entry: not placed then)."""
         from dataclasses import replace
 
@@ -121,9 +121,7 @@ class LlamaCppRuntime:
         same = (alone.config.type_k, alone.config.type_v) == (plan.config.type_k, plan.config.type_v)
         if not alone.fits or alone.config.n_ctx < plan.config.n_ctx or not same:  # no less for one card
             return plan
-        from kvadvise.planner.planning import BACKEND_PREFIX
-
-        name = f"{BACKEND_PREFIX.get(best.backend, 'CUDA')}{best.index}"
+        name = alone.estimate.devices[0].name  # as llama.cpp names the card (CUDA1, ROCm0): kvadvise.planner
         config = replace(alone.config, devices=(name,))
         note = (
             f"fits one GPU: -dev {name} keeps it on {best.name}, the other card(s) free "

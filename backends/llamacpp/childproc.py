@@ -28,6 +28,19 @@ from typing import Any
 from kvadvise.errors import DoesNotFit, InputError
 
 
+def find_tool(name: str, server: str | None) -> str | None:
+    """A llama.cpp program (llama-fit-params, llama-perplexity): beside ``--llama-server`` (one build's
+    tools are built together), else on PATH; None when neither has it."""
+    import shutil
+    from pathlib import Path
+
+    if server:
+        beside = Path(server).with_name(name)
+        if beside.is_file():
+            return str(beside)
+    return shutil.which(name)
+
+
 class _Terminated(Exception):
     """SIGTERM, SIGHUP or SIGQUIT arrived while a child was running."""
 

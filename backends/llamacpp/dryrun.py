@@ -9,10 +9,7 @@ machine without the memory the plan needs, in about a second.
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-
-from kvadvise.backends.llamacpp.childproc import run
+from kvadvise.backends.llamacpp.childproc import find_tool, run
 from kvadvise.errors import BackendUnreachable, DoesNotFit
 from kvadvise.planner.memory import RunConfig
 from kvadvise.runtime import dryrun
@@ -26,11 +23,7 @@ def find_binary(given: str | None, server: str | None) -> str:
     """--llama-fit-params, else beside --llama-server, else on PATH; BackendUnreachable (exit 4) when none."""
     if given:
         return given
-    if server:
-        beside = Path(server).with_name(BINARY)
-        if beside.is_file():
-            return str(beside)
-    found = shutil.which(BINARY)
+    found = find_tool(BINARY, server)
     if found:
         return found
     raise BackendUnreachable(

@@ -15,7 +15,6 @@ too short, an unreadable file), so a run counts only when its statistics are pri
 from __future__ import annotations
 
 import re
-import shutil
 import signal
 import tempfile
 import time
@@ -23,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvadvise.backends.llamacpp.childproc import run
+from kvadvise.backends.llamacpp.childproc import find_tool, run
 from kvadvise.deadline import Deadline
 from kvadvise.errors import BackendUnreachable, DoesNotFit, InputError
 from kvadvise.model.ggml import GGMLType
@@ -66,11 +65,7 @@ def find_binary(given: str | None, server: str | None) -> str:
         if not Path(given).is_file():
             raise BackendUnreachable(f"no {BINARY} at {given}", hint=hint)
         return given
-    if server:
-        beside = Path(server).with_name(BINARY)
-        if beside.is_file():
-            return str(beside)
-    found = shutil.which(BINARY)
+    found = find_tool(BINARY, server)
     if found:
         return found
     raise BackendUnreachable(
