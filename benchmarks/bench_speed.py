@@ -45,6 +45,7 @@ GIB = 1 << 30
 DECODE_BAND, DECODE_SHARE = 0.25, 0.85
 PREFILL_BAND, PREFILL_SHARE = 0.30, 0.80
 INPUTS = ("gguf", "config", "profile")
+SPLITS = ("fit", "holdout", "sweep")  # sweep: one model at several quants on one card (the per-type cost)
 
 
 def load() -> dict[str, Any]:
@@ -94,7 +95,9 @@ def _moe_parts_fallback(spec: ModelSpec, config: dict[str, Any]) -> ModelSpec:
         expert_bytes=int(spec.weights_bytes * share),
         layer_bytes=tuple([int(per_layer)] * spec.n_layer + [0] * spec.n_layer_nextn),
         tok_embd_bytes=int(spec.weights_bytes * spec.n_vocab * spec.n_embd / total),
-        active_params=int(total - expert_params * (1 - spec.n_expert_used / spec.n_expert) - spec.n_vocab * spec.n_embd),
+        active_params=int(
+            total - expert_params * (1 - spec.n_expert_used / spec.n_expert) - spec.n_vocab * spec.n_embd
+        ),
     )
 
 
@@ -122,7 +125,8 @@ def _row_spec(doc: dict[str, Any], row: dict[str, Any]) -> ModelSpec:
             path.write_text(json.dumps(config), encoding="utf-8")
             return HFBackend().load_spec(str(path), quant=quant)
     spec = from_config(config, source=key)
-    spec = dataclasses.replace(spec, weights_bytes=int(row["weights_gib"] * GIB))
+    # what the GGUF's header gives: its size and general.file_type (the quant mix, for the per-type cost)
+    spec = dataclasses.replace(spec, weights_bytes=int(row["weights_gib"] * GIB), file_type=quant)
     if params(spec, config) is None:
         return _moe_parts_fallback(spec, config)
     return with_parts(spec, config, quant)
@@ -243,7 +247,7 @@ def share_within(ratios: list[float], band: float) -> float:
 def summary(t: list[Row], band: float) -> list[str]:
     """Within ±band by split and by input kind: "fit 71/80 (89%)"."""
     lines = []
-    for split in ("fit", "holdout"):
+    for split in SPLITS:
         part = [(r, x) for r, x in t if split_of(r) == split]
         if not part:
             continue
@@ -311,6 +315,27 @@ def fit(doc: dict[str, Any]) -> None:
     if count(drows, lambda r: bool(r.get("partial_offload")) and kind(r) == "moe") >= 2:
         knobs.append((speed.EFFICIENCY["cpu"], "moe", eff))
     _coordinate_search(dloss, knobs)
+    # the per-type dequantization cost: a sweep's rows (one model, one card, several quants) equally far from the
+    # measured, whatever that distance (a run's own fixed costs, e.g. llama-cli's sampling, are the same for all)
+    sweeps: dict[str, list[dict[str, Any]]] = {}
+    for r in doc["rows"]:
+        if r.get("sweep") and r.get("decode_tps") and not r.get("excluded"):
+            sweeps.setdefault(str(r["sweep"]), []).append(r)
+
+    def sweep_loss() -> float:
+        total = 0.0
+        for rows in sweeps.values():
+            xs = [math.log(decode_estimate(doc, r) / r["decode_tps"]) for r in rows]
+            mean = sum(xs) / len(xs)
+            total += sum((x - mean) ** 2 for x in xs)
+        return total
+
+    swept = {str(_weight_type(doc, r)) for rows in sweeps.values() for r in rows}
+    flops = [float(x) for x in range(0, 61, 2)]
+    _coordinate_search(
+        sweep_loss,
+        [(speed.DEQUANT_FLOPS_PER_WEIGHT, t, flops) for t in sorted(swept) if t in speed.DEQUANT_FLOPS_PER_WEIGHT],
+    )
     peff = [x / 100 for x in range(2, 81, 2)]
     pknobs: list[tuple[dict[str, Any], str, list[float]]] = []
     for c in speed.PREFILL_EFFICIENCY:
@@ -324,6 +349,11 @@ def fit(doc: dict[str, Any]) -> None:
     print("LAYER_OVERHEAD_S =", {k: round(v * 1e6, 1) for k, v in speed.LAYER_OVERHEAD_S.items()}, "µs")
     print("MOE_LAYER_OVERHEAD_S =", {k: round(v * 1e6, 1) for k, v in speed.MOE_LAYER_OVERHEAD_S.items()}, "µs")
     print("PREFILL_EFFICIENCY =", speed.PREFILL_EFFICIENCY)
+    print("DEQUANT_FLOPS_PER_WEIGHT =", speed.DEQUANT_FLOPS_PER_WEIGHT)
+
+
+def _weight_type(doc: dict[str, Any], r: dict[str, Any]) -> str:
+    return decode_inputs(doc, r).reads.weight_type
 
 
 def _card(r: dict[str, Any]) -> str:
@@ -354,10 +384,10 @@ def main() -> int:
         t = decode_table(doc)
         print_table("DECODE (estimate ÷ measured)", t, "decode_tps", DECODE_BAND)
         fit_share = share_within([x for r, x in t if split_of(r) == "fit"], DECODE_BAND)
-        lo, hi = band_80([x for _, x in t])
+        lo, hi = band_80([x for r, x in t if split_of(r) != "sweep"])
         print(f"\ndecode within ±{DECODE_BAND:.0%} (goal {DECODE_SHARE:.0%} of the fit rows):")
         print("\n".join(summary(t, DECODE_BAND)))
-        print(f"  measured ÷ estimate, 10th to 90th percentile of all rows: {lo:.2f} to {hi:.2f}")
+        print(f"  measured ÷ estimate, 10th to 90th percentile of the fit and held-out rows: {lo:.2f} to {hi:.2f}")
         ok = ok and fit_share >= DECODE_SHARE
     if args.rows in ("prefill", "all"):
         t = prefill_table(doc)

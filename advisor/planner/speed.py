@@ -78,6 +78,27 @@ MOE_LAYER_OVERHEAD_S: dict[str, float] = {"cuda": 0.0, "metal": 0.0, "vulkan": 0
 # attention and MoE with a shared expert). A recurrent layer's fixed time is LAYER_OVERHEAD_S x recurrent / attention.
 # Architectures not listed: 1 (their recurrent layers cost what an attention layer does).
 DECODE_KERNELS: dict[str, tuple[int, int]] = {"qwen35": (26, 41), "qwen3next": (43, 61), "qwen35moe": (43, 61)}
+# Extra work per weight that the batch-1 matrix-vector kernels do to dequantize a 2-3-bit K-quant or an i-quant,
+# beyond what its bytes cost: ggml-cuda/mmvq.cu's vec_dot_q2_K_q8_1 / vec_dot_q3_K_q8_1 unpack 2-3-bit values with
+# 4-6-bit sub-block scales (and Q3_K's separate high-bit mask), and the i-quants' vec_dot_iq*_q8_1 look each group of
+# weights up in a codebook grid (iq2xxs_grid, iq3xxs_grid, ...) and apply its sign mask; more integer work per byte
+# than Q4_0/Q4_K/Q8_0, on which EFFICIENCY was fitted (those types: 0). In FLOP-equivalents per weight at the card's
+# FP16 peak (Device.flops_per_s, profiles/gpus.json fp16_tflops): a card with more compute per byte of bandwidth pays
+# less of it (a 4090 runs IQ3_XXS near its bytes, a 3090 at two thirds of them: llama.cpp#8215). Keyed by the
+# file's default tensor type (kvadvise.model.quants.default_type). Fitted so that one model at several quants on
+# one card comes out equally far from the measured (benchmarks/bench_speed.py --fit, the "sweep" rows); the
+# i-quants without a row take IQ3_XXS's (the same grid lookup), IQ4_NL takes IQ4_XS's (the same non-linear table).
+DEQUANT_FLOPS_PER_WEIGHT: dict[str, float] = {"Q2_K": 34.0, "Q3_K": 38.0, "IQ3_XXS": 44.0, "IQ4_XS": 38.0}
+_DEQUANT_PRIOR = {"IQ1_S": "IQ3_XXS", "IQ1_M": "IQ3_XXS", "IQ2_XXS": "IQ3_XXS", "IQ2_XS": "IQ3_XXS", "IQ2_S": "IQ3_XXS"}
+_DEQUANT_PRIOR |= {"IQ3_S": "IQ3_XXS", "IQ4_NL": "IQ4_XS"}
+
+
+def dequant_flops(weight_type: str) -> float:
+    """:data:`DEQUANT_FLOPS_PER_WEIGHT` of a tensor type (its prior's for an i-quant without a row; else 0)."""
+    t = _DEQUANT_PRIOR.get(weight_type, weight_type)
+    return DEQUANT_FLOPS_PER_WEIGHT.get(weight_type, DEQUANT_FLOPS_PER_WEIGHT.get(t, 0.0))
+
+
 # measured ÷ estimate: the band around the estimate that held 80 % of the collected rows
 RANGE = (0.82, 1.21)
 # The deepest context of the decode measurements the factors are fitted and checked on, by backend
@@ -146,6 +167,8 @@ class Reads:
     state: int = 0  # recurrent state read and written back (2 x its bytes), all recurrent layers
     recurrent_layers: int = 0
     recurrent_kernels: float = 1.0  # a recurrent layer's kernels per an attention layer's (DECODE_KERNELS)
+    weight_type: str = ""  # the file's default tensor type ("Q3_K"), for DEQUANT_FLOPS_PER_WEIGHT; "": unknown
+    n_weights: int = 0  # the weights (values) those bytes hold, at the default type's bits per weight
 
     @property
     def layer_units(self) -> float:
@@ -166,7 +189,19 @@ def weight_reads(spec: ModelSpec) -> Reads:
     n_rec = sum(spec.recurrent_layers[: spec.n_layer])
     state = 2 * 4 * n_rec * (spec.n_embd_r + spec.n_embd_s)  # f32, read then written (memory.recurrent_bytes)
     att, rec = DECODE_KERNELS.get(spec.architecture, (1, 1))
-    return Reads(max(0, dense), used, layers, spec.n_layer, moe, state, n_rec, rec / att)
+    wtype, n_weights = _weights_of_type(spec.file_type, max(0, dense) + used)
+    return Reads(max(0, dense), used, layers, spec.n_layer, moe, state, n_rec, rec / att, wtype, n_weights)
+
+
+def _weights_of_type(file_type: str, n_bytes: int) -> tuple[str, int]:
+    """The file's default tensor type and how many weights ``n_bytes`` of it hold (0: a type not known)."""
+    from kvadvise.model.quants import default_type
+
+    t = default_type(file_type or "")
+    if t is None or t not in GGMLType.__members__:
+        return "", 0
+    bits = row_bytes(GGMLType[t], 256) * 8 / 256
+    return t, int(n_bytes * 8 / bits)
 
 
 def _expert_layers(spec: ModelSpec) -> int:
@@ -279,10 +314,14 @@ def seconds_per_token(
     gpu_kv = kv_bytes - cpu_kv
     t = 0.0
     lead = backend_key(devices[0].backend) if devices else "cpu"
+    # the GPUs' share of the dequantization work (a card of unknown compute: none counted)
+    dequant = reads.n_weights * dequant_flops(reads.weight_type) * gpu_w / max(1, reads.dense + reads.experts)
     for d in devices:
         b = backend_key(d.backend)
         t += gpu_w * d.share / (EFFICIENCY[b][kind] * d.bandwidth_bytes_per_s)
         t += gpu_kv * d.share / (KV_EFFICIENCY[b] * d.bandwidth_bytes_per_s)
+        if d.flops_per_s:
+            t += dequant * d.share / d.flops_per_s
     if cpu_w or cpu_kv:
         t += cpu_w / (EFFICIENCY["cpu"][kind] * cpu_bandwidth_bytes_per_s)
         t += cpu_kv / (KV_EFFICIENCY["cpu"] * cpu_bandwidth_bytes_per_s)
@@ -693,7 +732,9 @@ def _over_cards_of_the_size(
             budget,
             bandwidth_bytes_per_s=p.bandwidth_bytes_per_s,
             device_bandwidths=(p.bandwidth_bytes_per_s,),
-            backend=p.backend,
+            # --device rocm|vulkan said which backend runs the card: every card of the size is timed on it;
+            # else (a --vram budget's default, CUDA) each card on its own (profiles/gpus.json "backend")
+            backend=budget.backend if budget.backend != "cuda" else p.backend,
             bandwidth_source=p.source,
         )
         e = plan_decode(spec, cfg, at, n_cpu_moe=n_cpu_moe, n_cpu_layers=n_cpu_layers)
