@@ -10,7 +10,9 @@ card(s), context, program, tokens/s). Each row is planned as a user would plan i
 - ``profile``: an Ollama built-in profile (``kvadvise ollama NAME``).
 
 Rows are split once, by source, into ``fit`` (the rows the factors of kvadvise.planner.speed were fitted
-on) and ``holdout`` (collected afterwards and never tuned to); the table and the shares print both apart.
+on), ``holdout`` (collected afterwards and never tuned to) and ``sweep`` (one model at several quants on one
+card, key ``sweep``: only speed.DEQUANT_FLOPS_PER_WEIGHT is fitted on them, so that a sweep's rows come out
+equally far from the measured); the table and the shares print them apart.
 Goals: decode within ±25 % on at least 85 % of the rows, prefill within ±30 % on at least 80 %; the
 held-out rows are reported, not required (they say how well the fit carries). Exits 1 when a goal on
 the fit rows is missed.

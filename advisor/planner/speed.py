@@ -12,7 +12,9 @@ K/V of the tokens before it. Per token:
   head and stores the updated one; ssm_conv shifts the conv window), at the K/V's efficiency.
 
 Each device reads its share (its layers' weights and K/V, llama.cpp's layer split) at a measured fraction
-of its published bandwidth (:data:`EFFICIENCY`, by backend and by dense or MoE model), and each token costs
+of its published bandwidth (:data:`EFFICIENCY`, by backend and by dense or MoE model; the backend is the card's,
+or the one ``--device rocm|vulkan`` names), a 2-3-bit K-quant or an i-quant adds its dequantization work per
+weight at the card's FP16 peak (:data:`DEQUANT_FLOPS_PER_WEIGHT`), and each token costs
 a fixed time per layer on top (:data:`LAYER_OVERHEAD_S`: kernel launches and synchronisation, what bounds
 tiny models and fast cards), and per MoE layer a little more (:data:`MOE_LAYER_OVERHEAD_S`: the router,
 top-k and the expert gathers: the cost that makes small experts slow per byte read). A recurrent layer costs
