@@ -145,6 +145,17 @@ def test_a_hybrids_recurrent_layers_cost_their_state_and_their_kernels(bench) ->
     assert speed.seconds_per_token(reads, 0, dev) > speed.seconds_per_token(plain, 0, dev) + 30 * 0.3 * 65e-6
 
 
+def test_a_card_given_by_its_size_is_timed_on_the_backend_given() -> None:
+    """`--vram 24GiB --device vulkan`: the catalogue's cards of that size are timed on Vulkan (its factors), not
+    each on its own backend; without --device each keeps its own (the RX 7900 XTX on ROCm, the others on CUDA)."""
+    base = ["ollama", "llama3.1:8b", "--vram", "24GiB", "--ram", "64GiB", "--json"]
+    own, vulkan = _json(base), _json([*base, "--device", "vulkan"])
+    assert "(vulkan" not in own["speed_note"] and "(rocm" in own["speed_note"]  # the middle card: the RX 7900 XTX
+    assert "(vulkan" in vulkan["speed_note"] and "(cuda" not in vulkan["speed_note"]
+    assert "(rocm" not in vulkan["speed_note"]
+    assert own["decode_tokens_per_s"] != vulkan["decode_tokens_per_s"]
+
+
 def test_low_bit_and_i_quant_weights_cost_more_than_their_bytes(bench) -> None:  # type: ignore[no-untyped-def]
     """Issue 37: a 2-3-bit K-quant or an i-quant costs its batch-1 matvec more per weight than its bytes (mmvq's
     unpacking, the i-quants' codebook grids). One model at several quants on one card (the "sweep" rows) comes out
