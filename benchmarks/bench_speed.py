@@ -145,7 +145,8 @@ def row_devices(doc: dict[str, Any], row: dict[str, Any], spec: ModelSpec) -> li
         bws = [int(known[i]["bandwidth_bytes_per_s"]) for i in ids]
     flops = [float(known.get(i, {}).get("fp16_tflops") or 0) * 1e12 for i in ids]
     split = row.get("tensor_split") or [float(known.get(i, {}).get("memory_bytes", 1)) for i in ids]
-    return speed.devices(spec, row["backend"], bws, split, flops, ids)
+    classes = [str(known.get(i, {}).get("speed_class") or "default") for i in ids]  # every row's card is known
+    return speed.devices(spec, row["backend"], bws, split, flops, ids, classes)
 
 
 def decode_depth(row: dict[str, Any]) -> int:
@@ -303,11 +304,13 @@ def fit(doc: dict[str, Any]) -> None:
     eff = [x / 100 for x in range(4, 101, 2)]
     over = [x * 1e-6 for x in range(0, 151, 5)]
     knobs: list[tuple[dict[str, Any], str, list[float]]] = []
+    for c in ("cuda", "metal", "vulkan", "rocm", "rocm-gcn"):  # the weights' efficiency by decode class
+        on_c = [r for r in drows if _decode_class(r) == c and not r.get("partial_offload")]
+        for k in ("dense", "moe"):
+            if count(on_c, lambda r, k=k: kind(r) == k) >= 2:
+                knobs.append((speed.EFFICIENCY[c], k, eff))
     for b in ("cuda", "metal", "vulkan", "rocm"):
         on_b = [r for r in drows if speed.backend_key(r["backend"]) == b and not r.get("partial_offload")]
-        for k in ("dense", "moe"):
-            if count(on_b, lambda r, k=k: kind(r) == k) >= 2:
-                knobs.append((speed.EFFICIENCY[b], k, eff))
         if count(on_b, lambda r: decode_depth(r) > 2048) >= 2:
             knobs.append((speed.KV_EFFICIENCY, b, eff))
         if len(on_b) >= 3:
@@ -356,6 +359,11 @@ def fit(doc: dict[str, Any]) -> None:
 
 def _weight_type(doc: dict[str, Any], r: dict[str, Any]) -> str:
     return decode_inputs(doc, r).reads.weight_type
+
+
+def _decode_class(r: dict[str, Any]) -> str:
+    """The row's decode class (speed.decode_key): its first card's."""
+    return speed.decode_key(r["backend"], str(cards(load()).get(_card(r).split("+")[0], {}).get("speed_class") or ""))
 
 
 def _card(r: dict[str, Any]) -> str:

@@ -13,7 +13,8 @@ K/V of the tokens before it. Per token:
 
 Each device reads its share (its layers' weights and K/V, llama.cpp's layer split) at a measured fraction
 of its published bandwidth (:data:`EFFICIENCY`, by backend and by dense or MoE model; the backend is the card's,
-or the one ``--device rocm|vulkan`` names), a 2-3-bit K-quant or an i-quant adds its dequantization work per
+or the one ``--device rocm|vulkan`` names; a card whose architecture reads a different share names its class in
+profiles/gpus.json, :func:`decode_key`: a GCN 5 card under ROCm), a 2-3-bit K-quant or an i-quant adds its dequantization work per
 weight at the card's FP16 peak (:data:`DEQUANT_FLOPS_PER_WEIGHT`), and each token costs
 a fixed time per layer on top (:data:`LAYER_OVERHEAD_S`: kernel launches and synchronisation, what bounds
 tiny models and fast cards), and per MoE layer a little more (:data:`MOE_LAYER_OVERHEAD_S`: the router,
@@ -61,8 +62,17 @@ EFFICIENCY: dict[str, dict[str, float]] = {
     "metal": {"dense": 0.80, "moe": 0.54},
     "vulkan": {"dense": 0.80, "moe": 0.62},
     "rocm": {"dense": 0.70, "moe": 0.42},
+    # a decode class (decode_key): GCN 5 cards (gfx906: Instinct MI50/MI60, Radeon VII) under ROCm read a far smaller
+    # share of their HBM2 than RDNA does: llama.cpp's batch-1 kernels for quantized types (ggml-cuda/mmvq.cu, run by
+    # HIP) are bound by the card's integer/FP16 issue rate there, not by its 1,024 GB/s. Fitted on the gfx906
+    # rows of measurements.json (stock llama.cpp 982e3472, ROCm 6.4.1: Q4_0, Q4_K_S, Q8_0 at 36-38 % of the
+    # bandwidth); MoE: no row, ROCm's MoE/dense ratio. CDNA 1 (MI100, gfx908) keeps ROCm's default: its held-out
+    # rows come out within 15 % of it (llama.cpp#23227).
+    "rocm-gcn": {"dense": 0.33, "moe": 0.20},
     "cpu": {"dense": 0.60, "moe": 0.62},
 }
+# The decode classes a card's profile may name (profiles/gpus.json speed_class), by backend.
+DECODE_CLASSES: dict[str, tuple[str, ...]] = {"rocm": ("gcn",)}
 # Fraction of the bandwidth reading the K/V reaches (attention kernels are less efficient than matmuls; fitted).
 # Vulkan and ROCm: no fit row at depth, so CUDA's prior; CPU: a guess.
 KV_EFFICIENCY: dict[str, float] = {"cuda": 0.66, "metal": 0.10, "vulkan": 0.68, "rocm": 0.68, "cpu": 0.3}
@@ -102,7 +112,7 @@ def dequant_flops(weight_type: str) -> float:
 
 
 # measured ÷ estimate: the band around the estimate that held 80 % of the collected rows
-RANGE = (0.82, 1.21)
+RANGE = (0.82, 1.24)
 # The deepest context of the decode measurements the factors are fitted and checked on, by backend
 # (tests/data/speed/measurements.json: context_tokens + n_gen of the rows, fitted and held out; tests/test_speed.py
 # recomputes it from the file): a figure at a deeper context is an extrapolation and is labelled so. Up to 4k the
@@ -145,6 +155,25 @@ def backend_key(backend: str) -> str:
     b = backend.lower()
     b = _BACKEND_ALIASES.get(b, b)
     return b if b in EFFICIENCY else "cuda"
+
+
+def decode_key(backend: str, speed_class: str = "") -> str:
+    """The decode efficiency class (:data:`EFFICIENCY`): the backend's, or its architecture class
+    ("rocm-gcn") where the card's profile names one."""
+    b = backend_key(backend)
+    return f"{b}-{speed_class}" if speed_class in DECODE_CLASSES.get(b, ()) else b
+
+
+def class_label(d: Device) -> str:
+    """The decode class a plan's note names: the backend, its class, or the default assumed for a card of unknown
+    architecture (given by --vram/--bandwidth) on a backend with classes."""
+    b, k = backend_key(d.backend), decode_key(d.backend, d.speed_class)
+    if k != b:
+        return f"{b}, {d.speed_class.upper()} class"
+    if not d.speed_class and b in DECODE_CLASSES:
+        others = ", ".join(c.upper() for c in DECODE_CLASSES[b])
+        return f"{b}, its default class assumed: a {others} card (MI50, MI60, Radeon VII) decodes about half as fast"
+    return b
 
 
 def prefill_key(backend: str, gpu_name: str = "") -> str:
@@ -252,6 +281,7 @@ class Device:
     share: float = 1.0  # of the GPU-resident weights and KV (its layers, llama.cpp's layer split)
     flops_per_s: float = 0.0  # FP16 tensor peak (profiles/gpus.json fp16_tflops); 0: unknown (no prefill)
     name: str = ""  # the card's name or profile id, for the prefill class (prefill_key)
+    speed_class: str = ""  # its profile's decode class (decode_key); "": the backend's default
 
 
 def layer_shares(spec: ModelSpec, tensor_split: Sequence[float]) -> tuple[float, ...]:
@@ -280,13 +310,15 @@ def devices(
     tensor_split: Sequence[float] = (),
     flops: Sequence[float] = (),
     names: Sequence[str] = (),
+    classes: Sequence[str] = (),
 ) -> list[Device]:
-    """The GPUs of a plan, each with its own bandwidth and compute and its share of the layers."""
+    """The GPUs of a plan, each with its own bandwidth and compute, its share of the layers and its decode class."""
     n = len(bandwidths)
     shares = layer_shares(spec, tensor_split) if n > 1 and len(tensor_split) == n else (1 / max(1, n),) * n
     fl = list(flops) if len(flops) == n else [0.0] * n
     ids = list(names) if len(names) == n else [""] * n
-    return [Device(backend, bw, s, f, i) for bw, s, f, i in zip(bandwidths, shares, fl, ids, strict=True)]
+    cls = list(classes) if len(classes) == n else [""] * n
+    return [Device(backend, bw, s, f, i, c) for bw, s, f, i, c in zip(bandwidths, shares, fl, ids, cls, strict=True)]
 
 
 def seconds_per_token(
@@ -320,7 +352,7 @@ def seconds_per_token(
     dequant = reads.n_weights * dequant_flops(reads.weight_type) * gpu_w / max(1, reads.dense + reads.experts)
     for d in devices:
         b = backend_key(d.backend)
-        t += gpu_w * d.share / (EFFICIENCY[b][kind] * d.bandwidth_bytes_per_s)
+        t += gpu_w * d.share / (EFFICIENCY[decode_key(d.backend, d.speed_class)][kind] * d.bandwidth_bytes_per_s)
         t += gpu_kv * d.share / (KV_EFFICIENCY[b] * d.bandwidth_bytes_per_s)
         if d.flops_per_s:
             t += dequant * d.share / d.flops_per_s
@@ -421,7 +453,7 @@ def estimate(
     first = pts[0][1]
     kind = "MoE" if reads.moe else "dense"
     bw = " + ".join(
-        f"{d.bandwidth_bytes_per_s / 1e9:,.0f} GB/s ({backend_key(d.backend)}"
+        f"{d.bandwidth_bytes_per_s / 1e9:,.0f} GB/s ({class_label(d)}"
         + (f", {d.share:.0%} of the layers" if len(devices) > 1 else "")
         + ")"
         for d in devices
@@ -659,7 +691,7 @@ def plan_devices(spec: ModelSpec, budget: Budget, tensor_split: Sequence[float] 
             return None
         bws = (budget.bandwidth_bytes_per_s,) * n
     split = tuple(tensor_split) or tuple(float(f) for f in budget.device_free)
-    return devices(spec, budget.backend, bws, split, budget.device_flops, budget.device_names)
+    return devices(spec, budget.backend, bws, split, budget.device_flops, budget.device_names, budget.device_classes)
 
 
 def ram_bandwidth(budget: Budget) -> tuple[int, str]:
