@@ -55,6 +55,7 @@ def plan_for(
     if hardware is not None and shaped.request.ram_bandwidth_gbs is not None:
         hw = replace(hardware, ram_bandwidth_bytes_per_s=int(shaped.request.ram_bandwidth_gbs * 1e9))
     check_machine(shaped.request, hw)
+    hw = with_backend(shaped.request, hw)
     probed = hardware is None and _probes(shaped.request)
     build = _llama_build(spec, shaped.request, runtime, shaped.build or found_build)  # once: it may run a binary
     plan = _plan(spec, shaped, runtime, hw, probed=probed, build=build)
@@ -128,10 +129,21 @@ def hardware_of(r: PlanRequest) -> Hardware | None:
     return hardware_for(hardware_request(r))
 
 
+# --device rocm|vulkan: the ggml backend that runs a discrete GPU (the memory rules stay the discrete GPU's,
+# RunConfig.device "cuda": ROCm is ggml-cuda built with HIP; Vulkan is planned with them, BACKEND_NOTES)
+GPU_BACKENDS = ("rocm", "vulkan")
+
+
+def run_device(device: str) -> str:
+    """The memory model's device for ``--device``: a discrete GPU of any backend is planned as "cuda"."""
+    return "cuda" if device in GPU_BACKENDS else device
+
+
 def check_machine(r: PlanRequest, hw: Hardware | None) -> None:
     """A machine that cannot exist is refused: ``--device metal`` on an NVIDIA card, ``--device cuda`` on an
-    Apple chip (Metal runs only on Apple Silicon, CUDA only on NVIDIA cards)."""
-    if hw is None or r.device not in ("cuda", "metal"):
+    Apple chip (Metal runs only on Apple Silicon, CUDA only on NVIDIA cards), ``--device rocm`` on a card that
+    is not AMD's (HIP runs AMD cards), ``--device vulkan`` on an Apple chip (llama.cpp runs Metal there)."""
+    if hw is None or r.device not in ("cuda", "metal", *GPU_BACKENDS):
         return
     for g in hw.gpus:
         if r.device == "metal" and g.backend != "metal":
@@ -139,10 +151,26 @@ def check_machine(r: PlanRequest, hw: Hardware | None) -> None:
                 f"--device metal: {g.name} is not an Apple GPU (Metal runs on Apple Silicon)",
                 hint="drop --device, or plan an Apple chip (`kvadvise gpus` lists them)",
             )
-        if r.device == "cuda" and g.backend == "metal":
+        if r.device in ("cuda", "vulkan") and g.backend == "metal":
             raise InputError(
-                f"--device cuda: {g.name} runs Metal, not CUDA", hint="drop --device, or use --device metal"
+                f"--device {r.device}: {g.name} runs Metal, not {r.device.upper() if r.device == 'cuda' else 'Vulkan'}",
+                hint="drop --device, or use --device metal",
             )
+        # a --vram budget has no vendor: any backend may run it
+        if r.device == "rocm" and g.backend not in ("rocm", "vulkan") and hw.source != "manual":
+            raise InputError(
+                f"--device rocm: {g.name} is not an AMD GPU (ROCm/HIP runs AMD cards)",
+                hint="drop --device, or use --device vulkan (any vendor) or cuda",
+            )
+
+
+def with_backend(r: PlanRequest, hw: Hardware | None) -> Hardware | None:
+    """``--device rocm|vulkan``: every GPU runs on that backend (its buffers are named after it, ROCm0/Vulkan0,
+    and its speed uses that backend's factors, kvadvise.planner.speed.EFFICIENCY); otherwise the GPUs keep
+    theirs (a catalogue card's profiles/gpus.json "backend", a --vram budget's CUDA)."""
+    if hw is None or r.device not in GPU_BACKENDS:
+        return hw
+    return replace(hw, gpus=tuple(replace(g, backend=r.device) for g in hw.gpus))
 
 
 def policy_of(
@@ -199,7 +227,7 @@ def _plan(
         type_v=kv[1],
         flash_attn=r.flash_attn,
         swa_full=r.swa_full,
-        device=r.device,
+        device=run_device(r.device),
         overhead_bytes=r.overhead_bytes,
         runtime=runtime.program,
         n_outputs_max=r.n_outputs_max,

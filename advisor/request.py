@@ -27,7 +27,9 @@ INT32_MAX = 2**31 - 1  # llama.cpp reads -c, -np, -b, -ub as int32 (common/arg.c
 KV_TYPES = tuple(t.type_name for t in KV_CACHE_TYPES)  # the one list: kvadvise.model.ggml
 USES = ("chat", "code", "agent", "long")  # --use: profiles/usecases.json
 FLASH_ATTN = ("on", "off", "auto")
-DEVICES = ("auto", "cpu", "cuda", "metal")
+# rocm | vulkan: a discrete GPU run by that ggml backend (llama.cpp -dev ROCm0 / Vulkan0): its buffers are
+# named so and its speed uses that backend's factors (kvadvise.planner.speed); cuda: an NVIDIA card
+DEVICES = ("auto", "cpu", "cuda", "metal", "rocm", "vulkan")
 CPU_REPACK = ("auto", "off", "none", "avx2", "avx512", "arm-dotprod")  # kvadvise.planner.repack.RULES
 
 
@@ -46,7 +48,7 @@ class PlanRequest:
     n_batch: int = 2048  # -b
     n_ubatch: int = 512  # -ub
     swa_full: bool = False  # --swa-full
-    device: str = "auto"  # where the layers go: auto | cpu | cuda | metal
+    device: str = "auto"  # where the layers go: auto | cpu | cuda | metal | rocm | vulkan
     n_outputs_max: int | None = None  # llama_context_params.n_outputs_max; None: what the runtime gives
     tensor_split: tuple[float, ...] = ()  # -ts
     n_cpu_moe: int = 0  # --n-cpu-moe
@@ -282,7 +284,9 @@ def _check_together(r: PlanRequest) -> None:
     if r.bandwidth_gbs is not None and r.vram_bytes is None:
         raise InputError("--bandwidth goes with --vram (a --gpu card has its own)")
     if (r.gpu or r.vram_bytes is not None or r.rpc) and r.device == "cpu":
-        raise InputError("--device cpu plans without a GPU: drop --gpu/--vram, or use --device cuda")
+        raise InputError(
+            "--device cpu plans without a GPU: drop --gpu/--vram, or name the GPU's backend (--device cuda|rocm|vulkan)"
+        )
     if r.n_cpu_moe and r.allow_cpu:
         raise InputError("--n-cpu-moe places the experts as given; --allow-cpu finds a placement: give one")
     if r.n_cpu_moe and r.device == "cpu":

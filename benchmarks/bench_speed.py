@@ -10,7 +10,9 @@ card(s), context, program, tokens/s). Each row is planned as a user would plan i
 - ``profile``: an Ollama built-in profile (``kvadvise ollama NAME``).
 
 Rows are split once, by source, into ``fit`` (the rows the factors of kvadvise.planner.speed were fitted
-on) and ``holdout`` (collected afterwards and never tuned to); the table and the shares print both apart.
+on), ``holdout`` (collected afterwards and never tuned to) and ``sweep`` (one model at several quants on one
+card, key ``sweep``: only speed.DEQUANT_FLOPS_PER_WEIGHT is fitted on them, so that a sweep's rows come out
+equally far from the measured); the table and the shares print them apart.
 Goals: decode within ±25 % on at least 85 % of the rows, prefill within ±30 % on at least 80 %; the
 held-out rows are reported, not required (they say how well the fit carries). Exits 1 when a goal on
 the fit rows is missed.
@@ -45,6 +47,7 @@ GIB = 1 << 30
 DECODE_BAND, DECODE_SHARE = 0.25, 0.85
 PREFILL_BAND, PREFILL_SHARE = 0.30, 0.80
 INPUTS = ("gguf", "config", "profile")
+SPLITS = ("fit", "holdout", "sweep")  # sweep: one model at several quants on one card (the per-type cost)
 
 
 def load() -> dict[str, Any]:
@@ -94,7 +97,9 @@ def _moe_parts_fallback(spec: ModelSpec, config: dict[str, Any]) -> ModelSpec:
         expert_bytes=int(spec.weights_bytes * share),
         layer_bytes=tuple([int(per_layer)] * spec.n_layer + [0] * spec.n_layer_nextn),
         tok_embd_bytes=int(spec.weights_bytes * spec.n_vocab * spec.n_embd / total),
-        active_params=int(total - expert_params * (1 - spec.n_expert_used / spec.n_expert) - spec.n_vocab * spec.n_embd),
+        active_params=int(
+            total - expert_params * (1 - spec.n_expert_used / spec.n_expert) - spec.n_vocab * spec.n_embd
+        ),
     )
 
 
@@ -122,7 +127,8 @@ def _row_spec(doc: dict[str, Any], row: dict[str, Any]) -> ModelSpec:
             path.write_text(json.dumps(config), encoding="utf-8")
             return HFBackend().load_spec(str(path), quant=quant)
     spec = from_config(config, source=key)
-    spec = dataclasses.replace(spec, weights_bytes=int(row["weights_gib"] * GIB))
+    # what the GGUF's header gives: its size and general.file_type (the quant mix, for the per-type cost)
+    spec = dataclasses.replace(spec, weights_bytes=int(row["weights_gib"] * GIB), file_type=quant)
     if params(spec, config) is None:
         return _moe_parts_fallback(spec, config)
     return with_parts(spec, config, quant)
@@ -139,7 +145,8 @@ def row_devices(doc: dict[str, Any], row: dict[str, Any], spec: ModelSpec) -> li
         bws = [int(known[i]["bandwidth_bytes_per_s"]) for i in ids]
     flops = [float(known.get(i, {}).get("fp16_tflops") or 0) * 1e12 for i in ids]
     split = row.get("tensor_split") or [float(known.get(i, {}).get("memory_bytes", 1)) for i in ids]
-    return speed.devices(spec, row["backend"], bws, split, flops, ids)
+    classes = [str(known.get(i, {}).get("speed_class") or "default") for i in ids]  # every row's card is known
+    return speed.devices(spec, row["backend"], bws, split, flops, ids, classes)
 
 
 def decode_depth(row: dict[str, Any]) -> int:
@@ -243,7 +250,7 @@ def share_within(ratios: list[float], band: float) -> float:
 def summary(t: list[Row], band: float) -> list[str]:
     """Within ±band by split and by input kind: "fit 71/80 (89%)"."""
     lines = []
-    for split in ("fit", "holdout"):
+    for split in SPLITS:
         part = [(r, x) for r, x in t if split_of(r) == split]
         if not part:
             continue
@@ -297,11 +304,13 @@ def fit(doc: dict[str, Any]) -> None:
     eff = [x / 100 for x in range(4, 101, 2)]
     over = [x * 1e-6 for x in range(0, 151, 5)]
     knobs: list[tuple[dict[str, Any], str, list[float]]] = []
+    for c in ("cuda", "metal", "vulkan", "rocm", "rocm-gcn"):  # the weights' efficiency by decode class
+        on_c = [r for r in drows if _decode_class(r) == c and not r.get("partial_offload")]
+        for k in ("dense", "moe"):
+            if count(on_c, lambda r, k=k: kind(r) == k) >= 2:
+                knobs.append((speed.EFFICIENCY[c], k, eff))
     for b in ("cuda", "metal", "vulkan", "rocm"):
         on_b = [r for r in drows if speed.backend_key(r["backend"]) == b and not r.get("partial_offload")]
-        for k in ("dense", "moe"):
-            if count(on_b, lambda r, k=k: kind(r) == k) >= 2:
-                knobs.append((speed.EFFICIENCY[b], k, eff))
         if count(on_b, lambda r: decode_depth(r) > 2048) >= 2:
             knobs.append((speed.KV_EFFICIENCY, b, eff))
         if len(on_b) >= 3:
@@ -311,6 +320,27 @@ def fit(doc: dict[str, Any]) -> None:
     if count(drows, lambda r: bool(r.get("partial_offload")) and kind(r) == "moe") >= 2:
         knobs.append((speed.EFFICIENCY["cpu"], "moe", eff))
     _coordinate_search(dloss, knobs)
+    # the per-type dequantization cost: a sweep's rows (one model, one card, several quants) equally far from the
+    # measured, whatever that distance (a run's own fixed costs, e.g. llama-cli's sampling, are the same for all)
+    sweeps: dict[str, list[dict[str, Any]]] = {}
+    for r in doc["rows"]:
+        if r.get("sweep") and r.get("decode_tps") and not r.get("excluded"):
+            sweeps.setdefault(str(r["sweep"]), []).append(r)
+
+    def sweep_loss() -> float:
+        total = 0.0
+        for rows in sweeps.values():
+            xs = [math.log(decode_estimate(doc, r) / r["decode_tps"]) for r in rows]
+            mean = sum(xs) / len(xs)
+            total += sum((x - mean) ** 2 for x in xs)
+        return total
+
+    swept = {str(_weight_type(doc, r)) for rows in sweeps.values() for r in rows}
+    flops = [float(x) for x in range(0, 61, 2)]
+    _coordinate_search(
+        sweep_loss,
+        [(speed.DEQUANT_FLOPS_PER_WEIGHT, t, flops) for t in sorted(swept) if t in speed.DEQUANT_FLOPS_PER_WEIGHT],
+    )
     peff = [x / 100 for x in range(2, 81, 2)]
     pknobs: list[tuple[dict[str, Any], str, list[float]]] = []
     for c in speed.PREFILL_EFFICIENCY:
@@ -324,6 +354,16 @@ def fit(doc: dict[str, Any]) -> None:
     print("LAYER_OVERHEAD_S =", {k: round(v * 1e6, 1) for k, v in speed.LAYER_OVERHEAD_S.items()}, "µs")
     print("MOE_LAYER_OVERHEAD_S =", {k: round(v * 1e6, 1) for k, v in speed.MOE_LAYER_OVERHEAD_S.items()}, "µs")
     print("PREFILL_EFFICIENCY =", speed.PREFILL_EFFICIENCY)
+    print("DEQUANT_FLOPS_PER_WEIGHT =", speed.DEQUANT_FLOPS_PER_WEIGHT)
+
+
+def _weight_type(doc: dict[str, Any], r: dict[str, Any]) -> str:
+    return decode_inputs(doc, r).reads.weight_type
+
+
+def _decode_class(r: dict[str, Any]) -> str:
+    """The row's decode class (speed.decode_key): its first card's."""
+    return speed.decode_key(r["backend"], str(cards(load()).get(_card(r).split("+")[0], {}).get("speed_class") or ""))
 
 
 def _card(r: dict[str, Any]) -> str:
@@ -354,10 +394,10 @@ def main() -> int:
         t = decode_table(doc)
         print_table("DECODE (estimate ÷ measured)", t, "decode_tps", DECODE_BAND)
         fit_share = share_within([x for r, x in t if split_of(r) == "fit"], DECODE_BAND)
-        lo, hi = band_80([x for _, x in t])
+        lo, hi = band_80([x for r, x in t if split_of(r) != "sweep"])
         print(f"\ndecode within ±{DECODE_BAND:.0%} (goal {DECODE_SHARE:.0%} of the fit rows):")
         print("\n".join(summary(t, DECODE_BAND)))
-        print(f"  measured ÷ estimate, 10th to 90th percentile of all rows: {lo:.2f} to {hi:.2f}")
+        print(f"  measured ÷ estimate, 10th to 90th percentile of the fit and held-out rows: {lo:.2f} to {hi:.2f}")
         ok = ok and fit_share >= DECODE_SHARE
     if args.rows in ("prefill", "all"):
         t = prefill_table(doc)

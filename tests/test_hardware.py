@@ -192,6 +192,7 @@ def test_probe_one_gpu(monkeypatch: pytest.MonkeyPatch, name: bytes | str) -> No
             unified_memory=False,
             flops_per_s=330.3e12,  # the card's FP16 tensor peak (profiles/gpus.json fp16_tflops): prompt speed
             flops_source="profiles/gpus.json rtx-4090 fp16_tflops",
+            speed_class="default",  # a catalogue card of its backend's default decode class
         ),
     )
     assert hw.gpus[0].bandwidth_source is not None
@@ -426,6 +427,7 @@ def test_from_profile_nvidia_uses_nvml_total() -> None:
         unified_memory=False,
         flops_per_s=330.3e12,
         flops_source="profiles/gpus.json rtx-4090 fp16_tflops",
+        speed_class="default",
     )
     assert "24,564 MiB as NVML reports it" in hw.sources[0]
 

@@ -8,6 +8,7 @@ the command's ``--json`` (less what is read live: the RAM free this moment)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,29 @@ def test_llama_server_the_api_and_the_cli_agree(
     assert doc == cli_doc and doc["llama_server"]["command"].startswith("llama-server -m "), flags
 
 
+@pytest.mark.parametrize(("device", "prefix"), [("rocm", "ROCm"), ("vulkan", "Vulkan"), ("cuda", "CUDA")])
+def test_the_backend_of_a_card_given_by_size(
+    device: str, prefix: str, gemma_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--vram --bandwidth --device rocm|vulkan`: the API's PlanRequest(device=...) answers as the command does,
+    the buffers are named after the backend (llama.cpp's ROCm0, Vulkan0) and the speed uses its factors."""
+    from kvadvise.planner import speed
+
+    flags = ["--vram", "2GiB", "--bandwidth", "1024", "--ram", "64GiB", "--device", device]
+    request = kvadvise.PlanRequest(vram_bytes=(2 << 30,), bandwidth_gbs=1024, ram_bytes=RAM, device=device)
+    _rc, cli_doc = _cli(capsys, "llamacpp", str(gemma_path), *flags)
+    doc = _live(kvadvise.to_json(kvadvise.plan(str(gemma_path), request)))
+    assert doc == cli_doc
+    assert [d["name"] for d in doc["memory"]["devices"] if d["name"] != "CPU"] == [f"{prefix}0"]
+    assert f"({device})" in doc["speed_note"]
+    # the same card on CUDA reads at CUDA's efficiency: the figures differ as the backends' factors do
+    cuda = kvadvise.to_json(kvadvise.plan(str(gemma_path), replace(request, device="cuda")))
+    assert (doc["decode_tokens_per_s"] == cuda["decode_tokens_per_s"]) == (
+        speed.EFFICIENCY[device] == speed.EFFICIENCY["cuda"]
+        and speed.LAYER_OVERHEAD_S[device] == speed.LAYER_OVERHEAD_S["cuda"]
+    )
+
+
 def test_ctx_zero_means_the_training_context_everywhere(capsys: pytest.CaptureFixture[str]) -> None:
     """`--ctx 0` and `n_ctx=0` (a PlanRequest, or a RunConfig as before) plan the model's training context;
     the API recommended 64k for RunConfig(n_ctx=0) while the command line planned 262,144 tokens."""
@@ -131,6 +155,9 @@ def test_the_api_plans_only_what_ollama_runs() -> None:
         (["--gpu-only", "--allow-cpu"], {"gpu_only": True, "allow_cpu": True}),
         (["--gpu", "rtx-4090", "--device", "metal"], {"gpu": "rtx-4090", "device": "metal"}),
         (["--gpu", "m4-max-64gb", "--device", "cuda"], {"gpu": "m4-max-64gb", "device": "cuda"}),
+        (["--gpu", "rtx-4090", "--device", "rocm"], {"gpu": "rtx-4090", "device": "rocm"}),
+        (["--gpu", "m4-max-64gb", "--device", "vulkan"], {"gpu": "m4-max-64gb", "device": "vulkan"}),
+        (["--device", "sycl"], {"device": "sycl"}),
     ],
 )
 def test_the_api_refuses_with_the_cli_message(

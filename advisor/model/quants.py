@@ -123,3 +123,53 @@ def quant_bpw(quant: str) -> tuple[str, float]:
             hint="one of: " + ", ".join(sorted(QUANT_BPW)),
         )
     return q, QUANT_BPW[q]
+
+
+# A file type's default tensor type: the type most of its weights (the FFN and attention matrices) are
+# quantized to; src/llama-quant.cpp llama_ftype_get_default_type (llama.cpp 0c1e570). MXFP4_MOE's default
+# is MXFP4 (the experts). F32/F16/BF16 files keep their type.
+_DEFAULT_TYPE: dict[str, str] = {
+    "F32": "F32",
+    "F16": "F16",
+    "BF16": "BF16",
+    "Q4_0": "Q4_0",
+    "Q4_1": "Q4_1",
+    "Q5_0": "Q5_0",
+    "Q5_1": "Q5_1",
+    "Q8_0": "Q8_0",
+    "MXFP4_MOE": "MXFP4",
+    "MXFP4": "MXFP4",
+    "Q2_K": "Q2_K",
+    "Q2_K_S": "Q2_K",
+    "Q3_K_S": "Q3_K",
+    "Q3_K_M": "Q3_K",
+    "Q3_K_L": "Q3_K",
+    "Q4_K_S": "Q4_K",
+    "Q4_K_M": "Q4_K",
+    "Q5_K_S": "Q5_K",
+    "Q5_K_M": "Q5_K",
+    "Q6_K": "Q6_K",
+    "TQ1_0": "TQ1_0",
+    "TQ2_0": "TQ2_0",
+    "IQ2_XXS": "IQ2_XXS",
+    "IQ2_XS": "IQ2_XS",
+    "IQ2_S": "IQ2_XS",
+    "IQ2_M": "IQ2_S",
+    "IQ3_XXS": "IQ3_XXS",
+    "IQ3_XS": "IQ3_S",
+    "IQ3_S": "IQ3_S",
+    "IQ3_M": "IQ3_S",
+    "IQ1_S": "IQ1_S",
+    "IQ1_M": "IQ1_M",
+    "IQ4_NL": "IQ4_NL",
+    "IQ4_XS": "IQ4_XS",
+}
+
+
+def default_type(file_type: str) -> str | None:
+    """The tensor type (ggml's name, upper case: "Q3_K") most weights of a ``file_type`` have ("Q3_K_M", as
+    general.file_type names it; a dominant tensor type such as "q3_K" is itself). None: not one llama.cpp makes."""
+    ft = file_type.strip().upper()
+    if ft in _DEFAULT_TYPE:
+        return _DEFAULT_TYPE[ft]
+    return ft if ft in _DEFAULT_TYPE.values() else None

@@ -56,6 +56,9 @@ class GpuProfile:
     integrated: bool = False  # an APU: its VRAM is a carve-out of system RAM, of any size
     fp16_tflops: float | None = None  # FP16 tensor peak, dense (prompt processing); fp16_tflops_basis: where from
     fp16_tflops_basis: str | None = None
+    # the card's decode class where its architecture reads a different share of its bandwidth than its backend's
+    # default (kvadvise.planner.speed.EFFICIENCY["rocm-gcn"]: "gcn" for gfx906); None: the backend's default
+    speed_class: str | None = None
 
     @property
     def usable_bytes(self) -> int:
@@ -83,6 +86,7 @@ def _profile_from_json(entry: dict[str, Any]) -> GpuProfile:
         integrated=bool(entry.get("integrated", False)),
         fp16_tflops=float(entry["fp16_tflops"]) if entry.get("fp16_tflops") else None,
         fp16_tflops_basis=str(entry["fp16_tflops_basis"]) if entry.get("fp16_tflops_basis") else None,
+        speed_class=str(entry["speed_class"]) if entry.get("speed_class") else None,
     )
 
 

@@ -43,6 +43,9 @@ class Gpu:
     backend: str = "cuda"  # the ggml backend that runs it: cuda | rocm | vulkan | sycl | metal
     flops_per_s: float | None = None  # FP16 tensor peak, dense (profiles/gpus.json fp16_tflops): prompt speed
     flops_source: str | None = None
+    # the profile's decode class (kvadvise.planner.speed.decode_key): "gcn", or "default" (a known card of its backend's
+    # default class); "": a card not in profiles/gpus.json (--vram), its backend's default assumed
+    speed_class: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,8 +159,11 @@ def _no_nvidia_driver() -> bool:
 
 
 def compute_of(gpu: Gpu, p: GpuProfile | None) -> Gpu:
-    """``gpu`` with its profile's compute figure (prompt processing); as it is for an unknown card."""
-    if p is None or not p.fp16_tflops:
+    """``gpu`` with its profile's compute figure (prompt processing) and decode class; as it is for an unknown card."""
+    if p is None:
+        return gpu
+    gpu = replace(gpu, speed_class=p.speed_class or "default")
+    if not p.fp16_tflops:
         return gpu
     return replace(gpu, flops_per_s=p.fp16_tflops * 1e12, flops_source=f"profiles/gpus.json {p.id} fp16_tflops")
 

@@ -12,7 +12,10 @@ K/V of the tokens before it. Per token:
   head and stores the updated one; ssm_conv shifts the conv window), at the K/V's efficiency.
 
 Each device reads its share (its layers' weights and K/V, llama.cpp's layer split) at a measured fraction
-of its published bandwidth (:data:`EFFICIENCY`, by backend and by dense or MoE model), and each token costs
+of its published bandwidth (:data:`EFFICIENCY`, by backend and by dense or MoE model; the backend is the card's,
+or the one ``--device rocm|vulkan`` names; a card whose architecture reads a different share names its class in
+profiles/gpus.json, :func:`decode_key`: a GCN 5 card under ROCm), a 2-3-bit K-quant or an i-quant adds its dequantization work per
+weight at the card's FP16 peak (:data:`DEQUANT_FLOPS_PER_WEIGHT`), and each token costs
 a fixed time per layer on top (:data:`LAYER_OVERHEAD_S`: kernel launches and synchronisation, what bounds
 tiny models and fast cards), and per MoE layer a little more (:data:`MOE_LAYER_OVERHEAD_S`: the router,
 top-k and the expert gathers: the cost that makes small experts slow per byte read). A recurrent layer costs
@@ -59,8 +62,17 @@ EFFICIENCY: dict[str, dict[str, float]] = {
     "metal": {"dense": 0.80, "moe": 0.54},
     "vulkan": {"dense": 0.80, "moe": 0.62},
     "rocm": {"dense": 0.70, "moe": 0.42},
+    # a decode class (decode_key): GCN 5 cards (gfx906: Instinct MI50/MI60, Radeon VII) under ROCm read a far smaller
+    # share of their HBM2 than RDNA does: llama.cpp's batch-1 kernels for quantized types (ggml-cuda/mmvq.cu, run by
+    # HIP) are bound by the card's integer/FP16 issue rate there, not by its 1,024 GB/s. Fitted on the gfx906
+    # rows of measurements.json (stock llama.cpp 982e3472, ROCm 6.4.1: Q4_0, Q4_K_S, Q8_0 at 36-38 % of the
+    # bandwidth); MoE: no row, ROCm's MoE/dense ratio. CDNA 1 (MI100, gfx908) keeps ROCm's default: its held-out
+    # rows come out within 15 % of it (llama.cpp#23227).
+    "rocm-gcn": {"dense": 0.33, "moe": 0.20},
     "cpu": {"dense": 0.60, "moe": 0.62},
 }
+# The decode classes a card's profile may name (profiles/gpus.json speed_class), by backend.
+DECODE_CLASSES: dict[str, tuple[str, ...]] = {"rocm": ("gcn",)}
 # Fraction of the bandwidth reading the K/V reaches (attention kernels are less efficient than matmuls; fitted).
 # Vulkan and ROCm: no fit row at depth, so CUDA's prior; CPU: a guess.
 KV_EFFICIENCY: dict[str, float] = {"cuda": 0.66, "metal": 0.10, "vulkan": 0.68, "rocm": 0.68, "cpu": 0.3}
@@ -78,8 +90,29 @@ MOE_LAYER_OVERHEAD_S: dict[str, float] = {"cuda": 0.0, "metal": 0.0, "vulkan": 0
 # attention and MoE with a shared expert). A recurrent layer's fixed time is LAYER_OVERHEAD_S x recurrent / attention.
 # Architectures not listed: 1 (their recurrent layers cost what an attention layer does).
 DECODE_KERNELS: dict[str, tuple[int, int]] = {"qwen35": (26, 41), "qwen3next": (43, 61), "qwen35moe": (43, 61)}
+# Extra work per weight that the batch-1 matrix-vector kernels do to dequantize a 2-3-bit K-quant or an i-quant,
+# beyond what its bytes cost: ggml-cuda/mmvq.cu's vec_dot_q2_K_q8_1 / vec_dot_q3_K_q8_1 unpack 2-3-bit values with
+# 4-6-bit sub-block scales (and Q3_K's separate high-bit mask), and the i-quants' vec_dot_iq*_q8_1 look each group of
+# weights up in a codebook grid (iq2xxs_grid, iq3xxs_grid, ...) and apply its sign mask; more integer work per byte
+# than Q4_0/Q4_K/Q8_0, on which EFFICIENCY was fitted (those types: 0). In FLOP-equivalents per weight at the card's
+# FP16 peak (Device.flops_per_s, profiles/gpus.json fp16_tflops): a card with more compute per byte of bandwidth pays
+# less of it (a 4090 runs IQ3_XXS near its bytes, a 3090 at two thirds of them: llama.cpp#8215). Keyed by the
+# file's default tensor type (kvadvise.model.quants.default_type). Fitted so that one model at several quants on
+# one card comes out equally far from the measured (benchmarks/bench_speed.py --fit, the "sweep" rows); the
+# i-quants without a row take IQ3_XXS's (the same grid lookup), IQ4_NL takes IQ4_XS's (the same non-linear table).
+DEQUANT_FLOPS_PER_WEIGHT: dict[str, float] = {"Q2_K": 34.0, "Q3_K": 38.0, "IQ3_XXS": 44.0, "IQ4_XS": 38.0}
+_DEQUANT_PRIOR = {"IQ1_S": "IQ3_XXS", "IQ1_M": "IQ3_XXS", "IQ2_XXS": "IQ3_XXS", "IQ2_XS": "IQ3_XXS", "IQ2_S": "IQ3_XXS"}
+_DEQUANT_PRIOR |= {"IQ3_S": "IQ3_XXS", "IQ4_NL": "IQ4_XS"}
+
+
+def dequant_flops(weight_type: str) -> float:
+    """:data:`DEQUANT_FLOPS_PER_WEIGHT` of a tensor type (its prior's for an i-quant without a row; else 0)."""
+    t = _DEQUANT_PRIOR.get(weight_type, weight_type)
+    return DEQUANT_FLOPS_PER_WEIGHT.get(weight_type, DEQUANT_FLOPS_PER_WEIGHT.get(t, 0.0))
+
+
 # measured ÷ estimate: the band around the estimate that held 80 % of the collected rows
-RANGE = (0.82, 1.21)
+RANGE = (0.82, 1.24)
 # The deepest context of the decode measurements the factors are fitted and checked on, by backend
 # (tests/data/speed/measurements.json: context_tokens + n_gen of the rows, fitted and held out; tests/test_speed.py
 # recomputes it from the file): a figure at a deeper context is an extrapolation and is labelled so. Up to 4k the
@@ -124,6 +157,25 @@ def backend_key(backend: str) -> str:
     return b if b in EFFICIENCY else "cuda"
 
 
+def decode_key(backend: str, speed_class: str = "") -> str:
+    """The decode efficiency class (:data:`EFFICIENCY`): the backend's, or its architecture class
+    ("rocm-gcn") where the card's profile names one."""
+    b = backend_key(backend)
+    return f"{b}-{speed_class}" if speed_class in DECODE_CLASSES.get(b, ()) else b
+
+
+def class_label(d: Device) -> str:
+    """The decode class a plan's note names: the backend, its class, or the default assumed for a card of unknown
+    architecture (given by --vram/--bandwidth) on a backend with classes."""
+    b, k = backend_key(d.backend), decode_key(d.backend, d.speed_class)
+    if k != b:
+        return f"{b}, {d.speed_class.upper()} class"
+    if not d.speed_class and b in DECODE_CLASSES:
+        others = ", ".join(c.upper() for c in DECODE_CLASSES[b])
+        return f"{b}, its default class assumed: a {others} card (MI50, MI60, Radeon VII) decodes about half as fast"
+    return b
+
+
 def prefill_key(backend: str, gpu_name: str = "") -> str:
     """The prefill efficiency class: the backend's, or "cuda-dc" for a data-centre tensor card."""
     import re
@@ -146,6 +198,8 @@ class Reads:
     state: int = 0  # recurrent state read and written back (2 x its bytes), all recurrent layers
     recurrent_layers: int = 0
     recurrent_kernels: float = 1.0  # a recurrent layer's kernels per an attention layer's (DECODE_KERNELS)
+    weight_type: str = ""  # the file's default tensor type ("Q3_K"), for DEQUANT_FLOPS_PER_WEIGHT; "": unknown
+    n_weights: int = 0  # the weights (values) those bytes hold, at the default type's bits per weight
 
     @property
     def layer_units(self) -> float:
@@ -166,7 +220,19 @@ def weight_reads(spec: ModelSpec) -> Reads:
     n_rec = sum(spec.recurrent_layers[: spec.n_layer])
     state = 2 * 4 * n_rec * (spec.n_embd_r + spec.n_embd_s)  # f32, read then written (memory.recurrent_bytes)
     att, rec = DECODE_KERNELS.get(spec.architecture, (1, 1))
-    return Reads(max(0, dense), used, layers, spec.n_layer, moe, state, n_rec, rec / att)
+    wtype, n_weights = _weights_of_type(spec.file_type, max(0, dense) + used)
+    return Reads(max(0, dense), used, layers, spec.n_layer, moe, state, n_rec, rec / att, wtype, n_weights)
+
+
+def _weights_of_type(file_type: str, n_bytes: int) -> tuple[str, int]:
+    """The file's default tensor type and how many weights ``n_bytes`` of it hold (0: a type not known)."""
+    from kvadvise.model.quants import default_type
+
+    t = default_type(file_type or "")
+    if t is None or t not in GGMLType.__members__:
+        return "", 0
+    bits = row_bytes(GGMLType[t], 256) * 8 / 256
+    return t, int(n_bytes * 8 / bits)
 
 
 def _expert_layers(spec: ModelSpec) -> int:
@@ -215,6 +281,7 @@ class Device:
     share: float = 1.0  # of the GPU-resident weights and KV (its layers, llama.cpp's layer split)
     flops_per_s: float = 0.0  # FP16 tensor peak (profiles/gpus.json fp16_tflops); 0: unknown (no prefill)
     name: str = ""  # the card's name or profile id, for the prefill class (prefill_key)
+    speed_class: str = ""  # its profile's decode class (decode_key); "": the backend's default
 
 
 def layer_shares(spec: ModelSpec, tensor_split: Sequence[float]) -> tuple[float, ...]:
@@ -243,13 +310,15 @@ def devices(
     tensor_split: Sequence[float] = (),
     flops: Sequence[float] = (),
     names: Sequence[str] = (),
+    classes: Sequence[str] = (),
 ) -> list[Device]:
-    """The GPUs of a plan, each with its own bandwidth and compute and its share of the layers."""
+    """The GPUs of a plan, each with its own bandwidth and compute, its share of the layers and its decode class."""
     n = len(bandwidths)
     shares = layer_shares(spec, tensor_split) if n > 1 and len(tensor_split) == n else (1 / max(1, n),) * n
     fl = list(flops) if len(flops) == n else [0.0] * n
     ids = list(names) if len(names) == n else [""] * n
-    return [Device(backend, bw, s, f, i) for bw, s, f, i in zip(bandwidths, shares, fl, ids, strict=True)]
+    cls = list(classes) if len(classes) == n else [""] * n
+    return [Device(backend, bw, s, f, i, c) for bw, s, f, i, c in zip(bandwidths, shares, fl, ids, cls, strict=True)]
 
 
 def seconds_per_token(
@@ -279,10 +348,14 @@ def seconds_per_token(
     gpu_kv = kv_bytes - cpu_kv
     t = 0.0
     lead = backend_key(devices[0].backend) if devices else "cpu"
+    # the GPUs' share of the dequantization work (a card of unknown compute: none counted)
+    dequant = reads.n_weights * dequant_flops(reads.weight_type) * gpu_w / max(1, reads.dense + reads.experts)
     for d in devices:
         b = backend_key(d.backend)
-        t += gpu_w * d.share / (EFFICIENCY[b][kind] * d.bandwidth_bytes_per_s)
+        t += gpu_w * d.share / (EFFICIENCY[decode_key(d.backend, d.speed_class)][kind] * d.bandwidth_bytes_per_s)
         t += gpu_kv * d.share / (KV_EFFICIENCY[b] * d.bandwidth_bytes_per_s)
+        if d.flops_per_s:
+            t += dequant * d.share / d.flops_per_s
     if cpu_w or cpu_kv:
         t += cpu_w / (EFFICIENCY["cpu"][kind] * cpu_bandwidth_bytes_per_s)
         t += cpu_kv / (KV_EFFICIENCY["cpu"] * cpu_bandwidth_bytes_per_s)
@@ -380,7 +453,7 @@ def estimate(
     first = pts[0][1]
     kind = "MoE" if reads.moe else "dense"
     bw = " + ".join(
-        f"{d.bandwidth_bytes_per_s / 1e9:,.0f} GB/s ({backend_key(d.backend)}"
+        f"{d.bandwidth_bytes_per_s / 1e9:,.0f} GB/s ({class_label(d)}"
         + (f", {d.share:.0%} of the layers" if len(devices) > 1 else "")
         + ")"
         for d in devices
@@ -618,7 +691,7 @@ def plan_devices(spec: ModelSpec, budget: Budget, tensor_split: Sequence[float] 
             return None
         bws = (budget.bandwidth_bytes_per_s,) * n
     split = tuple(tensor_split) or tuple(float(f) for f in budget.device_free)
-    return devices(spec, budget.backend, bws, split, budget.device_flops, budget.device_names)
+    return devices(spec, budget.backend, bws, split, budget.device_flops, budget.device_names, budget.device_classes)
 
 
 def ram_bandwidth(budget: Budget) -> tuple[int, str]:
@@ -693,7 +766,9 @@ def _over_cards_of_the_size(
             budget,
             bandwidth_bytes_per_s=p.bandwidth_bytes_per_s,
             device_bandwidths=(p.bandwidth_bytes_per_s,),
-            backend=p.backend,
+            # --device rocm|vulkan said which backend runs the card: every card of the size is timed on it;
+            # else (a --vram budget's default, CUDA) each card on its own (profiles/gpus.json "backend")
+            backend=budget.backend if budget.backend != "cuda" else p.backend,
             bandwidth_source=p.source,
         )
         e = plan_decode(spec, cfg, at, n_cpu_moe=n_cpu_moe, n_cpu_layers=n_cpu_layers)

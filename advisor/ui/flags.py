@@ -14,7 +14,17 @@ import click
 
 from kvadvise.errors import InputError
 from kvadvise.planner.memory import RUNTIMES
-from kvadvise.request import FLASH_ATTN, INT_RANGES, KV_TYPES, MAX_GBS, SPEC_TYPES, USES, PlanRequest, check_split
+from kvadvise.request import (
+    DEVICES,
+    FLASH_ATTN,
+    INT_RANGES,
+    KV_TYPES,
+    MAX_GBS,
+    SPEC_TYPES,
+    USES,
+    PlanRequest,
+    check_split,
+)
 from kvadvise.units import parse_memory_size, parse_size, parse_tokens
 
 if TYPE_CHECKING:
@@ -472,10 +482,12 @@ def _options(*, planned_hardware: bool) -> list[Callable[[F], F]]:
         ),
         click.option(
             "--device",
-            type=click.Choice(["auto", "cpu", "cuda", "metal"]),
+            type=click.Choice(list(DEVICES)),
             default="auto",
             show_default=True,
-            help="Where the layers go: auto = the GPU when there is one (or --gpu/--vram), else the CPU.",
+            help="Where the layers go: auto = the GPU when there is one (or --gpu/--vram), else the CPU; "
+            "rocm, vulkan: the GPU's llama.cpp backend (buffers ROCm0/Vulkan0, that backend's speed factors), "
+            "for a card given by --vram/--bandwidth or run through Vulkan.",
         ),
         click.option(
             "--no-repack",
