@@ -633,7 +633,7 @@ def estimate_gpu_layers(
     notes: list[str] = []
     total_vram = sum((g.total_bytes or g.free_bytes) - gpu_overhead_bytes for g in gpus)
     low_vram = v >= (0, 11, 4) and total_vram < LOW_VRAM_THRESHOLD_BYTES
-    if model.architecture in ("gptoss", "gpt-oss") and v >= (0, 11, 0) and not low_vram and num_ctx < 8192:
+    if _is_gptoss(model.architecture, v) and not low_vram and num_ctx < 8192:  # routes.go model family
         notes.append(f"routes.go: gpt-oss gets at least 8192 context (num_ctx {num_ctx} -> 8192)")
         num_ctx = 8192
     num_ctx = max(num_ctx, 4)
