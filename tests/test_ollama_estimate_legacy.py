@@ -204,7 +204,7 @@ def test_refuses_gpt_oss_where_the_new_layout_decides(version: str) -> None:
         )
 
 
-@pytest.mark.parametrize("version", ["0.9.2", "0.12.11", "0.13.0", "0.30.8"])
+@pytest.mark.parametrize("version", ["0.7.0", "0.6.8", "0.12.11", "0.13.0", "0.30.8"])
 def test_refuses_versions_without_this_estimator(version: str) -> None:
     with pytest.raises(LegacyVersionNotModelled):
         estimate_gpu_layers(
@@ -229,6 +229,37 @@ def test_llama_header_kv_and_graph(tmp_path: Path) -> None:
     batch, emb = 512, model.embedding_length
     full = max(4 * batch * (1 + 4 * emb + ctx * (1 + heads)), 4 * batch * (emb + model.n_vocab))
     assert e.graph_full_bytes == full
+    assert e.layers_offload == model.block_count + 1
+
+
+def test_unset_parallel_before_v0_11_5(tmp_path: Path) -> None:
+    """OLLAMA_NUM_PARALLEL unset: v0.9.x loads 2 slots when they fit (defaultParallel 2), v0.10.0+ 1."""
+    model = legacy_model(read_file(write_tiny_gguf(tmp_path / "llama.gguf", "llama", n_vocab=512)))
+    gpu = LegacyGpu(free_bytes=8 * GIB)
+    two, one = (
+        estimate_gpu_layers(
+            model, [gpu], num_ctx=4096, num_parallel=0, kv_cache_type="", flash_attention=False, version=version
+        )
+        for version in ("0.9.6", "0.10.0")
+    )
+    assert (two.num_parallel, two.num_ctx) == (2, 8192)
+    assert (one.num_parallel, one.num_ctx) == (1, 4096)
+    assert two.required_kv_bytes == 2 * one.required_kv_bytes
+
+
+def test_per_layer_head_counts_refused_before_v0_9_3(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    model = legacy_model(read_file(write_tiny_gguf(tmp_path / "llama.gguf", "llama", n_vocab=512)))
+    per_layer = replace(model, head_count_kv=(2,) + (1,) * (model.block_count - 1))
+    gpu = LegacyGpu(free_bytes=8 * GIB)
+    with pytest.raises(LegacyVersionNotModelled):
+        estimate_gpu_layers(
+            per_layer, [gpu], num_ctx=4096, num_parallel=1, kv_cache_type="", flash_attention=False, version="0.9.2"
+        )
+    e = estimate_gpu_layers(
+        per_layer, [gpu], num_ctx=4096, num_parallel=1, kv_cache_type="", flash_attention=False, version="0.9.3"
+    )
     assert e.layers_offload == model.block_count + 1
 
 

@@ -1,6 +1,6 @@
-"""Ollama's own offload decision before its new memory layout: ``llm/memory.go`` (v0.9.3 to v0.12.10).
+"""Ollama's own offload decision before its new memory layout: ``llm/memory.go`` (v0.7.1 to v0.12.10).
 
-Ollama 0.9.3 to 0.11.10 decided how many layers of every model go to the GPU(s) with
+Ollama 0.7.1 to 0.11.10 decided how many layers of every model go to the GPU(s) with
 ``EstimateGPULayers`` (``estimateGPULayers`` from v0.11.5), a formula over the GGUF header, and printed
 the result as ``msg=offload ... layers.model=25 layers.offload=23 ... memory.required.full=...``.
 From v0.11.11 the models of Ollama's own engine (``KV.OllamaEngineRequired``: gptoss, gemma3, qwen3...)
@@ -9,7 +9,9 @@ until v0.12.10; v0.12.11 deleted ``llm/memory.go``. This module ports it functio
 tags in the bare mirror ollama/ollama (``git show vX:llm/memory.go``), with every version difference
 that changes a figure:
 
-- ``llm/memory.go`` ``EstimateGPULayers``: one blob (b5300004) from v0.9.3 to v0.11.4; v0.11.5 renames it
+- ``llm/memory.go`` ``EstimateGPULayers``: one blob (b5300004) from v0.9.3 to v0.11.4 (v0.7.1..v0.9.2,
+  05b3b2fd, differ only where a GGUF gives head counts per layer, and do not clamp num_ctx to the
+  training context); v0.11.5 renames it
   ``estimateGPULayers`` and drops the ``opts.NumCtx = max(opts.NumCtx, 2048)`` it applied to every model
   (ee4be741); v0.11.8 asks the model whether it wants flash attention (``f.FlashAttention()``, ce128eb5);
   v0.11.11 drops ``requested != ""`` (7a87b28f); v0.12.4..v0.12.10 only rename types (4a54b331, aa4927f1,
@@ -28,7 +30,7 @@ that changes a figure:
 - ``discover/gpu.go``: ``MinimumMemory`` 457 MiB for CUDA and ROCm, 512 MiB for Metal;
   ``envconfig.GpuOverhead`` (OLLAMA_GPU_OVERHEAD, default 0) per GPU.
 
-Not modelled (refused with :class:`LegacyVersionNotModelled`): versions outside v0.9.3..v0.12.10, vision
+Not modelled (refused with :class:`LegacyVersionNotModelled`): versions outside v0.7.1..v0.12.10, vision
 models (``VisionGraphSize``), mllama's cross-attention cache, and the models v0.11.11+ place with the new
 layout. Pure: the caller reads the header and the GPUs' free memory.
 """
@@ -45,7 +47,7 @@ from kvadvise.model.gguf import GGUFArray, GGUFHeader
 MIB = 1024**2
 GIB = 1024**3
 
-FIRST_VERSION = (0, 9, 3)  # llm/memory.go blob b5300004 and GraphSize as ported here
+FIRST_VERSION = (0, 7, 1)  # llm/memory.go 05b3b2fd: b5300004 (v0.9.3) but for per-layer head counts
 LAST_VERSION = (0, 12, 10)  # v0.12.11 deleted llm/memory.go
 
 # discover/gpu.go cudaMinimumMemory / rocmMinimumMemory, discover/gpu_darwin.go metalMinimumMemory
@@ -204,6 +206,11 @@ def check_modelled(model: LegacyModel, version: str, *, new_estimates: bool = Fa
         )
     if (0, 11, 5) <= v < (0, 11, 11) and new_estimates and model.architecture in _engine_required_archs(v):
         raise LegacyVersionNotModelled(f"OLLAMA_NEW_ESTIMATES=1: Ollama {version} lays {model.architecture} out anew")
+    per_layer_heads = len(set(model.head_count)) > 1 or len(set(model.head_count_kv)) > 1
+    if v < (0, 9, 3) and per_layer_heads:
+        raise LegacyVersionNotModelled(
+            f"Ollama {version} read per-layer head counts as scalars (KV.HeadCount, before v0.9.3): not ported"
+        )
     if model.has_vision or model.architecture == "mllama":
         raise LegacyVersionNotModelled(
             f"{model.architecture}: the vision graph (VisionGraphSize) and cross-attention cache are not ported"
@@ -364,7 +371,7 @@ def graph_size(
             + 4 * head_k * context * 8
             + embedding * head_k * heads * 9 // 16,
         )
-        if arch == "gemma3n":
+        if arch == "gemma3n" and v >= (0, 9, 3):  # v0.9.3 adds gemma3n
             full *= 4
             partial *= 4
         if arch == "gemma3":  # every 6th layer global, the others num_parallel x sliding_window + batch
@@ -620,7 +627,8 @@ def estimate_gpu_layers(
     """Ollama ``version``'s offload decision for the first model loaded: its ``msg=offload`` line.
 
     ``num_ctx``: the request's context per slot (OLLAMA_CONTEXT_LENGTH or the Modelfile's num_ctx);
-    ``num_parallel``: OLLAMA_NUM_PARALLEL; ``kv_cache_type``: OLLAMA_KV_CACHE_TYPE ("" unset);
+    ``num_parallel``: OLLAMA_NUM_PARALLEL, 0 when unset (before v0.11.5 the scheduler then picks 2 or 1:
+    ``LegacyEstimate.num_parallel`` says which); ``kv_cache_type``: OLLAMA_KV_CACHE_TYPE ("" unset);
     ``flash_attention``: OLLAMA_FLASH_ATTENTION; ``gpus``: every GPU of one library, with the free memory
     the driver reports when the model is scheduled. Applies what the server does before the estimate
     (routes.go gpt-oss minimum context, sched.go minimum 4, the training-context clamp, one slot for an
@@ -628,8 +636,8 @@ def estimate_gpu_layers(
     :class:`LegacyVersionNotModelled` where this estimator was not Ollama's decision.
     """
     v = check_modelled(model, version, new_estimates=new_estimates)
-    if num_parallel < 1:
-        raise InputError("num_parallel must be at least 1", hint="OLLAMA_NUM_PARALLEL defaults to 1 in 0.9-0.12")
+    if num_parallel < 0:
+        raise InputError("num_parallel cannot be negative", hint="0 means OLLAMA_NUM_PARALLEL unset")
     notes: list[str] = []
     total_vram = sum((g.total_bytes or g.free_bytes) - gpu_overhead_bytes for g in gpus)
     low_vram = v >= (0, 11, 4) and total_vram < LOW_VRAM_THRESHOLD_BYTES
@@ -637,18 +645,23 @@ def estimate_gpu_layers(
         notes.append(f"routes.go: gpt-oss gets at least 8192 context (num_ctx {num_ctx} -> 8192)")
         num_ctx = 8192
     num_ctx = max(num_ctx, 4)
+    if model.context_length > 0 and num_ctx > model.context_length and v >= (0, 9, 3):
+        num_ctx = model.context_length  # llm/server.go (v0.9.3): "requested context size too large for model"
+    # OLLAMA_NUM_PARALLEL unset (0): before v0.11.5 sched.go tries defaultParallel (2 before v0.10.0, then 1)
+    # and 1 for a full fit, and loads a partial fit with 1; from v0.11.5 it is simply 1
     if not model.is_completion:
-        num_parallel = 1
-    if model.context_length > 0 and num_ctx > model.context_length:
-        num_ctx = model.context_length  # llm/server.go: "requested context size too large for model"
-    ctx_for_estimate = num_ctx * num_parallel if v < (0, 11, 5) else num_ctx
+        tries = [1]  # "Embedding models should always be loaded with parallel=1"
+    elif num_parallel == 0 and v < (0, 11, 5):
+        tries = [2 if v < (0, 10, 0) else 1, 1]
+    else:
+        tries = [max(num_parallel, 1)]
 
-    def run(idx: Sequence[int]) -> LegacyEstimate:
+    def run(idx: Sequence[int], p: int) -> LegacyEstimate:
         return estimate_on_gpus(
             model,
             [gpus[i] for i in idx],
-            num_ctx=ctx_for_estimate,
-            num_parallel=num_parallel,
+            num_ctx=num_ctx * p if v < (0, 11, 5) else num_ctx,  # sched.go: origNumCtx * p before v0.11.5
+            num_parallel=p,
             kv_cache_type=kv_cache_type,
             flash_attention=flash_attention,
             version=version,
@@ -664,24 +677,23 @@ def estimate_gpu_layers(
 
     # pickBestFullFitByLibrary: most free memory first (a stable sort, as sort.Sort on few GPUs)
     order = sorted(range(len(gpus)), key=lambda i: -gpus[i].free_bytes)
+    candidates: list[tuple[list[int], int]] = []
+    if v < (0, 11, 5):  # each parallel setting on one GPU at a time, then each on all of them
+        if not sched_spread:
+            candidates += [([i], p) for p in tries for i in order]
+        candidates += [(order, p) for p in tries]
+    elif sched_spread:
+        candidates.append((order, tries[0]))
+    else:  # v0.11.5: as few GPUs as possible, 1, 2, ... of the sorted list
+        candidates += [(order[:n], tries[0]) for n in range(1, len(order) + 1)]
     chosen: LegacyEstimate | None = None
-    if not sched_spread and len(gpus) > 1:
-        if v < (0, 11, 5):  # one GPU at a time, then all of them
-            for i in order:
-                e = run([i])
-                if fits(e):
-                    chosen = e
-                    break
-        else:  # v0.11.5: as few GPUs as possible, 1, 2, ... of the sorted list
-            for n in range(1, len(order) + 1):
-                e = run(order[:n])
-                if fits(e):
-                    chosen = e
-                    break
-    if chosen is None:
-        e = run(order)
-        # pickBestPartialFitByLibrary keeps the discovered order when nothing fits fully
-        chosen = e if fits(e) else run(list(range(len(gpus))))
+    for idx, p in candidates:
+        e = run(idx, p)
+        if fits(e):
+            chosen = e
+            break
+    if chosen is None:  # pickBestPartialFitByLibrary: all GPUs in discovered order, an unset parallel is 1
+        chosen = run(list(range(len(gpus))), 1 if num_parallel == 0 else tries[0])
     return replace(chosen, notes=tuple(notes)) if notes else chosen
 
 
