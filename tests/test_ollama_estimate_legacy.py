@@ -130,7 +130,8 @@ def test_published_ollama_11964_gpt_oss_context_times_slots() -> None:
 
 # kvadvise issue 37: 23 of 25 on an RTX 4060 Ti 16 GB; the free memory is assumed (not published)
 @pytest.mark.parametrize("version", ["0.11.0", "0.11.1", "0.11.2"])
-@pytest.mark.parametrize("free_mib", [15_773, 16_000, 16_236])  # 23 from 16,538,553,345 B to 17,025,066,112 B (15.40-15.86 GiB)
+# 23 layers from 16,538,553,345 B to 17,025,066,112 B free (15.40-15.86 GiB)
+@pytest.mark.parametrize("free_mib", [15_773, 16_000, 16_236])
 def test_issue37_rtx_4060_ti_23_of_25(version: str, free_mib: int) -> None:
     pub = _published("kvadvise-issue37-gptoss20b-decisions.json")["rtx_4060_ti_16gb"]
     assert isinstance(pub, dict)
@@ -163,7 +164,8 @@ def test_issue37_rtx_4060_ti_fits_from_v0_11_3() -> None:
 
 # kvadvise issue 37: 17 of 25 on two RTX 5060 Ti 16 GB with 5 slots (free memory assumed equal on both cards)
 @pytest.mark.parametrize("version", ["0.11.3", "0.11.4"])
-@pytest.mark.parametrize("free_mib", [15_696, 15_850, 16_007])  # 17 from 16,458,183,937 B to 16,785,339,648 B (15.33-15.63 GiB)
+# 17 layers from 16,458,183,937 B to 16,785,339,648 B free per card (15.33-15.63 GiB)
+@pytest.mark.parametrize("free_mib", [15_696, 15_850, 16_007])
 def test_issue37_two_rtx_5060_ti_5_slots_17_of_25(version: str, free_mib: int) -> None:
     pub = _published("kvadvise-issue37-gptoss20b-decisions.json")["rtx_5060_ti_16gb_x2"]
     assert isinstance(pub, dict)
