@@ -265,6 +265,65 @@ def test_per_layer_head_counts_refused_before_v0_9_3(tmp_path: Path) -> None:
     assert e.layers_offload == model.block_count + 1
 
 
+# Ollama's own unit test: llm/memory_test.go TestEstimateGPULayers (v0.11.4; the same figures in v0.12.10),
+# https://github.com/ollama/ollama/blob/v0.11.4/llm/memory_test.go
+def _ollama_dummy_llama() -> LegacyModel:
+    blocks = [LegacyTensor(f"blk.{i}.attn.weight", (1, 1, 1, 1), F32) for i in range(5)]
+    return LegacyModel(
+        architecture="llama",
+        block_count=5,
+        embedding_length=4096,
+        head_count=(32,),
+        head_count_kv=(32,),
+        key_length=None,
+        value_length=None,
+        n_vocab=1,
+        context_length=32,
+        tensors=(*blocks, LegacyTensor("output.weight", (1, 1, 1, 1), F32)),
+    )
+
+
+@pytest.mark.parametrize("version", ["0.11.4", "0.12.10"])
+@pytest.mark.parametrize(
+    ("layer0", "layer1", "expect0", "expect1"),
+    [(1, 1, 1, 1), (2, 1, 2, 1), (2, 2, 2, 2), (1, 2, 1, 2), (3, 3, 3, 3), (4, 4, 3, 3), (6, 6, 3, 3), (0, 3, 0, 3)],
+)
+def test_ollamas_own_memory_test_dual_cuda(version: str, layer0: int, layer1: int, expect0: int, expect1: int) -> None:
+    from kvadvise.backends.ollama.estimate_legacy import estimate_on_gpus
+
+    model = _ollama_dummy_llama()
+    graph_partial, graph_full, layer_size, output = 202_377_216, 171_968_512, 33_554_436, 4  # "derived from the dummy"
+    minimum = 2048 if version == "0.11.4" else 457 * MIB
+    free = [minimum + layer_size + n * layer_size + 1 + max(graph_full, graph_partial) for n in (layer0, layer1)]
+    free[0 if layer0 > 0 else 1] += output
+    gpus = [LegacyGpu(free_bytes=f, library="cuda", minimum_bytes=minimum) for f in free]
+    e = estimate_on_gpus(
+        model, gpus, num_ctx=2048, num_parallel=1, kv_cache_type="", flash_attention=False, version=version
+    )
+    assert (e.layers_offload, e.layers_split) == (expect0 + expect1, (expect0, expect1))
+    assert e.graph_partial_bytes == graph_partial and e.graph_full_bytes == graph_partial  # two GPUs: partial
+    single = estimate_on_gpus(
+        model, gpus[:1], num_ctx=2048, num_parallel=1, kv_cache_type="", flash_attention=False, version=version
+    )
+    assert (single.graph_partial_bytes, single.graph_full_bytes) == (graph_partial, graph_full)
+    if e.layers_offload < model.block_count + 1:
+        assert e.required_partial_bytes < e.required_full_bytes
+        assert e.required_partial_bytes == sum(e.allocations_bytes)
+    else:
+        assert e.required_partial_bytes == e.required_full_bytes == sum(e.allocations_bytes)
+
+
+def test_ollamas_own_memory_test_cpu() -> None:
+    from kvadvise.backends.ollama.estimate_legacy import estimate_on_gpus
+
+    cpu = LegacyGpu(free_bytes=0, library="cpu")
+    e = estimate_on_gpus(
+        _ollama_dummy_llama(), [cpu], num_ctx=2048, num_parallel=1, kv_cache_type="", flash_attention=False,
+        version="0.11.4",
+    )  # fmt: skip
+    assert (e.layers_offload, e.required_partial_bytes) == (0, 0)
+
+
 def test_human_bytes2() -> None:
     assert [human_bytes2(b) for b in (0, 1023, 1024, 300 * MIB, 15 * GIB + 512 * MIB)] == [
         "0 B", "1023 B", "1.0 KiB", "300.0 MiB", "15.5 GiB",

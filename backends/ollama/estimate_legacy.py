@@ -218,6 +218,15 @@ def check_modelled(model: LegacyModel, version: str, *, new_estimates: bool = Fa
     return v
 
 
+def minimum_memory(library: str, v: tuple[int, int, int]) -> int:
+    """GpuInfo.MinimumMemory: CUDA and ROCm 457 MiB, Metal 512 MiB, others 0; v0.12.7 (ml.DeviceInfo
+    .MinimumMemory) gives every non-Metal device 457 MiB (Vulkan included)."""
+    lib = library.lower()
+    if lib in MINIMUM_MEMORY_BYTES:
+        return MINIMUM_MEMORY_BYTES[lib]
+    return 457 * MIB if v >= (0, 12, 7) and lib != "cpu" else 0
+
+
 # ---------------------------------------------------------------------------------- fs/ggml/ggml.go
 
 
@@ -516,9 +525,7 @@ def estimate_on_gpus(
         memory_layer_output += _layer_bytes(layers["token_embd"], v)
 
     gpu_zero_overhead = projector_bytes
-    minimum = [
-        g.minimum_bytes if g.minimum_bytes is not None else MINIMUM_MEMORY_BYTES.get(g.library.lower(), 0) for g in gpus
-    ]
+    minimum = [g.minimum_bytes if g.minimum_bytes is not None else minimum_memory(g.library, v) for g in gpus]
 
     # GPUs that fit the overhead, the graph, the minimum and two layers
     layer_count = 0
