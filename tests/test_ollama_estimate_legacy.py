@@ -197,6 +197,44 @@ def test_two_rtx_5060_ti_all_layers_from_v0_11_5() -> None:
     assert (e8.layers_offload, e8.gpu_indices, e8.flash_attention) == (25, (0,), True)  # one card fits
 
 
+# ollama#11688: "on a 4070 ... loading 12/25 layers" (2025-08-06, Ollama 0.11.0-0.11.3; free memory unknown)
+@pytest.mark.parametrize(
+    ("version", "free_mib_band"),
+    [("0.11.0", (10_627, 11_097)), ("0.11.2", (10_627, 11_097)), ("0.11.3", (8_579, 9_049))],
+)
+def test_published_ollama_11688_rtx_4070_12_of_25(version: str, free_mib_band: tuple[int, int]) -> None:
+    pub = _published("ollama-11688-gptoss20b-rtx4070-12of25.json")
+    for free_mib in free_mib_band:  # the band of free memory that gives 12 layers at that version
+        gpu = LegacyGpu(free_bytes=free_mib * MIB, total_bytes=12_282 * MIB)  # nvidia-smi total of a 4070
+        e = estimate_gpu_layers(
+            GPT_OSS, [gpu], num_ctx=4096, num_parallel=1, kv_cache_type="", flash_attention=False, version=version
+        )
+        assert (e.layers_model, e.layers_offload) == (pub["layers_model"], pub["layers_offload"])
+    below = LegacyGpu(free_bytes=(free_mib_band[0] - 1) * MIB, total_bytes=12_282 * MIB)
+    e = estimate_gpu_layers(
+        GPT_OSS, [below], num_ctx=4096, num_parallel=1, kv_cache_type="", flash_attention=False, version=version
+    )
+    assert e.layers_offload == 11
+
+
+# ollama#11731: 0.11.3, RTX 5090 + 5070 Ti, 131072 context, q8_0, flash attention: "almost entirely on CPU"
+def test_published_ollama_11731_gpt_oss_131072_on_cpu() -> None:
+    pub = _published("ollama-11731-gptoss20b-5090-5070ti-131072-cpu.json")
+    gpus = [LegacyGpu(free_bytes=31 * GIB, total_bytes=32 * GIB), LegacyGpu(free_bytes=15 * GIB, total_bytes=16 * GIB)]
+    e = estimate_gpu_layers(
+        GPT_OSS,
+        gpus,
+        num_ctx=pub["num_ctx"],
+        num_parallel=pub["num_parallel"],
+        kv_cache_type=pub["kv_cache_type"],
+        flash_attention=pub["flash_attention"],
+        version=pub["version"],
+    )
+    assert e.layers_offload == 0 and pub["on_cpu"]
+    assert not e.flash_attention and e.kv_cache_type == ""  # v0.11.2-v0.11.4: no flash attention for gptoss
+    assert human_bytes2(e.graph_partial_bytes) == "32.0 GiB"  # 4 x 64/8 x (24 x 131072 x 2 KiB) / 6: no card holds it
+
+
 @pytest.mark.parametrize("version", ["0.11.11", "0.12.3", "0.12.10"])
 def test_refuses_gpt_oss_where_the_new_layout_decides(version: str) -> None:
     gpu = LegacyGpu(free_bytes=15 * GIB)
