@@ -362,6 +362,34 @@ def test_ollamas_own_memory_test_cpu() -> None:
     assert (e.layers_offload, e.required_partial_bytes) == (0, 0)
 
 
+def test_gemma2_loses_flash_attention_in_v0_11_11(tmp_path: Path) -> None:
+    """fs/ggml SupportsFlashAttention: gemma2 refused from v0.11.11, so its q8_0 cache request is dropped."""
+    model = legacy_model(read_file(write_tiny_gguf(tmp_path / "gemma2.gguf", "gemma2", n_vocab=512)))
+    gpu = LegacyGpu(free_bytes=8 * GIB)
+    before, after = (
+        estimate_gpu_layers(
+            model, [gpu], num_ctx=4096, num_parallel=1, kv_cache_type="q8_0", flash_attention=True, version=version
+        )
+        for version in ("0.11.10", "0.11.11")
+    )
+    assert (before.flash_attention, before.kv_cache_type) == (True, "q8_0")
+    assert (after.flash_attention, after.kv_cache_type) == (False, "")
+    assert after.required_kv_bytes == 2 * before.required_kv_bytes  # Ollama's 2 vs 1 byte per element
+
+
+def test_projector_on_the_first_gpu(tmp_path: Path) -> None:
+    model = legacy_model(read_file(write_tiny_gguf(tmp_path / "llama.gguf", "llama", n_vocab=512)))
+    gpu = LegacyGpu(free_bytes=8 * GIB)
+    bare, mm = (
+        estimate_gpu_layers(
+            model, [gpu], num_ctx=4096, num_parallel=1, kv_cache_type="", flash_attention=False, version="0.12.10",
+            projector_bytes=projector,
+        )
+        for projector in (0, 600 * MIB)
+    )  # fmt: skip
+    assert mm.allocations_bytes[0] - bare.allocations_bytes[0] == 600 * MIB
+
+
 def test_human_bytes2() -> None:
     assert [human_bytes2(b) for b in (0, 1023, 1024, 300 * MIB, 15 * GIB + 512 * MIB)] == [
         "0 B", "1023 B", "1.0 KiB", "300.0 MiB", "15.5 GiB",

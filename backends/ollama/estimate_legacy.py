@@ -297,10 +297,13 @@ def _bytes_per_element(cache_type: str) -> float:
 
 
 def supports_flash_attention(model: LegacyModel, v: tuple[int, int, int]) -> bool:
-    """GGML.SupportsFlashAttention: not for embedding models, nor gptoss at v0.11.2..v0.11.4."""
+    """GGML.SupportsFlashAttention: not for embedding models, nor gptoss at v0.11.2..v0.11.4, nor gemma2
+    from v0.11.11; else when key and value heads are equal and non-zero."""
     if model.is_embedding:
         return False
     if model.architecture == "gptoss" and (0, 11, 2) <= v < (0, 11, 5):
+        return False
+    if model.architecture == "gemma2" and v >= (0, 11, 11):
         return False
     _, k, vv = _head_dims(model)
     return k != 0 and vv != 0 and k == vv
@@ -312,9 +315,16 @@ def wants_flash_attention(model: LegacyModel, v: tuple[int, int, int]) -> bool:
 
 
 def supports_kv_cache_type(model: LegacyModel, cache_type: str, v: tuple[int, int, int]) -> bool:
-    """GGML.SupportsKVCacheType: f16, q8_0, q4_0; gpt-oss only f16 (v0.11.5..v0.11.10), none (v0.11.11+)."""
+    """GGML.SupportsKVCacheType: f16, q8_0, q4_0; gpt-oss only f16 (v0.11.5..v0.11.10); from v0.11.11 ""
+    and f16 always, q8_0/q4_0 but not for gpt-oss (until v0.12.4, which drops that exception)."""
+    if v >= (0, 11, 11):
+        if cache_type in ("", "f16"):
+            return True
+        if _is_gptoss(model.architecture, v) and v < (0, 12, 4):
+            return False
+        return cache_type in ("q8_0", "q4_0")
     if _is_gptoss(model.architecture, v) and v >= (0, 11, 5):
-        return cache_type == "f16" and v < (0, 11, 11)
+        return cache_type == "f16"
     return cache_type in ("f16", "q8_0", "q4_0")
 
 
@@ -630,13 +640,15 @@ def estimate_gpu_layers(
     gpu_overhead_bytes: int = 0,
     sched_spread: bool = False,
     new_estimates: bool = False,
+    projector_bytes: int = 0,
 ) -> LegacyEstimate:
     """Ollama ``version``'s offload decision for the first model loaded: its ``msg=offload`` line.
 
     ``num_ctx``: the request's context per slot (OLLAMA_CONTEXT_LENGTH or the Modelfile's num_ctx);
     ``num_parallel``: OLLAMA_NUM_PARALLEL, 0 when unset (before v0.11.5 the scheduler then picks 2 or 1:
     ``LegacyEstimate.num_parallel`` says which); ``kv_cache_type``: OLLAMA_KV_CACHE_TYPE ("" unset);
-    ``flash_attention``: OLLAMA_FLASH_ATTENTION; ``gpus``: every GPU of one library, with the free memory
+    ``flash_attention``: OLLAMA_FLASH_ATTENTION; ``projector_bytes``: the llama engine's mmproj file, if any
+    (its tensors' sizes; kept on the first GPU); ``gpus``: every GPU of one library, with the free memory
     the driver reports when the model is scheduled. Applies what the server does before the estimate
     (routes.go gpt-oss minimum context, sched.go minimum 4, the training-context clamp, one slot for an
     embedding model) and ``pickBestFullFitByLibrary``'s choice of GPUs. Raises
@@ -675,6 +687,7 @@ def estimate_gpu_layers(
             num_batch=num_batch,
             num_gpu=num_gpu,
             gpu_overhead_bytes=gpu_overhead_bytes,
+            projector_bytes=projector_bytes,
             gpu_indices=idx,
         )
 
