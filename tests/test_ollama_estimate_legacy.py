@@ -91,6 +91,19 @@ def test_gpt_oss_20b_tensor_bytes_match_ollamas_blob_size() -> None:
     assert total == 13_766_359_296  # `ollama list`: 13 GB; the library page: 14 GB
 
 
+@pytest.mark.parametrize(
+    ("version", "n_bytes"),
+    [("0.10.1", 0), ("0.11.4", 0), ("0.11.5", 2880 * 2880 * 129 // 256), ("0.11.8", 2880 * 2880 * 17 // 32)],
+)
+def test_llama_cpp_mxfp4_type_39_by_version(version: str, n_bytes: int) -> None:
+    """TensorType.BlockSize/TypeSize: type 39 unknown (0 B) until v0.11.5, a 256-block of 129 B in v0.11.5..7."""
+    from kvadvise.backends.ollama.estimate_legacy import _tensor_bytes, parse_version
+
+    assert (
+        _tensor_bytes(LegacyTensor("blk.0.ffn_down_exps.weight", (2880, 2880), 39), parse_version(version)) == n_bytes
+    )
+
+
 # ollama#11769: rick-github's offload line, Ollama v0.11.3/v0.11.4 (server.go:175), one card with 3.6 GiB free
 @pytest.mark.parametrize("version", ["0.11.3", "0.11.4"])
 @pytest.mark.parametrize("free_gib", [3.551, 3.6, 3.649])  # every free figure HumanBytes2 prints as "3.6 GiB"

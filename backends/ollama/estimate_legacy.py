@@ -231,10 +231,11 @@ def minimum_memory(library: str, v: tuple[int, int, int]) -> int:
 
 
 def _block_size(type_id: int, v: tuple[int, int, int]) -> int:
-    """TensorType.BlockSize (v0.11.4; v0.11.8 adds type 39, llama.cpp's MXFP4)."""
+    """TensorType.BlockSize: 1, 32, else 256. llama.cpp's MXFP4 (39) is a 32 block only from v0.11.8; at
+    v0.11.5..v0.11.7 TypeSize knows 39 but BlockSize does not (256 per block of 129 bytes)."""
     if type_id in (0, 1, 24, 25, 26, 27, 28, 30):
         return 1
-    if type_id in (2, 3, 4, 6, 7, 8, 9, 20) or (type_id == 39 and v >= (0, 11, 5)):
+    if type_id in (2, 3, 4, 6, 7, 8, 9, 20) or (type_id == 39 and v >= (0, 11, 8)):
         return 32
     return 256
 
