@@ -257,6 +257,25 @@ def test_refuses_gpt_oss_where_the_new_layout_decides(version: str) -> None:
         )
 
 
+def test_refuses_new_estimates_and_new_engine(tmp_path: Path) -> None:
+    gpu = LegacyGpu(free_bytes=15 * GIB)
+    with pytest.raises(LegacyVersionNotModelled):  # OLLAMA_NEW_ESTIMATES=1 lays gpt-oss out anew in v0.11.5+
+        estimate_gpu_layers(
+            GPT_OSS, [gpu], num_ctx=8192, num_parallel=1, kv_cache_type="", flash_attention=False, version="0.11.6",
+            new_estimates=True,
+        )  # fmt: skip
+    llama = legacy_model(read_file(write_tiny_gguf(tmp_path / "llama.gguf", "llama", n_vocab=512)))
+    with pytest.raises(LegacyVersionNotModelled):  # OLLAMA_NEW_ENGINE=1 in v0.11.11+
+        estimate_gpu_layers(
+            llama, [gpu], num_ctx=8192, num_parallel=1, kv_cache_type="", flash_attention=False, version="0.12.0",
+            new_engine=True,
+        )  # fmt: skip
+    e = estimate_gpu_layers(
+        llama, [gpu], num_ctx=8192, num_parallel=1, kv_cache_type="", flash_attention=False, version="0.12.0"
+    )
+    assert e.layers_offload == llama.block_count + 1
+
+
 @pytest.mark.parametrize("version", ["0.7.0", "0.6.8", "0.12.11", "0.13.0", "0.30.8"])
 def test_refuses_versions_without_this_estimator(version: str) -> None:
     with pytest.raises(LegacyVersionNotModelled):

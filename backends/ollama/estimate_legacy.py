@@ -191,7 +191,9 @@ def _is_gptoss(arch: str, v: tuple[int, int, int]) -> bool:
     return v >= (0, 11, 0) and (arch == "gptoss" or (arch == "gpt-oss" and v >= (0, 11, 5)))
 
 
-def check_modelled(model: LegacyModel, version: str, *, new_estimates: bool = False) -> tuple[int, int, int]:
+def check_modelled(
+    model: LegacyModel, version: str, *, new_estimates: bool = False, new_engine: bool = False
+) -> tuple[int, int, int]:
     """The parsed version when this port computes Ollama's decision for the model there, else raise."""
     v = parse_version(version)
     if v < FIRST_VERSION or v > LAST_VERSION:
@@ -204,7 +206,13 @@ def check_modelled(model: LegacyModel, version: str, *, new_estimates: bool = Fa
             f"Ollama {version} places {model.architecture} (its own engine) with the new memory layout, "
             "not llm/memory.go",
         )
-    if (0, 11, 5) <= v < (0, 11, 11) and new_estimates and model.architecture in _engine_required_archs(v):
+    if new_engine and v >= (0, 11, 11):
+        raise LegacyVersionNotModelled(
+            f"OLLAMA_NEW_ENGINE=1: Ollama {version} lays out every model its own engine supports anew; "
+            "which ones is not modelled here"
+        )
+    engine = new_engine or model.architecture in _engine_required_archs(v)
+    if (0, 11, 5) <= v < (0, 11, 11) and new_estimates and engine:
         raise LegacyVersionNotModelled(f"OLLAMA_NEW_ESTIMATES=1: Ollama {version} lays {model.architecture} out anew")
     per_layer_heads = len(set(model.head_count)) > 1 or len(set(model.head_count_kv)) > 1
     if v < (0, 9, 3) and per_layer_heads:
@@ -641,6 +649,7 @@ def estimate_gpu_layers(
     gpu_overhead_bytes: int = 0,
     sched_spread: bool = False,
     new_estimates: bool = False,
+    new_engine: bool = False,
     projector_bytes: int = 0,
 ) -> LegacyEstimate:
     """Ollama ``version``'s offload decision for the first model loaded: its ``msg=offload`` line.
@@ -653,9 +662,10 @@ def estimate_gpu_layers(
     the driver reports when the model is scheduled. Applies what the server does before the estimate
     (routes.go gpt-oss minimum context, sched.go minimum 4, the training-context clamp, one slot for an
     embedding model) and ``pickBestFullFitByLibrary``'s choice of GPUs. Raises
-    :class:`LegacyVersionNotModelled` where this estimator was not Ollama's decision.
+    :class:`LegacyVersionNotModelled` where this estimator was not Ollama's decision (``new_estimates``:
+    OLLAMA_NEW_ESTIMATES=1, v0.11.5..v0.11.10; ``new_engine``: OLLAMA_NEW_ENGINE=1).
     """
-    v = check_modelled(model, version, new_estimates=new_estimates)
+    v = check_modelled(model, version, new_estimates=new_estimates, new_engine=new_engine)
     if num_parallel < 0:
         raise InputError("num_parallel cannot be negative", hint="0 means OLLAMA_NUM_PARALLEL unset")
     notes: list[str] = []
