@@ -762,6 +762,39 @@ def op_offload_growth(spec: ModelSpec, lay: ContextLayout, weight_copy: int) -> 
     return device_compute_bytes(spec, lay, weight_copy=weight_copy) - device_compute_bytes(spec, lay)
 
 
+def host_experts_device_growth(spec: ModelSpec, lay: ContextLayout) -> int:
+    """How much a device's compute buffer grows when some of its layers' routed experts sit in a host buffer
+    and the device does not op-offload their matmuls (an RPC device; ggml-rpc has no offload_op), so the
+    experts run in a CPU split between two of the device's splits.
+
+    ggml_backend_sched_split_graph (ggml/src/ggml-backend.cpp, 0c1e570): the expert MUL_MAT_IDs go to the
+    CPU with their weights ("1.wgt"); the device's side of each boundary keeps the router's probabilities
+    and the normed input alive until the CPU split has copied them (the ``input_dep`` views), and allocates
+    the copy of the CPU's output at the start of its next split; where a shared expert follows
+    (qwen3next, qwen35moe: models/qwen3next.cpp builds the routed experts, then the shared one), its
+    activations stack on that copy, the residual and the normed input, above the holes the routed phase
+    leaves in ggml-alloc's best fit. Measured with llama.cpp's allocation pass (llama-fit-params b11312, an
+    RPC device, --n-cpu-moe 1 to N) above the full offload's: +2.9 to +3.9 rows of [n_embd, n_ubatch] f32 on
+    a small qwen3next (n_embd 512, 8 layers; 4k and 16k), +1 to +2.9 rows on Qwen3.5-35B-A3B's shape (ubatch
+    512 and 2048), not monotone in N; a qwen3moe of the same size (no shared expert) +0.5 MiB at most, inside
+    kvadvise's full-offload figure. Planned, with a shared expert, as three rows and the router's
+    [n_expert, n_ubatch] f32 probabilities (an upper bound on every shape measured)."""
+    if not spec.n_expert or not spec.n_ff_shexp:
+        return 0
+    f32 = 4
+    return pad(3 * f32 * lay.n_ubatch * spec.n_embd + f32 * lay.n_ubatch * spec.n_expert, ALIGNMENT["cuda"])
+
+
+def output_layer_compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
+    """The compute buffer of a device that holds the output layer and no repeating layer (-ngl 1), when it
+    does not op-offload the layers kept on the CPU (ggml-rpc has no offload_op): the output phase alone, the
+    logits of the reserved rows and up to two rows of n_embd (the hidden state copied in and its norm).
+    Measured with llama-fit-params b11312 on an RPC device: Gemma 3 270M 513.25 MiB (512 of logits, one row),
+    a small qwen3next 3.0 MiB (1 of logits, two rows)."""
+    s = _sizes(spec, lay)
+    return pad(s.logits + 2 * s.embd, ALIGNMENT["cuda"])
+
+
 def layer_devices(n_layer_all: int, tensor_split: tuple[float, ...]) -> tuple[int, ...]:
     """The device of each layer 0..n_layer_all (the last entry: the output layer), full offload,
     -sm layer: llama_model::load_tensors's split points, cumulative shares normalised to 1 (in
