@@ -125,3 +125,29 @@ def test_the_output_layer_alone_reserves_its_own_phase(fit_params: Path, rpc_end
         planned = output_layer_compute_bytes(spec, lay)
         assert planned >= measured * MIB and _close(planned, measured), (n_ctx, planned / MIB, measured)
         assert planned < device_compute_bytes(spec, lay)
+
+
+@pytest.mark.llama
+def test_a_plan_with_n_cpu_moe_on_an_rpc_device(fit_params: Path, rpc_endpoint: str, tmp_path: Path) -> None:
+    """``kvadvise llamacpp --rpc EP=SIZE --n-cpu-moe N``: the RPC device does not op-offload (before: op offload's
+    copy of an expert weight was planned on it), its compute buffer is planned with the boundaries' growth, at or
+    above what llama.cpp reserves and within 16 MiB or 3 %."""
+    import io
+    import json
+    from contextlib import redirect_stderr, redirect_stdout
+
+    from kvadvise.cli import main
+
+    model = _model("small", str(tmp_path))
+    for n in (1, 2, 4):
+        out = io.StringIO()
+        argv = ["llamacpp", str(model), "--rpc", f"{rpc_endpoint}=1GiB", "--margin", "0", "--n-cpu-moe", str(n)]
+        with redirect_stdout(out), redirect_stderr(io.StringIO()):
+            assert main([*argv, "--ctx", "4096", "--llama-build", "b11312", "--json"]) == 0
+        doc = json.loads(out.getvalue())
+        planned = doc["memory"]["devices"][0]["compute_bytes"]
+        notes = " ".join(doc["notes"])
+        assert "CPU splits" in notes and "op offload" in notes and "copy of the largest" not in notes
+        args = ["-c", "4096", "-fa", "on", "-np", "1", "-ngl", "99", "--n-cpu-moe", str(n)]
+        measured = _device_mib(fit_params, model, args, rpc_endpoint)
+        assert planned >= measured * MIB and _close(planned, measured), (n, planned / MIB, measured)

@@ -119,6 +119,9 @@ class RunConfig:
     # op offload's copy of the largest weight kept on the CPU (--n-cpu-moe; kvadvise.planner.offload): the first
     # device's compute buffer holds it during that layer's matmul for prompt batches (memory.op_offload_growth)
     op_offload_copy_bytes: int = 0
+    # --n-cpu-moe on a device that does not op-offload (ggml-rpc; a batch under 32): the experts run in CPU splits
+    # and the first device's compute buffer grows at the boundaries (memory.host_experts_device_growth)
+    host_experts: bool = False
 
     def __post_init__(self) -> None:
         # llama.cpp reads -c, -np, -b, -ub as int32 (common/arg.cpp std::stoi); a larger number would be
@@ -1046,6 +1049,8 @@ def _offloaded(
             )
         if d == 0 and cfg.op_offload_copy_bytes:  # the copy lives in a layer's live set (op_offload_growth)
             compute += op_offload_growth(spec, lay, cfg.op_offload_copy_bytes)
+        if d == 0 and cfg.host_experts:
+            compute += host_experts_device_growth(spec, lay)
         total = part.weights_bytes + kv_d + rs_d + compute + overhead
         devices.append(DeviceMemory(names[d], part.n_layers, part.weights_bytes, kv_d, rs_d, compute, overhead, total))
     if pipeline:
