@@ -7,7 +7,7 @@ device buffer grows from 9.07 MiB at full offload to 12-13 MiB with --n-cpu-moe 
 over the budget), and Qwen3.5-35B-A3B's shape (qwen3next with its dimensions, a 32,000-token vocabulary so that
 the layers and not the logits make the peak). kvadvise's plan (its full-offload figure and
 kvadvise.planner.memory.host_experts_device_growth; the output phase alone for -ngl 1) must never be below what
-llama.cpp reserves, and within 16 MiB or 3 % of it at n_ubatch 512 (34-50 MiB over at 2048).
+llama.cpp reserves, and within 16 MiB or 3 % of it (Qwen3.5-35B-A3B's shape at n_ubatch 2048: 26-42 MiB over).
 """
 
 from __future__ import annotations
@@ -37,10 +37,16 @@ QWEN35_A3B = dict(  # Qwen3.5-35B-A3B's config.json (tests/data/hf/qwen3.5-35b-a
     n_layer=40, n_embd=2048, n_head=16, n_head_kv=2, head=256, n_rot=64, n_ff=5120, n_expert=256, n_expert_used=8,
     n_ff_exp=512, n_ff_shexp=512, d_conv=4, gdn_head=128, n_k_heads=16, n_v_heads=32,
 )  # fmt: skip
-# (model, n_ctx, n_ubatch, cache type, --n-cpu-moe values); measured MiB in the docstrings of the rules
+# (model, n_ctx, n_ubatch, cache type, --n-cpu-moe values): the small model and one dimension of it changed at a
+# time (what moves the peak: rows of n_embd, the routed experts' width and count, the shared expert's width)
 CASES = (
     ("small", 4096, 512, GGMLType.F16, (1, 2, 4, 7)),
+    ("small", 4096, 2048, GGMLType.F16, (1, 2)),
     ("small", 16384, 512, GGMLType.F16, (1, 2, 5)),
+    ("small-n_embd-1024", 4096, 512, GGMLType.F16, (1, 2)),
+    ("small-n_expert_used-4", 4096, 2048, GGMLType.F16, (1, 2)),
+    ("small-n_ff_exp-1024", 4096, 512, GGMLType.F16, (1, 2)),
+    ("small-n_ff_shexp-1024", 4096, 2048, GGMLType.F16, (1, 2)),
     ("a3b", 65536, 512, GGMLType.Q8_0, (1, 2, 40)),
     ("a3b", 65536, 2048, GGMLType.Q8_0, (1, 40)),
 )
@@ -49,8 +55,12 @@ CASES = (
 @cache
 def _model(name: str, root: str) -> Path:
     path = Path(root) / f"{name}.gguf"
-    if name == "small":
-        return write_tiny_gguf(path, "qwen3next", n_ctx_train=32768, dims=SMALL, sparse=True)
+    if name.startswith("small"):
+        dims = dict(SMALL)
+        if name != "small":
+            key, value = name.removeprefix("small-").rsplit("-", 1)
+            dims[key] = int(value)
+        return write_tiny_gguf(path, "qwen3next", n_ctx_train=32768, dims=dims, sparse=True)
     return write_tiny_gguf(path, "qwen3next", n_vocab=32000, n_ctx_train=262144, dims=QWEN35_A3B, sparse=True)
 
 
@@ -107,9 +117,9 @@ def test_experts_in_host_memory_grow_the_device_buffer_as_planned(
     assert max(grown) > full  # the growth the rule is for
     for n, measured in zip(n_cpu_moe, grown, strict=True):
         assert planned >= measured * MIB, (n, planned / MIB, measured)  # never under: a plan stays in its budget
-        # at n_ubatch 2048 the rule is 34-50 MiB (6-9 %) over on Qwen3.5-35B-A3B's shape (594 vs 560.4 and 544.4 MiB):
-        # kvadvise's full-offload MoE phase is itself 16 MiB over there (544 vs 528.3); a known miss, the safe way
-        assert _close(planned, measured) or (ub == 2048 and planned - measured * MIB <= 50 * MIB), (n, planned / MIB)
+        # at n_ubatch 2048 the bound is 26 MiB (4.6 %) over on Qwen3.5-35B-A3B's shape (586 vs 560.4 MiB, 544.4 with
+        # all 40 layers' experts in RAM): a known miss, the safe way
+        assert _close(planned, measured) or (name == "a3b" and planned - measured * MIB <= 42 * MIB), (n, planned / MIB)
 
 
 @pytest.mark.llama

@@ -767,25 +767,32 @@ def op_offload_growth(spec: ModelSpec, lay: ContextLayout, weight_copy: int) -> 
 
 def host_experts_device_growth(spec: ModelSpec, lay: ContextLayout) -> int:
     """How much a device's compute buffer grows when some of its layers' routed experts sit in a host buffer
-    and the device does not op-offload their matmuls (an RPC device; ggml-rpc has no offload_op), so the
-    experts run in a CPU split between two of the device's splits.
+    and the device does not op-offload their matmuls (an RPC device; ggml-rpc has no offload_op).
 
-    ggml_backend_sched_split_graph (ggml/src/ggml-backend.cpp, 0c1e570): the expert MUL_MAT_IDs go to the
-    CPU with their weights ("1.wgt"); the device's side of each boundary keeps the router's probabilities
-    and the normed input alive until the CPU split has copied them (the ``input_dep`` views), and allocates
-    the copy of the CPU's output at the start of its next split; where a shared expert follows
-    (qwen3next, qwen35moe: models/qwen3next.cpp builds the routed experts, then the shared one), its
-    activations stack on that copy, the residual and the normed input, above the holes the routed phase
-    leaves in ggml-alloc's best fit. Measured with llama.cpp's allocation pass (llama-fit-params b11312, an
-    RPC device, --n-cpu-moe 1 to N) above the full offload's: +2.9 to +3.9 rows of [n_embd, n_ubatch] f32 on
-    a small qwen3next (n_embd 512, 8 layers; 4k and 16k), +1 to +2.9 rows on Qwen3.5-35B-A3B's shape (ubatch
-    512 and 2048), not monotone in N; a qwen3moe of the same size (no shared expert) +0.5 MiB at most, inside
-    kvadvise's full-offload figure. Planned, with a shared expert, as three rows and the router's
-    [n_expert, n_ubatch] f32 probabilities (an upper bound on every shape measured)."""
+    ggml_backend_sched_split_graph (ggml/src/ggml-backend.cpp, 0c1e570; GGML_SCHED_DEBUG=2 shows it): the
+    gate, up, SwiGLU and down projection of those experts form a CPU split ("1.wgt"); the device's next split
+    starts with the copy of the down projection's output ([n_embd, n_expert_used, n_ubatch] f32) and of the
+    graph inputs it is the first to use (a hybrid's KQ masks when its first layers are recurrent), then
+    weights it, sums it and runs the shared expert. The copies are allocated where ggml-alloc's best fit
+    finds room at that point, not at the bottom of the buffer as at full offload, and the peak moves,
+    not monotonically in the number of such layers. Measured with llama.cpp's allocation pass
+    (llama-fit-params b11312, an RPC device, --n-cpu-moe 1 to 4 and -ot of single layers) on qwen3next
+    shapes: the device's peak is at most the masks, two rows of n_embd, three of the routed experts'
+    [n_ff_exp, n_expert_used, n_ubatch] (gate, up, product), one and a half of the down projection's output,
+    two of the shared expert's [n_ff_shexp, n_ubatch] and the router's [n_expert, n_ubatch] f32
+    probabilities: within 0.12 MiB above on seven small shapes (n_embd 512-1024, 16-64 experts, 2-4 used,
+    n_ff_exp and n_ff_shexp 256-1024, ubatch 512 and 2048, 4k and 16k), 2.5 MiB above on Qwen3.5-35B-A3B's
+    shape at ubatch 512, 26 MiB (4.6 %) at 2048; never below. A qwen3moe of the same size (no shared expert)
+    moves by at most 0.5 MiB, inside kvadvise's full-offload figure: no growth is planned for it."""
     if not spec.n_expert or not spec.n_ff_shexp:
         return 0
-    f32 = 4
-    return pad(3 * f32 * lay.n_ubatch * spec.n_embd + f32 * lay.n_ubatch * spec.n_expert, ALIGNMENT["cuda"])
+    s = _sizes(spec, lay)
+    ub, f32 = lay.n_ubatch, 4
+    ff = f32 * ub * (spec.n_ff_exp or spec.n_ff) * spec.n_expert_used
+    eu = f32 * ub * spec.n_embd * spec.n_expert_used
+    masks = s.mask_cells * ub * (2 if lay.flash_attn else 4)
+    peak = masks + 2 * s.embd + 3 * ff + eu + eu // 2 + 2 * f32 * ub * spec.n_ff_shexp + f32 * ub * spec.n_expert
+    return max(0, pad(peak, ALIGNMENT["cuda"]) - device_compute_bytes(spec, lay))
 
 
 def output_layer_compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
