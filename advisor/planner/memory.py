@@ -775,7 +775,8 @@ def host_experts_device_growth(spec: ModelSpec, lay: ContextLayout) -> int:
     graph inputs it is the first to use (a hybrid's KQ masks when its first layers are recurrent), then
     weights it, sums it and runs the shared expert. The copies are allocated where ggml-alloc's best fit
     finds room at that point, not at the bottom of the buffer as at full offload, and the peak moves,
-    not monotonically in the number of such layers. Measured with llama.cpp's allocation pass
+    not monotonically in the number of such layers; the layers whose experts stay on the device still run their
+    routed experts there, above that. Measured with llama.cpp's allocation pass
     (llama-fit-params b11312, an RPC device, --n-cpu-moe 1 to 4 and -ot of single layers) on qwen3next
     shapes: the device's peak is at most the masks, two rows of n_embd, three of the routed experts'
     [n_ff_exp, n_expert_used, n_ubatch] (gate, up, product), one and a half of the down projection's output,
