@@ -119,6 +119,9 @@ class RunConfig:
     # op offload's copy of the largest weight kept on the CPU (--n-cpu-moe; kvadvise.planner.offload): the first
     # device's compute buffer holds it during that layer's matmul for prompt batches (memory.op_offload_growth)
     op_offload_copy_bytes: int = 0
+    # --n-cpu-moe on a device that does not op-offload (ggml-rpc; a batch under 32): the experts run in CPU splits
+    # and the first device's compute buffer grows at the boundaries (memory.host_experts_device_growth)
+    host_experts: bool = False
 
     def __post_init__(self) -> None:
         # llama.cpp reads -c, -np, -b, -ub as int32 (common/arg.cpp std::stoi); a larger number would be
@@ -762,6 +765,47 @@ def op_offload_growth(spec: ModelSpec, lay: ContextLayout, weight_copy: int) -> 
     return device_compute_bytes(spec, lay, weight_copy=weight_copy) - device_compute_bytes(spec, lay)
 
 
+def host_experts_device_growth(spec: ModelSpec, lay: ContextLayout) -> int:
+    """How much a device's compute buffer grows when some of its layers' routed experts sit in a host buffer
+    and the device does not op-offload their matmuls (an RPC device; ggml-rpc has no offload_op).
+
+    ggml_backend_sched_split_graph (ggml/src/ggml-backend.cpp, 0c1e570; GGML_SCHED_DEBUG=2 shows it): the
+    gate, up, SwiGLU and down projection of those experts form a CPU split ("1.wgt"); the device's next split
+    starts with the copy of the down projection's output ([n_embd, n_expert_used, n_ubatch] f32) and of the
+    graph inputs it is the first to use (a hybrid's KQ masks when its first layers are recurrent), then
+    weights it, sums it and runs the shared expert. The copies are allocated where ggml-alloc's best fit
+    finds room at that point, not at the bottom of the buffer as at full offload, and the peak moves,
+    not monotonically in the number of such layers; the layers whose experts stay on the device still run their
+    routed experts there, above that. Measured with llama.cpp's allocation pass
+    (llama-fit-params b11312, an RPC device, --n-cpu-moe 1 to 4 and -ot of single layers) on qwen3next
+    shapes: the device's peak is at most the masks, two rows of n_embd, three of the routed experts'
+    [n_ff_exp, n_expert_used, n_ubatch] (gate, up, product), one and a half of the down projection's output,
+    two of the shared expert's [n_ff_shexp, n_ubatch] and the router's [n_expert, n_ubatch] f32
+    probabilities: within 0.12 MiB above on seven small shapes (n_embd 512-1024, 16-64 experts, 2-4 used,
+    n_ff_exp and n_ff_shexp 256-1024, ubatch 512 and 2048, 4k and 16k), 2.5 MiB above on Qwen3.5-35B-A3B's
+    shape at ubatch 512, 26 MiB (4.6 %) at 2048; never below. A qwen3moe of the same size (no shared expert)
+    moves by at most 0.5 MiB, inside kvadvise's full-offload figure: no growth is planned for it."""
+    if not spec.n_expert or not spec.n_ff_shexp:
+        return 0
+    s = _sizes(spec, lay)
+    ub, f32 = lay.n_ubatch, 4
+    ff = f32 * ub * (spec.n_ff_exp or spec.n_ff) * spec.n_expert_used
+    eu = f32 * ub * spec.n_embd * spec.n_expert_used
+    masks = s.mask_cells * ub * (2 if lay.flash_attn else 4)
+    peak = masks + 2 * s.embd + 3 * ff + eu + eu // 2 + 2 * f32 * ub * spec.n_ff_shexp + f32 * ub * spec.n_expert
+    return max(0, pad(peak, ALIGNMENT["cuda"]) - device_compute_bytes(spec, lay))
+
+
+def output_layer_compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
+    """The compute buffer of a device that holds the output layer and no repeating layer (-ngl 1), when it
+    does not op-offload the layers kept on the CPU (ggml-rpc has no offload_op): the output phase alone, the
+    logits of the reserved rows and up to two rows of n_embd (the hidden state copied in and its norm).
+    Measured with llama-fit-params b11312 on an RPC device: Gemma 3 270M 513.25 MiB (512 of logits, one row),
+    a small qwen3next 3.0 MiB (1 of logits, two rows)."""
+    s = _sizes(spec, lay)
+    return pad(s.logits + 2 * s.embd, ALIGNMENT["cuda"])
+
+
 def layer_devices(n_layer_all: int, tensor_split: tuple[float, ...]) -> tuple[int, ...]:
     """The device of each layer 0..n_layer_all (the last entry: the output layer), full offload,
     -sm layer: llama_model::load_tensors's split points, cumulative shares normalised to 1 (in
@@ -1013,6 +1057,8 @@ def _offloaded(
             )
         if d == 0 and cfg.op_offload_copy_bytes:  # the copy lives in a layer's live set (op_offload_growth)
             compute += op_offload_growth(spec, lay, cfg.op_offload_copy_bytes)
+        if d == 0 and cfg.host_experts:
+            compute += host_experts_device_growth(spec, lay)
         total = part.weights_bytes + kv_d + rs_d + compute + overhead
         devices.append(DeviceMemory(names[d], part.n_layers, part.weights_bytes, kv_d, rs_d, compute, overhead, total))
     if pipeline:

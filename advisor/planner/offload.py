@@ -50,9 +50,11 @@ from kvadvise.planner.memory import (
     RunConfig,
     compute_bytes,
     estimate,
+    host_experts_device_growth,
     layer_devices,
     layer_kv_bytes,
     op_offload_growth,
+    output_layer_compute_bytes,
     resolve,
 )
 from kvadvise.planner.policy import KV, Policy, allowed_kvs, config_at, kv_name
@@ -285,8 +287,24 @@ def partial_offload(spec: ModelSpec, base: RunConfig, budget: Budget, n_ctx_seq:
         # the copy lives in a layer's live set, not beside the logits (memory.op_offload_growth)
         return op_offload_growth(spec, lay, op_offload_bytes(spec, range(n_blocks), budget.device, ub) or 0)
 
+    # a device that does not op-offload (ggml-rpc; any device for batches under 32 tokens) runs what stays on
+    # the CPU in CPU splits instead of copying the weights in: its compute buffer follows the layers it runs
+    offloads = budget.device in OP_OFFLOAD_DEVICES and ub >= OP_OFFLOAD_MIN_BATCH
+    one_device = len(layers.fixed) == 1 and len(full.devices) == 1
+    output_only = (
+        full.devices[0].compute_bytes - output_layer_compute_bytes(spec, lay) if one_device and not offloads else 0
+    )
+    experts_growth = 0 if offloads else host_experts_device_growth(spec, lay)
+
+    def split_compute(n_cpu: int, n_cpu_moe: int) -> int:  # the first device's compute beyond the full offload's
+        if n_cpu >= n_layer:  # -ngl 1: the output layer alone (memory.output_layer_compute_bytes)
+            return -max(0, output_only)
+        # experts of layers the device runs, in host memory (memory.host_experts_device_growth)
+        return experts_growth if n_cpu_moe > n_cpu else 0
+
     def fits(n_cpu: int, n_cpu_moe: int) -> list[int] | None:
-        each = _on_devices(layers, cfg.tensor_split, n_cpu, n_cpu_moe, copy_bytes(max(n_cpu, n_cpu_moe)))
+        grown = copy_bytes(max(n_cpu, n_cpu_moe)) + split_compute(n_cpu, n_cpu_moe)
+        each = _on_devices(layers, cfg.tensor_split, n_cpu, n_cpu_moe, grown)
         return each if all(d <= b for d, b in zip(each, budgets, strict=True)) else None
 
     found: tuple[int, int, list[int]] | None = None

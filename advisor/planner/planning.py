@@ -330,7 +330,7 @@ def _with_cpu_moe(
     """A plan with ``--n-cpu-moe N``: the GPUs' memory planned for the model as they hold it (the experts of
     the first N layers in RAM), the estimate shown for the whole model, the speeds with those experts read
     and copied from RAM."""
-    from kvadvise.planner.offload import cpu_moe_placement, with_cpu_moe
+    from kvadvise.planner.offload import OP_OFFLOAD_DEVICES, OP_OFFLOAD_MIN_BATCH, cpu_moe_placement, with_cpu_moe
     from kvadvise.planner.speed import plan_decode
 
     if not spec.n_expert or not spec.expert_bytes:
@@ -339,10 +339,17 @@ def _with_cpu_moe(
             hint="--n-cpu-moe is for MoE models; a dense model's layers stay on the CPU with -ngl",
         )
     device = "cpu" if hw is None or not hw.gpus else ("metal" if any(g.unified_memory for g in hw.gpus) else "cuda")
+    if hw is not None and hw.gpus and all(g.rpc_endpoint for g in hw.gpus):
+        device = "rpc"  # ggml-rpc has no offload_op: the experts run in CPU splits, no weight is copied in
     placement = cpu_moe_placement(spec, n_cpu_moe, device, base.n_ubatch)
+    offloads = device in OP_OFFLOAD_DEVICES and base.n_ubatch >= OP_OFFLOAD_MIN_BATCH
     inner = make_plan(
         placement.gpu_spec,
-        replace(base, op_offload_copy_bytes=placement.op_offload_bytes or 0),
+        replace(
+            base,
+            op_offload_copy_bytes=placement.op_offload_bytes or 0,
+            host_experts=device != "cpu" and not offloads and bool(placement.expert_layers),
+        ),
         recommend_ctx=recommend_ctx,
         hw=hw,
         policy=policy,
@@ -357,6 +364,11 @@ def _with_cpu_moe(
         f"--n-cpu-moe {n_cpu_moe}: the routed experts of {len(placement.expert_layers)} layers "
         f"({shown}) in RAM (llama.cpp's CPU buffer), the rest as -ngl places it"
     )
+    if not offloads and placement.expert_layers and device != "cpu":
+        moved += (
+            "; they run in CPU splits (no op offload on this device), and the first device's compute buffer grows "
+            "at each boundary (an estimate)"
+        )
     if placement.op_offload_bytes:
         moved += (
             f"; the first GPU's compute buffer holds a copy of the largest of them during its layer's matmul "
