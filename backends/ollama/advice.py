@@ -32,6 +32,7 @@ from kvadvise.text import lines as text_lines
 
 if TYPE_CHECKING:  # an offload is planned only with --allow-cpu
     from kvadvise.backends.ollama.mlx import RunnerPlan
+    from kvadvise.backends.ollama.versions import OllamaRelease
     from kvadvise.planner.offload import Offload
 
 
@@ -57,6 +58,8 @@ class OllamaAdvice:
     warnings: tuple[str, ...]
     platform: str = "linux"  # how the apply hints are written: linux | macos | windows | docker
     runner: RunnerPlan | None = None  # on Apple Silicon: the runner that loads it (kvadvise.backends.ollama.mlx)
+    # the Ollama release it is planned for: its runner, its llama.cpp, what kvadvise claims about it
+    release: OllamaRelease | None = None
     key = "ollama"  # its part of the plan's JSON document (kvadvise.planner.planning.RuntimeAdvice)
 
     def json_doc(self) -> dict[str, object]:
@@ -237,6 +240,7 @@ def advice_dict(a: OllamaAdvice) -> dict[str, object]:
     }
     if a.runner is not None:  # a Mac plan only: the other cards' documents are unchanged
         doc["runner"] = a.runner.json_doc()
+    doc["release"] = a.release.json_doc() if a.release is not None else None
     return doc
 
 
@@ -289,6 +293,8 @@ def advice_text(a: OllamaAdvice) -> str:
             lines.append(f"    loaded: {r.name}  {r.size / 1e9:.1f} GB  {r.processor}  ctx {r.context_length}")
     lines += [f"  note: {n}" for n in a.live.notes]
     lines += [f"  warning: {w}" for w in a.warnings]
+    if a.release is not None:
+        lines.append(f"  planned for: {a.release.claims()}")
     if a.runner is not None:
         lines += [f"  {line}" for line in a.runner.lines()]
     return text_lines(lines)  # a name, a note: one line each, whatever they hold
@@ -323,6 +329,8 @@ def advice_summary(a: OllamaAdvice) -> tuple[list[str], list[str], list[str]]:
         notes += list(a.live.notes)
     # a built-in profile names itself among the model's sources; a model found in a store or on a server here
     sources = [] if a.model.source.startswith("profile:") else [f"model: {a.model.ref} ({a.model.source})"]
+    if a.release is not None:
+        notes.append(f"planned for: {a.release.claims()}")
     if a.runner is not None:
         settings += a.runner.lines()
     return settings, notes, sources

@@ -63,7 +63,8 @@ def _host_option(f: F) -> F:
     default=None,
     metavar="X.Y.Z",
     type=TEXT,
-    help="On a Mac: the Ollama the plan is for (default: the server's, else the newest); it decides the runner.",
+    help="The Ollama the plan is for (default: the server's /api/version, else the newest): its runner "
+    "(llama-server from 0.30, a built-in runner 0.11-0.24) and llama.cpp. See docs/ollama-versions.md.",
 )
 @click.option(
     "--mlx-quant",
