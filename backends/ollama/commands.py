@@ -114,8 +114,12 @@ def ollama_flags(kwargs: dict[str, Any]) -> Flags:
     model with it); the rest is the request, whose llama.cpp-only flags the Ollama runtime refuses."""
     f = take(kwargs)
     if f.runtime != "llama-server":
-        raise click.UsageError("--runtime: Ollama (>= 0.30) runs every GGUF model with llama-server")
-    return f
+        raise click.UsageError(
+            "--runtime: Ollama picks its runner by its version (--ollama-version): llama-server from 0.30"
+        )
+    # the llama.cpp build is the one this Ollama carries (kvadvise.backends.ollama.versions), not
+    # --llama-build's (hidden here) nor KVADVISE_LLAMA_BUILD's, which name a llama-server of the user's
+    return replace(f, request=replace(f.request, llama_build="auto"))
 
 
 # what `kvadvise ollama --help` leaves out: llama.cpp's own knobs (refused with why, when given anyway)

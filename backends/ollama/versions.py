@@ -142,6 +142,7 @@ ENGINE_REQUIRED: tuple[tuple[Version, frozenset[str]], ...] = (
 _FA_0126 = ("gptoss", "gpt-oss", "qwen3", "qwen3moe", "gemma3")
 _FA_0134 = (*_FA_0126, "qwen3vl", "qwen3vlmoe", "mistral3", "olmo3")
 _FA_0155 = (*_FA_0134, "bert", "glm4moelite", "lfm2", "glmocr", "qwen3next")
+_FA_0171 = (*_FA_0155, "lfm2moe", "nemotron_h", "nemotron_h_moe", "qwen35", "qwen35moe")
 MODEL_FLASH_ATTENTION: tuple[tuple[Version, frozenset[str]], ...] = (
     ((0, 11, 0), frozenset()),
     ((0, 11, 8), frozenset(("gptoss", "gpt-oss"))),
@@ -153,8 +154,9 @@ MODEL_FLASH_ATTENTION: tuple[tuple[Version, frozenset[str]], ...] = (
     ((0, 13, 5), frozenset((*_FA_0134, "bert"))),
     ((0, 14, 3), frozenset((*_FA_0134, "bert", "glm4moelite", "lfm2"))),
     ((0, 15, 5), frozenset(_FA_0155)),
-    ((0, 17, 1), frozenset((*_FA_0155, "lfm2moe", "nemotron_h", "nemotron_h_moe", "qwen35", "qwen35moe"))),
-    ((0, 20, 4), frozenset((*_FA_0155, "lfm2moe", "nemotron_h", "nemotron_h_moe", "qwen35", "qwen35moe", "gemma4"))),
+    ((0, 17, 1), frozenset(_FA_0171)),
+    ((0, 20, 4), frozenset((*_FA_0171, "gemma4"))),
+    ((0, 22, 0), frozenset((*_FA_0171, "gemma4", "nemotron_h_omni"))),
 )
 
 # fs/ggml/ggml.go (GGML) SupportsFlashAttention, besides "no pooling_type" and head_k == head_v != 0:
@@ -262,7 +264,7 @@ class OllamaRelease:
                 "layers); the figures are llama.cpp's library for an unknown build, not what it loads"
             )
         p = self.pin
-        at = f"llama.cpp {p.label} ({p.pinned_on})" if p else "llama.cpp (build not known)"
+        at = f"llama.cpp {p.label} (pinned {p.pinned_on})" if p else "llama.cpp (build not known)"
         if self.runner == "llama-server":
             if self.v is None or self.v > NEWEST_KNOWN:
                 return (
