@@ -245,7 +245,12 @@ def test_text_says_what_is_claimed(coder_store: Path, capsys: pytest.CaptureFixt
 
 def test_a_quantized_cache_needs_flash_attention_set(coder_store: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # llm/server.go (v0.20.2): the llamarunner keeps OLLAMA_KV_CACHE_TYPE only with OLLAMA_FLASH_ATTENTION set on
-    dropped = _plan(capsys, "ollama", "qwen2.5-coder:7b", "--ollama-version", "0.20.2", "-ctk", "q8_0")
-    kept = _plan(capsys, "ollama", "qwen2.5-coder:7b", "--ollama-version", "0.20.2", "-ctk", "q8_0", "-fa", "on")
+    dropped = _plan(capsys, "ollama", "qwen2.5-coder:7b", "--ollama-version", "0.20.2", "-ctk", "q8_0", "-fa", "off")
+    kept = _plan(capsys, "ollama", "qwen2.5-coder:7b", "--ollama-version", "0.20.2", "-ctk", "q8_0")
     assert dropped["config"]["type_k"] == "f16" and any("keeps an f16 K/V cache" in n for n in dropped["notes"])
+    # asked for with the cache, flash attention is set on (OLLAMA_FLASH_ATTENTION=1 in the advice): q8_0 holds
     assert (kept["config"]["type_k"], kept["config"]["flash_attn"]) == ("q8_0", True)
+    assert kept["ollama"]["env"]["OLLAMA_FLASH_ATTENTION"] == "1"
+    # recommended, not asked: 0.20.2 leaves flash attention to llama.cpp (auto), so the cache stays f16
+    auto = _plan(capsys, "ollama", "qwen2.5-coder:7b", "--ollama-version", "0.20.2")
+    assert auto["config"]["type_k"] == "f16"

@@ -115,7 +115,8 @@ def ollama_flags(kwargs: dict[str, Any]) -> Flags:
     f = take(kwargs)
     if f.runtime != "llama-server":
         raise click.UsageError(
-            "--runtime: Ollama picks its runner by its version (--ollama-version): llama-server from 0.30"
+            "--runtime: Ollama (>= 0.30) runs every GGUF model with llama-server; an older one's runner "
+            "follows --ollama-version"
         )
     # the llama.cpp build is the one this Ollama carries (kvadvise.backends.ollama.versions), not
     # --llama-build's (hidden here) nor KVADVISE_LLAMA_BUILD's, which name a llama-server of the user's

@@ -271,13 +271,16 @@ def release_build(rel: OllamaRelease) -> BuildChoice:
 def in_process_request(spec: ModelSpec, r: PlanRequest, rel: OllamaRelease) -> tuple[PlanRequest, int, tuple[str, ...]]:
     """The request as a runner inside Ollama's binary (0.11 to 0.24) runs it: num_batch (512 unless --batch)
     as its -b/-ub (llama/llama.go NewContextParams), the flash attention it gets (llm/server.go: the model's
-    default, OLLAMA_FLASH_ATTENTION as --flash-attn on/off, else llama.cpp's auto from 0.13.4), and an f16
-    K/V cache unless flash attention is on: llm/server.go drops a quantized OLLAMA_KV_CACHE_TYPE ("must be
-    enabled to use a quantized OLLAMA_KV_CACHE_TYPE")."""
+    default, OLLAMA_FLASH_ATTENTION as --flash-attn on/off (on with a quantized cache asked for), else
+    llama.cpp's auto from 0.13.4), and an f16 K/V cache unless flash attention is on: llm/server.go drops a
+    quantized OLLAMA_KV_CACHE_TYPE ("must be enabled to use a quantized OLLAMA_KV_CACHE_TYPE"), and the
+    recommender picks none unless it is."""
     from kvadvise.backends.ollama.versions import NUM_BATCH_DEFAULT
 
     given = set(r.given())
     asked = r.flash_attn if "flash_attn" in given and r.flash_attn in ("on", "off") else None
+    if asked is None and r.type_k and r.type_k != "f16":
+        asked = "on"  # a quantized cache asked for: the advice sets OLLAMA_FLASH_ATTENTION=1 with it
     fa = rel.flash_attn(spec, asked)
     num_batch = r.n_batch if "n_batch" in given else NUM_BATCH_DEFAULT
     num_ctx = r.n_ctx // max(1, r.n_parallel) if r.n_ctx else 0
