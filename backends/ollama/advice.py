@@ -329,7 +329,7 @@ def advice_summary(a: OllamaAdvice) -> tuple[list[str], list[str], list[str]]:
         notes += list(a.live.notes)
     # a built-in profile names itself among the model's sources; a model found in a store or on a server here
     sources = [] if a.model.source.startswith("profile:") else [f"model: {a.model.ref} ({a.model.source})"]
-    if a.release is not None:
+    if a.release is not None and a.release.version:  # an unknown version: the newest, as the settings say
         notes.append(f"planned for: {a.release.claims()}")
     if a.runner is not None:
         settings += a.runner.lines()
