@@ -254,3 +254,20 @@ def test_a_quantized_cache_needs_flash_attention_set(coder_store: Path, capsys: 
     # recommended, not asked: 0.20.2 leaves flash attention to llama.cpp (auto), so the cache stays f16
     auto = _plan(capsys, "ollama", "qwen2.5-coder:7b", "--ollama-version", "0.20.2")
     assert auto["config"]["type_k"] == "f16"
+
+
+def test_the_default_context_and_the_split_are_the_releases(
+    coder_store: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # server/routes.go: the VRAM tiers from 0.15.5 (32,768 on 24 GB); before, OLLAMA_CONTEXT_LENGTH's 4096
+    old = _plan(capsys, "ollama", "qwen2.5-coder:7b", "--ollama-version", "0.12.0", "--ctx", "16384")
+    new = _plan(capsys, "ollama", "qwen2.5-coder:7b", "--ollama-version", "0.20.2", "--ctx", "16384")
+    assert any("Ollama runs 4,096 tokens here" in w for w in old["ollama"]["warnings"])
+    assert any("Ollama runs 32,768 tokens here" in w for w in new["ollama"]["warnings"])
+    # part on the CPU: the layers are Ollama's own choice before 0.30, not llama.cpp's --fit
+    rc = main(["ollama", "qwen2.5-coder:7b", "--gpu", "rtx-4060", "--ctx", "8192", "--allow-cpu",
+               "--ollama-version", "0.20.2", "--json"])  # fmt: skip
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0 and doc["ollama"]["settings"]["partial"]
+    assert any("picks how many layers itself" in w for w in doc["ollama"]["warnings"])
+    assert not any("--fit places it" in w for w in doc["ollama"]["warnings"])

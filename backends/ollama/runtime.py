@@ -202,11 +202,16 @@ class OllamaRuntime:
         else:
             live = LiveState(False, ollama_api.server_url(self.host), None, (), ())
         where = current_platform() if self.platform == "auto" else self.platform
-        advice = advise(
-            model, plan, live, server_default=self.server_default, repeatable=request.repeatable, platform=where
-        )
         rel = self._release if self._release is not None else self.release(plan.spec.architecture)
-        advice = replace(advice, release=rel)
+        advice = advise(
+            model,
+            plan,
+            live,
+            server_default=self.server_default,
+            repeatable=request.repeatable,
+            platform=where,
+            release=rel,
+        )
         if rel.in_process:  # num_batch is the runner's -ub (and -b per slot), not llama-server's -b
             from kvadvise.backends.ollama.versions import NUM_BATCH_DEFAULT
 

@@ -176,6 +176,10 @@ TRIAL_LAYOUT_FROM: Version = (0, 11, 5)  # ollamaServer.Load: createLayout over 
 UBATCH_FROM: Version = (0, 13, 3)  # llama/llama.go NewContextParams: n_batch = batchSize × numSeqMax, n_ubatch
 FA_AUTO_FROM: Version = (0, 13, 4)  # llamarunner: ml.FlashAttentionAuto unless OLLAMA_FLASH_ATTENTION is set
 NUM_BATCH_DEFAULT = 512  # api/types.go DefaultOptions NumBatch (0.11.0 to 0.24.0)
+# server/routes.go Serve: the default num_ctx by the GPUs' total VRAM from v0.15.5; before, envconfig's
+# OLLAMA_CONTEXT_LENGTH default 4096 (envconfig/config.go at v0.15.4)
+DEFAULT_NUM_CTX_BY_VRAM_FROM: Version = (0, 15, 5)
+OLD_DEFAULT_NUM_CTX = 4096
 LIBRARY_N_UBATCH = 512  # llama_context_default_params().n_ubatch, what the llamarunner left it before 0.13.3
 
 
