@@ -271,3 +271,14 @@ def test_the_default_context_and_the_split_are_the_releases(
     assert rc == 0 and doc["ollama"]["settings"]["partial"]
     assert any("picks how many layers itself" in w for w in doc["ollama"]["warnings"])
     assert not any("--fit places it" in w for w in doc["ollama"]["warnings"])
+
+
+def test_a_version_given_must_be_one_a_server_version_need_not(
+    coder_store: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rc = main(["ollama", "qwen2.5-coder:7b", "--gpu", "rtx-4090", "--ollama-version", "latest"])
+    assert rc == 2 and "MAJOR.MINOR.PATCH" in capsys.readouterr().err
+    with running_fake(FakeOllama(version="main-dev")) as fake:
+        monkeypatch.setenv("OLLAMA_HOST", fake.url)
+        doc = _plan(capsys, "ollama", "qwen2.5-coder:7b")
+    assert doc["ollama"]["release"]["found_by"] == "unknown" and doc["config"]["runtime"] == "llama-server"

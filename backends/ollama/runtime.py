@@ -109,10 +109,13 @@ class OllamaRuntime:
         """The Ollama release the plan is for: --ollama-version, else the server's /api/version (when it
         answers), else unknown (the newest)."""
         from kvadvise.backends.ollama import versions
+        from kvadvise.backends.ollama.api import parse_version
 
         if self.ollama_version:
             return versions.release(self.ollama_version, architecture, found_by="--ollama-version")
         version = self.server_version()
+        if version is not None and parse_version(version) is None:  # a server's odd version: not known
+            version = None
         return versions.release(version, architecture, found_by="/api/version")
 
     def server_version(self) -> str | None:
