@@ -57,7 +57,8 @@ def plan_for(
     check_machine(shaped.request, hw)
     hw = with_backend(shaped.request, hw)
     probed = hardware is None and _probes(shaped.request)
-    build = _llama_build(spec, shaped.request, runtime, shaped.build or found_build)  # once: it may run a binary
+    # once: it may run a binary; a build the runtime pins (Ollama's, by its version) is not KVADVISE_LLAMA_BUILD's
+    build = _llama_build(spec, shaped.request, runtime, shaped.build or found_build, pinned=shaped.build is not None)
     plan = _plan(spec, shaped, runtime, hw, probed=probed, build=build)
 
     def replan(alone: Hardware) -> Plan:
@@ -279,7 +280,7 @@ def _plan(
 
 
 def _llama_build(
-    spec: ModelSpec, r: PlanRequest, runtime: Runtime, found: BuildChoice | None
+    spec: ModelSpec, r: PlanRequest, runtime: Runtime, found: BuildChoice | None, *, pinned: bool = False
 ) -> tuple[int | None, tuple[str, ...]]:
     """--llama-build: the build the plan follows (kvadvise.runtime.llamabuild) and what the plan says about it;
     for an unknown build and llama-server, how much more an older server's logits would take."""
@@ -288,7 +289,7 @@ def _llama_build(
     from kvadvise.runtime import llamabuild
 
     option = r.llama_build
-    if option == "auto":  # KVADVISE_LLAMA_BUILD, as --llama-build's default reads it: the API alike
+    if option == "auto" and not pinned:  # KVADVISE_LLAMA_BUILD, as --llama-build's default reads it: the API alike
         option = os.environ.get("KVADVISE_LLAMA_BUILD", "").strip() or "auto"
     choice = found if found is not None and option == "auto" else llamabuild.choose(option)
     more = None

@@ -30,12 +30,16 @@ class BuildChoice:
 
     build: int | None  # None: unknown
     source: str  # "--llama-build", the binary that said it, or why it is unknown
+    # how the plan names it when not bNNNN: a commit whose build number is not known, planned by the rules
+    # of ``build`` (a vendored llama.cpp, kvadvise.backends.ollama.versions)
+    label: str | None = None
 
 
-# Ollama >= 0.30 runs llama-server of the llama.cpp its source pins (LLAMA_CPP_VERSION: b10091, then b10488,
-# b10630 (ollama/ollama#18003), b10760 (#18199), b10864 (#18317) in August-September 2026): all after the last
-# rule kvadvise.planner.builds knows of, so they plan as b11312; its /api/version does not name the build.
-OLLAMA_BUILD = BuildChoice(builds.REFERENCE, "Ollama >= 0.30 runs llama.cpp builds from b10091 on: b11312's rules")
+# An Ollama whose version is not known (nor newer than kvadvise read): planned as the newest release, >= 0.30,
+# which builds llama-server from the llama.cpp tag of its LLAMA_CPP_VERSION (b9452 at 0.30.0, ... b10488 at
+# 0.32.15): from 0.30.1 (b9479) all after the last rule kvadvise.planner.builds knows of, so b11312's rules.
+# A known version is planned at its own pin (kvadvise.backends.ollama.versions).
+OLLAMA_BUILD = BuildChoice(builds.REFERENCE, "Ollama >= 0.30.1 runs llama.cpp b9479 or later: b11312's rules")
 
 
 def detect(binary: str | None = None) -> BuildChoice:
@@ -129,7 +133,8 @@ def notes(choice: BuildChoice, *, runtime: str, older_server_mib: float | None =
     if choice.build is not None:
         if choice.build == builds.REFERENCE:
             return ()
-        out = f"planned for llama.cpp b{choice.build} ({choice.source}): the memory rules of that build"
+        name = choice.label or f"b{choice.build}"
+        out = f"planned for llama.cpp {name} ({choice.source}): the memory rules of that build"
         if choice.build > builds.REFERENCE:
             out += f"; kvadvise checked its rules up to b{builds.REFERENCE}: later changes are not known"
         if choice.build < builds.SUPPORTED_FROM:

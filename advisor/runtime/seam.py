@@ -75,7 +75,13 @@ class Runtime(Protocol):
     """What a runtime changes about planning."""
 
     name: str  # "llama-server", "llama-cli", "ollama"
-    program: str  # whose rules size the compute graph: "llama-server" or "llama-cli" (RunConfig.runtime)
+
+    @property
+    def program(self) -> str:
+        """Whose rules size the compute graph: "llama-server" or "llama-cli" (RunConfig.runtime); a runtime
+        may decide it by what it runs (Ollama: by its version)."""
+        ...
+
     same_type_kv: bool  # one cache type for K and V (Ollama's OLLAMA_KV_CACHE_TYPE)
     refused: tuple[str, ...]  # PlanRequest fields it does not pass to llama.cpp
     refused_why: str  # said with a refusal: "Ollama does not pass it to llama-server"

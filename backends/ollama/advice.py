@@ -23,15 +23,18 @@ from kvadvise.backends.ollama.rules import (
     MIB,
     SINGLE_SLOT_ARCHS,
     OllamaSettings,
+    capped_num_ctx,
     default_num_ctx,
     num_ctx_per_slot,
 )
+from kvadvise.backends.ollama.versions import DEFAULT_NUM_CTX_BY_VRAM_FROM, OLD_DEFAULT_NUM_CTX
 from kvadvise.errors import BackendUnreachable
 from kvadvise.planner.planning import AdviceSummary, Plan
 from kvadvise.text import lines as text_lines
 
 if TYPE_CHECKING:  # an offload is planned only with --allow-cpu
     from kvadvise.backends.ollama.mlx import RunnerPlan
+    from kvadvise.backends.ollama.versions import OllamaRelease
     from kvadvise.planner.offload import Offload
 
 
@@ -57,6 +60,8 @@ class OllamaAdvice:
     warnings: tuple[str, ...]
     platform: str = "linux"  # how the apply hints are written: linux | macos | windows | docker
     runner: RunnerPlan | None = None  # on Apple Silicon: the runner that loads it (kvadvise.backends.ollama.mlx)
+    # the Ollama release it is planned for: its runner, its llama.cpp, what kvadvise claims about it
+    release: OllamaRelease | None = None
     key = "ollama"  # its part of the plan's JSON document (kvadvise.planner.planning.RuntimeAdvice)
 
     def json_doc(self) -> dict[str, object]:
@@ -139,7 +144,9 @@ def advise(
     server_default: bool = False,
     repeatable: bool = False,
     platform: str = "linux",
+    release: OllamaRelease | None = None,
 ) -> OllamaAdvice:
+    """The settings for ``plan`` and the warnings that go with them, for Ollama ``release`` (None: the newest)."""
     cfg = plan.config
     off = plan.offload if plan.fits is False and plan.offload is not None and plan.offload.runnable else None
     if off is not None:  # the plan that runs: part on the CPU, placed by Ollama's --fit
@@ -177,13 +184,20 @@ def advise(
         warnings.append(v)
     if plan.budget is not None and plan.budget.device != "cpu" and runnable:
         tier = default_num_ctx(plan.budget.total_bytes, model.spec.n_ctx_train)
+        if release is not None and release.v is not None and release.v < DEFAULT_NUM_CTX_BY_VRAM_FROM:
+            tier = capped_num_ctx(OLD_DEFAULT_NUM_CTX, model.spec.n_ctx_train)
         if tier != num_ctx and model.default_num_ctx is None:
             warnings.append(
                 # server/routes.go: the default num_ctx by the GPUs' total memory, capped at the training context
                 f"without these settings Ollama runs {tier:,} tokens here (its default for this VRAM)"
             )
     # a LLAMA_ARG_CACHE_RAM the plan sets is said once, by env_effects (its server-wide warning)
-    if runnable and off is not None:
+    if runnable and off is not None and release is not None and release.in_process:
+        warnings.append(
+            f"part runs on the CPU: Ollama {release.version} picks how many layers itself ({release.layers_by}), "
+            "which kvadvise does not model; `ollama ps` shows its split"
+        )
+    elif runnable and off is not None:
         warnings.append("part runs on the CPU: leave num_gpu unset (--fit places it; `ollama ps` shows the split)")
     if cfg.n_parallel > 1 and model.spec.architecture in SINGLE_SLOT_ARCHS:
         warnings.append(f"Ollama forces num_parallel = 1 for {model.spec.architecture}")
@@ -192,7 +206,7 @@ def advise(
             "--repeatable: an f16 cache, seed and temperature 0 in the Modelfile, and one slot "
             "(OLLAMA_NUM_PARALLEL=1); API calls that send their own options override the Modelfile's"
         )
-    return OllamaAdvice(model, plan, settings, live, tuple(warnings), platform)
+    return OllamaAdvice(model, plan, settings, live, tuple(warnings), platform, release=release)
 
 
 def advice_dict(a: OllamaAdvice) -> dict[str, object]:
@@ -237,6 +251,7 @@ def advice_dict(a: OllamaAdvice) -> dict[str, object]:
     }
     if a.runner is not None:  # a Mac plan only: the other cards' documents are unchanged
         doc["runner"] = a.runner.json_doc()
+    doc["release"] = a.release.json_doc() if a.release is not None else None
     return doc
 
 
@@ -273,7 +288,8 @@ def advice_text(a: OllamaAdvice) -> str:
     lines += [f"  note: {n}" for n in a.model.notes]
     if a.fits:
         if (off := a.offload) is not None:
-            lines.append("  " + offload_text(off, a.plan.spec.n_layer))
+            fit = a.release is None or not a.release.in_process
+            lines.append("  " + offload_text(off, a.plan.spec.n_layer, fit=fit))
         lines.append("  " + modelfile_header(s, a.planned_for).strip())
         lines.append(
             f"  PARAMETER num_ctx {s.num_ctx}" + (f"   PARAMETER num_batch {s.num_batch}" if s.num_batch else "")
@@ -289,6 +305,8 @@ def advice_text(a: OllamaAdvice) -> str:
             lines.append(f"    loaded: {r.name}  {r.size / 1e9:.1f} GB  {r.processor}  ctx {r.context_length}")
     lines += [f"  note: {n}" for n in a.live.notes]
     lines += [f"  warning: {w}" for w in a.warnings]
+    if a.release is not None:
+        lines.append(f"  planned for: {a.release.claims()}")
     if a.runner is not None:
         lines += [f"  {line}" for line in a.runner.lines()]
     return text_lines(lines)  # a name, a note: one line each, whatever they hold
@@ -323,6 +341,8 @@ def advice_summary(a: OllamaAdvice) -> tuple[list[str], list[str], list[str]]:
         notes += list(a.live.notes)
     # a built-in profile names itself among the model's sources; a model found in a store or on a server here
     sources = [] if a.model.source.startswith("profile:") else [f"model: {a.model.ref} ({a.model.source})"]
+    if a.release is not None and a.release.version:  # an unknown version: the newest, as the settings say
+        notes.append(f"planned for: {a.release.claims()}")
     if a.runner is not None:
         settings += a.runner.lines()
     return settings, notes, sources
@@ -335,14 +355,20 @@ def _kept_text(off: Offload, n_layer: int) -> str:
     return what
 
 
-def offload_text(off: Offload, n_layer: int) -> str:
+def offload_text(off: Offload, n_layer: int, *, fit: bool = True) -> str:
     """What Ollama does with a model that does not fit its GPU: since 0.30 it runs llama-server
     with --fit on and never passes -ngl unless num_gpu is set (memory-spec.md §6, server/llama_server.go),
-    so llama.cpp's fit moves experts (MoE) or whole layers to the CPU by itself (common/fit.cpp)."""
+    so llama.cpp's fit moves experts (MoE) or whole layers to the CPU by itself (common/fit.cpp). ``fit``
+    False: an Ollama that runs the model in its own binary (0.11 to 0.24), whose estimate picks the split."""
     s = (
         f"the plan that runs keeps part of the model on the CPU: with these settings Ollama (>= 0.30) keeps "
         f"{_kept_text(off, n_layer)} on the CPU by itself (llama.cpp's --fit; leave num_gpu unset)"
     )
+    if not fit:  # 0.11 to 0.24: Ollama's own estimate picks the layers (kvadvise.backends.ollama.versions)
+        s = (
+            f"the plan that runs keeps part of the model on the CPU (llama.cpp's fit: {_kept_text(off, n_layer)}); "
+            "this Ollama picks its own split, which kvadvise does not model"
+        )
     if off.speed is not None:
         s += f"; decode (estimate) {off.speed.at_depths()}"
     return s

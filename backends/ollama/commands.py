@@ -63,7 +63,8 @@ def _host_option(f: F) -> F:
     default=None,
     metavar="X.Y.Z",
     type=TEXT,
-    help="On a Mac: the Ollama the plan is for (default: the server's, else the newest); it decides the runner.",
+    help="The Ollama the plan is for (default: the server's /api/version, else the newest): its runner "
+    "(llama-server from 0.30, a built-in runner 0.11-0.24) and llama.cpp. See docs/ollama-versions.md.",
 )
 @click.option(
     "--mlx-quant",
@@ -113,8 +114,13 @@ def ollama_flags(kwargs: dict[str, Any]) -> Flags:
     model with it); the rest is the request, whose llama.cpp-only flags the Ollama runtime refuses."""
     f = take(kwargs)
     if f.runtime != "llama-server":
-        raise click.UsageError("--runtime: Ollama (>= 0.30) runs every GGUF model with llama-server")
-    return f
+        raise click.UsageError(
+            "--runtime: Ollama (>= 0.30) runs every GGUF model with llama-server; an older one's runner "
+            "follows --ollama-version"
+        )
+    # the llama.cpp build is the one this Ollama carries (kvadvise.backends.ollama.versions), not
+    # --llama-build's (hidden here) nor KVADVISE_LLAMA_BUILD's, which name a llama-server of the user's
+    return replace(f, request=replace(f.request, llama_build="auto"))
 
 
 # what `kvadvise ollama --help` leaves out: llama.cpp's own knobs (refused with why, when given anyway)

@@ -1,4 +1,9 @@
-"""Ollama as a runtime (kvadvise.runtime.seam): what Ollama (>= 0.30) changes about a plan.
+"""Ollama as a runtime (kvadvise.runtime.seam): what Ollama changes about a plan.
+
+Which Ollama (``--ollama-version``, else the server's /api/version, else the newest) decides the runner and
+the llama.cpp it carries (kvadvise.backends.ollama.versions): from 0.30 llama-server, as below; 0.11 to 0.24
+a runner inside Ollama's binary, planned as the llama.cpp library at the vendored commit's rules (the
+logits of the whole batch, num_batch as its -b/-ub, its flash-attention default). For Ollama >= 0.30:
 
 - ``num_ctx`` is the context of one slot: llama-server gets ``-c num_ctx × num_parallel``, at most the
   training context (llm/llama_server.go, llm/server.go);
@@ -27,10 +32,12 @@ from kvadvise.runtime.seam import Shaped, Writer
 if TYPE_CHECKING:
     from kvadvise.backends.ollama.advice import OllamaAdvice
     from kvadvise.backends.ollama.mlx import RunnerPlan
+    from kvadvise.backends.ollama.versions import OllamaRelease
     from kvadvise.model.projector import ProjectorSpec
     from kvadvise.model.spec import ModelSpec
     from kvadvise.planner.hardware import Hardware
     from kvadvise.planner.planning import Plan
+    from kvadvise.runtime.llamabuild import BuildChoice
 
 # llama.cpp knobs Ollama does not pass to llama-server (memory-spec §6.a): a plan with them would not be
 # what Ollama runs. --batch is Ollama's num_batch (-b and -ub equal), so only -ub apart from it is refused.
@@ -58,11 +65,11 @@ class OllamaRuntime:
     reads; ``platform``: how the apply steps are written (auto: this machine's); ``server_default``: also
     set OLLAMA_CONTEXT_LENGTH; ``live``: ask the server at all. On Apple Silicon (a Metal plan) the advice
     names the runner that loads the model (kvadvise.backends.ollama.mlx): ``runner`` (auto | llamacpp | mlx)
-    forces one, ``ollama_version`` the Ollama it is for (else the server's, else the newest rule),
-    ``mlx_quant`` the MLX type of the tag."""
+    forces one, ``mlx_quant`` the MLX type of the tag. ``ollama_version``: the Ollama the plan is for (else
+    the server's /api/version when ``live``, else the newest): its runner and llama.cpp
+    (kvadvise.backends.ollama.versions)."""
 
     name = "ollama"
-    program = "llama-server"  # Ollama >= 0.30 runs every GGUF model with llama-server
     same_type_kv = True
     refused = LLAMACPP_ONLY
     refused_why = "Ollama does not pass it to llama-server"
@@ -88,6 +95,43 @@ class OllamaRuntime:
         self.runner = runner
         self.ollama_version = ollama_version
         self.mlx_quant = mlx_quant
+        self._release: OllamaRelease | None = None  # the release shape() planned for
+        self._server_version: tuple[str | None] | None = None  # /api/version, read once
+        self._num_batch = 0  # the num_batch an in-process runner was planned with
+
+    @property
+    def program(self) -> str:
+        """Whose rules size the compute graph (RunConfig.runtime): llama-server for Ollama >= 0.30, the
+        library's (whole-batch logits) for the runners inside Ollama's binary (0.11 to 0.24)."""
+        return self._release.program if self._release is not None else "llama-server"
+
+    def release(self, architecture: str) -> OllamaRelease:
+        """The Ollama release the plan is for: --ollama-version, else the server's /api/version (when it
+        answers), else unknown (the newest)."""
+        from kvadvise.backends.ollama import versions
+        from kvadvise.backends.ollama.api import parse_version
+
+        if self.ollama_version:
+            return versions.release(self.ollama_version, architecture, found_by="--ollama-version")
+        version = self.server_version()
+        if version is not None and parse_version(version) is None:  # a server's odd version: not known
+            version = None
+        return versions.release(version, architecture, found_by="/api/version")
+
+    def server_version(self) -> str | None:
+        """The server's /api/version, asked once (None: not live, no answer, or no version)."""
+        if self._server_version is None:
+            self._server_version = (None,)
+            if self.live:
+                from kvadvise.backends.ollama import api as ollama_api
+                from kvadvise.errors import BackendUnreachable
+
+                try:
+                    with ollama_api.session():
+                        self._server_version = (ollama_api.server_version(self.host),)
+                except BackendUnreachable:
+                    pass
+        return self._server_version[0]
 
     def _model(self, spec: ModelSpec) -> OllamaModel:
         if self.model is not None:
@@ -96,9 +140,8 @@ class OllamaRuntime:
         return OllamaModel(name, tag or "latest", spec, {}, 0, spec.weights_bytes, f"spec:{spec.source}")
 
     def shape(self, spec: ModelSpec, request: PlanRequest) -> Shaped:
-        from kvadvise.runtime.llamabuild import OLLAMA_BUILD
-
         model = self._model(spec)
+        rel = self._release = self.release(spec.architecture)
         kv = rules.one_cache_type(request.type_k, request.type_v)
         r = replace(request, type_k=kv, type_v=kv)
         notes: tuple[str, ...] = ()
@@ -106,7 +149,10 @@ class OllamaRuntime:
             warning = rules.too_large_warning(r.n_ctx, spec.n_ctx_train)
             notes = (warning,) if warning else ()
             r = replace(r, n_ctx=rules.llama_n_ctx(rules.capped_num_ctx(r.n_ctx, spec.n_ctx_train), r.n_parallel))
-        n_max = _draft_num_predict(model)
+        if rel.in_process:
+            r, self._num_batch, said = in_process_request(spec, r, rel)
+            notes = (*notes, *said)
+        n_max = _draft_num_predict(model) if not rel.in_process else 0
         if n_max and spec.n_layer_nextn:
             # llm/llama_server.go (ollama fb30760, since v0.30.0): a GGUF with nextn_predict_layers and no draft
             # model gets EnableMTP; appendDraftArgs then adds --spec-type draft-mtp --spec-draft-n-max
@@ -120,7 +166,7 @@ class OllamaRuntime:
             r,
             notes,
             extra_margin_bytes=rules.projector_margin_bytes(model, planned=projector is not None),
-            build=OLLAMA_BUILD,  # Ollama's llama-server, not the one on PATH
+            build=release_build(rel),  # the llama.cpp Ollama carries, not the one on PATH
             weights_uncertain=model.source.startswith("profile:"),
         )
 
@@ -159,9 +205,21 @@ class OllamaRuntime:
         else:
             live = LiveState(False, ollama_api.server_url(self.host), None, (), ())
         where = current_platform() if self.platform == "auto" else self.platform
+        rel = self._release if self._release is not None else self.release(plan.spec.architecture)
         advice = advise(
-            model, plan, live, server_default=self.server_default, repeatable=request.repeatable, platform=where
+            model,
+            plan,
+            live,
+            server_default=self.server_default,
+            repeatable=request.repeatable,
+            platform=where,
+            release=rel,
         )
+        if rel.in_process:  # num_batch is the runner's -ub (and -b per slot), not llama-server's -b
+            from kvadvise.backends.ollama.versions import NUM_BATCH_DEFAULT
+
+            nb = self._num_batch if self._num_batch not in (0, NUM_BATCH_DEFAULT) else None
+            advice = replace(advice, settings=replace(advice.settings, num_batch=nb))
         runner = self._runner(plan, advice.settings.num_ctx, live.version)
         if runner is not None:
             advice = replace(advice, runner=runner)
@@ -197,6 +255,55 @@ class OllamaRuntime:
 
     def writers(self) -> tuple[Writer[Plan], ...]:
         return WRITERS
+
+
+def release_build(rel: OllamaRelease) -> BuildChoice:
+    """The llama.cpp build the plan follows for ``rel``: the tag Ollama >= 0.30 builds llama-server from, the
+    commit an older one vendors (by the rules of a build on the same side of each of kvadvise's build rules
+    when its number is not known), the newest rules for an unknown or newer version."""
+    from kvadvise.runtime.llamabuild import OLLAMA_BUILD, BuildChoice
+
+    p, named = rel.pin, f"Ollama {rel.version}"
+    if rel.runner == "not modelled":
+        return BuildChoice(None, f"{named} is not modelled: its llama.cpp is not known here")
+    if p is None:
+        return OLLAMA_BUILD
+    if p.since >= (0, 30, 0):
+        return BuildChoice(p.build, f"{named} builds llama-server from {p.commit}: its LLAMA_CPP_VERSION")
+    if p.build is not None:
+        return BuildChoice(p.build, f"{named} vendors it, Makefile.sync {p.commit[:9]}")
+    why = f"{named} vendors it (Makefile.sync, pinned {p.pinned_on}); its build number is not known here"
+    return BuildChoice(p.rules_build, f"{why}: planned by the rules of b{p.rules_build}", label=p.commit[:9])
+
+
+def in_process_request(spec: ModelSpec, r: PlanRequest, rel: OllamaRelease) -> tuple[PlanRequest, int, tuple[str, ...]]:
+    """The request as a runner inside Ollama's binary (0.11 to 0.24) runs it: num_batch (512 unless --batch)
+    as its -b/-ub (llama/llama.go NewContextParams), the flash attention it gets (llm/server.go: the model's
+    default, OLLAMA_FLASH_ATTENTION as --flash-attn on/off (on with a quantized cache asked for), else
+    llama.cpp's auto from 0.13.4), and an f16 K/V cache unless flash attention is on: llm/server.go drops a
+    quantized OLLAMA_KV_CACHE_TYPE ("must be enabled to use a quantized OLLAMA_KV_CACHE_TYPE"), and the
+    recommender picks none unless it is."""
+    from kvadvise.backends.ollama.versions import NUM_BATCH_DEFAULT
+
+    given = set(r.given())
+    asked = r.flash_attn if "flash_attn" in given and r.flash_attn in ("on", "off") else None
+    if asked is None and r.type_k and r.type_k != "f16":
+        asked = "on"  # a quantized cache asked for: the advice sets OLLAMA_FLASH_ATTENTION=1 with it
+    fa = rel.flash_attn(spec, asked)
+    num_batch = r.n_batch if "n_batch" in given else NUM_BATCH_DEFAULT
+    num_ctx = r.n_ctx // max(1, r.n_parallel) if r.n_ctx else 0
+    n_batch, n_ubatch = rel.n_batch(num_batch, num_ctx, r.n_parallel)
+    notes: list[str] = []
+    kv = r.type_k
+    if fa != "on":
+        if kv and kv != "f16":
+            notes.append(
+                f"Ollama {rel.version} keeps an f16 K/V cache with flash attention {fa}: OLLAMA_KV_CACHE_TYPE={kv} "
+                "takes effect only with OLLAMA_FLASH_ATTENTION=1 on a model that supports it (llm/server.go); "
+                "planned f16"
+            )
+        kv = "f16"
+    return replace(r, n_batch=n_batch, n_ubatch=n_ubatch, flash_attn=fa, type_k=kv, type_v=kv), num_batch, tuple(notes)
 
 
 def _draft_num_predict(model: OllamaModel) -> int:

@@ -1,0 +1,358 @@
+"""Which Ollama runs a GGUF model how, by version: the runner, the llama.cpp it carries, who decides the layers.
+
+Read from the tags of ollama/ollama (the git mirror; each row names the tag and file it follows):
+
+- **>= 0.30** (llm/llama_server.go; server.go NewLlamaServer "All GGML models are served via the upstream
+  llama-server subprocess", commit 9db4bdbad "runner: Remove CGO engines, use llama-server exclusively for
+  GGML models"): one llama-server per model, built from the llama.cpp tag in LLAMA_CPP_VERSION (Dockerfile
+  "llama-server stages"), which places the layers itself (--fit). kvadvise models this.
+- **0.11.0 to 0.24.x**: a runner inside Ollama's own binary, on the llama.cpp commit Makefile.sync's
+  FETCH_HEAD vendors: the cgo **llamarunner** (runner/llamarunner: the llama.cpp library, a context of
+  n_batch = num_batch × slots from 0.13.3, llama/llama.go NewContextParams), or the Go **ollamarunner** for
+  the architectures fs/ggml/ggml.go OllamaEngineRequired lists (all of them with OLLAMA_NEW_ENGINE=1; a model
+  the Go engine cannot read falls back to the llamarunner, llm/server.go NewLlamaServer). The layers on the
+  GPU are Ollama's decision: llm/memory.go EstimateGPULayers up to 0.12.10 (the llamarunner's; the
+  ollamarunner's from 0.11.5 is the trial layout), then llm/server.go createLayout/greedyFit over Ollama's
+  own estimate (fs/ggml GraphSize for the llamarunner; the runner's trial allocations for the ollamarunner).
+  kvadvise plans what the llama.cpp library allocates for the llamarunner at the vendored commit's rules
+  (kvadvise.planner.builds: whole-batch logits, RunConfig.runtime "llama-cli"); it does not model the Go
+  engine's allocation, nor Ollama's layer decision (the seam: kvadvise.backends.ollama.estimate_legacy).
+- **before 0.11**: not modelled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kvadvise.errors import InputError
+from kvadvise.planner import builds
+
+if TYPE_CHECKING:
+    from kvadvise.model.spec import ModelSpec
+
+Version = tuple[int, int, int]
+
+MODELLED_FROM: Version = (0, 11, 0)
+LLAMA_SERVER_FROM: Version = (0, 30, 0)  # v0.30.0: llm/llama_server.go, LLAMA_CPP_VERSION
+NEWEST_KNOWN: Version = (0, 32, 15)  # the newest release tag of the mirror read (v0.33.0 is rc only)
+MIRROR = "ollama/ollama tags (git mirror)"
+
+
+@dataclass(frozen=True, slots=True)
+class LlamaCppPin:
+    """The llama.cpp an Ollama release carries, from its first release ``since``."""
+
+    since: Version
+    commit: str  # Makefile.sync FETCH_HEAD (0.11-0.24) or the LLAMA_CPP_VERSION tag (>= 0.30)
+    build: int | None  # bNNNN where a source names it; None: not known here
+    # a build on the same side of every kvadvise.planner.builds rule as the vendored source (set_rows, the
+    # SWA cache's 256 padding, the V-less MLA cache, the f16 FA mask), checked in llama/llama.cpp/src of the
+    # tag by tests/test_ollama_versions.py: what the plan's rules follow when the build is not known
+    rules_build: int
+    pinned_on: str  # the date of the Ollama commit that pinned it
+    source: str
+
+    @property
+    def label(self) -> str:
+        return f"b{self.build}" if self.build is not None else self.commit[:9]
+
+
+def _pin(since: Version, commit: str, build: int | None, pinned_on: str, source: str, rules: int = 0) -> LlamaCppPin:
+    return LlamaCppPin(since, commit, build, rules or build or 0, pinned_on, source)
+
+
+_BEFORE_SET_ROWS = builds.SET_ROWS - 1
+_BEFORE_SWA_PAD = builds.SWA_PAD_256 - 1
+_BEFORE_MLA_V_LESS = builds.MLA_V_LESS - 1
+
+# Makefile.sync FETCH_HEAD at each tag (0.11-0.24), LLAMA_CPP_VERSION (>= 0.30); the build where the pinning
+# commit's title names it. A commit whose build is unknown is bounded by its neighbours and its source read.
+PINS: tuple[LlamaCppPin, ...] = (
+    _pin((0, 11, 0), "de4c07f93783a1a96456a44dc16b9db538ee1618", None, "2025-05-12",
+         "Makefile.sync (ollama 0cefd46f2 'llama: update to commit de4c07f93'); no ggml_set_rows in its "
+         "llama-kv-cache, the old SWA cache", _BEFORE_SET_ROWS),
+    _pin((0, 11, 5), "e54d41befcc1575f4c898c5ff4ef43970cead75f", None, "2025-08-14",
+         "Makefile.sync (ollama 1a19df1f3 'update vendored llama.cpp and ggml'); before b6646; ggml_set_rows "
+         "on by default (LLAMA_SET_ROWS), SWA cache min(size_base, GGML_PAD(n_swa + n_ubatch, n_pad))",
+         _BEFORE_SWA_PAD),
+    _pin((0, 12, 4), "364a7a6d4a786e98947c8a90430ea581213c0ba9", 6646, "2025-10-02",
+         "Makefile.sync (ollama c68f367ef 'Update GGML to b6646')"),
+    _pin((0, 12, 6), "7049736b2dd9011bf819e298b844ebbc4b5afdc9", None, "2025-10-13",
+         "Makefile.sync (ollama 4987f13d3 'Llama cpp bump (df1b612)'); between b6646 and b6840", _BEFORE_SWA_PAD),
+    _pin((0, 12, 11), "3cfa9c3f125763305b4226bc032f1954f08990dc", 6840, "2025-11-06",
+         "Makefile.sync (ollama 544b6739d 'ggml update to b6840')"),
+    _pin((0, 13, 2), "7f8ef50cce40e3e7e4526a3696cb45658190e69a", 7108, "2025-12-03",
+         "Makefile.sync (ollama 0cf7794b1 'ggml update to b7108')"),
+    _pin((0, 13, 3), "17f7f4baad8b3a716ee139da7bb56ae984e8c0fa", None, "2025-12-10",
+         "Makefile.sync (ollama b95693056 'llama.cpp bump (17f7f4)'); between b7108 and b7813", _BEFORE_MLA_V_LESS),
+    _pin((0, 13, 5), "ec98e20021f7611db3bbcf6bb6629fed6e1ce4f0", None, "2025-12-17",
+         "Makefile.sync (ollama 49a9c9ba6 'GGML update to ec98e2002', a llama.cpp commit of 2025-12-16); "
+         "between b7108 and b7813", _BEFORE_MLA_V_LESS),
+    *(
+        _pin(since, f"b{b}", b, day, "LLAMA_CPP_VERSION (Dockerfile: llama-server built from that tag)")
+        for since, b, day in (
+            ((0, 30, 0), 9452, "2026-06-01"),
+            ((0, 30, 1), 9479, "2026-06-02"),
+            ((0, 30, 4), 9493, "2026-06-03"),
+            ((0, 30, 5), 9509, "2026-06-04"),
+            ((0, 30, 9), 9626, "2026-06-16"),
+            ((0, 30, 10), 9672, "2026-06-17"),
+            ((0, 30, 11), 9781, "2026-06-26"),
+            ((0, 31, 0), 9840, "2026-06-29"),
+            ((0, 31, 2), 9888, "2026-07-07"),
+            ((0, 32, 2), 10069, "2026-07-21"),
+            ((0, 32, 3), 10091, "2026-07-22"),
+            ((0, 32, 6), 10242, "2026-08-04"),
+            ((0, 32, 8), 10353, "2026-08-10"),
+            ((0, 32, 10), 10380, "2026-08-12"),
+            ((0, 32, 14), 10434, "2026-08-15"),
+            ((0, 32, 15), 10488, "2026-08-19"),
+        )
+    ),
+)  # fmt: skip
+
+# fs/ggml/ggml.go (KV) OllamaEngineRequired at each tag where the list changed: these run on the Go engine
+_ENGINE_BASE = ("gemma3", "gemma3n", "mistral3", "llama4", "mllama", "qwen25vl", "gptoss")
+_ENGINE_0127 = (*_ENGINE_BASE, "gpt-oss", "qwen3", "qwen3moe", "qwen3vl", "qwen3vlmoe")
+_ENGINE_0135 = (*_ENGINE_0127, "deepseekocr", "deepseek2", "nomic-bert", "olmo3", "bert")
+_ENGINE_0155 = (*_ENGINE_0135, "glm4moelite", "lfm2", "qwen3next", "glmocr")
+_ENGINE_0200 = (*_ENGINE_0155, "nemotron_h", "nemotron_h_moe", "qwen35", "qwen35moe", "lfm2moe", "gemma4")
+ENGINE_REQUIRED: tuple[tuple[Version, frozenset[str]], ...] = (
+    ((0, 11, 0), frozenset(_ENGINE_BASE)),
+    ((0, 11, 5), frozenset((*_ENGINE_BASE, "gpt-oss"))),
+    ((0, 12, 0), frozenset((*_ENGINE_BASE, "gpt-oss", "qwen3"))),
+    ((0, 12, 2), frozenset((*_ENGINE_BASE, "gpt-oss", "qwen3", "qwen3moe"))),
+    ((0, 12, 5), frozenset((*_ENGINE_BASE, "gpt-oss", "qwen3moe"))),
+    ((0, 12, 6), frozenset((*_ENGINE_BASE, "gpt-oss", "qwen3", "qwen3moe"))),
+    ((0, 12, 7), frozenset(_ENGINE_0127)),
+    ((0, 13, 0), frozenset((*_ENGINE_0127, "deepseekocr", "deepseek2"))),
+    ((0, 13, 1), frozenset((*_ENGINE_0127, "deepseekocr", "deepseek2", "nomic-bert"))),
+    ((0, 13, 4), frozenset((*_ENGINE_0127, "deepseekocr", "deepseek2", "nomic-bert", "olmo3"))),
+    ((0, 13, 5), frozenset(_ENGINE_0135)),
+    ((0, 14, 3), frozenset((*_ENGINE_0135, "glm4moelite", "lfm2"))),
+    ((0, 15, 5), frozenset(_ENGINE_0155)),
+    ((0, 17, 1), frozenset((*_ENGINE_0155, "nemotron_h", "nemotron_h_moe", "qwen35", "qwen35moe", "lfm2moe"))),
+    ((0, 20, 0), frozenset(_ENGINE_0200)),
+    ((0, 22, 0), frozenset((*_ENGINE_0200, "laguna", "nemotron_h_omni"))),
+)
+
+# fs/ggml/ggml.go (GGML) FlashAttention: the architectures that get flash attention without
+# OLLAMA_FLASH_ATTENTION (llm/server.go reads it from 0.11.8: "model wants flash attention")
+_FA_0126 = ("gptoss", "gpt-oss", "qwen3", "qwen3moe", "gemma3")
+_FA_0134 = (*_FA_0126, "qwen3vl", "qwen3vlmoe", "mistral3", "olmo3")
+_FA_0155 = (*_FA_0134, "bert", "glm4moelite", "lfm2", "glmocr", "qwen3next")
+_FA_0171 = (*_FA_0155, "lfm2moe", "nemotron_h", "nemotron_h_moe", "qwen35", "qwen35moe")
+MODEL_FLASH_ATTENTION: tuple[tuple[Version, frozenset[str]], ...] = (
+    ((0, 11, 0), frozenset()),
+    ((0, 11, 8), frozenset(("gptoss", "gpt-oss"))),
+    ((0, 12, 4), frozenset(("gptoss", "gpt-oss", "qwen3", "qwen3moe"))),
+    ((0, 12, 6), frozenset(_FA_0126)),
+    ((0, 12, 8), frozenset((*_FA_0126, "qwen3vl", "qwen3vlmoe"))),
+    ((0, 13, 2), frozenset((*_FA_0126, "qwen3vl", "qwen3vlmoe", "mistral3"))),
+    ((0, 13, 4), frozenset(_FA_0134)),
+    ((0, 13, 5), frozenset((*_FA_0134, "bert"))),
+    ((0, 14, 3), frozenset((*_FA_0134, "bert", "glm4moelite", "lfm2"))),
+    ((0, 15, 5), frozenset(_FA_0155)),
+    ((0, 17, 1), frozenset(_FA_0171)),
+    ((0, 20, 4), frozenset((*_FA_0171, "gemma4"))),
+    ((0, 22, 0), frozenset((*_FA_0171, "gemma4", "nemotron_h_omni"))),
+)
+
+# fs/ggml/ggml.go (GGML) SupportsFlashAttention, besides "no pooling_type" and head_k == head_v != 0:
+# architectures refused (from the tag) and always allowed (from v0.17.1: qwen35, qwen35moe, qwen3next)
+FA_REFUSED: tuple[tuple[Version, frozenset[str]], ...] = (
+    ((0, 11, 0), frozenset()),
+    ((0, 11, 2), frozenset({"gptoss"})),
+    ((0, 11, 5), frozenset()),
+    ((0, 11, 11), frozenset({"gemma2"})),
+    ((0, 19, 0), frozenset({"gemma2", "grok"})),
+)
+FA_ALWAYS_FROM: Version = (0, 17, 1)
+FA_ALWAYS = frozenset({"qwen35", "qwen35moe", "qwen3next"})
+
+LAYOUT_FROM: Version = (0, 12, 11)  # llm/memory.go deleted (f560bd077fcf); llamaServer.Load calls createLayout
+TRIAL_LAYOUT_FROM: Version = (0, 11, 5)  # ollamaServer.Load: createLayout over the runner's reported memory
+UBATCH_FROM: Version = (0, 13, 3)  # llama/llama.go NewContextParams: n_batch = batchSize × numSeqMax, n_ubatch
+FA_AUTO_FROM: Version = (0, 13, 4)  # llamarunner: ml.FlashAttentionAuto unless OLLAMA_FLASH_ATTENTION is set
+NUM_BATCH_DEFAULT = 512  # api/types.go DefaultOptions NumBatch (0.11.0 to 0.24.0)
+# server/routes.go Serve: the default num_ctx by the GPUs' total VRAM from v0.15.5; before, envconfig's
+# OLLAMA_CONTEXT_LENGTH default 4096 (envconfig/config.go at v0.15.4)
+DEFAULT_NUM_CTX_BY_VRAM_FROM: Version = (0, 15, 5)
+OLD_DEFAULT_NUM_CTX = 4096
+LIBRARY_N_UBATCH = 512  # llama_context_default_params().n_ubatch, what the llamarunner left it before 0.13.3
+
+
+def _since(table: tuple[tuple[Version, frozenset[str]], ...], v: Version) -> frozenset[str]:
+    out: frozenset[str] = frozenset()
+    for since, names in table:
+        if v >= since:
+            out = names
+    return out
+
+
+def pin(v: Version) -> LlamaCppPin | None:
+    """The llama.cpp of release ``v``; None before 0.11 (not modelled)."""
+    found = None
+    for p in PINS:
+        if v >= p.since:
+            found = p
+    return found if v >= MODELLED_FROM else None
+
+
+def parse(version: str) -> Version:
+    """An Ollama version as --ollama-version or /api/version gives it (``0.20.2``, ``v0.20.2``,
+    ``0.30.0-rc1``)."""
+    from kvadvise.backends.ollama.api import parse_version
+
+    v = parse_version(version)
+    if v is None:
+        raise InputError(f"--ollama-version {version!r}: expected MAJOR.MINOR.PATCH, e.g. 0.20.2")
+    return v
+
+
+@dataclass(frozen=True, slots=True)
+class OllamaRelease:
+    """How one Ollama release runs one model, and what kvadvise claims about it."""
+
+    version: str | None  # as given or read; None: not known (planned as the newest release)
+    found_by: str  # "--ollama-version" | "/api/version" | "unknown"
+    architecture: str
+    runner: str  # "llama-server" | "llamarunner" | "ollamarunner" | "not modelled"
+    pin: LlamaCppPin | None  # the llama.cpp it carries (None: not known)
+    layers_by: str  # who decides the layers on the GPU
+    claims_allocation: bool  # kvadvise's figures are what this runner allocates
+    claims_layers: bool  # kvadvise's layer placement is this Ollama's
+
+    @property
+    def v(self) -> Version | None:
+        return parse(self.version) if self.version else None
+
+    @property
+    def program(self) -> str:
+        """RunConfig.runtime: llama-server for Ollama >= 0.30, the library's rules (whole-batch logits) for
+        the runners inside Ollama's binary."""
+        return "llama-server" if self.runner == "llama-server" else "llama-cli"
+
+    @property
+    def in_process(self) -> bool:
+        return self.runner != "llama-server"
+
+    def n_batch(self, num_batch: int, num_ctx: int, n_parallel: int) -> tuple[int, int]:
+        """(-b, -ub) of the llamarunner's context: num_batch capped at num_ctx (llm/server.go NewLlamaServer),
+        times the slots from 0.13.3 with n_ubatch num_batch; before, n_batch num_batch and the library's
+        n_ubatch 512 (llama/llama.go NewContextParams at each tag)."""
+        nb = max(1, min(num_batch, num_ctx)) if num_ctx else num_batch
+        v = self.v
+        if v is not None and v >= UBATCH_FROM:
+            return nb * n_parallel, nb
+        return nb, min(nb, LIBRARY_N_UBATCH)
+
+    def flash_attn(self, spec: ModelSpec, asked: str | None) -> str:
+        """The -fa the runner gets: ``asked`` is OLLAMA_FLASH_ATTENTION (on/off) when set, None when not.
+        llm/server.go NewLlamaServer: the model's own default (GGML.FlashAttention, from 0.11.8), then
+        refused unless GGML.SupportsFlashAttention; the llamarunner from 0.13.4 leaves an unset one to
+        llama.cpp (auto)."""
+        v = self.v or NEWEST_KNOWN
+        if self.runner == "llamarunner" and v >= FA_AUTO_FROM and asked is None:
+            return "auto"
+        want = asked == "on" if asked is not None else spec.architecture in _since(MODEL_FLASH_ATTENTION, v)
+        return "on" if want and supports_flash_attention(spec, v) else "off"
+
+    def claims(self) -> str:
+        """What kvadvise says about this release, plainly."""
+        named = f"Ollama {self.version}" if self.version else "Ollama (version unknown)"
+        if self.runner == "not modelled":
+            return (
+                f"{named} is older than {_v(MODELLED_FROM)}: kvadvise does not model it (runner, llama.cpp, "
+                "layers); the figures are llama.cpp's library for an unknown build, not what it loads"
+            )
+        p = self.pin
+        at = f"llama.cpp {p.label} (pinned {p.pinned_on})" if p else "llama.cpp (build not known)"
+        if self.runner == "llama-server":
+            if self.v is None or self.v > NEWEST_KNOWN:
+                return (
+                    f"{named}: llama-server, placed by llama.cpp's --fit; planned as Ollama {_v(NEWEST_KNOWN)} "
+                    f"and later (b{builds.REFERENCE}'s rules; kvadvise read Ollama up to {_v(NEWEST_KNOWN)})"
+                )
+            return f"{named}: llama-server of {at}, placed by llama.cpp's --fit (modelled)"
+        if self.runner == "ollamarunner":
+            return (
+                f"{named} runs {self.architecture} on its Go engine (ollamarunner, fs/ggml OllamaEngineRequired): "
+                "kvadvise does not model that engine's memory nor its layer placement; the figures are what "
+                f"llama.cpp's library ({at}) would allocate for the same load"
+            )
+        return (
+            f"{named} runs {self.architecture} in its built-in llamarunner on {at}: kvadvise plans what that "
+            "library allocates (the logits of the whole batch); which layers go to the GPU is Ollama's decision "
+            f"({self.layers_by}), not modelled: the plan puts the layers it can on the GPU"
+        )
+
+    def json_doc(self) -> dict[str, object]:
+        p = self.pin
+        return {
+            "version": self.version,
+            "found_by": self.found_by,
+            "runner": self.runner,
+            "program": self.program,
+            "llama_cpp": None
+            if p is None
+            else {"commit": p.commit, "build": p.build, "rules_build": p.rules_build, "pinned_on": p.pinned_on},
+            "layers_by": self.layers_by,
+            "claims_allocation": self.claims_allocation,
+            "claims_layers": self.claims_layers,
+            "claims": self.claims(),
+            "source": f"{MIRROR}: v{_v(self.v)}" if self.v else None,
+        }
+
+
+def supports_flash_attention(spec: ModelSpec, v: Version) -> bool:
+    """fs/ggml/ggml.go GGML.SupportsFlashAttention at release ``v``: no pooling_type (an embedding model;
+    kvadvise sees it as a model with no K/V layer), not a refused architecture, head_k == head_v != 0."""
+    if not any(spec.kv_layers) and not spec.has_recurrent:
+        return False
+    if v >= FA_ALWAYS_FROM and spec.architecture in FA_ALWAYS:
+        return True
+    if spec.architecture in _since(FA_REFUSED, v):
+        return False
+    return spec.n_embd_head_k != 0 and spec.n_embd_head_k == spec.n_embd_head_v
+
+
+def release(version: str | None, architecture: str, *, found_by: str = "--ollama-version") -> OllamaRelease:
+    """How Ollama ``version`` (None or a development build 0.0.0: the newest) runs a model of ``architecture``."""
+    v = parse(version) if version else None
+    if v is None or v == (0, 0, 0) or v >= LLAMA_SERVER_FROM:
+        known = v is not None and v != (0, 0, 0) and v <= NEWEST_KNOWN
+        return OllamaRelease(
+            version if v != (0, 0, 0) else None,
+            found_by if version else "unknown",
+            architecture,
+            "llama-server",
+            pin(v) if known and v is not None else None,
+            "llama.cpp --fit (llm/llama_server.go)",
+            True,
+            True,
+        )
+    if v < MODELLED_FROM:
+        return OllamaRelease(version, found_by, architecture, "not modelled", None, "not modelled", False, False)
+    engine = architecture in _since(ENGINE_REQUIRED, v)
+    if v < LAYOUT_FROM and not (engine and v >= TRIAL_LAYOUT_FROM):
+        layers_by = "llm/memory.go EstimateGPULayers"
+    elif engine:
+        layers_by = "llm/server.go createLayout over the Go runner's trial allocations"
+    else:
+        layers_by = "llm/server.go createLayout over fs/ggml GraphSize (Ollama's estimate)"
+    return OllamaRelease(
+        version,
+        found_by,
+        architecture,
+        "ollamarunner" if engine else "llamarunner",
+        pin(v),
+        layers_by,
+        not engine,
+        False,
+    )
+
+
+def _v(v: Version | None) -> str:
+    return ".".join(map(str, v)) if v else "?"

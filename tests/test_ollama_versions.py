@@ -1,0 +1,284 @@
+"""Ollama by version (kvadvise.backends.ollama.versions): the runner, the llama.cpp and the layer decision of
+each release, the table against the ollama/ollama tags, and plans for 0.20.2's built-in runner (the library:
+the logits of the whole batch) against llama-server's, on a qwen2.5-coder:7b-shaped GGUF."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from json_contract import schema_errors
+from ollama_fake import FakeOllama, build_store, closed_port_url, running_fake
+from tinymodels import write_tiny_gguf
+
+from kvadvise.backends.ollama import versions
+from kvadvise.backends.ollama.versions import release
+from kvadvise.cli import main
+from kvadvise.errors import InputError
+from kvadvise.planner import builds
+
+MIRROR = Path("/work/.mirror/ollama+ollama/repo")  # a bare clone with every tag (skipped where absent)
+# qwen2.5-coder:7b (Qwen/Qwen2.5-Coder-7B-Instruct config.json): 28 layers, 3584 wide, 28 heads, 4 KV heads
+QWEN25_CODER_7B = {"n_layer": 28, "n_embd": 3584, "n_head": 28, "n_head_kv": 4, "n_ff": 18944}
+N_VOCAB = 152064
+
+
+@pytest.mark.parametrize(
+    ("text", "version"),
+    [("0.20.2", (0, 20, 2)), ("v0.32.13", (0, 32, 13)), ("0.30.0-rc1", (0, 30, 0)), (" 0.11.0\n", (0, 11, 0))],
+)
+def test_version_parsing(text: str, version: versions.Version) -> None:
+    assert versions.parse(text) == version
+
+
+@pytest.mark.parametrize("text", ["", "latest", "0.20", "x0.20.2"])
+def test_a_version_that_is_not_one_is_refused(text: str) -> None:
+    with pytest.raises(InputError, match=r"MAJOR\.MINOR\.PATCH"):
+        versions.parse(text)
+
+
+@pytest.mark.parametrize(
+    ("version", "arch", "runner", "llama_cpp", "program", "layers_by"),
+    [
+        # the held-out load: qwen2 is not in 0.20.2's OllamaEngineRequired, so the cgo llamarunner runs it
+        ("0.20.2", "qwen2", "llamarunner", "ec98e2002", "llama-cli", "GraphSize"),
+        ("0.20.2", "deepseek2", "ollamarunner", "ec98e2002", "llama-cli", "trial allocations"),
+        ("0.12.10", "deepseek2", "llamarunner", "7049736b2", "llama-cli", "memory.go"),  # Go engine from 0.13.0
+        ("0.12.10", "gptoss", "ollamarunner", "7049736b2", "llama-cli", "trial allocations"),
+        ("0.11.4", "gptoss", "ollamarunner", "de4c07f93", "llama-cli", "memory.go"),  # trial layout from 0.11.5
+        ("0.13.0", "qwen2", "llamarunner", "b6840", "llama-cli", "GraphSize"),
+        ("0.30.0", "qwen2", "llama-server", "b9452", "llama-server", "--fit"),
+        ("0.32.13", "deepseek2", "llama-server", "b10380", "llama-server", "--fit"),
+    ],
+)
+def test_each_release_runs_the_runner_and_llama_cpp_of_its_tag(
+    version: str, arch: str, runner: str, llama_cpp: str, program: str, layers_by: str
+) -> None:
+    rel = release(version, arch)
+    assert rel.pin is not None
+    assert (rel.runner, rel.pin.label, rel.program) == (runner, llama_cpp, program)
+    assert layers_by in rel.layers_by
+    assert rel.claims_allocation is (runner != "ollamarunner")
+    assert rel.claims_layers is (runner == "llama-server")
+
+
+def test_unknown_newer_and_older_releases() -> None:
+    unknown, dev, newer, old = (
+        release(None, "qwen2"),
+        release("0.0.0", "qwen2"),
+        release("0.40.0", "qwen2"),
+        release("0.5.0", "qwen2"),
+    )
+    assert unknown.runner == dev.runner == newer.runner == "llama-server"
+    assert unknown.pin is None and dev.pin is None and newer.pin is None  # the newest rules (b11312)
+    assert unknown.found_by == "unknown" and dev.version is None
+    assert "kvadvise read Ollama up to 0.32.15" in newer.claims()
+    assert (old.runner, old.pin, old.claims_allocation) == ("not modelled", None, False)
+    assert "does not model it" in old.claims()
+
+
+def test_num_batch_is_the_runners_batch() -> None:
+    # llama/llama.go NewContextParams: n_batch = num_batch × slots and n_ubatch = num_batch from 0.13.3;
+    # before, n_batch = num_batch and the library's n_ubatch 512; num_batch capped at num_ctx (llm/server.go)
+    assert release("0.20.2", "qwen2").n_batch(512, 8192, 4) == (2048, 512)
+    assert release("0.20.2", "qwen2").n_batch(512, 256, 1) == (256, 256)
+    assert release("0.12.0", "qwen2").n_batch(1024, 8192, 4) == (1024, 512)
+
+
+# --- the table against the tags ------------------------------------------------------------------------------
+
+
+def _show(tag: str, path: str) -> str | None:
+    p = subprocess.run(["git", "-C", str(MIRROR), "show", f"{tag}:{path}"], capture_output=True, text=True)
+    return p.stdout if p.returncode == 0 else None
+
+
+def _tags() -> list[tuple[str, versions.Version]]:
+    out = subprocess.run(["git", "-C", str(MIRROR), "tag"], capture_output=True, text=True, check=True).stdout
+    tags = []
+    for t in out.split():
+        m = re.fullmatch(r"v(\d+)\.(\d+)\.(\d+)", t)
+        if m:
+            v = (int(m[1]), int(m[2]), int(m[3]))
+            if versions.MODELLED_FROM <= v <= versions.NEWEST_KNOWN:
+                tags.append((t, v))
+    return sorted(tags, key=lambda tv: tv[1])
+
+
+def _go_list(source: str, func: str) -> frozenset[str]:
+    body = source[source.index(func) :]
+    return frozenset(re.findall(r'"([a-z0-9_-]+)"', body[: body.index("\n}\n")]))  # not "general.architecture"
+
+
+mirror = pytest.mark.skipif(not (MIRROR / "HEAD").exists(), reason="no ollama/ollama mirror here")
+
+
+@mirror
+def test_the_table_is_what_each_tag_holds() -> None:
+    for tag, v in _tags():
+        rel = release(".".join(map(str, v)), "qwen2")
+        assert rel.pin is not None
+        has_memory_go = _show(tag, "llm/memory.go") is not None
+        assert has_memory_go is (v < versions.LAYOUT_FROM), tag
+        if v >= versions.LLAMA_SERVER_FROM:
+            assert (_show(tag, "LLAMA_CPP_VERSION") or "").strip() == rel.pin.commit, tag
+            assert _show(tag, "llm/llama_server.go") is not None, tag
+            continue
+        fetch = re.search(r"^FETCH_HEAD=(\w+)", _show(tag, "Makefile.sync") or "", re.MULTILINE)
+        assert fetch is not None and rel.pin.commit.startswith(fetch[1]), tag
+        ggml = _show(tag, "fs/ggml/ggml.go") or ""
+        assert _go_list(ggml, "func (kv KV) OllamaEngineRequired") == versions._since(versions.ENGINE_REQUIRED, v), tag
+        wants = _go_list(ggml, "func (f GGML) FlashAttention()") if "func (f GGML) FlashAttention()" in ggml else set()
+        assert wants == versions._since(versions.MODEL_FLASH_ATTENTION, v), tag
+        assert "NumBatch:  512" in (_show(tag, "api/types.go") or ""), tag
+        llama_go = _show(tag, "llama/llama.go") or ""
+        assert ("params.n_ubatch = C.uint(batchSize)" in llama_go) is (v >= versions.UBATCH_FROM), tag
+        assert ("FlashAttentionAuto" in (_show(tag, "llm/server.go") or "")) is (v >= versions.FA_AUTO_FROM), tag
+
+
+@mirror
+def test_each_vendored_llama_cpp_follows_the_rules_of_its_rules_build() -> None:
+    """The vendored source of each pin (llama/llama.cpp/src at its first tag) has exactly the memory rules
+    kvadvise.planner.builds gives its rules_build: the KV cache written with ggml_set_rows, the SWA cache
+    padded to 256, no V tensor for MLA, the KQ mask cast from f32 under flash attention."""
+    for p in versions.PINS:
+        if p.since >= versions.LLAMA_SERVER_FROM:
+            continue
+        tag = "v" + ".".join(map(str, p.since))
+        src = "llama/llama.cpp/src"
+        names = subprocess.run(
+            ["git", "-C", str(MIRROR), "ls-tree", "--name-only", f"{tag}:{src}"], capture_output=True, text=True
+        ).stdout.split()
+        code = "".join(_show(tag, f"{src}/{n}") or "" for n in names if "kv-cache" in n or n == "llama-graph.cpp")
+        assert ("ggml_set_rows" in code) is (p.rules_build >= builds.SET_ROWS), tag
+        padded = re.search(r"size_swa = GGML_PAD\(std::min\(size_base, hparams\.n_swa.*, 256\)", code)
+        assert (padded is not None) is (p.rules_build >= builds.SWA_PAD_256), tag
+        assert ("has_v" in code) is (p.rules_build >= builds.MLA_V_LESS), tag
+        assert re.search(r"ggml_cast\(ctx0, inp->(self_)?kq_mask, GGML_TYPE_F16\)", code) is not None, tag
+        assert p.rules_build < builds.F16_MASK_FA
+
+
+# --- plans: 0.20.2's built-in runner against llama-server, on a qwen2.5-coder:7b-shaped GGUF ----------------
+
+
+@pytest.fixture(scope="module")
+def coder_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The GGUF (header only: kvadvise reads no weights) and an Ollama store holding it as qwen2.5-coder:7b."""
+    tmp = tmp_path_factory.mktemp("coder")
+    gguf = write_tiny_gguf(
+        tmp / "coder.gguf", "qwen2", n_vocab=N_VOCAB, n_ctx_train=32768, dims=QWEN25_CODER_7B, sparse=True
+    )
+    build_store(tmp / "models", gguf, hashlib.sha256(gguf.read_bytes()).hexdigest(), model="qwen2.5-coder", tag="7b")
+    return gguf, tmp / "models"
+
+
+@pytest.fixture
+def coder_store(coder_files: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("OLLAMA_MODELS", str(coder_files[1]))
+    monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
+    return coder_files[0]
+
+
+def _plan(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
+    rc = main([*args, "--gpu", "rtx-4090", "--ctx", "8192", "--json"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    doc: dict[str, Any] = json.loads(out)
+    return doc
+
+
+def test_0_20_2_plans_the_library_at_its_vendored_commit(coder_store: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    old = _plan(capsys, "ollama", "qwen2.5-coder:7b", "--ollama-version", "0.20.2")
+    new = _plan(capsys, "ollama", "qwen2.5-coder:7b", "--ollama-version", "0.32.13")
+    # the same load as the library (llama-cli): -b 512 -ub 512, by the rules of a build before the V-less MLA
+    lib = _plan(capsys, "gguf", str(coder_store), "--runtime", "llama-cli", "-b", "512", "-ub", "512",
+                "--llama-build", f"b{builds.MLA_V_LESS - 1}")  # fmt: skip
+    assert schema_errors("plan.schema.json", old) == []
+    rel = old["ollama"]["release"]
+    assert (rel["runner"], rel["program"], rel["found_by"]) == ("llamarunner", "llama-cli", "--ollama-version")
+    assert rel["llama_cpp"]["commit"].startswith("ec98e2002") and rel["llama_cpp"]["build"] is None
+    assert not rel["claims_layers"] and "not modelled" in rel["claims"]
+    assert (old["config"]["n_batch"], old["config"]["n_ubatch"], old["config"]["n_outputs_max"]) == (512, 512, 512)
+    assert old["memory"] == lib["memory"]
+    # llama-server (0.32.13, b10380) reserves one logits row per slot: the library the whole batch's 512
+    assert (new["config"]["runtime"], new["config"]["n_outputs_max"]) == ("llama-server", 1)
+    assert new["ollama"]["release"]["llama_cpp"]["build"] == 10380
+    assert old["memory"]["compute_bytes"] > new["memory"]["compute_bytes"]
+    assert old["memory"]["compute_bytes"] - new["memory"]["compute_bytes"] <= 4 * (512 - 1) * N_VOCAB  # the rows
+    assert old["memory"]["weights_bytes"] == new["memory"]["weights_bytes"]
+
+
+def test_0_30_0_is_llama_server_before_its_output_limits(coder_store: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # LLAMA_CPP_VERSION b9452 at v0.30.0: before ggml-org/llama.cpp#23861 (b9467) llama-server reserved the batch
+    doc = _plan(capsys, "ollama", "qwen2.5-coder:7b", "--ollama-version", "0.30.0")
+    assert (doc["config"]["runtime"], doc["config"]["n_outputs_max"]) == ("llama-server", 2048)
+    assert any("b9452" in n for n in doc["notes"])
+
+
+def test_the_servers_version_is_read_unless_given(coder_store: Path, capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    with running_fake(FakeOllama(version="0.20.2")) as fake:  # the loopback stand-in answers /api/version
+        monkeypatch.setenv("OLLAMA_HOST", fake.url)
+        live = _plan(capsys, "ollama", "qwen2.5-coder:7b")
+        given = _plan(capsys, "ollama", "qwen2.5-coder:7b", "--ollama-version", "0.32.13")
+        asked = [p for _m, p, _b in fake.requests].count("/api/version")
+    assert (live["ollama"]["release"]["version"], live["ollama"]["release"]["found_by"]) == ("0.20.2", "/api/version")
+    assert live["config"]["runtime"] == "llama-cli"
+    assert given["ollama"]["release"]["found_by"] == "--ollama-version" and given["config"]["runtime"] == "llama-server"
+    assert asked >= 2
+    down = _plan(capsys, "ollama", "qwen2.5-coder:7b")  # no server: unknown, the newest release
+    assert down["ollama"]["release"]["found_by"] == "unknown" and down["config"]["runtime"] == "llama-server"
+
+
+def test_text_says_what_is_claimed(coder_store: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["ollama", "qwen2.5-coder:7b", "--gpu", "rtx-4090", "--ctx", "8192", "--ollama-version", "0.20.2"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "planned for: Ollama 0.20.2 runs qwen2 in its built-in llamarunner on llama.cpp ec98e2002" in out
+    assert "Ollama's decision" in out
+
+
+def test_a_quantized_cache_needs_flash_attention_set(coder_store: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # llm/server.go (v0.20.2): the llamarunner keeps OLLAMA_KV_CACHE_TYPE only with OLLAMA_FLASH_ATTENTION set on
+    dropped = _plan(capsys, "ollama", "qwen2.5-coder:7b", "--ollama-version", "0.20.2", "-ctk", "q8_0", "-fa", "off")
+    kept = _plan(capsys, "ollama", "qwen2.5-coder:7b", "--ollama-version", "0.20.2", "-ctk", "q8_0")
+    assert dropped["config"]["type_k"] == "f16" and any("keeps an f16 K/V cache" in n for n in dropped["notes"])
+    # asked for with the cache, flash attention is set on (OLLAMA_FLASH_ATTENTION=1 in the advice): q8_0 holds
+    assert (kept["config"]["type_k"], kept["config"]["flash_attn"]) == ("q8_0", True)
+    assert kept["ollama"]["env"]["OLLAMA_FLASH_ATTENTION"] == "1"
+    # recommended, not asked: 0.20.2 leaves flash attention to llama.cpp (auto), so the cache stays f16
+    auto = _plan(capsys, "ollama", "qwen2.5-coder:7b", "--ollama-version", "0.20.2")
+    assert auto["config"]["type_k"] == "f16"
+
+
+def test_the_default_context_and_the_split_are_the_releases(
+    coder_store: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # server/routes.go: the VRAM tiers from 0.15.5 (32,768 on 24 GB); before, OLLAMA_CONTEXT_LENGTH's 4096
+    old = _plan(capsys, "ollama", "qwen2.5-coder:7b", "--ollama-version", "0.12.0", "--ctx", "16384")
+    new = _plan(capsys, "ollama", "qwen2.5-coder:7b", "--ollama-version", "0.20.2", "--ctx", "16384")
+    assert any("Ollama runs 4,096 tokens here" in w for w in old["ollama"]["warnings"])
+    assert any("Ollama runs 32,768 tokens here" in w for w in new["ollama"]["warnings"])
+    # part on the CPU: the layers are Ollama's own choice before 0.30, not llama.cpp's --fit
+    rc = main(["ollama", "qwen2.5-coder:7b", "--gpu", "rtx-4060", "--ctx", "8192", "--allow-cpu",
+               "--ollama-version", "0.20.2", "--json"])  # fmt: skip
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0 and doc["ollama"]["settings"]["partial"]
+    assert any("picks how many layers itself" in w for w in doc["ollama"]["warnings"])
+    assert not any("--fit places it" in w for w in doc["ollama"]["warnings"])
+
+
+def test_a_version_given_must_be_one_a_server_version_need_not(
+    coder_store: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rc = main(["ollama", "qwen2.5-coder:7b", "--gpu", "rtx-4090", "--ollama-version", "latest"])
+    assert rc == 2 and "MAJOR.MINOR.PATCH" in capsys.readouterr().err
+    with running_fake(FakeOllama(version="main-dev")) as fake:
+        monkeypatch.setenv("OLLAMA_HOST", fake.url)
+        doc = _plan(capsys, "ollama", "qwen2.5-coder:7b")
+    assert doc["ollama"]["release"]["found_by"] == "unknown" and doc["config"]["runtime"] == "llama-server"
