@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from kvadvise.backends.ollama import api as ollama_api
@@ -33,6 +33,7 @@ from kvadvise.planner.planning import AdviceSummary, Plan
 from kvadvise.text import lines as text_lines
 
 if TYPE_CHECKING:  # an offload is planned only with --allow-cpu
+    from kvadvise.backends.ollama.decision import OllamaDecision
     from kvadvise.backends.ollama.mlx import RunnerPlan
     from kvadvise.backends.ollama.versions import OllamaRelease
     from kvadvise.planner.offload import Offload
@@ -62,6 +63,8 @@ class OllamaAdvice:
     runner: RunnerPlan | None = None  # on Apple Silicon: the runner that loads it (kvadvise.backends.ollama.mlx)
     # the Ollama release it is planned for: its runner, its llama.cpp, what kvadvise claims about it
     release: OllamaRelease | None = None
+    # the release's own layer decision where kvadvise replays it (Ollama <= 0.12: kvadvise.backends.ollama.decision)
+    decision: OllamaDecision | None = None
     key = "ollama"  # its part of the plan's JSON document (kvadvise.planner.planning.RuntimeAdvice)
 
     def json_doc(self) -> dict[str, object]:
@@ -179,6 +182,13 @@ def advise(
     from kvadvise.backends.ollama.config import env_effects
 
     runnable = plan.runnable is not False
+    decision = None
+    if release is not None and release.in_process and runnable:  # Ollama <= 0.12's own layer decision, replayed
+        from kvadvise.backends.ollama.decision import decide
+
+        decision = decide(model, plan, release, settings)
+        if decision is not None and decision.num_gpu is not None:
+            settings = replace(settings, num_gpu=decision.num_gpu)
     warnings: list[str] = env_effects(settings) if runnable else []
     if v := ollama_api.version_warning(live.version):
         warnings.append(v)
@@ -192,7 +202,9 @@ def advise(
                 f"without these settings Ollama runs {tier:,} tokens here (its default for this VRAM)"
             )
     # a LLAMA_ARG_CACHE_RAM the plan sets is said once, by env_effects (its server-wide warning)
-    if runnable and off is not None and release is not None and release.in_process:
+    if decision is not None and decision.num_gpu is not None:
+        warnings.append(f"Ollama's split: {decision.text()}")
+    elif runnable and off is not None and release is not None and release.in_process and decision is None:
         warnings.append(
             f"part runs on the CPU: Ollama {release.version} picks how many layers itself ({release.layers_by}), "
             "which kvadvise does not model; `ollama ps` shows its split"
@@ -206,7 +218,7 @@ def advise(
             "--repeatable: an f16 cache, seed and temperature 0 in the Modelfile, and one slot "
             "(OLLAMA_NUM_PARALLEL=1); API calls that send their own options override the Modelfile's"
         )
-    return OllamaAdvice(model, plan, settings, live, tuple(warnings), platform, release=release)
+    return OllamaAdvice(model, plan, settings, live, tuple(warnings), platform, release=release, decision=decision)
 
 
 def advice_dict(a: OllamaAdvice) -> dict[str, object]:
@@ -227,7 +239,8 @@ def advice_dict(a: OllamaAdvice) -> dict[str, object]:
         "settings": asdict(a.settings),
         "env": dict(env_lines(a.settings)),
         "modelfile_parameters": {"num_ctx": a.settings.num_ctx}
-        | ({"num_batch": a.settings.num_batch} if a.settings.num_batch else {}),
+        | ({"num_batch": a.settings.num_batch} if a.settings.num_batch else {})
+        | ({"num_gpu": a.settings.num_gpu} if a.settings.num_gpu is not None else {}),
         "server": {
             "url": a.live.url,
             "reachable": a.live.reachable,
@@ -252,6 +265,9 @@ def advice_dict(a: OllamaAdvice) -> dict[str, object]:
     if a.runner is not None:  # a Mac plan only: the other cards' documents are unchanged
         doc["runner"] = a.runner.json_doc()
     doc["release"] = a.release.json_doc() if a.release is not None else None
+    if a.decision is not None:  # Ollama's own layer decision, replayed: claimed after all
+        doc["release"] = {**a.release.json_doc(), "claims_layers": True} if a.release is not None else None
+    doc["decision"] = a.decision.json_doc() if a.decision is not None else None
     return doc
 
 
@@ -291,9 +307,7 @@ def advice_text(a: OllamaAdvice) -> str:
             fit = a.release is None or not a.release.in_process
             lines.append("  " + offload_text(off, a.plan.spec.n_layer, fit=fit))
         lines.append("  " + modelfile_header(s, a.planned_for).strip())
-        lines.append(
-            f"  PARAMETER num_ctx {s.num_ctx}" + (f"   PARAMETER num_batch {s.num_batch}" if s.num_batch else "")
-        )
+        lines.append(f"  {parameters_text(s)}")
         lines += [f"  {k}={v}" for k, v in env_lines(s)]
     elif a.plan.offload is not None:
         lines.append("  no settings to apply: the plan with part on the CPU does not fit the RAM either (see above)")
@@ -305,8 +319,10 @@ def advice_text(a: OllamaAdvice) -> str:
             lines.append(f"    loaded: {r.name}  {r.size / 1e9:.1f} GB  {r.processor}  ctx {r.context_length}")
     lines += [f"  note: {n}" for n in a.live.notes]
     lines += [f"  warning: {w}" for w in a.warnings]
+    if a.decision is not None and a.decision.num_gpu is None:  # else a warning, with the num_gpu it sets
+        lines.append(f"  note: Ollama's split: {a.decision.text()}")
     if a.release is not None:
-        lines.append(f"  planned for: {a.release.claims()}")
+        lines.append(f"  planned for: {a.release.claims(layers_replayed=a.decision is not None)}")
     if a.runner is not None:
         lines += [f"  {line}" for line in a.runner.lines()]
     return text_lines(lines)  # a name, a note: one line each, whatever they hold
@@ -320,10 +336,7 @@ def advice_summary(a: OllamaAdvice) -> tuple[list[str], list[str], list[str]]:
     s = a.settings
     settings: list[str] = []
     if a.fits:
-        settings.append(
-            f"Modelfile: PARAMETER num_ctx {s.num_ctx}"
-            + (f"   PARAMETER num_batch {s.num_batch}" if s.num_batch else "")
-        )
+        settings.append(f"Modelfile: {parameters_text(s)}")
         settings.append("server:    " + "  ".join(f"{k}={v}" for k, v in env_lines(s)))
         settings += [f"warning: {w}" for w in a.warnings]
     elif a.plan.offload is not None:
@@ -341,11 +354,21 @@ def advice_summary(a: OllamaAdvice) -> tuple[list[str], list[str], list[str]]:
         notes += list(a.live.notes)
     # a built-in profile names itself among the model's sources; a model found in a store or on a server here
     sources = [] if a.model.source.startswith("profile:") else [f"model: {a.model.ref} ({a.model.source})"]
+    if a.decision is not None and a.decision.num_gpu is None:
+        notes.append(f"Ollama's split: {a.decision.text()}")
     if a.release is not None and a.release.version:  # an unknown version: the newest, as the settings say
-        notes.append(f"planned for: {a.release.claims()}")
+        notes.append(f"planned for: {a.release.claims(layers_replayed=a.decision is not None)}")
     if a.runner is not None:
         settings += a.runner.lines()
     return settings, notes, sources
+
+
+def parameters_text(s: OllamaSettings) -> str:
+    """The Modelfile's PARAMETER lines kvadvise sets, on one line."""
+    said = [f"PARAMETER num_ctx {s.num_ctx}"]
+    said += [f"PARAMETER num_batch {s.num_batch}"] if s.num_batch else []
+    said += [f"PARAMETER num_gpu {s.num_gpu}"] if s.num_gpu is not None else []
+    return "   ".join(said)
 
 
 def _kept_text(off: Offload, n_layer: int) -> str:

@@ -153,6 +153,9 @@ def modelfile_text(model: OllamaModel, s: OllamaSettings, header: str = "") -> s
     if s.num_batch is not None:
         lines.append(f"PARAMETER num_batch {s.num_batch}")
     own: tuple[str, ...] = _OWN
+    if s.num_gpu is not None:  # the layers that fit, where the release's own estimate would load fewer
+        lines.append(f"PARAMETER num_gpu {s.num_gpu}")
+        own += ("num_gpu",)
     if s.repeatable:  # the same tokens run after run: a fixed seed and greedy sampling
         lines += [f"PARAMETER seed {REPEATABLE_SEED}", "PARAMETER temperature 0"]
         own += ("seed", "temperature")

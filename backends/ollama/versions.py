@@ -259,8 +259,9 @@ class OllamaRelease:
         want = asked == "on" if asked is not None else spec.architecture in _since(MODEL_FLASH_ATTENTION, v)
         return "on" if want and supports_flash_attention(spec, v) else "off"
 
-    def claims(self) -> str:
-        """What kvadvise says about this release, plainly."""
+    def claims(self, *, layers_replayed: bool = False) -> str:
+        """What kvadvise says about this release, plainly; ``layers_replayed``: Ollama's own layer decision was
+        replayed for the plan (kvadvise.backends.ollama.decision)."""
         named = f"Ollama {self.version}" if self.version else "Ollama (version unknown)"
         if self.runner == "not modelled":
             return (
@@ -277,15 +278,23 @@ class OllamaRelease:
                 )
             return f"{named}: llama-server of {at}, placed by llama.cpp's --fit (modelled)"
         if self.runner == "ollamarunner":
+            placement = (
+                "its layer decision is replayed (Ollama's split)" if layers_replayed else "nor its layer placement"
+            )
             return (
                 f"{named} runs {self.architecture} on its Go engine (ollamarunner, fs/ggml OllamaEngineRequired): "
-                "kvadvise does not model that engine's memory nor its layer placement; the figures are what "
+                f"kvadvise does not model that engine's memory, {placement}; the figures are what "
                 f"llama.cpp's library ({at}) would allocate for the same load"
             )
         return (
             f"{named} runs {self.architecture} in its built-in llamarunner on {at}: kvadvise plans what that "
             "library allocates (the logits of the whole batch); which layers go to the GPU is Ollama's decision "
-            f"({self.layers_by}), not modelled: the plan puts the layers it can on the GPU"
+            f"({self.layers_by}), "
+            + (
+                "replayed: Ollama's split"
+                if layers_replayed
+                else "not modelled: the plan puts the layers it can on the GPU"
+            )
         )
 
     def json_doc(self) -> dict[str, object]:

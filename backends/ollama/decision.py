@@ -1,0 +1,127 @@
+"""Ollama's own layer decision, for the releases whose decision kvadvise replays (Ollama 0.7.1 to 0.12.10:
+``llm/memory.go``, kvadvise.backends.ollama.estimate_legacy), beside what llama.cpp would allocate.
+
+Those releases put on the GPU the layers their estimate says fit (``msg=offload ... layers.offload``), not
+what the allocation needs: gpt-oss:20b got 23 of 25 layers on a 16 GB card under 0.11.0 though all 25 fit.
+When the plan (llama.cpp's allocation) puts more layers on the GPU than Ollama's estimate, the model's
+``num_gpu`` (a Modelfile ``PARAMETER``; ``llm/memory.go`` takes ``opts.NumGPU`` as the layers asked for)
+loads them: the advice sets it. Later releases decide otherwise (a trial layout, or llama.cpp's ``--fit``):
+nothing is claimed for them here (kvadvise.backends.ollama.versions says who decides).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kvadvise.backends.ollama import estimate_legacy
+
+if TYPE_CHECKING:
+    from kvadvise.backends.ollama.model import OllamaModel
+    from kvadvise.backends.ollama.rules import OllamaSettings
+    from kvadvise.backends.ollama.versions import OllamaRelease
+    from kvadvise.planner.planning import Plan
+
+MEMORY_GO = "llm/memory.go"  # OllamaRelease.layers_by of the releases estimate_legacy replays
+_LIBRARIES = {"cuda": "cuda", "rocm": "rocm", "metal": "metal", "vulkan": "vulkan", "sycl": "oneapi"}
+
+
+@dataclass(frozen=True, slots=True)
+class OllamaDecision:
+    """How many layers an Ollama release puts on the GPU(s), and how many llama.cpp's allocation fits."""
+
+    version: str
+    layers_offload: int  # Ollama's layers.offload (the output layer counts as one)
+    layers_model: int  # block_count + 1
+    required_full_bytes: int  # memory.required.full: Ollama's estimate of the whole model on the GPU(s)
+    available_bytes: int  # memory.available, summed over the GPUs it picked
+    planned_layers: int  # the plan's layers on the GPU(s), counted as Ollama counts them
+    log_line: str  # Ollama's msg=offload line, as it would print it
+
+    @property
+    def num_gpu(self) -> int | None:
+        """The num_gpu that loads the plan's layers, where Ollama's estimate would load another count: fewer
+        (the GPU left idle) or more (more than llama.cpp can allocate there: an out-of-memory load)."""
+        return self.planned_layers if self.planned_layers != self.layers_offload else None
+
+    def text(self) -> str:
+        said = (
+            f"Ollama {self.version} puts {self.layers_offload} of {self.layers_model} layers on the GPU by its "
+            f"own estimate ({MEMORY_GO}: {self.required_full_bytes / 2**30:.1f} GiB for all of them, "
+            f"{self.available_bytes / 2**30:.1f} GiB free)"
+        )
+        if self.num_gpu is None:
+            return said
+        if self.planned_layers > self.layers_offload:
+            return f"{said}; {self.planned_layers} fit as llama.cpp allocates them: PARAMETER num_gpu {self.num_gpu}"
+        return (
+            f"{said}; only {self.planned_layers} fit as llama.cpp allocates them: PARAMETER num_gpu "
+            f"{self.num_gpu} keeps the load within the GPU"
+        )
+
+    def json_doc(self) -> dict[str, object]:
+        return {
+            "version": self.version,
+            "layers_offload": self.layers_offload,
+            "layers_model": self.layers_model,
+            "required_full_bytes": self.required_full_bytes,
+            "available_bytes": self.available_bytes,
+            "planned_layers": self.planned_layers,
+            "num_gpu": self.num_gpu,
+            "log_line": self.log_line,
+        }
+
+
+def decide(model: OllamaModel, plan: Plan, release: OllamaRelease, settings: OllamaSettings) -> OllamaDecision | None:
+    """Ollama ``release``'s layer decision for ``plan``'s GPUs and ``settings``; None where it is not replayed
+    (another estimator, a model without its GGUF header at hand, a refused architecture, no GPU)."""
+    if release.version is None or not release.layers_by.startswith(MEMORY_GO):
+        return None
+    hw = plan.hardware
+    if hw is None or not hw.gpus or plan.config.device == "cpu":
+        return None
+    if not model.source.startswith("store:"):  # the estimate reads every tensor's shape: the blob's header
+        return None
+    from pathlib import Path
+
+    from kvadvise.backends.gguf_cache import read as read_header
+    from kvadvise.errors import KvadviseError
+
+    try:
+        legacy = estimate_legacy.legacy_model(read_header(Path(model.spec.source)))
+        gpus = [
+            estimate_legacy.LegacyGpu(
+                free_bytes=g.free_bytes,
+                total_bytes=g.total_bytes,
+                library=_LIBRARIES.get(g.backend, g.backend),
+                name=g.name,
+            )
+            for g in hw.gpus
+        ]
+        est = estimate_legacy.estimate_gpu_layers(
+            legacy,
+            gpus,
+            num_ctx=settings.num_ctx,
+            # OLLAMA_NUM_PARALLEL is written only for more than one slot (or a repeatable plan): else unset,
+            # and the release picks its own (estimate_legacy: 0)
+            num_parallel=settings.num_parallel if settings.num_parallel > 1 or settings.repeatable else 0,
+            kv_cache_type="" if settings.kv_cache_type == "f16" else settings.kv_cache_type,
+            flash_attention=settings.flash_attention,
+            version=release.version,
+        )
+    except KvadviseError:  # LegacyVersionNotModelled (a vision model, ...) or an unreadable header: not claimed
+        return None
+    n_layer = plan.spec.n_layer_all
+    off = plan.offload if plan.fits is False and plan.offload is not None and plan.offload.runnable else None
+    planned = off.n_gpu_layers if off is not None and off.n_cpu_moe == 0 else n_layer + 1
+    if off is not None and off.n_cpu_moe:  # experts on the CPU: not a layer count Ollama's num_gpu can say
+        planned = est.layers_offload
+    return OllamaDecision(
+        version=release.version,
+        layers_offload=est.layers_offload,
+        layers_model=est.layers_model,
+        required_full_bytes=est.required_full_bytes,
+        available_bytes=sum(est.available_bytes),
+        planned_layers=min(planned, est.layers_model),
+        log_line=est.log_line(),
+    )

@@ -1,0 +1,83 @@
+"""Ollama <= 0.12's own layer decision (llm/memory.go, replayed by kvadvise.backends.ollama.estimate_legacy)
+beside llama.cpp's allocation, in `kvadvise ollama`: where the two differ the advice sets the model's
+num_gpu (Modelfile PARAMETER) to the layers that fit; later releases (their own trial layout, or --fit) get
+no replayed decision. A qwen2.5-coder:7b-shaped model (f16 weights) in a real on-disk store."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ollama_fake import build_store, closed_port_url
+from tinymodels import write_tiny_gguf
+
+from kvadvise.backends.gguf_cache import read as read_header
+from kvadvise.backends.ollama.estimate_legacy import LegacyGpu, estimate_gpu_layers, legacy_model
+from kvadvise.cli import main
+
+QWEN25_CODER_7B = {"n_layer": 28, "n_embd": 3584, "n_head": 28, "n_head_kv": 4, "n_ff": 18944}
+
+
+@pytest.fixture(scope="module")
+def coder_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    tmp = tmp_path_factory.mktemp("decision")
+    gguf = write_tiny_gguf(tmp / "coder.gguf", "qwen2", n_vocab=152064, n_ctx_train=32768, dims=QWEN25_CODER_7B, sparse=True)
+    build_store(tmp / "models", gguf, hashlib.sha256(gguf.read_bytes()).hexdigest(), model="qwen2.5-coder", tag="7b")
+    return gguf, tmp / "models"
+
+
+@pytest.fixture
+def store(coder_files: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("OLLAMA_MODELS", str(coder_files[1]))
+    monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
+    return coder_files[0]
+
+
+def _plan(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
+    rc = main(["ollama", "qwen2.5-coder:7b", "--ctx", "8192", "--json", *args])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    doc: dict[str, Any] = json.loads(out)["ollama"]
+    return doc
+
+
+def test_where_ollamas_estimate_loads_more_layers_than_fit_num_gpu_holds_it_to_the_plan(
+    store: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    doc = _plan(capsys, "--ollama-version", "0.12.10", "--vram", "6GiB")
+    d = doc["decision"]
+    # Ollama 0.12.10's estimate: 9 of 29 layers in 6 GiB; llama.cpp's allocation (the library at 7049736b2,
+    # whole-batch logits, f16 cache) fits 7 (-ngl 7: the output layer and 6 blocks)
+    assert (d["layers_offload"], d["layers_model"], d["planned_layers"], d["num_gpu"]) == (9, 29, 7, 7)
+    assert "layers.offload=9" in d["log_line"] and 'memory.required.kv="448.0 MiB"' in d["log_line"]
+    assert doc["modelfile_parameters"] == {"num_ctx": 8192, "num_gpu": 7}
+    assert doc["release"]["claims_layers"] is True
+    # the same figure straight from the port, for the GPU the plan had
+    est = estimate_gpu_layers(
+        legacy_model(read_header(store)), [LegacyGpu(free_bytes=6 << 30, total_bytes=6 << 30)],
+        num_ctx=8192, num_parallel=0, kv_cache_type="", flash_attention=False, version="0.12.10",
+    )  # fmt: skip
+    assert est.layers_offload == d["layers_offload"]
+    mf = tmp_path / "Modelfile"
+    assert main(["ollama", "qwen2.5-coder:7b", "--ctx", "8192", "--ollama-version", "0.12.10", "--vram", "6GiB",
+                 "--write-modelfile", str(mf)]) == 0  # fmt: skip
+    text = capsys.readouterr().out
+    assert "PARAMETER num_gpu 7" in mf.read_text().splitlines()
+    assert "only 7 fit as llama.cpp allocates them: PARAMETER num_gpu 7" in " ".join(text.split())
+    assert "which kvadvise does not model" not in text
+
+
+def test_where_both_load_every_layer_nothing_is_set(store: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    doc = _plan(capsys, "--ollama-version", "0.12.10", "--vram", "24GiB")
+    assert (doc["decision"]["layers_offload"], doc["decision"]["num_gpu"]) == (29, None)
+    assert doc["modelfile_parameters"] == {"num_ctx": 8192}
+
+
+@pytest.mark.parametrize("version", ["0.20.2", "0.32.13"])
+def test_later_releases_get_no_replayed_decision(store: Path, capsys: pytest.CaptureFixture[str], version: str) -> None:
+    doc = _plan(capsys, "--ollama-version", version, "--vram", "6GiB")
+    assert doc["decision"] is None and "num_gpu" not in doc["modelfile_parameters"]
+    assert doc["release"]["claims_layers"] is (version == "0.32.13")  # llama-server's --fit: modelled
