@@ -61,17 +61,17 @@ def test_the_installed_llama_server_says_its_build(tmp_path: Path) -> None:
     assert llamabuild.choose("unknown").build is None and llamabuild.choose("b7000").build == 7000
 
 
-def test_an_unknown_build_is_planned_for_the_largest_figure(gemma_path: Path) -> None:
-    """Builds before ggml-org/llama.cpp#23764 held the f32 mask with flash attention: an unknown build gets the
-    larger of the two figures, device and host; a known build its own."""
+def test_an_unknown_build_is_planned_by_the_newest_rules(gemma_path: Path) -> None:
+    """Builds before ggml-org/llama.cpp#23764 held the f32 mask with flash attention: a named older build gets
+    its figure; an unknown one the newest rules (the note says what an older one takes besides)."""
     spec = from_gguf(read_file(gemma_path))
     base = RunConfig(n_ctx=32768, flash_attn="on", device="cuda", n_outputs_max=1)  # the layers are the peak
     new, old, unknown = (estimate(spec, replace(base, llama_build=b)) for b in (11312, 9000, None))
     assert (
         old.host.compute_bytes > new.host.compute_bytes and old.devices[0].compute_bytes > new.devices[0].compute_bytes
     )
-    assert unknown.host.compute_bytes == max(old.host.compute_bytes, new.host.compute_bytes)
-    assert unknown.devices[0].compute_bytes == max(old.devices[0].compute_bytes, new.devices[0].compute_bytes)
+    assert unknown.host.compute_bytes == new.host.compute_bytes
+    assert unknown.devices[0].compute_bytes == new.devices[0].compute_bytes
     # the f32 mask: 32768 cells + the SWA cache's 1024, 512 rows, 4 bytes, and one [n_embd, n_ubatch] row, not two
     cells = 32768 + 1024
     assert old.host.compute_bytes - new.host.compute_bytes == pytest.approx(cells * 512 * 2 - 4 * 512 * 640, abs=128)
@@ -101,7 +101,8 @@ def test_the_plan_says_which_build_it_is_for(gemma_path: Path, capsys: pytest.Ca
     args = ["gguf", str(gemma_path), "--ctx", "4096", "--no-hardware", "--json"]
     assert main([*args, "--llama-build", "unknown"]) == 0
     notes = " ".join(json.loads(capsys.readouterr().out)["notes"])
-    assert "llama.cpp build unknown" in notes and "b9467" in notes and "MiB more)" in notes
+    assert "llama.cpp build unknown" in notes and "b11312's rules" in notes and "older than b9410 takes more" in notes
+    assert "b9467" in notes and "MiB more)" in notes
     assert main([*args, "--llama-build", "b9000"]) == 0
     notes = " ".join(json.loads(capsys.readouterr().out)["notes"])
     assert "planned for llama.cpp b9000 (--llama-build)" in notes

@@ -22,8 +22,11 @@ the exact build is not known, the earliest it can be, so that an older build is 
   2026-06-02 has it): llama-server reserves the logits of one row per slot (server_output_limits); before,
   of the whole batch, as the library does (RunConfig.runtime "llama-cli").
 
-An unknown build is planned for the largest figure of the builds from SUPPORTED_FROM to REFERENCE (the
-builds of 2026 with the V-less MLA cache); an older build is planned by its own rules when named.
+An unknown build is planned by the newest rules (REFERENCE's): a machine without a llama-server to ask is
+most likely to run a recent one, and planning every older build's largest figure (the f32 mask of builds
+before b9410: +52 % device, +87 % host compute on a published Qwen3.6 run) gave away context on small cards.
+The plan's note says what an older build takes besides; an older build is planned by its own rules when
+named (--llama-build, or the llama-server on PATH).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ SET_ROWS = 6200
 MLA_V_LESS = 7830
 F16_MASK_FA = 9410
 SERVER_OUTPUT_LIMITS = 9467
-SUPPORTED_FROM = MLA_V_LESS  # what an unknown build may be: the largest figure of these builds is planned
+SUPPORTED_FROM = MLA_V_LESS  # the builds whose rules are modelled whole (older ones in part)
 
 _BUILD = re.compile(r"^\s*(?:b|build\s*|version:?\s*)?(\d{3,6})(?:\s*\(([0-9a-f]{6,40})\))?\s*$", re.IGNORECASE)
 # llama-server --version: "version: 9410 (031ddb2e0)", or since 2026 "version: 0.5.0-dev (build 11312, commit
@@ -72,9 +75,8 @@ def label(build: int | None) -> str:
 
 
 def older_than(build: int | None, rule: int) -> tuple[bool, ...]:
-    """Whether a plan for ``build`` follows the rule before ``rule``: (True,) or (False,) for a known build,
-    both for an unknown one (the planner keeps the larger figure), only the new rule where every supported
-    build has it."""
+    """Whether a plan for ``build`` follows the rule before ``rule``: (True,) or (False,); an unknown build
+    follows the newest rules (False,). A tuple: a caller may plan the larger of several builds' figures."""
     if build is not None:
         return (build < rule,)
-    return (False,) if rule <= SUPPORTED_FROM else (False, True)
+    return (False,)

@@ -113,7 +113,7 @@ class RunConfig:
     mtp: bool = False
     spec_draft_n_max: int = 3
     # the llama.cpp build (bNNNN) the plan is for: its memory rules (kvadvise.planner.builds); None = not
-    # known, planned for the largest figure of the supported builds. The API's default is the build whose
+    # known, planned by the newest rules (kvadvise.planner.builds). The API's default is the build whose
     # rules kvadvise follows (b11312); the CLI finds the installed one or says it does not know it.
     llama_build: int | None = builds.REFERENCE
     # op offload's copy of the largest weight kept on the CPU (--n-cpu-moe; kvadvise.planner.offload): the first
@@ -653,7 +653,7 @@ def _mask_eras(lay: ContextLayout) -> tuple[bool, ...]:
 def mask_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     """The KQ masks, one per cache kind (full and SWA): [n_kv, n_tokens/n_stream, 1, n_stream], f16 with
     flash attention, else f32 (src/llama-graph.cpp build_attn_inp_kq_mask, 0c1e570); f32 with flash attention
-    too in builds before #23764 (kvadvise.planner.builds): the larger of the two for an unknown build."""
+    too in builds before #23764 (kvadvise.planner.builds; an unknown build: the newest rules)."""
     s = _sizes(spec, lay)
     f32 = not lay.flash_attn or any(_mask_eras(lay))
     return s.mask_cells * lay.n_ubatch * (4 if f32 else 2)

@@ -1,8 +1,8 @@
 """Which llama.cpp build a plan is for: given (``--llama-build bNNNN``), read from the installed
 ``llama-server --version`` ("version: 9410 (031ddb2e0)", common/build-info), or unknown.
 
-An unknown build is planned by kvadvise.planner.builds for the largest figure of the builds it models;
-the notes say so, and what an older llama-server would reserve besides.
+An unknown build is planned by kvadvise.planner.builds's newest rules; the notes say so, and what an
+older build would take besides.
 """
 
 from __future__ import annotations
@@ -141,12 +141,11 @@ def notes(choice: BuildChoice, *, runtime: str, older_server_mib: float | None =
             out += f"; rules before b{builds.SUPPORTED_FROM} are modelled in part (kvadvise.planner.builds)"
         return (out,)
     out = (
-        f"llama.cpp build unknown ({choice.source}): planned for the largest figure of b{builds.SUPPORTED_FROM} "
-        f"to b{builds.REFERENCE}; --llama-build bNNNN names it"
+        f"llama.cpp build unknown ({choice.source}): planned for b{builds.REFERENCE}'s rules; --llama-build bNNNN "
+        f"names it; a build older than b{builds.F16_MASK_FA} takes more compute memory (an f32 mask)"
     )
     if runtime == "llama-server":
-        # builds before b9410 kept the flash-attention mask in f32; before b9467 (ggml-org/llama.cpp#23861)
-        # llama-server reserved the logits of the whole batch
+        # before b9467 (ggml-org/llama.cpp#23861) llama-server reserved the logits of the whole batch
         more = f" ({older_server_mib:,.0f} MiB more)" if older_server_mib else ""
         out += f"; a llama-server older than b{builds.SERVER_OUTPUT_LIMITS} takes the whole batch's logits{more}"
     return (out,)

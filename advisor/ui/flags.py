@@ -402,8 +402,8 @@ LLAMA_BUILD_OPTION = click.option(
     show_default=True,
     envvar="KVADVISE_LLAMA_BUILD",
     help="The llama.cpp build the plan is for (its memory rules): bNNNN, or what `llama-server --version` "
-    "prints; auto = the llama-server on PATH (verify: the one it runs); unknown = the largest figure of the "
-    "builds kvadvise models. Env: KVADVISE_LLAMA_BUILD.",
+    "prints; auto = the llama-server on PATH (verify: the one it runs); unknown = the newest rules kvadvise "
+    "models (b11312). Env: KVADVISE_LLAMA_BUILD.",
 )
 
 
