@@ -44,6 +44,7 @@ if TYPE_CHECKING:  # the projector's modules load only with --mmproj
 
 MIB = 1 << 20
 CTX_PAD = 256  # GGML_PAD(n_ctx, 256), "ref: PR 17046"
+OLD_CTX_PAD = 32  # before #17046 without flash attention: llama_kv_cache::get_padding (b6840)
 FLASH_ATTN_MODES = ("on", "off", "auto")
 DEVICES = ("auto", "cpu", "cuda", "metal", "rpc")
 GPU_DEVICES = ("cuda", "metal", "rpc")  # devices that hold offloaded layers (not the CPU)
@@ -340,12 +341,18 @@ def resolve(spec: ModelSpec, cfg: RunConfig) -> ContextLayout:
     n_batch = cfg.n_batch if spec.architecture in ENCODER_ARCHS else min(n_ctx, cfg.n_batch)
     n_ubatch = min(n_batch, cfg.n_ubatch)
     n_outputs_max = cfg.llama_n_outputs_max or n_batch  # llama_context: "0 = n_batch"
-    n_ctx = pad(n_ctx, CTX_PAD)
+    # builds before ggml-org/llama.cpp#17046 (kvadvise.planner.builds.SWA_PAD_256) pad both caches to
+    # llama_kv_cache::get_padding(cparams) = flash_attn ? 256 : 32, cparams.flash_attn being "not disabled" when
+    # the cache is made (auto counts as on; llama_model::create_memory, b6840); from #17046 on, always to 256
+    old_pad = all(builds.older_than(cfg.llama_build, builds.SWA_PAD_256))
+    n_pad = CTX_PAD if not old_pad or (cfg.flash_attn != "off" and spec.architecture != "grok") else OLD_CTX_PAD
     if cfg.kv_unified:
-        n_ctx_seq, n_stream = n_ctx, 1
+        n_ctx = n_ctx_seq = pad(n_ctx, n_pad)
+        n_stream = 1
     else:
-        n_ctx_seq = pad(n_ctx // n_seq_max, CTX_PAD)
-        n_ctx = n_ctx_seq * n_seq_max  # "n_ctx is not divisible by n_seq_max - rounding down"
+        # old: ceil(n_ctx / n_seq_max) padded; #17046: GGML_PAD(n_ctx, 256) / n_seq_max padded ("rounding down")
+        n_ctx_seq = pad(-(-n_ctx // n_seq_max), n_pad) if old_pad else pad(pad(n_ctx, n_pad) // n_seq_max, n_pad)
+        n_ctx = n_ctx_seq * n_seq_max
         n_stream = n_seq_max
     flash_attn = _flash_attn(spec, cfg)
     n_ctx_swa = 0
@@ -353,11 +360,13 @@ def resolve(spec: ModelSpec, cfg: RunConfig) -> ContextLayout:
         n_ctx_swa = n_ctx_seq
         if not cfg.swa_full:
             # llama_kv_cache_iswa: size_swa = GGML_PAD(min(size_base, n_swa*(unified ? n_seq_max : 1) + n_ubatch), 256);
-            # builds before ggml-org/llama.cpp#17046 did not pad it (kvadvise.planner.builds.SWA_PAD_256)
+            # before #17046: min(size_base, GGML_PAD(n_swa*(...) + n_ubatch, n_pad)) (b6840; a b6182 log without
+            # flash attention prints 640 cells for gpt-oss at n_ubatch 512, b6699's with it 768)
             mult = n_seq_max if cfg.kv_unified else 1
-            n_ctx_swa = min(n_ctx_seq, spec.n_swa * mult + n_ubatch)
-            if not all(builds.older_than(cfg.llama_build, builds.SWA_PAD_256)):
-                n_ctx_swa = pad(n_ctx_swa, CTX_PAD)
+            if old_pad:
+                n_ctx_swa = min(n_ctx_seq, pad(spec.n_swa * mult + n_ubatch, n_pad))
+            else:
+                n_ctx_swa = pad(min(n_ctx_seq, spec.n_swa * mult + n_ubatch), n_pad)
     return ContextLayout(
         n_ctx=n_ctx,
         n_ctx_seq=n_ctx_seq,
