@@ -180,6 +180,9 @@ class ContextLayout:
     type_v: GGMLType
     device: str
     llama_build: int | None = builds.REFERENCE  # the build whose rules apply (None: the largest of them)
+    # V stored transposed: flash attention off when the cache is made (llama_model::create_memory: !cparams.flash_attn,
+    # which -fa auto leaves on until llama_context::resolve_fused_ops turns it off after the cache exists)
+    v_trans: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,7 +348,8 @@ def resolve(spec: ModelSpec, cfg: RunConfig) -> ContextLayout:
     # llama_kv_cache::get_padding(cparams) = flash_attn ? 256 : 32, cparams.flash_attn being "not disabled" when
     # the cache is made (auto counts as on; llama_model::create_memory, b6840); from #17046 on, always to 256
     old_pad = all(builds.older_than(cfg.llama_build, builds.SWA_PAD_256))
-    n_pad = CTX_PAD if not old_pad or (cfg.flash_attn != "off" and spec.architecture != "grok") else OLD_CTX_PAD
+    fa_asked = "off" if spec.architecture == "grok" else cfg.flash_attn  # llama_init_from_model forces Grok's off
+    n_pad = CTX_PAD if not old_pad or fa_asked != "off" else OLD_CTX_PAD
     if cfg.kv_unified:
         n_ctx = n_ctx_seq = pad(n_ctx, n_pad)
         n_stream = 1
@@ -383,6 +387,7 @@ def resolve(spec: ModelSpec, cfg: RunConfig) -> ContextLayout:
         type_v=cfg.type_v,
         device="cpu" if cfg.device == "auto" else cfg.device,  # an estimate without hardware is the CPU's
         llama_build=cfg.llama_build,
+        v_trans=fa_asked == "off",
     )
 
 
@@ -487,7 +492,7 @@ def kv_shape_bytes(spec: ModelSpec, lay: ContextLayout) -> dict[tuple[bool, int,
         cells = lay.n_ctx_swa if has_swa and swa else lay.n_ctx_seq
         # MLA: has_v = !is_mla, V is a view into K (builds before #19067 kept a V, kvadvise.planner.builds);
         # v_trans (FA off) pads V to the widest layer
-        nv = -1 if spec.is_mla and not mla_v else shapes.v_max if not lay.flash_attn else nv_fa
+        nv = -1 if spec.is_mla and not mla_v else shapes.v_max if lay.v_trans else nv_fa
         k = _tensor_alloc(lay.device, lay.type_k, nk, row_bytes(lay.type_k, nk) * cells * lay.n_stream)
         v = 0 if nv < 0 else _tensor_alloc(lay.device, lay.type_v, nv, row_bytes(lay.type_v, nv) * cells * lay.n_stream)
         sizes[key] = (k, v)
@@ -537,7 +542,7 @@ def kv_bytes_per_token(spec: ModelSpec, lay: ContextLayout) -> int:
             continue
         row = row_bytes(lay.type_k, nk)
         if not spec.is_mla or _mla_keeps_v(lay):
-            row += row_bytes(lay.type_v, shapes.v_max if not lay.flash_attn else nv_fa)
+            row += row_bytes(lay.type_v, shapes.v_max if lay.v_trans else nv_fa)
         total += n * row
     return total
 
@@ -597,6 +602,17 @@ def _sizes(spec: ModelSpec, lay: ContextLayout) -> _Sizes:
         # the attention: the residual, its norm and Q/K/V (3 rows of n_embd), Q and the output before wo;
         # without flash attention the scores and a third Q-sized tensor (KQV before its permute)
         attn = 3 * embd + (2 * q if lay.flash_attn else 3 * q + scores)
+        if not lay.flash_attn and not lay.v_trans and not spec.is_mla:
+            # -fa auto resolved off after the cache was made with V not transposed: build_attn_mha makes
+            # "v = ggml_cont(ggml_transpose(v))" ("note: avoid this branch", src/llama-graph.cpp, 0c1e570) beside
+            # the scores, [n_kv, n_embd_head_v, n_head_kv] of the V cache's type
+            attn += row_bytes(lay.type_v, n_kv) * spec.n_embd_v_gqa_max()
+        if not lay.flash_attn and spec.architecture == "deepseek2" and not spec.is_mla:
+            # a pre-MLA DeepSeek-V2 GGUF (attn_kv_b, no *_mla keys): the decompressed K|V of wkv_b and V's copy
+            # are alive at the scores; measured with llama-fit-params (b11312) on DeepSeek-V2-Lite's shape at
+            # 1k to 16k cells, n_ubatch 256 to 1024: 14.3 MiB per 512 tokens over the rule above, planned as two
+            # Q-sized tensors (12 MiB; 32 heads: 8 MiB measured)
+            attn += 2 * q
     phases = [0]
     if spec.n_ff:  # a dense feed-forward: gate, up and their product (ggml_swiglu_split is not in place)
         phases.append(3 * embd + 3 * f32 * ub * spec.n_ff)
@@ -720,7 +736,7 @@ def _host_compute(spec: ModelSpec, lay: ContextLayout, f32_mask: bool) -> int:
     old = lay.llama_build is not None and lay.llama_build < builds.F16_MASK_FA
     rows = 1 if f32_mask or old else 2
     v_idxs = 0
-    if not lay.flash_attn and not spec.is_mla and not all(builds.older_than(lay.llama_build, builds.SET_ROWS)):
+    if lay.v_trans and not spec.is_mla and not all(builds.older_than(lay.llama_build, builds.SET_ROWS)):
         kinds = len(
             {lay.n_ctx_swa if spec.swa_layers[il] else lay.n_ctx_seq for il, kv in enumerate(spec.kv_layers) if kv}
         )
