@@ -44,6 +44,8 @@ if TYPE_CHECKING:  # the projector's modules load only with --mmproj
 
 MIB = 1 << 20
 CTX_PAD = 256  # GGML_PAD(n_ctx, 256), "ref: PR 17046"
+# build_ffn(LLM_FFN_SWIGLU) with no gate tensor: ffn_up holds gate and up (llm_build_phi3, _chatglm, _glm4)
+FUSED_UP_ARCHS = frozenset({"phi3", "chatglm", "glm4"})
 OLD_CTX_PAD = 32  # before #17046 without flash attention: llama_kv_cache::get_padding (b6840)
 FLASH_ATTN_MODES = ("on", "off", "auto")
 DEVICES = ("auto", "cpu", "cuda", "metal", "rpc")
@@ -615,7 +617,13 @@ def _sizes(spec: ModelSpec, lay: ContextLayout) -> _Sizes:
             attn += 2 * q
     phases = [0]
     if spec.n_ff:  # a dense feed-forward: gate, up and their product (ggml_swiglu_split is not in place)
-        phases.append(3 * embd + 3 * f32 * ub * spec.n_ff)
+        ff = 3
+        if spec.architecture in FUSED_UP_ARCHS and any(builds.older_than(lay.llama_build, builds.FUSED_GLU)):
+            # up = [2 n_ff] holding gate and up, and the ggml_cont of each half before ggml_swiglu
+            # (kvadvise.planner.builds.FUSED_GLU); measured with the allocation pass of e1e8e09 (Ollama 0.6.8's
+            # llama.cpp) on GLM-4-32B's and GLM-4-9B's shapes: within 8 MiB over
+            ff = 4
+        phases.append(3 * embd + ff * f32 * ub * spec.n_ff)
     if spec.n_expert:
         phases.append(_moe_phase(spec, ub, embd, q))
     if spec.ssm is not None:
