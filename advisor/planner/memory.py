@@ -466,12 +466,14 @@ def flash_attn_note(spec: ModelSpec, cfg: RunConfig) -> str | None:
         return (
             f"flash attention off: CUDA has no kernel for this model ({missing}; ggml-cuda fattn.cu), so "
             "llama.cpp's auto resolves it off (llama_context::resolve_fused_ops): the attention scores take "
-            "n_kv x n_ubatch x n_head floats and V is stored transposed"
+            "n_kv x n_ubatch x n_head floats, and as the cache was made for flash attention each layer copies its "
+            "V transposed beside them (build_attn_mha): --flash-attn off saves that copy"
         )
     return (
         f"flash attention is on but CUDA has no kernel for it ({missing}; ggml-cuda fattn.cu): llama.cpp runs "
         "every attention on the CPU, slowly, and copies each layer's K and V to host memory for it (not in "
-        "these figures); use --flash-attn auto with an f16 V cache (llama.cpp then turns it off)"
+        "these figures); use --flash-attn off with an f16 V cache (auto turns it off too, but after making the "
+        "cache for it, so each layer copies its V transposed)"
     )
 
 
@@ -587,6 +589,10 @@ class _Sizes:
     #   [n_embd, n_ubatch, n_altup] each): 2 to 4 rows of n_embd over three shapes; planned at n_altup / 2.
     # Both hold Gemma 4 E2B/E4B's and Gemma 3n E2B/E4B's shapes within 16 MiB or 3 %.
     layer_inputs: int
+    # builds before #23764 with flash attention: the masks alive through the sliding-window layers that come
+    # before the first full-attention layer (gpt-oss's layer 0, Gemma 3's 0-4): the SWA mask, cast, and the
+    # full-attention mask's f32 input, cast to f16 only at the first layer that reads it (0: no such layers)
+    lead_swa_masks: int = 0
 
 
 def _sizes(spec: ModelSpec, lay: ContextLayout) -> _Sizes:
@@ -638,7 +644,11 @@ def _sizes(spec: ModelSpec, lay: ContextLayout) -> _Sizes:
         logits += 2 * q
     ple = f32 * ub * spec.n_embd_per_layer * spec.n_layer
     layer_inputs = ple * 3 // 2 + embd * spec.n_altup // 2 if layer else 0
-    return _Sizes(embd, q, logits, cells, scores, attn, mix, layer, ple, layer_inputs)
+    lead = 0
+    attn_layers = [il for il, kv in enumerate(spec.kv_layers) if kv]
+    if full and swa and lay.flash_attn and attn_layers and spec.swa_layers[attn_layers[0]]:
+        lead = ub * (2 * lay.n_ctx_swa + 4 * lay.n_ctx_seq)
+    return _Sizes(embd, q, logits, cells, scores, attn, mix, layer, ple, layer_inputs, lead)
 
 
 def _moe_phase(spec: ModelSpec, ub: int, embd: int, q: int) -> int:
@@ -712,6 +722,11 @@ def _layer_peak(s: _Sizes, lay: ContextLayout, f32_mask: bool) -> int:
     peak = masks + s.layer
     if f32_mask and s.attn:
         peak = max(peak, masks + s.mask_cells * ub * 4 + s.attn)
+    if f32_mask and s.lead_swa_masks:
+        # the leading sliding-window layers run with the full mask's f32 input alive (its ggml_cast is placed
+        # at the first full-attention layer): measured with the allocation pass of 364a7a6 (Ollama 0.12.5's
+        # llama.cpp) on Gemma 3 12B's layers at 32k, 181.5 MiB for 178 planned (146 without this)
+        peak = max(peak, s.lead_swa_masks + s.layer)
     return peak
 
 
@@ -780,6 +795,8 @@ def _device_compute(spec: ModelSpec, lay: ContextLayout, f32_mask: bool, weight_
     layer = _layer_peak(s, lay, f32_mask)
     if weight_copy and s.layer:  # op offload: the copy beside a matmul's inputs and output, masks alive
         layer = max(layer, s.mask_cells * lay.n_ubatch * (2 if lay.flash_attn else 4) + s.layer + weight_copy)
+        if f32_mask and s.lead_swa_masks:  # and in a leading sliding-window layer, the f32 mask (above)
+            layer = max(layer, s.lead_swa_masks + s.layer + weight_copy)
     layer += s.layer_inputs
     # the logits land above the per-layer inputs' hole (measured: + the inputs' size + 0 to 5 MiB)
     return pad(max(s.logits + 2 * s.embd + s.ple, layer), ALIGNMENT["cuda"])
