@@ -89,7 +89,17 @@ def test_older_builds_rules(gemma_path: Path, tmp_path: Path) -> None:
         resolve(spec, server).n_ctx_swa == 1024 and resolve(spec, replace(server, llama_build=6182)).n_ctx_swa == 1024
     )
     assert resolve(spec, replace(server, n_ubatch=300)).n_ctx_swa == 1024  # n_swa 512 + 300, padded to 256
-    assert resolve(spec, replace(server, n_ubatch=300, llama_build=6182)).n_ctx_swa == 812
+    # before #17046 both caches were padded to 256 with flash attention (auto counts: cparams.flash_attn is "not
+    # disabled" when the cache is made), to 32 without (llama_kv_cache::get_padding, b6840)
+    assert resolve(spec, replace(server, n_ubatch=300, llama_build=6182, flash_attn="off")).n_ctx_swa == 832
+    assert resolve(spec, replace(server, n_ubatch=300, llama_build=6699, flash_attn="auto")).n_ctx_swa == 1024
+    assert resolve(spec, replace(server, n_ctx=4000, llama_build=6182, flash_attn="off")).n_ctx == 4000
+    assert resolve(spec, replace(server, n_ctx=4000, llama_build=6699, flash_attn="on")).n_ctx == 4096
+    assert resolve(spec, replace(server, n_ctx=4000, flash_attn="off")).n_ctx == 4096
+    # several sequences: old builds pad ceil(n_ctx / n_seq_max), #17046 pads GGML_PAD(n_ctx, 256) / n_seq_max
+    two = replace(server, n_ctx=4000, n_parallel=3, kv_unified=False, flash_attn="off")
+    assert resolve(spec, replace(two, llama_build=6182)).n_ctx_seq == 1344  # ceil(4000 / 3) = 1334 -> 1344
+    assert resolve(spec, two).n_ctx_seq == 1536  # 4096 // 3 = 1365 -> 1536
     mla = from_gguf(read_file(write_tiny_gguf(tmp_path / "mla.gguf", "deepseek2-mla", n_vocab=600)))
     cfg = RunConfig(n_ctx=4096)
     k_only, with_v = estimate(mla, cfg), estimate(mla, replace(cfg, llama_build=7000))

@@ -169,7 +169,7 @@ def test_no_flash_attention_where_cuda_has_no_kernel(tmp_path: Path) -> None:
     and says so in one reason. The CPU has the kernel: there it stays on."""
     from tinymodels import write_tiny_gguf
 
-    from kvadvise.planner.memory import estimate
+    from kvadvise.planner.memory import estimate, resolve
 
     spec = kvadvise.load_model(str(write_tiny_gguf(tmp_path / "legacy.gguf", "deepseek2-legacy", n_vocab=600)))
     plan = kvadvise.plan(spec, kvadvise.PlanRequest(vram_bytes=(64 << 20,), margin_bytes=0, device="cuda"))
@@ -177,9 +177,16 @@ def test_no_flash_attention_where_cuda_has_no_kernel(tmp_path: Path) -> None:
     assert plan.config.flash_attn == "off" and plan.config.type_v.type_name == "f16"
     assert all(not o.flash_attn and o.type_v.type_name == "f16" for o in plan.recommendation.options)
     assert any("flash attention off: CUDA has no kernel" in r for r in plan.recommendation.reasons)
-    # sized as llama.cpp runs it (auto resolves off): the same memory
-    auto = replace(plan.config, flash_attn="auto")
-    assert estimate(spec, auto).device_bytes == plan.estimate.device_bytes
+    # the plan says -fa off: with auto llama.cpp makes the cache for flash attention (V not transposed) and
+    # turns it off afterwards, so each layer copies V transposed beside the scores (build_attn_mha's ggml_cont):
+    # more device memory, by the copy of one layer's V cache (f16), and V's row indices on the host shrink
+    auto, off = (estimate(spec, replace(plan.config, flash_attn=fa)) for fa in ("auto", "off"))
+    assert off.device_bytes == plan.estimate.device_bytes
+    n_kv = resolve(spec, plan.config).n_ctx_seq
+    v_cont = n_kv * spec.n_embd_v_gqa_max() * 2
+    assert auto.devices[0].compute_bytes - off.devices[0].compute_bytes == pytest.approx(v_cont, abs=1 << 20)
+    assert auto.devices[0].kv_bytes == off.devices[0].kv_bytes  # one V width: transposed or not, the same size
+    assert auto.host.compute_bytes < off.host.compute_bytes
     # a --ctx given: the cache choice is made without flash attention as well
     fixed = kvadvise.plan(spec, kvadvise.PlanRequest(n_ctx=2048, vram_bytes=(64 << 20,), margin_bytes=0))
     assert fixed.config.flash_attn == "off"

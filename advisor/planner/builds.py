@@ -14,6 +14,11 @@ the exact build is not known, the earliest it can be, so that an older build is 
   here: from b6200 on it is planned (a b6209 log and later show it; 2024 and early 2025 logs do not).
 - MLA_V_LESS (#19067, merged 2026-01-24/25; b7813 of 2026-01-23 lacks it): MLA models keep no V tensor
   (llama_kv_cache ctor: has_v = !is_mla); before, V (kv_lora_rank wide) was allocated beside K.
+- FUSED_GLU (ggml-org/llama.cpp#14158, merged 2025-06-29: ggml_swiglu; the exact build is not known here, planned
+  from b6000 on, so that a build between is planned for the larger figure): a feed-forward whose up projection
+  holds gate and up (phi3, chatglm, glm4: build_ffn LLM_FFN_SWIGLU without a gate tensor) runs one ggml_swiglu;
+  before, it copied both halves of the up projection with ggml_cont and multiplied silu(x0) by x1 (llama-graph.cpp,
+  e1e8e09 as Ollama 0.6.8 vendors it): four [n_ff, n_ubatch] tensors alive, not three.
 - F16_MASK_FA (#23764, commit 031ddb2e0 = b9410): with flash attention the KQ mask is created f16
   (llm_graph_context::build_attn_inp_kq_mask); before, it was an f32 graph input on the host that the
   device copied and cast to f16, both alive at the first attention ("the f32 mask still uses the compute
@@ -38,6 +43,7 @@ from kvadvise.errors import InputError
 REFERENCE = 11312  # 0c1e570: the rules of kvadvise.planner.memory
 SWA_PAD_256 = 6900
 SET_ROWS = 6200
+FUSED_GLU = 6000
 MLA_V_LESS = 7830
 F16_MASK_FA = 9410
 SERVER_OUTPUT_LIMITS = 9467

@@ -44,6 +44,9 @@ if TYPE_CHECKING:  # the projector's modules load only with --mmproj
 
 MIB = 1 << 20
 CTX_PAD = 256  # GGML_PAD(n_ctx, 256), "ref: PR 17046"
+# build_ffn(LLM_FFN_SWIGLU) with no gate tensor: ffn_up holds gate and up (llm_build_phi3, _chatglm, _glm4)
+FUSED_UP_ARCHS = frozenset({"phi3", "chatglm", "glm4"})
+OLD_CTX_PAD = 32  # before #17046 without flash attention: llama_kv_cache::get_padding (b6840)
 FLASH_ATTN_MODES = ("on", "off", "auto")
 DEVICES = ("auto", "cpu", "cuda", "metal", "rpc")
 GPU_DEVICES = ("cuda", "metal", "rpc")  # devices that hold offloaded layers (not the CPU)
@@ -182,6 +185,9 @@ class ContextLayout:
     type_v: GGMLType
     device: str
     llama_build: int | None = builds.REFERENCE  # the build whose rules apply (None: the largest of them)
+    # V stored transposed: flash attention off when the cache is made (llama_model::create_memory: !cparams.flash_attn,
+    # which -fa auto leaves on until llama_context::resolve_fused_ops turns it off after the cache exists)
+    v_trans: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,12 +349,19 @@ def resolve(spec: ModelSpec, cfg: RunConfig) -> ContextLayout:
     n_batch = cfg.n_batch if spec.architecture in ENCODER_ARCHS else min(n_ctx, cfg.n_batch)
     n_ubatch = min(n_batch, cfg.n_ubatch)
     n_outputs_max = cfg.llama_n_outputs_max or n_batch  # llama_context: "0 = n_batch"
-    n_ctx = pad(n_ctx, CTX_PAD)
+    # builds before ggml-org/llama.cpp#17046 (kvadvise.planner.builds.SWA_PAD_256) pad both caches to
+    # llama_kv_cache::get_padding(cparams) = flash_attn ? 256 : 32, cparams.flash_attn being "not disabled" when
+    # the cache is made (auto counts as on; llama_model::create_memory, b6840); from #17046 on, always to 256
+    old_pad = all(builds.older_than(cfg.llama_build, builds.SWA_PAD_256))
+    fa_asked = "off" if spec.architecture == "grok" else cfg.flash_attn  # llama_init_from_model forces Grok's off
+    n_pad = CTX_PAD if not old_pad or fa_asked != "off" else OLD_CTX_PAD
     if cfg.kv_unified:
-        n_ctx_seq, n_stream = n_ctx, 1
+        n_ctx = n_ctx_seq = pad(n_ctx, n_pad)
+        n_stream = 1
     else:
-        n_ctx_seq = pad(n_ctx // n_seq_max, CTX_PAD)
-        n_ctx = n_ctx_seq * n_seq_max  # "n_ctx is not divisible by n_seq_max - rounding down"
+        # old: ceil(n_ctx / n_seq_max) padded; #17046: GGML_PAD(n_ctx, 256) / n_seq_max padded ("rounding down")
+        n_ctx_seq = pad(-(-n_ctx // n_seq_max), n_pad) if old_pad else pad(pad(n_ctx, n_pad) // n_seq_max, n_pad)
+        n_ctx = n_ctx_seq * n_seq_max
         n_stream = n_seq_max
     flash_attn = _flash_attn(spec, cfg)
     n_ctx_swa = 0
@@ -356,11 +369,13 @@ def resolve(spec: ModelSpec, cfg: RunConfig) -> ContextLayout:
         n_ctx_swa = n_ctx_seq
         if not cfg.swa_full:
             # llama_kv_cache_iswa: size_swa = GGML_PAD(min(size_base, n_swa*(unified ? n_seq_max : 1) + n_ubatch), 256);
-            # builds before ggml-org/llama.cpp#17046 did not pad it (kvadvise.planner.builds.SWA_PAD_256)
+            # before #17046: min(size_base, GGML_PAD(n_swa*(...) + n_ubatch, n_pad)) (b6840; a b6182 log without
+            # flash attention prints 640 cells for gpt-oss at n_ubatch 512, b6699's with it 768)
             mult = n_seq_max if cfg.kv_unified else 1
-            n_ctx_swa = min(n_ctx_seq, spec.n_swa * mult + n_ubatch)
-            if not all(builds.older_than(cfg.llama_build, builds.SWA_PAD_256)):
-                n_ctx_swa = pad(n_ctx_swa, CTX_PAD)
+            if old_pad:
+                n_ctx_swa = min(n_ctx_seq, pad(spec.n_swa * mult + n_ubatch, n_pad))
+            else:
+                n_ctx_swa = pad(min(n_ctx_seq, spec.n_swa * mult + n_ubatch), n_pad)
     return ContextLayout(
         n_ctx=n_ctx,
         n_ctx_seq=n_ctx_seq,
@@ -377,6 +392,7 @@ def resolve(spec: ModelSpec, cfg: RunConfig) -> ContextLayout:
         type_v=cfg.type_v,
         device="cpu" if cfg.device == "auto" else cfg.device,  # an estimate without hardware is the CPU's
         llama_build=cfg.llama_build,
+        v_trans=fa_asked == "off",
     )
 
 
@@ -453,12 +469,14 @@ def flash_attn_note(spec: ModelSpec, cfg: RunConfig) -> str | None:
         return (
             f"flash attention off: CUDA has no kernel for this model ({missing}; ggml-cuda fattn.cu), so "
             "llama.cpp's auto resolves it off (llama_context::resolve_fused_ops): the attention scores take "
-            "n_kv x n_ubatch x n_head floats and V is stored transposed"
+            "n_kv x n_ubatch x n_head floats, and as the cache was made for flash attention each layer copies its "
+            "V transposed beside them (build_attn_mha): --flash-attn off saves that copy"
         )
     return (
         f"flash attention is on but CUDA has no kernel for it ({missing}; ggml-cuda fattn.cu): llama.cpp runs "
         "every attention on the CPU, slowly, and copies each layer's K and V to host memory for it (not in "
-        "these figures); use --flash-attn auto with an f16 V cache (llama.cpp then turns it off)"
+        "these figures); use --flash-attn off with an f16 V cache (auto turns it off too, but after making the "
+        "cache for it, so each layer copies its V transposed)"
     )
 
 
@@ -481,7 +499,7 @@ def kv_shape_bytes(spec: ModelSpec, lay: ContextLayout) -> dict[tuple[bool, int,
         cells = lay.n_ctx_swa if has_swa and swa else lay.n_ctx_seq
         # MLA: has_v = !is_mla, V is a view into K (builds before #19067 kept a V, kvadvise.planner.builds);
         # v_trans (FA off) pads V to the widest layer
-        nv = -1 if spec.is_mla and not mla_v else shapes.v_max if not lay.flash_attn else nv_fa
+        nv = -1 if spec.is_mla and not mla_v else shapes.v_max if lay.v_trans else nv_fa
         k = _tensor_alloc(lay.device, lay.type_k, nk, row_bytes(lay.type_k, nk) * cells * lay.n_stream)
         v = 0 if nv < 0 else _tensor_alloc(lay.device, lay.type_v, nv, row_bytes(lay.type_v, nv) * cells * lay.n_stream)
         sizes[key] = (k, v)
@@ -531,7 +549,7 @@ def kv_bytes_per_token(spec: ModelSpec, lay: ContextLayout) -> int:
             continue
         row = row_bytes(lay.type_k, nk)
         if not spec.is_mla or _mla_keeps_v(lay):
-            row += row_bytes(lay.type_v, shapes.v_max if not lay.flash_attn else nv_fa)
+            row += row_bytes(lay.type_v, shapes.v_max if lay.v_trans else nv_fa)
         total += n * row
     return total
 
@@ -574,6 +592,10 @@ class _Sizes:
     #   [n_embd, n_ubatch, n_altup] each): 2 to 4 rows of n_embd over three shapes; planned at n_altup / 2.
     # Both hold Gemma 4 E2B/E4B's and Gemma 3n E2B/E4B's shapes within 16 MiB or 3 %.
     layer_inputs: int
+    # builds before #23764 with flash attention: the masks alive through the sliding-window layers that come
+    # before the first full-attention layer (gpt-oss's layer 0, Gemma 3's 0-4): the SWA mask, cast, and the
+    # full-attention mask's f32 input, cast to f16 only at the first layer that reads it (0: no such layers)
+    lead_swa_masks: int = 0
 
 
 def _sizes(spec: ModelSpec, lay: ContextLayout) -> _Sizes:
@@ -591,9 +613,26 @@ def _sizes(spec: ModelSpec, lay: ContextLayout) -> _Sizes:
         # the attention: the residual, its norm and Q/K/V (3 rows of n_embd), Q and the output before wo;
         # without flash attention the scores and a third Q-sized tensor (KQV before its permute)
         attn = 3 * embd + (2 * q if lay.flash_attn else 3 * q + scores)
+        if not lay.flash_attn and not lay.v_trans and not spec.is_mla:
+            # -fa auto resolved off after the cache was made with V not transposed: build_attn_mha makes
+            # "v = ggml_cont(ggml_transpose(v))" ("note: avoid this branch", src/llama-graph.cpp, 0c1e570) beside
+            # the scores, [n_kv, n_embd_head_v, n_head_kv] of the V cache's type
+            attn += row_bytes(lay.type_v, n_kv) * spec.n_embd_v_gqa_max()
+        if not lay.flash_attn and spec.architecture == "deepseek2" and not spec.is_mla:
+            # a pre-MLA DeepSeek-V2 GGUF (attn_kv_b, no *_mla keys): the decompressed K|V of wkv_b and V's copy
+            # are alive at the scores; measured with llama-fit-params (b11312) on DeepSeek-V2-Lite's shape at
+            # 1k to 16k cells, n_ubatch 256 to 1024: 14.3 MiB per 512 tokens over the rule above, planned as two
+            # Q-sized tensors (12 MiB; 32 heads: 8 MiB measured)
+            attn += 2 * q
     phases = [0]
     if spec.n_ff:  # a dense feed-forward: gate, up and their product (ggml_swiglu_split is not in place)
-        phases.append(3 * embd + 3 * f32 * ub * spec.n_ff)
+        ff = 3
+        if spec.architecture in FUSED_UP_ARCHS and any(builds.older_than(lay.llama_build, builds.FUSED_GLU)):
+            # up = [2 n_ff] holding gate and up, and the ggml_cont of each half before ggml_swiglu
+            # (kvadvise.planner.builds.FUSED_GLU); measured with the allocation pass of e1e8e09 (Ollama 0.6.8's
+            # llama.cpp) on GLM-4-32B's and GLM-4-9B's shapes: within 8 MiB over
+            ff = 4
+        phases.append(3 * embd + ff * f32 * ub * spec.n_ff)
     if spec.n_expert:
         phases.append(_moe_phase(spec, ub, embd, q))
     if spec.ssm is not None:
@@ -608,7 +647,11 @@ def _sizes(spec: ModelSpec, lay: ContextLayout) -> _Sizes:
         logits += 2 * q
     ple = f32 * ub * spec.n_embd_per_layer * spec.n_layer
     layer_inputs = ple * 3 // 2 + embd * spec.n_altup // 2 if layer else 0
-    return _Sizes(embd, q, logits, cells, scores, attn, mix, layer, ple, layer_inputs)
+    lead = 0
+    attn_layers = [il for il, kv in enumerate(spec.kv_layers) if kv]
+    if full and swa and lay.flash_attn and attn_layers and spec.swa_layers[attn_layers[0]]:
+        lead = ub * (2 * lay.n_ctx_swa + 4 * lay.n_ctx_seq)
+    return _Sizes(embd, q, logits, cells, scores, attn, mix, layer, ple, layer_inputs, lead)
 
 
 def _moe_phase(spec: ModelSpec, ub: int, embd: int, q: int) -> int:
@@ -682,6 +725,11 @@ def _layer_peak(s: _Sizes, lay: ContextLayout, f32_mask: bool) -> int:
     peak = masks + s.layer
     if f32_mask and s.attn:
         peak = max(peak, masks + s.mask_cells * ub * 4 + s.attn)
+    if f32_mask and s.lead_swa_masks:
+        # the leading sliding-window layers run with the full mask's f32 input alive (its ggml_cast is placed
+        # at the first full-attention layer): measured with the allocation pass of 364a7a6 (Ollama 0.12.5's
+        # llama.cpp) on Gemma 3 12B's layers at 32k, 181.5 MiB for 178 planned (146 without this)
+        peak = max(peak, s.lead_swa_masks + s.layer)
     return peak
 
 
@@ -714,7 +762,7 @@ def _host_compute(spec: ModelSpec, lay: ContextLayout, f32_mask: bool) -> int:
     old = lay.llama_build is not None and lay.llama_build < builds.F16_MASK_FA
     rows = 1 if f32_mask or old else 2
     v_idxs = 0
-    if not lay.flash_attn and not spec.is_mla and not all(builds.older_than(lay.llama_build, builds.SET_ROWS)):
+    if lay.v_trans and not spec.is_mla and not all(builds.older_than(lay.llama_build, builds.SET_ROWS)):
         kinds = len(
             {lay.n_ctx_swa if spec.swa_layers[il] else lay.n_ctx_seq for il, kv in enumerate(spec.kv_layers) if kv}
         )
@@ -750,6 +798,8 @@ def _device_compute(spec: ModelSpec, lay: ContextLayout, f32_mask: bool, weight_
     layer = _layer_peak(s, lay, f32_mask)
     if weight_copy and s.layer:  # op offload: the copy beside a matmul's inputs and output, masks alive
         layer = max(layer, s.mask_cells * lay.n_ubatch * (2 if lay.flash_attn else 4) + s.layer + weight_copy)
+        if f32_mask and s.lead_swa_masks:  # and in a leading sliding-window layer, the f32 mask (above)
+            layer = max(layer, s.lead_swa_masks + s.layer + weight_copy)
     layer += s.layer_inputs
     # the logits land above the per-layer inputs' hole (measured: + the inputs' size + 0 to 5 MiB)
     return pad(max(s.logits + 2 * s.embd + s.ple, layer), ALIGNMENT["cuda"])
