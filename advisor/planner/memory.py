@@ -712,9 +712,9 @@ def _host_compute(spec: ModelSpec, lay: ContextLayout, f32_mask: bool) -> int:
     rows = 1 if f32_mask or old else 2
     v_idxs = 0
     if not lay.flash_attn and not spec.is_mla and not all(builds.older_than(lay.llama_build, builds.SET_ROWS)):
-        kinds = len(
-            {lay.n_ctx_swa if spec.swa_layers[il] else lay.n_ctx_seq for il, kv in enumerate(spec.kv_layers) if kv}
-        )
+        # one index tensor per cache (llm_graph_input_attn_kv_iswa: self_v_idxs and self_v_idxs_swa), even
+        # where the SWA cache has as many cells as the full one (n_swa + n_ubatch >= n_ctx)
+        kinds = len({spec.swa_layers[il] for il, kv in enumerate(spec.kv_layers) if kv})
         v_idxs = 8 * ub * spec.n_embd_v_gqa_max() * kinds
     ids = 4 * ub * 2 + 4 * min(ub, lay.n_outputs_max)  # tokens and positions (i32), output ids (i32)
     # Gemma 3n/4: per_layer_token_embd is an input tensor on the CPU, so its get_rows for the batch is here
