@@ -23,12 +23,13 @@ from kvadvise.model.gguf import read_file  # noqa: E402
 from kvadvise.planner.memory import MIB, estimate  # noqa: E402
 
 OVER = (0.03, 16 * MIB)  # the most kvadvise may plan over llama.cpp's figure: 3 % or 16 MiB
-# (case, config): Gemma 2's SWA cache as large as its full one (two V row-index inputs on the host); Command R7B's
-# iSWA the same with four layers in a pattern; Llama 3.2 3B in LLamaSharp's context (kv_unified, n_batch = n_ubatch
-# = 512, the whole batch's logits) with flash attention, the published LLamaSharp CUDA case
+# (case, config): Gemma 2's SWA cache as large as its full one (two V row-index inputs on the host); DeepSeek-V2-Lite
+# without flash attention at 32k cells (MLA's contiguous V beside the scores, on top of the buffer); Llama 3.2 3B in
+# LLamaSharp's context (kv_unified, n_batch = n_ubatch = 512, the whole batch's logits) with flash attention, the
+# published LLamaSharp CUDA case
 PICKED = (
     ("gemma-2-9b", "fa=off c=4096"),
-    ("command-r7b", "LLamaSharp fa=off c=4096"),
+    ("deepseek-v2-lite", "fa=off c=32768"),
     ("llama-3.2-3b", "LLamaSharp fa=on c=4096"),
 )
 UNDER = {

@@ -588,6 +588,16 @@ def _sizes(spec: ModelSpec, lay: ContextLayout) -> _Sizes:
         # the attention: the residual, its norm and Q/K/V (3 rows of n_embd), Q and the output before wo;
         # without flash attention the scores and a third Q-sized tensor (KQV before its permute)
         attn = 3 * embd + (2 * q if lay.flash_attn else 3 * q + scores)
+        if spec.is_mla and not lay.flash_attn:
+            # build_attn_mha (src/llama-graph.cpp, b11312): MLA's V is a view of K, not transposed, so without flash
+            # attention it is made contiguous after the softmax ("v_cont", [n_kv, n_embd_head_v] per stream, the
+            # cache's type) while the scores are alive. ggml-alloc puts it in a hole when one fits, else on top:
+            # measured with llama-fit-params on DeepSeek-V2-Lite's shape (8k to 64k cells; 16 heads: no cost up to
+            # 24k cells, 32 MiB at 32k) and a GLM-4.7-Flash-like one (20 heads, q_lora: 32 MiB at 32k). The hole
+            # is the absorbed Q's (Q-sized, freed by the scores' matmul) and at most what the projections beside
+            # it leave; planned as Q's alone, so that the plan is never under (up to v_cont over between the two)
+            v_cont = row_bytes(lay.type_k, n_kv) * spec.n_embd_head_v * lay.n_stream
+            attn += v_cont if v_cont > q else 0
     phases = [0]
     if spec.n_ff:  # a dense feed-forward: gate, up and their product (ggml_swiglu_split is not in place)
         phases.append(3 * embd + 3 * f32 * ub * spec.n_ff)
