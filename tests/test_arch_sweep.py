@@ -35,8 +35,8 @@ PICKED = (
 UNDER = {
     ("llama-3.2-3b", "LLamaSharp fa=on c=4096"): "device 262.50 MiB planned, 278.51 allocated: the last layer's "
     "out_ids get_rows (two [n_embd, n_ubatch] copies beside the layer input and attn_out) leave the final norm "
-    "above the masks and four such rows, and the logits land above it (ggml-alloc's best fit); at 8k cells, or "
-    "with n_ff 12288, they land 6 MiB up: a placement kvadvise does not model",
+    "above the masks and four such rows, and the logits land above it (ggml-alloc's best fit); at 2k, 3k, 6k or "
+    "8k cells, or with n_ff 12288, they land one row (6 MiB) up: a coincidence of sizes kvadvise does not model",
 }
 
 
