@@ -1,7 +1,8 @@
 """Benchmark: the device's compute buffer of dense llama-architecture models as ggml-alloc sizes it, against
 kvadvise's exact plan (kvadvise.planner.galloc over kvadvise.planner.llama_graph) and its analytic model.
 
-Grid: Llama 3.2 1B / 3B, Llama 3.1 8B, Mistral 7B v0.3 (published shapes, sparse GGUFs: header only,
+Grid: Llama 3.2 1B / 3B, Llama 3.1 8B, Mistral 7B v0.3, Phi-3 mini / medium, Qwen2.5 3B / 7B, Qwen3 4B / 8B
+(published shapes, sparse GGUFs: header only,
 tests/tinymodels.py) x flash attention on/off x n_ctx 2048/4096/6144/8192/32768 x the logits reserved for
 the whole batch (the library, llama-cli: llama-fit-params -fitp on, tests/oracle.py dry_run) or for one row
 (llama-server b11312: n_outputs_max = n_parallel = 1; its -fit pass, a no-allocation reserve of the same
@@ -37,7 +38,15 @@ from kvadvise.model.architecture import from_gguf  # noqa: E402
 from kvadvise.model.gguf import read_file  # noqa: E402
 from kvadvise.planner.memory import MIB, RunConfig, _analytic_device_compute, estimate, resolve  # noqa: E402
 
-LLAMA_CASES = tuple(c for c in CASES if c.recipe == "llama")
+# Qwen shapes from each model's HF config.json (num_hidden_layers, hidden_size, num_attention_heads,
+# num_key_value_heads, head_dim, intermediate_size, vocab_size)
+QWEN_CASES = (
+    Case("qwen2.5-3b", "qwen2", dict(n_layer=36, n_embd=2048, n_head=16, n_head_kv=2, n_ff=11008), 151936),
+    Case("qwen2.5-7b", "qwen2", dict(n_layer=28, n_embd=3584, n_head=28, n_head_kv=4, n_ff=18944), 152064),
+    Case("qwen3-4b", "qwen3", dict(n_layer=36, n_embd=2560, n_head=32, n_head_kv=8, head=128, n_ff=9728), 151936),
+    Case("qwen3-8b", "qwen3", dict(n_layer=36, n_embd=4096, n_head=32, n_head_kv=8, head=128, n_ff=12288), 151936),
+)
+LLAMA_CASES = tuple(c for c in CASES if c.recipe in ("llama", "phi3")) + QWEN_CASES
 N_CTX = (2048, 4096, 6144, 8192, 32768)
 OUTPUTS = {"batch": "llama-cli", "1 row": "llama-server"}
 _COMPUTE = re.compile(r"sched_reserve:\s+(RPC\d+\[[^\]]*\]) compute buffer size =\s+([\d.]+) MiB")
@@ -117,7 +126,7 @@ def sweep(cases: Sequence[Case], folder: Path, endpoint: str) -> list[Row]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--only", default="", help="comma-separated case names (default: every llama-architecture case)")
+    ap.add_argument("--only", default="", help="comma-separated case names (default: all)")
     args = ap.parse_args(argv)
     names = {n for n in args.only.split(",") if n}
     cases = [c for c in LLAMA_CASES if not names or c.name in names]

@@ -79,6 +79,13 @@ def test_llama_3_2_3b_as_llama_cpp_allocates_it(n_kv: int, flash_attn: bool, n_o
     assert f"{device / MIB:.2f}" == mib
 
 
+def test_phi_3_mini_as_llama_cpp_allocates_it() -> None:
+    # llama-fit-params b11312, flash attention, 4,096 cells, the whole batch's logits (the analytic model: 74.62)
+    shape = LlamaShape(n_layer=32, n_embd=3072, n_head=32, n_head_kv=32, n_embd_head=96, n_ff=8192, n_vocab=32064,
+                       n_kv=4096, n_ubatch=512, n_outputs=512, flash_attn=True, phi3=True)  # fmt: skip
+    assert f"{reserve_sizes(build(shape), (32, 32))[0] / MIB:.2f}" == "84.64"
+
+
 @pytest.fixture(scope="module")
 def endpoint() -> Iterator[str]:
     sys.path.insert(0, str(ROOT / "tests"))
@@ -96,7 +103,7 @@ def endpoint() -> Iterator[str]:
 
 
 @pytest.mark.llama
-@pytest.mark.parametrize(("name", "n_ctx", "fa"), [("llama-3.2-1b", 2048, "off"), ("llama-3.1-8b", 8192, "on")])
+@pytest.mark.parametrize(("name", "n_ctx", "fa"), [("llama-3.2-1b", 2048, "off"), ("llama-3.1-8b", 8192, "on"), ("qwen3-4b", 4096, "on")])
 def test_one_row_of_logits_as_llama_servers_fit_pass_reserves(
     name: str, n_ctx: int, fa: str, endpoint: str, tmp_path: Path
 ) -> None:

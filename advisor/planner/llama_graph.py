@@ -1,7 +1,8 @@
-"""The reserve graph of a dense llama-family model with every layer on one device, node by node, as
+"""The reserve graph of a dense llama-family model (llama, phi3, qwen2, qwen3) with every layer on one device, node by node, as
 ggml_backend_sched hands it to ggml-alloc (kvadvise.planner.galloc), llama.cpp b11312 (0c1e570).
 
-Followed: src/models/llama.cpp (llama_model_llama::graph), llm_graph_context::build_norm, build_qkv,
+Followed: src/models/llama.cpp (llama_model_llama::graph), src/models/phi3.cpp (its SWA is disabled by
+llama.cpp: graph<false>), src/models/qwen2.cpp and qwen3.cpp, llm_graph_context::build_norm, build_qkv,
 build_attn / build_attn_mha (src/llama-graph.cpp), build_ffn (LLM_FFN_SILU, LLM_FFN_PAR: ggml_swiglu_split),
 llama_kv_cache::cpy_k / cpy_v (src/llama-kv-cache.cpp), in the order ggml_build_forward_expand visits them
 (sources depth first; build_attn expands Q, then V, then K). ggml_backend_sched_split_graph
@@ -36,6 +37,11 @@ class LlamaShape:
     n_ubatch: int
     n_outputs: int  # logits rows reserved (min(n_ubatch, n_outputs_max))
     flash_attn: bool
+    # src/models/phi3.cpp: one fused QKV matmul (Q, K and V are views of it), Q scaled after its rope, the
+    # feed-forward's gate and up fused (ffn_up [n_embd, 2 n_ff], ggml_swiglu), l_out = residual + ffn_out
+    phi3: bool = False
+    qkv_bias: bool = False  # src/models/qwen2.cpp: Q, K and V biases (ggml_add, in place, before the reshapes)
+    qk_norm: bool = False  # src/models/qwen3.cpp: Q and K RMS-normed per head (build_norm) before their rope
 
 
 class _Builder:
@@ -92,6 +98,18 @@ def build(s: LlamaShape) -> Graph:
         b.add(Tensor(t.name + " (view)", "NONE", t.nbytes, HOST, ("dep",), (src,), view_src=src))
         copies[src] = b.add(Tensor(t.name + "#RPC", "NONE", t.nbytes, DEVICE, t.layout, is_input=True))
     x = copies[embd]
+
+    def proj(name: str, weight: int, inp: int, n_head: int, *, normed: bool = True) -> int:
+        """build_qkv's separate projection: matmul, bias (in place), the per-head reshape (a view), qk norm."""
+        t = b.op(name, "MUL_MAT", (s.n_embd_head * n_head, ub), (weight, inp))
+        if s.qkv_bias:
+            t = b.op(f"{name} (bias)", "ADD", (s.n_embd_head * n_head, ub), (t, b.weight(f"{name}.bias")))
+        t = b.view(f"{name} (reshaped)", t, "RESHAPE")
+        if s.qk_norm and normed:
+            t = b.op(f"{name} (norm)", "RMS_NORM", (s.n_embd_head, n_head, ub), (t,))
+            t = b.op(f"{name} (normed)", "MUL", (s.n_embd_head, n_head, ub), (t, b.weight(f"{name}.norm")))
+        return t
+
     for il in range(s.n_layer):
         last = il == s.n_layer - 1
         w = {k: b.weight(f"blk.{il}.{k}") for k in ("attn_norm", "q", "k", "v", "o", "ffn_norm", "gate", "up", "down")}
@@ -99,13 +117,18 @@ def build(s: LlamaShape) -> Graph:
         inp_sa = x
         norm = b.op(f"norm-{il}", "RMS_NORM", (E, ub), (x,))
         cur = b.op(f"attn_norm-{il}", "MUL", (E, ub), (norm, w["attn_norm"]))
-        q = b.op(f"Qcur-{il}", "MUL_MAT", (q_dim, ub), (w["q"], cur))
-        q = b.view(f"Qcur-{il} (reshaped)", q, "RESHAPE")
-        q = b.op(f"Qcur-{il} (rope)", "ROPE", (s.n_embd_head, s.n_head, ub), (q, copies[pos]))
-        v = b.op(f"Vcur-{il}", "MUL_MAT", (kv_dim, ub), (w["v"], cur))
-        v = b.view(f"Vcur-{il} (reshaped)", v, "RESHAPE")
-        k = b.op(f"Kcur-{il}", "MUL_MAT", (kv_dim, ub), (w["k"], cur))
-        k = b.view(f"Kcur-{il} (reshaped)", k, "RESHAPE")
+        if s.phi3:  # build_qkv with wqkv: 3-D views of one matmul (not contiguous: V is not reshaped in cpy_v)
+            qkv = b.op(f"wqkv-{il}", "MUL_MAT", (q_dim + 2 * kv_dim, ub), (w["q"], cur))
+            q = b.view(f"Qcur-{il}", qkv)
+            q = b.op(f"Qcur-{il} (rope)", "ROPE", (s.n_embd_head, s.n_head, ub), (q, copies[pos]))
+            q = b.op(f"Qcur-{il} (scaled)", "SCALE", (s.n_embd_head, s.n_head, ub), (q,))
+            v = b.view(f"Vcur-{il}", qkv)
+            k = b.view(f"Kcur-{il}", qkv)
+        else:
+            q = proj(f"Qcur-{il}", w["q"], cur, s.n_head)
+            q = b.op(f"Qcur-{il} (rope)", "ROPE", (s.n_embd_head, s.n_head, ub), (q, copies[pos]))
+            v = proj(f"Vcur-{il}", w["v"], cur, s.n_head_kv, normed=False)
+            k = proj(f"Kcur-{il}", w["k"], cur, s.n_head_kv)
         k = b.op(f"Kcur-{il} (rope)", "ROPE", (s.n_embd_head, s.n_head_kv, ub), (k, copies[pos]))
         # cpy_k: a 2-D view of K, set_rows into the cache (a view of the cache: no memory here)
         kv = b.view(f"Kcur-{il} (view)", k)
@@ -113,8 +136,12 @@ def build(s: LlamaShape) -> Graph:
                      view_src=cache_k))  # fmt: skip
         if s.flash_attn:
             vv = b.view(f"Vcur-{il} (view)", v)
-        else:  # the transposed V cache: two reshapes, one element per row
-            vv = b.view(f"Vcur-{il} (reshaped 2d)", v, "RESHAPE")
+        else:  # the transposed V cache: V as [n_embd_v_gqa, n_tokens] (a copy where it is a strided view), one
+            # element per row
+            if s.phi3:
+                vv = b.op(f"Vcur-{il} (cont)", "CONT", (kv_dim, ub), (v,))
+            else:
+                vv = b.view(f"Vcur-{il} (reshaped 2d)", v, "RESHAPE")
             vv = b.view(f"Vcur-{il} (reshaped 1)", vv, "RESHAPE")
         b.add(Tensor(f"cache_v_l{il} (view)", "SET_ROWS", 0, DEVICE, (), (vv, copies[v_idxs], cache_v),
                      view_src=cache_v))  # fmt: skip
@@ -140,11 +167,16 @@ def build(s: LlamaShape) -> Graph:
         ffn_inp = b.op(f"ffn_inp-{il}", "ADD", (E, rows), (cur, inp_sa))
         norm = b.op(f"norm-{il}", "RMS_NORM", (E, rows), (ffn_inp,))
         cur = b.op(f"ffn_norm-{il}", "MUL", (E, rows), (norm, w["ffn_norm"]))
-        gate = b.op(f"ffn_gate-{il}", "MUL_MAT", (s.n_ff, rows), (w["gate"], cur))
-        up = b.op(f"ffn_up-{il}", "MUL_MAT", (s.n_ff, rows), (w["up"], cur))
-        cur = b.op(f"ffn_swiglu-{il}", "GLU", (s.n_ff, rows), (gate, up))
+        if s.phi3:
+            up = b.op(f"ffn_up-{il}", "MUL_MAT", (2 * s.n_ff, rows), (w["up"], cur))
+            cur = b.op(f"ffn_swiglu-{il}", "GLU", (s.n_ff, rows), (up,))
+        else:
+            gate = b.op(f"ffn_gate-{il}", "MUL_MAT", (s.n_ff, rows), (w["gate"], cur))
+            up = b.op(f"ffn_up-{il}", "MUL_MAT", (s.n_ff, rows), (w["up"], cur))
+            cur = b.op(f"ffn_swiglu-{il}", "GLU", (s.n_ff, rows), (gate, up))
         cur = b.op(f"ffn_out-{il}", "MUL_MAT", (E, rows), (w["down"], cur))
-        x = b.op(f"l_out-{il}", "ADD", (E, rows), (cur, ffn_inp))
+        srcs = (ffn_inp, cur) if s.phi3 else (cur, ffn_inp)
+        x = b.op(f"l_out-{il}", "ADD", (E, rows), srcs)
     rows = s.n_outputs
     norm = b.op("norm", "RMS_NORM", (E, rows), (x,))
     cur = b.op("result_norm", "MUL", (E, rows), (norm, b.weight("output_norm.weight")))

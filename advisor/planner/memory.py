@@ -762,17 +762,22 @@ def _analytic_device_compute(spec: ModelSpec, lay: ContextLayout, weight_copy: i
     return max(_device_compute(spec, lay, old, weight_copy) for old in _mask_eras(lay))
 
 
+_EXACT_ARCHS = ("llama", "phi3", "qwen2", "qwen3")  # kvadvise.planner.llama_graph's graphs
+
+
 def _exact_device_compute(spec: ModelSpec, lay: ContextLayout) -> int | None:
     """ggml-alloc's own figure (kvadvise.planner.galloc over kvadvise.planner.llama_graph's node sequence) where
     that has been checked to the 0.01 MiB llama.cpp prints: a dense llama-architecture model (Llama 3.x,
-    Mistral), one sequence, all layers on one RPC device (alignment 32: the rpc-server's CPU buffer type), an
-    f16 or quantized cache, b11312 or later; 80 of 80 buffers of benchmarks/bench_galloc.py's grid (4 shapes x
+    Mistral), Phi-3 (fused QKV and gate+up, as its GGUFs are converted), Qwen2 / Qwen2.5 (Q/K/V biases, no
+    output bias) or Qwen3 (Q/K norms), one sequence, all layers on one RPC device (alignment 32: the rpc-server's CPU buffer type), an
+    f16 or quantized cache, b11312 or later; 200 of 200 buffers of benchmarks/bench_galloc.py's grid (10 shapes x
     flash attention on/off x 2k-32k cells x the whole batch's logits or one row). Elsewhere None: the
     analytic plan, whose peaks (masks + a layer, logits + two rows) miss where ggml-alloc's best fit leaves
-    the final norm and the logits above holes (Llama 3.2 3B at 4,096 cells: 262.50 planned, 278.51 reserved)."""
+    the final norm and the logits above holes (Llama 3.2 3B at 4,096 cells: 262.50 planned, 278.51 reserved;
+    Phi-3-mini: 74.62 planned, 84.64 reserved)."""
     uniform = len(set(spec.n_head)) == 1 and len(set(spec.n_head_kv)) == 1
     if not (
-        lay.device == "rpc" and spec.architecture == "llama" and uniform and spec.n_ff and not spec.n_expert
+        lay.device == "rpc" and spec.architecture in _EXACT_ARCHS and uniform and spec.n_ff and not spec.n_expert
         and spec.n_swa == 0 and not spec.is_mla and not any(spec.recurrent_layers) and all(spec.kv_layers)
         and spec.n_layer_nextn == 0 and spec.n_embd_head_k == spec.n_embd_head_v and not spec.n_embd_per_layer
         and lay.n_seq_max == 1 and lay.n_stream == 1 and GGMLType.F32 not in (lay.type_k, lay.type_v)
@@ -783,6 +788,7 @@ def _exact_device_compute(spec: ModelSpec, lay: ContextLayout) -> int | None:
         n_layer=spec.n_layer, n_embd=spec.n_embd, n_head=spec.n_head[0], n_head_kv=spec.n_head_kv[0],
         n_embd_head=spec.n_embd_head_k, n_ff=spec.n_ff, n_vocab=spec.n_vocab, n_kv=lay.n_ctx,
         n_ubatch=lay.n_ubatch, n_outputs=min(lay.n_ubatch, lay.n_outputs_max), flash_attn=lay.flash_attn,
+        phi3=spec.architecture == "phi3", qkv_bias=spec.architecture == "qwen2", qk_norm=spec.architecture == "qwen3",
     )  # fmt: skip
     return reserve_sizes(build(shape), (ALIGNMENT["rpc"], ALIGNMENT["cpu"]))[0]
 
