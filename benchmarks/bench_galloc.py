@@ -52,29 +52,31 @@ OUTPUTS = {"batch": "llama-cli", "1 row": "llama-server"}
 _COMPUTE = re.compile(r"sched_reserve:\s+(RPC\d+\[[^\]]*\]) compute buffer size =\s+([\d.]+) MiB")
 
 
-def server_fit_pass(model: Path, cfg: RunConfig, rpc: str, timeout_s: float = 120) -> float:
+def server_fit_pass(model: Path, cfg: RunConfig, timeout_s: float = 120) -> float:
     """The RPC device's compute buffer (MiB) of llama-server's -fit pass (common_fit_params: the model and
-    context made with no_alloc, n_outputs_max as the server sets it), read from its -v log; the server is
-    stopped there (a sparse GGUF has no weights to load)."""
-    cmd = [str(llama_server()), "-m", str(model), "-fit", "on", "-v", "--port", "0", *fit_params_args(cfg, rpc=rpc)]
-    for _ in range(3):  # a loopback rpc-server still busy with the last (killed) client answers the next time
-        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        try:
-            assert p.stderr is not None
-            t0 = time.monotonic()
-            tail: list[str] = []
-            for line in p.stderr:
-                tail = [*tail[-20:], line]
-                m = _COMPUTE.search(line)
-                if m:
-                    return float(m.group(2))
-                if time.monotonic() - t0 > timeout_s:
-                    break
-        finally:
-            p.kill()
-            p.wait()
-        time.sleep(3)
-    raise RuntimeError(f"llama-server printed no RPC compute buffer: {' '.join(cmd)}\n{''.join(tail)}")
+    context made with no_alloc, n_outputs_max as the server sets it), read from its -v log. The server is
+    stopped there, while it goes on to send the weights; the rpc-server it was sending them to may not survive
+    that, so each call has its own."""
+    tail: list[str] = []
+    for _ in range(3):
+        with devices(rpc_server(), 1) as eps:
+            args = fit_params_args(cfg, rpc=eps[0])
+            cmd = [str(llama_server()), "-m", str(model), "-fit", "on", "-v", "--port", "0", *args]
+            p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            try:
+                assert p.stderr is not None
+                t0 = time.monotonic()
+                for line in p.stderr:
+                    tail = [*tail[-20:], line]
+                    m = _COMPUTE.search(line)
+                    if m:
+                        return float(m.group(2))
+                    if time.monotonic() - t0 > timeout_s:
+                        break
+            finally:
+                p.kill()
+                p.wait()
+    raise RuntimeError(f"llama-server printed no RPC compute buffer: {model} {cfg}\n{''.join(tail)}")
 
 
 @dataclass(frozen=True)
@@ -109,7 +111,7 @@ def sweep(cases: Sequence[Case], folder: Path, endpoint: str) -> list[Row]:
                 for n_ctx in N_CTX:
                     cfg = RunConfig(n_ctx=n_ctx, flash_attn=fa, runtime=runtime)
                     if runtime == "llama-server":
-                        measured = server_fit_pass(path, cfg, endpoint)
+                        measured = server_fit_pass(path, cfg)
                     else:
                         found = dry_run(fit_params(), path, cfg, rpc=endpoint)
                         (measured,) = [v for k, v in found.items() if k.startswith("RPC")]

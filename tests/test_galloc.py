@@ -5,7 +5,6 @@ allocation pass (llama-fit-params for the whole batch's logits, llama-server's -
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -87,25 +86,23 @@ def test_phi_3_mini_as_llama_cpp_allocates_it() -> None:
 
 
 @pytest.fixture(scope="module")
-def endpoint() -> Iterator[str]:
+def servers() -> None:
+    """Skip unless llama-server and rpc-server are built (bench_galloc.server_fit_pass runs both)."""
     sys.path.insert(0, str(ROOT / "tests"))
     from llama_server_build import BuildUnavailable, llama_server, rpc_server
-    from rpc_devices import devices
 
     try:
         if not llama_server().exists():
             pytest.skip("no llama-server")
-        binary = rpc_server()
+        rpc_server()
     except BuildUnavailable as e:
         pytest.skip(f"no llama-server / rpc-server can be built here: {e}")
-    with devices(binary, 1) as eps:
-        yield eps[0]
 
 
 @pytest.mark.llama
 @pytest.mark.parametrize(("name", "n_ctx", "fa"), [("llama-3.2-1b", 2048, "off"), ("llama-3.1-8b", 8192, "on"), ("qwen3-4b", 4096, "on")])
 def test_one_row_of_logits_as_llama_servers_fit_pass_reserves(
-    name: str, n_ctx: int, fa: str, endpoint: str, tmp_path: Path
+    name: str, n_ctx: int, fa: str, servers: None, tmp_path: Path
 ) -> None:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from bench_galloc import LLAMA_CASES, server_fit_pass
@@ -118,6 +115,30 @@ def test_one_row_of_logits_as_llama_servers_fit_pass_reserves(
     path = tmp_path / f"{name}.gguf"
     write_tiny_gguf(path, case.recipe, n_vocab=case.n_vocab, n_ctx_train=262144, dims=case.dims, sparse=True)
     cfg = RunConfig(n_ctx=n_ctx, flash_attn=fa, runtime="llama-server")
-    measured = server_fit_pass(path, cfg, endpoint)
+    measured = server_fit_pass(path, cfg)
+    est = estimate(from_gguf(read_file(path)), replace(cfg, device="rpc", device_names=("RPC0",)))
+    assert f"{est.devices[0].compute_bytes / MIB:.2f}" == f"{measured:.2f}"
+
+
+@pytest.mark.llama
+def test_a_stream_per_sequence_as_llama_fit_params_reserves(servers: None, tmp_path: Path) -> None:
+    # -np 3: 2,048 cells a stream, the batch rounded up to 513 tokens (llama_context::graph_reserve), 512 outputs
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_galloc import LLAMA_CASES
+    from llama_server_build import fit_params, rpc_server
+    from oracle import dry_run
+    from rpc_devices import devices
+    from tinymodels import write_tiny_gguf
+
+    from kvadvise.model.architecture import from_gguf
+    from kvadvise.model.gguf import read_file
+
+    (case,) = [c for c in LLAMA_CASES if c.name == "phi-3-mini"]
+    path = tmp_path / "phi-3-mini.gguf"
+    write_tiny_gguf(path, case.recipe, n_vocab=case.n_vocab, n_ctx_train=262144, dims=case.dims, sparse=True)
+    cfg = RunConfig(n_ctx=6144, flash_attn="off", n_parallel=3, runtime="llama-cli")
+    with devices(rpc_server(), 1) as eps:
+        found = dry_run(fit_params(), path, cfg, rpc=eps[0])
+    (measured,) = [v for k, v in found.items() if k.startswith("RPC")]
     est = estimate(from_gguf(read_file(path)), replace(cfg, device="rpc", device_names=("RPC0",)))
     assert f"{est.devices[0].compute_bytes / MIB:.2f}" == f"{measured:.2f}"

@@ -769,8 +769,9 @@ def _exact_device_compute(spec: ModelSpec, lay: ContextLayout) -> int | None:
     """ggml-alloc's own figure (kvadvise.planner.galloc over kvadvise.planner.llama_graph's node sequence) where
     that has been checked to the 0.01 MiB llama.cpp prints: a dense llama-architecture model (Llama 3.x,
     Mistral), Phi-3 (fused QKV and gate+up, as its GGUFs are converted), Qwen2 / Qwen2.5 (Q/K/V biases, no
-    output bias) or Qwen3 (Q/K norms), one sequence, all layers on one RPC device (alignment 32: the rpc-server's CPU buffer type), an
-    f16 or quantized cache, b11312 or later; 200 of 200 buffers of benchmarks/bench_galloc.py's grid (10 shapes x
+    output bias) or Qwen3 (Q/K norms); a stream per sequence (one sequence, or -np N without a unified cache:
+    n_kv the cells of a stream); all layers on one RPC device (alignment 32: the rpc-server's CPU buffer type);
+    an f16 or quantized cache; b11312 or later; 200 of 200 buffers of benchmarks/bench_galloc.py's grid (10 shapes x
     flash attention on/off x 2k-32k cells x the whole batch's logits or one row). Elsewhere None: the
     analytic plan, whose peaks (masks + a layer, logits + two rows) miss where ggml-alloc's best fit leaves
     the final norm and the logits above holes (Llama 3.2 3B at 4,096 cells: 262.50 planned, 278.51 reserved;
@@ -780,14 +781,18 @@ def _exact_device_compute(spec: ModelSpec, lay: ContextLayout) -> int | None:
         lay.device == "rpc" and spec.architecture in _EXACT_ARCHS and uniform and spec.n_ff and not spec.n_expert
         and spec.n_swa == 0 and not spec.is_mla and not any(spec.recurrent_layers) and all(spec.kv_layers)
         and spec.n_layer_nextn == 0 and spec.n_embd_head_k == spec.n_embd_head_v and not spec.n_embd_per_layer
-        and lay.n_seq_max == 1 and lay.n_stream == 1 and GGMLType.F32 not in (lay.type_k, lay.type_v)
+        and lay.n_stream == lay.n_seq_max and GGMLType.F32 not in (lay.type_k, lay.type_v)
         and lay.llama_build is not None and lay.llama_build >= builds.REFERENCE
     ):  # fmt: skip
         return None
+    # llama_context::graph_reserve: the batch's tokens rounded up to a multiple of the sequences, one stream each;
+    # the outputs as the unrounded batch's (sched_reserve: n_outputs_pp)
+    n_seqs = lay.n_seq_max
+    n_tokens = -(-lay.n_ubatch // n_seqs) * n_seqs
     shape = LlamaShape(
         n_layer=spec.n_layer, n_embd=spec.n_embd, n_head=spec.n_head[0], n_head_kv=spec.n_head_kv[0],
-        n_embd_head=spec.n_embd_head_k, n_ff=spec.n_ff, n_vocab=spec.n_vocab, n_kv=lay.n_ctx,
-        n_ubatch=lay.n_ubatch, n_outputs=min(lay.n_ubatch, lay.n_outputs_max), flash_attn=lay.flash_attn,
+        n_embd_head=spec.n_embd_head_k, n_ff=spec.n_ff, n_vocab=spec.n_vocab, n_kv=lay.n_ctx_seq,
+        n_ubatch=n_tokens, n_outputs=min(lay.n_ubatch, lay.n_outputs_max), flash_attn=lay.flash_attn,
         phi3=spec.architecture == "phi3", qkv_bias=spec.architecture == "qwen2", qk_norm=spec.architecture == "qwen3",
     )  # fmt: skip
     return reserve_sizes(build(shape), (ALIGNMENT["rpc"], ALIGNMENT["cpu"]))[0]
