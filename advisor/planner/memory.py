@@ -770,9 +770,9 @@ def _exact_device_compute(spec: ModelSpec, lay: ContextLayout) -> int | None:
     that has been checked to the 0.01 MiB llama.cpp prints: a dense llama-architecture model (Llama 3.x,
     Mistral), Phi-3 (fused QKV and gate+up, as its GGUFs are converted), Qwen2 / Qwen2.5 (Q/K/V biases, no
     output bias) or Qwen3 (Q/K norms); a stream per sequence (one sequence, or -np N without a unified cache:
-    n_kv the cells of a stream); all layers on one RPC device (alignment 32: the rpc-server's CPU buffer type);
-    an f16 or quantized cache; b11312 or later; 200 of 200 buffers of benchmarks/bench_galloc.py's grid (10 shapes x
-    flash attention on/off x 2k-32k cells x the whole batch's logits or one row). Elsewhere None: the
+    n_kv the cells of a stream); all layers on one RPC device (alignment 32: an rpc-server's CPU buffer type);
+    an f16 or quantized cache; b11312 or later. 200 of 200 buffers of benchmarks/bench_galloc.py's grid (10
+    shapes x flash attention on/off x 2k-32k cells x the whole batch's logits or one row). Elsewhere None: the
     analytic plan, whose peaks (masks + a layer, logits + two rows) miss where ggml-alloc's best fit leaves
     the final norm and the logits above holes (Llama 3.2 3B at 4,096 cells: 262.50 planned, 278.51 reserved;
     Phi-3-mini: 74.62 planned, 84.64 reserved)."""
