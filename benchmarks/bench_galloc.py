@@ -1,8 +1,8 @@
 """Benchmark: the device's compute buffer of dense llama-architecture models as ggml-alloc sizes it, against
 kvadvise's exact plan (kvadvise.planner.galloc over kvadvise.planner.llama_graph) and its analytic model.
 
-Grid: Llama 3.2 1B / 3B, Llama 3.1 8B, Mistral 7B v0.3, Phi-3 mini / medium, Qwen2.5 3B / 7B, Qwen3 4B / 8B
-(published shapes, sparse GGUFs: header only,
+Grid: Llama 3.2 1B / 3B, Llama 3.1 8B, Mistral 7B v0.3, Granite 3.3 8B, Phi-3 mini / medium, Qwen2.5 3B / 7B,
+Qwen3 4B / 8B (published shapes, sparse GGUFs: header only,
 tests/tinymodels.py) x flash attention on/off x n_ctx 2048/4096/6144/8192/32768 x the logits reserved for
 the whole batch (the library, llama-cli: llama-fit-params -fitp on, tests/oracle.py dry_run) or for one row
 (llama-server b11312: n_outputs_max = n_parallel = 1; its -fit pass, a no-allocation reserve of the same
@@ -46,7 +46,7 @@ QWEN_CASES = (
     Case("qwen3-4b", "qwen3", dict(n_layer=36, n_embd=2560, n_head=32, n_head_kv=8, head=128, n_ff=9728), 151936),
     Case("qwen3-8b", "qwen3", dict(n_layer=36, n_embd=4096, n_head=32, n_head_kv=8, head=128, n_ff=12288), 151936),
 )
-LLAMA_CASES = tuple(c for c in CASES if c.recipe in ("llama", "phi3")) + QWEN_CASES
+LLAMA_CASES = tuple(c for c in CASES if c.recipe in ("llama", "phi3", "granite")) + QWEN_CASES
 N_CTX = (2048, 4096, 6144, 8192, 32768)
 OUTPUTS = {"batch": "llama-cli", "1 row": "llama-server"}
 _COMPUTE = re.compile(r"sched_reserve:\s+(RPC\d+\[[^\]]*\]) compute buffer size =\s+([\d.]+) MiB")

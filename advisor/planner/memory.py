@@ -762,16 +762,17 @@ def _analytic_device_compute(spec: ModelSpec, lay: ContextLayout, weight_copy: i
     return max(_device_compute(spec, lay, old, weight_copy) for old in _mask_eras(lay))
 
 
-_EXACT_ARCHS = ("llama", "phi3", "qwen2", "qwen3")  # kvadvise.planner.llama_graph's graphs
+# kvadvise.planner.llama_graph's graphs; granite's is llama's with in-place scales (src/models/granite.cpp)
+_EXACT_ARCHS = ("llama", "granite", "phi3", "qwen2", "qwen3")
 
 
 def _exact_device_compute(spec: ModelSpec, lay: ContextLayout) -> int | None:
     """ggml-alloc's own figure (kvadvise.planner.galloc over kvadvise.planner.llama_graph's node sequence) where
     that has been checked to the 0.01 MiB llama.cpp prints: a dense llama-architecture model (Llama 3.x,
-    Mistral), Phi-3 (fused QKV and gate+up, as its GGUFs are converted), Qwen2 / Qwen2.5 (Q/K/V biases, no
+    Mistral), Granite 3.x (its residual and logit scales run in place: the same allocation), Phi-3 (fused QKV and gate+up, as its GGUFs are converted), Qwen2 / Qwen2.5 (Q/K/V biases, no
     output bias) or Qwen3 (Q/K norms); a stream per sequence (one sequence, or -np N without a unified cache:
     n_kv the cells of a stream); all layers on one RPC device (alignment 32: an rpc-server's CPU buffer type);
-    an f16 or quantized cache; b11312 or later. 200 of 200 buffers of benchmarks/bench_galloc.py's grid (10
+    an f16 or quantized cache; b11312 or later. 220 of 220 buffers of benchmarks/bench_galloc.py's grid (11
     shapes x flash attention on/off x 2k-32k cells x the whole batch's logits or one row). Elsewhere None: the
     analytic plan, whose peaks (masks + a layer, logits + two rows) miss where ggml-alloc's best fit leaves
     the final norm and the logits above holes (Llama 3.2 3B at 4,096 cells: 262.50 planned, 278.51 reserved;
