@@ -35,6 +35,8 @@ from kvadvise.model.ggml import (
 )
 from kvadvise.model.spec import ModelSpec, SSMDims
 from kvadvise.planner import builds
+from kvadvise.planner.galloc import reserve_sizes
+from kvadvise.planner.llama_graph import LlamaShape, build
 from kvadvise.planner.repack import RULES as REPACK_RULES
 from kvadvise.planner.repack import plan_repack
 
@@ -624,6 +626,16 @@ def _sizes(spec: ModelSpec, lay: ContextLayout) -> _Sizes:
             # 1k to 16k cells, n_ubatch 256 to 1024: 14.3 MiB per 512 tokens over the rule above, planned as two
             # Q-sized tensors (12 MiB; 32 heads: 8 MiB measured)
             attn += 2 * q
+        if spec.is_mla and not lay.flash_attn:
+            # build_attn_mha (src/llama-graph.cpp, b11312): MLA's V is a view of K, not transposed, so without flash
+            # attention it is made contiguous after the softmax ("v_cont", [n_kv, n_embd_head_v] per stream, the
+            # cache's type) while the scores are alive. ggml-alloc puts it in a hole when one fits, else on top:
+            # measured with llama-fit-params on DeepSeek-V2-Lite's shape (8k to 64k cells; 16 heads: no cost up to
+            # 24k cells, 32 MiB at 32k) and a GLM-4.7-Flash-like one (20 heads, q_lora: 32 MiB at 32k). The hole
+            # is the absorbed Q's (Q-sized, freed by the scores' matmul) and at most what the projections beside
+            # it leave; planned as Q's alone, so that the plan is never under (up to v_cont over between the two)
+            v_cont = row_bytes(lay.type_k, n_kv) * spec.n_embd_head_v * lay.n_stream
+            attn += v_cont if v_cont > q else 0
     phases = [0]
     if spec.n_ff:  # a dense feed-forward: gate, up and their product (ggml_swiglu_split is not in place)
         ff = 3
@@ -763,9 +775,9 @@ def _host_compute(spec: ModelSpec, lay: ContextLayout, f32_mask: bool) -> int:
     rows = 1 if f32_mask or old else 2
     v_idxs = 0
     if lay.v_trans and not spec.is_mla and not all(builds.older_than(lay.llama_build, builds.SET_ROWS)):
-        kinds = len(
-            {lay.n_ctx_swa if spec.swa_layers[il] else lay.n_ctx_seq for il, kv in enumerate(spec.kv_layers) if kv}
-        )
+        # one index tensor per cache (llm_graph_input_attn_kv_iswa: self_v_idxs and self_v_idxs_swa), even
+        # where the SWA cache has as many cells as the full one (n_swa + n_ubatch >= n_ctx)
+        kinds = len({spec.swa_layers[il] for il, kv in enumerate(spec.kv_layers) if kv})
         v_idxs = 8 * ub * spec.n_embd_v_gqa_max() * kinds
     ids = 4 * ub * 2 + 4 * min(ub, lay.n_outputs_max)  # tokens and positions (i32), output ids (i32)
     # Gemma 3n/4: per_layer_token_embd is an input tensor on the CPU, so its get_rows for the batch is here
@@ -790,7 +802,52 @@ def device_compute_bytes(spec: ModelSpec, lay: ContextLayout, *, weight_copy: in
     Measured with llama.cpp's allocation pass (llama-fit-params, b11312) on RPC devices, on real-size models
     of 20 families (tests/test_oracle.py); published CUDA, Metal and Vulkan logs (tests/data/published).
     """
+    if not weight_copy:
+        exact = _exact_device_compute(spec, lay)
+        if exact is not None:
+            return exact
+    return _analytic_device_compute(spec, lay, weight_copy)
+
+
+def _analytic_device_compute(spec: ModelSpec, lay: ContextLayout, weight_copy: int = 0) -> int:
     return max(_device_compute(spec, lay, old, weight_copy) for old in _mask_eras(lay))
+
+
+# kvadvise.planner.llama_graph's graphs; granite's is llama's with in-place scales (src/models/granite.cpp)
+_EXACT_ARCHS = ("llama", "granite", "phi3", "qwen2", "qwen3")
+
+
+def _exact_device_compute(spec: ModelSpec, lay: ContextLayout) -> int | None:
+    """ggml-alloc's own figure (kvadvise.planner.galloc over kvadvise.planner.llama_graph's node sequence) where
+    that has been checked to the 0.01 MiB llama.cpp prints: a dense llama-architecture model (Llama 3.x,
+    Mistral), Granite 3.x (its residual and logit scales run in place: the same allocation), Phi-3 (fused QKV and gate+up, as its GGUFs are converted), Qwen2 / Qwen2.5 (Q/K/V biases, no
+    output bias) or Qwen3 (Q/K norms); a stream per sequence (one sequence, or -np N without a unified cache:
+    n_kv the cells of a stream); all layers on one RPC device (alignment 32: an rpc-server's CPU buffer type);
+    an f16 or quantized cache; b11312 or later. 220 of 220 buffers of benchmarks/bench_galloc.py's grid (11
+    shapes x flash attention on/off x 2k-32k cells x the whole batch's logits or one row). Elsewhere None: the
+    analytic plan, whose peaks (masks + a layer, logits + two rows) miss where ggml-alloc's best fit leaves
+    the final norm and the logits above holes (Llama 3.2 3B at 4,096 cells: 262.50 planned, 278.51 reserved;
+    Phi-3-mini: 74.62 planned, 84.64 reserved)."""
+    uniform = len(set(spec.n_head)) == 1 and len(set(spec.n_head_kv)) == 1
+    if not (
+        lay.device == "rpc" and spec.architecture in _EXACT_ARCHS and uniform and spec.n_ff and not spec.n_expert
+        and spec.n_swa == 0 and not spec.is_mla and not any(spec.recurrent_layers) and all(spec.kv_layers)
+        and spec.n_layer_nextn == 0 and spec.n_embd_head_k == spec.n_embd_head_v and not spec.n_embd_per_layer
+        and lay.n_stream == lay.n_seq_max and GGMLType.F32 not in (lay.type_k, lay.type_v)
+        and lay.llama_build is not None and lay.llama_build >= builds.REFERENCE
+    ):  # fmt: skip
+        return None
+    # llama_context::graph_reserve: the batch's tokens rounded up to a multiple of the sequences, one stream each;
+    # the outputs as the unrounded batch's (sched_reserve: n_outputs_pp)
+    n_seqs = lay.n_seq_max
+    n_tokens = -(-lay.n_ubatch // n_seqs) * n_seqs
+    shape = LlamaShape(
+        n_layer=spec.n_layer, n_embd=spec.n_embd, n_head=spec.n_head[0], n_head_kv=spec.n_head_kv[0],
+        n_embd_head=spec.n_embd_head_k, n_ff=spec.n_ff, n_vocab=spec.n_vocab, n_kv=lay.n_ctx_seq,
+        n_ubatch=n_tokens, n_outputs=min(lay.n_ubatch, lay.n_outputs_max), flash_attn=lay.flash_attn,
+        phi3=spec.architecture == "phi3", qkv_bias=spec.architecture == "qwen2", qk_norm=spec.architecture == "qwen3",
+    )  # fmt: skip
+    return reserve_sizes(build(shape), (ALIGNMENT["rpc"], ALIGNMENT["cpu"]))[0]
 
 
 def _device_compute(spec: ModelSpec, lay: ContextLayout, f32_mask: bool, weight_copy: int) -> int:
@@ -812,7 +869,7 @@ def op_offload_growth(spec: ModelSpec, lay: ContextLayout, weight_copy: int) -> 
     (Qwen3.6-35B-A3B, experts of 34 layers in host memory, tests/test_published_logs.py)."""
     if weight_copy <= 0:
         return 0
-    return device_compute_bytes(spec, lay, weight_copy=weight_copy) - device_compute_bytes(spec, lay)
+    return _analytic_device_compute(spec, lay, weight_copy) - _analytic_device_compute(spec, lay)
 
 
 def host_experts_device_growth(spec: ModelSpec, lay: ContextLayout) -> int:

@@ -1,0 +1,144 @@
+"""kvadvise.planner.galloc (ggml-alloc's allocator, b11312) and kvadvise.planner.llama_graph (the reserve graph of a
+dense llama model on one device): hand-worked graphs, and the device's compute buffer against llama.cpp's own
+allocation pass (llama-fit-params for the whole batch's logits, llama-server's -fit pass for one row)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from kvadvise.planner.galloc import Graph, Tensor, reserve_sizes
+from kvadvise.planner.llama_graph import LlamaShape, build
+from kvadvise.planner.memory import MIB, RunConfig, estimate
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _chain(z_op: str) -> Graph:
+    """x (an input) -> y = x @ w -> z = op(y, b) -> logits = z @ w2 (an output); 1 KiB rows, alignment 32."""
+    ts = (
+        Tensor("w", "NONE", 0, 0, (), external=True),
+        Tensor("x", "NONE", 1024, 0, ("f32", 256), is_input=True),
+        Tensor("y", "MUL_MAT", 1024, 0, ("f32", 256), (0, 1)),
+        Tensor("z", z_op, 1024, 0, ("f32", 256), (2, 0)),
+        Tensor("logits", "MUL_MAT", 2048, 0, ("f32", 512), (0, 3), is_output=True),
+    )
+    return Graph(ts, nodes=(2, 3, 4), leafs=(0, 1))
+
+
+def test_in_place_op_takes_its_parents_memory_and_moves_what_lands_above() -> None:
+    # ADD may run in place (ggml_op_can_inplace): z takes y's bytes at 1024; x's hole (0-1024) is too small for
+    # the logits, which go on top: 2048 + 2048
+    assert reserve_sizes(_chain("ADD"), (32,)) == (4096,)
+    # MUL_MAT may not: z goes into x's hole (the best fit), y's freed bytes merge with the top, the logits at 1024
+    assert reserve_sizes(_chain("MUL_MAT"), (32,)) == (3072,)
+
+
+def test_sizes_are_padded_to_the_alignment_and_freed_blocks_merge() -> None:
+    ts = (
+        Tensor("a", "NONE", 100, 0, ("a",), is_input=True),  # 128 with alignment 128
+        Tensor("b", "CONT", 100, 0, ("b",), (0,)),  # 128 at 128; a freed: [0, 128)
+        Tensor("c", "CONT", 300, 0, ("c",), (1,)),  # 384 on top at 256; b freed, merges: [0, 256)
+        Tensor("d", "CONT", 200, 0, ("d",), (2,), is_output=True),  # 256 fits the merged hole exactly
+    )
+    assert reserve_sizes(Graph(ts, nodes=(1, 2, 3)), (128,)) == (640,)
+
+
+def test_an_output_is_never_reused_in_place_nor_freed() -> None:
+    ts = (
+        Tensor("x", "NONE", 1024, 0, ("f32",), is_input=True),
+        Tensor("y", "MUL_MAT", 1024, 0, ("f32",), (0,), is_output=True),
+        Tensor("z", "ADD", 1024, 0, ("f32",), (1,)),  # y is an output: no in-place, a new block (x's hole)
+        Tensor("u", "CONT", 2048, 0, ("u",), (2,)),
+    )
+    # x at 0, y at 1024, x freed, z into x's hole, z freed after u: u on top at 2048 (y stays)
+    assert reserve_sizes(Graph(ts, nodes=(1, 2, 3)), (32,)) == (4096,)
+
+
+LLAMA_32_3B = dict(n_layer=28, n_embd=3072, n_head=24, n_head_kv=8, n_embd_head=128, n_ff=8192, n_vocab=128256)
+
+
+@pytest.mark.parametrize(
+    ("n_kv", "flash_attn", "n_outputs", "mib"),
+    [
+        # llama-fit-params b11312 (-fitp on -v, one rpc-server device; benchmarks/bench_galloc.py): at 4,096
+        # cells the last layer's out_ids rows leave holes the final norm does not fit, the logits land above it
+        (4096, True, 512, "278.51"),
+        (2048, True, 512, "256.50"),
+        (6144, False, 512, "328.01"),
+        (4096, True, 1, "70.01"),  # llama-server's -fit pass (n_outputs_max 1)
+    ],
+)
+def test_llama_3_2_3b_as_llama_cpp_allocates_it(n_kv: int, flash_attn: bool, n_outputs: int, mib: str) -> None:
+    shape = LlamaShape(**LLAMA_32_3B, n_kv=n_kv, n_ubatch=512, n_outputs=n_outputs, flash_attn=flash_attn)
+    device, _host = reserve_sizes(build(shape), (32, 32))
+    assert f"{device / MIB:.2f}" == mib
+
+
+def test_phi_3_mini_as_llama_cpp_allocates_it() -> None:
+    # llama-fit-params b11312, flash attention, 4,096 cells, the whole batch's logits (the analytic model: 74.62)
+    shape = LlamaShape(n_layer=32, n_embd=3072, n_head=32, n_head_kv=32, n_embd_head=96, n_ff=8192, n_vocab=32064,
+                       n_kv=4096, n_ubatch=512, n_outputs=512, flash_attn=True, phi3=True)  # fmt: skip
+    assert f"{reserve_sizes(build(shape), (32, 32))[0] / MIB:.2f}" == "84.64"
+
+
+@pytest.fixture(scope="module")
+def servers() -> None:
+    """Skip unless llama-server and rpc-server are built (bench_galloc.server_fit_pass runs both)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from llama_server_build import BuildUnavailable, llama_server, rpc_server
+
+    try:
+        if not llama_server().exists():
+            pytest.skip("no llama-server")
+        rpc_server()
+    except BuildUnavailable as e:
+        pytest.skip(f"no llama-server / rpc-server can be built here: {e}")
+
+
+@pytest.mark.llama
+@pytest.mark.parametrize(("name", "n_ctx", "fa"), [("llama-3.2-1b", 2048, "off"), ("llama-3.1-8b", 8192, "on"), ("qwen3-4b", 4096, "on")])
+def test_one_row_of_logits_as_llama_servers_fit_pass_reserves(
+    name: str, n_ctx: int, fa: str, servers: None, tmp_path: Path
+) -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_galloc import LLAMA_CASES, server_fit_pass
+    from tinymodels import write_tiny_gguf
+
+    from kvadvise.model.architecture import from_gguf
+    from kvadvise.model.gguf import read_file
+
+    (case,) = [c for c in LLAMA_CASES if c.name == name]
+    path = tmp_path / f"{name}.gguf"
+    write_tiny_gguf(path, case.recipe, n_vocab=case.n_vocab, n_ctx_train=262144, dims=case.dims, sparse=True)
+    cfg = RunConfig(n_ctx=n_ctx, flash_attn=fa, runtime="llama-server")
+    measured = server_fit_pass(path, cfg)
+    est = estimate(from_gguf(read_file(path)), replace(cfg, device="rpc", device_names=("RPC0",)))
+    assert f"{est.devices[0].compute_bytes / MIB:.2f}" == f"{measured:.2f}"
+
+
+@pytest.mark.llama
+def test_a_stream_per_sequence_as_llama_fit_params_reserves(servers: None, tmp_path: Path) -> None:
+    # -np 3: 2,048 cells a stream, the batch rounded up to 513 tokens (llama_context::graph_reserve), 512 outputs
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_galloc import LLAMA_CASES
+    from llama_server_build import fit_params, rpc_server
+    from oracle import dry_run
+    from rpc_devices import devices
+    from tinymodels import write_tiny_gguf
+
+    from kvadvise.model.architecture import from_gguf
+    from kvadvise.model.gguf import read_file
+
+    (case,) = [c for c in LLAMA_CASES if c.name == "phi-3-mini"]
+    path = tmp_path / "phi-3-mini.gguf"
+    write_tiny_gguf(path, case.recipe, n_vocab=case.n_vocab, n_ctx_train=262144, dims=case.dims, sparse=True)
+    cfg = RunConfig(n_ctx=6144, flash_attn="off", n_parallel=3, runtime="llama-cli")
+    with devices(rpc_server(), 1) as eps:
+        found = dry_run(fit_params(), path, cfg, rpc=eps[0])
+    (measured,) = [v for k, v in found.items() if k.startswith("RPC")]
+    est = estimate(from_gguf(read_file(path)), replace(cfg, device="rpc", device_names=("RPC0",)))
+    assert f"{est.devices[0].compute_bytes / MIB:.2f}" == f"{measured:.2f}"
