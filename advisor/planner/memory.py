@@ -606,6 +606,12 @@ def _sizes(spec: ModelSpec, lay: ContextLayout) -> _Sizes:
         # measured (llama-fit-params, b11312, DeepSeek-V2-Lite's shape): the logits land above two Q-sized
         # tensors the last MLA layer leaves at the top of the buffer (ggml-alloc's best fit), 36 MiB at n_ubatch 512
         logits += 2 * q
+    if spec.n_expert:
+        # measured (llama-fit-params b11312, an RPC device, FA, 4k cells, the published vocabularies): a MoE
+        # model's logits land one more row of n_embd up (the last layer's routed and shared outputs' holes):
+        # qwen3next (Qwen3-Next-80B, Qwen3.5-35B-A3B), GLM-4.5-Air and gpt-oss-20b were 4-32 MiB under, Qwen3-30B
+        # one row over (benchmarks/bench_moe_shared.py); and 0.01-0.05 MiB of per-token tensors beside them
+        logits += embd + f32 * ub * 8
     ple = f32 * ub * spec.n_embd_per_layer * spec.n_layer
     layer_inputs = ple * 3 // 2 + embd * spec.n_altup // 2 if layer else 0
     return _Sizes(embd, q, logits, cells, scores, attn, mix, layer, ple, layer_inputs)
@@ -617,11 +623,27 @@ def _moe_phase(spec: ModelSpec, ub: int, embd: int, q: int) -> int:
     n_expert_used, n_ubatch] (Eu), which takes the place of the freed gate and up where it fits (2F), else
     stacks on top. Measured with llama.cpp's own allocation pass (llama-fit-params, b11312) over 18 shapes of
     Qwen3-MoE, Mixtral, gpt-oss and GLM-4.5 layers: exact on 10, within 12 MiB on the rest but one (GLM-4.5-Air's
-    shape, 22 MiB over, the shared expert's tensors reuse more)."""
+    shape, 22 MiB over, the shared expert's tensors reuse more). Both phases hold the router's logits and
+    probabilities ([n_expert, n_ubatch] f32 each) and a few per-token ids (measured: 0.07 MiB above the rows at
+    n_ubatch 512 with 16 experts, 0.30 at 2048).
+
+    A shared expert (qwen3next, qwen35moe, qwen2moe, deepseek2, glm4moe, llama4: src/models/<arch>.cpp, e.g.
+    qwen3next.cpp build_layer_ffn, 0c1e570) runs after the routed experts, as build_ffn(cur, up_shexp,
+    gate_shexp, down_shexp) added to their output: the residual, the normed input and the routed output (3 rows of
+    n_embd) stay alive beside its up, gate and SwiGLU product (S = [n_ff_shexp, n_ubatch] each), placed above
+    what ggml-alloc's best fit leaves of the routed experts' freed tensors: a hole of at most half a row of S and
+    of n_embd, and at most three rows of n_embd and one F. Measured with llama-fit-params b11312 on an RPC device
+    over 48 qwen3next layers (n_embd 1024-4096, n_ff_shexp 1024-16384, 2 or 8 of 16 experts of 256 or 1024,
+    n_ubatch 512 and 2048; benchmarks/bench_moe_shared.py): never below, at most 17 % (72 MiB) over; before, a
+    shared expert 4-8 times as wide as the routed ones was planned up to 52 % under."""
     f32 = 4
     ff = f32 * ub * (spec.n_ff_exp or spec.n_ff) * spec.n_expert_used
     eu = f32 * ub * spec.n_embd * spec.n_expert_used
-    return 2 * embd + 3 * ff + max(embd, q) + (eu if eu > 2 * ff else 0)
+    router = f32 * ub * (2 * spec.n_expert + 8)
+    routed = 2 * embd + 3 * ff + max(embd, q) + (eu if eu > 2 * ff else 0)
+    sh = f32 * ub * spec.n_ff_shexp
+    shared = 3 * embd + 3 * sh + min((embd + sh) // 2, 3 * embd + ff) if sh else 0
+    return max(routed, shared) + router
 
 
 def _mixer_phase(spec: ModelSpec, ssm: SSMDims, ub: int, embd: int, n_seqs: int) -> int:
