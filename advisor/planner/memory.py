@@ -586,11 +586,26 @@ def _sizes(spec: ModelSpec, lay: ContextLayout) -> _Sizes:
     cells = (lay.n_ctx_seq if full else 0) + (lay.n_ctx_swa if swa else 0)
     n_kv = max(lay.n_ctx_seq if full else 0, lay.n_ctx_swa if swa else 0)
     scores = 0 if lay.flash_attn else f32 * ub * n_kv * n_head
-    attn = 0
+    attn = legacy_mla = 0
     if full or swa:
         # the attention: the residual, its norm and Q/K/V (3 rows of n_embd), Q and the output before wo;
         # without flash attention the scores and a third Q-sized tensor (KQV before its permute)
         attn = 3 * embd + (2 * q if lay.flash_attn else 3 * q + scores)
+        if not lay.flash_attn and spec.is_mla:
+            # build_attn_mha (src/llama-graph.cpp, 0c1e570): V is a view of the K cache, not transposed, so
+            # without flash attention it is copied transposed (ggml_cont, "v_cont"): [n_kv, kv_lora_rank] per
+            # stream in the cache's type. Measured on DeepSeek-V2-Lite's shape (llama-fit-params b11312): the copy
+            # lands in a hole of about half a Q (the rule's 3 Q are 11.7 MiB over at n_ubatch 512, 47 at 2048),
+            # and grows the peak by the rest (20 MiB under at 32k cells and n_ubatch 512 before, 2.7 over now)
+            v_copy = lay.n_ctx_seq * lay.n_stream * (4 if lay.type_k == GGMLType.F32 else 2) * spec.n_embd_head_v
+            attn += max(0, v_copy - q // 2)
+        elif not lay.flash_attn and spec.architecture == "deepseek2":
+            # a deepseek2 GGUF without the MLA keys (src/models/deepseek2.cpp, !is_mla): wkv_b's output
+            # [n_head * (qk_nope + v_head), n_ubatch], the V it is copied into and the roped Q leave their places
+            # below the scores (measured on DeepSeek-V2-Lite's shape: 14.3 MiB at n_ubatch 512, 8 % under before;
+            # planned at a Q and n_head * (n_embd_head_k + n_embd_head_v) rows, 1.7 MiB over)
+            legacy_mla = q + f32 * ub * n_head * (spec.n_embd_head_k + spec.n_embd_head_v)
+            attn += legacy_mla
     phases = [0]
     if spec.n_ff:  # a dense feed-forward: gate, up and their product (ggml_swiglu_split is not in place)
         phases.append(3 * embd + 3 * f32 * ub * spec.n_ff)
@@ -606,7 +621,11 @@ def _sizes(spec: ModelSpec, lay: ContextLayout) -> _Sizes:
         # measured (llama-fit-params, b11312, DeepSeek-V2-Lite's shape): the logits land above two Q-sized
         # tensors the last MLA layer leaves at the top of the buffer (ggml-alloc's best fit), 36 MiB at n_ubatch 512
         logits += 2 * q
-    if spec.n_expert:
+    elif legacy_mla:
+        # measured (the same shape, the published vocabulary, 4k cells): the last layer leaves two such holes
+        # under the logits (236.26 MiB reserved at n_ubatch 512, 208 planned before)
+        logits += 2 * legacy_mla
+    elif spec.n_expert:
         # measured (llama-fit-params b11312, an RPC device, FA, 4k cells, the published vocabularies): a MoE
         # model's logits land one more row of n_embd up (the last layer's routed and shared outputs' holes):
         # qwen3next (Qwen3-Next-80B, Qwen3.5-35B-A3B), GLM-4.5-Air and gpt-oss-20b were 4-32 MiB under, Qwen3-30B
