@@ -29,6 +29,10 @@ QWEN35_A3B = dict(  # Qwen3.5-35B-A3B's config.json (tests/data/hf/qwen3.5-35b-a
 )  # fmt: skip
 GLM45_AIR = dict(n_layer_all=47, n_nextn=1, n_embd=4096, n_head=96, n_head_kv=8, head=128, n_rot=64, n_ff=10944,
                  n_expert=128, n_expert_used=8, n_expert_shared=1, n_ff_exp=1408, n_dense_lead=1)  # fmt: skip
+QWEN2_57B = dict(n_layer=28, n_embd=3584, n_head=28, n_head_kv=4, n_ff=18944, n_expert=64, n_expert_used=8,
+                 n_ff_exp=2560, n_ff_shexp=20480)  # fmt: skip
+QWEN15_A27B = dict(n_layer=24, n_embd=2048, n_head=16, n_head_kv=16, n_ff=5632, n_expert=60, n_expert_used=4,
+                   n_ff_exp=1408, n_ff_shexp=5632)  # fmt: skip
 GPT_OSS_20B = dict(n_layer=24, n_embd=2880, n_head=64, n_head_kv=8, head=64, n_swa=128, n_expert=32, n_expert_used=4,
                    n_ff_exp=2880)  # fmt: skip
 # (name, recipe, dims, n_vocab, n_ubatch, n_ctx, tight): the shared expert as wide as the routed ones' total and 4
@@ -47,6 +51,10 @@ CASES = (
     ("qwen3.5-35b-a3b", "qwen3next", QWEN35_A3B, 248320, 512, 4096, True),
     ("glm-4.5-air", "glm4moe", GLM45_AIR, 151552, 512, 4096, True),
     ("gpt-oss-20b", "gpt-oss", GPT_OSS_20B, 201088, 512, 4096, True),
+    ("qwen2-57b-a14b", "qwen2moe", QWEN2_57B, 1024, 512, 4096, True),
+    # the logits above two shared-expert rows (60 MiB under before); an upper bound, 20 MiB (5 %) over here
+    ("qwen2-57b-a14b", "qwen2moe", QWEN2_57B, 152064, 512, 4096, False),
+    ("qwen1.5-moe-a2.7b", "qwen2moe", QWEN15_A27B, 1024, 2048, 4096, False),  # 31 MiB (16 %) over
 )
 DEEPSEEK_V2_LITE = dict(n_layer=27, n_embd=2048, n_head=16, n_ff=10944, qk_nope=128, qk_rope=64, v_head=128,
                         kv_lora=512, q_lora=0, n_expert=64, n_expert_used=6, n_expert_shared=2, n_ff_exp=1408,
@@ -57,6 +65,10 @@ CASES_NO_FA = (
     ("deepseek-v2-lite", "deepseek2-mla", DEEPSEEK_V2_LITE, 1024, 512, 32768, True),
     ("deepseek-v2-lite-legacy", "deepseek2-legacy", DEEPSEEK_V2_LITE, 1024, 2048, 4096, True),
     ("deepseek-v2-lite-legacy", "deepseek2-legacy", DEEPSEEK_V2_LITE, 102400, 512, 4096, True),
+    # qwen2moe's shared expert as wide as the routed ones' total: the scores above one of its rows (12-149 MiB under
+    # before)
+    ("qwen2-57b-a14b", "qwen2moe", QWEN2_57B, 1024, 2048, 4096, True),
+    ("qwen1.5-moe-a2.7b", "qwen2moe", QWEN15_A27B, 1024, 512, 32768, True),
 )
 
 

@@ -606,6 +606,11 @@ def _sizes(spec: ModelSpec, lay: ContextLayout) -> _Sizes:
             # planned at a Q and n_head * (n_embd_head_k + n_embd_head_v) rows, 1.7 MiB over)
             legacy_mla = q + f32 * ub * n_head * (spec.n_embd_head_k + spec.n_embd_head_v)
             attn += legacy_mla
+        if not lay.flash_attn and spec.n_ff_shexp >= (spec.n_ff_exp or spec.n_ff) * spec.n_expert_used > 0:
+            # a shared expert at least as wide as the routed experts' total (qwen2moe, llama4): the scores land
+            # above the hole of one of its rows the previous layer leaves (measured, llama-fit-params b11312:
+            # Qwen2-57B-A14B's shape 37.3 MiB under at n_ubatch 512 before, Qwen1.5-MoE-A2.7B's 12.3)
+            attn += f32 * ub * spec.n_ff_shexp + embd // 2
     phases = [0]
     if spec.n_ff:  # a dense feed-forward: gate, up and their product (ggml_swiglu_split is not in place)
         phases.append(3 * embd + 3 * f32 * ub * spec.n_ff)
@@ -631,6 +636,11 @@ def _sizes(spec: ModelSpec, lay: ContextLayout) -> _Sizes:
         # qwen3next (Qwen3-Next-80B, Qwen3.5-35B-A3B), GLM-4.5-Air and gpt-oss-20b were 4-32 MiB under, Qwen3-30B
         # one row over (benchmarks/bench_moe_shared.py); and 0.01-0.05 MiB of per-token tensors beside them
         logits += embd + f32 * ub * 8
+        if spec.n_ff_shexp >= (spec.n_ff_exp or spec.n_ff) * spec.n_expert_used:
+            # a shared expert as wide as the routed ones' total: the logits land above two of its rows (Qwen2-57B-A14B's
+            # shape with its vocabulary: 60 MiB under with flash attention, 225 without at n_ubatch 2048; an upper
+            # bound: Qwen1.5-MoE-A2.7B's needs none with flash attention, 22 MiB over)
+            logits += 2 * f32 * ub * spec.n_ff_shexp
     ple = f32 * ub * spec.n_embd_per_layer * spec.n_layer
     layer_inputs = ple * 3 // 2 + embd * spec.n_altup // 2 if layer else 0
     return _Sizes(embd, q, logits, cells, scores, attn, mix, layer, ple, layer_inputs)
