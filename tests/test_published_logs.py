@@ -67,7 +67,9 @@ def test_op_offload_copy_sits_in_a_layer_not_beside_the_logits() -> None:
     assert copy == 176 * MIB
     full = device_compute_bytes(spec, lay)
     with_copy = device_compute_bytes(spec, lay, weight_copy=copy)
-    assert full / MIB == pytest.approx(485 + 8, abs=0.01)  # the logits of 512 rows and two rows of n_embd
+    # the logits of 512 rows and three rows of n_embd (a MoE's: llama-fit-params b11312 reserves 497.01 MiB for
+    # this shape at 4k cells, tests/test_moe_shared.py)
+    assert full / MIB == pytest.approx(485 + 12, abs=0.02)
     assert with_copy / MIB == pytest.approx(524.06, abs=24) and with_copy - full == op_offload_growth(spec, lay, copy)
     assert op_offload_growth(spec, lay, copy) < copy / 10  # before issue 25: the whole copy, 703 MiB in all
     assert host_compute_bytes(spec, lay) / MIB == pytest.approx(276.11, abs=16)

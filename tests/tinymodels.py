@@ -575,6 +575,25 @@ def _qwen3moe(t: _TinyWriter) -> None:
         _moe(t, il, n_embd, n_ff_exp, n_expert)
 
 
+def _qwen2moe(t: _TinyWriter) -> None:
+    """src/models/qwen2moe.cpp (0c1e570): qwen2's attention (q/k/v biases), routed experts and a shared expert with
+    its sigmoid gate (ffn_gate_inp_shexp, one value per token)."""
+    n_layer, n_embd, n_head, n_head_kv, n_ff = t.dims(n_layer=2, n_embd=128, n_head=4, n_head_kv=2, n_ff=256)
+    n_expert, n_expert_used, n_ff_exp, n_ff_shexp = t.dims(n_expert=8, n_expert_used=2, n_ff_exp=64, n_ff_shexp=128)
+    head = n_embd // n_head
+    _hparams(t, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff)
+    _experts_hparams(t, n_expert, n_expert_used, n_ff_exp)
+    t.u32("expert_shared_feed_forward_length", n_ff_shexp)
+    _embeddings(t, n_embd, tied=False)
+    for il in range(n_layer):
+        t.norm(f"blk.{il}.attn_norm.weight", n_embd)
+        _attention(t, il, n_embd, n_embd, n_head_kv * head, n_head_kv * head, bias=True)
+        t.norm(f"blk.{il}.ffn_norm.weight", n_embd)
+        _moe(t, il, n_embd, n_ff_exp, n_expert)
+        t.vec(f"blk.{il}.ffn_gate_inp_shexp.weight", n_embd)
+        _shared_expert(t, il, n_embd, n_ff_shexp)
+
+
 def _gemma_block(t: _TinyWriter, il: int, n_embd: int, n_head: int, n_head_kv: int, head: int, n_ff: int) -> None:
     t.norm(f"blk.{il}.attn_norm.weight", n_embd)
     _attention(t, il, n_embd, n_head * head, n_head_kv * head, n_head_kv * head)
@@ -1141,6 +1160,12 @@ _RECIPES: dict[str, tuple[str, _Builder]] = {
     "granitehybrid": ("granitehybrid", _granitehybrid),
 }
 
+# Recipes written sparse only (real-size shapes for llama-fit-params' allocation pass; not loaded and evaluated with
+# llama-cpp-python, so not in RECIPES, which every per-recipe test runs)
+_SPARSE_RECIPES: dict[str, tuple[str, _Builder]] = {
+    "qwen2moe": ("qwen2moe", _qwen2moe),
+}
+
 RECIPES: tuple[str, ...] = tuple(_RECIPES)
 """All recipe names accepted by :func:`write_tiny_gguf`."""
 
@@ -1173,9 +1198,10 @@ def write_tiny_gguf(
     checks every tensor's bounds but a no-allocation load, ``llama-fit-params``, never reads it), so a
     model of many GB costs a few MB of disk and no time.
     """
-    if recipe not in _RECIPES:
-        raise ValueError(f"unknown recipe {recipe!r}; expected one of {RECIPES}")
-    arch, build = _RECIPES[recipe]
+    known = {**_RECIPES, **_SPARSE_RECIPES}
+    if recipe not in known:
+        raise ValueError(f"unknown recipe {recipe!r}; expected one of {tuple(known)}")
+    arch, build = known[recipe]
     path = Path(path)
     label = name if name is not None else f"tiny-{recipe}"
     writer = _TinyWriter(path, arch, label, n_vocab, n_ctx_train, seed, dims=dims, sparse=sparse)

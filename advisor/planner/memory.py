@@ -610,7 +610,7 @@ def _sizes(spec: ModelSpec, lay: ContextLayout) -> _Sizes:
     cells = (lay.n_ctx_seq if full else 0) + (lay.n_ctx_swa if swa else 0)
     n_kv = max(lay.n_ctx_seq if full else 0, lay.n_ctx_swa if swa else 0)
     scores = 0 if lay.flash_attn else f32 * ub * n_kv * n_head
-    attn = 0
+    attn = legacy_mla = 0
     if full or swa:
         # the attention: the residual, its norm and Q/K/V (3 rows of n_embd), Q and the output before wo;
         # without flash attention the scores and a third Q-sized tensor (KQV before its permute)
@@ -620,22 +620,26 @@ def _sizes(spec: ModelSpec, lay: ContextLayout) -> _Sizes:
             # "v = ggml_cont(ggml_transpose(v))" ("note: avoid this branch", src/llama-graph.cpp, 0c1e570) beside
             # the scores, [n_kv, n_embd_head_v, n_head_kv] of the V cache's type
             attn += row_bytes(lay.type_v, n_kv) * spec.n_embd_v_gqa_max()
-        if not lay.flash_attn and spec.architecture == "deepseek2" and not spec.is_mla:
-            # a pre-MLA DeepSeek-V2 GGUF (attn_kv_b, no *_mla keys): the decompressed K|V of wkv_b and V's copy
-            # are alive at the scores; measured with llama-fit-params (b11312) on DeepSeek-V2-Lite's shape at
-            # 1k to 16k cells, n_ubatch 256 to 1024: 14.3 MiB per 512 tokens over the rule above, planned as two
-            # Q-sized tensors (12 MiB; 32 heads: 8 MiB measured)
-            attn += 2 * q
-        if spec.is_mla and not lay.flash_attn:
-            # build_attn_mha (src/llama-graph.cpp, b11312): MLA's V is a view of K, not transposed, so without flash
-            # attention it is made contiguous after the softmax ("v_cont", [n_kv, n_embd_head_v] per stream, the
-            # cache's type) while the scores are alive. ggml-alloc puts it in a hole when one fits, else on top:
-            # measured with llama-fit-params on DeepSeek-V2-Lite's shape (8k to 64k cells; 16 heads: no cost up to
-            # 24k cells, 32 MiB at 32k) and a GLM-4.7-Flash-like one (20 heads, q_lora: 32 MiB at 32k). The hole
-            # is the absorbed Q's (Q-sized, freed by the scores' matmul) and at most what the projections beside
-            # it leave; planned as Q's alone, so that the plan is never under (up to v_cont over between the two)
-            v_cont = row_bytes(lay.type_k, n_kv) * spec.n_embd_head_v * lay.n_stream
-            attn += v_cont if v_cont > q else 0
+        if not lay.flash_attn and spec.is_mla:
+            # build_attn_mha (src/llama-graph.cpp, 0c1e570): V is a view of the K cache, not transposed, so
+            # without flash attention it is copied transposed (ggml_cont, "v_cont"): [n_kv, kv_lora_rank] per
+            # stream in the cache's type. Measured on DeepSeek-V2-Lite's shape (llama-fit-params b11312): the copy
+            # lands in a hole of about half a Q (the rule's 3 Q are 11.7 MiB over at n_ubatch 512, 47 at 2048),
+            # and grows the peak by the rest (20 MiB under at 32k cells and n_ubatch 512 before, 2.7 over now)
+            v_copy = lay.n_ctx_seq * lay.n_stream * (4 if lay.type_k == GGMLType.F32 else 2) * spec.n_embd_head_v
+            attn += max(0, v_copy - q // 2)
+        elif not lay.flash_attn and spec.architecture == "deepseek2":
+            # a deepseek2 GGUF without the MLA keys (src/models/deepseek2.cpp, !is_mla): wkv_b's output
+            # [n_head * (qk_nope + v_head), n_ubatch], the V it is copied into and the roped Q leave their places
+            # below the scores (measured on DeepSeek-V2-Lite's shape: 14.3 MiB at n_ubatch 512, 8 % under before;
+            # planned at a Q and n_head * (n_embd_head_k + n_embd_head_v) rows, 1.7 MiB over)
+            legacy_mla = q + f32 * ub * n_head * (spec.n_embd_head_k + spec.n_embd_head_v)
+            attn += legacy_mla
+        if not lay.flash_attn and spec.n_ff_shexp >= (spec.n_ff_exp or spec.n_ff) * spec.n_expert_used > 0:
+            # a shared expert at least as wide as the routed experts' total (qwen2moe, llama4): the scores land
+            # above the hole of one of its rows the previous layer leaves (measured, llama-fit-params b11312:
+            # Qwen2-57B-A14B's shape 37.3 MiB under at n_ubatch 512 before, Qwen1.5-MoE-A2.7B's 12.3)
+            attn += f32 * ub * spec.n_ff_shexp + embd // 2
     phases = [0]
     if spec.n_ff:  # a dense feed-forward: gate, up and their product (ggml_swiglu_split is not in place)
         ff = 3
@@ -657,6 +661,21 @@ def _sizes(spec: ModelSpec, lay: ContextLayout) -> _Sizes:
         # measured (llama-fit-params, b11312, DeepSeek-V2-Lite's shape): the logits land above two Q-sized
         # tensors the last MLA layer leaves at the top of the buffer (ggml-alloc's best fit), 36 MiB at n_ubatch 512
         logits += 2 * q
+    elif legacy_mla:
+        # measured (the same shape, the published vocabulary, 4k cells): the last layer leaves two such holes
+        # under the logits (236.26 MiB reserved at n_ubatch 512, 208 planned before)
+        logits += 2 * legacy_mla
+    elif spec.n_expert:
+        # measured (llama-fit-params b11312, an RPC device, FA, 4k cells, the published vocabularies): a MoE
+        # model's logits land one more row of n_embd up (the last layer's routed and shared outputs' holes):
+        # qwen3next (Qwen3-Next-80B, Qwen3.5-35B-A3B), GLM-4.5-Air and gpt-oss-20b were 4-32 MiB under, Qwen3-30B
+        # one row over (benchmarks/bench_moe_shared.py); and 0.01-0.05 MiB of per-token tensors beside them
+        logits += embd + f32 * ub * 8
+        if spec.n_ff_shexp >= (spec.n_ff_exp or spec.n_ff) * spec.n_expert_used:
+            # a shared expert as wide as the routed ones' total: the logits land above two of its rows (Qwen2-57B-A14B's
+            # shape with its vocabulary: 60 MiB under with flash attention, 225 without at n_ubatch 2048; an upper
+            # bound: Qwen1.5-MoE-A2.7B's needs none with flash attention, 22 MiB over)
+            logits += 2 * f32 * ub * spec.n_ff_shexp
     ple = f32 * ub * spec.n_embd_per_layer * spec.n_layer
     layer_inputs = ple * 3 // 2 + embd * spec.n_altup // 2 if layer else 0
     lead = 0
@@ -672,11 +691,27 @@ def _moe_phase(spec: ModelSpec, ub: int, embd: int, q: int) -> int:
     n_expert_used, n_ubatch] (Eu), which takes the place of the freed gate and up where it fits (2F), else
     stacks on top. Measured with llama.cpp's own allocation pass (llama-fit-params, b11312) over 18 shapes of
     Qwen3-MoE, Mixtral, gpt-oss and GLM-4.5 layers: exact on 10, within 12 MiB on the rest but one (GLM-4.5-Air's
-    shape, 22 MiB over, the shared expert's tensors reuse more)."""
+    shape, 22 MiB over, the shared expert's tensors reuse more). Both phases hold the router's logits and
+    probabilities ([n_expert, n_ubatch] f32 each) and a few per-token ids (measured: 0.07 MiB above the rows at
+    n_ubatch 512 with 16 experts, 0.30 at 2048).
+
+    A shared expert (qwen3next, qwen35moe, qwen2moe, deepseek2, glm4moe, llama4: src/models/<arch>.cpp, e.g.
+    qwen3next.cpp build_layer_ffn, 0c1e570) runs after the routed experts, as build_ffn(cur, up_shexp,
+    gate_shexp, down_shexp) added to their output: the residual, the normed input and the routed output (3 rows of
+    n_embd) stay alive beside its up, gate and SwiGLU product (S = [n_ff_shexp, n_ubatch] each), placed above
+    what ggml-alloc's best fit leaves of the routed experts' freed tensors: a hole of at most half a row of S and
+    of n_embd, and at most three rows of n_embd and one F. Measured with llama-fit-params b11312 on an RPC device
+    over 48 qwen3next layers (n_embd 1024-4096, n_ff_shexp 1024-16384, 2 or 8 of 16 experts of 256 or 1024,
+    n_ubatch 512 and 2048; benchmarks/bench_moe_shared.py): never below, at most 17 % (72 MiB) over; before, a
+    shared expert 4-8 times as wide as the routed ones was planned up to 52 % under."""
     f32 = 4
     ff = f32 * ub * (spec.n_ff_exp or spec.n_ff) * spec.n_expert_used
     eu = f32 * ub * spec.n_embd * spec.n_expert_used
-    return 2 * embd + 3 * ff + max(embd, q) + (eu if eu > 2 * ff else 0)
+    router = f32 * ub * (2 * spec.n_expert + 8)
+    routed = 2 * embd + 3 * ff + max(embd, q) + (eu if eu > 2 * ff else 0)
+    sh = f32 * ub * spec.n_ff_shexp
+    shared = 3 * embd + 3 * sh + min((embd + sh) // 2, 3 * embd + ff) if sh else 0
+    return max(routed, shared) + router
 
 
 def _mixer_phase(spec: ModelSpec, ssm: SSMDims, ub: int, embd: int, n_seqs: int) -> int:
