@@ -119,7 +119,13 @@ def ollama_flags(kwargs: dict[str, Any]) -> Flags:
             "follows --ollama-version"
         )
     # the llama.cpp build is the one this Ollama carries (kvadvise.backends.ollama.versions), not
-    # --llama-build's (hidden here) nor KVADVISE_LLAMA_BUILD's, which name a llama-server of the user's
+    # --llama-build's (hidden here) nor KVADVISE_LLAMA_BUILD's, which name a llama-server of the user's: the
+    # variable is left to the llama.cpp commands, the flag given here is refused
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None and ctx.get_parameter_source("llama_build") == click.core.ParameterSource.COMMANDLINE:
+        raise click.UsageError(
+            "--llama-build: Ollama runs the llama.cpp its release carries; --ollama-version X.Y.Z names the release"
+        )
     return replace(f, request=replace(f.request, llama_build="auto"))
 
 

@@ -41,6 +41,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from kvadvise.backends.ollama.rules import KV_CACHE_TYPES  # the types Ollama's GGML.SupportsKVCacheType names
 from kvadvise.errors import InputError
 from kvadvise.model.gguf import GGUFArray, GGUFHeader
 
@@ -331,10 +332,10 @@ def supports_kv_cache_type(model: LegacyModel, cache_type: str, v: tuple[int, in
             return True
         if _is_gptoss(model.architecture, v) and v < (0, 12, 4):
             return False
-        return cache_type in ("q8_0", "q4_0")
+        return cache_type in KV_CACHE_TYPES
     if _is_gptoss(model.architecture, v) and v >= (0, 11, 5):
         return cache_type == "f16"
-    return cache_type in ("f16", "q8_0", "q4_0")
+    return cache_type in KV_CACHE_TYPES
 
 
 def graph_size(
