@@ -18,7 +18,7 @@ from kvadvise.request import PlanRequest, check
 if TYPE_CHECKING:
     from kvadvise.model.projector import ProjectorSpec
     from kvadvise.model.spec import ModelSpec
-    from kvadvise.planner.hardware import Hardware
+    from kvadvise.planner.hardware import Gpu, Hardware
     from kvadvise.planner.planning import HardwareRequest, MeasuredOverhead, Plan
     from kvadvise.planner.policy import Policy
     from kvadvise.planner.quality import MeasuredQuality
@@ -171,7 +171,28 @@ def with_backend(r: PlanRequest, hw: Hardware | None) -> Hardware | None:
     theirs (a catalogue card's profiles/gpus.json "backend", a --vram budget's CUDA)."""
     if hw is None or r.device not in GPU_BACKENDS:
         return hw
-    return replace(hw, gpus=tuple(replace(g, backend=r.device) for g in hw.gpus))
+    return replace(hw, gpus=tuple(_catalogue_class(replace(g, backend=r.device)) for g in hw.gpus))
+
+
+def _catalogue_class(gpu: Gpu) -> Gpu:
+    """A card given by size and bandwidth on a backend whose catalogue cards of that size and bandwidth share one
+    decode class (profiles/gpus.json speed_class): that class. 32 GiB at 1,024 GB/s on ROCm is an MI50/MI60
+    (gfx906), which decodes at about half the share of its bandwidth RDNA cards reach (kvadvise.planner.speed)."""
+    from kvadvise.planner.gpus import load_profiles
+
+    if gpu.speed_class or not gpu.bandwidth_bytes_per_s:
+        return gpu
+    bw = gpu.bandwidth_bytes_per_s
+    classes = {
+        p.speed_class or ""
+        for p in load_profiles()
+        if p.backend == gpu.backend
+        and abs(p.usable_bytes - gpu.total_bytes) <= p.usable_bytes // 20  # within 5 %
+        and abs(p.bandwidth_bytes_per_s - bw) <= p.bandwidth_bytes_per_s // 50  # within 2 %
+    }
+    if len(classes) != 1 or not (cls := classes.pop()):
+        return gpu
+    return replace(gpu, speed_class=cls)
 
 
 def policy_of(

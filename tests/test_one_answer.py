@@ -103,13 +103,32 @@ def test_the_backend_of_a_card_given_by_size(
     doc = _live(kvadvise.to_json(kvadvise.plan(str(gemma_path), request)))
     assert doc == cli_doc
     assert [d["name"] for d in doc["memory"]["devices"] if d["name"] != "CPU"] == [f"{prefix}0"]
-    assert f"({device})" in doc["speed_note"]
+    assert f"({device})" in doc["speed_note"] or f"({device}, its default class assumed" in doc["speed_note"]
     # the same card on CUDA reads at CUDA's efficiency: the figures differ as the backends' factors do
     cuda = kvadvise.to_json(kvadvise.plan(str(gemma_path), replace(request, device="cuda")))
     assert (doc["decode_tokens_per_s"] == cuda["decode_tokens_per_s"]) == (
         speed.EFFICIENCY[device] == speed.EFFICIENCY["cuda"]
         and speed.LAYER_OVERHEAD_S[device] == speed.LAYER_OVERHEAD_S["cuda"]
     )
+
+
+def test_a_card_given_by_size_takes_the_class_of_the_catalogue_cards_it_matches(
+    gemma_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """32 GiB at 1,024 GB/s on ROCm is what the catalogue's MI50 32GB is (gfx906, the GCN decode class): planned
+    as `--gpu mi50-32gb` decodes, by the API as by the command; a size and bandwidth no classed card has (an RX
+    7900 XTX's 24 GiB at 960 GB/s) keeps ROCm's default class, and so does CUDA (no classed CUDA card)."""
+    rocm = kvadvise.PlanRequest(vram_bytes=(32 << 30,), bandwidth_gbs=1024, ram_bytes=RAM, device="rocm")
+    _rc, cli_doc = _cli(capsys, "llamacpp", str(gemma_path), "--vram", "32GiB", "--bandwidth", "1024", "--ram",
+                        "64GiB", "--device", "rocm")  # fmt: skip
+    doc = _live(kvadvise.to_json(kvadvise.plan(str(gemma_path), rocm)))
+    assert doc == cli_doc
+    mi50 = kvadvise.to_json(kvadvise.plan(str(gemma_path), kvadvise.PlanRequest(gpu="mi50-32gb", ram_bytes=RAM)))
+    assert doc["decode_tokens_per_s"] == mi50["decode_tokens_per_s"] and "GCN class" in doc["speed_note"]
+    default = kvadvise.to_json(kvadvise.plan(str(gemma_path), replace(rocm, vram_bytes=(24 << 30,), bandwidth_gbs=960)))
+    assert "(rocm, its default class assumed" in default["speed_note"]
+    cuda = kvadvise.to_json(kvadvise.plan(str(gemma_path), replace(rocm, device="cuda")))
+    assert cuda["decode_tokens_per_s"] != doc["decode_tokens_per_s"]
 
 
 def test_ctx_zero_means_the_training_context_everywhere(capsys: pytest.CaptureFixture[str]) -> None:
