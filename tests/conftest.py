@@ -107,3 +107,44 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_sep("=", title)
         terminalreporter.write_line(text)
         terminalreporter.write_line(f"(written to {out})")
+
+
+@pytest.fixture(scope="module")
+def fit_params() -> Path:
+    """llama-fit-params of the same llama.cpp (tests/llama_server_build.py): llama.cpp's allocation pass."""
+    from llama_server_build import BuildUnavailable
+    from llama_server_build import fit_params as built
+
+    try:
+        path = built()
+    except BuildUnavailable as e:
+        pytest.skip(f"no llama-fit-params can be built here: {e}")
+    if not path.exists():
+        pytest.skip(f"no llama-fit-params at {path}")
+    return path
+
+
+@pytest.fixture(scope="module")
+def rpc_endpoint(fit_params: Path) -> Iterator[str]:
+    """One loopback rpc-server: a device whose buffers llama-fit-params reports apart from the host's."""
+    from llama_server_build import rpc_server
+    from rpc_devices import devices
+
+    with devices(rpc_server(), 1) as eps:
+        yield eps[0]
+
+
+@pytest.fixture(scope="module")
+def coder_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A qwen2.5-coder:7b-shaped GGUF (Qwen/Qwen2.5-Coder-7B-Instruct config.json: 28 layers, 3584 wide, 28
+    heads, 4 KV heads; the header only: kvadvise reads no weights) and an Ollama store holding it."""
+    import hashlib
+
+    from ollama_fake import build_store
+    from tinymodels import write_tiny_gguf
+
+    tmp = tmp_path_factory.mktemp("coder")
+    dims = {"n_layer": 28, "n_embd": 3584, "n_head": 28, "n_head_kv": 4, "n_ff": 18944}
+    gguf = write_tiny_gguf(tmp / "coder.gguf", "qwen2", n_vocab=152064, n_ctx_train=32768, dims=dims, sparse=True)
+    build_store(tmp / "models", gguf, hashlib.sha256(gguf.read_bytes()).hexdigest(), model="qwen2.5-coder", tag="7b")
+    return gguf, tmp / "models"

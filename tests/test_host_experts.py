@@ -13,7 +13,6 @@ llama.cpp reserves, and within 16 MiB or 3 % of it (Qwen3.5-35B-A3B's shape at n
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 
@@ -62,26 +61,6 @@ def _model(name: str, root: str) -> Path:
             dims[key] = int(value)
         return write_tiny_gguf(path, "qwen3next", n_ctx_train=32768, dims=dims, sparse=True)
     return write_tiny_gguf(path, "qwen3next", n_vocab=32000, n_ctx_train=262144, dims=QWEN35_A3B, sparse=True)
-
-
-@pytest.fixture(scope="module")
-def fit_params() -> Path:
-    from llama_server_build import BuildUnavailable
-    from llama_server_build import fit_params as built
-
-    try:
-        return built()
-    except BuildUnavailable as e:
-        pytest.skip(f"no llama-fit-params can be built here: {e}")
-
-
-@pytest.fixture(scope="module")
-def rpc_endpoint(fit_params: Path) -> Iterator[str]:
-    from llama_server_build import rpc_server
-    from rpc_devices import devices
-
-    with devices(rpc_server(), 1) as eps:
-        yield eps[0]
 
 
 def _device_mib(binary: Path, model: Path, args: list[str], endpoint: str) -> float:

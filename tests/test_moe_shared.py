@@ -10,7 +10,6 @@ what llama.cpp reserves, and within 16 MiB or 3 % of it where the rule is tight.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import replace
 from functools import cache
 from pathlib import Path
@@ -77,26 +76,6 @@ def _model(name: str, n_vocab: int, root: str) -> Path:
     recipe, dims = next((c[1], c[2]) for c in (*CASES, *CASES_NO_FA) if c[0] == name)
     path = Path(root) / f"{name}-{n_vocab}.gguf"
     return write_tiny_gguf(path, recipe, n_vocab=n_vocab, n_ctx_train=262144, dims=dims, sparse=True)
-
-
-@pytest.fixture(scope="module")
-def fit_params() -> Path:
-    from llama_server_build import BuildUnavailable
-    from llama_server_build import fit_params as built
-
-    try:
-        return built()
-    except BuildUnavailable as e:
-        pytest.skip(f"no llama-fit-params can be built here: {e}")
-
-
-@pytest.fixture(scope="module")
-def rpc_endpoint(fit_params: Path) -> Iterator[str]:
-    from llama_server_build import rpc_server
-    from rpc_devices import devices
-
-    with devices(rpc_server(), 1) as eps:
-        yield eps[0]
 
 
 @pytest.fixture(scope="module")

@@ -5,28 +5,16 @@ no replayed decision. A qwen2.5-coder:7b-shaped model (f16 weights) in a real on
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
-from ollama_fake import build_store, closed_port_url
-from tinymodels import write_tiny_gguf
+from ollama_fake import closed_port_url
 
 from kvadvise.backends.gguf_cache import read as read_header
 from kvadvise.backends.ollama.estimate_legacy import LegacyGpu, estimate_gpu_layers, legacy_model
 from kvadvise.cli import main
-
-QWEN25_CODER_7B = {"n_layer": 28, "n_embd": 3584, "n_head": 28, "n_head_kv": 4, "n_ff": 18944}
-
-
-@pytest.fixture(scope="module")
-def coder_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    tmp = tmp_path_factory.mktemp("decision")
-    gguf = write_tiny_gguf(tmp / "coder.gguf", "qwen2", n_vocab=152064, n_ctx_train=32768, dims=QWEN25_CODER_7B, sparse=True)
-    build_store(tmp / "models", gguf, hashlib.sha256(gguf.read_bytes()).hexdigest(), model="qwen2.5-coder", tag="7b")
-    return gguf, tmp / "models"
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ the logits of the whole batch) against llama-server's, on a qwen2.5-coder:7b-sha
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import subprocess
@@ -13,8 +12,7 @@ from typing import Any
 
 import pytest
 from json_contract import schema_errors
-from ollama_fake import FakeOllama, build_store, closed_port_url, running_fake
-from tinymodels import write_tiny_gguf
+from ollama_fake import FakeOllama, closed_port_url, running_fake
 
 from kvadvise.backends.ollama import versions
 from kvadvise.backends.ollama.versions import release
@@ -23,9 +21,7 @@ from kvadvise.errors import InputError
 from kvadvise.planner import builds
 
 MIRROR = Path("/work/.mirror/ollama+ollama/repo")  # a bare clone with every tag (skipped where absent)
-# qwen2.5-coder:7b (Qwen/Qwen2.5-Coder-7B-Instruct config.json): 28 layers, 3584 wide, 28 heads, 4 KV heads
-QWEN25_CODER_7B = {"n_layer": 28, "n_embd": 3584, "n_head": 28, "n_head_kv": 4, "n_ff": 18944}
-N_VOCAB = 152064
+N_VOCAB = 152064  # qwen2.5-coder:7b (conftest.coder_files)
 
 
 @pytest.mark.parametrize(
@@ -164,17 +160,6 @@ def test_each_vendored_llama_cpp_follows_the_rules_of_its_rules_build() -> None:
 
 
 # --- plans: 0.20.2's built-in runner against llama-server, on a qwen2.5-coder:7b-shaped GGUF ----------------
-
-
-@pytest.fixture(scope="module")
-def coder_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """The GGUF (header only: kvadvise reads no weights) and an Ollama store holding it as qwen2.5-coder:7b."""
-    tmp = tmp_path_factory.mktemp("coder")
-    gguf = write_tiny_gguf(
-        tmp / "coder.gguf", "qwen2", n_vocab=N_VOCAB, n_ctx_train=32768, dims=QWEN25_CODER_7B, sparse=True
-    )
-    build_store(tmp / "models", gguf, hashlib.sha256(gguf.read_bytes()).hexdigest(), model="qwen2.5-coder", tag="7b")
-    return gguf, tmp / "models"
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ refused by kvadvise too, and the other way round.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import replace
 from functools import cache
 from pathlib import Path
@@ -141,29 +140,6 @@ def _sparse(recipe: str, vocab: int, root: str) -> Path:
     if not path.exists():
         write_tiny_gguf(path, recipe, n_vocab=n_vocab, n_ctx_train=262144, dims=REAL_SIZES[recipe], sparse=True)
     return path
-
-
-@pytest.fixture(scope="module")
-def fit_params() -> Path:
-    from llama_server_build import BuildUnavailable
-    from llama_server_build import fit_params as built
-
-    try:
-        path = built()
-    except BuildUnavailable as e:
-        pytest.skip(f"no llama-fit-params can be built here: {e}")
-    if not path.exists():
-        pytest.skip(f"no llama-fit-params at {path}")
-    return path
-
-
-@pytest.fixture(scope="module")
-def rpc_endpoint(fit_params: Path) -> Iterator[str]:
-    from llama_server_build import rpc_server
-    from rpc_devices import devices
-
-    with devices(rpc_server(), 1) as eps:
-        yield eps[0]
 
 
 def _dry_cases() -> list[tuple[str, int]]:
