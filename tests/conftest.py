@@ -148,3 +148,13 @@ def coder_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     gguf = write_tiny_gguf(tmp / "coder.gguf", "qwen2", n_vocab=152064, n_ctx_train=32768, dims=dims, sparse=True)
     build_store(tmp / "models", gguf, hashlib.sha256(gguf.read_bytes()).hexdigest(), model="qwen2.5-coder", tag="7b")
     return gguf, tmp / "models"
+
+
+@pytest.fixture
+def coder_store(coder_files: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> Path:
+    """coder_files' store as OLLAMA_MODELS, no server (a closed port): the GGUF's path."""
+    from ollama_fake import closed_port_url
+
+    monkeypatch.setenv("OLLAMA_MODELS", str(coder_files[1]))
+    monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
+    return coder_files[0]

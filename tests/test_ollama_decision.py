@@ -10,18 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ollama_fake import closed_port_url
 
 from kvadvise.backends.gguf_cache import read as read_header
 from kvadvise.backends.ollama.estimate_legacy import LegacyGpu, estimate_gpu_layers, legacy_model
 from kvadvise.cli import main
-
-
-@pytest.fixture
-def store(coder_files: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("OLLAMA_MODELS", str(coder_files[1]))
-    monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
-    return coder_files[0]
 
 
 def _plan(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
@@ -33,7 +25,7 @@ def _plan(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
 
 
 def test_where_ollamas_estimate_loads_more_layers_than_fit_num_gpu_holds_it_to_the_plan(
-    store: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+    coder_store: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     doc = _plan(capsys, "--ollama-version", "0.12.10", "--vram", "6GiB")
     d = doc["decision"]
@@ -45,7 +37,7 @@ def test_where_ollamas_estimate_loads_more_layers_than_fit_num_gpu_holds_it_to_t
     assert doc["release"]["claims_layers"] is True
     # the same figure straight from the port, for the GPU the plan had
     est = estimate_gpu_layers(
-        legacy_model(read_header(store)), [LegacyGpu(free_bytes=6 << 30, total_bytes=6 << 30)],
+        legacy_model(read_header(coder_store)), [LegacyGpu(free_bytes=6 << 30, total_bytes=6 << 30)],
         num_ctx=8192, num_parallel=0, kv_cache_type="", flash_attention=False, version="0.12.10",
     )  # fmt: skip
     assert est.layers_offload == d["layers_offload"]
@@ -58,14 +50,16 @@ def test_where_ollamas_estimate_loads_more_layers_than_fit_num_gpu_holds_it_to_t
     assert "which kvadvise does not model" not in text
 
 
-def test_where_both_load_every_layer_nothing_is_set(store: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_where_both_load_every_layer_nothing_is_set(coder_store: Path, capsys: pytest.CaptureFixture[str]) -> None:
     doc = _plan(capsys, "--ollama-version", "0.12.10", "--vram", "24GiB")
     assert (doc["decision"]["layers_offload"], doc["decision"]["num_gpu"]) == (29, None)
     assert doc["modelfile_parameters"] == {"num_ctx": 8192}
 
 
 @pytest.mark.parametrize("version", ["0.20.2", "0.32.13"])
-def test_later_releases_get_no_replayed_decision(store: Path, capsys: pytest.CaptureFixture[str], version: str) -> None:
+def test_later_releases_get_no_replayed_decision(
+    coder_store: Path, capsys: pytest.CaptureFixture[str], version: str
+) -> None:
     doc = _plan(capsys, "--ollama-version", version, "--vram", "6GiB")
     assert doc["decision"] is None and "num_gpu" not in doc["modelfile_parameters"]
     assert doc["release"]["claims_layers"] is (version == "0.32.13")  # llama-server's --fit: modelled

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from json_contract import schema_errors
-from ollama_fake import FakeOllama, closed_port_url, running_fake
+from ollama_fake import FakeOllama, running_fake
 
 from kvadvise.backends.ollama import versions
 from kvadvise.backends.ollama.versions import release
@@ -160,13 +160,6 @@ def test_each_vendored_llama_cpp_follows_the_rules_of_its_rules_build() -> None:
 
 
 # --- plans: 0.20.2's built-in runner against llama-server, on a qwen2.5-coder:7b-shaped GGUF ----------------
-
-
-@pytest.fixture
-def coder_store(coder_files: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("OLLAMA_MODELS", str(coder_files[1]))
-    monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
-    return coder_files[0]
 
 
 def _plan(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
