@@ -63,3 +63,23 @@ def test_later_releases_get_no_replayed_decision(
     doc = _plan(capsys, "--ollama-version", version, "--vram", "6GiB")
     assert doc["decision"] is None and "num_gpu" not in doc["modelfile_parameters"]
     assert doc["release"]["claims_layers"] is (version == "0.32.13")  # llama-server's --fit: modelled
+
+
+def test_the_library_gpt_oss_under_0_11_0_as_issue_37_saw_it(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gpt-oss:20b (the built-in profile: Ollama's own conversion, architecture gptoss, the Go engine) on a
+    16 GB card with 15.6 GiB free under Ollama 0.11.0: 23 of 25 layers, as the issue reports of an RTX 4060 Ti
+    (the layer sizes are the profile's, an even spread of the library's 14 GB). The Go engine's allocation is
+    not modelled, so no num_gpu is set; from 0.11.5 its layout is a trial allocation: not replayed."""
+    from ollama_fake import closed_port_url
+
+    monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
+    rc = main(["ollama", "gpt-oss:20b", "--ctx", "8192", "--vram", "15.6GiB", "--ollama-version", "0.11.0", "--json"])
+    out = json.loads(capsys.readouterr().out)["ollama"]
+    assert rc == 0 and out["release"]["runner"] == "ollamarunner"
+    d = out["decision"]
+    assert (d["layers_offload"], d["layers_model"], d["num_gpu"], d["allocation_modelled"]) == (23, 25, None, False)
+    assert "num_gpu" not in out["modelfile_parameters"]
+    rc = main(["ollama", "gpt-oss:20b", "--ctx", "8192", "--vram", "15.6GiB", "--ollama-version", "0.11.5", "--json"])
+    assert rc == 0 and json.loads(capsys.readouterr().out)["ollama"]["decision"] is None

@@ -202,7 +202,7 @@ def advise(
                 f"without these settings Ollama runs {tier:,} tokens here (its default for this VRAM)"
             )
     # a LLAMA_ARG_CACHE_RAM the plan sets is said once, by env_effects (its server-wide warning)
-    if decision is not None and decision.num_gpu is not None:
+    if decision is not None and decision.planned_layers != decision.layers_offload:
         warnings.append(f"Ollama's split: {decision.text()}")
     elif runnable and off is not None and release is not None and release.in_process and decision is None:
         warnings.append(
@@ -319,7 +319,7 @@ def advice_text(a: OllamaAdvice) -> str:
             lines.append(f"    loaded: {r.name}  {r.size / 1e9:.1f} GB  {r.processor}  ctx {r.context_length}")
     lines += [f"  note: {n}" for n in a.live.notes]
     lines += [f"  warning: {w}" for w in a.warnings]
-    if a.decision is not None and a.decision.num_gpu is None:  # else a warning, with the num_gpu it sets
+    if a.decision is not None and a.decision.planned_layers == a.decision.layers_offload:  # else a warning
         lines.append(f"  note: Ollama's split: {a.decision.text()}")
     if a.release is not None:
         lines.append(f"  planned for: {a.release.claims(layers_replayed=a.decision is not None)}")
@@ -354,7 +354,7 @@ def advice_summary(a: OllamaAdvice) -> tuple[list[str], list[str], list[str]]:
         notes += list(a.live.notes)
     # a built-in profile names itself among the model's sources; a model found in a store or on a server here
     sources = [] if a.model.source.startswith("profile:") else [f"model: {a.model.ref} ({a.model.source})"]
-    if a.decision is not None and a.decision.num_gpu is None:
+    if a.decision is not None and a.decision.planned_layers == a.decision.layers_offload:
         notes.append(f"Ollama's split: {a.decision.text()}")
     if a.release is not None and a.release.version:  # an unknown version: the newest, as the settings say
         notes.append(f"planned for: {a.release.claims(layers_replayed=a.decision is not None)}")

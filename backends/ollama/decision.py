@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvadvise.backends.ollama import estimate_legacy
+from kvadvise.backends.ollama.versions import blob_architecture
 
 if TYPE_CHECKING:
     from kvadvise.backends.ollama.model import OllamaModel
@@ -37,11 +38,16 @@ class OllamaDecision:
     available_bytes: int  # memory.available, summed over the GPUs it picked
     planned_layers: int  # the plan's layers on the GPU(s), counted as Ollama counts them
     log_line: str  # Ollama's msg=offload line, as it would print it
+    # the plan is the runner's own allocation (the llamarunner: the library); False for the Go engine, whose
+    # allocation kvadvise does not model (the library's figures stand in): no num_gpu is set on them
+    allocation_modelled: bool = True
 
     @property
     def num_gpu(self) -> int | None:
         """The num_gpu that loads the plan's layers, where Ollama's estimate would load another count: fewer
         (the GPU left idle) or more (more than llama.cpp can allocate there: an out-of-memory load)."""
+        if not self.allocation_modelled:
+            return None
         return self.planned_layers if self.planned_layers != self.layers_offload else None
 
     def text(self) -> str:
@@ -50,6 +56,11 @@ class OllamaDecision:
             f"own estimate ({MEMORY_GO}: {self.required_full_bytes / 2**30:.1f} GiB for all of them, "
             f"{self.available_bytes / 2**30:.1f} GiB free)"
         )
+        if not self.allocation_modelled and self.planned_layers != self.layers_offload:
+            return (
+                f"{said}; llama.cpp's library would fit {self.planned_layers}, but the Go engine that runs it "
+                "allocates otherwise (not modelled): num_gpu is left unset"
+            )
         if self.num_gpu is None:
             return said
         if self.planned_layers > self.layers_offload:
@@ -69,6 +80,7 @@ class OllamaDecision:
             "planned_layers": self.planned_layers,
             "num_gpu": self.num_gpu,
             "log_line": self.log_line,
+            "allocation_modelled": self.allocation_modelled,
         }
 
 
@@ -80,15 +92,12 @@ def decide(model: OllamaModel, plan: Plan, release: OllamaRelease, settings: Oll
     hw = plan.hardware
     if hw is None or not hw.gpus or plan.config.device == "cpu":
         return None
-    if not model.source.startswith("store:"):  # the estimate reads every tensor's shape: the blob's header
-        return None
-    from pathlib import Path
-
-    from kvadvise.backends.gguf_cache import read as read_header
     from kvadvise.errors import KvadviseError
 
     try:
-        legacy = estimate_legacy.legacy_model(read_header(Path(model.spec.source)))
+        legacy = _legacy_model(model)
+        if legacy is None:
+            return None
         gpus = [
             estimate_legacy.LegacyGpu(
                 free_bytes=g.free_bytes,
@@ -124,4 +133,45 @@ def decide(model: OllamaModel, plan: Plan, release: OllamaRelease, settings: Oll
         available_bytes=sum(est.available_bytes),
         planned_layers=min(planned, est.layers_model),
         log_line=est.log_line(),
+        allocation_modelled=release.claims_allocation,
+    )
+
+
+_I8 = 24  # GGML_TYPE_I8: one byte per element, so a synthesized tensor of n elements weighs n bytes
+
+
+def _legacy_model(model: OllamaModel) -> estimate_legacy.LegacyModel | None:
+    """What the estimate reads: the blob's header for a model in the store; for a built-in profile of the
+    library, its figures (each block's bytes, the output and the embeddings as one tensor each, the
+    KV values); None where the estimate reads a tensor's shape a profile does not have (a llama-architecture
+    MoE's experts, chatglm's QKV bias) or for anything else."""
+    if model.source.startswith("store:"):
+        from pathlib import Path
+
+        from kvadvise.backends.gguf_cache import read as read_header
+
+        return estimate_legacy.legacy_model(read_header(Path(model.spec.source)))
+    spec = model.spec
+    if not model.source.startswith("profile:") or len(spec.layer_bytes) != spec.n_layer_all:
+        return None
+    if (spec.architecture == "llama" and spec.n_expert) or spec.architecture == "chatglm":
+        return None
+    tensors = [estimate_legacy.LegacyTensor(f"blk.{il}.weight", (b,), _I8) for il, b in enumerate(spec.layer_bytes)]
+    tensors.append(estimate_legacy.LegacyTensor("token_embd.weight", (spec.tok_embd_bytes,), _I8))
+    if spec.output_bytes:
+        tensors.append(estimate_legacy.LegacyTensor("output.weight", (spec.output_bytes,), _I8))
+    return estimate_legacy.LegacyModel(
+        architecture=blob_architecture(spec.architecture, model.source),
+        block_count=spec.n_layer_all,
+        embedding_length=spec.n_embd,
+        head_count=tuple(spec.n_head),
+        head_count_kv=tuple(spec.n_head_kv),
+        key_length=spec.n_embd_head_k,
+        value_length=spec.n_embd_head_v,
+        n_vocab=spec.n_vocab,
+        context_length=spec.n_ctx_train,
+        tensors=tuple(tensors),
+        sliding_window=spec.n_swa,
+        feed_forward_length=spec.n_ff,
+        has_vision=model.projector_bytes > 0,
     )

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from kvadvise.backends.ollama import rules
 from kvadvise.backends.ollama.model import OllamaModel
+from kvadvise.backends.ollama.versions import blob_architecture
 from kvadvise.request import PlanRequest
 from kvadvise.runtime.seam import Shaped, Writer
 
@@ -141,7 +142,7 @@ class OllamaRuntime:
 
     def shape(self, spec: ModelSpec, request: PlanRequest) -> Shaped:
         model = self._model(spec)
-        rel = self._release = self.release(spec.architecture)
+        rel = self._release = self.release(blob_architecture(spec.architecture, model.source))
         kv = rules.one_cache_type(request.type_k, request.type_v)
         r = replace(request, type_k=kv, type_v=kv)
         notes: tuple[str, ...] = ()
@@ -205,7 +206,8 @@ class OllamaRuntime:
         else:
             live = LiveState(False, ollama_api.server_url(self.host), None, (), ())
         where = current_platform() if self.platform == "auto" else self.platform
-        rel = self._release if self._release is not None else self.release(plan.spec.architecture)
+        arch = blob_architecture(plan.spec.architecture, model.source)
+        rel = self._release if self._release is not None else self.release(arch)
         advice = advise(
             model,
             plan,

@@ -327,6 +327,17 @@ def supports_flash_attention(spec: ModelSpec, v: Version) -> bool:
     return spec.n_embd_head_k != 0 and spec.n_embd_head_k == spec.n_embd_head_v
 
 
+# Ollama's library blobs of gpt-oss are its own conversion (convert/convert_gptoss.go): architecture "gptoss",
+# which the Go engine runs from 0.11.0 (OllamaEngineRequired); llama.cpp's conversions say "gpt-oss"
+LIBRARY_ARCHITECTURES = {"gpt-oss": "gptoss"}
+
+
+def blob_architecture(architecture: str, source: str) -> str:
+    """The architecture a model's GGUF names: a built-in profile of Ollama's library (``source`` "profile:...")
+    stands for the library's blob, in Ollama's own naming."""
+    return LIBRARY_ARCHITECTURES.get(architecture, architecture) if source.startswith("profile:") else architecture
+
+
 def release(version: str | None, architecture: str, *, found_by: str = "--ollama-version") -> OllamaRelease:
     """How Ollama ``version`` (None or a development build 0.0.0: the newest) runs a model of ``architecture``."""
     v = parse(version) if version else None
