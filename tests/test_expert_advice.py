@@ -74,10 +74,12 @@ def test_token_counts_take_k_and_refuse_the_rest(capsys: pytest.CaptureFixture[s
     ("command", "rc"),
     [
         (["ollama", "qwen3-coder", "--gpu", "rtx-4090"], 0),  # 100 % on the GPU
-        (["ollama", "qwen3-coder", "--gpu", "rtx-4060"], 0),  # a partial plan
+        # a partial plan; the RAM given, not this machine's free RAM (22 GiB with the prompt cache: a shared
+        # machine's free memory decided whether it ran)
+        (["ollama", "qwen3-coder", "--gpu", "rtx-4060", "--ram", "64GiB"], 0),
         (["ollama", "llama3.3:70b", "--gpu", "rtx-4060", "--gpu-only"], 3),  # does not fit
         (["ollama", "qwen3-coder", "gemma3:4b", "nomic-embed-text", "--gpu", "rtx-4090"], 0),  # several models
-        (["hf", str(QWEN3_CODER_CONFIG), "--quant", "Q4_K_M", "--gpu", "rtx-4060"], 0),  # llama.cpp, partial
+        (["hf", str(QWEN3_CODER_CONFIG), "--quant", "Q4_K_M", "--gpu", "rtx-4060", "--ram", "64GiB"], 0),
     ],
     ids=["fits", "partial", "no-fit", "several", "llamacpp-partial"],
 )
@@ -151,10 +153,12 @@ def test_a_card_given_by_its_size_gets_a_speed_range(capsys: pytest.CaptureFixtu
 
 def test_the_ram_bandwidth_and_its_source_are_in_the_json(capsys: pytest.CaptureFixture[str]) -> None:
     """A partial plan's CPU share is read at the system memory's bandwidth: the figure and where it came from."""
-    rc, out, _ = run(capsys, "ollama", "qwen3-coder", "--gpu", "rtx-4060", "--json")
+    rc, out, _ = run(capsys, "ollama", "qwen3-coder", "--gpu", "rtx-4060", "--ram", "64GiB", "--json")
     off = json.loads(out)["offload"]
     assert rc == 0 and off is not None
-    rc, out, _ = run(capsys, "ollama", "qwen3-coder", "--gpu", "rtx-4060", "--ram-bandwidth", "40", "--json")
+    rc, out, _ = run(
+        capsys, "ollama", "qwen3-coder", "--gpu", "rtx-4060", "--ram", "64GiB", "--ram-bandwidth", "40", "--json"
+    )
     doc = json.loads(out)
     text = json.dumps(doc)
     assert '"ram_bandwidth_bytes_per_s": 40000000000' in text and '"ram_bandwidth_source": "--ram-bandwidth"' in text
