@@ -80,9 +80,6 @@ def label(build: int | None) -> str:
     return f"b{build}" if build is not None else "unknown"
 
 
-def older_than(build: int | None, rule: int) -> tuple[bool, ...]:
-    """Whether a plan for ``build`` follows the rule before ``rule``: (True,) or (False,); an unknown build
-    follows the newest rules (False,). A tuple: a caller may plan the larger of several builds' figures."""
-    if build is not None:
-        return (build < rule,)
-    return (False,)
+def older_than(build: int | None, rule: int) -> bool:
+    """Whether a plan for ``build`` follows the rule before ``rule``; an unknown build follows the newest rules."""
+    return build is not None and build < rule

@@ -160,7 +160,7 @@ class RunConfig:
             return 0
         # a llama-server built before ggml-org/llama.cpp#23861 reserves the whole batch, as the library does;
         # an unknown build follows the runtime (llama-cli stands for such servers; the plan's note says so)
-        old = self.llama_build is not None and self.llama_build < builds.SERVER_OUTPUT_LIMITS
+        old = builds.older_than(self.llama_build, builds.SERVER_OUTPUT_LIMITS)
         if old:
             return 0
         if self.mtp:  # server_output_limits: a row per slot and drafted token (common_speculative_get_output_limits)
@@ -354,7 +354,7 @@ def resolve(spec: ModelSpec, cfg: RunConfig) -> ContextLayout:
     # builds before ggml-org/llama.cpp#17046 (kvadvise.planner.builds.SWA_PAD_256) pad both caches to
     # llama_kv_cache::get_padding(cparams) = flash_attn ? 256 : 32, cparams.flash_attn being "not disabled" when
     # the cache is made (auto counts as on; llama_model::create_memory, b6840); from #17046 on, always to 256
-    old_pad = all(builds.older_than(cfg.llama_build, builds.SWA_PAD_256))
+    old_pad = builds.older_than(cfg.llama_build, builds.SWA_PAD_256)
     fa_asked = "off" if spec.architecture == "grok" else cfg.flash_attn  # llama_init_from_model forces Grok's off
     n_pad = CTX_PAD if not old_pad or fa_asked != "off" else OLD_CTX_PAD
     if cfg.kv_unified:
@@ -516,7 +516,7 @@ def layer_kv_bytes(spec: ModelSpec, lay: ContextLayout) -> tuple[tuple[int, int]
 
 def _mla_keeps_v(lay: ContextLayout) -> bool:
     """Builds before ggml-org/llama.cpp#19067 allocated an MLA model's V (kv_lora_rank wide) beside K."""
-    return lay.llama_build is not None and lay.llama_build < builds.MLA_V_LESS
+    return builds.older_than(lay.llama_build, builds.MLA_V_LESS)
 
 
 def kv_caches(
@@ -643,7 +643,7 @@ def _sizes(spec: ModelSpec, lay: ContextLayout) -> _Sizes:
     phases = [0]
     if spec.n_ff:  # a dense feed-forward: gate, up and their product (ggml_swiglu_split is not in place)
         ff = 3
-        if spec.architecture in FUSED_UP_ARCHS and any(builds.older_than(lay.llama_build, builds.FUSED_GLU)):
+        if spec.architecture in FUSED_UP_ARCHS and builds.older_than(lay.llama_build, builds.FUSED_GLU):
             # up = [2 n_ff] holding gate and up, and the ggml_cont of each half before ggml_swiglu
             # (kvadvise.planner.builds.FUSED_GLU); measured with the allocation pass of e1e8e09 (Ollama 0.6.8's
             # llama.cpp) on GLM-4-32B's and GLM-4-9B's shapes: within 8 MiB over
@@ -734,10 +734,9 @@ def _mixer_phase(spec: ModelSpec, ssm: SSMDims, ub: int, embd: int, n_seqs: int)
     return 8 * embd  # RWKV: time mix and channel mix (not measured: an estimate)
 
 
-def _mask_eras(lay: ContextLayout) -> tuple[bool, ...]:
-    """Whether the plan follows builds before ggml-org/llama.cpp#23764 (an f32 mask with flash attention):
-    one era for a known build, both for an unknown one (kvadvise.planner.builds)."""
-    return builds.older_than(lay.llama_build, builds.F16_MASK_FA) if lay.flash_attn else (False,)
+def _f32_fa_mask(lay: ContextLayout) -> bool:
+    """Whether the plan follows builds before ggml-org/llama.cpp#23764 (an f32 mask with flash attention)."""
+    return lay.flash_attn and builds.older_than(lay.llama_build, builds.F16_MASK_FA)
 
 
 def mask_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
@@ -745,7 +744,7 @@ def mask_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     flash attention, else f32 (src/llama-graph.cpp build_attn_inp_kq_mask, 0c1e570); f32 with flash attention
     too in builds before #23764 (kvadvise.planner.builds; an unknown build: the newest rules)."""
     s = _sizes(spec, lay)
-    f32 = not lay.flash_attn or any(_mask_eras(lay))
+    f32 = not lay.flash_attn or _f32_fa_mask(lay)
     return s.mask_cells * lay.n_ubatch * (4 if f32 else 2)
 
 
@@ -757,7 +756,7 @@ def compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     plus its largest live set (kvadvise.planner.memory._sizes) plus the token embeddings' get_rows; the
     output layer's is the logits of the reserved rows and two rows of n_embd. Measured with llama.cpp's
     allocation pass (llama-fit-params, b11312) on real-size models of 20 families (tests/test_oracle.py)."""
-    return max(_cpu_compute(spec, lay, old) for old in _mask_eras(lay))
+    return _cpu_compute(spec, lay, _f32_fa_mask(lay))
 
 
 def _layer_peak(s: _Sizes, lay: ContextLayout, f32_mask: bool) -> int:
@@ -799,17 +798,17 @@ def host_compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     builds before #23764, which also kept the mask f32 with flash attention. Measured with llama.cpp's
     allocation pass on RPC devices (b11312, 20 families, tests/test_oracle.py) and published logs.
     """
-    return max(_host_compute(spec, lay, old) for old in _mask_eras(lay))
+    return _host_compute(spec, lay, _f32_fa_mask(lay))
 
 
 def _host_compute(spec: ModelSpec, lay: ContextLayout, f32_mask: bool) -> int:
     s = _sizes(spec, lay)
     ub = lay.n_ubatch
     masks = s.mask_cells * ub * (2 if lay.flash_attn and not f32_mask else 4)
-    old = lay.llama_build is not None and lay.llama_build < builds.F16_MASK_FA
+    old = builds.older_than(lay.llama_build, builds.F16_MASK_FA)
     rows = 1 if f32_mask or old else 2
     v_idxs = 0
-    if lay.v_trans and not spec.is_mla and not all(builds.older_than(lay.llama_build, builds.SET_ROWS)):
+    if lay.v_trans and not spec.is_mla and not builds.older_than(lay.llama_build, builds.SET_ROWS):
         # one index tensor per cache (llm_graph_input_attn_kv_iswa: self_v_idxs and self_v_idxs_swa), even
         # where the SWA cache has as many cells as the full one (n_swa + n_ubatch >= n_ctx)
         kinds = len({spec.swa_layers[il] for il, kv in enumerate(spec.kv_layers) if kv})
@@ -845,7 +844,7 @@ def device_compute_bytes(spec: ModelSpec, lay: ContextLayout, *, weight_copy: in
 
 
 def _analytic_device_compute(spec: ModelSpec, lay: ContextLayout, weight_copy: int = 0) -> int:
-    return max(_device_compute(spec, lay, old, weight_copy) for old in _mask_eras(lay))
+    return _device_compute(spec, lay, _f32_fa_mask(lay), weight_copy)
 
 
 # kvadvise.planner.llama_graph's graphs; granite's is llama's with in-place scales (src/models/granite.cpp)
