@@ -733,9 +733,10 @@ def mtp_note(spec: ModelSpec, cfg: RunConfig, est: MemoryEstimate, plain_n_ctx: 
 
     d = est.draft
     ctx = d.total_bytes if d is not None else 0
+    nextn = sum(spec.nextn_layer_bytes)
     text = (
         f"MTP draft (--spec-type draft-mtp --spec-draft-n-max {cfg.spec_draft_n_max}): "
-        f"{fmt_bytes(ctx + sum(spec.nextn_layer_bytes))} more: NextN weights {fmt_bytes(sum(spec.nextn_layer_bytes))}, "
+        f"{fmt_bytes(ctx + nextn)} more: NextN weights {fmt_bytes(nextn)}, "
         f"its context {fmt_bytes(ctx)} (KV of {spec.n_layer_nextn} layer(s) {fmt_bytes(d.kv_bytes if d else 0)}, "
         f"compute {fmt_bytes(d.compute_bytes if d else 0)}); decode gain: {gain_text()}"
     )

@@ -30,6 +30,7 @@ from kvadvise.backends.ollama.rules import (
 from kvadvise.backends.ollama.versions import DEFAULT_NUM_CTX_BY_VRAM_FROM, OLD_DEFAULT_NUM_CTX
 from kvadvise.errors import BackendUnreachable
 from kvadvise.planner.planning import AdviceSummary, Plan
+from kvadvise.runtime.llamaserver import offload_to_run
 from kvadvise.text import lines as text_lines
 
 if TYPE_CHECKING:  # an offload is planned only with --allow-cpu
@@ -96,8 +97,7 @@ class OllamaAdvice:
     @property
     def offload(self) -> Offload | None:
         """The partial offload the settings are for (the plan does not fit the GPU alone), else None."""
-        off = self.plan.offload
-        return off if self.plan.fits is False and off is not None and off.runnable else None
+        return offload_to_run(self.plan)
 
     @property
     def created_name(self) -> str:
@@ -151,7 +151,7 @@ def advise(
 ) -> OllamaAdvice:
     """The settings for ``plan`` and the warnings that go with them, for Ollama ``release`` (None: the newest)."""
     cfg = plan.config
-    off = plan.offload if plan.fits is False and plan.offload is not None and plan.offload.runnable else None
+    off = offload_to_run(plan)
     if off is not None:  # the plan that runs: part on the CPU, placed by Ollama's --fit
         num_ctx, kv_type, ram = off.n_ctx, off.type_k.type_name, off.ram
     else:
@@ -202,7 +202,7 @@ def advise(
                 f"without these settings Ollama runs {tier:,} tokens here (its default for this VRAM)"
             )
     # a LLAMA_ARG_CACHE_RAM the plan sets is said once, by env_effects (its server-wide warning)
-    if decision is not None and decision.planned_layers != decision.layers_offload:
+    if decision is not None and decision.differs:
         warnings.append(f"Ollama's split: {decision.text()}")
     elif runnable and off is not None and release is not None and release.in_process and decision is None:
         warnings.append(
@@ -319,7 +319,7 @@ def advice_text(a: OllamaAdvice) -> str:
             lines.append(f"    loaded: {r.name}  {r.size / 1e9:.1f} GB  {r.processor}  ctx {r.context_length}")
     lines += [f"  note: {n}" for n in a.live.notes]
     lines += [f"  warning: {w}" for w in a.warnings]
-    if a.decision is not None and a.decision.planned_layers == a.decision.layers_offload:  # else a warning
+    if a.decision is not None and not a.decision.differs:  # else a warning
         lines.append(f"  note: Ollama's split: {a.decision.text()}")
     if a.release is not None:
         lines.append(f"  planned for: {a.release.claims(layers_replayed=a.decision is not None)}")
@@ -354,7 +354,7 @@ def advice_summary(a: OllamaAdvice) -> tuple[list[str], list[str], list[str]]:
         notes += list(a.live.notes)
     # a built-in profile names itself among the model's sources; a model found in a store or on a server here
     sources = [] if a.model.source.startswith("profile:") else [f"model: {a.model.ref} ({a.model.source})"]
-    if a.decision is not None and a.decision.planned_layers == a.decision.layers_offload:
+    if a.decision is not None and not a.decision.differs:
         notes.append(f"Ollama's split: {a.decision.text()}")
     if a.release is not None and a.release.version:  # an unknown version: the newest, as the settings say
         notes.append(f"planned for: {a.release.claims(layers_replayed=a.decision is not None)}")

@@ -3,9 +3,9 @@
 
 Those releases put on the GPU the layers their estimate says fit (``msg=offload ... layers.offload``), not
 what the allocation needs: gpt-oss:20b got 23 of 25 layers on a 16 GB card under 0.11.0 though all 25 fit.
-When the plan (llama.cpp's allocation) puts more layers on the GPU than Ollama's estimate, the model's
-``num_gpu`` (a Modelfile ``PARAMETER``; ``llm/memory.go`` takes ``opts.NumGPU`` as the layers asked for)
-loads them: the advice sets it. Later releases decide otherwise (a trial layout, or llama.cpp's ``--fit``):
+Where the plan (llama.cpp's allocation) puts another number of layers on the GPU than Ollama's estimate,
+the model's ``num_gpu`` (a Modelfile ``PARAMETER``; ``llm/memory.go`` takes ``opts.NumGPU`` as the layers
+asked for) loads that many: the advice sets it, but not for the Go engine, whose allocation is not modelled. Later releases decide otherwise (a trial layout, or llama.cpp's ``--fit``):
 nothing is claimed for them here (kvadvise.backends.ollama.versions says who decides).
 """
 
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from kvadvise.backends.ollama import estimate_legacy
 from kvadvise.backends.ollama.versions import blob_architecture
+from kvadvise.runtime.llamaserver import offload_to_run
 
 if TYPE_CHECKING:
     from kvadvise.backends.ollama.model import OllamaModel
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from kvadvise.planner.planning import Plan
 
 MEMORY_GO = "llm/memory.go"  # OllamaRelease.layers_by of the releases estimate_legacy replays
-_LIBRARIES = {"cuda": "cuda", "rocm": "rocm", "metal": "metal", "vulkan": "vulkan", "sycl": "oneapi"}
+_LIBRARIES = {"sycl": "oneapi"}  # Ollama's name for a GPU library where it is not the ggml backend's
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,12 +44,17 @@ class OllamaDecision:
     allocation_modelled: bool = True
 
     @property
+    def differs(self) -> bool:
+        """Ollama's estimate loads another number of layers than llama.cpp's allocation fits."""
+        return self.planned_layers != self.layers_offload
+
+    @property
     def num_gpu(self) -> int | None:
         """The num_gpu that loads the plan's layers, where Ollama's estimate would load another count: fewer
         (the GPU left idle) or more (more than llama.cpp can allocate there: an out-of-memory load)."""
         if not self.allocation_modelled:
             return None
-        return self.planned_layers if self.planned_layers != self.layers_offload else None
+        return self.planned_layers if self.differs else None
 
     def text(self) -> str:
         said = (
@@ -56,7 +62,7 @@ class OllamaDecision:
             f"own estimate ({MEMORY_GO}: {self.required_full_bytes / 2**30:.1f} GiB for all of them, "
             f"{self.available_bytes / 2**30:.1f} GiB free)"
         )
-        if not self.allocation_modelled and self.planned_layers != self.layers_offload:
+        if not self.allocation_modelled and self.differs:
             return (
                 f"{said}; llama.cpp's library would fit {self.planned_layers}, but the Go engine that runs it "
                 "allocates otherwise (not modelled): num_gpu is left unset"
@@ -120,11 +126,13 @@ def decide(model: OllamaModel, plan: Plan, release: OllamaRelease, settings: Oll
         )
     except KvadviseError:  # LegacyVersionNotModelled (a vision model, ...) or an unreadable header: not claimed
         return None
-    n_layer = plan.spec.n_layer_all
-    off = plan.offload if plan.fits is False and plan.offload is not None and plan.offload.runnable else None
-    planned = off.n_gpu_layers if off is not None and off.n_cpu_moe == 0 else n_layer + 1
-    if off is not None and off.n_cpu_moe:  # experts on the CPU: not a layer count Ollama's num_gpu can say
+    off = offload_to_run(plan)
+    if off is None:
+        planned = est.layers_model  # every layer and the output layer
+    elif off.n_cpu_moe:  # experts on the CPU: not a layer count Ollama's num_gpu can say
         planned = est.layers_offload
+    else:
+        planned = off.n_gpu_layers
     return OllamaDecision(
         version=release.version,
         layers_offload=est.layers_offload,

@@ -206,8 +206,7 @@ class OllamaRuntime:
         else:
             live = LiveState(False, ollama_api.server_url(self.host), None, (), ())
         where = current_platform() if self.platform == "auto" else self.platform
-        arch = blob_architecture(plan.spec.architecture, model.source)
-        rel = self._release if self._release is not None else self.release(arch)
+        rel = self._release or self.release(blob_architecture(plan.spec.architecture, model.source))
         advice = advise(
             model,
             plan,
