@@ -84,9 +84,11 @@ def test_rpc_endpoints_llama_server_refuses_are_refused(
 
 def test_rpc_takes_a_list_as_llama_server_does(gemma_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`--rpc a:1=8GiB,b:2=4GiB` (llama-server's comma list, each with its size) plans what two --rpc do."""
-    listed = run(capsys, "llamacpp", str(gemma_path), "--rpc", "10.0.0.1:50052=8GiB,10.0.0.2:50052=4GiB", "--json")
+    # the RAM is given: this machine's free RAM, read twice moments apart, would differ between the two answers
+    ram = ("--ram", "64GiB", "--json")
+    listed = run(capsys, "llamacpp", str(gemma_path), "--rpc", "10.0.0.1:50052=8GiB,10.0.0.2:50052=4GiB", *ram)
     repeated = run(
-        capsys, "llamacpp", str(gemma_path), "--rpc", "10.0.0.1:50052=8GiB", "--rpc", "10.0.0.2:50052=4GiB", "--json"
+        capsys, "llamacpp", str(gemma_path), "--rpc", "10.0.0.1:50052=8GiB", "--rpc", "10.0.0.2:50052=4GiB", *ram
     )
     assert listed[0] == 0 and listed[1] == repeated[1]
     names = [d["name"] for d in json.loads(listed[1])["memory"]["devices"]]
