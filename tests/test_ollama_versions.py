@@ -26,16 +26,32 @@ N_VOCAB = 152064  # qwen2.5-coder:7b (conftest.coder_files)
 
 @pytest.mark.parametrize(
     ("text", "version"),
-    [("0.20.2", (0, 20, 2)), ("v0.32.13", (0, 32, 13)), ("0.30.0-rc1", (0, 30, 0)), (" 0.11.0\n", (0, 11, 0))],
+    [
+        ("0.20.2", (0, 20, 2)),
+        ("v0.32.13", (0, 32, 13)),
+        ("0.30.0-rc1", (0, 30, 0)),
+        (" 0.11.0\n", (0, 11, 0)),
+        ("0.12.3-4-gabc1234", (0, 12, 3)),  # a source build's /api/version (git describe)
+    ],
 )
 def test_version_parsing(text: str, version: versions.Version) -> None:
     assert versions.parse(text) == version
 
 
-@pytest.mark.parametrize("text", ["", "latest", "0.20", "x0.20.2"])
+@pytest.mark.parametrize("text", ["", "latest", "0.20", "x0.20.2", "0.12.3x", "0.12.3\\n", "0.12.3 0.13.0", "0.12.3-"])
 def test_a_version_that_is_not_one_is_refused(text: str) -> None:
+    """The whole text is a version or it is refused: a prefix that reads as one (0.12.3x) is not taken for it, by
+    versions.parse and by Ollama's legacy estimator alike (one grammar, api.parse_version)."""
+    from kvadvise.backends.ollama.estimate_legacy import parse_version
+
     with pytest.raises(InputError, match=r"MAJOR\.MINOR\.PATCH"):
         versions.parse(text)
+    with pytest.raises(InputError, match="not an Ollama version"):
+        parse_version(text)
+
+
+def test_the_release_prints_the_version_as_given_without_its_blanks() -> None:
+    assert versions.release(" 0.12.3\n", "qwen3").version == "0.12.3"
 
 
 @pytest.mark.parametrize(

@@ -598,11 +598,14 @@ def server_version(host: str | None = None, *, timeout: float = DEFAULT_TIMEOUT)
     return v.strip() if isinstance(v, str) and v.strip() else None
 
 
-_VERSION = re.compile(r"^v?([0-9]{1,9})\.([0-9]{1,9})\.([0-9]{1,9})")  # ASCII, bounded: never a 5,000-digit int()
+# ASCII, bounded (never a 5,000-digit int()), whole: a release (0.20.2, v0.20.2), a candidate (0.30.0-rc1) or a
+# source build's describe (0.12.3-4-gabc1234, +dirty); an rc or a build counts as its release (its code is the release's)
+_VERSION = re.compile(r"v?([0-9]{1,9})\.([0-9]{1,9})\.([0-9]{1,9})(?:[-+][0-9A-Za-z.+-]{1,64})?")
 
 
 def parse_version(version: str) -> tuple[int, int, int] | None:
-    m = _VERSION.match(version.strip())
+    """An Ollama version as --ollama-version or /api/version gives it, the one grammar every caller reads."""
+    m = _VERSION.fullmatch(version.strip())
     return (int(m[1]), int(m[2]), int(m[3])) if m else None
 
 

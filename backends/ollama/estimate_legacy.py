@@ -37,7 +37,6 @@ layout. Pure: the caller reads the header and the GPUs' free memory.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -168,11 +167,13 @@ def human_bytes2(b: int) -> str:
 
 
 def parse_version(version: str) -> tuple[int, int, int]:
-    """ "0.11.4", "v0.11.5-rc2" -> (0, 11, 4); an rc counts as its release (its code is the release's)."""
-    m = re.fullmatch(r"v?(\d+)\.(\d+)\.(\d+)(?:-[0-9A-Za-z.-]+)?", version.strip())
-    if not m:
+    """ "0.11.4", "v0.11.5-rc2" -> (0, 11, 4), by api.parse_version's grammar."""
+    from kvadvise.backends.ollama.api import parse_version as parse
+
+    v = parse(version)
+    if v is None:
         raise InputError(f"not an Ollama version: {version!r}", hint="give it as 0.11.4")
-    return int(m[1]), int(m[2]), int(m[3])
+    return v
 
 
 def _engine_required_archs(v: tuple[int, int, int]) -> frozenset[str]:

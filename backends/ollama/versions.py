@@ -340,6 +340,7 @@ def blob_architecture(architecture: str, source: str) -> str:
 
 def release(version: str | None, architecture: str, *, found_by: str = "--ollama-version") -> OllamaRelease:
     """How Ollama ``version`` (None or a development build 0.0.0: the newest) runs a model of ``architecture``."""
+    version = version.strip() if version else None  # as printed: " 0.12.3" is 0.12.3
     v = parse(version) if version else None
     if v is None or v == (0, 0, 0) or v >= LLAMA_SERVER_FROM:
         known = v is not None and v != (0, 0, 0) and v <= NEWEST_KNOWN
