@@ -142,8 +142,9 @@ def run_device(device: str) -> str:
 
 def check_machine(r: PlanRequest, hw: Hardware | None) -> None:
     """A machine that cannot exist is refused: ``--device metal`` on an NVIDIA card, ``--device cuda`` on an
-    Apple chip (Metal runs only on Apple Silicon, CUDA only on NVIDIA cards), ``--device rocm`` on a card that
-    is not AMD's (HIP runs AMD cards), ``--device vulkan`` on an Apple chip (llama.cpp runs Metal there)."""
+    Apple chip or an AMD or Intel card (Metal runs only on Apple Silicon, CUDA only on NVIDIA cards), ``--device
+    rocm`` on a card that is not AMD's (HIP runs AMD cards), ``--device vulkan`` on an Apple chip (llama.cpp runs
+    Metal there)."""
     if hw is None or r.device not in ("cuda", "metal", *GPU_BACKENDS):
         return
     for g in hw.gpus:
@@ -162,6 +163,12 @@ def check_machine(r: PlanRequest, hw: Hardware | None) -> None:
             raise InputError(
                 f"--device rocm: {g.name} is not an AMD GPU (ROCm/HIP runs AMD cards)",
                 hint="drop --device, or use --device vulkan (any vendor) or cuda",
+            )
+        # CUDA runs NVIDIA cards only (an AMD card runs the same ggml-cuda code through HIP: --device rocm)
+        if r.device == "cuda" and g.backend not in ("cuda", "metal") and hw.source != "manual":
+            raise InputError(
+                f"--device cuda: {g.name} is not an NVIDIA GPU (CUDA runs NVIDIA cards)",
+                hint="drop --device, or use --device " + ("rocm or vulkan" if g.backend == "rocm" else "vulkan"),
             )
 
 

@@ -175,6 +175,8 @@ def test_the_api_plans_only_what_ollama_runs() -> None:
         (["--gpu", "rtx-4090", "--device", "metal"], {"gpu": "rtx-4090", "device": "metal"}),
         (["--gpu", "m4-max-64gb", "--device", "cuda"], {"gpu": "m4-max-64gb", "device": "cuda"}),
         (["--gpu", "rtx-4090", "--device", "rocm"], {"gpu": "rtx-4090", "device": "rocm"}),
+        (["--gpu", "mi50-32gb", "--device", "cuda"], {"gpu": "mi50-32gb", "device": "cuda"}),
+        (["--gpu", "arc-b580", "--device", "cuda"], {"gpu": "arc-b580", "device": "cuda"}),
         (["--gpu", "m4-max-64gb", "--device", "vulkan"], {"gpu": "m4-max-64gb", "device": "vulkan"}),
         (["--device", "sycl"], {"device": "sycl"}),
     ],
