@@ -64,15 +64,18 @@ def test_every_row_has_a_source_a_split_and_an_input(bench) -> None:  # type: ig
 
 
 def test_decode_accuracy_fit_and_held_out(bench) -> None:  # type: ignore[no-untyped-def]
-    """Within ±25 %: 96 of the 106 fit rows; 52 of the 63 held-out rows (GGUF 12/19, config.json 32/33,
-    profiles 8/11; issue 37 added the hybrid MoE rows, the three at 2-3 bits per weight still 1.4-1.6x too fast, and
-    the GCN/CDNA rows: the F16 and BF16 files on gfx906 come out 1.6x too slow at the GCN class, fitted on quantized
-    files); before issue 25 a config.json counted every MoE expert (0.10-0.33x)."""
+    """Within ±25 %: 97 of the 106 fit rows; 53 of the 63 held-out rows (GGUF 12/19, config.json 33/33,
+    profiles 8/11; issue 37 added the hybrid MoE rows and the GCN/CDNA rows: the F16 and BF16 files on gfx906 come out
+    1.6x too slow at the GCN class, fitted on quantized files); before issue 25 a config.json counted every MoE expert
+    (0.10-0.33x). Issue 37 (MoE low bits): the Qwen3.5-35B-A3B rows that name an early llama.cpp build are planned at
+    it (speed.EARLY_BUILD_RECURRENT_S): the fit row on b8125 went from 1.25 to 1.06 (96 -> 97 fit rows) and the
+    held-out IQ3_S row on b8125 from 1.50 to 1.16 (52 -> 53); the held-out UD-Q3_K_XL (RTX 3090) and APEX Nano
+    (RTX 5070 Ti) rows name no build and stay 1.56 and 1.43 too fast."""
     t = bench.decode_table(bench.load())
     fit = [x for r, x in t if bench.split_of(r) == "fit"]
     held = [(r, x) for r, x in t if bench.split_of(r) == "holdout"]
-    assert bench.share_within(fit, 0.25) >= 0.85
-    assert bench.share_within([x for _, x in held], 0.25) >= 52 / 63
+    assert bench.share_within(fit, 0.25) >= 97 / 106
+    assert bench.share_within([x for _, x in held], 0.25) >= 53 / 63
     config = [x for r, x in held if bench.input_kind(r) == "config"]
     assert bench.share_within(config, 0.25) >= 13 / 16
 
@@ -88,7 +91,7 @@ def test_prefill_accuracy_fit_and_held_out(bench) -> None:  # type: ignore[no-un
 
 def test_ranges_are_the_spread_of_the_rows(bench) -> None:  # type: ignore[no-untyped-def]
     doc = bench.load()
-    rows = [x for r, x in bench.decode_table(doc) if bench.split_of(r) != "sweep"]  # sweeps: runs of their own
+    rows = [x for r, x in bench.decode_table(doc) if bench.split_of(r) in ("fit", "holdout")]  # sweeps: runs of their own
     assert bench.band_80(rows) == pytest.approx(speed.RANGE, abs=0.02)
     assert bench.band_80([x for _, x in bench.prefill_table(doc)]) == pytest.approx(speed.PREFILL_RANGE, abs=0.02)
 
@@ -144,6 +147,66 @@ def test_a_hybrids_recurrent_layers_cost_their_state_and_their_kernels(bench) ->
     plain = speed.Reads(reads.dense, reads.experts, reads.expert_layers, reads.n_layer, reads.moe)
     dev = bench.row_devices(doc, row, spec)
     assert speed.seconds_per_token(reads, 0, dev) > speed.seconds_per_token(plain, 0, dev) + 30 * 0.3 * 65e-6
+
+
+def test_a_moes_routed_experts_at_low_bits_cost_what_a_dense_models_weights_do(bench) -> None:  # type: ignore[no-untyped-def]
+    """Issue 37: one RTX 4090 decoding the same Qwen3.5-35B-A3B UD-Q3_K_XL and UD-Q4_K_XL files (and Qwen3.6's at
+    b8820) at six llama.cpp builds (jiegec/kb, the "moe-sweep" rows). At each build the Q3_K file comes out as far
+    from the measured as the Q4_K one (within 3 %; llama-bench's own spread is 1-2 %) with the dense sweeps' per-type
+    cost alone: the batch-1 MUL_MAT_ID runs the dense mmvq kernel with the expert ids (ggml-cuda.cu
+    ggml_cuda_mul_mat_id -> ggml_cuda_mul_mat_vec_q; mmvq.cu mul_mat_vec_q, channel_x = ids[channel_dst]), the same
+    vec_dot per weight, so routed experts need no cost of their own."""
+    import math
+
+    doc = bench.load()
+    groups: dict[str, list[float]] = {}
+    for r, x in bench.decode_table(doc):
+        if bench.split_of(r) == "moe-sweep":
+            assert r["arch"] == "qwen35moe" and r["gpu"] == "rtx-4090" and r["llama_build"]
+            assert 0.90 <= x <= 1.10, r["id"]
+            groups.setdefault(r["sweep"], []).append(math.log(x))
+    assert len(groups) == 7 and sum(len(v) for v in groups.values()) == 14
+    assert all(len(v) == 2 and abs(v[0] - v[1]) < 0.03 for v in groups.values())
+
+
+def test_early_llama_cpp_builds_decode_a_hybrid_moe_slower(bench) -> None:  # type: ignore[no-untyped-def]
+    """Issue 37: the same files on the same RTX 4090 decode 1.4-1.6x slower at b8148-b8207 than at b8820 (116.5 and
+    108.8 t/s vs 173.7 for UD-Q3_K_XL), by the same time per token at 3 and at 4 bits: the builds' fixed costs,
+    fitted per Gated DeltaNet layer on those rows (speed.EARLY_BUILD_RECURRENT_S). A row run on such a build is
+    planned at it; an unknown build is planned as the newest. The held-out IQ3_S row (RTX 5060 Ti, stock b8125),
+    1.50x too fast at the newest build's cost, comes out 1.16x; the two held-out rows that name no build keep theirs."""
+    doc = bench.load()
+    rows = {r["id"]: r for r in doc["rows"]}
+    spec = bench.row_spec(doc, rows[176])
+    reads = speed.weight_reads(spec)
+    assert reads.architecture == "qwen35moe" and reads.recurrent_layers == 30
+    assert speed.early_build_seconds(reads, None) == speed.early_build_seconds(reads, 8720) == 0.0
+    assert speed.early_build_seconds(reads, 8396) == pytest.approx(30 * speed.EARLY_BUILD_RECURRENT_S[8720])
+    assert speed.early_build_seconds(reads, 8125) == pytest.approx(30 * sum(speed.EARLY_BUILD_RECURRENT_S.values()))
+    dense = speed.weight_reads(bench.row_spec(doc, rows[157]))
+    other = speed.Reads(dense.dense, 0, 0, 40, False, 0, 30, 1.4, architecture="qwen35")
+    assert speed.early_build_seconds(other, 8125) == 0.0  # measured on qwen35moe only
+    # CUDA only: a Metal device takes no step
+    gpu = speed.Device("metal", 800_000_000_000)
+    assert speed.seconds_per_token(reads, 0, [gpu], llama_build=8125) == speed.seconds_per_token(reads, 0, [gpu])
+
+    def ratio(row_id: int, build: int | None) -> float:
+        r = dict(rows[row_id], llama_build=build, id=-row_id if build is None else row_id)
+        return bench.decode_estimate(doc, r) / r["decode_tps"]
+
+    for rid in (191, 193, 195, 197):  # before b8720: the newest build's cost is 1.25x too fast or more
+        assert ratio(rid, None) > 1.25 and 0.95 <= ratio(rid, rows[rid]["llama_build"]) <= 1.05
+    assert ratio(176, None) > 1.45 and 0.85 <= ratio(176, 8125) <= 1.2
+    # the held-out UD-Q3_K_XL (RTX 3090) and APEX Nano (RTX 5070 Ti) rows name no build: planned as the newest, they
+    # stay 1.4-1.6x too fast (an early build would explain most of it, a later one would not)
+    table = {r["id"]: x for r, x in bench.decode_table(doc)}
+    assert "llama_build" not in rows[161] and "llama_build" not in rows[162]
+    assert table[161] > 1.4 and table[162] > 1.3
+    # a plan for an old build says so
+    dev = bench.row_devices(doc, rows[176], spec)
+    old, new = speed.estimate(spec, 4096, dev, llama_build=8125), speed.estimate(spec, 4096, dev)
+    assert old is not None and new is not None and old.tokens_per_s < 0.8 * new.tokens_per_s
+    assert "b8125 decodes this hybrid slower" in old.note and "decodes this hybrid" not in new.note
 
 
 def test_a_card_given_by_its_size_is_timed_on_the_backend_given() -> None:

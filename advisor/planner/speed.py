@@ -22,7 +22,9 @@ top-k and the expert gathers: the cost that makes small experts slow per byte re
 that fixed time in proportion to the kernels it launches beside an attention layer of the same model
 (:data:`DECODE_KERNELS`, counted in llama.cpp's own decode graph): a Gated DeltaNet mixer launches
 half again as many as attention (conv, the q/k L2 norms, the gates, the scan, the gated norm), and a
-hybrid's time per token is mostly these launches on a fast card. The devices run one
+hybrid's time per token is mostly these launches on a fast card, and more of them on a llama.cpp build before b8720
+(:data:`EARLY_BUILD_RECURRENT_S`: the same Qwen3.5-35B-A3B files decode 1.4-1.6x slower at b8148-b8207 than at b8820
+on one card; a plan for such a build, --llama-build or the llama-server on PATH, counts it). The devices run one
 after another: their times add up. The CPU's share (``--n-cpu-moe``, whole layers kept in RAM) reads at
 the system memory's bandwidth, measured or given (kvadvise.planner.cpuspeed).
 
@@ -100,15 +102,43 @@ DECODE_KERNELS: dict[str, tuple[int, int]] = {"qwen35": (26, 41), "qwen3next": (
 # file's default tensor type (kvadvise.model.quants.default_type). Fitted so that one model at several quants on
 # one card comes out equally far from the measured (benchmarks/bench_speed.py --fit, the "sweep" rows); the
 # i-quants without a row take IQ3_XXS's (the same grid lookup), IQ4_NL takes IQ4_XS's (the same non-linear table).
+# A MoE's routed experts pay the same per weight (n_weights counts them): at batch 1, GGML_OP_MUL_MAT_ID runs the dense
+# kernel with the expert ids (b11312: ggml-cuda.cu ggml_cuda_mul_mat_id -> ggml_cuda_mul_mat_vec_q while ne2 <=
+# get_mmvq_mmid_max_batch; mmvq.cu mul_mat_vec_q reads expert ids[channel_dst] as its channel), the same vec_dot per
+# weight; one RTX 4090 decoding Qwen3.5-35B-A3B at Q3_K and Q4_K at six builds (the "moe-sweep" rows) puts both files
+# within 2 % of each other in estimate / measured with these factors alone. Not modelled: an expert's down projection
+# has K = n_ff_exp (512 for qwen35moe: 2 super-blocks), where the K-quants take mmvq's small-K launch
+# (should_use_small_k) but IQ3_XXS/IQ3_S on Turing and later do not (iq_slow_turing), leaving most of the block idle
+# (llama.cpp#25578: 34.08 us against 12.50 us for the same bytes at K = 2048, RTX 4060 Ti): no decode row to fit it.
 DEQUANT_FLOPS_PER_WEIGHT: dict[str, float] = {"Q2_K": 34.0, "Q3_K": 38.0, "IQ3_XXS": 44.0, "IQ4_XS": 38.0}
 _DEQUANT_PRIOR = {"IQ1_S": "IQ3_XXS", "IQ1_M": "IQ3_XXS", "IQ2_XXS": "IQ3_XXS", "IQ2_XS": "IQ3_XXS", "IQ2_S": "IQ3_XXS"}
 _DEQUANT_PRIOR |= {"IQ3_S": "IQ3_XXS", "IQ4_NL": "IQ4_XS"}
+# Extra fixed time per Gated DeltaNet layer and token (s) that older llama.cpp builds take on CUDA, by the first build
+# measured without it: one RTX 4090 decoding the same Qwen3.5-35B-A3B files at build after build (jiegec/kb, the
+# "moe-sweep" rows of measurements.json: UD-Q3_K_XL 108.8 t/s at b8207, 125.1 at b8286, 164.4 at b8720, 173.7 at
+# b8820). The Q3_K and Q4_K files gain the same time per token at each step (b8207 -> b8286: 1.2 and 1.1 ms, b8396 ->
+# b8720: 1.75 and 1.7 ms): fewer or cheaper kernels per layer, not the weights' reads. The steps lie between the
+# builds measured (b8207 .. b8286, b8396 .. b8720); a build before the first step takes both. Fitted on those rows
+# only (benchmarks/bench_speed.py --fit); measured on qwen35moe alone (EARLY_BUILD_ARCHS): the dense qwen35 (27B, 9B)
+# on the same card gained less per recurrent layer (b8286 -> b8820: 2.3 ms over 48 layers, 1.1 ms over 24).
+EARLY_BUILD_RECURRENT_S: dict[int, float] = {8286: 30e-6, 8720: 65e-6}
+EARLY_BUILD_ARCHS = frozenset({"qwen35moe"})
 
 
 def dequant_flops(weight_type: str) -> float:
     """:data:`DEQUANT_FLOPS_PER_WEIGHT` of a tensor type (its prior's for an i-quant without a row; else 0)."""
     t = _DEQUANT_PRIOR.get(weight_type, weight_type)
     return DEQUANT_FLOPS_PER_WEIGHT.get(weight_type, DEQUANT_FLOPS_PER_WEIGHT.get(t, 0.0))
+
+
+def early_build_seconds(reads: Reads, llama_build: int | None) -> float:
+    """The fixed time per token an older llama.cpp build adds to a Gated DeltaNet hybrid on CUDA
+    (:data:`EARLY_BUILD_RECURRENT_S`); 0 for an unknown build (planned as the newest), a newer one, or another model."""
+    if llama_build is None or reads.architecture not in EARLY_BUILD_ARCHS:
+        return 0.0
+    return reads.recurrent_layers * sum(
+        s for first_without, s in EARLY_BUILD_RECURRENT_S.items() if llama_build < first_without
+    )
 
 
 # measured ÷ estimate: the band around the estimate that held 80 % of the collected rows
@@ -200,6 +230,7 @@ class Reads:
     recurrent_kernels: float = 1.0  # a recurrent layer's kernels per an attention layer's (DECODE_KERNELS)
     weight_type: str = ""  # the file's default tensor type ("Q3_K"), for DEQUANT_FLOPS_PER_WEIGHT; "": unknown
     n_weights: int = 0  # the weights (values) those bytes hold, at the default type's bits per weight
+    architecture: str = ""  # llama.cpp's name (qwen35moe), for EARLY_BUILD_RECURRENT_S
 
     @property
     def layer_units(self) -> float:
@@ -221,7 +252,9 @@ def weight_reads(spec: ModelSpec) -> Reads:
     state = 2 * 4 * n_rec * (spec.n_embd_r + spec.n_embd_s)  # f32, read then written (memory.recurrent_bytes)
     att, rec = DECODE_KERNELS.get(spec.architecture, (1, 1))
     wtype, n_weights = _weights_of_type(spec.file_type, max(0, dense) + used)
-    return Reads(max(0, dense), used, layers, spec.n_layer, moe, state, n_rec, rec / att, wtype, n_weights)
+    return Reads(
+        max(0, dense), used, layers, spec.n_layer, moe, state, n_rec, rec / att, wtype, n_weights, spec.architecture
+    )
 
 
 def _weights_of_type(file_type: str, n_bytes: int) -> tuple[str, int]:
@@ -329,11 +362,13 @@ def seconds_per_token(
     cpu_expert_layers: int = 0,
     cpu_dense_fraction: float = 0.0,
     cpu_bandwidth_bytes_per_s: int = CPU_BANDWIDTH_BYTES_PER_S,
+    llama_build: int | None = None,
 ) -> float:
     """Time per token: each device's reads at its efficiency, plus the per-layer overhead, added up.
 
     ``cpu_expert_layers``: layers whose experts stay on the CPU (--n-cpu-moe);
-    ``cpu_dense_fraction``: the share of the other weights and KV on the CPU (whole layers kept there).
+    ``cpu_dense_fraction``: the share of the other weights and KV on the CPU (whole layers kept there);
+    ``llama_build``: the build that runs it (None: the newest; an older one may take longer, :func:`early_build_seconds`).
     """
     kind = "moe" if reads.moe else "dense"
     cpu_exp = (
@@ -360,6 +395,8 @@ def seconds_per_token(
         t += cpu_w / (EFFICIENCY["cpu"][kind] * cpu_bandwidth_bytes_per_s)
         t += cpu_kv / (KV_EFFICIENCY["cpu"] * cpu_bandwidth_bytes_per_s)
     t += reads.layer_units * LAYER_OVERHEAD_S[lead] + reads.expert_layers * MOE_LAYER_OVERHEAD_S[lead]
+    if lead == "cuda":  # measured on CUDA only
+        t += early_build_seconds(reads, llama_build)
     return t
 
 
@@ -432,9 +469,11 @@ def estimate(
     cpu_bandwidth_bytes_per_s: int = CPU_BANDWIDTH_BYTES_PER_S,
     source: str | None = None,
     cpu_bandwidth_source: str | None = None,
+    llama_build: int | None = None,
 ) -> SpeedEstimate | None:
     """Decode speed of one sequence at 4k and at ``n_ctx`` tokens of context (None: nothing to go on).
-    No ``devices``: a CPU plan, everything read at ``cpu_bandwidth_bytes_per_s``."""
+    No ``devices``: a CPU plan, everything read at ``cpu_bandwidth_bytes_per_s``; ``llama_build``: the build
+    that runs it (None: the newest)."""
     if not spec.weights_bytes or (devices and not all(d.bandwidth_bytes_per_s for d in devices)):
         return None
     reads = weight_reads(spec)
@@ -448,6 +487,7 @@ def estimate(
             cpu_expert_layers=cpu_expert_layers,
             cpu_dense_fraction=cpu_dense_fraction,
             cpu_bandwidth_bytes_per_s=cpu_bandwidth_bytes_per_s,
+            llama_build=llama_build,
         )
         pts.append((depth, 1 / t))
     first = pts[0][1]
@@ -475,6 +515,12 @@ def estimate(
     if reads.moe and not spec.expert_bytes:
         note += "; MoE expert sizes are unknown, so every expert is counted (a low estimate)"
     lead = backend_key(devices[0].backend) if devices else "cpu"
+    early = early_build_seconds(reads, llama_build) if lead == "cuda" else 0.0
+    if early:
+        note += (
+            f"; llama.cpp b{llama_build} decodes this hybrid slower than b{max(EARLY_BUILD_RECURRENT_S)} and later: "
+            f"+{early * 1e3:.1f} ms a token counted (measured on an RTX 4090)"
+        )
     if not devices:
         measured, what = 0, "CPU-only"
     elif on_cpu:
@@ -734,6 +780,7 @@ def plan_decode(
         cpu_bandwidth_bytes_per_s=cpu_bw,
         source=budget.bandwidth_source,
         cpu_bandwidth_source=cpu_src,
+        llama_build=cfg.llama_build,
     )
 
 
