@@ -123,7 +123,7 @@ RANGE = (0.82, 1.24)
 # model on the CPU: the rows with a partial offload (depth 0 only); a CPU plan: none.
 DECODE_MEASURED_DEPTH: dict[str, int] = {"cuda": 32800, "metal": 8192, "vulkan": 128, "rocm": 4160}
 PARTIAL_MEASURED_DEPTH = 0
-PREFILL_MEASURED_TOKENS: dict[str, int] = {"cuda": 34816, "metal": 1024, "vulkan": 4096, "rocm": 6144}
+PREFILL_MEASURED_TOKENS: dict[str, int] = {"cuda": 36864, "metal": 1024, "vulkan": 4096, "rocm": 6144}
 EXTRAPOLATION_FLOOR = 4096
 _BACKEND_NAMES = {"cuda": "CUDA", "metal": "Metal", "vulkan": "Vulkan", "rocm": "ROCm", "cpu": "CPU"}
 # The CPU's bandwidth when nothing measured or gave one (the API without a budget): dual-channel DDR5.
@@ -168,7 +168,7 @@ SSD_MIN_TOKENS = 128
 # sustained host-to-device rate (fitted on the partial-offload rows).
 PCIE_BYTES_PER_S = 20_000_000_000
 OP_OFFLOAD_MIN_BATCH = 32  # ggml-cuda.cu / ggml-vulkan.cpp: GGML_OP_OFFLOAD_MIN_BATCH's default
-PREFILL_RANGE = (0.80, 1.30)
+PREFILL_RANGE = (0.69, 1.28)
 DEFAULT_PROMPT_TOKENS = 4096  # the prompt a plan times when --prompt-tokens is not given
 # CUDA cards whose tensor peak llama.cpp's kernels reach far less of (see PREFILL_EFFICIENCY), by name
 # or profile id; compiled by re on first use
