@@ -33,8 +33,8 @@ computes its share at a fitted fraction of its FP16 tensor peak (:data:`PREFILL_
 ``fp16_tflops`` of profiles/gpus.json, with sources). A hybrid's recurrent layers have no attention but scan their
 state over the prompt (:func:`recurrent_flops`, counted from llama.cpp's kernels): a cost per token that grows with
 the state, not the depth; Gated DeltaNet's token-by-token scan runs at its own, much smaller fraction of the peak
-(:data:`RECURRENT_PREFILL_EFFICIENCY`), Mamba-2's chunked SSD matmuls at the dense one. Weights kept on the CPU are copied to the GPU for
-every prompt batch of 32 tokens or more (llama.cpp's op offload: ggml-backend.cpp
+(:data:`RECURRENT_PREFILL_EFFICIENCY`), Mamba-2's chunked SSD matmuls at the dense one. Weights kept on the CPU are
+copied to the GPU for every prompt batch of 32 tokens or more (llama.cpp's op offload: ggml-backend.cpp
 ggml_backend_sched_backend_id_from_cur, ggml-cuda.cu / ggml-vulkan.cpp offload_op with
 GGML_OP_OFFLOAD_MIN_BATCH 32), which costs their bytes over PCIe once per ubatch
 (:data:`PCIE_BYTES_PER_S`); a CPU plan computes at the CPU's vector peak.
