@@ -363,12 +363,19 @@ def fit(doc: dict[str, Any]) -> None:
         for k in ("dense", "moe"):
             if count(on_c, lambda r, k=k: kind(r) == k) >= 2:
                 pknobs.append((speed.PREFILL_EFFICIENCY[c], k, peff))
+    # the recurrent layers' scan (speed.RECURRENT_PREFILL_EFFICIENCY), by prefill class, where two fit rows run one
+    rgrid = [x / 1000 for x in range(2, 101)]
+    for c in speed.RECURRENT_PREFILL_EFFICIENCY:
+        on_c = [r for r in prows if speed.prefill_key(r["backend"], _card(r)) == c]
+        if count(on_c, lambda r: speed.recurrent_flops(row_spec(doc, r)).scan > 0) >= 2:
+            pknobs.append((speed.RECURRENT_PREFILL_EFFICIENCY, c, rgrid))
     _coordinate_search(ploss, pknobs)
     print("EFFICIENCY =", speed.EFFICIENCY)
     print("KV_EFFICIENCY =", speed.KV_EFFICIENCY)
     print("LAYER_OVERHEAD_S =", {k: round(v * 1e6, 1) for k, v in speed.LAYER_OVERHEAD_S.items()}, "µs")
     print("MOE_LAYER_OVERHEAD_S =", {k: round(v * 1e6, 1) for k, v in speed.MOE_LAYER_OVERHEAD_S.items()}, "µs")
     print("PREFILL_EFFICIENCY =", speed.PREFILL_EFFICIENCY)
+    print("RECURRENT_PREFILL_EFFICIENCY =", speed.RECURRENT_PREFILL_EFFICIENCY)
     print("DEQUANT_FLOPS_PER_WEIGHT =", speed.DEQUANT_FLOPS_PER_WEIGHT)
     print("EARLY_BUILD_RECURRENT_S =", {k: round(v * 1e6, 1) for k, v in speed.EARLY_BUILD_RECURRENT_S.items()}, "µs")
 

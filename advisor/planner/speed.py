@@ -32,8 +32,11 @@ the system memory's bandwidth, measured or given (kvadvise.planner.cpuspeed).
 weights one token multiplies by, :attr:`kvadvise.model.spec.ModelSpec.active_params`) and the attention
 over the tokens before it (QK and AV: 2 x (head_k + head_v) x n_head FLOPs per layer and cell). Each GPU
 computes its share at a fitted fraction of its FP16 tensor peak (:data:`PREFILL_EFFICIENCY`; the
-``fp16_tflops`` of profiles/gpus.json, with sources). Weights kept on the CPU are copied to the GPU for
-every prompt batch of 32 tokens or more (llama.cpp's op offload: ggml-backend.cpp
+``fp16_tflops`` of profiles/gpus.json, with sources). A hybrid's recurrent layers have no attention but scan their
+state over the prompt (:func:`recurrent_flops`, counted from llama.cpp's kernels): a cost per token that grows with
+the state, not the depth; Gated DeltaNet's token-by-token scan runs at its own, much smaller fraction of the peak
+(:data:`RECURRENT_PREFILL_EFFICIENCY`), Mamba-2's chunked SSD matmuls at the dense one. Weights kept on the CPU are
+copied to the GPU for every prompt batch of 32 tokens or more (llama.cpp's op offload: ggml-backend.cpp
 ggml_backend_sched_backend_id_from_cur, ggml-cuda.cu / ggml-vulkan.cpp offload_op with
 GGML_OP_OFFLOAD_MIN_BATCH 32), which costs their bytes over PCIe once per ubatch
 (:data:`PCIE_BYTES_PER_S`); a CPU plan computes at the CPU's vector peak.
@@ -150,7 +153,7 @@ RANGE = (0.82, 1.24)
 # model on the CPU: the rows with a partial offload (depth 0 only); a CPU plan: none.
 DECODE_MEASURED_DEPTH: dict[str, int] = {"cuda": 32800, "metal": 8192, "vulkan": 128, "rocm": 4160}
 PARTIAL_MEASURED_DEPTH = 0
-PREFILL_MEASURED_TOKENS: dict[str, int] = {"cuda": 34816, "metal": 1024, "vulkan": 4096, "rocm": 6144}
+PREFILL_MEASURED_TOKENS: dict[str, int] = {"cuda": 36864, "metal": 1024, "vulkan": 4096, "rocm": 6144}
 EXTRAPOLATION_FLOOR = 4096
 _BACKEND_NAMES = {"cuda": "CUDA", "metal": "Metal", "vulkan": "Vulkan", "rocm": "ROCm", "cpu": "CPU"}
 # The CPU's bandwidth when nothing measured or gave one (the API without a budget): dual-channel DDR5.
@@ -170,11 +173,32 @@ PREFILL_EFFICIENCY: dict[str, dict[str, float]] = {
     "rocm": {"dense": 0.42, "moe": 0.17},
     "cpu": {"dense": 0.30, "moe": 0.12},
 }
+# The recurrent layers' own prompt work (kvadvise.planner.speed.recurrent_flops): a Gated DeltaNet layer's scan is not
+# a matmul. At b11312 ggml-cuda/gated_delta_net.cu gated_delta_net_cuda runs the prompt token by token too (its launcher:
+# "TODO: Add chunked kernel for even faster pre-fill"; llama-context picks the fused op, delta-net-base.cpp
+# build_delta_net: cparams.fused_gdn_ch): per token and value head a warp per state column reads k and q, reduces
+# S^T k and S^T q across the warp and rank-1 updates the S_k x S_v state in FP32 registers, a latency-bound chain that
+# reaches a small fraction of the card's FP16 tensor peak. Fitted (benchmarks/bench_speed.py --fit) on the fit rows
+# with recurrent layers: CUDA's, Qwen3.5 9B/27B/35B-A3B on an RTX 4090 (rows 401-413); llama.cpp#22587's kernel
+# microbenchmark of the same kernel (its master column: S_v 128, 32 value heads, 1,024 tokens in 525 µs on an RTX 5090)
+# gives 1.8 % of that card's peak. The other classes: no fit row; CUDA's share times their dense/CUDA-dense ratio.
+RECURRENT_PREFILL_EFFICIENCY: dict[str, float] = {
+    "cuda": 0.018,
+    "cuda-dc": 0.0072,
+    "metal": 0.030,
+    "vulkan": 0.011,
+    "rocm": 0.019,
+    "cpu": 0.0135,
+}
+# Mamba-2's prompt scan is chunked matmuls (ggml-cuda/ssm-scan.cu ssm_scan_ssd_f32_cuda, n_tok > SSM_SSD_MIN_TOKENS 128:
+# cuBLAS GEMMs over chunks of SSM_SSD_CHUNK_SIZE 256 tokens): its FLOPs run at the dense matmul efficiency.
+SSD_CHUNK_TOKENS = 256
+SSD_MIN_TOKENS = 128
 # Weights kept in RAM reach the GPU over PCIe for every ubatch (op offload): a PCIe 4.0 x16 link's
 # sustained host-to-device rate (fitted on the partial-offload rows).
 PCIE_BYTES_PER_S = 20_000_000_000
 OP_OFFLOAD_MIN_BATCH = 32  # ggml-cuda.cu / ggml-vulkan.cpp: GGML_OP_OFFLOAD_MIN_BATCH's default
-PREFILL_RANGE = (0.75, 1.35)
+PREFILL_RANGE = (0.69, 1.28)
 DEFAULT_PROMPT_TOKENS = 4096  # the prompt a plan times when --prompt-tokens is not given
 # CUDA cards whose tensor peak llama.cpp's kernels reach far less of (see PREFILL_EFFICIENCY), by name
 # or profile id; compiled by re on first use
@@ -575,6 +599,45 @@ def attention_flops(spec: ModelSpec, depth: int) -> float:
 
 
 @dataclass(frozen=True, slots=True)
+class RecurrentFlops:
+    """FLOPs per prompt token of every recurrent layer's mixer beyond its weights' matmuls, by how they run."""
+
+    scan: float  # a token-by-token recurrence (Gated DeltaNet, Mamba-1, short conv): RECURRENT_PREFILL_EFFICIENCY
+    matmul: float  # chunked matmuls (Mamba-2's SSD path): the dense matmul efficiency
+
+
+def recurrent_flops(spec: ModelSpec, n_ubatch: int = 512) -> RecurrentFlops:
+    """The recurrent layers' scan work per prompt token, from llama.cpp b11312's CUDA kernels (per layer):
+
+    - Gated DeltaNet (ggml-cuda/gated_delta_net.cu gated_delta_net_cuda, non-KDA): per state element of the
+      d_state x d_inner state (S_k x H_v S_v) 2 FLOPs for S^T k, 3 for the decay and rank-1 update, 2 for S^T q: 7;
+    - Mamba-2 with a ubatch over SSD_MIN_TOKENS (ggml-cuda/ssm-scan.cu ssm_scan_ssd_f32_cuda, chunks of C =
+      min(ubatch, 256) tokens): C^T B per group (2 C d_state n_group), the state's contribution S^T C and the state
+      update B X^T (2 x 2 d_state d_inner) and the intra-chunk X M^T (2 C d_inner), per token; a smaller ubatch runs
+      ssm_scan_f32 token by token: 5 FLOPs per state element (decay, B x dt update, C read-out);
+    - Mamba-1: ssm_scan_f32, 5 per state element; short conv (LFM2, ssm_conv_f32): 2 per channel and kernel tap.
+
+    The work does not grow with the depth (the state is fixed), unlike the attention's. Other kinds: 0 (not modelled).
+    """
+    d = spec.ssm
+    n_rec = sum(spec.recurrent_layers[: spec.n_layer])
+    if d is None or not n_rec:
+        return RecurrentFlops(0.0, 0.0)
+    states = float(d.d_state * d.d_inner)
+    if d.kind == "gdn":
+        return RecurrentFlops(n_rec * 7.0 * states, 0.0)
+    if d.kind == "mamba2" and n_ubatch > SSD_MIN_TOKENS:
+        c = min(n_ubatch, SSD_CHUNK_TOKENS)
+        per = 2.0 * c * d.d_state * max(1, d.n_group) + 4.0 * states + 2.0 * c * d.d_inner
+        return RecurrentFlops(0.0, n_rec * per)
+    if d.kind in ("mamba2", "mamba"):
+        return RecurrentFlops(n_rec * 5.0 * states, 0.0)
+    if d.kind == "shortconv":
+        return RecurrentFlops(n_rec * 2.0 * d.d_conv * d.d_inner, 0.0)
+    return RecurrentFlops(0.0, 0.0)
+
+
+@dataclass(frozen=True, slots=True)
 class PrefillEstimate:
     """Prompt processing of one sequence: tokens per second and seconds for a prompt, at a few sizes."""
 
@@ -638,12 +701,19 @@ def prefill_seconds(
     a_flops = n_prompt * attention_flops(spec, depth + n_prompt // 2)
     ub = max(1, min(n_ubatch, n_prompt))
     n_ub = -(-n_prompt // ub)
+    # the recurrent layers' scans: the SSD matmuls (Mamba-2) at the dense matmul efficiency like the attention,
+    # a token-by-token scan at its own (RECURRENT_PREFILL_EFFICIENCY)
+    rec = recurrent_flops(spec, ub)
+    a_flops += n_prompt * rec.matmul
+    r_flops = n_prompt * rec.scan
 
-    def at(eff: dict[str, float], peak: float, share: float = 1.0) -> float:
-        return share * (w_flops / (eff[kind] * peak) + a_flops / (eff["dense"] * peak))
+    def at(c: str, peak: float, share: float = 1.0) -> float:
+        eff = PREFILL_EFFICIENCY[c]
+        scan = r_flops / (RECURRENT_PREFILL_EFFICIENCY[c] * peak) if r_flops else 0.0
+        return share * (w_flops / (eff[kind] * peak) + a_flops / (eff["dense"] * peak) + scan)
 
     if not devices:
-        return at(PREFILL_EFFICIENCY["cpu"], cpu_flops_per_s) if cpu_flops_per_s > 0 else None
+        return at("cpu", cpu_flops_per_s) if cpu_flops_per_s > 0 else None
     if not all(d.flops_per_s for d in devices):
         return None
     t = 0.0
@@ -656,7 +726,7 @@ def prefill_seconds(
     elif cpu_bytes:
         t += n_ub * cpu_bytes / PCIE_BYTES_PER_S
     for d in devices:
-        t += at(PREFILL_EFFICIENCY[prefill_key(d.backend, d.name)], d.flops_per_s, d.share)
+        t += at(prefill_key(d.backend, d.name), d.flops_per_s, d.share)
     return t
 
 
@@ -692,9 +762,11 @@ def prefill(
     where = " + ".join(
         f"{d.flops_per_s / 1e12:,.0f} TFLOPS ({prefill_key(d.backend, d.name)})" for d in devices
     ) or f"{cpu_flops_per_s / 1e12:,.1f} TFLOPS CPU" + (f" ({cpu_flops_source})" if cpu_flops_source else "")
+    rec = recurrent_flops(spec, n_ubatch)
+    scan = f" and {(rec.scan + rec.matmul) / 1e9:.2f} GFLOP of recurrent scan" if rec.scan or rec.matmul else ""
     note = (
         f"estimate for one sequence from an empty context: {2 * active_params(spec) / 1e9:.1f} GFLOP per token "
-        f"({kind}) plus the attention over the tokens before it, at {where} FP16 peak"
+        f"({kind}){scan} plus the attention over the tokens before it, at {where} FP16 peak"
         + (f" ({source})" if source and devices else "")
     )
     if cpu_bytes and devices:
