@@ -849,6 +849,7 @@ def _analytic_device_compute(spec: ModelSpec, lay: ContextLayout, weight_copy: i
 
 # kvadvise.planner.llama_graph's graphs; granite's is llama's with in-place scales (src/models/granite.cpp)
 _EXACT_ARCHS = ("llama", "granite", "phi3", "qwen2", "qwen3")
+_EXACT_ARCHS_LEGACY = (*_EXACT_ARCHS, "glm4")  # llm_build_glm4 checked at e1e8e09 only
 
 
 def _exact_device_compute(spec: ModelSpec, lay: ContextLayout) -> int | None:
@@ -861,27 +862,42 @@ def _exact_device_compute(spec: ModelSpec, lay: ContextLayout) -> int | None:
     shapes x flash attention on/off x 2k-32k cells x the whole batch's logits or one row). Elsewhere None: the
     analytic plan, whose peaks (masks + a layer, logits + two rows) miss where ggml-alloc's best fit leaves
     the final norm and the logits above holes (Llama 3.2 3B at 4,096 cells: 262.50 planned, 278.51 reserved;
-    Phi-3-mini: 74.62 planned, 84.64 reserved)."""
+    Phi-3-mini: 74.62 planned, 84.64 reserved).
+
+    On builds before builds.GRAPH_OPTIMIZE no backend reordered the graph, so on any GPU device (its buffer
+    alignment) the graph as that era built it (LlamaShape.legacy, and GLM-4's llm_build_glm4): one cache of
+    n_ctx cells attended whole and n_ubatch tokens in one sequence (llama_context's reserve of e1e8e09:
+    n_seqs = 1). As printed on six published CUDA/ROCm logs of b4300-b5274 (tests/data/published 006, 007, 011,
+    019, 026, 034: the analytic plan was 4 to 33 MiB off); the allocation pass of e1e8e09 on a no-op device:
+    220.00 MiB for GLM-4-32B's layers with a 1,024-token vocabulary (tests/test_glm4_old_builds.py). Not the CPU
+    device: its graph has no split, no input copies."""
+    legacy = builds.older_than(lay.llama_build, builds.GRAPH_OPTIMIZE) and lay.device in GPU_DEVICES
     uniform = len(set(spec.n_head)) == 1 and len(set(spec.n_head_kv)) == 1
     if not (
-        lay.device == "rpc" and spec.architecture in _EXACT_ARCHS and uniform and spec.n_ff and not spec.n_expert
+        (lay.device == "rpc" or legacy) and spec.architecture in (_EXACT_ARCHS_LEGACY if legacy else _EXACT_ARCHS)
+        and uniform and spec.n_ff and not spec.n_expert
         and spec.n_swa == 0 and not spec.is_mla and not any(spec.recurrent_layers) and all(spec.kv_layers)
         and spec.n_layer_nextn == 0 and spec.n_embd_head_k == spec.n_embd_head_v and not spec.n_embd_per_layer
-        and lay.n_stream == lay.n_seq_max and GGMLType.F32 not in (lay.type_k, lay.type_v)
-        and lay.llama_build is not None and lay.llama_build >= builds.REFERENCE
+        and (legacy or lay.n_stream == lay.n_seq_max) and GGMLType.F32 not in (lay.type_k, lay.type_v)
+        and lay.llama_build is not None and (legacy or lay.llama_build >= builds.REFERENCE)
     ):  # fmt: skip
         return None
     # llama_context::graph_reserve: the batch's tokens rounded up to a multiple of the sequences, one stream each;
     # the outputs as the unrounded batch's (sched_reserve: n_outputs_pp)
-    n_seqs = lay.n_seq_max
+    n_seqs = 1 if legacy else lay.n_seq_max
     n_tokens = -(-lay.n_ubatch // n_seqs) * n_seqs
+    build_ = lay.llama_build
     shape = LlamaShape(
         n_layer=spec.n_layer, n_embd=spec.n_embd, n_head=spec.n_head[0], n_head_kv=spec.n_head_kv[0],
-        n_embd_head=spec.n_embd_head_k, n_ff=spec.n_ff, n_vocab=spec.n_vocab, n_kv=lay.n_ctx_seq,
+        n_embd_head=spec.n_embd_head_k, n_ff=spec.n_ff, n_vocab=spec.n_vocab,
+        n_kv=lay.n_ctx if legacy else lay.n_ctx_seq,
         n_ubatch=n_tokens, n_outputs=min(lay.n_ubatch, lay.n_outputs_max), flash_attn=lay.flash_attn,
         phi3=spec.architecture == "phi3", qkv_bias=spec.architecture == "qwen2", qk_norm=spec.architecture == "qwen3",
+        glm4=spec.architecture == "glm4", legacy=legacy, swiglu=not builds.older_than(build_, builds.FUSED_GLU),
+        set_rows=not builds.older_than(build_, builds.SET_ROWS),
     )  # fmt: skip
-    return reserve_sizes(build(shape), (ALIGNMENT["rpc"], ALIGNMENT["cpu"]))[0]
+    device_alignment = ALIGNMENT[lay.device] if legacy else ALIGNMENT["rpc"]
+    return reserve_sizes(build(shape), (device_alignment, ALIGNMENT["cpu"]))[0]
 
 
 def _device_compute(spec: ModelSpec, lay: ContextLayout, f32_mask: bool, weight_copy: int) -> int:
