@@ -57,6 +57,9 @@ class LlamaShape:
     legacy: bool = False  # the e1e8e09 graph (module docstring)
     swiglu: bool = True  # ggml_swiglu / ggml_swiglu_split (#14158); False: silu, mul (and a fused up's halves copied)
     set_rows: bool = True  # the cache written with ggml_set_rows (its row indices graph inputs); False: ggml_cpy
+    # the CPU runs every layer: one backend, one split, one buffer (the inputs and the embeddings' get_rows in it,
+    # no copies); the graph's inputs are leafs, allocated first in the order the graph first reads them
+    cpu_only: bool = False
 
     @property
     def fused_up(self) -> bool:
@@ -102,11 +105,13 @@ def build(s: LlamaShape) -> Graph:
     mask_rows = -(-ub // 64) * 64 if s.legacy else ub
     mask_elt = 2 if s.flash_attn and not s.legacy else 4
 
+    host = DEVICE if s.cpu_only else HOST
+
     def host_input(name: str, nbytes: int) -> int:
-        return b.add(Tensor(name, "NONE", nbytes, HOST, (name,), is_input=True), node=False)
+        return b.add(Tensor(name, "NONE", nbytes, host, (name,), is_input=True), node=False)
 
     tokens = host_input("inp_tokens", 4 * ub)
-    tok_embd = b.add(Tensor("token_embd.weight", "NONE", 0, HOST, (), external=True), node=False)
+    tok_embd = b.add(Tensor("token_embd.weight", "NONE", 0, host, (), external=True), node=False)
     pos = host_input("inp_pos", 4 * ub)
     idxs: tuple[int, ...] = ()
     if s.set_rows:
@@ -116,10 +121,10 @@ def build(s: LlamaShape) -> Graph:
     mask = host_input("attn_inp_kq_mask", mask_elt * s.n_kv * mask_rows)
     out_ids = host_input("out_ids", 4 * s.n_outputs)
     # split 0 (CPU): the embeddings' get_rows
-    embd = b.op("embd", "GET_ROWS", (E, ub), (tok_embd, tokens), buffer=HOST)
+    embd = b.op("embd", "GET_ROWS", (E, ub), (tok_embd, tokens), buffer=host)
     # split 1 (device): a copy of each input, in the order the split first reads them
-    copies = {}
-    for src in (embd, pos, *idxs, mask, out_ids):
+    copies = {src: src for src in (embd, pos, *idxs, mask, out_ids)}
+    for src in () if s.cpu_only else tuple(copies):
         inp = b.tensors[src]
         b.add(Tensor(inp.name + " (view)", "NONE", inp.nbytes, HOST, ("dep",), (src,), view_src=src))
         copies[src] = b.add(Tensor(inp.name + "#RPC", "NONE", inp.nbytes, DEVICE, inp.layout, is_input=True))

@@ -16,6 +16,7 @@ between llama.cpp builds are kvadvise.planner.builds'.
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 import struct
 from dataclasses import dataclass, replace
@@ -755,8 +756,10 @@ def compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     consumer: the KQ masks live from the first layer to the last attention, so a layer's peak is the masks
     plus its largest live set (kvadvise.planner.memory._sizes) plus the token embeddings' get_rows; the
     output layer's is the logits of the reserved rows and two rows of n_embd. Measured with llama.cpp's
-    allocation pass (llama-fit-params, b11312) on real-size models of 20 families (tests/test_oracle.py)."""
-    return _cpu_compute(spec, lay, _f32_fa_mask(lay))
+    allocation pass (llama-fit-params, b11312) on real-size models of 20 families (tests/test_oracle.py).
+    Builds before #15850: ggml-alloc's own figure where llama_graph builds the graph (_exact_device_compute)."""
+    exact = _exact_device_compute(spec, lay)
+    return exact if exact is not None else _cpu_compute(spec, lay, _f32_fa_mask(lay))
 
 
 def _layer_peak(s: _Sizes, lay: ContextLayout, f32_mask: bool) -> int:
@@ -869,9 +872,11 @@ def _exact_device_compute(spec: ModelSpec, lay: ContextLayout) -> int | None:
     n_ctx cells attended whole and n_ubatch tokens in one sequence (llama_context's reserve of e1e8e09:
     n_seqs = 1). As printed on six published CUDA/ROCm logs of b4300-b5274 (tests/data/published 006, 007, 011,
     019, 026, 034: the analytic plan was 4 to 33 MiB off); the allocation pass of e1e8e09 on a no-op device:
-    220.00 MiB for GLM-4-32B's layers with a 1,024-token vocabulary (tests/test_glm4_old_builds.py). Not the CPU
-    device: its graph has no split, no input copies."""
-    legacy = builds.older_than(lay.llama_build, builds.GRAPH_OPTIMIZE) and lay.device in GPU_DEVICES
+    220.00 MiB for GLM-4-32B's layers with a 1,024-token vocabulary (tests/test_glm4_old_builds.py). The CPU
+    running every layer (compute_bytes) likewise, its graph one split in one buffer (LlamaShape.cpu_only):
+    TinyLlama at b4700 and Qwen3 1.7B at b6100 as printed (tests/data/published 010, 017; the analytic plan
+    was +12 and +4)."""
+    legacy = builds.older_than(lay.llama_build, builds.GRAPH_OPTIMIZE)
     uniform = len(set(spec.n_head)) == 1 and len(set(spec.n_head_kv)) == 1
     if not (
         (lay.device == "rpc" or legacy) and spec.architecture in (_EXACT_ARCHS_LEGACY if legacy else _EXACT_ARCHS)
@@ -894,9 +899,15 @@ def _exact_device_compute(spec: ModelSpec, lay: ContextLayout) -> int | None:
         n_ubatch=n_tokens, n_outputs=min(lay.n_ubatch, lay.n_outputs_max), flash_attn=lay.flash_attn,
         phi3=spec.architecture == "phi3", qkv_bias=spec.architecture == "qwen2", qk_norm=spec.architecture == "qwen3",
         glm4=spec.architecture == "glm4", legacy=legacy, swiglu=not builds.older_than(build_, builds.FUSED_GLU),
-        set_rows=not builds.older_than(build_, builds.SET_ROWS),
+        set_rows=not builds.older_than(build_, builds.SET_ROWS), cpu_only=lay.device == "cpu",
     )  # fmt: skip
-    device_alignment = ALIGNMENT[lay.device] if legacy else ALIGNMENT["rpc"]
+    return _reserved(shape, ALIGNMENT[lay.device] if legacy else ALIGNMENT["rpc"])
+
+
+@functools.lru_cache(maxsize=256)
+def _reserved(shape: LlamaShape, device_alignment: int) -> int:
+    """The device's buffer of ``shape``'s reserve graph (tens of ms for a large model: a context search asks
+    for the same shape more than once)."""
     return reserve_sizes(build(shape), (device_alignment, ALIGNMENT["cpu"]))[0]
 
 
