@@ -1,5 +1,6 @@
-"""The reserve graph of a dense llama-family model (llama, phi3, qwen2, qwen3) with every layer on one device, node by node, as
-ggml_backend_sched hands it to ggml-alloc (kvadvise.planner.galloc), llama.cpp b11312 (0c1e570).
+"""The reserve graph of a dense llama-family model (llama, phi3, qwen2, qwen3; glm4 as spring 2025 built it) with
+every layer on one device, node by node, as ggml_backend_sched hands it to ggml-alloc (kvadvise.planner.galloc),
+llama.cpp b11312 (0c1e570).
 
 Followed: src/models/llama.cpp (llama_model_llama::graph), src/models/phi3.cpp (its SWA is disabled by
 llama.cpp: graph<false>), src/models/qwen2.cpp and qwen3.cpp (src/models/granite.cpp is llama's graph with scales that run in place), llm_graph_context::build_norm, build_qkv,
@@ -13,11 +14,11 @@ them), each after a view of its source (op NONE) that keeps the source alive. Ch
 GGML_SCHED_DEBUG=2 dumps of llama-fit-params and its printed compute buffers (benchmarks/bench_galloc.py).
 
 ``legacy``: the graph as builds of spring 2025 made it, read at e1e8e09 (the llama.cpp Ollama 0.6.8 vendors,
-b5270s): llm_build_llama / _qwen2 / _qwen3 / _phi3 / _glm4 (src/llama-model.cpp), build_attn expanding Q, K,
+b5270s): llm_build_llama / _qwen2 / _qwen3 / _glm4 (src/llama-model.cpp), build_attn expanding Q, K,
 then V and storing K and V with ggml_cpy into views of the cache (a view: no memory), the KQ mask an f32
 graph input on the host with its rows padded to GGML_KQ_MASK_PAD (64), cast to f16 on the device at the first
 attention with flash attention (build_attn_inp_kv_unified), no tensor flagged as a graph output (no
-llm_graph_result::set_outputs yet), phi3's Q, K and V copied out of the fused QKV (ggml_cont of views).
+llm_graph_result::set_outputs yet). Not phi3's (its Q, K and V were copied out of the fused QKV then).
 ``swiglu`` False: before ggml_swiglu (#14158) build_ffn ran silu and mul in place on the gate (LLM_FFN_PAR),
 and a fused up projection (LLM_FFN_SWIGLU: phi3, glm4) was copied half by half (ggml_cont) first.
 ``glm4``: llm_build_glm4, llama's layer with RMS norms after the attention and after the feed-forward
@@ -155,19 +156,7 @@ def build(s: LlamaShape) -> Graph:
         cache_k, cache_v = b.weight(f"cache_k_l{il}"), b.weight(f"cache_v_l{il}")
         inp_sa = x
         cur = norm(f"attn_norm-{il}", x, ub, w["attn_norm"])
-        if s.phi3 and s.legacy:  # llm_build_phi3 (e1e8e09): Q, K and V copied out of the fused QKV
-            qkv = b.op(f"wqkv-{il}", "MUL_MAT", (q_dim + 2 * kv_dim, ub), (w["q"], cur))
-            qkv_parts = []
-            for part, dim, n in (("Q", q_dim, s.n_head), ("K", kv_dim, s.n_head_kv), ("V", kv_dim, s.n_head_kv)):
-                t = b.op(f"{part}cur-{il}", "CONT", (dim, ub), (b.view(f"{part}cur-{il} (view)", qkv),))
-                t = b.view(f"{part}cur-{il} (reshaped)", t, "RESHAPE")
-                if part != "V":
-                    t = rope(f"{part}cur-{il}", t, n)
-                if part == "Q":
-                    t = b.op(f"Qcur-{il} (scaled)", "SCALE", (s.n_embd_head, s.n_head, ub), (t,))
-                qkv_parts.append(t)
-            q, k, v = qkv_parts
-        elif s.phi3:  # build_qkv with wqkv: 3-D views of one matmul (not contiguous: V is not reshaped in cpy_v)
+        if s.phi3:  # build_qkv with wqkv: 3-D views of one matmul (not contiguous: V is not reshaped in cpy_v)
             qkv = b.op(f"wqkv-{il}", "MUL_MAT", (q_dim + 2 * kv_dim, ub), (w["q"], cur))
             q = b.view(f"Qcur-{il}", qkv)
             q = rope(f"Qcur-{il}", q, s.n_head)
@@ -183,7 +172,7 @@ def build(s: LlamaShape) -> Graph:
             q = rope(f"Qcur-{il}", q, s.n_head)
             v = proj(f"Vcur-{il}", w["v"], cur, s.n_head_kv, normed=False)
             k = rope(f"Kcur-{il}", proj(f"Kcur-{il}", w["k"], cur, s.n_head_kv), s.n_head_kv)
-        if s.phi3 and not s.legacy:
+        if s.phi3:
             k = rope(f"Kcur-{il}", k, s.n_head_kv)
         _store(b, s, il, k, v, cache_k, cache_v, copies, idxs)
         # build_attn_mha: Q viewed per stream and permuted; K and V: views of the cache
@@ -245,7 +234,7 @@ def _store(
     if s.flash_attn:
         vv = b.view(f"Vcur-{il} (view)", v)
     else:
-        if s.phi3 and not s.legacy:
+        if s.phi3:
             vv = b.op(f"Vcur-{il} (cont)", "CONT", (kv_dim, s.n_ubatch), (v,))
         else:
             vv = b.view(f"Vcur-{il} (reshaped 2d)", v, "RESHAPE")

@@ -852,7 +852,9 @@ def _analytic_device_compute(spec: ModelSpec, lay: ContextLayout, weight_copy: i
 
 # kvadvise.planner.llama_graph's graphs; granite's is llama's with in-place scales (src/models/granite.cpp)
 _EXACT_ARCHS = ("llama", "granite", "phi3", "qwen2", "qwen3")
-_EXACT_ARCHS_LEGACY = (*_EXACT_ARCHS, "glm4")  # llm_build_glm4 checked at e1e8e09 only
+# the legacy graphs checked against published logs and e1e8e09's allocation pass (tests/test_old_build_graphs.py,
+# tests/test_glm4_old_builds.py); not phi3's (Q, K and V copied out of the fused QKV) nor granite's: no old log
+_EXACT_ARCHS_LEGACY = ("llama", "qwen2", "qwen3", "glm4")
 
 
 def _exact_device_compute(spec: ModelSpec, lay: ContextLayout) -> int | None:
