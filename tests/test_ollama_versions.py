@@ -157,7 +157,8 @@ def test_the_table_is_what_each_tag_holds() -> None:
 def test_each_vendored_llama_cpp_follows_the_rules_of_its_rules_build() -> None:
     """The vendored source of each pin (llama/llama.cpp/src at its first tag) has exactly the memory rules
     kvadvise.planner.builds gives its rules_build: the KV cache written with ggml_set_rows, the SWA cache
-    padded to 256, no V tensor for MLA, the KQ mask cast from f32 under flash attention."""
+    padded to 256, no V tensor for MLA, the KQ mask cast from f32 under flash attention, the backends'
+    graph_optimize hook (ggml-backend.cpp)."""
     for p in versions.PINS:
         if p.since >= versions.LLAMA_SERVER_FROM:
             continue
@@ -173,6 +174,8 @@ def test_each_vendored_llama_cpp_follows_the_rules_of_its_rules_build() -> None:
         assert ("has_v" in code) is (p.rules_build >= builds.MLA_V_LESS), tag
         assert re.search(r"ggml_cast\(ctx0, inp->(self_)?kq_mask, GGML_TYPE_F16\)", code) is not None, tag
         assert p.rules_build < builds.F16_MASK_FA
+        backend = _show(tag, "ml/backend/ggml/ggml/src/ggml-backend.cpp") or ""
+        assert ("graph_optimize" in backend) is (p.rules_build >= builds.GRAPH_OPTIMIZE), tag
 
 
 # --- plans: 0.20.2's built-in runner against llama-server, on a qwen2.5-coder:7b-shaped GGUF ----------------

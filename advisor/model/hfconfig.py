@@ -90,6 +90,7 @@ ARCH_BY_HF_CLASS: Mapping[str, str] = {
     "NemotronHForCausalLM": "nemotron_h",  # nemotron.py NemotronHModel (nemotron_h_moe with experts)
     "DeepseekV2ForCausalLM": "deepseek2",  # deepseek.py DeepseekV2Model
     "DeepseekV3ForCausalLM": "deepseek2",
+    "Glm4ForCausalLM": "glm4",  # glm.py Glm4Model (GLM-4-0414, GLM-Z1)
     "Glm4MoeForCausalLM": "glm4moe",  # glm.py Glm4MoeModel
     "Mamba2ForCausalLM": "mamba2",  # mamba.py Mamba2Model
     "Lfm2ForCausalLM": "lfm2",  # lfm2.py LFM2Model
@@ -137,6 +138,7 @@ ARCH_BY_MODEL_TYPE: Mapping[str, str] = {
     "nemotron_h": "nemotron_h",
     "deepseek_v2": "deepseek2",
     "deepseek_v3": "deepseek2",
+    "glm4": "glm4",
     "glm4_moe": "glm4moe",
     "mamba2": "mamba2",
     "lfm2": "lfm2",
@@ -456,6 +458,13 @@ def _deepseek2(hp: _HParams, w: _Writer, notes: list[str]) -> None:
         notes.append("the DeepSeek MTP layers (num_nextn_predict_layers) are dropped by convert_hf_to_gguf.py")
 
 
+def _glm4(hp: _HParams, w: _Writer, notes: list[str]) -> None:
+    """glm.py Glm4Model (conversion/glm.py, read at 051139f5): TextModel keys + the token list; it adds
+    rope.dimension_count (head_dim x
+    partial_rotary_factor, 0.5 by default), which sizes no buffer (the partial rope keeps Q and K's shape)."""
+    _generic(hp, w, notes)
+
+
 def _glm4moe(hp: _HParams, w: _Writer, notes: list[str]) -> None:
     """glm.py Glm4MoeModel: MTP layers appended to block_count, nextn_predict_layers written."""
     nextn = hp.num(("num_nextn_predict_layers",)) or 0
@@ -717,6 +726,7 @@ _CONVERTERS: Mapping[str, _Convert] = {
     "granitehybrid": _granitehybrid,
     "nemotron_h": _nemotron_h,
     "deepseek2": _deepseek2,
+    "glm4": _glm4,
     "glm4moe": _glm4moe,
     "mamba2": _mamba2,
     "lfm2": _lfm2,

@@ -23,6 +23,14 @@ the exact build is not known, the earliest it can be, so that an older build is 
   (llm_graph_context::build_attn_inp_kq_mask); before, it was an f32 graph input on the host that the
   device copied and cast to f16, both alive at the first attention ("the f32 mask still uses the compute
   buffer even though it is not used", the PR), and the host kept one [n_embd, n_ubatch] row, not two.
+- GRAPH_OPTIMIZE (ggml-org/llama.cpp#15850, "vulkan: sort graph to allow more parallel execution", merged
+  2025-09-08: its ggml sync commit b14a96b6 keeps that date; b6431 shipped by 2025-09-09): ggml_backend_sched
+  hands each split to the backend's graph_optimize before ggml-alloc sees it (Vulkan's reorders it; Metal's
+  from #15929, CUDA's from #16991, behind GGML_CUDA_GRAPH_OPT until later). Before, every backend allocated
+  the graph as llama.cpp built it, so kvadvise.planner.galloc over that graph is exact on any device (a
+  GLM-Z1-32B CUDA log of b5274). The exact build is not known here: planned from b6302 on (b6301, da54f9f1 of
+  2025-08-27, issue #15618's log, is older), so that the exact plan is used only where the graph certainly
+  reached ggml-alloc as built.
 - SERVER_OUTPUT_LIMITS (#23861, commit de6f727aa, merged 2026-06-01; b9442 of 2026-05-31 lacks it, b9467 of
   2026-06-02 has it): llama-server reserves the logits of one row per slot (server_output_limits); before,
   of the whole batch, as the library does (RunConfig.runtime "llama-cli").
@@ -47,6 +55,7 @@ FUSED_GLU = 6000
 MLA_V_LESS = 7830
 F16_MASK_FA = 9410
 SERVER_OUTPUT_LIMITS = 9467
+GRAPH_OPTIMIZE = 6302
 SUPPORTED_FROM = MLA_V_LESS  # the builds whose rules are modelled whole (older ones in part)
 
 _BUILD = re.compile(r"^\s*(?:b|build\s*|version:?\s*)?(\d{3,6})(?:\s*\(([0-9a-f]{6,40})\))?\s*$", re.IGNORECASE)

@@ -1,5 +1,6 @@
-"""The reserve graph of a dense llama-family model (llama, phi3, qwen2, qwen3) with every layer on one device, node by node, as
-ggml_backend_sched hands it to ggml-alloc (kvadvise.planner.galloc), llama.cpp b11312 (0c1e570).
+"""The reserve graph of a dense llama-family model (llama, phi3, qwen2, qwen3; glm4 as spring 2025 built it) with
+every layer on one device, node by node, as ggml_backend_sched hands it to ggml-alloc (kvadvise.planner.galloc),
+llama.cpp b11312 (0c1e570).
 
 Followed: src/models/llama.cpp (llama_model_llama::graph), src/models/phi3.cpp (its SWA is disabled by
 llama.cpp: graph<false>), src/models/qwen2.cpp and qwen3.cpp (src/models/granite.cpp is llama's graph with scales that run in place), llm_graph_context::build_norm, build_qkv,
@@ -11,6 +12,17 @@ the graph is two splits; the device's split starts with a copy of each of its in
 positions, the K and V row indices, the KQ mask, the output ids, in the order the split's nodes first read
 them), each after a view of its source (op NONE) that keeps the source alive. Checked against
 GGML_SCHED_DEBUG=2 dumps of llama-fit-params and its printed compute buffers (benchmarks/bench_galloc.py).
+
+``legacy``: the graph as builds of spring 2025 made it, read at e1e8e09 (the llama.cpp Ollama 0.6.8 vendors,
+b5270s): llm_build_llama / _qwen2 / _qwen3 / _glm4 (src/llama-model.cpp), build_attn expanding Q, K,
+then V and storing K and V with ggml_cpy into views of the cache (a view: no memory), the KQ mask an f32
+graph input on the host with its rows padded to GGML_KQ_MASK_PAD (64), cast to f16 on the device at the first
+attention with flash attention (build_attn_inp_kv_unified), no tensor flagged as a graph output (no
+llm_graph_result::set_outputs yet). Not phi3's (its Q, K and V were copied out of the fused QKV then).
+``swiglu`` False: before ggml_swiglu (#14158) build_ffn ran silu and mul in place on the gate (LLM_FFN_PAR),
+and a fused up projection (LLM_FFN_SWIGLU: phi3, glm4) was copied half by half (ggml_cont) first.
+``glm4``: llm_build_glm4, llama's layer with RMS norms after the attention and after the feed-forward
+(post_attention_norm, post_ffw_norm) and a fused up projection; its partial rope keeps the tensor's shape.
 """
 
 from __future__ import annotations
@@ -42,6 +54,18 @@ class LlamaShape:
     phi3: bool = False
     qkv_bias: bool = False  # src/models/qwen2.cpp: Q, K and V biases (ggml_add, in place, before the reshapes)
     qk_norm: bool = False  # src/models/qwen3.cpp: Q and K RMS-normed per head (build_norm) before their rope
+    glm4: bool = False  # llm_build_glm4 (e1e8e09): post-attention and post-ffw norms, ffn_up of 2 x n_ff
+    legacy: bool = False  # the e1e8e09 graph (module docstring)
+    swiglu: bool = True  # ggml_swiglu / ggml_swiglu_split (#14158); False: silu, mul (and a fused up's halves copied)
+    set_rows: bool = True  # the cache written with ggml_set_rows (its row indices graph inputs); False: ggml_cpy
+    # the CPU runs every layer: one backend, one split, one buffer (the inputs and the embeddings' get_rows in it,
+    # no copies); the graph's inputs are leafs, allocated first in the order the graph first reads them
+    cpu_only: bool = False
+
+    @property
+    def fused_up(self) -> bool:
+        """ffn_up holds gate and up (build_ffn LLM_FFN_SWIGLU with no gate tensor)."""
+        return self.phi3 or self.glm4
 
 
 class _Builder:
@@ -77,27 +101,36 @@ def build(s: LlamaShape) -> Graph:
     b = _Builder()
     ub, E = s.n_ubatch, s.n_embd
     q_dim, kv_dim = s.n_head * s.n_embd_head, s.n_head_kv * s.n_embd_head
-    mask_elt = 2 if s.flash_attn else 4
+    # the mask's rows: GGML_PAD(n_tokens, GGML_KQ_MASK_PAD) in the e1e8e09 graph; an f32 input there, cast to f16
+    # for flash attention on the device
+    mask_rows = -(-ub // 64) * 64 if s.legacy else ub
+    mask_elt = 2 if s.flash_attn and not s.legacy else 4
+
+    host = DEVICE if s.cpu_only else HOST
 
     def host_input(name: str, nbytes: int) -> int:
-        return b.add(Tensor(name, "NONE", nbytes, HOST, (name,), is_input=True), node=False)
+        return b.add(Tensor(name, "NONE", nbytes, host, (name,), is_input=True), node=False)
 
     tokens = host_input("inp_tokens", 4 * ub)
-    tok_embd = b.add(Tensor("token_embd.weight", "NONE", 0, HOST, (), external=True), node=False)
+    tok_embd = b.add(Tensor("token_embd.weight", "NONE", 0, host, (), external=True), node=False)
     pos = host_input("inp_pos", 4 * ub)
-    k_idxs = host_input("attn_inp_k_idxs", 8 * ub)
-    v_idxs = host_input("attn_inp_v_idxs", 8 * (ub if s.flash_attn else ub * kv_dim))
-    mask = host_input("attn_inp_kq_mask", mask_elt * s.n_kv * ub)
+    idxs: tuple[int, ...] = ()
+    if s.set_rows:
+        k_idxs = host_input("attn_inp_k_idxs", 8 * ub)
+        v_idxs = host_input("attn_inp_v_idxs", 8 * (ub if s.flash_attn else ub * kv_dim))
+        idxs = (k_idxs, v_idxs)
+    mask = host_input("attn_inp_kq_mask", mask_elt * s.n_kv * mask_rows)
     out_ids = host_input("out_ids", 4 * s.n_outputs)
     # split 0 (CPU): the embeddings' get_rows
-    embd = b.op("embd", "GET_ROWS", (E, ub), (tok_embd, tokens), buffer=HOST)
+    embd = b.op("embd", "GET_ROWS", (E, ub), (tok_embd, tokens), buffer=host)
     # split 1 (device): a copy of each input, in the order the split first reads them
-    copies = {}
-    for src in (embd, pos, k_idxs, v_idxs, mask, out_ids):
-        t = b.tensors[src]
-        b.add(Tensor(t.name + " (view)", "NONE", t.nbytes, HOST, ("dep",), (src,), view_src=src))
-        copies[src] = b.add(Tensor(t.name + "#RPC", "NONE", t.nbytes, DEVICE, t.layout, is_input=True))
+    copies = {src: src for src in (embd, pos, *idxs, mask, out_ids)}
+    for src in () if s.cpu_only else tuple(copies):
+        inp = b.tensors[src]
+        b.add(Tensor(inp.name + " (view)", "NONE", inp.nbytes, HOST, ("dep",), (src,), view_src=src))
+        copies[src] = b.add(Tensor(inp.name + "#RPC", "NONE", inp.nbytes, DEVICE, inp.layout, is_input=True))
     x = copies[embd]
+    kq_mask = copies[mask]  # the f16 cast of the e1e8e09 graph replaces it at the first attention
 
     def proj(name: str, weight: int, inp: int, n_head: int, *, normed: bool = True) -> int:
         """build_qkv's separate projection: matmul, bias (in place), the per-head reshape (a view), qk norm."""
@@ -110,51 +143,55 @@ def build(s: LlamaShape) -> Graph:
             t = b.op(f"{name} (normed)", "MUL", (s.n_embd_head, n_head, ub), (t, b.weight(f"{name}.norm")))
         return t
 
+    def rope(name: str, t: int, n_head: int) -> int:
+        return b.op(f"{name} (rope)", "ROPE", (s.n_embd_head, n_head, ub), (t, copies[pos]))
+
+    def norm(name: str, t: int, rows: int, weight: int) -> int:
+        t = b.op(f"norm-{name}", "RMS_NORM", (E, rows), (t,))
+        return b.op(name, "MUL", (E, rows), (t, weight))
+
     for il in range(s.n_layer):
         last = il == s.n_layer - 1
         w = {k: b.weight(f"blk.{il}.{k}") for k in ("attn_norm", "q", "k", "v", "o", "ffn_norm", "gate", "up", "down")}
         cache_k, cache_v = b.weight(f"cache_k_l{il}"), b.weight(f"cache_v_l{il}")
         inp_sa = x
-        norm = b.op(f"norm-{il}", "RMS_NORM", (E, ub), (x,))
-        cur = b.op(f"attn_norm-{il}", "MUL", (E, ub), (norm, w["attn_norm"]))
+        cur = norm(f"attn_norm-{il}", x, ub, w["attn_norm"])
         if s.phi3:  # build_qkv with wqkv: 3-D views of one matmul (not contiguous: V is not reshaped in cpy_v)
             qkv = b.op(f"wqkv-{il}", "MUL_MAT", (q_dim + 2 * kv_dim, ub), (w["q"], cur))
             q = b.view(f"Qcur-{il}", qkv)
-            q = b.op(f"Qcur-{il} (rope)", "ROPE", (s.n_embd_head, s.n_head, ub), (q, copies[pos]))
+            q = rope(f"Qcur-{il}", q, s.n_head)
             q = b.op(f"Qcur-{il} (scaled)", "SCALE", (s.n_embd_head, s.n_head, ub), (q,))
             v = b.view(f"Vcur-{il}", qkv)
             k = b.view(f"Kcur-{il}", qkv)
+        elif s.legacy:  # build_attn (e1e8e09) expands Q, then K, then V
+            q = rope(f"Qcur-{il}", proj(f"Qcur-{il}", w["q"], cur, s.n_head), s.n_head)
+            k = rope(f"Kcur-{il}", proj(f"Kcur-{il}", w["k"], cur, s.n_head_kv), s.n_head_kv)
+            v = proj(f"Vcur-{il}", w["v"], cur, s.n_head_kv, normed=False)
         else:
             q = proj(f"Qcur-{il}", w["q"], cur, s.n_head)
-            q = b.op(f"Qcur-{il} (rope)", "ROPE", (s.n_embd_head, s.n_head, ub), (q, copies[pos]))
+            q = rope(f"Qcur-{il}", q, s.n_head)
             v = proj(f"Vcur-{il}", w["v"], cur, s.n_head_kv, normed=False)
-            k = proj(f"Kcur-{il}", w["k"], cur, s.n_head_kv)
-        k = b.op(f"Kcur-{il} (rope)", "ROPE", (s.n_embd_head, s.n_head_kv, ub), (k, copies[pos]))
-        # cpy_k: a 2-D view of K, set_rows into the cache (a view of the cache: no memory here)
-        kv = b.view(f"Kcur-{il} (view)", k)
-        b.add(Tensor(f"cache_k_l{il} (view)", "SET_ROWS", 0, DEVICE, (), (kv, copies[k_idxs], cache_k),
-                     view_src=cache_k))  # fmt: skip
-        if s.flash_attn:
-            vv = b.view(f"Vcur-{il} (view)", v)
-        else:  # the transposed V cache: V as [n_embd_v_gqa, n_tokens] (a copy where it is a strided view), one
-            # element per row
-            if s.phi3:
-                vv = b.op(f"Vcur-{il} (cont)", "CONT", (kv_dim, ub), (v,))
-            else:
-                vv = b.view(f"Vcur-{il} (reshaped 2d)", v, "RESHAPE")
-            vv = b.view(f"Vcur-{il} (reshaped 1)", vv, "RESHAPE")
-        b.add(Tensor(f"cache_v_l{il} (view)", "SET_ROWS", 0, DEVICE, (), (vv, copies[v_idxs], cache_v),
-                     view_src=cache_v))  # fmt: skip
+            k = rope(f"Kcur-{il}", proj(f"Kcur-{il}", w["k"], cur, s.n_head_kv), s.n_head_kv)
+        if s.phi3:
+            k = rope(f"Kcur-{il}", k, s.n_head_kv)
+        _store(b, s, il, k, v, cache_k, cache_v, copies, idxs)
         # build_attn_mha: Q viewed per stream and permuted; K and V: views of the cache
-        qp = b.view(f"Qcur-{il} (view) (permuted)", b.view(f"Qcur-{il} (view)", q), "PERMUTE")
-        kc = b.view(f"cache_k_l{il} (view) (permuted)", b.view(f"cache_k_l{il} (view 4d)", cache_k), "PERMUTE")
-        vc = b.view(f"cache_v_l{il} (view) (permuted)", b.view(f"cache_v_l{il} (view 4d)", cache_v), "PERMUTE")
+        if s.legacy:  # ggml_permute of Q, ggml_view_3d of each cache
+            qp = b.view(f"Qcur-{il} (permuted)", q, "PERMUTE")
+            kc = b.view(f"cache_k_l{il} (view 3d)", cache_k)
+            vc = b.view(f"cache_v_l{il} (view 3d)", cache_v)
+        else:
+            qp = b.view(f"Qcur-{il} (view) (permuted)", b.view(f"Qcur-{il} (view)", q), "PERMUTE")
+            kc = b.view(f"cache_k_l{il} (view) (permuted)", b.view(f"cache_k_l{il} (view 4d)", cache_k), "PERMUTE")
+            vc = b.view(f"cache_v_l{il} (view) (permuted)", b.view(f"cache_v_l{il} (view 4d)", cache_v), "PERMUTE")
+        if s.legacy and s.flash_attn and il == 0:  # kq_mask_cnv: ggml_cast (a CPY into a new f16 tensor)
+            kq_mask = b.op("attn_inp_kq_mask (f16)", "CPY", (s.n_kv, mask_rows), (kq_mask,), elt=2)
         if s.flash_attn:
-            fa = b.op(f"fattn-{il}", "FLASH_ATTN_EXT", (s.n_embd_head, s.n_head, ub), (qp, kc, vc, copies[mask]))
+            fa = b.op(f"fattn-{il}", "FLASH_ATTN_EXT", (s.n_embd_head, s.n_head, ub), (qp, kc, vc, kq_mask))
             kqv_out = b.view(f"kqv_out-{il}", fa, "RESHAPE")
         else:
             kq = b.op(f"kq-{il}", "MUL_MAT", (s.n_kv, ub, s.n_head), (kc, qp))
-            kq = b.op(f"kq_soft_max-{il}", "SOFT_MAX", (s.n_kv, ub, s.n_head), (kq, copies[mask]))
+            kq = b.op(f"kq_soft_max-{il}", "SOFT_MAX", (s.n_kv, ub, s.n_head), (kq, kq_mask))
             kqv = b.op(f"kqv-{il}", "MUL_MAT", (s.n_embd_head, ub, s.n_head), (vc, kq))
             kqv = b.view(f"kqv-{il} (permuted)", kqv, "PERMUTE")
             kqv_out = b.op(f"kqv_out-{il}", "CONT", (q_dim, ub), (kqv,))
@@ -163,27 +200,77 @@ def build(s: LlamaShape) -> Graph:
         if last:  # the rows whose outputs are kept (inp_out_ids), of the attention's output and the residual
             rows = s.n_outputs
             cur = b.op(f"attn_out-{il} (rows)", "GET_ROWS", (E, rows), (cur, copies[out_ids]))
+            if s.glm4:  # the post-attention norm is visited before the residual's rows (add's src[0] first)
+                cur = norm(f"post_attn_norm-{il}", cur, rows, b.weight(f"blk.{il}.post_attention_norm"))
             inp_sa = b.op(f"l_in-{il} (rows)", "GET_ROWS", (E, rows), (inp_sa, copies[out_ids]))
+        elif s.glm4:
+            cur = norm(f"post_attn_norm-{il}", cur, rows, b.weight(f"blk.{il}.post_attention_norm"))
         ffn_inp = b.op(f"ffn_inp-{il}", "ADD", (E, rows), (cur, inp_sa))
-        norm = b.op(f"norm-{il}", "RMS_NORM", (E, rows), (ffn_inp,))
-        cur = b.op(f"ffn_norm-{il}", "MUL", (E, rows), (norm, w["ffn_norm"]))
-        if s.phi3:
-            up = b.op(f"ffn_up-{il}", "MUL_MAT", (2 * s.n_ff, rows), (w["up"], cur))
-            cur = b.op(f"ffn_swiglu-{il}", "GLU", (s.n_ff, rows), (up,))
-        else:
-            gate = b.op(f"ffn_gate-{il}", "MUL_MAT", (s.n_ff, rows), (w["gate"], cur))
-            up = b.op(f"ffn_up-{il}", "MUL_MAT", (s.n_ff, rows), (w["up"], cur))
-            cur = b.op(f"ffn_swiglu-{il}", "GLU", (s.n_ff, rows), (gate, up))
-        cur = b.op(f"ffn_out-{il}", "MUL_MAT", (E, rows), (w["down"], cur))
+        cur = norm(f"ffn_norm-{il}", ffn_inp, rows, w["ffn_norm"])
+        cur = _ffn(b, s, il, cur, rows, w)
+        if s.glm4:
+            cur = norm(f"post_ffw_norm-{il}", cur, rows, b.weight(f"blk.{il}.post_ffw_norm"))
         srcs = (ffn_inp, cur) if s.phi3 else (cur, ffn_inp)
         x = b.op(f"l_out-{il}", "ADD", (E, rows), srcs)
-    rows = s.n_outputs
-    norm = b.op("norm", "RMS_NORM", (E, rows), (x,))
-    cur = b.op("result_norm", "MUL", (E, rows), (norm, b.weight("output_norm.weight")))
-    _set_output(b, cur)  # res->t_embd and res->t_logits: llm_graph_result::set_outputs
-    logits = b.op("result_output", "MUL_MAT", (s.n_vocab, rows), (b.weight("output.weight"), cur))
-    _set_output(b, logits)
+    cur = norm("result_norm", x, s.n_outputs, b.weight("output_norm.weight"))
+    if not s.legacy:
+        _set_output(b, cur)  # res->t_embd and res->t_logits: llm_graph_result::set_outputs
+    logits = b.op("result_output", "MUL_MAT", (s.n_vocab, s.n_outputs), (b.weight("output.weight"), cur))
+    if not s.legacy:
+        _set_output(b, logits)
     return Graph(tuple(b.tensors), tuple(b.nodes), tuple(b.leafs))
+
+
+def _store(
+    b: _Builder, s: LlamaShape, il: int, k: int, v: int, cache_k: int, cache_v: int, copies: dict[int, int],
+    idxs: tuple[int, ...],
+) -> None:  # fmt: skip
+    """K and V into the cache: ggml_set_rows with the row indices (llama_kv_cache::cpy_k / cpy_v), or before it
+    ggml_cpy into a view of the cache (build_attn, e1e8e09); either result is a view of the cache (no memory).
+    The transposed V cache (flash attention off) takes V as [n_embd_v_gqa, n_tokens]: a copy where V is a
+    strided view."""
+    kv_dim = s.n_head_kv * s.n_embd_head
+    kv = b.view(f"Kcur-{il} (view)", k) if s.set_rows else k  # ggml_cpy takes K as it is
+    if s.flash_attn:
+        vv = b.view(f"Vcur-{il} (view)", v)
+    else:
+        if s.phi3:
+            vv = b.op(f"Vcur-{il} (cont)", "CONT", (kv_dim, s.n_ubatch), (v,))
+        else:
+            vv = b.view(f"Vcur-{il} (reshaped 2d)", v, "RESHAPE")
+        vv = b.view(f"Vcur-{il} (reshaped 1)", vv, "RESHAPE" if s.set_rows else "TRANSPOSE")
+    for name, t, cache, j in ((f"cache_k_l{il}", kv, cache_k, 0), (f"cache_v_l{il}", vv, cache_v, 1)):
+        if s.set_rows:
+            srcs = (t, copies[idxs[j]], cache)
+            b.add(Tensor(f"{name} (view)", "SET_ROWS", 0, DEVICE, (), srcs, view_src=cache))
+        else:
+            dst = b.view(f"{name} (view)", cache)
+            b.add(Tensor(f"{name} (copy of)", "CPY", 0, DEVICE, (), (t, dst), view_src=cache))
+
+
+def _ffn(b: _Builder, s: LlamaShape, il: int, cur: int, rows: int, w: dict[str, int]) -> int:
+    """build_ffn: SwiGLU of a gate and an up projection (llama: LLM_FFN_SILU, LLM_FFN_PAR) or of one fused up
+    projection (phi3, glm4: LLM_FFN_SWIGLU), then the down projection."""
+    ff = s.n_ff
+    if s.fused_up:
+        up = b.op(f"ffn_up-{il}", "MUL_MAT", (2 * ff, rows), (w["up"], cur))
+        if s.swiglu:
+            cur = b.op(f"ffn_swiglu-{il}", "GLU", (ff, rows), (up,))
+        else:  # x0 = cont(view), x1 = cont(view); silu(x0) * x1, visited src[0] first
+            x0 = b.op(f"ffn_x0-{il}", "CONT", (ff, rows), (b.view(f"ffn_up-{il} (x0)", up),))
+            x0 = b.op(f"ffn_silu-{il}", "UNARY", (ff, rows), (x0,))
+            x1 = b.op(f"ffn_x1-{il}", "CONT", (ff, rows), (b.view(f"ffn_up-{il} (x1)", up),))
+            cur = b.op(f"ffn_mul-{il}", "MUL", (ff, rows), (x0, x1))
+    elif s.swiglu:
+        gate = b.op(f"ffn_gate-{il}", "MUL_MAT", (ff, rows), (w["gate"], cur))
+        up = b.op(f"ffn_up-{il}", "MUL_MAT", (ff, rows), (w["up"], cur))
+        cur = b.op(f"ffn_swiglu-{il}", "GLU", (ff, rows), (gate, up))
+    else:  # silu(gate) in place, then * up in place (the mul's src[0] chain first: gate, silu, up)
+        gate = b.op(f"ffn_gate-{il}", "MUL_MAT", (ff, rows), (w["gate"], cur))
+        gate = b.op(f"ffn_silu-{il}", "UNARY", (ff, rows), (gate,))
+        up = b.op(f"ffn_up-{il}", "MUL_MAT", (ff, rows), (w["up"], cur))
+        cur = b.op(f"ffn_gate_par-{il}", "MUL", (ff, rows), (gate, up))
+    return b.op(f"ffn_out-{il}", "MUL_MAT", (s.n_embd, rows), (w["down"], cur))
 
 
 def _set_output(b: _Builder, i: int) -> None:

@@ -16,6 +16,7 @@ between llama.cpp builds are kvadvise.planner.builds'.
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 import struct
 from dataclasses import dataclass, replace
@@ -755,8 +756,10 @@ def compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     consumer: the KQ masks live from the first layer to the last attention, so a layer's peak is the masks
     plus its largest live set (kvadvise.planner.memory._sizes) plus the token embeddings' get_rows; the
     output layer's is the logits of the reserved rows and two rows of n_embd. Measured with llama.cpp's
-    allocation pass (llama-fit-params, b11312) on real-size models of 20 families (tests/test_oracle.py)."""
-    return _cpu_compute(spec, lay, _f32_fa_mask(lay))
+    allocation pass (llama-fit-params, b11312) on real-size models of 20 families (tests/test_oracle.py).
+    Builds before #15850: ggml-alloc's own figure where llama_graph builds the graph (_exact_device_compute)."""
+    exact = _exact_device_compute(spec, lay)
+    return exact if exact is not None else _cpu_compute(spec, lay, _f32_fa_mask(lay))
 
 
 def _layer_peak(s: _Sizes, lay: ContextLayout, f32_mask: bool) -> int:
@@ -849,6 +852,9 @@ def _analytic_device_compute(spec: ModelSpec, lay: ContextLayout, weight_copy: i
 
 # kvadvise.planner.llama_graph's graphs; granite's is llama's with in-place scales (src/models/granite.cpp)
 _EXACT_ARCHS = ("llama", "granite", "phi3", "qwen2", "qwen3")
+# the legacy graphs checked against published logs and e1e8e09's allocation pass (tests/test_old_build_graphs.py,
+# tests/test_glm4_old_builds.py); not phi3's (Q, K and V copied out of the fused QKV) nor granite's: no old log
+_EXACT_ARCHS_LEGACY = ("llama", "qwen2", "qwen3", "glm4")
 
 
 def _exact_device_compute(spec: ModelSpec, lay: ContextLayout) -> int | None:
@@ -861,27 +867,50 @@ def _exact_device_compute(spec: ModelSpec, lay: ContextLayout) -> int | None:
     shapes x flash attention on/off x 2k-32k cells x the whole batch's logits or one row). Elsewhere None: the
     analytic plan, whose peaks (masks + a layer, logits + two rows) miss where ggml-alloc's best fit leaves
     the final norm and the logits above holes (Llama 3.2 3B at 4,096 cells: 262.50 planned, 278.51 reserved;
-    Phi-3-mini: 74.62 planned, 84.64 reserved)."""
+    Phi-3-mini: 74.62 planned, 84.64 reserved).
+
+    On builds before builds.GRAPH_OPTIMIZE no backend reordered the graph, so on any GPU device (its buffer
+    alignment) the graph as that era built it (LlamaShape.legacy, and GLM-4's llm_build_glm4): one cache of
+    n_ctx cells attended whole and n_ubatch tokens in one sequence (llama_context's reserve of e1e8e09:
+    n_seqs = 1). As printed on six published CUDA/ROCm logs of b4300-b5274 (tests/data/published 006, 007, 011,
+    019, 026, 034: the analytic plan was 4 to 33 MiB off); the allocation pass of e1e8e09 on a no-op device:
+    220.00 MiB for GLM-4-32B's layers with a 1,024-token vocabulary (tests/test_glm4_old_builds.py). The CPU
+    running every layer (compute_bytes) likewise, its graph one split in one buffer (LlamaShape.cpu_only):
+    TinyLlama at b4700 and Qwen3 1.7B at b6100 as printed (tests/data/published 010, 017; the analytic plan
+    was +12 and +4)."""
+    legacy = builds.older_than(lay.llama_build, builds.GRAPH_OPTIMIZE)
     uniform = len(set(spec.n_head)) == 1 and len(set(spec.n_head_kv)) == 1
     if not (
-        lay.device == "rpc" and spec.architecture in _EXACT_ARCHS and uniform and spec.n_ff and not spec.n_expert
+        (lay.device == "rpc" or legacy) and spec.architecture in (_EXACT_ARCHS_LEGACY if legacy else _EXACT_ARCHS)
+        and uniform and spec.n_ff and not spec.n_expert
         and spec.n_swa == 0 and not spec.is_mla and not any(spec.recurrent_layers) and all(spec.kv_layers)
         and spec.n_layer_nextn == 0 and spec.n_embd_head_k == spec.n_embd_head_v and not spec.n_embd_per_layer
-        and lay.n_stream == lay.n_seq_max and GGMLType.F32 not in (lay.type_k, lay.type_v)
-        and lay.llama_build is not None and lay.llama_build >= builds.REFERENCE
+        and (legacy or lay.n_stream == lay.n_seq_max) and GGMLType.F32 not in (lay.type_k, lay.type_v)
+        and lay.llama_build is not None and (legacy or lay.llama_build >= builds.REFERENCE)
     ):  # fmt: skip
         return None
     # llama_context::graph_reserve: the batch's tokens rounded up to a multiple of the sequences, one stream each;
     # the outputs as the unrounded batch's (sched_reserve: n_outputs_pp)
-    n_seqs = lay.n_seq_max
+    n_seqs = 1 if legacy else lay.n_seq_max
     n_tokens = -(-lay.n_ubatch // n_seqs) * n_seqs
+    build_ = lay.llama_build
     shape = LlamaShape(
         n_layer=spec.n_layer, n_embd=spec.n_embd, n_head=spec.n_head[0], n_head_kv=spec.n_head_kv[0],
-        n_embd_head=spec.n_embd_head_k, n_ff=spec.n_ff, n_vocab=spec.n_vocab, n_kv=lay.n_ctx_seq,
+        n_embd_head=spec.n_embd_head_k, n_ff=spec.n_ff, n_vocab=spec.n_vocab,
+        n_kv=lay.n_ctx if legacy else lay.n_ctx_seq,
         n_ubatch=n_tokens, n_outputs=min(lay.n_ubatch, lay.n_outputs_max), flash_attn=lay.flash_attn,
         phi3=spec.architecture == "phi3", qkv_bias=spec.architecture == "qwen2", qk_norm=spec.architecture == "qwen3",
+        glm4=spec.architecture == "glm4", legacy=legacy, swiglu=not builds.older_than(build_, builds.FUSED_GLU),
+        set_rows=not builds.older_than(build_, builds.SET_ROWS), cpu_only=lay.device == "cpu",
     )  # fmt: skip
-    return reserve_sizes(build(shape), (ALIGNMENT["rpc"], ALIGNMENT["cpu"]))[0]
+    return _reserved(shape, ALIGNMENT[lay.device] if legacy else ALIGNMENT["rpc"])
+
+
+@functools.lru_cache(maxsize=256)
+def _reserved(shape: LlamaShape, device_alignment: int) -> int:
+    """The device's buffer of ``shape``'s reserve graph (tens of ms for a large model: a context search asks
+    for the same shape more than once)."""
+    return reserve_sizes(build(shape), (device_alignment, ALIGNMENT["cpu"]))[0]
 
 
 def _device_compute(spec: ModelSpec, lay: ContextLayout, f32_mask: bool, weight_copy: int) -> int:

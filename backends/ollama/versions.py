@@ -47,8 +47,9 @@ class LlamaCppPin:
     commit: str  # Makefile.sync FETCH_HEAD (0.11-0.24) or the LLAMA_CPP_VERSION tag (>= 0.30)
     build: int | None  # bNNNN where a source names it; None: not known here
     # a build on the same side of every kvadvise.planner.builds rule as the vendored source (set_rows, the
-    # SWA cache's 256 padding, the V-less MLA cache, the f16 FA mask), checked in llama/llama.cpp/src of the
-    # tag by tests/test_ollama_versions.py: what the plan's rules follow when the build is not known
+    # SWA cache's 256 padding, the V-less MLA cache, the f16 FA mask, the backends' graph_optimize), checked in
+    # llama/llama.cpp/src and ml/backend/ggml/ggml/src of the tag by tests/test_ollama_versions.py: what the
+    # plan's rules follow when the build is not known
     rules_build: int
     pinned_on: str  # the date of the Ollama commit that pinned it
     source: str
@@ -65,6 +66,7 @@ def _pin(since: Version, commit: str, build: int | None, pinned_on: str, source:
 _BEFORE_SET_ROWS = builds.SET_ROWS - 1
 _BEFORE_SWA_PAD = builds.SWA_PAD_256 - 1
 _BEFORE_MLA_V_LESS = builds.MLA_V_LESS - 1
+_BEFORE_GRAPH_OPTIMIZE = builds.GRAPH_OPTIMIZE - 1
 
 # Makefile.sync FETCH_HEAD at each tag (0.11-0.24), LLAMA_CPP_VERSION (>= 0.30); the build where the pinning
 # commit's title names it. A commit whose build is unknown is bounded by its neighbours and its source read.
@@ -74,8 +76,8 @@ PINS: tuple[LlamaCppPin, ...] = (
          "llama-kv-cache, the old SWA cache", _BEFORE_SET_ROWS),
     _pin((0, 11, 5), "e54d41befcc1575f4c898c5ff4ef43970cead75f", None, "2025-08-14",
          "Makefile.sync (ollama 1a19df1f3 'update vendored llama.cpp and ggml'); before b6646; ggml_set_rows "
-         "on by default (LLAMA_SET_ROWS), SWA cache min(size_base, GGML_PAD(n_swa + n_ubatch, n_pad))",
-         _BEFORE_SWA_PAD),
+         "on by default (LLAMA_SET_ROWS), SWA cache min(size_base, GGML_PAD(n_swa + n_ubatch, n_pad)), no "
+         "graph_optimize in its ggml-backend.cpp", _BEFORE_GRAPH_OPTIMIZE),
     _pin((0, 12, 4), "364a7a6d4a786e98947c8a90430ea581213c0ba9", 6646, "2025-10-02",
          "Makefile.sync (ollama c68f367ef 'Update GGML to b6646')"),
     _pin((0, 12, 6), "7049736b2dd9011bf819e298b844ebbc4b5afdc9", None, "2025-10-13",
