@@ -11,7 +11,8 @@ llama-cli) or of one row (llama-server's -fit pass: n_outputs_max = 1). n_batch 
     python benchmarks/bench_split.py [--only NAME,...] [--quick] [--measured FILE]
 
 Prints one row per device: planned / measured MiB and the error, then the count within the bar of
-tests/test_devices.py (5 % or 8 MiB), under it and over it, and the worst rows. ``--measured FILE`` keeps llama.cpp's
+tests/test_devices.py (5 % or 8 MiB), under it and over it, and the worst rows; the same count for the host's
+(CPU) compute buffer beside them. ``--measured FILE`` keeps llama.cpp's
 figures in a JSON file (read back when present), so that a change of the plan is compared on the same runs.
 """
 
@@ -136,8 +137,12 @@ class Row:
         )
 
 
-def sweep(names: set[str], quick: bool, folder: Path, measured: dict[str, list[float]]) -> list[Row]:
+def sweep(
+    names: set[str], quick: bool, folder: Path, measured: dict[str, list[float]]
+) -> tuple[list[Row], list[Row]]:
+    """Each device's row, and the host's (its CPU compute buffer: the graph inputs and their copies)."""
     rows: list[Row] = []
+    host: list[Row] = []
     with devices(rpc_server(), 3) as eps:
         for name, recipe, dims, vocab in MODELS:
             if names and name not in names:
@@ -163,7 +168,8 @@ def sweep(names: set[str], quick: bool, folder: Path, measured: dict[str, list[f
                                     Row(run, d, dev.n_layers, dev.compute_bytes / MIB, measured[run][d])
                                 )  # fmt: skip
                                 print(rows[-1].line(), flush=True)
-    return rows
+                            host.append(Row(run, -1, 0, est.host.compute_bytes / MIB, measured[run][-1]))
+    return rows, host
 
 
 def summary(rows: Sequence[Row]) -> str:
@@ -172,7 +178,7 @@ def summary(rows: Sequence[Row]) -> str:
     over = len(rows) - within - under
     worst_under = sorted(rows, key=lambda r: r.error_mib / r.measured_mib)[:3]
     worst_over = sorted(rows, key=lambda r: -r.error_mib / r.measured_mib)[:3]
-    out = [f"\n{len(rows)} device buffers: {within} within the bar (5 % or 8 MiB), {under} under, {over} over"]
+    out = [f"\n{len(rows)} buffers: {within} within the bar (5 % or 8 MiB), {under} under, {over} over"]
     out += ["worst under:", *(r.line() for r in worst_under), "worst over:", *(r.line() for r in worst_over)]
     return "\n".join(out)
 
@@ -190,11 +196,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("|---|---|---|---|---|")
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            rows = sweep({n for n in a.only.split(",") if n}, a.quick, Path(tmp), measured)
+            rows, host = sweep({n for n in a.only.split(",") if n}, a.quick, Path(tmp), measured)
     finally:
         if a.measured:
             a.measured.write_text(json.dumps(measured, indent=0))
     print(summary(rows))
+    print("\nthe host (CPU) beside them:" + summary(host))
     return 0
 
 

@@ -807,16 +807,21 @@ def _host_compute(spec: ModelSpec, lay: ContextLayout, f32_mask: bool) -> int:
     masks = s.mask_cells * ub * (2 if lay.flash_attn and not f32_mask else 4)
     old = builds.older_than(lay.llama_build, builds.F16_MASK_FA)
     rows = 1 if f32_mask or old else 2
-    v_idxs = 0
-    if lay.v_trans and not spec.is_mla and not builds.older_than(lay.llama_build, builds.SET_ROWS):
-        # one index tensor per cache (llm_graph_input_attn_kv_iswa: self_v_idxs and self_v_idxs_swa), even
-        # where the SWA cache has as many cells as the full one (n_swa + n_ubatch >= n_ctx)
-        kinds = len({spec.swa_layers[il] for il, kv in enumerate(spec.kv_layers) if kv})
-        v_idxs = 8 * ub * spec.n_embd_v_gqa_max() * kinds
+    v_idxs = _v_idxs_bytes(spec, lay)
     ids = 4 * ub * 2 + 4 * min(ub, lay.n_outputs_max)  # tokens and positions (i32), output ids (i32)
     # Gemma 3n/4: per_layer_token_embd is an input tensor on the CPU, so its get_rows for the batch is here
     # (one [n_embd_per_layer * n_layer, n_ubatch] f32; exact on 24 shapes of llama.cpp's allocation pass)
     return pad(masks + rows * s.embd + v_idxs + ids + s.ple, ALIGNMENT["cuda"])
+
+
+def _v_idxs_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
+    """Without flash attention, the V cache's row indices, graph inputs: i64 [n_embd_v_gqa * n_ubatch] per cache
+    (llm_graph_input_attn_kv::set_input, V being transposed; llm_graph_input_attn_kv_iswa: self_v_idxs and
+    self_v_idxs_swa, even where the SWA cache has as many cells as the full one, n_swa + n_ubatch >= n_ctx)."""
+    if not lay.v_trans or spec.is_mla or builds.older_than(lay.llama_build, builds.SET_ROWS):
+        return 0
+    kinds = len({spec.swa_layers[il] for il, kv in enumerate(spec.kv_layers) if kv})
+    return 8 * lay.n_ubatch * spec.n_embd_v_gqa_max() * kinds
 
 
 def device_compute_bytes(spec: ModelSpec, lay: ContextLayout, *, weight_copy: int = 0) -> int:
@@ -1264,11 +1269,16 @@ def _offloaded(
         total = part.weights_bytes + kv_d + rs_d + compute + overhead
         devices.append(DeviceMemory(names[d], part.n_layers, part.weights_bytes, kv_d, rs_d, compute, overhead, total))
     if pipeline:
+        # ggml_backend_sched_split_graph (pass 6): with pipeline parallelism every graph input on the host is kept
+        # in GGML_SCHED_MAX_COPIES copies: the masks, the V row indices, the ids, and inp_embd ([n_embd, n_ubatch]
+        # f32, "inputs not consumed by any node (e.g. the embeddings input of a text-only batch)"); beside them
+        # the token embeddings' get_rows. Without flash attention the row indices, not a Q-sized tensor (Gemma 3
+        # 12B's shape 32 MiB under, DeepSeek-V2-Lite's 72 over before: benchmarks/bench_split.py)
         ub = lay.n_ubatch
-        q = 0 if lay.flash_attn else 4 * ub * max(spec.n_head, default=0) * spec.n_embd_head_k
         embd = 4 * ub * spec.n_embd
         ids = 4 * ub * 2 + 4 * min(ub, lay.n_outputs_max)
-        host_compute = pad(copies * (mask_bytes(spec, lay) + embd + q) + embd + ids, ALIGNMENT["cuda"])
+        inputs = mask_bytes(spec, lay) + embd + _v_idxs_bytes(spec, lay)
+        host_compute = pad(copies * inputs + embd + ids, ALIGNMENT["cuda"])
     else:
         host_compute = host_compute_bytes(spec, lay)
     host_w = spec.tok_embd_bytes + spec.input_extra_bytes  # the input layer (dev_input: the CPU)
