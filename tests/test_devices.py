@@ -10,7 +10,9 @@ build/devices-report.md).
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,12 +20,15 @@ from rpc_devices import REPORT, devices, run_server
 from tinymodels import write_tiny_gguf
 
 import kvadvise
+from kvadvise.model.architecture import from_gguf
+from kvadvise.model.gguf import read_file
 from kvadvise.planner.memory import MemoryEstimate, RunConfig, estimate
 from kvadvise.runtime.llamalog import parse
 
 pytestmark = pytest.mark.llama
 MIB = 1 << 20
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 @pytest.fixture(scope="module")
@@ -153,3 +158,42 @@ def test_cli_plan_over_rpc_hosts_is_what_llama_server_allocates(
         assert mib["KV"] == pytest.approx(d["kv_bytes"] / MIB, abs=0.01), d["name"]
         compute = sum(x.mib for x in got.buffers if x.buft == d["name"] and x.kind == "compute")
         assert abs(compute - d["compute_bytes"] / MIB) <= max(8.0, 0.05 * compute), d["name"]
+
+
+# benchmarks/bench_split.py, a few cases: real-size shapes (sparse GGUFs: the header only), each device's compute
+# buffer against llama.cpp's no-allocation reserve over loopback rpc-servers (llama-fit-params: the whole batch's
+# logits; llama-server's -fit pass: one row). Each was under the bar before the split was planned by the
+# single-device rules on each device's layers (kvadvise.planner.memory._split_compute): by how much, in MiB; the
+# host's compute buffer (the graph inputs in 4 copies) within the same bar.
+SPARSE_CASES = [  # (bench_split model, -ts, -fa, n_ctx, outputs)
+    ("qwen3-0.6b", "1,1,1", "off", 4096, "batch"),  # V row indices and two hidden-state rows copied in: 22 under
+    ("deepseek-v2-lite", "1,1,1", "on", 4096, "batch"),  # MLA: 24.5 under (36 over with the single device's holes)
+    ("gpt-oss-20b", "1,1,1", "on", 4096, "batch"),  # MoE, SWA beside full attention: 22.3 under
+    ("gemma-3-12b", "1,1,1", "off", 4096, "batch"),  # SWA, f32 masks, two V row indices: 86.5 under, the host 32
+    ("qwen1.5-moe-a2.7b", "1,1", "off", 4096, "1 row"),  # a shared expert as wide as the routed ones: 56 under
+    ("granite-4.0-h-tiny", "1,1", "on", 4096, "1 row"),  # two Mamba-2 layers at the boundary: 57 under
+    ("qwen3.5-35b-a3b", "1,1,1", "off", 4096, "batch"),  # gated delta net, MoE with a shared expert: 32 under
+]
+
+
+@pytest.mark.parametrize(("name", "ts", "fa", "n_ctx", "outputs"), SPARSE_CASES)
+def test_real_size_split_within_the_bar(
+    name: str, ts: str, fa: str, n_ctx: int, outputs: str, three: list[str], tmp_path: Path
+) -> None:
+    from bench_split import MODELS, OUTPUTS, fit_params_pass, server_fit_pass
+
+    (recipe, dims, vocab) = next((r, d, v) for n, r, d, v in MODELS if n == name)
+    path = write_tiny_gguf(tmp_path / f"{name}.gguf", recipe, n_vocab=vocab, n_ctx_train=262144, dims=dims, sparse=True)
+    split = tuple(float(x) for x in ts.split(","))
+    cfg = RunConfig(n_ctx=n_ctx, flash_attn=fa, runtime=OUTPUTS[outputs], tensor_split=split)
+    if outputs == "batch":
+        measured = fit_params_pass(path, cfg, three[: len(split)])
+    else:
+        measured = server_fit_pass(path, cfg, len(split))
+    est = estimate(from_gguf(read_file(path)), replace(cfg, device="rpc"))
+    for d, dev in enumerate(est.devices):
+        planned = dev.compute_bytes / MIB
+        assert abs(planned - measured[d]) <= max(8.0, 0.05 * measured[d]), (name, ts, d, planned, measured[d])
+        REPORT.append(f"| {name} -ts {ts} -fa {fa} {outputs} (sparse) | {d} | | | {measured[d]:.2f} / {planned:.2f} |")
+    host = est.host.compute_bytes / MIB  # the graph inputs' copies (the last figure llama.cpp prints: CPU)
+    assert abs(host - measured[-1]) <= max(8.0, 0.05 * measured[-1]), (name, ts, "host", host, measured[-1])

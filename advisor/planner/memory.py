@@ -810,16 +810,21 @@ def _host_compute(spec: ModelSpec, lay: ContextLayout, f32_mask: bool) -> int:
     masks = s.mask_cells * ub * (2 if lay.flash_attn and not f32_mask else 4)
     old = builds.older_than(lay.llama_build, builds.F16_MASK_FA)
     rows = 1 if f32_mask or old else 2
-    v_idxs = 0
-    if lay.v_trans and not spec.is_mla and not builds.older_than(lay.llama_build, builds.SET_ROWS):
-        # one index tensor per cache (llm_graph_input_attn_kv_iswa: self_v_idxs and self_v_idxs_swa), even
-        # where the SWA cache has as many cells as the full one (n_swa + n_ubatch >= n_ctx)
-        kinds = len({spec.swa_layers[il] for il, kv in enumerate(spec.kv_layers) if kv})
-        v_idxs = 8 * ub * spec.n_embd_v_gqa_max() * kinds
+    v_idxs = _v_idxs_bytes(spec, lay)
     ids = 4 * ub * 2 + 4 * min(ub, lay.n_outputs_max)  # tokens and positions (i32), output ids (i32)
     # Gemma 3n/4: per_layer_token_embd is an input tensor on the CPU, so its get_rows for the batch is here
     # (one [n_embd_per_layer * n_layer, n_ubatch] f32; exact on 24 shapes of llama.cpp's allocation pass)
     return pad(masks + rows * s.embd + v_idxs + ids + s.ple, ALIGNMENT["cuda"])
+
+
+def _v_idxs_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
+    """Without flash attention, the V cache's row indices, graph inputs: i64 [n_embd_v_gqa * n_ubatch] per cache
+    (llm_graph_input_attn_kv::set_input, V being transposed; llm_graph_input_attn_kv_iswa: self_v_idxs and
+    self_v_idxs_swa, even where the SWA cache has as many cells as the full one, n_swa + n_ubatch >= n_ctx)."""
+    if not lay.v_trans or spec.is_mla or builds.older_than(lay.llama_build, builds.SET_ROWS):
+        return 0
+    kinds = len({spec.swa_layers[il] for il, kv in enumerate(spec.kv_layers) if kv})
+    return 8 * lay.n_ubatch * spec.n_embd_v_gqa_max() * kinds
 
 
 def device_compute_bytes(spec: ModelSpec, lay: ContextLayout, *, weight_copy: int = 0) -> int:
@@ -998,23 +1003,74 @@ def layer_devices(n_layer_all: int, tensor_split: tuple[float, ...]) -> tuple[in
     return tuple(min(bisect.bisect_right(points, f32(il / act)), n_dev - 1) for il in range(act))
 
 
-def _split_compute(spec: ModelSpec, lay: ContextLayout, layers: list[int], *, last: bool, copies: int) -> int:
-    """One device's compute buffer in a split over several devices (pipeline parallelism: ``copies``
-    copies of its split inputs, the masks its layers use and the hidden state that reaches it),
-    measured with real llama.cpp 0c1e570 on RPC devices on loopback (tests/test_devices.py)."""
-    ub, f32 = lay.n_ubatch, 4
-    embd = f32 * ub * spec.n_embd
-    full = any(spec.kv_layers[il] and not spec.swa_layers[il] for il in layers)
-    swa = any(spec.kv_layers[il] and spec.swa_layers[il] for il in layers)
-    n_kv, n_kv_swa = (lay.n_ctx_seq if full else 0), (lay.n_ctx_swa if swa else 0)
-    masks = (n_kv + n_kv_swa) * ub * (2 if lay.flash_attn else f32)
-    n_head = max((spec.n_head[il] for il in layers if il < len(spec.n_head)), default=0)
-    q = f32 * ub * n_head * spec.n_embd_head_k
-    attn = (2 * q + (0 if lay.flash_attn else f32 * ub * max(n_kv, n_kv_swa) * n_head)) if (full or swa) else 0
-    # the feed-forward or recurrent mixer (kvadvise.planner.memory._sizes, its rows of n_embd counted above)
-    ffn = max(0, _sizes(spec, lay).mix - 3 * embd) if layers else 0
-    logits = f32 * min(ub, lay.n_outputs_max) * spec.n_vocab if last else 0
-    return pad(copies * (masks + embd) + 3 * embd + max(logits, attn, ffn), MIB // 2)
+def _split_compute(spec: ModelSpec, lay: ContextLayout, part: _DeviceLayers, *, copies: int) -> int:
+    """One device's compute buffer in a split over several devices (-sm layer, pipeline parallelism): the
+    single-device rules (:func:`_sizes`, :func:`_layer_peak`) applied to the layers it holds (``part.spec``), the
+    output phase on the device with the output layer, and below them ``copies`` copies of its split inputs.
+
+    ggml_backend_sched_split_graph (ggml/src/ggml-backend.cpp, 0c1e570): a tensor a split reads from another
+    backend is copied in, and with pipeline parallelism (llama_context: several devices, every layer offloaded)
+    in GGML_SCHED_MAX_COPIES copies flagged input and output, added as leafs "so that they are allocated first"
+    and never freed. A device's split inputs (GGML_SCHED_DEBUG=2, llama-fit-params b11312 on loopback RPC
+    devices): the KQ masks of the cache kinds its layers read (f16 with flash attention, else f32), the K/V row
+    indices (without flash attention V's are [n_embd_v_gqa * n_ubatch] i64, V being transposed), the positions,
+    and the hidden state: the token embeddings' get_rows (on the CPU with token_embd) on the first device; on a
+    later one the previous layer's output and the next layer's rms norm, which has no weight, so the scheduler
+    leaves it on the previous device ("## SPLIT #2: ... [norm-15 (2M)] ... [l_out-14 (2M)]" in the
+    worst-case batch llama_context::graph_reserve reserves first). Measured on benchmarks/bench_split.py's grid."""
+    ub = lay.n_ubatch
+    s = _sizes(part.spec, lay)
+    f32_mask = _f32_fa_mask(lay)
+    masks = s.mask_cells * ub * (2 if lay.flash_attn and not f32_mask else 4)
+    shapes = layer_shapes(part.spec)
+    kinds = bool(shapes.kv_group) + bool(shapes.swa_group)
+    v_idxs = 8 * ub * spec.n_embd_v_gqa_max() * kinds if lay.v_trans and not spec.is_mla else 0
+    ids = 8 * ub * 2 * kinds + 16 * ub + (4 * min(ub, lay.n_outputs_max) if part.last else 0)
+    inputs = masks + (1 if 0 in part.layers else 2) * s.embd + v_idxs + ids
+    inputs += _mamba2_boundary_inputs(spec, part.layers, ub)
+    # its layers' largest live set, the masks being inputs (before #23764 their f16 cast is not); without flash
+    # attention the scores sit beside two rows of n_embd and two Q-sized tensors, one of each fewer than on a
+    # single device, where the freed input copy's hole is below them (measured: the shapes of Llama 3.1 8B, Qwen3
+    # 0.6B and 30B-A3B, gpt-oss-20b, Gemma 3 12B and 270M, LFM2: up to 16 MiB over before); not where Q comes
+    # with its gate (Qwen3-Next, Qwen3.5: 12 MiB under so) or MLA's absorbed Q (15 MiB under so)
+    narrow = not lay.flash_attn and s.attn and not spec.is_mla and spec.architecture not in _GATED_Q_ARCHS
+    attn = s.attn - (s.embd + s.q if narrow else 0)
+    layer = max(attn, s.mix) + s.layer_inputs + (s.mask_cells * ub * 2 if f32_mask else 0) if part.layers else 0
+    logits = s.logits
+    if spec.is_mla and lay.flash_attn:
+        # measured on DeepSeek-V2-Lite's shape (bench_split.py, 4k and 32k cells, n_ubatch 512): with flash
+        # attention the logits land two rows of n_embd above the inputs, not above the two Q-sized holes a single
+        # device's last MLA layer leaves (_sizes; 36 MiB over before), and a layer's live set is half a Q above
+        # the single device's (its freed input copy's hole is pinned here; 8.8 MiB under before)
+        logits -= 2 * s.q
+        layer += s.q // 2 if part.layers else 0
+    out = logits + 2 * s.embd + s.ple if part.last else 0
+    return pad(copies * inputs + max(layer, out), ALIGNMENT["cuda"])
+
+
+# attention whose wq makes Q and its output gate together (src/models/qwen3next.cpp, qwen35.cpp, qwen35moe.cpp)
+_GATED_Q_ARCHS = frozenset({"qwen3next", "qwen35", "qwen35moe"})
+
+
+def _mamba2_boundary_inputs(spec: ModelSpec, layers: tuple[int, ...], ub: int) -> int:
+    """The extra split inputs of a device whose layers meet another device's at two Mamba-2 layers: the later
+    layer's recurrent-state ops (get_rows of its conv state, src/models/graph-context-mamba.cpp build_rs) come in
+    graph order before the earlier layer's z gate is made contiguous, so ggml_backend_sched_split_graph puts
+    that weightless ggml_cont on the later device: it copies in the earlier layer's in-projection
+    [2 d_inner + 2 n_group d_state + n_head, n_ubatch] and the earlier device copies the z back [d_inner,
+    n_ubatch] (GGML_SCHED_DEBUG=2, llama-fit-params b11312, Granite-4.0-H-Tiny's shape: 47 and 19 MiB under
+    before at such a boundary, none at a boundary beside an attention layer)."""
+    ssm = spec.ssm
+    if ssm is None or ssm.kind != "mamba2" or not layers:
+        return 0
+    rec = spec.recurrent_layers
+    lo, hi = min(layers), max(layers)
+    out = 0
+    if lo > 0 and rec[lo - 1] and rec[lo]:
+        out += 4 * ub * (2 * ssm.d_inner + 2 * ssm.n_group * ssm.d_state + ssm.n_head)
+    if hi + 1 < spec.n_layer and rec[hi] and rec[hi + 1]:
+        out += 4 * ub * ssm.d_inner
+    return out
 
 
 def validate(spec: ModelSpec, cfg: RunConfig) -> None:
@@ -1148,6 +1204,8 @@ class _DeviceLayers:
     last: bool  # it holds the output layer
     weights_bytes: int
     n_layers: int  # as "offloaded N/M layers to GPU" counts them (the output layer is one)
+    # the model as this device's compute graph sees it: the attention and recurrent layers it holds, no others
+    spec: ModelSpec
 
 
 _SPLITS: dict[tuple[int, tuple[int, ...], bool], tuple[ModelSpec, tuple[_DeviceLayers, ...]]] = {}
@@ -1179,11 +1237,22 @@ def _device_layers(spec: ModelSpec, owner: tuple[int, ...], n_dev: int, cuda: bo
             (rest + rest_pad) if last else 0
         )
         n_layers = sum(1 for il in layers if il < spec.n_layer) + (1 if last else 0)
-        parts.append(_DeviceLayers(layers, last, weights, n_layers))
+        parts.append(_DeviceLayers(layers, last, weights, n_layers, _device_spec(spec, layers)))
     if len(_SPLITS) >= _SHAPES_MAX:
         _SPLITS.clear()
     out = _SPLITS[key] = (spec, tuple(parts))
     return out[1]
+
+
+def _device_spec(spec: ModelSpec, layers: tuple[int, ...]) -> ModelSpec:
+    """The model with only ``layers``' attention and recurrent mixers (KV cells, recurrent state): what sizes the
+    compute graph of a device that holds those blocks (:func:`_split_compute`)."""
+    held = [False] * spec.n_layer_all
+    for il in layers:
+        held[il] = True
+    rec = tuple(r and h for r, h in zip(spec.recurrent_layers, held, strict=True))
+    kv = tuple(k and h for k, h in zip(spec.kv_layers, held, strict=True))
+    return replace(spec, kv_layers=kv, recurrent_layers=rec, ssm=spec.ssm if any(rec) else None)
 
 
 def _offloaded(
@@ -1221,10 +1290,7 @@ def _offloaded(
         else:
             kv_d = sum(sum(sizes[keys[il]]) for il in part.layers)
             rs_d = rs // rs_layers * sum(1 for il in part.layers if spec.recurrent_layers[il]) if rs_layers else 0
-            last = part.last
-            compute = (
-                _split_compute(spec, lay, list(part.layers), last=last, copies=copies) if (part.layers or last) else 0
-            )
+            compute = _split_compute(spec, lay, part, copies=copies) if (part.layers or part.last) else 0
         if d == 0 and cfg.op_offload_copy_bytes:  # the copy lives in a layer's live set (op_offload_growth)
             compute += op_offload_growth(spec, lay, cfg.op_offload_copy_bytes)
         if d == 0 and cfg.host_experts:
@@ -1232,11 +1298,16 @@ def _offloaded(
         total = part.weights_bytes + kv_d + rs_d + compute + overhead
         devices.append(DeviceMemory(names[d], part.n_layers, part.weights_bytes, kv_d, rs_d, compute, overhead, total))
     if pipeline:
+        # ggml_backend_sched_split_graph (pass 6): with pipeline parallelism every graph input on the host is kept
+        # in GGML_SCHED_MAX_COPIES copies: the masks, the V row indices, the ids, and inp_embd ([n_embd, n_ubatch]
+        # f32, "inputs not consumed by any node (e.g. the embeddings input of a text-only batch)"); beside them
+        # the token embeddings' get_rows. Without flash attention the row indices, not a Q-sized tensor (Gemma 3
+        # 12B's shape 32 MiB under, DeepSeek-V2-Lite's 72 over before: benchmarks/bench_split.py)
         ub = lay.n_ubatch
-        q = 0 if lay.flash_attn else 4 * ub * max(spec.n_head, default=0) * spec.n_embd_head_k
         embd = 4 * ub * spec.n_embd
         ids = 4 * ub * 2 + 4 * min(ub, lay.n_outputs_max)
-        host_compute = pad(copies * (mask_bytes(spec, lay) + embd + q) + embd + ids, ALIGNMENT["cuda"])
+        inputs = mask_bytes(spec, lay) + embd + _v_idxs_bytes(spec, lay)
+        host_compute = pad(copies * inputs + embd + ids, ALIGNMENT["cuda"])
     else:
         host_compute = host_compute_bytes(spec, lay)
     host_w = spec.tok_embd_bytes + spec.input_extra_bytes  # the input layer (dev_input: the CPU)
