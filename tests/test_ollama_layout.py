@@ -12,8 +12,8 @@ import pytest
 from kvadvise.backends.gguf_cache import read as read_header
 from kvadvise.backends.ollama import layout
 from kvadvise.backends.ollama.estimate_legacy import legacy_model
-from kvadvise.cli import main
 from kvadvise.backends.ollama.layout import LayoutGpu, LayoutLoadRefused
+from kvadvise.cli import main
 
 MIB = 1024**2
 MIN = 457 * MIB
