@@ -11,7 +11,7 @@ import pytest
 
 from kvadvise.backends.gguf_cache import read as read_header
 from kvadvise.backends.ollama import layout
-from kvadvise.backends.ollama.estimate_legacy import legacy_model
+from kvadvise.backends.ollama.estimate_legacy import LegacyModel, LegacyTensor, legacy_model
 from kvadvise.backends.ollama.layout import LayoutGpu, LayoutLoadRefused
 from kvadvise.cli import main
 
@@ -142,3 +142,130 @@ def test_a_full_fit_leaves_num_gpu_unset(coder_store: Path, capsys: pytest.Captu
     doc = _plan(capsys, "--ollama-version", "0.20.2", "--vram", "24GiB")
     assert (doc["decision"]["layers_offload"], doc["decision"]["num_gpu"]) == (29, None)
     assert "num_gpu" not in doc["modelfile_parameters"]
+
+
+# ------------------------------------------------------------------------------ published logs
+
+DATA = Path(__file__).resolve().parent / "data" / "published" / "ollama-layout"
+GIB = 1024**3
+F32, Q4_0, Q6_K = 0, 2, 14  # GGUF type numbers
+
+
+def _bytes(shape: tuple[int, ...], type_id: int) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return {F32: n * 4, Q4_0: n * 18 // 32, Q6_K: n * 210 // 256}[type_id]
+
+
+def _transcribed(header: dict[str, Any]) -> LegacyModel:
+    """The tensors the printed header and type counts imply (the data file's "transcription")."""
+    e, ff, nv = header["embedding_length"], header["feed_forward_length"], header["n_vocab"]
+    t: list[LegacyTensor] = [
+        LegacyTensor("token_embd.weight", (e, nv), Q4_0),
+        LegacyTensor("output_norm.weight", (e,), F32),
+        LegacyTensor("output.weight", (e, nv), Q6_K),
+    ]
+    if header["architecture"] == "chatglm":
+        qkv = e + 2 * header["head_count_kv"] * (e // header["head_count"])
+        per_block = [
+            ("attn_norm.weight", (e,), F32), ("attn_qkv.weight", (e, qkv), Q4_0), ("attn_qkv.bias", (qkv,), F32),
+            ("attn_output.weight", (e, e), Q4_0), ("ffn_norm.weight", (e,), F32),
+            ("ffn_up.weight", (e, 2 * ff), Q4_0), ("ffn_down.weight", (ff, e), Q4_0),
+        ]  # fmt: skip
+    else:  # phi3
+        half_rot = header["rope_dimension_count"] // 2
+        t += [LegacyTensor(f"rope_factors_{k}.weight", (half_rot,), F32) for k in ("long", "short")]
+        per_block = [
+            ("attn_norm.weight", (e,), F32), ("attn_qkv.weight", (e, 3 * e), Q4_0),
+            ("attn_output.weight", (e, e), Q4_0), ("ffn_norm.weight", (e,), F32),
+            ("ffn_up.weight", (e, 2 * ff), Q4_0), ("ffn_down.weight", (ff, e), Q4_0),
+        ]  # fmt: skip
+    t += [LegacyTensor(f"blk.{i}.{n}", s, ty) for i in range(header["block_count"]) for n, s, ty in per_block]
+    return LegacyModel(
+        architecture=header["architecture"],
+        block_count=header["block_count"],
+        embedding_length=e,
+        head_count=(header["head_count"],),
+        head_count_kv=(header["head_count_kv"],),
+        key_length=None,
+        value_length=None,
+        n_vocab=nv,
+        context_length=header["context_length"],
+        tensors=tuple(t),
+        feed_forward_length=ff,
+    )
+
+
+def _published() -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads((DATA / "yyc3-ollama-0.17.0-metal-m4-codegeex4-phi3.json").read_text())
+    assert doc["source"].startswith("https://github.com/")
+    return doc
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_the_transcribed_tensors_are_the_logged_models(index: int) -> None:
+    """The transcription reproduces the printed type counts and llama.cpp's buffers to the 0.01 MiB."""
+    load = _published()["loads"][index]
+    model = _transcribed(load["header"])
+    names = {"f32": F32, "q4_0": Q4_0, "q6_K": Q6_K}
+    counts = {k: sum(1 for t in model.tensors if t.type_id == names[k]) for k in load["header"]["tensor_types"]}
+    assert counts == load["header"]["tensor_types"] and len(model.tensors) == load["header"]["n_tensors"]
+    cpu = sum(_bytes(t.shape, t.type_id) for t in model.tensors if t.name.startswith("token_embd"))
+    gpu = sum(_bytes(t.shape, t.type_id) for t in model.tensors if not t.name.startswith("token_embd"))
+    assert (round(cpu / MIB, 2), round(gpu / MIB, 2)) == (
+        load["llama_cpp_buffers_mib"]["CPU_Mapped"],
+        load["llama_cpp_buffers_mib"]["Metal_Mapped"],
+    )
+
+
+def _metal(free: int) -> LayoutGpu:
+    return LayoutGpu("0", "Metal", "Metal", free)
+
+
+def _metal_totals(doc: dict[str, Any]) -> list[int]:
+    """Every recommendedMaxWorkingSetSize the log's "26800.60 MB" (bytes / 1e6, two decimals) can be: the Metal
+    device's total, and its free memory before the first model (all but a few MB)."""
+    mb = doc["published"]["recommended_max_working_set_mb"]
+    return [round((mb - 0.005) * 1e6) + k * 1000 for k in range(11)]
+
+
+def _memory(lay: layout.LayoutDecision) -> dict[str, str]:
+    g = lay.gpus[0]
+    return {
+        "model_weights": layout.human_bytes2(g.weights_bytes),
+        "kv_cache": layout.human_bytes2(g.cache_bytes),
+        "compute_graph": layout.human_bytes2(g.graph_bytes),
+        "total_memory": layout.human_bytes2(lay.total_bytes),
+    }
+
+
+def test_ollama_0_17_0_codegeex4_then_phi3_on_an_m4() -> None:
+    """Ollama 0.17.0 on an Apple M4 (25.0 GiB of Metal): codegeex4 (chatglm Q4_0) at 32768 tokens, 41 of 41
+    layers and its memory lines as printed; then phi3 mini 128k at 32768 tokens with codegeex4 loaded (free
+    16.9 GiB: the total less codegeex4's 8.1 GiB, sched.go updateFreeSpace) must load fully (requireFull): the
+    layout places 32 of 33 once phi3's 2 GiB graph is reserved, and Ollama evicts ("loaded layers"=32); after
+    the eviction 33 of 33 with its memory lines as printed. The Metal total is recommendedMaxWorkingSetSize
+    (ggml-metal-device.m ggml_metal_device_get_memory at v0.17.0), replayed for every value its printed
+    "26800.60 MB" can be; the 0.1 GiB of "free=16.9 GiB" alone would leave 33 possible above 16.905 GiB."""
+    doc = _published()
+    glm, phi = doc["loads"]
+    glm_model, phi_model = _transcribed(glm["header"]), _transcribed(phi["header"])
+    for total in _metal_totals(doc):
+        lay = layout.llama_server_load(glm_model, [_metal(total)], version="0.17.0", num_ctx=32768)
+        assert layout.human_bytes2(total) == glm["published"]["free"]
+        assert f"{lay.total_layers}" == str(glm["published"]["model_layers"])
+        assert layout.layers_text(lay.gpu_layers) == glm["published"]["gpu_layers"]
+        assert _memory(lay) == {k: glm["published"][k] for k in ("model_weights", "kv_cache", "compute_graph",
+                                                                   "total_memory")}  # fmt: skip
+        # the device reports more free than that (codegeex4 allocates less than Ollama predicts): the total
+        # less the prediction is what the scheduler keeps
+        after = layout.free_after_loaded(total, total, lay.vram_by_gpu_bytes[0])
+        assert layout.human_bytes2(after) == phi["published"]["first_try_free"]
+        with pytest.raises(LayoutLoadRefused) as refused:
+            layout.llama_server_load(phi_model, [_metal(after)], version="0.17.0", num_ctx=32768, require_full=True)
+        assert refused.value.loaded_layers == phi["published"]["first_try_loaded_layers"]
+        lay = layout.llama_server_load(phi_model, [_metal(total)], version="0.17.0", num_ctx=32768)
+        assert layout.layers_text(lay.gpu_layers) == phi["published"]["gpu_layers"]
+        assert _memory(lay) == {k: phi["published"][k] for k in ("model_weights", "kv_cache", "compute_graph",
+                                                                  "total_memory")}  # fmt: skip

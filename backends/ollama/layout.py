@@ -57,7 +57,12 @@ class LayoutNotModelled(InputError):
 
 
 class LayoutLoadRefused(InputError):
-    """``verifyLayout`` refuses the load (Ollama's own error): no layout to claim."""
+    """``verifyLayout`` refuses the load (Ollama's own error): no layout to claim. ``loaded_layers``: the
+    layers the refused layout placed (what "evicting a model to make space" logs as "loaded layers")."""
+
+    def __init__(self, message: str, *, loaded_layers: int, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.loaded_layers = loaded_layers
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +147,12 @@ class LayoutDecision:
     def total_bytes(self) -> int:
         """BackendMemory.Log "total memory": weights, KV and graphs on every device."""
         return sum(d.weights_bytes + d.cache_bytes + d.graph_bytes for d in (*self.gpus, self.cpu))
+
+    @property
+    def vram_by_gpu_bytes(self) -> tuple[int, ...]:
+        """llmServer.VRAMByGPU per GPU (DeviceMemory.Size: weights, cache, graph): what the scheduler takes
+        off a GPU's free memory for the next model (sched.go updateFreeSpace)."""
+        return tuple(d.weights_bytes + d.cache_bytes + d.graph_bytes for d in self.gpus)
 
     def memory_lines(self) -> tuple[str, ...]:
         """ml/device.go BackendMemory.Log at INFO, in its order."""
@@ -375,14 +386,20 @@ def verify_layout(
     if require_full:
         gpus_known = n_gpus > 0 or v < VERIFY_GPUS_FROM
         if gpus_known and _sum(gpu_layers) < len(layers) and (requested < 0 or _sum(gpu_layers) < requested):
-            raise LayoutLoadRefused("model requires more gpu memory than is currently available")
+            raise LayoutLoadRefused(
+                "model requires more gpu memory than is currently available, evicting a model to make space",
+                loaded_layers=_sum(gpu_layers),
+            )
         if system_free_bytes is not None and cpu_size > system_free_bytes:
-            raise LayoutLoadRefused("model requires more system memory than is currently available")
+            raise LayoutLoadRefused(
+                "model requires more system memory than is currently available", loaded_layers=_sum(gpu_layers)
+            )
     if library != "Metal":  # runtime.GOOS != "darwin": Metal is the darwin build
         if system_free_bytes is not None and cpu_size > system_free_bytes + system_swap_bytes:
             raise LayoutLoadRefused(
                 f"model requires more system memory ({human_bytes2(cpu_size)}) than is available "
                 f"({human_bytes2(system_free_bytes + system_swap_bytes)})",
+                loaded_layers=_sum(gpu_layers),
                 hint="Ollama refuses the load (llm/server.go verifyLayout)",
             )
     elif system_total_bytes is not None and vram_size > system_total_bytes:
@@ -435,6 +452,14 @@ def create_layout(
             system_total_bytes=system_total_bytes,
         )
     )
+
+
+def free_after_loaded(total_bytes: int, reported_free_bytes: int, loaded_vram_bytes: int) -> int:
+    """server/sched.go updateFreeSpace: a GPU's free memory for the next model, the smaller of what the
+    device reports and its total less what the loaded runners' layouts predict (VRAMByGPU)."""
+    if loaded_vram_bytes > total_bytes:
+        return 0
+    return min(reported_free_bytes, total_bytes - loaded_vram_bytes)
 
 
 # ------------------------------------------------------------------------ llm/server.go llamaServer.Load
