@@ -269,3 +269,17 @@ def test_ollama_0_17_0_codegeex4_then_phi3_on_an_m4() -> None:
         assert layout.layers_text(lay.gpu_layers) == phi["published"]["gpu_layers"]
         assert _memory(lay) == {k: phi["published"][k] for k in ("model_weights", "kv_cache", "compute_graph",
                                                                   "total_memory")}  # fmt: skip
+
+
+def test_a_vision_models_projector_is_not_counted() -> None:
+    """llamaServer.Load sizes the projector from loadRequest.LoraPath (the adapters) at every tag to v0.24.0:
+    a vision model is laid out as its text model (no projector, no vision graph)."""
+    from dataclasses import replace
+
+    header = _published()["loads"][1]["header"]
+    text = _transcribed(header)
+    vision = replace(text, has_vision=True)
+    gpu = [LayoutGpu("GPU-a", "CUDA0", "CUDA", 4 * GIB)]
+    a = layout.llama_server_load(text, gpu, version="0.24.0", num_ctx=8192)
+    b = layout.llama_server_load(vision, gpu, version="0.24.0", num_ctx=8192)
+    assert a == b and 0 < a.layers_offload < a.total_layers

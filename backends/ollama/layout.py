@@ -27,9 +27,9 @@ Version differences that change a result (checked tag by tag, v0.12.11 .. v0.24.
 - ``createLayout``/``buildLayout``/``assignLayers``/``findBestFit``/``greedyFit``: one blob from v0.13.1 to
   v0.24.0; ``ml.DeviceInfo.MinimumMemory`` 512 MiB on Metal, 457 MiB elsewhere, throughout.
 
-Not ported (no effect on the first model's layout on one library's GPUs): ``OLLAMA_SCHED_SPREAD``'s
-spread is ported, backoff (the ollamarunner's) is 0 here; the vision projector is taken from
-``loadRequest.LoraPath`` (sic, every tag to v0.24.0): the adapters, which kvadvise never sets, so 0.
+The ollamarunner's backoff is 0 here (the llamarunner's); ``OLLAMA_SCHED_SPREAD`` is ported. The vision
+projector is sized from ``loadRequest.LoraPath`` (sic, every tag to v0.24.0): the adapters, which kvadvise
+never sets, so a vision model is laid out as its text model, as Ollama does.
 """
 
 from __future__ import annotations
@@ -473,8 +473,10 @@ def check_modelled(model: LegacyModel, version: str) -> tuple[int, int, int]:
             f"Ollama {version}: llamaServer.Load's layout is Ollama 0.12.11 to 0.24's",
             hint="older releases: llm/memory.go (estimate_legacy); 0.30 and later: llama-server --fit",
         )
-    if model.has_vision or model.architecture == "mllama":
-        raise LayoutNotModelled(f"{model.architecture}: a vision model's projector placement is not ported")
+    if model.architecture == "mllama":  # the Go engine's only (OllamaEngineRequired at every tag)
+        raise LayoutNotModelled("mllama runs on Ollama's own engine, whose layout is not replayed")
+    # a vision model's projector is not refused: llamaServer.Load sizes it from loadRequest.LoraPath (the
+    # adapters) at every tag to v0.24.0, so the layout never counts the mmproj file, and adds no vision graph
     return v
 
 
