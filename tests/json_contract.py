@@ -56,6 +56,12 @@ CASES: tuple[Case, ...] = (
     Case("ollama", ("ollama", "qwen3-coder", "--gpu", "rtx-4090", "--json"), "plan.schema.json"),
     Case("ollama_partial", ("ollama", "qwen3-coder", "--gpu", "rtx-4060", "--json"), "plan.schema.json"),
     Case(
+        # Ollama 0.13.0's own layout replayed (llm/server.go createLayout): ollama.decision is an object
+        "ollama_layout",
+        ("ollama", "qwen2.5-coder:7b", "--gpu", "rtx-4060", "--ollama-version", "0.13.0", "--ctx", "32768", "--json"),
+        "plan.schema.json",
+    ),
+    Case(
         # the training context (262,144) does not fit 100% on the GPU: the plan that runs keeps experts on the CPU
         "ollama_ctx0",
         ("ollama", "qwen3-coder", "--gpu", "rtx-4090", "--ctx", "0", "--json"),

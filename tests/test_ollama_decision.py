@@ -1,7 +1,7 @@
 """Ollama <= 0.12's own layer decision (llm/memory.go, replayed by kvadvise.backends.ollama.estimate_legacy)
 beside llama.cpp's allocation, in `kvadvise ollama`: where the two differ the advice sets the model's
-num_gpu (Modelfile PARAMETER) to the layers that fit; later releases (their own trial layout, or --fit) get
-no replayed decision. A qwen2.5-coder:7b-shaped model (f16 weights) in a real on-disk store."""
+num_gpu (Modelfile PARAMETER) to the layers that fit; llama-server's releases (--fit) get no replayed
+decision (0.12.11 - 0.24's createLayout: tests/test_ollama_layout.py). A qwen2.5-coder:7b-shaped model (f16 weights) in a real on-disk store."""
 
 from __future__ import annotations
 
@@ -56,13 +56,12 @@ def test_where_both_load_every_layer_nothing_is_set(coder_store: Path, capsys: p
     assert doc["modelfile_parameters"] == {"num_ctx": 8192}
 
 
-@pytest.mark.parametrize("version", ["0.20.2", "0.32.13"])
-def test_later_releases_get_no_replayed_decision(
-    coder_store: Path, capsys: pytest.CaptureFixture[str], version: str
-) -> None:
-    doc = _plan(capsys, "--ollama-version", version, "--vram", "6GiB")
+def test_llama_server_releases_get_no_replayed_decision(coder_store: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """0.30 and later: llama-server places the layers itself (--fit), which the plan models; 0.12.11 - 0.24
+    (llm/server.go createLayout) are tests/test_ollama_layout.py's."""
+    doc = _plan(capsys, "--ollama-version", "0.32.13", "--vram", "6GiB")
     assert doc["decision"] is None and "num_gpu" not in doc["modelfile_parameters"]
-    assert doc["release"]["claims_layers"] is (version == "0.32.13")  # llama-server's --fit: modelled
+    assert doc["release"]["claims_layers"] is True
 
 
 def test_the_library_gpt_oss_under_0_11_0_as_issue_37_saw_it(

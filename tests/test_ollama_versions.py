@@ -199,7 +199,9 @@ def test_0_20_2_plans_the_library_at_its_vendored_commit(coder_store: Path, caps
     rel = old["ollama"]["release"]
     assert (rel["runner"], rel["program"], rel["found_by"]) == ("llamarunner", "llama-cli", "--ollama-version")
     assert rel["llama_cpp"]["commit"].startswith("ec98e2002") and rel["llama_cpp"]["build"] is None
-    assert not rel["claims_layers"] and "not modelled" in rel["claims"]
+    # its layers: Ollama's own createLayout (llm/server.go), replayed (tests/test_ollama_layout.py)
+    assert rel["claims_layers"] and "createLayout over fs/ggml GraphSize" in rel["claims"]
+    assert "replayed: Ollama's split" in rel["claims"] and old["ollama"]["decision"]["layers_model"] == 29
     assert (old["config"]["n_batch"], old["config"]["n_ubatch"], old["config"]["n_outputs_max"]) == (512, 512, 512)
     assert old["memory"] == lib["memory"]
     # llama-server (0.32.13, b10380) reserves one logits row per slot: the library the whole batch's 512
@@ -261,12 +263,13 @@ def test_the_default_context_and_the_split_are_the_releases(
     new = _plan(capsys, "ollama", "qwen2.5-coder:7b", "--ollama-version", "0.20.2", "--ctx", "16384")
     assert any("Ollama runs 4,096 tokens here" in w for w in old["ollama"]["warnings"])
     assert any("Ollama runs 32,768 tokens here" in w for w in new["ollama"]["warnings"])
-    # part on the CPU: the layers are Ollama's own choice before 0.30, not llama.cpp's --fit
+    # part on the CPU: the layers are Ollama's own choice before 0.30 (0.20.2's llamarunner: createLayout,
+    # replayed, tests/test_ollama_layout.py), not llama.cpp's --fit
     rc = main(["ollama", "qwen2.5-coder:7b", "--gpu", "rtx-4060", "--ctx", "8192", "--allow-cpu",
                "--ollama-version", "0.20.2", "--json"])  # fmt: skip
     doc = json.loads(capsys.readouterr().out)
     assert rc == 0 and doc["ollama"]["settings"]["partial"]
-    assert any("picks how many layers itself" in w for w in doc["ollama"]["warnings"])
+    assert doc["ollama"]["decision"]["layers_by"] == "llm/server.go createLayout over fs/ggml GraphSize"
     assert not any("--fit places it" in w for w in doc["ollama"]["warnings"])
 
 

@@ -64,7 +64,8 @@ class OllamaAdvice:
     runner: RunnerPlan | None = None  # on Apple Silicon: the runner that loads it (kvadvise.backends.ollama.mlx)
     # the Ollama release it is planned for: its runner, its llama.cpp, what kvadvise claims about it
     release: OllamaRelease | None = None
-    # the release's own layer decision where kvadvise replays it (Ollama <= 0.12: kvadvise.backends.ollama.decision)
+    # the release's own layer decision where kvadvise replays it (Ollama 0.7.1 - 0.24's llamarunner:
+    # kvadvise.backends.ollama.decision)
     decision: OllamaDecision | None = None
     key = "ollama"  # its part of the plan's JSON document (kvadvise.planner.planning.RuntimeAdvice)
 
@@ -266,7 +267,11 @@ def advice_dict(a: OllamaAdvice) -> dict[str, object]:
         doc["runner"] = a.runner.json_doc()
     doc["release"] = a.release.json_doc() if a.release is not None else None
     if a.decision is not None:  # Ollama's own layer decision, replayed: claimed after all
-        doc["release"] = {**a.release.json_doc(), "claims_layers": True} if a.release is not None else None
+        doc["release"] = (
+            {**a.release.json_doc(), "claims_layers": True, "claims": a.release.claims(layers_replayed=True)}
+            if a.release is not None
+            else None
+        )
     doc["decision"] = a.decision.json_doc() if a.decision is not None else None
     return doc
 

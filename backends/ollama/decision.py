@@ -1,12 +1,16 @@
-"""Ollama's own layer decision, for the releases whose decision kvadvise replays (Ollama 0.7.1 to 0.12.10:
-``llm/memory.go``, kvadvise.backends.ollama.estimate_legacy), beside what llama.cpp would allocate.
+"""Ollama's own layer decision, for the releases whose decision kvadvise replays, beside what llama.cpp would
+allocate: Ollama 0.7.1 to 0.12.10 (``llm/memory.go``, kvadvise.backends.ollama.estimate_legacy) and, for the
+llamarunner, Ollama 0.12.11 to 0.24 (``llm/server.go`` ``llamaServer.Load`` / ``createLayout`` over
+``fs/ggml`` GraphSize, kvadvise.backends.ollama.layout).
 
-Those releases put on the GPU the layers their estimate says fit (``msg=offload ... layers.offload``), not
-what the allocation needs: gpt-oss:20b got 23 of 25 layers on a 16 GB card under 0.11.0 though all 25 fit.
-Where the plan (llama.cpp's allocation) puts another number of layers on the GPU than Ollama's estimate,
-the model's ``num_gpu`` (a Modelfile ``PARAMETER``; ``llm/memory.go`` takes ``opts.NumGPU`` as the layers
-asked for) loads that many: the advice sets it, but not for the Go engine, whose allocation is not modelled. Later releases decide otherwise (a trial layout, or llama.cpp's ``--fit``):
-nothing is claimed for them here (kvadvise.backends.ollama.versions says who decides).
+Those releases put on the GPU the layers their estimate says fit (``msg=offload ... layers.offload``; from
+0.12.11 the load request's ``GPULayers``), not what the allocation needs: gpt-oss:20b got 23 of 25 layers on
+a 16 GB card under 0.11.0 though all 25 fit. Where the plan (llama.cpp's allocation) puts another number of
+layers on the GPU than Ollama's estimate, the model's ``num_gpu`` (a Modelfile ``PARAMETER``; ``llm/memory.go``
+and ``assignLayers`` take ``opts.NumGPU`` as the layers asked for) loads that many: the advice sets it, but not
+for the Go engine, whose allocation is not modelled. The Go engine's layout from 0.11.5 (trial allocations
+of its own backend) and llama.cpp's ``--fit`` from 0.30 are not claimed here (kvadvise.backends.ollama.versions
+says who decides).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvadvise.backends.ollama import estimate_legacy
-from kvadvise.backends.ollama.versions import blob_architecture
+from kvadvise.backends.ollama.versions import NUM_BATCH_DEFAULT, blob_architecture, supports_flash_attention
 from kvadvise.runtime.llamaserver import offload_to_run
 
 if TYPE_CHECKING:
@@ -25,6 +29,9 @@ if TYPE_CHECKING:
     from kvadvise.planner.planning import Plan
 
 MEMORY_GO = "llm/memory.go"  # OllamaRelease.layers_by of the releases estimate_legacy replays
+CREATE_LAYOUT = "llm/server.go createLayout over fs/ggml GraphSize"  # the llamarunner's, 0.12.11 - 0.24 (layout)
+# Ollama's names of a GPU library from 0.12.11 (ml.DeviceInfo.Library), by the ggml backend
+_LAYOUT_LIBRARIES = {"cuda": "CUDA", "rocm": "ROCm", "metal": "Metal", "vulkan": "Vulkan", "sycl": "SYCL"}
 _LIBRARIES = {"sycl": "oneapi"}  # Ollama's name for a GPU library where it is not the ggml backend's
 
 
@@ -42,6 +49,7 @@ class OllamaDecision:
     # the plan is the runner's own allocation (the llamarunner: the library); False for the Go engine, whose
     # allocation kvadvise does not model (the library's figures stand in): no num_gpu is set on them
     allocation_modelled: bool = True
+    layers_by: str = MEMORY_GO  # whose estimate: llm/memory.go, or llm/server.go createLayout (layout.py)
 
     @property
     def differs(self) -> bool:
@@ -57,10 +65,14 @@ class OllamaDecision:
         return self.planned_layers if self.differs else None
 
     def text(self) -> str:
+        basis = (
+            f"{MEMORY_GO}: {self.required_full_bytes / 2**30:.1f} GiB for all of them"
+            if self.layers_by == MEMORY_GO
+            else f"{self.layers_by}: {self.required_full_bytes / 2**30:.1f} GiB in all for that layout"
+        )
         said = (
             f"Ollama {self.version} puts {self.layers_offload} of {self.layers_model} layers on the GPU by its "
-            f"own estimate ({MEMORY_GO}: {self.required_full_bytes / 2**30:.1f} GiB for all of them, "
-            f"{self.available_bytes / 2**30:.1f} GiB free)"
+            f"own estimate ({basis}, {self.available_bytes / 2**30:.1f} GiB free)"
         )
         if not self.allocation_modelled and self.differs:
             return (
@@ -87,13 +99,16 @@ class OllamaDecision:
             "num_gpu": self.num_gpu,
             "log_line": self.log_line,
             "allocation_modelled": self.allocation_modelled,
+            "layers_by": self.layers_by,
         }
 
 
 def decide(model: OllamaModel, plan: Plan, release: OllamaRelease, settings: OllamaSettings) -> OllamaDecision | None:
     """Ollama ``release``'s layer decision for ``plan``'s GPUs and ``settings``; None where it is not replayed
     (another estimator, a model without its GGUF header at hand, a refused architecture, no GPU)."""
-    if release.version is None or not release.layers_by.startswith(MEMORY_GO):
+    by_memory_go = release.layers_by.startswith(MEMORY_GO)
+    by_layout = release.runner == "llamarunner" and release.layers_by.startswith(CREATE_LAYOUT)
+    if release.version is None or not (by_memory_go or by_layout):
         return None
     hw = plan.hardware
     if hw is None or not hw.gpus or plan.config.device == "cpu":
@@ -104,6 +119,8 @@ def decide(model: OllamaModel, plan: Plan, release: OllamaRelease, settings: Oll
         legacy = _legacy_model(model)
         if legacy is None:
             return None
+        if by_layout:
+            return _decide_layout(model, plan, release, settings, legacy)
         gpus = [
             estimate_legacy.LegacyGpu(
                 free_bytes=g.free_bytes,
@@ -126,22 +143,75 @@ def decide(model: OllamaModel, plan: Plan, release: OllamaRelease, settings: Oll
         )
     except KvadviseError:  # LegacyVersionNotModelled (a vision model, ...) or an unreadable header: not claimed
         return None
-    off = offload_to_run(plan)
-    if off is None:
-        planned = est.layers_model  # every layer and the output layer
-    elif off.n_cpu_moe:  # experts on the CPU: not a layer count Ollama's num_gpu can say
-        planned = est.layers_offload
-    else:
-        planned = off.n_gpu_layers
     return OllamaDecision(
         version=release.version,
         layers_offload=est.layers_offload,
         layers_model=est.layers_model,
         required_full_bytes=est.required_full_bytes,
         available_bytes=sum(est.available_bytes),
-        planned_layers=min(planned, est.layers_model),
+        planned_layers=_planned_layers(plan, est.layers_offload, est.layers_model),
         log_line=est.log_line(),
         allocation_modelled=release.claims_allocation,
+    )
+
+
+def _planned_layers(plan: Plan, ollama_layers: int, layers_model: int) -> int:
+    """The plan's layers on the GPU(s), counted as Ollama counts them (the output layer as one)."""
+    off = offload_to_run(plan)
+    if off is None:
+        planned = layers_model  # every layer and the output layer
+    elif off.n_cpu_moe:  # experts on the CPU: not a layer count Ollama's num_gpu can say
+        planned = ollama_layers
+    else:
+        planned = off.n_gpu_layers
+    return min(planned, layers_model)
+
+
+def _decide_layout(
+    model: OllamaModel,
+    plan: Plan,
+    release: OllamaRelease,
+    settings: OllamaSettings,
+    legacy: estimate_legacy.LegacyModel,
+) -> OllamaDecision:
+    """llamaServer.Load's layout (Ollama 0.12.11 - 0.24, the llamarunner) for the plan's GPUs: the advice
+    writes OLLAMA_FLASH_ATTENTION (0 or 1) and OLLAMA_NUM_PARALLEL, so flash attention is set by the user
+    (never auto) and refused where the model does not support it (NewLlamaServer)."""
+    from kvadvise.backends.ollama import layout
+
+    assert release.version is not None and plan.hardware is not None
+    v = release.v or (0, 0, 0)
+    fa = settings.flash_attention and supports_flash_attention(model.spec, v)
+    gpus = [
+        layout.LayoutGpu(
+            device_id=str(g.index),  # the CUDA UUID Ollama prints is not known here: the index stands for it
+            name="Metal" if g.backend == "metal" else f"{_LAYOUT_LIBRARIES.get(g.backend, g.backend)}{g.index}",
+            library=_LAYOUT_LIBRARIES.get(g.backend, g.backend),
+            free_bytes=g.free_bytes,
+        )
+        for g in plan.hardware.gpus
+    ]
+    lay = layout.llama_server_load(
+        legacy,
+        gpus,
+        version=release.version,
+        num_ctx=settings.num_ctx,
+        # sched.go load: max(OLLAMA_NUM_PARALLEL, 1), one slot for a model without completion
+        num_parallel=settings.num_parallel if legacy.is_completion else 1,
+        num_batch=settings.num_batch or NUM_BATCH_DEFAULT,
+        flash_attention="on" if fa else "off",
+        kv_cache_type="" if settings.kv_cache_type == "f16" else settings.kv_cache_type,
+    )
+    return OllamaDecision(
+        version=release.version,
+        layers_offload=lay.layers_offload,
+        layers_model=lay.total_layers,
+        required_full_bytes=lay.total_bytes,
+        available_bytes=sum(lay.available_bytes),
+        planned_layers=_planned_layers(plan, lay.layers_offload, lay.total_layers),
+        log_line=lay.log_line(),
+        allocation_modelled=release.claims_allocation,
+        layers_by=CREATE_LAYOUT,
     )
 
 

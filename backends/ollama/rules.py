@@ -153,8 +153,9 @@ class OllamaSettings:
     kv_cache_type: str  # OLLAMA_KV_CACHE_TYPE: f16 | q8_0 | q4_0, for K and V, server-wide
     flash_attention: bool  # OLLAMA_FLASH_ATTENTION
     num_batch: int | None = None  # PARAMETER num_batch, only when the advice changes it
-    # PARAMETER num_gpu: only where the release's own estimate (Ollama <= 0.12, llm/memory.go) would put fewer
-    # layers on the GPU than llama.cpp's allocation fits (kvadvise.backends.ollama.decision)
+    # PARAMETER num_gpu: only where the release's own estimate (Ollama <= 0.12.10 llm/memory.go, the llamarunner's
+    # llm/server.go createLayout to 0.24) would put another number of layers on the GPU than llama.cpp's
+    # allocation fits (kvadvise.backends.ollama.decision)
     num_gpu: int | None = None
     fit_target_mib: int | None = None  # LLAMA_ARG_FIT_TARGET
     server_default: bool = False  # also set OLLAMA_CONTEXT_LENGTH (every model without num_ctx gets it)

@@ -16,7 +16,8 @@ Read from the tags of ollama/ollama (the git mirror; each row names the tag and 
   own estimate (fs/ggml GraphSize for the llamarunner; the runner's trial allocations for the ollamarunner).
   kvadvise plans what the llama.cpp library allocates for the llamarunner at the vendored commit's rules
   (kvadvise.planner.builds: whole-batch logits, RunConfig.runtime "llama-cli"); it does not model the Go
-  engine's allocation, nor Ollama's layer decision (the seam: kvadvise.backends.ollama.estimate_legacy).
+  engine's allocation; Ollama's layer decision is replayed beside the plan for llm/memory.go and the
+  llamarunner's createLayout (kvadvise.backends.ollama.decision: estimate_legacy, layout).
 - **before 0.11**: not modelled.
 """
 
