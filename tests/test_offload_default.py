@@ -404,3 +404,18 @@ def test_plans_and_listings_agree_on_one_card(
             )
         }
         assert len(budgets) == 1, flags
+
+
+def test_a_context_whose_offload_cannot_fit_the_gpu_is_searched_down(capsys: pytest.CaptureFixture[str]) -> None:
+    """qwen3:8b on a 4 GiB card under Ollama 0.12.3 (flash attention off: the scores of 32k cells are ~2 GiB of
+    the GPU's compute buffer whatever stays on the CPU): no partial offload runs the 32k target, 16k does.
+    The search for a smaller context ran only when an offload at the target existed but missed the RAM, so
+    the answer was exit 3, nothing runs, for a model Ollama 0.12.3 runs split at its own 4,096."""
+    rc, doc = _json(capsys, "ollama", "qwen3:8b", "--vram", "4GiB", "--ollama-version", "0.12.3", *RAM)
+    off = doc["offload"]
+    assert rc == 0 and doc["runnable"] is True and isinstance(off, dict), doc["reasons"]
+    assert doc["target_ctx"] == 32768 and 4096 <= off["n_ctx"] < 32768 and off["n_ctx"] % 1024 == 0
+    assert all(d <= b for d, b in zip(off["devices_bytes"], off["device_budgets_bytes"], strict=True))
+    assert any("do not fit the GPU" in r for r in doc["reasons"]), doc["reasons"]  # type: ignore[union-attr]
+    rc, doc = _json(capsys, "ollama", "qwen3:8b", "--vram", "4GiB", "--ollama-version", "0.12.3", "--ctx", "32768", *RAM)
+    assert rc == 3 and doc["offload"] is None  # a --ctx the user gave is not searched down
