@@ -189,11 +189,13 @@ def verify_ollama_command(
     from dataclasses import asdict
 
     from kvadvise.backends.ollama.config import server_kv_cache_type
+    from kvadvise.backends.ollama.name import parse_name
     from kvadvise.backends.ollama.resolve import library_names
     from kvadvise.backends.ollama.verify import verify
     from kvadvise.errors import EXIT_NO_FIT
     from kvadvise.planner.memory import estimate
 
+    parse_name(name)  # a name that is none ("", "a b") is refused before the server is asked (exit 2, not 4)
     kv, kv_source = server_kv_cache_type(kv_cache_type, env_file)
     with ollama_api.session():
         _server_up(host)  # verify reads the server: a server that is down is said first (exit 4), not "not found"
