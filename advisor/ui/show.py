@@ -199,7 +199,11 @@ def writer_options(writers: Sequence[Writer[Plan]]) -> Callable[[Callable[..., N
     """A runtime's writers as options (``--write-env PATH``...) and ``--force``, for its command."""
 
     def decorate(f: Callable[..., None]) -> Callable[..., None]:
-        f = click.option("--force", is_flag=True, help="Overwrite files that exist (a backup is kept).")(f)
+        f = click.option(
+            "--force",
+            is_flag=True,
+            help="Overwrite files that exist: all are replaced, or none; no copy of the old ones is kept.",
+        )(f)
         for w in reversed(writers):  # the path is checked with the others before any is written (kvadvise.files)
             f = click.option(w.option, w.dest, metavar=w.metavar, default=None, help=w.help)(f)
         return f
