@@ -54,9 +54,10 @@ def plan_for(
     hw = hardware if hardware is not None else hardware_of(shaped.request)
     if hardware is not None and shaped.request.ram_bandwidth_gbs is not None:
         hw = replace(hardware, ram_bandwidth_bytes_per_s=int(shaped.request.ram_bandwidth_gbs * 1e9))
+    probed = hardware is None and _probes(shaped.request)
+    hw, no_gpu = without_gpu(shaped.request, hw) if probed else (hw, None)
     check_machine(shaped.request, hw)
     hw = with_backend(shaped.request, hw)
-    probed = hardware is None and _probes(shaped.request)
     # once: it may run a binary; a build the runtime pins (Ollama's, by its version) is not KVADVISE_LLAMA_BUILD's
     build = _llama_build(spec, shaped.request, runtime, shaped.build or found_build, pinned=shaped.build is not None)
     plan = _plan(spec, shaped, runtime, hw, probed=probed, build=build)
@@ -67,8 +68,8 @@ def plan_for(
 
     if not shaped.request.tensor_split:  # -ts: the split was asked for, as given
         plan = runtime.place(plan, replan)
-    if shaped.notes:
-        plan = replace(plan, notes=(*plan.notes, *shaped.notes))
+    if shaped.notes or no_gpu:
+        plan = replace(plan, notes=(*plan.notes, *shaped.notes, *((no_gpu,) if no_gpu else ())))
     return runtime.advise(plan, shaped.request)
 
 
@@ -138,6 +139,19 @@ GPU_BACKENDS = ("rocm", "vulkan")
 def run_device(device: str) -> str:
     """The memory model's device for ``--device``: a discrete GPU of any backend is planned as "cuda"."""
     return "cuda" if device in GPU_BACKENDS else device
+
+
+def without_gpu(r: PlanRequest, hw: Hardware | None) -> tuple[Hardware | None, str | None]:
+    """A GPU backend asked for (``--device cuda|rocm|vulkan|metal``) where this machine's probe found no GPU: no
+    budget, an estimate (as ``--no-hardware``), and the note that says so. The system RAM was taken as the
+    GPU's budget ("-ngl 999 ... FITS") beside the probe's "planning for the CPU"."""
+    if hw is None or hw.gpus or r.device not in ("cuda", "metal", *GPU_BACKENDS):
+        return hw, None
+    why = hw.notes[0].split(";")[0] if hw.notes else "none"
+    return None, (
+        f"--device {r.device}: no GPU found here ({why}): estimated without a budget; --gpu NAME or --vram SIZE "
+        "plans it against one, --device cpu against the RAM"
+    )
 
 
 def check_machine(r: PlanRequest, hw: Hardware | None) -> None:
@@ -257,6 +271,7 @@ def _plan(
         flash_attn=r.flash_attn,
         swa_full=r.swa_full,
         device=run_device(r.device),
+        device_names=_backend_names(r, hw),
         overhead_bytes=r.overhead_bytes,
         runtime=runtime.program,
         n_outputs_max=r.n_outputs_max,
@@ -305,6 +320,16 @@ def _plan(
     fa_note = flash_attn_note(spec, plan.config)
     plan = replace(plan, runtime=runtime.name, n_ctx_requested=r.n_ctx)
     return replace(plan, notes=(*plan.notes, fa_note)) if fa_note else plan
+
+
+def _backend_names(r: PlanRequest, hw: Hardware | None) -> tuple[str, ...]:
+    """``--device rocm|vulkan`` without a card (``--no-hardware``, none found): the one device named after the
+    backend asked for (ROCm0, Vulkan0), as make_plan names a card's; a card's own names come from its budget."""
+    from kvadvise.planner.planning import BACKEND_PREFIX
+
+    if r.device not in GPU_BACKENDS or (hw is not None and hw.gpus):
+        return ()
+    return (f"{BACKEND_PREFIX[r.device]}0",)
 
 
 def _llama_build(
