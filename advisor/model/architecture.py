@@ -366,6 +366,22 @@ def _check_heads(
                 )
 
 
+_C_MAX = 2**31 - 1  # the largest -c llama.cpp takes (common/arg.cpp std::stoi: int32)
+
+
+def _n_ctx_train(header: GGUFHeader, k: _Keys, arch: str) -> int:
+    """{arch}.context_length; one past the largest -c is refused here, where its key can be named: the model's
+    maximum context (the recommendation's target, -c 0) is no context llama.cpp's -c can ask for, and the
+    search for it ended in RunConfig's int32 check, which names neither the file nor the key."""
+    n = k.num(LLM.CONTEXT_LENGTH, 0)
+    if n > _C_MAX:
+        raise GGUFError(
+            f"{header.source}: {arch}.context_length is {n:,}, more than llama.cpp's -c takes ({_C_MAX:,})",
+            hint="the header is not to be trusted: a real model's training context is far below",
+        )
+    return n
+
+
 _LOAD_REFUSED = "llama.cpp refuses to load it (the header does not match the tensors): the file is corrupt"
 
 
@@ -513,7 +529,7 @@ def from_gguf(header: GGUFHeader, *, known_only: bool = True) -> ModelSpec:
         n_layer_nextn=n_layer_nextn,
         n_embd=n_embd,
         n_vocab=_n_vocab(header, k),
-        n_ctx_train=k.num(LLM.CONTEXT_LENGTH, 0),
+        n_ctx_train=_n_ctx_train(header, k, arch),
         n_head=n_head,
         n_head_kv=n_head_kv,
         n_embd_head_k=n_embd_head_k,
