@@ -345,9 +345,16 @@ def _single_model_options(kwargs: dict[str, Any]) -> tuple[str | None, tuple[str
     kwargs.pop("force", None)
     if kwargs.pop("server_default", False):
         single.append("--server-default")
-    kwargs.pop("platform", None)
-    if ctx.get_parameter_source("platform") not in (None, ParameterSource.DEFAULT):
-        single.append("--platform")
+    # the scheduler's replay and the listing plan no release, runner or MLX type: given, they were dropped
+    for dest, option in (
+        ("platform", "--platform"),
+        ("ollama_version", "--ollama-version"),
+        ("runner", "--runner"),
+        ("mlx_quant", "--mlx-quant"),
+    ):
+        kwargs.pop(dest, None)
+        if ctx.get_parameter_source(dest) not in (None, ParameterSource.DEFAULT):
+            single.append(option)
     return host, tuple(single)
 
 
