@@ -89,7 +89,10 @@ def show_chart(plan: Plan, view: View, *, terminal: bool = True, write: bool = T
     if not (view.chart and terminal) and not view.chart_file:
         return None
     if plan.recommendation is None or plan.budget is None:
-        output.note("no chart: it needs a budget (not --no-hardware) and a recommendation (no --ctx)")
+        output.note(
+            "no chart: it needs a budget (a GPU found here, --gpu or --vram; not --no-hardware) and a "
+            "recommendation (no --ctx)"
+        )
         return None
     from kvadvise.planner.curves import curves
     from kvadvise.render import chart_text
