@@ -343,7 +343,10 @@ def _llama_build(
 
     option = r.llama_build
     if option == "auto" and not pinned:  # KVADVISE_LLAMA_BUILD, as --llama-build's default reads it: the API alike
-        option = os.environ.get("KVADVISE_LLAMA_BUILD", "").strip() or "auto"
+        raw = os.environ.get(llamabuild.ENV, "")
+        if raw:
+            llamabuild.check_env(raw)
+        option = raw.strip() or "auto"
     choice = found if found is not None and option == "auto" else llamabuild.choose(option)
     more = None
     if choice.build is None and runtime.program == "llama-server" and r.n_outputs_max is None:

@@ -112,6 +112,9 @@ def ollama_command(
 def ollama_flags(kwargs: dict[str, Any]) -> Flags:
     """The shared flags of an Ollama command: --runtime is llama-server's (Ollama >= 0.30 runs every GGUF
     model with it); the rest is the request, whose llama.cpp-only flags the Ollama runtime refuses."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None and ctx.get_parameter_source("llama_build") == click.core.ParameterSource.ENVIRONMENT:
+        kwargs["llama_build"] = "auto"  # KVADVISE_LLAMA_BUILD is left to the llama.cpp commands (below)
     f = take(kwargs)
     if f.runtime != "llama-server":
         raise click.UsageError(
@@ -121,7 +124,6 @@ def ollama_flags(kwargs: dict[str, Any]) -> Flags:
     # the llama.cpp build is the one this Ollama carries (kvadvise.backends.ollama.versions), not
     # --llama-build's (hidden here) nor KVADVISE_LLAMA_BUILD's, which name a llama-server of the user's: the
     # variable is left to the llama.cpp commands, the flag given here is refused
-    ctx = click.get_current_context(silent=True)
     if ctx is not None and ctx.get_parameter_source("llama_build") == click.core.ParameterSource.COMMANDLINE:
         raise click.UsageError(
             "--llama-build: Ollama runs the llama.cpp its release carries; --ollama-version X.Y.Z names the release"
