@@ -56,7 +56,7 @@ def plan_for(
         hw = replace(hardware, ram_bandwidth_bytes_per_s=int(shaped.request.ram_bandwidth_gbs * 1e9))
     probed = hardware is None and _probes(shaped.request)
     hw, no_gpu = without_gpu(shaped.request, hw) if probed else (hw, None)
-    check_machine(shaped.request, hw)
+    check_machine(shaped.request, hw, runtime=runtime.name)
     hw = with_backend(shaped.request, hw)
     # once: it may run a binary; a build the runtime pins (Ollama's, by its version) is not KVADVISE_LLAMA_BUILD's
     build = _llama_build(spec, shaped.request, runtime, shaped.build or found_build, pinned=shaped.build is not None)
@@ -154,11 +154,14 @@ def without_gpu(r: PlanRequest, hw: Hardware | None) -> tuple[Hardware | None, s
     )
 
 
-def check_machine(r: PlanRequest, hw: Hardware | None) -> None:
+def check_machine(r: PlanRequest, hw: Hardware | None, *, runtime: str = "llama-server") -> None:
     """A machine that cannot exist is refused: ``--device metal`` on an NVIDIA card, ``--device cuda`` on an
     Apple chip or an AMD or Intel card (Metal runs only on Apple Silicon, CUDA only on NVIDIA cards), ``--device
     rocm`` on a card that is not AMD's (HIP runs AMD cards), ``--device vulkan`` on an Apple chip (llama.cpp runs
-    Metal there)."""
+    Metal there); NVIDIA and AMD cards in one llama.cpp process other than through Vulkan (Ollama runs a
+    llama-server per GPU library, and is not refused)."""
+    if hw is not None and runtime != "ollama" and r.device != "vulkan":
+        _one_gpu_library(hw)
     if hw is None or r.device not in ("cuda", "metal", *GPU_BACKENDS):
         return
     for g in hw.gpus:
@@ -184,6 +187,20 @@ def check_machine(r: PlanRequest, hw: Hardware | None) -> None:
                 f"--device cuda: {g.name} is not an NVIDIA GPU (CUDA runs NVIDIA cards)",
                 hint="drop --device, or use --device " + ("rocm or vulkan" if g.backend == "rocm" else "vulkan"),
             )
+
+
+def _one_gpu_library(hw: Hardware) -> None:
+    """CUDA and ROCm cards together: one llama.cpp build cannot hold both backends (both compile ggml-cuda;
+    built together HIP's symbols win and the CUDA device is gone, ggml-org/llama.cpp#29048), and a process with
+    both would name them CUDA0 and ROCm0, not the CUDA0/CUDA1 split or `-dev ROCm1` a plan of both made."""
+    nvidia = next((g.name for g in hw.gpus if g.backend == "cuda"), None)
+    amd = next((g.name for g in hw.gpus if g.backend == "rocm"), None)
+    if nvidia and amd and hw.source != "manual":
+        raise InputError(
+            f"{nvidia} (CUDA) and {amd} (ROCm) cannot run in one llama.cpp process: a build holds CUDA or HIP, "
+            "not both (llama.cpp#29048)",
+            hint="--device vulkan runs both; or plan one card (--gpu NAME), or each apart (kvadvise compare)",
+        )
 
 
 def with_backend(r: PlanRequest, hw: Hardware | None) -> Hardware | None:

@@ -841,3 +841,25 @@ def test_no_hardware_names_the_buffers_after_the_backend_asked_for(
     assert main(["llamacpp", str(gemma_path), "-c", "4096", "--device", device, "--no-hardware", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert [d["name"] for d in doc["memory"]["devices"]] == [{"rocm": "ROCm0", "vulkan": "Vulkan0"}[device]]
+
+
+@pytest.mark.parametrize("cards", ["rtx-4090,mi50", "mi50,rtx-4090"])
+def test_nvidia_and_amd_cards_in_one_llama_cpp_process_are_refused_but_through_vulkan(
+    cards: str, gemma_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--gpu rtx-4090,mi50` was split over "CUDA0" and "CUDA1", or placed with `-dev ROCm1`: one llama.cpp build
+    cannot hold CUDA and HIP (both compile ggml-cuda; built together, HIP's symbols win and CUDA's device is gone:
+    ggml-org/llama.cpp#29048), and a process with both would name them CUDA0 and ROCm0. Refused (exit 2) unless
+    --device vulkan runs both; the API refuses it the same."""
+    import kvadvise
+    from kvadvise.cli import main
+    from kvadvise.errors import KvadviseError
+
+    rc = main(["llamacpp", str(gemma_path), "--gpu", cards])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == "" and "CUDA" in err and "ROCm" in err and "--device vulkan" in err, err
+    assert main(["llamacpp", str(gemma_path), "--gpu", cards, "--device", "vulkan", "--ram", "64GiB"]) == 0
+    capsys.readouterr()
+    with pytest.raises(KvadviseError) as e:
+        kvadvise.plan(str(gemma_path), kvadvise.PlanRequest(gpu=cards, ram_bytes=64 << 30))
+    assert e.value.exit_code == 2 and e.value.message in err
