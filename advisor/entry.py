@@ -54,9 +54,10 @@ def plan_for(
     hw = hardware if hardware is not None else hardware_of(shaped.request)
     if hardware is not None and shaped.request.ram_bandwidth_gbs is not None:
         hw = replace(hardware, ram_bandwidth_bytes_per_s=int(shaped.request.ram_bandwidth_gbs * 1e9))
-    check_machine(shaped.request, hw)
-    hw = with_backend(shaped.request, hw)
     probed = hardware is None and _probes(shaped.request)
+    hw, no_gpu = without_gpu(shaped.request, hw) if probed else (hw, None)
+    check_machine(shaped.request, hw, runtime=runtime.name)
+    hw = with_backend(shaped.request, hw)
     # once: it may run a binary; a build the runtime pins (Ollama's, by its version) is not KVADVISE_LLAMA_BUILD's
     build = _llama_build(spec, shaped.request, runtime, shaped.build or found_build, pinned=shaped.build is not None)
     plan = _plan(spec, shaped, runtime, hw, probed=probed, build=build)
@@ -67,8 +68,8 @@ def plan_for(
 
     if not shaped.request.tensor_split:  # -ts: the split was asked for, as given
         plan = runtime.place(plan, replan)
-    if shaped.notes:
-        plan = replace(plan, notes=(*plan.notes, *shaped.notes))
+    if shaped.notes or no_gpu:
+        plan = replace(plan, notes=(*plan.notes, *shaped.notes, *((no_gpu,) if no_gpu else ())))
     return runtime.advise(plan, shaped.request)
 
 
@@ -140,11 +141,27 @@ def run_device(device: str) -> str:
     return "cuda" if device in GPU_BACKENDS else device
 
 
-def check_machine(r: PlanRequest, hw: Hardware | None) -> None:
+def without_gpu(r: PlanRequest, hw: Hardware | None) -> tuple[Hardware | None, str | None]:
+    """A GPU backend asked for (``--device cuda|rocm|vulkan|metal``) where this machine's probe found no GPU: no
+    budget, an estimate (as ``--no-hardware``), and the note that says so. The system RAM was taken as the
+    GPU's budget ("-ngl 999 ... FITS") beside the probe's "planning for the CPU"."""
+    if hw is None or hw.gpus or r.device not in ("cuda", "metal", *GPU_BACKENDS):
+        return hw, None
+    why = hw.notes[0].split(";")[0] if hw.notes else "none"
+    return None, (
+        f"--device {r.device}: no GPU found here ({why}): estimated without a budget; --gpu NAME or --vram SIZE "
+        "plans it against one, --device cpu against the RAM"
+    )
+
+
+def check_machine(r: PlanRequest, hw: Hardware | None, *, runtime: str = "llama-server") -> None:
     """A machine that cannot exist is refused: ``--device metal`` on an NVIDIA card, ``--device cuda`` on an
     Apple chip or an AMD or Intel card (Metal runs only on Apple Silicon, CUDA only on NVIDIA cards), ``--device
     rocm`` on a card that is not AMD's (HIP runs AMD cards), ``--device vulkan`` on an Apple chip (llama.cpp runs
-    Metal there)."""
+    Metal there); NVIDIA and AMD cards in one llama.cpp process other than through Vulkan (Ollama runs a
+    llama-server per GPU library, and is not refused)."""
+    if hw is not None and runtime != "ollama" and r.device != "vulkan":
+        _one_gpu_library(hw)
     if hw is None or r.device not in ("cuda", "metal", *GPU_BACKENDS):
         return
     for g in hw.gpus:
@@ -170,6 +187,20 @@ def check_machine(r: PlanRequest, hw: Hardware | None) -> None:
                 f"--device cuda: {g.name} is not an NVIDIA GPU (CUDA runs NVIDIA cards)",
                 hint="drop --device, or use --device " + ("rocm or vulkan" if g.backend == "rocm" else "vulkan"),
             )
+
+
+def _one_gpu_library(hw: Hardware) -> None:
+    """CUDA and ROCm cards together: one llama.cpp build cannot hold both backends (both compile ggml-cuda;
+    built together HIP's symbols win and the CUDA device is gone, ggml-org/llama.cpp#29048), and a process with
+    both would name them CUDA0 and ROCm0, not the CUDA0/CUDA1 split or `-dev ROCm1` a plan of both made."""
+    nvidia = next((g.name for g in hw.gpus if g.backend == "cuda"), None)
+    amd = next((g.name for g in hw.gpus if g.backend == "rocm"), None)
+    if nvidia and amd and hw.source != "manual":
+        raise InputError(
+            f"{nvidia} (CUDA) and {amd} (ROCm) cannot run in one llama.cpp process: a build holds CUDA or HIP, "
+            "not both (llama.cpp#29048)",
+            hint="--device vulkan runs both; or plan one card (--gpu NAME), or each apart (kvadvise compare)",
+        )
 
 
 def with_backend(r: PlanRequest, hw: Hardware | None) -> Hardware | None:
@@ -257,6 +288,7 @@ def _plan(
         flash_attn=r.flash_attn,
         swa_full=r.swa_full,
         device=run_device(r.device),
+        device_names=_backend_names(r, hw),
         overhead_bytes=r.overhead_bytes,
         runtime=runtime.program,
         n_outputs_max=r.n_outputs_max,
@@ -307,6 +339,16 @@ def _plan(
     return replace(plan, notes=(*plan.notes, fa_note)) if fa_note else plan
 
 
+def _backend_names(r: PlanRequest, hw: Hardware | None) -> tuple[str, ...]:
+    """``--device rocm|vulkan`` without a card (``--no-hardware``, none found): the one device named after the
+    backend asked for (ROCm0, Vulkan0), as make_plan names a card's; a card's own names come from its budget."""
+    from kvadvise.planner.planning import BACKEND_PREFIX
+
+    if r.device not in GPU_BACKENDS or (hw is not None and hw.gpus):
+        return ()
+    return (f"{BACKEND_PREFIX[r.device]}0",)
+
+
 def _llama_build(
     spec: ModelSpec, r: PlanRequest, runtime: Runtime, found: BuildChoice | None, *, pinned: bool = False
 ) -> tuple[int | None, tuple[str, ...]]:
@@ -318,7 +360,10 @@ def _llama_build(
 
     option = r.llama_build
     if option == "auto" and not pinned:  # KVADVISE_LLAMA_BUILD, as --llama-build's default reads it: the API alike
-        option = os.environ.get("KVADVISE_LLAMA_BUILD", "").strip() or "auto"
+        raw = os.environ.get(llamabuild.ENV, "")
+        if raw:
+            llamabuild.check_env(raw)
+        option = raw.strip() or "auto"
     choice = found if found is not None and option == "auto" else llamabuild.choose(option)
     more = None
     if choice.build is None and runtime.program == "llama-server" and r.n_outputs_max is None:

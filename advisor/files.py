@@ -19,6 +19,7 @@ import contextlib
 import errno
 import json
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -352,12 +353,17 @@ def load_json(data: str | bytes | bytearray, *, max_depth: int = MAX_JSON_DEPTH)
     Python's parser recurses: ``[[[[...`` 100,000 deep raises RecursionError,
     and a document a little under its limit would raise it later in whatever
     walks it. Both are a ``json.JSONDecodeError`` (a ValueError) here, which
-    every caller already turns into its domain error.
+    every caller already turns into its domain error; so is a number of more
+    than 4,300 digits, which int() refuses with a plain ValueError.
     """
     try:
         doc = json.loads(data)
     except RecursionError:
         raise json.JSONDecodeError(f"nested deeper than {max_depth} levels", "", 0) from None
+    except json.JSONDecodeError:
+        raise
+    except ValueError:  # int() past sys.get_int_max_str_digits() (4,300 digits): not a JSONDecodeError
+        raise json.JSONDecodeError(f"a number of more than {sys.get_int_max_str_digits():,} digits", "", 0) from None
     # level by level: one list per depth rather than a tuple per container (a header cache entry holds
     # ~1,000 of them, read on every start)
     level: list[Any] = [doc] if isinstance(doc, (dict, list)) else []

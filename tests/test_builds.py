@@ -221,3 +221,35 @@ def test_a_program_that_is_not_llama_server_costs_nothing(
     time.sleep(0.2)
     left = [p for p in psutil.process_iter(["cmdline"]) if str(fake) in " ".join(p.info["cmdline"] or [])]
     assert left == []
+
+
+@pytest.mark.parametrize("value", [" ", "0", "-1", "huge", "99999999999"])
+def test_a_build_from_the_environment_that_is_none_names_the_variable(
+    value: str, gemma_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """KVADVISE_LLAMA_BUILD=0 (no --llama-build on the command line) said "not a llama.cpp build: '0'" or "Invalid
+    value for '--llama-build'": a flag the user never gave. The error names the variable (exit 2); the flag given
+    wins over it; `kvadvise ollama`, which leaves the variable to the llama.cpp commands, still ignores it."""
+    monkeypatch.setenv("KVADVISE_LLAMA_BUILD", value)
+    rc = main(["llamacpp", str(gemma_path), "--gpu", "rtx-4090"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "KVADVISE_LLAMA_BUILD" in err and len(err.strip().splitlines()) <= 2, err
+    assert main(["llamacpp", str(gemma_path), "--gpu", "rtx-4090", "--llama-build", "b6699"]) == 0
+    capsys.readouterr()
+    monkeypatch.setenv("OLLAMA_HOST", "http://127.0.0.1:9")
+    monkeypatch.setenv("OLLAMA_MODELS", str(gemma_path.parent / "no-such-store"))
+    assert main(["ollama", "qwen3:8b", "--gpu", "rtx-4090"]) == 0
+
+
+@pytest.mark.parametrize("value", [" ", "0", "huge"])
+def test_the_api_refuses_a_build_from_the_environment_as_the_command_does(
+    value: str, gemma_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import kvadvise
+
+    monkeypatch.setenv("KVADVISE_LLAMA_BUILD", value)
+    assert main(["llamacpp", str(gemma_path), "--gpu", "rtx-4090"]) == 2
+    cli_error = capsys.readouterr().err.splitlines()[0].removeprefix("kvadvise: error: ")
+    with pytest.raises(InputError) as e:
+        kvadvise.plan(str(gemma_path), kvadvise.PlanRequest(gpu="rtx-4090"))
+    assert e.value.message == cli_error and e.value.exit_code == 2

@@ -228,3 +228,16 @@ def test_hf_weights_bytes_is_noted(tmp_path: Path, capsys: pytest.CaptureFixture
     rc = main(["hf", str(cfg), "--weights-bytes", "19000000000", "--ctx", "32768", "--no-hardware", "--json"])
     assert rc == 0
     assert "weights: 19,000,000,000 B from --weights-bytes" in json.loads(capsys.readouterr().out)["model"]["notes"]
+
+
+@pytest.mark.parametrize(("typed", "told"), [("-ngl", "-ngl"), ("-ngl5", "-ngl5"), ("-xyz", "-xyz")])
+def test_an_unknown_short_option_is_named_as_typed(
+    typed: str, told: str, gemma_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`kvadvise llamacpp m.gguf -ngl 99` (llama.cpp's flag) said "No such option '-n'": click reads -ngl as -n -g -l
+    and names the first letter, which the user never typed. The option is named as typed (exit 2, one line); the
+    layers are kvadvise's to plan (-ngl is in the command it prints)."""
+    rc = main(["llamacpp", str(gemma_path), typed, "99"])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"No such option '{told}'" in err and "'-n'" not in err, err
+    assert len(err.strip().splitlines()) <= 2

@@ -851,3 +851,64 @@ def test_gemma_truncated_copy(gemma_path: Path, tmp_path: Path, capsys: pytest.C
     assert str(ei.value).endswith(f"the file has {GEMMA_HEADER_BYTES + 1_000_000:,} ({missing:,} missing)")
     lines = assert_cli_refuses(path, capsys, "file is truncated")
     assert "download" in lines[1]
+
+
+def _patched_u32(src: Path, dst: Path, key: str, value: int) -> Path:
+    """``src`` with the uint32 metadata value of ``key`` set to ``value`` (the header lies; the tensors do not)."""
+    data = src.read_bytes()
+    at = data.index(struct.pack("<Q", len(key)) + key.encode()) + 8 + len(key)  # the key whole, not a prefix
+    assert struct.unpack_from("<I", data, at)[0] == 4  # GGUF_TYPE_UINT32
+    dst.write_bytes(data[: at + 4] + struct.pack("<I", value) + data[at + 8 :])
+    return dst
+
+
+@pytest.mark.parametrize(
+    ("key", "what"),
+    [
+        ("llama.attention.head_count", "blk.0.attn_q.weight"),
+        ("llama.attention.head_count_kv", "blk.0.attn_k.weight"),
+        ("llama.embedding_length", "embedding_length is 0"),
+    ],
+)
+def test_a_header_of_zero_heads_or_width_beside_attention_tensors_is_refused(
+    key: str, what: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A llama GGUF whose header says 0 heads (or 0 KV heads, or a width of 0) while its layers hold attention
+    tensors: llama.cpp refuses it (llama-fit-params b11312: "check_tensor_dims: tensor 'blk.0.attn_q.weight' has
+    wrong shape; expected 128, 0"; "invalid n_rot: 32, expected 0"); kvadvise planned it (KV per token 0 B,
+    exit 0). A file llama.cpp cannot load is exit 2."""
+    from tinymodels import write_tiny_gguf
+
+    base = write_tiny_gguf(tmp_path / "base.gguf", "llama")
+    bad = _patched_u32(base, tmp_path / "bad.gguf", key, 0)
+    rc = main(["gguf", str(bad), "--no-hardware"])
+    err = capsys.readouterr().err
+    assert rc == 2 and what in err and "internal error" not in err, err
+    assert main(["gguf", str(base), "--no-hardware"]) == 0
+
+
+@pytest.mark.parametrize("n_ctx_train", [2**31, 2**32 - 1])
+def test_a_training_context_past_what_c_takes_is_refused_with_its_key(
+    n_ctx_train: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """context_length 4,294,967,295: the search for the model's maximum context reached RunConfig's int32 check
+    and said "n_ctx must be a whole number from 0 to 2,147,483,647 ..., got 4294967040", naming neither the file
+    nor its key, for a --ctx nobody gave. The key is refused where it is read (exit 2); a config.json's
+    max_position_embeddings becomes the same key."""
+    from tinymodels import write_tiny_gguf
+
+    base = write_tiny_gguf(tmp_path / "base.gguf", "llama")
+    bad = _patched_u32(base, tmp_path / "bad.gguf", "llama.context_length", n_ctx_train)
+    for extra in ((), ("--use", "long"), ("-c", "4096")):
+        rc = main(["gguf", str(bad), "--gpu", "rtx-4090", *extra])
+        err = capsys.readouterr().err
+        assert rc == 2 and "llama.context_length" in err and "bad.gguf" in err, err
+    cfg = tmp_path / "config.json"
+    cfg.write_text(
+        '{"architectures": ["LlamaForCausalLM"], "hidden_size": 256, "num_hidden_layers": 2, '
+        '"num_attention_heads": 4, "intermediate_size": 512, "vocab_size": 1000, '
+        f'"max_position_embeddings": {n_ctx_train}}}'
+    )
+    rc = main(["hf", str(cfg), "--gpu", "rtx-4090"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "context_length" in err and "n_ctx must be" not in err, err

@@ -799,3 +799,67 @@ def test_probe_falls_back_to_amd_without_an_nvidia_driver(monkeypatch: pytest.Mo
     monkeypatch.setattr(sys, "platform", "linux")
     hw = hardware.probe()
     assert hw.source == "amdgpu" and hw.gpus[0].name == "Radeon RX 9070 XT 16GB" and hw.gpus[0].backend == "rocm"
+
+
+# --- --device cuda|rocm|vulkan|metal where the probe found no GPU ---------------------------------------------
+
+
+@pytest.mark.parametrize("device", ["cuda", "rocm", "vulkan"])
+def test_a_gpu_device_asked_where_no_gpu_was_found_is_an_estimate_not_a_ram_budget(
+    device: str, gemma_path: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--device rocm` on a machine whose probe found no GPU planned a "CUDA0" against the system RAM as its budget
+    ("612.95 MiB of a 21.82 GiB budget (ram) -> FITS", -ngl 999) beside the note "planning for the CPU": a GPU
+    budget nobody has. It is an estimate without a budget (as --no-hardware), its buffers named after the backend
+    asked for, and the note says why; the API answers the same."""
+    import kvadvise
+    from kvadvise.cli import main
+
+    monkeypatch.setattr(hardware, "probe", lambda: Hardware((), 16 << 30, 8 << 30, "none", ("no NVIDIA GPU found: x",)))
+    args = ["llamacpp", str(gemma_path), "-c", "4096", "--device", device]
+    assert main([*args, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    name = {"cuda": "CUDA0", "rocm": "ROCm0", "vulkan": "Vulkan0"}[device]
+    assert doc["fits"] is None and doc["budget"] is None, doc["budget"]
+    assert [d["name"] for d in doc["memory"]["devices"]] == [name]
+    assert any(f"--device {device}" in n and "no GPU found" in n for n in doc["notes"]), doc["notes"]
+    assert not any("planning for the CPU" in n for n in doc["notes"])
+    api = kvadvise.to_json(kvadvise.plan(str(gemma_path), kvadvise.PlanRequest(n_ctx=4096, device=device)))
+    assert api["memory"] == doc["memory"] and api["notes"] == doc["notes"] and api["fits"] is None
+    assert main([*args[:-2], "--device", "cpu", "--json"]) == 0  # the CPU is still planned against the RAM
+    cpu = json.loads(capsys.readouterr().out)
+    assert cpu["fits"] is True and cpu["budget"]["source"] == "ram"
+
+
+@pytest.mark.parametrize("device", ["rocm", "vulkan"])
+def test_no_hardware_names_the_buffers_after_the_backend_asked_for(
+    device: str, gemma_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--no-hardware --device vulkan` printed CUDA0 (the names came only from a card's backend)."""
+    from kvadvise.cli import main
+
+    assert main(["llamacpp", str(gemma_path), "-c", "4096", "--device", device, "--no-hardware", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [d["name"] for d in doc["memory"]["devices"]] == [{"rocm": "ROCm0", "vulkan": "Vulkan0"}[device]]
+
+
+@pytest.mark.parametrize("cards", ["rtx-4090,mi50", "mi50,rtx-4090"])
+def test_nvidia_and_amd_cards_in_one_llama_cpp_process_are_refused_but_through_vulkan(
+    cards: str, gemma_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--gpu rtx-4090,mi50` was split over "CUDA0" and "CUDA1", or placed with `-dev ROCm1`: one llama.cpp build
+    cannot hold CUDA and HIP (both compile ggml-cuda; built together, HIP's symbols win and CUDA's device is gone:
+    ggml-org/llama.cpp#29048), and a process with both would name them CUDA0 and ROCm0. Refused (exit 2) unless
+    --device vulkan runs both; the API refuses it the same."""
+    import kvadvise
+    from kvadvise.cli import main
+    from kvadvise.errors import KvadviseError
+
+    rc = main(["llamacpp", str(gemma_path), "--gpu", cards])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == "" and "CUDA" in err and "ROCm" in err and "--device vulkan" in err, err
+    assert main(["llamacpp", str(gemma_path), "--gpu", cards, "--device", "vulkan", "--ram", "64GiB"]) == 0
+    capsys.readouterr()
+    with pytest.raises(KvadviseError) as e:
+        kvadvise.plan(str(gemma_path), kvadvise.PlanRequest(gpu=cards, ram_bytes=64 << 30))
+    assert e.value.exit_code == 2 and e.value.message in err

@@ -527,3 +527,19 @@ def test_bad_layer_types_and_weights() -> None:
     del gpt["sliding_window"]
     with pytest.raises(InputError, match=r"gpt\.json: sliding_window is missing"):
         from_config(gpt, source="gpt.json")
+
+
+@pytest.mark.parametrize(("key", "said"), [("num_key_value_heads", "num_key_value_heads is 0"), ("head_dim", "head_dim is 0")])
+def test_zero_kv_heads_or_head_size_is_refused(key: str, said: str) -> None:
+    """A Llama config.json with num_key_value_heads 0 or head_dim 0 was planned with a K/V of 0 bytes per token
+    (exit 0); convert_hf_to_gguf.py writes the 0 as it is (head_count_kv, key_length) and llama.cpp refuses the
+    file (check_tensor_dims: attn_k expected 0 wide). Refused like num_attention_heads 0 (exit 2)."""
+    cfg = {
+        "architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
+        "max_position_embeddings": 131072,
+    }  # fmt: skip
+    assert from_config(cfg, source="ok.json").n_head_kv[0] == 8
+    with pytest.raises(InputError) as e:
+        from_config({**cfg, key: 0}, source="config.json")
+    assert said in e.value.message and e.value.exit_code == 2

@@ -747,3 +747,22 @@ def test_the_api_takes_what_the_cli_takes(api_inputs: dict[str, object]) -> None
     q8 = cache_type("q8_0")
     b = kvadvise.plan(spec, RunConfig(n_ctx=4096, type_k=q8, type_v=q8, flash_attn="on"), hw, margin_bytes=1 << 30)  # type: ignore[arg-type]
     assert kvadvise.to_json(a) == kvadvise.to_json(b)
+
+
+@pytest.mark.parametrize("command", ["ollama", "llamacpp"])
+def test_the_force_help_says_what_force_does(
+    command: str, tmp_path: Path, gemma_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--force: Overwrite files that exist (a backup is kept)`: no backup was kept (the one made to undo a failed
+    write is removed once all are written), so a user trusting the help lost the file. The help says what is so."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "x.env").write_text("# mine\n")
+    plan = _ollama_plan_env(monkeypatch, tmp_path) if command == "ollama" else ("llamacpp", str(gemma_path), "--gpu", "4090")
+    rc, _, err = run(capsys, *plan, "--write-env", str(out / "x.env"), "--force")
+    assert rc == 0, err
+    rc, help_text, _ = run(capsys, command, "--help")
+    force_help = " ".join(help_text.split()).partition("--force ")[2][:160]
+    kept = _left(out) != ["x.env"]
+    assert ("a backup is kept" in force_help) == kept, (force_help, _left(out))
+    assert "replaced" in force_help and ("no copy" in force_help) != kept

@@ -404,3 +404,42 @@ def test_plans_and_listings_agree_on_one_card(
             )
         }
         assert len(budgets) == 1, flags
+
+
+def test_a_context_whose_offload_cannot_fit_the_gpu_is_searched_down(capsys: pytest.CaptureFixture[str]) -> None:
+    """qwen3:8b on a 4 GiB card under Ollama 0.12.3 (flash attention off: the scores of 32k cells are ~2 GiB of
+    the GPU's compute buffer whatever stays on the CPU): no partial offload runs the 32k target, 16k does.
+    The search for a smaller context ran only when an offload at the target existed but missed the RAM, so
+    the answer was exit 3, nothing runs, for a model Ollama 0.12.3 runs split at its own 4,096."""
+    rc, doc = _json(capsys, "ollama", "qwen3:8b", "--vram", "4GiB", "--ollama-version", "0.12.3", *RAM)
+    off = doc["offload"]
+    assert rc == 0 and doc["runnable"] is True and isinstance(off, dict), doc["reasons"]
+    assert doc["target_ctx"] == 32768 and 4096 <= off["n_ctx"] < 32768 and off["n_ctx"] % 1024 == 0
+    assert all(d <= b for d, b in zip(off["devices_bytes"], off["device_budgets_bytes"], strict=True))
+    assert any("do not fit the GPU" in r for r in doc["reasons"]), doc["reasons"]  # type: ignore[union-attr]
+    rc, doc = _json(capsys, "ollama", "qwen3:8b", "--vram", "4GiB", "--ollama-version", "0.12.3", "--ctx", "32768", *RAM)
+    assert rc == 3 and doc["offload"] is None  # a --ctx the user gave is not searched down
+
+
+@pytest.mark.parametrize("n_cpu_moe", [10, 30])
+def test_an_n_cpu_moe_that_does_not_fit_gets_the_plan_of_the_whole_model(
+    n_cpu_moe: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Qwen3-30B-A3B-shaped f16 MoE on an 8 GB card with --n-cpu-moe 10 or 30 (neither fits): the plan that runs
+    was searched on the model less those layers' experts, so its command (--n-cpu-moe 47, 45) came with a RAM
+    13-38 GB short of what those experts take and a decode up to 3x too fast (5.5 t/s for 45 layers' experts in
+    RAM, 1.8 for 48). The plan that runs is the whole model's, as without --n-cpu-moe, and the note says why."""
+    dims = {"n_layer": 48, "n_embd": 2048, "n_head": 32, "n_head_kv": 4, "head": 128, "n_expert": 128}
+    model = write_tiny_gguf(
+        tmp_path / "moe.gguf", "qwen3moe", n_vocab=151936, n_ctx_train=40960, sparse=True,
+        dims={**dims, "n_expert_used": 8, "n_ff_exp": 768},
+    )  # fmt: skip
+    base = ("llamacpp", str(model), "--gpu", "rtx-4060", *RAM)
+    _, plain = _json(capsys, *base)
+    rc, doc = _json(capsys, *base, "--n-cpu-moe", str(n_cpu_moe))
+    off, ref = doc["offload"], plain["offload"]
+    assert rc == 0 and doc["runnable"] is True and isinstance(off, dict) and isinstance(ref, dict)
+    assert off["n_cpu_moe"] > n_cpu_moe
+    for key in ("n_ctx", "type_k", "n_cpu_moe", "n_gpu_layers", "decode_tokens_per_s", "ram"):
+        assert off[key] == ref[key], key
+    assert any(f"--n-cpu-moe {n_cpu_moe} does not fit" in n for n in doc["notes"]), doc["notes"]  # type: ignore[union-attr]

@@ -350,3 +350,23 @@ def test_redirects_keep_a_post_only_where_http_says_so() -> None:
             with serving(lambda m, path, moved=moved: moved) as first:
                 doc = ollama_api.call(first.url, "POST", "/api/show", body={"model": "m"})
         assert doc == {"method": method} and [r.method for r in to.requests] == [method], status
+
+
+@pytest.mark.parametrize("raw", ["a b", "host:0", "ftp://host", "[::1"])
+def test_a_bad_host_flag_is_named_as_the_flag(
+    raw: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`--host 'a b'` said "OLLAMA_HOST 'a b': not a host name", a variable the user may not have set (and if set,
+    not the value refused): the error names --host when --host gave it, OLLAMA_HOST when the environment did."""
+    from kvadvise.cli import main
+
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "none"))
+    monkeypatch.delenv("OLLAMA_HOST", raising=False)
+    for args in (["ollama", "qwen3:8b", "--gpu", "rtx-4090"], ["verify", "ollama", "qwen3:8b"]):
+        rc = main([*args, "--host", raw])
+        err = capsys.readouterr().err
+        assert rc == 2 and f"--host {raw!r}" in err and "OLLAMA_HOST" not in err, err
+    monkeypatch.setenv("OLLAMA_HOST", raw)
+    rc = main(["ollama", "qwen3:8b", "--gpu", "rtx-4090"])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"OLLAMA_HOST {raw!r}" in err, err

@@ -217,3 +217,22 @@ def test_recurrent_state_is_fixed_bf16_conv_and_f32_state() -> None:
     per_token = mlx.kv_bytes_per_token(spec)
     assert mlx.kv_bytes(spec, 1) == 256 * per_token + state
     assert mlx.kv_bytes(spec, 1024) - mlx.kv_bytes(spec, 512) == 512 * per_token  # the state does not grow
+
+
+@pytest.mark.parametrize(("arch", "version"), [("qwen3", "0.12.3"), ("qwen3", "0.18.0"), ("qwen35", "0.17.6")])
+def test_runner_mlx_on_a_release_without_it_is_refused(arch: str, version: str) -> None:
+    """`--runner mlx --ollama-version 0.12.3` planned the MLX runner's memory for a release that has none (MLX text
+    models from 0.19.0; qwen3.5 from 0.17.6 in x/models, so from 0.19.0 too): exit 2, naming the first release."""
+    with pytest.raises(InputError) as e:
+        mlx.choose_runner(arch, version, "mlx")
+    assert f"Ollama {version}" in e.value.message and "0.19.0" in e.value.message
+    assert mlx.choose_runner(arch, "0.19.0" if arch == "qwen3" else "0.20.0", "mlx").runner == "mlx"
+    assert mlx.choose_runner(arch, None, "mlx").runner == "mlx"  # unknown: the newest
+
+
+def test_runner_mlx_on_a_release_without_it_is_refused_by_the_command(
+    store: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = main(["ollama", "gemma3-270m", "--gpu", "m4-max-64gb", "--runner", "mlx", "--ollama-version", "0.12.3"])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == "" and "--runner mlx" in err and "0.19.0" in err, err

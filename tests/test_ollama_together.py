@@ -407,3 +407,20 @@ def test_store_models_an_embedding_model_and_a_router_preset(
     resident = {r["model"]: r for r in doc["asked"]["resident"]}
     assert resident["nomic-embed-text:latest"]["num_ctx"] == 2048
     assert resident["gemma3-270m:latest"]["num_ctx"] == 8192
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [["--ollama-version", "0.12.3"], ["--ollama-version", "0.12"], ["--runner", "mlx"], ["--mlx-quant", "int4"]],
+    ids=["version", "bad-version", "runner", "mlx-quant"],
+)
+def test_release_and_runner_options_are_refused_where_they_are_not_planned(
+    flag: list[str], fake: FakeOllama, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`kvadvise ollama A B --ollama-version 0.12.3` and `--installed --ollama-version 0.12.3` planned the newest
+    release without a word (and took '0.12', which `kvadvise ollama A` refuses, with exit 0): the scheduler's
+    replay and the listing do not plan a release, a runner or an MLX type. Refused, exit 2, nothing printed."""
+    rc, out, err = run(capsys, "ollama", "qwen3:8b", "gemma3:4b", "--gpu", "rtx-4090", *flag)
+    assert rc == 2 and out == "" and flag[0] in err and "for one model" in err, err
+    rc, out, err = run(capsys, "ollama", "--installed", "--gpu", "rtx-4090", *flag)
+    assert rc == 2 and out == "" and flag[0] in err, err

@@ -328,3 +328,20 @@ def test_a_server_failing_api_tags_still_verifies(fake: FakeOllama) -> None:
         fake.url, "qwen3-coder:30b", load=False, num_ctx=65536, predicted_total_bytes=None, aliases=("qwen3-coder",)
     )
     assert v.loaded and v.matched_by == "alias"
+
+
+@pytest.mark.parametrize("name", ["", " ", "a b", "x\x00y"])
+def test_a_name_that_is_no_name_is_refused_before_the_server_is_asked(
+    name: str, fake: FakeOllama, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`verify ollama ""` (an unset shell variable) asked the server, and with none up said exit 4, "start it":
+    the name is refused first (exit 2), as `kvadvise ollama ""` refuses it; the server is never asked."""
+    from kvadvise.cli import main
+
+    for host in (fake.url, closed_port_url()):
+        monkeypatch.setenv("OLLAMA_HOST", host)
+        fake.requests.clear()
+        rc = main(["verify", "ollama", name])
+        err = capsys.readouterr().err
+        assert rc == 2 and ("empty model name" in err or "not a valid Ollama model name" in err), err
+        assert fake.requests == []

@@ -346,3 +346,24 @@ def test_a_fixed_ctx_offloads_as_the_recommendation_does(tmp_path: Path) -> None
     ]
     off = rec.offload
     assert (off.type_k, off.type_v, off.n_cpu_moe, off.n_cpu_layers) == (GGMLType.F16, GGMLType.F16, spec.n_layer, 1)
+
+
+@pytest.mark.parametrize("flags", [("-np", "3000"), ("--users", "3000"), ("-np", "3000", "--use", "long")])
+def test_the_context_search_stays_within_what_c_takes_over_all_slots(
+    flags: tuple[str, ...], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """mistral-nemo:12b (1,024,000 tokens trained) with 3,000 slots: the search for the largest context per slot
+    began at the training context, 3,072,000,000 tokens over all slots, past llama.cpp's int32 -c, and the
+    answer was exit 2 'n_ctx must be a whole number from 0 to 2,147,483,647 ..., got 3072000000' for a --ctx
+    nobody gave. The search starts at the most -c can hold over the slots."""
+    from ollama_fake import closed_port_url
+
+    from kvadvise.cli import main
+
+    monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "no-store"))
+    rc = main(["ollama", "mistral-nemo:12b", "--gpu", "rtx-4090", "--ram", "64GiB", *flags, "--json"])
+    out, err = capsys.readouterr()
+    assert rc in (0, 3) and "n_ctx must be" not in err, err
+    doc = json.loads(out)
+    assert 0 < doc["config"]["n_ctx"] <= 2**31 - 1

@@ -365,6 +365,28 @@ def test_deeply_nested_json_in_a_manifest_params_or_config_is_exit_2(
     assert rc == 2 and "nested deeper" in err
 
 
+def test_a_number_of_5000_digits_in_json_is_exit_2_or_4(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Python's int() refuses more than 4,300 digits (sys.int_info.str_digits_check_threshold) with a ValueError
+    that is not a JSONDecodeError: a config.json or an /api/show answer holding one ended in exit 1."""
+    cfg = tmp_path / "config.json"
+    cfg.write_text('{"architectures": ["LlamaForCausalLM"], "num_hidden_layers": ' + "9" * 5000 + "}")
+    rc, _, err = run(capsys, "hf", str(cfg), "--no-hardware")
+    assert rc == 2 and "not valid JSON" in err and "internal error" not in err, err
+    assert len(err.strip().splitlines()) <= 2
+    fake = FakeOllama()
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "empty"))
+    with running_fake(fake):
+        monkeypatch.setenv("OLLAMA_HOST", fake.url)
+        from ollama_fake import Failure
+
+        fake.failures["/api/show"] = Failure(200, '{"model_info": {"general.parameter_count": ' + "9" * 5000 + "}}")
+        fake.failures["/api/ps"] = Failure(200, '{"models": [{"size": ' + "9" * 5000 + "}]}")
+        rc, _, err = run(capsys, "ollama", "some-model-x", "--vram", "8GiB")
+    assert rc in (2, 4) and "internal error" not in err, err
+
+
 def test_deeply_nested_json_from_the_server_is_exit_4(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

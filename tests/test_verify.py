@@ -425,3 +425,59 @@ def test_dry_run_that_fails_exits_3_with_its_last_words(
     assert main(args) == 3
     err = capsys.readouterr().err
     assert "llama-fit-params failed (exit 1)" in err and "boom" in err
+
+
+def test_an_empty_llama_fit_params_is_refused_not_taken_as_none(
+    gemma_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--llama-fit-params "$FIT"` with FIT unset was taken as no --llama-fit-params at all (exit 4, "put it on
+    PATH"); an empty value is refused as every other option's is (exit 2, docs/exit-codes.md)."""
+    monkeypatch.setenv("PATH", str(tmp_path))
+    for value in ("", " "):
+        rc = main(["verify", "llamacpp", str(gemma_path), "--ctx", "4096", "--dry-run", "--llama-fit-params", value])
+        err = capsys.readouterr().err
+        assert rc == 2 and "--llama-fit-params" in err and "empty" in err, err
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [["--save-calibration"], ["--log", "LOG"], ["--attach", "127.0.0.1:1"]],
+    ids=["save-calibration", "log", "attach"],
+)
+def test_dry_run_refuses_what_it_would_not_do(
+    extra: list[str], gemma_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--dry-run with --save-calibration, --log or --attach ran the dry run alone and said 0: nothing measured was
+    saved, the log or the server named was never read. One mode at a time (exit 2), and nothing is run."""
+    fake = tmp_path / "llama-fit-params"
+    ran = tmp_path / "ran"
+    fake.write_text(f"#!/bin/sh\ntouch {ran}\necho 'Host 222 27 514'\n")
+    fake.chmod(0o755)
+    log = tmp_path / "server.log"
+    log.write_text("llama_context: CPU compute buffer size = 514.50 MiB\n")
+    extra = [str(log) if x == "LOG" else x for x in extra]
+    args = ["verify", "llamacpp", str(gemma_path), "--ctx", "4096", "--dry-run", "--llama-fit-params", str(fake)]
+    rc = main([*args, *extra])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--dry-run" in err and extra[0] in err and not ran.exists(), err
+    assert len(err.strip().splitlines()) <= 2
+
+
+def test_log_and_attach_together_are_refused(gemma_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--log and --attach: --attach was dropped without a word and the log compared."""
+    log = tmp_path / "server.log"
+    log.write_text("llama_context: CPU compute buffer size = 514.50 MiB\n")
+    rc = main(["verify", "llamacpp", str(gemma_path), "--log", str(log), "--attach", "127.0.0.1:1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--log" in err and "--attach" in err, err
+
+
+def test_dry_run_that_fails_silently_says_so(gemma_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A llama-fit-params that exits without a word: the error ended in "(exit 3): " and nothing after it."""
+    fake = tmp_path / "llama-fit-params"
+    fake.write_text("#!/bin/sh\nexit 3\n")
+    fake.chmod(0o755)
+    args = ["verify", "llamacpp", str(gemma_path), "--ctx", "4096", "--dry-run", "--llama-fit-params", str(fake)]
+    assert main(args) == 3
+    err = capsys.readouterr().err
+    assert "llama-fit-params failed (exit 3, no output)" in err, err

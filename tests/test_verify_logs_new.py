@@ -181,3 +181,54 @@ def test_router_command_names_its_port() -> None:
     from kvadvise.runtime.router import router_command
 
     assert router_command("m.ini", 2).endswith("--models-max 2 --port 8080")
+
+
+def _props_server(family: int, host: str, model_path: str) -> tuple[object, int]:
+    """A loopback stand-in of llama-server's /props (tools/server: model_path, default_generation_settings.n_ctx,
+    total_slots), on ``host`` of address ``family``."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    body = json.dumps(
+        {"model_path": model_path, "default_generation_settings": {"n_ctx": 4096}, "total_slots": 1}
+    ).encode()
+
+    class Props(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path == "/props" else 404)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    class Server(ThreadingHTTPServer):
+        address_family = family
+
+    server = Server((host, 0), Props)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, server.server_address[1]
+
+
+def test_attach_takes_an_ipv6_host_and_refuses_one_that_is_no_host(
+    gemma_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--attach [::1]:PORT` (parse_address takes an IPv6 host in brackets) asked http://::1:PORT/props, a URL
+    that names no host, so an IPv6 llama-server was never found (exit 2, "no llama-server answered"); `--attach
+    "a b"` ended in an internal error (http.client.InvalidURL, exit 1)."""
+    import socket
+
+    from kvadvise.cli import main
+
+    server, port = _props_server(socket.AF_INET6, "::1", str(gemma_path))
+    try:
+        rc = main(["verify", "llamacpp", str(gemma_path), "--attach", f"[::1]:{port}", "--device", "cpu", "-c", "4096"])
+        out, err = capsys.readouterr()
+        assert rc == 0 and f"http://[::1]:{port}" in out and "runs the plan's context and slots" in out, err
+    finally:
+        server.shutdown()  # type: ignore[attr-defined]
+    for bad in ("a b", "x\ty:80", "host/path:80"):
+        rc = main(["verify", "llamacpp", str(gemma_path), "--attach", bad])
+        err = capsys.readouterr().err
+        assert rc == 2 and "internal error" not in err and "--attach" in err, (bad, err)

@@ -165,7 +165,7 @@ def _run(argv: list[str] | None) -> int:
                 output.note_line(line)
         return EXIT_INPUT
     except click.ClickException as e:
-        output.error(e.format_message(), _usage_hint(e))
+        output.error(_as_typed(e, sys.argv[1:] if argv is None else argv), _usage_hint(e))
         return EXIT_INPUT
     except click.exceptions.Exit as e:
         return int(e.exit_code)
@@ -189,6 +189,18 @@ def _run(argv: list[str] | None) -> int:
             raise
         return _bug(e)
     return rc if isinstance(rc, int) else 0
+
+
+def _as_typed(e: click.ClickException, argv: list[str]) -> str:
+    """click's message, an unknown short option named as the user typed it: click reads ``-ngl`` as ``-n -g -l``
+    and says "No such option '-n'", a letter nobody typed (llama.cpp's -ngl is the layers kvadvise plans)."""
+    if isinstance(e, click.NoSuchOption) and not e.option_name.startswith("--"):
+        typed = next(
+            (a for a in argv if a.startswith(e.option_name) and len(a) > len(e.option_name) and a[1] != "-"), None
+        )
+        if typed is not None:
+            return f"No such option {typed.partition('=')[0]!r}."
+    return e.format_message()
 
 
 def _usage_hint(e: click.ClickException) -> str | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from kvadvise.errors import GGUFError
@@ -341,6 +341,50 @@ NO_MEMORY_ARCHS = frozenset(
 ENCODER_ARCHS = NO_MEMORY_ARCHS - {"wavtokenizer-dec", "dream", "llada", "llada-moe", "rnd1"}
 
 
+def _check_heads(
+    header: GGUFHeader,
+    arch: str,
+    by_name: Mapping[str, TensorInfo],
+    n_embd: int,
+    n_head: Sequence[int],
+    n_head_kv: Sequence[int],
+    n_layer: int,
+) -> None:
+    """A header that says a width of 0, or 0 (KV) heads in a layer that holds attention tensors: llama.cpp
+    refuses the file (llama_model::load_hparams "invalid n_rot: 32, expected 0"; load_tensors check_tensor_dims
+    "tensor 'blk.0.attn_q.weight' has wrong shape; expected 128, 0", b11312). A recurrent layer marks itself with
+    0 KV heads and has no attention tensors, so only a layer holding them is checked."""
+    if n_embd == 0 and by_name:
+        raise GGUFError(f"{header.source}: {arch}.embedding_length is 0", hint=_LOAD_REFUSED)
+    for il in range(n_layer):
+        for count, tensor, name in ((n_head, "attn_q", "head_count"), (n_head_kv, "attn_k", "head_count_kv")):
+            if count[il] == 0 and f"blk.{il}.{tensor}.weight" in by_name:
+                raise GGUFError(
+                    f"{header.source}: {arch}.attention.{name} is 0 for layer {il}, which holds "
+                    f"blk.{il}.{tensor}.weight",
+                    hint=_LOAD_REFUSED,
+                )
+
+
+_C_MAX = 2**31 - 1  # the largest -c llama.cpp takes (common/arg.cpp std::stoi: int32)
+
+
+def _n_ctx_train(header: GGUFHeader, k: _Keys, arch: str) -> int:
+    """{arch}.context_length; one past the largest -c is refused here, where its key can be named: the model's
+    maximum context (the recommendation's target, -c 0) is no context llama.cpp's -c can ask for, and the
+    search for it ended in RunConfig's int32 check, which names neither the file nor the key."""
+    n = k.num(LLM.CONTEXT_LENGTH, 0)
+    if n > _C_MAX:
+        raise GGUFError(
+            f"{header.source}: {arch}.context_length is {n:,}, more than llama.cpp's -c takes ({_C_MAX:,})",
+            hint="the header is not to be trusted: a real model's training context is far below",
+        )
+    return n
+
+
+_LOAD_REFUSED = "llama.cpp refuses to load it (the header does not match the tensors): the file is corrupt"
+
+
 def from_gguf(header: GGUFHeader, *, known_only: bool = True) -> ModelSpec:
     """The ModelSpec of a GGUF header. ``known_only``: refuse an architecture llama.cpp does not know (a GGUF
     file llama.cpp would refuse to load); off for metadata kvadvise made itself (a config.json it could
@@ -392,6 +436,7 @@ def from_gguf(header: GGUFHeader, *, known_only: bool = True) -> ModelSpec:
         kv_layers = tuple(ok and il < n_layer - shared for il, ok in enumerate(kv_layers))
 
     by_name = {t.name: t for t in header.tensors}
+    _check_heads(header, arch, by_name, n_embd, n_head, n_head_kv, n_layer)
     tok_embd = by_name.get("token_embd.weight")
     output = by_name.get("output.weight")
     # llama.cpp skips the MTP/NextN blocks' tensors unless asked to load them
@@ -484,7 +529,7 @@ def from_gguf(header: GGUFHeader, *, known_only: bool = True) -> ModelSpec:
         n_layer_nextn=n_layer_nextn,
         n_embd=n_embd,
         n_vocab=_n_vocab(header, k),
-        n_ctx_train=k.num(LLM.CONTEXT_LENGTH, 0),
+        n_ctx_train=_n_ctx_train(header, k, arch),
         n_head=n_head,
         n_head_kv=n_head_kv,
         n_embd_head_k=n_embd_head_k,

@@ -784,6 +784,12 @@ def _check(hp: _HParams, arch: str) -> int:
         kv = hp.num(_HEAD_KV_KEYS)
         if n_head and kv is not None and kv > n_head:
             raise hp.fail(f"num_key_value_heads ({kv}) is larger than num_attention_heads ({n_head})")
+        # convert_hf_to_gguf.py writes a 0 as it is (head_count_kv, key_length) and llama.cpp refuses the file
+        # (load_tensors check_tensor_dims: attn_k 0 wide); planned, it was a K/V of 0 bytes per token
+        if kv == 0:
+            raise hp.fail("num_key_value_heads is 0")
+        if hp.get("head_dim") == 0:
+            raise hp.fail("head_dim is 0")
     n_expert = hp.num(_EXPERT_KEYS)
     n_used = hp.num(_EXPERT_USED_KEYS)
     if n_expert is not None and n_used is not None and n_used > n_expert > 0:

@@ -129,7 +129,9 @@ def plan_offload(
     ``shrink`` (a recommended context, not one the user gave): when no offload at ``n_ctx_seq`` fits the RAM,
     the largest context, a multiple of 1,024, at which one does, as the GPU's context is searched."""
     best, notes = _plan_offload(spec, base, budget, n_ctx_seq, kv, policy)
-    if not shrink or best is None or best.runnable or n_ctx_seq <= CTX_STEP:
+    # none at all is searched down too: the compute buffer grows with the context (without flash attention the
+    # scores of every cell), and with every layer on the CPU it may still not fit the GPU at the target
+    if not shrink or (best is not None and best.runnable) or n_ctx_seq <= CTX_STEP:
         return best, notes
     lo, hi = 0, n_ctx_seq // CTX_STEP  # units of 1,024: lo runs (0: none found), hi does not
     found: tuple[Offload | None, tuple[str, ...]] = (None, ())
@@ -142,10 +144,8 @@ def plan_offload(
             hi = mid
     if found[0] is None:
         return best, notes
-    said = (
-        f"partial offload: {n_ctx_seq:,} tokens per sequence do not fit the RAM beside the weights the CPU reads; "
-        f"{lo * CTX_STEP:,} do"
-    )
+    where = "the RAM beside the weights the CPU reads" if best is not None else "the GPU with any layers on the CPU"
+    said = f"partial offload: {n_ctx_seq:,} tokens per sequence do not fit {where}; {lo * CTX_STEP:,} do"
     return found[0], (said, *found[1])
 
 

@@ -357,6 +357,26 @@ def _with_cpu_moe(
         measured_overhead=measured_overhead,
         notes=notes,
     )
+    if inner.budget is not None and inner.fits is False and inner.offload is not None:
+        # the experts of N layers in RAM are not enough: the plan that runs is the whole model's partial offload
+        # (more experts on the CPU, as without --n-cpu-moe); the one searched on placement.gpu_spec counted
+        # neither the N layers' experts in RAM nor their reads (its RAM 13-38 GB short, its decode up to 3x)
+        whole = make_plan(
+            spec,
+            base,
+            recommend_ctx=recommend_ctx,
+            hw=hw,
+            policy=policy,
+            margin_bytes=margin_bytes,
+            measured_overhead=measured_overhead,
+            notes=notes,
+            prompt_tokens=prompt_tokens,
+        )
+        kept = f"the experts of {whole.offload.n_cpu_moe} layers" if whole.offload and whole.offload.n_cpu_moe else ""
+        said = f"--n-cpu-moe {n_cpu_moe} does not fit the GPU" + (
+            f": the plan that runs keeps {kept} on the CPU" if kept else ": the plan that runs is the whole model's"
+        )
+        return replace(whole, notes=(*whole.notes, said))
     est = with_cpu_moe(inner.estimate, placement)
     size = placement.host_bytes
     shown = f"{size / (1 << 30):.2f} GiB" if size >= 1 << 30 else f"{size / (1 << 20):,.1f} MiB"

@@ -14,7 +14,7 @@ from kvadvise.model.spec import ModelSpec
 from kvadvise.planner import reasons as words
 from kvadvise.planner.budget import Budget
 from kvadvise.planner.fitsplit import fit_split
-from kvadvise.planner.memory import CTX_PAD, MemoryEstimate, RunConfig, estimate
+from kvadvise.planner.memory import CTX_PAD, INT32_MAX, MemoryEstimate, RunConfig, estimate
 from kvadvise.planner.policy import (
     CTX_ROUND,
     F16,
@@ -50,6 +50,13 @@ class Recommendation:
     speed: SpeedEstimate | None = None  # the decode estimate at 4k and at the context (None: it does not fit)
 
 
+def c_cap(base: RunConfig) -> int:
+    """The most tokens per sequence llama.cpp's -c holds over ``base``'s slots (int32, common/arg.cpp std::stoi),
+    a multiple of 256: a context searched or aimed for beyond it is no command line (1,024,000 tokens trained
+    x 3,000 slots is 3,072,000,000)."""
+    return max(CTX_PAD, INT32_MAX // max(1, base.n_parallel) // CTX_PAD * CTX_PAD)
+
+
 def max_context(spec: ModelSpec, base: RunConfig, kv: KV, fa: bool, budget: Budget, *, refit: bool = False) -> int:
     """The largest context per sequence (a multiple of 256, at most n_ctx_train) that fits the budget.
 
@@ -59,7 +66,7 @@ def max_context(spec: ModelSpec, base: RunConfig, kv: KV, fa: bool, budget: Budg
     ends crosses the budget, and the one after it just above: two or three estimates where a
     bisection takes ten; bisection takes over if that does not close in.
     """
-    cap = max(CTX_PAD, spec.n_ctx_train // CTX_PAD * CTX_PAD) if spec.n_ctx_train else 1 << 20
+    cap = min(max(CTX_PAD, spec.n_ctx_train // CTX_PAD * CTX_PAD) if spec.n_ctx_train else 1 << 20, c_cap(base))
 
     def slack(units: int) -> int:
         cfg = config_at(base, units * CTX_PAD, kv, fa, budget.device)
@@ -102,7 +109,7 @@ def max_context(spec: ModelSpec, base: RunConfig, kv: KV, fa: bool, budget: Budg
 def recommend(spec: ModelSpec, base: RunConfig, budget: Budget, policy: Policy) -> Recommendation:
     """Pick the config; ``base`` carries the user's n_parallel, batch sizes, kv_unified and swa_full."""
     base = replace(base, device=budget.device)
-    n_ctx_train = spec.n_ctx_train or (1 << 20)
+    n_ctx_train = min(spec.n_ctx_train or (1 << 20), c_cap(base))
     reasons: list[str] = []
     if policy.target_ctx:
         want, why = policy.target_ctx, ""
@@ -112,7 +119,12 @@ def recommend(spec: ModelSpec, base: RunConfig, budget: Budget, policy: Policy) 
         want, why = default_target_ctx(budget)
     target = min(want, n_ctx_train)
     if want > n_ctx_train:
-        reasons.append(f"target {want:,} is past the model's training context; capped at {n_ctx_train:,}")
+        past = (
+            "the model's training context"
+            if n_ctx_train < c_cap(base)
+            else f"what -c holds over {base.n_parallel:,} slots"
+        )
+        reasons.append(f"target {want:,} is past {past}; capped at {n_ctx_train:,}")
     options: list[Option] = []
     for kv, fa, allowed in choices(spec, base, policy):
         n_max = max_context(spec, base, kv, fa, budget, refit=policy.fit_split)

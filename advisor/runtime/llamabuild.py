@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kvadvise.errors import InputError
 from kvadvise.planner import builds
 
 if TYPE_CHECKING:
@@ -114,6 +115,25 @@ def library_build() -> BuildChoice:
         return BuildChoice(None, "llama-cpp-python is not installed")
     build = LLAMA_CPP_PYTHON_BUILDS.get(v)
     return BuildChoice(build, f"llama-cpp-python {v}" if build else f"llama-cpp-python {v} (build not known)")
+
+
+ENV = "KVADVISE_LLAMA_BUILD"  # --llama-build's default, from the environment (the CLI's option and the API alike)
+
+
+def check_env(text: str) -> None:
+    """A KVADVISE_LLAMA_BUILD that names no build is refused naming the variable: "not a llama.cpp build: '0'"
+    (or "Invalid value for '--llama-build'") named a flag the user never gave."""
+    if text.strip().lower() in ("auto", "unknown"):
+        return
+    try:
+        if not text.strip():
+            raise InputError("the value is empty")
+        builds.parse(text)
+    except InputError as e:
+        raise InputError(
+            f"{ENV}={text[:40]!r} (in the environment): {e.message}",
+            hint="unset it, or give --llama-build bNNNN|auto|unknown (the flag wins over the variable)",
+        ) from None
 
 
 def choose(option: str, *, binary: str | None = None) -> BuildChoice:

@@ -35,8 +35,9 @@ class RunningServer:
 def find_server(host: str = "127.0.0.1", port: int | None = None, *, timeout_s: float = 2.0) -> RunningServer | None:
     """The llama-server on ``host:port``, or, without a port, on the first default port that answers /props."""
     ports = (port,) if port is not None else DEFAULT_PORTS
+    where = f"[{host}]" if ":" in host else host  # an IPv6 host in brackets: a URL one can paste
     for p in ports:
-        found = _props(f"http://{host}:{p}", timeout_s)
+        found = _props(f"http://{where}:{p}", timeout_s)
         if found is not None:
             return found
     return None
@@ -90,8 +91,13 @@ def parse_address(text: str) -> tuple[str, int | None]:
         if not (port_text.isascii() and port_text.isdigit() and len(port_text) <= 5 and 0 < int(port_text) < 65536):
             raise InputError(f"--attach {text}: the port must be a number from 1 to 65535")
         port = int(port_text)
-    if not host:
-        raise InputError(f"--attach {text}: give HOST or HOST:PORT, e.g. 127.0.0.1 or 127.0.0.1:8080")
+    # a name or an address: no blank, control character, slash or bracket (urllib refused "a b" with
+    # http.client.InvalidURL, an internal error)
+    if not host or not all(c.isascii() and (c.isalnum() or c in "-._:%") for c in host):
+        raise InputError(
+            f"--attach {text!r}: give HOST or HOST:PORT, e.g. 127.0.0.1 or 127.0.0.1:8080",
+            hint="a host name or an IPv4 address, or an IPv6 one in brackets ([::1]:8080)",
+        )
     return host, port
 
 

@@ -274,7 +274,21 @@ def take(kwargs: dict[str, Any], *, load: Callable[[str], ModelSpec] | None = No
         if load is None:
             raise InputError("--model-draft: this command cannot read a draft model")
         values["draft"] = load(model_draft)
+    if "llama_build" in values:
+        _check_env_build(values["llama_build"])
     return Flags(PlanRequest(**values), view, runtime)
+
+
+def _check_env_build(value: object) -> None:
+    """KVADVISE_LLAMA_BUILD given through the option's envvar: checked naming the variable (as entry reads it
+    for the API: kvadvise.runtime.llamabuild.check_env)."""
+    from click.core import ParameterSource
+
+    from kvadvise.runtime.llamabuild import check_env
+
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None and ctx.get_parameter_source("llama_build") == ParameterSource.ENVIRONMENT:
+        check_env(str(value))
 
 
 def _int(field: str) -> click.IntRange:

@@ -89,7 +89,10 @@ def show_chart(plan: Plan, view: View, *, terminal: bool = True, write: bool = T
     if not (view.chart and terminal) and not view.chart_file:
         return None
     if plan.recommendation is None or plan.budget is None:
-        output.note("no chart: it needs a budget (not --no-hardware) and a recommendation (no --ctx)")
+        output.note(
+            "no chart: it needs a budget (a GPU found here, --gpu or --vram; not --no-hardware) and a "
+            "recommendation (no --ctx)"
+        )
         return None
     from kvadvise.planner.curves import curves
     from kvadvise.render import chart_text
@@ -199,7 +202,11 @@ def writer_options(writers: Sequence[Writer[Plan]]) -> Callable[[Callable[..., N
     """A runtime's writers as options (``--write-env PATH``...) and ``--force``, for its command."""
 
     def decorate(f: Callable[..., None]) -> Callable[..., None]:
-        f = click.option("--force", is_flag=True, help="Overwrite files that exist (a backup is kept).")(f)
+        f = click.option(
+            "--force",
+            is_flag=True,
+            help="Overwrite files that exist: all are replaced, or none; no copy of the old ones is kept.",
+        )(f)
         for w in reversed(writers):  # the path is checked with the others before any is written (kvadvise.files)
             f = click.option(w.option, w.dest, metavar=w.metavar, default=None, help=w.help)(f)
         return f

@@ -81,6 +81,7 @@ def llamacpp_command(path: str, force: bool, **kwargs: object) -> None:
     "--llama-fit-params",
     "fit_params",
     metavar="PATH",
+    type=TEXT,
     default=None,
     help="The llama-fit-params binary for --dry-run (default: beside --llama-server, else on PATH).",
 )
@@ -127,6 +128,7 @@ def verify_llamacpp_command(
     from kvadvise.runtime import llamabuild
     from kvadvise.runtime.verification import compare
 
+    _one_mode(dry_run=dry_run, save_calibration=save_calibration, log_file=log_file, attach=attach)
     backend = GGUFFileBackend()
     o = take(dict(kwargs), load=backend.load_spec)
     spec = backend.load_spec(path)
@@ -165,6 +167,30 @@ def verify_llamacpp_command(
         output.note(f"calibration for {device} saved to {saved}")
     if not result.fits:
         raise click.exceptions.Exit(EXIT_NO_FIT)
+
+
+def _one_mode(*, dry_run: bool, save_calibration: bool, log_file: str | None, attach: str | None) -> None:
+    """--dry-run and --attach compare without measuring; --log compares a log's measurements, which
+    --save-calibration may store. Beside --dry-run or --attach the other options were dropped without a word
+    (exit 0, nothing saved, the log or the server never read): refused, exit 2."""
+    from kvadvise.errors import InputError
+
+    others = [
+        name
+        for name, on in (
+            ("--log", log_file is not None),
+            ("--attach", attach is not None),
+            ("--save-calibration", save_calibration),
+        )
+        if on
+    ]
+    for mode, on in (("--dry-run", dry_run), ("--attach", attach is not None)):
+        clash = [o for o in others if o != mode]
+        if on and clash:
+            raise InputError(
+                f"{mode} and {clash[0]} do not go together: {mode} measures nothing",
+                hint="give one of --dry-run, --log, --attach; --save-calibration stores what a launch or --log measured",
+            )
 
 
 def _attach(address: str, path: str, plan: Plan) -> None:

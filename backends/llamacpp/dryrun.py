@@ -50,5 +50,6 @@ def project(binary: str, model_path: str, cfg: RunConfig, *, timeout_s: float) -
     projected = dryrun.parse(out, err + out)
     if code != 0 or not projected:
         tail = " | ".join(line.strip() for line in (err or out).strip().splitlines()[-3:])
-        raise DoesNotFit(f"{BINARY} failed (exit {code}): {tail[:400]}", hint="run it by hand with the flags shown")
+        said = f"(exit {code}): {tail[:400]}" if tail else f"(exit {code}, no output)"
+        raise DoesNotFit(f"{BINARY} failed {said}", hint="run it by hand with the flags shown")
     return projected

@@ -60,7 +60,7 @@ KV_FALLBACK_FIXED_IN = (0, 30, 0)
 # --- the host -----------------------------------------------------------------
 
 
-def normalize_host(raw: str | None = None) -> str:
+def normalize_host(raw: str | None = None, *, what: str = "OLLAMA_HOST") -> str:
     """``OLLAMA_HOST`` as a URL, the way Ollama's envconfig.Host() reads it.
 
     ``None``/empty: ``http://127.0.0.1:11434``; ``host``, ``host:port``,
@@ -69,7 +69,7 @@ def normalize_host(raw: str | None = None) -> str:
     *binds*) mean this machine: 127.0.0.1 / ::1. As envconfig.Host keeps only
     scheme, host, port and path, credentials (``user:pass@``), a query
     (``?token=``) and a fragment are dropped, and never printed: an error
-    names the value as :func:`redact_host` shows it.
+    names the value as :func:`redact_host` shows it, and ``what`` gave it (``--host`` or the variable).
     """
     s = (raw or "").strip()
     if not s:
@@ -84,20 +84,20 @@ def normalize_host(raw: str | None = None) -> str:
     elif scheme.lower() == "https":
         scheme, default_port = "https", 443
     else:
-        raise InputError(f"OLLAMA_HOST {shown!r}: unknown scheme (http or https)")
+        raise InputError(f"{what} {shown!r}: unknown scheme (http or https)")
     hostport = hostport.split("#", 1)[0].split("?", 1)[0]
     hostport, _, path = hostport.partition("/")
     hostport = hostport.rpartition("@")[2]  # user:pass@ is dropped
-    host, port_s = _split_host_port(hostport, shown)
+    host, port_s = _split_host_port(hostport, shown, what)
     if port_s:
         if not (port_s.isascii() and port_s.isdigit()) or len(port_s) > 5 or not 0 < int(port_s) <= 65535:
-            raise InputError(f"OLLAMA_HOST {shown!r}: invalid port")
+            raise InputError(f"{what} {shown!r}: invalid port")
         port = int(port_s)
     else:
         port = default_port
     host = host or "127.0.0.1"
     if any(c.isspace() or c in '\\<>"{}|^`' or ord(c) < 32 for c in host + path):
-        raise InputError(f"OLLAMA_HOST {shown!r}: not a host name")
+        raise InputError(f"{what} {shown!r}: not a host name")
     try:
         ip = ipaddress.ip_address(host)
     except ValueError:
@@ -106,7 +106,7 @@ def normalize_host(raw: str | None = None) -> str:
         (host if ip is not None else host.encode("idna").decode("ascii")).encode("ascii")
         path.encode("utf-8")
     except UnicodeError:
-        raise InputError(f"OLLAMA_HOST {shown!r}: not a host name") from None
+        raise InputError(f"{what} {shown!r}: not a host name") from None
     if ip is not None and ip.is_unspecified:
         host = "::1" if ip.version == 6 else "127.0.0.1"
     if ":" in host:
@@ -132,14 +132,16 @@ def server_url(host: str | None = None) -> str:
 
     from kvadvise.backends.ollama import envconfig
 
-    return normalize_host((envconfig.var("OLLAMA_HOST") or None) if host is None else host)
+    if host is None:
+        return normalize_host(envconfig.var("OLLAMA_HOST") or None)
+    return normalize_host(host, what="--host")
 
 
-def _split_host_port(hostport: str, shown: str) -> tuple[str, str]:
+def _split_host_port(hostport: str, shown: str, what: str = "OLLAMA_HOST") -> tuple[str, str]:
     if hostport.startswith("["):  # [v6]:port
         end = hostport.find("]")
         if end < 0:
-            raise InputError(f"OLLAMA_HOST {shown!r}: unbalanced brackets")
+            raise InputError(f"{what} {shown!r}: unbalanced brackets")
         host, rest = hostport[1:end], hostport[end + 1 :]
         return host, rest[1:] if rest.startswith(":") else ""
     if hostport.count(":") > 1:  # a bare IPv6 address

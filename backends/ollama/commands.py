@@ -112,6 +112,9 @@ def ollama_command(
 def ollama_flags(kwargs: dict[str, Any]) -> Flags:
     """The shared flags of an Ollama command: --runtime is llama-server's (Ollama >= 0.30 runs every GGUF
     model with it); the rest is the request, whose llama.cpp-only flags the Ollama runtime refuses."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None and ctx.get_parameter_source("llama_build") == click.core.ParameterSource.ENVIRONMENT:
+        kwargs["llama_build"] = "auto"  # KVADVISE_LLAMA_BUILD is left to the llama.cpp commands (below)
     f = take(kwargs)
     if f.runtime != "llama-server":
         raise click.UsageError(
@@ -121,7 +124,6 @@ def ollama_flags(kwargs: dict[str, Any]) -> Flags:
     # the llama.cpp build is the one this Ollama carries (kvadvise.backends.ollama.versions), not
     # --llama-build's (hidden here) nor KVADVISE_LLAMA_BUILD's, which name a llama-server of the user's: the
     # variable is left to the llama.cpp commands, the flag given here is refused
-    ctx = click.get_current_context(silent=True)
     if ctx is not None and ctx.get_parameter_source("llama_build") == click.core.ParameterSource.COMMANDLINE:
         raise click.UsageError(
             "--llama-build: Ollama runs the llama.cpp its release carries; --ollama-version X.Y.Z names the release"
@@ -189,11 +191,13 @@ def verify_ollama_command(
     from dataclasses import asdict
 
     from kvadvise.backends.ollama.config import server_kv_cache_type
+    from kvadvise.backends.ollama.name import parse_name
     from kvadvise.backends.ollama.resolve import library_names
     from kvadvise.backends.ollama.verify import verify
     from kvadvise.errors import EXIT_NO_FIT
     from kvadvise.planner.memory import estimate
 
+    parse_name(name)  # a name that is none ("", "a b") is refused before the server is asked (exit 2, not 4)
     kv, kv_source = server_kv_cache_type(kv_cache_type, env_file)
     with ollama_api.session():
         _server_up(host)  # verify reads the server: a server that is down is said first (exit 4), not "not found"
@@ -343,9 +347,16 @@ def _single_model_options(kwargs: dict[str, Any]) -> tuple[str | None, tuple[str
     kwargs.pop("force", None)
     if kwargs.pop("server_default", False):
         single.append("--server-default")
-    kwargs.pop("platform", None)
-    if ctx.get_parameter_source("platform") not in (None, ParameterSource.DEFAULT):
-        single.append("--platform")
+    # the scheduler's replay and the listing plan no release, runner or MLX type: given, they were dropped
+    for dest, option in (
+        ("platform", "--platform"),
+        ("ollama_version", "--ollama-version"),
+        ("runner", "--runner"),
+        ("mlx_quant", "--mlx-quant"),
+    ):
+        kwargs.pop(dest, None)
+        if ctx.get_parameter_source(dest) not in (None, ParameterSource.DEFAULT):
+            single.append(option)
     return host, tuple(single)
 
 

@@ -127,6 +127,14 @@ def choose_runner(architecture: str, ollama_version: str | None, requested: str 
                 f"--runner mlx: Ollama's MLX runner has no model for {architecture} (x/models at {PINNED_COMMIT[:7]})",
                 hint="it fails with 'unsupported architecture' (ollama#16460); leave --runner to plan llama.cpp",
             )
+        v = parse_version(ollama_version) if ollama_version else None
+        first = max(MLX_TEXT_SINCE, supported[1])
+        if v is not None and v != (0, 0, 0) and v < first:  # 0.0.0: a source build, planned as the newest
+            raise InputError(
+                f"--runner mlx: Ollama {ollama_version} has no MLX runner for {architecture} (MLX text models "
+                f"from {_v(MLX_TEXT_SINCE)}; {supported[0]} since {_v(supported[1])}): first in {_v(first)}",
+                hint="leave --runner to plan llama.cpp, or plan a release that has it (--ollama-version)",
+            )
         return RunnerChoice("mlx", "--runner mlx", ollama_version, "--runner")
     if requested == "llamacpp":
         return RunnerChoice("llamacpp", "--runner llamacpp (a GGUF tag of the model)", ollama_version, "--runner")
