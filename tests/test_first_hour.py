@@ -125,9 +125,10 @@ def test_gpus_table_ids_never_run_into_names(capsys: pytest.CaptureFixture[str])
 
 
 def test_the_chart_marks_a_partial_plan(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    """qwen3-coder on an 8 GB card runs with part on the CPU: the chart marks that plan's GPU share."""
+    """qwen3-coder on an 8 GB card runs with part on the CPU: the chart marks that plan's GPU share (with the RAM
+    given: a partial plan's answer must not hang on this machine's free RAM)."""
     monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
-    rc, out, _ = run(capsys, "ollama", "qwen3-coder", "--gpu", "rtx-4060", "--chart")
+    rc, out, _ = run(capsys, "ollama", "qwen3-coder", "--gpu", "rtx-4060", "--ram", "64GiB", "--chart")
     chart = out[out.index("memory on the device (GiB)") :].split("\nNext")[0].splitlines()
     assert rc == 0 and sum(line.count("*") for line in chart[:-1]) == 1
     assert "(32,768 tokens," in chart[-1]
