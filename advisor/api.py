@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvadvise.errors import InputError
 from kvadvise.model.ggml import GGMLType as GGMLType  # re-exported by kvadvise.__all__
@@ -28,6 +28,9 @@ from kvadvise.planner.recommender import Recommendation
 from kvadvise.request import PlanRequest as PlanRequest  # re-exported by kvadvise.__all__
 from kvadvise.request import check
 from kvadvise.runtime.verification import Verification
+
+if TYPE_CHECKING:
+    from kvadvise.runtime.seam import Runtime
 
 MAX_TIMEOUT_S = 86400.0  # as the CLI's --timeout: 0.1 to 86400 s
 
@@ -253,7 +256,7 @@ def plan(
     policy: Policy | None = None,
     margin_bytes: int | str | None = None,
     *,
-    runtime: str = "llama-server",
+    runtime: str | Runtime = "llama-server",
 ) -> Plan:
     """What the command line answers for the same question (kvadvise.entry.plan_for, the one entry).
 
@@ -262,18 +265,28 @@ def plan(
     llama-server, whose command line the plan then carries). ``config``: a :class:`PlanRequest` (the
     command line's question, field for flag), or a RunConfig whose context is fixed (0 = the training
     context, as ``--ctx 0``); none: the context and cache types are recommended. ``runtime``:
-    "llama-server", "llama-cli" (the library and its bindings) or a backend's ("ollama")."""
+    "llama-server", "llama-cli" (the library and its bindings) or a backend's ("ollama"); or a runtime object
+    with its own options, as a backend's command takes them (``OllamaRuntime(ollama_version="0.12.3")``:
+    ``kvadvise ollama MODEL --ollama-version 0.12.3``)."""
     from kvadvise.entry import plan_for
-    from kvadvise.plugins import for_model
+    from kvadvise.plugins import BindsModel, for_model
     from kvadvise.plugins import runtime as named
     from kvadvise.runtime.seam import Runtime
 
-    name = _text("runtime", runtime)
-    if isinstance(model, str):
-        spec, rt = for_model(_text("model", model), name)
+    if isinstance(runtime, str) or not isinstance(runtime, Runtime):
+        name = _text("runtime", runtime)
+        if isinstance(model, str):
+            spec, rt = for_model(_text("model", model), name)
+        else:
+            _need("model", model, ModelSpec, "a ModelSpec or a model reference")
+            spec, rt = model, named(name)
+    elif isinstance(model, str):  # a runtime object: its options, bound to the model its backend resolves
+        if not isinstance(runtime, BindsModel):
+            raise _invalid("runtime", f"{runtime.name} takes a ModelSpec, or give it by name (runtime={runtime.name!r})")
+        spec, rt = runtime.for_model(_text("model", model))
     else:
         _need("model", model, ModelSpec, "a ModelSpec or a model reference")
-        spec, rt = model, named(name)
+        spec, rt = model, runtime
     assert isinstance(rt, Runtime)
     if hardware is not None:
         _need("hardware", hardware, Hardware, "a Hardware (gpu_profile, probe_hardware)")

@@ -85,6 +85,17 @@ class RuntimeProvider(Protocol):
         ...
 
 
+@runtime_checkable
+class BindsModel(Protocol):
+    """A runtime object that carries its own options (Ollama's release, runner, platform) and binds itself to a
+    model reference: ``kvadvise.plan("qwen3:8b", request, runtime=OllamaRuntime(ollama_version="0.12.3"))``
+    asks what ``kvadvise ollama qwen3:8b --ollama-version 0.12.3`` asks."""
+
+    def for_model(self, ref: str) -> tuple[ModelSpec, Runtime]:
+        """``ref`` resolved as this runtime's backend resolves it, and a runtime with these options bound to it."""
+        ...
+
+
 # capability -> the optional methods that provide it (any one of them)
 CAPABILITIES = {
     "resolve": ("load_spec",),

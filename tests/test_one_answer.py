@@ -219,3 +219,52 @@ def test_bad_api_values_raise_domain_errors() -> None:
     # a fixed cache type given by name, as -ctk takes it: planned, not a KeyError
     plan = kvadvise.plan(spec, hardware=hw, policy=kvadvise.Policy(fixed_kv=("q8_0", "q8_0")))
     assert plan.config.type_k.type_name == "q8_0"
+
+
+@pytest.mark.parametrize(
+    ("card", "flags", "options"),
+    [
+        ("rtx-4060-ti-16gb", ["--ollama-version", "0.12.3"], {"ollama_version": "0.12.3"}),
+        ("rtx-4060-ti-16gb", ["--ollama-version", "0.11.0", "--ctx", "8192"], {"ollama_version": "0.11.0"}),
+        ("rtx-4060-ti-16gb", ["--ollama-version", "0.20.2"], {"ollama_version": "0.20.2"}),
+        ("rtx-3060-12gb", ["--ollama-version", "0.13.0", "--platform", "macos"],
+         {"ollama_version": "0.13.0", "platform": "macos"}),
+        ("m4-max-64gb", ["--runner", "llamacpp", "--ollama-version", "0.32.13"],
+         {"runner": "llamacpp", "ollama_version": "0.32.13"}),
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("model", ["gpt-oss:20b", "qwen2.5-coder:7b", "llama3.1:8b"])
+def test_ollamas_own_options_through_the_api(
+    model: str, card: str, flags: list[str], options: dict[str, str], capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`kvadvise ollama MODEL --ollama-version X` (and --runner, --platform) asked through the API: a runtime object
+    with those options (kvadvise.plugins.BindsModel) plans the same document, Ollama's replayed decision and all."""
+    from kvadvise.backends.ollama.runtime import OllamaRuntime
+
+    monkeypatch.setenv("OLLAMA_HOST", "http://127.0.0.1:9")  # no server: the release is the one given
+    ctx = int(flags[flags.index("--ctx") + 1]) if "--ctx" in flags else None
+    rc, cli_doc = _cli(capsys, "ollama", model, "--gpu", card, "--ram", "64GiB", *flags)
+    request = kvadvise.PlanRequest(gpu=card, ram_bytes=RAM, n_ctx=ctx)
+    plan = kvadvise.plan(model, request, runtime=OllamaRuntime(**options))
+    assert rc == (3 if plan.runnable is False else 0)
+    assert _live(kvadvise.to_json(plan)) == cli_doc, (model, flags)
+
+
+def test_a_bad_ollama_version_through_the_api_is_refused_as_the_command_refuses_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from kvadvise.backends.ollama.runtime import OllamaRuntime
+
+    rc = main(["ollama", "qwen3:8b", "--gpu", "rtx-4090", "--ollama-version", "0.12.3x"])
+    cli_message = capsys.readouterr().err.splitlines()[0].removeprefix("kvadvise: error: ")
+    with pytest.raises(KvadviseError) as e:
+        kvadvise.plan("qwen3:8b", kvadvise.PlanRequest(gpu="rtx-4090"), runtime=OllamaRuntime(ollama_version="0.12.3x"))
+    assert rc == e.value.exit_code == 2 and e.value.message == cli_message
+
+
+def test_a_runtime_object_without_options_for_a_model_reference_is_refused() -> None:
+    from kvadvise.runtime.llamaserver import LlamaServer
+
+    with pytest.raises(KvadviseError, match="takes a ModelSpec, or give it by name"):
+        kvadvise.plan("whatever.gguf", kvadvise.PlanRequest(), runtime=LlamaServer())

@@ -100,6 +100,25 @@ class OllamaRuntime:
         self._server_version: tuple[str | None] | None = None  # /api/version, read once
         self._num_batch = 0  # the num_batch an in-process runner was planned with
 
+    def for_model(self, ref: str) -> tuple[ModelSpec, OllamaRuntime]:
+        """``ref`` resolved as `kvadvise ollama REF` resolves it (on ``host``), and this runtime's options bound to
+        that model (kvadvise.plugins.BindsModel): the API's way to ask with --ollama-version, --runner, ..."""
+        from kvadvise.backends.ollama import api
+        from kvadvise.backends.ollama.resolve import resolve
+
+        with api.session():
+            model = resolve(ref, host=self.host)
+        return model.spec, OllamaRuntime(
+            model,
+            host=self.host,
+            platform=self.platform,
+            server_default=self.server_default,
+            live=self.live,
+            runner=self.runner,
+            ollama_version=self.ollama_version,
+            mlx_quant=self.mlx_quant,
+        )
+
     @property
     def program(self) -> str:
         """Whose rules size the compute graph (RunConfig.runtime): llama-server for Ollama >= 0.30, the
