@@ -282,7 +282,9 @@ def plan(
             spec, rt = model, named(name)
     elif isinstance(model, str):  # a runtime object: its options, bound to the model its backend resolves
         if not isinstance(runtime, BindsModel):
-            raise _invalid("runtime", f"{runtime.name} takes a ModelSpec, or give it by name (runtime={runtime.name!r})")
+            raise _invalid(
+                "runtime", f"{runtime.name} takes a ModelSpec, or give it by name (runtime={runtime.name!r})"
+            )
         spec, rt = runtime.for_model(_text("model", model))
     else:
         _need("model", model, ModelSpec, "a ModelSpec or a model reference")

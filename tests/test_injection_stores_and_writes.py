@@ -416,6 +416,21 @@ def test_the_chart_and_a_config_naming_one_file_are_refused(
         assert _left(out) == []
 
 
+@pytest.mark.parametrize("option", ["--write-env", "--write-modelfile", "--write-preset"])
+def test_a_file_option_given_twice_is_refused_and_nothing_is_written(
+    option: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--write-env a --write-env b` wrote b alone and said nothing of a (click keeps the last value)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    first, second = str(out / "a"), str(out / "b")
+    models = ("qwen3:8b", "gemma3:4b") if option == "--write-preset" else ("qwen3:8b",)
+    monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
+    rc, _, err = run(capsys, "ollama", *models, "--gpu", "rtx-4090", option, first, option, second)
+    assert rc == 2 and f"'{option}': given 2 times" in err and err.count("\n") <= 2, err
+    assert _left(out) == []
+
+
 @pytest.mark.parametrize("bad", ["/proc/kvadvise-test.env", "/proc/self/kvadvise.env"])
 def test_a_target_that_cannot_be_written_leaves_the_others_unwritten(
     bad: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch

@@ -143,6 +143,14 @@ class TextType(click.ParamType):  # type: ignore[type-arg]  # generic in click >
 TEXT = TextType()
 
 
+def one_path(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> str | None:
+    """A file option (``--write-env PATH``) given twice is refused: click keeps the last, and the first file
+    asked for would silently not be written. Declared with ``multiple=True`` so the repeat can be seen."""
+    if len(value) > 1:
+        raise click.BadParameter(f"given {len(value)} times ({', '.join(value)}): one path, once", ctx, param)
+    return value[0] if value else None
+
+
 class FiniteFloatRange(click.FloatRange):
     """``click.FloatRange`` without ``nan`` and ``inf``: nan passes its bounds (every comparison with it is
     false) and reached the planner as an internal error."""

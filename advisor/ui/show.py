@@ -13,7 +13,7 @@ import click
 from kvadvise.errors import EXIT_NO_FIT
 from kvadvise.text import wrapped
 from kvadvise.ui import output
-from kvadvise.ui.flags import View, take
+from kvadvise.ui.flags import TEXT, View, one_path, take
 
 if TYPE_CHECKING:
     from kvadvise.files import NewFile
@@ -208,7 +208,9 @@ def writer_options(writers: Sequence[Writer[Plan]]) -> Callable[[Callable[..., N
             help="Overwrite files that exist: all are replaced, or none; no copy of the old ones is kept.",
         )(f)
         for w in reversed(writers):  # the path is checked with the others before any is written (kvadvise.files)
-            f = click.option(w.option, w.dest, metavar=w.metavar, default=None, help=w.help)(f)
+            f = click.option(
+                w.option, w.dest, metavar=w.metavar, type=TEXT, multiple=True, callback=one_path, help=w.help
+            )(f)
         return f
 
     return decorate

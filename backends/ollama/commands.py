@@ -17,7 +17,7 @@ from kvadvise.model.spec import ModelSpec
 from kvadvise.planner.memory import RunConfig
 from kvadvise.request import PlanRequest
 from kvadvise.ui import output
-from kvadvise.ui.flags import LIST_SORTS, TEXT, Flags, run_options, take
+from kvadvise.ui.flags import LIST_SORTS, TEXT, Flags, one_path, run_options, take
 from kvadvise.ui.show import answer, writer_options, writer_paths
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -373,14 +373,16 @@ def with_installed(cmd: click.Command) -> click.Command:
             ["--write-preset"],
             metavar="PATH",
             type=TEXT,  # an empty path or a NUL byte: exit 2
-            default=None,
+            multiple=True,
+            callback=one_path,  # given twice: exit 2, not the last one silently
             help="With several models: also write them as a llama-server router preset (--models-preset).",
         ),
         click.Option(
             ["--write-llama-swap"],
             metavar="PATH",
             type=TEXT,  # an empty path or a NUL byte: exit 2
-            default=None,
+            multiple=True,
+            callback=one_path,  # given twice: exit 2, not the last one silently
             help="With several models: also write them as a llama-swap config (a cmd each, groups that fit "
             "together; written also when they do not all fit at once).",
         ),
@@ -388,7 +390,8 @@ def with_installed(cmd: click.Command) -> click.Command:
             ["--write-modelfiles"],
             metavar="DIR",
             type=TEXT,  # an empty path or a NUL byte: exit 2
-            default=None,
+            multiple=True,
+            callback=one_path,  # given twice: exit 2, not the last one silently
             help="With several models: a Modelfile for each model that needs its own context, in DIR.",
         ),
         click.Option(
