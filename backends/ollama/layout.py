@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from kvadvise.backends.ollama import estimate_legacy
 from kvadvise.backends.ollama.estimate_legacy import LegacyModel, human_bytes2
 from kvadvise.errors import InputError
+from kvadvise.model.ggml import GGMLType, is_quantized
 
 MIB = 1024**2
 FIRST_VERSION = (0, 12, 11)  # llm/memory.go deleted; llamaServer.Load lays the llamarunner out
@@ -465,6 +466,13 @@ def free_after_loaded(total_bytes: int, reported_free_bytes: int, loaded_vram_by
 # ------------------------------------------------------------------------ llm/server.go llamaServer.Load
 
 
+def kv_cache_type_is_quantized(cache_type: str) -> bool:
+    """fs/ggml GGML.KVCacheTypeIsQuantized (v0.13.4): every type but "" and ggml's float types (f16, f32, bf16);
+    a name ggml does not know counts as quantized there too (ggml's integer types, which no cache takes, do not)."""
+    t = next((t for t in GGMLType if t.type_name == cache_type), None)
+    return cache_type != "" and (t is None or is_quantized(t))
+
+
 def check_modelled(model: LegacyModel, version: str) -> tuple[int, int, int]:
     """The parsed version where this port is the llamarunner's layout, else raise LayoutNotModelled."""
     v = estimate_legacy.parse_version(version)
@@ -518,13 +526,13 @@ def llama_server_load(
     batch = min(num_batch, num_ctx)
     kvct = kv_cache_type.lower()
     fa_on = flash_attention == "on"
+    supported = estimate_legacy.supports_kv_cache_type(model, kvct, v)  # GGML.SupportsKVCacheType
     if v >= FA_TYPE_FROM:  # the llamarunner's FlashAttentionType: a quantized cache needs it Enabled
-        quantized = kvct not in ("", "f16", "f32", "bf16")
-        if quantized and not fa_on:
+        if kv_cache_type_is_quantized(kvct) and not fa_on:
             kvct = ""
-        elif kvct not in ("", "f16", "q8_0", "q4_0"):
+        elif not supported:
             kvct = ""  # "unsupported OLLAMA_KV_CACHE_TYPE"
-    elif not fa_on or kvct not in ("", "f16", "q8_0", "q4_0"):
+    elif not fa_on or not supported:
         kvct = ""  # only with flash attention, and only a type SupportsKVCacheType knows
     if v >= EMBEDDING_BATCH_FROM and model.is_embedding and batch < num_ctx:
         batch = num_ctx
