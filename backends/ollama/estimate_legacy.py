@@ -277,7 +277,7 @@ def _tensor_bytes(t: LegacyTensor, v: tuple[int, int, int]) -> int:
     return n * _type_size(t.type_id, v) // _block_size(t.type_id, v)
 
 
-def _group_layers(model: LegacyModel) -> dict[str, dict[str, LegacyTensor]]:
+def group_layers(model: LegacyModel) -> dict[str, dict[str, LegacyTensor]]:
     """Tensors.GroupLayers: "blk.N" / "mm.N" joined with their number, else the first dotted part."""
     layers: dict[str, dict[str, LegacyTensor]] = {}
     for t in model.tensors:
@@ -289,7 +289,8 @@ def _group_layers(model: LegacyModel) -> dict[str, dict[str, LegacyTensor]]:
     return layers
 
 
-def _layer_bytes(layer: Mapping[str, LegacyTensor], v: tuple[int, int, int]) -> int:
+def layer_bytes(layer: Mapping[str, LegacyTensor], v: tuple[int, int, int]) -> int:
+    """Layer.Size: the bytes of a group's tensors as this release sizes them."""
     return sum(_tensor_bytes(t, v) for t in layer.values())
 
 
@@ -356,7 +357,7 @@ def graph_size(
     heads_kv = max(model.head_count_kv) if model.head_count_kv else 1
     vocab = model.n_vocab
     head, head_k, head_v = _head_dims(model)
-    layers = _group_layers(model)
+    layers = group_layers(model)
     bpe = _bytes_per_element(kv_cache_type)
 
     kv = [int(float(context * (head_k + head_v) * heads_kv) * bpe) for _ in range(model.block_count)]
@@ -500,13 +501,13 @@ def estimate_on_gpus(
     v = check_modelled(model, version)
     if not gpus:
         raise InputError("no GPU given", hint="pass the GPUs' free memory")
-    layers = _group_layers(model)
+    layers = group_layers(model)
     overhead = gpu_overhead_bytes
 
     if v < (0, 11, 5):  # "multimodal models require at least 2048 context": every model, v0.9.3..v0.11.4
         num_ctx = max(num_ctx, 2048)
 
-    layer_size = _layer_bytes(layers["blk.0"], v) if "blk.0" in layers else 0
+    layer_size = layer_bytes(layers["blk.0"], v) if "blk.0" in layers else 0
 
     use_fa = (
         (flash_attention or wants_flash_attention(model, v))
@@ -539,11 +540,11 @@ def estimate_on_gpus(
 
     memory_layer_output = 0
     if "output_norm" in layers:
-        memory_layer_output += _layer_bytes(layers["output_norm"], v)
+        memory_layer_output += layer_bytes(layers["output_norm"], v)
     if "output" in layers:
-        memory_layer_output += _layer_bytes(layers["output"], v)
+        memory_layer_output += layer_bytes(layers["output"], v)
     elif "token_embd" in layers:
-        memory_layer_output += _layer_bytes(layers["token_embd"], v)
+        memory_layer_output += layer_bytes(layers["token_embd"], v)
 
     gpu_zero_overhead = projector_bytes
     minimum = [g.minimum_bytes if g.minimum_bytes is not None else minimum_memory(g.library, v) for g in gpus]
@@ -569,8 +570,8 @@ def estimate_on_gpus(
     for i in range(model.block_count - 1, -1, -1):
         blk = layers.get(f"blk.{i}")
         if blk is not None:  # some models have inconsistent layer sizes
-            layer_size = _layer_bytes(blk, v) + kv[i]
-            memory_weights += _layer_bytes(blk, v)
+            layer_size = layer_bytes(blk, v) + kv[i]
+            memory_weights += layer_bytes(blk, v)
         if num_gpu >= 0 and layer_count >= num_gpu:
             overflow += layer_size
             continue

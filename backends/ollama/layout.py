@@ -538,13 +538,13 @@ def llama_server_load(
         batch = num_ctx
     # GraphSize reads useFlashAttention only in the gptoss branch (an ollamarunner model): "auto" is not on
     kv, graph_partial, graph_full = estimate_legacy.graph_size(model, num_ctx, batch, num_parallel, kvct, fa_on, v)
-    groups = estimate_legacy._group_layers(model)
+    groups = estimate_legacy.group_layers(model)
     total_layers = model.block_count + 1
 
     free = [g.free_bytes for g in gpus]
     blk0 = groups.get("blk.0")
     if blk0 is not None:  # "Use the size of one layer as a buffer"
-        buffer = estimate_legacy._layer_bytes(blk0, v) + kv[0]
+        buffer = estimate_legacy.layer_bytes(blk0, v) + kv[0]
         for i in range(len(free)):
             if v >= NO_UNDERFLOW_FROM:
                 free[i] = free[i] - buffer if free[i] > buffer else 0
@@ -558,15 +558,15 @@ def llama_server_load(
     for i in range(model.block_count):
         blk = groups.get(f"blk.{i}")
         if blk is not None:
-            cpu_weights[i] = estimate_legacy._layer_bytes(blk, v)
+            cpu_weights[i] = estimate_legacy.layer_bytes(blk, v)
             cpu_cache[i] += kv[i]
     output = 0  # "We historically haven't included InputWeights in the model size"
     if "output_norm" in groups:
-        output += estimate_legacy._layer_bytes(groups["output_norm"], v)
+        output += estimate_legacy.layer_bytes(groups["output_norm"], v)
     if "output" in groups:
-        output += estimate_legacy._layer_bytes(groups["output"], v)
+        output += estimate_legacy.layer_bytes(groups["output"], v)
     elif "token_embd" in groups:
-        output += estimate_legacy._layer_bytes(groups["token_embd"], v)
+        output += estimate_legacy.layer_bytes(groups["token_embd"], v)
     cpu_weights[total_layers - 1] = output
 
     kv_total = sum(kv)
