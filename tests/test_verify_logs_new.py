@@ -172,7 +172,8 @@ def test_attach_finds_the_server_on_either_default_port(
         assert "runs the plan's context and slots" in capsys.readouterr().out
         assert main([*base, "--ctx", "8192"]) == 3
         assert "its context per slot is 4,096, the plan's 8,192" in capsys.readouterr().out
-        assert main([*base[:4], f"127.0.0.1:{closed}", *base[5:], "--ctx", "4096"]) == 2
+        # no server there: a backend unreachable (exit 4, as `verify ollama` without an Ollama server)
+        assert main([*base[:4], f"127.0.0.1:{closed}", *base[5:], "--ctx", "4096"]) == 4
     finally:
         _kill(p)
 

@@ -195,15 +195,18 @@ def _one_mode(*, dry_run: bool, save_calibration: bool, log_file: str | None, at
 
 def _attach(address: str, path: str, plan: Plan) -> None:
     """``verify llamacpp --attach``: the running server's context and slots against the plan; exit 3 when
-    they differ, 2 when no server answers."""
-    from kvadvise.errors import EXIT_NO_FIT, InputError
+    they differ, 4 when no server answers (a backend unreachable, as `verify ollama` with no Ollama server)."""
+    from kvadvise.errors import EXIT_NO_FIT, BackendUnreachable
     from kvadvise.runtime.serverport import DEFAULT_PORTS, attach_checks, find_server, parse_address
 
     host, port = parse_address(address)
     server = find_server(host, port)
     if server is None:
         where = f"{host}:{port}" if port is not None else " or ".join(f"{host}:{p}" for p in DEFAULT_PORTS)
-        raise InputError(f"--attach: no llama-server answered /props on {where}", hint="give HOST:PORT")
+        raise BackendUnreachable(
+            f"--attach: no llama-server answered /props on {where}",
+            hint="start llama-server, or give the HOST:PORT it listens on",
+        )
     lay = plan.estimate.layout
     differs = attach_checks(server, lay.n_ctx_seq, lay.n_seq_max, path)
     sleeping = (
