@@ -166,9 +166,10 @@ def check_machine(r: PlanRequest, hw: Hardware | None, *, runtime: str = "llama-
         return
     for g in hw.gpus:
         if r.device == "metal" and g.backend != "metal":
+            what = "a --vram budget is a discrete GPU's" if hw.source == "manual" else f"{g.name} is not an Apple GPU"
             raise InputError(
-                f"--device metal: {g.name} is not an Apple GPU (Metal runs on Apple Silicon)",
-                hint="drop --device, or plan an Apple chip (`kvadvise gpus` lists them)",
+                f"--device metal: {what} (Metal runs on Apple Silicon)",
+                hint="drop --device, or plan an Apple chip by name (`kvadvise gpus` lists them: --gpu m4-max-64gb)",
             )
         if r.device in ("cuda", "vulkan") and g.backend == "metal":
             raise InputError(

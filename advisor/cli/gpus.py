@@ -236,12 +236,13 @@ def _buying(ref: str, target_ctx: int | None, use: str | None, *, show_all: bool
         if reaching:
             first = row(reaching[0])
             head = (
-                f"{name} at {goal:,} tokens, 100% on the GPU: the smallest card that does is {first['card']} "
+                f"{name} at {goal:,} token{'s' * (goal != 1)}, 100% on the GPU: the smallest card that does is "
+                f"{first['card']} "
                 f"({_gib(reaching[0].profile.memory_bytes)}, {_kv(first)}, {_tps(first)})"
             )
             output.result("\n".join(wrapped(head)))
         else:
-            output.result(f"{name} at {goal:,} tokens: no card of the list runs it 100% on the GPU")
+            output.result(f"{name} at {goal:,} token{'s' * (goal != 1)}: no card of the list runs it 100% on the GPU")
         output.line(
             f"{'CARD':<22}{'MEMORY':>10}{'BANDWIDTH':>11}  {'TARGET':<7}{'CONTEXT':>9}  {'CACHE':<6}{'T/S@4K':>8}{'T/S@CTX':>9}"
         )
