@@ -182,6 +182,10 @@ def _check_target(path: str | os.PathLike[str], *, force: bool) -> Path:
             raise InputError(f"{parent}: not a directory")
         if not force and (target.exists() or target.is_symlink()):
             raise InputError(f"{target} already exists", hint="pass --force to overwrite it")
+        if target.is_symlink():  # overwritten as an editor or `>` does: through the link, which stays
+            resolved = Path(os.path.realpath(target))
+            if not resolved.is_symlink():  # a loop of links is left to the checks below, as it is
+                return _check_target(resolved, force=force)
     except OSError as e:  # a name too long, a folder that cannot be searched
         raise _os_error(target, e) from None
     return target

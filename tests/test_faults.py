@@ -772,6 +772,23 @@ def test_no_hard_links_falls_back_without_clobbering(tmp_path: Path, monkeypatch
     assert sorted(p.name for p in tmp_path.iterdir()) == ["Modelfile"]
 
 
+def test_force_writes_through_a_symlink_and_keeps_it(tmp_path: Path) -> None:
+    """`--write-env ~/.config/llama.env --force` where that name links into a dotfiles folder: the link was
+    replaced by a regular file (the link lost, the dotfiles copy left stale); now the file it points to is
+    replaced, as an editor or the shell's `>` writes, and the link stays. Without --force it is refused."""
+    dotfiles = tmp_path / "dotfiles"
+    dotfiles.mkdir()
+    real = dotfiles / "llama.env"
+    real.write_text("old\n")
+    link = tmp_path / "llama.env"
+    link.symlink_to(real)
+    with pytest.raises(InputError, match="already exists"):
+        write_text_file(link, "new\n", force=False)
+    assert write_text_file(link, "new\n", force=True) == real
+    assert link.is_symlink() and os.readlink(link) == str(real) and real.read_text() == "new\n"
+    assert sorted(p.name for p in dotfiles.iterdir()) == ["llama.env"]  # no temporary file left
+
+
 def test_cli_write_env_no_clobber_and_bad_dirs(
     tiny_gguf: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
