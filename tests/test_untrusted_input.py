@@ -923,7 +923,7 @@ def test_several_files_are_checked_before_any_is_written(
     plan = ("ollama", "qwen3-coder", "--gpu", "rtx-4090")
     cases = [
         (("--write-modelfile", str(tmp_path / "Modelfile"), "--write-env", str(mine)), "already exists"),
-        (("--write-modelfile", str(tmp_path / "Modelfile"), "--write-env", ""), "--write-env: the path is empty"),
+        (("--write-modelfile", str(tmp_path / "Modelfile"), "--write-env", ""), "'--write-env': the value is empty"),
         (
             ("--write-env", str(tmp_path / "a.env"), "--write-systemd", str(tmp_path / "." / "a.env"), "--force"),
             "--write-env and --write-systemd name the same file",
@@ -935,7 +935,7 @@ def test_several_files_are_checked_before_any_is_written(
         assert not (tmp_path / "Modelfile").exists() and not (tmp_path / "a.env").exists()
     assert mine.read_text() == "KEEP=1\n"
     rc, _, err = run(capsys, "llamacpp", str(gemma_path), "--gpu", "rtx-4090", "--write-env", "")
-    assert rc == 2 and "--write-env: the path is empty" in err
+    assert rc == 2 and "'--write-env': the value is empty" in err  # refused as a flag value, before any write
     rc, _, _ = run(
         capsys, *plan, "--write-modelfile", str(tmp_path / "Modelfile"), "--write-env", str(tmp_path / "a.env")
     )
