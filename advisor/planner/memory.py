@@ -744,9 +744,18 @@ def mask_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     """The KQ masks, one per cache kind (full and SWA): [n_kv, n_tokens/n_stream, 1, n_stream], f16 with
     flash attention, else f32 (src/llama-graph.cpp build_attn_inp_kq_mask, 0c1e570); f32 with flash attention
     too in builds before #23764 (kvadvise.planner.builds; an unknown build: the newest rules)."""
-    s = _sizes(spec, lay)
+    return _mask_inputs(_sizes(spec, lay), lay)
+
+
+def _mask_inputs(s: _Sizes, lay: ContextLayout) -> int:
+    """:func:`mask_bytes` of sizes already worked out."""
     f32 = not lay.flash_attn or _f32_fa_mask(lay)
     return s.mask_cells * lay.n_ubatch * (4 if f32 else 2)
+
+
+def _ids_bytes(lay: ContextLayout) -> int:
+    """The host's token and position ids (i32 [n_ubatch] each) and the output ids (i32 per reserved row)."""
+    return 4 * lay.n_ubatch * 2 + 4 * min(lay.n_ubatch, lay.n_outputs_max)
 
 
 def compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
@@ -759,10 +768,14 @@ def compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     allocation pass (llama-fit-params, b11312) on real-size models of 20 families (tests/test_oracle.py).
     Builds before #15850: ggml-alloc's own figure where llama_graph builds the graph (_exact_device_compute)."""
     exact = _exact_device_compute(spec, lay)
-    return exact if exact is not None else _cpu_compute(spec, lay, _f32_fa_mask(lay))
+    if exact is not None:
+        return exact
+    s = _sizes(spec, lay)
+    layer = _layer_peak(s, lay) + s.layer_inputs
+    return pad(max(s.logits + 2 * s.embd + s.ple, layer + s.embd), ALIGNMENT["cuda"])
 
 
-def _layer_peak(s: _Sizes, lay: ContextLayout, f32_mask: bool) -> int:
+def _layer_peak(s: _Sizes, lay: ContextLayout) -> int:
     """A layer's peak: the masks (f16 with flash attention, else f32) and the layer's live set; before
     ggml-org/llama.cpp#23764, with flash attention, also the f32 mask input until its f16 cast, which the
     first attention reads (build_attn_inp_kq_mask: ggml_cast of the f32 input; the PR: "the f32 mask still
@@ -770,6 +783,7 @@ def _layer_peak(s: _Sizes, lay: ContextLayout, f32_mask: bool) -> int:
     if not s.layer:
         return 0
     ub = lay.n_ubatch
+    f32_mask = _f32_fa_mask(lay)
     masks = s.mask_cells * ub * (2 if lay.flash_attn else 4)
     peak = masks + s.layer
     if f32_mask and s.attn:
@@ -780,12 +794,6 @@ def _layer_peak(s: _Sizes, lay: ContextLayout, f32_mask: bool) -> int:
         # llama.cpp) on Gemma 3 12B's layers at 32k, 181.5 MiB for 178 planned (146 without this)
         peak = max(peak, s.lead_swa_masks + s.layer)
     return peak
-
-
-def _cpu_compute(spec: ModelSpec, lay: ContextLayout, f32_mask: bool) -> int:
-    s = _sizes(spec, lay)
-    layer = _layer_peak(s, lay, f32_mask) + s.layer_inputs
-    return pad(max(s.logits + 2 * s.embd + s.ple, layer + s.embd), ALIGNMENT["cuda"])
 
 
 def host_compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
@@ -801,20 +809,13 @@ def host_compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     builds before #23764, which also kept the mask f32 with flash attention. Measured with llama.cpp's
     allocation pass on RPC devices (b11312, 20 families, tests/test_oracle.py) and published logs.
     """
-    return _host_compute(spec, lay, _f32_fa_mask(lay))
-
-
-def _host_compute(spec: ModelSpec, lay: ContextLayout, f32_mask: bool) -> int:
     s = _sizes(spec, lay)
-    ub = lay.n_ubatch
-    masks = s.mask_cells * ub * (2 if lay.flash_attn and not f32_mask else 4)
-    old = builds.older_than(lay.llama_build, builds.F16_MASK_FA)
-    rows = 1 if f32_mask or old else 2
-    v_idxs = _v_idxs_bytes(spec, lay)
-    ids = 4 * ub * 2 + 4 * min(ub, lay.n_outputs_max)  # tokens and positions (i32), output ids (i32)
+    rows = 1 if builds.older_than(lay.llama_build, builds.F16_MASK_FA) else 2
     # Gemma 3n/4: per_layer_token_embd is an input tensor on the CPU, so its get_rows for the batch is here
     # (one [n_embd_per_layer * n_layer, n_ubatch] f32; exact on 24 shapes of llama.cpp's allocation pass)
-    return pad(masks + rows * s.embd + v_idxs + ids + s.ple, ALIGNMENT["cuda"])
+    return pad(
+        _mask_inputs(s, lay) + rows * s.embd + _v_idxs_bytes(spec, lay) + _ids_bytes(lay) + s.ple, ALIGNMENT["cuda"]
+    )
 
 
 def _v_idxs_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
@@ -852,7 +853,15 @@ def device_compute_bytes(spec: ModelSpec, lay: ContextLayout, *, weight_copy: in
 
 
 def _analytic_device_compute(spec: ModelSpec, lay: ContextLayout, weight_copy: int = 0) -> int:
-    return _device_compute(spec, lay, _f32_fa_mask(lay), weight_copy)
+    s = _sizes(spec, lay)
+    layer = _layer_peak(s, lay)
+    if weight_copy and s.layer:  # op offload: the copy beside a matmul's inputs and output, masks alive
+        layer = max(layer, s.mask_cells * lay.n_ubatch * (2 if lay.flash_attn else 4) + s.layer + weight_copy)
+        if _f32_fa_mask(lay) and s.lead_swa_masks:  # and in a leading sliding-window layer, the f32 mask (above)
+            layer = max(layer, s.lead_swa_masks + s.layer + weight_copy)
+    layer += s.layer_inputs
+    # the logits land above the per-layer inputs' hole (measured: + the inputs' size + 0 to 5 MiB)
+    return pad(max(s.logits + 2 * s.embd + s.ple, layer), ALIGNMENT["cuda"])
 
 
 # kvadvise.planner.llama_graph's graphs; granite's is llama's with in-place scales (src/models/granite.cpp)
@@ -916,18 +925,6 @@ def _reserved(shape: LlamaShape, device_alignment: int) -> int:
     """The device's buffer of ``shape``'s reserve graph (tens of ms for a large model: a context search asks
     for the same shape more than once)."""
     return reserve_sizes(build(shape), (device_alignment, ALIGNMENT["cpu"]))[0]
-
-
-def _device_compute(spec: ModelSpec, lay: ContextLayout, f32_mask: bool, weight_copy: int) -> int:
-    s = _sizes(spec, lay)
-    layer = _layer_peak(s, lay, f32_mask)
-    if weight_copy and s.layer:  # op offload: the copy beside a matmul's inputs and output, masks alive
-        layer = max(layer, s.mask_cells * lay.n_ubatch * (2 if lay.flash_attn else 4) + s.layer + weight_copy)
-        if f32_mask and s.lead_swa_masks:  # and in a leading sliding-window layer, the f32 mask (above)
-            layer = max(layer, s.lead_swa_masks + s.layer + weight_copy)
-    layer += s.layer_inputs
-    # the logits land above the per-layer inputs' hole (measured: + the inputs' size + 0 to 5 MiB)
-    return pad(max(s.logits + 2 * s.embd + s.ple, layer), ALIGNMENT["cuda"])
 
 
 def op_offload_growth(spec: ModelSpec, lay: ContextLayout, weight_copy: int) -> int:
@@ -1021,7 +1018,7 @@ def _split_compute(spec: ModelSpec, lay: ContextLayout, part: _DeviceLayers, *, 
     ub = lay.n_ubatch
     s = _sizes(part.spec, lay)
     f32_mask = _f32_fa_mask(lay)
-    masks = s.mask_cells * ub * (2 if lay.flash_attn and not f32_mask else 4)
+    masks = _mask_inputs(s, lay)
     shapes = layer_shapes(part.spec)
     kinds = bool(shapes.kv_group) + bool(shapes.swa_group)
     v_idxs = 8 * ub * spec.n_embd_v_gqa_max() * kinds if lay.v_trans and not spec.is_mla else 0
@@ -1303,11 +1300,9 @@ def _offloaded(
         # f32, "inputs not consumed by any node (e.g. the embeddings input of a text-only batch)"); beside them
         # the token embeddings' get_rows. Without flash attention the row indices, not a Q-sized tensor (Gemma 3
         # 12B's shape 32 MiB under, DeepSeek-V2-Lite's 72 over before: benchmarks/bench_split.py)
-        ub = lay.n_ubatch
-        embd = 4 * ub * spec.n_embd
-        ids = 4 * ub * 2 + 4 * min(ub, lay.n_outputs_max)
+        embd = 4 * lay.n_ubatch * spec.n_embd
         inputs = mask_bytes(spec, lay) + embd + _v_idxs_bytes(spec, lay)
-        host_compute = pad(copies * inputs + embd + ids, ALIGNMENT["cuda"])
+        host_compute = pad(copies * inputs + embd + _ids_bytes(lay), ALIGNMENT["cuda"])
     else:
         host_compute = host_compute_bytes(spec, lay)
     host_w = spec.tok_embd_bytes + spec.input_extra_bytes  # the input layer (dev_input: the CPU)
