@@ -56,13 +56,11 @@ class OllamaBackend:
         return OllamaRuntime()
 
     def runtime_for(self, ref: str) -> tuple[ModelSpec, OllamaRuntime]:
-        """``ref`` resolved as `kvadvise ollama REF` resolves it, and Ollama bound to that model."""
-        from kvadvise.backends.ollama import api
+        """``ref`` resolved as `kvadvise ollama REF` resolves it, and Ollama (its default options) bound to that
+        model."""
         from kvadvise.backends.ollama.runtime import OllamaRuntime
 
-        with api.session():
-            model = resolve(ref)
-        return model.spec, OllamaRuntime(model)
+        return OllamaRuntime().for_model(ref)
 
     def builtin_models(self) -> tuple[tuple[str, ModelSpec], ...]:
         """The built-in profiles (profiles/ollama_models.json) as (model:tag, spec): what `kvadvise compare`
