@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from live_state import without_live_ram
 
 import kvadvise
 from kvadvise.cli import main
@@ -37,26 +38,10 @@ CARDS = ("rtx-4090", "rtx-3060-12gb", "rtx-4060", "m4-max-64gb")
 OLLAMA_MODELS = ("qwen3-coder", "gemma3:4b", "llama3.1:8b", "gpt-oss:20b", "qwen3:32b", "deepseek-r1:8b")
 
 
-def _live(doc: dict[str, Any]) -> dict[str, Any]:
-    """The document without what is read from this machine at the moment (free RAM)."""
-    hw = doc.get("hardware")
-    if isinstance(hw, dict):
-        hw.pop("ram_free_bytes", None)
-    ram = doc.get("ram")
-    if isinstance(ram, dict):
-        ram.pop("ram_bytes", None)
-        ram.pop("fits", None)
-    off = doc.get("offload")
-    if isinstance(off, dict) and isinstance(off.get("ram"), dict):
-        off["ram"].pop("ram_bytes", None)
-        off["ram"].pop("fits", None)
-    return doc
-
-
 def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, Any]]:
     rc = main([*args, "--json"])
     out = capsys.readouterr().out
-    return rc, _live(json.loads(out))
+    return rc, without_live_ram(json.loads(out))
 
 
 @pytest.mark.parametrize("card", CARDS)
@@ -70,7 +55,7 @@ def test_ollama_the_api_and_the_cli_agree(
         rc, cli_doc = _cli(capsys, "ollama", model, "--gpu", card, "--ram", "64GiB", *flags)
         plan = kvadvise.plan(model, kvadvise.PlanRequest(gpu=card, ram_bytes=RAM, **fields), runtime="ollama")
         assert rc == (3 if plan.runnable is False else 0), (model, card, flags)
-        assert _live(kvadvise.to_json(plan)) == cli_doc, (model, card, flags)
+        assert without_live_ram(kvadvise.to_json(plan)) == cli_doc, (model, card, flags)
         assert cli_doc["runtime"] == "ollama" and "ollama" in cli_doc
 
 
@@ -83,9 +68,9 @@ def test_llama_server_the_api_and_the_cli_agree(
     spec = kvadvise.load_model(str(gemma_path))
     request = kvadvise.PlanRequest(vram_bytes=(640 << 20,), ram_bytes=RAM, **fields)
     _, cli_doc = _cli(capsys, "gguf", str(gemma_path), "--vram", "640MiB", "--ram", "64GiB", *flags)
-    assert _live(kvadvise.to_json(kvadvise.plan(spec, request))) == cli_doc, flags
+    assert without_live_ram(kvadvise.to_json(kvadvise.plan(spec, request))) == cli_doc, flags
     _rc, cli_doc = _cli(capsys, "llamacpp", str(gemma_path), "--vram", "640MiB", "--ram", "64GiB", *flags)
-    doc = _live(kvadvise.to_json(kvadvise.plan(str(gemma_path), request)))
+    doc = without_live_ram(kvadvise.to_json(kvadvise.plan(str(gemma_path), request)))
     assert doc == cli_doc and doc["llama_server"]["command"].startswith("llama-server -m "), flags
 
 
@@ -100,7 +85,7 @@ def test_the_backend_of_a_card_given_by_size(
     flags = ["--vram", "2GiB", "--bandwidth", "1024", "--ram", "64GiB", "--device", device]
     request = kvadvise.PlanRequest(vram_bytes=(2 << 30,), bandwidth_gbs=1024, ram_bytes=RAM, device=device)
     _rc, cli_doc = _cli(capsys, "llamacpp", str(gemma_path), *flags)
-    doc = _live(kvadvise.to_json(kvadvise.plan(str(gemma_path), request)))
+    doc = without_live_ram(kvadvise.to_json(kvadvise.plan(str(gemma_path), request)))
     assert doc == cli_doc
     assert [d["name"] for d in doc["memory"]["devices"] if d["name"] != "CPU"] == [f"{prefix}0"]
     assert f"({device})" in doc["speed_note"] or f"({device}, its default class assumed" in doc["speed_note"]
@@ -121,7 +106,7 @@ def test_a_card_given_by_size_takes_the_class_of_the_catalogue_cards_it_matches(
     rocm = kvadvise.PlanRequest(vram_bytes=(32 << 30,), bandwidth_gbs=1024, ram_bytes=RAM, device="rocm")
     _rc, cli_doc = _cli(capsys, "llamacpp", str(gemma_path), "--vram", "32GiB", "--bandwidth", "1024", "--ram",
                         "64GiB", "--device", "rocm")  # fmt: skip
-    doc = _live(kvadvise.to_json(kvadvise.plan(str(gemma_path), rocm)))
+    doc = without_live_ram(kvadvise.to_json(kvadvise.plan(str(gemma_path), rocm)))
     assert doc == cli_doc
     mi50 = kvadvise.to_json(kvadvise.plan(str(gemma_path), kvadvise.PlanRequest(gpu="mi50-32gb", ram_bytes=RAM)))
     assert doc["decode_tokens_per_s"] == mi50["decode_tokens_per_s"] and "GCN class" in doc["speed_note"]
@@ -235,7 +220,11 @@ def test_bad_api_values_raise_domain_errors() -> None:
 )  # fmt: skip
 @pytest.mark.parametrize("model", ["gpt-oss:20b", "qwen2.5-coder:7b", "llama3.1:8b"])
 def test_ollamas_own_options_through_the_api(
-    model: str, card: str, flags: list[str], options: dict[str, str], capsys: pytest.CaptureFixture[str],
+    model: str,
+    card: str,
+    flags: list[str],
+    options: dict[str, str],
+    capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """`kvadvise ollama MODEL --ollama-version X` (and --runner, --platform) asked through the API: a runtime object
@@ -248,7 +237,7 @@ def test_ollamas_own_options_through_the_api(
     request = kvadvise.PlanRequest(gpu=card, ram_bytes=RAM, n_ctx=ctx)
     plan = kvadvise.plan(model, request, runtime=OllamaRuntime(**options))
     assert rc == (3 if plan.runnable is False else 0)
-    assert _live(kvadvise.to_json(plan)) == cli_doc, (model, flags)
+    assert without_live_ram(kvadvise.to_json(plan)) == cli_doc, (model, flags)
 
 
 def test_a_bad_ollama_version_through_the_api_is_refused_as_the_command_refuses_it(

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import click
 import pytest
+from live_state import without_live_ram
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -91,10 +92,7 @@ def _plan(python: str, site: Path, tmp: Path, argv: list[str]) -> dict[str, obje
     assert p.returncode == 0, (python, argv, p.stderr[-2000:])
     doc = json.loads(p.stdout)
     assert isinstance(doc, dict)
-    hardware = doc.get("hardware")
-    if isinstance(hardware, dict):
-        hardware.pop("ram_free_bytes", None)  # this machine's free RAM moves between two runs
-    return doc
+    return without_live_ram(doc)  # this machine's free RAM moves between two runs
 
 
 @pytest.mark.skipif(not PYTHONS, reason="no other CPython >= 3.10 on this machine")
