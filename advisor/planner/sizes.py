@@ -210,10 +210,19 @@ def ids_bytes(lay: ContextLayout) -> int:
 
 
 def v_idxs_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
-    """Without flash attention, the V cache's row indices, graph inputs: i64 [n_embd_v_gqa * n_ubatch] per cache
-    (llm_graph_input_attn_kv::set_input, V being transposed; llm_graph_input_attn_kv_iswa: self_v_idxs and
-    self_v_idxs_swa, even where the SWA cache has as many cells as the full one, n_swa + n_ubatch >= n_ctx)."""
+    """Without flash attention, the V cache's row indices, graph inputs: i64 [n_embd_v_gqa_max * n_ubatch] per
+    cache kind ``spec``'s attention layers read (llama_kv_cache::build_input_v_idxs, V being transposed;
+    llm_graph_input_attn_kv_iswa: self_v_idxs and self_v_idxs_swa, even where the SWA cache has as many cells as
+    the full one, n_swa + n_ubatch >= n_ctx). The host holds them for the whole model (``spec``); a device of a
+    split copies in those of its own layers' kinds (its ``DeviceLayers.spec``, kvadvise.planner.split).
+
+    The tensor came with the cache written by ggml_set_rows (ggml-org/llama.cpp#14285 "kv-cache : use
+    ggml_set_rows", 2025-06, behind LLAMA_SET_ROWS; the default from #14959, the ggml_cpy path removed by
+    #15505, 2025-08-22): before, the graph copied K and V into views of the cache (llm_graph_context::build_attn,
+    ggml_cpy into k_cache_view / v_cache_view, e1e8e09 as Ollama 0.6.8 vendors it) and had no row indices, on the
+    host or on any device (kvadvise.planner.builds.SET_ROWS)."""
     if not lay.v_trans or spec.is_mla or builds.older_than(lay.llama_build, builds.SET_ROWS):
         return 0
-    kinds = len({spec.swa_layers[il] for il, kv in enumerate(spec.kv_layers) if kv})
+    shapes = layer_shapes(spec)
+    kinds = bool(shapes.kv_group) + bool(shapes.swa_group)
     return 8 * lay.n_ubatch * spec.n_embd_v_gqa_max() * kinds

@@ -70,9 +70,9 @@ def split_compute(spec: ModelSpec, lay: ContextLayout, part: DeviceLayers, *, co
     masks = mask_inputs(s, lay)
     shapes = layer_shapes(part.spec)
     kinds = bool(shapes.kv_group) + bool(shapes.swa_group)
-    v_idxs = 8 * ub * spec.n_embd_v_gqa_max() * kinds if lay.v_trans and not spec.is_mla else 0
     ids = 8 * ub * 2 * kinds + 16 * ub + (4 * min(ub, lay.n_outputs_max) if part.last else 0)
-    inputs = masks + (1 if 0 in part.layers else 2) * s.embd + v_idxs + ids
+    # the V row indices of its layers' cache kinds: the host's definition, build gate included (none before set_rows)
+    inputs = masks + (1 if 0 in part.layers else 2) * s.embd + v_idxs_bytes(part.spec, lay) + ids
     inputs += _mamba2_boundary_inputs(spec, part.layers, ub)
     # its layers' largest live set, the masks being inputs (before #23764 their f16 cast is not); without flash
     # attention the scores sit beside two rows of n_embd and two Q-sized tensors, one of each fewer than on a
