@@ -48,6 +48,74 @@ def layer_devices(n_layer_all: int, tensor_split: tuple[float, ...]) -> tuple[in
     return tuple(min(bisect.bisect_right(points, f32(il / act)), n_dev - 1) for il in range(act))
 
 
+@dataclass(frozen=True, slots=True)
+class DeviceLayers:
+    """One device's share of a split (-sm layer): its blocks, whether it has the output layer, the weights."""
+
+    layers: tuple[int, ...]
+    last: bool  # it holds the output layer
+    weights_bytes: int
+    n_layers: int  # as "offloaded N/M layers to GPU" counts them (the output layer is one)
+    # the model as this device's compute graph sees it: the attention and recurrent layers it holds, no others
+    spec: ModelSpec
+
+
+_SPLITS_MAX = 256  # the splits remembered (compare plans dozens of cards per model)
+_SPLITS: dict[tuple[int, tuple[int, ...], bool], tuple[ModelSpec, tuple[DeviceLayers, ...]]] = {}
+
+
+def device_layers(spec: ModelSpec, owner: tuple[int, ...], n_dev: int, cuda: bool) -> tuple[DeviceLayers, ...]:
+    """Each device's blocks and weights for a split: the same at every context, so worked out once per model
+    and split (kept for the last few hundred)."""
+    key = (id(spec), owner, cuda)
+    hit = _SPLITS.get(key)
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    # a spec without per-block sizes (a config the breakdown cannot count): the blocks share the weights
+    # evenly, so that a split over several devices gives each its layers' share, not all to the last one
+    layer_w = list(spec.layer_bytes) if any(spec.layer_bytes) else _even_layers(spec)
+    layer_pad = list(spec.layer_cuda_pad_bytes) or [0] * spec.n_layer_all
+    # llama_model::load_tensors: token_embd always stays on the CPU ("very little benefit"); what is not
+    # in a block (output, output_norm, ...) goes with the output layer; tied embeddings make that device
+    # hold a copy of token_embd as the output layer (an encoder has no output layer: no copy); the input layer's
+    # other tensors (per_layer_token_embd, position_embd, token_types) stay on the CPU with token_embd
+    tied_copy = spec.tok_embd_bytes if spec.output_bytes == 0 and spec.architecture not in ENCODER_ARCHS else 0
+    rest = spec.weights_bytes - spec.tok_embd_bytes - spec.input_extra_bytes - sum(layer_w) + tied_copy
+    rest_pad = spec.cuda_pad_bytes - sum(layer_pad) if cuda else 0
+    parts = []
+    for d in range(n_dev):
+        layers = tuple(il for il in range(spec.n_layer_all) if owner[il] == d)
+        last = owner[spec.n_layer_all] == d
+        weights = sum(layer_w[il] + (layer_pad[il] if cuda else 0) for il in layers) + (
+            (rest + rest_pad) if last else 0
+        )
+        n_layers = sum(1 for il in layers if il < spec.n_layer) + (1 if last else 0)
+        parts.append(DeviceLayers(layers, last, weights, n_layers, _device_spec(spec, layers)))
+    if len(_SPLITS) >= _SPLITS_MAX:
+        _SPLITS.clear()
+    out = _SPLITS[key] = (spec, tuple(parts))
+    return out[1]
+
+
+def _device_spec(spec: ModelSpec, layers: tuple[int, ...]) -> ModelSpec:
+    """The model with only ``layers``' attention and recurrent mixers (KV cells, recurrent state): what sizes the
+    compute graph of a device that holds those blocks (:func:`split_compute`)."""
+    held = [False] * spec.n_layer_all
+    for il in layers:
+        held[il] = True
+    rec = tuple(r and h for r, h in zip(spec.recurrent_layers, held, strict=True))
+    kv = tuple(k and h for k, h in zip(spec.kv_layers, held, strict=True))
+    return replace(spec, kv_layers=kv, recurrent_layers=rec, ssm=spec.ssm if any(rec) else None)
+
+
+def _even_layers(spec: ModelSpec) -> list[int]:
+    """Equal block sizes for a spec whose per-block sizes are unknown: the weights less the token embedding
+    and the output layer, over the trunk's layers."""
+    body = max(0, spec.weights_bytes - spec.tok_embd_bytes - spec.input_extra_bytes - spec.output_bytes)
+    n = max(1, spec.n_layer)
+    return [body // n if il < spec.n_layer else 0 for il in range(spec.n_layer_all)]
+
+
 def split_compute(spec: ModelSpec, lay: ContextLayout, part: DeviceLayers, *, copies: int) -> int:
     """One device's compute buffer in a split over several devices (-sm layer, pipeline parallelism): the
     single-device rules (kvadvise.planner.sizes.graph_sizes; kvadvise.planner.memory's layer peak) applied to the
@@ -117,74 +185,6 @@ def _mamba2_boundary_inputs(spec: ModelSpec, layers: tuple[int, ...], ub: int) -
     if hi + 1 < spec.n_layer and rec[hi] and rec[hi + 1]:
         out += 4 * ub * ssm.d_inner
     return out
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceLayers:
-    """One device's share of a split (-sm layer): its blocks, whether it has the output layer, the weights."""
-
-    layers: tuple[int, ...]
-    last: bool  # it holds the output layer
-    weights_bytes: int
-    n_layers: int  # as "offloaded N/M layers to GPU" counts them (the output layer is one)
-    # the model as this device's compute graph sees it: the attention and recurrent layers it holds, no others
-    spec: ModelSpec
-
-
-_SPLITS_MAX = 256  # the splits remembered (compare plans dozens of cards per model)
-_SPLITS: dict[tuple[int, tuple[int, ...], bool], tuple[ModelSpec, tuple[DeviceLayers, ...]]] = {}
-
-
-def device_layers(spec: ModelSpec, owner: tuple[int, ...], n_dev: int, cuda: bool) -> tuple[DeviceLayers, ...]:
-    """Each device's blocks and weights for a split: the same at every context, so worked out once per model
-    and split (kept for the last few hundred)."""
-    key = (id(spec), owner, cuda)
-    hit = _SPLITS.get(key)
-    if hit is not None and hit[0] is spec:
-        return hit[1]
-    # a spec without per-block sizes (a config the breakdown cannot count): the blocks share the weights
-    # evenly, so that a split over several devices gives each its layers' share, not all to the last one
-    layer_w = list(spec.layer_bytes) if any(spec.layer_bytes) else _even_layers(spec)
-    layer_pad = list(spec.layer_cuda_pad_bytes) or [0] * spec.n_layer_all
-    # llama_model::load_tensors: token_embd always stays on the CPU ("very little benefit"); what is not
-    # in a block (output, output_norm, ...) goes with the output layer; tied embeddings make that device
-    # hold a copy of token_embd as the output layer (an encoder has no output layer: no copy); the input layer's
-    # other tensors (per_layer_token_embd, position_embd, token_types) stay on the CPU with token_embd
-    tied_copy = spec.tok_embd_bytes if spec.output_bytes == 0 and spec.architecture not in ENCODER_ARCHS else 0
-    rest = spec.weights_bytes - spec.tok_embd_bytes - spec.input_extra_bytes - sum(layer_w) + tied_copy
-    rest_pad = spec.cuda_pad_bytes - sum(layer_pad) if cuda else 0
-    parts = []
-    for d in range(n_dev):
-        layers = tuple(il for il in range(spec.n_layer_all) if owner[il] == d)
-        last = owner[spec.n_layer_all] == d
-        weights = sum(layer_w[il] + (layer_pad[il] if cuda else 0) for il in layers) + (
-            (rest + rest_pad) if last else 0
-        )
-        n_layers = sum(1 for il in layers if il < spec.n_layer) + (1 if last else 0)
-        parts.append(DeviceLayers(layers, last, weights, n_layers, _device_spec(spec, layers)))
-    if len(_SPLITS) >= _SPLITS_MAX:
-        _SPLITS.clear()
-    out = _SPLITS[key] = (spec, tuple(parts))
-    return out[1]
-
-
-def _device_spec(spec: ModelSpec, layers: tuple[int, ...]) -> ModelSpec:
-    """The model with only ``layers``' attention and recurrent mixers (KV cells, recurrent state): what sizes the
-    compute graph of a device that holds those blocks (:func:`split_compute`)."""
-    held = [False] * spec.n_layer_all
-    for il in layers:
-        held[il] = True
-    rec = tuple(r and h for r, h in zip(spec.recurrent_layers, held, strict=True))
-    kv = tuple(k and h for k, h in zip(spec.kv_layers, held, strict=True))
-    return replace(spec, kv_layers=kv, recurrent_layers=rec, ssm=spec.ssm if any(rec) else None)
-
-
-def _even_layers(spec: ModelSpec) -> list[int]:
-    """Equal block sizes for a spec whose per-block sizes are unknown: the weights less the token embedding
-    and the output layer, over the trunk's layers."""
-    body = max(0, spec.weights_bytes - spec.tok_embd_bytes - spec.input_extra_bytes - spec.output_bytes)
-    n = max(1, spec.n_layer)
-    return [body // n if il < spec.n_layer else 0 for il in range(spec.n_layer_all)]
 
 
 def split_host_compute(spec: ModelSpec, lay: ContextLayout, *, copies: int) -> int:
