@@ -129,7 +129,7 @@ def test_memoized_plans_equal_plans_computed_afresh(monkeypatch: pytest.MonkeyPa
     """compare remembers per model what does not depend on the card (issue 30.3: 3.9x faster,
     benchmarks/bench_compare.py): every built-in profile on 8 cards under 4 settings plans exactly as
     with nothing remembered - context, cache types, every byte, options, decode figures and reasons."""
-    from kvadvise.planner import hardware, memory
+    from kvadvise.planner import hardware, layout, split
 
     # this machine's free RAM moves between the two passes; the plans read it (a partial offload's RAM)
     monkeypatch.setattr(hardware, "_ram_now", lambda: (64 << 30, 48 << 30))
@@ -143,8 +143,8 @@ def test_memoized_plans_equal_plans_computed_afresh(monkeypatch: pytest.MonkeyPa
         ({"target": 0, "use": None, "n_parallel": 1, "repeatable": True}, ("t4", "a100-80gb")),
     ]
     memo = _plans(sample)
-    monkeypatch.setattr(memory, "_SHAPES", _NeverHit())
-    monkeypatch.setattr(memory, "_SPLITS", _NeverHit())
+    monkeypatch.setattr(layout, "_SHAPES", _NeverHit())
+    monkeypatch.setattr(split, "_SPLITS", _NeverHit())
     fresh = _plans(sample)
     assert len(memo) == len(fresh) > 500
     for (name, label, i, a), (_, _, _, b) in zip(memo, fresh, strict=True):

@@ -163,7 +163,7 @@ def test_cli_plan_over_rpc_hosts_is_what_llama_server_allocates(
 # benchmarks/bench_split.py, a few cases: real-size shapes (sparse GGUFs: the header only), each device's compute
 # buffer against llama.cpp's no-allocation reserve over loopback rpc-servers (llama-fit-params: the whole batch's
 # logits; llama-server's -fit pass: one row). Each was under the bar before the split was planned by the
-# single-device rules on each device's layers (kvadvise.planner.memory._split_compute): by how much, in MiB; the
+# single-device rules on each device's layers (kvadvise.planner.split.split_compute): by how much, in MiB; the
 # host's compute buffer (the graph inputs in 4 copies) within the same bar.
 SPARSE_CASES = [  # (bench_split model, -ts, -fa, n_ctx, outputs)
     ("qwen3-0.6b", "1,1,1", "off", 4096, "batch"),  # V row indices and two hidden-state rows copied in: 22 under

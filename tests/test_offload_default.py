@@ -32,9 +32,10 @@ from kvadvise.model.gguf import read_file
 from kvadvise.planner.budget import plan_budget
 from kvadvise.planner.hardware import manual, manual_many, with_ram
 from kvadvise.planner.hostram import DEFAULT_CACHE_RAM_MIB, checkpoint_bytes, plan_host_ram
-from kvadvise.planner.memory import RunConfig, estimate, layer_devices
+from kvadvise.planner.memory import RunConfig, estimate
 from kvadvise.planner.planning import make_plan
 from kvadvise.planner.policy import Policy
+from kvadvise.planner.split import layer_devices
 
 MIB, GIB = 1 << 20, 1 << 30
 RAM = ("--ram", "64GiB")  # the RAM these plans are for, whatever this machine has free

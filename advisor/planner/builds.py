@@ -8,10 +8,13 @@ the exact build is not known, the earliest it can be, so that an older build is 
 - SWA_PAD_256 (ggml-org/llama.cpp#17046, merged 2025-11-06): the sliding-window cache is padded to 256
   cells like the full one (llama_kv_cache_iswa); before, it held min(n_ctx, n_swa + n_ubatch) cells (a
   b6182 log prints 640 cells for gpt-oss at n_ubatch 512, not 768).
-- SET_ROWS (the KV cache written with ggml_set_rows, llama_kv_cache::cpy_v; 2025, replacing ggml_cpy: the
-  log of b6000-era builds says "LLAMA_SET_ROWS=0, using old ggml_cpy() method"): without flash attention the
-  host holds the V cache's row indices, i64 [n_embd_v_gqa * n_ubatch] per cache. The exact build is not known
-  here: from b6200 on it is planned (a b6209 log and later show it; 2024 and early 2025 logs do not).
+- SET_ROWS (the KV cache written with ggml_set_rows, llama_kv_cache::cpy_v, with the row indices as graph inputs,
+  build_input_k_idxs / build_input_v_idxs: ggml-org/llama.cpp#14285, 2025-06, behind LLAMA_SET_ROWS; the default
+  from #14959, the ggml_cpy path removed by #15505, 2025-08-22; the log of b6000-era builds says "LLAMA_SET_ROWS=0,
+  using old ggml_cpy() method"): without flash attention the host holds the V cache's row indices, i64
+  [n_embd_v_gqa * n_ubatch] per cache, and each device of a split copies in its own
+  (kvadvise.planner.sizes.v_idxs_bytes). The exact build is not known here: from b6200 on it is planned (a b6209
+  log and later show it; 2024 and early 2025 logs do not).
 - MLA_V_LESS (#19067, merged 2026-01-24/25; b7813 of 2026-01-23 lacks it): MLA models keep no V tensor
   (llama_kv_cache ctor: has_v = !is_mla); before, V (kv_lora_rank wide) was allocated beside K.
 - FUSED_GLU (ggml-org/llama.cpp#14158, merged 2025-06-29: ggml_swiglu; the exact build is not known here, planned

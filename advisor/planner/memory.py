@@ -8,17 +8,17 @@ Follows llama.cpp 0c1e570 (vendored by llama-cpp-python 0.3.36):
 - output buffer: src/llama-context.cpp, llama_context::output_reserve()
 - buffers:       ggml/src/ggml-alloc.c, ggml_backend_alloc_ctx_tensors_from_buft() (per-tensor padding)
 The compute buffer has no closed form (ggml-alloc's greedy reuse): it is the largest of the graph's live
-sets, each a closed form (_sizes), checked against llama.cpp's own allocation pass (llama-fit-params, real-size
-layers of 20 families, tests/test_oracle.py) and published logs within 16 MiB or 3 %. The rules that moved
-between llama.cpp builds are kvadvise.planner.builds'.
+sets, each a closed form (kvadvise.planner.sizes), checked against llama.cpp's own allocation pass
+(llama-fit-params, real-size layers of 20 families, tests/test_oracle.py) and published logs within 16 MiB or
+3 %. The rules that moved between llama.cpp builds are kvadvise.planner.builds'. The context and the layers'
+shapes every size reads are kvadvise.planner.layout's; the split over several devices is
+kvadvise.planner.split's (this module puts it together with the rest in :func:`estimate`).
 """
 
 from __future__ import annotations
 
-import bisect
 import functools
 import math
-import struct
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -34,12 +34,22 @@ from kvadvise.model.ggml import (
     pad,
     row_bytes,
 )
-from kvadvise.model.spec import ModelSpec, SSMDims
+from kvadvise.model.spec import ModelSpec
 from kvadvise.planner import builds
 from kvadvise.planner.galloc import reserve_sizes
+from kvadvise.planner.layout import ContextLayout, layer_shapes
 from kvadvise.planner.llama_graph import LlamaShape, build
 from kvadvise.planner.repack import RULES as REPACK_RULES
 from kvadvise.planner.repack import plan_repack
+from kvadvise.planner.sizes import (
+    GraphSizes,
+    f32_fa_mask,
+    graph_sizes,
+    ids_bytes,
+    mask_inputs,
+    v_idxs_bytes,
+)
+from kvadvise.planner.split import N_COPIES, device_layers, layer_devices, split_compute, split_host_compute
 
 if TYPE_CHECKING:  # the projector's modules load only with --mmproj
     from kvadvise.model.projector import ProjectorSpec
@@ -47,8 +57,6 @@ if TYPE_CHECKING:  # the projector's modules load only with --mmproj
 
 MIB = 1 << 20
 CTX_PAD = 256  # GGML_PAD(n_ctx, 256), "ref: PR 17046"
-# build_ffn(LLM_FFN_SWIGLU) with no gate tensor: ffn_up holds gate and up (llm_build_phi3, _chatglm, _glm4)
-FUSED_UP_ARCHS = frozenset({"phi3", "chatglm", "glm4"})
 OLD_CTX_PAD = 32  # before #17046 without flash attention: llama_kv_cache::get_padding (b6840)
 FLASH_ATTN_MODES = ("on", "off", "auto")
 DEVICES = ("auto", "cpu", "cuda", "metal", "rpc")
@@ -61,9 +69,6 @@ RUNTIMES = ("llama-server", "llama-cli")
 # Metal: Ollama's MinimumMemory on Metal, the reserve it kept per device (ml/device.go; memory-spec §6), for
 # the Metal context and its command buffers, which llama.cpp does not print as buffers.
 OVERHEAD_BYTES = {"cpu": 0, "cuda": 330 * MIB, "metal": 512 * MIB, "rpc": 0}
-# ggml_backend_sched: with pipeline parallelism the split inputs are kept in this many copies
-# (GGML_SCHED_MAX_COPIES, ggml/src/ggml-backend.cpp; llama.cpp logs "pipeline parallelism enabled").
-N_COPIES = 4
 DEVICE_PREFIX = {"cuda": "CUDA", "metal": "Metal", "rpc": "RPC"}
 INT32_MAX = 2**31 - 1  # the largest -c, -np, -b, -ub llama.cpp takes
 
@@ -170,30 +175,6 @@ class RunConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class ContextLayout:
-    """The context as llama.cpp resolves it (printed by llama_context:)."""
-
-    n_ctx: int  # cells, padded to 256 (and to n_seq_max streams)
-    n_ctx_seq: int  # cells per stream
-    n_stream: int  # 1 when unified, else n_seq_max
-    n_seq_max: int
-    n_batch: int
-    n_ubatch: int
-    n_outputs_max: int  # cparams.n_outputs_max: logits rows per ubatch the graph is reserved for
-    n_ctx_swa: int  # cells per stream of the SWA cache (0 without SWA)
-    flash_attn: bool
-    kv_unified: bool
-    swa_full: bool
-    type_k: GGMLType
-    type_v: GGMLType
-    device: str
-    llama_build: int | None = builds.REFERENCE  # the build whose rules apply (None: the largest of them)
-    # V stored transposed: flash attention off when the cache is made (llama_model::create_memory: !cparams.flash_attn,
-    # which -fa auto leaves on until llama_context::resolve_fused_ops turns it off after the cache exists)
-    v_trans: bool = False
-
-
-@dataclass(frozen=True, slots=True)
 class CacheEstimate:
     """One KV cache as llama.cpp prints it (`llama_kv_cache: size = ...`)."""
 
@@ -256,77 +237,6 @@ class MemoryEstimate:
     repack_bytes: int = 0  # of weights_bytes: the CPU_REPACK buffer (kvadvise.planner.repack)
     projector: ProjectorMemory | None = None  # --mmproj (in the totals of the first device and the host)
     draft: MemoryEstimate | None = None  # -md: the draft model's own context (in the devices' and host totals)
-
-
-@dataclass(frozen=True, slots=True)
-class LayerShapes:
-    """What sizing the caches reads of a model's layers: the same for every card, context and cache type,
-    so it is worked out once per model (``compare`` plans each model on dozens of cards)."""
-
-    v_max: int  # n_embd_v_gqa_max(): the width of every V row when V is transposed (flash attention off)
-    # per layer: (sliding-window, n_embd_k_gqa, n_embd_v_gqa), None for a layer without KV cells
-    keys: tuple[tuple[bool, int, int] | None, ...]
-    counts: tuple[tuple[tuple[bool, int, int], int], ...]  # each distinct key and how many layers have it
-    kv_group: tuple[int, ...]  # the layers of the non-SWA cache (all KV layers without SWA)
-    swa_group: tuple[int, ...]  # the layers of the SWA cache
-    kv_counts: tuple[tuple[tuple[bool, int, int], int], ...]  # :attr:`counts` of the non-SWA cache's layers
-    swa_counts: tuple[tuple[tuple[bool, int, int], int], ...]  # and of the SWA cache's
-    has_full: bool  # some KV layer attends to the whole context
-    has_swa_layer: bool  # some KV layer is sliding-window
-    heads: frozenset[tuple[int, int]]  # the (K, V) head sizes of the trunk's layers, for flash attention's check
-
-
-_SHAPES: dict[int, tuple[ModelSpec, LayerShapes]] = {}  # id(spec) -> (spec, shapes); the spec is kept to pin its id
-_SHAPES_MAX = 256
-
-
-def layer_shapes(spec: ModelSpec) -> LayerShapes:
-    """The model's :class:`LayerShapes`, computed on first use and kept for the last few hundred models."""
-    hit = _SHAPES.get(id(spec))
-    if hit is not None and hit[0] is spec:
-        return hit[1]
-    has_swa = spec.has_swa
-    keys = tuple(
-        (bool(spec.swa_layers[il]), spec.n_embd_k_gqa(il), spec.n_embd_v_gqa(il)) if spec.kv_layers[il] else None
-        for il in range(spec.n_layer_all)
-    )
-    counts: dict[tuple[bool, int, int], int] = {}
-    for key in keys:
-        if key is not None:
-            counts[key] = counts.get(key, 0) + 1
-    kv_layers = [il for il, key in enumerate(keys) if key is not None]
-    kv_group = tuple(il for il in kv_layers if not has_swa or not spec.swa_layers[il])
-    swa_group = tuple(il for il in kv_layers if has_swa and spec.swa_layers[il]) if has_swa else ()
-
-    def count(group: tuple[int, ...]) -> tuple[tuple[tuple[bool, int, int], int], ...]:
-        c: dict[tuple[bool, int, int], int] = {}
-        for il in group:
-            key = keys[il]
-            assert key is not None
-            c[key] = c.get(key, 0) + 1
-        return tuple(c.items())
-
-    shapes = LayerShapes(
-        v_max=spec.n_embd_v_gqa_max(),
-        keys=keys,
-        counts=tuple(counts.items()),
-        kv_group=kv_group,
-        swa_group=swa_group,
-        kv_counts=count(kv_group),
-        swa_counts=count(swa_group),
-        has_full=any(kv and not swa for kv, swa in zip(spec.kv_layers, spec.swa_layers, strict=True)),
-        has_swa_layer=any(kv and swa for kv, swa in zip(spec.kv_layers, spec.swa_layers, strict=True)),
-        heads=frozenset(
-            (spec.n_embd_head_k_swa, spec.n_embd_head_v_swa)
-            if spec.swa_layers[il]
-            else (spec.n_embd_head_k, spec.n_embd_head_v)
-            for il in range(spec.n_layer)
-        ),
-    )
-    if len(_SHAPES) >= _SHAPES_MAX:
-        _SHAPES.clear()
-    _SHAPES[id(spec)] = (spec, shapes)
-    return shapes
 
 
 def resolve(spec: ModelSpec, cfg: RunConfig) -> ContextLayout:
@@ -571,211 +481,24 @@ def output_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     return spec.n_vocab * 4 * lay.n_seq_max
 
 
-@dataclass(frozen=True, slots=True)
-class _Sizes:
-    """The tensors the compute-buffer phases are made of, in bytes (f32 activations of n_ubatch tokens)."""
-
-    embd: int  # [n_embd, n_ubatch]: the residual stream and each normed copy of it
-    q: int  # [n_head * n_embd_head_k, n_ubatch]: Q, and the attention's output before wo
-    logits: int  # [n_vocab, rows]: the reserved logits
-    mask_cells: int  # KQ mask columns of every cache kind (full and SWA), one per token of the batch
-    scores: int  # without flash attention: [n_kv, n_ubatch, n_head] f32 (softmax works in place)
-    attn: int  # the attention's live set (0 without attention layers), no masks
-    mix: int  # the feed-forward's or recurrent mixer's live set, no masks
-    layer: int  # the largest live set of a layer's own tensors (attention, feed-forward or mixer), no masks
-    ple: int  # Gemma 3n/4's per-layer inputs of the batch: [n_embd_per_layer, n_layer, n_ubatch] f32 (0: none)
-    # What Gemma 3n/4 add to a layer's peak, on a device and on the CPU (0 for other models), measured with
-    # llama.cpp's allocation pass (b11312) on real-size shapes of tests/tinymodels.py's recipes:
-    # - the per-layer inputs (models/gemma4.cpp build_inp_per_layer, project_per_layer_inputs: the rows of
-    #   per_layer_token_embd and the projection of the hidden state, added, then permuted into a copy every
-    #   layer reads a slice of): 0.65 to 1.8 times ``ple`` on a device, 0.74 to 2.66 on the CPU over 24 Gemma 4
-    #   shapes (n_embd_per_layer 128-512, 23 and 35 layers; the permuted copy alive through every layer, and
-    #   the hole its source leaves in ggml-alloc's best fit); planned at 1.5 times;
-    # - Gemma 3n's residual streams (models/gemma3n.cpp: the layer's input and its altup predictions are
-    #   [n_embd, n_ubatch, n_altup] each): 2 to 4 rows of n_embd over three shapes; planned at n_altup / 2.
-    # Both hold Gemma 4 E2B/E4B's and Gemma 3n E2B/E4B's shapes within 16 MiB or 3 %.
-    layer_inputs: int
-    # builds before #23764 with flash attention: the masks alive through the sliding-window layers that come
-    # before the first full-attention layer (gpt-oss's layer 0, Gemma 3's 0-4): the SWA mask, cast, and the
-    # full-attention mask's f32 input, cast to f16 only at the first layer that reads it (0: no such layers)
-    lead_swa_masks: int = 0
-
-
-def _sizes(spec: ModelSpec, lay: ContextLayout) -> _Sizes:
-    ub, f32 = lay.n_ubatch, 4
-    embd = f32 * ub * spec.n_embd
-    n_head = max(spec.n_head, default=0)
-    q = f32 * ub * n_head * spec.n_embd_head_k
-    shapes = layer_shapes(spec)  # remembered per model (compare plans many cards)
-    full, swa = shapes.has_full, shapes.has_swa_layer
-    cells = (lay.n_ctx_seq if full else 0) + (lay.n_ctx_swa if swa else 0)
-    n_kv = max(lay.n_ctx_seq if full else 0, lay.n_ctx_swa if swa else 0)
-    scores = 0 if lay.flash_attn else f32 * ub * n_kv * n_head
-    attn = legacy_mla = 0
-    if full or swa:
-        # the attention: the residual, its norm and Q/K/V (3 rows of n_embd), Q and the output before wo;
-        # without flash attention the scores and a third Q-sized tensor (KQV before its permute)
-        attn = 3 * embd + (2 * q if lay.flash_attn else 3 * q + scores)
-        if not lay.flash_attn and not lay.v_trans and not spec.is_mla:
-            # -fa auto resolved off after the cache was made with V not transposed: build_attn_mha makes
-            # "v = ggml_cont(ggml_transpose(v))" ("note: avoid this branch", src/llama-graph.cpp, 0c1e570) beside
-            # the scores, [n_kv, n_embd_head_v, n_head_kv] of the V cache's type
-            attn += row_bytes(lay.type_v, n_kv) * spec.n_embd_v_gqa_max()
-        if not lay.flash_attn and spec.is_mla:
-            # build_attn_mha (src/llama-graph.cpp, 0c1e570): V is a view of the K cache, not transposed, so
-            # without flash attention it is copied transposed (ggml_cont, "v_cont"): [n_kv, kv_lora_rank] per
-            # stream in the cache's type. Measured on DeepSeek-V2-Lite's shape (llama-fit-params b11312): the copy
-            # lands in a hole of about half a Q (the rule's 3 Q are 11.7 MiB over at n_ubatch 512, 47 at 2048),
-            # and grows the peak by the rest (20 MiB under at 32k cells and n_ubatch 512 before, 2.7 over now)
-            v_copy = lay.n_ctx_seq * lay.n_stream * (4 if lay.type_k == GGMLType.F32 else 2) * spec.n_embd_head_v
-            attn += max(0, v_copy - q // 2)
-        elif not lay.flash_attn and spec.architecture == "deepseek2":
-            # a deepseek2 GGUF without the MLA keys (src/models/deepseek2.cpp, !is_mla): wkv_b's output
-            # [n_head * (qk_nope + v_head), n_ubatch], the V it is copied into and the roped Q leave their places
-            # below the scores (measured on DeepSeek-V2-Lite's shape: 14.3 MiB at n_ubatch 512, 8 % under before;
-            # planned at a Q and n_head * (n_embd_head_k + n_embd_head_v) rows, 1.7 MiB over)
-            legacy_mla = q + f32 * ub * n_head * (spec.n_embd_head_k + spec.n_embd_head_v)
-            attn += legacy_mla
-        if not lay.flash_attn and spec.n_ff_shexp >= (spec.n_ff_exp or spec.n_ff) * spec.n_expert_used > 0:
-            # a shared expert at least as wide as the routed experts' total (qwen2moe, llama4): the scores land
-            # above the hole of one of its rows the previous layer leaves (measured, llama-fit-params b11312:
-            # Qwen2-57B-A14B's shape 37.3 MiB under at n_ubatch 512 before, Qwen1.5-MoE-A2.7B's 12.3)
-            attn += f32 * ub * spec.n_ff_shexp + embd // 2
-    phases = [0]
-    if spec.n_ff:  # a dense feed-forward: gate, up and their product (ggml_swiglu_split is not in place)
-        ff = 3
-        if spec.architecture in FUSED_UP_ARCHS and builds.older_than(lay.llama_build, builds.FUSED_GLU):
-            # up = [2 n_ff] holding gate and up, and the ggml_cont of each half before ggml_swiglu
-            # (kvadvise.planner.builds.FUSED_GLU); measured with the allocation pass of e1e8e09 (Ollama 0.6.8's
-            # llama.cpp) on GLM-4-32B's and GLM-4-9B's shapes: within 8 MiB over
-            ff = 4
-        phases.append(3 * embd + ff * f32 * ub * spec.n_ff)
-    if spec.n_expert:
-        phases.append(_moe_phase(spec, ub, embd, q))
-    if spec.ssm is not None:
-        phases.append(_mixer_phase(spec, spec.ssm, ub, embd, lay.n_seq_max))
-    # parallel blocks (command-r, cohere2) keep the attention's output alive through the feed-forward
-    mix = max(phases) + (embd if spec.parallel_block else 0)
-    layer = max(attn, mix)
-    logits = f32 * min(ub, lay.n_outputs_max) * spec.n_vocab
-    if spec.is_mla:
-        # measured (llama-fit-params, b11312, DeepSeek-V2-Lite's shape): the logits land above two Q-sized
-        # tensors the last MLA layer leaves at the top of the buffer (ggml-alloc's best fit), 36 MiB at n_ubatch 512
-        logits += 2 * q
-    elif legacy_mla:
-        # measured (the same shape, the published vocabulary, 4k cells): the last layer leaves two such holes
-        # under the logits (236.26 MiB reserved at n_ubatch 512, 208 planned before)
-        logits += 2 * legacy_mla
-    elif spec.n_expert:
-        # measured (llama-fit-params b11312, an RPC device, FA, 4k cells, the published vocabularies): a MoE
-        # model's logits land one more row of n_embd up (the last layer's routed and shared outputs' holes):
-        # qwen3next (Qwen3-Next-80B, Qwen3.5-35B-A3B), GLM-4.5-Air and gpt-oss-20b were 4-32 MiB under, Qwen3-30B
-        # one row over (benchmarks/bench_moe_shared.py); and 0.01-0.05 MiB of per-token tensors beside them
-        logits += embd + f32 * ub * 8
-        if spec.n_ff_shexp >= (spec.n_ff_exp or spec.n_ff) * spec.n_expert_used:
-            # a shared expert as wide as the routed ones' total: the logits land above two of its rows (Qwen2-57B-A14B's
-            # shape with its vocabulary: 60 MiB under with flash attention, 225 without at n_ubatch 2048; an upper
-            # bound: Qwen1.5-MoE-A2.7B's needs none with flash attention, 22 MiB over)
-            logits += 2 * f32 * ub * spec.n_ff_shexp
-    ple = f32 * ub * spec.n_embd_per_layer * spec.n_layer
-    layer_inputs = ple * 3 // 2 + embd * spec.n_altup // 2 if layer else 0
-    lead = 0
-    attn_layers = [il for il, kv in enumerate(spec.kv_layers) if kv]
-    if full and swa and lay.flash_attn and attn_layers and spec.swa_layers[attn_layers[0]]:
-        lead = ub * (2 * lay.n_ctx_swa + 4 * lay.n_ctx_seq)
-    return _Sizes(embd, q, logits, cells, scores, attn, mix, layer, ple, layer_inputs, lead)
-
-
-def _moe_phase(spec: ModelSpec, ub: int, embd: int, q: int) -> int:
-    """llm_graph_context::build_moe_ffn (src/llama-graph.cpp): gate and up per selected expert and their
-    product (F = [n_ff_exp, n_expert_used, n_ubatch] each), then the down projection's [n_embd,
-    n_expert_used, n_ubatch] (Eu), which takes the place of the freed gate and up where it fits (2F), else
-    stacks on top. Measured with llama.cpp's own allocation pass (llama-fit-params, b11312) over 18 shapes of
-    Qwen3-MoE, Mixtral, gpt-oss and GLM-4.5 layers: exact on 10, within 12 MiB on the rest but one (GLM-4.5-Air's
-    shape, 22 MiB over, the shared expert's tensors reuse more). Both phases hold the router's logits and
-    probabilities ([n_expert, n_ubatch] f32 each) and a few per-token ids (measured: 0.07 MiB above the rows at
-    n_ubatch 512 with 16 experts, 0.30 at 2048).
-
-    A shared expert (qwen3next, qwen35moe, qwen2moe, deepseek2, glm4moe, llama4: src/models/<arch>.cpp, e.g.
-    qwen3next.cpp build_layer_ffn, 0c1e570) runs after the routed experts, as build_ffn(cur, up_shexp,
-    gate_shexp, down_shexp) added to their output: the residual, the normed input and the routed output (3 rows of
-    n_embd) stay alive beside its up, gate and SwiGLU product (S = [n_ff_shexp, n_ubatch] each), placed above
-    what ggml-alloc's best fit leaves of the routed experts' freed tensors: a hole of at most half a row of S and
-    of n_embd, and at most three rows of n_embd and one F. Measured with llama-fit-params b11312 on an RPC device
-    over 48 qwen3next layers (n_embd 1024-4096, n_ff_shexp 1024-16384, 2 or 8 of 16 experts of 256 or 1024,
-    n_ubatch 512 and 2048; benchmarks/bench_moe_shared.py): never below, at most 17 % (72 MiB) over; before, a
-    shared expert 4-8 times as wide as the routed ones was planned up to 52 % under."""
-    f32 = 4
-    ff = f32 * ub * (spec.n_ff_exp or spec.n_ff) * spec.n_expert_used
-    eu = f32 * ub * spec.n_embd * spec.n_expert_used
-    router = f32 * ub * (2 * spec.n_expert + 8)
-    routed = 2 * embd + 3 * ff + max(embd, q) + (eu if eu > 2 * ff else 0)
-    sh = f32 * ub * spec.n_ff_shexp
-    shared = 3 * embd + 3 * sh + min((embd + sh) // 2, 3 * embd + ff) if sh else 0
-    return max(routed, shared) + router
-
-
-def _mixer_phase(spec: ModelSpec, ssm: SSMDims, ub: int, embd: int, n_seqs: int) -> int:
-    """A recurrent layer's live set (src/models/graph-context-mamba.cpp, delta-net-base.cpp, lfm2.cpp), measured
-    with llama.cpp's allocation pass (b11312) on real-size layers: Mamba-2 (the in-projection, the conv input
-    and output, y and its gate, two rows of n_embd, the states of every sequence: exact on Mamba2-2.7B's
-    shape, 13 % over on Granite-4.0-H's); gated delta net (three rows of the conv width q|k|v and two of n_embd,
-    within 1 % on three Qwen3.5 shapes); LFM2's short conv (six rows of n_embd, exact)."""
-    f32 = 4
-    if ssm.kind == "gdn":
-        conv = 2 * ssm.n_group * ssm.d_state + ssm.d_inner
-        return f32 * ub * 3 * conv + 2 * embd + MIB
-    if ssm.kind == "shortconv":
-        return 6 * embd
-    if ssm.kind in ("mamba2", "mamba"):
-        conv = ssm.d_inner + 2 * ssm.n_group * ssm.d_state
-        in_proj = 2 * ssm.d_inner + 2 * ssm.n_group * ssm.d_state + ssm.n_head
-        states = ssm.d_state * ssm.d_inner + max(0, ssm.d_conv - 1) * conv
-        return f32 * ub * (in_proj + 2 * conv + 2 * ssm.d_inner) + 2 * embd + f32 * states * max(1, n_seqs)
-    return 8 * embd  # RWKV: time mix and channel mix (not measured: an estimate)
-
-
-def _f32_fa_mask(lay: ContextLayout) -> bool:
-    """Whether the plan follows builds before ggml-org/llama.cpp#23764 (an f32 mask with flash attention)."""
-    return lay.flash_attn and builds.older_than(lay.llama_build, builds.F16_MASK_FA)
-
-
-def mask_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
-    """The KQ masks, one per cache kind (full and SWA): [n_kv, n_tokens/n_stream, 1, n_stream], f16 with
-    flash attention, else f32 (src/llama-graph.cpp build_attn_inp_kq_mask, 0c1e570); f32 with flash attention
-    too in builds before #23764 (kvadvise.planner.builds; an unknown build: the newest rules)."""
-    return _mask_inputs(_sizes(spec, lay), lay)
-
-
-def _mask_inputs(s: _Sizes, lay: ContextLayout) -> int:
-    """:func:`mask_bytes` of sizes already worked out."""
-    f32 = not lay.flash_attn or _f32_fa_mask(lay)
-    return s.mask_cells * lay.n_ubatch * (4 if f32 else 2)
-
-
-def _ids_bytes(lay: ContextLayout) -> int:
-    """The host's token and position ids (i32 [n_ubatch] each) and the output ids (i32 per reserved row)."""
-    return 4 * lay.n_ubatch * 2 + 4 * min(lay.n_ubatch, lay.n_outputs_max)
-
-
 def compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     """The compute buffer when the CPU runs every layer (one buffer; llama_context::sched_reserve).
 
     ggml-alloc (ggml/src/ggml-alloc.c) allocates the graph inputs first and frees every tensor after its last
     consumer: the KQ masks live from the first layer to the last attention, so a layer's peak is the masks
-    plus its largest live set (kvadvise.planner.memory._sizes) plus the token embeddings' get_rows; the
+    plus its largest live set (kvadvise.planner.sizes.graph_sizes) plus the token embeddings' get_rows; the
     output layer's is the logits of the reserved rows and two rows of n_embd. Measured with llama.cpp's
     allocation pass (llama-fit-params, b11312) on real-size models of 20 families (tests/test_oracle.py).
     Builds before #15850: ggml-alloc's own figure where llama_graph builds the graph (_exact_device_compute)."""
     exact = _exact_device_compute(spec, lay)
     if exact is not None:
         return exact
-    s = _sizes(spec, lay)
+    s = graph_sizes(spec, lay)
     layer = _layer_peak(s, lay) + s.layer_inputs
     return pad(max(s.logits + 2 * s.embd + s.ple, layer + s.embd), ALIGNMENT["cuda"])
 
 
-def _layer_peak(s: _Sizes, lay: ContextLayout) -> int:
+def _layer_peak(s: GraphSizes, lay: ContextLayout) -> int:
     """A layer's peak: the masks (f16 with flash attention, else f32) and the layer's live set; before
     ggml-org/llama.cpp#23764, with flash attention, also the f32 mask input until its f16 cast, which the
     first attention reads (build_attn_inp_kq_mask: ggml_cast of the f32 input; the PR: "the f32 mask still
@@ -783,7 +506,7 @@ def _layer_peak(s: _Sizes, lay: ContextLayout) -> int:
     if not s.layer:
         return 0
     ub = lay.n_ubatch
-    f32_mask = _f32_fa_mask(lay)
+    f32_mask = f32_fa_mask(lay)
     masks = s.mask_cells * ub * (2 if lay.flash_attn else 4)
     peak = masks + s.layer
     if f32_mask and s.attn:
@@ -809,23 +532,13 @@ def host_compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     builds before #23764, which also kept the mask f32 with flash attention. Measured with llama.cpp's
     allocation pass on RPC devices (b11312, 20 families, tests/test_oracle.py) and published logs.
     """
-    s = _sizes(spec, lay)
+    s = graph_sizes(spec, lay)
     rows = 1 if builds.older_than(lay.llama_build, builds.F16_MASK_FA) else 2
     # Gemma 3n/4: per_layer_token_embd is an input tensor on the CPU, so its get_rows for the batch is here
     # (one [n_embd_per_layer * n_layer, n_ubatch] f32; exact on 24 shapes of llama.cpp's allocation pass)
     return pad(
-        _mask_inputs(s, lay) + rows * s.embd + _v_idxs_bytes(spec, lay) + _ids_bytes(lay) + s.ple, ALIGNMENT["cuda"]
+        mask_inputs(s, lay) + rows * s.embd + v_idxs_bytes(spec, lay) + ids_bytes(lay) + s.ple, ALIGNMENT["cuda"]
     )
-
-
-def _v_idxs_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
-    """Without flash attention, the V cache's row indices, graph inputs: i64 [n_embd_v_gqa * n_ubatch] per cache
-    (llm_graph_input_attn_kv::set_input, V being transposed; llm_graph_input_attn_kv_iswa: self_v_idxs and
-    self_v_idxs_swa, even where the SWA cache has as many cells as the full one, n_swa + n_ubatch >= n_ctx)."""
-    if not lay.v_trans or spec.is_mla or builds.older_than(lay.llama_build, builds.SET_ROWS):
-        return 0
-    kinds = len({spec.swa_layers[il] for il, kv in enumerate(spec.kv_layers) if kv})
-    return 8 * lay.n_ubatch * spec.n_embd_v_gqa_max() * kinds
 
 
 def device_compute_bytes(spec: ModelSpec, lay: ContextLayout, *, weight_copy: int = 0) -> int:
@@ -837,7 +550,7 @@ def device_compute_bytes(spec: ModelSpec, lay: ContextLayout, *, weight_copy: in
     - the output layer: the logits of the reserved rows and up to two [n_embd, n_ubatch] rows (the normed
       hidden state that makes them; the masks and the layers' activations are dead by then);
     - a layer: the device's copy of the KQ masks, alive from the first layer to the last attention, and the
-      layer's largest live set (kvadvise.planner.memory._sizes); before ggml-org/llama.cpp#23764 (b9410)
+      layer's largest live set (kvadvise.planner.sizes.graph_sizes); before ggml-org/llama.cpp#23764 (b9410)
       the device also held the f32 mask input until its f16 cast at the first attention ("the f32 mask still
       uses the compute buffer even though it is not used").
     ``weight_copy``: op offload's copy of a CPU-resident weight (kvadvise.planner.offload), alive during a
@@ -853,11 +566,11 @@ def device_compute_bytes(spec: ModelSpec, lay: ContextLayout, *, weight_copy: in
 
 
 def _analytic_device_compute(spec: ModelSpec, lay: ContextLayout, weight_copy: int = 0) -> int:
-    s = _sizes(spec, lay)
+    s = graph_sizes(spec, lay)
     layer = _layer_peak(s, lay)
     if weight_copy and s.layer:  # op offload: the copy beside a matmul's inputs and output, masks alive
         layer = max(layer, s.mask_cells * lay.n_ubatch * (2 if lay.flash_attn else 4) + s.layer + weight_copy)
-        if _f32_fa_mask(lay) and s.lead_swa_masks:  # and in a leading sliding-window layer, the f32 mask (above)
+        if f32_fa_mask(lay) and s.lead_swa_masks:  # and in a leading sliding-window layer, the f32 mask (above)
             layer = max(layer, s.lead_swa_masks + s.layer + weight_copy)
     layer += s.layer_inputs
     # the logits land above the per-layer inputs' hole (measured: + the inputs' size + 0 to 5 MiB)
@@ -959,7 +672,7 @@ def host_experts_device_growth(spec: ModelSpec, lay: ContextLayout) -> int:
     moves by at most 0.5 MiB, inside kvadvise's full-offload figure: no growth is planned for it."""
     if not spec.n_expert or not spec.n_ff_shexp:
         return 0
-    s = _sizes(spec, lay)
+    s = graph_sizes(spec, lay)
     ub, f32 = lay.n_ubatch, 4
     ff = f32 * ub * (spec.n_ff_exp or spec.n_ff) * spec.n_expert_used
     eu = f32 * ub * spec.n_embd * spec.n_expert_used
@@ -974,100 +687,8 @@ def output_layer_compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     logits of the reserved rows and up to two rows of n_embd (the hidden state copied in and its norm).
     Measured with llama-fit-params b11312 on an RPC device: Gemma 3 270M 513.25 MiB (512 of logits, one row),
     a small qwen3next 3.0 MiB (1 of logits, two rows)."""
-    s = _sizes(spec, lay)
+    s = graph_sizes(spec, lay)
     return pad(s.logits + 2 * s.embd, ALIGNMENT["cuda"])
-
-
-def layer_devices(n_layer_all: int, tensor_split: tuple[float, ...]) -> tuple[int, ...]:
-    """The device of each layer 0..n_layer_all (the last entry: the output layer), full offload,
-    -sm layer: llama_model::load_tensors's split points, cumulative shares normalised to 1 (in
-    float, as llama.cpp), a layer to the first device whose point is above il / (n_layer_all + 1)."""
-    n_dev = max(1, len(tensor_split))
-    if n_dev == 1:
-        return (0,) * (n_layer_all + 1)
-    if any(x < 0 for x in tensor_split) or sum(tensor_split) <= 0:
-        raise ConfigError("a tensor split needs shares >= 0 that are not all 0", hint="e.g. -ts 3,1")
-
-    def f32(x: float) -> float:
-        return float(struct.unpack("f", struct.pack("f", x))[0])
-
-    points, acc = [], 0.0
-    for x in tensor_split:
-        acc = f32(acc + f32(x))
-        points.append(acc)
-    points = [f32(p / acc) for p in points]
-    act = n_layer_all + 1
-    return tuple(min(bisect.bisect_right(points, f32(il / act)), n_dev - 1) for il in range(act))
-
-
-def _split_compute(spec: ModelSpec, lay: ContextLayout, part: _DeviceLayers, *, copies: int) -> int:
-    """One device's compute buffer in a split over several devices (-sm layer, pipeline parallelism): the
-    single-device rules (:func:`_sizes`, :func:`_layer_peak`) applied to the layers it holds (``part.spec``), the
-    output phase on the device with the output layer, and below them ``copies`` copies of its split inputs.
-
-    ggml_backend_sched_split_graph (ggml/src/ggml-backend.cpp, 0c1e570): a tensor a split reads from another
-    backend is copied in, and with pipeline parallelism (llama_context: several devices, every layer offloaded)
-    in GGML_SCHED_MAX_COPIES copies flagged input and output, added as leafs "so that they are allocated first"
-    and never freed. A device's split inputs (GGML_SCHED_DEBUG=2, llama-fit-params b11312 on loopback RPC
-    devices): the KQ masks of the cache kinds its layers read (f16 with flash attention, else f32), the K/V row
-    indices (without flash attention V's are [n_embd_v_gqa * n_ubatch] i64, V being transposed), the positions,
-    and the hidden state: the token embeddings' get_rows (on the CPU with token_embd) on the first device; on a
-    later one the previous layer's output and the next layer's rms norm, which has no weight, so the scheduler
-    leaves it on the previous device ("## SPLIT #2: ... [norm-15 (2M)] ... [l_out-14 (2M)]" in the
-    worst-case batch llama_context::graph_reserve reserves first). Measured on benchmarks/bench_split.py's grid."""
-    ub = lay.n_ubatch
-    s = _sizes(part.spec, lay)
-    f32_mask = _f32_fa_mask(lay)
-    masks = _mask_inputs(s, lay)
-    shapes = layer_shapes(part.spec)
-    kinds = bool(shapes.kv_group) + bool(shapes.swa_group)
-    v_idxs = 8 * ub * spec.n_embd_v_gqa_max() * kinds if lay.v_trans and not spec.is_mla else 0
-    ids = 8 * ub * 2 * kinds + 16 * ub + (4 * min(ub, lay.n_outputs_max) if part.last else 0)
-    inputs = masks + (1 if 0 in part.layers else 2) * s.embd + v_idxs + ids
-    inputs += _mamba2_boundary_inputs(spec, part.layers, ub)
-    # its layers' largest live set, the masks being inputs (before #23764 their f16 cast is not); without flash
-    # attention the scores sit beside two rows of n_embd and two Q-sized tensors, one of each fewer than on a
-    # single device, where the freed input copy's hole is below them (measured: the shapes of Llama 3.1 8B, Qwen3
-    # 0.6B and 30B-A3B, gpt-oss-20b, Gemma 3 12B and 270M, LFM2: up to 16 MiB over before); not where Q comes
-    # with its gate (Qwen3-Next, Qwen3.5: 12 MiB under so) or MLA's absorbed Q (15 MiB under so)
-    narrow = not lay.flash_attn and s.attn and not spec.is_mla and spec.architecture not in _GATED_Q_ARCHS
-    attn = s.attn - (s.embd + s.q if narrow else 0)
-    layer = max(attn, s.mix) + s.layer_inputs + (s.mask_cells * ub * 2 if f32_mask else 0) if part.layers else 0
-    logits = s.logits
-    if spec.is_mla and lay.flash_attn:
-        # measured on DeepSeek-V2-Lite's shape (bench_split.py, 4k and 32k cells, n_ubatch 512): with flash
-        # attention the logits land two rows of n_embd above the inputs, not above the two Q-sized holes a single
-        # device's last MLA layer leaves (_sizes; 36 MiB over before), and a layer's live set is half a Q above
-        # the single device's (its freed input copy's hole is pinned here; 8.8 MiB under before)
-        logits -= 2 * s.q
-        layer += s.q // 2 if part.layers else 0
-    out = logits + 2 * s.embd + s.ple if part.last else 0
-    return pad(copies * inputs + max(layer, out), ALIGNMENT["cuda"])
-
-
-# attention whose wq makes Q and its output gate together (src/models/qwen3next.cpp, qwen35.cpp, qwen35moe.cpp)
-_GATED_Q_ARCHS = frozenset({"qwen3next", "qwen35", "qwen35moe"})
-
-
-def _mamba2_boundary_inputs(spec: ModelSpec, layers: tuple[int, ...], ub: int) -> int:
-    """The extra split inputs of a device whose layers meet another device's at two Mamba-2 layers: the later
-    layer's recurrent-state ops (get_rows of its conv state, src/models/graph-context-mamba.cpp build_rs) come in
-    graph order before the earlier layer's z gate is made contiguous, so ggml_backend_sched_split_graph puts
-    that weightless ggml_cont on the later device: it copies in the earlier layer's in-projection
-    [2 d_inner + 2 n_group d_state + n_head, n_ubatch] and the earlier device copies the z back [d_inner,
-    n_ubatch] (GGML_SCHED_DEBUG=2, llama-fit-params b11312, Granite-4.0-H-Tiny's shape: 47 and 19 MiB under
-    before at such a boundary, none at a boundary beside an attention layer)."""
-    ssm = spec.ssm
-    if ssm is None or ssm.kind != "mamba2" or not layers:
-        return 0
-    rec = spec.recurrent_layers
-    lo, hi = min(layers), max(layers)
-    out = 0
-    if lo > 0 and rec[lo - 1] and rec[lo]:
-        out += 4 * ub * (2 * ssm.d_inner + 2 * ssm.n_group * ssm.d_state + ssm.n_head)
-    if hi + 1 < spec.n_layer and rec[hi] and rec[hi + 1]:
-        out += 4 * ub * ssm.d_inner
-    return out
 
 
 def validate(spec: ModelSpec, cfg: RunConfig) -> None:
@@ -1193,65 +814,6 @@ def _with_projector(
     return (first, *devices[1:]), host
 
 
-@dataclass(frozen=True, slots=True)
-class _DeviceLayers:
-    """One device's share of a split (-sm layer): its blocks, whether it has the output layer, the weights."""
-
-    layers: tuple[int, ...]
-    last: bool  # it holds the output layer
-    weights_bytes: int
-    n_layers: int  # as "offloaded N/M layers to GPU" counts them (the output layer is one)
-    # the model as this device's compute graph sees it: the attention and recurrent layers it holds, no others
-    spec: ModelSpec
-
-
-_SPLITS: dict[tuple[int, tuple[int, ...], bool], tuple[ModelSpec, tuple[_DeviceLayers, ...]]] = {}
-
-
-def _device_layers(spec: ModelSpec, owner: tuple[int, ...], n_dev: int, cuda: bool) -> tuple[_DeviceLayers, ...]:
-    """Each device's blocks and weights for a split: the same at every context, so worked out once per model
-    and split (kept for the last few hundred)."""
-    key = (id(spec), owner, cuda)
-    hit = _SPLITS.get(key)
-    if hit is not None and hit[0] is spec:
-        return hit[1]
-    # a spec without per-block sizes (a config the breakdown cannot count): the blocks share the weights
-    # evenly, so that a split over several devices gives each its layers' share, not all to the last one
-    layer_w = list(spec.layer_bytes) if any(spec.layer_bytes) else _even_layers(spec)
-    layer_pad = list(spec.layer_cuda_pad_bytes) or [0] * spec.n_layer_all
-    # llama_model::load_tensors: token_embd always stays on the CPU ("very little benefit"); what is not
-    # in a block (output, output_norm, ...) goes with the output layer; tied embeddings make that device
-    # hold a copy of token_embd as the output layer (an encoder has no output layer: no copy); the input layer's
-    # other tensors (per_layer_token_embd, position_embd, token_types) stay on the CPU with token_embd
-    tied_copy = spec.tok_embd_bytes if spec.output_bytes == 0 and spec.architecture not in ENCODER_ARCHS else 0
-    rest = spec.weights_bytes - spec.tok_embd_bytes - spec.input_extra_bytes - sum(layer_w) + tied_copy
-    rest_pad = spec.cuda_pad_bytes - sum(layer_pad) if cuda else 0
-    parts = []
-    for d in range(n_dev):
-        layers = tuple(il for il in range(spec.n_layer_all) if owner[il] == d)
-        last = owner[spec.n_layer_all] == d
-        weights = sum(layer_w[il] + (layer_pad[il] if cuda else 0) for il in layers) + (
-            (rest + rest_pad) if last else 0
-        )
-        n_layers = sum(1 for il in layers if il < spec.n_layer) + (1 if last else 0)
-        parts.append(_DeviceLayers(layers, last, weights, n_layers, _device_spec(spec, layers)))
-    if len(_SPLITS) >= _SHAPES_MAX:
-        _SPLITS.clear()
-    out = _SPLITS[key] = (spec, tuple(parts))
-    return out[1]
-
-
-def _device_spec(spec: ModelSpec, layers: tuple[int, ...]) -> ModelSpec:
-    """The model with only ``layers``' attention and recurrent mixers (KV cells, recurrent state): what sizes the
-    compute graph of a device that holds those blocks (:func:`_split_compute`)."""
-    held = [False] * spec.n_layer_all
-    for il in layers:
-        held[il] = True
-    rec = tuple(r and h for r, h in zip(spec.recurrent_layers, held, strict=True))
-    kv = tuple(k and h for k, h in zip(spec.kv_layers, held, strict=True))
-    return replace(spec, kv_layers=kv, recurrent_layers=rec, ssm=spec.ssm if any(rec) else None)
-
-
 def _offloaded(
     spec: ModelSpec,
     cfg: RunConfig,
@@ -1279,7 +841,7 @@ def _offloaded(
     copies = N_COPIES if pipeline else 1
     keys = layer_shapes(spec).keys
     devices = []
-    for d, part in enumerate(_device_layers(spec, owner, n_dev, cuda)):
+    for d, part in enumerate(device_layers(spec, owner, n_dev, cuda)):
         if n_dev == 1:  # every KV layer is in one of the caches
             kv_d = sum(c.k_bytes + c.v_bytes for c in caches)
             rs_d = rs // rs_layers * rs_layers if rs_layers else 0
@@ -1287,35 +849,17 @@ def _offloaded(
         else:
             kv_d = sum(sum(sizes[keys[il]]) for il in part.layers)
             rs_d = rs // rs_layers * sum(1 for il in part.layers if spec.recurrent_layers[il]) if rs_layers else 0
-            compute = _split_compute(spec, lay, part, copies=copies) if (part.layers or part.last) else 0
+            compute = split_compute(spec, lay, part, copies=copies) if (part.layers or part.last) else 0
         if d == 0 and cfg.op_offload_copy_bytes:  # the copy lives in a layer's live set (op_offload_growth)
             compute += op_offload_growth(spec, lay, cfg.op_offload_copy_bytes)
         if d == 0 and cfg.host_experts:
             compute += host_experts_device_growth(spec, lay)
         total = part.weights_bytes + kv_d + rs_d + compute + overhead
         devices.append(DeviceMemory(names[d], part.n_layers, part.weights_bytes, kv_d, rs_d, compute, overhead, total))
-    if pipeline:
-        # ggml_backend_sched_split_graph (pass 6): with pipeline parallelism every graph input on the host is kept
-        # in GGML_SCHED_MAX_COPIES copies: the masks, the V row indices, the ids, and inp_embd ([n_embd, n_ubatch]
-        # f32, "inputs not consumed by any node (e.g. the embeddings input of a text-only batch)"); beside them
-        # the token embeddings' get_rows. Without flash attention the row indices, not a Q-sized tensor (Gemma 3
-        # 12B's shape 32 MiB under, DeepSeek-V2-Lite's 72 over before: benchmarks/bench_split.py)
-        embd = 4 * lay.n_ubatch * spec.n_embd
-        inputs = mask_bytes(spec, lay) + embd + _v_idxs_bytes(spec, lay)
-        host_compute = pad(copies * inputs + embd + _ids_bytes(lay), ALIGNMENT["cuda"])
-    else:
-        host_compute = host_compute_bytes(spec, lay)
+    host_compute = split_host_compute(spec, lay, copies=copies) if pipeline else host_compute_bytes(spec, lay)
     host_w = spec.tok_embd_bytes + spec.input_extra_bytes  # the input layer (dev_input: the CPU)
     host = HostMemory(host_w, host_compute, out, host_w + host_compute + out)
     return tuple(devices), host
-
-
-def _even_layers(spec: ModelSpec) -> list[int]:
-    """Equal block sizes for a spec whose per-block sizes are unknown: the weights less the token embedding
-    and the output layer, over the trunk's layers."""
-    body = max(0, spec.weights_bytes - spec.tok_embd_bytes - spec.input_extra_bytes - spec.output_bytes)
-    n = max(1, spec.n_layer)
-    return [body // n if il < spec.n_layer else 0 for il in range(spec.n_layer_all)]
 
 
 def mtp_context_config(cfg: RunConfig, lay: ContextLayout) -> RunConfig:

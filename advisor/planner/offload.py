@@ -51,7 +51,6 @@ from kvadvise.planner.memory import (
     compute_bytes,
     estimate,
     host_experts_device_growth,
-    layer_devices,
     layer_kv_bytes,
     op_offload_growth,
     output_layer_compute_bytes,
@@ -59,6 +58,7 @@ from kvadvise.planner.memory import (
 )
 from kvadvise.planner.policy import KV, Policy, allowed_kvs, config_at, kv_name
 from kvadvise.planner.speed import ctx_label
+from kvadvise.planner.split import layer_devices
 
 GIB = 1 << 30
 MIB = 1 << 20

@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING
 
 from kvadvise.model.ggml import GGMLType, row_bytes
 from kvadvise.model.spec import ModelSpec
+from kvadvise.planner.split import layer_devices
 
 if TYPE_CHECKING:
     from kvadvise.planner.budget import Budget
@@ -344,8 +345,6 @@ class Device:
 def layer_shares(spec: ModelSpec, tensor_split: Sequence[float]) -> tuple[float, ...]:
     """Each device's share of the GPU-resident weights under llama.cpp's layer split (-ts; the output layer
     with the last device), by the layers' bytes when known, else by their count."""
-    from kvadvise.planner.memory import layer_devices
-
     n_dev = max(1, len(tensor_split))
     if n_dev == 1:
         return (1.0,)

@@ -1,0 +1,228 @@
+"""The tensors a compute graph is made of, in bytes, for one model and context: what every compute buffer of
+the memory model is built from (:class:`GraphSizes`: the residual stream, Q, the logits, the masks, each
+layer's live set), and the graph inputs the host holds (the KQ masks, the ids, the V cache's row indices).
+
+The buffers themselves (one device, the host, the CPU alone) are kvadvise.planner.memory's; a device of a split
+over several is kvadvise.planner.split's. Both read these sizes, so they live below both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvadvise.model.ggml import GGMLType, row_bytes
+from kvadvise.model.spec import ModelSpec, SSMDims
+from kvadvise.planner import builds
+from kvadvise.planner.layout import ContextLayout, layer_shapes
+
+MIB = 1 << 20
+# build_ffn(LLM_FFN_SWIGLU) with no gate tensor: ffn_up holds gate and up (llm_build_phi3, _chatglm, _glm4)
+FUSED_UP_ARCHS = frozenset({"phi3", "chatglm", "glm4"})
+
+
+@dataclass(frozen=True, slots=True)
+class GraphSizes:
+    """The tensors the compute-buffer phases are made of, in bytes (f32 activations of n_ubatch tokens)."""
+
+    embd: int  # [n_embd, n_ubatch]: the residual stream and each normed copy of it
+    q: int  # [n_head * n_embd_head_k, n_ubatch]: Q, and the attention's output before wo
+    logits: int  # [n_vocab, rows]: the reserved logits
+    mask_cells: int  # KQ mask columns of every cache kind (full and SWA), one per token of the batch
+    scores: int  # without flash attention: [n_kv, n_ubatch, n_head] f32 (softmax works in place)
+    attn: int  # the attention's live set (0 without attention layers), no masks
+    mix: int  # the feed-forward's or recurrent mixer's live set, no masks
+    layer: int  # the largest live set of a layer's own tensors (attention, feed-forward or mixer), no masks
+    ple: int  # Gemma 3n/4's per-layer inputs of the batch: [n_embd_per_layer, n_layer, n_ubatch] f32 (0: none)
+    # What Gemma 3n/4 add to a layer's peak, on a device and on the CPU (0 for other models), measured with
+    # llama.cpp's allocation pass (b11312) on real-size shapes of tests/tinymodels.py's recipes:
+    # - the per-layer inputs (models/gemma4.cpp build_inp_per_layer, project_per_layer_inputs: the rows of
+    #   per_layer_token_embd and the projection of the hidden state, added, then permuted into a copy every
+    #   layer reads a slice of): 0.65 to 1.8 times ``ple`` on a device, 0.74 to 2.66 on the CPU over 24 Gemma 4
+    #   shapes (n_embd_per_layer 128-512, 23 and 35 layers; the permuted copy alive through every layer, and
+    #   the hole its source leaves in ggml-alloc's best fit); planned at 1.5 times;
+    # - Gemma 3n's residual streams (models/gemma3n.cpp: the layer's input and its altup predictions are
+    #   [n_embd, n_ubatch, n_altup] each): 2 to 4 rows of n_embd over three shapes; planned at n_altup / 2.
+    # Both hold Gemma 4 E2B/E4B's and Gemma 3n E2B/E4B's shapes within 16 MiB or 3 %.
+    layer_inputs: int
+    # builds before #23764 with flash attention: the masks alive through the sliding-window layers that come
+    # before the first full-attention layer (gpt-oss's layer 0, Gemma 3's 0-4): the SWA mask, cast, and the
+    # full-attention mask's f32 input, cast to f16 only at the first layer that reads it (0: no such layers)
+    lead_swa_masks: int = 0
+
+
+def graph_sizes(spec: ModelSpec, lay: ContextLayout) -> GraphSizes:
+    """The :class:`GraphSizes` of ``spec``'s graph at ``lay``: each a closed form of llama.cpp's tensors (src/llama-graph.cpp,
+    src/models/*.cpp, 0c1e570), the live sets measured with its allocation pass where ggml-alloc's reuse decides."""
+    ub, f32 = lay.n_ubatch, 4
+    embd = f32 * ub * spec.n_embd
+    n_head = max(spec.n_head, default=0)
+    q = f32 * ub * n_head * spec.n_embd_head_k
+    shapes = layer_shapes(spec)  # remembered per model (compare plans many cards)
+    full, swa = shapes.has_full, shapes.has_swa_layer
+    cells = (lay.n_ctx_seq if full else 0) + (lay.n_ctx_swa if swa else 0)
+    n_kv = max(lay.n_ctx_seq if full else 0, lay.n_ctx_swa if swa else 0)
+    scores = 0 if lay.flash_attn else f32 * ub * n_kv * n_head
+    attn = legacy_mla = 0
+    if full or swa:
+        # the attention: the residual, its norm and Q/K/V (3 rows of n_embd), Q and the output before wo;
+        # without flash attention the scores and a third Q-sized tensor (KQV before its permute)
+        attn = 3 * embd + (2 * q if lay.flash_attn else 3 * q + scores)
+        if not lay.flash_attn and not lay.v_trans and not spec.is_mla:
+            # -fa auto resolved off after the cache was made with V not transposed: build_attn_mha makes
+            # "v = ggml_cont(ggml_transpose(v))" ("note: avoid this branch", src/llama-graph.cpp, 0c1e570) beside
+            # the scores, [n_kv, n_embd_head_v, n_head_kv] of the V cache's type
+            attn += row_bytes(lay.type_v, n_kv) * spec.n_embd_v_gqa_max()
+        if not lay.flash_attn and spec.is_mla:
+            # build_attn_mha (src/llama-graph.cpp, 0c1e570): V is a view of the K cache, not transposed, so
+            # without flash attention it is copied transposed (ggml_cont, "v_cont"): [n_kv, kv_lora_rank] per
+            # stream in the cache's type. Measured on DeepSeek-V2-Lite's shape (llama-fit-params b11312): the copy
+            # lands in a hole of about half a Q (the rule's 3 Q are 11.7 MiB over at n_ubatch 512, 47 at 2048),
+            # and grows the peak by the rest (20 MiB under at 32k cells and n_ubatch 512 before, 2.7 over now)
+            v_copy = lay.n_ctx_seq * lay.n_stream * (4 if lay.type_k == GGMLType.F32 else 2) * spec.n_embd_head_v
+            attn += max(0, v_copy - q // 2)
+        elif not lay.flash_attn and spec.architecture == "deepseek2":
+            # a deepseek2 GGUF without the MLA keys (src/models/deepseek2.cpp, !is_mla): wkv_b's output
+            # [n_head * (qk_nope + v_head), n_ubatch], the V it is copied into and the roped Q leave their places
+            # below the scores (measured on DeepSeek-V2-Lite's shape: 14.3 MiB at n_ubatch 512, 8 % under before;
+            # planned at a Q and n_head * (n_embd_head_k + n_embd_head_v) rows, 1.7 MiB over)
+            legacy_mla = q + f32 * ub * n_head * (spec.n_embd_head_k + spec.n_embd_head_v)
+            attn += legacy_mla
+        if not lay.flash_attn and spec.n_ff_shexp >= (spec.n_ff_exp or spec.n_ff) * spec.n_expert_used > 0:
+            # a shared expert at least as wide as the routed experts' total (qwen2moe, llama4): the scores land
+            # above the hole of one of its rows the previous layer leaves (measured, llama-fit-params b11312:
+            # Qwen2-57B-A14B's shape 37.3 MiB under at n_ubatch 512 before, Qwen1.5-MoE-A2.7B's 12.3)
+            attn += f32 * ub * spec.n_ff_shexp + embd // 2
+    phases = [0]
+    if spec.n_ff:  # a dense feed-forward: gate, up and their product (ggml_swiglu_split is not in place)
+        ff = 3
+        if spec.architecture in FUSED_UP_ARCHS and builds.older_than(lay.llama_build, builds.FUSED_GLU):
+            # up = [2 n_ff] holding gate and up, and the ggml_cont of each half before ggml_swiglu
+            # (kvadvise.planner.builds.FUSED_GLU); measured with the allocation pass of e1e8e09 (Ollama 0.6.8's
+            # llama.cpp) on GLM-4-32B's and GLM-4-9B's shapes: within 8 MiB over
+            ff = 4
+        phases.append(3 * embd + ff * f32 * ub * spec.n_ff)
+    if spec.n_expert:
+        phases.append(_moe_phase(spec, ub, embd, q))
+    if spec.ssm is not None:
+        phases.append(_mixer_phase(spec, spec.ssm, ub, embd, lay.n_seq_max))
+    # parallel blocks (command-r, cohere2) keep the attention's output alive through the feed-forward
+    mix = max(phases) + (embd if spec.parallel_block else 0)
+    layer = max(attn, mix)
+    logits = f32 * min(ub, lay.n_outputs_max) * spec.n_vocab
+    if spec.is_mla:
+        # measured (llama-fit-params, b11312, DeepSeek-V2-Lite's shape): the logits land above two Q-sized
+        # tensors the last MLA layer leaves at the top of the buffer (ggml-alloc's best fit), 36 MiB at n_ubatch 512
+        logits += 2 * q
+    elif legacy_mla:
+        # measured (the same shape, the published vocabulary, 4k cells): the last layer leaves two such holes
+        # under the logits (236.26 MiB reserved at n_ubatch 512, 208 planned before)
+        logits += 2 * legacy_mla
+    elif spec.n_expert:
+        # measured (llama-fit-params b11312, an RPC device, FA, 4k cells, the published vocabularies): a MoE
+        # model's logits land one more row of n_embd up (the last layer's routed and shared outputs' holes):
+        # qwen3next (Qwen3-Next-80B, Qwen3.5-35B-A3B), GLM-4.5-Air and gpt-oss-20b were 4-32 MiB under, Qwen3-30B
+        # one row over (benchmarks/bench_moe_shared.py); and 0.01-0.05 MiB of per-token tensors beside them
+        logits += embd + f32 * ub * 8
+        if spec.n_ff_shexp >= (spec.n_ff_exp or spec.n_ff) * spec.n_expert_used:
+            # a shared expert as wide as the routed ones' total: the logits land above two of its rows (Qwen2-57B-A14B's
+            # shape with its vocabulary: 60 MiB under with flash attention, 225 without at n_ubatch 2048; an upper
+            # bound: Qwen1.5-MoE-A2.7B's needs none with flash attention, 22 MiB over)
+            logits += 2 * f32 * ub * spec.n_ff_shexp
+    ple = f32 * ub * spec.n_embd_per_layer * spec.n_layer
+    layer_inputs = ple * 3 // 2 + embd * spec.n_altup // 2 if layer else 0
+    lead = 0
+    attn_layers = [il for il, kv in enumerate(spec.kv_layers) if kv]
+    if full and swa and lay.flash_attn and attn_layers and spec.swa_layers[attn_layers[0]]:
+        lead = ub * (2 * lay.n_ctx_swa + 4 * lay.n_ctx_seq)
+    return GraphSizes(embd, q, logits, cells, scores, attn, mix, layer, ple, layer_inputs, lead)
+
+
+def _moe_phase(spec: ModelSpec, ub: int, embd: int, q: int) -> int:
+    """llm_graph_context::build_moe_ffn (src/llama-graph.cpp): gate and up per selected expert and their
+    product (F = [n_ff_exp, n_expert_used, n_ubatch] each), then the down projection's [n_embd,
+    n_expert_used, n_ubatch] (Eu), which takes the place of the freed gate and up where it fits (2F), else
+    stacks on top. Measured with llama.cpp's own allocation pass (llama-fit-params, b11312) over 18 shapes of
+    Qwen3-MoE, Mixtral, gpt-oss and GLM-4.5 layers: exact on 10, within 12 MiB on the rest but one (GLM-4.5-Air's
+    shape, 22 MiB over, the shared expert's tensors reuse more). Both phases hold the router's logits and
+    probabilities ([n_expert, n_ubatch] f32 each) and a few per-token ids (measured: 0.07 MiB above the rows at
+    n_ubatch 512 with 16 experts, 0.30 at 2048).
+
+    A shared expert (qwen3next, qwen35moe, qwen2moe, deepseek2, glm4moe, llama4: src/models/<arch>.cpp, e.g.
+    qwen3next.cpp build_layer_ffn, 0c1e570) runs after the routed experts, as build_ffn(cur, up_shexp,
+    gate_shexp, down_shexp) added to their output: the residual, the normed input and the routed output (3 rows of
+    n_embd) stay alive beside its up, gate and SwiGLU product (S = [n_ff_shexp, n_ubatch] each), placed above
+    what ggml-alloc's best fit leaves of the routed experts' freed tensors: a hole of at most half a row of S and
+    of n_embd, and at most three rows of n_embd and one F. Measured with llama-fit-params b11312 on an RPC device
+    over 48 qwen3next layers (n_embd 1024-4096, n_ff_shexp 1024-16384, 2 or 8 of 16 experts of 256 or 1024,
+    n_ubatch 512 and 2048; benchmarks/bench_moe_shared.py): never below, at most 17 % (72 MiB) over; before, a
+    shared expert 4-8 times as wide as the routed ones was planned up to 52 % under."""
+    f32 = 4
+    ff = f32 * ub * (spec.n_ff_exp or spec.n_ff) * spec.n_expert_used
+    eu = f32 * ub * spec.n_embd * spec.n_expert_used
+    router = f32 * ub * (2 * spec.n_expert + 8)
+    routed = 2 * embd + 3 * ff + max(embd, q) + (eu if eu > 2 * ff else 0)
+    sh = f32 * ub * spec.n_ff_shexp
+    shared = 3 * embd + 3 * sh + min((embd + sh) // 2, 3 * embd + ff) if sh else 0
+    return max(routed, shared) + router
+
+
+def _mixer_phase(spec: ModelSpec, ssm: SSMDims, ub: int, embd: int, n_seqs: int) -> int:
+    """A recurrent layer's live set (src/models/graph-context-mamba.cpp, delta-net-base.cpp, lfm2.cpp), measured
+    with llama.cpp's allocation pass (b11312) on real-size layers: Mamba-2 (the in-projection, the conv input
+    and output, y and its gate, two rows of n_embd, the states of every sequence: exact on Mamba2-2.7B's
+    shape, 13 % over on Granite-4.0-H's); gated delta net (three rows of the conv width q|k|v and two of n_embd,
+    within 1 % on three Qwen3.5 shapes); LFM2's short conv (six rows of n_embd, exact)."""
+    f32 = 4
+    if ssm.kind == "gdn":
+        conv = 2 * ssm.n_group * ssm.d_state + ssm.d_inner
+        return f32 * ub * 3 * conv + 2 * embd + MIB
+    if ssm.kind == "shortconv":
+        return 6 * embd
+    if ssm.kind in ("mamba2", "mamba"):
+        conv = ssm.d_inner + 2 * ssm.n_group * ssm.d_state
+        in_proj = 2 * ssm.d_inner + 2 * ssm.n_group * ssm.d_state + ssm.n_head
+        states = ssm.d_state * ssm.d_inner + max(0, ssm.d_conv - 1) * conv
+        return f32 * ub * (in_proj + 2 * conv + 2 * ssm.d_inner) + 2 * embd + f32 * states * max(1, n_seqs)
+    return 8 * embd  # RWKV: time mix and channel mix (not measured: an estimate)
+
+
+def f32_fa_mask(lay: ContextLayout) -> bool:
+    """Whether the plan follows builds before ggml-org/llama.cpp#23764 (an f32 mask with flash attention)."""
+    return lay.flash_attn and builds.older_than(lay.llama_build, builds.F16_MASK_FA)
+
+
+def mask_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
+    """The KQ masks, one per cache kind (full and SWA): [n_kv, n_tokens/n_stream, 1, n_stream], f16 with
+    flash attention, else f32 (src/llama-graph.cpp build_attn_inp_kq_mask, 0c1e570); f32 with flash attention
+    too in builds before #23764 (kvadvise.planner.builds; an unknown build: the newest rules)."""
+    return mask_inputs(graph_sizes(spec, lay), lay)
+
+
+def mask_inputs(s: GraphSizes, lay: ContextLayout) -> int:
+    """:func:`mask_bytes` of sizes already worked out."""
+    f32 = not lay.flash_attn or f32_fa_mask(lay)
+    return s.mask_cells * lay.n_ubatch * (4 if f32 else 2)
+
+
+def ids_bytes(lay: ContextLayout) -> int:
+    """The host's token and position ids (i32 [n_ubatch] each) and the output ids (i32 per reserved row)."""
+    return 4 * lay.n_ubatch * 2 + 4 * min(lay.n_ubatch, lay.n_outputs_max)
+
+
+def v_idxs_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
+    """Without flash attention, the V cache's row indices, graph inputs: i64 [n_embd_v_gqa_max * n_ubatch] per
+    cache kind ``spec``'s attention layers read (llama_kv_cache::build_input_v_idxs, V being transposed;
+    llm_graph_input_attn_kv_iswa: self_v_idxs and self_v_idxs_swa, even where the SWA cache has as many cells as
+    the full one, n_swa + n_ubatch >= n_ctx). The host holds them for the whole model (``spec``); a device of a
+    split copies in those of its own layers' kinds (its ``DeviceLayers.spec``, kvadvise.planner.split).
+
+    The tensor came with the cache written by ggml_set_rows (ggml-org/llama.cpp#14285 "kv-cache : use
+    ggml_set_rows", 2025-06, behind LLAMA_SET_ROWS; the default from #14959, the ggml_cpy path removed by
+    #15505, 2025-08-22): before, the graph copied K and V into views of the cache (llm_graph_context::build_attn,
+    ggml_cpy into k_cache_view / v_cache_view, e1e8e09 as Ollama 0.6.8 vendors it) and had no row indices, on the
+    host or on any device (kvadvise.planner.builds.SET_ROWS)."""
+    if not lay.v_trans or spec.is_mla or builds.older_than(lay.llama_build, builds.SET_ROWS):
+        return 0
+    shapes = layer_shapes(spec)
+    kinds = bool(shapes.kv_group) + bool(shapes.swa_group)
+    return 8 * lay.n_ubatch * spec.n_embd_v_gqa_max() * kinds

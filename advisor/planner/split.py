@@ -1,0 +1,200 @@
+"""The layers split over several devices (-sm layer, every layer offloaded): which device holds each layer
+(:func:`layer_devices`), each device's blocks and weights (:func:`device_layers`), and the compute buffers a
+split makes with pipeline parallelism: each device's (:func:`split_compute`) and the host's
+(:func:`split_host_compute`). One device is kvadvise.planner.memory's, which puts these parts together.
+
+Follows llama.cpp 0c1e570 (b11312): llama_model::load_tensors (the split points, the output layer's device),
+ggml/src/ggml-backend.cpp ggml_backend_sched_split_graph (the split inputs and their copies); measured with
+llama-fit-params b11312 on loopback RPC devices (benchmarks/bench_split.py, tests/test_devices.py).
+"""
+
+from __future__ import annotations
+
+import bisect
+import struct
+from dataclasses import dataclass, replace
+
+from kvadvise.errors import ConfigError
+from kvadvise.model.architecture import ENCODER_ARCHS
+from kvadvise.model.ggml import ALIGNMENT, pad
+from kvadvise.model.spec import ModelSpec
+from kvadvise.planner.layout import ContextLayout, layer_shapes
+from kvadvise.planner.sizes import f32_fa_mask, graph_sizes, ids_bytes, mask_bytes, mask_inputs, v_idxs_bytes
+
+# ggml_backend_sched: with pipeline parallelism the split inputs are kept in this many copies
+# (GGML_SCHED_MAX_COPIES, ggml/src/ggml-backend.cpp; llama.cpp logs "pipeline parallelism enabled").
+N_COPIES = 4
+
+
+def layer_devices(n_layer_all: int, tensor_split: tuple[float, ...]) -> tuple[int, ...]:
+    """The device of each layer 0..n_layer_all (the last entry: the output layer), full offload,
+    -sm layer: llama_model::load_tensors's split points, cumulative shares normalised to 1 (in
+    float, as llama.cpp), a layer to the first device whose point is above il / (n_layer_all + 1)."""
+    n_dev = max(1, len(tensor_split))
+    if n_dev == 1:
+        return (0,) * (n_layer_all + 1)
+    if any(x < 0 for x in tensor_split) or sum(tensor_split) <= 0:
+        raise ConfigError("a tensor split needs shares >= 0 that are not all 0", hint="e.g. -ts 3,1")
+
+    def f32(x: float) -> float:
+        return float(struct.unpack("f", struct.pack("f", x))[0])
+
+    points, acc = [], 0.0
+    for x in tensor_split:
+        acc = f32(acc + f32(x))
+        points.append(acc)
+    points = [f32(p / acc) for p in points]
+    act = n_layer_all + 1
+    return tuple(min(bisect.bisect_right(points, f32(il / act)), n_dev - 1) for il in range(act))
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceLayers:
+    """One device's share of a split (-sm layer): its blocks, whether it has the output layer, the weights."""
+
+    layers: tuple[int, ...]
+    last: bool  # it holds the output layer
+    weights_bytes: int
+    n_layers: int  # as "offloaded N/M layers to GPU" counts them (the output layer is one)
+    # the model as this device's compute graph sees it: the attention and recurrent layers it holds, no others
+    spec: ModelSpec
+
+
+_SPLITS_MAX = 256  # the splits remembered (compare plans dozens of cards per model)
+_SPLITS: dict[tuple[int, tuple[int, ...], bool], tuple[ModelSpec, tuple[DeviceLayers, ...]]] = {}
+
+
+def device_layers(spec: ModelSpec, owner: tuple[int, ...], n_dev: int, cuda: bool) -> tuple[DeviceLayers, ...]:
+    """Each device's blocks and weights for a split: the same at every context, so worked out once per model
+    and split (kept for the last few hundred)."""
+    key = (id(spec), owner, cuda)
+    hit = _SPLITS.get(key)
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    # a spec without per-block sizes (a config the breakdown cannot count): the blocks share the weights
+    # evenly, so that a split over several devices gives each its layers' share, not all to the last one
+    layer_w = list(spec.layer_bytes) if any(spec.layer_bytes) else _even_layers(spec)
+    layer_pad = list(spec.layer_cuda_pad_bytes) or [0] * spec.n_layer_all
+    # llama_model::load_tensors: token_embd always stays on the CPU ("very little benefit"); what is not
+    # in a block (output, output_norm, ...) goes with the output layer; tied embeddings make that device
+    # hold a copy of token_embd as the output layer (an encoder has no output layer: no copy); the input layer's
+    # other tensors (per_layer_token_embd, position_embd, token_types) stay on the CPU with token_embd
+    tied_copy = spec.tok_embd_bytes if spec.output_bytes == 0 and spec.architecture not in ENCODER_ARCHS else 0
+    rest = spec.weights_bytes - spec.tok_embd_bytes - spec.input_extra_bytes - sum(layer_w) + tied_copy
+    rest_pad = spec.cuda_pad_bytes - sum(layer_pad) if cuda else 0
+    parts = []
+    for d in range(n_dev):
+        layers = tuple(il for il in range(spec.n_layer_all) if owner[il] == d)
+        last = owner[spec.n_layer_all] == d
+        weights = sum(layer_w[il] + (layer_pad[il] if cuda else 0) for il in layers) + (
+            (rest + rest_pad) if last else 0
+        )
+        n_layers = sum(1 for il in layers if il < spec.n_layer) + (1 if last else 0)
+        parts.append(DeviceLayers(layers, last, weights, n_layers, _device_spec(spec, layers)))
+    if len(_SPLITS) >= _SPLITS_MAX:
+        _SPLITS.clear()
+    out = _SPLITS[key] = (spec, tuple(parts))
+    return out[1]
+
+
+def _device_spec(spec: ModelSpec, layers: tuple[int, ...]) -> ModelSpec:
+    """The model with only ``layers``' attention and recurrent mixers (KV cells, recurrent state): what sizes the
+    compute graph of a device that holds those blocks (:func:`split_compute`)."""
+    held = [False] * spec.n_layer_all
+    for il in layers:
+        held[il] = True
+    rec = tuple(r and h for r, h in zip(spec.recurrent_layers, held, strict=True))
+    kv = tuple(k and h for k, h in zip(spec.kv_layers, held, strict=True))
+    return replace(spec, kv_layers=kv, recurrent_layers=rec, ssm=spec.ssm if any(rec) else None)
+
+
+def _even_layers(spec: ModelSpec) -> list[int]:
+    """Equal block sizes for a spec whose per-block sizes are unknown: the weights less the token embedding
+    and the output layer, over the trunk's layers."""
+    body = max(0, spec.weights_bytes - spec.tok_embd_bytes - spec.input_extra_bytes - spec.output_bytes)
+    n = max(1, spec.n_layer)
+    return [body // n if il < spec.n_layer else 0 for il in range(spec.n_layer_all)]
+
+
+def split_compute(spec: ModelSpec, lay: ContextLayout, part: DeviceLayers, *, copies: int) -> int:
+    """One device's compute buffer in a split over several devices (-sm layer, pipeline parallelism): the
+    single-device rules (kvadvise.planner.sizes.graph_sizes; kvadvise.planner.memory's layer peak) applied to the
+    layers it holds (``part.spec``), the output phase on the device with the output layer, and below them
+    ``copies`` copies of its split inputs.
+
+    ggml_backend_sched_split_graph (ggml/src/ggml-backend.cpp, 0c1e570): a tensor a split reads from another
+    backend is copied in, and with pipeline parallelism (llama_context: several devices, every layer offloaded)
+    in GGML_SCHED_MAX_COPIES copies flagged input and output, added as leafs "so that they are allocated first"
+    and never freed. A device's split inputs (GGML_SCHED_DEBUG=2, llama-fit-params b11312 on loopback RPC
+    devices): the KQ masks of the cache kinds its layers read (f16 with flash attention, else f32), the K/V row
+    indices (without flash attention V's are [n_embd_v_gqa * n_ubatch] i64, V being transposed), the positions,
+    and the hidden state: the token embeddings' get_rows (on the CPU with token_embd) on the first device; on a
+    later one the previous layer's output and the next layer's rms norm, which has no weight, so the scheduler
+    leaves it on the previous device ("## SPLIT #2: ... [norm-15 (2M)] ... [l_out-14 (2M)]" in the
+    worst-case batch llama_context::graph_reserve reserves first). Measured on benchmarks/bench_split.py's grid."""
+    ub = lay.n_ubatch
+    s = graph_sizes(part.spec, lay)
+    f32_mask = f32_fa_mask(lay)
+    masks = mask_inputs(s, lay)
+    shapes = layer_shapes(part.spec)
+    kinds = bool(shapes.kv_group) + bool(shapes.swa_group)
+    ids = 8 * ub * 2 * kinds + 16 * ub + (4 * min(ub, lay.n_outputs_max) if part.last else 0)
+    # the V row indices of its layers' cache kinds: the host's definition, build gate included (none before set_rows)
+    inputs = masks + (1 if 0 in part.layers else 2) * s.embd + v_idxs_bytes(part.spec, lay) + ids
+    inputs += _mamba2_boundary_inputs(spec, part.layers, ub)
+    # its layers' largest live set, the masks being inputs (before #23764 their f16 cast is not); without flash
+    # attention the scores sit beside two rows of n_embd and two Q-sized tensors, one of each fewer than on a
+    # single device, where the freed input copy's hole is below them (measured: the shapes of Llama 3.1 8B, Qwen3
+    # 0.6B and 30B-A3B, gpt-oss-20b, Gemma 3 12B and 270M, LFM2: up to 16 MiB over before); not where Q comes
+    # with its gate (Qwen3-Next, Qwen3.5: 12 MiB under so) or MLA's absorbed Q (15 MiB under so)
+    narrow = not lay.flash_attn and s.attn and not spec.is_mla and spec.architecture not in _GATED_Q_ARCHS
+    attn = s.attn - (s.embd + s.q if narrow else 0)
+    layer = max(attn, s.mix) + s.layer_inputs + (s.mask_cells * ub * 2 if f32_mask else 0) if part.layers else 0
+    logits = s.logits
+    if spec.is_mla and lay.flash_attn:
+        # measured on DeepSeek-V2-Lite's shape (bench_split.py, 4k and 32k cells, n_ubatch 512): with flash
+        # attention the logits land two rows of n_embd above the inputs, not above the two Q-sized holes a single
+        # device's last MLA layer leaves (graph_sizes; 36 MiB over before), and a layer's live set is half a Q above
+        # the single device's (its freed input copy's hole is pinned here; 8.8 MiB under before)
+        logits -= 2 * s.q
+        layer += s.q // 2 if part.layers else 0
+    out = logits + 2 * s.embd + s.ple if part.last else 0
+    return pad(copies * inputs + max(layer, out), ALIGNMENT["cuda"])
+
+
+# attention whose wq makes Q and its output gate together (src/models/qwen3next.cpp, qwen35.cpp, qwen35moe.cpp)
+_GATED_Q_ARCHS = frozenset({"qwen3next", "qwen35", "qwen35moe"})
+
+
+def _mamba2_boundary_inputs(spec: ModelSpec, layers: tuple[int, ...], ub: int) -> int:
+    """The extra split inputs of a device whose layers meet another device's at two Mamba-2 layers: the later
+    layer's recurrent-state ops (get_rows of its conv state, src/models/graph-context-mamba.cpp build_rs) come in
+    graph order before the earlier layer's z gate is made contiguous, so ggml_backend_sched_split_graph puts
+    that weightless ggml_cont on the later device: it copies in the earlier layer's in-projection
+    [2 d_inner + 2 n_group d_state + n_head, n_ubatch] and the earlier device copies the z back [d_inner,
+    n_ubatch] (GGML_SCHED_DEBUG=2, llama-fit-params b11312, Granite-4.0-H-Tiny's shape: 47 and 19 MiB under
+    before at such a boundary, none at a boundary beside an attention layer)."""
+    ssm = spec.ssm
+    if ssm is None or ssm.kind != "mamba2" or not layers:
+        return 0
+    rec = spec.recurrent_layers
+    lo, hi = min(layers), max(layers)
+    out = 0
+    if lo > 0 and rec[lo - 1] and rec[lo]:
+        out += 4 * ub * (2 * ssm.d_inner + 2 * ssm.n_group * ssm.d_state + ssm.n_head)
+    if hi + 1 < spec.n_layer and rec[hi] and rec[hi + 1]:
+        out += 4 * ub * ssm.d_inner
+    return out
+
+
+def split_host_compute(spec: ModelSpec, lay: ContextLayout, *, copies: int) -> int:
+    """The host's compute buffer (CUDA_Host, or the CPU's beside RPC devices) of a split over several devices.
+
+    ggml_backend_sched_split_graph (pass 6): with pipeline parallelism every graph input on the host is kept in
+    GGML_SCHED_MAX_COPIES copies: the masks, the V row indices, the ids, and inp_embd ([n_embd, n_ubatch] f32,
+    "inputs not consumed by any node (e.g. the embeddings input of a text-only batch)"); beside them the token
+    embeddings' get_rows. Without flash attention the row indices, not a Q-sized tensor (Gemma 3 12B's shape 32
+    MiB under, DeepSeek-V2-Lite's 72 over before: benchmarks/bench_split.py)."""
+    embd = 4 * lay.n_ubatch * spec.n_embd
+    inputs = mask_bytes(spec, lay) + embd + v_idxs_bytes(spec, lay)
+    return pad(copies * inputs + embd + ids_bytes(lay), ALIGNMENT["cuda"])
