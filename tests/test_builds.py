@@ -62,8 +62,9 @@ def test_the_installed_llama_server_says_its_build(tmp_path: Path) -> None:
 
 
 def test_an_unknown_build_is_planned_by_the_newest_rules(gemma_path: Path) -> None:
-    """Builds before ggml-org/llama.cpp#23764 held the f32 mask with flash attention: a named older build gets
-    its figure; an unknown one the newest rules (the note says what an older one takes besides)."""
+    """Builds before ggml-org/llama.cpp#23764 held the f32 mask with flash attention, and before #18898 one row of
+    the token embeddings on the host: a named older build gets its figure; an unknown one the newest rules (the
+    note says what an older one takes besides)."""
     spec = from_gguf(read_file(gemma_path))
     base = RunConfig(n_ctx=32768, flash_attn="on", device="cuda", n_outputs_max=1)  # the layers are the peak
     new, old, unknown = (estimate(spec, replace(base, llama_build=b)) for b in (11312, 9000, None))
@@ -72,9 +73,13 @@ def test_an_unknown_build_is_planned_by_the_newest_rules(gemma_path: Path) -> No
     )
     assert unknown.host.compute_bytes == new.host.compute_bytes
     assert unknown.devices[0].compute_bytes == new.devices[0].compute_bytes
-    # the f32 mask: 32768 cells + the SWA cache's 1024, 512 rows, 4 bytes, and one [n_embd, n_ubatch] row, not two
+    # the f32 mask: 32768 cells + the SWA cache's 1024, 512 rows, 4 bytes, not 2
     cells = 32768 + 1024
-    assert old.host.compute_bytes - new.host.compute_bytes == pytest.approx(cells * 512 * 2 - 4 * 512 * 640, abs=128)
+    assert old.host.compute_bytes - new.host.compute_bytes == pytest.approx(cells * 512 * 2, abs=128)
+    # before #18898 (builds.EMBD_SELECT) the host held one [n_embd, n_ubatch] row, not two (b8816 holds two beside
+    # its f32 mask: tests/data/published 035; Ollama 0.24's ec98e2002 one: 020, 021)
+    early = estimate(spec, replace(base, llama_build=7600))
+    assert old.host.compute_bytes - early.host.compute_bytes == 4 * 512 * 640
 
 
 def test_older_builds_rules(gemma_path: Path, tmp_path: Path) -> None:

@@ -157,8 +157,8 @@ def test_the_table_is_what_each_tag_holds() -> None:
 def test_each_vendored_llama_cpp_follows_the_rules_of_its_rules_build() -> None:
     """The vendored source of each pin (llama/llama.cpp/src at its first tag) has exactly the memory rules
     kvadvise.planner.builds gives its rules_build: the KV cache written with ggml_set_rows, the SWA cache
-    padded to 256, no V tensor for MLA, the KQ mask cast from f32 under flash attention, the backends'
-    graph_optimize hook (ggml-backend.cpp)."""
+    padded to 256, no V tensor for MLA, the token embeddings' two inputs (ggml_build_forward_select), the KQ
+    mask cast from f32 under flash attention, the backends' graph_optimize hook (ggml-backend.cpp)."""
     for p in versions.PINS:
         if p.since >= versions.LLAMA_SERVER_FROM:
             continue
@@ -172,6 +172,8 @@ def test_each_vendored_llama_cpp_follows_the_rules_of_its_rules_build() -> None:
         padded = re.search(r"size_swa = GGML_PAD\(std::min\(size_base, hparams\.n_swa.*, 256\)", code)
         assert (padded is not None) is (p.rules_build >= builds.SWA_PAD_256), tag
         assert ("has_v" in code) is (p.rules_build >= builds.MLA_V_LESS), tag
+        graph = _show(tag, f"{src}/llama-graph.cpp") or ""
+        assert ("ggml_build_forward_select(gf, inps" in graph) is (p.rules_build >= builds.EMBD_SELECT), tag
         assert re.search(r"ggml_cast\(ctx0, inp->(self_)?kq_mask, GGML_TYPE_F16\)", code) is not None, tag
         assert p.rules_build < builds.F16_MASK_FA
         backend = _show(tag, "ml/backend/ggml/ggml/src/ggml-backend.cpp") or ""
@@ -192,9 +194,10 @@ def _plan(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
 def test_0_20_2_plans_the_library_at_its_vendored_commit(coder_store: Path, capsys: pytest.CaptureFixture[str]) -> None:
     old = _plan(capsys, "ollama", "qwen2.5-coder:7b", "--ollama-version", "0.20.2")
     new = _plan(capsys, "ollama", "qwen2.5-coder:7b", "--ollama-version", "0.32.13")
-    # the same load as the library (llama-cli): -b 512 -ub 512, by the rules of a build before the V-less MLA
+    # the same load as the library (llama-cli): -b 512 -ub 512, by the rules of a build before #18898's second
+    # embeddings input on the host (and so before the V-less MLA)
     lib = _plan(capsys, "gguf", str(coder_store), "--runtime", "llama-cli", "-b", "512", "-ub", "512",
-                "--llama-build", f"b{builds.MLA_V_LESS - 1}")  # fmt: skip
+                "--llama-build", f"b{builds.EMBD_SELECT - 1}")  # fmt: skip
     assert schema_errors("plan.schema.json", old) == []
     rel = old["ollama"]["release"]
     assert (rel["runner"], rel["program"], rel["found_by"]) == ("llamarunner", "llama-cli", "--ollama-version")

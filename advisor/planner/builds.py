@@ -25,7 +25,8 @@ the exact build is not known, the earliest it can be, so that an older build is 
 - F16_MASK_FA (#23764, commit 031ddb2e0 = b9410): with flash attention the KQ mask is created f16
   (llm_graph_context::build_attn_inp_kq_mask); before, it was an f32 graph input on the host that the
   device copied and cast to f16, both alive at the first attention ("the f32 mask still uses the compute
-  buffer even though it is not used", the PR), and the host kept one [n_embd, n_ubatch] row, not two.
+  buffer even though it is not used", the PR). (The host's second [n_embd, n_ubatch] row is EMBD_SELECT's, not
+  this change's: b8816 holds it beside the f32 mask, tests/data/published 035.)
 - GRAPH_OPTIMIZE (ggml-org/llama.cpp#15850, "vulkan: sort graph to allow more parallel execution", merged
   2025-09-08: its ggml sync commit b14a96b6 keeps that date; b6431 shipped by 2025-09-09): ggml_backend_sched
   hands each split to the backend's graph_optimize before ggml-alloc sees it (Vulkan's reorders it; Metal's
@@ -37,6 +38,19 @@ the exact build is not known, the earliest it can be, so that an older build is 
 - SERVER_OUTPUT_LIMITS (#23861, commit de6f727aa, merged 2026-06-01; b9442 of 2026-05-31 lacks it, b9467 of
   2026-06-02 has it): llama-server reserves the logits of one row per slot (server_output_limits); before,
   of the whole batch, as the library does (RunConfig.runtime "llama-cli").
+- EMBD_SELECT (ggml-org/llama.cpp#18898, "graph : utilize ggml_build_forward_select()", opened 2026-01-17, reviewed
+  01-18): build_inp_embd keeps both inputs in the graph, the token ids' get_rows and an f32 inp_embd [n_embd,
+  n_tokens] graph input, so the host's compute buffer holds two such rows where it held one (b7847 = a5bb8ba4, the
+  llama.cpp Ollama ef00199fb vendored, has it; ec98e2002 of 2025-12-16 lacks it). The exact build is not known here:
+  planned from b7700 on (about 2026-01-15 at the 14 builds a day between b7108 of 2025-12-03 and b7813 of 01-23).
+- RESERVE_ROUNDS_OUTPUTS: llama_context::graph_reserve rounds the worst-case batch up to a multiple of the sequences
+  and, in a5bb8ba4 (b7847), the outputs with it ("n_outputs = std::max(n_outputs, n_tokens)"; ec98e2002 took the
+  min, 0c1e570 leaves them as given): LLamaSharp 0.27.0's b8816 (3f7c29d) with SeqMax 40 reserves 520 rows of
+  logits for a 512-token batch (its published CUDA0 284.90 MiB, tests/data/published 035). Planned from b7847 until
+  b11312, which lacks it; where it ended between is not known here, so the builds between get the larger logits.
+  From b7847 to b9410 the reserve graph is the one kvadvise.planner.llama_graph builds with the f32 flash-attention
+  mask (LlamaShape.f32_fa_mask), and CUDA's graph_optimize reorders nothing unless GGML_CUDA_GRAPH_OPT=1 (a5bb8ba4's
+  ggml-cuda.cu): ggml-alloc's own figure is planned there (kvadvise.planner.memory._exact_device_compute).
 
 An unknown build is planned by the newest rules (REFERENCE's): a machine without a llama-server to ask is
 most likely to run a recent one, and planning every older build's largest figure (the f32 mask of builds
@@ -58,6 +72,8 @@ FUSED_GLU = 6000
 MLA_V_LESS = 7830
 F16_MASK_FA = 9410
 SERVER_OUTPUT_LIMITS = 9467
+EMBD_SELECT = 7700
+RESERVE_ROUNDS_OUTPUTS = 7847
 GRAPH_OPTIMIZE = 6302
 SUPPORTED_FROM = MLA_V_LESS  # the builds whose rules are modelled whole (older ones in part)
 

@@ -21,6 +21,8 @@ attention with flash attention (build_attn_inp_kv_unified), no tensor flagged as
 llm_graph_result::set_outputs yet). Not phi3's (its Q, K and V were copied out of the fused QKV then).
 ``swiglu`` False: before ggml_swiglu (#14158) build_ffn ran silu and mul in place on the gate (LLM_FFN_PAR),
 and a fused up projection (LLM_FFN_SWIGLU: phi3, glm4) was copied half by half (ggml_cont) first.
+``f32_fa_mask``: builds from b7847 (a5bb8ba4, as Ollama ef00199fb vendors it) to before #23764 (b9410): today's
+graph but with flash attention the KQ mask an f32 input, its rows unpadded, cast to f16 at the first attention.
 ``glm4``: llm_build_glm4, llama's layer with RMS norms after the attention and after the feed-forward
 (post_attention_norm, post_ffw_norm) and a fused up projection; its partial rope keeps the tensor's shape.
 """
@@ -61,6 +63,10 @@ class LlamaShape:
     # the CPU runs every layer: one backend, one split, one buffer (the inputs and the embeddings' get_rows in it,
     # no copies); the graph's inputs are leafs, allocated first in the order the graph first reads them
     cpu_only: bool = False
+    # builds from b7847 to before ggml-org/llama.cpp#23764 (b9410): with flash attention the KQ mask is an f32 input,
+    # its rows unpadded (GGML_KQ_MASK_PAD gone by ec98e2002), cast to f16 on the device at the first attention
+    # (build_attn_inp_kv: ggml_cast(ctx0, inp->self_kq_mask, GGML_TYPE_F16), a5bb8ba4 as Ollama ef00199fb vendors it)
+    f32_fa_mask: bool = False
 
     @property
     def fused_up(self) -> bool:
@@ -104,7 +110,8 @@ def build(s: LlamaShape) -> Graph:
     # the mask's rows: GGML_PAD(n_tokens, GGML_KQ_MASK_PAD) in the e1e8e09 graph; an f32 input there, cast to f16
     # for flash attention on the device
     mask_rows = -(-ub // 64) * 64 if s.legacy else ub
-    mask_elt = 2 if s.flash_attn and not s.legacy else 4
+    f32_mask = s.legacy or s.f32_fa_mask
+    mask_elt = 2 if s.flash_attn and not f32_mask else 4
 
     host = DEVICE if s.cpu_only else HOST
 
@@ -184,7 +191,7 @@ def build(s: LlamaShape) -> Graph:
             qp = b.view(f"Qcur-{il} (view) (permuted)", b.view(f"Qcur-{il} (view)", q), "PERMUTE")
             kc = b.view(f"cache_k_l{il} (view) (permuted)", b.view(f"cache_k_l{il} (view 4d)", cache_k), "PERMUTE")
             vc = b.view(f"cache_v_l{il} (view) (permuted)", b.view(f"cache_v_l{il} (view 4d)", cache_v), "PERMUTE")
-        if s.legacy and s.flash_attn and il == 0:  # kq_mask_cnv: ggml_cast (a CPY into a new f16 tensor)
+        if f32_mask and s.flash_attn and il == 0:  # kq_mask_cnv: ggml_cast (a CPY into a new f16 tensor)
             kq_mask = b.op("attn_inp_kq_mask (f16)", "CPY", (s.n_kv, mask_rows), (kq_mask,), elt=2)
         if s.flash_attn:
             fa = b.op(f"fattn-{il}", "FLASH_ATTN_EXT", (s.n_embd_head, s.n_head, ub), (qp, kc, vc, kq_mask))

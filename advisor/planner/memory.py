@@ -47,6 +47,8 @@ from kvadvise.planner.sizes import (
     graph_sizes,
     ids_bytes,
     mask_inputs,
+    reserve_outputs,
+    reserve_tokens,
     v_idxs_bytes,
 )
 from kvadvise.planner.split import N_COPIES, device_layers, layer_devices, split_compute, split_host_compute
@@ -528,12 +530,16 @@ def host_compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     (src/llama-context.cpp, backend_buft): the KQ masks, the token ids, positions and output ids, and
     without flash attention the V cache's row indices (i64 [n_embd_v_gqa * n_ubatch] per cache,
     llm_graph_input_attn_kv::set_input, the V cache being transposed); token_embd stays on the CPU
-    (llama_model::load_tensors), so its get_rows is there too: two [n_embd, n_ubatch] rows in b11312, one in
-    builds before #23764, which also kept the mask f32 with flash attention. Measured with llama.cpp's
-    allocation pass on RPC devices (b11312, 20 families, tests/test_oracle.py) and published logs.
+    (llama_model::load_tensors), so its get_rows is there too, and from #18898 (builds.EMBD_SELECT) beside it the
+    f32 inp_embd input build_inp_embd selects between: two [n_embd, n_ubatch] rows, one before; builds before
+    #23764 kept the mask f32 with flash attention. Every input is as wide as the reserve's batch, n_ubatch
+    rounded up to the sequences (reserve_tokens: LLamaSharp's SeqMax 40 reserves 520 tokens). Measured with
+    llama.cpp's allocation pass on RPC devices (b11312, 20 families, tests/test_oracle.py) and published logs
+    (b8816's CUDA_Host 16.26 MiB: a 2048 x 520 f32 mask, two rows of 520, the ids).
     """
+    lay = replace(lay, n_ubatch=reserve_tokens(lay), n_outputs_max=reserve_outputs(lay))
     s = graph_sizes(spec, lay)
-    rows = 1 if builds.older_than(lay.llama_build, builds.F16_MASK_FA) else 2
+    rows = 1 if builds.older_than(lay.llama_build, builds.EMBD_SELECT) else 2
     # Gemma 3n/4: per_layer_token_embd is an input tensor on the CPU, so its get_rows for the batch is here
     # (one [n_embd_per_layer * n_layer, n_ubatch] f32; exact on 24 shapes of llama.cpp's allocation pass)
     return pad(
@@ -561,6 +567,10 @@ def device_compute_bytes(spec: ModelSpec, lay: ContextLayout, *, weight_copy: in
     if not weight_copy:
         exact = _exact_device_compute(spec, lay)
         if exact is not None:
+            if lay.device == "cuda" and not builds.older_than(lay.llama_build, builds.GRAPH_OPTIMIZE):
+                # a b7847-b9409 GPU: kvadvise's "cuda" also plans Vulkan, whose graph_optimize reorders the graph
+                # ggml-alloc sees (CUDA's did not then): the larger of the replay and the phases
+                return max(exact, _analytic_device_compute(spec, lay))
             return exact
     return _analytic_device_compute(spec, lay, weight_copy)
 
@@ -604,33 +614,42 @@ def _exact_device_compute(spec: ModelSpec, lay: ContextLayout) -> int | None:
     220.00 MiB for GLM-4-32B's layers with a 1,024-token vocabulary (tests/test_glm4_old_builds.py). The CPU
     running every layer (compute_bytes) likewise, its graph one split in one buffer (LlamaShape.cpu_only):
     TinyLlama at b4700 and Qwen3 1.7B at b6100 as printed (tests/data/published 010, 017; the analytic plan
-    was +12 and +4)."""
+    was +12 and +4).
+
+    From b7847 to b9409 (builds.RESERVE_ROUNDS_OUTPUTS to builds.F16_MASK_FA) on a GPU or an RPC device: the graph
+    of a5bb8ba4 (LlamaShape.f32_fa_mask), the outputs raised to the rounded batch, a unified cache of several
+    sequences being one stream of all their tokens; CUDA's graph_optimize reordered nothing then. LLamaSharp
+    0.27.0 (b8816) with SeqMax 40 as printed (tests/data/published 035: 284.90 MiB; the analytic plan was 262.50),
+    and its spike's 267 and 261 MiB at 8,192 and 16,384 cells (tests/test_llamasharp_b8816.py)."""
     legacy = builds.older_than(lay.llama_build, builds.GRAPH_OPTIMIZE)
+    # b7847 to b9409: a5bb8ba4's graph (the f32 flash-attention mask) on a GPU or an RPC device, one stream or
+    # a unified cache of several sequences (LLamaSharp's default kv_unified with SeqMax 40: 284.90 MiB as b8816
+    # printed it, tests/data/published 035); CUDA's graph_optimize reordered nothing (kvadvise.planner.builds)
+    mid = lay.llama_build is not None and builds.RESERVE_ROUNDS_OUTPUTS <= lay.llama_build < builds.F16_MASK_FA
     uniform = len(set(spec.n_head)) == 1 and len(set(spec.n_head_kv)) == 1
     if not (
-        (lay.device == "rpc" or legacy) and spec.architecture in (_EXACT_ARCHS_LEGACY if legacy else _EXACT_ARCHS)
+        (lay.device == "rpc" or legacy or (mid and lay.device == "cuda"))
+        and spec.architecture in (_EXACT_ARCHS_LEGACY if legacy else _EXACT_ARCHS)
         and uniform and spec.n_ff and not spec.n_expert
         and spec.n_swa == 0 and not spec.is_mla and not any(spec.recurrent_layers) and all(spec.kv_layers)
         and spec.n_layer_nextn == 0 and spec.n_embd_head_k == spec.n_embd_head_v and not spec.n_embd_per_layer
-        and (legacy or lay.n_stream == lay.n_seq_max) and GGMLType.F32 not in (lay.type_k, lay.type_v)
-        and lay.llama_build is not None and (legacy or lay.llama_build >= builds.REFERENCE)
+        and (legacy or mid or lay.n_stream == lay.n_seq_max) and GGMLType.F32 not in (lay.type_k, lay.type_v)
+        and lay.llama_build is not None and (legacy or mid or lay.llama_build >= builds.REFERENCE)
     ):  # fmt: skip
         return None
-    # llama_context::graph_reserve: the batch's tokens rounded up to a multiple of the sequences, one stream each;
-    # the outputs as the unrounded batch's (sched_reserve: n_outputs_pp)
-    n_seqs = 1 if legacy else lay.n_seq_max
-    n_tokens = -(-lay.n_ubatch // n_seqs) * n_seqs
+    # llama_context::graph_reserve: the batch's tokens rounded up to a multiple of the sequences (one stream each,
+    # or one unified stream of them all: the same tensors); the outputs as reserve_outputs says
     build_ = lay.llama_build
     shape = LlamaShape(
         n_layer=spec.n_layer, n_embd=spec.n_embd, n_head=spec.n_head[0], n_head_kv=spec.n_head_kv[0],
         n_embd_head=spec.n_embd_head_k, n_ff=spec.n_ff, n_vocab=spec.n_vocab,
         n_kv=lay.n_ctx if legacy else lay.n_ctx_seq,
-        n_ubatch=n_tokens, n_outputs=min(lay.n_ubatch, lay.n_outputs_max), flash_attn=lay.flash_attn,
+        n_ubatch=reserve_tokens(lay), n_outputs=reserve_outputs(lay), flash_attn=lay.flash_attn,
         phi3=spec.architecture == "phi3", qkv_bias=spec.architecture == "qwen2", qk_norm=spec.architecture == "qwen3",
         glm4=spec.architecture == "glm4", legacy=legacy, swiglu=not builds.older_than(build_, builds.FUSED_GLU),
-        set_rows=not builds.older_than(build_, builds.SET_ROWS), cpu_only=lay.device == "cpu",
+        set_rows=not builds.older_than(build_, builds.SET_ROWS), cpu_only=lay.device == "cpu", f32_fa_mask=mid,
     )  # fmt: skip
-    return _reserved(shape, ALIGNMENT[lay.device] if legacy else ALIGNMENT["rpc"])
+    return _reserved(shape, ALIGNMENT[lay.device] if legacy or mid else ALIGNMENT["rpc"])
 
 
 @functools.lru_cache(maxsize=256)

@@ -50,6 +50,27 @@ class GraphSizes:
     lead_swa_masks: int = 0
 
 
+def reserve_tokens(lay: ContextLayout) -> int:
+    """The worst-case batch llama_context::graph_reserve builds: n_ubatch tokens rounded up to a multiple of the
+    sequences ("making n_tokens a multiple of n_seqs", 0c1e570 and a5bb8ba4); the e1e8e09-era reserve (builds
+    before builds.GRAPH_OPTIMIZE here) held one sequence. LLamaSharp's SeqMax 40 makes 512 tokens 520."""
+    n_seqs = 1 if builds.older_than(lay.llama_build, builds.GRAPH_OPTIMIZE) else lay.n_seq_max
+    return -(-lay.n_ubatch // n_seqs) * n_seqs
+
+
+def reserve_outputs(lay: ContextLayout) -> int:
+    """The logits rows the reserve graph holds: min(n_ubatch, n_outputs_max) (sched_reserve's n_outputs_pp,
+    0c1e570); builds from b7847 up to b11312 raise them to the rounded batch when it was rounded (graph_reserve:
+    "n_outputs = std::max(n_outputs, n_tokens)", a5bb8ba4; kvadvise.planner.builds.RESERVE_ROUNDS_OUTPUTS)."""
+    n_outputs = min(lay.n_ubatch, lay.n_outputs_max)
+    b = lay.llama_build
+    if b is not None and builds.RESERVE_ROUNDS_OUTPUTS <= b < builds.REFERENCE:
+        n_tokens = reserve_tokens(lay)
+        if n_tokens != lay.n_ubatch:
+            n_outputs = max(n_outputs, n_tokens)
+    return n_outputs
+
+
 def graph_sizes(spec: ModelSpec, lay: ContextLayout) -> GraphSizes:
     """The :class:`GraphSizes` of ``spec``'s graph at ``lay``: each a closed form of llama.cpp's tensors (src/llama-graph.cpp,
     src/models/*.cpp, 0c1e570), the live sets measured with its allocation pass where ggml-alloc's reuse decides."""
@@ -108,7 +129,7 @@ def graph_sizes(spec: ModelSpec, lay: ContextLayout) -> GraphSizes:
     # parallel blocks (command-r, cohere2) keep the attention's output alive through the feed-forward
     mix = max(phases) + (embd if spec.parallel_block else 0)
     layer = max(attn, mix)
-    logits = f32 * min(ub, lay.n_outputs_max) * spec.n_vocab
+    logits = f32 * reserve_outputs(lay) * spec.n_vocab
     if spec.is_mla:
         # measured (llama-fit-params, b11312, DeepSeek-V2-Lite's shape): the logits land above two Q-sized
         # tensors the last MLA layer leaves at the top of the buffer (ggml-alloc's best fit), 36 MiB at n_ubatch 512

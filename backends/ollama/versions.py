@@ -66,8 +66,8 @@ def _pin(since: Version, commit: str, build: int | None, pinned_on: str, source:
 
 _BEFORE_SET_ROWS = builds.SET_ROWS - 1
 _BEFORE_SWA_PAD = builds.SWA_PAD_256 - 1
-_BEFORE_MLA_V_LESS = builds.MLA_V_LESS - 1
 _BEFORE_GRAPH_OPTIMIZE = builds.GRAPH_OPTIMIZE - 1
+_BEFORE_EMBD_SELECT = builds.EMBD_SELECT - 1  # and so before MLA_V_LESS
 
 # Makefile.sync FETCH_HEAD at each tag (0.11-0.24), LLAMA_CPP_VERSION (>= 0.30); the build where the pinning
 # commit's title names it. A commit whose build is unknown is bounded by its neighbours and its source read.
@@ -88,10 +88,11 @@ PINS: tuple[LlamaCppPin, ...] = (
     _pin((0, 13, 2), "7f8ef50cce40e3e7e4526a3696cb45658190e69a", 7108, "2025-12-03",
          "Makefile.sync (ollama 0cf7794b1 'ggml update to b7108')"),
     _pin((0, 13, 3), "17f7f4baad8b3a716ee139da7bb56ae984e8c0fa", None, "2025-12-10",
-         "Makefile.sync (ollama b95693056 'llama.cpp bump (17f7f4)'); between b7108 and b7813", _BEFORE_MLA_V_LESS),
+         "Makefile.sync (ollama b95693056 'llama.cpp bump (17f7f4)'); between b7108 and b7813, no "
+         "ggml_build_forward_select in its llama-graph.cpp", _BEFORE_EMBD_SELECT),
     _pin((0, 13, 5), "ec98e20021f7611db3bbcf6bb6629fed6e1ce4f0", None, "2025-12-17",
          "Makefile.sync (ollama 49a9c9ba6 'GGML update to ec98e2002', a llama.cpp commit of 2025-12-16); "
-         "between b7108 and b7813", _BEFORE_MLA_V_LESS),
+         "between b7108 and b7813, no ggml_build_forward_select in its llama-graph.cpp", _BEFORE_EMBD_SELECT),
     *(
         _pin(since, f"b{b}", b, day, "LLAMA_CPP_VERSION (Dockerfile: llama-server built from that tag)")
         for since, b, day in (
