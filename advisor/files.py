@@ -364,7 +364,7 @@ def load_json(data: str | bytes | bytearray, *, max_depth: int = MAX_JSON_DEPTH)
         doc = json.loads(data)
     except RecursionError:
         raise json.JSONDecodeError(f"nested deeper than {max_depth} levels", "", 0) from None
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, UnicodeDecodeError):  # bytes that are not UTF-8: a ValueError that says so
         raise
     except ValueError:  # int() past sys.get_int_max_str_digits() (4,300 digits): not a JSONDecodeError
         raise json.JSONDecodeError(f"a number of more than {sys.get_int_max_str_digits():,} digits", "", 0) from None

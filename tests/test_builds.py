@@ -116,26 +116,34 @@ def test_no_v_row_indices_before_set_rows_on_the_host_or_any_device(gemma_path: 
     """Without flash attention the V cache's row indices (i64 [n_embd_v_gqa_max * n_ubatch] per cache kind) are graph
     inputs only from ggml-org/llama.cpp#14285 (the cache written with ggml_set_rows, builds.SET_ROWS) on: the host
     holds them and, split over several devices, each device copies in those of its layers' kinds, in
-    GGML_SCHED_MAX_COPIES copies. Before, neither has them (one definition: kvadvise.planner.sizes.v_idxs_bytes)."""
+    GGML_SCHED_MAX_COPIES copies. Before, neither has them (one definition: kvadvise.planner.sizes.v_idxs_bytes).
+    Nor has a device the K cache's row indices (sizes.k_idxs_bytes, i64 [n_ubatch] per kind) and V's as many again."""
     spec = from_gguf(read_file(gemma_path))
     cfg = RunConfig(n_ctx=4096, device="rpc", tensor_split=(1.0, 1.0), flash_attn="off", llama_build=builds.SET_ROWS)
     new, old = estimate(spec, cfg), estimate(spec, replace(cfg, llama_build=builds.SET_ROWS - 1))
     # Gemma 3 270M: V 256 wide (1 KV head of 256), both devices hold SWA and full layers: 2 kinds, n_ubatch 512
-    per_device = 4 * 8 * 512 * 256 * 2  # 4 copies x i64 x n_ubatch x n_embd_v_gqa_max x kinds = 8 MiB
+    v_rows = 4 * 8 * 512 * 256 * 2  # 4 copies x i64 x n_ubatch x n_embd_v_gqa_max x kinds = 8 MiB
+    kv_rows = 4 * 2 * 8 * 512 * 2  # 4 copies x (K and V) x i64 x n_ubatch x kinds = 64 KiB
     assert [n.compute_bytes - o.compute_bytes for n, o in zip(new.devices, old.devices, strict=True)] == [
-        per_device,
-        per_device,
+        v_rows + kv_rows,
+        v_rows + kv_rows,
     ]
-    assert new.host.compute_bytes - old.host.compute_bytes == per_device == 8 * MIB  # the host's, in its 4 copies
+    assert new.host.compute_bytes - old.host.compute_bytes == v_rows == 8 * MIB  # the host's, in its 4 copies
     one = replace(cfg, tensor_split=())  # one device copies nothing: the host's alone, once
     host_one = (
         estimate(spec, one).host.compute_bytes
         - estimate(spec, replace(one, llama_build=builds.SET_ROWS - 1)).host.compute_bytes
     )
     assert host_one == 8 * 512 * 256 * 2
-    fa = replace(cfg, flash_attn="on")  # with flash attention V is not transposed: no such tensor in either build
+    # with flash attention V is not transposed: no V rows of n_embd_v_gqa on the host or a device in either build,
+    # but from set_rows on each device copies in K's and V's [n_ubatch] row indices (before: 64 KiB too many)
+    fa = replace(cfg, flash_attn="on")
     fa_new, fa_old = estimate(spec, fa), estimate(spec, replace(fa, llama_build=builds.SET_ROWS - 1))
-    assert fa_new.devices == fa_old.devices and fa_new.host == fa_old.host
+    assert [n.compute_bytes - o.compute_bytes for n, o in zip(fa_new.devices, fa_old.devices, strict=True)] == [
+        kv_rows,
+        kv_rows,
+    ]
+    assert fa_new.host == fa_old.host
 
 
 def test_the_plan_says_which_build_it_is_for(gemma_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -285,3 +285,32 @@ def test_a_version_given_must_be_one_a_server_version_need_not(
         monkeypatch.setenv("OLLAMA_HOST", fake.url)
         doc = _plan(capsys, "ollama", "qwen2.5-coder:7b")
     assert doc["ollama"]["release"]["found_by"] == "unknown" and doc["config"]["runtime"] == "llama-server"
+
+
+def test_a_vision_model_runs_at_least_2048_tokens_from_0_11_5(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """server/sched.go getRunner (v0.11.5 .. v0.33.0-rc2): "multimodal models require at least 2048 context",
+    opts.NumCtx = max(opts.NumCtx, 2048) for a model with CapabilityVision; v0.11.4's getRunner has no such line
+    (its 2048 was llm/memory.go's estimate). gemma3:4b (a vision tower in its blob, the built-in profile) asked
+    for num_ctx 1024 was planned, and its Modelfile written, at 1,024 tokens: Ollama runs 2,048."""
+    from ollama_fake import closed_port_url
+
+    monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "no-store"))
+
+    def plan(model: str, version: str, *more: str) -> dict[str, Any]:
+        args = ["ollama", model, "--vram", "24G", "--ctx", "1024", "--ollama-version", version, "--json", *more]
+        assert main(args) == 0
+        doc: dict[str, Any] = json.loads(capsys.readouterr().out)
+        return doc
+
+    for version in ("0.11.5", "0.20.0", "0.30.0"):
+        doc = plan("gemma3:4b", version)
+        assert doc["config"]["n_ctx"] == 2048, version
+        assert doc["ollama"]["modelfile_parameters"]["num_ctx"] == 2048
+        assert any("at least 2,048 tokens" in n for n in doc["notes"])
+    assert plan("gemma3:4b", "0.20.0", "--parallel", "2")["config"]["n_ctx"] == 2 * 2048  # num_ctx is per slot
+    old = plan("gemma3:4b", "0.11.4")
+    assert old["config"]["n_ctx"] == 1024 and not any("at least 2,048" in n for n in old["notes"])
+    assert plan("qwen3:8b", "0.20.0")["config"]["n_ctx"] == 1024  # no vision: as asked

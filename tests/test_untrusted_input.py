@@ -387,6 +387,18 @@ def test_a_number_of_5000_digits_in_json_is_exit_2_or_4(
     assert rc in (2, 4) and "internal error" not in err, err
 
 
+def test_json_bytes_that_are_not_utf8_are_not_called_a_long_number() -> None:
+    """load_json's ValueError for int()'s digit limit is a JSONDecodeError naming the digits; bytes that are not
+    UTF-8 (a safetensors header, a server's answer) raise UnicodeDecodeError, also a ValueError, which was caught
+    by the same branch and reported as "a number of more than 4,300 digits"."""
+    from kvadvise.files import load_json
+
+    with pytest.raises(UnicodeDecodeError):
+        load_json(b'{"a": "\xff"}')
+    with pytest.raises(json.JSONDecodeError, match="more than 4,300 digits"):
+        load_json("[" + "9" * 5000 + "]")
+
+
 def test_deeply_nested_json_from_the_server_is_exit_4(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -13,7 +13,7 @@ the exact build is not known, the earliest it can be, so that an older build is 
   from #14959, the ggml_cpy path removed by #15505, 2025-08-22; the log of b6000-era builds says "LLAMA_SET_ROWS=0,
   using old ggml_cpy() method"): without flash attention the host holds the V cache's row indices, i64
   [n_embd_v_gqa * n_ubatch] per cache, and each device of a split copies in its own
-  (kvadvise.planner.sizes.v_idxs_bytes). The exact build is not known here: from b6200 on it is planned (a b6209
+  (kvadvise.planner.sizes.v_idxs_bytes), and K's, i64 [n_ubatch] per cache (sizes.k_idxs_bytes). The exact build is not known here: from b6200 on it is planned (a b6209
   log and later show it; 2024 and early 2025 logs do not).
 - MLA_V_LESS (#19067, merged 2026-01-24/25; b7813 of 2026-01-23 lacks it): MLA models keep no V tensor
   (llama_kv_cache ctor: has_v = !is_mla); before, V (kv_lora_rank wide) was allocated beside K.

@@ -230,6 +230,17 @@ def ids_bytes(lay: ContextLayout) -> int:
     return 4 * lay.n_ubatch * 2 + 4 * min(lay.n_ubatch, lay.n_outputs_max)
 
 
+def k_idxs_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
+    """The K cache's row indices, graph inputs: i64 [n_ubatch] per cache kind ``spec``'s attention layers read
+    (llama_kv_cache::build_input_k_idxs, src/llama-kv-cache.cpp 0c1e570; self_k_idxs and self_k_idxs_swa). They
+    came with the cache written by ggml_set_rows, as the V cache's did (:func:`v_idxs_bytes`): none before
+    ggml-org/llama.cpp#14285 (builds.SET_ROWS), where K was copied into a view of the cache (ggml_cpy)."""
+    if builds.older_than(lay.llama_build, builds.SET_ROWS):
+        return 0
+    shapes = layer_shapes(spec)
+    return 8 * lay.n_ubatch * (bool(shapes.kv_group) + bool(shapes.swa_group))
+
+
 def v_idxs_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     """Without flash attention, the V cache's row indices, graph inputs: i64 [n_embd_v_gqa_max * n_ubatch] per
     cache kind ``spec``'s attention layers read (llama_kv_cache::build_input_v_idxs, V being transposed;

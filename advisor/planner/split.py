@@ -18,8 +18,16 @@ from kvadvise.errors import ConfigError
 from kvadvise.model.architecture import ENCODER_ARCHS
 from kvadvise.model.ggml import ALIGNMENT, pad
 from kvadvise.model.spec import ModelSpec
-from kvadvise.planner.layout import ContextLayout, layer_shapes
-from kvadvise.planner.sizes import f32_fa_mask, graph_sizes, ids_bytes, mask_bytes, mask_inputs, v_idxs_bytes
+from kvadvise.planner.layout import ContextLayout
+from kvadvise.planner.sizes import (
+    f32_fa_mask,
+    graph_sizes,
+    ids_bytes,
+    k_idxs_bytes,
+    mask_bytes,
+    mask_inputs,
+    v_idxs_bytes,
+)
 
 # ggml_backend_sched: with pipeline parallelism the split inputs are kept in this many copies
 # (GGML_SCHED_MAX_COPIES, ggml/src/ggml-backend.cpp; llama.cpp logs "pipeline parallelism enabled").
@@ -136,9 +144,9 @@ def split_compute(spec: ModelSpec, lay: ContextLayout, part: DeviceLayers, *, co
     s = graph_sizes(part.spec, lay)
     f32_mask = f32_fa_mask(lay)
     masks = mask_inputs(s, lay)
-    shapes = layer_shapes(part.spec)
-    kinds = bool(shapes.kv_group) + bool(shapes.swa_group)
-    ids = 8 * ub * 2 * kinds + 16 * ub + (4 * min(ub, lay.n_outputs_max) if part.last else 0)
+    # the K row indices of its layers' cache kinds and as many again for V's (i64 [n_ubatch] with flash
+    # attention; without, the measured rule keeps them beside v_idxs_bytes's): none before set_rows (#14285)
+    ids = 2 * k_idxs_bytes(part.spec, lay) + 16 * ub + (4 * min(ub, lay.n_outputs_max) if part.last else 0)
     # the V row indices of its layers' cache kinds: the host's definition, build gate included (none before set_rows)
     inputs = masks + (1 if 0 in part.layers else 2) * s.embd + v_idxs_bytes(part.spec, lay) + ids
     inputs += _mamba2_boundary_inputs(spec, part.layers, ub)

@@ -99,6 +99,34 @@ def run_config(num_ctx: int, num_parallel: int, kv_cache_type: str, *, flash_att
     )
 
 
+# server/sched.go getRunner: "if opts.NumCtx < 4 { opts.NumCtx = 4 }", and "multimodal models require at least
+# 2048 context" for a model with CapabilityVision (read at v0.11.5, v0.14.0, v0.24.0 and v0.33.0-rc2; v0.11.4 has
+# only the first: its 2048 was llm/memory.go's, for the estimate of every model, kvadvise.backends.ollama.estimate_legacy)
+MIN_NUM_CTX = 4
+VISION_MIN_NUM_CTX = 2048
+VISION_MIN_FROM = (0, 11, 5)
+
+
+def run_num_ctx(num_ctx: int, *, vision: bool) -> int:
+    """The num_ctx getRunner hands on for a request of ``num_ctx`` (before the training-context clamp)."""
+    return max(VISION_MIN_NUM_CTX if vision else MIN_NUM_CTX, num_ctx)
+
+
+def is_vision(model: OllamaModel) -> bool:
+    """CheckCapabilities(CapabilityVision) (server/images.go: a projector, or vision.block_count in the blob) as far
+    as kvadvise sees it: a projector, or a built-in profile with a vision tower in its blob. A store blob that holds
+    its own vision tower (Ollama's engine format) is not seen here."""
+    if model.projector_bytes or model.projector_path or model.projector is not None:
+        return True
+    if not model.source.startswith("profile:"):
+        return False
+    from kvadvise.backends.ollama.name import parse_name
+    from kvadvise.backends.ollama.profiles import find_profile
+
+    p = find_profile(parse_name(model.ref))
+    return p is not None and p.projector_bytes > 0
+
+
 def projector_margin_bytes(model: OllamaModel, *, planned: bool = False) -> int:
     """What --fit keeps free with a projector, beyond the plan's margin: Ollama sets LLAMA_ARG_FIT_TARGET to
     mmprojFitTargetMiB = ceil((mmproj + 1 GiB) / MiB) (llm/llama_server.go) in place of llama.cpp's 1024 MiB,

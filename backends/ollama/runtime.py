@@ -166,9 +166,18 @@ class OllamaRuntime:
         r = replace(request, type_k=kv, type_v=kv)
         notes: tuple[str, ...] = ()
         if r.n_ctx:  # num_ctx per slot; past the training context Ollama runs the training context (llm/server.go)
-            warning = rules.too_large_warning(r.n_ctx, spec.n_ctx_train)
+            num_ctx = r.n_ctx
+            if rel.v is None or rel.v >= rules.VISION_MIN_FROM:  # getRunner's floors (rules.run_num_ctx)
+                num_ctx = rules.run_num_ctx(num_ctx, vision=rules.is_vision(model))
+            warning = rules.too_large_warning(num_ctx, spec.n_ctx_train)
             notes = (warning,) if warning else ()
-            r = replace(r, n_ctx=rules.llama_n_ctx(rules.capped_num_ctx(r.n_ctx, spec.n_ctx_train), r.n_parallel))
+            if num_ctx != r.n_ctx:
+                notes = (
+                    *notes,
+                    f"num_ctx {r.n_ctx:,}: Ollama runs a vision model with at least {num_ctx:,} tokens (server/sched.go "
+                    f"getRunner), so {num_ctx:,} are planned",
+                )
+            r = replace(r, n_ctx=rules.llama_n_ctx(rules.capped_num_ctx(num_ctx, spec.n_ctx_train), r.n_parallel))
         if rel.in_process:
             r, self._num_batch, said = in_process_request(spec, r, rel)
             notes = (*notes, *said)

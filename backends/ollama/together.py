@@ -230,9 +230,7 @@ def request(m: OllamaModel, s: Settings, device: str, context_length: int, own_c
 
     spec = m.spec
     embedding = spec.architecture in sched.EMBEDDING_ARCHS
-    num_ctx = max(4, own_ctx or m.default_num_ctx or context_length)  # getRunner: at least 4
-    if m.projector_bytes or _vision_profile(m):
-        num_ctx = max(num_ctx, 2048)  # a vision model needs 2048
+    num_ctx = rules.run_num_ctx(own_ctx or m.default_num_ctx or context_length, vision=rules.is_vision(m))
     if spec.n_ctx_train and num_ctx > spec.n_ctx_train:
         num_ctx = spec.n_ctx_train  # effectiveContext: the runner holds at most the training context
     n_parallel = 1 if embedding or spec.architecture in rules.SINGLE_SLOT_ARCHS else s.num_parallel
@@ -265,16 +263,6 @@ def request(m: OllamaModel, s: Settings, device: str, context_length: int, own_c
         flash_attention=s.flash_attention,
         digest=m.digest,
     )
-
-
-def _vision_profile(m: OllamaModel) -> bool:
-    from kvadvise.backends.ollama.name import parse_name
-    from kvadvise.backends.ollama.profiles import find_profile
-
-    if not m.source.startswith("profile:"):
-        return False
-    p = find_profile(parse_name(m.ref))
-    return p is not None and p.projector_bytes > 0
 
 
 def scheduler_gpus(hw: Hardware, *, headless: bool) -> tuple[sched.Gpu, ...]:
