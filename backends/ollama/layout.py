@@ -306,7 +306,7 @@ def assign_layers(
 
 
 @dataclass(slots=True)
-class _Memory:
+class RunnerMemory:
     """The BackendMemory llamaServer.Load synthesizes (weights and cache per layer, graph per device)."""
 
     cpu_weights: list[int]
@@ -320,7 +320,7 @@ class _Memory:
 def build_layout(
     gpus: Sequence[LayoutGpu],
     free_bytes: Sequence[int],
-    memory: _Memory,
+    memory: RunnerMemory,
     require_full: bool,
     requested: int,
     gpu_overhead_bytes: int,
@@ -366,7 +366,7 @@ def build_layout(
 def verify_layout(
     gpu_layers: Sequence[GpuLayers],
     layers: Sequence[int],
-    memory: _Memory,
+    memory: RunnerMemory,
     *,
     require_full: bool,
     requested: int,
@@ -427,7 +427,7 @@ def create_layout(
     Raises LayoutLoadRefused where verifyLayout fails."""
     v = estimate_legacy.parse_version(version)
     n = len(layer_bytes)
-    mem = _Memory(
+    mem = RunnerMemory(
         list(layer_bytes),
         [0] * n,
         [g.device_id for g in gpus],
@@ -579,7 +579,7 @@ def llama_server_load(
     if gpus and gpus[0].library == "Metal":  # "On Metal there's no partial offload overhead"
         graph_partial = graph_full
 
-    mem = _Memory(
+    mem = RunnerMemory(
         cpu_weights,
         cpu_cache,
         [g.device_id for g in gpus],
