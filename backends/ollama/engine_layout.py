@@ -23,12 +23,14 @@ read at the tags of the bare mirror ollama/ollama (identical from v0.12.11 to v0
 - **graph** per GPU (``runner/ollamarunner`` ``reserveWorstCaseGraph``: ``ggml_backend_sched_reserve`` of the
   engine's own forward graph, an image of 2048x2048 included for a vision model): **not modelled**. Ollama's
   own estimate of that graph, ``fs/ggml`` ``GraphSize`` (what ``llm/memory.go`` reserved for these very
-  models until v0.12.10, and what ``llamaServer.Load`` still uses), stands in: its full-offload graph on a GPU
+  models until v0.12.10, and what ``llamaServer.Load`` still uses, with its fallback of GQA x KV / 6 for an
+  architecture GraphSize has no branch for, qwen3's), stands in: its full-offload graph on a GPU
   when the layout holds every layer, its partial one otherwise. A vision graph is not added (GraphSize has
   none). So the layer count is Ollama's when the graph estimate is close; :attr:`EngineLayout.approximation`
   says so in every result.
 
-Every Fit/Alloc is taken to succeed (the layout already keeps each GPU within its free memory less
+verifyLayout's RAM check counts the InputWeights with the layers left on the CPU, not the CPU's own graph
+(not modelled). Every Fit/Alloc is taken to succeed (the layout already keeps each GPU within its free memory less
 ``MinimumMemory``): the backoff of a failed allocation is not modelled. The architectures whose cache is
 not a plain or sliding-window causal cache (llama4's chunked attention, mllama's cross attention, gemma3n's
 shared KV, deepseek2's MLA) are refused.
@@ -362,16 +364,17 @@ def ollama_server_load(
         kvct = ""  # "unsupported OLLAMA_KV_CACHE_TYPE"
     dtype = _CACHE_DTYPES.get(kvct, GGMLType.F16)
     cells = cache_cells(model, num_ctx, num_parallel, batch, flash_attention, v)
-    _, graph_partial, graph_full = estimate_legacy.graph_size(
+    kv, graph_partial, graph_full = estimate_legacy.graph_size(
         model, num_ctx, batch, num_parallel, kvct, flash_attention, v
     )
+    if graph_partial == 0:  # llamaServer.Load's fallback for an architecture GraphSize has no branch for
+        heads_kv = min(model.head_count_kv) if model.head_count_kv else 0
+        gqa = (max(model.head_count) if model.head_count else 0) // (heads_kv or 1)
+        graph_partial = gqa * sum(kv) // 6
     if graph_full == 0:
         graph_full = graph_partial
     if gpus and gpus[0].library == "Metal":  # GraphSize's "no partial offload overhead" on Metal
         graph_partial = graph_full
-    if graph_partial == 0:
-        raise EngineLayoutNotModelled(f"{model.architecture}: fs/ggml GraphSize has no graph for it")
-
     library = gpus[0].library if gpus else "CPU"
     free = [g.free_bytes for g in gpus]
     loads = 0
@@ -386,13 +389,17 @@ def ollama_server_load(
             graph_partial_bytes=graph_partial, graph_full_bytes=graph_full,
         )  # fmt: skip
 
+    input_bytes = runner_report(
+        model, gpus, (), cells=cells, cache_dtype=dtype, graph_partial_bytes=0, graph_full_bytes=0
+    ).input_bytes  # InputWeights: always on the CPU, whatever the layout
+
     def create_layout(mem: RunnerMemory, requested: int) -> tuple[GpuLayers, ...]:
         placed, layers = layout.build_layout(gpus, free, mem, require_full, requested, gpu_overhead_bytes, sched_spread)
         return tuple(
             layout.verify_layout(
                 placed, layers, mem, require_full=require_full, requested=requested, n_gpus=len(gpus), v=v,
                 library=library, system_free_bytes=system_free_bytes, system_swap_bytes=system_swap_bytes,
-                system_total_bytes=system_total_bytes,
+                system_total_bytes=system_total_bytes, cpu_fixed_bytes=input_bytes,
             )
         )  # fmt: skip
 

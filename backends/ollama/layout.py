@@ -376,12 +376,14 @@ def verify_layout(
     system_free_bytes: int | None,
     system_swap_bytes: int,
     system_total_bytes: int | None,
+    cpu_fixed_bytes: int = 0,
 ) -> list[GpuLayers]:
     """verifyLayout: the load fails where a required full load does not fit, or where the layers left on the
     CPU exceed free RAM and swap (not on macOS); on macOS layers beyond the system's total memory put
-    nothing on the GPU."""
+    nothing on the GPU. ``cpu_fixed_bytes``: memory.InputWeights + memory.CPU.Graph, which cpuSize starts from
+    (the Go runner reports its InputWeights; the llamarunner's synthesized memory has none)."""
     on_gpu = {i for g in gpu_layers for i in g.layers}
-    cpu_size = sum(s for i, s in enumerate(layers) if i not in on_gpu)
+    cpu_size = cpu_fixed_bytes + sum(s for i, s in enumerate(layers) if i not in on_gpu)
     vram_size = sum(s for i, s in enumerate(layers) if i in on_gpu)
     vram_size += sum(memory.gpu_graph[memory.gpu_ids.index(g.device_id)] for g in gpu_layers)
     if require_full:

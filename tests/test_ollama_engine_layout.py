@@ -1,0 +1,219 @@
+"""Ollama's Go engine (ollamarunner) layout, 0.12.11 - 0.24 (kvadvise.backends.ollama.engine_layout): the memory its
+runner reports per layer (ml/backend/ggml/ggml.go New, kvcache/causal.go Causal.Init) from real GGUF headers
+(tests/tinymodels.py at real-model dimensions, header only), and ollamaServer.Load's trial loads over it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvadvise.backends.gguf_cache import read as read_header
+from kvadvise.backends.ollama import engine_layout as el
+from kvadvise.backends.ollama import estimate_legacy
+from kvadvise.backends.ollama.estimate_legacy import LegacyModel, legacy_model
+from kvadvise.backends.ollama.layout import GpuLayers, LayoutGpu
+from kvadvise.cli import main
+from kvadvise.model.ggml import GGMLType, pad
+
+MIB, GIB = 1024**2, 1024**3
+# gemma3:4b's text model (google/gemma-3-4b-it config.json): 34 layers, 2560 wide, 8 heads, 4 KV heads of 256
+GEMMA3_4B = {"n_layer": 34, "n_embd": 2560, "n_head": 8, "n_head_kv": 4, "head": 256, "n_ff": 10240, "n_swa": 1024}
+# qwen3:8b (Qwen/Qwen3-8B config.json): 36 layers, 4096 wide, 32 heads, 8 KV heads of 128, ff 12288
+QWEN3_8B = {"n_layer": 36, "n_embd": 4096, "n_head": 32, "n_head_kv": 8, "head": 128, "n_ff": 12288}
+
+
+@pytest.fixture(scope="module")
+def gemma3_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tinymodels import write_tiny_gguf
+
+    tmp = tmp_path_factory.mktemp("gemma3")
+    return write_tiny_gguf(tmp / "g.gguf", "gemma3", n_vocab=262144, n_ctx_train=131072, dims=GEMMA3_4B, sparse=True)
+
+
+@pytest.fixture(scope="module")
+def qwen3_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tinymodels import write_tiny_gguf
+
+    tmp = tmp_path_factory.mktemp("qwen3")
+    return write_tiny_gguf(tmp / "q.gguf", "qwen3", n_vocab=151936, n_ctx_train=40960, dims=QWEN3_8B, sparse=True)
+
+
+def _cuda(free: int) -> list[LayoutGpu]:
+    return [LayoutGpu("GPU-0", "CUDA0", "CUDA", free)]
+
+
+def test_weights_per_layer_as_the_go_backend_places_them(gemma3_path: Path) -> None:
+    """Every block's tensors on its layer, each padded to CUDA's 128 bytes (f16: no row padding); the tied
+    token_embd is InputWeights on the CPU and, again, the output layer's output.weight with output_norm."""
+    header = read_header(gemma3_path)
+    model = legacy_model(header)
+    n = model.block_count
+    everything = (GpuLayers("GPU-0", tuple(range(n + 1))),)
+    cells = el.cache_cells(model, 8192, 1, 512, True, (0, 13, 0))
+    rep = el.runner_report(
+        model, _cuda(24 * GIB), everything, cells=cells, cache_dtype=GGMLType.F16,
+        graph_partial_bytes=2, graph_full_bytes=1,
+    )  # fmt: skip
+    by_layer = [0] * (n + 1)
+    for t in header.tensors:
+        parts = t.name.split(".")
+        if parts[0] == "blk":
+            by_layer[int(parts[1])] += pad(t.n_bytes, 128)
+    embd = next(t for t in header.tensors if t.name == "token_embd.weight")
+    norm = next(t for t in header.tensors if t.name == "output_norm.weight")
+    assert not any(t.name == "output.weight" for t in header.tensors)  # tied
+    by_layer[n] = pad(embd.n_bytes, 128) + pad(norm.n_bytes, 128)
+    assert rep.memory.gpu_weights[0] == by_layer and rep.memory.cpu_weights == [0] * (n + 1)
+    assert rep.input_bytes == pad(embd.n_bytes, 32)  # the CPU's 32-byte alignment
+    assert rep.memory.gpu_graph == [1]  # every layer on the GPU: the full graph
+    # on the CPU the same blocks weigh their 32-byte-aligned bytes, and the GPU holds no graph
+    rep = el.runner_report(
+        model, _cuda(24 * GIB), (), cells=cells, cache_dtype=GGMLType.F16, graph_partial_bytes=2, graph_full_bytes=1
+    )
+    assert rep.memory.cpu_weights[0] == sum(pad(t.n_bytes, 32) for t in header.tensors if t.name.startswith("blk.0."))
+    assert rep.memory.gpu_graph == [0]
+
+
+def test_cuda_pads_a_quantized_row_to_512_values() -> None:
+    """ggml-cuda get_alloc_size: q8_0 K of 128 x 8 heads x 8192 cells gets one row's padding (384 values)."""
+    n_bytes = 128 * 8 * 8192 // 32 * 34
+    assert el.tensor_alloc_bytes(int(GGMLType.Q8_0), (128, 8, 8192), "k", "CUDA") == pad(n_bytes + 384 // 32 * 34, 128)
+    assert el.tensor_alloc_bytes(int(GGMLType.Q8_0), (128, 8, 8192), "k", None) == n_bytes
+    assert el.tensor_alloc_bytes(4, (64, 32), "blk.0.ffn_up_exps.weight", None) == 64 * 32 // 32 * 17  # Ollama MXFP4
+    assert el.tensor_alloc_bytes(30, (32,), "blk.0.ffn_up_exps.bias", None) == 32 * 4  # bf16 bias -> f32
+
+
+def _model(arch: str, n_layer: int, swa: int) -> LegacyModel:
+    return LegacyModel(arch, n_layer, 256, (4,), (2,), 64, 64, 1000, 131072, (), sliding_window=swa)
+
+
+@pytest.mark.parametrize(
+    ("arch", "num_ctx", "parallel", "fa", "version", "expected"),
+    [
+        # gemma3: 5 SWA layers then a global one; SWA cells = window + batch (1024 + 512), global = num_ctx
+        ("gemma3", 8192, 1, True, "0.13.0", (1536,) * 5 + (8192,)),
+        # two slots: the window + 1 per slot, + the batch, padded to 256: 2 x 1025 + 512 = 2562 -> 2816
+        ("gemma3", 8192, 2, True, "0.13.0", (2816,) * 5 + (16384,)),
+        # a window as large as the context: the whole context
+        ("gemma3", 1024, 1, True, "0.13.0", (1024,) * 6),
+        # gpt-oss: even layers keep 4096 tokens (NewSWAMemCache) + the batch, odd ones the context
+        ("gptoss", 8192, 1, True, "0.13.0", (4608, 8192) * 3),
+        ("gptoss", 4096, 1, True, "0.13.0", (4096, 4096) * 3),
+        # padding 32 without flash attention before 0.14.0, 256 from 0.14.0
+        ("qwen3", 1100, 1, False, "0.13.5", (1120,) * 6),
+        ("qwen3", 1100, 1, False, "0.14.0", (1280,) * 6),
+    ],
+)
+def test_cache_cells_as_causal_init(
+    arch: str, num_ctx: int, parallel: int, fa: bool, version: str, expected: tuple[int, ...]
+) -> None:
+    model = _model(arch, 6, 1024 if arch == "gemma3" else 128)
+    v = estimate_legacy.parse_version(version)
+    assert el.cache_cells(model, num_ctx, parallel, min(512, num_ctx), fa, v) == expected
+
+
+def test_gemma3_4b_kv_cache_bytes(gemma3_path: Path) -> None:
+    """gemma3:4b at num_ctx 8192, f16: 29 SWA layers of 1536 cells and 5 global of 8192, K and V of 4 x 256
+    heads x 2 bytes: 29 x 6 MiB + 5 x 32 MiB = 334 MiB."""
+    lay = el.ollama_server_load(legacy_model(read_header(gemma3_path)), _cuda(0), version="0.13.0", num_ctx=8192)
+    assert lay.layers_offload == 0 and lay.cpu.cache_bytes == 334 * MIB
+    assert lay.cache_cells.count(8192) == 5 and lay.cache_cells.count(1536) == 29
+
+
+def _expected_layers(lay: el.EngineLayout, layer_bytes: list[int], free: int) -> int:
+    """Independent of createLayout: the top blocks that fit a GPU's free memory less 457 MiB and a graph
+    (all layers where every one fits with the full graph)."""
+    room_full = free - 457 * MIB - lay.graph_full_bytes
+    if sum(layer_bytes) <= room_full:
+        return len(layer_bytes)
+
+    def top(room: int) -> int:
+        k, used = 0, 0
+        for size in reversed(layer_bytes[:-1]):
+            if used + size > room:
+                break
+            used, k = used + size, k + 1
+        return k
+
+    k1 = top(room_full)  # the first trial: every layer on the GPU, the full graph reported
+    k2 = top(free - 457 * MIB - lay.graph_partial_bytes)  # then a partial layout's graph
+    # more layers fit with the partial graph: Ollama explores downwards from one below that count and
+    # keeps the first forced layout that verifies (so it lands one short); one more only: it keeps k1
+    return k2 - 1 if k2 - k1 > 1 else min(k1, k2)
+
+
+@pytest.mark.parametrize("free_gib", [4, 6, 8, 10, 24])
+def test_ollama_server_load_settles_as_its_trial_loop(qwen3_path: Path, free_gib: int) -> None:
+    model = legacy_model(read_header(qwen3_path))
+    lay = el.ollama_server_load(model, _cuda(free_gib * GIB), version="0.20.0", num_ctx=8192)
+    gpu_all = el.runner_report(
+        model, _cuda(free_gib * GIB), (GpuLayers("GPU-0", tuple(range(lay.total_layers))),),
+        cells=lay.cache_cells, cache_dtype=GGMLType.F16, graph_partial_bytes=0, graph_full_bytes=0,
+    ).memory  # fmt: skip
+    layer_bytes = [w + c for w, c in zip(gpu_all.gpu_weights[0], gpu_all.gpu_cache[0], strict=True)]
+    assert lay.layers_offload == _expected_layers(lay, layer_bytes, free_gib * GIB)
+    if lay.layers_offload < lay.total_layers:  # the top blocks, the output layer on the CPU
+        assert lay.gpu_layers[0].layers == tuple(range(36 - lay.layers_offload, 36))
+        assert lay.gpus[0].graph_bytes == lay.graph_partial_bytes
+    assert lay.approximation == el.APPROXIMATION
+
+
+def test_qwen3_8b_f16_on_8_gib(qwen3_path: Path) -> None:
+    """qwen3:8b-shaped f16 at 8k on 8 GiB free: GraphSize has no qwen3 branch, so the graph is llamaServer.Load's
+    fallback, GQA 4 x KV 1152 MiB / 6 = 768 MiB (partial and full); a block is 368 MiB of weights, its norms and
+    32 MiB of K/V: (8192 - 457 - 768) MiB holds 17 of them, the top ones, in 4 trial loads (the all-GPU Fit, the
+    17-layer Fit that repeats, the Alloc, and the layout reported once more)."""
+    lay = el.ollama_server_load(legacy_model(read_header(qwen3_path)), _cuda(8 * GIB), version="0.13.0", num_ctx=8192)
+    assert (lay.graph_full_bytes, lay.graph_partial_bytes) == (768 * MIB, 768 * MIB)
+    assert lay.gpus[0].cache_bytes == 17 * 32 * MIB and lay.cpu.cache_bytes == 19 * 32 * MIB
+    assert lay.gpu_layers == (GpuLayers("GPU-0", tuple(range(19, 36))),) and lay.loads == 4
+    assert lay.log_line().endswith("GPULayers:17[ID:GPU-0 Layers:17(19..35)]")
+
+
+def test_refused_architectures_and_versions(qwen3_path: Path) -> None:
+    model = legacy_model(read_header(qwen3_path))
+    with pytest.raises(el.EngineLayoutNotModelled, match=r"0\.12\.11 to 0\.24"):
+        el.ollama_server_load(model, _cuda(GIB), version="0.12.10", num_ctx=4096)
+    with pytest.raises(el.EngineLayoutNotModelled, match="chunked attention"):
+        el.ollama_server_load(_model("llama4", 4, 0), _cuda(GIB), version="0.13.0", num_ctx=4096)
+
+
+def test_kvadvise_ollama_prints_the_go_engines_decision(
+    gemma3_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`kvadvise ollama gemma3:4b --ollama-version 0.13.0`: the Go engine's layout in ollama.decision, its
+    approximation said, no num_gpu (the plan is llama.cpp's library, not the Go engine's allocation)."""
+    from ollama_fake import build_store, closed_port_url
+
+    build_store(tmp_path / "models", gemma3_path, hashlib.sha256(gemma3_path.read_bytes()).hexdigest(),
+                model="gemma3", tag="4b")  # fmt: skip
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "models"))
+    monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
+    rc = main(["ollama", "gemma3:4b", "--ctx", "8192", "--vram", "6GiB", "--ollama-version", "0.13.0", "--json"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    doc: dict[str, Any] = json.loads(out)["ollama"]
+    d = doc["decision"]
+    assert doc["release"]["runner"] == "ollamarunner"
+    assert d["layers_by"] == "llm/server.go createLayout over the Go runner's trial allocations"
+    assert d["approximation"] == el.APPROXIMATION and d["allocation_modelled"] is False and d["num_gpu"] is None
+    assert d["layers_model"] == 35 and 0 < d["layers_offload"] < 35
+    assert f"GPULayers:{d['layers_offload']}[ID:0 Layers:{d['layers_offload']}(" in d["log_line"]
+    assert "num_gpu" not in doc["modelfile_parameters"]
+
+
+def test_the_ram_check_counts_the_input_weights(gemma3_path: Path) -> None:
+    """verifyLayout's cpuSize starts from memory.InputWeights (token_embd, always on the CPU): with no GPU
+    room, a system with one byte less than every layer and the embeddings is refused."""
+    from kvadvise.backends.ollama.layout import LayoutLoadRefused
+
+    model = legacy_model(read_header(gemma3_path))
+    lay = el.ollama_server_load(model, _cuda(0), version="0.13.0", num_ctx=8192)
+    needed = lay.cpu.weights_bytes + lay.cpu.cache_bytes
+    assert el.ollama_server_load(model, _cuda(0), version="0.13.0", num_ctx=8192, system_free_bytes=needed)
+    with pytest.raises(LayoutLoadRefused, match="more system memory"):
+        el.ollama_server_load(model, _cuda(0), version="0.13.0", num_ctx=8192, system_free_bytes=needed - 1)
