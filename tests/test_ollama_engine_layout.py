@@ -217,3 +217,38 @@ def test_the_ram_check_counts_the_input_weights(gemma3_path: Path) -> None:
     assert el.ollama_server_load(model, _cuda(0), version="0.13.0", num_ctx=8192, system_free_bytes=needed)
     with pytest.raises(LayoutLoadRefused, match="more system memory"):
         el.ollama_server_load(model, _cuda(0), version="0.13.0", num_ctx=8192, system_free_bytes=needed - 1)
+
+
+@pytest.mark.parametrize(("free_a", "free_b", "expected"), [(6, 4, (12, 7)), (10, 10, (19, 18)), (16, 2, (35, 1))])
+def test_two_gpus_each_within_its_free_memory(
+    qwen3_path: Path, free_a: int, free_b: int, expected: tuple[int, int]
+) -> None:
+    """Two CUDA GPUs: the layers split over both (the lower blocks on the first), each GPU holding the graph and
+    no more than its free memory less 457 MiB; 10 + 10 GiB hold all 37 layers, the full graph on each."""
+    gpus = [LayoutGpu("GPU-a", "CUDA0", "CUDA", free_a * GIB), LayoutGpu("GPU-b", "CUDA1", "CUDA", free_b * GIB)]
+    lay = el.ollama_server_load(legacy_model(read_header(qwen3_path)), gpus, version="0.13.0", num_ctx=8192)
+    assert tuple(len(g.layers) for g in lay.gpu_layers) == expected
+    a, b = lay.gpu_layers
+    assert (a.device_id, b.device_id) == ("GPU-a", "GPU-b") and a.layers[-1] + 1 == b.layers[0]
+    for d, g in zip(lay.gpus, gpus, strict=True):
+        assert d.graph_bytes == (lay.graph_full_bytes if sum(expected) == 37 else lay.graph_partial_bytes)
+        assert d.weights_bytes + d.cache_bytes + d.graph_bytes <= g.free_bytes - 457 * MIB
+
+
+def test_the_library_gpt_oss_profile_gets_the_go_engines_decision(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gpt-oss:20b from its built-in profile (Ollama's gptoss conversion, the Go engine): from 0.12.11 its layout
+    is replayed (0.11.5 - 0.12.10: not, tests/test_ollama_decision.py); all 25 layers on 15.6 GiB at 8k, part
+    on 8 GiB, the top blocks first."""
+    from ollama_fake import closed_port_url
+
+    monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
+    layers = {}
+    for vram in ("15.6GiB", "8GiB"):
+        rc = main(["ollama", "gpt-oss:20b", "--ctx", "8192", "--vram", vram, "--ollama-version", "0.13.0", "--json"])
+        d = json.loads(capsys.readouterr().out)["ollama"]["decision"]
+        assert rc == 0 and d["layers_by"].endswith("trial allocations") and d["num_gpu"] is None
+        layers[vram] = d["layers_offload"]
+        assert d["layers_model"] == 25
+    assert layers["15.6GiB"] == 25 and 0 < layers["8GiB"] < 24

@@ -8,7 +8,7 @@ read at the tags of the bare mirror ollama/ollama (identical from v0.12.11 to v0
 
 - **weights** (``ml/backend/ggml/ggml.go`` ``New``): each tensor ``pad(ggml_backend_buft_get_alloc_size,
   alignment)`` on its layer's buffer type (CUDA/ROCm: quantized rows padded to 512 values, 128-byte
-  alignment; the CPU: 32); ``token_embd`` & co. are ``InputWeights`` on the CPU, outside every layer;
+  alignment; the CPU and Metal: 32; Vulkan's device alignment is not known here: 32 too); ``token_embd`` & co. are ``InputWeights`` on the CPU, outside every layer;
   ``output``/``output_norm``/``cls``/``per_layer_*`` and every vision tensor (``v.``/``mm.``/``s.``) are the
   output layer (index ``block_count``), and without an ``output`` tensor ``token_embd`` is loaded a second
   time as ``output.weight`` there; ``rope_freqs``/``rope_factors_*`` are repeated in every block; Ollama's
