@@ -54,10 +54,7 @@ def test_weights_per_layer_as_the_go_backend_places_them(gemma3_path: Path) -> N
     n = model.block_count
     everything = (GpuLayers("GPU-0", tuple(range(n + 1))),)
     cells = el.cache_cells(model, 8192, 1, 512, True, (0, 13, 0))
-    rep = el.runner_report(
-        model, _cuda(24 * GIB), everything, cells=cells, cache_dtype=GGMLType.F16,
-        graph_partial_bytes=2, graph_full_bytes=1,
-    )  # fmt: skip
+    rep = el.runner_report(model, _cuda(24 * GIB), everything, cells=cells, cache_dtype=GGMLType.F16, graph_bytes=1)
     by_layer = [0] * (n + 1)
     for t in header.tensors:
         parts = t.name.split(".")
@@ -69,11 +66,9 @@ def test_weights_per_layer_as_the_go_backend_places_them(gemma3_path: Path) -> N
     by_layer[n] = pad(embd.n_bytes, 128) + pad(norm.n_bytes, 128)
     assert rep.memory.gpu_weights[0] == by_layer and rep.memory.cpu_weights == [0] * (n + 1)
     assert rep.input_bytes == pad(embd.n_bytes, 32)  # the CPU's 32-byte alignment
-    assert rep.memory.gpu_graph == [1]  # every layer on the GPU: the full graph
+    assert rep.memory.gpu_graph == [1]  # the graph on the GPU that holds layers
     # on the CPU the same blocks weigh their 32-byte-aligned bytes, and the GPU holds no graph
-    rep = el.runner_report(
-        model, _cuda(24 * GIB), (), cells=cells, cache_dtype=GGMLType.F16, graph_partial_bytes=2, graph_full_bytes=1
-    )
+    rep = el.runner_report(model, _cuda(24 * GIB), (), cells=cells, cache_dtype=GGMLType.F16, graph_bytes=1)
     assert rep.memory.cpu_weights[0] == sum(pad(t.n_bytes, 32) for t in header.tensors if t.name.startswith("blk.0."))
     assert rep.memory.gpu_graph == [0]
 
@@ -119,67 +114,100 @@ def test_cache_cells_as_causal_init(
 def test_gemma3_4b_kv_cache_bytes(gemma3_path: Path) -> None:
     """gemma3:4b at num_ctx 8192, f16: 29 SWA layers of 1536 cells and 5 global of 8192, K and V of 4 x 256
     heads x 2 bytes: 29 x 6 MiB + 5 x 32 MiB = 334 MiB."""
-    lay = el.ollama_server_load(legacy_model(read_header(gemma3_path)), _cuda(0), version="0.13.0", num_ctx=8192)
+    model = legacy_model(read_header(gemma3_path))
+    lay = el.ollama_server_load(model, _cuda(0), version="0.13.0", num_ctx=8192, graph_bytes=GRAPH)
     assert lay.layers_offload == 0 and lay.cpu.cache_bytes == 334 * MIB
     assert lay.cache_cells.count(8192) == 5 and lay.cache_cells.count(1536) == 29
 
 
-def _expected_layers(lay: el.EngineLayout, layer_bytes: list[int], free: int) -> int:
-    """Independent of createLayout: the top blocks that fit a GPU's free memory less 457 MiB and a graph
-    (all layers where every one fits with the full graph)."""
-    room_full = free - 457 * MIB - lay.graph_full_bytes
-    if sum(layer_bytes) <= room_full:
+GRAPH = 104 * MIB  # a graph for the layout tests (what graph_stand_in gives qwen3:8b at 8k with flash attention)
+
+
+def _expected_layers(layer_bytes: list[int], free: int) -> int:
+    """Independent of createLayout: every layer where all fit a GPU's free memory less 457 MiB and the graph,
+    else the top blocks that do (the output layer left on the CPU)."""
+    room = free - 457 * MIB - GRAPH
+    if sum(layer_bytes) <= room:
         return len(layer_bytes)
-
-    def top(room: int) -> int:
-        k, used = 0, 0
-        for size in reversed(layer_bytes[:-1]):
-            if used + size > room:
-                break
-            used, k = used + size, k + 1
-        return k
-
-    k1 = top(room_full)  # the first trial: every layer on the GPU, the full graph reported
-    k2 = top(free - 457 * MIB - lay.graph_partial_bytes)  # then a partial layout's graph
-    # more layers fit with the partial graph: Ollama explores downwards from one below that count and
-    # keeps the first forced layout that verifies (so it lands one short); one more only: it keeps k1
-    return k2 - 1 if k2 - k1 > 1 else min(k1, k2)
+    k, used = 0, 0
+    for size in reversed(layer_bytes[:-1]):
+        if used + size > room:
+            break
+        used, k = used + size, k + 1
+    return k
 
 
-@pytest.mark.parametrize("free_gib", [4, 6, 8, 10, 24])
-def test_ollama_server_load_settles_as_its_trial_loop(qwen3_path: Path, free_gib: int) -> None:
+@pytest.mark.parametrize("free_gib", [0.5, 4, 6, 8, 10, 24])
+def test_ollama_server_load_settles_as_its_trial_loop(qwen3_path: Path, free_gib: float) -> None:
     model = legacy_model(read_header(qwen3_path))
-    lay = el.ollama_server_load(model, _cuda(free_gib * GIB), version="0.20.0", num_ctx=8192)
+    free = int(free_gib * GIB)
+    lay = el.ollama_server_load(model, _cuda(free), version="0.20.0", num_ctx=8192, graph_bytes=GRAPH)
     gpu_all = el.runner_report(
-        model, _cuda(free_gib * GIB), (GpuLayers("GPU-0", tuple(range(lay.total_layers))),),
-        cells=lay.cache_cells, cache_dtype=GGMLType.F16, graph_partial_bytes=0, graph_full_bytes=0,
+        model, _cuda(free), (GpuLayers("GPU-0", tuple(range(lay.total_layers))),),
+        cells=lay.cache_cells, cache_dtype=GGMLType.F16, graph_bytes=0,
     ).memory  # fmt: skip
     layer_bytes = [w + c for w, c in zip(gpu_all.gpu_weights[0], gpu_all.gpu_cache[0], strict=True)]
-    assert lay.layers_offload == _expected_layers(lay, layer_bytes, free_gib * GIB)
-    if lay.layers_offload < lay.total_layers:  # the top blocks, the output layer on the CPU
+    assert lay.layers_offload == _expected_layers(layer_bytes, free)
+    if 0 < lay.layers_offload < lay.total_layers:  # the top blocks, the output layer on the CPU
         assert lay.gpu_layers[0].layers == tuple(range(36 - lay.layers_offload, 36))
-        assert lay.gpus[0].graph_bytes == lay.graph_partial_bytes
+    assert lay.gpus[0].graph_bytes == (GRAPH if lay.layers_offload else 0)
     assert lay.approximation == el.APPROXIMATION
 
 
 def test_qwen3_8b_f16_on_8_gib(qwen3_path: Path) -> None:
-    """qwen3:8b-shaped f16 at 8k on 8 GiB free: GraphSize has no qwen3 branch, so the graph is llamaServer.Load's
-    fallback, GQA 4 x KV 1152 MiB / 6 = 768 MiB (partial and full); a block is 368 MiB of weights, its norms and
-    32 MiB of K/V: (8192 - 457 - 768) MiB holds 17 of them, the top ones, in 4 trial loads (the all-GPU Fit, the
-    17-layer Fit that repeats, the Alloc, and the layout reported once more)."""
-    lay = el.ollama_server_load(legacy_model(read_header(qwen3_path)), _cuda(8 * GIB), version="0.13.0", num_ctx=8192)
-    assert (lay.graph_full_bytes, lay.graph_partial_bytes) == (768 * MIB, 768 * MIB)
-    assert lay.gpus[0].cache_bytes == 17 * 32 * MIB and lay.cpu.cache_bytes == 19 * 32 * MIB
-    assert lay.gpu_layers == (GpuLayers("GPU-0", tuple(range(19, 36))),) and lay.loads == 4
-    assert lay.log_line().endswith("GPULayers:17[ID:GPU-0 Layers:17(19..35)]")
+    """qwen3:8b-shaped f16 at 8k on 8 GiB free, flash attention: the graph stand-in is 104 MiB; a block is
+    368 MiB of weights, its norms and 32 MiB of K/V: (8192 - 457 - 104) MiB holds 19 of them, the top ones, in
+    4 trial loads (the all-GPU Fit, the 19-layer Fit that repeats, the Alloc, and the layout reported once
+    more)."""
+    import kvadvise.api as api
+
+    graph = el.graph_stand_in(
+        api.load_model(str(qwen3_path)), num_ctx=8192, num_parallel=1, batch=512, flash_attention=True,
+        kv_cache_type="",
+    )  # fmt: skip
+    assert graph == GRAPH
+    lay = el.ollama_server_load(
+        legacy_model(read_header(qwen3_path)), _cuda(8 * GIB), version="0.13.0", num_ctx=8192, graph_bytes=graph
+    )
+    assert lay.gpus[0].cache_bytes == 19 * 32 * MIB and lay.cpu.cache_bytes == 17 * 32 * MIB
+    assert lay.gpu_layers == (GpuLayers("GPU-0", tuple(range(17, 36))),) and lay.loads == 4
+    assert lay.log_line().endswith("GPULayers:19[ID:GPU-0 Layers:19(17..35)]")
+
+
+def test_the_graph_stand_in_is_llama_cpps_with_one_output_row_per_slot(qwen3_path: Path) -> None:
+    """reserveWorstCaseGraph reserves ``parallel`` output rows, not the batch's: the stand-in is kvadvise's
+    llama.cpp compute buffer with n_outputs_max = slots; fs/ggml GraphSize, which reserves the whole batch's
+    logits (vocab x batch x 4 bytes), is not what the Go engine allocates."""
+    import kvadvise.api as api
+    from kvadvise.planner.memory import RunConfig, estimate
+
+    spec = api.load_model(str(qwen3_path))
+    for parallel, fa, kv in ((1, True, ""), (2, True, "q8_0"), (1, False, "")):
+        got = el.graph_stand_in(
+            spec, num_ctx=4096, num_parallel=parallel, batch=512, flash_attention=fa, kv_cache_type=kv
+        )
+        t = GGMLType.Q8_0 if kv else GGMLType.F16
+        cfg = RunConfig(
+            n_ctx=4096 * parallel, n_parallel=parallel, n_batch=512, n_ubatch=512, type_k=t, type_v=t,
+            flash_attn="on" if fa else "off", device="cuda", n_outputs_max=parallel, runtime="llama-server",
+        )  # fmt: skip
+        assert got == estimate(spec, cfg).devices[0].compute_bytes
+        whole_batch = estimate(spec, RunConfig(**{**_fields(cfg), "n_outputs_max": 512})).devices[0].compute_bytes
+        assert got < whole_batch  # the batch's logits: 151,936 x 512 x 4 bytes more rows
+
+
+def _fields(cfg: Any) -> dict[str, Any]:
+    from dataclasses import fields
+
+    return {f.name: getattr(cfg, f.name) for f in fields(cfg)}
 
 
 def test_refused_architectures_and_versions(qwen3_path: Path) -> None:
     model = legacy_model(read_header(qwen3_path))
     with pytest.raises(el.EngineLayoutNotModelled, match=r"0\.12\.11 to 0\.24"):
-        el.ollama_server_load(model, _cuda(GIB), version="0.12.10", num_ctx=4096)
+        el.ollama_server_load(model, _cuda(GIB), version="0.12.10", num_ctx=4096, graph_bytes=GRAPH)
     with pytest.raises(el.EngineLayoutNotModelled, match="chunked attention"):
-        el.ollama_server_load(_model("llama4", 4, 0), _cuda(GIB), version="0.13.0", num_ctx=4096)
+        el.ollama_server_load(_model("llama4", 4, 0), _cuda(GIB), version="0.13.0", num_ctx=4096, graph_bytes=GRAPH)
 
 
 def test_kvadvise_ollama_prints_the_go_engines_decision(
@@ -212,26 +240,34 @@ def test_the_ram_check_counts_the_input_weights(gemma3_path: Path) -> None:
     from kvadvise.backends.ollama.layout import LayoutLoadRefused
 
     model = legacy_model(read_header(gemma3_path))
-    lay = el.ollama_server_load(model, _cuda(0), version="0.13.0", num_ctx=8192)
+    lay = el.ollama_server_load(model, _cuda(0), version="0.13.0", num_ctx=8192, graph_bytes=GRAPH)
     needed = lay.cpu.weights_bytes + lay.cpu.cache_bytes
-    assert el.ollama_server_load(model, _cuda(0), version="0.13.0", num_ctx=8192, system_free_bytes=needed)
+    kwargs: dict[str, Any] = {"version": "0.13.0", "num_ctx": 8192, "graph_bytes": GRAPH}
+    assert el.ollama_server_load(model, _cuda(0), system_free_bytes=needed, **kwargs).layers_offload == 0
     with pytest.raises(LayoutLoadRefused, match="more system memory"):
-        el.ollama_server_load(model, _cuda(0), version="0.13.0", num_ctx=8192, system_free_bytes=needed - 1)
+        el.ollama_server_load(model, _cuda(0), system_free_bytes=needed - 1, **kwargs)
 
 
-@pytest.mark.parametrize(("free_a", "free_b", "expected"), [(6, 4, (12, 7)), (10, 10, (19, 18)), (16, 2, (35, 1))])
+@pytest.mark.parametrize(
+    ("free_a", "free_b", "expected"), [(6, 4, (13, 8)), (10, 10, (19, 18)), (16, 2, (37,))]
+)  # fmt: skip
 def test_two_gpus_each_within_its_free_memory(
-    qwen3_path: Path, free_a: int, free_b: int, expected: tuple[int, int]
+    qwen3_path: Path, free_a: int, free_b: int, expected: tuple[int, ...]
 ) -> None:
-    """Two CUDA GPUs: the layers split over both (the lower blocks on the first), each GPU holding the graph and
-    no more than its free memory less 457 MiB; 10 + 10 GiB hold all 37 layers, the full graph on each."""
+    """Two CUDA GPUs (qwen3:8b-shaped f16, 8k): a block and its K/V weigh 400 MiB, so (6144 - 457 - 104) MiB
+    holds 13 and (4096 - 457 - 104) MiB 8, the lower blocks on the first GPU; 10 + 10 GiB hold all 37 layers
+    over both; 16 GiB alone holds them all, so the second GPU is not used (as few GPUs as hold every layer).
+    Each GPU in use holds the graph and no more than its free memory less 457 MiB."""
     gpus = [LayoutGpu("GPU-a", "CUDA0", "CUDA", free_a * GIB), LayoutGpu("GPU-b", "CUDA1", "CUDA", free_b * GIB)]
-    lay = el.ollama_server_load(legacy_model(read_header(qwen3_path)), gpus, version="0.13.0", num_ctx=8192)
+    model = legacy_model(read_header(qwen3_path))
+    lay = el.ollama_server_load(model, gpus, version="0.13.0", num_ctx=8192, graph_bytes=GRAPH)
     assert tuple(len(g.layers) for g in lay.gpu_layers) == expected
-    a, b = lay.gpu_layers
-    assert (a.device_id, b.device_id) == ("GPU-a", "GPU-b") and a.layers[-1] + 1 == b.layers[0]
+    assert [g.device_id for g in lay.gpu_layers] == ["GPU-a", "GPU-b"][: len(expected)]
+    placed = [i for g in lay.gpu_layers for i in g.layers]
+    assert placed == list(range(placed[0], placed[0] + len(placed)))  # contiguous, GPU-a below GPU-b
     for d, g in zip(lay.gpus, gpus, strict=True):
-        assert d.graph_bytes == (lay.graph_full_bytes if sum(expected) == 37 else lay.graph_partial_bytes)
+        used = any(gl.device_id == g.device_id for gl in lay.gpu_layers)
+        assert d.graph_bytes == (GRAPH if used else 0)
         assert d.weights_bytes + d.cache_bytes + d.graph_bytes <= g.free_bytes - 457 * MIB
 
 

@@ -10,8 +10,8 @@ layers on the GPU than Ollama's estimate, the model's ``num_gpu`` (a Modelfile `
 and ``assignLayers`` take ``opts.NumGPU`` as the layers asked for) loads that many: the advice sets it, but not
 for the Go engine, whose allocation is not modelled. The Go engine's layout (``ollamaServer.Load``: createLayout
 over the memory its runner reports for trial layouts) is replayed for 0.12.11 to 0.24 by
-kvadvise.backends.ollama.engine_layout, with Ollama's fs/ggml GraphSize standing in for the runner's compute
-graph (said in the decision's text and JSON); 0.11.5 - 0.12.10's and llama.cpp's ``--fit`` from 0.30 are not
+kvadvise.backends.ollama.engine_layout, with llama.cpp's compute buffer (kvadvise's estimate, one output row per
+slot) standing in for the runner's compute graph (said in the decision's text and JSON); 0.11.5 - 0.12.10's and llama.cpp's ``--fit`` from 0.30 are not
 claimed here (kvadvise.backends.ollama.versions says who decides).
 """
 
@@ -242,19 +242,31 @@ def _decide_engine(
     legacy: estimate_legacy.LegacyModel,
 ) -> OllamaDecision:
     """ollamaServer.Load's layout (Ollama 0.12.11 - 0.24, the Go engine) for the plan's GPUs, over the memory
-    its runner would report (engine_layout; the graph is GraphSize's, said in ``approximation``). The advice
+    its runner would report (engine_layout; the graph is a stand-in, said in ``approximation``). The advice
     writes OLLAMA_FLASH_ATTENTION, so flash attention is the user's, refused where the model lacks it."""
     assert release.version is not None
     v = release.v or (0, 0, 0)
+    num_parallel = settings.num_parallel if legacy.is_completion else 1  # sched.go: max(OLLAMA_NUM_PARALLEL, 1)
+    # NewLlamaServer: num_ctx clamped to the training context, the batch to num_ctx; a quantized cache needs
+    # flash attention
+    num_ctx = min(settings.num_ctx, legacy.context_length) if legacy.context_length > 0 else settings.num_ctx
+    batch = min(settings.num_batch or NUM_BATCH_DEFAULT, num_ctx)
+    fa = settings.flash_attention and supports_flash_attention(model.spec, v)
+    kv_cache_type = "" if settings.kv_cache_type == "f16" or not fa else settings.kv_cache_type
+    graph = engine_layout.graph_stand_in(
+        model.spec, num_ctx=num_ctx, num_parallel=num_parallel, batch=batch, flash_attention=fa,
+        kv_cache_type=kv_cache_type,
+    )  # fmt: skip
     lay = engine_layout.ollama_server_load(
         legacy,
         _layout_gpus(plan),
         version=release.version,
         num_ctx=settings.num_ctx,
-        num_parallel=settings.num_parallel if legacy.is_completion else 1,  # sched.go: max(OLLAMA_NUM_PARALLEL, 1)
+        graph_bytes=graph,
+        num_parallel=num_parallel,
         num_batch=settings.num_batch or NUM_BATCH_DEFAULT,
-        flash_attention=settings.flash_attention and supports_flash_attention(model.spec, v),
-        kv_cache_type="" if settings.kv_cache_type == "f16" else settings.kv_cache_type,
+        flash_attention=fa,
+        kv_cache_type=kv_cache_type,
     )
     return OllamaDecision(
         version=release.version,

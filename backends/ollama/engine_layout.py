@@ -21,13 +21,15 @@ read at the tags of the bare mirror ollama/ollama (identical from v0.12.11 to v0
   gpt-oss's even layers are (``NewSWAMemCache(sliding_window, 4096)``); dtype q8_0 / q4_0 / else f16
   (``kvCacheTypeFromStr``).
 - **graph** per GPU (``runner/ollamarunner`` ``reserveWorstCaseGraph``: ``ggml_backend_sched_reserve`` of the
-  engine's own forward graph, an image of 2048x2048 included for a vision model): **not modelled**. Ollama's
-  own estimate of that graph, ``fs/ggml`` ``GraphSize`` (what ``llm/memory.go`` reserved for these very
-  models until v0.12.10, and what ``llamaServer.Load`` still uses, with its fallback of GQA x KV / 6 for an
-  architecture GraphSize has no branch for, qwen3's), stands in: its full-offload graph on a GPU
-  when the layout holds every layer, its partial one otherwise. A vision graph is not added (GraphSize has
-  none). So the layer count is Ollama's when the graph estimate is close; :attr:`EngineLayout.approximation`
-  says so in every result.
+  engine's own forward graph over a batch of ``BatchSize`` tokens with ``parallel`` output rows
+  (``batch.Outputs = ctx.Input().Empty(ml.DTypeI32, s.parallel)``), an image of 2048x2048 included for a
+  vision model): **not modelled**. The caller passes a stand-in (:func:`graph_stand_in`: kvadvise's estimate
+  of llama.cpp's compute buffer for the same batch, cache and flash attention with one output row per slot,
+  the same ops without the whole batch's logits); the same figure on every GPU holding a layer, partial or
+  full. Ollama's ``fs/ggml`` ``GraphSize`` is *not* used: it reserves the logits of the whole batch
+  (vocab x batch x 4 bytes: 512 MiB for gemma3's 262,144 tokens at batch 512), which the Go engine does not,
+  and for an architecture it has no branch for (qwen3, qwen3moe) falls back to GQA x KV / 6, gigabytes at
+  long contexts. A vision graph is not added. :attr:`EngineLayout.approximation` says so in every result.
 
 verifyLayout's RAM check counts the InputWeights with the layers left on the CPU, not the CPU's own graph
 (not modelled). Every Fit/Alloc is taken to succeed (the layout already keeps each GPU within its free memory less
@@ -53,12 +55,15 @@ from kvadvise.backends.ollama.layout import (
 )
 from kvadvise.errors import InputError
 from kvadvise.model.ggml import ALIGNMENT, BLOCK, GGMLType, cuda_alloc_bytes, pad
+from kvadvise.model.spec import ModelSpec
+from kvadvise.planner.memory import RunConfig, estimate
 
-FIRST_VERSION = (0, 12, 11)  # ollamaServer.Load and ggml.go New as below (v0.11.5 - v0.12.10: ml.Memory with a Status)
+FIRST_VERSION = (0, 12, 11)  # createLayout as layout.py ports it (ml.ByPerformance groups); ggml.go New as below
 LAST_VERSION = (0, 24, 99)  # v0.30.0 serves GGUF models by llama-server --fit
 CACHE_PAD_ALWAYS_FROM = (0, 14, 0)  # Backend.CacheConfig: CachePadding 256 without flash attention too
 APPROXIMATION = (
-    "the Go runner's compute graph (reserveWorstCaseGraph) is not modelled: Ollama's fs/ggml GraphSize stands in"
+    "the Go runner's compute graph (reserveWorstCaseGraph) is not modelled: llama.cpp's compute buffer for the "
+    "same batch with one output row per slot (kvadvise's estimate) stands in"
 )
 _CAUSAL = frozenset(
     {"qwen3", "qwen3moe", "qwen25vl", "qwen3vl", "qwen3vlmoe", "mistral3", "llama", "qwen2", "gemma3", "gptoss",
@@ -105,8 +110,7 @@ class EngineLayout:
     kv_cache_type: str  # the cache dtype's name: f16, q8_0 or q4_0
     flash_attention: bool
     cache_cells: tuple[int, ...]  # cells of each layer's K/V (Causal.Init)
-    graph_partial_bytes: int  # GraphSize's, standing in for the runner's graph
-    graph_full_bytes: int
+    graph_bytes: int  # the stand-in for the runner's graph, on every GPU that holds a layer
     loads: int  # how many trial loads (Fit, Alloc) the replay made
     approximation: str = APPROXIMATION
     notes: tuple[str, ...] = field(default=())
@@ -269,11 +273,10 @@ def runner_report(
     *,
     cells: Sequence[int],
     cache_dtype: GGMLType,
-    graph_partial_bytes: int,
-    graph_full_bytes: int,
+    graph_bytes: int,
 ) -> RunnerReport:
     """The ml.BackendMemory the runner returns for ``gpu_layers``: weights and cache of each layer on its
-    device, GraphSize's graph on every GPU that holds a layer (full when all of them are on the GPUs)."""
+    device, ``graph_bytes`` on every GPU that holds a layer."""
     n = model.block_count + 1
     device_of = [-1] * n  # -1: the CPU, else the index in gpus
     ids = [g.device_id for g in gpus]
@@ -300,12 +303,33 @@ def runner_report(
         # PermutedV (no flash attention) puts the cells first: the same bytes for f16, the only type it has
         v = tensor_alloc_bytes(int(cache_dtype), (v_head, heads_kv, c), "cache_v", lib)
         (mem.cpu_cache if d < 0 else mem.gpu_cache[d])[i] += k + v
-    on_gpu = sum(len(g.layers) for g in gpu_layers)
-    graph = graph_full_bytes if on_gpu >= n else graph_partial_bytes
     for gl in gpu_layers:
         if gl.layers and gl.device_id in ids:
-            mem.gpu_graph[ids.index(gl.device_id)] = graph
+            mem.gpu_graph[ids.index(gl.device_id)] = graph_bytes
     return RunnerReport(mem, input_bytes)
+
+
+def graph_stand_in(
+    spec: ModelSpec, *, num_ctx: int, num_parallel: int, batch: int, flash_attention: bool, kv_cache_type: str
+) -> int:
+    """What stands in for the Go runner's graph on a GPU: kvadvise's estimate of llama.cpp's GPU compute buffer
+    (kvadvise.planner.memory) for the load Ollama asks of its runner (KvSize = num_ctx x slots, a ubatch of
+    ``batch``, the cache type, flash attention on or off) with one output row per slot, as
+    reserveWorstCaseGraph reserves ``parallel`` outputs. An approximation: the Go engine builds its own graph."""
+    dtype = _CACHE_DTYPES.get(kv_cache_type.lower(), GGMLType.F16)
+    cfg = RunConfig(
+        n_ctx=num_ctx * num_parallel,
+        n_parallel=num_parallel,
+        n_batch=batch,
+        n_ubatch=batch,
+        type_k=dtype,
+        type_v=dtype,
+        flash_attn="on" if flash_attention else "off",
+        device="cuda",
+        n_outputs_max=num_parallel,
+        runtime="llama-server",
+    )
+    return max((d.compute_bytes for d in estimate(spec, cfg).devices), default=0)
 
 
 # ------------------------------------------------------------------------------ ollamaServer.Load
@@ -316,8 +340,8 @@ def check_modelled(model: LegacyModel, version: str) -> tuple[int, int, int]:
     if not FIRST_VERSION <= v <= LAST_VERSION:
         raise EngineLayoutNotModelled(
             f"Ollama {version}: the Go engine's layout is replayed for Ollama 0.12.11 to 0.24",
-            hint="0.11.5 - 0.12.10 report ml.Memory with an allocation status (not ported); 0.30 and later: "
-            "llama-server --fit",
+            hint="0.11.5 - 0.12.10: findBestFit without performance groups (ml.ByPerformance comes at 0.12.11) and, "
+            "before 0.12.5, ml.Memory with an allocation status: not ported; 0.30 and later: llama-server --fit",
         )
     arch = model.architecture
     if arch in _REFUSED:
@@ -333,6 +357,7 @@ def ollama_server_load(
     *,
     version: str,
     num_ctx: int,
+    graph_bytes: int,
     num_parallel: int = 1,
     num_batch: int = 512,
     num_gpu: int = -1,
@@ -347,6 +372,7 @@ def ollama_server_load(
 ) -> EngineLayout:
     """Ollama ``version``'s layout of a Go-engine model on ``gpus``: ``ollamaServer.Load``'s trial loads.
 
+    ``graph_bytes``: the runner's graph on a GPU that holds layers (not modelled: :func:`graph_stand_in`);
     ``flash_attention``: what NewLlamaServer settled (OLLAMA_FLASH_ATTENTION or the model's wish, refused
     where unsupported); ``kv_cache_type``: OLLAMA_KV_CACHE_TYPE, used only with flash attention (a quantized
     type needs it). Raises LayoutLoadRefused where verifyLayout refuses, EngineLayoutNotModelled where the
@@ -364,17 +390,6 @@ def ollama_server_load(
         kvct = ""  # "unsupported OLLAMA_KV_CACHE_TYPE"
     dtype = _CACHE_DTYPES.get(kvct, GGMLType.F16)
     cells = cache_cells(model, num_ctx, num_parallel, batch, flash_attention, v)
-    kv, graph_partial, graph_full = estimate_legacy.graph_size(
-        model, num_ctx, batch, num_parallel, kvct, flash_attention, v
-    )
-    if graph_partial == 0:  # llamaServer.Load's fallback for an architecture GraphSize has no branch for
-        heads_kv = min(model.head_count_kv) if model.head_count_kv else 0
-        gqa = (max(model.head_count) if model.head_count else 0) // (heads_kv or 1)
-        graph_partial = gqa * sum(kv) // 6
-    if graph_full == 0:
-        graph_full = graph_partial
-    if gpus and gpus[0].library == "Metal":  # GraphSize's "no partial offload overhead" on Metal
-        graph_partial = graph_full
     library = gpus[0].library if gpus else "CPU"
     free = [g.free_bytes for g in gpus]
     loads = 0
@@ -386,11 +401,11 @@ def ollama_server_load(
             raise EngineLayoutNotModelled("ollamaServer.Load did not settle within the trial loads replayed")
         return runner_report(
             model, gpus, gl, cells=cells, cache_dtype=dtype,
-            graph_partial_bytes=graph_partial, graph_full_bytes=graph_full,
+            graph_bytes=graph_bytes,
         )  # fmt: skip
 
     input_bytes = runner_report(
-        model, gpus, (), cells=cells, cache_dtype=dtype, graph_partial_bytes=0, graph_full_bytes=0
+        model, gpus, (), cells=cells, cache_dtype=dtype, graph_bytes=0
     ).input_bytes  # InputWeights: always on the CPU, whatever the layout
 
     def create_layout(mem: RunnerMemory, requested: int) -> tuple[GpuLayers, ...]:
@@ -455,8 +470,7 @@ def ollama_server_load(
         kv_cache_type=dtype.type_name,
         flash_attention=flash_attention,
         cache_cells=tuple(cells),
-        graph_partial_bytes=graph_partial,
-        graph_full_bytes=graph_full,
+        graph_bytes=graph_bytes,
         loads=loads,
         notes=tuple(notes),
     )
