@@ -288,3 +288,17 @@ def test_the_library_gpt_oss_profile_gets_the_go_engines_decision(
         layers[vram] = d["layers_offload"]
         assert d["layers_model"] == 25
     assert layers["15.6GiB"] == 25 and 0 < layers["8GiB"] < 24
+
+
+def test_a_graph_larger_than_the_room_explores_the_intermediate_layouts(qwen3_path: Path) -> None:
+    """3.5 GiB free and a 3 GiB graph: with the graph no block fits ((3584 - 457 - 3072) MiB), so the next
+    trial has no layer, reports no graph, and 7 blocks fit: more than the last layout, so ollamaServer.Load
+    forces 6, 5, ... 0 layers, each reported with the graph again, and keeps the first that a new layout
+    over its report does not undercut: 0. Fit: the all-GPU trial, the empty one, 7 forced; Alloc: the empty
+    one and 7 forced again (the past layouts were cleared); then the final report: 18 loads, nothing on the
+    GPU."""
+    model = legacy_model(read_header(qwen3_path))
+    lay = el.ollama_server_load(model, _cuda(3584 * MIB), version="0.13.0", num_ctx=8192, graph_bytes=3072 * MIB)
+    assert (lay.layers_offload, lay.loads, lay.gpus[0].graph_bytes) == (0, 18, 0)
+    lay = el.ollama_server_load(model, _cuda(4000 * MIB), version="0.13.0", num_ctx=8192, graph_bytes=3072 * MIB)
+    assert (lay.layers_offload, lay.loads) == (1, 4)  # (4000 - 457 - 3072) MiB: one 400 MiB block
