@@ -14,7 +14,7 @@ import pytest
 from kvadvise.backends.gguf_cache import read as read_header
 from kvadvise.backends.ollama import engine_layout as el
 from kvadvise.backends.ollama import estimate_legacy
-from kvadvise.backends.ollama.estimate_legacy import LegacyModel, legacy_model
+from kvadvise.backends.ollama.estimate_legacy import LegacyModel, LegacyTensor, legacy_model
 from kvadvise.backends.ollama.layout import GpuLayers, LayoutGpu
 from kvadvise.cli import main
 from kvadvise.model.ggml import GGMLType, pad
@@ -302,3 +302,32 @@ def test_a_graph_larger_than_the_room_explores_the_intermediate_layouts(qwen3_pa
     assert (lay.layers_offload, lay.loads, lay.gpus[0].graph_bytes) == (0, 18, 0)
     lay = el.ollama_server_load(model, _cuda(4000 * MIB), version="0.13.0", num_ctx=8192, graph_bytes=3072 * MIB)
     assert (lay.layers_offload, lay.loads) == (1, 4)  # (4000 - 457 - 3072) MiB: one 400 MiB block
+
+
+def test_tensor_routing_as_ggml_go_new() -> None:
+    """ggml.go New's switch, by a dotted part of the name: the input tables on the CPU (token_embd, once more
+    as the output layer's output.weight when there is no output tensor); output, output_norm, cls, the
+    per-layer tables and every vision (v., mm., s.) tensor in the output layer; rope_freqs in every block;
+    a block's tensors by the first number in the name (blk.3.attn_output is a block's, not the output's);
+    anything else on the CPU."""
+    f32 = 0
+    names = [
+        "token_embd.weight", "position_embd.weight", "output_norm.weight", "cls.weight", "per_layer_token_embd.weight",
+        "v.blk.0.attn_q.weight", "mm.input_projection.weight", "s.position_embd.weight", "rope_freqs.weight",
+        "blk.3.attn_output.weight", "blk.0.ffn_up.weight", "tied_extra.weight",
+    ]  # fmt: skip
+    tensors = tuple(LegacyTensor(n, (32,), f32) for n in names)
+    model = LegacyModel("gemma3", 4, 32, (1,), (1,), 32, 32, 10, 128, tensors)
+    layer_of: dict[str, list[int]] = {}
+    for p in el.place_tensors(model):
+        layer_of.setdefault(p.tensor.name, []).append(p.layer)
+    assert layer_of == {
+        "token_embd.weight": [-1, 4], "position_embd.weight": [-1], "output_norm.weight": [4], "cls.weight": [4],
+        "per_layer_token_embd.weight": [4], "v.blk.0.attn_q.weight": [4], "mm.input_projection.weight": [4],
+        "s.position_embd.weight": [-1], "rope_freqs.weight": [0, 1, 2, 3], "blk.3.attn_output.weight": [3],
+        "blk.0.ffn_up.weight": [0], "tied_extra.weight": [-1],
+    }  # fmt: skip
+    with_output = LegacyModel(
+        "gemma3", 4, 32, (1,), (1,), 32, 32, 10, 128, (*tensors, LegacyTensor("output.weight", (32,), f32))
+    )
+    assert [p.layer for p in el.place_tensors(with_output) if p.tensor.name == "token_embd.weight"] == [-1]
