@@ -8,8 +8,8 @@ read at the tags of the bare mirror ollama/ollama (identical from v0.12.11 to v0
 
 - **weights** (``ml/backend/ggml/ggml.go`` ``New``): each tensor ``pad(ggml_backend_buft_get_alloc_size,
   alignment)`` on its layer's buffer type (CUDA/ROCm: quantized rows padded to 512 values, 128-byte
-  alignment; the CPU and Metal: 32; Vulkan's device alignment is not known here: 32 too); ``token_embd`` & co. are ``InputWeights`` on the CPU, outside every layer;
-  ``output``/``output_norm``/``cls``/``per_layer_*`` and every vision tensor (``v.``/``mm.``/``s.``) are the
+  alignment; the CPU and Metal: 32; Vulkan's device alignment is not known here: 32 too); ``token_embd``
+  & co. are ``InputWeights`` on the CPU, outside every layer; ``output``/``output_norm``/``cls``/``per_layer_*`` and every vision tensor (``v.``/``mm.``/``s.``) are the
   output layer (index ``block_count``), and without an ``output`` tensor ``token_embd`` is loaded a second
   time as ``output.weight`` there; ``rope_freqs``/``rope_factors_*`` are repeated in every block; Ollama's
   MXFP4 (type 4) is ggml's MXFP4 (39) and a bf16 ``*_exps.bias`` becomes f32.
@@ -32,8 +32,8 @@ read at the tags of the bare mirror ollama/ollama (identical from v0.12.11 to v0
   long contexts. A vision graph is not added. :attr:`EngineLayout.approximation` says so in every result.
 
 verifyLayout's RAM check counts the InputWeights with the layers left on the CPU, not the CPU's own graph
-(not modelled). Every Fit/Alloc is taken to succeed (the layout already keeps each GPU within its free memory less
-``MinimumMemory``): the backoff of a failed allocation is not modelled. The architectures whose cache is
+(not modelled). Every Fit/Alloc is taken to succeed (the layout already keeps each GPU within its free memory
+less ``MinimumMemory``): the backoff of a failed allocation is not modelled. The architectures whose cache is
 not a plain or sliding-window causal cache (llama4's chunked attention, mllama's cross attention, gemma3n's
 shared KV, deepseek2's MLA) are refused.
 """
