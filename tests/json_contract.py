@@ -62,6 +62,13 @@ CASES: tuple[Case, ...] = (
         "plan.schema.json",
     ),
     Case(
+        # the Go engine's layout replayed (ollamaServer.Load over the runner's memory): a decision with its
+        # approximation (the graph stand-in)
+        "ollama_engine_layout",
+        ("ollama", "gpt-oss:20b", "--gpu", "rtx-4060", "--ollama-version", "0.13.0", "--ctx", "8192", "--json"),
+        "plan.schema.json",
+    ),
+    Case(
         # the training context (262,144) does not fit 100% on the GPU: the plan that runs keeps experts on the CPU
         "ollama_ctx0",
         ("ollama", "qwen3-coder", "--gpu", "rtx-4090", "--ctx", "0", "--json"),

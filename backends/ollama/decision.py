@@ -8,9 +8,11 @@ Those releases put on the GPU the layers their estimate says fit (``msg=offload 
 a 16 GB card under 0.11.0 though all 25 fit. Where the plan (llama.cpp's allocation) puts another number of
 layers on the GPU than Ollama's estimate, the model's ``num_gpu`` (a Modelfile ``PARAMETER``; ``llm/memory.go``
 and ``assignLayers`` take ``opts.NumGPU`` as the layers asked for) loads that many: the advice sets it, but not
-for the Go engine, whose allocation is not modelled. The Go engine's layout from 0.11.5 (trial allocations
-of its own backend) and llama.cpp's ``--fit`` from 0.30 are not claimed here (kvadvise.backends.ollama.versions
-says who decides).
+for the Go engine, whose allocation is not modelled. The Go engine's layout (``ollamaServer.Load``: createLayout
+over the memory its runner reports for trial layouts) is replayed for 0.12.11 to 0.24 by
+kvadvise.backends.ollama.engine_layout, with llama.cpp's compute buffer (kvadvise's estimate, one output row per
+slot) standing in for the runner's compute graph (said in the decision's text and JSON); 0.11.5 - 0.12.10's and llama.cpp's ``--fit`` from 0.30 are not
+claimed here (kvadvise.backends.ollama.versions says who decides).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kvadvise.backends.ollama import estimate_legacy
+from kvadvise.backends.ollama import engine_layout, estimate_legacy, layout
 from kvadvise.backends.ollama.versions import NUM_BATCH_DEFAULT, blob_architecture, supports_flash_attention
 from kvadvise.runtime.llamaserver import offload_to_run
 
@@ -30,6 +32,8 @@ if TYPE_CHECKING:
 
 MEMORY_GO = "llm/memory.go"  # OllamaRelease.layers_by of the releases estimate_legacy replays
 CREATE_LAYOUT = "llm/server.go createLayout over fs/ggml GraphSize"  # the llamarunner's, 0.12.11 - 0.24 (layout)
+# the Go engine's, 0.12.11 - 0.24 (engine_layout); versions.release names it so
+ENGINE_LAYOUT = "llm/server.go createLayout over the Go runner's trial allocations"
 # Ollama's names of a GPU library from 0.12.11 (ml.DeviceInfo.Library), by the ggml backend
 _LAYOUT_LIBRARIES = {"cuda": "CUDA", "rocm": "ROCm", "metal": "Metal", "vulkan": "Vulkan", "sycl": "SYCL"}
 _LIBRARIES = {"sycl": "oneapi"}  # Ollama's name for a GPU library where it is not the ggml backend's
@@ -50,6 +54,7 @@ class OllamaDecision:
     # allocation kvadvise does not model (the library's figures stand in): no num_gpu is set on them
     allocation_modelled: bool = True
     layers_by: str = MEMORY_GO  # whose estimate: llm/memory.go, or llm/server.go createLayout (layout.py)
+    approximation: str | None = None  # what the replay approximates (the Go engine's graph), None: nothing
 
     @property
     def differs(self) -> bool:
@@ -74,6 +79,8 @@ class OllamaDecision:
             f"Ollama {self.version} puts {self.layers_offload} of {self.layers_model} layers on the GPU by its "
             f"own estimate ({basis}, {self.available_bytes / 2**30:.1f} GiB free)"
         )
+        if self.approximation is not None:
+            said = f"{said} [{self.approximation}]"
         if not self.allocation_modelled and self.differs:
             return (
                 f"{said}; llama.cpp's library would fit {self.planned_layers}, but the Go engine that runs it "
@@ -100,6 +107,7 @@ class OllamaDecision:
             "log_line": self.log_line,
             "allocation_modelled": self.allocation_modelled,
             "layers_by": self.layers_by,
+            "approximation": self.approximation,
         }
 
 
@@ -108,7 +116,13 @@ def decide(model: OllamaModel, plan: Plan, release: OllamaRelease, settings: Oll
     (another estimator, a model without its GGUF header at hand, a refused architecture, no GPU)."""
     by_memory_go = release.layers_by.startswith(MEMORY_GO)
     by_layout = release.runner == "llamarunner" and release.layers_by.startswith(CREATE_LAYOUT)
-    if release.version is None or not (by_memory_go or by_layout):
+    by_engine = (
+        release.runner == "ollamarunner"
+        and release.layers_by.startswith(ENGINE_LAYOUT)
+        and release.v is not None
+        and release.v >= engine_layout.FIRST_VERSION
+    )
+    if release.version is None or not (by_memory_go or by_layout or by_engine):
         return None
     hw = plan.hardware
     if hw is None or not hw.gpus or plan.config.device == "cpu":
@@ -121,6 +135,8 @@ def decide(model: OllamaModel, plan: Plan, release: OllamaRelease, settings: Oll
             return None
         if by_layout:
             return _decide_layout(model, plan, release, settings, legacy)
+        if by_engine:
+            return _decide_engine(model, plan, release, settings, legacy)
         gpus = [
             estimate_legacy.LegacyGpu(
                 free_bytes=g.free_bytes,
@@ -177,23 +193,12 @@ def _decide_layout(
     """llamaServer.Load's layout (Ollama 0.12.11 - 0.24, the llamarunner) for the plan's GPUs: the advice
     writes OLLAMA_FLASH_ATTENTION (0 or 1) and OLLAMA_NUM_PARALLEL, so flash attention is set by the user
     (never auto) and refused where the model does not support it (NewLlamaServer)."""
-    from kvadvise.backends.ollama import layout
-
     assert release.version is not None and plan.hardware is not None
     v = release.v or (0, 0, 0)
     fa = settings.flash_attention and supports_flash_attention(model.spec, v)
-    gpus = [
-        layout.LayoutGpu(
-            device_id=str(g.index),  # the CUDA UUID Ollama prints is not known here: the index stands for it
-            name="Metal" if g.backend == "metal" else f"{_LAYOUT_LIBRARIES.get(g.backend, g.backend)}{g.index}",
-            library=_LAYOUT_LIBRARIES.get(g.backend, g.backend),
-            free_bytes=g.free_bytes,
-        )
-        for g in plan.hardware.gpus
-    ]
     lay = layout.llama_server_load(
         legacy,
-        gpus,
+        _layout_gpus(plan),
         version=release.version,
         num_ctx=settings.num_ctx,
         # sched.go load: max(OLLAMA_NUM_PARALLEL, 1), one slot for a model without completion
@@ -212,6 +217,68 @@ def _decide_layout(
         log_line=lay.log_line(),
         allocation_modelled=release.claims_allocation,
         layers_by=CREATE_LAYOUT,
+    )
+
+
+def _layout_gpus(plan: Plan) -> list[layout.LayoutGpu]:
+    """The plan's GPUs as the scheduler hands them to Load (ml.DeviceInfo)."""
+    assert plan.hardware is not None
+    return [
+        layout.LayoutGpu(
+            device_id=str(g.index),  # the CUDA UUID Ollama prints is not known here: the index stands for it
+            name="Metal" if g.backend == "metal" else f"{_LAYOUT_LIBRARIES.get(g.backend, g.backend)}{g.index}",
+            library=_LAYOUT_LIBRARIES.get(g.backend, g.backend),
+            free_bytes=g.free_bytes,
+        )
+        for g in plan.hardware.gpus
+    ]
+
+
+def _decide_engine(
+    model: OllamaModel,
+    plan: Plan,
+    release: OllamaRelease,
+    settings: OllamaSettings,
+    legacy: estimate_legacy.LegacyModel,
+) -> OllamaDecision:
+    """ollamaServer.Load's layout (Ollama 0.12.11 - 0.24, the Go engine) for the plan's GPUs, over the memory
+    its runner would report (engine_layout; the graph is a stand-in, said in ``approximation``). The advice
+    writes OLLAMA_FLASH_ATTENTION, so flash attention is the user's, refused where the model lacks it."""
+    assert release.version is not None
+    v = release.v or (0, 0, 0)
+    num_parallel = settings.num_parallel if legacy.is_completion else 1  # sched.go: max(OLLAMA_NUM_PARALLEL, 1)
+    # NewLlamaServer: num_ctx clamped to the training context, the batch to num_ctx; a quantized cache needs
+    # flash attention
+    num_ctx = min(settings.num_ctx, legacy.context_length) if legacy.context_length > 0 else settings.num_ctx
+    batch = min(settings.num_batch or NUM_BATCH_DEFAULT, num_ctx)
+    fa = settings.flash_attention and supports_flash_attention(model.spec, v)
+    kv_cache_type = "" if settings.kv_cache_type == "f16" or not fa else settings.kv_cache_type
+    graph = engine_layout.graph_stand_in(
+        model.spec, num_ctx=num_ctx, num_parallel=num_parallel, batch=batch, flash_attention=fa,
+        kv_cache_type=kv_cache_type,
+    )  # fmt: skip
+    lay = engine_layout.ollama_server_load(
+        legacy,
+        _layout_gpus(plan),
+        version=release.version,
+        num_ctx=settings.num_ctx,
+        graph_bytes=graph,
+        num_parallel=num_parallel,
+        num_batch=settings.num_batch or NUM_BATCH_DEFAULT,
+        flash_attention=fa,
+        kv_cache_type=kv_cache_type,
+    )
+    return OllamaDecision(
+        version=release.version,
+        layers_offload=lay.layers_offload,
+        layers_model=lay.total_layers,
+        required_full_bytes=lay.total_bytes,
+        available_bytes=sum(lay.available_bytes),
+        planned_layers=_planned_layers(plan, lay.layers_offload, lay.total_layers),
+        log_line=lay.log_line(),
+        allocation_modelled=False,  # the plan's figures are llama.cpp's library, not the Go engine's
+        layers_by=ENGINE_LAYOUT,
+        approximation=lay.approximation,
     )
 
 

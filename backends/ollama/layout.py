@@ -306,7 +306,7 @@ def assign_layers(
 
 
 @dataclass(slots=True)
-class _Memory:
+class RunnerMemory:
     """The BackendMemory llamaServer.Load synthesizes (weights and cache per layer, graph per device)."""
 
     cpu_weights: list[int]
@@ -320,7 +320,7 @@ class _Memory:
 def build_layout(
     gpus: Sequence[LayoutGpu],
     free_bytes: Sequence[int],
-    memory: _Memory,
+    memory: RunnerMemory,
     require_full: bool,
     requested: int,
     gpu_overhead_bytes: int,
@@ -366,7 +366,7 @@ def build_layout(
 def verify_layout(
     gpu_layers: Sequence[GpuLayers],
     layers: Sequence[int],
-    memory: _Memory,
+    memory: RunnerMemory,
     *,
     require_full: bool,
     requested: int,
@@ -376,12 +376,14 @@ def verify_layout(
     system_free_bytes: int | None,
     system_swap_bytes: int,
     system_total_bytes: int | None,
+    cpu_fixed_bytes: int = 0,
 ) -> list[GpuLayers]:
     """verifyLayout: the load fails where a required full load does not fit, or where the layers left on the
     CPU exceed free RAM and swap (not on macOS); on macOS layers beyond the system's total memory put
-    nothing on the GPU."""
+    nothing on the GPU. ``cpu_fixed_bytes``: memory.InputWeights + memory.CPU.Graph, which cpuSize starts from
+    (the Go runner reports its InputWeights; the llamarunner's synthesized memory has none)."""
     on_gpu = {i for g in gpu_layers for i in g.layers}
-    cpu_size = sum(s for i, s in enumerate(layers) if i not in on_gpu)
+    cpu_size = cpu_fixed_bytes + sum(s for i, s in enumerate(layers) if i not in on_gpu)
     vram_size = sum(s for i, s in enumerate(layers) if i in on_gpu)
     vram_size += sum(memory.gpu_graph[memory.gpu_ids.index(g.device_id)] for g in gpu_layers)
     if require_full:
@@ -427,7 +429,7 @@ def create_layout(
     Raises LayoutLoadRefused where verifyLayout fails."""
     v = estimate_legacy.parse_version(version)
     n = len(layer_bytes)
-    mem = _Memory(
+    mem = RunnerMemory(
         list(layer_bytes),
         [0] * n,
         [g.device_id for g in gpus],
@@ -579,7 +581,7 @@ def llama_server_load(
     if gpus and gpus[0].library == "Metal":  # "On Metal there's no partial offload overhead"
         graph_partial = graph_full
 
-    mem = _Memory(
+    mem = RunnerMemory(
         cpu_weights,
         cpu_cache,
         [g.device_id for g in gpus],
