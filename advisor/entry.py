@@ -235,7 +235,12 @@ def _catalogue_class(gpu: Gpu) -> Gpu:
 
 
 def policy_of(
-    r: PlanRequest, runtime: Runtime, *, weights_uncertain: bool = False, quality: MeasuredQuality | None = None
+    r: PlanRequest,
+    runtime: Runtime,
+    *,
+    weights_uncertain: bool = False,
+    quality: MeasuredQuality | None = None,
+    ctx_floor: int = 0,
 ) -> Policy:
     """The recommender's policy for the request on ``runtime``; ``quality``: what `verify quality` measured
     on the model (kvadvise.runtime.qualitycache), if anything."""
@@ -249,6 +254,7 @@ def policy_of(
         fixed_kv=fixed,
         target_ctx=r.target_ctx or (load_use_cases()[r.use] if r.use else 0),
         min_ctx=r.min_ctx,
+        ctx_floor=ctx_floor,
         repeatable=r.repeatable,
         allow_cpu=r.allow_cpu,
         same_type_kv=runtime.same_type_kv,
@@ -309,7 +315,11 @@ def _plan(
         recommend_ctx=r.n_ctx is None,
         hw=hw,
         policy=policy_of(
-            r, runtime, weights_uncertain=shaped.weights_uncertain, quality=_measured_quality(spec, llama_build)
+            r,
+            runtime,
+            weights_uncertain=shaped.weights_uncertain,
+            quality=_measured_quality(spec, llama_build),
+            ctx_floor=shaped.ctx_floor,
         ),
         margin_bytes=r.margin_bytes + shaped.extra_margin_bytes,
         measured_overhead=measured,
@@ -328,7 +338,7 @@ def _plan(
                 replace(base, mtp=False),
                 recommend_ctx=True,
                 hw=hw,
-                policy=policy_of(r, runtime, weights_uncertain=shaped.weights_uncertain),
+                policy=policy_of(r, runtime, weights_uncertain=shaped.weights_uncertain, ctx_floor=shaped.ctx_floor),
                 margin_bytes=r.margin_bytes + shaped.extra_margin_bytes,
                 measured_overhead=measured,
                 n_cpu_moe=r.n_cpu_moe,

@@ -314,3 +314,35 @@ def test_a_vision_model_runs_at_least_2048_tokens_from_0_11_5(
     old = plan("gemma3:4b", "0.11.4")
     assert old["config"]["n_ctx"] == 1024 and not any("at least 2,048" in n for n in old["notes"])
     assert plan("qwen3:8b", "0.20.0")["config"]["n_ctx"] == 1024  # no vision: as asked
+
+
+def test_a_recommended_context_is_never_below_what_ollama_runs_a_vision_model_with(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """getRunner's 2,048-token floor for a vision model (rules.run_num_ctx) bounds the recommendation too: on a
+    5.0 GB card the GPU alone holds gemma3:4b with 256 tokens, and kvadvise used to plan (and write
+    PARAMETER num_ctx) 256, "100% on the GPU", where Ollama runs 2,048 tokens and spills. It now plans the
+    model at 2,048 or more: the best partial plan, or with --gpu-only a plan that does not fit (exit 3)."""
+    from ollama_fake import closed_port_url
+
+    monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "no-store"))
+
+    def plan(model: str, *more: str, vram: str = "5.0G") -> tuple[int, dict[str, Any]]:
+        rc = main(["ollama", model, "--vram", vram, "--ollama-version", "0.30.0", "--json", *more])
+        doc: dict[str, Any] = json.loads(capsys.readouterr().out)
+        return rc, doc
+
+    rc, doc = plan("gemma3:4b")
+    assert rc == 0 and max(o["n_ctx_max"] for o in doc["options"]) < 2048  # the GPU alone: fewer than Ollama runs
+    assert doc["config"]["n_ctx"] >= 2048 and not doc["fits"]
+    assert doc["offload"]["runnable"] and doc["offload"]["n_ctx"] >= 2048
+    assert doc["ollama"]["modelfile_parameters"]["num_ctx"] >= 2048
+    assert any(r.startswith("2,048 tokens per slot: the fewest the runtime runs") for r in doc["reasons"])
+    rc, doc = plan("gemma3:4b", "--target-ctx", "1024")
+    assert doc["config"]["n_ctx"] == 2048 and doc["offload"]["n_ctx"] == 2048  # the target, raised to the floor
+    rc, doc = plan("gemma3:4b", "--gpu-only")
+    assert rc == 3 and doc["config"]["n_ctx"] == 2048 and not doc["fits"]
+    rc, doc = plan("llama3.2:3b", vram="3.5G")  # no vision: no floor, 256 tokens fit the GPU and are planned
+    assert rc == 0 and doc["fits"] and doc["config"]["n_ctx"] == 256
+    assert not any("the fewest the runtime runs" in r for r in doc["reasons"])

@@ -133,7 +133,8 @@ def plan_offload(
     # scores of every cell), and with every layer on the CPU it may still not fit the GPU at the target
     if not shrink or (best is not None and best.runnable) or n_ctx_seq <= CTX_STEP:
         return best, notes
-    lo, hi = 0, n_ctx_seq // CTX_STEP  # units of 1,024: lo runs (0: none found), hi does not
+    # units of 1,024: lo runs (or is the last below the runtime's floor: none found), hi does not
+    lo, hi = max(0, -(-policy.ctx_floor // CTX_STEP) - 1), n_ctx_seq // CTX_STEP
     found: tuple[Offload | None, tuple[str, ...]] = (None, ())
     while hi - lo > 1:
         mid = (lo + hi) // 2

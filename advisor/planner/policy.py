@@ -82,6 +82,7 @@ class Policy:
         0  # per sequence; 0 = the default (64k on >= 16 GB cards, 32k below), or the maximum with use="long"
     )
     min_ctx: int = 0  # per sequence; fail (exit 3) below it
+    ctx_floor: int = 0  # per sequence: the runtime runs at least this many (runtime.seam.Shaped.ctx_floor)
     repeatable: bool = False  # f16 only: quantized caches do not reproduce tokens exactly
     same_type_kv: bool = False  # the runtime has one cache type for K and V (Ollama)
     use: str | None = None  # the --use profile the target came from

@@ -117,7 +117,9 @@ def recommend(spec: ModelSpec, base: RunConfig, budget: Budget, policy: Policy) 
         want, why = n_ctx_train, "the model's training context"
     else:
         want, why = default_target_ctx(budget)
-    target = min(want, n_ctx_train)
+    # a runtime that runs at least ctx_floor tokens (Ollama: a vision model's 2,048) runs that when asked for fewer
+    floor = min(policy.ctx_floor, n_ctx_train)
+    target = max(min(want, n_ctx_train), floor)
     if want > n_ctx_train:
         past = (
             "the model's training context"
@@ -144,6 +146,8 @@ def recommend(spec: ModelSpec, base: RunConfig, budget: Budget, policy: Policy) 
     n_ctx_seq = min(target, chosen.n_ctx_max) if chosen.n_ctx_max else CTX_PAD
     if n_ctx_seq >= CTX_ROUND:
         n_ctx_seq = n_ctx_seq // CTX_ROUND * CTX_ROUND
+    raised = n_ctx_seq < floor
+    n_ctx_seq = max(n_ctx_seq, floor)  # below the floor is not what runs: planned at it (it may not fit)
     cfg = _refit(
         spec,
         config_at(base, n_ctx_seq, (chosen.type_k, chosen.type_v), chosen.flash_attn, budget.device),
@@ -154,6 +158,9 @@ def recommend(spec: ModelSpec, base: RunConfig, budget: Budget, policy: Policy) 
     fits = budget.fits(est)
     would_fit = "" if fits else _what_would_fit(spec, base, budget, policy)
     reasons += words.reasons(spec, base, budget, policy, options, chosen, target, why, n_ctx_seq, est, fits, would_fit)
+    if raised:
+        alone = f" (the GPU alone reaches {chosen.n_ctx_max:,})" if chosen.n_ctx_max else ""
+        reasons.append(f"{floor:,} tokens per slot: the fewest the runtime runs this model with{alone}")
     if (missing := no_fa_kernel(spec, base)) is not None:
         reasons.append(words.no_fa_kernel(missing))
     if cfg.tensor_split != base.tensor_split:

@@ -46,6 +46,9 @@ class Shaped:
     extra_margin_bytes: int = 0  # kept free beyond the margin (Ollama: a projector's fit target)
     build: BuildChoice | None = None  # the llama.cpp build the runtime runs, when it pins one (Ollama's)
     weights_uncertain: bool = False  # the weights size is a published figure: keep 3 % of it free
+    # the fewest tokens per slot the runtime runs, whatever it is asked (Ollama: a vision model's 2,048): a
+    # recommended context is never below it (0: no floor)
+    ctx_floor: int = 0
 
 
 def _no_hints(result: object, path: Path) -> tuple[str, ...]:

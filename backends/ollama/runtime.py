@@ -165,9 +165,12 @@ class OllamaRuntime:
         kv = rules.one_cache_type(request.type_k, request.type_v)
         r = replace(request, type_k=kv, type_v=kv)
         notes: tuple[str, ...] = ()
+        floors = rel.v is None or rel.v >= rules.VISION_MIN_FROM  # getRunner's floors (rules.run_num_ctx)
+        # a recommended num_ctx is never below what getRunner runs (per slot: llama_n_ctx multiplies by the slots)
+        ctx_floor = rules.run_num_ctx(0, vision=rules.is_vision(model)) if floors else 0
         if r.n_ctx:  # num_ctx per slot; past the training context Ollama runs the training context (llm/server.go)
             num_ctx = r.n_ctx
-            if rel.v is None or rel.v >= rules.VISION_MIN_FROM:  # getRunner's floors (rules.run_num_ctx)
+            if floors:
                 num_ctx = rules.run_num_ctx(num_ctx, vision=rules.is_vision(model))
             warning = rules.too_large_warning(num_ctx, spec.n_ctx_train)
             notes = (warning,) if warning else ()
@@ -197,6 +200,7 @@ class OllamaRuntime:
             extra_margin_bytes=rules.projector_margin_bytes(model, planned=projector is not None),
             build=release_build(rel),  # the llama.cpp Ollama carries, not the one on PATH
             weights_uncertain=model.source.startswith("profile:"),
+            ctx_floor=ctx_floor,
         )
 
     def place(self, plan: Plan, replan: Callable[[Hardware], Plan]) -> Plan:
