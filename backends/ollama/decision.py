@@ -21,7 +21,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvadvise.backends.ollama import engine_layout, estimate_legacy, layout
-from kvadvise.backends.ollama.versions import NUM_BATCH_DEFAULT, blob_architecture, supports_flash_attention
+from kvadvise.backends.ollama.versions import (
+    NUM_BATCH_DEFAULT,
+    Placement,
+    blob_architecture,
+    supports_flash_attention,
+)
 from kvadvise.runtime.llamaserver import offload_to_run
 
 if TYPE_CHECKING:
@@ -114,11 +119,10 @@ class OllamaDecision:
 def decide(model: OllamaModel, plan: Plan, release: OllamaRelease, settings: OllamaSettings) -> OllamaDecision | None:
     """Ollama ``release``'s layer decision for ``plan``'s GPUs and ``settings``; None where it is not replayed
     (another estimator, a model without its GGUF header at hand, a refused architecture, no GPU)."""
-    by_memory_go = release.layers_by.startswith(MEMORY_GO)
-    by_layout = release.runner == "llamarunner" and release.layers_by.startswith(CREATE_LAYOUT)
+    by_memory_go = release.placement is Placement.MEMORY_GO
+    by_layout = release.placement is Placement.CREATE_LAYOUT
     by_engine = (
-        release.runner == "ollamarunner"
-        and release.layers_by.startswith(ENGINE_LAYOUT)
+        release.placement is Placement.ENGINE_LAYOUT
         and release.v is not None
         and release.v >= engine_layout.FIRST_VERSION
     )

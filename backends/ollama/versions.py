@@ -23,6 +23,7 @@ Read from the tags of ollama/ollama (the git mirror; each row names the tag and 
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -215,6 +216,16 @@ def parse(version: str) -> Version:
     return v
 
 
+class Placement(enum.Enum):
+    """Who decides the layers on the GPU for a release and a model (the value: the code, as said to the user)."""
+
+    FIT = "llama.cpp --fit (llm/llama_server.go)"  # from 0.30: llama-server's own --fit
+    MEMORY_GO = "llm/memory.go EstimateGPULayers"  # up to 0.12.10 (estimate_legacy)
+    ENGINE_LAYOUT = "llm/server.go createLayout over the Go runner's trial allocations"  # ollamarunner (engine_layout)
+    CREATE_LAYOUT = "llm/server.go createLayout over fs/ggml GraphSize (Ollama's estimate)"  # llamarunner (layout)
+    NOT_MODELLED = "not modelled"
+
+
 @dataclass(frozen=True, slots=True)
 class OllamaRelease:
     """How one Ollama release runs one model, and what kvadvise claims about it."""
@@ -224,13 +235,18 @@ class OllamaRelease:
     architecture: str
     runner: str  # "llama-server" | "llamarunner" | "ollamarunner" | "not modelled"
     pin: LlamaCppPin | None  # the llama.cpp it carries (None: not known)
-    layers_by: str  # who decides the layers on the GPU
+    placement: Placement  # who decides the layers on the GPU
     claims_allocation: bool  # kvadvise's figures are what this runner allocates
     claims_layers: bool  # kvadvise's layer placement is this Ollama's
 
     @property
     def v(self) -> Version | None:
         return parse(self.version) if self.version else None
+
+    @property
+    def layers_by(self) -> str:
+        """Who decides the layers on the GPU, as said to the user."""
+        return self.placement.value
 
     @property
     def program(self) -> str:
@@ -354,26 +370,28 @@ def release(version: str | None, architecture: str, *, found_by: str = "--ollama
             architecture,
             "llama-server",
             pin(v) if known and v is not None else None,
-            "llama.cpp --fit (llm/llama_server.go)",
+            Placement.FIT,
             True,
             True,
         )
     if v < MODELLED_FROM:
-        return OllamaRelease(version, found_by, architecture, "not modelled", None, "not modelled", False, False)
+        return OllamaRelease(
+            version, found_by, architecture, "not modelled", None, Placement.NOT_MODELLED, False, False
+        )
     engine = architecture in _since(ENGINE_REQUIRED, v)
     if v < LAYOUT_FROM and not (engine and v >= TRIAL_LAYOUT_FROM):
-        layers_by = "llm/memory.go EstimateGPULayers"
+        placement = Placement.MEMORY_GO
     elif engine:
-        layers_by = "llm/server.go createLayout over the Go runner's trial allocations"
+        placement = Placement.ENGINE_LAYOUT
     else:
-        layers_by = "llm/server.go createLayout over fs/ggml GraphSize (Ollama's estimate)"
+        placement = Placement.CREATE_LAYOUT
     return OllamaRelease(
         version,
         found_by,
         architecture,
         "ollamarunner" if engine else "llamarunner",
         pin(v),
-        layers_by,
+        placement,
         not engine,
         False,
     )
