@@ -496,8 +496,8 @@ def compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     if exact is not None:
         return exact
     s = graph_sizes(spec, lay)
-    layer = _layer_peak(s, lay) + s.layer_inputs
-    return pad(max(s.logits + 2 * s.embd + s.ple, layer + s.embd), ALIGNMENT["cuda"])
+    layer = _layer_peak(s, lay) + s.layer_inputs_bytes
+    return pad(max(s.logits_bytes + 2 * s.embd_bytes + s.ple_bytes, layer + s.embd_bytes), ALIGNMENT["cuda"])
 
 
 def _layer_peak(s: GraphSizes, lay: ContextLayout) -> int:
@@ -505,19 +505,19 @@ def _layer_peak(s: GraphSizes, lay: ContextLayout) -> int:
     ggml-org/llama.cpp#23764, with flash attention, also the f32 mask input until its f16 cast, which the
     first attention reads (build_attn_inp_kq_mask: ggml_cast of the f32 input; the PR: "the f32 mask still
     uses the compute buffer even though it is not used")."""
-    if not s.layer:
+    if not s.layer_bytes:
         return 0
     ub = lay.n_ubatch
     f32_mask = f32_fa_mask(lay)
     masks = s.mask_cells * ub * (2 if lay.flash_attn else 4)
-    peak = masks + s.layer
-    if f32_mask and s.attn:
-        peak = max(peak, masks + s.mask_cells * ub * 4 + s.attn)
-    if f32_mask and s.lead_swa_masks:
+    peak = masks + s.layer_bytes
+    if f32_mask and s.attn_bytes:
+        peak = max(peak, masks + s.mask_cells * ub * 4 + s.attn_bytes)
+    if f32_mask and s.lead_swa_masks_bytes:
         # the leading sliding-window layers run with the full mask's f32 input alive (its ggml_cast is placed
         # at the first full-attention layer): measured with the allocation pass of 364a7a6 (Ollama 0.12.5's
         # llama.cpp) on Gemma 3 12B's layers at 32k, 181.5 MiB for 178 planned (146 without this)
-        peak = max(peak, s.lead_swa_masks + s.layer)
+        peak = max(peak, s.lead_swa_masks_bytes + s.layer_bytes)
     return peak
 
 
@@ -543,7 +543,8 @@ def host_compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     # Gemma 3n/4: per_layer_token_embd is an input tensor on the CPU, so its get_rows for the batch is here
     # (one [n_embd_per_layer * n_layer, n_ubatch] f32; exact on 24 shapes of llama.cpp's allocation pass)
     return pad(
-        mask_inputs(s, lay) + rows * s.embd + v_idxs_bytes(spec, lay) + ids_bytes(lay) + s.ple, ALIGNMENT["cuda"]
+        mask_inputs(s, lay) + rows * s.embd_bytes + v_idxs_bytes(spec, lay) + ids_bytes(lay) + s.ple_bytes,
+        ALIGNMENT["cuda"],
     )
 
 
@@ -578,13 +579,13 @@ def device_compute_bytes(spec: ModelSpec, lay: ContextLayout, *, weight_copy: in
 def _analytic_device_compute(spec: ModelSpec, lay: ContextLayout, weight_copy: int = 0) -> int:
     s = graph_sizes(spec, lay)
     layer = _layer_peak(s, lay)
-    if weight_copy and s.layer:  # op offload: the copy beside a matmul's inputs and output, masks alive
-        layer = max(layer, s.mask_cells * lay.n_ubatch * (2 if lay.flash_attn else 4) + s.layer + weight_copy)
-        if f32_fa_mask(lay) and s.lead_swa_masks:  # and in a leading sliding-window layer, the f32 mask (above)
-            layer = max(layer, s.lead_swa_masks + s.layer + weight_copy)
-    layer += s.layer_inputs
+    if weight_copy and s.layer_bytes:  # op offload: the copy beside a matmul's inputs and output, masks alive
+        layer = max(layer, s.mask_cells * lay.n_ubatch * (2 if lay.flash_attn else 4) + s.layer_bytes + weight_copy)
+        if f32_fa_mask(lay) and s.lead_swa_masks_bytes:  # and in a leading sliding-window layer, the f32 mask (above)
+            layer = max(layer, s.lead_swa_masks_bytes + s.layer_bytes + weight_copy)
+    layer += s.layer_inputs_bytes
     # the logits land above the per-layer inputs' hole (measured: + the inputs' size + 0 to 5 MiB)
-    return pad(max(s.logits + 2 * s.embd + s.ple, layer), ALIGNMENT["cuda"])
+    return pad(max(s.logits_bytes + 2 * s.embd_bytes + s.ple_bytes, layer), ALIGNMENT["cuda"])
 
 
 # kvadvise.planner.llama_graph's graphs; granite's is llama's with in-place scales (src/models/granite.cpp)
@@ -696,7 +697,7 @@ def host_experts_device_growth(spec: ModelSpec, lay: ContextLayout) -> int:
     ff = f32 * ub * (spec.n_ff_exp or spec.n_ff) * spec.n_expert_used
     eu = f32 * ub * spec.n_embd * spec.n_expert_used
     masks = s.mask_cells * ub * (2 if lay.flash_attn else 4)
-    peak = masks + 2 * s.embd + 3 * ff + eu + eu // 2 + 2 * f32 * ub * spec.n_ff_shexp + f32 * ub * spec.n_expert
+    peak = masks + 2 * s.embd_bytes + 3 * ff + eu + eu // 2 + 2 * f32 * ub * spec.n_ff_shexp + f32 * ub * spec.n_expert
     return max(0, pad(peak, ALIGNMENT["cuda"]) - device_compute_bytes(spec, lay))
 
 
@@ -707,7 +708,7 @@ def output_layer_compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     Measured with llama-fit-params b11312 on an RPC device: Gemma 3 270M 513.25 MiB (512 of logits, one row),
     a small qwen3next 3.0 MiB (1 of logits, two rows)."""
     s = graph_sizes(spec, lay)
-    return pad(s.logits + 2 * s.embd, ALIGNMENT["cuda"])
+    return pad(s.logits_bytes + 2 * s.embd_bytes, ALIGNMENT["cuda"])
 
 
 def validate(spec: ModelSpec, cfg: RunConfig) -> None:

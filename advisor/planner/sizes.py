@@ -24,15 +24,15 @@ FUSED_UP_ARCHS = frozenset({"phi3", "chatglm", "glm4"})
 class GraphSizes:
     """The tensors the compute-buffer phases are made of, in bytes (f32 activations of n_ubatch tokens)."""
 
-    embd: int  # [n_embd, n_ubatch]: the residual stream and each normed copy of it
-    q: int  # [n_head * n_embd_head_k, n_ubatch]: Q, and the attention's output before wo
-    logits: int  # [n_vocab, rows]: the reserved logits
+    embd_bytes: int  # [n_embd, n_ubatch]: the residual stream and each normed copy of it
+    q_bytes: int  # [n_head * n_embd_head_k, n_ubatch]: Q, and the attention's output before wo
+    logits_bytes: int  # [n_vocab, rows]: the reserved logits
     mask_cells: int  # KQ mask columns of every cache kind (full and SWA), one per token of the batch
-    scores: int  # without flash attention: [n_kv, n_ubatch, n_head] f32 (softmax works in place)
-    attn: int  # the attention's live set (0 without attention layers), no masks
-    mix: int  # the feed-forward's or recurrent mixer's live set, no masks
-    layer: int  # the largest live set of a layer's own tensors (attention, feed-forward or mixer), no masks
-    ple: int  # Gemma 3n/4's per-layer inputs of the batch: [n_embd_per_layer, n_layer, n_ubatch] f32 (0: none)
+    scores_bytes: int  # without flash attention: [n_kv, n_ubatch, n_head] f32 (softmax works in place)
+    attn_bytes: int  # the attention's live set (0 without attention layers), no masks
+    mix_bytes: int  # the feed-forward's or recurrent mixer's live set, no masks
+    layer_bytes: int  # the largest live set of a layer's own tensors (attention, feed-forward or mixer), no masks
+    ple_bytes: int  # Gemma 3n/4's per-layer inputs of the batch: [n_embd_per_layer, n_layer, n_ubatch] f32 (0: none)
     # What Gemma 3n/4 add to a layer's peak, on a device and on the CPU (0 for other models), measured with
     # llama.cpp's allocation pass (b11312) on real-size shapes of tests/tinymodels.py's recipes:
     # - the per-layer inputs (models/gemma4.cpp build_inp_per_layer, project_per_layer_inputs: the rows of
@@ -43,11 +43,11 @@ class GraphSizes:
     # - Gemma 3n's residual streams (models/gemma3n.cpp: the layer's input and its altup predictions are
     #   [n_embd, n_ubatch, n_altup] each): 2 to 4 rows of n_embd over three shapes; planned at n_altup / 2.
     # Both hold Gemma 4 E2B/E4B's and Gemma 3n E2B/E4B's shapes within 16 MiB or 3 %.
-    layer_inputs: int
+    layer_inputs_bytes: int
     # builds before #23764 with flash attention: the masks alive through the sliding-window layers that come
     # before the first full-attention layer (gpt-oss's layer 0, Gemma 3's 0-4): the SWA mask, cast, and the
     # full-attention mask's f32 input, cast to f16 only at the first layer that reads it (0: no such layers)
-    lead_swa_masks: int = 0
+    lead_swa_masks_bytes: int = 0
 
 
 def reserve_tokens(lay: ContextLayout) -> int:

@@ -148,25 +148,27 @@ def split_compute(spec: ModelSpec, lay: ContextLayout, part: DeviceLayers, *, co
     # attention; without, the measured rule keeps them beside v_idxs_bytes's): none before set_rows (#14285)
     ids = 2 * k_idxs_bytes(part.spec, lay) + 16 * ub + (4 * min(ub, lay.n_outputs_max) if part.last else 0)
     # the V row indices of its layers' cache kinds: the host's definition, build gate included (none before set_rows)
-    inputs = masks + (1 if 0 in part.layers else 2) * s.embd + v_idxs_bytes(part.spec, lay) + ids
+    inputs = masks + (1 if 0 in part.layers else 2) * s.embd_bytes + v_idxs_bytes(part.spec, lay) + ids
     inputs += _mamba2_boundary_inputs(spec, part.layers, ub)
     # its layers' largest live set, the masks being inputs (before #23764 their f16 cast is not); without flash
     # attention the scores sit beside two rows of n_embd and two Q-sized tensors, one of each fewer than on a
     # single device, where the freed input copy's hole is below them (measured: the shapes of Llama 3.1 8B, Qwen3
     # 0.6B and 30B-A3B, gpt-oss-20b, Gemma 3 12B and 270M, LFM2: up to 16 MiB over before); not where Q comes
     # with its gate (Qwen3-Next, Qwen3.5: 12 MiB under so) or MLA's absorbed Q (15 MiB under so)
-    narrow = not lay.flash_attn and s.attn and not spec.is_mla and spec.architecture not in _GATED_Q_ARCHS
-    attn = s.attn - (s.embd + s.q if narrow else 0)
-    layer = max(attn, s.mix) + s.layer_inputs + (s.mask_cells * ub * 2 if f32_mask else 0) if part.layers else 0
-    logits = s.logits
+    narrow = not lay.flash_attn and s.attn_bytes and not spec.is_mla and spec.architecture not in _GATED_Q_ARCHS
+    attn = s.attn_bytes - (s.embd_bytes + s.q_bytes if narrow else 0)
+    layer = (
+        max(attn, s.mix_bytes) + s.layer_inputs_bytes + (s.mask_cells * ub * 2 if f32_mask else 0) if part.layers else 0
+    )
+    logits = s.logits_bytes
     if spec.is_mla and lay.flash_attn:
         # measured on DeepSeek-V2-Lite's shape (bench_split.py, 4k and 32k cells, n_ubatch 512): with flash
         # attention the logits land two rows of n_embd above the inputs, not above the two Q-sized holes a single
         # device's last MLA layer leaves (graph_sizes; 36 MiB over before), and a layer's live set is half a Q above
         # the single device's (its freed input copy's hole is pinned here; 8.8 MiB under before)
-        logits -= 2 * s.q
-        layer += s.q // 2 if part.layers else 0
-    out = logits + 2 * s.embd + s.ple if part.last else 0
+        logits -= 2 * s.q_bytes
+        layer += s.q_bytes // 2 if part.layers else 0
+    out = logits + 2 * s.embd_bytes + s.ple_bytes if part.last else 0
     return pad(copies * inputs + max(layer, out), ALIGNMENT["cuda"])
 
 
