@@ -346,3 +346,27 @@ def test_a_recommended_context_is_never_below_what_ollama_runs_a_vision_model_wi
     rc, doc = plan("llama3.2:3b", vram="3.5G")  # no vision: no floor, 256 tokens fit the GPU and are planned
     assert rc == 0 and doc["fits"] and doc["config"]["n_ctx"] == 256
     assert not any("the fewest the runtime runs" in r for r in doc["reasons"])
+
+
+def test_a_store_blob_with_its_own_vision_tower_is_a_vision_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ollama's library gemma3 carries its vision tower inside the model blob (no projector layer):
+    server/images.go Capabilities says vision from ``f.KeyValue("vision.block_count")`` (gemma3.vision.block_count),
+    so getRunner's 2,048-token floor applies to it; the same blob without the key gets none."""
+    import hashlib
+
+    from ollama_fake import build_store, closed_port_url
+    from tinymodels import write_tiny_gguf
+
+    monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
+    for tag, extra, want in (("vision", {"vision.block_count": 27}, 2048), ("text", None, 1024)):
+        gguf = write_tiny_gguf(tmp_path / f"{tag}.gguf", "gemma3", n_ctx_train=32768, sparse=True, extra_u32=extra)
+        store = tmp_path / tag
+        build_store(store, gguf, hashlib.sha256(gguf.read_bytes()).hexdigest(), model="g3", tag=tag)
+        monkeypatch.setenv("OLLAMA_MODELS", str(store))
+        args = ["ollama", f"g3:{tag}", "--vram", "24G", "--ctx", "1024", "--ollama-version", "0.20.0", "--json"]
+        assert main(args) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert doc["config"]["n_ctx"] == want, tag
+        assert doc["ollama"]["modelfile_parameters"]["num_ctx"] == want, tag

@@ -1183,6 +1183,7 @@ def write_tiny_gguf(
     name: str | None = None,
     dims: Mapping[str, int] | None = None,
     sparse: bool = False,
+    extra_u32: Mapping[str, int] | None = None,
 ) -> Path:
     """Write a tiny random-weight GGUF for ``recipe`` to ``path`` and return ``path``.
 
@@ -1196,7 +1197,8 @@ def write_tiny_gguf(
     builder names them; an unknown name is an error), so that a recipe can be written at a real model's
     size. ``sparse`` writes only the header: the data section is a hole of the right size (llama.cpp
     checks every tensor's bounds but a no-allocation load, ``llama-fit-params``, never reads it), so a
-    model of many GB costs a few MB of disk and no time.
+    model of many GB costs a few MB of disk and no time. ``extra_u32``: more uint32 keys under the
+    architecture's name (``{"vision.block_count": 27}``: an Ollama engine-format blob's vision tower).
     """
     known = {**_RECIPES, **_SPARSE_RECIPES}
     if recipe not in known:
@@ -1206,5 +1208,7 @@ def write_tiny_gguf(
     label = name if name is not None else f"tiny-{recipe}"
     writer = _TinyWriter(path, arch, label, n_vocab, n_ctx_train, seed, dims=dims, sparse=sparse)
     build(writer)
+    for key, value in (extra_u32 or {}).items():
+        writer.u32(key, value)
     writer.finish()
     return path

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from kvadvise.model.spec import ModelSpec
 
 if TYPE_CHECKING:  # only a registry model carries one: the header reader is not imported for the others
+    from kvadvise.model.gguf import GGUFHeader
     from kvadvise.model.projector import ProjectorSpec
 
 
@@ -26,6 +27,9 @@ class OllamaModel:
     digest: str | None = None  # sha256 of the manifest (store): the ID `ollama ps` shows
     projector_path: str | None = None  # the projector blob in the store (an mmproj GGUF), when there is one
     projector: ProjectorSpec | None = None  # the projector's header already read (a registry blob's, by range)
+    # the model's GGUF holds its own vision tower (<arch>.vision.block_count: Ollama's engine format, gemma3 of its
+    # library): server/images.go Capabilities says vision, as for a projector
+    vision_tower: bool = False
 
     @property
     def ref(self) -> str:
@@ -37,3 +41,9 @@ class OllamaModel:
         """The model's own num_ctx parameter, if it sets one."""
         v = self.params.get("num_ctx")
         return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+
+def has_vision_tower(header: GGUFHeader) -> bool:
+    """The GGUF holds its own vision tower: server/images.go Capabilities reads ``f.KeyValue("vision.block_count")``,
+    the key under the architecture's name (fs/ggml keyValue), and says the model has vision."""
+    return f"{header.architecture}.vision.block_count" in header.metadata

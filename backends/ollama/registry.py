@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvadvise.backends.ollama import store as ollama_store
-from kvadvise.backends.ollama.model import OllamaModel
+from kvadvise.backends.ollama.model import OllamaModel, has_vision_tower
 from kvadvise.backends.ollama.name import DEFAULT_HOST, OllamaName
 from kvadvise.deadline import within
 from kvadvise.errors import BackendUnreachable, InputError, KvadviseError
@@ -372,4 +372,5 @@ def build_model(manifest: Manifest, params: dict[str, Any], headers: Headers, *,
         notes=(said, *notes),
         digest=manifest.digest,
         projector=projector,
+        vision_tower=has_vision_tower(headers.model),
     )

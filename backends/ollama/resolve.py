@@ -27,7 +27,7 @@ from kvadvise.backends.ollama import api as ollama_api
 from kvadvise.backends.ollama import registry as ollama_registry
 from kvadvise.backends.ollama import snapshots
 from kvadvise.backends.ollama import store as ollama_store
-from kvadvise.backends.ollama.model import OllamaModel
+from kvadvise.backends.ollama.model import OllamaModel, has_vision_tower
 from kvadvise.backends.ollama.name import OllamaName, parse_name
 from kvadvise.backends.ollama.profiles import find_profile, suggestions
 from kvadvise.errors import BackendUnreachable, InputError
@@ -180,6 +180,7 @@ def from_store(name: OllamaName, entry: ollama_store.StoreEntry) -> OllamaModel:
         notes=tuple(notes),
         digest=entry.manifest_digest,
         projector_path=str(entry.projector_blob) if entry.projector_blob is not None else None,
+        vision_tower=has_vision_tower(header),
     )
 
 
@@ -198,6 +199,7 @@ def _from_api(name: OllamaName, url: str, shown: ollama_api.ShownModel) -> Ollam
         projector_bytes=0,
         model_bytes=spec.weights_bytes,
         source=f"api:{url}",
+        vision_tower=has_vision_tower(shown.header),
         notes=tuple(notes),
     )
 

@@ -114,9 +114,9 @@ def run_num_ctx(num_ctx: int, *, vision: bool) -> int:
 
 def is_vision(model: OllamaModel) -> bool:
     """CheckCapabilities(CapabilityVision) (server/images.go: a projector, or vision.block_count in the blob) as far
-    as kvadvise sees it: a projector, or a built-in profile with a vision tower in its blob. A store blob that holds
-    its own vision tower (Ollama's engine format) is not seen here."""
-    if model.projector_bytes or model.projector_path or model.projector is not None:
+    as kvadvise sees it: a projector, a GGUF with its own vision tower (OllamaModel.vision_tower), or a built-in
+    profile with a vision tower in its blob."""
+    if model.projector_bytes or model.projector_path or model.projector is not None or model.vision_tower:
         return True
     if not model.source.startswith("profile:"):
         return False
