@@ -241,6 +241,7 @@ def policy_of(
     weights_uncertain: bool = False,
     quality: MeasuredQuality | None = None,
     ctx_floor: int = 0,
+    expert_offload: bool = True,
 ) -> Policy:
     """The recommender's policy for the request on ``runtime``; ``quality``: what `verify quality` measured
     on the model (kvadvise.runtime.qualitycache), if anything."""
@@ -255,6 +256,7 @@ def policy_of(
         target_ctx=r.target_ctx or (load_use_cases()[r.use] if r.use else 0),
         min_ctx=r.min_ctx,
         ctx_floor=ctx_floor,
+        expert_offload=expert_offload,
         repeatable=r.repeatable,
         allow_cpu=r.allow_cpu,
         same_type_kv=runtime.same_type_kv,
@@ -320,6 +322,7 @@ def _plan(
             weights_uncertain=shaped.weights_uncertain,
             quality=_measured_quality(spec, llama_build),
             ctx_floor=shaped.ctx_floor,
+            expert_offload=shaped.expert_offload,
         ),
         margin_bytes=r.margin_bytes + shaped.extra_margin_bytes,
         measured_overhead=measured,
@@ -338,7 +341,13 @@ def _plan(
                 replace(base, mtp=False),
                 recommend_ctx=True,
                 hw=hw,
-                policy=policy_of(r, runtime, weights_uncertain=shaped.weights_uncertain, ctx_floor=shaped.ctx_floor),
+                policy=policy_of(
+                    r,
+                    runtime,
+                    weights_uncertain=shaped.weights_uncertain,
+                    ctx_floor=shaped.ctx_floor,
+                    expert_offload=shaped.expert_offload,
+                ),
                 margin_bytes=r.margin_bytes + shaped.extra_margin_bytes,
                 measured_overhead=measured,
                 n_cpu_moe=r.n_cpu_moe,

@@ -370,3 +370,31 @@ def test_a_store_blob_with_its_own_vision_tower_is_a_vision_model(
         doc = json.loads(capsys.readouterr().out)
         assert doc["config"]["n_ctx"] == want, tag
         assert doc["ollama"]["modelfile_parameters"]["num_ctx"] == want, tag
+
+
+def test_the_runners_inside_ollama_move_whole_layers_not_experts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before 0.30 Ollama places whole layers (llm/server.go assignLayers, llm/memory.go): no --n-cpu-moe, no
+    --fit. gpt-oss:20b at 8k on 12 GB under 0.13.0 was planned as "the experts of 6 layers (-ngl 25 --n-cpu-moe
+    6)", a split that release cannot make; it is planned with whole layers on the CPU now, and said as Ollama's.
+    From 0.30 llama-server's --fit keeps experts on the CPU first, as before."""
+    from ollama_fake import closed_port_url
+
+    monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "no-store"))
+
+    def offload(version: str) -> dict[str, Any]:
+        args = ["ollama", "gpt-oss:20b", "--vram", "12G", "--ctx", "8192", "--ollama-version", version, "--json"]
+        assert main(args) == 0
+        doc: dict[str, Any] = json.loads(capsys.readouterr().out)
+        assert not doc["fits"] and doc["offload"]["runnable"], version
+        off: dict[str, Any] = doc["offload"]
+        return off
+
+    for version in ("0.11.0", "0.13.0", "0.24.0"):
+        off = offload(version)
+        assert off["n_cpu_moe"] == 0 and off["n_cpu_layers"] > 0, (version, off)
+        assert "experts" not in off["note"]
+    off = offload("0.30.0")
+    assert off["n_cpu_moe"] > 0 and off["n_cpu_layers"] == 0

@@ -158,7 +158,8 @@ def _plan_offload(
 ) -> tuple[Offload | None, tuple[str, ...]]:
     kvs = allowed_kvs(spec, base, policy)
     cands = [
-        (k, partial_offload(spec, base, budget, n_ctx_seq, k)) for k in dict.fromkeys(kvs if kv in kvs else [kv, *kvs])
+        (k, partial_offload(spec, base, budget, n_ctx_seq, k, experts=policy.expert_offload))
+        for k in dict.fromkeys(kvs if kv in kvs else [kv, *kvs])
     ]
     viable = [(k, o) for k, o in cands if o is not None]
     if not viable:
@@ -256,7 +257,9 @@ def _on_devices(layers: _Layers, ts: tuple[float, ...], n_cpu: int, n_cpu_moe: i
     return out
 
 
-def partial_offload(spec: ModelSpec, base: RunConfig, budget: Budget, n_ctx_seq: int, kv: KV) -> Offload | None:
+def partial_offload(
+    spec: ModelSpec, base: RunConfig, budget: Budget, n_ctx_seq: int, kv: KV, *, experts: bool = True
+) -> Offload | None:
     """How much of the model must stay on the CPU for ``n_ctx_seq`` tokens (None: it all fits, or nothing does).
 
     MoE models move experts first (what llama.cpp's --fit does: attention stays on the GPU); when the
@@ -265,7 +268,8 @@ def partial_offload(spec: ModelSpec, base: RunConfig, budget: Budget, n_ctx_seq:
     with their KV, from the front. Every device is checked against its own budget (the layers left are
     split over the GPUs as -ts splits them). The GPU's compute buffer also holds a copy of the largest
     weight left on the CPU, for prompt batches (op offload, :func:`op_offload_bytes`): enough is moved to
-    pay for it too.
+    pay for it too. ``experts`` False: the runtime moves whole layers only, a MoE model's as a dense one's (the
+    runners inside Ollama 0.11 to 0.24: llm/server.go assignLayers places layers, with no expert override).
     """
     if budget.device == "cpu" or not any(spec.layer_bytes):
         return None
@@ -309,7 +313,7 @@ def partial_offload(spec: ModelSpec, base: RunConfig, budget: Budget, n_ctx_seq:
         return each if all(d <= b for d, b in zip(each, budgets, strict=True)) else None
 
     found: tuple[int, int, list[int]] | None = None
-    moe = any(layers.experts)
+    moe = experts and any(layers.experts)
     for n_moe in range(1, n_layer + 1) if moe else ():
         if (each := fits(0, n_moe)) is not None:
             found = (0, n_moe, each)

@@ -49,6 +49,9 @@ class Shaped:
     # the fewest tokens per slot the runtime runs, whatever it is asked (Ollama: a vision model's 2,048): a
     # recommended context is never below it (0: no floor)
     ctx_floor: int = 0
+    # a partial plan may keep a MoE model's experts on the CPU (llama.cpp's --n-cpu-moe / --fit); False: the
+    # runtime moves whole layers only (Ollama's runners before 0.30)
+    expert_offload: bool = True
 
 
 def _no_hints(result: object, path: Path) -> tuple[str, ...]:

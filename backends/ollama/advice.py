@@ -210,6 +210,13 @@ def advise(
             f"part runs on the CPU: Ollama {release.version} picks how many layers itself ({release.layers_by}), "
             "which kvadvise does not model; `ollama ps` shows its split"
         )
+    elif runnable and off is not None and release is not None and release.in_process and decision is not None:
+        # no --fit before 0.30: the release's own estimate places the layers, here as the plan does
+        warnings.append(
+            f"part runs on the CPU: Ollama {release.version} puts {decision.layers_offload} of "
+            f"{decision.layers_model} layers on the GPU itself ({release.layers_by}), as planned; leave num_gpu "
+            "unset; `ollama ps` shows its split"
+        )
     elif runnable and off is not None:
         warnings.append("part runs on the CPU: leave num_gpu unset (--fit places it; `ollama ps` shows the split)")
     if cfg.n_parallel > 1 and model.spec.architecture in SINGLE_SLOT_ARCHS:

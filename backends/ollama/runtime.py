@@ -201,6 +201,9 @@ class OllamaRuntime:
             build=release_build(rel),  # the llama.cpp Ollama carries, not the one on PATH
             weights_uncertain=model.source.startswith("profile:"),
             ctx_floor=ctx_floor,
+            # the runners inside Ollama's binary (0.11 - 0.24) place whole layers (llm/server.go assignLayers and
+            # llm/memory.go): no expert override; llama-server's --fit (0.30 on) keeps experts on the CPU first
+            expert_offload=not rel.in_process,
         )
 
     def place(self, plan: Plan, replan: Callable[[Hardware], Plan]) -> Plan:
