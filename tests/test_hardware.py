@@ -677,7 +677,15 @@ def test_parse_size_refuses(text: str, fragment: str) -> None:
 
 @pytest.mark.parametrize(
     ("text", "endpoint", "free"),
-    [("192.168.1.20:50052=24GiB", "192.168.1.20:50052", 24 * GiB), ("host:0050=512M", "host:50", 512 * MiB)],
+    [
+        ("192.168.1.20:50052=24GiB", "192.168.1.20:50052", 24 * GiB),
+        # llama.cpp reads the port with std::stoi (ggml-rpc.cpp parse_endpoint): leading zeros are decimal, a +
+        # is a sign; it names the device by the endpoint's text (llama-server --list-devices: 127.0.0.1:050052)
+        ("host:0050=512M", "host:0050", 512 * MiB),
+        ("127.0.0.1:050052=8GiB", "127.0.0.1:050052", 8 * GiB),
+        ("127.0.0.1:+50052=8GiB", "127.0.0.1:+50052", 8 * GiB),
+        ("h:000000000000000000000000065535=1GiB", "h:000000000000000000000000065535", GiB),
+    ],
 )
 def test_parse_rpc_host(text: str, endpoint: str, free: int) -> None:
     """--rpc HOST:PORT=SIZE is parsed on the command line; the planner gets RpcHost values."""
@@ -688,8 +696,13 @@ def test_parse_rpc_host(text: str, endpoint: str, free: int) -> None:
 
 @pytest.mark.parametrize(
     ("text", "fragment"),
-    [("host:50052", "not HOST:PORT=SIZE"), ("host=8GiB", "not HOST:PORT=SIZE"), ("host:99999=8GiB", "not HOST:PORT"),
-     (":50052=8GiB", "not HOST:PORT"), ("host:50052=8", "no unit")],
+    [("host:50052", "not HOST:PORT=SIZE"), ("host=8GiB", "not HOST:PORT=SIZE"), ("host:99999=8GiB", "not 1-65535"),
+     (":50052=8GiB", "not HOST:PORT"), ("host:50052=8", "no unit"),
+     # what llama.cpp would silently read as another port (std::stoi stops at text; htons keeps 16 bits)
+     ("host:50052abc=8GiB", "'abc' after its digits"), ("host:65536=8GiB", "not 1-65535"),
+     ("host:-15359=8GiB", "not 1-65535"), ("host:0=8GiB", "not 1-65535"), ("host:00000=8GiB", "not 1-65535"),
+     ("host:" + "9" * 5000 + "=8GiB", "not 1-65535"), ("host:=8GiB", "not a number"), ("host:+=8GiB", "not a number"),
+     ("host:５００５２=8GiB", "not a number"), ("host: 50052=8GiB", "not a number")],
 )  # fmt: skip
 def test_rpc_refused_with_exit_2(text: str, fragment: str, capsys: pytest.CaptureFixture[str]) -> None:
     from kvadvise.cli import main
