@@ -887,6 +887,56 @@ def test_a_header_of_zero_heads_or_width_beside_attention_tensors_is_refused(
     assert main(["gguf", str(base), "--no-hardware"]) == 0
 
 
+# A count no real dimension has: the tiny llama has 4 heads (2 KV) of 32 over a width of 128, and FFN 256.
+# llama-fit-params (b11312) refuses each ("invalid n_rot: 32, expected 0"; "check_tensor_dims: tensor
+# 'blk.0.attn_k.weight' has wrong shape; expected 128, 4294967264"; "... 'blk.0.ffn_gate.weight' ... expected
+# 128, 4294967295"); kvadvise planned each (exit 0, or 3 with a compute buffer of terabytes)
+IMPOSSIBLE_COUNTS = [
+    ("llama.attention.head_count", 2**32 - 1, "K rows are 0 x 2 heads"),  # n_embd / n_head: a head width of 0
+    ("llama.attention.head_count", 1000, "K rows are 0 x 2 heads"),  # more heads than the width has columns
+    ("llama.attention.head_count", 5, "K rows are 25 x 2 heads = 50 wide"),  # 128 / 5: not the tensors' 32
+    ("llama.attention.head_count_kv", 2**32 - 1, "blk.0.attn_k.weight is 64 wide"),
+    ("llama.attention.head_count_kv", 3, "K rows are 32 x 3 heads = 96 wide"),
+    ("llama.embedding_length", 2**32 - 1, "embedding_length 4,294,967,295"),
+    ("llama.feed_forward_length", 2**32 - 1, "feed_forward_length is 4,294,967,295"),
+]
+
+
+@pytest.mark.parametrize(("key", "value", "what"), IMPOSSIBLE_COUNTS)
+def test_a_count_the_tensors_do_not_have_is_refused(
+    key: str, value: int, what: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A head count, KV head count, width or FFN width the layers' tensors do not have is a file llama.cpp
+    refuses (src/llama-model.cpp create_tensor_qkv, llama-model-loader.cpp check_tensor_dims): exit 2, the
+    key named, with or without a card to plan for, never a plan."""
+    from tinymodels import write_tiny_gguf
+
+    base = write_tiny_gguf(tmp_path / "base.gguf", "llama")
+    bad = _patched_u32(base, tmp_path / "bad.gguf", key, value)
+    for extra in (["--no-hardware"], ["--gpu", "rtx-4090"], ["--gpu", "rtx-4090", "--json"]):
+        rc = main(["gguf", str(bad), *extra])
+        out, err = capsys.readouterr()
+        assert rc == 2 and what in err and "bad.gguf" in err and "internal error" not in err and not out, err
+        assert err.count("\n") == 2 and "llama.cpp refuses to load it" in err  # the error and its hint
+    assert main(["gguf", str(base), "--no-hardware"]) == 0
+
+
+@pytest.mark.llama
+@pytest.mark.parametrize(("key", "value", "what"), IMPOSSIBLE_COUNTS)
+def test_llama_cpp_refuses_what_kvadvise_refuses(key: str, value: int, what: str, tmp_path: Path, fit_params: Path) -> None:
+    """The files above, given to llama-fit-params of the tests' llama.cpp: it cannot load one (exit 1; its log,
+    written by a thread never joined at exit, may not arrive, so the exit code is what is read)."""
+    import subprocess
+
+    from tinymodels import write_tiny_gguf
+
+    base = write_tiny_gguf(tmp_path / "base.gguf", "llama")
+    bad = _patched_u32(base, tmp_path / "bad.gguf", key, value)
+    for path, rc in ((base, 0), (bad, 1)):
+        run = subprocess.run([str(fit_params), "-m", str(path), "-c", "512"], capture_output=True, text=True, timeout=120)
+        assert run.returncode == rc, (run.stdout + run.stderr)[-2000:]
+
+
 @pytest.mark.parametrize("n_ctx_train", [2**31, 2**32 - 1])
 def test_a_training_context_past_what_c_takes_is_refused_with_its_key(
     n_ctx_train: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
