@@ -937,6 +937,18 @@ def test_llama_cpp_refuses_what_kvadvise_refuses(key: str, value: int, what: str
         assert run.returncode == rc, (run.stdout + run.stderr)[-2000:]
 
 
+def test_a_head_count_beside_an_explicit_key_length_is_checked_against_q(
+    gemma_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], request: pytest.FixtureRequest
+) -> None:
+    """Gemma 3 gives its head width (key_length 256), so head_count 4294967295 leaves K and V as they are: only Q
+    (256 x 4 = 1024 wide) tells the count is wrong. llama.cpp refuses the file (create_tensor_qkv: Q of
+    n_embd_head_k * n_head); kvadvise sized the attention's compute by 4294967295 heads (exit 3 on a card)."""
+    bad = _patched_u32(gemma_path, tmp_path / "bad.gguf", "gemma3.attention.head_count", 2**32 - 1)
+    rc = main(["gguf", str(bad), "--gpu", "rtx-4090"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "layer 0's Q is 4,294,967,295 heads" in err and "attn_q.weight is 1,024 wide" in err, err
+
+
 @pytest.mark.parametrize("n_ctx_train", [2**31, 2**32 - 1])
 def test_a_training_context_past_what_c_takes_is_refused_with_its_key(
     n_ctx_train: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -366,9 +366,9 @@ def _check_heads(
                 )
 
 
-def _check_kv_widths(spec: ModelSpec, by_name: Mapping[str, TensorInfo]) -> None:
+def _check_widths(spec: ModelSpec, by_name: Mapping[str, TensorInfo]) -> None:
     """A layer's K and V rows as its header says (head width x KV heads, the width each token takes in the cache)
-    against its attn_k/attn_v tensors: llama.cpp creates them with exactly these widths and refuses a file whose
+    and its Q (head width x heads) against its attn_k/attn_v/attn_q tensors: llama.cpp creates them with exactly these widths and refuses a file whose
     tensors differ (src/llama-model.cpp create_tensor_qkv, n_embd_k_gqa/n_embd_v_gqa; llama-model-loader.cpp
     check_tensor_dims, b11312). Whatever count makes them differ (head_count 4294967295, whose head width
     n_embd / n_head is 0, head_count_kv past the tensor, a key_length no tensor has) is a file llama.cpp cannot
@@ -391,6 +391,17 @@ def _check_kv_widths(spec: ModelSpec, by_name: Mapping[str, TensorInfo]) -> None
                 f"{want:,} wide by the header ({keys}.head_count {spec.n_head[il]:,}, head_count_kv "
                 f"{spec.n_head_kv[il]:,}, embedding_length {spec.n_embd:,}), but blk.{il}.{tensor}.weight is "
                 f"{t.shape[1]:,} wide",
+                hint=_LOAD_REFUSED,
+            )
+        head_k = spec.n_embd_head_k_swa if spec.swa_layers[il] else spec.n_embd_head_k
+        q = by_name.get(f"blk.{il}.attn_q.weight")
+        # Q is n_head heads of the K width (create_tensor_qkv's n_embd_head_k * n_head), or twice that where Q
+        # carries its output gate (qwen3next, qwen35: n_embd_head_k * n_head * 2)
+        n_embd_q = head_k * spec.n_head[il]
+        if q is not None and len(q.shape) >= 2 and q.shape[1] not in (n_embd_q, 2 * n_embd_q):
+            raise GGUFError(
+                f"{spec.source}: layer {il}'s Q is {spec.n_head[il]:,} heads ({keys}.head_count) of {head_k:,} = "
+                f"{n_embd_q:,} wide by the header, but blk.{il}.attn_q.weight is {q.shape[1]:,} wide",
                 hint=_LOAD_REFUSED,
             )
 
@@ -633,7 +644,7 @@ def from_gguf(header: GGUFHeader, *, known_only: bool = True) -> ModelSpec:
         parallel_block=arch in _PARALLEL_BLOCK,
         ssm=ssm,
     )
-    _check_kv_widths(spec, by_name)
+    _check_widths(spec, by_name)
     return spec
 
 
