@@ -949,6 +949,17 @@ def test_a_head_count_beside_an_explicit_key_length_is_checked_against_q(
     assert rc == 2 and "layer 0's Q is 4,294,967,295 heads" in err and "attn_q.weight is 1,024 wide" in err, err
 
 
+@pytest.mark.llama
+def test_llama_cpp_refuses_gemma_with_a_head_count_q_does_not_have(gemma_path: Path, tmp_path: Path, fit_params: Path) -> None:
+    """llama-fit-params (b11312): "check_tensor_dims: tensor 'blk.0.attn_q.weight' has wrong shape; expected 640,
+    1099511627520, got 640, 1024" (exit 1)."""
+    import subprocess
+
+    bad = _patched_u32(gemma_path, tmp_path / "bad.gguf", "gemma3.attention.head_count", 2**32 - 1)
+    run = subprocess.run([str(fit_params), "-m", str(bad), "-c", "512"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1, (run.stdout + run.stderr)[-2000:]
+
+
 @pytest.mark.parametrize("n_ctx_train", [2**31, 2**32 - 1])
 def test_a_training_context_past_what_c_takes_is_refused_with_its_key(
     n_ctx_train: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
