@@ -664,6 +664,12 @@ def test_parse_size(text: str, expected: int) -> None:
         ("0GB", "more than 0"),
         ("0.0000000001B", "more than 0"),
         ("１２GB", "not a size"),  # full-width digits
+        # past int64 bytes (8 EiB): no memory is, and the JSON's readers hold sizes in int64; 5,000 digits
+        # reached int()'s digit limit (ValueError: exit 1, "internal error")
+        ("99999999999999999999999GiB", "more than 8 EiB"),
+        ("9" * 5000 + "GiB", "(5,003 characters)"),
+        ("1." + "9" * 5000 + "GiB", "(5,005 characters)"),
+        ("8589934592GiB", "more than 8 EiB"),
     ],
 )
 def test_parse_size_refuses(text: str, fragment: str) -> None:
