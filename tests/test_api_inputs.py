@@ -56,3 +56,16 @@ def test_numbers_past_what_llama_cpp_reads_are_refused(gemma: kvadvise.ModelSpec
     with pytest.raises(KvadviseError) as e:
         kvadvise.plan(gemma, PlanRequest(**{name: 2**63}), hardware=kvadvise.gpu_profile("rtx-4090"))
     assert e.value.exit_code == 2
+    assert "x>=0" not in e.value.message  # 2**63 is >= 0: the bound said is the one it breaks
+
+
+def test_a_vram_past_int64_bytes_is_refused_as_the_cli_refuses_it(gemma: kvadvise.ModelSpec) -> None:
+    """`--vram 99999999999999999999999GiB` is refused (more than 8 EiB); vram_bytes=(10**30,) planned a card of
+    that size: the request's bound is the command line's (kvadvise.units.MAX_SIZE_BYTES)."""
+    from kvadvise.units import MAX_SIZE_BYTES
+
+    for vram in ((10**30,), (MAX_SIZE_BYTES + 1, 1 << 30)):
+        with pytest.raises(KvadviseError) as e:
+            kvadvise.plan(gemma, PlanRequest(vram_bytes=vram))
+        assert e.value.exit_code == 2 and "vram" in e.value.message, e.value.message
+    assert kvadvise.plan(gemma, PlanRequest(vram_bytes=(MAX_SIZE_BYTES,))).fits
