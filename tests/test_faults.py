@@ -789,6 +789,45 @@ def test_force_writes_through_a_symlink_and_keeps_it(tmp_path: Path) -> None:
     assert sorted(p.name for p in dotfiles.iterdir()) == ["llama.env"]  # no temporary file left
 
 
+def test_force_never_replaces_what_is_not_a_file(tmp_path: Path) -> None:
+    """`--write-env /dev/null --force` (as root) renamed a regular file over /dev/null: every program writing
+    there then filled a file. --force replaces files; a FIFO (or a device, a socket) is refused and left as it
+    is, directly and through a symbolic link."""
+    import stat
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    link = tmp_path / "link"
+    link.symlink_to(fifo)
+    for target in (fifo, link):
+        with pytest.raises(InputError, match="not a regular file; --force overwrites only files"):
+            write_text_file(target, "x\n", force=True)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and sorted(p.name for p in tmp_path.iterdir()) == ["link", "pipe"]
+
+
+def test_no_output_is_written_over_the_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`kvadvise llamacpp m.gguf --write-env m.gguf --force` replaced the model with its own settings file: the
+    model the plan was read from (its -md draft, its --mmproj) is refused as an output, --force or not, by its
+    name, a symbolic link or a hard link to it; nothing is written."""
+    from tinymodels import write_tiny_gguf
+
+    from kvadvise.cli import main
+
+    model = write_tiny_gguf(tmp_path / "m.gguf", "llama")
+    draft = write_tiny_gguf(tmp_path / "d.gguf", "llama", seed=1)
+    before = model.read_bytes(), draft.read_bytes()
+    (tmp_path / "sym.env").symlink_to(model)
+    os.link(model, tmp_path / "hard.env")
+    for out, extra in (("m.gguf", []), ("sym.env", []), ("hard.env", []), ("d.gguf", ["-md", str(draft)])):
+        argv = ["llamacpp", str(model), "--no-hardware", "--write-env", str(tmp_path / out), "--force", *extra]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "it is the model this plan was read from" in err and err.count("\n") == 2, err
+    assert (model.read_bytes(), draft.read_bytes()) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.gguf", "hard.env", "m.gguf", "sym.env"]
+    assert main(["llamacpp", str(model), "--no-hardware", "--write-env", str(tmp_path / "ok.env")]) == 0
+
+
 def test_cli_write_env_no_clobber_and_bad_dirs(
     tiny_gguf: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

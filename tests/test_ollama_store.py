@@ -246,3 +246,15 @@ def test_a_broken_blob_is_said_of_the_model_named(
     assert main(["ollama", "gemma3-270m", "--no-hardware"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("kvadvise: error: gemma3-270m:latest: its ") and err.count("\n") == 2, err
+
+
+def test_no_output_is_written_over_a_model_blob(store: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--write-modelfile` naming the model's own blob (a path pasted from an error's hint), --force: refused,
+    the blob left as it was (kvadvise.runtime.seam.read_files: an Ollama plan's source is its blob)."""
+    from kvadvise.cli import main
+
+    blob = _blob_of(store, "model")
+    before = blob.stat().st_size, blob.stat().st_mtime_ns
+    assert main(["ollama", "gemma3-270m", "--gpu", "rtx-4090", "--write-modelfile", str(blob), "--force"]) == 2
+    assert "it is the model this plan was read from" in capsys.readouterr().err
+    assert (blob.stat().st_size, blob.stat().st_mtime_ns) == before

@@ -149,10 +149,11 @@ def write_plan_files(
     """The files the runtime writes (its writers, by option) and the chart: all or none, nothing for a plan
     that does not run (exit 3); each written file is named with how to apply it (``hints=False``: only
     named, where the answer's "Next" block says how, once)."""
-    from kvadvise.runtime.seam import write_outputs
+    from kvadvise.runtime.seam import read_files, write_outputs
 
     refuse_to_write_what_does_not_fit(plan, *paths.values(), chart=chart)
-    written = write_outputs(plan, writers, paths, force=force, extra=(chart,) if chart is not None else ())
+    extra = (chart,) if chart is not None else ()
+    written = write_outputs(plan, writers, paths, force=force, extra=extra, inputs=read_files(plan))
     for w in written:
         if not hints:  # a warning among the hints (a conflicting override) is said all the same
             output.note(f"wrote {w.path}")

@@ -198,7 +198,8 @@ def write(t: Together, paths: dict[str, str], *, force: bool) -> None:
         _make_folder(Path(folder).expanduser())
     if folder is not None and not extra:
         output.note(f"{MODELFILES_OPTION}: no model needs a context of its own: nothing to write there")
-    for w in write_outputs(t, WRITERS, paths, force=force, extra=extra):
+    inputs = tuple(m.spec.source for m in t.models)  # the models' blobs: never written over
+    for w in write_outputs(t, WRITERS, paths, force=force, extra=extra, inputs=inputs):
         if w.option == MODELFILES_OPTION:
             output.note(f"wrote {w.path}: ollama create {w.path.name.removesuffix('.Modelfile')} -f {w.path}")
             continue
