@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvadvise.deadline import within
 from kvadvise.errors import BackendUnreachable, InputError, KvadviseError
-from kvadvise.files import load_json
+from kvadvise.files import load_json, open_regular
 from kvadvise.model.breakdown import params as count_params
 from kvadvise.model.breakdown import with_parts
 from kvadvise.model.hfconfig import from_config
@@ -90,6 +90,11 @@ class HFBackend:
             config = _load_json(path)
             source = str(path)
             find: Callable[[bool], Weights | None] = lambda need_params: _local_weights(path.parent)  # noqa: E731
+        elif os.path.isdir(os.path.expanduser(ref)):
+            raise InputError(f"{ref}: no config.json in this folder", hint="give the folder of a Hub download")
+        elif os.path.lexists(path):  # a device, a FIFO, a socket: said as a GGUF path says it (never read)
+            os.close(open_regular(path))
+            raise InputError(f"{ref}: not a regular file")  # pragma: no cover - open_regular refused it
         elif ref.endswith(".json") or ref.startswith((".", "/", "~")):
             raise InputError(f"{ref}: no such file")
         elif not _REPO_ID.match(ref):

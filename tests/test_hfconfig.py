@@ -543,3 +543,24 @@ def test_zero_kv_heads_or_head_size_is_refused(key: str, said: str) -> None:
     with pytest.raises(InputError) as e:
         from_config({**cfg, key: 0}, source="config.json")
     assert said in e.value.message and e.value.exit_code == 2
+
+
+def test_a_local_path_that_is_no_config_says_what_it_is(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`kvadvise hf /dev/zero` said "no such file" of a device that is there, and `kvadvise hf FOLDER` of a
+    folder without a config.json said "FOLDER: no such file": each says what the path is (exit 2)."""
+    import os
+
+    from kvadvise.cli import main
+
+    fifo = tmp_path / "config.json"
+    os.mkfifo(fifo)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for ref, what in (
+        (str(fifo), "a FIFO, not a regular file"),
+        (str(empty), "no config.json in this folder"),
+        (str(tmp_path / "none.json"), "none.json: no such file"),
+    ):
+        assert main(["hf", ref, "--no-hardware"]) == 2
+        err = capsys.readouterr().err
+        assert what in err and err.count("\n") <= 2, err
