@@ -198,7 +198,9 @@ def _check_target(path: str | os.PathLike[str], *, force: bool) -> Path:
         raise InputError(f"{path}: no such user's home folder", hint="give the folder itself") from None
     parent = target.parent
     try:
-        if target.is_dir():
+        # `existing/`: a folder's name (the shell's `> existing/` is "Is a directory"); Path drops the slash, and
+        # --force wrote the file `existing`
+        if target.is_dir() or os.fspath(path).endswith(("/", os.sep)):
             raise InputError(f"{target}: is a directory", hint="give a file name")
         if not parent.exists():
             raise InputError(f"{parent}: no such directory", hint=f"create it first: mkdir -p {parent}")

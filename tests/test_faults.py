@@ -805,6 +805,17 @@ def test_force_never_replaces_what_is_not_a_file(tmp_path: Path) -> None:
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and sorted(p.name for p in tmp_path.iterdir()) == ["link", "pipe"]
 
 
+def test_a_path_ending_in_a_slash_names_a_folder(tmp_path: Path) -> None:
+    """`--write-env settings/ --force` wrote (and replaced) the file `settings`: a name ending in / is a folder's,
+    as the shell reads it (`> settings/`: "Is a directory"); refused whether or not `settings` exists."""
+    existing = tmp_path / "settings"
+    existing.write_text("keep\n")
+    for target, force in ((f"{existing}/", True), (f"{tmp_path}/new/", False)):
+        with pytest.raises(InputError, match="is a directory"):
+            write_text_file(target, "x\n", force=force)
+    assert existing.read_text() == "keep\n" and sorted(p.name for p in tmp_path.iterdir()) == ["settings"]
+
+
 def test_no_output_is_written_over_the_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`kvadvise llamacpp m.gguf --write-env m.gguf --force` replaced the model with its own settings file: the
     model the plan was read from (its -md draft, its --mmproj) is refused as an output, --force or not, by its
@@ -889,3 +900,24 @@ def test_params_blob_symlinked_outside_is_refused(store: Path, tmp_path: Path) -
     blob.symlink_to(secret)
     with pytest.raises(InputError, match="outside the model store"):
         resolve("gemma3-270m", roots=[store], use_api=False, use_profiles=False)
+
+
+@pytest.mark.parametrize("name", ["$(touch PWNED).env", "a b.env", "it's.env"])
+def test_the_hint_to_load_a_written_env_file_is_a_line_to_paste(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--write-env '$(touch PWNED).env'` printed `set -a; . ./$(touch PWNED).env; set +a`: pasted, it ran the
+    command in the name (and a space broke it). The path is quoted for the shell; the hint, run, loads the file."""
+    from tinymodels import write_tiny_gguf
+
+    from kvadvise.cli import main
+
+    model = write_tiny_gguf(tmp_path / "m.gguf", "llama")
+    monkeypatch.chdir(tmp_path)
+    assert main(["llamacpp", str(model), "--no-hardware", "--write-env", name]) == 0
+    err = capsys.readouterr().err
+    line = re.search(r"`(set -a; \. .*; set \+a)`", err)
+    assert line is not None, err
+    run = subprocess.run(["sh", "-c", f"{line[1]}; echo \"$LLAMA_ARG_MODEL\""], cwd=tmp_path, capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout.strip() == str(model), run.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["m.gguf", name])  # nothing touched

@@ -5,6 +5,7 @@ kvadvise.runtime.seam.write_outputs: all or none, never over a file without --fo
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -126,7 +127,6 @@ def llama_swap_text(t: Together) -> str:
 
 
 def _swap_hints(t: Together, path: Path) -> tuple[str, ...]:
-    import shlex
 
     return (f"run it with: {shlex.join(['llama-swap', '--config', str(path)])}",)
 
@@ -201,7 +201,8 @@ def write(t: Together, paths: dict[str, str], *, force: bool) -> None:
     inputs = tuple(m.spec.source for m in t.models)  # the models' blobs: never written over
     for w in write_outputs(t, WRITERS, paths, force=force, extra=extra, inputs=inputs):
         if w.option == MODELFILES_OPTION:
-            output.note(f"wrote {w.path}: ollama create {w.path.name.removesuffix('.Modelfile')} -f {w.path}")
+            name = w.path.name.removesuffix(".Modelfile")
+            output.note(f"wrote {w.path}: ollama create {shlex.quote(name)} -f {shlex.quote(str(w.path))}")
             continue
         output.note(f"wrote {w.path}; apply it with:" if len(w.hints) > 1 else f"wrote {w.path}: " + "".join(w.hints))
         if len(w.hints) > 1:
