@@ -839,6 +839,33 @@ def test_no_output_is_written_over_the_model(tmp_path: Path, capsys: pytest.Capt
     assert main(["llamacpp", str(model), "--no-hardware", "--write-env", str(tmp_path / "ok.env")]) == 0
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--vram", "24GiB"],  # a plan that fits: the chart alone
+        ["--vram", "24GiB", "--write-env", "ok.env"],  # with the runtime's files
+        ["--vram", "1MiB", "--gpu-only", "--write-env", "no.env"],  # does not fit: the chart alone is written
+    ],
+)
+def test_a_chart_is_never_written_over_the_model(
+    args: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chart is replaced without --force, so `--chart-file chart.svg` where chart.svg links to the model
+    replaced the model with an SVG (when the plan did not fit: the chart was written on its own path)."""
+    pytest.importorskip("matplotlib")
+    from tinymodels import write_tiny_gguf
+
+    from kvadvise.cli import main
+
+    model = write_tiny_gguf(tmp_path / "m.gguf", "llama")
+    before = model.read_bytes()
+    (tmp_path / "chart.svg").symlink_to(model)
+    monkeypatch.chdir(tmp_path)
+    assert main(["llamacpp", str(model), *args, "--chart-file", "chart.svg"]) == 2
+    assert "it is the model this plan was read from" in capsys.readouterr().err
+    assert model.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["chart.svg", "m.gguf"]
+
+
 def test_cli_write_env_no_clobber_and_bad_dirs(
     tiny_gguf: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

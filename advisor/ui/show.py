@@ -118,7 +118,9 @@ def show_chart(plan: Plan, view: View, *, terminal: bool = True, write: bool = T
     )
     if not write:
         return chart.new_file(view.chart_file, data)
-    output.note(f"wrote {chart.write(view.chart_file, data)}")
+    from kvadvise.runtime.seam import read_files
+
+    output.note(f"wrote {chart.write(view.chart_file, data, read_files(plan))}")
     return None
 
 
@@ -129,8 +131,9 @@ def refuse_to_write_what_does_not_fit(plan: Plan, *paths: str | None, chart: New
     if plan.runnable is False and any(paths):
         if chart is not None:
             from kvadvise.files import write_files
+            from kvadvise.runtime.seam import read_files
 
-            output.note(f"wrote {write_files([chart], force=False)[0]}")
+            output.note(f"wrote {write_files([chart], force=False, inputs=read_files(plan))[0]}")
         names = ", ".join(p for p in paths if p)
         why = "it does not fit the RAM" if plan.fits or plan.offload is not None else "this config does not fit"
         output.note(f"not written ({names}): {why} (see above)")
