@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from kvadvise.errors import InputError
+from kvadvise.model.ggml import GGMLType
 from kvadvise.model.hfconfig import from_config
 from kvadvise.model.spec import SWA_NONE, SWA_STANDARD, ModelSpec
 from kvadvise.planner.memory import MemoryEstimate, RunConfig, estimate
@@ -564,3 +565,20 @@ def test_a_local_path_that_is_no_config_says_what_it_is(tmp_path: Path, capsys: 
         assert main(["hf", ref, "--no-hardware"]) == 2
         err = capsys.readouterr().err
         assert what in err and err.count("\n") <= 2, err
+
+
+def test_a_cache_type_whose_blocks_do_not_divide_a_row_is_passed_over() -> None:
+    """3 heads of 85 (hidden 256 / 3): without flash attention (CUDA has no kernel for 85) a q8_0 K row of 255
+    is no whole number of q8_0's blocks of 32, which llama.cpp's cache cannot hold (ggml_row_size asserts). The
+    recommendation tried it and ended in that error (exit 2) for a question that named no cache type; it passes
+    the type over and recommends f16. Asked for by name, the type is still refused."""
+    import kvadvise
+    from kvadvise.errors import ConfigError
+
+    cfg = {"architectures": ["LlamaForCausalLM"], "hidden_size": 256, "num_hidden_layers": 2,
+           "num_attention_heads": 3, "intermediate_size": 512, "vocab_size": 1000, "max_position_embeddings": 4096}  # fmt: skip
+    spec = from_config(cfg, source="config.json")
+    plan = kvadvise.plan(spec, hardware=kvadvise.gpu_profile("rtx-4090"))
+    assert (plan.config.type_k.type_name, plan.config.type_v.type_name, plan.fits) == ("f16", "f16", True)
+    with pytest.raises(ConfigError, match="255 is not a multiple"):
+        kvadvise.plan(spec, RunConfig(n_ctx=4096, type_k=GGMLType.Q8_0, flash_attn="off"))
