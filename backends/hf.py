@@ -37,6 +37,7 @@ from kvadvise.model.breakdown import with_parts
 from kvadvise.model.hfconfig import from_config
 from kvadvise.model.quants import quant_bpw
 from kvadvise.model.spec import ModelSpec, with_weights
+from kvadvise.units import MAX_SIZE_BYTES
 
 if TYPE_CHECKING:
     import click
@@ -512,7 +513,7 @@ def _hf_command(backend: HFBackend) -> click.Command:
     @click.argument("config")
     @click.option(
         "--weights-bytes",
-        type=click.IntRange(min=0),
+        type=click.IntRange(min=0, max=MAX_SIZE_BYTES),
         default=None,
         help="Size of the weights you will load [default: from the safetensors index, or --quant].",
     )
