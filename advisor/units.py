@@ -104,7 +104,8 @@ def parse_memory_size(text: str, flag: str) -> int:
     return parse_size(text)
 
 
-_TOKENS_RE = r"(?ia)^\s*([0-9]+(?:\.[0-9]+)?)\s*([km]?)\s*$"  # compiled by re on first use
+# a + as llama.cpp's -c reads one (common/arg.cpp std::stoi); compiled by re on first use
+_TOKENS_RE = r"(?ia)^\s*\+?([0-9]+(?:\.[0-9]+)?)\s*([km]?)\s*$"
 _TOKEN_UNITS = {"": 1, "k": 1024, "m": 1024 * 1024}  # as llama.cpp users write a context: 64k = 65,536
 _TOKENS_HINT = "a whole number of tokens, or with k (1,024 tokens) or m (1,048,576): 8192, 64k, 128K, 1m"
 
