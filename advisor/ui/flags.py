@@ -209,10 +209,14 @@ class SplitType(click.ParamType):  # type: ignore[type-arg]
         if isinstance(value, tuple):
             return value
         parts = re.split(r"[,/]+", str(value).strip())
+        if len(parts) > 1 and not parts[-1]:
+            # `-ts 3,1,`: std::sregex_token_iterator gives no empty last part, so llama-server reads 3,1 (b11312);
+            # an empty first part is read by std::stof and refused ("error while handling argument -ts: stof")
+            parts.pop()
         try:
             shares = tuple(float(x) for x in parts)
         except ValueError:
-            self.fail(f"{value!r}: shares separated by commas, e.g. 3,1", param, ctx)
+            self.fail(f"{value!r}: shares separated by commas, e.g. 3,1 (each read as std::stof reads it)", param, ctx)
         try:
             check_split(shares)
         except InputError as e:
