@@ -882,3 +882,17 @@ def test_nvidia_and_amd_cards_in_one_llama_cpp_process_are_refused_but_through_v
     with pytest.raises(KvadviseError) as e:
         kvadvise.plan(str(gemma_path), kvadvise.PlanRequest(gpu=cards, ram_bytes=64 << 30))
     assert e.value.exit_code == 2 and e.value.message in err
+
+
+def test_one_rpc_server_written_two_ways_is_refused() -> None:
+    """h:050052 and h:50052 are one rpc-server to the network (std::stoi reads both as 50052) but two endpoints to
+    llama.cpp (ggml-rpc.cpp keys its connections by the text), so llama-server makes two devices of it, each
+    planning its whole memory; kvadvise kept the text (the device names llama.cpp prints) and would have
+    planned both: refused. The same text twice is one device (llama.cpp registers it once), as before."""
+    with pytest.raises(InputError, match="are one rpc-server"):
+        hardware.rpc_hosts([parse_rpc_host("h:050052=8GiB"), parse_rpc_host("h:+50052=8GiB")])
+    assert len(hardware.rpc_hosts([parse_rpc_host("h:050052=8GiB"), parse_rpc_host("h:050052=8GiB")]).gpus) == 1
+    assert len(hardware.rpc_hosts([parse_rpc_host("h:50052=8GiB"), parse_rpc_host("g:50052=8GiB")]).gpus) == 2
+    # an RpcHost made by hand through the API, its port no number: planned by its text, as before
+    assert len(hardware.rpc_hosts([hardware.RpcHost("h:x" + "9" * 5000, GiB), hardware.RpcHost("h:1", GiB)]).gpus) == 2
+

@@ -311,6 +311,22 @@ def rpc_hosts(hosts: Sequence[RpcHost]) -> Hardware:
                 f"--rpc {h.endpoint} is given twice with different sizes ({seen.free_bytes:,} and {h.free_bytes:,} bytes)",
                 hint="llama-server makes one device of an endpoint given twice: give each host once",
             )
+    # one rpc-server written two ways (h:050052 and h:50052: std::stoi reads both as 50052) is two endpoints to
+    # llama.cpp, which keys them by their text: two devices on one server, each holding layers against the
+    # whole of its memory
+    servers: dict[tuple[str, int], str] = {}
+    for endpoint in unique:
+        host, _, port = endpoint.partition(":")
+        digits = port.lstrip("+").lstrip("0") or "0"
+        if not (digits.isascii() and digits.isdigit() and len(digits) <= 5):  # an RpcHost the API made by hand
+            continue
+        other = servers.setdefault((host, int(digits)), endpoint)
+        if other != endpoint:
+            raise InputError(
+                f"--rpc {other} and {endpoint} are one rpc-server (port {int(digits)}); llama-server would "
+                "make two devices of it, each planning its whole memory",
+                hint="give each rpc-server once",
+            )
     if len(unique) > MAX_DEVICES:
         raise InputError(f"{len(unique)} RPC hosts; llama-server's -ts takes at most {MAX_DEVICES} shares")
     notes = [
