@@ -70,8 +70,8 @@ def test_llama_server_makes_one_device_of_an_endpoint_given_twice(gemma_path: Pa
         ("10.0.0.1:50052=8GiB,", "each HOST:PORT needs its own =SIZE"),
         ("[::1]:50052=8GiB", "IPv6"),
         ("fe80::1:50052=8GiB", "IPv6"),
-        ("host:0=8GiB", "not HOST:PORT=SIZE"),
-        ("host:65536=8GiB", "not HOST:PORT=SIZE"),
+        ("host:0=8GiB", "the port is not 1-65535"),
+        ("host:65536=8GiB", "the port is not 1-65535"),  # htons would connect to port 0
         (" :50052=8GiB", "not HOST:PORT=SIZE"),
     ],
 )
