@@ -290,6 +290,10 @@ def plan(
         _need("model", model, ModelSpec, "a ModelSpec or a model reference")
         spec, rt = model, runtime
     assert isinstance(rt, Runtime)
+    from kvadvise.model.spec import check_spec
+
+    if (wrong := check_spec(spec)) is not None:  # a ModelSpec made or changed by hand
+        raise _invalid("model", f"ModelSpec: {wrong}", hint="kvadvise.load_model(...) reads one from a model")
     if hardware is not None:
         _need("hardware", hardware, Hardware, "a Hardware (gpu_profile, probe_hardware)")
     if config is not None and not isinstance(config, (RunConfig, PlanRequest)):

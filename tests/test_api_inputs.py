@@ -69,3 +69,28 @@ def test_a_vram_past_int64_bytes_is_refused_as_the_cli_refuses_it(gemma: kvadvis
             kvadvise.plan(gemma, PlanRequest(vram_bytes=vram))
         assert e.value.exit_code == 2 and "vram" in e.value.message, e.value.message
     assert kvadvise.plan(gemma, PlanRequest(vram_bytes=(MAX_SIZE_BYTES,))).fits
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "what"),
+    [
+        ("n_layer_all", 0, "n_layer_all is 0"),  # zip() ValueError (exit 1)
+        ("n_head", (), "n_head has 0 values for 18 layers"),  # IndexError (exit 1)
+        ("kv_layers", (True,), "kv_layers has 1 values"),  # IndexError (exit 1)
+        ("n_embd", -5, "n_embd is -5"),  # planned, as if it were a model
+        ("n_head_kv", (-1,) * 18, "n_head_kv holds -1"),  # planned
+        ("n_head_kv", (2**40,) * 18, "past any model's"),  # planned (not fitting)
+        ("name", None, "name is None"),
+    ],
+)
+def test_a_model_spec_made_by_hand_is_checked(gemma: kvadvise.ModelSpec, field: str, value: object, what: str) -> None:
+    """kvadvise.plan takes a ModelSpec; one changed by hand (dataclasses.replace) with a per-layer tuple of another
+    length ended in IndexError or zip()'s ValueError (exit 1), and a negative width was planned: each is refused as
+    an argument is (exit 2, one line), and load_model's own plans as before."""
+    import dataclasses
+
+    with pytest.raises(KvadviseError) as e:
+        kvadvise.plan(dataclasses.replace(gemma, **{field: value}), hardware=kvadvise.gpu_profile("rtx-4090"))
+    assert e.value.exit_code == 2 and what in e.value.message and "\n" not in e.value.message, e.value.message
+    assert e.value.message.startswith("Invalid value for 'model': ModelSpec: ")
+    assert kvadvise.plan(gemma, hardware=kvadvise.gpu_profile("rtx-4090")).fits
