@@ -94,3 +94,28 @@ def test_a_model_spec_made_by_hand_is_checked(gemma: kvadvise.ModelSpec, field: 
     assert e.value.exit_code == 2 and what in e.value.message and "\n" not in e.value.message, e.value.message
     assert e.value.message.startswith("Invalid value for 'model': ModelSpec: ")
     assert kvadvise.plan(gemma, hardware=kvadvise.gpu_profile("rtx-4090")).fits
+
+
+@pytest.mark.parametrize(
+    ("change", "what"),
+    [
+        ({"gpus": None}, "gpus is None"),  # TypeError (exit 1)
+        ({"gpu": {"name": None}}, "name/backend is not text"),  # AttributeError (exit 1)
+        ({"gpu": {"free_bytes": -1}}, "free_bytes is -1"),  # planned
+        ({"gpu": {"free_bytes": 1 << 40, "total_bytes": 1}}, "bytes free of 1"),  # planned
+        ({"ram_free_bytes": -1}, "ram_free_bytes is -1"),  # planned
+    ],
+)
+def test_a_hardware_made_by_hand_is_checked(gemma: kvadvise.ModelSpec, change: dict[str, object], what: str) -> None:
+    """A Hardware changed by hand: gpus=None and a GPU named None ended in TypeError/AttributeError (exit 1); a
+    negative free memory, or more free than the card has, was planned. Refused as an argument is (exit 2)."""
+    import dataclasses
+
+    hw = kvadvise.gpu_profile("rtx-4090")
+    gpu_change = change.pop("gpu", None)
+    if isinstance(gpu_change, dict):
+        change = {"gpus": (dataclasses.replace(hw.gpus[0], **gpu_change),)}
+    with pytest.raises(KvadviseError) as e:
+        kvadvise.plan(gemma, hardware=dataclasses.replace(hw, **change))  # type: ignore[arg-type]
+    assert e.value.exit_code == 2 and what in e.value.message and "\n" not in e.value.message, e.value.message
+    assert kvadvise.plan(gemma, hardware=hw).fits and kvadvise.plan(gemma, hardware=kvadvise.probe_hardware())
