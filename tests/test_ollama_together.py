@@ -428,3 +428,10 @@ def test_release_and_runner_options_are_refused_where_they_are_not_planned(
     assert rc == 2 and out == "" and flag[0] in err and "for one model" in err, err
     rc, out, err = run(capsys, "ollama", "--installed", "--gpu", "rtx-4090", *flag)
     assert rc == 2 and out == "" and flag[0] in err, err
+
+
+def test_one_model_named_twice_is_one_model(fake: FakeOllama, capsys: pytest.CaptureFixture[str]) -> None:
+    """`kvadvise ollama qwen3:8b qwen3:8b`: planned once, and said so ("1 models on one Ollama server")."""
+    rc, out, err = run(capsys, "ollama", "gemma3:4b", "gemma3:4b", "--gpu", "rtx-4090")
+    assert rc == 0 and out.startswith("1 model on one Ollama server") and "named twice" in out + err, out
+
