@@ -921,6 +921,29 @@ def test_a_count_the_tensors_do_not_have_is_refused(
     assert main(["gguf", str(base), "--no-hardware"]) == 0
 
 
+@pytest.mark.parametrize(("key", "value", "refused"), [(k, v, v == 2**32 - 1 or v == 1000) for k, v, _ in IMPOSSIBLE_COUNTS])
+def test_an_unverified_architecture_is_refused_only_a_width_no_model_has(
+    key: str, value: int, refused: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where kvadvise's head widths are not verified against llama.cpp (an architecture outside VERIFIED), a rule
+    it does not know could size the tensors: a width that differs is planned (as an estimate, said so), and only
+    one no model has (0, past a million: a count of 4294967295, 1,000 heads over 128 columns) is refused."""
+    from tinymodels import write_tiny_gguf
+
+    from kvadvise.model import architecture
+    from kvadvise.model.architecture import from_gguf
+
+    monkeypatch.setattr(architecture, "VERIFIED", architecture.VERIFIED - {"llama"})
+    base = write_tiny_gguf(tmp_path / "base.gguf", "llama")
+    header = read_file(_patched_u32(base, tmp_path / "bad.gguf", key, value))
+    if refused:
+        with pytest.raises(GGUFError, match=" wide") as e:
+            from_gguf(header)
+        assert e.value.hint is not None and "llama.cpp refuses to load it" in e.value.hint
+    else:
+        assert not from_gguf(header).verified
+
+
 @pytest.mark.llama
 @pytest.mark.parametrize(("key", "value", "what"), IMPOSSIBLE_COUNTS)
 def test_llama_cpp_refuses_what_kvadvise_refuses(key: str, value: int, what: str, tmp_path: Path, fit_params: Path) -> None:

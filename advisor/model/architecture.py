@@ -383,7 +383,7 @@ def _check_widths(spec: ModelSpec, by_name: Mapping[str, TensorInfo]) -> None:
             continue
         for tensor, want in (("attn_k", spec.n_embd_k_gqa(il)), ("attn_v", spec.n_embd_v_gqa(il))):
             t = by_name.get(f"blk.{il}.{tensor}.weight")
-            if t is None or len(t.shape) < 2 or t.shape[1] == want:
+            if t is None or len(t.shape) < 2 or t.shape[1] == want or not _refuses(spec, want):
                 continue
             head = want // spec.n_head_kv[il]
             raise GGUFError(
@@ -398,12 +398,27 @@ def _check_widths(spec: ModelSpec, by_name: Mapping[str, TensorInfo]) -> None:
         # Q is n_head heads of the K width (create_tensor_qkv's n_embd_head_k * n_head), or twice that where Q
         # carries its output gate (qwen3next, qwen35: n_embd_head_k * n_head * 2)
         n_embd_q = head_k * spec.n_head[il]
-        if q is not None and len(q.shape) >= 2 and q.shape[1] not in (n_embd_q, 2 * n_embd_q):
+        if (
+            q is not None
+            and len(q.shape) >= 2
+            and q.shape[1] not in (n_embd_q, 2 * n_embd_q)
+            and _refuses(spec, n_embd_q)
+        ):
             raise GGUFError(
                 f"{spec.source}: layer {il}'s Q is {spec.n_head[il]:,} heads ({keys}.head_count) of {head_k:,} = "
                 f"{n_embd_q:,} wide by the header, but blk.{il}.attn_q.weight is {q.shape[1]:,} wide",
                 hint=_LOAD_REFUSED,
             )
+
+
+_NO_ROW_WIDER = 1 << 20  # no real model's K, V or Q row is a million wide (the widest are tens of thousands)
+
+
+def _refuses(spec: ModelSpec, width: int) -> bool:
+    """Whether a width the tensors do not have is refused: always for an architecture verified against llama.cpp
+    (VERIFIED: kvadvise's head widths are llama.cpp's there); elsewhere, where a rule kvadvise does not know could
+    size the tensors, only a width no model has (0, or past a million: head_count 4294967295 and the like)."""
+    return spec.verified or width == 0 or width > _NO_ROW_WIDER
 
 
 # a dense feed-forward's ffn_down is {n_ff, n_embd} (src/models/*.cpp, b11312) but in Qwen (v1), whose
@@ -427,7 +442,7 @@ def _check_ff_width(spec: ModelSpec, by_name: Mapping[str, TensorInfo]) -> None:
         if (t := by_name.get(f"blk.{il}.ffn_down.weight")) is not None and len(t.shape) == 2
     ]
     want = spec.n_ff // _FF_DOWN_DIVISOR.get(spec.architecture, 1)
-    if dense and want > max(dense):
+    if dense and want > max(dense) and (spec.verified or want > 64 * _NO_ROW_WIDER):
         raise GGUFError(
             f"{spec.source}: {spec.architecture}.feed_forward_length is {spec.n_ff:,}, but the widest dense "
             f"feed-forward (ffn_down) is {max(dense):,}",
