@@ -290,8 +290,16 @@ def plan(
         _need("model", model, ModelSpec, "a ModelSpec or a model reference")
         spec, rt = model, runtime
     assert isinstance(rt, Runtime)
+    from kvadvise.model.spec import check_spec
+
+    if (wrong := check_spec(spec)) is not None:  # a ModelSpec made or changed by hand
+        raise _invalid("model", f"ModelSpec: {wrong}", hint="kvadvise.load_model(...) reads one from a model")
     if hardware is not None:
+        from kvadvise.planner.hardware import check_hardware
+
         _need("hardware", hardware, Hardware, "a Hardware (gpu_profile, probe_hardware)")
+        if (wrong := check_hardware(hardware)) is not None:  # a Hardware made or changed by hand
+            raise _invalid("hardware", f"Hardware: {wrong}", hint="kvadvise.gpu_profile(...) or probe_hardware()")
     if config is not None and not isinstance(config, (RunConfig, PlanRequest)):
         raise _invalid("config", f"expected a RunConfig or a PlanRequest, got {type(config).__name__}")
     r = request(config, hardware=hardware, policy=policy, margin_bytes=margin_bytes)

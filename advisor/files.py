@@ -57,11 +57,13 @@ def write_text_file(path: str | os.PathLike[str], text: str, *, force: bool) -> 
     return target
 
 
-def write_files(files: Sequence[NewFile], *, force: bool) -> tuple[Path, ...]:
+def write_files(files: Sequence[NewFile], *, force: bool, inputs: Sequence[str] = ()) -> tuple[Path, ...]:
     """Write every file or none: check them all (:func:`check_targets`), write each to a temporary file
     beside its target, then give each its name. A failure anywhere leaves every target as it was: the
     temporary files are removed and the renames already done are undone (a replaced file comes back from
-    a hard link, or a copy, made before it was replaced)."""
+    a hard link, or a copy, made before it was replaced). ``inputs``: the files the command read (the
+    model), never written over, ``force`` or not."""
+    _refuse_inputs(files, inputs)
     check_targets(
         {f.option or f.path: f.path for f in files}, force=force, replace={f.path for f in files if f.replace}
     )
@@ -87,6 +89,28 @@ def write_files(files: Sequence[NewFile], *, force: bool) -> tuple[Path, ...]:
                 if os.path.lexists(leftover):
                     os.unlink(leftover)
     return tuple(targets)
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    """The file a path names, through links (device, inode): a hard link and a symbolic link to it are it."""
+    try:
+        st = os.stat(os.path.expanduser(path))
+    except (OSError, ValueError):  # no such file (a reference that is no path), a NUL byte
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def _refuse_inputs(files: Sequence[NewFile], inputs: Sequence[str]) -> None:
+    """``--write-env model.gguf --force`` replaced the model the plan was read from with a settings file: the
+    one thing the user cannot get back from kvadvise. A file the command read is refused as a target."""
+    read = {i for i in map(_identity, inputs) if i is not None}
+    for f in files:
+        if read and _identity(f.path) in read:
+            raise InputError(
+                f"{f.option or 'the output'} {f.path}: it is the model this plan was read from; kvadvise never "
+                "writes over a file it reads, --force or not",
+                hint="give the file another name",
+            )
 
 
 def _commit(tmp: str, target: Path, *, replace: bool) -> str | None:
@@ -174,7 +198,9 @@ def _check_target(path: str | os.PathLike[str], *, force: bool) -> Path:
         raise InputError(f"{path}: no such user's home folder", hint="give the folder itself") from None
     parent = target.parent
     try:
-        if target.is_dir():
+        # `existing/`: a folder's name (the shell's `> existing/` is "Is a directory"); Path drops the slash, and
+        # --force wrote the file `existing`
+        if target.is_dir() or os.fspath(path).endswith(("/", os.sep)):
             raise InputError(f"{target}: is a directory", hint="give a file name")
         if not parent.exists():
             raise InputError(f"{parent}: no such directory", hint=f"create it first: mkdir -p {parent}")
@@ -186,6 +212,12 @@ def _check_target(path: str | os.PathLike[str], *, force: bool) -> Path:
             resolved = Path(os.path.realpath(target))
             if not resolved.is_symlink():  # a loop of links is left to the checks below, as it is
                 return _check_target(resolved, force=force)
+        if target.exists() and not target.is_file():
+            # --force replaces a file, never a device, a FIFO or a socket: `--write-env /dev/null --force` renamed
+            # a regular file over /dev/null (as root), breaking every program that writes there
+            raise InputError(
+                f"{target}: not a regular file; --force overwrites only files", hint="give the path of a file"
+            )
     except OSError as e:  # a name too long, a folder that cannot be searched
         raise _os_error(target, e) from None
     return target

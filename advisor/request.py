@@ -18,6 +18,7 @@ from kvadvise.model.ggml import KV_CACHE_TYPES
 from kvadvise.planner.budget import DEFAULT_MARGIN_BYTES
 from kvadvise.planner.hardware import RpcHost
 from kvadvise.planner.mtp import SPEC_TYPES as SPEC_TYPES
+from kvadvise.units import MAX_SIZE_BYTES
 
 if TYPE_CHECKING:
     from kvadvise.model.projector import ProjectorSpec
@@ -143,9 +144,9 @@ INT_RANGES: dict[str, tuple[int, int]] = {
     "n_outputs_max": (0, INT32_MAX),
     "n_cpu_moe": (0, 4096),
     "spec_draft_n_max": (0, 1024),
-    "overhead_bytes": (0, 2**63 - 1),
-    "ram_bytes": (1, 2**63 - 1),
-    "margin_bytes": (0, 2**63 - 1),
+    "overhead_bytes": (0, MAX_SIZE_BYTES),
+    "ram_bytes": (1, MAX_SIZE_BYTES),
+    "margin_bytes": (0, MAX_SIZE_BYTES),
     "target_ctx": (0, INT32_MAX),
     "min_ctx": (0, INT32_MAX),
     "prompt_tokens": (1, INT32_MAX),
@@ -194,8 +195,7 @@ def _check_values(r: PlanRequest) -> None:
         if not _is_int(v):
             raise invalid(name, f"{_shown(v)} is not a valid integer.")
         if not lo <= v <= hi:
-            bound = f"{lo}<=x<={hi}" if hi < 2**63 - 1 else f"x>={lo}"
-            raise invalid(name, f"{v} is not in the range {bound}.")
+            raise invalid(name, f"{v} is not in the range {lo}<=x<={hi}.")
     for name, choices in CHOICES.items():
         v = getattr(r, name)
         if v is None and name in ("type_k", "type_v", "use"):
@@ -249,6 +249,8 @@ def _check_sizes(r: PlanRequest) -> None:
         for v in r.vram_bytes:
             if not _is_int(v) or v <= 0:
                 raise invalid("vram_bytes", f"{_shown(v)} is not a size in bytes above 0")
+            if v > MAX_SIZE_BYTES:  # as parse_size refuses `--vram 99999999999999999999999GiB`
+                raise invalid("vram_bytes", f"{_shown(v)} bytes is more than 8 EiB: no memory is that large")
     if not isinstance(r.rpc, tuple) or any(not isinstance(h, RpcHost) for h in r.rpc):
         raise invalid("rpc", f"{_shown(r.rpc)}: a tuple of RpcHost (kvadvise.ui.flags.parse_rpc_host)")
 

@@ -27,6 +27,9 @@ _UNITS: dict[str, int] = {
     "g": 1 << 30,
     "t": 1 << 40,
 }
+# the largest size taken: int64 bytes, what the JSON's readers (and llama.cpp's own int64_t sizes) hold
+MAX_SIZE_BYTES = 2**63 - 1
+_MAX_SIZE_DIGITS = 40  # a number longer than this is no size (8 EiB in bytes has 19 digits)
 _SIZE_HINT = "write a number and a unit, e.g. 24GiB, 24000MiB, 23.5GiB or 24GB (GiB/MiB/KiB binary, GB/MB/KB decimal)"
 
 
@@ -47,6 +50,9 @@ def parse_size(text: str, *, allow_zero: bool = False) -> int:
     Bad input raises InputError with a one-line message and a hint.
     """
     m = re.match(_SIZE_RE, text)
+    if m is not None and len(m.group(1)) > _MAX_SIZE_DIGITS:
+        # shown cut short, and never given to int(), whose digit limit (4,300) is a ValueError, not an answer
+        raise InputError(f"not a size: {text.strip()[:20]!r}... ({len(text.strip()):,} characters)", hint=_SIZE_HINT)
     if m is None:
         raise InputError(f"not a size: {text!r}", hint=_SIZE_HINT)
     number, unit = m.group(1), m.group(2).lower()
@@ -68,6 +74,11 @@ def parse_size(text: str, *, allow_zero: bool = False) -> int:
         n = int(value.to_integral_value(rounding=ROUND_HALF_UP))
     if n < 0 or (n == 0 and not allow_zero):
         raise InputError(f"size {text.strip()!r} must be more than 0 bytes", hint=_SIZE_HINT)
+    if n > MAX_SIZE_BYTES:
+        raise InputError(
+            f"size {text.strip()!r} is more than 8 EiB ({MAX_SIZE_BYTES:,} bytes): no memory is that large",
+            hint=_SIZE_HINT,
+        )
     return n
 
 
@@ -93,7 +104,8 @@ def parse_memory_size(text: str, flag: str) -> int:
     return parse_size(text)
 
 
-_TOKENS_RE = r"(?ia)^\s*([0-9]+(?:\.[0-9]+)?)\s*([km]?)\s*$"  # compiled by re on first use
+# a + as llama.cpp's -c reads one (common/arg.cpp std::stoi); compiled by re on first use
+_TOKENS_RE = r"(?ia)^\s*\+?([0-9]+(?:\.[0-9]+)?)\s*([km]?)\s*$"
 _TOKEN_UNITS = {"": 1, "k": 1024, "m": 1024 * 1024}  # as llama.cpp users write a context: 64k = 65,536
 _TOKENS_HINT = "a whole number of tokens, or with k (1,024 tokens) or m (1,048,576): 8192, 64k, 128K, 1m"
 

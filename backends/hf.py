@@ -31,12 +31,13 @@ from typing import TYPE_CHECKING, Any
 
 from kvadvise.deadline import within
 from kvadvise.errors import BackendUnreachable, InputError, KvadviseError
-from kvadvise.files import load_json
+from kvadvise.files import load_json, open_regular
 from kvadvise.model.breakdown import params as count_params
 from kvadvise.model.breakdown import with_parts
 from kvadvise.model.hfconfig import from_config
 from kvadvise.model.quants import quant_bpw
 from kvadvise.model.spec import ModelSpec, with_weights
+from kvadvise.units import MAX_SIZE_BYTES
 
 if TYPE_CHECKING:
     import click
@@ -90,6 +91,11 @@ class HFBackend:
             config = _load_json(path)
             source = str(path)
             find: Callable[[bool], Weights | None] = lambda need_params: _local_weights(path.parent)  # noqa: E731
+        elif os.path.isdir(os.path.expanduser(ref)):
+            raise InputError(f"{ref}: no config.json in this folder", hint="give the folder of a Hub download")
+        elif os.path.lexists(path):  # a device, a FIFO, a socket: said as a GGUF path says it (never read)
+            os.close(open_regular(path))
+            raise InputError(f"{ref}: not a regular file")  # pragma: no cover - open_regular refused it
         elif ref.endswith(".json") or ref.startswith((".", "/", "~")):
             raise InputError(f"{ref}: no such file")
         elif not _REPO_ID.match(ref):
@@ -507,7 +513,7 @@ def _hf_command(backend: HFBackend) -> click.Command:
     @click.argument("config")
     @click.option(
         "--weights-bytes",
-        type=click.IntRange(min=0),
+        type=click.IntRange(min=0, max=MAX_SIZE_BYTES),
         default=None,
         help="Size of the weights you will load [default: from the safetensors index, or --quant].",
     )

@@ -56,3 +56,66 @@ def test_numbers_past_what_llama_cpp_reads_are_refused(gemma: kvadvise.ModelSpec
     with pytest.raises(KvadviseError) as e:
         kvadvise.plan(gemma, PlanRequest(**{name: 2**63}), hardware=kvadvise.gpu_profile("rtx-4090"))
     assert e.value.exit_code == 2
+    assert "x>=0" not in e.value.message  # 2**63 is >= 0: the bound said is the one it breaks
+
+
+def test_a_vram_past_int64_bytes_is_refused_as_the_cli_refuses_it(gemma: kvadvise.ModelSpec) -> None:
+    """`--vram 99999999999999999999999GiB` is refused (more than 8 EiB); vram_bytes=(10**30,) planned a card of
+    that size: the request's bound is the command line's (kvadvise.units.MAX_SIZE_BYTES)."""
+    from kvadvise.units import MAX_SIZE_BYTES
+
+    for vram in ((10**30,), (MAX_SIZE_BYTES + 1, 1 << 30)):
+        with pytest.raises(KvadviseError) as e:
+            kvadvise.plan(gemma, PlanRequest(vram_bytes=vram))
+        assert e.value.exit_code == 2 and "vram" in e.value.message, e.value.message
+    assert kvadvise.plan(gemma, PlanRequest(vram_bytes=(MAX_SIZE_BYTES,))).fits
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "what"),
+    [
+        ("n_layer_all", 0, "n_layer_all is 0"),  # zip() ValueError (exit 1)
+        ("n_head", (), "n_head has 0 values for 18 layers"),  # IndexError (exit 1)
+        ("kv_layers", (True,), "kv_layers has 1 values"),  # IndexError (exit 1)
+        ("n_embd", -5, "n_embd is -5"),  # planned, as if it were a model
+        ("n_head_kv", (-1,) * 18, "n_head_kv holds -1"),  # planned
+        ("n_head_kv", (2**40,) * 18, "past any model's"),  # planned (not fitting)
+        ("name", None, "name is None"),
+    ],
+)
+def test_a_model_spec_made_by_hand_is_checked(gemma: kvadvise.ModelSpec, field: str, value: object, what: str) -> None:
+    """kvadvise.plan takes a ModelSpec; one changed by hand (dataclasses.replace) with a per-layer tuple of another
+    length ended in IndexError or zip()'s ValueError (exit 1), and a negative width was planned: each is refused as
+    an argument is (exit 2, one line), and load_model's own plans as before."""
+    import dataclasses
+
+    with pytest.raises(KvadviseError) as e:
+        kvadvise.plan(dataclasses.replace(gemma, **{field: value}), hardware=kvadvise.gpu_profile("rtx-4090"))
+    assert e.value.exit_code == 2 and what in e.value.message and "\n" not in e.value.message, e.value.message
+    assert e.value.message.startswith("Invalid value for 'model': ModelSpec: ")
+    assert kvadvise.plan(gemma, hardware=kvadvise.gpu_profile("rtx-4090")).fits
+
+
+@pytest.mark.parametrize(
+    ("change", "what"),
+    [
+        ({"gpus": None}, "gpus is None"),  # TypeError (exit 1)
+        ({"gpu": {"name": None}}, "name/backend is not text"),  # AttributeError (exit 1)
+        ({"gpu": {"free_bytes": -1}}, "free_bytes is -1"),  # planned
+        ({"gpu": {"free_bytes": 1 << 40, "total_bytes": 1}}, "bytes free of 1"),  # planned
+        ({"ram_free_bytes": -1}, "ram_free_bytes is -1"),  # planned
+    ],
+)
+def test_a_hardware_made_by_hand_is_checked(gemma: kvadvise.ModelSpec, change: dict[str, object], what: str) -> None:
+    """A Hardware changed by hand: gpus=None and a GPU named None ended in TypeError/AttributeError (exit 1); a
+    negative free memory, or more free than the card has, was planned. Refused as an argument is (exit 2)."""
+    import dataclasses
+
+    hw = kvadvise.gpu_profile("rtx-4090")
+    gpu_change = change.pop("gpu", None)
+    if isinstance(gpu_change, dict):
+        change = {"gpus": (dataclasses.replace(hw.gpus[0], **gpu_change),)}
+    with pytest.raises(KvadviseError) as e:
+        kvadvise.plan(gemma, hardware=dataclasses.replace(hw, **change))  # type: ignore[arg-type]
+    assert e.value.exit_code == 2 and what in e.value.message and "\n" not in e.value.message, e.value.message
+    assert kvadvise.plan(gemma, hardware=hw).fits and kvadvise.plan(gemma, hardware=kvadvise.probe_hardware())

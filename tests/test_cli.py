@@ -230,6 +230,15 @@ def test_hf_weights_bytes_is_noted(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "weights: 19,000,000,000 B from --weights-bytes" in json.loads(capsys.readouterr().out)["model"]["notes"]
 
 
+def test_hf_weights_bytes_past_int64_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """--weights-bytes 99999999999999999999 planned 1e20 bytes of weights; a size past int64 (8 EiB) is refused,
+    as --vram's is (kvadvise.units.MAX_SIZE_BYTES)."""
+    cfg = Path(__file__).parent / "data" / "hf" / "qwen3-coder-30b.json"
+    assert main(["hf", str(cfg), "--weights-bytes", "99999999999999999999", "--no-hardware"]) == 2
+    assert "--weights-bytes" in capsys.readouterr().err
+    assert main(["hf", str(cfg), "--weights-bytes", str(2**63 - 1), "--no-hardware", "--ctx", "4096"]) == 0
+
+
 @pytest.mark.parametrize(("typed", "told"), [("-ngl", "-ngl"), ("-ngl5", "-ngl5"), ("-xyz", "-xyz")])
 def test_an_unknown_short_option_is_named_as_typed(
     typed: str, told: str, gemma_path: Path, capsys: pytest.CaptureFixture[str]

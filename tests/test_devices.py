@@ -197,3 +197,28 @@ def test_real_size_split_within_the_bar(
         REPORT.append(f"| {name} -ts {ts} -fa {fa} {outputs} (sparse) | {d} | | | {measured[d]:.2f} / {planned:.2f} |")
     host = est.host.compute_bytes / MIB  # the graph inputs' copies (the last figure llama.cpp prints: CPU)
     assert abs(host - measured[-1]) <= max(8.0, 0.05 * measured[-1]), (name, ts, "host", host, measured[-1])
+
+
+def test_rpc_port_with_leading_zeros_is_the_device_llama_server_names(
+    three: list[str], models: dict[str, Path], real_llama_server: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """llama.cpp reads an --rpc port with std::stoi (ggml-rpc.cpp parse_endpoint): 0PORT is PORT, and the
+    device is named by the endpoint's text. kvadvise plans it, keeps the text in its command, and the
+    buffers llama-server allocates over that endpoint carry the device name the plan gives."""
+    import json
+    import shlex
+
+    from kvadvise.cli import main
+
+    host, port = three[0].split(":")
+    endpoint = f"{host}:0{port}"
+    assert main(["llamacpp", str(models["gemma-3-270m"]), "--rpc", f"{endpoint}=4GiB", "--ctx", "4096", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    cmd = shlex.split(doc["llama_server"]["command"])
+    assert cmd[cmd.index("--rpc") + 1] == endpoint
+    assert [d["name"] for d in doc["memory"]["devices"]] == [f"RPC0[{endpoint}]"]
+    args = [x for i, x in enumerate(cmd[1:], 1) if cmd[i - 1] not in ("-m", "--rpc") and x not in ("-m", "--rpc")]
+    got = parse(run_server(real_llama_server, models["gemma-3-270m"], args, [endpoint]).splitlines())
+    device = doc["memory"]["devices"][0]
+    model_mib = sum(x.mib for x in got.buffers if x.buft == f"RPC0[{endpoint}]" and x.kind == "model")
+    assert model_mib == pytest.approx(device["weights_bytes"] / MIB, abs=0.01)

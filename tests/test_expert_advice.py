@@ -59,10 +59,11 @@ def test_a_context_given_keeps_the_cache_choice(command: list[str], capsys: pyte
 
 
 def test_token_counts_take_k_and_refuse_the_rest(capsys: pytest.CaptureFixture[str]) -> None:
-    for text, n in (("64k", 65536), ("128K", 131072), ("1.5k", 1536), ("8192", 8192)):
+    # "+8192": llama.cpp's -c reads it (std::stoi takes a sign) and -np +2 was taken; --ctx +8192 was refused
+    for text, n in (("64k", 65536), ("128K", 131072), ("1.5k", 1536), ("8192", 8192), ("+8192", 8192)):
         rc, out, _ = run(capsys, "ollama", "qwen3-coder", "--gpu", "rtx-4090", "--ctx", text, "--json")
         assert rc == 0 and json.loads(out)["config"]["n_ctx"] >= n, text
-    for bad in ("64kb", "1.2", "k", "1" * 5000, "-64k"):
+    for bad in ("64kb", "1.2", "k", "1" * 5000, "-64k", "++8192", "+", "+-1"):
         rc, out, err = run(capsys, "ollama", "qwen3:8b", "--gpu", "rtx-4090", "--ctx", bad)
         assert rc == 2 and out == "" and "Traceback" not in err and len(err.splitlines()) <= 2, (bad, err)
 

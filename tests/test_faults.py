@@ -789,6 +789,83 @@ def test_force_writes_through_a_symlink_and_keeps_it(tmp_path: Path) -> None:
     assert sorted(p.name for p in dotfiles.iterdir()) == ["llama.env"]  # no temporary file left
 
 
+def test_force_never_replaces_what_is_not_a_file(tmp_path: Path) -> None:
+    """`--write-env /dev/null --force` (as root) renamed a regular file over /dev/null: every program writing
+    there then filled a file. --force replaces files; a FIFO (or a device, a socket) is refused and left as it
+    is, directly and through a symbolic link."""
+    import stat
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    link = tmp_path / "link"
+    link.symlink_to(fifo)
+    for target in (fifo, link):
+        with pytest.raises(InputError, match="not a regular file; --force overwrites only files"):
+            write_text_file(target, "x\n", force=True)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and sorted(p.name for p in tmp_path.iterdir()) == ["link", "pipe"]
+
+
+def test_a_path_ending_in_a_slash_names_a_folder(tmp_path: Path) -> None:
+    """`--write-env settings/ --force` wrote (and replaced) the file `settings`: a name ending in / is a folder's,
+    as the shell reads it (`> settings/`: "Is a directory"); refused whether or not `settings` exists."""
+    existing = tmp_path / "settings"
+    existing.write_text("keep\n")
+    for target, force in ((f"{existing}/", True), (f"{tmp_path}/new/", False)):
+        with pytest.raises(InputError, match="is a directory"):
+            write_text_file(target, "x\n", force=force)
+    assert existing.read_text() == "keep\n" and sorted(p.name for p in tmp_path.iterdir()) == ["settings"]
+
+
+def test_no_output_is_written_over_the_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`kvadvise llamacpp m.gguf --write-env m.gguf --force` replaced the model with its own settings file: the
+    model the plan was read from (its -md draft, its --mmproj) is refused as an output, --force or not, by its
+    name, a symbolic link or a hard link to it; nothing is written."""
+    from tinymodels import write_tiny_gguf
+
+    from kvadvise.cli import main
+
+    model = write_tiny_gguf(tmp_path / "m.gguf", "llama")
+    draft = write_tiny_gguf(tmp_path / "d.gguf", "llama", seed=1)
+    before = model.read_bytes(), draft.read_bytes()
+    (tmp_path / "sym.env").symlink_to(model)
+    os.link(model, tmp_path / "hard.env")
+    for out, extra in (("m.gguf", []), ("sym.env", []), ("hard.env", []), ("d.gguf", ["-md", str(draft)])):
+        argv = ["llamacpp", str(model), "--no-hardware", "--write-env", str(tmp_path / out), "--force", *extra]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "it is the model this plan was read from" in err and err.count("\n") == 2, err
+    assert (model.read_bytes(), draft.read_bytes()) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.gguf", "hard.env", "m.gguf", "sym.env"]
+    assert main(["llamacpp", str(model), "--no-hardware", "--write-env", str(tmp_path / "ok.env")]) == 0
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--vram", "24GiB"],  # a plan that fits: the chart alone
+        ["--vram", "24GiB", "--write-env", "ok.env"],  # with the runtime's files
+        ["--vram", "1MiB", "--gpu-only", "--write-env", "no.env"],  # does not fit: the chart alone is written
+    ],
+)
+def test_a_chart_is_never_written_over_the_model(
+    args: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chart is replaced without --force, so `--chart-file chart.svg` where chart.svg links to the model
+    replaced the model with an SVG (when the plan did not fit: the chart was written on its own path)."""
+    pytest.importorskip("matplotlib")
+    from tinymodels import write_tiny_gguf
+
+    from kvadvise.cli import main
+
+    model = write_tiny_gguf(tmp_path / "m.gguf", "llama")
+    before = model.read_bytes()
+    (tmp_path / "chart.svg").symlink_to(model)
+    monkeypatch.chdir(tmp_path)
+    assert main(["llamacpp", str(model), *args, "--chart-file", "chart.svg"]) == 2
+    assert "it is the model this plan was read from" in capsys.readouterr().err
+    assert model.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["chart.svg", "m.gguf"]
+
+
 def test_cli_write_env_no_clobber_and_bad_dirs(
     tiny_gguf: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -850,3 +927,24 @@ def test_params_blob_symlinked_outside_is_refused(store: Path, tmp_path: Path) -
     blob.symlink_to(secret)
     with pytest.raises(InputError, match="outside the model store"):
         resolve("gemma3-270m", roots=[store], use_api=False, use_profiles=False)
+
+
+@pytest.mark.parametrize("name", ["$(touch PWNED).env", "a b.env", "it's.env"])
+def test_the_hint_to_load_a_written_env_file_is_a_line_to_paste(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--write-env '$(touch PWNED).env'` printed `set -a; . ./$(touch PWNED).env; set +a`: pasted, it ran the
+    command in the name (and a space broke it). The path is quoted for the shell; the hint, run, loads the file."""
+    from tinymodels import write_tiny_gguf
+
+    from kvadvise.cli import main
+
+    model = write_tiny_gguf(tmp_path / "m.gguf", "llama")
+    monkeypatch.chdir(tmp_path)
+    assert main(["llamacpp", str(model), "--no-hardware", "--write-env", name]) == 0
+    err = capsys.readouterr().err
+    line = re.search(r"`(set -a; \. .*; set \+a)`", err)
+    assert line is not None, err
+    run = subprocess.run(["sh", "-c", f"{line[1]}; echo \"$LLAMA_ARG_MODEL\""], cwd=tmp_path, capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout.strip() == str(model), run.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["m.gguf", name])  # nothing touched

@@ -887,6 +887,102 @@ def test_a_header_of_zero_heads_or_width_beside_attention_tensors_is_refused(
     assert main(["gguf", str(base), "--no-hardware"]) == 0
 
 
+# A count no real dimension has: the tiny llama has 4 heads (2 KV) of 32 over a width of 128, and FFN 256.
+# llama-fit-params (b11312) refuses each ("invalid n_rot: 32, expected 0"; "check_tensor_dims: tensor
+# 'blk.0.attn_k.weight' has wrong shape; expected 128, 4294967264"; "... 'blk.0.ffn_gate.weight' ... expected
+# 128, 4294967295"); kvadvise planned each (exit 0, or 3 with a compute buffer of terabytes)
+IMPOSSIBLE_COUNTS = [
+    ("llama.attention.head_count", 2**32 - 1, "K rows are 0 x 2 heads"),  # n_embd / n_head: a head width of 0
+    ("llama.attention.head_count", 1000, "K rows are 0 x 2 heads"),  # more heads than the width has columns
+    ("llama.attention.head_count", 5, "K rows are 25 x 2 heads = 50 wide"),  # 128 / 5: not the tensors' 32
+    ("llama.attention.head_count_kv", 2**32 - 1, "blk.0.attn_k.weight is 64 wide"),
+    ("llama.attention.head_count_kv", 3, "K rows are 32 x 3 heads = 96 wide"),
+    ("llama.embedding_length", 2**32 - 1, "embedding_length 4,294,967,295"),
+    ("llama.feed_forward_length", 2**32 - 1, "feed_forward_length is 4,294,967,295"),
+]
+
+
+@pytest.mark.parametrize(("key", "value", "what"), IMPOSSIBLE_COUNTS)
+def test_a_count_the_tensors_do_not_have_is_refused(
+    key: str, value: int, what: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A head count, KV head count, width or FFN width the layers' tensors do not have is a file llama.cpp
+    refuses (src/llama-model.cpp create_tensor_qkv, llama-model-loader.cpp check_tensor_dims): exit 2, the
+    key named, with or without a card to plan for, never a plan."""
+    from tinymodels import write_tiny_gguf
+
+    base = write_tiny_gguf(tmp_path / "base.gguf", "llama")
+    bad = _patched_u32(base, tmp_path / "bad.gguf", key, value)
+    for extra in (["--no-hardware"], ["--gpu", "rtx-4090"], ["--gpu", "rtx-4090", "--json"]):
+        rc = main(["gguf", str(bad), *extra])
+        out, err = capsys.readouterr()
+        assert rc == 2 and what in err and "bad.gguf" in err and "internal error" not in err and not out, err
+        assert err.count("\n") == 2 and "llama.cpp refuses to load it" in err  # the error and its hint
+    assert main(["gguf", str(base), "--no-hardware"]) == 0
+
+
+@pytest.mark.parametrize(("key", "value", "refused"), [(k, v, v == 2**32 - 1 or v == 1000) for k, v, _ in IMPOSSIBLE_COUNTS])
+def test_an_unverified_architecture_is_refused_only_a_width_no_model_has(
+    key: str, value: int, refused: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where kvadvise's head widths are not verified against llama.cpp (an architecture outside VERIFIED), a rule
+    it does not know could size the tensors: a width that differs is planned (as an estimate, said so), and only
+    one no model has (0, past a million: a count of 4294967295, 1,000 heads over 128 columns) is refused."""
+    from tinymodels import write_tiny_gguf
+
+    from kvadvise.model import architecture
+    from kvadvise.model.architecture import from_gguf
+
+    monkeypatch.setattr(architecture, "VERIFIED", architecture.VERIFIED - {"llama"})
+    base = write_tiny_gguf(tmp_path / "base.gguf", "llama")
+    header = read_file(_patched_u32(base, tmp_path / "bad.gguf", key, value))
+    if refused:
+        with pytest.raises(GGUFError, match=" wide") as e:
+            from_gguf(header)
+        assert e.value.hint is not None and "llama.cpp refuses to load it" in e.value.hint
+    else:
+        assert not from_gguf(header).verified
+
+
+@pytest.mark.llama
+@pytest.mark.parametrize(("key", "value", "what"), IMPOSSIBLE_COUNTS)
+def test_llama_cpp_refuses_what_kvadvise_refuses(key: str, value: int, what: str, tmp_path: Path, fit_params: Path) -> None:
+    """The files above, given to llama-fit-params of the tests' llama.cpp: it cannot load one (exit 1; its log,
+    written by a thread never joined at exit, may not arrive, so the exit code is what is read)."""
+    import subprocess
+
+    from tinymodels import write_tiny_gguf
+
+    base = write_tiny_gguf(tmp_path / "base.gguf", "llama")
+    bad = _patched_u32(base, tmp_path / "bad.gguf", key, value)
+    for path, rc in ((base, 0), (bad, 1)):
+        run = subprocess.run([str(fit_params), "-m", str(path), "-c", "512"], capture_output=True, text=True, timeout=120)
+        assert run.returncode == rc, (run.stdout + run.stderr)[-2000:]
+
+
+def test_a_head_count_beside_an_explicit_key_length_is_checked_against_q(
+    gemma_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], request: pytest.FixtureRequest
+) -> None:
+    """Gemma 3 gives its head width (key_length 256), so head_count 4294967295 leaves K and V as they are: only Q
+    (256 x 4 = 1024 wide) tells the count is wrong. llama.cpp refuses the file (create_tensor_qkv: Q of
+    n_embd_head_k * n_head); kvadvise sized the attention's compute by 4294967295 heads (exit 3 on a card)."""
+    bad = _patched_u32(gemma_path, tmp_path / "bad.gguf", "gemma3.attention.head_count", 2**32 - 1)
+    rc = main(["gguf", str(bad), "--gpu", "rtx-4090"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "layer 0's Q is 4,294,967,295 heads" in err and "attn_q.weight is 1,024 wide" in err, err
+
+
+@pytest.mark.llama
+def test_llama_cpp_refuses_gemma_with_a_head_count_q_does_not_have(gemma_path: Path, tmp_path: Path, fit_params: Path) -> None:
+    """llama-fit-params (b11312): "check_tensor_dims: tensor 'blk.0.attn_q.weight' has wrong shape; expected 640,
+    1099511627520, got 640, 1024" (exit 1)."""
+    import subprocess
+
+    bad = _patched_u32(gemma_path, tmp_path / "bad.gguf", "gemma3.attention.head_count", 2**32 - 1)
+    run = subprocess.run([str(fit_params), "-m", str(bad), "-c", "512"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1, (run.stdout + run.stderr)[-2000:]
+
+
 @pytest.mark.parametrize("n_ctx_train", [2**31, 2**32 - 1])
 def test_a_training_context_past_what_c_takes_is_refused_with_its_key(
     n_ctx_train: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -664,6 +664,12 @@ def test_parse_size(text: str, expected: int) -> None:
         ("0GB", "more than 0"),
         ("0.0000000001B", "more than 0"),
         ("１２GB", "not a size"),  # full-width digits
+        # past int64 bytes (8 EiB): no memory is, and the JSON's readers hold sizes in int64; 5,000 digits
+        # reached int()'s digit limit (ValueError: exit 1, "internal error")
+        ("99999999999999999999999GiB", "more than 8 EiB"),
+        ("9" * 5000 + "GiB", "(5,003 characters)"),
+        ("1." + "9" * 5000 + "GiB", "(5,005 characters)"),
+        ("8589934592GiB", "more than 8 EiB"),
     ],
 )
 def test_parse_size_refuses(text: str, fragment: str) -> None:
@@ -677,7 +683,15 @@ def test_parse_size_refuses(text: str, fragment: str) -> None:
 
 @pytest.mark.parametrize(
     ("text", "endpoint", "free"),
-    [("192.168.1.20:50052=24GiB", "192.168.1.20:50052", 24 * GiB), ("host:0050=512M", "host:50", 512 * MiB)],
+    [
+        ("192.168.1.20:50052=24GiB", "192.168.1.20:50052", 24 * GiB),
+        # llama.cpp reads the port with std::stoi (ggml-rpc.cpp parse_endpoint): leading zeros are decimal, a +
+        # is a sign; it names the device by the endpoint's text (llama-server --list-devices: 127.0.0.1:050052)
+        ("host:0050=512M", "host:0050", 512 * MiB),
+        ("127.0.0.1:050052=8GiB", "127.0.0.1:050052", 8 * GiB),
+        ("127.0.0.1:+50052=8GiB", "127.0.0.1:+50052", 8 * GiB),
+        ("h:000000000000000000000000065535=1GiB", "h:000000000000000000000000065535", GiB),
+    ],
 )
 def test_parse_rpc_host(text: str, endpoint: str, free: int) -> None:
     """--rpc HOST:PORT=SIZE is parsed on the command line; the planner gets RpcHost values."""
@@ -688,8 +702,13 @@ def test_parse_rpc_host(text: str, endpoint: str, free: int) -> None:
 
 @pytest.mark.parametrize(
     ("text", "fragment"),
-    [("host:50052", "not HOST:PORT=SIZE"), ("host=8GiB", "not HOST:PORT=SIZE"), ("host:99999=8GiB", "not HOST:PORT"),
-     (":50052=8GiB", "not HOST:PORT"), ("host:50052=8", "no unit")],
+    [("host:50052", "not HOST:PORT=SIZE"), ("host=8GiB", "not HOST:PORT=SIZE"), ("host:99999=8GiB", "not 1-65535"),
+     (":50052=8GiB", "not HOST:PORT"), ("host:50052=8", "no unit"),
+     # what llama.cpp would silently read as another port (std::stoi stops at text; htons keeps 16 bits)
+     ("host:50052abc=8GiB", "'abc' after its digits"), ("host:65536=8GiB", "not 1-65535"),
+     ("host:-15359=8GiB", "not 1-65535"), ("host:0=8GiB", "not 1-65535"), ("host:00000=8GiB", "not 1-65535"),
+     ("host:" + "9" * 5000 + "=8GiB", "not 1-65535"), ("host:=8GiB", "not a number"), ("host:+=8GiB", "not a number"),
+     ("host:５００５２=8GiB", "not a number"), ("host: 50052=8GiB", "not a number")],
 )  # fmt: skip
 def test_rpc_refused_with_exit_2(text: str, fragment: str, capsys: pytest.CaptureFixture[str]) -> None:
     from kvadvise.cli import main
@@ -863,3 +882,17 @@ def test_nvidia_and_amd_cards_in_one_llama_cpp_process_are_refused_but_through_v
     with pytest.raises(KvadviseError) as e:
         kvadvise.plan(str(gemma_path), kvadvise.PlanRequest(gpu=cards, ram_bytes=64 << 30))
     assert e.value.exit_code == 2 and e.value.message in err
+
+
+def test_one_rpc_server_written_two_ways_is_refused() -> None:
+    """h:050052 and h:50052 are one rpc-server to the network (std::stoi reads both as 50052) but two endpoints to
+    llama.cpp (ggml-rpc.cpp keys its connections by the text), so llama-server makes two devices of it, each
+    planning its whole memory; kvadvise kept the text (the device names llama.cpp prints) and would have
+    planned both: refused. The same text twice is one device (llama.cpp registers it once), as before."""
+    with pytest.raises(InputError, match="are one rpc-server"):
+        hardware.rpc_hosts([parse_rpc_host("h:050052=8GiB"), parse_rpc_host("h:+50052=8GiB")])
+    assert len(hardware.rpc_hosts([parse_rpc_host("h:050052=8GiB"), parse_rpc_host("h:050052=8GiB")]).gpus) == 1
+    assert len(hardware.rpc_hosts([parse_rpc_host("h:50052=8GiB"), parse_rpc_host("g:50052=8GiB")]).gpus) == 2
+    # an RpcHost made by hand through the API, its port no number: planned by its text, as before
+    assert len(hardware.rpc_hosts([hardware.RpcHost("h:x" + "9" * 5000, GiB), hardware.RpcHost("h:1", GiB)]).gpus) == 2
+

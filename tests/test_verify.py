@@ -481,3 +481,23 @@ def test_dry_run_that_fails_silently_says_so(gemma_path: Path, tmp_path: Path, c
     assert main(args) == 3
     err = capsys.readouterr().err
     assert "llama-fit-params failed (exit 3, no output)" in err, err
+
+
+def test_a_log_that_is_no_file_is_refused_or_read_to_its_end(
+    gemma_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`verify llamacpp MODEL --log /dev/zero` read until the machine ran out of memory (killed: exit 137), and
+    `--log FIFO` with no writer waited forever. A device is refused, unread (exit 2); a pipe is read to its end
+    (`--log <(journalctl ...)`: a FIFO no one writes to is empty: no buffer sizes, exit 2); a log is read up to
+    256 MiB (a sparse file past it: refused, not read)."""
+    fifo = tmp_path / "fifo.log"
+    os.mkfifo(fifo)
+    big = tmp_path / "big.log"
+    with open(big, "wb") as f:
+        f.truncate((256 << 20) + 1)  # a hole: no disk used
+    for log, what in (("/dev/zero", "a device, not a regular file"), (str(fifo), "no buffer sizes"),
+                      (str(big), "more than 256 MiB; not read")):  # fmt: skip
+        t0 = time.monotonic()
+        assert main(["verify", "llamacpp", str(gemma_path), "--log", log]) == 2
+        err = capsys.readouterr().err
+        assert what in err and "internal error" not in err and time.monotonic() - t0 < 30, err

@@ -233,3 +233,20 @@ def test_attach_takes_an_ipv6_host_and_refuses_one_that_is_no_host(
         rc = main(["verify", "llamacpp", str(gemma_path), "--attach", bad])
         err = capsys.readouterr().err
         assert rc == 2 and "internal error" not in err and "--attach" in err, (bad, err)
+
+
+def test_attach_reads_a_port_as_llama_server_reads_its_own(gemma_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`llama-server --port 08080` listens on 8080 (common/arg.cpp std::stoi); `--attach 127.0.0.1:08080` was
+    refused ("the port must be a number from 1 to 65535"). A bracketed address with text after it (`[::1]junk`)
+    or no closing bracket had that text dropped without a word: refused (exit 2)."""
+    from kvadvise.runtime.serverport import parse_address
+
+    assert parse_address("127.0.0.1:08080") == ("127.0.0.1", 8080)
+    assert parse_address("[::1]:0000000000000000008080") == ("::1", 8080)
+    from kvadvise.cli import main
+
+    for bad, what in (("[::1]junk", "[ADDRESS]:PORT"), ("[::1", "[ADDRESS]:PORT"), ("h:00000", "1 to 65535"),
+                      ("h:" + "9" * 5000, "1 to 65535")):  # fmt: skip
+        rc = main(["verify", "llamacpp", str(gemma_path), "--attach", bad])
+        err = capsys.readouterr().err
+        assert rc == 2 and what in err and "internal error" not in err, (bad, err)

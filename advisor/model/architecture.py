@@ -366,6 +366,90 @@ def _check_heads(
                 )
 
 
+def _check_widths(spec: ModelSpec, by_name: Mapping[str, TensorInfo]) -> None:
+    """A layer's K and V rows as its header says (head width x KV heads, the width each token takes in the cache)
+    and its Q (head width x heads) against its attn_k/attn_v/attn_q tensors: llama.cpp creates them with exactly these widths and refuses a file whose
+    tensors differ (src/llama-model.cpp create_tensor_qkv, n_embd_k_gqa/n_embd_v_gqa; llama-model-loader.cpp
+    check_tensor_dims, b11312). Whatever count makes them differ (head_count 4294967295, whose head width
+    n_embd / n_head is 0, head_count_kv past the tensor, a key_length no tensor has) is a file llama.cpp cannot
+    load, and a KV figure computed from it would be nonsense. Only layers with a cache are checked: a recurrent
+    or linear-attention layer sizes its tensors from other keys, and MLA caches the compressed K."""
+    _check_ff_width(spec, by_name)
+    if spec.is_mla:
+        return
+    keys = f"{spec.architecture}.attention"
+    for il in range(spec.n_layer_all):
+        if not spec.kv_layers[il]:
+            continue
+        for tensor, want in (("attn_k", spec.n_embd_k_gqa(il)), ("attn_v", spec.n_embd_v_gqa(il))):
+            t = by_name.get(f"blk.{il}.{tensor}.weight")
+            if t is None or len(t.shape) < 2 or t.shape[1] == want or not _refuses(spec, want):
+                continue
+            head = want // spec.n_head_kv[il]
+            raise GGUFError(
+                f"{spec.source}: layer {il}'s {tensor[-1].upper()} rows are {head:,} x {spec.n_head_kv[il]:,} heads = "
+                f"{want:,} wide by the header ({keys}.head_count {spec.n_head[il]:,}, head_count_kv "
+                f"{spec.n_head_kv[il]:,}, embedding_length {spec.n_embd:,}), but blk.{il}.{tensor}.weight is "
+                f"{t.shape[1]:,} wide",
+                hint=_LOAD_REFUSED,
+            )
+        head_k = spec.n_embd_head_k_swa if spec.swa_layers[il] else spec.n_embd_head_k
+        q = by_name.get(f"blk.{il}.attn_q.weight")
+        # Q is n_head heads of the K width (create_tensor_qkv's n_embd_head_k * n_head), or twice that where Q
+        # carries its output gate (qwen3next, qwen35: n_embd_head_k * n_head * 2)
+        n_embd_q = head_k * spec.n_head[il]
+        if (
+            q is not None
+            and len(q.shape) >= 2
+            and q.shape[1] not in (n_embd_q, 2 * n_embd_q)
+            and _refuses(spec, n_embd_q)
+        ):
+            raise GGUFError(
+                f"{spec.source}: layer {il}'s Q is {spec.n_head[il]:,} heads ({keys}.head_count) of {head_k:,} = "
+                f"{n_embd_q:,} wide by the header, but blk.{il}.attn_q.weight is {q.shape[1]:,} wide",
+                hint=_LOAD_REFUSED,
+            )
+
+
+_NO_ROW_WIDER = 1 << 20  # no real model's K, V or Q row is a million wide (the widest are tens of thousands)
+
+
+def _refuses(spec: ModelSpec, width: int) -> bool:
+    """Whether a width the tensors do not have is refused: always for an architecture verified against llama.cpp
+    (VERIFIED: kvadvise's head widths are llama.cpp's there); elsewhere, where a rule kvadvise does not know could
+    size the tensors, only a width no model has (0, or past a million: head_count 4294967295 and the like)."""
+    return spec.verified or width == 0 or width > _NO_ROW_WIDER
+
+
+# a dense feed-forward's ffn_down is {n_ff, n_embd} (src/models/*.cpp, b11312) but in Qwen (v1), whose
+# feed_forward_length counts gate and up together ({n_ff/2, n_embd}, src/models/qwen.cpp), and Arctic, whose
+# dense residual branch is {n_embd, n_embd} (src/models/arctic.cpp)
+_FF_DOWN_DIVISOR = {"qwen": 2}
+_FF_DOWN_OTHER = frozenset({"arctic"})
+
+
+def _check_ff_width(spec: ModelSpec, by_name: Mapping[str, TensorInfo]) -> None:
+    """{arch}.feed_forward_length wider than every dense ffn_down: llama.cpp creates each dense layer's
+    ffn_down {n_ff(il), n_embd} and refuses the file ("check_tensor_dims: tensor 'blk.0.ffn_gate.weight' has
+    wrong shape; expected 128, 4294967295", llama-fit-params b11312); kvadvise sized the compute buffer from it
+    (a key of 4294967295: terabytes, "does not fit"). Only the widest is checked: a per-layer width, a MoE
+    layer without a dense ffn_down, makes the others legitimately narrower."""
+    if spec.architecture in _FF_DOWN_OTHER:
+        return
+    dense = [
+        t.shape[0]
+        for il in range(spec.n_layer_all)
+        if (t := by_name.get(f"blk.{il}.ffn_down.weight")) is not None and len(t.shape) == 2
+    ]
+    want = spec.n_ff // _FF_DOWN_DIVISOR.get(spec.architecture, 1)
+    if dense and want > max(dense) and (spec.verified or want > 64 * _NO_ROW_WIDER):
+        raise GGUFError(
+            f"{spec.source}: {spec.architecture}.feed_forward_length is {spec.n_ff:,}, but the widest dense "
+            f"feed-forward (ffn_down) is {max(dense):,}",
+            hint=_LOAD_REFUSED,
+        )
+
+
 _C_MAX = 2**31 - 1  # the largest -c llama.cpp takes (common/arg.cpp std::stoi: int32)
 
 
@@ -521,7 +605,7 @@ def from_gguf(header: GGUFHeader, *, known_only: bool = True) -> ModelSpec:
             n_head=k.num(SSM.TIME_STEP_RANK, 0),
         )
     name = header.metadata.get(General.NAME)
-    return ModelSpec(
+    spec = ModelSpec(
         name=name if isinstance(name, str) and name else arch,
         architecture=arch,
         source=header.source,
@@ -575,6 +659,8 @@ def from_gguf(header: GGUFHeader, *, known_only: bool = True) -> ModelSpec:
         parallel_block=arch in _PARALLEL_BLOCK,
         ssm=ssm,
     )
+    _check_widths(spec, by_name)
+    return spec
 
 
 def _active_params(loaded: list[TensorInfo], n_expert: int, n_expert_used: int) -> int:

@@ -145,3 +145,44 @@ def with_weights(spec: ModelSpec, weights_bytes: int, source: str | None = None)
 
     notes = (*spec.notes, f"weights: {weights_bytes:,} B from {source}") if source else spec.notes
     return replace(spec, weights_bytes=weights_bytes, notes=notes)
+
+
+_PER_LAYER = ("n_head", "n_head_kv", "swa_layers", "recurrent_layers", "kv_layers")  # one value per layer, always
+_PER_LAYER_OR_NONE = ("layer_bytes", "layer_cuda_pad_bytes", "layer_largest_tensor_bytes")  # () when unknown
+_MAX_COUNT = 2**31 - 1  # llama.cpp's hparams are uint32/int32: a count past this is no model's
+
+
+def check_spec(spec: ModelSpec) -> str | None:
+    """What is wrong with a ModelSpec made or changed by hand (the API takes one): a per-layer tuple of another
+    length than the layers (an IndexError or a zip() ValueError in the planner: exit 1), a count that is not a
+    whole number from 0 (a negative width planned as if it were a model), no layers; None when it holds.
+    load_model's specs hold by construction (kvadvise.model.architecture refuses the file first)."""
+    import dataclasses
+
+    n = spec.n_layer_all
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 100_000:
+        return f"n_layer_all is {n!r}, not a number of layers from 1"
+    for f in dataclasses.fields(spec):
+        v = getattr(spec, f.name)
+        if f.type == "int" and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+            return f"{f.name} is {v!r:.40}, not a whole number from 0"
+        if f.type == "int" and v > _MAX_COUNT and not f.name.endswith("_bytes") and f.name != "active_params":
+            return f"{f.name} is {v:,}, past any model's (llama.cpp holds it in 32 bits)"
+        if f.type == "str" and not isinstance(v, str):
+            return f"{f.name} is {v!r:.40}, not a str"
+    for name in (*_PER_LAYER, *_PER_LAYER_OR_NONE):
+        v = getattr(spec, name)
+        if not isinstance(v, tuple) or (len(v) != n and not (name in _PER_LAYER_OR_NONE and not v)):
+            shown = f"{len(v)} values" if isinstance(v, tuple) else repr(v)[:40]
+            return f"{name} has {shown} for {n} layers"
+        flags = name in ("swa_layers", "recurrent_layers", "kv_layers")
+        for x in v:
+            if flags and not isinstance(x, bool):
+                return f"{name} holds {x!r:.40}, not a bool"
+            if not flags and (not isinstance(x, int) or isinstance(x, bool) or not 0 <= x <= 2**63 - 1):
+                return f"{name} holds {x!r:.40}, not a whole number from 0"
+            if name in ("n_head", "n_head_kv") and x > _MAX_COUNT:
+                return f"{name} holds {x:,}, past any model's (llama.cpp holds it in 32 bits)"
+    if spec.n_layer_nextn > n:
+        return f"n_layer_nextn {spec.n_layer_nextn} is more than n_layer_all {n}"
+    return None

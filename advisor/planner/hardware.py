@@ -311,6 +311,22 @@ def rpc_hosts(hosts: Sequence[RpcHost]) -> Hardware:
                 f"--rpc {h.endpoint} is given twice with different sizes ({seen.free_bytes:,} and {h.free_bytes:,} bytes)",
                 hint="llama-server makes one device of an endpoint given twice: give each host once",
             )
+    # one rpc-server written two ways (h:050052 and h:50052: std::stoi reads both as 50052) is two endpoints to
+    # llama.cpp, which keys them by their text: two devices on one server, each holding layers against the
+    # whole of its memory
+    servers: dict[tuple[str, int], str] = {}
+    for endpoint in unique:
+        host, _, port = endpoint.partition(":")
+        digits = port.lstrip("+").lstrip("0") or "0"
+        if not (digits.isascii() and digits.isdigit() and len(digits) <= 5):  # an RpcHost the API made by hand
+            continue
+        other = servers.setdefault((host, int(digits)), endpoint)
+        if other != endpoint:
+            raise InputError(
+                f"--rpc {other} and {endpoint} are one rpc-server (port {int(digits)}); llama-server would "
+                "make two devices of it, each planning its whole memory",
+                hint="give each rpc-server once",
+            )
     if len(unique) > MAX_DEVICES:
         raise InputError(f"{len(unique)} RPC hosts; llama-server's -ts takes at most {MAX_DEVICES} shares")
     notes = [
@@ -578,3 +594,36 @@ def probe() -> Hardware:
         source="nvml",
         notes=tuple(notes),
     )
+
+
+_MAX_BYTES = 2**63 - 1  # int64 bytes: what --vram and --ram take (kvadvise.units.MAX_SIZE_BYTES)
+
+
+def check_hardware(hw: Hardware) -> str | None:
+    """What is wrong with a Hardware made or changed by hand (the API takes one): gpus=None or a GPU named None
+    ended in TypeError/AttributeError (exit 1); a negative free memory, or more free than there is, was planned.
+    None when it holds; probe(), gpu_profile() and the flags' hardware hold by construction."""
+
+    def size(v: object) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= _MAX_BYTES
+
+    if not isinstance(hw.gpus, (tuple, list)):
+        return f"gpus is {hw.gpus!r:.40}, not a tuple of Gpu"
+    if len(hw.gpus) > MAX_DEVICES + 1:  # the GPUs and RPC hosts llama.cpp's -ts can share layers over
+        return f"{len(hw.gpus)} GPUs; llama.cpp splits over at most {MAX_DEVICES + 1}"
+    for i, g in enumerate(hw.gpus):
+        if not isinstance(g, Gpu):
+            return f"gpus[{i}] is {g!r:.40}, not a Gpu"
+        if not isinstance(g.name, str) or not isinstance(g.backend, str):
+            return f"gpus[{i}].name/backend is not text"
+        if not isinstance(g.index, int) or isinstance(g.index, bool) or g.index < 0:
+            return f"gpus[{i}].index is {g.index!r:.40}, not a whole number from 0"
+        for name in ("total_bytes", "free_bytes", "used_by_others_bytes"):
+            if not size(getattr(g, name)):
+                return f"gpus[{i}].{name} is {getattr(g, name)!r:.40}, not a size in bytes from 0"
+        if g.free_bytes > g.total_bytes:
+            return f"gpus[{i}] has {g.free_bytes:,} bytes free of {g.total_bytes:,}"
+    for name in ("ram_total_bytes", "ram_free_bytes"):
+        if not size(getattr(hw, name)):
+            return f"{name} is {getattr(hw, name)!r:.40}, not a size in bytes from 0"
+    return None

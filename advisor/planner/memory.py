@@ -715,6 +715,10 @@ def validate(spec: ModelSpec, cfg: RunConfig) -> None:
     """Raise the ConfigError :func:`estimate` would raise for ``cfg``, without sizing anything: llama.cpp's
     checks of the context and its cache types (:func:`resolve`), the tensor split, the draft's own."""
     lay = resolve(spec, cfg)
+    # a cache row the type's blocks do not divide (3 heads of 85: K rows of 255 in q8_0's blocks of 32, flash
+    # attention off): ggml_row_size asserts in llama_kv_cache's ctor; the recommendation passes such a type
+    # over (policy.choices) instead of proposing it and failing (one row size per distinct layer shape)
+    kv_shape_bytes(spec, lay)
     layer_devices(spec.n_layer_all, cfg.tensor_split)
     if cfg.draft is not None:
         validate(cfg.draft, draft_config(cfg, lay))

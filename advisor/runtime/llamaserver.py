@@ -228,8 +228,9 @@ def plan_env_text(plan: Plan) -> str:
 
 
 def _env_hints(plan: Plan, path: Path) -> tuple[str, ...]:
-    # `. ./file`: a bare `. file` searches PATH in dash, zsh and bash --posix
-    shown = path if path.is_absolute() else f"./{path}"
+    # `. ./file`: a bare `. file` searches PATH in dash, zsh and bash --posix; quoted, as a line to paste:
+    # `--write-env '$(touch x).env'` printed a command that ran `touch x`, and a name with a space broke it
+    shown = shlex.quote(str(path) if path.is_absolute() else f"./{path}")
     return (f"load it with `set -a; . {shown}; set +a` before starting llama-server",)
 
 

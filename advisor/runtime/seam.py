@@ -174,17 +174,31 @@ def write_outputs(
     *,
     force: bool,
     extra: Sequence[NewFile] = (),
+    inputs: Sequence[str] = (),
 ) -> tuple[Written, ...]:
     """The files of ``writers`` whose option has a path in ``paths`` (by option, ``--write-env``), and
-    ``extra`` (the --chart-file image): all written or none, never over a file without ``force``
-    (kvadvise.files.write_files, the one atomic write)."""
+    ``extra`` (the --chart-file image): all written or none, never over a file without ``force``, never over
+    ``inputs`` (:func:`read_files`: the model and what came with it) at all (kvadvise.files.write_files, the
+    one atomic write)."""
     from kvadvise.files import text_file, write_files
 
     chosen = [(w, paths[w.option]) for w in writers if paths.get(w.option) is not None]
     files = [*extra, *(text_file(w.option, str(p), w.render(result)) for w, p in chosen)]
     hints = {w.option: w.hints for w, _ in chosen}
     out = []
-    for f, path in zip(files, write_files(files, force=force), strict=True):
+    for f, path in zip(files, write_files(files, force=force, inputs=inputs), strict=True):
         hint = hints.get(f.option)
         out.append(Written(f.option, path, hint(result, path) if hint is not None else ()))
     return tuple(out)
+
+
+def read_files(plan: Plan) -> tuple[str, ...]:
+    """The files a plan was read from, which no output may replace: the model (a GGUF path, an Ollama blob),
+    its --mmproj projector and its -md draft model (a source that is no path names no file and is passed over)."""
+    cfg = plan.config
+    sources = [plan.spec.source]
+    if cfg.mmproj is not None:
+        sources.append(cfg.mmproj.source)
+    if cfg.draft is not None:
+        sources.append(cfg.draft.source)
+    return tuple(sources)

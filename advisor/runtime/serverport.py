@@ -81,16 +81,21 @@ def parse_address(text: str) -> tuple[str, int | None]:
     text = text.strip().removeprefix("http://").rstrip("/")
     host, port = text, None
     if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
+        host, bracket, rest = text[1:].partition("]")
+        if not bracket or (rest and not rest.startswith(":")):  # "[::1" or "[::1]junk": the rest was dropped
+            raise InputError(f"--attach {text!r}: an IPv6 address is [ADDRESS] or [ADDRESS]:PORT, e.g. [::1]:8080")
         port_text = rest.removeprefix(":") if rest.startswith(":") else None
     elif text.count(":") == 1:
         host, port_text = text.split(":")
     else:
         port_text = None
     if port_text is not None:
-        if not (port_text.isascii() and port_text.isdigit() and len(port_text) <= 5 and 0 < int(port_text) < 65536):
+        # leading zeros are decimal, as llama-server reads its own --port (common/arg.cpp std::stoi): 08080 is
+        # the server started with --port 08080; the digits are counted without them (int() of 5,000 digits fails)
+        digits = port_text.lstrip("0")
+        if not (port_text.isascii() and port_text.isdigit() and len(digits) <= 5 and 0 < int(digits or "0") < 65536):
             raise InputError(f"--attach {text}: the port must be a number from 1 to 65535")
-        port = int(port_text)
+        port = int(digits)
     # a name or an address: no blank, control character, slash or bracket (urllib refused "a b" with
     # http.client.InvalidURL, an internal error)
     if not host or not all(c.isascii() and (c.isalnum() or c in "-._:%") for c in host):

@@ -13,6 +13,8 @@ from kvadvise.errors import InputError
 from kvadvise.text import one_line
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from matplotlib.figure import Figure
 
     from kvadvise.files import NewFile
@@ -102,11 +104,12 @@ def _draw(
     return buf.getvalue()
 
 
-def write(path: str, data: bytes) -> Path:
-    """Write the image atomically (an existing chart of that name is replaced); no temporary file is left."""
+def write(path: str, data: bytes, inputs: Sequence[str] = ()) -> Path:
+    """Write the image atomically (an existing chart of that name is replaced, never one of ``inputs``: the
+    files the plan was read from); no temporary file is left."""
     from kvadvise.files import write_files
 
-    return write_files([new_file(path, data)], force=False)[0]
+    return write_files([new_file(path, data)], force=False, inputs=inputs)[0]
 
 
 def new_file(path: str, data: bytes) -> NewFile:

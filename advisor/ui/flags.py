@@ -59,16 +59,37 @@ def parse_rpc_host(text: str) -> RpcHost:
             hint="give the host's IPv4 address or a name that resolves to it",
         )
     host, colon, port = endpoint.partition(":")
-    if (
-        not sep
-        or not colon
-        or not host
-        or any(c.isspace() for c in host)
-        or not (port.isascii() and port.isdigit() and len(port) <= 5)
-        or not 0 < int(port) <= 65535
-    ):
+    if not sep or not colon or not host or any(c.isspace() for c in host):
         raise InputError(f"--rpc {text!r}: not HOST:PORT=SIZE", hint=hint)
-    return RpcHost(f"{host}:{int(port)}", parse_memory_size(size, "--rpc ...="))
+    _check_rpc_port(text, port, hint)
+    # the endpoint as given: llama.cpp names the device by its text (RPC0[HOST:PORT], ggml-rpc.cpp
+    # ggml_backend_rpc_buffer_type) and keys its connections by it, so 050052 is not rewritten to 50052
+    return RpcHost(endpoint, parse_memory_size(size, "--rpc ...="))
+
+
+def _check_rpc_port(text: str, port: str, hint: str) -> None:
+    """The PORT of an ``--rpc`` endpoint as llama.cpp reads it (ggml-rpc.cpp ``parse_endpoint``: ``std::stoi``,
+    base 10, so leading zeros are decimal and a ``+`` is a sign; then ``htons(port)`` in transport.cpp
+    ``socket_t::connect``). Refused: no digits (llama.cpp aborts, "Failed to parse endpoint"), and what it
+    would read as some other port without a word: text after the digits (stoi stops at it), a negative
+    port or one past 65535 (htons keeps the low 16 bits), and 0 (nothing listens there)."""
+    digits = port[1:] if port[:1] in ("+", "-") else port
+    if not digits or not digits.isascii() or not digits[0].isdigit():
+        raise InputError(f"--rpc {text!r}: not HOST:PORT=SIZE (the port is not a number)", hint=hint)
+    lead = len(digits) - len(digits.lstrip("0123456789"))
+    if lead < len(digits):
+        raise InputError(
+            f"--rpc {text!r}: the port has {digits[lead:]!r} after its digits; llama.cpp would read "
+            f"{digits[:lead]} and ignore the rest (std::stoi)",
+            hint=hint,
+        )
+    significant = digits.lstrip("0")
+    # a string of digits too long for int() (Python caps it) is past 65535 all the same
+    if port.startswith("-") or len(significant) > 5 or not 0 < int(significant or "0") <= 65535:
+        raise InputError(
+            f"--rpc {text!r}: the port is not 1-65535 (llama.cpp would connect to another port: htons keeps 16 bits)",
+            hint=hint,
+        )
 
 
 def parse_rpc_hosts(text: str) -> tuple[RpcHost, ...]:
@@ -188,10 +209,14 @@ class SplitType(click.ParamType):  # type: ignore[type-arg]
         if isinstance(value, tuple):
             return value
         parts = re.split(r"[,/]+", str(value).strip())
+        if len(parts) > 1 and not parts[-1]:
+            # `-ts 3,1,`: std::sregex_token_iterator gives no empty last part, so llama-server reads 3,1 (b11312);
+            # an empty first part is read by std::stof and refused ("error while handling argument -ts: stof")
+            parts.pop()
         try:
             shares = tuple(float(x) for x in parts)
         except ValueError:
-            self.fail(f"{value!r}: shares separated by commas, e.g. 3,1", param, ctx)
+            self.fail(f"{value!r}: shares separated by commas, e.g. 3,1 (each read as std::stof reads it)", param, ctx)
         try:
             check_split(shares)
         except InputError as e:

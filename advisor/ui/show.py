@@ -118,7 +118,9 @@ def show_chart(plan: Plan, view: View, *, terminal: bool = True, write: bool = T
     )
     if not write:
         return chart.new_file(view.chart_file, data)
-    output.note(f"wrote {chart.write(view.chart_file, data)}")
+    from kvadvise.runtime.seam import read_files
+
+    output.note(f"wrote {chart.write(view.chart_file, data, read_files(plan))}")
     return None
 
 
@@ -129,8 +131,9 @@ def refuse_to_write_what_does_not_fit(plan: Plan, *paths: str | None, chart: New
     if plan.runnable is False and any(paths):
         if chart is not None:
             from kvadvise.files import write_files
+            from kvadvise.runtime.seam import read_files
 
-            output.note(f"wrote {write_files([chart], force=False)[0]}")
+            output.note(f"wrote {write_files([chart], force=False, inputs=read_files(plan))[0]}")
         names = ", ".join(p for p in paths if p)
         why = "it does not fit the RAM" if plan.fits or plan.offload is not None else "this config does not fit"
         output.note(f"not written ({names}): {why} (see above)")
@@ -149,10 +152,11 @@ def write_plan_files(
     """The files the runtime writes (its writers, by option) and the chart: all or none, nothing for a plan
     that does not run (exit 3); each written file is named with how to apply it (``hints=False``: only
     named, where the answer's "Next" block says how, once)."""
-    from kvadvise.runtime.seam import write_outputs
+    from kvadvise.runtime.seam import read_files, write_outputs
 
     refuse_to_write_what_does_not_fit(plan, *paths.values(), chart=chart)
-    written = write_outputs(plan, writers, paths, force=force, extra=(chart,) if chart is not None else ())
+    extra = (chart,) if chart is not None else ()
+    written = write_outputs(plan, writers, paths, force=force, extra=extra, inputs=read_files(plan))
     for w in written:
         if not hints:  # a warning among the hints (a conflicting override) is said all the same
             output.note(f"wrote {w.path}")

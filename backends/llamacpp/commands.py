@@ -3,6 +3,8 @@ own commands, registered through the plugin interface (LlamaCppBackend.register_
 
 from __future__ import annotations
 
+import os
+import shlex
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -221,19 +223,50 @@ def _attach(address: str, path: str, plan: Plan) -> None:
         raise click.exceptions.Exit(EXIT_NO_FIT)
 
 
+MAX_LOG_BYTES = 256 << 20  # a load's lines are a few hundred KB even at -lv 4; days of requests are not needed
+
+
+def _read_log(log_file: str) -> str:
+    """The log, read to its end and at most MAX_LOG_BYTES: a regular file, or a pipe (`--log <(journalctl ...)`)
+    read until its writer closes it (a FIFO no one writes to is empty). `--log /dev/zero` read until the machine
+    ran out of memory (killed); a device or a socket is refused as a GGUF path is, unread."""
+    import stat
+
+    from kvadvise.errors import InputError
+    from kvadvise.files import open_regular
+
+    try:
+        fd = os.open(log_file, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise InputError(f"--log {log_file}: {e.strerror or e}") from None
+    if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+        os.close(fd)
+        try:
+            fd = open_regular(log_file)
+        except InputError as e:
+            raise InputError(f"--log {e.message}", hint=e.hint) from None
+    os.set_blocking(fd, True)
+    try:
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(MAX_LOG_BYTES + 1)
+    except OSError as e:
+        raise InputError(f"--log {log_file}: {e.strerror or e}") from None
+    if len(data) > MAX_LOG_BYTES:
+        raise InputError(
+            f"--log {log_file}: more than {MAX_LOG_BYTES >> 20} MiB; not read",
+            hint=f"give the part from the last load: tail -c 64M {shlex.quote(log_file)} > last.log",
+        )
+    return data.decode("utf-8", errors="replace")
+
+
 def _from_log(log_file: str) -> Measurement:
     """A running llama-server's log: the buffers of its last load (after the last "load_model: loading model",
     which a wake from idle prints again), the placements of every load."""
-    from pathlib import Path
-
     from kvadvise.errors import InputError
     from kvadvise.runtime.llamalog import last_load, parse
     from kvadvise.runtime.verification import build_from_log, measurement_from_log
 
-    try:
-        text = Path(log_file).read_text(encoding="utf-8", errors="replace")
-    except OSError as e:
-        raise InputError(f"--log {log_file}: {e.strerror or e}") from None
+    text = _read_log(log_file)
     lines = text.splitlines()
     log = parse(last_load(lines))
     if not log.buffers:

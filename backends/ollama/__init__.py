@@ -84,10 +84,10 @@ class OllamaBackend:
         """Modelfile, env file, systemd drop-in of an Ollama plan (its runtime's writers): atomic, all or
         none, never over a file without ``force``."""
         from kvadvise.backends.ollama.runtime import WRITERS
-        from kvadvise.runtime.seam import write_outputs
+        from kvadvise.runtime.seam import read_files, write_outputs
 
         paths = {"--write-modelfile": modelfile, "--write-env": env, "--write-systemd": systemd}
-        return write_outputs(plan, WRITERS, paths, force=force)
+        return write_outputs(plan, WRITERS, paths, force=force, inputs=read_files(plan))
 
     def verify_running(
         self, name: str, *, host: str | None, load: bool, num_ctx: int | None, predicted_total_bytes: int | None

@@ -90,9 +90,13 @@ def normalize_host(raw: str | None = None, *, what: str = "OLLAMA_HOST") -> str:
     hostport = hostport.rpartition("@")[2]  # user:pass@ is dropped
     host, port_s = _split_host_port(hostport, shown, what)
     if port_s:
-        if not (port_s.isascii() and port_s.isdigit()) or len(port_s) > 5 or not 0 < int(port_s) <= 65535:
+        # envconfig.Host: strconv.ParseInt(port, 10, 32), so 011434 is port 11434 (Go's dialer reads it so too);
+        # a port it cannot use makes Ollama warn and fall back to the default, which kvadvise refuses instead: a
+        # port given is the one meant. The digits are counted without leading zeros (int() fails on 5,000)
+        digits = port_s.lstrip("0")
+        if not (port_s.isascii() and port_s.isdigit()) or len(digits) > 5 or not 0 < int(digits or "0") <= 65535:
             raise InputError(f"{what} {shown!r}: invalid port")
-        port = int(port_s)
+        port = int(digits)
     else:
         port = default_port
     host = host or "127.0.0.1"

@@ -12,7 +12,7 @@ import click
 from kvadvise.backends.ollama import api as ollama_api
 from kvadvise.backends.ollama import rules
 from kvadvise.backends.ollama.model import OllamaModel
-from kvadvise.backends.ollama.runtime import LLAMACPP_ONLY, WRITERS
+from kvadvise.backends.ollama.runtime import LLAMACPP_ONLY, MLX_QUANTS, PLATFORMS, RUNNERS, WRITERS
 from kvadvise.model.spec import ModelSpec
 from kvadvise.planner.memory import RunConfig
 from kvadvise.request import PlanRequest
@@ -45,14 +45,14 @@ def _host_option(f: F) -> F:
 )
 @click.option(
     "--platform",
-    type=click.Choice(["auto", "linux", "macos", "windows", "docker"]),
+    type=click.Choice(PLATFORMS),
     default="auto",
     show_default=True,
     help="How to apply the server settings: systemd/env file, launchctl, user variables, docker --env-file.",
 )
 @click.option(
     "--runner",
-    type=click.Choice(["auto", "llamacpp", "mlx"]),
+    type=click.Choice(RUNNERS),
     default="auto",
     show_default=True,
     help="On a Mac: the runner Ollama loads the model with (auto: by --ollama-version and the architecture; "
@@ -68,7 +68,7 @@ def _host_option(f: F) -> F:
 )
 @click.option(
     "--mlx-quant",
-    type=click.Choice(["nvfp4", "mxfp4", "int4", "mxfp8", "int8", "bf16"]),
+    type=click.Choice(MLX_QUANTS),
     default="nvfp4",
     show_default=True,
     help="The MLX type of the tag the MLX runner loads (Ollama's -mlx tags: nvfp4).",

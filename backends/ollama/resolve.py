@@ -162,8 +162,18 @@ def from_store(name: OllamaName, entry: ollama_store.StoreEntry) -> OllamaModel:
     """The model of a store entry already found (its manifest read): its header through the cache."""
     from kvadvise.backends.gguf_cache import read as read_header  # a model in the store: its blob's header
 
-    header = read_header(entry.model_blob)
-    spec = from_gguf(header)
+    blob = entry.model_blob
+    subject = ollama_store.blob_subject(name, "model blob", blob)
+    try:
+        # the reader and from_gguf name their source: the model the user named, not a path under blobs/
+        header = dataclasses.replace(read_header(blob), source=subject)
+        spec = from_gguf(header)
+    except InputError as e:  # a GGUFError mostly: the same kind, said of the model
+        message = e.message.removeprefix(f"{blob}: ")
+        raise type(e)(
+            message if message.startswith(subject) else f"{subject}: {message}",
+            hint=ollama_store.blob_hint(name, blob),
+        ) from None
     notes = list(entry.notes)
     file_type = entry.config.get("file_type")
     if isinstance(file_type, str) and file_type:

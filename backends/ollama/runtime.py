@@ -60,6 +60,27 @@ LLAMACPP_ONLY: tuple[str, ...] = (
 )
 
 
+# the choices of `kvadvise ollama`'s options (backends/ollama/commands.py), and the API's OllamaRuntime's
+PLATFORMS = ("auto", "linux", "macos", "windows", "docker")
+RUNNERS = ("auto", "llamacpp", "mlx")
+MLX_QUANTS = ("nvfp4", "mxfp4", "int4", "mxfp8", "int8", "bf16")
+
+
+def _check_options(host: object, platform: object, runner: object, ollama_version: object, mlx_quant: object) -> None:
+    """The API's options refused as click refuses the command's flags (one line, exit 2): OllamaRuntime(host=5)
+    and ollama_version=11 ended in AttributeError (exit 1), runner="bogus" in a word about Apple Silicon."""
+    from kvadvise.errors import InputError
+
+    for flag, value, choices in (("--platform", platform, PLATFORMS), ("--runner", runner, RUNNERS),
+                                 ("--mlx-quant", mlx_quant, MLX_QUANTS)):  # fmt: skip
+        if value not in choices:
+            listed = ", ".join(repr(c) for c in choices)
+            raise InputError(f"Invalid value for '{flag}': {str(value)[:60]!r} is not one of {listed}.")
+    for flag, value in (("--host", host), ("--ollama-version", ollama_version)):
+        if value is not None and not isinstance(value, str):
+            raise InputError(f"Invalid value for '{flag}': expected a str, got {type(value).__name__} {value!r:.60}")
+
+
 class OllamaRuntime:
     """Ollama, for one model (``model``: its projector, its own num_ctx, where it was found) or for a bare
     spec (the API given a ModelSpec). ``host``: the server whose state (/api/ps, its version) the advice
@@ -88,6 +109,7 @@ class OllamaRuntime:
         ollama_version: str | None = None,
         mlx_quant: str = "nvfp4",
     ) -> None:
+        _check_options(host, platform, runner, ollama_version, mlx_quant)
         self.model = model
         self.host = host
         self.platform = platform

@@ -200,39 +200,56 @@ def list_manifests(root: Path) -> Manifests:
     return Manifests(root, present, tuple(names), tuple(skipped_dirs))
 
 
-def _open(path: Path, what: str) -> int:
-    """A descriptor of ``path``, a regular file (a FIFO, a device or a socket in the store is refused, unread)."""
+def blob_subject(name: OllamaName, what: str, path: Path) -> str:
+    """How an error about a blob of ``name`` begins: the model the user named and which of its blobs, the digest
+    shortened as Ollama shortens it ("pulling 3f4273cb72a5", server/download.go): ``qwen3:8b: its model blob
+    sha256-3f4273cb72a5``. The whole path goes in the hint (:func:`blob_hint`)."""
+    return f"{name.display}: its {what} {path.name[:19]}"
+
+
+def blob_hint(name: OllamaName, path: Path, hint: str | None = None) -> str:
+    """The hint of an error about a blob: its path, and how it is fetched again. ``ollama pull`` keeps a blob
+    that is there whatever it holds (server/download.go downloadBlob: a blob that exists is a cache hit, and
+    PullModel verifies only what it downloaded, v0.33.0), so the blob goes first."""
+    fix = hint or f"remove it and run `ollama pull {name.display}` (ollama pull keeps a blob that is there)"
+    return f"{fix} (the blob: {path})"
+
+
+def _open(path: Path, subject: str, hint: str | None = None) -> int:
+    """A descriptor of ``path``, a regular file (a FIFO, a device or a socket in the store is refused, unread).
+    ``subject``: what an error calls it (the manifest's path, or a blob of the model named); ``hint``: its hint."""
     try:
         return open_regular(path)
     except InputError as e:
         if not os.path.lexists(path):
-            raise InputError(f"{path}: {what} is missing") from None
+            raise InputError(f"{subject} is missing", hint=hint) from None
         if "permission denied" in e.message:
             raise InputError(
-                f"{path}: permission denied reading the {what}",
-                hint="the Linux service's store belongs to the `ollama` user: run as a user who can read it",
+                f"{subject} cannot be read: permission denied",
+                hint="the Linux service's store belongs to the `ollama` user: run as a user who can read it"
+                + (f" ({path})" if hint else ""),
             ) from None
-        raise InputError(f"{path}: the {what} is {e.message.partition(': ')[2]}", hint=e.hint) from None
+        raise InputError(f"{subject}: {e.message.partition(': ')[2]}", hint=hint or e.hint) from None
 
 
-def _read_bytes(path: Path, what: str, limit: int = MAX_JSON_BYTES) -> bytes:
+def _read_bytes(path: Path, subject: str, what: str, hint: str | None = None, limit: int = MAX_JSON_BYTES) -> bytes:
     try:
-        with os.fdopen(_open(path, what), "rb") as f:
+        with os.fdopen(_open(path, subject, hint), "rb") as f:
             data = f.read(limit + 1)
     except OSError as e:
-        raise InputError(f"{path}: cannot read the {what} ({e.strerror})") from None
+        raise InputError(f"{subject} cannot be read ({e.strerror})", hint=hint) from None
     if len(data) > limit:
-        raise InputError(f"{path}: the {what} is larger than {limit:,} bytes; not an Ollama {what}")
+        raise InputError(f"{subject} is larger than {limit:,} bytes; not an Ollama {what}", hint=hint)
     return data
 
 
-def _parse_json(data: bytes, path: Path, what: str) -> Any:
+def _parse_json(data: bytes, subject: str, hint: str | None = None) -> Any:
     try:
         return load_json(data.decode("utf-8"))
     except UnicodeDecodeError:
-        raise InputError(f"{path}: the {what} is not text (corrupt?)") from None
+        raise InputError(f"{subject} is not text (corrupt?)", hint=hint) from None
     except json.JSONDecodeError as e:
-        raise InputError(f"{path}: the {what} is not valid JSON ({e.msg} at line {e.lineno})") from None
+        raise InputError(f"{subject} is not valid JSON ({e.msg} at line {e.lineno})", hint=hint) from None
 
 
 def manifest_layers(doc: Mapping[str, Any], path: Path | str) -> Iterator[Layer]:
@@ -255,8 +272,8 @@ def manifest_layers(doc: Mapping[str, Any], path: Path | str) -> Iterator[Layer]
 def _read_entry(root: Path, manifest: Path, name: OllamaName) -> StoreEntry:
     where = str(manifest)
     _inside(root, manifest, where)
-    data = _read_bytes(manifest, "manifest")
-    doc = _parse_json(data, manifest, "manifest")
+    data = _read_bytes(manifest, f"{manifest}: the manifest", "manifest")
+    doc = _parse_json(data, f"{manifest}: the manifest")
     if not isinstance(doc, dict):
         raise InputError(f"{manifest}: the manifest is not a JSON object")
     layers = list(manifest_layers(doc, manifest))
@@ -276,10 +293,10 @@ def _read_entry(root: Path, manifest: Path, name: OllamaName) -> StoreEntry:
     model_blob = blob_path(root, model_layers[-1].digest, where)
     if not os.path.lexists(model_blob):
         raise InputError(
-            f"{name.display}: the model blob {model_blob} is missing (the store is incomplete)",
-            hint=f"ollama pull {name.display}",
+            f"{blob_subject(name, 'model blob', model_blob)} is missing (the store is incomplete)",
+            hint=blob_hint(name, model_blob, f"ollama pull {name.display}"),
         )
-    fd = _open(model_blob, "model blob")
+    fd = _open(model_blob, blob_subject(name, "model blob", model_blob), blob_hint(name, model_blob))
     model_bytes = os.fstat(fd).st_size
     os.close(fd)
 
@@ -296,9 +313,10 @@ def _read_entry(root: Path, manifest: Path, name: OllamaName) -> StoreEntry:
         if len(seen) > MAX_PARAMS_LAYERS:
             raise InputError(f"{manifest}: the manifest names more than {MAX_PARAMS_LAYERS} params layers")
         path = blob_path(root, layer.digest, where)
-        doc_p = _parse_json(_read_bytes(path, "params blob"), path, "params blob")
+        subject, hint = blob_subject(name, "params blob", path), blob_hint(name, path)
+        doc_p = _parse_json(_read_bytes(path, subject, "params blob", hint), subject, hint)
         if not isinstance(doc_p, dict):
-            raise InputError(f"{path}: the params blob is not a JSON object")
+            raise InputError(f"{subject} is not a JSON object", hint=hint)
         params.update(doc_p)
 
     projector_bytes = 0
@@ -313,7 +331,7 @@ def _read_entry(root: Path, manifest: Path, name: OllamaName) -> StoreEntry:
             projector_bytes += layer.size
             notes.append(f"projector blob {path.name} is missing; its size is taken from the manifest")
             continue
-        fd = _open(path, "projector blob")
+        fd = _open(path, blob_subject(name, "projector blob", path), blob_hint(name, path))
         projector_bytes += os.fstat(fd).st_size
         os.close(fd)
         projector_blob = projector_blob or path
@@ -329,7 +347,8 @@ def _read_entry(root: Path, manifest: Path, name: OllamaName) -> StoreEntry:
     if isinstance(cfg, dict) and cfg.get("digest") is not None:
         path = blob_path(root, cfg["digest"], where)
         try:
-            doc_c = _parse_json(_read_bytes(path, "config blob"), path, "config blob")
+            subject = blob_subject(name, "config blob", path)
+            doc_c = _parse_json(_read_bytes(path, subject, "config blob"), subject)
         except InputError as e:
             notes.append(f"config blob unreadable: {e.message}")
         else:

@@ -5,6 +5,8 @@ kvadvise.runtime.seam.write_outputs: all or none, never over a file without --fo
 
 from __future__ import annotations
 
+import contextlib
+import shlex
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -126,7 +128,6 @@ def llama_swap_text(t: Together) -> str:
 
 
 def _swap_hints(t: Together, path: Path) -> tuple[str, ...]:
-    import shlex
 
     return (f"run it with: {shlex.join(['llama-swap', '--config', str(path)])}",)
 
@@ -177,15 +178,18 @@ def modelfiles(t: Together, folder: str) -> list[NewFile]:
     return out
 
 
-def _make_folder(folder: Path) -> None:
-    """The --write-modelfiles folder, made when its parent exists (a typo deep in a path is not built)."""
+def _make_folder(folder: Path) -> bool:
+    """The --write-modelfiles folder, made when its parent exists (a typo deep in a path is not built); True when
+    it was made here."""
     if folder.is_dir():
-        return
+        return False
     if folder.parent.is_dir() and not folder.exists():
         try:
             folder.mkdir()
         except OSError:
-            return  # kvadvise.files.write_files says why, by name
+            return False  # kvadvise.files.write_files says why, by name
+        return True
+    return False
 
 
 def write(t: Together, paths: dict[str, str], *, force: bool) -> None:
@@ -194,13 +198,21 @@ def write(t: Together, paths: dict[str, str], *, force: bool) -> None:
 
     folder = paths.pop(MODELFILES_OPTION, None)
     extra = modelfiles(t, folder) if folder is not None else []
-    if extra and folder is not None:
-        _make_folder(Path(folder).expanduser())
+    made = extra and folder is not None and _make_folder(Path(folder).expanduser())
     if folder is not None and not extra:
         output.note(f"{MODELFILES_OPTION}: no model needs a context of its own: nothing to write there")
-    for w in write_outputs(t, WRITERS, paths, force=force, extra=extra):
+    inputs = tuple(m.spec.source for m in t.models)  # the models' blobs: never written over
+    try:
+        written = write_outputs(t, WRITERS, paths, force=force, extra=extra, inputs=inputs)
+    except BaseException:
+        if made and folder is not None:  # all or none: the folder made for files that were not written goes too
+            with contextlib.suppress(OSError):
+                Path(folder).expanduser().rmdir()
+        raise
+    for w in written:
         if w.option == MODELFILES_OPTION:
-            output.note(f"wrote {w.path}: ollama create {w.path.name.removesuffix('.Modelfile')} -f {w.path}")
+            name = w.path.name.removesuffix(".Modelfile")
+            output.note(f"wrote {w.path}: ollama create {shlex.quote(name)} -f {shlex.quote(str(w.path))}")
             continue
         output.note(f"wrote {w.path}; apply it with:" if len(w.hints) > 1 else f"wrote {w.path}: " + "".join(w.hints))
         if len(w.hints) > 1:

@@ -139,7 +139,8 @@ def together_text(t: Together, *, verbose: bool = False) -> str:
     s = t.settings
     names = [m.ref for m in t.models]
     lines = [
-        f"{len(names)} models on one Ollama server, requested in this order: {', '.join(names)}",
+        f"{len(names)} model{'s' if len(names) != 1 else ''} on one Ollama server, requested in this order: "
+        f"{', '.join(names)}",
         f"  {t.hardware_text}",
     ]
     if verbose:

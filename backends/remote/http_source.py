@@ -98,9 +98,11 @@ class HTTPSource:
         name: str | None = None,
         denied_hint: str | None = None,
     ) -> None:
-        scheme = split_url(url).scheme.lower()
-        if scheme not in ("http", "https"):
+        parts = split_url(url)
+        if parts.scheme.lower() not in ("http", "https"):
             raise InputError(f"{display_url(url)}: only http:// and https:// URLs can be read")
+        if not parts.hostname:  # `https://` or `https:///x.gguf`: "cannot connect (str)", exit 4 as if unreachable
+            raise InputError(f"{display_url(url)}: the URL names no host", hint="e.g. https://host/path/model.gguf")
         self.name = name or display_url(url)
         self._headers = dict(headers or {})
         url, basic = _without_userinfo(url)
