@@ -61,7 +61,10 @@ def headline(plan: Plan, requested_ctx: int | None = None) -> str:
     cfg = plan.config
     n_ctx = plan.estimate.layout.n_ctx  # what llama.cpp allocates: -c rounded up to 256 (llama_context ctor)
     n_par = max(1, cfg.n_parallel)
-    what = f"{n_ctx // n_par:,} tokens" + (f" x {n_par} slots" if n_par > 1 else "")
+    if cfg.kv_unified and n_par > 1:  # -kvu: one cache of n_ctx cells the slots share (llama_context)
+        what = f"{n_ctx:,} tokens shared by {n_par} slots"
+    else:
+        what = f"{n_ctx // n_par:,} tokens" + (f" x {n_par} slots" if n_par > 1 else "")
     if requested_ctx and requested_ctx != n_ctx:
         what += f" (asked {requested_ctx:,}; llama.cpp pads to 256)"
     kv = "no K/V cache" if _no_memory(plan) else _kv(cfg.type_k.type_name, cfg.type_v.type_name)
@@ -282,17 +285,17 @@ def sources_line(srcs: Sequence[str]) -> str:
 
 
 def llama_flags(plan: Plan) -> str:
-    """The llama.cpp flags of the plan (of the plan that runs when part stays on the CPU)."""
-    cfg = plan.config
+    """The llama.cpp flags of the plan (of the plan that runs when part stays on the CPU): llama-server's
+    command without the binary and the model (kvadvise.runtime.llamaserver.plan_args, one definition)."""
+    import shlex
+
+    from kvadvise.runtime.llamaserver import ModelSource, plan_args
+
     off = _offload_to_run(plan)
-    n_ctx, tk, tv = (
-        (off.n_ctx * max(1, cfg.n_parallel), off.type_k, off.type_v) if off else (cfg.n_ctx, cfg.type_k, cfg.type_v)
-    )
-    s = f"-c {n_ctx} -np {cfg.n_parallel} -fa {cfg.flash_attn} -ctk {tk.type_name} -ctv {tv.type_name}"
-    if off is not None:
-        s += f" -ngl {off.n_gpu_layers}" + (f" --n-cpu-moe {off.n_cpu_moe}" if off.n_cpu_moe else "")
-    elif plan.budget is not None and plan.budget.device != "cpu":
-        s += " -ngl 999"
-    if cfg.devices:  # one card of several (kvadvise.runtime.seam.LlamaCppRuntime.place)
-        s += f" -dev {','.join(cfg.devices)}"
-    return s
+    on_gpu = off is not None or (plan.budget is not None and plan.budget.device != "cpu")
+    words: list[str] = []
+    for flag, _, value in plan_args(ModelSource(()), plan, off):
+        if flag == "-ngl" and not on_gpu:  # no GPU planned: llama.cpp's default (no layers) says it
+            continue
+        words += [flag] if value is None else [flag, value]
+    return shlex.join(words)

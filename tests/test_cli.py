@@ -250,3 +250,18 @@ def test_an_unknown_short_option_is_named_as_typed(
     err = capsys.readouterr().err
     assert rc == 2 and f"No such option '{told}'" in err and "'-n'" not in err, err
     assert len(err.strip().splitlines()) <= 2
+
+
+def test_a_unified_cache_keeps_the_context_given(gemma_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """-c 2048 -np 40 -kvu: one cache of 2,048 cells the 40 slots share (llama_context: n_ctx_seq = n_ctx when
+    kv_unified). With a card, --ctx alone was planned per slot (256 x 40 = -c 10240, a cache five times the one
+    llama.cpp makes), the headline said "51 tokens x 40 slots" and the settings line dropped -kvu."""
+    for hw in (["--no-hardware"], ["--gpu", "4090"]):
+        assert main(["gguf", str(gemma_path), "--ctx", "2048", "-np", "40", "-kvu", *hw, "--json"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert (doc["config"]["n_ctx"], doc["config"]["kv_unified"]) == (2048, True), hw
+        full = [c for c in doc["memory"]["caches"] if c["kind"] == "kv"]
+        assert [c["cells"] for c in full] == [2048], hw
+        assert main(["gguf", str(gemma_path), "--ctx", "2048", "-np", "40", "-kvu", *hw]) == 0
+        out = capsys.readouterr().out
+        assert "2,048 tokens shared by 40 slots" in out and " -kvu" in out, out

@@ -259,8 +259,14 @@ def cache_for_ctx(spec: ModelSpec, cfg: RunConfig, budget: Budget, policy: Polic
     if not candidates:
         return cfg, ()
     first = candidates[0][0]
+
+    def at_ctx(kv: KV, fa: bool) -> RunConfig:
+        at = config_at(base, n_seq, kv, fa, cfg.device)
+        # -kvu: -c is the one cache all the slots share (llama_context: n_ctx_seq = n_ctx), not a slot's share
+        return replace(at, n_ctx=cfg.n_ctx) if cfg.kv_unified and cfg.n_ctx else at
+
     for kv, fa in candidates:
-        at = _refit(spec, config_at(base, n_seq, kv, fa, cfg.device), budget, policy)
+        at = _refit(spec, at_ctx(kv, fa), budget, policy)
         if budget.fits(e := estimate(spec, at)):
             notes = (
                 []
@@ -272,7 +278,7 @@ def cache_for_ctx(spec: ModelSpec, cfg: RunConfig, budget: Budget, policy: Polic
             at = at if cfg.n_ctx else replace(at, n_ctx=0)  # -c 0 stays the training context, as asked
             return at, tuple(notes)
     kv, fa = candidates[-1]
-    at = config_at(base, n_seq, kv, fa, cfg.device)
+    at = at_ctx(kv, fa)
     return (at if cfg.n_ctx else replace(at, n_ctx=0)), ()
 
 
