@@ -61,10 +61,7 @@ def headline(plan: Plan, requested_ctx: int | None = None) -> str:
     cfg = plan.config
     n_ctx = plan.estimate.layout.n_ctx  # what llama.cpp allocates: -c rounded up to 256 (llama_context ctor)
     n_par = max(1, cfg.n_parallel)
-    if cfg.kv_unified and n_par > 1:  # -kvu: one cache of n_ctx cells the slots share (llama_context)
-        what = f"{n_ctx:,} tokens shared by {n_par} slots"
-    else:
-        what = f"{n_ctx // n_par:,} tokens" + (f" x {n_par} slots" if n_par > 1 else "")
+    what = _tokens(n_ctx, n_par, kv_unified=cfg.kv_unified)
     if requested_ctx and requested_ctx != n_ctx:
         what += f" (asked {requested_ctx:,}; llama.cpp pads to 256)"
     kv = "no K/V cache" if _no_memory(plan) else _kv(cfg.type_k.type_name, cfg.type_v.type_name)
@@ -75,7 +72,9 @@ def headline(plan: Plan, requested_ctx: int | None = None) -> str:
         return head + what + " (no hardware: an estimate only)"
     on_cpu = plan.budget is not None and plan.budget.device == "cpu"
     if off is not None:
-        run = f"{off.n_ctx:,} tokens, {_kv(off.type_k.type_name, off.type_v.type_name)}"
+        # off.n_ctx is per slot; its command's -c is that times the slots (runtime.llamaserver.plan_args)
+        run = f"{_tokens(off.n_ctx * n_par, n_par, kv_unified=cfg.kv_unified)}, "
+        run += _kv(off.type_k.type_name, off.type_v.type_name)
         if off.runnable:
             return head + f"{run}, part on the CPU"  # why 100% on the GPU does not fit: the "why" line
         return head + f"DOES NOT FIT, not even with part on the CPU ({run}: the RAM is short too)"
@@ -84,6 +83,13 @@ def headline(plan: Plan, requested_ctx: int | None = None) -> str:
     if plan.ram is not None and not plan.ram.fits:
         return head + what + ": fits the GPU, but NOT the system RAM"
     return head + what + (": fits in RAM" if on_cpu else ": fits 100% on the GPU")
+
+
+def _tokens(n_ctx: int, n_par: int, *, kv_unified: bool) -> str:
+    """``8,192 tokens x 4 slots`` for -c 32768 -np 4; ``32,768 tokens shared by 4 slots`` with -kvu."""
+    if kv_unified and n_par > 1:  # -kvu: one cache of n_ctx cells the slots share (llama_context)
+        return f"{n_ctx:,} tokens shared by {n_par} slots"
+    return f"{n_ctx // n_par:,} tokens" + (f" x {n_par} slots" if n_par > 1 else "")
 
 
 def _model(plan: Plan) -> str:

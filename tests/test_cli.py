@@ -265,3 +265,16 @@ def test_a_unified_cache_keeps_the_context_given(gemma_path: Path, capsys: pytes
         assert main(["gguf", str(gemma_path), "--ctx", "2048", "-np", "40", "-kvu", *hw]) == 0
         out = capsys.readouterr().out
         assert "2,048 tokens shared by 40 slots" in out and " -kvu" in out, out
+
+
+def test_a_partial_plans_headline_counts_the_slots(gemma_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The headline of a plan that runs with part on the CPU named one slot's tokens alone: -c 32768 -np 4 said
+    "8,192 tokens, K/V f16, part on the CPU" over a command of -c 32768 -np 4, and with -kvu (one cache of
+    32,768 cells the four share) the same 8,192. It now says what the plan without the CPU says."""
+    common = ["gguf", str(gemma_path), "--ctx", "32768", "-np", "4", "-ctk", "f16", "-ctv", "f16"]
+    hw = ["--vram", "1600MiB", "--ram", "16GiB", "--allow-cpu"]  # the GPU alone does not hold it: part on the CPU
+    for more, said in (([], "8,192 tokens x 4 slots"), (["-kvu"], "32,768 tokens shared by 4 slots")):
+        assert main([*common, *more, *hw]) == 0
+        head, _, rest = capsys.readouterr().out.partition("\n")
+        assert head.endswith(f": {said}, K/V f16, part on the CPU"), head
+        assert "-c 32768 -np 4 " in rest, rest

@@ -316,6 +316,25 @@ def test_a_vision_model_runs_at_least_2048_tokens_from_0_11_5(
     assert plan("qwen3:8b", "0.20.0")["config"]["n_ctx"] == 1024  # no vision: as asked
 
 
+def test_a_num_ctx_below_4_is_run_at_4_and_not_called_a_vision_floor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """server/sched.go getRunner: "if opts.NumCtx < 4 { opts.NumCtx = 4 }" for every model, in v0.11.0 and v0.11.4
+    as in v0.14.0; only the 2,048 is a vision model's (from 0.11.5). qwen3:8b (no vision) --ctx 2 said "Ollama
+    runs a vision model with at least 4 tokens", and under 0.11.4 wrote PARAMETER num_ctx 2 unraised."""
+    from ollama_fake import closed_port_url
+
+    monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "no-store"))
+    for version in ("0.11.4", "0.20.0"):
+        args = ["ollama", "qwen3:8b", "--no-hardware", "--ctx", "2", "--ollama-version", version, "--json"]
+        assert main(args) == 0
+        doc: dict[str, Any] = json.loads(capsys.readouterr().out)
+        assert doc["ollama"]["modelfile_parameters"]["num_ctx"] == 4, version
+        said = [n for n in doc["notes"] if n.startswith("num_ctx 2:")]
+        assert said == ["num_ctx 2: Ollama runs a model with at least 4 tokens (server/sched.go getRunner), so 4 are planned"]
+
+
 def test_a_recommended_context_is_never_below_what_ollama_runs_a_vision_model_with(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

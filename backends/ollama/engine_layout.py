@@ -44,7 +44,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kvadvise.backends.ollama import estimate_legacy, layout
-from kvadvise.backends.ollama.estimate_legacy import LegacyModel, LegacyTensor, human_bytes2
+from kvadvise.backends.ollama.estimate_legacy import LegacyModel, LegacyTensor
 from kvadvise.backends.ollama.layout import (
     DeviceMemory,
     GpuLayers,
@@ -126,17 +126,7 @@ class EngineLayout:
 
     def memory_lines(self) -> tuple[str, ...]:
         """ml/device.go BackendMemory.Log at INFO, in its order (no CPU compute graph: not modelled)."""
-        out: list[str] = []
-        devices = (*self.gpus, self.cpu)
-        for kind, sizes in (
-            ("model weights", [d.weights_bytes for d in devices]),
-            ("kv cache", [d.cache_bytes for d in devices]),
-            ("compute graph", [d.graph_bytes for d in devices]),
-        ):
-            for d, size in zip(devices, sizes, strict=True):
-                if size > 0:
-                    out.append(f'msg="{kind}" device={d.name} size="{human_bytes2(size)}"')
-        return tuple(out)
+        return tuple(layout.memory_log_lines((*self.gpus, self.cpu)))
 
     def log_line(self) -> str:
         return "; ".join(

@@ -120,6 +120,21 @@ class DeviceMemory:
     graph_bytes: int
 
 
+def memory_log_lines(devices: Sequence[DeviceMemory]) -> list[str]:
+    """ml/device.go BackendMemory.Log at INFO without its "total memory" line: each kind of memory, each device
+    that holds some, in that order (the llamarunner's layout and the Go engine's, engine_layout.py)."""
+    out: list[str] = []
+    for kind, sizes in (
+        ("model weights", [d.weights_bytes for d in devices]),
+        ("kv cache", [d.cache_bytes for d in devices]),
+        ("compute graph", [d.graph_bytes for d in devices]),
+    ):
+        for d, size in zip(devices, sizes, strict=True):
+            if size > 0:
+                out.append(f'msg="{kind}" device={d.name} size="{human_bytes2(size)}"')
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class LayoutDecision:
     """``llamaServer.Load``'s layout of one model, and the memory it logs."""
@@ -157,16 +172,7 @@ class LayoutDecision:
 
     def memory_lines(self) -> tuple[str, ...]:
         """ml/device.go BackendMemory.Log at INFO, in its order."""
-        out: list[str] = []
-        devices = (*self.gpus, self.cpu)
-        for kind, sizes in (
-            ("model weights", [d.weights_bytes for d in devices]),
-            ("kv cache", [d.cache_bytes for d in devices]),
-            ("compute graph", [d.graph_bytes for d in devices]),
-        ):
-            for d, size in zip(devices, sizes, strict=True):
-                if size > 0:
-                    out.append(f'msg="{kind}" device={d.name} size="{human_bytes2(size)}"')
+        out = memory_log_lines((*self.gpus, self.cpu))
         if self.total_bytes > 0:
             out.append(f'msg="total memory" size="{human_bytes2(self.total_bytes)}"')
         return tuple(out)

@@ -187,19 +187,20 @@ class OllamaRuntime:
         kv = rules.one_cache_type(request.type_k, request.type_v)
         r = replace(request, type_k=kv, type_v=kv)
         notes: tuple[str, ...] = ()
-        floors = rel.v is None or rel.v >= rules.VISION_MIN_FROM  # getRunner's floors (rules.run_num_ctx)
+        # getRunner's floors (rules.run_num_ctx): 4 tokens in every release kvadvise knows (v0.11.0 has it), 2,048
+        # for a vision model from 0.11.5
+        vision = rules.is_vision(model) and (rel.v is None or rel.v >= rules.VISION_MIN_FROM)
         # a recommended num_ctx is never below what getRunner runs (per slot: llama_n_ctx multiplies by the slots)
-        ctx_floor = rules.run_num_ctx(0, vision=rules.is_vision(model)) if floors else 0
+        ctx_floor = rules.run_num_ctx(0, vision=vision)
         if r.n_ctx:  # num_ctx per slot; past the training context Ollama runs the training context (llm/server.go)
-            num_ctx = r.n_ctx
-            if floors:
-                num_ctx = rules.run_num_ctx(num_ctx, vision=rules.is_vision(model))
+            num_ctx = rules.run_num_ctx(r.n_ctx, vision=vision)
             warning = rules.too_large_warning(num_ctx, spec.n_ctx_train)
             notes = (warning,) if warning else ()
             if num_ctx != r.n_ctx:
+                runs = "a vision model with" if vision else "a model with"
                 notes = (
                     *notes,
-                    f"num_ctx {r.n_ctx:,}: Ollama runs a vision model with at least {num_ctx:,} tokens (server/sched.go "
+                    f"num_ctx {r.n_ctx:,}: Ollama runs {runs} at least {num_ctx:,} tokens (server/sched.go "
                     f"getRunner), so {num_ctx:,} are planned",
                 )
             r = replace(r, n_ctx=rules.llama_n_ctx(rules.capped_num_ctx(num_ctx, spec.n_ctx_train), r.n_parallel))
