@@ -948,3 +948,25 @@ def test_the_hint_to_load_a_written_env_file_is_a_line_to_paste(
     run = subprocess.run(["sh", "-c", f"{line[1]}; echo \"$LLAMA_ARG_MODEL\""], cwd=tmp_path, capture_output=True, text=True)
     assert run.returncode == 0 and run.stdout.strip() == str(model), run.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["m.gguf", name])  # nothing touched
+
+
+def test_no_output_is_written_over_any_part_of_a_split_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A split GGUF is read from every part (llama_model_loader finds parts 2..N by llama_split_path's names):
+    `--write-env tiny-gemma3-00002-of-00003.gguf --force` replaced the second part with a settings file, as
+    only the first part was protected; every part is refused as an output now, and nothing is written."""
+    from http_fixtures import write_split
+    from tinymodels import write_tiny_gguf
+
+    from kvadvise.cli import main
+
+    whole = write_tiny_gguf(tmp_path / "whole.gguf", "gemma3")
+    parts = write_split(whole, tmp_path / "tiny-gemma3.gguf", max_tensors=40)
+    before = [p.read_bytes() for p in parts]
+    for part in parts:
+        argv = ["llamacpp", str(parts[0]), "--no-hardware", "--write-env", str(part), "--force"]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "it is the model this plan was read from" in err, err
+    assert [p.read_bytes() for p in parts] == before

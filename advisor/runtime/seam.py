@@ -195,10 +195,17 @@ def write_outputs(
 def read_files(plan: Plan) -> tuple[str, ...]:
     """The files a plan was read from, which no output may replace: the model (a GGUF path, an Ollama blob),
     its --mmproj projector and its -md draft model (a source that is no path names no file and is passed over)."""
+    from kvadvise.model.splits import parse_name
+
     cfg = plan.config
     sources = [plan.spec.source]
     if cfg.mmproj is not None:
         sources.append(cfg.mmproj.source)
     if cfg.draft is not None:
         sources.append(cfg.draft.source)
-    return tuple(sources)
+    # a split GGUF is read from every part (llama_model_loader finds them by llama_split_path's names)
+    out: list[str] = []
+    for src in sources:
+        split = parse_name(src)
+        out += split.parts if split is not None else (src,)
+    return tuple(out)
