@@ -278,3 +278,17 @@ def test_a_partial_plans_headline_counts_the_slots(gemma_path: Path, capsys: pyt
         head, _, rest = capsys.readouterr().out.partition("\n")
         assert head.endswith(f": {said}, K/V f16, part on the CPU"), head
         assert "-c 32768 -np 4 " in rest, rest
+
+
+def test_a_budget_the_margin_takes_whole_says_so(gemma_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--vram 1GiB with llama.cpp's 1,024 MiB margin leaves 0 bytes for the model: the reason said "the GPU has
+    0.00 GiB" and no more; it says where the memory went, and which option moves it."""
+    assert main(["gguf", str(gemma_path), "--vram", "1GiB", "--gpu-only", "--json"]) == 3
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["budget"]["budget_bytes"] == 0 and doc["budget"]["margin_bytes"] == 1 << 30
+    said = [r for r in doc["reasons"] if r.startswith("does not fit")]
+    assert said and said[0].endswith(
+        "the GPU has 0.00 GiB (1.00 GiB free, all of it the 1,024 MiB margin kept free; --margin sets the margin)"
+    ), said
+    assert main(["gguf", str(gemma_path), "--vram", "1GiB", "--gpu-only", "--margin", "0", "--json"]) == 0
+    capsys.readouterr()

@@ -112,9 +112,14 @@ def reasons(
                 + " (each device holds its share of the layers: -ts, else by free memory)"
             )
         else:
-            out.append(
-                f"does not fit: {_gb(est.device_bytes)} at {n_ctx_seq:,} tokens, {where} has {_gb(budget.budget_bytes)}"
-            )
+            room = _gb(budget.budget_bytes)
+            if budget.budget_bytes <= 0:  # "0.00 GiB" alone reads as a fault: the margin took all of it
+                reserved = "margin and headroom" if budget.headroom_bytes else "margin"
+                room += (
+                    f" ({_gb(budget.free_bytes)} free, all of it the {budget.margin_bytes / MIB:,.0f} MiB {reserved} "
+                    "kept free; --margin sets the margin)"
+                )
+            out.append(f"does not fit: {_gb(est.device_bytes)} at {n_ctx_seq:,} tokens, {where} has {room}")
         out.append(would_fit)
         return out
     f16 = next((o for o in options if o.type_k == F16 and o.type_v == F16), None)
