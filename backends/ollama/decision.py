@@ -211,17 +211,7 @@ def _decide_layout(
         flash_attention="on" if fa else "off",
         kv_cache_type="" if settings.kv_cache_type == "f16" else settings.kv_cache_type,
     )
-    return OllamaDecision(
-        version=release.version,
-        layers_offload=lay.layers_offload,
-        layers_model=lay.total_layers,
-        required_full_bytes=lay.total_bytes,
-        available_bytes=sum(lay.available_bytes),
-        planned_layers=_planned_layers(plan, lay.layers_offload, lay.total_layers),
-        log_line=lay.log_line(),
-        allocation_modelled=release.claims_allocation,
-        layers_by=CREATE_LAYOUT,
-    )
+    return _layout_decision(release.version, plan, lay, allocation_modelled=release.claims_allocation)
 
 
 def _layout_gpus(plan: Plan) -> list[layout.LayoutGpu]:
@@ -272,17 +262,26 @@ def _decide_engine(
         flash_attention=fa,
         kv_cache_type=kv_cache_type,
     )
+    # the plan's figures are llama.cpp's library, not the Go engine's
+    return _layout_decision(release.version, plan, lay, allocation_modelled=False)
+
+
+def _layout_decision(
+    version: str, plan: Plan, lay: layout.LayoutDecision | engine_layout.EngineLayout, *, allocation_modelled: bool
+) -> OllamaDecision:
+    """The decision of a createLayout replay: the llamarunner's (layout.py) or the Go engine's (engine_layout.py,
+    whose graph is a stand-in it names)."""
     return OllamaDecision(
-        version=release.version,
+        version=version,
         layers_offload=lay.layers_offload,
         layers_model=lay.total_layers,
         required_full_bytes=lay.total_bytes,
         available_bytes=sum(lay.available_bytes),
         planned_layers=_planned_layers(plan, lay.layers_offload, lay.total_layers),
         log_line=lay.log_line(),
-        allocation_modelled=False,  # the plan's figures are llama.cpp's library, not the Go engine's
-        layers_by=ENGINE_LAYOUT,
-        approximation=lay.approximation,
+        allocation_modelled=allocation_modelled,
+        layers_by=ENGINE_LAYOUT if isinstance(lay, engine_layout.EngineLayout) else CREATE_LAYOUT,
+        approximation=lay.approximation if isinstance(lay, engine_layout.EngineLayout) else None,
     )
 
 

@@ -51,7 +51,6 @@ from kvadvise.backends.ollama.layout import (
     LayoutGpu,
     LayoutNotModelled,
     RunnerMemory,
-    layers_text,
 )
 from kvadvise.errors import InputError
 from kvadvise.model.ggml import ALIGNMENT, BLOCK, GGMLType, cuda_alloc_bytes, pad
@@ -129,13 +128,8 @@ class EngineLayout:
         return tuple(layout.memory_log_lines((*self.gpus, self.cpu)))
 
     def log_line(self) -> str:
-        return "; ".join(
-            (
-                f'msg="loading model" "model layers"={self.total_layers} requested={self.requested}',
-                *self.memory_lines(),
-                f"GPULayers:{layers_text(self.gpu_layers)}",
-            )
-        )
+        """The server log's lines that carry the decision (layout.load_log_line)."""
+        return layout.load_log_line(self.total_layers, self.requested, self.memory_lines(), self.gpu_layers)
 
 
 # ------------------------------------------------------------------------- what the runner reports
@@ -439,10 +433,6 @@ def ollama_server_load(
 
     final = report(gpu_layers)
     mem = final.memory
-    available = []
-    for g in gpus:  # sched.go load: the "gpu memory" line
-        reserve = gpu_overhead_bytes + g.minimum_bytes
-        available.append(g.free_bytes - reserve if g.free_bytes >= reserve else 0)
     return EngineLayout(
         version=version,
         total_layers=n,
@@ -453,7 +443,7 @@ def ollama_server_load(
             for j, g in enumerate(gpus)
         ),
         cpu=DeviceMemory("CPU", final.input_bytes + sum(mem.cpu_weights), sum(mem.cpu_cache), 0),
-        available_bytes=tuple(available),
+        available_bytes=layout.available_bytes(gpus, gpu_overhead_bytes),
         num_ctx=num_ctx,
         num_parallel=num_parallel,
         batch_size=batch,

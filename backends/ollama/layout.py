@@ -135,6 +135,27 @@ def memory_log_lines(devices: Sequence[DeviceMemory]) -> list[str]:
     return out
 
 
+def load_log_line(
+    total_layers: int, requested: int, memory_lines: Sequence[str], gpu_layers: Sequence[GpuLayers]
+) -> str:
+    """The lines of the server log that carry a layout's decision, joined: "loading model", the memory summary,
+    and the load request's GPULayers (the llamarunner's layout and the Go engine's)."""
+    return "; ".join(
+        (
+            f'msg="loading model" "model layers"={total_layers} requested={requested}',
+            *memory_lines,
+            f"GPULayers:{layers_text(gpu_layers)}",
+        )
+    )
+
+
+def available_bytes(gpus: Sequence[LayoutGpu], gpu_overhead_bytes: int) -> tuple[int, ...]:
+    """sched.go load's "gpu memory" line per GPU: its free memory less its minimum and OLLAMA_GPU_OVERHEAD, 0 where
+    that leaves nothing."""
+    reserves = [gpu_overhead_bytes + g.minimum_bytes for g in gpus]
+    return tuple(g.free_bytes - r if g.free_bytes >= r else 0 for g, r in zip(gpus, reserves, strict=True))
+
+
 @dataclass(frozen=True, slots=True)
 class LayoutDecision:
     """``llamaServer.Load``'s layout of one model, and the memory it logs."""
@@ -178,15 +199,8 @@ class LayoutDecision:
         return tuple(out)
 
     def log_line(self) -> str:
-        """The lines of the server log that carry the decision, joined: "loading model", the memory
-        summary, and the load request's GPULayers."""
-        return "; ".join(
-            (
-                f'msg="loading model" "model layers"={self.total_layers} requested={self.requested}',
-                *self.memory_lines(),
-                f"GPULayers:{layers_text(self.gpu_layers)}",
-            )
-        )
+        """The server log's lines that carry the decision (:func:`load_log_line`)."""
+        return load_log_line(self.total_layers, self.requested, self.memory_lines(), self.gpu_layers)
 
 
 # -------------------------------------------------------------------------------- float32 arithmetic
@@ -633,10 +647,6 @@ def llama_server_load(
             mem.cpu_cache[layer] = 0
         mem.gpu_graph[j] = graph
 
-    available = []
-    for g in gpus:  # sched.go load: the "gpu memory" line
-        reserve = gpu_overhead_bytes + g.minimum_bytes
-        available.append(g.free_bytes - reserve if g.free_bytes >= reserve else 0)
     return LayoutDecision(
         version=version,
         total_layers=total_layers,
@@ -647,7 +657,7 @@ def llama_server_load(
             for j, g in enumerate(gpus)
         ),
         cpu=DeviceMemory("CPU", sum(mem.cpu_weights), sum(mem.cpu_cache), 0),
-        available_bytes=tuple(available),
+        available_bytes=available_bytes(gpus, gpu_overhead_bytes),
         num_ctx=num_ctx,
         num_parallel=num_parallel,
         batch_size=batch,
