@@ -128,3 +128,14 @@ def parse_tokens(text: str) -> int:
     if frac and int(frac) * scale % 10 ** len(frac):
         raise InputError(f"{text.strip()!r} is not a whole number of tokens", hint=_TOKENS_HINT)
     return n
+
+
+def port_number(text: str) -> int | None:
+    """A port's decimal digits -> its number, as llama.cpp's ``std::stoi`` and Go's ``strconv.ParseInt(.., 10, ..)``
+    read them: leading zeros are decimal (``050052`` is 50052). None for text that is not ASCII digits, or whose
+    number has more than 5 digits (thousands of them never reach int(), whose digit limit raises); the caller
+    says which range it takes (1-65535, or 0 too)."""
+    significant = text.lstrip("0")
+    if not (text.isascii() and text.isdigit()) or len(significant) > 5:
+        return None
+    return int(significant or "0")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvadvise.units import MAX_SIZE_BYTES
+
 SWA_NONE = "none"
 SWA_STANDARD = "standard"
 SWA_CHUNKED = "chunked"
@@ -179,7 +181,7 @@ def check_spec(spec: ModelSpec) -> str | None:
         for x in v:
             if flags and not isinstance(x, bool):
                 return f"{name} holds {x!r:.40}, not a bool"
-            if not flags and (not isinstance(x, int) or isinstance(x, bool) or not 0 <= x <= 2**63 - 1):
+            if not flags and (not isinstance(x, int) or isinstance(x, bool) or not 0 <= x <= MAX_SIZE_BYTES):
                 return f"{name} holds {x!r:.40}, not a whole number from 0"
             if name in ("n_head", "n_head_kv") and x > _MAX_COUNT:
                 return f"{name} holds {x:,}, past any model's (llama.cpp holds it in 32 bits)"

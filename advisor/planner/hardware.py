@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from kvadvise.errors import InputError
+from kvadvise.units import MAX_SIZE_BYTES, port_number
 
 if TYPE_CHECKING:
     from kvadvise.planner.gpus import GpuProfile
@@ -317,13 +318,13 @@ def rpc_hosts(hosts: Sequence[RpcHost]) -> Hardware:
     servers: dict[tuple[str, int], str] = {}
     for endpoint in unique:
         host, _, port = endpoint.partition(":")
-        digits = port.lstrip("+").lstrip("0") or "0"
-        if not (digits.isascii() and digits.isdigit() and len(digits) <= 5):  # an RpcHost the API made by hand
+        number = port_number(port.lstrip("+") or "0")
+        if number is None:  # an RpcHost the API made by hand
             continue
-        other = servers.setdefault((host, int(digits)), endpoint)
+        other = servers.setdefault((host, number), endpoint)
         if other != endpoint:
             raise InputError(
-                f"--rpc {other} and {endpoint} are one rpc-server (port {int(digits)}); llama-server would "
+                f"--rpc {other} and {endpoint} are one rpc-server (port {number}); llama-server would "
                 "make two devices of it, each planning its whole memory",
                 hint="give each rpc-server once",
             )
@@ -596,16 +597,13 @@ def probe() -> Hardware:
     )
 
 
-_MAX_BYTES = 2**63 - 1  # int64 bytes: what --vram and --ram take (kvadvise.units.MAX_SIZE_BYTES)
-
-
 def check_hardware(hw: Hardware) -> str | None:
     """What is wrong with a Hardware made or changed by hand (the API takes one): gpus=None or a GPU named None
     ended in TypeError/AttributeError (exit 1); a negative free memory, or more free than there is, was planned.
     None when it holds; probe(), gpu_profile() and the flags' hardware hold by construction."""
 
     def size(v: object) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= _MAX_BYTES
+        return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_SIZE_BYTES
 
     if not isinstance(hw.gpus, (tuple, list)):
         return f"gpus is {hw.gpus!r:.40}, not a tuple of Gpu"

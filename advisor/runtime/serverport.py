@@ -77,6 +77,7 @@ def _props(url: str, timeout_s: float) -> RunningServer | None:
 def parse_address(text: str) -> tuple[str, int | None]:
     """HOST or HOST:PORT (an IPv6 host in brackets): the host and the port, None when not given."""
     from kvadvise.errors import InputError
+    from kvadvise.units import port_number
 
     text = text.strip().removeprefix("http://").rstrip("/")
     host, port = text, None
@@ -91,11 +92,10 @@ def parse_address(text: str) -> tuple[str, int | None]:
         port_text = None
     if port_text is not None:
         # leading zeros are decimal, as llama-server reads its own --port (common/arg.cpp std::stoi): 08080 is
-        # the server started with --port 08080; the digits are counted without them (int() of 5,000 digits fails)
-        digits = port_text.lstrip("0")
-        if not (port_text.isascii() and port_text.isdigit() and len(digits) <= 5 and 0 < int(digits or "0") < 65536):
+        # the server started with --port 08080
+        port = port_number(port_text)
+        if port is None or not 0 < port < 65536:
             raise InputError(f"--attach {text}: the port must be a number from 1 to 65535")
-        port = int(digits)
     # a name or an address: no blank, control character, slash or bracket (urllib refused "a b" with
     # http.client.InvalidURL, an internal error)
     if not host or not all(c.isascii() and (c.isalnum() or c in "-._:%") for c in host):

@@ -25,7 +25,7 @@ from kvadvise.request import (
     PlanRequest,
     check_split,
 )
-from kvadvise.units import parse_memory_size, parse_size, parse_tokens
+from kvadvise.units import parse_memory_size, parse_size, parse_tokens, port_number
 
 if TYPE_CHECKING:
     from kvadvise.model.spec import ModelSpec
@@ -83,9 +83,8 @@ def _check_rpc_port(text: str, port: str, hint: str) -> None:
             f"{digits[:lead]} and ignore the rest (std::stoi)",
             hint=hint,
         )
-    significant = digits.lstrip("0")
-    # a string of digits too long for int() (Python caps it) is past 65535 all the same
-    if port.startswith("-") or len(significant) > 5 or not 0 < int(significant or "0") <= 65535:
+    number = port_number(digits)  # None: more than 5 digits after the zeros, past 65535 all the same
+    if port.startswith("-") or number is None or not 0 < number <= 65535:
         raise InputError(
             f"--rpc {text!r}: the port is not 1-65535 (llama.cpp would connect to another port: htons keeps 16 bits)",
             hint=hint,

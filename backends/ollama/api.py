@@ -44,6 +44,7 @@ from kvadvise.model.gguf import (
     Value,
 )
 from kvadvise.model.keys import General
+from kvadvise.units import port_number
 
 DEFAULT_HOST = "http://127.0.0.1:11434"
 DEFAULT_PORT = 11434
@@ -92,11 +93,11 @@ def normalize_host(raw: str | None = None, *, what: str = "OLLAMA_HOST") -> str:
     if port_s:
         # envconfig.Host: strconv.ParseInt(port, 10, 32), so 011434 is port 11434 (Go's dialer reads it so too);
         # a port it cannot use makes Ollama warn and fall back to the default, which kvadvise refuses instead: a
-        # port given is the one meant. The digits are counted without leading zeros (int() fails on 5,000)
-        digits = port_s.lstrip("0")
-        if not (port_s.isascii() and port_s.isdigit()) or len(digits) > 5 or not 0 < int(digits or "0") <= 65535:
+        # port given is the one meant
+        number = port_number(port_s)
+        if number is None or not 0 < number <= 65535:
             raise InputError(f"{what} {shown!r}: invalid port")
-        port = int(digits)
+        port = number
     else:
         port = default_port
     host = host or "127.0.0.1"
