@@ -311,19 +311,20 @@ def _plan(
         spec_draft_n_max=r.spec_draft_n_max,
         llama_build=llama_build,
     )
+    policy = policy_of(
+        r,
+        runtime,
+        weights_uncertain=shaped.weights_uncertain,
+        quality=_measured_quality(spec, llama_build),
+        ctx_floor=shaped.ctx_floor,
+        expert_offload=shaped.expert_offload,
+    )
     plan = make_plan(
         spec,
         base,
         recommend_ctx=r.n_ctx is None,
         hw=hw,
-        policy=policy_of(
-            r,
-            runtime,
-            weights_uncertain=shaped.weights_uncertain,
-            quality=_measured_quality(spec, llama_build),
-            ctx_floor=shaped.ctx_floor,
-            expert_offload=shaped.expert_offload,
-        ),
+        policy=policy,
         margin_bytes=r.margin_bytes + shaped.extra_margin_bytes,
         measured_overhead=measured,
         notes=(*notes, *build_notes),
@@ -341,13 +342,7 @@ def _plan(
                 replace(base, mtp=False),
                 recommend_ctx=True,
                 hw=hw,
-                policy=policy_of(
-                    r,
-                    runtime,
-                    weights_uncertain=shaped.weights_uncertain,
-                    ctx_floor=shaped.ctx_floor,
-                    expert_offload=shaped.expert_offload,
-                ),
+                policy=replace(policy, quality=None),  # as it has been: the search without the measured quality
                 margin_bytes=r.margin_bytes + shaped.extra_margin_bytes,
                 measured_overhead=measured,
                 n_cpu_moe=r.n_cpu_moe,
