@@ -13,7 +13,6 @@ from kvadvise.text import WIDTH, wrapped
 from kvadvise.text import lines as text_lines
 
 if TYPE_CHECKING:
-    from kvadvise.planner.offload import Offload
     from kvadvise.planner.planning import Plan
     from kvadvise.planner.recommender import Recommendation
 
@@ -51,11 +50,6 @@ def where_on(plan: Plan) -> str:
     return " on " + " + ".join(names)
 
 
-def _offload_to_run(plan: Plan) -> Offload | None:
-    off = plan.offload
-    return off if plan.fits is False and off is not None else None
-
-
 def headline(plan: Plan, requested_ctx: int | None = None) -> str:
     """``qwen3-coder:30b on NVIDIA GeForce RTX 4090: 65,536 tokens, K/V q8_0: fits 100% on the GPU``."""
     cfg = plan.config
@@ -66,7 +60,7 @@ def headline(plan: Plan, requested_ctx: int | None = None) -> str:
         what += f" (asked {requested_ctx:,}; llama.cpp pads to 256)"
     kv = "no K/V cache" if _no_memory(plan) else _kv(cfg.type_k.type_name, cfg.type_v.type_name)
     what += f", {kv}"  # flash attention is in the settings below (-fa, OLLAMA_FLASH_ATTENTION)
-    off = _offload_to_run(plan)
+    off = plan.partial
     head = f"{plan.spec.name}{where_on(plan)}: "
     if plan.fits is None:
         return head + what + " (no hardware: an estimate only)"
@@ -101,7 +95,7 @@ def _model(plan: Plan) -> str:
 
 def _memory(plan: Plan) -> list[str]:
     est, b = plan.estimate, plan.budget
-    off = _offload_to_run(plan)
+    off = plan.partial
     if off is not None:
         flags = f"-ngl {off.n_gpu_layers}" + (f" --n-cpu-moe {off.n_cpu_moe}" if off.n_cpu_moe else "")
         kept = f"the experts of {off.n_cpu_moe} layers" if off.n_cpu_moe else f"{off.n_cpu_layers} layers"
@@ -141,7 +135,7 @@ def _gib(n: int) -> str:
 
 
 def _speed(plan: Plan) -> list[str]:
-    off = _offload_to_run(plan)
+    off = plan.partial
     rec = plan.recommendation
     decode = off.speed if off is not None else (rec.speed if rec is not None else plan.speed)
     out = []
@@ -297,7 +291,7 @@ def llama_flags(plan: Plan) -> str:
 
     from kvadvise.runtime.llamaserver import ModelSource, plan_args
 
-    off = _offload_to_run(plan)
+    off = plan.partial
     on_gpu = off is not None or (plan.budget is not None and plan.budget.device != "cpu")
     words: list[str] = []
     for flag, _, value in plan_args(ModelSource(()), plan, off):

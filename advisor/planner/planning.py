@@ -102,6 +102,18 @@ class Plan:
     users: UsersAnswer | None = None  # --users N: how many sessions of the context fit (kvadvise.planner.users)
 
     @property
+    def partial(self) -> Offload | None:
+        """The partial offload planned because the GPUs alone do not fit, whether it runs or not (the RAM may be
+        short too); None when the plan's own config is what runs, or nothing was planned."""
+        return self.offload if self.fits is False else None
+
+    @property
+    def offload_to_run(self) -> Offload | None:
+        """The partial offload to run when the GPUs alone do not fit (None: the plan's own config)."""
+        off = self.partial
+        return off if off is not None and off.runnable else None
+
+    @property
     def runnable(self) -> bool | None:
         """A plan that runs was printed: the config fits the GPUs and the RAM, or (when it does not fit the
         GPUs) its partial offload fits both. None without hardware (nothing to check against)."""

@@ -127,12 +127,6 @@ def _ram_args(ram: HostRam | None) -> list[tuple[str, str, str | None]]:
     return out
 
 
-def offload_to_run(plan: Plan) -> Offload | None:
-    """The partial offload to run when the plan does not fit the GPU alone (None: the plan's own config)."""
-    off = plan.offload
-    return off if plan.fits is False and off is not None and off.runnable else None
-
-
 def plan_args(model: ModelSource, plan: Plan, off: Offload | None) -> list[tuple[str, str, str | None]]:
     """llama-server's (flag, variable, value) for the plan's config, or for its partial offload ``off``."""
     if off is None:
@@ -204,7 +198,7 @@ class ServerAdvice:
 
 
 def server_advice(model: ModelSource, plan: Plan) -> ServerAdvice:
-    run = offload_to_run(plan)
+    run = plan.offload_to_run
     run_args = plan_args(model, plan, run)
     return ServerAdvice(
         command=args_text(plan_args(model, plan, None)),

@@ -30,7 +30,6 @@ from kvadvise.backends.ollama.rules import (
 from kvadvise.backends.ollama.versions import DEFAULT_NUM_CTX_BY_VRAM_FROM, OLD_DEFAULT_NUM_CTX
 from kvadvise.errors import BackendUnreachable
 from kvadvise.planner.planning import AdviceSummary, Plan
-from kvadvise.runtime.llamaserver import offload_to_run
 from kvadvise.text import lines as text_lines
 
 if TYPE_CHECKING:  # an offload is planned only with --allow-cpu
@@ -98,7 +97,7 @@ class OllamaAdvice:
     @property
     def offload(self) -> Offload | None:
         """The partial offload the settings are for (the plan does not fit the GPU alone), else None."""
-        return offload_to_run(self.plan)
+        return self.plan.offload_to_run
 
     @property
     def created_name(self) -> str:
@@ -152,7 +151,7 @@ def advise(
 ) -> OllamaAdvice:
     """The settings for ``plan`` and the warnings that go with them, for Ollama ``release`` (None: the newest)."""
     cfg = plan.config
-    off = offload_to_run(plan)
+    off = plan.offload_to_run
     if off is not None:  # the plan that runs: part on the CPU, placed by Ollama's --fit
         num_ctx, kv_type, ram = off.n_ctx, off.type_k.type_name, off.ram
     else:

@@ -27,7 +27,6 @@ from kvadvise.backends.ollama.versions import (
     blob_architecture,
     supports_flash_attention,
 )
-from kvadvise.runtime.llamaserver import offload_to_run
 
 if TYPE_CHECKING:
     from kvadvise.backends.ollama.model import OllamaModel
@@ -177,7 +176,7 @@ def decide(model: OllamaModel, plan: Plan, release: OllamaRelease, settings: Oll
 
 def _planned_layers(plan: Plan, ollama_layers: int, layers_model: int) -> int:
     """The plan's layers on the GPU(s), counted as Ollama counts them (the output layer as one)."""
-    off = offload_to_run(plan)
+    off = plan.offload_to_run
     if off is None:
         planned = layers_model  # every layer and the output layer
     elif off.n_cpu_moe:  # experts on the CPU: not a layer count Ollama's num_gpu can say
