@@ -150,7 +150,8 @@ def row_devices(doc: dict[str, Any], row: dict[str, Any], spec: ModelSpec) -> li
     flops = [float(known.get(i, {}).get("fp16_tflops") or 0) * 1e12 for i in ids]
     split = row.get("tensor_split") or [float(known.get(i, {}).get("memory_bytes", 1)) for i in ids]
     classes = [str(known.get(i, {}).get("speed_class") or "default") for i in ids]  # every row's card is known
-    return speed.devices(spec, row["backend"], bws, split, flops, ids, classes)
+    clocks = [float(known.get(i, {}).get("boost_clock_mhz") or 0) * 1e6 for i in ids]
+    return speed.devices(spec, row["backend"], bws, split, flops, ids, classes, clocks)
 
 
 def decode_depth(row: dict[str, Any]) -> int:
@@ -355,7 +356,9 @@ def fit(doc: dict[str, Any]) -> None:
         return sum(math.log(decode_estimate(doc, r) / r["decode_tps"]) ** 2 for r in mrows)
 
     steps = [x * 1e-6 for x in range(0, 201, 5)]
-    _coordinate_search(mloss, [(speed.EARLY_BUILD_RECURRENT_S, b, steps) for b in sorted(speed.EARLY_BUILD_RECURRENT_S)])
+    _coordinate_search(
+        mloss, [(speed.EARLY_BUILD_RECURRENT_S, b, steps) for b in sorted(speed.EARLY_BUILD_RECURRENT_S)]
+    )
     peff = [x / 100 for x in range(2, 81, 2)]
     pknobs: list[tuple[dict[str, Any], str, list[float]]] = []
     for c in speed.PREFILL_EFFICIENCY:

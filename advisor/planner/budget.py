@@ -62,6 +62,7 @@ class Budget:
     device_flops: tuple[float, ...] = ()
     device_names: tuple[str, ...] = ()
     device_classes: tuple[str, ...] = ()  # each GPU's decode class (Gpu.speed_class; "": its backend's default)
+    device_clocks_hz: tuple[float, ...] = ()  # each GPU's boost clock (Gpu.clock_hz; 0: unknown)
     flops_source: str | None = None
     ram_bandwidth_bytes_per_s: int | None = None  # --ram-bandwidth; None: measured when a plan needs it
     # system RAM a plan may use beside (kvadvise.planner.hostram): free now, or given with --ram
@@ -132,6 +133,7 @@ def budget_for(hw: Hardware, margin_bytes: int = DEFAULT_MARGIN_BYTES) -> Budget
             device_flops=tuple(f for f in flops if f) if all(flops) else (),
             device_names=tuple(g.name for g in hw.gpus),
             device_classes=tuple(g.speed_class for g in hw.gpus),
+            device_clocks_hz=tuple(g.clock_hz for g in hw.gpus),
             flops_source=next((g.flops_source for g in hw.gpus if g.flops_source), None),
             ram_bandwidth_bytes_per_s=hw.ram_bandwidth_bytes_per_s,
         )

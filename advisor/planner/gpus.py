@@ -59,6 +59,9 @@ class GpuProfile:
     # the card's decode class where its architecture reads a different share of its bandwidth than its backend's
     # default (kvadvise.planner.speed.EFFICIENCY["rocm-gcn"]: "gcn" for gfx906); None: the backend's default
     speed_class: str | None = None
+    # an NVIDIA card's published boost clock (MHz; boost_clock_source: where from): the decode estimate's fixed time
+    # per layer scales with it (kvadvise.planner.speed.CLOCK_REFERENCE_HZ); None: not known
+    boost_clock_mhz: int | None = None
 
     @property
     def usable_bytes(self) -> int:
@@ -87,6 +90,7 @@ def _profile_from_json(entry: dict[str, Any]) -> GpuProfile:
         fp16_tflops=float(entry["fp16_tflops"]) if entry.get("fp16_tflops") else None,
         fp16_tflops_basis=str(entry["fp16_tflops_basis"]) if entry.get("fp16_tflops_basis") else None,
         speed_class=str(entry["speed_class"]) if entry.get("speed_class") else None,
+        boost_clock_mhz=int(entry["boost_clock_mhz"]) if entry.get("boost_clock_mhz") else None,
     )
 
 

@@ -47,6 +47,7 @@ class Gpu:
     # the profile's decode class (kvadvise.planner.speed.decode_key): "gcn", or "default" (a known card of its backend's
     # default class); "": a card not in profiles/gpus.json (--vram), its backend's default assumed
     speed_class: str = ""
+    clock_hz: float = 0.0  # the profile's boost clock (decode's fixed time per layer scales with it); 0: unknown
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +164,7 @@ def compute_of(gpu: Gpu, p: GpuProfile | None) -> Gpu:
     """``gpu`` with its profile's compute figure (prompt processing) and decode class; as it is for an unknown card."""
     if p is None:
         return gpu
-    gpu = replace(gpu, speed_class=p.speed_class or "default")
+    gpu = replace(gpu, speed_class=p.speed_class or "default", clock_hz=(p.boost_clock_mhz or 0) * 1e6)
     if not p.fp16_tflops:
         return gpu
     return replace(gpu, flops_per_s=p.fp16_tflops * 1e12, flops_source=f"profiles/gpus.json {p.id} fp16_tflops")

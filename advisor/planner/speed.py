@@ -17,7 +17,7 @@ or the one ``--device rocm|vulkan`` names; a card whose architecture reads a dif
 profiles/gpus.json, :func:`decode_key`: a GCN 5 card under ROCm), a 2-3-bit K-quant or an i-quant adds its dequantization work per
 weight at the card's FP16 peak (:data:`DEQUANT_FLOPS_PER_WEIGHT`), and each token costs
 a fixed time per layer on top (:data:`LAYER_OVERHEAD_S`: kernel launches and synchronisation, what bounds
-tiny models and fast cards), and per MoE layer a little more (:data:`MOE_LAYER_OVERHEAD_S`: the router,
+tiny models and fast cards; small latency-bound kernels, so it scales with the card's SM clock: :func:`clock_factor`), and per MoE layer a little more (:data:`MOE_LAYER_OVERHEAD_S`: the router,
 top-k and the expert gathers: the cost that makes small experts slow per byte read). A recurrent layer costs
 that fixed time in proportion to the kernels it launches beside an attention layer of the same model
 (:data:`DECODE_KERNELS`, counted in llama.cpp's own decode graph): a Gated DeltaNet mixer launches
@@ -64,7 +64,7 @@ if TYPE_CHECKING:
 # Fraction of the published bandwidth decode reaches, by backend and kind of model (fitted, see module doc).
 # CPU: relative to the measured copy bandwidth (kvadvise.planner.cpuspeed).
 EFFICIENCY: dict[str, dict[str, float]] = {
-    "cuda": {"dense": 0.82, "moe": 0.90},
+    "cuda": {"dense": 0.90, "moe": 0.90},
     "metal": {"dense": 0.80, "moe": 0.54},
     "vulkan": {"dense": 0.80, "moe": 0.62},
     "rocm": {"dense": 0.70, "moe": 0.42},
@@ -84,6 +84,17 @@ DECODE_CLASSES: dict[str, tuple[str, ...]] = {"rocm": ("gcn",)}
 KV_EFFICIENCY: dict[str, float] = {"cuda": 0.66, "metal": 0.10, "vulkan": 0.68, "rocm": 0.68, "cpu": 0.3}
 # Fixed time per layer and token (s): launches, syncs, small ops (fitted; CPU: a guess).
 LAYER_OVERHEAD_S: dict[str, float] = {"cuda": 65e-6, "metal": 145e-6, "vulkan": 20e-6, "rocm": 30e-6, "cpu": 20e-6}
+# The card LAYER_OVERHEAD_S is fitted at: the fixed time per layer is the run time of small, latency-bound kernels
+# (norms, rope, the recurrent layers' scans, the router's top-k: a few microseconds each, launched back to back from
+# a CUDA graph), which scales with the SM clock, not with the bandwidth: a card at another boost clock takes
+# CLOCK_REFERENCE_HZ / its clock times as long (:func:`clock_factor`; profiles/gpus.json boost_clock_mhz). The
+# RTX 4090's 2,520 MHz: most rows where the fixed time is most of a token are on it (the "moe-sweep" rows). With it
+# the fit (benchmarks/bench_speed.py --fit) keeps 65 us and raises CUDA's dense efficiency from 0.82 to 0.90: the
+# slower-clocked cards (Turing, Ampere, A100/H100) had pulled both down. Estimate / measured of the rows it moves
+# most: Llama 2 7B on an A100 1.62 -> 1.23 and on an H100 PCIe 1.68 -> 1.45 (fit rows 25, 27); the held-out
+# Qwen3.5-35B-A3B on an RTX 3090 1.56 -> 1.25 (row 161) and Qwen3-Coder-Next (80B-A3B hybrid) on an A100 at b10107
+# 1.55 -> 1.12 (row 429); fit rows within 25 %: 97 -> 100 of 106; held-out 53 -> 54 of 63.
+CLOCK_REFERENCE_HZ = 2_520_000_000
 # Extra fixed time per MoE layer and token (s): the router, top-k and the used experts' gathers, a cost that
 # would make small experts slower per byte read. Fitted: 0 on every backend with MoE rows (on CUDA MoE
 # layers read at a higher fraction of the bandwidth than dense ones; Metal, Vulkan and ROCm read them at
@@ -146,7 +157,7 @@ def early_build_seconds(reads: Reads, llama_build: int | None) -> float:
 
 
 # measured ÷ estimate: the band around the estimate that held 80 % of the collected rows
-RANGE = (0.82, 1.24)
+RANGE = (0.83, 1.21)
 # The deepest context of the decode measurements the factors are fitted and checked on, by backend
 # (tests/data/speed/measurements.json: context_tokens + n_gen of the rows, fitted and held out; tests/test_speed.py
 # recomputes it from the file): a figure at a deeper context is an extrapolation and is labelled so. Up to 4k the
@@ -340,6 +351,7 @@ class Device:
     flops_per_s: float = 0.0  # FP16 tensor peak (profiles/gpus.json fp16_tflops); 0: unknown (no prefill)
     name: str = ""  # the card's name or profile id, for the prefill class (prefill_key)
     speed_class: str = ""  # its profile's decode class (decode_key); "": the backend's default
+    clock_hz: float = 0.0  # its boost clock (profiles/gpus.json boost_clock_mhz): the fixed time scales; 0: unknown
 
 
 def layer_shares(spec: ModelSpec, tensor_split: Sequence[float]) -> tuple[float, ...]:
@@ -367,14 +379,20 @@ def devices(
     flops: Sequence[float] = (),
     names: Sequence[str] = (),
     classes: Sequence[str] = (),
+    clocks_hz: Sequence[float] = (),
 ) -> list[Device]:
-    """The GPUs of a plan, each with its own bandwidth and compute, its share of the layers and its decode class."""
+    """The GPUs of a plan, each with its own bandwidth, compute and clock, its share of the layers and its decode
+    class."""
     n = len(bandwidths)
     shares = layer_shares(spec, tensor_split) if n > 1 and len(tensor_split) == n else (1 / max(1, n),) * n
     fl = list(flops) if len(flops) == n else [0.0] * n
     ids = list(names) if len(names) == n else [""] * n
     cls = list(classes) if len(classes) == n else [""] * n
-    return [Device(backend, bw, s, f, i, c) for bw, s, f, i, c in zip(bandwidths, shares, fl, ids, cls, strict=True)]
+    clk = list(clocks_hz) if len(clocks_hz) == n else [0.0] * n
+    return [
+        Device(backend, bw, s, f, i, c, hz)
+        for bw, s, f, i, c, hz in zip(bandwidths, shares, fl, ids, cls, clk, strict=True)
+    ]
 
 
 def seconds_per_token(
@@ -417,10 +435,26 @@ def seconds_per_token(
     if cpu_w or cpu_kv:
         t += cpu_w / (EFFICIENCY["cpu"][kind] * cpu_bandwidth_bytes_per_s)
         t += cpu_kv / (KV_EFFICIENCY["cpu"] * cpu_bandwidth_bytes_per_s)
-    t += reads.layer_units * LAYER_OVERHEAD_S[lead] + reads.expert_layers * MOE_LAYER_OVERHEAD_S[lead]
+    fixed = reads.layer_units * LAYER_OVERHEAD_S[lead] + reads.expert_layers * MOE_LAYER_OVERHEAD_S[lead]
     if lead == "cuda":  # measured on CUDA only
-        t += early_build_seconds(reads, llama_build)
-    return t
+        fixed += early_build_seconds(reads, llama_build)
+    return t + fixed * clock_factor(devices)
+
+
+def clock_factor(devices: Sequence[Device]) -> float:
+    """How much longer than on the reference card (:data:`CLOCK_REFERENCE_HZ`) the fixed time per layer takes on
+    ``devices``: each runs its share of the layers at its own clock (one after another); a device of unknown clock,
+    or not run by CUDA, takes the reference's."""
+    if not devices:
+        return 1.0
+    total = sum(d.share for d in devices) or 1.0
+    return (
+        sum(
+            d.share * (CLOCK_REFERENCE_HZ / d.clock_hz if d.clock_hz and backend_key(d.backend) == "cuda" else 1.0)
+            for d in devices
+        )
+        / total
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -808,7 +842,10 @@ def plan_devices(spec: ModelSpec, budget: Budget, tensor_split: Sequence[float] 
             return None
         bws = (budget.bandwidth_bytes_per_s,) * n
     split = tuple(tensor_split) or tuple(float(f) for f in budget.device_free)
-    return devices(spec, budget.backend, bws, split, budget.device_flops, budget.device_names, budget.device_classes)
+    return devices(
+        spec, budget.backend, bws, split, budget.device_flops, budget.device_names, budget.device_classes,
+        budget.device_clocks_hz,
+    )  # fmt: skip
 
 
 def ram_bandwidth(budget: Budget) -> tuple[int, str]:
