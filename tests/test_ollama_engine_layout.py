@@ -248,6 +248,25 @@ def test_the_ram_check_counts_the_input_weights(gemma3_path: Path) -> None:
         el.ollama_server_load(model, _cuda(0), system_free_bytes=needed - 1, **kwargs)
 
 
+def test_with_no_gpu_the_graph_is_the_cpus(gemma3_path: Path) -> None:
+    """With no GPU, Context.Reserve books the whole graph on the CPU backend: the CPU's "compute graph" line
+    (tests/test_ollama_engine_published.py: 96.0 MiB logged by Ollama 0.16.1) and verifyLayout's cpuSize
+    (memory.InputWeights + memory.CPU.Graph + the layers): one byte less than all three is refused. Beside a GPU
+    the CPU's share is not modelled (0)."""
+    from kvadvise.backends.ollama.layout import LayoutLoadRefused
+
+    model = legacy_model(read_header(gemma3_path))
+    kwargs: dict[str, Any] = {"version": "0.13.0", "num_ctx": 8192, "graph_bytes": GRAPH}
+    lay = el.ollama_server_load(model, [], **kwargs)
+    assert (lay.layers_offload, lay.cpu.graph_bytes) == (0, GRAPH)
+    assert lay.memory_lines()[-1] == 'msg="compute graph" device=CPU size="104.0 MiB"'
+    needed = lay.cpu.weights_bytes + lay.cpu.cache_bytes + GRAPH
+    assert el.ollama_server_load(model, [], system_free_bytes=needed, **kwargs).layers_offload == 0
+    with pytest.raises(LayoutLoadRefused, match="more system memory"):
+        el.ollama_server_load(model, [], system_free_bytes=needed - 1, **kwargs)
+    assert el.ollama_server_load(model, _cuda(0), **kwargs).cpu.graph_bytes == 0
+
+
 @pytest.mark.parametrize(
     ("free_a", "free_b", "expected"), [(6, 4, (13, 8)), (10, 10, (19, 18)), (16, 2, (37,))]
 )  # fmt: skip

@@ -26,16 +26,19 @@ read at the tags of the bare mirror ollama/ollama (identical from v0.12.11 to v0
   vision model): **not modelled**. The caller passes a stand-in (:func:`graph_stand_in`: kvadvise's estimate
   of llama.cpp's compute buffer for the same batch, cache and flash attention with one output row per slot,
   the same ops without the whole batch's logits); the same figure on every GPU holding a layer, partial or
-  full. Ollama's ``fs/ggml`` ``GraphSize`` is *not* used: it reserves the logits of the whole batch
+  full, and on the CPU when there is no GPU (``ml/backend/ggml/ggml.go`` ``Context.Reserve`` books the
+  scheduler's buffer per backend: with the CPU alone the whole graph is the CPU's; its share beside a GPU is not
+  modelled). Ollama's ``fs/ggml`` ``GraphSize`` is *not* used: it reserves the logits of the whole batch
   (vocab x batch x 4 bytes: 512 MiB for gemma3's 262,144 tokens at batch 512), which the Go engine does not,
   and for an architecture it has no branch for (qwen3, qwen3moe) falls back to GQA x KV / 6, gigabytes at
   long contexts. A vision graph is not added. :attr:`EngineLayout.approximation` says so in every result.
 
-verifyLayout's RAM check counts the InputWeights with the layers left on the CPU, not the CPU's own graph
-(not modelled). Every Fit/Alloc is taken to succeed (the layout already keeps each GPU within its free memory
-less ``MinimumMemory``): the backoff of a failed allocation is not modelled. The architectures whose cache is
-not a plain or sliding-window causal cache (llama4's chunked attention, mllama's cross attention, gemma3n's
-shared KV, deepseek2's MLA) are refused.
+verifyLayout's RAM check counts the InputWeights and the CPU's graph (``cpuSize := memory.InputWeights +
+memory.CPU.Graph``, v0.12.11 to v0.24.0) with the layers left on the CPU; the CPU's graph is the stand-in with
+no GPU, 0 beside one (not modelled). Every Fit/Alloc is taken to succeed (the layout already keeps each GPU
+within its free memory less ``MinimumMemory``): the backoff of a failed allocation is not modelled. The
+architectures whose cache is not a plain or sliding-window causal cache (llama4's chunked attention, mllama's
+cross attention, gemma3n's shared KV, deepseek2's MLA) are refused.
 """
 
 from __future__ import annotations
@@ -101,7 +104,7 @@ class EngineLayout:
     requested: int  # num_gpu (-1: as many as fit)
     gpu_layers: tuple[GpuLayers, ...]  # the load request's GPULayers
     gpus: tuple[DeviceMemory, ...]  # per GPU, in the scheduler's order
-    cpu: DeviceMemory  # the CPU's weights include InputWeights (token_embd)
+    cpu: DeviceMemory  # the CPU's weights include InputWeights (token_embd); its graph: the stand-in with no GPU
     available_bytes: tuple[int, ...]  # sched.go "gpu memory" available: free - minimum - overhead
     num_ctx: int
     num_parallel: int
@@ -109,7 +112,7 @@ class EngineLayout:
     kv_cache_type: str  # the cache dtype's name: f16, q8_0 or q4_0
     flash_attention: bool
     cache_cells: tuple[int, ...]  # cells of each layer's K/V (Causal.Init)
-    graph_bytes: int  # the stand-in for the runner's graph, on every GPU that holds a layer
+    graph_bytes: int  # the stand-in for the runner's graph, on every GPU that holds a layer (the CPU: no GPU)
     loads: int  # how many trial loads (Fit, Alloc) the replay made
     approximation: str = APPROXIMATION
     notes: tuple[str, ...] = field(default=())
@@ -120,11 +123,11 @@ class EngineLayout:
 
     @property
     def total_bytes(self) -> int:
-        """BackendMemory.Log "total memory" (the CPU's graph left out: not modelled)."""
+        """BackendMemory.Log "total memory" (the CPU's graph beside a GPU left out: not modelled)."""
         return sum(d.weights_bytes + d.cache_bytes + d.graph_bytes for d in (*self.gpus, self.cpu))
 
     def memory_lines(self) -> tuple[str, ...]:
-        """ml/device.go BackendMemory.Log at INFO, in its order (no CPU compute graph: not modelled)."""
+        """ml/device.go BackendMemory.Log at INFO, in its order (the CPU's compute graph only with no GPU)."""
         return tuple(layout.memory_log_lines((*self.gpus, self.cpu)))
 
     def log_line(self) -> str:
@@ -391,6 +394,10 @@ def ollama_server_load(
     input_bytes = runner_report(
         model, gpus, (), cells=cells, cache_dtype=dtype, graph_bytes=0
     ).input_bytes  # InputWeights: always on the CPU, whatever the layout
+    # ggml.go Context.Reserve (v0.12.11 - v0.24.0) books ggml_backend_sched's buffer per backend: with no GPU the
+    # whole graph is the CPU's (96.0 MiB logged for qwen3moe at 16k by Ollama 0.16.1,
+    # tests/data/published/ollama-engine-layout); beside a GPU the CPU's share is not modelled (0)
+    cpu_graph = 0 if gpus else graph_bytes
 
     def create_layout(mem: RunnerMemory, requested: int) -> tuple[GpuLayers, ...]:
         placed, layers = layout.build_layout(gpus, free, mem, require_full, requested, gpu_overhead_bytes, sched_spread)
@@ -398,7 +405,7 @@ def ollama_server_load(
             layout.verify_layout(
                 placed, layers, mem, require_full=require_full, requested=requested, n_gpus=len(gpus), v=v,
                 library=library, system_free_bytes=system_free_bytes, system_swap_bytes=system_swap_bytes,
-                system_total_bytes=system_total_bytes, cpu_fixed_bytes=input_bytes,
+                system_total_bytes=system_total_bytes, cpu_fixed_bytes=input_bytes + cpu_graph,
             )
         )  # fmt: skip
 
@@ -442,7 +449,7 @@ def ollama_server_load(
             DeviceMemory(g.name, sum(mem.gpu_weights[j]), sum(mem.gpu_cache[j]), mem.gpu_graph[j])
             for j, g in enumerate(gpus)
         ),
-        cpu=DeviceMemory("CPU", final.input_bytes + sum(mem.cpu_weights), sum(mem.cpu_cache), 0),
+        cpu=DeviceMemory("CPU", final.input_bytes + sum(mem.cpu_weights), sum(mem.cpu_cache), cpu_graph),
         available_bytes=layout.available_bytes(gpus, gpu_overhead_bytes),
         num_ctx=num_ctx,
         num_parallel=num_parallel,
