@@ -71,12 +71,14 @@ def test_decode_accuracy_fit_and_held_out(bench) -> None:  # type: ignore[no-unt
     (0.10-0.33x). Issue 37 (MoE low bits): the Qwen3.5-35B-A3B rows that name an early llama.cpp build are planned at
     it (speed.EARLY_BUILD_RECURRENT_S): the fit row on b8125 went from 1.25 to 1.06 (96 -> 97 fit rows) and the
     held-out IQ3_S row on b8125 from 1.50 to 1.16 (52 -> 53); the held-out UD-Q3_K_XL (RTX 3090) and APEX Nano
-    (RTX 5070 Ti) rows name no build and stay 1.56 and 1.43 too fast."""
+    (RTX 5070 Ti) rows name no build and stay 1.56 and 1.43 too fast. Issue 37 round 4 held out four hybrid rows beyond
+    Qwen3.5 (501-504: Qwen3-Coder-Next on an A100-SXM4 at b10107, 1.57 and 1.54 too fast, and on a GB10, 1.24;
+    Nemotron-3-Nano on a GB10, 1.41): 53/63 -> 54/67."""
     t = bench.decode_table(bench.load())
     fit = [x for r, x in t if bench.split_of(r) == "fit"]
     held = [(r, x) for r, x in t if bench.split_of(r) == "holdout"]
     assert bench.share_within(fit, 0.25) >= 97 / 106
-    assert bench.share_within([x for _, x in held], 0.25) >= 53 / 63
+    assert bench.share_within([x for _, x in held], 0.25) >= 54 / 67
     config = [x for r, x in held if bench.input_kind(r) == "config"]
     assert bench.share_within(config, 0.25) >= 13 / 16
 

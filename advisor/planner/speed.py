@@ -180,8 +180,9 @@ def early_build_seconds(reads: Reads, llama_build: int | None) -> float:
     )
 
 
-# measured ÷ estimate: the band around the estimate that held 80 % of the collected rows
-RANGE = (0.82, 1.24)
+# measured ÷ estimate: the band around the estimate that held 80 % of the collected rows (fit and held out; 1.24 before
+# issue 37 round 4's held-out hybrid rows 501-504, which come out 1.24-1.57x too fast)
+RANGE = (0.82, 1.22)
 # The deepest context of the decode measurements the factors are fitted and checked on, by backend
 # (tests/data/speed/measurements.json: context_tokens + n_gen of the rows, fitted and held out; tests/test_speed.py
 # recomputes it from the file): a figure at a deeper context is an extrapolation and is labelled so. Up to 4k the
