@@ -315,6 +315,24 @@ def test_low_bit_and_i_quant_weights_cost_more_than_their_bytes(bench) -> None: 
     )
 
 
+def test_a_hybrid_layer_costs_its_kinds_kernels() -> None:
+    """Issue 37 round 4: every hybrid beyond Qwen counted a recurrent layer as an attention layer. Nemotron-3-Nano gives
+    each mixer and each FFN a layer of its own (23 Mamba-2, 23 MoE, 6 attention; nemotron-h.cpp): 27, 23 and 10 kernels
+    against 33 for an attention layer and its FFN, 36.7 blocks where it counted 52; granite-4.0-h-small (MoE, 36 Mamba-2
+    of 40 layers) 50 against 35. A dense transformer keeps one block per layer."""
+    from kvadvise.backends.hf import HFBackend
+
+    nano = speed.weight_reads(profiles()["nemotron-3-nano:30b"].spec())
+    assert (nano.recurrent_layers, nano.ffn_layers, nano.n_layer) == (23, 23, 52)
+    assert nano.kernels == speed.LayerKernels(10, 27, 23)
+    assert nano.layer_units == pytest.approx((6 * 10 + 23 * 27 + 23 * 23) / 33)
+    granite = speed.weight_reads(HFBackend().load_spec(str(ROOT / "tests/data/hf/granite4-h-small.json"), quant="Q4_K_M"))
+    assert granite.moe and granite.kernels == speed.DECODE_KERNELS[("granitehybrid", True)]
+    assert granite.layer_units == pytest.approx(4 + 36 * 50 / 35)
+    dense = speed.weight_reads(profiles()["qwen3:14b"].spec())
+    assert dense.kernels is None and dense.layer_units == dense.n_layer
+
+
 # recipe -> its DECODE_KERNELS key; the MoE layouts are tinymodels' count-only recipes (not in RECIPES)
 _KERNEL_RECIPES = {
     "qwen35": ("qwen35", False),
