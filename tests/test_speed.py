@@ -71,12 +71,16 @@ def test_decode_accuracy_fit_and_held_out(bench) -> None:  # type: ignore[no-unt
     (0.10-0.33x). Issue 37 (MoE low bits): the Qwen3.5-35B-A3B rows that name an early llama.cpp build are planned at
     it (speed.EARLY_BUILD_RECURRENT_S): the fit row on b8125 went from 1.25 to 1.06 (96 -> 97 fit rows) and the
     held-out IQ3_S row on b8125 from 1.50 to 1.16 (52 -> 53); the held-out UD-Q3_K_XL (RTX 3090) and APEX Nano
-    (RTX 5070 Ti) rows name no build and stay 1.56 and 1.43 too fast."""
+    (RTX 5070 Ti) rows name no build and stay 1.56 and 1.43 too fast. Issue 37 round 4 held out four hybrid rows beyond
+    Qwen3.5 (501-504: Qwen3-Coder-Next on an A100-SXM4 at b10107, 1.57 and 1.54 too fast, and on a GB10, 1.24;
+    Nemotron-3-Nano on a GB10, 1.41): 53/63 -> 54/67. The fixed time per layer scaled by the card's clock
+    (speed.clock_factor): fit 97 -> 100 of 106 (Llama 2 7B on an A100 1.62 -> 1.23), held-out 54 -> 57 of 67 (the
+    A100 hybrid rows 1.57 -> 0.98, the RTX 3090 UD-Q3_K_XL row 1.56 -> 1.25)."""
     t = bench.decode_table(bench.load())
     fit = [x for r, x in t if bench.split_of(r) == "fit"]
     held = [(r, x) for r, x in t if bench.split_of(r) == "holdout"]
-    assert bench.share_within(fit, 0.25) >= 97 / 106
-    assert bench.share_within([x for _, x in held], 0.25) >= 53 / 63
+    assert bench.share_within(fit, 0.25) >= 100 / 106
+    assert bench.share_within([x for _, x in held], 0.25) >= 57 / 67
     config = [x for r, x in held if bench.input_kind(r) == "config"]
     assert bench.share_within(config, 0.25) >= 13 / 16
 
@@ -147,7 +151,7 @@ def test_a_hybrids_recurrent_layers_cost_their_state_and_their_kernels(bench) ->
     row = next(r for r in doc["rows"] if r["id"] == 157)
     spec = bench.row_spec(doc, row)
     reads = speed.weight_reads(spec)
-    assert reads.recurrent_layers == 30 and reads.recurrent_kernels == pytest.approx(61 / 43)
+    assert reads.recurrent_layers == 30 and reads.kernels == speed.LayerKernels(43, 61)
     assert reads.state == 2 * 4 * 30 * (4 * 6144 + 32 * 128 * 128)  # conv: (d_conv - 1) x 6144 channels
     assert reads.layer_units == pytest.approx(10 + 30 * 61 / 43)
     assert bench.decode_estimate(doc, row) == pytest.approx(row["decode_tps"], rel=0.08)
@@ -191,7 +195,7 @@ def test_early_llama_cpp_builds_decode_a_hybrid_moe_slower(bench) -> None:  # ty
     assert speed.early_build_seconds(reads, 8396) == pytest.approx(30 * speed.EARLY_BUILD_RECURRENT_S[8720])
     assert speed.early_build_seconds(reads, 8125) == pytest.approx(30 * sum(speed.EARLY_BUILD_RECURRENT_S.values()))
     dense = speed.weight_reads(bench.row_spec(doc, rows[157]))
-    other = speed.Reads(dense.dense, 0, 0, 40, False, 0, 30, 1.4, architecture="qwen35")
+    other = speed.Reads(dense.dense, 0, 0, 40, False, 0, 30, architecture="qwen35")
     assert speed.early_build_seconds(other, 8125) == 0.0  # measured on qwen35moe only
     # CUDA only: a Metal device takes no step
     gpu = speed.Device("metal", 800_000_000_000)
@@ -315,39 +319,97 @@ def test_low_bit_and_i_quant_weights_cost_more_than_their_bytes(bench) -> None: 
     )
 
 
+def test_a_hybrid_layer_costs_its_kinds_kernels() -> None:
+    """Issue 37 round 4: every hybrid beyond Qwen counted a recurrent layer as an attention layer. Nemotron-3-Nano gives
+    each mixer and each FFN a layer of its own (23 Mamba-2, 23 MoE, 6 attention; nemotron-h.cpp): 27, 23 and 10 kernels
+    against 33 for an attention layer and its FFN, 36.7 blocks where it counted 52; granite-4.0-h-small (MoE, 36 Mamba-2
+    of 40 layers) 50 against 35. A dense transformer keeps one block per layer."""
+    from kvadvise.backends.hf import HFBackend
+
+    nano = speed.weight_reads(profiles()["nemotron-3-nano:30b"].spec())
+    assert (nano.recurrent_layers, nano.ffn_layers, nano.n_layer) == (23, 23, 52)
+    assert nano.kernels == speed.LayerKernels(10, 27, 23)
+    assert nano.layer_units == pytest.approx((6 * 10 + 23 * 27 + 23 * 23) / 33)
+    granite = speed.weight_reads(HFBackend().load_spec(str(ROOT / "tests/data/hf/granite4-h-small.json"), quant="Q4_K_M"))
+    assert granite.moe and granite.kernels == speed.DECODE_KERNELS[("granitehybrid", True)]
+    assert granite.layer_units == pytest.approx(4 + 36 * 50 / 35)
+    dense = speed.weight_reads(profiles()["qwen3:14b"].spec())
+    assert dense.kernels is None and dense.layer_units == dense.n_layer
+
+
+# recipe -> its DECODE_KERNELS key; the MoE layouts are tinymodels' count-only recipes (not in RECIPES)
+_KERNEL_RECIPES = {
+    "qwen35": ("qwen35", False),
+    "qwen3next": ("qwen3next", True),
+    "granitehybrid": ("granitehybrid", False),
+    "granitehybrid-moe": ("granitehybrid", True),
+    "lfm2": ("lfm2", False),
+    "lfm2moe": ("lfm2moe", True),
+    "nemotron_h_moe": ("nemotron_h_moe", True),
+}
+
+
+def test_every_decode_kernels_entry_is_recounted() -> None:
+    assert set(_KERNEL_RECIPES.values()) | {("qwen35moe", True)} == set(speed.DECODE_KERNELS)
+    # qwen35moe builds qwen3next's layers (models/qwen35moe.cpp): the same counts
+    assert speed.DECODE_KERNELS[("qwen35moe", True)] == speed.DECODE_KERNELS[("qwen3next", True)]
+
+
 @pytest.mark.llama
-@pytest.mark.parametrize("recipe", ["qwen35", "qwen3next"])
+@pytest.mark.parametrize("recipe", list(_KERNEL_RECIPES))
 def test_decode_kernels_are_llama_cpps_own(recipe: str, tmp_path: Path) -> None:
     """DECODE_KERNELS recounted on the real llama.cpp: llama-fit-params -ub 1 reserves the one-token graph, and
-    GGML_SCHED_DEBUG=2 prints its nodes (ggml-backend.cpp ggml_backend_sched_print_assignments, views left out);
-    per layer, an attention layer's and a recurrent layer's."""
+    GGML_SCHED_DEBUG=2 prints its nodes with their sources (ggml-backend.cpp ggml_backend_sched_print_assignments, views
+    left out); per layer kind, each layer's. A node belongs to the layer its name says (cb's "name-il", a recurrent
+    layer's "cache_r_lN" state), else to the layer of the weights or state it reads, else to the layer whose norm came
+    last: a recurrent layer's state copies are scheduled within the layer before it. Every layer of a kind must count
+    the same (the last also holds the output's nodes)."""
     import re
     import subprocess
 
-    from tinymodels import RECIPE_ARCH, write_tiny_gguf
+    from gguf import GGUFReader
+    from tinymodels import write_tiny_gguf
 
     try:
         binary = llama_server_build.fit_params()
     except llama_server_build.BuildUnavailable as e:
         pytest.skip(f"no llama-fit-params: {e}")
-    path = write_tiny_gguf(tmp_path / f"{recipe}.gguf", recipe, dims={"n_layer": 8})  # attention before the last
+    n_layer = 8
+    dims = {"n_layer": n_layer} | ({"n_dense": 0} if recipe == "lfm2moe" else {})  # every layer MoE
+    path = write_tiny_gguf(tmp_path / f"{recipe}.gguf", recipe, dims=dims)
     cmd = [str(binary), "-m", str(path), "-c", "512", "-b", "1", "-ub", "1", "-ngl", "0", "-fitp", "on", "-v"]
     env = {**os.environ, "GGML_SCHED_DEBUG": "2"}
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, check=True)
     graph = (p.stdout + p.stderr).split("reserving a graph for ubatch with n_tokens =    1")[1]
+    graph = re.sub(r"\d+\.\d+\.\d+\.\d+ D ", "", graph.split("reserving a graph")[0])  # the log's timestamps
     per_layer: dict[int, list[str]] = {}
-    layer = -1
-    for op, name in re.findall(r"node #\s*\d+ \(\s*([^)]*?)\):\s+(.+?) \(\s*\d+K\)", graph):
-        m = re.match(r"(?:norm|attn_norm)-(\d+)$", name)
-        layer = max(layer, int(m.group(1))) if m else layer
-        per_layer.setdefault(layer, []).append(op)
-    last = max(per_layer)
-    kinds = {
-        "rec" if any(op.startswith("GATED_DELT") for op in ops) else "att": len(ops)
-        for il, ops in per_layer.items()
-        if 0 <= il < last  # the last layer also holds the output's nodes
-    }
-    assert (kinds["att"], kinds["rec"]) == speed.DECODE_KERNELS[RECIPE_ARCH[recipe]]
+    span = -1
+    for chunk in graph.split("node #")[1:]:
+        m = re.match(r"\s*\d+ \(\s*([^)]*?)\):\s+(.+?) \(\s*\d+K\)(.*)", chunk, re.S)
+        assert m, chunk
+        op, name, sources = m.groups()
+        norm = re.match(r"(?:norm|attn_norm)-(\d+)$", name)
+        span = max(span, int(norm.group(1))) if norm else span
+        own = re.search(r"-(\d+)$|^cache_[a-z]+_l(\d+)", name)
+        read = [int(a or b) for a, b in re.findall(r"blk\.(\d+)\.|cache_[a-z]+_l(\d+)", sources)]
+        il = int(own.group(1) or own.group(2)) if own else max(read) if read else span
+        per_layer.setdefault(il, []).append(op)
+    assert sorted(per_layer) == list(range(-1, n_layer))
+    # each layer's kind from the file: a recurrent mixer's tensors, else attention's, else an FFN alone
+    names = " ".join(t.name for t in GGUFReader(path).tensors)
+
+    def kind(il: int) -> str:
+        if re.search(rf"blk\.{il}\.(ssm_|shortconv)", names):
+            return "recurrent"
+        return "attention" if f"blk.{il}.attn_k." in names else "ffn"
+
+    counts: dict[str, set[int]] = {}
+    for il in range(n_layer - 1):
+        counts.setdefault(kind(il), set()).add(len(per_layer[il]))
+    assert all(len(v) == 1 for v in counts.values()), counts  # every layer of a kind alike
+    got = {k: v.pop() for k, v in counts.items()}
+    want = speed.DECODE_KERNELS[_KERNEL_RECIPES[recipe]]
+    assert got == {k: getattr(want, k) for k in ("attention", "recurrent", "ffn") if getattr(want, k)}
 
 
 def test_partial_offload_adds_the_cpu_time() -> None:

@@ -1132,6 +1132,113 @@ def _granitehybrid(t: _TinyWriter) -> None:
         _ffn(t, il, n_embd, n_ff)
 
 
+def _granitehybrid_moe(t: _TinyWriter) -> None:
+    """granite-4.0-h tiny/small-style: granitehybrid's layers with routed experts (feed_forward_length is the expert
+    width, granite-hybrid.cpp load_arch_tensors n_expert > 0) and a shared expert in every layer."""
+    n_layer, n_embd, n_head, n_head_kv, n_ff = t.dims(n_layer=4, n_embd=128, n_head=4, n_head_kv=2, n_ff=64)
+    n_expert, n_expert_used, n_ff_shexp = t.dims(n_expert=4, n_expert_used=2, n_ff_shexp=128)
+    head_count_kv = tuple(n_head_kv if il % 4 == 2 else 0 for il in range(n_layer))  # 0 -> mamba2 layer
+    d_conv, d_state, n_ssm_head, n_group = t.dims(d_conv=4, d_state=64, n_ssm_head=8, n_group=1)
+    d_inner = 2 * n_embd
+    head = n_embd // n_head
+    _hparams(t, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=head_count_kv, n_ff=n_ff, n_rot=head)
+    _granite_scales(t, 1.0 / head)
+    _experts_hparams(t, n_expert, n_expert_used)
+    t.u32("expert_shared_feed_forward_length", n_ff_shexp)
+    _ssm_hparams(t, d_conv=d_conv, d_inner=d_inner, d_state=d_state, dt_rank=n_ssm_head, n_group=n_group)
+    _embeddings(t, n_embd, tied=True)
+    for il, n_kv in enumerate(head_count_kv):
+        t.norm(f"blk.{il}.attn_norm.weight", n_embd)
+        if n_kv > 0:
+            _attention(t, il, n_embd, n_head * head, n_kv * head, n_kv * head)
+        else:
+            _mamba2_mixer(
+                t, il, n_embd, d_conv=d_conv, d_inner=d_inner, d_state=d_state, n_head=n_ssm_head, n_group=n_group
+            )
+        t.norm(f"blk.{il}.ffn_norm.weight", n_embd)
+        _moe(t, il, n_embd, n_ff, n_expert)
+        _shared_expert(t, il, n_embd, n_ff_shexp)
+
+
+def _lfm2moe(t: _TinyWriter) -> None:
+    """LFM2-8B-A1B-style (src/models/lfm2moe.cpp, 0c1e570): lfm2's short-conv and attention layers, after
+    leading_dense_block_count dense FFNs routed experts with sigmoid gating (expert_gating_func 2) and the
+    required exp_probs_b; the graph is lfm2's (models.h: llama_model_lfm2moe::graph = llama_model_lfm2::graph)."""
+    n_layer, n_embd, n_head, n_head_kv, n_ff, l_cache = t.dims(
+        n_layer=6, n_embd=128, n_head=4, n_head_kv=2, n_ff=256, l_cache=3
+    )
+    n_expert, n_expert_used, n_ff_exp, n_dense = t.dims(n_expert=4, n_expert_used=2, n_ff_exp=64, n_dense=1)
+    head_count_kv = tuple(n_head_kv if il % 3 == 2 else 0 for il in range(n_layer))  # 0 -> shortconv layer
+    head = n_embd // n_head
+    _hparams(t, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=head_count_kv, n_ff=n_ff)
+    t.u32("shortconv.l_cache", l_cache)
+    _experts_hparams(t, n_expert, n_expert_used, n_ff_exp)
+    t.u32("leading_dense_block_count", n_dense)
+    t.u32("expert_gating_func", GATING_SIGMOID)
+    _embeddings(t, n_embd, tied=True, output_norm="token_embd_norm.weight")
+    for il, n_kv in enumerate(head_count_kv):
+        p = f"blk.{il}"
+        t.norm(f"{p}.attn_norm.weight", n_embd)
+        if n_kv > 0:
+            _attention(t, il, n_embd, n_embd, n_kv * head, n_kv * head)
+            _qk_norm(t, il, head)
+        else:
+            t.vec(f"{p}.shortconv.conv.weight", l_cache, n_embd)  # ggml_ssm_conv needs f32
+            t.mat(f"{p}.shortconv.in_proj.weight", n_embd, 3 * n_embd)
+            t.mat(f"{p}.shortconv.out_proj.weight", n_embd, n_embd)
+        t.norm(f"{p}.ffn_norm.weight", n_embd)
+        if il < n_dense:
+            _ffn(t, il, n_embd, n_ff)
+        else:
+            _moe(t, il, n_embd, n_ff_exp, n_expert, probs_bias=True)
+
+
+def _nemotron_h_moe(t: _TinyWriter) -> None:
+    """Nemotron-3-Nano-30B-A3B-style (src/models/nemotron-h.cpp, 0c1e570): one mixer per layer, the model's own
+    hybrid_override_pattern repeated ("MEMEM*E": Mamba-2, MoE FFN, attention). load_arch_hparams: is_recr(il) when
+    head_count_kv(il) == 0 and feed_forward_length(il) == 0; an attention layer has head_count_kv > 0 and n_ff 0 (no
+    RoPE), a MoE layer n_ff > 0: routed experts (up and down only, relu^2) with exp_probs_b and a shared expert;
+    sigmoid gating is fixed in the graph; expert_weights_norm and _scale as the HF config's norm_topk_prob (true) and
+    routed_scaling_factor (2.5). attention.layer_norm_epsilon is required (the MTP head's norm)."""
+    n_layer, n_embd, n_head, n_head_kv, head = t.dims(n_layer=7, n_embd=128, n_head=4, n_head_kv=2, head=32)
+    n_expert, n_expert_used, n_ff_exp, n_ff_shexp = t.dims(n_expert=4, n_expert_used=2, n_ff_exp=64, n_ff_shexp=128)
+    d_conv, d_state, n_ssm_head, n_group = t.dims(d_conv=4, d_state=32, n_ssm_head=8, n_group=2)
+    d_inner = n_ssm_head * 32  # NemotronHModel: d_inner = mamba_num_heads * mamba_head_dim
+    kinds = ["MEMEM*E"[il % 7] for il in range(n_layer)]
+    t.u32("block_count", n_layer)
+    t.u32("embedding_length", n_embd)
+    t.ints("feed_forward_length", [n_ff_exp if k == "E" else 0 for k in kinds])
+    t.u32("attention.head_count", n_head)
+    t.ints("attention.head_count_kv", [n_head_kv if k == "*" else 0 for k in kinds])
+    t.u32("attention.key_length", head)
+    t.u32("attention.value_length", head)
+    t.f32("attention.layer_norm_rms_epsilon", RMS_EPS)
+    t.f32("attention.layer_norm_epsilon", LAYER_NORM_EPS)
+    _experts_hparams(t, n_expert, n_expert_used, n_ff_exp)
+    t.u32("expert_shared_feed_forward_length", n_ff_shexp)
+    t.u32("expert_shared_count", 1)
+    t.flag("expert_weights_norm", True)
+    t.f32("expert_weights_scale", 2.5)
+    _ssm_hparams(t, d_conv=d_conv, d_inner=d_inner, d_state=d_state, dt_rank=n_ssm_head, n_group=n_group)
+    _embeddings(t, n_embd, tied=False)
+    for il, k in enumerate(kinds):
+        p = f"blk.{il}"
+        t.norm(f"{p}.attn_norm.weight", n_embd)
+        if k == "M":
+            _mamba2_mixer(
+                t, il, n_embd, d_conv=d_conv, d_inner=d_inner, d_state=d_state, n_head=n_ssm_head, n_group=n_group
+            )
+        elif k == "*":
+            _attention(t, il, n_embd, n_head * head, n_head_kv * head, n_head_kv * head)
+        else:
+            t.vec(f"{p}.ffn_gate_inp.weight", n_embd, n_expert)
+            t.vec(f"{p}.exp_probs_b.bias", n_expert)
+            t.mat(f"{p}.ffn_up_exps.weight", n_embd, n_ff_exp, n_expert)
+            t.mat(f"{p}.ffn_down_exps.weight", n_ff_exp, n_embd, n_expert)
+            t.mat(f"{p}.ffn_up_shexp.weight", n_embd, n_ff_shexp)
+            t.mat(f"{p}.ffn_down_shexp.weight", n_ff_shexp, n_embd)
+
+
 _Builder = Callable[[_TinyWriter], None]
 
 _RECIPES: dict[str, tuple[str, _Builder]] = {
@@ -1164,6 +1271,10 @@ _RECIPES: dict[str, tuple[str, _Builder]] = {
 # llama-cpp-python, so not in RECIPES, which every per-recipe test runs)
 _SPARSE_RECIPES: dict[str, tuple[str, _Builder]] = {
     "qwen2moe": ("qwen2moe", _qwen2moe),
+    # the hybrid MoE layouts whose decode kernels tests/test_speed.py counts (llama-fit-params only)
+    "granitehybrid-moe": ("granitehybrid", _granitehybrid_moe),
+    "lfm2moe": ("lfm2moe", _lfm2moe),
+    "nemotron_h_moe": ("nemotron_h_moe", _nemotron_h_moe),
 }
 
 RECIPES: tuple[str, ...] = tuple(_RECIPES)

@@ -21,7 +21,10 @@ tiny models and fast cards; small latency-bound kernels, so it scales with the c
 top-k and the expert gathers: the cost that makes small experts slow per byte read). A recurrent layer costs
 that fixed time in proportion to the kernels it launches beside an attention layer of the same model
 (:data:`DECODE_KERNELS`, counted in llama.cpp's own decode graph): a Gated DeltaNet mixer launches
-half again as many as attention (conv, the q/k L2 norms, the gates, the scan, the gated norm), and a
+half again as many as attention (conv, the q/k L2 norms, the gates, the scan, the gated norm), a Mamba-2 mixer
+(granitehybrid) 1.4-1.7x, LFM2's short conv slightly fewer; where a model gives each mixer and each FFN a layer of its
+own (nemotron_h: Mamba-2, attention or MoE per layer), a layer costs its kernels' share of one attention layer and
+one FFN layer together, the transformer block LAYER_OVERHEAD_S is the time of. A
 hybrid's time per token is mostly these launches on a fast card, and more of them on a llama.cpp build before b8720
 (:data:`EARLY_BUILD_RECURRENT_S`: the same Qwen3.5-35B-A3B files decode 1.4-1.6x slower at b8148-b8207 than at b8820
 on one card; a plan for such a build, --llama-build or the llama-server on PATH, counts it). The devices run one
@@ -93,20 +96,52 @@ LAYER_OVERHEAD_S: dict[str, float] = {"cuda": 65e-6, "metal": 145e-6, "vulkan": 
 # slower-clocked cards (Turing, Ampere, A100/H100) had pulled both down. Estimate / measured of the rows it moves
 # most: Llama 2 7B on an A100 1.62 -> 1.23 and on an H100 PCIe 1.68 -> 1.45 (fit rows 25, 27); the held-out
 # Qwen3.5-35B-A3B on an RTX 3090 1.56 -> 1.25 (row 161) and Qwen3-Coder-Next (80B-A3B hybrid) on an A100 at b10107
-# 1.55 -> 1.12 (row 429); fit rows within 25 %: 97 -> 100 of 106; held-out 53 -> 54 of 63.
+# 1.57 -> 0.98 (rows 501-502); fit rows within 25 %: 97 -> 100 of 106; held-out 54 -> 57 of 67.
 CLOCK_REFERENCE_HZ = 2_520_000_000
 # Extra fixed time per MoE layer and token (s): the router, top-k and the used experts' gathers, a cost that
 # would make small experts slower per byte read. Fitted: 0 on every backend with MoE rows (on CUDA MoE
 # layers read at a higher fraction of the bandwidth than dense ones; Metal, Vulkan and ROCm read them at
 # a lower one: EFFICIENCY's "moe"), kept so that a refit can find it.
 MOE_LAYER_OVERHEAD_S: dict[str, float] = {"cuda": 0.0, "metal": 0.0, "vulkan": 0.0, "rocm": 0.0, "cpu": 0.0}
-# Kernels (non-view nodes) llama.cpp b11312 runs per layer to decode one token, for an attention layer and a recurrent
-# layer of the same hybrid model: the n_tokens = 1 graph of tests/tinymodels' recipes under llama-fit-params -ub 1
-# with GGML_SCHED_DEBUG=2 (ggml-backend.cpp ggml_backend_sched_print_assignments); tests/test_speed.py recounts them
-# on the real binary. qwen35moe builds qwen3next's layers (models/qwen35moe.cpp: the same Gated DeltaNet mixer, gated
-# attention and MoE with a shared expert). A recurrent layer's fixed time is LAYER_OVERHEAD_S x recurrent / attention.
-# Architectures not listed: 1 (their recurrent layers cost what an attention layer does).
-DECODE_KERNELS: dict[str, tuple[int, int]] = {"qwen35": (26, 41), "qwen3next": (43, 61), "qwen35moe": (43, 61)}
+
+
+@dataclass(frozen=True, slots=True)
+class LayerKernels:
+    """Kernels (non-view graph nodes) llama.cpp launches per layer of each kind to decode one token."""
+
+    attention: int  # an attention layer, with its FFN unless the model gives the FFN a layer of its own
+    recurrent: int  # a recurrent layer (Gated DeltaNet, Mamba-2, short conv), likewise
+    ffn: int = 0  # an FFN-only layer (nemotron_h: one mixer or FFN per layer); 0: the model has none
+
+    @property
+    def block(self) -> int:
+        """One transformer block's kernels (an attention layer and its FFN): what LAYER_OVERHEAD_S is the time of."""
+        return self.attention + self.ffn
+
+
+# Kernels llama.cpp b11312 (0c1e570) runs per layer kind to decode one token, by architecture and dense / MoE: the
+# n_tokens = 1 graph of tests/tinymodels' recipes under llama-fit-params -ub 1 with GGML_SCHED_DEBUG=2 (ggml-backend.cpp
+# ggml_backend_sched_print_assignments); tests/test_speed.py recounts every entry on the real binary. A layer's
+# fixed time is LAYER_OVERHEAD_S x its kernels / LayerKernels.block, so a plain transformer layer costs
+# LAYER_OVERHEAD_S as fitted, and the qwen entries (recurrent / attention, as fitted) are unchanged. qwen35moe builds
+# qwen3next's layers (models/qwen35moe.cpp: the same Gated DeltaNet mixer, gated attention and MoE with a shared
+# expert). Mamba-2 (granitehybrid, models/granite-hybrid.cpp; nemotron_h): the rs state's zero and copy (SCALE,
+# GET_ROWS x2, CPY per state), in_proj, conv, SSM_SCAN, the gated group norm: 27 nodes; LFM2's short conv (lfm2.cpp):
+# in_proj, gate, SSM_CONV, out_proj, 2 fewer nodes than its attention with q/k norms. nemotron_h_moe (nemotron-h.cpp):
+# a Mamba-2 layer 27, an attention layer 10 (no RoPE), a MoE layer 23 (sigmoid router, top-k, relu^2 experts and the
+# shared expert): Nemotron-3-Nano's 23 + 6 + 23 layers cost 36.7 blocks, not 52. lfm2moe's leading dense layers
+# (LFM2-8B-A1B: 2 of 24) are counted as MoE ones (10 kernels more). Pure mamba2 has no attention layer to compare
+# with and falcon-h1 / jamba were not counted: not listed, every layer costs LAYER_OVERHEAD_S.
+DECODE_KERNELS: dict[tuple[str, bool], LayerKernels] = {
+    ("qwen35", False): LayerKernels(26, 41),
+    ("qwen3next", True): LayerKernels(43, 61),
+    ("qwen35moe", True): LayerKernels(43, 61),
+    ("granitehybrid", False): LayerKernels(21, 36),
+    ("granitehybrid", True): LayerKernels(35, 50),
+    ("lfm2", False): LayerKernels(23, 21),
+    ("lfm2moe", True): LayerKernels(33, 31),
+    ("nemotron_h_moe", True): LayerKernels(10, 27, 23),
+}
 # Extra work per weight that the batch-1 matrix-vector kernels do to dequantize a 2-3-bit K-quant or an i-quant,
 # beyond what its bytes cost: ggml-cuda/mmvq.cu's vec_dot_q2_K_q8_1 / vec_dot_q3_K_q8_1 unpack 2-3-bit values with
 # 4-6-bit sub-block scales (and Q3_K's separate high-bit mask), and the i-quants' vec_dot_iq*_q8_1 look each group of
@@ -157,7 +192,7 @@ def early_build_seconds(reads: Reads, llama_build: int | None) -> float:
 
 
 # measured ÷ estimate: the band around the estimate that held 80 % of the collected rows
-RANGE = (0.83, 1.21)
+RANGE = (0.83, 1.20)
 # The deepest context of the decode measurements the factors are fitted and checked on, by backend
 # (tests/data/speed/measurements.json: context_tokens + n_gen of the rows, fitted and held out; tests/test_speed.py
 # recomputes it from the file): a figure at a deeper context is an extrapolation and is labelled so. Up to 4k the
@@ -263,15 +298,20 @@ class Reads:
     moe: bool
     state: int = 0  # recurrent state read and written back (2 x its bytes), all recurrent layers
     recurrent_layers: int = 0
-    recurrent_kernels: float = 1.0  # a recurrent layer's kernels per an attention layer's (DECODE_KERNELS)
+    kernels: LayerKernels | None = None  # the model's kernels per layer kind (DECODE_KERNELS); None: not counted
     weight_type: str = ""  # the file's default tensor type ("Q3_K"), for DEQUANT_FLOPS_PER_WEIGHT; "": unknown
     n_weights: int = 0  # the weights (values) those bytes hold, at the default type's bits per weight
     architecture: str = ""  # llama.cpp's name (qwen35moe), for EARLY_BUILD_RECURRENT_S
+    ffn_layers: int = 0  # FFN-only layers (neither recurrent nor attention: nemotron_h's MLP / MoE layers)
 
     @property
     def layer_units(self) -> float:
-        """The layers' fixed time per token in attention layers: a recurrent layer counts its kernels' share."""
-        return self.n_layer - self.recurrent_layers + self.recurrent_layers * self.recurrent_kernels
+        """The layers' fixed time per token in transformer blocks: each layer counts its kernels' share of one."""
+        k = self.kernels
+        if k is None:
+            return float(self.n_layer)
+        attention = self.n_layer - self.recurrent_layers - self.ffn_layers
+        return (attention * k.attention + self.recurrent_layers * k.recurrent + self.ffn_layers * k.ffn) / k.block
 
 
 def weight_reads(spec: ModelSpec) -> Reads:
@@ -286,10 +326,24 @@ def weight_reads(spec: ModelSpec) -> Reads:
     layers = _expert_layers(spec) if moe else 0
     n_rec = sum(spec.recurrent_layers[: spec.n_layer])
     state = 2 * 4 * n_rec * (spec.n_embd_r + spec.n_embd_s)  # f32, read then written (memory.recurrent_bytes)
-    att, rec = DECODE_KERNELS.get(spec.architecture, (1, 1))
+    kernels = DECODE_KERNELS.get((spec.architecture, moe))
+    n_ffn = 0
+    if kernels is not None and kernels.ffn:  # a layer with neither a recurrent mixer nor K/V heads is its FFN alone
+        n_ffn = sum(1 for il in range(spec.n_layer) if not spec.recurrent_layers[il] and not spec.n_head_kv[il])
     wtype, n_weights = _weights_of_type(spec.file_type, max(0, dense) + used)
     return Reads(
-        max(0, dense), used, layers, spec.n_layer, moe, state, n_rec, rec / att, wtype, n_weights, spec.architecture
+        max(0, dense),
+        used,
+        layers,
+        spec.n_layer,
+        moe,
+        state,
+        n_rec,
+        kernels,
+        wtype,
+        n_weights,
+        spec.architecture,
+        n_ffn,
     )
 
 
