@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 from kvadvise.deadline import within
 from kvadvise.errors import BackendUnreachable, InputError, KvadviseError
 from kvadvise.files import load_json, open_regular
+from kvadvise.model.breakdown import fallback_surplus_bytes, with_parts
 from kvadvise.model.breakdown import params as count_params
-from kvadvise.model.breakdown import with_parts
 from kvadvise.model.hfconfig import from_config
 from kvadvise.model.quants import quant_bpw
 from kvadvise.model.spec import ModelSpec, with_weights
@@ -131,6 +131,18 @@ class HFBackend:
             f"weights: {q} at {bpw:.2f} bits per weight × {params:,} parameters ({params_source}) = {n_bytes:,} B, "
             "an estimate (bits per weight from llama.cpp's quantize table, tools/quantize/quantize.cpp)"
         )
+        parts = count_params(spec, config)
+        if parts is not None and _parts_quant(config, None, "") == "MXFP4":
+            # an MXFP4 checkpoint's GGUFs keep their experts MXFP4 at any quant name (gpt-oss: unsloth's Q4_K_M is
+            # 11.6 GB): only the other tensors take the quantizer's types
+            parts = replace(parts, experts_odd=(0,) * len(parts.experts_odd))
+        surplus = fallback_surplus_bytes(parts, q) if parts is not None else 0
+        if surplus:  # rows not a multiple of 256: the quantizer's 32-block fallback types, larger than the rate
+            n_bytes += surplus
+            note += (
+                f", plus {surplus:,} B for the tensors whose rows are not a multiple of 256 (llama-quant.cpp "
+                f"tensor_type_fallback: Q4_K -> Q5_0, Q6_K -> Q8_0): {n_bytes:,} B"
+            )
         return config, replace(spec, weights_bytes=n_bytes, file_type=q, notes=(*spec.notes, note))
 
 

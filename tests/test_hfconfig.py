@@ -582,3 +582,29 @@ def test_a_cache_type_whose_blocks_do_not_divide_a_row_is_passed_over() -> None:
     assert (plan.config.type_k.type_name, plan.config.type_v.type_name, plan.fits) == ("f16", "f16", True)
     with pytest.raises(ConfigError, match="255 is not a multiple"):
         kvadvise.plan(spec, RunConfig(n_ctx=4096, type_k=GGMLType.Q8_0, flash_attn="off"))
+
+
+def test_quant_of_a_config_counts_the_quantizers_fallback_types() -> None:
+    """A tensor whose rows are not a multiple of 256 cannot hold a K-quant: llama.cpp's quantizer gives it a 32-block
+    type (llama-quant.cpp tensor_type_fallback: Q4_K -> Q5_0, Q6_K -> Q8_0). Nemotron-3-Nano-30B-A3B (n_embd 2688,
+    expert rows 1856) is almost all such tensors: its Q4_K_M is what Ollama's library ships, 24 GB (the profile's
+    download size), not the 19.3 GB of 4.9 bits per weight. Qwen3-8B (n_embd 4096, n_ff 12288) has none: unchanged."""
+    from kvadvise.backends.hf import HFBackend
+    from kvadvise.backends.ollama.profiles import profiles
+    from kvadvise.model.breakdown import bits_per_weight, fallback_bits_per_weight, fallback_surplus_bytes, params
+
+    hf = HFBackend()
+    nemotron = hf.load_spec(str(DATA / "nemotron-3-nano-30b-a3b.json"), quant="Q4_K_M")
+    shipped = profiles()["nemotron-3-nano:30b"].download_bytes
+    assert shipped == 24_000_000_000
+    assert nemotron.weights_bytes == pytest.approx(shipped, rel=0.01)
+    config = json.loads((DATA / "nemotron-3-nano-30b-a3b.json").read_text())
+    bd = params(from_config(config, source="t"), config)
+    assert bd is not None and sum(bd.experts_odd) == sum(bd.experts)  # every expert row is 2688 or 1856 wide
+    odd = 2 * bd.tok_embd_odd + sum(bd.attn_odd) + sum(bd.dense_odd) + sum(bd.experts_odd)
+    rate = fallback_bits_per_weight("Q4_K_M") - bits_per_weight("Q4_K_M")[1]
+    assert fallback_surplus_bytes(bd, "Q4_K_M") == pytest.approx(odd * rate / 8, abs=1)
+    assert any("tensor_type_fallback" in n for n in nemotron.notes)
+    qwen_config = json.loads((DATA / "qwen3-8b.json").read_text())
+    qwen = params(from_config(qwen_config, source="t"), qwen_config)
+    assert qwen is not None and fallback_surplus_bytes(qwen, "Q4_K_M") == 0

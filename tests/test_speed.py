@@ -75,12 +75,14 @@ def test_decode_accuracy_fit_and_held_out(bench) -> None:  # type: ignore[no-unt
     Qwen3.5 (501-504: Qwen3-Coder-Next on an A100-SXM4 at b10107, 1.57 and 1.54 too fast, and on a GB10, 1.24;
     Nemotron-3-Nano on a GB10, 1.41): 53/63 -> 54/67. The fixed time per layer scaled by the card's clock
     (speed.clock_factor): fit 97 -> 100 of 106 (Llama 2 7B on an A100 1.62 -> 1.23), held-out 54 -> 57 of 67 (the
-    A100 hybrid rows 1.57 -> 0.98, the RTX 3090 UD-Q3_K_XL row 1.56 -> 1.25)."""
+    A100 hybrid rows 1.57 -> 0.98, the RTX 3090 UD-Q3_K_XL row 1.56 -> 1.25); a config.json's --quant counting the
+    quantizer's fallback types for rows not a multiple of 256 (breakdown.fallback_surplus_bytes): Nemotron-3-Nano's
+    Q4_K_M 18.0 -> 22.3 GiB, its GB10 row 1.41 -> 1.20 (58 of 67)."""
     t = bench.decode_table(bench.load())
     fit = [x for r, x in t if bench.split_of(r) == "fit"]
     held = [(r, x) for r, x in t if bench.split_of(r) == "holdout"]
     assert bench.share_within(fit, 0.25) >= 100 / 106
-    assert bench.share_within([x for _, x in held], 0.25) >= 57 / 67
+    assert bench.share_within([x for _, x in held], 0.25) >= 58 / 67
     config = [x for r, x in held if bench.input_kind(r) == "config"]
     assert bench.share_within(config, 0.25) >= 13 / 16
 

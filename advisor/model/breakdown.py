@@ -33,6 +33,7 @@ LFM2's short convolutions) are not covered: None.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -419,6 +420,17 @@ def fallback_bits_per_weight(quant: str) -> float:
     lo, hi = _K_BPW[mix[0]], _K_BPW[mix[1]]
     f_hi = min(1.0, max(0.0, (bpw - lo) / (hi - lo))) if hi > lo else 0.0
     return bpw + (1 - f_hi) * (_FALLBACK_BPW[mix[0]] - lo) + f_hi * (_FALLBACK_BPW[mix[1]] - hi)
+
+
+def fallback_surplus_bytes(bd: Breakdown, quant: str) -> int:
+    """What the tensors whose rows are not a multiple of QK_K add to a ``quant`` file beyond its rate: llama.cpp's
+    quantizer gives them a 32-block type (llama-quant.cpp tensor_type_fallback: Q4_K -> Q5_0, Q6_K -> Q8_0, ...).
+    Nemotron-3-Nano-30B-A3B (n_embd 2688, expert rows 1856) holds almost nothing else: its Q4_K_M is 22.3 GiB,
+    not the 18.0 of 4.9 bits per weight (Ollama's nemotron-3-nano:30b blob: 22.35 GiB). 0 for other quants."""
+    _, bpw = bits_per_weight(quant)
+    odd = bd.tok_embd_odd + (bd.tok_embd_odd if bd.output else 0) + sum(bd.attn_odd) + sum(bd.dense_odd)
+    odd += sum(bd.experts_odd) + bd.nextn_odd
+    return max(0, math.ceil(odd * (fallback_bits_per_weight(quant) - bpw) / 8))
 
 
 def sized(
