@@ -608,3 +608,7 @@ def test_quant_of_a_config_counts_the_quantizers_fallback_types() -> None:
     qwen_config = json.loads((DATA / "qwen3-8b.json").read_text())
     qwen = params(from_config(qwen_config, source="t"), qwen_config)
     assert qwen is not None and fallback_surplus_bytes(qwen, "Q4_K_M") == 0
+    # an i-quant's 256-block types fall back to IQ4_NL (4.5 bits per weight); the 32-block types need no fallback
+    assert fallback_bits_per_weight("IQ2_XXS") == 4.5 and fallback_bits_per_weight("IQ4_XS") == 4.5
+    assert fallback_surplus_bytes(bd, "IQ2_XXS") > fallback_surplus_bytes(bd, "Q4_K_M") > 0
+    assert fallback_surplus_bytes(bd, "Q4_0") == fallback_surplus_bytes(bd, "Q8_0") == 0

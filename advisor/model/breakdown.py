@@ -410,11 +410,23 @@ def _embedding_types(quant: str) -> tuple[float, float] | None:
     return None if base is None else (_K_BPW[base], _K_BPW["Q6_K"])
 
 
+# the i-quants' 256-block types fall back to IQ4_NL (32 values per block, 4.5 bits per weight; llama-quant.cpp
+# tensor_type_fallback), so a file of those types holds its odd-rowed tensors at no less than that
+_IQ_FALLBACK_BPW = 4.5
+_IQ_FILE_TYPES = frozenset(
+    {"IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ3_XXS", "IQ3_XS", "IQ3_S", "IQ3_M", "IQ4_XS"}
+)
+
+
 def fallback_bits_per_weight(quant: str) -> float:
     """Bits per weight of ``quant``'s mix in tensors whose rows are not a multiple of QK_K: each K type of the
-    mix replaced by its 32-block fallback, in the same shares (the whole-file rate for other quants)."""
+    mix replaced by its 32-block fallback, in the same shares; an i-quant's at least IQ4_NL's (the whole-file rate
+    for other quants: the 32-block types need no fallback)."""
     _, bpw = bits_per_weight(quant)
-    mix = _K_MIX.get(quant.strip().upper())
+    q = quant.strip().upper()
+    if q in _IQ_FILE_TYPES:
+        return max(bpw, _IQ_FALLBACK_BPW)
+    mix = _K_MIX.get(q)
     if mix is None:
         return bpw
     lo, hi = _K_BPW[mix[0]], _K_BPW[mix[1]]
