@@ -233,16 +233,16 @@ def run(*, quick: bool = False, logs: Path | None = None) -> list[Row]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument(
-        "--quick", action="store_true", help="one case only (Gemma 3 270M, 4,096 tokens, 85 %% of its full offload)"
-    )
+    ap.add_argument("--quick", action="store_true", help="one case only (Gemma 3 270M, 4,096 tokens, 85 %% of its full offload)")
     ap.add_argument("--logs", type=Path, help="a folder to keep every llama-server log in")
     args = ap.parse_args(argv)
     rows = run(quick=args.quick, logs=args.logs)
     print()
     print(table(rows))
     over = sum(1 for r in rows if r.ours is not None and r.ours.device_bytes > r.budget_bytes)
-    below = sum(1 for r in rows if r.fit is not None and (r.ours.weights_bytes if r.ours else 0) < r.fit.weights_bytes)
+    below = sum(
+        1 for r in rows if r.fit is not None and (r.ours.weights_bytes if r.ours else 0) < r.fit.weights_bytes
+    )
     print(f"\n{len(rows)} cases: {over} over the budget, {below} with fewer weights on the GPU than --fit")
     return 0
 

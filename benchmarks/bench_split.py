@@ -137,7 +137,9 @@ class Row:
         )
 
 
-def sweep(names: set[str], quick: bool, folder: Path, measured: dict[str, list[float]]) -> tuple[list[Row], list[Row]]:
+def sweep(
+    names: set[str], quick: bool, folder: Path, measured: dict[str, list[float]]
+) -> tuple[list[Row], list[Row]]:
     """Each device's row, and the host's (its CPU compute buffer: the graph inputs and their copies)."""
     rows: list[Row] = []
     host: list[Row] = []
