@@ -136,7 +136,7 @@ granitehybrid (granitehybrid): 4 layers, n_embd 128, n_head 4, head_count_kv per
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -1091,10 +1091,27 @@ def _lfm2(t: _TinyWriter) -> None:
     n_layer, n_embd, n_head, n_head_kv, n_ff, l_cache = t.dims(
         n_layer=6, n_embd=128, n_head=4, n_head_kv=2, n_ff=256, l_cache=3
     )
+    head_count_kv = _lfm2_hparams(t, n_layer, n_embd, n_head, n_head_kv, n_ff, l_cache)
+    for il in _lfm2_mixers(t, head_count_kv, n_embd, n_head, l_cache):
+        _ffn(t, il, n_embd, n_ff)
+
+
+def _lfm2_hparams(
+    t: _TinyWriter, n_layer: int, n_embd: int, n_head: int, n_head_kv: int, n_ff: int, l_cache: int
+) -> tuple[int, ...]:
+    """lfm2's and lfm2moe's keys: every third layer attention (head_count_kv > 0), the others short conv."""
     head_count_kv = tuple(n_head_kv if il % 3 == 2 else 0 for il in range(n_layer))  # 0 -> shortconv layer
-    head = n_embd // n_head
     _hparams(t, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=head_count_kv, n_ff=n_ff)
     t.u32("shortconv.l_cache", l_cache)
+    return head_count_kv
+
+
+def _lfm2_mixers(
+    t: _TinyWriter, head_count_kv: tuple[int, ...], n_embd: int, n_head: int, l_cache: int
+) -> Iterator[int]:
+    """The tied embeddings, then each layer's mixer (attention or short conv) and FFN norm; yields the layer so
+    that the caller writes its feed-forward (lfm2: dense; lfm2moe: dense, then routed experts)."""
+    head = n_embd // n_head
     _embeddings(t, n_embd, tied=True, output_norm="token_embd_norm.weight")
     for il, n_kv in enumerate(head_count_kv):
         p = f"blk.{il}"
@@ -1107,7 +1124,7 @@ def _lfm2(t: _TinyWriter) -> None:
             t.mat(f"{p}.shortconv.in_proj.weight", n_embd, 3 * n_embd)
             t.mat(f"{p}.shortconv.out_proj.weight", n_embd, n_embd)
         t.norm(f"{p}.ffn_norm.weight", n_embd)
-        _ffn(t, il, n_embd, n_ff)
+        yield il
 
 
 def _granitehybrid(t: _TinyWriter) -> None:
@@ -1168,25 +1185,11 @@ def _lfm2moe(t: _TinyWriter) -> None:
         n_layer=6, n_embd=128, n_head=4, n_head_kv=2, n_ff=256, l_cache=3
     )
     n_expert, n_expert_used, n_ff_exp, n_dense = t.dims(n_expert=4, n_expert_used=2, n_ff_exp=64, n_dense=1)
-    head_count_kv = tuple(n_head_kv if il % 3 == 2 else 0 for il in range(n_layer))  # 0 -> shortconv layer
-    head = n_embd // n_head
-    _hparams(t, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=head_count_kv, n_ff=n_ff)
-    t.u32("shortconv.l_cache", l_cache)
+    head_count_kv = _lfm2_hparams(t, n_layer, n_embd, n_head, n_head_kv, n_ff, l_cache)
     _experts_hparams(t, n_expert, n_expert_used, n_ff_exp)
     t.u32("leading_dense_block_count", n_dense)
     t.u32("expert_gating_func", GATING_SIGMOID)
-    _embeddings(t, n_embd, tied=True, output_norm="token_embd_norm.weight")
-    for il, n_kv in enumerate(head_count_kv):
-        p = f"blk.{il}"
-        t.norm(f"{p}.attn_norm.weight", n_embd)
-        if n_kv > 0:
-            _attention(t, il, n_embd, n_embd, n_kv * head, n_kv * head)
-            _qk_norm(t, il, head)
-        else:
-            t.vec(f"{p}.shortconv.conv.weight", l_cache, n_embd)  # ggml_ssm_conv needs f32
-            t.mat(f"{p}.shortconv.in_proj.weight", n_embd, 3 * n_embd)
-            t.mat(f"{p}.shortconv.out_proj.weight", n_embd, n_embd)
-        t.norm(f"{p}.ffn_norm.weight", n_embd)
+    for il in _lfm2_mixers(t, head_count_kv, n_embd, n_head, l_cache):
         if il < n_dense:
             _ffn(t, il, n_embd, n_ff)
         else:
