@@ -1136,17 +1136,26 @@ def _granitehybrid(t: _TinyWriter) -> None:
     _hparams(t, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=head_count_kv, n_ff=n_ff, n_rot=head)
     _granite_scales(t, 1.0 / head)
     _ssm_hparams(t, d_conv=d_conv, d_inner=d_inner, d_state=d_state, dt_rank=n_ssm_head, n_group=n_group)
+    ssm = {"d_conv": d_conv, "d_inner": d_inner, "d_state": d_state, "n_head": n_ssm_head, "n_group": n_group}
+    for il in _granite_mixers(t, head_count_kv, n_embd, n_head, ssm):
+        _ffn(t, il, n_embd, n_ff)
+
+
+def _granite_mixers(
+    t: _TinyWriter, head_count_kv: tuple[int, ...], n_embd: int, n_head: int, ssm: Mapping[str, int]
+) -> Iterator[int]:
+    """granitehybrid's tied embeddings, then each layer's mixer (attention, or Mamba-2 with ``ssm``'s dims) and FFN
+    norm; yields the layer so that the caller writes its feed-forward (dense, or routed and shared experts)."""
+    head = n_embd // n_head
     _embeddings(t, n_embd, tied=True)
     for il, n_kv in enumerate(head_count_kv):
         t.norm(f"blk.{il}.attn_norm.weight", n_embd)
         if n_kv > 0:
             _attention(t, il, n_embd, n_head * head, n_kv * head, n_kv * head)
         else:
-            _mamba2_mixer(
-                t, il, n_embd, d_conv=d_conv, d_inner=d_inner, d_state=d_state, n_head=n_ssm_head, n_group=n_group
-            )
+            _mamba2_mixer(t, il, n_embd, **ssm)
         t.norm(f"blk.{il}.ffn_norm.weight", n_embd)
-        _ffn(t, il, n_embd, n_ff)
+        yield il
 
 
 def _granitehybrid_moe(t: _TinyWriter) -> None:
@@ -1163,16 +1172,8 @@ def _granitehybrid_moe(t: _TinyWriter) -> None:
     _experts_hparams(t, n_expert, n_expert_used)
     t.u32("expert_shared_feed_forward_length", n_ff_shexp)
     _ssm_hparams(t, d_conv=d_conv, d_inner=d_inner, d_state=d_state, dt_rank=n_ssm_head, n_group=n_group)
-    _embeddings(t, n_embd, tied=True)
-    for il, n_kv in enumerate(head_count_kv):
-        t.norm(f"blk.{il}.attn_norm.weight", n_embd)
-        if n_kv > 0:
-            _attention(t, il, n_embd, n_head * head, n_kv * head, n_kv * head)
-        else:
-            _mamba2_mixer(
-                t, il, n_embd, d_conv=d_conv, d_inner=d_inner, d_state=d_state, n_head=n_ssm_head, n_group=n_group
-            )
-        t.norm(f"blk.{il}.ffn_norm.weight", n_embd)
+    ssm = {"d_conv": d_conv, "d_inner": d_inner, "d_state": d_state, "n_head": n_ssm_head, "n_group": n_group}
+    for il in _granite_mixers(t, head_count_kv, n_embd, n_head, ssm):
         _moe(t, il, n_embd, n_ff, n_expert)
         _shared_expert(t, il, n_embd, n_ff_shexp)
 
