@@ -240,10 +240,9 @@ def _decide_engine(
     assert release.version is not None
     v = release.v or (0, 0, 0)
     num_parallel = settings.num_parallel if legacy.is_completion else 1  # sched.go: max(OLLAMA_NUM_PARALLEL, 1)
-    # NewLlamaServer: num_ctx clamped to the training context, the batch to num_ctx; a quantized cache needs
-    # flash attention
-    num_ctx = min(settings.num_ctx, legacy.context_length) if legacy.context_length > 0 else settings.num_ctx
-    batch = min(settings.num_batch or NUM_BATCH_DEFAULT, num_ctx)
+    # the stand-in graph is for the load NewLlamaServer asks (num_ctx and batch clamped as ollama_server_load clamps
+    # them); a quantized cache needs flash attention
+    num_ctx, batch = engine_layout.clamped(legacy, settings.num_ctx, settings.num_batch or NUM_BATCH_DEFAULT)
     fa = settings.flash_attention and supports_flash_attention(model.spec, v)
     kv_cache_type = "" if settings.kv_cache_type == "f16" or not fa else settings.kv_cache_type
     graph = engine_layout.graph_stand_in(

@@ -322,6 +322,14 @@ def graph_stand_in(
 # ------------------------------------------------------------------------------ ollamaServer.Load
 
 
+def clamped(model: LegacyModel, num_ctx: int, num_batch: int) -> tuple[int, int]:
+    """NewLlamaServer's num_ctx (at most the model's training context) and batch (at most num_ctx), the load it asks
+    of its runner (llm/server.go, v0.12.11 - v0.24.0)."""
+    if model.context_length > 0:
+        num_ctx = min(num_ctx, model.context_length)
+    return num_ctx, min(num_batch, num_ctx)
+
+
 def check_modelled(model: LegacyModel, version: str) -> tuple[int, int, int]:
     v = estimate_legacy.parse_version(version)
     if not FIRST_VERSION <= v <= LAST_VERSION:
@@ -368,10 +376,10 @@ def ollama_server_load(
     if num_parallel < 1:
         raise InputError("num_parallel must be at least 1", hint="sched.go passes max(OLLAMA_NUM_PARALLEL, 1)")
     notes: list[str] = []
-    if model.context_length > 0 and num_ctx > model.context_length:  # NewLlamaServer's clamp
-        notes.append(f"requested context size too large for model: num_ctx {num_ctx} -> {model.context_length}")
-        num_ctx = model.context_length
-    batch = min(num_batch, num_ctx)
+    asked = num_ctx
+    num_ctx, batch = clamped(model, num_ctx, num_batch)
+    if num_ctx != asked:
+        notes.append(f"requested context size too large for model: num_ctx {asked} -> {num_ctx}")
     kvct = kv_cache_type.lower() if flash_attention else ""
     if kvct and not estimate_legacy.supports_kv_cache_type(model, kvct, v):
         kvct = ""  # "unsupported OLLAMA_KV_CACHE_TYPE"
