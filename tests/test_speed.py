@@ -893,3 +893,23 @@ def test_the_fixed_time_per_layer_scales_with_the_cards_clock(bench) -> None:  #
     assert devs is not None and devs[0].clock_hz == 1_695_000_000
     # the held-out Qwen3.5-35B-A3B on an RTX 3090 (no build named): 1.56x too fast with the 4090's fixed time
     assert bench.decode_estimate(doc, rows[161]) / rows[161]["decode_tps"] < 1.3
+
+
+def test_a_card_given_by_its_size_is_timed_at_each_catalogue_cards_clock() -> None:
+    """`--vram 24GiB` (no --bandwidth): the speed is the range over the catalogue's 24 GiB cards, each at its own
+    bandwidth and its own boost clock. Each card was timed at the reference clock (the budget's unknown clock: factor
+    1): qwen3-8b at Q4_K_M, 4,096 tokens, the range's low end (an L4, 2,040 MHz) 44.3 t/s where `--gpu l4` says 43.3,
+    the median 112.9 -> 104.6. A hand-made speed.Device of a NaN, infinite or negative clock takes the reference's."""
+    from kvadvise.planner.gpus import load_profiles
+
+    base = ["hf", "tests/data/hf/qwen3-8b.json", "--quant", "Q4_K_M", "-c", "4096", "--ram", "64GiB", "--json"]
+    size = _json([*base, "--vram", "24GiB"])
+    cards = [p.id for p in load_profiles() if not p.unified_memory and abs(p.memory_bytes - 24 * 2**30) <= 0.03 * 24 * 2**30]
+    each = {c: _json([*base, "--gpu", c])["decode_estimate"]["tokens_per_s"] for c in cards}
+    est = size["decode_estimate"]
+    print({c: round(t, 1) for c, t in each.items()}, est["low"], est["high"], est["tokens_per_s"])
+    assert len(cards) >= 3 and "rtx-3090" in cards
+    assert min(each.values()) == pytest.approx(est["low"], rel=1e-9)
+    assert max(each.values()) == pytest.approx(est["high"], rel=1e-9)
+    for bad in (math.nan, math.inf, -1e9):
+        assert speed.clock_factor([speed.Device("cuda", 1, clock_hz=bad)]) == 1.0

@@ -52,6 +52,7 @@ that covers 80 % of those rows: the range a plan prints.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -504,11 +505,17 @@ def clock_factor(devices: Sequence[Device]) -> float:
     total = sum(d.share for d in devices) or 1.0
     return (
         sum(
-            d.share * (CLOCK_REFERENCE_HZ / d.clock_hz if d.clock_hz and backend_key(d.backend) == "cuda" else 1.0)
+            d.share * (CLOCK_REFERENCE_HZ / d.clock_hz if _known_clock(d) and backend_key(d.backend) == "cuda" else 1.0)
             for d in devices
         )
         / total
     )
+
+
+def _known_clock(d: Device) -> bool:
+    """A clock to scale by: a positive, finite figure (0: unknown; a hand-made Device's NaN, inf or negative
+    took the fixed time to NaN, to nothing or below zero)."""
+    return isinstance(d.clock_hz, (int, float)) and math.isfinite(d.clock_hz) and d.clock_hz > 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -979,6 +986,8 @@ def _over_cards_of_the_size(
             # else (a --vram budget's default, CUDA) each card on its own (profiles/gpus.json "backend")
             backend=budget.backend if budget.backend != "cuda" else p.backend,
             bandwidth_source=p.source,
+            # and at its own clock (the budget's card, given by its size, has none: factor 1 for every card)
+            device_clocks_hz=((p.boost_clock_mhz or 0) * 1e6,),
         )
         e = plan_decode(spec, cfg, at, n_cpu_moe=n_cpu_moe, n_cpu_layers=n_cpu_layers)
         if e is not None:
