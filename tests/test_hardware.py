@@ -898,4 +898,3 @@ def test_one_rpc_server_written_two_ways_is_refused() -> None:
     assert len(hardware.rpc_hosts([parse_rpc_host("h:50052=8GiB"), parse_rpc_host("g:50052=8GiB")]).gpus) == 2
     # an RpcHost made by hand through the API, its port no number: planned by its text, as before
     assert len(hardware.rpc_hosts([hardware.RpcHost("h:x" + "9" * 5000, GiB), hardware.RpcHost("h:1", GiB)]).gpus) == 2
-
