@@ -924,3 +924,6 @@ def test_a_card_given_by_its_size_is_timed_at_each_catalogue_cards_clock() -> No
     assert max(each.values()) == pytest.approx(est["high"], rel=1e-9)
     for bad in (math.nan, math.inf, -1e9):
         assert speed.clock_factor([speed.Device("cuda", 1, clock_hz=bad)]) == 1.0
+    # nor a share of 0 or NaN: the factor was 0 (no fixed time) or NaN
+    for share in (0.0, math.nan):
+        assert speed.clock_factor([speed.Device("cuda", 1, share=share, clock_hz=1.26e9)]) == pytest.approx(2.0)

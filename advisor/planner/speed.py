@@ -502,14 +502,17 @@ def clock_factor(devices: Sequence[Device]) -> float:
     or not run by CUDA, takes the reference's."""
     if not devices:
         return 1.0
-    total = sum(d.share for d in devices) or 1.0
-    return (
-        sum(
-            d.share * (CLOCK_REFERENCE_HZ / d.clock_hz if _known_clock(d) and backend_key(d.backend) == "cuda" else 1.0)
-            for d in devices
-        )
-        / total
-    )
+    # a share of 0 or NaN (a hand-made Device) weighs nothing; none left: each device alike (a factor of 0 took the
+    # fixed time away)
+    shares = [d.share if isinstance(d.share, (int, float)) and math.isfinite(d.share) and d.share > 0 else 0.0
+              for d in devices]  # fmt: skip
+    if not sum(shares):
+        shares = [1.0] * len(devices)
+    factors = [
+        CLOCK_REFERENCE_HZ / d.clock_hz if _known_clock(d) and backend_key(d.backend) == "cuda" else 1.0
+        for d in devices
+    ]
+    return sum(s * f for s, f in zip(shares, factors, strict=True)) / sum(shares)
 
 
 def _known_clock(d: Device) -> bool:
