@@ -135,13 +135,14 @@ class HFBackend:
         if parts is not None and _parts_quant(config, None, "") == "MXFP4":
             # an MXFP4 checkpoint's GGUFs keep their experts MXFP4 at any quant name (gpt-oss: unsloth's Q4_K_M is
             # 11.6 GB): only the other tensors take the quantizer's types
-            parts = replace(parts, experts_odd=(0,) * len(parts.experts_odd))
+            zero = (0,) * len(parts.experts_odd)
+            parts = replace(parts, experts_odd=zero, experts_down_odd=zero)
         surplus = fallback_surplus_bytes(parts, q) if parts is not None else 0
         if surplus:  # rows not a multiple of 256: the quantizer's 32-block fallback types, larger than the rate
             n_bytes += surplus
             note += (
                 f", plus {surplus:,} B for the tensors whose rows are not a multiple of 256 (llama-quant.cpp "
-                f"tensor_type_fallback: Q4_K -> Q5_0, Q6_K -> Q8_0): {n_bytes:,} B"
+                f"tensor_type_fallback: Q4_K -> Q5_0, Q6_K -> Q8_0; output.weight Q8_0): {n_bytes:,} B"
             )
         return config, replace(spec, weights_bytes=n_bytes, file_type=q, notes=(*spec.notes, note))
 

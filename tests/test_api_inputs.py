@@ -104,6 +104,15 @@ def test_a_model_spec_made_by_hand_is_checked(gemma: kvadvise.ModelSpec, field: 
         ({"gpu": {"free_bytes": -1}}, "free_bytes is -1"),  # planned
         ({"gpu": {"free_bytes": 1 << 40, "total_bytes": 1}}, "bytes free of 1"),  # planned
         ({"ram_free_bytes": -1}, "ram_free_bytes is -1"),  # planned
+        # the decode estimate divides by these: NaN t/s, a negative or an infinite clock took the fixed time per
+        # layer below zero or to nothing (kvadvise.planner.speed.clock_factor), a text clock ended in TypeError
+        ({"gpu": {"clock_hz": math.nan}}, "clock_hz is nan"),
+        ({"gpu": {"clock_hz": math.inf}}, "clock_hz is inf"),
+        ({"gpu": {"clock_hz": -2.5e9}}, "clock_hz is -2500000000.0"),
+        ({"gpu": {"clock_hz": "2520"}}, "clock_hz is '2520'"),
+        ({"gpu": {"bandwidth_bytes_per_s": math.nan}}, "bandwidth_bytes_per_s is nan"),
+        ({"gpu": {"bandwidth_bytes_per_s": -1}}, "bandwidth_bytes_per_s is -1"),
+        ({"gpu": {"flops_per_s": math.inf}}, "flops_per_s is inf"),
     ],
 )
 def test_a_hardware_made_by_hand_is_checked(gemma: kvadvise.ModelSpec, change: dict[str, object], what: str) -> None:

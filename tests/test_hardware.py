@@ -193,6 +193,7 @@ def test_probe_one_gpu(monkeypatch: pytest.MonkeyPatch, name: bytes | str) -> No
             flops_per_s=330.3e12,  # the card's FP16 tensor peak (profiles/gpus.json fp16_tflops): prompt speed
             flops_source="profiles/gpus.json rtx-4090 fp16_tflops",
             speed_class="default",  # a catalogue card of its backend's default decode class
+            clock_hz=2_520_000_000,  # its boost clock (profiles/gpus.json boost_clock_mhz): decode's fixed time
         ),
     )
     assert hw.gpus[0].bandwidth_source is not None
@@ -218,6 +219,7 @@ def test_probe_two_gpus_one_unknown(monkeypatch: pytest.MonkeyPatch) -> None:
     assert first.name == "NVIDIA GeForce RTX 3090"
     assert first.free_bytes == 24576 * MiB - GiB
     assert first.bandwidth_bytes_per_s == 936_000_000_000
+    assert first.clock_hz == 1_695_000_000 and second.clock_hz == 0  # the profile's boost clock; unknown: 0
     assert second.name == "NVIDIA Mystery Card 9000"
     assert (second.total_bytes, second.free_bytes) == (48 * GiB, 48 * GiB)
     assert second.bandwidth_bytes_per_s is None and second.bandwidth_source is None
@@ -428,6 +430,7 @@ def test_from_profile_nvidia_uses_nvml_total() -> None:
         flops_per_s=330.3e12,
         flops_source="profiles/gpus.json rtx-4090 fp16_tflops",
         speed_class="default",
+        clock_hz=2_520_000_000,
     )
     assert "24,564 MiB as NVML reports it" in hw.sources[0]
 
@@ -895,4 +898,3 @@ def test_one_rpc_server_written_two_ways_is_refused() -> None:
     assert len(hardware.rpc_hosts([parse_rpc_host("h:50052=8GiB"), parse_rpc_host("g:50052=8GiB")]).gpus) == 2
     # an RpcHost made by hand through the API, its port no number: planned by its text, as before
     assert len(hardware.rpc_hosts([hardware.RpcHost("h:x" + "9" * 5000, GiB), hardware.RpcHost("h:1", GiB)]).gpus) == 2
-

@@ -80,6 +80,12 @@ class Breakdown:
     dense_odd: tuple[int, ...] = ()
     experts_odd: tuple[int, ...] = ()
     nextn_odd: int = 0
+    # of those, the ffn_down ones (rows n_ff wide: llama_tensor_get_type gives ffn_down its own types, Q6_K in half
+    # the layers of a Q4_K_M), per block; and the parameters in tensors whose rows are not even a multiple of 32,
+    # which no 32-block type holds either (llama-quant.cpp tensor_type_fallback: F16)
+    dense_down_odd: tuple[int, ...] = ()
+    experts_down_odd: tuple[int, ...] = ()
+    odd_32: int = 0
 
     @property
     def total(self) -> int:
@@ -148,16 +154,19 @@ F32_BYTES = 4
 # llama.cpp's K-quants pack 256 values per block (QK_K); a tensor whose rows (ne[0]) are not a multiple
 # of that falls back to a 32-block type (llama-quant.cpp tensor_type_fallback; Ollama's quantizer ports it)
 QK_K = 256
+QK_LEGACY = 32  # the 32-block types it falls back to (Q4_0 ... Q8_0, IQ4_NL): a row not a multiple of this is F16
 
 
 class _Count:
     """Parameters of one part, and how many of them sit in tensors with rows not a multiple of QK_K."""
 
-    __slots__ = ("n", "odd")
+    __slots__ = ("down_odd", "n", "odd", "odd_32")
 
     def __init__(self) -> None:
         self.n = 0
         self.odd = 0
+        self.down_odd = 0  # of ``odd``, in ffn_down tensors
+        self.odd_32 = 0  # of ``odd``, in tensors whose rows are not a multiple of 32 either
 
     def mat(self, ne0: int, ne1: int, count: int = 1) -> _Count:
         """A weight of shape {ne0, ne1} (llama.cpp's create_tensor order: ne0 is the row length), ``count`` times."""
@@ -165,6 +174,15 @@ class _Count:
         self.n += n
         if ne0 % QK_K:
             self.odd += n
+        if ne0 % QK_LEGACY:
+            self.odd_32 += n
+        return self
+
+    def down(self, ne0: int, ne1: int, count: int = 1) -> _Count:
+        """An ffn_down weight {n_ff, n_embd}: counted as :meth:`mat`, and apart when its rows are odd."""
+        self.mat(ne0, ne1, count)
+        if ne0 % QK_K:
+            self.down_odd += ne0 * ne1 * count
         return self
 
     def vec(self, n: int) -> _Count:
@@ -241,7 +259,7 @@ def params_from_metadata(
     def ffn(c: _Count, f: int, n: int = 1) -> None:
         """gate, up {n_embd, f} and down {f, n_embd} (no gate for the ungated MLPs), ``n`` times (experts)."""
         c.mat(e, f, n * (2 if gated else 1))
-        c.mat(f, e, n)
+        c.down(f, e, n)
 
     def attention(c: _Count, il: int) -> None:
         if spec.is_mla:
@@ -346,6 +364,10 @@ def params_from_metadata(
         dense_odd=tuple(c.odd for c in dense),
         experts_odd=tuple(c.odd for c in experts),
         nextn_odd=nextn.odd,
+        dense_down_odd=tuple(c.down_odd for c in dense),
+        experts_down_odd=tuple(c.down_odd for c in experts),
+        odd_32=sum(c.odd_32 for c in (*attn, *dense, *experts, nextn))
+        + (embd_odd * (1 if tied else 2) if e % QK_LEGACY else 0),
     )
 
 
@@ -434,15 +456,77 @@ def fallback_bits_per_weight(quant: str) -> float:
     return bpw + (1 - f_hi) * (_FALLBACK_BPW[mix[0]] - lo) + f_hi * (_FALLBACK_BPW[mix[1]] - hi)
 
 
+# the K type of most tensors of each K mix (llama-quant.cpp llama_tensor_get_type_impl: the ftype's default type),
+# what token_embd and every odd-rowed tensor without a rule of its own falls back from
+_K_BASE = {
+    "Q2_K": "Q2_K", "Q2_K_S": "Q2_K", "Q3_K_S": "Q3_K", "Q3_K_M": "Q3_K", "Q3_K_L": "Q3_K", "Q4_K_S": "Q4_K",
+    "Q4_K_M": "Q4_K", "Q5_K_S": "Q5_K", "Q5_K_M": "Q5_K", "Q6_K": "Q6_K",
+}  # fmt: skip
+# the 32-block types: no fallback for a row a multiple of 32 (tensor_type_fallback's default branch)
+_LEGACY_FILE_TYPES = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL"})
+_Q8_0_BPW = 8.5
+_F16_BPW = 16.0
+
+
+def _use_more_bits(il: int, n: int) -> bool:
+    """llama-quant.cpp use_more_bits: the first and last eighth of the layers and every third between."""
+    return il < n // 8 or il >= 7 * n // 8 or (il - n // 8) % 3 == 2
+
+
+def _down_type(q: str, il: int, n: int) -> str | None:
+    """The K type llama_tensor_get_type_impl's FFN_DOWN rules give ffn_down of layer ``il`` of ``n`` in a ``q`` file
+    (non-Falcon, no imatrix); None: the mix's base type."""
+    return {
+        "Q2_K": "Q3_K",
+        "Q2_K_S": "Q4_K" if il < n // 8 else None,
+        "Q3_K_M": "Q5_K" if il < n // 16 else "Q4_K",
+        "Q3_K_L": "Q5_K",
+        "Q4_K_M": "Q6_K" if _use_more_bits(il, n) else None,
+        "Q5_K_M": "Q6_K" if _use_more_bits(il, n) else None,
+        "Q4_K_S": "Q5_K" if il < n // 8 else None,
+    }.get(q)
+
+
+def _surplus_bpw(k: str) -> float:
+    """What a K type's fallback adds per weight (Q4_K -> Q5_0: 1.0; Q6_K -> Q8_0: 1.9375)."""
+    return _FALLBACK_BPW[k] - _K_BPW[k]
+
+
 def fallback_surplus_bytes(bd: Breakdown, quant: str) -> int:
     """What the tensors whose rows are not a multiple of QK_K add to a ``quant`` file beyond its rate: llama.cpp's
-    quantizer gives them a 32-block type (llama-quant.cpp tensor_type_fallback: Q4_K -> Q5_0, Q6_K -> Q8_0, ...).
-    Nemotron-3-Nano-30B-A3B (n_embd 2688, expert rows 1856) holds almost nothing else: its Q4_K_M is 22.3 GiB,
-    not the 18.0 of 4.9 bits per weight (Ollama's nemotron-3-nano:30b blob: 22.35 GiB). 0 for other quants."""
-    _, bpw = bits_per_weight(quant)
-    odd = bd.tok_embd_odd + (bd.tok_embd_odd if bd.output else 0) + sum(bd.attn_odd) + sum(bd.dense_odd)
-    odd += sum(bd.experts_odd) + bd.nextn_odd
-    return max(0, math.ceil(odd * (fallback_bits_per_weight(quant) - bpw) / 8))
+    quantizer gives each a 32-block type in place of the one llama_tensor_get_type_impl chose (llama-quant.cpp
+    0c1e570 tensor_type_fallback: Q2_K/Q3_K -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, the i-quants ->
+    IQ4_NL), and the file is larger by the two types' difference (the rate already holds the chosen types): the
+    mix's base type for most tensors, ffn_down's own (Q6_K in the use_more_bits layers of a Q4_K_M or Q5_K_M, Q3_K
+    in a Q2_K...), output.weight's Q6_K (token_embd's too when tied) -> Q8_0 (its rule: ``nx % qk_k != 0``; Q5_K
+    -> Q8_0 in the 1-2-bit i-quants), in every quantized file; a row not a multiple of 32 either is F16.
+    Nemotron-3-Nano-30B-A3B (n_embd 2688, expert rows 1856) holds almost nothing else: its Q4_K_M is 22.5 GiB, not
+    the 18.0 of 4.9 bits per weight (Ollama's nemotron-3-nano:30b blob: 22.35 GiB). 0 for a float file and an MXFP4
+    one (llama.cpp's MXFP4_MOE types are not this rule's)."""
+    q = quant.strip().upper()
+    if q not in _K_BASE and q not in _IQ_FILE_TYPES and q not in _LEGACY_FILE_TYPES:
+        return 0
+    _, bpw = bits_per_weight(q)
+    iq_low = q in ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M")  # output Q5_K, not Q6_K
+    out_bits = 0.0 if q == "Q8_0" else _Q8_0_BPW - _K_BPW["Q5_K"] if iq_low else _surplus_bpw("Q6_K")
+    # output.weight's rows are n_embd wide, as token_embd's; tied, token_embd is quantized as the output is
+    bits = bd.tok_embd_odd * out_bits * (2 if bd.output else 1)
+    if q in _LEGACY_FILE_TYPES:
+        base_bits = 0.0
+    else:
+        base_bits = _surplus_bpw(_K_BASE[q]) if q in _K_BASE else max(0.0, _IQ_FALLBACK_BPW - bpw)
+    if bd.output:  # untied: token_embd keeps the mix's base type (TOKEN_EMBD's rules name none for these mixes)
+        bits += bd.tok_embd_odd * (base_bits - out_bits)
+    n = len(bd.attn)
+    downs = tuple(a + b for a, b in zip(bd.dense_down_odd or (0,) * n, bd.experts_down_odd or (0,) * n, strict=True))
+    for il, (a, d, x) in enumerate(
+        zip(bd.attn_odd or (0,) * n, bd.dense_odd or (0,) * n, bd.experts_odd or (0,) * n, strict=True)
+    ):
+        k = _down_type(q, il, n)
+        bits += (a + d + x - downs[il]) * base_bits + downs[il] * (base_bits if k is None else _surplus_bpw(k))
+    bits += bd.nextn_odd * base_bits
+    bits += bd.odd_32 * (_F16_BPW - bpw - base_bits)  # F16, not the fallback counted above
+    return max(0, math.ceil(bits / 8))
 
 
 def sized(

@@ -14,6 +14,7 @@ importing this module (and starting kvadvise) stays fast.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import sys
@@ -622,6 +623,12 @@ def check_hardware(hw: Hardware) -> str | None:
                 return f"gpus[{i}].{name} is {getattr(g, name)!r:.40}, not a size in bytes from 0"
         if g.free_bytes > g.total_bytes:
             return f"gpus[{i}] has {g.free_bytes:,} bytes free of {g.total_bytes:,}"
+        # the speed estimates divide by these (kvadvise.planner.speed): NaN, infinite or negative made NaN or
+        # negative t/s, or no fixed time per layer at all
+        rates = {"bandwidth_bytes_per_s": g.bandwidth_bytes_per_s or 0, "flops_per_s": g.flops_per_s or 0}
+        for name, v in (*rates.items(), ("clock_hz", g.clock_hz)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                return f"gpus[{i}].{name} is {v!r:.40}, not a finite number from 0"
     for name in ("ram_total_bytes", "ram_free_bytes"):
         if not size(getattr(hw, name)):
             return f"{name} is {getattr(hw, name)!r:.40}, not a size in bytes from 0"

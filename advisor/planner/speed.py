@@ -52,6 +52,7 @@ that covers 80 % of those rows: the range a plan prints.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -501,14 +502,23 @@ def clock_factor(devices: Sequence[Device]) -> float:
     or not run by CUDA, takes the reference's."""
     if not devices:
         return 1.0
-    total = sum(d.share for d in devices) or 1.0
-    return (
-        sum(
-            d.share * (CLOCK_REFERENCE_HZ / d.clock_hz if d.clock_hz and backend_key(d.backend) == "cuda" else 1.0)
-            for d in devices
-        )
-        / total
-    )
+    # a share of 0 or NaN (a hand-made Device) weighs nothing; none left: each device alike (a factor of 0 took the
+    # fixed time away)
+    shares = [d.share if isinstance(d.share, (int, float)) and math.isfinite(d.share) and d.share > 0 else 0.0
+              for d in devices]  # fmt: skip
+    if not sum(shares):
+        shares = [1.0] * len(devices)
+    factors = [
+        CLOCK_REFERENCE_HZ / d.clock_hz if _known_clock(d) and backend_key(d.backend) == "cuda" else 1.0
+        for d in devices
+    ]
+    return sum(s * f for s, f in zip(shares, factors, strict=True)) / sum(shares)
+
+
+def _known_clock(d: Device) -> bool:
+    """A clock to scale by: a positive, finite figure (0: unknown; a hand-made Device's NaN, inf or negative
+    took the fixed time to NaN, to nothing or below zero)."""
+    return isinstance(d.clock_hz, (int, float)) and math.isfinite(d.clock_hz) and d.clock_hz > 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -979,6 +989,8 @@ def _over_cards_of_the_size(
             # else (a --vram budget's default, CUDA) each card on its own (profiles/gpus.json "backend")
             backend=budget.backend if budget.backend != "cuda" else p.backend,
             bandwidth_source=p.source,
+            # and at its own clock (the budget's card, given by its size, has none: factor 1 for every card)
+            device_clocks_hz=((p.boost_clock_mhz or 0) * 1e6,),
         )
         e = plan_decode(spec, cfg, at, n_cpu_moe=n_cpu_moe, n_cpu_layers=n_cpu_layers)
         if e is not None:
