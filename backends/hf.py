@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from kvadvise.deadline import within
 from kvadvise.errors import BackendUnreachable, InputError, KvadviseError
 from kvadvise.files import load_json, open_regular
-from kvadvise.model.breakdown import fallback_surplus_bytes, with_parts
+from kvadvise.model.breakdown import MXFP4_BPW, fallback_surplus_bytes, with_parts
 from kvadvise.model.breakdown import params as count_params
 from kvadvise.model.hfconfig import from_config
 from kvadvise.model.quants import quant_bpw
@@ -132,9 +132,13 @@ class HFBackend:
             "an estimate (bits per weight from llama.cpp's quantize table, tools/quantize/quantize.cpp)"
         )
         parts = count_params(spec, config)
-        if parts is not None and _parts_quant(config, None, "") == "MXFP4":
+        if parts is not None and _parts_quant(config, None, "") == "MXFP4" and q not in ("MXFP4", "MXFP4_MOE"):
             # an MXFP4 checkpoint's GGUFs keep their experts MXFP4 at any quant name (gpt-oss: unsloth's Q4_K_M is
-            # 11.6 GB): only the other tensors take the quantizer's types
+            # 11.6 GB for the 20B, 62.8 GB for the 120B): the experts at MXFP4's 4.25 bits, only the other tensors
+            # take the quantizer's types
+            experts = sum(parts.experts)
+            n_bytes = math.ceil((params - experts) * bpw / 8 + experts * MXFP4_BPW / 8)
+            note += f"; its {experts:,} routed-expert parameters stay MXFP4 ({MXFP4_BPW} bits): {n_bytes:,} B"
             zero = (0,) * len(parts.experts_odd)
             parts = replace(parts, experts_odd=zero, experts_down_odd=zero)
         surplus = fallback_surplus_bytes(parts, q) if parts is not None else 0

@@ -640,3 +640,20 @@ def test_the_fallback_costs_each_tensors_own_type(quant: str, published_gb: floa
     spec = HFBackend().load_spec(str(DATA / "glm4-9b.json"), quant=quant)
     print(quant, spec.weights_bytes / 1e9, published_gb)
     assert spec.weights_bytes / 1e9 == pytest.approx(published_gb, rel=0.02)
+
+
+def test_an_mxfp4_checkpoints_experts_stay_mxfp4_at_any_quant() -> None:
+    """gpt-oss's GGUFs keep the routed experts MXFP4 (4.25 bits) whatever the file's quant name; only the other
+    tensors take the quant's types. Published: unsloth's gpt-oss-120b-F16.gguf is 60.87 GiB (llama-bench, Framework
+    community, https://community.frame.work/t/will-the-ai-max-395-128gb-be-able-to-run-gpt-oss-120b/73280/26);
+    bartowski's gpt-oss-20b Q6_K 12.04 GB "with all FFN kept at MXFP4_MOE" (its model card,
+    https://mygguf.com/models/bartowski_openai_gpt-oss-20b-GGUF.html). Before, the experts took the quant's rate:
+    F16 would be 218 GiB, Q6_K 17.2 GB."""
+    from kvadvise.backends.hf import HFBackend
+
+    hf = HFBackend()
+    big = hf.load_spec(str(DATA / "gpt-oss-120b.json"), quant="F16")
+    assert big.weights_bytes / (1 << 30) == pytest.approx(60.87, rel=0.01)
+    small = hf.load_spec(str(DATA / "gpt-oss-20b.json"), quant="Q6_K")
+    assert small.weights_bytes / 1e9 == pytest.approx(12.04, rel=0.01)
+    assert any("stay MXFP4" in n for n in small.notes)
