@@ -636,11 +636,23 @@ def estimate(
     if reads.moe and not spec.expert_bytes:
         note += "; MoE expert sizes are unknown, so every expert is counted (a low estimate)"
     lead = backend_key(devices[0].backend) if devices else "cpu"
-    early = early_build_seconds(reads, llama_build) if lead == "cuda" else 0.0
+    factor = clock_factor(devices)
+    early = early_build_seconds(reads, llama_build) * factor if lead == "cuda" else 0.0
     if early:
         note += (
             f"; llama.cpp b{llama_build} decodes this hybrid slower than b{max(EARLY_BUILD_RECURRENT_S)} and later: "
             f"+{early * 1e3:.1f} ms a token counted (measured on an RTX 4090)"
+        )
+    elif lead == "cuda" and llama_build is None and reads.architecture in EARLY_BUILD_ARCHS:
+        slowest = early_build_seconds(reads, min(EARLY_BUILD_RECURRENT_S) - 1) * factor
+        note += (
+            f"; planned for llama.cpp b{max(EARLY_BUILD_RECURRENT_S)} or later: a build before it decodes this hybrid "
+            f"up to {slowest * 1e3:.1f} ms a token slower (--llama-build bNNNN names yours)"
+        )
+    if factor != 1.0:
+        note += (
+            f"; the fixed time per layer at the card's boost clock: {factor:.2f}x the "
+            f"{CLOCK_REFERENCE_HZ / 1e6:,.0f} MHz it was measured at"
         )
     if not devices:
         measured, what = 0, "CPU-only"
