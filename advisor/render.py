@@ -20,7 +20,8 @@ if TYPE_CHECKING:  # only verification output needs it; a plan renders without l
     from kvadvise.planner.curves import Curve
     from kvadvise.planner.hostram import HostRam
     from kvadvise.planner.offload import Offload
-    from kvadvise.planner.speed import PrefillEstimate, SpeedEstimate
+    from kvadvise.planner.prefill import PrefillEstimate
+    from kvadvise.planner.speed import SpeedEstimate
     from kvadvise.planner.users import Sessions, UsersAnswer
     from kvadvise.runtime.verification import Verification
 

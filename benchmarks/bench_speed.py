@@ -9,12 +9,12 @@ card(s), context, program, tokens/s). Each row is planned as a user would plan i
   config at the quant's bits per weight);
 - ``profile``: an Ollama built-in profile (``kvadvise ollama NAME``).
 
-Rows are split once, by source, into ``fit`` (the rows the factors of kvadvise.planner.speed were fitted
-on), ``holdout`` (collected afterwards and never tuned to) and ``sweep`` (one model at several quants on one
-card, key ``sweep``: only speed.DEQUANT_FLOPS_PER_WEIGHT is fitted on them, so that a sweep's rows come out
-equally far from the measured) and ``moe-sweep`` (one MoE at several quants on one card, over several llama.cpp
-builds, ``llama_build``: only speed.EARLY_BUILD_RECURRENT_S is fitted on them); the table and the shares print them
-apart.
+Rows are split once, by source, into ``fit`` (the rows the factors of kvadvise.planner.speed and
+kvadvise.planner.prefill were fitted on), ``holdout`` (collected afterwards and never tuned to) and ``sweep``
+(one model at several quants on one card, key ``sweep``: only speed.DEQUANT_FLOPS_PER_WEIGHT is fitted on them,
+so that a sweep's rows come out equally far from the measured) and ``moe-sweep`` (one MoE at several quants on
+one card, over several llama.cpp builds, ``llama_build``: only speed.EARLY_BUILD_RECURRENT_S is fitted on them);
+the table and the shares print them apart.
 Goals: decode within ±25 % on at least 85 % of the rows, prefill within ±30 % on at least 80 %; the
 held-out rows are reported, not required (they say how well the fit carries). Exits 1 when a goal on
 the fit rows is missed.
@@ -40,7 +40,7 @@ from kvadvise.backends.ollama.profiles import profiles
 from kvadvise.model.breakdown import params, with_parts
 from kvadvise.model.hfconfig import from_config
 from kvadvise.model.spec import ModelSpec
-from kvadvise.planner import speed
+from kvadvise.planner import prefill, speed
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "speed" / "measurements.json"
@@ -211,13 +211,13 @@ def prefill_estimate(doc: dict[str, Any], row: dict[str, Any]) -> float | None:
     devs = row_devices(doc, row, spec)
     ncmoe = int(row.get("n_cpu_moe") or 0) if row.get("partial_offload") else 0
     n = int(row["n_prompt"])
-    s = speed.prefill_seconds(
+    s = prefill.prefill_seconds(
         spec,
         n,
         devs,
         depth=int(row.get("prompt_depth") or 0),
         n_ubatch=int(row.get("n_ubatch") or 512),
-        cpu_bytes=speed.cpu_resident_bytes(spec, ncmoe, int(row.get("n_cpu_layers") or 0)) if devs else 0,
+        cpu_bytes=prefill.cpu_resident_bytes(spec, ncmoe, int(row.get("n_cpu_layers") or 0)) if devs else 0,
         cpu_flops_per_s=float(row.get("cpu_tflops") or 0) * 1e12,
     )
     return n / s if s else None
@@ -361,24 +361,24 @@ def fit(doc: dict[str, Any]) -> None:
     )
     peff = [x / 100 for x in range(2, 81, 2)]
     pknobs: list[tuple[dict[str, Any], str, list[float]]] = []
-    for c in speed.PREFILL_EFFICIENCY:
-        on_c = [r for r in prows if speed.prefill_key(r["backend"], _card(r)) == c]
+    for c in prefill.PREFILL_EFFICIENCY:
+        on_c = [r for r in prows if prefill.prefill_key(r["backend"], _card(r)) == c]
         for k in ("dense", "moe"):
             if count(on_c, lambda r, k=k: kind(r) == k) >= 2:
-                pknobs.append((speed.PREFILL_EFFICIENCY[c], k, peff))
-    # the recurrent layers' scan (speed.RECURRENT_PREFILL_EFFICIENCY), by prefill class, where two fit rows run one
+                pknobs.append((prefill.PREFILL_EFFICIENCY[c], k, peff))
+    # the recurrent layers' scan (prefill.RECURRENT_PREFILL_EFFICIENCY), by prefill class, where two fit rows run one
     rgrid = [x / 1000 for x in range(2, 101)]
-    for c in speed.RECURRENT_PREFILL_EFFICIENCY:
-        on_c = [r for r in prows if speed.prefill_key(r["backend"], _card(r)) == c]
-        if count(on_c, lambda r: speed.recurrent_flops(row_spec(doc, r)).scan > 0) >= 2:
-            pknobs.append((speed.RECURRENT_PREFILL_EFFICIENCY, c, rgrid))
+    for c in prefill.RECURRENT_PREFILL_EFFICIENCY:
+        on_c = [r for r in prows if prefill.prefill_key(r["backend"], _card(r)) == c]
+        if count(on_c, lambda r: prefill.recurrent_flops(row_spec(doc, r)).scan > 0) >= 2:
+            pknobs.append((prefill.RECURRENT_PREFILL_EFFICIENCY, c, rgrid))
     _coordinate_search(ploss, pknobs)
     print("EFFICIENCY =", speed.EFFICIENCY)
     print("KV_EFFICIENCY =", speed.KV_EFFICIENCY)
     print("LAYER_OVERHEAD_S =", {k: round(v * 1e6, 1) for k, v in speed.LAYER_OVERHEAD_S.items()}, "µs")
     print("MOE_LAYER_OVERHEAD_S =", {k: round(v * 1e6, 1) for k, v in speed.MOE_LAYER_OVERHEAD_S.items()}, "µs")
-    print("PREFILL_EFFICIENCY =", speed.PREFILL_EFFICIENCY)
-    print("RECURRENT_PREFILL_EFFICIENCY =", speed.RECURRENT_PREFILL_EFFICIENCY)
+    print("PREFILL_EFFICIENCY =", prefill.PREFILL_EFFICIENCY)
+    print("RECURRENT_PREFILL_EFFICIENCY =", prefill.RECURRENT_PREFILL_EFFICIENCY)
     print("DEQUANT_FLOPS_PER_WEIGHT =", speed.DEQUANT_FLOPS_PER_WEIGHT)
     print("EARLY_BUILD_RECURRENT_S =", {k: round(v * 1e6, 1) for k, v in speed.EARLY_BUILD_RECURRENT_S.items()}, "µs")
 

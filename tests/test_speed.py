@@ -1,5 +1,5 @@
-"""The speed model (kvadvise.planner.speed): decode and prompt processing against the published
-measurements it was fitted on and those held out, and the plans that use it (kvadvise hf with MoE
+"""The speed model (kvadvise.planner.speed, kvadvise.planner.prefill): decode and prompt processing against the
+published measurements it was fitted on and those held out, and the plans that use it (kvadvise hf with MoE
 and several GPUs, --n-cpu-moe, the CPU's share at a measured or given RAM bandwidth)."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from kvadvise.backends.ollama.profiles import profiles
 from kvadvise.cli import cli, main
-from kvadvise.planner import cpuspeed, speed
+from kvadvise.planner import cpuspeed, prefill, speed
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
@@ -110,7 +110,7 @@ def test_ranges_are_the_spread_of_the_rows(bench) -> None:  # type: ignore[no-un
         x for r, x in bench.decode_table(doc) if bench.split_of(r) in ("fit", "holdout")
     ]  # sweeps: runs of their own
     assert bench.band_80(rows) == pytest.approx(speed.RANGE, abs=0.02)
-    assert bench.band_80([x for _, x in bench.prefill_table(doc)]) == pytest.approx(speed.PREFILL_RANGE, abs=0.02)
+    assert bench.band_80([x for _, x in bench.prefill_table(doc)]) == pytest.approx(prefill.PREFILL_RANGE, abs=0.02)
 
 
 def test_every_gpu_profile_has_a_compute_figure_with_its_basis() -> None:
@@ -698,19 +698,19 @@ def test_prefill_in_the_plan_text_and_json() -> None:
 def test_prefill_is_compute_bound_and_attention_grows_with_depth() -> None:
     spec = profiles()["llama3.1:8b"].spec()
     gpu = [speed.Device("cuda", 1_008_000_000_000, flops_per_s=330.3e12)]
-    s0 = speed.prefill_seconds(spec, 2048, gpu)
-    s32 = speed.prefill_seconds(spec, 2048, gpu, depth=32768)
+    s0 = prefill.prefill_seconds(spec, 2048, gpu)
+    s32 = prefill.prefill_seconds(spec, 2048, gpu, depth=32768)
     assert s0 is not None and s32 is not None and s32 > 1.3 * s0
     flops = 2048 * 2 * spec.active_params
     assert s0 == pytest.approx(
-        flops / (speed.PREFILL_EFFICIENCY["cuda"]["dense"] * 330.3e12)
-        + 2048 * speed.attention_flops(spec, 1024) / (speed.PREFILL_EFFICIENCY["cuda"]["dense"] * 330.3e12)
+        flops / (prefill.PREFILL_EFFICIENCY["cuda"]["dense"] * 330.3e12)
+        + 2048 * prefill.attention_flops(spec, 1024) / (prefill.PREFILL_EFFICIENCY["cuda"]["dense"] * 330.3e12)
     )
     a100 = [speed.Device("cuda", 2_039_000_000_000, flops_per_s=312e12, name="NVIDIA A100-SXM4-80GB")]
-    assert speed.prefill_key("cuda", a100[0].name) == "cuda-dc"
-    s_a100 = speed.prefill_seconds(spec, 2048, a100)
+    assert prefill.prefill_key("cuda", a100[0].name) == "cuda-dc"
+    s_a100 = prefill.prefill_seconds(spec, 2048, a100)
     assert s_a100 is not None and s_a100 > s0  # llama.cpp's MMQ kernels do not use the A100's extra tensor rate
-    assert speed.prefill_seconds(spec, 2048, [speed.Device("cuda", 10**12)]) is None  # no compute figure
+    assert prefill.prefill_seconds(spec, 2048, [speed.Device("cuda", 10**12)]) is None  # no compute figure
 
 
 def test_recurrent_scan_flops_follow_llama_cpp_kernels() -> None:
@@ -720,14 +720,14 @@ def test_recurrent_scan_flops_follow_llama_cpp_kernels() -> None:
     layer, no scan. The hybrids' figures come from their Ollama profiles' GGUF headers."""
     q9 = profiles()["qwen3.5:9b"].spec()  # 24 Gated DeltaNet layers of 32 value heads x 128 x 128
     assert sum(q9.recurrent_layers[: q9.n_layer]) == 24
-    assert speed.recurrent_flops(q9) == speed.RecurrentFlops(24 * 7.0 * 128 * 32 * 128, 0.0)
+    assert prefill.recurrent_flops(q9) == prefill.RecurrentFlops(24 * 7.0 * 128 * 32 * 128, 0.0)
     nemo = profiles()["nemotron-3-nano:30b"].spec()  # 23 Mamba-2 layers: d_inner 4096, d_state 128, 8 groups
     n_rec = sum(nemo.recurrent_layers[: nemo.n_layer])
     assert n_rec == 23
     ssd = 2.0 * 256 * 128 * 8 + 4.0 * 128 * 4096 + 2.0 * 256 * 4096
-    assert speed.recurrent_flops(nemo, 512) == speed.RecurrentFlops(0.0, n_rec * ssd)
-    assert speed.recurrent_flops(nemo, 64) == speed.RecurrentFlops(n_rec * 5.0 * 128 * 4096, 0.0)
-    assert speed.recurrent_flops(profiles()["llama3.1:8b"].spec()) == speed.RecurrentFlops(0.0, 0.0)
+    assert prefill.recurrent_flops(nemo, 512) == prefill.RecurrentFlops(0.0, n_rec * ssd)
+    assert prefill.recurrent_flops(nemo, 64) == prefill.RecurrentFlops(n_rec * 5.0 * 128 * 4096, 0.0)
+    assert prefill.recurrent_flops(profiles()["llama3.1:8b"].spec()) == prefill.RecurrentFlops(0.0, 0.0)
 
 
 def test_recurrent_scan_costs_the_same_at_any_depth() -> None:
@@ -735,14 +735,14 @@ def test_recurrent_scan_costs_the_same_at_any_depth() -> None:
     same after 32k cached tokens as from an empty cache (its state does not grow); the attention layers' cost grows."""
     spec = profiles()["qwen3.5:9b"].spec()
     gpu = [speed.Device("cuda", 1_008_000_000_000, flops_per_s=330.3e12)]
-    scan_s = 2048 * speed.recurrent_flops(spec).scan / (speed.RECURRENT_PREFILL_EFFICIENCY["cuda"] * 330.3e12)
-    saved = dict(speed.RECURRENT_PREFILL_EFFICIENCY)
+    scan_s = 2048 * prefill.recurrent_flops(spec).scan / (prefill.RECURRENT_PREFILL_EFFICIENCY["cuda"] * 330.3e12)
+    saved = dict(prefill.RECURRENT_PREFILL_EFFICIENCY)
     try:
-        with_scan = [speed.prefill_seconds(spec, 2048, gpu, depth=d) for d in (0, 32768)]
-        speed.RECURRENT_PREFILL_EFFICIENCY["cuda"] = 1e30  # the scan free
-        without = [speed.prefill_seconds(spec, 2048, gpu, depth=d) for d in (0, 32768)]
+        with_scan = [prefill.prefill_seconds(spec, 2048, gpu, depth=d) for d in (0, 32768)]
+        prefill.RECURRENT_PREFILL_EFFICIENCY["cuda"] = 1e30  # the scan free
+        without = [prefill.prefill_seconds(spec, 2048, gpu, depth=d) for d in (0, 32768)]
     finally:
-        speed.RECURRENT_PREFILL_EFFICIENCY.update(saved)
+        prefill.RECURRENT_PREFILL_EFFICIENCY.update(saved)
     for w, wo in zip(with_scan, without, strict=True):
         assert w is not None and wo is not None and w - wo == pytest.approx(scan_s)
     assert without[1] is not None and without[0] is not None and without[1] > 1.2 * without[0]
@@ -753,7 +753,7 @@ def test_recurrent_efficiency_is_the_kernels_microbenchmark() -> None:
     b11312 runs (its master column, RTX 5090, S_v 128, 32 value heads: 279.6 µs for 512 tokens, 525.1 µs for 1,024):
     one token of one layer in (525.1 - 279.6) / 512 µs, against 7 x 32 x 128 x 128 FLOPs at 1.8 % of 419 TFLOPS."""
     per_token_s = (525.1e-6 - 279.6e-6) / 512
-    modelled_s = 7 * 32 * 128 * 128 / (speed.RECURRENT_PREFILL_EFFICIENCY["cuda"] * 419e12)
+    modelled_s = 7 * 32 * 128 * 128 / (prefill.RECURRENT_PREFILL_EFFICIENCY["cuda"] * 419e12)
     assert modelled_s == pytest.approx(per_token_s, rel=0.10)
 
 
@@ -767,7 +767,7 @@ def test_hybrid_prefill_rows_fit_and_held_out(bench) -> None:  # type: ignore[no
     The 4090's pp1024 @ depth rows are recorded, not scored: even with the scan the estimate after a 32k cache is over
     1.3x too fast (that build's head-256 attention, not the scan)."""
     doc = bench.load()
-    hybrid = [r for r in bench.prefill_rows(doc) if speed.recurrent_flops(bench.row_spec(doc, r)).scan]
+    hybrid = [r for r in bench.prefill_rows(doc) if prefill.recurrent_flops(bench.row_spec(doc, r)).scan]
     assert {r["id"] for r in hybrid} == {401, 405, 409, 413, *range(417, 429)}
     assert {bench.split_of(r) for r in hybrid if r["id"] >= 417} == {"holdout"}
     ratios = {r["id"]: bench.prefill_estimate(doc, r) / r["prompt_tps"] for r in hybrid}
@@ -776,21 +776,21 @@ def test_hybrid_prefill_rows_fit_and_held_out(bench) -> None:  # type: ignore[no
     }
     assert a100 == {421, 422, 423, 424} and all(ratios[i] > 1.3 for i in a100), ratios
     assert all(0.7 <= x <= 1.3 for i, x in ratios.items() if i not in a100), ratios
-    saved = dict(speed.RECURRENT_PREFILL_EFFICIENCY)
+    saved = dict(prefill.RECURRENT_PREFILL_EFFICIENCY)
     try:
-        speed.RECURRENT_PREFILL_EFFICIENCY.update({"cuda": 1e30, "cuda-dc": 1e30})
+        prefill.RECURRENT_PREFILL_EFFICIENCY.update({"cuda": 1e30, "cuda-dc": 1e30})
         free = {r["id"]: bench.prefill_estimate(doc, r) / r["prompt_tps"] for r in hybrid}
         assert sum(1 for i, x in free.items() if i <= 420 and 0.7 <= x <= 1.3) == 4 and min(free[409], free[413]) > 1.3
         assert all(free[i] > 1.1 * ratios[i] for i in a100)  # the scan closes part of the A100's gap (2.3x -> 1.85x)
         fit = [r for r in hybrid if bench.split_of(r) == "fit"]
 
         def loss(x: float) -> float:
-            speed.RECURRENT_PREFILL_EFFICIENCY["cuda"] = x
+            prefill.RECURRENT_PREFILL_EFFICIENCY["cuda"] = x
             return sum(math.log(bench.prefill_estimate(doc, r) / r["prompt_tps"]) ** 2 for r in fit)
 
         assert min((x / 1000 for x in range(2, 101)), key=loss) == pytest.approx(saved["cuda"], abs=0.002)
     finally:
-        speed.RECURRENT_PREFILL_EFFICIENCY.update(saved)
+        prefill.RECURRENT_PREFILL_EFFICIENCY.update(saved)
     deep = [r for r in doc["rows"] if r["id"] in range(401, 417) and r.get("prompt_depth")]
     assert len(deep) == 12 and all(r["excluded"] for r in deep)
     for r in deep:

@@ -26,7 +26,8 @@ from kvadvise.planner.recommender import (
 
 if TYPE_CHECKING:  # the speed model loads only for a plan with a GPU budget, the offload with --allow-cpu
     from kvadvise.planner.offload import CpuMoe, Offload
-    from kvadvise.planner.speed import PrefillEstimate, SpeedEstimate
+    from kvadvise.planner.prefill import PrefillEstimate
+    from kvadvise.planner.speed import SpeedEstimate
     from kvadvise.planner.users import UsersAnswer
 
 
@@ -308,7 +309,7 @@ def _prefill(
     n_cpu_moe: int = 0,
 ) -> PrefillEstimate | None:
     """The prompt-processing estimate of a plan that fits, or of its partial offload."""
-    from kvadvise.planner.speed import plan_prefill
+    from kvadvise.planner.prefill import plan_prefill
 
     if offload is not None:
         n_ctx = offload.n_ctx * max(1, cfg.n_parallel)

@@ -67,7 +67,7 @@ class Verification:
     fits: bool
     verdict: str
     reasons: tuple[str, ...]
-    # kvadvise's prefill estimate for the measured prompt on the plan's hardware (kvadvise.planner.speed)
+    # kvadvise's prefill estimate for the measured prompt on the plan's hardware (kvadvise.planner.prefill)
     prompt_estimate_tokens_per_s: float | None = None
 
 
@@ -201,7 +201,7 @@ def _prompt_estimate(plan: Plan, m: Measurement) -> float | None:
     """kvadvise's prefill estimate for the prompt the run timed, on the plan's hardware (None: unknown)."""
     if m.prompt_tokens_per_s is None or not m.prompt_tokens or plan.budget is None:
         return None
-    from kvadvise.planner.speed import plan_prefill
+    from kvadvise.planner.prefill import plan_prefill
 
     est = plan_prefill(plan.spec, plan.config, plan.budget, prompt_tokens=m.prompt_tokens)
     return est.tokens_per_s if est is not None else None

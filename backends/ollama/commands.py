@@ -324,7 +324,7 @@ def _prompt_estimate(spec: ModelSpec, cfg: RunConfig, prompt_tokens: int) -> flo
     FP16 peak); None without a GPU of known compute."""
     from kvadvise.planner import hardware
     from kvadvise.planner.budget import plan_budget
-    from kvadvise.planner.speed import plan_prefill
+    from kvadvise.planner.prefill import plan_prefill
 
     hw = hardware.probe()
     if not hw.gpus:
