@@ -96,7 +96,7 @@ class ModelSpec:
     fixed_span: tuple[int, int] = (0, 0)
     # parameters one token multiplies by: every matmul weight but token_embd (one row is looked up; a tied
     # output layer counts it), of the routed experts n_expert_used of n_expert. Prompt processing costs
-    # 2 FLOPs per such parameter and token (kvadvise.planner.speed); 0: unknown (then from the bytes)
+    # 2 FLOPs per such parameter and token (kvadvise.planner.prefill); 0: unknown (then from the bytes)
     active_params: int = 0
     # What sizes the compute buffer beyond the fields above (kvadvise.planner.memory.compute phases):
     n_ff_exp: int = 0  # {arch}.expert_feed_forward_length (0: n_ff, as llama.cpp's MoE llama models)

@@ -7,7 +7,7 @@ $XDG_CACHE_HOME/kvadvise/ram-bandwidth.json, keyed by the CPU model, its logical
 ``--ram-bandwidth GB/S`` gives it instead. It is a property of the machine, not of this minute's load:
 on a busy machine the copies are timed by their own CPU time (:func:`measure_under_load`), and that figure
 is replaced by a wall-clock one the first time the machine is quiet. Only plans that need the CPU's speed ask for it
-(kvadvise.planner.speed): never at start-up.
+(kvadvise.planner.speed, kvadvise.planner.prefill): never at start-up.
 
 The measurement copies buffers larger than a desktop's last-level cache with ``memmove`` on several
 threads at once (ctypes releases the GIL for a foreign call, so the copies run in parallel, as
