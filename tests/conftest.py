@@ -32,9 +32,15 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.Temp
     # no Ollama registry on the network: the tests that read one start a stand-in (tests/ollama_registry.py)
     monkeypatch.setenv("KVADVISE_OLLAMA_REGISTRY", "off")
     _seed_ram_bandwidth(home / "cache")
+    # cpuspeed.measured_bandwidth keeps its first answer for the process: a test whose cache folder held no seed
+    # (a command run with another XDG_CACHE_HOME) would leave this machine's live figure to every later test
+    from kvadvise.planner import cpuspeed
+
+    cpuspeed.measured_bandwidth.cache_clear()
     # plans are for the llama.cpp the suite builds and runs (b11312 = 0c1e570), not an unknown build
     monkeypatch.setenv("KVADVISE_LLAMA_BUILD", "b11312")
     yield
+    cpuspeed.measured_bandwidth.cache_clear()
 
 
 # What every test plans the CPU's share at: a figure kvadvise would have measured and cached on this
