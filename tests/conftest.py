@@ -36,11 +36,12 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.Temp
     # (a command run with another XDG_CACHE_HOME) would leave this machine's live figure to every later test
     from kvadvise.planner import cpuspeed
 
-    cpuspeed.measured_bandwidth.cache_clear()
+    measured = cpuspeed.measured_bandwidth  # the cached function itself: a test may monkeypatch the name
+    measured.cache_clear()
     # plans are for the llama.cpp the suite builds and runs (b11312 = 0c1e570), not an unknown build
     monkeypatch.setenv("KVADVISE_LLAMA_BUILD", "b11312")
     yield
-    cpuspeed.measured_bandwidth.cache_clear()
+    measured.cache_clear()
 
 
 # What every test plans the CPU's share at: a figure kvadvise would have measured and cached on this
