@@ -63,7 +63,7 @@ from kvadvise.planner.split import layer_devices
 GIB = 1 << 30
 MIB = 1 << 20
 
-OP_OFFLOAD_MIN_BATCH = 32  # ggml-cuda.cu: GGML_OP_OFFLOAD_MIN_BATCH's default
+OP_OFFLOAD_MIN_BATCH = 32  # ggml-cuda.cu / ggml-vulkan.cpp: GGML_OP_OFFLOAD_MIN_BATCH's default
 OP_OFFLOAD_DEVICES = ("cuda", "metal")  # backends with an offload_op (not ggml-rpc)
 # A more quantized cache is taken for a partial offload only when it decodes at least this much faster at
 # the target than the one before it in the policy's order (f16 first): its cost in quality is small

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvadvise.model.spec import ModelSpec
+from kvadvise.planner.offload import OP_OFFLOAD_MIN_BATCH  # ggml-cuda.cu / ggml-vulkan.cpp
 from kvadvise.planner.speed import (
     _BACKEND_NAMES,
     EXTRAPOLATION_FLOOR,
@@ -80,7 +81,6 @@ SSD_MIN_TOKENS = 128
 # Weights kept in RAM reach the GPU over PCIe for every ubatch (op offload): a PCIe 4.0 x16 link's
 # sustained host-to-device rate (fitted on the partial-offload rows).
 PCIE_BYTES_PER_S = 20_000_000_000
-OP_OFFLOAD_MIN_BATCH = 32  # ggml-cuda.cu / ggml-vulkan.cpp: GGML_OP_OFFLOAD_MIN_BATCH's default
 PREFILL_RANGE = (0.69, 1.28)
 DEFAULT_PROMPT_TOKENS = 4096  # the prompt a plan times when --prompt-tokens is not given
 # CUDA cards whose tensor peak llama.cpp's kernels reach far less of (see PREFILL_EFFICIENCY), by name
