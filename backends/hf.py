@@ -80,7 +80,10 @@ class HFBackend:
         config, spec = self._load(ref, quant=quant, find_weights=find_weights and weights_bytes is None)
         if weights_bytes is not None:
             spec = with_weights(spec, weights_bytes, source="--weights-bytes")
-        return with_parts(spec, config, _parts_quant(config, quant, spec.file_type))
+        parts_quant = _parts_quant(config, quant, spec.file_type)
+        # an MXFP4 checkpoint at a K-quant: its experts stay MXFP4 (see _load), so the parts are sized so
+        keep_mxfp4 = parts_quant not in ("MXFP4", "MXFP4_MOE") and _parts_quant(config, None, "") == "MXFP4"
+        return with_parts(spec, config, parts_quant, expert_bpw=MXFP4_BPW if keep_mxfp4 else None)
 
     def _load(self, ref: str, *, quant: str | None, find_weights: bool) -> tuple[dict[str, Any], ModelSpec]:
         canon = quant_bpw(quant) if quant else None

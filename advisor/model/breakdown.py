@@ -607,6 +607,7 @@ def with_parts(
     projector_bytes: int = 0,
     *,
     sizes: Breakdown | None = None,
+    expert_bpw: float | None = None,
 ) -> ModelSpec:
     """``spec`` with the sizes of its parts (embeddings, output, blocks, experts) counted from the config at
     ``quant`` and scaled to its weights (less a projector); unchanged when the config cannot be counted.
@@ -618,7 +619,7 @@ def with_parts(
     if sizes is None:
         if bd is None or not spec.weights_bytes:
             return spec
-        sizes = sized(bd, quant, max(1, spec.weights_bytes - projector_bytes))
+        sizes = sized(bd, quant, max(1, spec.weights_bytes - projector_bytes), expert_bpw=expert_bpw)
     b = sizes
     layers = b.layers + (0,) * spec.n_layer_nextn
     # the largest tensor of each block, for op offload's copy (kvadvise.planner.offload): a merged
