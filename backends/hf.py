@@ -80,10 +80,8 @@ class HFBackend:
         config, spec = self._load(ref, quant=quant, find_weights=find_weights and weights_bytes is None)
         if weights_bytes is not None:
             spec = with_weights(spec, weights_bytes, source="--weights-bytes")
-        parts_quant = _parts_quant(config, quant, spec.file_type)
-        # an MXFP4 checkpoint at a K-quant: its experts stay MXFP4 (see _load), so the parts are sized so
-        keep_mxfp4 = parts_quant not in ("MXFP4", "MXFP4_MOE") and _parts_quant(config, None, "") == "MXFP4"
-        return with_parts(spec, config, parts_quant, expert_bpw=MXFP4_BPW if keep_mxfp4 else None)
+        expert_bpw = MXFP4_BPW if _keeps_mxfp4_experts(config, quant) else None
+        return with_parts(spec, config, _parts_quant(config, quant, spec.file_type), expert_bpw=expert_bpw)
 
     def _load(self, ref: str, *, quant: str | None, find_weights: bool) -> tuple[dict[str, Any], ModelSpec]:
         canon = quant_bpw(quant) if quant else None
@@ -118,27 +116,23 @@ class HFBackend:
             spec = from_config(config, source=source, weights_bytes=weights.n_bytes)
             return config, replace(spec, notes=(*spec.notes, f"weights: {weights.n_bytes:,} B from {weights.source}"))
         q, bpw = canon
+        spec = from_config(config, source=source)
+        parts = count_params(spec, config)  # the config's parts (kvadvise.model.breakdown); None: not countable
         params, params_source = _params(weights, config)
-        if params is None:  # no checkpoint to read: count the config's parts (kvadvise.model.breakdown)
-            counted = count_params(from_config(config, source=source), config)
-            if counted is not None:
-                params, params_source = counted.total, "counted from config.json, norms and biases left out"
+        if params is None and parts is not None:  # no checkpoint to read: the parts' count
+            params, params_source = parts.total, "counted from config.json, norms and biases left out"
         if params is None:
             raise InputError(
                 f"{source}: the parameter count is unknown, so --quant {q} cannot size the weights",
                 hint="pass --weights-bytes N (the size of the GGUF you would download)",
             )
         n_bytes = math.ceil(params * bpw / 8)
-        spec = from_config(config, source=source)
         note = (
             f"weights: {q} at {bpw:.2f} bits per weight × {params:,} parameters ({params_source}) = {n_bytes:,} B, "
             "an estimate (bits per weight from llama.cpp's quantize table, tools/quantize/quantize.cpp)"
         )
-        parts = count_params(spec, config)
-        if parts is not None and _parts_quant(config, None, "") == "MXFP4" and q not in ("MXFP4", "MXFP4_MOE"):
-            # an MXFP4 checkpoint's GGUFs keep their experts MXFP4 at any quant name (gpt-oss: unsloth's Q4_K_M is
-            # 11.6 GB for the 20B, 62.8 GB for the 120B): the experts at MXFP4's 4.25 bits, only the other tensors
-            # take the quantizer's types
+        if parts is not None and _keeps_mxfp4_experts(config, q):
+            # the experts at MXFP4's 4.25 bits, only the other tensors take the quantizer's types
             experts = sum(parts.experts)
             n_bytes = math.ceil((params - experts) * bpw / 8 + experts * MXFP4_BPW / 8)
             note += f"; its {experts:,} routed-expert parameters stay MXFP4 ({MXFP4_BPW} bits): {n_bytes:,} B"
@@ -152,6 +146,12 @@ class HFBackend:
                 f"tensor_type_fallback: Q4_K -> Q5_0, Q6_K -> Q8_0; output.weight Q8_0): {n_bytes:,} B"
             )
         return config, replace(spec, weights_bytes=n_bytes, file_type=q, notes=(*spec.notes, note))
+
+
+def _keeps_mxfp4_experts(config: dict[str, Any], quant: str | None) -> bool:
+    """An MXFP4 checkpoint (gpt-oss) planned at a --quant: its GGUFs keep the routed experts MXFP4 at any quant name
+    (unsloth's gpt-oss Q4_K_M is 11.6 GB for the 20B, 62.8 GB for the 120B; bartowski's "all FFN kept at MXFP4")."""
+    return quant is not None and _parts_quant(config, None, "") == "MXFP4"
 
 
 def _parts_quant(config: dict[str, Any], quant: str | None, file_type: str) -> str:

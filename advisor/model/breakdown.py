@@ -456,12 +456,6 @@ def fallback_bits_per_weight(quant: str) -> float:
     return bpw + (1 - f_hi) * (_FALLBACK_BPW[mix[0]] - lo) + f_hi * (_FALLBACK_BPW[mix[1]] - hi)
 
 
-# the K type of most tensors of each K mix (llama-quant.cpp llama_tensor_get_type_impl: the ftype's default type),
-# what token_embd and every odd-rowed tensor without a rule of its own falls back from
-_K_BASE = {
-    "Q2_K": "Q2_K", "Q2_K_S": "Q2_K", "Q3_K_S": "Q3_K", "Q3_K_M": "Q3_K", "Q3_K_L": "Q3_K", "Q4_K_S": "Q4_K",
-    "Q4_K_M": "Q4_K", "Q5_K_S": "Q5_K", "Q5_K_M": "Q5_K", "Q6_K": "Q6_K",
-}  # fmt: skip
 # the 32-block types: no fallback for a row a multiple of 32 (tensor_type_fallback's default branch)
 _LEGACY_FILE_TYPES = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL"})
 _Q8_0_BPW = 8.5
@@ -504,7 +498,7 @@ def fallback_surplus_bytes(bd: Breakdown, quant: str) -> int:
     the 18.0 of 4.9 bits per weight (Ollama's nemotron-3-nano:30b blob: 22.35 GiB). 0 for a float file and an MXFP4
     one (llama.cpp's MXFP4_MOE types are not this rule's)."""
     q = quant.strip().upper()
-    if q not in _K_BASE and q not in _IQ_FILE_TYPES and q not in _LEGACY_FILE_TYPES:
+    if q not in _K_MIX and q not in _IQ_FILE_TYPES and q not in _LEGACY_FILE_TYPES:
         return 0
     _, bpw = bits_per_weight(q)
     iq_low = q in ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M")  # output Q5_K, not Q6_K
@@ -514,7 +508,9 @@ def fallback_surplus_bytes(bd: Breakdown, quant: str) -> int:
     if q in _LEGACY_FILE_TYPES:
         base_bits = 0.0
     else:
-        base_bits = _surplus_bpw(_K_BASE[q]) if q in _K_BASE else max(0.0, _IQ_FALLBACK_BPW - bpw)
+        # a K mix's base type (_K_MIX's first: the ftype's default type, llama_tensor_get_type_impl), what
+        # token_embd and every odd-rowed tensor without a rule of its own falls back from
+        base_bits = _surplus_bpw(_K_MIX[q][0]) if q in _K_MIX else max(0.0, _IQ_FALLBACK_BPW - bpw)
     if bd.output:  # untied: token_embd keeps the mix's base type (TOKEN_EMBD's rules name none for these mixes)
         bits += bd.tok_embd_odd * (base_bits - out_bits)
     n = len(bd.attn)

@@ -64,6 +64,11 @@ class GpuProfile:
     boost_clock_mhz: int | None = None
 
     @property
+    def clock_hz(self) -> float:
+        """The boost clock in Hz (0: not known), as kvadvise.planner.speed.Device takes it."""
+        return (self.boost_clock_mhz or 0) * 1e6
+
+    @property
     def usable_bytes(self) -> int:
         """What a plan may use: NVML's total when known, Apple's GPU share, else the published size."""
         if self.unified_memory:

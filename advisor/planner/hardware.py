@@ -165,7 +165,7 @@ def compute_of(gpu: Gpu, p: GpuProfile | None) -> Gpu:
     """``gpu`` with its profile's compute figure (prompt processing) and decode class; as it is for an unknown card."""
     if p is None:
         return gpu
-    gpu = replace(gpu, speed_class=p.speed_class or "default", clock_hz=(p.boost_clock_mhz or 0) * 1e6)
+    gpu = replace(gpu, speed_class=p.speed_class or "default", clock_hz=p.clock_hz)
     if not p.fp16_tflops:
         return gpu
     return replace(gpu, flops_per_s=p.fp16_tflops * 1e12, flops_source=f"profiles/gpus.json {p.id} fp16_tflops")

@@ -707,7 +707,7 @@ def _over_cards_of_the_size(
             backend=budget.backend if budget.backend != "cuda" else p.backend,
             bandwidth_source=p.source,
             # and at its own clock (the budget's card, given by its size, has none: factor 1 for every card)
-            device_clocks_hz=((p.boost_clock_mhz or 0) * 1e6,),
+            device_clocks_hz=(p.clock_hz,),
         )
         e = plan_decode(spec, cfg, at, n_cpu_moe=n_cpu_moe, n_cpu_layers=n_cpu_layers)
         if e is not None:
