@@ -287,15 +287,10 @@ def sources_line(srcs: Sequence[str]) -> str:
 def llama_flags(plan: Plan) -> str:
     """The llama.cpp flags of the plan (of the plan that runs when part stays on the CPU): llama-server's
     command without the binary and the model (kvadvise.runtime.llamaserver.plan_args, one definition)."""
-    import shlex
-
-    from kvadvise.runtime.llamaserver import ModelSource, plan_args
+    from kvadvise.runtime.llamaserver import ModelSource, args_text, plan_args
 
     off = plan.partial
     on_gpu = off is not None or (plan.budget is not None and plan.budget.device != "cpu")
-    words: list[str] = []
-    for flag, _, value in plan_args(ModelSource(()), plan, off):
-        if flag == "-ngl" and not on_gpu:  # no GPU planned: llama.cpp's default (no layers) says it
-            continue
-        words += [flag] if value is None else [flag, value]
-    return shlex.join(words)
+    # no GPU planned: no -ngl, llama.cpp's default (no layers) says it
+    args = [a for a in plan_args(ModelSource(()), plan, off) if on_gpu or a[0] != "-ngl"]
+    return args_text(args, binary=None)

@@ -138,8 +138,9 @@ def plan_args(model: ModelSource, plan: Plan, off: Offload | None) -> list[tuple
     return args + _ram_args(off.ram)
 
 
-def args_text(args: list[tuple[str, str, str | None]], binary: str = "llama-server") -> str:
-    words = [binary]
+def args_text(args: list[tuple[str, str, str | None]], binary: str | None = "llama-server") -> str:
+    """The command line of ``args``, shell-quoted (``binary`` None: the flags alone)."""
+    words = [] if binary is None else [binary]
     for flag, _, value in args:
         words += [flag] if value is None else [flag, value]
     return shlex.join(words)
