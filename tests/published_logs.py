@@ -20,11 +20,11 @@ Public interface::
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from kvadvise.model.ggml import GGMLType
+from kvadvise.model.ggml import GGMLType, row_bytes
 from kvadvise.model.hfconfig import from_config
 from kvadvise.planner.memory import MemoryEstimate, RunConfig, estimate
 
@@ -56,6 +56,9 @@ class PublishedLog:
     xfail: str | None
     notes: str
     raw: str
+    # the file's output.weight type where the log shows it matters (a config.json gives no weights): sizes the
+    # op-offload copy of a host-resident output layer (RunConfig.output_on_host)
+    output_type: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +109,7 @@ def load(path: Path) -> PublishedLog:
         xfail=d.get("xfail"),
         notes=d.get("notes", ""),
         raw=d["raw"],
+        output_type=d.get("output_type"),
     )
 
 
@@ -114,6 +118,8 @@ LOGS: tuple[PublishedLog, ...] = tuple(load(p) for p in sorted(DATA.glob("*.json
 
 def predict(log: PublishedLog) -> MemoryEstimate:
     spec = from_config(log.hf_config, source=log.id)
+    if log.output_type:
+        spec = replace(spec, output_bytes=row_bytes(GGMLType[log.output_type], spec.n_embd) * spec.n_vocab)
     return estimate(spec, log.run)
 
 

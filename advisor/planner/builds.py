@@ -51,6 +51,15 @@ the exact build is not known, the earliest it can be, so that an older build is 
   From b7847 to b9410 the reserve graph is the one kvadvise.planner.llama_graph builds with the f32 flash-attention
   mask (LlamaShape.f32_fa_mask), and CUDA's graph_optimize reorders nothing unless GGML_CUDA_GRAPH_OPT=1 (a5bb8ba4's
   ggml-cuda.cu): ggml-alloc's own figure is planned there (kvadvise.planner.memory._exact_device_compute).
+- OUTPUT_FIRST (ggml-org/llama.cpp#18148, "llama: offload output layer to GPU first", opened 2025-12-17;
+  ec98e2002 of 2025-12-16, the llama.cpp Ollama 0.13.5-0.24 vendor, lacks it): llama_model::load_tensors starts the
+  GPU layers at ``n_layer + 1 - n_gpu_layers``, so ``-ngl N`` offloads the output layer and the last N - 1 blocks;
+  before, at ``n_layer - n_gpu_layers``: the last N blocks, and the output layer only at N = n_layer + 1. A partial
+  offload then keeps output.weight in host memory, and for a prompt batch of at least 32 output rows the GPU
+  op-offloads its matmul with a copy of it in the compute buffer beside the logits (kvadvise.planner.memory
+  RunConfig.output_on_host: tests/data/published 020, 021 and 032 to the 0.01 MiB). The exact build is not known
+  here: planned from b7700 on (as EMBD_SELECT), so that a build between keeps the old placement, whose device
+  compute buffer is the larger at the prompt batches these builds reserve.
 
 An unknown build is planned by the newest rules (REFERENCE's): a machine without a llama-server to ask is
 most likely to run a recent one, and planning every older build's largest figure (the f32 mask of builds
@@ -74,6 +83,7 @@ F16_MASK_FA = 9410
 SERVER_OUTPUT_LIMITS = 9467
 EMBD_SELECT = 7700
 RESERVE_ROUNDS_OUTPUTS = 7847
+OUTPUT_FIRST = 7700
 GRAPH_OPTIMIZE = 6302
 SUPPORTED_FROM = MLA_V_LESS  # the builds whose rules are modelled whole (older ones in part)
 

@@ -51,7 +51,14 @@ from kvadvise.planner.sizes import (
     reserve_tokens,
     v_idxs_bytes,
 )
-from kvadvise.planner.split import N_COPIES, device_layers, layer_devices, split_compute, split_host_compute
+from kvadvise.planner.split import (
+    N_COPIES,
+    device_layers,
+    layer_devices,
+    output_weights_bytes,
+    split_compute,
+    split_host_compute,
+)
 
 if TYPE_CHECKING:  # the projector's modules load only with --mmproj
     from kvadvise.model.projector import ProjectorSpec
@@ -71,6 +78,11 @@ RUNTIMES = ("llama-server", "llama-cli")
 # Metal: Ollama's MinimumMemory on Metal, the reserve it kept per device (ml/device.go; memory-spec §6), for
 # the Metal context and its command buffers, which llama.cpp does not print as buffers.
 OVERHEAD_BYTES = {"cpu": 0, "cuda": 330 * MIB, "metal": 512 * MIB, "rpc": 0}
+# ggml_backend_sched_backend_id_from_cur (ggml-backend.cpp): an op whose weight sits in a host buffer runs on the first
+# device whose offload_op wants it: CUDA/HIP (ggml-cuda.cu get_op_batch_size), Vulkan (ggml-vulkan.cpp, ne[1]) and Metal
+# (MUL_MAT / MUL_MAT_ID only) at a batch of GGML_OP_OFFLOAD_MIN_BATCH rows or more; ggml-rpc has no offload_op
+OP_OFFLOAD_MIN_BATCH = 32
+OP_OFFLOAD_DEVICES = ("cuda", "metal")  # device kinds (Vulkan and ROCm plan as "cuda": their buffers by name)
 DEVICE_PREFIX = {"cuda": "CUDA", "metal": "Metal", "rpc": "RPC"}
 INT32_MAX = 2**31 - 1  # the largest -c, -np, -b, -ub llama.cpp takes
 
@@ -135,6 +147,10 @@ class RunConfig:
     # --n-cpu-moe on a device that does not op-offload (ggml-rpc; a batch under 32): the experts run in CPU splits
     # and the first device's compute buffer grows at the boundaries (memory.host_experts_device_growth)
     host_experts: bool = False
+    # the output layer's weights stay in host memory: a build before builds.OUTPUT_FIRST given -ngl N <= n_layer (a
+    # partial offload; Ollama 0.11-0.24's runners on a partial load). The first device op-offloads its matmul for a
+    # prompt batch with a copy of output.weight beside the logits (memory.output_op_offload_bytes)
+    output_on_host: bool = False
 
     def __post_init__(self) -> None:
         # llama.cpp reads -c, -np, -b, -ub as int32 (common/arg.cpp std::stoi); a larger number would be
@@ -670,6 +686,27 @@ def op_offload_growth(spec: ModelSpec, lay: ContextLayout, weight_copy: int) -> 
     return _analytic_device_compute(spec, lay, weight_copy) - _analytic_device_compute(spec, lay)
 
 
+def output_op_offload_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
+    """The first device's compute buffer at the output layer when its weights stay in host memory
+    (RunConfig.output_on_host) and the device op-offloads its matmul: a copy of output.weight (as the device's
+    buffer sizes it), the logits of the reserved rows and the normed hidden state (ggml-backend.cpp
+    ggml_backend_sched_split_graph: the weight is an input of the device's split, copied into its compute buffer).
+    Printed to the 0.01 MiB by an Ollama 0.13.5-0.24 load of qwen2.5:7b Q4_K_M on a P40 with 27 of 28 blocks on the
+    GPU (730.36 MiB = 426.36 of Q6_K output.weight + 297.00 of logits for 512 rows + 7.00) and by llama-cli b6182 on
+    Vulkan, gpt-oss-20b at -ngl 24 of 24 blocks (985.20 = 586.82 of Q8_0 + 392.75 + 5.625; tests/data/published 020,
+    021, 032). 0 where nothing is op-offloaded (ggml-rpc, a CPU plan, fewer than 32 rows): the CPU runs the output
+    layer."""
+    rows = reserve_outputs(lay)
+    if lay.device not in OP_OFFLOAD_DEVICES or rows < OP_OFFLOAD_MIN_BATCH or not spec.n_vocab:
+        return 0
+    tensor = spec.output_bytes or spec.tok_embd_bytes
+    copy = tensor + (spec.cuda_pad_bytes - sum(spec.layer_cuda_pad_bytes) if lay.device == "cuda" else 0)
+    # the logits as allocated here, not above the holes a last MoE or MLA layer leaves (sizes.graph_sizes): the
+    # copy comes first, and gpt-oss-20b's 985.20 MiB has no such row
+    logits, normed = 4 * rows * spec.n_vocab, 4 * rows * spec.n_embd
+    return pad(copy + logits + normed, ALIGNMENT[lay.device])
+
+
 def host_experts_device_growth(spec: ModelSpec, lay: ContextLayout) -> int:
     """How much a device's compute buffer grows when some of its layers' routed experts sit in a host buffer
     and the device does not op-offload their matmuls (an RPC device; ggml-rpc has no offload_op).
@@ -864,8 +901,11 @@ def _offloaded(
     pipeline = n_dev > 1  # llama_context: several devices, every layer offloaded, -sm layer
     copies = N_COPIES if pipeline else 1
     keys = layer_shapes(spec).keys
+    parts = device_layers(spec, owner, n_dev, cuda)
+    output_layer_pad = spec.cuda_pad_bytes - sum(spec.layer_cuda_pad_bytes)  # split.device_layers' rest_pad
+    output_layer_weights = output_weights_bytes(spec) + (output_layer_pad if cuda else 0)
     devices = []
-    for d, part in enumerate(device_layers(spec, owner, n_dev, cuda)):
+    for d, part in enumerate(parts):
         if n_dev == 1:  # every KV layer is in one of the caches
             kv_d = sum(c.k_bytes + c.v_bytes for c in caches)
             rs_d = rs // rs_layers * rs_layers if rs_layers else 0
@@ -878,10 +918,18 @@ def _offloaded(
             compute += op_offload_growth(spec, lay, cfg.op_offload_copy_bytes)
         if d == 0 and cfg.host_experts:
             compute += host_experts_device_growth(spec, lay)
-        total = part.weights_bytes + kv_d + rs_d + compute + overhead
-        devices.append(DeviceMemory(names[d], part.n_layers, part.weights_bytes, kv_d, rs_d, compute, overhead, total))
+        weights, n_layers = part.weights_bytes, part.n_layers
+        if cfg.output_on_host:
+            if part.last:  # output.weight, output_norm (a tied model's copy of token_embd) stay in host memory
+                weights, n_layers = weights - output_layer_weights, n_layers - 1
+            if d == 0:
+                compute = max(compute, output_op_offload_bytes(spec, lay))
+        total = weights + kv_d + rs_d + compute + overhead
+        devices.append(DeviceMemory(names[d], n_layers, weights, kv_d, rs_d, compute, overhead, total))
     host_compute = split_host_compute(spec, lay, copies=copies) if pipeline else host_compute_bytes(spec, lay)
     host_w = spec.tok_embd_bytes + spec.input_extra_bytes  # the input layer (dev_input: the CPU)
+    if cfg.output_on_host:
+        host_w += output_layer_weights - (output_layer_pad if cuda else 0)
     host = HostMemory(host_w, host_compute, out, host_w + host_compute + out)
     return tuple(devices), host
 

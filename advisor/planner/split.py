@@ -87,8 +87,7 @@ def device_layers(spec: ModelSpec, owner: tuple[int, ...], n_dev: int, cuda: boo
     # in a block (output, output_norm, ...) goes with the output layer; tied embeddings make that device
     # hold a copy of token_embd as the output layer (an encoder has no output layer: no copy); the input layer's
     # other tensors (per_layer_token_embd, position_embd, token_types) stay on the CPU with token_embd
-    tied_copy = spec.tok_embd_bytes if spec.output_bytes == 0 and spec.architecture not in ENCODER_ARCHS else 0
-    rest = spec.weights_bytes - spec.tok_embd_bytes - spec.input_extra_bytes - sum(layer_w) + tied_copy
+    rest = output_weights_bytes(spec, sum(layer_w))
     rest_pad = spec.cuda_pad_bytes - sum(layer_pad) if cuda else 0
     parts = []
     for d in range(n_dev):
@@ -103,6 +102,16 @@ def device_layers(spec: ModelSpec, owner: tuple[int, ...], n_dev: int, cuda: boo
         _SPLITS.clear()
     out = _SPLITS[key] = (spec, tuple(parts))
     return out[1]
+
+
+def output_weights_bytes(spec: ModelSpec, blocks_bytes: int | None = None) -> int:
+    """The output layer's weights: what is in no block nor in the input layer (output.weight, output_norm, ...),
+    and for tied embeddings the copy of token_embd llama.cpp loads as output.weight (an encoder has no output
+    layer: no copy). ``blocks_bytes``: the blocks' weights (default: the spec's, or an even share without them)."""
+    if blocks_bytes is None:
+        blocks_bytes = sum(spec.layer_bytes) if any(spec.layer_bytes) else sum(_even_layers(spec))
+    tied_copy = spec.tok_embd_bytes if spec.output_bytes == 0 and spec.architecture not in ENCODER_ARCHS else 0
+    return spec.weights_bytes - spec.tok_embd_bytes - spec.input_extra_bytes - blocks_bytes + tied_copy
 
 
 def _device_spec(spec: ModelSpec, layers: tuple[int, ...]) -> ModelSpec:
