@@ -242,6 +242,7 @@ def policy_of(
     quality: MeasuredQuality | None = None,
     ctx_floor: int = 0,
     expert_offload: bool = True,
+    output_first: bool | None = None,
 ) -> Policy:
     """The recommender's policy for the request on ``runtime``; ``quality``: what `verify quality` measured
     on the model (kvadvise.runtime.qualitycache), if anything."""
@@ -257,6 +258,7 @@ def policy_of(
         min_ctx=r.min_ctx,
         ctx_floor=ctx_floor,
         expert_offload=expert_offload,
+        output_first=output_first,
         repeatable=r.repeatable,
         allow_cpu=r.allow_cpu,
         same_type_kv=runtime.same_type_kv,
@@ -318,6 +320,7 @@ def _plan(
         quality=_measured_quality(spec, llama_build),
         ctx_floor=shaped.ctx_floor,
         expert_offload=shaped.expert_offload,
+        output_first=shaped.output_first,
     )
     plan = make_plan(
         spec,

@@ -686,6 +686,13 @@ def op_offload_growth(spec: ModelSpec, lay: ContextLayout, weight_copy: int) -> 
     return _analytic_device_compute(spec, lay, weight_copy) - _analytic_device_compute(spec, lay)
 
 
+def output_layer_bytes(spec: ModelSpec, device: str) -> int:
+    """The output layer's weights as a device's buffer holds them (CUDA pads quantized rows: split.device_layers)."""
+    return output_weights_bytes(spec) + (
+        spec.cuda_pad_bytes - sum(spec.layer_cuda_pad_bytes) if device == "cuda" else 0
+    )
+
+
 def output_op_offload_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     """The first device's compute buffer at the output layer when its weights stay in host memory
     (RunConfig.output_on_host) and the device op-offloads its matmul: a copy of output.weight (as the device's
@@ -902,8 +909,7 @@ def _offloaded(
     copies = N_COPIES if pipeline else 1
     keys = layer_shapes(spec).keys
     parts = device_layers(spec, owner, n_dev, cuda)
-    output_layer_pad = spec.cuda_pad_bytes - sum(spec.layer_cuda_pad_bytes)  # split.device_layers' rest_pad
-    output_layer_weights = output_weights_bytes(spec) + (output_layer_pad if cuda else 0)
+    output_layer_weights = output_layer_bytes(spec, lay.device)
     devices = []
     for d, part in enumerate(parts):
         if n_dev == 1:  # every KV layer is in one of the caches
@@ -929,7 +935,7 @@ def _offloaded(
     host_compute = split_host_compute(spec, lay, copies=copies) if pipeline else host_compute_bytes(spec, lay)
     host_w = spec.tok_embd_bytes + spec.input_extra_bytes  # the input layer (dev_input: the CPU)
     if cfg.output_on_host:
-        host_w += output_layer_weights - (output_layer_pad if cuda else 0)
+        host_w += output_weights_bytes(spec)
     host = HostMemory(host_w, host_compute, out, host_w + host_compute + out)
     return tuple(devices), host
 

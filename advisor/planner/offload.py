@@ -42,6 +42,7 @@ from dataclasses import dataclass, replace
 
 from kvadvise.model.ggml import GGMLType
 from kvadvise.model.spec import ModelSpec
+from kvadvise.planner import builds
 from kvadvise.planner import speed as speed_model
 from kvadvise.planner.budget import Budget
 from kvadvise.planner.hostram import HostRam, plan_host_ram
@@ -53,12 +54,14 @@ from kvadvise.planner.memory import (
     host_experts_device_growth,
     layer_kv_bytes,
     op_offload_growth,
+    output_layer_bytes,
     output_layer_compute_bytes,
+    output_op_offload_bytes,
     resolve,
 )
 from kvadvise.planner.policy import KV, Policy, allowed_kvs, config_at, kv_name
 from kvadvise.planner.speed import ctx_label
-from kvadvise.planner.split import layer_devices
+from kvadvise.planner.split import layer_devices, output_weights_bytes
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -158,7 +161,12 @@ def _plan_offload(
 ) -> tuple[Offload | None, tuple[str, ...]]:
     kvs = allowed_kvs(spec, base, policy)
     cands = [
-        (k, partial_offload(spec, base, budget, n_ctx_seq, k, experts=policy.expert_offload))
+        (
+            k,
+            partial_offload(
+                spec, base, budget, n_ctx_seq, k, experts=policy.expert_offload, output_first=policy.output_first
+            ),
+        )
         for k in dict.fromkeys(kvs if kv in kvs else [kv, *kvs])
     ]
     viable = [(k, o) for k, o in cands if o is not None]
@@ -221,6 +229,8 @@ class _Layers:
     experts: tuple[int, ...]  # per block: the routed experts' bytes
     kv: tuple[int, ...]  # per block: its KV and recurrent state (stays with the block)
     weights: tuple[int, ...]  # per block: its weights as stored (what the CPU maps)
+    output_device: int = 0  # the device that holds the output layer at full offload
+    output_bytes: int = 0  # the output layer's weights there (with the device's row padding)
 
 
 def _layers(spec: ModelSpec, full: MemoryEstimate, cfg: RunConfig) -> _Layers:
@@ -240,17 +250,25 @@ def _layers(spec: ModelSpec, full: MemoryEstimate, cfg: RunConfig) -> _Layers:
     fixed = [d.total_bytes for d in full.devices] or [full.device_bytes]
     for il in range(n_all):
         fixed[owner[il]] -= block[il]
-    return _Layers(tuple(fixed), tuple(block), tuple(experts), tuple(kv), tuple(weights))
+    out_dev = owner[n_all] if n_dev > 1 else 0
+    out_w = output_layer_bytes(spec, lay.device)
+    return _Layers(tuple(fixed), tuple(block), tuple(experts), tuple(kv), tuple(weights), out_dev, out_w)
 
 
-def _on_devices(layers: _Layers, ts: tuple[float, ...], n_cpu: int, n_cpu_moe: int, copy: int) -> list[int]:
+def _on_devices(
+    layers: _Layers, ts: tuple[float, ...], n_cpu: int, n_cpu_moe: int, copy: int, *, output_on_host: bool = False
+) -> list[int]:
     """Each device's total with the first ``n_cpu`` blocks on the CPU and the experts of the first
-    ``n_cpu_moe`` there too: the blocks left are split over the devices as llama.cpp splits -ngl's layers."""
+    ``n_cpu_moe`` there too: the blocks left are split over the devices as llama.cpp splits -ngl's layers
+    (``(il - i_gpu_start) / act_gpu_layers``; ``output_on_host``: a build before builds.OUTPUT_FIRST, the output
+    layer on the CPU and not among the layers split)."""
     n_all = len(layers.block)
     n_dev = len(layers.fixed)
-    act = n_all + 1 - n_cpu  # the offloaded blocks and the output layer
+    act = n_all - n_cpu if output_on_host else n_all + 1 - n_cpu  # the offloaded blocks (and the output layer)
     owner = layer_devices(act - 1, ts) if n_dev > 1 else (0,) * act
     out = list(layers.fixed)
+    if output_on_host:
+        out[min(layers.output_device, n_dev - 1)] -= layers.output_bytes
     for il in range(n_cpu, n_all):
         out[owner[il - n_cpu]] += layers.block[il] - (layers.experts[il] if il < n_cpu_moe else 0)
     out[0] += copy  # op offload runs on the first GPU (the scheduler's highest-priority backend)
@@ -258,7 +276,14 @@ def _on_devices(layers: _Layers, ts: tuple[float, ...], n_cpu: int, n_cpu_moe: i
 
 
 def partial_offload(
-    spec: ModelSpec, base: RunConfig, budget: Budget, n_ctx_seq: int, kv: KV, *, experts: bool = True
+    spec: ModelSpec,
+    base: RunConfig,
+    budget: Budget,
+    n_ctx_seq: int,
+    kv: KV,
+    *,
+    experts: bool = True,
+    output_first: bool | None = None,
 ) -> Offload | None:
     """How much of the model must stay on the CPU for ``n_ctx_seq`` tokens (None: it all fits, or nothing does).
 
@@ -270,6 +295,8 @@ def partial_offload(
     weight left on the CPU, for prompt batches (op offload, :func:`op_offload_bytes`): enough is moved to
     pay for it too. ``experts`` False: the runtime moves whole layers only, a MoE model's as a dense one's (the
     runners inside Ollama 0.11 to 0.24: llm/server.go assignLayers places layers, with no expert override).
+    ``output_first``: the output layer goes to the GPU before the blocks; None: as the build does (a build before
+    builds.OUTPUT_FIRST keeps it on the CPU at a partial -ngl, and op-offloads its matmul with a copy of it).
     """
     if budget.device == "cpu" or not any(spec.layer_bytes):
         return None
@@ -283,7 +310,7 @@ def partial_offload(
         return None
     layers = _layers(spec, full, cfg)
     if not per_device and len(layers.fixed) > 1:
-        layers = _Layers((sum(layers.fixed),), layers.block, layers.experts, layers.kv, layers.weights)
+        layers = replace(layers, fixed=(sum(layers.fixed),), output_device=0)
     n_layer = spec.n_layer
     lay = resolve(spec, cfg)
     ub = lay.n_ubatch
@@ -307,9 +334,22 @@ def partial_offload(
         # experts of layers the device runs, in host memory (memory.host_experts_device_growth)
         return experts_growth if n_cpu_moe > n_cpu else 0
 
-    def fits(n_cpu: int, n_cpu_moe: int) -> list[int] | None:
+    # a build before llama.cpp#18148 offloads the output layer last: whole blocks on the CPU leave it there too, and
+    # the first device op-offloads its matmul for prompt batches, with a copy of output.weight beside the logits
+    output_last = builds.older_than(cfg.llama_build, builds.OUTPUT_FIRST) if output_first is None else not output_first
+    base_compute = full.devices[0].compute_bytes
+
+    def grown_compute(n_cpu: int, n_cpu_moe: int) -> int:  # the first device's compute beyond the full offload's
         grown = copy_bytes(max(n_cpu, n_cpu_moe)) + split_compute(n_cpu, n_cpu_moe)
-        each = _on_devices(layers, cfg.tensor_split, n_cpu, n_cpu_moe, grown)
+        if output_last and n_cpu:
+            grown = max(base_compute + grown, output_op_offload_bytes(spec, lay)) - base_compute
+        return grown
+
+    def fits(n_cpu: int, n_cpu_moe: int) -> list[int] | None:
+        out_host = output_last and n_cpu > 0
+        each = _on_devices(
+            layers, cfg.tensor_split, n_cpu, n_cpu_moe, grown_compute(n_cpu, n_cpu_moe), output_on_host=out_host
+        )
         return each if all(d <= b for d, b in zip(each, budgets, strict=True)) else None
 
     found: tuple[int, int, list[int]] | None = None
@@ -321,18 +361,24 @@ def partial_offload(
     if found is None:
         # every layer's experts on the CPU is not enough (or a dense model): whole layers from the front
         n_moe = n_layer if moe else 0
-        for n_cpu in range(1, n_layer + 1):
+        # an older build cannot offload the output layer alone: -ngl n_layer - n_cpu offloads blocks only
+        for n_cpu in range(1, n_layer if output_last else n_layer + 1):
             if (each := fits(n_cpu, n_moe)) is not None:
                 found = (n_cpu, n_moe, each)
                 break
     if found is None:
         return None  # even with every layer on the CPU the rest does not fit
     n_cpu, n_cpu_moe, each = found
+    out_host = output_last and n_cpu > 0
     copied = op_offload_bytes(spec, range(max(n_cpu, n_cpu_moe)), budget.device, ub)
     op_copy = None if copied is None else op_offload_growth(spec, lay, copied)
+    if out_host:
+        op_copy = grown_compute(n_cpu, n_cpu_moe)
     cpu_weights = sum(layers.weights[il] for il in range(n_cpu)) + sum(
         layers.experts[il] for il in range(n_cpu, n_cpu_moe)
     )
+    if out_host:
+        cpu_weights += output_weights_bytes(spec)
     cpu_kv = sum(layers.kv[il] for il in range(n_cpu))
     moved = cpu_weights + cpu_kv
     # the CPU's compute buffer for what it runs: at most what it needs to run every layer (an upper bound)
@@ -348,7 +394,7 @@ def partial_offload(
     )
     # at 4k and at the full context, as for a plan that fits: deep in the context the K/V read dominates;
     # each GPU at its bandwidth and share, what stays on the CPU at the system memory's
-    speed = speed_model.plan_decode(spec, cfg, budget, n_cpu_moe=n_cpu_moe, n_cpu_layers=n_cpu)
+    speed = speed_model.plan_decode(spec, cfg, budget, n_cpu_moe=n_cpu_moe, n_cpu_layers=n_cpu, cpu_output=out_host)
     tps = speed.tokens_per_s if speed is not None else None
     what = f"the experts of {n_cpu_moe} layers" if n_cpu_moe else f"{n_cpu} of {n_layer} layers"
     if n_cpu_moe and n_cpu:
@@ -362,7 +408,17 @@ def partial_offload(
         note += "; each GPU within its own budget: " + ", ".join(
             f"{d / GIB:.2f} of {b / GIB:.2f} GiB" for d, b in zip(each, budgets, strict=True)
         )
-    if op_copy:
+    if out_host:
+        note += (
+            f"; llama.cpp b{cfg.llama_build} offloads the output layer last (before llama.cpp#18148): -ngl "
+            f"{spec.n_layer_all - n_cpu} keeps output.weight ({output_weights_bytes(spec) / MIB:,.0f} MiB) on the CPU too"
+        )
+    if op_copy and out_host and offloads:
+        note += (
+            f", and the GPU compute buffer grows by {op_copy / MIB:,.1f} MiB: prompt batches copy output.weight to the "
+            "GPU beside the logits (op offload; --no-op-offload avoids it, prompts slower)"
+        )
+    elif op_copy:
         note += (
             f"; the GPU compute buffer grows by {op_copy / MIB:,.1f} MiB (estimate): prompt batches copy the "
             "largest CPU-resident weight to the GPU (op offload; --no-op-offload avoids it, prompts slower)"
@@ -373,7 +429,8 @@ def partial_offload(
         n_ctx_seq,
         kv[0],
         kv[1],
-        n_layer + 1 - n_cpu,
+        # llama_model::load_tensors's i_gpu_start: n_layer_all + 1 - ngl (n_layer_all - ngl before OUTPUT_FIRST)
+        spec.n_layer_all - n_cpu if out_host else spec.n_layer_all + 1 - n_cpu,
         n_cpu,
         n_cpu_moe,
         sum(each),

@@ -84,6 +84,7 @@ class Policy:
     min_ctx: int = 0  # per sequence; fail (exit 3) below it
     ctx_floor: int = 0  # per sequence: the runtime runs at least this many (runtime.seam.Shaped.ctx_floor)
     expert_offload: bool = True  # a partial plan may keep a MoE model's experts on the CPU (runtime.seam.Shaped)
+    output_first: bool | None = None  # a partial plan's output layer on the GPU first (runtime.seam.Shaped)
     repeatable: bool = False  # f16 only: quantized caches do not reproduce tokens exactly
     same_type_kv: bool = False  # the runtime has one cache type for K and V (Ollama)
     use: str | None = None  # the --use profile the target came from

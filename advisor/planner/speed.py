@@ -238,6 +238,7 @@ class Reads:
     n_weights: int = 0  # the weights (values) those bytes hold, at the default type's bits per weight
     architecture: str = ""  # llama.cpp's name (qwen35moe), for EARLY_BUILD_RECURRENT_S
     ffn_layers: int = 0  # FFN-only layers (neither recurrent nor attention: nemotron_h's MLP / MoE layers)
+    output: int = 0  # of ``dense``: the output matmul's weights (output.weight, or a tied model's token_embd)
 
     @property
     def layer_units(self) -> float:
@@ -279,6 +280,7 @@ def weight_reads(spec: ModelSpec) -> Reads:
         n_weights,
         spec.architecture,
         n_ffn,
+        spec.output_bytes or tied_output,
     )
 
 
@@ -393,11 +395,13 @@ def seconds_per_token(
     cpu_dense_fraction: float = 0.0,
     cpu_bandwidth_bytes_per_s: int = CPU_BANDWIDTH_BYTES_PER_S,
     llama_build: int | None = None,
+    cpu_output: bool = False,
 ) -> float:
     """Time per token: each device's reads at its efficiency, plus the per-layer overhead, added up.
 
     ``cpu_expert_layers``: layers whose experts stay on the CPU (--n-cpu-moe);
     ``cpu_dense_fraction``: the share of the other weights and KV on the CPU (whole layers kept there);
+    ``cpu_output``: the output layer's weights on the CPU too (a build before builds.OUTPUT_FIRST at a partial -ngl);
     ``llama_build``: the build that runs it (None: the newest; an older one may take longer, :func:`early_build_seconds`).
     """
     kind = "moe" if reads.moe else "dense"
@@ -405,6 +409,8 @@ def seconds_per_token(
         reads.experts * min(cpu_expert_layers, reads.expert_layers) // reads.expert_layers if reads.expert_layers else 0
     )
     cpu_w = (reads.dense + reads.experts - cpu_exp) * cpu_dense_fraction + cpu_exp
+    if cpu_output:
+        cpu_w += reads.output * (1 - cpu_dense_fraction)
     kv_bytes += reads.state  # the recurrent state streams like the K/V (small reads per head, at its efficiency)
     cpu_kv = kv_bytes * cpu_dense_fraction
     if not devices:
@@ -525,6 +531,7 @@ def estimate(
     source: str | None = None,
     cpu_bandwidth_source: str | None = None,
     llama_build: int | None = None,
+    cpu_output: bool = False,
 ) -> SpeedEstimate | None:
     """Decode speed of one sequence at 4k and at ``n_ctx`` tokens of context (None: nothing to go on).
     No ``devices``: a CPU plan, everything read at ``cpu_bandwidth_bytes_per_s``; ``llama_build``: the build
@@ -543,6 +550,7 @@ def estimate(
             cpu_dense_fraction=cpu_dense_fraction,
             cpu_bandwidth_bytes_per_s=cpu_bandwidth_bytes_per_s,
             llama_build=llama_build,
+            cpu_output=cpu_output,
         )
         pts.append((depth, 1 / t))
     first = pts[0][1]
@@ -553,7 +561,7 @@ def estimate(
         + ")"
         for d in devices
     )
-    on_cpu = not devices or cpu_expert_layers or cpu_dense_fraction
+    on_cpu = not devices or cpu_expert_layers or cpu_dense_fraction or cpu_output
     if on_cpu:
         cpu = f"{cpu_bandwidth_bytes_per_s / 1e9:,.0f} GB/s system memory" + (
             f" ({cpu_bandwidth_source})" if cpu_bandwidth_source else ""
@@ -647,15 +655,24 @@ def cpu_expert_layers(spec: ModelSpec, n_cpu_moe: int) -> int:
 
 
 def plan_decode(
-    spec: ModelSpec, cfg: RunConfig, budget: Budget, *, n_cpu_moe: int = 0, n_cpu_layers: int = 0
+    spec: ModelSpec,
+    cfg: RunConfig,
+    budget: Budget,
+    *,
+    n_cpu_moe: int = 0,
+    n_cpu_layers: int = 0,
+    cpu_output: bool = False,
 ) -> SpeedEstimate | None:
     """Decode of one sequence at 4k and at the planned context for the plan's hardware: its GPUs, each
     at its bandwidth and share, and what stays on the CPU (the experts of the first ``n_cpu_moe`` layers,
-    the first ``n_cpu_layers`` whole) at the system memory's bandwidth; a CPU plan at that bandwidth."""
+    the first ``n_cpu_layers`` whole, the output layer with ``cpu_output``) at the system memory's bandwidth; a
+    CPU plan at that bandwidth."""
     devs = plan_devices(spec, budget, cfg.tensor_split)
     if devs is None:
-        return _over_cards_of_the_size(spec, cfg, budget, n_cpu_moe=n_cpu_moe, n_cpu_layers=n_cpu_layers)
-    on_cpu = not devs or n_cpu_moe or n_cpu_layers
+        return _over_cards_of_the_size(
+            spec, cfg, budget, n_cpu_moe=n_cpu_moe, n_cpu_layers=n_cpu_layers, cpu_output=cpu_output
+        )
+    on_cpu = not devs or n_cpu_moe or n_cpu_layers or cpu_output
     cpu_bw, cpu_src = ram_bandwidth(budget) if on_cpu else (CPU_BANDWIDTH_BYTES_PER_S, None)
     n_seq = cfg.n_ctx // max(1, cfg.n_parallel) if cfg.n_ctx else spec.n_ctx_train
     return estimate(
@@ -670,6 +687,7 @@ def plan_decode(
         source=budget.bandwidth_source,
         cpu_bandwidth_source=cpu_src,
         llama_build=cfg.llama_build,
+        cpu_output=cpu_output,
     )
 
 
@@ -677,7 +695,7 @@ SIZE_MATCH = 0.03  # a catalogue card "of that size": its published memory withi
 
 
 def _over_cards_of_the_size(
-    spec: ModelSpec, cfg: RunConfig, budget: Budget, *, n_cpu_moe: int, n_cpu_layers: int
+    spec: ModelSpec, cfg: RunConfig, budget: Budget, *, n_cpu_moe: int, n_cpu_layers: int, cpu_output: bool = False
 ) -> SpeedEstimate | None:
     """A card given by its size (``--vram 8GiB``, no ``--bandwidth``): its speed is that of the catalogue's
     cards of that size (profiles/gpus.json), from the slowest to the fastest memory, with the CPU's share
@@ -709,7 +727,7 @@ def _over_cards_of_the_size(
             # and at its own clock (the budget's card, given by its size, has none: factor 1 for every card)
             device_clocks_hz=(p.clock_hz,),
         )
-        e = plan_decode(spec, cfg, at, n_cpu_moe=n_cpu_moe, n_cpu_layers=n_cpu_layers)
+        e = plan_decode(spec, cfg, at, n_cpu_moe=n_cpu_moe, n_cpu_layers=n_cpu_layers, cpu_output=cpu_output)
         if e is not None:
             ests.append(e)
     if not ests:

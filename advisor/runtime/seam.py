@@ -52,6 +52,9 @@ class Shaped:
     # a partial plan may keep a MoE model's experts on the CPU (llama.cpp's --n-cpu-moe / --fit); False: the
     # runtime moves whole layers only (Ollama's runners before 0.30)
     expert_offload: bool = True
+    # the output layer goes to the GPU first at a partial offload: None = as the build places it (llama.cpp before
+    # builds.OUTPUT_FIRST: last); True = first whatever the build (Ollama's Go engine: its own layout)
+    output_first: bool | None = None
 
 
 def _no_hints(result: object, path: Path) -> tuple[str, ...]:
