@@ -7,8 +7,10 @@ config, checked against the print_info/KV lines of the log) and the run config t
 (``run``: RunConfig's fields). kvadvise plans the run through the same path as ``kvadvise hf``
 (:func:`kvadvise.model.hfconfig.from_config` -> :func:`kvadvise.planner.memory.estimate`).
 
-A log kvadvise does not model (a fork, ``-sm row``, ``-nkvo``, Ollama's partial offload with
-op-offload weight copies, an older build whose rules moved) carries ``xfail``: the reason.
+A log kvadvise does not model (a fork, ``-sm row``, ``-nkvo``, an older build whose rules moved) carries
+``xfail``: the reason. A partial offload with the output layer in host memory (a build before
+builds.OUTPUT_FIRST) says so in ``run.output_on_host`` and gives the file's ``output_type``: a config.json
+has no weights, and the op-offload copy is that tensor.
 
 Public interface::
 

@@ -7,7 +7,10 @@ the target, and checks every device against its own budget and the host against 
 (kvadvise.planner.hostram).
 
 Where llama.cpp puts what (src/llama-model.cpp ``llama_model::load_tensors``, 0c1e570): ``-ngl N``
-offloads the output layer and the last ``N - 1`` blocks, the first blocks stay on the CPU; the
+offloads the output layer and the last ``N - 1`` blocks, the first blocks stay on the CPU (a build before
+builds.OUTPUT_FIRST, ggml-org/llama.cpp#18148: the last ``N`` blocks, and the output layer only with every
+block, so a partial offload keeps it on the CPU and op-offloads its matmul with a copy of output.weight:
+memory.output_op_offload_bytes); the
 offloaded ones are split over the devices by the cumulative shares of ``-ts`` applied to the
 offloaded layers only (``(il - i_gpu_start) / act_gpu_layers``). ``--n-cpu-moe N`` keeps the experts
 of the first ``N`` blocks in CPU buffers (common/arg.cpp: a tensor override to the CPU buffer type),
@@ -47,6 +50,8 @@ from kvadvise.planner import speed as speed_model
 from kvadvise.planner.budget import Budget
 from kvadvise.planner.hostram import HostRam, plan_host_ram
 from kvadvise.planner.memory import (
+    OP_OFFLOAD_DEVICES,
+    OP_OFFLOAD_MIN_BATCH,
     MemoryEstimate,
     RunConfig,
     compute_bytes,
@@ -66,8 +71,6 @@ from kvadvise.planner.split import layer_devices, output_weights_bytes
 GIB = 1 << 30
 MIB = 1 << 20
 
-OP_OFFLOAD_MIN_BATCH = 32  # ggml-cuda.cu / ggml-vulkan.cpp: GGML_OP_OFFLOAD_MIN_BATCH's default
-OP_OFFLOAD_DEVICES = ("cuda", "metal")  # backends with an offload_op (not ggml-rpc)
 # A more quantized cache is taken for a partial offload only when it decodes at least this much faster at
 # the target than the one before it in the policy's order (f16 first): its cost in quality is small
 # ("usually no noticeable impact", Ollama FAQ) but not nothing, so a tie keeps the exact cache.

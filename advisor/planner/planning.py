@@ -343,7 +343,8 @@ def _with_cpu_moe(
     """A plan with ``--n-cpu-moe N``: the GPUs' memory planned for the model as they hold it (the experts of
     the first N layers in RAM), the estimate shown for the whole model, the speeds with those experts read
     and copied from RAM."""
-    from kvadvise.planner.offload import OP_OFFLOAD_DEVICES, OP_OFFLOAD_MIN_BATCH, cpu_moe_placement, with_cpu_moe
+    from kvadvise.planner.memory import OP_OFFLOAD_DEVICES, OP_OFFLOAD_MIN_BATCH
+    from kvadvise.planner.offload import cpu_moe_placement, with_cpu_moe
     from kvadvise.planner.speed import plan_decode
 
     if not spec.n_expert or not spec.expert_bytes:

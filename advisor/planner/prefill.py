@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvadvise.model.spec import ModelSpec
-from kvadvise.planner.offload import OP_OFFLOAD_MIN_BATCH  # ggml-cuda.cu / ggml-vulkan.cpp
+from kvadvise.planner.memory import OP_OFFLOAD_MIN_BATCH  # ggml-cuda.cu / ggml-vulkan.cpp
 from kvadvise.planner.speed import (
     _BACKEND_NAMES,
     EXTRAPOLATION_FLOOR,
