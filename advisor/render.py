@@ -425,6 +425,7 @@ def offload_dict(off: Offload | None) -> dict[str, Any] | None:
         "n_gpu_layers": off.n_gpu_layers,
         "n_cpu_layers": off.n_cpu_layers,
         "n_cpu_moe": off.n_cpu_moe,
+        "output_on_host": off.output_on_host,
         "device_bytes": off.device_bytes,
         "op_offload_bytes": off.op_offload_bytes,
         "host_bytes": off.host_bytes,

@@ -111,6 +111,7 @@ class Offload:
     devices_bytes: tuple[int, ...] = ()  # each GPU's total, in the order of the budget's devices
     device_budgets: tuple[int, ...] = ()  # each GPU's own budget, as checked
     ram: HostRam | None = None  # what it keeps in system RAM, against the RAM
+    output_on_host: bool = False  # the output layer on the CPU too (a build before builds.OUTPUT_FIRST)
 
     @property
     def runnable(self) -> bool:
@@ -445,6 +446,7 @@ def partial_offload(
         tuple(each),
         tuple(budgets),
         ram,
+        out_host,
     )
 
 

@@ -321,6 +321,7 @@ def _prefill(
             prompt_tokens=prompt_tokens,
             n_cpu_moe=offload.n_cpu_moe,
             n_cpu_layers=offload.n_cpu_layers,
+            cpu_output=offload.output_on_host,
         )
     if not fits:
         return None

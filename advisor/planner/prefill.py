@@ -40,6 +40,7 @@ from kvadvise.planner.speed import (
     plan_devices,
     weight_reads,
 )
+from kvadvise.planner.split import output_weights_bytes
 
 if TYPE_CHECKING:
     from kvadvise.planner.budget import Budget
@@ -328,9 +329,10 @@ def prefill(
     )
 
 
-def cpu_resident_bytes(spec: ModelSpec, n_cpu_moe: int = 0, n_cpu_layers: int = 0) -> int:
+def cpu_resident_bytes(spec: ModelSpec, n_cpu_moe: int = 0, n_cpu_layers: int = 0, *, output: bool = False) -> int:
     """The weights a partial offload keeps in RAM: the routed experts of the first ``n_cpu_moe`` layers
-    and the first ``n_cpu_layers`` layers whole (token_embd is always there and never multiplied)."""
+    and the first ``n_cpu_layers`` layers whole, and with ``output`` the output layer (a build before
+    builds.OUTPUT_FIRST; token_embd is always there and never multiplied)."""
     per_exp = spec.expert_bytes / max(1, _expert_layers(spec)) if spec.expert_bytes else 0.0
     whole = (
         sum(spec.layer_bytes[:n_cpu_layers])
@@ -338,7 +340,7 @@ def cpu_resident_bytes(spec: ModelSpec, n_cpu_moe: int = 0, n_cpu_layers: int = 
         else spec.weights_bytes * n_cpu_layers // max(1, spec.n_layer)
     )
     experts = per_exp * max(0, cpu_expert_layers(spec, n_cpu_moe) - min(n_cpu_layers, n_cpu_moe))
-    return int(whole + experts)
+    return int(whole + experts) + (output_weights_bytes(spec) if output else 0)
 
 
 def plan_prefill(
@@ -349,9 +351,11 @@ def plan_prefill(
     prompt_tokens: int | None = None,
     n_cpu_moe: int = 0,
     n_cpu_layers: int = 0,
+    cpu_output: bool = False,
 ) -> PrefillEstimate | None:
     """Prompt processing for the plan's hardware: a prompt of ``prompt_tokens`` (default 4k) and the whole
-    planned context, each from an empty cache; the weights kept in RAM cross PCIe once per ubatch."""
+    planned context, each from an empty cache; the weights kept in RAM (``cpu_output``: the output layer's too)
+    cross PCIe once per ubatch."""
     devs = plan_devices(spec, budget, cfg.tensor_split)
     if devs is None:
         return None
@@ -367,7 +371,7 @@ def plan_prefill(
         devs,
         prompt_tokens=prompt_tokens,
         n_ubatch=cfg.n_ubatch,
-        cpu_bytes=cpu_resident_bytes(spec, n_cpu_moe, n_cpu_layers) if devs else 0,
+        cpu_bytes=cpu_resident_bytes(spec, n_cpu_moe, n_cpu_layers, output=cpu_output) if devs else 0,
         cpu_flops_per_s=cpu.flops_per_s if cpu else 0.0,
         cpu_flops_source=cpu.source if cpu else None,
         source=budget.flops_source,
