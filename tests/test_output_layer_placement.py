@@ -33,19 +33,15 @@ LOGITS_512 = 4 * 512 * 152064
 ROW_512 = 4 * 512 * 3584
 
 
-@pytest.fixture(autouse=True)
-def _no_server(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
-    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "no-store"))
-
-
-def _json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, object]:
-    rc = main([*args, "--json"])
+def _offload(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, object]:
+    """The plan JSON's partial offload for a command (no Ollama server: a closed port)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OLLAMA_HOST", closed_port_url())
+        rc = main([*args, "--json"])
     out, err = capsys.readouterr()
-    assert rc == 0 and out, err
-    doc = json.loads(out)
-    assert isinstance(doc, dict)
-    return doc
+    off = json.loads(out).get("offload") if rc == 0 and out else None
+    assert isinstance(off, dict), err
+    return off
 
 
 @pytest.mark.parametrize("log", [log for log in LOGS if log.run.output_on_host], ids=lambda log: log.id)
@@ -87,9 +83,8 @@ def test_a_partial_plan_for_an_older_build_keeps_the_output_layer_on_the_cpu(
     blocks only in the second, where output.weight is in RAM and its copy in the GPU's compute buffer."""
     gguf, _ = coder_files
     args = ("gguf", str(gguf), "--vram", "8GiB", "-c", "32768", "-ctk", "q8_0", "-ctv", "q8_0", "--ram", "64GiB")
-    new = _json(capsys, *args, "--llama-build", f"b{builds.REFERENCE}")["offload"]
-    old = _json(capsys, *args, "--llama-build", "b7000")["offload"]
-    assert isinstance(new, dict) and isinstance(old, dict)
+    new = _offload(capsys, *args, "--llama-build", f"b{builds.REFERENCE}")
+    old = _offload(capsys, *args, "--llama-build", "b7000")
     assert new["n_gpu_layers"] == 29 - new["n_cpu_layers"]
     assert old["n_gpu_layers"] == 28 - old["n_cpu_layers"]
     # 1,343.5 MiB at the output layer against the full offload's 311: the copy, the logits, one row
@@ -107,8 +102,7 @@ def test_ollama_llamarunner_places_the_output_layer_last_its_go_engine_first(
     count to that llama.cpp; Ollama 0.30 runs llama-server b9452 (after it). qwen2.5:7b's output.weight is Q6_K
     (the profile's), so the copy grows the compute buffer by 419.36 MiB, as the published 020 printed it."""
     args = ("ollama", "qwen2.5-coder:7b", "--vram", "5GiB", "--ram", "64GiB", "-c", "32768")
-    old = _json(capsys, *args, "--ollama-version", "0.13.5")["offload"]
-    new = _json(capsys, *args, "--ollama-version", "0.30.0")["offload"]
-    assert isinstance(old, dict) and isinstance(new, dict)
+    old = _offload(capsys, *args, "--ollama-version", "0.13.5")
+    new = _offload(capsys, *args, "--ollama-version", "0.30.0")
     assert old["n_gpu_layers"] == 28 - old["n_cpu_layers"] and new["n_gpu_layers"] == 29 - new["n_cpu_layers"]
     assert round(int(old["op_offload_bytes"]) / MIB, 2) == 419.36  # type: ignore[call-overload]
