@@ -158,7 +158,8 @@ def test_each_vendored_llama_cpp_follows_the_rules_of_its_rules_build() -> None:
     """The vendored source of each pin (llama/llama.cpp/src at its first tag) has exactly the memory rules
     kvadvise.planner.builds gives its rules_build: the KV cache written with ggml_set_rows, the SWA cache
     padded to 256, no V tensor for MLA, the token embeddings' two inputs (ggml_build_forward_select), the KQ
-    mask cast from f32 under flash attention, the backends' graph_optimize hook (ggml-backend.cpp)."""
+    mask cast from f32 under flash attention, the backends' graph_optimize hook (ggml-backend.cpp), the output layer
+    offloaded last at a partial -ngl (llama-model.cpp)."""
     for p in versions.PINS:
         if p.since >= versions.LLAMA_SERVER_FROM:
             continue
@@ -178,6 +179,10 @@ def test_each_vendored_llama_cpp_follows_the_rules_of_its_rules_build() -> None:
         assert p.rules_build < builds.F16_MASK_FA
         backend = _show(tag, "ml/backend/ggml/ggml/src/ggml-backend.cpp") or ""
         assert ("graph_optimize" in backend) is (p.rules_build >= builds.GRAPH_OPTIMIZE), tag
+        # llama_model::load_tensors: the output layer offloaded last (before ggml-org/llama.cpp#18148) or first
+        model = _show(tag, f"{src}/llama-model.cpp") or ""
+        last = "i_gpu_start = std::max((int) hparams.n_layer - n_gpu_layers, (int) 0)" in model
+        assert last is (p.rules_build < builds.OUTPUT_FIRST) and (last or "+ 1 - n_gpu_layers" in model), tag
 
 
 # --- plans: 0.20.2's built-in runner against llama-server, on a qwen2.5-coder:7b-shaped GGUF ----------------
