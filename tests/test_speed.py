@@ -80,12 +80,13 @@ def test_decode_accuracy_fit_and_held_out(bench) -> None:  # type: ignore[no-unt
     Q4_K_M 18.0 -> 22.3 GiB, its GB10 row 1.41 -> 1.20 (58 of 67). The fallback costed from each tensor's own type
     (ffn_down's Q6_K -> Q8_0 in the use_more_bits layers of a Q4_K_M, output.weight Q6_K -> Q8_0): DeepSeek-Coder-V2-
     Lite Q4_K_M 10.33 -> 10.48 GB (its 64 experts' ffn_down rows are 1,408 wide), and the held-out M4 Pro row (116,
-    llmfit) 0.752 -> 0.744, past the edge: 57 of 67."""
+    llmfit) 0.752 -> 0.744, past the edge: 57 of 67. Held-out rows 505-509 (Qwen3.6/3.5-35B-A3B on one and two RTX 5060 Ti
+    and an RTX 5080, llama-server): four within, the RTX 5080 Q3_K_S row (509, 1.46) not: 61 of 72."""
     t = bench.decode_table(bench.load())
     fit = [x for r, x in t if bench.split_of(r) == "fit"]
     held = [(r, x) for r, x in t if bench.split_of(r) == "holdout"]
     assert bench.share_within(fit, 0.25) >= 100 / 106
-    assert bench.share_within([x for _, x in held], 0.25) >= 57 / 67
+    assert bench.share_within([x for _, x in held], 0.25) >= 61 / 72
     config = [x for r, x in held if bench.input_kind(r) == "config"]
     assert bench.share_within(config, 0.25) >= 13 / 16
 
