@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from ollama_fake import closed_port_url
 from published_logs import LOGS, compare
+from tinymodels import write_tiny_gguf
 
 from kvadvise.cli import main
 from kvadvise.model.architecture import from_gguf
@@ -31,6 +32,15 @@ MIB = 1 << 20
 OUTPUT_F16 = 152064 * 3584 * 2
 LOGITS_512 = 4 * 512 * 152064
 ROW_512 = 4 * 512 * 3584
+
+
+@pytest.fixture(scope="module")
+def coder_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """qwen2.5-coder:7b's shape (as conftest's coder_files, without the Ollama store, whose blob digest reads the
+    14 GB sparse file into memory)."""
+    dims = {"n_layer": 28, "n_embd": 3584, "n_head": 28, "n_head_kv": 4, "n_ff": 18944}
+    path = tmp_path_factory.mktemp("coder") / "coder.gguf"
+    return write_tiny_gguf(path, "qwen2", n_vocab=152064, n_ctx_train=32768, dims=dims, sparse=True)
 
 
 def _offload(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, object]:
@@ -51,11 +61,11 @@ def test_the_published_device_buffers_of_a_host_output_layer(log: object) -> Non
     assert rows and all(r.ok for r in rows), [(r.buffer, r.published_mib, round(r.predicted_mib, 2)) for r in rows]
 
 
-def test_the_copy_sits_beside_the_logits_not_in_a_layer(coder_files: tuple[Path, Path]) -> None:
+def test_the_copy_sits_beside_the_logits_not_in_a_layer(coder_gguf: Path) -> None:
     """qwen2.5-coder:7b's shape at 8k, q8_0, flash attention, b7000: the first device's compute buffer is the copy of
     output.weight + 512 rows of logits + one row of n_embd (the layer phase is far smaller); the output layer's
     weights leave the device for the host; an RPC device does not op-offload, so its buffer keeps the full offload's."""
-    gguf, _ = coder_files
+    gguf = coder_gguf
     spec = from_gguf(read_file(gguf))
     assert spec.output_bytes == 0 and spec.tok_embd_bytes == OUTPUT_F16
     cfg = RunConfig(
@@ -77,11 +87,11 @@ def _fields(cfg: RunConfig) -> dict[str, object]:
 
 
 def test_a_partial_plan_for_an_older_build_keeps_the_output_layer_on_the_cpu(
-    coder_files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+    coder_gguf: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The same partial plan (8 GiB, 32k) at b11312 and at b7000: -ngl counts the output layer in the first and
     blocks only in the second, where output.weight is in RAM and its copy in the GPU's compute buffer."""
-    gguf, _ = coder_files
+    gguf = coder_gguf
     args = ("gguf", str(gguf), "--vram", "8GiB", "-c", "32768", "-ctk", "q8_0", "-ctv", "q8_0", "--ram", "64GiB")
     new = _offload(capsys, *args, "--llama-build", f"b{builds.REFERENCE}")
     old = _offload(capsys, *args, "--llama-build", "b7000")
