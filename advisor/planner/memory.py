@@ -55,6 +55,7 @@ from kvadvise.planner.split import (
     N_COPIES,
     device_layers,
     layer_devices,
+    output_host_bytes,
     output_weights_bytes,
     split_compute,
     split_host_compute,
@@ -935,7 +936,7 @@ def _offloaded(
     host_compute = split_host_compute(spec, lay, copies=copies) if pipeline else host_compute_bytes(spec, lay)
     host_w = spec.tok_embd_bytes + spec.input_extra_bytes  # the input layer (dev_input: the CPU)
     if cfg.output_on_host:
-        host_w += output_weights_bytes(spec)
+        host_w += output_host_bytes(spec)
     host = HostMemory(host_w, host_compute, out, host_w + host_compute + out)
     return tuple(devices), host
 

@@ -66,7 +66,7 @@ from kvadvise.planner.memory import (
 )
 from kvadvise.planner.policy import KV, Policy, allowed_kvs, config_at, kv_name
 from kvadvise.planner.speed import ctx_label
-from kvadvise.planner.split import layer_devices, output_weights_bytes
+from kvadvise.planner.split import layer_devices, output_host_bytes, output_weights_bytes
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -382,7 +382,7 @@ def partial_offload(
         layers.experts[il] for il in range(n_cpu, n_cpu_moe)
     )
     if out_host:
-        cpu_weights += output_weights_bytes(spec)
+        cpu_weights += output_host_bytes(spec)
     cpu_kv = sum(layers.kv[il] for il in range(n_cpu))
     moved = cpu_weights + cpu_kv
     # the CPU's compute buffer for what it runs: at most what it needs to run every layer (an upper bound)
@@ -415,7 +415,8 @@ def partial_offload(
     if out_host:
         note += (
             f"; llama.cpp b{cfg.llama_build} offloads the output layer last (before llama.cpp#18148): -ngl "
-            f"{spec.n_layer_all - n_cpu} keeps output.weight ({output_weights_bytes(spec) / MIB:,.0f} MiB) on the CPU too"
+            f"{spec.n_layer_all - n_cpu} keeps {'output.weight' if spec.output_bytes else 'the output matmul (tied: token_embd)'} "
+            f"({output_weights_bytes(spec) / MIB:,.0f} MiB) on the CPU too"
         )
     if op_copy and out_host and offloads:
         note += (

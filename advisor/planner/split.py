@@ -114,6 +114,14 @@ def output_weights_bytes(spec: ModelSpec, blocks_bytes: int | None = None) -> in
     return spec.weights_bytes - spec.tok_embd_bytes - spec.input_extra_bytes - blocks_bytes + tied_copy
 
 
+def output_host_bytes(spec: ModelSpec) -> int:
+    """What the output layer adds to host memory when it stays on the CPU: its weights, less a tied model's copy of
+    token_embd (llama-model.cpp load_tensors: a TENSOR_DUPLICATED tensor on the buffer type that already holds
+    token_embd is that tensor, not a second one)."""
+    tied_copy = spec.tok_embd_bytes if spec.output_bytes == 0 and spec.architecture not in ENCODER_ARCHS else 0
+    return output_weights_bytes(spec) - tied_copy
+
+
 def _device_spec(spec: ModelSpec, layers: tuple[int, ...]) -> ModelSpec:
     """The model with only ``layers``' attention and recurrent mixers (KV cells, recurrent state): what sizes the
     compute graph of a device that holds those blocks (:func:`split_compute`)."""
