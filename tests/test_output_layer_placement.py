@@ -27,7 +27,7 @@ from kvadvise.planner import builds
 from kvadvise.planner.memory import RunConfig, estimate
 
 MIB = 1 << 20
-# qwen2.5-coder:7b's shape (coder_files, tied embeddings: llama.cpp loads token_embd a second time as output.weight):
+# qwen2.5-coder:7b's shape (coder_gguf, tied embeddings: llama.cpp loads token_embd a second time as output.weight):
 # f16 of 152,064 x 3,584; 512 rows of logits; one row of n_embd
 OUTPUT_F16 = 152064 * 3584 * 2
 LOGITS_512 = 4 * 512 * 152064
@@ -117,13 +117,13 @@ def test_ollama_llamarunner_places_the_output_layer_last_its_go_engine_first(
 
 
 def test_a_tied_output_layer_on_the_host_is_token_embd_itself(
-    coder_files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+    coder_gguf: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A tied model's output layer is token_embd loaded again (TENSOR_DUPLICATED); on the buffer type that already
     holds token_embd, llama_model::load_tensors's create_tensor returns that tensor (llama-model.cpp: "if duplicated,
     check if the original tensor was allocated in the same buffer type context"), so an output layer left on the CPU
     adds output_norm to host memory, not a second token_embd; the GPU still drops its copy."""
-    gguf, _ = coder_files
+    gguf = coder_gguf
     spec = from_gguf(read_file(gguf))
     cfg = RunConfig(n_ctx=8192, device="cuda", llama_build=7000)
     full, out = estimate(spec, cfg), estimate(spec, RunConfig(**{**_fields(cfg), "output_on_host": True}))
