@@ -100,7 +100,7 @@ def test_a_partial_plan_for_an_older_build_keeps_the_output_layer_on_the_cpu(
     # 1,343.5 MiB at the output layer against the full offload's 311: the copy, the logits, one row
     assert old["op_offload_bytes"] == OUTPUT_F16 + LOGITS_512 + ROW_512 - 311 * MIB
     assert "offloads the output layer last" in str(old["note"]) and "output layer last" not in str(new["note"])
-    assert "tied: token_embd" in str(old["note"])  # the output matmul reads token_embd, already in RAM
+    assert "reads the tied token_embd" in str(old["note"])  # the output matmul reads token_embd, already in RAM
 
 
 def test_ollama_llamarunner_places_the_output_layer_last_its_go_engine_first(

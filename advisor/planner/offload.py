@@ -413,14 +413,16 @@ def partial_offload(
             f"{d / GIB:.2f} of {b / GIB:.2f} GiB" for d, b in zip(each, budgets, strict=True)
         )
     if out_host:
+        # a tied model's output matmul reads token_embd, which is on the CPU anyway (split.output_host_bytes)
+        tensor = "output.weight" if spec.output_bytes else "the tied token_embd"
         note += (
             f"; llama.cpp b{cfg.llama_build} offloads the output layer last (before llama.cpp#18148): -ngl "
-            f"{spec.n_layer_all - n_cpu} keeps {'output.weight' if spec.output_bytes else 'the output matmul (tied: token_embd)'} "
-            f"({output_weights_bytes(spec) / MIB:,.0f} MiB) on the CPU too"
+            f"{spec.n_layer_all - n_cpu} leaves it on the CPU too: its matmul reads {tensor} "
+            f"({output_weights_bytes(spec) / MIB:,.0f} MiB) there"
         )
     if op_copy and out_host and offloads:
         note += (
-            f", and the GPU compute buffer grows by {op_copy / MIB:,.1f} MiB: prompt batches copy output.weight to the "
+            f", and the GPU compute buffer grows by {op_copy / MIB:,.1f} MiB: prompt batches copy {tensor} to the "
             "GPU beside the logits (op offload; --no-op-offload avoids it, prompts slower)"
         )
     elif op_copy:
