@@ -689,9 +689,12 @@ def op_offload_growth(spec: ModelSpec, lay: ContextLayout, weight_copy: int) -> 
 
 def output_layer_bytes(spec: ModelSpec, device: str) -> int:
     """The output layer's weights as a device's buffer holds them (CUDA pads quantized rows: split.device_layers)."""
-    return output_weights_bytes(spec) + (
-        spec.cuda_pad_bytes - sum(spec.layer_cuda_pad_bytes) if device == "cuda" else 0
-    )
+    return output_weights_bytes(spec) + _output_pad_bytes(spec, device)
+
+
+def _output_pad_bytes(spec: ModelSpec, device: str) -> int:
+    """CUDA's row padding of the output layer's tensors (what no block pads: split.device_layers' rest_pad)."""
+    return spec.cuda_pad_bytes - sum(spec.layer_cuda_pad_bytes) if device == "cuda" else 0
 
 
 def output_op_offload_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
@@ -707,8 +710,7 @@ def output_op_offload_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     rows = reserve_outputs(lay)
     if lay.device not in OP_OFFLOAD_DEVICES or rows < OP_OFFLOAD_MIN_BATCH or not spec.n_vocab:
         return 0
-    tensor = spec.output_bytes or spec.tok_embd_bytes
-    copy = tensor + (spec.cuda_pad_bytes - sum(spec.layer_cuda_pad_bytes) if lay.device == "cuda" else 0)
+    copy = (spec.output_bytes or spec.tok_embd_bytes) + _output_pad_bytes(spec, lay.device)
     # the logits as allocated here, not above the holes a last MoE or MLA layer leaves (sizes.graph_sizes): the
     # copy comes first, and gpt-oss-20b's 985.20 MiB has no such row
     logits, normed = 4 * rows * spec.n_vocab, 4 * rows * spec.n_embd

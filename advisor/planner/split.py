@@ -110,16 +110,19 @@ def output_weights_bytes(spec: ModelSpec, blocks_bytes: int | None = None) -> in
     layer: no copy). ``blocks_bytes``: the blocks' weights (default: the spec's, or an even share without them)."""
     if blocks_bytes is None:
         blocks_bytes = sum(spec.layer_bytes) if any(spec.layer_bytes) else sum(_even_layers(spec))
-    tied_copy = spec.tok_embd_bytes if spec.output_bytes == 0 and spec.architecture not in ENCODER_ARCHS else 0
-    return spec.weights_bytes - spec.tok_embd_bytes - spec.input_extra_bytes - blocks_bytes + tied_copy
+    return spec.weights_bytes - spec.tok_embd_bytes - spec.input_extra_bytes - blocks_bytes + _tied_copy(spec)
 
 
 def output_host_bytes(spec: ModelSpec) -> int:
     """What the output layer adds to host memory when it stays on the CPU: its weights, less a tied model's copy of
     token_embd (llama-model.cpp load_tensors: a TENSOR_DUPLICATED tensor on the buffer type that already holds
     token_embd is that tensor, not a second one)."""
-    tied_copy = spec.tok_embd_bytes if spec.output_bytes == 0 and spec.architecture not in ENCODER_ARCHS else 0
-    return output_weights_bytes(spec) - tied_copy
+    return output_weights_bytes(spec) - _tied_copy(spec)
+
+
+def _tied_copy(spec: ModelSpec) -> int:
+    """The token_embd llama.cpp loads again as output.weight for tied embeddings (none for an encoder)."""
+    return spec.tok_embd_bytes if spec.output_bytes == 0 and spec.architecture not in ENCODER_ARCHS else 0
 
 
 def _device_spec(spec: ModelSpec, layers: tuple[int, ...]) -> ModelSpec:
