@@ -25,7 +25,8 @@ OLD = tuple(
 
 
 def test_the_old_logs_are_the_ones_expected() -> None:
-    assert [log.id[:3] for log in OLD] == ["006", "007", "010", "011", "017", "019", "026", "034"]
+    # 038: ROCm b5898 with every block on the CPU, the device's buffer the output layer's op-offload copy
+    assert [log.id[:3] for log in OLD] == ["006", "007", "010", "011", "017", "019", "026", "034", "038"]
 
 
 @pytest.mark.parametrize("log", OLD, ids=[log.id for log in OLD])

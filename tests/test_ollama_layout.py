@@ -113,11 +113,14 @@ def test_kvadvise_ollama_replays_the_llamarunner_layout(
     coder_store: Path, capsys: pytest.CaptureFixture[str], version: str
 ) -> None:
     """qwen2.5-coder:7b (f16 weights, 29 layers) in 6 GiB: Ollama's layout tries all 29 layers (no fit), then
-    without the output layer: 9 blocks (19..27) from the last one down; llama.cpp's allocation fits 7 layers
-    at the 0.12.11 - 0.13.2 pin (b6840) and 8 at the later pins, so num_gpu holds the load to that."""
+    without the output layer: 9 blocks (19..27) from the last one down; llama.cpp's allocation fits 7 layers, so
+    num_gpu holds the load to that. Every pin offloads the output layer last (before llama.cpp#18148): num_gpu 7
+    is the last 7 blocks, and the tied token_embd the output matmul reads stays on the CPU, its op-offload copy
+    (1 GiB of f16) beside the logits in the GPU's compute buffer (planned 8 at the later pins while the output
+    layer was planned on the GPU first, as b11312 places it)."""
     doc = _plan(capsys, "--ollama-version", version, "--vram", "6GiB")
     d = doc["decision"]
-    planned = 7 if version in ("0.12.11", "0.13.0") else 8
+    planned = 7
     assert (d["layers_offload"], d["layers_model"], d["planned_layers"], d["num_gpu"]) == (9, 29, planned, planned)
     assert d["layers_by"] == "llm/server.go createLayout over fs/ggml GraphSize"
     assert "GPULayers:9[ID:0 Layers:9(19..27)]" in d["log_line"]
