@@ -312,6 +312,7 @@ def _plan(
         mtp=r.spec_type == "draft-mtp",
         spec_draft_n_max=r.spec_draft_n_max,
         llama_build=llama_build,
+        sampling_penalties=r.sampling_penalties,
     )
     policy = policy_of(
         r,

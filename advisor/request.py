@@ -60,6 +60,8 @@ class PlanRequest:
     type_v_draft: str = "f16"  # -ctvd
     spec_type: str = "none"  # --spec-type: none | draft-mtp (the model's own MTP/NextN head drafts)
     spec_draft_n_max: int = 3  # --spec-draft-n-max: tokens drafted per step (llama.cpp's default 3)
+    # a repeat, presence or frequency penalty in the sampler (Ollama: its default or the model's parameters)
+    sampling_penalties: bool = False
     llama_build: str = "auto"  # --llama-build bNNNN | auto | unknown
     overhead_bytes: int | None = None  # per-device fixed cost; None: the device's (or a calibration)
     # --- the hardware

@@ -152,6 +152,10 @@ class RunConfig:
     # partial offload; Ollama 0.11-0.24's runners on a partial load). The first device op-offloads its matmul for a
     # prompt batch with a copy of output.weight beside the logits (memory.output_op_offload_bytes)
     output_on_host: bool = False
+    # the sampler applies a repeat, presence or frequency penalty (llama-server --repeat-penalty, --presence-penalty,
+    # --frequency-penalty; Ollama's repeat_penalty): each token costs the CPU a pass over the vocabulary
+    # (speed.SAMPLER_PENALTY_S_PER_ENTRY); no memory
+    sampling_penalties: bool = False
 
     def __post_init__(self) -> None:
         # llama.cpp reads -c, -np, -b, -ub as int32 (common/arg.cpp std::stoi); a larger number would be

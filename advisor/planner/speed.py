@@ -161,6 +161,14 @@ _DEQUANT_PRIOR |= {"IQ3_S": "IQ3_XXS", "IQ4_NL": "IQ4_XS"}
 # only (benchmarks/bench_speed.py --fit); measured on qwen35moe alone (EARLY_BUILD_ARCHS): the dense qwen35 (27B, 9B)
 # on the same card gained less per recurrent layer (b8286 -> b8820: 2.3 ms over 48 layers, 1.1 ms over 24).
 EARLY_BUILD_RECURRENT_S: dict[int, float] = {8286: 30e-6, 8720: 65e-6}
+# The CPU time per token and vocabulary entry of a repeat, presence or frequency penalty (s): llama-server samples each
+# token on the CPU (common/sampling.cpp common_sampler_sample: n_vocab candidates), and llama-sampling.cpp
+# llama_sampler_penalties_apply, which returns at once without a penalty, looks every candidate up in its token counts
+# with one. Measured side by side on llama-server b11312 (benchmarks/bench_sampling.py: Gemma 3 270M, 262,144 entries,
+# +3.3 ms a token with presence_penalty 1.5, +3.7 with repeat_penalty 1.1: 12.7 and 14.3 ns); published: Qwen3.6-27B
+# on a GPU at b9746, 33.1 t/s without, 27.5 and 27.3 with either penalty (llama.cpp#24871: 6 ms over 248,320
+# entries, 25 ns). llama-bench never samples, so the fit rows cannot see it. Serial with the GPU's work: added as is.
+SAMPLER_PENALTY_S_PER_ENTRY = 13e-9
 EARLY_BUILD_ARCHS = frozenset({"qwen35moe"})
 
 
@@ -532,14 +540,17 @@ def estimate(
     cpu_bandwidth_source: str | None = None,
     llama_build: int | None = None,
     cpu_output: bool = False,
+    sampling_penalties: bool = False,
 ) -> SpeedEstimate | None:
     """Decode speed of one sequence at 4k and at ``n_ctx`` tokens of context (None: nothing to go on).
     No ``devices``: a CPU plan, everything read at ``cpu_bandwidth_bytes_per_s``; ``llama_build``: the build
-    that runs it (None: the newest)."""
+    that runs it (None: the newest); ``sampling_penalties``: the sampler applies a penalty
+    (:data:`SAMPLER_PENALTY_S_PER_ENTRY` over the vocabulary, each token)."""
     if not spec.weights_bytes or (devices and not all(d.bandwidth_bytes_per_s for d in devices)):
         return None
     reads = weight_reads(spec)
     depths = sorted({min(4096, n_ctx), n_ctx}) if n_ctx > 0 else [4096]
+    sampler = spec.n_vocab * SAMPLER_PENALTY_S_PER_ENTRY if sampling_penalties else 0.0
     pts = []
     for depth in depths:
         t = seconds_per_token(
@@ -552,7 +563,7 @@ def estimate(
             llama_build=llama_build,
             cpu_output=cpu_output,
         )
-        pts.append((depth, 1 / t))
+        pts.append((depth, 1 / (t + sampler)))
     first = pts[0][1]
     kind = "MoE" if reads.moe else "dense"
     bw = " + ".join(
@@ -590,6 +601,11 @@ def estimate(
         note += (
             f"; planned for llama.cpp b{max(EARLY_BUILD_RECURRENT_S)} or later: a build before it decodes this hybrid "
             f"up to {slowest * 1e3:.1f} ms a token slower (--llama-build bNNNN names yours)"
+        )
+    if sampler:
+        note += (
+            f"; the sampler's penalty visits all {spec.n_vocab:,} candidates on the CPU each token: "
+            f"+{sampler * 1e3:.1f} ms counted"
         )
     if factor != 1.0:
         note += (
@@ -688,6 +704,7 @@ def plan_decode(
         cpu_bandwidth_source=cpu_src,
         llama_build=cfg.llama_build,
         cpu_output=cpu_output,
+        sampling_penalties=cfg.sampling_penalties,
     )
 
 

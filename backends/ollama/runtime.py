@@ -214,6 +214,19 @@ class OllamaRuntime:
             # draft_num_predict, which server/routes.go modelOptions zeroes unless the model's or the
             # request's parameters set it
             r = replace(r, spec_type="draft-mtp", spec_draft_n_max=n_max)
+        if rel.sampling_penalties(model.params):
+            # llama-sampling.cpp's penalties sampler visits every candidate (kvadvise.planner.speed)
+            from kvadvise.planner.speed import SAMPLER_PENALTY_S_PER_ENTRY
+
+            r = replace(r, sampling_penalties=True)
+            ms = spec.n_vocab * SAMPLER_PENALTY_S_PER_ENTRY * 1e3
+            notes = (
+                *notes,
+                f"Ollama {rel.version or ''} applies a repeat or presence penalty here (its default repeat_penalty 1.1 "
+                f"before 0.32.10, or the model's parameters): its sampler visits all {spec.n_vocab:,} candidates on "
+                f"the CPU each token, about {ms:.1f} ms a token (PARAMETER repeat_penalty 1 and presence_penalty 0 in "
+                "a Modelfile avoid it)",
+            )
         projector = readable_projector(model)  # read here, once: the plan and a replan take the header
         if projector is not None:
             r = replace(r, mmproj=projector)

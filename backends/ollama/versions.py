@@ -186,6 +186,16 @@ NUM_BATCH_DEFAULT = 512  # api/types.go DefaultOptions NumBatch (0.11.0 to 0.24.
 DEFAULT_NUM_CTX_BY_VRAM_FROM: Version = (0, 15, 5)
 OLD_DEFAULT_NUM_CTX = 4096
 LIBRARY_N_UBATCH = 512  # llama_context_default_params().n_ubatch, what the llamarunner left it before 0.13.3
+# api/types.go DefaultOptions: RepeatPenalty 1.1 up to 0.32.9, 1.0 from 0.32.10 (ollama 6a261db7d, "stop applying
+# repeat_penalty 1.1 to models that don't set one"); a model's params layer overrides it
+REPEAT_PENALTY_OFF_FROM: Version = (0, 32, 10)
+
+
+def _number(value: object, default: float) -> float:
+    """A params-layer number (JSON: int or float); anything else: the default Ollama would use."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return default
+    return float(value)
 
 
 def _since(table: tuple[tuple[Version, frozenset[str]], ...], v: Version) -> frozenset[str]:
@@ -257,6 +267,19 @@ class OllamaRelease:
     @property
     def in_process(self) -> bool:
         return self.runner != "llama-server"
+
+    def sampling_penalties(self, params: dict[str, object]) -> bool:
+        """Whether this release's sampler applies a penalty to a model with these parameters (its params layer): a
+        repeat_penalty other than 1 (the default's until 0.32.10), a presence or frequency penalty other than 0. The
+        llamarunner and llama-server sample with llama.cpp's chain (runner/llamarunner PenaltyRepeat, llm/llama_server.go
+        repeat_penalty); the Go engine's sampler (sample/) applies none (ollama #14537, token history, was reverted)."""
+        if self.runner not in ("llamarunner", "llama-server"):
+            return False
+        v = self.v
+        default_repeat = 1.0 if v is None or v >= REPEAT_PENALTY_OFF_FROM else 1.1
+        repeat = _number(params.get("repeat_penalty"), default_repeat)
+        others = (_number(params.get(k), 0.0) for k in ("presence_penalty", "frequency_penalty"))
+        return repeat != 1.0 or any(x != 0.0 for x in others)
 
     def n_batch(self, num_batch: int, num_ctx: int, n_parallel: int) -> tuple[int, int]:
         """(-b, -ub) of the llamarunner's context: num_batch capped at num_ctx (llm/server.go NewLlamaServer),

@@ -1,0 +1,70 @@
+"""A repeat, presence or frequency penalty costs the CPU a pass over the vocabulary every token
+(kvadvise.planner.speed.SAMPLER_PENALTY_S_PER_ENTRY: llama-sampling.cpp llama_sampler_penalties_apply looks every
+candidate up; measured by benchmarks/bench_sampling.py, published in llama.cpp#24871). Ollama applied repeat_penalty
+1.1 to every model that set none until 0.32.10 (ollama 6a261db7d) on its llama.cpp runners; its Go engine's sampler
+applies none."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvadvise.backends.ollama import versions
+from kvadvise.cli import main
+from kvadvise.model.architecture import from_gguf
+from kvadvise.model.gguf import read_file
+from kvadvise.planner import speed
+
+
+def test_the_penalty_adds_its_pass_over_the_vocabulary(gemma_path: Path) -> None:
+    """Gemma 3 270M (262,144 entries) on an RTX 4090: each token takes n_vocab x 13 ns (3.4 ms) longer."""
+    spec = from_gguf(read_file(gemma_path))
+    devs = [speed.Device("cuda", 1_008_000_000_000, clock_hz=2.52e9)]
+    plain = speed.estimate(spec, 4096, devs)
+    pen = speed.estimate(spec, 4096, devs, sampling_penalties=True)
+    assert plain is not None and pen is not None
+    added = 1 / pen.tokens_per_s - 1 / plain.tokens_per_s
+    assert added == pytest.approx(262_144 * 13e-9, rel=1e-9)
+    assert "visits all 262,144 candidates" in pen.note and "candidates" not in plain.note
+
+
+@pytest.mark.parametrize(
+    ("version", "architecture", "params", "penalised"),
+    [
+        ("0.13.5", "qwen2", {}, True),  # the llamarunner, default repeat_penalty 1.1
+        ("0.30.0", "qwen2", {}, True),  # llama-server, the same default
+        ("0.32.9", "qwen2", {}, True),
+        ("0.32.10", "qwen2", {}, False),  # the default is 1.0 from here
+        ("0.32.10", "qwen35moe", {"presence_penalty": 1.5}, True),  # the library's qwen3.5 sets one
+        ("0.30.0", "qwen2", {"repeat_penalty": 1}, False),  # PARAMETER repeat_penalty 1
+        ("0.20.2", "gptoss", {"repeat_penalty": 1.3}, False),  # the Go engine's sampler has no penalties
+        (None, "qwen2", {}, False),  # an unknown version: the newest
+    ],
+)
+def test_which_ollama_applies_a_penalty(
+    version: str | None, architecture: str, params: dict[str, object], penalised: bool
+) -> None:
+    assert versions.release(version, architecture).sampling_penalties(params) is penalised
+
+
+def test_an_ollama_plan_before_0_32_10_decodes_slower_and_says_why(
+    coder_store: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """qwen2.5-coder:7b (152,064 entries) on an RTX 4090 at 8k: 2 ms a token more under Ollama 0.30.0 than 0.32.10."""
+
+    def plan(version: str) -> dict[str, object]:
+        args = ["ollama", "qwen2.5-coder:7b", "--gpu", "rtx-4090", "-c", "8192", "--ollama-version", version]
+        assert main([*args, "--json"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert isinstance(doc, dict)
+        return doc
+
+    old, new = plan("0.30.0"), plan("0.32.10")
+    t_old = 1 / old["decode_estimate"]["tokens_per_s"]  # type: ignore[index]
+    t_new = 1 / new["decode_estimate"]["tokens_per_s"]  # type: ignore[index]
+    assert t_old - t_new == pytest.approx(152_064 * 13e-9, rel=1e-6)
+    said = " ".join(str(n) for n in old["notes"])  # type: ignore[union-attr]
+    assert "repeat_penalty 1.1" in said and "PARAMETER repeat_penalty 1" in said
+    assert "repeat_penalty" not in " ".join(str(n) for n in new["notes"])  # type: ignore[union-attr]
