@@ -68,3 +68,29 @@ def test_an_ollama_plan_before_0_32_10_decodes_slower_and_says_why(
     said = " ".join(str(n) for n in old["notes"])  # type: ignore[union-attr]
     assert "repeat_penalty 1.1" in said and "PARAMETER repeat_penalty 1" in said
     assert "repeat_penalty" not in " ".join(str(n) for n in new["notes"])  # type: ignore[union-attr]
+
+
+def test_a_file_that_sets_a_repeat_penalty_is_planned_with_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """general.sampling.penalty_repeat 1.05 (Qwen2.5-Instruct's generation_config.json, copied by convert_hf_to_gguf.py):
+    llama-server samples with it unless --repeat-penalty says otherwise (common.cpp), so its plan counts the pass over
+    the 152,064 candidates; the same file without the key, or with a window of 0 tokens, does not."""
+    from tinymodels import write_tiny_gguf
+
+    dims = {"n_layer": 28, "n_embd": 3584, "n_head": 28, "n_head_kv": 4, "n_ff": 18944}
+
+    def plan(name: str, keys: dict[str, float]) -> dict[str, object]:
+        gguf = write_tiny_gguf(tmp_path / name, "qwen2", n_vocab=152064, dims=dims, sparse=True, general_f32=keys)
+        assert main(["gguf", str(gguf), "--gpu", "rtx-4090", "-c", "8192", "--json"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert isinstance(doc, dict)
+        return doc
+
+    plain = plan("plain.gguf", {})
+    pen = plan("pen.gguf", {"general.sampling.penalty_repeat": 1.05})
+    off = plan("off.gguf", {"general.sampling.penalty_repeat": 1.05, "general.sampling.penalty_last_n": 0.0})
+    t = {k: 1 / d["decode_estimate"]["tokens_per_s"] for k, d in (("plain", plain), ("pen", pen), ("off", off))}  # type: ignore[index]
+    assert t["pen"] - t["plain"] == pytest.approx(152_064 * 13e-9, rel=1e-6)
+    assert t["off"] == pytest.approx(t["plain"], rel=1e-9)
+    assert "--repeat-penalty 1 avoids it" in " ".join(str(n) for n in pen["notes"])  # type: ignore[union-attr]

@@ -1299,6 +1299,7 @@ def write_tiny_gguf(
     dims: Mapping[str, int] | None = None,
     sparse: bool = False,
     extra_u32: Mapping[str, int] | None = None,
+    general_f32: Mapping[str, float] | None = None,
 ) -> Path:
     """Write a tiny random-weight GGUF for ``recipe`` to ``path`` and return ``path``.
 
@@ -1313,7 +1314,8 @@ def write_tiny_gguf(
     size. ``sparse`` writes only the header: the data section is a hole of the right size (llama.cpp
     checks every tensor's bounds but a no-allocation load, ``llama-fit-params``, never reads it), so a
     model of many GB costs a few MB of disk and no time. ``extra_u32``: more uint32 keys under the
-    architecture's name (``{"vision.block_count": 27}``: an Ollama engine-format blob's vision tower).
+    architecture's name (``{"vision.block_count": 27}``: an Ollama engine-format blob's vision tower);
+    ``general_f32``: float32 keys by their whole name (``{"general.sampling.penalty_repeat": 1.05}``).
     """
     known = {**_RECIPES, **_SPARSE_RECIPES}
     if recipe not in known:
@@ -1325,5 +1327,7 @@ def write_tiny_gguf(
     build(writer)
     for key, value in (extra_u32 or {}).items():
         writer.u32(key, value)
+    for key, value in (general_f32 or {}).items():
+        writer.gguf.add_float32(key, value)
     writer.finish()
     return path

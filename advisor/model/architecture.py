@@ -131,6 +131,18 @@ _PARALLEL_BLOCK = frozenset({"command-r", "cohere2", "cohere2moe", "phi2", "gptj
 _RECURRENT_BY_INTERVAL = frozenset({"qwen3next", "qwen35", "qwen35moe"})
 
 
+def _penalty_repeat(header: GGUFHeader) -> float:
+    """The file's default repeat penalty (General.SAMPLING_PENALTY_REPEAT), 1.0 without one or with a penalty window of
+    0 tokens; a value that is not a finite number is ignored, as common.cpp's strtof leaves the default."""
+    md = header.metadata
+    v, last_n = md.get(General.SAMPLING_PENALTY_REPEAT), md.get(General.SAMPLING_PENALTY_LAST_N)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return 1.0
+    if isinstance(last_n, (int, float)) and not isinstance(last_n, bool) and last_n == 0:
+        return 1.0
+    return float(v)
+
+
 class _Keys:
     """Typed access to metadata with the {arch} prefix filled in."""
 
@@ -657,6 +669,7 @@ def from_gguf(header: GGUFHeader, *, known_only: bool = True) -> ModelSpec:
         n_ff_exp=n_ff_exp,
         n_ff_shexp=n_ff_shexp,
         parallel_block=arch in _PARALLEL_BLOCK,
+        sampling_penalty_repeat=_penalty_repeat(header),
         ssm=ssm,
     )
     _check_widths(spec, by_name)

@@ -22,6 +22,10 @@ class General:
     NAME: Final = "general.name"
     ALIGNMENT: Final = "general.alignment"
     FILE_TYPE: Final = "general.file_type"
+    # the sampling defaults convert_hf_to_gguf.py copies from generation_config.json (llama-arch.cpp
+    # LLM_KV_GENERAL_SAMPLING_*), which llama-server takes unless a flag sets them (common.cpp)
+    SAMPLING_PENALTY_REPEAT: Final = "general.sampling.penalty_repeat"
+    SAMPLING_PENALTY_LAST_N: Final = "general.sampling.penalty_last_n"
 
 
 class LLM:

@@ -18,7 +18,7 @@ installed backends: kvadvise.plugins.RuntimeProvider).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar, runtime_checkable
 
@@ -117,6 +117,17 @@ class LlamaCppRuntime:
     refused_hint = ""
 
     def shape(self, spec: ModelSpec, request: PlanRequest) -> Shaped:
+        # the file's default repeat penalty: llama-server and llama-cli sample with it (common.cpp); a CLI flag to
+        # override it is not planned, so a file that sets one is planned with its cost
+        if spec.sampling_penalty_repeat != 1.0 and not request.sampling_penalties:
+            return Shaped(
+                replace(request, sampling_penalties=True),
+                notes=(
+                    f"the file sets a repeat penalty of {spec.sampling_penalty_repeat:g} (general.sampling.penalty_repeat), "
+                    "which llama.cpp samples with by default: a pass over the vocabulary on the CPU each token, counted "
+                    "in the decode estimate (--repeat-penalty 1 avoids it)",
+                ),
+            )
         return Shaped(request)
 
     def place(self, plan: Plan, replan: Callable[[Hardware], Plan]) -> Plan:
@@ -124,8 +135,6 @@ class LlamaCppRuntime:
         context and cache types fit there (``-dev CUDA1``), as an expert runs it; llama.cpp would otherwise
         split the layers over every card it finds (llama_model::load_tensors, -sm layer), which decodes no faster for one
         sequence and holds memory on each. ``-ts`` asks for the split (kvadvise.entry: not placed then)."""
-        from dataclasses import replace
-
         hw = plan.hardware
         if hw is None or len(hw.gpus) < 2 or not plan.fits or plan.config.rpc_servers:
             return plan
