@@ -39,6 +39,7 @@ def test_the_penalty_adds_its_pass_over_the_vocabulary(gemma_path: Path) -> None
         ("0.32.10", "qwen2", {}, False),  # the default is 1.0 from here
         ("0.32.10", "qwen35moe", {"presence_penalty": 1.5}, True),  # the library's qwen3.5 sets one
         ("0.30.0", "qwen2", {"repeat_penalty": 1}, False),  # PARAMETER repeat_penalty 1
+        ("0.30.0", "qwen2", {"repeat_last_n": 0}, False),  # a window of no tokens
         ("0.20.2", "gptoss", {"repeat_penalty": 1.3}, False),  # the Go engine's sampler has no penalties
         (None, "qwen2", {}, False),  # an unknown version: the newest
     ],

@@ -222,7 +222,7 @@ class OllamaRuntime:
             ms = spec.n_vocab * SAMPLER_PENALTY_S_PER_ENTRY * 1e3
             notes = (
                 *notes,
-                f"Ollama {rel.version or ''} applies a repeat or presence penalty here (its default repeat_penalty 1.1 "
+                f"Ollama{f' {rel.version}' if rel.version else ''} applies a repeat or presence penalty here (its default repeat_penalty 1.1 "
                 f"before 0.32.10, or the model's parameters): its sampler visits all {spec.n_vocab:,} candidates on "
                 f"the CPU each token, about {ms:.1f} ms a token (PARAMETER repeat_penalty 1 and presence_penalty 0 in "
                 "a Modelfile avoid it)",

@@ -273,8 +273,8 @@ class OllamaRelease:
         repeat_penalty other than 1 (the default's until 0.32.10), a presence or frequency penalty other than 0. The
         llamarunner and llama-server sample with llama.cpp's chain (runner/llamarunner PenaltyRepeat, llm/llama_server.go
         repeat_penalty); the Go engine's sampler (sample/) applies none (ollama #14537, token history, was reverted)."""
-        if self.runner not in ("llamarunner", "llama-server"):
-            return False
+        if self.runner not in ("llamarunner", "llama-server") or _number(params.get("repeat_last_n"), 64) == 0:
+            return False  # a window of 0 tokens: llama_sampler_penalties_apply returns at once
         v = self.v
         default_repeat = 1.0 if v is None or v >= REPEAT_PENALTY_OFF_FROM else 1.1
         repeat = _number(params.get("repeat_penalty"), default_repeat)
