@@ -56,7 +56,8 @@ from kvadvise.planner.split import (
     device_layers,
     layer_devices,
     output_host_bytes,
-    output_weights_bytes,
+    output_layer_bytes,
+    output_pad_bytes,
     split_compute,
     split_host_compute,
 )
@@ -691,16 +692,6 @@ def op_offload_growth(spec: ModelSpec, lay: ContextLayout, weight_copy: int) -> 
     return _analytic_device_compute(spec, lay, weight_copy) - _analytic_device_compute(spec, lay)
 
 
-def output_layer_bytes(spec: ModelSpec, device: str) -> int:
-    """The output layer's weights as a device's buffer holds them (CUDA pads quantized rows: split.device_layers)."""
-    return output_weights_bytes(spec) + _output_pad_bytes(spec, device)
-
-
-def _output_pad_bytes(spec: ModelSpec, device: str) -> int:
-    """CUDA's row padding of the output layer's tensors (what no block pads: split.device_layers' rest_pad)."""
-    return spec.cuda_pad_bytes - sum(spec.layer_cuda_pad_bytes) if device == "cuda" else 0
-
-
 def output_op_offload_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     """The first device's compute buffer at the output layer when its weights stay in host memory
     (RunConfig.output_on_host) and the device op-offloads its matmul: a copy of output.weight (as the device's
@@ -714,7 +705,7 @@ def output_op_offload_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     rows = reserve_outputs(lay)
     if lay.device not in OP_OFFLOAD_DEVICES or rows < OP_OFFLOAD_MIN_BATCH or not spec.n_vocab:
         return 0
-    copy = (spec.output_bytes or spec.tok_embd_bytes) + _output_pad_bytes(spec, lay.device)
+    copy = (spec.output_bytes or spec.tok_embd_bytes) + (output_pad_bytes(spec) if lay.device == "cuda" else 0)
     # the logits as allocated here, not above the holes a last MoE or MLA layer leaves (sizes.graph_sizes): the
     # copy comes first, and gpt-oss-20b's 985.20 MiB has no such row
     logits, normed = 4 * rows * spec.n_vocab, 4 * rows * spec.n_embd
@@ -916,7 +907,7 @@ def _offloaded(
     copies = N_COPIES if pipeline else 1
     keys = layer_shapes(spec).keys
     parts = device_layers(spec, owner, n_dev, cuda)
-    output_layer_weights = output_layer_bytes(spec, lay.device)
+    output_layer_weights = output_layer_bytes(spec, cuda)
     devices = []
     for d, part in enumerate(parts):
         if n_dev == 1:  # every KV layer is in one of the caches

@@ -59,14 +59,13 @@ from kvadvise.planner.memory import (
     host_experts_device_growth,
     layer_kv_bytes,
     op_offload_growth,
-    output_layer_bytes,
     output_layer_compute_bytes,
     output_op_offload_bytes,
     resolve,
 )
 from kvadvise.planner.policy import KV, Policy, allowed_kvs, config_at, kv_name
 from kvadvise.planner.speed import ctx_label
-from kvadvise.planner.split import layer_devices, output_host_bytes, output_weights_bytes
+from kvadvise.planner.split import layer_devices, output_host_bytes, output_layer_bytes, output_weights_bytes
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -255,7 +254,7 @@ def _layers(spec: ModelSpec, full: MemoryEstimate, cfg: RunConfig) -> _Layers:
     for il in range(n_all):
         fixed[owner[il]] -= block[il]
     out_dev = owner[n_all] if n_dev > 1 else 0
-    out_w = output_layer_bytes(spec, lay.device)
+    out_w = output_layer_bytes(spec, lay.device == "cuda")
     return _Layers(tuple(fixed), tuple(block), tuple(experts), tuple(kv), tuple(weights), out_dev, out_w)
 
 
@@ -343,17 +342,15 @@ def partial_offload(
     output_last = builds.older_than(cfg.llama_build, builds.OUTPUT_FIRST) if output_first is None else not output_first
     base_compute = full.devices[0].compute_bytes
 
-    def grown_compute(n_cpu: int, n_cpu_moe: int) -> int:  # the first device's compute beyond the full offload's
-        grown = copy_bytes(max(n_cpu, n_cpu_moe)) + split_compute(n_cpu, n_cpu_moe)
-        if output_last and n_cpu:
+    def copy_growth(n_cpu: int, n_cpu_moe: int) -> int:  # what op offload's copies add to the first device's compute
+        grown = copy_bytes(max(n_cpu, n_cpu_moe))
+        if output_last and n_cpu:  # or output.weight's beside the logits, whichever peak is higher
             grown = max(base_compute + grown, output_op_offload_bytes(spec, lay)) - base_compute
         return grown
 
     def fits(n_cpu: int, n_cpu_moe: int) -> list[int] | None:
-        out_host = output_last and n_cpu > 0
-        each = _on_devices(
-            layers, cfg.tensor_split, n_cpu, n_cpu_moe, grown_compute(n_cpu, n_cpu_moe), output_on_host=out_host
-        )
+        grown = copy_growth(n_cpu, n_cpu_moe) + split_compute(n_cpu, n_cpu_moe)
+        each = _on_devices(layers, cfg.tensor_split, n_cpu, n_cpu_moe, grown, output_on_host=output_last and n_cpu > 0)
         return each if all(d <= b for d, b in zip(each, budgets, strict=True)) else None
 
     found: tuple[int, int, list[int]] | None = None
@@ -374,10 +371,10 @@ def partial_offload(
         return None  # even with every layer on the CPU the rest does not fit
     n_cpu, n_cpu_moe, each = found
     out_host = output_last and n_cpu > 0
-    copied = op_offload_bytes(spec, range(max(n_cpu, n_cpu_moe)), budget.device, ub)
-    op_copy = None if copied is None else op_offload_growth(spec, lay, copied)
-    if out_host:
-        op_copy = grown_compute(n_cpu, n_cpu_moe)
+    # llama_model::load_tensors's i_gpu_start: n_layer_all + 1 - ngl (n_layer_all - ngl before OUTPUT_FIRST)
+    n_gpu_layers = spec.n_layer_all - n_cpu if out_host else spec.n_layer_all + 1 - n_cpu
+    known = out_host or op_offload_bytes(spec, range(max(n_cpu, n_cpu_moe)), budget.device, ub) is not None
+    op_copy = copy_growth(n_cpu, n_cpu_moe) if known else None
     cpu_weights = sum(layers.weights[il] for il in range(n_cpu)) + sum(
         layers.experts[il] for il in range(n_cpu, n_cpu_moe)
     )
@@ -417,7 +414,7 @@ def partial_offload(
         tensor = "output.weight" if spec.output_bytes else "the tied token_embd"
         note += (
             f"; llama.cpp b{cfg.llama_build} offloads the output layer last (before llama.cpp#18148): -ngl "
-            f"{spec.n_layer_all - n_cpu} leaves it on the CPU too: its matmul reads {tensor} "
+            f"{n_gpu_layers} leaves it on the CPU too: its matmul reads {tensor} "
             f"({output_weights_bytes(spec) / MIB:,.0f} MiB) there"
         )
     if op_copy and out_host and offloads:
@@ -436,8 +433,7 @@ def partial_offload(
         n_ctx_seq,
         kv[0],
         kv[1],
-        # llama_model::load_tensors's i_gpu_start: n_layer_all + 1 - ngl (n_layer_all - ngl before OUTPUT_FIRST)
-        spec.n_layer_all - n_cpu if out_host else spec.n_layer_all + 1 - n_cpu,
+        n_gpu_layers,
         n_cpu,
         n_cpu_moe,
         sum(each),

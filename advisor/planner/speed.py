@@ -169,6 +169,13 @@ EARLY_BUILD_RECURRENT_S: dict[int, float] = {8286: 30e-6, 8720: 65e-6}
 # on a GPU at b9746, 33.1 t/s without, 27.5 and 27.3 with either penalty (llama.cpp#24871: 6 ms over 248,320
 # entries, 25 ns). llama-bench never samples, so the fit rows cannot see it. Serial with the GPU's work: added as is.
 SAMPLER_PENALTY_S_PER_ENTRY = 13e-9
+
+
+def sampler_penalty_seconds(spec: ModelSpec) -> float:
+    """What a sampler penalty adds to each token (:data:`SAMPLER_PENALTY_S_PER_ENTRY` over the vocabulary)."""
+    return spec.n_vocab * SAMPLER_PENALTY_S_PER_ENTRY
+
+
 EARLY_BUILD_ARCHS = frozenset({"qwen35moe"})
 
 
@@ -550,7 +557,7 @@ def estimate(
         return None
     reads = weight_reads(spec)
     depths = sorted({min(4096, n_ctx), n_ctx}) if n_ctx > 0 else [4096]
-    sampler = spec.n_vocab * SAMPLER_PENALTY_S_PER_ENTRY if sampling_penalties else 0.0
+    sampler = sampler_penalty_seconds(spec) if sampling_penalties else 0.0
     pts = []
     for depth in depths:
         t = seconds_per_token(

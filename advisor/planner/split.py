@@ -87,15 +87,12 @@ def device_layers(spec: ModelSpec, owner: tuple[int, ...], n_dev: int, cuda: boo
     # in a block (output, output_norm, ...) goes with the output layer; tied embeddings make that device
     # hold a copy of token_embd as the output layer (an encoder has no output layer: no copy); the input layer's
     # other tensors (per_layer_token_embd, position_embd, token_types) stay on the CPU with token_embd
-    rest = output_weights_bytes(spec, sum(layer_w))
-    rest_pad = spec.cuda_pad_bytes - sum(layer_pad) if cuda else 0
+    rest = output_layer_bytes(spec, cuda, sum(layer_w))
     parts = []
     for d in range(n_dev):
         layers = tuple(il for il in range(spec.n_layer_all) if owner[il] == d)
         last = owner[spec.n_layer_all] == d
-        weights = sum(layer_w[il] + (layer_pad[il] if cuda else 0) for il in layers) + (
-            (rest + rest_pad) if last else 0
-        )
+        weights = sum(layer_w[il] + (layer_pad[il] if cuda else 0) for il in layers) + (rest if last else 0)
         n_layers = sum(1 for il in layers if il < spec.n_layer) + (1 if last else 0)
         parts.append(DeviceLayers(layers, last, weights, n_layers, _device_spec(spec, layers)))
     if len(_SPLITS) >= _SPLITS_MAX:
@@ -111,6 +108,16 @@ def output_weights_bytes(spec: ModelSpec, blocks_bytes: int | None = None) -> in
     if blocks_bytes is None:
         blocks_bytes = sum(spec.layer_bytes) if any(spec.layer_bytes) else sum(_even_layers(spec))
     return spec.weights_bytes - spec.tok_embd_bytes - spec.input_extra_bytes - blocks_bytes + _tied_copy(spec)
+
+
+def output_pad_bytes(spec: ModelSpec) -> int:
+    """CUDA's row padding of the output layer's tensors: what no block pads."""
+    return spec.cuda_pad_bytes - sum(spec.layer_cuda_pad_bytes)
+
+
+def output_layer_bytes(spec: ModelSpec, cuda: bool, blocks_bytes: int | None = None) -> int:
+    """The output layer's weights as a device's buffer holds them (``cuda``: with CUDA's row padding)."""
+    return output_weights_bytes(spec, blocks_bytes) + (output_pad_bytes(spec) if cuda else 0)
 
 
 def output_host_bytes(spec: ModelSpec) -> int:

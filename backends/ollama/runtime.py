@@ -216,10 +216,10 @@ class OllamaRuntime:
             r = replace(r, spec_type="draft-mtp", spec_draft_n_max=n_max)
         if rel.sampling_penalties(model.params):
             # llama-sampling.cpp's penalties sampler visits every candidate (kvadvise.planner.speed)
-            from kvadvise.planner.speed import SAMPLER_PENALTY_S_PER_ENTRY
+            from kvadvise.planner.speed import sampler_penalty_seconds
 
             r = replace(r, sampling_penalties=True)
-            ms = spec.n_vocab * SAMPLER_PENALTY_S_PER_ENTRY * 1e3
+            ms = sampler_penalty_seconds(spec) * 1e3
             notes = (
                 *notes,
                 f"Ollama{f' {rel.version}' if rel.version else ''} applies a repeat or presence penalty here (its default repeat_penalty 1.1 "
