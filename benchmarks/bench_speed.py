@@ -192,6 +192,14 @@ def decode_inputs(doc: dict[str, Any], row: dict[str, Any]) -> DecodeInputs:
     return _DECODE[row["id"]]
 
 
+def times_sampling(row: dict[str, Any]) -> bool:
+    """Whether the row's figure holds the CPU's sampling (speed.SAMPLING_S_PER_ENTRY): llama-server's timings and
+    Ollama's eval rate run from the first token to the last; llama-bench never samples, and llama.cpp main's and
+    llama-cli's "eval time" leave the "sampling time" out."""
+    program = str(row.get("program") or "").lower()
+    return "llama-server" in program or "ollama" in program
+
+
 def decode_estimate(doc: dict[str, Any], row: dict[str, Any]) -> float:
     x = decode_inputs(doc, row)
     t = speed.seconds_per_token(
@@ -203,6 +211,8 @@ def decode_estimate(doc: dict[str, Any], row: dict[str, Any]) -> float:
         cpu_bandwidth_bytes_per_s=x.cpu_bandwidth,
         llama_build=x.llama_build,
     )
+    if times_sampling(row):
+        t += speed.sampling_seconds(row_spec(doc, row))
     return 1 / t
 
 

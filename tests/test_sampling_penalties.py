@@ -27,7 +27,10 @@ def test_the_penalty_adds_its_pass_over_the_vocabulary(gemma_path: Path) -> None
     assert plain is not None and pen is not None
     added = 1 / pen.tokens_per_s - 1 / plain.tokens_per_s
     assert added == pytest.approx(262_144 * 13e-9, rel=1e-9)
-    assert "visits all 262,144 candidates" in pen.note and "candidates" not in plain.note
+    assert "the sampler's penalty visits them all again" in pen.note and "penalty" not in plain.note
+    # sampling itself, penalty or not: every runtime samples each token over all 262,144 candidates on the CPU
+    assert "samples each token on the CPU over all 262,144 candidates" in plain.note
+    assert f"+{262_144 * speed.SAMPLING_S_PER_ENTRY * 1e3:.1f} ms counted" in plain.note
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ from click.testing import CliRunner
 
 from kvadvise.backends.ollama.profiles import profiles
 from kvadvise.cli import cli, main
+from kvadvise.model.spec import ModelSpec
 from kvadvise.planner import cpuspeed, prefill, speed
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,12 +82,19 @@ def test_decode_accuracy_fit_and_held_out(bench) -> None:  # type: ignore[no-unt
     (ffn_down's Q6_K -> Q8_0 in the use_more_bits layers of a Q4_K_M, output.weight Q6_K -> Q8_0): DeepSeek-Coder-V2-
     Lite Q4_K_M 10.33 -> 10.48 GB (its 64 experts' ffn_down rows are 1,408 wide), and the held-out M4 Pro row (116,
     llmfit) 0.752 -> 0.744, past the edge: 57 of 67. Held-out rows 505-509 (Qwen3.6/3.5-35B-A3B on one and two RTX 5060 Ti
-    and an RTX 5080, llama-server): four within, the RTX 5080 Q3_K_S row (509, 1.46) not: 61 of 72."""
+    and an RTX 5080, llama-server): four within, the RTX 5080 Q3_K_S row (509, 1.46) not: 61 of 72. The CPU's
+    sampling over the vocabulary counted where the row's figure holds it (llama-server, Ollama; speed.SAMPLING_S_PER_
+    ENTRY, measured by benchmarks/bench_server_loop.py): fit 100 -> 101 (gpt-oss-20b on a 7900 XT through llama-server
+    1.26 -> 1.16), held-out 61 -> 62 (APEX Nano 1.41 -> 1.22 in, the RTX 5080 row 1.46 -> 1.27 still out, an M4
+    Pro llmfit row 0.78 -> 0.72 out, an Ollama M-series row 1.26 -> 1.18 in)."""
     t = bench.decode_table(bench.load())
     fit = [x for r, x in t if bench.split_of(r) == "fit"]
     held = [(r, x) for r, x in t if bench.split_of(r) == "holdout"]
-    assert bench.share_within(fit, 0.25) >= 100 / 106
-    assert bench.share_within([x for _, x in held], 0.25) >= 61 / 72
+    assert bench.share_within(fit, 0.25) >= 101 / 106
+    assert bench.share_within([x for _, x in held], 0.25) >= 62 / 72
+    # the hybrid MoE rows timed through llama-server (issue 37): within 25 % but the RTX 5080 one
+    hybrid = {r["id"]: x for r, x in held if r["arch"] == "qwen35moe" and bench.times_sampling(r)}
+    assert {i for i, x in hybrid.items() if abs(x - 1) > 0.25} == {509}
     config = [x for r, x in held if bench.input_kind(r) == "config"]
     assert bench.share_within(config, 0.25) >= 13 / 16
 
@@ -131,12 +139,20 @@ def test_every_gpu_profile_has_a_compute_figure_with_its_basis() -> None:
 def test_gpt_oss_ranks_above_llama_on_a_4090() -> None:
     """Published: gpt-oss-20b decodes more than half again as fast as llama3.1:8b on a 4090 (llama.cpp GGUFs with
     Q8_0 attention). Ollama's gpt-oss:20b keeps attention and the output in BF16 (14 GB), so it reads more per token:
-    the estimate for the profile is still well ahead (the old one put it at 0.4x)."""
+    the estimate for the profile is still well ahead (the old one put it at 0.4x). The published figures are
+    llama-bench's, which never samples: compared without the CPU's sampling time (speed.sampling_seconds), which
+    narrows the gap for every runtime that samples (201,088 candidates against 128,256)."""
     gpu = [speed.Device("cuda", 1_008_000_000_000)]
-    oss = speed.estimate(profiles()["gpt-oss:20b"].spec(), 4096, gpu)
-    llama = speed.estimate(profiles()["llama3.1:8b"].spec(), 4096, gpu)
+    oss_spec, llama_spec = profiles()["gpt-oss:20b"].spec(), profiles()["llama3.1:8b"].spec()
+    oss = speed.estimate(oss_spec, 4096, gpu)
+    llama = speed.estimate(llama_spec, 4096, gpu)
     assert oss is not None and llama is not None
-    assert oss.tokens_per_s > 1.3 * llama.tokens_per_s
+
+    def decode_s(est: speed.SpeedEstimate, spec: ModelSpec) -> float:
+        return 1 / est.tokens_per_s - speed.sampling_seconds(spec)
+
+    assert decode_s(llama, llama_spec) > 1.3 * decode_s(oss, oss_spec)
+    assert oss.tokens_per_s > 1.2 * llama.tokens_per_s
 
 
 def test_speed_falls_with_context_and_moe_reads_only_used_experts() -> None:
@@ -193,7 +209,7 @@ def test_early_llama_cpp_builds_decode_a_hybrid_moe_slower(bench) -> None:  # ty
     108.8 t/s vs 173.7 for UD-Q3_K_XL), by the same time per token at 3 and at 4 bits: the builds' fixed costs,
     fitted per Gated DeltaNet layer on those rows (speed.EARLY_BUILD_RECURRENT_S). A row run on such a build is
     planned at it; an unknown build is planned as the newest. The held-out IQ3_S row (RTX 5060 Ti, stock b8125),
-    1.50x too fast at the newest build's cost, comes out 1.16x; the two held-out rows that name no build keep theirs."""
+    1.38x too fast at the newest build's cost (with llama-server's sampling), comes out 1.09x; the two held-out rows that name no build keep theirs."""
     doc = bench.load()
     rows = {r["id"]: r for r in doc["rows"]}
     spec = bench.row_spec(doc, rows[176])
@@ -215,13 +231,14 @@ def test_early_llama_cpp_builds_decode_a_hybrid_moe_slower(bench) -> None:  # ty
 
     for rid in (191, 193, 195, 197):  # before b8720: the newest build's cost is 1.25x too fast or more
         assert ratio(rid, None) > 1.25 and 0.95 <= ratio(rid, rows[rid]["llama_build"]) <= 1.05
-    assert ratio(176, None) > 1.45 and 0.85 <= ratio(176, 8125) <= 1.2
+    assert ratio(176, None) > 1.35 and 0.85 <= ratio(176, 8125) <= 1.2
     # the held-out UD-Q3_K_XL (RTX 3090) and APEX Nano (RTX 5070 Ti) rows name no build: planned as the newest, the
-    # 3090's comes to the edge of 25 % once its 1,695 MHz clock stretches the fixed time (1.56 before: 1.252), the
-    # 5070 Ti's (2,452 MHz) stays 1.4x too fast (an early build would explain most of it, a later one would not)
+    # 3090's comes to the edge of 25 % once its 1,695 MHz clock stretches the fixed time (1.56 before: 1.252; its
+    # runner is not named, so no sampling is counted), the 5070 Ti's (2,452 MHz) was 1.41x too fast until
+    # llama-server's sampling over 248,320 candidates was counted (speed.SAMPLING_S_PER_ENTRY): 1.22
     table = {r["id"]: x for r, x in bench.decode_table(doc)}
     assert "llama_build" not in rows[161] and "llama_build" not in rows[162]
-    assert 1.15 < table[161] < 1.3 and table[162] > 1.3
+    assert 1.15 < table[161] < 1.3 and 1.15 < table[162] < 1.25
     # a plan for an old build says so
     dev = bench.row_devices(doc, rows[176], spec)
     old, new = speed.estimate(spec, 4096, dev, llama_build=8125), speed.estimate(spec, 4096, dev)
@@ -480,6 +497,7 @@ def test_unequal_gpus_read_at_their_own_bandwidth_by_their_share() -> None:
         for d in devs
     )
     t += spec.n_layer * speed.LAYER_OVERHEAD_S["cuda"]
+    t += spec.n_vocab * speed.SAMPLING_S_PER_ENTRY  # the CPU samples each token, serially
     assert mixed.tokens_per_s == pytest.approx(1 / t, rel=1e-9)
 
 

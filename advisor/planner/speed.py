@@ -169,11 +169,25 @@ EARLY_BUILD_RECURRENT_S: dict[int, float] = {8286: 30e-6, 8720: 65e-6}
 # on a GPU at b9746, 33.1 t/s without, 27.5 and 27.3 with either penalty (llama.cpp#24871: 6 ms over 248,320
 # entries, 25 ns). llama-bench never samples, so the fit rows cannot see it. Serial with the GPU's work: added as is.
 SAMPLER_PENALTY_S_PER_ENTRY = 13e-9
+# The CPU time per token and vocabulary entry of sampling itself, with no penalty (s): llama-server's figure
+# (timings.predicted_per_token_ms, t_token_generation / n_decoded) runs from the first token to the last, so it holds
+# common_sampler_sample (set_logits fills n_vocab candidates, then the default chain) serially with the decode;
+# Ollama's eval rate times its runner's loop the same way; llama-bench never samples. Measured side by side
+# (benchmarks/bench_server_loop.py, b11312, one CPU thread: llama-server vs llama_decode on two tiny llamas that
+# differ only in the vocabulary): 3.72 ns an entry. The same run gives the slot's loop 0.41 ms a token beside it on
+# this 2-core server VM; not counted: row 83 (a 1B at 466 t/s through llama-server) bounds it far lower on a desktop.
+SAMPLING_S_PER_ENTRY = 3.7e-9
 
 
 def sampler_penalty_seconds(spec: ModelSpec) -> float:
     """What a sampler penalty adds to each token (:data:`SAMPLER_PENALTY_S_PER_ENTRY` over the vocabulary)."""
     return spec.n_vocab * SAMPLER_PENALTY_S_PER_ENTRY
+
+
+def sampling_seconds(spec: ModelSpec, *, penalties: bool = False) -> float:
+    """The CPU's time a token to sample it (:data:`SAMPLING_S_PER_ENTRY` over the vocabulary), and a penalty's
+    pass beside it where one is set."""
+    return spec.n_vocab * SAMPLING_S_PER_ENTRY + (sampler_penalty_seconds(spec) if penalties else 0.0)
 
 
 EARLY_BUILD_ARCHS = frozenset({"qwen35moe"})
@@ -551,13 +565,13 @@ def estimate(
 ) -> SpeedEstimate | None:
     """Decode speed of one sequence at 4k and at ``n_ctx`` tokens of context (None: nothing to go on).
     No ``devices``: a CPU plan, everything read at ``cpu_bandwidth_bytes_per_s``; ``llama_build``: the build
-    that runs it (None: the newest); ``sampling_penalties``: the sampler applies a penalty
-    (:data:`SAMPLER_PENALTY_S_PER_ENTRY` over the vocabulary, each token)."""
+    that runs it (None: the newest). Every runtime samples each token on the CPU (:data:`SAMPLING_S_PER_ENTRY` over
+    the vocabulary); ``sampling_penalties``: its sampler applies a penalty too (:data:`SAMPLER_PENALTY_S_PER_ENTRY`)."""
     if not spec.weights_bytes or (devices and not all(d.bandwidth_bytes_per_s for d in devices)):
         return None
     reads = weight_reads(spec)
     depths = sorted({min(4096, n_ctx), n_ctx}) if n_ctx > 0 else [4096]
-    sampler = sampler_penalty_seconds(spec) if sampling_penalties else 0.0
+    sampler = sampling_seconds(spec, penalties=sampling_penalties)
     pts = []
     for depth in depths:
         t = seconds_per_token(
@@ -590,6 +604,9 @@ def estimate(
         f"({kind}{', only the experts in use' if reads.moe and reads.experts else ''}) plus the K/V up to the depth, "
         f"at {bw}"
         + (f" (bandwidth: {source})" if source and devices else "")
+        + f"; the runtime samples each token on the CPU over all {spec.n_vocab:,} candidates"
+        + (", and the sampler's penalty visits them all again" if sampling_penalties else "")
+        + f": +{sampler * 1e3:.1f} ms counted (llama-bench does not sample)"
         + f"; calibrated on published measurements (80 % within {RANGE[0]:.0%} to {RANGE[1]:.0%}); "
         "`kvadvise verify` measures the real figure"
     )
@@ -608,11 +625,6 @@ def estimate(
         note += (
             f"; planned for llama.cpp b{max(EARLY_BUILD_RECURRENT_S)} or later: a build before it decodes this hybrid "
             f"up to {slowest * 1e3:.1f} ms a token slower (--llama-build bNNNN names yours)"
-        )
-    if sampler:
-        note += (
-            f"; the sampler's penalty visits all {spec.n_vocab:,} candidates on the CPU each token: "
-            f"+{sampler * 1e3:.1f} ms counted"
         )
     if factor != 1.0:
         note += (
