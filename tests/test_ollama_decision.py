@@ -70,7 +70,10 @@ def test_the_library_gpt_oss_under_0_11_0_as_issue_37_saw_it(
     """gpt-oss:20b (the built-in profile: Ollama's own conversion, architecture gptoss, the Go engine) on a
     16 GB card with 15.6 GiB free under Ollama 0.11.0: 23 of 25 layers, as the issue reports of an RTX 4060 Ti
     (the layer sizes are the profile's, an even spread of the library's 14 GB). The Go engine's allocation is
-    not modelled, so no num_gpu is set; from 0.11.5 its layout is a trial allocation: not replayed."""
+    not modelled, so no num_gpu is set. 0.11.5 to 0.11.10 decide by llm/memory.go too, unless OLLAMA_NEW_ESTIMATES=1
+    (NewLlamaServer: "newEstimates := textProcessor != nil && envconfig.NewMemoryEstimates()"): 0.11.5's estimate
+    (MXFP4 as llama.cpp's type 39, the graph per slot) puts all 25 on the card; from 0.11.11 the Go engine's layout
+    is a trial allocation: not replayed before 0.12.11."""
     from ollama_fake import closed_port_url
 
     monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
@@ -80,5 +83,9 @@ def test_the_library_gpt_oss_under_0_11_0_as_issue_37_saw_it(
     d = out["decision"]
     assert (d["layers_offload"], d["layers_model"], d["num_gpu"], d["allocation_modelled"]) == (23, 25, None, False)
     assert "num_gpu" not in out["modelfile_parameters"]
-    rc = main(["ollama", "gpt-oss:20b", "--ctx", "8192", "--vram", "15.6GiB", "--ollama-version", "0.11.5", "--json"])
+    for version in ("0.11.5", "0.11.10"):
+        rc = main(["ollama", "gpt-oss:20b", "--ctx", "8192", "--vram", "15.6GiB", "--ollama-version", version, "--json"])
+        d = json.loads(capsys.readouterr().out)["ollama"]["decision"]
+        assert rc == 0 and d["layers_by"] == "llm/memory.go" and (d["layers_offload"], d["layers_model"]) == (25, 25)
+    rc = main(["ollama", "gpt-oss:20b", "--ctx", "8192", "--vram", "15.6GiB", "--ollama-version", "0.11.11", "--json"])
     assert rc == 0 and json.loads(capsys.readouterr().out)["ollama"]["decision"] is None

@@ -294,7 +294,7 @@ def test_the_library_gpt_oss_profile_gets_the_go_engines_decision(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """gpt-oss:20b from its built-in profile (Ollama's gptoss conversion, the Go engine): from 0.12.11 its layout
-    is replayed (0.11.5 - 0.12.10: not, tests/test_ollama_decision.py); all 25 layers on 15.6 GiB at 8k, part
+    is replayed (0.11.11 - 0.12.10: not, tests/test_ollama_decision.py); all 25 layers on 15.6 GiB at 8k, part
     on 8 GiB, the top blocks first."""
     from ollama_fake import closed_port_url
 

@@ -62,7 +62,10 @@ def test_the_release_prints_the_version_as_given_without_its_blanks() -> None:
         ("0.20.2", "deepseek2", "ollamarunner", "ec98e2002", "llama-cli", "trial allocations"),
         ("0.12.10", "deepseek2", "llamarunner", "7049736b2", "llama-cli", "memory.go"),  # Go engine from 0.13.0
         ("0.12.10", "gptoss", "ollamarunner", "7049736b2", "llama-cli", "trial allocations"),
-        ("0.11.4", "gptoss", "ollamarunner", "de4c07f93", "llama-cli", "memory.go"),  # trial layout from 0.11.5
+        ("0.11.4", "gptoss", "ollamarunner", "de4c07f93", "llama-cli", "memory.go"),
+        # 0.11.5-0.11.10: the trial layout only with OLLAMA_NEW_ESTIMATES=1 (NewLlamaServer's newEstimates)
+        ("0.11.10", "gptoss", "ollamarunner", "e54d41bef", "llama-cli", "memory.go"),
+        ("0.11.11", "gptoss", "ollamarunner", "e54d41bef", "llama-cli", "trial allocations"),
         ("0.13.0", "qwen2", "llamarunner", "b6840", "llama-cli", "GraphSize"),
         ("0.30.0", "qwen2", "llama-server", "b9452", "llama-server", "--fit"),
         ("0.32.13", "deepseek2", "llama-server", "b10380", "llama-server", "--fit"),

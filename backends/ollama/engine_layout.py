@@ -335,7 +335,7 @@ def check_modelled(model: LegacyModel, version: str) -> tuple[int, int, int]:
     if not FIRST_VERSION <= v <= LAST_VERSION:
         raise EngineLayoutNotModelled(
             f"Ollama {version}: the Go engine's layout is replayed for Ollama 0.12.11 to 0.24",
-            hint="0.11.5 - 0.12.10: findBestFit without performance groups (ml.ByPerformance comes at 0.12.11) and, "
+            hint="0.11.11 - 0.12.10 (0.11.5 - 0.11.10 with OLLAMA_NEW_ESTIMATES=1): findBestFit without performance groups (ml.ByPerformance comes at 0.12.11) and, "
             "before 0.12.5, ml.Memory with an allocation status: not ported; 0.30 and later: llama-server --fit",
         )
     arch = model.architecture

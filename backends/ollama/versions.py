@@ -12,7 +12,8 @@ Read from the tags of ollama/ollama (the git mirror; each row names the tag and 
   the architectures fs/ggml/ggml.go OllamaEngineRequired lists (all of them with OLLAMA_NEW_ENGINE=1; a model
   the Go engine cannot read falls back to the llamarunner, llm/server.go NewLlamaServer). The layers on the
   GPU are Ollama's decision: llm/memory.go EstimateGPULayers up to 0.12.10 (the llamarunner's; the
-  ollamarunner's from 0.11.5 is the trial layout), then llm/server.go createLayout/greedyFit over Ollama's
+  ollamarunner's from 0.11.11 is the trial layout, from 0.11.5 with OLLAMA_NEW_ESTIMATES=1, which kvadvise takes as
+  unset), then llm/server.go createLayout/greedyFit over Ollama's
   own estimate (fs/ggml GraphSize for the llamarunner; the runner's trial allocations for the ollamarunner).
   kvadvise plans what the llama.cpp library allocates for the llamarunner at the vendored commit's rules
   (kvadvise.planner.builds: whole-batch logits, RunConfig.runtime "llama-cli"); it does not model the Go
@@ -177,7 +178,11 @@ FA_ALWAYS_FROM: Version = (0, 17, 1)
 FA_ALWAYS = frozenset({"qwen35", "qwen35moe", "qwen3next"})
 
 LAYOUT_FROM: Version = (0, 12, 11)  # llm/memory.go deleted (f560bd077fcf); llamaServer.Load calls createLayout
-TRIAL_LAYOUT_FROM: Version = (0, 11, 5)  # ollamaServer.Load: createLayout over the runner's reported memory
+# ollamaServer.Load (createLayout over the runner's reported memory) by default: v0.11.5..v0.11.10 made it only with
+# OLLAMA_NEW_ESTIMATES=1 (llm/server.go NewLlamaServer: "newEstimates := textProcessor != nil &&
+# envconfig.NewMemoryEstimates()", else a llamaServer: llm/memory.go for the Go engine's models too); v0.11.11 returns
+# an ollamaServer whenever the Go engine runs the model
+TRIAL_LAYOUT_FROM: Version = (0, 11, 11)
 UBATCH_FROM: Version = (0, 13, 3)  # llama/llama.go NewContextParams: n_batch = batchSize × numSeqMax, n_ubatch
 FA_AUTO_FROM: Version = (0, 13, 4)  # llamarunner: ml.FlashAttentionAuto unless OLLAMA_FLASH_ATTENTION is set
 NUM_BATCH_DEFAULT = 512  # api/types.go DefaultOptions NumBatch (0.11.0 to 0.24.0)
