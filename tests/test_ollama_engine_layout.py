@@ -1,4 +1,4 @@
-"""Ollama's Go engine (ollamarunner) layout, 0.12.11 - 0.24 (kvadvise.backends.ollama.engine_layout): the memory its
+"""Ollama's Go engine (ollamarunner) layout, 0.12.7 - 0.24 (kvadvise.backends.ollama.engine_layout): the memory its
 runner reports per layer (ml/backend/ggml/ggml.go New, kvcache/causal.go Causal.Init) from real GGUF headers
 (tests/tinymodels.py at real-model dimensions, header only), and ollamaServer.Load's trial loads over it."""
 
@@ -204,10 +204,34 @@ def _fields(cfg: Any) -> dict[str, Any]:
 
 def test_refused_architectures_and_versions(qwen3_path: Path) -> None:
     model = legacy_model(read_header(qwen3_path))
-    with pytest.raises(el.EngineLayoutNotModelled, match=r"0\.12\.11 to 0\.24"):
-        el.ollama_server_load(model, _cuda(GIB), version="0.12.10", num_ctx=4096, graph_bytes=GRAPH)
+    with pytest.raises(el.EngineLayoutNotModelled, match=r"0\.12\.7 to 0\.24"):
+        el.ollama_server_load(model, _cuda(GIB), version="0.12.6", num_ctx=4096, graph_bytes=GRAPH)
     with pytest.raises(el.EngineLayoutNotModelled, match="chunked attention"):
         el.ollama_server_load(_model("llama4", 4, 0), _cuda(GIB), version="0.13.0", num_ctx=4096, graph_bytes=GRAPH)
+
+
+def test_before_0_12_11_one_bisection_spreads_the_layers_over_every_gpu(qwen3_path: Path) -> None:
+    """v0.12.7 - v0.12.10 run the same ollamaServer.Load, createLayout and ggml.go New as v0.12.11 but for
+    findBestFit's ml.ByPerformance groups (and assignLayers' equal treatment of GPUs under num_gpu), both v0.12.11's:
+    on discrete GPUs the three lay a qwen3:8b-shaped f16 model out alike (13 blocks on 6 GiB; 24 on 6 + 5 GiB), while
+    beside an integrated GPU v0.12.11 fills the discrete one with the top blocks first and v0.12.10's single
+    bisection fills from the last GPU of the sorted list, the integrated one (34 blocks either way)."""
+    model = legacy_model(read_header(qwen3_path))
+    discrete = [LayoutGpu("GPU-0", "CUDA0", "CUDA", 6 * GIB), LayoutGpu("GPU-1", "CUDA1", "CUDA", 5 * GIB)]
+    for gpus, n in ((discrete[:1], 13), (discrete, 24)):
+        lays = [
+            el.ollama_server_load(model, gpus, version=v, num_ctx=8192, graph_bytes=GRAPH).gpu_layers
+            for v in ("0.12.7", "0.12.10", "0.12.11")
+        ]
+        assert lays[0] == lays[1] == lays[2] and sum(len(g.layers) for g in lays[0]) == n
+    mixed = [discrete[0], LayoutGpu("GPU-1", "CUDA1", "CUDA", 9 * GIB, integrated=True)]
+    old, new = (
+        {g.device_id: g.layers for g in el.ollama_server_load(model, mixed, version=v, num_ctx=8192,
+                                                              graph_bytes=GRAPH).gpu_layers}
+        for v in ("0.12.10", "0.12.11")
+    )  # fmt: skip
+    assert old == {"GPU-0": tuple(range(2, 15)), "GPU-1": tuple(range(15, 36))}
+    assert new == {"GPU-0": tuple(range(23, 36)), "GPU-1": tuple(range(2, 23))}
 
 
 def test_kvadvise_ollama_prints_the_go_engines_decision(
@@ -294,7 +318,7 @@ def test_the_library_gpt_oss_profile_gets_the_go_engines_decision(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """gpt-oss:20b from its built-in profile (Ollama's gptoss conversion, the Go engine): from 0.12.11 its layout
-    is replayed (0.11.11 - 0.12.10: not, tests/test_ollama_decision.py); all 25 layers on 15.6 GiB at 8k, part
+    is replayed (from 0.12.7; 0.11.11 - 0.12.6: not, tests/test_ollama_decision.py); all 25 layers on 15.6 GiB at 8k, part
     on 8 GiB, the top blocks first."""
     from ollama_fake import closed_port_url
 

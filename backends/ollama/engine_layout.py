@@ -1,10 +1,10 @@
-"""Ollama's layer placement for its Go engine (the ollamarunner), v0.12.11 to v0.24: ``llm/server.go``
+"""Ollama's layer placement for its Go engine (the ollamarunner), v0.12.7 to v0.24: ``llm/server.go``
 ``(s *ollamaServer) Load``, which runs ``createLayout`` (kvadvise.backends.ollama.layout, reused) over the
 memory the runner *reports* for a trial layout (``LoadOperationFit`` / ``LoadOperationAlloc``), and tries
 again until the layout repeats or grows.
 
 What the runner reports, ``ml.BackendMemory`` per layer and device, is computed here from the GGUF header,
-read at the tags of the bare mirror ollama/ollama (identical from v0.12.11 to v0.24.0 unless said):
+read at the tags of the bare mirror ollama/ollama (identical from v0.12.7 to v0.24.0 unless said):
 
 - **weights** (``ml/backend/ggml/ggml.go`` ``New``): each tensor ``pad(ggml_backend_buft_get_alloc_size,
   alignment)`` on its layer's buffer type (CUDA/ROCm: quantized rows padded to 512 values, 128-byte
@@ -34,7 +34,7 @@ read at the tags of the bare mirror ollama/ollama (identical from v0.12.11 to v0
   long contexts. A vision graph is not added. :attr:`EngineLayout.approximation` says so in every result.
 
 verifyLayout's RAM check counts the InputWeights and the CPU's graph (``cpuSize := memory.InputWeights +
-memory.CPU.Graph``, v0.12.11 to v0.24.0) with the layers left on the CPU; the CPU's graph is the stand-in with
+memory.CPU.Graph``, v0.12.7 to v0.24.0) with the layers left on the CPU; the CPU's graph is the stand-in with
 no GPU, 0 beside one (not modelled). Every Fit/Alloc is taken to succeed (the layout already keeps each GPU
 within its free memory less ``MinimumMemory``): the backoff of a failed allocation is not modelled. The
 architectures whose cache is not a plain or sliding-window causal cache (llama4's chunked attention, mllama's
@@ -60,7 +60,13 @@ from kvadvise.model.ggml import ALIGNMENT, BLOCK, GGMLType, cuda_alloc_bytes, pa
 from kvadvise.model.spec import ModelSpec
 from kvadvise.planner.memory import RunConfig, estimate
 
-FIRST_VERSION = (0, 12, 11)  # createLayout as layout.py ports it (ml.ByPerformance groups); ggml.go New as below
+# ollamaServer.Load's createLayout, ggml.go New's allocations, kvcache/causal.go and ml.DeviceInfo.MinimumMemory
+# (457/512 MiB) read the same from v0.12.7 (the layout functions of v0.12.7 .. v0.12.10 are one text; before,
+# GPU discovery set MinimumMemory per device and the layout differs), but for v0.12.11's ml.ByPerformance groups
+# in findBestFit and the equal treatment of GPUs under num_gpu (layout.assign_layers: performance_groups); ggml.go
+# New's scheduler gained op offload at v0.12.11, the graph's concern (a stand-in here)
+FIRST_VERSION = (0, 12, 7)
+PERFORMANCE_GROUPS_FROM = (0, 12, 11)
 LAST_VERSION = (0, 24, 99)  # v0.30.0 serves GGUF models by llama-server --fit
 CACHE_PAD_ALWAYS_FROM = (0, 14, 0)  # Backend.CacheConfig: CachePadding 256 without flash attention too
 APPROXIMATION = (
@@ -334,9 +340,10 @@ def check_modelled(model: LegacyModel, version: str) -> tuple[int, int, int]:
     v = estimate_legacy.parse_version(version)
     if not FIRST_VERSION <= v <= LAST_VERSION:
         raise EngineLayoutNotModelled(
-            f"Ollama {version}: the Go engine's layout is replayed for Ollama 0.12.11 to 0.24",
-            hint="0.11.11 - 0.12.10 (0.11.5 - 0.11.10 with OLLAMA_NEW_ESTIMATES=1): findBestFit without performance groups (ml.ByPerformance comes at 0.12.11) and, "
-            "before 0.12.5, ml.Memory with an allocation status: not ported; 0.30 and later: llama-server --fit",
+            f"Ollama {version}: the Go engine's layout is replayed for Ollama 0.12.7 to 0.24",
+            hint="0.11.11 - 0.12.6 (0.11.5 - 0.11.10 with OLLAMA_NEW_ESTIMATES=1): GPU discovery's own MinimumMemory "
+            "per device, another createLayout and, before 0.12.5, ml.Memory with an allocation status: not ported; "
+            "0.30 and later: llama-server --fit",
         )
     arch = model.architecture
     if arch in _REFUSED:
@@ -408,7 +415,10 @@ def ollama_server_load(
     cpu_graph = 0 if gpus else graph_bytes
 
     def create_layout(mem: RunnerMemory, requested: int) -> tuple[GpuLayers, ...]:
-        placed, layers = layout.build_layout(gpus, free, mem, require_full, requested, gpu_overhead_bytes, sched_spread)
+        placed, layers = layout.build_layout(
+            gpus, free, mem, require_full, requested, gpu_overhead_bytes, sched_spread,
+            performance_groups=v >= PERFORMANCE_GROUPS_FROM,
+        )  # fmt: skip
         return tuple(
             layout.verify_layout(
                 placed, layers, mem, require_full=require_full, requested=requested, n_gpus=len(gpus), v=v,

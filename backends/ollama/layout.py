@@ -268,13 +268,20 @@ def _by_performance(gpus: Sequence[_Dev]) -> list[list[_Dev]]:
     return [members for _, members in groups]
 
 
-def find_best_fit(layers: Sequence[int], gpus: Sequence[_Dev], requested: int, force_request: bool) -> list[GpuLayers]:
+def find_best_fit(
+    layers: Sequence[int],
+    gpus: Sequence[_Dev],
+    requested: int,
+    force_request: bool,
+    performance_groups: bool = True,
+) -> list[GpuLayers]:
     """findBestFit: per performance group, the most layers greedyFit places at capacity 1 (1000 when a
     requested count must be forced), then the smallest float32 capacity factor placing as many (bisection to
-    1e-6), which balances the layers over the group's GPUs."""
+    1e-6), which balances the layers over the group's GPUs. ``performance_groups`` False: all the GPUs as one
+    group (before v0.12.11, which added ml.ByPerformance)."""
     layers = list(layers)
     out: list[GpuLayers] = []
-    for group in _by_performance(gpus):
+    for group in _by_performance(gpus) if performance_groups else [list(gpus)]:
         high = _f32(1000.0) if requested >= 0 and force_request else _f32(1.0)
         low = _f32(0.0)
         best = greedy_fit(layers, group, high, requested)
@@ -301,11 +308,13 @@ def assign_layers(
     requested: int,
     last_used_gpu: int,
     sched_spread: bool = False,
+    performance_groups: bool = True,
 ) -> list[GpuLayers]:
     """assignLayers: as few GPUs (of the sorted list) as hold every layer or the requested count, the last
     one tried forcing the request unless the model must load fully; then once more without the output layer
-    (the last) when not every layer fit."""
-    if requested >= 0 or sched_spread:  # "treat all GPUs equally so they split according to VRAM"
+    (the last) when not every layer fit. ``performance_groups``: v0.12.11 and later (find_best_fit), which also
+    treat every GPU as discrete under a requested count or OLLAMA_SCHED_SPREAD."""
+    if performance_groups and (requested >= 0 or sched_spread):  # "treat all GPUs equally so they split ..."
         gpus = [_Dev(g.device_id, g.library, g.free_bytes, False) for g in gpus]
     layers = list(layers)
     out: list[GpuLayers] = []
@@ -314,11 +323,11 @@ def assign_layers(
         if not sched_spread:
             for i in range(last_used_gpu, len(gpus)):
                 force = i == len(gpus) - 1 and not require_full
-                out = find_best_fit(layers, gpus[: i + 1], requested, force)
+                out = find_best_fit(layers, gpus[: i + 1], requested, force, performance_groups)
                 if _sum(out) == len(layers) or _sum(out) == requested:
                     break
         else:
-            out = find_best_fit(layers, gpus, requested, not require_full)
+            out = find_best_fit(layers, gpus, requested, not require_full, performance_groups)
         if _sum(out) == len(layers):
             return out
         layers = layers[:-1]
@@ -345,10 +354,12 @@ def build_layout(
     requested: int,
     gpu_overhead_bytes: int,
     sched_spread: bool = False,
+    performance_groups: bool = True,
 ) -> tuple[list[GpuLayers], list[int]]:
     """buildLayout: GPUs sorted by free memory (discrete first, most free first), each one's free memory less
     MinimumMemory, OLLAMA_GPU_OVERHEAD and the graph already placed on it; per library, assignLayers from
-    the last GPU that already holds a graph; the library placing the most layers wins."""
+    the last GPU that already holds a graph; the library placing the most layers wins (``performance_groups``:
+    :func:`assign_layers`)."""
     devs = [_Dev(g.device_id, g.library, free_bytes[i], g.integrated) for i, g in enumerate(gpus)]
     # sort.Sort(sort.Reverse(ml.ByFreeMemory)): insertion sort below 12 elements, so stable
     devs.sort(key=lambda d: (d.integrated, -d.free_bytes))
@@ -377,7 +388,7 @@ def build_layout(
             minimum = 512 * MIB if d.library == "Metal" else 457 * MIB
             reserved = minimum + gpu_overhead_bytes + memory.gpu_graph[j]  # backoff 0 for the llamarunner
             d.free_bytes = d.free_bytes - reserved if d.free_bytes > reserved else 0
-        placed = assign_layers(layers, group, require_full, requested, last_used, sched_spread)
+        placed = assign_layers(layers, group, require_full, requested, last_used, sched_spread, performance_groups)
         if _sum(placed) > _sum(best):
             best = placed
     return best, layers
