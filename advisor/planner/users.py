@@ -137,12 +137,14 @@ def _bisect(ok: Callable[[int], bool], lo: int, hi: int) -> int:
 
 def concurrent_decode(spec: ModelSpec, cfg: RunConfig, budget: Budget, n_users: int) -> tuple[float, float] | None:
     """(each session's, the card's) decode tokens/s with ``n_users`` decoding at once, each at the depth of
-    its context: the weights read once per step, every session's K/V (kvadvise.planner.speed's model)."""
+    its context: the weights read once per step, every session's K/V (kvadvise.planner.speed's model), and the
+    CPU sampling each session's token in turn (llama-server's slots, one after the other: speed.sampling_seconds)."""
     from kvadvise.planner.speed import (
         CPU_BANDWIDTH_BYTES_PER_S,
         kv_read_bytes,
         plan_devices,
         ram_bandwidth,
+        sampling_seconds,
         seconds_per_token,
         weight_reads,
     )
@@ -154,6 +156,7 @@ def concurrent_decode(spec: ModelSpec, cfg: RunConfig, budget: Budget, n_users: 
     depth = cfg.n_ctx // max(1, cfg.n_parallel)
     kv = n_users * kv_read_bytes(spec, depth, cfg.type_k, cfg.type_v)
     t = seconds_per_token(weight_reads(spec), kv, devs, cpu_bandwidth_bytes_per_s=cpu_bw)
+    t += n_users * sampling_seconds(spec, penalties=cfg.sampling_penalties)
     return 1 / t, n_users / t
 
 
