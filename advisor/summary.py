@@ -185,6 +185,7 @@ def why(rec: Recommendation | None) -> list[str]:
     # what `verify quality` measured on this model, as the recommender's reasons say it (planner/reasons.py)
     rejected = {r.split(" not chosen: ")[0] for r in rec.reasons if " not chosen: measured on this model" in r}
     measured_ok = any("measured on this model" in r and "within the threshold" in r for r in rec.reasons)
+    no_kernel = any(r.startswith("a quantized cache is not chosen: ") for r in rec.reasons)
     steps: list[str] = []
     later: list[str] = []
     picked, best = False, 0
@@ -200,12 +201,18 @@ def why(rec: Recommendation | None) -> list[str]:
         if (o.type_k, o.type_v) == chosen and o.allowed:
             picked, best = True, o.n_ctx_max
             if o.type_k.type_name == "f16" == o.type_v.type_name:
-                steps.append(
-                    f"f16 reaches {reach} tokens of the {target:,} target: an exact cache, no need to quantize"
-                    if o.reaches_target or not rejected
-                    else f"f16 reaches {reach} tokens of the {target:,} target: the quantized caches measured worse "
-                    "than the threshold on this model (--verbose)"
-                )
+                if no_kernel and not o.reaches_target:
+                    steps.append(
+                        f"f16 reaches {reach} tokens of the {target:,} target: this llama.cpp's CUDA flash "
+                        "attention has no kernel for a quantized cache at these heads (--verbose)"
+                    )
+                else:
+                    steps.append(
+                        f"f16 reaches {reach} tokens of the {target:,} target: an exact cache, no need to quantize"
+                        if o.reaches_target or not rejected
+                        else f"f16 reaches {reach} tokens of the {target:,} target: the quantized caches measured "
+                        "worse than the threshold on this model (--verbose)"
+                    )
             elif o.type_k.type_name == "q8_0" == o.type_v.type_name:
                 verb = " " if steps else " reaches "  # "f16 reaches 43,520 of 65,536; q8_0 81,408: chosen"
                 loss = (

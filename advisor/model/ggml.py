@@ -142,6 +142,10 @@ CUDA_FA_CACHE_TYPES = frozenset(
     }
 )
 
+# Before kvadvise.planner.builds.FA_KV_ANY_PAIR a default CUDA build (GGML_CUDA_FA_ALL_QUANTS off) compiled these
+# cache types only, and one type for K and V (fattn.cu ggml_cuda_get_best_fattn_kernel, ggml-org/llama.cpp#15454)
+CUDA_FA_OLD_DEFAULT_TYPES = frozenset({GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q8_0})
+
 
 def cache_type(name: str) -> GGMLType:
     """kv_cache_type_from_str(): parse a -ctk/-ctv value."""

@@ -60,6 +60,19 @@ the exact build is not known, the earliest it can be, so that an older build is 
   RunConfig.output_on_host: tests/data/published 020, 021 and 032 to the 0.01 MiB). The exact build is not known
   here: planned from b7700 on (as EMBD_SELECT), so that a build between keeps the old placement, whose device
   compute buffer is the larger at the prompt batches these builds reserve.
+- FA_QUANT_ANY_HEAD (ggml-org/llama.cpp#16208, "CUDA: refactor and deduplicate vector FA kernels", merged
+  2025-09-27: "This enables the use of KV cache quantization for head sizes 64 and 256, previously only head size
+  128 was properly supported"): before it CUDA's flash attention took a quantized K or V cache at head size 128
+  only (ggml-cuda.cu supports_op, then fattn.cu ggml_cuda_get_best_fattn_kernel from #15454: ``K->ne[0] != 128``
+  -> no kernel), so the op ran on the CPU; e54d41bef of 2025-08-14 (Ollama 0.11.5-0.12.3) has the old rule,
+  364a7a6d4 = b6646 (Ollama 0.12.4) the new one. The exact build is not known here: planned from b6646 on.
+- FA_KV_ANY_PAIR (after ggml-org/llama.cpp#28079, merged about 2026-09-10; b10819 of 2026-09-05 lacks it, and an
+  issue of that day says "by default on CUDA only symmetric q4_0 and q8_0 kv quantizations ... are supported"):
+  before it a default CUDA build (GGML_CUDA_FA_ALL_QUANTS off) had flash attention only for one type in K and V
+  and only f16/q4_0/q8_0 among the cache types (fattn.cu: ``K->type != V->type`` -> no kernel; q4_1, q5_0, q5_1
+  too), so ``-ctk q8_0 -ctv q4_0`` ran every attention on the CPU (#27150: pp512 11,250 -> 358 t/s). b11312
+  (0c1e570) takes any pairing (a pair the vector kernels lack runs converted to f16). The exact build is not
+  known here: planned from b11312 on, so that a build between is planned on the CPU, the safe side.
 
 An unknown build is planned by the newest rules (REFERENCE's): a machine without a llama-server to ask is
 most likely to run a recent one, and planning every older build's largest figure (the f32 mask of builds
@@ -85,6 +98,8 @@ EMBD_SELECT = 7700
 RESERVE_ROUNDS_OUTPUTS = 7847
 OUTPUT_FIRST = 7700
 GRAPH_OPTIMIZE = 6302
+FA_QUANT_ANY_HEAD = 6646
+FA_KV_ANY_PAIR = 11312
 SUPPORTED_FROM = MLA_V_LESS  # the builds whose rules are modelled whole (older ones in part)
 
 _BUILD = re.compile(r"^\s*(?:b|build\s*|version:?\s*)?(\d{3,6})(?:\s*\(([0-9a-f]{6,40})\))?\s*$", re.IGNORECASE)

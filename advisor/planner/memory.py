@@ -28,6 +28,7 @@ from kvadvise.model.ggml import (
     ALIGNMENT,
     BLOCK,
     CUDA_FA_CACHE_TYPES,
+    CUDA_FA_OLD_DEFAULT_TYPES,
     GGMLType,
     cuda_alloc_bytes,
     is_quantized,
@@ -348,7 +349,7 @@ def _flash_attn(spec: ModelSpec, cfg: RunConfig) -> bool:
         )
     if is_quantized(cfg.type_v) and fa == "auto":
         fa = "on"  # llama_init_from_model: "enabling flash_attn since it is required for quantized V cache"
-    if fa == "auto" and cfg.device == "cuda" and cuda_flash_attn_missing(spec, cfg.type_k, cfg.type_v):
+    if fa == "auto" and cfg.device == "cuda" and cuda_flash_attn_missing(spec, cfg.type_k, cfg.type_v, cfg.llama_build):
         fa = "off"  # llama_context::resolve_fused_ops: the FA probe lands on the CPU, auto -> disabled
     # enabled without a CUDA kernel (asked for, or forced by a quantized V), llama.cpp does not probe:
     # ggml_backend_sched runs every attention on the CPU; planned as flash attention, and the plan says so
@@ -373,19 +374,45 @@ _CUDA_FA_HEADS = frozenset({40, 64, 72, 80, 96, 112, 128, 256})
 _CUDA_FA_GQA_PAIRS = {(192, 128): 8, (320, 256): 32, (512, 512): 2, (576, 512): 2}
 
 
-def cuda_flash_attn_missing(spec: ModelSpec, type_k: GGMLType, type_v: GGMLType) -> str | None:
-    """Why CUDA has no flash-attention kernel for this model and cache (None: it has one). Without one, FA
-    "auto" resolves to off (llama_context::resolve_fused_ops: the op lands on the CPU) and "on" runs every
-    attention on the CPU: DeepSeek-V2-Lite's pre-MLA GGUFs (K head 192, V 128, no GQA), an iq4_nl cache."""
+_CUDA_FA_OLD_QUANT_HEAD = 128  # before builds.FA_QUANT_ANY_HEAD: a quantized K or V at this head size only
+
+
+def cuda_flash_attn_missing(
+    spec: ModelSpec, type_k: GGMLType, type_v: GGMLType, llama_build: int | None = None
+) -> str | None:
+    """Why CUDA has no flash-attention kernel for this model and cache at ``llama_build`` (None: the newest;
+    returns None where it has one). Without one, FA "auto" resolves to off (llama_context::resolve_fused_ops: the
+    op lands on the CPU) and "on" runs every attention on the CPU: DeepSeek-V2-Lite's pre-MLA GGUFs (K head 192,
+    V 128, no GQA), an iq4_nl cache; before b11312 a K type other than V's, or q4_1/q5_0/q5_1; before b6646 a
+    quantized cache at any head size but 128 (builds.FA_KV_ANY_PAIR, builds.FA_QUANT_ANY_HEAD)."""
     for name, t in (("K", type_k), ("V", type_v)):
         if t not in CUDA_FA_CACHE_TYPES:
             return f"no kernel reads a {t.type_name} {name} cache"
+    build = builds.label(llama_build)
+    if builds.older_than(llama_build, builds.FA_KV_ANY_PAIR):
+        for name, t in (("K", type_k), ("V", type_v)):
+            if t not in CUDA_FA_OLD_DEFAULT_TYPES:
+                return (
+                    f"llama.cpp {build}'s default CUDA build has no kernel for a {t.type_name} {name} cache "
+                    f"(b{builds.FA_KV_ANY_PAIR} and later have one)"
+                )
+        if type_k != type_v:
+            return (
+                f"llama.cpp {build}'s default CUDA build has kernels for one type in K and V only, not "
+                f"{type_k.type_name}/{type_v.type_name} (b{builds.FA_KV_ANY_PAIR} and later take any pair)"
+            )
+    old_heads = builds.older_than(llama_build, builds.FA_QUANT_ANY_HEAD)
     for il in range(spec.n_layer):
         if not spec.kv_layers[il]:
             continue
         dk = spec.n_embd_head_k_swa if spec.swa_layers[il] else spec.n_embd_head_k
         dv = spec.n_embd_head_v_swa if spec.swa_layers[il] else spec.n_embd_head_v
         gqa = spec.n_head[il] // max(1, spec.n_head_kv[il])
+        if old_heads and (is_quantized(type_k) or is_quantized(type_v)) and not dk == dv == _CUDA_FA_OLD_QUANT_HEAD:
+            return (
+                f"llama.cpp {build} has kernels for a quantized cache at head size 128 only, not {dk} "
+                f"(b{builds.FA_QUANT_ANY_HEAD} and later: any)"
+            )
         if dk == dv and dk in _CUDA_FA_HEADS:
             continue
         step = _CUDA_FA_GQA_PAIRS.get((dk, dv))
@@ -399,7 +426,7 @@ def flash_attn_note(spec: ModelSpec, cfg: RunConfig) -> str | None:
     """What a plan says when CUDA has no flash-attention kernel for the model and its cache."""
     if cfg.device != "cuda" or cfg.flash_attn == "off":
         return None
-    missing = cuda_flash_attn_missing(spec, cfg.type_k, cfg.type_v)
+    missing = cuda_flash_attn_missing(spec, cfg.type_k, cfg.type_v, cfg.llama_build)
     if missing is None:
         return None
     if cfg.flash_attn == "auto" and not is_quantized(cfg.type_v):
@@ -412,8 +439,8 @@ def flash_attn_note(spec: ModelSpec, cfg: RunConfig) -> str | None:
     return (
         f"flash attention is on but CUDA has no kernel for it ({missing}; ggml-cuda fattn.cu): llama.cpp runs "
         "every attention on the CPU, slowly, and copies each layer's K and V to host memory for it (not in "
-        "these figures); use --flash-attn off with an f16 V cache (auto turns it off too, but after making the "
-        "cache for it, so each layer copies its V transposed)"
+        "these figures); use a cache it has a kernel for, or --flash-attn off with an f16 V cache (auto turns it "
+        "off too, but after making the cache for it, so each layer copies its V transposed)"
     )
 
 

@@ -202,6 +202,10 @@ def choices(spec: ModelSpec, base: RunConfig, policy: Policy) -> list[tuple[KV, 
             validate(spec, config_at(base, CTX_PAD, kv, fa, base.device))
         except ConfigError:
             continue  # e.g. the block size does not divide the head size
+        if fa and base.device == "cuda" and cuda_flash_attn_missing(spec, *kv, base.llama_build):
+            # the build's CUDA flash attention has no kernel for this cache: every attention would run on the
+            # CPU (builds.FA_QUANT_ANY_HEAD, builds.FA_KV_ANY_PAIR), never a choice kvadvise makes
+            continue
         measured_bad = policy.quality is not None and policy.quality.rejects(kv)
         out.append((kv, fa, (policy.allow_q4 or not needs_opt_in(kv)) and not measured_bad))
     return out
@@ -214,6 +218,17 @@ def no_fa_kernel(spec: ModelSpec, base: RunConfig) -> str | None:
     if base.flash_attn != "auto" or base.device != "cuda":
         return None
     return cuda_flash_attn_missing(spec, F16, F16)
+
+
+def no_quantized_fa_kernel(spec: ModelSpec, base: RunConfig, policy: Policy) -> str | None:
+    """Why no quantized cache is among the choices on this build: its CUDA flash attention has no kernel for
+    q8_0 at this model's heads (builds.FA_QUANT_ANY_HEAD), where it has one for f16; None otherwise (or when the
+    user fixed the cache types)."""
+    if policy.fixed_kv is not None or base.flash_attn == "off" or base.device != "cuda":
+        return None
+    if cuda_flash_attn_missing(spec, F16, F16, base.llama_build) is not None:
+        return None
+    return cuda_flash_attn_missing(spec, Q8_0, Q8_0, base.llama_build)
 
 
 def allowed_kvs(spec: ModelSpec, base: RunConfig, policy: Policy) -> list[KV]:

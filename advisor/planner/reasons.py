@@ -19,6 +19,7 @@ from kvadvise.planner.policy import (
     gqa_ratio,
     kv_name,
     needs_opt_in,
+    no_quantized_fa_kernel,
 )
 from kvadvise.planner.quality import THRESHOLD_SOURCE, CacheQuality
 
@@ -126,13 +127,16 @@ def reasons(
     q8 = next((o for o in options if o.type_k == Q8_0 and o.allowed), None)
     q4 = next((o for o in options if needs_opt_in((o.type_k, o.type_v))), None)
     if chosen.type_k == F16 and chosen.type_v == F16:
-        out.append(
-            "f16 K/V: it reproduces tokens exactly, and it reaches the target"
-            if chosen.reaches_target
-            else "f16 K/V"
-            + (" (--repeatable)" if policy.repeatable else "")
-            + ": quantized caches do not reproduce tokens exactly"
-        )
+        if chosen.reaches_target:
+            out.append("f16 K/V: it reproduces tokens exactly, and it reaches the target")
+        elif not policy.repeatable and no_quantized_fa_kernel(spec, base, policy) is not None:
+            out.append("f16 K/V: this build has no flash-attention kernel for a quantized cache here (below)")
+        else:
+            out.append(
+                "f16 K/V"
+                + (" (--repeatable)" if policy.repeatable else "")
+                + ": quantized caches do not reproduce tokens exactly"
+            )
     elif f16 is not None:
         need = estimate(spec, config_at(base, target, (F16, F16), f16.flash_attn, budget.device)).device_bytes
         out.append(
@@ -252,6 +256,14 @@ def no_fa_kernel(missing: str) -> str:
     return (
         f"flash attention off: CUDA has no kernel for this model ({missing}; ggml-cuda fattn.cu), so llama.cpp "
         "runs without it and the plan is sized for that (a quantized V cache, which needs it, is not chosen)"
+    )
+
+
+def quantized_cache_refused(missing: str) -> str:
+    """Why a quantized cache is not chosen on an older build."""
+    return (
+        f"a quantized cache is not chosen: {missing}; with flash attention on, every attention would run on the "
+        "CPU (ggml-cuda fattn.cu), and without it a quantized V cache is refused"
     )
 
 

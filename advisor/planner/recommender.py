@@ -26,6 +26,7 @@ from kvadvise.planner.policy import (
     config_at,
     default_target_ctx,
     no_fa_kernel,
+    no_quantized_fa_kernel,
 )
 
 if TYPE_CHECKING:  # the speed model loads only for a plan with a GPU budget, the offload with --allow-cpu
@@ -163,6 +164,8 @@ def recommend(spec: ModelSpec, base: RunConfig, budget: Budget, policy: Policy) 
         reasons.append(f"{floor:,} tokens per slot: the fewest the runtime runs this model with{alone}")
     if (missing := no_fa_kernel(spec, base)) is not None:
         reasons.append(words.no_fa_kernel(missing))
+    elif (missing := no_quantized_fa_kernel(spec, base, policy)) is not None and chosen.type_k == F16:
+        reasons.append(words.quantized_cache_refused(missing))
     if cfg.tensor_split != base.tensor_split:
         reasons.append(refit_reason(base.tensor_split, cfg.tensor_split))
 
