@@ -674,6 +674,7 @@ def verification_dict(v: Verification) -> dict[str, Any]:
         "output_bytes": e.output_bytes,
     }
     doc["prompt_estimate_tokens_per_s"] = v.prompt_estimate_tokens_per_s
+    doc["decode_estimate_tokens_per_s"] = v.decode_estimate_tokens_per_s
     doc["fits"] = v.fits
     doc["verdict"] = v.verdict
     doc["reasons"] = list(doc.get("reasons", [])) + list(v.reasons)
@@ -712,8 +713,8 @@ def verification_text(v: Verification) -> str:
     sp = v.plan.speed
     if m.decode_tokens_per_s is not None:
         beside = ""
-        if sp is not None and sp.tokens_per_s:  # the plan's estimate at its context, and measured / estimate
-            beside = f"   (estimated ≈ {sp.tokens_per_s:,.0f}; measured / estimated = {m.decode_tokens_per_s / sp.tokens_per_s:.2f})"
+        if est_tps := v.decode_estimate_tokens_per_s:  # the plan's estimate as the runner times it
+            beside = f"   (estimated ≈ {est_tps:,.0f}; measured / estimated = {m.decode_tokens_per_s / est_tps:.2f})"
         lines.append(f"  decode: {m.decode_tokens_per_s:,.1f} tokens/s{beside}")
     elif sp is not None:
         lines.append(f"  decode estimated: {sp.text()}")

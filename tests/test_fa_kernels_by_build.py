@@ -103,3 +103,48 @@ def test_the_rule_as_ollamas_vendored_ggml_has_it() -> None:
     assert "op->src[0]->ne[0] == 256 && op->src[1]->type == GGML_TYPE_F16 && op->src[2]->type == GGML_TYPE_F16" in old
     new = show("v0.12.4", "fattn.cu")
     assert "K->ne[0] != 128" not in new and "if (K->type != V->type) {" in new
+
+
+def _hf(capsys: pytest.CaptureFixture[str], model: str, *args: str) -> dict[str, object]:
+    assert main(["hf", str(HF / f"{model}.json"), "--quant", "Q4_K_M", "--ram", "32GiB", *args, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert isinstance(doc, dict)
+    return doc
+
+
+def test_a_vulkan_card_is_not_planned_by_cudas_kernels(capsys: pytest.CaptureFixture[str]) -> None:
+    """Intel Arc B580 through Vulkan: ggml-vulkan's flash attention has kernels of its own (q8_0 at head size 256,
+    mixed K/V), so b6500's CUDA rule does not take q8_0 away (a review found it did: f16 at 39,936)."""
+    doc = _hf(capsys, "gemma3-12b", "--gpu", "arc-b580", "--target-ctx", "131072", "--llama-build", "b6500")
+    config = doc["config"]
+    assert isinstance(config, dict) and config["type_k"] == "q8_0", config
+    assert not any("CUDA" in str(r) for r in doc["reasons"])  # type: ignore[attr-defined]
+
+
+def test_a_fixed_mixed_cache_with_fa_auto_resolves_off(capsys: pytest.CaptureFixture[str]) -> None:
+    """-ctk q8_0 -ctv f16 at b11000 with flash attention auto: llama.cpp's auto finds no kernel for K != V and
+    turns it off (the V cache is f16), so the plan is without flash attention, not on with the CPU doing it."""
+    doc = _hf(capsys, "qwen3-8b", "--gpu", "rtx-4060-ti-16gb", "-ctk", "q8_0", "-ctv", "f16", "--llama-build", "b11000")
+    config = doc["config"]
+    assert isinstance(config, dict) and config["flash_attn"] is False, config
+    assert "flash attention is on but" not in "\n".join(str(n) for n in doc["notes"])  # type: ignore[attr-defined]
+
+
+def test_repeatable_is_not_explained_by_a_missing_kernel(capsys: pytest.CaptureFixture[str]) -> None:
+    doc = _hf(
+        capsys, "gemma3-12b", "--gpu", "rtx-4060-ti-16gb", "--target-ctx", "131072", "--llama-build", "b6500",
+        "--repeatable",
+    )  # fmt: skip
+    reasons = [str(r) for r in doc["reasons"]]  # type: ignore[attr-defined]
+    assert any("(--repeatable)" in r for r in reasons)
+    assert not any(r.startswith("a quantized cache is not chosen") for r in reasons), reasons
+
+
+def test_f32_and_bf16_caches_by_build() -> None:
+    """CUDA flash attention read an f32 cache from #16546 (b6840 has it, Ollama 0.12.6's 7049736b2 not) and a
+    bf16 one from #20525 (b8816 has it, ec98e2002 not)."""
+    qwen3 = _spec("qwen3-8b")
+    for t, since in ((GGMLType.F32, builds.FA_F32), (GGMLType.BF16, builds.FA_BF16)):
+        old = cuda_flash_attn_missing(qwen3, t, t, since - 1)
+        assert old is not None and f"b{since} and later" in old
+        assert cuda_flash_attn_missing(qwen3, t, t, since) is None

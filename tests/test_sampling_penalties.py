@@ -98,3 +98,26 @@ def test_a_file_that_sets_a_repeat_penalty_is_planned_with_it(
     assert t["pen"] - t["plain"] == pytest.approx(152_064 * 13e-9, rel=1e-6)
     assert t["off"] == pytest.approx(t["plain"], rel=1e-9)
     assert "--repeat-penalty 1 avoids it" in " ".join(str(n) for n in pen["notes"])  # type: ignore[union-attr]
+
+
+def test_verify_compares_each_runner_with_what_it_timed(gemma_path: Path) -> None:
+    """llama-server's predicted_per_second holds the CPU's sampling; the llama-cpp-python probe decodes fixed
+    tokens with llama_decode alone. verify sets the plan's estimate beside each as it timed it: the server's
+    with the sampling (the plan's own figure), the probe's without (262,144 candidates x 3.7 ns less a token)."""
+    from dataclasses import fields
+
+    import kvadvise
+    from kvadvise.request import PlanRequest
+    from kvadvise.runtime.verification import Measurement, compare
+
+    plan = kvadvise.plan(str(gemma_path), PlanRequest(n_ctx=4096, gpu="rtx-4090", ram_bytes=32 << 30))
+    assert plan.speed is not None
+    blank: dict[str, object] = {f.name: 0 for f in fields(Measurement)} | {"backend": "CUDA", "llama_cpp_build": "b1"}
+    blank |= {"device_used_bytes": None, "prompt_tokens_per_s": None, "n_ctx": 4096, "gpu_layers": None}
+    blank |= {"total_layers": None, "prompt_tokens": None, "placements": (), "decode_tokens_per_s": 100.0}
+    server = compare(plan, Measurement(**{**blank, "runner": "llama-server"}))  # type: ignore[arg-type]
+    probe = compare(plan, Measurement(**{**blank, "runner": "llama-cpp-python"}))  # type: ignore[arg-type]
+    assert server.decode_estimate_tokens_per_s == plan.speed.tokens_per_s
+    assert probe.decode_estimate_tokens_per_s is not None
+    unsampled = 1 / probe.decode_estimate_tokens_per_s
+    assert unsampled == pytest.approx(1 / plan.speed.tokens_per_s - 262_144 * speed.SAMPLING_S_PER_ENTRY, rel=1e-9)

@@ -73,6 +73,10 @@ the exact build is not known, the earliest it can be, so that an older build is 
   too), so ``-ctk q8_0 -ctv q4_0`` ran every attention on the CPU (#27150: pp512 11,250 -> 358 t/s). b11312
   (0c1e570) takes any pairing (a pair the vector kernels lack runs converted to f16). The exact build is not
   known here: planned from b11312 on, so that a build between is planned on the CPU, the safe side.
+- FA_F32 (#16546, "CUDA: enable FA for FP32 KV cache", 2025-10-14: absent from Ollama 0.12.6's 7049736b2, present
+  in b6840, Ollama 0.12.11's) and FA_BF16 (#20525, "native bf16 flash attention for vec kernel", 2026-03-22;
+  b8816 = 3f7c29d, LLamaSharp's of 2026-04-17, has it; ec98e2002 lacks it): an f32 or bf16 cache had no CUDA
+  flash-attention kernel before them. The exact builds are not known here: planned from b6840 and b8816 on.
 
 An unknown build is planned by the newest rules (REFERENCE's): a machine without a llama-server to ask is
 most likely to run a recent one, and planning every older build's largest figure (the f32 mask of builds
@@ -100,6 +104,8 @@ OUTPUT_FIRST = 7700
 GRAPH_OPTIMIZE = 6302
 FA_QUANT_ANY_HEAD = 6646
 FA_KV_ANY_PAIR = 11312
+FA_F32 = 6840
+FA_BF16 = 8816
 SUPPORTED_FROM = MLA_V_LESS  # the builds whose rules are modelled whole (older ones in part)
 
 _BUILD = re.compile(r"^\s*(?:b|build\s*|version:?\s*)?(\d{3,6})(?:\s*\(([0-9a-f]{6,40})\))?\s*$", re.IGNORECASE)

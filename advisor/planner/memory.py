@@ -349,7 +349,11 @@ def _flash_attn(spec: ModelSpec, cfg: RunConfig) -> bool:
         )
     if is_quantized(cfg.type_v) and fa == "auto":
         fa = "on"  # llama_init_from_model: "enabling flash_attn since it is required for quantized V cache"
-    if fa == "auto" and cfg.device == "cuda" and cuda_flash_attn_missing(spec, cfg.type_k, cfg.type_v, cfg.llama_build):
+    if (
+        fa == "auto"
+        and cuda_fattn_decides(cfg)
+        and cuda_flash_attn_missing(spec, cfg.type_k, cfg.type_v, cfg.llama_build)
+    ):
         fa = "off"  # llama_context::resolve_fused_ops: the FA probe lands on the CPU, auto -> disabled
     # enabled without a CUDA kernel (asked for, or forced by a quantized V), llama.cpp does not probe:
     # ggml_backend_sched runs every attention on the CPU; planned as flash attention, and the plan says so
@@ -375,6 +379,15 @@ _CUDA_FA_GQA_PAIRS = {(192, 128): 8, (320, 256): 32, (512, 512): 2, (576, 512): 
 
 
 _CUDA_FA_OLD_QUANT_HEAD = 128  # before builds.FA_QUANT_ANY_HEAD: a quantized K or V at this head size only
+_NOT_CUDA_KERNELS = ("Vulkan", "SYCL")  # cards planned as "cuda" whose backend has kernels of its own
+
+
+def cuda_fattn_decides(cfg: RunConfig) -> bool:
+    """Whether CUDA's flash-attention kernels (ggml-cuda fattn.cu; HIP compiles the same file for ROCm) decide
+    where the attention runs: a GPU plan whose devices are not named after Vulkan or SYCL (an Intel or AMD card
+    through those backends plans as "cuda" with its own buffer names, kvadvise.planner.planning; ggml-vulkan's
+    supports_op takes other types and pairs, not modelled here)."""
+    return cfg.device == "cuda" and not any(n.startswith(_NOT_CUDA_KERNELS) for n in cfg.device_names)
 
 
 def cuda_flash_attn_missing(
@@ -389,6 +402,10 @@ def cuda_flash_attn_missing(
         if t not in CUDA_FA_CACHE_TYPES:
             return f"no kernel reads a {t.type_name} {name} cache"
     build = builds.label(llama_build)
+    for name, t in (("K", type_k), ("V", type_v)):
+        since = {GGMLType.F32: builds.FA_F32, GGMLType.BF16: builds.FA_BF16}.get(t, 0)
+        if builds.older_than(llama_build, since):
+            return f"llama.cpp {build} has no kernel for a {t.type_name} {name} cache (b{since} and later have one)"
     if builds.older_than(llama_build, builds.FA_KV_ANY_PAIR):
         for name, t in (("K", type_k), ("V", type_v)):
             if t not in CUDA_FA_OLD_DEFAULT_TYPES:
@@ -424,7 +441,7 @@ def cuda_flash_attn_missing(
 
 def flash_attn_note(spec: ModelSpec, cfg: RunConfig) -> str | None:
     """What a plan says when CUDA has no flash-attention kernel for the model and its cache."""
-    if cfg.device != "cuda" or cfg.flash_attn == "off":
+    if not cuda_fattn_decides(cfg) or cfg.flash_attn == "off":
         return None
     missing = cuda_flash_attn_missing(spec, cfg.type_k, cfg.type_v, cfg.llama_build)
     if missing is None:

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 from kvadvise.errors import ConfigError
 from kvadvise.model.ggml import GGMLType, is_quantized
 from kvadvise.model.spec import ModelSpec
-from kvadvise.planner.memory import CTX_PAD, RunConfig, cuda_flash_attn_missing, validate
+from kvadvise.planner.memory import CTX_PAD, RunConfig, cuda_fattn_decides, cuda_flash_attn_missing, validate
 
 if TYPE_CHECKING:
     from kvadvise.planner.budget import Budget
@@ -188,7 +188,12 @@ def choices(spec: ModelSpec, base: RunConfig, policy: Policy) -> list[tuple[KV, 
     # estimate here was 29 % of `compare`)
     if policy.fixed_kv is not None:
         # auto without a CUDA kernel resolves off, unless a quantized V forces it on (llama_init_from_model)
-        fa = base.flash_attn != "off" and not (no_fa_kernel(spec, base) and not is_quantized(policy.fixed_kv[1]))
+        missing = (
+            base.flash_attn == "auto"
+            and cuda_fattn_decides(base)
+            and cuda_flash_attn_missing(spec, *policy.fixed_kv, base.llama_build)
+        )
+        fa = base.flash_attn != "off" and not (missing and not is_quantized(policy.fixed_kv[1]))
         validate(spec, config_at(base, CTX_PAD, policy.fixed_kv, fa, base.device))  # raises
         return [(policy.fixed_kv, fa, True)]
     fa = base.flash_attn != "off"
@@ -202,7 +207,7 @@ def choices(spec: ModelSpec, base: RunConfig, policy: Policy) -> list[tuple[KV, 
             validate(spec, config_at(base, CTX_PAD, kv, fa, base.device))
         except ConfigError:
             continue  # e.g. the block size does not divide the head size
-        if fa and base.device == "cuda" and cuda_flash_attn_missing(spec, *kv, base.llama_build):
+        if fa and cuda_fattn_decides(base) and cuda_flash_attn_missing(spec, *kv, base.llama_build):
             # the build's CUDA flash attention has no kernel for this cache: every attention would run on the
             # CPU (builds.FA_QUANT_ANY_HEAD, builds.FA_KV_ANY_PAIR), never a choice kvadvise makes
             continue
@@ -215,16 +220,16 @@ def no_fa_kernel(spec: ModelSpec, base: RunConfig) -> str | None:
     """Why kvadvise, choosing, plans without flash attention: CUDA has no kernel for this model's heads
     (ggml-cuda fattn.cu ggml_cuda_get_best_fattn_kernel: DeepSeek-V2-Lite's pre-MLA K head 192 / V head 128 at
     GQA 1), so llama.cpp's auto resolves it off; None where it has one (or the user set -fa on/off)."""
-    if base.flash_attn != "auto" or base.device != "cuda":
+    if base.flash_attn != "auto" or not cuda_fattn_decides(base):
         return None
-    return cuda_flash_attn_missing(spec, F16, F16)
+    return cuda_flash_attn_missing(spec, F16, F16, base.llama_build)
 
 
 def no_quantized_fa_kernel(spec: ModelSpec, base: RunConfig, policy: Policy) -> str | None:
     """Why no quantized cache is among the choices on this build: its CUDA flash attention has no kernel for
     q8_0 at this model's heads (builds.FA_QUANT_ANY_HEAD), where it has one for f16; None otherwise (or when the
     user fixed the cache types)."""
-    if policy.fixed_kv is not None or base.flash_attn == "off" or base.device != "cuda":
+    if policy.fixed_kv is not None or policy.repeatable or base.flash_attn == "off" or not cuda_fattn_decides(base):
         return None
     if cuda_flash_attn_missing(spec, F16, F16, base.llama_build) is not None:
         return None

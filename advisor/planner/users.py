@@ -155,7 +155,7 @@ def concurrent_decode(spec: ModelSpec, cfg: RunConfig, budget: Budget, n_users: 
     cpu_bw = ram_bandwidth(budget)[0] if not devs else CPU_BANDWIDTH_BYTES_PER_S
     depth = cfg.n_ctx // max(1, cfg.n_parallel)
     kv = n_users * kv_read_bytes(spec, depth, cfg.type_k, cfg.type_v)
-    t = seconds_per_token(weight_reads(spec), kv, devs, cpu_bandwidth_bytes_per_s=cpu_bw)
+    t = seconds_per_token(weight_reads(spec), kv, devs, cpu_bandwidth_bytes_per_s=cpu_bw, llama_build=cfg.llama_build)
     t += n_users * sampling_seconds(spec, penalties=cfg.sampling_penalties)
     return 1 / t, n_users / t
 

@@ -69,6 +69,9 @@ class Verification:
     reasons: tuple[str, ...]
     # kvadvise's prefill estimate for the measured prompt on the plan's hardware (kvadvise.planner.prefill)
     prompt_estimate_tokens_per_s: float | None = None
+    # the plan's decode estimate for what the runner timed: llama-server's figure holds the CPU's sampling, the
+    # llama-cpp-python probe's (llama_decode alone) does not (kvadvise.planner.speed.sampling_seconds)
+    decode_estimate_tokens_per_s: float | None = None
 
 
 def _b(mib: float) -> int:
@@ -194,7 +197,23 @@ def compare(plan: Plan, m: Measurement) -> Verification:
         reasons.append(drift)
     if abs(err.kv_bytes) > MIB // 100:
         reasons.append(f"KV cache differs from the prediction by {err.kv_bytes / MIB:+.2f} MiB")
-    return Verification(plan, m, err, fits, verdict, tuple(reasons), _prompt_estimate(plan, m))
+    return Verification(
+        plan, m, err, fits, verdict, tuple(reasons), _prompt_estimate(plan, m), _decode_estimate(plan, m)
+    )
+
+
+def _decode_estimate(plan: Plan, m: Measurement) -> float | None:
+    """The plan's decode estimate as the runner times it: without the sampling for the llama-cpp-python probe,
+    which decodes fixed tokens and never samples (backends/llamacpp/probe.py)."""
+    sp = plan.speed
+    if m.decode_tokens_per_s is None or sp is None or not sp.tokens_per_s:
+        return None
+    if m.runner == "llama-server":
+        return sp.tokens_per_s
+    from kvadvise.planner.speed import sampling_seconds
+
+    t = 1 / sp.tokens_per_s - sampling_seconds(plan.spec, penalties=plan.config.sampling_penalties)
+    return 1 / t if t > 0 else None
 
 
 def _prompt_estimate(plan: Plan, m: Measurement) -> float | None:
