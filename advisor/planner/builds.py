@@ -66,6 +66,9 @@ the exact build is not known, the earliest it can be, so that an older build is 
   only (ggml-cuda.cu supports_op, then fattn.cu ggml_cuda_get_best_fattn_kernel from #15454: ``K->ne[0] != 128``
   -> no kernel), so the op ran on the CPU; e54d41bef of 2025-08-14 (Ollama 0.11.5-0.12.3) has the old rule,
   364a7a6d4 = b6646 (Ollama 0.12.4) the new one. The exact build is not known here: planned from b6646 on.
+  Before #15454 (2025-08-20) supports_op also took an MLA cache (K 576, V 512) of any type on Turing and newer,
+  and at head size 128 a K type other than V's, which then aborted in the vector kernel rather than fall back;
+  those builds (before SUPPORTED_FROM) are planned by the rule above.
 - FA_KV_ANY_PAIR (after ggml-org/llama.cpp#28079, merged about 2026-09-10; b10819 of 2026-09-05 lacks it, and an
   issue of that day says "by default on CUDA only symmetric q4_0 and q8_0 kv quantizations ... are supported"):
   before it a default CUDA build (GGML_CUDA_FA_ALL_QUANTS off) had flash attention only for one type in K and V
