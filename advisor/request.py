@@ -60,7 +60,8 @@ class PlanRequest:
     type_v_draft: str = "f16"  # -ctvd
     spec_type: str = "none"  # --spec-type: none | draft-mtp (the model's own MTP/NextN head drafts)
     spec_draft_n_max: int = 3  # --spec-draft-n-max: tokens drafted per step (llama.cpp's default 3)
-    # a repeat, presence or frequency penalty in the sampler (Ollama: its default or the model's parameters)
+    # a repeat, presence or frequency penalty in the sampler (--sampler-penalty; Ollama also: its default or the
+    # model's parameters; llama.cpp also: the GGUF's general.sampling.penalty_repeat)
     sampling_penalties: bool = False
     llama_build: str = "auto"  # --llama-build bNNNN | auto | unknown
     overhead_bytes: int | None = None  # per-device fixed cost; None: the device's (or a calibration)
@@ -116,6 +117,7 @@ FLAGS = {
     "type_v_draft": ("--cache-type-v-draft", "-ctvd"),
     "spec_type": ("--spec-type",),
     "spec_draft_n_max": ("--spec-draft-n-max",),
+    "sampling_penalties": ("--sampler-penalty",),
     "llama_build": ("--llama-build",),
     "overhead_bytes": ("overhead_bytes",),
     "gpu": ("--gpu",),
@@ -165,7 +167,17 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "cpu_repack": CPU_REPACK,
     "spec_type": SPEC_TYPES,
 }
-BOOLS = ("kv_unified", "swa_full", "no_hardware", "headless", "repeatable", "allow_cpu", "allow_q4", "gpu_only")
+BOOLS = (
+    "kv_unified",
+    "swa_full",
+    "no_hardware",
+    "headless",
+    "repeatable",
+    "allow_cpu",
+    "allow_q4",
+    "gpu_only",
+    "sampling_penalties",
+)
 TEXTS = ("llama_build", "gpu")
 GBS = ("bandwidth_gbs", "ram_bandwidth_gbs")  # GB/s, a finite number from 1 to MAX_GBS
 MAX_GBS = 100_000.0  # 100 TB/s: above any memory's bandwidth (an H200 has 4.8), below what overflows bytes/s

@@ -564,6 +564,14 @@ def _options(*, planned_hardware: bool) -> list[Callable[[F], F]]:
             "Ollama also seed, temperature 0 and one slot in the Modelfile.",
         ),
         click.option(
+            "--sampler-penalty",
+            "sampling_penalties",
+            is_flag=True,
+            help="Your requests sample with a repeat, presence or frequency penalty (llama-server "
+            "--repeat-penalty/--presence-penalty/--frequency-penalty, or Ollama's options): one more pass over "
+            "the vocabulary on the CPU each token, counted in the decode estimate.",
+        ),
+        click.option(
             "--allow-q4",
             is_flag=True,
             help="Let the recommendation pick a q4_0 cache (a small-medium loss in precision; shown as an option "
