@@ -401,22 +401,23 @@ def cuda_flash_attn_missing(
     for name, t in (("K", type_k), ("V", type_v)):
         if t not in CUDA_FA_CACHE_TYPES:
             return f"no kernel reads a {t.type_name} {name} cache"
-    build = builds.label(llama_build)
+    # said by the rule's build, not the plan's: an Ollama release's llama.cpp is planned by a bound (b6301 for
+    # e54d41bef), which would read as its build
     for name, t in (("K", type_k), ("V", type_v)):
         since = {GGMLType.F32: builds.FA_F32, GGMLType.BF16: builds.FA_BF16}.get(t, 0)
         if builds.older_than(llama_build, since):
-            return f"llama.cpp {build} has no kernel for a {t.type_name} {name} cache (b{since} and later have one)"
+            return f"llama.cpp before b{since} has no kernel for a {t.type_name} {name} cache"
     if builds.older_than(llama_build, builds.FA_KV_ANY_PAIR):
         for name, t in (("K", type_k), ("V", type_v)):
             if t not in CUDA_FA_OLD_DEFAULT_TYPES:
                 return (
-                    f"llama.cpp {build}'s default CUDA build has no kernel for a {t.type_name} {name} cache "
-                    f"(b{builds.FA_KV_ANY_PAIR} and later have one)"
+                    f"a default CUDA build of llama.cpp before b{builds.FA_KV_ANY_PAIR} has no kernel for a "
+                    f"{t.type_name} {name} cache"
                 )
         if type_k != type_v:
             return (
-                f"llama.cpp {build}'s default CUDA build has kernels for one type in K and V only, not "
-                f"{type_k.type_name}/{type_v.type_name} (b{builds.FA_KV_ANY_PAIR} and later take any pair)"
+                f"a default CUDA build of llama.cpp before b{builds.FA_KV_ANY_PAIR} has kernels for one type in K "
+                f"and V only, not {type_k.type_name}/{type_v.type_name}"
             )
     old_heads = builds.older_than(llama_build, builds.FA_QUANT_ANY_HEAD)
     for il in range(spec.n_layer):
@@ -427,8 +428,8 @@ def cuda_flash_attn_missing(
         gqa = spec.n_head[il] // max(1, spec.n_head_kv[il])
         if old_heads and (is_quantized(type_k) or is_quantized(type_v)) and not dk == dv == _CUDA_FA_OLD_QUANT_HEAD:
             return (
-                f"llama.cpp {build} has kernels for a quantized cache at head size 128 only, not {dk} "
-                f"(b{builds.FA_QUANT_ANY_HEAD} and later: any)"
+                f"llama.cpp before b{builds.FA_QUANT_ANY_HEAD} has kernels for a quantized cache at head size 128 "
+                f"only, not {dk}"
             )
         if dk == dv and dk in _CUDA_FA_HEADS:
             continue
