@@ -152,3 +152,22 @@ def test_f32_and_bf16_caches_by_build() -> None:
         old = cuda_flash_attn_missing(qwen3, t, t, since - 1)
         assert old is not None and f"llama.cpp before b{since} has no kernel" in old
         assert cuda_flash_attn_missing(qwen3, t, t, since) is None
+
+
+def test_attention_on_the_cpu_is_in_the_decode_estimate(capsys: pytest.CaptureFixture[str]) -> None:
+    """A named q8_0 cache for Gemma 3 12B on b6500 runs its attention on the CPU: each token copies the K/V
+    read so far to the host (PCIe, speed.PCIE_BYTES_PER_S) and the CPU reads it (speed.cpu_attention_seconds),
+    so the estimate falls with the depth; on b6646 the GPU reads it."""
+    from kvadvise.planner import speed
+
+    args = ("-c", "32768", "-ctk", "q8_0", "-ctv", "q8_0", "--ram-bandwidth", "60", "--gpu", "rtx-4060-ti-16gb")
+    old, new = (_hf(capsys, "gemma3-12b", *args, "--llama-build", b) for b in ("b6500", "b6646"))
+    est_old, est_new = old["decode_estimate"], new["decode_estimate"]
+    assert isinstance(est_old, dict) and isinstance(est_new, dict)
+    assert "flash attention runs on the CPU" in est_old["note"] and "runs on the CPU" not in est_new["note"]
+    spec = _spec("gemma3-12b")
+    for p_old, p_new in zip(est_old["at_context"], est_new["at_context"], strict=True):
+        depth = p_old["n_ctx"]
+        added = speed.cpu_attention_seconds(spec, depth, Q8_0, Q8_0, 60_000_000_000)
+        assert 1 / p_old["tokens_per_s"] - 1 / p_new["tokens_per_s"] == pytest.approx(added, rel=0.02), depth
+    assert est_old["at_context"][-1]["tokens_per_s"] < 0.3 * est_new["at_context"][-1]["tokens_per_s"]  # at 32k

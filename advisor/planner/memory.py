@@ -440,6 +440,17 @@ def cuda_flash_attn_missing(
     return None
 
 
+def attention_on_cpu(spec: ModelSpec, cfg: RunConfig) -> bool:
+    """Flash attention runs on the CPU: on, or forced on by a quantized V cache, where CUDA has no kernel for the
+    model and cache at the plan's build (ggml_backend_sched gives the op to the CPU; auto with an f16 V cache
+    resolves off instead, llama_context::resolve_fused_ops)."""
+    if not cuda_fattn_decides(cfg) or cfg.flash_attn == "off":
+        return False
+    if cfg.flash_attn == "auto" and not is_quantized(cfg.type_v):
+        return False
+    return cuda_flash_attn_missing(spec, cfg.type_k, cfg.type_v, cfg.llama_build) is not None
+
+
 def flash_attn_note(spec: ModelSpec, cfg: RunConfig) -> str | None:
     """What a plan says when CUDA has no flash-attention kernel for the model and its cache."""
     if not cuda_fattn_decides(cfg) or cfg.flash_attn == "off":
@@ -456,9 +467,10 @@ def flash_attn_note(spec: ModelSpec, cfg: RunConfig) -> str | None:
         )
     return (
         f"flash attention is on but CUDA has no kernel for it ({missing}; ggml-cuda fattn.cu): llama.cpp runs "
-        "every attention on the CPU, slowly, and copies each layer's K and V to host memory for it (not in "
-        "these figures); use a cache it has a kernel for, or --flash-attn off with an f16 V cache (auto turns it "
-        "off too, but after making the cache for it, so each layer copies its V transposed)"
+        "every attention on the CPU, and copies each layer's K and V to host memory for it each token (the "
+        "decode estimate counts the copy over PCIe and the CPU's read; the host memory it takes is not in these "
+        "figures); use a cache it has a kernel for, or --flash-attn off with an f16 V cache (auto turns it off "
+        "too, but after making the cache for it, so each layer copies its V transposed)"
     )
 
 

@@ -184,6 +184,20 @@ def sampler_penalty_seconds(spec: ModelSpec) -> float:
     return spec.n_vocab * SAMPLER_PENALTY_S_PER_ENTRY
 
 
+# A PCIe 4.0 x16 link's sustained device-to-host rate (kvadvise.planner.prefill uses the same for host-to-device)
+PCIE_BYTES_PER_S = 20_000_000_000
+
+
+def cpu_attention_seconds(
+    spec: ModelSpec, depth: int, type_k: GGMLType, type_v: GGMLType, cpu_bandwidth_bytes_per_s: int
+) -> float:
+    """What flash attention on the CPU adds to a GPU plan's token at ``depth``: ggml_backend_sched copies each
+    attention layer's K and V views (the cells used so far) into host memory for the CPU's op, over PCIe, and the
+    CPU reads them (at its K/V efficiency). The splits' synchronisation (two per layer) is not counted."""
+    kv = kv_read_bytes(spec, depth, type_k, type_v)
+    return kv / PCIE_BYTES_PER_S + kv / (KV_EFFICIENCY["cpu"] * cpu_bandwidth_bytes_per_s)
+
+
 def sampling_seconds(spec: ModelSpec, *, penalties: bool = False) -> float:
     """The CPU's time a token to sample it (:data:`SAMPLING_S_PER_ENTRY` over the vocabulary), and a penalty's
     pass beside it where one is set."""
@@ -562,8 +576,10 @@ def estimate(
     llama_build: int | None = None,
     cpu_output: bool = False,
     sampling_penalties: bool = False,
+    cpu_attention: bool = False,
 ) -> SpeedEstimate | None:
     """Decode speed of one sequence at 4k and at ``n_ctx`` tokens of context (None: nothing to go on).
+    ``cpu_attention``: flash attention runs on the CPU (no CUDA kernel for the cache: :func:`cpu_attention_seconds`).
     No ``devices``: a CPU plan, everything read at ``cpu_bandwidth_bytes_per_s``; ``llama_build``: the build
     that runs it (None: the newest). Every runtime samples each token on the CPU (:data:`SAMPLING_S_PER_ENTRY` over
     the vocabulary); ``sampling_penalties``: its sampler applies a penalty too (:data:`SAMPLER_PENALTY_S_PER_ENTRY`)."""
@@ -584,6 +600,8 @@ def estimate(
             llama_build=llama_build,
             cpu_output=cpu_output,
         )
+        if cpu_attention:
+            t += cpu_attention_seconds(spec, depth, type_k, type_v, cpu_bandwidth_bytes_per_s)
         pts.append((depth, 1 / (t + sampler)))
     first = pts[0][1]
     kind = "MoE" if reads.moe else "dense"
@@ -625,6 +643,14 @@ def estimate(
         note += (
             f"; planned for llama.cpp b{max(EARLY_BUILD_RECURRENT_S)} or later: a build before it decodes this hybrid "
             f"up to {slowest * 1e3:.1f} ms a token slower (--llama-build bNNNN names yours)"
+        )
+    if cpu_attention:
+        at = pts[-1][0]
+        note += (
+            f"; flash attention runs on the CPU (no CUDA kernel for this cache): each token copies the K/V read so "
+            f"far to the host over PCIe ({PCIE_BYTES_PER_S / 1e9:.0f} GB/s) and reads it there, "
+            f"+{cpu_attention_seconds(spec, at, type_k, type_v, cpu_bandwidth_bytes_per_s) * 1e3:,.1f} ms a token "
+            f"at {at:,} tokens counted (the graph splits' own time is not)"
         )
     if factor != 1.0:
         note += (
@@ -707,7 +733,10 @@ def plan_decode(
         return _over_cards_of_the_size(
             spec, cfg, budget, n_cpu_moe=n_cpu_moe, n_cpu_layers=n_cpu_layers, cpu_output=cpu_output
         )
-    on_cpu = not devs or n_cpu_moe or n_cpu_layers or cpu_output
+    from kvadvise.planner.memory import attention_on_cpu  # memory loads the graph port: only for a plan
+
+    cpu_attention = bool(devs) and attention_on_cpu(spec, cfg)
+    on_cpu = not devs or n_cpu_moe or n_cpu_layers or cpu_output or cpu_attention
     cpu_bw, cpu_src = ram_bandwidth(budget) if on_cpu else (CPU_BANDWIDTH_BYTES_PER_S, None)
     n_seq = cfg.n_ctx // max(1, cfg.n_parallel) if cfg.n_ctx else spec.n_ctx_train
     return estimate(
@@ -724,6 +753,7 @@ def plan_decode(
         llama_build=cfg.llama_build,
         cpu_output=cpu_output,
         sampling_penalties=cfg.sampling_penalties,
+        cpu_attention=cpu_attention,
     )
 
 
