@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from kvadvise.model.spec import ModelSpec
 from kvadvise.planner.memory import OP_OFFLOAD_MIN_BATCH  # ggml-cuda.cu / ggml-vulkan.cpp
 from kvadvise.planner.speed import (
+    PCIE_BYTES_PER_S,
     _BACKEND_NAMES,
     EXTRAPOLATION_FLOOR,
     Device,
@@ -79,9 +80,7 @@ RECURRENT_PREFILL_EFFICIENCY: dict[str, float] = {
 # cuBLAS GEMMs over chunks of SSM_SSD_CHUNK_SIZE 256 tokens): its FLOPs run at the dense matmul efficiency.
 SSD_CHUNK_TOKENS = 256
 SSD_MIN_TOKENS = 128
-# Weights kept in RAM reach the GPU over PCIe for every ubatch (op offload): a PCIe 4.0 x16 link's
-# sustained host-to-device rate (fitted on the partial-offload rows).
-PCIE_BYTES_PER_S = 20_000_000_000
+# Weights kept in RAM reach the GPU over PCIe for every ubatch (op offload), at speed.PCIE_BYTES_PER_S
 PREFILL_RANGE = (0.69, 1.28)
 DEFAULT_PROMPT_TOKENS = 4096  # the prompt a plan times when --prompt-tokens is not given
 # CUDA cards whose tensor peak llama.cpp's kernels reach far less of (see PREFILL_EFFICIENCY), by name

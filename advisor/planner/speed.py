@@ -184,7 +184,9 @@ def sampler_penalty_seconds(spec: ModelSpec) -> float:
     return spec.n_vocab * SAMPLER_PENALTY_S_PER_ENTRY
 
 
-# A PCIe 4.0 x16 link's sustained device-to-host rate (kvadvise.planner.prefill uses the same for host-to-device)
+# A PCIe 4.0 x16 link's sustained rate, either way: the K/V copied to the host for attention on the CPU, and the
+# weights kept in RAM copied to the GPU for every ubatch (kvadvise.planner.prefill; fitted on the partial-offload
+# prefill rows)
 PCIE_BYTES_PER_S = 20_000_000_000
 
 
