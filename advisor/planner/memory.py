@@ -440,25 +440,32 @@ def cuda_flash_attn_missing(
     return None
 
 
-def attention_on_cpu(spec: ModelSpec, cfg: RunConfig) -> bool:
-    """Flash attention runs on the CPU: on, or forced on by a quantized V cache, where CUDA has no kernel for the
-    model and cache at the plan's build (ggml_backend_sched gives the op to the CPU; auto with an f16 V cache
-    resolves off instead, llama_context::resolve_fused_ops)."""
-    if not cuda_fattn_decides(cfg) or cfg.flash_attn == "off":
-        return False
-    if cfg.flash_attn == "auto" and not is_quantized(cfg.type_v):
-        return False
-    return cuda_flash_attn_missing(spec, cfg.type_k, cfg.type_v, cfg.llama_build) is not None
-
-
-def flash_attn_note(spec: ModelSpec, cfg: RunConfig) -> str | None:
-    """What a plan says when CUDA has no flash-attention kernel for the model and its cache."""
+def _no_fa_kernel(spec: ModelSpec, cfg: RunConfig) -> tuple[str, bool] | None:
+    """Where CUDA has no flash-attention kernel for the plan's model and cache at its build: why, and whether the
+    attention then runs on the CPU (on, or forced on by a quantized V cache: ggml_backend_sched gives the op to the
+    CPU) or not (auto with an f16 V cache resolves off, llama_context::resolve_fused_ops); None where it has one,
+    or flash attention is off, or CUDA's kernels do not decide (:func:`cuda_fattn_decides`)."""
     if not cuda_fattn_decides(cfg) or cfg.flash_attn == "off":
         return None
     missing = cuda_flash_attn_missing(spec, cfg.type_k, cfg.type_v, cfg.llama_build)
     if missing is None:
         return None
-    if cfg.flash_attn == "auto" and not is_quantized(cfg.type_v):
+    return missing, not (cfg.flash_attn == "auto" and not is_quantized(cfg.type_v))
+
+
+def attention_on_cpu(spec: ModelSpec, cfg: RunConfig) -> bool:
+    """Flash attention runs on the CPU: no CUDA kernel for the model and cache, and on (:func:`_no_fa_kernel`)."""
+    found = _no_fa_kernel(spec, cfg)
+    return found is not None and found[1]
+
+
+def flash_attn_note(spec: ModelSpec, cfg: RunConfig) -> str | None:
+    """What a plan says when CUDA has no flash-attention kernel for the model and its cache."""
+    found = _no_fa_kernel(spec, cfg)
+    if found is None:
+        return None
+    missing, on_cpu = found
+    if not on_cpu:
         return (
             f"flash attention off: CUDA has no kernel for this model ({missing}; ggml-cuda fattn.cu), so "
             "llama.cpp's auto resolves it off (llama_context::resolve_fused_ops): the attention scores take "
