@@ -18,6 +18,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -219,6 +220,22 @@ def pruned_archive(
     info = prune(src, archive)
     manifest.write_text(json.dumps(info, indent=2) + "\n")
     return archive, info
+
+
+# ggml-cpu's AMX path (the "AMX" extra buffer type, which takes a CPU weight before CPU_REPACK) faults in
+# ggml_backend_amx_mul_mat on some Sapphire Rapids machines (ggml-org/llama.cpp#20824, open; seen on this project's
+# 2-core CI machine: llama-server and llama-cpp-python both died at the first decode of the Gemma 3 270M). -march=native
+# turns AMX on wherever the CPU has it; an explicit -mno-amx-* before it wins (GCC and Clang), so the tests' binaries
+# are built without it on x86. Their folder is named for it, so a folder built with AMX is not reused.
+NO_AMX = ("-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16")
+
+
+def cpu_flags() -> tuple[list[str], str]:
+    """CMake flags that keep AMX out of an x86 build, and the tag its cache folder carries ("", elsewhere)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return [], ""
+    flags = " ".join(NO_AMX)
+    return [f"-DCMAKE_C_FLAGS={flags}", f"-DCMAKE_CXX_FLAGS={flags}"], "-noamx"
 
 
 def version_flags(info: dict[str, Any]) -> list[str]:

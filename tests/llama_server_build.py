@@ -114,7 +114,7 @@ def _built(say: Callable[[str], None]) -> Path:
         archive, info = source.pruned_archive(version, say)
     except source.SourceUnavailable as e:
         raise BuildUnavailable(str(e)) from None
-    home = CACHE / f"llama-server-{version}-{info['archive_sha256'][:12]}"
+    home = CACHE / f"llama-server-{version}-{info['archive_sha256'][:12]}{source.cpu_flags()[1]}"
     if _works(home / "llama-server"):
         return home
     home.mkdir(parents=True, exist_ok=True)
@@ -153,7 +153,7 @@ def _build(
         build = Path(tmp) / "build"
         generator = ["-G", "Ninja"] if shutil.which("ninja") else []
         configure = ["cmake", "-S", str(src), "-B", str(build), *generator, *source.CMAKE_FLAGS]
-        configure += [*source.version_flags(info), "-DGGML_RPC=ON"]  # rpc-server: more devices on loopback
+        configure += [*source.version_flags(info), *source.cpu_flags()[0], "-DGGML_RPC=ON"]  # rpc-server: more devices
         jobs = str(os.cpu_count() or 2)
         names = ", ".join(targets)
         say(f"building {names} from the pruned llama.cpp of llama-cpp-python {version} (once; log: {log}) ...")

@@ -201,8 +201,10 @@ class _TinyWriter:
         *,
         dims: Mapping[str, int] | None = None,
         sparse: bool = False,
+        qtypes: Mapping[str, GGMLQuantizationType] | None = None,
     ) -> None:
         self.arch = arch
+        self._qtypes = dict(qtypes or {})
         self.n_vocab = n_vocab
         self.rng = np.random.RandomState(seed)
         self.path = path
@@ -281,8 +283,8 @@ class _TinyWriter:
 
     def mat(self, name: str, *ne: int, qtype: GGMLQuantizationType = F16) -> None:
         """Random weight matrix, f16 or quantized (q8_0 / q4_0 need ne0 % 32 == 0)."""
-        if self.sparse:
-            return self._info(name, ne, qtype)
+        if self.sparse:  # a type given by the tensor's name without block and suffix ("ffn_down_exps")
+            return self._info(name, ne, self._qtypes.get(name.split(".")[-2], qtype))
         data = self._random(ne, WEIGHT_STD)
         if qtype == F16:
             self.gguf.add_tensor(name, data.astype(np.float16))
@@ -1025,6 +1027,38 @@ def _qwen35(t: _TinyWriter) -> None:
         _ffn(t, il, n_embd, n_ff)
 
 
+def _qwen35moe(t: _TinyWriter) -> None:
+    """src/models/qwen35moe.cpp (0c1e570): Qwen3.5's layers (imrope sections, separate ssm_beta / ssm_alpha) with
+    Qwen3-Next's routed experts and sigmoid-gated shared expert (Qwen3.5/3.6-35B-A3B)."""
+    n_layer, n_embd, n_head, n_head_kv, head, n_rot, interval = t.dims(
+        n_layer=4, n_embd=128, n_head=4, n_head_kv=2, head=64, n_rot=32, interval=4
+    )
+    n_expert, n_expert_used, n_ff_exp, n_ff_shexp = t.dims(n_expert=4, n_expert_used=2, n_ff_exp=64, n_ff_shexp=64)
+    d_conv, gdn_head, n_k_heads, n_v_heads = t.dims(d_conv=4, gdn_head=32, n_k_heads=2, n_v_heads=4)
+    half, third = n_rot // 2, n_rot // 6
+    _hparams(t, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=0, head_k=head, head_v=head,
+             n_rot=n_rot)  # fmt: skip
+    t.ints("rope.dimension_sections", (half - 2 * third, third, third, 0))
+    t.u32("full_attention_interval", interval)
+    _experts_hparams(t, n_expert, n_expert_used, n_ff_exp)
+    t.u32("expert_shared_feed_forward_length", n_ff_shexp)
+    _ssm_hparams(t, d_conv=d_conv, d_inner=gdn_head * n_v_heads, d_state=gdn_head, dt_rank=n_v_heads, n_group=n_k_heads)
+    _embeddings(t, n_embd, tied=False)
+    for il in range(n_layer):
+        p = f"blk.{il}"
+        t.norm(f"{p}.attn_norm.weight", n_embd)
+        t.norm(f"{p}.post_attention_norm.weight", n_embd)
+        if (il + 1) % interval == 0:
+            _attention(t, il, n_embd, 2 * n_head * head, n_head_kv * head, n_head_kv * head, n_o=n_head * head)
+            _qk_norm(t, il, head)
+        else:
+            _gated_delta_net(t, il, n_embd, d_conv=d_conv, head_dim=gdn_head, n_k_heads=n_k_heads,
+                             n_v_heads=n_v_heads, fused_ba=False)  # fmt: skip
+        _moe(t, il, n_embd, n_ff_exp, n_expert)
+        t.vec(f"{p}.ffn_gate_inp_shexp.weight", n_embd)
+        _shared_expert(t, il, n_embd, n_ff_shexp)
+
+
 def _qwen3next(t: _TinyWriter) -> None:
     n_layer, n_embd, n_head, n_head_kv, head, n_rot, n_ff = t.dims(
         n_layer=4, n_embd=128, n_head=4, n_head_kv=2, head=64, n_rot=32, n_ff=256
@@ -1279,6 +1313,7 @@ _SPARSE_RECIPES: dict[str, tuple[str, _Builder]] = {
     "granitehybrid-moe": ("granitehybrid", _granitehybrid_moe),
     "lfm2moe": ("lfm2moe", _lfm2moe),
     "nemotron_h_moe": ("nemotron_h_moe", _nemotron_h_moe),
+    "qwen35moe": ("qwen35moe", _qwen35moe),  # op offload's copies (benchmarks/bench_op_offload.py)
 }
 
 RECIPES: tuple[str, ...] = tuple(_RECIPES)
@@ -1300,6 +1335,7 @@ def write_tiny_gguf(
     sparse: bool = False,
     extra_u32: Mapping[str, int] | None = None,
     general_f32: Mapping[str, float] | None = None,
+    qtypes: Mapping[str, GGMLQuantizationType] | None = None,
 ) -> Path:
     """Write a tiny random-weight GGUF for ``recipe`` to ``path`` and return ``path``.
 
@@ -1316,14 +1352,18 @@ def write_tiny_gguf(
     model of many GB costs a few MB of disk and no time. ``extra_u32``: more uint32 keys under the
     architecture's name (``{"vision.block_count": 27}``: an Ollama engine-format blob's vision tower);
     ``general_f32``: float32 keys by their whole name (``{"general.sampling.penalty_repeat": 1.05}``).
+    ``qtypes`` (sparse only): a weight matrix's type by its name without block and suffix
+    (``{"ffn_down_exps": Q5_K}``: a quantized model's tensor sizes).
     """
+    if qtypes and not sparse:
+        raise ValueError("qtypes: only for a sparse GGUF (no data to quantize)")
     known = {**_RECIPES, **_SPARSE_RECIPES}
     if recipe not in known:
         raise ValueError(f"unknown recipe {recipe!r}; expected one of {tuple(known)}")
     arch, build = known[recipe]
     path = Path(path)
     label = name if name is not None else f"tiny-{recipe}"
-    writer = _TinyWriter(path, arch, label, n_vocab, n_ctx_train, seed, dims=dims, sparse=sparse)
+    writer = _TinyWriter(path, arch, label, n_vocab, n_ctx_train, seed, dims=dims, sparse=sparse, qtypes=qtypes)
     build(writer)
     for key, value in (extra_u32 or {}).items():
         writer.u32(key, value)

@@ -756,6 +756,35 @@ def op_offload_growth(spec: ModelSpec, lay: ContextLayout, weight_copy: int) -> 
     return _analytic_device_compute(spec, lay, weight_copy) - _analytic_device_compute(spec, lay)
 
 
+def cpu_layers_attention_bytes(spec: ModelSpec, lay: ContextLayout, cpu_layers: range) -> int:
+    """The first GPU's compute buffer while it runs the attention of a layer left on the CPU (a partial -ngl plan,
+    prompt batches), masks and all; 0 where nothing is op-offloaded.
+
+    ggml_backend_sched_split_graph (ggml-backend.cpp, 0c1e570): the layer's matmuls go to the GPU (op offload, cause
+    "1.off"), and the ops between them follow (pass 2, "expand gpu down"); ggml_backend_sched_backend_id_from_cur
+    skips FLASH_ATTN_EXT and ROPE when it looks for weights, and the cache is no weight, so the attention runs on
+    the GPU too, while the K and V rows are written (SET_ROWS) on the CPU, into the host cache. The attention's split
+    then starts with a copy of the views it reads: the layer's whole K and V (n_kv cells, in the cache's type), in
+    the GPU's compute buffer. The next such layer's copies land in the hole these leave, and where something of the
+    layer between was placed in it, the second of them lands above (ggml-alloc's best fit): planned as one copy more.
+    The same run on a loopback device that op-offloads as CUDA does (benchmarks/bench_op_offload.py): Llama 3.1 8B,
+    Qwen2.5 7B, Qwen3 0.6B and Gemma 3 12B with half their layers on the CPU, 8k-64k cells, f16 and q8_0 caches: the
+    layers' copies of K and V, one more where the hole was taken (Qwen3 0.6B at 65,536 cells: 461.12 MiB, planned
+    462.00; 92.5 before), never under. A device that can read host memory (Metal) copies nothing."""
+    if lay.device != "cuda" or lay.n_ubatch < OP_OFFLOAD_MIN_BATCH:
+        return 0
+    kv = layer_kv_bytes(spec, lay)
+    views = [kv[il] for il in cpu_layers if il < len(kv) and spec.kv_layers[il] and kv[il][0] + kv[il][1] > 0]
+    if not views:
+        return 0
+    s = graph_sizes(spec, lay)
+    copies = max(k + v for k, v in views)
+    if len(views) > 1:
+        copies += max(max(k, v) for k, v in views)
+    masks = s.mask_cells * lay.n_ubatch * (2 if lay.flash_attn else 4)
+    return pad(masks + s.attn_bytes + copies + s.layer_inputs_bytes, ALIGNMENT["cuda"])
+
+
 def output_op_offload_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     """The first device's compute buffer at the output layer when its weights stay in host memory
     (RunConfig.output_on_host) and the device op-offloads its matmul: a copy of output.weight (as the device's

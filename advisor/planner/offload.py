@@ -55,6 +55,7 @@ from kvadvise.planner.memory import (
     MemoryEstimate,
     RunConfig,
     compute_bytes,
+    cpu_layers_attention_bytes,
     estimate,
     host_experts_device_growth,
     layer_kv_bytes,
@@ -77,8 +78,9 @@ FASTER_BY = 1.05
 
 
 def op_offload_bytes(spec: ModelSpec, cpu_blocks: Iterable[int], device: str, n_ubatch: int) -> int | None:
-    """The copy of the largest CPU-resident weight the GPU's compute buffer holds; 0 where nothing is
-    op-offloaded, None where the per-tensor sizes are unknown (a model planned from a profile)."""
+    """The copies of CPU-resident weights the GPU's compute buffer holds at once: the largest one's, or two where a
+    hybrid's first attention layer falls among ``cpu_blocks`` (below); 0 where nothing is op-offloaded, None where
+    the per-tensor sizes are unknown (a model planned from a profile)."""
     if device not in OP_OFFLOAD_DEVICES or n_ubatch < OP_OFFLOAD_MIN_BATCH:
         return 0
     blocks = list(cpu_blocks)
@@ -86,7 +88,17 @@ def op_offload_bytes(spec: ModelSpec, cpu_blocks: Iterable[int], device: str, n_
         return 0
     if not spec.layer_largest_tensor_bytes:
         return None
-    return max(spec.layer_largest_tensor_bytes[il] for il in blocks)
+    largest = max(spec.layer_largest_tensor_bytes[il] for il in blocks)
+    # A hybrid whose first layers have no attention (Qwen3.5/3.6's three gated-delta-net layers) copies the KQ mask
+    # into the GPU's compute buffer only at its first attention layer (the first split that reads it), into the
+    # hole the earlier layers' weight copies left: the next layer's copies no longer fit there and land above it.
+    # Measured with the op-offloading loopback device (benchmarks/bench_op_offload.py): Qwen3.6-35B-A3B's experts
+    # of layers 0-2 or 3-19 in host memory grow the buffer by 157-160 MiB (its 176 MiB down projection), of 0-3 and
+    # 0-19 by 301 MiB, at 8k to 256k cells.
+    first_kv = next((il for il, owns in enumerate(spec.kv_layers) if owns), 0)
+    if first_kv > 0 and min(blocks) < first_kv <= max(blocks):
+        return 2 * largest
+    return largest
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,6 +356,8 @@ def partial_offload(
 
     def copy_growth(n_cpu: int, n_cpu_moe: int) -> int:  # what op offload's copies add to the first device's compute
         grown = copy_bytes(max(n_cpu, n_cpu_moe))
+        if offloads and n_cpu:  # the CPU layers' attention runs on the GPU with copies of their K and V
+            grown = max(base_compute + grown, cpu_layers_attention_bytes(spec, lay, range(n_cpu))) - base_compute
         if output_last and n_cpu:  # or output.weight's beside the logits, whichever peak is higher
             grown = max(base_compute + grown, output_op_offload_bytes(spec, lay)) - base_compute
         return grown
@@ -421,6 +435,12 @@ def partial_offload(
         note += (
             f", and the GPU compute buffer grows by {op_copy / MIB:,.1f} MiB: prompt batches copy {tensor} to the "
             "GPU beside the logits (op offload; --no-op-offload avoids it, prompts slower)"
+        )
+    elif op_copy and n_cpu and op_copy > copy_bytes(n_cpu):
+        note += (
+            f"; the GPU compute buffer grows by {op_copy / MIB:,.1f} MiB: prompt batches run the CPU layers' "
+            "attention on the GPU, with copies of each one's K and V (op offload; --no-op-offload avoids it, "
+            "prompts slower)"
         )
     elif op_copy:
         note += (

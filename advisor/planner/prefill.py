@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING
 from kvadvise.model.spec import ModelSpec
 from kvadvise.planner.memory import OP_OFFLOAD_MIN_BATCH  # ggml-cuda.cu / ggml-vulkan.cpp
 from kvadvise.planner.speed import (
-    PCIE_BYTES_PER_S,
     _BACKEND_NAMES,
     EXTRAPOLATION_FLOOR,
+    PCIE_BYTES_PER_S,
     Device,
     _expert_layers,
     _k,
