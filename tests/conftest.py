@@ -16,6 +16,41 @@ sys.path.insert(0, str(TESTS))  # tinymodels, oracle
 from oracle import REPORT  # noqa: E402
 
 
+def _amx_off() -> None:
+    """On an x86 Linux CPU with AMX, LD_PRELOAD tests/amx_off.c into every child process: llama-cpp-python's
+    wheel (pip builds it with -march=native) then registers no AMX buffer type, whose mul_mat faults on some
+    Sapphire Rapids machines (ggml-org/llama.cpp#20824), and runs as the tests' own llama.cpp, built without AMX.
+    Built once into the tests' cache (a C compiler is already needed for llama.cpp); nothing without AMX."""
+    import hashlib
+    import os
+    import platform
+    import shutil
+    import subprocess
+
+    if platform.system() != "Linux" or platform.machine().lower() not in ("x86_64", "amd64"):
+        return
+    try:
+        flags = next(ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags"))
+    except (OSError, StopIteration):
+        return
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if "amx_tile" not in flags.split() or cc is None:
+        return
+    from llama_server_build import CACHE
+
+    src = TESTS / "amx_off.c"
+    lib = CACHE / f"amx-off-{hashlib.sha256(src.read_bytes()).hexdigest()[:12]}.so"
+    if not lib.exists():
+        lib.parent.mkdir(parents=True, exist_ok=True)
+        tmp = lib.with_suffix(f".{os.getpid()}.tmp")
+        subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(tmp), str(src), "-ldl"], check=True)
+        os.replace(tmp, lib)
+    os.environ["LD_PRELOAD"] = " ".join(p for p in (str(lib), os.environ.get("LD_PRELOAD", "")) if p)
+
+
+_amx_off()
+
+
 @pytest.fixture(autouse=True)
 def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """No user settings leak into a test: Ollama/HF/llama.cpp variables, XDG dirs."""

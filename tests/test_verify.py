@@ -501,3 +501,32 @@ def test_a_log_that_is_no_file_is_refused_or_read_to_its_end(
         assert main(["verify", "llamacpp", str(gemma_path), "--log", log]) == 2
         err = capsys.readouterr().err
         assert what in err and "internal error" not in err and time.monotonic() - t0 < 30, err
+
+
+@pytest.mark.llama
+def test_a_probe_killed_with_the_extra_buffer_types_measures_again_without_them(
+    gemma_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """llama-cpp-python's wheel has ggml-cpu's AMX buffer type on an AMX CPU, whose mul_mat faults on some Sapphire
+    Rapids machines (ggml-org/llama.cpp#20824): verify said "llama.cpp crashed (exit code -11)" and stopped. A child
+    killed by a signal with the extra buffer types on is run once more without them, and the plan compared with it
+    is the --no-repack one (here the first child's death is played: the tests keep AMX out, tests/amx_off.c)."""
+    from kvadvise.backends.llamacpp import runners
+
+    real = runners._probe
+    calls: list[bool] = []
+
+    def probe(model_path: str, cfg: object, *, extra_bufts: bool, timeout_s: float) -> tuple[int, str, str]:
+        calls.append(extra_bufts)
+        if extra_bufts:
+            return -11, "", "sched_reserve: graph: nodes = 727, splits = 1"
+        return real(model_path, cfg, extra_bufts=extra_bufts, timeout_s=timeout_s)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(runners, "_probe", probe)
+    rc, doc, err = verify(capsys, str(gemma_path), "--ctx", "4096")
+    assert rc == 0, err
+    assert calls == [True, False]
+    assert "measuring again without them" in err and "llama.cpp#20824" in err
+    assert doc is not None and doc["config"]["cpu_repack"] == "off"
+    assert any("--no-repack" in n for n in doc["notes"])
+    assert abs(doc["error"]["weights_bytes"]) <= 2 * (MIB // 200 + 1)  # no CPU_REPACK measured, none predicted

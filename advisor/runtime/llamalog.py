@@ -150,8 +150,10 @@ class LoadLog:
 
 
 def is_host(buft: str) -> bool:
-    """Ollama's !isGPUBuffer: CPU, BLAS, CPU_* and *_Host live in system memory."""
-    return buft in ("CPU", "BLAS") or buft.startswith("CPU_") or buft.endswith("_Host")
+    """Ollama's !isGPUBuffer: CPU, BLAS, CPU_* and *_Host live in system memory, and so does "AMX", the CPU backend's
+    extra buffer type on a CPU with AMX (ggml-cpu/amx/amx.cpp ggml_backend_amx_buffer_type: it takes a quantized
+    CPU weight before CPU_REPACK does; "AMX model buffer size" in a load log)."""
+    return buft in ("CPU", "BLAS", "AMX") or buft.startswith("CPU_") or buft.endswith("_Host")
 
 
 def parse(lines: Iterable[str]) -> LoadLog:

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 
 from kvadvise.planner.planning import Plan
-from kvadvise.runtime.llamalog import MIB, LoadLog
+from kvadvise.runtime.llamalog import MIB, LoadLog, is_host
 
 # "build: 7000 (0c1e570) with ..." (older builds), "common_params_print_info: build 1 (0c1e570) with ..."
 # (a build from a source tarball without git says "build 0 (unknown)")
@@ -39,6 +39,9 @@ class Measurement:
     gpu_layers: int | None  # "offloaded N/M layers to GPU"
     total_layers: int | None
     repack_bytes: int = 0  # CPU_REPACK: CPU-only copies of some quantized matrices, inside weights_bytes
+    # False: llama.cpp ran without the CPU's extra buffer types (AMX, CPU_REPACK), as llama-server --no-repack does:
+    # with them it crashed (kvadvise.backends.llamacpp.runners.measure_with_python)
+    extra_bufts: bool = True
     prompt_tokens: int | None = None  # the prompt prompt_tokens_per_s timed (llama-server's timings.prompt_n)
     # every load's "offloaded N/M layers to GPU", in order (a server woken from idle loads again)
     placements: tuple[tuple[int, int], ...] = ()
@@ -90,7 +93,7 @@ def measurement_from_log(
     prompt_tokens: int | None = None,
 ) -> Measurement:
     """Sizes as llama.cpp printed them (to 0.01 MiB)."""
-    gpu = sorted({b.buft.rstrip("0123456789") for b in log.buffers if not b.buft.startswith("CPU") and b.buft != "CPU"})
+    gpu = sorted({b.buft.rstrip("0123456789") for b in log.buffers if not is_host(b.buft) or b.buft.endswith("_Host")})
     backend = "/".join(x.removesuffix("_Host") for x in gpu if not x.endswith("_Host")) or "CPU"
     return Measurement(
         runner=runner,

@@ -154,6 +154,13 @@ def verify_llamacpp_command(
     if o.request.llama_build == "auto" and ran is not None and ran != plan.config.llama_build:
         cfg = replace(plan.config, llama_build=ran)
         plan = replace(plan, config=cfg, estimate=estimate(spec, cfg))
+    if not measured.extra_bufts and plan.config.cpu_repack != "off":  # it ran as --no-repack does: compared so
+        cfg = replace(plan.config, cpu_repack="off")
+        why = (
+            "llama.cpp crashed with the CPU's extra buffer types (AMX, CPU_REPACK; on a CPU with AMX, "
+            "ggml-org/llama.cpp#20824): measured and predicted without them, as llama-server --no-repack runs"
+        )
+        plan = replace(plan, config=cfg, estimate=estimate(spec, cfg), notes=(*plan.notes, why))
     result = compare(plan, measured)
     if o.view.as_json:
         output.result_json(verification_dict(result))

@@ -26,6 +26,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -68,18 +69,28 @@ def probe_request(model_path: str, cfg: RunConfig, *, bench: bool = True, extra_
     return req
 
 
-def measure_with_python(model_path: str, cfg: RunConfig, *, timeout_s: float, progress: Progress) -> Measurement:
-    progress("loading the model with llama-cpp-python in a child process ...")
+def _probe(model_path: str, cfg: RunConfig, *, extra_bufts: bool, timeout_s: float) -> tuple[int, str, str]:
     # -P (3.11+): the current directory is not put on sys.path, so no folder of the user's shadows kvadvise
     safe_path = ["-P"] if sys.version_info >= (3, 11) else []
-    cmd = [
-        sys.executable,
-        *safe_path,
-        "-m",
-        "kvadvise.backends.llamacpp.probe",
-        json.dumps(probe_request(model_path, cfg, extra_bufts=cfg.cpu_repack != "off")),
-    ]
-    rc, out, err = childproc.run(cmd, timeout_s=timeout_s, what="llama.cpp (llama-cpp-python)")
+    request = json.dumps(probe_request(model_path, cfg, extra_bufts=extra_bufts))
+    cmd = [sys.executable, *safe_path, "-m", "kvadvise.backends.llamacpp.probe", request]
+    return childproc.run(cmd, timeout_s=timeout_s, what="llama.cpp (llama-cpp-python)")
+
+
+def measure_with_python(model_path: str, cfg: RunConfig, *, timeout_s: float, progress: Progress) -> Measurement:
+    progress("loading the model with llama-cpp-python in a child process ...")
+    extra_bufts = cfg.cpu_repack != "off"
+    rc, out, err = _probe(model_path, cfg, extra_bufts=extra_bufts, timeout_s=timeout_s)
+    if extra_bufts and rc < 0 and not any(ln.startswith("{") for ln in out.splitlines()):
+        # killed by a signal with the CPU's extra buffer types: on a CPU with AMX the first of them is AMX's
+        # (ggml-cpu.cpp ggml_backend_cpu_get_extra_buffer_types), and ggml_backend_amx_mul_mat faults on some
+        # Sapphire Rapids machines (ggml-org/llama.cpp#20824, open; seen on this project's CI machine)
+        progress(
+            f"llama.cpp crashed (signal {-rc}) with the CPU's extra buffer types (AMX, CPU_REPACK: an AMX CPU meets "
+            "ggml-org/llama.cpp#20824); measuring again without them, as llama-server --no-repack runs ..."
+        )
+        extra_bufts = False
+        rc, out, err = _probe(model_path, cfg, extra_bufts=False, timeout_s=timeout_s)
     lines = [ln for ln in out.splitlines() if ln.startswith("{")]
     if not lines:
         tail = " | ".join(err.strip().splitlines()[-3:])
@@ -96,7 +107,7 @@ def measure_with_python(model_path: str, cfg: RunConfig, *, timeout_s: float, pr
     used = None
     if res.get("gpu_used_before") is not None and res.get("gpu_used_after_load") is not None:
         used = int(res["gpu_used_after_load"]) - int(res["gpu_used_before"])
-    return measurement_from_log(
+    measured = measurement_from_log(
         parse(err.splitlines()),
         runner="llama-cpp-python",
         build=f"llama-cpp-python {res.get('llama_cpp_python', '?')}",
@@ -106,6 +117,7 @@ def measure_with_python(model_path: str, cfg: RunConfig, *, timeout_s: float, pr
         decode_tokens_per_s=res.get("decode_tokens_per_s"),
         prompt_tokens=res.get("prompt_tokens"),
     )
+    return measured if extra_bufts else replace(measured, extra_bufts=False)
 
 
 def _failure_reason(log: str) -> str | None:
