@@ -1033,12 +1033,39 @@ def _qwen35moe(t: _TinyWriter) -> None:
     n_layer, n_embd, n_head, n_head_kv, head, n_rot, interval = t.dims(
         n_layer=4, n_embd=128, n_head=4, n_head_kv=2, head=64, n_rot=32, interval=4
     )
-    n_expert, n_expert_used, n_ff_exp, n_ff_shexp = t.dims(n_expert=4, n_expert_used=2, n_ff_exp=64, n_ff_shexp=64)
-    d_conv, gdn_head, n_k_heads, n_v_heads = t.dims(d_conv=4, gdn_head=32, n_k_heads=2, n_v_heads=4)
     half, third = n_rot // 2, n_rot // 6
     _hparams(t, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=0, head_k=head, head_v=head,
              n_rot=n_rot)  # fmt: skip
     t.ints("rope.dimension_sections", (half - 2 * third, third, third, 0))
+    _hybrid_moe(t, n_layer, n_embd, n_head, n_head_kv, head, interval, fused_ba=False)
+
+
+def _qwen3next(t: _TinyWriter) -> None:
+    n_layer, n_embd, n_head, n_head_kv, head, n_rot, n_ff = t.dims(
+        n_layer=4, n_embd=128, n_head=4, n_head_kv=2, head=64, n_rot=32, n_ff=256
+    )
+    (interval,) = t.dims(interval=4)  # qwen3next.cpp default when the key is absent; written anyway
+    _hparams(
+        t,
+        n_layer=n_layer,
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        n_ff=n_ff,
+        head_k=head,
+        head_v=head,
+        n_rot=n_rot,
+    )
+    _hybrid_moe(t, n_layer, n_embd, n_head, n_head_kv, head, interval, fused_ba=True)
+
+
+def _hybrid_moe(
+    t: _TinyWriter, n_layer: int, n_embd: int, n_head: int, n_head_kv: int, head: int, interval: int, *, fused_ba: bool
+) -> None:
+    """Qwen3-Next's and Qwen3.5-MoE's layers: every interval-th one gated-attention (q and its gate in one attn_q),
+    the others gated delta net; routed experts and a sigmoid-gated shared expert (1-D ffn_gate_inp_shexp)."""
+    n_expert, n_expert_used, n_ff_exp, n_ff_shexp = t.dims(n_expert=4, n_expert_used=2, n_ff_exp=64, n_ff_shexp=64)
+    d_conv, gdn_head, n_k_heads, n_v_heads = t.dims(d_conv=4, gdn_head=32, n_k_heads=2, n_v_heads=4)
     t.u32("full_attention_interval", interval)
     _experts_hparams(t, n_expert, n_expert_used, n_ff_exp)
     t.u32("expert_shared_feed_forward_length", n_ff_shexp)
@@ -1053,53 +1080,7 @@ def _qwen35moe(t: _TinyWriter) -> None:
             _qk_norm(t, il, head)
         else:
             _gated_delta_net(t, il, n_embd, d_conv=d_conv, head_dim=gdn_head, n_k_heads=n_k_heads,
-                             n_v_heads=n_v_heads, fused_ba=False)  # fmt: skip
-        _moe(t, il, n_embd, n_ff_exp, n_expert)
-        t.vec(f"{p}.ffn_gate_inp_shexp.weight", n_embd)
-        _shared_expert(t, il, n_embd, n_ff_shexp)
-
-
-def _qwen3next(t: _TinyWriter) -> None:
-    n_layer, n_embd, n_head, n_head_kv, head, n_rot, n_ff = t.dims(
-        n_layer=4, n_embd=128, n_head=4, n_head_kv=2, head=64, n_rot=32, n_ff=256
-    )
-    n_expert, n_expert_used, n_ff_exp, n_ff_shexp = t.dims(n_expert=4, n_expert_used=2, n_ff_exp=64, n_ff_shexp=64)
-    d_conv, gdn_head, n_k_heads, n_v_heads = t.dims(d_conv=4, gdn_head=32, n_k_heads=2, n_v_heads=4)
-    (interval,) = t.dims(interval=4)  # qwen3next.cpp default when the key is absent; written anyway
-    _hparams(
-        t,
-        n_layer=n_layer,
-        n_embd=n_embd,
-        n_head=n_head,
-        n_head_kv=n_head_kv,
-        n_ff=n_ff,
-        head_k=head,
-        head_v=head,
-        n_rot=n_rot,
-    )
-    t.u32("full_attention_interval", interval)
-    _experts_hparams(t, n_expert, n_expert_used, n_ff_exp)
-    t.u32("expert_shared_feed_forward_length", n_ff_shexp)
-    _ssm_hparams(t, d_conv=d_conv, d_inner=gdn_head * n_v_heads, d_state=gdn_head, dt_rank=n_v_heads, n_group=n_k_heads)
-    _embeddings(t, n_embd, tied=False)
-    for il in range(n_layer):
-        p = f"blk.{il}"
-        t.norm(f"{p}.attn_norm.weight", n_embd)
-        t.norm(f"{p}.post_attention_norm.weight", n_embd)
-        if (il + 1) % interval == 0:
-            _attention(t, il, n_embd, 2 * n_head * head, n_head_kv * head, n_head_kv * head, n_o=n_head * head)
-            _qk_norm(t, il, head)
-        else:
-            _gated_delta_net(
-                t,
-                il,
-                n_embd,
-                d_conv=d_conv,
-                head_dim=gdn_head,
-                n_k_heads=n_k_heads,
-                n_v_heads=n_v_heads,
-                fused_ba=True,
-            )
+                             n_v_heads=n_v_heads, fused_ba=fused_ba)  # fmt: skip
         _moe(t, il, n_embd, n_ff_exp, n_expert)
         t.vec(f"{p}.ffn_gate_inp_shexp.weight", n_embd)
         _shared_expert(t, il, n_embd, n_ff_shexp)
