@@ -949,3 +949,31 @@ def test_a_card_given_by_its_size_is_timed_at_each_catalogue_cards_clock() -> No
     # nor a share of 0 or NaN: the factor was 0 (no fixed time) or NaN
     for share in (0.0, math.nan):
         assert speed.clock_factor([speed.Device("cuda", 1, share=share, clock_hz=1.26e9)]) == pytest.approx(2.0)
+
+
+def test_a_partial_offloads_prompt_copies_the_cpu_layers_k_and_v_each_ubatch() -> None:
+    """Whole layers on the CPU run their attention on the GPU for prompt batches, each ubatch copying the K and V
+    read so far (memory.cpu_layers_attention_bytes: the same copies in the compute buffer). Qwen2.5-14B with 36 of
+    48 layers on the CPU, f16 cache: 4 KiB a cell and layer; a 65,536-token prompt in 128 ubatches of 512 reads
+    512, 1,024, ... 65,536 cells: 36 x 4,096 B x 512 x (128 x 129 / 2) = 623 GB over PCIe, 31 s at 20 GB/s."""
+    from kvadvise.model.hfconfig import from_config
+    from kvadvise.planner.memory import RunConfig
+
+    spec = from_config(json.loads((ROOT / "tests" / "data" / "hf" / "qwen2.5-14b.json").read_text()), source="test")
+    kv = prefill.cpu_layers_kv(spec, RunConfig(n_ctx=65536), 36)
+    assert kv is not None and kv.bytes_per_cell == 36 * 2 * (8 * 128 * 2) and kv.swa_bytes_per_cell == 0
+    copied = prefill.cpu_kv_copy_bytes(kv, 65536, 512)
+    assert copied == kv.bytes_per_cell * 512 * (128 * 129 // 2)
+    gpu = speed.Device("cuda", 272_000_000_000, 1.0, flops_per_s=121e12, name="rtx-4060")
+    cpu_bytes = spec.weights_bytes * 36 // 48
+    without = prefill.prefill_seconds(spec, 65536, [gpu], n_ubatch=512, cpu_bytes=cpu_bytes)
+    with_kv = prefill.prefill_seconds(spec, 65536, [gpu], n_ubatch=512, cpu_bytes=cpu_bytes, cpu_kv=kv)
+    assert without is not None and with_kv is not None
+    assert math.isclose(with_kv - without, copied / speed.PCIE_BYTES_PER_S)
+    # a batch under 32 tokens is not op-offloaded: the CPU runs that attention, nothing is copied
+    small = prefill.prefill_seconds(spec, 4096, [gpu], n_ubatch=16, cpu_bytes=cpu_bytes, cpu_flops_per_s=1e12)
+    assert small == prefill.prefill_seconds(
+        spec, 4096, [gpu], n_ubatch=16, cpu_bytes=cpu_bytes, cpu_flops_per_s=1e12, cpu_kv=kv
+    )
+    # no attention layer on the CPU, or a hybrid's recurrent ones only: nothing
+    assert prefill.cpu_layers_kv(spec, RunConfig(n_ctx=65536), 0) is None

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kvadvise.model.ggml import row_bytes
 from kvadvise.model.spec import ModelSpec
 from kvadvise.planner.memory import OP_OFFLOAD_MIN_BATCH  # ggml-cuda.cu / ggml-vulkan.cpp
 from kvadvise.planner.speed import (
@@ -219,12 +220,15 @@ def prefill_seconds(
     cpu_bytes: int = 0,
     cpu_flops_per_s: float = 0.0,
     n_active: int | None = None,
+    cpu_kv: CpuLayersKV | None = None,
 ) -> float | None:
     """Seconds to process ``n_prompt`` tokens after ``depth`` cached ones.
 
     ``devices``: the GPUs (none: the CPU computes everything at ``cpu_flops_per_s``); ``cpu_bytes``: the
     weights kept in RAM, copied to the GPU once per ubatch of 32 tokens or more (op offload), computed by
-    the CPU for a smaller one. None when a device's compute is unknown.
+    the CPU for a smaller one; ``cpu_kv``: the cache of the layers kept on the CPU, whose attention then runs
+    on the GPU too, each ubatch copying the K and V read so far (:func:`cpu_kv_copy_bytes`). None when a
+    device's compute is unknown.
     """
     if n_prompt <= 0:
         return 0.0
@@ -260,9 +264,34 @@ def prefill_seconds(
         w_flops *= 1 - cpu_share
     elif cpu_bytes:
         t += n_ub * cpu_bytes / PCIE_BYTES_PER_S
+    if cpu_kv is not None and ub >= OP_OFFLOAD_MIN_BATCH:
+        t += cpu_kv_copy_bytes(cpu_kv, n_prompt, ub, depth) / PCIE_BYTES_PER_S
     for d in devices:
         t += at(prefill_key(d.backend, d.name), d.flops_per_s, d.share)
     return t
+
+
+@dataclass(frozen=True, slots=True)
+class CpuLayersKV:
+    """The cache of a partial offload's CPU layers, per cell: what each prompt batch copies to the GPU."""
+
+    bytes_per_cell: int  # K + V of every full-attention layer kept on the CPU
+    swa_bytes_per_cell: int = 0  # of its sliding-window layers, whose views hold at most ``n_swa`` + a batch
+    n_swa: int = 0
+
+
+def cpu_kv_copy_bytes(kv: CpuLayersKV, n_prompt: int, n_ubatch: int, depth: int = 0) -> int:
+    """The K and V a prompt of ``n_prompt`` tokens after ``depth`` copies to the GPU: for each ubatch, every CPU
+    layer's attention reads the views of the cells used so far (n_kv: the depth and the batches up to this one,
+    padded to 256 as llama_kv_cache::get_n_kv pads them), copied in at the start of its split
+    (memory.cpu_layers_attention_bytes: the same copies in the compute buffer)."""
+    total = 0
+    done = 0
+    while done < n_prompt:
+        done = min(n_prompt, done + n_ubatch)
+        n_kv = -(-(depth + done) // 256) * 256
+        total += kv.bytes_per_cell * n_kv + kv.swa_bytes_per_cell * min(n_kv, kv.n_swa + n_ubatch)
+    return total
 
 
 def prefill(
@@ -276,6 +305,7 @@ def prefill(
     cpu_flops_per_s: float = 0.0,
     cpu_flops_source: str | None = None,
     source: str | None = None,
+    cpu_kv: CpuLayersKV | None = None,
 ) -> PrefillEstimate | None:
     """Prompt processing of one sequence: ``prompt_tokens`` (default :data:`DEFAULT_PROMPT_TOKENS`, at most
     the context) from an empty cache, and the whole context ``n_ctx``. None: a compute figure is unknown."""
@@ -288,7 +318,9 @@ def prefill(
     sizes = [first] + ([limit] if limit is not None and limit > first and not prompt_tokens else [])
     pts = []
     for n in sizes:
-        s = prefill_seconds(spec, n, devices, n_ubatch=n_ubatch, cpu_bytes=cpu_bytes, cpu_flops_per_s=cpu_flops_per_s)
+        s = prefill_seconds(
+            spec, n, devices, n_ubatch=n_ubatch, cpu_bytes=cpu_bytes, cpu_flops_per_s=cpu_flops_per_s, cpu_kv=cpu_kv
+        )
         if s is None or s <= 0:
             return None
         pts.append((n, n / s, s))
@@ -308,6 +340,11 @@ def prefill(
         note += (
             f"; the {cpu_bytes / 1e9:.1f} GB kept in RAM cross PCIe once per ubatch of {n_ubatch} "
             f"(op offload, at {PCIE_BYTES_PER_S / 1e9:.0f} GB/s): a larger -ub amortises it"
+        )
+    if cpu_kv is not None and devices and n_ubatch >= OP_OFFLOAD_MIN_BATCH:
+        note += (
+            "; the CPU layers' attention runs on the GPU too, each ubatch copying their K and V read so far "
+            f"({cpu_kv_copy_bytes(cpu_kv, pts[-1][0], n_ubatch) / 1e9:,.1f} GB for {pts[-1][0]:,} tokens)"
         )
     note += (
         f"; calibrated on published measurements (80 % within {PREFILL_RANGE[0]:.0%} to {PREFILL_RANGE[1]:.0%}); "
@@ -364,6 +401,7 @@ def plan_prefill(
 
         cpu = cpu_flops()
     n_seq = cfg.n_ctx // max(1, cfg.n_parallel) if cfg.n_ctx else spec.n_ctx_train
+    cpu_kv = cpu_layers_kv(spec, cfg, n_cpu_layers) if devs and n_cpu_layers else None
     return prefill(
         spec,
         n_seq,
@@ -374,4 +412,19 @@ def plan_prefill(
         cpu_flops_per_s=cpu.flops_per_s if cpu else 0.0,
         cpu_flops_source=cpu.source if cpu else None,
         source=budget.flops_source,
+        cpu_kv=cpu_kv,
     )
+
+
+def cpu_layers_kv(spec: ModelSpec, cfg: RunConfig, n_cpu_layers: int) -> CpuLayersKV | None:
+    """The first ``n_cpu_layers`` layers' cache per cell, in the plan's cache types (None: no attention there)."""
+    full = swa = 0
+    for il in range(min(n_cpu_layers, spec.n_layer)):
+        if not spec.kv_layers[il]:
+            continue
+        cell = row_bytes(cfg.type_k, spec.n_embd_k_gqa(il)) + row_bytes(cfg.type_v, spec.n_embd_v_gqa(il))
+        if spec.swa_layers[il] and spec.n_swa and not cfg.swa_full:
+            swa += cell
+        else:
+            full += cell
+    return CpuLayersKV(full, swa, spec.n_swa) if full or swa else None
