@@ -161,6 +161,9 @@ CASES = (
     Case("qwen2.5-7b -ngl 14", "qwen2", REAL_SIZES["qwen2"], Q4_K_M_DENSE, tuple(range(14)), False),
     Case("qwen3-0.6b -ngl 14", "qwen3", REAL_SIZES["qwen3"], Q4_K_M_DENSE, tuple(range(14)), False),
     Case("gemma-3-12b -ngl 24", "gemma3", REAL_SIZES["gemma3"], Q4_K_M_DENSE, tuple(range(24)), False),
+    # one layer on the CPU: whether a copy lands above does not wait for a second layer
+    Case("qwen3-0.6b -ngl 27", "qwen3", REAL_SIZES["qwen3"], Q4_K_M_DENSE, (0,), False),
+    Case("llama-3.1-8b -ngl 31", "llama", REAL_SIZES["llama"], Q4_K_M_DENSE, (0,), False),
 )
 N_CTX = (8192, 65536)
 # (flash attention, cache type) of each row; the dense models' CPU layers also with a q8_0 cache and without flash

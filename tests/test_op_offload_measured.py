@@ -60,11 +60,11 @@ def test_the_plan_is_never_under_the_allocation_pass(
 
 def test_whole_cpu_layers_hold_their_k_and_v_on_the_gpu(specs: dict[str, ModelSpec]) -> None:
     """Qwen3 0.6B, 14 of 28 layers on the CPU, 65,536 f16 cells: a layer's K and V are 128 MiB each; the plan is the
-    masks (64), the attention's live set, one layer's K and V and one copy more."""
+    masks (64), the attention's live set, one layer's K and V and one copy more (with one CPU layer as with 14)."""
     spec = specs["qwen3-0.6b -ngl 14"]
     cuda = resolve(spec, replace(config("on", "f16", 65536), device="cuda"))
     assert cpu_layers_attention_bytes(spec, cuda, range(14)) == 462 * MIB
-    assert cpu_layers_attention_bytes(spec, cuda, range(1)) == 334 * MIB  # one layer: no second copy
+    assert cpu_layers_attention_bytes(spec, cuda, range(1)) == 462 * MIB  # one layer: 461.12 allocated too
     # a device that reads host memory (Metal), an RPC device (no offload_op), a batch under 32: no copies
     for other in (replace(cuda, device="metal"), replace(cuda, device="rpc"), replace(cuda, n_ubatch=16)):
         assert cpu_layers_attention_bytes(spec, other, range(14)) == 0

@@ -765,12 +765,13 @@ def cpu_layers_attention_bytes(spec: ModelSpec, lay: ContextLayout, cpu_layers: 
     skips FLASH_ATTN_EXT and ROPE when it looks for weights, and the cache is no weight, so the attention runs on
     the GPU too, while the K and V rows are written (SET_ROWS) on the CPU, into the host cache. The attention's split
     then starts with a copy of the views it reads: the layer's whole K and V (n_kv cells, in the cache's type), in
-    the GPU's compute buffer. The next such layer's copies land in the hole these leave, and where something of the
-    layer between was placed in it, the second of them lands above (ggml-alloc's best fit): planned as one copy more.
-    The same run on a loopback device that op-offloads as CUDA does (benchmarks/bench_op_offload.py): Llama 3.1 8B,
-    Qwen2.5 7B, Qwen3 0.6B and Gemma 3 12B with half their layers on the CPU, 8k-64k cells, f16 and q8_0 caches: the
-    layers' copies of K and V, one more where the hole was taken (Qwen3 0.6B at 65,536 cells: 461.12 MiB, planned
-    462.00; 92.5 before), never under. A device that can read host memory (Metal) copies nothing."""
+    the GPU's compute buffer. Where ggml-alloc's best fit has placed the layer's own tensors in the space those copies
+    would take, one of them lands above: the same with one CPU layer or fourteen (Qwen3 0.6B at 65,536 cells: 461.12
+    MiB, the masks, the attention and the two copies being 334; Qwen2.5 7B likewise; not Llama 3.1 8B or Gemma 3 12B),
+    which the node order decides: planned as one copy more. The same run on a loopback device that op-offloads as
+    CUDA does (benchmarks/bench_op_offload.py): those four shapes with 1 to 24 layers on the CPU, 8k-64k cells, f16
+    and q8_0 caches, never under (Qwen3 0.6B: 462.00 planned; 92.5 before), at most 44 % over where no copy lands
+    above. A device that can read host memory (Metal) copies nothing."""
     if lay.device != "cuda" or lay.n_ubatch < OP_OFFLOAD_MIN_BATCH:
         return 0
     kv = layer_kv_bytes(spec, lay)
@@ -778,9 +779,7 @@ def cpu_layers_attention_bytes(spec: ModelSpec, lay: ContextLayout, cpu_layers: 
     if not views:
         return 0
     s = graph_sizes(spec, lay)
-    copies = max(k + v for k, v in views)
-    if len(views) > 1:
-        copies += max(max(k, v) for k, v in views)
+    copies = max(k + v for k, v in views) + max(max(k, v) for k, v in views)
     masks = s.mask_cells * lay.n_ubatch * (2 if lay.flash_attn else 4)
     return pad(masks + s.attn_bytes + copies + s.layer_inputs_bytes, ALIGNMENT["cuda"])
 
