@@ -248,7 +248,7 @@ def test_allow_cpu_moe_keeps_all_experts_on_the_cpu_before_whole_layers(tmp_path
 
     from kvadvise.model.architecture import from_gguf
     from kvadvise.model.gguf import read_file
-    from kvadvise.planner.memory import layer_kv_bytes, resolve
+    from kvadvise.planner.memory import cpu_layers_attention_bytes, layer_kv_bytes, resolve
     from kvadvise.planner.offload import partial_offload
 
     spec = from_gguf(read_file(write_tiny_gguf(tmp_path / "m.gguf", "mixtral")))
@@ -260,7 +260,11 @@ def test_allow_cpu_moe_keeps_all_experts_on_the_cpu_before_whole_layers(tmp_path
     budget = budget_for(_hw(full.device_bytes - spec.expert_bytes - rest0 // 2))
     off = partial_offload(spec, RunConfig(), budget, 4096, (cfg.type_k, cfg.type_v))
     assert off is not None and off.n_cpu_moe == spec.n_layer and off.n_cpu_layers == 1
-    copy = max(spec.layer_largest_tensor_bytes)
+    # op offload: the largest weight's copy, or the whole CPU layer's attention with copies of its K and V, whichever
+    # peak is higher (memory.cpu_layers_attention_bytes)
+    base = full.devices[0].compute_bytes
+    attention = cpu_layers_attention_bytes(spec, resolve(spec, cfg), range(1))
+    copy = max(base + max(spec.layer_largest_tensor_bytes), attention) - base
     pad0 = spec.layer_cuda_pad_bytes[0]  # a CUDA buffer's row padding of block 0 leaves with it
     assert off.device_bytes == full.device_bytes - spec.expert_bytes - rest0 - pad0 + copy <= budget.budget_bytes
     assert off.n_gpu_layers == spec.n_layer  # -ngl: the output layer and every block but the first
