@@ -164,7 +164,14 @@ CASES = (
     # one layer on the CPU: whether a copy lands above does not wait for a second layer
     Case("qwen3-0.6b -ngl 27", "qwen3", REAL_SIZES["qwen3"], Q4_K_M_DENSE, (0,), False),
     Case("llama-3.1-8b -ngl 31", "llama", REAL_SIZES["llama"], Q4_K_M_DENSE, (0,), False),
+    # and across architectures (the CPU layers up to the first full-attention one): Qwen2/3, Phi-3, Command-R and
+    # Granite land a copy above, Llama, Gemma 2/3 and Cohere2 do not; never more than one
+    *(
+        Case(f"{r} layers 0-{n} on the CPU", r, REAL_SIZES[r], Q4_K_M_DENSE, tuple(range(n + 1)), False)
+        for r, n in (("qwen2", 0), ("gemma2", 1), ("phi3", 0), ("command-r", 0), ("cohere2", 3), ("granite", 0))
+    ),
 )
+ARCH_SWEEP = {c.name for c in CASES[-6:]}
 N_CTX = (8192, 65536)
 # (flash attention, cache type) of each row; the dense models' CPU layers also with a q8_0 cache and without flash
 # attention (the scores, not the copies, are their peak there)
@@ -201,6 +208,8 @@ def planned(case: Case, spec: ModelSpec, cfg: RunConfig) -> tuple[int, int]:
 
 
 def grid(case: Case) -> list[tuple[str, str, int]]:
+    if case.name in ARCH_SWEEP:
+        return [("on", "f16", 65536)]
     contexts = (*N_CTX, 262144) if case.recipe == "qwen35moe" else N_CTX
     runs = RUNS if case.experts else DENSE_RUNS
     # without flash attention the scores of 64k cells: seconds of allocation pass, nothing new

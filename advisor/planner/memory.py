@@ -767,11 +767,12 @@ def cpu_layers_attention_bytes(spec: ModelSpec, lay: ContextLayout, cpu_layers: 
     then starts with a copy of the views it reads: the layer's whole K and V (n_kv cells, in the cache's type), in
     the GPU's compute buffer. Where ggml-alloc's best fit has placed the layer's own tensors in the space those copies
     would take, one of them lands above: the same with one CPU layer or fourteen (Qwen3 0.6B at 65,536 cells: 461.12
-    MiB, the masks, the attention and the two copies being 334; Qwen2.5 7B likewise; not Llama 3.1 8B or Gemma 3 12B),
-    which the node order decides: planned as one copy more. The same run on a loopback device that op-offloads as
-    CUDA does (benchmarks/bench_op_offload.py): those four shapes with 1 to 24 layers on the CPU, 8k-64k cells, f16
-    and q8_0 caches, never under (Qwen3 0.6B: 462.00 planned; 92.5 before), at most 44 % over where no copy lands
-    above. A device that can read host memory (Metal) copies nothing."""
+    MiB, the masks, the attention and the two copies being 334), which the node order decides: Qwen2/3, Phi-3,
+    Command-R and Granite land up to one copy above, Llama, Gemma 2/3 and Cohere2 none. Planned as one copy more. The
+    same run on a loopback device that op-offloads as CUDA does (benchmarks/bench_op_offload.py): nine architectures
+    with 1 to 24 layers on the CPU, 8k-64k cells, f16 and q8_0 caches, never under (Qwen3 0.6B: 462.00 planned;
+    92.5 before), at most 44 % over where no copy lands above. A device that can read host memory (Metal) copies
+    nothing."""
     if lay.device != "cuda" or lay.n_ubatch < OP_OFFLOAD_MIN_BATCH:
         return 0
     kv = layer_kv_bytes(spec, lay)
