@@ -1,14 +1,18 @@
 """A stand-in for llama-server: replays a log captured from real llama.cpp and
 answers /health and /completion the way llama-server does (tools/server).
 
-    python fake_llama_server.py --log FILE [--mode ok|crash|hang|slow-ready|old] [llama-server flags...] --port P
+    python fake_llama_server.py --log FILE [--mode ok|crash|hang|slow-ready|old|amx] [llama-server flags...] --port P
 
-``old`` is a build from before --fit and -lv: it refuses them as llama.cpp's arg parser does.
+``old`` is a build from before --fit and -lv: it refuses them as llama.cpp's arg parser does. ``amx``: a build with
+ggml-cpu's AMX buffer type on a machine where its matmul faults (ggml-org/llama.cpp#20824): without --no-repack it
+prints its AMX model buffer and dies of SIGSEGV at the warmup; with it, it runs.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -24,6 +28,11 @@ def main() -> int:
             if flag in argv:
                 sys.stdout.write(f"error: invalid argument: {flag}\n")
                 return 1
+    if mode == "amx" and "--no-repack" not in argv:
+        sys.stdout.write("load_tensors:          AMX model buffer size =     9.05 MiB\n")
+        sys.stdout.write("common_init_from_params: warming up the model with an empty run - please wait ...\n")
+        sys.stdout.flush()
+        os.kill(os.getpid(), signal.SIGSEGV)
     with open(log, encoding="utf-8") as f:
         sys.stdout.write(f.read())
     sys.stdout.write(f"main: server is listening on http://127.0.0.1:{port}\n")

@@ -530,3 +530,20 @@ def test_a_probe_killed_with_the_extra_buffer_types_measures_again_without_them(
     assert doc is not None and doc["config"]["cpu_repack"] == "off"
     assert any("--no-repack" in n for n in doc["notes"])
     assert abs(doc["error"]["weights_bytes"]) <= 2 * (MIB // 200 + 1)  # no CPU_REPACK measured, none predicted
+
+
+@pytest.mark.llama
+def test_a_llama_server_killed_with_its_weights_in_the_amx_buffer_is_run_again_with_no_repack(
+    gemma_path: Path, real_log: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A native llama-server on some Sapphire Rapids machines loads the CPU's weights into ggml-cpu's AMX buffer and
+    dies of SIGSEGV at its warmup (ggml-org/llama.cpp#20824; the log's last lines: "AMX model buffer size", then the
+    warmup). verify said "llama-server stopped while loading: exit code -11"; it runs it once more with --no-repack,
+    the AMX buffer left out, and compares with that plan, saying so."""
+    server = fake_server(tmp_path, real_log, "amx")
+    rc, doc, err = verify(capsys, str(gemma_path), "--ctx", "4096", "-fa", "on", "--llama-server", str(server))
+    assert rc == 0, err
+    assert "crashed with its CPU weights in the AMX buffer" in err and "--no-repack" in err
+    assert doc is not None and doc["config"]["cpu_repack"] == "off"
+    assert any("--no-repack" in n for n in doc["notes"])
+    assert doc["measured"]["runner"] == "llama-server"

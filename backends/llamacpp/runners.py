@@ -172,14 +172,35 @@ class _UnknownFlags(Exception):
     pass
 
 
+class _KilledWithAmx(Exception):
+    """llama-server died of a signal after loading weights into ggml-cpu's AMX buffer type."""
+
+
 def measure_with_server(
     binary: str, model_path: str, cfg: RunConfig, *, timeout_s: float, progress: Progress
 ) -> Measurement:
-    try:
-        return _measure_with_server(binary, model_path, cfg, MEASURE_FLAGS, timeout_s=timeout_s, progress=progress)
-    except _UnknownFlags:
-        progress("this llama-server does not know --fit / -lv: running it without them")
-        return _measure_with_server(binary, model_path, cfg, (), timeout_s=timeout_s, progress=progress)
+    flags: tuple[str, ...] = MEASURE_FLAGS
+    for _ in range(3):  # at most once without --fit / -lv and once with --no-repack
+        try:
+            measured = _measure_with_server(binary, model_path, cfg, flags, timeout_s=timeout_s, progress=progress)
+            return replace(measured, extra_bufts=not flags_off(cfg))
+        except _UnknownFlags:
+            progress("this llama-server does not know --fit / -lv: running it without them")
+            flags = ()
+        except _KilledWithAmx:
+            # ggml_backend_amx_mul_mat faults on some Sapphire Rapids machines (ggml-org/llama.cpp#20824, open):
+            # --no-repack leaves the CPU's extra buffer types, AMX's first, out (common/arg.cpp, no_extra_bufts)
+            progress(
+                "llama-server crashed with its CPU weights in the AMX buffer (ggml-org/llama.cpp#20824); measuring "
+                "again with --no-repack ..."
+            )
+            cfg = replace(cfg, cpu_repack="off")
+    raise DoesNotFit("llama-server could not be run")
+
+
+def flags_off(cfg: RunConfig) -> bool:
+    """Whether ``cfg`` is a CPU plan run as llama-server --no-repack (runtime.llamaserver.server_args)."""
+    return cfg.cpu_repack == "off" and cfg.device == "cpu"
 
 
 def _measure_with_server(
@@ -205,6 +226,9 @@ def _measure_with_server(
                 reader.join(timeout=5)
                 if flags and re.search(r"invalid argument: (--fit|-lv)\b", log.text()):
                     raise _UnknownFlags
+                # a CPU plan's weights (a GPU's CPU layers go to its pinned host buffer, never to AMX's)
+                if p.returncode < 0 and cfg.device == "cpu" and not flags_off(cfg) and "AMX model buffer" in log.text():
+                    raise _KilledWithAmx
                 why = _failure_reason(log.text()) or f"exit code {p.returncode}"
                 raise DoesNotFit(
                     f"llama-server stopped while loading: {why}", hint="try a smaller context or a quantized cache"
