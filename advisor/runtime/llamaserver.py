@@ -48,6 +48,12 @@ class ModelSource:
         return cls((("-hf", "LLAMA_ARG_HF_REPO", f"{repo_id}:{quant}" if quant else repo_id),))
 
 
+def no_repack(cfg: RunConfig) -> bool:
+    """Whether llama-server runs ``cfg`` with --no-repack (common/arg.cpp, params.no_extra_bufts): a CPU plan
+    without the CPU's extra buffer types (AMX, CPU_REPACK)."""
+    return cfg.cpu_repack == "off" and cfg.device == "cpu"
+
+
 def server_args(
     model: str | ModelSource, cfg: RunConfig, *, n_gpu_layers: int | None = None, n_cpu_moe: int = 0
 ) -> list[tuple[str, str, str | None]]:
@@ -89,7 +95,7 @@ def server_args(
             out.append(("-ctkd", "LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_K", cfg.type_k_draft.type_name))
         if cfg.type_v_draft != GGMLType.F16:
             out.append(("-ctvd", "LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_V", cfg.type_v_draft.type_name))
-    if cfg.cpu_repack == "off" and cfg.device == "cpu":  # common/arg.cpp --no-repack (params.no_extra_bufts)
+    if no_repack(cfg):
         out.append(("--no-repack", "LLAMA_ARG_NO_REPACK", None))  # LLAMA_ARG_NO_*: the negative form
     if cfg.kv_unified:
         out.append(("-kvu", "LLAMA_ARG_KV_UNIFIED", None))

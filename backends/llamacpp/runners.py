@@ -37,7 +37,7 @@ from kvadvise.errors import ConfigError, DoesNotFit, InputError
 from kvadvise.files import load_json
 from kvadvise.planner.memory import RunConfig
 from kvadvise.runtime.llamalog import parse
-from kvadvise.runtime.llamaserver import ModelSource, server_args
+from kvadvise.runtime.llamaserver import ModelSource, no_repack, server_args
 from kvadvise.runtime.verification import Measurement, build_from_log, measurement_from_log
 
 BENCH_PROMPT_TOKENS = 256
@@ -183,7 +183,7 @@ def measure_with_server(
     for _ in range(3):  # at most once without --fit / -lv and once with --no-repack
         try:
             measured = _measure_with_server(binary, model_path, cfg, flags, timeout_s=timeout_s, progress=progress)
-            return replace(measured, extra_bufts=not flags_off(cfg))
+            return replace(measured, extra_bufts=not no_repack(cfg))
         except _UnknownFlags:
             progress("this llama-server does not know --fit / -lv: running it without them")
             flags = ()
@@ -196,11 +196,6 @@ def measure_with_server(
             )
             cfg = replace(cfg, cpu_repack="off")
     raise DoesNotFit("llama-server could not be run")
-
-
-def flags_off(cfg: RunConfig) -> bool:
-    """Whether ``cfg`` is a CPU plan run as llama-server --no-repack (runtime.llamaserver.server_args)."""
-    return cfg.cpu_repack == "off" and cfg.device == "cpu"
 
 
 def _measure_with_server(
@@ -227,7 +222,7 @@ def _measure_with_server(
                 if flags and re.search(r"invalid argument: (--fit|-lv)\b", log.text()):
                     raise _UnknownFlags
                 # a CPU plan's weights (a GPU's CPU layers go to its pinned host buffer, never to AMX's)
-                if p.returncode < 0 and cfg.device == "cpu" and not flags_off(cfg) and "AMX model buffer" in log.text():
+                if p.returncode < 0 and cfg.device == "cpu" and not no_repack(cfg) and "AMX model buffer" in log.text():
                     raise _KilledWithAmx
                 why = _failure_reason(log.text()) or f"exit code {p.returncode}"
                 raise DoesNotFit(
