@@ -349,11 +349,7 @@ def _flash_attn(spec: ModelSpec, cfg: RunConfig) -> bool:
         )
     if is_quantized(cfg.type_v) and fa == "auto":
         fa = "on"  # llama_init_from_model: "enabling flash_attn since it is required for quantized V cache"
-    if (
-        fa == "auto"
-        and cuda_fattn_decides(cfg)
-        and cuda_flash_attn_missing(spec, cfg.type_k, cfg.type_v, cfg.llama_build)
-    ):
+    if fa == "auto" and auto_fa_missing(spec, cfg, cfg.type_k, cfg.type_v):
         fa = "off"  # llama_context::resolve_fused_ops: the FA probe lands on the CPU, auto -> disabled
     # enabled without a CUDA kernel (asked for, or forced by a quantized V), llama.cpp does not probe:
     # ggml_backend_sched runs every attention on the CPU; planned as flash attention, and the plan says so
@@ -388,6 +384,15 @@ def cuda_fattn_decides(cfg: RunConfig) -> bool:
     through those backends plans as "cuda" with its own buffer names, kvadvise.planner.planning; ggml-vulkan's
     supports_op takes other types and pairs, not modelled here)."""
     return cfg.device == "cuda" and not any(n.startswith(_NOT_CUDA_KERNELS) for n in cfg.device_names)
+
+
+def auto_fa_missing(spec: ModelSpec, cfg: RunConfig, type_k: GGMLType, type_v: GGMLType) -> str | None:
+    """Why ``-fa auto`` finds no CUDA flash-attention kernel for this cache at the plan's build (None: it is not
+    auto, CUDA's kernels do not decide, or there is one): llama.cpp then resolves it off unless a quantized V cache
+    forced it on (llama_init_from_model) first."""
+    if cfg.flash_attn != "auto" or not cuda_fattn_decides(cfg):
+        return None
+    return cuda_flash_attn_missing(spec, type_k, type_v, cfg.llama_build)
 
 
 def cuda_flash_attn_missing(

@@ -37,7 +37,14 @@ from typing import TYPE_CHECKING
 from kvadvise.errors import ConfigError
 from kvadvise.model.ggml import GGMLType, is_quantized
 from kvadvise.model.spec import ModelSpec
-from kvadvise.planner.memory import CTX_PAD, RunConfig, cuda_fattn_decides, cuda_flash_attn_missing, validate
+from kvadvise.planner.memory import (
+    CTX_PAD,
+    RunConfig,
+    auto_fa_missing,
+    cuda_fattn_decides,
+    cuda_flash_attn_missing,
+    validate,
+)
 
 if TYPE_CHECKING:
     from kvadvise.planner.budget import Budget
@@ -188,11 +195,7 @@ def choices(spec: ModelSpec, base: RunConfig, policy: Policy) -> list[tuple[KV, 
     # estimate here was 29 % of `compare`)
     if policy.fixed_kv is not None:
         # auto without a CUDA kernel resolves off, unless a quantized V forces it on (llama_init_from_model)
-        missing = (
-            base.flash_attn == "auto"
-            and cuda_fattn_decides(base)
-            and cuda_flash_attn_missing(spec, *policy.fixed_kv, base.llama_build)
-        )
+        missing = auto_fa_missing(spec, base, *policy.fixed_kv)
         fa = base.flash_attn != "off" and not (missing and not is_quantized(policy.fixed_kv[1]))
         validate(spec, config_at(base, CTX_PAD, policy.fixed_kv, fa, base.device))  # raises
         return [(policy.fixed_kv, fa, True)]
@@ -220,9 +223,7 @@ def no_fa_kernel(spec: ModelSpec, base: RunConfig) -> str | None:
     """Why kvadvise, choosing, plans without flash attention: CUDA has no kernel for this model's heads
     (ggml-cuda fattn.cu ggml_cuda_get_best_fattn_kernel: DeepSeek-V2-Lite's pre-MLA K head 192 / V head 128 at
     GQA 1), so llama.cpp's auto resolves it off; None where it has one (or the user set -fa on/off)."""
-    if base.flash_attn != "auto" or not cuda_fattn_decides(base):
-        return None
-    return cuda_flash_attn_missing(spec, F16, F16, base.llama_build)
+    return auto_fa_missing(spec, base, F16, F16)
 
 
 def no_quantized_fa_kernel(spec: ModelSpec, base: RunConfig, policy: Policy) -> str | None:
