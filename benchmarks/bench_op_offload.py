@@ -35,9 +35,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+import oracle  # noqa: E402
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 from llama_cpp_source import CACHE, CMAKE_FLAGS, cpu_flags  # noqa: E402
-from oracle import REAL_SIZES, fit_params_args  # noqa: E402
+from oracle import REAL_SIZES  # noqa: E402
 from tinymodels import write_tiny_gguf  # noqa: E402
 
 from kvadvise.model.architecture import from_gguf  # noqa: E402
@@ -53,7 +54,6 @@ from kvadvise.planner.memory import (  # noqa: E402
     resolve,
 )
 from kvadvise.planner.offload import op_offload_bytes  # noqa: E402
-from kvadvise.runtime.dryrun import parse  # noqa: E402
 
 ENV = "KVADVISE_RPC_OFFLOAD_OP"
 # ggml-cuda.cu (0c1e570) get_op_batch_size and ggml_backend_cuda_device_offload_op, given to the RPC device when
@@ -118,18 +118,11 @@ def patched_fit_params() -> Path:
     return binary
 
 
-def dry_run(binary: Path, model: Path, cfg: RunConfig, rpc: str, extra: tuple[str, ...], offload: bool) -> float:
-    """The RPC device's compute buffer (MiB) of llama-fit-params' allocation pass."""
-    cmd = [str(binary), "-m", str(model), "-fitp", "on", "-v", *fit_params_args(cfg, rpc=rpc), *extra]
-    env = {**os.environ, **({ENV: "1"} if offload else {})}
-    env.pop(ENV, None) if not offload else None
-    for _ in range(3):
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False, env=env)
-        found = {row.name: row.compute_mib for row in parse(p.stdout, p.stderr) if row.name.startswith("RPC")}
-        if p.returncode == 0 and len(found) == 1:
-            (mib,) = found.values()
-            return mib
-    raise RuntimeError(f"llama-fit-params failed ({p.returncode}):\n{(p.stdout + p.stderr)[-3000:]}")
+def dry_run(binary: Path, model: Path, cfg: RunConfig, rpc: str, extra: tuple[str, ...]) -> float:
+    """The RPC device's compute buffer (MiB) of llama-fit-params' allocation pass, the device op-offloading."""
+    found = oracle.dry_run(binary, model, cfg, rpc=rpc, extra=extra, env={**os.environ, ENV: "1"})
+    (mib,) = [v for name, v in found.items() if name.startswith("RPC")]
+    return mib
 
 
 @dataclass(frozen=True)
@@ -243,8 +236,8 @@ def rows(only: set[str] | None, workdir: Path) -> list[dict[str, object]]:
             spec = from_gguf(read_file(path))
             for fa, cache, n_ctx in grid(case):
                 cfg = config(fa, cache, n_ctx)
-                full = dry_run(binary, path, cfg, endpoint, ("--no-repack",), offload=True)
-                grown = dry_run(binary, path, cfg, endpoint, placement_args(case, spec), offload=True)
+                full = dry_run(binary, path, cfg, endpoint, ("--no-repack",))
+                grown = dry_run(binary, path, cfg, endpoint, placement_args(case, spec))
                 plan_full, plan = planned(case, spec, cfg)
                 print(
                     f"| {case.name} | {fa} | {cache} | {n_ctx} | {full:.2f} / {plan_full / MIB:.2f} | "

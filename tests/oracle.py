@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -250,18 +251,27 @@ def fit_params_args(cfg: RunConfig, *, rpc: str | None = None) -> list[str]:
     return args
 
 
-def dry_run(binary: Path, model: Path, cfg: RunConfig, *, rpc: str | None = None) -> dict[str, float]:
+def dry_run(
+    binary: Path,
+    model: Path,
+    cfg: RunConfig,
+    *,
+    rpc: str | None = None,
+    extra: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+) -> dict[str, float]:
     """Every compute buffer llama.cpp's no-allocation pass reserves for ``cfg`` (device name -> MiB; the host as
-    "CPU"): CPU alone, or an RPC device and the host.
+    "CPU"): CPU alone, or an RPC device and the host. ``extra``: more flags after the plan's (a placement: -ngl,
+    -ot); ``env``: the child's environment (default: this one's).
 
     Read as ``verify llamacpp --dry-run`` reads it (kvadvise.runtime.dryrun.parse): the stdout table is the source
     that always arrives (stdio is flushed at exit); the -v log's 0.01 MiB lines refine it where they survive, since
     common_log's worker thread is never joined at exit (common/log.cpp, common_log_main; llama.cpp#22142)."""
     from kvadvise.runtime.dryrun import HOST, parse
 
-    cmd = [str(binary), "-m", str(model), "-fitp", "on", "-v", *fit_params_args(cfg, rpc=rpc)]
+    cmd = [str(binary), "-m", str(model), "-fitp", "on", "-v", *fit_params_args(cfg, rpc=rpc), *extra]
     for _ in range(3):  # a loopback rpc-server that was busy answers the next time
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False, env=env)
         found = {("CPU" if row.name == HOST else row.name): row.compute_mib for row in parse(p.stdout, p.stderr)}
         if p.returncode == 0 and "CPU" in found:
             return found
