@@ -8,7 +8,13 @@ net + MoE with a shared expert, Granite-4.0-H-Tiny: Mamba-2, LFM2-1.2B: short co
 n_ctx 4096 / 32768 x -ts 1,1 / 3,1 / 1,1,1 x the logits of the whole batch (llama-fit-params -fitp on: the library,
 llama-cli) or of one row (llama-server's -fit pass: n_outputs_max = 1). n_batch 2048, n_ubatch 512.
 
-    python benchmarks/bench_split.py [--only NAME,...] [--quick] [--measured FILE]
+    python benchmarks/bench_split.py [--only NAME,...] [--quick] [--measured FILE] [--no-pipeline]
+
+``--no-pipeline`` measures the same splits without pipeline parallelism: llama.cpp turns it off for any tensor
+override (llama_model::has_tensor_overrides), so the runs add ``-ot`` with a pattern no tensor matches, and the
+plans are for b10454, whose RPC devices report no events (kvadvise.planner.builds RPC_EVENTS) and whose rules
+are b11312's for these devices otherwise: a split as a build before RPC_EVENTS, or any Vulkan one before
+VULKAN_EVENTS, makes it.
 
 Prints one row per device: planned / measured MiB and the error, then the count within the bar of
 tests/test_devices.py (5 % or 8 MiB), under it and over it, and the worst rows; the same count for the host's
@@ -39,6 +45,7 @@ from tinymodels import write_tiny_gguf  # noqa: E402
 
 from kvadvise.model.architecture import from_gguf  # noqa: E402
 from kvadvise.model.gguf import read_file  # noqa: E402
+from kvadvise.planner import builds  # noqa: E402
 from kvadvise.planner.memory import MIB, RunConfig, estimate  # noqa: E402
 
 # (name, recipe, dims, vocabulary): published shapes (tests/oracle.py REAL_SIZES, benchmarks/bench_moe_shared.py)
@@ -73,9 +80,18 @@ def _reserved(lines: Sequence[str], n_dev: int) -> list[float] | None:
     return [float(m.group(2)) for m in found[: n_dev + 1]]
 
 
+# an override no tensor matches: it only turns pipeline parallelism off (llama_context, has_tensor_overrides)
+NO_PIPELINE = ("-ot", r"no_such_tensor\.weight=CPU")
+
+
+def _extra(cfg: RunConfig) -> tuple[str, ...]:
+    return NO_PIPELINE if builds.older_than(cfg.llama_build, builds.RPC_EVENTS) else ()
+
+
 def fit_params_pass(model: Path, cfg: RunConfig, endpoints: Sequence[str]) -> list[float]:
     """llama-fit-params -fitp on (no allocation; the whole batch's logits) over ``endpoints``."""
     args = [*fit_params_args(cfg, rpc=",".join(endpoints)), "-ts", ",".join(f"{x:g}" for x in cfg.tensor_split)]
+    args += _extra(cfg)
     cmd = [str(fit_params()), "-m", str(model), "-fitp", "on", "-v", *args]
     for _ in range(3):  # a loopback rpc-server that was busy answers the next time
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
@@ -92,6 +108,7 @@ def server_fit_pass(model: Path, cfg: RunConfig, n_dev: int, timeout_s: float = 
     for _ in range(3):
         with devices(rpc_server(), n_dev) as eps:
             args = [*fit_params_args(cfg, rpc=",".join(eps)), "-ts", ",".join(f"{x:g}" for x in cfg.tensor_split)]
+            args += _extra(cfg)
             cmd = [str(llama_server()), "-m", str(model), "-fit", "on", "-v", "--port", "0", *args]
             p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             try:
@@ -138,7 +155,7 @@ class Row:
 
 
 def sweep(
-    names: set[str], quick: bool, folder: Path, measured: dict[str, list[float]]
+    names: set[str], quick: bool, folder: Path, measured: dict[str, list[float]], pipeline: bool = True
 ) -> tuple[list[Row], list[Row]]:
     """Each device's row, and the host's (its CPU compute buffer: the graph inputs and their copies)."""
     rows: list[Row] = []
@@ -157,6 +174,9 @@ def sweep(
                             split = tuple(float(x) for x in ts.split(","))
                             cfg = RunConfig(n_ctx=n_ctx, flash_attn=fa, runtime=runtime, tensor_split=split)
                             run = f"{name} fa={fa} c={n_ctx} -ts {ts} outputs={outputs}"
+                            if not pipeline:
+                                cfg = replace(cfg, llama_build=builds.RPC_EVENTS - 1)
+                                run += " no-pipeline"
                             if run not in measured:
                                 if runtime == "llama-server":
                                     measured[run] = server_fit_pass(path, cfg, len(split))
@@ -188,6 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="comma-separated model names (default: all)")
     ap.add_argument("--quick", action="store_true", help="n_ctx 4096 only")
     ap.add_argument("--measured", type=Path, help="a JSON file of llama.cpp's figures, read and extended")
+    ap.add_argument("--no-pipeline", action="store_true", help="the splits without pipeline parallelism")
     a = ap.parse_args(argv)
     measured: dict[str, list[float]] = {}
     if a.measured and a.measured.exists():
@@ -196,7 +217,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("|---|---|---|---|---|")
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            rows, host = sweep({n for n in a.only.split(",") if n}, a.quick, Path(tmp), measured)
+            rows, host = sweep(
+                {n for n in a.only.split(",") if n}, a.quick, Path(tmp), measured, pipeline=not a.no_pipeline
+            )
     finally:
         if a.measured:
             a.measured.write_text(json.dumps(measured, indent=0))

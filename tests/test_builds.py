@@ -119,7 +119,8 @@ def test_no_v_row_indices_before_set_rows_on_the_host_or_any_device(gemma_path: 
     GGML_SCHED_MAX_COPIES copies. Before, neither has them (one definition: kvadvise.planner.sizes.v_idxs_bytes).
     Nor has a device the K cache's row indices (sizes.k_idxs_bytes, i64 [n_ubatch] per kind) and V's as many again."""
     spec = from_gguf(read_file(gemma_path))
-    cfg = RunConfig(n_ctx=4096, device="rpc", tensor_split=(1.0, 1.0), flash_attn="off", llama_build=builds.SET_ROWS)
+    # two GPUs: RPC devices of these builds had no events, so no pipeline parallelism (builds.RPC_EVENTS)
+    cfg = RunConfig(n_ctx=4096, device="cuda", tensor_split=(1.0, 1.0), flash_attn="off", llama_build=builds.SET_ROWS)
     new, old = estimate(spec, cfg), estimate(spec, replace(cfg, llama_build=builds.SET_ROWS - 1))
     # Gemma 3 270M: V 256 wide (1 KV head of 256), both devices hold SWA and full layers: 2 kinds, n_ubatch 512
     v_rows = 4 * 8 * 512 * 256 * 2  # 4 copies x i64 x n_ubatch x n_embd_v_gqa_max x kinds = 8 MiB

@@ -22,6 +22,7 @@ from tinymodels import write_tiny_gguf
 import kvadvise
 from kvadvise.model.architecture import from_gguf
 from kvadvise.model.gguf import read_file
+from kvadvise.planner import builds
 from kvadvise.planner.memory import MemoryEstimate, RunConfig, estimate
 from kvadvise.runtime.llamalog import parse
 
@@ -118,6 +119,34 @@ def test_split_over_devices_as_predicted(
     _check(f"{model} {n_dev} dev -ts {ts or '-'} -fa {fa} -np {np_}", models[model], cfg, log, three[:n_dev])
     if n_dev > 1:
         assert re.search(r"pipeline parallelism enabled", log)  # the copies the model counts
+
+
+NO_PIPELINE_CASES = [  # (model, n_devices, -ts, -fa)
+    ("llama", 2, "1,1", "off"),
+    ("llama", 3, "1,1,1", "on"),
+    ("gemma3", 2, "3,1", "on"),
+    ("qwen3moe", 3, "2,1,1", "off"),
+]
+
+
+@pytest.mark.parametrize(("model", "n_dev", "ts", "fa"), NO_PIPELINE_CASES)
+def test_split_without_pipeline_parallelism_as_predicted(
+    model: str, n_dev: int, ts: str, fa: str, three: list[str], models: dict[str, Path], real_llama_server: Path
+) -> None:
+    """A tensor override turns pipeline parallelism off (llama_context: has_tensor_overrides), as an RPC device
+    without events did before builds.RPC_EVENTS: the plan for b10454 (the same rules for RPC devices but that one)
+    is what b11312 allocates with an override that matches no tensor."""
+    n_ctx = 8192
+    args = ["-c", str(n_ctx), "-fa", fa, "-np", "1", "-ngl", "99", "-ts", ts, "-ot", r"no_such_tensor\.weight=CPU"]
+    log = run_server(real_llama_server, models[model], args, three[:n_dev])
+    assert "pipeline parallelism enabled" not in log
+    split = tuple(float(x) for x in ts.split(","))
+    cfg = RunConfig(n_ctx=n_ctx, flash_attn=fa, device="rpc", tensor_split=split, llama_build=builds.RPC_EVENTS - 1)
+    _check(f"{model} {n_dev} dev -ts {ts} -fa {fa} no pipeline", models[model], cfg, log, three[:n_dev])
+    # and with pipeline parallelism the same split keeps four copies of its inputs: more on every device
+    with_pp = estimate(kvadvise.load_model(str(models[model])), replace(cfg, llama_build=builds.REFERENCE))
+    without = estimate(kvadvise.load_model(str(models[model])), cfg)
+    assert all(a.compute_bytes >= b.compute_bytes for a, b in zip(with_pp.devices, without.devices, strict=True))
 
 
 @pytest.mark.parametrize(

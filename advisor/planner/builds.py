@@ -81,6 +81,18 @@ the exact build is not known, the earliest it can be, so that an older build is 
   b8816 = 3f7c29d, LLamaSharp's of 2026-04-17, has it; ec98e2002 lacks it): an f32 or bf16 cache had no CUDA
   flash-attention kernel before them. The exact builds are not known here: planned from b6840 and b8816 on.
 
+- RPC_EVENTS and VULKAN_EVENTS: llama_context enables pipeline parallelism (GGML_SCHED_MAX_COPIES copies of
+  each split's inputs, "pipeline parallelism enabled") only where every device that is not the CPU reports async
+  compute and events (src/llama-context.cpp, ggml_backend_dev_props caps). ggml-rpc reported neither until
+  d0132a680 ("rpc : implement event and async backend APIs", ggml-org/llama.cpp#18626, merged 2026-08-26; the
+  vendored llama.cpp of llama-cpp-python 0.3.35, 4df29be4f = b10454 of 2026-08-15, has ``.events = false``,
+  0c1e570's true): planned from b10455 on. ggml-vulkan reported neither until December 2025 (ec98e2002 of
+  2025-12-16, the Ollama 0.13.5-0.24 vendor, has ``.events = false``; ggml-org/llama.cpp#18302 of 2025-12-22 fixes
+  its event_wait): the exact build is not known here, planned from b7700 on as EMBD_SELECT, the first build
+  kvadvise places after ec98e2002 (a build between is planned with one copy, 1-4 rows of inputs less a device).
+  Before them a split over RPC or Vulkan devices keeps one copy (tests/data/published 023: two RPC hosts at
+  b6209, 588.01 MiB each).
+
 An unknown build is planned by the newest rules (REFERENCE's): a machine without a llama-server to ask is
 most likely to run a recent one, and planning every older build's largest figure (the f32 mask of builds
 before b9410: +52 % device, +87 % host compute on a published Qwen3.6 run) gave away context on small cards.
@@ -109,6 +121,8 @@ FA_QUANT_ANY_HEAD = 6646
 FA_KV_ANY_PAIR = 11312
 FA_F32 = 6840
 FA_BF16 = 8816
+RPC_EVENTS = 10455
+VULKAN_EVENTS = 7700
 SUPPORTED_FROM = MLA_V_LESS  # the builds whose rules are modelled whole (older ones in part)
 
 _BUILD = re.compile(r"^\s*(?:b|build\s*|version:?\s*)?(\d{3,6})(?:\s*\(([0-9a-f]{6,40})\))?\s*$", re.IGNORECASE)

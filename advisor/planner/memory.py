@@ -54,6 +54,7 @@ from kvadvise.planner.sizes import (
 )
 from kvadvise.planner.split import (
     N_COPIES,
+    DeviceLayers,
     device_layers,
     layer_devices,
     output_host_bytes,
@@ -978,6 +979,53 @@ def _with_projector(
     return (first, *devices[1:]), host
 
 
+def pipeline_parallel(cfg: RunConfig, names: tuple[str, ...]) -> bool:
+    """Whether llama.cpp splits a full offload over several devices with pipeline parallelism, keeping
+    GGML_SCHED_MAX_COPIES copies of each split's inputs (llama_context::llama_context, b11312): not with tensor
+    overrides (``-ot``, ``--n-cpu-moe``: llama_model::has_tensor_overrides), and only where every device but the
+    CPU reports async compute and events (ggml_backend_dev_props caps): CANN and OpenCL never, RPC and Vulkan from
+    the builds in kvadvise.planner.builds (RPC_EVENTS, VULKAN_EVENTS), CUDA, ROCm, SYCL and Metal always."""
+    if cfg.host_experts or cfg.op_offload_copy_bytes:
+        return False
+    for name in names:
+        if name.startswith(("CANN", "OpenCL", "GPUOpenCL")):
+            return False
+        if name.startswith("RPC") and builds.older_than(cfg.llama_build, builds.RPC_EVENTS):
+            return False
+        if name.startswith("Vulkan") and builds.older_than(cfg.llama_build, builds.VULKAN_EVENTS):
+            return False
+    return True
+
+
+def unpipelined_split_compute(spec: ModelSpec, lay: ContextLayout, part: DeviceLayers) -> int:
+    """One device's compute buffer in a split without pipeline parallelism (:func:`pipeline_parallel`): the
+    one-device rules applied to the layers it holds, and the output phase on the device with the output layer.
+
+    ggml_backend_sched_split_graph flags a split's input copies input and output, so that ggml-alloc keeps them
+    for the whole graph, only when it keeps several copies (``if (sched->n_copies > 1)``, ggml-backend.cpp); with
+    one copy they are ordinary nodes, freed after their last consumer as on a single device, whose inputs are
+    copies from the host too. Measured with llama-fit-params b11312 on loopback RPC devices, pipeline parallelism
+    turned off by a tensor override (benchmarks/bench_split.py --no-pipeline): Llama 3.1 8B, Qwen3 0.6B and
+    30B-A3B, DeepSeek-V2-Lite, gpt-oss-20b and Gemma 3 12B within -2.0 to +12 MiB where the copies planned with
+    pipeline parallelism's rule were 16-35 MiB over; tests/data/published 023 (two RPC hosts at b6209): 588.01
+    MiB each as printed, 604.02 and 620.02 before. A hybrid's split (recurrent layers) keeps the rule with its
+    copies: its middle device holds 18 MiB more than one device's rules give (Qwen3.5-9B's shape)."""
+    if not (part.layers or part.last):
+        return 0
+    if any(spec.recurrent_layers):
+        return split_compute(spec, lay, part, copies=1)
+    if part.layers:
+        # a model whose layers are all alike (a dense Llama, Qwen2/3, Phi-3): one device's graph, replayed; a device
+        # without the output layer reserves no logits (one row stands for none: its live set is far below a layer's)
+        exact = _exact_device_compute(spec, lay if part.last else replace(lay, n_outputs_max=1))
+        if exact is not None:
+            return exact
+    s = graph_sizes(part.spec, lay)
+    layer = _layer_peak(s, lay) + s.layer_inputs_bytes if part.layers else 0
+    out = s.logits_bytes + 2 * s.embd_bytes + s.ple_bytes if part.last else 0
+    return pad(max(layer, out), ALIGNMENT["cuda"])
+
+
 def _offloaded(
     spec: ModelSpec,
     cfg: RunConfig,
@@ -1001,7 +1049,7 @@ def _offloaded(
         raise ConfigError(f"{len(names)} device names for a split over {n_dev} devices")
     cuda = lay.device == "cuda"
     rs_layers = sum(spec.recurrent_layers)
-    pipeline = n_dev > 1  # llama_context: several devices, every layer offloaded, -sm layer
+    pipeline = n_dev > 1 and pipeline_parallel(cfg, names)
     copies = N_COPIES if pipeline else 1
     keys = layer_shapes(spec).keys
     parts = device_layers(spec, owner, n_dev, cuda)
@@ -1015,7 +1063,11 @@ def _offloaded(
         else:
             kv_d = sum(sum(sizes[keys[il]]) for il in part.layers)
             rs_d = rs // rs_layers * sum(1 for il in part.layers if spec.recurrent_layers[il]) if rs_layers else 0
-            compute = split_compute(spec, lay, part, copies=copies) if (part.layers or part.last) else 0
+            compute = (
+                split_compute(spec, lay, part, copies=copies)
+                if pipeline
+                else unpipelined_split_compute(spec, lay, part)
+            )
         if d == 0 and cfg.op_offload_copy_bytes:  # the copy lives in a layer's live set (op_offload_growth)
             compute += op_offload_growth(spec, lay, cfg.op_offload_copy_bytes)
         if d == 0 and cfg.host_experts:
