@@ -186,6 +186,16 @@ def test_each_vendored_llama_cpp_follows_the_rules_of_its_rules_build() -> None:
         model = _show(tag, f"{src}/llama-model.cpp") or ""
         last = "i_gpu_start = std::max((int) hparams.n_layer - n_gpu_layers, (int) 0)" in model
         assert last is (p.rules_build < builds.OUTPUT_FIRST) and (last or "+ 1 - n_gpu_layers" in model), tag
+        # the devices' events, which pipeline parallelism needs (ggml_backend_dev_props caps): Vulkan's (and RPC's)
+        for folder, rule in (
+            ("ggml-vulkan/ggml-vulkan.cpp", builds.VULKAN_EVENTS),
+            ("ggml-rpc/ggml-rpc.cpp", builds.RPC_EVENTS),
+        ):
+            dev = _show(tag, f"ml/backend/ggml/ggml/src/{folder}")
+            if dev is None:  # Ollama vendors no ggml-rpc, and ggml-vulkan only from v0.12.6
+                continue
+            events = re.search(r"/\* \.events\s+= \*/ (\w+)", dev)
+            assert events is not None and (events.group(1) == "true") is (p.rules_build >= rule), (tag, folder)
 
 
 # --- plans: 0.20.2's built-in runner against llama-server, on a qwen2.5-coder:7b-shaped GGUF ----------------
@@ -340,7 +350,9 @@ def test_a_num_ctx_below_4_is_run_at_4_and_not_called_a_vision_floor(
         doc: dict[str, Any] = json.loads(capsys.readouterr().out)
         assert doc["ollama"]["modelfile_parameters"]["num_ctx"] == 4, version
         said = [n for n in doc["notes"] if n.startswith("num_ctx 2:")]
-        assert said == ["num_ctx 2: Ollama runs a model with at least 4 tokens (server/sched.go getRunner), so 4 are planned"]
+        assert said == [
+            "num_ctx 2: Ollama runs a model with at least 4 tokens (server/sched.go getRunner), so 4 are planned"
+        ]
 
 
 def test_a_recommended_context_is_never_below_what_ollama_runs_a_vision_model_with(
