@@ -1010,7 +1010,7 @@ def unpipelined_split_compute(spec: ModelSpec, lay: ContextLayout, part: DeviceL
     pipeline parallelism's rule were 16-35 MiB over; tests/data/published 023 (two RPC hosts at b6209): 588.01
     MiB each as printed, 604.02 and 620.02 before. A hybrid's split (recurrent layers) keeps the rule with its
     copies: its middle device holds 18 MiB more than one device's rules give (Qwen3.5-9B's shape)."""
-    if not (part.layers or part.last):
+    if not (part.layers or part.last):  # a device given no layer holds no graph
         return 0
     if any(spec.recurrent_layers):
         return split_compute(spec, lay, part, copies=1)
@@ -1063,11 +1063,12 @@ def _offloaded(
         else:
             kv_d = sum(sum(sizes[keys[il]]) for il in part.layers)
             rs_d = rs // rs_layers * sum(1 for il in part.layers if spec.recurrent_layers[il]) if rs_layers else 0
-            compute = (
-                split_compute(spec, lay, part, copies=copies)
-                if pipeline
-                else unpipelined_split_compute(spec, lay, part)
-            )
+            if not (part.layers or part.last):  # a device given no layer holds no graph
+                compute = 0
+            elif pipeline:
+                compute = split_compute(spec, lay, part, copies=copies)
+            else:
+                compute = unpipelined_split_compute(spec, lay, part)
         if d == 0 and cfg.op_offload_copy_bytes:  # the copy lives in a layer's live set (op_offload_growth)
             compute += op_offload_growth(spec, lay, cfg.op_offload_copy_bytes)
         if d == 0 and cfg.host_experts:
