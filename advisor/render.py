@@ -112,6 +112,7 @@ def estimate_dict(
             "device_bytes": est.device_bytes,
             "host_bytes": est.host_bytes,
             "repack_bytes": est.repack_bytes,
+            "amx_bytes": est.amx_bytes,
             "devices": [
                 {
                     "name": d.name,
@@ -215,7 +216,7 @@ def estimate_text(spec: ModelSpec, cfg: RunConfig, est: MemoryEstimate) -> str:
     # (label, total, per device, in system RAM, note); the device and host columns only for a GPU run
     rows: list[tuple[str, int, list[int | None], int, str] | None] = [
         ("weights", est.weights_bytes, [d.weights_bytes for d in devs], host.weights_bytes, spec.file_type + (
-            f", of which {fmt_bytes(est.repack_bytes)} CPU_REPACK ({cfg.cpu_repack} layouts)" if est.repack_bytes else "")),
+            f", of which {_extra_buffers(est)} ({cfg.cpu_repack} layouts)" if est.repack_bytes else "")),
         ("K cache", est.k_bytes, [est.k_bytes if len(devs) == 1 else None for _ in devs], 0,
          cache_note + (" cells" if cache_note else "")),
         ("V cache", est.v_bytes, [est.v_bytes if len(devs) == 1 else None for _ in devs], 0,
@@ -746,3 +747,10 @@ def mtp_note(spec: ModelSpec, cfg: RunConfig, est: MemoryEstimate, plain_n_ctx: 
     if plain_n_ctx is not None and plain_n_ctx > cfg.n_ctx:
         text += f"; without MTP: {plain_n_ctx:,} tokens instead of {cfg.n_ctx:,}"
     return text
+
+
+def _extra_buffers(est: MemoryEstimate) -> str:
+    """The CPU's extra buffers a CPU plan allocates: "1.2 GiB CPU_REPACK", "213.9 MiB AMX + 12 MiB CPU_REPACK"."""
+    repack = est.repack_bytes - est.amx_bytes
+    parts = [f"{fmt_bytes(est.amx_bytes)} AMX"] if est.amx_bytes else []
+    return " + ".join([*parts, f"{fmt_bytes(repack)} CPU_REPACK"] if repack or not parts else parts)

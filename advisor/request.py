@@ -31,7 +31,7 @@ FLASH_ATTN = ("on", "off", "auto")
 # rocm | vulkan: a discrete GPU run by that ggml backend (llama.cpp -dev ROCm0 / Vulkan0): its buffers are
 # named so and its speed uses that backend's factors (kvadvise.planner.speed); cuda: an NVIDIA card
 DEVICES = ("auto", "cpu", "cuda", "metal", "rocm", "vulkan")
-CPU_REPACK = ("auto", "off", "none", "avx2", "avx512", "arm-dotprod")  # kvadvise.planner.repack.RULES
+CPU_REPACK = ("auto", "off", "none", "avx2", "avx512", "amx", "arm-dotprod")  # kvadvise.planner.repack.RULES
 
 
 @dataclass(frozen=True, slots=True)

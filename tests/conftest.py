@@ -16,11 +16,12 @@ sys.path.insert(0, str(TESTS))  # tinymodels, oracle
 from oracle import REPORT  # noqa: E402
 
 
-def _amx_off() -> None:
+def _amx_off() -> bool:
     """On an x86 Linux CPU with AMX, LD_PRELOAD tests/amx_off.c into every child process: llama-cpp-python's
     wheel (pip builds it with -march=native) then registers no AMX buffer type, whose mul_mat faults on some
     Sapphire Rapids machines (ggml-org/llama.cpp#20824), and runs as the tests' own llama.cpp, built without AMX.
-    Built once into the tests' cache (a C compiler is already needed for llama.cpp); nothing without AMX."""
+    Built once into the tests' cache (a C compiler is already needed for llama.cpp); nothing without AMX. True when
+    it is preloaded: the plans are then for a CPU without AMX (KVADVISE_CPU=avx512, kvadvise.planner.repack)."""
     import hashlib
     import os
     import platform
@@ -28,14 +29,14 @@ def _amx_off() -> None:
     import subprocess
 
     if platform.system() != "Linux" or platform.machine().lower() not in ("x86_64", "amd64"):
-        return
+        return False
     try:
         flags = next(ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags"))
     except (OSError, StopIteration):
-        return
+        return False
     cc = shutil.which("cc") or shutil.which("gcc")
     if "amx_tile" not in flags.split() or cc is None:
-        return
+        return False
     from llama_server_build import CACHE
 
     src = TESTS / "amx_off.c"
@@ -46,9 +47,11 @@ def _amx_off() -> None:
         subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(tmp), str(src), "-ldl"], check=True)
         os.replace(tmp, lib)
     os.environ["LD_PRELOAD"] = " ".join(p for p in (str(lib), os.environ.get("LD_PRELOAD", "")) if p)
+    os.environ["KVADVISE_CPU"] = "avx512"  # for the plans made while the tests are collected (cpu_isa())
+    return True
 
 
-_amx_off()
+AMX_OFF = _amx_off()
 
 
 @pytest.fixture(autouse=True)
@@ -75,6 +78,8 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.Temp
     measured.cache_clear()
     # plans are for the llama.cpp the suite builds and runs (b11312 = 0c1e570), not an unknown build
     monkeypatch.setenv("KVADVISE_LLAMA_BUILD", "b11312")
+    if AMX_OFF:  # ... and for its CPU as that llama.cpp sees it: without AMX (_amx_off)
+        monkeypatch.setenv("KVADVISE_CPU", "avx512")
     yield
     measured.cache_clear()
 

@@ -180,6 +180,7 @@ def setting(folder: Path, gemma: Path) -> dict[str, str | None]:
         "PATH": str(folder / "bin"),  # no llama-server: the build is unknown, as for a user without one
         "COLUMNS": "120",
         "KVADVISE_NO_CACHE": "1",
+        "KVADVISE_CPU": "avx512",  # a CPU plan's CPU_REPACK as on an AVX-512 CPU, whatever CPU runs the examples
     }
 
 

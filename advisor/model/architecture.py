@@ -283,12 +283,14 @@ def _n_vocab(header: GGUFHeader, k: _Keys) -> int:
 
 
 # Types the CPU backend has a repacked layout for (ggml/src/ggml-cpu/repack.cpp,
-# ggml_repack_get_optimal_repack_type, llama.cpp 0c1e570); which of them a CPU uses: kvadvise.planner.repack
+# ggml_repack_get_optimal_repack_type, llama.cpp 0c1e570) or AMX kernels for (ggml/src/ggml-cpu/amx/common.h
+# qtype_has_amx_kernels, and f16: amx.cpp supports_op); which of them a CPU uses: kvadvise.planner.repack
 _REPACK_TYPES = frozenset(
     t.type_name
     for t in (
         GGMLType.Q1_0, GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
         GGMLType.Q2_K, GGMLType.IQ4_NL, GGMLType.MXFP4, GGMLType.Q8_0,
+        GGMLType.Q4_1, GGMLType.IQ4_XS, GGMLType.F16,
     )
 )  # fmt: skip
 # 2-D weights that are read by GET_ROWS or another op, never by a matmul (src/llama-arch.cpp LLM_TENSOR_INFOS)
@@ -297,12 +299,15 @@ _INPUT_EXTRA = frozenset({"per_layer_token_embd.weight", "position_embd.weight",
 _NOT_MATMUL = re.compile(r"^(token_embd|per_layer_token_embd|pos_embd|token_types|enc\.token_embd)\.|conv1d|_norm\.")
 
 
-def _matmul_weights(loaded: list[TensorInfo]) -> tuple[tuple[MatmulWeight, ...], tuple[int, int]]:
+def _matmul_weights(loaded: list[TensorInfo], tied: bool) -> tuple[tuple[MatmulWeight, ...], tuple[int, int]]:
     """The repackable matmul weights (llama_model_loader::create_tensor picks each tensor's buffer type by
-    its op: MUL_MAT on a 2-D weight, MUL_MAT_ID on 3-D experts) and the span of every other tensor."""
+    its op: MUL_MAT on a 2-D weight, MUL_MAT_ID on 3-D experts) and the span of every other tensor; ``tied``: the
+    output layer is a copy of token_embd (no output.weight), a MUL_MAT weight of its own."""
     out: list[MatmulWeight] = []
     first, last = -1, 0
     for t in loaded:
+        if tied and t.name == "token_embd.weight" and t.ggml_type.type_name in _REPACK_TYPES and len(t.shape) >= 2:
+            out.append(MatmulWeight(t.ggml_type.type_name, t.shape[1], t.n_bytes, t.offset, -1, t.shape[0], tied=True))
         dims = _n_dims(t.shape)
         is_expert = bool(_EXPERT_TENSOR.search(t.name))
         if (
@@ -312,7 +317,10 @@ def _matmul_weights(loaded: list[TensorInfo]) -> tuple[tuple[MatmulWeight, ...],
             and dims == (3 if is_expert else 2)
         ):
             m = _BLOCK_TENSOR.match(t.name)
-            out.append(MatmulWeight(t.ggml_type.type_name, t.shape[1], t.n_bytes, t.offset, int(m[1]) if m else -1))
+            block = int(m[1]) if m else -1
+            out.append(
+                MatmulWeight(t.ggml_type.type_name, t.shape[1], t.n_bytes, t.offset, block, t.shape[0], is_expert)
+            )
         else:
             first = t.offset if first < 0 else min(first, t.offset)
             last = max(last, t.offset + t.n_bytes)
@@ -564,7 +572,7 @@ def from_gguf(header: GGUFHeader, *, known_only: bool = True) -> ModelSpec:
             alloc = cuda_alloc_bytes(t.ggml_type, t.shape[0], t.n_bytes)
             layer_pad[int(m[1])] += alloc - t.n_bytes
             layer_largest[int(m[1])] = max(layer_largest[int(m[1])], alloc)
-    matmul_weights, fixed_span = _matmul_weights(loaded)
+    matmul_weights, fixed_span = _matmul_weights(loaded, output is None and arch not in ENCODER_ARCHS)
     # the MTP/NextN blocks, loaded only for a draft-mtp context (kvadvise.planner.mtp)
     nextn_bytes = [0] * n_layer_nextn
     nextn_pad = [0] * n_layer_nextn

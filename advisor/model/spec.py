@@ -19,14 +19,20 @@ SWA_SYMMETRIC = "symmetric"
 
 @dataclass(frozen=True, slots=True)
 class MatmulWeight:
-    """A quantized weight matrix a matmul reads (``MUL_MAT``, 2-D, or ``MUL_MAT_ID``, 3-D experts): what
-    the CPU backend may repack into its CPU_REPACK buffer (ggml/src/ggml-cpu/repack.cpp)."""
+    """A weight matrix a matmul reads (``MUL_MAT``, 2-D, or ``MUL_MAT_ID``, 3-D experts) of a type the CPU backend
+    may move into an extra buffer: its CPU_REPACK buffer (ggml/src/ggml-cpu/repack.cpp) or its AMX buffer
+    (ggml/src/ggml-cpu/amx/amx.cpp)."""
 
     type_name: str  # ggml_type_name, e.g. q4_k
     ne1: int  # rows (ne[1]): the repack layouts need a multiple of 4 or 8
     n_bytes: int  # ggml_nbytes
     offset: int  # in the file's data section
     block: int  # blk.N; -1 for the output layer
+    ne0: int = 0  # the row's width (ne[0]): AMX's kernels need a multiple of their block (kvadvise.planner.repack)
+    experts: bool = False  # 3-D experts, read by MUL_MAT_ID (AMX takes MUL_MAT's 2-D weights only)
+    # the output layer's copy of a tied token_embd (llama-model.cpp create_tensor, TENSOR_DUPLICATED): a tensor of
+    # its own where an extra buffer type takes it; token_embd itself stays mapped (its GET_ROWS stays on the CPU)
+    tied: bool = False
 
 
 @dataclass(frozen=True, slots=True)

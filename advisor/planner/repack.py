@@ -12,6 +12,12 @@ llama.cpp 0c1e570 (vendored by llama-cpp-python 0.3.36):
   ggml_repack_get_optimal_repack_type: a MUL_MAT on a 2-D weight or a MUL_MAT_ID on 3-D experts,
   whose type has a layout for this CPU (the table below) and whose row count ne[1] is a multiple of
   the layout's interleave.
+- AMX (ggml/src/ggml-cpu/amx/amx.cpp, a build with AMX_INT8 on a CPU whose kernel grants the tile state,
+  ggml_amx_init): the first of the extra buffer types. It takes a MUL_MAT's 2-D weight (never MUL_MAT_ID's
+  experts) of q4_0, q4_1, q8_0 (rows a multiple of 32 values), q4_K, q5_K, q6_K, iq4_xs (256) or f16 (16), whose
+  row count ne[1] is a multiple of 32 (``op->ne[0] % (TILE_N * 2)``), and packs it to VNNI with its own row size
+  (amx/mmq.cpp get_row_size: q8_0 4 bytes more per block of 32, the compensation; q4_K and q5_K 4 more per 256;
+  iq4_xs 2 more; f16 and the others as they are). CPU_REPACK then takes what fits its layouts of the rest.
 - The CPU_REPACK buffer is a plain allocation (ggml_backend_cpu_repack_buffer_type_alloc_buffer),
   each tensor its ggml_nbytes padded to TENSOR_ALIGNMENT (32). The repacked tensors leave the mapped
   CPU buffer, which is the file span [first, last) of the tensors still mapped
@@ -26,9 +32,11 @@ as they are clean. kvadvise counts both, as llama.cpp prints both.
 
 from __future__ import annotations
 
+import os
 import platform
 from dataclasses import dataclass
 
+from kvadvise.errors import InputError
 from kvadvise.model.ggml import pad
 from kvadvise.model.spec import MatmulWeight, ModelSpec
 
@@ -45,8 +53,16 @@ RULES: dict[str, dict[str, int]] = {
     "off": {},  # llama-server --no-repack
     "avx2": _AVX2,
     "avx512": {**_AVX2, "q2_k": 8},
+    "amx": {**_AVX2, "q2_k": 8},  # an AVX-512 CPU with AMX: what AMX does not take (AMX_TYPES) goes by AVX-512's
     "arm-dotprod": {"q1_0": 4, "q4_0": 4, "q4_k": 8, "q5_k": 8, "q6_k": 8, "iq4_nl": 4, "mxfp4": 4, "q8_0": 4},
 }
+# amx.cpp supports_op: the types AMX takes, the multiple of ne[0] each needs, and the bytes its packed rows add per
+# block (mmq.cpp get_row_size; the block of 32 values or, for the K-quants and iq4_xs, QK_K = 256)
+AMX_TYPES: dict[str, tuple[int, int]] = {
+    "q4_0": (32, 0), "q4_1": (32, 0), "q8_0": (32, 4), "q4_k": (256, 4), "q5_k": (256, 4), "q6_k": (256, 0),
+    "iq4_xs": (256, 2), "f16": (16, 0),
+}  # fmt: skip
+AMX_ROWS = 32  # TILE_N * 2: the multiple of ne[1] AMX's kernels need
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,16 +70,18 @@ class CpuRepack:
     """What CPU_REPACK does to a model's weights on one CPU."""
 
     isa: str  # a key of RULES
-    repack_bytes: int  # the CPU_REPACK model buffer
+    repack_bytes: int  # the extra buffers: the CPU_REPACK model buffer and the AMX one
     mapped_bytes: int  # the mapped CPU model buffer (CPU_Mapped) beside it
     n_tensors: int  # tensors repacked
+    amx_bytes: int = 0  # of repack_bytes: the AMX model buffer
 
 
 def plan_repack(spec: ModelSpec, isa: str) -> CpuRepack:
     """The CPU_REPACK buffer and the mapped buffer left beside it, for the CPU layers of a run on ``isa``
     (every layer and the output layer: a CPU plan)."""
     rule = RULES[isa]
-    moves = [w.type_name in rule and w.ne1 % rule[w.type_name] == 0 for w in spec.matmul_weights]
+    amx = [isa == "amx" and amx_takes(w) for w in spec.matmul_weights]
+    moves = [a or (w.type_name in rule and w.ne1 % rule[w.type_name] == 0) for w, a in zip(spec.matmul_weights, amx)]
     if not any(moves):
         return CpuRepack(isa, 0, spec.weights_bytes, 0)
     # split by position, not by a set of records: hashing ~400 records for each of a plan's ~13 estimates
@@ -71,8 +89,23 @@ def plan_repack(spec: ModelSpec, isa: str) -> CpuRepack:
     kept = [w for w, m in zip(spec.matmul_weights, moves, strict=True) if not m]
     # weights_bytes is the span of every loaded tensor; what the repack trims at its ends leaves the mapping
     mapped = spec.weights_bytes - (_span(spec, spec.matmul_weights) - _span(spec, kept))
-    repacked = sum(pad(w.n_bytes, TENSOR_ALIGNMENT) for w in moved)
-    return CpuRepack(isa, repacked, mapped, len(moved))
+    packed = sum(pad(amx_bytes(w), TENSOR_ALIGNMENT) for w, a in zip(spec.matmul_weights, amx, strict=True) if a)
+    repacked = sum(pad(w.n_bytes, TENSOR_ALIGNMENT) for w, m, a in zip(spec.matmul_weights, moves, amx) if m and not a)
+    return CpuRepack(isa, repacked + packed, mapped, len(moved), packed)
+
+
+def amx_takes(w: MatmulWeight) -> bool:
+    """Whether AMX's buffer type takes this weight (amx.cpp supports_op, llama.cpp 0c1e570)."""
+    t = AMX_TYPES.get(w.type_name)
+    return t is not None and not w.experts and w.ne1 % AMX_ROWS == 0 and w.ne0 > 0 and w.ne0 % t[0] == 0
+
+
+def amx_bytes(w: MatmulWeight) -> int:
+    """The weight packed for AMX (mmq.cpp ggml_backend_amx_get_alloc_size: rows x get_row_size)."""
+    block, extra = AMX_TYPES[w.type_name]
+    if not extra:
+        return w.n_bytes
+    return w.n_bytes + w.ne1 * (w.ne0 // block) * extra
 
 
 def _span(spec: ModelSpec, weights: list[MatmulWeight] | tuple[MatmulWeight, ...]) -> int:
@@ -83,9 +116,19 @@ def _span(spec: ModelSpec, weights: list[MatmulWeight] | tuple[MatmulWeight, ...
     return max(e for _, e in spans) - min(s for s, _ in spans) if spans else 0
 
 
+CPU_ENV = "KVADVISE_CPU"  # a rule of RULES that overrides the one read from this machine's CPU
+
+
 def cpu_isa() -> str:
     """The repack rule of this machine's CPU, as a build for it (-march=native, or the CPU variant
-    ggml loads) sees it; "none" where the features cannot be read."""
+    ggml loads) sees it; "none" where the features cannot be read. ``KVADVISE_CPU`` names one instead: "avx512"
+    on an AMX CPU whose llama.cpp was built without AMX."""
+    forced = os.environ.get(CPU_ENV, "").strip().lower()
+    if forced:
+        if forced not in RULES or forced in ("auto", "off"):
+            known = ", ".join(k for k in RULES if k not in ("auto", "off"))
+            raise InputError(f"{CPU_ENV}={forced[:40]!r} is not a CPU kvadvise knows", hint=f"one of {known}")
+        return forced
     machine = platform.machine().lower()
     flags: set[str] = set()
     try:
@@ -99,7 +142,9 @@ def cpu_isa() -> str:
             flags |= set(value.split())
     if machine in ("x86_64", "amd64", "i686", "i386"):
         if "avx512f" in flags and "avx2" in flags:
-            return "avx512"
+            # ggml-cpu registers AMX where the build has AMX_INT8 and AVX512_VNNI (the sapphirerapids variant, or
+            # -march=native on such a CPU) and the CPU has the tiles (Linux: amx_tile, amx_int8 in its flags)
+            return "amx" if {"amx_tile", "amx_int8", "avx512_vnni"} <= flags else "avx512"
         return "avx2" if "avx2" in flags else "none"
     if machine in ("aarch64", "arm64"):
         if "asimddp" in flags:

@@ -45,6 +45,7 @@ _OTHER = re.compile(
 )
 HOST = "Host"
 REPACK = "CPU_REPACK"
+AMX = "AMX"  # ggml-cpu's AMX buffer type (amx.cpp), before CPU_REPACK in the CPU's extra buffer types
 # the tolerance for a compute buffer: 16 MiB or 3 %; model and context are compared to the
 # whole MiB llama-fit-params prints (it rounds down)
 COMPUTE_ABS_MIB = 16.0
@@ -143,9 +144,11 @@ def compare(spec: ModelSpec, est: MemoryEstimate, projected: tuple[Projected, ..
         if host is not None:  # the tensors of the CPU buffer type, as no_alloc sums them (module docstring)
             rows.append(DryRunRow("CPU", cpu_buffer_bytes(spec, est) / MIB, (d.kv_bytes + d.recurrent_bytes) / MIB,
                                   d.compute_bytes / MIB, host))  # fmt: skip
-        repack = next((p for p in projected if p.name == REPACK and not p.in_table), None)
-        if repack is not None or est.repack_bytes:  # one side without the other is a difference
-            rows.append(DryRunRow(REPACK, est.repack_bytes / MIB, 0.0, 0.0, repack or Projected(REPACK, 0, 0, 0.0)))
+        # the extra buffer types, each on its own line of the breakdown: CPU_REPACK, and AMX on a CPU with AMX
+        for name, ours in ((REPACK, est.repack_bytes - est.amx_bytes), (AMX, est.amx_bytes)):
+            extra = next((p for p in projected if p.name == name and not p.in_table), None)
+            if extra is not None or ours:  # one side without the other is a difference
+                rows.append(DryRunRow(name, ours / MIB, 0.0, 0.0, extra or Projected(name, 0, 0, 0.0)))
         return tuple(rows)
     for i in range(max(len(est.devices), len(devices))):  # every device on either side: one missing is 0
         if i >= len(est.devices):

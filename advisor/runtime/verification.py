@@ -38,7 +38,7 @@ class Measurement:
     n_ctx: int | None
     gpu_layers: int | None  # "offloaded N/M layers to GPU"
     total_layers: int | None
-    repack_bytes: int = 0  # CPU_REPACK: CPU-only copies of some quantized matrices, inside weights_bytes
+    repack_bytes: int = 0  # CPU_REPACK and AMX: CPU-only copies of some quantized matrices, inside weights_bytes
     # False: llama.cpp ran without the CPU's extra buffer types (AMX, CPU_REPACK), as llama-server --no-repack does:
     # with them it crashed (kvadvise.backends.llamacpp.runners.measure_with_python)
     extra_bufts: bool = True
@@ -112,7 +112,7 @@ def measurement_from_log(
         n_ctx=n_ctx,
         gpu_layers=log.gpu_layers,
         total_layers=log.total_layers,
-        repack_bytes=_b(sum(b.mib for b in log.buffers if b.kind == "model" and b.buft == "CPU_REPACK")),
+        repack_bytes=_b(sum(b.mib for b in log.buffers if b.kind == "model" and b.buft in ("CPU_REPACK", "AMX"))),
         prompt_tokens=prompt_tokens,
         placements=log.placements,
     )
@@ -191,9 +191,9 @@ def compare(plan: Plan, m: Measurement) -> Verification:
         verdict = "ran on the CPU: the result covers CPU buffers only (no GPU in this run)"
     if m.repack_bytes or est.repack_bytes:
         reasons.append(
-            f"weights include {m.repack_bytes / MIB:,.2f} MiB of CPU_REPACK (predicted {est.repack_bytes / MIB:,.2f} "
-            f"MiB, {plan.config.cpu_repack} layouts): llama.cpp's repacked copies of some quantized matrices for "
-            "faster CPU matmuls, anonymous memory beside the mapped file"
+            f"weights include {m.repack_bytes / MIB:,.2f} MiB of CPU_REPACK and AMX (predicted "
+            f"{est.repack_bytes / MIB:,.2f} MiB, {plan.config.cpu_repack} layouts): llama.cpp's repacked copies of "
+            "some quantized matrices for faster CPU matmuls, anonymous memory beside the mapped file"
         )
     drift = placement_drift(plan, m.placements)
     if drift is not None:
