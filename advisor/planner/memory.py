@@ -151,6 +151,10 @@ class RunConfig:
     # --n-cpu-moe on a device that does not op-offload (ggml-rpc; a batch under 32): the experts run in CPU splits
     # and the first device's compute buffer grows at the boundaries (memory.host_experts_device_growth)
     host_experts: bool = False
+    # whether llama_context may split the layers with pipeline parallelism (:func:`pipeline_parallel`): False for
+    # a tensor override (-ot, --n-cpu-moe: llama_model::has_tensor_overrides) and for the fixed costs of a partial
+    # offload (n_gpu_layers not above every layer), which llama.cpp never pipelines
+    pipeline: bool = True
     # the output layer's weights stay in host memory: a build before builds.OUTPUT_FIRST given -ngl N <= n_layer (a
     # partial offload; Ollama 0.11-0.24's runners on a partial load). The first device op-offloads its matmul for a
     # prompt batch with a copy of output.weight beside the logits (memory.output_op_offload_bytes)
@@ -944,7 +948,8 @@ def draft_config(cfg: RunConfig, lay: ContextLayout) -> RunConfig:
     parameters (batch, ubatch, slots, unified cache, flash attention, --swa-full, devices and -ts) with
     the draft's cache types (-ctkd/-ctvd), n_outputs_max = the slots, and n_ctx = the main context's
     resolved size (llama_n_ctx(ctx_tgt)); no projector, no second draft; the same process, so no
-    second per-device overhead."""
+    second per-device overhead. The draft model has tensor overrides of its own (-otd, --n-cpu-moe-draft: none
+    by default), not the main model's: no op-offload copy, no host experts, pipelined as any full offload."""
     return replace(
         cfg,
         n_ctx=lay.n_ctx,
@@ -955,6 +960,9 @@ def draft_config(cfg: RunConfig, lay: ContextLayout) -> RunConfig:
         draft=None,
         mtp=False,
         overhead_bytes=0,
+        op_offload_copy_bytes=0,
+        host_experts=False,
+        pipeline=True,
     )
 
 
@@ -986,8 +994,10 @@ def pipeline_parallel(cfg: RunConfig, names: tuple[str, ...]) -> bool:
     GGML_SCHED_MAX_COPIES copies of each split's inputs (llama_context::llama_context, b11312): not with tensor
     overrides (``-ot``, ``--n-cpu-moe``: llama_model::has_tensor_overrides), and only where every device but the
     CPU reports async compute and events (ggml_backend_dev_props caps): CANN and OpenCL never, RPC and Vulkan from
-    the builds in kvadvise.planner.builds (RPC_EVENTS, VULKAN_EVENTS), CUDA, ROCm, SYCL and Metal always."""
-    if cfg.host_experts or cfg.op_offload_copy_bytes:
+    the builds in kvadvise.planner.builds (RPC_EVENTS, VULKAN_EVENTS), CUDA, ROCm, SYCL and Metal unless built
+    with GGML_CUDA_NO_PEER_COPY / GGML_SYCL_NO_PEER_COPY (not known here: planned with it, the larger figure); a
+    BLAS backend beside them (an ACCEL device without async) turns it off too: not modelled (the larger figure)."""
+    if not cfg.pipeline or cfg.host_experts or cfg.op_offload_copy_bytes:
         return False
     for name in names:
         if name.startswith(("CANN", "OpenCL", "GPUOpenCL")):
@@ -1093,5 +1103,12 @@ def _offloaded(
 
 def mtp_context_config(cfg: RunConfig, lay: ContextLayout) -> RunConfig:
     """The MTP context's parameters (common_base_params_to_speculative, common_speculative_init_result): a
-    draft context's (:func:`draft_config`), with no weights of its own to repack (it runs on the target's)."""
-    return replace(draft_config(cfg, lay), cpu_repack="none")
+    draft context's (:func:`draft_config`), with no weights of its own to repack (it runs on the target's), on the
+    target model: its tensor overrides, op-offload copies and pipelining are the target's."""
+    return replace(
+        draft_config(cfg, lay),
+        cpu_repack="none",
+        op_offload_copy_bytes=cfg.op_offload_copy_bytes,
+        host_experts=cfg.host_experts,
+        pipeline=cfg.pipeline,
+    )

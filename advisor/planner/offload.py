@@ -323,6 +323,10 @@ def partial_offload(
     budgets = budget.device_budgets if per_device else (budget.budget_bytes,)
     if budget.fits(full):
         return None
+    # llama.cpp pipelines a full offload only (llama_context: n_gpu_layers above every layer, no tensor override):
+    # a partial plan's fixed costs, compute buffers and host buffers are those of the unpipelined split
+    if len(full.devices) > 1:
+        full = estimate(spec, replace(cfg, pipeline=False))
     layers = _layers(spec, full, cfg)
     if not per_device and len(layers.fixed) > 1:
         layers = replace(layers, fixed=(sum(layers.fixed),), output_device=0)

@@ -364,6 +364,7 @@ def _with_cpu_moe(
             base,
             op_offload_copy_bytes=placement.op_offload_bytes or 0,
             host_experts=device != "cpu" and not offloads and bool(placement.expert_layers),
+            pipeline=base.pipeline and n_cpu_moe == 0,  # --n-cpu-moe N is a tensor override, even over no experts
         ),
         recommend_ctx=recommend_ctx,
         hw=hw,
