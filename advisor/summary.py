@@ -13,6 +13,7 @@ from kvadvise.text import WIDTH, wrapped
 from kvadvise.text import lines as text_lines
 
 if TYPE_CHECKING:
+    from kvadvise.model.spec import ModelSpec
     from kvadvise.planner.planning import Plan
     from kvadvise.planner.recommender import Recommendation
 
@@ -257,7 +258,7 @@ def summary_text(
         lines += [f"  {x}" for x in why(plan.recommendation)]
     hw_notes = plan.hardware.notes if plan.hardware is not None else ()
     said: set[str] = set()
-    for n in (*hw_notes, *plan.notes, *notes):  # each once
+    for n in (*_generic(plan.spec), *hw_notes, *plan.notes, *notes):  # each once
         if n not in said:
             said.add(n)
             lines.append(f"  note: {n}")
@@ -301,3 +302,12 @@ def llama_flags(plan: Plan) -> str:
     # no GPU planned: no -ngl, llama.cpp's default (no layers) says it
     args = [a for a in plan_args(ModelSource(()), plan, off) if on_gpu or a[0] != "-ngl"]
     return args_text(args, binary=None)
+
+
+# the model's own notes that every figure of the plan hangs on: an architecture planned by generic rules (a
+# config.json kvadvise cannot map, kvadvise.model.hfconfig; one not verified against llama.cpp, .architecture)
+_GENERIC = ("is not mapped to a llama.cpp architecture", "generic rules applied")
+
+
+def _generic(spec: ModelSpec) -> tuple[str, ...]:
+    return tuple(n for n in spec.notes if any(g in n for g in _GENERIC))

@@ -101,8 +101,13 @@ def parse_memory_size(text: str, flag: str) -> int:
             f"units (a 24 GB card has 24 GiB)",
             hint=f"write {flag} {number}{binary} for memory of that size, or {n / (1 << 30):.2f}GiB for {n:,} bytes",
         )
-    return parse_size(text)
+    try:
+        return parse_size(text)
+    except InputError as err:  # the same error, with the hint of the units this flag takes
+        raise InputError(str(err), hint=_MEMORY_SIZE_HINT) from None
 
+
+_MEMORY_SIZE_HINT = "write a number and a binary unit, e.g. 24GiB, 24000MiB or 23.5GiB (GiB/MiB/KiB)"
 
 # a + as llama.cpp's -c reads one (common/arg.cpp std::stoi); compiled by re on first use
 _TOKENS_RE = r"(?ia)^\s*\+?([0-9]+(?:\.[0-9]+)?)\s*([km]?)\s*$"

@@ -253,9 +253,9 @@ def from_profiles(names: str) -> Hardware:
                 base, count = m[1], int(m[2])
         if not 1 <= count <= 16:
             swapped = re.match(r"(?i)^(\d{1,2})\s*[x×]\s*(.+)$", raw)  # 2x3090: the count first
-            hint = f"the count goes last: --gpu {swapped[2]}x{swapped[1]}" if swapped else "1 to 16, e.g. rtx-3090x2"
+            hint = f"the count goes last: --gpu {swapped[2]}x{swapped[1]}" if swapped else "1 to 15, e.g. rtx-3090x2"
             raise InputError(
-                f"--gpu {raw!r}: read as {count:,} cards of {base!r}; NAMExN takes 1 to 16 cards, the count last",
+                f"--gpu {raw!r}: read as {count:,} cards of {base!r}; NAMExN takes 1 to 15 cards, the count last",
                 hint=hint,
             )
         hw = from_profile(base)

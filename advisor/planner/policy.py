@@ -205,10 +205,12 @@ def choices(spec: ModelSpec, base: RunConfig, policy: Policy) -> list[tuple[KV, 
         # candidates are those without flash attention: V stays f16
         base, fa = replace(base, flash_attn="off"), False
     out = []
+    refused: ConfigError | None = None
     for kv in kv_choices(spec, base, policy):
         try:
             validate(spec, config_at(base, CTX_PAD, kv, fa, base.device))
-        except ConfigError:
+        except ConfigError as err:
+            refused = refused or err
             continue  # e.g. the block size does not divide the head size
         if fa and cuda_fattn_decides(base) and cuda_flash_attn_missing(spec, *kv, base.llama_build):
             # the build's CUDA flash attention has no kernel for this cache: every attention would run on the
@@ -216,6 +218,8 @@ def choices(spec: ModelSpec, base: RunConfig, policy: Policy) -> list[tuple[KV, 
             continue
         measured_bad = policy.quality is not None and policy.quality.rejects(kv)
         out.append((kv, fa, (policy.allow_q4 or not needs_opt_in(kv)) and not measured_bad))
+    if not out and refused is not None:
+        raise refused  # every cache type refused alike: the settings' reason (--spec-type draft-mtp, no MTP layers)
     return out
 
 

@@ -170,10 +170,17 @@ def recommend(spec: ModelSpec, base: RunConfig, budget: Budget, policy: Policy) 
         reasons.append(refit_reason(base.tensor_split, cfg.tensor_split))
 
     if policy.min_ctx and (not fits or n_ctx_seq < policy.min_ctx):
+        trained = spec.n_ctx_train and policy.min_ctx > spec.n_ctx_train and chosen.n_ctx_max >= spec.n_ctx_train
         raise DoesNotFit(
             f"nothing reaches --min-ctx {policy.min_ctx:,}: the best is {chosen.type_k.type_name}/"
             f"{chosen.type_v.type_name} at {chosen.n_ctx_max:,} tokens",
-            hint=_what_would_fit(spec, base, budget, policy),
+            # the search stops at the training context (docs/policy.md), not at the memory
+            hint=(
+                f"{spec.name} was trained on {spec.n_ctx_train:,} tokens, where the recommendation stops; "
+                f"--ctx {policy.min_ctx} plans that context as given"
+            )
+            if trained
+            else _what_would_fit(spec, base, budget, policy),
         )
     tps, note, speed = decode_speed(spec, cfg, budget) if fits else (None, None, None)
     offload = None

@@ -190,14 +190,18 @@ class ServerAdvice:
             lines.append("# 100% on the GPU does not fit; the plan that runs keeps part of the model on the CPU:")
             lines.append(self.run_command)
             return "\n".join(lines)
-        lines.append(self.command)
+        # a plan that runs nowhere prints its commands commented out: the last line is what `| tail -1` takes
+        quiet = "" if self.run_command is not None else "# "
+        if quiet:
+            lines.append("# no command: this plan does not fit; for reference, what it would run:")
+        lines.append(quiet + self.command)
         if self.offload_command is not None:
             lines.append(
                 "# at the target with part of the model on the CPU (--allow-cpu):"
                 if self.fits
                 else "# with part of the model on the CPU (does not fit the RAM either):"
             )
-            lines.append(self.offload_command)
+            lines.append(quiet + self.offload_command)
         return "\n".join(lines)
 
     def next_steps(self, written: Sequence[tuple[str, str]]) -> tuple[str, tuple[str, ...]]:

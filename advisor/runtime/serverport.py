@@ -98,7 +98,7 @@ def parse_address(text: str) -> tuple[str, int | None]:
             raise InputError(f"--attach {text}: the port must be a number from 1 to 65535")
     # a name or an address: no blank, control character, slash or bracket (urllib refused "a b" with
     # http.client.InvalidURL, an internal error)
-    if not host or not all(c.isascii() and (c.isalnum() or c in "-._:%") for c in host):
+    if not host or not all(c.isascii() and (c.isalnum() or c in "-._:%") for c in host) or _not_ipv6(host):
         raise InputError(
             f"--attach {text!r}: give HOST or HOST:PORT, e.g. 127.0.0.1 or 127.0.0.1:8080",
             hint="a host name or an IPv4 address, or an IPv6 one in brackets ([::1]:8080)",
@@ -118,3 +118,16 @@ def attach_checks(server: RunningServer, n_ctx_seq: int, n_parallel: int, model_
     if server.n_slots is not None and server.n_slots != n_parallel:
         out.append(f"it has {server.n_slots} slots, the plan {n_parallel}")
     return tuple(out)
+
+
+def _not_ipv6(host: str) -> bool:
+    """A host with colons that is no IPv6 address ("garbage::::"): a name has none (``%`` a zone, as in fe80::1%eth0)."""
+    import ipaddress
+
+    if ":" not in host:
+        return False
+    try:
+        ipaddress.IPv6Address(host)
+    except ValueError:
+        return True
+    return False

@@ -312,12 +312,19 @@ def _dry_run(
     # llama-fit-params --version names its build
     plan = plan_for(spec, o.request, named(o.runtime), found_build=llamabuild.detect(binary))
     # llama-fit-params reserves the logits of the whole batch (no --n-outputs-max) and projects neither the
-    # projector nor a draft model (nor an MTP context): kvadvise's figures beside it are for the same
-    cfg = replace(plan.config, n_outputs_max=0, mmproj=None, draft=None, mtp=False)
+    # projector nor a draft model (nor an MTP context), nor takes -kvu (dryrun.REFUSED): a cache per slot, its
+    # default; kvadvise's figures beside it are for the same
+    cfg = replace(plan.config, n_outputs_max=0, mmproj=None, draft=None, mtp=False, kv_unified=False)
     est = estimate(spec, cfg)
     projected = project(binary, path, cfg, timeout_s=timeout_s)
     rows = dryrun.compare(spec, est, projected)
     note = dryrun.model_note(spec, est)
+    if plan.config.kv_unified and plan.config.n_parallel > 1:
+        unified = (
+            "-kvu: llama-fit-params does not take it (common/arg.cpp registers it for llama-server only), so both "
+            "sides are for a cache per slot; the plan's unified cache holds the same K/V in one stream"
+        )
+        note = f"{note}\n{unified}" if note else unified
     agree = all(r.ok for r in rows)
     command = " ".join([BINARY, *fit_params_args(path, cfg)])
     if o.view.as_json:

@@ -17,6 +17,9 @@ from kvadvise.runtime.llamaserver import server_args
 
 BINARY = "llama-fit-params"
 _NOT_PROJECTED = ("--mmproj", "-md", "-ngld", "-ctkd", "-ctvd")
+# llama-server's flags llama-fit-params does not take (common/arg.cpp registers them for LLAMA_EXAMPLE_SERVER and
+# not LLAMA_EXAMPLE_FIT_PARAMS, b11312: "error: invalid argument"); the caller plans the projection without them
+REFUSED = ("-kvu", "--spec-type", "--spec-draft-n-max")
 
 
 def find_binary(given: str | None, server: str | None) -> str:
@@ -36,7 +39,7 @@ def fit_params_args(model_path: str, cfg: RunConfig) -> list[str]:
     """llama-fit-params' command line for ``cfg``: llama-server's flags (one parser), projected, not fitted."""
     words: list[str] = []
     for flag, _, value in server_args(model_path, cfg):
-        if flag in _NOT_PROJECTED:
+        if flag in _NOT_PROJECTED or flag in REFUSED:
             continue
         words.append(flag)
         if value is not None:

@@ -107,6 +107,8 @@ def normalize_host(raw: str | None = None, *, what: str = "OLLAMA_HOST") -> str:
         ip = ipaddress.ip_address(host)
     except ValueError:
         ip = None
+    if ip is None and ":" in host:  # colons only in an IPv6 address (Go's net.SplitHostPort refuses the rest)
+        raise InputError(f"{what} {shown!r}: not a host name", hint="HOST[:PORT]; an IPv6 address is [::1]:11434")
     try:  # what the HTTP client does with them: a label over 63 characters, a lone surrogate
         (host if ip is not None else host.encode("idna").decode("ascii")).encode("ascii")
         path.encode("utf-8")
@@ -557,13 +559,16 @@ def running_models(host: str | None = None, *, timeout: float = DEFAULT_TIMEOUT)
         if not isinstance(name, str) or size is None or vram is None:
             raise _unexpected(url, "/api/ps", "a model entry without name, size or size_vram")
         details = m.get("details")
+        context_length = _int(m.get("context_length"))
+        if context_length is not None and not 0 <= context_length <= 2**31 - 1:  # num_ctx is a Go int a runner's
+            raise _unexpected(url, "/api/ps", f"a context_length of {context_length:.3g}")  # int32 n_ctx holds
         out.append(
             RunningModel(
                 name=name,
                 model=m["model"] if isinstance(m.get("model"), str) else name,
                 size=size,
                 size_vram=vram,
-                context_length=_int(m.get("context_length")),
+                context_length=context_length,
                 digest=m["digest"] if isinstance(m.get("digest"), str) else "",
                 expires_at=m["expires_at"] if isinstance(m.get("expires_at"), str) else "",
                 details=dict(details) if isinstance(details, dict) else {},
