@@ -236,14 +236,14 @@ def _decide_engine(
 ) -> OllamaDecision:
     """ollamaServer.Load's layout (Ollama 0.12.11 - 0.24, the Go engine) for the plan's GPUs, over the memory
     its runner would report (engine_layout; the graph is a stand-in, said in ``approximation``). The advice
-    writes OLLAMA_FLASH_ATTENTION, so flash attention is the user's, refused where the model lacks it."""
+    writes OLLAMA_FLASH_ATTENTION, so flash attention is the user's (before 0.12.4 on anyway for a model that wants
+    it: OllamaRelease.flash_attn), refused where the model lacks it."""
     assert release.version is not None
-    v = release.v or (0, 0, 0)
     num_parallel = settings.num_parallel if legacy.is_completion else 1  # sched.go: max(OLLAMA_NUM_PARALLEL, 1)
     # the stand-in graph is for the load NewLlamaServer asks (num_ctx and batch clamped as ollama_server_load clamps
     # them); a quantized cache needs flash attention
     num_ctx, batch = engine_layout.clamped(legacy, settings.num_ctx, settings.num_batch or NUM_BATCH_DEFAULT)
-    fa = settings.flash_attention and supports_flash_attention(model.spec, v)
+    fa = release.flash_attn(model.spec, "on" if settings.flash_attention else "off") == "on"
     kv_cache_type = "" if settings.kv_cache_type == "f16" or not fa else settings.kv_cache_type
     graph = engine_layout.graph_stand_in(
         model.spec, num_ctx=num_ctx, num_parallel=num_parallel, batch=batch, flash_attention=fa,

@@ -175,6 +175,10 @@ FA_REFUSED: tuple[tuple[Version, frozenset[str]], ...] = (
     ((0, 19, 0), frozenset({"gemma2", "grok"})),
 )
 FA_ALWAYS_FROM: Version = (0, 17, 1)
+# llm/server.go NewLlamaServer to v0.12.3: "fa := envconfig.FlashAttention(); if f.FlashAttention() { fa = true }", so
+# OLLAMA_FLASH_ATTENTION=0 cannot turn off a model that wants it; v0.12.4 (fdb109469 "Allow overriding flash
+# attention setting"): envconfig.FlashAttention(f.FlashAttention()), the variable when set, else the model's wish
+FA_OVERRIDE_FROM: Version = (0, 12, 4)
 FA_ALWAYS = frozenset({"qwen35", "qwen35moe", "qwen3next"})
 
 LAYOUT_FROM: Version = (0, 12, 11)  # llm/memory.go deleted (f560bd077fcf); llamaServer.Load calls createLayout
@@ -298,13 +302,14 @@ class OllamaRelease:
 
     def flash_attn(self, spec: ModelSpec, asked: str | None) -> str:
         """The -fa the runner gets: ``asked`` is OLLAMA_FLASH_ATTENTION (on/off) when set, None when not.
-        llm/server.go NewLlamaServer: the model's own default (GGML.FlashAttention, from 0.11.8), then
-        refused unless GGML.SupportsFlashAttention; the llamarunner from 0.13.4 leaves an unset one to
-        llama.cpp (auto)."""
+        llm/server.go NewLlamaServer: the model's own default (GGML.FlashAttention, from 0.11.8; before 0.12.4 on
+        whatever the variable says), then refused unless GGML.SupportsFlashAttention; the llamarunner from 0.13.4
+        leaves an unset one to llama.cpp (auto)."""
         v = self.v or NEWEST_KNOWN
         if self.runner == "llamarunner" and v >= FA_AUTO_FROM and asked is None:
             return "auto"
-        want = asked == "on" if asked is not None else spec.architecture in _since(MODEL_FLASH_ATTENTION, v)
+        wanted = spec.architecture in _since(MODEL_FLASH_ATTENTION, v)
+        want = wanted if asked is None else asked == "on" or (wanted and v < FA_OVERRIDE_FROM)
         return "on" if want and supports_flash_attention(spec, v) else "off"
 
     def claims(self, *, layers_replayed: bool = False) -> str:
