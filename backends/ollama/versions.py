@@ -14,7 +14,8 @@ Read from the tags of ollama/ollama (the git mirror; each row names the tag and 
   GPU are Ollama's decision: llm/memory.go EstimateGPULayers up to 0.12.10 (the llamarunner's; the
   ollamarunner's from 0.11.11 is the trial layout, from 0.11.5 with OLLAMA_NEW_ESTIMATES=1, which kvadvise takes as
   unset), then llm/server.go createLayout/greedyFit over Ollama's
-  own estimate (fs/ggml GraphSize for the llamarunner; the runner's trial allocations for the ollamarunner).
+  own estimate (fs/ggml GraphSize for the llamarunner; the runner's trial allocations for the ollamarunner, replayed
+  from 0.11.11 by kvadvise.backends.ollama.engine_layout with a stand-in for the runner's graph).
   kvadvise plans what the llama.cpp library allocates for the llamarunner at the vendored commit's rules
   (kvadvise.planner.builds: whole-batch logits, RunConfig.runtime "llama-cli"); it does not model the Go
   engine's allocation; Ollama's layer decision is replayed beside the plan for llm/memory.go and the
