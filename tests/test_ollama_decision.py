@@ -73,7 +73,7 @@ def test_the_library_gpt_oss_under_0_11_0_as_issue_37_saw_it(
     not modelled, so no num_gpu is set. 0.11.5 to 0.11.10 decide by llm/memory.go too, unless OLLAMA_NEW_ESTIMATES=1
     (NewLlamaServer: "newEstimates := textProcessor != nil && envconfig.NewMemoryEstimates()"): 0.11.5's estimate
     (MXFP4 as llama.cpp's type 39, the graph per slot) puts all 25 on the card; from 0.11.11 the Go engine's layout
-    is a trial allocation, replayed from 0.12.7 (tests/test_ollama_engine_layout.py)."""
+    is a trial allocation, replayed (tests/test_ollama_engine_layout.py, tests/test_ollama_engine_layout_0_11.py)."""
     from ollama_fake import closed_port_url
 
     monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
@@ -87,8 +87,7 @@ def test_the_library_gpt_oss_under_0_11_0_as_issue_37_saw_it(
         rc = main(["ollama", "gpt-oss:20b", "--ctx", "8192", "--vram", "15.6GiB", "--ollama-version", version, "--json"])
         d = json.loads(capsys.readouterr().out)["ollama"]["decision"]
         assert rc == 0 and d["layers_by"] == "llm/memory.go" and (d["layers_offload"], d["layers_model"]) == (25, 25)
-    rc = main(["ollama", "gpt-oss:20b", "--ctx", "8192", "--vram", "15.6GiB", "--ollama-version", "0.11.11", "--json"])
-    assert rc == 0 and json.loads(capsys.readouterr().out)["ollama"]["decision"] is None
-    rc = main(["ollama", "gpt-oss:20b", "--ctx", "8192", "--vram", "15.6GiB", "--ollama-version", "0.12.10", "--json"])
-    d = json.loads(capsys.readouterr().out)["ollama"]["decision"]
-    assert rc == 0 and d["layers_by"].endswith("trial allocations") and d["layers_offload"] == 25
+    for version in ("0.11.11", "0.12.6", "0.12.10"):
+        rc = main(["ollama", "gpt-oss:20b", "--ctx", "8192", "--vram", "15.6GiB", "--ollama-version", version, "--json"])
+        d = json.loads(capsys.readouterr().out)["ollama"]["decision"]
+        assert rc == 0 and d["layers_by"].endswith("trial allocations") and d["layers_offload"] == 25, version

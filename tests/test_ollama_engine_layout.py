@@ -1,6 +1,7 @@
-"""Ollama's Go engine (ollamarunner) layout, 0.12.7 - 0.24 (kvadvise.backends.ollama.engine_layout): the memory its
-runner reports per layer (ml/backend/ggml/ggml.go New, kvcache/causal.go Causal.Init) from real GGUF headers
-(tests/tinymodels.py at real-model dimensions, header only), and ollamaServer.Load's trial loads over it."""
+"""Ollama's Go engine (ollamarunner) layout, 0.12.7 - 0.24 (kvadvise.backends.ollama.engine_layout; 0.11.11 - 0.12.6:
+tests/test_ollama_engine_layout_0_11.py): the memory its runner reports per layer (ml/backend/ggml/ggml.go New,
+kvcache/causal.go Causal.Init) from real GGUF headers (tests/tinymodels.py at real-model dimensions, header only),
+and ollamaServer.Load's trial loads over it."""
 
 from __future__ import annotations
 
@@ -204,8 +205,8 @@ def _fields(cfg: Any) -> dict[str, Any]:
 
 def test_refused_architectures_and_versions(qwen3_path: Path) -> None:
     model = legacy_model(read_header(qwen3_path))
-    with pytest.raises(el.EngineLayoutNotModelled, match=r"0\.12\.7 to 0\.24"):
-        el.ollama_server_load(model, _cuda(GIB), version="0.12.6", num_ctx=4096, graph_bytes=GRAPH)
+    with pytest.raises(el.EngineLayoutNotModelled, match=r"0\.11\.11 to 0\.24"):
+        el.ollama_server_load(model, _cuda(GIB), version="0.11.10", num_ctx=4096, graph_bytes=GRAPH)
     with pytest.raises(el.EngineLayoutNotModelled, match="chunked attention"):
         el.ollama_server_load(_model("llama4", 4, 0), _cuda(GIB), version="0.13.0", num_ctx=4096, graph_bytes=GRAPH)
 
@@ -317,9 +318,9 @@ def test_two_gpus_each_within_its_free_memory(
 def test_the_library_gpt_oss_profile_gets_the_go_engines_decision(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """gpt-oss:20b from its built-in profile (Ollama's gptoss conversion, the Go engine): from 0.12.11 its layout
-    is replayed (from 0.12.7; 0.11.11 - 0.12.6: not, tests/test_ollama_decision.py); all 25 layers on 15.6 GiB at 8k, part
-    on 8 GiB, the top blocks first."""
+    """gpt-oss:20b from its built-in profile (Ollama's gptoss conversion, the Go engine): its layout is replayed
+    (from 0.11.11, tests/test_ollama_decision.py); all 25 layers on 15.6 GiB at 8k, part on 8 GiB, the top blocks
+    first."""
     from ollama_fake import closed_port_url
 
     monkeypatch.setenv("OLLAMA_HOST", closed_port_url())

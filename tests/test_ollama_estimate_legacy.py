@@ -383,6 +383,27 @@ def test_ollamas_own_memory_test_dual_cuda(version: str, layer0: int, layer1: in
         assert e.required_partial_bytes == e.required_full_bytes == sum(e.allocations_bytes)
 
 
+@pytest.mark.parametrize(
+    ("library", "mib"),
+    [
+        # v0.11.11, v0.12.3 (discover/gpu.go, gpu_darwin.go), v0.12.4, v0.12.6 (devInfoToInfoList), v0.12.7 (ml.DeviceInfo)
+        ("cuda", (457, 457, 457, 457, 457)),
+        ("ROCm", (457, 457, 457, 457, 457)),
+        ("metal", (512, 512, 0, 0, 512)),
+        ("Vulkan", (0, 0, 0, 0, 457)),
+        ("cpu", (0, 0, 0, 0, 0)),
+    ],
+)
+def test_minimum_memory_by_gpu_discovery(library: str, mib: tuple[int, ...]) -> None:
+    """GpuInfo.MinimumMemory as each release's discovery sets it: v0.12.4's runner-based discovery
+    (discover/gpu.go devInfoToInfoList) gives it to CUDA and ROCm alone, so Metal has none until v0.12.7's
+    ml.DeviceInfo.MinimumMemory() (Metal 512 MiB, every other GPU 457)."""
+    from kvadvise.backends.ollama.estimate_legacy import minimum_memory
+
+    versions = ((0, 11, 11), (0, 12, 3), (0, 12, 4), (0, 12, 6), (0, 12, 7))
+    assert tuple(minimum_memory(library, v) // MIB for v in versions) == mib
+
+
 def test_ollamas_own_memory_test_cpu() -> None:
     from kvadvise.backends.ollama.estimate_legacy import estimate_on_gpus
 

@@ -276,6 +276,33 @@ def test_a_quantized_cache_needs_flash_attention_set(coder_store: Path, capsys: 
     assert auto["config"]["type_k"] == "f16"
 
 
+def test_a_model_that_wants_flash_attention_keeps_it_before_0_12_4(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """llm/server.go NewLlamaServer, v0.11.8 - v0.12.3: "fa := envconfig.FlashAttention(); if f.FlashAttention()
+    { fa = true }": OLLAMA_FLASH_ATTENTION=0 does not turn it off for gpt-oss; v0.12.4's
+    envconfig.FlashAttention(f.FlashAttention()) does (versions.FA_OVERRIDE_FROM; the tags: below)."""
+    from ollama_fake import closed_port_url
+
+    monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
+    fa = {}
+    for version in ("0.11.7", "0.11.10", "0.12.3", "0.12.4"):
+        rc = main(["ollama", "gpt-oss:20b", "--ctx", "8192", "--vram", "15.6GiB", "-fa", "off", "--ollama-version",
+                   version, "--json"])  # fmt: skip
+        assert rc == 0
+        fa[version] = json.loads(capsys.readouterr().out)["config"]["flash_attn"]
+    assert fa == {"0.11.7": False, "0.11.10": True, "0.12.3": True, "0.12.4": False}  # 0.11.7: no model wish yet
+
+
+@mirror
+def test_flash_attention_override_at_its_tag() -> None:
+    for tag, v in _tags():
+        if v >= versions.LLAMA_SERVER_FROM:
+            break
+        server = _show(tag, "llm/server.go") or ""
+        assert ("fa := envconfig.FlashAttention(f.FlashAttention())" in server) is (v >= versions.FA_OVERRIDE_FROM), tag
+
+
 def test_the_default_context_and_the_split_are_the_releases(
     coder_store: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -9,10 +9,11 @@ a 16 GB card under 0.11.0 though all 25 fit. Where the plan (llama.cpp's allocat
 layers on the GPU than Ollama's estimate, the model's ``num_gpu`` (a Modelfile ``PARAMETER``; ``llm/memory.go``
 and ``assignLayers`` take ``opts.NumGPU`` as the layers asked for) loads that many: the advice sets it, but not
 for the Go engine, whose allocation is not modelled. The Go engine's layout (``ollamaServer.Load``: createLayout
-over the memory its runner reports for trial layouts) is replayed for 0.12.11 to 0.24 by
+over the memory its runner reports for trial layouts) is replayed for 0.11.11 to 0.24 by
 kvadvise.backends.ollama.engine_layout, with llama.cpp's compute buffer (kvadvise's estimate, one output row per
-slot) standing in for the runner's compute graph (said in the decision's text and JSON); 0.11.5 - 0.12.10's and llama.cpp's ``--fit`` from 0.30 are not
-claimed here (kvadvise.backends.ollama.versions says who decides).
+slot) standing in for the runner's compute graph (said in the decision's text and JSON); 0.11.5 - 0.11.10's trial
+layout (only with OLLAMA_NEW_ESTIMATES=1) and llama.cpp's ``--fit`` from 0.30 are not claimed here
+(kvadvise.backends.ollama.versions says who decides).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
 
 MEMORY_GO = "llm/memory.go"  # OllamaRelease.layers_by of the releases estimate_legacy replays
 CREATE_LAYOUT = "llm/server.go createLayout over fs/ggml GraphSize"  # the llamarunner's, 0.12.11 - 0.24 (layout)
-# the Go engine's, 0.12.11 - 0.24 (engine_layout); versions.release names it so
+# the Go engine's, 0.11.11 - 0.24 (engine_layout); versions.release names it so
 ENGINE_LAYOUT = "llm/server.go createLayout over the Go runner's trial allocations"
 # Ollama's names of a GPU library from 0.12.11 (ml.DeviceInfo.Library), by the ggml backend
 _LAYOUT_LIBRARIES = {"cuda": "CUDA", "rocm": "ROCm", "metal": "Metal", "vulkan": "Vulkan", "sycl": "SYCL"}
@@ -234,16 +235,16 @@ def _decide_engine(
     settings: OllamaSettings,
     legacy: estimate_legacy.LegacyModel,
 ) -> OllamaDecision:
-    """ollamaServer.Load's layout (Ollama 0.12.11 - 0.24, the Go engine) for the plan's GPUs, over the memory
+    """ollamaServer.Load's layout (Ollama 0.11.11 - 0.24, the Go engine) for the plan's GPUs, over the memory
     its runner would report (engine_layout; the graph is a stand-in, said in ``approximation``). The advice
-    writes OLLAMA_FLASH_ATTENTION, so flash attention is the user's, refused where the model lacks it."""
+    writes OLLAMA_FLASH_ATTENTION, so flash attention is the user's (before 0.12.4 on anyway for a model that wants
+    it: OllamaRelease.flash_attn), refused where the model lacks it."""
     assert release.version is not None
-    v = release.v or (0, 0, 0)
     num_parallel = settings.num_parallel if legacy.is_completion else 1  # sched.go: max(OLLAMA_NUM_PARALLEL, 1)
     # the stand-in graph is for the load NewLlamaServer asks (num_ctx and batch clamped as ollama_server_load clamps
     # them); a quantized cache needs flash attention
     num_ctx, batch = engine_layout.clamped(legacy, settings.num_ctx, settings.num_batch or NUM_BATCH_DEFAULT)
-    fa = settings.flash_attention and supports_flash_attention(model.spec, v)
+    fa = release.flash_attn(model.spec, "on" if settings.flash_attention else "off") == "on"
     kv_cache_type = "" if settings.kv_cache_type == "f16" or not fa else settings.kv_cache_type
     graph = engine_layout.graph_stand_in(
         model.spec, num_ctx=num_ctx, num_parallel=num_parallel, batch=batch, flash_attention=fa,

@@ -1,10 +1,10 @@
-"""Ollama's layer placement for its Go engine (the ollamarunner), v0.12.7 to v0.24: ``llm/server.go``
+"""Ollama's layer placement for its Go engine (the ollamarunner), v0.11.11 to v0.24: ``llm/server.go``
 ``(s *ollamaServer) Load``, which runs ``createLayout`` (kvadvise.backends.ollama.layout, reused) over the
 memory the runner *reports* for a trial layout (``LoadOperationFit`` / ``LoadOperationAlloc``), and tries
 again until the layout repeats or grows.
 
 What the runner reports, ``ml.BackendMemory`` per layer and device, is computed here from the GGUF header,
-read at the tags of the bare mirror ollama/ollama (identical from v0.12.7 to v0.24.0 unless said):
+read at the tags of the bare mirror ollama/ollama (identical from v0.11.11 to v0.24.0 unless said):
 
 - **weights** (``ml/backend/ggml/ggml.go`` ``New``): each tensor ``pad(ggml_backend_buft_get_alloc_size,
   alignment)`` on its layer's buffer type (CUDA/ROCm: quantized rows padded to 512 values, 128-byte
@@ -34,11 +34,21 @@ read at the tags of the bare mirror ollama/ollama (identical from v0.12.7 to v0.
   long contexts. A vision graph is not added. :attr:`EngineLayout.approximation` says so in every result.
 
 verifyLayout's RAM check counts the InputWeights and the CPU's graph (``cpuSize := memory.InputWeights +
-memory.CPU.Graph``, v0.12.7 to v0.24.0) with the layers left on the CPU; the CPU's graph is the stand-in with
+memory.CPU.Graph``, v0.11.11 to v0.24.0) with the layers left on the CPU; the CPU's graph is the stand-in with
 no GPU, 0 beside one (not modelled). Every Fit/Alloc is taken to succeed (the layout already keeps each GPU
-within its free memory less ``MinimumMemory``): the backoff of a failed allocation is not modelled. The
-architectures whose cache is not a plain or sliding-window causal cache (llama4's chunked attention, mllama's
-cross attention, gemma3n's shared KV, deepseek2's MLA) are refused.
+within its free memory less ``MinimumMemory``): the backoff of a failed allocation (exponential to v0.12.6,
+incremental from v0.12.7) is not modelled. The architectures whose cache is not a plain or sliding-window causal
+cache (llama4's chunked attention, mllama's cross attention, gemma3n's shared KV, deepseek2's MLA) are refused.
+
+Before v0.12.7 (read at v0.11.11, v0.12.0 .. v0.12.6; the gates below, each at its tag): ``createLayout`` takes
+``discover.GpuInfo`` (``MinimumMemory`` set per device by GPU discovery: CUDA and ROCm 457 MiB, Metal 512 MiB to
+v0.12.3, 0 at v0.12.4 - v0.12.6, Vulkan 0 from its v0.12.6; ``ByFreeMemory`` by free memory alone) and returns an
+empty layout without verifyLayout's checks for num_gpu 0 or no GPU; assignLayers forces a requested count under a
+required full load to v0.12.5; Causal.Init keeps a window of exactly num_ctx and no extra cell per slot to
+v0.12.3; NewLlamaServer leaves flash attention on for a model that wants it to v0.12.3
+(kvadvise.backends.ollama.versions.FA_OVERRIDE_FROM). A GPU whose discovery before v0.12.7 is not ported (oneAPI,
+Vulkan before v0.12.6) is refused. The runner's graph differs too (the CUDA pool reserved from v0.12.4, 3d0b1734c):
+the stand-in is the same at every version.
 """
 
 from __future__ import annotations
@@ -49,6 +59,7 @@ from dataclasses import dataclass, field
 from kvadvise.backends.ollama import estimate_legacy, layout
 from kvadvise.backends.ollama.estimate_legacy import LegacyModel, LegacyTensor
 from kvadvise.backends.ollama.layout import (
+    DEVICE_INFO_FROM,
     DeviceMemory,
     GpuLayers,
     LayoutGpu,
@@ -60,15 +71,31 @@ from kvadvise.model.ggml import ALIGNMENT, BLOCK, GGMLType, cuda_alloc_bytes, pa
 from kvadvise.model.spec import ModelSpec
 from kvadvise.planner.memory import RunConfig, estimate
 
-# ollamaServer.Load's createLayout, ggml.go New's allocations, kvcache/causal.go and ml.DeviceInfo.MinimumMemory
-# (457/512 MiB) read the same from v0.12.7 (the layout functions of v0.12.7 .. v0.12.10 are one text; before,
-# GPU discovery set MinimumMemory per device and the layout differs), but for v0.12.11's ml.ByPerformance groups
-# in findBestFit and the equal treatment of GPUs under num_gpu (layout.assign_layers: performance_groups); ggml.go
-# New's scheduler gained op offload at v0.12.11, the graph's concern (a stand-in here)
-FIRST_VERSION = (0, 12, 7)
-PERFORMANCE_GROUPS_FROM = (0, 12, 11)
+# ollamaServer.Load's trial loop, ggml.go New's weights and the models' caches read the same from v0.11.11 (llm/server.go
+# NewLlamaServer returns an ollamaServer for every Go-engine model: eb10390de "Enable new memory estimates by
+# default") to v0.24; createLayout's gates, each at the tag that changed it (layout.build_layout takes the version):
+# v0.12.11 ml.ByPerformance groups in findBestFit and the equal treatment of GPUs under num_gpu
+# (layout.PERFORMANCE_GROUPS_FROM); v0.12.7 ml.DeviceInfo (layout.DEVICE_INFO_FROM: MinimumMemory() 457/512 MiB,
+# integrated GPUs sorted apart) for discover.GpuInfo, whose MinimumMemory GPU discovery set per device
+# (estimate_legacy.minimum_memory: Metal 0 at v0.12.4 - v0.12.6), and verifyLayout split out of createLayout (below);
+# v0.12.6 assignLayers' forced request unless required full (layout.FORCE_UNLESS_FULL_FROM). ggml.go New's scheduler
+# gained op offload at v0.12.11 and the CUDA pool in the reserved graph at v0.12.4 (3d0b1734c), the graph's concern
+# (a stand-in here)
+FIRST_VERSION = (0, 11, 11)
+PERFORMANCE_GROUPS_FROM = layout.PERFORMANCE_GROUPS_FROM
 LAST_VERSION = (0, 24, 99)  # v0.30.0 serves GGUF models by llama-server --fit
 CACHE_PAD_ALWAYS_FROM = (0, 14, 0)  # Backend.CacheConfig: CachePadding 256 without flash attention too
+# kvcache/causal.go Causal.Init (1fc35f126 "Clean up sliding window state with independent batches"): an extra
+# cell per slot past the window with several slots, and a window of num_ctx or more is the whole context; before,
+# "if int(c.swaMemorySize) > capacity" alone
+SWA_STOP_TOKEN_FROM = (0, 12, 4)
+# llm/server.go createLayout to v0.12.6: "if s.totalLayers == 0 || s.options.NumGPU == 0 || len(systemGPUs) == 0 ||
+# (len(systemGPUs) == 1 && systemGPUs[0].Library == "cpu") { return ml.GPULayersList{}, nil }": no layout and no
+# RAM check; from v0.12.7 buildLayout then verifyLayout for every call
+VERIFY_ALWAYS_FROM = (0, 12, 7)
+VULKAN_FROM = (0, 12, 6)  # 2aba569a2 "Vulkan based on #9650": discover/runner.go finds Vulkan devices
+# the GPU libraries the replay knows the discovery of before v0.12.7 (their MinimumMemory: minimum_memory)
+_OLD_DISCOVERY = frozenset({"CUDA", "ROCm", "Metal"})
 APPROXIMATION = (
     "the Go runner's compute graph (reserveWorstCaseGraph) is not modelled: llama.cpp's compute buffer for the "
     "same batch with one output row per slot (kvadvise's estimate) stands in"
@@ -216,7 +243,7 @@ def place_tensors(model: LegacyModel) -> tuple[_Placed, ...]:
 def cache_cells(
     model: LegacyModel, num_ctx: int, num_parallel: int, batch: int, flash_attention: bool, v: tuple[int, int, int]
 ) -> tuple[int, ...]:
-    """Causal.Init's cells per layer (each layer's own cache of the model's WrapperCache)."""
+    """Causal.Init's cells per layer (each layer's own cache of the model's WrapperCache) at release ``v``."""
     padding = 256 if flash_attention or v >= CACHE_PAD_ALWAYS_FROM else 32
     arch = model.architecture
 
@@ -224,9 +251,12 @@ def cache_cells(
         inf = 1 << 31
         window = window or inf
         memory = memory or window
-        if memory != inf and num_parallel > 1:  # "allocate an extra token of storage" for the stop token
-            memory = max(memory, window + 1)
-        if memory >= num_ctx:
+        if v >= SWA_STOP_TOKEN_FROM:
+            if memory != inf and num_parallel > 1:  # "allocate an extra token of storage" for the stop token
+                memory = max(memory, window + 1)
+            if memory >= num_ctx:
+                memory = inf
+        elif memory > num_ctx:  # to v0.12.3: a window of exactly num_ctx keeps window + batch cells
             memory = inf
         size = num_parallel * num_ctx if memory == inf else num_parallel * memory + batch
         return -(-size // padding) * padding
@@ -336,15 +366,25 @@ def clamped(model: LegacyModel, num_ctx: int, num_batch: int) -> tuple[int, int]
     return num_ctx, min(num_batch, num_ctx)
 
 
-def check_modelled(model: LegacyModel, version: str) -> tuple[int, int, int]:
+def check_modelled(model: LegacyModel, version: str, gpus: Sequence[LayoutGpu] = ()) -> tuple[int, int, int]:
+    """The parsed version where this port is the Go engine's layout of ``model`` on ``gpus``, else raise
+    EngineLayoutNotModelled."""
     v = estimate_legacy.parse_version(version)
     if not FIRST_VERSION <= v <= LAST_VERSION:
         raise EngineLayoutNotModelled(
-            f"Ollama {version}: the Go engine's layout is replayed for Ollama 0.12.7 to 0.24",
-            hint="0.11.11 - 0.12.6 (0.11.5 - 0.11.10 with OLLAMA_NEW_ESTIMATES=1): GPU discovery's own MinimumMemory "
-            "per device, another createLayout and, before 0.12.5, ml.Memory with an allocation status: not ported; "
-            "0.30 and later: llama-server --fit",
+            f"Ollama {version}: the Go engine's layout is replayed for Ollama 0.11.11 to 0.24",
+            hint="0.11.5 - 0.11.10 lay it out by llm/memory.go unless OLLAMA_NEW_ESTIMATES=1, whose trial layout is "
+            "not ported (kvadvise takes the variable as unset); 0.30 and later: llama-server --fit",
         )
+    if v < DEVICE_INFO_FROM:
+        for g in gpus:
+            if g.library == "Vulkan" and v < VULKAN_FROM:
+                raise EngineLayoutNotModelled(f"Ollama {version} has no Vulkan backend (from 0.12.6): {g.name}")
+            if g.library not in _OLD_DISCOVERY and g.library != "Vulkan":
+                raise EngineLayoutNotModelled(
+                    f"Ollama {version}: GPU discovery of a {g.library} device before 0.12.7 is not ported ({g.name})",
+                    hint="its MinimumMemory and reported free memory (oneAPI: 95% of it) are discover/'s, not read here",
+                )
     arch = model.architecture
     if arch in _REFUSED:
         raise EngineLayoutNotModelled(f"{arch}: its {_REFUSED[arch]} is not modelled for Ollama's Go engine")
@@ -379,7 +419,7 @@ def ollama_server_load(
     where unsupported); ``kv_cache_type``: OLLAMA_KV_CACHE_TYPE, used only with flash attention (a quantized
     type needs it). Raises LayoutLoadRefused where verifyLayout refuses, EngineLayoutNotModelled where the
     port does not apply."""
-    v = check_modelled(model, version)
+    v = check_modelled(model, version, gpus)
     if num_parallel < 1:
         raise InputError("num_parallel must be at least 1", hint="sched.go passes max(OLLAMA_NUM_PARALLEL, 1)")
     notes: list[str] = []
@@ -415,9 +455,10 @@ def ollama_server_load(
     cpu_graph = 0 if gpus else graph_bytes
 
     def create_layout(mem: RunnerMemory, requested: int) -> tuple[GpuLayers, ...]:
+        if v < VERIFY_ALWAYS_FROM and (requested == 0 or not gpus):
+            return ()  # createLayout's early return: no layout, no verifyLayout (to v0.12.6)
         placed, layers = layout.build_layout(
-            gpus, free, mem, require_full, requested, gpu_overhead_bytes, sched_spread,
-            performance_groups=v >= PERFORMANCE_GROUPS_FROM,
+            gpus, free, mem, require_full, requested, gpu_overhead_bytes, sched_spread, v
         )  # fmt: skip
         return tuple(
             layout.verify_layout(
@@ -468,7 +509,7 @@ def ollama_server_load(
             for j, g in enumerate(gpus)
         ),
         cpu=DeviceMemory("CPU", final.input_bytes + sum(mem.cpu_weights), sum(mem.cpu_cache), cpu_graph),
-        available_bytes=layout.available_bytes(gpus, gpu_overhead_bytes),
+        available_bytes=layout.available_bytes(gpus, gpu_overhead_bytes, v),
         num_ctx=num_ctx,
         num_parallel=num_parallel,
         batch_size=batch,

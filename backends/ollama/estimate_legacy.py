@@ -52,6 +52,8 @@ LAST_VERSION = (0, 12, 10)  # v0.12.11 deleted llm/memory.go
 
 # discover/gpu.go cudaMinimumMemory / rocmMinimumMemory, discover/gpu_darwin.go metalMinimumMemory
 MINIMUM_MEMORY_BYTES: Mapping[str, int] = {"cuda": 457 * MIB, "rocm": 457 * MIB, "metal": 512 * MIB}
+RUNNER_DISCOVERY_FROM = (0, 12, 4)  # bc8909fb3 "Use runners for GPU discovery": discover/gpu.go devInfoToInfoList
+DEVICE_MINIMUM_FROM = (0, 12, 7)  # ml/device.go DeviceInfo.MinimumMemory(), the field of discover.GpuInfo gone
 LOW_VRAM_THRESHOLD_BYTES = 20 * GIB  # server/routes.go lowVRAMThreshold (v0.11.4+)
 
 
@@ -229,12 +231,18 @@ def check_modelled(
 
 
 def minimum_memory(library: str, v: tuple[int, int, int]) -> int:
-    """GpuInfo.MinimumMemory: CUDA and ROCm 457 MiB, Metal 512 MiB, others 0; v0.12.7 (ml.DeviceInfo
-    .MinimumMemory) gives every non-Metal device 457 MiB (Vulkan included)."""
+    """A GPU's MinimumMemory at release ``v`` (``library`` in either spelling, "cuda" or "CUDA"): before v0.12.4
+    what GPU discovery set (CUDA and ROCm 457 MiB, Metal 512 MiB, others 0); v0.12.4 - v0.12.6 discover/gpu.go
+    devInfoToInfoList over the runners' devices, 457 MiB for CUDA and ROCm only (metalMinimumMemory is declared,
+    never read: Metal 0); from v0.12.7 ml/device.go DeviceInfo.MinimumMemory(), Metal 512 MiB, every other 457."""
     lib = library.lower()
-    if lib in MINIMUM_MEMORY_BYTES:
-        return MINIMUM_MEMORY_BYTES[lib]
-    return 457 * MIB if v >= (0, 12, 7) and lib != "cpu" else 0
+    if lib == "cpu":
+        return 0
+    if v >= DEVICE_MINIMUM_FROM:
+        return 512 * MIB if lib == "metal" else 457 * MIB
+    if v >= RUNNER_DISCOVERY_FROM:
+        return 457 * MIB if lib in ("cuda", "rocm") else 0
+    return MINIMUM_MEMORY_BYTES.get(lib, 0)
 
 
 # ---------------------------------------------------------------------------------- fs/ggml/ggml.go

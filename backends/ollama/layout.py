@@ -50,6 +50,14 @@ VERIFY_GPUS_FROM = (0, 13, 1)  # verifyLayout(systemInfo, systemGPUs, ...)
 EMBEDDING_BATCH_FROM = (0, 13, 3)  # "embedding model detected, setting batch size to context length"
 FA_TYPE_FROM = (0, 13, 4)  # ml.FlashAttentionType: auto unless OLLAMA_FLASH_ATTENTION is set
 NO_UNDERFLOW_FROM = (0, 14, 0)  # "if gpus[i].FreeMemory > buffer" guards
+# the Go engine's createLayout (ollamaServer, kvadvise.backends.ollama.engine_layout) is older, from v0.11.11:
+PERFORMANCE_GROUPS_FROM = (0, 12, 11)  # findBestFit over ml.ByPerformance groups; assignLayers' equal GPUs
+# v0.12.7 llm/server.go takes []ml.DeviceInfo for discover.GpuInfoList: ml.ByFreeMemory sorts integrated GPUs
+# apart (discover/types.go ByFreeMemory, to v0.12.6: by FreeMemory alone), MinimumMemory() a method
+DEVICE_INFO_FROM = (0, 12, 7)
+# v0.12.6 (3dcfd5f69 "Perform eviction when num_gpu is set with new estimates"): assignLayers forces a requested
+# count only unless the model must load fully ("forceRequest := i == len(gpus)-1 && !requireFull"); before, always
+FORCE_UNLESS_FULL_FROM = (0, 12, 6)
 _U64 = 1 << 64
 
 
@@ -78,8 +86,12 @@ class LayoutGpu:
 
     @property
     def minimum_bytes(self) -> int:
-        """ml/device.go DeviceInfo.MinimumMemory (v0.12.11 .. v0.24.0)."""
-        return 512 * MIB if self.library == "Metal" else 457 * MIB
+        """ml/device.go DeviceInfo.MinimumMemory (v0.12.7 .. v0.24.0; before, :func:`minimum_bytes_at`)."""
+        return self.minimum_bytes_at(LAST_VERSION)
+
+    def minimum_bytes_at(self, v: tuple[int, int, int]) -> int:
+        """MinimumMemory at release ``v``: GPU discovery's per device before v0.12.7 (estimate_legacy.minimum_memory)."""
+        return estimate_legacy.minimum_memory(self.library, v)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,10 +161,12 @@ def load_log_line(
     )
 
 
-def available_bytes(gpus: Sequence[LayoutGpu], gpu_overhead_bytes: int) -> tuple[int, ...]:
-    """sched.go load's "gpu memory" line per GPU: its free memory less its minimum and OLLAMA_GPU_OVERHEAD, 0 where
-    that leaves nothing."""
-    reserves = [gpu_overhead_bytes + g.minimum_bytes for g in gpus]
+def available_bytes(
+    gpus: Sequence[LayoutGpu], gpu_overhead_bytes: int, v: tuple[int, int, int] = LAST_VERSION
+) -> tuple[int, ...]:
+    """Load's "gpu memory" line per GPU: its free memory less its minimum (at release ``v``) and
+    OLLAMA_GPU_OVERHEAD, 0 where that leaves nothing."""
+    reserves = [gpu_overhead_bytes + g.minimum_bytes_at(v) for g in gpus]
     return tuple(g.free_bytes - r if g.free_bytes >= r else 0 for g, r in zip(gpus, reserves, strict=True))
 
 
@@ -309,11 +323,13 @@ def assign_layers(
     last_used_gpu: int,
     sched_spread: bool = False,
     performance_groups: bool = True,
+    force_unless_full: bool = True,
 ) -> list[GpuLayers]:
     """assignLayers: as few GPUs (of the sorted list) as hold every layer or the requested count, the last
-    one tried forcing the request unless the model must load fully; then once more without the output layer
-    (the last) when not every layer fit. ``performance_groups``: v0.12.11 and later (find_best_fit), which also
-    treat every GPU as discrete under a requested count or OLLAMA_SCHED_SPREAD."""
+    one tried forcing the request unless the model must load fully (``force_unless_full``, v0.12.6 and later;
+    before, forcing it always); then once more without the output layer (the last) when not every layer fit.
+    ``performance_groups``: v0.12.11 and later (find_best_fit), which also treat every GPU as discrete under a
+    requested count or OLLAMA_SCHED_SPREAD."""
     if performance_groups and (requested >= 0 or sched_spread):  # "treat all GPUs equally so they split ..."
         gpus = [_Dev(g.device_id, g.library, g.free_bytes, False) for g in gpus]
     layers = list(layers)
@@ -322,12 +338,13 @@ def assign_layers(
         requested = min(len(layers), requested)
         if not sched_spread:
             for i in range(last_used_gpu, len(gpus)):
-                force = i == len(gpus) - 1 and not require_full
+                force = i == len(gpus) - 1 and not (require_full and force_unless_full)
                 out = find_best_fit(layers, gpus[: i + 1], requested, force, performance_groups)
                 if _sum(out) == len(layers) or _sum(out) == requested:
                     break
         else:
-            out = find_best_fit(layers, gpus, requested, not require_full, performance_groups)
+            force = not (require_full and force_unless_full)
+            out = find_best_fit(layers, gpus, requested, force, performance_groups)
         if _sum(out) == len(layers):
             return out
         layers = layers[:-1]
@@ -354,15 +371,22 @@ def build_layout(
     requested: int,
     gpu_overhead_bytes: int,
     sched_spread: bool = False,
-    performance_groups: bool = True,
+    v: tuple[int, int, int] = LAST_VERSION,
 ) -> tuple[list[GpuLayers], list[int]]:
-    """buildLayout: GPUs sorted by free memory (discrete first, most free first), each one's free memory less
-    MinimumMemory, OLLAMA_GPU_OVERHEAD and the graph already placed on it; per library, assignLayers from
-    the last GPU that already holds a graph; the library placing the most layers wins (``performance_groups``:
-    :func:`assign_layers`)."""
+    """buildLayout (createLayout's first half before v0.12.7) at release ``v``: GPUs sorted by free memory
+    (discrete first from v0.12.7, most free first), each one's free memory less MinimumMemory (per device,
+    :meth:`LayoutGpu.minimum_bytes_at`), OLLAMA_GPU_OVERHEAD and the graph already placed on it; per library,
+    assignLayers from the last GPU that already holds a graph; the library placing the most layers wins
+    (:func:`assign_layers`: performance groups from v0.12.11, a forced request unless required full from
+    v0.12.6)."""
     devs = [_Dev(g.device_id, g.library, free_bytes[i], g.integrated) for i, g in enumerate(gpus)]
-    # sort.Sort(sort.Reverse(ml.ByFreeMemory)): insertion sort below 12 elements, so stable
-    devs.sort(key=lambda d: (d.integrated, -d.free_bytes))
+    minimum = {g.device_id: g.minimum_bytes_at(v) for g in gpus}
+    # sort.Sort(sort.Reverse(ml.ByFreeMemory)): insertion sort below 12 elements, so stable; discover's
+    # ByFreeMemory (to v0.12.6) compares FreeMemory alone
+    if v >= DEVICE_INFO_FROM:
+        devs.sort(key=lambda d: (d.integrated, -d.free_bytes))
+    else:
+        devs.sort(key=lambda d: -d.free_bytes)
     n = len(memory.cpu_weights)
     layers = [
         sum(memory.gpu_weights[j][i] + memory.gpu_cache[j][i] for j in range(len(memory.gpu_ids)))
@@ -385,10 +409,12 @@ def build_layout(
             j = memory.gpu_ids.index(d.device_id)
             if memory.gpu_graph[j] != 0:
                 last_used = i
-            minimum = 512 * MIB if d.library == "Metal" else 457 * MIB
-            reserved = minimum + gpu_overhead_bytes + memory.gpu_graph[j]  # backoff 0 for the llamarunner
+            reserved = minimum[d.device_id] + gpu_overhead_bytes + memory.gpu_graph[j]  # backoff: 0 (not modelled)
             d.free_bytes = d.free_bytes - reserved if d.free_bytes > reserved else 0
-        placed = assign_layers(layers, group, require_full, requested, last_used, sched_spread, performance_groups)
+        placed = assign_layers(
+            layers, group, require_full, requested, last_used, sched_spread,
+            performance_groups=v >= PERFORMANCE_GROUPS_FROM, force_unless_full=v >= FORCE_UNLESS_FULL_FROM,
+        )  # fmt: skip
         if _sum(placed) > _sum(best):
             best = placed
     return best, layers
@@ -469,7 +495,7 @@ def create_layout(
         list(graph_bytes) if graph_bytes is not None else [0] * len(gpus),
     )
     placed, layers = build_layout(
-        gpus, [g.free_bytes for g in gpus], mem, require_full, requested, gpu_overhead_bytes, sched_spread
+        gpus, [g.free_bytes for g in gpus], mem, require_full, requested, gpu_overhead_bytes, sched_spread, v
     )
     return tuple(
         verify_layout(
@@ -623,7 +649,7 @@ def llama_server_load(
     library = gpus[0].library if gpus else "CPU"
 
     def create_layout() -> list[GpuLayers]:
-        placed, layers = build_layout(gpus, free, mem, require_full, num_gpu, gpu_overhead_bytes, sched_spread)
+        placed, layers = build_layout(gpus, free, mem, require_full, num_gpu, gpu_overhead_bytes, sched_spread, v)
         return verify_layout(
             placed,
             layers,
@@ -668,7 +694,7 @@ def llama_server_load(
             for j, g in enumerate(gpus)
         ),
         cpu=DeviceMemory("CPU", sum(mem.cpu_weights), sum(mem.cpu_cache), 0),
-        available_bytes=available_bytes(gpus, gpu_overhead_bytes),
+        available_bytes=available_bytes(gpus, gpu_overhead_bytes, v),
         num_ctx=num_ctx,
         num_parallel=num_parallel,
         batch_size=batch,

@@ -14,7 +14,8 @@ Read from the tags of ollama/ollama (the git mirror; each row names the tag and 
   GPU are Ollama's decision: llm/memory.go EstimateGPULayers up to 0.12.10 (the llamarunner's; the
   ollamarunner's from 0.11.11 is the trial layout, from 0.11.5 with OLLAMA_NEW_ESTIMATES=1, which kvadvise takes as
   unset), then llm/server.go createLayout/greedyFit over Ollama's
-  own estimate (fs/ggml GraphSize for the llamarunner; the runner's trial allocations for the ollamarunner).
+  own estimate (fs/ggml GraphSize for the llamarunner; the runner's trial allocations for the ollamarunner, replayed
+  from 0.11.11 by kvadvise.backends.ollama.engine_layout with a stand-in for the runner's graph).
   kvadvise plans what the llama.cpp library allocates for the llamarunner at the vendored commit's rules
   (kvadvise.planner.builds: whole-batch logits, RunConfig.runtime "llama-cli"); it does not model the Go
   engine's allocation; Ollama's layer decision is replayed beside the plan for llm/memory.go and the
@@ -175,6 +176,10 @@ FA_REFUSED: tuple[tuple[Version, frozenset[str]], ...] = (
     ((0, 19, 0), frozenset({"gemma2", "grok"})),
 )
 FA_ALWAYS_FROM: Version = (0, 17, 1)
+# llm/server.go NewLlamaServer to v0.12.3: "fa := envconfig.FlashAttention(); if f.FlashAttention() { fa = true }", so
+# OLLAMA_FLASH_ATTENTION=0 cannot turn off a model that wants it; v0.12.4 (fdb109469 "Allow overriding flash
+# attention setting"): envconfig.FlashAttention(f.FlashAttention()), the variable when set, else the model's wish
+FA_OVERRIDE_FROM: Version = (0, 12, 4)
 FA_ALWAYS = frozenset({"qwen35", "qwen35moe", "qwen3next"})
 
 LAYOUT_FROM: Version = (0, 12, 11)  # llm/memory.go deleted (f560bd077fcf); llamaServer.Load calls createLayout
@@ -298,13 +303,14 @@ class OllamaRelease:
 
     def flash_attn(self, spec: ModelSpec, asked: str | None) -> str:
         """The -fa the runner gets: ``asked`` is OLLAMA_FLASH_ATTENTION (on/off) when set, None when not.
-        llm/server.go NewLlamaServer: the model's own default (GGML.FlashAttention, from 0.11.8), then
-        refused unless GGML.SupportsFlashAttention; the llamarunner from 0.13.4 leaves an unset one to
-        llama.cpp (auto)."""
+        llm/server.go NewLlamaServer: the model's own default (GGML.FlashAttention, from 0.11.8; before 0.12.4 on
+        whatever the variable says), then refused unless GGML.SupportsFlashAttention; the llamarunner from 0.13.4
+        leaves an unset one to llama.cpp (auto)."""
         v = self.v or NEWEST_KNOWN
         if self.runner == "llamarunner" and v >= FA_AUTO_FROM and asked is None:
             return "auto"
-        want = asked == "on" if asked is not None else spec.architecture in _since(MODEL_FLASH_ATTENTION, v)
+        wanted = spec.architecture in _since(MODEL_FLASH_ATTENTION, v)
+        want = wanted if asked is None else asked == "on" or (wanted and v < FA_OVERRIDE_FROM)
         return "on" if want and supports_flash_attention(spec, v) else "off"
 
     def claims(self, *, layers_replayed: bool = False) -> str:
