@@ -293,3 +293,21 @@ def test_the_api_refuses_a_build_from_the_environment_as_the_command_does(
     with pytest.raises(InputError) as e:
         kvadvise.plan(str(gemma_path), kvadvise.PlanRequest(gpu="rtx-4090"))
     assert e.value.message == cli_error and e.value.exit_code == 2
+
+
+def test_an_mla_model_before_the_compressed_cache_caches_k_and_v_per_head() -> None:
+    """builds.MLA_CACHE (ggml-org/llama.cpp#12801, April 2025): DeepSeek-V2's config (tests/data/published 009, a
+    Vulkan log of about b5030) at 4,096 cells caches K and V per head, 60 layers x 4,096 cells x 128 heads x
+    (192 + 128) x 2 bytes = 19,200 MiB as that build printed (510 planned before: the compressed latent and its
+    V of the builds before MLA_V_LESS); from MLA_CACHE on the latent. Speed reads the same cache as memory plans."""
+    from kvadvise.model.hfconfig import from_config
+    from kvadvise.planner.memory import mla_as_built
+
+    doc = json.loads((Path(__file__).parent / "data" / "published" / "009-vulkan-deepseekv2-fa-off.json").read_text())
+    spec = from_config(doc["hf_config"], source="009")
+    cfg = RunConfig(n_ctx=4096, flash_attn="off", device="cuda", runtime="llama-cli")
+    old = estimate(spec, replace(cfg, llama_build=5030))
+    assert old.kv_bytes == 19200 * (1 << 20) and old.k_bytes == 11520 * (1 << 20)  # K (f16) 11520, V 7680 printed
+    assert mla_as_built(spec, 5030).n_embd_head_k == 192 and not mla_as_built(spec, 5030).is_mla
+    assert estimate(spec, replace(cfg, llama_build=builds.MLA_CACHE)).kv_bytes < old.kv_bytes / 30
+    assert mla_as_built(spec, builds.MLA_CACHE) is spec and mla_as_built(spec, None) is spec

@@ -108,6 +108,10 @@ class ModelSpec:
     n_ff_exp: int = 0  # {arch}.expert_feed_forward_length (0: n_ff, as llama.cpp's MoE llama models)
     n_ff_shexp: int = 0  # the shared experts' width: expert_shared_feed_forward_length or shared_count x n_ff_exp
     parallel_block: bool = False  # attention and FFN read the same input (command-r, cohere2): both outputs live
+    # an MLA model's per-head widths ({arch}.attention.key_length_mla, value_length_mla: qk_nope + qk_rope and
+    # v_head_dim): what a build before the compressed MLA cache stored per head (kvadvise.planner.builds MLA_CACHE)
+    n_embd_head_k_mla: int = 0
+    n_embd_head_v_mla: int = 0
     # Gemma 3n/4's per-layer embeddings: {arch}.embedding_length_per_layer_input when per_layer_token_embd is
     # there (0: none); each token's per-layer inputs are [n_embd_per_layer, n_layer] f32 in the compute buffers
     n_embd_per_layer: int = 0

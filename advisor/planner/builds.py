@@ -15,6 +15,13 @@ the exact build is not known, the earliest it can be, so that an older build is 
   [n_embd_v_gqa * n_ubatch] per cache, and each device of a split copies in its own
   (kvadvise.planner.sizes.v_idxs_bytes), and K's, i64 [n_ubatch] per cache (sizes.k_idxs_bytes). The exact build is not known here: from b6200 on it is planned (a b6209
   log and later show it; 2024 and early 2025 logs do not).
+- MLA_CACHE (ggml-org/llama.cpp#12801, "DeepSeek V2/V3 MLA implementation", merged 2025-04-15): an MLA model
+  (deepseek2 and its kin) caches the compressed latent, K of kv_lora_rank + the rope width in one head; before,
+  K and V decompressed per head (n_head x (qk_nope + qk_rope) and n_head x v_head_dim: 19,200 MiB for
+  DeepSeek-V2 at 4,096 cells, a b5030-era Vulkan log, tests/data/published 009). A GGUF converted since has the
+  MLA keys and no attn_kv_b, which those builds cannot load: a config.json planned for them is the older
+  conversion (kvadvise.planner.memory.mla_as_built). The exact build is not known here: planned from b5274 (a
+  build of early May 2025) on, so that a build between is planned for the larger cache.
 - MLA_V_LESS (#19067, merged 2026-01-24/25; b7813 of 2026-01-23 lacks it): MLA models keep no V tensor
   (llama_kv_cache ctor: has_v = !is_mla); before, V (kv_lora_rank wide) was allocated beside K.
 - FUSED_GLU (ggml-org/llama.cpp#14158, merged 2025-06-29: ggml_swiglu; the exact build is not known here, planned
@@ -111,6 +118,7 @@ SWA_PAD_256 = 6900
 SET_ROWS = 6200
 FUSED_GLU = 6000
 MLA_V_LESS = 7830
+MLA_CACHE = 5274
 F16_MASK_FA = 9410
 SERVER_OUTPUT_LIMITS = 9467
 EMBD_SELECT = 7700

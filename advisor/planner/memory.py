@@ -875,7 +875,26 @@ def validate(spec: ModelSpec, cfg: RunConfig) -> None:
         validate(mtp.context_spec(spec), mtp_context_config(cfg, lay))
 
 
+def mla_as_built(spec: ModelSpec, llama_build: int | None) -> ModelSpec:
+    """An MLA model as a build before the compressed MLA cache (builds.MLA_CACHE) runs it: the older conversion,
+    K and V cached per head (n_head KV heads of qk_nope + qk_rope and of v_head_dim), the attention of a deepseek2
+    GGUF without the MLA keys (src/models/deepseek2.cpp, !is_mla); the model itself where the build has it."""
+    if not spec.is_mla or not builds.older_than(llama_build, builds.MLA_CACHE) or not spec.n_embd_head_k_mla:
+        return spec
+    n_head_kv = tuple(h if kv else 0 for h, kv in zip(spec.n_head, spec.kv_layers, strict=True))
+    return replace(
+        spec,
+        is_mla=False,
+        n_head_kv=n_head_kv,
+        n_embd_head_k=spec.n_embd_head_k_mla,
+        n_embd_head_v=spec.n_embd_head_v_mla,
+        n_embd_head_k_swa=spec.n_embd_head_k_mla,
+        n_embd_head_v_swa=spec.n_embd_head_v_mla,
+    )
+
+
 def estimate(spec: ModelSpec, cfg: RunConfig) -> MemoryEstimate:
+    spec = mla_as_built(spec, cfg.llama_build)
     target = spec
     if cfg.mtp:  # the NextN blocks load with the model (load_mtp): kvadvise.planner.mtp
         from kvadvise.planner import mtp

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from kvadvise.model.ggml import row_bytes
 from kvadvise.model.spec import ModelSpec
-from kvadvise.planner.memory import OP_OFFLOAD_MIN_BATCH  # ggml-cuda.cu / ggml-vulkan.cpp
+from kvadvise.planner.memory import OP_OFFLOAD_MIN_BATCH, mla_as_built  # ggml-cuda.cu / ggml-vulkan.cpp
 from kvadvise.planner.speed import (
     _BACKEND_NAMES,
     EXTRAPOLATION_FLOOR,
@@ -392,6 +392,7 @@ def plan_prefill(
     """Prompt processing for the plan's hardware: a prompt of ``prompt_tokens`` (default 4k) and the whole
     planned context, each from an empty cache; the weights kept in RAM (``cpu_output``: the output layer's too)
     cross PCIe once per ubatch."""
+    spec = mla_as_built(spec, cfg.llama_build)  # an older build attends per-head K/V (builds.MLA_CACHE)
     devs = plan_devices(spec, budget, cfg.tensor_split)
     if devs is None:
         return None

@@ -730,6 +730,9 @@ def plan_decode(
     at its bandwidth and share, and what stays on the CPU (the experts of the first ``n_cpu_moe`` layers,
     the first ``n_cpu_layers`` whole, the output layer with ``cpu_output``) at the system memory's bandwidth; a
     CPU plan at that bandwidth."""
+    from kvadvise.planner.memory import mla_as_built  # memory loads the graph port: only for a plan
+
+    spec = mla_as_built(spec, cfg.llama_build)  # an older build reads the per-head K/V of its cache
     devs = plan_devices(spec, budget, cfg.tensor_split)
     if devs is None:
         return _over_cards_of_the_size(
