@@ -22,7 +22,12 @@ from kvadvise.planner.memory import RunConfig, estimate
 def fit_split(spec: ModelSpec, cfg: RunConfig, budget: Budget) -> tuple[float, ...] | None:
     """Layers per device (the output layer counted with the last device's, as llama.cpp counts ``n_layer + 1``)
     such that every device stays within its own budget at ``cfg``, filled back to front as llama.cpp's fit
-    fills them; None when there is one device, or when the devices cannot hold every layer."""
+    fills them; None when there is one device, or when the devices cannot hold every layer.
+
+    Each trial is a partial offload (common/fit.cpp set_ngl_tensor_split_tbo: the devices before the one filled
+    hold nothing yet), which llama_context never pipelines, so the trials and the check are planned without
+    pipeline parallelism, as llama.cpp measures them: the split it picks. The full offload then runs pipelined,
+    a little above (the split inputs' copies): whether that fits is the caller's test, on the pipelined plan."""
     budgets = budget.device_budgets
     n_dev = len(budgets)
     if n_dev < 2 or len(cfg.tensor_split) != n_dev:
@@ -35,7 +40,7 @@ def fit_split(spec: ModelSpec, cfg: RunConfig, budget: Budget) -> tuple[float, .
         trial = list(counts)
         trial[d] = k
         trial[0] += n_all - sum(trial)
-        est = estimate(spec, replace(cfg, tensor_split=tuple(float(c) for c in trial)))
+        est = estimate(spec, replace(cfg, tensor_split=tuple(float(c) for c in trial), pipeline=False))
         return est.devices[d].total_bytes <= budgets[d]
 
     for d in range(n_dev - 1, 0, -1):
@@ -53,5 +58,5 @@ def fit_split(spec: ModelSpec, cfg: RunConfig, budget: Budget) -> tuple[float, .
         counts[d] = lo
     counts[0] = n_all - sum(counts)
     split = tuple(float(c) for c in counts)
-    est = estimate(spec, replace(cfg, tensor_split=split))
+    est = estimate(spec, replace(cfg, tensor_split=split, pipeline=False))
     return split if budget.fits(est) else None

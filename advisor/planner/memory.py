@@ -266,6 +266,7 @@ class MemoryEstimate:
     host: HostMemory = HostMemory(0, 0, 0, 0)
     repack_bytes: int = 0  # of weights_bytes: the extra buffers, CPU_REPACK and AMX (kvadvise.planner.repack)
     amx_bytes: int = 0  # of repack_bytes: the AMX buffer (an AVX-512 CPU with AMX)
+    repacked_tensor_bytes: int = 0  # the repacked tensors' own bytes, out of the CPU buffer type (repack.moved_bytes)
     projector: ProjectorMemory | None = None  # --mmproj (in the totals of the first device and the host)
     draft: MemoryEstimate | None = None  # -md: the draft model's own context (in the devices' and host totals)
 
@@ -909,13 +910,18 @@ def estimate(spec: ModelSpec, cfg: RunConfig) -> MemoryEstimate:
     rs = recurrent_bytes(spec, lay)
     out = output_bytes(spec, lay)
     overhead = cfg.overhead_bytes if cfg.overhead_bytes is not None else OVERHEAD_BYTES[lay.device]
-    repack = amx = 0
+    repack = amx = moved = 0
     if lay.device == "cpu":
         compute = compute_bytes(spec, lay)
         cpu_weights = spec.weights_bytes
         if REPACK_RULES[cfg.cpu_repack]:  # the mapped span left beside the CPU_REPACK copies, and those copies
             r = plan_repack(spec, cfg.cpu_repack)
-            cpu_weights, repack, amx = r.mapped_bytes + r.repack_bytes, r.repack_bytes, r.amx_bytes
+            cpu_weights, repack, amx, moved = (
+                r.mapped_bytes + r.repack_bytes,
+                r.repack_bytes,
+                r.amx_bytes,
+                r.moved_bytes,
+            )
         total = cpu_weights + k + v + rs + compute + out + overhead
         devices: tuple[DeviceMemory, ...] = (
             DeviceMemory("CPU", spec.n_layer + 1, cpu_weights, k + v, rs, compute, overhead, total),
@@ -956,6 +962,7 @@ def estimate(spec: ModelSpec, cfg: RunConfig) -> MemoryEstimate:
         host=host,
         repack_bytes=repack,
         amx_bytes=amx,
+        repacked_tensor_bytes=moved,
         projector=proj,
         draft=draft,
     )

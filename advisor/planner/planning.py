@@ -277,7 +277,8 @@ def make_plan(
         if split is not None:
             notes = (*notes, refit_reason(cfg.tensor_split, split))
             cfg = replace(cfg, tensor_split=split)
-            est, fits = estimate(spec, cfg), True
+            est = estimate(spec, cfg)
+            fits = budget.fits(est)  # pipelined, a little above what --fit measured (fitsplit)
     speed = None
     if fits and budget is not None:
         from kvadvise.planner.recommender import decode_speed

@@ -177,7 +177,8 @@ def recommend(spec: ModelSpec, base: RunConfig, budget: Budget, policy: Policy) 
             # the search stops at the training context (docs/policy.md), not at the memory
             hint=(
                 f"{spec.name} was trained on {spec.n_ctx_train:,} tokens, where the recommendation stops; "
-                f"--ctx {policy.min_ctx} plans that context as given"
+                f"--ctx {policy.min_ctx * max(1, base.n_parallel)} plans that context as given"
+                + (f" ({base.n_parallel} slots: -c is the total)" if base.n_parallel > 1 else "")
             )
             if trained
             else _what_would_fit(spec, base, budget, policy),

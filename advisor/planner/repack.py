@@ -74,6 +74,9 @@ class CpuRepack:
     mapped_bytes: int  # the mapped CPU model buffer (CPU_Mapped) beside it
     n_tensors: int  # tensors repacked
     amx_bytes: int = 0  # of repack_bytes: the AMX model buffer
+    # the moved tensors' own bytes, which leave the CPU buffer type (a tied output's copy leaves nothing: token_embd
+    # stays for its get_rows): what the CPU buffer's tensors come to less (kvadvise.runtime.dryrun)
+    moved_bytes: int = 0
 
 
 def plan_repack(spec: ModelSpec, isa: str) -> CpuRepack:
@@ -91,7 +94,8 @@ def plan_repack(spec: ModelSpec, isa: str) -> CpuRepack:
     mapped = spec.weights_bytes - (_span(spec, spec.matmul_weights) - _span(spec, kept))
     packed = sum(pad(amx_bytes(w), TENSOR_ALIGNMENT) for w, a in zip(spec.matmul_weights, amx, strict=True) if a)
     repacked = sum(pad(w.n_bytes, TENSOR_ALIGNMENT) for w, m, a in zip(spec.matmul_weights, moves, amx) if m and not a)
-    return CpuRepack(isa, repacked + packed, mapped, len(moved), packed)
+    own = sum(w.n_bytes for w in moved if not w.tied)
+    return CpuRepack(isa, repacked + packed, mapped, len(moved), packed, own)
 
 
 def amx_takes(w: MatmulWeight) -> bool:

@@ -104,7 +104,8 @@ def sessions_fit(spec: ModelSpec, cfg: RunConfig, budget: Budget) -> bool:
     if budget.n_gpu > 1:
         from kvadvise.planner.fitsplit import fit_split
 
-        return fit_split(spec, cfg, budget) is not None
+        split = fit_split(spec, cfg, budget)
+        return split is not None and budget.fits(estimate(spec, replace(cfg, tensor_split=split)))
     return False
 
 

@@ -168,8 +168,9 @@ def compare(spec: ModelSpec, est: MemoryEstimate, projected: tuple[Projected, ..
 def cpu_buffer_bytes(spec: ModelSpec, est: MemoryEstimate) -> int:
     """A CPU plan's weights in the CPU buffer type as tensors, not as a mapped span: every tensor (the file's
     tensors are laid out at the CPU buffer's own 32-byte alignment, so their padded sum is their span) less
-    those repacked; what a --no-mmap load allocates beside CPU_REPACK and what the projection counts."""
-    return spec.weights_bytes - est.repack_bytes
+    those repacked, at their own sizes (AMX packs them larger; a tied output layer's copy takes nothing from it):
+    what a --no-mmap load allocates beside CPU_REPACK and AMX and what the projection counts."""
+    return spec.weights_bytes - est.repacked_tensor_bytes
 
 
 def model_note(spec: ModelSpec, est: MemoryEstimate) -> str | None:
