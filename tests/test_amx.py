@@ -109,3 +109,20 @@ def test_kvadvise_cpu_names_the_cpu_or_is_refused(monkeypatch: pytest.MonkeyPatc
         monkeypatch.setenv(CPU_ENV, bad)
         with pytest.raises(InputError, match="KVADVISE_CPU"):
             cpu_isa()
+
+
+def test_the_dry_run_of_an_amx_build_agrees_row_by_row(gemma_path: Path) -> None:
+    """`verify llamacpp --dry-run --device cpu` against a llama-fit-params built with AMX (committed: its table
+    and log, tests/data/measured/amx_b11312.json): its Host line counts the CPU buffer's tensors (211 MiB: every
+    tensor but the ones AMX took, at their own sizes), and an AMX line of its own (213); kvadvise's rows match both
+    to the MiB, and its note names AMX, not CPU_REPACK."""
+    from kvadvise.runtime import dryrun
+
+    doc = json.loads(DATA.read_text())["dry_run"]
+    projected = dryrun.parse(doc["stdout"], "\n".join(doc["stderr_lines"]) + "\n" + doc["stdout"])
+    spec = kvadvise.load_model(str(gemma_path))
+    est = estimate(spec, RunConfig(n_ctx=4096, device="cpu", flash_attn="on", runtime="llama-cli", cpu_repack="amx"))
+    rows = dryrun.compare(spec, est, projected)
+    assert [r.name for r in rows] == ["CPU", "AMX"] and all(r.ok for r in rows), rows
+    note = dryrun.model_note(spec, est)
+    assert note is not None and "213.91 MiB of AMX" in note and "CPU_REPACK" not in note

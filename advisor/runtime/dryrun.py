@@ -181,11 +181,13 @@ def model_note(spec: ModelSpec, est: MemoryEstimate) -> str | None:
     gap = mapped - cpu_buffer_bytes(spec, est)
     if gap <= 0 and not est.repack_bytes:
         return None
+    repack = est.repack_bytes - est.amx_bytes
+    extra = " and ".join(n for n, b in ((AMX, est.amx_bytes), (REPACK, repack)) if b) or REPACK
     return (
         f"model: a load with mmap maps {mapped / MIB:,.2f} MiB (CPU_Mapped: the file span of the weights kept on "
         f"the CPU, {gap / MIB:,.2f} MiB of repacked tensors inside it) and allocates {est.repack_bytes / MIB:,.2f} "
-        f"MiB of {REPACK}: {(mapped + est.repack_bytes) / MIB:,.2f} MiB, what kvadvise plans; llama-fit-params "
-        f"counts the tensors of each buffer type and leaves {REPACK} out of its Host line"
+        f"MiB of {extra}: {(mapped + est.repack_bytes) / MIB:,.2f} MiB, what kvadvise plans; llama-fit-params "
+        f"counts the tensors of each buffer type and leaves {extra} out of its Host line"
     )
 
 
