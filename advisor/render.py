@@ -751,6 +751,4 @@ def mtp_note(spec: ModelSpec, cfg: RunConfig, est: MemoryEstimate, plain_n_ctx: 
 
 def _extra_buffers(est: MemoryEstimate) -> str:
     """The CPU's extra buffers a CPU plan allocates: "1.2 GiB CPU_REPACK", "213.9 MiB AMX + 12 MiB CPU_REPACK"."""
-    repack = est.repack_bytes - est.amx_bytes
-    parts = [f"{fmt_bytes(est.amx_bytes)} AMX"] if est.amx_bytes else []
-    return " + ".join([*parts, f"{fmt_bytes(repack)} CPU_REPACK"] if repack or not parts else parts)
+    return " + ".join(f"{fmt_bytes(b)} {name}" for name, b in est.extra_buffers if b)

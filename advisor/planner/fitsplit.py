@@ -34,13 +34,14 @@ def fit_split(spec: ModelSpec, cfg: RunConfig, budget: Budget) -> tuple[float, .
         return None
     n_all = spec.n_layer_all + 1
     counts = [0] * n_dev
+    cfg = replace(cfg, pipeline=False)  # every trial a partial offload, as llama.cpp's fit measures it (above)
 
     def within(d: int, k: int) -> bool:
         """Device ``d`` within its budget holding ``k`` layers, the ones not placed yet on device 0."""
         trial = list(counts)
         trial[d] = k
         trial[0] += n_all - sum(trial)
-        est = estimate(spec, replace(cfg, tensor_split=tuple(float(c) for c in trial), pipeline=False))
+        est = estimate(spec, replace(cfg, tensor_split=tuple(float(c) for c in trial)))
         return est.devices[d].total_bytes <= budgets[d]
 
     for d in range(n_dev - 1, 0, -1):
@@ -58,5 +59,5 @@ def fit_split(spec: ModelSpec, cfg: RunConfig, budget: Budget) -> tuple[float, .
         counts[d] = lo
     counts[0] = n_all - sum(counts)
     split = tuple(float(c) for c in counts)
-    est = estimate(spec, replace(cfg, tensor_split=split, pipeline=False))
+    est = estimate(spec, replace(cfg, tensor_split=split))
     return split if budget.fits(est) else None

@@ -41,7 +41,7 @@ from kvadvise.planner.galloc import reserve_sizes
 from kvadvise.planner.layout import ContextLayout, layer_shapes
 from kvadvise.planner.llama_graph import LlamaShape, build
 from kvadvise.planner.repack import RULES as REPACK_RULES
-from kvadvise.planner.repack import plan_repack
+from kvadvise.planner.repack import AMX_BUFFER, REPACK_BUFFER, plan_repack
 from kvadvise.planner.sizes import (
     GraphSizes,
     f32_fa_mask,
@@ -267,6 +267,13 @@ class MemoryEstimate:
     repack_bytes: int = 0  # of weights_bytes: the extra buffers, CPU_REPACK and AMX (kvadvise.planner.repack)
     amx_bytes: int = 0  # of repack_bytes: the AMX buffer (an AVX-512 CPU with AMX)
     repacked_tensor_bytes: int = 0  # the repacked tensors' own bytes, out of the CPU buffer type (repack.moved_bytes)
+
+    @property
+    def extra_buffers(self) -> tuple[tuple[str, int], ...]:
+        """The CPU's extra buffer types a CPU plan allocates, as llama.cpp names them, and their bytes: AMX's,
+        then CPU_REPACK's (the rest of repack_bytes); 0 for a type the plan does not use."""
+        return ((AMX_BUFFER, self.amx_bytes), (REPACK_BUFFER, self.repack_bytes - self.amx_bytes))
+
     projector: ProjectorMemory | None = None  # --mmproj (in the totals of the first device and the host)
     draft: MemoryEstimate | None = None  # -md: the draft model's own context (in the devices' and host totals)
 
@@ -1089,7 +1096,6 @@ def _offloaded(
     cuda = lay.device == "cuda"
     rs_layers = sum(spec.recurrent_layers)
     pipeline = n_dev > 1 and pipeline_parallel(cfg, names)
-    copies = N_COPIES if pipeline else 1
     keys = layer_shapes(spec).keys
     parts = device_layers(spec, owner, n_dev, cuda)
     output_layer_weights = output_layer_bytes(spec, cuda)
@@ -1105,7 +1111,7 @@ def _offloaded(
             if not (part.layers or part.last):  # a device given no layer holds no graph
                 compute = 0
             elif pipeline:
-                compute = split_compute(spec, lay, part, copies=copies)
+                compute = split_compute(spec, lay, part, copies=N_COPIES)
             else:
                 compute = unpipelined_split_compute(spec, lay, part)
         if d == 0 and cfg.op_offload_copy_bytes:  # the copy lives in a layer's live set (op_offload_growth)
@@ -1120,7 +1126,7 @@ def _offloaded(
                 compute = max(compute, output_op_offload_bytes(spec, lay))
         total = weights + kv_d + rs_d + compute + overhead
         devices.append(DeviceMemory(names[d], n_layers, weights, kv_d, rs_d, compute, overhead, total))
-    host_compute = split_host_compute(spec, lay, copies=copies) if pipeline else host_compute_bytes(spec, lay)
+    host_compute = split_host_compute(spec, lay, copies=N_COPIES) if pipeline else host_compute_bytes(spec, lay)
     host_w = spec.tok_embd_bytes + spec.input_extra_bytes  # the input layer (dev_input: the CPU)
     if cfg.output_on_host:
         host_w += output_host_bytes(spec)

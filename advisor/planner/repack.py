@@ -41,19 +41,24 @@ from kvadvise.model.ggml import pad
 from kvadvise.model.spec import MatmulWeight, ModelSpec
 
 TENSOR_ALIGNMENT = 32  # ggml/src/ggml-cpu: ggml_backend_cpu_repack_buffer_type_get_alignment
+# the extra buffer types' names, as load logs and llama-fit-params' breakdown print them
+AMX_BUFFER = "AMX"
+REPACK_BUFFER = "CPU_REPACK"
+EXTRA_BUFFERS = (AMX_BUFFER, REPACK_BUFFER)
 
 # The layouts ggml_repack_get_optimal_repack_type picks: type -> the multiple of ne[1] it needs.
 # x86: AVX2 (ggml_cpu_has_avx2) repacks q4_0, q4_K, iq4_nl, mxfp4 in 8-row interleaves; AVX-512F
 # adds q2_K. Arm with the dot-product extension (ggml_cpu_has_dotprod; i8mm picks another layout of
 # the same size) repacks these and q5_K, q6_K, q8_0, q1_0. RISC-V (zvfh, 256-bit) is not modelled.
 _AVX2 = {"q4_0": 8, "q4_k": 8, "iq4_nl": 8, "mxfp4": 8}
+_AVX512 = {**_AVX2, "q2_k": 8}
 RULES: dict[str, dict[str, int]] = {
     "auto": {},  # this machine's CPU: kvadvise.plan and the CLI resolve it (cpu_isa); estimate() alone: none
     "none": {},  # no repacked layout on this CPU (or not known)
     "off": {},  # llama-server --no-repack
     "avx2": _AVX2,
-    "avx512": {**_AVX2, "q2_k": 8},
-    "amx": {**_AVX2, "q2_k": 8},  # an AVX-512 CPU with AMX: what AMX does not take (AMX_TYPES) goes by AVX-512's
+    "avx512": _AVX512,
+    "amx": _AVX512,  # an AVX-512 CPU with AMX: what AMX does not take (AMX_TYPES) goes by AVX-512's
     "arm-dotprod": {"q1_0": 4, "q4_0": 4, "q4_k": 8, "q5_k": 8, "q6_k": 8, "iq4_nl": 4, "mxfp4": 4, "q8_0": 4},
 }
 # amx.cpp supports_op: the types AMX takes, the multiple of ne[0] each needs, and the bytes its packed rows add per

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from kvadvise.model.spec import ModelSpec
 from kvadvise.planner.memory import MIB, MemoryEstimate
+from kvadvise.planner.repack import REPACK_BUFFER
 
 # common_fit_print: printf("%s %zu %zu %zu\n", device name, model, context, compute) in MiB; "Host" last
 _TABLE = re.compile(r"^(\S+) ([0-9]{1,15}) ([0-9]{1,15}) ([0-9]{1,15}) ?$")  # bounded: never a 5,000-digit int()
@@ -44,8 +45,7 @@ _OTHER = re.compile(
     r"common_memory_breakdown_print: \|\s+- (\S+)\s+\|\s+([0-9]{1,15}) = +([0-9]{1,15}) \+ +([0-9]{1,15}) \+ +([0-9]{1,15})\s+\|"
 )
 HOST = "Host"
-REPACK = "CPU_REPACK"
-AMX = "AMX"  # ggml-cpu's AMX buffer type (amx.cpp), before CPU_REPACK in the CPU's extra buffer types
+REPACK = REPACK_BUFFER
 # the tolerance for a compute buffer: 16 MiB or 3 %; model and context are compared to the
 # whole MiB llama-fit-params prints (it rounds down)
 COMPUTE_ABS_MIB = 16.0
@@ -144,8 +144,8 @@ def compare(spec: ModelSpec, est: MemoryEstimate, projected: tuple[Projected, ..
         if host is not None:  # the tensors of the CPU buffer type, as no_alloc sums them (module docstring)
             rows.append(DryRunRow("CPU", cpu_buffer_bytes(spec, est) / MIB, (d.kv_bytes + d.recurrent_bytes) / MIB,
                                   d.compute_bytes / MIB, host))  # fmt: skip
-        # the extra buffer types, each on its own line of the breakdown: CPU_REPACK, and AMX on a CPU with AMX
-        for name, ours in ((REPACK, est.repack_bytes - est.amx_bytes), (AMX, est.amx_bytes)):
+        # the extra buffer types, each on its own line of the breakdown: CPU_REPACK's row, then AMX's on a CPU with AMX
+        for name, ours in reversed(est.extra_buffers):
             extra = next((p for p in projected if p.name == name and not p.in_table), None)
             if extra is not None or ours:  # one side without the other is a difference
                 rows.append(DryRunRow(name, ours / MIB, 0.0, 0.0, extra or Projected(name, 0, 0, 0.0)))
@@ -181,8 +181,7 @@ def model_note(spec: ModelSpec, est: MemoryEstimate) -> str | None:
     gap = mapped - cpu_buffer_bytes(spec, est)
     if gap <= 0 and not est.repack_bytes:
         return None
-    repack = est.repack_bytes - est.amx_bytes
-    extra = " and ".join(n for n, b in ((AMX, est.amx_bytes), (REPACK, repack)) if b) or REPACK
+    extra = " and ".join(n for n, b in est.extra_buffers if b) or REPACK
     return (
         f"model: a load with mmap maps {mapped / MIB:,.2f} MiB (CPU_Mapped: the file span of the weights kept on "
         f"the CPU, {gap / MIB:,.2f} MiB of repacked tensors inside it) and allocates {est.repack_bytes / MIB:,.2f} "

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 
 from kvadvise.planner.planning import Plan
+from kvadvise.planner.repack import EXTRA_BUFFERS
 from kvadvise.runtime.llamalog import MIB, LoadLog, is_host
 
 # "build: 7000 (0c1e570) with ..." (older builds), "common_params_print_info: build 1 (0c1e570) with ..."
@@ -112,7 +113,7 @@ def measurement_from_log(
         n_ctx=n_ctx,
         gpu_layers=log.gpu_layers,
         total_layers=log.total_layers,
-        repack_bytes=_b(sum(b.mib for b in log.buffers if b.kind == "model" and b.buft in ("CPU_REPACK", "AMX"))),
+        repack_bytes=_b(sum(b.mib for b in log.buffers if b.kind == "model" and b.buft in EXTRA_BUFFERS)),
         prompt_tokens=prompt_tokens,
         placements=log.placements,
     )
