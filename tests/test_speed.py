@@ -86,15 +86,18 @@ def test_decode_accuracy_fit_and_held_out(bench) -> None:  # type: ignore[no-unt
     sampling over the vocabulary counted where the row's figure holds it (llama-server, Ollama; speed.SAMPLING_S_PER_
     ENTRY, measured by benchmarks/bench_server_loop.py): fit 100 -> 101 (gpt-oss-20b on a 7900 XT through llama-server
     1.26 -> 1.16), held-out 61 -> 62 (APEX Nano 1.41 -> 1.22 in, the RTX 5080 row 1.46 -> 1.27 still out, an M4
-    Pro llmfit row 0.78 -> 0.72 out, an Ollama M-series row 1.26 -> 1.18 in)."""
+    Pro llmfit row 0.78 -> 0.72 out, an Ollama M-series row 1.26 -> 1.18 in). The RTX 5080 row names no build but its
+    results file is dated 2026-03-04: planned at its bound, b8201 (measurements.json llama_build, dated by its
+    llama_build_source), it is 0.92, not 1.27, and every hybrid MoE row timed through llama-server is within: 63 of 72.
+    No factor moved."""
     t = bench.decode_table(bench.load())
     fit = [x for r, x in t if bench.split_of(r) == "fit"]
     held = [(r, x) for r, x in t if bench.split_of(r) == "holdout"]
     assert bench.share_within(fit, 0.25) >= 101 / 106
-    assert bench.share_within([x for _, x in held], 0.25) >= 62 / 72
-    # the hybrid MoE rows timed through llama-server (issue 37): within 25 % but the RTX 5080 one
+    assert bench.share_within([x for _, x in held], 0.25) >= 63 / 72
+    # the hybrid MoE rows timed through llama-server (issue 37): all within 25 %
     hybrid = {r["id"]: x for r, x in held if r["arch"] == "qwen35moe" and bench.times_sampling(r)}
-    assert {i for i, x in hybrid.items() if abs(x - 1) > 0.25} == {509}
+    assert len(hybrid) >= 6 and {i for i, x in hybrid.items() if abs(x - 1) > 0.25} == set()
     config = [x for r, x in held if bench.input_kind(r) == "config"]
     assert bench.share_within(config, 0.25) >= 13 / 16
 
@@ -232,6 +235,11 @@ def test_early_llama_cpp_builds_decode_a_hybrid_moe_slower(bench) -> None:  # ty
     for rid in (191, 193, 195, 197):  # before b8720: the newest build's cost is 1.25x too fast or more
         assert ratio(rid, None) > 1.25 and 0.95 <= ratio(rid, rows[rid]["llama_build"]) <= 1.05
     assert ratio(176, None) > 1.35 and 0.85 <= ratio(176, 8125) <= 1.2
+    # the held-out Q3_K_S row (RTX 5080, Windows) names no build but is dated 2026-03-04: at most b8201, released
+    # 2026-03-05 (its llama_build_source), before both steps: 1.27x too fast as the newest, 0.92 at its bound
+    assert rows[509]["llama_build"] == 8201 and rows[509]["source_date"] == "2026-03-04"
+    assert "345481" in rows[509]["llama_build_source"]
+    assert ratio(509, None) > 1.25 and 0.85 <= ratio(509, 8201) <= 1.0
     # the held-out UD-Q3_K_XL (RTX 3090) and APEX Nano (RTX 5070 Ti) rows name no build: planned as the newest, the
     # 3090's comes to the edge of 25 % once its 1,695 MHz clock stretches the fixed time (1.56 before: 1.252; its
     # runner is not named, so no sampling is counted), the 5070 Ti's (2,452 MHz) was 1.41x too fast until
