@@ -7,8 +7,9 @@ config, checked against the print_info/KV lines of the log) and the run config t
 (``run``: RunConfig's fields). kvadvise plans the run through the same path as ``kvadvise hf``
 (:func:`kvadvise.model.hfconfig.from_config` -> :func:`kvadvise.planner.memory.estimate`).
 
-A log kvadvise does not model (a fork, ``-sm row``, ``-nkvo``, an older build whose rules moved) carries
-``xfail``: the reason. A partial offload with the output layer in host memory (a build before
+A log kvadvise does not model (a fork, ``-nkvo``, an older build whose rules moved) carries
+``xfail``: the reason. A split that llama.cpp runs without pipeline parallelism for a reason kvadvise takes no input
+for (``-sm row``: llama_context enables it for -sm layer only) says so in ``run.pipeline`` (false). A partial offload with the output layer in host memory (a build before
 builds.OUTPUT_FIRST) says so in ``run.output_on_host`` and gives the file's ``output_type``: a config.json
 has no weights, and the op-offload copy is that tensor.
 
