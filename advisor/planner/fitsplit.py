@@ -12,11 +12,11 @@ was planned. What does not fit on the devices even so is the partial offload's j
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from kvadvise.model.spec import ModelSpec
 from kvadvise.planner.budget import Budget
-from kvadvise.planner.memory import RunConfig, estimate
+from kvadvise.planner.memory import MemoryEstimate, RunConfig, estimate
 
 
 def fit_split(spec: ModelSpec, cfg: RunConfig, budget: Budget) -> tuple[float, ...] | None:
@@ -61,3 +61,22 @@ def fit_split(spec: ModelSpec, cfg: RunConfig, budget: Budget) -> tuple[float, .
     split = tuple(float(c) for c in counts)
     est = estimate(spec, replace(cfg, tensor_split=split))
     return split if budget.fits(est) else None
+
+
+@dataclass(frozen=True, slots=True)
+class Refit:
+    """A plan's config with the layers moved as llama.cpp's --fit moves them (:func:`fit_split`), and its estimate
+    as it runs: pipelined where llama.cpp pipelines the full offload, a little above what --fit measured, so
+    whether it fits is the caller's test (``budget.fits(refit.estimate)``)."""
+
+    cfg: RunConfig
+    estimate: MemoryEstimate
+
+
+def refit(spec: ModelSpec, cfg: RunConfig, budget: Budget) -> Refit | None:
+    """``cfg`` with :func:`fit_split`'s split and its estimate; None where there is no such split."""
+    split = fit_split(spec, cfg, budget)
+    if split is None:
+        return None
+    moved = replace(cfg, tensor_split=split)
+    return Refit(moved, estimate(spec, moved))

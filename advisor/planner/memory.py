@@ -40,8 +40,8 @@ from kvadvise.planner import builds
 from kvadvise.planner.galloc import reserve_sizes
 from kvadvise.planner.layout import ContextLayout, layer_shapes
 from kvadvise.planner.llama_graph import LlamaShape, build
-from kvadvise.planner.repack import RULES as REPACK_RULES
 from kvadvise.planner.repack import AMX_BUFFER, REPACK_BUFFER, plan_repack
+from kvadvise.planner.repack import RULES as REPACK_RULES
 from kvadvise.planner.sizes import (
     GraphSizes,
     f32_fa_mask,

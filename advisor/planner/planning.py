@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from kvadvise.errors import ConfigError
 from kvadvise.model.spec import ModelSpec
 from kvadvise.planner.budget import DEFAULT_MARGIN_BYTES, Budget, plan_budget
-from kvadvise.planner.fitsplit import fit_split
+from kvadvise.planner.fitsplit import refit
 from kvadvise.planner.hardware import Hardware, RpcHost
 from kvadvise.planner.hostram import HostRam, plan_host_ram
 from kvadvise.planner.memory import MemoryEstimate, RunConfig, estimate
@@ -273,11 +273,10 @@ def make_plan(
     est = estimate(spec, cfg)
     fits = budget.fits(est) if budget is not None else None
     if budget is not None and not fits and policy.fit_split:  # the --ctx as given, layers moved as --fit moves them
-        split = fit_split(spec, cfg, budget)
-        if split is not None:
-            notes = (*notes, refit_reason(cfg.tensor_split, split))
-            cfg = replace(cfg, tensor_split=split)
-            est = estimate(spec, cfg)
+        moved = refit(spec, cfg, budget)
+        if moved is not None:
+            notes = (*notes, refit_reason(cfg.tensor_split, moved.cfg.tensor_split))
+            cfg, est = moved.cfg, moved.estimate
             fits = budget.fits(est)  # pipelined, a little above what --fit measured (fitsplit)
     speed = None
     if fits and budget is not None:

@@ -13,7 +13,7 @@ from kvadvise.errors import ConfigError, DoesNotFit, InputError
 from kvadvise.model.spec import ModelSpec
 from kvadvise.planner import reasons as words
 from kvadvise.planner.budget import Budget
-from kvadvise.planner.fitsplit import fit_split
+from kvadvise.planner.fitsplit import refit as refitted
 from kvadvise.planner.memory import CTX_PAD, INT32_MAX, MemoryEstimate, RunConfig, estimate
 from kvadvise.planner.policy import (
     CTX_ROUND,
@@ -73,9 +73,9 @@ def max_context(spec: ModelSpec, base: RunConfig, kv: KV, fa: bool, budget: Budg
         cfg = config_at(base, units * CTX_PAD, kv, fa, budget.device)
         s = budget.slack_bytes(estimate(spec, cfg))
         if s < 0 and refit:  # ``refit``: the layers moved between the devices as llama.cpp's --fit moves them
-            split = fit_split(spec, cfg, budget)
-            if split is not None:
-                return budget.slack_bytes(estimate(spec, replace(cfg, tensor_split=split)))
+            moved = refitted(spec, cfg, budget)
+            if moved is not None:
+                return budget.slack_bytes(moved.estimate)
         return s
 
     hi = cap // CTX_PAD  # in units of 256
@@ -203,8 +203,8 @@ def _refit(spec: ModelSpec, cfg: RunConfig, budget: Budget, policy: Policy) -> R
     (``policy.fit_split``: several devices, no -ts; kvadvise.planner.fitsplit)."""
     if not policy.fit_split or budget.fits(estimate(spec, cfg)):
         return cfg
-    split = fit_split(spec, cfg, budget)
-    return cfg if split is None else replace(cfg, tensor_split=split)
+    moved = refitted(spec, cfg, budget)
+    return cfg if moved is None else moved.cfg
 
 
 def refit_reason(by_free: tuple[float, ...], split: tuple[float, ...]) -> str:

@@ -89,7 +89,10 @@ def plan_repack(spec: ModelSpec, isa: str) -> CpuRepack:
     (every layer and the output layer: a CPU plan)."""
     rule = RULES[isa]
     amx = [isa == "amx" and amx_takes(w) for w in spec.matmul_weights]
-    moves = [a or (w.type_name in rule and w.ne1 % rule[w.type_name] == 0) for w, a in zip(spec.matmul_weights, amx)]
+    moves = [
+        a or (w.type_name in rule and w.ne1 % rule[w.type_name] == 0)
+        for w, a in zip(spec.matmul_weights, amx, strict=True)
+    ]
     if not any(moves):
         return CpuRepack(isa, 0, spec.weights_bytes, 0)
     # split by position, not by a set of records: hashing ~400 records for each of a plan's ~13 estimates
@@ -98,7 +101,9 @@ def plan_repack(spec: ModelSpec, isa: str) -> CpuRepack:
     # weights_bytes is the span of every loaded tensor; what the repack trims at its ends leaves the mapping
     mapped = spec.weights_bytes - (_span(spec, spec.matmul_weights) - _span(spec, kept))
     packed = sum(pad(amx_bytes(w), TENSOR_ALIGNMENT) for w, a in zip(spec.matmul_weights, amx, strict=True) if a)
-    repacked = sum(pad(w.n_bytes, TENSOR_ALIGNMENT) for w, m, a in zip(spec.matmul_weights, moves, amx) if m and not a)
+    repacked = sum(
+        pad(w.n_bytes, TENSOR_ALIGNMENT) for w, m, a in zip(spec.matmul_weights, moves, amx, strict=True) if m and not a
+    )
     own = sum(w.n_bytes for w in moved if not w.tied)
     return CpuRepack(isa, repacked + packed, mapped, len(moved), packed, own)
 

@@ -102,10 +102,10 @@ def sessions_fit(spec: ModelSpec, cfg: RunConfig, budget: Budget) -> bool:
     if budget.fits(estimate(spec, cfg)):
         return True
     if budget.n_gpu > 1:
-        from kvadvise.planner.fitsplit import fit_split
+        from kvadvise.planner.fitsplit import refit
 
-        split = fit_split(spec, cfg, budget)
-        return split is not None and budget.fits(estimate(spec, replace(cfg, tensor_split=split)))
+        moved = refit(spec, cfg, budget)
+        return moved is not None and budget.fits(moved.estimate)
     return False
 
 
