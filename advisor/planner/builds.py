@@ -55,9 +55,10 @@ the exact build is not known, the earliest it can be, so that an older build is 
   min, 0c1e570 leaves them as given): LLamaSharp 0.27.0's b8816 (3f7c29d) with SeqMax 40 reserves 520 rows of
   logits for a 512-token batch (its published CUDA0 284.90 MiB, tests/data/published 035). Planned from b7847 until
   b11312, which lacks it; where it ended between is not known here, so the builds between get the larger logits.
-  From b7847 to b9410 the reserve graph is the one kvadvise.planner.llama_graph builds with the f32 flash-attention
-  mask (LlamaShape.f32_fa_mask), and CUDA's graph_optimize reorders nothing unless GGML_CUDA_GRAPH_OPT=1 (a5bb8ba4's
-  ggml-cuda.cu): ggml-alloc's own figure is planned there (kvadvise.planner.memory._exact_device_compute).
+  From GRAPH_OPTIMIZE (b6302) to b9410 the reserve graph is the one kvadvise.planner.llama_graph builds with the f32
+  flash-attention mask (LlamaShape.f32_fa_mask), and CUDA's graph_optimize reorders nothing (none before #16991,
+  then only with GGML_CUDA_GRAPH_OPT=1: a5bb8ba4's ggml-cuda.cu): ggml-alloc's own figure is planned there
+  (kvadvise.planner.memory._exact_device_compute; Ollama 0.20.2 on ec98e2002, tests/data/published 045).
 - OUTPUT_FIRST (ggml-org/llama.cpp#18148, "llama: offload output layer to GPU first", opened 2025-12-17;
   ec98e2002 of 2025-12-16, the llama.cpp Ollama 0.13.5-0.24 vendor, lacks it): llama_model::load_tensors starts the
   GPU layers at ``n_layer + 1 - n_gpu_layers``, so ``-ngl N`` offloads the output layer and the last N - 1 blocks;

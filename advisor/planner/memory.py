@@ -674,7 +674,7 @@ def device_compute_bytes(spec: ModelSpec, lay: ContextLayout, *, weight_copy: in
         exact = _exact_device_compute(spec, lay)
         if exact is not None:
             if lay.device == "cuda" and not builds.older_than(lay.llama_build, builds.GRAPH_OPTIMIZE):
-                # a b7847-b9409 GPU: kvadvise's "cuda" also plans Vulkan, whose graph_optimize reorders the graph
+                # a b6302-b9409 GPU: kvadvise's "cuda" also plans Vulkan, whose graph_optimize reorders the graph
                 # ggml-alloc sees (CUDA's did not then): the larger of the replay and the phases
                 return max(exact, _analytic_device_compute(spec, lay))
             return exact
@@ -722,16 +722,20 @@ def _exact_device_compute(spec: ModelSpec, lay: ContextLayout) -> int | None:
     TinyLlama at b4700 and Qwen3 1.7B at b6100 as printed (tests/data/published 010, 017; the analytic plan
     was +12 and +4).
 
-    From b7847 to b9409 (builds.RESERVE_ROUNDS_OUTPUTS to builds.F16_MASK_FA) on a GPU or an RPC device: the graph
-    of a5bb8ba4 (LlamaShape.f32_fa_mask), the outputs raised to the rounded batch, a unified cache of several
-    sequences being one stream of all their tokens; CUDA's graph_optimize reordered nothing then. LLamaSharp
-    0.27.0 (b8816) with SeqMax 40 as printed (tests/data/published 035: 284.90 MiB; the analytic plan was 262.50),
-    and its spike's 267 and 261 MiB at 8,192 and 16,384 cells (tests/test_llamasharp_b8816.py)."""
+    From b6302 to b9409 (builds.GRAPH_OPTIMIZE to builds.F16_MASK_FA) on a GPU or an RPC device: the graph of
+    a5bb8ba4 (LlamaShape.f32_fa_mask: the f32 mask's device copy and its f16 cast beside the first attention), the
+    outputs as the build reserves them (raised to the rounded batch from b7847, sizes.reserve_outputs), a unified
+    cache of several sequences being one stream of all their tokens; CUDA's graph_optimize reordered nothing then
+    (none before #16991, and behind GGML_CUDA_GRAPH_OPT after it). LLamaSharp 0.27.0 (b8816) with SeqMax 40 as
+    printed (tests/data/published 035: 284.90 MiB; the analytic plan was 262.50), and its spike's 267 and 261 MiB at
+    8,192 and 16,384 cells (tests/test_llamasharp_b8816.py); Ollama 0.20.2's runner on ec98e2002 (planned as b7699),
+    Qwen2.5-Coder-7B at 32,768 cells: 382.01 MiB as printed, where the analytic plan's 311.00 (the logits and two
+    rows) missed the logits landing above the hole the f32 mask's copies leave (tests/data/published 045)."""
     legacy = builds.older_than(lay.llama_build, builds.GRAPH_OPTIMIZE)
-    # b7847 to b9409: a5bb8ba4's graph (the f32 flash-attention mask) on a GPU or an RPC device, one stream or
+    # b6302 to b9409: a5bb8ba4's graph (the f32 flash-attention mask) on a GPU or an RPC device, one stream or
     # a unified cache of several sequences (LLamaSharp's default kv_unified with SeqMax 40: 284.90 MiB as b8816
     # printed it, tests/data/published 035); CUDA's graph_optimize reordered nothing (kvadvise.planner.builds)
-    mid = lay.llama_build is not None and builds.RESERVE_ROUNDS_OUTPUTS <= lay.llama_build < builds.F16_MASK_FA
+    mid = lay.llama_build is not None and builds.GRAPH_OPTIMIZE <= lay.llama_build < builds.F16_MASK_FA
     uniform = len(set(spec.n_head)) == 1 and len(set(spec.n_head_kv)) == 1
     if not (
         (lay.device == "rpc" or legacy or (mid and lay.device == "cuda"))
