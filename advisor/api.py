@@ -265,7 +265,8 @@ def plan(
     llama-server, whose command line the plan then carries). ``config``: a :class:`PlanRequest` (the
     command line's question, field for flag), or a RunConfig whose context is fixed (0 = the training
     context, as ``--ctx 0``); none: the context and cache types are recommended. ``runtime``:
-    "llama-server", "llama-cli" (the library and its bindings) or a backend's ("ollama"); or a runtime object
+    "llama-server", "llama-cli" (llama-server's context), "library" (the library and its bindings) or a backend's
+    ("ollama"); or a runtime object
     with its own options, as a backend's command takes them (``OllamaRuntime(ollama_version="0.12.3")``:
     ``kvadvise ollama MODEL --ollama-version 0.12.3``)."""
     from kvadvise.entry import plan_for

@@ -385,7 +385,7 @@ def _llama_build(
         option = raw.strip() or "auto"
     choice = found if found is not None and option == "auto" else llamabuild.choose(option)
     more = None
-    if choice.build is None and runtime.program == "llama-server" and r.n_outputs_max is None:
+    if choice.build is None and runtime.program != "library" and r.n_outputs_max is None:
         rows = min(r.n_ubatch, r.n_batch) - r.n_parallel
         more = 4 * rows * spec.n_vocab / (1 << 20) if rows > 0 else None
     return choice.build, llamabuild.notes(choice, runtime=runtime.program, older_server_mib=more)

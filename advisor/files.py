@@ -20,7 +20,7 @@ import errno
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -65,7 +65,7 @@ def write_files(files: Sequence[NewFile], *, force: bool, inputs: Sequence[str] 
     model), never written over, ``force`` or not."""
     _refuse_inputs(files, inputs)
     check_targets(
-        {f.option or f.path: f.path for f in files}, force=force, replace={f.path for f in files if f.replace}
+        [(f.option or f.path, f.path) for f in files], force=force, replace={f.path for f in files if f.replace}
     )
     targets = [_check_target(f.path, force=force or f.replace) for f in files]
     temps: list[str] = []
@@ -224,20 +224,25 @@ def _check_target(path: str | os.PathLike[str], *, force: bool) -> Path:
 
 
 def check_targets(
-    targets: Mapping[str, str | None], *, force: bool, replace: set[str] | frozenset[str] = frozenset()
+    targets: Sequence[tuple[str, str | None]], *, force: bool, replace: set[str] | frozenset[str] = frozenset()
 ) -> None:
-    """Before writing several files (by the option that names each): every one can be written and no two
-    are the same file, so a refusal leaves none of them written rather than some. A path in ``replace``
-    is overwritten without ``force``."""
+    """Before writing several files (each with the option that names it; one option may name several, as
+    --write-modelfiles does): every one can be written and no two are the same file, so a refusal leaves none of
+    them written rather than some. A path in ``replace`` is overwritten without ``force``."""
     seen: dict[str, str] = {}
-    for option, path in targets.items():
+    for option, path in targets:
         if path is None:
             continue
         if not path.strip():
             raise InputError(f"{option}: the path is empty", hint="give a file name")
         key = os.path.realpath(_check_target(path, force=force or path in replace))
         if key in seen:
-            raise InputError(f"{seen[key]} and {option} name the same file ({path})", hint="give each its own file")
+            who = (
+                f"{option} names one file twice"
+                if seen[key] == option
+                else f"{seen[key]} and {option} name the same file"
+            )
+            raise InputError(f"{who} ({path})", hint="give each its own file")
         seen[key] = option
 
 

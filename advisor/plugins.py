@@ -232,13 +232,17 @@ def _parse_group(text: str, group: str) -> list[tuple[str, str]]:
 
 
 def runtime(name: str) -> Runtime:
-    """The runtime called ``name``: llama-server, llama-cli (the library and its bindings), or one an
+    """The runtime called ``name``: llama-server, llama-cli, library (the library and its bindings), or one an
     installed backend brings (``ollama``: kvadvise.plugins.RuntimeProvider)."""
     if name == "llama-server":
         from kvadvise.runtime.llamaserver import LlamaServer
 
         return LlamaServer()
     if name == "llama-cli":
+        from kvadvise.runtime.library import LlamaCli
+
+        return LlamaCli()
+    if name == "library":
         from kvadvise.runtime.library import LlamaLibrary
 
         return LlamaLibrary()
@@ -247,11 +251,11 @@ def runtime(name: str) -> Runtime:
         backend = registry.get(name)
         if isinstance(backend, RuntimeProvider):
             return backend.runtime()
-    raise InputError(f"no runtime named {name!r}", hint="llama-server, llama-cli, or a backend's: ollama")
+    raise InputError(f"no runtime named {name!r}", hint="llama-server, llama-cli, library, or a backend's: ollama")
 
 
 # the backend that resolves a model reference for a built-in runtime (kvadvise.api.plan given a name)
-_LOADERS = {"llama-server": "llamacpp", "llama-cli": "gguf"}
+_LOADERS = {"llama-server": "llamacpp", "llama-cli": "gguf", "library": "gguf"}
 
 
 def for_model(ref: str, name: str) -> tuple[ModelSpec, Runtime]:

@@ -71,11 +71,11 @@ CASES = (
 )  # fmt: skip
 
 CONFIGS: tuple[tuple[str, RunConfig], ...] = tuple(
-    (f"fa={fa} c={c}", RunConfig(n_ctx=c, flash_attn=fa, runtime="llama-cli"))
+    (f"fa={fa} c={c}", RunConfig(n_ctx=c, flash_attn=fa, runtime="library"))
     for fa in ("on", "off")
     for c in (4096, 32768)
 ) + tuple(
-    (f"LLamaSharp fa={fa} c={c}", RunConfig(n_ctx=c, flash_attn=fa, n_batch=512, kv_unified=True, runtime="llama-cli"))
+    (f"LLamaSharp fa={fa} c={c}", RunConfig(n_ctx=c, flash_attn=fa, n_batch=512, kv_unified=True, runtime="library"))
     for fa in ("on", "off")
     for c in (4096,)
 )
@@ -138,7 +138,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = sweep(cases, Path(tmp), eps[0])
     under = [r for r in rows if r.flags()]
     worst = max((r.device_pred / MIB - r.device_meas_mib for r in rows), default=0.0)
-    print(f"\n{len(rows)} runs; {len(under)} with a prediction more than 1 % under; largest device over {worst:.2f} MiB")
+    print(
+        f"\n{len(rows)} runs; {len(under)} with a prediction more than 1 % under; largest device over {worst:.2f} MiB"
+    )
     return 0
 
 

@@ -4,7 +4,7 @@ kvadvise's exact plan (kvadvise.planner.galloc over kvadvise.planner.llama_graph
 Grid: Llama 3.2 1B / 3B, Llama 3.1 8B, Mistral 7B v0.3, Granite 3.3 8B, Phi-3 mini / medium, Qwen2.5 3B / 7B,
 Qwen3 4B / 8B (published shapes, sparse GGUFs: header only,
 tests/tinymodels.py) x flash attention on/off x n_ctx 2048/4096/6144/8192/32768 x the logits reserved for
-the whole batch (the library, llama-cli: llama-fit-params -fitp on, tests/oracle.py dry_run) or for one row
+the whole batch (the library: llama-fit-params -fitp on, tests/oracle.py dry_run) or for one row
 (llama-server b11312: n_outputs_max = n_parallel = 1; its -fit pass, a no-allocation reserve of the same
 graph, read from its -v log: llama-fit-params takes no n_outputs_max). All layers on one loopback rpc-server
 device; n_batch 2048, n_ubatch 512. "agree" is equality to the 0.01 MiB llama.cpp prints.
@@ -48,7 +48,7 @@ QWEN_CASES = (
 )
 LLAMA_CASES = tuple(c for c in CASES if c.recipe in ("llama", "phi3", "granite")) + QWEN_CASES
 N_CTX = (2048, 4096, 6144, 8192, 32768)
-OUTPUTS = {"batch": "llama-cli", "1 row": "llama-server"}
+OUTPUTS = {"batch": "library", "1 row": "llama-server"}
 _COMPUTE = re.compile(r"sched_reserve:\s+(RPC\d+\[[^\]]*\]) compute buffer size =\s+([\d.]+) MiB")
 
 

@@ -7,7 +7,7 @@ RPC device, over sparse real-size GGUFs (tests/tinymodels.py).
 Prints one markdown row per (model, n_ubatch, flash attention, n_ctx, vocabulary): planned / measured MiB for the
 device and the host, and the device's error. A 1,024-token vocabulary shows the layers' peak (what a llama-server
 plan reserves: one output row per sequence; llama-fit-params cannot limit the outputs, so the small vocabulary
-stands for it); the real vocabulary with the whole batch's logits is the library's (llama-cli's) reservation.
+stands for it); the real vocabulary with the whole batch's logits is the library's reservation.
 """
 
 from __future__ import annotations
@@ -43,10 +43,38 @@ MODELS: tuple[tuple[str, str, dict[str, int], int], ...] = (
     ("deepseek-v2-lite", "deepseek2-mla", REAL_SIZES["deepseek2-mla"], 102400),
     ("deepseek-v2-lite-legacy", "deepseek2-legacy", REAL_SIZES["deepseek2-legacy"], 102400),
     ("glm-4.5-air", "glm4moe", REAL_SIZES["glm4moe"], 151552),
-    ("qwen2-57b-a14b", "qwen2moe", dict(n_layer=28, n_embd=3584, n_head=28, n_head_kv=4, n_ff=18944, n_expert=64,
-                                        n_expert_used=8, n_ff_exp=2560, n_ff_shexp=20480), 152064),
-    ("qwen1.5-moe-a2.7b", "qwen2moe", dict(n_layer=24, n_embd=2048, n_head=16, n_head_kv=16, n_ff=5632, n_expert=60,
-                                           n_expert_used=4, n_ff_exp=1408, n_ff_shexp=5632), 151936),
+    (
+        "qwen2-57b-a14b",
+        "qwen2moe",
+        dict(
+            n_layer=28,
+            n_embd=3584,
+            n_head=28,
+            n_head_kv=4,
+            n_ff=18944,
+            n_expert=64,
+            n_expert_used=8,
+            n_ff_exp=2560,
+            n_ff_shexp=20480,
+        ),
+        152064,
+    ),
+    (
+        "qwen1.5-moe-a2.7b",
+        "qwen2moe",
+        dict(
+            n_layer=24,
+            n_embd=2048,
+            n_head=16,
+            n_head_kv=16,
+            n_ff=5632,
+            n_expert=60,
+            n_expert_used=4,
+            n_ff_exp=1408,
+            n_ff_shexp=5632,
+        ),
+        151936,
+    ),
     ("qwen3-30b-a3b", "qwen3moe", REAL_SIZES["qwen3moe"], 151936),
     ("gpt-oss-20b", "gpt-oss", REAL_SIZES["gpt-oss"], 201088),
     ("mixtral-8x7b", "mixtral", REAL_SIZES["mixtral"], 32000),
@@ -72,7 +100,7 @@ def rows(models: list[str] | None, quick: bool, workdir: Path) -> list[tuple[str
                     for fa in ("on", "off"):
                         for n_ctx in (4096,) if quick else (4096, 32768):
                             cfg = RunConfig(n_ctx=n_ctx, n_ubatch=ub, n_batch=max(2048, ub), flash_attn=fa,
-                                            runtime="llama-cli")  # fmt: skip
+                                            runtime="library")  # fmt: skip
                             measured = dry_run(binary, path, cfg, rpc=eps[0])
                             (device,) = [k for k in measured if k.startswith("RPC")]
                             est = estimate(spec, replace(cfg, device="rpc", device_names=(device,)))

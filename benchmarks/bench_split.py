@@ -6,7 +6,7 @@ Qwen3 0.6B), MoE without a shared expert (Qwen3-30B-A3B, gpt-oss-20b: SWA) and w
 DeepSeek-V2-Lite: MLA), Gemma 3 12B (SWA) and hybrids (Qwen3.5-9B: gated delta net, Qwen3.5-35B-A3B: gated delta
 net + MoE with a shared expert, Granite-4.0-H-Tiny: Mamba-2, LFM2-1.2B: short conv) x flash attention on/off x
 n_ctx 4096 / 32768 x -ts 1,1 / 3,1 / 1,1,1 x the logits of the whole batch (llama-fit-params -fitp on: the library,
-llama-cli) or of one row (llama-server's -fit pass: n_outputs_max = 1). n_batch 2048, n_ubatch 512.
+the library) or of one row (llama-server's -fit pass: n_outputs_max = 1). n_batch 2048, n_ubatch 512.
 
     python benchmarks/bench_split.py [--only NAME,...] [--quick] [--measured FILE] [--no-pipeline]
 
@@ -67,7 +67,7 @@ MODELS: tuple[tuple[str, str, dict[str, int], int], ...] = (
 )  # fmt: skip
 SPLITS = ("1,1", "3,1", "1,1,1")
 N_CTX = (4096, 32768)
-OUTPUTS = {"batch": "llama-cli", "1 row": "llama-server"}
+OUTPUTS = {"batch": "library", "1 row": "llama-server"}
 BAR = (0.05, 8.0)  # tests/test_devices.py: within 5 % or 8 MiB
 _COMPUTE = re.compile(r"sched_reserve:\s+(\S+) compute buffer size =\s+([\d.]+) MiB")
 

@@ -121,7 +121,7 @@ def test_the_dry_run_of_an_amx_build_agrees_row_by_row(gemma_path: Path) -> None
     doc = json.loads(DATA.read_text())["dry_run"]
     projected = dryrun.parse(doc["stdout"], "\n".join(doc["stderr_lines"]) + "\n" + doc["stdout"])
     spec = kvadvise.load_model(str(gemma_path))
-    est = estimate(spec, RunConfig(n_ctx=4096, device="cpu", flash_attn="on", runtime="llama-cli", cpu_repack="amx"))
+    est = estimate(spec, RunConfig(n_ctx=4096, device="cpu", flash_attn="on", runtime="library", cpu_repack="amx"))
     rows = dryrun.compare(spec, est, projected)
     assert [r.name for r in rows] == ["CPU", "AMX"] and all(r.ok for r in rows), rows
     note = dryrun.model_note(spec, est)

@@ -305,7 +305,7 @@ def test_an_mla_model_before_the_compressed_cache_caches_k_and_v_per_head() -> N
 
     doc = json.loads((Path(__file__).parent / "data" / "published" / "009-vulkan-deepseekv2-fa-off.json").read_text())
     spec = from_config(doc["hf_config"], source="009")
-    cfg = RunConfig(n_ctx=4096, flash_attn="off", device="cuda", runtime="llama-cli")
+    cfg = RunConfig(n_ctx=4096, flash_attn="off", device="cuda", runtime="library")
     old = estimate(spec, replace(cfg, llama_build=5030))
     assert old.kv_bytes == 19200 * (1 << 20) and old.k_bytes == 11520 * (1 << 20)  # K (f16) 11520, V 7680 printed
     assert mla_as_built(spec, 5030).n_embd_head_k == 192 and not mla_as_built(spec, 5030).is_mla

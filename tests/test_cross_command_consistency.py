@@ -131,21 +131,29 @@ def test_weights_label_is_the_file_type(gemma_path: Path) -> None:
 
 
 def test_runtime_decides_the_logits_rows(gemma_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """llama-server reserves one logits row per slot; llama-cli (the library, llama-cpp-python) the batch."""
+    """llama-server reserves one logits row per slot, and so does llama-cli, which runs llama-server's context
+    since ggml-org/llama.cpp#17824 (tools/cli links llama-server-impl; published log 053: b11151's llama-cli,
+    378.02 MiB, one row); the library (llama-completion, llama-cpp-python) the batch. A llama-cli older than
+    b9467 takes the whole batch, as the llama-server of its time did."""
     docs = {}
-    for runtime in ("llama-server", "llama-cli"):
+    for runtime in ("llama-server", "llama-cli", "library"):
         argv = ["gguf", str(gemma_path), "--ctx", "4096", "-fa", "on", "-np", "2", "--no-hardware", "--json"]
-        assert main([*argv, "--runtime", runtime]) == 0
+        assert main([*argv, "--runtime", runtime, "--llama-build", "b11312"]) == 0
         docs[runtime] = json.loads(capsys.readouterr().out)
-    server, cli = docs["llama-server"], docs["llama-cli"]
+    server, cli = docs["llama-server"], docs["library"]
     assert (server["config"]["runtime"], server["config"]["n_outputs_max"]) == ("llama-server", 2)
-    assert (cli["config"]["runtime"], cli["config"]["n_outputs_max"]) == ("llama-cli", 2048)
+    assert (docs["llama-cli"]["config"]["runtime"], docs["llama-cli"]["config"]["n_outputs_max"]) == ("llama-cli", 2)
+    assert docs["llama-cli"]["memory"] == server["memory"]
+    assert (cli["config"]["runtime"], cli["config"]["n_outputs_max"]) == ("library", 2048)
+    argv = ["gguf", str(gemma_path), "--ctx", "4096", "-fa", "on", "-np", "2", "--no-hardware", "--json"]
+    assert main([*argv, "--runtime", "llama-cli", "--llama-build", "b9442"]) == 0
+    assert json.loads(capsys.readouterr().out)["config"]["n_outputs_max"] == 2048
     # 510 more rows of 262,144 f32 logits (ubatch 512 rows against 2), less the layers' own peak (masks and
     # activations, ~18 MiB) that the server's buffer keeps (real llama.cpp: 514.50 against 22.77 MiB)
     extra = cli["memory"]["compute_bytes"] - server["memory"]["compute_bytes"]
     assert extra >= 4 * 262144 * 480
-    assert main(["gguf", str(gemma_path), "--ctx", "4096", "--n-outputs-max", "2", "--runtime", "llama-cli",
-                 "-fa", "on", "-np", "2", "--no-hardware", "--json"]) == 0  # fmt: skip
+    assert main(["gguf", str(gemma_path), "--ctx", "4096", "--n-outputs-max", "2", "--runtime", "library",
+                 "--llama-build", "b11312", "-fa", "on", "-np", "2", "--no-hardware", "--json"]) == 0  # fmt: skip
     assert json.loads(capsys.readouterr().out)["memory"] == server["memory"]
 
 

@@ -100,7 +100,9 @@ def servers() -> None:
 
 
 @pytest.mark.llama
-@pytest.mark.parametrize(("name", "n_ctx", "fa"), [("llama-3.2-1b", 2048, "off"), ("llama-3.1-8b", 8192, "on"), ("qwen3-4b", 4096, "on")])
+@pytest.mark.parametrize(
+    ("name", "n_ctx", "fa"), [("llama-3.2-1b", 2048, "off"), ("llama-3.1-8b", 8192, "on"), ("qwen3-4b", 4096, "on")]
+)
 def test_one_row_of_logits_as_llama_servers_fit_pass_reserves(
     name: str, n_ctx: int, fa: str, servers: None, tmp_path: Path
 ) -> None:
@@ -136,7 +138,7 @@ def test_a_stream_per_sequence_as_llama_fit_params_reserves(servers: None, tmp_p
     (case,) = [c for c in LLAMA_CASES if c.name == "phi-3-mini"]
     path = tmp_path / "phi-3-mini.gguf"
     write_tiny_gguf(path, case.recipe, n_vocab=case.n_vocab, n_ctx_train=262144, dims=case.dims, sparse=True)
-    cfg = RunConfig(n_ctx=6144, flash_attn="off", n_parallel=3, runtime="llama-cli")
+    cfg = RunConfig(n_ctx=6144, flash_attn="off", n_parallel=3, runtime="library")
     with devices(rpc_server(), 1) as eps:
         found = dry_run(fit_params(), path, cfg, rpc=eps[0])
     (measured,) = [v for k, v in found.items() if k.startswith("RPC")]

@@ -57,7 +57,7 @@ def _glm4(path: Path, hf: dict[str, int], n_vocab: int) -> ModelSpec:
 
 
 def test_the_log_says_what_the_plan_is_for() -> None:
-    assert LOG.run.llama_build == 5274 and LOG.run.flash_attn == "on" and LOG.run.runtime == "llama-cli"
+    assert LOG.run.llama_build == 5274 and LOG.run.flash_attn == "on" and LOG.run.runtime == "library"
     assert LOG.source_url and "CUDA0 compute buffer size =   353.00 MiB" in LOG.raw
     assert "padding = 256" in LOG.raw  # a build before #17046 pads the cache to 256 with flash attention
 

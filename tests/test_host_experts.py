@@ -86,7 +86,7 @@ def test_experts_in_host_memory_grow_the_device_buffer_as_planned(
     model = _model(name, str(tmp_path))
     spec = from_gguf(read_file(model))
     cfg = RunConfig(n_ctx=n_ctx, n_ubatch=ub, n_batch=max(2048, ub), type_k=kv, type_v=kv, flash_attn="on",
-                    device="rpc", runtime="llama-cli")  # fmt: skip
+                    device="rpc", runtime="library")  # fmt: skip
     lay = resolve(spec, cfg)
     planned = device_compute_bytes(spec, lay) + host_experts_device_growth(spec, lay)
     args = ["-c", str(n_ctx), "-ub", str(ub), "-b", str(max(2048, ub)), "-fa", "on", "-np", "1", "-ngl", "99"]
@@ -108,7 +108,7 @@ def test_the_output_layer_alone_reserves_its_own_phase(fit_params: Path, rpc_end
     model = _model("small", str(tmp_path))
     spec = from_gguf(read_file(model))
     for n_ctx in (4096, 16384):
-        lay = resolve(spec, RunConfig(n_ctx=n_ctx, flash_attn="on", device="rpc", runtime="llama-cli"))
+        lay = resolve(spec, RunConfig(n_ctx=n_ctx, flash_attn="on", device="rpc", runtime="library"))
         args = ["-c", str(n_ctx), "-fa", "on", "-np", "1", "-ngl", "1"]
         measured = _device_mib(fit_params, model, args, rpc_endpoint)
         planned = output_layer_compute_bytes(spec, lay)

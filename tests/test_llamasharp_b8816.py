@@ -32,16 +32,23 @@ from kvadvise.planner.memory import (
     resolve,
 )
 
-DATA = Path(__file__).resolve().parent / "data" / "published" / "035-cuda-llama32-3b-llamasharp-b8816-seqmax40-fa-auto.json"
+DATA = (
+    Path(__file__).resolve().parent
+    / "data"
+    / "published"
+    / "035-cuda-llama32-3b-llamasharp-b8816-seqmax40-fa-auto.json"
+)
 DOC = json.loads(DATA.read_text(encoding="utf-8"))
 SPEC = from_config(DOC["hf_config"], source="035")
 LLAMASHARP = RunConfig(
     n_ctx=2048, n_parallel=40, kv_unified=True, n_batch=512, n_ubatch=512, flash_attn="auto", device="cuda",
-    runtime="llama-cli", device_names=("CUDA0",), llama_build=8816,
+    runtime="library", device_names=("CUDA0",), llama_build=8816,
 )  # fmt: skip
 
 
-@pytest.mark.parametrize(("n_ctx", "kv_mib", "compute_mib"), [(2048, 224.0, 285), (8192, 896.0, 267), (16384, 1792.0, 261)])
+@pytest.mark.parametrize(
+    ("n_ctx", "kv_mib", "compute_mib"), [(2048, 224.0, 285), (8192, 896.0, 267), (16384, 1792.0, 261)]
+)
 def test_the_spikes_compute_buffer_shrinks_as_the_context_grows(n_ctx: int, kv_mib: float, compute_mib: int) -> None:
     """The spike's three loads: the KV exact, ggml-alloc's replay to the whole MiB the spec quotes, the plan never
     under it and at most 3 % over (the plan takes the larger of the replay and the analytic phases, since
@@ -84,8 +91,9 @@ def test_the_reference_build_plans_as_before() -> None:
     forty = estimate(SPEC, replace(LLAMASHARP, llama_build=11312))
     assert forty.devices[0].compute_bytes == one.devices[0].compute_bytes
     # f16 mask 2048 x 8 more rows, two more rows of n_embd, 8 more token and position ids (the outputs stay 512)
-    assert forty.host.compute_bytes - one.host.compute_bytes == pytest.approx(8 * (2048 * 2 + 2 * 3072 * 4 + 8), abs=128)
-
+    assert forty.host.compute_bytes - one.host.compute_bytes == pytest.approx(
+        8 * (2048 * 2 + 2 * 3072 * 4 + 8), abs=128
+    )
 
 
 @pytest.mark.llama
@@ -104,7 +112,7 @@ def test_the_host_inputs_are_as_wide_as_the_rounded_batch_in_b11312(
     path = tmp_path / "llama-3.2-3b.gguf"
     dims = {"n_layer": 28, "n_embd": 3072, "n_head": 24, "n_head_kv": 8, "head": 128, "n_ff": 8192}
     write_tiny_gguf(path, "llama", n_vocab=128256, n_ctx_train=262144, dims=dims, sparse=True)
-    cfg = RunConfig(n_ctx=10240, n_parallel=40, flash_attn="on", n_batch=512, runtime="llama-cli")
+    cfg = RunConfig(n_ctx=10240, n_parallel=40, flash_attn="on", n_batch=512, runtime="library")
     measured = dry_run(fit_params, path, cfg, rpc=rpc_endpoint)
     (device,) = [k for k in measured if k.startswith("RPC")]
     est = estimate(from_gguf(read_file(path)), replace(cfg, device="rpc", device_names=(device,)))

@@ -101,7 +101,7 @@ def test_moe_compute_is_never_under_llama_cpps_allocation(
     name, _, _, n_vocab, ub, n_ctx, tight = case
     path = _model(name, n_vocab, model_dir)
     spec = from_gguf(read_file(path))
-    cfg = RunConfig(n_ctx=n_ctx, n_ubatch=ub, n_batch=max(2048, ub), flash_attn=fa, runtime="llama-cli")
+    cfg = RunConfig(n_ctx=n_ctx, n_ubatch=ub, n_batch=max(2048, ub), flash_attn=fa, runtime="library")
     measured = dry_run(fit_params, path, cfg, rpc=rpc_endpoint)
     (device,) = [k for k in measured if k.startswith("RPC")]
     est = estimate(spec, replace(cfg, device="rpc", device_names=(device,)))

@@ -24,7 +24,7 @@ from kvadvise.model.gguf import read_file
 from kvadvise.planner.memory import MIB, RunConfig, estimate, resolve
 from kvadvise.planner.offload import cpu_moe_placement
 
-RUN = RunConfig(flash_attn="on", device="cuda", runtime="llama-cli", device_names=("CUDA0",))
+RUN = RunConfig(flash_attn="on", device="cuda", runtime="library", device_names=("CUDA0",))
 
 
 def test_gemma3_leading_sliding_window_layers(tmp_path: Path) -> None:
@@ -56,7 +56,9 @@ def test_gpt_oss_experts_on_the_cpu_at_131k(tmp_path: Path) -> None:
 
         tinymodels._moe = _moe
         try:
-            return write_tiny_gguf(path, "gpt-oss", n_vocab=201088, n_ctx_train=131072, dims=REAL_SIZES["gpt-oss"], sparse=True)
+            return write_tiny_gguf(
+                path, "gpt-oss", n_vocab=201088, n_ctx_train=131072, dims=REAL_SIZES["gpt-oss"], sparse=True
+            )
         finally:
             tinymodels._moe = moe
 

@@ -58,15 +58,15 @@ def test_the_release_prints_the_version_as_given_without_its_blanks() -> None:
     ("version", "arch", "runner", "llama_cpp", "program", "layers_by"),
     [
         # the held-out load: qwen2 is not in 0.20.2's OllamaEngineRequired, so the cgo llamarunner runs it
-        ("0.20.2", "qwen2", "llamarunner", "ec98e2002", "llama-cli", "GraphSize"),
-        ("0.20.2", "deepseek2", "ollamarunner", "ec98e2002", "llama-cli", "trial allocations"),
-        ("0.12.10", "deepseek2", "llamarunner", "7049736b2", "llama-cli", "memory.go"),  # Go engine from 0.13.0
-        ("0.12.10", "gptoss", "ollamarunner", "7049736b2", "llama-cli", "trial allocations"),
-        ("0.11.4", "gptoss", "ollamarunner", "de4c07f93", "llama-cli", "memory.go"),
+        ("0.20.2", "qwen2", "llamarunner", "ec98e2002", "library", "GraphSize"),
+        ("0.20.2", "deepseek2", "ollamarunner", "ec98e2002", "library", "trial allocations"),
+        ("0.12.10", "deepseek2", "llamarunner", "7049736b2", "library", "memory.go"),  # Go engine from 0.13.0
+        ("0.12.10", "gptoss", "ollamarunner", "7049736b2", "library", "trial allocations"),
+        ("0.11.4", "gptoss", "ollamarunner", "de4c07f93", "library", "memory.go"),
         # 0.11.5-0.11.10: the trial layout only with OLLAMA_NEW_ESTIMATES=1 (NewLlamaServer's newEstimates)
-        ("0.11.10", "gptoss", "ollamarunner", "e54d41bef", "llama-cli", "memory.go"),
-        ("0.11.11", "gptoss", "ollamarunner", "e54d41bef", "llama-cli", "trial allocations"),
-        ("0.13.0", "qwen2", "llamarunner", "b6840", "llama-cli", "GraphSize"),
+        ("0.11.10", "gptoss", "ollamarunner", "e54d41bef", "library", "memory.go"),
+        ("0.11.11", "gptoss", "ollamarunner", "e54d41bef", "library", "trial allocations"),
+        ("0.13.0", "qwen2", "llamarunner", "b6840", "library", "GraphSize"),
         ("0.30.0", "qwen2", "llama-server", "b9452", "llama-server", "--fit"),
         ("0.32.13", "deepseek2", "llama-server", "b10380", "llama-server", "--fit"),
     ],
@@ -212,13 +212,13 @@ def _plan(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
 def test_0_20_2_plans_the_library_at_its_vendored_commit(coder_store: Path, capsys: pytest.CaptureFixture[str]) -> None:
     old = _plan(capsys, "ollama", "qwen2.5-coder:7b", "--ollama-version", "0.20.2")
     new = _plan(capsys, "ollama", "qwen2.5-coder:7b", "--ollama-version", "0.32.13")
-    # the same load as the library (llama-cli): -b 512 -ub 512, by the rules of a build before #18898's second
+    # the same load as the library: -b 512 -ub 512, by the rules of a build before #18898's second
     # embeddings input on the host (and so before the V-less MLA)
-    lib = _plan(capsys, "gguf", str(coder_store), "--runtime", "llama-cli", "-b", "512", "-ub", "512",
+    lib = _plan(capsys, "gguf", str(coder_store), "--runtime", "library", "-b", "512", "-ub", "512",
                 "--llama-build", f"b{builds.EMBD_SELECT - 1}")  # fmt: skip
     assert schema_errors("plan.schema.json", old) == []
     rel = old["ollama"]["release"]
-    assert (rel["runner"], rel["program"], rel["found_by"]) == ("llamarunner", "llama-cli", "--ollama-version")
+    assert (rel["runner"], rel["program"], rel["found_by"]) == ("llamarunner", "library", "--ollama-version")
     assert rel["llama_cpp"]["commit"].startswith("ec98e2002") and rel["llama_cpp"]["build"] is None
     # its layers: Ollama's own createLayout (llm/server.go), replayed (tests/test_ollama_layout.py)
     assert rel["claims_layers"] and "createLayout over fs/ggml GraphSize" in rel["claims"]
@@ -248,7 +248,7 @@ def test_the_servers_version_is_read_unless_given(coder_store: Path, capsys: pyt
         given = _plan(capsys, "ollama", "qwen2.5-coder:7b", "--ollama-version", "0.32.13")
         asked = [p for _m, p, _b in fake.requests].count("/api/version")
     assert (live["ollama"]["release"]["version"], live["ollama"]["release"]["found_by"]) == ("0.20.2", "/api/version")
-    assert live["config"]["runtime"] == "llama-cli"
+    assert live["config"]["runtime"] == "library"
     assert given["ollama"]["release"]["found_by"] == "--ollama-version" and given["config"]["runtime"] == "llama-server"
     assert asked >= 2
     down = _plan(capsys, "ollama", "qwen2.5-coder:7b")  # no server: unknown, the newest release

@@ -119,10 +119,10 @@ def test_gemma3_270m_matches_llama_cpp(i: int, gemma_path: Path) -> None:
 # runs the CPU backend and has no offload_op). Compared with kvadvise's plan for the same run: device and host
 # compute within 16 MiB or 3 %.
 DRY_CONFIGS = (
-    ("rpc", 1024, RunConfig(n_ctx=32768, flash_attn="on", runtime="llama-cli")),  # masks of 32k cells, FA
-    ("rpc", 1024, RunConfig(n_ctx=8192, flash_attn="off", runtime="llama-cli")),  # the scores without FA
-    ("cpu", 1024, RunConfig(n_ctx=16384, n_parallel=4, flash_attn="on", runtime="llama-cli")),  # 4 streams
-    ("rpc", 0, RunConfig(n_ctx=4096, flash_attn="on", runtime="llama-cli")),  # the published vocabulary: logits
+    ("rpc", 1024, RunConfig(n_ctx=32768, flash_attn="on", runtime="library")),  # masks of 32k cells, FA
+    ("rpc", 1024, RunConfig(n_ctx=8192, flash_attn="off", runtime="library")),  # the scores without FA
+    ("cpu", 1024, RunConfig(n_ctx=16384, n_parallel=4, flash_attn="on", runtime="library")),  # 4 streams
+    ("rpc", 0, RunConfig(n_ctx=4096, flash_attn="on", runtime="library")),  # the published vocabulary: logits
 )
 # Where kvadvise's rule is known to miss by more than the tolerance, said and held (strict xfail)
 DRY_MISSES = {

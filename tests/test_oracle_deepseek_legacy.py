@@ -26,10 +26,10 @@ from kvadvise.planner.memory import MIB, RunConfig, estimate
 HF = Path(__file__).resolve().parent / "data" / "hf" / "deepseek-coder-v2-16b.json"
 
 CASES = (
-    RunConfig(n_ctx=4096, flash_attn="off", runtime="llama-cli"),
-    RunConfig(n_ctx=8192, flash_attn="off", runtime="llama-cli"),
-    RunConfig(n_ctx=8192, flash_attn="off", runtime="llama-cli", n_batch=1024, n_ubatch=1024),
-    RunConfig(n_ctx=16384, flash_attn="off", runtime="llama-cli", n_ubatch=256),
+    RunConfig(n_ctx=4096, flash_attn="off", runtime="library"),
+    RunConfig(n_ctx=8192, flash_attn="off", runtime="library"),
+    RunConfig(n_ctx=8192, flash_attn="off", runtime="library", n_batch=1024, n_ubatch=1024),
+    RunConfig(n_ctx=16384, flash_attn="off", runtime="library", n_ubatch=256),
 )
 
 

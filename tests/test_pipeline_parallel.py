@@ -59,7 +59,7 @@ def test_the_published_two_host_run_of_b6209_is_planned_to_the_mib(tmp_path: Pat
     spec = kvadvise.load_model(str(path))
     run = row["run"]
     cfg = RunConfig(
-        n_ctx=run["n_ctx"], flash_attn="off", device="rpc", runtime="llama-cli",
+        n_ctx=run["n_ctx"], flash_attn="off", device="rpc", runtime="library",
         tensor_split=tuple(run["tensor_split"]), device_names=tuple(run["device_names"]), llama_build=6209,
     )  # fmt: skip
     est = estimate(spec, cfg)

@@ -32,7 +32,7 @@ def test_the_published_set_is_what_issue_12_asks() -> None:
         assert b in backends, b
     assert any(len(log.run.tensor_split) > 1 for log in LOGS)
     assert {log.run.flash_attn for log in LOGS} >= {"on", "off"}
-    assert {log.run.runtime for log in LOGS} == {"llama-server", "llama-cli"}
+    assert {log.run.runtime for log in LOGS} == {"llama-server", "llama-cli", "library"}
 
 
 @pytest.mark.parametrize("log", LOGS, ids=[log.id for log in LOGS])
@@ -62,7 +62,7 @@ def test_op_offload_copy_sits_in_a_layer_not_beside_the_logits() -> None:
 
     sizes = json.loads((ROOT / "tests" / "data" / "hf" / "qwen3.5-35b-a3b.json").read_text())
     spec = from_config(sizes, source="Qwen3.5-35B-A3B")
-    lay = resolve(spec, RunConfig(n_ctx=262144, flash_attn="on", device="cuda", runtime="llama-cli", llama_build=9900))
+    lay = resolve(spec, RunConfig(n_ctx=262144, flash_attn="on", device="cuda", runtime="library", llama_build=9900))
     copy = 512 * 2048 * 256 // 256 * 176  # q5_K: 176 bytes per 256 values; [512, 2048, 256]
     assert copy == 176 * MIB
     full = device_compute_bytes(spec, lay)

@@ -15,7 +15,7 @@ import click
 
 from kvadvise.errors import EXIT_NO_FIT, InputError
 from kvadvise.ui import output
-from kvadvise.ui.flags import MARGIN_OPTION, PARALLEL_OPTION, SIZE, TEXT, USE_OPTION, TokensType
+from kvadvise.ui.flags import MARGIN_OPTION, PARALLEL_OPTION, TEXT, USE_OPTION, VRAM_SIZE, TokensType, gpu_list
 
 if TYPE_CHECKING:
     from kvadvise.model.spec import ModelSpec
@@ -288,10 +288,13 @@ def _partial(d: dict[str, Any] | None) -> str:
     "--gpu",
     metavar="NAME[,NAME...]",
     type=TEXT,
-    default=None,
-    help="Cards of `kvadvise gpus`, comma-separated; NAMExN for N of them (rtx-3090x2).",
+    multiple=True,
+    callback=gpu_list,  # repeated, a list, as the plan commands take it
+    help="Cards of `kvadvise gpus`, comma-separated or repeated; NAMExN for N of them (rtx-3090x2).",
 )
-@click.option("--vram", "vram_bytes", type=SIZE, metavar="SIZE", default=None, help="One budget given by hand: 24GiB.")
+@click.option(
+    "--vram", "vram_bytes", type=VRAM_SIZE, metavar="SIZE", default=None, help="One budget given by hand: 24GiB."
+)
 @MARGIN_OPTION
 @USE_OPTION
 @click.option(

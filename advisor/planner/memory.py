@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -74,7 +75,9 @@ OLD_CTX_PAD = 32  # before #17046 without flash attention: llama_kv_cache::get_p
 FLASH_ATTN_MODES = ("on", "off", "auto")
 DEVICES = ("auto", "cpu", "cuda", "metal", "rpc")
 GPU_DEVICES = ("cuda", "metal", "rpc")  # devices that hold offloaded layers (not the CPU)
-RUNTIMES = ("llama-server", "llama-cli")
+# the programs whose rules size the compute graph (RunConfig.runtime): llama-server; llama-cli; the library and
+# its bindings (llama-completion, llama-bench, llama-cpp-python, LM Studio, Ollama's cgo runner)
+RUNTIMES = ("llama-server", "llama-cli", "library")
 # Buffer alignment: CPU TENSOR_ALIGNMENT = 32, CUDA CUDA_ALIGNMENT = 128 (ggml-cuda.cu).
 # Per-device fixed cost outside llama.cpp's buffers. CPU: none. CUDA: the CUDA
 # context and cuBLAS workspace, about 330 MiB measured by unsloth (issue #6718,
@@ -113,9 +116,12 @@ class RunConfig:
     n_outputs_max: int | None = None
     # The program that runs the model (RUNTIMES): "llama-server" (and so Ollama >= 0.30) passes one
     # output row per slot (tools/server/server-context.cpp server_output_limits, ggml-org/llama.cpp#23861,
-    # no speculative decoding); "llama-cli" stands for llama-cli, llama-bench, the library and its
-    # bindings (llama-cpp-python, node-llama-cpp, LM Studio) and llama-servers built before that change:
-    # the library's default 0 = the whole batch.
+    # no speculative decoding), a llama-server built before that change the whole batch; "llama-cli" is
+    # llama-server's context since ggml-org/llama.cpp#17824 (December 2025: tools/cli links llama-server-impl),
+    # and before it the library's loop, which reserved the whole batch as the servers of its time did, so it
+    # takes llama-server's rules at every build; "library" is llama-completion (the old llama-cli), llama-bench,
+    # the library and its bindings (llama-cpp-python, node-llama-cpp, LM Studio, Ollama's cgo runner): the
+    # library's default 0 = the whole batch.
     runtime: str = "llama-server"
     # llama.cpp -ts: the share of the layers each device gets (-sm layer). () = one device; with
     # several GPUs the planner passes their free memory, which is what llama.cpp splits by when
@@ -173,6 +179,7 @@ class RunConfig:
                 raise ConfigError(
                     f"{name} must be a whole number from 0 to {INT32_MAX:,} (llama.cpp's int32), got {v!r}"
                 )
+        self._check_types()
         if isinstance(self.spec_draft_n_max, bool) or not 0 <= self.spec_draft_n_max <= INT32_MAX:
             raise ConfigError(f"spec_draft_n_max must be from 0 to {INT32_MAX:,}, got {self.spec_draft_n_max!r}")
         if self.n_outputs_max is not None and not 0 <= self.n_outputs_max <= INT32_MAX:
@@ -187,15 +194,62 @@ class RunConfig:
             # llama.cpp's -ts takes finite shares >= 0 (common/arg.cpp); nan split the layers 0/5
             raise ConfigError(f"tensor_split must be finite shares >= 0, got {self.tensor_split!r}")
 
+    def _check_types(self) -> None:
+        """Every other field of the type it is declared with (the Python API builds RunConfig by hand): a wrong one
+        is a ConfigError naming it, not a TypeError from deep inside estimate()."""
+
+        def whole(v: object) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        def projector(v: object) -> bool:
+            if v is None:
+                return True
+            from kvadvise.model.projector import ProjectorSpec  # loaded only where there is a projector
+
+            return isinstance(v, ProjectorSpec)
+
+        kinds: dict[str, tuple[str, Callable[[object], bool]]] = {
+            "spec_draft_n_max": ("a whole number", whole),
+            "n_outputs_max": ("a whole number or None", lambda v: v is None or whole(v)),
+            "llama_build": ("a build number or None", lambda v: v is None or whole(v)),
+            "op_offload_copy_bytes": ("a whole number of bytes", whole),
+            # a cache type by its name ("q8_0") too: kvadvise.plan reads it as the CLI's -ctk does
+            "type_k": ("a GGMLType or a cache type's name", lambda v: isinstance(v, (GGMLType, str))),
+            "type_v": ("a GGMLType or a cache type's name", lambda v: isinstance(v, (GGMLType, str))),
+            "type_k_draft": ("a GGMLType or a cache type's name", lambda v: isinstance(v, (GGMLType, str))),
+            "type_v_draft": ("a GGMLType or a cache type's name", lambda v: isinstance(v, (GGMLType, str))),
+            "mmproj": ("a ProjectorSpec (kvadvise.model.projector.projector_from_gguf) or None", projector),
+            "draft": ("a ModelSpec (kvadvise.load_model) or None", lambda v: v is None or isinstance(v, ModelSpec)),
+            "tensor_split": ("a tuple of numbers", lambda v: isinstance(v, tuple)),
+        }
+        for name in ("flash_attn", "device", "runtime", "cpu_repack"):
+            kinds[name] = ("a string", lambda v: isinstance(v, str))
+        for name in ("device_names", "devices", "rpc_servers"):
+            kinds[name] = ("a tuple of strings", lambda v: isinstance(v, tuple) and all(isinstance(x, str) for x in v))
+        for name in (
+            "kv_unified",
+            "swa_full",
+            "mtp",
+            "host_experts",
+            "pipeline",
+            "output_on_host",
+            "sampling_penalties",
+        ):
+            kinds[name] = ("True or False", lambda v: isinstance(v, bool))
+        for name, (what, ok) in kinds.items():
+            v = getattr(self, name)
+            if not ok(v):
+                raise ConfigError(f"{name} must be {what}, got {v!r}")
+
     @property
     def llama_n_outputs_max(self) -> int:
         """The llama_context_params.n_outputs_max llama.cpp is given for this config (0 = n_batch)."""
         if self.n_outputs_max is not None:
             return self.n_outputs_max
-        if self.runtime != "llama-server":
+        if self.runtime == "library":
             return 0
-        # a llama-server built before ggml-org/llama.cpp#23861 reserves the whole batch, as the library does;
-        # an unknown build follows the runtime (llama-cli stands for such servers; the plan's note says so)
+        # a llama-server (or llama-cli) built before ggml-org/llama.cpp#23861 reserves the whole batch, as the
+        # library does; an unknown build is planned as the newest (the plan's note says what an older one takes)
         old = builds.older_than(self.llama_build, builds.SERVER_OUTPUT_LIMITS)
         if old:
             return 0

@@ -97,7 +97,9 @@ class Plan:
     prefill: PrefillEstimate | None = None  # prompt processing at the plan's context (a plan that fits)
     cpu_moe: CpuMoe | None = None  # --n-cpu-moe N: the experts kept in RAM, as planned
     ram: HostRam | None = None  # what the config keeps in system RAM, against the RAM (a plan with hardware)
-    runtime: str = "llama-server"  # the runtime it is for (kvadvise.runtime.seam): llama-server, llama-cli, ollama
+    runtime: str = (
+        "llama-server"  # the runtime it is for (kvadvise.runtime.seam): llama-server, llama-cli, library, ollama
+    )
     n_ctx_requested: int | None = None  # the -c asked for (None: recommended), before llama.cpp pads it
     advice: RuntimeAdvice | None = None  # what that runtime adds: its settings, warnings, command
     users: UsersAnswer | None = None  # --users N: how many sessions of the context fit (kvadvise.planner.users)

@@ -164,8 +164,9 @@ def notes(choice: BuildChoice, *, runtime: str, older_server_mib: float | None =
         f"llama.cpp build unknown ({choice.source}): planned for b{builds.REFERENCE}'s rules; --llama-build bNNNN "
         f"names it; a build older than b{builds.F16_MASK_FA} takes more compute memory (an f32 mask)"
     )
-    if runtime == "llama-server":
-        # before b9467 (ggml-org/llama.cpp#23861) llama-server reserved the logits of the whole batch
+    if runtime in ("llama-server", "llama-cli"):
+        # before b9467 (ggml-org/llama.cpp#23861) llama-server (and the llama-cli on its context) reserved the logits
+        # of the whole batch
         more = f" ({older_server_mib:,.0f} MiB more)" if older_server_mib else ""
-        out += f"; a llama-server older than b{builds.SERVER_OUTPUT_LIMITS} takes the whole batch's logits{more}"
+        out += f"; a {runtime} older than b{builds.SERVER_OUTPUT_LIMITS} takes the whole batch's logits{more}"
     return (out,)

@@ -249,8 +249,8 @@ class LlamaServer(LlamaCppRuntime):
 
     def __init__(self, source: ModelSource | None = None, *, program: str = "llama-server") -> None:
         self.source = source
-        # "llama-cli": a llama-server built before mid-2026 reserves the logits of the whole batch, as the
-        # library does (--runtime llama-cli stands for it)
+        # --runtime llama-cli or library: the command is llama-server's, the compute graph sized by that program's
+        # rules (RunConfig.runtime)
         self.program = program
 
     def advise(self, plan: Plan, request: PlanRequest) -> Plan:

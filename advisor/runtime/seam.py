@@ -83,11 +83,11 @@ class Writer(Generic[R]):
 class Runtime(Protocol):
     """What a runtime changes about planning."""
 
-    name: str  # "llama-server", "llama-cli", "ollama"
+    name: str  # "llama-server", "llama-cli", "library", "ollama"
 
     @property
     def program(self) -> str:
-        """Whose rules size the compute graph: "llama-server" or "llama-cli" (RunConfig.runtime); a runtime
+        """Whose rules size the compute graph: "llama-server", "llama-cli" or "library" (RunConfig.runtime); a runtime
         may decide it by what it runs (Ollama: by its version)."""
         ...
 

@@ -179,6 +179,8 @@ def compare(plan: Plan, m: Measurement) -> Verification:
         verdict = "fits: 100% GPU, 0 layers on CPU" if fits else f"does not fit: {cpu_layers} layers on the CPU"
         if all_on_gpu and not within:
             verdict = "does not fit: device memory went past what was free"
+        if m.gpu_layers is None or m.total_layers is None:  # a log cut before load_tensors' "offloaded N/M" line
+            verdict = "not verified: the run's output does not say how many layers it offloaded (load_tensors)"
     elif est.layout.device in ("cuda", "metal", "rpc"):
         # the plan is for a GPU, the run used none (a CPU-only build, no driver, or no device it could
         # use): the buffers are not the ones the plan predicts, and nothing was shown to fit

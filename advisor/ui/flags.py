@@ -659,7 +659,7 @@ def _options(*, planned_hardware: bool) -> list[Callable[[F], F]]:
     return opts
 
 
-def _gpu_list(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> str | None:
+def gpu_list(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> str | None:
     """``--gpu`` given more than once is a list, as ``--gpu A,B`` (else the last one would silently win)."""
     if not value:
         return None
@@ -685,7 +685,7 @@ def _hardware_options(planned: bool) -> list[Callable[[F], F]]:
             metavar="NAME",
             type=TEXT,  # an empty name or a NUL byte: exit 2
             multiple=True,
-            callback=_gpu_list,
+            callback=gpu_list,
             help="Plan for cards of the built-in list (`kvadvise gpus`): 4090; several: 4090,3090, rtx-3090x2 "
             "or --gpu 4090 --gpu 3090.",
         ),

@@ -216,6 +216,16 @@ def _attach(address: str, path: str, plan: Plan) -> None:
             f"--attach: no llama-server answered /props on {where}",
             hint="start llama-server, or give the HOST:PORT it listens on",
         )
+    missing = [
+        what
+        for what, value in (("default_generation_settings.n_ctx", server.n_ctx), ("total_slots", server.n_slots))
+        if value is None
+    ]
+    if missing:  # nothing to compare is no agreement (tools/server/server-context.cpp's /props has both)
+        raise BackendUnreachable(
+            f"--attach: the server at {server.url} answered /props without a usable {' or '.join(missing)}",
+            hint="is it a llama-server? its /props gives its context per slot and its slots",
+        )
     lay = plan.estimate.layout
     differs = attach_checks(server, lay.n_ctx_seq, lay.n_seq_max, path)
     sleeping = (

@@ -14,6 +14,7 @@ too short, an unreadable file), so a run counts only when its statistics are pri
 
 from __future__ import annotations
 
+import math
 import re
 import signal
 import tempfile
@@ -95,17 +96,30 @@ def parse(text: str, kv: tuple[GGMLType, GGMLType], seconds: float, build: int |
     mean, p99, top, chunks = (r.search(text) for r in (_MEAN_KLD, _P99_KLD, _SAME_TOP, _CHUNKS))
     if not (mean and p99 and top and chunks):
         return None
+    figures = [_finite(x[1]) for x in (mean, p99, top)]
+    if any(f is None for f in figures):  # "." or "1.2.3" (the pattern's digits and dots), "1e999": no figure
+        return None
+    mean_kld, p99_kld, same_top = (f for f in figures if f is not None)
     return CacheQuality(
         type_k=kv[0],
         type_v=kv[1],
         n_ctx=int(chunks[2]),
         n_chunks=int(chunks[1]),
-        mean_kld=float(mean[1]),
-        p99_kld=float(p99[1]),
-        same_top_pct=float(top[1]),
+        mean_kld=mean_kld,
+        p99_kld=p99_kld,
+        same_top_pct=same_top,
         seconds=seconds,
         llama_build=build,
     )
+
+
+def _finite(text: str) -> float | None:
+    """A figure llama-perplexity printed (printf's %f / %g), or None for what is no finite number."""
+    try:
+        x = float(text)
+    except ValueError:
+        return None
+    return x if math.isfinite(x) else None
 
 
 def _failed(what: str, code: int, out: str, err: str) -> DoesNotFit | InputError:

@@ -308,7 +308,7 @@ def measure(
     if server and not Path(server).exists():
         raise InputError(f"{server}: no such llama-server binary")
     if binary:
-        if cfg.runtime != "llama-server" and cfg.n_outputs_max is None:
+        if cfg.runtime == "library" and cfg.n_outputs_max is None:
             # verify predicts the program it launches (one logits row per slot here)
             raise ConfigError(
                 f"verify launches llama-server ({binary}), not {cfg.runtime}",

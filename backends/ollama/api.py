@@ -461,6 +461,8 @@ def _tensor(t: object, offset: int) -> TensorInfo | None:
     dims = [_int(d) for d in shape]
     if any(d is None or d <= 0 for d in dims):
         return None
+    if math.prod(d for d in dims if d is not None) >= 1 << 63:  # gguf.cpp: the element count fits an int64
+        raise InputError(f"/api/show lists tensor {name!r} of shape {shape}: more elements than a GGUF tensor holds")
     try:
         gt = GGMLType[type_name.upper()]
     except KeyError:
@@ -558,6 +560,9 @@ def running_models(host: str | None = None, *, timeout: float = DEFAULT_TIMEOUT)
         name = m.get("name") if isinstance(m.get("name"), str) else m.get("model")
         if not isinstance(name, str) or size is None or vram is None:
             raise _unexpected(url, "/api/ps", "a model entry without name, size or size_vram")
+        for what, n in (("size", size), ("size_vram", vram)):  # api.ProcessModelResponse: int64 byte counts
+            if not 0 <= n < 1 << 63:
+                raise _unexpected(url, "/api/ps", f"a {what} of {n:.3g} bytes")
         details = m.get("details")
         context_length = _int(m.get("context_length"))
         if context_length is not None and not 0 <= context_length <= 2**31 - 1:  # num_ctx is a Go int a runner's

@@ -479,7 +479,7 @@ def run_together(
         settings,
     )
     from kvadvise.backends.ollama.together_budget import plan_combinations
-    from kvadvise.backends.ollama.together_files import SWAPPING_OPTIONS, budget_lines, write
+    from kvadvise.backends.ollama.together_files import SWAPPING_OPTIONS, budget_lines, check_names, write
     from kvadvise.backends.ollama.together_show import together_dict, together_text
     from kvadvise.errors import EXIT_NO_FIT
     from kvadvise.ui.flags import given_flags
@@ -513,6 +513,7 @@ def run_together(
         t = replace(t, notes=(*t.notes, live_note))
     asked = {k: v for k, v in paths.items() if v is not None}
     swapping = {k: v for k, v in asked.items() if k in SWAPPING_OPTIONS}
+    check_names(t, swapping)
     if swapping:  # the router's limit and llama-swap's groups: which combinations fit (together_budget)
         t = replace(t, combinations=plan_combinations(t, hw, headless=r.headless))
     if f.view.as_json:

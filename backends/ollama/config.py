@@ -14,6 +14,7 @@ never overwrites without ``force``.
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 
@@ -120,9 +121,11 @@ def modelfile_header(s: OllamaSettings, planned_for: str) -> str:
     return f"# needs {needs} on the server; planned by kvadvise for {planned_for}\n"
 
 
-def created_name(model: OllamaModel, num_ctx: int) -> str:
-    """The name for ``ollama create``: the model part, its tag unless latest, the context (``qwen3-coder-30b-32k``)."""
-    base = model.name.rsplit("/", 1)[-1]
+def created_name(model: OllamaModel, num_ctx: int, *, namespaced: bool = False) -> str:
+    """The name for ``ollama create``: the model part, its tag unless latest, the context (``qwen3-coder-30b-32k``);
+    ``namespaced``: the whole name, its slashes and dots as dashes (``alice-helper-4k``, ``hf-co-u-r-8k``), for
+    models whose model parts are alike."""
+    base = re.sub(r"[/.]", "-", model.name) if namespaced else model.name.rsplit("/", 1)[-1]
     if model.tag.lower() != "latest":
         base = f"{base}-{model.tag}"
     ctx = f"{num_ctx // 1024}k" if num_ctx % 1024 == 0 else str(num_ctx)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import shlex
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING
 from kvadvise.backends.ollama import rules
 from kvadvise.backends.ollama import scheduler as sched
 from kvadvise.backends.ollama.together import Together, routed
+from kvadvise.errors import InputError
 from kvadvise.runtime.seam import Writer
 from kvadvise.ui import output
 
@@ -72,9 +74,37 @@ def budget_lines(c: Combinations) -> list[str]:
     return out
 
 
+_SWAPPING_FILES = {"--write-preset": "router preset", "--write-llama-swap": "llama-swap config"}
+
+
+def check_names(t: Together, options: Iterable[str]) -> None:
+    """Before anything is planned or printed: every model of the router preset or llama-swap config asked for
+    (``options``) has a name of its own there (:func:`_one_section_each`)."""
+    for option in options:
+        if option in _SWAPPING_FILES:
+            _one_section_each(t, _SWAPPING_FILES[option])
+
+
+def _one_section_each(t: Together, what: str) -> None:
+    """Refuse a file in which two models would answer to one name: the router's and llama-swap's name drops
+    ``:latest`` and joins another tag with ``-`` (router.section_name), so qwen3:8b and qwen3-8b:latest are both
+    qwen3-8b, and in the router's INI file the second section's keys would land on the first."""
+    from kvadvise.runtime.router import section_name
+
+    named: dict[str, str] = {}
+    for m in t.models:
+        other = named.setdefault(section_name(m.ref), m.ref)
+        if other != m.ref:
+            raise InputError(
+                f"{other} and {m.ref} would both be {section_name(m.ref)} in the {what}",
+                hint=f"give one of them another name first, e.g. ollama cp {m.ref} {section_name(m.ref)}-2",
+            )
+
+
 def preset_text(t: Together) -> str:
     from kvadvise.runtime.router import preset_text as text
 
+    _one_section_each(t, "router preset")
     c = _combinations(t)
     together = "loaded together" if c.models_max == len(t.models) else "swapped by the router"
     header = "\n".join(
@@ -101,6 +131,7 @@ def llama_swap_text(t: Together) -> str:
     from kvadvise.runtime.llamaswap import FOREVER_TTL_S, SwapGroup, SwapModel, config_text
     from kvadvise.runtime.router import section_name
 
+    _one_section_each(t, "llama-swap config")
     c = _combinations(t)
     # never unloaded when idle, as the env file's OLLAMA_KEEP_ALIVE=-1 keeps the set loaded (together_show
     # env_lines); llama-swap still unloads a group when a model of another is asked for (exclusive)
@@ -147,7 +178,7 @@ WRITERS: tuple[Writer[Together], ...] = (
         _swap_hints,
     ),
 )
-SWAPPING_OPTIONS = ("--write-preset", "--write-llama-swap")  # files for models that need not all stay loaded
+SWAPPING_OPTIONS = tuple(_SWAPPING_FILES)  # files for models that need not all stay loaded
 MODELFILES_OPTION = "--write-modelfiles"
 
 

@@ -97,11 +97,20 @@ def env_lines(t: Together) -> list[tuple[str, str]]:
 
 
 def created_names(t: Together) -> dict[str, str]:
-    """The name ``ollama create`` gives each model that needs its own context (qwen3-coder-16k)."""
+    """The name ``ollama create`` gives each model that needs its own context (qwen3-coder-16k); models whose names
+    differ only by their namespace (alice/helper, bob/helper) keep it (alice-helper-4k), so that each gets a name, a
+    Modelfile of its own, and one ``ollama create`` does not replace another's model."""
+    from collections import Counter
+
     from kvadvise.backends.ollama.config import created_name
 
     by_ref = {m.ref: m for m in t.models}
-    return {ref: created_name(by_ref[ref], ctx) for ref, ctx in t.contexts}
+    short = {ref: created_name(by_ref[ref], ctx) for ref, ctx in t.contexts}
+    seen = Counter(short.values())
+    return {
+        ref: created_name(by_ref[ref], ctx, namespaced=True) if seen[short[ref]] > 1 else short[ref]
+        for ref, ctx in t.contexts
+    }
 
 
 def _plan_rows(t: Together) -> list[str]:

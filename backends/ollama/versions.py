@@ -17,7 +17,7 @@ Read from the tags of ollama/ollama (the git mirror; each row names the tag and 
   own estimate (fs/ggml GraphSize for the llamarunner; the runner's trial allocations for the ollamarunner, replayed
   from 0.11.11 by kvadvise.backends.ollama.engine_layout with a stand-in for the runner's graph).
   kvadvise plans what the llama.cpp library allocates for the llamarunner at the vendored commit's rules
-  (kvadvise.planner.builds: whole-batch logits, RunConfig.runtime "llama-cli"); it does not model the Go
+  (kvadvise.planner.builds: whole-batch logits, RunConfig.runtime "library"); it does not model the Go
   engine's allocation; Ollama's layer decision is replayed beside the plan for llm/memory.go and the
   llamarunner's createLayout (kvadvise.backends.ollama.decision: estimate_legacy, layout).
 - **before 0.11**: not modelled.
@@ -272,7 +272,7 @@ class OllamaRelease:
     def program(self) -> str:
         """RunConfig.runtime: llama-server for Ollama >= 0.30, the library's rules (whole-batch logits) for
         the runners inside Ollama's binary."""
-        return "llama-server" if self.runner == "llama-server" else "llama-cli"
+        return "llama-server" if self.runner == "llama-server" else "library"
 
     @property
     def in_process(self) -> bool:
