@@ -236,6 +236,7 @@ REAL_VOCAB = {
     "gemma4": 262144,
     "gpt-oss": 201088,
     "qwen35": 248320,
+    "granitehybrid": 100352,  # Granite-4.0-H's
 }
 DRY_TOLERANCE = (0.03, 16 * MIB)  # issue 25: 16 MiB or 3 %
 
