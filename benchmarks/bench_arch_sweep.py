@@ -138,9 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = sweep(cases, Path(tmp), eps[0])
     under = [r for r in rows if r.flags()]
     worst = max((r.device_pred / MIB - r.device_meas_mib for r in rows), default=0.0)
-    print(
-        f"\n{len(rows)} runs; {len(under)} with a prediction more than 1 % under; largest device over {worst:.2f} MiB"
-    )
+    print(f"\n{len(rows)} runs; {len(under)} with a prediction more than 1 % under; largest device over {worst:.2f} MiB")
     return 0
 
 
