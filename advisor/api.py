@@ -28,6 +28,7 @@ from kvadvise.planner.recommender import Recommendation
 from kvadvise.request import PlanRequest as PlanRequest  # re-exported by kvadvise.__all__
 from kvadvise.request import check
 from kvadvise.runtime.verification import Verification
+from kvadvise.units import MAX_SIZE_BYTES
 
 if TYPE_CHECKING:
     from kvadvise.runtime.seam import Runtime
@@ -76,6 +77,8 @@ def _margin(value: object) -> int:
     assert isinstance(value, int)
     if value < 0:
         raise _invalid("margin_bytes", f"{value} is negative: the margin cannot be negative")
+    if value > MAX_SIZE_BYTES:  # what --margin takes (an int64, as llama.cpp's -fitt)
+        raise _invalid("margin_bytes", f"{value} is more than {MAX_SIZE_BYTES:,} bytes")
     return value
 
 
@@ -102,11 +105,26 @@ def _config(value: object, param: str = "config") -> RunConfig:
 
 
 def _policy(value: object) -> Policy:
-    """A Policy, its values checked as the request's are (the messages of --use, --target-ctx...)."""
+    """A Policy, its values checked as the request's are (the messages of --use, --target-ctx...), its fixed cache
+    types given by name parsed as -ctk/-ctv are."""
     _need("policy", value, Policy, "a Policy")
     assert isinstance(value, Policy)
-    check(_policy_request(value, PlanRequest()))
-    return value
+    request = _policy_request(value, PlanRequest())
+    check(request)
+    if value.quality is not None:
+        from kvadvise.planner.quality import MeasuredQuality
+
+        _need(
+            "policy.quality",
+            value.quality,
+            MeasuredQuality,
+            "a MeasuredQuality (what kvadvise verify quality measured)",
+        )
+    if value.fixed_kv is None:
+        return value
+    from kvadvise.model.ggml import cache_type
+
+    return replace(value, fixed_kv=(cache_type(str(request.type_k)), cache_type(str(request.type_v))))
 
 
 def _kv_name(param: str, v: object) -> str:
@@ -164,9 +182,27 @@ def _config_request(cfg: RunConfig) -> PlanRequest:
         type_v_draft=_kv_name("config.type_v_draft", cfg.type_v_draft),
         spec_type="draft-mtp" if cfg.mtp else "none",
         spec_draft_n_max=cfg.spec_draft_n_max,
+        sampling_penalties=cfg.sampling_penalties,
         llama_build="unknown" if cfg.llama_build is None else f"b{cfg.llama_build}",
         overhead_bytes=cfg.overhead_bytes,
     )
+
+
+# RunConfig's fields the planner sets itself (placement, op offload, pipelining, the devices found): estimate()
+# takes them; plan() decides them, so one given to it is refused rather than dropped without a word
+_PLANNED_FIELDS: tuple[str, ...] = ("device_names", "devices", "rpc_servers", "op_offload_copy_bytes")
+_PLANNED_FIELDS += ("host_experts", "pipeline", "output_on_host")
+
+
+def _planner_fields(cfg: RunConfig) -> None:
+    default = RunConfig()
+    for name in _PLANNED_FIELDS:
+        if getattr(cfg, name) != getattr(default, name):
+            raise _invalid(
+                f"config.{name}",
+                f"{getattr(cfg, name)!r}: plan() places the model itself",
+                hint="estimate() takes a RunConfig as it is; plan() a PlanRequest (gpu=, rpc=, n_cpu_moe=...)",
+            )
 
 
 def request(
@@ -303,7 +339,22 @@ def plan(
             raise _invalid("hardware", f"Hardware: {wrong}", hint="kvadvise.gpu_profile(...) or probe_hardware()")
     if config is not None and not isinstance(config, (RunConfig, PlanRequest)):
         raise _invalid("config", f"expected a RunConfig or a PlanRequest, got {type(config).__name__}")
+    if isinstance(config, RunConfig):
+        _planner_fields(config)
+        # the program is the runtime's (runtime= names it; an old Ollama's is the library): one asked for otherwise
+        if config.runtime not in (RunConfig().runtime, rt.program):
+            raise _invalid(
+                "config.runtime",
+                f"{config.runtime!r}, but the plan is for {rt.name} ({rt.program}'s rules)",
+                hint=f"give runtime={config.runtime!r} to plan()",
+            )
     r = request(config, hardware=hardware, policy=policy, margin_bytes=margin_bytes)
+    if hardware is not None and (r.gpu is not None or r.vram_bytes is not None):
+        raise _invalid(
+            "hardware",
+            f"given beside the request's {'gpu' if r.gpu is not None else 'vram_bytes'}: one of them would be dropped",
+            hint="give the cards once: hardware=, or the request's gpu= / vram_bytes=",
+        )
     return plan_for(spec, r, rt, hardware=hardware)
 
 

@@ -97,8 +97,20 @@ def _plan_users(
     else:
         n_ctx_user = plan.recommendation.target_ctx  # --target-ctx, --use, else the policy's, per slot
     allowed = "kv_unified" not in runtime.refused
+    users_spec = spec
+    if request.n_cpu_moe:  # the sessions on the GPUs as the plan holds the model: the experts of N layers in RAM
+        from kvadvise.planner.offload import cpu_moe_placement
+
+        users_spec = cpu_moe_placement(spec, request.n_cpu_moe, plan.config.device, plan.config.n_ubatch).gpu_spec
     answer = users_per_card(
-        spec, plan.config, plan.budget, n, n_ctx_user, unified_allowed=allowed, unified_given=request.kv_unified
+        users_spec,
+        plan.config,
+        plan.budget,
+        n,
+        n_ctx_user,
+        unified_allowed=allowed,
+        unified_given=request.kv_unified,
+        decode=not request.n_cpu_moe,  # the concurrent decode model reads every weight from the GPUs
     )
     if answer.chosen.kv_unified and not request.kv_unified:
         plan = plan_for(spec, replace(asked, kv_unified=True), runtime, hardware=hardware, found_build=found_build)
@@ -377,13 +389,14 @@ def _llama_build(
 
     from kvadvise.runtime import llamabuild
 
-    option = r.llama_build
+    option, source = r.llama_build, "--llama-build"
     if option == "auto" and not pinned:  # KVADVISE_LLAMA_BUILD, as --llama-build's default reads it: the API alike
         raw = os.environ.get(llamabuild.ENV, "")
         if raw:
             llamabuild.check_env(raw)
+            source = llamabuild.ENV
         option = raw.strip() or "auto"
-    choice = found if found is not None and option == "auto" else llamabuild.choose(option)
+    choice = found if found is not None and option == "auto" else llamabuild.choose(option, source=source)
     more = None
     if choice.build is None and runtime.program != "library" and r.n_outputs_max is None:
         rows = min(r.n_ubatch, r.n_batch) - r.n_parallel

@@ -305,12 +305,30 @@ def _check_together(r: PlanRequest) -> None:
         )
     if r.n_cpu_moe and r.allow_cpu:
         raise InputError("--n-cpu-moe places the experts as given; --allow-cpu finds a placement: give one")
+    if r.n_cpu_moe and r.gpu_only:
+        raise InputError("--n-cpu-moe keeps experts on the CPU; --gpu-only keeps the whole model on the GPU: give one")
     if r.n_cpu_moe and r.device == "cpu":
         raise InputError("--n-cpu-moe keeps experts on the CPU beside a GPU: drop it with --device cpu")
     if r.n_ctx is not None and (r.use or r.target_ctx):
         raise InputError("--ctx fixes the context; --use and --target-ctx aim for one: give one of them")
     if r.use and r.target_ctx:
         raise InputError("give --use or --target-ctx, not both")
+    if r.min_ctx:  # a floor above what is asked for: one of the two would be dropped
+        per_slot = r.n_ctx // max(1, r.n_parallel) if r.n_ctx else 0
+        if per_slot and per_slot < r.min_ctx:
+            raise InputError(
+                f"--ctx {r.n_ctx:,} gives {per_slot:,} tokens a slot, below --min-ctx {r.min_ctx:,}: give one of them"
+            )
+        if r.target_ctx and r.target_ctx < r.min_ctx:
+            raise InputError(f"--target-ctx {r.target_ctx:,} is below --min-ctx {r.min_ctx:,}: give one of them")
+        if r.use:
+            from kvadvise.planner.policy import load_use_cases
+
+            aim = load_use_cases().get(r.use, 0)
+            if aim and aim < r.min_ctx:
+                raise InputError(
+                    f"--use {r.use} aims for {aim:,} tokens, below --min-ctx {r.min_ctx:,}: give one of them"
+                )
     if r.gpu_only and r.allow_cpu:
         raise InputError("--gpu-only keeps the whole model on the GPU; --allow-cpu plans part on the CPU")
     if r.users and r.n_parallel not in (1, r.users):

@@ -304,9 +304,11 @@ def llama_flags(plan: Plan) -> str:
     return args_text(args, binary=None)
 
 
-# the model's own notes that every figure of the plan hangs on: an architecture planned by generic rules (a
-# config.json kvadvise cannot map, kvadvise.model.hfconfig; one not verified against llama.cpp, .architecture)
-_GENERIC = ("is not mapped to a llama.cpp architecture", "generic rules applied")
+# the model's own notes that every figure of the plan hangs on, said in the default output too: an architecture
+# planned by generic rules (a config.json kvadvise cannot map, kvadvise.model.hfconfig; one not verified against
+# llama.cpp, .architecture), and weights of unknown size counted as 0 (a config.json alone, backends/hf.py; a
+# server that lists no tensors, backends/ollama/api.py)
+_GENERIC = ("is not mapped to a llama.cpp architecture", "generic rules applied", "counted as 0")
 
 
 def _generic(spec: ModelSpec) -> tuple[str, ...]:

@@ -116,6 +116,12 @@ _RECURRENT_NEMOTRON_H = frozenset({"nemotron_h", "nemotron_h_moe"})
 # holds an attention cache and a Mamba-2 state.
 _RECURRENT_AND_ATTENTION = frozenset({"falcon-h1"})
 # The recurrent mixer each family runs (src/models/*.cpp build_*_layer), for its compute-buffer activations.
+# the MoE architectures whose graph takes the expert width as n_ff / n_expert_used when the GGUF has no
+# expert_feed_forward_length (llama.cpp b11312 src/models/: qwen2moe, qwen3moe, qwen3vlmoe, qwen35moe, qwen3next,
+# glm4-moe, grovemoe, llada-moe, rnd1)
+_N_FF_EXP_PER_USED = frozenset(
+    {"qwen2moe", "qwen3moe", "qwen3vlmoe", "qwen35moe", "qwen3next", "glm4moe", "grovemoe", "llada-moe", "rnd1"}
+)
 _SSM_KIND = {
     **dict.fromkeys(("mamba2", "granitehybrid", "falcon-h1", "nemotron_h", "nemotron_h_moe", "plamo2"), "mamba2"),
     **dict.fromkeys(("mamba", "jamba"), "mamba"),
@@ -609,8 +615,12 @@ def from_gguf(header: GGUFHeader, *, known_only: bool = True) -> ModelSpec:
         notes.append("MLA: llama.cpp stores only the compressed K (V is a view of it)")
     n_expert = k.num(LLM.EXPERT_COUNT, 0)
     n_ff = k.num(LLM.FEED_FORWARD_LENGTH, 0)
-    # the MoE FFN's width: expert_feed_forward_length, else feed_forward_length (llama.cpp's MoE llama models)
-    n_ff_exp = k.num(LLM.EXPERT_FEED_FORWARD_LENGTH, n_ff) if n_expert else 0
+    # the MoE FFN's width: expert_feed_forward_length, else feed_forward_length (llama.cpp's MoE llama models), or
+    # for the Qwen-MoE family and its kin n_ff / n_expert_used (src/models/qwen3moe.cpp et al.: "n_ff_exp =
+    # hparams.n_ff_exp() ? hparams.n_ff_exp() : n_ff / n_expert_used")
+    n_used = k.num(LLM.EXPERT_USED_COUNT, 0)
+    fallback = n_ff // n_used if arch in _N_FF_EXP_PER_USED and n_used else n_ff
+    n_ff_exp = k.num(LLM.EXPERT_FEED_FORWARD_LENGTH, fallback) if n_expert else 0
     n_ff_shexp = k.num(LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, 0) or n_ff_exp * k.num(LLM.EXPERT_SHARED_COUNT, 0)
     ssm = None
     if any(recurrent) and arch in _SSM_KIND:

@@ -244,7 +244,7 @@ def params_from_metadata(
     n_expert, n_used = spec.n_expert, spec.n_expert_used
     n_ff = m.per_layer(LLM.FEED_FORWARD_LENGTH)
     expert_ff = m.num(LLM.EXPERT_FEED_FORWARD_LENGTH) or _int(hp, "moe_intermediate_size", "expert_intermediate_size")
-    expert_ff = expert_ff or spec.n_ff
+    expert_ff = expert_ff or spec.n_ff_exp or spec.n_ff  # the spec's: llama.cpp's fallback by architecture
     dense_ff = _int(hp, "intermediate_size") or spec.n_ff
     shared_ff = m.num(LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH) or _int(hp, "shared_expert_intermediate_size")
     if not shared_ff and _int(hp, "n_shared_experts") and arch != "nemotron_h_moe":

@@ -319,8 +319,10 @@ def _text_model(hp: _HParams, w: _Writer) -> None:
 def _vocab(hp: _HParams, w: _Writer, pad: int = 1) -> None:
     """n_vocab: the token list the converter writes has vocab_size entries (padded for Mamba-2)."""
     v = hp.num(("vocab_size",))
-    if v is not None:
-        w.put(LLM.VOCAB_SIZE, -(v // -pad) * pad)
+    if not v:  # conversion/base.py get_vocab_base asserts the tokenizer's ids < vocab_size; without one it counts
+        # the tokenizer's, which a config.json alone does not have: no embeddings, output or logits would be planned
+        raise hp.fail(f"vocab_size is {'missing' if v is None else 0}: the vocabulary is not known")
+    w.put(LLM.VOCAB_SIZE, -(v // -pad) * pad)
 
 
 def _generic(hp: _HParams, w: _Writer, notes: list[str]) -> None:
@@ -765,6 +767,11 @@ def _architecture(hp: _HParams) -> tuple[str, str | None]:
     return name.lower(), name
 
 
+# the MoE architectures llama.cpp refuses without experts (src/models/qwen2moe.cpp, qwen3moe.cpp, qwen3vlmoe.cpp,
+# glm4-moe.cpp, ...: "n_expert must be > 0"), whose converters write the experts' width from moe_intermediate_size
+_EXPERTS_REQUIRED = frozenset({"qwen2moe", "qwen3moe", "qwen3vlmoe", "glm4moe"})
+
+
 def _check(hp: _HParams, arch: str) -> int:
     """Required keys and cross-checks, before anything is converted. Returns block_count."""
     n_layer = hp.num(_LAYER_KEYS)
@@ -794,6 +801,17 @@ def _check(hp: _HParams, arch: str) -> int:
     n_used = hp.num(_EXPERT_USED_KEYS)
     if n_expert is not None and n_used is not None and n_used > n_expert > 0:
         raise hp.fail(f"num_experts_per_tok ({n_used}) is larger than the expert count ({n_expert})")
+    if arch in _EXPERTS_REQUIRED:  # src/models/<arch>.cpp: "n_expert must be > 0", "n_expert_used must be > 0"
+        if not n_expert:
+            raise hp.fail(f"num_experts is {'missing' if n_expert is None else 0}: llama.cpp's {arch} needs experts")
+        if not n_used:
+            raise hp.fail(
+                f"num_experts_per_tok is {'missing' if n_used is None else 0}: llama.cpp's {arch} needs at least one"
+            )
+        if hp.num(("moe_intermediate_size",)) is None:
+            # convert_hf_to_gguf writes no expert_feed_forward_length then, and llama.cpp takes intermediate_size /
+            # num_experts_per_tok, a width the checkpoint's expert tensors need not have: their size is not known
+            raise hp.fail("moe_intermediate_size is missing: the experts' width is not known")
     for name in ("vocab_size", "head_dim", "sliding_window", "intermediate_size"):
         if hp.get(name) is not None:
             hp.check_int(name, hp.get(name))

@@ -104,6 +104,7 @@ _NOMINAL_BPW = {
     "IQ3_M": 3.66,
     "IQ4_XS": 4.25,
     "IQ4_NL": 4.5,
+    "MXFP4_MOE": 4.25,  # "MXFP4 MoE": the experts in MXFP4 (a block of 32 in 17 bytes), the default type's width
     "F16": 16.0,
     "BF16": 16.0,
     "F32": 32.0,
@@ -114,9 +115,14 @@ QUANT_BPW: dict[str, float] = {
 }
 
 
+# quantize.cpp QUANT_OPTIONS' aliases: "Q3_K: alias for Q3_K_M" and so on
+QUANT_ALIASES = {"Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}
+
+
 def quant_bpw(quant: str) -> tuple[str, float]:
-    """The canonical name and bits per weight of ``quant`` (case-insensitive)."""
+    """The canonical name and bits per weight of ``quant`` (case-insensitive; an alias as its quant)."""
     q = quant.strip().upper()
+    q = QUANT_ALIASES.get(q, q)
     if q not in QUANT_BPW:
         raise InputError(
             f"unknown quant {quant!r}",

@@ -169,7 +169,22 @@ def recommend(spec: ModelSpec, base: RunConfig, budget: Budget, policy: Policy) 
     if cfg.tensor_split != base.tensor_split:
         reasons.append(refit_reason(base.tensor_split, cfg.tensor_split))
 
-    if policy.min_ctx and (not fits or n_ctx_seq < policy.min_ctx):
+    tps, note, speed = decode_speed(spec, cfg, budget) if fits else (None, None, None)
+    offload = None
+    if wants_offload(policy, fits, n_ctx_seq < target):
+        if budget.device == "cpu":  # the model already runs on the CPU
+            reasons += words.no_offload(spec, budget) if policy.allow_cpu else ()
+        else:
+            from kvadvise.planner.offload import plan_offload
+
+            offload, notes = plan_offload(
+                spec, base, budget, target, (chosen.type_k, chosen.type_v), policy, shrink=True
+            )
+            reasons += notes if offload is not None else (*notes, *words.no_offload(spec, budget))
+    # --min-ctx: the plan that runs reaches it, on the GPU or with part of the model on the CPU (the partial plan
+    # the policy asks for: --allow-cpu, or a model the GPU cannot hold)
+    reached = (fits and n_ctx_seq >= policy.min_ctx) or (offload is not None and offload.n_ctx >= policy.min_ctx)
+    if policy.min_ctx and not reached:
         trained = spec.n_ctx_train and policy.min_ctx > spec.n_ctx_train and chosen.n_ctx_max >= spec.n_ctx_train
         raise DoesNotFit(
             f"nothing reaches --min-ctx {policy.min_ctx:,}: the best is {chosen.type_k.type_name}/"
@@ -183,18 +198,6 @@ def recommend(spec: ModelSpec, base: RunConfig, budget: Budget, policy: Policy) 
             if trained
             else _what_would_fit(spec, base, budget, policy),
         )
-    tps, note, speed = decode_speed(spec, cfg, budget) if fits else (None, None, None)
-    offload = None
-    if wants_offload(policy, fits, n_ctx_seq < target):
-        if budget.device == "cpu":  # the model already runs on the CPU
-            reasons += words.no_offload(spec, budget) if policy.allow_cpu else ()
-        else:
-            from kvadvise.planner.offload import plan_offload
-
-            offload, notes = plan_offload(
-                spec, base, budget, target, (chosen.type_k, chosen.type_v), policy, shrink=True
-            )
-            reasons += notes if offload is not None else (*notes, *words.no_offload(spec, budget))
     return Recommendation(cfg, est, budget, fits, target, tuple(reasons), tuple(options), tps, note, offload, speed)
 
 

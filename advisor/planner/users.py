@@ -162,11 +162,18 @@ def concurrent_decode(spec: ModelSpec, cfg: RunConfig, budget: Budget, n_users: 
 
 
 def sessions(
-    spec: ModelSpec, base: RunConfig, budget: Budget, n_users: int, n_ctx_user: int, *, kv_unified: bool
+    spec: ModelSpec,
+    base: RunConfig,
+    budget: Budget,
+    n_users: int,
+    n_ctx_user: int,
+    *,
+    kv_unified: bool,
+    decode: bool = True,
 ) -> Sessions:
     cfg = users_config(base, n_users, n_ctx_user, kv_unified=kv_unified)
     est = estimate(spec, cfg)
-    speed = concurrent_decode(spec, cfg, budget, n_users)
+    speed = concurrent_decode(spec, cfg, budget, n_users) if decode else None
     return Sessions(
         kv_unified=kv_unified,
         n_users=n_users,
@@ -189,11 +196,15 @@ def users_per_card(
     *,
     unified_allowed: bool = True,
     unified_given: bool = False,
+    decode: bool = True,
 ) -> UsersAnswer:
     """``n_users`` sessions of ``n_ctx_user`` tokens on ``budget``'s GPUs, one slot each and (where the
-    runtime passes -kvu) in one unified pool; ``unified_given``: -kvu asked for, the way the plan runs."""
-    per_slot = sessions(spec, base, budget, n_users, n_ctx_user, kv_unified=False)
-    unified = sessions(spec, base, budget, n_users, n_ctx_user, kv_unified=True) if unified_allowed else None
+    runtime passes -kvu) in one unified pool; ``unified_given``: -kvu asked for, the way the plan runs;
+    ``decode``: estimate their decode (not for weights partly in RAM, which the concurrent model does not read)."""
+    per_slot = sessions(spec, base, budget, n_users, n_ctx_user, kv_unified=False, decode=decode)
+    unified = (
+        sessions(spec, base, budget, n_users, n_ctx_user, kv_unified=True, decode=decode) if unified_allowed else None
+    )
     kv = base.type_k.type_name if base.type_k == base.type_v else f"{base.type_k.type_name}/{base.type_v.type_name}"
     return UsersAnswer(n_users, n_ctx_user, per_slot, unified, budget.source, kv, unified_given and unified is not None)
 

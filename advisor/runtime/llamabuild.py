@@ -136,15 +136,15 @@ def check_env(text: str) -> None:
         ) from None
 
 
-def choose(option: str, *, binary: str | None = None) -> BuildChoice:
-    """``--llama-build``: bNNNN (or a version line), ``unknown``, or ``auto`` (the llama-server given or on
-    PATH)."""
+def choose(option: str, *, binary: str | None = None, source: str = "--llama-build") -> BuildChoice:
+    """``--llama-build`` (or ``source``: KVADVISE_LLAMA_BUILD): bNNNN (or a version line), ``unknown``, or ``auto``
+    (the llama-server given or on PATH)."""
     text = option.strip()
     if text.lower() == "unknown":
-        return BuildChoice(None, "--llama-build unknown")
+        return BuildChoice(None, f"{source} unknown" if source.startswith("--") else f"{source}=unknown")
     if text.lower() == "auto":
         return detect(binary)
-    return BuildChoice(builds.parse(text), "--llama-build")
+    return BuildChoice(builds.parse(text), source)
 
 
 def notes(choice: BuildChoice, *, runtime: str, older_server_mib: float | None = None) -> tuple[str, ...]:

@@ -247,11 +247,8 @@ class LlamaServer(LlamaCppRuntime):
     name = "llama-server"
     program = "llama-server"
 
-    def __init__(self, source: ModelSource | None = None, *, program: str = "llama-server") -> None:
+    def __init__(self, source: ModelSource | None = None) -> None:
         self.source = source
-        # --runtime llama-cli or library: the command is llama-server's, the compute graph sized by that program's
-        # rules (RunConfig.runtime)
-        self.program = program
 
     def advise(self, plan: Plan, request: PlanRequest) -> Plan:
         if self.source is None:

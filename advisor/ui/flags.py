@@ -306,14 +306,14 @@ def take(kwargs: dict[str, Any], *, load: Callable[[str], ModelSpec] | None = No
         if load is None:
             raise InputError("--model-draft: this command cannot read a draft model")
         values["draft"] = load(model_draft)
-    if "llama_build" in values:
-        _check_env_build(values["llama_build"])
+    if "llama_build" in values and _check_env_build(values["llama_build"]):
+        values["llama_build"] = "auto"  # entry reads KVADVISE_LLAMA_BUILD itself, as for the API, and says so
     return Flags(PlanRequest(**values), view, runtime)
 
 
-def _check_env_build(value: object) -> None:
+def _check_env_build(value: object) -> bool:
     """KVADVISE_LLAMA_BUILD given through the option's envvar: checked naming the variable (as entry reads it
-    for the API: kvadvise.runtime.llamabuild.check_env)."""
+    for the API: kvadvise.runtime.llamabuild.check_env); True when the value came from it."""
     from click.core import ParameterSource
 
     from kvadvise.runtime.llamabuild import check_env
@@ -321,6 +321,8 @@ def _check_env_build(value: object) -> None:
     ctx = click.get_current_context(silent=True)
     if ctx is not None and ctx.get_parameter_source("llama_build") == ParameterSource.ENVIRONMENT:
         check_env(str(value))
+        return True
+    return False
 
 
 def _int(field: str) -> click.IntRange:
@@ -516,8 +518,9 @@ def _options(*, planned_hardware: bool) -> list[Callable[[F], F]]:
             default="llama-server",
             show_default=True,
             help="The program that runs the model: llama-server (and Ollama) reserves logits for one row per "
-            "slot; llama-cli also stands for llama-bench, the library and its bindings (llama-cpp-python, "
-            "LM Studio) and llama-servers built before mid-2026, which reserve them for the whole batch.",
+            "slot (a build before b9467 the whole batch); llama-cli runs llama-server's context and reserves the "
+            "same; library (llama-completion, llama-bench, llama-cpp-python, LM Studio) reserves them for the "
+            "whole batch.",
         ),
         click.option(
             "--n-outputs-max",

@@ -42,11 +42,14 @@ def llamacpp_command(path: str, force: bool, **kwargs: object) -> None:
     from kvadvise.backends.gguf_file import GGUFFileBackend
     from kvadvise.backends.llamacpp.runners import model_source
     from kvadvise.entry import plan_for
+    from kvadvise.plugins import runtime as plugin_runtime
 
     backend = GGUFFileBackend()
     paths = writer_paths(kwargs, LlamaServer().writers())
     f = take(dict(kwargs), load=backend.load_spec)
-    runtime = LlamaServer(model_source(path), program=f.runtime)
+    # --runtime llama-cli / library: the plan those programs run (kvadvise.plugins.runtime, as kvadvise.plan(...,
+    # runtime=NAME) makes it), without a llama-server command to print
+    runtime = LlamaServer(model_source(path)) if f.runtime == "llama-server" else plugin_runtime(f.runtime)
     plan = plan_for(backend.load_spec(path), f.request, runtime)
     answer(plan, f.view, runtime, requested_ctx=f.request.n_ctx, paths=paths, force=force)
 
