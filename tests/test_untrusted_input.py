@@ -466,7 +466,8 @@ def test_the_models_num_gpu_is_not_copied_under_full_offload() -> None:
 
     model = _fake_model({"num_gpu": 10, "top_k": 40})
     full = modelfile_text(model, OllamaSettings(4096, 1, "f16", True, full_offload=True))  # type: ignore[arg-type]
-    assert "num_gpu" not in {c for c, _ in parse_modelfile(full)} and "'num_gpu'" in full
+    # not its 10: overridden, since `ollama create` keeps a base parameter the Modelfile leaves out (round 8)
+    assert [a for c, a in parse_modelfile(full) if c == "num_gpu"] == ["-1"]
     cpu = modelfile_text(model, OllamaSettings(4096, 1, "f16", True, full_offload=False))  # type: ignore[arg-type]
     assert ("num_gpu", "10") in parse_modelfile(cpu)
 
@@ -481,7 +482,7 @@ def test_num_gpu_end_to_end_on_a_gpu_plan(
     rc, _, err = run(capsys, "ollama", "gemma3-270m", "--gpu", "4090", "--write-modelfile", str(mf))
     assert rc == 0, err
     cmds = parse_modelfile(mf.read_text())
-    assert {c for c, _ in cmds} == {"model", "num_ctx"}
+    assert {c for c, _ in cmds} == {"model", "num_ctx", "num_gpu"} and ("num_gpu", "-1") in cmds
 
 
 # --- class 10: the remote header cache key keeps the query ---------------------------------------

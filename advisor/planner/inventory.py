@@ -58,8 +58,9 @@ def fit_of(spec: ModelSpec, settings: RunSettings, budget: Budget | None, *, mod
     cfg = replace(base, n_ctx=run_ctx * settings.n_parallel, type_k=t, type_v=t)
     try:
         need = estimate(spec, cfg).device_bytes
-    except ConfigError:  # a quantized cache without flash attention: llama.cpp refuses; Ollama < 0.30 fell back
-        need = estimate(spec, replace(cfg, type_k=GGMLType.F16, type_v=GGMLType.F16)).device_bytes
-        t = GGMLType.F16
+    except ConfigError:
+        # a quantized V cache without flash attention: llama.cpp refuses to load it, and Ollama >= 0.30 passes both
+        # to llama-server as set (llm/llama_server.go), where older Ollamas fell back to f16: it does not run
+        return ModelFit(reach, run_ctx, t.type_name, 0, None if budget is None else False)
     fits = None if budget is None else need <= budget.budget_bytes
     return ModelFit(reach, run_ctx, t.type_name, need, fits)

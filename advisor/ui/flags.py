@@ -272,6 +272,17 @@ class Flags:
 _VIEW = ("as_json", "verbose", "chart", "chart_file")
 
 
+def typed(names: Sequence[str]) -> frozenset[str]:
+    """The parameters among ``names`` given on the command line (not left at their default nor read from the
+    environment): a flag typed at its default value still overrides a runtime's own variable."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return frozenset()
+    return frozenset(n for n in names if ctx.get_parameter_source(n) == ParameterSource.COMMANDLINE)
+
+
 def given_flags(f: Flags, names: Sequence[str]) -> list[str]:
     """The flags among ``names`` (request fields) the user gave, as typed (``--ctx``), and a chart asked for:
     what a command that plans no single model refuses (a listing of many models, several models at once)."""

@@ -10,6 +10,7 @@ projector raises it to projector + 1 GiB).
 from __future__ import annotations
 
 import math
+import os
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -148,8 +149,10 @@ def advise(
     repeatable: bool = False,
     platform: str = "linux",
     release: OllamaRelease | None = None,
+    server_vram_bytes: int | None = None,
 ) -> OllamaAdvice:
-    """The settings for ``plan`` and the warnings that go with them, for Ollama ``release`` (None: the newest)."""
+    """The settings for ``plan`` and the warnings that go with them, for Ollama ``release`` (None: the newest).
+    ``server_vram_bytes``: the VRAM of every GPU the server sees (the plan may be on one of them)."""
     cfg = plan.config
     off = plan.offload_to_run
     if off is not None:  # the plan that runs: part on the CPU, placed by Ollama's --fit
@@ -193,7 +196,9 @@ def advise(
     if v := ollama_api.version_warning(live.version):
         warnings.append(v)
     if plan.budget is not None and plan.budget.device != "cpu" and runnable:
-        tier = default_num_ctx(plan.budget.total_bytes, model.spec.n_ctx_train)
+        # the VRAM of every GPU the server sees (server/routes.go), not only of the one the plan was placed on
+        vram = server_vram_bytes or (sum(g.total_bytes for g in plan.hardware.gpus) if plan.hardware else 0)
+        tier = default_num_ctx(vram or plan.budget.total_bytes, model.spec.n_ctx_train)
         if release is not None and release.v is not None and release.v < DEFAULT_NUM_CTX_BY_VRAM_FROM:
             tier = capped_num_ctx(OLD_DEFAULT_NUM_CTX, model.spec.n_ctx_train)
         if tier != num_ctx and model.default_num_ctx is None:
@@ -292,7 +297,7 @@ def apply_steps(
     if not a.fits:
         return ()
     steps = list(oc.apply_hints_server(a.settings, a.platform, env_path=env, dropin_path=systemd))
-    mf = modelfile or "Modelfile"
+    mf = os.path.expanduser(modelfile) if modelfile else "Modelfile"  # the file written: a quoted ~ stays ~
     later = "" if modelfile else "  # --write-modelfile Modelfile writes it"  # as printed, the line runs
     if a.platform == "docker":  # the Modelfile is on the host, ollama in the container
         steps.append(f"docker cp {shlex.quote(mf)} ollama:/tmp/Modelfile{later}")

@@ -616,7 +616,7 @@ def server_version(host: str | None = None, *, timeout: float = DEFAULT_TIMEOUT)
 
 
 # ASCII, bounded (never a 5,000-digit int()), whole: a release (0.20.2, v0.20.2), a candidate (0.30.0-rc1) or a
-# source build's describe (0.12.3-4-gabc1234, +dirty); an rc or a build counts as its release (its code is the release's)
+# source build's describe (0.12.3-4-gabc1234, +dirty); an rc or a build counts as its release for its rules, but a pre-release's llama.cpp pin is not claimed (versions.release)
 _VERSION = re.compile(r"v?([0-9]{1,9})\.([0-9]{1,9})\.([0-9]{1,9})(?:[-+][0-9A-Za-z.+-]{1,64})?")
 
 

@@ -482,7 +482,7 @@ def run_together(
     from kvadvise.backends.ollama.together_files import SWAPPING_OPTIONS, budget_lines, check_names, write
     from kvadvise.backends.ollama.together_show import together_dict, together_text
     from kvadvise.errors import EXIT_NO_FIT
-    from kvadvise.ui.flags import given_flags
+    from kvadvise.ui.flags import given_flags, typed
 
     r = f.request
     given = [*given_flags(f, SINGLE_MODEL_ONLY), *single_model]
@@ -500,7 +500,7 @@ def run_together(
     t = plan_together(
         models,
         hw,
-        settings(r, hw, kv),
+        settings(r, hw, kv, typed=typed(("n_parallel", "flash_attn"))),
         loaded=loaded,
         headless=r.headless,
         target_ctx=_target(r),

@@ -14,10 +14,12 @@ never overwrites without ``force``.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from pathlib import Path
 
+from kvadvise.backends.ollama import envconfig
 from kvadvise.backends.ollama.model import OllamaModel
 from kvadvise.backends.ollama.modelfile import modelfile_text, parse_modelfile
 from kvadvise.backends.ollama.rules import KV_CACHE_TYPES, OllamaSettings
@@ -54,7 +56,7 @@ def env_lines(s: OllamaSettings) -> list[tuple[str, str]]:
       no K/V cache: an embedding model's encoder), f16 and flash attention on included:
       the plan was sized for them, and a value left in the service from before (``q4_0``, ``0``) would
       otherwise win (llm/llama_server.go passes both to llama-server: ``--cache-type-k/-v``, ``--flash-attn``);
-    - ``OLLAMA_NUM_PARALLEL`` for more than one slot, or 1 for a repeatable plan;
+    - ``OLLAMA_NUM_PARALLEL`` for more than one slot, or 1 for a repeatable plan or where this shell sets another;
     - ``OLLAMA_CONTEXT_LENGTH`` only for a server default (it loads every other model at that context);
     - ``LLAMA_ARG_FIT_TARGET`` when the margin is not llama.cpp's 1024 MiB;
     - ``LLAMA_ARG_CACHE_RAM`` / ``LLAMA_ARG_CTX_CHECKPOINTS`` when the RAM needs a smaller prompt cache or
@@ -65,7 +67,10 @@ def env_lines(s: OllamaSettings) -> list[tuple[str, str]]:
         env.append(("OLLAMA_KV_CACHE_TYPE", s.kv_cache_type))
     if s.server_default:
         env.append(("OLLAMA_CONTEXT_LENGTH", str(s.num_ctx)))
-    if s.num_parallel > 1 or s.repeatable:
+    # the slots: stated for more than one, for a repeatable plan, and where this shell sets another count (the
+    # server started from it, or given a file beside an earlier value, would run -np that many: llm/llama_server.go)
+    shell_slots = envconfig.uint("OLLAMA_NUM_PARALLEL", 1)
+    if s.num_parallel > 1 or s.repeatable or shell_slots != s.num_parallel:
         env.append(("OLLAMA_NUM_PARALLEL", str(s.num_parallel)))
     if s.fit_target_mib is not None:
         env.append(("LLAMA_ARG_FIT_TARGET", str(s.fit_target_mib)))
@@ -121,6 +126,9 @@ def modelfile_header(s: OllamaSettings, planned_for: str) -> str:
     return f"# needs {needs} on the server; planned by kvadvise for {planned_for}\n"
 
 
+MODEL_PART_MAX_BYTES = 80  # types/model/name.go isValidLen (a model part; a host may be 350)
+
+
 def created_name(model: OllamaModel, num_ctx: int, *, namespaced: bool = False) -> str:
     """The name for ``ollama create``: the model part, its tag unless latest, the context (``qwen3-coder-30b-32k``);
     ``namespaced``: the whole name, its slashes and dots as dashes (``alice-helper-4k``, ``hf-co-u-r-8k``), for
@@ -129,12 +137,14 @@ def created_name(model: OllamaModel, num_ctx: int, *, namespaced: bool = False) 
     if model.tag.lower() != "latest":
         base = f"{base}-{model.tag}"
     ctx = f"{num_ctx // 1024}k" if num_ctx % 1024 == 0 else str(num_ctx)
-    return f"{base}-{ctx}"
+    # types/model/name.go isValidLen: a model part is 1 to 80 bytes; the context stays, the name is cut before it
+    room = MODEL_PART_MAX_BYTES - len(ctx) - 1
+    return f"{base.encode()[:room].decode(errors='ignore').rstrip('-._')}-{ctx}"
 
 
 def apply_hint_modelfile(model: OllamaModel, s: OllamaSettings, path: str | Path) -> str:
     """``ollama create NAME-<ctx> -f PATH``."""
-    return f"ollama create {created_name(model, s.num_ctx)} -f {shlex.quote(str(path))}"
+    return f"ollama create {created_name(model, s.num_ctx)} -f {shlex.quote(os.path.expanduser(path))}"
 
 
 def call_hints(name: str, s: OllamaSettings) -> tuple[str, ...]:
@@ -146,7 +156,7 @@ def call_hints(name: str, s: OllamaSettings) -> tuple[str, ...]:
 
 def _dot_path(path: str | Path) -> str:
     """``. ./file``: a bare ``. file`` searches PATH in dash, zsh and ``bash --posix``."""
-    p = str(path)
+    p = os.path.expanduser(path)  # the file written: a quoted "~/..." is not expanded by the shell
     if "/" not in p:
         p = "./" + p
     return shlex.quote(p)

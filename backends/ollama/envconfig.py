@@ -27,10 +27,9 @@ def uint(key: str, default: int) -> int:
 
 
 def boolean(key: str, default: bool) -> bool:
-    """strconv.ParseBool of the value; unset, empty or unreadable: ``default``."""
+    """envconfig.BoolWithDefault: strconv.ParseBool of the value; unset or empty: ``default``; set to what ParseBool
+    cannot read ("yes", "on"): true (envconfig/config.go: "if err != nil { return true }")."""
     s = var(key)
-    if s in _TRUE:
-        return True
-    if s in _FALSE:
-        return False
-    return default
+    if not s:
+        return default
+    return s not in _FALSE

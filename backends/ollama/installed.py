@@ -215,8 +215,11 @@ def _loaded(m: Listed, running: tuple[ollama_api.RunningModel, ...]) -> Loaded |
 # --- the server's settings, from this shell's environment ---------------------
 
 
-def server_settings(n_parallel: int | None, cache_type: str | None, total_vram_bytes: int) -> RunSettings:
-    """The settings a server started from this shell would run with (flags override the variables)."""
+def server_settings(
+    n_parallel: int | None, cache_type: str | None, total_vram_bytes: int, flash_attn: bool | None = None
+) -> RunSettings:
+    """The settings a server started from this shell would run with (flags override the variables: ``None``,
+    not given)."""
     from kvadvise.backends.ollama import envconfig
     from kvadvise.backends.ollama.rules import KV_CACHE_TYPES, default_num_ctx
     from kvadvise.model.ggml import cache_type as ggml_type
@@ -227,7 +230,7 @@ def server_settings(n_parallel: int | None, cache_type: str | None, total_vram_b
         raise InputError(f"OLLAMA_KV_CACHE_TYPE={kv!r} is not a type Ollama supports", hint="f16, q8_0 or q4_0")
     np = n_parallel or min(envconfig.uint("OLLAMA_NUM_PARALLEL", 0), 4096) or 1
     ctx = min(envconfig.uint("OLLAMA_CONTEXT_LENGTH", 0), 2**31 - 1) or default_num_ctx(total_vram_bytes)
-    fa = envconfig.boolean("OLLAMA_FLASH_ATTENTION", True)
+    fa = envconfig.boolean("OLLAMA_FLASH_ATTENTION", True) if flash_attn is None else flash_attn
     return RunSettings(n_parallel=np, flash_attn=fa, cache_type=ggml_type(kv), default_ctx=ctx)
 
 
@@ -243,7 +246,7 @@ def list_installed(f: Flags, *, host: str | None, sort: str, single_model: tuple
     from kvadvise.backends.ollama.runtime import OllamaRuntime
     from kvadvise.entry import hardware_of
     from kvadvise.runtime.seam import refuse
-    from kvadvise.ui.flags import given_flags
+    from kvadvise.ui.flags import given_flags, typed
     from kvadvise.ui.listing import show_listing, survey
 
     r = f.request
@@ -255,7 +258,10 @@ def list_installed(f: Flags, *, host: str | None, sort: str, single_model: tuple
     kv = one_cache_type(r.type_k, r.type_v)
     hw = hardware_of(r)
     vram = sum(g.total_bytes for g in hw.gpus) if hw is not None else 0
-    settings = server_settings(r.n_parallel if r.n_parallel != 1 else None, kv, vram)
+    explicit = typed(("n_parallel", "flash_attn"))
+    np = r.n_parallel if r.n_parallel != 1 or "n_parallel" in explicit else None
+    fa = {"on": True, "off": False}.get(r.flash_attn) if "flash_attn" in explicit or r.flash_attn == "off" else None
+    settings = server_settings(np, kv, vram, fa)
     with ollama_api.session():
         found = installed(host)
     budget, rows = survey(found.models, settings, hw, r.margin_bytes, headless=r.headless)

@@ -167,7 +167,10 @@ def modelfile_text(model: OllamaModel, s: OllamaSettings, header: str = "") -> s
             left_out.append((k, "not accepted by `ollama create`"))
             continue
         if k == "num_gpu" and s.full_offload:
-            left_out.append((k, "the plan offloads every layer; the model's num_gpu would override it"))
+            # stated, not left out: `ollama create` merges the base model's parameters into the new model's for every
+            # key the Modelfile does not set (server/create.go setParameters), so its num_gpu would stay and
+            # override the plan's layers; -1 is Ollama's own default (api.Options NumGPU: all that fit)
+            lines += ["# kvadvise: the model's own num_gpu would keep layers on the CPU", "PARAMETER num_gpu -1"]
             continue
         got = parameter_lines(k, v)
         n_items = len(v) if isinstance(v, (list, tuple)) else 1

@@ -119,6 +119,9 @@ class OllamaRuntime:
         self.ollama_version = ollama_version
         self.mlx_quant = mlx_quant
         self._release: OllamaRelease | None = None  # the release shape() planned for
+        # the VRAM of every GPU the server sees (place(): before the plan is put on one of them), by which Ollama
+        # picks its default context (server/routes.go)
+        self._server_vram_bytes: int | None = None
         self._server_version: tuple[str | None] | None = None  # /api/version, read once
         self._num_batch = 0  # the num_batch an in-process runner was planned with
 
@@ -207,6 +210,13 @@ class OllamaRuntime:
         if rel.in_process:
             r, self._num_batch, said = in_process_request(spec, r, rel)
             notes = (*notes, *said)
+        else:  # llm/llama_server.go appendBatchArgs: num_batch as -b N -ub N (--batch, else the model's own)
+            own = model.params.get("num_batch")
+            if "n_batch" in r.given():
+                r = replace(r, n_ubatch=r.n_batch)
+            elif isinstance(own, int) and not isinstance(own, bool) and own > 0:
+                r = replace(r, n_batch=own, n_ubatch=own)
+                notes = (*notes, f"the model's own num_batch {own}: Ollama runs it as -b {own} -ub {own}")
         n_max = _draft_num_predict(model) if not rel.in_process else 0
         if n_max and spec.n_layer_nextn:
             # llm/llama_server.go (ollama fb30760, since v0.30.0): a GGUF with nextn_predict_layers and no draft
@@ -251,6 +261,8 @@ class OllamaRuntime:
         memory (``--split-mode none``), and spreads it over all of them only otherwise or with
         OLLAMA_SCHED_SPREAD (server/sched.go selectLlamaServerPlacement)."""
         hw = plan.hardware
+        if hw is not None:
+            self._server_vram_bytes = sum(g.total_bytes for g in hw.gpus)
         if hw is None or len(hw.gpus) < 2:
             return plan
         if rules.sched_spread():
@@ -290,6 +302,7 @@ class OllamaRuntime:
             repeatable=request.repeatable,
             platform=where,
             release=rel,
+            server_vram_bytes=self._server_vram_bytes,
         )
         if rel.in_process:  # num_batch is the runner's -ub (and -b per slot), not llama-server's -b
             from kvadvise.backends.ollama.versions import NUM_BATCH_DEFAULT

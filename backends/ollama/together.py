@@ -136,9 +136,10 @@ def hardware(r: PlanRequest) -> Hardware:
     return hw
 
 
-def settings(o: PlanRequest, hw: Hardware, kv: str) -> Settings:
+def settings(o: PlanRequest, hw: Hardware, kv: str, *, typed: frozenset[str] = frozenset()) -> Settings:
     """The server's settings: the flags, else this shell's OLLAMA_* (as the server reads them when started
-    here, envconfig/config.go), else Ollama's defaults."""
+    here, envconfig/config.go), else Ollama's defaults. ``typed``: the request's fields given on the command
+    line, which win even at their default value (-np 1, -fa on)."""
     from kvadvise.backends.ollama import envconfig
 
     if o.n_ctx:
@@ -148,10 +149,12 @@ def settings(o: PlanRequest, hw: Hardware, kv: str) -> Settings:
     else:  # server/routes.go Serve: a tier by the GPUs' total memory
         ctx, src = rules.default_num_ctx(sum(g.total_bytes for g in hw.gpus)), "Ollama's VRAM tier"
     parallel = min(envconfig.uint("OLLAMA_NUM_PARALLEL", 0), 4096)
-    n_parallel = o.n_parallel if o.n_parallel != 1 or not parallel else max(1, parallel)
+    n_parallel = o.n_parallel if o.n_parallel != 1 or not parallel or "n_parallel" in typed else max(1, parallel)
     fa = envconfig.boolean("OLLAMA_FLASH_ATTENTION", True)
     if o.flash_attn == "off":
         fa = False
+    elif o.flash_attn == "on" and "flash_attn" in typed:
+        fa = True
     return Settings(
         context_length=ctx,
         context_source=src,
@@ -174,19 +177,23 @@ def keep_alive_seconds(text: str) -> float:
     s = text.strip()
     if not s:
         return sched.DEFAULT_KEEP_ALIVE_S
-    body = s.lstrip("+-")
-    if len(body) > 30:  # no duration is that long: Go's ParseDuration and Atoi refuse what overflows
+    negative = s.startswith("-")
+    body = s[1:] if s[:1] in ("+", "-") else s  # one sign at most (time.ParseDuration, strconv.ParseInt)
+    if not body or len(body) > 30:  # no duration is that long: Go's ParseDuration and ParseInt refuse it
         return sched.DEFAULT_KEEP_ALIVE_S
-    if body.isascii() and body.isdigit():
-        value = float(body)
-    else:
-        parts = _DURATION.findall(body)
-        if not parts or "".join(n + u for n, u in parts) != body:
+    if body.isascii() and body.isdigit():  # strconv.ParseInt(s, 10, 64), then time.Duration(n) * time.Second
+        n = -int(body) if negative else int(body)
+        if not -(1 << 63) <= n < 1 << 63:
             return sched.DEFAULT_KEEP_ALIVE_S
-        value = sum(float(n) * _UNIT_S[u] for n, u in parts)
-    if s.startswith("-"):
-        value = -value
-    return sched.FOREVER_S if value < 0 else value
+        ns = (n * 1_000_000_000 + (1 << 63)) % (1 << 64) - (1 << 63)  # Go's int64 product wraps
+        return sched.FOREVER_S if ns < 0 else ns / 1e9
+    parts = _DURATION.findall(body)
+    if not parts or "".join(n + u for n, u in parts) != body:
+        return sched.DEFAULT_KEEP_ALIVE_S
+    value = sum(float(n) * _UNIT_S[u] for n, u in parts)
+    if value * 1e9 > (1 << 63) - 1:  # time.ParseDuration: "invalid duration" past int64 nanoseconds
+        return sched.DEFAULT_KEEP_ALIVE_S
+    return sched.FOREVER_S if negative and value > 0 else value
 
 
 def loaded_now(host: str | None, hw: Hardware, o: PlanRequest) -> tuple[tuple[sched.Runner, ...], str | None]:

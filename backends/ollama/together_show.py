@@ -163,7 +163,15 @@ def together_text(t: Together, *, verbose: bool = False) -> str:
             *steps_text(t.asked),
             *residency_text(t.asked, names),
         ]
-    if stays(t.asked, t.models):
+    if stays(t.asked, t.models) and s.keep_alive_s == 0:
+        # envconfig.KeepAlive: zero is no keep-alive; sched.go unloads each runner once its request is done
+        lines.append(
+            "All fit together at the server's settings, but OLLAMA_KEEP_ALIVE=0 unloads each as soon as its "
+            "request ends: the plan's OLLAMA_KEEP_ALIVE=-1 keeps them loaded."
+        )
+        if not verbose:
+            lines += _plan_rows(t)
+    elif stays(t.asked, t.models):
         lines.append("All stay loaded together at the server's settings.")
         if not verbose:
             lines += _plan_rows(t)

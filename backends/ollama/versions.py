@@ -26,6 +26,7 @@ Read from the tags of ollama/ollama (the git mirror; each row names the tag and 
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -397,7 +398,10 @@ def release(version: str | None, architecture: str, *, found_by: str = "--ollama
     version = version.strip() if version else None  # as printed: " 0.12.3" is 0.12.3
     v = parse(version) if version else None
     if v is None or v == (0, 0, 0) or v >= LLAMA_SERVER_FROM:
-        known = v is not None and v != (0, 0, 0) and v <= NEWEST_KNOWN
+        # a pre-release (0.30.0-rc0) comes before its release and pins other code (v0.30.0-rc0's LLAMA_CPP_VERSION
+        # is b9048, the release's b9452): its llama.cpp is not known here
+        prerelease = version is not None and re.search(r"^v?[0-9]+\.[0-9]+\.[0-9]+-", version) is not None
+        known = v is not None and v != (0, 0, 0) and v <= NEWEST_KNOWN and not prerelease
         return OllamaRelease(
             version if v != (0, 0, 0) else None,
             found_by if version else "unknown",
