@@ -9,30 +9,10 @@ import stat
 from pathlib import Path
 
 import pytest
-from ollama_fake import FakeOllama, closed_port_url, ps_entry, running_fake
+from attack_helpers import no_server, run  # noqa: F401  (no_server: an autouse fixture)
+from attack_helpers import one_line_input_error as _one_line_input_error
+from ollama_fake import FakeOllama, ps_entry, running_fake
 from tinymodels import write_tiny_gguf
-
-from kvadvise.cli import main
-
-
-def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    rc = main(list(args))
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-@pytest.fixture(autouse=True)
-def _no_server(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
-    (tmp_path / "store" / "manifests").mkdir(parents=True)
-    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "store"))  # an empty store
-
-
-def _one_line_input_error(rc: int, err: str) -> None:
-    lines = err.strip().splitlines()
-    assert rc == 2 and lines and lines[0].startswith("kvadvise: error:"), (rc, err)
-    assert "internal error" not in err and "Traceback" not in err and len(lines) <= 2, err
-
 
 # --- 1. an Ollama host with several colons ---------------------------------------------------------------------
 

@@ -11,35 +11,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from attack_helpers import no_server, run  # noqa: F401  (no_server: an autouse fixture)
+from attack_helpers import one_line_input_error as _one_line_input_error
 from live_state import without_live_ram
-from ollama_fake import closed_port_url
 from tinymodels import write_tiny_gguf
 
 import kvadvise
-from kvadvise.cli import main
 from kvadvise.errors import KvadviseError
 
 GiB = 1 << 30
 HF = Path(__file__).resolve().parent / "data" / "hf"
-
-
-def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    rc = main(list(args))
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-@pytest.fixture(autouse=True)
-def _no_server(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
-    (tmp_path / "store" / "manifests").mkdir(parents=True)
-    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "store"))  # an empty store
-
-
-def _one_line_input_error(rc: int, err: str) -> None:
-    lines = err.strip().splitlines()
-    assert rc == 2 and lines and lines[0].startswith("kvadvise: error:"), (rc, err)
-    assert "internal error" not in err and "Traceback" not in err and len(lines) <= 2, err
 
 
 def _config(

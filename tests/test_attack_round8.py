@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from attack_helpers import run
 from ollama_fake import build_store, closed_port_url
 from tinymodels import write_tiny_gguf
 
 from kvadvise.backends.ollama.name import parse_name
-from kvadvise.cli import main
 from kvadvise.errors import InputError
 
 BIG = dict(n_layer=36, n_embd=4096, n_head=32, n_head_kv=8, head=128, n_ff=12288)  # an 8B's shape, f16: 15 GiB
@@ -35,12 +35,6 @@ MODELS: list[tuple[str, str, str, str, dict[str, int], dict[str, Any] | None]] =
     ("registry.ollama.ai", "library", "bigbatch", "latest", SMALL, {"num_batch": 8192}),
     ("hf.co", "mradermacher", LONG_REPO, "i1-Q4_K_M", SMALL, None),
 ]
-
-
-def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    rc = main(list(args))
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
