@@ -384,3 +384,11 @@ def test_a_build_from_the_environment_is_not_credited_to_the_flag(
     assert rc == 0, err
     note = next(ln for ln in out.splitlines() if "planned for llama.cpp b9000" in ln)
     assert "KVADVISE_LLAMA_BUILD" in note and "(--llama-build)" not in note, note
+
+
+def test_a_card_count_in_other_scripts_digits_is_no_count(gemma_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`kvadvise gguf MODEL --gpu rtx-4090x١` (an Arabic-Indic one): planned as one RTX 4090, since the NAMExN
+    pattern's \\d matched any Unicode digit and int() read it (the round's reviewer, "confirmed but not filed").
+    A count is ASCII digits, as every other number kvadvise reads: now an unknown card, exit 2."""
+    rc, _, err = run(capsys, "gguf", str(gemma_path), "--gpu", "rtx-4090x\u0661")
+    _one_line_input_error(rc, err)

@@ -227,7 +227,7 @@ def from_profile(name: str) -> Hardware:
     )
 
 
-_MULTI = r"(?i)^(.+?)\s*[x×]\s*(\d{1,9})$"  # compiled by re on first use
+_MULTI = r"(?i)^(.+?)\s*[x×]\s*([0-9]{1,9})$"  # compiled by re on first use
 # A plan over several devices states its split (-ts), and common/arg.cpp's -ts refuses as many shares as
 # llama_max_devices() (16, src/llama.cpp): "got %zu input configs, but system only has %zu devices"
 MAX_DEVICES = 15
@@ -252,7 +252,7 @@ def from_profiles(names: str) -> Hardware:
             except InputError:
                 base, count = m[1], int(m[2])
         if not 1 <= count <= 16:
-            swapped = re.match(r"(?i)^(\d{1,2})\s*[x×]\s*(.+)$", raw)  # 2x3090: the count first
+            swapped = re.match(r"(?i)^([0-9]{1,2})\s*[x×]\s*(.+)$", raw)  # 2x3090: the count first
             hint = f"the count goes last: --gpu {swapped[2]}x{swapped[1]}" if swapped else "1 to 15, e.g. rtx-3090x2"
             raise InputError(
                 f"--gpu {raw!r}: read as {count:,} cards of {base!r}; NAMExN takes 1 to 15 cards, the count last",
