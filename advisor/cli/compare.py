@@ -152,9 +152,10 @@ def entry_dict(e: Entry) -> dict[str, Any]:
         "card": e.card.label,
         "hardware_source": e.card.hardware.source,
         "fits": p.fits,
-        "n_ctx": c.n_ctx // c.n_parallel if p.fits else 0,
+        # the context per sequence as llama.cpp runs it (padded to 256: the plan's layout), not the request's
+        "n_ctx": p.estimate.layout.n_ctx_seq if p.fits else 0,
         "target_ctx": rec.target_ctx,
-        "reaches_target": bool(p.fits) and c.n_ctx // c.n_parallel >= rec.target_ctx,
+        "reaches_target": bool(p.fits) and p.estimate.layout.n_ctx_seq >= rec.target_ctx,
         "type_k": c.type_k.type_name,
         "type_v": c.type_v.type_name,
         "flash_attn": c.flash_attn,

@@ -42,6 +42,11 @@ the exact build is not known, the earliest it can be, so that an older build is 
   GLM-Z1-32B CUDA log of b5274). The exact build is not known here: planned from b6302 on (b6301, da54f9f1 of
   2025-08-27, issue #15618's log, is older), so that the exact plan is used only where the graph certainly
   reached ggml-alloc as built.
+- FA_VALUE (ggml-org/llama.cpp#15434, "flash_attn_type", merged 2025-08-30; b6327 has it: llama.node's sync to b6327
+  of 08-31 "introduce flash_attn_type (auto|on|off)"; the first build with it is not known here): -fa/--flash-attn
+  takes on|off|auto, and auto (the new default) enables it where the backend can. Before, -fa was a switch without a
+  value (common/arg.cpp: params.flash_attn = true) and flash attention was off unless given: a plan for such a build
+  writes `-fa` alone, or nothing, and plans auto as off (on for a quantized V cache, which needs it).
 - SERVER_OUTPUT_LIMITS (#23861, commit de6f727aa, merged 2026-06-01; b9442 of 2026-05-31 lacks it, b9467 of
   2026-06-02 has it): llama-server reserves the logits of one row per slot (server_output_limits); before,
   of the whole batch, as the library does (RunConfig.runtime "llama-cli").
@@ -127,6 +132,7 @@ RESERVE_ROUNDS_OUTPUTS = 7847
 OUTPUT_FIRST = 7700
 GRAPH_OPTIMIZE = 6302
 FA_QUANT_ANY_HEAD = 6646
+FA_VALUE = 6327
 FA_KV_ANY_PAIR = 11312
 FA_F32 = 6840
 FA_BF16 = 8816

@@ -253,7 +253,8 @@ class RunConfig:
         old = builds.older_than(self.llama_build, builds.SERVER_OUTPUT_LIMITS)
         if old:
             return 0
-        if self.mtp:  # server_output_limits: a row per slot and drafted token (common_speculative_get_output_limits)
+        if self.mtp or self.draft is not None:  # server_output_limits: a row per slot and drafted token
+            # (common_speculative_get_output_limits; a draft model's drafter, --spec-type draft-simple, as MTP's)
             return min(self.n_batch, self.n_parallel * (1 + self.spec_draft_n_max))
         return self.n_parallel
 
@@ -417,6 +418,8 @@ def _flash_attn(spec: ModelSpec, cfg: RunConfig) -> bool:
         )
     if is_quantized(cfg.type_v) and fa == "auto":
         fa = "on"  # llama_init_from_model: "enabling flash_attn since it is required for quantized V cache"
+    if fa == "auto" and builds.older_than(cfg.llama_build, builds.FA_VALUE):
+        fa = "off"  # before ggml-org/llama.cpp#15434 there is no auto: off unless -fa is given
     if fa == "auto" and auto_fa_missing(spec, cfg, cfg.type_k, cfg.type_v):
         fa = "off"  # llama_context::resolve_fused_ops: the FA probe lands on the CPU, auto -> disabled
     # enabled without a CUDA kernel (asked for, or forced by a quantized V), llama.cpp does not probe:

@@ -145,7 +145,10 @@ def recommend(spec: ModelSpec, base: RunConfig, budget: Budget, policy: Policy) 
     if chosen is None:
         chosen = max(usable, key=lambda o: o.n_ctx_max)  # first (least quantized) among equals
     n_ctx_seq = min(target, chosen.n_ctx_max) if chosen.n_ctx_max else CTX_PAD
-    if n_ctx_seq >= CTX_ROUND:
+    if chosen.n_ctx_max and target <= chosen.n_ctx_max:  # the target is reached: never rounded below it
+        up = -(-target // CTX_ROUND) * CTX_ROUND
+        n_ctx_seq = up if up <= chosen.n_ctx_max else min(-(-target // CTX_PAD) * CTX_PAD, chosen.n_ctx_max)
+    elif n_ctx_seq >= CTX_ROUND:  # short of it: the largest round figure that fits
         n_ctx_seq = n_ctx_seq // CTX_ROUND * CTX_ROUND
     raised = n_ctx_seq < floor
     n_ctx_seq = max(n_ctx_seq, floor)  # below the floor is not what runs: planned at it (it may not fit)

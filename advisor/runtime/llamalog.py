@@ -59,6 +59,10 @@ _FIT = re.compile(r"\b(?:llama|common)_params_fit_impl:\s*(?P<msg>.*?)\s*$")
 _FIT_PROJECTED = re.compile(r"projected to use (?P<use>\d+) MiB of (?P<what>device|host) memory vs\. (?P<have>\d+) MiB")
 _FIT_CTX = re.compile(r"context size reduced from (?P<old>\d+) to (?P<new>\d+)")
 _MTP_ESTIMATE = re.compile(r"\[spec\] estimated (?:fixed )?memory usage of MTP context is (?P<mib>[\d.]+) MiB")
+# the longest line read: llama.cpp's own (a buffer line, the memory breakdown's rows, --fit's) are under 300
+# characters with a timestamp and a device's name; a longer one is something else, and the patterns above would take
+# time quadratic in its length (a 50 MB line: minutes)
+MAX_LINE_CHARS = 4096
 # size_t MiB arithmetic in builds before the table moved to common/: a negative figure printed as 2**64 / 2**20 - x
 _WRAP = 1 << 44
 
@@ -167,6 +171,8 @@ def parse(lines: Iterable[str]) -> LoadLog:
     placements: list[tuple[int, int]] = []
     mtp_mib = None
     for line in lines:
+        if len(line) > MAX_LINE_CHARS:  # no line llama.cpp prints is that long: its patterns would backtrack over it
+            continue
         if m := _BREAKDOWN.search(line):
             rows.append(_row(m))
         elif m := _FIT.search(line):

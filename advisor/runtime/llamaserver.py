@@ -13,7 +13,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvadvise.model.ggml import GGMLType
+from kvadvise.model.ggml import GGMLType, is_quantized
+from kvadvise.planner import builds
 from kvadvise.planner.memory import RunConfig
 from kvadvise.planner.planning import AdviceSummary, Plan
 from kvadvise.request import PlanRequest
@@ -54,6 +55,16 @@ def no_repack(cfg: RunConfig) -> bool:
     return cfg.cpu_repack == "off" and cfg.device == "cpu"
 
 
+def _flash_attn_args(cfg: RunConfig) -> list[tuple[str, str, str | None]]:
+    """-fa on|off|auto; for a build before builds.FA_VALUE a switch without a value, given only where flash
+    attention is on (asked for, or a quantized V cache, which needs it): that build reads `-fa on` as two
+    arguments and stops ("invalid argument: on")."""
+    if not builds.older_than(cfg.llama_build, builds.FA_VALUE):
+        return [("-fa", "LLAMA_ARG_FLASH_ATTN", cfg.flash_attn)]
+    on = cfg.flash_attn == "on" or (cfg.flash_attn == "auto" and is_quantized(cfg.type_v))
+    return [("-fa", "LLAMA_ARG_FLASH_ATTN", None)] if on else []
+
+
 def server_args(
     model: str | ModelSource, cfg: RunConfig, *, n_gpu_layers: int | None = None, n_cpu_moe: int = 0
 ) -> list[tuple[str, str, str | None]]:
@@ -64,7 +75,7 @@ def server_args(
         *source.args,
         ("-c", "LLAMA_ARG_CTX_SIZE", str(cfg.n_ctx)),
         ("-np", "LLAMA_ARG_N_PARALLEL", str(cfg.n_parallel)),
-        ("-fa", "LLAMA_ARG_FLASH_ATTN", cfg.flash_attn),
+        *_flash_attn_args(cfg),
         ("-ctk", "LLAMA_ARG_CACHE_TYPE_K", cfg.type_k.type_name),
         ("-ctv", "LLAMA_ARG_CACHE_TYPE_V", cfg.type_v.type_name),
         ("-ngl", "LLAMA_ARG_N_GPU_LAYERS", str(ngl)),
@@ -81,6 +92,10 @@ def server_args(
         out.append(("--mmproj", "LLAMA_ARG_MMPROJ", cfg.mmproj.source))
     if cfg.draft is not None:  # common/arg.cpp -md, -ngld, -ctkd, -ctvd: the draft's own context
         out.append(("-md", "LLAMA_ARG_SPEC_DRAFT_MODEL", cfg.draft.source))
+        # b11312's speculative types default to none (common/common.h) and -md does not change it: without a type
+        # common_speculative_init makes no drafter and llama-server frees the draft model at start-up
+        out.append(("--spec-type", "LLAMA_ARG_SPEC_TYPE", "draft-simple"))
+        out.append(("--spec-draft-n-max", "LLAMA_ARG_SPEC_DRAFT_N_MAX", str(cfg.spec_draft_n_max)))
         out.append(
             ("-ngld", "LLAMA_ARG_N_GPU_LAYERS_DRAFT", str(ALL_LAYERS if cfg.device not in ("cpu", "auto") else 0))
         )
