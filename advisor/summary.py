@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from kvadvise.planner.policy import kv_name
+from kvadvise.planner.speed import layer_shares
 from kvadvise.render import fmt_bytes
 from kvadvise.text import WIDTH, wrapped
 from kvadvise.text import lines as text_lines
@@ -147,8 +148,15 @@ def _speed(plan: Plan) -> list[str]:
         b = plan.budget
         if b is not None and b.bandwidth_bytes_per_s:
             at = f"{b.bandwidth_bytes_per_s / 1e9:,.0f} GB/s"
-            if len(set(b.device_bandwidths)) > 1:  # each GPU reads its share of the layers at its own bandwidth
-                at = " + ".join(f"{x / 1e9:,.0f}" for x in b.device_bandwidths) + " GB/s"
+            bws = b.device_bandwidths
+            split = plan.config.tensor_split
+            if len(split) == len(bws) > 1:  # -ts 0,1: a card given no layer reads nothing (llama.cpp's -ts rule)
+                shares = layer_shares(plan.spec, split)
+                bws = tuple(x for x, share in zip(bws, shares, strict=True) if share > 0)
+            if len(set(bws)) > 1:  # each GPU reads its share of the layers at its own bandwidth
+                at = " + ".join(f"{x / 1e9:,.0f}" for x in bws) + " GB/s"
+            elif bws:
+                at = f"{bws[0] / 1e9:,.0f} GB/s"
             if decode.ram_bandwidth_bytes_per_s:  # the CPU's share at the system memory's (measured once, cached)
                 at = f"GPU {at.removesuffix(' GB/s')}, RAM {decode.ram_bandwidth_bytes_per_s / 1e9:,.0f} GB/s"
             s += f"; at {at}" if not decode.ram_bandwidth_bytes_per_s else f"; {at}"

@@ -142,3 +142,24 @@ def test_compare_reports_the_context_its_plan_holds(
     plan = json.loads(out)
     assert entry["device_bytes"] == plan["memory"]["device_bytes"]  # the same plan
     assert entry["n_ctx"] == plan["config"]["n_ctx_seq"], (entry["n_ctx"], plan["config"]["n_ctx_seq"])
+
+
+# --- the reviewer's unfiled item: -ts 0,1 and the decode line -------------------------------------------------
+
+
+@pytest.mark.parametrize(("ts", "named", "unnamed"), [("0,1", "1,008 GB/s", "360"), ("1,0", "360 GB/s", "1,008")])
+def test_decode_line_names_only_the_cards_that_hold_layers(
+    ts: str, named: str, unnamed: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`kvadvise hf gemma3-12b.json --quant Q4_K_M --gpu rtx3060 --gpu rtx4090 -ts 0,1`: every layer is on the
+    4090 (llama.cpp's -ts gives a device with a 0 share no layer: llama_model::load_tensors' splits), and the decode
+    estimate is the 4090's, but the line said "at 360 + 1,008 GB/s". Expected: only the cards that read layers."""
+    config = Path(__file__).parent / "data" / "hf" / "gemma3-12b.json"
+    args = ["hf", str(config), "--quant", "Q4_K_M", "--gpu", "rtx3060", "--gpu", "rtx4090", "--ctx", "8192"]
+    rc, out, err = run(capsys, *args, "-ts", ts)
+    assert rc == 0, err
+    line = next(x for x in out.splitlines() if "decode (estimate)" in x)
+    assert line.endswith(f"at {named}") and unnamed not in line.split("; at ")[-1], line
+    rc, out, err = run(capsys, *args, "-ts", "1,1")
+    assert rc == 0, err
+    assert "at 360 + 1,008 GB/s" in out
