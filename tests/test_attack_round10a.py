@@ -160,9 +160,11 @@ def test_an_mlx_load_that_does_not_fit_is_not_reported_as_fitting(capsys: pytest
         "--ollama-version",
         "0.33.0",
     )
-    doc = _json(capsys, *args)
+    rc, out, err = run(capsys, *args, "--json")
+    assert rc == 3, (rc, err)
+    doc = json.loads(out)
     assert doc["ollama"]["runner"]["mlx"]["fits"] is False  # the runner's own verdict
     assert doc["fits"] is False, doc["fits"]
     rc, out, err = run(capsys, *args)
-    assert rc == 0 and "Traceback" not in err, (rc, err)
+    assert rc == 3 and "Traceback" not in err, (rc, err)  # docs/exit-codes.md: 3, does not fit
     assert "fits 100% on the GPU" not in out.splitlines()[0], out.splitlines()[0]

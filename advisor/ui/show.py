@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from kvadvise.errors import EXIT_NO_FIT
+from kvadvise.errors import EXIT_NO_FIT, InputError
 from kvadvise.text import wrapped
 from kvadvise.ui import output
 from kvadvise.ui.flags import TEXT, View, one_path, take
@@ -154,6 +154,13 @@ def write_plan_files(
     named, where the answer's "Next" block says how, once)."""
     from kvadvise.runtime.seam import read_files, write_outputs
 
+    offered = {w.option for w in writers}
+    unwritten = [o for o, p in paths.items() if p is not None and o not in offered]
+    if unwritten:  # asked for a file this runtime has none of: never exit 0 as if it were written
+        raise InputError(
+            f"{', '.join(unwritten)}: the {plan.config.runtime} runtime writes no such file",
+            hint="llama-server's LLAMA_ARG_* env file: --runtime llama-server",
+        )
     refuse_to_write_what_does_not_fit(plan, *paths.values(), chart=chart)
     extra = (chart,) if chart is not None else ()
     written = write_outputs(plan, writers, paths, force=force, extra=extra, inputs=read_files(plan))

@@ -99,6 +99,26 @@ def run_config(num_ctx: int, num_parallel: int, kv_cache_type: str, *, flash_att
     )
 
 
+def mtp_draft_n_max(model: OllamaModel) -> int:
+    """The tokens a model's MTP draft proposes when Ollama launches one, else 0. llm/llama_server.go (ollama
+    fb30760, since v0.30.0): a GGUF with nextn_predict_layers and no draft model gets EnableMTP, whether it is
+    loaded alone or beside others; appendDraftArgs adds --spec-type draft-mtp --spec-draft-n-max
+    draft_num_predict, which server/routes.go modelOptions zeroes unless the model's or the request's parameters
+    set it (the llama-server runners only: the built-in runner has no drafts)."""
+    value = model.params.get("draft_num_predict")
+    if not model.spec.n_layer_nextn or isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        return 0
+    return min(int(value), 1024)
+
+
+def with_mtp_draft(cfg: RunConfig, model: OllamaModel) -> RunConfig:
+    """``cfg`` with the MTP draft Ollama launches for ``model`` (:func:`mtp_draft_n_max`), if any."""
+    from dataclasses import replace
+
+    n_max = mtp_draft_n_max(model)
+    return replace(cfg, mtp=True, spec_draft_n_max=n_max) if n_max else cfg
+
+
 # server/sched.go getRunner: "if opts.NumCtx < 4 { opts.NumCtx = 4 }", and "multimodal models require at least
 # 2048 context" for a model with CapabilityVision (read at v0.11.5, v0.14.0, v0.24.0 and v0.33.0-rc2; v0.11.4 has
 # only the first: its 2048 was llm/memory.go's, for the estimate of every model, kvadvise.backends.ollama.estimate_legacy)

@@ -217,13 +217,9 @@ class OllamaRuntime:
             elif isinstance(own, int) and not isinstance(own, bool) and own > 0:
                 r = replace(r, n_batch=own, n_ubatch=own)
                 notes = (*notes, f"the model's own num_batch {own}: Ollama runs it as -b {own} -ub {own}")
-        n_max = _draft_num_predict(model) if not rel.in_process else 0
-        if n_max and spec.n_layer_nextn:
-            # llm/llama_server.go (ollama fb30760, since v0.30.0): a GGUF with nextn_predict_layers and no draft
-            # model gets EnableMTP; appendDraftArgs then adds --spec-type draft-mtp --spec-draft-n-max
-            # draft_num_predict, which server/routes.go modelOptions zeroes unless the model's or the
-            # request's parameters set it
-            r = replace(r, spec_type="draft-mtp", spec_draft_n_max=n_max)
+        if not rel.in_process:
+            n_max = rules.mtp_draft_n_max(model)
+            r = replace(r, spec_type="draft-mtp", spec_draft_n_max=n_max) if n_max else r
         if rel.sampling_penalties(model.params):
             # llama-sampling.cpp's penalties sampler visits every candidate (kvadvise.planner.speed)
             from kvadvise.planner.speed import sampler_penalty_seconds
@@ -312,6 +308,15 @@ class OllamaRuntime:
         runner = self._runner(plan, advice.settings.num_ctx, live.version)
         if runner is not None:
             advice = replace(advice, runner=runner)
+        if runner is not None and runner.memory is not None and not runner.memory.fits:
+            # the MLX runner loads it, not llama.cpp (server/sched.go: a safetensors tag goes to mlxrunner): its
+            # memory is the verdict (docs/ollama-mlx.md), and no llama.cpp partial offload is what runs
+            m = runner.memory
+            note = (
+                f"Ollama's MLX runner holds {m.total_bytes / (1 << 30):.2f} GiB (weights, K/V, prefix cache), past "
+                f"the GPU's share {m.wired_limit_bytes / (1 << 30):.2f} GiB: macOS swaps (ollama#18131)"
+            )
+            return replace(plan, advice=advice, fits=False, offload=None, notes=(*plan.notes, note))
         return replace(plan, advice=advice)
 
     def _runner(self, plan: Plan, num_ctx: int, server_version: str | None) -> RunnerPlan | None:
@@ -393,15 +398,6 @@ def in_process_request(spec: ModelSpec, r: PlanRequest, rel: OllamaRelease) -> t
             )
         kv = "f16"
     return replace(r, n_batch=n_batch, n_ubatch=n_ubatch, flash_attn=fa, type_k=kv, type_v=kv), num_batch, tuple(notes)
-
-
-def _draft_num_predict(model: OllamaModel) -> int:
-    """The model's draft_num_predict parameter (its Modelfile PARAMETER / params layer); 0 when unset, as
-    Ollama's modelOptions leaves it for a model without a draft (server/routes.go, ollama fb30760)."""
-    value = model.params.get("draft_num_predict")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        return 0
-    return min(int(value), 1024)
 
 
 def readable_projector(model: OllamaModel) -> ProjectorSpec | None:

@@ -246,6 +246,7 @@ def request(m: OllamaModel, s: Settings, device: str, context_length: int, own_c
 
     def footprint(n_ctx: int, batch: int, frees: tuple[int, ...]) -> tuple[int, ...]:
         cfg = rules.run_config(n_ctx, n_parallel, s.kv_cache_type, flash_attention=s.flash_attention)
+        cfg = rules.with_mtp_draft(cfg, m)  # a draft is launched beside other models as alone
         split = tuple(round(f / GIB, 2) or 0.01 for f in frees) if len(frees) > 1 else ()
         cfg = replace(cfg, n_batch=batch, n_ubatch=batch, device=device, tensor_split=split)  # -b = -ub
         devs = [d.total_bytes for d in estimate(spec, cfg).devices]
@@ -596,7 +597,9 @@ def routed(t: Together) -> list[RoutedModel]:
         num_ctx = ctxs[m.ref]
         embedding = m.spec.architecture in sched.EMBEDDING_ARCHS
         n_par = 1 if embedding or m.spec.architecture in rules.SINGLE_SLOT_ARCHS else s.num_parallel
-        cfg = rules.run_config(num_ctx, n_par, s.kv_cache_type, flash_attention=s.flash_attention)
+        cfg = rules.with_mtp_draft(
+            rules.run_config(num_ctx, n_par, s.kv_cache_type, flash_attention=s.flash_attention), m
+        )
         if step.num_batch:
             cfg = replace(cfg, n_batch=step.num_batch, n_ubatch=step.num_batch)
         device = f"CUDA{step.gpus[0]}" if len(res.gpus) > 1 and len(step.gpus) == 1 else None
