@@ -206,6 +206,8 @@ def make_plan(
     --n-cpu-moe N, planned as given (kvadvise.planner.offload.cpu_moe_placement).
     """
     check_projector(spec, base)
+    if not recommend_ctx:
+        notes = (*notes, *past_training_context(spec, base))
     if n_cpu_moe:
         return _with_cpu_moe(
             spec,
@@ -299,6 +301,28 @@ def make_plan(
     prefill = _prefill(spec, cfg, budget, fits, prompt_tokens, offload) if budget is not None else None
     ram = plan_host_ram(spec, cfg, est, budget) if budget is not None and fits else None
     return Plan(spec, cfg, est, hw, budget, fits, None, notes, speed, offload, prefill=prefill, ram=ram)
+
+
+def past_training_context(spec: ModelSpec, cfg: RunConfig) -> tuple[str, ...]:
+    """A note when the context asked for a sequence is past the one the model was trained on. llama-server (and
+    llama-cli, its context since #17824) caps each slot there (tools/server/server-context.cpp load_model: "the
+    slot context (%d) exceeds the training context of the model (%d) - capping"): the cache past it is allocated
+    and no request can use it. The library only warns (llama_context: "possible training context overflow")."""
+    n_seq = cfg.n_ctx if cfg.kv_unified else cfg.n_ctx // max(1, cfg.n_parallel)
+    if not spec.n_ctx_train or n_seq <= spec.n_ctx_train:
+        return ()
+    past = f"{n_seq:,} tokens a sequence is past the {spec.n_ctx_train:,} {spec.name} was trained on"
+    longer = (
+        f"a longer context needs RoPE scaling (--rope-scaling yarn --rope-scale F --yarn-orig-ctx "
+        f"{spec.n_ctx_train}) and --override-kv {spec.architecture}.context_length=int:N"
+    )
+    if cfg.runtime == "library":
+        return (f"{past}: llama.cpp warns of a training context overflow, and past it the output degrades; {longer}",)
+    return (
+        f"{past}: {cfg.runtime} caps each slot at {spec.n_ctx_train:,} (server-context.cpp load_model), the cache "
+        f"past it is allocated and never used; --ctx {spec.n_ctx_train * max(1, cfg.n_parallel)} is what runs; "
+        f"{longer}",
+    )
 
 
 def _prefill(

@@ -194,9 +194,10 @@ def recommend(spec: ModelSpec, base: RunConfig, budget: Budget, policy: Policy) 
             f"{chosen.type_v.type_name} at {chosen.n_ctx_max:,} tokens",
             # the search stops at the training context (docs/policy.md), not at the memory
             hint=(
-                f"{spec.name} was trained on {spec.n_ctx_train:,} tokens, where the recommendation stops; "
-                f"--ctx {policy.min_ctx * max(1, base.n_parallel)} plans that context as given"
-                + (f" ({base.n_parallel} slots: -c is the total)" if base.n_parallel > 1 else "")
+                f"{spec.name} was trained on {spec.n_ctx_train:,} tokens, where the recommendation stops and "
+                "llama-server caps each slot (server-context.cpp load_model); past it needs RoPE scaling "
+                f"(--rope-scaling yarn --yarn-orig-ctx {spec.n_ctx_train}) and --override-kv "
+                f"{spec.architecture}.context_length=int:N"
             )
             if trained
             else _what_would_fit(spec, base, budget, policy),
