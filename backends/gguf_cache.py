@@ -35,8 +35,8 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 # 2: ctime and device in the stamp, the header bytes hashed; 3: CRC-32, not sha256; 4: keyed by device and
-# inode, the CRC in racy entries only
-FORMAT = 4
+# inode, the CRC in racy entries only; 5: each key's value type
+FORMAT = 5
 # A file changed this close to the moment its stamp was taken may be rewritten within the same clock tick
 # without a new ctime: its entry keeps the header's CRC. 2 s covers the coarsest clocks (FAT's mtime).
 RACY_NS = 2_000_000_000
@@ -189,6 +189,7 @@ def encode(h: GGUFHeader) -> dict[str, Any]:
         "data_offset": h.data_offset,
         "data_bytes": h.data_bytes,
         "file_bytes": h.file_bytes,
+        "value_types": dict(h.value_types),
     }
 
 
@@ -209,6 +210,7 @@ def decode(d: dict[str, Any], source: str) -> GGUFHeader:
         data_offset=int(d["data_offset"]),
         data_bytes=int(d["data_bytes"]),
         file_bytes=d["file_bytes"],
+        value_types={str(k): int(t) for k, t in d.get("value_types", {}).items()},
     )
 
 

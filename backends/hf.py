@@ -108,13 +108,18 @@ class HFBackend:
         if not find_weights:
             return config, from_config(config, source=source)
         weights = find(canon is not None)
+        counted = ""  # no index and no --quant: the checkpoint's own dtype, counted from the config
         if canon is None:
-            if weights is None or weights.n_bytes is None:
-                spec = from_config(config, source=source)
+            if weights is not None and weights.n_bytes is not None:
+                spec = from_config(config, source=source, weights_bytes=weights.n_bytes)
+                note = f"weights: {weights.n_bytes:,} B from {weights.source}"
+                return config, replace(spec, notes=(*spec.notes, note))
+            spec = from_config(config, source=source)
+            dtype_quant = _checkpoint_quant(config)
+            if dtype_quant is None or count_params(spec, config) is None:
                 note = "weights unknown (no safetensors index found): counted as 0; pass --weights-bytes or --quant"
                 return config, replace(spec, notes=(*spec.notes, note))
-            spec = from_config(config, source=source, weights_bytes=weights.n_bytes)
-            return config, replace(spec, notes=(*spec.notes, f"weights: {weights.n_bytes:,} B from {weights.source}"))
+            canon, counted = quant_bpw(dtype_quant), dtype_quant
         q, bpw = canon
         spec = from_config(config, source=source)
         parts = count_params(spec, config)  # the config's parts (kvadvise.model.breakdown); None: not countable
@@ -131,6 +136,11 @@ class HFBackend:
             f"weights: {q} at {bpw:.2f} bits per weight × {params:,} parameters ({params_source}) = {n_bytes:,} B, "
             "an estimate (bits per weight from llama.cpp's quantize table, tools/quantize/quantize.cpp)"
         )
+        if counted:  # never 0 for weights that exist: a 70B config "fit" a 24 GB card
+            note = (
+                f"weights: no safetensors index found: the checkpoint's {counted} (config.json's dtype), "
+                f"{params:,} parameters ({params_source}) = {n_bytes:,} B; a GGUF quant is smaller: --quant Q4_K_M"
+            )
         if parts is not None and _keeps_mxfp4_experts(config, q):
             # the experts at MXFP4's 4.25 bits, only the other tensors take the quantizer's types
             experts = sum(parts.experts)
@@ -146,6 +156,20 @@ class HFBackend:
                 f"tensor_type_fallback: Q4_K -> Q5_0, Q6_K -> Q8_0; output.weight Q8_0): {n_bytes:,} B"
             )
         return config, replace(spec, weights_bytes=n_bytes, file_type=q, notes=(*spec.notes, note))
+
+
+def _checkpoint_quant(config: dict[str, Any]) -> str | None:
+    """The type a checkpoint's safetensors hold, from config.json's dtype (torch_dtype, or text_config's): BF16,
+    F16 or F32; an MXFP4 checkpoint (gpt-oss) as BF16, whose experts stay MXFP4 (_keeps_mxfp4_experts). None for
+    another quantization_config (FP8, AWQ, GPTQ: widths not counted here) or a dtype not given."""
+    qc = config.get("quantization_config")
+    if qc is not None and not (isinstance(qc, dict) and str(qc.get("quant_method", "")).lower() == "mxfp4"):
+        return None
+    text = config.get("text_config")
+    dtype = config.get("torch_dtype") or config.get("dtype")
+    if dtype is None and isinstance(text, dict):
+        dtype = text.get("torch_dtype") or text.get("dtype")
+    return {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}.get(dtype) if isinstance(dtype, str) else None
 
 
 def _keeps_mxfp4_experts(config: dict[str, Any], quant: str | None) -> bool:

@@ -113,6 +113,8 @@ def test_other_pythons_plan_as_this_one(version: tuple[int, int], site: Path, ge
             "--allow-cpu",
             "--ram",
             "64GiB",
+            "--ram-bandwidth",  # the layers on the CPU read at it: measured, it moves between two runs
+            "40",
             "--json",
         ],
         ["gguf", str(gemma_path), "--gpu", "rtx-4090", "--ram", "64GiB", "--json"],

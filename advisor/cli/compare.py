@@ -278,8 +278,10 @@ def _partial(d: dict[str, Any] | None) -> str:
         return "-"
     kv = d["type_k"] if d["type_k"] == d["type_v"] else f"{d['type_k']}/{d['type_v']}"
     flags = f"-ngl {d['n_gpu_layers']}" + (f" --n-cpu-moe {d['n_cpu_moe']}" if d["n_cpu_moe"] else "")
+    from kvadvise.planner.speed import tps_label
+
     tps = d["decode_tokens_per_s"]
-    s = f"{_ctx(d['n_ctx'])} {kv} {flags}" + (f" ~{tps:,.0f} tok/s" if tps else "")
+    s = f"{_ctx(d['n_ctx'])} {kv} {flags}" + (f" ~{tps_label(tps)} tok/s" if tps else "")
     return s if d["runnable"] else s + " (not in RAM)"
 
 

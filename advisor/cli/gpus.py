@@ -272,12 +272,16 @@ def _kv(d: dict[str, object]) -> str:
 
 
 def _tps(d: dict[str, object]) -> str:
+    from kvadvise.planner.speed import tps_label
+
     t = d["decode_tokens_per_s"]
-    return f"≈ {t:,.0f} t/s at its context" if isinstance(t, float) else "speed unknown"
+    return f"≈ {tps_label(t)} t/s at its context" if isinstance(t, float) else "speed unknown"
 
 
 def _t(t: object) -> str:
-    return f"~{t:,.0f}" if isinstance(t, float) and t else "-"
+    from kvadvise.planner.speed import tps_label
+
+    return f"~{tps_label(t)}" if isinstance(t, float) and t else "-"
 
 
 def _ctx(n: int) -> str:

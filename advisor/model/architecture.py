@@ -16,8 +16,30 @@ from dataclasses import dataclass
 
 from kvadvise.errors import GGUFError
 from kvadvise.model.ggml import GGMLType, cuda_alloc_bytes
-from kvadvise.model.gguf import GGUFArray, GGUFHeader, TensorInfo, Value
-from kvadvise.model.keys import LLM, SSM, WKV, Attention, General, ShortConv, Tokenizer, key
+from kvadvise.model.gguf import (
+    T_ARRAY,
+    T_INT32,
+    T_STRING,
+    T_UINT32,
+    TYPE_NAMES,
+    GGUFArray,
+    GGUFHeader,
+    TensorInfo,
+    Value,
+)
+from kvadvise.model.keys import (
+    LLM,
+    SSM,
+    STRING_KEYS,
+    U32_KEYS,
+    U32_OR_ARRAY_KEYS,
+    WKV,
+    Attention,
+    General,
+    ShortConv,
+    Tokenizer,
+    key,
+)
 from kvadvise.model.quants import file_type_label
 from kvadvise.model.spec import SWA_CHUNKED, SWA_NONE, SWA_STANDARD, MatmulWeight, ModelSpec, SSMDims
 
@@ -492,6 +514,44 @@ def _n_ctx_train(header: GGUFHeader, k: _Keys, arch: str) -> int:
     return n
 
 
+def _check_types(header: GGUFHeader, arch: str) -> None:
+    """A file's keys of the type llama.cpp's loader takes them as (keys.U32_KEYS...), and its training context
+    present: llama_model::load_hparams reads {arch}.context_length as required ("key not found in model"). Only a
+    file's own header (value_types): metadata kvadvise made from a config.json or /api/show has no types."""
+    types = header.value_types
+    if not types:
+        return
+
+    def wrong(name: str, t: int, expected: str) -> GGUFError:
+        return GGUFError(
+            f"{header.source}: key {name} has wrong type {TYPE_NAMES.get(t, t)} but expected type {expected}: "
+            "llama.cpp refuses to load it (llama-model-loader.cpp, GGUFMeta get_kv)",
+            hint="the file was written by a converter that does not follow the GGUF schema: convert it again",
+        )
+
+    for template in U32_KEYS:
+        name = key(template, arch)
+        if name in types and types[name] != T_UINT32:
+            raise wrong(name, types[name], "u32")
+    for template in U32_OR_ARRAY_KEYS:
+        name = key(template, arch)
+        t = types.get(name, T_UINT32)
+        value = header.metadata.get(name)
+        if t == T_ARRAY and isinstance(value, GGUFArray) and value.item_type not in (T_UINT32, T_INT32):
+            raise wrong(name, value.item_type, "an array of u32 or i32")
+        if t not in (T_UINT32, T_ARRAY):
+            raise wrong(name, t, "u32")
+    for name in STRING_KEYS:
+        if name in types and types[name] != T_STRING:
+            raise wrong(name, types[name], "string")
+    if key(LLM.CONTEXT_LENGTH, arch) not in types:
+        raise GGUFError(
+            f"{header.source}: key not found in model: {key(LLM.CONTEXT_LENGTH, arch)}: llama.cpp refuses to load "
+            "it (llama_model::load_hparams reads the training context as required)",
+            hint="the file was written without its training context: convert it again",
+        )
+
+
 _LOAD_REFUSED = "llama.cpp refuses to load it (the header does not match the tensors): the file is corrupt"
 
 
@@ -500,6 +560,7 @@ def from_gguf(header: GGUFHeader, *, known_only: bool = True) -> ModelSpec:
     file llama.cpp would refuse to load); off for metadata kvadvise made itself (a config.json it could
     not map is planned with generic rules, as an estimate)."""
     arch = header.architecture
+    _check_types(header, arch)
     k = _Keys(header, arch)
     notes: list[str] = []
     n_layer_all = k.num(LLM.BLOCK_COUNT)

@@ -112,6 +112,9 @@ class GGUFHeader:
     data_bytes: int  # size of the data section (tensors with their padding)
     file_bytes: int | None  # None when the source size is unknown
     extra: Mapping[str, object] = field(default_factory=dict)
+    # each key's GGUF value type (T_UINT32...), as the file stores it: llama.cpp's loader refuses a key of another
+    # type than the field it fills (kvadvise.model.architecture); empty for metadata kvadvise made itself
+    value_types: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def architecture(self) -> str:
@@ -182,6 +185,7 @@ class _Reader:
         self.chunk = _CHUNK
         self.spent = dict.fromkeys(_ITEM_LIMITS, 0)
         self.metadata: dict[str, Value] = {}
+        self.value_types: dict[str, int] = {}
         self.n_tensors = 0
 
     # -- low level -------------------------------------------------------
@@ -351,6 +355,7 @@ class _Reader:
             if key in metadata:
                 raise self.fail(f"duplicate metadata key {key!r}")
             metadata[key] = self.value(t, key, depth=0)
+            self.value_types[key] = t
             if key == General.ALIGNMENT and t != T_UINT32:
                 raise self.fail(f"general.alignment must be of type u32, got {TYPE_NAMES[t]}")
 
@@ -394,6 +399,7 @@ class _Reader:
             data_offset=data_offset,
             data_bytes=data_bytes,
             file_bytes=self.size,
+            value_types=self.value_types,
         )
 
     def value(self, t: int, key: str, depth: int) -> Value:

@@ -90,3 +90,20 @@ class Split:
     COUNT: Final = "split.count"
     NO: Final = "split.no"
     TENSORS_COUNT: Final = "split.tensors.count"
+
+
+# The type llama.cpp's loader takes each key as: llama_model::load_hparams fills a uint32_t field from the
+# common keys of every architecture, and GGUFMeta::GKV::get_kv (src/llama-model-loader.cpp) throws "key %s has
+# wrong type %s but expected type %s" for any other type, present and optional alike. get_key_or_arr's keys may
+# also be an array of u32 or i32 (one value a layer).
+U32_KEYS: Final = (
+    LLM.CONTEXT_LENGTH,
+    LLM.EMBEDDING_LENGTH,
+    LLM.BLOCK_COUNT,
+    LLM.EXPERT_COUNT,
+    LLM.EXPERT_USED_COUNT,
+    Attention.KEY_LENGTH,
+    Attention.VALUE_LENGTH,
+)
+U32_OR_ARRAY_KEYS: Final = (LLM.FEED_FORWARD_LENGTH, Attention.HEAD_COUNT, Attention.HEAD_COUNT_KV)
+STRING_KEYS: Final = (General.ARCHITECTURE, General.NAME)

@@ -65,7 +65,7 @@ from kvadvise.planner.memory import (
     resolve,
 )
 from kvadvise.planner.policy import KV, Policy, allowed_kvs, config_at, kv_name
-from kvadvise.planner.speed import ctx_label
+from kvadvise.planner.speed import ctx_label, tps_label
 from kvadvise.planner.split import layer_devices, output_host_bytes, output_layer_bytes, output_weights_bytes
 
 GIB = 1 << 30
@@ -231,7 +231,7 @@ def _versus(best: Offload, first: Offload, n_layer: int) -> str:
     if best.speed is not None and first.speed is not None:
         (depth, fast), (_, slow) = best.speed.points[-1], first.speed.points[-1]
         if round(fast) != round(slow):
-            s += f" (≈ {fast:,.0f} against ≈ {slow:,.0f} t/s at {ctx_label(depth)})"
+            s += f" (≈ {tps_label(fast)} against ≈ {tps_label(slow)} t/s at {ctx_label(depth)})"
     return s
 
 

@@ -529,7 +529,7 @@ class SpeedEstimate:
     def text(self) -> str:
         if self.spread:
             return self.at_depths()
-        return f"{self.at_depths()} (range {self.low:,.0f} to {self.high:,.0f} t/s at {ctx_label(self.points[0][0])})"
+        return f"{self.at_depths()} (range {tps_label(self.low)} to {tps_label(self.high)} t/s at {ctx_label(self.points[0][0])})"
 
     def extrapolated(self, depth: int) -> bool:
         return depth > self.measured_depth
@@ -538,13 +538,13 @@ class SpeedEstimate:
         """``≈ 25 t/s at 4k, ≈ 17 t/s at 64k (extrapolated: CUDA measured to 32k)``"""
         if self.spread:
             s = ", ".join(
-                f"≈ {lo:,.0f} to {hi:,.0f} t/s at {ctx_label(c)}"
-                if round(lo) != round(hi)
-                else f"≈ {lo:,.0f} t/s at {ctx_label(c)}"
+                f"≈ {tps_label(lo)} to {tps_label(hi)} t/s at {ctx_label(c)}"
+                if tps_label(lo) != tps_label(hi)
+                else f"≈ {tps_label(lo)} t/s at {ctx_label(c)}"
                 for c, lo, hi in self.spread
             )
             return s + self.extrapolation_note() + f"; {self.spread_over}"  # where the range comes from, last
-        s = ", ".join(f"≈ {tps:,.0f} t/s at {ctx_label(c)}" for c, tps in self.points)
+        s = ", ".join(f"≈ {tps_label(tps)} t/s at {ctx_label(c)}" for c, tps in self.points)
         return s + self.extrapolation_note()
 
     def extrapolation_note(self) -> str:
@@ -556,6 +556,14 @@ class SpeedEstimate:
 def _k(n: int) -> str:
     """32800 -> "32k": a depth in whole k, rounded down."""
     return f"{n // 1024}k" if n >= 1024 else f"{n:,}"
+
+
+def tps_label(tps: float) -> str:
+    """25.3 -> "25"; 0.62 -> "0.6"; 0.04 -> "0.04": tokens a second, never "0" for a plan that runs (a 70B model
+    mostly in slow RAM decodes below one token a second)."""
+    if tps >= 0.95:
+        return f"{tps:,.0f}"
+    return f"{tps:.1f}" if tps >= 0.095 else f"{tps:.2g}"
 
 
 def ctx_label(n: int) -> str:

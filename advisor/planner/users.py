@@ -211,7 +211,7 @@ def users_per_card(
 
 def answer_lines(a: UsersAnswer, *, where: str = "this card") -> list[str]:
     """The direct answer first, then each way with its flags, memory and decode."""
-    from kvadvise.planner.speed import ctx_label
+    from kvadvise.planner.speed import ctx_label, tps_label
 
     c = a.chosen
     head = (
@@ -224,7 +224,7 @@ def answer_lines(a: UsersAnswer, *, where: str = "this card") -> list[str]:
     for s in ways:
         name = "unified cache (-kvu, one pool)" if s.kv_unified else "one slot each"
         speed = (
-            f"; ≈ {s.decode_user_tps:,.0f} t/s each, {s.decode_total_tps:,.0f} t/s in all (estimate)"
+            f"; ≈ {tps_label(s.decode_user_tps)} t/s each, {tps_label(s.decode_total_tps)} t/s in all (estimate)"
             if s.decode_user_tps is not None and s.decode_total_tps is not None
             else ""
         )
