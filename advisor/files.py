@@ -305,7 +305,7 @@ class FolderFiles:
 
 
 def files_below(folder: str | os.PathLike[str], suffix: str) -> FolderFiles:
-    """The regular files (or links to one) named ``*<suffix>`` in ``folder`` and below, symlinked folders not
+    """The regular files (or links to one) named ``*<suffix>`` (any case) in ``folder`` and below, symlinked folders not
     followed (as ``Path.rglob``). ``rglob`` passes over a folder it cannot read without a word; here each one
     is named in ``skipped``."""
     found: list[tuple[str, ...]] = []
@@ -319,7 +319,7 @@ def files_below(folder: str | os.PathLike[str], suffix: str) -> FolderFiles:
     for here, _, names in os.walk(top, onerror=skip):
         for name in names:
             path = os.path.join(here, name)
-            if name.endswith(suffix) and os.path.isfile(path):
+            if name.lower().endswith(suffix.lower()) and os.path.isfile(path):  # MODEL.GGUF: llama.cpp opens any name
                 found.append(tuple(os.path.relpath(path, top).split(os.sep)))
     return FolderFiles(tuple(os.path.join(top, *parts) for parts in sorted(found)), tuple(skipped))
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -521,6 +522,14 @@ def _check_types(header: GGUFHeader, arch: str) -> None:
     types = header.value_types
     if not types:
         return
+    if header.byte_order != ("<" if sys.byteorder == "little" else ">"):
+        # gguf.cpp gguf_init_from_file_impl reads the version in the host's order: "this GGUF file version %u is
+        # extremely large, is there a mismatch between the host and model endianness?"
+        raise GGUFError(
+            f"{header.source}: a {'big' if header.byte_order == '>' else 'little'}-endian GGUF: llama.cpp on a "
+            f"{sys.byteorder}-endian machine refuses it (gguf.cpp: a mismatch between the host and model endianness)",
+            hint="download or convert the model for this machine's byte order",
+        )
 
     def wrong(name: str, t: int, expected: str) -> GGUFError:
         return GGUFError(
@@ -529,6 +538,14 @@ def _check_types(header: GGUFHeader, arch: str) -> None:
             hint="the file was written by a converter that does not follow the GGUF schema: convert it again",
         )
 
+    for name, t in types.items():  # gguf.cpp gguf_init_from_file_impl: an array of arrays is an invalid type
+        value = header.metadata.get(name)
+        if t == T_ARRAY and isinstance(value, GGUFArray) and value.item_type == T_ARRAY:
+            raise GGUFError(
+                f"{header.source}: key {name} is an array of arrays: llama.cpp refuses the file (gguf.cpp: "
+                '"key has invalid GGUF type")',
+                hint="the file was written by a converter that does not follow the GGUF schema: convert it again",
+            )
     for template in U32_KEYS:
         name = key(template, arch)
         if name in types and types[name] != T_UINT32:
