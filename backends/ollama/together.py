@@ -587,6 +587,7 @@ def num_ctxs(t: Together) -> dict[str, int]:
 def routed(t: Together) -> list[RoutedModel]:
     """The same models for llama-server's router: the context, slots, cache type and batch of the plan, each
     pinned to the GPU the scheduler put it on (when one of several)."""
+    from kvadvise.backends.ollama.runtime import readable_projector
     from kvadvise.runtime.router import RoutedModel
 
     res, s = t.final, t.final_settings
@@ -604,5 +605,8 @@ def routed(t: Together) -> list[RoutedModel]:
             cfg = replace(cfg, n_batch=step.num_batch, n_ubatch=step.num_batch)
         device = f"CUDA{step.gpus[0]}" if len(res.gpus) > 1 and len(step.gpus) == 1 else None
         path = m.spec.source if m.source.startswith("store:") else None
+        projector = readable_projector(m) if path is not None else None
+        if projector is not None:  # llm/llama_server.go passes a vision model's projector blob as --mmproj
+            cfg = replace(cfg, mmproj=projector)
         out.append(RoutedModel(m.ref, path, cfg, device, embedding))
     return out
