@@ -60,6 +60,10 @@ def plan_for(
     hw = with_backend(shaped.request, hw)
     # once: it may run a binary; a build the runtime pins (Ollama's, by its version) is not KVADVISE_LLAMA_BUILD's
     build = _llama_build(spec, shaped.request, runtime, shaped.build or found_build, pinned=shaped.build is not None)
+    if shaped.build is None:  # llama.cpp's own programs (Ollama runs its engines' models whatever it pins)
+        from kvadvise.planner.builds import check_architecture
+
+        check_architecture(spec.architecture, build[0])
     plan = _plan(spec, shaped, runtime, hw, probed=probed, build=build)
 
     def replan(alone: Hardware) -> Plan:

@@ -94,3 +94,14 @@ def test_a_folder_lists_a_model_named_in_capitals(
     (folder / "Q3.GGUF").write_bytes(tiny.read_bytes())
     rc, out, err = run(capsys, "gguf", str(folder), "--no-hardware")
     assert rc == 0 and "Q3.GGUF" in out, (rc, out, err)
+
+
+def test_a_build_older_than_the_architecture_is_refused(gemma_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`kvadvise llamacpp gemma-3-270m-q4_k_m.gguf --llama-build b4800`: gemma3 came with b4875 (#12343); an older
+    llama-server stops with "unknown model architecture: 'gemma3'", and was planned with the newest rules (the
+    round-9 reviewer's unfiled item). Ollama runs its own engine's models whatever llama.cpp it pins: not refused."""
+    rc, out, err = run(capsys, "llamacpp", str(gemma_path), "--llama-build", "b4800", "--no-hardware")
+    one_line_input_error(rc, err)
+    assert "unknown model architecture: 'gemma3'" in err and "b4875" in err and out == "", err
+    rc, _, err = run(capsys, "llamacpp", str(gemma_path), "--llama-build", "b4875", "--no-hardware")
+    assert rc == 0, err

@@ -140,6 +140,38 @@ RPC_EVENTS = 10455
 VULKAN_EVENTS = 7700
 SUPPORTED_FROM = MLA_V_LESS  # the builds whose rules are modelled whole (older ones in part)
 
+# The first build that knows an architecture (src/llama-arch.cpp LLM_ARCH_NAMES): an older one stops with
+# "unknown model architecture: '%s'" (llm_arch_from_string). Only builds with a public witness; an architecture
+# not listed is not checked (the history of llama.cpp is too large for the tools here):
+# - command-r: b2440 = 12247f4, #6033 (ollama/ollama#3190: "update llama.cpp submodule to 12247f4 (release tag:
+#   b2440) - Adding support for Command-R model");
+# - gemma3: b4875 = 7841fc72, #12343 (ggml-org/llama.cpp#12345: "I just tested b4875 (7841fc72 / #12343) ... it
+#   seems to be working, now");
+# - glm4moe: b6085 = ef0144c0, #14939 (oobabooga/textgen#7177: "Support for GLM 4.5 has been added to llama.cpp in
+#   b6085 - commit ef0144c0");
+# - gemma4: #21309, after b8635 (unslothai/unsloth#4790: "latest release (b8635) does not include Gemma 4
+#   support"; #4796: b8637 has it): the first build is b8636 or b8637, b8636 planned (never a false refusal).
+ARCH_FIRST_BUILD: dict[str, tuple[int, str]] = {
+    "command-r": (2440, "ggml-org/llama.cpp#6033"),
+    "gemma3": (4875, "ggml-org/llama.cpp#12343"),
+    "glm4moe": (6085, "ggml-org/llama.cpp#14939"),
+    "gemma4": (8636, "ggml-org/llama.cpp#21309"),
+}
+
+
+def check_architecture(architecture: str, build: int | None) -> None:
+    """Refuse a plan for a build (--llama-build, the llama-server on PATH) that does not know ``architecture``
+    (ARCH_FIRST_BUILD)."""
+    first = ARCH_FIRST_BUILD.get(architecture)
+    if first is None or not older_than(build, first[0]):
+        return
+    raise InputError(
+        f'llama.cpp b{build} does not know the {architecture} architecture: it stops with "unknown '
+        f"model architecture: '{architecture}'\" (added in b{first[0]}, {first[1]})",
+        hint=f"a llama.cpp from b{first[0]} on; --llama-build bNNNN names the build you will run",
+    )
+
+
 _BUILD = re.compile(r"^\s*(?:b|build\s*|version:?\s*)?(\d{3,6})(?:\s*\(([0-9a-f]{6,40})\))?\s*$", re.IGNORECASE)
 # llama-server --version: "version: 9410 (031ddb2e0)", or since 2026 "version: 0.5.0-dev (build 11312, commit
 # 0c1e570)" (common/build-info); a log's "build: 9410 (031ddb2e0) with ..."
