@@ -75,6 +75,12 @@ def test_compute_buffers_are_never_under_llama_cpps_allocation_pass(
     est = estimate(spec, replace(cfg, device="rpc", device_names=(device,)))
     got = (est.devices[0].compute_bytes / MIB, est.host.compute_bytes / MIB)
     assert _over_ok(est.devices[0].compute_bytes, measured[device]), (got, measured)
-    if case.recipe in ("llama", "granite", "phi3", "qwen2", "qwen3"):  # planned by ggml-alloc's own allocation (memory._exact_device_compute)
+    if case.recipe in (
+        "llama",
+        "granite",
+        "phi3",
+        "qwen2",
+        "qwen3",
+    ):  # planned by ggml-alloc's own allocation (memory._exact_device_compute)
         assert f"{got[0]:.2f}" == f"{measured[device]:.2f}", (got, measured)
     assert _over_ok(est.host.compute_bytes, measured["CPU"]), (got, measured)

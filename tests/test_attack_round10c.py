@@ -6,51 +6,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import gguf
-import numpy as np
 import pytest
 from attack_helpers import no_internal_error, no_server, one_line_input_error, run  # noqa: F401  (no_server: an autouse fixture)
-from tinymodels import write_tiny_gguf
+from tinymodels import DROP, rewrite_gguf, write_tiny_gguf
 
 import kvadvise
 
 HF = Path(__file__).resolve().parent / "data" / "hf"
-
-_DROP = object()
-
-
-def _rewrite(src: Path, dst: Path, change: dict[str, Any]) -> Path:
-    """``src`` written again to ``dst`` with the metadata keys of ``change`` replaced: ``(GGUFValueType, value)``, or
-    ``_DROP`` to leave the key out. Tensors and every other key as they were (gguf-py's reader and writer)."""
-    r = gguf.GGUFReader(src)
-    arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
-    w = gguf.GGUFWriter(dst, arch, use_temp_file=False)
-    for name, f in r.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        if name in change:
-            if change[name] is not _DROP:
-                w.add_key_value(name, change[name][1], change[name][0])
-            continue
-        vt = f.types[0]
-        if vt == gguf.GGUFValueType.ARRAY:
-            if f.types[1] == gguf.GGUFValueType.STRING:
-                w.add_array(name, [bytes(f.parts[i]) for i in f.data])
-            else:
-                w.add_array(name, [f.parts[i].tolist()[0] for i in f.data])
-        elif vt == gguf.GGUFValueType.STRING:
-            w.add_string(name, bytes(f.parts[-1]).decode())
-        else:
-            w.add_key_value(name, f.parts[-1].tolist()[0], vt)
-    for t in r.tensors:
-        w.add_tensor(t.name, np.array(t.data))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
 
 
 # --- 1. kvadvise hf: unknown weights are counted as 0, and a 70B model "fits 100% on the GPU" of a 24 GB card ----
@@ -125,7 +89,7 @@ def test_a_key_of_the_wrong_type_is_refused_as_llama_cpp_refuses_it(
     refuse"; advisor/model/gguf.py's docstring: "a header llama.cpp would refuse is refused here too". Expected:
     exit 2 naming the key and its type."""
     src = write_tiny_gguf(tmp_path / "src.gguf", "qwen3")
-    model = _rewrite(src, tmp_path / "q3.gguf", {key: (vtype, value)})
+    model = rewrite_gguf(src, tmp_path / "q3.gguf", change={key: (vtype, value)})
     rc, _out, err = run(capsys, "gguf", str(model), "--gpu", "rtx-4090")
     one_line_input_error(rc, err)
     assert key in err, err
@@ -145,7 +109,7 @@ def test_a_gguf_without_its_training_context_is_refused_as_llama_cpp_refuses_it(
     with a default of 0 ("trained on 0 tokens" in `kvadvise hf` for a config.json without max_position_embeddings
     too). Expected: exit 2 naming the missing key, as a missing block_count is ("required key ... is missing")."""
     src = write_tiny_gguf(tmp_path / "src.gguf", "qwen3")
-    model = _rewrite(src, tmp_path / "q3.gguf", {"qwen3.context_length": _DROP})
+    model = rewrite_gguf(src, tmp_path / "q3.gguf", change={"qwen3.context_length": DROP})
     rc, _out, err = run(capsys, "llamacpp", str(model), "--gpu", "rtx-4090")
     one_line_input_error(rc, err)
     assert "context_length" in err, err

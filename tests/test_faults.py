@@ -945,7 +945,9 @@ def test_the_hint_to_load_a_written_env_file_is_a_line_to_paste(
     err = capsys.readouterr().err
     line = re.search(r"`(set -a; \. .*; set \+a)`", err)
     assert line is not None, err
-    run = subprocess.run(["sh", "-c", f"{line[1]}; echo \"$LLAMA_ARG_MODEL\""], cwd=tmp_path, capture_output=True, text=True)
+    run = subprocess.run(
+        ["sh", "-c", f'{line[1]}; echo "$LLAMA_ARG_MODEL"'], cwd=tmp_path, capture_output=True, text=True
+    )
     assert run.returncode == 0 and run.stdout.strip() == str(model), run.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["m.gguf", name])  # nothing touched
 

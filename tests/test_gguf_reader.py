@@ -921,7 +921,9 @@ def test_a_count_the_tensors_do_not_have_is_refused(
     assert main(["gguf", str(base), "--no-hardware"]) == 0
 
 
-@pytest.mark.parametrize(("key", "value", "refused"), [(k, v, v == 2**32 - 1 or v == 1000) for k, v, _ in IMPOSSIBLE_COUNTS])
+@pytest.mark.parametrize(
+    ("key", "value", "refused"), [(k, v, v == 2**32 - 1 or v == 1000) for k, v, _ in IMPOSSIBLE_COUNTS]
+)
 def test_an_unverified_architecture_is_refused_only_a_width_no_model_has(
     key: str, value: int, refused: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -946,7 +948,9 @@ def test_an_unverified_architecture_is_refused_only_a_width_no_model_has(
 
 @pytest.mark.llama
 @pytest.mark.parametrize(("key", "value", "what"), IMPOSSIBLE_COUNTS)
-def test_llama_cpp_refuses_what_kvadvise_refuses(key: str, value: int, what: str, tmp_path: Path, fit_params: Path) -> None:
+def test_llama_cpp_refuses_what_kvadvise_refuses(
+    key: str, value: int, what: str, tmp_path: Path, fit_params: Path
+) -> None:
     """The files above, given to llama-fit-params of the tests' llama.cpp: it cannot load one (exit 1; its log,
     written by a thread never joined at exit, may not arrive, so the exit code is what is read)."""
     import subprocess
@@ -956,7 +960,9 @@ def test_llama_cpp_refuses_what_kvadvise_refuses(key: str, value: int, what: str
     base = write_tiny_gguf(tmp_path / "base.gguf", "llama")
     bad = _patched_u32(base, tmp_path / "bad.gguf", key, value)
     for path, rc in ((base, 0), (bad, 1)):
-        run = subprocess.run([str(fit_params), "-m", str(path), "-c", "512"], capture_output=True, text=True, timeout=120)
+        run = subprocess.run(
+            [str(fit_params), "-m", str(path), "-c", "512"], capture_output=True, text=True, timeout=120
+        )
         assert run.returncode == rc, (run.stdout + run.stderr)[-2000:]
 
 
@@ -973,7 +979,9 @@ def test_a_head_count_beside_an_explicit_key_length_is_checked_against_q(
 
 
 @pytest.mark.llama
-def test_llama_cpp_refuses_gemma_with_a_head_count_q_does_not_have(gemma_path: Path, tmp_path: Path, fit_params: Path) -> None:
+def test_llama_cpp_refuses_gemma_with_a_head_count_q_does_not_have(
+    gemma_path: Path, tmp_path: Path, fit_params: Path
+) -> None:
     """llama-fit-params (b11312): "check_tensor_dims: tensor 'blk.0.attn_q.weight' has wrong shape; expected 640,
     1099511627520, got 640, 1024" (exit 1)."""
     import subprocess

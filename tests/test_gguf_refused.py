@@ -8,44 +8,10 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
-import gguf
-import numpy as np
 import pytest
 from attack_helpers import no_server, one_line_input_error, run  # noqa: F401  (no_server: an autouse fixture)
-from tinymodels import write_tiny_gguf
-
-
-def _rewrite(src: Path, dst: Path, *, endian: gguf.GGUFEndian, extra: dict[str, Any] | None = None) -> Path:
-    """``src`` written again in byte order ``endian``, with the keys of ``extra`` added (gguf-py's reader and
-    writer: every key and tensor as it was)."""
-    r = gguf.GGUFReader(src)
-    arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
-    w = gguf.GGUFWriter(dst, arch, use_temp_file=False, endianess=endian)
-    for name, f in r.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        vt = f.types[0]
-        if vt == gguf.GGUFValueType.ARRAY:
-            if f.types[1] == gguf.GGUFValueType.STRING:
-                w.add_array(name, [bytes(f.parts[i]) for i in f.data])
-            else:
-                w.add_array(name, [f.parts[i].tolist()[0] for i in f.data])
-        elif vt == gguf.GGUFValueType.STRING:
-            w.add_string(name, bytes(f.parts[-1]).decode())
-        else:
-            w.add_key_value(name, f.parts[-1].tolist()[0], vt)
-    for name, value in (extra or {}).items():
-        w.add_array(name, value)
-    for t in r.tensors:
-        data = np.array(t.data)
-        w.add_tensor(t.name, data.byteswap() if endian == gguf.GGUFEndian.BIG else data, raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
+from tinymodels import rewrite_gguf, write_tiny_gguf
 
 
 @pytest.fixture
@@ -63,7 +29,7 @@ def _server_refuses(server: Path, model: Path, words: str) -> None:
 def test_a_big_endian_file_is_refused_as_llama_cpp_refuses_it(
     tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], real_llama_server: Path
 ) -> None:
-    big = _rewrite(tiny, tmp_path / "big.gguf", endian=gguf.GGUFEndian.BIG)
+    big = rewrite_gguf(tiny, tmp_path / "big.gguf", big_endian=True)
     rc, out, err = run(capsys, "gguf", str(tiny), "--no-hardware")
     assert rc == 0, err
     rc, out, err = run(capsys, "gguf", str(big), "--no-hardware")
@@ -75,8 +41,8 @@ def test_a_big_endian_file_is_refused_as_llama_cpp_refuses_it(
 def test_an_array_of_arrays_is_refused_as_llama_cpp_refuses_it(
     tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], real_llama_server: Path
 ) -> None:
-    nested = _rewrite(tiny, tmp_path / "nested.gguf", endian=gguf.GGUFEndian.LITTLE, extra={"x.nested": [[1, 2], [3]]})
-    same = _rewrite(tiny, tmp_path / "same.gguf", endian=gguf.GGUFEndian.LITTLE)
+    nested = rewrite_gguf(tiny, tmp_path / "nested.gguf", extra={"x.nested": [[1, 2], [3]]})
+    same = rewrite_gguf(tiny, tmp_path / "same.gguf")
     rc, _, err = run(capsys, "gguf", str(same), "--no-hardware")
     assert rc == 0, err
     rc, out, err = run(capsys, "gguf", str(nested), "--no-hardware")

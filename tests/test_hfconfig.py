@@ -661,4 +661,6 @@ def test_an_mxfp4_checkpoints_experts_stay_mxfp4_at_any_quant() -> None:
     # 2880 x 2880 at 4.25 bits), what a partial offload moves and a token reads
     experts = 24 * 32 * 3 * 2880 * 2880 * 4.25 / 8
     for quant in ("Q6_K", "Q4_K_M", "F16"):
-        assert hf.load_spec(str(DATA / "gpt-oss-20b.json"), quant=quant).expert_bytes == pytest.approx(experts, rel=2e-3)
+        assert hf.load_spec(str(DATA / "gpt-oss-20b.json"), quant=quant).expert_bytes == pytest.approx(
+            experts, rel=2e-3
+        )

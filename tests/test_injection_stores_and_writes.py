@@ -773,7 +773,11 @@ def test_the_force_help_says_what_force_does(
     out = tmp_path / "out"
     out.mkdir()
     (out / "x.env").write_text("# mine\n")
-    plan = _ollama_plan_env(monkeypatch, tmp_path) if command == "ollama" else ("llamacpp", str(gemma_path), "--gpu", "4090")
+    plan = (
+        _ollama_plan_env(monkeypatch, tmp_path)
+        if command == "ollama"
+        else ("llamacpp", str(gemma_path), "--gpu", "4090")
+    )
     rc, _, err = run(capsys, *plan, "--write-env", str(out / "x.env"), "--force")
     assert rc == 0, err
     rc, help_text, _ = run(capsys, command, "--help")

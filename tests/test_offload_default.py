@@ -419,7 +419,9 @@ def test_a_context_whose_offload_cannot_fit_the_gpu_is_searched_down(capsys: pyt
     assert doc["target_ctx"] == 32768 and 4096 <= off["n_ctx"] < 32768 and off["n_ctx"] % 1024 == 0
     assert all(d <= b for d, b in zip(off["devices_bytes"], off["device_budgets_bytes"], strict=True))
     assert any("do not fit the GPU" in r for r in doc["reasons"]), doc["reasons"]  # type: ignore[union-attr]
-    rc, doc = _json(capsys, "ollama", "qwen3:8b", "--vram", "4GiB", "--ollama-version", "0.12.3", "--ctx", "32768", *RAM)
+    rc, doc = _json(
+        capsys, "ollama", "qwen3:8b", "--vram", "4GiB", "--ollama-version", "0.12.3", "--ctx", "32768", *RAM
+    )
     assert rc == 3 and doc["offload"] is None  # a --ctx the user gave is not searched down
 
 

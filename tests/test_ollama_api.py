@@ -70,7 +70,8 @@ def test_normalize_host(raw: str | None, url: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "raw", ["host:notaport", "host:0", "host:70000", "ftp://host", "[::1", "host:+11434", "host:000", "host:" + "9" * 5000]
+    "raw",
+    ["host:notaport", "host:0", "host:70000", "ftp://host", "[::1", "host:+11434", "host:000", "host:" + "9" * 5000],
 )
 def test_bad_host(raw: str) -> None:
     with pytest.raises(InputError, match="OLLAMA_HOST"):

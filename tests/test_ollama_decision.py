@@ -84,10 +84,14 @@ def test_the_library_gpt_oss_under_0_11_0_as_issue_37_saw_it(
     assert (d["layers_offload"], d["layers_model"], d["num_gpu"], d["allocation_modelled"]) == (23, 25, None, False)
     assert "num_gpu" not in out["modelfile_parameters"]
     for version in ("0.11.5", "0.11.10"):
-        rc = main(["ollama", "gpt-oss:20b", "--ctx", "8192", "--vram", "15.6GiB", "--ollama-version", version, "--json"])
+        rc = main(
+            ["ollama", "gpt-oss:20b", "--ctx", "8192", "--vram", "15.6GiB", "--ollama-version", version, "--json"]
+        )
         d = json.loads(capsys.readouterr().out)["ollama"]["decision"]
         assert rc == 0 and d["layers_by"] == "llm/memory.go" and (d["layers_offload"], d["layers_model"]) == (25, 25)
     for version in ("0.11.11", "0.12.6", "0.12.10"):
-        rc = main(["ollama", "gpt-oss:20b", "--ctx", "8192", "--vram", "15.6GiB", "--ollama-version", version, "--json"])
+        rc = main(
+            ["ollama", "gpt-oss:20b", "--ctx", "8192", "--vram", "15.6GiB", "--ollama-version", version, "--json"]
+        )
         d = json.loads(capsys.readouterr().out)["ollama"]["decision"]
         assert rc == 0 and d["layers_by"].endswith("trial allocations") and d["layers_offload"] == 25, version

@@ -434,4 +434,3 @@ def test_one_model_named_twice_is_one_model(fake: FakeOllama, capsys: pytest.Cap
     """`kvadvise ollama qwen3:8b qwen3:8b`: planned once, and said so ("1 models on one Ollama server")."""
     rc, out, err = run(capsys, "ollama", "gemma3:4b", "gemma3:4b", "--gpu", "rtx-4090")
     assert rc == 0 and out.startswith("1 model on one Ollama server") and "named twice" in out + err, out
-

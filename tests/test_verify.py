@@ -463,7 +463,9 @@ def test_dry_run_refuses_what_it_would_not_do(
     assert len(err.strip().splitlines()) <= 2
 
 
-def test_log_and_attach_together_are_refused(gemma_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_log_and_attach_together_are_refused(
+    gemma_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """--log and --attach: --attach was dropped without a word and the log compared."""
     log = tmp_path / "server.log"
     log.write_text("llama_context: CPU compute buffer size = 514.50 MiB\n")
@@ -472,7 +474,9 @@ def test_log_and_attach_together_are_refused(gemma_path: Path, tmp_path: Path, c
     assert rc == 2 and "--log" in err and "--attach" in err, err
 
 
-def test_dry_run_that_fails_silently_says_so(gemma_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_dry_run_that_fails_silently_says_so(
+    gemma_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A llama-fit-params that exits without a word: the error ended in "(exit 3): " and nothing after it."""
     fake = tmp_path / "llama-fit-params"
     fake.write_text("#!/bin/sh\nexit 3\n")

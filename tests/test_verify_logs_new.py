@@ -235,7 +235,9 @@ def test_attach_takes_an_ipv6_host_and_refuses_one_that_is_no_host(
         assert rc == 2 and "internal error" not in err and "--attach" in err, (bad, err)
 
 
-def test_attach_reads_a_port_as_llama_server_reads_its_own(gemma_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_attach_reads_a_port_as_llama_server_reads_its_own(
+    gemma_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """`llama-server --port 08080` listens on 8080 (common/arg.cpp std::stoi); `--attach 127.0.0.1:08080` was
     refused ("the port must be a number from 1 to 65535"). A bracketed address with text after it (`[::1]junk`)
     or no closing bracket had that text dropped without a word: refused (exit 2)."""

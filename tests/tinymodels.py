@@ -1352,3 +1352,55 @@ def write_tiny_gguf(
         writer.gguf.add_float32(key, value)
     writer.finish()
     return path
+
+
+DROP = object()  # rewrite_gguf: leave the key out
+
+
+def rewrite_gguf(
+    src: Path,
+    dst: Path,
+    *,
+    change: Mapping[str, object] | None = None,
+    extra: Mapping[str, list[object]] | None = None,
+    big_endian: bool = False,
+) -> Path:
+    """``src`` written again to ``dst`` with gguf-py's reader and writer: the keys of ``change`` replaced by
+    ``(GGUFValueType, value)`` (``DROP``: left out), the arrays of ``extra`` added, in big-endian order if asked;
+    every other key and tensor as it was."""
+    import gguf
+
+    r = gguf.GGUFReader(src)
+    arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
+    endian = gguf.GGUFEndian.BIG if big_endian else gguf.GGUFEndian.LITTLE
+    w = gguf.GGUFWriter(dst, arch, use_temp_file=False, endianess=endian)
+    change = change or {}
+    for name, f in r.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        if name in change:
+            new = change[name]
+            if new is not DROP:
+                assert isinstance(new, tuple)
+                w.add_key_value(name, new[1], new[0])
+            continue
+        vt = f.types[0]
+        if vt == gguf.GGUFValueType.ARRAY:
+            if f.types[1] == gguf.GGUFValueType.STRING:
+                w.add_array(name, [bytes(f.parts[i]) for i in f.data])
+            else:
+                w.add_array(name, [f.parts[i].tolist()[0] for i in f.data])
+        elif vt == gguf.GGUFValueType.STRING:
+            w.add_string(name, bytes(f.parts[-1]).decode())
+        else:
+            w.add_key_value(name, f.parts[-1].tolist()[0], vt)
+    for name, value in (extra or {}).items():
+        w.add_array(name, value)
+    for t in r.tensors:
+        data = np.array(t.data)
+        w.add_tensor(t.name, data.byteswap() if big_endian else data, raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
