@@ -314,9 +314,14 @@ def llama_flags(plan: Plan) -> str:
 
 # the model's own notes that every figure of the plan hangs on, said in the default output too: an architecture
 # planned by generic rules (a config.json kvadvise cannot map, kvadvise.model.hfconfig; one not verified against
-# llama.cpp, .architecture), and weights of unknown size counted as 0 (a config.json alone, backends/hf.py; a
-# server that lists no tensors, backends/ollama/api.py)
-_GENERIC = ("is not mapped to a llama.cpp architecture", "generic rules applied", "counted as 0")
+# llama.cpp, .architecture), weights of unknown size counted as 0 (a server that lists no tensors,
+# backends/ollama/api.py), and a config.json's weights counted at its checkpoint's type (backends/hf.py)
+_GENERIC = (
+    "is not mapped to a llama.cpp architecture",
+    "generic rules applied",
+    "counted as 0",
+    "no safetensors index found",
+)
 
 
 def _generic(spec: ModelSpec) -> tuple[str, ...]:

@@ -115,11 +115,15 @@ class HFBackend:
                 note = f"weights: {weights.n_bytes:,} B from {weights.source}"
                 return config, replace(spec, notes=(*spec.notes, note))
             spec = from_config(config, source=source)
-            dtype_quant = _checkpoint_quant(config)
-            if dtype_quant is None or count_params(spec, config) is None:
-                note = "weights unknown (no safetensors index found): counted as 0; pass --weights-bytes or --quant"
-                return config, replace(spec, notes=(*spec.notes, note))
-            canon, counted = quant_bpw(dtype_quant), dtype_quant
+            checkpoint = _checkpoint_quant(config)
+            if checkpoint is None or count_params(spec, config) is None:  # never a "fit" at 0 bytes of weights
+                raise InputError(
+                    f"{source}: the weights cannot be counted (no safetensors index beside it, "
+                    + ("a quantization_config of its own" if checkpoint is None else "parts not countable")
+                    + ")",
+                    hint="--quant Q4_K_M (the GGUF you will run) or --weights-bytes N (its size; 0: the K/V alone)",
+                )
+            canon, counted = checkpoint, checkpoint[0]
         q, bpw = canon
         spec = from_config(config, source=source)
         parts = count_params(spec, config)  # the config's parts (kvadvise.model.breakdown); None: not countable
@@ -138,8 +142,9 @@ class HFBackend:
         )
         if counted:  # never 0 for weights that exist: a 70B config "fit" a 24 GB card
             note = (
-                f"weights: no safetensors index found: the checkpoint's {counted} (config.json's dtype), "
-                f"{params:,} parameters ({params_source}) = {n_bytes:,} B; a GGUF quant is smaller: --quant Q4_K_M"
+                f"weights: no safetensors index found: the checkpoint's {counted} (config.json's dtype or "
+                f"quantization_config), {params:,} parameters ({params_source}) = {n_bytes:,} B; "
+                "the GGUF you run: --quant Q4_K_M, or its size: --weights-bytes N"
             )
         if parts is not None and _keeps_mxfp4_experts(config, q):
             # the experts at MXFP4's 4.25 bits, only the other tensors take the quantizer's types
@@ -158,18 +163,35 @@ class HFBackend:
         return config, replace(spec, weights_bytes=n_bytes, file_type=q, notes=(*spec.notes, note))
 
 
-def _checkpoint_quant(config: dict[str, Any]) -> str | None:
-    """The type a checkpoint's safetensors hold, from config.json's dtype (torch_dtype, or text_config's): BF16,
-    F16 or F32; an MXFP4 checkpoint (gpt-oss) as BF16, whose experts stay MXFP4 (_keeps_mxfp4_experts). None for
-    another quantization_config (FP8, AWQ, GPTQ: widths not counted here) or a dtype not given."""
-    qc = config.get("quantization_config")
-    if qc is not None and not (isinstance(qc, dict) and str(qc.get("quant_method", "")).lower() == "mxfp4"):
-        return None
+def _checkpoint_quant(config: dict[str, Any]) -> tuple[str, float] | None:
+    """What a checkpoint's safetensors hold, as (name, bits per weight), from config.json: its quantization_config
+    (MXFP4: gpt-oss, the experts MXFP4 (_keeps_mxfp4_experts) and the rest BF16; FP8 at 8 bits, the block scales
+    left out; a bits-wide AWQ/GPTQ at its bits, the group scales left out), else its dtype (torch_dtype or
+    text_config's: BF16, F16, F32; none named: BF16, what transformers' checkpoints of this era are saved in).
+    None for a quantization_config whose width is not said, or a dtype not known here."""
     text = config.get("text_config")
+    qc = config.get("quantization_config")
+    if qc is None and isinstance(text, dict):
+        qc = text.get("quantization_config")
+    if isinstance(qc, dict):
+        method = str(qc.get("quant_method", "")).lower()
+        if method == "mxfp4":
+            return "BF16", 16.0
+        if "fp8" in method or str(qc.get("fmt", "")).lower().startswith("e4m3"):
+            return "FP8", 8.0
+        bits = qc.get("bits", qc.get("w_bit"))
+        if isinstance(bits, int) and not isinstance(bits, bool) and 2 <= bits <= 8:
+            return f"{method.upper() or 'quantized'} {bits}-bit", float(bits)
+        return None
+    if qc is not None:
+        return None
     dtype = config.get("torch_dtype") or config.get("dtype")
     if dtype is None and isinstance(text, dict):
         dtype = text.get("torch_dtype") or text.get("dtype")
-    return {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}.get(dtype) if isinstance(dtype, str) else None
+    if dtype is None:
+        return "BF16", 16.0
+    widths = {"bfloat16": ("BF16", 16.0), "float16": ("F16", 16.0), "float32": ("F32", 32.0)}
+    return widths.get(dtype) if isinstance(dtype, str) else None
 
 
 def _keeps_mxfp4_experts(config: dict[str, Any], quant: str | None) -> bool:

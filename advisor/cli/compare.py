@@ -8,14 +8,24 @@ The plan is llama.cpp's (any K and V cache types), the recommendation policy of 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from kvadvise.errors import EXIT_NO_FIT, InputError
 from kvadvise.ui import output
-from kvadvise.ui.flags import MARGIN_OPTION, PARALLEL_OPTION, TEXT, USE_OPTION, VRAM_SIZE, TokensType, gpu_list
+from kvadvise.request import MAX_GBS
+from kvadvise.ui.flags import (
+    MARGIN_OPTION,
+    PARALLEL_OPTION,
+    TEXT,
+    USE_OPTION,
+    VRAM_SIZE,
+    FiniteFloatRange,
+    TokensType,
+    gpu_list,
+)
 
 if TYPE_CHECKING:
     from kvadvise.model.spec import ModelSpec
@@ -52,13 +62,25 @@ def card(name: str) -> Card:
     return Card(name, from_profiles(name))
 
 
-def cards(gpu: str | None, vram_bytes: int | None) -> list[Card]:
+def cards(gpu: str | None, vram_bytes: int | None, bandwidth_gbs: float | None = None) -> list[Card]:
     from kvadvise.planner.hardware import manual, probe
 
     if gpu and vram_bytes is not None:
         raise click.UsageError("give --gpu or --vram, not both")
+    if bandwidth_gbs is not None and vram_bytes is None:
+        raise click.UsageError("--bandwidth goes with --vram (a --gpu card has its own)")
     if vram_bytes is not None:
-        return [Card(f"{vram_bytes / GIB:g} GiB", manual(vram_bytes))]
+        hw = manual(vram_bytes, None if bandwidth_gbs is None else int(bandwidth_gbs * 1e9))
+        if bandwidth_gbs is None:  # the decode figures are one catalogue card's of that size (speed.spread)
+            hw = replace(
+                hw,
+                notes=(
+                    *hw.notes,
+                    "--vram without --bandwidth: the decode figures are the middle of the catalogue's cards of "
+                    "this size (the plan gives their range); --bandwidth GB/S gives this card's",
+                ),
+            )
+        return [Card(f"{vram_bytes / GIB:g} GiB", hw)]
     if gpu:
         names = [n for n in gpu.split(",") if n.strip()]
         if not names:
@@ -298,6 +320,14 @@ def _partial(d: dict[str, Any] | None) -> str:
 @click.option(
     "--vram", "vram_bytes", type=VRAM_SIZE, metavar="SIZE", default=None, help="One budget given by hand: 24GiB."
 )
+@click.option(
+    "--bandwidth",
+    "bandwidth_gbs",
+    type=FiniteFloatRange(min=1, max=MAX_GBS),
+    metavar="GB/S",
+    default=None,
+    help="With --vram: the card's memory bandwidth in GB/s, for the decode estimate (e.g. 448).",
+)
 @MARGIN_OPTION
 @USE_OPTION
 @click.option(
@@ -325,6 +355,7 @@ def compare(
     models: tuple[str, ...],
     gpu: str | None,
     vram_bytes: int | None,
+    bandwidth_gbs: float | None,
     margin_bytes: int,
     use: str | None,
     target_ctx: int,
@@ -343,7 +374,7 @@ def compare(
     if use and target_ctx:
         raise click.UsageError("give --use or --target-ctx, not both")
     target = target_ctx or (load_use_cases()[use] if use else 0)
-    card_list = cards(gpu, vram_bytes)
+    card_list = cards(gpu, vram_bytes, bandwidth_gbs)
     specs = resolve_models(models)
     build = resolved_build()
     entries = [

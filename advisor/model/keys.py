@@ -101,9 +101,14 @@ U32_KEYS: Final = (
     LLM.EMBEDDING_LENGTH,
     LLM.BLOCK_COUNT,
     LLM.EXPERT_COUNT,
-    LLM.EXPERT_USED_COUNT,
     Attention.KEY_LENGTH,
     Attention.VALUE_LENGTH,
 )
-U32_OR_ARRAY_KEYS: Final = (LLM.FEED_FORWARD_LENGTH, Attention.HEAD_COUNT, Attention.HEAD_COUNT_KV)
+# (expert_used_count too at b11312: nemotron_h_moe's converter writes one a layer)
+U32_OR_ARRAY_KEYS: Final = (
+    LLM.FEED_FORWARD_LENGTH,
+    LLM.EXPERT_USED_COUNT,
+    Attention.HEAD_COUNT,
+    Attention.HEAD_COUNT_KV,
+)
 STRING_KEYS: Final = (General.ARCHITECTURE, General.NAME)

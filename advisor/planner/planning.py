@@ -308,7 +308,10 @@ def past_training_context(spec: ModelSpec, cfg: RunConfig) -> tuple[str, ...]:
     llama-cli, its context since #17824) caps each slot there (tools/server/server-context.cpp load_model: "the
     slot context (%d) exceeds the training context of the model (%d) - capping"): the cache past it is allocated
     and no request can use it. The library only warns (llama_context: "possible training context overflow")."""
-    n_seq = cfg.n_ctx if cfg.kv_unified else cfg.n_ctx // max(1, cfg.n_parallel)
+    n_par = max(1, cfg.n_parallel)
+    # a unified cache (-kvu) is one pool the slots share: each is capped at n_ctx_train, all of it used while
+    # the slots together hold up to n_parallel x n_ctx_train (server-context.cpp n_ctx_slot)
+    n_seq = -(-cfg.n_ctx // n_par) if cfg.kv_unified else cfg.n_ctx // n_par
     if not spec.n_ctx_train or n_seq <= spec.n_ctx_train:
         return ()
     past = f"{n_seq:,} tokens a sequence is past the {spec.n_ctx_train:,} {spec.name} was trained on"

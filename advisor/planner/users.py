@@ -72,6 +72,13 @@ class UsersAnswer:
     budget_source: str
     cache_type: str = "f16"  # the plan's K/V cache type(s), "f16" or "q8_0/f16" (K/V): both ways are at it
     unified_given: bool = False  # -kvu was asked for: the plan runs it, whatever holds more
+    n_ctx_train: int = 0  # the model's training context: no slot holds more (0: not known)
+
+    @property
+    def past_training(self) -> bool:
+        """Each session asked for more than a slot holds: llama-server caps each slot at the training context
+        (tools/server/server-context.cpp n_ctx_slot), Ollama its num_ctx."""
+        return 0 < self.n_ctx_train < self.n_ctx_user
 
     @property
     def chosen(self) -> Sessions:
@@ -84,7 +91,7 @@ class UsersAnswer:
 
     @property
     def fits(self) -> bool:
-        return self.chosen.fits
+        return self.chosen.fits and not self.past_training
 
     @property
     def max_users(self) -> int:
@@ -206,7 +213,16 @@ def users_per_card(
         sessions(spec, base, budget, n_users, n_ctx_user, kv_unified=True, decode=decode) if unified_allowed else None
     )
     kv = base.type_k.type_name if base.type_k == base.type_v else f"{base.type_k.type_name}/{base.type_v.type_name}"
-    return UsersAnswer(n_users, n_ctx_user, per_slot, unified, budget.source, kv, unified_given and unified is not None)
+    return UsersAnswer(
+        n_users,
+        n_ctx_user,
+        per_slot,
+        unified,
+        budget.source,
+        kv,
+        unified_given and unified is not None,
+        spec.n_ctx_train,
+    )
 
 
 def answer_lines(a: UsersAnswer, *, where: str = "this card") -> list[str]:
@@ -217,7 +233,9 @@ def answer_lines(a: UsersAnswer, *, where: str = "this card") -> list[str]:
     head = (
         f"{a.n_users} users at {ctx_label(a.n_ctx_user)} each (K/V {a.cache_type}) on {where}: "
         f"{'yes' if a.fits else 'no'}; "
-        f"at most {a.max_users}" + (" (with -kvu)" if c.kv_unified else "")
+        + (f"no slot holds more than the {a.n_ctx_train:,} tokens it was trained on; " if a.past_training else "")
+        + f"at most {a.max_users}"
+        + (" (with -kvu)" if c.kv_unified else "")
     )
     out = [head]
     ways = [a.per_slot] if a.unified is None else [a.per_slot, a.unified]
