@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -142,7 +142,12 @@ def from_verification(v: Verification, device: str) -> Calibration:
     m, est = v.measured, v.plan.estimate
     overhead = None
     if m.device_used_bytes is not None:
-        on_device = m.kv_bytes + m.recurrent_bytes + m.weights_bytes + m.compute_bytes  # GPU-side buffers
+        # the GPU's own buffers: the host's (CPU_Mapped token_embd, CUDA_Host compute) are not in NVML's figure
+        on_device = (
+            m.gpu_buffer_bytes
+            if m.gpu_buffer_bytes is not None
+            else m.kv_bytes + m.recurrent_bytes + m.weights_bytes + m.compute_bytes
+        )
         overhead = min(max(0, m.device_used_bytes - on_device), MAX_OVERHEAD_BYTES)
     cfg = v.plan.config
     return Calibration(
@@ -158,8 +163,13 @@ def from_verification(v: Verification, device: str) -> Calibration:
 
 
 def save(c: Calibration) -> Path:
-    """Add ``c``, replacing an older entry for the same device and build."""
-    entries = [e for e in load().entries if (e.device, e.llama_cpp_build) != (c.device, c.llama_cpp_build)] + [c]
+    """Add ``c``, replacing an older entry for the same device and build; a run with no device figure (a log)
+    keeps the overhead that entry measured."""
+    old = load().entries
+    same = [e for e in old if (e.device, e.llama_cpp_build) == (c.device, c.llama_cpp_build)]
+    if c.overhead_bytes is None and same and same[-1].overhead_bytes is not None:
+        c = replace(c, overhead_bytes=same[-1].overhead_bytes)
+    entries = [e for e in old if (e.device, e.llama_cpp_build) != (c.device, c.llama_cpp_build)] + [c]
     p = path()
     p.parent.mkdir(parents=True, exist_ok=True)
     doc = {"format": FORMAT, "entries": [asdict(e) for e in entries]}

@@ -36,7 +36,7 @@ _BUFFER = re.compile(
 )
 _KV_SUMMARY = re.compile(
     r"size\s*=\s*(?P<mib>[\d.]+) MiB \(\s*(?P<cells>\d+) cells,\s*(?P<layers>\d+) layers,\s*"
-    r"(?P<seqs>\d+)/(?P<streams>\d+) seqs\), K \((?P<type_k>\w+)\):\s*(?P<k_mib>[\d.]+) MiB, "
+    r"(?P<seqs>\d+)(?:/(?P<streams>\d+))? seqs\), K \((?P<type_k>\w+)\):\s*(?P<k_mib>[\d.]+) MiB, "
     r"V \((?P<type_v>\w+)\):\s*(?P<v_mib>[\d.]+) MiB"
 )
 _RS_SUMMARY = re.compile(
@@ -187,7 +187,7 @@ def parse(lines: Iterable[str]) -> LoadLog:
                     int(m["cells"]),
                     int(m["layers"]),
                     int(m["seqs"]),
-                    int(m["streams"]),
+                    int(m["streams"] or 1),  # "%2u seqs" before the KV streams (b5898's llama_kv_cache_unified)
                     m["type_k"],
                     float(m["k_mib"]),
                     m["type_v"],

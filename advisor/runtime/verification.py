@@ -46,6 +46,9 @@ class Measurement:
     prompt_tokens: int | None = None  # the prompt prompt_tokens_per_s timed (llama-server's timings.prompt_n)
     # every load's "offloaded N/M layers to GPU", in order (a server woken from idle loads again)
     placements: tuple[tuple[int, int], ...] = ()
+    # the buffers on the GPUs alone (not CPU, CPU_Mapped, CUDA_Host...): what NVML's figure holds besides the
+    # context's own memory (kvadvise.runtime.calibration); None where not read
+    gpu_buffer_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +119,7 @@ def measurement_from_log(
         repack_bytes=_b(sum(b.mib for b in log.buffers if b.kind == "model" and b.buft in EXTRA_BUFFERS)),
         prompt_tokens=prompt_tokens,
         placements=log.placements,
+        gpu_buffer_bytes=_b(sum(b.mib for b in log.buffers if not is_host(b.buft))),
     )
 
 
@@ -149,8 +153,9 @@ def placement_drift(plan: Plan, placements: tuple[tuple[int, int], ...]) -> str 
 
 
 def build_from_log(text: str, fallback: str) -> str:
-    m = BUILD.search(text)
-    return f"b{m[1]} ({m[2]})" if m else fallback
+    """The build of the last start in ``text`` (a journal holds every start: an upgrade's is the later one)."""
+    found = BUILD.findall(text)
+    return f"b{found[-1][0]} ({found[-1][1]})" if found else fallback
 
 
 def compare(plan: Plan, m: Measurement) -> Verification:

@@ -4,6 +4,7 @@ own commands, registered through the plugin interface (LlamaCppBackend.register_
 from __future__ import annotations
 
 import os
+import re
 import shlex
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -148,7 +149,7 @@ def verify_llamacpp_command(
         _attach(attach, path, plan)
         return
     if log_file is not None:
-        measured = _from_log(log_file)
+        measured = _from_log(log_file, path, plan)
     else:
         if plan.fits is False:
             output.note("the prediction says this config does not fit; running it anyway")
@@ -279,22 +280,47 @@ def _read_log(log_file: str) -> str:
     return data.decode("utf-8", errors="replace")
 
 
-def _from_log(log_file: str) -> Measurement:
+# a load that did not complete: tools/server/server.cpp "exiting due to model loading error", src/llama-context.cpp
+# "failed to initialize the context" (compute pp buffers, the KV cache), llama.cpp's "failed to load model"
+_LOAD_FAILED = re.compile(
+    r"exiting due to model loading error|failed to (?:initialize the context|create_?context|load model)"
+)
+_LOADED = re.compile(r"load_model: loading model '(?P<path>[^']*)'")
+
+
+def _from_log(log_file: str, path: str, plan: Plan) -> Measurement:
     """A running llama-server's log: the buffers of its last load (after the last "load_model: loading model",
-    which a wake from idle prints again), the placements of every load."""
-    from kvadvise.errors import InputError
+    which a wake from idle prints again), the placements of every load. A load that failed, or of another model
+    or another context than the plan's, is no verification of it: exit 3 (as --attach), naming why."""
+    from kvadvise.errors import DoesNotFit, InputError
     from kvadvise.runtime.llamalog import last_load, parse
     from kvadvise.runtime.verification import build_from_log, measurement_from_log
 
     text = _read_log(log_file)
     lines = text.splitlines()
-    log = parse(last_load(lines))
+    last = last_load(lines)
+    failed = next((line.strip() for line in reversed(last) if _LOAD_FAILED.search(line)), None)
+    if failed is not None:
+        raise DoesNotFit(f"--log: that load failed: {failed}", hint="try a smaller context or a quantized cache")
+    log = parse(last)
     if not log.buffers:
         raise InputError(
             f"--log {log_file}: no buffer sizes in it", hint="start llama-server with -lv 3 (or more) and keep its log"
         )
     everything = parse(lines)
     n_ctx = log.cparams.get("n_ctx")
+    loaded = next((m["path"] for line in last if (m := _LOADED.search(line))), None)
+    differs = []
+    if loaded is not None and os.path.basename(loaded) != os.path.basename(path):
+        differs.append(f"it loaded {loaded}, not {path}")
+    planned = plan.estimate.layout.n_ctx
+    if n_ctx and n_ctx.isdigit() and len(n_ctx) < 12 and int(n_ctx) != planned:
+        differs.append(f"its context is {int(n_ctx):,} (llama_context n_ctx), the plan's {planned:,}")
+    if differs:
+        raise DoesNotFit(
+            "--log: that llama-server differs from the plan: " + "; ".join(differs),
+            hint="verify the model and -c it runs (--ctx is the total over its slots)",
+        )
     return replace(
         measurement_from_log(
             log,

@@ -32,7 +32,7 @@ from typing import Any
 
 from kvadvise.backends.llamacpp import childproc
 from kvadvise.backends.llamacpp.probe import _gpu_used
-from kvadvise.deadline import within
+from kvadvise.deadline import Deadline, within
 from kvadvise.errors import ConfigError, DoesNotFit, InputError
 from kvadvise.files import load_json
 from kvadvise.planner.memory import RunConfig
@@ -80,6 +80,7 @@ def _probe(model_path: str, cfg: RunConfig, *, extra_bufts: bool, timeout_s: flo
 def measure_with_python(model_path: str, cfg: RunConfig, *, timeout_s: float, progress: Progress) -> Measurement:
     progress("loading the model with llama-cpp-python in a child process ...")
     extra_bufts = cfg.cpu_repack != "off"
+    deadline = Deadline(timeout_s)  # --timeout: one total for the run and its rerun
     rc, out, err = _probe(model_path, cfg, extra_bufts=extra_bufts, timeout_s=timeout_s)
     if extra_bufts and rc < 0 and not any(ln.startswith("{") for ln in out.splitlines()):
         # killed by a signal with the CPU's extra buffer types: on a CPU with AMX the first of them is AMX's
@@ -90,7 +91,9 @@ def measure_with_python(model_path: str, cfg: RunConfig, *, timeout_s: float, pr
             "ggml-org/llama.cpp#20824); measuring again without them, as llama-server --no-repack runs ..."
         )
         extra_bufts = False
-        rc, out, err = _probe(model_path, cfg, extra_bufts=False, timeout_s=timeout_s)
+        if deadline.remaining() <= 0:
+            raise DoesNotFit(f"llama.cpp did not load the model within {timeout_s:g} s")
+        rc, out, err = _probe(model_path, cfg, extra_bufts=False, timeout_s=deadline.remaining())
     lines = [ln for ln in out.splitlines() if ln.startswith("{")]
     if not lines:
         tail = " | ".join(err.strip().splitlines()[-3:])
@@ -180,9 +183,15 @@ def measure_with_server(
     binary: str, model_path: str, cfg: RunConfig, *, timeout_s: float, progress: Progress
 ) -> Measurement:
     flags: tuple[str, ...] = MEASURE_FLAGS
+    deadline = Deadline(timeout_s)  # --timeout: one total for the run and its retries (docs: "a total deadline")
     for _ in range(3):  # at most once without --fit / -lv and once with --no-repack
+        left = deadline.remaining()
+        if left <= 0:
+            raise DoesNotFit(f"llama-server did not become ready within {timeout_s:g} s; it was stopped")
         try:
-            measured = _measure_with_server(binary, model_path, cfg, flags, timeout_s=timeout_s, progress=progress)
+            measured = _measure_with_server(
+                binary, model_path, cfg, flags, timeout_s=left, progress=progress, total_s=timeout_s
+            )
             return replace(measured, extra_bufts=not no_repack(cfg))
         except _UnknownFlags:
             progress("this llama-server does not know --fit / -lv: running it without them")
@@ -199,8 +208,16 @@ def measure_with_server(
 
 
 def _measure_with_server(
-    binary: str, model_path: str, cfg: RunConfig, flags: tuple[str, ...], *, timeout_s: float, progress: Progress
+    binary: str,
+    model_path: str,
+    cfg: RunConfig,
+    flags: tuple[str, ...],
+    *,
+    timeout_s: float,
+    progress: Progress,
+    total_s: float | None = None,
 ) -> Measurement:
+    """One run within ``timeout_s`` (what is left of --timeout ``total_s``, which the messages name)."""
     port = _free_port()
     args: list[str] = [binary]
     for flag, _, value in server_args(model_path, cfg):
@@ -229,7 +246,7 @@ def _measure_with_server(
                     f"llama-server stopped while loading: {why}", hint="try a smaller context or a quantized cache"
                 )
             if time.monotonic() > deadline:
-                raise DoesNotFit(f"llama-server did not become ready within {timeout_s:g} s; it was stopped")
+                raise DoesNotFit(f"llama-server did not become ready within {total_s or timeout_s:g} s; it was stopped")
             try:
                 status, _ = _http(f"{base}/health", None, min(2.0, max(0.1, deadline - time.monotonic())))
                 if status == 200:
