@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from kvadvise.errors import EXIT_NO_FIT, InputError
-from kvadvise.ui import output
 from kvadvise.request import MAX_GBS
+from kvadvise.ui import output
 from kvadvise.ui.flags import (
     MARGIN_OPTION,
     PARALLEL_OPTION,

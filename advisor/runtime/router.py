@@ -69,17 +69,18 @@ def section_name(name: str) -> str:
 
 
 def _value(key: str, value: str) -> str:
-    """A value the loader reads back whole: it ends a value at whitespace followed by ``#`` or ``;``
-    (common/preset.cpp: eol-start), and has no quoting, so such a value is refused with the reason."""
+    """A value the loader reads back whole: it ends a value at any ``#`` or ``;``, spaces before it or not
+    (common/preset.cpp at b11312: eol-start after zero or more spaces; a real llama-server read
+    ``/data/C#1/models/...`` as ``/data/C``), and has no quoting, so such a value is refused with the reason."""
     import re
 
     from kvadvise.errors import InputError
 
-    if re.search(r"[ \t][;#]", value) or "\n" in value or "\r" in value:
+    if re.search(r"[;#]", value) or "\n" in value or "\r" in value:
         raise InputError(
-            f"router preset: {key} = {value!r}: llama-server's preset loader cuts a value at a space followed by "
-            "'#' or ';' (a comment) and cannot quote it",
-            hint="rename or link the file to a path without ' #' or ' ;', then write the preset",
+            f"router preset: {key} = {value!r}: llama-server's preset loader cuts a value at '#' or ';' "
+            "(a comment) and cannot quote it",
+            hint="rename or link the file to a path without '#' or ';', then write the preset",
         )
     return value
 

@@ -296,11 +296,15 @@ def apply_steps(
 
     if not a.fits:
         return ()
-    steps = list(oc.apply_hints_server(a.settings, a.platform, env_path=env, dropin_path=systemd))
+    steps = list(
+        oc.apply_hints_server(a.settings, a.platform, env_path=env, dropin_path=systemd, gpu=oc.docker_gpu(a.plan))
+    )
     mf = os.path.expanduser(modelfile) if modelfile else "Modelfile"  # the file written: a quoted ~ stays ~
     later = "" if modelfile else "  # --write-modelfile Modelfile writes it"  # as printed, the line runs
     if a.platform == "docker":  # the Modelfile is on the host, ollama in the container
-        steps.append(f"docker cp {shlex.quote(mf)} ollama:/tmp/Modelfile{later}")
+        # docker cp reads NAME:PATH as a container's path: a local one with a ':' is given as ./NAME (its reference)
+        local = mf if "/" in mf.split(":", 1)[0] or ":" not in mf else f"./{mf}"
+        steps.append(f"docker cp {shlex.quote(local)} ollama:/tmp/Modelfile{later}")
         steps.append(f"docker exec ollama ollama create {a.created_name} -f /tmp/Modelfile")
     else:
         steps.append(f"ollama create {a.created_name} -f {shlex.quote(mf)}{later}")

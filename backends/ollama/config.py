@@ -18,12 +18,16 @@ import os
 import re
 import shlex
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvadvise.backends.ollama import envconfig
 from kvadvise.backends.ollama.model import OllamaModel
 from kvadvise.backends.ollama.modelfile import modelfile_text, parse_modelfile
 from kvadvise.backends.ollama.rules import KV_CACHE_TYPES, OllamaSettings
 from kvadvise.files import write_text_file
+
+if TYPE_CHECKING:
+    from kvadvise.planner.planning import Plan
 
 __all__ = [
     "KV_CACHE_TYPES",
@@ -162,6 +166,16 @@ def _dot_path(path: str | Path) -> str:
     return shlex.quote(p)
 
 
+def desktop_env_steps(env: list[tuple[str, str]], platform: str) -> tuple[str, ...] | None:
+    """The settings as the Ollama app takes them on macOS and Windows (Ollama's FAQ: launchctl setenv, or the
+    user's environment variables, then restart the app); None elsewhere (a service or a shell)."""
+    if platform == "macos":
+        return (*(f"launchctl setenv {k} {shlex.quote(v)}" for k, v in env), "then quit and reopen the Ollama app")
+    if platform == "windows":
+        return (*(f"setx {k} {v}" for k, v in env), "then quit Ollama (taskbar icon) and start it again")
+    return None
+
+
 def apply_hint_env(path: str | Path) -> tuple[str, ...]:
     """How to start a server with an env file."""
     return (
@@ -179,10 +193,22 @@ def dropin_name(path: str | Path) -> str:
     return name if name > "override.conf" else f"zz-{name}"
 
 
+def docker_gpu(plan: Plan) -> str:
+    """The plan's GPUs as Docker passes them to Ollama's container (_DOCKER_GPUS)."""
+    gpus = plan.hardware.gpus if plan.hardware is not None else ()
+    backend = gpus[0].backend if gpus else "cpu"
+    return backend if backend in _DOCKER_GPUS else "cpu"
+
+
 def apply_hint_systemd(path: str | Path) -> tuple[str, ...]:
-    """Install the drop-in (unless it was written in place) and restart Ollama."""
+    """Install the drop-in (unless it was written in place, then under a name systemd reads) and restart Ollama."""
     p = Path(path).expanduser().absolute()
     if p.parent == SYSTEMD_DROPIN_DIR:
+        if not p.name.endswith(".conf"):  # systemd.unit(5): only *.conf drop-ins are read
+            return (
+                f"sudo mv {shlex.quote(str(p))} {shlex.quote(str(SYSTEMD_DROPIN_DIR / dropin_name(p)))}",
+                SYSTEMD_RELOAD,
+            )
         return (SYSTEMD_RELOAD,)
     return (
         # every path quoted: a name with a space, ; or $(...) is a name, never code in the user's shell
@@ -221,23 +247,38 @@ def current_platform() -> str:
     return {"darwin": "macos", "win32": "windows", "cygwin": "windows"}.get(sys.platform, "linux")
 
 
+# docs/docker.mdx (ollama fb30760): the container's GPUs by kind, and the image that runs on them
+_DOCKER_GPUS = {
+    "cuda": ("--gpus=all ", "ollama/ollama"),
+    "rocm": ("--device /dev/kfd --device /dev/dri ", "ollama/ollama:rocm"),
+    "vulkan": ("--device /dev/kfd --device /dev/dri ", "ollama/ollama"),
+    "cpu": ("", "ollama/ollama"),  # an Apple GPU too: Docker on macOS runs no Metal
+}
+
+
 def apply_hints_server(
-    s: OllamaSettings, platform: str, *, env_path: str | Path | None = None, dropin_path: str | Path | None = None
+    s: OllamaSettings,
+    platform: str,
+    *,
+    env_path: str | Path | None = None,
+    dropin_path: str | Path | None = None,
+    gpu: str = "cuda",
 ) -> tuple[str, ...]:
-    """How to give the server these settings on ``platform`` (linux|macos|windows|docker), as printed commands."""
+    """How to give the server these settings on ``platform`` (linux|macos|windows|docker), as printed commands;
+    ``gpu``: the plan's GPUs as Docker passes them (cuda, rocm, vulkan, cpu)."""
     env = env_lines(s)
     if not env:
         return ()
-    if platform == "macos":  # Ollama FAQ: launchctl setenv, then restart the app
-        return (*(f"launchctl setenv {k} {shlex.quote(v)}" for k, v in env), "then quit and reopen the Ollama app")
-    if platform == "windows":  # Ollama FAQ: user environment variables, then restart Ollama
-        return (*(f"setx {k} {v}" for k, v in env), "then quit Ollama (taskbar icon) and start it again")
+    desktop = desktop_env_steps(env, platform)
+    if desktop is not None:
+        return desktop
     if platform == "docker":  # a container's environment is set when it is created: re-create it
         src = f"--env-file {_dot_path(env_path)}" if env_path else " ".join(f"-e {k}={v}" for k, v in env)
+        devices, image = _DOCKER_GPUS.get(gpu, _DOCKER_GPUS["cpu"])
         return (
             "docker rm -f ollama  # new -e settings need a new container; the ollama volume keeps the models",
-            f"docker run -d --gpus=all {src} \\",  # one command on two lines: each fits a terminal
-            "  -v ollama:/root/.ollama -p 11434:11434 --name ollama ollama/ollama",
+            f"docker run -d {devices}{src} \\",  # one command on two lines: each fits a terminal
+            f"  -v ollama:/root/.ollama -p 11434:11434 --name ollama {image}",
         )
     if dropin_path is not None:
         return apply_hint_systemd(dropin_path)

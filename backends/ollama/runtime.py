@@ -452,7 +452,11 @@ def _env_hints(plan: Plan, path: Path) -> tuple[str, ...]:
     from kvadvise.backends.ollama import config as oc
 
     a = _advice(plan)
-    hints = oc.apply_hints_server(a.settings, a.platform, env_path=path) if a.platform in ("docker", "linux") else ()
+    hints = (
+        oc.apply_hints_server(a.settings, a.platform, env_path=path, gpu=oc.docker_gpu(plan))
+        if a.platform in ("docker", "linux")
+        else ()
+    )
     return tuple(hints) or oc.apply_hint_env(path)
 
 

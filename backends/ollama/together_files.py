@@ -36,9 +36,12 @@ def env_text(t: Together) -> str:
 
 
 def _env_hints(t: Together, path: Path) -> tuple[str, ...]:
+    """How to start the server with the file on this machine: the app's steps on macOS and Windows (no shell
+    sources the file there, and no systemd reads it), else the shell's and systemd's."""
     from kvadvise.backends.ollama import config as oc
+    from kvadvise.backends.ollama.together_show import env_lines
 
-    return oc.apply_hint_env(path)
+    return oc.desktop_env_steps(env_lines(t), oc.current_platform()) or oc.apply_hint_env(path)
 
 
 def _combinations(t: Together) -> Combinations:
