@@ -187,3 +187,30 @@ def test_several_models_on_windows_get_steps_that_run_there(
     assert "wrote ollama.env" in said, said
     assert "set -a" not in said and "systemd" not in said, said
     assert "setx" in said, said
+
+
+# --- the reviewer's unfiled item: llama-swap's cmd on Windows -----------------------------------------------------
+
+
+def test_a_llama_swap_cmd_on_windows_is_quoted_as_windows_splits_it() -> None:
+    """llama-swap splits a cmd with shlex.Windows.Split on Windows (internal/config/commands.go SanitizeCommand,
+    mostlygeek/llama-swap), the C runtime's rules where a single quote is a character: kvadvise's POSIX quoting
+    (shlex.quote) gave `-m 'C:\\Users\\Al Bo\\...\\sha256-ab'`, which llama-server got as `'C:\\Users\\Al` and
+    `Bo\\...'`. On Windows the path is double-quoted; elsewhere single-quoted as before."""
+    from kvadvise.runtime.llamaswap import SwapModel, config_text
+
+    blob = "C:\\Users\\Al Bo\\.ollama\\models\\blobs\\sha256-ab"
+    model = SwapModel("alpha", ("llama-server", "-m", blob, "-c", "4096"), 0)
+    win = config_text([model], [], windows=True)
+    assert f'-m "{blob}"' in win and "'" not in win, win
+    posix = config_text([model], [], windows=False)
+    assert f"-m '{blob}'" in posix, posix
+
+
+def test_an_env_file_path_with_a_percent_is_escaped_for_systemd(tmp_path: Path) -> None:
+    """`--write-env '50%.env'`: the hint "add EnvironmentFile=/…/50%.env" is read by systemd with its specifiers
+    expanded (systemd.unit(5), "Specifiers": "%%" is a single percent sign), so '%.e' is no file; written '%%'."""
+    from kvadvise.backends.ollama.config import apply_hint_env
+
+    hint = apply_hint_env(tmp_path / "50%.env")[1]
+    assert "EnvironmentFile=" in hint and "50%%.env" in hint and "50%.env" not in hint.replace("%%", ""), hint

@@ -4,7 +4,8 @@ may run at once (mostlygeek/llama-swap at 0bdb3720199f, 2026-08-22: config.examp
 internal/config/load.go).
 
 - ``cmd`` is split as a POSIX shell would split it (internal/config/commands.go SanitizeCommand: lines that
-  start with ``#`` dropped, then shlex.Posix.Split), so each argument is written shell-quoted, one flag a
+  start with ``#`` dropped, then shlex.Posix.Split; on Windows shlex.Windows.Split, the C runtime's rules, where
+  a single quote is a character), so each argument is written quoted for the platform it runs on, one flag a
   line; ``${PORT}`` is llama-swap's macro for the port it assigns (a reserved macro name, load.go).
 - a group with ``swap: false`` keeps all its members loaded at once; ``exclusive: true`` unloads every
   other group when one of its members is asked for; a model belongs to one group only, and a model in no
@@ -22,6 +23,8 @@ from __future__ import annotations
 
 import json
 import shlex
+import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -49,8 +52,16 @@ class SwapGroup:
     members: tuple[str, ...]
 
 
-def config_text(models: Sequence[SwapModel], groups: Sequence[SwapGroup], *, header: Sequence[str] = ()) -> str:
-    """The YAML config for ``llama-swap --config FILE``."""
+def config_text(
+    models: Sequence[SwapModel],
+    groups: Sequence[SwapGroup],
+    *,
+    header: Sequence[str] = (),
+    windows: bool | None = None,
+) -> str:
+    """The YAML config for ``llama-swap --config FILE``; ``windows``: quoted for llama-swap on Windows (default:
+    this machine's)."""
+    win = sys.platform == "win32" if windows is None else windows
     names = [m.name for m in models]
     grouped = [x for g in groups for x in g.members]
     if len(set(names)) != len(names) or len(set(grouped)) != len(grouped) or not set(grouped) <= set(names):
@@ -63,7 +74,7 @@ def config_text(models: Sequence[SwapModel], groups: Sequence[SwapGroup], *, hea
         lines.append("    cmd: |")
         lines.extend(f"      # {c}" for c in m.comments)
         args = [*m.args[:1], "--port", PORT_MACRO, *m.args[1:]]
-        lines.extend(f"      {line}" for line in _cmd_lines(args))
+        lines.extend(f"      {line}" for line in _cmd_lines(args, windows=win))
         lines.append(f"    ttl: {int(m.ttl_s)}")
     if groups:
         lines.append("groups:")
@@ -82,7 +93,7 @@ def _string(s: str) -> str:
     return json.dumps(s, ensure_ascii=True)
 
 
-def _cmd_lines(args: Sequence[str]) -> list[str]:
+def _cmd_lines(args: Sequence[str], *, windows: bool = False) -> list[str]:
     """The command, a flag and its value a line, each argument shell-quoted (SanitizeCommand splits the
     joined lines as a POSIX shell does). A value that llama-swap would read as a macro (``${``) or that
     breaks the block (a line break) is refused."""
@@ -99,13 +110,16 @@ def _cmd_lines(args: Sequence[str]) -> list[str]:
     while i < len(args):
         a = args[i]
         if i > 0 and a.startswith("-") and i + 1 < len(args) and not args[i + 1].startswith("-"):
-            out.append(f"{a} {_quote(args[i + 1])}")
+            out.append(f"{a} {_quote(args[i + 1], windows)}")
             i += 2
             continue
-        out.append(_quote(a))
+        out.append(_quote(a, windows))
         i += 1
     return out
 
 
-def _quote(a: str) -> str:
-    return a if a == PORT_MACRO else shlex.quote(a)
+def _quote(a: str, windows: bool = False) -> str:
+    if a == PORT_MACRO:
+        return a
+    # Windows: the C runtime's quoting (subprocess.list2cmdline), which shlex.Windows.Split reads back
+    return subprocess.list2cmdline([a]) if windows else shlex.quote(a)

@@ -180,7 +180,9 @@ def apply_hint_env(path: str | Path) -> tuple[str, ...]:
     """How to start a server with an env file."""
     return (
         f"set -a && . {_dot_path(path)} && set +a && ollama serve",
-        f"(systemd: add EnvironmentFile={Path(path).expanduser().absolute()} to the [Service] of ollama.service)",
+        # systemd.unit(5): specifiers are expanded in EnvironmentFile=, so a '%' of the path is written '%%'
+        f"(systemd: add EnvironmentFile={str(Path(path).expanduser().absolute()).replace('%', '%%')} to the "
+        "[Service] of ollama.service)",
     )
 
 
