@@ -183,7 +183,15 @@ def _config_request(cfg: RunConfig) -> PlanRequest:
         spec_type="draft-mtp" if cfg.mtp else "none",
         spec_draft_n_max=cfg.spec_draft_n_max,
         sampling_penalties=cfg.sampling_penalties,
-        llama_build="unknown" if cfg.llama_build is None else f"b{cfg.llama_build}",
+        # RunConfig's default build stands for "not given", as --llama-build's: KVADVISE_LLAMA_BUILD, the
+        # llama-server on PATH, else b11312's rules, with the note that says which
+        llama_build=(
+            "auto"
+            if cfg.llama_build == RunConfig().llama_build
+            else "unknown"
+            if cfg.llama_build is None
+            else f"b{cfg.llama_build}"
+        ),
         overhead_bytes=cfg.overhead_bytes,
     )
 
@@ -348,12 +356,22 @@ def plan(
                 f"{config.runtime!r}, but the plan is for {rt.name} ({rt.program}'s rules)",
                 hint=f"give runtime={config.runtime!r} to plan()",
             )
+    # hardware= is the command line's --gpu: what --gpu is refused beside is refused beside it, never dropped
+    asked_none = isinstance(config, PlanRequest) and config.no_hardware
     r = request(config, hardware=hardware, policy=policy, margin_bytes=margin_bytes)
-    if hardware is not None and (r.gpu is not None or r.vram_bytes is not None):
+    clash = (
+        "gpu" if r.gpu is not None
+        else "vram_bytes" if r.vram_bytes is not None
+        else "rpc" if r.rpc
+        else "no_hardware" if asked_none
+        else "device='cpu'" if r.device == "cpu"
+        else None
+    )  # fmt: skip
+    if hardware is not None and clash is not None:
         raise _invalid(
             "hardware",
-            f"given beside the request's {'gpu' if r.gpu is not None else 'vram_bytes'}: one of them would be dropped",
-            hint="give the cards once: hardware=, or the request's gpu= / vram_bytes=",
+            f"given beside the request's {clash}: one of them would be dropped",
+            hint="give the machine once: hardware=, or the request's gpu= / vram_bytes= / rpc= / device=",
         )
     return plan_for(spec, r, rt, hardware=hardware)
 

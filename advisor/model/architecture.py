@@ -640,11 +640,14 @@ def from_gguf(header: GGUFHeader, *, known_only: bool = True) -> ModelSpec:
     expert_bytes = sum(t.n_bytes for t in loaded if _EXPERT_TENSOR.search(t.name))
     active_params = _active_params(loaded, k.num(LLM.EXPERT_COUNT, 0), k.num(LLM.EXPERT_USED_COUNT, 0))
     layer_bytes = [0] * n_layer_all
+    layer_experts = [0] * n_layer_all
     for t in loaded:
         if m := _BLOCK_TENSOR.match(t.name):
             il = int(m[1])
             if il < n_layer_all:
                 layer_bytes[il] += t.n_bytes
+                if _EXPERT_TENSOR.search(t.name):
+                    layer_experts[il] += t.n_bytes
     # the input layer's extra tables stay in the CPU's buffer: no CUDA padding (token_embd's pads its tied copy)
     cuda_pad = sum(
         cuda_alloc_bytes(t.ggml_type, t.shape[0], t.n_bytes) - t.n_bytes for t in loaded if t.name not in _INPUT_EXTRA
@@ -755,6 +758,7 @@ def from_gguf(header: GGUFHeader, *, known_only: bool = True) -> ModelSpec:
         notes=tuple(notes),
         expert_bytes=expert_bytes,
         layer_bytes=tuple(layer_bytes),
+        layer_expert_bytes=tuple(layer_experts) if expert_bytes else (),
         cuda_pad_bytes=cuda_pad,
         layer_cuda_pad_bytes=tuple(layer_pad),
         matmul_weights=matmul_weights,

@@ -636,6 +636,7 @@ def with_parts(
         output_bytes=b.output,
         expert_bytes=sum(b.experts),
         layer_bytes=layers,
+        layer_expert_bytes=(tuple(b.experts) + (0,) * spec.n_layer_nextn) if any(b.experts) else (),
         layer_largest_tensor_bytes=largest + (0,) * spec.n_layer_nextn,
         active_params=active,
     )

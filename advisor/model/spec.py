@@ -91,6 +91,9 @@ class ModelSpec:
     input_extra_bytes: int = 0
     expert_bytes: int = 0  # routed-expert tensors (ffn_*_exps): only n_expert_used of n_expert are read per token
     layer_bytes: tuple[int, ...] = ()  # weights of each block (blk.N.*), for partial offload
+    # the routed experts' bytes of each block (blk.N.ffn_*_exps, what --n-cpu-moe moves by block index); ()
+    # when unknown (then expert_bytes spread over the layers that hold experts)
+    layer_expert_bytes: tuple[int, ...] = ()
     cuda_pad_bytes: int = 0  # extra bytes CUDA buffers add (128-byte alignment, quantized rows padded to 512)
     layer_cuda_pad_bytes: tuple[int, ...] = ()  # that padding per block, for a split over several devices
     # the quantized matmul weights of the types some CPU repacks (kvadvise.planner.repack), and the file
@@ -164,7 +167,12 @@ def with_weights(spec: ModelSpec, weights_bytes: int, source: str | None = None)
 
 
 _PER_LAYER = ("n_head", "n_head_kv", "swa_layers", "recurrent_layers", "kv_layers")  # one value per layer, always
-_PER_LAYER_OR_NONE = ("layer_bytes", "layer_cuda_pad_bytes", "layer_largest_tensor_bytes")  # () when unknown
+_PER_LAYER_OR_NONE = (
+    "layer_bytes",
+    "layer_expert_bytes",
+    "layer_cuda_pad_bytes",
+    "layer_largest_tensor_bytes",
+)  # () when unknown
 _MAX_COUNT = 2**31 - 1  # llama.cpp's hparams are uint32/int32: a count past this is no model's
 
 

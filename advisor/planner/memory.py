@@ -916,6 +916,33 @@ def host_experts_device_growth(spec: ModelSpec, lay: ContextLayout) -> int:
     return max(0, pad(peak, ALIGNMENT["cuda"]) - device_compute_bytes(spec, lay))
 
 
+def host_experts_host_compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
+    """The host's compute buffer when some layers' routed experts sit in a host buffer and the device does not
+    op-offload their matmuls (an RPC device; ggml-rpc has no offload_op): their MUL_MAT_IDs run in a CPU split
+    (ggml_backend_sched_backend_id_from_cur, ggml/src/ggml-backend.cpp 0c1e570: "operations with weights are
+    preferably run on the same backend as the weights"), so their activations are allocated in the CPU's buffer
+    beside the graph inputs, which live across every layer.
+
+    The split copies in the normed hidden state ([n_embd, n_ubatch] f32) and the selected experts' ids, then
+    holds gate and up ([n_ff_exp, n_expert_used, n_ubatch] f32 each) and their GLU, and at the down projection
+    the GLU and its output ([n_embd, n_expert_used, n_ubatch] f32): the peak is the inputs and the larger of
+    those two live sets. Measured with llama-server b11312 on a loopback rpc-server, --n-cpu-moe 1-6 on four
+    qwen3moe shapes (n_embd 256-1024, 16-32 experts, 2-8 used, n_ff_exp 256-1024, ubatch 512-2048): the CPU
+    compute buffer to 0.1 MiB (164.05 MiB where the inputs alone are 24.05)."""
+    base = host_compute_bytes(spec, lay)
+    if not spec.n_expert:
+        return base
+    lay = replace(lay, n_ubatch=reserve_tokens(lay), n_outputs_max=reserve_outputs(lay))
+    s = graph_sizes(spec, lay)
+    ub, f32 = lay.n_ubatch, 4
+    ff = f32 * ub * (spec.n_ff_exp or spec.n_ff) * spec.n_expert_used
+    eu = f32 * ub * spec.n_embd * spec.n_expert_used
+    selected = 4 * ub * spec.n_expert_used  # i32 ids of the chosen experts
+    inputs = mask_inputs(s, lay) + v_idxs_bytes(spec, lay) + ids_bytes(lay) + s.ple_bytes
+    peak = inputs + selected + max(s.embd_bytes + 3 * ff, ff + eu)
+    return max(base, pad(peak, ALIGNMENT["cuda"]))
+
+
 def output_layer_compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     """The compute buffer of a device that holds the output layer and no repeating layer (-ngl 1), when it
     does not op-offload the layers kept on the CPU (ggml-rpc has no offload_op): the output phase alone, the
@@ -1188,6 +1215,8 @@ def _offloaded(
         total = weights + kv_d + rs_d + compute + overhead
         devices.append(DeviceMemory(names[d], n_layers, weights, kv_d, rs_d, compute, overhead, total))
     host_compute = split_host_compute(spec, lay, copies=N_COPIES) if pipeline else host_compute_bytes(spec, lay)
+    if cfg.host_experts:
+        host_compute = max(host_compute, host_experts_host_compute_bytes(spec, lay))
     host_w = spec.tok_embd_bytes + spec.input_extra_bytes  # the input layer (dev_input: the CPU)
     if cfg.output_on_host:
         host_w += output_host_bytes(spec)

@@ -256,8 +256,7 @@ def _layers(spec: ModelSpec, full: MemoryEstimate, cfg: RunConfig) -> _Layers:
     rs = [full.recurrent_bytes // n_rs if spec.recurrent_layers[il] and n_rs else 0 for il in range(n_all)]
     pads = list(spec.layer_cuda_pad_bytes) if lay.device == "cuda" and spec.layer_cuda_pad_bytes else [0] * n_all
     weights = list(spec.layer_bytes) or [0] * n_all
-    per_exp = spec.expert_bytes // max(1, spec.n_layer) if spec.n_expert and spec.expert_bytes else 0
-    experts = [per_exp if il < spec.n_layer else 0 for il in range(n_all)]
+    experts = list(speed_model.layer_expert_bytes(spec))
     kv = [kv_l[il][0] + kv_l[il][1] + rs[il] for il in range(n_all)]
     block = [weights[il] + pads[il] + kv[il] for il in range(n_all)]
     n_dev = max(1, len(full.devices))
@@ -493,20 +492,25 @@ def cpu_moe_placement(spec: ModelSpec, n_cpu_moe: int, device: str, n_ubatch: in
     with the memory model as it is: the moved experts leave their layers' bytes (on whichever device the
     layer split gives them); the op-offload copy is planned with the config (RunConfig.op_offload_copy_bytes),
     as the first GPU's compute buffer grows by it at each context the recommender tries."""
+    # by block index, each layer's own *_exps bytes: a dense first layer (leading_dense_block_count) moves nothing,
+    # and llama-quantize's use_more_bits gives some layers' ffn_down_exps more bits than others
     ids = tuple(il for il in speed_model.expert_layer_ids(spec) if il < n_cpu_moe)
     if not ids or not spec.expert_bytes or not any(spec.layer_bytes):
         return CpuMoe(n_cpu_moe, ids, 0, 0, spec)
-    per = spec.expert_bytes // len(speed_model.expert_layer_ids(spec))
-    moved = per * len(ids)
+    per_layer = speed_model.layer_expert_bytes(spec)
+    moved = sum(per_layer[il] for il in ids)
     copy = op_offload_bytes(spec, ids, device, n_ubatch)
     layers = list(spec.layer_bytes)
+    experts = list(per_layer)
     for il in ids:
-        layers[il] = max(0, layers[il] - per)
+        layers[il] = max(0, layers[il] - per_layer[il])
+        experts[il] = 0
     gpu = replace(
         spec,
         weights_bytes=spec.weights_bytes - moved,
         expert_bytes=spec.expert_bytes - moved,
         layer_bytes=tuple(layers),
+        layer_expert_bytes=tuple(experts) if spec.layer_expert_bytes else (),
     )
     return CpuMoe(n_cpu_moe, ids, moved, copy, gpu)
 

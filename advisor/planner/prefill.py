@@ -34,11 +34,10 @@ from kvadvise.planner.speed import (
     EXTRAPOLATION_FLOOR,
     PCIE_BYTES_PER_S,
     Device,
-    _expert_layers,
     _k,
     backend_key,
-    cpu_expert_layers,
     ctx_label,
+    layer_expert_bytes,
     plan_devices,
     weight_reads,
 )
@@ -369,13 +368,13 @@ def cpu_resident_bytes(spec: ModelSpec, n_cpu_moe: int = 0, n_cpu_layers: int = 
     """The weights a partial offload keeps in RAM: the routed experts of the first ``n_cpu_moe`` layers
     and the first ``n_cpu_layers`` layers whole, and with ``output`` the output layer (a build before
     builds.OUTPUT_FIRST; token_embd is always there and never multiplied)."""
-    per_exp = spec.expert_bytes / max(1, _expert_layers(spec)) if spec.expert_bytes else 0.0
     whole = (
         sum(spec.layer_bytes[:n_cpu_layers])
         if any(spec.layer_bytes)
         else spec.weights_bytes * n_cpu_layers // max(1, spec.n_layer)
     )
-    experts = per_exp * max(0, cpu_expert_layers(spec, n_cpu_moe) - min(n_cpu_layers, n_cpu_moe))
+    # --n-cpu-moe N moves blk.i's experts for i < N (each layer's own), past the layers already whole in RAM
+    experts = sum(layer_expert_bytes(spec)[n_cpu_layers:n_cpu_moe]) if n_cpu_moe and spec.n_expert else 0
     return int(whole + experts) + (output_weights_bytes(spec) if output else 0)
 
 

@@ -345,8 +345,11 @@ def _expert_layers(spec: ModelSpec) -> int:
 
 
 def expert_layer_ids(spec: ModelSpec) -> tuple[int, ...]:
-    """The trunk layers that hold routed experts: every layer whose weights reach the experts' share per
-    layer (a dense first layer, as DeepSeek's and GLM's, is far smaller), else every trunk layer."""
+    """The trunk layers that hold routed experts: those with blk.N.ffn_*_exps tensors where the spec lists them
+    (ModelSpec.layer_expert_bytes); else every layer whose weights reach the experts' share per layer (a dense
+    first layer, as DeepSeek's and GLM's, is far smaller), else every trunk layer."""
+    if spec.layer_expert_bytes and any(spec.layer_expert_bytes):
+        return tuple(il for il in range(spec.n_layer) if spec.layer_expert_bytes[il])
     if not spec.n_expert or not spec.expert_bytes or not any(spec.layer_bytes):
         return tuple(range(spec.n_layer)) if spec.n_expert else ()
     trunk = spec.layer_bytes[: spec.n_layer]
@@ -357,6 +360,16 @@ def expert_layer_ids(spec: ModelSpec) -> tuple[int, ...]:
     # a first pass over all layers understates the share where some are dense: settle on the layers found
     ids = [il for il in filled if trunk[il] >= 0.9 * spec.expert_bytes / max(1, len(ids))] or ids
     return tuple(ids) or tuple(filled)
+
+
+def layer_expert_bytes(spec: ModelSpec) -> tuple[int, ...]:
+    """The routed experts' bytes of each block (n_layer_all values): the spec's own where it lists them, else
+    expert_bytes spread evenly over :func:`expert_layer_ids` (a model known by its total alone)."""
+    if spec.layer_expert_bytes and any(spec.layer_expert_bytes):
+        return spec.layer_expert_bytes
+    ids = expert_layer_ids(spec) if spec.n_expert and spec.expert_bytes else ()
+    per = spec.expert_bytes // len(ids) if ids else 0
+    return tuple(per if il in ids else 0 for il in range(spec.n_layer_all))
 
 
 def _elem_bytes(t: GGMLType) -> float:
