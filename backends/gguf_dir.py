@@ -148,6 +148,11 @@ def with_folder_listing(cmd: click.Command, load: Callable[[str], ModelSpec]) ->
             kwargs.pop("ref")
             return list_folder(Path(ref).expanduser(), kwargs, sort or "name", load)
         if sort:
+            if isinstance(ref, str) and not os.path.exists(os.path.expanduser(ref)):
+                # the folder the user meant is missing: say so, as the same path without --sort does
+                raise InputError(
+                    f"{os.path.expanduser(ref)}: no such file or folder", hint="give a folder of GGUF files"
+                )
             raise click.UsageError("--sort orders the listing of a folder: give a folder of GGUF files")
         return inner(**kwargs)
 

@@ -105,3 +105,26 @@ def run_server(
     finally:
         _kill(p)
     return "".join(lines)
+
+
+def plan_and_run(model: Path, sizes: Sequence[str], extra: Sequence[str], llama_server: Path, capsys: object):
+    """``kvadvise llamacpp MODEL --rpc HOST:PORT=SIZE ... EXTRA --json`` over ``len(sizes)`` loopback rpc-servers,
+    then the llama-server command it writes over those same servers: the plan's JSON and the buffers llama-server
+    printed (kvadvise.runtime.llamalog.parse). ``capsys``: pytest's fixture (the plan is read from stdout)."""
+    import json
+    import shlex
+
+    from llama_server_build import rpc_server
+
+    from kvadvise.cli import main
+    from kvadvise.runtime.llamalog import parse
+
+    with devices(rpc_server(), len(sizes)) as eps:
+        rpc = [a for ep, size in zip(eps, sizes, strict=True) for a in ("--rpc", f"{ep}={size}")]
+        main(["llamacpp", str(model), *rpc, *extra, "--ram", "16GiB", "--json"])
+        doc = json.loads(capsys.readouterr().out)  # type: ignore[attr-defined]
+        assert doc["fits"], doc
+        cmd = shlex.split(doc["llama_server"]["command"])
+        args = [x for i, x in enumerate(cmd[1:], 1) if cmd[i - 1] not in ("-m", "--rpc") and x not in ("-m", "--rpc")]
+        got = parse(run_server(llama_server, model, args, eps).splitlines())
+    return doc, got

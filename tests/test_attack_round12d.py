@@ -7,18 +7,14 @@ prints (advisor/runtime/llamalog.py). The bar: 16 MiB or 3% per compute buffer; 
 
 from __future__ import annotations
 
-import json
-import shlex
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from rpc_devices import devices, run_server
+from rpc_devices import plan_and_run
 from tinymodels import write_tiny_gguf
-
-from kvadvise.runtime.llamalog import parse
 
 pytestmark = pytest.mark.llama
 MIB = 1 << 20
@@ -27,18 +23,7 @@ MIB = 1 << 20
 def _plan_and_run(
     model: Path, size: str, extra: list[str], real_llama_server: Path, capsys: pytest.CaptureFixture[str]
 ):
-    from llama_server_build import rpc_server
-
-    from kvadvise.cli import main
-
-    with devices(rpc_server(), 1) as eps:
-        main(["llamacpp", str(model), "--rpc", f"{eps[0]}={size}", *extra, "--ram", "16GiB", "--json"])
-        doc = json.loads(capsys.readouterr().out)
-        assert doc["fits"], doc
-        cmd = shlex.split(doc["llama_server"]["command"])
-        args = [x for i, x in enumerate(cmd[1:], 1) if cmd[i - 1] not in ("-m", "--rpc") and x not in ("-m", "--rpc")]
-        got = parse(run_server(real_llama_server, model, args, eps).splitlines())
-    return doc, got
+    return plan_and_run(model, [size], extra, real_llama_server, capsys)
 
 
 def test_n_cpu_moe_over_rpc_host_compute_holds_the_experts_activations(

@@ -209,4 +209,10 @@ def check_spec(spec: ModelSpec) -> str | None:
                 return f"{name} holds {x:,}, past any model's (llama.cpp holds it in 32 bits)"
     if spec.n_layer_nextn > n:
         return f"n_layer_nextn {spec.n_layer_nextn} is more than n_layer_all {n}"
+    # a block's routed experts (blk.N.ffn_*_exps) are among its own tensors, and all of them among the model's
+    for il, e in enumerate(spec.layer_expert_bytes):
+        if spec.layer_bytes and e > spec.layer_bytes[il]:
+            return f"layer_expert_bytes[{il}] is {e:,}, more than the block's own weights ({spec.layer_bytes[il]:,})"
+    if sum(spec.layer_expert_bytes) > spec.weights_bytes:
+        return f"layer_expert_bytes add up to {sum(spec.layer_expert_bytes):,}, more than weights_bytes"
     return None

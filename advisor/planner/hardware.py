@@ -253,6 +253,8 @@ def from_profiles(names: str) -> Hardware:
                 base, count = m[1], int(m[2])
         if not 1 <= count <= 16:
             swapped = re.match(r"(?i)^([0-9]{1,2})\s*[x×]\s*(.+)$", raw)  # 2x3090: the count first
+            if not (_known(base) or (swapped and _known(swapped[2]))):
+                find_profile(raw)  # "GTX 1080", "RX 6800", "RTX 4900": one card not in the list, not 1,080 of "GT"
             hint = f"the count goes last: --gpu {swapped[2]}x{swapped[1]}" if swapped else "1 to 15, e.g. rtx-3090x2"
             raise InputError(
                 f"--gpu {raw!r}: read as {count:,} cards of {base!r}; NAMExN takes 1 to 15 cards, the count last",
@@ -281,6 +283,17 @@ def from_profiles(names: str) -> Hardware:
     gpus = tuple(replace(g, index=i) for i, g in enumerate(cards))
     note = f"{len(gpus)} GPUs: " + ", ".join(g.name for g in gpus) + SPLIT_NOTE
     return replace(first, gpus=gpus, source=f"profiles:{names}", notes=(*first.notes, note), sources=tuple(sources))
+
+
+def _known(name: str) -> bool:
+    """Whether ``name`` is a card of the catalogue."""
+    from kvadvise.planner.gpus import find_profile
+
+    try:
+        find_profile(name)
+    except InputError:
+        return False
+    return True
 
 
 SPLIT_NOTE = "; llama.cpp splits the layers across them"

@@ -885,6 +885,12 @@ def output_op_offload_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     return pad(copy + logits + normed, ALIGNMENT[lay.device])
 
 
+# shared experts without a gate whose device buffer does not grow at all with --n-cpu-moe over an RPC device (llama-server
+# b11312, -ub 2048: a small deepseek2 MLA 90.30 MiB and glm4moe 168.79 with and without --n-cpu-moe 2, where the rule
+# below planned +46 and +56); the gated shared experts (qwen2moe +18, qwen3next +16 measured) keep it
+_NO_HOST_EXPERTS_GROWTH = frozenset({"deepseek2", "glm4moe"})
+
+
 def host_experts_device_growth(spec: ModelSpec, lay: ContextLayout) -> int:
     """How much a device's compute buffer grows when some of its layers' routed experts sit in a host buffer
     and the device does not op-offload their matmuls (an RPC device; ggml-rpc has no offload_op).
@@ -905,7 +911,7 @@ def host_experts_device_growth(spec: ModelSpec, lay: ContextLayout) -> int:
     n_ff_exp and n_ff_shexp 256-1024, ubatch 512 and 2048, 4k and 16k), 2.5 MiB above on Qwen3.5-35B-A3B's
     shape at ubatch 512, 26 MiB (4.6 %) at 2048; never below. A qwen3moe of the same size (no shared expert)
     moves by at most 0.5 MiB, inside kvadvise's full-offload figure: no growth is planned for it."""
-    if not spec.n_expert or not spec.n_ff_shexp:
+    if not spec.n_expert or not spec.n_ff_shexp or spec.architecture in _NO_HOST_EXPERTS_GROWTH:
         return 0
     s = graph_sizes(spec, lay)
     ub, f32 = lay.n_ubatch, 4
@@ -939,7 +945,10 @@ def host_experts_host_compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     eu = f32 * ub * spec.n_embd * spec.n_expert_used
     selected = 4 * ub * spec.n_expert_used  # i32 ids of the chosen experts
     inputs = mask_inputs(s, lay) + v_idxs_bytes(spec, lay) + ids_bytes(lay) + s.ple_bytes
-    peak = inputs + selected + max(s.embd_bytes + 3 * ff, ff + eu)
+    # Qwen3-Next / Qwen3.5-MoE (their layers' recurrent mixers and gated shared expert): one row of n_embd more
+    # (a small qwen3next at -ub 2048: 80.17 MiB printed, 72.05 without it)
+    rows = 2 if spec.architecture in ("qwen3next", "qwen35moe") else 1
+    peak = inputs + selected + max(rows * s.embd_bytes + 3 * ff, (rows - 1) * s.embd_bytes + ff + eu)
     return max(base, pad(peak, ALIGNMENT["cuda"]))
 
 
@@ -1146,7 +1155,8 @@ def unpipelined_split_compute(spec: ModelSpec, lay: ContextLayout, part: DeviceL
     there (Granite-4.0-H's last device at 32k; Qwen3.5-9B's middle device holds 18 MiB above one device's)."""
     if not (part.layers or part.last):  # a device given no layer holds no graph
         return 0
-    if any(spec.recurrent_layers):
+    if any(spec.recurrent_layers) or not part.layers or part.layers == (spec.n_layer - 1,):
+        # (the output layer alone, or the last block alone: split_compute sizes them at the output rows they run)
         return split_compute(spec, lay, part, copies=1)
     if part.layers:
         # a model whose layers are all alike (a dense Llama, Qwen2/3, Phi-3): one device's graph, replayed; a device

@@ -495,15 +495,17 @@ def cpu_moe_placement(spec: ModelSpec, n_cpu_moe: int, device: str, n_ubatch: in
     # by block index, each layer's own *_exps bytes: a dense first layer (leading_dense_block_count) moves nothing,
     # and llama-quantize's use_more_bits gives some layers' ffn_down_exps more bits than others
     ids = tuple(il for il in speed_model.expert_layer_ids(spec) if il < n_cpu_moe)
-    if not ids or not spec.expert_bytes or not any(spec.layer_bytes):
+    if not ids or not spec.expert_bytes:
         return CpuMoe(n_cpu_moe, ids, 0, 0, spec)
     per_layer = speed_model.layer_expert_bytes(spec)
-    moved = sum(per_layer[il] for il in ids)
+    moved = min(sum(per_layer[il] for il in ids), spec.expert_bytes)
     copy = op_offload_bytes(spec, ids, device, n_ubatch)
+    # blocks of unknown size (a spec without layer_bytes) share what is left evenly (split.device_layers)
     layers = list(spec.layer_bytes)
     experts = list(per_layer)
     for il in ids:
-        layers[il] = max(0, layers[il] - per_layer[il])
+        if layers:
+            layers[il] = max(0, layers[il] - per_layer[il])
         experts[il] = 0
     gpu = replace(
         spec,

@@ -26,6 +26,7 @@ from kvadvise.planner.sizes import (
     k_idxs_bytes,
     mask_bytes,
     mask_inputs,
+    reserve_outputs,
     v_idxs_bytes,
 )
 
@@ -168,6 +169,13 @@ def split_compute(spec: ModelSpec, lay: ContextLayout, part: DeviceLayers, *, co
     leaves it on the previous device ("## SPLIT #2: ... [norm-15 (2M)] ... [l_out-14 (2M)]" in the
     worst-case batch llama_context::graph_reserve reserves first). Measured on benchmarks/bench_split.py's grid."""
     ub = lay.n_ubatch
+    rows_out = reserve_outputs(lay)
+    if part.last and not part.layers:
+        # the output layer alone: the last block gathered the output rows (ggml_get_rows(cur, inp_out_ids) in every
+        # model's last layer, src/models/llama.cpp), so its one input, the norm and the logits are n_outputs rows
+        # (llama-server b11312 over two rpc-servers: 0.05 MiB printed for a Mamba-2 model's output layer at -ub 1024)
+        row = 4 * rows_out * spec.n_embd
+        return pad(copies * row + 4 * rows_out * spec.n_vocab + 2 * row, ALIGNMENT["cuda"])
     s = graph_sizes(part.spec, lay)
     f32_mask = f32_fa_mask(lay)
     masks = mask_inputs(s, lay)
@@ -184,9 +192,14 @@ def split_compute(spec: ModelSpec, lay: ContextLayout, part: DeviceLayers, *, co
     # with its gate (Qwen3-Next, Qwen3.5: 12 MiB under so) or MLA's absorbed Q (15 MiB under so)
     narrow = not lay.flash_attn and s.attn_bytes and not spec.is_mla and spec.architecture not in _GATED_Q_ARCHS
     attn = s.attn_bytes - (s.embd_bytes + s.q_bytes if narrow else 0)
-    layer = (
-        max(attn, s.mix_bytes) + s.layer_inputs_bytes + (s.mask_cells * ub * 2 if f32_mask else 0) if part.layers else 0
-    )
+    mix = s.mix_bytes
+    last = spec.n_layer - 1
+    if part.layers == (last,) and rows_out < ub and spec.kv_layers[last] and not spec.recurrent_layers[last]:
+        # the last block alone: its attention runs the whole ubatch, its feed-forward only the output rows it
+        # gathers first (src/models/llama.cpp: il == n_layer - 1 && inp_out_ids; llama-server reserves one row a
+        # slot): 30.04 MiB printed for a llama block of n_ff 4096 at -ub 512, where the FFN at the whole batch is 30
+        mix = graph_sizes(part.spec, replace(lay, n_ubatch=rows_out)).mix_bytes
+    layer = max(attn, mix) + s.layer_inputs_bytes + (s.mask_cells * ub * 2 if f32_mask else 0) if part.layers else 0
     logits = s.logits_bytes
     if spec.is_mla and lay.flash_attn:
         # measured on DeepSeek-V2-Lite's shape (bench_split.py, 4k and 32k cells, n_ubatch 512): with flash
