@@ -105,7 +105,9 @@ def _plan_users(
     if request.n_cpu_moe:  # the sessions on the GPUs as the plan holds the model: the experts of N layers in RAM
         from kvadvise.planner.offload import cpu_moe_placement
 
-        users_spec = cpu_moe_placement(spec, request.n_cpu_moe, plan.config.device, plan.config.n_ubatch).gpu_spec
+        users_spec = cpu_moe_placement(
+            spec, request.n_cpu_moe, plan.config.device, plan.config.n_ubatch, mtp=plan.config.mtp
+        ).gpu_spec
     answer = users_per_card(
         users_spec,
         plan.config,

@@ -36,10 +36,6 @@ def _first(got, buft: str, kind: str) -> float:
 
 
 @pytest.mark.llama
-@pytest.mark.xfail(
-    strict=True,
-    reason="held: --n-cpu-moe past the trunk with draft-mtp moves the NextN block's experts too (common/arg.cpp matches every block index); ModelSpec.layer_expert_bytes counts the tensors loaded without MTP, so the plan keeps them on the device (72 MiB over on this model)",
-)
 def test_n_cpu_moe_past_the_trunk_moves_the_mtp_blocks_experts(
     tmp_path: Path, real_llama_server: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -68,10 +64,6 @@ def test_n_cpu_moe_past_the_trunk_moves_the_mtp_blocks_experts(
 
 
 @pytest.mark.llama
-@pytest.mark.xfail(
-    strict=True,
-    reason="held: over RPC devices (no offload_op) with every layer's experts in RAM the device runs no routed expert; the plan keeps the full offload's MoE live set (172.56 MiB planned, 58.04 printed: over, the safe side)",
-)
 def test_every_expert_in_ram_device_compute_holds_no_expert_activations(
     tmp_path: Path, real_llama_server: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -663,9 +663,12 @@ def from_gguf(header: GGUFHeader, *, known_only: bool = True) -> ModelSpec:
     # the MTP/NextN blocks, loaded only for a draft-mtp context (kvadvise.planner.mtp)
     nextn_bytes = [0] * n_layer_nextn
     nextn_pad = [0] * n_layer_nextn
+    nextn_experts = [0] * n_layer_nextn
     for t in header.tensors:
         if (m := _BLOCK_TENSOR.match(t.name)) and n_layer <= int(m[1]) < n_layer_all:
             nextn_bytes[int(m[1]) - n_layer] += t.n_bytes
+            if _EXPERT_TENSOR.search(t.name):
+                nextn_experts[int(m[1]) - n_layer] += t.n_bytes
             nextn_pad[int(m[1]) - n_layer] += cuda_alloc_bytes(t.ggml_type, t.shape[0], t.n_bytes) - t.n_bytes
     every = header.tensors
     span_all = max(t.offset + t.n_bytes for t in every) - min(t.offset for t in every) if every else 0
@@ -767,6 +770,7 @@ def from_gguf(header: GGUFHeader, *, known_only: bool = True) -> ModelSpec:
         nextn_layer_bytes=tuple(nextn_bytes),
         nextn_layer_cuda_pad_bytes=tuple(nextn_pad),
         nextn_span_bytes=nextn_span,
+        nextn_layer_expert_bytes=tuple(nextn_experts) if any(nextn_experts) else (),
         active_params=active_params,
         n_ff_exp=n_ff_exp,
         n_ff_shexp=n_ff_shexp,

@@ -128,6 +128,7 @@ class ModelSpec:
     nextn_layer_bytes: tuple[int, ...] = ()
     nextn_layer_cuda_pad_bytes: tuple[int, ...] = ()
     nextn_span_bytes: int = 0
+    nextn_layer_expert_bytes: tuple[int, ...] = ()  # each NextN block's routed experts (what --n-cpu-moe can move)
     # general.sampling.penalty_repeat: the repeat penalty llama.cpp's programs sample with unless a flag sets one
     # (common/common.cpp common_init_from_params reads the model's sampling keys); 1.0: none (also with a
     # penalty_last_n of 0: llama_sampler_penalties_apply then returns at once)

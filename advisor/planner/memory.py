@@ -1196,26 +1196,34 @@ def _offloaded(
     pipeline = n_dev > 1 and pipeline_parallel(cfg, names)
     keys = layer_shapes(spec).keys
     parts = device_layers(spec, owner, n_dev, cuda)
+    # every routed expert in host memory beside devices that do not op-offload them (cfg.host_experts, none left in
+    # the spec): the devices run the router and weigh the experts' outputs copied back ([n_embd, n_expert_used,
+    # n_ubatch]), never their gate, up and GLU (llama-server b11312 over an rpc-server, a qwen3moe at -ub 2048 with
+    # --n-cpu-moe past its layers: 58.04 MiB printed, 172.56 planned before as at full offload)
+    # (one device: over two, the last one held 84.10 where this rule plans 60.75, so a split keeps the full offload's)
+    no_ffn = cfg.host_experts and spec.n_expert and not spec.expert_bytes and n_dev == 1
+    cspec = replace(spec, n_ff_exp=1) if no_ffn else spec
+    cparts = device_layers(cspec, owner, n_dev, cuda) if no_ffn else parts
     output_layer_weights = output_layer_bytes(spec, cuda)
     devices = []
     for d, part in enumerate(parts):
         if n_dev == 1:  # every KV layer is in one of the caches
             kv_d = sum(c.k_bytes + c.v_bytes for c in caches)
             rs_d = rs // rs_layers * rs_layers if rs_layers else 0
-            compute = device_compute_bytes(spec, lay)
+            compute = device_compute_bytes(cspec, lay)
         else:
             kv_d = sum(sum(sizes[keys[il]]) for il in part.layers)
             rs_d = rs // rs_layers * sum(1 for il in part.layers if spec.recurrent_layers[il]) if rs_layers else 0
             if not (part.layers or part.last):  # a device given no layer holds no graph
                 compute = 0
             elif pipeline:
-                compute = split_compute(spec, lay, part, copies=N_COPIES)
+                compute = split_compute(cspec, lay, cparts[d], copies=N_COPIES)
             else:
-                compute = unpipelined_split_compute(spec, lay, part)
+                compute = unpipelined_split_compute(cspec, lay, cparts[d])
         if d == 0 and cfg.op_offload_copy_bytes:  # the copy lives in a layer's live set (op_offload_growth)
             compute += op_offload_growth(spec, lay, cfg.op_offload_copy_bytes)
         if d == 0 and cfg.host_experts:
-            compute += host_experts_device_growth(spec, lay)
+            compute += host_experts_device_growth(cspec, lay)
         weights, n_layers = part.weights_bytes, part.n_layers
         if cfg.output_on_host:
             if part.last:  # output.weight, output_norm (a tied model's copy of token_embd) stay in host memory

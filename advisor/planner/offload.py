@@ -487,11 +487,12 @@ class CpuMoe:
     gpu_spec: ModelSpec  # the model as the GPUs hold it (those experts out of their layers)
 
 
-def cpu_moe_placement(spec: ModelSpec, n_cpu_moe: int, device: str, n_ubatch: int) -> CpuMoe:
+def cpu_moe_placement(spec: ModelSpec, n_cpu_moe: int, device: str, n_ubatch: int, *, mtp: bool = False) -> CpuMoe:
     """Where ``--n-cpu-moe N`` puts the weights (see :class:`CpuMoe`). ``gpu_spec`` plans the GPUs' memory
     with the memory model as it is: the moved experts leave their layers' bytes (on whichever device the
     layer split gives them); the op-offload copy is planned with the config (RunConfig.op_offload_copy_bytes),
-    as the first GPU's compute buffer grows by it at each context the recommender tries."""
+    as the first GPU's compute buffer grows by it at each context the recommender tries. ``mtp``: the NextN blocks
+    load (a draft-mtp context), and an N past the trunk moves their experts too (the overrides go by block index)."""
     # by block index, each layer's own *_exps bytes: a dense first layer (leading_dense_block_count) moves nothing,
     # and llama-quantize's use_more_bits gives some layers' ffn_down_exps more bits than others
     ids = tuple(il for il in speed_model.expert_layer_ids(spec) if il < n_cpu_moe)
@@ -507,14 +508,23 @@ def cpu_moe_placement(spec: ModelSpec, n_cpu_moe: int, device: str, n_ubatch: in
         if layers:
             layers[il] = max(0, layers[il] - per_layer[il])
         experts[il] = 0
+    # the NextN blocks' experts (loaded with draft-mtp: mtp.with_nextn_weights adds what is left of those blocks)
+    nextn = list(spec.nextn_layer_bytes)
+    moved_nextn = 0
+    for k, e in enumerate(spec.nextn_layer_expert_bytes if mtp else ()):
+        if spec.n_layer + k < n_cpu_moe and k < len(nextn):
+            nextn[k] = max(0, nextn[k] - e)
+            moved_nextn += e
     gpu = replace(
         spec,
         weights_bytes=spec.weights_bytes - moved,
         expert_bytes=spec.expert_bytes - moved,
         layer_bytes=tuple(layers),
         layer_expert_bytes=tuple(experts) if spec.layer_expert_bytes else (),
+        nextn_layer_bytes=tuple(nextn),
+        nextn_span_bytes=max(0, spec.nextn_span_bytes - moved_nextn),
     )
-    return CpuMoe(n_cpu_moe, ids, moved, copy, gpu)
+    return CpuMoe(n_cpu_moe, ids, moved + moved_nextn, copy, gpu)
 
 
 def with_cpu_moe(est: MemoryEstimate, placement: CpuMoe) -> MemoryEstimate:

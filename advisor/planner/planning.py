@@ -385,7 +385,7 @@ def _with_cpu_moe(
     device = "cpu" if hw is None or not hw.gpus else ("metal" if any(g.unified_memory for g in hw.gpus) else "cuda")
     if hw is not None and hw.gpus and all(g.rpc_endpoint for g in hw.gpus):
         device = "rpc"  # ggml-rpc has no offload_op: the experts run in CPU splits, no weight is copied in
-    placement = cpu_moe_placement(spec, n_cpu_moe, device, base.n_ubatch)
+    placement = cpu_moe_placement(spec, n_cpu_moe, device, base.n_ubatch, mtp=base.mtp)
     offloads = device in OP_OFFLOAD_DEVICES and base.n_ubatch >= OP_OFFLOAD_MIN_BATCH
     inner = make_plan(
         placement.gpu_spec,
