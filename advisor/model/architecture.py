@@ -47,6 +47,9 @@ from kvadvise.model.spec import SWA_CHUNKED, SWA_NONE, SWA_STANDARD, MatmulWeigh
 # llama.cpp's LLM_FFN_EXPS_REGEX (common/common.h), plus gate_up: routed experts
 _EXPERT_TENSOR = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch|)exps")
 _BLOCK_TENSOR = re.compile(r"blk\.(\d+)\.")
+# tensors outside blk.N that llama.cpp creates with block index 0, so on block 0's device (LLM_TENSOR_LAYER_REPEATING:
+# src/models/gemma3n.cpp and gemma4.cpp, create_tensor(tn(LLM_TENSOR_PER_LAYER_MODEL_PROJ, "weight", 0), ...), b11312)
+_BLOCK0_TENSORS = frozenset({"per_layer_model_proj.weight", "per_layer_proj_norm.weight"})
 
 # llama_hparams::n_altup (src/llama-hparams.h, b11312): Gemma 3n's residual streams, not read from the file
 GEMMA3N_ALTUP = 4
@@ -642,8 +645,8 @@ def from_gguf(header: GGUFHeader, *, known_only: bool = True) -> ModelSpec:
     layer_bytes = [0] * n_layer_all
     layer_experts = [0] * n_layer_all
     for t in loaded:
-        if m := _BLOCK_TENSOR.match(t.name):
-            il = int(m[1])
+        if (m := _BLOCK_TENSOR.match(t.name)) or t.name in _BLOCK0_TENSORS:
+            il = int(m[1]) if m else 0
             if il < n_layer_all:
                 layer_bytes[il] += t.n_bytes
                 if _EXPERT_TENSOR.search(t.name):
@@ -655,10 +658,11 @@ def from_gguf(header: GGUFHeader, *, known_only: bool = True) -> ModelSpec:
     layer_pad = [0] * n_layer_all
     layer_largest = [0] * n_layer_all
     for t in loaded:
-        if (m := _BLOCK_TENSOR.match(t.name)) and int(m[1]) < n_layer_all:
+        il = int(m[1]) if (m := _BLOCK_TENSOR.match(t.name)) else 0 if t.name in _BLOCK0_TENSORS else n_layer_all
+        if il < n_layer_all:
             alloc = cuda_alloc_bytes(t.ggml_type, t.shape[0], t.n_bytes)
-            layer_pad[int(m[1])] += alloc - t.n_bytes
-            layer_largest[int(m[1])] = max(layer_largest[int(m[1])], alloc)
+            layer_pad[il] += alloc - t.n_bytes
+            layer_largest[il] = max(layer_largest[il], alloc)
     matmul_weights, fixed_span = _matmul_weights(loaded, output is None and arch not in ENCODER_ARCHS)
     # the MTP/NextN blocks, loaded only for a draft-mtp context (kvadvise.planner.mtp)
     nextn_bytes = [0] * n_layer_nextn

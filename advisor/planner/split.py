@@ -170,12 +170,18 @@ def split_compute(spec: ModelSpec, lay: ContextLayout, part: DeviceLayers, *, co
     worst-case batch llama_context::graph_reserve reserves first). Measured on benchmarks/bench_split.py's grid."""
     ub = lay.n_ubatch
     rows_out = reserve_outputs(lay)
-    if part.last and not part.layers:
+    gathers_in_last_block = spec.architecture not in _GATHER_AFTER_LOOP
+    if part.last and not part.layers and gathers_in_last_block:
         # the output layer alone: the last block gathered the output rows (ggml_get_rows(cur, inp_out_ids) in every
         # model's last layer, src/models/llama.cpp), so its one input, the norm and the logits are n_outputs rows
         # (llama-server b11312 over two rpc-servers: 0.05 MiB printed for a Mamba-2 model's output layer at -ub 1024)
         row = 4 * rows_out * spec.n_embd
         return pad(copies * row + 4 * rows_out * spec.n_vocab + 2 * row, ALIGNMENT["cuda"])
+    if part.last and not part.layers:
+        # a model that gathers after its layer loop (_GATHER_AFTER_LOOP): the whole hidden state comes in, and the
+        # gather's own copy of it beside (qwen35, gemma4 at -ub 1024: 20.03 MiB printed, 4 + 1 rows of n_embd)
+        embd, row = 4 * ub * spec.n_embd, 4 * rows_out * spec.n_embd
+        return pad(copies * embd + embd + 4 * rows_out * spec.n_vocab + 2 * row, ALIGNMENT["cuda"])
     s = graph_sizes(part.spec, lay)
     f32_mask = f32_fa_mask(lay)
     masks = mask_inputs(s, lay)
@@ -194,7 +200,10 @@ def split_compute(spec: ModelSpec, lay: ContextLayout, part: DeviceLayers, *, co
     attn = s.attn_bytes - (s.embd_bytes + s.q_bytes if narrow else 0)
     mix = s.mix_bytes
     last = spec.n_layer - 1
-    if part.layers == (last,) and rows_out < ub and spec.kv_layers[last] and not spec.recurrent_layers[last]:
+    if (
+        part.layers == (last,) and rows_out < ub and gathers_in_last_block
+        and spec.kv_layers[last] and not spec.recurrent_layers[last]
+    ):  # fmt: skip
         # the last block alone: its attention runs the whole ubatch, its feed-forward only the output rows it
         # gathers first (src/models/llama.cpp: il == n_layer - 1 && inp_out_ids; llama-server reserves one row a
         # slot): 30.04 MiB printed for a llama block of n_ff 4096 at -ub 512, where the FFN at the whole batch is 30
@@ -211,6 +220,20 @@ def split_compute(spec: ModelSpec, lay: ContextLayout, part: DeviceLayers, *, co
     out = logits + 2 * s.embd_bytes + s.ple_bytes if part.last else 0
     return pad(copies * inputs + max(layer, out), ALIGNMENT["cuda"])
 
+
+# the models whose graph gathers the output rows after the layer loop, not inside the last block (their last block runs
+# its FFN on the whole ubatch, and the output layer's device receives the whole hidden state): src/models/*.cpp at
+# b11312 gather inside the last block only with cparams.embeddings_nextn_masked (qwen35.cpp, qwen35moe.cpp, qwen3next.cpp,
+# gemma4.cpp, openai-moe.cpp, deepseek2.cpp, glm4-moe.cpp, nemotron-h.cpp, ...: false unless an MTP draft asks) or
+# after the loop (gemma3n.cpp, deepseek4.cpp, kimi-k3.cpp, hy-v4.cpp, hrm-text.cpp, glm5-next.cpp). Measured with
+# llama-server over rpc-servers: a qwen35 device holding only its last block 106.13 MiB (not the 78 the rule gives)
+_GATHER_AFTER_LOOP = frozenset(
+    {
+        "bailingmoe3", "cohere2moe", "deepseek2", "deepseek32", "deepseek4", "gemma3n", "gemma4", "glm-dsa", "glm4moe",
+        "glm5-next", "gpt-oss", "hrm_text", "hy_v3", "hy_v4", "kimi-k3", "mimo2", "nemotron_h", "nemotron_h_moe",
+        "qwen35", "qwen35moe", "qwen3next", "step35",
+    }
+)  # fmt: skip
 
 # attention whose wq makes Q and its output gate together (src/models/qwen3next.cpp, qwen35.cpp, qwen35moe.cpp)
 _GATED_Q_ARCHS = frozenset({"qwen3next", "qwen35", "qwen35moe"})

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from kvadvise.backends.ollama import api as ollama_api
+from kvadvise.backends.ollama import envconfig
 from kvadvise.backends.ollama.model import OllamaModel
 from kvadvise.backends.ollama.rules import (
     DEFAULT_FIT_TARGET_MIB,
@@ -198,7 +199,10 @@ def advise(
     if plan.budget is not None and plan.budget.device != "cpu" and runnable:
         # the VRAM of every GPU the server sees (server/routes.go), not only of the one the plan was placed on
         vram = server_vram_bytes or (sum(g.total_bytes for g in plan.hardware.gpus) if plan.hardware else 0)
-        tier = default_num_ctx(vram or plan.budget.total_bytes, model.spec.n_ctx_train)
+        # less OLLAMA_GPU_OVERHEAD on each of them (server/routes.go Serve)
+        n_gpus = len(plan.hardware.gpus) if plan.hardware and plan.hardware.gpus else 1
+        vram = max(0, (vram or plan.budget.total_bytes) - n_gpus * envconfig.gpu_overhead_bytes())
+        tier = default_num_ctx(vram, model.spec.n_ctx_train)
         if release is not None and release.v is not None and release.v < DEFAULT_NUM_CTX_BY_VRAM_FROM:
             tier = capped_num_ctx(OLD_DEFAULT_NUM_CTX, model.spec.n_ctx_train)
         if tier != num_ctx and model.default_num_ctx is None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kvadvise.backends.ollama import engine_layout, estimate_legacy, layout
+from kvadvise.backends.ollama import engine_layout, envconfig, estimate_legacy, layout
 from kvadvise.backends.ollama.versions import (
     NUM_BATCH_DEFAULT,
     Placement,
@@ -160,6 +160,7 @@ def decide(model: OllamaModel, plan: Plan, release: OllamaRelease, settings: Oll
             kv_cache_type="" if settings.kv_cache_type == "f16" else settings.kv_cache_type,
             flash_attention=settings.flash_attention,
             version=release.version,
+            gpu_overhead_bytes=envconfig.gpu_overhead_bytes(),
         )
     except KvadviseError:  # LegacyVersionNotModelled (a vision model, ...) or an unreadable header: not claimed
         return None
@@ -210,6 +211,7 @@ def _decide_layout(
         num_batch=settings.num_batch or NUM_BATCH_DEFAULT,
         flash_attention="on" if fa else "off",
         kv_cache_type="" if settings.kv_cache_type == "f16" else settings.kv_cache_type,
+        gpu_overhead_bytes=envconfig.gpu_overhead_bytes(),
     )
     return _layout_decision(release.version, plan, lay, allocation_modelled=release.claims_allocation)
 
@@ -260,6 +262,7 @@ def _decide_engine(
         num_batch=settings.num_batch or NUM_BATCH_DEFAULT,
         flash_attention=fa,
         kv_cache_type=kv_cache_type,
+        gpu_overhead_bytes=envconfig.gpu_overhead_bytes(),
     )
     # the plan's figures are llama.cpp's library, not the Go engine's
     return _layout_decision(release.version, plan, lay, allocation_modelled=False)

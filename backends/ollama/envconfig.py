@@ -26,6 +26,12 @@ def uint(key: str, default: int) -> int:
     return int(s)
 
 
+def gpu_overhead_bytes() -> int:
+    """envconfig.GpuOverhead: OLLAMA_GPU_OVERHEAD, bytes Ollama keeps free on each GPU (server/sched.go takes them
+    off each GPU's free memory, server/routes.go off each GPU's total before the default context's tier); 0 unset."""
+    return uint("OLLAMA_GPU_OVERHEAD", 0)
+
+
 def boolean(key: str, default: bool) -> bool:
     """envconfig.BoolWithDefault: strconv.ParseBool of the value; unset or empty: ``default``; set to what ParseBool
     cannot read ("yes", "on"): true (envconfig/config.go: "if err != nil { return true }")."""

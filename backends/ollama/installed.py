@@ -257,7 +257,11 @@ def list_installed(f: Flags, *, host: str | None, sort: str, single_model: tuple
     refuse(OllamaRuntime(), r)
     kv = one_cache_type(r.type_k, r.type_v)
     hw = hardware_of(r)
-    vram = sum(g.total_bytes for g in hw.gpus) if hw is not None else 0
+    from kvadvise.backends.ollama import envconfig
+    from kvadvise.backends.ollama.rules import tier_vram_bytes
+
+    # server/routes.go: the tier is over each GPU's total less OLLAMA_GPU_OVERHEAD
+    vram = tier_vram_bytes((g.total_bytes for g in hw.gpus), envconfig.gpu_overhead_bytes()) if hw is not None else 0
     explicit = typed(("n_parallel", "flash_attn"))
     np = r.n_parallel if r.n_parallel != 1 or "n_parallel" in explicit else None
     fa = {"on": True, "off": False}.get(r.flash_attn) if "flash_attn" in explicit or r.flash_attn == "off" else None

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from kvadvise.errors import ConfigError
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Iterable, Sequence
 
     from kvadvise.backends.ollama.model import OllamaModel
     from kvadvise.planner.hardware import Gpu
@@ -160,6 +160,12 @@ def projector_margin_bytes(model: OllamaModel, *, planned: bool = False) -> int:
     if planned:
         return math.ceil(model.projector_bytes / MIB) * MIB
     return math.ceil((model.projector_bytes + GIB) / MIB) * MIB
+
+
+def tier_vram_bytes(gpu_totals_bytes: Iterable[int], gpu_overhead_bytes: int) -> int:
+    """The VRAM server/routes.go Serve sizes the default context by: each GPU's total less OLLAMA_GPU_OVERHEAD
+    (``totalVRAM += gpu.TotalMemory - envconfig.GpuOverhead()``, ollama fb30760; none below 0 here)."""
+    return sum(max(0, t - gpu_overhead_bytes) for t in gpu_totals_bytes)
 
 
 def default_num_ctx(total_vram_bytes: int, n_ctx_train: int = 0) -> int:

@@ -147,7 +147,8 @@ def settings(o: PlanRequest, hw: Hardware, kv: str, *, typed: frozenset[str] = f
     elif (v := min(envconfig.uint("OLLAMA_CONTEXT_LENGTH", 0), 2**31 - 1)) > 0:
         ctx, src = v, "OLLAMA_CONTEXT_LENGTH"
     else:  # server/routes.go Serve: a tier by the GPUs' total memory
-        ctx, src = rules.default_num_ctx(sum(g.total_bytes for g in hw.gpus)), "Ollama's VRAM tier"
+        tier = rules.tier_vram_bytes((g.total_bytes for g in hw.gpus), envconfig.gpu_overhead_bytes())
+        ctx, src = rules.default_num_ctx(tier), "Ollama's VRAM tier"
     parallel = min(envconfig.uint("OLLAMA_NUM_PARALLEL", 0), 4096)
     n_parallel = o.n_parallel if o.n_parallel != 1 or not parallel or "n_parallel" in typed else max(1, parallel)
     fa = envconfig.boolean("OLLAMA_FLASH_ATTENTION", True)
@@ -276,12 +277,17 @@ def request(m: OllamaModel, s: Settings, device: str, context_length: int, own_c
 def scheduler_gpus(hw: Hardware, *, headless: bool) -> tuple[sched.Gpu, ...]:
     """The GPUs as the scheduler sees them: what each reports free, less what the plan keeps for a
     display (kvadvise.planner.budget: the one budget rule; the fit margin is the scheduler's own here)."""
+    from kvadvise.backends.ollama import envconfig
     from kvadvise.planner.budget import plan_budget
 
     b = plan_budget(hw, 0, headless=headless)
     frees = b.device_budgets if len(b.device_budgets) == len(hw.gpus) else (b.budget_bytes,)
+    # server/sched.go: each GPU's free memory less OLLAMA_GPU_OVERHEAD
+    overhead = envconfig.gpu_overhead_bytes()
     return tuple(
-        sched.Gpu(g.index, g.name, g.total_bytes, max(0, f), integrated=g.unified_memory, cuda=g.backend == "cuda")
+        sched.Gpu(
+            g.index, g.name, g.total_bytes, max(0, f - overhead), integrated=g.unified_memory, cuda=g.backend == "cuda"
+        )
         for g, f in zip(hw.gpus, frees, strict=True)
     )
 
@@ -546,9 +552,16 @@ def _card_that_holds(models: Sequence[OllamaModel], s: Settings, hw: Hardware, t
     ctx = min(target, primary.spec.n_ctx_train or target)
     ctxs = {h.ref: helper_contexts(h)[-1] for h in models[1:]} | {primary.ref: ctx}
     kv = "q8_0" if s.flash_attention else s.kv_cache_type
+    from kvadvise.backends.ollama import envconfig
+
+    overhead = envconfig.gpu_overhead_bytes()
     for p in cards:
         bigger = from_profile(p.id)
-        st = replace(s, kv_cache_type=kv, context_length=rules.default_num_ctx(bigger.gpus[0].total_bytes))
+        st = replace(
+            s,
+            kv_cache_type=kv,
+            context_length=rules.default_num_ctx(rules.tier_vram_bytes((bigger.gpus[0].total_bytes,), overhead)),
+        )
         if stays(_replayer(models, bigger, scheduler_gpus(bigger, headless=False), ())(st, ctxs), models):
             return f"a card of {p.memory_bytes / GIB:.0f} GiB ({p.id}) holds them all, {primary.ref} at {ctx:,} tokens"
     return None
