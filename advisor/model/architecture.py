@@ -117,6 +117,7 @@ class _SwaRule:
     n_swa_default: int = 0  # used when the file has no sliding_window key
     needs_key: bool = False  # SWA only when {arch}.attention.sliding_window > 0 is present
     dense_first: bool = False
+    only_n_layer: int = 0  # SWA only for a model of this many layers (exaone4.cpp: the 32B's 64), 0: any
 
 
 # src/models/<arch>.cpp load_arch_hparams -> load_swa_pattern(ml, n_pattern)
@@ -127,7 +128,7 @@ _SWA_RULES: dict[str, _SwaRule] = {
     "cohere2": _SwaRule(4),  # cohere2.cpp
     "gpt-oss": _SwaRule(2),  # openai-moe.cpp
     "llama4": _SwaRule(4, swa_type=SWA_CHUNKED, n_swa_default=8192),  # llama4.cpp: 3 chunked, 1 full
-    "exaone4": _SwaRule(4, n_swa_default=4096),
+    "exaone4": _SwaRule(4, n_swa_default=4096, only_n_layer=64),  # exaone4.cpp: if (hparams.n_layer() == 64)
 }
 
 # Pure recurrent architectures: every layer holds state, none holds KV.
@@ -256,8 +257,14 @@ def _swa(k: _Keys, arch: str, n_layer: int, n_layer_all: int) -> tuple[str, int,
         return none  # phi3.cpp: "Phi SWA is currently disabled"
     if rule.needs_key and not (isinstance(n_swa_key, int) and n_swa_key > 0):
         return none
+    if rule.only_n_layer and n_layer != rule.only_n_layer:
+        return none
     n_swa = k.num(Attention.SLIDING_WINDOW, rule.n_swa_default)
     if arch == "llama4" and n_swa_key == 0:
+        return none
+    if n_swa <= 0:
+        # no window known (gemma3n.cpp and openai-moe.cpp require the key; a header made from a config the converter
+        # does not map has none): every layer full, the upper bound the plan's note says, never a window of 0
         return none
     # llama_model_base::load_swa_pattern: a bool array wins, else an int n_pattern, else the arch default
     explicit = k.bools(Attention.SLIDING_WINDOW_PATTERN, n_layer_all)

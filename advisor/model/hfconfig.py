@@ -62,6 +62,9 @@ ARCH_BY_HF_CLASS: Mapping[str, str] = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "llama",
     "MixtralForCausalLM": "llama",
+    # Mistral Small 3.1/3.2, Devstral, Magistral, Ministral 3 (conversion/mistral3.py: the text model as mistral3)
+    "Mistral3ForConditionalGeneration": "mistral3",
+    "Ministral3ForCausalLM": "mistral3",
     "Qwen2ForCausalLM": "qwen2",  # qwen.py Qwen2Model
     "Qwen2Model": "qwen2",
     "Qwen2MoeForCausalLM": "qwen2moe",  # qwen.py Qwen2MoeModel
