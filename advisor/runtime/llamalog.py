@@ -47,6 +47,10 @@ _CPARAM = re.compile(
     r"llama_context:\s+(?P<key>n_ctx|n_ctx_seq|n_batch|n_ubatch|flash_attn|n_seq_max)\s+=\s+(?P<val>\S+)"
 )
 _OFFLOADED = re.compile(r"offloaded (?P<gpu>\d+)/(?P<total>\d+) layers to GPU")
+# tools/server (b11312): the draft model of -md loads after the model, inside the same start
+# (common_speculative_init_result: "loading draft model"); a new start prints "load_model: loading model" again
+_DRAFT_LOAD = "loading draft model"
+_MODEL_LOAD = "load_model: loading model"
 # a device row: "- NAME: total = free + (self = model + context + compute) [+ unaccounted]", in a table
 # ("| ... |") or not; the host row has no free (and, in the first form, a total before self)
 _NUM = r"(-?[0-9]{1,20})"  # bounded: never a 5,000-digit int()
@@ -170,9 +174,14 @@ def parse(lines: Iterable[str]) -> LoadLog:
     fit: list[str] = []
     placements: list[tuple[int, int]] = []
     mtp_mib = None
+    draft = False  # after "loading draft model" (-md): its load_tensors lines are the draft's, not the model's
     for line in lines:
         if len(line) > MAX_LINE_CHARS:  # no line llama.cpp prints is that long: its patterns would backtrack over it
             continue
+        if _DRAFT_LOAD in line:
+            draft = True
+        elif _MODEL_LOAD in line:
+            draft = False
         if m := _BREAKDOWN.search(line):
             rows.append(_row(m))
         elif m := _FIT.search(line):
@@ -198,7 +207,7 @@ def parse(lines: Iterable[str]) -> LoadLog:
             rs.append(RSSummary(int(m["cells"]), float(m["r_mib"]), float(m["s_mib"])))
         elif m := _CPARAM.search(line):
             cparams[m["key"]] = m["val"]
-        elif m := _OFFLOADED.search(line):
+        elif (m := _OFFLOADED.search(line)) and not draft:
             gpu_layers, total_layers = int(m["gpu"]), int(m["total"])
             placements.append((gpu_layers, total_layers))
     return LoadLog(

@@ -61,10 +61,13 @@ def preset_text(models: Sequence[RoutedModel], *, header: str = "") -> str:
 def section_name(name: str) -> str:
     """The name a client asks the router for, as its preset loader reads it back: it upper-cases the tag after
     the last ':' of a section (common/preset.cpp canonical_tag), so ``gemma3:latest`` would answer only to
-    ``gemma3:LATEST``; the name is written without a tag (``:latest`` dropped, another tag joined by ``-``)."""
+    ``gemma3:LATEST``; the name is written without a tag (``:latest`` dropped, another tag joined by ``-``), and a
+    registry host's port joined by ``-`` too (``localhost:5000/library/gem`` was served as
+    ``localhost:5000/LIBRARY/GEM``)."""
     base, colon, tag = name.rpartition(":")
-    if not colon:
-        return name
+    if not colon or "/" in tag:  # no tag: the last ':' is a registry host's port
+        return name.replace(":", "-")
+    base = base.replace(":", "-")
     return base if tag.lower() == "latest" else f"{base}-{tag}"
 
 

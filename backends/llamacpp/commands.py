@@ -97,7 +97,7 @@ def llamacpp_command(path: str, force: bool, **kwargs: object) -> None:
     metavar="FILE",
     type=click.Path(exists=True, dir_okay=False),
     default=None,
-    help="Launch nothing: read the log of a llama-server you run (-lv 3 or more), compare its last load with the "
+    help="Launch nothing: read the log of a llama-server you run (-lv 4 or more: b11312 prints the buffer sizes at 4), compare its last load with the "
     "plan and say whether a reload placed fewer layers (a server woken from idle re-runs --fit).",
 )
 @click.option(
@@ -305,7 +305,7 @@ def _from_log(log_file: str, path: str, plan: Plan) -> Measurement:
     log = parse(last)
     if not log.buffers:
         raise InputError(
-            f"--log {log_file}: no buffer sizes in it", hint="start llama-server with -lv 3 (or more) and keep its log"
+            f"--log {log_file}: no buffer sizes in it", hint="start llama-server with -lv 4 (or more) and keep its log"
         )
     everything = parse(lines)
     n_ctx = log.cparams.get("n_ctx")
@@ -365,7 +365,7 @@ def _dry_run(
         )
         note = f"{note}\n{unified}" if note else unified
     agree = all(r.ok for r in rows)
-    command = " ".join([BINARY, *fit_params_args(path, cfg)])
+    command = shlex.join([BINARY, *fit_params_args(path, cfg)])  # as every printed command: a shell runs it
     if o.view.as_json:
         output.result_json(
             {
