@@ -54,6 +54,13 @@ class Entry:
     plan: Plan
 
 
+def _one_vram(ctx: click.Context, param: click.Parameter, value: tuple[int, ...]) -> int | None:
+    """compare's ``--vram`` is one card's size: given twice it is refused, never the last one kept in silence."""
+    if len(value) > 1:
+        raise click.BadParameter("one size: compare plans one card given by hand (cards of the list: --gpu A,B)")
+    return value[0] if value else None
+
+
 def card(name: str) -> Card:
     """A card of the built-in list, ``NAMExN`` for N of them (layers split across the cards)."""
     from kvadvise.planner.hardware import from_profiles
@@ -184,7 +191,8 @@ def entry_dict(e: Entry) -> dict[str, Any]:
         "weights_bytes": p.spec.weights_bytes,
         "device_bytes": p.estimate.device_bytes,
         "budget_bytes": p.budget.budget_bytes,
-        "headroom_bytes": p.budget.budget_bytes - p.estimate.device_bytes,
+        # the tightest card's (budget.slack_bytes): a total over several cards hides the one that is short
+        "headroom_bytes": p.budget.slack_bytes(p.estimate),
         "decode_tokens_per_s": rec.decode_tokens_per_s if p.fits else None,
         # decode at 4k beside decode at the context, so that models compare at one depth
         "decode_4k_tokens_per_s": decode_at_4k(p),
@@ -271,7 +279,9 @@ def table_text(entries: list[Entry]) -> list[str]:
 
 
 def _tps(tps: float | None) -> str:
-    return f"~{tps:,.0f}" if tps else "-"
+    from kvadvise.planner.speed import tps_label  # "<1" for a plan that runs slowly, never "0"
+
+    return f"~{tps_label(tps)}" if tps else "-"
 
 
 def goal_text(entries: list[Entry], use: str | None, target: int) -> str:
@@ -318,7 +328,13 @@ def _partial(d: dict[str, Any] | None) -> str:
     help="Cards of `kvadvise gpus`, comma-separated or repeated; NAMExN for N of them (rtx-3090x2).",
 )
 @click.option(
-    "--vram", "vram_bytes", type=VRAM_SIZE, metavar="SIZE", default=None, help="One budget given by hand: 24GiB."
+    "--vram",
+    "vram_bytes",
+    type=VRAM_SIZE,
+    metavar="SIZE",
+    multiple=True,
+    callback=_one_vram,
+    help="One budget given by hand: 24GiB.",
 )
 @click.option(
     "--bandwidth",

@@ -272,6 +272,13 @@ def from_profiles(names: str) -> Hardware:
             f"--gpu {names!r}: {len(cards)} cards; llama-server's -ts takes at most {MAX_DEVICES} shares",
             hint=f"plan at most {MAX_DEVICES} cards",
         )
+    if sum(c.unified_memory for c in cards) > 1:
+        # one Apple chip is one machine: two are two Macs (llama.cpp's RPC between them, not one Metal process), and
+        # their unified memory is each Mac's RAM as well
+        raise InputError(
+            f"--gpu {names!r}: several Apple chips are not one machine (each is its own Mac, its memory its RAM)",
+            hint="plan one Mac at a time (kvadvise compare --gpu takes them as separate cards, comma-separated)",
+        )
     if len({c.unified_memory for c in cards}) > 1:
         # one process runs one kind of machine: Apple's Metal GPUs are not in a PC with NVIDIA or AMD cards
         apple = next(c.name for c in cards if c.unified_memory)
