@@ -128,3 +128,13 @@ def plan_and_run(model: Path, sizes: Sequence[str], extra: Sequence[str], llama_
         args = [x for i, x in enumerate(cmd[1:], 1) if cmd[i - 1] not in ("-m", "--rpc") and x not in ("-m", "--rpc")]
         got = parse(run_server(llama_server, model, args, eps).splitlines())
     return doc, got
+
+
+def stop(p: subprocess.Popen[str] | subprocess.Popen[bytes]) -> None:
+    """Stop a server started by a test: SIGTERM, 30 s to exit, then SIGKILL."""
+    p.terminate()
+    try:
+        p.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()

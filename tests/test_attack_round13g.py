@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from attack_helpers import no_server, run  # noqa: F401  (no_server: an autouse fixture)
+from rpc_devices import stop
 
 
 def _free_port() -> int:
@@ -36,12 +37,7 @@ def _server_log(argv: list[str], log: Path, *, until: str = "listening on", time
                     break
                 time.sleep(0.3)
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop(proc)
 
 
 # --- 1. the router preset: a model of a registry with a port answers to another name --------------------------
@@ -93,12 +89,7 @@ def test_router_preset_section_of_a_registry_host_with_a_port_answers_to_its_nam
             except OSError:
                 time.sleep(0.3)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
     assert ids, (tmp_path / "router.log").read_text(errors="replace")[-3000:]
     assert sorted(ids) == sorted(sections), f"kvadvise wrote {sections}; the real router serves {ids}"
 

@@ -17,6 +17,7 @@ import jsonschema
 import pytest
 import yaml
 from ollama_fake import closed_port_url
+from rpc_devices import stop
 
 from kvadvise.backends.ollama.together_budget import combinations_of, everything
 from kvadvise.cli import main
@@ -285,9 +286,4 @@ def test_the_real_router_reads_the_preset_and_holds_models_max(
             assert json.load(r)["model"] == "gemma-b"
         assert states() == {"gemma-a": "unloaded", "gemma-b": "loaded"}  # --models-max 1: never both
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
