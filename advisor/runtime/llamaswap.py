@@ -42,6 +42,7 @@ class SwapModel:
     args: tuple[str, ...]  # the command line without --port: the binary, then the planned flags
     ttl_s: int  # seconds idle before llama-swap stops it; 0 = never
     comments: tuple[str, ...] = ()  # written as ``#`` lines of the cmd (llama-swap drops them)
+    aliases: tuple[str, ...] = ()  # other names it answers to (the model's ``aliases``: config-schema.json)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +77,9 @@ def config_text(
         args = [*m.args[:1], "--port", PORT_MACRO, *m.args[1:]]
         lines.extend(f"      {line}" for line in _cmd_lines(args, windows=win))
         lines.append(f"    ttl: {int(m.ttl_s)}")
+        if m.aliases:
+            lines.append("    aliases:")
+            lines.extend(f"      - {_string(a)}" for a in m.aliases)
     if groups:
         lines.append("groups:")
         for g in groups:

@@ -12,7 +12,7 @@ flag and is dropped from a preset (unset_reserved_args), so it goes on the comma
 from __future__ import annotations
 
 import shlex
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from kvadvise.planner.memory import RunConfig
@@ -33,6 +33,7 @@ class RoutedModel:
     embedding: bool = False  # --embedding: an embedding model (llama-server serves /v1/embeddings only)
     note: str | None = None  # a comment for the section
     load_on_startup: bool = True  # loaded when the router starts (the models that fit together)
+    aliases: tuple[str, ...] = ()  # other names it answers to (--alias: tools/server/server-models.cpp add_model)
 
 
 def preset_text(models: Sequence[RoutedModel], *, header: str = "") -> str:
@@ -54,8 +55,18 @@ def preset_text(models: Sequence[RoutedModel], *, header: str = "") -> str:
             lines.append(f"device = {m.device}")
         if m.embedding:
             lines.append("embedding = true")
+        if also := alias_names(m.name, m.aliases, (x.name for x in models)):
+            # the preset's --alias, comma-separated (server_models::add_model splits it)
+            lines.append(f"alias = {_value('alias', ','.join(also))}")
         lines.append(f"load-on-startup = {'true' if m.load_on_startup else 'false'}")
     return "\n".join(lines) + "\n"
+
+
+def alias_names(name: str, aliases: Sequence[str], names: Iterable[str]) -> tuple[str, ...]:
+    """The other names a model answers to, as the router and llama-swap read them: each once, none that is a model's
+    own name (server_models::add_model throws "alias '%s' ... conflicts with existing model name")."""
+    taken = {section_name(n) for n in names}
+    return tuple(a for a in dict.fromkeys(section_name(x) for x in aliases) if a not in taken and a)
 
 
 def section_name(name: str) -> str:

@@ -495,7 +495,7 @@ def run_together(
         raise click.UsageError(f"OLLAMA_KV_CACHE_TYPE {kv!r}: Ollama takes one of {', '.join(rules.KV_CACHE_TYPES)}")
     hw = hardware(r)
     with ollama_api.session():
-        models, same = one_each(tuple(resolve(n, host=host) for n in names))
+        models, same, aliases = one_each(tuple(resolve(n, host=host) for n in names))
         loaded, live_note = loaded_now(host, hw, r)
     t = plan_together(
         models,
@@ -508,7 +508,7 @@ def run_together(
         allow_q4=r.allow_q4,
     )
     if same:
-        t = replace(t, notes=(*t.notes, *same))
+        t = replace(t, notes=(*t.notes, *same), aliases=aliases)
     if live_note:
         t = replace(t, notes=(*t.notes, live_note))
     asked = {k: v for k, v in paths.items() if v is not None}

@@ -77,6 +77,9 @@ class Together:
     notes: tuple[str, ...]
     # which combinations fit, for the router preset and llama-swap (together_budget.plan_combinations)
     combinations: Combinations | None = None
+    # the other names a model was asked by (two tags of one blob, planned once: one_each): the router's and
+    # llama-swap's aliases, so that a client asking by either name is served
+    aliases: tuple[tuple[str, str], ...] = ()
 
     @property
     def final(self) -> sched.Residency:
@@ -94,20 +97,25 @@ class Together:
         return dict(self.contexts).get(ref)
 
 
-def one_each(models: Sequence[OllamaModel]) -> tuple[tuple[OllamaModel, ...], tuple[str, ...]]:
+def one_each(
+    models: Sequence[OllamaModel],
+) -> tuple[tuple[OllamaModel, ...], tuple[str, ...], tuple[tuple[str, str], ...]]:
     """One model named twice, or under two names (two tags of one blob, a name and its alias): Ollama serves
-    both from one runner (sched.go: the same model key), so it is planned once; the note says which."""
+    both from one runner (sched.go: the same model key), so it is planned once; the note says which. Also each
+    other name and the model it is (Together.aliases)."""
     out: list[OllamaModel] = []
     notes = []
+    aliases: list[tuple[str, str]] = []
     for m in models:
         twin = next((o for o in out if _same_model(o, m)), None)
         if twin is None:
             out.append(m)
         elif m.ref != twin.ref:
             notes.append(f"{m.ref} is {twin.ref}: one runner serves both, planned once")
+            aliases.append((twin.ref, m.ref))
         else:
             notes.append(f"{m.ref} named twice: planned once")
-    return tuple(out), tuple(notes)
+    return tuple(out), tuple(notes), tuple(aliases)
 
 
 def _same_model(a: OllamaModel, b: OllamaModel) -> bool:
@@ -621,5 +629,6 @@ def routed(t: Together) -> list[RoutedModel]:
         projector = readable_projector(m) if path is not None else None
         if projector is not None:  # llm/llama_server.go passes a vision model's projector blob as --mmproj
             cfg = replace(cfg, mmproj=projector)
-        out.append(RoutedModel(m.ref, path, cfg, device, embedding))
+        also = tuple(other for ref, other in t.aliases if ref == m.ref)
+        out.append(RoutedModel(m.ref, path, cfg, device, embedding, aliases=also))
     return out

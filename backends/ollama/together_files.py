@@ -132,7 +132,7 @@ def llama_swap_text(t: Together) -> str:
     context, slots, cache type, batch, GPU), never unloaded for being idle, in groups that fit."""
     from kvadvise.runtime.llamaserver import server_args
     from kvadvise.runtime.llamaswap import FOREVER_TTL_S, SwapGroup, SwapModel, config_text
-    from kvadvise.runtime.router import section_name
+    from kvadvise.runtime.router import alias_names, section_name
 
     _one_section_each(t, "llama-swap config")
     c = _combinations(t)
@@ -140,7 +140,9 @@ def llama_swap_text(t: Together) -> str:
     # env_lines); llama-swap still unloads a group when a model of another is asked for (exclusive)
     ttl = FOREVER_TTL_S
     models = []
-    for r in routed(t):
+    rs = routed(t)
+    names = [r.name for r in rs]
+    for r in rs:
         args: list[str] = ["llama-server"]
         comments: tuple[str, ...] = ()
         for flag, _var, value in server_args(r.path or f"/path/to/{section_name(r.name)}.gguf", r.config):
@@ -151,7 +153,9 @@ def llama_swap_text(t: Together) -> str:
             args += ["-dev", r.device]
         if r.embedding:
             args.append("--embedding")
-        models.append(SwapModel(section_name(r.name), tuple(args), ttl, comments))
+        models.append(
+            SwapModel(section_name(r.name), tuple(args), ttl, comments, alias_names(r.name, r.aliases, names))
+        )
     groups = [SwapGroup(f"together-{i + 1}", tuple(section_name(x) for x in g)) for i, g in enumerate(c.groups)]
     header = [
         f"llama-swap config written by kvadvise: {', '.join(m.ref for m in t.models)}",
