@@ -138,3 +138,8 @@ def stop(p: subprocess.Popen[str] | subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         p.kill()
         p.wait()
+
+
+def within_bar(predicted_mib: float, measured_mib: float) -> bool:
+    """The project's bar for a compute buffer: 16 MiB or 3 % of what llama.cpp printed."""
+    return abs(predicted_mib - measured_mib) <= max(16.0, 0.03 * measured_mib)

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from rpc_devices import plan_and_run
+from rpc_devices import plan_and_run, within_bar
 from tinymodels import write_tiny_gguf
 
 pytestmark = pytest.mark.llama
@@ -40,10 +40,6 @@ def _last_device_compute(doc: dict, got) -> tuple[float, float]:
     dev = doc["memory"]["devices"][-1]
     measured = sum(b.mib for b in got.buffers if b.buft == dev["name"] and b.kind == "compute")
     return dev["compute_bytes"] / MIB, measured
-
-
-def _within_bar(predicted: float, measured: float) -> bool:
-    return abs(predicted - measured) <= max(16.0, 0.03 * measured)
 
 
 def test_a_device_holding_only_the_last_block_runs_its_ffn_on_the_output_rows(
@@ -70,7 +66,7 @@ def test_a_device_holding_only_the_last_block_runs_its_ffn_on_the_output_rows(
     )
     doc, got = _plan_and_run(model, ["2GiB", "2GiB"], ["-c", "4096", "-ts", "1,1"], real_llama_server, capsys)
     predicted, measured = _last_device_compute(doc, got)
-    assert _within_bar(predicted, measured), (predicted, measured)
+    assert within_bar(predicted, measured), (predicted, measured)
 
 
 @pytest.mark.xfail(
@@ -113,7 +109,7 @@ def test_the_device_with_the_output_layer_is_not_over_predicted_by_a_second_hidd
         model, ["2GiB", "2GiB"], ["-c", "4096", "-ub", "1024", "-ts", "1,1"], real_llama_server, capsys
     )
     predicted, measured = _last_device_compute(doc, got)
-    assert _within_bar(predicted, measured), (predicted, measured)
+    assert within_bar(predicted, measured), (predicted, measured)
 
 
 def test_a_device_holding_only_the_output_layer_computes_one_row(
@@ -143,4 +139,4 @@ def test_a_device_holding_only_the_output_layer_computes_one_row(
     last = doc["memory"]["devices"][-1]
     assert last["n_layers"] == 1  # the output layer only
     predicted, measured = _last_device_compute(doc, got)
-    assert _within_bar(predicted, measured), (predicted, measured)
+    assert within_bar(predicted, measured), (predicted, measured)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from rpc_devices import plan_and_run
+from rpc_devices import plan_and_run, within_bar
 from tinymodels import write_tiny_gguf
 
 pytestmark = pytest.mark.llama
@@ -25,10 +25,6 @@ def _device(doc: dict, got, d: int) -> tuple[dict, float, float]:
     compute = sum(b.mib for b in got.buffers if b.buft == dev["name"] and b.kind == "compute")
     model = sum(b.mib for b in got.buffers if b.buft == dev["name"] and b.kind == "model")
     return dev, compute, model
-
-
-def _within_bar(predicted: float, measured: float) -> bool:
-    return abs(predicted - measured) <= max(16.0, 0.03 * measured)
 
 
 @pytest.mark.xfail(
@@ -61,7 +57,7 @@ def test_qwen35_last_block_alone_runs_its_ffn_on_the_whole_ubatch(
     dev, measured, _ = _device(doc, got, -1)
     assert dev["n_layers"] == 2  # block 5 and the output layer
     predicted = dev["compute_bytes"] / MIB
-    assert _within_bar(predicted, measured), (predicted, measured)
+    assert within_bar(predicted, measured), (predicted, measured)
 
 
 @pytest.mark.parametrize(
@@ -96,7 +92,7 @@ def test_output_layer_alone_of_a_model_that_gathers_after_the_loop(
     dev, measured, _ = _device(doc, got, -1)
     assert dev["n_layers"] == 1  # the output layer only
     predicted = dev["compute_bytes"] / MIB
-    assert _within_bar(predicted, measured), (predicted, measured)
+    assert within_bar(predicted, measured), (predicted, measured)
 
 
 @pytest.mark.parametrize(
@@ -158,4 +154,4 @@ def test_gemma3n_device_compute_over_rpc(
     doc, got = plan_and_run(model, ["2GiB"], ["-c", "2048", "-ub", "1024"], real_llama_server, capsys)
     dev, measured, _ = _device(doc, got, 0)
     predicted = dev["compute_bytes"] / MIB
-    assert _within_bar(predicted, measured), (predicted, measured)
+    assert within_bar(predicted, measured), (predicted, measured)
