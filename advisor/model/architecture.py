@@ -51,6 +51,15 @@ _BLOCK_TENSOR = re.compile(r"blk\.(\d+)\.")
 # src/models/gemma3n.cpp and gemma4.cpp, create_tensor(tn(LLM_TENSOR_PER_LAYER_MODEL_PROJ, "weight", 0), ...), b11312)
 _BLOCK0_TENSORS = frozenset({"per_layer_model_proj.weight", "per_layer_proj_norm.weight"})
 
+
+def _block_index(name: str) -> int | None:
+    """The block a tensor is loaded with (llama_model_loader: its device is that block's), None for the input and
+    output layers' tensors."""
+    if m := _BLOCK_TENSOR.match(name):
+        return int(m[1])
+    return 0 if name in _BLOCK0_TENSORS else None
+
+
 # llama_hparams::n_altup (src/llama-hparams.h, b11312): Gemma 3n's residual streams, not read from the file
 GEMMA3N_ALTUP = 4
 
@@ -652,12 +661,10 @@ def from_gguf(header: GGUFHeader, *, known_only: bool = True) -> ModelSpec:
     layer_bytes = [0] * n_layer_all
     layer_experts = [0] * n_layer_all
     for t in loaded:
-        if (m := _BLOCK_TENSOR.match(t.name)) or t.name in _BLOCK0_TENSORS:
-            il = int(m[1]) if m else 0
-            if il < n_layer_all:
-                layer_bytes[il] += t.n_bytes
-                if _EXPERT_TENSOR.search(t.name):
-                    layer_experts[il] += t.n_bytes
+        if (il := _block_index(t.name)) is not None and il < n_layer_all:
+            layer_bytes[il] += t.n_bytes
+            if _EXPERT_TENSOR.search(t.name):
+                layer_experts[il] += t.n_bytes
     # the input layer's extra tables stay in the CPU's buffer: no CUDA padding (token_embd's pads its tied copy)
     cuda_pad = sum(
         cuda_alloc_bytes(t.ggml_type, t.shape[0], t.n_bytes) - t.n_bytes for t in loaded if t.name not in _INPUT_EXTRA
@@ -665,8 +672,7 @@ def from_gguf(header: GGUFHeader, *, known_only: bool = True) -> ModelSpec:
     layer_pad = [0] * n_layer_all
     layer_largest = [0] * n_layer_all
     for t in loaded:
-        il = int(m[1]) if (m := _BLOCK_TENSOR.match(t.name)) else 0 if t.name in _BLOCK0_TENSORS else n_layer_all
-        if il < n_layer_all:
+        if (il := _block_index(t.name)) is not None and il < n_layer_all:
             alloc = cuda_alloc_bytes(t.ggml_type, t.shape[0], t.n_bytes)
             layer_pad[il] += alloc - t.n_bytes
             layer_largest[il] = max(layer_largest[il], alloc)

@@ -246,11 +246,8 @@ def from_profiles(names: str) -> Hardware:
             raise InputError(f"--gpu {names!r}: an empty card name", hint="e.g. --gpu rtx-4090,rtx-3090")
         count, base = 1, raw
         m = re.match(_MULTI, raw)
-        if m is not None:
-            try:
-                find_profile(raw)  # a profile whose own name ends in xN wins
-            except InputError:
-                base, count = m[1], int(m[2])
+        if m is not None and not _known(raw):  # a profile whose own name ends in xN wins
+            base, count = m[1], int(m[2])
         if not 1 <= count <= 16:
             swapped = re.match(r"(?i)^([0-9]{1,2})\s*[x×]\s*(.+)$", raw)  # 2x3090: the count first
             if not (_known(base) or (swapped and _known(swapped[2]))):

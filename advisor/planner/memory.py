@@ -45,6 +45,7 @@ from kvadvise.planner.repack import AMX_BUFFER, REPACK_BUFFER, plan_repack
 from kvadvise.planner.repack import RULES as REPACK_RULES
 from kvadvise.planner.sizes import (
     GraphSizes,
+    expert_activation_bytes,
     f32_fa_mask,
     graph_sizes,
     ids_bytes,
@@ -915,8 +916,7 @@ def host_experts_device_growth(spec: ModelSpec, lay: ContextLayout) -> int:
         return 0
     s = graph_sizes(spec, lay)
     ub, f32 = lay.n_ubatch, 4
-    ff = f32 * ub * (spec.n_ff_exp or spec.n_ff) * spec.n_expert_used
-    eu = f32 * ub * spec.n_embd * spec.n_expert_used
+    ff, eu = expert_activation_bytes(spec, ub)
     masks = s.mask_cells * ub * (2 if lay.flash_attn else 4)
     peak = masks + 2 * s.embd_bytes + 3 * ff + eu + eu // 2 + 2 * f32 * ub * spec.n_ff_shexp + f32 * ub * spec.n_expert
     return max(0, pad(peak, ALIGNMENT["cuda"]) - device_compute_bytes(spec, lay))
@@ -940,9 +940,8 @@ def host_experts_host_compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
         return base
     lay = replace(lay, n_ubatch=reserve_tokens(lay), n_outputs_max=reserve_outputs(lay))
     s = graph_sizes(spec, lay)
-    ub, f32 = lay.n_ubatch, 4
-    ff = f32 * ub * (spec.n_ff_exp or spec.n_ff) * spec.n_expert_used
-    eu = f32 * ub * spec.n_embd * spec.n_expert_used
+    ub = lay.n_ubatch
+    ff, eu = expert_activation_bytes(spec, ub)
     selected = 4 * ub * spec.n_expert_used  # i32 ids of the chosen experts
     inputs = mask_inputs(s, lay) + v_idxs_bytes(spec, lay) + ids_bytes(lay) + s.ple_bytes
     # Qwen3-Next / Qwen3.5-MoE (their layers' recurrent mixers and gated shared expert): one row of n_embd more
@@ -1203,7 +1202,6 @@ def _offloaded(
     # (one device: over two, the last one held 84.10 where this rule plans 60.75, so a split keeps the full offload's)
     no_ffn = cfg.host_experts and spec.n_expert and not spec.expert_bytes and n_dev == 1
     cspec = replace(spec, n_ff_exp=1) if no_ffn else spec
-    cparts = device_layers(cspec, owner, n_dev, cuda) if no_ffn else parts
     output_layer_weights = output_layer_bytes(spec, cuda)
     devices = []
     for d, part in enumerate(parts):
@@ -1217,9 +1215,9 @@ def _offloaded(
             if not (part.layers or part.last):  # a device given no layer holds no graph
                 compute = 0
             elif pipeline:
-                compute = split_compute(cspec, lay, cparts[d], copies=N_COPIES)
+                compute = split_compute(spec, lay, part, copies=N_COPIES)
             else:
-                compute = unpipelined_split_compute(cspec, lay, cparts[d])
+                compute = unpipelined_split_compute(spec, lay, part)
         if d == 0 and cfg.op_offload_copy_bytes:  # the copy lives in a layer's live set (op_offload_growth)
             compute += op_offload_growth(spec, lay, cfg.op_offload_copy_bytes)
         if d == 0 and cfg.host_experts:

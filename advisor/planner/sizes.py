@@ -158,6 +158,12 @@ def graph_sizes(spec: ModelSpec, lay: ContextLayout) -> GraphSizes:
     return GraphSizes(embd, q, logits, cells, scores, attn, mix, layer, ple, layer_inputs, lead)
 
 
+def expert_activation_bytes(spec: ModelSpec, ub: int) -> tuple[int, int]:
+    """build_moe_ffn's per-ubatch tensors (src/llama-graph.cpp): gate, up or their GLU, [n_ff_exp, n_expert_used,
+    n_ubatch] f32 (F), and the down projection's output, [n_embd, n_expert_used, n_ubatch] f32 (Eu)."""
+    return 4 * ub * (spec.n_ff_exp or spec.n_ff) * spec.n_expert_used, 4 * ub * spec.n_embd * spec.n_expert_used
+
+
 def _moe_phase(spec: ModelSpec, ub: int, embd: int, q: int) -> int:
     """llm_graph_context::build_moe_ffn (src/llama-graph.cpp): gate and up per selected expert and their
     product (F = [n_ff_exp, n_expert_used, n_ubatch] each), then the down projection's [n_embd,
@@ -178,8 +184,7 @@ def _moe_phase(spec: ModelSpec, ub: int, embd: int, q: int) -> int:
     n_ubatch 512 and 2048; benchmarks/bench_moe_shared.py): never below, at most 17 % (72 MiB) over; before, a
     shared expert 4-8 times as wide as the routed ones was planned up to 52 % under."""
     f32 = 4
-    ff = f32 * ub * (spec.n_ff_exp or spec.n_ff) * spec.n_expert_used
-    eu = f32 * ub * spec.n_embd * spec.n_expert_used
+    ff, eu = expert_activation_bytes(spec, ub)
     router = f32 * ub * (2 * spec.n_expert + 8)
     routed = 2 * embd + 3 * ff + max(embd, q) + (eu if eu > 2 * ff else 0)
     sh = f32 * ub * spec.n_ff_shexp

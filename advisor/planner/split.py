@@ -171,17 +171,16 @@ def split_compute(spec: ModelSpec, lay: ContextLayout, part: DeviceLayers, *, co
     ub = lay.n_ubatch
     rows_out = reserve_outputs(lay)
     gathers_in_last_block = spec.architecture not in _GATHER_AFTER_LOOP
-    if part.last and not part.layers and gathers_in_last_block:
-        # the output layer alone: the last block gathered the output rows (ggml_get_rows(cur, inp_out_ids) in every
-        # model's last layer, src/models/llama.cpp), so its one input, the norm and the logits are n_outputs rows
-        # (llama-server b11312 over two rpc-servers: 0.05 MiB printed for a Mamba-2 model's output layer at -ub 1024)
-        row = 4 * rows_out * spec.n_embd
-        return pad(copies * row + 4 * rows_out * spec.n_vocab + 2 * row, ALIGNMENT["cuda"])
     if part.last and not part.layers:
-        # a model that gathers after its layer loop (_GATHER_AFTER_LOOP): the whole hidden state comes in, and the
-        # gather's own copy of it beside (qwen35, gemma4 at -ub 1024: 20.03 MiB printed, 4 + 1 rows of n_embd)
-        embd, row = 4 * ub * spec.n_embd, 4 * rows_out * spec.n_embd
-        return pad(copies * embd + embd + 4 * rows_out * spec.n_vocab + 2 * row, ALIGNMENT["cuda"])
+        # the output layer alone: where the last block gathered the output rows (ggml_get_rows(cur, inp_out_ids) in
+        # its last layer, src/models/llama.cpp) its one input, the norm and the logits are n_outputs rows (llama-server
+        # b11312 over two rpc-servers: 0.05 MiB printed for a Mamba-2 model's output layer at -ub 1024); a model that
+        # gathers after its layer loop (_GATHER_AFTER_LOOP) gets the whole hidden state and keeps the gather's copy
+        # of it beside (qwen35, gemma4 at -ub 1024: 20.03 MiB printed, 4 + 1 rows of n_embd)
+        row = 4 * rows_out * spec.n_embd
+        hidden = row if gathers_in_last_block else 4 * ub * spec.n_embd
+        gather = 0 if gathers_in_last_block else hidden
+        return pad(copies * hidden + gather + 4 * rows_out * spec.n_vocab + 2 * row, ALIGNMENT["cuda"])
     s = graph_sizes(part.spec, lay)
     f32_mask = f32_fa_mask(lay)
     masks = mask_inputs(s, lay)

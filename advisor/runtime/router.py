@@ -55,14 +55,14 @@ def preset_text(models: Sequence[RoutedModel], *, header: str = "") -> str:
             lines.append(f"device = {m.device}")
         if m.embedding:
             lines.append("embedding = true")
-        if also := alias_names(m.name, m.aliases, (x.name for x in models)):
+        if also := alias_names(m.aliases, (x.name for x in models)):
             # the preset's --alias, comma-separated (server_models::add_model splits it)
             lines.append(f"alias = {_value('alias', ','.join(also))}")
         lines.append(f"load-on-startup = {'true' if m.load_on_startup else 'false'}")
     return "\n".join(lines) + "\n"
 
 
-def alias_names(name: str, aliases: Sequence[str], names: Iterable[str]) -> tuple[str, ...]:
+def alias_names(aliases: Sequence[str], names: Iterable[str]) -> tuple[str, ...]:
     """The other names a model answers to, as the router and llama-swap read them: each once, none that is a model's
     own name (server_models::add_model throws "alias '%s' ... conflicts with existing model name")."""
     taken = {section_name(n) for n in names}

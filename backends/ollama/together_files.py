@@ -153,9 +153,7 @@ def llama_swap_text(t: Together) -> str:
             args += ["-dev", r.device]
         if r.embedding:
             args.append("--embedding")
-        models.append(
-            SwapModel(section_name(r.name), tuple(args), ttl, comments, alias_names(r.name, r.aliases, names))
-        )
+        models.append(SwapModel(section_name(r.name), tuple(args), ttl, comments, alias_names(r.aliases, names)))
     groups = [SwapGroup(f"together-{i + 1}", tuple(section_name(x) for x in g)) for i, g in enumerate(c.groups)]
     header = [
         f"llama-swap config written by kvadvise: {', '.join(m.ref for m in t.models)}",
