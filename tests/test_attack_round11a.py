@@ -11,10 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import gguf
-import numpy as np
 import pytest
 from attack_helpers import no_internal_error, no_server, run  # noqa: F401  (no_server: an autouse fixture)
-from tinymodels import write_tiny_gguf
+from tinymodels import rewrite_gguf, write_tiny_gguf
 
 import kvadvise
 
@@ -25,34 +24,8 @@ def _rewrite(
     src: Path, dst: Path, change: dict[str, tuple[gguf.GGUFValueType, Any, gguf.GGUFValueType | None]]
 ) -> Path:
     """``src`` written again to ``dst`` with the metadata keys of ``change`` replaced by ``(type, value, sub_type)``
-    (sub_type: an array's item type). Tensors and every other key as they were (gguf-py's reader and writer)."""
-    r = gguf.GGUFReader(src)
-    arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
-    w = gguf.GGUFWriter(dst, arch, use_temp_file=False)
-    for name, f in r.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        if name in change:
-            vtype, value, sub = change[name]
-            w.add_key_value(name, value, vtype, sub)
-            continue
-        vt = f.types[0]
-        if vt == gguf.GGUFValueType.ARRAY:
-            if f.types[1] == gguf.GGUFValueType.STRING:
-                w.add_array(name, [bytes(f.parts[i]) for i in f.data])
-            else:
-                w.add_array(name, [f.parts[i].tolist()[0] for i in f.data])
-        elif vt == gguf.GGUFValueType.STRING:
-            w.add_string(name, bytes(f.parts[-1]).decode())
-        else:
-            w.add_key_value(name, f.parts[-1].tolist()[0], vt)
-    for t in r.tensors:
-        w.add_tensor(t.name, np.array(t.data))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
+    (sub_type: an array's item type): tinymodels.rewrite_gguf."""
+    return rewrite_gguf(src, dst, change=change)
 
 
 # --- 1. a per-layer expert_used_count (an array llama.cpp reads with get_key_or_arr) is refused ------------------

@@ -1366,7 +1366,7 @@ def rewrite_gguf(
     big_endian: bool = False,
 ) -> Path:
     """``src`` written again to ``dst`` with gguf-py's reader and writer: the keys of ``change`` replaced by
-    ``(GGUFValueType, value)`` (``DROP``: left out), the arrays of ``extra`` added, in big-endian order if asked;
+    ``(GGUFValueType, value)`` or ``(GGUFValueType.ARRAY, values, item type)`` (``DROP``: left out), the arrays of ``extra`` added, in big-endian order if asked;
     every other key and tensor as it was."""
     import gguf
 
@@ -1382,7 +1382,7 @@ def rewrite_gguf(
             new = change[name]
             if new is not DROP:
                 assert isinstance(new, tuple)
-                w.add_key_value(name, new[1], new[0])
+                w.add_key_value(name, new[1], new[0], *new[2:])  # an array's item type third
             continue
         vt = f.types[0]
         if vt == gguf.GGUFValueType.ARRAY:
