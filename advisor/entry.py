@@ -9,11 +9,14 @@ GPU, the llama.cpp build on PATH, this CPU's repack rule.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from kvadvise.errors import InputError
 from kvadvise.request import PlanRequest, check
+
+MIB = 1 << 20
 
 if TYPE_CHECKING:
     from kvadvise.model.projector import ProjectorSpec
@@ -52,6 +55,8 @@ def plan_for(
     shaped = runtime.shape(spec, request)
     check(shaped.request)
     hw = hardware if hardware is not None else hardware_of(shaped.request)
+    if hardware is None and hw is not None:  # (compare checks its cards together: check_margin)
+        check_margin(shaped.request.margin_bytes, hw.gpus)
     if hardware is not None and shaped.request.ram_bandwidth_gbs is not None:
         hw = replace(hardware, ram_bandwidth_bytes_per_s=int(shaped.request.ram_bandwidth_gbs * 1e9))
     probed = hardware is None and _probes(shaped.request)
@@ -172,6 +177,20 @@ def without_gpu(r: PlanRequest, hw: Hardware | None) -> tuple[Hardware | None, s
     )
 
 
+def check_margin(margin_bytes: int, gpus: Sequence[Gpu]) -> None:
+    """A margin the size of the largest card leaves no plan to make: a mistyped unit, refused, not a question of fit
+    (where the cards' memory is known; the default margin on a 1 GiB card is a plan that does not fit: exit 3)."""
+    from kvadvise.planner.budget import DEFAULT_MARGIN_BYTES
+
+    biggest = max((g.total_bytes for g in gpus), default=0)
+    if biggest and margin_bytes >= biggest and margin_bytes != DEFAULT_MARGIN_BYTES:
+        raise InputError(
+            f"--margin {margin_bytes / MIB:,.0f} MiB is the whole card ({biggest / MIB:,.0f} MiB): nothing is left "
+            "for the model",
+            hint="--margin is what stays free on each GPU, e.g. --margin 1GiB (llama.cpp's -fitt default)",
+        )
+
+
 def check_machine(r: PlanRequest, hw: Hardware | None, *, runtime: str = "llama-server") -> None:
     """A machine that cannot exist is refused: ``--device metal`` on an NVIDIA card, ``--device cuda`` on an
     Apple chip or an AMD or Intel card (Metal runs only on Apple Silicon, CUDA only on NVIDIA cards), ``--device
@@ -280,6 +299,7 @@ def policy_of(
         repeatable=r.repeatable,
         allow_cpu=r.allow_cpu,
         same_type_kv=runtime.same_type_kv,
+        fit_as_run=getattr(runtime, "states_split", True),  # optional: kvadvise.runtime.seam.LlamaCppRuntime
         use=r.use,
         allow_q4=r.allow_q4 or (fixed is not None and needs_opt_in(fixed)),
         weights_uncertain=weights_uncertain,

@@ -99,11 +99,14 @@ def test_compare_does_not_show_spare_headroom_for_a_pair_that_does_not_fit(
     it takes" (docs/commands.md); a positive figure beside NO tells a buyer there is memory to spare on a pair
     that does not fit: on two cards the total hides the card that is short. Expected: a negative headroom (the
     short card's) whenever FITS is NO."""
-    rc, out, err = run(capsys, "compare", "gemma3:12b", "--gpu", "rtx-4060x2", "-np", "4", "--json")
+    # (since the fill is redone on the pipelined plan where llama.cpp's fill leaves a card short, fitsplit.fit_split,
+    # gemma3:12b fits this pair at -np 4 with -ts 29,20: every pair of the built-in grid that does not fit is checked)
+    rc, out, err = run(capsys, "compare", "--gpu", "rtx-4060x2", "-np", "4", "--json")
     assert rc == 0, err
-    e = json.loads(out)["entries"][0]
-    assert not e["fits"], e
-    assert e["headroom_bytes"] < 0, (
-        f"fits false with headroom {e['headroom_bytes'] / GIB:+.2f} GiB "
-        f"({e['device_bytes']:,} of {e['budget_bytes']:,})"
-    )
+    short = [e for e in json.loads(out)["entries"] if not e["fits"]]
+    assert len(short) > 5, short
+    for e in short:
+        assert e["headroom_bytes"] < 0, (
+            f"{e['model']}: fits false with headroom {e['headroom_bytes'] / GIB:+.2f} GiB "
+            f"({e['device_bytes']:,} of {e['budget_bytes']:,})"
+        )

@@ -7,7 +7,7 @@ for a partial plan, so tests/rpc_devices.plan_and_run's assert does not apply: _
 it) over the same rpc-servers, and compares ``offload.devices_bytes`` (each device's predicted total) with what
 llama-server prints for that device (model + KV + compute, kvadvise.runtime.llamalog.parse). The bar: 16 MiB or 3 %.
 
-The rule these miss (vendored llama.cpp, /tmp/lcpp/llama_cpp_python-0.3.36/vendor/llama.cpp): src/models/llama.cpp
+The rule these missed (vendored llama.cpp, /tmp/lcpp/llama_cpp_python-0.3.36/vendor/llama.cpp): src/models/llama.cpp
 ``if (il == n_layer - 1 && inp_out_ids) { cur = ggml_get_rows(ctx0, cur, inp_out_ids); ... }`` -- the last block
 selects the output rows before its FFN, and llama-server reserves n_outputs = one row per slot
 (src/llama-context.cpp llama_context::graph_reserve). A device that does not op-offload (ggml-rpc) runs the
@@ -17,6 +17,11 @@ ubatch. kvadvise's partial_offload (advisor/planner/offload.py) keeps every devi
 (``layers.fixed`` from the full-offload estimate) for any -ngl except -ngl 1 on one device (``split_compute``'s
 ``output_only``), so a device holding the last block alone, or the output layer alone on a second device, is
 planned with a whole block's FFN activations.
+
+Fixed: partial_offload's tail_cut sizes such a device as a split's device without pipeline parallelism
+(memory.unpipelined_split_compute), where the last block alone is now split.unpipelined_last_block_compute:
+the masks and the attention less the hidden state copied in, or the output rows' FFN (48.30 MiB printed, 48.36
+planned at -ub 2048).
 """
 
 from __future__ import annotations
@@ -66,10 +71,6 @@ def _partial(model: Path, sizes: list[str], extra: list[str], llama_server: Path
     return doc, real
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="held: over, the safe side: a partial plan (offload.partial_offload) keeps each device's full-offload compute buffer, where a device left with only the last block or only the output layer runs the output rows alone (split.split_compute has the rule for full offload; not yet for partial plans)",
-)
 def test_ngl_2_the_last_block_alone_on_the_device_runs_its_ffn_on_one_row(
     tmp_path: Path, real_llama_server: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -94,10 +95,6 @@ def test_ngl_2_the_last_block_alone_on_the_device_runs_its_ffn_on_one_row(
     assert within_bar(predicted, real[0]), (predicted, real)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="held: over, the safe side: a partial plan (offload.partial_offload) keeps each device's full-offload compute buffer, where a device left with only the last block or only the output layer runs the output rows alone (split.split_compute has the rule for full offload; not yet for partial plans)",
-)
 def test_the_over_prediction_keeps_a_block_on_the_cpu_that_fits_the_device(
     tmp_path: Path, real_llama_server: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -117,10 +114,6 @@ def test_the_over_prediction_keeps_a_block_on_the_cpu_that_fits_the_device(
     assert doc["offload"]["n_gpu_layers"] >= 2, (doc["offload"]["n_gpu_layers"], real)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="held: over, the safe side: a partial plan (offload.partial_offload) keeps each device's full-offload compute buffer, where a device left with only the last block or only the output layer runs the output rows alone (split.split_compute has the rule for full offload; not yet for partial plans)",
-)
 def test_two_devices_partial_the_output_layer_alone_on_the_second(
     tmp_path: Path, real_llama_server: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

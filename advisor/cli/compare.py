@@ -391,6 +391,9 @@ def compare(
         raise click.UsageError("give --use or --target-ctx, not both")
     target = target_ctx or (load_use_cases()[use] if use else 0)
     card_list = cards(gpu, vram_bytes, bandwidth_gbs)
+    from kvadvise.entry import check_margin
+
+    check_margin(margin_bytes, [g for c in card_list for g in c.hardware.gpus])  # the largest card decides
     specs = resolve_models(models)
     build = resolved_build()
     entries = [

@@ -19,7 +19,7 @@ from kvadvise.planner.budget import Budget
 from kvadvise.planner.memory import MemoryEstimate, RunConfig, estimate
 
 
-def fit_split(spec: ModelSpec, cfg: RunConfig, budget: Budget) -> tuple[float, ...] | None:
+def fit_split(spec: ModelSpec, cfg: RunConfig, budget: Budget, *, as_run: bool = True) -> tuple[float, ...] | None:
     """Layers per device (the output layer counted with the last device's, as llama.cpp counts ``n_layer + 1``)
     such that every device stays within its own budget at ``cfg``, filled back to front as llama.cpp's fit
     fills them; None when there is one device, or when the devices cannot hold every layer.
@@ -27,14 +27,31 @@ def fit_split(spec: ModelSpec, cfg: RunConfig, budget: Budget) -> tuple[float, .
     Each trial is a partial offload (common/fit.cpp set_ngl_tensor_split_tbo: the devices before the one filled
     hold nothing yet), which llama_context never pipelines, so the trials and the check are planned without
     pipeline parallelism, as llama.cpp measures them: the split it picks. The full offload then runs pipelined,
-    a little above (the split inputs' copies): whether that fits is the caller's test, on the pipelined plan."""
+    a little above (the split inputs' copies): where that leaves a device over its budget, the fill is redone on the
+    pipelined plan, which kvadvise writes as -ts (``as_run`` False: a runtime that runs llama.cpp's --fit itself,
+    Ollama >= 0.30, whose fill stands); whether the split returned fits is the caller's test."""
     budgets = budget.device_budgets
     n_dev = len(budgets)
     if n_dev < 2 or len(cfg.tensor_split) != n_dev:
         return None
+    measured = replace(cfg, pipeline=False)  # every trial a partial offload, as llama.cpp's fit measures it (above)
+    split = _fill(spec, measured, budgets)
+    if budget.fits(estimate(spec, replace(cfg, tensor_split=split))):
+        return split
+    # kvadvise writes the split as -ts, and the full offload runs pipelined: where llama.cpp's fill leaves a device
+    # over its budget once the split's inputs are copied (a device left with the last block alone: its trial runs
+    # the output rows alone), the fill is redone on the plan as it runs
+    run_split = _fill(spec, cfg, budgets) if as_run else split
+    if as_run and budget.fits(estimate(spec, replace(cfg, tensor_split=run_split))):
+        return run_split
+    return split if budget.fits(estimate(spec, replace(measured, tensor_split=split))) else None
+
+
+def _fill(spec: ModelSpec, cfg: RunConfig, budgets: tuple[int, ...]) -> tuple[float, ...]:
+    """The layers per device, each device from the last taking the most its budget holds at ``cfg``."""
+    n_dev = len(budgets)
     n_all = spec.n_layer_all + 1
     counts = [0] * n_dev
-    cfg = replace(cfg, pipeline=False)  # every trial a partial offload, as llama.cpp's fit measures it (above)
 
     def within(d: int, k: int) -> bool:
         """Device ``d`` within its budget holding ``k`` layers, the ones not placed yet on device 0."""
@@ -58,9 +75,7 @@ def fit_split(spec: ModelSpec, cfg: RunConfig, budget: Budget) -> tuple[float, .
                     hi = mid
         counts[d] = lo
     counts[0] = n_all - sum(counts)
-    split = tuple(float(c) for c in counts)
-    est = estimate(spec, replace(cfg, tensor_split=split))
-    return split if budget.fits(est) else None
+    return tuple(float(c) for c in counts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,9 +88,9 @@ class Refit:
     estimate: MemoryEstimate
 
 
-def refit(spec: ModelSpec, cfg: RunConfig, budget: Budget) -> Refit | None:
+def refit(spec: ModelSpec, cfg: RunConfig, budget: Budget, *, as_run: bool = True) -> Refit | None:
     """``cfg`` with :func:`fit_split`'s split and its estimate; None where there is no such split."""
-    split = fit_split(spec, cfg, budget)
+    split = fit_split(spec, cfg, budget, as_run=as_run)
     if split is None:
         return None
     moved = replace(cfg, tensor_split=split)

@@ -64,6 +64,7 @@ from kvadvise.planner.split import (
     output_pad_bytes,
     split_compute,
     split_host_compute,
+    unpipelined_last_block_compute,
 )
 
 if TYPE_CHECKING:  # the projector's modules load only with --mmproj
@@ -1154,6 +1155,8 @@ def unpipelined_split_compute(spec: ModelSpec, lay: ContextLayout, part: DeviceL
     there (Granite-4.0-H's last device at 32k; Qwen3.5-9B's middle device holds 18 MiB above one device's)."""
     if not (part.layers or part.last):  # a device given no layer holds no graph
         return 0
+    if (tail := unpipelined_last_block_compute(spec, lay, part)) is not None:
+        return tail
     if any(spec.recurrent_layers) or not part.layers or part.layers == (spec.n_layer - 1,):
         # (the output layer alone, or the last block alone: split_compute sizes them at the output rows they run)
         return split_compute(spec, lay, part, copies=1)

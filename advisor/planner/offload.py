@@ -63,10 +63,17 @@ from kvadvise.planner.memory import (
     output_layer_compute_bytes,
     output_op_offload_bytes,
     resolve,
+    unpipelined_split_compute,
 )
 from kvadvise.planner.policy import KV, Policy, allowed_kvs, config_at, kv_name
 from kvadvise.planner.speed import ctx_label, tps_label
-from kvadvise.planner.split import layer_devices, output_host_bytes, output_layer_bytes, output_weights_bytes
+from kvadvise.planner.split import (
+    device_layers,
+    layer_devices,
+    output_host_bytes,
+    output_layer_bytes,
+    output_weights_bytes,
+)
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -289,6 +296,14 @@ def _on_devices(
     return out
 
 
+def _partial_owner(n_all: int, n_dev: int, ts: tuple[float, ...], n_cpu: int, output_on_host: bool) -> tuple[int, ...]:
+    """The device of each block and of the output layer (the last entry) with the first ``n_cpu`` blocks on the CPU
+    (-1), as :func:`_on_devices` splits them (``output_on_host``: the output layer on the CPU too)."""
+    act = n_all - n_cpu if output_on_host else n_all + 1 - n_cpu
+    owner = layer_devices(act - 1, ts) if n_dev > 1 else (0,) * act
+    return (-1,) * n_cpu + tuple(owner[: n_all - n_cpu]) + ((-1,) if output_on_host else (owner[-1],))
+
+
 def partial_offload(
     spec: ModelSpec,
     base: RunConfig,
@@ -365,9 +380,31 @@ def partial_offload(
             grown = max(base_compute + grown, output_op_offload_bytes(spec, lay)) - base_compute
         return grown
 
+    # each device's own compute at full offload, where the budget checks each device (else one summed figure)
+    full_compute = [d.compute_bytes for d in full.devices] if len(layers.fixed) == len(full.devices) else []
+
+    def tail_cut(n_cpu: int, output_on_host: bool) -> list[int]:
+        """What each device's compute buffer loses where it is left with only the last block and/or the output
+        layer, running the output rows alone (a device that does not op-offload: the CPU's blocks run in CPU splits,
+        ggml-backend.cpp ggml_backend_sched_backend_id_from_cur; the last block gathers the output rows before its
+        FFN, src/models/llama.cpp ``il == n_layer - 1 && inp_out_ids``): split.split_compute's rule, as a split's
+        device is sized (memory.unpipelined_split_compute). llama-server b11312 over an rpc-server, 8 llama blocks
+        of n_ff 4096 at -ub 2048, -ngl 2: 48.30 MiB of compute printed, 136 planned before."""
+        cut = [0] * len(layers.fixed)
+        if offloads or not full_compute or (one_device and n_cpu >= n_layer):  # -ngl 1 alone: output_only's
+            return cut
+        owner = _partial_owner(spec.n_layer_all, len(layers.fixed), cfg.tensor_split, n_cpu, output_on_host)
+        parts = device_layers(spec, owner, len(layers.fixed), lay.device == "cuda")
+        for d, part in enumerate(parts):
+            if (part.layers or part.last) and set(part.layers) <= {n_layer - 1}:
+                cut[d] = min(0, unpipelined_split_compute(spec, lay, part) - full_compute[d])
+        return cut
+
     def fits(n_cpu: int, n_cpu_moe: int) -> list[int] | None:
         grown = copy_growth(n_cpu, n_cpu_moe) + split_compute(n_cpu, n_cpu_moe)
-        each = _on_devices(layers, cfg.tensor_split, n_cpu, n_cpu_moe, grown, output_on_host=output_last and n_cpu > 0)
+        out_host = output_last and n_cpu > 0
+        each = _on_devices(layers, cfg.tensor_split, n_cpu, n_cpu_moe, grown, output_on_host=out_host)
+        each = [t + c for t, c in zip(each, tail_cut(n_cpu, out_host), strict=True)]
         return each if all(d <= b for d, b in zip(each, budgets, strict=True)) else None
 
     found: tuple[int, int, list[int]] | None = None

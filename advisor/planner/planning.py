@@ -277,7 +277,7 @@ def make_plan(
     est = estimate(spec, cfg)
     fits = budget.fits(est) if budget is not None else None
     if budget is not None and not fits and policy.fit_split:  # the --ctx as given, layers moved as --fit moves them
-        moved = refit(spec, cfg, budget)
+        moved = refit(spec, cfg, budget, as_run=policy.fit_as_run)
         if moved is not None:
             notes = (*notes, refit_reason(cfg.tensor_split, moved.cfg.tensor_split))
             cfg, est = moved.cfg, moved.estimate

@@ -108,6 +108,10 @@ class Policy:
     # several devices and no -ts: when the split by free memory leaves a device short of its budget, llama.cpp's
     # --fit moves layers between them (kvadvise.planner.fitsplit), and so does the plan
     fit_split: bool = False
+    # the command states the split planned (-ts): where llama.cpp's fill leaves a device over its budget once the full
+    # offload runs pipelined, the fill is redone as it runs (kvadvise.planner.fitsplit); False: the runtime runs
+    # llama.cpp's --fit itself (Ollama >= 0.30), whose fill stands
+    fit_as_run: bool = True
     # what `kvadvise verify quality` measured on this model: a cache type measured worse than
     # kvadvise.planner.quality's threshold is not chosen by default (a -ctk/-ctv naming it still is)
     quality: MeasuredQuality | None = None

@@ -58,7 +58,9 @@ def c_cap(base: RunConfig) -> int:
     return max(CTX_PAD, INT32_MAX // max(1, base.n_parallel) // CTX_PAD * CTX_PAD)
 
 
-def max_context(spec: ModelSpec, base: RunConfig, kv: KV, fa: bool, budget: Budget, *, refit: bool = False) -> int:
+def max_context(
+    spec: ModelSpec, base: RunConfig, kv: KV, fa: bool, budget: Budget, *, refit: bool = False, as_run: bool = True
+) -> int:
     """The largest context per sequence (a multiple of 256, at most n_ctx_train) that fits the budget.
 
     Memory grows monotonically with the context, so a search over multiples of 256 that keeps
@@ -73,7 +75,7 @@ def max_context(spec: ModelSpec, base: RunConfig, kv: KV, fa: bool, budget: Budg
         cfg = config_at(base, units * CTX_PAD, kv, fa, budget.device)
         s = budget.slack_bytes(estimate(spec, cfg))
         if s < 0 and refit:  # ``refit``: the layers moved between the devices as llama.cpp's --fit moves them
-            moved = refitted(spec, cfg, budget)
+            moved = refitted(spec, cfg, budget, as_run=as_run)
             if moved is not None:
                 return budget.slack_bytes(moved.estimate)
         return s
@@ -130,7 +132,7 @@ def recommend(spec: ModelSpec, base: RunConfig, budget: Budget, policy: Policy) 
         reasons.append(f"target {want:,} is past {past}; capped at {n_ctx_train:,}")
     options: list[Option] = []
     for kv, fa, allowed in choices(spec, base, policy):
-        n_max = max_context(spec, base, kv, fa, budget, refit=policy.fit_split)
+        n_max = max_context(spec, base, kv, fa, budget, refit=policy.fit_split, as_run=policy.fit_as_run)
         at_max = (
             estimate(spec, _refit(spec, config_at(base, n_max, kv, fa, budget.device), budget, policy)).device_bytes
             if n_max
@@ -210,7 +212,7 @@ def _refit(spec: ModelSpec, cfg: RunConfig, budget: Budget, policy: Policy) -> R
     (``policy.fit_split``: several devices, no -ts; kvadvise.planner.fitsplit)."""
     if not policy.fit_split or budget.fits(estimate(spec, cfg)):
         return cfg
-    moved = refitted(spec, cfg, budget)
+    moved = refitted(spec, cfg, budget, as_run=policy.fit_as_run)
     return cfg if moved is None else moved.cfg
 
 

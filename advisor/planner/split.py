@@ -220,6 +220,33 @@ def split_compute(spec: ModelSpec, lay: ContextLayout, part: DeviceLayers, *, co
     return pad(copies * inputs + max(layer, out), ALIGNMENT["cuda"])
 
 
+def unpipelined_last_block_compute(spec: ModelSpec, lay: ContextLayout, part: DeviceLayers) -> int | None:
+    """The compute buffer of a device that holds only the last block (and maybe the output layer) without pipeline
+    parallelism, where that block gathers the output rows before its feed-forward (None: another case).
+
+    With one copy the split's inputs are ordinary nodes (ggml_backend_sched_split_graph flags them input only
+    ``if (sched->n_copies > 1)``): the hidden state copied in is the block's input, freed in the attention's live
+    set as a single device frees its own, so the peak is the masks and the attention less one row of n_embd, or the
+    feed-forward of the output rows. llama-server b11312 over an rpc-server (8 llama blocks, n_embd 1024, n_ff
+    4096, -ngl 2 and the same block alone beside the output layer on a second device): 48.30, 24.29, 12.28 MiB at
+    -ub 2048, 1024, 512 and 4k cells, 24.28 at 16k, 50.01 without flash attention (split_compute with one copy:
+    72.06, 36.03, 18.02, 30.02, 54.02)."""
+    last = spec.n_layer - 1
+    rows_out = reserve_outputs(lay)
+    if (
+        part.layers != (last,) or rows_out >= lay.n_ubatch or spec.architecture in _GATHER_AFTER_LOOP
+        or any(spec.recurrent_layers) or not spec.kv_layers[last]
+    ):  # fmt: skip
+        return None
+    s = graph_sizes(part.spec, lay)
+    mix = graph_sizes(part.spec, replace(lay, n_ubatch=rows_out)).mix_bytes
+    ub = lay.n_ubatch
+    ids = 2 * k_idxs_bytes(part.spec, lay) + 16 * ub + (4 * rows_out if part.last else 0)
+    layer = max(s.attn_bytes - s.embd_bytes, mix) + (s.mask_cells * ub * 2 if f32_fa_mask(lay) else 0)
+    out = s.logits_bytes + 2 * 4 * rows_out * spec.n_embd if part.last else 0
+    return pad(mask_inputs(s, lay) + ids + max(layer, out), ALIGNMENT["cuda"])
+
+
 # the models whose graph gathers the output rows after the layer loop, not inside the last block (their last block runs
 # its FFN on the whole ubatch, and the output layer's device receives the whole hidden state): src/models/*.cpp at
 # b11312 gather inside the last block only with cparams.embeddings_nextn_masked (qwen35.cpp, qwen35moe.cpp, qwen3next.cpp,

@@ -112,6 +112,9 @@ class LlamaCppRuntime:
     name = "llama-server"
     program = "llama-server"
     same_type_kv = False
+    # optional (read with a default of True): its command states the layer split planned (-ts); Ollama's --fit
+    # fills its own
+    states_split = True
     refused: tuple[str, ...] = ()
     refused_why = ""
     refused_hint = ""

@@ -93,6 +93,7 @@ class OllamaRuntime:
 
     name = "ollama"
     same_type_kv = True
+    states_split = False  # llama-server's --fit splits the layers itself (llm/llama_server.go passes no -ts)
     refused = LLAMACPP_ONLY
     refused_why = "Ollama does not pass it to llama-server"
     refused_hint = "use `kvadvise llamacpp` for a llama-server plan; Ollama's num_batch is --batch"
