@@ -23,11 +23,11 @@ from kvadvise.backends.ollama.rules import (
     DEFAULT_FIT_TARGET_MIB,
     GIB,
     MIB,
-    SINGLE_SLOT_ARCHS,
     OllamaSettings,
     capped_num_ctx,
     default_num_ctx,
     num_ctx_per_slot,
+    single_slot_archs,
 )
 from kvadvise.backends.ollama.versions import DEFAULT_NUM_CTX_BY_VRAM_FROM, OLD_DEFAULT_NUM_CTX
 from kvadvise.errors import BackendUnreachable
@@ -227,7 +227,8 @@ def advise(
         )
     elif runnable and off is not None:
         warnings.append("part runs on the CPU: leave num_gpu unset (--fit places it; `ollama ps` shows the split)")
-    if cfg.n_parallel > 1 and model.spec.architecture in SINGLE_SLOT_ARCHS:
+    single = single_slot_archs(release.v if release is not None else None)
+    if cfg.n_parallel > 1 and model.spec.architecture in single:
         warnings.append(f"Ollama forces num_parallel = 1 for {model.spec.architecture}")
     if repeatable:
         warnings.append(

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kvadvise.backends.ollama import engine_layout, envconfig, estimate_legacy, layout
+from kvadvise.backends.ollama import engine_layout, envconfig, estimate_legacy, layout, rules
 from kvadvise.backends.ollama.versions import (
     NUM_BATCH_DEFAULT,
     Placement,
@@ -161,6 +161,7 @@ def decide(model: OllamaModel, plan: Plan, release: OllamaRelease, settings: Oll
             flash_attention=settings.flash_attention,
             version=release.version,
             gpu_overhead_bytes=envconfig.gpu_overhead_bytes(),
+            sched_spread=rules.sched_spread(),  # assignLayers reads it too (v0.20.0:llm/server.go)
         )
     except KvadviseError:  # LegacyVersionNotModelled (a vision model, ...) or an unreadable header: not claimed
         return None
@@ -212,6 +213,7 @@ def _decide_layout(
         flash_attention="on" if fa else "off",
         kv_cache_type="" if settings.kv_cache_type == "f16" else settings.kv_cache_type,
         gpu_overhead_bytes=envconfig.gpu_overhead_bytes(),
+        sched_spread=rules.sched_spread(),
     )
     return _layout_decision(release.version, plan, lay, allocation_modelled=release.claims_allocation)
 
@@ -263,6 +265,7 @@ def _decide_engine(
         flash_attention=fa,
         kv_cache_type=kv_cache_type,
         gpu_overhead_bytes=envconfig.gpu_overhead_bytes(),
+        sched_spread=rules.sched_spread(),
     )
     # the plan's figures are llama.cpp's library, not the Go engine's
     return _layout_decision(release.version, plan, lay, allocation_modelled=False)

@@ -26,22 +26,30 @@ KV_CACHE_TYPES = ("f16", "q8_0", "q4_0")  # what Ollama documents (docs/faq); on
 GIB = 1 << 30
 MIB = 1 << 20
 DEFAULT_FIT_TARGET_MIB = 1024  # llama.cpp common/arg.cpp: -fitt default
-# server/sched.go: numParallel forced to 1 for these architectures (memory-spec §6.a)
-SINGLE_SLOT_ARCHS = frozenset(
-    {
-        "mllama",
-        "qwen3vl",
-        "qwen3vlmoe",
-        "qwen35",
-        "qwen35moe",
-        "qwen3next",
-        "lfm2",
-        "lfm2moe",
-        "nemotron_h",
-        "nemotron_h_moe",
-        "nemotron_h_omni",
-    }
+# server/sched.go load: numParallel forced to 1 for these architectures (memory-spec §6.a), by release: each tag's
+# list (v0.11.0: ``slices.Contains(req.model.Config.ModelFamilies, "mllama")``; the []string list from v0.12.7)
+_VL = ("mllama", "qwen3vl", "qwen3vlmoe")
+_HYBRID = ("qwen3next", "lfm2", "lfm2moe")
+_HYBRID2 = (*_HYBRID, "qwen35", "qwen35moe", "nemotron_h", "nemotron_h_moe")
+SINGLE_SLOT_BY_RELEASE: tuple[tuple[tuple[int, int, int], frozenset[str]], ...] = (
+    ((0, 11, 0), frozenset({"mllama"})),
+    ((0, 12, 7), frozenset(_VL)),
+    ((0, 15, 5), frozenset((*_VL, *_HYBRID))),
+    ((0, 17, 1), frozenset((*_VL, *_HYBRID2))),
+    ((0, 22, 0), frozenset((*_VL, *_HYBRID2, "nemotron_h_omni"))),
 )
+SINGLE_SLOT_ARCHS = SINGLE_SLOT_BY_RELEASE[-1][1]  # the newest release's
+
+
+def single_slot_archs(v: tuple[int, int, int] | None) -> frozenset[str]:
+    """The architectures Ollama ``v`` (None: the newest) runs with one slot."""
+    if v is None:
+        return SINGLE_SLOT_ARCHS
+    out: frozenset[str] = frozenset()
+    for since, names in SINGLE_SLOT_BY_RELEASE:
+        if v >= since:
+            out = names
+    return out
 
 
 # server/sched.go selectLlamaServerPlacement (Ollama >= 0.30, memory-spec §6): with several GPUs and no

@@ -269,6 +269,19 @@ class OllamaRuntime:
 
         best = rules.single_gpu(hw.gpus)
         alone = replan(one_gpu(hw, best))
+        rel = self._release
+        if rel is not None and rel.in_process:
+            # the runners inside Ollama's binary (before 0.30) lay the layers out themselves: "pack things into as few
+            # GPUs as possible" (v0.20.0:llm/server.go assignLayers), one GPU whenever the model fits there, with no
+            # 80 % share (selectLlamaServerPlacement is 0.30's)
+            if alone.fits:
+                note = (
+                    f"Ollama {rel.version} runs it on one GPU ({best.name}): its layout packs the layers into as few "
+                    "GPUs as possible; OLLAMA_SCHED_SPREAD=1 on the server would spread it over all of them"
+                )
+                return replace(alone, notes=(*alone.notes, note))
+            note = f"Ollama {rel.version} spreads it over the {len(hw.gpus)} GPUs: it does not fit on one"
+            return replace(plan, notes=(*plan.notes, note))
         if alone.fits and alone.estimate.device_bytes <= rules.SINGLE_GPU_SHARE * best.free_bytes:
             note = (
                 f"Ollama runs it on one GPU ({best.name}, --split-mode none): it fits in 80 % of that GPU's free "
@@ -361,6 +374,12 @@ def release_build(rel: OllamaRelease) -> BuildChoice:
     p, named = rel.pin, f"Ollama {rel.version}"
     if rel.runner == "not modelled":
         return BuildChoice(None, f"{named} is not modelled: its llama.cpp is not known here")
+    if p is None and rel.rules_pin is not None:
+        r = rel.rules_pin
+        why = (
+            f"{named} is a pre-release, whose llama.cpp is not known here: planned as the release before it ({r.label})"
+        )
+        return BuildChoice(r.rules_build or r.build, why, label=r.commit[:9])
     if p is None:
         return OLLAMA_BUILD
     if p.since >= (0, 30, 0):

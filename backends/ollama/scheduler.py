@@ -42,6 +42,8 @@ from kvadvise.model.architecture import ENCODER_ARCHS
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
+    from kvadvise.model.spec import ModelSpec
+
 DEFAULT_MODELS_PER_GPU = 3  # sched.go defaultModelsPerGPU
 PLACEMENT_SHARE = (80, 100)  # sched.go: a prediction must be at most 80 % of the free memory
 DEFAULT_KEEP_ALIVE_S = 300.0  # envconfig.KeepAlive: 5 minutes
@@ -54,6 +56,13 @@ BATCH_HEADROOM = {BATCH_LARGE: (60, 100), BATCH_MEDIUM: (75, 100)}
 # llm/llama_server.go) with one slot and no batch surcharge; llama.cpp's encoder architectures are what
 # embedding models use (nomic-embed-text is nomic-bert, bge-m3 and mxbai-embed-large are bert)
 EMBEDDING_ARCHS = ENCODER_ARCHS
+
+
+def is_embedding(spec: ModelSpec) -> bool:
+    """An embedding model as Ollama sees it: its GGUF has {arch}.pooling_type (server/images.go Capabilities: ``if
+    f.KeyValue("pooling_type").Valid() { CapabilityEmbedding }``), a decoder's too (Qwen3-Embedding); a built-in
+    profile, which has no GGUF keys, by its encoder architecture."""
+    return spec.pooling or spec.architecture in EMBEDDING_ARCHS
 
 
 @dataclass(frozen=True, slots=True)

@@ -245,7 +245,7 @@ def request(m: OllamaModel, s: Settings, device: str, context_length: int, own_c
     from kvadvise.planner.memory import estimate
 
     spec = m.spec
-    embedding = spec.architecture in sched.EMBEDDING_ARCHS
+    embedding = sched.is_embedding(spec)
     num_ctx = rules.run_num_ctx(own_ctx or m.default_num_ctx or context_length, vision=rules.is_vision(m))
     if spec.n_ctx_train and num_ctx > spec.n_ctx_train:
         num_ctx = spec.n_ctx_train  # effectiveContext: the runner holds at most the training context
@@ -370,7 +370,7 @@ def stays(res: sched.Residency, models: Sequence[OllamaModel]) -> bool:
     """Every model stays loaded, on the GPU: an embedding model beside the first may have part of its few
     layers on the CPU (llama.cpp's --fit keeps them there: it reads little per request, the chat models keep
     the GPU)."""
-    helpers = [m.ref for m in models[1:] if m.spec.architecture in sched.EMBEDDING_ARCHS]
+    helpers = [m.ref for m in models[1:] if sched.is_embedding(m.spec)]
     return res.together([m.ref for m in models], may_spill=helpers)
 
 
@@ -400,7 +400,7 @@ def helper_contexts(m: OllamaModel) -> tuple[int, ...]:
     """What a helper's job needs, largest first: an embedding model its batch, a chat model 8k else 4k (a
     model that sets its own num_ctx keeps it when that is smaller); at most its training context."""
     cap = m.spec.n_ctx_train or (1 << 20)
-    if m.spec.architecture in sched.EMBEDDING_ARCHS:
+    if sched.is_embedding(m.spec):
         return (min(m.default_num_ctx or EMBEDDING_CTX, EMBEDDING_CTX, cap),)
     own = m.default_num_ctx
     picks = [min(c, cap) for c in HELPER_CTXS if own is None or c <= own] or [min(own or HELPER_CTXS[-1], cap)]
@@ -459,7 +459,7 @@ def _search(
         return None
     _, st, ctxs, res = best
     for h in helpers:  # room left once the first model has its context: the chat helpers get more
-        if h.spec.architecture in sched.EMBEDDING_ARCHS:
+        if sched.is_embedding(h.spec):
             continue
         cap = min(h.default_num_ctx or st.context_length, h.spec.n_ctx_train or st.context_length)
         for c in (c for c in HELPER_GROWTH if ctxs[h.ref] < c <= cap):
@@ -617,7 +617,7 @@ def routed(t: Together) -> list[RoutedModel]:
     for m in t.models:
         step = next(st for st in reversed(res.steps) if st.model == m.ref and st.action in ("load", "reuse"))
         num_ctx = ctxs[m.ref]
-        embedding = m.spec.architecture in sched.EMBEDDING_ARCHS
+        embedding = sched.is_embedding(m.spec)
         n_par = 1 if embedding or m.spec.architecture in rules.SINGLE_SLOT_ARCHS else s.num_parallel
         cfg = rules.with_mtp_draft(
             rules.run_config(num_ctx, n_par, s.kv_cache_type, flash_attention=s.flash_attention), m

@@ -200,7 +200,7 @@ def modelfiles(t: Together, folder: str) -> list[NewFile]:
     out = []
     for ref, name in created_names(t).items():
         m = by_ref[ref]
-        n_par = 1 if m.spec.architecture in (*sched.EMBEDDING_ARCHS, *rules.SINGLE_SLOT_ARCHS) else s.num_parallel
+        n_par = 1 if sched.is_embedding(m.spec) or m.spec.architecture in rules.SINGLE_SLOT_ARCHS else s.num_parallel
         st = OllamaSettings(
             num_ctx=dict(t.contexts)[ref],
             num_parallel=n_par,

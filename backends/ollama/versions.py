@@ -259,6 +259,9 @@ class OllamaRelease:
     placement: Placement  # who decides the layers on the GPU
     claims_allocation: bool  # kvadvise's figures are what this runner allocates
     claims_layers: bool  # kvadvise's layer placement is this Ollama's
+    # a pre-release's plan: the rules of the release before it (an rc is tagged after that one, and its own pin is not
+    # claimed: v0.13.3-rc0 vendors 0.13.2's 7f8ef50cc, rc1 the release's 17f7f4baa); None: as ``pin``
+    rules_pin: LlamaCppPin | None = None
 
     @property
     def v(self) -> Version | None:
@@ -373,7 +376,7 @@ class OllamaRelease:
 def supports_flash_attention(spec: ModelSpec, v: Version) -> bool:
     """fs/ggml/ggml.go GGML.SupportsFlashAttention at release ``v``: no pooling_type (an embedding model;
     kvadvise sees it as a model with no K/V layer), not a refused architecture, head_k == head_v != 0."""
-    if not any(spec.kv_layers) and not spec.has_recurrent:
+    if spec.pooling or (not any(spec.kv_layers) and not spec.has_recurrent):  # pooling_type: v0.12.5:fs/ggml/ggml.go
         return False
     if v >= FA_ALWAYS_FROM and spec.architecture in FA_ALWAYS:
         return True
@@ -400,8 +403,7 @@ def release(version: str | None, architecture: str, *, found_by: str = "--ollama
     if v is None or v == (0, 0, 0) or v >= LLAMA_SERVER_FROM:
         # a pre-release (0.30.0-rc0) comes before its release and pins other code (v0.30.0-rc0's LLAMA_CPP_VERSION
         # is b9048, the release's b9452): its llama.cpp is not known here
-        prerelease = version is not None and re.search(r"^v?[0-9]+\.[0-9]+\.[0-9]+-", version) is not None
-        known = v is not None and v != (0, 0, 0) and v <= NEWEST_KNOWN and not prerelease
+        known = v is not None and v != (0, 0, 0) and v <= NEWEST_KNOWN and not _prerelease(version)
         return OllamaRelease(
             version if v != (0, 0, 0) else None,
             found_by if version else "unknown",
@@ -423,16 +425,34 @@ def release(version: str | None, architecture: str, *, found_by: str = "--ollama
         placement = Placement.ENGINE_LAYOUT
     else:
         placement = Placement.CREATE_LAYOUT
+    # a pre-release (0.13.3-rc0) pins code between the release before it and its own: not claimed, planned by the
+    # earlier one's rules (the older build: the larger figures where a rule changed)
+    pre = _prerelease(version)
     return OllamaRelease(
         version,
         found_by,
         architecture,
         "ollamarunner" if engine else "llamarunner",
-        pin(v),
+        None if pre else pin(v),
         placement,
         not engine,
         False,
+        rules_pin=_pin_before(v) if pre else None,
     )
+
+
+def _prerelease(version: str | None) -> bool:
+    """0.30.0-rc0, v0.13.3-rc1: a tag before its release."""
+    return version is not None and re.search(r"^v?[0-9]+\.[0-9]+\.[0-9]+-", version) is not None
+
+
+def _pin_before(v: Version) -> LlamaCppPin | None:
+    """The llama.cpp of the last release before ``v`` (the pin of a version below it)."""
+    found = None
+    for p in PINS:
+        if p.since < v:
+            found = p
+    return found
 
 
 def _v(v: Version | None) -> str:
