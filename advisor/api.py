@@ -376,11 +376,16 @@ def plan(
     return plan_for(spec, r, rt, hardware=hardware)
 
 
-def llama_server_command(model_path: str, config: RunConfig) -> str:
-    """The llama-server command line for ``model_path`` run with ``config``."""
-    from kvadvise.runtime.llamaserver import command_text
+def llama_server_command(model_path: str, config: RunConfig | Plan) -> str:
+    """The llama-server command line for ``model_path`` run with ``config``; given a Plan, the command that runs it
+    (its partial offload or its --n-cpu-moe placement, as ``--json``'s ``llama_server.run_command``: a RunConfig
+    alone does not carry the placement)."""
+    from kvadvise.runtime.llamaserver import ModelSource, args_text, command_text, plan_args
 
-    return command_text(_text("model_path", model_path), _config(config))
+    path = _text("model_path", model_path)
+    if isinstance(config, Plan):
+        return args_text(plan_args(ModelSource.path(path), config, config.offload_to_run))
+    return command_text(path, _config(config))
 
 
 def verify_llamacpp(model_path: str, plan_: Plan, *, server: str | None = None, timeout_s: float = 600) -> Verification:

@@ -305,11 +305,9 @@ def llama_flags(plan: Plan) -> str:
     command without the binary and the model (kvadvise.runtime.llamaserver.plan_args, one definition)."""
     from kvadvise.runtime.llamaserver import ModelSource, args_text, plan_args
 
-    off = plan.partial
-    on_gpu = off is not None or (plan.budget is not None and plan.budget.device != "cpu")
-    # no GPU planned: no -ngl, llama.cpp's default (no layers) says it
-    args = [a for a in plan_args(ModelSource(()), plan, off) if on_gpu or a[0] != "-ngl"]
-    return args_text(args, binary=None)
+    # -ngl always, -ngl 0 for a plan on the CPU: llama.cpp's default is every layer on a GPU it finds (common/common.h
+    # n_gpu_layers = -1, "auto"; llama_model::n_gpu_layers: n_layer_all + 1)
+    return args_text(plan_args(ModelSource(()), plan, plan.partial), binary=None)
 
 
 # the model's own notes that every figure of the plan hangs on, said in the default output too: an architecture

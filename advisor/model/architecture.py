@@ -794,6 +794,7 @@ def from_gguf(header: GGUFHeader, *, known_only: bool = True) -> ModelSpec:
         parallel_block=arch in _PARALLEL_BLOCK,
         sampling_penalty_repeat=_penalty_repeat(header),
         ssm=ssm,
+        pooling=k.raw(LLM.POOLING_TYPE) is not None,
     )
     _check_widths(spec, by_name)
     return spec

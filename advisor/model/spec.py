@@ -133,6 +133,9 @@ class ModelSpec:
     # (common/common.cpp common_init_from_params reads the model's sampling keys); 1.0: none (also with a
     # penalty_last_n of 0: llama_sampler_penalties_apply then returns at once)
     sampling_penalty_repeat: float = 1.0
+    # {arch}.pooling_type is in the GGUF: an embedding model, an encoder's or a decoder's (Qwen3-Embedding): Ollama
+    # gives it no completion capability (server/images.go Capabilities) and, before 0.30, no flash attention
+    pooling: bool = False
 
     @property
     def n_layer(self) -> int:

@@ -106,6 +106,14 @@ the exact build is not known, the earliest it can be, so that an older build is 
   Before them a split over RPC or Vulkan devices keeps one copy (tests/data/published 023: two RPC hosts at
   b6209, 588.01 MiB each).
 
+- SPEC_DRAFT_ARGS (ggml-org/llama.cpp#22964, "spec : update CLI arguments for better consistency", merged
+  2026-05-12): the speculative types (``--spec-type draft-simple``, ``draft-mtp``) and ``--spec-draft-n-max``; before
+  it ``-md`` alone drafts (no type to name) and ``--draft-max N`` sets the tokens drafted (env LLAMA_ARG_MODEL_DRAFT,
+  LLAMA_ARG_DRAFT_MAX, LLAMA_ARG_CACHE_TYPE_K_DRAFT ...: common/arg.cpp of that era); b11312 refuses ``--draft-max``
+  ("the argument has been removed") and the older builds ``--spec-type``. Ollama's first llama-server (9db4bdbad,
+  2026-05-29, b9409) passes the new flags; a public setup note gives draft-mtp in ``--help`` from b9235. The exact
+  build is not known here: the new flags from b9235 on (a build of the two days between gets the old ones).
+
 An unknown build is planned by the newest rules (REFERENCE's): a machine without a llama-server to ask is
 most likely to run a recent one, and planning every older build's largest figure (the f32 mask of builds
 before b9410: +52 % device, +87 % host compute on a published Qwen3.6 run) gave away context on small cards.
@@ -137,6 +145,7 @@ FA_KV_ANY_PAIR = 11312
 FA_F32 = 6840
 FA_BF16 = 8816
 RPC_EVENTS = 10455
+SPEC_DRAFT_ARGS = 9235
 VULKAN_EVENTS = 7700
 SUPPORTED_FROM = MLA_V_LESS  # the builds whose rules are modelled whole (older ones in part)
 

@@ -976,7 +976,7 @@ def validate(spec: ModelSpec, cfg: RunConfig) -> None:
     if cfg.mtp:
         from kvadvise.planner import mtp
 
-        mtp.check(spec)
+        mtp.check(spec, cfg.llama_build)
         validate(mtp.context_spec(spec), mtp_context_config(cfg, lay))
 
 
@@ -1004,7 +1004,7 @@ def estimate(spec: ModelSpec, cfg: RunConfig) -> MemoryEstimate:
     if cfg.mtp:  # the NextN blocks load with the model (load_mtp): kvadvise.planner.mtp
         from kvadvise.planner import mtp
 
-        mtp.check(spec)
+        mtp.check(spec, cfg.llama_build)
         spec = mtp.with_nextn_weights(spec)
     lay = resolve(spec, cfg)
     sizes = kv_shape_bytes(spec, lay)

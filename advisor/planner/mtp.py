@@ -63,9 +63,18 @@ def gain_text() -> str:
     return "estimate from published runs: " + "; ".join(parts)
 
 
-def check(spec: ModelSpec) -> None:
+def check(spec: ModelSpec, llama_build: int | None = None) -> None:
     """llama_init_from_model (src/llama-context.cpp, b11312) returns no context for MTP on a model without
-    NextN blocks ("context type MTP requested but model doesn't contain MTP layers")."""
+    NextN blocks ("context type MTP requested but model doesn't contain MTP layers"); a build before the speculative
+    types (kvadvise.planner.builds.SPEC_DRAFT_ARGS) has no draft-mtp at all."""
+    from kvadvise.planner import builds
+
+    if builds.older_than(llama_build, builds.SPEC_DRAFT_ARGS):
+        raise ConfigError(
+            f"--spec-type draft-mtp: llama.cpp b{llama_build} has no MTP drafting (from b{builds.SPEC_DRAFT_ARGS}, "
+            "ggml-org/llama.cpp#22964 and #22673); it refuses --spec-type",
+            hint="drop --spec-type draft-mtp, or plan a newer build (--llama-build)",
+        )
     if spec.n_layer_nextn == 0:
         raise ConfigError(
             f"{spec.name} has no MTP/NextN layers ({spec.architecture}.nextn_predict_layers is 0 or absent): "

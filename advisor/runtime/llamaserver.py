@@ -90,19 +90,28 @@ def server_args(
         out.append(("-ts", "LLAMA_ARG_TENSOR_SPLIT", ",".join(f"{x:g}" for x in cfg.tensor_split)))
     if cfg.mmproj is not None:  # common/arg.cpp -mm/--mmproj: the projector loads on the first device
         out.append(("--mmproj", "LLAMA_ARG_MMPROJ", cfg.mmproj.source))
+        if cfg.device == "cpu":  # mtmd offloads the projector to a GPU whatever -ngl says (mmproj_use_gpu = true)
+            out.append(("--no-mmproj-offload", "LLAMA_ARG_NO_MMPROJ_OFFLOAD", None))
     if cfg.draft is not None:  # common/arg.cpp -md, -ngld, -ctkd, -ctvd: the draft's own context
-        out.append(("-md", "LLAMA_ARG_SPEC_DRAFT_MODEL", cfg.draft.source))
-        # b11312's speculative types default to none (common/common.h) and -md does not change it: without a type
-        # common_speculative_init makes no drafter and llama-server frees the draft model at start-up
-        out.append(("--spec-type", "LLAMA_ARG_SPEC_TYPE", "draft-simple"))
-        out.append(("--spec-draft-n-max", "LLAMA_ARG_SPEC_DRAFT_N_MAX", str(cfg.spec_draft_n_max)))
+        if builds.older_than(cfg.llama_build, builds.SPEC_DRAFT_ARGS):
+            # before the speculative types (builds.SPEC_DRAFT_ARGS) -md alone drafts, --draft-max N tokens a step
+            out.append(("-md", "LLAMA_ARG_MODEL_DRAFT", cfg.draft.source))
+            out.append(("--draft-max", "LLAMA_ARG_DRAFT_MAX", str(cfg.spec_draft_n_max)))
+            env_k, env_v = "LLAMA_ARG_CACHE_TYPE_K_DRAFT", "LLAMA_ARG_CACHE_TYPE_V_DRAFT"
+        else:
+            out.append(("-md", "LLAMA_ARG_SPEC_DRAFT_MODEL", cfg.draft.source))
+            # b11312's speculative types default to none (common/common.h) and -md does not change it: without a
+            # type common_speculative_init makes no drafter and llama-server frees the draft model at start-up
+            out.append(("--spec-type", "LLAMA_ARG_SPEC_TYPE", "draft-simple"))
+            out.append(("--spec-draft-n-max", "LLAMA_ARG_SPEC_DRAFT_N_MAX", str(cfg.spec_draft_n_max)))
+            env_k, env_v = "LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_K", "LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_V"
         out.append(
             ("-ngld", "LLAMA_ARG_N_GPU_LAYERS_DRAFT", str(ALL_LAYERS if cfg.device not in ("cpu", "auto") else 0))
         )
         if cfg.type_k_draft != GGMLType.F16:
-            out.append(("-ctkd", "LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_K", cfg.type_k_draft.type_name))
+            out.append(("-ctkd", env_k, cfg.type_k_draft.type_name))
         if cfg.type_v_draft != GGMLType.F16:
-            out.append(("-ctvd", "LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_V", cfg.type_v_draft.type_name))
+            out.append(("-ctvd", env_v, cfg.type_v_draft.type_name))
     if cfg.mtp:  # common/arg.cpp --spec-type, --spec-draft-n-max: the MTP context (kvadvise.planner.mtp)
         out.append(("--spec-type", "LLAMA_ARG_SPEC_TYPE", "draft-mtp"))
         out.append(("--spec-draft-n-max", "LLAMA_ARG_SPEC_DRAFT_N_MAX", str(cfg.spec_draft_n_max)))
@@ -153,7 +162,12 @@ def plan_args(model: ModelSource, plan: Plan, off: Offload | None) -> list[tuple
     if off is None:
         # --n-cpu-moe N as given: the command keeps it (kvadvise.planner.offload.cpu_moe_placement planned it)
         ncmoe = plan.cpu_moe.n_cpu_moe if plan.cpu_moe is not None else 0
-        return server_args(model, plan.config, n_cpu_moe=ncmoe) + _ram_args(plan.ram)
+        cfg = plan.config
+        if cfg.n_ctx == 0:
+            # -c 0 as resolved (n_ctx_train): llama-server's --fit, on by default, turns an unset context into
+            # n_ctx_train x n_seq_max (common/fit.cpp common_params_fit_impl), not the n_ctx_train planned
+            cfg = replace(cfg, n_ctx=plan.estimate.layout.n_ctx)
+        return server_args(model, cfg, n_cpu_moe=ncmoe) + _ram_args(plan.ram)
     cfg = replace(plan.config, n_ctx=off.n_ctx * plan.config.n_parallel, type_k=off.type_k, type_v=off.type_v)
     args = server_args(model, cfg, n_gpu_layers=off.n_gpu_layers, n_cpu_moe=off.n_cpu_moe)
     return args + _ram_args(off.ram)
