@@ -109,6 +109,12 @@ def max_context(
     return lo * CTX_PAD
 
 
+# llama.cpp's --fit shrinks a context it picks no further than --fit-ctx (common/arg.cpp fit_params_min_ctx = 4096) and
+# moves layers to the CPU instead: a recommended context below it, 100 % on the GPU, is not one an expert runs (a
+# system prompt and a source file do not fit); Ollama's own default on a card under 24 GiB is the same 4,096
+FIT_MIN_CTX = 4096
+
+
 def recommend(spec: ModelSpec, base: RunConfig, budget: Budget, policy: Policy) -> Recommendation:
     """Pick the config; ``base`` carries the user's n_parallel, batch sizes, kv_unified and swa_full."""
     base = replace(base, device=budget.device)
@@ -121,8 +127,14 @@ def recommend(spec: ModelSpec, base: RunConfig, budget: Budget, policy: Policy) 
     else:
         want, why = default_target_ctx(budget)
     # a runtime that runs at least ctx_floor tokens (Ollama: a vision model's 2,048) runs that when asked for fewer
-    floor = min(policy.ctx_floor, n_ctx_train)
-    target = max(min(want, n_ctx_train), floor)
+    runtime_floor = min(policy.ctx_floor, n_ctx_train)
+    target = max(min(want, n_ctx_train), runtime_floor)
+    # below FIT_MIN_CTX, or below a --min-ctx (which says what is enough), the plan that runs keeps part of the model
+    # on the CPU (docs/commands.md: --min-ctx "is reached by the plan that runs, on the GPU or partly on the CPU");
+    # with --gpu-only the GPU's context stands (and --min-ctx fails, exit 3)
+    least = min(policy.min_ctx, n_ctx_train) if policy.min_ctx else min(FIT_MIN_CTX, target)
+    fit_floor = 0 if policy.gpu_only else least
+    floor = max(runtime_floor, fit_floor)
     if want > n_ctx_train:
         past = (
             "the model's training context"
@@ -166,7 +178,15 @@ def recommend(spec: ModelSpec, base: RunConfig, budget: Budget, policy: Policy) 
     reasons += words.reasons(spec, base, budget, policy, options, chosen, target, why, n_ctx_seq, est, fits, would_fit)
     if raised:
         alone = f" (the GPU alone reaches {chosen.n_ctx_max:,})" if chosen.n_ctx_max else ""
-        reasons.append(f"{floor:,} tokens per slot: the fewest the runtime runs this model with{alone}")
+        if runtime_floor and chosen.n_ctx_max < runtime_floor:
+            reasons.append(f"{runtime_floor:,} tokens per slot: the fewest the runtime runs this model with{alone}")
+        if floor > runtime_floor and policy.min_ctx:
+            reasons.append(f"--min-ctx {policy.min_ctx:,}{alone}: the plan that runs keeps part of the model on the CPU")
+        elif floor > runtime_floor:
+            reasons.append(
+                f"{floor:,} tokens per slot{alone}: fewer is not a context to work in; llama.cpp's --fit shrinks a "
+                f"context no further (--fit-ctx {FIT_MIN_CTX:,}) and keeps part of the model on the CPU instead"
+            )
     if (missing := no_fa_kernel(spec, base)) is not None:
         reasons.append(words.no_fa_kernel(missing))
     elif (missing := no_quantized_fa_kernel(spec, base, policy)) is not None and chosen.type_k == F16:
