@@ -181,7 +181,9 @@ def recommend(spec: ModelSpec, base: RunConfig, budget: Budget, policy: Policy) 
         if runtime_floor and chosen.n_ctx_max < runtime_floor:
             reasons.append(f"{runtime_floor:,} tokens per slot: the fewest the runtime runs this model with{alone}")
         if floor > runtime_floor and policy.min_ctx:
-            reasons.append(f"--min-ctx {policy.min_ctx:,}{alone}: the plan that runs keeps part of the model on the CPU")
+            reasons.append(
+                f"--min-ctx {policy.min_ctx:,}{alone}: the plan that runs keeps part of the model on the CPU"
+            )
         elif floor > runtime_floor:
             reasons.append(
                 f"{floor:,} tokens per slot{alone}: fewer is not a context to work in; llama.cpp's --fit shrinks a "

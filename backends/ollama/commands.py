@@ -153,7 +153,7 @@ for _param in ollama_command.params:
 )
 @click.option(
     "--kv-cache-type",
-    type=click.Choice(rules.KV_CACHE_TYPES),
+    type=click.Choice(rules.SERVER_KV_CACHE_TYPES),
     default=None,
     help="The server's OLLAMA_KV_CACHE_TYPE, for the predicted size [default: from --env-file, else the "
     "ollama.service drop-ins, else $OLLAMA_KV_CACHE_TYPE, else f16].",
@@ -491,8 +491,10 @@ def run_together(
     from kvadvise.backends.ollama import envconfig
 
     kv = rules.one_cache_type(r.type_k, r.type_v) or envconfig.var("OLLAMA_KV_CACHE_TYPE").lower() or "f16"
-    if kv not in rules.KV_CACHE_TYPES:
-        raise click.UsageError(f"OLLAMA_KV_CACHE_TYPE {kv!r}: Ollama takes one of {', '.join(rules.KV_CACHE_TYPES)}")
+    if kv not in rules.SERVER_KV_CACHE_TYPES:  # several models: planned for the newest release (llama-server)
+        raise click.UsageError(
+            f"OLLAMA_KV_CACHE_TYPE {kv!r}: Ollama's llama-server takes one of {', '.join(rules.SERVER_KV_CACHE_TYPES)}"
+        )
     hw = hardware(r)
     with ollama_api.session():
         models, same, aliases = one_each(tuple(resolve(n, host=host) for n in names))

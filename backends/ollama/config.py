@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from kvadvise.backends.ollama import envconfig
 from kvadvise.backends.ollama.model import OllamaModel
 from kvadvise.backends.ollama.modelfile import modelfile_text, parse_modelfile
-from kvadvise.backends.ollama.rules import KV_CACHE_TYPES, OllamaSettings
+from kvadvise.backends.ollama.rules import KV_CACHE_TYPES, SERVER_KV_CACHE_TYPES, OllamaSettings
 from kvadvise.files import write_text_file
 
 if TYPE_CHECKING:
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "KV_CACHE_TYPES",
+    "SERVER_KV_CACHE_TYPES",
     "SYSTEMD_DROPIN_DIR",
     "OllamaSettings",
     "apply_hint_env",
@@ -332,7 +333,7 @@ def server_kv_cache_type(
         from kvadvise.files import read_regular_bytes  # a regular file: a FIFO, a device, a NUL byte are refused
 
         v = _kv_in(read_regular_bytes(env_file, max_bytes=1 << 20).decode("utf-8", errors="replace"))
-        return (v, f"from {env_file}") if v in KV_CACHE_TYPES else ("f16", f"{env_file} sets none: f16")
+        return (v, f"from {env_file}") if v in SERVER_KV_CACHE_TYPES else ("f16", f"{env_file} sets none: f16")
     try:
         dropins = sorted(dropin_dir.glob("*.conf"))
     except OSError:
@@ -343,13 +344,13 @@ def server_kv_cache_type(
             v = _kv_in(f.read_text(encoding="utf-8", errors="replace"))
         except OSError:
             continue
-        if v in KV_CACHE_TYPES:
+        if v in SERVER_KV_CACHE_TYPES:
             found = (v, f"from {f}")
     if found:
         return found
     from kvadvise.backends.ollama import envconfig
 
     v = envconfig.var("OLLAMA_KV_CACHE_TYPE").lower()
-    if v in KV_CACHE_TYPES:
+    if v in SERVER_KV_CACHE_TYPES:
         return v, "from $OLLAMA_KV_CACHE_TYPE"
     return "f16", "Ollama's default; --kv-cache-type or --env-file if the server sets another"

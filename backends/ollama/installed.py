@@ -221,13 +221,16 @@ def server_settings(
     """The settings a server started from this shell would run with (flags override the variables: ``None``,
     not given)."""
     from kvadvise.backends.ollama import envconfig
-    from kvadvise.backends.ollama.rules import KV_CACHE_TYPES, default_num_ctx
+    from kvadvise.backends.ollama.rules import SERVER_KV_CACHE_TYPES, default_num_ctx
     from kvadvise.model.ggml import cache_type as ggml_type
     from kvadvise.planner.inventory import RunSettings
 
     kv = cache_type or envconfig.var("OLLAMA_KV_CACHE_TYPE").lower() or "f16"
-    if kv not in KV_CACHE_TYPES:
-        raise InputError(f"OLLAMA_KV_CACHE_TYPE={kv!r} is not a type Ollama supports", hint="f16, q8_0 or q4_0")
+    if kv not in SERVER_KV_CACHE_TYPES:  # the newest release: its llama-server takes it as given
+        raise InputError(
+            f"OLLAMA_KV_CACHE_TYPE={kv!r} is not a type Ollama's llama-server takes",
+            hint=", ".join(SERVER_KV_CACHE_TYPES),
+        )
     np = n_parallel or min(envconfig.uint("OLLAMA_NUM_PARALLEL", 0), 4096) or 1
     ctx = min(envconfig.uint("OLLAMA_CONTEXT_LENGTH", 0), 2**31 - 1) or default_num_ctx(total_vram_bytes)
     fa = envconfig.boolean("OLLAMA_FLASH_ATTENTION", True) if flash_attn is None else flash_attn

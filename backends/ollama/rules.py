@@ -22,7 +22,11 @@ if TYPE_CHECKING:
     from kvadvise.planner.hardware import Gpu
     from kvadvise.planner.memory import RunConfig
 
-KV_CACHE_TYPES = ("f16", "q8_0", "q4_0")  # what Ollama documents (docs/faq); one type for K and V
+KV_CACHE_TYPES = ("f16", "q8_0", "q4_0")  # what Ollama documents (docs/faq), all a runner before 0.30 takes; K = V
+# From 0.30 Ollama passes OLLAMA_KV_CACHE_TYPE, lower-cased and unchecked, to llama-server as --cache-type-k and
+# --cache-type-v (llm/llama_server.go, llm/server.go NewLlamaServer): any type llama-server takes (common/arg.cpp
+# kv_cache_types; another stops it, and the load fails)
+SERVER_KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 GIB = 1 << 30
 MIB = 1 << 20
 DEFAULT_FIT_TARGET_MIB = 1024  # llama.cpp common/arg.cpp: -fitt default
@@ -249,15 +253,15 @@ class OllamaSettings:
             isinstance(self.fit_target_mib, bool) or not isinstance(self.fit_target_mib, int) or self.fit_target_mib < 0
         ):
             raise ConfigError(f"fit_target_mib must be a whole number >= 0, got {self.fit_target_mib!r}")
-        if self.kv_cache_type not in KV_CACHE_TYPES:
+        if self.kv_cache_type not in SERVER_KV_CACHE_TYPES:
             raise ConfigError(
-                f"OLLAMA_KV_CACHE_TYPE {self.kv_cache_type!r} is not one Ollama supports",
-                hint="one of " + ", ".join(KV_CACHE_TYPES),
+                f"OLLAMA_KV_CACHE_TYPE {self.kv_cache_type!r} is not a type llama-server takes",
+                hint="one of " + ", ".join(SERVER_KV_CACHE_TYPES) + " (before Ollama 0.30: f16, q8_0 or q4_0)",
             )
         for field, n in (("cache_ram_mib", self.cache_ram_mib), ("ctx_checkpoints", self.ctx_checkpoints)):
             if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
                 raise ConfigError(f"{field} must be a whole number >= 0, got {n!r}")
-        if self.kv_cache_type != "f16" and not self.flash_attention:
+        if self.kv_cache_type not in ("f16", "bf16", "f32") and not self.flash_attention:
             # Ollama passes the type as both -ctk and -ctv; llama.cpp refuses a quantized V without FA
             raise ConfigError(
                 f"OLLAMA_KV_CACHE_TYPE={self.kv_cache_type} needs flash attention (a quantized V cache does)",

@@ -7,7 +7,8 @@ logits of the whole batch, num_batch as its -b/-ub, its flash-attention default)
 
 - ``num_ctx`` is the context of one slot: llama-server gets ``-c num_ctx × num_parallel``, at most the
   training context (llm/llama_server.go, llm/server.go);
-- one ``OLLAMA_KV_CACHE_TYPE`` for K and V, server-wide, of f16, q8_0 and q4_0;
+- one ``OLLAMA_KV_CACHE_TYPE`` for K and V, server-wide: any type llama-server takes from 0.30 (passed through), f16,
+  q8_0 and q4_0 before;
 - llama.cpp's own knobs it does not pass (``-kvu``, ``--swa-full``, ``-ub`` apart from ``num_batch``,
   ``-ts``, ``--rpc``, ``--n-cpu-moe``, a projector or draft of the user's) are refused;
 - the llama.cpp build it vendors (kvadvise.runtime.llamabuild.OLLAMA_BUILD), not the one on PATH;
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING
 from kvadvise.backends.ollama import rules
 from kvadvise.backends.ollama.model import OllamaModel
 from kvadvise.backends.ollama.versions import blob_architecture
+from kvadvise.errors import ConfigError
 from kvadvise.request import PlanRequest
 from kvadvise.runtime.seam import Shaped, Writer
 
@@ -189,6 +191,13 @@ class OllamaRuntime:
         model = self._model(spec)
         rel = self._release = self.release(blob_architecture(spec.architecture, model.source))
         kv = rules.one_cache_type(request.type_k, request.type_v)
+        if kv and rel.in_process and kv not in rules.KV_CACHE_TYPES:
+            # v0.20.0:llm/server.go: "unsupported OLLAMA_KV_CACHE_TYPE" (GGML.SupportsKVCacheType), and f16 runs
+            raise ConfigError(
+                f'Ollama {rel.version} does not take OLLAMA_KV_CACHE_TYPE={kv}: it warns "unsupported '
+                'OLLAMA_KV_CACHE_TYPE" and runs an f16 cache',
+                hint="f16, q8_0 or q4_0 (any llama-server type from Ollama 0.30)",
+            )
         r = replace(request, type_k=kv, type_v=kv)
         notes: tuple[str, ...] = ()
         # getRunner's floors (rules.run_num_ctx): 4 tokens in every release kvadvise knows (v0.11.0 has it), 2,048
