@@ -723,6 +723,8 @@ def from_gguf(header: GGUFHeader, *, known_only: bool = True) -> ModelSpec:
     fallback = n_ff // n_used if arch in _N_FF_EXP_PER_USED and n_used else n_ff
     n_ff_exp = k.num(LLM.EXPERT_FEED_FORWARD_LENGTH, fallback) if n_expert else 0
     n_ff_shexp = k.num(LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, 0) or n_ff_exp * k.num(LLM.EXPERT_SHARED_COUNT, 0)
+    if arch == "llama4":  # llama4.cpp load_arch_tensors: a shared expert of n_ff_shexp = n_ff_exp in each MoE layer
+        n_ff_shexp = n_ff_exp
     ssm = None
     if any(recurrent) and arch in _SSM_KIND:
         kind = _SSM_KIND[arch]

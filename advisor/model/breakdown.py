@@ -56,7 +56,9 @@ _TIED_BY_DEFAULT = frozenset({"gemma", "gemma2", "gemma3", "gemma3n", "gemma4", 
 # Gated DeltaNet hybrids (qwen3next.cpp, qwen35.cpp, qwen35moe.cpp) and Mamba-2 ones (mamba2.cpp,
 # granite-hybrid.cpp, nemotron-h.cpp): the recurrent mixers whose tensors are counted
 _DELTA_NET = frozenset({"qwen3next", "qwen35", "qwen35moe"})
-_MAMBA2 = frozenset({"mamba2", "granitehybrid", "nemotron_h", "nemotron_h_moe"})
+_MAMBA2 = frozenset({"mamba2", "granitehybrid", "nemotron_h", "nemotron_h_moe", "falcon-h1"})
+# falcon-h1.cpp load_arch_tensors: every block holds a Mamba-2 mixer and an attention beside it
+_MIXER_AND_ATTENTION = frozenset({"falcon-h1"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,8 +251,13 @@ def params_from_metadata(
     shared_ff = m.num(LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH) or _int(hp, "shared_expert_intermediate_size")
     if not shared_ff and _int(hp, "n_shared_experts") and arch != "nemotron_h_moe":
         shared_ff = _int(hp, "n_shared_experts") * expert_ff
-    first_dense = _int(hp, "first_k_dense_replace")
-    step = _int(hp, "decoder_sparse_step", default=1) or 1
+    if arch == "llama4":  # llama4.cpp load_arch_tensors: n_ff_shexp = n_ff_exp
+        shared_ff = expert_ff
+    # ernie4-5.cpp load_arch_tensors: experts in every block from leading_dense_block_count on (moe_layer_start_index)
+    first_dense = m.num(LLM.LEADING_DENSE_BLOCK_COUNT) or _int(hp, "first_k_dense_replace")
+    # llama4.cpp: is_moe_layer = n_moe_layer_step > 0 && (il + 1) % n_moe_layer_step == 0 (interleave_moe_layer_step,
+    # 2 in Maverick: the even blocks hold a dense FFN of feed_forward_length); Qwen-MoE configs' decoder_sparse_step
+    step = m.num(LLM.INTERLEAVE_MOE_LAYER_STEP) if arch == "llama4" else _int(hp, "decoder_sparse_step", default=1) or 1
     mlp_only = hp.get("mlp_only_layers")
     dense_only = set(mlp_only) if isinstance(mlp_only, list) else set()
     per_layer_embd = m.num(LLM.EMBEDDING_LENGTH_PER_LAYER)
@@ -304,7 +311,7 @@ def params_from_metadata(
                 dense.mat(e, n_expert)
                 ffn(experts, expert_ff, n_expert)
             return
-        if bool(n_expert) and il >= first_dense and il not in dense_only and (il + 1) % step == 0:
+        if bool(n_expert) and il >= first_dense and il not in dense_only and step > 0 and (il + 1) % step == 0:
             dense.mat(e, n_expert)  # the router
             if shared_ff:
                 ffn(dense, shared_ff)
@@ -312,7 +319,7 @@ def params_from_metadata(
                     dense.vec(e)  # ffn_gate_inp_shexp
             ffn(experts, expert_ff, n_expert)
             return
-        ffn(dense, n_ff[il] if arch == "qwen35" else dense_ff)
+        ffn(dense, n_ff[il] if arch in ("qwen35", "llama4") else dense_ff)  # llama4: intermediate_size_mlp
         if arch in _ENCODERS:  # layer_output_norm (weight, bias); bert: ffn_up and ffn_down biases
             dense.vec(2 * e + ((dense_ff + e) if arch in _BIASED else 0))
 
@@ -323,6 +330,8 @@ def params_from_metadata(
         a, d, x = _Count(), _Count(), _Count()
         if spec.recurrent_layers[il]:
             (_delta_net if arch in _DELTA_NET else _mamba2)(a, m, e)
+            if arch in _MIXER_AND_ATTENTION:
+                attention(a, il)
         elif not (arch in _MAMBA2 and not spec.n_head_kv[il]):  # Nemotron-H's MLP/MoE blocks have no attention
             attention(a, il)
         block_ffn(il, d, x)

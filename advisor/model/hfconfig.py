@@ -60,6 +60,8 @@ __all__ = ["ARCH_BY_HF_CLASS", "ARCH_BY_MODEL_TYPE", "from_config", "gguf_metada
 ARCH_BY_HF_CLASS: Mapping[str, str] = {
     "LLaMAForCausalLM": "llama",  # llama.py LlamaModel
     "LlamaForCausalLM": "llama",
+    "Llama4ForConditionalGeneration": "llama4",  # llama.py Llama4Model (the text model; the vision tower apart)
+    "Llama4ForCausalLM": "llama4",
     "MistralForCausalLM": "llama",
     "MixtralForCausalLM": "llama",
     # Mistral Small 3.1/3.2, Devstral, Magistral, Ministral 3 (conversion/mistral3.py: the text model as mistral3)
@@ -90,6 +92,8 @@ ARCH_BY_HF_CLASS: Mapping[str, str] = {
     "GraniteMoeSharedForCausalLM": "granitemoe",
     "GraniteMoeHybridForCausalLM": "granitehybrid",  # granite.py GraniteHybridModel
     "BambaForCausalLM": "granitehybrid",
+    "FalconH1ForCausalLM": "falcon-h1",  # falcon_h1.py FalconH1Model
+    "Ernie4_5_MoeForCausalLM": "ernie4_5-moe",  # ernie.py Ernie4_5MoeModel
     "NemotronHForCausalLM": "nemotron_h",  # nemotron.py NemotronHModel (nemotron_h_moe with experts)
     "DeepseekV2ForCausalLM": "deepseek2",  # deepseek.py DeepseekV2Model
     "DeepseekV3ForCausalLM": "deepseek2",
@@ -113,6 +117,8 @@ ARCH_BY_HF_CLASS: Mapping[str, str] = {
 # For a config.json without "architectures": its model_type (top level or text_config).
 ARCH_BY_MODEL_TYPE: Mapping[str, str] = {
     "llama": "llama",
+    "llama4": "llama4",
+    "llama4_text": "llama4",
     "mistral": "llama",
     "mixtral": "llama",
     "qwen2": "qwen2",
@@ -138,6 +144,8 @@ ARCH_BY_MODEL_TYPE: Mapping[str, str] = {
     "granitemoeshared": "granitemoe",
     "granitemoehybrid": "granitehybrid",
     "bamba": "granitehybrid",
+    "falcon_h1": "falcon-h1",
+    "ernie4_5_moe": "ernie4_5-moe",
     "nemotron_h": "nemotron_h",
     "deepseek_v2": "deepseek2",
     "deepseek_v3": "deepseek2",
@@ -164,6 +172,16 @@ _GEMMA3_TEXT_DEFAULTS: Mapping[str, object] = {
     "max_position_embeddings": 131_072,
     "sliding_window": 4096,
     "sliding_window_pattern": 6,
+}
+
+# transformers Llama4TextConfig.__init__ defaults (configuration_llama4.py) of the keys Llama4Model reads beyond
+# TextModel's: a slim text_config gets them through AutoConfig, as the Gemma 3 one does
+_LLAMA4_TEXT_DEFAULTS: Mapping[str, object] = {
+    "intermediate_size": 8192,
+    "intermediate_size_mlp": 16384,
+    "num_local_experts": 16,
+    "num_experts_per_tok": 1,
+    "interleave_moe_layer_step": 1,
 }
 
 # What no real model exceeds; larger values are typos or hostile input.
@@ -199,6 +217,10 @@ _HEAD_KV_KEYS = ("num_key_value_heads", "n_kv_heads")
 _EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 _EXPERT_USED_KEYS = ("num_experts_per_tok", "num_experts_per_token", "top_k_experts")
 _DTYPES = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}
+# expert counts by the names configs give them (ERNIE 4.5: moe_num_experts). An unmapped config with experts is
+# refused: where its experts sit (dense leading blocks, an interleave step), their width and any shared experts are
+# rules of each converter class, and the generic keys would plan it as a dense model or guess them
+_MOE_COUNT_KEYS = (*_EXPERT_KEYS, "moe_num_experts", "num_routed_experts", "n_experts")
 
 
 class _HParams:
@@ -342,6 +364,65 @@ def _granite(hp: _HParams, w: _Writer, notes: list[str]) -> None:
     """granite.py GraniteModel: pops head_dim ("No head_dim support"), then LlamaModel."""
     hp.hp.pop("head_dim", None)
     _llama(hp, w, notes)
+
+
+def _granite_shared(hp: _HParams, w: _Writer) -> None:
+    """granite.py GraniteMoeModel.set_gguf_parameters (GraniteMoeShared, and GraniteHybridModel through it): the
+    shared experts' width from shared_intermediate_size when set (granite-moe.cpp / granite-hybrid.cpp create
+    ffn_{gate,up,down}_shexp beside the routed experts when n_ff_shexp > 0)."""
+    if shared_ff := hp.num(("shared_intermediate_size",)):
+        w.put(LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, shared_ff)
+
+
+def _granitemoe(hp: _HParams, w: _Writer, notes: list[str]) -> None:
+    """granite.py GraniteMoeModel: GraniteModel's keys + the shared experts' width."""
+    _granite(hp, w, notes)
+    _granite_shared(hp, w)
+
+
+def _llama4(hp: _HParams, w: _Writer, notes: list[str]) -> None:
+    """llama.py Llama4Model: intermediate_size is the experts' width (expert_feed_forward_length) and
+    intermediate_size_mlp the dense layers' (feed_forward_length); interleave_moe_layer_step places the MoE
+    layers (llama4.cpp: (il + 1) % step == 0), each with a shared expert as wide as a routed one. No
+    sliding_window is written unless every layer_types entry is full_attention (then 0): llama.cpp's llama4
+    uses chunked attention of 8192 tokens on 3 layers of 4."""
+    why = "Llama 4"
+    if not hp.num(_EXPERT_KEYS):  # llama4.cpp load_arch_tensors: "model cannot have zero experts"
+        raise hp.fail("num_local_experts is 0: llama.cpp's llama4 cannot have zero experts (load_arch_tensors)")
+    moe_ff = hp.need(("intermediate_size",), why)
+    hp.hp["intermediate_size"] = hp.need(("intermediate_size_mlp",), why)  # Llama4Model.__init__ swaps them
+    _llama(hp, w, notes)
+    w.put(LLM.INTERLEAVE_MOE_LAYER_STEP, hp.need(("interleave_moe_layer_step",), why))
+    w.put(LLM.EXPERT_FEED_FORWARD_LENGTH, moe_ff)
+    layer_types = hp.get("layer_types")
+    nope = hp.get("no_rope_layers")
+    if layer_types is None and isinstance(nope, list) and nope:  # Llama4TextConfig: full attention where no RoPE
+        layer_types = ["chunked_attention" if x else "full_attention" for x in nope]
+    if isinstance(layer_types, list) and all(t == "full_attention" for t in layer_types):
+        w.put(Attention.SLIDING_WINDOW, 0)  # "all layers are full attention (for MobileLLM), disable swa"
+
+
+def _ernie45moe(hp: _HParams, w: _Writer, notes: list[str]) -> None:
+    """ernie.py Ernie4_5MoeModel: TextModel keys + moe_num_experts / moe_k, moe_layer_interval as the interleave
+    step, moe_layer_start_index dense leading blocks, moe_intermediate_size, and with shared experts their count
+    and a width of intermediate_size // num_key_value_heads (the converter's rule)."""
+    why = "ERNIE 4.5 MoE"
+    _text_model(hp, w)
+    w.put(LLM.EXPERT_COUNT, hp.need(("moe_num_experts",), why))
+    w.put(LLM.EXPERT_USED_COUNT, hp.need(("moe_k",), why))
+    step = hp.need(("moe_layer_interval",), why)
+    if step == 0:  # ernie4-5-moe.cpp: GGML_ASSERT(n_moe_layer_step > 0)
+        raise hp.fail("moe_layer_interval is 0: llama.cpp's ernie4_5-moe requires a step > 0")
+    w.put(LLM.INTERLEAVE_MOE_LAYER_STEP, step)
+    w.put(LLM.LEADING_DENSE_BLOCK_COUNT, hp.need(("moe_layer_start_index",), why))
+    w.put(LLM.EXPERT_FEED_FORWARD_LENGTH, hp.num(("moe_intermediate_size",)))
+    n_shared = hp.num(("moe_num_shared_experts",))
+    if n_shared is not None:
+        w.put(LLM.EXPERT_SHARED_COUNT, n_shared)
+        ff, kv = hp.num(("intermediate_size",)), hp.num(("num_key_value_heads",))
+        if n_shared > 0 and ff is not None and kv:
+            w.put(LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, ff // kv)
+    _vocab(hp, w)
 
 
 def _gemma2(hp: _HParams, w: _Writer, notes: list[str]) -> None:
@@ -532,6 +613,41 @@ def _mamba2(hp: _HParams, w: _Writer, notes: list[str]) -> None:
     _vocab(hp, w, pad)
 
 
+def _falcon_h1(hp: _HParams, w: _Writer, notes: list[str]) -> None:
+    """falcon_h1.py FalconH1Model over Mamba2Model (config.json read directly; find_hparam with the "mamba"
+    prefix): Mamba2Model's SSM keys with d_inner = mamba_d_ssm and time_step_rank d_inner // mamba_d_head, then the
+    attention and FFN keys over its zeros. llama.cpp's falcon-h1 (falcon-h1.cpp load_arch_hparams) makes every
+    layer recurrent as well as attention: architecture._RECURRENT_AND_ATTENTION."""
+
+    def find(keys: Sequence[str]) -> int | None:  # FalconH1Model.find_hparam: the keys, then "mamba_" + each
+        return hp.num([*keys, *(f"mamba_{k}" for k in keys)])
+
+    why = "Falcon-H1"
+    d_inner = find(("mamba_d_ssm",))
+    n_group = find(("n_groups",))
+    d_head = find(("d_head",))
+    if d_inner is None or n_group is None or d_head is None:
+        raise hp.fail("mamba_d_ssm / mamba_n_groups / mamba_d_head is missing (Falcon-H1's Mamba-2 mixer)")
+    if not d_head or d_inner % d_head:  # FalconH1Model.set_gguf_parameters asserts it
+        raise hp.fail(f"mamba_d_ssm ({d_inner}) is not a multiple of mamba_d_head ({d_head})")
+    head_dim = find(("mamba_d_head", "head_dim")) or 64  # Mamba2Model.set_gguf_parameters
+    w.put(LLM.EMBEDDING_LENGTH, hp.need(("hidden_size", "d_model", "dim")))
+    w.put(LLM.BLOCK_COUNT, w.block_count)
+    w.put(LLM.CONTEXT_LENGTH, hp.num(("max_position_embeddings",)) or 0)  # over Mamba2Model's 2**20
+    w.put(LLM.FEED_FORWARD_LENGTH, hp.need(("intermediate_size",), why))
+    w.put(Attention.HEAD_COUNT, hp.need(("num_attention_heads",), why))
+    w.put(Attention.HEAD_COUNT_KV, hp.need(("num_key_value_heads",), why))
+    head = hp.need(("head_dim",), why)
+    w.put(Attention.KEY_LENGTH, head)
+    w.put(Attention.VALUE_LENGTH, head)
+    w.put(SSM.CONV_KERNEL, find(("conv_kernel", "d_conv")) or 4)
+    w.put(SSM.INNER_SIZE, d_inner)
+    w.put(SSM.STATE_SIZE, find(("state_size", "d_state")) or 128)
+    w.put(SSM.TIME_STEP_RANK, d_inner // head_dim)
+    w.put(SSM.GROUP_COUNT, n_group)
+    _vocab(hp, w)  # set_vocab is _set_vocab_gpt2: vocab_size entries, not padded as Mamba2Model pads
+
+
 def _granitehybrid(hp: _HParams, w: _Writer, notes: list[str]) -> None:
     """granite.py GraniteHybridModel: Mamba-2 layers (head_count_kv 0) + attention layers; mamba_* keys."""
     n_layer = w.block_count
@@ -552,12 +668,16 @@ def _granitehybrid(hp: _HParams, w: _Writer, notes: list[str]) -> None:
         attn = [i for i in range(n_layer) if i % period == offset]
     has_ssm = len(set(attn)) < n_layer
     if not has_ssm:  # "non-hybrid" members of the family become granite / granitemoe
-        w.arch = "granitemoe" if hp.find(("num_experts_per_tok", "num_experts_per_token")) else "granite"
+        # GraniteHybridModel.__init__: has_experts is find_hparam's value, so num_experts_per_tok 0 (granite-4.0-micro,
+        # -1b, -350m) is a dense "granite", not "granitemoe"
+        used = hp.find(("num_experts_per_tok", "num_experts_per_token"))
+        w.arch = "granitemoe" if used is not None and used[1] else "granite"
         w.md = {General.ARCHITECTURE: w.arch}
-        _granite(hp, w, notes)
+        _granitemoe(hp, w, notes)  # set_gguf_parameters is GraniteMoeModel's in either case
         return
     hp.hp.pop("head_dim", None)  # GraniteModel
     _text_model(hp, w)
+    _granite_shared(hp, w)
     d_model = find(("mamba_head_dim", "hidden_size", "d_model"))
     if not d_model:
         raise hp.fail("hidden_size is missing")
@@ -727,7 +847,10 @@ _CONVERTERS: Mapping[str, _Convert] = {
     "command-r": _command_r,
     "cohere2": _cohere2,
     "granite": _granite,
-    "granitemoe": _granite,
+    "granitemoe": _granitemoe,
+    "llama4": _llama4,
+    "ernie4_5-moe": _ernie45moe,
+    "falcon-h1": _falcon_h1,
     "granitehybrid": _granitehybrid,
     "nemotron_h": _nemotron_h,
     "deepseek2": _deepseek2,
@@ -821,6 +944,13 @@ def _check(hp: _HParams, arch: str) -> int:
     return n_layer
 
 
+def _positive(v: object) -> bool:
+    """An expert count that says experts: a positive number, or a list of them (one per modality or layer)."""
+    if isinstance(v, list):
+        return any(_positive(x) for x in v)
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+
+
 def _sliding_layers(hp: _HParams) -> bool:
     lt = hp.get("layer_types")
     return isinstance(lt, list) and any(t in ("sliding_attention", "sliding_window") for t in lt)
@@ -839,11 +969,22 @@ def _convert(config: Mapping[str, object], source: str) -> tuple[GGUFHeader, _HP
     arch, unmapped = _architecture(hp)
     notes: list[str] = []
     if unmapped is not None:
+        experts = [k for k in _MOE_COUNT_KEYS if _positive(hp.get(k))]
+        if experts:
+            raise InputError(
+                f"{source}: {unmapped!r} is a mixture of experts ({experts[0]} {hp.get(experts[0])!r}) that kvadvise "
+                "does not map to a llama.cpp architecture: which layers hold experts, their width and any shared "
+                "experts are rules of each converter class, so its weights cannot be counted from config.json",
+                hint="convert it with llama.cpp's convert_hf_to_gguf.py and plan the GGUF (kvadvise gguf FILE)",
+            )
         notes.append(f"config.json {unmapped!r} is not mapped to a llama.cpp architecture; generic converter keys used")
         if _sliding_layers(hp) or hp.get("sliding_window"):
             notes.append("its sliding-window layers are not applied (full KV assumed: an upper bound)")
     if arch == "gemma3":
         for k, v in _GEMMA3_TEXT_DEFAULTS.items():
+            hp.hp.setdefault(k, v)
+    if arch == "llama4":
+        for k, v in _LLAMA4_TEXT_DEFAULTS.items():
             hp.hp.setdefault(k, v)
     n_layer = _check(hp, arch)
     w = _Writer(arch)

@@ -40,6 +40,8 @@ class LLM:
     EXPERT_COUNT: Final = "{arch}.expert_count"
     EXPERT_USED_COUNT: Final = "{arch}.expert_used_count"
     EXPERT_SHARED_COUNT: Final = "{arch}.expert_shared_count"
+    INTERLEAVE_MOE_LAYER_STEP: Final = "{arch}.interleave_moe_layer_step"
+    LEADING_DENSE_BLOCK_COUNT: Final = "{arch}.leading_dense_block_count"
     MOE_LATENT_SIZE: Final = "{arch}.moe_latent_size"
     NEXTN_PREDICT_LAYERS: Final = "{arch}.nextn_predict_layers"
     FULL_ATTENTION_INTERVAL: Final = "{arch}.full_attention_interval"
