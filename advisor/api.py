@@ -373,6 +373,10 @@ def plan(
             f"given beside the request's {clash}: one of them would be dropped",
             hint="give the machine once: hardware=, or the request's gpu= / vram_bytes= / rpc= / device=",
         )
+    if hardware is not None:  # as the command refuses --gpu CARD --margin of the whole card (entry.check_margin)
+        from kvadvise.entry import check_margin
+
+        check_margin(r.margin_bytes, hardware.gpus)
     return plan_for(spec, r, rt, hardware=hardware)
 
 

@@ -290,6 +290,11 @@ def _on_devices(
     out = list(layers.fixed)
     if output_on_host:
         out[min(layers.output_device, n_dev - 1)] -= layers.output_bytes
+    elif n_dev > 1 and owner[act - 1] != layers.output_device:
+        # the output layer goes where the split of the offloaded layers puts it (llama_model::load_tensors: the last of
+        # the act_gpu_layers points), not where the full offload had it: -ts 3,1 at -ngl 2 gives it to the first device
+        out[layers.output_device] -= layers.output_bytes
+        out[owner[act - 1]] += layers.output_bytes
     for il in range(n_cpu, n_all):
         out[owner[il - n_cpu]] += layers.block[il] - (layers.experts[il] if il < n_cpu_moe else 0)
     out[0] += copy  # op offload runs on the first GPU (the scheduler's highest-priority backend)

@@ -115,8 +115,11 @@ def max_context(
 FIT_MIN_CTX = 4096
 
 
-def recommend(spec: ModelSpec, base: RunConfig, budget: Budget, policy: Policy) -> Recommendation:
-    """Pick the config; ``base`` carries the user's n_parallel, batch sizes, kv_unified and swa_full."""
+def recommend(
+    spec: ModelSpec, base: RunConfig, budget: Budget, policy: Policy, *, fit_floor_on: bool = True
+) -> Recommendation:
+    """Pick the config; ``base`` carries the user's n_parallel, batch sizes, kv_unified and swa_full.
+    ``fit_floor_on`` False: no FIT_MIN_CTX floor (where the partial offload at it does not run: the GPU's plan)."""
     base = replace(base, device=budget.device)
     n_ctx_train = min(spec.n_ctx_train or (1 << 20), c_cap(base))
     reasons: list[str] = []
@@ -132,8 +135,9 @@ def recommend(spec: ModelSpec, base: RunConfig, budget: Budget, policy: Policy) 
     # below FIT_MIN_CTX, or below a --min-ctx (which says what is enough), the plan that runs keeps part of the model
     # on the CPU (docs/commands.md: --min-ctx "is reached by the plan that runs, on the GPU or partly on the CPU");
     # with --gpu-only the GPU's context stands (and --min-ctx fails, exit 3)
-    least = min(policy.min_ctx, n_ctx_train) if policy.min_ctx else min(FIT_MIN_CTX, target)
-    fit_floor = 0 if policy.gpu_only else least
+    # (not on the CPU: there is no part to move; not where the partial offload at it does not run: fit_floor_on)
+    least = min(policy.min_ctx, n_ctx_train) if policy.min_ctx else min(FIT_MIN_CTX, target) if fit_floor_on else 0
+    fit_floor = 0 if policy.gpu_only or budget.device == "cpu" else least
     floor = max(runtime_floor, fit_floor)
     if want > n_ctx_train:
         past = (
@@ -207,6 +211,10 @@ def recommend(spec: ModelSpec, base: RunConfig, budget: Budget, policy: Policy) 
             offload, notes = plan_offload(
                 spec, base, budget, target, (chosen.type_k, chosen.type_v), policy, shrink=True
             )
+            by_fit_floor = raised and floor > runtime_floor and not policy.min_ctx
+            if by_fit_floor and chosen.n_ctx_max and (offload is None or not offload.runnable):
+                # the partial offload the floor asked for does not run (the RAM): the GPU's own plan, below it
+                return recommend(spec, base, budget, policy, fit_floor_on=False)
             reasons += notes if offload is not None else (*notes, *words.no_offload(spec, budget))
     # --min-ctx: the plan that runs reaches it, on the GPU or with part of the model on the CPU (the partial plan
     # the policy asks for: --allow-cpu, or a model the GPU cannot hold)

@@ -283,13 +283,14 @@ class OllamaRuntime:
             # the runners inside Ollama's binary (before 0.30) lay the layers out themselves: "pack things into as few
             # GPUs as possible" (v0.20.0:llm/server.go assignLayers), one GPU whenever the model fits there, with no
             # 80 % share (selectLlamaServerPlacement is 0.30's)
-            if alone.fits:
+            # (for the num_ctx asked: one GPU whose plan reaches less context than all of them is not what it packs)
+            if alone.fits and (not plan.fits or alone.config.n_ctx >= plan.config.n_ctx):
                 note = (
                     f"Ollama {rel.version} runs it on one GPU ({best.name}): its layout packs the layers into as few "
                     "GPUs as possible; OLLAMA_SCHED_SPREAD=1 on the server would spread it over all of them"
                 )
                 return replace(alone, notes=(*alone.notes, note))
-            note = f"Ollama {rel.version} spreads it over the {len(hw.gpus)} GPUs: it does not fit on one"
+            note = f"Ollama {rel.version} spreads it over the {len(hw.gpus)} GPUs: one does not hold it at this num_ctx"
             return replace(plan, notes=(*plan.notes, note))
         if alone.fits and alone.estimate.device_bytes <= rules.SINGLE_GPU_SHARE * best.free_bytes:
             note = (
