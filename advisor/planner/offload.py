@@ -73,6 +73,7 @@ from kvadvise.planner.split import (
     output_host_bytes,
     output_layer_bytes,
     output_weights_bytes,
+    unpipelined_last_block_compute,
 )
 
 GIB = 1 << 30
@@ -401,8 +402,16 @@ def partial_offload(
         owner = _partial_owner(spec.n_layer_all, len(layers.fixed), cfg.tensor_split, n_cpu, output_on_host)
         parts = device_layers(spec, owner, len(layers.fixed), lay.device == "cuda")
         for d, part in enumerate(parts):
-            if (part.layers or part.last) and set(part.layers) <= {n_layer - 1}:
-                cut[d] = min(0, unpipelined_split_compute(spec, lay, part) - full_compute[d])
+            if part.layers == (n_layer - 1,):  # the last block: where measured so (split._LAST_BLOCK_MEASURED)
+                alone = unpipelined_last_block_compute(spec, lay, part)
+            elif part.last and not part.layers:  # the output layer alone: its rows' logits
+                alone = unpipelined_split_compute(spec, lay, part)
+            elif not part.layers and not part.last:  # a device given no layer holds no graph (-ts 3,1 at -ngl 2)
+                alone = 0
+            else:
+                alone = None
+            if alone is not None:
+                cut[d] = min(0, alone - full_compute[d])
         return cut
 
     def fits(n_cpu: int, n_cpu_moe: int) -> list[int] | None:

@@ -234,8 +234,8 @@ def unpipelined_last_block_compute(spec: ModelSpec, lay: ContextLayout, part: De
     last = spec.n_layer - 1
     rows_out = reserve_outputs(lay)
     if (
-        part.layers != (last,) or rows_out >= lay.n_ubatch or spec.architecture in _GATHER_AFTER_LOOP
-        or any(spec.recurrent_layers) or not spec.kv_layers[last]
+        part.layers != (last,) or rows_out >= lay.n_ubatch or spec.architecture not in _LAST_BLOCK_MEASURED
+        or spec.n_expert or any(spec.recurrent_layers) or not spec.kv_layers[last]
     ):  # fmt: skip
         return None
     s = graph_sizes(part.spec, lay)
@@ -246,6 +246,12 @@ def unpipelined_last_block_compute(spec: ModelSpec, lay: ContextLayout, part: De
     out = s.logits_bytes + 2 * 4 * rows_out * spec.n_embd if part.last else 0
     return pad(mask_inputs(s, lay) + ids + max(layer, out), ALIGNMENT["cuda"])
 
+
+# the architectures whose last block alone on a device was measured so (llama-server b11312 over rpc-servers, -ngl 2,
+# -ub 512-2048, flash attention on and off): a lower figure than the full offload's, so only where measured. Not a MoE
+# (the device also weighs the CPU layer's expert outputs, copied in: [n_embd, n_expert_used, n_ubatch] f32, 1.5 times
+# that, test_attack_round15c), nor a fused QKV (phi3's [3 n_embd, n_ubatch] output, alive beside Q and K: 24 MiB under)
+_LAST_BLOCK_MEASURED = frozenset({"llama", "qwen3", "granite", "command-r", "gemma2", "gemma3"})
 
 # the models whose graph gathers the output rows after the layer loop, not inside the last block (their last block runs
 # its FFN on the whole ubatch, and the output layer's device receives the whole hidden state): src/models/*.cpp at
@@ -260,6 +266,11 @@ _GATHER_AFTER_LOOP = frozenset(
         "qwen35", "qwen35moe", "qwen3next", "step35",
     }
 )  # fmt: skip
+
+def gathers_in_last_block(spec: ModelSpec) -> bool:
+    """The model's last block selects the output rows before its feed-forward (not one of _GATHER_AFTER_LOOP)."""
+    return spec.architecture not in _GATHER_AFTER_LOOP
+
 
 # attention whose wq makes Q and its output gate together (src/models/qwen3next.cpp, qwen35.cpp, qwen35moe.cpp)
 _GATED_Q_ARCHS = frozenset({"qwen3next", "qwen35", "qwen35moe"})
