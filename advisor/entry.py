@@ -58,7 +58,11 @@ def plan_for(
     if hardware is None and hw is not None:  # (compare checks its cards together: check_margin)
         check_margin(shaped.request.margin_bytes, hw.gpus)
     if hardware is not None and shaped.request.ram_bandwidth_gbs is not None:
-        hw = replace(hardware, ram_bandwidth_bytes_per_s=int(shaped.request.ram_bandwidth_gbs * 1e9))
+        hw = replace(
+            hardware,
+            ram_bandwidth_bytes_per_s=int(shaped.request.ram_bandwidth_gbs * 1e9),
+            ram_bandwidth_source="--ram-bandwidth",
+        )
     probed = hardware is None and _probes(shaped.request)
     hw, no_gpu = without_gpu(shaped.request, hw) if probed else (hw, None)
     check_machine(shaped.request, hw, runtime=runtime.name)

@@ -447,6 +447,7 @@ def ram_dict(r: HostRam | None) -> dict[str, Any] | None:
         "total_bytes": r.total_bytes,
         "ram_bytes": r.ram_bytes,
         "ram_source": r.ram_source,
+        "kept_bytes": r.kept_bytes,
         "fits": r.fits,
         "mapped_bytes": r.mapped_bytes,
         "buffers_bytes": r.buffers_bytes,

@@ -65,9 +65,11 @@ class Budget:
     device_clocks_hz: tuple[float, ...] = ()  # each GPU's boost clock (Gpu.clock_hz; 0: unknown)
     flops_source: str | None = None
     ram_bandwidth_bytes_per_s: int | None = None  # --ram-bandwidth; None: measured when a plan needs it
+    ram_bandwidth_source: str = "--ram-bandwidth"  # where that figure comes from (a Mac's: its unified memory)
     # system RAM a plan may use beside (kvadvise.planner.hostram): free now, or given with --ram
     ram_bytes: int = 0
     ram_source: str = ""
+    ram_kept_bytes: int = 0  # of ram_bytes, what the OS holds (Hardware.ram_kept_bytes: a Mac of the card list)
 
     def fits(self, est: MemoryEstimate) -> bool:
         """Every device within its own budget (one budget for one device, or the CPU)."""
@@ -122,6 +124,7 @@ def budget_for(hw: Hardware, margin_bytes: int = DEFAULT_MARGIN_BYTES) -> Budget
             backend,
             ram_bytes=hw.ram_free_bytes,
             ram_source=hw.ram_source,
+            ram_kept_bytes=hw.ram_kept_bytes,
         )
         if len(hw.gpus) > 1:
             per = tuple(max(0, g.free_bytes - margin_bytes) for g in hw.gpus)
@@ -136,6 +139,7 @@ def budget_for(hw: Hardware, margin_bytes: int = DEFAULT_MARGIN_BYTES) -> Budget
             device_clocks_hz=tuple(g.clock_hz for g in hw.gpus),
             flops_source=next((g.flops_source for g in hw.gpus if g.flops_source), None),
             ram_bandwidth_bytes_per_s=hw.ram_bandwidth_bytes_per_s,
+            ram_bandwidth_source=hw.ram_bandwidth_source,
         )
     free = hw.ram_free_bytes
     cpu = Budget(
@@ -150,8 +154,11 @@ def budget_for(hw: Hardware, margin_bytes: int = DEFAULT_MARGIN_BYTES) -> Budget
         None,
         ram_bytes=max(0, free - margin_bytes),  # the CPU runs the model: RAM is its device, with the margin
         ram_source=hw.ram_source,
+        ram_kept_bytes=hw.ram_kept_bytes,
     )
-    return replace(cpu, ram_bandwidth_bytes_per_s=hw.ram_bandwidth_bytes_per_s)
+    return replace(
+        cpu, ram_bandwidth_bytes_per_s=hw.ram_bandwidth_bytes_per_s, ram_bandwidth_source=hw.ram_bandwidth_source
+    )
 
 
 def weights_published(spec: ModelSpec) -> bool:

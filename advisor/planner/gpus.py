@@ -29,6 +29,11 @@ GIB = 1 << 30
 APPLE_SHARE_THRESHOLD_BYTES = 36 * GIB
 APPLE_SHARE_SMALL = (2, 3)
 APPLE_SHARE_LARGE = (3, 4)
+# What macOS itself holds of a Mac's memory, which a plan for a Mac of the card list leaves it (its RAM is the
+# installed memory, not what is free, as MemAvailable is on Linux): about 4 GB at idle (jundot/omlx#1533: a
+# headless 64 GB M2 Max; 3.5-3.6 GB wired on a 24 GB Mac mini, john-rocky/apple-silicon-llm-bench#7); a desktop
+# with other programs open holds more (--ram SIZE says what is free)
+MACOS_BYTES = 4 * GIB
 
 
 def apple_gpu_share_bytes(ram_bytes: int) -> int:

@@ -64,7 +64,12 @@ class Hardware:
     # system memory bandwidth given by hand (--ram-bandwidth); None: measured when a plan needs it
     # (kvadvise.planner.cpuspeed)
     ram_bandwidth_bytes_per_s: int | None = None
+    ram_bandwidth_source: str = "--ram-bandwidth"  # where ram_bandwidth_bytes_per_s comes from, when given
     ram_source: str = "free now"  # where ram_free_bytes comes from: free now (MemAvailable), --ram, a Mac's memory
+    # of ram_free_bytes, what the OS holds: a Mac of the card list, whose RAM is its whole memory
+    # (kvadvise.planner.gpus.MACOS_BYTES; hostram leaves the runtime's process its share too); 0 where RAM is
+    # what is free now or given
+    ram_kept_bytes: int = 0
 
     @property
     def has_gpu(self) -> bool:
@@ -183,7 +188,13 @@ def from_profile(name: str) -> Hardware:
     plan for the whole Mac: RAM is the unified memory, the GPU gets the share
     macOS lets it wire by default (kvadvise.planner.gpus.apple_gpu_share_bytes).
     """
-    from kvadvise.planner.gpus import APPLE_SHARE_LARGE, APPLE_SHARE_SMALL, APPLE_SHARE_THRESHOLD_BYTES, find_profile
+    from kvadvise.planner.gpus import (
+        APPLE_SHARE_LARGE,
+        APPLE_SHARE_SMALL,
+        APPLE_SHARE_THRESHOLD_BYTES,
+        MACOS_BYTES,
+        find_profile,
+    )
 
     p = find_profile(name)
     usable = p.usable_bytes
@@ -224,6 +235,13 @@ def from_profile(name: str) -> Hardware:
         notes=notes,
         sources=sources,
         ram_source=f"{p.name}'s unified memory" if p.unified_memory else "this machine's, free now",
+        ram_kept_bytes=MACOS_BYTES if p.unified_memory else 0,  # a Mac's whole memory: macOS holds its share
+        # a Mac's CPU cores read the same unified memory as its GPU: the chip's published bandwidth (an upper
+        # bound for the CPU's share), not a measurement of the machine kvadvise runs on
+        ram_bandwidth_bytes_per_s=p.bandwidth_bytes_per_s if p.unified_memory else None,
+        ram_bandwidth_source=f"{p.name}'s unified memory, {p.bandwidth_bytes_per_s / 1e9:,.0f} GB/s ({p.source})"
+        if p.unified_memory
+        else "--ram-bandwidth",
     )
 
 
@@ -369,7 +387,9 @@ def with_ram(hw: Hardware, ram_bytes: int) -> Hardware:
     container may hold), in place of what is free here now."""
     if ram_bytes <= 0:
         raise InputError(f"--ram must be positive, got {ram_bytes} bytes", hint="e.g. --ram 32GiB")
-    return replace(hw, ram_total_bytes=ram_bytes, ram_free_bytes=ram_bytes, ram_source="given with --ram")
+    return replace(
+        hw, ram_total_bytes=ram_bytes, ram_free_bytes=ram_bytes, ram_source="given with --ram", ram_kept_bytes=0
+    )
 
 
 def manual_many(sizes: Sequence[int], bandwidth_bytes_per_s: int | None = None) -> Hardware:

@@ -74,6 +74,7 @@ class HostRam:
     ram_source: str
     cache_ram_mib: int | None = None  # the --cache-ram the plan needs (None: llama.cpp's default stands)
     ctx_checkpoints: int | None = None  # the --ctx-checkpoints the plan needs (None: the default stands)
+    kept_bytes: int = 0  # of ram_bytes, left to the OS and the runtime's process (a Mac of the card list)
 
     @property
     def essential_bytes(self) -> int:
@@ -86,7 +87,7 @@ class HostRam:
 
     @property
     def fits(self) -> bool:
-        return self.total_bytes <= self.ram_bytes
+        return self.total_bytes + self.kept_bytes <= self.ram_bytes
 
     @property
     def container_limit_bytes(self) -> int:
@@ -151,7 +152,13 @@ def plan_host_ram(
     slots = est.layout.n_seq_max
     checkpoints = slots * DEFAULT_CTX_CHECKPOINTS * one
     cache = DEFAULT_CACHE_RAM_MIB * MIB if server else 0
-    room = budget.ram_bytes - (mapped + buffers + shared)
+    # RAM that is a machine's whole memory (a Mac of the card list: budget.ram_kept_bytes, what its OS holds) leaves
+    # the OS its share and the runtime its process (what MemAvailable leaves out elsewhere)
+    kept = budget.ram_kept_bytes + PROCESS_BYTES if budget.ram_kept_bytes else 0
+    source = budget.ram_source
+    if kept:
+        source += f", {kept / GIB:.2f} GiB of it left to the OS and the runtime's process"
+    room = budget.ram_bytes - kept - (mapped + buffers + shared)
     n_ckpt = cache_mib = None
     if room >= 0:
         if checkpoints > room:
@@ -162,5 +169,15 @@ def plan_host_ram(
             cache_mib = left // MIB // CACHE_RAM_STEP_MIB * CACHE_RAM_STEP_MIB
             cache = cache_mib * MIB
     return HostRam(
-        mapped, buffers, shared, cache, checkpoints, one, budget.ram_bytes, budget.ram_source, cache_mib, n_ckpt
+        mapped,
+        buffers,
+        shared,
+        cache,
+        checkpoints,
+        one,
+        budget.ram_bytes,
+        source,
+        cache_mib,
+        n_ckpt,
+        kept,
     )

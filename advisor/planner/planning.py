@@ -139,7 +139,9 @@ class MeasuredOverhead:
 def hardware_for(req: HardwareRequest) -> Hardware | None:
     hw = _hardware_for(req)
     if hw is not None and req.ram_bandwidth_bytes_per_s:
-        hw = replace(hw, ram_bandwidth_bytes_per_s=req.ram_bandwidth_bytes_per_s)
+        hw = replace(
+            hw, ram_bandwidth_bytes_per_s=req.ram_bandwidth_bytes_per_s, ram_bandwidth_source="--ram-bandwidth"
+        )
     return hw
 
 

@@ -125,7 +125,13 @@ def reasons(
         return out
     f16 = next((o for o in options if o.type_k == F16 and o.type_v == F16), None)
     q8 = next((o for o in options if o.type_k == Q8_0 and o.allowed), None)
-    q4 = next((o for o in options if needs_opt_in((o.type_k, o.type_v))), None)
+    # the opt-in cache the levers quote: the one that reaches furthest (q4_0 K/V where offered, not K q8_0 / V q4_0,
+    # the first in CACHE_CHOICES), named as the options table names it
+    q4 = max(
+        (o for o in options if needs_opt_in((o.type_k, o.type_v)) and not _measured_bad(policy, o)),
+        key=lambda o: o.n_ctx_max,
+        default=None,
+    )
     if chosen.type_k == F16 and chosen.type_v == F16:
         if chosen.reaches_target:
             out.append("f16 K/V: it reproduces tokens exactly, and it reaches the target")
@@ -192,16 +198,14 @@ def reasons(
             "a GPU with more free memory",
             "--allow-cpu (part of the model on the CPU: slower)",
         ]
-        if q4 is not None and not q4.allowed and q4.n_ctx_max > chosen.n_ctx_max and not _measured_bad(policy, q4):
-            levers.append(f"--allow-q4 (q4_0 reaches {q4.n_ctx_max:,} tokens, with a loss in precision)")
+        if q4 is not None and not q4.allowed and q4.n_ctx_max > chosen.n_ctx_max:
+            levers.append(f"--allow-q4 ({_name(q4)} reaches {q4.n_ctx_max:,} tokens, with a loss in precision)")
         out.append(
             f"the target is not reached: {best} gets {chosen.n_ctx_max:,} tokens at most; levers: "
             + "; ".join(x for x in levers if x)
         )
-    elif (
-        q8 is not None and q4 is not None and not q4.allowed and chosen.type_k != F16 and not _measured_bad(policy, q4)
-    ):
-        out.append(f"q4_0 would reach {q4.n_ctx_max:,} tokens; it is used only with --allow-q4 (less precise)")
+    elif q8 is not None and q4 is not None and not q4.allowed and chosen.type_k != F16:
+        out.append(f"{_name(q4)} would reach {q4.n_ctx_max:,} tokens; it is used only with --allow-q4 (less precise)")
     if chosen.flash_attn:
         why = "needed for a quantized V cache, and it" if chosen.type_v != F16 else "it"
         out.append(f"flash attention on: {why} removes the n_ctx × n_head attention-score buffer")

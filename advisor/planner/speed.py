@@ -722,9 +722,10 @@ def plan_devices(spec: ModelSpec, budget: Budget, tensor_split: Sequence[float] 
 
 
 def ram_bandwidth(budget: Budget) -> tuple[int, str]:
-    """The system memory's bandwidth: --ram-bandwidth, else this machine's, measured once and cached."""
+    """The system memory's bandwidth: --ram-bandwidth (or a Mac of the card list's unified memory), else this
+    machine's, measured once and cached."""
     if budget.ram_bandwidth_bytes_per_s:
-        return budget.ram_bandwidth_bytes_per_s, "--ram-bandwidth"
+        return budget.ram_bandwidth_bytes_per_s, budget.ram_bandwidth_source
     from kvadvise.planner.cpuspeed import measured_bandwidth
 
     r = measured_bandwidth()

@@ -18,7 +18,8 @@ that fit is found by doubling, then halving the gap.
 Decode of N sessions at once (an estimate, kvadvise.planner.speed's bandwidth model): one step reads the
 weights once for all N sessions and each session's K/V up to its depth, so each session decodes at
 ``1 / t_step`` and the card at ``N / t_step`` tokens/s; batched matrix products past the card's compute
-(large N) are not modelled, so the figure for many sessions is an upper bound.
+(large N) are not modelled, so the figure for many sessions is an upper bound. N sessions that do not fit the
+GPUs get no figure: that layout never runs (the plan runs a partial offload, at its own speed).
 
 llmfit (AlexsJones/llmfit 1.1.17, ``concurrency``) counts ``sessions = (pool - weights) / KV per session``:
 that is the per-slot count without the compute buffer, the output buffer and SWA's smaller cache
@@ -53,7 +54,8 @@ class Sessions:
     max_users: int  # the most sessions of n_ctx_user that fit this way (0: not one)
     device_bytes: int  # the N sessions' memory on the GPUs (all devices)
     kv_bytes: int
-    decode_user_tps: float | None  # each session, all N decoding at once at depth n_ctx_user (estimate)
+    # each session, all N decoding at once at depth n_ctx_user (estimate); None where the N do not fit the GPUs
+    decode_user_tps: float | None
     decode_total_tps: float | None  # the card's tokens/s over the N sessions
 
     @property
@@ -180,12 +182,15 @@ def sessions(
 ) -> Sessions:
     cfg = users_config(base, n_users, n_ctx_user, kv_unified=kv_unified)
     est = estimate(spec, cfg)
-    speed = concurrent_decode(spec, cfg, budget, n_users) if decode else None
+    fits = sessions_fit(spec, cfg, budget)
+    # the concurrent model reads every weight from the GPUs: N sessions that do not fit them never run that way
+    # (the plan falls back to a partial offload, whose speed is its own), so they get no decode figure
+    speed = concurrent_decode(spec, cfg, budget, n_users) if decode and fits else None
     return Sessions(
         kv_unified=kv_unified,
         n_users=n_users,
         n_ctx_user=n_ctx_user,
-        fits=sessions_fit(spec, cfg, budget),
+        fits=fits,
         max_users=max_users(spec, base, budget, n_ctx_user, kv_unified=kv_unified),
         device_bytes=est.device_bytes,
         kv_bytes=est.kv_bytes,
@@ -207,7 +212,8 @@ def users_per_card(
 ) -> UsersAnswer:
     """``n_users`` sessions of ``n_ctx_user`` tokens on ``budget``'s GPUs, one slot each and (where the
     runtime passes -kvu) in one unified pool; ``unified_given``: -kvu asked for, the way the plan runs;
-    ``decode``: estimate their decode (not for weights partly in RAM, which the concurrent model does not read)."""
+    ``decode``: estimate their decode (not for weights partly in RAM, which the concurrent model does not read;
+    never for N sessions that do not fit the GPUs)."""
     per_slot = sessions(spec, base, budget, n_users, n_ctx_user, kv_unified=False, decode=decode)
     unified = (
         sessions(spec, base, budget, n_users, n_ctx_user, kv_unified=True, decode=decode) if unified_allowed else None
