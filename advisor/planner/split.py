@@ -267,6 +267,7 @@ _GATHER_AFTER_LOOP = frozenset(
     }
 )  # fmt: skip
 
+
 def gathers_in_last_block(spec: ModelSpec) -> bool:
     """The model's last block selects the output rows before its feed-forward (not one of _GATHER_AFTER_LOOP)."""
     return spec.architecture not in _GATHER_AFTER_LOOP
