@@ -74,7 +74,7 @@ class HostRam:
     ram_source: str
     cache_ram_mib: int | None = None  # the --cache-ram the plan needs (None: llama.cpp's default stands)
     ctx_checkpoints: int | None = None  # the --ctx-checkpoints the plan needs (None: the default stands)
-    kept_bytes: int = 0  # of ram_bytes, left to the OS and the runtime's process (a Mac of the card list)
+    kept_bytes: int = 0  # of ram_bytes, left to the runtime's process (and a Mac's OS: a Mac of the card list)
 
     @property
     def essential_bytes(self) -> int:
@@ -152,11 +152,12 @@ def plan_host_ram(
     slots = est.layout.n_seq_max
     checkpoints = slots * DEFAULT_CTX_CHECKPOINTS * one
     cache = DEFAULT_CACHE_RAM_MIB * MIB if server else 0
-    # RAM that is a machine's whole memory (a Mac of the card list: budget.ram_kept_bytes, what its OS holds) leaves
-    # the OS its share and the runtime its process (what MemAvailable leaves out elsewhere)
-    kept = budget.ram_kept_bytes + PROCESS_BYTES if budget.ram_kept_bytes else 0
+    # the runtime's own process (code, libraries, the GPU runtime's host side: about 450 MB, llama.cpp#27725) beside
+    # its buffers, whatever the RAM: MemAvailable and --ram are read before it starts; RAM that is a machine's whole
+    # memory (a Mac of the card list: budget.ram_kept_bytes) leaves its OS its share too
+    kept = budget.ram_kept_bytes + PROCESS_BYTES
     source = budget.ram_source
-    if kept:
+    if budget.ram_kept_bytes:
         source += f", {kept / GIB:.2f} GiB of it left to the OS and the runtime's process"
     room = budget.ram_bytes - kept - (mapped + buffers + shared)
     n_ckpt = cache_mib = None

@@ -486,8 +486,13 @@ def seconds_per_token(
         if d.flops_per_s:
             t += dequant * d.share / d.flops_per_s
     if cpu_w or cpu_kv:
-        t += cpu_w / (EFFICIENCY["cpu"][kind] * cpu_bandwidth_bytes_per_s)
-        t += cpu_kv / (KV_EFFICIENCY["cpu"] * cpu_bandwidth_bytes_per_s)
+        w_rate = EFFICIENCY["cpu"][kind] * cpu_bandwidth_bytes_per_s
+        kv_rate = KV_EFFICIENCY["cpu"] * cpu_bandwidth_bytes_per_s
+        for d in devices:
+            if backend_key(d.backend) == "metal":  # one memory: the CPU cores never read it faster than the GPU does
+                w_rate = min(w_rate, EFFICIENCY[decode_key(d.backend, d.speed_class)][kind] * d.bandwidth_bytes_per_s)
+                kv_rate = min(kv_rate, KV_EFFICIENCY["metal"] * d.bandwidth_bytes_per_s)
+        t += cpu_w / w_rate + cpu_kv / kv_rate
     fixed = reads.layer_units * LAYER_OVERHEAD_S[lead] + reads.expert_layers * MOE_LAYER_OVERHEAD_S[lead]
     if lead == "cuda":  # measured on CUDA only
         fixed += early_build_seconds(reads, llama_build)
