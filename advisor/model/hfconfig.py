@@ -177,11 +177,24 @@ _GEMMA3_TEXT_DEFAULTS: Mapping[str, object] = {
 # transformers Llama4TextConfig.__init__ defaults (configuration_llama4.py) of the keys Llama4Model reads beyond
 # TextModel's: a slim text_config gets them through AutoConfig, as the Gemma 3 one does
 _LLAMA4_TEXT_DEFAULTS: Mapping[str, object] = {
+    # transformers' Llama4TextConfig.__init__ defaults (configuration_llama4.py): save_pretrained drops a sub-config's
+    # keys equal to them (to_diff_dict), and the converter reads the config through AutoConfig, which restores them
+    "vocab_size": 202048,
+    "hidden_size": 5120,
     "intermediate_size": 8192,
     "intermediate_size_mlp": 16384,
+    "num_hidden_layers": 48,
+    "num_attention_heads": 40,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-5,
     "num_local_experts": 16,
     "num_experts_per_tok": 1,
     "interleave_moe_layer_step": 1,
+    "no_rope_layer_interval": 4,
+    "attention_chunk_size": 8192,
+    "rope_theta": 500000.0,
 }
 
 # What no real model exceeds; larger values are typos or hostile input.
