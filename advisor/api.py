@@ -380,14 +380,16 @@ def plan(
     return plan_for(spec, r, rt, hardware=hardware)
 
 
-def llama_server_command(model_path: str, config: RunConfig | Plan) -> str:
+def llama_server_command(model_path: str, config: RunConfig | Plan) -> str | None:
     """The llama-server command line for ``model_path`` run with ``config``; given a Plan, the command that runs it
     (its partial offload or its --n-cpu-moe placement, as ``--json``'s ``llama_server.run_command``: a RunConfig
-    alone does not carry the placement)."""
+    alone does not carry the placement), None for a plan that runs nowhere (``run_command`` null)."""
     from kvadvise.runtime.llamaserver import ModelSource, args_text, command_text, plan_args
 
     path = _text("model_path", model_path)
     if isinstance(config, Plan):
+        if config.runnable is False:
+            return None
         return args_text(plan_args(ModelSource.path(path), config, config.offload_to_run))
     return command_text(path, _config(config))
 

@@ -188,6 +188,12 @@ def why(rec: Recommendation | None) -> list[str]:
             for r in rec.reasons
             if r.startswith("partial offload: ") and " would keep " in r
         ][:1]
+        # a partial offload searched down from the target (offload.plan_offload's shrink): how far, and why
+        out += [
+            f"     {r.removeprefix('partial offload: ')}"
+            for r in rec.reasons
+            if r.startswith("partial offload: ") and " tokens per sequence do not fit " in r
+        ][:1]
         return out + [r for r in rec.reasons if r.startswith("note:")]
     chosen = (rec.config.type_k, rec.config.type_v)
     target = rec.target_ctx
@@ -276,7 +282,7 @@ def summary_text(
     # prose is wrapped to the terminal's ~100 columns; a setting is a command or a file line, copied whole
     out = wrapped(lines[0])
     for row in lines[1:said_settings]:
-        out += wrapped(row) if row.lstrip().startswith(("warning:", "note:", "(")) else [row]
+        out += wrapped(row) if row.lstrip().startswith(("warning:", "note:", "runner:", "(")) else [row]
     for row in lines[said_settings:]:
         out += wrapped(row)
     return text_lines(out)

@@ -153,7 +153,8 @@ def budget_for(hw: Hardware, margin_bytes: int = DEFAULT_MARGIN_BYTES) -> Budget
         None,
         None,
         ram_bytes=max(0, free - margin_bytes),  # the CPU runs the model: RAM is its device, with the margin
-        ram_source=hw.ram_source,
+        # (said with the figure: "of 31.00 GiB" for --ram 32GiB reads as the user's number)
+        ram_source=f"{hw.ram_source}, less the {margin_bytes / MIB:,.0f} MiB margin" if margin_bytes else hw.ram_source,
         ram_kept_bytes=hw.ram_kept_bytes,
     )
     return replace(

@@ -132,6 +132,9 @@ def recommend(
     # a runtime that runs at least ctx_floor tokens (Ollama: a vision model's 2,048) runs that when asked for fewer
     runtime_floor = min(policy.ctx_floor, n_ctx_train)
     target = max(min(want, n_ctx_train), runtime_floor)
+    if policy.min_ctx > target and not policy.target_ctx:
+        # --min-ctx above the default target: the target is at least what is asked for (the partial offload aims at it)
+        target = min(policy.min_ctx, n_ctx_train)
     # below FIT_MIN_CTX, or below a --min-ctx (which says what is enough), the plan that runs keeps part of the model
     # on the CPU (docs/commands.md: --min-ctx "is reached by the plan that runs, on the GPU or partly on the CPU");
     # with --gpu-only the GPU's context stands (and --min-ctx fails, exit 3)

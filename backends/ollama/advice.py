@@ -277,7 +277,7 @@ def advice_dict(a: OllamaAdvice) -> dict[str, object]:
         "warnings": list(a.warnings),
         "platform": a.platform,
         "apply": list(apply_steps(a)),
-        "verify_command": verify_command(a.created_name, a.settings) if a.fits and not a.settings.partial else None,
+        "verify_command": verify_command(a.created_name, a.settings) if a.fits and not _cpu_or_partial(a) else None,
     }
     if a.runner is not None:  # a Mac plan only: the other cards' documents are unchanged
         doc["runner"] = a.runner.json_doc()
@@ -314,11 +314,17 @@ def apply_steps(
     else:
         steps.append(f"ollama create {a.created_name} -f {shlex.quote(mf)}{later}")
     steps += oc.call_hints(a.created_name, a.settings)
-    if a.settings.partial:  # `kvadvise verify ollama` checks a 100 % GPU plan
-        steps.append(f"ollama run {a.created_name} '' && ollama ps  # PROCESSOR: a CPU/GPU split, as planned")
+    if _cpu_or_partial(a):  # `kvadvise verify ollama` checks a 100 % GPU plan
+        where = "100% CPU" if not a.settings.partial else "a CPU/GPU split"
+        steps.append(f"ollama run {a.created_name} '' && ollama ps  # PROCESSOR: {where}, as planned")
     else:
         steps.append(oc.verify_command(a.created_name, a.settings))
     return tuple(steps)
+
+
+def _cpu_or_partial(a: OllamaAdvice) -> bool:
+    """A plan that keeps part or all of the model on the CPU: `kvadvise verify ollama` checks a 100 % GPU plan."""
+    return a.settings.partial or (a.plan.budget is not None and a.plan.budget.device == "cpu")
 
 
 def advice_text(a: OllamaAdvice) -> str:

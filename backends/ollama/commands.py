@@ -496,6 +496,16 @@ def run_together(
             f"OLLAMA_KV_CACHE_TYPE {kv!r}: Ollama's llama-server takes one of {', '.join(rules.SERVER_KV_CACHE_TYPES)}"
         )
     hw = hardware(r)
+    from kvadvise.entry import check_margin
+    from kvadvise.planner.budget import DEFAULT_MARGIN_BYTES
+
+    if hw is not None:
+        check_margin(r.margin_bytes, hw.gpus)  # a margin of the whole card: refused as for one model
+    if r.margin_bytes != DEFAULT_MARGIN_BYTES:
+        # the replay keeps what llama-server's --fit keeps free for each model (1,024 MiB, LLAMA_ARG_FIT_TARGET)
+        raise click.UsageError(
+            "--margin: for one model; several models are replayed at llama.cpp's --fit margin (1 GiB each)"
+        )
     with ollama_api.session():
         models, same, aliases = one_each(tuple(resolve(n, host=host) for n in names))
         loaded, live_note = loaded_now(host, hw, r)

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvadvise.errors import ConfigError
+from kvadvise.model.ggml import KV_CACHE_TYPES as GGML_KV_CACHE_TYPES
+from kvadvise.model.ggml import cache_type, is_quantized
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
@@ -26,7 +28,7 @@ KV_CACHE_TYPES = ("f16", "q8_0", "q4_0")  # what Ollama documents (docs/faq), al
 # From 0.30 Ollama passes OLLAMA_KV_CACHE_TYPE, lower-cased and unchecked, to llama-server as --cache-type-k and
 # --cache-type-v (llm/llama_server.go, llm/server.go NewLlamaServer): any type llama-server takes (common/arg.cpp
 # kv_cache_types; another stops it, and the load fails)
-SERVER_KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+SERVER_KV_CACHE_TYPES = tuple(t.type_name for t in GGML_KV_CACHE_TYPES)
 GIB = 1 << 30
 MIB = 1 << 20
 DEFAULT_FIT_TARGET_MIB = 1024  # llama.cpp common/arg.cpp: -fitt default
@@ -261,7 +263,7 @@ class OllamaSettings:
         for field, n in (("cache_ram_mib", self.cache_ram_mib), ("ctx_checkpoints", self.ctx_checkpoints)):
             if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
                 raise ConfigError(f"{field} must be a whole number >= 0, got {n!r}")
-        if self.kv_cache_type not in ("f16", "bf16", "f32") and not self.flash_attention:
+        if is_quantized(cache_type(self.kv_cache_type)) and not self.flash_attention:
             # Ollama passes the type as both -ctk and -ctv; llama.cpp refuses a quantized V without FA
             raise ConfigError(
                 f"OLLAMA_KV_CACHE_TYPE={self.kv_cache_type} needs flash attention (a quantized V cache does)",

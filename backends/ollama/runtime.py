@@ -313,6 +313,8 @@ class OllamaRuntime:
         else:
             live = LiveState(False, ollama_api.server_url(self.host), None, (), ())
         where = current_platform() if self.platform == "auto" else self.platform
+        if self.platform == "auto" and plan.hardware is not None and any(g.unified_memory for g in plan.hardware.gpus):
+            where = "macos"  # a plan for an Apple chip is applied on that Mac, wherever it was planned
         rel = self._release or self.release(blob_architecture(plan.spec.architecture, model.source))
         advice = advise(
             model,
