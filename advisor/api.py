@@ -290,6 +290,9 @@ def recommend(
     budget = plan_budget(
         hardware, _margin(margin_bytes), spec=spec, headless=pol.headless, weights_uncertain=pol.weights_uncertain
     )
+    from kvadvise.entry import check_margin
+
+    check_margin(_margin(margin_bytes), hardware.gpus)  # as the command and plan() refuse a whole-card margin
     return _recommend(spec, cfg, budget, pol)
 
 
@@ -390,7 +393,9 @@ def llama_server_command(model_path: str, config: RunConfig | Plan) -> str | Non
     if isinstance(config, Plan):
         if config.runnable is False:
             return None
-        return args_text(plan_args(ModelSource.path(path), config, config.offload_to_run))
+        # a URL as --json's run_command points at it (-mu); a Hub name is the llamacpp backend's (its runners)
+        src = ModelSource.url(path) if path.startswith(("http://", "https://")) else ModelSource.path(path)
+        return args_text(plan_args(src, config, config.offload_to_run))
     return command_text(path, _config(config))
 
 

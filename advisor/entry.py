@@ -63,6 +63,10 @@ def plan_for(
             ram_bandwidth_bytes_per_s=int(shaped.request.ram_bandwidth_gbs * 1e9),
             ram_bandwidth_source="--ram-bandwidth",
         )
+    if hardware is not None and hw is not None and shaped.request.ram_bytes:  # the request's --ram, as the command's
+        from kvadvise.planner.hardware import with_ram
+
+        hw = with_ram(hw, shaped.request.ram_bytes)
     probed = hardware is None and _probes(shaped.request)
     hw, no_gpu = without_gpu(shaped.request, hw) if probed else (hw, None)
     check_machine(shaped.request, hw, runtime=runtime.name)

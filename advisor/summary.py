@@ -77,7 +77,7 @@ def headline(plan: Plan, requested_ctx: int | None = None) -> str:
     if not plan.fits:
         return head + what + ": DOES NOT FIT" + ("" if on_cpu else " the GPU")
     if plan.ram is not None and not plan.ram.fits:
-        return head + what + ": fits the GPU, but NOT the system RAM"
+        return head + what + (": does NOT fit the system RAM" if on_cpu else ": fits the GPU, but NOT the system RAM")
     return head + what + (": fits in RAM" if on_cpu else ": fits 100% on the GPU")
 
 

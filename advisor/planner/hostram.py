@@ -155,11 +155,15 @@ def plan_host_ram(
     # the runtime's own process (code, libraries, the GPU runtime's host side: about 450 MB, llama.cpp#27725) beside
     # its buffers, whatever the RAM: MemAvailable and --ram are read before it starts; RAM that is a machine's whole
     # memory (a Mac of the card list: budget.ram_kept_bytes) leaves its OS its share too
-    kept = budget.ram_kept_bytes + PROCESS_BYTES
+    # (a plan on the CPU takes its --margin off the RAM already, room enough for the process beside it)
+    process = max(0, PROCESS_BYTES - budget.margin_bytes) if budget.device == "cpu" else PROCESS_BYTES
+    kept = budget.ram_kept_bytes + process
     source = budget.ram_source
     if budget.ram_kept_bytes:
         source += f", {kept / GIB:.2f} GiB of it left to the OS and the runtime's process"
     room = budget.ram_bytes - kept - (mapped + buffers + shared)
+    if room < 0 and kept and not budget.ram_kept_bytes:  # short of RAM: say what the check kept besides the buffers
+        source += f", {kept / MIB:,.0f} MiB of it left to the runtime's process"
     n_ckpt = cache_mib = None
     if room >= 0:
         if checkpoints > room:

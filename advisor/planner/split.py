@@ -178,7 +178,10 @@ def split_compute(spec: ModelSpec, lay: ContextLayout, part: DeviceLayers, *, co
         # gathers after its layer loop (_GATHER_AFTER_LOOP) gets the whole hidden state and keeps the gather's copy
         # of it beside (qwen35, gemma4 at -ub 1024: 20.03 MiB printed, 4 + 1 rows of n_embd)
         row = 4 * rows_out * spec.n_embd
-        hidden = row if gathers_in_last_block else 4 * ub * spec.n_embd
+        # a parallel block (command-r, cohere2) gathers its rows into weightless adds, which the scheduler puts on the
+        # output layer's device: the whole batch's hidden state comes in (llama-server b11312 over an rpc-server at
+        # -ngl 1: 66.51 / 70.51 MiB printed at -ub 1024 / 2048, 62.64 planned with one row)
+        hidden = row if gathers_in_last_block and not spec.parallel_block else 4 * ub * spec.n_embd
         gather = 0 if gathers_in_last_block else hidden
         return pad(copies * hidden + gather + 4 * rows_out * spec.n_vocab + 2 * row, ALIGNMENT["cuda"])
     s = graph_sizes(part.spec, lay)

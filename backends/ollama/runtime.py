@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from kvadvise.backends.ollama import rules
 from kvadvise.backends.ollama.model import OllamaModel
 from kvadvise.backends.ollama.versions import blob_architecture
-from kvadvise.errors import ConfigError
+from kvadvise.errors import ConfigError, InputError
 from kvadvise.request import PlanRequest
 from kvadvise.runtime.seam import Shaped, Writer
 
@@ -188,6 +188,12 @@ class OllamaRuntime:
         return OllamaModel(name, tag or "latest", spec, {}, 0, spec.weights_bytes, f"spec:{spec.source}")
 
     def shape(self, spec: ModelSpec, request: PlanRequest) -> Shaped:
+        if request.llama_build != "auto":  # the command refuses --llama-build too (commands.py), the API here
+            raise InputError(
+                "--llama-build: Ollama runs the llama.cpp its release carries; --ollama-version X.Y.Z names the "
+                "release",
+                hint="leave llama_build out (or 'auto') for Ollama; give ollama_version",
+            )
         model = self._model(spec)
         rel = self._release = self.release(blob_architecture(spec.architecture, model.source))
         kv = rules.one_cache_type(request.type_k, request.type_v)
