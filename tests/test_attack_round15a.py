@@ -51,7 +51,7 @@ def test_a_cpu_plan_below_4096_tokens_is_not_refused(capsys: pytest.CaptureFixtu
     off GPUs) has nothing to do there. Raising the context to 4,096 turns a plan that runs into "no plan that runs"
     (docs/exit-codes.md: exit 3) and a note about "the GPU alone" on a machine with none. Expected: exit 0, a plan
     that fits the RAM (the largest context it holds)."""
-    rc, doc, err = _doc(
+    rc, doc, _err = _doc(
         capsys, "hf", str(HF / "qwen3-8b.json"), "--quant", "Q4_K_M", "--device", "cpu", "--ram", "6GiB",
         "--ram-bandwidth", "60",
     )  # fmt: skip

@@ -165,7 +165,7 @@ def test_gpt_oss_120b_on_a_24gb_card_with_24gib_of_ram_does_not_fit_the_ram(
     off = doc["offload"]
     assert isinstance(off, dict) and rc == 3 and doc["runnable"] is False and off["runnable"] is False
     ram = off["ram"]
-    assert ram["fits"] is False and ram["ram_bytes"] == 24 * GIB and ram["ram_source"] == "given with --ram"
+    assert ram["fits"] is False and ram["ram_bytes"] == 24 * GIB and ram["ram_source"].startswith("given with --ram")
     assert ram["mapped_bytes"] > 40 * GIB  # the experts the CPU reads
     assert any("does not fit the RAM" in r for r in doc["reasons"])  # type: ignore[union-attr]
     rc, out, err = run(

@@ -30,7 +30,7 @@ def test_a_llama_server_type_is_planned_for_ollama_0_30_and_later(
 
 
 def test_a_runner_before_0_30_refuses_what_it_ignores(capsys: pytest.CaptureFixture[str]) -> None:
-    rc, out, err = run(capsys, "ollama", "qwen3:8b", "--gpu", "rtx4090", "-ctk", "q5_1", "--ollama-version", "0.20.0")
+    rc, _out, err = run(capsys, "ollama", "qwen3:8b", "--gpu", "rtx4090", "-ctk", "q5_1", "--ollama-version", "0.20.0")
     one_line_input_error(rc, err)
     assert "Ollama 0.20.0 does not take OLLAMA_KV_CACHE_TYPE=q5_1" in err and "unsupported" in err
 

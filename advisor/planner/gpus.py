@@ -34,6 +34,9 @@ APPLE_SHARE_LARGE = (3, 4)
 # headless 64 GB M2 Max; 3.5-3.6 GB wired on a 24 GB Mac mini, john-rocky/apple-silicon-llm-bench#7); a desktop
 # with other programs open holds more (--ram SIZE says what is free)
 MACOS_BYTES = 4 * GIB
+# The llama-server process beside its buffers (code, libraries, the CUDA runtime's host side, the HTTP
+# server): about 450 MB measured in a container (ggml-org/llama.cpp#27725); kept in every plan's RAM (hostram)
+PROCESS_BYTES = 512 << 20
 
 
 def apple_gpu_share_bytes(ram_bytes: int) -> int:

@@ -396,7 +396,7 @@ def with_ram(hw: Hardware, ram_bytes: int) -> Hardware:
     if hw.ram_kept_bytes:
         # a Mac: --ram is what is free of its one memory, which its GPU's share is of too (the GPU holds no more than
         # that, less the runtime's process); the Mac's own size stays (macOS's wired limit follows it: the MLX runner)
-        from kvadvise.planner.hostram import PROCESS_BYTES
+        from kvadvise.planner.gpus import PROCESS_BYTES
 
         cap = max(0, ram_bytes - PROCESS_BYTES)
         gpus = tuple(replace(g, free_bytes=min(g.free_bytes, cap)) if g.unified_memory else g for g in hw.gpus)

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvadvise.model.ggml import row_bytes
+from kvadvise.planner.gpus import PROCESS_BYTES
 
 if TYPE_CHECKING:
     from kvadvise.model.spec import ModelSpec
@@ -52,9 +53,6 @@ GIB = 1 << 30
 DEFAULT_CACHE_RAM_MIB = 8192
 DEFAULT_CTX_CHECKPOINTS = 32
 CACHE_RAM_STEP_MIB = 256  # a --cache-ram kvadvise sets is rounded down to this
-# The llama-server process beside its buffers (code, libraries, the CUDA runtime's host side, the HTTP
-# server): about 450 MB measured in a container (ggml-org/llama.cpp#27725); for a container's limit.
-PROCESS_BYTES = 512 * MIB
 # llama-cli runs llama-server's context since ggml-org/llama.cpp#17824, its prompt cache and checkpoints with it
 # (common/common.h cache_ram_mib 8192; --ctx-checkpoints is an LLAMA_EXAMPLE_CLI flag too); the library keeps none
 RUNTIMES_WITH_PROMPT_CACHE = ("llama-server", "llama-cli")
