@@ -114,6 +114,12 @@ the exact build is not known, the earliest it can be, so that an older build is 
   2026-05-29, b9409) passes the new flags; a public setup note gives draft-mtp in ``--help`` from b9235. The exact
   build is not known here: the new flags from b9235 on (a build of the two days between gets the old ones).
 
+- SWA_CACHE (ggml-org/llama.cpp#13194, merged 2025-05-20): the sliding-window layers' own cache of n_swa + n_ubatch
+  cells (llama-kv-cache-unified-iswa.cpp); before it one unified cache held every layer for the whole context
+  (Ollama v0.7.0's de4c07f93: llama-model.cpp creates one llama_kv_cache_unified of cparams.n_ctx cells), as
+  --swa-full does now: Gemma 3 270M at 32k 576 MiB of K/V, not 111. The exact build is not known here: planned
+  from b5924 on (ollama#11244 names it in July 2025), so a build between gets the larger, full cache.
+
 An unknown build is planned by the newest rules (REFERENCE's): a machine without a llama-server to ask is
 most likely to run a recent one, and planning every older build's largest figure (the f32 mask of builds
 before b9410: +52 % device, +87 % host compute on a published Qwen3.6 run) gave away context on small cards.
@@ -146,6 +152,7 @@ FA_F32 = 6840
 FA_BF16 = 8816
 RPC_EVENTS = 10455
 SPEC_DRAFT_ARGS = 9235
+SWA_CACHE = 5924
 VULKAN_EVENTS = 7700
 SUPPORTED_FROM = MLA_V_LESS  # the builds whose rules are modelled whole (older ones in part)
 

@@ -375,9 +375,11 @@ def resolve(spec: ModelSpec, cfg: RunConfig) -> ContextLayout:
         n_stream = n_seq_max
     flash_attn = _flash_attn(spec, cfg)
     n_ctx_swa = 0
+    # a build before the sliding-window cache (builds.SWA_CACHE) holds those layers for the whole context: --swa-full
+    swa_full = cfg.swa_full or builds.older_than(cfg.llama_build, builds.SWA_CACHE)
     if spec.has_swa:
         n_ctx_swa = n_ctx_seq
-        if not cfg.swa_full:
+        if not swa_full:
             # llama_kv_cache_iswa: size_swa = GGML_PAD(min(size_base, n_swa*(unified ? n_seq_max : 1) + n_ubatch), 256);
             # before #17046: min(size_base, GGML_PAD(n_swa*(...) + n_ubatch, n_pad)) (b6840; a b6182 log without
             # flash attention prints 640 cells for gpt-oss at n_ubatch 512, b6699's with it 768)
@@ -397,7 +399,7 @@ def resolve(spec: ModelSpec, cfg: RunConfig) -> ContextLayout:
         n_ctx_swa=n_ctx_swa,
         flash_attn=flash_attn,
         kv_unified=cfg.kv_unified,
-        swa_full=cfg.swa_full,
+        swa_full=swa_full,
         type_k=cfg.type_k,
         type_v=cfg.type_v,
         device="cpu" if cfg.device == "auto" else cfg.device,  # an estimate without hardware is the CPU's

@@ -99,6 +99,12 @@ class Gpu:
     integrated: bool = False  # an integrated GPU comes after any discrete one
     cuda: bool = True  # automaticGenerationBatch's rule for CUDA without flash attention
     name_key: str = ""
+    # llama.cpp's name of the device (-dev): CUDA0, ROCm1 (ggml-cuda.h GGML_CUDA_NAME under HIP), Vulkan0, ...
+    device: str = ""
+
+    @property
+    def device_name(self) -> str:
+        return self.device or f"CUDA{self.index}"
 
 
 @dataclass(frozen=True, slots=True)

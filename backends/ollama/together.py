@@ -285,19 +285,22 @@ def request(m: OllamaModel, s: Settings, device: str, context_length: int, own_c
 def scheduler_gpus(hw: Hardware, *, headless: bool) -> tuple[sched.Gpu, ...]:
     """The GPUs as the scheduler sees them: what each reports free, less what the plan keeps for a
     display (kvadvise.planner.budget: the one budget rule; the fit margin is the scheduler's own here)."""
-    from kvadvise.backends.ollama import envconfig
     from kvadvise.planner.budget import plan_budget
 
     b = plan_budget(hw, 0, headless=headless)
     frees = b.device_budgets if len(b.device_budgets) == len(hw.gpus) else (b.budget_bytes,)
-    # server/sched.go: each GPU's free memory less OLLAMA_GPU_OVERHEAD
-    overhead = envconfig.gpu_overhead_bytes()
+    # OLLAMA_GPU_OVERHEAD is not taken off here: from 0.30 server/sched.go reads it for a log line only ("gpu memory
+    # ... overhead"), placement, the 80 % rule and the batch read gpu.FreeMemory (it sizes the context tier:
+    # routes.go, rules.tier_vram_bytes)
+    from kvadvise.planner.planning import BACKEND_PREFIX
+
     return tuple(
         sched.Gpu(
-            g.index, g.name, g.total_bytes, max(0, f - overhead), integrated=g.unified_memory, cuda=g.backend == "cuda"
+            g.index, g.name, g.total_bytes, f, integrated=g.unified_memory, cuda=g.backend == "cuda",
+            device=f"{BACKEND_PREFIX.get(g.backend, 'CUDA')}{g.index}",
         )
         for g, f in zip(hw.gpus, frees, strict=True)
-    )
+    )  # fmt: skip
 
 
 def plan_together(
@@ -624,7 +627,8 @@ def routed(t: Together) -> list[RoutedModel]:
         )
         if step.num_batch:
             cfg = replace(cfg, n_batch=step.num_batch, n_ubatch=step.num_batch)
-        device = f"CUDA{step.gpus[0]}" if len(res.gpus) > 1 and len(step.gpus) == 1 else None
+        names = {g.index: g.device_name for g in res.gpus}
+        device = names.get(step.gpus[0], f"CUDA{step.gpus[0]}") if len(res.gpus) > 1 and len(step.gpus) == 1 else None
         path = m.spec.source if m.source.startswith("store:") else None
         projector = readable_projector(m) if path is not None else None
         if projector is not None:  # llm/llama_server.go passes a vision model's projector blob as --mmproj

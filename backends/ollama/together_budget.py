@@ -103,7 +103,7 @@ def plan_combinations(t: Together, hw: Hardware, *, headless: bool) -> Combinati
             # each model pinned to one GPU (-dev CUDAn, several GPUs): each GPU holds what is pinned to it
             for dev in sorted({pinned[r] for r in combo}):
                 refs = [r for r in combo if pinned[r] == dev]
-                on = [g for g in gpus if f"CUDA{g.index}" == dev]
+                on = [g for g in gpus if g.device_name == dev]
                 if not stays(replay(refs, on), [by_ref[r] for r in refs]):
                     return False
             return True
@@ -114,7 +114,8 @@ def plan_combinations(t: Together, hw: Hardware, *, headless: bool) -> Combinati
         # each pinned model on its own GPU (else not: never more than fits)
         for ref in (r for r in combo if r in pinned):
             step = next(st for st in reversed(res.steps) if st.model == ref and st.action in ("load", "reuse"))
-            if len(step.gpus) != 1 or pinned[ref] != f"CUDA{step.gpus[0]}":
+            names = {g.index: g.device_name for g in gpus}
+            if len(step.gpus) != 1 or pinned[ref] != names.get(step.gpus[0], f"CUDA{step.gpus[0]}"):
                 return False
         return True
 
