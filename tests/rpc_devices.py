@@ -130,6 +130,43 @@ def plan_and_run(model: Path, sizes: Sequence[str], extra: Sequence[str], llama_
     return doc, got
 
 
+def partial_plan_and_run(
+    model: Path, sizes: Sequence[str], extra: Sequence[str], llama_server: Path, *, ngl: int | None = None
+) -> tuple[dict[str, object], list[float]]:
+    """``kvadvise llamacpp MODEL --rpc HOST:PORT=SIZE ... EXTRA --margin 0 --ram 16GiB --json`` over fresh loopback
+    rpc-servers, a model they do not hold whole, then its partial plan's command (``llama_server.offload_command``;
+    ``ngl``: the same with ``-ngl ngl``) over the same servers: the plan's JSON and each device's real total (model +
+    KV + compute, MiB, in endpoint order)."""
+    import contextlib
+    import io
+    import json
+    import shlex
+
+    from llama_server_build import rpc_server
+
+    from kvadvise.cli import main
+    from kvadvise.runtime.llamalog import parse
+
+    with devices(rpc_server(), len(sizes)) as eps:
+        rpc = [a for ep, size in zip(eps, sizes, strict=True) for a in ("--rpc", f"{ep}={size}")]
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf), contextlib.suppress(SystemExit):
+            main(["llamacpp", str(model), *rpc, *extra, "--margin", "0", "--ram", "16GiB", "--json"])
+        doc = json.loads(buf.getvalue())
+        off = doc["offload"]
+        assert isinstance(off, dict) and off["runnable"], off
+        cmd = shlex.split(doc["llama_server"]["offload_command"])
+        args = [x for i, x in enumerate(cmd[1:], 1) if cmd[i - 1] not in ("-m", "--rpc") and x not in ("-m", "--rpc")]
+        if ngl is not None:
+            args[args.index("-ngl") + 1] = str(ngl)
+        got = parse(run_server(llama_server, model, args, eps).splitlines())
+    real = [
+        sum(b.mib for b in got.buffers if b.buft == f"RPC0[{ep}]" and b.kind in ("model", "KV", "compute"))
+        for ep in eps
+    ]
+    return doc, real
+
+
 def stop(p: subprocess.Popen[str] | subprocess.Popen[bytes]) -> None:
     """Stop a server started by a test: SIGTERM, 30 s to exit, then SIGKILL."""
     p.terminate()

@@ -26,17 +26,13 @@ planned at -ub 2048).
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
-import shlex
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from rpc_devices import devices, run_server, within_bar
+from rpc_devices import partial_plan_and_run, within_bar
 from tinymodels import write_tiny_gguf
 
 pytestmark = pytest.mark.llama
@@ -46,29 +42,8 @@ _LLAMA = dict(n_layer=8, n_embd=1024, head=256, n_ff=4096)  # 8 blocks of 30 MiB
 
 def _partial(model: Path, sizes: list[str], extra: list[str], llama_server: Path, *, ngl: int | None = None):
     """The plan (JSON) and, per device endpoint order, the real totals of the partial plan's command (or of the
-    same command with ``-ngl ngl``)."""
-    from llama_server_build import rpc_server
-
-    from kvadvise.cli import main
-    from kvadvise.runtime.llamalog import parse
-
-    with devices(rpc_server(), len(sizes)) as eps:
-        rpc = [a for ep, size in zip(eps, sizes, strict=True) for a in ("--rpc", f"{ep}={size}")]
-        buf = io.StringIO()
-        with contextlib.redirect_stdout(buf), contextlib.suppress(SystemExit):
-            main(["llamacpp", str(model), *rpc, *extra, "--margin", "0", "--ram", "16GiB", "--json"])
-        doc = json.loads(buf.getvalue())
-        assert doc["offload"] is not None and doc["offload"]["runnable"], doc["offload"]
-        cmd = shlex.split(doc["llama_server"]["offload_command"])
-        args = [x for i, x in enumerate(cmd[1:], 1) if cmd[i - 1] not in ("-m", "--rpc") and x not in ("-m", "--rpc")]
-        if ngl is not None:
-            args[args.index("-ngl") + 1] = str(ngl)
-        got = parse(run_server(llama_server, model, args, eps).splitlines())
-    real = [
-        sum(b.mib for b in got.buffers if b.buft == f"RPC0[{ep}]" and b.kind in ("model", "KV", "compute"))
-        for ep in eps
-    ]
-    return doc, real
+    same command with ``-ngl ngl``): rpc_devices.partial_plan_and_run."""
+    return partial_plan_and_run(model, sizes, extra, llama_server, ngl=ngl)
 
 
 def test_ngl_2_the_last_block_alone_on_the_device_runs_its_ffn_on_one_row(

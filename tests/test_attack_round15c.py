@@ -12,17 +12,13 @@ Vendored source: /tmp/lcpp/llama_cpp_python-0.3.36/vendor/llama.cpp (b11312, 0c1
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
-import shlex
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from rpc_devices import devices, run_server, within_bar
+from rpc_devices import partial_plan_and_run, within_bar
 from tinymodels import write_tiny_gguf
 
 pytestmark = pytest.mark.llama
@@ -31,27 +27,10 @@ _QWEN3 = dict(n_layer=8, n_embd=1024, n_head=8, n_head_kv=2, head=128, n_ff=4096
 
 
 def _partial(model: Path, sizes: list[str], extra: list[str], llama_server: Path):
-    """The plan (JSON) and, per device in endpoint order, the real totals (MiB) of its partial plan's command."""
-    from llama_server_build import rpc_server
-
-    from kvadvise.cli import main
-    from kvadvise.runtime.llamalog import parse
-
-    with devices(rpc_server(), len(sizes)) as eps:
-        rpc = [a for ep, size in zip(eps, sizes, strict=True) for a in ("--rpc", f"{ep}={size}")]
-        buf = io.StringIO()
-        with contextlib.redirect_stdout(buf), contextlib.suppress(SystemExit):
-            main(["llamacpp", str(model), *rpc, *extra, "--margin", "0", "--ram", "16GiB", "--json"])
-        doc = json.loads(buf.getvalue())
-        doc["_budgets_mib"] = [float(size.removesuffix("MiB")) for size in sizes]
-        assert doc["offload"] is not None and doc["offload"]["runnable"], doc["offload"]
-        cmd = shlex.split(doc["llama_server"]["offload_command"])
-        args = [x for i, x in enumerate(cmd[1:], 1) if cmd[i - 1] not in ("-m", "--rpc") and x not in ("-m", "--rpc")]
-        got = parse(run_server(llama_server, model, args, eps).splitlines())
-    real = [
-        sum(b.mib for b in got.buffers if b.buft == f"RPC0[{ep}]" and b.kind in ("model", "KV", "compute"))
-        for ep in eps
-    ]
+    """The plan (JSON, with the budgets given) and, per device in endpoint order, the real totals (MiB) of its partial
+    plan's command (rpc_devices.partial_plan_and_run)."""
+    doc, real = partial_plan_and_run(model, sizes, extra, llama_server)
+    doc["_budgets_mib"] = [float(size.removesuffix("MiB")) for size in sizes]
     return doc, real
 
 

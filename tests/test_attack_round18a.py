@@ -21,6 +21,14 @@ from tinymodels import write_tiny_gguf
 
 MIB = 1 << 20
 
+# the reason the tests below are held (strict xfails)
+_UNKNOWN_FIRST_BUILD = (
+    "held: a flag or rule of a build whose first build is not known here (the exact build numbers of #16391 "
+    "--cache-ram, #12898 llama-server's --mmproj, the --no-repack/-kvu/--swa-full switches are not known; "
+    "--n-cpu-moe's b6089 is, but that era's --override-tensor has no LLAMA_ARG_* variable for the env file): builds "
+    "before them are older than any published log kvadvise is checked on"
+)
+
 
 def _doc(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, object]:
     rc, out, err = run(capsys, *args, "--json")
@@ -70,10 +78,7 @@ def test_a_build_before_the_sliding_window_cache_sizes_every_layer_for_the_whole
 # --- 2. the RAM flags of a build before the prompt cache and the context checkpoints ---------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="held: a flag or rule of a build whose first build is not known here (the exact build numbers of #16391 --cache-ram, #12898 llama-server's --mmproj, the --no-repack/-kvu/--swa-full switches are not known; --n-cpu-moe's b6089 is, but that era's --override-tensor has no LLAMA_ARG_* variable for the env file): builds before them are older than any published log kvadvise is checked on",
-)
+@pytest.mark.xfail(strict=True, reason=_UNKNOWN_FIRST_BUILD)
 def test_the_ram_flags_for_an_older_build_are_flags_that_build_knows(
     gemma_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -107,10 +112,7 @@ def test_the_ram_flags_for_an_older_build_are_flags_that_build_knows(
 # --- 3. a projector for a llama-server that had no multimodal support --------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="held: a flag or rule of a build whose first build is not known here (the exact build numbers of #16391 --cache-ram, #12898 llama-server's --mmproj, the --no-repack/-kvu/--swa-full switches are not known; --n-cpu-moe's b6089 is, but that era's --override-tensor has no LLAMA_ARG_* variable for the env file): builds before them are older than any published log kvadvise is checked on",
-)
+@pytest.mark.xfail(strict=True, reason=_UNKNOWN_FIRST_BUILD)
 def test_a_projector_is_not_planned_for_a_llama_server_without_multimodal_support(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -150,10 +152,7 @@ def test_a_projector_is_not_planned_for_a_llama_server_without_multimodal_suppor
 # --- 4. --n-cpu-moe for a build before it ---------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="held: a flag or rule of a build whose first build is not known here (the exact build numbers of #16391 --cache-ram, #12898 llama-server's --mmproj, the --no-repack/-kvu/--swa-full switches are not known; --n-cpu-moe's b6089 is, but that era's --override-tensor has no LLAMA_ARG_* variable for the env file): builds before them are older than any published log kvadvise is checked on",
-)
+@pytest.mark.xfail(strict=True, reason=_UNKNOWN_FIRST_BUILD)
 def test_the_experts_on_the_cpu_are_kept_there_with_a_flag_the_build_knows(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -189,10 +188,7 @@ def test_the_experts_on_the_cpu_are_kept_there_with_a_flag_the_build_knows(
         (("--gpu", "rtx-4090", "--swa-full"), "--swa-full"),
     ],
 )
-@pytest.mark.xfail(
-    strict=True,
-    reason="held: a flag or rule of a build whose first build is not known here (the exact build numbers of #16391 --cache-ram, #12898 llama-server's --mmproj, the --no-repack/-kvu/--swa-full switches are not known; --n-cpu-moe's b6089 is, but that era's --override-tensor has no LLAMA_ARG_* variable for the env file): builds before them are older than any published log kvadvise is checked on",
-)
+@pytest.mark.xfail(strict=True, reason=_UNKNOWN_FIRST_BUILD)
 def test_a_switch_the_build_does_not_know_is_not_printed(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: tuple[str, ...], switch: str
 ) -> None:
