@@ -63,10 +63,6 @@ def plan(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
 # --- two names of one blob that ask for different contexts ------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="held: two names of one blob are merged as one runner whatever their Modelfile options; Ollama reloads the runner when they differ (needsReload): not yet replayed",
-)
 def test_two_names_of_one_blob_with_different_num_ctx_are_not_one_runner(capsys: pytest.CaptureFixture[str]) -> None:
     """`kvadvise ollama qwen3t qwen3t-16k --vram 24GiB --json` (qwen3t-16k: the same blob, its Modelfile sets
     ``num_ctx 16384``; qwen3t runs at the server's 32,768): kvadvise merges them ("qwen3t-16k:latest is

@@ -118,9 +118,16 @@ def one_each(
     return tuple(out), tuple(notes), tuple(aliases)
 
 
+# api.Runner's options: a runner loaded with others is reloaded for a request (server/sched.go needsReload:
+# reflect.DeepEqual of the options), so two names of one blob whose Modelfiles set them apart are two runners
+_RUNNER_OPTIONS = ("num_ctx", "num_batch", "num_gpu", "main_gpu", "use_mmap", "num_thread")
+
+
 def _same_model(a: OllamaModel, b: OllamaModel) -> bool:
     if a.ref == b.ref:
         return True
+    if any(a.params.get(k) != b.params.get(k) for k in _RUNNER_OPTIONS):
+        return False
     if a.digest and b.digest:
         return a.digest == b.digest or (a.spec.source == b.spec.source and a.source.startswith("store:"))
     return a.source == b.source and a.source.startswith("profile:")
