@@ -287,12 +287,11 @@ def recommend(
     _need("hardware", hardware, Hardware, "a Hardware (gpu_profile, probe_hardware)")
     cfg = _config(base, "base") if base is not None else RunConfig()
     pol = _policy(policy) if policy is not None else Policy()
-    budget = plan_budget(
-        hardware, _margin(margin_bytes), spec=spec, headless=pol.headless, weights_uncertain=pol.weights_uncertain
-    )
     from kvadvise.entry import check_margin
 
-    check_margin(_margin(margin_bytes), hardware.gpus)  # as the command and plan() refuse a whole-card margin
+    margin = _margin(margin_bytes)
+    check_margin(margin, hardware.gpus)  # as the command and plan() refuse a whole-card margin
+    budget = plan_budget(hardware, margin, spec=spec, headless=pol.headless, weights_uncertain=pol.weights_uncertain)
     return _recommend(spec, cfg, budget, pol)
 
 

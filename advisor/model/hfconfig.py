@@ -174,8 +174,6 @@ _GEMMA3_TEXT_DEFAULTS: Mapping[str, object] = {
     "sliding_window_pattern": 6,
 }
 
-# transformers Llama4TextConfig.__init__ defaults (configuration_llama4.py) of the keys Llama4Model reads beyond
-# TextModel's: a slim text_config gets them through AutoConfig, as the Gemma 3 one does
 _LLAMA4_TEXT_DEFAULTS: Mapping[str, object] = {
     # transformers' Llama4TextConfig.__init__ defaults (configuration_llama4.py): save_pretrained drops a sub-config's
     # keys equal to them (to_diff_dict), and the converter reads the config through AutoConfig, which restores them
@@ -196,6 +194,9 @@ _LLAMA4_TEXT_DEFAULTS: Mapping[str, object] = {
     "attention_chunk_size": 8192,
     "rope_theta": 500000.0,
 }
+
+# by architecture: the text_config defaults AutoConfig fills in (convert_hf_to_gguf reads the config through it)
+_TEXT_DEFAULTS: Mapping[str, Mapping[str, object]] = {"gemma3": _GEMMA3_TEXT_DEFAULTS, "llama4": _LLAMA4_TEXT_DEFAULTS}
 
 # What no real model exceeds; larger values are typos or hostile input.
 _U32_MAX = (1 << 32) - 1
@@ -993,12 +994,8 @@ def _convert(config: Mapping[str, object], source: str) -> tuple[GGUFHeader, _HP
         notes.append(f"config.json {unmapped!r} is not mapped to a llama.cpp architecture; generic converter keys used")
         if _sliding_layers(hp) or hp.get("sliding_window"):
             notes.append("its sliding-window layers are not applied (full KV assumed: an upper bound)")
-    if arch == "gemma3":
-        for k, v in _GEMMA3_TEXT_DEFAULTS.items():
-            hp.hp.setdefault(k, v)
-    if arch == "llama4":
-        for k, v in _LLAMA4_TEXT_DEFAULTS.items():
-            hp.hp.setdefault(k, v)
+    for k, v in _TEXT_DEFAULTS.get(arch, {}).items():  # what AutoConfig restores of a slim text_config
+        hp.hp.setdefault(k, v)
     n_layer = _check(hp, arch)
     w = _Writer(arch)
     w.block_count = n_layer

@@ -178,10 +178,11 @@ ARCH_FIRST_BUILD: dict[str, tuple[int, str]] = {
 # Architectures whose first build is not known here, with a build known to lack them: one dated before the model
 # existed or was asked for (b4875 is 2025-03-12, gemma3's first, ggml-org/llama.cpp#12343). A build at or below it is
 # refused; the builds between it and the real first one are not.
-ARCH_LACKING_BUILD: dict[str, tuple[int, str]] = {
-    "llama4": (4875, "Llama 4 was released on 2025-04-05"),
-    "falcon-h1": (4875, "asked for in ggml-org/llama.cpp#13681 on 2025-05-21"),
-    "ernie4_5-moe": (4875, "asked for in ggml-org/llama.cpp#14465 on 2025-06-30"),
+_B4875 = (4875, "2025-03-12")
+ARCH_LACKING_BUILD: dict[str, tuple[tuple[int, str], str]] = {
+    "llama4": (_B4875, "Llama 4 was released on 2025-04-05"),
+    "falcon-h1": (_B4875, "asked for in ggml-org/llama.cpp#13681 on 2025-05-21"),
+    "ernie4_5-moe": (_B4875, "asked for in ggml-org/llama.cpp#14465 on 2025-06-30"),
 }
 
 
@@ -189,10 +190,11 @@ def check_architecture(architecture: str, build: int | None) -> None:
     """Refuse a plan for a build (--llama-build, the llama-server on PATH) that does not know ``architecture``
     (ARCH_FIRST_BUILD, ARCH_LACKING_BUILD)."""
     lacking = ARCH_LACKING_BUILD.get(architecture)
-    if lacking is not None and build is not None and build <= lacking[0]:
+    if lacking is not None and build is not None and build <= lacking[0][0]:
+        (bound, dated), why = lacking
         raise InputError(
             f'llama.cpp b{build} does not know the {architecture} architecture: it stops with "unknown model '
-            f"architecture: '{architecture}'\" (b{lacking[0]} is of 2025-03-12; {lacking[1]})",
+            f"architecture: '{architecture}'\" (b{bound} is of {dated}; {why})",
             hint="a llama.cpp of the model's time or later; --llama-build bNNNN names the build you will run",
         )
     first = ARCH_FIRST_BUILD.get(architecture)

@@ -41,9 +41,10 @@ def fit_split(spec: ModelSpec, cfg: RunConfig, budget: Budget, *, as_run: bool =
     # kvadvise writes the split as -ts, and the full offload runs pipelined: where llama.cpp's fill leaves a device
     # over its budget once the split's inputs are copied (a device left with the last block alone: its trial runs
     # the output rows alone), the fill is redone on the plan as it runs
-    run_split = _fill(spec, cfg, budgets) if as_run else split
-    if as_run and budget.fits(estimate(spec, replace(cfg, tensor_split=run_split))):
-        return run_split
+    if as_run:
+        run_split = _fill(spec, cfg, budgets)
+        if budget.fits(estimate(spec, replace(cfg, tensor_split=run_split))):
+            return run_split
     return split if budget.fits(estimate(spec, replace(measured, tensor_split=split))) else None
 
 

@@ -387,15 +387,15 @@ def with_ram(hw: Hardware, ram_bytes: int) -> Hardware:
     container may hold), in place of what is free here now."""
     if ram_bytes <= 0:
         raise InputError(f"--ram must be positive, got {ram_bytes} bytes", hint="e.g. --ram 32GiB")
-    if hw.ram_kept_bytes and ram_bytes > hw.ram_total_bytes:  # a Mac of the card list: one memory for GPU and CPU
-        raise InputError(
-            f"--ram {ram_bytes / (1 << 30):.2f} GiB is more than the {hw.ram_total_bytes / (1 << 30):.0f} GiB of "
-            "unified memory this Mac has in all (its GPU's share is of the same memory)",
-            hint="leave --ram out (the chip's memory is planned), or give at most its size",
-        )
-    if hw.ram_kept_bytes:
-        # a Mac: --ram is what is free of its one memory, which its GPU's share is of too (the GPU holds no more than
-        # that, less the runtime's process); the Mac's own size stays (macOS's wired limit follows it: the MLX runner)
+    if hw.ram_kept_bytes:  # a Mac of the card list: one memory for GPU and CPU
+        if ram_bytes > hw.ram_total_bytes:
+            raise InputError(
+                f"--ram {ram_bytes / (1 << 30):.2f} GiB is more than the {hw.ram_total_bytes / (1 << 30):.0f} GiB of "
+                "unified memory this Mac has in all (its GPU's share is of the same memory)",
+                hint="leave --ram out (the chip's memory is planned), or give at most its size",
+            )
+        # --ram is what is free of its one memory, which its GPU's share is of too (the GPU holds no more than that,
+        # less the runtime's process); the Mac's own size stays (macOS's wired limit follows it: the MLX runner)
         from kvadvise.planner.gpus import PROCESS_BYTES
 
         cap = max(0, ram_bytes - PROCESS_BYTES)

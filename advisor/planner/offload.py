@@ -404,10 +404,8 @@ def partial_offload(
         for d, part in enumerate(parts):
             if part.layers == (n_layer - 1,):  # the last block: where measured so (split._LAST_BLOCK_MEASURED)
                 alone = unpipelined_last_block_compute(spec, lay, part)
-            elif part.last and not part.layers:  # the output layer alone: its rows' logits
+            elif not part.layers:  # the output layer alone (its rows' logits), or nothing: no graph (-ts 3,1 at -ngl 2)
                 alone = unpipelined_split_compute(spec, lay, part)
-            elif not part.layers and not part.last:  # a device given no layer holds no graph (-ts 3,1 at -ngl 2)
-                alone = 0
             else:
                 alone = None
             if alone is not None:

@@ -170,7 +170,7 @@ def split_compute(spec: ModelSpec, lay: ContextLayout, part: DeviceLayers, *, co
     worst-case batch llama_context::graph_reserve reserves first). Measured on benchmarks/bench_split.py's grid."""
     ub = lay.n_ubatch
     rows_out = reserve_outputs(lay)
-    gathers_in_last_block = spec.architecture not in _GATHER_AFTER_LOOP
+    gathers = gathers_in_last_block(spec)
     if part.last and not part.layers:
         # the output layer alone: where the last block gathered the output rows (ggml_get_rows(cur, inp_out_ids) in
         # its last layer, src/models/llama.cpp) its one input, the norm and the logits are n_outputs rows (llama-server
@@ -181,8 +181,8 @@ def split_compute(spec: ModelSpec, lay: ContextLayout, part: DeviceLayers, *, co
         # a parallel block (command-r, cohere2) gathers its rows into weightless adds, which the scheduler puts on the
         # output layer's device: the whole batch's hidden state comes in (llama-server b11312 over an rpc-server at
         # -ngl 1: 66.51 / 70.51 MiB printed at -ub 1024 / 2048, 62.64 planned with one row)
-        hidden = row if gathers_in_last_block and not spec.parallel_block else 4 * ub * spec.n_embd
-        gather = 0 if gathers_in_last_block else hidden
+        hidden = row if gathers and not spec.parallel_block else 4 * ub * spec.n_embd
+        gather = 0 if gathers else hidden
         return pad(copies * hidden + gather + 4 * rows_out * spec.n_vocab + 2 * row, ALIGNMENT["cuda"])
     s = graph_sizes(part.spec, lay)
     f32_mask = f32_fa_mask(lay)
@@ -203,7 +203,7 @@ def split_compute(spec: ModelSpec, lay: ContextLayout, part: DeviceLayers, *, co
     mix = s.mix_bytes
     last = spec.n_layer - 1
     if (
-        part.layers == (last,) and rows_out < ub and gathers_in_last_block
+        part.layers == (last,) and rows_out < ub and gathers
         and spec.kv_layers[last] and not spec.recurrent_layers[last]
     ):  # fmt: skip
         # the last block alone: its attention runs the whole ubatch, its feed-forward only the output rows it

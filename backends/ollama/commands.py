@@ -12,7 +12,7 @@ import click
 from kvadvise.backends.ollama import api as ollama_api
 from kvadvise.backends.ollama import rules
 from kvadvise.backends.ollama.model import OllamaModel
-from kvadvise.backends.ollama.runtime import LLAMACPP_ONLY, MLX_QUANTS, PLATFORMS, RUNNERS, WRITERS
+from kvadvise.backends.ollama.runtime import LLAMA_BUILD_REFUSED, LLAMACPP_ONLY, MLX_QUANTS, PLATFORMS, RUNNERS, WRITERS
 from kvadvise.model.spec import ModelSpec
 from kvadvise.planner.memory import RunConfig
 from kvadvise.request import PlanRequest
@@ -125,9 +125,7 @@ def ollama_flags(kwargs: dict[str, Any]) -> Flags:
     # --llama-build's (hidden here) nor KVADVISE_LLAMA_BUILD's, which name a llama-server of the user's: the
     # variable is left to the llama.cpp commands, the flag given here is refused
     if ctx is not None and ctx.get_parameter_source("llama_build") == click.core.ParameterSource.COMMANDLINE:
-        raise click.UsageError(
-            "--llama-build: Ollama runs the llama.cpp its release carries; --ollama-version X.Y.Z names the release"
-        )
+        raise click.UsageError(LLAMA_BUILD_REFUSED)
     return replace(f, request=replace(f.request, llama_build="auto"))
 
 
@@ -499,8 +497,7 @@ def run_together(
     from kvadvise.entry import check_margin
     from kvadvise.planner.budget import DEFAULT_MARGIN_BYTES
 
-    if hw is not None:
-        check_margin(r.margin_bytes, hw.gpus)  # a margin of the whole card: refused as for one model
+    check_margin(r.margin_bytes, hw.gpus)  # a margin of the whole card: refused as for one model
     if r.margin_bytes != DEFAULT_MARGIN_BYTES:
         # the replay keeps what llama-server's --fit keeps free for each model (1,024 MiB, LLAMA_ARG_FIT_TARGET)
         raise click.UsageError(

@@ -83,6 +83,12 @@ def _check_options(host: object, platform: object, runner: object, ollama_versio
             raise InputError(f"Invalid value for '{flag}': expected a str, got {type(value).__name__} {value!r:.60}")
 
 
+# Ollama plans the llama.cpp build its release carries (kvadvise.backends.ollama.versions), never one named by hand
+LLAMA_BUILD_REFUSED = (
+    "--llama-build: Ollama runs the llama.cpp its release carries; --ollama-version X.Y.Z names the release"
+)
+
+
 class OllamaRuntime:
     """Ollama, for one model (``model``: its projector, its own num_ctx, where it was found) or for a bare
     spec (the API given a ModelSpec). ``host``: the server whose state (/api/ps, its version) the advice
@@ -190,9 +196,7 @@ class OllamaRuntime:
     def shape(self, spec: ModelSpec, request: PlanRequest) -> Shaped:
         if request.llama_build != "auto":  # the command refuses --llama-build too (commands.py), the API here
             raise InputError(
-                "--llama-build: Ollama runs the llama.cpp its release carries; --ollama-version X.Y.Z names the "
-                "release",
-                hint="leave llama_build out (or 'auto') for Ollama; give ollama_version",
+                LLAMA_BUILD_REFUSED, hint="leave llama_build out (or 'auto') for Ollama; give ollama_version"
             )
         model = self._model(spec)
         rel = self._release = self.release(blob_architecture(spec.architecture, model.source))

@@ -65,6 +65,19 @@ def is_embedding(spec: ModelSpec) -> bool:
     return spec.pooling or spec.architecture in EMBEDDING_ARCHS
 
 
+def slots(spec: ModelSpec, num_parallel: int) -> int:
+    """The slots Ollama (the newest release) loads the model with: one for an embedding model (no completion) and the
+    architectures sched.go forces to one (rules.SINGLE_SLOT_ARCHS), else OLLAMA_NUM_PARALLEL's ``num_parallel``."""
+    from kvadvise.backends.ollama.rules import SINGLE_SLOT_ARCHS
+
+    return 1 if is_embedding(spec) or spec.architecture in SINGLE_SLOT_ARCHS else num_parallel
+
+
+def device_name(gpus: Sequence[Gpu], index: int) -> str:
+    """llama.cpp's name (-dev) of the GPU of scheduler index ``index`` among ``gpus``."""
+    return next((g.device_name for g in gpus if g.index == index), f"CUDA{index}")
+
+
 @dataclass(frozen=True, slots=True)
 class Request:
     """One model asked of the server, as the scheduler sees it."""

@@ -256,7 +256,7 @@ def request(m: OllamaModel, s: Settings, device: str, context_length: int, own_c
     num_ctx = rules.run_num_ctx(own_ctx or m.default_num_ctx or context_length, vision=rules.is_vision(m))
     if spec.n_ctx_train and num_ctx > spec.n_ctx_train:
         num_ctx = spec.n_ctx_train  # effectiveContext: the runner holds at most the training context
-    n_parallel = 1 if embedding or spec.architecture in rules.SINGLE_SLOT_ARCHS else s.num_parallel
+    n_parallel = sched.slots(spec, s.num_parallel)
     fit_target = rules.projector_margin_bytes(m) or rules.DEFAULT_FIT_TARGET_MIB * rules.MIB
     extra = m.projector_bytes  # Ollama passes the projector (--mmproj): it loads on the first device
 
@@ -628,14 +628,13 @@ def routed(t: Together) -> list[RoutedModel]:
         step = next(st for st in reversed(res.steps) if st.model == m.ref and st.action in ("load", "reuse"))
         num_ctx = ctxs[m.ref]
         embedding = sched.is_embedding(m.spec)
-        n_par = 1 if embedding or m.spec.architecture in rules.SINGLE_SLOT_ARCHS else s.num_parallel
+        n_par = sched.slots(m.spec, s.num_parallel)
         cfg = rules.with_mtp_draft(
             rules.run_config(num_ctx, n_par, s.kv_cache_type, flash_attention=s.flash_attention), m
         )
         if step.num_batch:
             cfg = replace(cfg, n_batch=step.num_batch, n_ubatch=step.num_batch)
-        names = {g.index: g.device_name for g in res.gpus}
-        device = names.get(step.gpus[0], f"CUDA{step.gpus[0]}") if len(res.gpus) > 1 and len(step.gpus) == 1 else None
+        device = sched.device_name(res.gpus, step.gpus[0]) if len(res.gpus) > 1 and len(step.gpus) == 1 else None
         path = m.spec.source if m.source.startswith("store:") else None
         projector = readable_projector(m) if path is not None else None
         if projector is not None:  # llm/llama_server.go passes a vision model's projector blob as --mmproj

@@ -16,6 +16,7 @@ import itertools
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from kvadvise.backends.ollama import scheduler as sched
 from kvadvise.backends.ollama.together import Combinations
 from kvadvise.errors import InputError
 
@@ -114,8 +115,7 @@ def plan_combinations(t: Together, hw: Hardware, *, headless: bool) -> Combinati
         # each pinned model on its own GPU (else not: never more than fits)
         for ref in (r for r in combo if r in pinned):
             step = next(st for st in reversed(res.steps) if st.model == ref and st.action in ("load", "reuse"))
-            names = {g.index: g.device_name for g in gpus}
-            if len(step.gpus) != 1 or pinned[ref] != names.get(step.gpus[0], f"CUDA{step.gpus[0]}"):
+            if len(step.gpus) != 1 or pinned[ref] != sched.device_name(gpus, step.gpus[0]):
                 return False
         return True
 

@@ -12,7 +12,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvadvise.backends.ollama import rules
 from kvadvise.backends.ollama import scheduler as sched
 from kvadvise.backends.ollama.together import Together, routed
 from kvadvise.errors import InputError
@@ -200,7 +199,7 @@ def modelfiles(t: Together, folder: str) -> list[NewFile]:
     out = []
     for ref, name in created_names(t).items():
         m = by_ref[ref]
-        n_par = 1 if sched.is_embedding(m.spec) or m.spec.architecture in rules.SINGLE_SLOT_ARCHS else s.num_parallel
+        n_par = sched.slots(m.spec, s.num_parallel)
         st = OllamaSettings(
             num_ctx=dict(t.contexts)[ref],
             num_parallel=n_par,
