@@ -36,3 +36,38 @@ def no_server(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
     (tmp_path / "store" / "manifests").mkdir(parents=True)
     monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "store"))
+
+
+# this shell's Ollama settings (envconfig reads them), which an Ollama test plans without
+OLLAMA_ENV = (
+    "OLLAMA_CONTEXT_LENGTH",
+    "OLLAMA_NUM_PARALLEL",
+    "OLLAMA_KV_CACHE_TYPE",
+    "OLLAMA_FLASH_ATTENTION",
+    "OLLAMA_SCHED_SPREAD",
+    "OLLAMA_GPU_OVERHEAD",
+    "OLLAMA_MAX_LOADED_MODELS",
+    "OLLAMA_KEEP_ALIVE",
+    "OLLAMA_NEW_ENGINE",
+)
+
+
+def use_store(monkeypatch: pytest.MonkeyPatch, store: Path, cwd: Path) -> None:
+    """The Ollama store ``store`` (OLLAMA_MODELS), no registry, none of this shell's OLLAMA_* settings, ``cwd`` as the
+    working folder (where files are written)."""
+    monkeypatch.setenv("OLLAMA_MODELS", str(store))
+    monkeypatch.setenv("KVADVISE_OLLAMA_REGISTRY", "off")
+    for k in OLLAMA_ENV:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.chdir(cwd)
+
+
+def parameter_count(plan: dict[str, object]) -> int:
+    """The parameters a config.json plan counted, from its model note ("... × N parameters")."""
+    import re
+
+    notes = plan["model"]["notes"]  # type: ignore[index]
+    found = [re.search(r"× ([\d,]+) parameters", n) for n in notes]  # type: ignore[union-attr]
+    counts = [int(m.group(1).replace(",", "")) for m in found if m]
+    assert len(counts) == 1, notes
+    return counts[0]

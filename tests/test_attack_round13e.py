@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from attack_helpers import no_server, run  # noqa: F401  (no_server: an autouse fixture)
+from attack_helpers import no_server, run, use_store  # noqa: F401  (no_server: an autouse fixture)
 from ollama_fake import build_store
 from tinymodels import write_tiny_gguf
 
@@ -30,11 +30,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(autouse=True)
 def _store(no_server: None, monkeypatch: pytest.MonkeyPatch, store: Path, tmp_path: Path) -> None:  # noqa: F811
-    monkeypatch.setenv("OLLAMA_MODELS", str(store))
-    monkeypatch.setenv("KVADVISE_OLLAMA_REGISTRY", "off")
-    for k in ("OLLAMA_CONTEXT_LENGTH", "OLLAMA_NUM_PARALLEL", "OLLAMA_KV_CACHE_TYPE", "OLLAMA_FLASH_ATTENTION"):
-        monkeypatch.delenv(k, raising=False)
-    monkeypatch.chdir(tmp_path)
+    use_store(monkeypatch, store, tmp_path)
 
 
 # --- OLLAMA_GPU_OVERHEAD lowers the VRAM tier of Ollama's default context --------------------------------------------

@@ -11,11 +11,10 @@ read from the weights note of `--json` ("Q4_K_M at 4.90 bits per weight x N para
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
-from attack_helpers import no_server, run  # noqa: F401  (no_server: an autouse fixture)
+from attack_helpers import no_server, parameter_count, run  # noqa: F401  (no_server: an autouse fixture)
 
 from kvadvise.model.hfconfig import gguf_metadata
 
@@ -31,14 +30,6 @@ def _plan(capsys: pytest.CaptureFixture[str], path: Path, *extra: str) -> tuple[
         return rc, {}
     assert rc in (0, 3), (rc, err)
     return rc, json.loads(out)
-
-
-def _params(plan: dict[str, object]) -> int:
-    notes = plan["model"]["notes"]  # type: ignore[index]
-    found = [re.search(r"× ([\d,]+) parameters", n) for n in notes]  # type: ignore[union-attr]
-    counts = [int(m.group(1).replace(",", "")) for m in found if m]
-    assert len(counts) == 1, notes
-    return counts[0]
 
 
 # --- Granite 4.0-H (GraniteMoeHybridForCausalLM, MoE): the shared expert is not counted -----------------------------
@@ -63,7 +54,7 @@ def test_granite4_h_small_counts_its_shared_expert(capsys: pytest.CaptureFixture
     md = gguf_metadata(json.loads(path.read_text()), source=str(path))
     assert md.get("granitehybrid.expert_shared_feed_forward_length") == 1536, sorted(md)
     _, plan = _plan(capsys, path)
-    assert _params(plan) == 32_187_813_888
+    assert parameter_count(plan) == 32_187_813_888
 
 
 # --- Granite 4.0 Micro: a non-hybrid GraniteMoeHybrid config with num_experts_per_tok 0 is "granite" -----------------
@@ -107,7 +98,7 @@ def test_llama4_scout_counts_the_shared_expert(capsys: pytest.CaptureFixture[str
     parameters (3.7 GB at Q4_K_M, read for every token). Expected: refused (exit 2: the converter's keys are not
     emulated) or 107,769,364,480 parameters."""
     rc, plan = _plan(capsys, R14C / "llama-4-scout-17b-16e-instruct.json")
-    assert rc == 2 or _params(plan) == 107_769_364_480
+    assert rc == 2 or parameter_count(plan) == 107_769_364_480
 
 
 def test_llama4_maverick_has_dense_layers_between_the_moe_ones(capsys: pytest.CaptureFixture[str]) -> None:
@@ -125,7 +116,7 @@ def test_llama4_maverick_has_dense_layers_between_the_moe_ones(capsys: pytest.Ca
     kvadvise puts 128 experts in all 48 layers (breakdown.block_ffn reads decoder_sparse_step, not
     interleave_moe_layer_step). Expected: refused (exit 2) or 400,711,352,320 parameters."""
     rc, plan = _plan(capsys, R14C / "llama-4-maverick-17b-128e-instruct.json")
-    assert rc == 2 or _params(plan) == 400_711_352_320
+    assert rc == 2 or parameter_count(plan) == 400_711_352_320
 
 
 # --- ERNIE 4.5 MoE: moe_num_experts is not a key the generic path reads, so a 21B MoE is planned as a 3B dense -------
@@ -146,7 +137,7 @@ def test_ernie45_21b_a3b_is_not_planned_as_a_3b_dense_model(capsys: pytest.Captu
     + 27 x (64 x 3 x 2560 x 1536 + 2560 x 64 + 3 x 2560 x 3072) = 21,825,290,240 parameters (the published 21B),
     12.5 GiB at Q4_K_M, 6.5 times what was planned. Expected: refused (exit 2) or 21,825,290,240 parameters."""
     rc, plan = _plan(capsys, R14C / "ernie-4.5-21b-a3b-pt.json")
-    assert rc == 2 or _params(plan) == 21_825_290_240
+    assert rc == 2 or parameter_count(plan) == 21_825_290_240
 
 
 # --- Falcon-H1: every layer is attention AND Mamba-2; the SSM state is left out ----------------------------------------

@@ -14,11 +14,10 @@ no traceback)."""
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
-from attack_helpers import no_server, one_line_input_error, run  # noqa: F401  (no_server: an autouse fixture)
+from attack_helpers import no_server, one_line_input_error, parameter_count, run  # noqa: F401  (no_server: an autouse fixture)
 
 DATA = Path(__file__).resolve().parent / "data" / "hf"
 R14C = DATA / "round14c"
@@ -31,14 +30,6 @@ def _plan(capsys: pytest.CaptureFixture[str], path: Path, *extra: str) -> tuple[
         "rtx4090", "--json", *extra,
     )  # fmt: skip
     return rc, err, (json.loads(out) if rc in (0, 3) else {})
-
-
-def _params(plan: dict[str, object]) -> int:
-    notes = plan["model"]["notes"]  # type: ignore[index]
-    found = [re.search(r"× ([\d,]+) parameters", n) for n in notes]  # type: ignore[union-attr]
-    counts = [int(m.group(1).replace(",", "")) for m in found if m]
-    assert len(counts) == 1, notes
-    return counts[0]
 
 
 # --- a build older than the architecture: planned as if it could load the model ---------------------------------------
@@ -103,5 +94,5 @@ def test_llama4_slim_text_config_gets_llama4_text_config_defaults(capsys: pytest
     assert full["memory"]["kv_bytes"] == 2_894_069_760  # type: ignore[index]
     rc, err, slim = _plan(capsys, R16C / "llama-4-scout-17b-16e-instruct-slim.json")
     assert rc in (0, 3), (rc, err)
-    assert _params(slim) == _params(full) == 107_769_364_480
+    assert parameter_count(slim) == parameter_count(full) == 107_769_364_480
     assert slim["memory"]["kv_bytes"] == full["memory"]["kv_bytes"]  # type: ignore[index]
