@@ -67,7 +67,10 @@ def plan_for(
         from kvadvise.planner.hardware import with_ram
 
         hw = with_ram(hw, shaped.request.ram_bytes)
-    probed = hardware is None and _probes(shaped.request)
+    from kvadvise.planner.hardware import PROBED_SOURCES
+
+    # this machine: probed here, or by the API's probe_hardware() (its calibration, "no GPU found")
+    probed = _probes(shaped.request) and (hardware is None or hardware.source in PROBED_SOURCES)
     hw, no_gpu = without_gpu(shaped.request, hw) if probed else (hw, None)
     check_machine(shaped.request, hw, runtime=runtime.name)
     hw = with_backend(shaped.request, hw)

@@ -171,12 +171,7 @@ def _this_machine(monkeypatch: pytest.MonkeyPatch, gpus: tuple[Any, ...]) -> Non
     monkeypatch.setattr(hardware, "probe", lambda: found)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="held: plan(..., hardware=probe_hardware()) is planned as hardware given by hand: entry.plan_for reads a "
-    "saved calibration and says 'no GPU found' only for a machine it probes itself (hardware None); the API would "
-    "need the probe's source to stand for 'this machine'",
-)
+# (fixed: a Hardware whose source is a probe's is this machine: hardware.PROBED_SOURCES)
 def test_probe_hardware_given_as_hardware_plans_this_machine_as_the_command_does(
     gemma_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

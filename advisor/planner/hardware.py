@@ -76,6 +76,10 @@ class Hardware:
         return bool(self.gpus)
 
 
+# the sources a probe of this machine gives (probe(): NVML, amdgpu's sysfs, or no GPU found): a Hardware of one
+# of them is this machine, wherever it was made (the command's probe or the API's probe_hardware())
+PROBED_SOURCES = frozenset({"nvml", "amdgpu", "none"})
+
 GIB = 1 << 30
 MIB = 1 << 20
 
