@@ -282,7 +282,8 @@ def summary_text(
     # prose is wrapped to the terminal's ~100 columns; a setting is a command or a file line, copied whole
     out = wrapped(lines[0])
     for row in lines[1:said_settings]:
-        out += wrapped(row) if row.lstrip().startswith(("warning:", "note:", "runner:", "(")) else [row]
+        prose = row.lstrip().startswith(("warning:", "note:", "runner:", "(")) or row.startswith("    ")  # a runner's
+        out += wrapped(row) if prose else [row]
     for row in lines[said_settings:]:
         out += wrapped(row)
     return text_lines(out)

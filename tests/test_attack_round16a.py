@@ -115,12 +115,7 @@ def test_several_models_do_not_ignore_margin(capsys: pytest.CaptureFixture[str])
 # --- 4. a Mac's Ollama answer: a 126-column runner line, 34 lines ---------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="held, in part: the runner row is now wrapped (no line over 100 columns) and a Mac's next steps are "
-    "macOS's (launchctl), but the answer is 34 lines: a Mac adds the runner, the GPU's share of unified memory (3 "
-    "lines) and the RAM kept for macOS to the ~28 of an NVIDIA answer; not yet shortened",
-)
+# (fixed: the runner row, the RAM kept for macOS and the GPU's share are one line each: 30 lines)
 def test_ollama_on_a_mac_default_answer_is_short_and_narrow(capsys: pytest.CaptureFixture[str]) -> None:
     """tests/README.md:253: "Default answers in ~100 columns (prose wrapped where the sentence breaks ...)"
     (test_expert_advice.py::test_default_answers_are_short holds <= 30 lines of <= 100 columns, for NVIDIA cards

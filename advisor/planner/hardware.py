@@ -219,8 +219,9 @@ def from_profile(name: str) -> Hardware:
         ram_total = ram_free = p.memory_bytes
         num, den = APPLE_SHARE_SMALL if p.memory_bytes <= APPLE_SHARE_THRESHOLD_BYTES else APPLE_SHARE_LARGE
         notes: tuple[str, ...] = (
-            f"{p.name}: unified memory; the GPU may use {num}/{den} of {_fmt_gib(p.memory_bytes)} = {_fmt_gib(usable)} "
-            "by default (macOS recommendedMaxWorkingSetSize); `sudo sysctl iogpu.wired_limit_mb=N` raises it",
+            # macOS's default GPU share (MTLDevice.recommendedMaxWorkingSetSize), one line of the answer
+            f"the GPU gets {num}/{den} of {_fmt_gib(p.memory_bytes)} ({_fmt_gib(usable)}); "
+            "`sudo sysctl iogpu.wired_limit_mb=N` raises it",
         )
     else:
         ram_total, ram_free = _ram_now()
@@ -238,7 +239,7 @@ def from_profile(name: str) -> Hardware:
         source=f"profile:{p.id}",
         notes=notes,
         sources=sources,
-        ram_source=f"{p.name}'s unified memory" if p.unified_memory else "this machine's, free now",
+        ram_source="unified memory" if p.unified_memory else "this machine's, free now",
         ram_kept_bytes=MACOS_BYTES if p.unified_memory else 0,  # a Mac's whole memory: macOS holds its share
         # a Mac's CPU cores read the same unified memory as its GPU: the chip's published bandwidth (an upper
         # bound for the CPU's share), not a measurement of the machine kvadvise runs on

@@ -158,7 +158,7 @@ def plan_host_ram(
     kept = budget.ram_kept_bytes + process
     source = budget.ram_source
     if budget.ram_kept_bytes:
-        source += f", {kept / GIB:.2f} GiB of it left to the OS and the runtime's process"
+        source += f"; {kept / GIB:.2f} GiB for the OS and the runtime"
     room = budget.ram_bytes - kept - (mapped + buffers + shared)
     if room < 0 and kept and not budget.ram_kept_bytes:  # short of RAM: say what the check kept besides the buffers
         source += f", {kept / MIB:,.0f} MiB of it left to the runtime's process"

@@ -141,11 +141,9 @@ def choose_runner(architecture: str, ollama_version: str | None, requested: str 
     v = parse_version(ollama_version) if ollama_version else None
     if ollama_version and v is None:
         raise InputError(f"--ollama-version {ollama_version!r}: expected MAJOR.MINOR.PATCH, e.g. 0.40.0")
-    named = f"Ollama {ollama_version}" if ollama_version else "Ollama (version unknown: planned for the newest)"
+    named = f"Ollama {ollama_version}" if ollama_version else "Ollama (version unknown: the newest)"
     if supported is None:
-        return RunnerChoice(
-            "llamacpp", f"{named}: its MLX runner has no model for {architecture}", ollama_version, "version"
-        )
+        return RunnerChoice("llamacpp", f"{named}: no MLX model for {architecture}", ollama_version, "version")
     where, since = supported
     if v is not None and v != (0, 0, 0):
         if v < MLX_TEXT_SINCE or v < since:
@@ -376,7 +374,7 @@ class RunnerPlan:
 
     def lines(self) -> list[str]:
         c, m = self.choice, self.memory
-        name = "MLX (ollama runner --mlx-engine)" if c.runner == "mlx" else "llama.cpp (llama-server)"
+        name = "MLX (ollama runner --mlx-engine)" if c.runner == "mlx" else "llama-server"
         out = [f"runner: {name}: {c.why}"]
         if m is None:
             return out
