@@ -124,10 +124,7 @@ def test_models_pinned_on_rocm_cards_name_rocm_devices(capsys: pytest.CaptureFix
 # --- Ollama's prediction of a BERT embedding model: no head_count_kv in its GGUF -----------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="held: Ollama's PredictServerVRAM counts HeadCountKVMin() (1 without head_count_kv) where kvadvise takes llama.cpp's n_head fallback: its prediction for bert embedding models is over (the safe side for the replay's evictions, not Ollama's)",
-)
+# (fixed: ModelSpec.head_count_kv_in_file; the replay's prediction takes one KV head without it, as HeadCountKVMin)
 def test_ollamas_prediction_of_a_bert_embedding_model_takes_one_kv_head(capsys: pytest.CaptureFixture[str]) -> None:
     """`kvadvise ollama qwen3:8b bge-m3 --gpu rtx-4090 --json`: bge-m3's step says Ollama predicts 1,962,978,973
     bytes (1.8 GiB: the 1,157,672,605-byte blob plus 768 MiB of "f16 K/V" at 16 KV heads x 8,192 tokens). Ollama

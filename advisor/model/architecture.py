@@ -794,6 +794,7 @@ def from_gguf(header: GGUFHeader, *, known_only: bool = True) -> ModelSpec:
         n_ff_exp=n_ff_exp,
         n_ff_shexp=n_ff_shexp,
         parallel_block=arch in _PARALLEL_BLOCK,
+        head_count_kv_in_file=k.raw(Attention.HEAD_COUNT_KV) is not None,
         sampling_penalty_repeat=_penalty_repeat(header),
         ssm=ssm,
         pooling=k.raw(LLM.POOLING_TYPE) is not None,

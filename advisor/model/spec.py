@@ -111,6 +111,9 @@ class ModelSpec:
     n_ff_exp: int = 0  # {arch}.expert_feed_forward_length (0: n_ff, as llama.cpp's MoE llama models)
     n_ff_shexp: int = 0  # the shared experts' width: expert_shared_feed_forward_length or shared_count x n_ff_exp
     parallel_block: bool = False  # attention and FFN read the same input (command-r, cohere2): both outputs live
+    # {arch}.attention.head_count_kv is in the header: where it is not (BERT-family files), llama.cpp takes
+    # head_count and Ollama's estimate (fs/ggml/ggml.go HeadCountKVMin) takes 1
+    head_count_kv_in_file: bool = True
     # an MLA model's per-head widths ({arch}.attention.key_length_mla, value_length_mla: qk_nope + qk_rope and
     # v_head_dim): what a build before the compressed MLA cache stored per head (kvadvise.planner.builds MLA_CACHE)
     n_embd_head_k_mla: int = 0

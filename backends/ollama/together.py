@@ -277,7 +277,8 @@ def request(m: OllamaModel, s: Settings, device: str, context_length: int, own_c
         n_layer=spec.n_layer_all,
         n_embd=spec.n_embd,
         n_head_max=max(spec.n_head, default=0),
-        n_head_kv_min=min(spec.n_head_kv, default=0),
+        # fs/ggml/ggml.go HeadCountKVMin: UintOrMinArrayValue("attention.head_count_kv", 1)
+        n_head_kv_min=min(spec.n_head_kv, default=0) if spec.head_count_kv_in_file else 1,
         num_ctx=num_ctx,
         num_parallel=n_parallel,
         completion=not embedding,
