@@ -90,7 +90,7 @@ def test_rows_are_new_sourced_and_held_out(bench: Any) -> None:
     extra = _extra()
     ids = [r["id"] for r in extra["rows"]]
     assert len(ids) == len(set(ids)) and not set(ids) & {r["id"] for r in base["rows"]}
-    assert 10 <= len(extra["rows"]) <= 25
+    assert 10 <= len(extra["rows"]) <= 30
     known = {(r.get("weights_gib"), r["gpu"], r["backend"], r.get("decode_tps")) for r in base["rows"]}
     hybrid = 0
     for r in extra["rows"]:
@@ -106,7 +106,7 @@ def test_rows_are_new_sourced_and_held_out(bench: Any) -> None:
 # -- findings ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("row_id", [1905, 1910, 1918])
+@pytest.mark.parametrize("row_id", [1905, 1910, 1918, 1921])
 def test_rocm_decode_on_rdna35_and_rdna4(bench: Any, doc: dict[str, Any], row_id: int) -> None:
     """ROCm decode on RDNA 3.5 (gfx1151) and RDNA 4 (RX 9070 XT) comes out far too slow.
 
@@ -116,7 +116,9 @@ def test_rocm_decode_on_rdna35_and_rdna4(bench: Any, doc: dict[str, Any], row_id
       1905 Qwen3.6-35B-A3B BF16 64.6 GiB, 8060S ROCm 7.2.3, b9193 tg128:        14.04 vs 26.01 (0.540, UNDER 46 %)
       1910 gpt-oss-20b MXFP4 11.27 GiB, 8060S ROCm, b9187 tg128:                 40.28 vs 73.05 (0.551, UNDER 45 %)
       1918 gpt-oss:20b (Ollama profile), RX 9070 XT, Ollama eval rate:           62.89 vs 121.43 (0.518, UNDER 48 %)
-    Sources: kyuz0/amd-strix-halo-toolboxes docs/results.json @08aa7bc0 (runs of 2026-05-16); AlexsJones/llmfit
+      1921 Nemotron-3-Nano-30B-A3B UD-Q8_K_XL 37.66 GiB, 8060S ROCm 7.2, b7938:  24.93 vs 42.58 (0.585, UNDER 41 %)
+    Sources: kyuz0/amd-strix-halo-toolboxes docs/results.json @08aa7bc0 (runs of 2026-05-16; 1921: @8ff812fb, runs of
+    2026-02-04, where the Vulkan build of the same file is 0.783 and the ROCm one 0.585); AlexsJones/llmfit
     llmfit-core/data/community/amd-radeon-rx-9070-xt/1790429631-1b680368.json (2026-09-26).
     The other ROCm rows on the 8060S pass only at the edge (test_regression_guards: Qwen3.6-35B-A3B UD-Q4_K_XL
     1902 0.776, Qwen3.6-27B UD-Q8_K_XL 1908 0.788), while the Vulkan build of the same commit is within 4 % for the
@@ -167,14 +169,19 @@ def test_qwen3next_on_the_first_vulkan_build(bench: Any, doc: dict[str, Any]) ->
     (2025-12-04) asks for Vulkan Qwen3-Next optimization. Missing rule: speed.EARLY_BUILD_RECURRENT_S applies to
     EARLY_BUILD_ARCHS = {'qwen35moe'} only; qwen3next at b7189 ran its 36 Gated DeltaNet layers as chains of
     unfused ops (no fused GATED_DELTA_NET / SSM kernels on Vulkan yet), a per-layer time the model lacks: about
-    (1/28.40 - 1/63.19) / 36 = 540 us per recurrent layer at that build."""
+    (1/28.40 - 1/63.19) / 36 = 540 us per recurrent layer at that build. Later builds on the same card pass
+    (test_regression_guards): the UD-Q8_K_XL file at b7938 1.177 (29.92 t/s) and at b8577 0.970 (36.28 t/s), the
+    same file 21 % faster seven weeks on, so the early-build step is real for qwen3next too."""
     _check(bench, doc, 1917)
 
 
 # -- regression guards (pass now) --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("row_id", [1901, 1902, 1903, 1904, 1907, 1908, 1912, 1913, 1914, 1915, 1916, 1919])
+@pytest.mark.parametrize(
+    "row_id",
+    [1901, 1902, 1903, 1904, 1907, 1908, 1912, 1913, 1914, 1915, 1916, 1919, 1920, 1922, 1923, 1924, 1925, 1926],
+)
 def test_regression_guards(bench: Any, doc: dict[str, Any], row_id: int) -> None:
     """Rows within ±25 % now (ratio at writing). Three sit at the slow edge: Qwen3.6-35B-A3B UD-Q4_K_XL ROCm (1902,
     0.776), Qwen3.6-35B-A3B UD-Q8_K_XL Vulkan (1904, 0.780), Qwen3.6-27B UD-Q8_K_XL ROCm (1908, 0.788), all
@@ -183,12 +190,22 @@ def test_regression_guards(bench: Any, doc: dict[str, Any], row_id: int) -> None
     hybrid Qwen3.6-27B UD-Q8_K_XL Vulkan (1907, 0.933); gemma-4-31B UD-Q4_K_XL Vulkan (1912, 0.938); Llama 2 7B Q4_0
     Vulkan (1913, 0.938) and ROCm (1914, 0.896); gemma-4-26B-A4B UD-Q4_K_XL Vulkan (1915, 1.110), all Radeon 8060S
     b9187/b9193 (kyuz0/amd-strix-halo-toolboxes); TinyLlama 1.1B Q4_K_M on an M1 Ultra 64-core, Metal, b7825 (1919,
-    0.984; geerlingguy/ai-benchmarks issue 48, 2026-02-07)."""
+    0.984; geerlingguy/ai-benchmarks issue 48, 2026-02-07). From earlier runs of the same toolboxes (Radeon 8060S,
+    Vulkan RADV): Nemotron-3-Nano-30B-A3B UD-Q8_K_XL tg128 (1920, 0.783, at the edge) and at depth 32768 (1922, 0.853),
+    b7938; Qwen3-Next-80B-A3B UD-Q8_K_XL at b7938 (1923, 1.177) and b8577 (1924, 0.970); Qwen3-Coder-Next UD-Q8_K_XL
+    b8577 (1925, 1.106); Qwen3.5-35B-A3B UD-Q4_K_XL b8577 (1926, 1.009 with speed.EARLY_BUILD_RECURRENT_S's 1.95 ms a
+    token for a build before b8720, about 1.12 without it; the measured 59.13 t/s matches the Qwen3.6 file's 60.43 at
+    b9193, so on Vulkan the early-build slowdown, measured on CUDA, is not seen; the band still holds)."""
     _check(bench, doc, row_id)
 
 
 def test_every_row_is_checked_by_one_test() -> None:
-    groups = [[1905, 1910, 1918], [1906], [1909, 1911], [1917],
-              [1901, 1902, 1903, 1904, 1907, 1908, 1912, 1913, 1914, 1915, 1916, 1919]]
+    groups = [
+        [1905, 1910, 1918, 1921],
+        [1906],
+        [1909, 1911],
+        [1917],
+        [1901, 1902, 1903, 1904, 1907, 1908, 1912, 1913, 1914, 1915, 1916, 1919, 1920, 1922, 1923, 1924, 1925, 1926],
+    ]
     flat = [i for g in groups for i in g]
     assert sorted(flat) == sorted(r["id"] for r in _extra()["rows"])
