@@ -136,7 +136,9 @@ def test_vulkan_bf16_on_a_device_without_bf16(bench: Any, doc: dict[str, Any]) -
     API: bench_speed.decode_estimate for row 1906 (Qwen3.6-35B-A3B-BF16, 64.6 GiB, Radeon 8060S, Vulkan RADV,
     llama-bench tg128, b9193). kvadvise 20.63 t/s, published 10.68 t/s: ratio 1.932 (OVER 93 %). The same file under
     ROCm on the same machine: 26.01 t/s. Source: kyuz0/amd-strix-halo-toolboxes docs/results.json @08aa7bc0
-    (2026-05-16); RADV prints 'bf16: 0' for this iGPU (llama.cpp PR 16095, gyhor's device line).
+    (2026-05-16); the AMDVLK build of the same toolboxes reads the same way (Qwen3.5-35B-A3B-BF16 at b8577: 11.56
+    t/s AMDVLK, 10.79 RADV, 23.65 ROCm 7.2, results.json @a7ace8db), and AMDVLK prints 'bf16: 0' for this iGPU
+    (llama.cpp PR 16095, gyhor's device line).
     Missing rule: the per-weight cost of BF16 on a Vulkan device without VK_KHR_shader_bfloat16 (the mat-vec
     shaders convert each BF16 weight in the shader; speed.DEQUANT_FLOPS_PER_WEIGHT gives BF16 nothing extra): the
     decode of a BF16 file on such a device is compute-, not bandwidth-bound (about 0.4 of the ROCm figure here)."""
