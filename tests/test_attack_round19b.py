@@ -205,3 +205,60 @@ def test_r19b_reads_api_version_from_the_loopback_server(
         assert (release["version"], release["found_by"], release["claims_layers"]) == (version, "/api/version", claims)
         if claims:
             assert plan["ollama"]["decision"]["layers_by"] == "llm/memory.go"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# gpt-oss:20b from the built-in profile vs Ollama's own gptoss blob
+
+
+def test_r19b_ollama_11711_gpt_oss_profile_line_matches_the_log(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ollama/ollama#11711 (crahzee, 2025-08-06): RTX 4060 Ti, before.free 15.6 GiB, gpt-oss:20b, num_ctx < 8192,
+    OLLAMA_FLASH_ATTENTION=1, OLLAMA_KV_CACHE_TYPE=q4_0, Ollama v0.11.2 (inferred: server.go:175, partial graph
+    = 2 x full, gptoss refused flash attention):
+
+        layers.offload=23 memory.required.full="16.9 GiB" memory.required.partial="15.4 GiB"
+        memory.required.kv="300.0 MiB" memory.weights.total="11.7 GiB" memory.weights.nonrepeating="1.1 GiB"
+
+    Command: ``OLLAMA_FLASH_ATTENTION=1 OLLAMA_KV_CACHE_TYPE=q4_0 kvadvise ollama gpt-oss:20b --ollama-version
+    0.11.2 --vram 15.6GiB --ctx 4096 --json``. kvadvise (built-in profile): 23 layers (right), but
+    weights.total "11.9 GiB", nonrepeating "1.2 GiB", required.full "17.1 GiB", required.partial "15.5 GiB".
+    The port itself is right: tests/test_ollama_estimate_legacy.py's hand-built gptoss tensors print this line
+    to the digit. The profile route (decision.py ``_legacy_model``) gives token_embd/output 1,239,677,002 B
+    each (Ollama's BF16 2880 x 201088 = 1,158,266,880 B: +7 %) and 10.73 GiB of blocks (blob: 10.66 GiB), so
+    its figures are 0.2 GiB (1.2 %) OVER Ollama's, and at 15,773-15,849 MiB free (the bottom of the band
+    where Ollama loads 23 layers, kvadvise issue 37) it replays 22. Missing rule: the profile's tensor bytes
+    are not those of Ollama's converted blob (convert/convert_gptoss.go: embeddings and output BF16).
+    """
+    pub = _published("r19b-ollama-11711-gptoss20b-4060ti-0.11.2.json")
+    monkeypatch.setenv("OLLAMA_FLASH_ATTENTION", "1")
+    monkeypatch.setenv("OLLAMA_KV_CACHE_TYPE", "q4_0")
+    rc, out, err = run(capsys, "ollama", "gpt-oss:20b", "--ollama-version", "0.11.2", "--vram", "15.6GiB",
+                       "--ctx", str(pub["num_ctx"]), "--ram", "25GiB", "--json")  # fmt: skip
+    assert rc in (0, 3), err
+    dec = json.loads(out)["ollama"]["decision"]
+    assert (dec["layers_model"], dec["layers_offload"]) == (pub["layers_model"], pub["layers_offload"])
+    line = dec["log_line"]
+    for field in ("memory.required.kv", "memory.graph.full", "memory.graph.partial", "memory.weights.total",
+                  "memory.weights.nonrepeating", "memory.required.full", "memory.required.partial"):  # fmt: skip
+        want = pub["line"].split(field + "=")[1].split('"')[1]
+        got = line.split(field + "=")[1].split('"')[1]
+        assert got == want, (field, got, want)
+
+
+@pytest.mark.parametrize("free_mib", [15_773, 15_800])
+def test_r19b_gpt_oss_profile_band_bottom(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, free_mib: int
+) -> None:
+    """The same setup at the bottom of Ollama v0.11.2's 23-layer band (15,773 MiB free: the band
+    tests/test_ollama_estimate_legacy.py derives from Ollama's own tensor sizes, 15,773-16,236 MiB).
+    kvadvise (profile): 22 layers; Ollama: 23 (the layer it keeps on the CPU is one too many: OVER, costs speed).
+    Same cause as test_r19b_ollama_11711_gpt_oss_profile_line_matches_the_log."""
+    monkeypatch.setenv("OLLAMA_FLASH_ATTENTION", "1")
+    monkeypatch.setenv("OLLAMA_KV_CACHE_TYPE", "q4_0")
+    rc, out, err = run(capsys, "ollama", "gpt-oss:20b", "--ollama-version", "0.11.2", "--vram", f"{free_mib}MiB",
+                       "--ctx", "4096", "--ram", "25GiB", "--json")  # fmt: skip
+    assert rc in (0, 3), err
+    dec = json.loads(out)["ollama"]["decision"]
+    assert dec["layers_offload"] == 23, dec["log_line"]
