@@ -262,3 +262,18 @@ def test_r19b_gpt_oss_profile_band_bottom(
     assert rc in (0, 3), err
     dec = json.loads(out)["ollama"]["decision"]
     assert dec["layers_offload"] == 23, dec["log_line"]
+
+
+def test_r19b_ollama_15749_gemma4_go_engine_not_claimed(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression guard (passes): ollama/ollama#15749 (2026-04-22), Ollama 0.21.0, gemma4:e4b on an RX 6600 XT
+    (available 7.5 GiB): Ollama loads 42/43 layers, 2.8 GiB of weights on ROCm0 and 6.6 GiB on the CPU.
+    ``kvadvise ollama gemma4:e4b --ollama-version 0.21.0 --vram 7.5GiB`` gives no ``ollama.decision`` and
+    claims_layers false (gemma4 is not among the Go-engine architectures it replays), as it should: the
+    headline "fits 100% on the GPU" is llama.cpp's library, which the notes say."""
+    pub = _published("r19b-ollama-15749-gemma4-e4b-0.21.0-rocm.json")
+    plan = _plan(capsys, monkeypatch, "gemma4:e4b", "--ollama-version", pub["version"], "--vram", "7.5GiB",
+                 "--ram", "25GiB")  # fmt: skip
+    assert plan["ollama"]["decision"] is None
+    assert plan["ollama"]["release"]["claims_layers"] is False
