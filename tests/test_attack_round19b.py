@@ -68,10 +68,11 @@ def test_r19b_ollama_12000_gemma3_12b_48_of_49_with_projector(
     kvadvise: ``ollama.decision`` 49 of 49 layers, memory.required.full "8.8 GiB", with release.claims_layers
     true ("its layer decision is replayed"). True: 48 of 49, required.full 11.4 GiB (+2.6 GiB, 30 % UNDER:
     kvadvise says the whole model fits where Ollama itself keeps a layer on the CPU).
-    Missing rule: llm/memory.go estimateGPULayers (v0.11.4, lines 179-183, 245-289) adds
-    ``f.VisionGraphSize()`` (fs/ggml/ggml.go: the ``v.*`` tensors' bytes and, for gemma3/mistral3,
-    4 x (image_size^2 x channels + embd x patch + patches^2 x heads)) to the first GPU's overhead and to the
-    last layer; the built-in profile has the projector (``projector.bytes`` 834 MB in
+    Missing rule: llm/memory.go estimateGPULayers (v0.11.4, line 120) takes ``f.VisionGraphSize()``
+    (fs/ggml/ggml.go:685: the ``v.*`` tensors' bytes and, for gemma3/mistral3, 4 x (image_size^2 x channels
+    + embd x patch + patches^2 x heads)) and (lines 268-285) places it with the output layer as one last
+    layer, ``memoryLastLayer = memoryLayerOutput + projector weights + projector graph``: 787.5 MiB + 795.9
+    MiB + 1.0 GiB does not fit beside 48 blocks, so the 49th layer stays on the CPU. The built-in profile has the projector (``projector.bytes`` 834 MB in
     profiles/ollama_models.json) but decision.py ``_legacy_model`` builds the LegacyModel with
     has_vision=False, so the port's own vision refusal (estimate_legacy.check_modelled) never fires and the
     projector is left out. Either add VisionGraphSize or refuse to claim the decision for a vision profile.
