@@ -242,8 +242,8 @@ def test_a_denied_store_beside_a_readable_one_lists_the_readable_one(
     monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
     real_scandir, real_lstat = os.scandir, os.lstat
 
-    def denied(path: object) -> bool:
-        return os.fspath(path).startswith(str(service))  # type: ignore[call-overload]
+    def denied(path: object) -> bool:  # (a directory's descriptor: pytest's rmtree of tmp_path at teardown)
+        return not isinstance(path, int) and os.fspath(path).startswith(str(service))  # type: ignore[call-overload]
 
     def scandir(path: object = ".") -> object:
         if denied(path):

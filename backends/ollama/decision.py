@@ -313,6 +313,10 @@ def _legacy_model(model: OllamaModel) -> estimate_legacy.LegacyModel | None:
     tensors.append(estimate_legacy.LegacyTensor("token_embd.weight", (spec.tok_embd_bytes,), _I8))
     if spec.output_bytes:
         tensors.append(estimate_legacy.LegacyTensor("output.weight", (spec.output_bytes,), _I8))
+    vision = rules.is_vision(model)
+    tower = _PROFILE_TOWERS.get(spec.architecture) if vision else None
+    if tower is not None:
+        tensors.append(estimate_legacy.LegacyTensor("v.weight", (tower[1],), _I8))
     return estimate_legacy.LegacyModel(
         architecture=blob_architecture(spec.architecture, model.source),
         block_count=spec.n_layer_all,
@@ -326,5 +330,17 @@ def _legacy_model(model: OllamaModel) -> estimate_legacy.LegacyModel | None:
         tensors=tuple(tensors),
         sliding_window=spec.n_swa,
         feed_forward_length=spec.n_ff,
-        has_vision=model.projector_bytes > 0,
+        # a built-in profile's tower in the blob too: estimateGPULayers adds VisionGraphSize (where it is known)
+        has_vision=vision,
+        vision=tower[0] if tower is not None else None,
     )
+
+
+# The vision tower in the blob of the library's profiles, as VisionGraphSize reads it: its {arch}.vision.* values and
+# the bytes of its "v.*" tensors. Gemma 3 (4b, 12b, 27b: one SigLIP-So400m, 896 px, patch 14): 27 blocks of 1152
+# (16 heads, FFN 4304) with F16 matrices and F32 norms and biases, an F16 patch embedding and position embedding
+# (4096 x 1152), 834,531,264 bytes: the "795.9 MiB" of projector.weights in Ollama 0.11's logs of gemma3:12b
+# (ollama#12000, #11819); the graph 4 x (896^2 x 3 + 1152 x 14 + 4096^2 x 16) is their "1.0 GiB"
+_PROFILE_TOWERS: dict[str, tuple[estimate_legacy.VisionKV, int]] = {
+    "gemma3": (estimate_legacy.VisionKV(27, 896, 14, 3, 16, 1152), 834_531_264),
+}

@@ -71,6 +71,20 @@ class LegacyTensor:
 
 
 @dataclass(frozen=True, slots=True)
+class VisionKV:
+    """The ``{arch}.vision.*`` values ``GGML.VisionGraphSize`` reads (fs/ggml/ggml.go, the same v0.9.3 - v0.12.10)."""
+
+    block_count: int
+    image_size: int
+    patch_size: int
+    num_channels: int
+    head_count: int
+    embedding_length: int
+    max_pixels: int = 28 * 28 * 1280  # vision.max_pixels (qwen25vl), its default
+    max_num_tiles: int = 0  # vision.max_num_tiles (mllama)
+
+
+@dataclass(frozen=True, slots=True)
 class LegacyModel:
     """What ``estimateGPULayers`` reads of a GGUF: its ``KV()`` values and its tensor list."""
 
@@ -88,6 +102,7 @@ class LegacyModel:
     feed_forward_length: int = 0  # {arch}.feed_forward_length (llama MoE graph)
     is_embedding: bool = False  # {arch}.pooling_type present: no flash attention
     has_vision: bool = False  # vision.block_count > 0 (Ollama's own engine vision models)
+    vision: VisionKV | None = None  # the tower's values, where they are known (its weights: the "v.*" tensors)
     is_completion: bool = True  # Ollama loads an embedding-only model with one slot
 
 
@@ -129,6 +144,8 @@ class LegacyEstimate:
     graph_full_bytes: int  # memory.graph.full
     graph_partial_bytes: int  # memory.graph.partial
     notes: tuple[str, ...] = field(default=())
+    projector_weights_bytes: int = 0  # projector.weights: the mmproj file's or the tower's (VisionGraphSize)
+    projector_graph_bytes: int = 0  # projector.graph: the tower's graph
 
     @property
     def fully_offloaded(self) -> bool:
@@ -151,6 +168,11 @@ class LegacyEstimate:
             f'memory.weights.nonrepeating="{human_bytes2(self.weights_nonrepeating_bytes)}" '
             f'memory.graph.full="{human_bytes2(self.graph_full_bytes)}" '
             f'memory.graph.partial="{human_bytes2(self.graph_partial_bytes)}"'
+        ) + (  # MemoryEstimate.LogValue: the projector group only with its weights
+            f' projector.weights="{human_bytes2(self.projector_weights_bytes)}" '
+            f'projector.graph="{human_bytes2(self.projector_graph_bytes)}"'
+            if self.projector_weights_bytes
+            else ""
         )
 
 
@@ -223,7 +245,7 @@ def check_modelled(
         raise LegacyVersionNotModelled(
             f"Ollama {version} read per-layer head counts as scalars (KV.HeadCount, before v0.9.3): not ported"
         )
-    if model.has_vision or model.architecture == "mllama":
+    if model.architecture == "mllama" or (model.has_vision and model.vision is None):
         raise LegacyVersionNotModelled(
             f"{model.architecture}: the vision graph (VisionGraphSize) and cross-attention cache are not ported"
         )
@@ -300,6 +322,32 @@ def group_layers(model: LegacyModel) -> dict[str, dict[str, LegacyTensor]]:
 def layer_bytes(layer: Mapping[str, LegacyTensor], v: tuple[int, int, int]) -> int:
     """Layer.Size: the bytes of a group's tensors as this release sizes them."""
     return sum(_tensor_bytes(t, v) for t in layer.values())
+
+
+def vision_graph_size(model: LegacyModel, v: tuple[int, int, int]) -> tuple[int, int]:
+    """GGML.VisionGraphSize (fs/ggml/ggml.go): the tower's weights (every "v" / "v.*" group) and its graph, by
+    architecture; (0, 0) without vision.block_count, no graph without a patch size or for another architecture."""
+    vk = model.vision
+    if vk is None or vk.block_count == 0:
+        return 0, 0
+    weights = sum(layer_bytes(g, v) for name, g in group_layers(model).items() if name == "v" or name.startswith("v."))
+    if vk.patch_size == 0:  # "unknown patch size for vision model"
+        return weights, 0
+    patches = (vk.image_size // vk.patch_size) ** 2 + any(t.name == "v.class_embd" for t in model.tensors)
+    if model.architecture in ("gemma3", "mistral3"):
+        graph = 4 * (
+            vk.image_size * vk.image_size * vk.num_channels + vk.embedding_length * vk.patch_size
+            + patches * patches * vk.head_count
+        )  # fmt: skip
+    elif model.architecture == "qwen25vl":
+        n = vk.max_pixels // (vk.patch_size * vk.patch_size)
+        graph = 4 * (
+            2 * vk.max_pixels * vk.num_channels + n * vk.num_channels * vk.patch_size * vk.patch_size
+            + n * n * vk.head_count + vk.embedding_length * n
+        )  # fmt: skip
+    else:  # llama4: "negligible compared to the worst case text graph"; mllama is refused (check_modelled)
+        graph = 0
+    return weights, graph
 
 
 def _head_dims(model: LegacyModel) -> tuple[int, int, int]:
@@ -512,6 +560,9 @@ def estimate_on_gpus(
     layers = group_layers(model)
     overhead = gpu_overhead_bytes
 
+    # llm/memory.go: without a llama-engine projector, the Ollama engine's own tower (VisionGraphSize), placed with
+    # the output layer as the last layer
+    vision_weights, vision_graph = (0, 0) if projector_bytes else vision_graph_size(model, v)
     if v < (0, 11, 5):  # "multimodal models require at least 2048 context": every model, v0.9.3..v0.11.4
         num_ctx = max(num_ctx, 2048)
 
@@ -597,7 +648,7 @@ def estimate_on_gpus(
             overflow += layer_size
     fully_loaded = layer_count >= model.block_count
 
-    memory_last_layer = memory_layer_output  # + the Ollama engine's projector: vision is refused above
+    memory_last_layer = memory_layer_output + vision_weights + vision_graph
     if memory_last_layer > 0:
         if num_gpu < 0 or layer_count < num_gpu:
             for j in range(len(with_space), 0, -1):
@@ -640,6 +691,8 @@ def estimate_on_gpus(
         weights_nonrepeating_bytes=memory_layer_output,
         graph_full_bytes=graph_full,
         graph_partial_bytes=graph_partial,
+        projector_weights_bytes=projector_bytes + vision_weights,
+        projector_graph_bytes=vision_graph,
     )
 
 
@@ -779,6 +832,18 @@ def legacy_model(header: GGUFHeader) -> LegacyModel:
         sliding_window=u("attention.sliding_window"),
         feed_forward_length=u("feed_forward_length"),
         is_embedding=f"{arch}.pooling_type" in md,
-        has_vision=bool(_uints(md.get("vision.block_count")) and _uints(md.get("vision.block_count"))[0] > 0),
+        has_vision=u("vision.block_count") > 0,  # {arch}.vision.*: KV.Uint prefixes the architecture (keyValue)
+        vision=VisionKV(
+            block_count=u("vision.block_count"),
+            image_size=u("vision.image_size"),
+            patch_size=u("vision.patch_size"),
+            num_channels=u("vision.num_channels"),
+            head_count=u("vision.attention.head_count"),
+            embedding_length=u("vision.embedding_length"),
+            max_pixels=u("vision.max_pixels", 28 * 28 * 1280),
+            max_num_tiles=u("vision.max_num_tiles"),
+        )
+        if u("vision.block_count") > 0
+        else None,
         is_completion=f"{arch}.pooling_type" not in md,
     )

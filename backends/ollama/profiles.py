@@ -117,10 +117,20 @@ class Profile:
             out["aliases"] = {"names": list(self.aliases), **self.aliases_source.as_dict()}
         return out
 
+    @property
+    def sized_by_types(self) -> bool:
+        """An MXFP4 blob's every tensor type is known (convert/convert_gptoss.go: the experts MXFP4, the modules its
+        quantization_config leaves unconverted BF16): its parts are exact at those types, where a rounded library
+        size ("14 GB") scaled them 7 % off (ollama#11711's memory.weights lines); an exact size still scales."""
+        rounded = self.download_source is None or self.download_source.kind != "exact"
+        return (self.quantization or "").upper() == "MXFP4" and rounded
+
     def sizes(self, spec: ModelSpec, bd: Breakdown, total_bytes: int | None = None) -> Breakdown:
         """The parts of the blob in bytes (kvadvise.model.breakdown.sized) with Ollama's own quant choices,
         scaled to ``total_bytes`` (the blob less its projector) when that is known."""
         quant = self.quantization or DEFAULT_QUANT
+        if self.sized_by_types:
+            total_bytes = None
         return sized(
             bd,
             quant,
@@ -146,6 +156,8 @@ class Profile:
         weights = spec.weights_bytes
         if self.download_bytes:
             sources.append(self.weights_line or "weights: download size")
+            if sizes is not None and self.sized_by_types:
+                weights = sizes.loaded + sizes.nextn + self.projector_bytes  # the parts, less the MTP block below
             if sizes is not None and sizes.nextn:
                 weights -= sizes.nextn
                 notes.append(f"its MTP block ({sizes.nextn / 1e9:.2f} GB of the download) is not loaded by llama.cpp")
