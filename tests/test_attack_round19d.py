@@ -143,11 +143,14 @@ def test_iswa_two_devices_the_first_device_takes_more_than_its_budget(
     its 149 MiB by 1.1), B 122.7 vs 104.7. (--fit at 333/333 puts 218.8 MiB of weights at 248.1/245.8 MiB: inside.)
 
     Rule: llama_model::load_tensors (src/llama-model.cpp) places each offloaded layer il, the output layer included,
-    at ``float(il - i_gpu_start) / act_gpu_layers`` against the cumulative -ts split points: at -ngl 8 -ts 5,4,
-    blocks 1-5 (fractions 0..4/8 < 5/9) go to A (5 x 29 MiB, with the global-attention block 5's full 16 MiB
-    cache) and only blocks 6-7 and the output layer to B; the device with the global layer also takes its larger
-    compute (186 MiB at -ub 2048). kvadvise's per-device split of the iSWA partial plan puts fewer blocks (and no
-    global layer's cache/compute) on A than llama.cpp does.
+    at ``float(il - i_gpu_start) / act_gpu_layers`` against the cumulative -ts split points: at -ngl 8 -ts 5,4
+    blocks 1-5 go to A (145.08 MiB = 5 blocks) and blocks 6-7 with the output layer to B (73.66) -- kvadvise's
+    weights and caches match that. The miss is the compute: A, which holds the global-attention block 5, prints
+    186.07 MiB and B, with sliding-window blocks only, 122.04; the 64 MiB between them is the full-context KQ mask
+    (16384 x 2048 f16), built by llm_graph_input_attn_kv_iswa (src/llama-graph.cpp) and allocated by
+    ggml_backend_sched (ggml/src/ggml-backend.cpp) only on a device whose layers read it. kvadvise's per-device
+    split gives the larger compute (predicted B: 272.66 - 78.66 = 194) to the device with the output layer and the
+    smaller one to A (301.08 - 171.08 = 130), where the global layer's device needs the mask.
     """
     c = _case(tmp_path, "gemma3", _GEMMA3, budgets, 16384, flags, real_llama_server)
     _check(c)
