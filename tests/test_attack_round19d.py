@@ -144,13 +144,13 @@ def test_iswa_two_devices_the_first_device_takes_more_than_its_budget(
 
     Rule: llama_model::load_tensors (src/llama-model.cpp) places each offloaded layer il, the output layer included,
     at ``float(il - i_gpu_start) / act_gpu_layers`` against the cumulative -ts split points: at -ngl 8 -ts 5,4
-    blocks 1-5 go to A (145.08 MiB = 5 blocks) and blocks 6-7 with the output layer to B (73.66) -- kvadvise's
-    weights and caches match that. The miss is the compute: A, which holds the global-attention block 5, prints
+    blocks 1-5 go to A (145.08 MiB = 5 blocks) and blocks 6-7 with the output layer to B (73.66). The likely miss is the compute: A, which holds the global-attention block 5, prints
     186.07 MiB and B, with sliding-window blocks only, 122.04; the 64 MiB between them is the full-context KQ mask
     (16384 x 2048 f16), built by llm_graph_input_attn_kv_iswa (src/llama-graph.cpp) and allocated by
-    ggml_backend_sched (ggml/src/ggml-backend.cpp) only on a device whose layers read it. kvadvise's per-device
-    split gives the larger compute (predicted B: 272.66 - 78.66 = 194) to the device with the output layer and the
-    smaller one to A (301.08 - 171.08 = 130), where the global layer's device needs the mask.
+    ggml_backend_sched (ggml/src/ggml-backend.cpp) only on a device whose layers read it. If kvadvise places
+    the blocks as llama.cpp does (offload.devices_bytes gives totals only), its compute is B 272.66 - 78.66 = 194 and
+    A 301.08 - 171.08 = 130: the larger figure on the device with the output layer, where the global layer's device
+    needs the mask.
     """
     c = _case(tmp_path, "gemma3", _GEMMA3, budgets, 16384, flags, real_llama_server)
     _check(c)
