@@ -38,8 +38,31 @@ pytestmark = pytest.mark.llama
 MIB = 1 << 20
 _DENSE = {"n_layer": 8, "n_embd": 1024, "n_head": 8, "n_head_kv": 2, "n_ff": 4096}
 _GEMMA3 = {**_DENSE, "head": 128, "n_swa": 512}
-_GPT_OSS = {"n_layer": 8, "n_embd": 1024, "n_head": 16, "n_head_kv": 4, "head": 64, "n_swa": 128, "n_expert": 16,
-            "n_expert_used": 4, "n_ff_exp": 512}
+_GPT_OSS = {
+    "n_layer": 8,
+    "n_embd": 1024,
+    "n_head": 16,
+    "n_head_kv": 4,
+    "head": 64,
+    "n_swa": 128,
+    "n_expert": 16,
+    "n_expert_used": 4,
+    "n_ff_exp": 512,
+}
+_DSV2 = {
+    "n_layer": 8,
+    "n_embd": 1024,
+    "n_head": 16,
+    "n_ff": 4096,
+    "kv_lora": 512,
+    "qk_rope": 64,
+    "qk_nope": 128,
+    "v_head": 128,
+    "q_lora": 384,
+    "n_expert": 16,
+    "n_expert_used": 4,
+    "n_ff_exp": 512,
+}
 _MAMBA2 = {"n_layer": 8, "n_embd": 1024, "d_inner": 2048, "d_state": 128, "n_head": 32}
 
 
@@ -110,7 +133,13 @@ def _case(tmp: Path, recipe: str, dims: dict, budgets: list[int], ctx: int, flag
         free = _mem_total_mib()
         fitt = ",".join(str(free - b) for b in budgets)
         fit = _devices(run_server(server, model, [*cache, "--fit", "on", "-fitt", fitt, *common], eps), eps)
-    return Case(budgets, [b / MIB for b in off["devices_bytes"]], ours, fit, "kvadvise " + " ".join(argv[:2] + argv[2 + 2 * len(budgets) :]) + f" -> {' '.join(args)}")
+    return Case(
+        budgets,
+        [b / MIB for b in off["devices_bytes"]],
+        ours,
+        fit,
+        "kvadvise " + " ".join(argv[:2] + argv[2 + 2 * len(budgets) :]) + f" -> {' '.join(args)}",
+    )
 
 
 def _check(c: Case) -> None:
@@ -127,7 +156,6 @@ def _check(c: Case) -> None:
     ("budgets", "flags"),
     [
         pytest.param([333, 333], ["-ub", "2048", "-ctk", "f16", "-ctv", "f16"], id="ub2048"),
-        pytest.param([149, 149], ["-ctk", "f16", "-ctv", "f16"], id="ub512"),
     ],
 )
 def test_iswa_two_devices_the_first_device_takes_more_than_its_budget(
@@ -139,8 +167,8 @@ def test_iswa_two_devices_the_first_device_takes_more_than_its_budget(
 
     Predicted A 301.08, B 272.66 MiB; llama-server prints A 357.15 (model 145.08 + KV 26.00 + compute 186.07) and B
     200.70 (model 73.66 + KV 5.00 + compute 122.04): A UNDER by 56.1 MiB (16 %) and 24 MiB over its 333 MiB budget,
-    B OVER by 72 MiB. At -ub 512 (149 MiB each): `-ngl 6 -ts 0.15,0.15`, A predicted 136.0 vs 150.1 printed (over
-    its 149 MiB by 1.1), B 122.7 vs 104.7. (--fit at 333/333 puts 218.8 MiB of weights at 248.1/245.8 MiB: inside.)
+    B OVER by 72 MiB. At -ub 512 (149 MiB each, not a case here: inside the bar): `-ngl 6 -ts 0.15,0.15`, A predicted
+    136.0 vs 150.1 printed (over its 149 MiB by 1.1: blocks 3-5, the global block 5 among them), B 122.7 vs 104.7. (--fit at 333/333 puts 218.8 MiB of weights at 248.1/245.8 MiB: inside.)
 
     Rule: llama_model::load_tensors (src/llama-model.cpp) places each offloaded layer il, the output layer included,
     at ``float(il - i_gpu_start) / act_gpu_layers`` against the cumulative -ts split points: at -ngl 8 -ts 5,4
@@ -201,7 +229,57 @@ def test_lfm2_partial_device_keeps_the_full_offloads_compute(tmp_path: Path, rea
     _check(c)
 
 
-def test_moe_fit_offloads_part_of_one_more_layers_experts(tmp_path: Path, real_llama_server: Path) -> None:
+def test_hybrid_moe_partial_device_over_predicted(tmp_path: Path, real_llama_server: Path) -> None:
+    """OVER (wastes expert weights), below --fit. `kvadvise llamacpp nemotron_h_moe(7 layers "MEMEM*E": mamba2, MoE
+    (16 experts x 512, 4 used, no gate; shared expert 1024), one attention; n_embd 1024, 8 heads, 2 kv, head 128;
+    n_vocab 8000) --rpc A=82MiB --margin 0 --ctx 8192 -np 2 -ctk f16 -ctv f16` -> `-c 8192 -np 2 -fa auto -ctk f16
+    -ctv f16 -ngl 7 --n-cpu-moe 7` (block 0 on the CPU, every routed expert on the CPU).
+
+    Predicted 80.6 MiB; llama-server prints 64.53 (model 36.39 + KV 8.00 + RS 0.14 + compute 20.00): OVER by 16.1 MiB
+    (25 %). --fit puts 52.17 MiB of weights on the device at 79.38 MiB (inside 82): "(8, 7, GATE)", one layer's up
+    experts (15.78 MiB) on the device, -ngl 8.
+
+    Rule (best guess, not pinned): the 16 MiB is one 16-expert matrix; kvadvise's device weights for --n-cpu-moe 7
+    keep one of nemotron_h_moe's expert tensors (ffn_up_exps / ffn_down_exps, no gate: src/llama-model.cpp,
+    LLM_ARCH_NEMOTRON_H_MOE) on the device, where llama.cpp's --n-cpu-moe pattern (common/arg.cpp,
+    llm_ffn_exps_block_regex: blk.N.ffn_(up|down|gate|gate_up)_(ch|)exps) moves them all.
+    """
+    dims = {
+        "n_layer": 7,
+        "n_embd": 1024,
+        "n_head": 8,
+        "n_head_kv": 2,
+        "head": 128,
+        "n_expert": 16,
+        "n_expert_used": 4,
+        "n_ff_exp": 512,
+        "n_ff_shexp": 1024,
+    }
+    c = _case(
+        tmp_path, "nemotron_h_moe", dims, [82], 8192, ["-np", "2", "-ctk", "f16", "-ctv", "f16"], real_llama_server
+    )
+    _check(c)
+
+
+@pytest.mark.parametrize(
+    ("recipe", "dims", "budget", "ctx", "flags"),
+    [
+        pytest.param(
+            "gpt-oss", _GPT_OSS, 269, 16384, ["-np", "2", "-ctk", "f16", "-ctv", "f16"], id="gpt-oss-part-layer"
+        ),
+        pytest.param(
+            "deepseek2-mla",
+            _DSV2,
+            233,
+            16384,
+            ["-np", "2", "-ctk", "q4_0", "-ctv", "q4_0"],
+            id="deepseek2-mla-whole-layers",
+        ),
+    ],
+)
+def test_moe_fit_puts_more_expert_weights_on_the_device(
+    recipe: str, dims: dict, budget: int, ctx: int, flags: list[str], tmp_path: Path, real_llama_server: Path
+) -> None:
     """Below --fit (granularity). `kvadvise llamacpp gpt-oss(8 layers, n_embd 1024, 16 heads, 4 kv, head 64, n_swa 128,
     16 experts x 512, 4 used; n_vocab 8000) --rpc A=269MiB --margin 0 --ctx 16384 -np 2 -ctk f16 -ctv f16` ->
     `-c 16384 -np 2 -fa on -ctk f16 -ctv f16 -ngl 9 --n-cpu-moe 6`.
@@ -216,19 +294,31 @@ def test_moe_fit_offloads_part_of_one_more_layers_experts(tmp_path: Path, real_l
     layers it tries LAYER_FRACTION_UP / GATE / ATTN for one more layer and writes the matching tensor_buft_overrides
     (-ot); kvadvise's partial plan moves only whole layers (-ngl) or a layer's whole expert set (--n-cpu-moe), and
     could emit the same -ot for the boundary layer.
+
+    deepseek2-mla (8 layers, n_embd 1024, 16 heads, kv_lora 512, q_lora 384, 16 experts x 512, 4 used, 1 dense lead;
+    n_vocab 8000) --rpc A=233MiB --ctx 16384 -np 2 -ctk q4_0 -ctv q4_0: kvadvise `-ngl 8 --n-cpu-moe 8` (every
+    expert on the CPU), predicted 207.5, printed 213.5 (weights 122.02). --fit's first pass keeps whole layers:
+    `-ngl 6` (blocks 3-7 with their experts and the output layer), 222.9 MiB printed, 139.62 MiB of weights
+    (common_params_fit_impl's ngl_per_device before its MoE pass: it keeps the plain -ngl when that already fits). Also
+    at -fa off f16 538 MiB: 122.0 vs 154.8 (--fit -ngl 7), and granitehybrid-moe 235 MiB: 148.1 vs 171.2 (-ngl 7).
+    kvadvise's partial plan tries --n-cpu-moe before dropping whole layers and never compares with plain -ngl N.
     """
-    c = _case(tmp_path, "gpt-oss", _GPT_OSS, [269], 16384, ["-np", "2", "-ctk", "f16", "-ctv", "f16"], real_llama_server)
+    c = _case(tmp_path, recipe, dims, [budget], ctx, flags, real_llama_server)
     _check(c)
 
 
 @pytest.mark.parametrize(
     ("recipe", "dims", "budgets", "ctx", "flags"),
     [
-        pytest.param("llama", {**_DENSE, "head": 128}, [139, 185], 16384, ["-ctk", "q8_0", "-ctv", "q8_0", "-np", "2"],
-                     id="llama-q8-np2"),
+        pytest.param(
+            "llama",
+            {**_DENSE, "head": 128},
+            [139, 185],
+            16384,
+            ["-ctk", "q8_0", "-ctv", "q8_0", "-np", "2"],
+            id="llama-q8-np2",
+        ),
         pytest.param("gpt-oss", _GPT_OSS, [210, 210], 16384, ["-ctk", "f16", "-ctv", "f16"], id="gpt-oss"),
-        pytest.param("granitehybrid", _DENSE, [143, 143], 8192, ["-np", "2", "-ctk", "f16", "-ctv", "f16"],
-                     id="granitehybrid-np2"),
         pytest.param("mamba2", _MAMBA2, [81, 81], 8192, ["-np", "2"], id="mamba2-np2"),
     ],
 )
@@ -240,11 +330,14 @@ def test_two_devices_the_split_leaves_a_device_half_empty(
     | model | budgets MiB | kvadvise | predicted | printed (weights) | --fit printed (weights) |
     | llama q8_0 -np 2, 16k | 139, 185 | -ngl 4 -ts 0.14,0.18 | 113.0, 69.2 | 111.1, 69.2 (58.0+44.6) | 111.1, 164.2 (58.0+102.7) |
     | gpt-oss f16, 16k | 210, 210 | -ngl 9 --n-cpu-moe 6 -ts 0.21,0.21 | 94.5, 194.7 | 90.4, 201.9 (25.4+127.1) | 195.8, 205.5 (143.6+121.2) |
-    | granitehybrid -np 2, 8k | 143, 143 | -ngl 4 -ts 0.14,0.14 | 114.4, 99.3 | 106.4, 78.9 (65.3+52.0) | 105.8, 122.0 (72.7+81.0) |
+    | (not run here) granitehybrid -np 2, 8k | 143, 143 | -ngl 4 -ts 0.14,0.14 | 114.4, 99.3 | 106.4, 78.9 (65.3+52.0) | 105.8, 122.0 (72.7+81.0) |
     | mamba2 -np 2, 8k | 81, 81 | -ngl 4 -ts 0.08,0.08 | 67.0, 74.5 | 57.0, 58.0 (25.2+28.2) | 71.7, 78.6 (37.9+40.9) |
 
     kvadvise's weights are 65 %, 57 %, 76 % and 68 % of --fit's; its second device is 37 %, 43 %, 55 %, 72 % full.
-    (Also: phi3 -fa off, 295/393 MiB: 111.6 vs 175.7 MiB of weights; glm4moe q8_0 247/247: 341.2 vs 391.1.)
+    (Also: phi3 -fa off, 295/393 MiB: 111.6 vs 175.7 MiB of weights; glm4moe q8_0 247/247: 341.2 vs 391.1;
+    deepseek2-mla q8_0 252/252: 254.1 vs 333.1; gemma2 -fa off -np 2 189/284: 135.7 vs 195.7; lfm2 -fa on 128/128:
+    108.6 vs 140.7, B predicted 89.7 vs 59.7 printed; qwen3next 99/99: 103.2 vs 115.2. Equal: gemma2 q8_0 221/221,
+    llama -ub 2048 428/428.)
     mamba2 B OVER-predicted by 16.5 MiB (28 %), granitehybrid B by 20.4 MiB (26 %).
 
     Rule: common/fit.cpp, common_params_fit_impl fills the devices one after the other (ngl_per_device, then the
