@@ -168,12 +168,13 @@ def test_iswa_two_devices_the_first_device_takes_more_than_its_budget(
     Predicted A 301.08, B 272.66 MiB; llama-server prints A 357.15 (model 145.08 + KV 26.00 + compute 186.07) and B
     200.70 (model 73.66 + KV 5.00 + compute 122.04): A UNDER by 56.1 MiB (16 %) and 24 MiB over its 333 MiB budget,
     B OVER by 72 MiB. At -ub 512 (149 MiB each, not a case here: inside the bar): `-ngl 6 -ts 0.15,0.15`, A predicted
-    136.0 vs 150.1 printed (over its 149 MiB by 1.1: blocks 3-5, the global block 5 among them), B 122.7 vs 104.7. (--fit at 333/333 puts 218.8 MiB of weights at 248.1/245.8 MiB: inside.)
+    136.0 vs 150.1 printed (over its 149 MiB by 1.1: blocks 3-5, the global block 5 among them), B 122.7 vs 104.7.
+    (--fit at 333/333 puts 218.8 MiB of weights at 248.1/245.8 MiB: inside.)
 
     Rule: llama_model::load_tensors (src/llama-model.cpp) places each offloaded layer il, the output layer included,
     at ``float(il - i_gpu_start) / act_gpu_layers`` against the cumulative -ts split points: at -ngl 8 -ts 5,4
-    blocks 1-5 go to A (145.08 MiB = 5 blocks) and blocks 6-7 with the output layer to B (73.66). The likely miss is the compute: A, which holds the global-attention block 5, prints
-    186.07 MiB and B, with sliding-window blocks only, 122.04; the 64 MiB between them is the full-context KQ mask
+    blocks 1-5 go to A (145.08 MiB = 5 blocks) and blocks 6-7 with the output layer to B (73.66). The likely miss
+    is the compute: A, which holds the global-attention block 5, prints 186.07 MiB and B, with sliding-window blocks only, 122.04; the 64 MiB between them is the full-context KQ mask
     (16384 x 2048 f16), built by llm_graph_input_attn_kv_iswa (src/llama-graph.cpp) and allocated by
     ggml_backend_sched (ggml/src/ggml-backend.cpp) only on a device whose layers read it. If kvadvise places
     the blocks as llama.cpp does (offload.devices_bytes gives totals only), its compute is B 272.66 - 78.66 = 194 and
