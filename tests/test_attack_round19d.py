@@ -174,7 +174,8 @@ def test_iswa_two_devices_the_first_device_takes_more_than_its_budget(
     Rule: llama_model::load_tensors (src/llama-model.cpp) places each offloaded layer il, the output layer included,
     at ``float(il - i_gpu_start) / act_gpu_layers`` against the cumulative -ts split points: at -ngl 8 -ts 5,4
     blocks 1-5 go to A (145.08 MiB = 5 blocks) and blocks 6-7 with the output layer to B (73.66). The likely miss
-    is the compute: A, which holds the global-attention block 5, prints 186.07 MiB and B, with sliding-window blocks only, 122.04; the 64 MiB between them is the full-context KQ mask
+    is the compute: A, which holds the global-attention block 5, prints 186.07 MiB and B, with sliding-window
+    blocks only, 122.04; the 64 MiB between them is the full-context KQ mask
     (16384 x 2048 f16), built by llm_graph_input_attn_kv_iswa (src/llama-graph.cpp) and allocated by
     ggml_backend_sched (ggml/src/ggml-backend.cpp) only on a device whose layers read it. If kvadvise places
     the blocks as llama.cpp does (offload.devices_bytes gives totals only), its compute is B 272.66 - 78.66 = 194 and
@@ -328,24 +329,30 @@ def test_two_devices_the_split_leaves_a_device_half_empty(
 ) -> None:
     """Below --fit (wasted device memory), and for the hybrids OVER-predicted. Two rpc-servers, budgets below:
 
-    | model | budgets MiB | kvadvise | predicted | printed (weights) | --fit printed (weights) |
-    | llama q8_0 -np 2, 16k | 139, 185 | -ngl 4 -ts 0.14,0.18 | 113.0, 69.2 | 111.1, 69.2 (58.0+44.6) | 111.1, 164.2 (58.0+102.7) |
-    | gpt-oss f16, 16k | 210, 210 | -ngl 9 --n-cpu-moe 6 -ts 0.21,0.21 | 94.5, 194.7 | 90.4, 201.9 (25.4+127.1) | 195.8, 205.5 (143.6+121.2) |
-    | (not run here) granitehybrid -np 2, 8k | 143, 143 | -ngl 4 -ts 0.14,0.14 | 114.4, 99.3 | 106.4, 78.9 (65.3+52.0) | 105.8, 122.0 (72.7+81.0) |
-    | mamba2 -np 2, 8k | 81, 81 | -ngl 4 -ts 0.08,0.08 | 67.0, 74.5 | 57.0, 58.0 (25.2+28.2) | 71.7, 78.6 (37.9+40.9) |
+    | model | budgets | kvadvise | predicted | printed (weights) | --fit printed (weights) |
+    | llama q8_0 -np 2, 16k | 139, 185 | -ngl 4 -ts 0.14,0.18 | 113.0, 69.2 | 111.1, 69.2 (58.0+44.6) |
+      111.1, 164.2 (58.0+102.7) |
+    | gpt-oss f16, 16k | 210, 210 | -ngl 9 --n-cpu-moe 6 -ts 0.21,0.21 | 94.5, 194.7 | 90.4, 201.9 (25.4+127.1) |
+      195.8, 205.5 (143.6+121.2) |
+    | (not run here) granitehybrid -np 2, 8k | 143, 143 | -ngl 4 -ts 0.14,0.14 | 114.4, 99.3 |
+      106.4, 78.9 (65.3+52.0) | 105.8, 122.0 (72.7+81.0) |
+    | mamba2 -np 2, 8k | 81, 81 | -ngl 4 -ts 0.08,0.08 | 67.0, 74.5 | 57.0, 58.0 (25.2+28.2) |
+      71.7, 78.6 (37.9+40.9) |
 
-    kvadvise's weights are 65 %, 57 %, 76 % and 68 % of --fit's; its second device is 37 %, 43 %, 55 %, 72 % full.
+    kvadvise's weights are 65 %, 57 %, 76 % and 68 % of --fit's; its emptier device is 37 %, 43 %, 55 %, 70 % full.
     (Also: phi3 -fa off, 295/393 MiB: 111.6 vs 175.7 MiB of weights; glm4moe q8_0 247/247: 341.2 vs 391.1;
     deepseek2-mla q8_0 252/252: 254.1 vs 333.1; gemma2 -fa off -np 2 189/284: 135.7 vs 195.7; lfm2 -fa on 128/128:
     108.6 vs 140.7, B predicted 89.7 vs 59.7 printed; qwen3next 99/99: 103.2 vs 115.2. Equal: gemma2 q8_0 221/221,
     llama -ub 2048 428/428.)
     mamba2 B OVER-predicted by 16.5 MiB (28 %), granitehybrid B by 20.4 MiB (26 %).
 
-    Rule: common/fit.cpp, common_params_fit_impl fills the devices one after the other (ngl_per_device, then the
-    tensor split as per-device layer counts), so each device is filled to its own target; kvadvise lowers one -ngl
-    under a -ts proportional to the budgets (the plan's ``-ts 0.14,0.18``), so the device the split gives the
-    output layer and compute to binds first and the other keeps its budget unused. For the recurrent models the
-    per-device compute of the device without the output layer is also over-estimated (the full offload's).
+    Rule: common/fit.cpp, common_params_fit_impl fills the devices one after the other (ngl_per_device) and writes
+    the tensor split as per-device layer counts, so each device is filled to its own target. kvadvise keeps a -ts
+    proportional to the budgets and lowers one -ngl until every device fits; llama_model::load_tensors
+    (src/llama-model.cpp) then deals the offloaded layers by ``float(il - i_gpu_start) / act_gpu_layers`` against
+    that split, so the device that runs out first (llama: A, 113 of 139) sets -ngl and the other keeps most of its
+    budget. kvadvise should choose -ts (layer counts) per device, as --fit does. For the recurrent models the
+    per-device figure is also over-estimated (B: 74.5 predicted vs 58.0).
     """
     c = _case(tmp_path, recipe, dims, budgets, ctx, flags, real_llama_server)
     _check(c)
