@@ -303,7 +303,7 @@ def test_moe_fit_puts_more_expert_weights_on_the_device(
     `-ngl 6` (blocks 3-7 with their experts and the output layer), 222.9 MiB printed, 139.62 MiB of weights
     (common_params_fit_impl's ngl_per_device before its MoE pass: it keeps the plain -ngl when that already fits). Also
     at -fa off f16 538 MiB: 122.0 vs 154.8 (--fit -ngl 7), and granitehybrid-moe 235 MiB: 148.1 vs 171.2 (-ngl 7).
-    kvadvise's partial plan tries --n-cpu-moe before dropping whole layers and never compares with plain -ngl N.
+    kvadvise's partial plan appears to try --n-cpu-moe before dropping whole layers, without comparing plain -ngl N.
     """
     c = _case(tmp_path, recipe, dims, [budget], ctx, flags, real_llama_server)
     _check(c)
