@@ -343,7 +343,8 @@ def test_two_devices_the_split_leaves_a_device_half_empty(
     (Also: phi3 -fa off, 295/393 MiB: 111.6 vs 175.7 MiB of weights; glm4moe q8_0 247/247: 341.2 vs 391.1;
     deepseek2-mla q8_0 252/252: 254.1 vs 333.1; gemma2 -fa off -np 2 189/284: 135.7 vs 195.7; lfm2 -fa on 128/128:
     108.6 vs 140.7, B predicted 89.7 vs 59.7 printed; qwen3next 99/99: 103.2 vs 115.2. Equal: gemma2 q8_0 221/221,
-    llama -ub 2048 428/428.)
+    llama -ub 2048 428/428. The real Gemma 3 270M Q4_K_M -fa off f16 8k, 236/236 MiB: kvadvise `-ngl 1 -ts 18,1`,
+    the output layer alone on A (170.0 MiB of weights, B empty); --fit 189.9/171.0 MiB, 231.4 MiB of weights.)
     mamba2 B OVER-predicted by 16.5 MiB (28 %), granitehybrid B by 20.4 MiB (26 %).
 
     Rule: common/fit.cpp, common_params_fit_impl fills the devices one after the other (ngl_per_device) and writes
