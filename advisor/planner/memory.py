@@ -758,8 +758,12 @@ def _analytic_device_compute(spec: ModelSpec, lay: ContextLayout, weight_copy: i
 # kvadvise.planner.llama_graph's graphs; granite's is llama's with in-place scales (src/models/granite.cpp)
 _EXACT_ARCHS = ("llama", "granite", "phi3", "qwen2", "qwen3")
 # the legacy graphs checked against published logs and e1e8e09's allocation pass (tests/test_old_build_graphs.py,
-# tests/test_glm4_old_builds.py); not phi3's (Q, K and V copied out of the fused QKV) nor granite's: no old log
-_EXACT_ARCHS_LEGACY = ("llama", "qwen2", "qwen3", "glm4")
+# tests/test_glm4_old_builds.py); not granite's: no old log
+_EXACT_ARCHS_LEGACY = ("llama", "qwen2", "qwen3", "glm4", "phi3")
+# phi3's once the cache was written with set_rows (builds.SET_ROWS): a CPU at b6200 as printed (tests/data/published
+# 106: 288.01 MiB; the analytic plan, which keeps the fused QKV output alive through the attention, 306.00); before
+# it Q, K and V were copied out of the fused QKV and an RTX 3070 at b5600 printed 138.00 where the replay says 150
+_LEGACY_SET_ROWS_ONLY = ("phi3",)
 
 
 def _exact_device_compute(spec: ModelSpec, lay: ContextLayout) -> int | None:
@@ -784,7 +788,7 @@ def _exact_device_compute(spec: ModelSpec, lay: ContextLayout) -> int | None:
     TinyLlama at b4700 and Qwen3 1.7B at b6100 as printed (tests/data/published 010, 017; the analytic plan
     was +12 and +4).
 
-    From b6302 to b9409 (builds.GRAPH_OPTIMIZE to builds.F16_MASK_FA) on a GPU or an RPC device: the graph of
+    From b6302 to b9409 (builds.GRAPH_OPTIMIZE to builds.F16_MASK_FA) on CUDA, the CPU or an RPC device: the graph of
     a5bb8ba4 (LlamaShape.f32_fa_mask: the f32 mask's device copy and its f16 cast beside the first attention), the
     outputs as the build reserves them (raised to the rounded batch from b7847, sizes.reserve_outputs), a unified
     cache of several sequences being one stream of all their tokens; CUDA's graph_optimize reordered nothing then
@@ -794,14 +798,17 @@ def _exact_device_compute(spec: ModelSpec, lay: ContextLayout) -> int | None:
     Qwen2.5-Coder-7B at 32,768 cells: 382.01 MiB as printed, where the analytic plan's 311.00 (the logits and two
     rows) missed the logits landing above the hole the f32 mask's copies leave (tests/data/published 045)."""
     legacy = builds.older_than(lay.llama_build, builds.GRAPH_OPTIMIZE)
-    # b6302 to b9409: a5bb8ba4's graph (the f32 flash-attention mask) on a GPU or an RPC device, one stream or
+    # b6302 to b9409: a5bb8ba4's graph (the f32 flash-attention mask) on CUDA, an RPC device or the CPU (no
+    # graph_optimize: allocated as built; Ollama 0.13's CPU runner at b6840 as printed, tests/data/published 103:
+    # 300.01 MiB, the analytic plan 320.00), one stream or
     # a unified cache of several sequences (LLamaSharp's default kv_unified with SeqMax 40: 284.90 MiB as b8816
     # printed it, tests/data/published 035); CUDA's graph_optimize reordered nothing (kvadvise.planner.builds)
     mid = lay.llama_build is not None and builds.GRAPH_OPTIMIZE <= lay.llama_build < builds.F16_MASK_FA
     uniform = len(set(spec.n_head)) == 1 and len(set(spec.n_head_kv)) == 1
     if not (
-        (lay.device == "rpc" or legacy or (mid and lay.device == "cuda"))
+        (lay.device == "rpc" or legacy or (mid and lay.device in ("cuda", "cpu")))
         and spec.architecture in (_EXACT_ARCHS_LEGACY if legacy else _EXACT_ARCHS)
+        and not (legacy and spec.architecture in _LEGACY_SET_ROWS_ONLY and builds.older_than(lay.llama_build, builds.SET_ROWS))
         and uniform and spec.n_ff and not spec.n_expert
         and spec.n_swa == 0 and not spec.is_mla and not any(spec.recurrent_layers) and all(spec.kv_layers)
         and spec.n_layer_nextn == 0 and spec.n_embd_head_k == spec.n_embd_head_v and not spec.n_embd_per_layer
