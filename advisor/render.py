@@ -435,6 +435,7 @@ def offload_dict(off: Offload | None) -> dict[str, Any] | None:
         "note": off.note,
         "devices_bytes": list(off.devices_bytes),
         "device_budgets_bytes": list(off.device_budgets),
+        "tensor_split": list(off.tensor_split),
         "ram": ram_dict(off.ram),
         "runnable": off.runnable,
     }

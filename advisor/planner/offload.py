@@ -131,6 +131,9 @@ class Offload:
     device_budgets: tuple[int, ...] = ()  # each GPU's own budget, as checked
     ram: HostRam | None = None  # what it keeps in system RAM, against the RAM
     output_on_host: bool = False  # the output layer on the CPU too (a build before builds.OUTPUT_FIRST)
+    # -ts as this plan deals the offloaded layers over several devices: layers per device, filled as --fit fills
+    # them; () the plan's own split
+    tensor_split: tuple[float, ...] = ()
 
     @property
     def runnable(self) -> bool:
@@ -187,7 +190,14 @@ def _plan_offload(
         (
             k,
             partial_offload(
-                spec, base, budget, n_ctx_seq, k, experts=policy.expert_offload, output_first=policy.output_first
+                spec,
+                base,
+                budget,
+                n_ctx_seq,
+                k,
+                experts=policy.expert_offload,
+                output_first=policy.output_first,
+                fill_split=policy.fit_split,
             ),
         )
         for k in dict.fromkeys(kvs if kv in kvs else [kv, *kvs])
@@ -319,6 +329,7 @@ def partial_offload(
     *,
     experts: bool = True,
     output_first: bool | None = None,
+    fill_split: bool = False,
 ) -> Offload | None:
     """How much of the model must stay on the CPU for ``n_ctx_seq`` tokens (None: it all fits, or nothing does).
 
@@ -332,6 +343,9 @@ def partial_offload(
     runners inside Ollama 0.11 to 0.24: llm/server.go assignLayers places layers, with no expert override).
     ``output_first``: the output layer goes to the GPU before the blocks; None: as the build does (a build before
     builds.OUTPUT_FIRST keeps it on the CPU at a partial -ngl, and op-offloads its matmul with a copy of it).
+    ``fill_split``: several devices whose split was not asked for (``Policy.fit_split``): where the plan's split
+    leaves a device short, the layers per device are filled from the last device as llama.cpp's --fit fills them
+    (Offload.tensor_split, written as -ts).
     """
     if budget.device == "cpu" or not any(spec.layer_bytes):
         return None
@@ -389,7 +403,7 @@ def partial_offload(
     # each device's own compute at full offload, where the budget checks each device (else one summed figure)
     full_compute = [d.compute_bytes for d in full.devices] if len(layers.fixed) == len(full.devices) else []
 
-    def tail_cut(n_cpu: int, output_on_host: bool) -> list[int]:
+    def tail_cut(n_cpu: int, output_on_host: bool, ts: tuple[float, ...]) -> list[int]:
         """What each device's compute buffer loses where it is left with only the last block and/or the output
         layer, running the output rows alone (a device that does not op-offload: the CPU's blocks run in CPU splits,
         ggml-backend.cpp ggml_backend_sched_backend_id_from_cur; the last block gathers the output rows before its
@@ -399,7 +413,7 @@ def partial_offload(
         cut = [0] * len(layers.fixed)
         if offloads or not full_compute or (one_device and n_cpu >= n_layer):  # -ngl 1 alone: output_only's
             return cut
-        owner = _partial_owner(spec.n_layer_all, len(layers.fixed), cfg.tensor_split, n_cpu, output_on_host)
+        owner = _partial_owner(spec.n_layer_all, len(layers.fixed), ts, n_cpu, output_on_host)
         parts = device_layers(spec, owner, len(layers.fixed), lay.device == "cuda")
         for d, part in enumerate(parts):
             if part.layers == (n_layer - 1,):  # the last block: where measured so (split._LAST_BLOCK_MEASURED)
@@ -410,32 +424,100 @@ def partial_offload(
                 alone = None
             if alone is not None:
                 cut[d] = min(0, alone - full_compute[d])
+            elif len(parts) > 1 and part.layers:
+                # the blocks a partial -ngl deals to this device, not the full offload's: their own graph (a
+                # sliding-window model's global layer brings the whole context's mask: gemma3 at -ngl 8 -ts 5,4 moves
+                # block 5 to the first device, 357 MiB printed there, 301 planned from the full split; the other,
+                # left with sliding-window blocks, 246 printed, 318 planned); the first device, which op-offloads
+                # the CPU's layers, keeps the full offload's where that is more
+                own = unpipelined_split_compute(spec, lay, part) - full_compute[d]
+                cut[d] = max(0, own) if d == 0 and offloads else own
         return cut
 
-    def fits(n_cpu: int, n_cpu_moe: int) -> list[int] | None:
+    def totals(n_cpu: int, n_cpu_moe: int, ts: tuple[float, ...]) -> list[int]:
         grown = copy_growth(n_cpu, n_cpu_moe) + split_compute(n_cpu, n_cpu_moe)
         out_host = output_last and n_cpu > 0
-        each = _on_devices(layers, cfg.tensor_split, n_cpu, n_cpu_moe, grown, output_on_host=out_host)
-        each = [t + c for t, c in zip(each, tail_cut(n_cpu, out_host), strict=True)]
-        return each if all(d <= b for d, b in zip(each, budgets, strict=True)) else None
+        each = _on_devices(layers, ts, n_cpu, n_cpu_moe, grown, output_on_host=out_host)
+        return [t + c for t, c in zip(each, tail_cut(n_cpu, out_host, ts), strict=True)]
 
-    found: tuple[int, int, list[int]] | None = None
+    def within(each: list[int]) -> bool:
+        return all(d <= b for d, b in zip(each, budgets, strict=True))
+
+    def filled(n_cpu: int, n_cpu_moe: int) -> tuple[float, ...]:
+        """Layers per device, the last device first taking the most trailing layers its budget holds, then the one
+        before it, the first device the rest: common/fit.cpp common_params_fit_impl's fill, whose layer counts it
+        writes as the tensor split (set_ngl_tensor_split_tbo), so that no device is left half empty."""
+        n_dev = len(budgets)
+        act = spec.n_layer_all - n_cpu if output_last and n_cpu > 0 else spec.n_layer_all + 1 - n_cpu
+        counts = [0] * n_dev
+        for d in range(n_dev - 1, 0, -1):
+            left = act - sum(counts)
+
+            def holds(k: int, d: int = d, left: int = left) -> bool:
+                trial = list(counts)
+                trial[d], trial[0] = k, left - k
+                return totals(n_cpu, n_cpu_moe, tuple(float(c) for c in trial))[d] <= budgets[d]
+
+            lo, hi = 0, left
+            if holds(hi):
+                lo = hi
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (mid, hi) if holds(mid) else (lo, mid)
+            counts[d] = lo
+        counts[0] = act - sum(counts)
+        return tuple(float(c) for c in counts)
+
+    def fits(n_cpu: int, n_cpu_moe: int) -> tuple[list[int], tuple[float, ...]] | None:
+        """Each device's total at the plan's split, else at the layers per device --fit's fill gives them."""
+        if within(each := totals(n_cpu, n_cpu_moe, cfg.tensor_split)):
+            return each, ()
+        if fill_split and per_device and len(budgets) > 1:
+            ts = filled(n_cpu, n_cpu_moe)
+            if sum(ts) and within(each := totals(n_cpu, n_cpu_moe, ts)):
+                return each, ts
+        return None
+
+    found: tuple[int, int, list[int], tuple[float, ...]] | None = None
     moe = experts and any(layers.experts)
     for n_moe in range(1, n_layer + 1) if moe else ():
-        if (each := fits(0, n_moe)) is not None:
-            found = (0, n_moe, each)
+        if (got := fits(0, n_moe)) is not None:
+            found = (0, n_moe, *got)
             break
     if found is None:
         # every layer's experts on the CPU is not enough (or a dense model): whole layers from the front
         n_moe = n_layer if moe else 0
         # an older build cannot offload the output layer alone: -ngl n_layer - n_cpu offloads blocks only
         for n_cpu in range(1, n_layer if output_last else n_layer + 1):
-            if (each := fits(n_cpu, n_moe)) is not None:
-                found = (n_cpu, n_moe, each)
+            if (got := fits(n_cpu, n_moe)) is not None:
+                found = (n_cpu, n_moe, *got)
+                break
+    if moe and found is not None:
+        # whole layers alone, experts and all, where that keeps more weights on the GPU and decodes no slower (the
+        # speed unknown: more weights): llama.cpp's --fit keeps the plain -ngl its first pass finds when it fits
+        # (common/fit.cpp common_params_fit_impl); tiny MoEs over an rpc-server at 16k cells: DeepSeek-V2 -ngl 6,
+        # 139.62 MiB of weights, where every expert on the CPU and -ngl 8 held 122.02; gpt-oss 168+ where the
+        # experts of 6 layers on the CPU held 152.52
+        def on_cpu(n_cpu: int, n_cpu_moe: int) -> int:
+            return sum(layers.weights[:n_cpu]) + sum(layers.experts[n_cpu:n_cpu_moe])
+
+        def decode(n_cpu: int, n_cpu_moe: int) -> float | None:
+            est = speed_model.plan_decode(
+                spec, cfg, budget, n_cpu_moe=n_cpu_moe, n_cpu_layers=n_cpu, cpu_output=output_last and n_cpu > 0
+            )
+            return est.tokens_per_s if est is not None else None
+
+        for n_cpu in range(1, n_layer if output_last else n_layer + 1):
+            if on_cpu(n_cpu, 0) >= on_cpu(found[0], found[1]):
+                break  # no fewer weights on the CPU from here on
+            if (got := fits(n_cpu, 0)) is not None:
+                plain, now = decode(n_cpu, 0), decode(found[0], found[1])
+                if plain is None or now is None or plain >= now:
+                    found = (n_cpu, 0, *got)
                 break
     if found is None:
         return None  # even with every layer on the CPU the rest does not fit
-    n_cpu, n_cpu_moe, each = found
+    n_cpu, n_cpu_moe, each, split = found
     out_host = output_last and n_cpu > 0
     # llama_model::load_tensors's i_gpu_start: n_layer_all + 1 - ngl (n_layer_all - ngl before OUTPUT_FIRST)
     n_gpu_layers = spec.n_layer_all - n_cpu if out_host else spec.n_layer_all + 1 - n_cpu
@@ -518,6 +600,7 @@ def partial_offload(
         tuple(budgets),
         ram,
         out_host,
+        split,
     )
 
 

@@ -169,6 +169,19 @@ def plan_args(model: ModelSource, plan: Plan, off: Offload | None) -> list[tuple
             cfg = replace(cfg, n_ctx=plan.estimate.layout.n_ctx)
         return server_args(model, cfg, n_cpu_moe=ncmoe) + _ram_args(plan.ram)
     cfg = replace(plan.config, n_ctx=off.n_ctx * plan.config.n_parallel, type_k=off.type_k, type_v=off.type_v)
+    if off.tensor_split:  # the layers per device the partial plan dealt (--fit's fill)
+        cfg = replace(cfg, tensor_split=off.tensor_split)
+    if (
+        cfg.flash_attn == "auto"
+        and plan.estimate.layout.flash_attn
+        and any(plan.spec.recurrent_layers)
+        and not builds.older_than(cfg.llama_build, builds.FA_VALUE)
+    ):
+        # -fa on, as planned: at a partial -ngl of a hybrid, llama_context::resolve_fused_ops (src/llama-context.cpp)
+        # finds the last CPU layer's attention taken by the device when the first device layer is recurrent
+        # (ggml_backend_sched expands the device up over weightless ops) and turns auto off for the whole context:
+        # LFM2 at -ngl 3, -ub 2048, printed 596 MiB of compute (the 8 x 8192 x 2048 f32 KQ) where 112 were planned
+        cfg = replace(cfg, flash_attn="on")
     args = server_args(model, cfg, n_gpu_layers=off.n_gpu_layers, n_cpu_moe=off.n_cpu_moe)
     return args + _ram_args(off.ram)
 
