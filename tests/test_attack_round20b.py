@@ -302,3 +302,53 @@ def test_r20b_mac_ollama_answer_with_the_mlx_runner_is_short(
     lines = out.splitlines()
     assert all(len(x) <= 100 for x in lines), [x for x in lines if len(x) > 100]
     assert len(lines) <= 30, out
+
+
+# --- (2) gpt-oss at its exact types against the Go engine's own per-block figures ----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("model", "version", "vram", "block", "n_block"),
+    [
+        ("gpt-oss:20b", "0.12.3", "16GiB", 477_628_800, 24),  # ollama#12470 (2025-10-01, server.go:717 = v0.12.2/3)
+        ("gpt-oss:120b", "0.12.6", "96GiB", 1_751_096_064, 36),  # ollama#12752 (2025-10-23, 0.12.6, ROCm0)
+    ],
+)
+def test_r20b_gpt_oss_go_engine_block_weights_match_the_published_memory_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, model: str, version: str, vram: str,
+    block: int, n_block: int,
+) -> None:  # fmt: skip
+    """Ollama's own per-layer weights of its gpt-oss blobs, logged by ``ollamaServer.Load`` (``msg=memory
+    required.<GPU>.Weights=[...]``, one entry per block and the output layer last):
+
+    - ollama/ollama#12470 (infosechoudini, 2025-10-01; server.go:717 "memory" / :894 "available gpu" = v0.12.2 -
+      v0.12.3), gpt-oss:20b on one CUDA card: every block 477,628,800 B, the output layer 1,158,278,400 B
+      (InputWeights 1,158,266,880): 25 layers = 12,621,369,600 B, ``"model weights" device=CUDA0 size="11.8 GiB"``.
+    - ollama/ollama#12752 (myoldcat, 2025-10-23, Ollama 0.12.6, ROCm, AMD AI Max+ 395): gpt-oss:120b, every block
+      1,751,096,064 B, output 1,158,278,400 B, logged ``"model weights" device=ROCm0 size="59.8 GiB"``.
+
+    Commands: ``kvadvise ollama gpt-oss:20b --ollama-version 0.12.3 --vram 16GiB --ctx 8192 --json`` and
+    ``kvadvise ollama gpt-oss:120b --ollama-version 0.12.6 --vram 96GiB --ram 128GiB --ctx 8192 --json``.
+    kvadvise (the profiles now "sized at exact tensor types", commit 184687a): ``"model weights" device=CUDA0
+    size="11.7 GiB"`` and ``"59.6 GiB"``: blocks of 476,282,880 and 1,745,879,040 B, 1.35 MB and 5.2 MB under
+    each (30.8 MiB = 0.26 % and 179 MiB = 0.29 % UNDER on the GPU). The engine's own transforms (a bf16
+    ``*_exps.bias`` made f32, CUDA/ROCm row padding) are applied per tensor in engine_layout, but a profile's
+    block is one synthesized I8 tensor, so none of them is; and the file-level blocks are already under (the
+    0.11.2 line of ollama#11711 prints memory.weights.repeating "10.7 GiB", the profile "10.6 GiB").
+    Missing rule: a gpt-oss profile's blocks as the tensors of Ollama's blob (with the f32 expert biases the
+    engine makes of them), not one I8 lump per block.
+    """
+    monkeypatch.setenv("KVADVISE_OLLAMA_REGISTRY", "off")
+    for k in ("OLLAMA_CONTEXT_LENGTH", "OLLAMA_NUM_PARALLEL", "OLLAMA_KV_CACHE_TYPE", "OLLAMA_FLASH_ATTENTION",
+              "OLLAMA_GPU_OVERHEAD", "OLLAMA_NEW_ENGINE", "OLLAMA_NEW_ESTIMATES", "OLLAMA_SCHED_SPREAD"):  # fmt: skip
+        monkeypatch.delenv(k, raising=False)
+    rc, out, err = run(capsys, "ollama", model, "--ollama-version", version, "--vram", vram, "--ram", "128GiB",
+                       "--ctx", "8192", "--json")  # fmt: skip
+    assert rc in (0, 3), err
+    dec = json.loads(out)["ollama"]["decision"]
+    if dec is None:
+        return  # not claimed: acceptable
+    line = dec["log_line"]
+    assert f"GPULayers:{n_block + 1}[" in line, line  # every block and the output layer on the GPU
+    gpu = line.split('msg="model weights" device=')[1].split('size="')[1].split('"')[0]
+    assert gpu == _human_bytes2(n_block * block + 1_158_278_400), line
