@@ -352,3 +352,37 @@ def test_r20b_gpt_oss_go_engine_block_weights_match_the_published_memory_line(
     assert f"GPULayers:{n_block + 1}[" in line, line  # every block and the output layer on the GPU
     gpu = line.split('msg="model weights" device=')[1].split('size="')[1].split('"')[0]
     assert gpu == _human_bytes2(n_block * block + 1_158_278_400), line
+
+
+def test_r20b_gpt_oss_120b_llama_server_model_buffer_matches_ollama_030_log(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ollama/ollama#16416 "GPT-OSS 120B not working with 0.30" (maurizioaiello, 2026-06-02): Ollama 0.30's
+    llama-server loads the library's gpt-oss:120b blob (sha256-6be6d66a3f54..., "detected Ollama-format gpt-oss
+    GGUF") on one ROCm device with 120,460 MiB free:
+
+        llama_model_loader: - type  f32:  433 tensors / bf16: 146 tensors / mxfp4: 108 tensors
+        print_info: file size   = 60.87 GiB (4.48 BPW)
+        common_memory_breakdown_print: | - ROCm0 (8060S Graphics) | 115200 = 120459 + (71326 = 61223 + 9306 + 796) ...
+        common_memory_breakdown_print: | - Host                   |                     1385 =  1104 +    0 +  281
+
+    i.e. 61,223 MiB of model on the GPU, 1,104 MiB (token_embd) on the host. The same blocks as the Go engine's
+    1,751,096,064 B each (ollama#12752): 36 x 1,751,096,064 + 1,158,278,400 = 61,223.7 MiB. 433 f32 tensors = 12
+    per block + output_norm: every bias (the experts' too) is f32 in this blob.
+
+    Command: ``kvadvise ollama gpt-oss:120b --ollama-version 0.30.0 --vram 120460MiB --ram 128GiB --ctx 8192
+    --json``. kvadvise (llama-server b9452): memory.devices[0].weights_bytes 64,009,912,320 B = 61,044.6 MiB
+    (178.6 MiB, 0.29 % UNDER), memory.weights_bytes 65,168,179,200 = 60.69 GiB against the file's 60.87 GiB.
+    Missing rule: the profile's blocks at the types of Ollama's blob (f32 expert biases, f32 router), which the
+    change to "exact tensor types" (commit 184687a) did not reach; before it, the 65 GB scaling was over.
+    """
+    monkeypatch.setenv("KVADVISE_OLLAMA_REGISTRY", "off")
+    for k in ("OLLAMA_CONTEXT_LENGTH", "OLLAMA_NUM_PARALLEL", "OLLAMA_KV_CACHE_TYPE", "OLLAMA_FLASH_ATTENTION"):
+        monkeypatch.delenv(k, raising=False)
+    rc, out, err = run(capsys, "ollama", "gpt-oss:120b", "--ollama-version", "0.30.0", "--vram", "120460MiB",
+                       "--ram", "128GiB", "--ctx", "8192", "--json")  # fmt: skip
+    assert rc in (0, 3), err
+    mem = json.loads(out)["memory"]
+    gpu_mib = mem["devices"][0]["weights_bytes"] / 2**20
+    assert abs(gpu_mib - 61_223.5) <= 8, gpu_mib
+    assert f"{mem['weights_bytes'] / 2**30:.2f}" == "60.87", mem["weights_bytes"]
