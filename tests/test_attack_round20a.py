@@ -57,3 +57,51 @@ def test_last_device_given_the_last_block_keeps_the_full_offloads_output_only_co
     """
     c = _case(tmp_path, recipe, dims, budgets, 16384, flags, real_llama_server)
     _check(c)
+
+
+_QWEN3MOE = {
+    "n_layer": 8,
+    "n_embd": 1024,
+    "n_head": 16,
+    "n_head_kv": 4,
+    "head": 64,
+    "n_expert": 16,
+    "n_expert_used": 4,
+    "n_ff_exp": 512,
+}
+_GPT_OSS = {**_QWEN3MOE, "n_swa": 128}
+
+
+@pytest.mark.parametrize(
+    ("recipe", "dims", "budget", "flags"),
+    [
+        pytest.param("qwen3moe", _QWEN3MOE, 300, ["-ctk", "f16", "-ctv", "f16", "-ub", "2048"], id="qwen3moe-ub2048"),
+        pytest.param(
+            "gpt-oss", _GPT_OSS, 220, ["-ctk", "q8_0", "-ctv", "q8_0", "-np", "4"], id="gpt-oss-q8-np4"
+        ),
+    ],
+)
+def test_moe_plain_ngl_device_takes_the_cpu_layers_expert_outputs(
+    recipe: str, dims: dict, budget: int, flags: list[str], tmp_path: Path, real_llama_server: Path
+) -> None:
+    """UNDER (OOM side), introduced by change (3) (a MoE takes whole layers, plain -ngl, where that keeps more weights).
+
+    `kvadvise llamacpp qwen3moe(8 layers, n_embd 1024, 16 heads, 4 kv, head 64, 16 experts x 512, 4 used; n_vocab
+    8000) --rpc A=300MiB --margin 0 --ctx 16384 -ctk f16 -ctv f16 -ub 2048` -> `-ngl 3 -ub 2048` (no --n-cpu-moe).
+    Predicted 290.08 MiB (121.77 weights + 32 KV + 136.31 compute, the full offload's); llama-server prints 321.84
+    (121.77 + 32 + 168.07 compute): UNDER by 31.8 MiB (11 %), 21.8 MiB over the 300 MiB budget. The same model
+    straight on llama-server: compute 136.04 at -ngl 99, 168.07 at -ngl 8 (block 0 on the CPU), 112.07 at -ngl 2.
+    --fit (same flags) puts 78.84 MiB of weights at 294.91 MiB (inside).
+    gpt-oss (same dims, n_swa 128) --rpc A=220MiB -ctk q8_0 -ctv q8_0 -np 4 -> `-ngl 4`: predicted 216.67, printed
+    224.67 (175.24 + 18.59 KV + 30.84 compute; 22.84 at -ngl 3, 30.84 at -ngl 5): UNDER by 8.0 MiB, 4.7 over budget.
+
+    Rule (best guess): the 32 MiB (8 at -ub 512) is [n_embd, n_expert_used, n_ubatch] f32, the CPU-side MoE layer's
+    expert outputs: ggml_backend_sched (ggml/src/ggml-backend.cpp) expands the device's backend up over the
+    weightless ops after the last CPU layer's mul_mat_id (the weighted sum of the experts), so the device holds a
+    copy of them. advisor/planner/offload.py partial_offload.split_compute adds the host-experts growth only where
+    n_cpu_moe > n_cpu (memory.host_experts_device_growth); a plain -ngl MoE plan (n_cpu_moe 0, n_cpu > 0), new in the
+    whole-layers branch, keeps the full offload's compute. The round-15c note in split._LAST_BLOCK_MEASURED describes
+    the same copy for a MoE device that follows a CPU layer.
+    """
+    c = _case(tmp_path, recipe, dims, [budget], 16384, flags, real_llama_server)
+    _check(c)
