@@ -10,13 +10,17 @@ Vendored source: /tmp/lcpp/llama_cpp_python-0.3.36/vendor/llama.cpp (b11312).
 
 from __future__ import annotations
 
+import hashlib
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+from attack_helpers import no_internal_error, run, use_store
+from ollama_fake import build_store
 from test_attack_round19d import _DENSE, _case, _check
+from tinymodels import write_tiny_gguf
 
 pytestmark = pytest.mark.llama
 _LLAMA = {**_DENSE, "head": 128}
@@ -105,3 +109,35 @@ def test_moe_plain_ngl_device_takes_the_cpu_layers_expert_outputs(
     """
     c = _case(tmp_path, recipe, dims, [budget], 16384, flags, real_llama_server)
     _check(c)
+
+
+@pytest.mark.parametrize("version", ["0.11.4", "0.32.14"])
+@pytest.mark.parametrize("vram", ["200MiB,200MiB", "300MiB,70MiB"])
+def test_ollama_two_gpus_partial_or_spread_plan_does_not_crash(
+    version: str, vram: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Crash (exit 1). The same 8-layer llama as above (n_embd 1024, 8 heads, 2 kv, head 128, n_ff 4096; f16,
+    263 MiB) in an Ollama store: `kvadvise ollama tm --vram 200MiB,200MiB --margin 0 --ctx 4096 --ram 16GiB
+    --ollama-version 0.32.14` (also 0.11.4, also `--vram 300MiB,70MiB --ctx 16384`, `--vram 1224MiB,1224MiB --ctx
+    4096` with the default margin) prints "kvadvise: internal error: IndexError: tuple index out of range"
+    (memory._offloaded, ``names[d]``). Expected: a plan (exit 0, or 3 when nothing fits), as the same command gives
+    when split._SPLITS' cache is bypassed ("Ollama spreads it over the 2 GPUs: it does not fit in 80 % of one GPU's
+    free memory").
+
+    Rule: advisor/planner/split.py device_layers caches each split under ``(id(spec), owner, cuda)`` without the
+    device count: a two-device call whose owner puts every layer on device 0 (the partial plan's per-device fill,
+    offload.partial_offload.filled, tries such counts; fitsplit likewise) stores two DeviceLayers, and
+    backends/ollama/runtime.py place then replans on one GPU (``replan(one_gpu(hw, best))``, server/sched.go
+    selectLlamaServerPlacement) with the same spec and the same all-zero owner: memory._offloaded gets two parts
+    for its one device name. The key should carry n_dev. Any Ollama plan over two GPUs for a model that does not
+    fit one (the case Ollama spreads) is hit; kvadvise llamacpp is not (no single-GPU replan).
+    """
+    gguf = write_tiny_gguf(tmp_path / "tm.gguf", "llama", n_vocab=8000, n_ctx_train=32768, dims=_LLAMA, sparse=True)
+    root = tmp_path / "models"
+    build_store(root, gguf, hashlib.sha256(b"r20a/tm").hexdigest(), model="tm")
+    use_store(monkeypatch, root, tmp_path)
+    ctx = "4096" if vram.startswith("200") else "16384"
+    args = ["ollama", "tm", "--vram", vram, "--margin", "0", "--ctx", ctx, "--ram", "16GiB", "--ollama-version", version]
+    rc, out, err = run(capsys, *args)
+    no_internal_error(rc, err)
+    assert rc in (0, 3) and out.strip(), (rc, out, err)
