@@ -25,6 +25,7 @@ from tinymodels import write_tiny_gguf
 pytestmark = pytest.mark.llama
 _LLAMA = {**_DENSE, "head": 128}
 _GEMMA2 = {**_DENSE, "head": 128, "n_swa": 512}
+_GEMMA3 = _GEMMA2
 
 
 @pytest.mark.parametrize(
@@ -33,6 +34,9 @@ _GEMMA2 = {**_DENSE, "head": 128, "n_swa": 512}
         pytest.param("llama", _LLAMA, [300, 100, 100], ["-ctk", "f16", "-ctv", "f16", "-ub", "2048"], id="llama-3dev"),
         pytest.param("llama", _LLAMA, [300, 70], ["-ctk", "f16", "-ctv", "f16"], id="llama-300-70"),
         pytest.param("gemma2", _GEMMA2, [300, 80], ["-ctk", "f16", "-ctv", "f16", "-ub", "2048"], id="gemma2-300-80"),
+        pytest.param("gemma2", _GEMMA2, [300, 80], ["-fa", "off"], id="gemma2-fa-off"),
+        pytest.param("gemma3", _GEMMA3, [300, 80], ["-ub", "2048"], id="gemma3-300-80"),
+        pytest.param("qwen3", _LLAMA, [300, 70], ["-ub", "1024"], id="qwen3-300-70"),
     ],
 )
 def test_last_device_given_the_last_block_keeps_the_full_offloads_output_only_compute(
@@ -44,9 +48,13 @@ def test_last_device_given_the_last_block_keeps_the_full_offloads_output_only_co
     | llama [300,100,100] -ub 2048 | -ngl 4 -ts 2,0,2 -ub 2048 | 60.68 | 156.68 (44.64 + 16 + 96.04) | 100 |
     | llama [300,70] | -ngl 7 -ts 5,2 | 60.68 | 84.65 (44.64 + 16 + 24.01) | 70 |
     | gemma2 [300,80] -ub 2048 | -ngl 4 -ts 2,2 -ub 2048 | 60.69 | 156.68 (44.64 + 16 + 96.04) | 80 |
+    | gemma2 [300,80] -fa off | -ngl 3 -ts 1,2 -fa off | 60.69 | 357.65 | 80 |
+    | gemma3 (n_swa 512) [300,80] -ub 2048 | -ngl 5 -ts 3,2 (q8_0 chosen) | 46.02 | 88.10 | 80 |
+    | qwen3 [300,70] -ub 1024 | -ngl 7 -ts 5,2 (q8_0 chosen) | 53.18 | 101.24 | 70 |
 
-    UNDER by 96.0 MiB (61 %), 24.0 MiB (28 %) and 96.0 MiB (61 %); the devices are 56.7, 14.7 and 76.7 MiB over
-    their budgets. --fit (same cache flags) leaves the last device only the output layer (15.66 MiB) in all three.
+    UNDER by 96.0 MiB (61 %), 24.0 (28 %), 96.0 (61 %), 297 (83 %), 42.1 (48 %), 48.1 (47 %); the devices are 56.7,
+    14.7, 76.7, 277.6, 8.1 and 31.2 MiB over their budgets. --fit (same cache flags) leaves the last device only the
+    output layer (15.66 MiB) in each.
     llama.cpp (src/llama-model.cpp load_tensors) deals block 7 and the output layer to the last device, whose graph
     is the last block's attention over the whole ubatch (ggml_backend_sched's reserve: the 16384 x 2048 f16 KQ mask
     alone is 64 MiB at -ub 2048).
@@ -141,3 +149,38 @@ def test_ollama_two_gpus_partial_or_spread_plan_does_not_crash(
     rc, out, err = run(capsys, *args)
     no_internal_error(rc, err)
     assert rc in (0, 3) and out.strip(), (rc, out, err)
+
+
+_GPT_OSS_19D = {**_QWEN3MOE, "n_swa": 128}  # test_attack_round19d's _GPT_OSS
+
+
+@pytest.mark.parametrize(
+    ("budgets", "flags"),
+    [
+        pytest.param([200, 40], ["-ub", "2048"], id="two-devices"),
+        pytest.param([60, 200, 45], ["-ub", "2048", "-ctk", "f16", "-ctv", "f16"], id="three-devices"),
+    ],
+)
+def test_output_layer_device_after_host_experts_takes_their_outputs(
+    budgets: list[int], flags: list[str], tmp_path: Path, real_llama_server: Path
+) -> None:
+    """UNDER (OOM side), from the per-device fill (change 1). `kvadvise llamacpp gpt-oss(8 layers, n_embd 1024, 16
+    heads, 4 kv, head 64, n_swa 128, 16 experts x 512, 4 used; n_vocab 8000) --rpc A=200MiB --rpc B=40MiB --margin 0
+    --ctx 16384 -ub 2048` -> `-ngl 4 --n-cpu-moe 8 -ts 3,1 -ub 2048` (--fit's fill as -ts: blocks 5-7 on A, every
+    routed expert in host memory, the output layer alone on B).
+
+    B predicted 31.67 MiB (15.63 weights + 16.04 compute); llama-server prints 63.66 (15.63 + 48.03 compute): UNDER
+    by 32.0 MiB (50 %), 23.7 MiB over B's 40 MiB budget. Three devices 60/200/45 (-ts 0,3,1): the same 63.66 against
+    45 (18.7 over). --fit (same flags) leaves B empty (156.08 MiB on A, 25.79 MiB of weights).
+    B's compute, straight on llama-server with -ngl 4 --n-cpu-moe 8 -ts 3,1: 12.01 / 24.02 / 48.03 MiB at -ub 512 /
+    1024 / 2048; with the experts on A (no --n-cpu-moe) 0.14.
+
+    Rule (best guess): 48.03 = 1.5 x [n_embd, n_expert_used, n_ubatch] f32 (memory.host_experts_device_growth's
+    figure): the last block's expert outputs, computed on the CPU, are followed by weightless ops (the weighted sum,
+    the residual add) that ggml_backend_sched (ggml/src/ggml-backend.cpp) hands to the next weighted op's device,
+    here the output layer's on B, which then holds the copies. advisor/planner/offload.py partial_offload
+    .split_compute adds experts_growth to the first device only, and tail_cut sizes B as "the output layer alone"
+    (memory.output_layer_compute_bytes). The device right after the last host-experts block should carry the growth.
+    """
+    c = _case(tmp_path, "gpt-oss", _GPT_OSS_19D, budgets, 16384, flags, real_llama_server)
+    _check(c)
