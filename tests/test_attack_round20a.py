@@ -85,16 +85,25 @@ _GPT_OSS = {**_QWEN3MOE, "n_swa": 128}
 
 
 @pytest.mark.parametrize(
-    ("recipe", "dims", "budget", "flags"),
+    ("recipe", "dims", "budgets", "flags"),
     [
-        pytest.param("qwen3moe", _QWEN3MOE, 300, ["-ctk", "f16", "-ctv", "f16", "-ub", "2048"], id="qwen3moe-ub2048"),
         pytest.param(
-            "gpt-oss", _GPT_OSS, 220, ["-ctk", "q8_0", "-ctv", "q8_0", "-np", "4"], id="gpt-oss-q8-np4"
+            "qwen3moe", _QWEN3MOE, [300], ["-ctk", "f16", "-ctv", "f16", "-ub", "2048"], id="qwen3moe-ub2048"
+        ),
+        pytest.param(
+            "gpt-oss", _GPT_OSS, [220], ["-ctk", "q8_0", "-ctv", "q8_0", "-np", "4"], id="gpt-oss-q8-np4"
+        ),
+        pytest.param(
+            "qwen3moe",
+            _QWEN3MOE,
+            [150, 150, 150],
+            ["-np", "2", "-ctk", "q8_0", "-ctv", "q8_0"],
+            id="qwen3moe-3dev-np2-q8",
         ),
     ],
 )
 def test_moe_plain_ngl_device_takes_the_cpu_layers_expert_outputs(
-    recipe: str, dims: dict, budget: int, flags: list[str], tmp_path: Path, real_llama_server: Path
+    recipe: str, dims: dict, budgets: list[int], flags: list[str], tmp_path: Path, real_llama_server: Path
 ) -> None:
     """UNDER (OOM side), introduced by change (3) (a MoE takes whole layers, plain -ngl, where that keeps more weights).
 
@@ -106,6 +115,9 @@ def test_moe_plain_ngl_device_takes_the_cpu_layers_expert_outputs(
     --fit (same flags) puts 78.84 MiB of weights at 294.91 MiB (inside).
     gpt-oss (same dims, n_swa 128) --rpc A=220MiB -ctk q8_0 -ctv q8_0 -np 4 -> `-ngl 4`: predicted 216.67, printed
     224.67 (175.24 + 18.59 KV + 30.84 compute; 22.84 at -ngl 3, 30.84 at -ngl 5): UNDER by 8.0 MiB, 4.7 over budget.
+    qwen3moe over three devices 150/150/150, -np 2 q8_0 -> `-ngl 6 -ts 0.15,0.15,0.15` (plain -ngl): A, the device
+    after the CPU layers, predicted 149.22, printed 157.19: UNDER by 8.0 MiB, 7.2 over its budget. (Also gpt-oss
+    200/40 -ub 1024 -np 2 -> `-ngl 3`: A 195.2 predicted, 211.09 printed, 11.1 over.)
 
     Rule (best guess): the 32 MiB (8 at -ub 512) is [n_embd, n_expert_used, n_ubatch] f32, the CPU-side MoE layer's
     expert outputs: ggml_backend_sched (ggml/src/ggml-backend.cpp) expands the device's backend up over the
@@ -115,7 +127,7 @@ def test_moe_plain_ngl_device_takes_the_cpu_layers_expert_outputs(
     whole-layers branch, keeps the full offload's compute. The round-15c note in split._LAST_BLOCK_MEASURED describes
     the same copy for a MoE device that follows a CPU layer.
     """
-    c = _case(tmp_path, recipe, dims, [budget], 16384, flags, real_llama_server)
+    c = _case(tmp_path, recipe, dims, budgets, 16384, flags, real_llama_server)
     _check(c)
 
 
