@@ -171,6 +171,7 @@ _GPT_OSS_19D = {**_QWEN3MOE, "n_swa": 128}  # test_attack_round19d's _GPT_OSS
     [
         pytest.param([200, 40], ["-ub", "2048"], id="two-devices"),
         pytest.param([60, 200, 45], ["-ub", "2048", "-ctk", "f16", "-ctv", "f16"], id="three-devices"),
+        pytest.param([40], ["-ub", "2048"], id="one-device-ngl1"),
     ],
 )
 def test_output_layer_device_after_host_experts_takes_their_outputs(
@@ -183,7 +184,9 @@ def test_output_layer_device_after_host_experts_takes_their_outputs(
 
     B predicted 31.67 MiB (15.63 weights + 16.04 compute); llama-server prints 63.66 (15.63 + 48.03 compute): UNDER
     by 32.0 MiB (50 %), 23.7 MiB over B's 40 MiB budget. Three devices 60/200/45 (-ts 0,3,1): the same 63.66 against
-    45 (18.7 over). --fit (same flags) leaves B empty (156.08 MiB on A, 25.79 MiB of weights).
+    45 (18.7 over). --fit (same flags) leaves B empty (156.08 MiB on A, 25.79 MiB of weights). Before b967d7f the plan
+    was `-ngl 3 --n-cpu-moe 8 -ts 0.2,0.04` (B empty, inside). One device, 40 MiB (older, on 5d0b797 too): `-ngl 1
+    --n-cpu-moe 8`, the output layer alone: predicted 39.72, printed 63.66 (23.7 over; --fit offloads nothing).
     B's compute, straight on llama-server with -ngl 4 --n-cpu-moe 8 -ts 3,1: 12.01 / 24.02 / 48.03 MiB at -ub 512 /
     1024 / 2048; with the experts on A (no --n-cpu-moe) 0.14.
 
