@@ -18,7 +18,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from attack_helpers import no_internal_error, run, use_store
-from ollama_fake import build_store
+from ollama_fake import build_store, closed_port_url
 from test_attack_round19d import _DENSE, _case, _check
 from tinymodels import write_tiny_gguf
 
@@ -156,6 +156,7 @@ def test_ollama_two_gpus_partial_or_spread_plan_does_not_crash(
     root = tmp_path / "models"
     build_store(root, gguf, hashlib.sha256(b"r20a/tm").hexdigest(), model="tm")
     use_store(monkeypatch, root, tmp_path)
+    monkeypatch.setenv("OLLAMA_HOST", closed_port_url())  # no server answers
     ctx = "4096" if vram.startswith("200") else "16384"
     args = ["ollama", "tm", "--vram", vram, "--margin", "0", "--ctx", ctx, "--ram", "16GiB", "--ollama-version", version]
     rc, out, err = run(capsys, *args)
