@@ -87,12 +87,8 @@ _GPT_OSS = {**_QWEN3MOE, "n_swa": 128}
 @pytest.mark.parametrize(
     ("recipe", "dims", "budgets", "flags"),
     [
-        pytest.param(
-            "qwen3moe", _QWEN3MOE, [300], ["-ctk", "f16", "-ctv", "f16", "-ub", "2048"], id="qwen3moe-ub2048"
-        ),
-        pytest.param(
-            "gpt-oss", _GPT_OSS, [220], ["-ctk", "q8_0", "-ctv", "q8_0", "-np", "4"], id="gpt-oss-q8-np4"
-        ),
+        pytest.param("qwen3moe", _QWEN3MOE, [300], ["-ctk", "f16", "-ctv", "f16", "-ub", "2048"], id="qwen3moe-ub2048"),
+        pytest.param("gpt-oss", _GPT_OSS, [220], ["-ctk", "q8_0", "-ctv", "q8_0", "-np", "4"], id="gpt-oss-q8-np4"),
         pytest.param(
             "qwen3moe",
             _QWEN3MOE,
@@ -158,7 +154,20 @@ def test_ollama_two_gpus_partial_or_spread_plan_does_not_crash(
     use_store(monkeypatch, root, tmp_path)
     monkeypatch.setenv("OLLAMA_HOST", closed_port_url())  # no server answers
     ctx = "4096" if vram.startswith("200") else "16384"
-    args = ["ollama", "tm", "--vram", vram, "--margin", "0", "--ctx", ctx, "--ram", "16GiB", "--ollama-version", version]
+    args = [
+        "ollama",
+        "tm",
+        "--vram",
+        vram,
+        "--margin",
+        "0",
+        "--ctx",
+        ctx,
+        "--ram",
+        "16GiB",
+        "--ollama-version",
+        version,
+    ]
     rc, out, err = run(capsys, *args)
     no_internal_error(rc, err)
     assert rc in (0, 3) and out.strip(), (rc, out, err)
