@@ -141,12 +141,13 @@ def test_ollama_two_gpus_partial_or_spread_plan_does_not_crash(
     free memory").
 
     Rule: advisor/planner/split.py device_layers caches each split under ``(id(spec), owner, cuda)`` without the
-    device count: a two-device call whose owner puts every layer on device 0 (the partial plan's per-device fill,
-    offload.partial_offload.filled, tries such counts; fitsplit likewise) stores two DeviceLayers, and
+    device count: a two-device call whose owner puts every layer on device 0 (a trial split of the plan with
+    every layer on the first device) stores two DeviceLayers, and
     backends/ollama/runtime.py place then replans on one GPU (``replan(one_gpu(hw, best))``, server/sched.go
     selectLlamaServerPlacement) with the same spec and the same all-zero owner: memory._offloaded gets two parts
     for its one device name. The key should carry n_dev. Any Ollama plan over two GPUs for a model that does not
-    fit one (the case Ollama spreads) is hit; kvadvise llamacpp is not (no single-GPU replan).
+    fit one (the case Ollama spreads) is hit; kvadvise llamacpp is not (no single-GPU replan). Not new: 5d0b797
+    (before the partial-offload commit) crashes the same way.
     """
     gguf = write_tiny_gguf(tmp_path / "tm.gguf", "llama", n_vocab=8000, n_ctx_train=32768, dims=_LLAMA, sparse=True)
     root = tmp_path / "models"
