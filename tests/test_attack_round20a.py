@@ -37,6 +37,9 @@ _GEMMA3 = _GEMMA2
         pytest.param("gemma2", _GEMMA2, [300, 80], ["-fa", "off"], id="gemma2-fa-off"),
         pytest.param("gemma3", _GEMMA3, [300, 80], ["-ub", "2048"], id="gemma3-300-80"),
         pytest.param("qwen3", _LLAMA, [300, 70], ["-ub", "1024"], id="qwen3-300-70"),
+        pytest.param(
+            "qwen3", _LLAMA, [150, 300, 90], ["-fa", "off", "-ctk", "f16", "-ctv", "f16"], id="qwen3-3dev-fa-off"
+        ),
     ],
 )
 def test_last_device_given_the_last_block_keeps_the_full_offloads_output_only_compute(
@@ -51,6 +54,7 @@ def test_last_device_given_the_last_block_keeps_the_full_offloads_output_only_co
     | gemma2 [300,80] -fa off | -ngl 3 -ts 1,2 -fa off | 60.69 | 357.65 | 80 |
     | gemma3 (n_swa 512) [300,80] -ub 2048 | -ngl 5 -ts 3,2 (q8_0 chosen) | 46.02 | 88.10 | 80 |
     | qwen3 [300,70] -ub 1024 | -ngl 7 -ts 5,2 (q8_0 chosen) | 53.18 | 101.24 | 70 |
+    | qwen3 [150,300,90] -fa off | -ngl 2 -ts 0,0,2 -fa off | 60.68 | 357.65 (A and B left empty) | 90 |
 
     UNDER by 96.0 MiB (61 %), 24.0 (28 %), 96.0 (61 %), 297 (83 %), 42.1 (48 %), 48.1 (47 %); the devices are 56.7,
     14.7, 76.7, 277.6, 8.1 and 31.2 MiB over their budgets. --fit (same cache flags) leaves the last device only the
