@@ -155,18 +155,7 @@ def _check(c: Case) -> None:
 @pytest.mark.parametrize(
     ("budgets", "flags"),
     [
-        pytest.param(
-            [333, 333],
-            ["-ub", "2048", "-ctk", "f16", "-ctv", "f16"],
-            id="ub2048",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="held, in part: the layers per device are now --fit's (-ts 4,4, the same buffers as --fit's) "
-                "and each device's compute that of the blocks dealt to it (the first device was 56 MiB under); the "
-                "second device, sliding-window blocks and the output layer, is planned 318 MiB where 246 are "
-                "printed: over, the safe side, not yet explained",
-            ),
-        ),
+        pytest.param([333, 333], ["-ub", "2048", "-ctk", "f16", "-ctv", "f16"], id="ub2048"),
     ],
 )
 def test_iswa_two_devices_the_first_device_takes_more_than_its_budget(

@@ -203,7 +203,10 @@ def test_the_held_metal_moe_rows_are_all_of_them(bench: Any, doc: dict[str, Any]
     held = [
         r["id"]
         for r in doc["rows"]
-        if r["backend"] == "metal" and r["id"] < 2000 and bench.row_spec(doc, r).n_expert and bench.decode_rows({"rows": [r]})
+        if r["backend"] == "metal"
+        and r["id"] < 2000
+        and bench.row_spec(doc, r).n_expert
+        and bench.decode_rows({"rows": [r]})
     ]
     assert sorted(held) == HELD_METAL_MOE
 

@@ -1181,9 +1181,30 @@ def unpipelined_split_compute(spec: ModelSpec, lay: ContextLayout, part: DeviceL
         if exact is not None:
             return exact
     s = graph_sizes(part.spec, lay)
-    layer = _layer_peak(s, lay) + s.layer_inputs_bytes if part.layers else 0
+    layer = _split_layer_peak(spec, part.layers, s, lay) + s.layer_inputs_bytes if part.layers else 0
     out = s.logits_bytes + 2 * s.embd_bytes + s.ple_bytes if part.last else 0
     return pad(max(layer, out), ALIGNMENT["cuda"])
+
+
+def _split_layer_peak(spec: ModelSpec, layers: tuple[int, ...], s: GraphSizes, lay: ContextLayout) -> int:
+    """:func:`_layer_peak` for a device of a split without pipeline parallelism whose blocks read two cache kinds
+    (full and sliding-window attention): with one copy a mask is an ordinary node, copied in at the split's start
+    and freed after its last consumer (ggml_backend_sched_split_graph, ggml-alloc), so a block runs beside the masks
+    the blocks from it on still read, and its feed-forward beside those after it. llama-server b11312 over two
+    rpc-servers, Gemma 3 shapes at 16k cells, -ub 2048: a device whose global block comes first holds 122.07 MiB (its
+    sliding-window blocks run without the 64 MiB full mask), one whose global block follows a sliding-window one
+    186.07. Other builds (the f32 flash-attention mask) and one cache kind: :func:`_layer_peak`."""
+    if f32_fa_mask(lay) or not spec.n_swa or not s.layer_bytes:
+        return _layer_peak(s, lay)
+    kinds = [spec.swa_layers[il] for il in sorted(layers) if spec.kv_layers[il]]
+    if len(set(kinds)) < 2:
+        return _layer_peak(s, lay)
+    per_cell = lay.n_ubatch * (2 if lay.flash_attn else 4)
+
+    def masks(rest: list[bool]) -> int:  # the masks the blocks of ``rest`` still read
+        return per_cell * ((lay.n_ctx_seq if False in rest else 0) + (lay.n_ctx_swa if True in rest else 0))
+
+    return max(max(masks(kinds[i:]) + s.attn_bytes, masks(kinds[i + 1 :]) + s.mix_bytes) for i in range(len(kinds)))
 
 
 def _offloaded(

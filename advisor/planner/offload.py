@@ -403,42 +403,61 @@ def partial_offload(
     # each device's own compute at full offload, where the budget checks each device (else one summed figure)
     full_compute = [d.compute_bytes for d in full.devices] if len(layers.fixed) == len(full.devices) else []
 
-    def tail_cut(n_cpu: int, output_on_host: bool, ts: tuple[float, ...]) -> list[int]:
-        """What each device's compute buffer loses where it is left with only the last block and/or the output
-        layer, running the output rows alone (a device that does not op-offload: the CPU's blocks run in CPU splits,
-        ggml-backend.cpp ggml_backend_sched_backend_id_from_cur; the last block gathers the output rows before its
-        FFN, src/models/llama.cpp ``il == n_layer - 1 && inp_out_ids``): split.split_compute's rule, as a split's
-        device is sized (memory.unpipelined_split_compute). llama-server b11312 over an rpc-server, 8 llama blocks
-        of n_ff 4096 at -ub 2048, -ngl 2: 48.30 MiB of compute printed, 136 planned before."""
-        cut = [0] * len(layers.fixed)
-        if offloads or not full_compute or (one_device and n_cpu >= n_layer):  # -ngl 1 alone: output_only's
+    # one used-expert output of the routed experts' down projection, [n_embd, n_expert_used, n_ubatch] f32: what a
+    # device that does not op-offload takes in from a CPU layer's experts (llama-server b11312 over rpc-servers: a tiny
+    # qwen3moe at -ngl 8 of 9, -ub 2048, 168.07 MiB of compute where the full offload holds 136.04; gpt-oss's output
+    # layer alone after every expert on the CPU, 12 / 24 / 48 MiB at -ub 512 / 1024 / 2048: one and a half of it)
+    expert_out = 4 * spec.n_embd * max(spec.n_expert_used, 1) * ub if spec.n_expert else 0
+
+    def tail_cut(n_cpu: int, n_cpu_moe: int, output_on_host: bool, ts: tuple[float, ...]) -> list[int]:
+        """What each device's compute buffer gains or loses against the full offload's with the blocks this partial
+        -ngl deals it (a device that does not op-offload: the CPU's blocks run in CPU splits, ggml-backend.cpp
+        ggml_backend_sched_backend_id_from_cur). A device left with the last block runs its FFN at the output rows
+        alone (src/models/llama.cpp ``il == n_layer - 1 && inp_out_ids``; llama-server b11312 over an rpc-server, 8
+        llama blocks of n_ff 4096 at -ub 2048, -ngl 2: 48.30 MiB printed, 136 planned before); over several devices
+        each device's compute is that of its own blocks, both ways (a sliding-window model's global layer moved to the
+        first device brings the whole context's mask: gemma3 at -ngl 8 -ts 5,4, 357 MiB printed there, 301 planned
+        from the full split; a device that held only the output layer at full offload and is dealt the last block
+        runs it: 157 MiB printed, 61 planned); the first device of a plan that op-offloads keeps the full offload's
+        where that is more (it runs the CPU's layers too). The device after a CPU layer's experts takes in their
+        output (``expert_out``)."""
+        n_dev = len(layers.fixed)
+        cut = [0] * n_dev
+        if not full_compute or (offloads and n_dev == 1):
             return cut
-        owner = _partial_owner(spec.n_layer_all, len(layers.fixed), ts, n_cpu, output_on_host)
-        parts = device_layers(spec, owner, len(layers.fixed), lay.device == "cuda")
+        owner = _partial_owner(spec.n_layer_all, n_dev, ts, n_cpu, output_on_host)
+        parts = device_layers(spec, owner, n_dev, lay.device == "cuda")
         for d, part in enumerate(parts):
-            if part.layers == (n_layer - 1,):  # the last block: where measured so (split._LAST_BLOCK_MEASURED)
-                alone = unpipelined_last_block_compute(spec, lay, part)
-            elif not part.layers:  # the output layer alone (its rows' logits), or nothing: no graph (-ts 3,1 at -ngl 2)
-                alone = unpipelined_split_compute(spec, lay, part)
-            else:
-                alone = None
-            if alone is not None:
-                cut[d] = min(0, alone - full_compute[d])
-            elif len(parts) > 1 and part.layers:
-                # the blocks a partial -ngl deals to this device, not the full offload's: their own graph (a
-                # sliding-window model's global layer brings the whole context's mask: gemma3 at -ngl 8 -ts 5,4 moves
-                # block 5 to the first device, 357 MiB printed there, 301 planned from the full split; the other,
-                # left with sliding-window blocks, 246 printed, 318 planned); the first device, which op-offloads
-                # the CPU's layers, keeps the full offload's where that is more
-                own = unpipelined_split_compute(spec, lay, part) - full_compute[d]
-                cut[d] = max(0, own) if d == 0 and offloads else own
+            if one_device and n_cpu >= n_layer:  # -ngl 1 alone: output_only's (split_compute)
+                break
+            last = unpipelined_last_block_compute(spec, lay, part) if part.layers == (n_layer - 1,) else None
+            if n_dev == 1:  # one device: only the measured cuts (the last block, the output layer alone)
+                alone = (
+                    last
+                    if last is not None
+                    else (unpipelined_split_compute(spec, lay, part) if not part.layers else None)
+                )
+                cut[d] = min(0, alone - full_compute[d]) if alone is not None else 0
+                continue
+            own = (last if last is not None else unpipelined_split_compute(spec, lay, part)) - full_compute[d]
+            cut[d] = max(0, own) if d == 0 and offloads else own
+        if expert_out and not offloads and n_cpu and n_cpu_moe <= n_cpu:
+            # whole MoE layers on the CPU (plain -ngl): the first offloaded block's device takes in their experts' output
+            nxt = owner[n_cpu] if n_cpu < spec.n_layer_all else owner[-1]
+            if nxt >= 0:
+                cut[nxt] += expert_out * (3 if n_cpu >= n_layer else 2) // 2
+        elif expert_out and not offloads and n_cpu_moe >= n_layer and not spec.n_ff_shexp:
+            # every expert on the CPU: the output layer's device takes in the last one's, where it holds no block
+            out_dev = owner[-1]
+            if out_dev >= 0 and not parts[out_dev].layers:
+                cut[out_dev] += expert_out * 3 // 2
         return cut
 
     def totals(n_cpu: int, n_cpu_moe: int, ts: tuple[float, ...]) -> list[int]:
         grown = copy_growth(n_cpu, n_cpu_moe) + split_compute(n_cpu, n_cpu_moe)
         out_host = output_last and n_cpu > 0
         each = _on_devices(layers, ts, n_cpu, n_cpu_moe, grown, output_on_host=out_host)
-        return [t + c for t, c in zip(each, tail_cut(n_cpu, out_host, ts), strict=True)]
+        return [t + c for t, c in zip(each, tail_cut(n_cpu, n_cpu_moe, out_host, ts), strict=True)]
 
     def within(each: list[int]) -> bool:
         return all(d <= b for d, b in zip(each, budgets, strict=True))

@@ -70,13 +70,15 @@ class DeviceLayers:
 
 
 _SPLITS_MAX = 256  # the splits remembered (compare plans dozens of cards per model)
-_SPLITS: dict[tuple[int, tuple[int, ...], bool], tuple[ModelSpec, tuple[DeviceLayers, ...]]] = {}
+_SPLITS: dict[tuple[int, tuple[int, ...], int, bool], tuple[ModelSpec, tuple[DeviceLayers, ...]]] = {}
 
 
 def device_layers(spec: ModelSpec, owner: tuple[int, ...], n_dev: int, cuda: bool) -> tuple[DeviceLayers, ...]:
     """Each device's blocks and weights for a split: the same at every context, so worked out once per model
     and split (kept for the last few hundred)."""
-    key = (id(spec), owner, cuda)
+    # the devices' count too: one owner tuple is a split of two devices or of one (Ollama's replan on a single GPU
+    # after the spread plan; an IndexError before)
+    key = (id(spec), owner, n_dev, cuda)
     hit = _SPLITS.get(key)
     if hit is not None and hit[0] is spec:
         return hit[1]

@@ -96,7 +96,7 @@ def env_effects(s: OllamaSettings) -> list[str]:
             out.append(f"{k}={v} is server-wide: it turns flash attention off for every model")
         elif k == "LLAMA_ARG_CACHE_RAM":
             # llama.cpp's default is 8192 MiB per runner (common.h cache_ram_mib)
-            kept = f"at most {int(v):,} MiB of prompt cache" if int(v) else "no prompt cache in RAM"
+            kept = f"≤ {int(v):,} MiB of prompt cache" if int(v) else "no prompt cache in RAM"
             out.append(f"{k}={v} is server-wide: each runner keeps {kept}")
         elif k == "LLAMA_ARG_CTX_CHECKPOINTS":
             out.append(f"{k}={v} is server-wide: every runner keeps at most {v} context checkpoints per slot")

@@ -162,6 +162,7 @@ def decide(model: OllamaModel, plan: Plan, release: OllamaRelease, settings: Oll
             version=release.version,
             gpu_overhead_bytes=envconfig.gpu_overhead_bytes(),
             sched_spread=rules.sched_spread(),  # assignLayers reads it too (v0.20.0:llm/server.go)
+            projector_bytes=_projector_bytes(model, release.version),
         )
     except KvadviseError:  # LegacyVersionNotModelled (a vision model, ...) or an unreadable header: not claimed
         return None
@@ -175,6 +176,17 @@ def decide(model: OllamaModel, plan: Plan, release: OllamaRelease, settings: Oll
         log_line=est.log_line(),
         allocation_modelled=release.claims_allocation,
     )
+
+
+def _projector_bytes(model: OllamaModel, version: str) -> int:
+    """The llama engine's mmproj blob as estimateGPULayers sizes it (projectorMemoryRequirements), 0 without one."""
+    if model.projector_path is None:
+        return 0
+    from pathlib import Path
+
+    from kvadvise.backends.gguf_cache import read as read_header
+
+    return estimate_legacy.projector_memory_bytes(read_header(Path(model.projector_path)), version)
 
 
 def _planned_layers(plan: Plan, ollama_layers: int, layers_model: int) -> int:

@@ -309,8 +309,12 @@ def _tensor_bytes(t: LegacyTensor, v: tuple[int, int, int]) -> int:
 
 def group_layers(model: LegacyModel) -> dict[str, dict[str, LegacyTensor]]:
     """Tensors.GroupLayers: "blk.N" / "mm.N" joined with their number, else the first dotted part."""
+    return _grouped(model.tensors)
+
+
+def _grouped(tensors: Sequence[LegacyTensor]) -> dict[str, dict[str, LegacyTensor]]:
     layers: dict[str, dict[str, LegacyTensor]] = {}
-    for t in model.tensors:
+    for t in tensors:
         parts = t.name.split(".")
         idx = next((i for i, p in enumerate(parts) if p in ("blk", "mm")), -1)
         if idx != -1 and len(parts) > idx + 2:
@@ -803,6 +807,14 @@ def _uints(value: object) -> tuple[int, ...]:
     if isinstance(value, GGUFArray) and value.values is not None:
         return tuple(int(x) for x in value.values if isinstance(x, int))
     return ()
+
+
+def projector_memory_bytes(header: GGUFHeader, version: str) -> int:
+    """llm/memory.go projectorMemoryRequirements: every tensor of the llama engine's mmproj file, by GroupLayers,
+    as ``version`` sizes them."""
+    v = parse_version(version)
+    tensors = tuple(LegacyTensor(t.name, t.shape, int(t.ggml_type)) for t in header.tensors)
+    return sum(layer_bytes(g, v) for g in _grouped(tensors).values())
 
 
 def legacy_model(header: GGUFHeader) -> LegacyModel:

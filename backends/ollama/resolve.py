@@ -164,15 +164,19 @@ def from_store(name: OllamaName, entry: ollama_store.StoreEntry) -> OllamaModel:
 
     blob = entry.model_blob
     subject = ollama_store.blob_subject(name, "model blob", blob)
+    read = False
     try:
         # the reader and from_gguf name their source: the model the user named, not a path under blobs/
         header = dataclasses.replace(read_header(blob), source=subject)
+        read = True
         spec = from_gguf(header)
     except InputError as e:  # a GGUFError mostly: the same kind, said of the model
         message = e.message.removeprefix(f"{blob}: ")
         raise type(e)(
             message if message.startswith(subject) else f"{subject}: {message}",
-            hint=ollama_store.blob_hint(name, blob),
+            # a header that reads is the blob the registry serves (an architecture only Ollama's engine runs):
+            # its own hint, not a pull that brings back the same bytes
+            hint=ollama_store.blob_hint(name, blob, e.hint if read and e.hint else None),
         ) from None
     notes = list(entry.notes)
     file_type = entry.config.get("file_type")
