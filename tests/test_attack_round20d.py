@@ -211,3 +211,92 @@ def test_cuda_ollama_llamaserver_hermes3_ngl15_device_and_host_compute(tmp_path:
     planned = _device_compute_mib(doc, weights, kv)
     host = doc["memory"]["host"]["compute_bytes"] / MIB
     assert _within_bar(planned, 248.00) and _within_bar(host, 48.01), (planned, host)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A public benchmark note, "Qwen 14B GPU Offload Diagnostic Evidence - 2026-08-28" (a GitHub file found via
+# find_string 'offloaded 30/49 layers to GPU', index file id 62916634428; repository/path not exposed by the index):
+# Ollama 0.33.1 (llama-server runner; v0.33.0-rc2's LLAMA_CPP_VERSION is b10488), Windows, RTX 5070 Laptop 8 GB,
+# `ollama run qwen2.5-coder:14b-instruct-q3_K_S` at context 16384 (f16 cache: 64 MiB a layer), no OLLAMA_* overrides.
+#
+#   First (an incomplete install, no GPU backend: "discovery registered only the CPU inference backend", "the 14B
+#   load used reason=cpu and a CPU-only llama-server command"): "the model buffer (6345.39 MiB), KV cache
+#   (3072 MiB), and compute buffer (274.02 MiB) were all allocated on the host."
+#   After the repair: "loader log: offloaded 30/49 layers to GPU / CUDA model buffer: 3882.02 MiB / host model
+#   buffer: 2463.37 MiB / CUDA KV cache: 1856.00 MiB / CPU KV cache: 1216.00 MiB / CUDA compute buffer: 164.02 MiB"
+#
+# Qwen2.5-Coder-14B: 48 blocks, n_embd 5120, 40 heads, 8 KV heads of 128, n_ff 13824, vocab 152064, untied; Q3_K_S:
+# Q3_K blocks, output.weight Q6_K. The qwen2 recipe writes a tied model: token_embd is written as Q6_K so that the
+# output layer's copy on the GPU has output.weight's size (the device side is exact: 3882.02 MiB; the host's
+# token_embd is then 290 MiB larger than the file's, which no compared figure reads).
+# ---------------------------------------------------------------------------------------------------------------
+
+_QWEN25C14 = dict(n_layer=48, n_embd=5120, n_head=40, n_head_kv=8, n_ff=13824)
+_Q3KS = dict(token_embd=Q.Q6_K, attn_q=Q.Q3_K, attn_k=Q.Q3_K, attn_v=Q.Q3_K, attn_output=Q.Q3_K, ffn_gate=Q.Q3_K,
+             ffn_up=Q.Q3_K, ffn_down=Q.Q3_K)
+
+
+def _qwen25_coder_14b(path: Path) -> Path:
+    return write_tiny_gguf(path, "qwen2", n_vocab=152064, n_ctx_train=32768, dims=_QWEN25C14, sparse=True,
+                           qtypes=_Q3KS)
+
+
+def test_cuda_ollama_0_33_qwen25_coder_14b_ngl30_device_compute(tmp_path: Path) -> None:
+    """`kvadvise llamacpp qwen2.5-coder-14b-Q3_K_S --device cuda -c 16384 -np 1 -fa on -ctk f16 -ctv f16 -b 512 -ub
+    512 --llama-build b10488 --vram V --margin 0 --allow-cpu`, V bisected to the plan `-ngl 30` that the log shows
+    (Ollama 0.33's llama-server, placed by its --fit; Ollama passes `-b 512 -ub 512` here: sched.go
+    automaticGenerationBatch keeps 512 when its prediction is over 80 % of the 6.8 GiB available, and
+    `--flash-attn auto`, which CUDA resolves to on).
+
+    Printed: CUDA compute buffer 164.02 MiB (model 3882.02 = the output layer + blocks 19-47, as the sparse file sums;
+    KV 1856.00 = 29 x 64). kvadvise: 162.00 (full offload's 127.00 + 35.00 for the 19 CPU blocks' K/V copies):
+    -2.02 MiB, passes (regression guard).
+    """
+    model = _qwen25_coder_14b(tmp_path / "qwen25c14.gguf")
+    weights = _device_weights(model, 30, 48)
+    assert round(weights / MIB, 2) == 3882.02
+    args = ["--device", "cuda", "-c", "16384", "-np", "1", "-fa", "on", "-ctk", "f16", "-ctv", "f16", "-b", "512"]
+    doc = _at_ngl(model, 30, [*args, "-ub", "512", "--llama-build", "b10488"], 1000, 20000)
+    planned = _device_compute_mib(doc, weights, 29 * 64 * MIB)
+    assert _within_bar(planned, 164.02), planned
+
+
+def test_ollama_cpu_only_load_gets_the_automatic_num_batch_1024(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`kvadvise ollama qwen2.5-coder:14b-instruct-q3_K_S --device cpu --ctx 16384 -ctk f16 -ctv f16
+    --ollama-version 0.32.15 --ram 32GiB --json` (a store holding the Q3_K_S file; no server).
+
+    kvadvise plans Ollama's CPU-only llama-server at `-ub 512` (config.n_ubatch 512): compute buffer 137.00 MiB.
+    The same note's CPU-only load printed 274.02 MiB, UNDER by 137.02 MiB (50 %), in host RAM. 274.02 is what
+    kvadvise itself plans at `-b 1024 -ub 1024` (`kvadvise llamacpp FILE --device cpu -c 16384 -fa on -b 1024 -ub
+    1024`: 274.00), the batch Ollama passes: server/sched.go (v0.32.15 and v0.33.0-rc2) load ->
+    applyAutomaticGenerationBatch -> automaticGenerationBatch: flash attention auto (FlashAttentionSupported is
+    true for an empty GPU list), so generationBatchForContext(16384) = llamaServerGenerationBatchMedium 1024, and
+    generationBatchFits returns true at once because availableMemoryForLoad sums the GPUs' free memory, 0 with no
+    GPU (``if predictedVRAM == 0 || availableMemory == 0 { return true }``); llm/llama_server.go appendBatchArgs
+    then passes `-b 1024 -ub 1024`. A CPU-only Ollama therefore always runs 1024 between 4k and 32k tokens and 2048
+    above. docs/commands.md says the automatic batch "is replayed for several models, not yet for one (the plan
+    keeps -ub 512)": this published load shows what that costs. Rule missing: the single-model plan should take
+    scheduler.automatic_batch (backends/ollama/scheduler.py) as the several-model replay does.
+    """
+    import hashlib
+
+    from attack_helpers import use_store
+    from ollama_fake import build_store
+
+    store = tmp_path / "store"
+    model = _qwen25_coder_14b(tmp_path / "qwen25c14.gguf")
+    build_store(store, model, hashlib.sha256(b"r20d/qwen25c14").hexdigest(), model="qwen2.5-coder",
+                tag="14b-instruct-q3_K_S")
+    use_store(monkeypatch, store, tmp_path)
+    from ollama_fake import closed_port_url
+
+    monkeypatch.setenv("OLLAMA_HOST", closed_port_url())
+    rc = main(["ollama", "qwen2.5-coder:14b-instruct-q3_K_S", "--device", "cpu", "--ctx", "16384", "-ctk", "f16",
+               "-ctv", "f16", "--ollama-version", "0.32.15", "--ram", "32GiB", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc in (0, 3)
+    assert doc["memory"]["kv_bytes"] == 3072 * MIB  # the printed KV cache
+    planned = doc["memory"]["compute_bytes"] / MIB
+    assert _within_bar(planned, 274.02), (planned, doc["config"]["n_ubatch"])
