@@ -300,3 +300,73 @@ def test_ollama_cpu_only_load_gets_the_automatic_num_batch_1024(
     assert doc["memory"]["kv_bytes"] == 3072 * MIB  # the printed KV cache
     planned = doc["memory"]["compute_bytes"] / MIB
     assert _within_bar(planned, 274.02), (planned, doc["config"]["n_ubatch"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Qwen3.5 (qwen35: gated delta net layers, full attention every 4th layer), written with the qwen35 recipe at the
+# real dimensions. The recipe ties the output layer to token_embd: token_embd is written as Q6_K (the files' output
+# type) so that the output layer's copy on the device has output.weight's size; blocks are Q4_K (the files mix in
+# a few Q5_K/Q6_K/Q8_0 tensors, which only the CPU side and op offload's copy of the largest CPU weight would see).
+# ---------------------------------------------------------------------------------------------------------------
+
+_Q35_Q4K = {k: Q.Q4_K for k in ("attn_q", "attn_k", "attn_v", "attn_output", "attn_qkv", "attn_gate", "ssm_beta",
+                                  "ssm_alpha", "ssm_out", "ffn_gate", "ffn_up", "ffn_down")}
+
+
+def _qwen35(path: Path, **dims: int) -> Path:
+    return write_tiny_gguf(path, "qwen35", n_vocab=248320, n_ctx_train=262144, sparse=True,
+                           qtypes={**_Q35_Q4K, "token_embd": Q.Q6_K},
+                           dims=dict(n_head_kv=4, head=256, n_rot=64, interval=4, d_conv=4, gdn_head=128, n_k_heads=16,
+                                     **dims))
+
+
+def test_cuda_qwen35_27b_ngl26_c131072_ub1024_device_compute(tmp_path: Path) -> None:
+    """`kvadvise llamacpp Qwen3.5-27B(Q4_K_S; 64 layers, 16 of them full attention, n_embd 5120, 24 heads, 4 KV
+    heads of 256, n_ff 17408, gated delta net 16 K heads / 48 V heads of 128, vocab 248320) --device cuda -c 131072
+    -np 1 -fa on -ctk f16 -ctv f16 -b 1024 -ub 1024 --llama-build b8586 --vram V --margin 0 --allow-cpu`, V bisected
+    to the plan `-ngl 26` the user ran.
+
+    Source: a public GitHub file (a terminal transcript, found via find_string 'llama_kv_cache:        CPU KV buffer
+    size', index file id 58671331675; repository/path not exposed by the index), 2026: RTX 4070 12 GB, "build: 8586
+    (64ac9ab66)", `llama-server -m Qwen3.5-27B.Q4_K_S.gguf -c 131072 -np 1 -ngl 26 -b 1024 -ub 1024`:
+
+        llama_params_fit_impl: projected to use 11138 MiB of device memory vs. 10372 MiB of free device memory
+        load_tensors: offloaded 26/65 layers to GPU
+        load_tensors:   CPU_Mapped model buffer size =  8740.26 MiB
+        load_tensors:        CUDA0 model buffer size =  6096.65 MiB
+        llama_kv_cache:        CPU KV buffer size =  4608.00 MiB
+        llama_kv_cache:      CUDA0 KV buffer size =  3584.00 MiB
+        llama_memory_recurrent:        CPU RS buffer size =    93.52 MiB
+        llama_memory_recurrent:      CUDA0 RS buffer size =    56.11 MiB
+        sched_reserve: Flash Attention was auto, set to enabled
+        sched_reserve: fused Gated Delta Net (chunked) enabled
+        ggml_backend_cuda_buffer_type_alloc_buffer: allocating 1401.75 MiB on device 0: cudaMalloc failed: out of memory
+        ggml_gallocr_reserve_n_impl: failed to allocate CUDA0 buffer of size 1469841408
+        llama_init_from_model: failed to initialize the context: failed to allocate compute pp buffers
+
+    The CUDA0 compute buffer llama.cpp needed: 1401.75 MiB (6096.65 + 3584 + 56.11 + 1401.75 = 11138.5, the fit's
+    own projection). The sparse file's output layer + blocks 39-63 sum to 6096.65 MiB, as printed; 7 of the 16
+    attention layers (39, 43, ..., 63) are on the GPU (3584 = 7 x 512).
+
+    kvadvise: 1132.00 MiB (its full offload's compute, 1010.00 at this build with the whole batch's logits, 970 MiB,
+    on the device, and cpu_layers_attention_bytes for the 9 CPU attention layers: their K and V copies, 768 MiB,
+    and the mask). UNDER by 269.75 MiB (19 %): the plan says -ngl 26 fits a budget 270 MiB smaller than the one
+    the card failed with. Guess at the rule: at -ngl 26 the CPU's 39 blocks include 30 gated-delta-net layers whose
+    delta-net op (no weights) runs on the GPU (the same build family warns "layer 0 is assigned to device CPU but
+    the fused Gated Delta Net tensor is assigned to device ..." on a partial qwen35 load, file 67608857635), so the
+    device's compute holds the chunked delta net's intermediates at ub 1024 and copies of those layers' conv and
+    recurrent states, which neither op_offload_bytes (the largest CPU weight) nor cpu_layers_attention_bytes (the
+    attention layers' K/V) counts.
+    """
+    model = _qwen35(tmp_path / "qwen35-27b.gguf", n_layer=64, n_embd=5120, n_head=24, n_ff=17408, n_v_heads=48)
+    weights = _device_weights(model, 26, 64)
+    assert round(weights / MIB, 2) == 6096.65
+    args = ["--device", "cuda", "-c", "131072", "-np", "1", "-fa", "on", "-ctk", "f16", "-ctv", "f16", "-b", "1024"]
+    doc = _at_ngl(model, 26, [*args, "-ub", "1024", "--llama-build", "b8586"], 3000, 40000)
+    dev = doc["memory"]["devices"][0]
+    # the device's recurrent state: the 18 delta-net layers among blocks 39-63, of 48 (kvadvise's own share, checked
+    # against the printed 56.11 MiB)
+    rs = dev["recurrent_bytes"] * 18 // 48
+    assert round(rs / MIB, 2) == 56.11
+    planned = _device_compute_mib(doc, weights, 7 * 512 * MIB + rs)
+    assert _within_bar(planned, 1401.75), planned
