@@ -322,7 +322,7 @@ def fit(doc: dict[str, Any]) -> None:
     eff = [x / 100 for x in range(4, 101, 2)]
     over = [x * 1e-6 for x in range(0, 151, 5)]
     knobs: list[tuple[dict[str, Any], str, list[float]]] = []
-    for c in ("cuda", "metal", "vulkan", "rocm", "rocm-gcn"):  # the weights' efficiency by decode class
+    for c in ("cuda", "metal", "metal-m1", "vulkan", "rocm", "rocm-gcn"):  # the weights' efficiency by decode class
         on_c = [r for r in drows if _decode_class(r) == c and not r.get("partial_offload")]
         for k in ("dense", "moe"):
             if count(on_c, lambda r, k=k: kind(r) == k) >= 2:

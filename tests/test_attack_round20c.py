@@ -147,6 +147,12 @@ def test_m1_max_and_ultra_read_well_below_their_bandwidth(bench: Any, doc: dict[
     _check(bench, doc, row_id)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="held, in part: the tower in the blob is no longer read every token (ModelSpec.tower_bytes: 0.580 -> "
+    "about 0.71); the rest is Metal's expert rate for gemma-4's 128 small experts, the llama.cpp rows of the same "
+    "model on Metal at the slow edge too (2005 0.776, 2007 0.760): one more Metal MoE row would be a fit to it",
+)
 def test_ollama_gemma4_profile_reads_its_vision_tower_every_token(bench: Any, doc: dict[str, Any]) -> None:
     """gemma4:26b under Ollama on an M4 Pro decodes 1.7x as fast as kvadvise says.
 
@@ -237,7 +243,9 @@ def test_metal_moe_rows_before_and_after_the_split(
         f"row {row_id} {_row(doc, row_id)['model']} on {_row(doc, row_id)['gpu']}: within ±25 % before the MoE split "
         f"({was:.3f}), {now:.3f} after ({est:.2f} t/s vs {pub} published)"
     )
-    assert now >= was - 1e-9  # on Metal the split only adds speed (dense 0.80 > moe 0.54 for the non-expert part)
+    # on Metal the split only adds speed (dense 0.80 > moe 0.54 for the non-expert part); an M1 Max/Ultra row has its
+    # own decode class since (speed.EFFICIENCY['metal-m1']), which lowers it
+    assert now >= was - 1e-9 or _row(doc, row_id)["gpu"].startswith("m1-")
 
 
 # -- regression guards (pass now) --------------------------------------------------------------------

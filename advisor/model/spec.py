@@ -114,6 +114,9 @@ class ModelSpec:
     # {arch}.attention.head_count_kv is in the header: where it is not (BERT-family files), llama.cpp takes
     # head_count and Ollama's estimate (fs/ggml/ggml.go HeadCountKVMin) takes 1
     head_count_kv_in_file: bool = True
+    # of weights_bytes, a vision/audio tower inside the model's own file (an Ollama library blob's, from a built-in
+    # profile): loaded with the model, never read to decode a text token
+    tower_bytes: int = 0
     # an MLA model's per-head widths ({arch}.attention.key_length_mla, value_length_mla: qk_nope + qk_rope and
     # v_head_dim): what a build before the compressed MLA cache stored per head (kvadvise.planner.builds MLA_CACHE)
     n_embd_head_k_mla: int = 0

@@ -74,10 +74,16 @@ EFFICIENCY: dict[str, dict[str, float]] = {
     # bandwidth); MoE: no row, ROCm's MoE/dense ratio. CDNA 1 (MI100, gfx908) keeps ROCm's default: its held-out
     # rows come out within 15 % of it (llama.cpp#23227).
     "rocm-gcn": {"dense": 0.33, "moe": 0.20},
+    # a decode class: Apple's first-generation GPU in the M1 Max and M1 Ultra reads a smaller share of its
+    # unified memory than M2-M5 do (issue 37 round 20: Llama 3.1 70B Q4_K_M 9.84 t/s on an M1 Ultra, 0.52 of 800
+    # GB/s; M2/M3 Ultra rows at 0.92-1.04 with Metal's 0.80). Dense fitted on the M1 fit rows (16, 17, 75: 1.08,
+    # 0.97, 0.89 of the measured, 1.41, 1.15, 1.09 with Metal's); MoE: Metal's MoE/dense ratio. Held-out M1 rows
+    # within 25 %: 4 of 8 -> 8 of 8 (133, 134, 1919, 2001-2003, 2015)
+    "metal-m1": {"dense": 0.56, "moe": 0.38},
     "cpu": {"dense": 0.60, "moe": 0.62},
 }
 # The decode classes a card's profile may name (profiles/gpus.json speed_class), by backend.
-DECODE_CLASSES: dict[str, tuple[str, ...]] = {"rocm": ("gcn",)}
+DECODE_CLASSES: dict[str, tuple[str, ...]] = {"rocm": ("gcn",), "metal": ("m1",)}
 # Fraction of the bandwidth reading the K/V reaches (attention kernels are less efficient than matmuls; fitted).
 # Vulkan and ROCm: no fit row at depth, so CUDA's prior; CPU: a guess.
 KV_EFFICIENCY: dict[str, float] = {"cuda": 0.66, "metal": 0.10, "vulkan": 0.68, "rocm": 0.68, "cpu": 0.3}
@@ -310,7 +316,11 @@ def weight_reads(spec: ModelSpec) -> Reads:
         used = spec.expert_bytes * spec.n_expert_used // spec.n_expert
     tied_output = spec.tok_embd_bytes if spec.output_bytes == 0 else 0  # the output matmul reads the embedding
     # the input layer's tables are looked up a row per token (get_rows), not read whole
-    dense = spec.weights_bytes - spec.tok_embd_bytes - spec.input_extra_bytes + tied_output - spec.expert_bytes
+    # (a vision/audio tower in the file is loaded, never read to decode a text token: ModelSpec.tower_bytes)
+    dense = (
+        spec.weights_bytes - spec.tok_embd_bytes - spec.input_extra_bytes + tied_output - spec.expert_bytes
+        - spec.tower_bytes
+    )  # fmt: skip
     layers = _expert_layers(spec) if moe else 0
     n_rec = sum(spec.recurrent_layers[: spec.n_layer])
     state = 2 * 4 * n_rec * (spec.n_embd_r + spec.n_embd_s)  # f32, read then written (memory.recurrent_bytes)

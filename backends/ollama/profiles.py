@@ -189,7 +189,8 @@ class Profile:
             notes=tuple(notes),
             sources=(f"built-in profile {self.id}", *sources),
         )
-        return with_parts(spec, self.config, quant, self.projector_bytes, sizes=sizes)
+        spec = with_parts(spec, self.config, quant, self.projector_bytes, sizes=sizes)
+        return dataclasses.replace(spec, tower_bytes=self.projector_bytes)
 
 
 DEFAULT_QUANT = "Q4_K_M"  # the quantization of Ollama library tags like qwen3:8b

@@ -25,7 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvadvise.backends.ollama import rules
+from kvadvise.backends.ollama import rules, scheduler
 from kvadvise.backends.ollama.model import OllamaModel
 from kvadvise.backends.ollama.versions import blob_architecture
 from kvadvise.errors import ConfigError, InputError
@@ -237,6 +237,15 @@ class OllamaRuntime:
             elif isinstance(own, int) and not isinstance(own, bool) and own > 0:
                 r = replace(r, n_batch=own, n_ubatch=own)
                 notes = (*notes, f"the model's own num_batch {own}: Ollama runs it as -b {own} -ub {own}")
+            elif r.device == "cpu" and r.n_ctx and not scheduler.is_embedding(spec):
+                # server/sched.go automaticGenerationBatch (0.30 and later): without a GPU its memory checks always
+                # pass, so a CPU-only load runs the context's batch (1,024 past 4k tokens, 2,048 past 32k): a
+                # published CPU-only load of qwen2.5-coder 14B at 16k under 0.33.1 printed 274.02 MiB of compute at -ub
+                # 1024, 137 planned at 512 before
+                batch = scheduler.batch_for_context(r.n_ctx)
+                if batch != r.n_ubatch:
+                    r = replace(r, n_batch=batch, n_ubatch=batch)
+                    notes = (*notes, f"Ollama's automatic num_batch on the CPU: -b {batch} -ub {batch}")
         if not rel.in_process:
             n_max = rules.mtp_draft_n_max(model)
             r = replace(r, spec_type="draft-mtp", spec_draft_n_max=n_max) if n_max else r

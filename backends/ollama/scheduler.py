@@ -190,10 +190,17 @@ def automatic_batch(r: Request, predicted: int, available: int, gpus: Sequence[G
         # constrainedCUDAWithoutFlashAttention: past 4k on a CUDA GPU of 8 GiB or less
         small = any(g.cuda and 0 < min(g.free_bytes or g.total_bytes, g.total_bytes) <= 8 * GIB for g in gpus)
         return 256 if ctx > 4096 and small else BATCH_DEFAULT
-    batch = BATCH_LARGE if ctx > 32768 else BATCH_MEDIUM if ctx > 4096 else BATCH_DEFAULT
+    batch = batch_for_context(ctx)
     while batch > BATCH_DEFAULT and not _batch_fits(batch, predicted, available):
         batch = BATCH_MEDIUM if batch > BATCH_MEDIUM else BATCH_DEFAULT
     return batch
+
+
+def batch_for_context(ctx: int) -> int:
+    """sched.go generationBatchForContext: the automatic num_batch before the memory checks, by the runner's whole
+    context (num_ctx x slots). Without a GPU the checks always pass (generationBatchFits: no available memory), so a
+    CPU-only load runs it as it is."""
+    return BATCH_LARGE if ctx > 32768 else BATCH_MEDIUM if ctx > 4096 else BATCH_DEFAULT
 
 
 def _batch_fits(batch: int, predicted: int, available: int) -> bool:
