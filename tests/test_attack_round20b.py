@@ -38,35 +38,9 @@ def _sha(p: Path) -> str:
 
 def _with_tensors(src: Path, dst: Path, keys: dict[str, int], tensors: dict[str, tuple[tuple[int, ...], Any]]) -> Path:
     """``src`` written again with more uint32 keys (whole names) and more zero tensors (numpy shape, dtype)."""
-    import gguf
+    from tinymodels import rewrite_gguf
 
-    r = gguf.GGUFReader(src)
-    arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
-    w = gguf.GGUFWriter(dst, arch, use_temp_file=False)
-    for name, f in r.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        vt = f.types[0]
-        if vt == gguf.GGUFValueType.ARRAY:
-            if f.types[1] == gguf.GGUFValueType.STRING:
-                w.add_array(name, [bytes(f.parts[i]) for i in f.data])
-            else:
-                w.add_array(name, [f.parts[i].tolist()[0] for i in f.data])
-        elif vt == gguf.GGUFValueType.STRING:
-            w.add_string(name, bytes(f.parts[-1]).decode())
-        else:
-            w.add_key_value(name, f.parts[-1].tolist()[0], vt)
-    for k, v in keys.items():
-        w.add_uint32(k, v)
-    for t in r.tensors:
-        w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
-    for name, (shape, dt) in tensors.items():
-        w.add_tensor(name, np.zeros(shape, dtype=dt))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
+    return rewrite_gguf(src, dst, uints=keys, zeros=tensors)
 
 
 def _plan(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *args: str) -> dict[str, Any]:
@@ -214,35 +188,9 @@ def _rearch(src: Path, dst: Path, old: str, new: str, keys: dict[str, int],
             tensors: dict[str, tuple[tuple[int, ...], Any]]) -> Path:  # fmt: skip
     """``src`` (architecture ``old``) written again as architecture ``new``: its ``old.*`` keys renamed, more uint32
     keys under ``new.`` and more zero tensors, as Ollama's converter writes a qwen25vl / mllama blob."""
-    import gguf
+    from tinymodels import rewrite_gguf
 
-    r = gguf.GGUFReader(src)
-    w = gguf.GGUFWriter(dst, new, use_temp_file=False)
-    for name, f in r.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        nm = new + name[len(old) :] if name.startswith(old + ".") else name
-        vt = f.types[0]
-        if vt == gguf.GGUFValueType.ARRAY:
-            if f.types[1] == gguf.GGUFValueType.STRING:
-                w.add_array(nm, [bytes(f.parts[i]) for i in f.data])
-            else:
-                w.add_array(nm, [f.parts[i].tolist()[0] for i in f.data])
-        elif vt == gguf.GGUFValueType.STRING:
-            w.add_string(nm, bytes(f.parts[-1]).decode())
-        else:
-            w.add_key_value(nm, f.parts[-1].tolist()[0], vt)
-    for k, v in keys.items():
-        w.add_uint32(f"{new}.{k}", v)
-    for t in r.tensors:
-        w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
-    for name, (shape, dt) in tensors.items():
-        w.add_tensor(name, np.zeros(shape, dtype=dt))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
+    return rewrite_gguf(src, dst, arch=new, uints={f"{new}.{k}": v for k, v in keys.items()}, zeros=tensors)
 
 
 @pytest.mark.parametrize(("old", "new", "recipe"), [("qwen2", "qwen25vl", "qwen2"), ("llama", "mllama", "llama")])

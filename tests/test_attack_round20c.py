@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_attack_round19c import _check, _ratio, _row  # one row estimated and checked, as round 19c
 
 ROOT = Path(__file__).resolve().parent.parent
 EXTRA = ROOT / "tests" / "data" / "speed" / "holdout_round20.json"
@@ -70,25 +71,6 @@ def bench() -> Any:
 @pytest.fixture(scope="module")
 def doc(bench: Any) -> dict[str, Any]:
     return _merged(bench)
-
-
-def _row(doc: dict[str, Any], i: int) -> dict[str, Any]:
-    return next(r for r in doc["rows"] if r["id"] == i)
-
-
-def _ratio(bench: Any, doc: dict[str, Any], i: int) -> tuple[float, float, float]:
-    r = _row(doc, i)
-    est = float(bench.decode_estimate(doc, r))
-    return est, float(r["decode_tps"]), est / float(r["decode_tps"])
-
-
-def _check(bench: Any, doc: dict[str, Any], i: int) -> None:
-    est, pub, x = _ratio(bench, doc, i)
-    r = _row(doc, i)
-    assert abs(x - 1) <= BAND, (
-        f"row {i} {r['model']} on {r['gpu']} ({r['backend']}, depth {r['context_tokens']}): "
-        f"kvadvise {est:.2f} t/s, published {pub} t/s, ratio {x:.3f}"
-    )
 
 
 # -- the data ----------------------------------------------------------------------------------------

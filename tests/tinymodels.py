@@ -138,6 +138,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
@@ -1364,16 +1365,20 @@ def rewrite_gguf(
     change: Mapping[str, object] | None = None,
     extra: Mapping[str, list[object]] | None = None,
     big_endian: bool = False,
+    arch: str | None = None,
+    uints: Mapping[str, int] | None = None,
+    zeros: Mapping[str, tuple[tuple[int, ...], Any]] | None = None,
 ) -> Path:
     """``src`` written again to ``dst`` with gguf-py's reader and writer: the keys of ``change`` replaced by
     ``(GGUFValueType, value)`` or ``(GGUFValueType.ARRAY, values, item type)`` (``DROP``: left out), the arrays of ``extra`` added, in big-endian order if asked;
-    every other key and tensor as it was."""
+    ``arch``: another architecture, its keys renamed; ``uints``: uint32 keys added; ``zeros``: zero tensors added
+    (numpy shape, dtype); every other key and tensor as it was."""
     import gguf
 
     r = gguf.GGUFReader(src)
-    arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
+    old = bytes(r.fields["general.architecture"].parts[-1]).decode()
     endian = gguf.GGUFEndian.BIG if big_endian else gguf.GGUFEndian.LITTLE
-    w = gguf.GGUFWriter(dst, arch, use_temp_file=False, endianess=endian)
+    w = gguf.GGUFWriter(dst, arch or old, use_temp_file=False, endianess=endian)
     change = change or {}
     for name, f in r.fields.items():
         if name.startswith("GGUF.") or name == "general.architecture":
@@ -1384,6 +1389,8 @@ def rewrite_gguf(
                 assert isinstance(new, tuple)
                 w.add_key_value(name, new[1], new[0], *new[2:])  # an array's item type third
             continue
+        if arch and name.startswith(old + "."):
+            name = arch + name[len(old) :]
         vt = f.types[0]
         if vt == gguf.GGUFValueType.ARRAY:
             if f.types[1] == gguf.GGUFValueType.STRING:
@@ -1396,9 +1403,13 @@ def rewrite_gguf(
             w.add_key_value(name, f.parts[-1].tolist()[0], vt)
     for name, value in (extra or {}).items():
         w.add_array(name, value)
+    for key, v in (uints or {}).items():
+        w.add_uint32(key, v)
     for t in r.tensors:
         data = np.array(t.data)
         w.add_tensor(t.name, data.byteswap() if big_endian else data, raw_dtype=t.tensor_type)
+    for tname, (shape, dt) in (zeros or {}).items():
+        w.add_tensor(tname, np.zeros(shape, dtype=dt))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
