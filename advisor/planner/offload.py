@@ -66,9 +66,11 @@ from kvadvise.planner.memory import (
     unpipelined_split_compute,
 )
 from kvadvise.planner.policy import KV, Policy, allowed_kvs, config_at, kv_name
+from kvadvise.planner.sizes import reserve_outputs
 from kvadvise.planner.speed import ctx_label, tps_label
 from kvadvise.planner.split import (
     device_layers,
+    gathers_in_last_block,
     layer_devices,
     output_host_bytes,
     output_layer_bytes,
@@ -408,6 +410,9 @@ def partial_offload(
     # qwen3moe at -ngl 8 of 9, -ub 2048, 168.07 MiB of compute where the full offload holds 136.04; gpt-oss's output
     # layer alone after every expert on the CPU, 12 / 24 / 48 MiB at -ub 512 / 1024 / 2048: one and a half of it)
     expert_out = 4 * spec.n_embd * max(spec.n_expert_used, 1) * ub if spec.n_expert else 0
+    # the last block's, where it gathers the output rows before its FFN (split.gathers_in_last_block): those rows
+    # only (a tiny qwen3moe's output layer alone after every expert on the CPU: 0.04 MiB printed at -ub 2048)
+    last_out = expert_out * reserve_outputs(lay) // ub if gathers_in_last_block(spec) else expert_out
 
     def tail_cut(n_cpu: int, n_cpu_moe: int, output_on_host: bool, ts: tuple[float, ...]) -> list[int]:
         """What each device's compute buffer gains or loses against the full offload's with the blocks this partial
@@ -445,12 +450,12 @@ def partial_offload(
             # whole MoE layers on the CPU (plain -ngl): the first offloaded block's device takes in their experts' output
             nxt = owner[n_cpu] if n_cpu < spec.n_layer_all else owner[-1]
             if nxt >= 0:
-                cut[nxt] += expert_out * (3 if n_cpu >= n_layer else 2) // 2
+                cut[nxt] += last_out * 3 // 2 if n_cpu >= n_layer else expert_out
         elif expert_out and not offloads and n_cpu_moe >= n_layer and not spec.n_ff_shexp:
             # every expert on the CPU: the output layer's device takes in the last one's, where it holds no block
             out_dev = owner[-1]
             if out_dev >= 0 and not parts[out_dev].layers:
-                cut[out_dev] += expert_out * 3 // 2
+                cut[out_dev] += last_out * 3 // 2
         return cut
 
     def totals(n_cpu: int, n_cpu_moe: int, ts: tuple[float, ...]) -> list[int]:
