@@ -1,0 +1,146 @@
+"""Round 21b: the latest Ollama and speed changes, through the commands users run.
+
+Ollama's CPU batch (server/sched.go automaticGenerationBatch, v0.30.0 to v0.32.15 alike): the scheduler runs
+``applyAutomaticGenerationBatch(completion, predictedCtx, ...)`` on every load of a completion model whose num_batch
+is not set (routes.go usesAutomaticNumBatch: neither the request nor the Modelfile names it), where
+``predictedCtx = effectiveLlamaServerContext(num_ctx, f, numParallel)`` = min(num_ctx, training context) x slots.
+Without a GPU ``availableMemoryForPlacement`` returns 0, ``generationBatchFits`` returns true, and the batch is
+``generationBatchForContext``: 2048 past 32,768, 1024 past 4,096, else 512; llm/llama_server.go appendBatchArgs
+passes it as ``-b N -ub N``.
+
+The stores are real on-disk Ollama stores (tests/ollama_fake.py build_store) holding tiny GGUFs
+(tests/tinymodels.py); no Ollama server answers (attack_helpers.no_server: a closed port), the registry is off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from attack_helpers import no_server, run, use_store  # noqa: F401  (no_server: autouse)
+
+
+def _go_batch(effective_ctx: int) -> int:
+    """v0.32.15:server/sched.go generationBatchForContext (what a CPU-only load runs: no memory to check)."""
+    return 2048 if effective_ctx > 32768 else 1024 if effective_ctx > 4096 else 512
+
+
+def _store(tmp_path: Path, models: dict[str, tuple[str, int]]) -> Path:
+    from ollama_fake import build_store
+    from tinymodels import write_tiny_gguf
+
+    root = tmp_path / "ostore"
+    for name, (recipe, ctx) in models.items():
+        p = write_tiny_gguf(tmp_path / f"{name}.gguf", recipe, n_ctx_train=ctx)
+        build_store(root, p, hashlib.sha256(p.read_bytes()).hexdigest(), model=name)
+    return root
+
+
+@pytest.fixture
+def qstore(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A store with ``qa`` (qwen3, trained on 131,072 tokens) and ``qb`` (llama, 8,192)."""
+    root = _store(tmp_path, {"qa": ("qwen3", 131072), "qb": ("llama", 8192)})
+    use_store(monkeypatch, root, tmp_path)
+    return root
+
+
+def _json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
+    rc, out, err = run(capsys, "ollama", *args, "--json")
+    assert rc in (0, 3), (rc, err)
+    return json.loads(out)
+
+
+# --- (1) the CPU's automatic num_batch where kvadvise chooses the context ------------------------------------------
+
+
+def test_r21b_cpu_recommended_context_runs_ollamas_batch(
+    qstore: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Command: ``kvadvise ollama qa --device cpu --json`` (no --ctx: kvadvise recommends the context).
+    kvadvise: recommends num_ctx 32,768 (the Modelfile it prints and writes: ``PARAMETER num_ctx 32768``, no
+    num_batch) but plans that context at ``n_batch 2048, n_ubatch 512`` (the text's --verbose: "batch 2048/512");
+    with ``--ctx 32768`` the same plan is -b 1024 -ub 1024 with twice the compute buffer.
+    True (v0.32.15:server/sched.go load -> applyAutomaticGenerationBatch -> automaticGenerationBatch ->
+    generationBatchForContext; availableMemoryForPlacement = 0 without a GPU, so generationBatchFits is true):
+    Ollama loads the Modelfile's num_ctx 32,768 on the CPU as ``-b 1024 -ub 1024`` (llm/llama_server.go
+    appendBatchArgs). The compute buffer planned is about half what llama-server allocates (UNDER).
+    Missing rule: runtime.shape applies the CPU batch only when the request names n_ctx; the recommendation's
+    chosen context (and each option's) needs the same batch_for_context.
+    """
+    plan = _json(capsys, "qa", "--device", "cpu")
+    ctx = plan["config"]["n_ctx"]
+    assert plan["ollama"]["modelfile_parameters"].get("num_batch") is None  # Ollama chooses the batch itself
+    want = _go_batch(ctx)
+    assert (plan["config"]["n_batch"], plan["config"]["n_ubatch"]) == (want, want), (ctx, plan["config"])
+    fixed = _json(capsys, "qa", "--device", "cpu", "--ctx", str(ctx))
+    assert (fixed["config"]["n_batch"], fixed["config"]["n_ubatch"]) == (want, want)
+    assert plan["memory"]["compute_bytes"] == fixed["memory"]["compute_bytes"], (
+        plan["memory"]["compute_bytes"], fixed["memory"]["compute_bytes"])  # fmt: skip
+
+
+def test_r21b_cpu_target_ctx_past_32k_runs_2048(qstore: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Command: ``kvadvise ollama qa --device cpu --target-ctx 65536 --json``.
+    kvadvise: num_ctx 65,536 (Modelfile ``PARAMETER num_ctx 65536``, no num_batch), planned at -b 2048 -ub 512;
+    ``--ctx 65536`` plans -b 2048 -ub 2048 (compute 278,921,216 B there vs 69,730,304 B here: 75 % UNDER).
+    True (v0.32.15:server/sched.go generationBatchForContext: 65,536 > 32,768 -> 2048; no GPU -> no memory
+    check): Ollama runs ``-b 2048 -ub 2048``. Missing rule: as above, the batch of the context kvadvise chose.
+    """
+    plan = _json(capsys, "qa", "--device", "cpu", "--target-ctx", "65536")
+    ctx = plan["config"]["n_ctx"]
+    assert ctx == 65536
+    assert plan["ollama"]["modelfile_parameters"].get("num_batch") in (None, 2048)
+    assert plan["config"]["n_ubatch"] == _go_batch(ctx) == 2048, plan["config"]
+
+
+def test_r21b_cpu_users_batch_is_the_whole_context(qstore: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Command: ``kvadvise ollama qa --device cpu --users 3 --json``.
+    kvadvise: OLLAMA_NUM_PARALLEL=3, num_ctx 32,768 per user (n_ctx 98,304 in all), planned at -ub 512.
+    True (v0.32.15:server/sched.go effectiveLlamaServerContext: min(num_ctx, train) x numParallel = 98,304 >
+    32,768 -> generationBatchForContext 2048): Ollama runs ``-b 2048 -ub 2048`` (UNDER: a quarter of the
+    compute buffer's batch). Missing rule: the CPU batch for the recommended context x slots.
+    """
+    plan = _json(capsys, "qa", "--device", "cpu", "--users", "3")
+    total = plan["config"]["n_ctx"]
+    assert plan["config"]["n_parallel"] == 3
+    assert plan["config"]["n_ubatch"] == _go_batch(total), plan["config"]
+
+
+def test_r21b_cpu_explicit_ctx_batches_guard(qstore: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Regression guard (passes): with --ctx given, the CPU batch is Go's for num_ctx x slots.
+    ``kvadvise ollama qa --device cpu --ctx N [--parallel P] --json``: 4096 -> 512, 4097 -> 1024, 32768 -> 1024,
+    65536 -> 2048, 2048 x 4 slots -> 1024, 8192 x 4 -> 1024 (v0.32.15:server/sched.go generationBatchForContext on
+    effectiveLlamaServerContext)."""
+    for ctx, par in ((4096, 1), (4097, 1), (32768, 1), (65536, 1), (2048, 4), (8192, 4)):
+        plan = _json(capsys, "qa", "--device", "cpu", "--ctx", str(ctx), "--parallel", str(par))
+        want = _go_batch(min(ctx, 131072) * par)
+        assert plan["config"]["n_ubatch"] == want, (ctx, par, plan["config"])
+
+
+def test_r21b_cpu_4k_batch_is_512_both(qstore: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Command: ``kvadvise ollama qa --device cpu --ctx 4096 --json`` (Ollama's CPU default num_ctx: routes.go
+    defaultNumCtx 4096 under 23 GiB of VRAM). kvadvise: config n_batch 2048, n_ubatch 512 (--verbose "batch
+    2048/512"). True: automaticGenerationBatch sets opts.NumBatch = 512 and llm/llama_server.go appendBatchArgs
+    passes ``-b 512 -ub 512`` (opts.NumBatch > 0). Minor (n_batch: llama-server's output buffer is sized by
+    n_outputs_max, not n_batch), but the configuration shown is not the one Ollama runs. Missing rule: on the CPU
+    set n_batch = n_ubatch = batch_for_context even when it equals the default -ub.
+    """
+    plan = _json(capsys, "qa", "--device", "cpu", "--ctx", "4096")
+    assert (plan["config"]["n_batch"], plan["config"]["n_ubatch"]) == (512, 512), plan["config"]
+
+
+def test_r21b_api_plan_target_ctx_cpu_batch(qstore: Path) -> None:
+    """API: ``kvadvise.plan("qa", PlanRequest(device="cpu", target_ctx=65536), runtime="ollama")``.
+    kvadvise: config n_ctx 65,536, n_batch 2048, n_ubatch 512 (and PlanRequest(device="cpu") alone: 32,768 at
+    2048/512), where PlanRequest(n_ctx=16384, device="cpu") gets Ollama's 1024/1024.
+    True (v0.32.15:server/sched.go generationBatchForContext): 65,536 -> -b 2048 -ub 2048; 32,768 -> 1024/1024.
+    """
+    import kvadvise
+    from kvadvise import PlanRequest
+
+    for req in (PlanRequest(device="cpu", target_ctx=65536), PlanRequest(device="cpu")):
+        p = kvadvise.plan("qa", req, runtime="ollama")
+        want = _go_batch(p.config.n_ctx)
+        assert (p.config.n_batch, p.config.n_ubatch) == (want, want), (req.target_ctx, p.config.n_ctx)
