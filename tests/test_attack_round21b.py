@@ -194,3 +194,20 @@ def test_r21b_store_blob_tower_not_read_per_token(
         if rate["g3v"] < 0.95 * rate["g3t"]:
             bad.append((dev[-1], round(rate["g3v"]), round(rate["g3t"])))
     assert not bad, bad
+
+
+# --- several models on the CPU ---------------------------------------------------------------------------------------
+
+
+def test_r21b_several_models_on_the_cpu_are_planned(qstore: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Command: ``kvadvise ollama qa qb --device cpu --ctx 16384``.
+    kvadvise: exit 2, "no GPU to place the models on: Ollama's scheduler places models on GPUs".
+    True (v0.32.15:server/sched.go processPending): with no GPU, maxRunners = defaultModelsPerGPU (3) x max(0, 1)
+    = 3, and a second model's load(requireFull=true) skips the pre-flight eviction check (``len(loadGpus) > 0`` is
+    false), so a CPU-only Ollama keeps up to 3 models loaded together in RAM, each a llama-server with its own
+    automatic -b/-ub (qa at 16,384: 1024; qb capped at its 8,192 training context: 1024). Missing rule:
+    together.hardware refuses a CPU-only machine instead of planning the runners in system RAM.
+    """
+    rc, out, err = run(capsys, "ollama", "qa", "qb", "--device", "cpu", "--ctx", "16384")
+    assert rc in (0, 3), (rc, err)
+    assert "no GPU to place" not in err
