@@ -211,3 +211,28 @@ def test_r21b_several_models_on_the_cpu_are_planned(qstore: Path, capsys: pytest
     rc, out, err = run(capsys, "ollama", "qa", "qb", "--device", "cpu", "--ctx", "16384")
     assert rc in (0, 3), (rc, err)
     assert "no GPU to place" not in err
+
+
+# --- an embedding model's batch (llm/llama_server.go) ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dev", [("--device", "cpu"), ("--gpu", "rtx-4090")])
+def test_r21b_embedding_model_batch_single_plan(
+    dev: tuple[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Command: ``kvadvise ollama bge-m3 --ctx 8192 --json`` (built-in profile) on the CPU and on an RTX 4090.
+    kvadvise: config n_batch 2048, n_ubatch 512, compute 35,655,808 B on the 4090 (33.5 MB on the CPU); the
+    several-model plan ``kvadvise ollama qwen3:8b bge-m3 --gpu rtx-4090 --ctx 8192`` loads bge-m3 with num_batch
+    2048 (scheduler.py says so too); the single plan at ``--batch 1024`` is 71.3 MB, at 4096 285 MB, so -ub 2048 is
+    about 143 MB: the single plan's compute is ~75 % UNDER.
+    True (v0.30.0 - v0.32.15: server/routes.go shouldApplyEmbeddingBatchDefault -> llm.WithDefaultEmbeddingNumBatch:
+    opts.NumBatch = DefaultEmbeddingNumBatchForContext(num_ctx) = min(2048, 8192) = 2048; llm/llama_server.go
+    appendBatchArgs(embedding): ``--embedding -b 2048 -ub 2048`` (embeddingBatchSize = min(2048, num_ctx x 1))).
+    Missing rule: runtime.shape skips embedding models (``not scheduler.is_embedding(spec)``) but gives them no
+    batch of their own: -b = -ub = min(2048, num_ctx x slots) on every device, as together.py already does.
+    """
+    use_store(monkeypatch, tmp_path / "store", tmp_path)
+    plan = _json(capsys, "bge-m3", "--ctx", "8192", *dev)
+    n_ctx = plan["config"]["n_ctx"]
+    want = min(2048, n_ctx)
+    assert (plan["config"]["n_batch"], plan["config"]["n_ubatch"]) == (want, want), plan["config"]
