@@ -236,3 +236,69 @@ def test_r21b_embedding_model_batch_single_plan(
     n_ctx = plan["config"]["n_ctx"]
     want = min(2048, n_ctx)
     assert (plan["config"]["n_batch"], plan["config"]["n_ubatch"]) == (want, want), plan["config"]
+
+
+# --- the automatic num_batch on a GPU: the single-model plan never runs it ------------------------------------------
+
+
+def _mib(b: int) -> float:
+    return b / 2**20
+
+
+def test_r21b_gpt_oss_120b_strix_halo_published_batch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Command: ``kvadvise ollama gpt-oss:120b --gpu ryzen-ai-max-395-128gb --device rocm --ctx 262144
+    --parallel 2 --ollama-version 0.30.2 --json``.
+    kvadvise: -b 2048 -ub 512; ROCm0 K/V 9,270 MiB, host compute 140 MiB.
+    True: ollama/ollama#16480 (2026-06-04, Ollama 0.30.2, Radeon 8060S, ROCm available 120.6 GiB) starts
+    ``llama-server ... -c 262144 -np 2 --flash-attn on -b 1024 -ub 1024`` (server/sched.go
+    automaticGenerationBatch: 2048 for 262,144 tokens, lowered to 1024 by generationBatchHasHeadroom); the same
+    load's memory breakdown (ollama/ollama#16416, 2026-06-02) prints ``ROCm0 ... 61223 + 9306 + 796`` and
+    ``Host 1104 + 0 + 281`` MiB: K/V 9,306 MiB (kvadvise 36 MiB UNDER: the SWA cache's n_ubatch cells) and host
+    compute 281 MiB (kvadvise 141 MiB UNDER, 50 %). Missing rule: the single-model plan on a GPU never applies
+    scheduler.automatic_batch (only together.py's scheduler replay and, since the last commit, the CPU do).
+    """
+    use_store(monkeypatch, tmp_path / "store", tmp_path)
+    plan = _json(capsys, "gpt-oss:120b", "--gpu", "ryzen-ai-max-395-128gb", "--device", "rocm", "--ctx", "262144",
+                 "--parallel", "2", "--ollama-version", "0.30.2")  # fmt: skip
+    assert plan["config"]["n_ubatch"] == 1024, plan["config"]
+    dev = plan["memory"]["devices"][0]
+    assert abs(_mib(dev["kv_bytes"]) - 9306) <= 1, _mib(dev["kv_bytes"])
+    assert abs(_mib(plan["memory"]["host"]["compute_bytes"]) - 281) <= 2, _mib(plan["memory"]["host"]["compute_bytes"])
+
+
+def test_r21b_gpt_oss_120b_strix_halo_rocm_compute(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Command: as above with ``--batch 1024`` (the -b/-ub Ollama 0.30.2 passed, so the batch is not at issue).
+    kvadvise: ROCm0 compute 433 MiB (K/V 9,306 and host compute 281 MiB agree with the log).
+    True: ollama/ollama#16416 (2026-06-02): ``ROCm0 (8060S Graphics) | ... (71326 = 61223 + 9306 + 796)``: 796 MiB
+    of compute on ROCm0: kvadvise 363 MiB (46 %) UNDER on the device. Rule unknown (guess: the ROCm/HIP flash
+    attention path for gpt-oss's attention sinks at 2 x 131,072 cells keeps an f32 KQ or a larger mask per
+    ubatch than the CUDA path kvadvise sizes).
+    """
+    use_store(monkeypatch, tmp_path / "store", tmp_path)
+    plan = _json(capsys, "gpt-oss:120b", "--gpu", "ryzen-ai-max-395-128gb", "--device", "rocm", "--ctx", "262144",
+                 "--parallel", "2", "--ollama-version", "0.30.2", "--batch", "1024")  # fmt: skip
+    dev = plan["memory"]["devices"][0]
+    assert _mib(dev["compute_bytes"]) >= 796 * 0.95, _mib(dev["compute_bytes"])
+
+
+def test_r21b_gpu_single_plan_runs_ollamas_batch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Command: ``kvadvise ollama qwen3:8b --gpu rtx-4090 --ctx 16384 --json`` (and ``--gpu m1-max-64gb``).
+    kvadvise: -b 2048 -ub 512 (--verbose "batch 2048/512"), compute 144 MiB on the 4090.
+    True (v0.32.15:server/sched.go load: applyAutomaticGenerationBatch with predictedCtx 16,384 ->
+    generationBatchForContext 1024; generationBatchFits: a ~6 GiB prediction is under 75 % of the ~23.5 GiB free
+    and the 768 MiB surcharge fits under 80 %; flash attention on/auto, so not the CUDA no-FA cap): Ollama runs
+    ``-b 1024 -ub 1024`` on both cards; the compute buffer grows with -ub (UNDER). Missing rule: as above.
+    """
+    use_store(monkeypatch, tmp_path / "store", tmp_path)
+    bad = []
+    for gpu in ("rtx-4090", "m1-max-64gb"):
+        plan = _json(capsys, "qwen3:8b", "--gpu", gpu, "--ctx", "16384")
+        if plan["config"]["n_ubatch"] != _go_batch(plan["config"]["n_ctx"]):
+            bad.append((gpu, plan["config"]["n_batch"], plan["config"]["n_ubatch"]))
+    assert not bad, bad
