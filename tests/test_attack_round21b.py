@@ -332,3 +332,38 @@ def test_r21b_apple_decode_inside_its_range(
     use_store(monkeypatch, tmp_path / "store", tmp_path)
     est = _json(capsys, "llama3.1:8b", "--gpu", gpu, "--ctx", "512")["decode_estimate"]
     assert est["low"] <= measured <= est["high"], (gpu, round(est["tokens_per_s"], 1), est["low"], est["high"], source)
+
+
+# --- (3) an Ollama-format architecture that Ollama's own llama-server loads (llama/compat) --------------------------
+
+
+@pytest.mark.parametrize(("recipe", "arch", "loads_as"), [("gpt-oss", "gptoss", "gpt-oss"), ("qwen2", "qwen25vl", "qwen2vl")])
+def test_r21b_ollama_format_blob_runs_on_ollamas_llama_server(
+    recipe: str, arch: str, loads_as: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """A store blob in Ollama's own naming, as ``ollama pull gpt-oss:20b`` (architecture ``gptoss``, the library
+    blob sha256-b112e727...) or ``ollama pull qwen2.5vl`` (``qwen25vl``) leaves it.
+    Command: ``kvadvise ollama y{arch} --device cpu --ctx 4096 --ollama-version 0.32.15``.
+    kvadvise: exit 2, "llama.cpp (b11312) does not know the architecture 'gptoss' ... so there is nothing to
+    plan", hint "a llama.cpp build that supports it is needed" (the built-in profile of gpt-oss:20b is planned).
+    True: Ollama 0.30.0 - 0.32.15 ships its llama-server with llama/compat/llama-ollama-compat.cpp, whose
+    translate_metadata dispatches ``handle_gptoss`` (arch_name -> "gpt-oss") and ``handle_qwen25vl`` (-> "qwen2vl",
+    qwen25vl.* keys mirrored); ollama/ollama#16416 (2026-06-02, 0.30) logs "handle_gptoss: detected Ollama-format
+    gpt-oss GGUF; applying compatibility fixes" and a full memory breakdown for the gpt-oss:120b library blob. So
+    the model loads and has a plan. Missing rule: for Ollama >= 0.30, read a store blob's architecture through
+    the compat layer's renames (gptoss, qwen25vl, glm4moelite, deepseekocr, olmo3, glmocr, ...) before
+    from_gguf's known-architecture check.
+    """
+    import hashlib as _h
+
+    from ollama_fake import build_store
+    from tinymodels import rewrite_gguf, write_tiny_gguf
+
+    src = write_tiny_gguf(tmp_path / f"{recipe}.gguf", recipe)
+    blob = rewrite_gguf(src, tmp_path / f"{arch}.gguf", arch=arch)
+    root = tmp_path / "ostore"
+    build_store(root, blob, _h.sha256(blob.read_bytes()).hexdigest(), model=f"y{arch}")
+    use_store(monkeypatch, root, tmp_path)
+    rc, out, err = run(capsys, "ollama", f"y{arch}", "--device", "cpu", "--ctx", "4096", "--ollama-version", "0.32.15")
+    assert rc in (0, 3), (rc, err, loads_as)
