@@ -56,9 +56,7 @@ def _json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
 # --- (1) the CPU's automatic num_batch where kvadvise chooses the context ------------------------------------------
 
 
-def test_r21b_cpu_recommended_context_runs_ollamas_batch(
-    qstore: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_r21b_cpu_recommended_context_runs_ollamas_batch(qstore: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Command: ``kvadvise ollama qa --device cpu --json`` (no --ctx: kvadvise recommends the context).
     kvadvise: recommends num_ctx 32,768 (the Modelfile it prints and writes: ``PARAMETER num_ctx 32768``, no
     num_batch) but plans that context at ``n_batch 2048, n_ubatch 512`` (the text's --verbose: "batch 2048/512");
@@ -208,7 +206,7 @@ def test_r21b_several_models_on_the_cpu_are_planned(qstore: Path, capsys: pytest
     automatic -b/-ub (qa at 16,384: 1024; qb capped at its 8,192 training context: 1024). Missing rule:
     together.hardware refuses a CPU-only machine instead of planning the runners in system RAM.
     """
-    rc, out, err = run(capsys, "ollama", "qa", "qb", "--device", "cpu", "--ctx", "16384")
+    rc, _out, err = run(capsys, "ollama", "qa", "qb", "--device", "cpu", "--ctx", "16384")
     assert rc in (0, 3), (rc, err)
     assert "no GPU to place" not in err
 
@@ -314,6 +312,7 @@ def test_r21b_gpu_single_plan_runs_ollamas_batch(
         ("m2-pro-16gb", 33.0, "https://github.com/AlexsJones/llmfit/pull/1031 (2026-09-13, apple-m2-pro)"),
         ("m4-16gb", 20.87, "https://github.com/brand-o/normiebench/issues/3 (2026-03-08, Mac Mini M4 16GB)"),
     ],
+    ids=["m1-max", "m2-pro", "m4"],
 )
 def test_r21b_apple_decode_inside_its_range(
     gpu: str, measured: float, source: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -337,7 +336,9 @@ def test_r21b_apple_decode_inside_its_range(
 # --- (3) an Ollama-format architecture that Ollama's own llama-server loads (llama/compat) --------------------------
 
 
-@pytest.mark.parametrize(("recipe", "arch", "loads_as"), [("gpt-oss", "gptoss", "gpt-oss"), ("qwen2", "qwen25vl", "qwen2vl")])
+@pytest.mark.parametrize(
+    ("recipe", "arch", "loads_as"), [("gpt-oss", "gptoss", "gpt-oss"), ("qwen2", "qwen25vl", "qwen2vl")]
+)
 def test_r21b_ollama_format_blob_runs_on_ollamas_llama_server(
     recipe: str, arch: str, loads_as: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
@@ -365,5 +366,5 @@ def test_r21b_ollama_format_blob_runs_on_ollamas_llama_server(
     root = tmp_path / "ostore"
     build_store(root, blob, _h.sha256(blob.read_bytes()).hexdigest(), model=f"y{arch}")
     use_store(monkeypatch, root, tmp_path)
-    rc, out, err = run(capsys, "ollama", f"y{arch}", "--device", "cpu", "--ctx", "4096", "--ollama-version", "0.32.15")
+    rc, _out, err = run(capsys, "ollama", f"y{arch}", "--device", "cpu", "--ctx", "4096", "--ollama-version", "0.32.15")
     assert rc in (0, 3), (rc, err, loads_as)
