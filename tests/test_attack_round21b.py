@@ -368,3 +368,52 @@ def test_r21b_ollama_format_blob_runs_on_ollamas_llama_server(
     use_store(monkeypatch, root, tmp_path)
     rc, _out, err = run(capsys, "ollama", f"y{arch}", "--device", "cpu", "--ctx", "4096", "--ollama-version", "0.32.15")
     assert rc in (0, 3), (rc, err, loads_as)
+
+
+# --- Ollama >= 0.30: an in-blob tower is the runner's --mmproj --------------------------------------------------------
+
+
+def test_r21b_inblob_tower_is_mmproj_with_raised_fit_target(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gemma3 blob with its vision tower inside (v.* and mm.* tensors: 53,411,328 B), beside the same text model
+    without it. Command: ``kvadvise ollama g3v --gpu rtx-4090 --ctx 4096 --ollama-version 0.32.15 --json`` and the
+    same for ``g3t``.
+    kvadvise: both plans keep the same budget (24,146,608,128 B: a 1 GiB margin), ``memory.projector`` None: the
+    tower is planned as text weights and nothing more.
+    True (v0.32.15:llm/llama_server.go NewLlamaServer: ``compatClipArches["gemma3"]`` and v.* tensors -> projectors =
+    [modelPath], mmprojMemoryRequirement = the v./mm./a. tensors' bytes; llamaServerLaunchConfig.extraEnvsForStart ->
+    LLAMA_ARG_FIT_TARGET = ceil((mmproj + 1 GiB) / MiB) = 1,075 MiB in place of 1,024; appendMMProjArgs ``--mmproj``
+    the blob itself, offloaded to the GPU): llama-server's --fit keeps at least ceil(mmproj / MiB) = 51 MiB more free
+    than for the text model (plus the clip compute the projector allocates), so the budget is that much smaller (for
+    gemma3:4b's 834 MB tower: 796 MiB). Missing rule: rules.projector_margin_bytes for an in-blob tower
+    (OllamaModel.projector_bytes is 0 for a store blob whose projector is inline).
+    """
+    import numpy as np
+    from ollama_fake import build_store
+    from tinymodels import rewrite_gguf, write_tiny_gguf
+
+    txt = write_tiny_gguf(tmp_path / "g3.gguf", "gemma3", n_vocab=512)
+    vt = {
+        "v.patch_embedding.weight": ((1152, 3, 14, 14), np.float16),
+        "v.position_embedding.weight": ((4096, 1152), np.float16),
+        "v.blk.0.attn_q.weight": ((1152, 1152), np.float16),
+        "v.blk.0.ffn_up.weight": ((4304 * 4, 1152), np.float16),
+        "v.post_layernorm.weight": ((1152,), np.float32),
+        "mm.mm_input_projection.weight": ((128, 1152), np.float16),
+    }
+    mmproj = sum(int(np.prod(s)) * np.dtype(t).itemsize for s, t in vt.values())
+    assert mmproj == 53_411_328
+    keys = {"gemma3.vision.block_count": 1, "gemma3.vision.image_size": 896, "gemma3.vision.patch_size": 14,
+            "gemma3.vision.num_channels": 3, "gemma3.vision.attention.head_count": 16,
+            "gemma3.vision.embedding_length": 1152}  # fmt: skip
+    g = rewrite_gguf(txt, tmp_path / "g3v.gguf", uints=keys, zeros=vt)
+    root = tmp_path / "ostore"
+    build_store(root, txt, hashlib.sha256(txt.read_bytes()).hexdigest(), model="g3t")
+    build_store(root, g, hashlib.sha256(g.read_bytes()).hexdigest(), model="g3v")
+    use_store(monkeypatch, root, tmp_path)
+    args = ("--gpu", "rtx-4090", "--ctx", "4096", "--ollama-version", "0.32.15")
+    plain = _json(capsys, "g3t", *args)["budget"]["budget_bytes"]
+    vision = _json(capsys, "g3v", *args)["budget"]["budget_bytes"]
+    raise_mib = -(-mmproj // 2**20)
+    assert plain - vision >= raise_mib * 2**20, (plain, vision, raise_mib)
