@@ -795,6 +795,9 @@ def from_gguf(header: GGUFHeader, *, known_only: bool = True) -> ModelSpec:
         n_ff_shexp=n_ff_shexp,
         parallel_block=arch in _PARALLEL_BLOCK,
         head_count_kv_in_file=k.raw(Attention.HEAD_COUNT_KV) is not None,
+        # an Ollama-format blob's own vision/audio tower (v.*, mm.*, a.* tensors beside the text model's): loaded, never
+        # read to decode a text token (a llama.cpp GGUF keeps its projector in a separate mmproj file)
+        tower_bytes=sum(t.n_bytes for t in loaded if t.name.startswith(("v.", "mm.", "a."))),
         sampling_penalty_repeat=_penalty_repeat(header),
         ssm=ssm,
         pooling=k.raw(LLM.POOLING_TYPE) is not None,

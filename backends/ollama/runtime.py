@@ -242,9 +242,10 @@ class OllamaRuntime:
                 # pass, so a CPU-only load runs the context's batch (1,024 past 4k tokens, 2,048 past 32k): a
                 # published CPU-only load of qwen2.5-coder 14B at 16k under 0.33.1 printed 274.02 MiB of compute at -ub
                 # 1024, 137 planned at 512 before
+                # (appendBatchArgs passes it as -b N -ub N, 512 too)
                 batch = scheduler.batch_for_context(r.n_ctx)
-                if batch != r.n_ubatch:
-                    r = replace(r, n_batch=batch, n_ubatch=batch)
+                r = replace(r, n_batch=batch, n_ubatch=batch)
+                if batch != scheduler.BATCH_DEFAULT:
                     notes = (*notes, f"Ollama's automatic num_batch on the CPU: -b {batch} -ub {batch}")
         if not rel.in_process:
             n_max = rules.mtp_draft_n_max(model)
