@@ -29,7 +29,7 @@ from kvadvise.backends.ollama import snapshots
 from kvadvise.backends.ollama import store as ollama_store
 from kvadvise.backends.ollama.model import OllamaModel, has_vision_tower
 from kvadvise.backends.ollama.name import OllamaName, parse_name
-from kvadvise.backends.ollama.profiles import find_profile, suggestions
+from kvadvise.backends.ollama.profiles import Profile, find_profile, suggestions
 from kvadvise.errors import BackendUnreachable, InputError
 from kvadvise.model.architecture import from_gguf
 
@@ -62,7 +62,13 @@ def resolve(
     search = ollama_store.store_roots() if roots is None else tuple(roots)
     entry = ollama_store.find(name, search)
     if entry is not None:
-        return from_store(name, entry)
+        try:
+            return from_store(name, entry)
+        except InputError:
+            own = _own_conversion(name, entry) if use_profiles else None
+            if own is None:
+                raise
+            return own
     skipped = ollama_store.skipped(name, search)  # a store that cannot be searched: named, then passed over
     tried.append("store")
     failures.extend(skipped)
@@ -108,19 +114,7 @@ def resolve(
             return dataclasses.replace(snapshot, notes=(*notes, *snapshot.notes))
         profile = find_profile(name)
         if profile is not None:
-            spec = profile.spec()
-            if profile.id.lower() != f"{name.model}:{name.tag}".lower():
-                notes = (*notes, f"{name.display} is {profile.id} in Ollama's library")
-            return OllamaModel(
-                name=name.short,
-                tag=name.tag,
-                spec=spec,
-                params={},
-                projector_bytes=0,
-                model_bytes=profile.download_bytes or 0,
-                source=f"profile:{profile.id}",
-                notes=notes,  # the profile's own notes are the spec's, printed with the plan
-            )
+            return _from_profile(name, profile, notes)
         close = suggestions(name, snapshots.names())
         tried.append("profiles")
 
@@ -156,6 +150,40 @@ def library_names(ref: str) -> tuple[str, ...]:
         return ()
     own = f"{name.model}:{name.tag}".lower()
     return tuple(n for n in (profile.id, *profile.aliases) if n.lower() != own)
+
+
+def _from_profile(name: OllamaName, profile: Profile, notes: tuple[str, ...]) -> OllamaModel:
+    """The model of a built-in profile of the library."""
+    if profile.id.lower() != f"{name.model}:{name.tag}".lower():
+        notes = (*notes, f"{name.display} is {profile.id} in Ollama's library")
+    return OllamaModel(
+        name=name.short,
+        tag=name.tag,
+        spec=profile.spec(),
+        params={},
+        projector_bytes=0,
+        model_bytes=profile.download_bytes or 0,
+        source=f"profile:{profile.id}",
+        notes=notes,  # the profile's own notes are the spec's, printed with the plan
+    )
+
+
+def _own_conversion(name: OllamaName, entry: ollama_store.StoreEntry) -> OllamaModel | None:
+    """A store blob of Ollama's own conversion (architecture ``gptoss``, which llama.cpp's loader knows as ``gpt-oss``
+    through Ollama's llama/compat renames) planned from the built-in profile of the library's model; None for any
+    other blob, or without a profile of the name."""
+    from kvadvise.backends.gguf_cache import read as read_header
+    from kvadvise.backends.ollama.versions import LIBRARY_ARCHITECTURES
+
+    try:
+        arch = read_header(entry.model_blob).architecture
+    except InputError:
+        return None
+    profile = find_profile(name)
+    if profile is None or arch not in LIBRARY_ARCHITECTURES.values():
+        return None
+    note = f"{name.display}'s blob is Ollama's own {arch} conversion: planned from the built-in profile {profile.id}"
+    return _from_profile(name, profile, (*entry.notes, note))
 
 
 def from_store(name: OllamaName, entry: ollama_store.StoreEntry) -> OllamaModel:
