@@ -234,10 +234,6 @@ def test_r21b_several_models_on_the_cpu_are_planned(qstore: Path, capsys: pytest
 # --- an embedding model's batch (llm/llama_server.go) ---------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="held: an embedding model's batch, min(2048, num_ctx x slots), is replayed among several models only",
-)
 @pytest.mark.parametrize("dev", [("--device", "cpu"), ("--gpu", "rtx-4090")])
 def test_r21b_embedding_model_batch_single_plan(
     dev: tuple[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch

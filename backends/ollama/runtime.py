@@ -237,7 +237,12 @@ class OllamaRuntime:
             elif isinstance(own, int) and not isinstance(own, bool) and own > 0:
                 r = replace(r, n_batch=own, n_ubatch=own)
                 notes = (*notes, f"the model's own num_batch {own}: Ollama runs it as -b {own} -ub {own}")
-            elif r.device == "cpu" and r.n_ctx and not scheduler.is_embedding(spec):
+            elif r.n_ctx and scheduler.is_embedding(spec):
+                # server/routes.go shouldApplyEmbeddingBatchDefault -> DefaultEmbeddingNumBatchForContext, and
+                # llm/llama_server.go appendBatchArgs(embedding): -b = -ub = min(2048, the whole context), any device
+                batch = min(scheduler.BATCH_LARGE, r.n_ctx)
+                r = replace(r, n_batch=batch, n_ubatch=batch)
+            elif r.device == "cpu" and r.n_ctx:
                 # server/sched.go automaticGenerationBatch (0.30 and later): without a GPU its memory checks always
                 # pass, so a CPU-only load runs the context's batch (1,024 past 4k tokens, 2,048 past 32k): a
                 # published CPU-only load of qwen2.5-coder 14B at 16k under 0.33.1 printed 274.02 MiB of compute at -ub
