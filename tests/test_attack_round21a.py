@@ -140,6 +140,7 @@ _GPT_OSS_U8 = {**_GPT_OSS, "n_expert_used": 8}
         pytest.param("gpt-oss", _GPT_OSS_U8, [300], ["-ub", "2048"], id="gpt-oss-u8-300"),
         pytest.param("gpt-oss", _GPT_OSS_U8, [450], ["-ub", "2048"], id="gpt-oss-u8-450"),
         pytest.param("gpt-oss", _GPT_OSS_U8, [350], ["-ub", "1024"], id="gpt-oss-u8-350-ub1024"),
+        pytest.param("qwen3moe", _QWEN3MOE_U8, [150, 150, 150], ["-ub", "2048"], id="qwen3moe-u8-3dev"),
     ],
 )
 def test_moe_eight_used_experts_partial_device_over_budget(
@@ -154,8 +155,15 @@ def test_moe_eight_used_experts_partial_device_over_budget(
     | gpt-oss [300] -ub 2048 | -ngl 7 --n-cpu-moe 8 | 294.17 | 309.96 | 10.0 |
     | gpt-oss [450] -ub 2048 | -ngl 9 --n-cpu-moe 5 (-ctv q8_0) | 449.85 | 473.66 | 23.7 |
     | gpt-oss [350] -ub 1024 | -ngl 9 --n-cpu-moe 5 (-ctv q8_0) | 348.13 | 360.05 | 10.1 |
+    | qwen3moe [150,150,150] -ub 2048 | -ngl 2 --n-cpu-moe 8 -ts 0.15,0.15,0.15 | A 133.63, B 111.67 | A 157.70, B 15.67 | A 7.7 |
 
-    UNDER by 15.8, 15.8, 15.8, 23.8, 11.9 MiB. Straight on llama-server (one rpc-server, -ub 2048, q8_0): the
+    UNDER by 15.8, 15.8, 15.8, 23.8, 11.9, 24.1 (A) MiB. In the three-device case llama.cpp deals block 7 (experts on
+    the CPU) to A and the output layer to B (load_tensors: layer il at il / act_gpu_layers against the -ts split
+    points); A prints 144.13 MiB of compute (120.06 planned), B 0.04 (96.04 planned: partial_offload.tail_cut's
+    1.5 x expert_out for the output layer's device, which here holds no block but is not the device after the host
+    experts either -- A is; qwen3moe gathers its output rows inside the last block, so B receives one row). The same
+    144.13 on each device holding one block with host experts at -ngl 3 --n-cpu-moe 8 -ts 1,2 ([200,200]: B 149.26
+    planned, 173.33 printed); 112.10 with n_expert_used 4. Straight on llama-server (one rpc-server, -ub 2048, q8_0): the
     qwen3moe-u8 device's compute is 176.32 MiB at -ngl 99 (kvadvise 184.31: over, fine), 264.13 at -ngl 3 and at
     -ngl 8 (+87.8 MiB; kvadvise adds expert_out = [n_embd, n_expert_used, n_ubatch] f32 = 64 MiB), 176.32 with
     --n-cpu-moe 3 (no growth). With n_expert_used 4 the round-20 figure was +32.03 = expert_out exactly: the growth is
@@ -171,9 +179,7 @@ def test_moe_eight_used_experts_partial_device_over_budget(
     _check(c)
 
 
-@pytest.mark.parametrize(
-    "budgets", [pytest.param([450, 60], id="450-60"), pytest.param([400, 60], id="400-60")]
-)
+@pytest.mark.parametrize("budgets", [pytest.param([450, 60], id="450-60"), pytest.param([400, 60], id="400-60")])
 def test_gpt_oss_eight_used_np2_host_experts_device_over_budget(
     budgets: list[int], tmp_path: Path, real_llama_server: Path
 ) -> None:
@@ -206,7 +212,12 @@ def test_gpt_oss_eight_used_np2_host_experts_device_over_budget(
     ],
 )
 def test_small_under_inside_the_bar_still_over_a_budget(
-    recipe: str, dims: dict | str, budgets: list[int], ctx: int, flags: list[str], tmp_path: Path,
+    recipe: str,
+    dims: dict | str,
+    budgets: list[int],
+    ctx: int,
+    flags: list[str],
+    tmp_path: Path,
     real_llama_server: Path,
 ) -> None:
     """UNDER (OOM side), inside the 16 MiB / 3 % bar but over the declared budget (goal 1), --margin 0:
