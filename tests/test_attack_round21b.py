@@ -178,27 +178,8 @@ def test_r21b_store_blob_tower_not_read_per_token(
     no v.* / mm.* tensor: the decode rate is the text model's (within a few %). Speed UNDER (too slow), not memory.
     Missing rule: from_gguf (or the Ollama resolver for a blob) sets tower_bytes to the v.*/mm.*/a.* tensors' bytes.
     """
-    import numpy as np
-    from ollama_fake import build_store
-    from tinymodels import rewrite_gguf, write_tiny_gguf
 
-    txt = write_tiny_gguf(tmp_path / "g3.gguf", "gemma3", n_vocab=512)
-    vt = {
-        "v.patch_embedding.weight": ((1152, 3, 14, 14), np.float16),
-        "v.position_embedding.weight": ((4096, 1152), np.float16),
-        "v.blk.0.attn_q.weight": ((1152, 1152), np.float16),
-        "v.blk.0.ffn_up.weight": ((4304 * 4, 1152), np.float16),
-        "v.post_layernorm.weight": ((1152,), np.float32),
-        "mm.mm_input_projection.weight": ((128, 1152), np.float16),
-    }
-    keys = {"gemma3.vision.block_count": 1, "gemma3.vision.image_size": 896, "gemma3.vision.patch_size": 14,
-            "gemma3.vision.num_channels": 3, "gemma3.vision.attention.head_count": 16,
-            "gemma3.vision.embedding_length": 1152}  # fmt: skip
-    g = rewrite_gguf(txt, tmp_path / "g3v.gguf", uints=keys, zeros=vt)
-    root = tmp_path / "ostore"
-    build_store(root, txt, hashlib.sha256(txt.read_bytes()).hexdigest(), model="g3t")
-    build_store(root, g, hashlib.sha256(g.read_bytes()).hexdigest(), model="g3v")
-    use_store(monkeypatch, root, tmp_path)
+    _gemma3_store(tmp_path, monkeypatch)
     bad = []
     for dev in (("--device", "cpu"), ("--gpu", "m1-max-64gb"), ("--gpu", "rtx-4090")):
         rate = {}
@@ -434,28 +415,10 @@ def test_r21b_inblob_tower_is_mmproj_with_raised_fit_target(
     (OllamaModel.projector_bytes is 0 for a store blob whose projector is inline).
     """
     import numpy as np
-    from ollama_fake import build_store
-    from tinymodels import rewrite_gguf, write_tiny_gguf
 
-    txt = write_tiny_gguf(tmp_path / "g3.gguf", "gemma3", n_vocab=512)
-    vt = {
-        "v.patch_embedding.weight": ((1152, 3, 14, 14), np.float16),
-        "v.position_embedding.weight": ((4096, 1152), np.float16),
-        "v.blk.0.attn_q.weight": ((1152, 1152), np.float16),
-        "v.blk.0.ffn_up.weight": ((4304 * 4, 1152), np.float16),
-        "v.post_layernorm.weight": ((1152,), np.float32),
-        "mm.mm_input_projection.weight": ((128, 1152), np.float16),
-    }
+    vt = _gemma3_store(tmp_path, monkeypatch)
     mmproj = sum(int(np.prod(s)) * np.dtype(t).itemsize for s, t in vt.values())
     assert mmproj == 53_411_328
-    keys = {"gemma3.vision.block_count": 1, "gemma3.vision.image_size": 896, "gemma3.vision.patch_size": 14,
-            "gemma3.vision.num_channels": 3, "gemma3.vision.attention.head_count": 16,
-            "gemma3.vision.embedding_length": 1152}  # fmt: skip
-    g = rewrite_gguf(txt, tmp_path / "g3v.gguf", uints=keys, zeros=vt)
-    root = tmp_path / "ostore"
-    build_store(root, txt, hashlib.sha256(txt.read_bytes()).hexdigest(), model="g3t")
-    build_store(root, g, hashlib.sha256(g.read_bytes()).hexdigest(), model="g3v")
-    use_store(monkeypatch, root, tmp_path)
     args = ("--gpu", "rtx-4090", "--ctx", "4096", "--ollama-version", "0.32.15")
     plain = _json(capsys, "g3t", *args)["budget"]["budget_bytes"]
     vision = _json(capsys, "g3v", *args)["budget"]["budget_bytes"]
@@ -486,3 +449,30 @@ def test_r21b_gptoss_store_blob_of_a_library_name_is_planned_from_its_profile(
     doc = json.loads(out)
     assert doc["model"]["architecture"] == "gpt-oss"
     assert "Ollama's own gptoss conversion" in json.dumps(doc["ollama"]), doc["ollama"]
+
+
+def _gemma3_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, tuple[tuple[int, ...], object]]:
+    """A store of two gemma3 blobs, ``g3t`` (text) and ``g3v`` (the same with a small vision tower in the blob, as
+    Ollama's own conversion writes it: ``gemma3.vision.*`` keys, ``v.*`` and ``mm.*`` tensors); the tower's tensors."""
+    import numpy as np
+    from ollama_fake import build_store
+    from tinymodels import rewrite_gguf, write_tiny_gguf
+
+    txt = write_tiny_gguf(tmp_path / "g3.gguf", "gemma3", n_vocab=512)
+    vt: dict[str, tuple[tuple[int, ...], object]] = {
+        "v.patch_embedding.weight": ((1152, 3, 14, 14), np.float16),
+        "v.position_embedding.weight": ((4096, 1152), np.float16),
+        "v.blk.0.attn_q.weight": ((1152, 1152), np.float16),
+        "v.blk.0.ffn_up.weight": ((4304 * 4, 1152), np.float16),
+        "v.post_layernorm.weight": ((1152,), np.float32),
+        "mm.mm_input_projection.weight": ((128, 1152), np.float16),
+    }
+    keys = {"gemma3.vision.block_count": 1, "gemma3.vision.image_size": 896, "gemma3.vision.patch_size": 14,
+            "gemma3.vision.num_channels": 3, "gemma3.vision.attention.head_count": 16,
+            "gemma3.vision.embedding_length": 1152}  # fmt: skip
+    g = rewrite_gguf(txt, tmp_path / "g3v.gguf", uints=keys, zeros=vt)  # type: ignore[arg-type]
+    root = tmp_path / "ostore"
+    build_store(root, txt, hashlib.sha256(txt.read_bytes()).hexdigest(), model="g3t")
+    build_store(root, g, hashlib.sha256(g.read_bytes()).hexdigest(), model="g3v")
+    use_store(monkeypatch, root, tmp_path)
+    return vt
