@@ -12,6 +12,7 @@ was planned. What does not fit on the devices even so is the partial offload's j
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from kvadvise.model.spec import ModelSpec
@@ -50,20 +51,31 @@ def fit_split(spec: ModelSpec, cfg: RunConfig, budget: Budget, *, as_run: bool =
 
 def _fill(spec: ModelSpec, cfg: RunConfig, budgets: tuple[int, ...]) -> tuple[float, ...]:
     """The layers per device, each device from the last taking the most its budget holds at ``cfg``."""
+
+    def device_bytes(split: tuple[float, ...], d: int) -> int:
+        return estimate(spec, replace(cfg, tensor_split=split)).devices[d].total_bytes
+
+    return fill_back_to_front(spec.n_layer_all + 1, budgets, device_bytes)
+
+
+def fill_back_to_front(
+    n_layers: int, budgets: Sequence[int], device_bytes: Callable[[tuple[float, ...], int], int]
+) -> tuple[float, ...]:
+    """``n_layers`` layers dealt over the devices as common/fit.cpp common_params_fit_impl fills them: the last device
+    takes the most it holds within its budget, then the one before it, the first device the rest; the counts are the
+    tensor split llama.cpp is given (set_ngl_tensor_split_tbo). ``device_bytes(split, d)``: device ``d``'s total at
+    that split (the layers not placed yet on device 0)."""
     n_dev = len(budgets)
-    n_all = spec.n_layer_all + 1
     counts = [0] * n_dev
 
     def within(d: int, k: int) -> bool:
-        """Device ``d`` within its budget holding ``k`` layers, the ones not placed yet on device 0."""
         trial = list(counts)
         trial[d] = k
-        trial[0] += n_all - sum(trial)
-        est = estimate(spec, replace(cfg, tensor_split=tuple(float(c) for c in trial)))
-        return est.devices[d].total_bytes <= budgets[d]
+        trial[0] += n_layers - sum(trial)
+        return device_bytes(tuple(float(c) for c in trial), d) <= budgets[d]
 
     for d in range(n_dev - 1, 0, -1):
-        left = n_all - sum(counts)
+        left = n_layers - sum(counts)
         lo, hi = 0, left  # the most layers device d holds within its budget (0 if not even its fixed costs fit)
         if within(d, hi):
             lo = hi
@@ -75,7 +87,7 @@ def _fill(spec: ModelSpec, cfg: RunConfig, budgets: tuple[int, ...]) -> tuple[fl
                 else:
                     hi = mid
         counts[d] = lo
-    counts[0] = n_all - sum(counts)
+    counts[0] = n_layers - sum(counts)
     return tuple(float(c) for c in counts)
 
 

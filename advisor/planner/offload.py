@@ -48,6 +48,7 @@ from kvadvise.model.spec import ModelSpec
 from kvadvise.planner import builds
 from kvadvise.planner import speed as speed_model
 from kvadvise.planner.budget import Budget
+from kvadvise.planner.fitsplit import fill_back_to_front
 from kvadvise.planner.hostram import HostRam, plan_host_ram
 from kvadvise.planner.memory import (
     OP_OFFLOAD_DEVICES,
@@ -432,20 +433,17 @@ def partial_offload(
             return cut
         owner = _partial_owner(spec.n_layer_all, n_dev, ts, n_cpu, output_on_host)
         parts = device_layers(spec, owner, n_dev, lay.device == "cuda")
-        for d, part in enumerate(parts):
-            if one_device and n_cpu >= n_layer:  # -ngl 1 alone: output_only's (split_compute)
-                break
-            last = unpipelined_last_block_compute(spec, lay, part) if part.layers == (n_layer - 1,) else None
-            if n_dev == 1:  # one device: only the measured cuts (the last block, the output layer alone)
-                alone = (
-                    last
-                    if last is not None
-                    else (unpipelined_split_compute(spec, lay, part) if not part.layers else None)
-                )
-                cut[d] = min(0, alone - full_compute[d]) if alone is not None else 0
+        # -ngl 1 on one device: the output layer alone is output_only's (split_compute)
+        for d, part in enumerate(() if one_device and n_cpu >= n_layer else parts):
+            own = unpipelined_last_block_compute(spec, lay, part) if part.layers == (n_layer - 1,) else None
+            if own is None and (n_dev > 1 or not part.layers):
+                own = unpipelined_split_compute(spec, lay, part)
+            if own is None:  # one device holding more than the last block: the full offload's
                 continue
-            own = (last if last is not None else unpipelined_split_compute(spec, lay, part)) - full_compute[d]
-            cut[d] = max(0, own) if d == 0 and offloads else own
+            if n_dev == 1:  # one device: only the measured cuts (the last block, the output layer alone)
+                cut[d] = min(0, own - full_compute[d])
+            else:
+                cut[d] = max(0, own - full_compute[d]) if d == 0 and offloads else own - full_compute[d]
         if expert_out and not offloads and n_cpu and n_cpu_moe <= n_cpu:
             # whole MoE layers on the CPU (plain -ngl): the first offloaded block's device takes in their experts' output
             nxt = owner[n_cpu] if n_cpu < spec.n_layer_all else owner[-1]
@@ -468,29 +466,10 @@ def partial_offload(
         return all(d <= b for d, b in zip(each, budgets, strict=True))
 
     def filled(n_cpu: int, n_cpu_moe: int) -> tuple[float, ...]:
-        """Layers per device, the last device first taking the most trailing layers its budget holds, then the one
-        before it, the first device the rest: common/fit.cpp common_params_fit_impl's fill, whose layer counts it
-        writes as the tensor split (set_ngl_tensor_split_tbo), so that no device is left half empty."""
-        n_dev = len(budgets)
+        """The offloaded layers per device as --fit fills them (fitsplit.fill_back_to_front), so that no device is
+        left half empty."""
         act = spec.n_layer_all - n_cpu if output_last and n_cpu > 0 else spec.n_layer_all + 1 - n_cpu
-        counts = [0] * n_dev
-        for d in range(n_dev - 1, 0, -1):
-            left = act - sum(counts)
-
-            def holds(k: int, d: int = d, left: int = left) -> bool:
-                trial = list(counts)
-                trial[d], trial[0] = k, left - k
-                return totals(n_cpu, n_cpu_moe, tuple(float(c) for c in trial))[d] <= budgets[d]
-
-            lo, hi = 0, left
-            if holds(hi):
-                lo = hi
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                lo, hi = (mid, hi) if holds(mid) else (lo, mid)
-            counts[d] = lo
-        counts[0] = act - sum(counts)
-        return tuple(float(c) for c in counts)
+        return fill_back_to_front(act, budgets, lambda ts, d: totals(n_cpu, n_cpu_moe, ts)[d])
 
     def fits(n_cpu: int, n_cpu_moe: int) -> tuple[list[int], tuple[float, ...]] | None:
         """Each device's total at the plan's split, else at the layers per device --fit's fill gives them."""

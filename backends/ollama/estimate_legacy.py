@@ -328,13 +328,16 @@ def layer_bytes(layer: Mapping[str, LegacyTensor], v: tuple[int, int, int]) -> i
     return sum(_tensor_bytes(t, v) for t in layer.values())
 
 
-def vision_graph_size(model: LegacyModel, v: tuple[int, int, int]) -> tuple[int, int]:
-    """GGML.VisionGraphSize (fs/ggml/ggml.go): the tower's weights (every "v" / "v.*" group) and its graph, by
-    architecture; (0, 0) without vision.block_count, no graph without a patch size or for another architecture."""
+def vision_graph_size(
+    model: LegacyModel, layers: Mapping[str, Mapping[str, LegacyTensor]], v: tuple[int, int, int]
+) -> tuple[int, int]:
+    """GGML.VisionGraphSize (fs/ggml/ggml.go): the tower's weights (every "v" / "v.*" group of ``layers``, the model's
+    :func:`group_layers`) and its graph, by architecture; (0, 0) without vision.block_count, no graph without a
+    patch size or for another architecture."""
     vk = model.vision
     if vk is None or vk.block_count == 0:
         return 0, 0
-    weights = sum(layer_bytes(g, v) for name, g in group_layers(model).items() if name == "v" or name.startswith("v."))
+    weights = sum(layer_bytes(g, v) for name, g in layers.items() if name == "v" or name.startswith("v."))
     if vk.patch_size == 0:  # "unknown patch size for vision model"
         return weights, 0
     patches = (vk.image_size // vk.patch_size) ** 2 + any(t.name == "v.class_embd" for t in model.tensors)
@@ -566,7 +569,7 @@ def estimate_on_gpus(
 
     # llm/memory.go: without a llama-engine projector, the Ollama engine's own tower (VisionGraphSize), placed with
     # the output layer as the last layer
-    vision_weights, vision_graph = (0, 0) if projector_bytes else vision_graph_size(model, v)
+    vision_weights, vision_graph = (0, 0) if projector_bytes else vision_graph_size(model, layers, v)
     if v < (0, 11, 5):  # "multimodal models require at least 2048 context": every model, v0.9.3..v0.11.4
         num_ctx = max(num_ctx, 2048)
 
@@ -828,6 +831,7 @@ def legacy_model(header: GGUFHeader) -> LegacyModel:
 
     tokens = md.get("tokenizer.ggml.tokens")
     n_vocab = tokens.count if isinstance(tokens, GGUFArray) else 0
+    n_vision = u("vision.block_count")  # {arch}.vision.block_count: the tower in the blob
     key_length = _uints(md.get(f"{arch}.attention.key_length"))
     value_length = _uints(md.get(f"{arch}.attention.value_length"))
     return LegacyModel(
@@ -844,9 +848,9 @@ def legacy_model(header: GGUFHeader) -> LegacyModel:
         sliding_window=u("attention.sliding_window"),
         feed_forward_length=u("feed_forward_length"),
         is_embedding=f"{arch}.pooling_type" in md,
-        has_vision=u("vision.block_count") > 0,  # {arch}.vision.*: KV.Uint prefixes the architecture (keyValue)
+        has_vision=n_vision > 0,  # {arch}.vision.*: KV.Uint prefixes the architecture (keyValue)
         vision=VisionKV(
-            block_count=u("vision.block_count"),
+            block_count=n_vision,
             image_size=u("vision.image_size"),
             patch_size=u("vision.patch_size"),
             num_channels=u("vision.num_channels"),
@@ -855,7 +859,7 @@ def legacy_model(header: GGUFHeader) -> LegacyModel:
             max_pixels=u("vision.max_pixels", 28 * 28 * 1280),
             max_num_tiles=u("vision.max_num_tiles"),
         )
-        if u("vision.block_count") > 0
+        if n_vision > 0
         else None,
         is_completion=f"{arch}.pooling_type" not in md,
     )

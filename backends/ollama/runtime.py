@@ -240,7 +240,7 @@ class OllamaRuntime:
             elif r.n_ctx and scheduler.is_embedding(spec):
                 # server/routes.go shouldApplyEmbeddingBatchDefault -> DefaultEmbeddingNumBatchForContext, and
                 # llm/llama_server.go appendBatchArgs(embedding): -b = -ub = min(2048, the whole context), any device
-                batch = min(scheduler.BATCH_LARGE, r.n_ctx)
+                batch = scheduler.embedding_batch(r.n_ctx)
                 r = replace(r, n_batch=batch, n_ubatch=batch)
             elif r.device == "cpu" and r.n_ctx:
                 # server/sched.go automaticGenerationBatch (0.30 and later): without a GPU its memory checks always

@@ -203,6 +203,12 @@ def batch_for_context(ctx: int) -> int:
     return BATCH_LARGE if ctx > 32768 else BATCH_MEDIUM if ctx > 4096 else BATCH_DEFAULT
 
 
+def embedding_batch(ctx: int) -> int:
+    """An embedding model's num_batch (-b and -ub) by its whole context: server/routes.go
+    DefaultEmbeddingNumBatchForContext, llm/llama_server.go embeddingBatchSize: min(2048, the context)."""
+    return min(BATCH_LARGE, ctx)
+
+
 def _batch_fits(batch: int, predicted: int, available: int) -> bool:
     """sched.go generationBatchFits (integer arithmetic, as Go's uint64)."""
     if predicted == 0 or available == 0:
@@ -290,7 +296,7 @@ def schedule(
             if q.completion:
                 batch = automatic_batch(q, predicted, available, [gpus[i] for i in where])
             else:  # llm/llama_server.go DefaultEmbeddingNumBatchForContext, embeddingBatchSize
-                batch = min(BATCH_LARGE, q.num_ctx * max(q.num_parallel, 1))
+                batch = embedding_batch(q.num_ctx * max(q.num_parallel, 1))
             with_batch = predicted + (BATCH_SURCHARGE.get(batch, 0) if q.completion else 0)
             limit_bytes = available * PLACEMENT_SHARE[0] // PLACEMENT_SHARE[1]
             if runners and where and with_batch > limit_bytes:
