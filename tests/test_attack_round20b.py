@@ -16,16 +16,9 @@ from typing import Any
 import numpy as np
 import pytest
 from attack_helpers import no_server, run  # noqa: F401  (no_server: autouse)
+from test_attack_round19b import _human_bytes2, _plan  # Ollama's HumanBytes2; a plan with no OLLAMA_* settings
 
 DATA = Path(__file__).resolve().parent / "data" / "published" / "ollama-legacy"
-
-
-def _human_bytes2(b: int) -> str:
-    """Ollama's format.HumanBytes2 (v0.11.4:format/bytes.go): binary units, "%.1f"."""
-    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if b >= size:
-            return f"{b / size:.1f} {unit}"
-    return f"{b} B"
 
 
 def _field(line: str, name: str) -> str:
@@ -41,16 +34,6 @@ def _with_tensors(src: Path, dst: Path, keys: dict[str, int], tensors: dict[str,
     from tinymodels import rewrite_gguf
 
     return rewrite_gguf(src, dst, uints=keys, zeros=tensors)
-
-
-def _plan(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *args: str) -> dict[str, Any]:
-    monkeypatch.setenv("KVADVISE_OLLAMA_REGISTRY", "off")
-    for k in ("OLLAMA_CONTEXT_LENGTH", "OLLAMA_NUM_PARALLEL", "OLLAMA_KV_CACHE_TYPE", "OLLAMA_FLASH_ATTENTION",
-              "OLLAMA_GPU_OVERHEAD", "OLLAMA_NEW_ENGINE", "OLLAMA_NEW_ESTIMATES", "OLLAMA_SCHED_SPREAD"):  # fmt: skip
-        monkeypatch.delenv(k, raising=False)
-    rc, out, err = run(capsys, "ollama", *args, "--json")
-    assert rc in (0, 3), (rc, err)
-    return json.loads(out)
 
 
 # --- (1) the llama engine's projector (an mmproj blob in the store) -------------------------------------------------
