@@ -144,18 +144,25 @@ _QWEN3MOE_U8 = {**_QWEN3MOE, "n_expert_used": 8}  # Qwen3-30B-A3B's 8 used exper
 _GPT_OSS_U8 = {**_GPT_OSS, "n_expert_used": 8}
 
 
-@pytest.mark.xfail(
+# fixed (memory.cpu_experts_boundary_bytes: the qwen3moe device at its first block after the CPU's experts, the last
+# block alone, every expert on the host; llama-server b11312 over rpc-servers, 2-8 used experts): the qwen3moe cases
+# pass. Held: gpt-oss with 8 used experts narrower than n_embd (not gpt-oss's own shapes, where n_ff_exp = n_embd)
+_HELD_GPT_OSS_U8 = pytest.mark.xfail(
     strict=True,
-    reason="held: UNDER, a MoE with 8 used experts: a block whose experts are on the CPU grows the device's compute by 88 MiB at -ub 2048 (not the one [n_embd, n_used, n_ubatch] f32 planned: 64), not linearly in n_expert_used; over three devices the device with the last CPU-expert block pays it",
+    reason="held: gpt-oss with 8 used experts of n_ff_exp = n_embd / 2 (not a shape gpt-oss ships): plain -ngl plans one experts' output of growth where 1.5 come (8 MiB under at -ub 1024) and the plan stops short of --fit's share or over-plans the CPU blocks' device by 80 MiB; at gpt-oss-20b's own dimensions (n_ff_exp = n_embd) the host experts' growth is exact (memory.host_experts_device_growth)",
 )
+
+
 @pytest.mark.parametrize(
     ("recipe", "dims", "budgets", "flags"),
     [
         pytest.param("qwen3moe", _QWEN3MOE_U8, [250], ["-ub", "2048"], id="qwen3moe-u8-250"),
         pytest.param("qwen3moe", _QWEN3MOE_U8, [400], ["-ub", "2048"], id="qwen3moe-u8-400"),
-        pytest.param("gpt-oss", _GPT_OSS_U8, [300], ["-ub", "2048"], id="gpt-oss-u8-300"),
-        pytest.param("gpt-oss", _GPT_OSS_U8, [450], ["-ub", "2048"], id="gpt-oss-u8-450"),
-        pytest.param("gpt-oss", _GPT_OSS_U8, [350], ["-ub", "1024"], id="gpt-oss-u8-350-ub1024"),
+        pytest.param("gpt-oss", _GPT_OSS_U8, [300], ["-ub", "2048"], id="gpt-oss-u8-300", marks=_HELD_GPT_OSS_U8),
+        pytest.param("gpt-oss", _GPT_OSS_U8, [450], ["-ub", "2048"], id="gpt-oss-u8-450", marks=_HELD_GPT_OSS_U8),
+        pytest.param(
+            "gpt-oss", _GPT_OSS_U8, [350], ["-ub", "1024"], id="gpt-oss-u8-350-ub1024", marks=_HELD_GPT_OSS_U8
+        ),
         pytest.param("qwen3moe", _QWEN3MOE_U8, [150, 150, 150], ["-ub", "2048"], id="qwen3moe-u8-3dev"),
     ],
 )
@@ -197,7 +204,7 @@ def test_moe_eight_used_experts_partial_device_over_budget(
 
 @pytest.mark.xfail(
     strict=True,
-    reason="held: UNDER, as test_moe_eight_used_experts_partial_device_over_budget: gpt-oss with 8 used experts at -np 2 grows 80 MiB with its experts on the host, where a model without shared experts plans no growth",
+    reason="held: as _HELD_GPT_OSS_U8: gpt-oss with 8 used experts of n_ff_exp = n_embd / 2 at -np 2: the plain -ngl 4 plan 16 MiB under on its first device, -ngl 3 70 MiB over",
 )
 @pytest.mark.parametrize("budgets", [pytest.param([450, 60], id="450-60"), pytest.param([400, 60], id="400-60")])
 def test_gpt_oss_eight_used_np2_host_experts_device_over_budget(

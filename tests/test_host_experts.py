@@ -140,3 +140,32 @@ def test_a_plan_with_n_cpu_moe_on_an_rpc_device(fit_params: Path, rpc_endpoint: 
         args = ["-c", "4096", "-fa", "on", "-np", "1", "-ngl", "99", "--n-cpu-moe", str(n)]
         measured = _device_mib(fit_params, model, args, rpc_endpoint)
         assert planned >= measured * MIB and _close(planned, measured), (n, planned / MIB, measured)
+
+
+# gpt-oss-20b's config.json (openai/gpt-oss-20b: hidden 2880, 64 heads of 64, 8 KV heads, 32 experts, 4 used,
+# intermediate 2880, sliding window 128) in 8 blocks, the vocabulary small so that the blocks make the peak
+GPT_OSS_20B = dict(n_layer=8, n_embd=2880, n_head=64, n_head_kv=8, head=64, n_expert=32, n_expert_used=4,
+                   n_ff_exp=2880, n_swa=128)  # fmt: skip
+
+
+@pytest.mark.llama
+@pytest.mark.parametrize("ub", [512, 2048])
+def test_gpt_oss_blocks_after_host_experts_hold_one_more_experts_output(
+    ub: int, fit_params: Path, rpc_endpoint: str, tmp_path: Path
+) -> None:
+    """gpt-oss's routed experts carry biases (ggml_add_id, src/models/openai-moe.cpp): with --n-cpu-moe 3 the device's
+    later blocks, which run their own experts, reserve one [n_embd, n_expert_used, n_ubatch] f32 more than the full
+    offload (llama-fit-params b11312: 510.04 MiB at -ub 2048 where the full offload is 420.08; 126.01 and 103.52 at
+    -ub 512). With every expert in host memory the device runs no expert at all (240.04 at -ub 2048)."""
+    model = write_tiny_gguf(tmp_path / "gpt-oss-20b.gguf", "gpt-oss", n_vocab=8000, n_ctx_train=131072,
+                            dims=GPT_OSS_20B, sparse=True)  # fmt: skip
+    spec = from_gguf(read_file(model))
+    lay = resolve(spec, RunConfig(n_ctx=16384, n_ubatch=ub, n_batch=2048, flash_attn="on", device="rpc",
+                                  runtime="library"))  # fmt: skip
+    args = ["-c", "16384", "-ub", str(ub), "-b", "2048", "-fa", "on", "-np", "1", "-ngl", "99"]
+    full = _device_mib(fit_params, model, args, rpc_endpoint)
+    grown = _device_mib(fit_params, model, [*args, "--n-cpu-moe", "3"], rpc_endpoint)
+    planned = device_compute_bytes(spec, lay) + host_experts_device_growth(spec, lay)
+    assert grown > full + 20  # the growth the rule is for: one experts' output (22.5 MiB at -ub 512)
+    assert planned >= grown * MIB and _close(planned, grown), (planned / MIB, grown)
+    assert host_experts_device_growth(spec, lay, device_experts=False) == 0

@@ -903,7 +903,16 @@ def output_op_offload_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
 _NO_HOST_EXPERTS_GROWTH = frozenset({"deepseek2", "glm4moe"})
 
 
-def host_experts_device_growth(spec: ModelSpec, lay: ContextLayout) -> int:
+# routed experts with biases (src/models/openai-moe.cpp: ggml_add_id after each expert matmul, the biases matched by
+# --n-cpu-moe's pattern too): the device's blocks that run their experts after blocks whose experts are in host memory
+# hold one more [n_embd, n_expert_used, n_ubatch] f32 than at full offload (llama-fit-params b11312 over an
+# rpc-server, gpt-oss-20b's dimensions in 8 blocks at 16k cells: 510.04 MiB at -ub 2048 with --n-cpu-moe 3 where the
+# full offload reserves 420.08, 126.01 and 103.52 at -ub 512; tiny shapes with n_ff_exp = n_embd likewise; a qwen3moe
+# of Qwen3-30B-A3B's dimensions does not move; n_ff_exp / n_embd / n_expert_used varied on tiny shapes: the rule below)
+_EXPERT_BIAS_GROWTH = frozenset({"gpt-oss"})
+
+
+def host_experts_device_growth(spec: ModelSpec, lay: ContextLayout, *, device_experts: bool = True) -> int:
     """How much a device's compute buffer grows when some of its layers' routed experts sit in a host buffer
     and the device does not op-offload their matmuls (an RPC device; ggml-rpc has no offload_op).
 
@@ -923,6 +932,16 @@ def host_experts_device_growth(spec: ModelSpec, lay: ContextLayout) -> int:
     n_ff_exp and n_ff_shexp 256-1024, ubatch 512 and 2048, 4k and 16k), 2.5 MiB above on Qwen3.5-35B-A3B's
     shape at ubatch 512, 26 MiB (4.6 %) at 2048; never below. A qwen3moe of the same size (no shared expert)
     moves by at most 0.5 MiB, inside kvadvise's full-offload figure: no growth is planned for it."""
+    if spec.n_expert and not spec.n_ff_shexp and spec.architecture in _EXPERT_BIAS_GROWTH:
+        # ``device_experts``: some later blocks still run their experts on the device. Where ggml-alloc finds the room
+        # depends on the tensors' sizes: experts narrower than n_embd (not gpt-oss's own shapes) grew by nothing with
+        # 4 used experts and by one and a half outputs with 6 or 8 (tiny shapes, -ub 2048)
+        eu = expert_activation_bytes(spec, lay.n_ubatch)[1]
+        if not device_experts:
+            return 0
+        if spec.n_ff_exp >= spec.n_embd:
+            return eu
+        return eu * 3 // 2 if spec.n_expert_used >= 6 else 0
     if not spec.n_expert or not spec.n_ff_shexp or spec.architecture in _NO_HOST_EXPERTS_GROWTH:
         return 0
     s = graph_sizes(spec, lay)
@@ -931,6 +950,42 @@ def host_experts_device_growth(spec: ModelSpec, lay: ContextLayout) -> int:
     masks = s.mask_cells * ub * (2 if lay.flash_attn else 4)
     peak = masks + 2 * s.embd_bytes + 3 * ff + eu + eu // 2 + 2 * f32 * ub * spec.n_ff_shexp + f32 * ub * spec.n_expert
     return max(0, pad(peak, ALIGNMENT["cuda"]) - device_compute_bytes(spec, lay))
+
+
+def cpu_experts_boundary_bytes(
+    spec: ModelSpec, lay: ContextLayout, *, own_experts: bool, last_block: bool = False
+) -> int:
+    """The compute buffer of a device that does not op-offload (ggml-rpc) at its first block after whole blocks left
+    on the CPU (a partial -ngl) ran their routed experts there: 0 for a dense model.
+
+    ggml_backend_sched_split_graph (ggml/src/ggml-backend.cpp, b11312) gives the ops between the CPU's down
+    projection and the device's first weight (the weighting by the router's probabilities, the sum over the used
+    experts, the residual add, the next norm) to the device ("expand gpu up"): its split starts with copies of the
+    experts' output and the residual, and ggml-alloc's best fit places the next block's tensors around the holes
+    they leave. Measured with llama-server b11312 over a loopback rpc-server (qwen3moe shapes: n_embd 1024-2048,
+    16-64 experts, 2-8 used, n_ff_exp 512-1536, -ub 512 and 2048, 16k cells, flash attention):
+    - ``own_experts`` (plain -ngl, the device runs its blocks' experts): the masks, a row of n_embd, the three
+      [n_ff_exp, n_expert_used, n_ubatch] tensors of its experts and one and a half of the experts' output [n_embd,
+      n_expert_used, n_ubatch]; exact at n_embd 1024 and 2-8 used experts of 512 (264.10 MiB at 8 used, -ub 2048,
+      where the full offload's 184.04 and one output more planned 248), at most 32 MiB over elsewhere;
+    - else (--n-cpu-moe past the CPU's blocks: the device's experts in host memory too): the masks, a row of n_embd
+      and two of the experts' output, exact on the same shapes (200.10 MiB at 8 used, nothing planned above the full
+      offload's 184.04 before);
+    - ``last_block``: the device's only block is the last one, which runs its feed-forward at the output rows alone
+      (split.gathers_in_last_block): the masks, two rows of n_embd and the experts' output, either way (144.13 MiB at
+      8 used experts and 112.10 at 4, as --fit's -ngl 2 prints; the full offload's 184.04 and one output more had
+      been planned)."""
+    if not spec.n_expert:
+        return 0
+    s = graph_sizes(spec, lay)
+    ub = lay.n_ubatch
+    ff, eu = expert_activation_bytes(spec, ub)
+    masks = s.mask_cells * ub * (2 if lay.flash_attn else 4)
+    if last_block:
+        peak = max(masks + 2 * s.embd_bytes + eu, s.logits_bytes + 2 * s.embd_bytes)
+    else:
+        peak = masks + s.embd_bytes + (3 * ff + eu + eu // 2 if own_experts else 2 * eu)
+    return pad(peak, ALIGNMENT["cuda"])
 
 
 def host_experts_host_compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
@@ -1259,7 +1314,7 @@ def _offloaded(
         if d == 0 and cfg.op_offload_copy_bytes:  # the copy lives in a layer's live set (op_offload_growth)
             compute += op_offload_growth(spec, lay, cfg.op_offload_copy_bytes)
         if d == 0 and cfg.host_experts:
-            compute += host_experts_device_growth(cspec, lay)
+            compute += host_experts_device_growth(cspec, lay, device_experts=not no_ffn)
         weights, n_layers = part.weights_bytes, part.n_layers
         if cfg.output_on_host:
             if part.last:  # output.weight, output_norm (a tied model's copy of token_embd) stay in host memory

@@ -56,7 +56,9 @@ from kvadvise.planner.memory import (
     MemoryEstimate,
     RunConfig,
     compute_bytes,
+    cpu_experts_boundary_bytes,
     cpu_layers_attention_bytes,
+    device_compute_bytes,
     estimate,
     host_experts_device_growth,
     layer_kv_bytes,
@@ -383,12 +385,13 @@ def partial_offload(
         full.devices[0].compute_bytes - output_layer_compute_bytes(spec, lay) if one_device and not offloads else 0
     )
     experts_growth = 0 if offloads else host_experts_device_growth(spec, lay)
+    experts_growth_all = 0 if offloads else host_experts_device_growth(spec, lay, device_experts=False)
 
     def split_compute(n_cpu: int, n_cpu_moe: int) -> int:  # the first device's compute beyond the full offload's
         if n_cpu >= n_layer:  # -ngl 1: the output layer alone (memory.output_layer_compute_bytes)
             return -max(0, output_only)
         # experts of layers the device runs, in host memory (memory.host_experts_device_growth)
-        return experts_growth if n_cpu_moe > n_cpu else 0
+        return (experts_growth if n_cpu_moe < n_layer else experts_growth_all) if n_cpu_moe > n_cpu else 0
 
     # a build before llama.cpp#18148 offloads the output layer last: whole blocks on the CPU leave it there too, and
     # the first device op-offloads its matmul for prompt batches, with a copy of output.weight beside the logits
@@ -414,6 +417,14 @@ def partial_offload(
     # the last block's, where it gathers the output rows before its FFN (split.gathers_in_last_block): those rows
     # only (a tiny qwen3moe's output layer alone after every expert on the CPU: 0.04 MiB printed at -ub 2048)
     last_out = expert_out * reserve_outputs(lay) // ub if gathers_in_last_block(spec) else expert_out
+    # the device's buffer at its first block after the CPU's blocks ran their experts (memory.cpu_experts_boundary_bytes)
+    boundary_own = cpu_experts_boundary_bytes(spec, lay, own_experts=True)
+    boundary_host = cpu_experts_boundary_bytes(spec, lay, own_experts=False)
+    last_rows = 1 if gathers_in_last_block(spec) else 0  # a last block whose FFN runs at the output rows only
+    # measured where the last block alone has no shared expert (qwen3moe: memory.cpu_experts_boundary_bytes)
+    last_alone = bool(last_rows) and not spec.n_ff_shexp
+    boundary_last = cpu_experts_boundary_bytes(spec, lay, own_experts=True, last_block=True)
+    no_ffn_compute = device_compute_bytes(replace(spec, n_ff_exp=1), lay) if spec.n_expert else 0
 
     def tail_cut(n_cpu: int, n_cpu_moe: int, output_on_host: bool, ts: tuple[float, ...]) -> list[int]:
         """What each device's compute buffer gains or loses against the full offload's with the blocks this partial
@@ -449,7 +460,28 @@ def partial_offload(
             nxt = owner[n_cpu] if n_cpu < spec.n_layer_all else owner[-1]
             if nxt >= 0:
                 cut[nxt] += last_out * 3 // 2 if n_cpu >= n_layer else expert_out
-        elif expert_out and not offloads and n_cpu_moe >= n_layer and not spec.n_ff_shexp:
+                if last_rows and n_cpu < n_layer - 1:  # its first block is placed around that output's holes
+                    cut[nxt] = max(cut[nxt], boundary_own - full_compute[nxt])
+                elif n_cpu < n_layer and last_alone:  # the last block alone, its FFN at the output rows
+                    cut[nxt] = boundary_last - full_compute[nxt]
+        elif expert_out and not offloads and 0 < n_cpu < n_layer and n_cpu_moe > n_cpu:
+            # whole blocks on the CPU, then blocks whose experts are in host memory: the first of them takes in the
+            # CPU block's experts' output beside its own (the first device's growth, split_compute, counted once)
+            nxt = owner[n_cpu]
+            grown = split_compute(n_cpu, n_cpu_moe) if nxt == 0 else 0
+            if nxt >= 0 and n_cpu < n_layer - last_rows:
+                cut[nxt] = max(cut[nxt], boundary_host - full_compute[nxt] - grown)
+            elif nxt >= 0 and last_alone:
+                cut[nxt] = boundary_last - full_compute[nxt] - grown
+        elif (
+            expert_out and not offloads and n_dev == 1 and n_cpu == 0 and n_cpu_moe >= n_layer - last_rows
+            and last_alone
+        ):  # fmt: skip
+            # every expert that runs on the whole batch in host memory, one device: it never runs their gate, up and
+            # GLU (memory._offloaded's figure for --n-cpu-moe past the layers; llama-server b11312 over an rpc-server,
+            # a qwen3moe with 8 used experts at --n-cpu-moe 7 of 8: 144 MiB, where the full offload's 184 was planned)
+            cut[0] = min(cut[0], no_ffn_compute - full_compute[0])
+        if expert_out and not offloads and n_cpu_moe >= n_layer and not spec.n_ff_shexp and n_cpu_moe > n_cpu:
             # every expert on the CPU: the output layer's device takes in the last one's, where it holds no block
             out_dev = owner[-1]
             if out_dev >= 0 and not parts[out_dev].layers:
