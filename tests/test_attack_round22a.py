@@ -66,10 +66,10 @@ GLM47_FLASH = {
 # llama.cpp b11312, src/llama-kv-cache.cpp (llama_kv_cache ctor): an MLA model (hparams.is_mla()) stores K only
 # (has_v = !is_mla), one row of n_embd_k_gqa = kv_lora_rank + n_rot = 512 + 64 = 576 values per layer and cell;
 # src/llama-model.cpp (create_memory): the main context's cache filters out the NextN layers
-# (il < hparams.n_layer() = 48 - 1). At 32,768 cells and an f16 cache: 47 x 576 x 2 B x 32768 = 1692.00 MiB,
-# the "K (f16): 1692.00 MiB, V (f16): 0.00 MiB" a GLM-4.7-Flash load prints at -c 32768 (print_info of the
-# published mainline logs: arch deepseek2, n_layer 47, n_head_kv 1, n_embd_head_k 576, n_embd_head_v 512,
-# n_embd_k_gqa 576 -- ollama/ollama#15855, ikawrakow/ik_llama.cpp#1167's "logs running on mainline").
+# (il < hparams.n_layer() = 48 - 1). At 32,768 cells and an f16 cache: 47 x 576 x 2 B x 32768 = 1692.00 MiB
+# (derived from those rules, not read off a printed line; the shape is the one published GLM-4.7-Flash loads print:
+# arch deepseek2, n_layer 47, n_head_kv 1, n_embd_head_k 576, n_embd_head_v 512, n_embd_k_gqa 576 --
+# ollama/ollama#15855, ikawrakow/ik_llama.cpp#1167's "logs running on mainline", January 2026).
 GLM47_KV_32K_F16 = 47 * 576 * 2 * 32768
 
 
@@ -80,8 +80,9 @@ def test_glm47_flash_config_is_planned_as_deepseek2_mla() -> None:
     llama-server runs it, as ``deepseek2`` -- b11312 conversion/glm.py ``@ModelBase.register("Glm4MoeLiteForCausalLM")
     class Glm4MoeLiteModel(DeepseekV2Model): model_arch = gguf.MODEL_ARCH.DEEPSEEK2`` (block_count = 47 + 1 NextN
     layer, nextn_predict_layers 1); published loads print ``arch = deepseek2, n_layer = 47, n_embd_head_k = 576``
-    (ollama/ollama#15855, 2026; ikawrakow/ik_llama.cpp#1167's mainline log, 2026-01-20). Its KV cache at 32,768
-    cells, f16: 1692.00 MiB (47 x 576 x 2 B per cell, V a view of K). Missing rule: ARCH_BY_HF_CLASS /
+    (ollama/ollama#15855, 2026; ikawrakow/ik_llama.cpp#1167's mainline llama-server log, January 2026). Its KV
+    cache at 32,768 cells, f16, by llama.cpp b11312's rules: 1692.00 MiB (47 x 576 x 2 B per cell, no V: a view of
+    K). Missing rule: ARCH_BY_HF_CLASS /
     ARCH_BY_MODEL_TYPE lack ``Glm4MoeLiteForCausalLM`` / ``glm4_moe_lite`` -> ``deepseek2`` (the DeepseekV2 writer,
     with the NextN layer appended as glm4moe's are). The model of the round's list ("GLM-4.7-Flash (deepseek2 arch,
     MLA)") gets no plan from its config at all; the same dimensions under DeepseekV3ForCausalLM plan fine (the
