@@ -73,9 +73,10 @@ def doc(bench: Any) -> dict[str, Any]:
 
 def test_rows_are_new_sourced_and_held_out(bench: Any, doc: dict[str, Any]) -> None:
     """Every row has a source, a date, a note, split 'holdout', an input kind bench_speed knows, a card bench_speed
-    knows (or one of this file's cards, its bandwidth also on the row as bandwidth_gbs), an id from 2201 that no earlier file uses, and is not one of their rows under
-    another id (same file size, card, backend and published figure) nor the same model config on the same card and
-    backend through the same program kind; at least 25 rows, at least 10 of them hybrid or hybrid MoE."""
+    knows (or one of this file's cards, its bandwidth also on the row as bandwidth_gbs), an id from 2201 that no
+    earlier file uses, and is not one of their rows under another id (same file size, card, backend and published
+    figure) nor the same model config on the same card and backend through the same program kind; at least 25
+    rows, at least 10 of them hybrid or hybrid MoE."""
     base = bench.load()
     earlier = base["rows"] + [r for p in EARLIER for r in _extra(p)["rows"]]
     extra = _extra()
@@ -91,7 +92,8 @@ def test_rows_are_new_sourced_and_held_out(bench: Any, doc: dict[str, Any]) -> N
         assert r["source"] and r["source_date"] and r["note"], r["id"]
         assert r["split"] == "holdout" and bench.input_kind(r) in bench.INPUTS, r["id"]
         assert r["decode_tps"] and r["quant_key"] and r["config"], r["id"]
-        assert r["gpu"] in cards and (r["gpu"] not in extra["cards"] or r.get("bandwidth_gbs")), r["id"]
+        assert r["gpu"] in cards, r["id"]
+        assert r["gpu"] not in extra["cards"] or r.get("bandwidth_gbs"), r["id"]
         assert (r.get("weights_gib"), r["gpu"], r["backend"], r.get("decode_tps")) not in known, r["id"]
         assert (r["config"], r["gpu"], r["backend"], bench.times_sampling(r)) not in pairs, r["id"]
     assert sum(r["arch"] in HYBRID for r in rows) >= 10
@@ -181,10 +183,10 @@ def test_qwen36_27b_hybrid_dense_on_gb10(bench: Any, doc: dict[str, Any]) -> Non
     0aa66c90aa54d78e6/llmfit-core/data/community/nvidia-gb10/1786611367-06d57be3-2.json (2026-08-13; 300 tokens,
     avgTps 10.68). The same file on an RX 7900 XT (2214, ROCm) is at 0.967. Published 93.6 ms a token; kvadvise reads
     the 14.9 GiB at CUDA's 0.90 (65 ms) plus 6.0 ms fixed, 1.8 ms of state and K/V and 0.9 ms of sampling: what is
-    left for the weights reads them at about 0.69 of the GB10's 273 GB/s. Missing rule: a decode class for the GB10's LPDDR5x (CUDA's 0.90
-    is fitted on GDDR/HBM cards with clock-scaled fixed time; the GB10 has no boost_clock_mhz in profiles/gpus.json,
-    so its fixed time is the RTX 4090's), or the recurrent layers' per-token cost on this GPU: every hybrid row of the
-    box leans 14-27 % fast while its dense and plain MoE rows fit."""
+    left for the weights reads them at about 0.69 of the GB10's 273 GB/s. Missing rule: a decode class for the
+    GB10's LPDDR5x (CUDA's 0.90 is fitted on GDDR/HBM cards with clock-scaled fixed time; the GB10 has no
+    boost_clock_mhz in profiles/gpus.json, so its fixed time is the RTX 4090's), or the recurrent layers' per-token
+    cost on this GPU: every hybrid row of the box leans 14-27 % fast while its dense and plain MoE rows fit."""
     _check(bench, doc, 2209)
 
 
@@ -221,5 +223,5 @@ def test_every_row_is_checked_by_one_test() -> None:
 def test_ratios_at_writing(bench: Any, doc: dict[str, Any]) -> None:
     """Every row is estimated (no error, a positive figure) and its published figure is the row's own."""
     for r in _extra()["rows"]:
-        est, pub, x = _ratio(bench, doc, r["id"])
+        est, pub, _ = _ratio(bench, doc, r["id"])
         assert est > 0 and pub == r["decode_tps"] and _row(doc, r["id"])["id"] == r["id"], r["id"]
