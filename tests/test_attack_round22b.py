@@ -217,3 +217,121 @@ def test_r22b_malformed_version_is_one_line_exit_2(
     monkeypatch.setenv("KVADVISE_OLLAMA_REGISTRY", "off")
     rc, _out, err = run(capsys, "ollama", "llama3.1:8b", f"--ollama-version={version}", "--vram", "8GiB")
     one_line_input_error(rc, err)
+
+
+# --- (4) gemma2:2b on an RX 6600 (ROCm), 2 slots, num_batch 256, OLLAMA_GPU_OVERHEAD 800 MiB (Ollama 0.18.2) ---------
+
+G2 = "r22b-spacewitch-ollama-0.18.2-rocm-rx6600-gemma2-2b-np2.json"
+
+
+@pytest.fixture(scope="module")
+def gemma2_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An Ollama store holding gemma2:2b's logged header (every shape printed by llama.cpp in the log; q4_0 weights
+    and a q6_K token_embd: 288 tensors, 105 f32 / 182 q4_0 / 1 q6_K as logged); a sparse GGUF (no data)."""
+    import hashlib
+
+    import gguf
+    from ollama_fake import build_store
+    from tinymodels import write_tiny_gguf
+
+    q = gguf.GGMLQuantizationType
+    qtypes = {n: q.Q4_0 for n in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")}
+    qtypes["token_embd"] = q.Q6_K
+    root = tmp_path_factory.mktemp("g2")
+    g = write_tiny_gguf(root / "g2.gguf", "gemma2", n_vocab=256000, n_ctx_train=8192, sparse=True, qtypes=qtypes,
+                        dims={"n_layer": 26, "n_embd": 2304, "n_head": 8, "n_head_kv": 4, "head": 256, "n_ff": 9216,
+                              "n_swa": 4096})  # fmt: skip
+    counts: dict[str, int] = {}
+    for t in gguf.GGUFReader(g).tensors:
+        counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
+    assert counts == {"F32": 105, "Q4_0": 182, "Q6_K": 1}, counts
+    build_store(root / "store", g, hashlib.sha256(b"r22b-gemma2-2b").hexdigest(), model="gemma2", tag="2b")
+    return root / "store"
+
+
+def _gemma2(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, store: Path) -> dict[str, Any]:
+    pub = _doc(G2)["published"]
+    monkeypatch.setenv("OLLAMA_MODELS", str(store))
+    env = {"OLLAMA_GPU_OVERHEAD": str(pub["gpu_overhead_bytes"]), "OLLAMA_NUM_PARALLEL": str(pub["parallel"]),
+           "OLLAMA_FLASH_ATTENTION": "1"}  # fmt: skip
+    return _plan(capsys, monkeypatch, "gemma2:2b", "--ollama-version", "0.18.2", "--device", "rocm", "--vram",
+                 pub["free"].replace(" ", ""), "--ctx", str(pub["num_ctx"]), "-np", str(pub["parallel"]), "--batch",
+                 str(pub["batch"]), "-fa", "on", "--ram", "7GiB", env=env)  # fmt: skip
+
+
+def test_r22b_gemma2_2b_rx6600_layers_weights_kv(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, gemma2_store: Path
+) -> None:
+    """Regression guard (passes). Published (Ollama 0.18.2, RX 6600, free 7.3 GiB, overhead 800 MiB, gemma2:2b,
+    Parallel:2, BatchSize:256, KvSize 16384): "model layers"=27, GPULayers:27(0..26), model weights ROCm0 "1.5 GiB",
+    kv cache ROCm0 "1.6 GiB"; llama.cpp: ROCm0 model buffer 1548.29 MiB, CPU_Mapped 461.43 MiB.
+    Command: ``OLLAMA_GPU_OVERHEAD=838860800 OLLAMA_NUM_PARALLEL=2 kvadvise ollama gemma2:2b --ollama-version 0.18.2
+    --device rocm --vram 7.3GiB --ctx 8192 -np 2 --batch 256 -fa on --json`` (the store's header): the same."""
+    pub = _doc(G2)["published"]
+    plan = _gemma2(capsys, monkeypatch, gemma2_store)
+    dec = plan["ollama"]["decision"]
+    assert dec is not None, plan["ollama"]["release"]
+    assert (dec["layers_offload"], dec["layers_model"]) == (27, pub["model_layers"]), dec["log_line"]
+    assert f"GPULayers:{pub['gpu_layers']}" in dec["log_line"]
+    mem = _memory(dec["log_line"])
+    assert mem[("model weights", "ROCm0")] == pub["model_weights"]["ROCm0"], dec["log_line"]
+    assert mem[("kv cache", "ROCm0")] == pub["kv_cache"]["ROCm0"], dec["log_line"]
+    m = plan["memory"]
+    assert f"{m['devices'][0]['weights_bytes'] / MIB:.2f}" == f"{pub['llama_cpp_mib']['ROCm0_model']:.2f}"
+    assert f"{m['host']['weights_bytes'] / MIB:.2f}" == f"{pub['llama_cpp_mib']['CPU_Mapped']:.2f}"
+
+
+def test_r22b_gemma2_2b_rx6600_decision_graph_at_num_batch_256(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, gemma2_store: Path
+) -> None:
+    """FINDING (graph and required/total, OVER 2x). Same load. Command as above (``--batch 256``: Ollama's
+    num_batch; the plan itself takes it: config n_batch 512 = 256 x 2 slots, n_ubatch 256, as llama.cpp printed).
+    kvadvise's decision: msg="compute graph" device=ROCm0 size="504.5 MiB", msg="total memory" size="3.6 GiB".
+    True (the log): "252.2 MiB" and "3.4 GiB": fs/ggml GraphSize (v0.18.2, gemma2 branch) at batch 256:
+    max(4 x 256 x (2304 + 256000), ...) = 264,503,296 B; kvadvise's 529,006,592 B is the same formula at batch 512.
+    Missing rule: decision.py passes ``settings.num_batch or NUM_BATCH_DEFAULT`` to layout.llama_server_load, and
+    the settings it is given carry advice.py's ``num_batch=cfg.n_batch`` = 512 (llama.cpp's -b: num_batch x 2
+    slots), not Ollama's num_batch 256 (runtime.py replaces it only afterwards, for the in-process runners): the
+    decision must take Ollama's num_batch (the plan's n_ubatch), not the library's n_batch. Here the layout is the same (27/27),
+    but a graph twice too large keeps layers off the GPU on a tighter card (UNDER-offload: slower, not OOM)."""
+    pub = _doc(G2)["published"]
+    dec = _gemma2(capsys, monkeypatch, gemma2_store)["ollama"]["decision"]
+    mem = _memory(dec["log_line"])
+    assert mem[("compute graph", "ROCm0")] == pub["compute_graph"]["ROCm0"], dec["log_line"]
+    assert mem[("total memory", "")] == pub["total_memory"], dec["log_line"]
+
+
+def test_r22b_gemma2_2b_rx6600_llama_cpp_kv_is_full_size_swa(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, gemma2_store: Path
+) -> None:
+    """FINDING (KV, UNDER 23.4 %: dangerous). Same load: the llamarunner creates its context with
+    llama_context_default_params() (v0.18.2:llama/llama.go NewContextParams sets n_ctx, n_batch, n_ubatch,
+    n_seq_max, flash_attn_type, type_k/v and embeddings, never swa_full), whose swa_full is true; llama.cpp printed
+    "using full-size SWA cache" and two KV buffers of 832.00 MiB (8192 cells x 2 seqs x 13 layers each): 1664.00 MiB.
+
+    Command as above; kvadvise (memory.devices[ROCm0].kv_bytes, config.swa_full false, n_ctx_swa 4352): 1274.00
+    MiB. kvadvise is 390 MiB (23.4 %) UNDER on the GPU for every sliding-window model the llamarunner loads
+    (gemma2 here; any iSWA architecture not on the Go engine). Missing rule: config.runtime "library" (the
+    llamarunner, Ollama 0.11 - 0.24) must plan swa_full = true, as llama_context_default_params sets it."""
+    pub = _doc(G2)["published"]
+    plan = _gemma2(capsys, monkeypatch, gemma2_store)
+    assert plan["config"]["flash_attn"] is False  # FlashAttention:Disabled, as Ollama refused it for gemma2
+    kv = plan["memory"]["devices"][0]["kv_bytes"] / MIB
+    assert f"{kv:.2f}" == f"{pub['llama_cpp_mib']['ROCm0_kv']:.2f}", (kv, plan["config"])
+
+
+def test_r22b_gemma2_2b_rx6600_llama_cpp_output_and_host_compute(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, gemma2_store: Path
+) -> None:
+    """FINDING (host buffers, UNDER). Same load; llama.cpp printed "ROCm_Host output buffer size = 1.97 MiB" and
+    "ROCm_Host compute buffer size = 22.26 MiB" (the ROCm0 compute buffer, 252.25 MiB, kvadvise has at 254.50 MiB:
+    +0.9 %, within its tolerance, not asserted). kvadvise: output 2,048,000 B = 1.95 MiB (logits only) and host
+    compute 18.50 MiB. True output: (256000 + 2304) x 2 outputs x 4 B = 2,066,432 B = 1.97 MiB: the llamarunner sets
+    params.embeddings = true (v0.18.2:llama/llama.go NewContextParams), so llama.cpp reserves an embeddings row
+    beside the logits for each output (also qwen2.5-coder:7b in the r22b-lz log, a 1-slot load: CUDA_Host output
+    0.59 MiB = (152064 + 3584) x 4 B, kvadvise 0.58). Host compute: 3.76 MiB (17 %) under; best guess: the full-size SWA
+    cache (above) enlarges the CPU-side mask/KQ inputs of the 13 SWA layers (n_kv 8192 instead of 4352)."""
+    pub = _doc(G2)["published"]
+    m = _gemma2(capsys, monkeypatch, gemma2_store)["memory"]
+    assert f"{m['host']['output_bytes'] / MIB:.2f}" == f"{pub['llama_cpp_mib']['ROCm_Host_output']:.2f}"
+    assert f"{m['host']['compute_bytes'] / MIB:.2f}" == f"{pub['llama_cpp_mib']['ROCm_Host_compute']:.2f}"
