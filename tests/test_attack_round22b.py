@@ -335,3 +335,63 @@ def test_r22b_gemma2_2b_rx6600_llama_cpp_output_and_host_compute(
     m = _gemma2(capsys, monkeypatch, gemma2_store)["memory"]
     assert f"{m['host']['output_bytes'] / MIB:.2f}" == f"{pub['llama_cpp_mib']['ROCm_Host_output']:.2f}"
     assert f"{m['host']['compute_bytes'] / MIB:.2f}" == f"{pub['llama_cpp_mib']['ROCm_Host_compute']:.2f}"
+
+
+# --- (5) llama3.1:8b with no GPU, Ollama 0.18.2: the exact bytes verifyLayout requires ------------------------------
+
+KA0S = "r22b-ka0s-ollama-0.18.2-cpu-llama31-8b-required.json"
+
+
+def _llama31_layout(num_ctx: int) -> Any:
+    from kvadvise.backends.ollama import decision, layout
+    from kvadvise.backends.ollama.resolve import resolve
+
+    model = resolve("llama3.1:8b", use_api=False, use_registry=False, roots=[])
+    legacy = decision._legacy_model(model)
+    assert legacy is not None
+    return layout.llama_server_load(legacy, [], version="0.18.2", num_ctx=num_ctx, flash_attention="off")
+
+
+def test_r22b_llama31_8b_cpu_required_bytes_match_ollama(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FINDING (weights, OVER +0.14 %). Published (2026-03-25, Ollama 0.18.2, no GPU, llama3.1:8b): verifyLayout's
+    "model requires more system memory ... required=5691138048 free=4897046528", then "Load failed ... (5.3 GiB)".
+
+    API: ``layout.llama_server_load(decision._legacy_model(resolve("llama3.1:8b")), [], version="0.18.2",
+    num_ctx=8192)`` (the replay kvadvise's ``ollama.decision`` runs; the CLI gives no decision without a GPU).
+    kvadvise: total 5,698,978,944 B (CPU weights 4,625,237,120 + KV 1,073,741,824). True: 5,691,138,048 B, i.e.
+    Ollama's weights of the library blob are 4,617,396,224 B: kvadvise is 7,840,896 B (0.14 %) over, about 245 KB
+    per block. Recomputed from llama.cpp's Q4_K_M rule (attn_v and ffn_down q6_K where use_more_bits: blocks 0-3,
+    6, 9, ..., 27, 28-31, 16 blocks of 138,936,320 B; 16 of 122,716,160 B all q4_K but the norms) the blocks are
+    4,186,439,680 B, + output_norm 16,384 + output (q6_K) 430,940,160 = 4,617,396,224 B: exactly the log's
+    required less the KV at num_ctx 8192 (which confirms the inferred context). kvadvise's blocks: 4,194,296,960.
+    Missing rule: the profile's block bytes for llama3.1:8b should follow the blob's real Q4_K_M mix (33 q6_K
+    tensors: output + 16 attn_v + 16 ffn_down, the rest q4_K) instead of the recipe's estimate."""
+    pub = _doc(KA0S)["published"]
+    lay = _llama31_layout(8192)
+    assert lay.total_layers == pub["model_layers"]
+    assert lay.total_bytes == pub["required_bytes"], (lay.total_bytes, lay.cpu)
+
+
+def test_r22b_llama31_8b_cpu_refused_as_ollama_refuses(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression guard (passes). The same load: Ollama refuses it (required 5.3 GiB, 4.8 GiB free, no swap).
+    Command: ``kvadvise ollama llama3.1:8b --ollama-version 0.18.2 --device cpu --ctx 8192 --ram 4.8GiB``: exit 3
+    (does not fit), no traceback; and the layout replay raises LayoutLoadRefused at the logged free memory."""
+    from kvadvise.backends.ollama import decision, layout
+    from kvadvise.backends.ollama.resolve import resolve
+
+    pub = _doc(KA0S)["published"]
+    monkeypatch.setenv("KVADVISE_OLLAMA_REGISTRY", "off")
+    for k in _ENV:
+        monkeypatch.delenv(k, raising=False)
+    rc, _out, err = run(capsys, "ollama", "llama3.1:8b", "--ollama-version", "0.18.2", "--device", "cpu", "--ctx",
+                        "8192", "--ram", "4.8GiB")  # fmt: skip
+    no_internal_error(rc, err)
+    assert rc == 3, rc
+    legacy = decision._legacy_model(resolve("llama3.1:8b", use_api=False, use_registry=False, roots=[]))
+    assert legacy is not None
+    with pytest.raises(layout.LayoutLoadRefused):
+        layout.llama_server_load(legacy, [], version="0.18.2", num_ctx=8192, flash_attention="off",
+                                 system_free_bytes=pub["system_free_bytes"], system_swap_bytes=0,
+                                 system_total_bytes=10 * GIB)  # fmt: skip
