@@ -395,3 +395,38 @@ def test_r22b_llama31_8b_cpu_refused_as_ollama_refuses(
         layout.llama_server_load(legacy, [], version="0.18.2", num_ctx=8192, flash_attention="off",
                                  system_free_bytes=pub["system_free_bytes"], system_swap_bytes=0,
                                  system_total_bytes=10 * GIB)  # fmt: skip
+
+
+# --- (6) tinyllama with no GPU on a 1 GB EC2, Ollama 0.18.2: the context clamp and verifyLayout's refusal ------------
+
+
+def test_r22b_tinyllama_ec2_refused_as_logged(tmp_path: Path) -> None:
+    """Regression guard (passes). Published (2026-03-21, Ollama 0.18.2, t3.micro, no GPU, tinyllama): num_ctx 4096
+    clamped to 2048 ("requested context size too large for model"), "model layers"=23, "model request too large for
+    system" requested="615.4 MiB", "Load failed ... model requires more system memory (615.4 MiB) than is available
+    (415.9 MiB)". API: ``layout.llama_server_load(legacy_model(header), [], version="0.18.2", num_ctx=4096,
+    system_free_bytes=415.9 MiB, system_swap_bytes=0)`` over the logged shapes (Q4_0, q6_K output): the same
+    clamp, 23 layers, 615.4 MiB and the same refusal text."""
+    import gguf
+    from tinymodels import write_tiny_gguf
+
+    from kvadvise.backends.gguf_cache import read as read_header
+    from kvadvise.backends.ollama import layout
+    from kvadvise.backends.ollama.estimate_legacy import legacy_model
+
+    pub = _doc("r22b-guolixin-ollama-0.18.2-ec2-cpu-tinyllama-refused.json")["published"]
+    q = gguf.GGMLQuantizationType
+    qtypes = {n: q.Q4_0 for n in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down",
+                                  "token_embd")}  # fmt: skip
+    qtypes["output"] = q.Q6_K
+    p = write_tiny_gguf(tmp_path / "tl.gguf", "llama", n_vocab=32000, n_ctx_train=2048, sparse=True, qtypes=qtypes,
+                        dims={"n_layer": 22, "n_embd": 2048, "n_head": 32, "n_head_kv": 4, "head": 64, "n_ff": 5632})  # fmt: skip
+    model = legacy_model(read_header(p))
+    lay = layout.llama_server_load(model, [], version="0.18.2", num_ctx=pub["num_ctx_requested"], flash_attention="off")
+    assert lay.num_ctx == pub["n_ctx_train"] and lay.total_layers == pub["model_layers"], lay.notes
+    assert layout.human_bytes2(lay.total_bytes) == pub["requested"], lay.total_bytes
+    with pytest.raises(layout.LayoutLoadRefused) as refused:
+        layout.llama_server_load(model, [], version="0.18.2", num_ctx=pub["num_ctx_requested"], flash_attention="off",
+                                 system_free_bytes=round(415.9 * MIB), system_swap_bytes=0,
+                                 system_total_bytes=round(916.8 * MIB))  # fmt: skip
+    assert pub["error"] in str(refused.value), str(refused.value)
