@@ -123,10 +123,10 @@ def test_r22b_qwen25_coder_7b_rtx3060_32k_total_memory(
     (fs/ggml Layer.Size, every tensor but token_embd at 29/29) are the tensors llama.cpp put in its CUDA0 model
     buffer in the same log: 4168.09 MiB (token_embd on the CPU: 292.36 MiB), so Ollama's "model weights" is at most
     4.0704 GiB and the total at most 7.647 GiB, "7.6". kvadvise's profile is >= 21.8 MiB (0.52 %) over on the
-    weights of qwen2.5-coder:7b (Q4_K_M estimated from the recipe, not the blob's tensor types: 169 q4_K + 29 q6_K).
-    Missing rule: the profile's per-block / output bytes for this tag should be the published blob's (a q6_K
-    output and q6_K ffn_down/attn_v on half the blocks as llama.cpp's Q4_K_M mix picks them; the log's own buffer,
-    4168.09 MiB on the GPU and 292.36 MiB token_embd, pins them).
+    weights of qwen2.5-coder:7b. Missing rule: the profile's weights are its ``download.bytes``, 4,700,000,000 B,
+    the library page's rounded "4.7 GB" (profiles/ollama_models.json), spread over the tensors; the blob's
+    tensors are 4168.09 + 292.36 MiB = 4,677,130,000 B or so (the log's own buffers): weights should come from
+    the tensor types (169 q4_K + 29 q6_K, llama.cpp's Q4_K_M mix), not from a rounded display size.
     """
     pub, dec = _qwen_coder(capsys, monkeypatch, version)
     assert _memory(dec["log_line"])[("total memory", "")] == pub["total_memory"], dec["log_line"]
@@ -364,8 +364,11 @@ def test_r22b_llama31_8b_cpu_required_bytes_match_ollama(monkeypatch: pytest.Mon
     6, 9, ..., 27, 28-31, 16 blocks of 138,936,320 B; 16 of 122,716,160 B all q4_K but the norms) the blocks are
     4,186,439,680 B, + output_norm 16,384 + output (q6_K) 430,940,160 = 4,617,396,224 B: exactly the log's
     required less the KV at num_ctx 8192 (which confirms the inferred context). kvadvise's blocks: 4,194,296,960.
-    Missing rule: the profile's block bytes for llama3.1:8b should follow the blob's real Q4_K_M mix (33 q6_K
-    tensors: output + 16 attn_v + 16 ffn_down, the rest q4_K) instead of the recipe's estimate."""
+    Missing rule: the profile's weights are its ``download.bytes`` 4,920,738,944 B, the whole blob, spread over
+    the tensors: the blob's tensors are 4,912,898,304 B (token_embd + blocks + output_norm + output + rope_freqs),
+    the other 7,840,640 B are the GGUF header (128,256 tokens and 280,147 merges of tokenizer metadata), which
+    Ollama's Layer.Size and llama.cpp's buffers never count. Subtract the header (or size the tensors from their
+    types: 33 q6_K = output + 16 attn_v + 16 ffn_down, the rest q4_K)."""
     pub = _doc(KA0S)["published"]
     lay = _llama31_layout(8192)
     assert lay.total_layers == pub["model_layers"]
@@ -430,3 +433,29 @@ def test_r22b_tinyllama_ec2_refused_as_logged(tmp_path: Path) -> None:
                                  system_free_bytes=round(415.9 * MIB), system_swap_bytes=0,
                                  system_total_bytes=round(916.8 * MIB))  # fmt: skip
     assert pub["error"] in str(refused.value), str(refused.value)
+
+
+# --- (7) llama3.2:3b under Ollama 0.30+ (llama-server): the GPU's model buffer Ollama parses -------------------------
+
+
+def test_r22b_llama32_3b_gpu_model_buffer_as_ollama_parses_it(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FINDING (weights, UNDER 0.57 %). Ollama 0.30+ takes a runner's VRAM from llama-server's buffer lines
+    (v0.32.15:llm/llama_server.go memoryParsingWriter, VRAMByGPU); its own comment there quotes llama3.2:3b's:
+    "MTL0_Mapped model buffer size = 1918.35 MiB", "ROCm0 model buffer size = 1918.35 MiB", "CPU_Mapped model buffer
+    size = 308.23 MiB" (308.23 MiB is llama3.2:3b's q6_K token_embd, 128256 x 3072). Recomputed from llama.cpp's
+    Q4_K_M rule (28 blocks; attn_v and ffn_down q6_K on 14 of them: 14 x 56,647,680 + 14 x 63,946,752 B) + the tied
+    output (token_embd duplicated on the GPU, 323,205,120 B) + output_norm + rope_freqs = 2,011,539,712 B =
+    1918.35 MiB: the same figure.
+
+    Command: ``kvadvise ollama llama3.2:3b --ollama-version 0.32.15 --gpu m4-16gb --ctx 4096 --json``
+    (memory.devices[0].weights_bytes). kvadvise: 2,000,000,000 B = 1907.35 MiB, 11.0 MiB under (host 308.23 MiB
+    right). Missing rule: the profile's weights are ``download.bytes`` 2,000,000,000, the library page's rounded
+    "2.0 GB", less the host's token_embd; the blob's tensors are 2,011,539,712 B (and the GPU holds the output
+    copy besides): size the weights from the tensor types, not from the displayed size."""
+    plan = _plan(capsys, monkeypatch, "llama3.2:3b", "--ollama-version", "0.32.15", "--gpu", "m4-16gb", "--ctx",
+                 "4096", "--ram", "16GiB")  # fmt: skip
+    m = plan["memory"]
+    assert f"{m['host']['weights_bytes'] / MIB:.2f}" == "308.23"
+    assert f"{m['devices'][0]['weights_bytes'] / MIB:.2f}" == "1918.35", m["devices"][0]["weights_bytes"]
