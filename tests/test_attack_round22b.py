@@ -459,3 +459,30 @@ def test_r22b_llama32_3b_gpu_model_buffer_as_ollama_parses_it(
     m = plan["memory"]
     assert f"{m['host']['weights_bytes'] / MIB:.2f}" == "308.23"
     assert f"{m['devices'][0]['weights_bytes'] / MIB:.2f}" == "1918.35", m["devices"][0]["weights_bytes"]
+
+
+@pytest.mark.parametrize("version", ["0.16.3", "0.17.4"])
+def test_r22b_tinyllama_cpu_memory_lines(tmp_path: Path, version: str) -> None:
+    """Regression guard (passes). A second published load of the same tinyllama blob (2026-03-27, Ollama 0.16.3 -
+    0.17.4 by its source lines, no GPU, 23.8 GiB free, num_ctx 4096 clamped to 2048): "model weights" device=CPU
+    "571.4 MiB", "kv cache" device=CPU "44.0 MiB", "total memory" "615.4 MiB". API as above: the same three lines."""
+    import gguf
+    from tinymodels import write_tiny_gguf
+
+    from kvadvise.backends.gguf_cache import read as read_header
+    from kvadvise.backends.ollama import layout
+    from kvadvise.backends.ollama.estimate_legacy import legacy_model
+
+    pub = _doc("r22b-guolixin-ollama-0.18.2-ec2-cpu-tinyllama-refused.json")["second_log"]["published"]
+    q = gguf.GGMLQuantizationType
+    qtypes = {n: q.Q4_0 for n in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down",
+                                  "token_embd")}  # fmt: skip
+    qtypes["output"] = q.Q6_K
+    p = write_tiny_gguf(tmp_path / "tl.gguf", "llama", n_vocab=32000, n_ctx_train=2048, sparse=True, qtypes=qtypes,
+                        dims={"n_layer": 22, "n_embd": 2048, "n_head": 32, "n_head_kv": 4, "head": 64, "n_ff": 5632})  # fmt: skip
+    lay = layout.llama_server_load(legacy_model(read_header(p)), [], version=version,
+                                   num_ctx=pub["num_ctx_requested"], flash_attention="off")  # fmt: skip
+    lines = lay.memory_lines()
+    assert f'msg="model weights" device=CPU size="{pub["model_weights"]["CPU"]}"' in lines, lines
+    assert f'msg="kv cache" device=CPU size="{pub["kv_cache"]["CPU"]}"' in lines, lines
+    assert f'msg="total memory" size="{pub["total_memory"]}"' in lines, lines
