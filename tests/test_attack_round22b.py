@@ -125,7 +125,7 @@ def test_r22b_qwen25_coder_7b_rtx3060_32k_total_memory(
     4.0704 GiB and the total at most 7.647 GiB, "7.6". kvadvise's profile is >= 21.8 MiB (0.52 %) over on the
     weights of qwen2.5-coder:7b. Missing rule: the profile's weights are its ``download.bytes``, 4,700,000,000 B,
     the library page's rounded "4.7 GB" (profiles/ollama_models.json), spread over the tensors; the blob's
-    tensors are 4168.09 + 292.36 MiB = 4,677,130,000 B or so (the log's own buffers): weights should come from
+    tensors are about 4168.09 + 292.36 MiB = 4,677,118,000 B (the log's own buffers): weights should come from
     the tensor types (169 q4_K + 29 q6_K, llama.cpp's Q4_K_M mix), not from a rounded display size.
     """
     pub, dec = _qwen_coder(capsys, monkeypatch, version)
