@@ -362,6 +362,7 @@ def _plan(
         spec_draft_n_max=r.spec_draft_n_max,
         llama_build=llama_build,
         sampling_penalties=r.sampling_penalties,
+        embeddings=shaped.embeddings,
     )
     policy = policy_of(
         r,

@@ -57,6 +57,8 @@ _TIED_BY_DEFAULT = frozenset({"gemma", "gemma2", "gemma3", "gemma3n", "gemma4", 
 # granite-hybrid.cpp, nemotron-h.cpp): the recurrent mixers whose tensors are counted
 _DELTA_NET = frozenset({"qwen3next", "qwen35", "qwen35moe"})
 _MAMBA2 = frozenset({"mamba2", "granitehybrid", "nemotron_h", "nemotron_h_moe", "falcon-h1"})
+# routed experts with biases (src/models/openai-moe.cpp load_arch_tensors: ffn_{gate,up,down}_exps.bias)
+_EXPERT_BIASES = frozenset({"gpt-oss"})
 # falcon-h1.cpp load_arch_tensors: every block holds a Mamba-2 mixer and an attention beside it
 _MIXER_AND_ATTENTION = frozenset({"falcon-h1"})
 
@@ -88,6 +90,9 @@ class Breakdown:
     dense_down_odd: tuple[int, ...] = ()
     experts_down_odd: tuple[int, ...] = ()
     odd_32: int = 0
+    # per block, the routed experts' biases (gpt-oss: {n_ff_exp or n_embd, n_expert} each), never quantized
+    # (llama-quant.cpp quantizes *.weight tensors only): f32 in llama.cpp's conversion, BF16 in Ollama's
+    experts_bias: tuple[int, ...] = ()
 
     @property
     def total(self) -> int:
@@ -326,6 +331,7 @@ def params_from_metadata(
     attn: list[_Count] = []
     dense: list[_Count] = []
     experts: list[_Count] = []
+    experts_bias: list[int] = []
     for il in range(n_layer):
         a, d, x = _Count(), _Count(), _Count()
         if spec.recurrent_layers[il]:
@@ -335,6 +341,10 @@ def params_from_metadata(
         elif not (arch in _MAMBA2 and not spec.n_head_kv[il]):  # Nemotron-H's MLP/MoE blocks have no attention
             attention(a, il)
         block_ffn(il, d, x)
+        if arch in _EXPERT_BIASES and x.n:  # openai-moe: ffn_gate_exps, ffn_up_exps and ffn_down_exps biases
+            experts_bias.append(n_expert * (2 * expert_ff + e))
+        else:
+            experts_bias.append(0)
         if per_layer_embd:  # gemma4.cpp: per_layer_inp_gate {n_embd, n_pl}, per_layer_proj {n_pl, n_embd}
             d.mat(e, per_layer_embd).mat(per_layer_embd, e)
         attn.append(a)
@@ -377,6 +387,7 @@ def params_from_metadata(
         experts_down_odd=tuple(c.down_odd for c in experts),
         odd_32=sum(c.odd_32 for c in (*attn, *dense, *experts, nextn))
         + (embd_odd * (1 if tied else 2) if e % QK_LEGACY else 0),
+        experts_bias=tuple(experts_bias) if any(experts_bias) else (),
     )
 
 
@@ -542,6 +553,7 @@ def sized(
     per_layer_embd_bpw: float | None = None,
     expert_bpw: float | None = None,
     quantizer_embeddings: bool = False,
+    bias_bytes: int = F32_BYTES,
 ) -> Breakdown:
     """Bytes of each part at ``quant``; scaled so that they sum to ``total_bytes`` when that is known.
 
@@ -551,7 +563,10 @@ def sized(
     then not scaled. ``expert_bpw``: the routed experts' bits when a quantizer gives them their own types.
     ``quantizer_embeddings``: the file was made by llama.cpp's quantizer rules (an Ollama library blob), so
     token_embd and output take that quantizer's types exactly (:func:`_embedding_types`); a third-party
-    file of the same quant name may choose its own (unsloth's dynamic quants do)."""
+    file of the same quant name may choose its own (unsloth's dynamic quants do). ``bias_bytes``: the width of the
+    routed experts' biases (Breakdown.experts_bias): f32 as llama.cpp converts them, 2 in Ollama's own gpt-oss
+    conversion (convert/convert_gptoss.go keeps a 2-D tensor at its BF16 source type: ollama#11982's gpt-oss:120b
+    "memory.weights.repeating" 58.6 GiB, 58.5 without them, 58.7 at f32)."""
     exp_bpw, bpw = bits_per_weight(quant)
     if expert_bpw is not None:
         exp_bpw = expert_bpw
@@ -570,8 +585,9 @@ def sized(
     attn = per_block(bd.attn, bd.attn_odd, bpw)
     dense = per_block(bd.dense, bd.dense_odd, bpw)
     experts = per_block(bd.experts, bd.experts_odd, exp_bpw)
+    biases = [bias_bytes * n for n in bd.experts_bias] or [0] * len(experts)
     nextn = b(bd.nextn, bd.nextn_odd, bpw)
-    fixed = (ple if per_layer_embd_bpw is not None else 0.0) + extra
+    fixed = (ple if per_layer_embd_bpw is not None else 0.0) + extra + sum(biases)
     embd_types = _embedding_types(quant) if quantizer_embeddings and not bd.tok_embd_odd else None
     if embd_types is not None:
         # the embeddings at the types the quantizer gives them, not the file's average (llama.cpp 0c1e570
@@ -582,7 +598,7 @@ def sized(
         tok = b(bd.tok_embd, 0, tok_bits)
         out = b(bd.output, 0, out_bits)
         fixed += tok + out
-    est = tok + out + extra + sum(attn) + sum(dense) + sum(experts) + nextn + ple - fixed
+    est = tok + out + extra + sum(attn) + sum(dense) + sum(experts) + sum(biases) + nextn + ple - fixed
     k = max(0.0, total_bytes - fixed) / est if total_bytes and est else 1.0
     ke = k
     kp = 1.0 if per_layer_embd_bpw is not None else k
@@ -596,7 +612,7 @@ def sized(
         output=round(out * (1.0 if embd_types is not None else k)),
         attn=tuple(round(x * k) for x in attn),
         dense=tuple(round(x * k) for x in dense),
-        experts=tuple(round(x * ke) for x in experts),
+        experts=tuple(round(x * ke + f) for x, f in zip(experts, biases, strict=True)),
         n_expert=bd.n_expert,
         n_expert_used=bd.n_expert_used,
         tok_embd_per_layer=round(ple * kp),

@@ -172,6 +172,9 @@ class RunConfig:
     # --frequency-penalty; Ollama's repeat_penalty): each token costs the CPU a pass over the vocabulary
     # (speed.SAMPLER_PENALTY_S_PER_ENTRY); no memory
     sampling_penalties: bool = False
+    # the context keeps each output's embedding beside its logits (llama_context_params.embeddings: Ollama's
+    # llamarunner sets it, v0.18.2:llama/llama.go NewContextParams): the output buffer holds n_embd more floats a row
+    embeddings: bool = False
 
     def __post_init__(self) -> None:
         # llama.cpp reads -c, -np, -b, -ub as int32 (common/arg.cpp std::stoi); a larger number would be
@@ -645,9 +648,11 @@ def recurrent_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     return n * (r + s)
 
 
-def output_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
-    """llama_context::output_reserve: logits for n_seq_max outputs (one per sequence), f32."""
-    return spec.n_vocab * 4 * lay.n_seq_max
+def output_bytes(spec: ModelSpec, lay: ContextLayout, *, embeddings: bool = False) -> int:
+    """llama_context::output_reserve: logits for n_seq_max outputs (one per sequence), f32, and with ``embeddings``
+    (cparams.embeddings) each output's [n_embd] f32 beside them: gemma2:2b under Ollama 0.18.2's llamarunner, 2 slots,
+    printed 1.97 MiB ((256,000 + 2,304) x 2 x 4 B)."""
+    return (spec.n_vocab + (spec.n_embd if embeddings else 0)) * 4 * lay.n_seq_max
 
 
 def compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
@@ -1081,7 +1086,7 @@ def estimate(spec: ModelSpec, cfg: RunConfig) -> MemoryEstimate:
     k = sum(c.k_bytes for c in caches)
     v = sum(c.v_bytes for c in caches)
     rs = recurrent_bytes(spec, lay)
-    out = output_bytes(spec, lay)
+    out = output_bytes(spec, lay, embeddings=cfg.embeddings)
     overhead = cfg.overhead_bytes if cfg.overhead_bytes is not None else OVERHEAD_BYTES[lay.device]
     repack = amx = moved = 0
     if lay.device == "cpu":

@@ -55,6 +55,8 @@ class Shaped:
     # the output layer goes to the GPU first at a partial offload: None = as the build places it (llama.cpp before
     # builds.OUTPUT_FIRST: last); True = first whatever the build (Ollama's Go engine: its own layout)
     output_first: bool | None = None
+    # the runtime's context keeps each output's embedding beside its logits (Ollama's llamarunner: params.embeddings)
+    embeddings: bool = False
 
 
 def _no_hints(result: object, path: Path) -> tuple[str, ...]:

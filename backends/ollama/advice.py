@@ -151,9 +151,12 @@ def advise(
     platform: str = "linux",
     release: OllamaRelease | None = None,
     server_vram_bytes: int | None = None,
+    runner_num_batch: int = 0,
 ) -> OllamaAdvice:
     """The settings for ``plan`` and the warnings that go with them, for Ollama ``release`` (None: the newest).
-    ``server_vram_bytes``: the VRAM of every GPU the server sees (the plan may be on one of them)."""
+    ``server_vram_bytes``: the VRAM of every GPU the server sees (the plan may be on one of them).
+    ``runner_num_batch``: the num_batch a runner inside Ollama's binary was planned with (its -ub, and its -b per
+    slot from 0.13.3: not the plan's n_batch); 0: the plan's."""
     cfg = plan.config
     off = plan.offload_to_run
     if off is not None:  # the plan that runs: part on the CPU, placed by Ollama's --fit
@@ -171,7 +174,7 @@ def advise(
         num_parallel=cfg.n_parallel,
         kv_cache_type=kv_type,
         flash_attention=cfg.flash_attn != "off",  # a partial offload keeps the plan's flash attention
-        num_batch=cfg.n_batch if cfg.n_batch != 2048 else None,
+        num_batch=runner_num_batch or (cfg.n_batch if cfg.n_batch != 2048 else None),
         fit_target_mib=fit_target,
         server_default=server_default,
         repeatable=repeatable,

@@ -153,7 +153,12 @@ class LegacyEstimate:
 
     def log_line(self) -> str:
         """The ``msg=offload`` fields as Ollama prints them (format.HumanBytes2)."""
-        split = ",".join(str(n) for n in self.layers_split) if len(self.layers_split) > 1 else ""
+        if parse_version(self.version) >= (0, 11, 5):
+            # MemoryEstimate.TensorSplit became an []int, which slog prints as a Go slice, one GPU too (v0.11.5
+            # llm/memory.go: ollama#11982's layers.split="[4 4 9]", a Strix Halo's "[37]"); unset when no layer fits
+            split = "[" + " ".join(str(n) for n in self.layers_split) + "]" if self.layers_offload else "[]"
+        else:  # a string of the per-GPU counts joined with commas, for several GPUs only (v0.11.4)
+            split = ",".join(str(n) for n in self.layers_split) if len(self.layers_split) > 1 else ""
         return (
             f"layers.requested={self.layers_requested} layers.model={self.layers_model} "
             f'layers.offload={self.layers_offload} layers.split="{split}" '

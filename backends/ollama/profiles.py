@@ -140,6 +140,8 @@ class Profile:
             # Ollama's library blobs: token_embd and output at llama.cpp's quantizer types (Q4_K and Q6_K in a
             # Q4_K_M), which a load places apart (token_embd on the CPU, output with the last block)
             quantizer_embeddings=True,
+            # Ollama's own gpt-oss conversion keeps the experts' 2-D biases at their BF16 source type
+            bias_bytes=2,
         )
 
     def spec(self) -> ModelSpec:

@@ -285,6 +285,8 @@ class OllamaRuntime:
             # llamarunner passes a layer count to the vendored llama.cpp, which places it (before
             # builds.OUTPUT_FIRST: last)
             output_first=True if rel.runner == "ollamarunner" else None,
+            # the llamarunner's context keeps each output's embedding (llama/llama.go NewContextParams: embeddings)
+            embeddings=rel.runner == "llamarunner",
         )
 
     def place(self, plan: Plan, replan: Callable[[Hardware], Plan]) -> Plan:
@@ -350,6 +352,9 @@ class OllamaRuntime:
             platform=where,
             release=rel,
             server_vram_bytes=self._server_vram_bytes,
+            # the decision's graph is sized at Ollama's num_batch (gemma2:2b, --batch 256 over 2 slots on 0.18.2:
+            # "compute graph" 252.2 MiB logged, 504.5 replayed at the plan's -b 512 before)
+            runner_num_batch=self._num_batch if rel.in_process else 0,
         )
         if rel.in_process:  # num_batch is the runner's -ub (and -b per slot), not llama-server's -b
             from kvadvise.backends.ollama.versions import NUM_BATCH_DEFAULT
@@ -454,7 +459,13 @@ def in_process_request(spec: ModelSpec, r: PlanRequest, rel: OllamaRelease) -> t
                 "planned f16"
             )
         kv = "f16"
-    return replace(r, n_batch=n_batch, n_ubatch=n_ubatch, flash_attn=fa, type_k=kv, type_v=kv), num_batch, tuple(notes)
+    # the llamarunner makes its context from llama_context_default_params() and never sets swa_full, whose default is
+    # true (v0.18.2:llama/llama.go NewContextParams; src/llama-context.cpp llama_context_default_params): a
+    # sliding-window cache as large as the context ("using full-size SWA cache": gemma2:2b on 0.18.2 printed 2 x
+    # 832.00 MiB for 8,192 cells x 2 slots, 1,274 planned before)
+    swa_full = rel.runner == "llamarunner"
+    out = replace(r, n_batch=n_batch, n_ubatch=n_ubatch, flash_attn=fa, type_k=kv, type_v=kv, swa_full=swa_full)
+    return out, num_batch, tuple(notes)
 
 
 def readable_projector(model: OllamaModel) -> ProjectorSpec | None:
