@@ -99,6 +99,7 @@ ARCH_BY_HF_CLASS: Mapping[str, str] = {
     "DeepseekV3ForCausalLM": "deepseek2",
     "Glm4ForCausalLM": "glm4",  # glm.py Glm4Model (GLM-4-0414, GLM-Z1)
     "Glm4MoeForCausalLM": "glm4moe",  # glm.py Glm4MoeModel
+    "Glm4MoeLiteForCausalLM": "deepseek2",  # glm.py Glm4MoeLiteModel(DeepseekV2Model): GLM-4.7-Flash, MLA
     "Mamba2ForCausalLM": "mamba2",  # mamba.py Mamba2Model
     "Lfm2ForCausalLM": "lfm2",  # lfm2.py LFM2Model
     "LFM2ForCausalLM": "lfm2",
@@ -151,6 +152,7 @@ ARCH_BY_MODEL_TYPE: Mapping[str, str] = {
     "deepseek_v3": "deepseek2",
     "glm4": "glm4",
     "glm4_moe": "glm4moe",
+    "glm4_moe_lite": "deepseek2",
     "mamba2": "mamba2",
     "lfm2": "lfm2",
     "lfm2_moe": "lfm2moe",
@@ -538,7 +540,14 @@ def _cohere2(hp: _HParams, w: _Writer, notes: list[str]) -> None:
 
 
 def _deepseek2(hp: _HParams, w: _Writer, notes: list[str]) -> None:
-    """deepseek.py DeepseekV2Model: MLA as MQA with one wide KV head; MTP layers skipped."""
+    """deepseek.py DeepseekV2Model: MLA as MQA with one wide KV head; MTP layers skipped. glm.py Glm4MoeLiteModel
+    (GLM-4.7-Flash, b11312) converts as it does but keeps its MTP layers: appended to block_count, with
+    nextn_predict_layers written (the main context's cache leaves them out: llama_model::create_memory)."""
+    lite = hp.top.get("model_type") == "glm4_moe_lite" or "Glm4MoeLiteForCausalLM" in (
+        hp.top.get("architectures") or ()
+    )
+    nextn = (hp.num(("num_nextn_predict_layers",)) or 0) if lite else 0
+    w.block_count += nextn
     hp.hp["num_key_value_heads"] = 1
     _text_model(hp, w)
     kv_lora_rank = hp.num(("kv_lora_rank",)) if "kv_lora_rank" in hp.hp else 512
@@ -553,8 +562,10 @@ def _deepseek2(hp: _HParams, w: _Writer, notes: list[str]) -> None:
     w.put(Attention.KEY_LENGTH_MLA, nope + rope)
     w.put(Attention.VALUE_LENGTH_MLA, v_head)
     w.put(LLM.EXPERT_COUNT, hp.num(("n_routed_experts",)))
+    if nextn:
+        w.put(LLM.NEXTN_PREDICT_LAYERS, nextn)
     _vocab(hp, w)
-    if hp.num(("num_nextn_predict_layers",)):
+    if hp.num(("num_nextn_predict_layers",)) and not lite:
         notes.append("the DeepSeek MTP layers (num_nextn_predict_layers) are dropped by convert_hf_to_gguf.py")
 
 
