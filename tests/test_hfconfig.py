@@ -661,8 +661,9 @@ def test_an_mxfp4_checkpoints_experts_stay_mxfp4_at_any_quant() -> None:
     assert small.weights_bytes / 1e9 == pytest.approx(12.04, rel=0.01)
     assert any("stay MXFP4" in n for n in small.notes)
     # and the parts say so: the routed experts are their MXFP4 bytes at any quant (24 layers x 32 experts x 3 x
-    # 2880 x 2880 at 4.25 bits), what a partial offload moves and a token reads
-    experts = 24 * 32 * 3 * 2880 * 2880 * 4.25 / 8
+    # 2880 x 2880 at 4.25 bits), what a partial offload moves and a token reads, and their f32 biases (gate, up
+    # {2880, 32} and down {2880, 32} a layer: llama-quant.cpp quantizes no bias; --n-cpu-moe moves them too)
+    experts = 24 * 32 * 3 * 2880 * 2880 * 4.25 / 8 + 24 * 32 * 3 * 2880 * 4
     for quant in ("Q6_K", "Q4_K_M", "F16"):
         assert hf.load_spec(str(DATA / "gpt-oss-20b.json"), quant=quant).expert_bytes == pytest.approx(
             experts, rel=2e-3

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from kvadvise.errors import InputError
 from kvadvise.model.gguf import GGUFArray, Value
-from kvadvise.model.keys import LLM, SSM, Tokenizer, key
+from kvadvise.model.keys import LLM, SSM, ShortConv, Tokenizer, key
 from kvadvise.model.spec import ModelSpec
 
 # MXFP4: 32 4-bit values + one 8-bit scale per block (ggml-common.h block_mxfp4)
@@ -57,6 +57,7 @@ _TIED_BY_DEFAULT = frozenset({"gemma", "gemma2", "gemma3", "gemma3n", "gemma4", 
 # granite-hybrid.cpp, nemotron-h.cpp): the recurrent mixers whose tensors are counted
 _DELTA_NET = frozenset({"qwen3next", "qwen35", "qwen35moe"})
 _MAMBA2 = frozenset({"mamba2", "granitehybrid", "nemotron_h", "nemotron_h_moe", "falcon-h1"})
+_SHORT_CONV = frozenset({"lfm2", "lfm2moe"})  # lfm2.cpp: a short-convolution mixer where a block has no attention
 # routed experts with biases (src/models/openai-moe.cpp load_arch_tensors: ffn_{gate,up,down}_exps.bias)
 _EXPERT_BIASES = frozenset({"gpt-oss"})
 # falcon-h1.cpp load_arch_tensors: every block holds a Mamba-2 mixer and an attention beside it
@@ -223,6 +224,13 @@ def _mamba2(c: _Count, m: _Md, e: int) -> None:
     c.vec(d_conv * xbc + 3 * n_head + d_inner)
 
 
+def _short_conv(c: _Count, m: _Md, e: int) -> None:
+    """LFM2's short-convolution block (lfm2.cpp load_arch_tensors): shortconv.in_proj {n_embd, 3·n_embd},
+    shortconv.out_proj {n_embd, n_embd}, shortconv.conv {L_cache, n_embd}."""
+    c.mat(e, 3 * e).mat(e, e)
+    c.vec(m.num(ShortConv.L_CACHE) * e)
+
+
 def params(spec: ModelSpec, config: Mapping[str, object]) -> Breakdown | None:
     """Parameters of each part of ``spec`` (made from ``config``); None for recurrent blocks not covered."""
     from kvadvise.model.hfconfig import gguf_metadata
@@ -240,7 +248,7 @@ def params_from_metadata(
     """The same count from GGUF metadata (what :func:`params` converts a config.json to, or a file's header);
     ``config`` adds what the keys do not say (tie_word_embeddings, MoE layer placement, Gemma 4's K = V)."""
     arch = spec.architecture
-    if not spec.n_embd or (any(spec.recurrent_layers) and arch not in _DELTA_NET | _MAMBA2):
+    if not spec.n_embd or (any(spec.recurrent_layers) and arch not in _DELTA_NET | _MAMBA2 | _SHORT_CONV):
         return None
     m = _Md(metadata, arch, spec.n_layer_all)
     hp = _hp(config or {})
@@ -324,7 +332,8 @@ def params_from_metadata(
                     dense.vec(e)  # ffn_gate_inp_shexp
             ffn(experts, expert_ff, n_expert)
             return
-        ffn(dense, n_ff[il] if arch in ("qwen35", "llama4") else dense_ff)  # llama4: intermediate_size_mlp
+        # llama4: intermediate_size_mlp; lfm2: the adjusted block_ff_dim
+        ffn(dense, n_ff[il] if arch in ("qwen35", "llama4", "lfm2", "lfm2moe") else dense_ff)
         if arch in _ENCODERS:  # layer_output_norm (weight, bias); bert: ffn_up and ffn_down biases
             dense.vec(2 * e + ((dense_ff + e) if arch in _BIASED else 0))
 
@@ -335,7 +344,7 @@ def params_from_metadata(
     for il in range(n_layer):
         a, d, x = _Count(), _Count(), _Count()
         if spec.recurrent_layers[il]:
-            (_delta_net if arch in _DELTA_NET else _mamba2)(a, m, e)
+            (_delta_net if arch in _DELTA_NET else _short_conv if arch in _SHORT_CONV else _mamba2)(a, m, e)
             if arch in _MIXER_AND_ATTENTION:
                 attention(a, il)
         elif not (arch in _MAMBA2 and not spec.n_head_kv[il]):  # Nemotron-H's MLP/MoE blocks have no attention

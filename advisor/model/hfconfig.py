@@ -808,6 +808,16 @@ def _lfm2(hp: _HParams, w: _Writer, notes: list[str]) -> None:
         hp.hp["num_key_value_heads"] = [kv if t == "full_attention" else 0 for t in layer_types]
     _text_model(hp, w)
     w.put(ShortConv.L_CACHE, hp.need(("conv_L_cache",), "LFM2 short convolutions"))
+    if w.arch == "lfm2moe":  # lfm2.py LFM2MoeModel: the leading dense blocks
+        w.put(LLM.LEADING_DENSE_BLOCK_COUNT, hp.need(("num_dense_layers",), "LFM2-MoE"))
+    elif hp.get("block_auto_adjust_ff_dim"):  # lfm2.py LFM2Model._add_feed_forward_length
+        ff = hp.need(("block_ff_dim", "intermediate_size"), "LFM2's feed-forward")
+        ff = int(2 * ff / 3)
+        mult = hp.get("block_ffn_dim_multiplier")
+        if isinstance(mult, (int, float)) and not isinstance(mult, bool):
+            ff = int(mult * ff)
+        multiple_of = hp.num(("block_multiple_of",)) or 1
+        w.put(LLM.FEED_FORWARD_LENGTH, multiple_of * ((ff + multiple_of - 1) // multiple_of))
     _vocab(hp, w)
 
 
