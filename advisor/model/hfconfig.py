@@ -543,8 +543,9 @@ def _deepseek2(hp: _HParams, w: _Writer, notes: list[str]) -> None:
     """deepseek.py DeepseekV2Model: MLA as MQA with one wide KV head; MTP layers skipped. glm.py Glm4MoeLiteModel
     (GLM-4.7-Flash, b11312) converts as it does but keeps its MTP layers: appended to block_count, with
     nextn_predict_layers written (the main context's cache leaves them out: llama_model::create_memory)."""
-    lite = hp.top.get("model_type") == "glm4_moe_lite" or "Glm4MoeLiteForCausalLM" in (
-        hp.top.get("architectures") or ()
+    archs = hp.top.get("architectures")
+    lite = hp.top.get("model_type") == "glm4_moe_lite" or (
+        isinstance(archs, list) and "Glm4MoeLiteForCausalLM" in archs
     )
     nextn = (hp.num(("num_nextn_predict_layers",)) or 0) if lite else 0
     w.block_count += nextn
