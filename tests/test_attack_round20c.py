@@ -129,12 +129,8 @@ def test_m1_max_and_ultra_read_well_below_their_bandwidth(bench: Any, doc: dict[
     _check(bench, doc, row_id)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="held, in part: the tower in the blob is no longer read every token (ModelSpec.tower_bytes: 0.580 -> "
-    "about 0.71); the rest is Metal's expert rate for gemma-4's 128 small experts, the llama.cpp rows of the same "
-    "model on Metal at the slow edge too (2005 0.776, 2007 0.760): one more Metal MoE row would be a fit to it",
-)
+# fixed: the tower in the blob is no longer read every token (ModelSpec.tower_bytes: 0.580 -> about 0.71), and the
+# M4-and-later class's fixed time per layer (speed.LAYER_OVERHEAD_S["metal-m4"], issue 37 round 22)
 def test_ollama_gemma4_profile_reads_its_vision_tower_every_token(bench: Any, doc: dict[str, Any]) -> None:
     """gemma4:26b under Ollama on an M4 Pro decodes 1.7x as fast as kvadvise says.
 
