@@ -96,8 +96,8 @@ LAYER_OVERHEAD_S: dict[str, float] = {"cuda": 65e-6, "metal": 145e-6, "vulkan": 
                                       # the two M4 fit rows (78 M4 Pro, 79 M4 Max, Llama 2 7B Q4_0: 0.86, 0.87 of
                                       # the measured at Metal's 145 us; 0.96, 1.05 at 70). Issue 37 round 22: every
                                       # M4/M5 row had come out 17-36 % slow, small models most (Llama 3.2 1B on an
-                                      # M4 Pro 0.72, Qwen3-1.7B 0.67); held-out M4/M5 rows within 25 %: 17 of 27 ->
-                                      # 27 of 27
+                                      # M4 Pro 0.72, Qwen3-1.7B 0.67); held-out M4/M5 rows within 25 %: 16 of 25 ->
+                                      # 25 of 25
                                       "metal-m4": 70e-6}  # fmt: skip
 # The card LAYER_OVERHEAD_S is fitted at: the fixed time per layer is the run time of small, latency-bound kernels
 # (norms, rope, the recurrent layers' scans, the router's top-k: a few microseconds each, launched back to back from
