@@ -33,18 +33,27 @@ from tinymodels import write_tiny_gguf
 pytestmark = pytest.mark.llama
 
 
-@pytest.mark.xfail(
+# fixed (sizes.graph_sizes: the absorbed MLA attention's live set, qk_nope + 3 qk_rope + 2 kv_lora_rank + 128 f32 a head
+# and token; split._GATHER_AFTER_LOOP: deepseek2 gathers its output rows inside the last block): never over a budget now.
+# Held: the share, below --fit's where the rule's few MiB over a tiny shape's figure cost a block at --margin 0
+_HELD_DSV2_SHARE = pytest.mark.xfail(
     strict=True,
-    reason="held: UNDER, deepseek2 (MLA): the full offload's compute is n_head x (qk_nope + qk_rope) f32 a token under on this tiny shape (the Q before its absorption: 24 MiB at -ub 2048; the published DeepSeek-V2-Lite shape is within the bar), and --n-cpu-moe grows it 7.7 MiB more where no growth is planned; the partial plans inherit both",
+    reason="held: the GPU share, not the budget: on this tiny MLA shape the attention rule is 8-16 MiB over at -ub 2048 "
+    "(272 planned, 256.31 printed at full offload), and at --margin 0 that keeps the plan a block (or the experts of one) "
+    "below --fit's",
 )
+
+
 @pytest.mark.parametrize(
     ("budgets", "ctx", "flags"),
     [
         pytest.param([300], 16384, ["-ub", "2048"], id="one-device-ub2048"),
-        pytest.param([350], 4096, ["-ub", "2048"], id="one-device-4k"),
+        pytest.param([350], 4096, ["-ub", "2048"], id="one-device-4k", marks=_HELD_DSV2_SHARE),
         pytest.param([400], 8192, ["-ub", "1024"], id="one-device-ub1024"),
-        pytest.param([300, 300], 16384, ["-ub", "2048"], id="two-devices"),
-        pytest.param([250, 250, 100], 16384, ["-ub", "2048", "-np", "2"], id="three-devices-np2"),
+        pytest.param([300, 300], 16384, ["-ub", "2048"], id="two-devices", marks=_HELD_DSV2_SHARE),
+        pytest.param(
+            [250, 250, 100], 16384, ["-ub", "2048", "-np", "2"], id="three-devices-np2", marks=_HELD_DSV2_SHARE
+        ),
     ],
 )
 def test_deepseek2_partial_device_compute_over_budget(
@@ -79,10 +88,7 @@ def test_deepseek2_partial_device_compute_over_budget(
     _check(c)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="held: over, the safe side: deepseek2's output layer alone is sized with the whole batch's logits (79.67 planned, 15.66 printed)",
-)
+# fixed: deepseek2 gathers its output rows inside the last block (split._GATHER_AFTER_LOOP): 15.69 planned, 15.66 printed
 def test_deepseek2_output_layer_alone_device(tmp_path: Path, real_llama_server: Path) -> None:
     """OVER (the safe side, wastes a device). `kvadvise llamacpp deepseek2-mla(same tiny shape) --rpc A=85MiB --rpc
     B=40MiB --margin 0 --ctx 16384 -ub 2048` -> `-c 16384 -np 1 -fa on -ctk q8_0 -ctv q8_0 -ngl 1 --n-cpu-moe 8 -ts
@@ -103,10 +109,7 @@ def test_deepseek2_output_layer_alone_device(tmp_path: Path, real_llama_server: 
     _check(c)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="held: UNDER 24 MiB at -ub 2048 on this tiny MLA shape: see test_deepseek2_partial_device_compute_over_budget",
-)
+# fixed: the absorbed MLA attention's live set (sizes.graph_sizes)
 def test_deepseek2_full_offload_said_to_fit_takes_more_than_the_budget(tmp_path: Path, real_llama_server: Path) -> None:
     """UNDER (OOM side), the root of the partial cases above. `kvadvise llamacpp deepseek2-mla(same tiny shape) --rpc
     A=815MiB --margin 0 --ctx 16384 -ub 2048 -ctk q8_0 -ctv q8_0 -fa on` says it fits (802.66 MiB planned: 494.16

@@ -113,6 +113,21 @@ def graph_sizes(spec: ModelSpec, lay: ContextLayout) -> GraphSizes:
             # above the hole of one of its rows the previous layer leaves (measured, llama-fit-params b11312:
             # Qwen2-57B-A14B's shape 37.3 MiB under at n_ubatch 512 before, Qwen1.5-MoE-A2.7B's 12.3)
             attn += f32 * ub * spec.n_ff_shexp + embd // 2
+    mla_out = 0
+    if spec.is_mla and lay.flash_attn and (full or swa):
+        # src/models/deepseek2.cpp (b11312), the absorbed MLA attention: Q before its split ([qk_nope + qk_rope]
+        # per head), the roped q_pe, Q_nope absorbed through wk_b ([kv_lora_rank] per head) and their concat
+        # ([kv_lora_rank + qk_rope]) are alive together, then the flash attention's [kv_lora_rank] output beside it;
+        # ggml-alloc's best fit leaves them at a peak of qk_nope + 3 qk_rope + 2 kv_lora_rank + 128 f32 a head and
+        # token (llama-fit-params b11312 over an rpc-server, 16-128 heads, qk_nope 128-192, qk_rope 32-64, kv_lora
+        # 256-512, q_lora 0-1536, n_embd 1024-7168: within 33 a head above, never below; GLM-4.7-Flash's shape was
+        # 6.4 % under with 2 Q). The attention's output before wo, [v_head, n_head] a token, leaves a hole the next
+        # feed-forward's rows do not fit in where it is wider than n_embd (GLM-4.7-Flash: 24 MiB at -ub 2048)
+        kv_lora = spec.n_embd_head_v
+        rope = max(0, spec.n_embd_head_k - kv_lora)
+        nope = max(0, spec.n_embd_head_k_mla - rope)
+        attn = max(attn, 3 * embd + f32 * ub * n_head * (nope + 3 * rope + 2 * kv_lora + 128))
+        mla_out = max(0, f32 * ub * n_head * spec.n_embd_head_v_mla - embd)
     phases = [0]
     if spec.n_ff:  # a dense feed-forward: gate, up and their product (ggml_swiglu_split is not in place)
         ff = 3
@@ -121,7 +136,7 @@ def graph_sizes(spec: ModelSpec, lay: ContextLayout) -> GraphSizes:
             # (kvadvise.planner.builds.FUSED_GLU); measured with the allocation pass of e1e8e09 (Ollama 0.6.8's
             # llama.cpp) on GLM-4-32B's and GLM-4-9B's shapes: within 8 MiB over
             ff = 4
-        phases.append(3 * embd + ff * f32 * ub * spec.n_ff)
+        phases.append(3 * embd + ff * f32 * ub * spec.n_ff + mla_out)
     if spec.n_expert:
         phases.append(_moe_phase(spec, ub, embd, q))
     if spec.ssm is not None:

@@ -261,14 +261,17 @@ _LAST_BLOCK_MEASURED = frozenset({"llama", "qwen3", "granite", "command-r", "gem
 # the models whose graph gathers the output rows after the layer loop, not inside the last block (their last block runs
 # its FFN on the whole ubatch, and the output layer's device receives the whole hidden state): src/models/*.cpp at
 # b11312 gather inside the last block only with cparams.embeddings_nextn_masked (qwen35.cpp, qwen35moe.cpp, qwen3next.cpp,
-# gemma4.cpp, openai-moe.cpp, deepseek2.cpp, glm4-moe.cpp, nemotron-h.cpp, ...: false unless an MTP draft asks) or
-# after the loop (gemma3n.cpp, deepseek4.cpp, kimi-k3.cpp, hy-v4.cpp, hrm-text.cpp, glm5-next.cpp). Measured with
-# llama-server over rpc-servers: a qwen35 device holding only its last block 106.13 MiB (not the 78 the rule gives)
+# gemma4.cpp, openai-moe.cpp, nemotron-h.cpp, bailingmoe3.cpp, cohere2moe.cpp, hy-v3.cpp, step35.cpp: false unless an
+# MTP draft asks) or after the loop (gemma3n.cpp, deepseek4.cpp, kimi-k3.cpp, hy-v4.cpp, hrm-text.cpp, glm5-next.cpp).
+# Not deepseek2.cpp, deepseek32.cpp, glm-dsa.cpp, glm4-moe.cpp or mimo2.cpp: they gather inside the last block unless
+# an unmasked embeddings_nextn asks for every row (``!cparams.embeddings_nextn || cparams.embeddings_nextn_masked``): a
+# tiny deepseek2's output layer alone on an rpc-server prints 0.03 MiB of compute at -ub 2048, where the whole batch's
+# logits had been planned (79.67). Measured with llama-server over rpc-servers: a qwen35 device holding only its last
+# block 106.13 MiB (not the 78 the rule gives)
 _GATHER_AFTER_LOOP = frozenset(
     {
-        "bailingmoe3", "cohere2moe", "deepseek2", "deepseek32", "deepseek4", "gemma3n", "gemma4", "glm-dsa", "glm4moe",
-        "glm5-next", "gpt-oss", "hrm_text", "hy_v3", "hy_v4", "kimi-k3", "mimo2", "nemotron_h", "nemotron_h_moe",
-        "qwen35", "qwen35moe", "qwen3next", "step35",
+        "bailingmoe3", "cohere2moe", "deepseek4", "gemma3n", "gemma4", "glm5-next", "gpt-oss", "hrm_text", "hy_v3",
+        "hy_v4", "kimi-k3", "nemotron_h", "nemotron_h_moe", "qwen35", "qwen35moe", "qwen3next", "step35",
     }
 )  # fmt: skip
 
