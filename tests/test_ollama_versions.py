@@ -224,7 +224,14 @@ def test_0_20_2_plans_the_library_at_its_vendored_commit(coder_store: Path, caps
     assert rel["claims_layers"] and "createLayout over fs/ggml GraphSize" in rel["claims"]
     assert "replayed: Ollama's split" in rel["claims"] and old["ollama"]["decision"]["layers_model"] == 29
     assert (old["config"]["n_batch"], old["config"]["n_ubatch"], old["config"]["n_outputs_max"]) == (512, 512, 512)
-    assert old["memory"] == lib["memory"]
+    # ... but for the embeddings row per output the llamarunner's context keeps (llama/llama.go NewContextParams:
+    # embeddings = true; a published 0.18.3-0.20.3 load of this model: CUDA_Host output 0.59 MiB = (152,064 + 3,584) x
+    # 4 B): the host's output buffer and the totals one [n_embd] f32 larger
+    row = 4 * 3584
+    assert old["memory"]["host"]["output_bytes"] == lib["memory"]["host"]["output_bytes"] + row
+    assert old["memory"]["total_bytes"] == lib["memory"]["total_bytes"] + row
+    assert old["memory"]["devices"] == lib["memory"]["devices"]
+    assert old["memory"]["host"]["compute_bytes"] == lib["memory"]["host"]["compute_bytes"]
     # llama-server (0.32.13, b10380) reserves one logits row per slot: the library the whole batch's 512
     assert (new["config"]["runtime"], new["config"]["n_outputs_max"]) == ("llama-server", 1)
     assert new["ollama"]["release"]["llama_cpp"]["build"] == 10380
