@@ -1,5 +1,3 @@
-import sys
+from kvadvise.cli import run
 
-from kvadvise.cli import main
-
-sys.exit(main())
+run()

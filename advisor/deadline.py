@@ -20,6 +20,16 @@ from kvadvise.errors import KvadviseError
 
 T = TypeVar("T")
 
+# the workers given up on: still blocked in a read when the program ends (kvadvise.cli.run leaves without finalizing
+# the interpreter then: a daemon thread inside an SSL or socket read while Python tears down once ended in "double
+# free or corruption", rc 134, after the one-line error had been printed)
+_abandoned: list[threading.Thread] = []
+
+
+def abandoned_workers() -> bool:
+    """Whether a worker :func:`within` gave up on is still running."""
+    return any(t.is_alive() for t in _abandoned)
+
 
 def within(seconds: float, fn: Callable[[], T], on_timeout: Callable[[], KvadviseError]) -> T:
     """``fn()``'s result or exception, or ``on_timeout()`` raised once ``seconds`` have passed."""
@@ -38,6 +48,7 @@ def within(seconds: float, fn: Callable[[], T], on_timeout: Callable[[], Kvadvis
     t.start()
     t.join(seconds)
     if t.is_alive():
+        _abandoned.append(t)
         raise on_timeout()
     if "error" in box:
         raise box["error"]  # type: ignore[misc]

@@ -236,5 +236,22 @@ def _output_closed() -> int:
     return EXIT_PIPE
 
 
+def run() -> None:
+    """The console script: main()'s exit code; where a network call was given up on and its worker is still blocked in
+    a read, the streams are flushed and the process leaves without finalizing the interpreter (os._exit), which a
+    daemon thread inside a read can crash (kvadvise.deadline)."""
+    code = main()
+    from kvadvise import deadline
+
+    if deadline.abandoned_workers():
+        import contextlib
+
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
