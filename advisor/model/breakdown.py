@@ -674,3 +674,68 @@ def with_parts(
         layer_largest_tensor_bytes=largest + (0,) * spec.n_layer_nextn,
         active_params=active,
     )
+
+
+# ggml-common.h block sizes: bytes per 256 weights of the K types a K-mix file is made of
+_K_BLOCK_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
+# llama-quant.cpp llama_tensor_get_type (0c1e570): the K mixes whose every tensor type is known for a plain dense
+# transformer, (the base type, the type of attn_v and ffn_down where use_more_bits)
+_K_MIX_EXACT = {"Q4_K_M": ("Q4_K", "Q6_K"), "Q5_K_M": ("Q5_K", "Q6_K")}
+# the dense architectures whose tensors are q, k, v, o, gate, up, down and two norms a block (qwen2: q/k/v biases);
+# none of llama_tensor_get_type's per-architecture exceptions (falcon, fused QKV, experts). Not qwen3: Ollama's untied
+# qwen3 blobs hold 0.2-0.3 GB more than this recipe (qwen3:8b 5,225,374,496 B, the recipe 5,021,827,072)
+_K_MIX_ARCHS = frozenset({"llama", "qwen2"})
+
+
+def k_mix_sizes(spec: ModelSpec, config: Mapping[str, object], quant: str) -> tuple[Breakdown, int] | None:
+    """The parts of a plain dense transformer's llama.cpp K-mix file (Q4_K_M, Q5_K_M) in bytes, every tensor at the
+    type llama_tensor_get_type gives it (llama-quant.cpp, 0c1e570), and the output layer's f32 vectors beside them
+    (output_norm, llama 3's rope_freqs): the file's tensors exactly, not a download size spread over them (a library
+    blob's size holds the GGUF header too: llama3.1:8b's 7,840,640 B of tokenizer). None where a rule is not followed
+    here (another architecture or quant, experts, rows that are not whole 256-blocks).
+
+    - attn_v and ffn_down: the mix's high type where use_more_bits(i, n) (the first eighth, the last eighth and every
+      third between); the others the base type; a 70B-class (80-block) llama or qwen2 takes Q5_K for a Q4_K attn_v;
+    - token_embd the base type (the output's Q6_K when tied: it is the output), output.weight Q6_K;
+    - norms and biases f32.
+    Checked against published loads: llama3.1:8b 4,617,396,224 B less token_embd as Ollama 0.18.2 required it,
+    llama3.2:3b 1918.35 MiB on the GPU as Ollama 0.32.15's llm/llama_server.go quotes it."""
+    mix = _K_MIX_EXACT.get(quant.strip().upper())
+    arch = spec.architecture
+    if mix is None or arch not in _K_MIX_ARCHS or spec.n_expert or any(spec.recurrent_layers) or spec.n_layer_nextn:
+        return None
+    hp = _hp(config)
+    e, n_layer, hd = spec.n_embd, spec.n_layer, spec.n_embd_head_k
+    n_ff = spec.n_ff
+    if len(set(spec.n_head)) != 1 or len(set(spec.n_head_kv)) != 1 or spec.n_embd_head_v != hd or not n_ff:
+        return None
+    q_dim, kv_dim = spec.n_head[0] * hd, spec.n_head_kv[0] * hd
+    if any(n % QK_K for n in (e, q_dim, n_ff)):
+        return None  # a row the K types cannot hold: llama-quant.cpp's fallback types, not followed here
+    base, high = (_K_BLOCK_BYTES[t] for t in mix)
+
+    def mat(ne0: int, ne1: int, per_block: int) -> int:
+        return ne0 * ne1 // QK_K * per_block
+
+    def use_more_bits(i: int, n: int) -> bool:
+        return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+    v_low = _K_BLOCK_BYTES["Q5_K"] if mix[0] == "Q4_K" and n_layer == 80 and arch in ("llama", "qwen2") else base
+    attn, dense = [], []
+    for il in range(n_layer):
+        more = use_more_bits(il, n_layer)
+        a = mat(e, q_dim, base) + mat(e, kv_dim, base) + mat(e, kv_dim, high if more else v_low) + mat(q_dim, e, base)
+        a += F32_BYTES * e  # attn_norm
+        if arch == "qwen2":
+            a += F32_BYTES * (q_dim + 2 * kv_dim)  # q, k and v biases
+        attn.append(a)
+        dense.append(2 * mat(e, n_ff, base) + mat(n_ff, e, high if more else base) + F32_BYTES * e)  # + ffn_norm
+    tied = bool(hp.get("tie_word_embeddings", arch in _TIED_BY_DEFAULT))
+    q6 = _K_BLOCK_BYTES["Q6_K"]
+    tok = mat(e, spec.n_vocab, q6 if tied else base)
+    out = 0 if tied else mat(e, spec.n_vocab, q6)
+    rope = hp.get("rope_scaling")
+    rope_freqs = hd // 2 * F32_BYTES if isinstance(rope, Mapping) and rope.get("rope_type") == "llama3" else 0
+    sizes = Breakdown(tok_embd=tok, output=out, attn=tuple(attn), dense=tuple(dense), experts=(0,) * n_layer,
+                      n_expert=0, n_expert_used=0)  # fmt: skip
+    return sizes, F32_BYTES * e + rope_freqs  # output_norm, rope_freqs: in the output layer

@@ -325,6 +325,10 @@ def _legacy_model(model: OllamaModel) -> estimate_legacy.LegacyModel | None:
     tensors.append(estimate_legacy.LegacyTensor("token_embd.weight", (spec.tok_embd_bytes,), _I8))
     if spec.output_bytes:
         tensors.append(estimate_legacy.LegacyTensor("output.weight", (spec.output_bytes,), _I8))
+    rest = (spec.weights_bytes - spec.tok_embd_bytes - spec.input_extra_bytes - sum(spec.layer_bytes)
+            - spec.output_bytes - spec.tower_bytes)  # fmt: skip
+    if rest >= 4 * spec.n_embd:  # a profile sized tensor by tensor (its K mix): output_norm, f32, in the output group
+        tensors.append(estimate_legacy.LegacyTensor("output_norm.weight", (4 * spec.n_embd,), _I8))
     vision = rules.is_vision(model)
     tower = _PROFILE_TOWERS.get(spec.architecture) if vision else None
     if tower is not None:

@@ -28,7 +28,7 @@ from typing import Any
 
 from kvadvise.backends.ollama.name import DEFAULT_TAG, OllamaName
 from kvadvise.errors import InputError
-from kvadvise.model.breakdown import Breakdown, params, sized, vision_params, with_parts
+from kvadvise.model.breakdown import Breakdown, k_mix_sizes, params, sized, vision_params, with_parts
 from kvadvise.model.hfconfig import from_config
 from kvadvise.model.spec import ModelSpec
 
@@ -125,10 +125,30 @@ class Profile:
         rounded = self.download_source is None or self.download_source.kind != "exact"
         return (self.quantization or "").upper() == "MXFP4" and rounded
 
+    def exact_parts(self, spec: ModelSpec) -> tuple[Breakdown, int] | None:
+        """A K-mix blob of a plain dense transformer (kvadvise.model.breakdown.k_mix_sizes): every tensor at the type
+        llama.cpp's quantizer gives it, and the output layer's f32 vectors; the library's size holds the GGUF header
+        besides (llama3.1:8b: 7,840,640 B of tokenizer), or is rounded ("2.0 GB")."""
+        exact = k_mix_sizes(spec, self.config, self.quantization or DEFAULT_QUANT)
+        if exact is None or not self.download_bytes:
+            return exact
+        # only where the library's figure agrees: a blob made by other rules (Ollama's own quantizer,
+        # server/quantization.go, or another token_embd type: qwen3:8b's "5.2 GB" where the recipe gives 5.03) keeps the
+        # figure; agreeing is within the figure's rounding ("2.0 GB": 0.05 GB) and 1 % of header (tokenizer)
+        total = exact[0].loaded + exact[1] + self.projector_bytes
+        shown = (self.download_size or "").split()[0]
+        decimals = len(shown.partition(".")[2]) if shown.replace(".", "", 1).isdigit() else 0
+        rounded = self.download_source is not None and self.download_source.kind != "exact"
+        slack = (0.5 * 10**-decimals * 1e9 if rounded else 0) + 0.01 * self.download_bytes
+        return exact if abs(total - self.download_bytes) <= slack else None
+
     def sizes(self, spec: ModelSpec, bd: Breakdown, total_bytes: int | None = None) -> Breakdown:
         """The parts of the blob in bytes (kvadvise.model.breakdown.sized) with Ollama's own quant choices,
-        scaled to ``total_bytes`` (the blob less its projector) when that is known."""
+        scaled to ``total_bytes`` (the blob less its projector) when that is known; a K-mix blob's exact parts
+        where :meth:`exact_parts` knows them."""
         quant = self.quantization or DEFAULT_QUANT
+        if (exact := self.exact_parts(spec)) is not None:
+            return exact[0]
         if self.sized_by_types:
             total_bytes = None
         return sized(
@@ -160,6 +180,8 @@ class Profile:
             sources.append(self.weights_line or "weights: download size")
             if sizes is not None and self.sized_by_types:
                 weights = sizes.loaded + sizes.nextn + self.projector_bytes  # the parts, less the MTP block below
+            elif sizes is not None and (exact := self.exact_parts(spec)) is not None:
+                weights = sizes.loaded + exact[1] + self.projector_bytes  # the tensors, not the blob's header
             if sizes is not None and sizes.nextn:
                 weights -= sizes.nextn
                 notes.append(f"its MTP block ({sizes.nextn / 1e9:.2f} GB of the download) is not loaded by llama.cpp")
