@@ -20,7 +20,10 @@ the GPU. Budgets are fractions of what kvadvise says the full offload needs at t
 each model. Models: the real Gemma 3 270M (dense, iSWA) and two sparse tiny GGUFs (tests/tinymodels.py, zeros for
 data: placement does not read it): qwen3moe (MoE) and qwen3next (hybrid: gated delta net + attention, MoE).
 
-    python benchmarks/bench_fit.py [--quick]
+    python benchmarks/bench_fit.py [--quick] [--devices 2]
+
+``--devices 2``: the several-device grid (MULTI: dense, iSWA, MoE, gpt-oss, MLA over two loopback rpc-servers, each
+device its own budget), kvadvise's plan against --fit per device.
 """
 
 from __future__ import annotations
@@ -231,18 +234,69 @@ def run(*, quick: bool = False, logs: Path | None = None) -> list[Row]:
     return rows
 
 
+# several devices (--devices 2): sparse tiny models of each kind over two loopback rpc-servers, each device a declared
+# budget; the harness of tests/test_attack_round19d.py (_case: kvadvise's plan run by llama-server --fit off, and
+# llama-server's own --fit on -fitt FREE-BUDGET per device, every buffer of each device read back)
+_DENSE = {"n_layer": 8, "n_embd": 1024, "n_head": 8, "n_head_kv": 2, "n_ff": 4096}
+MULTI: tuple[tuple[str, dict[str, int], tuple[int, ...], int, tuple[str, ...]], ...] = (
+    ("gemma3", {**_DENSE, "head": 128, "n_swa": 512}, (333, 333), 16384, ("-ub", "2048", "-ctk", "f16", "-ctv", "f16")),
+    ("gemma3", {**_DENSE, "head": 128, "n_swa": 512}, (260, 200), 16384, ("-ub", "1024")),
+    ("llama", {**_DENSE, "head": 128}, (250, 250), 16384, ("-ub", "2048")),
+    ("qwen3moe", {"n_layer": 8, "n_embd": 1024, "n_head": 16, "n_head_kv": 4, "head": 64, "n_expert": 16,
+                  "n_expert_used": 8, "n_ff_exp": 512}, (200, 200), 16384, ("-ub", "2048")),
+    ("gpt-oss", {"n_layer": 8, "n_embd": 1024, "n_head": 16, "n_head_kv": 4, "head": 64, "n_expert": 16,
+                 "n_expert_used": 4, "n_ff_exp": 1024, "n_swa": 128}, (250, 150), 16384, ("-ub", "2048")),
+    ("deepseek2-mla", {"n_layer": 8, "n_embd": 1024, "n_head": 16, "n_ff": 4096, "kv_lora": 512, "qk_rope": 64,
+                       "qk_nope": 128, "v_head": 128, "q_lora": 384, "n_expert": 16, "n_expert_used": 4,
+                       "n_ff_exp": 512}, (350, 350), 16384, ("-ub", "1024")),
+)  # fmt: skip
+
+
+def run_multi(server: Path) -> list[str]:
+    """One line per case: each device's budget, kvadvise's real total and weights, --fit's, and the verdicts."""
+    from test_attack_round19d import _case  # tests/ is on the path (above)
+
+    lines = []
+    for recipe, dims, budgets, n_ctx, flags in MULTI:
+        with tempfile.TemporaryDirectory(prefix="bench-fit-multi-") as tmp:
+            try:
+                c = _case(Path(tmp), recipe, dims, list(budgets), n_ctx, list(flags), server)
+            except (AssertionError, ValueError) as e:  # it fits whole (no partial plan), or no plan at all
+                lines.append(f"{recipe:14s} {budgets} {n_ctx:>6}: no partial plan ({str(e).splitlines()[0][:60]})")
+                continue
+        over = any(d.total > b for d, b in zip(c.ours, c.budgets, strict=True))
+        ours_w, fit_w = sum(d.weights for d in c.ours), sum(d.weights for d in c.fit)
+        fit_over = any(d.total > b for d, b in zip(c.fit, c.budgets, strict=True))
+        lines.append(
+            f"{recipe:14s} {budgets} {n_ctx:>6} {' '.join(flags):28s} ours "
+            + " / ".join(f"{d.total:.1f}" for d in c.ours)
+            + f" MiB ({ours_w:.1f} weights){' OVER' if over else ''}; --fit "
+            + " / ".join(f"{d.total:.1f}" for d in c.fit)
+            + f" MiB ({fit_w:.1f} weights){' OVER' if fit_over else ''}; share {ours_w / fit_w if fit_w else 0:.2f}"
+        )
+        print(lines[-1], flush=True)
+    return lines
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--quick", action="store_true", help="one case only (Gemma 3 270M, 4,096 tokens, 85 %% of its full offload)")
+    ap.add_argument(
+        "--quick", action="store_true", help="one case only (Gemma 3 270M, 4,096 tokens, 85 %% of its full offload)"
+    )
     ap.add_argument("--logs", type=Path, help="a folder to keep every llama-server log in")
+    ap.add_argument("--devices", type=int, choices=(1, 2), default=1,
+                    help="2: the several-device grid over two loopback rpc-servers (MULTI)")  # fmt: skip
     args = ap.parse_args(argv)
+    if args.devices == 2:
+        lines = run_multi(llama_server())
+        over = sum(1 for x in lines if "MiB" in x and x.split("; --fit")[0].endswith("OVER"))
+        print(f"\n{len(lines)} cases: {over} over a device's budget")
+        return 0
     rows = run(quick=args.quick, logs=args.logs)
     print()
     print(table(rows))
     over = sum(1 for r in rows if r.ours is not None and r.ours.device_bytes > r.budget_bytes)
-    below = sum(
-        1 for r in rows if r.fit is not None and (r.ours.weights_bytes if r.ours else 0) < r.fit.weights_bytes
-    )
+    below = sum(1 for r in rows if r.fit is not None and (r.ours.weights_bytes if r.ours else 0) < r.fit.weights_bytes)
     print(f"\n{len(rows)} cases: {over} over the budget, {below} with fewer weights on the GPU than --fit")
     return 0
 

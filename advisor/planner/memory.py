@@ -908,6 +908,11 @@ def output_op_offload_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
 _NO_HOST_EXPERTS_GROWTH = frozenset({"deepseek2", "glm4moe"})
 
 
+def biased_experts_grow(spec: ModelSpec) -> bool:
+    """A gpt-oss whose experts are at least n_embd wide (its own shapes): the rules measured on its blocks."""
+    return spec.architecture in _EXPERT_BIAS_GROWTH and not spec.n_ff_shexp and spec.n_ff_exp >= spec.n_embd
+
+
 # routed experts with biases (src/models/openai-moe.cpp: ggml_add_id after each expert matmul, the biases matched by
 # --n-cpu-moe's pattern too): the device's blocks that run their experts after blocks whose experts are in host memory
 # hold one more [n_embd, n_expert_used, n_ubatch] f32 than at full offload (llama-fit-params b11312 over an
@@ -1298,7 +1303,13 @@ def _offloaded(
     # n_ubatch]), never their gate, up and GLU (llama-server b11312 over an rpc-server, a qwen3moe at -ub 2048 with
     # --n-cpu-moe past its layers: 58.04 MiB printed, 172.56 planned before as at full offload)
     # (one device: over two, the last one held 84.10 where this rule plans 60.75, so a split keeps the full offload's)
-    no_ffn = cfg.host_experts and spec.n_expert and not spec.expert_bytes and n_dev == 1
+    # gpt-oss with the experts of every block but the last in host memory likewise: its last block's FFN runs after
+    # the last attention, the masks freed (--n-cpu-moe 7 of 8 blocks: 129.04 MiB reserved, as with 8)
+    last_only = bool(spec.layer_expert_bytes) and not any(spec.layer_expert_bytes[: spec.n_layer - 1])
+    no_ffn = (
+        cfg.host_experts and spec.n_expert and n_dev == 1
+        and (not spec.expert_bytes or (last_only and biased_experts_grow(spec)))
+    )  # fmt: skip
     cspec = replace(spec, n_ff_exp=1) if no_ffn else spec
     output_layer_weights = output_layer_bytes(spec, cuda)
     devices = []

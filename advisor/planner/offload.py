@@ -55,6 +55,7 @@ from kvadvise.planner.memory import (
     OP_OFFLOAD_MIN_BATCH,
     MemoryEstimate,
     RunConfig,
+    biased_experts_grow,
     compute_bytes,
     cpu_experts_boundary_bytes,
     cpu_layers_attention_bytes,
@@ -386,12 +387,16 @@ def partial_offload(
     )
     experts_growth = 0 if offloads else host_experts_device_growth(spec, lay)
     experts_growth_all = 0 if offloads else host_experts_device_growth(spec, lay, device_experts=False)
+    biased = biased_experts_grow(spec)
 
     def split_compute(n_cpu: int, n_cpu_moe: int) -> int:  # the first device's compute beyond the full offload's
         if n_cpu >= n_layer:  # -ngl 1: the output layer alone (memory.output_layer_compute_bytes)
             return -max(0, output_only)
         # experts of layers the device runs, in host memory (memory.host_experts_device_growth)
-        return (experts_growth if n_cpu_moe < n_layer else experts_growth_all) if n_cpu_moe > n_cpu else 0
+        # a gpt-oss grows where a block before the last runs its experts after host experts (not its last block's,
+        # run after the masks are freed)
+        some = n_cpu_moe < n_layer - (1 if biased else 0)
+        return (experts_growth if some else experts_growth_all) if n_cpu_moe > n_cpu else 0
 
     # a build before llama.cpp#18148 offloads the output layer last: whole blocks on the CPU leave it there too, and
     # the first device op-offloads its matmul for prompt batches, with a copy of output.weight beside the logits
@@ -469,13 +474,13 @@ def partial_offload(
             # CPU block's experts' output beside its own (the first device's growth, split_compute, counted once)
             nxt = owner[n_cpu]
             grown = split_compute(n_cpu, n_cpu_moe) if nxt == 0 else 0
-            if nxt >= 0 and n_cpu < n_layer - last_rows:
+            if nxt >= 0 and last_rows and n_cpu < n_layer - 1:  # measured where the last block gathers (qwen3moe)
                 cut[nxt] = max(cut[nxt], boundary_host - full_compute[nxt] - grown)
             elif nxt >= 0 and last_alone:
                 cut[nxt] = boundary_last - full_compute[nxt] - grown
         elif (
-            expert_out and not offloads and n_dev == 1 and n_cpu == 0 and n_cpu_moe >= n_layer - last_rows
-            and last_alone
+            expert_out and not offloads and n_dev == 1 and n_cpu == 0
+            and ((last_alone and n_cpu_moe >= n_layer - last_rows) or (biased and n_cpu_moe >= n_layer - 1))
         ):  # fmt: skip
             # every expert that runs on the whole batch in host memory, one device: it never runs their gate, up and
             # GLU (memory._offloaded's figure for --n-cpu-moe past the layers; llama-server b11312 over an rpc-server,
