@@ -407,3 +407,83 @@ def test_lfm2_moe_parameter_count(capsys: pytest.CaptureFixture[str], tmp_path: 
     and Liquid AI's 8.3 B total."""
     n = parameter_count(_hf_plan(capsys, tmp_path, LFM2_MOE, "--quant", "Q4_K_M"))
     assert n == pytest.approx(8.34e9, rel=0.01), n
+
+
+# --- 1b. cohere2 (Command R7B's architecture) from an Ollama store: the llamarunner's full-size SWA cache ------------
+
+
+@pytest.fixture(scope="module")
+def cohere2_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An Ollama store with a tiny cohere2 GGUF (tests/tinymodels.py: 4 layers, layers 0-2 sliding over 64 tokens,
+    layer 3 global; K = V = 64, n_head_kv from the recipe) as ``r23b-cohere2``."""
+    import hashlib
+
+    from ollama_fake import build_store
+    from tinymodels import write_tiny_gguf
+
+    base = tmp_path_factory.mktemp("r23b")
+    gguf = write_tiny_gguf(base / "c2.gguf", "cohere2", n_vocab=32000, n_ctx_train=131072, name="r23b-cohere2")
+    root = base / "models"
+    build_store(root, gguf, hashlib.sha256(b"r23b/cohere2").hexdigest(), model="r23b-cohere2")
+    return root
+
+
+@pytest.mark.parametrize(("version", "full"), [("0.12.3", True), ("0.18.2", True), ("0.24.0", True), ("0.30.0", False)])
+def test_cohere2_store_model_swa_full_only_in_llamarunner(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cohere2_store: Path,
+    version: str, full: bool,
+) -> None:  # fmt: skip
+    """Regression guard (passes). ``kvadvise ollama r23b-cohere2 --ollama-version V --vram 8GiB --ctx 4096``:
+    cohere2 is in no OllamaEngineRequired list (v0.12.3, v0.18.2, v0.24.0), so the llamarunner runs it with
+    llama_context_default_params' swa_full = true: the three SWA layers' cache holds all 4,096 cells, as the global
+    layer's. From 0.30 llama-server (swa_full false): GGML_PAD(64 + 512, 256) = 768 cells."""
+    from attack_helpers import use_store
+
+    use_store(monkeypatch, cohere2_store, tmp_path)
+    plan = _ollama(capsys, monkeypatch, "r23b-cohere2", "--ollama-version", version, "--vram", "8GiB", "--ctx", "4096")
+    assert plan["ollama"]["release"]["runner"] == ("llamarunner" if full else "llama-server")
+    c = _caches(plan)
+    assert c["swa"]["n_layer"] == 3 and c["kv"]["n_layer"] == 1, c
+    assert c["swa"]["cells"] == (4096 if full else 768), c
+    per_layer_swa = c["swa"]["k_bytes"] // 3
+    assert per_layer_swa * c["kv"]["cells"] == c["kv"]["k_bytes"] * c["swa"]["cells"], c  # same row size
+
+
+@pytest.mark.parametrize("num_batch", [None, "256"])
+def test_llamarunner_decision_graph_at_ollama_num_batch(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, num_batch: str | None
+) -> None:
+    """Regression guard (passes). ``kvadvise ollama gemma2:9b --ollama-version 0.18.2 --ctx 4096 -np 2 [--batch
+    256]``: the replayed decision's "compute graph" is v0.18.2 fs/ggml/ggml.go GraphSize's gemma2 fullOffload at
+    Ollama's BatchSize (num_batch, llm/server.go createLayout), not the context's n_batch (num_batch x slots):
+    max(4 x batch x (embedding + vocab), 4 x batch x (2 + context + context x heads + 2 x embedding + 2 x headsK x
+    heads)) with context 8,192 (num_ctx x numParallel), heads 16, embedding 3,584, vocab 256,000, head 256:
+    4 x 512 x 259,584 B = 507.0 MiB; 4 x 256 x 259,584 B = 253.5 MiB."""
+    extra = ("--batch", num_batch) if num_batch else ()
+    plan = _ollama(capsys, monkeypatch, "gemma2:9b", "--ollama-version", "0.18.2", "--vram", "24GiB", "--ctx", "4096",
+                   "-np", "2", *extra)  # fmt: skip
+    batch = int(num_batch or 512)
+    context, heads, embd, vocab, hk = 8192, 16, G2_EMBD, G2_VOCAB, 256
+    full = max(4 * batch * (embd + vocab), 4 * batch * (2 + context + context * heads + 2 * embd + 2 * hk * heads))
+    import re
+
+    logged = re.search(r'msg="compute graph" device=CUDA0 size="([^"]+)"', plan["ollama"]["decision"]["log_line"])
+    assert logged is not None, plan["ollama"]["decision"]["log_line"]
+    assert logged.group(1) == f"{full / MIB:.1f} MiB", (logged.group(1), full / MIB)
+
+
+def test_mac_given_by_vram_and_bandwidth_gets_the_metal_default_note(capsys: pytest.CaptureFixture[str]) -> None:
+    """FINDING (docs vs behaviour). docs/how-numbers-are-computed.md (the M4 class paragraph, this round): "A Mac
+    given by `--vram`/`--bandwidth` keeps Metal's default and the note says so", and speed._DEFAULT_CLASS_NOTE
+    ["metal"] was written for it ("an M1 Max/Ultra decodes about 30 % slower, an M4 or later up to 30 % faster").
+    But there is no way to give a Mac by --vram/--bandwidth: ``kvadvise ollama llama3.2:1b --vram 48GiB --bandwidth
+    546 --device metal --ctx 4096`` is refused with exit 2 ("--device metal: a --vram budget is a discrete GPU's
+    (Metal runs on Apple Silicon)", entry.check_machine), without --device the budget is planned as CUDA (its note
+    says cuda), and no probe detects a Mac (hardware.probe: NVML, AMD sysfs). So the documented note is never
+    printed. Rule: either accept ``--device metal`` with a --vram budget (a Mac of unknown chip, Metal's default
+    class and that note) or drop the sentence and the note."""
+    rc, out, err = run(capsys, "ollama", "llama3.2:1b", "--vram", "48GiB", "--bandwidth", "546", "--device", "metal",
+                       "--ctx", "4096", "--json")  # fmt: skip
+    assert rc == 0, err
+    note = json.loads(out)["decode_estimate"]["note"]
+    assert "default class assumed" in note and "M4" in note, note
