@@ -52,7 +52,7 @@ G2_VOCAB, G2_EMBD = 256_000, 3584
 # --- 1. Ollama's llamarunner: swa_full, the embeddings row, num_batch ----------------------------------------------
 
 
-@pytest.mark.parametrize("version", ["0.12.3", "0.18.2", "0.24.0"])
+@pytest.mark.parametrize("version", ["0.11.0", "0.12.3", "0.18.2", "0.24.0"])
 @pytest.mark.parametrize("np_", ["1", "2"])
 def test_gemma2_llamarunner_swa_cache_is_full_size(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, version: str, np_: str
@@ -61,7 +61,8 @@ def test_gemma2_llamarunner_swa_cache_is_full_size(
     gemma2 is never in fs/ggml/ggml.go KV.OllamaEngineRequired (v0.12.3, v0.18.2, v0.24.0), so llm/server.go
     NewLlamaServer starts the llamarunner, whose llama/llama.go NewContextParams starts from
     llama_context_default_params() and never sets swa_full (vendored src/llama-context.cpp: ``/*.swa_full =*/
-    true``): the sliding-window layers' cache is as large as the global layers' (n_ctx = num_ctx x slots)."""
+    true``): the sliding-window layers' cache is as large as the global layers' (n_ctx = num_ctx x slots). 0.11.0
+    vendors a llama.cpp (de4c07f93) from before the iSWA cache: every layer full-size there as well."""
     plan = _ollama(capsys, monkeypatch, "gemma2:9b", "--ollama-version", version, "--vram", "24GiB", "--ctx", "4096",
                    "-np", np_)  # fmt: skip
     assert plan["ollama"]["release"]["runner"] == "llamarunner"
@@ -487,3 +488,15 @@ def test_mac_given_by_vram_and_bandwidth_gets_the_metal_default_note(capsys: pyt
     assert rc == 0, err
     note = json.loads(out)["decode_estimate"]["note"]
     assert "default class assumed" in note and "M4" in note, note
+
+
+def test_lfm2_moe_tie_embedding_key_means_tied(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """FINDING. As test_lfm2_tie_embedding_key_means_tied for LFM2-MoE: transformers' Lfm2MoeConfig.__init__ also
+    reads ``tie_word_embeddings = kwargs.get("tie_embedding", tie_word_embeddings)`` (default True). An LFM2-8B-A1B
+    config written with Liquid's key ("tie_embedding": true) should count as the tied one (8.34 B); kvadvise adds a
+    65,536 x 2,048 output matrix (134 M parameters, 71 MB at Q4_K_M)."""
+    cfg = {k: v for k, v in LFM2_MOE.items() if k != "tie_word_embeddings"}
+    cfg["tie_embedding"] = True
+    n_key = parameter_count(_hf_plan(capsys, tmp_path, cfg, "--quant", "Q4_K_M"))
+    n_tied = parameter_count(_hf_plan(capsys, tmp_path, LFM2_MOE, "--quant", "Q4_K_M"))
+    assert n_key == n_tied, (n_key, n_tied)
