@@ -500,3 +500,24 @@ def test_lfm2_moe_tie_embedding_key_means_tied(capsys: pytest.CaptureFixture[str
     n_key = parameter_count(_hf_plan(capsys, tmp_path, cfg, "--quant", "Q4_K_M"))
     n_tied = parameter_count(_hf_plan(capsys, tmp_path, LFM2_MOE, "--quant", "Q4_K_M"))
     assert n_key == n_tied, (n_key, n_tied)
+
+
+@pytest.mark.parametrize("version", ["0.13.3", "0.13.4"])
+def test_llamarunner_embedding_model_context_batch_is_num_ctx(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, version: str
+) -> None:
+    """FINDING. ``kvadvise ollama bge-m3:567m --ollama-version 0.13.3|0.13.4 --vram 24GiB --ctx 8192 --json``.
+
+    bge-m3 is a bert GGUF with bert.pooling_type; bert joins OllamaEngineRequired only at 0.13.5, so 0.13.3 and
+    0.13.4 run it in the llamarunner. v0.13.3 llm/server.go (llamaServer).Load, before initModel sends the load
+    request: ``if isEmbedding && s.loadRequest.BatchSize < s.options.NumCtx { s.loadRequest.BatchSize =
+    s.options.NumCtx }`` ("embedding model detected, setting batch size to context length"), and
+    runner/llamarunner/runner.go takes ``s.batchSize = req.BatchSize`` into ``llama.NewContextParams(kvSize,
+    s.batchSize, ...)``: n_ubatch = 8,192 and n_batch = 8,192 x 1 slot. kvadvise plans the context at n_batch 512,
+    n_ubatch 512 (compute 518 MB), the non-embedding num_batch, so the runner's compute buffer (a whole 8k-token
+    ubatch through bert's non-causal attention) is under-planned. (backends/ollama/layout.py applies the rule to the
+    decision's GraphSize, EMBEDDING_BATCH_FROM, but in_process_request does not.) Rule: in_process_request, from
+    0.13.3, for a model with pooling: num_batch = max(num_batch, num_ctx)."""
+    plan = _ollama(capsys, monkeypatch, "bge-m3:567m", "--ollama-version", version, "--vram", "24GiB", "--ctx", "8192")
+    assert plan["ollama"]["release"]["runner"] == "llamarunner"
+    assert (plan["config"]["n_batch"], plan["config"]["n_ubatch"]) == (8192, 8192), plan["config"]
