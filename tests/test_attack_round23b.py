@@ -210,6 +210,10 @@ def test_m4_decode_same_in_every_command(capsys: pytest.CaptureFixture[str], mon
     assert rc == 0, err
     entry = json.loads(out)["entries"][0]
     assert entry["decode_4k_tokens_per_s"] == pytest.approx(t_plan, rel=1e-6)
+    rc, out, err = run(capsys, "gpus", "llama3.2:1b", "--target-ctx", "4096", "--json")
+    assert rc == 0, err
+    card = next(c for c in json.loads(out)["cards"] if c["card"] == "m4-max-64gb")
+    assert card["decode_4k_tokens_per_s"] == pytest.approx(t_plan, rel=1e-6)
     assert t_plan / m3["decode_estimate"]["tokens_per_s"] > 546 / 400
     assert "M4" in plan["decode_estimate"]["note"], plan["decode_estimate"]["note"]
 
