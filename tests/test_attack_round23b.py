@@ -525,3 +525,26 @@ def test_llamarunner_embedding_model_context_batch_is_num_ctx(
     plan = _ollama(capsys, monkeypatch, "bge-m3:567m", "--ollama-version", version, "--vram", "24GiB", "--ctx", "8192")
     assert plan["ollama"]["release"]["runner"] == "llamarunner"
     assert (plan["config"]["n_batch"], plan["config"]["n_ubatch"]) == (8192, 8192), plan["config"]
+
+
+@pytest.mark.parametrize(("version", "n_batch"), [("0.12.3", 2048), ("0.18.2", 2048), ("0.30.0", 2048)])
+def test_ollama_batch_2048_is_taken(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, version: str, n_batch: int
+) -> None:
+    """FINDING. ``kvadvise ollama gemma2:9b --ollama-version V --vram 24GiB --ctx 4096 --batch 2048 --json``.
+
+    For Ollama ``--batch`` is num_batch (docs/commands.md: "`num_batch` (`--batch`, ...) is planned as Ollama passes
+    it"; docs/ollama-versions.md: "`num_batch` (512 unless `--batch`)"). --batch 1024 is planned so (n_ubatch 1024,
+    settings.num_batch 1024), but --batch 2048 is dropped: the plan keeps num_batch 512 (n_batch 512, n_ubatch 512 on
+    the llamarunner; -ub 512 on 0.30) and the advice sets no num_batch, because PlanRequest.given() counts a field
+    as asked only when it differs from llama-server's default -b 2048 (advisor/request.py), and in_process_request /
+    the advice read ``"n_batch" in given``. What Ollama does with PARAMETER num_batch 2048: v0.18.2 llm/server.go
+    ``opts.NumBatch = min(opts.NumBatch, opts.NumCtx)`` = 2048 -> llama/llama.go NewContextParams(n_batch = 2048 x
+    slots, n_ubatch 2048) (0.12.3: n_batch 2048, the library's n_ubatch 512); v0.30.0 llm/llama_server.go
+    appendBatchArgs ``-b 2048 -ub 2048``. Rule: tell an explicit --batch from the default (e.g. None as the
+    field's default), for Ollama at least."""
+    plan = _ollama(capsys, monkeypatch, "gemma2:9b", "--ollama-version", version, "--vram", "24GiB", "--ctx", "4096",
+                   "--batch", "2048")  # fmt: skip
+    ub = 512 if version == "0.12.3" else 2048
+    assert (plan["config"]["n_batch"], plan["config"]["n_ubatch"]) == (n_batch, ub), plan["config"]
+    assert plan["ollama"]["settings"]["num_batch"] == 2048, plan["ollama"]["settings"]
