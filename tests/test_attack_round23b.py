@@ -548,3 +548,24 @@ def test_ollama_batch_2048_is_taken(
     ub = 512 if version == "0.12.3" else 2048
     assert (plan["config"]["n_batch"], plan["config"]["n_ubatch"]) == (n_batch, ub), plan["config"]
     assert plan["ollama"]["settings"]["num_batch"] == 2048, plan["ollama"]["settings"]
+
+
+def test_glm47_flash_mtp_block_not_loaded_by_default(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """FINDING. ``kvadvise hf GLM-4.7-Flash/config.json --quant Q8_0 --ctx 8192 --gpu h100-80gb --json``.
+
+    kvadvise appends the MTP block to block_count as b11312's converter does (right for the file), but then plans
+    its weights on the GPU and reads them for every decoded token: device weights 32.22 GB where the same config
+    with num_nextn_predict_layers 0 gives 31.53 GB (0.69 GB more at Q8_0, one MoE block of 64 experts), and 165 t/s
+    where that gives 172 (4 % slower). llama.cpp b11312 does not load the block unless a draft-mtp speculative run
+    asks (src/models/deepseek2.cpp load_arch_tensors: ``if (!ml.load_mtp) { mtp_flags |= TENSOR_SKIP; }``;
+    llama_model_default_params load_mtp = false, common.cpp sets it only for COMMON_SPECULATIVE_TYPE_DRAFT_MTP;
+    llama-model-loader.cpp: "model has unused tensor ... -- ignoring", size_data -= nbytes), and kvadvise's own GGUF
+    path leaves it out ("MTP/NextN block weights ... are not loaded by llama.cpp by default",
+    model/architecture.py). Rule: the hf path's NextN blocks count for the file, not for memory or decode."""
+    gpu = ("--gpu", "h100-80gb", "--quant", "Q8_0", "--ctx", "8192")
+    with_mtp = _hf_plan(capsys, tmp_path, GLM47_FLASH, *gpu)
+    without = _hf_plan(capsys, tmp_path, dict(GLM47_FLASH, num_nextn_predict_layers=0), *gpu)
+    dev = [sum(d["weights_bytes"] for d in p["memory"]["devices"]) for p in (with_mtp, without)]
+    assert dev[0] == pytest.approx(dev[1], rel=0.002), dev
+    tps = [p["decode_estimate"]["tokens_per_s"] for p in (with_mtp, without)]
+    assert tps[0] == pytest.approx(tps[1], rel=0.005), tps
