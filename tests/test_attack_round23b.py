@@ -257,7 +257,8 @@ LFM2_12B_MATRICES = 65536 * 2048 + 16 * 3 * 2048 * 8192 + 10 * (2048 * 6144 + 20
 def _hf(capsys: pytest.CaptureFixture[str], tmp_path: Path, cfg: dict[str, Any], *args: str) -> tuple[int, str, str]:
     p = tmp_path / "config.json"
     p.write_text(json.dumps(cfg))
-    return run(capsys, "hf", str(p), "--no-hardware", *args)
+    hw = () if "--gpu" in args else ("--no-hardware",)
+    return run(capsys, "hf", str(p), *hw, *args)
 
 
 def _hf_plan(capsys: pytest.CaptureFixture[str], tmp_path: Path, cfg: dict[str, Any], *args: str) -> dict[str, Any]:
