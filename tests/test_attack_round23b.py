@@ -345,7 +345,7 @@ def test_glm47_flash_kv_per_token(capsys: pytest.CaptureFixture[str], tmp_path: 
 # --- 4. Bad input: one line, exit 2, no traceback -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mult", [1e308, math.inf, math.nan], ids=["1e308", "Infinity", "NaN"])
+@pytest.mark.parametrize("mult", [1e308, math.inf, math.nan, 1e12], ids=["1e308", "Infinity", "NaN", "1e12"])
 def test_lfm2_non_finite_ffn_multiplier_is_input_error(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, mult: float
 ) -> None:
@@ -354,7 +354,9 @@ def test_lfm2_non_finite_ffn_multiplier_is_input_error(
     kvadvise: exit 1, "kvadvise: internal error: OverflowError: cannot convert float infinity to integer" (NaN:
     ValueError) -- hfconfig._lfm2 does int(mult * ff) unchecked. docs/exit-codes.md: bad input is exit 2 with one
     "kvadvise: error:" line; exit 1 is a kvadvise bug. Rule: a non-finite or absurd block_ffn_dim_multiplier (or
-    the ff it gives) is refused like any other bad number in the config."""
+    the ff it gives) is refused like any other bad number in the config. 1e12: exit 0 with "weights 459300519813.21
+    GiB" (a feed_forward_length of 8.2e15, where a config's intermediate_size above 1,048,576 is refused as "larger
+    than any real model")."""
     cfg = dict(LFM2_12B, block_ffn_dim_multiplier=mult)
     p = tmp_path / "config.json"
     p.write_text(json.dumps(cfg))  # json.dumps writes Infinity / NaN as Python's json reads them
