@@ -85,12 +85,16 @@ class PlanRequest:
     gpu_only: bool = False  # 100 % on the GPU or nothing
     prompt_tokens: int | None = None  # the prompt the prefill estimate times
     users: int = 0  # --users N: N sessions of the context per slot (-np N); 0: not asked (kvadvise.planner.users)
+    # the fields the user typed although their value is the default's (`kvadvise ollama M --batch 2048`: Ollama's
+    # num_batch 2048, where the default leaves Ollama's own 512); the command line fills it (kvadvise.ui.flags.take)
+    typed: frozenset[str] = frozenset()
 
     def given(self) -> tuple[str, ...]:
-        """The fields that differ from their default: what the user asked for."""
+        """The fields that differ from their default, and those typed: what the user asked for."""
         out = []
         for f in fields(self):
-            if getattr(self, f.name) != f.default:
+            typed = self.typed if isinstance(self.typed, frozenset) else frozenset()  # checked by check()
+            if f.name != "typed" and (getattr(self, f.name) != f.default or f.name in typed):
                 out.append(f.name)
         return tuple(out)
 
@@ -202,6 +206,9 @@ def _is_int(v: object) -> bool:
 
 def _check_values(r: PlanRequest) -> None:
     """Each value on its own: its type, its range, its choices (as click's types check a flag)."""
+    names = {f.name for f in fields(PlanRequest)}
+    if not isinstance(r.typed, frozenset) or not all(isinstance(n, str) and n in names for n in r.typed):
+        raise InputError(f"typed: a frozenset of PlanRequest field names, got {_shown(r.typed)}")
     for name, (lo, hi) in INT_RANGES.items():
         v = getattr(r, name)
         if v is None and name in ("n_ctx", "n_outputs_max", "overhead_bytes", "ram_bytes", "prompt_tokens"):

@@ -52,7 +52,20 @@ _UNGATED = frozenset({"starcoder2", "starcoder", "gpt2", "falcon", "phi2", "nemo
 _ENCODERS = frozenset({"bert", "nomic-bert"})
 _BIASED = frozenset({"bert"})
 # tie_word_embeddings when a config.json leaves it out: the transformers config class's default
-_TIED_BY_DEFAULT = frozenset({"gemma", "gemma2", "gemma3", "gemma3n", "gemma4", "starcoder2", "command-r", "cohere2"})
+_TIED_BY_DEFAULT = frozenset(
+    {"gemma", "gemma2", "gemma3", "gemma3n", "gemma4", "starcoder2", "command-r", "cohere2", "lfm2", "lfm2moe"}
+)
+
+
+def _tied(hp: Mapping[str, object], arch: str) -> bool:
+    """Whether the output layer is token_embd: tie_word_embeddings, LFM2's own tie_embedding (transformers
+    Lfm2Config reads it as such, True by default), else the config class's default."""
+    for k in ("tie_word_embeddings", "tie_embedding"):
+        if k in hp:
+            return bool(hp[k])
+    return arch in _TIED_BY_DEFAULT
+
+
 # Gated DeltaNet hybrids (qwen3next.cpp, qwen35.cpp, qwen35moe.cpp) and Mamba-2 ones (mamba2.cpp,
 # granite-hybrid.cpp, nemotron-h.cpp): the recurrent mixers whose tensors are counted
 _DELTA_NET = frozenset({"qwen3next", "qwen35", "qwen35moe"})
@@ -253,7 +266,7 @@ def params_from_metadata(
     m = _Md(metadata, arch, spec.n_layer_all)
     hp = _hp(config or {})
     e = spec.n_embd
-    tied = bool(hp.get("tie_word_embeddings", arch in _TIED_BY_DEFAULT))
+    tied = _tied(hp, arch)
     n_layer = spec.n_layer
     gated = arch not in _UNGATED
     n_expert, n_used = spec.n_expert, spec.n_expert_used
@@ -646,10 +659,14 @@ def with_parts(
     routed experts, the layer split over several GPUs and partial offload are planned as for a GGUF, whose
     header lists the same parts."""
     bd = params(spec, config)
+    nextn_dropped = 0
     if sizes is None:
         if bd is None or not spec.weights_bytes:
             return spec
         sizes = sized(bd, quant, max(1, spec.weights_bytes - projector_bytes), expert_bpw=expert_bpw)
+        # the MTP/NextN blocks the file holds and llama.cpp does not load unless a draft-mtp run asks
+        # (src/models/deepseek2.cpp, glm4-moe.cpp: TENSOR_SKIP without load_mtp): not the output layer's
+        nextn_dropped = sizes.nextn if 0 < sizes.nextn < spec.weights_bytes else 0
     b = sizes
     layers = b.layers + (0,) * spec.n_layer_nextn
     # the largest tensor of each block, for op offload's copy (kvadvise.planner.offload): a merged
@@ -663,6 +680,9 @@ def with_parts(
     # (an encoder has no output layer: nothing reads token_embd but its lookup)
     tied_read = bool(bd is not None and not bd.output and spec.architecture not in _ENCODERS)
     active = spec.active_params if bd is None else bd.active + (bd.tok_embd if tied_read else 0)
+    if nextn_dropped:
+        note = f"its MTP block ({nextn_dropped / 1e9:.2f} GB of the file) is not loaded by llama.cpp"
+        spec = dataclasses.replace(spec, weights_bytes=spec.weights_bytes - nextn_dropped, notes=(*spec.notes, note))
     return dataclasses.replace(
         spec,
         tok_embd_bytes=b.tok_embd,
@@ -730,7 +750,7 @@ def k_mix_sizes(spec: ModelSpec, config: Mapping[str, object], quant: str) -> tu
             a += F32_BYTES * (q_dim + 2 * kv_dim)  # q, k and v biases
         attn.append(a)
         dense.append(2 * mat(e, n_ff, base) + mat(n_ff, e, high if more else base) + F32_BYTES * e)  # + ffn_norm
-    tied = bool(hp.get("tie_word_embeddings", arch in _TIED_BY_DEFAULT))
+    tied = _tied(hp, arch)
     q6 = _K_BLOCK_BYTES["Q6_K"]
     tok = mat(e, spec.n_vocab, q6 if tied else base)
     out = 0 if tied else mat(e, spec.n_vocab, q6)

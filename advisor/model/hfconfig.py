@@ -815,10 +815,13 @@ def _lfm2(hp: _HParams, w: _Writer, notes: list[str]) -> None:
         ff = hp.need(("block_ff_dim", "intermediate_size"), "LFM2's feed-forward")
         ff = int(2 * ff / 3)
         mult = hp.get("block_ffn_dim_multiplier")
-        if isinstance(mult, (int, float)) and not isinstance(mult, bool):
+        if mult is not None:
+            if isinstance(mult, bool) or not isinstance(mult, (int, float)) or not 0 < mult <= 64:
+                raise hp.fail(f"block_ffn_dim_multiplier should be a number from 0 to 64, got {mult!r}")
             ff = int(mult * ff)
         multiple_of = hp.num(("block_multiple_of",)) or 1
-        w.put(LLM.FEED_FORWARD_LENGTH, multiple_of * ((ff + multiple_of - 1) // multiple_of))
+        ff = multiple_of * ((ff + multiple_of - 1) // multiple_of)
+        w.put(LLM.FEED_FORWARD_LENGTH, hp.check_int("block_ff_dim x block_ffn_dim_multiplier", ff))
     _vocab(hp, w)
 
 

@@ -307,6 +307,7 @@ def take(kwargs: dict[str, Any], *, load: Callable[[str], ModelSpec] | None = No
     no_repack = kwargs.pop("no_repack", False)
     model_draft = kwargs.pop("model_draft", None)
     values: dict[str, Any] = {f.name: kwargs.pop(f.name) for f in fields(PlanRequest) if f.name in kwargs}
+    values["typed"] = typed(list(values))  # a flag typed at its default value is still asked for
     if values.get("tensor_split") is None:
         values.pop("tensor_split", None)
     if "rpc" in values:
