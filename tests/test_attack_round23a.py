@@ -1,0 +1,167 @@
+"""Review round 23a: the new MoE and MLA compute rules (memory.cpu_experts_boundary_bytes / offload.tail_cut,
+memory.host_experts_device_growth for gpt-oss, sizes.graph_sizes' absorbed MLA attention, split._GATHER_AFTER_LOOP)
+against real allocations of llama.cpp b11312.
+
+Two harnesses:
+- fast: llama.cpp's own allocation pass (llama-fit-params -fitp on, over one loopback rpc-server; tests/test_host_experts.py
+  ``_device_mib``) against kvadvise.planner.memory's device compute figure;
+- end to end: tests/test_attack_round19d.py ``_case`` / ``_check`` (``kvadvise llamacpp MODEL --rpc EP=BUDGET ...
+  --margin 0 --ctx N FLAGS --json``, its run_command run by llama-server b11312 over loopback rpc-servers, compared
+  with the budgets, the bar 16 MiB / 3 %, and llama-server's own --fit).
+Vendored source: /tmp/lcpp/llama_cpp_python-0.3.36/vendor/llama.cpp (b11312).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_attack_round19d import _case, _check
+from test_host_experts import _close, _device_mib
+from tinymodels import write_tiny_gguf
+
+from kvadvise.model.architecture import from_gguf
+from kvadvise.model.ggml import GGMLType
+from kvadvise.model.gguf import read_file
+from kvadvise.planner.memory import RunConfig, device_compute_bytes, host_experts_device_growth, resolve
+
+pytestmark = pytest.mark.llama
+MIB = 1 << 20
+
+# real models' dimensions in a few layers (experts cut to 16-32: the count moves only the router's logits)
+MLA = {
+    # moonshotai/Kimi-K2-Instruct config.json: 64 heads, n_embd 7168, q_lora 1536
+    "kimi-k2": dict(n_layer=3, n_embd=7168, n_head=64, n_ff=18432, qk_nope=128, qk_rope=64, v_head=128, kv_lora=512,
+                    q_lora=1536, n_expert=16, n_expert_used=8, n_expert_shared=1, n_ff_exp=2048, n_dense_lead=1),
+    # deepseek-ai/DeepSeek-V3 config.json: 128 heads
+    "deepseek-v3": dict(n_layer=3, n_embd=7168, n_head=128, n_ff=18432, qk_nope=128, qk_rope=64, v_head=128,
+                        kv_lora=512, q_lora=1536, n_expert=16, n_expert_used=8, n_expert_shared=1, n_ff_exp=2048,
+                        n_dense_lead=1),
+    # zai-org/GLM-4.7-Flash
+    "glm-4.7-flash": dict(n_layer=4, n_embd=2048, n_head=20, n_ff=10240, qk_nope=192, qk_rope=64, v_head=256,
+                          kv_lora=512, q_lora=768, n_expert=16, n_expert_used=4, n_expert_shared=1, n_ff_exp=1536,
+                          n_dense_lead=1),
+}  # fmt: skip
+
+QWEN3MOE = {
+    # Qwen/Qwen3-30B-A3B config.json (128 experts cut to 32)
+    "qwen3-30b-a3b": dict(n_layer=6, n_embd=2048, n_head=32, n_head_kv=4, head=128, n_expert=32, n_expert_used=8,
+                          n_ff_exp=768),
+    # Qwen/Qwen3-235B-A22B config.json (128 experts cut to 16)
+    "qwen3-235b": dict(n_layer=4, n_embd=4096, n_head=64, n_head_kv=4, head=128, n_expert=16, n_expert_used=8,
+                       n_ff_exp=1536),
+}  # fmt: skip
+GLM4MOE = {
+    # zai-org/GLM-4.5-Air config.json (128 experts cut to 16; one dense lead block, the MTP block appended)
+    "glm-4.5-air": dict(n_layer_all=5, n_nextn=1, n_embd=4096, n_head=96, n_head_kv=8, head=128, n_rot=64,
+                        n_ff=10944, n_expert=16, n_expert_used=8, n_expert_shared=1, n_ff_exp=1408, n_dense_lead=1),
+}  # fmt: skip
+
+_MLA_CASES = [
+    ("kimi-k2", 16384, 512, "on", "f16"),
+    ("kimi-k2", 16384, 2048, "on", "f16"),
+    ("kimi-k2", 65536, 1024, "on", "q8_0"),
+    ("deepseek-v3", 4096, 512, "on", "f16"),
+    ("deepseek-v3", 16384, 1024, "on", "f16"),
+    ("glm-4.7-flash", 32768, 1024, "on", "q8_0"),
+    ("glm-4.7-flash", 8192, 512, "off", "f16"),
+    ("kimi-k2", 8192, 512, "off", "f16"),
+]
+
+
+@pytest.mark.parametrize("case", _MLA_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_mla_full_offload_compute(case: tuple, fit_params: Path, rpc_endpoint: str, tmp_path: Path) -> None:
+    name, n_ctx, ub, fa, kv = case
+    model = write_tiny_gguf(tmp_path / f"{name}.gguf", "deepseek2-mla", n_vocab=8000, n_ctx_train=131072,
+                            dims=MLA[name], sparse=True)  # fmt: skip
+    spec = from_gguf(read_file(model))
+    t = GGMLType[kv.upper()]
+    lay = resolve(spec, RunConfig(n_ctx=n_ctx, n_ubatch=ub, n_batch=max(2048, ub), flash_attn=fa, type_k=t,
+                                  type_v=t, device="rpc", runtime="library"))  # fmt: skip
+    args = ["-c", str(n_ctx), "-ub", str(ub), "-b", str(max(2048, ub)), "-fa", fa, "-np", "1", "-ngl", "99",
+            "-ctk", kv, "-ctv", kv]  # fmt: skip
+    measured = _device_mib(fit_params, model, args, rpc_endpoint)
+    planned = device_compute_bytes(spec, lay)
+    assert planned >= 0.99 * measured * MIB and _close(planned, measured), (planned / MIB, measured)
+
+
+# gpt-oss's biased experts with --n-cpu-moe on an RPC device (memory.host_experts_device_growth)
+GPT_OSS = {
+    # openai/gpt-oss-120b config.json: n_embd 2880, 64 heads of 64, 8 kv heads, 4 used experts of 2880, swa 128
+    "gpt-oss-120b": dict(n_layer=8, n_embd=2880, n_head=64, n_head_kv=8, head=64, n_swa=128, n_expert=16,
+                         n_expert_used=4, n_ff_exp=2880),
+    # gpt-oss-20b: 24 layers, 32 experts: same widths
+    "gpt-oss-20b": dict(n_layer=8, n_embd=2880, n_head=64, n_head_kv=8, head=64, n_swa=128, n_expert=32,
+                        n_expert_used=4, n_ff_exp=2880),
+    # a narrower, more-used variant (the rule's n_ff_exp < n_embd branch)
+    "gpt-oss-narrow-8": dict(n_layer=8, n_embd=1024, n_head=16, n_head_kv=4, head=64, n_swa=128, n_expert=16,
+                             n_expert_used=8, n_ff_exp=512),
+}  # fmt: skip
+
+_GPT_CASES = [
+    ("gpt-oss-120b", 16384, 512, "f16", (1, 4, 7)),
+    ("gpt-oss-120b", 32768, 1024, "q8_0", (2, 8)),
+    ("gpt-oss-20b", 65536, 2048, "f16", (1, 6)),
+    ("gpt-oss-narrow-8", 16384, 2048, "f16", (1, 3, 8)),
+    ("gpt-oss-narrow-8", 4096, 512, "q8_0", (2, 5)),
+]
+
+
+@pytest.mark.parametrize("case", _GPT_CASES, ids=lambda c: f"{c[0]}-{c[1]}-ub{c[2]}-{c[3]}")
+def test_gpt_oss_host_experts_growth(case: tuple, fit_params: Path, rpc_endpoint: str, tmp_path: Path) -> None:
+    name, n_ctx, ub, kv, n_cpu_moe = case
+    model = write_tiny_gguf(tmp_path / f"{name}.gguf", "gpt-oss", n_vocab=8000, n_ctx_train=131072, dims=GPT_OSS[name],
+                            sparse=True)  # fmt: skip
+    spec = from_gguf(read_file(model))
+    t = GGMLType[kv.upper()]
+    lay = resolve(spec, RunConfig(n_ctx=n_ctx, n_ubatch=ub, n_batch=max(2048, ub), flash_attn="on", type_k=t,
+                                  type_v=t, device="rpc", runtime="library"))  # fmt: skip
+    args = ["-c", str(n_ctx), "-ub", str(ub), "-b", str(max(2048, ub)), "-fa", "on", "-np", "1", "-ngl", "99",
+            "-ctk", kv, "-ctv", kv]  # fmt: skip
+    full = device_compute_bytes(spec, lay)
+    bad = []
+    for n in n_cpu_moe:
+        measured = _device_mib(fit_params, model, [*args, "--n-cpu-moe", str(n)], rpc_endpoint)
+        planned = full + host_experts_device_growth(spec, lay, device_experts=n < spec.n_layer)
+        if not (planned >= measured * MIB and _close(planned, measured)):
+            bad.append((n, round(planned / MIB, 2), measured))
+    assert not bad, bad
+
+
+MIXTRAL = {
+    # mistralai/Mixtral-8x7B config.json: 8 experts of 14336, 2 used (the recipe's experts q4_0)
+    "mixtral-8x7b": dict(n_layer=3, n_embd=4096, n_head=32, n_head_kv=8, head=128, n_ff=14336, n_expert=8,
+                         n_expert_used=2),
+}  # fmt: skip
+SHAPES = {**{k: ("qwen3moe", v) for k, v in QWEN3MOE.items()}, **{k: ("glm4moe", v) for k, v in GLM4MOE.items()},
+          **{k: ("mixtral", v) for k, v in MIXTRAL.items()}, **{k: ("gpt-oss", v) for k, v in GPT_OSS.items()}}
+
+_FULL_CASES = [
+    ("glm-4.5-air", 16384, 512, "on", "f16"),
+    ("glm-4.5-air", 16384, 1024, "on", "f16"),
+    ("glm-4.5-air", 65536, 2048, "on", "q8_0"),
+    ("qwen3-30b-a3b", 32768, 2048, "on", "q8_0"),
+    ("qwen3-235b", 16384, 1024, "on", "f16"),
+    ("mixtral-8x7b", 32768, 512, "on", "f16"),
+    ("mixtral-8x7b", 8192, 2048, "off", "f16"),
+]
+
+
+@pytest.mark.parametrize("case", _FULL_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_moe_full_offload_compute(case: tuple, fit_params: Path, rpc_endpoint: str, tmp_path: Path) -> None:
+    name, n_ctx, ub, fa, kv = case
+    recipe, dims = SHAPES[name]
+    model = write_tiny_gguf(tmp_path / f"{name}.gguf", recipe, n_vocab=8000, n_ctx_train=131072, dims=dims,
+                            sparse=True)  # fmt: skip
+    spec = from_gguf(read_file(model))
+    t = GGMLType[kv.upper()]
+    lay = resolve(spec, RunConfig(n_ctx=n_ctx, n_ubatch=ub, n_batch=max(2048, ub), flash_attn=fa, type_k=t,
+                                  type_v=t, device="rpc", runtime="library"))  # fmt: skip
+    args = ["-c", str(n_ctx), "-ub", str(ub), "-b", str(max(2048, ub)), "-fa", fa, "-np", "1", "-ngl", "99",
+            "-ctk", kv, "-ctv", kv]  # fmt: skip
+    measured = _device_mib(fit_params, model, args, rpc_endpoint)
+    planned = device_compute_bytes(spec, lay)
+    assert planned >= 0.99 * measured * MIB and _close(planned, measured), (planned / MIB, measured)
