@@ -13,13 +13,18 @@ Vendored source: /tmp/lcpp/llama_cpp_python-0.3.36/vendor/llama.cpp (b11312).
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
+import shlex
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_attack_round19d import _case, _check
+from rpc_devices import devices, run_server
+from test_attack_round19d import _case, _check, _devices
 from test_host_experts import _close, _device_mib
 from tinymodels import write_tiny_gguf
 
@@ -165,3 +170,66 @@ def test_moe_full_offload_compute(case: tuple, fit_params: Path, rpc_endpoint: s
     measured = _device_mib(fit_params, model, args, rpc_endpoint)
     planned = device_compute_bytes(spec, lay)
     assert planned >= 0.99 * measured * MIB and _close(planned, measured), (planned / MIB, measured)
+
+
+def _said_to_fit(tmp: Path, recipe: str, dims: dict, budget: int, ctx: int, flags: list[str], server: Path):
+    """kvadvise's own one-device plan (``fits`` true: the run_command as given, -ngl 999 and the user's --n-cpu-moe),
+    run by llama-server b11312 over one rpc-server: (kvadvise's device total, the printed total, the command)."""
+    from llama_server_build import rpc_server
+
+    from kvadvise.cli import main
+
+    model = write_tiny_gguf(tmp / f"{recipe}.gguf", recipe, n_vocab=8000, n_ctx_train=32768, dims=dims, sparse=True)
+    with devices(rpc_server(), 1) as eps:
+        argv = ["llamacpp", str(model), "--rpc", f"{eps[0]}={budget}MiB", "--margin", "0", "--ctx", str(ctx), *flags]
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf), contextlib.suppress(SystemExit):
+            main([*argv, "--ram", "16GiB", "--llama-build", "b11312", "--json"])
+        doc = json.loads(buf.getvalue())
+        assert doc["fits"] is True, doc.get("offload")
+        run = shlex.split(doc["llama_server"]["run_command"])
+        args = run[run.index("-m") + 2 :]
+        i = args.index("--rpc")
+        del args[i : i + 2]
+        real = _devices(run_server(server, model, [*args, "--no-warmup", "--threads", "1"], eps), eps)[0]
+    return doc["memory"]["devices"][0]["total_bytes"] / MIB, real.total, " ".join(args)
+
+
+def test_mixtral_one_layers_experts_on_the_host_said_to_fit_goes_over_the_budget(
+    tmp_path: Path, real_llama_server: Path
+) -> None:
+    """UNDER (OOM side). `kvadvise llamacpp mixtral(Mixtral-8x7B's widths in 3 layers: n_embd 4096, 32 heads, 8 kv,
+    8 experts of 14336 (q4_0), 2 used; n_vocab 8000) --rpc A=2740MiB --margin 0 --ctx 16384 -ub 2048 --n-cpu-moe 1`
+    says it fits (-ngl 999 --n-cpu-moe 1 -fa on, f16 cache): 2726.67 MiB planned (compute 832.19).
+    llama-server b11312 prints 2758.52 (model 1702.48 + KV 192.00 + compute 864.04): UNDER by 31.85 MiB (1.2 % of
+    the total, 3.8 % of the compute) and 18.5 MiB over the budget. At -ub 1024: 2310.58 planned, 2326.50 printed
+    (16 under). The full offload of the same model is planned right (test_moe_full_offload_compute[mixtral-*]).
+    Rule (best guess): memory.host_experts_device_growth plans nothing for an MoE without shared experts and without
+    biases; the device's blocks after a block whose experts ran on the CPU (ggml-rpc has no offload_op) grow by one
+    [n_embd, n_ubatch] f32 (4096 x 2048 x 4 = 32 MiB; 16 at -ub 1024): the expert output copied back beside the
+    residual, as for gpt-oss but one row, not n_expert_used of them (2 used experts of 14336, wider than n_embd).
+    """
+    planned, real, cmd = _said_to_fit(tmp_path, "mixtral", MIXTRAL["mixtral-8x7b"], 2740, 16384,
+                                      ["-ub", "2048", "--n-cpu-moe", "1"], real_llama_server)  # fmt: skip
+    assert real <= 2740 and real - 16 <= planned <= real + max(16, 0.03 * real), (cmd, planned, real)
+
+
+def test_gpt_oss_narrow_experts_all_on_the_host_said_to_fit_goes_over_the_budget(
+    tmp_path: Path, real_llama_server: Path
+) -> None:
+    """UNDER (OOM side). `kvadvise llamacpp gpt-oss(8 layers, n_embd 1024, 16 heads of 64, 4 kv, swa 128, 16 experts of
+    512, 8 used; n_vocab 8000) --rpc A=320MiB --margin 0 --ctx 16384 -ub 2048 -ctk f16 -ctv f16 --n-cpu-moe 8` says it
+    fits: `-ngl 999 --n-cpu-moe 8 -fa auto`, 290.77 MiB planned (56.27 weights + 73 KV + 161.5 compute).
+    llama-server b11312 prints 354.31 (compute 225.04): UNDER by 63.5 MiB (18 %; 28 % of the compute), 34 MiB over
+    the budget. llama-fit-params' allocation pass on the same shape: 193.08 MiB at full offload, 289.04 with
+    --n-cpu-moe 1-5, 225.04 with 6, 7 or 8 (test_gpt_oss_host_experts_growth[gpt-oss-narrow-8-16384-ub2048-f16]).
+    gpt-oss-120b's widths (n_ff_exp = n_embd = 2880, 4 used) at --n-cpu-moe 8 are planned right (240.41 / 240.04).
+    Rule (best guess): offload's "every expert on the host" cut (no gate/up/GLU on the device, device_compute_bytes
+    with n_ff_exp 1) does not hold for gpt-oss: its biased experts' ggml_add_id outputs and the [n_embd,
+    n_expert_used, n_ubatch] f32 expert output (64 MiB here) stay on the device, so with experts narrower than n_embd
+    the device keeps the full offload's figure plus half an output (193 + 32 = 225).
+    """
+    planned, real, cmd = _said_to_fit(tmp_path, "gpt-oss", GPT_OSS["gpt-oss-narrow-8"], 320, 16384,
+                                      ["-ub", "2048", "-ctk", "f16", "-ctv", "f16", "--n-cpu-moe", "8"],
+                                      real_llama_server)  # fmt: skip
+    assert real <= 320 and real - 16 <= planned <= real + max(16, 0.03 * real), (cmd, planned, real)
