@@ -349,13 +349,13 @@ _PARTIAL = [
                  "-np", "2"], id="qwen3-30b-2dev-np2"),  # fmt: skip
     pytest.param("mixtral", "mixtral-8x7b", [900], 16384, ["-ub", "512", "-ctk", "f16", "-ctv", "f16"],
                  id="mixtral-8x7b-900"),
+    pytest.param("qwen3moe", "qwen3-30b-a3b", [200, 200, 200], 16384, ["-ub", "1024", "-ctk", "f16", "-ctv", "f16",
+                 "-np", "2"], id="qwen3-30b-3dev-np2-share"),  # fmt: skip
     # regression guards (passed)
     pytest.param("qwen3moe", "qwen3-30b-a3b", [400], 16384, ["-ub", "2048", "-ctk", "f16", "-ctv", "f16"],
                  id="guard-qwen3-30b-400"),
     pytest.param("qwen3moe", "qwen3-30b-a3b", [250], 16384, ["-ub", "512", "-ctk", "f16", "-ctv", "f16",
                  "--n-cpu-moe", "3"], id="guard-qwen3-30b-n-cpu-moe-3"),  # fmt: skip
-    pytest.param("qwen3moe", "qwen3-30b-a3b", [200, 200, 200], 16384, ["-ub", "1024", "-ctk", "f16", "-ctv", "f16",
-                 "-np", "2"], id="guard-qwen3-30b-3dev-np2"),  # fmt: skip
     pytest.param("qwen3moe", "qwen3-235b", [700], 16384, ["-ub", "2048", "-ctk", "f16", "-ctv", "f16"],
                  id="guard-qwen3-235b-700"),
     pytest.param("deepseek2-mla", "glm-4.7-flash", [500], 32768, ["-ub", "1024", "-ctk", "q8_0", "-ctv", "q8_0"],
@@ -381,6 +381,9 @@ def test_partial_plans_over(
     | qwen3-30b [300,300] 32k -ub 1024 q8_0 -np 2 | -ngl 3 --n-cpu-moe 6 -ts 1,2 | 270.55, 205.56 | 182.40, 213.65 |
       +88.1 (48 %), -8.1 | 67.53 vs 103.79 |
     | mixtral-8x7b [900] 16k -ub 512 | -ngl 4 --n-cpu-moe 3 | 506.48 | 438.49 | +68.0 (15.5 %) | 62.52 vs 190.48 |
+    | qwen3-30b [200,200,200] 16k -ub 1024 -np 2 | -ngl 2 --n-cpu-moe 6 -ts 0.2,0.2,0.2 | 164.27, 31.55, 0 |
+      164.32, 31.42, 0 | on the bar | 103.80 vs 67.53: --fit puts a block on A and B each and the output on C
+      (164.32, 164.32, 31.42 MiB, inside 200 each); kvadvise leaves C empty |
 
     Rules (best guesses): glm-4.5-air and kimi-k2 inherit the full offload's over (test_moe_full_offload_compute,
     test_mla_full_offload_compute) and at --margin 0 it costs blocks against --fit; the gpt-oss, qwen3moe and mixtral
