@@ -432,3 +432,39 @@ def test_explicit_n_cpu_moe_said_to_fit(
     dims = SHAPES.get(shape, (None, MLA.get(shape)))[1]
     planned, real, cmd = _said_to_fit(tmp_path, recipe, dims, 3000, ctx, flags, real_llama_server)
     assert real <= 3000 and real - 16 <= planned <= real + max(16, 0.03 * real), (cmd, planned, real)
+
+
+@pytest.mark.parametrize(
+    ("shape", "budgets", "ctx", "flags"),
+    [
+        pytest.param("qwen3-30b-a3b", [300], 8192, ["-ub", "512", "-fa", "off", "-ctk", "f16", "-ctv", "f16"],
+                     id="qwen3-30b-one-device"),
+        pytest.param("qwen3-30b-a3b", [300, 300], 8192, ["-ub", "1024", "-fa", "off"], id="qwen3-30b-two-devices"),
+        pytest.param("qwen3-235b", [600, 600], 4096, ["-ub", "512", "-fa", "off", "-ctk", "f16", "-ctv", "f16"],
+                     id="qwen3-235b-two-devices"),
+    ],
+)
+def test_last_block_alone_without_flash_attention_keeps_its_kq(
+    shape: str, budgets: list[int], ctx: int, flags: list[str], tmp_path: Path, real_llama_server: Path
+) -> None:
+    """UNDER (OOM side), by the whole KQ matrix. `kvadvise llamacpp qwen3moe(SHAPE) --rpc EP=BUDGET ... --margin 0
+    --ctx N -fa off ...` (test_attack_round19d._case; llama-server b11312 over loopback rpc-servers):
+
+    | shape, budgets, ctx, -ub | kvadvise's command | predicted A | printed A | under | over budget |
+    | Qwen3-30B-A3B's widths (6 layers, 32 heads) [300] 8k 512 | -ngl 2 --n-cpu-moe 6 | 139.52 | 653.54 | 514.0
+      (79 %) | 353.5 |
+    | same [300,300] 8k 1024 | -ngl 2 --n-cpu-moe 6 -ts 0.29,0.29 | 164.27 | 1192.31 | 1028.0 (86 %) | 892.3 |
+    | Qwen3-235B's widths (4 layers, 64 heads) [600,600] 4k 512 | -ngl 2 --n-cpu-moe 4 -ts 0.59,0.59 | 232.28 |
+      746.30 | 514.0 (69 %) | 146.3 |
+    (at 32k -ub 1024 the 235B shape's A prints 8684.32 MiB for 488.28 planned.) --fit puts no block on A in each.
+
+    The device holds the last block alone (offload.tail_cut's ``last_alone`` branch: cut = boundary_last -
+    full_compute); memory.cpu_experts_boundary_bytes(last_block=True) is masks + 2 rows of n_embd + one experts'
+    output, measured with flash attention only. Without it, that block's attention still runs on the whole ubatch
+    (the output rows are gathered after the attention, before the FFN, src/models/qwen3moe.cpp): its KQ
+    [n_kv, n_ubatch, n_head] f32 (8192 x 512 x 32 x 4 = 512 MiB; 8192 x 1024 x 32 x 4 = 1024; 4096 x 512 x 64 x 4 =
+    512) is the device's peak. Rule: the last-block case must keep the attention's live set at n_ubatch (the full
+    offload's attention peak) and take the max with the masks-and-rows figure; only the FFN runs at the output rows.
+    """
+    c = _case(tmp_path, "qwen3moe", QWEN3MOE[shape], budgets, ctx, flags, real_llama_server)
+    _check(c)
