@@ -442,6 +442,10 @@ def test_explicit_n_cpu_moe_said_to_fit(
         pytest.param("qwen3-30b-a3b", [300, 300], 8192, ["-ub", "1024", "-fa", "off"], id="qwen3-30b-two-devices"),
         pytest.param("qwen3-235b", [600, 600], 4096, ["-ub", "512", "-fa", "off", "-ctk", "f16", "-ctv", "f16"],
                      id="qwen3-235b-two-devices"),
+        pytest.param("qwen3-30b-a3b", [800], 8192, ["-ub", "512", "-fa", "off", "-ctk", "f16", "-ctv", "f16"],
+                     id="qwen3-30b-plain-ngl"),
+        pytest.param("mixtral-8x7b", [1000], 4096, ["-ub", "512", "-fa", "off", "-ctk", "f16", "-ctv", "f16"],
+                     id="mixtral-plain-ngl"),
     ],
 )
 def test_last_block_alone_without_flash_attention_keeps_its_kq(
@@ -456,6 +460,9 @@ def test_last_block_alone_without_flash_attention_keeps_its_kq(
     | same [300,300] 8k 1024 | -ngl 2 --n-cpu-moe 6 -ts 0.29,0.29 | 164.27 | 1192.31 | 1028.0 (86 %) | 892.3 |
     | Qwen3-235B's widths (4 layers, 64 heads) [600,600] 4k 512 | -ngl 2 --n-cpu-moe 4 -ts 0.59,0.59 | 232.28 |
       746.30 | 514.0 (69 %) | 146.3 |
+    | Qwen3-30B-A3B's widths [800] 8k 512 | -ngl 2 (plain: the device runs its block's experts) | 427.52 | 941.54 |
+      514.0 (55 %) | 141.5 |
+    | Mixtral-8x7B's widths (3 layers, 32 heads) [1000] 4k 512 | -ngl 2 | 917.17 | 1177.18 | 260.0 (22 %) | 177.2 |
     (at 32k -ub 1024 the 235B shape's A prints 8684.32 MiB for 488.28 planned.) --fit puts no block on A in each.
 
     The device holds the last block alone (offload.tail_cut's ``last_alone`` branch: cut = boundary_last -
@@ -466,5 +473,6 @@ def test_last_block_alone_without_flash_attention_keeps_its_kq(
     512) is the device's peak. Rule: the last-block case must keep the attention's live set at n_ubatch (the full
     offload's attention peak) and take the max with the masks-and-rows figure; only the FFN runs at the output rows.
     """
-    c = _case(tmp_path, "qwen3moe", QWEN3MOE[shape], budgets, ctx, flags, real_llama_server)
+    recipe, dims = SHAPES[shape]
+    c = _case(tmp_path, recipe, dims, budgets, ctx, flags, real_llama_server)
     _check(c)
