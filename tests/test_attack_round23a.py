@@ -464,6 +464,9 @@ def test_last_block_alone_without_flash_attention_keeps_its_kq(
       514.0 (55 %) | 141.5 |
     | Mixtral-8x7B's widths (3 layers, 32 heads) [1000] 4k 512 | -ngl 2 | 917.17 | 1177.18 | 260.0 (22 %) | 177.2 |
     (at 32k -ub 1024 the 235B shape's A prints 8684.32 MiB for 488.28 planned.) --fit puts no block on A in each.
+    A regression of 872facf: at its parent the same commands plan the output layer alone on A for [300] (31.41 vs
+    31.34 printed), 752.06 vs 758.08 for qwen3-30b [800] (-ngl 2 plus its KQ) and 550.48 vs 538.49 for mixtral
+    [1000]: all inside their budgets.
 
     The device holds the last block alone (offload.tail_cut's ``last_alone`` branch: cut = boundary_last -
     full_compute); memory.cpu_experts_boundary_bytes(last_block=True) is masks + 2 rows of n_embd + one experts'
