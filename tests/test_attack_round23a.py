@@ -351,6 +351,8 @@ _PARTIAL = [
                  id="mixtral-8x7b-900"),
     pytest.param("qwen3moe", "qwen3-30b-a3b", [200, 200, 200], 16384, ["-ub", "1024", "-ctk", "f16", "-ctv", "f16",
                  "-np", "2"], id="qwen3-30b-3dev-np2-share"),  # fmt: skip
+    pytest.param("qwen3moe", "qwen3-30b-a3b", [600], 16384, ["-ub", "512", "-fa", "on", "-ctk", "q8_0", "-ctv", "f16"],
+                 id="qwen3-30b-600-share"),
     # regression guards (passed)
     pytest.param("qwen3moe", "qwen3-30b-a3b", [400], 16384, ["-ub", "2048", "-ctk", "f16", "-ctv", "f16"],
                  id="guard-qwen3-30b-400"),
@@ -384,6 +386,8 @@ def test_partial_plans_over(
     | qwen3-30b [200,200,200] 16k -ub 1024 -np 2 | -ngl 2 --n-cpu-moe 6 -ts 0.2,0.2,0.2 | 164.27, 31.55, 0 |
       164.32, 31.42, 0 | on the bar | 103.80 vs 67.53: --fit puts a block on A and B each and the output on C
       (164.32, 164.32, 31.42 MiB, inside 200 each); kvadvise leaves C empty |
+    | qwen3-30b [600] 16k -ub 512 -fa on q8_0/f16 | -ngl 2 | 436.02 | 436.11 | on the bar | 427.81 vs 355.52: --fit
+      runs 597.40 MiB inside the 600 with 72 MiB more weights (its partial -ngl with some experts on the CPU) |
 
     Rules (best guesses): glm-4.5-air and kimi-k2 inherit the full offload's over (test_moe_full_offload_compute,
     test_mla_full_offload_compute) and at --margin 0 it costs blocks against --fit; the gpt-oss, qwen3moe and mixtral
