@@ -182,7 +182,16 @@ MIXTRAL = {
     "mixtral-8x22b": dict(n_layer=4, n_embd=6144, n_head=48, n_head_kv=8, head=128, n_ff=16384, n_expert=8,
                           n_expert_used=2),
 }  # fmt: skip
-SHAPES = {**{k: ("qwen3moe", v) for k, v in QWEN3MOE.items()}, **{k: ("glm4moe", v) for k, v in GLM4MOE.items()},
+HYBRID_SHARED = {
+    # Qwen/Qwen1.5-MoE-A2.7B config.json (60 experts cut to 16): 4 used of 1408, a shared expert of 5632
+    "qwen1.5-moe-a2.7b": ("qwen2moe", dict(n_layer=6, n_embd=2048, n_head=16, n_head_kv=16, n_expert=16,
+                                           n_expert_used=4, n_ff_exp=1408, n_ff_shexp=5632)),
+    # Qwen3.5-35B-A3B's widths (tests/test_host_experts.py QWEN35_A3B) in 8 layers, 32 of 256 experts
+    "qwen3.5-35b-a3b": ("qwen35moe", dict(n_layer=8, n_embd=2048, n_head=16, n_head_kv=2, head=256, n_rot=64,
+                                         n_expert=32, n_expert_used=8, n_ff_exp=512, n_ff_shexp=512, d_conv=4,
+                                         gdn_head=128, n_k_heads=16, n_v_heads=32)),
+}  # fmt: skip
+SHAPES = {**HYBRID_SHARED, **{k: ("qwen3moe", v) for k, v in QWEN3MOE.items()}, **{k: ("glm4moe", v) for k, v in GLM4MOE.items()},
           **{k: ("mixtral", v) for k, v in MIXTRAL.items()}, **{k: ("gpt-oss", v) for k, v in GPT_OSS.items()}}
 
 _FULL_CASES = [
@@ -353,6 +362,12 @@ _PARTIAL = [
                  "-np", "2"], id="qwen3-30b-3dev-np2-share"),  # fmt: skip
     pytest.param("qwen3moe", "qwen3-30b-a3b", [600], 16384, ["-ub", "512", "-fa", "on", "-ctk", "q8_0", "-ctv", "f16"],
                  id="qwen3-30b-600-share"),
+    pytest.param("qwen2moe", "qwen1.5-moe-a2.7b", [600, 300], 16384, ["-ub", "2048", "-ctk", "q8_0", "-ctv", "q8_0"],
+                 id="qwen1.5-moe-2dev"),
+    pytest.param("qwen35moe", "qwen3.5-35b-a3b", [300], 65536, ["-ub", "2048", "-ctk", "q8_0", "-ctv", "q8_0"],
+                 id="qwen3.5-35b-output-alone"),
+    pytest.param("qwen35moe", "qwen3.5-35b-a3b", [250, 250], 16384, ["-ub", "512", "-fa", "off"],
+                 id="qwen3.5-35b-output-alone-fa-off"),
     # regression guards (passed)
     pytest.param("qwen3moe", "qwen3-30b-a3b", [400], 16384, ["-ub", "2048", "-ctk", "f16", "-ctv", "f16"],
                  id="guard-qwen3-30b-400"),
@@ -386,6 +401,11 @@ def test_partial_plans_over(
     | qwen3-30b [200,200,200] 16k -ub 1024 -np 2 | -ngl 2 --n-cpu-moe 6 -ts 0.2,0.2,0.2 | 164.27, 31.55, 0 |
       164.32, 31.42, 0 | on the bar | 103.80 vs 67.53: --fit puts a block on A and B each and the output on C
       (164.32, 164.32, 31.42 MiB, inside 200 each); kvadvise leaves C empty |
+    | qwen1.5-moe [600,300] 16k -ub 2048 q8_0 | -ngl 2 --n-cpu-moe 6 -ts 0.59,0.29 | 567.40, 0 | 341.56, 0 |
+      +225.8 (66 %) | 227.60 vs 129.43 (--fit: 576.46, 31.30) |
+    | qwen3.5-35b [300] 64k -ub 2048 q8_0 | -ngl 1 --n-cpu-moe 8 (the output layer alone) | 271.35 | 79.27 |
+      +192.1 (3.4x) | the same |
+    | qwen3.5-35b [250,250] 16k -ub 512 -fa off | -ngl 1 --n-cpu-moe 8 -ts 0.24,0.24 | 87.30 | 43.26 | +44.0 | same |
     | qwen3-30b [600] 16k -ub 512 -fa on q8_0/f16 | -ngl 2 | 436.02 | 436.11 | on the bar | 427.81 vs 355.52: --fit
       runs 597.40 MiB inside the 600 with 72 MiB more weights (its partial -ngl with some experts on the CPU) |
 
@@ -395,9 +415,12 @@ def test_partial_plans_over(
     compute (the experts' gate/up/GLU at the whole batch) where llama.cpp's device never runs them: 224.00 MiB for
     Mixtral-8x7B at --n-cpu-moe 3 of 3 where the full offload takes 832.05 (-ub 2048), 240.04 vs 420.08 for
     gpt-oss-120b; the all-host cut (offload.tail_cut) is applied only to one device at -ngl 99 on a model that
-    gathers in its last block without shared experts.
+    gathers in its last block without shared experts (offload's ``last_alone``: qwen2moe's last block alone, with
+    its shared expert, keeps the full offload's figure: 567.40 planned where 341.56 is printed). qwen35moe's output
+    layer alone: kvadvise plans 240 MiB of compute where llama.cpp reserves 48.01 at -ub 2048 (memory.
+    output_layer_compute_bytes or its recurrent state's copy are likely counted at the whole batch).
     """
-    dims = SHAPES.get(shape, (None, MLA.get(shape)))[1]
+    dims = SHAPES[shape][1] if shape in SHAPES else MLA[shape]
     c = _case(tmp_path, recipe, dims, budgets, ctx, flags, real_llama_server)
     _check(c)
 
@@ -433,7 +456,7 @@ def test_explicit_n_cpu_moe_said_to_fit(
     224.04 with a CPU_REPACK buffer for the q4_0 host experts and a 768.05 MiB CPU compute buffer; the printed
     figure is the truth here.)
     """
-    dims = SHAPES.get(shape, (None, MLA.get(shape)))[1]
+    dims = SHAPES[shape][1] if shape in SHAPES else MLA[shape]
     planned, real, cmd = _said_to_fit(tmp_path, recipe, dims, 3000, ctx, flags, real_llama_server)
     assert real <= 3000 and real - 16 <= planned <= real + max(16, 0.03 * real), (cmd, planned, real)
 
