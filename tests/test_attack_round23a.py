@@ -368,6 +368,11 @@ _PARTIAL = [
                  id="qwen3.5-35b-output-alone"),
     pytest.param("qwen35moe", "qwen3.5-35b-a3b", [250, 250], 16384, ["-ub", "512", "-fa", "off"],
                  id="qwen3.5-35b-output-alone-fa-off"),
+    pytest.param("gpt-oss", "gpt-oss-20b", [300, 500, 500], 16384, ["-ub", "2048"], id="gpt-oss-20b-3dev-share"),
+    pytest.param("qwen3moe", "qwen3-30b-a3b", [400, 400, 400], 16384, ["-ub", "2048", "-ctk", "f16", "-ctv", "f16",
+                 "-np", "4"], id="qwen3-30b-3dev-np4-share"),  # fmt: skip
+    pytest.param("qwen3moe", "qwen3-30b-a3b", [250, 700], 16384, ["-ub", "1024", "-ctk", "f16", "-ctv", "f16"],
+                 id="qwen3-30b-2dev-unequal-share"),
     # regression guards (passed)
     pytest.param("qwen3moe", "qwen3-30b-a3b", [400], 16384, ["-ub", "2048", "-ctk", "f16", "-ctv", "f16"],
                  id="guard-qwen3-30b-400"),
@@ -406,6 +411,12 @@ def test_partial_plans_over(
     | qwen3.5-35b [300] 64k -ub 2048 q8_0 | -ngl 1 --n-cpu-moe 8 (the output layer alone) | 271.35 | 79.27 |
       +192.1 (3.4x) | the same |
     | qwen3.5-35b [250,250] 16k -ub 512 -fa off | -ngl 1 --n-cpu-moe 8 -ts 0.24,0.24 | 87.30 | 43.26 | +44.0 | same |
+    | gpt-oss-20b [300,500,500] 16k -ub 2048 | -ngl 1 --n-cpu-moe 8 -ts 0.29,0.49,0.49 (the output layer only) |
+      224.01, 0, 0 | 178.99, 0, 0 | +45.0 (25 %) | 248.08 vs 43.96: --fit prints 199.60, 488.16, 178.99 |
+    | qwen3-30b [400,400,400] 16k -ub 2048 -np 4 | -ngl 2 --n-cpu-moe 6 -ts 0.39,0.39,0.39 | 244.27, 31.85, 0 |
+      244.37, 31.57, 0 | on the bar | 108.54 vs 67.53 (--fit: 244.37, 244.37, 31.57) |
+    | qwen3-30b [250,700] 16k -ub 1024 | -ngl 2 -ts 0,2 | 0, 499.52 | 0, 499.57 | on the bar | 428.06 vs 355.52
+      (--fit: 180.32, 647.84) |
     | qwen3-30b [600] 16k -ub 512 -fa on q8_0/f16 | -ngl 2 | 436.02 | 436.11 | on the bar | 427.81 vs 355.52: --fit
       runs 597.40 MiB inside the 600 with 72 MiB more weights (its partial -ngl with some experts on the CPU) |
 
