@@ -55,6 +55,9 @@ QWEN3MOE = {
     # Qwen/Qwen3-30B-A3B config.json (128 experts cut to 32)
     "qwen3-30b-a3b": dict(n_layer=6, n_embd=2048, n_head=32, n_head_kv=4, head=128, n_expert=32, n_expert_used=8,
                           n_ff_exp=768),
+    # a qwen3moe with Mixtral-like experts: 2 used of 4096, wider than n_embd
+    "qwen3moe-wide-2": dict(n_layer=6, n_embd=2048, n_head=32, n_head_kv=4, head=128, n_expert=16, n_expert_used=2,
+                            n_ff_exp=4096),
     # Qwen/Qwen3-235B-A22B config.json (128 experts cut to 16)
     "qwen3-235b": dict(n_layer=4, n_embd=4096, n_head=64, n_head_kv=4, head=128, n_expert=16, n_expert_used=8,
                        n_ff_exp=1536),
@@ -373,6 +376,8 @@ _PARTIAL = [
                  "-np", "4"], id="qwen3-30b-3dev-np4-share"),  # fmt: skip
     pytest.param("qwen3moe", "qwen3-30b-a3b", [250, 700], 16384, ["-ub", "1024", "-ctk", "f16", "-ctv", "f16"],
                  id="qwen3-30b-2dev-unequal-share"),
+    pytest.param("qwen3moe", "qwen3-235b", [2500], 16384, ["-ub", "2048", "-ctk", "f16", "-ctv", "f16"],
+                 id="qwen3-235b-2500-share"),
     # regression guards (passed)
     pytest.param("qwen3moe", "qwen3-30b-a3b", [400], 16384, ["-ub", "2048", "-ctk", "f16", "-ctv", "f16"],
                  id="guard-qwen3-30b-400"),
@@ -417,6 +422,9 @@ def test_partial_plans_over(
       244.37, 31.57, 0 | on the bar | 108.54 vs 67.53 (--fit: 244.37, 244.37, 31.57) |
     | qwen3-30b [250,700] 16k -ub 1024 | -ngl 2 -ts 0,2 | 0, 499.52 | 0, 499.57 | on the bar | 428.06 vs 355.52
       (--fit: 180.32, 647.84) |
+    | qwen3-235b [2500] 16k -ub 2048 (also with --n-cpu-moe 2 asked) | -ngl 5 --n-cpu-moe 3 | 1760.14 | 1759.68 |
+      on the bar | 1567.64 vs 1183.64: --fit runs 2431.68 inside 2500; kvadvise leaves 740 MiB unused, where one
+      more layer's experts take 576 |
     | qwen3-30b [600] 16k -ub 512 -fa on q8_0/f16 | -ngl 2 | 436.02 | 436.11 | on the bar | 427.81 vs 355.52: --fit
       runs 597.40 MiB inside the 600 with 72 MiB more weights (its partial -ngl with some experts on the CPU) |
 
@@ -516,4 +524,21 @@ def test_last_block_alone_without_flash_attention_keeps_its_kq(
     """
     recipe, dims = SHAPES[shape]
     c = _case(tmp_path, recipe, dims, budgets, ctx, flags, real_llama_server)
+    _check(c)
+
+
+def test_last_block_alone_with_wide_experts_is_two_rows_short(tmp_path: Path, real_llama_server: Path) -> None:
+    """UNDER (OOM side). `kvadvise llamacpp qwen3moe(6 layers, n_embd 2048, 32 heads of 128, 4 kv, 16 experts of
+    4096, 2 used: Mixtral-like experts wider than n_embd; n_vocab 8000) --rpc A=1000MiB --margin 0 --ctx 16384 -ub
+    2048 -ctk f16 -ctv f16` -> `-ngl 2 -fa auto -ub 2048` (the last block alone and the output layer, its experts
+    on the device). Predicted 995.40 MiB (835.40 weights + 32 KV + 128 compute); llama-server b11312 prints 1027.45
+    (compute 160.05): UNDER by 32.05 MiB (3.1 % of the total, 20 % of the compute) and 27.45 over the budget
+    (--fit, asked for the same budget, places the output layer alone: 31.32). At -ub 1024: 931.40 vs 947.43, 16
+    under. Rule (best guess): memory.cpu_experts_boundary_bytes(last_block=True), masks 64 + 2 rows of n_embd 32 +
+    one experts' output 32 = 128 MiB, was fitted on 512-wide experts; here two more [n_embd, n_ubatch] f32 rows (the
+    last block's attention output and residual at the whole batch before the gather, or the experts' input) are
+    live at the peak: 4 rows, not 2.
+    """
+    c = _case(tmp_path, "qwen3moe", QWEN3MOE["qwen3moe-wide-2"], [1000], 16384,
+              ["-ub", "2048", "-ctk", "f16", "-ctv", "f16"], real_llama_server)  # fmt: skip
     _check(c)
