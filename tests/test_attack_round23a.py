@@ -537,7 +537,8 @@ def test_last_block_alone_with_wide_experts_is_two_rows_short(tmp_path: Path, re
     under. Rule (best guess): memory.cpu_experts_boundary_bytes(last_block=True), masks 64 + 2 rows of n_embd 32 +
     one experts' output 32 = 128 MiB, was fitted on 512-wide experts; here two more [n_embd, n_ubatch] f32 rows (the
     last block's attention output and residual at the whole batch before the gather, or the experts' input) are
-    live at the peak: 4 rows, not 2.
+    live at the peak: 4 rows, not 2. New with 872facf: its parent plans `-ngl 7 --n-cpu-moe 6` here (760.42
+    predicted, 600.15 printed: over, inside the budget).
     """
     c = _case(tmp_path, "qwen3moe", QWEN3MOE["qwen3moe-wide-2"], [1000], 16384,
               ["-ub", "2048", "-ctk", "f16", "-ctv", "f16"], real_llama_server)  # fmt: skip
