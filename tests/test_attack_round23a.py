@@ -527,19 +527,29 @@ def test_last_block_alone_without_flash_attention_keeps_its_kq(
     _check(c)
 
 
-def test_last_block_alone_with_wide_experts_is_two_rows_short(tmp_path: Path, real_llama_server: Path) -> None:
+@pytest.mark.parametrize(
+    ("budget", "ctx", "flags"),
+    [
+        pytest.param(1000, 16384, ["-ub", "2048", "-ctk", "f16", "-ctv", "f16"], id="16k-f16"),
+        pytest.param(1010, 32768, ["-ub", "2048", "-ctk", "q8_0", "-ctv", "q8_0", "-np", "2"], id="32k-q8_0-np2"),
+    ],
+)
+def test_last_block_alone_with_wide_experts_is_two_rows_short(
+    budget: int, ctx: int, flags: list[str], tmp_path: Path, real_llama_server: Path
+) -> None:
     """UNDER (OOM side). `kvadvise llamacpp qwen3moe(6 layers, n_embd 2048, 32 heads of 128, 4 kv, 16 experts of
     4096, 2 used: Mixtral-like experts wider than n_embd; n_vocab 8000) --rpc A=1000MiB --margin 0 --ctx 16384 -ub
     2048 -ctk f16 -ctv f16` -> `-ngl 2 -fa auto -ub 2048` (the last block alone and the output layer, its experts
     on the device). Predicted 995.40 MiB (835.40 weights + 32 KV + 128 compute); llama-server b11312 prints 1027.45
     (compute 160.05): UNDER by 32.05 MiB (3.1 % of the total, 20 % of the compute) and 27.45 over the budget
     (--fit, asked for the same budget, places the output layer alone: 31.32). At -ub 1024: 931.40 vs 947.43, 16
-    under. Rule (best guess): memory.cpu_experts_boundary_bytes(last_block=True), masks 64 + 2 rows of n_embd 32 +
+    under. With `--ctx 32768 -ctk q8_0 -ctv q8_0 -np 2` (A=1200: 997.40 planned, 1029.53 printed, the same -ngl 2;
+    the case runs it at A=1010 MiB, where the same plan is 19.5 MiB over). Rule (best guess):
+    memory.cpu_experts_boundary_bytes(last_block=True), masks 64 + 2 rows of n_embd 32 +
     one experts' output 32 = 128 MiB, was fitted on 512-wide experts; here two more [n_embd, n_ubatch] f32 rows (the
     last block's attention output and residual at the whole batch before the gather, or the experts' input) are
     live at the peak: 4 rows, not 2. New with 872facf: its parent plans `-ngl 7 --n-cpu-moe 6` here (760.42
     predicted, 600.15 printed: over, inside the budget).
     """
-    c = _case(tmp_path, "qwen3moe", QWEN3MOE["qwen3moe-wide-2"], [1000], 16384,
-              ["-ub", "2048", "-ctk", "f16", "-ctv", "f16"], real_llama_server)  # fmt: skip
+    c = _case(tmp_path, "qwen3moe", QWEN3MOE["qwen3moe-wide-2"], [budget], ctx, flags, real_llama_server)
     _check(c)
