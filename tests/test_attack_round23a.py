@@ -9,6 +9,14 @@ Two harnesses:
   --margin 0 --ctx N FLAGS --json``, its run_command run by llama-server b11312 over loopback rpc-servers, compared
   with the budgets, the bar 16 MiB / 3 %, and llama-server's own --fit).
 Vendored source: /tmp/lcpp/llama_cpp_python-0.3.36/vendor/llama.cpp (b11312).
+
+UNDER (OOM side) found: the last block alone on a device without flash attention loses its KQ matrix (514-1028
+MiB, a regression of 872facf); the last block alone with experts wider than n_embd (32 MiB); Mixtral's blocks after
+host experts grow by one [n_embd, n_ubatch] f32 (32-48 MiB at -ub 2048); gpt-oss with narrow experts all on the host
+(63.5 MiB). OVER: the MLA rule on 64-128 heads (11-21 %), GLM-4.5-Air's full offload (13 %), devices whose blocks'
+experts all run on the host (mixtral, gpt-oss, qwen2moe, qwen3moe: 15-66 %), qwen35moe's output layer alone (3.4x),
+gpt-oss's growth where none happens (--n-cpu-moe 1, n_layer-1, n_layer), and plans that leave weights --fit places.
+Passing cases are regression guards (ids "guard-*", GLM-4.7-Flash's MLA, Qwen3/Mixtral full offload).
 """
 
 from __future__ import annotations
@@ -194,8 +202,13 @@ HYBRID_SHARED = {
                                          n_expert=32, n_expert_used=8, n_ff_exp=512, n_ff_shexp=512, d_conv=4,
                                          gdn_head=128, n_k_heads=16, n_v_heads=32)),
 }  # fmt: skip
-SHAPES = {**HYBRID_SHARED, **{k: ("qwen3moe", v) for k, v in QWEN3MOE.items()}, **{k: ("glm4moe", v) for k, v in GLM4MOE.items()},
-          **{k: ("mixtral", v) for k, v in MIXTRAL.items()}, **{k: ("gpt-oss", v) for k, v in GPT_OSS.items()}}
+SHAPES = {
+    **HYBRID_SHARED,
+    **{k: ("qwen3moe", v) for k, v in QWEN3MOE.items()},
+    **{k: ("glm4moe", v) for k, v in GLM4MOE.items()},
+    **{k: ("mixtral", v) for k, v in MIXTRAL.items()},
+    **{k: ("gpt-oss", v) for k, v in GPT_OSS.items()},
+}
 
 _FULL_CASES = [
     ("glm-4.5-air", 16384, 512, "on", "f16"),
@@ -349,44 +362,126 @@ def _rpc_compute_mib(binary: Path, model: Path, args: list[str], endpoint: str) 
 
 
 _PARTIAL = [
-    pytest.param("glm4moe", "glm-4.5-air", [900], 16384, ["-ub", "1024", "-ctk", "f16", "-ctv", "f16"],
-                 id="glm-4.5-air-900"),
+    pytest.param(
+        "glm4moe", "glm-4.5-air", [900], 16384, ["-ub", "1024", "-ctk", "f16", "-ctv", "f16"], id="glm-4.5-air-900"
+    ),
     pytest.param("deepseek2-mla", "kimi-k2", [2500], 16384, ["-ub", "512"], id="kimi-k2-2500"),
-    pytest.param("gpt-oss", "gpt-oss-120b", [800], 16384, ["-ub", "2048", "-ctk", "f16", "-ctv", "f16"],
-                 id="gpt-oss-120b-800"),
-    pytest.param("gpt-oss", "gpt-oss-narrow-8", [400], 16384, ["-ub", "2048", "-ctk", "f16", "-ctv", "f16"],
-                 id="gpt-oss-narrow-400"),
+    pytest.param(
+        "gpt-oss", "gpt-oss-120b", [800], 16384, ["-ub", "2048", "-ctk", "f16", "-ctv", "f16"], id="gpt-oss-120b-800"
+    ),
+    pytest.param(
+        "gpt-oss",
+        "gpt-oss-narrow-8",
+        [400],
+        16384,
+        ["-ub", "2048", "-ctk", "f16", "-ctv", "f16"],
+        id="gpt-oss-narrow-400",
+    ),
     pytest.param("gpt-oss", "gpt-oss-20b", [700, 700], 32768, ["-ub", "1024", "-np", "4"], id="gpt-oss-20b-2dev-np4"),
-    pytest.param("qwen3moe", "qwen3-30b-a3b", [300, 300], 32768, ["-ub", "1024", "-ctk", "q8_0", "-ctv", "q8_0",
-                 "-np", "2"], id="qwen3-30b-2dev-np2"),  # fmt: skip
-    pytest.param("mixtral", "mixtral-8x7b", [900], 16384, ["-ub", "512", "-ctk", "f16", "-ctv", "f16"],
-                 id="mixtral-8x7b-900"),
-    pytest.param("qwen3moe", "qwen3-30b-a3b", [200, 200, 200], 16384, ["-ub", "1024", "-ctk", "f16", "-ctv", "f16",
-                 "-np", "2"], id="qwen3-30b-3dev-np2-share"),  # fmt: skip
-    pytest.param("qwen3moe", "qwen3-30b-a3b", [600], 16384, ["-ub", "512", "-fa", "on", "-ctk", "q8_0", "-ctv", "f16"],
-                 id="qwen3-30b-600-share"),
-    pytest.param("qwen2moe", "qwen1.5-moe-a2.7b", [600, 300], 16384, ["-ub", "2048", "-ctk", "q8_0", "-ctv", "q8_0"],
-                 id="qwen1.5-moe-2dev"),
-    pytest.param("qwen35moe", "qwen3.5-35b-a3b", [300], 65536, ["-ub", "2048", "-ctk", "q8_0", "-ctv", "q8_0"],
-                 id="qwen3.5-35b-output-alone"),
-    pytest.param("qwen35moe", "qwen3.5-35b-a3b", [250, 250], 16384, ["-ub", "512", "-fa", "off"],
-                 id="qwen3.5-35b-output-alone-fa-off"),
+    pytest.param(
+        "qwen3moe",
+        "qwen3-30b-a3b",
+        [300, 300],
+        32768,
+        ["-ub", "1024", "-ctk", "q8_0", "-ctv", "q8_0", "-np", "2"],
+        id="qwen3-30b-2dev-np2",
+    ),
+    pytest.param(
+        "mixtral", "mixtral-8x7b", [900], 16384, ["-ub", "512", "-ctk", "f16", "-ctv", "f16"], id="mixtral-8x7b-900"
+    ),
+    pytest.param(
+        "qwen3moe",
+        "qwen3-30b-a3b",
+        [200, 200, 200],
+        16384,
+        ["-ub", "1024", "-ctk", "f16", "-ctv", "f16", "-np", "2"],
+        id="qwen3-30b-3dev-np2-share",
+    ),
+    pytest.param(
+        "qwen3moe",
+        "qwen3-30b-a3b",
+        [600],
+        16384,
+        ["-ub", "512", "-fa", "on", "-ctk", "q8_0", "-ctv", "f16"],
+        id="qwen3-30b-600-share",
+    ),
+    pytest.param(
+        "qwen2moe",
+        "qwen1.5-moe-a2.7b",
+        [600, 300],
+        16384,
+        ["-ub", "2048", "-ctk", "q8_0", "-ctv", "q8_0"],
+        id="qwen1.5-moe-2dev",
+    ),
+    pytest.param(
+        "qwen35moe",
+        "qwen3.5-35b-a3b",
+        [300],
+        65536,
+        ["-ub", "2048", "-ctk", "q8_0", "-ctv", "q8_0"],
+        id="qwen3.5-35b-output-alone",
+    ),
+    pytest.param(
+        "qwen35moe",
+        "qwen3.5-35b-a3b",
+        [250, 250],
+        16384,
+        ["-ub", "512", "-fa", "off"],
+        id="qwen3.5-35b-output-alone-fa-off",
+    ),
     pytest.param("gpt-oss", "gpt-oss-20b", [300, 500, 500], 16384, ["-ub", "2048"], id="gpt-oss-20b-3dev-share"),
-    pytest.param("qwen3moe", "qwen3-30b-a3b", [400, 400, 400], 16384, ["-ub", "2048", "-ctk", "f16", "-ctv", "f16",
-                 "-np", "4"], id="qwen3-30b-3dev-np4-share"),  # fmt: skip
-    pytest.param("qwen3moe", "qwen3-30b-a3b", [250, 700], 16384, ["-ub", "1024", "-ctk", "f16", "-ctv", "f16"],
-                 id="qwen3-30b-2dev-unequal-share"),
-    pytest.param("qwen3moe", "qwen3-235b", [2500], 16384, ["-ub", "2048", "-ctk", "f16", "-ctv", "f16"],
-                 id="qwen3-235b-2500-share"),
+    pytest.param(
+        "qwen3moe",
+        "qwen3-30b-a3b",
+        [400, 400, 400],
+        16384,
+        ["-ub", "2048", "-ctk", "f16", "-ctv", "f16", "-np", "4"],
+        id="qwen3-30b-3dev-np4-share",
+    ),
+    pytest.param(
+        "qwen3moe",
+        "qwen3-30b-a3b",
+        [250, 700],
+        16384,
+        ["-ub", "1024", "-ctk", "f16", "-ctv", "f16"],
+        id="qwen3-30b-2dev-unequal-share",
+    ),
+    pytest.param(
+        "qwen3moe",
+        "qwen3-235b",
+        [2500],
+        16384,
+        ["-ub", "2048", "-ctk", "f16", "-ctv", "f16"],
+        id="qwen3-235b-2500-share",
+    ),
     # regression guards (passed)
-    pytest.param("qwen3moe", "qwen3-30b-a3b", [400], 16384, ["-ub", "2048", "-ctk", "f16", "-ctv", "f16"],
-                 id="guard-qwen3-30b-400"),
-    pytest.param("qwen3moe", "qwen3-30b-a3b", [250], 16384, ["-ub", "512", "-ctk", "f16", "-ctv", "f16",
-                 "--n-cpu-moe", "3"], id="guard-qwen3-30b-n-cpu-moe-3"),  # fmt: skip
-    pytest.param("qwen3moe", "qwen3-235b", [700], 16384, ["-ub", "2048", "-ctk", "f16", "-ctv", "f16"],
-                 id="guard-qwen3-235b-700"),
-    pytest.param("deepseek2-mla", "glm-4.7-flash", [500], 32768, ["-ub", "1024", "-ctk", "q8_0", "-ctv", "q8_0"],
-                 id="guard-glm-4.7-flash-500"),
+    pytest.param(
+        "qwen3moe",
+        "qwen3-30b-a3b",
+        [400],
+        16384,
+        ["-ub", "2048", "-ctk", "f16", "-ctv", "f16"],
+        id="guard-qwen3-30b-400",
+    ),
+    pytest.param(
+        "qwen3moe",
+        "qwen3-30b-a3b",
+        [250],
+        16384,
+        ["-ub", "512", "-ctk", "f16", "-ctv", "f16", "--n-cpu-moe", "3"],
+        id="guard-qwen3-30b-n-cpu-moe-3",
+    ),
+    pytest.param(
+        "qwen3moe", "qwen3-235b", [700], 16384, ["-ub", "2048", "-ctk", "f16", "-ctv", "f16"], id="guard-qwen3-235b-700"
+    ),
+    pytest.param(
+        "deepseek2-mla",
+        "glm-4.7-flash",
+        [500],
+        32768,
+        ["-ub", "1024", "-ctk", "q8_0", "-ctv", "q8_0"],
+        id="guard-glm-4.7-flash-500",
+    ),
 ]
 
 
@@ -483,15 +578,35 @@ def test_explicit_n_cpu_moe_said_to_fit(
 @pytest.mark.parametrize(
     ("shape", "budgets", "ctx", "flags"),
     [
-        pytest.param("qwen3-30b-a3b", [300], 8192, ["-ub", "512", "-fa", "off", "-ctk", "f16", "-ctv", "f16"],
-                     id="qwen3-30b-one-device"),
+        pytest.param(
+            "qwen3-30b-a3b",
+            [300],
+            8192,
+            ["-ub", "512", "-fa", "off", "-ctk", "f16", "-ctv", "f16"],
+            id="qwen3-30b-one-device",
+        ),
         pytest.param("qwen3-30b-a3b", [300, 300], 8192, ["-ub", "1024", "-fa", "off"], id="qwen3-30b-two-devices"),
-        pytest.param("qwen3-235b", [600, 600], 4096, ["-ub", "512", "-fa", "off", "-ctk", "f16", "-ctv", "f16"],
-                     id="qwen3-235b-two-devices"),
-        pytest.param("qwen3-30b-a3b", [800], 8192, ["-ub", "512", "-fa", "off", "-ctk", "f16", "-ctv", "f16"],
-                     id="qwen3-30b-plain-ngl"),
-        pytest.param("mixtral-8x7b", [1000], 4096, ["-ub", "512", "-fa", "off", "-ctk", "f16", "-ctv", "f16"],
-                     id="mixtral-plain-ngl"),
+        pytest.param(
+            "qwen3-235b",
+            [600, 600],
+            4096,
+            ["-ub", "512", "-fa", "off", "-ctk", "f16", "-ctv", "f16"],
+            id="qwen3-235b-two-devices",
+        ),
+        pytest.param(
+            "qwen3-30b-a3b",
+            [800],
+            8192,
+            ["-ub", "512", "-fa", "off", "-ctk", "f16", "-ctv", "f16"],
+            id="qwen3-30b-plain-ngl",
+        ),
+        pytest.param(
+            "mixtral-8x7b",
+            [1000],
+            4096,
+            ["-ub", "512", "-fa", "off", "-ctk", "f16", "-ctv", "f16"],
+            id="mixtral-plain-ngl",
+        ),
     ],
 )
 def test_last_block_alone_without_flash_attention_keeps_its_kq(
