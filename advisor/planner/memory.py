@@ -947,11 +947,17 @@ def host_experts_device_growth(spec: ModelSpec, lay: ContextLayout, *, device_ex
         # depends on the tensors' sizes: experts narrower than n_embd (not gpt-oss's own shapes) grew by nothing with
         # 4 used experts and by one and a half outputs with 6 or 8 (tiny shapes, -ub 2048)
         eu = expert_activation_bytes(spec, lay.n_ubatch)[1]
-        if not device_experts:
-            return 0
         if spec.n_ff_exp >= spec.n_embd:
-            return eu
-        return eu * 3 // 2 if spec.n_expert_used >= 6 else 0
+            return eu if device_experts else 0
+        # narrow experts, 6 or more used: one and a half outputs, half of one with every expert on the host (round
+        # 23a, 8 of 16 experts of 512 beside n_embd 1024 at -ub 2048: 289.04 MiB, 225.04 at --n-cpu-moe 8; 193.08 full)
+        if spec.n_expert_used < 6:
+            return 0
+        return eu * 3 // 2 if device_experts else eu // 2
+    if spec.n_expert and not spec.n_ff_shexp and spec.architecture == "llama":
+        # Mixtral (a llama-architecture MoE): one row of n_embd on the blocks after a host-experts block (round 23a,
+        # llama-fit-params b11312: Mixtral-8x7B's widths 864.04 MiB at --n-cpu-moe 1, -ub 2048, 832.05 full)
+        return pad(graph_sizes(spec, lay).embd_bytes, ALIGNMENT["cuda"]) if device_experts else 0
     if not spec.n_expert or not spec.n_ff_shexp or spec.architecture in _NO_HOST_EXPERTS_GROWTH:
         return 0
     s = graph_sizes(spec, lay)
@@ -992,7 +998,11 @@ def cpu_experts_boundary_bytes(
     ff, eu = expert_activation_bytes(spec, ub)
     masks = s.mask_cells * ub * (2 if lay.flash_attn else 4)
     if last_block:
-        peak = max(masks + 2 * s.embd_bytes + eu, s.logits_bytes + 2 * s.embd_bytes)
+        # its attention still runs on the whole batch: without flash attention the [n_kv, n_ubatch, n_head] scores
+        # are the peak (round 23a: 653.5 MiB printed where the FFN's rows alone planned 139.5); experts wider than
+        # n_embd keep two more rows (qwen3moe with 2 used experts of 4096: 32 MiB at -ub 2048)
+        rows = 4 if ff > eu else 2
+        peak = max(masks + rows * s.embd_bytes + eu, masks + s.attn_bytes, s.logits_bytes + 2 * s.embd_bytes)
     else:
         peak = masks + s.embd_bytes + (3 * ff + eu + eu // 2 if own_experts else 2 * eu)
     return pad(peak, ALIGNMENT["cuda"])
@@ -1308,7 +1318,10 @@ def _offloaded(
     last_only = bool(spec.layer_expert_bytes) and not any(spec.layer_expert_bytes[: spec.n_layer - 1])
     no_ffn = (
         cfg.host_experts and spec.n_expert and n_dev == 1
-        and (not spec.expert_bytes or (last_only and biased_experts_grow(spec)))
+        and (
+            (not spec.expert_bytes and (spec.architecture not in _EXPERT_BIAS_GROWTH or biased_experts_grow(spec)))
+            or (last_only and biased_experts_grow(spec))
+        )
     )  # fmt: skip
     cspec = replace(spec, n_ff_exp=1) if no_ffn else spec
     output_layer_weights = output_layer_bytes(spec, cuda)
@@ -1330,7 +1343,7 @@ def _offloaded(
         if d == 0 and cfg.op_offload_copy_bytes:  # the copy lives in a layer's live set (op_offload_growth)
             compute += op_offload_growth(spec, lay, cfg.op_offload_copy_bytes)
         if d == 0 and cfg.host_experts:
-            compute += host_experts_device_growth(cspec, lay, device_experts=not no_ffn)
+            compute += host_experts_device_growth(cspec, lay, device_experts=bool(spec.expert_bytes) and not no_ffn)
         weights, n_layers = part.weights_bytes, part.n_layers
         if cfg.output_on_host:
             if part.last:  # output.weight, output_norm (a tied model's copy of token_embd) stay in host memory
