@@ -659,14 +659,10 @@ def with_parts(
     routed experts, the layer split over several GPUs and partial offload are planned as for a GGUF, whose
     header lists the same parts."""
     bd = params(spec, config)
-    nextn_dropped = 0
     if sizes is None:
         if bd is None or not spec.weights_bytes:
             return spec
         sizes = sized(bd, quant, max(1, spec.weights_bytes - projector_bytes), expert_bpw=expert_bpw)
-        # the MTP/NextN blocks the file holds and llama.cpp does not load unless a draft-mtp run asks
-        # (src/models/deepseek2.cpp, glm4-moe.cpp: TENSOR_SKIP without load_mtp): not the output layer's
-        nextn_dropped = sizes.nextn if 0 < sizes.nextn < spec.weights_bytes else 0
     b = sizes
     layers = b.layers + (0,) * spec.n_layer_nextn
     # the largest tensor of each block, for op offload's copy (kvadvise.planner.offload): a merged
@@ -680,9 +676,6 @@ def with_parts(
     # (an encoder has no output layer: nothing reads token_embd but its lookup)
     tied_read = bool(bd is not None and not bd.output and spec.architecture not in _ENCODERS)
     active = spec.active_params if bd is None else bd.active + (bd.tok_embd if tied_read else 0)
-    if nextn_dropped:
-        note = f"its MTP block ({nextn_dropped / 1e9:.2f} GB of the file) is not loaded by llama.cpp"
-        spec = dataclasses.replace(spec, weights_bytes=spec.weights_bytes - nextn_dropped, notes=(*spec.notes, note))
     return dataclasses.replace(
         spec,
         tok_embd_bytes=b.tok_embd,
