@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -252,30 +253,42 @@ MULTI: tuple[tuple[str, dict[str, int], tuple[int, ...], int, tuple[str, ...]], 
 )  # fmt: skip
 
 
-def run_multi(server: Path) -> list[str]:
-    """One line per case: each device's budget, kvadvise's real total and weights, --fit's, and the verdicts."""
+def _shown(devs: Sequence[Any], budgets: Sequence[int]) -> tuple[str, float, bool]:
+    """Each device's total, the weights on them all, and whether one is over its budget (MiB)."""
+    over = any(d.total > b for d, b in zip(devs, budgets, strict=True))
+    weights = sum(d.weights for d in devs)
+    return (
+        " / ".join(f"{d.total:.1f}" for d in devs) + f" MiB ({weights:.1f} weights){' OVER' if over else ''}",
+        weights,
+        over,
+    )
+
+
+def run_multi(server: Path) -> list[tuple[str, bool]]:
+    """One line per case (each device's budget, kvadvise's real total and weights, --fit's, the verdicts) and
+    whether kvadvise's plan went over a device's budget."""
     from test_attack_round19d import _case  # tests/ is on the path (above)
 
-    lines = []
+    rows = []
     for recipe, dims, budgets, n_ctx, flags in MULTI:
         with tempfile.TemporaryDirectory(prefix="bench-fit-multi-") as tmp:
             try:
                 c = _case(Path(tmp), recipe, dims, list(budgets), n_ctx, list(flags), server)
             except (AssertionError, ValueError) as e:  # it fits whole (no partial plan), or no plan at all
-                lines.append(f"{recipe:14s} {budgets} {n_ctx:>6}: no partial plan ({str(e).splitlines()[0][:60]})")
+                rows.append(
+                    (f"{recipe:14s} {budgets} {n_ctx:>6}: no partial plan ({str(e).splitlines()[0][:60]})", False)
+                )
                 continue
-        over = any(d.total > b for d, b in zip(c.ours, c.budgets, strict=True))
-        ours_w, fit_w = sum(d.weights for d in c.ours), sum(d.weights for d in c.fit)
-        fit_over = any(d.total > b for d, b in zip(c.fit, c.budgets, strict=True))
-        lines.append(
-            f"{recipe:14s} {budgets} {n_ctx:>6} {' '.join(flags):28s} ours "
-            + " / ".join(f"{d.total:.1f}" for d in c.ours)
-            + f" MiB ({ours_w:.1f} weights){' OVER' if over else ''}; --fit "
-            + " / ".join(f"{d.total:.1f}" for d in c.fit)
-            + f" MiB ({fit_w:.1f} weights){' OVER' if fit_over else ''}; share {ours_w / fit_w if fit_w else 0:.2f}"
+        (ours, ours_w, over), (fit, fit_w, _) = _shown(c.ours, c.budgets), _shown(c.fit, c.budgets)
+        share = ours_w / fit_w if fit_w else 0
+        rows.append(
+            (
+                f"{recipe:14s} {budgets} {n_ctx:>6} {' '.join(flags):28s} ours {ours}; --fit {fit}; share {share:.2f}",
+                over,
+            )
         )
-        print(lines[-1], flush=True)
-    return lines
+        print(rows[-1][0], flush=True)
+    return rows
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -288,9 +301,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="2: the several-device grid over two loopback rpc-servers (MULTI)")  # fmt: skip
     args = ap.parse_args(argv)
     if args.devices == 2:
-        lines = run_multi(llama_server())
-        over = sum(1 for x in lines if "MiB" in x and x.split("; --fit")[0].endswith("OVER"))
-        print(f"\n{len(lines)} cases: {over} over a device's budget")
+        multi = run_multi(llama_server())
+        print(f"\n{len(multi)} cases: {sum(over for _, over in multi)} over a device's budget")
         return 0
     rows = run(quick=args.quick, logs=args.logs)
     print()

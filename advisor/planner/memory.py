@@ -672,6 +672,12 @@ def compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     return pad(max(s.logits_bytes + 2 * s.embd_bytes + s.ple_bytes, layer + s.embd_bytes), ALIGNMENT["cuda"])
 
 
+def _device_masks(s: GraphSizes, lay: ContextLayout) -> int:
+    """The device's copy of the KQ masks, alive from the first layer to the last attention: f16 with flash attention,
+    else f32 (sizes.mask_inputs is the host's input, f32 with flash attention too before #23764)."""
+    return s.mask_cells * lay.n_ubatch * (2 if lay.flash_attn else 4)
+
+
 def _layer_peak(s: GraphSizes, lay: ContextLayout) -> int:
     """A layer's peak: the masks (f16 with flash attention, else f32) and the layer's live set; before
     ggml-org/llama.cpp#23764, with flash attention, also the f32 mask input until its f16 cast, which the
@@ -681,7 +687,7 @@ def _layer_peak(s: GraphSizes, lay: ContextLayout) -> int:
         return 0
     ub = lay.n_ubatch
     f32_mask = f32_fa_mask(lay)
-    masks = s.mask_cells * ub * (2 if lay.flash_attn else 4)
+    masks = _device_masks(s, lay)
     peak = masks + s.layer_bytes
     if f32_mask and s.attn_bytes:
         peak = max(peak, masks + s.mask_cells * ub * 4 + s.attn_bytes)
@@ -752,7 +758,7 @@ def _analytic_device_compute(spec: ModelSpec, lay: ContextLayout, weight_copy: i
     s = graph_sizes(spec, lay)
     layer = _layer_peak(s, lay)
     if weight_copy and s.layer_bytes:  # op offload: the copy beside a matmul's inputs and output, masks alive
-        layer = max(layer, s.mask_cells * lay.n_ubatch * (2 if lay.flash_attn else 4) + s.layer_bytes + weight_copy)
+        layer = max(layer, _device_masks(s, lay) + s.layer_bytes + weight_copy)
         if f32_fa_mask(lay) and s.lead_swa_masks_bytes:  # and in a leading sliding-window layer, the f32 mask (above)
             layer = max(layer, s.lead_swa_masks_bytes + s.layer_bytes + weight_copy)
     layer += s.layer_inputs_bytes
@@ -878,7 +884,7 @@ def cpu_layers_attention_bytes(spec: ModelSpec, lay: ContextLayout, cpu_layers: 
         return 0
     s = graph_sizes(spec, lay)
     copies = max(k + v for k, v in views) + max(max(k, v) for k, v in views)
-    masks = s.mask_cells * lay.n_ubatch * (2 if lay.flash_attn else 4)
+    masks = _device_masks(s, lay)
     return pad(masks + s.attn_bytes + copies + s.layer_inputs_bytes, ALIGNMENT["cuda"])
 
 
@@ -963,7 +969,7 @@ def host_experts_device_growth(spec: ModelSpec, lay: ContextLayout, *, device_ex
     s = graph_sizes(spec, lay)
     ub, f32 = lay.n_ubatch, 4
     ff, eu = expert_activation_bytes(spec, ub)
-    masks = s.mask_cells * ub * (2 if lay.flash_attn else 4)
+    masks = _device_masks(s, lay)
     peak = masks + 2 * s.embd_bytes + 3 * ff + eu + eu // 2 + 2 * f32 * ub * spec.n_ff_shexp + f32 * ub * spec.n_expert
     return max(0, pad(peak, ALIGNMENT["cuda"]) - device_compute_bytes(spec, lay))
 
@@ -996,7 +1002,7 @@ def cpu_experts_boundary_bytes(
     s = graph_sizes(spec, lay)
     ub = lay.n_ubatch
     ff, eu = expert_activation_bytes(spec, ub)
-    masks = s.mask_cells * ub * (2 if lay.flash_attn else 4)
+    masks = _device_masks(s, lay)
     if last_block:
         # its attention still runs on the whole batch: without flash attention the [n_kv, n_ubatch, n_head] scores
         # are the peak (round 23a: 653.5 MiB printed where the FFN's rows alone planned 139.5); experts wider than

@@ -141,16 +141,6 @@ def live_state(host: str | None, timeout: float = ollama_api.DEFAULT_TIMEOUT) ->
     return LiveState(True, url, version, running, tuple(notes))
 
 
-def _refused_anyway(model: OllamaModel, release: OllamaRelease | None) -> bool:
-    """An in-process runner's model whose flash attention Ollama refuses whatever OLLAMA_FLASH_ATTENTION says
-    (fs/ggml GGML.SupportsFlashAttention: gemma2 from 0.11.11)."""
-    from kvadvise.backends.ollama.versions import NEWEST_KNOWN, supports_flash_attention
-
-    if release is None or not release.in_process:
-        return False
-    return not supports_flash_attention(model.spec, release.v or NEWEST_KNOWN)
-
-
 def advise(
     model: OllamaModel,
     plan: Plan,
@@ -185,7 +175,8 @@ def advise(
         kv_cache_type=kv_type,
         # a partial offload keeps the plan's flash attention; a model Ollama refuses it to (in-process runners) is
         # left with it on: OLLAMA_FLASH_ATTENTION=0 would turn it off for every other model of the server
-        flash_attention=cfg.flash_attn != "off" or _refused_anyway(model, release),
+        flash_attention=cfg.flash_attn != "off"
+        or (release is not None and release.refuses_flash_attention(model.spec)),
         num_batch=runner_num_batch or (cfg.n_batch if cfg.n_batch != 2048 else None),
         fit_target_mib=fit_target,
         server_default=server_default,

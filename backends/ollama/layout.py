@@ -48,6 +48,15 @@ FIRST_VERSION = (0, 12, 11)  # llm/memory.go deleted; llamaServer.Load lays the 
 LAST_VERSION = (0, 24, 99)  # v0.30.0 serves GGUF models by llama-server --fit (llm/llama_server.go)
 VERIFY_GPUS_FROM = (0, 13, 1)  # verifyLayout(systemInfo, systemGPUs, ...)
 EMBEDDING_BATCH_FROM = (0, 13, 3)  # "embedding model detected, setting batch size to context length"
+
+
+def runner_batch(v: tuple[int, int, int], is_embedding: bool, batch: int, num_ctx: int) -> int:
+    """The llamarunner's BatchSize: llm/server.go (0.13.3-0.24) llamaServer.Load gives an embedding model
+    (``{arch}.pooling_type``) its context as its batch before GraphSize, and the runner's context takes it
+    (runner.go NewContextParams)."""
+    return max(batch, num_ctx) if v >= EMBEDDING_BATCH_FROM and is_embedding else batch
+
+
 FA_TYPE_FROM = (0, 13, 4)  # ml.FlashAttentionType: auto unless OLLAMA_FLASH_ATTENTION is set
 NO_UNDERFLOW_FROM = (0, 14, 0)  # "if gpus[i].FreeMemory > buffer" guards
 # the Go engine's createLayout (ollamaServer, kvadvise.backends.ollama.engine_layout) is older, from v0.11.11:
@@ -593,8 +602,7 @@ def llama_server_load(
             kvct = ""  # "unsupported OLLAMA_KV_CACHE_TYPE"
     elif not fa_on or not supported:
         kvct = ""  # only with flash attention, and only a type SupportsKVCacheType knows
-    if v >= EMBEDDING_BATCH_FROM and model.is_embedding and batch < num_ctx:
-        batch = num_ctx
+    batch = runner_batch(v, model.is_embedding, batch, num_ctx)
     # GraphSize reads useFlashAttention only in the gptoss branch (an ollamarunner model): "auto" is not on
     kv, graph_partial, graph_full = estimate_legacy.graph_size(model, num_ctx, batch, num_parallel, kvct, fa_on, v)
     groups = estimate_legacy.group_layers(model)

@@ -146,9 +146,13 @@ class Profile:
         """The parts of the blob in bytes (kvadvise.model.breakdown.sized) with Ollama's own quant choices,
         scaled to ``total_bytes`` (the blob less its projector) when that is known; a K-mix blob's exact parts
         where :meth:`exact_parts` knows them."""
-        quant = self.quantization or DEFAULT_QUANT
         if (exact := self.exact_parts(spec)) is not None:
             return exact[0]
+        return self._scaled(spec, bd, total_bytes)
+
+    def _scaled(self, spec: ModelSpec, bd: Breakdown, total_bytes: int | None) -> Breakdown:
+        """:meth:`sizes` by the quant's mix, scaled to ``total_bytes``."""
+        quant = self.quantization or DEFAULT_QUANT
         if self.sized_by_types:
             total_bytes = None
         return sized(
@@ -174,13 +178,14 @@ class Profile:
         quant = self.quantization or DEFAULT_QUANT
         text_bytes = self.download_bytes - self.projector_bytes if self.download_bytes else None
         bd = params(spec, self.config)
-        sizes = self.sizes(spec, bd, text_bytes) if bd is not None else None
+        exact = self.exact_parts(spec) if bd is not None else None
+        sizes = exact[0] if exact is not None else self._scaled(spec, bd, text_bytes) if bd is not None else None
         weights = spec.weights_bytes
         if self.download_bytes:
             sources.append(self.weights_line or "weights: download size")
             if sizes is not None and self.sized_by_types:
                 weights = sizes.loaded + sizes.nextn + self.projector_bytes  # the parts, less the MTP block below
-            elif sizes is not None and (exact := self.exact_parts(spec)) is not None:
+            elif sizes is not None and exact is not None:
                 weights = sizes.loaded + exact[1] + self.projector_bytes  # the tensors, not the blob's header
             if sizes is not None and sizes.nextn:
                 weights -= sizes.nextn

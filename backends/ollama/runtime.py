@@ -441,30 +441,22 @@ def in_process_request(spec: ModelSpec, r: PlanRequest, rel: OllamaRelease) -> t
     llama.cpp's auto from 0.13.4), and an f16 K/V cache unless flash attention is on: llm/server.go drops a
     quantized OLLAMA_KV_CACHE_TYPE ("must be enabled to use a quantized OLLAMA_KV_CACHE_TYPE"), and the
     recommender picks none unless it is."""
-    from kvadvise.backends.ollama.layout import EMBEDDING_BATCH_FROM
-    from kvadvise.backends.ollama.versions import NEWEST_KNOWN, NUM_BATCH_DEFAULT, supports_flash_attention
+    from kvadvise.backends.ollama.layout import runner_batch
+    from kvadvise.backends.ollama.versions import NUM_BATCH_DEFAULT
 
     given = set(r.given())
     asked = r.flash_attn if "flash_attn" in given and r.flash_attn in ("on", "off") else None
     if asked is None and r.type_k and r.type_k != "f16":
         asked = "on"  # a quantized cache asked for: the advice sets OLLAMA_FLASH_ATTENTION=1 with it
     fa = rel.flash_attn(spec, asked)
-    if fa == "auto" and not supports_flash_attention(spec, rel.v or NEWEST_KNOWN):
+    if fa == "auto" and rel.refuses_flash_attention(spec):
         # the advice sets OLLAMA_FLASH_ATTENTION (a value left in the service would win otherwise), and once it is set
-        # llm/server.go NewLlamaServer refuses flash attention to a model GGML.SupportsFlashAttention turns away
-        # (gemma2 from 0.11.11): off, whatever llama.cpp's auto would choose
+        # Ollama turns flash attention away for this model: off, whatever llama.cpp's auto would choose
         fa = "off"
     num_batch = r.n_batch if "n_batch" in given else NUM_BATCH_DEFAULT
     num_ctx = r.n_ctx // max(1, r.n_parallel) if r.n_ctx else 0
-    if (
-        rel.runner == "llamarunner"
-        and rel.v is not None
-        and rel.v >= EMBEDDING_BATCH_FROM
-        and scheduler.is_embedding(spec)
-    ):
-        # llm/server.go (0.13.3-0.24) llamaServer.Load: "embedding model detected, setting batch size to context
-        # length" (BatchSize = NumCtx), which the runner's context takes as its batch (runner.go NewContextParams)
-        num_batch = max(num_batch, num_ctx)
+    if rel.runner == "llamarunner" and rel.v is not None:  # "embedding model detected, setting batch size to ..."
+        num_batch = runner_batch(rel.v, scheduler.is_embedding(spec), num_batch, num_ctx)
     n_batch, n_ubatch = rel.n_batch(num_batch, num_ctx, r.n_parallel)
     notes: list[str] = []
     kv = r.type_k

@@ -317,6 +317,12 @@ class OllamaRelease:
         want = wanted if asked is None else asked == "on" or (wanted and v < FA_OVERRIDE_FROM)
         return "on" if want and supports_flash_attention(spec, v) else "off"
 
+    def refuses_flash_attention(self, spec: ModelSpec) -> bool:
+        """A model this release's in-process runner runs without flash attention once OLLAMA_FLASH_ATTENTION is set,
+        whatever it says (llm/server.go NewLlamaServer, GGML.SupportsFlashAttention: gemma2 from 0.11.11); kvadvise's
+        advice always sets that variable."""
+        return self.in_process and not supports_flash_attention(spec, self.v or NEWEST_KNOWN)
+
     def claims(self, *, layers_replayed: bool = False) -> str:
         """What kvadvise says about this release, plainly; ``layers_replayed``: Ollama's own layer decision was
         replayed for the plan (kvadvise.backends.ollama.decision)."""
