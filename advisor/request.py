@@ -92,8 +92,8 @@ class PlanRequest:
     def given(self) -> tuple[str, ...]:
         """The fields that differ from their default, and those typed: what the user asked for."""
         out = []
+        typed = self.typed if isinstance(self.typed, frozenset) else frozenset()  # checked by check()
         for f in fields(self):
-            typed = self.typed if isinstance(self.typed, frozenset) else frozenset()  # checked by check()
             if f.name != "typed" and (getattr(self, f.name) != f.default or f.name in typed):
                 out.append(f.name)
         return tuple(out)
