@@ -1014,6 +1014,66 @@ def cpu_experts_boundary_bytes(
     return pad(peak, ALIGNMENT["cuda"])
 
 
+# MoE architectures with no dense feed-forward block (their graphs never read n_ff as a dense width: Mixtral's is the
+# experts', qwen3moe's an unused key): a device that runs none of their routed experts runs no feed-forward of n_ff
+_ROUTED_ONLY_ARCHS = frozenset({"llama", "qwen3moe", "gpt-oss"})
+
+
+def without_routed_ffn(spec: ModelSpec) -> ModelSpec:
+    """The model as the graph of a device sees it where none of its blocks runs routed experts on the whole batch
+    (their gate, up and down projections in CPU splits): experts one value wide, and no dense feed-forward where the
+    architecture has none (others keep n_ff: an upper bound for their dense blocks)."""
+    return replace(spec, n_ff_exp=1, n_ff=0 if spec.architecture in _ROUTED_ONLY_ARCHS else spec.n_ff)
+
+
+def host_experts_split_compute(
+    spec: ModelSpec, lay: ContextLayout, part: DeviceLayers, on_host: Callable[[int], bool]
+) -> int | None:
+    """One device's compute buffer in a split over several devices that do not op-offload (ggml-rpc), where the
+    blocks for which ``on_host`` is true run their routed experts on the CPU (--n-cpu-moe, or whole blocks left on the
+    CPU); None where this rule is not the one (no routed experts, a shared expert, the last block alone, no block).
+
+    ggml_backend_sched_split_graph (ggml/src/ggml-backend.cpp, b11312) runs those experts' matmuls in CPU splits; the
+    ops after the down projection up to the next weight go to the device that holds it ("expand gpu up"), so a device
+    whose first block follows such a block starts its split with copies of the experts' output and the residual.
+    llama-fit-params b11312 over two loopback rpc-servers, qwen3moe shapes (n_embd 1024-4096, 2-8 used experts of
+    512-4096, -ub 2048, 16k cells), -ts and --n-cpu-moe moving the boundary:
+    - a device none of whose blocks runs its experts on the whole batch (the last block runs its FFN at the output
+      rows only) holds the bare graph (:func:`without_routed_ffn`): 152/160/256/448 MiB printed, 152.75/176/256.75/
+      448.5 planned, where the full offload's 184.56/320.31/400.56/736.31 had been planned; after such a block on
+      another device, at least the masks, a row of n_embd and two of the experts' output
+      (cpu_experts_boundary_bytes' host case: 200/336/608 MiB printed, exact);
+    - a device that runs some experts, after such a block: the masks, two rows of n_embd, the three [n_ff_exp,
+      n_expert_used, n_ubatch] tensors and one and a half outputs (800.0 printed on 8 used experts of 1536 at n_embd
+      4096, 432.0 at 2048, where the full offload's 736.31 and 400.56 were planned: under), else the full
+      offload's."""
+    layers = tuple(il for il in part.layers if il < spec.n_layer)
+    last = spec.n_layer - 1
+    if not spec.n_expert or spec.n_ff_shexp or not layers:
+        return None
+    gathers = gathers_in_last_block(spec) and reserve_outputs(lay) < lay.n_ubatch
+    first = layers[0]
+    inflow = first > 0 and on_host(first - 1)
+    if layers == (last,):  # the last block alone: its own rule, and at least the boundary's after host experts
+        own = cpu_experts_boundary_bytes(spec, lay, own_experts=True, last_block=True) if inflow else 0
+        return max(unpipelined_split_compute(spec, lay, part), own) if inflow else None
+    # the blocks that run their experts on the device at the whole batch (not a last block that gathers its rows)
+    full_rows = [il for il in layers if not (il == last and gathers)]
+    s = graph_sizes(spec, lay)
+    ff, eu = expert_activation_bytes(spec, lay.n_ubatch)
+    masks = _device_masks(s, lay)
+    if any(not on_host(il) for il in full_rows):
+        own = unpipelined_split_compute(spec, lay, part)
+        if inflow:
+            own = max(own, pad(masks + 2 * s.embd_bytes + 3 * ff + eu + eu // 2, ALIGNMENT["cuda"]))
+        return own
+    own = unpipelined_split_compute(without_routed_ffn(spec), lay, replace(part, spec=without_routed_ffn(part.spec)))
+    if inflow:  # one block's output copied in beside two rows; from the second block on, two outputs
+        peak = masks + (2 * s.embd_bytes + eu if len(layers) == 1 else s.embd_bytes + 2 * eu)
+        own = max(own, pad(peak, ALIGNMENT["cuda"]))
+    return own
+
+
 def host_experts_host_compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     """The host's compute buffer when some layers' routed experts sit in a host buffer and the device does not
     op-offload their matmuls (an RPC device; ggml-rpc has no offload_op): their MUL_MAT_IDs run in a CPU split
@@ -1327,9 +1387,15 @@ def _offloaded(
         and (
             (not spec.expert_bytes and (spec.architecture not in _EXPERT_BIAS_GROWTH or biased_experts_grow(spec)))
             or (last_only and biased_experts_grow(spec))
+            # or only the last block's, which runs its FFN at the output rows alone (round 23a, llama-server b11312:
+            # Qwen3-30B-A3B's widths at --n-cpu-moe 5 of 6, 256.04 MiB; Mixtral-8x7B's at 2 of 3, 224.04)
+            or (
+                last_only and gathers_in_last_block(spec) and not spec.n_ff_shexp
+                and spec.architecture not in _EXPERT_BIAS_GROWTH
+            )
         )
     )  # fmt: skip
-    cspec = replace(spec, n_ff_exp=1) if no_ffn else spec
+    cspec = without_routed_ffn(spec) if no_ffn else spec
     output_layer_weights = output_layer_bytes(spec, cuda)
     devices = []
     for d, part in enumerate(parts):
@@ -1344,6 +1410,13 @@ def _offloaded(
                 compute = 0
             elif pipeline:
                 compute = split_compute(spec, lay, part, copies=N_COPIES)
+            elif (
+                cfg.host_experts
+                and len(spec.layer_expert_bytes) >= spec.n_layer
+                and (got := host_experts_split_compute(spec, lay, part, lambda il: not spec.layer_expert_bytes[il]))
+                is not None
+            ):  # the blocks whose experts --n-cpu-moe moved hold none of their bytes (cpu_moe_placement)
+                compute = got
             else:
                 compute = unpipelined_split_compute(spec, lay, part)
         if d == 0 and cfg.op_offload_copy_bytes:  # the copy lives in a layer's live set (op_offload_growth)

@@ -62,12 +62,14 @@ from kvadvise.planner.memory import (
     device_compute_bytes,
     estimate,
     host_experts_device_growth,
+    host_experts_split_compute,
     layer_kv_bytes,
     op_offload_growth,
     output_layer_compute_bytes,
     output_op_offload_bytes,
     resolve,
     unpipelined_split_compute,
+    without_routed_ffn,
 )
 from kvadvise.planner.policy import KV, Policy, allowed_kvs, config_at, kv_name
 from kvadvise.planner.sizes import reserve_outputs
@@ -429,7 +431,7 @@ def partial_offload(
     # measured where the last block alone has no shared expert (qwen3moe: memory.cpu_experts_boundary_bytes)
     last_alone = bool(last_rows) and not spec.n_ff_shexp
     boundary_last = cpu_experts_boundary_bytes(spec, lay, own_experts=True, last_block=True)
-    no_ffn_compute = device_compute_bytes(replace(spec, n_ff_exp=1), lay) if spec.n_expert else 0
+    no_ffn_compute = device_compute_bytes(without_routed_ffn(spec), lay) if spec.n_expert else 0
 
     def tail_cut(n_cpu: int, n_cpu_moe: int, output_on_host: bool, ts: tuple[float, ...]) -> list[int]:
         """What each device's compute buffer gains or loses against the full offload's with the blocks this partial
@@ -448,10 +450,16 @@ def partial_offload(
         if not full_compute or (offloads and n_dev == 1):
             return cut
         owner = _partial_owner(spec.n_layer_all, n_dev, ts, n_cpu, output_on_host)
+        ruled: set[int] = set()  # devices sized by memory.host_experts_split_compute, their boundary included
         parts = device_layers(spec, owner, n_dev, lay.device == "cuda")
         # -ngl 1 on one device: the output layer alone is output_only's (split_compute)
         for d, part in enumerate(() if one_device and n_cpu >= n_layer else parts):
             own = unpipelined_last_block_compute(spec, lay, part) if part.layers == (n_layer - 1,) else None
+            if own is None and n_dev > 1 and expert_out and not offloads and n_cpu_moe > n_cpu:
+                # blocks whose experts run in CPU splits beside blocks that run theirs (memory.host_experts_split_compute)
+                own = host_experts_split_compute(spec, lay, part, lambda il: il < n_cpu_moe)
+                if own is not None:
+                    ruled.add(d)
             if own is None and (n_dev > 1 or not part.layers):
                 own = unpipelined_split_compute(spec, lay, part)
             if own is None:  # one device holding more than the last block: the full offload's
@@ -474,7 +482,9 @@ def partial_offload(
             # CPU block's experts' output beside its own (the first device's growth, split_compute, counted once)
             nxt = owner[n_cpu]
             grown = split_compute(n_cpu, n_cpu_moe) if nxt == 0 else 0
-            if nxt >= 0 and last_rows and n_cpu < n_layer - 1:  # measured where the last block gathers (qwen3moe)
+            if nxt in ruled:
+                pass
+            elif nxt >= 0 and last_rows and n_cpu < n_layer - 1:  # measured where the last block gathers (qwen3moe)
                 cut[nxt] = max(cut[nxt], boundary_host - full_compute[nxt] - grown)
             elif nxt >= 0 and last_alone:
                 cut[nxt] = boundary_last - full_compute[nxt] - grown
