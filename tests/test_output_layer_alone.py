@@ -37,12 +37,19 @@ sys.path.insert(0, str(Path(__file__).parent))
 from rpc_devices import run_server, within_bar
 from test_attack_round19d import _devices
 from test_attack_round23a import SHAPES
+from test_host_experts import _device_mib
 from tinymodels import write_tiny_gguf
 
 from kvadvise.model.architecture import from_gguf
 from kvadvise.model.ggml import GGMLType
 from kvadvise.model.gguf import read_file
-from kvadvise.planner.memory import RunConfig, output_layer_alone_bytes, resolve
+from kvadvise.planner.memory import (
+    RunConfig,
+    device_compute_bytes,
+    host_experts_device_growth,
+    output_layer_alone_bytes,
+    resolve,
+)
 
 pytestmark = pytest.mark.llama
 MIB = 1 << 20
@@ -96,3 +103,45 @@ def test_the_output_layer_alone_takes_in_the_last_blocks_tail(
     measured = dev.total - dev.weights
     planned = output_layer_alone_bytes(spec, lay)
     assert planned >= measured * MIB - 0.005 * MIB and within_bar(planned / MIB, measured), (planned / MIB, measured)
+
+
+# a gpt-oss of n_embd 2048 with gpt-oss's 64 heads of 64 (4 of 16 experts of 2048): its first block's experts on the
+# host grow the device by a whole experts' output
+_GPT_OSS_W2048_H64 = dict(n_layer=8, n_embd=2048, n_head=64, n_head_kv=8, head=64, n_swa=128, n_expert=16,
+                          n_expert_used=4, n_ff_exp=2048)  # fmt: skip
+
+
+@pytest.mark.parametrize("ub", [512, 2048])
+def test_gpt_oss_first_blocks_experts_on_the_host_can_grow_the_device(
+    ub: int, fit_params: Path, rpc_endpoint: str, tmp_path: Path
+) -> None:
+    """Round 23a held gpt-oss's growth at --n-cpu-moe 1 as over ("the first block's experts on the host grow
+    nothing"): true of gpt-oss's own widths with flash attention from 8k cells, not a rule. llama-fit-params b11312's
+    device compute over one rpc-server, `-ngl 99 -fa on -c N --n-cpu-moe K`, MiB (K = 0 is the full offload):
+
+    | shape | ctx, -ub | K=0 | 1 | 2 | 3 | 4 | 6 | 7 | 8 |
+    | gpt-oss-120b's widths (n_embd 2880, 64 heads) | 16k, 512 | 103.52 | 103.51 | 126.01 | 126.01 | | 126.01 | 78.82 |
+      58.51 |
+    | the same | 4k / 6k / 7k, 512 | 91.52 / 93.52 / 94.52 | 93.13 / 99.14 / 100.14 | the same as K=1 |
+    | the same | 8k / 12k / 32k, 512 | 95.52 / 99.52 / 119.52 | no growth | +22.49 (one experts' output) |
+    | gpt-oss-20b's widths | 6k / 7k, 2048 | 380.08 / 384.08 | 402.58 / 406.58 | 402.57 / 406.57 |
+    | n_embd 2048, 64 heads (this test) | 16k, 512 | 80.77 | 96.76 | 80.76 | 96.76 | 80.76 | 80.76 | 64.76 | 64.76 |
+    | the same | 16k, 2048 | 329.08 | 393.04 | 329.04 | 393.04 |
+    | n_embd 1024 or 2048 with as many heads of 64 | 4k-32k | no growth at any K |
+    | gpt-oss-120b, -fa off | 16k, 1024 | 4227.52 | 4247.78 at every K from 1 to 8 |
+
+    The copied-in experts' output ([n_embd, n_expert_used, n_ubatch] f32, ggml_backend_sched_split_graph) lands in a
+    hole or above the peak as ggml-alloc's best fit finds it, alternating with the blocks here (odd K grows, even K
+    does not): no condition on K alone holds, so memory.host_experts_device_growth keeps one output for every K
+    between 1 and n_layer - 2 (96.83 / 393.31 planned, 80.83 / 329.31 at full offload)."""
+    model = write_tiny_gguf(tmp_path / "gpt-oss.gguf", "gpt-oss", n_vocab=8000, n_ctx_train=131072,
+                            dims=_GPT_OSS_W2048_H64, sparse=True)  # fmt: skip
+    spec = from_gguf(read_file(model))
+    lay = resolve(spec, RunConfig(n_ctx=16384, n_ubatch=ub, n_batch=2048, flash_attn="on", type_k=GGMLType.F16,
+                                  type_v=GGMLType.F16, device="rpc", runtime="library"))  # fmt: skip
+    args = ["-c", "16384", "-ub", str(ub), "-b", "2048", "-fa", "on", "-np", "1", "-ngl", "99", "-ctk", "f16",
+            "-ctv", "f16", "--n-cpu-moe", "1"]  # fmt: skip
+    measured = _device_mib(fit_params, model, args, rpc_endpoint)
+    planned = device_compute_bytes(spec, lay) + host_experts_device_growth(spec, lay)
+    assert measured > device_compute_bytes(spec, lay) / MIB  # the growth at K = 1
+    assert planned >= measured * MIB and within_bar(planned / MIB, measured), (planned / MIB, measured)
