@@ -145,3 +145,25 @@ def test_gpt_oss_first_blocks_experts_on_the_host_can_grow_the_device(
     planned = device_compute_bytes(spec, lay) + host_experts_device_growth(spec, lay)
     assert measured > device_compute_bytes(spec, lay) / MIB  # the growth at K = 1
     assert planned >= measured * MIB and within_bar(planned / MIB, measured), (planned / MIB, measured)
+
+
+@pytest.mark.parametrize(
+    ("shape", "budget", "ctx", "flags"),
+    [
+        pytest.param("gpt-oss-20b", 200, 16384, ["-ub", "2048", "-ctk", "f16", "-ctv", "f16"], id="gpt-oss-20b-200"),
+        pytest.param("qwen3next-a3b", 120, 32768, ["-ub", "2048"], id="qwen3next-120"),
+        pytest.param("qwen3.5-35b-a3b", 100, 16384, ["-ub", "1024", "-fa", "off"], id="qwen3.5-35b-100-fa-off"),
+    ],
+)
+def test_the_output_layer_alone_is_planned_as_it_runs(
+    shape: str, budget: int, ctx: int, flags: list[str], tmp_path: Path, real_llama_server: Path
+) -> None:
+    """`kvadvise llamacpp MODEL --rpc EP=BUDGET --margin 0 --ctx N FLAGS` plans `-ngl 1 --n-cpu-moe 8` (the output
+    layer alone), run by llama-server b11312 over a loopback rpc-server (test_attack_round19d._case): gpt-oss-20b's
+    widths 178.99 MiB predicted and printed (43.96 of weights, as --fit places them); the qwen3next 79.35 / 79.27; the
+    qwen35moe without flash attention 55.32 / 55.26. Before, each was refused (246.55 MiB for the gpt-oss: one and a
+    half experts' outputs beside the output phase, 271.35 / 87.30 for round 23a's qwen35moe ones)."""
+    from test_attack_round19d import _case, _check
+
+    recipe, dims = _SHAPES[shape]
+    _check(_case(tmp_path, recipe, dims, [budget], ctx, flags, real_llama_server))
