@@ -1117,6 +1117,53 @@ def output_layer_compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     return pad(s.logits_bytes + 2 * s.embd_bytes, ALIGNMENT["cuda"])
 
 
+# the hybrids whose last block ends in a gated shared expert and gathers the output rows after the layer loop
+# (src/models/qwen3next.cpp, qwen35moe.cpp b11312): the ops after its last weight add three rows
+_SHARED_TAIL = frozenset({"qwen3next", "qwen35moe"})
+
+
+def output_layer_alone_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
+    """The compute buffer of a device that holds the output layer and no repeating layer (-ngl 1, one device), when it
+    does not op-offload (ggml-rpc): the output phase (:func:`output_layer_compute_bytes`) and what it takes in from the
+    last block, which ran on the CPU.
+
+    ggml_backend_sched_split_graph (ggml/src/ggml-backend.cpp b11312, "expand gpu up") gives the weightless ops between
+    the last block's last weight and output_norm to the output layer's device, which copies their inputs in
+    (GGML_SCHED_DEBUG=2); ggml-alloc runs their adds in place (ggml_op_can_inplace) and frees the copies after them:
+    - qwen3next / qwen35moe (a gated shared expert, the rows gathered after the loop): the routed experts' sum
+      (ffn_moe_out), the shared expert's output (ffn_shexp), its gate ([1, n_ubatch]) and the residual (attn_residual):
+      three [n_embd, n_ubatch] f32, the output phase's three rows, the logits above them. No experts' output comes in:
+      the routed sum runs on the CPU before the shared expert's weights (llama-server b11312 over an rpc-server,
+      Qwen3.5-35B-A3B's widths at 16k: 48.01 / 12.00 MiB printed at -ub 2048 / 512, 240.09 / 60.05 planned before
+      with one and a half [n_embd, n_expert_used, n_ubatch] beside; llama-fit-params, n_ubatch logits rows: 110.51 =
+      48 + 62.5 of logits);
+    - gpt-oss (biased routed experts, no shared expert, the rows gathered after the loop): the down projection's
+      output after its bias (the ADD_ID on the CPU with the bias), [n_embd, n_expert_used, n_ubatch] f32, with the
+      router's weights [n_expert_used, n_ubatch] and the residual; the weighted sum makes one more row (a view's sum
+      is not in place): one output and two rows, the output phase in the output's hole once it is freed (gpt-oss-20b's
+      widths: 135.03 / 33.76 MiB printed at -ub 2048 / 512; 8 of 16 experts of 512 beside n_embd 1024: 80.06 /
+      20.02; one and a half outputs and the output phase planned before: 202.59 / 50.67 and 120.09 / 30.05);
+    - any other MoE: the output phase and one and a half of the last block's experts' output at the rows its
+      feed-forward runs (offload.partial_offload's ``last_out``: a qwen3moe's last block gathers first, 0.04 MiB).
+    """
+    phase = output_layer_compute_bytes(spec, lay)
+    if not spec.n_expert:
+        return phase
+    ub, rows = lay.n_ubatch, reserve_outputs(lay)
+    eu = expert_activation_bytes(spec, ub)[1]
+    if gathers_in_last_block(spec):
+        return phase + eu * rows // ub * 3 // 2
+    if spec.architecture in _SHARED_TAIL and spec.n_ff_shexp:
+        return phase
+    if spec.architecture in _EXPERT_BIAS_GROWTH and not spec.n_ff_shexp:
+        s = graph_sizes(spec, lay)
+        logits = 4 * rows * spec.n_vocab
+        weights, ids = 4 * spec.n_expert_used * ub, 4 * rows
+        # the logits go into the freed output's hole where they fit (llama-fit-params' n_ubatch rows: 62.5 MiB in 90)
+        return pad(eu + 2 * s.embd_bytes + weights + ids + (logits if logits > eu else 0), ALIGNMENT["cuda"])
+    return phase + eu * 3 // 2
+
+
 def validate(spec: ModelSpec, cfg: RunConfig) -> None:
     """Raise the ConfigError :func:`estimate` would raise for ``cfg``, without sizing anything: llama.cpp's
     checks of the context and its cache types (:func:`resolve`), the tensor split, the draft's own."""

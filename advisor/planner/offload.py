@@ -65,7 +65,7 @@ from kvadvise.planner.memory import (
     host_experts_split_compute,
     layer_kv_bytes,
     op_offload_growth,
-    output_layer_compute_bytes,
+    output_layer_alone_bytes,
     output_op_offload_bytes,
     resolve,
     unpipelined_split_compute,
@@ -385,15 +385,16 @@ def partial_offload(
     offloads = budget.device in OP_OFFLOAD_DEVICES and ub >= OP_OFFLOAD_MIN_BATCH
     one_device = len(layers.fixed) == 1 and len(full.devices) == 1
     output_only = (
-        full.devices[0].compute_bytes - output_layer_compute_bytes(spec, lay) if one_device and not offloads else 0
+        output_layer_alone_bytes(spec, lay) - full.devices[0].compute_bytes if one_device and not offloads else 0
     )
     experts_growth = 0 if offloads else host_experts_device_growth(spec, lay)
     experts_growth_all = 0 if offloads else host_experts_device_growth(spec, lay, device_experts=False)
     biased = biased_experts_grow(spec)
 
     def split_compute(n_cpu: int, n_cpu_moe: int) -> int:  # the first device's compute beyond the full offload's
-        if n_cpu >= n_layer:  # -ngl 1: the output layer alone (memory.output_layer_compute_bytes)
-            return -max(0, output_only)
+        if n_cpu >= n_layer:  # -ngl 1: the output layer alone (memory.output_layer_alone_bytes), whose figure holds
+            # what it takes in from the CPU's last block: less the one and a half ``last_out`` tail_cut adds for it
+            return output_only - (last_out * 3 // 2 if one_device and not offloads and expert_out else 0)
         # experts of layers the device runs, in host memory (memory.host_experts_device_growth)
         # a gpt-oss grows where a block before the last runs its experts after host experts (not its last block's,
         # run after the masks are freed)
