@@ -132,7 +132,6 @@ _HELD = {
             "qwen3-30b-3dev-np2-share",
             "qwen3-30b-600-share",
             "qwen1.5-moe-2dev",
-            "qwen3.5-35b-output-alone-fa-off",
             "gpt-oss-20b-3dev-share",
             "qwen3-30b-3dev-np4-share",
             "qwen3-30b-2dev-unequal-share",

@@ -473,7 +473,10 @@ def partial_offload(
             # whole MoE layers on the CPU (plain -ngl): the first offloaded block's device takes in their experts' output
             nxt = owner[n_cpu] if n_cpu < spec.n_layer_all else owner[-1]
             if nxt >= 0:
-                cut[nxt] += last_out * 3 // 2 if n_cpu >= n_layer else expert_out
+                if n_cpu >= n_layer and not one_device:  # the output layer alone: its own figure, what comes in included
+                    cut[nxt] += output_layer_alone_bytes(spec, lay) - unpipelined_split_compute(spec, lay, parts[nxt])
+                else:
+                    cut[nxt] += last_out * 3 // 2 if n_cpu >= n_layer else expert_out
                 if last_rows and n_cpu < n_layer - 1:  # its first block is placed around that output's holes
                     cut[nxt] = max(cut[nxt], boundary_own - full_compute[nxt])
                 elif n_cpu < n_layer and last_alone:  # the last block alone, its FFN at the output rows
