@@ -217,18 +217,23 @@ def _mla_graph(spec: ModelSpec, lay: ContextLayout) -> _MLAGraph | None:
     its matmul weights) or which blocks are dense, or for builds with the f32 flash-attention mask (before #23764)."""
     if builds.older_than(lay.llama_build, builds.F16_MASK_FA) or not spec.n_embd_head_k_mla:
         return None
-    n_head = max(spec.n_head)
-    # wq_b [q_lora_rank, n_head * (qk_nope + qk_rope)], or the lite models' wq [n_embd, ...] (deepseek2.cpp)
-    wq = [w for w in spec.matmul_weights if w.block == 0 and not w.experts and w.ne1 == n_head * spec.n_embd_head_k_mla]
-    if len(wq) != 1 or (spec.n_expert and len(spec.layer_expert_bytes) < spec.n_layer):
+    n_head, n_embd = max(spec.n_head), spec.n_embd
+    # q_lora_rank: wq_a [n_embd, q_lora] and wq_b [q_lora, n_head * (qk_nope + qk_rope)] (a low rank, below
+    # n_embd), else the lite models' wq [n_embd, n_head * (qk_nope + qk_rope)] (deepseek2.cpp load_arch_tensors)
+    shapes = {(w.ne0, w.ne1) for w in spec.matmul_weights if w.block == 0 and not w.experts}
+    q_width = n_head * spec.n_embd_head_k_mla
+    q_lora = [r for r, n in shapes if n == q_width and r < n_embd and (n_embd, r) in shapes]
+    if len(q_lora) > 1 or not (q_lora or (n_embd, q_width) in shapes):
+        return None
+    if spec.n_expert and len(spec.layer_expert_bytes) < spec.n_layer:
         return None
     dense = tuple(not spec.n_expert or spec.layer_expert_bytes[il] == 0 for il in range(spec.n_layer))
     first_moe = dense.index(False) if False in dense else 0
     rope = spec.n_embd_head_k - spec.n_embd_head_v
     return _MLAGraph(
-        dense=dense[: first_moe + _MLA_STEADY_BLOCKS], n_embd=spec.n_embd, n_head=n_head,
+        dense=dense[: first_moe + _MLA_STEADY_BLOCKS], n_embd=n_embd, n_head=n_head,
         qk_nope=spec.n_embd_head_k_mla - rope, qk_rope=rope, kv_lora=spec.n_embd_head_v,
-        v_head=spec.n_embd_head_v_mla, q_lora=0 if wq[0].ne0 == spec.n_embd else wq[0].ne0, n_ff=spec.n_ff,
+        v_head=spec.n_embd_head_v_mla, q_lora=q_lora[0] if q_lora else 0, n_ff=spec.n_ff,
         n_expert=spec.n_expert, n_expert_used=spec.n_expert_used, n_ff_exp=spec.n_ff_exp or spec.n_ff,
         n_ff_shexp=spec.n_ff_shexp, n_kv=lay.n_ctx_seq, n_stream=lay.n_stream, n_tokens=reserve_tokens(lay),
         n_outputs=reserve_outputs(lay), flash_attn=lay.flash_attn, v_row_bytes=row_bytes(lay.type_k, lay.n_ctx_seq),
