@@ -109,7 +109,12 @@ def _planned(tmp_path: Path, name: str, dims: dict, n_ctx: int, ub: int, fa: str
     return model, device_compute_bytes(spec, lay)
 
 
-@pytest.mark.parametrize("case", PRINTED, ids=lambda c: f"{c[0]}{''.join(f'-{k}{v}' for k, v in c[1].items())}-{c[2]}-{c[3]}-{c[4]}-{c[5]}")
+def _id(case: tuple) -> str:
+    name, dims, n_ctx, ub, fa, kv, _ = case
+    return "-".join([name, *(f"{k}{v}" for k, v in dims.items()), str(n_ctx), str(ub), fa, kv])
+
+
+@pytest.mark.parametrize("case", PRINTED, ids=_id)
 def test_mla_blocks_planned_as_llama_cpp_printed_them(case: tuple, tmp_path: Path) -> None:
     """The replay of the blocks (sizes._mla_layers_bytes) gives the printed buffer to its 0.01 MiB."""
     name, dims, n_ctx, ub, fa, kv, printed = case

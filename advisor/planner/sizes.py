@@ -124,7 +124,10 @@ def graph_sizes(spec: ModelSpec, lay: ContextLayout) -> GraphSizes:
         # token (llama-fit-params b11312 over an rpc-server, 16-128 heads, qk_nope 128-192, qk_rope 32-64, kv_lora
         # 256-512, q_lora 0-1536, n_embd 1024-7168: within 33 a head above, never below; GLM-4.7-Flash's shape was
         # 6.4 % under with 2 Q). The attention's output before wo, [v_head, n_head] a token, leaves a hole the next
-        # feed-forward's rows do not fit in where it is wider than n_embd (GLM-4.7-Flash: 24 MiB at -ub 2048)
+        # feed-forward's rows do not fit in where it is wider than n_embd (GLM-4.7-Flash: 24 MiB at -ub 2048).
+        # These sums are the phases a device of a split reads (kvadvise.planner.split); one device's buffer is the
+        # blocks' replay below (the sums: 11-21 % over on Kimi-K2's and DeepSeek-V3's shapes, and against the
+        # replay up to 7 % under on 17 of 500 random shapes, where the previous block's residual lands higher)
         kv_lora = spec.n_embd_head_v
         rope = max(0, spec.n_embd_head_k - kv_lora)
         nope = max(0, spec.n_embd_head_k_mla - rope)
@@ -156,7 +159,9 @@ def graph_sizes(spec: ModelSpec, lay: ContextLayout) -> GraphSizes:
     logits = f32 * reserve_outputs(lay) * spec.n_vocab
     if spec.is_mla:
         # measured (llama-fit-params, b11312, DeepSeek-V2-Lite's shape): the logits land above two Q-sized
-        # tensors the last MLA layer leaves at the top of the buffer (ggml-alloc's best fit), 36 MiB at n_ubatch 512
+        # tensors the last MLA layer leaves at the top of the buffer (ggml-alloc's best fit), 36 MiB at n_ubatch 512;
+        # over with other shapes (Kimi-K2's with its 163,840-token vocabulary: 362.00 MiB printed at 16k cells and
+        # -ub 512, 492 planned), kept as the bound kvadvise.planner.split's measured rule takes two Q from
         logits += 2 * q
     elif legacy_mla:
         # measured (the same shape, the published vocabulary, 4k cells): the last layer leaves two such holes
@@ -275,7 +280,7 @@ def _mla_build(g: _MLAGraph) -> Graph:
     ts: list[Tensor] = []
     nodes: list[int] = []
     leafs: list[int] = []
-    T, E, H = g.n_tokens, g.n_embd, g.n_head  # noqa: N806
+    n_tok, n_embd, n_head = g.n_tokens, g.n_embd, g.n_head
 
     def add(t: Tensor, *, node: bool = True) -> int:
         ts.append(t)
@@ -300,8 +305,8 @@ def _mla_build(g: _MLAGraph) -> Graph:
         up = op(f"up-{name}", "MUL_MAT", ff, weight("up"), cur)
         return op(f"down-{name}", "MUL_MAT", out, weight("down"), op(f"swiglu-{name}", "GLU", ff, gate, up))
 
-    f32 = 4 * T
-    inputs = {"embd": f32 * E, "pos": 4 * T, "k_idxs": 8 * T, "mask": (2 if g.flash_attn else 4) * g.n_kv * T,
+    f32 = 4 * n_tok
+    inputs = {"embd": f32 * n_embd, "pos": 4 * n_tok, "k_idxs": 8 * n_tok, "mask": (2 if g.flash_attn else 4) * g.n_kv * n_tok,
               "out_ids": 4 * g.n_outputs}  # fmt: skip
     copy = {}
     for name, nbytes in inputs.items():  # each host input, then its copy on the device (an input there)
@@ -309,21 +314,22 @@ def _mla_build(g: _MLAGraph) -> Graph:
         add(Tensor(f"{name} (dep)", "NONE", nbytes, 1, ("dep",), (src,), src))
         copy[name] = add(Tensor(f"{name}#dev", "NONE", nbytes, 0, (name,), is_input=True))
     x = copy["embd"]
-    K, A, C = g.qk_nope + g.qk_rope, H * g.kv_lora, H * (g.kv_lora + g.qk_rope)  # noqa: N806
+    q_row, absorbed, q_cat = n_head * (g.qk_nope + g.qk_rope), n_head * g.kv_lora, n_head * (g.kv_lora + g.qk_rope)
     for il, dense in enumerate(g.dense):
         last = il == len(g.dense) - 1
         inp_sa = x
-        cur = norm(f"attn_norm-{il}", x, f32 * E)
+        cur = norm(f"attn_norm-{il}", x, f32 * n_embd)
         if g.q_lora:
             q = norm(f"q_a_norm-{il}", op(f"q_a-{il}", "MUL_MAT", f32 * g.q_lora, weight("wq_a"), cur), f32 * g.q_lora)
-            q = op(f"q-{il}", "MUL_MAT", f32 * H * K, weight("wq_b"), q)
+            q = op(f"q-{il}", "MUL_MAT", f32 * q_row, weight("wq_b"), q)
         else:
-            q = op(f"q-{il}", "MUL_MAT", f32 * H * K, weight("wq"), cur)
+            q = op(f"q-{il}", "MUL_MAT", f32 * q_row, weight("wq"), cur)
         q = view(q, "RESHAPE")
         # Q_nope through wk_b, then the roped q_pe (each a view of Q: Q is freed after both), and their concat
-        qna = view(op(f"q_nope_absorbed-{il}", "MUL_MAT", f32 * A, weight("wk_b"), view(view(q), "PERMUTE")), "PERMUTE")
-        q_pe = op(f"q_pe-{il}", "ROPE", f32 * H * g.qk_rope, view(q), copy["pos"])
-        qcur = op(f"Qcur-{il}", "CONCAT", f32 * C, qna, q_pe)
+        qna = op(f"q_nope_absorbed-{il}", "MUL_MAT", f32 * absorbed, weight("wk_b"), view(view(q), "PERMUTE"))
+        qna = view(qna, "PERMUTE")
+        q_pe = op(f"q_pe-{il}", "ROPE", f32 * n_head * g.qk_rope, view(q), copy["pos"])
+        qcur = op(f"Qcur-{il}", "CONCAT", f32 * q_cat, qna, q_pe)
         # build_attn expands V (kv_cmpr, normed) then K (its concat with the roped k_pe), then stores K
         kv = op(f"kv_cmpr_pe-{il}", "MUL_MAT", f32 * (g.kv_lora + g.qk_rope), weight("wkv_a_mqa"), cur)
         v = view(norm(f"kv_cmpr-{il}", view(kv), f32 * g.kv_lora), "RESHAPE")
@@ -335,24 +341,24 @@ def _mla_build(g: _MLAGraph) -> Graph:
         k_4d = view(cache)
         kc, vc = view(k_4d, "PERMUTE"), view(view(k_4d), "PERMUTE")  # V: a view of K's first kv_lora columns
         if g.flash_attn:  # [kv_lora, H, T], then wv_b per head ([v_head, T, H]) and its ggml_cont
-            fa = op(f"fattn-{il}", "FLASH_ATTN_EXT", f32 * A, qp, kc, vc, copy["mask"])
-            out = op(f"fattn_mla-{il}", "MUL_MAT", f32 * H * g.v_head, weight("wv_b"), view(fa, "PERMUTE"))
+            fa = op(f"fattn-{il}", "FLASH_ATTN_EXT", f32 * absorbed, qp, kc, vc, copy["mask"])
+            out = op(f"fattn_mla-{il}", "MUL_MAT", f32 * n_head * g.v_head, weight("wv_b"), view(fa, "PERMUTE"))
         else:  # V transposed (ggml_cont, visited first), the scores (softmax in place), kqv, then wv_b
             v_cont = op(f"v_cont-{il}", "CONT", g.v_row_bytes * g.kv_lora * g.n_stream, view(vc, "TRANSPOSE"))
-            kq = op(f"kq-{il}", "MUL_MAT", f32 * g.n_kv * H, kc, qp)
+            kq = op(f"kq-{il}", "MUL_MAT", f32 * g.n_kv * n_head, kc, qp)
             kq = op(f"kq_soft_max-{il}", "SOFT_MAX", ts[kq].nbytes, kq, copy["mask"])
-            out = op(f"kqv-{il}", "MUL_MAT", f32 * A, v_cont, kq)
-            out = op(f"kqv_mla-{il}", "MUL_MAT", f32 * H * g.v_head, weight("wv_b"), out)
-        out = view(op(f"kqv_out-{il}", "CONT", f32 * H * g.v_head, view(out, "PERMUTE")), "RESHAPE")
-        cur = op(f"attn_out-{il}", "MUL_MAT", f32 * E, weight("wo"), out)
-        rows = g.n_outputs if last else T
+            out = op(f"kqv-{il}", "MUL_MAT", f32 * absorbed, v_cont, kq)
+            out = op(f"kqv_mla-{il}", "MUL_MAT", f32 * n_head * g.v_head, weight("wv_b"), out)
+        out = view(op(f"kqv_out-{il}", "CONT", f32 * n_head * g.v_head, view(out, "PERMUTE")), "RESHAPE")
+        cur = op(f"attn_out-{il}", "MUL_MAT", f32 * n_embd, weight("wo"), out)
+        rows = g.n_outputs if last else n_tok
         if last:  # the output rows of the attention's output and of the residual (inp_out_ids)
-            cur = op(f"attn_rows-{il}", "GET_ROWS", 4 * rows * E, cur, copy["out_ids"])
-            inp_sa = op(f"sa_rows-{il}", "GET_ROWS", 4 * rows * E, inp_sa, copy["out_ids"])
-        ffn_inp = op(f"ffn_inp-{il}", "ADD", 4 * rows * E, cur, inp_sa)
-        cur = norm(f"ffn_norm-{il}", ffn_inp, 4 * rows * E)
+            cur = op(f"attn_rows-{il}", "GET_ROWS", 4 * rows * n_embd, cur, copy["out_ids"])
+            inp_sa = op(f"sa_rows-{il}", "GET_ROWS", 4 * rows * n_embd, inp_sa, copy["out_ids"])
+        ffn_inp = op(f"ffn_inp-{il}", "ADD", 4 * rows * n_embd, cur, inp_sa)
+        cur = norm(f"ffn_norm-{il}", ffn_inp, 4 * rows * n_embd)
         if dense:
-            cur = ffn(f"{il}", cur, 4 * rows * g.n_ff, 4 * rows * E)
+            cur = ffn(f"{il}", cur, 4 * rows * g.n_ff, 4 * rows * n_embd)
         else:  # build_moe_ffn: the router (softmax, top-k ids, their weights), gate/up/SwiGLU, down, weighted
             n_exp, used = 4 * rows * g.n_expert, g.n_expert_used
             probs = op(f"probs-{il}", "SOFT_MAX", n_exp, op(f"logits-{il}", "MUL_MAT", n_exp, weight("gate_inp"), cur))
@@ -363,18 +369,18 @@ def _mla_build(g: _MLAGraph) -> Graph:
             ff = 4 * rows * g.n_ff_exp * used
             gate = op(f"moe_gate-{il}", "MUL_MAT_ID", ff, weight("gate_exps"), cur_3d, top_k)
             up = op(f"moe_up-{il}", "MUL_MAT_ID", ff, weight("up_exps"), cur_3d, top_k)
-            down = op(f"moe_down-{il}", "MUL_MAT_ID", 4 * rows * E * used, weight("down_exps"),
+            down = op(f"moe_down-{il}", "MUL_MAT_ID", 4 * rows * n_embd * used, weight("down_exps"),
                       op(f"moe_swiglu-{il}", "GLU", ff, gate, up), top_k)  # fmt: skip
             down = op(f"moe_weighted-{il}", "MUL", ts[down].nbytes, down, weights)
             experts = [view(down) for _ in range(used)]  # "order the views before the adds"
             moe = experts[0]
             for i, e in enumerate(experts[1:], 1):
-                moe = op(f"moe_add{i}-{il}", "ADD", 4 * rows * E, moe, e)
+                moe = op(f"moe_add{i}-{il}", "ADD", 4 * rows * n_embd, moe, e)
             if g.n_ff_shexp:
-                shexp = ffn(f"shexp-{il}", cur, 4 * rows * g.n_ff_shexp, 4 * rows * E)
-                moe = op(f"ffn_out-{il}", "ADD", 4 * rows * E, moe, shexp)
+                shexp = ffn(f"shexp-{il}", cur, 4 * rows * g.n_ff_shexp, 4 * rows * n_embd)
+                moe = op(f"ffn_out-{il}", "ADD", 4 * rows * n_embd, moe, shexp)
             cur = moe
-        x = op(f"l_out-{il}", "ADD", 4 * rows * E, cur, ffn_inp)
+        x = op(f"l_out-{il}", "ADD", 4 * rows * n_embd, cur, ffn_inp)
     return Graph(tuple(ts), tuple(nodes), tuple(leafs))
 
 
