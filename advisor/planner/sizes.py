@@ -122,7 +122,7 @@ def graph_sizes(spec: ModelSpec, lay: ContextLayout) -> GraphSizes:
         # ([kv_lora_rank + qk_rope]) are alive together, then the flash attention's [kv_lora_rank] output beside it;
         # ggml-alloc's best fit leaves them at a peak of qk_nope + 3 qk_rope + 2 kv_lora_rank + 128 f32 a head and
         # token (llama-fit-params b11312 over an rpc-server, 16-128 heads, qk_nope 128-192, qk_rope 32-64, kv_lora
-        # 256-512, q_lora 0-1536, n_embd 1024-7168: within 33 a head above, never below; GLM-4.7-Flash's shape was
+        # 256-512, q_lora 0-1536, n_embd 1024-7168: within 33 a head above on those; GLM-4.7-Flash's shape was
         # 6.4 % under with 2 Q). The attention's output before wo, [v_head, n_head] a token, leaves a hole the next
         # feed-forward's rows do not fit in where it is wider than n_embd (GLM-4.7-Flash: 24 MiB at -ub 2048).
         # These sums are the phases a device of a split reads (kvadvise.planner.split); one device's buffer is the
@@ -209,7 +209,9 @@ class _MLAGraph:
     n_tokens: int
     n_outputs: int
     flash_attn: bool
-    v_row_bytes: int  # without flash attention, one cell's row of V copied transposed (v_cont, the K cache's type)
+    # without flash attention, a row of V copied transposed (v_cont: n_kv cells of the K cache's type; a quantized
+    # cache needs flash attention, llama_init_from_model)
+    v_row_bytes: int
 
 
 # blocks replayed past the leading dense ones: ggml-alloc's layout repeats from the third MoE block on (the
@@ -241,7 +243,8 @@ def _mla_graph(spec: ModelSpec, lay: ContextLayout) -> _MLAGraph | None:
         v_head=spec.n_embd_head_v_mla, q_lora=q_lora[0] if q_lora else 0, n_ff=spec.n_ff,
         n_expert=spec.n_expert, n_expert_used=spec.n_expert_used, n_ff_exp=spec.n_ff_exp or spec.n_ff,
         n_ff_shexp=spec.n_ff_shexp, n_kv=lay.n_ctx_seq, n_stream=lay.n_stream, n_tokens=reserve_tokens(lay),
-        n_outputs=reserve_outputs(lay), flash_attn=lay.flash_attn, v_row_bytes=row_bytes(lay.type_k, lay.n_ctx_seq),
+        n_outputs=reserve_outputs(lay), flash_attn=lay.flash_attn,
+        v_row_bytes=(4 if lay.type_k == GGMLType.F32 else 2) * lay.n_ctx_seq,
     )  # fmt: skip
 
 
@@ -267,9 +270,9 @@ def _mla_layers_bytes(g: _MLAGraph) -> int:
     The replay follows src/models/deepseek2.cpp (is_mla), build_attn / build_attn_mha with wv_b, build_ffn and
     build_moe_ffn (src/llama-graph.cpp) node by node, views included (they keep their sources alive), as
     ggml_backend_sched hands them to ggml-alloc (the inputs copied in first); the router's few per-token tensors
-    (probs bias, weight norm) are left out. It gives llama-fit-params' figure to the 0.01 MiB on 21 shapes
-    (16-128 heads, q_lora 0-1536, n_embd 2048-7168, -ub 512-2048, flash attention on and off, f16/q8_0 caches;
-    tests/test_mla_compute.py)."""
+    (probs bias, weight norm) are left out. It gives llama-fit-params' figure to the 0.01 MiB on the 25 printed
+    buffers of tests/test_mla_compute.py (16-128 heads, q_lora 0-1536, kv_lora 256/512, n_embd 2048-7168, -ub
+    512-2048, flash attention on and off, f16/q8_0 caches; the closed sums were up to 21 % over, 1 % under)."""
     mask = -(-(2 if g.flash_attn else 4) * g.n_kv * g.n_tokens // 32) * 32  # an rpc-server's alignment, 32
     return reserve_sizes(_mla_build(g), (32, 32))[0] - mask
 
