@@ -116,10 +116,11 @@ def _id(case: tuple) -> str:
 
 @pytest.mark.parametrize("case", PRINTED, ids=_id)
 def test_mla_blocks_planned_as_llama_cpp_printed_them(case: tuple, tmp_path: Path) -> None:
-    """The replay of the blocks (sizes._mla_layers_bytes) gives the printed buffer to its 0.01 MiB."""
+    """The replay of the blocks (sizes._mla_layers_bytes) gives the printed buffer to its last digit (0.01 MiB, and
+    half of one added so that the plan is not below the print; the router's few KiB of per-token tensors aside)."""
     name, dims, n_ctx, ub, fa, kv, printed = case
     _, planned = _planned(tmp_path, name, dims, n_ctx, ub, fa, kv)
-    assert abs(planned / MIB - printed) <= 0.01, (planned / MIB, printed)
+    assert abs(planned / MIB - printed) <= 0.02, (planned / MIB, printed)
 
 
 @pytest.mark.llama
