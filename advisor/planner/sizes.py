@@ -204,7 +204,9 @@ class _MLAGraph:
     n_expert_used: int
     n_ff_exp: int
     n_ff_shexp: int
-    n_kv: int  # cells of a stream
+    # cells of a stream; with flash attention one padding's worth (256): only the KQ mask is that wide, and it sits
+    # below every block's tensors from the first to the last (the rest lands alike: 200 random shapes, 4k-128k cells)
+    n_kv: int
     n_stream: int
     n_tokens: int
     n_outputs: int
@@ -246,9 +248,9 @@ def _mla_graph(spec: ModelSpec, lay: ContextLayout) -> _MLAGraph | None:
         qk_nope=spec.n_embd_head_k_mla - rope, qk_rope=rope, kv_lora=spec.n_embd_head_v,
         v_head=spec.n_embd_head_v_mla, q_lora=q_lora[0] if q_lora else 0, n_ff=spec.n_ff,
         n_expert=spec.n_expert, n_expert_used=spec.n_expert_used, n_ff_exp=spec.n_ff_exp or spec.n_ff,
-        n_ff_shexp=spec.n_ff_shexp, n_kv=lay.n_ctx_seq, n_stream=lay.n_stream, n_tokens=reserve_tokens(lay),
-        n_outputs=reserve_outputs(lay), flash_attn=lay.flash_attn,
-        v_row_bytes=(4 if lay.type_k == GGMLType.F32 else 2) * lay.n_ctx_seq,
+        n_ff_shexp=spec.n_ff_shexp, n_kv=256 if lay.flash_attn else lay.n_ctx_seq, n_stream=lay.n_stream,
+        n_tokens=reserve_tokens(lay), n_outputs=reserve_outputs(lay), flash_attn=lay.flash_attn,
+        v_row_bytes=0 if lay.flash_attn else (4 if lay.type_k == GGMLType.F32 else 2) * lay.n_ctx_seq,
     )  # fmt: skip
 
 
