@@ -97,14 +97,7 @@ _HELD_OVER = (
 )
 _HELD = {
     "test_mla_full_offload_compute": (
-        {
-            "kimi-k2-16384-512-on-f16",
-            "kimi-k2-16384-2048-on-f16",
-            "kimi-k2-65536-1024-on-q8_0",
-            "deepseek-v3-4096-512-on-f16",
-            "deepseek-v3-16384-1024-on-f16",
-            "kimi-k2-8192-512-off-f16",
-        },
+        set(),
         "the absorbed MLA attention's 128 f32 a head beyond qk_nope + 3 qk_rope + 2 kv_lora, fitted where 20-40 heads "
         "leave it (GLM-4.7-Flash to the MiB), is 11-21 % over at 64-128 heads (Kimi-K2, DeepSeek-V3)",
     ),

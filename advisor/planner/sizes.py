@@ -8,11 +8,13 @@ over several is kvadvise.planner.split's. Both read these sizes, so they live be
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from kvadvise.model.ggml import GGMLType, row_bytes
 from kvadvise.model.spec import ModelSpec, SSMDims
 from kvadvise.planner import builds
+from kvadvise.planner.galloc import Graph, Tensor, reserve_sizes
 from kvadvise.planner.layout import ContextLayout, layer_shapes
 
 MIB = 1 << 20
@@ -120,9 +122,12 @@ def graph_sizes(spec: ModelSpec, lay: ContextLayout) -> GraphSizes:
         # ([kv_lora_rank + qk_rope]) are alive together, then the flash attention's [kv_lora_rank] output beside it;
         # ggml-alloc's best fit leaves them at a peak of qk_nope + 3 qk_rope + 2 kv_lora_rank + 128 f32 a head and
         # token (llama-fit-params b11312 over an rpc-server, 16-128 heads, qk_nope 128-192, qk_rope 32-64, kv_lora
-        # 256-512, q_lora 0-1536, n_embd 1024-7168: within 33 a head above, never below; GLM-4.7-Flash's shape was
+        # 256-512, q_lora 0-1536, n_embd 1024-7168: within 33 a head above on those; GLM-4.7-Flash's shape was
         # 6.4 % under with 2 Q). The attention's output before wo, [v_head, n_head] a token, leaves a hole the next
-        # feed-forward's rows do not fit in where it is wider than n_embd (GLM-4.7-Flash: 24 MiB at -ub 2048)
+        # feed-forward's rows do not fit in where it is wider than n_embd (GLM-4.7-Flash: 24 MiB at -ub 2048).
+        # These sums are the phases a device of a split reads (kvadvise.planner.split); one device's buffer is the
+        # blocks' replay below (the sums: 11-21 % over on Kimi-K2's and DeepSeek-V3's shapes, and against the
+        # replay up to 7 % under on 17 of 500 random shapes, where the previous block's residual lands higher)
         kv_lora = spec.n_embd_head_v
         rope = max(0, spec.n_embd_head_k - kv_lora)
         nope = max(0, spec.n_embd_head_k_mla - rope)
@@ -144,10 +149,19 @@ def graph_sizes(spec: ModelSpec, lay: ContextLayout) -> GraphSizes:
     # parallel blocks (command-r, cohere2) keep the attention's output alive through the feed-forward
     mix = max(phases) + (embd if spec.parallel_block else 0)
     layer = max(attn, mix)
+    mla = _mla_graph(spec, lay) if spec.is_mla and (full or swa) else None
+    if mla is not None:
+        # the absorbed MLA blocks' peak is where ggml-alloc's best fit lands the previous block's residual
+        # (_mla_layers_bytes): replayed, exact on an RPC device; elsewhere never below the phases above (a GPU's
+        # graph_optimize may reorder the nodes, as memory._exact_device_compute keeps for llama's replay)
+        replayed = _mla_layers_bytes(mla) + _PRINT_HALF_STEP
+        layer = replayed if lay.device == "rpc" else max(layer, replayed)
     logits = f32 * reserve_outputs(lay) * spec.n_vocab
     if spec.is_mla:
         # measured (llama-fit-params, b11312, DeepSeek-V2-Lite's shape): the logits land above two Q-sized
-        # tensors the last MLA layer leaves at the top of the buffer (ggml-alloc's best fit), 36 MiB at n_ubatch 512
+        # tensors the last MLA layer leaves at the top of the buffer (ggml-alloc's best fit), 36 MiB at n_ubatch 512;
+        # over with other shapes (Kimi-K2's with its 163,840-token vocabulary: 362.00 MiB printed at 16k cells and
+        # -ub 512, 492 planned), kept as the bound kvadvise.planner.split's measured rule takes two Q from
         logits += 2 * q
     elif legacy_mla:
         # measured (the same shape, the published vocabulary, 4k cells): the last layer leaves two such holes
@@ -171,6 +185,212 @@ def graph_sizes(spec: ModelSpec, lay: ContextLayout) -> GraphSizes:
     if full and swa and lay.flash_attn and attn_layers and spec.swa_layers[attn_layers[0]]:
         lead = ub * (2 * lay.n_ctx_swa + 4 * lay.n_ctx_seq)
     return GraphSizes(embd, q, logits, cells, scores, attn, mix, layer, ple, layer_inputs, lead)
+
+
+@dataclass(frozen=True, slots=True)
+class _MLAGraph:
+    """What the tensors of an absorbed-MLA model's blocks (src/models/deepseek2.cpp, is_mla, b11312) depend on."""
+
+    dense: tuple[bool, ...]  # the blocks replayed, True where the feed-forward is dense (the leading dense blocks)
+    n_embd: int
+    n_head: int
+    qk_nope: int
+    qk_rope: int
+    kv_lora: int
+    v_head: int  # n_embd_head_v_mla: the width wv_b decompresses each head's output to
+    q_lora: int  # 0: one wq (the lite models)
+    n_ff: int
+    n_expert: int
+    n_expert_used: int
+    n_ff_exp: int
+    n_ff_shexp: int
+    # cells of a stream; with flash attention one padding's worth (256): only the KQ mask is that wide, and it sits
+    # below every block's tensors from the first to the last (the rest lands alike: 200 random shapes, 4k-128k cells)
+    n_kv: int
+    n_stream: int
+    n_tokens: int
+    n_outputs: int
+    flash_attn: bool
+    # without flash attention, a row of V copied transposed (v_cont: n_kv cells of the K cache's type; a quantized
+    # cache needs flash attention, llama_init_from_model)
+    v_row_bytes: int
+
+
+# half the last digit llama.cpp prints a buffer with ("%8.2f MiB", rounded to nearest), added to an exact replay so
+# the plan is never below the figure printed (DeepSeek-V2-Lite's 27 blocks without flash attention at 32k cells:
+# 1,231,310,848 B replayed, 1174.27 MiB printed; tests/test_moe_shared.py takes the print as a floor)
+_PRINT_HALF_STEP = -(-MIB // 200)
+# blocks replayed past the leading dense ones: ggml-alloc's layout repeats from the third MoE block on (the
+# simulation below against 8 to 30 blocks: 1,200 random shapes, 1 and 3 dense blocks, flash attention on/off)
+_MLA_STEADY_BLOCKS = 6
+
+
+def _mla_graph(spec: ModelSpec, lay: ContextLayout) -> _MLAGraph | None:
+    """``spec``'s absorbed MLA blocks at ``lay``, or None where the file does not say q_lora_rank (no wq/wq_b among
+    its matmul weights) or which blocks are dense, or for builds with the f32 flash-attention mask (before #23764)."""
+    if builds.older_than(lay.llama_build, builds.F16_MASK_FA) or not spec.n_embd_head_k_mla:
+        return None
+    n_head, n_embd = max(spec.n_head), spec.n_embd
+    # q_lora_rank: wq_a [n_embd, q_lora] and wq_b [q_lora, n_head * (qk_nope + qk_rope)] (a low rank, below
+    # n_embd), else the lite models' wq [n_embd, n_head * (qk_nope + qk_rope)] (deepseek2.cpp load_arch_tensors)
+    shapes = {(w.ne0, w.ne1) for w in spec.matmul_weights if w.block == 0 and not w.experts}
+    q_width = n_head * spec.n_embd_head_k_mla
+    q_lora = [r for r, n in shapes if n == q_width and r < n_embd and (n_embd, r) in shapes]
+    if len(q_lora) > 1 or not (q_lora or (n_embd, q_width) in shapes):
+        return None
+    if spec.n_expert and len(spec.layer_expert_bytes) < spec.n_layer:
+        return None
+    dense = tuple(not spec.n_expert or spec.layer_expert_bytes[il] == 0 for il in range(spec.n_layer))
+    first_moe = dense.index(False) if False in dense else 0
+    rope = spec.n_embd_head_k - spec.n_embd_head_v
+    return _MLAGraph(
+        dense=dense[: first_moe + _MLA_STEADY_BLOCKS], n_embd=n_embd, n_head=n_head,
+        qk_nope=spec.n_embd_head_k_mla - rope, qk_rope=rope, kv_lora=spec.n_embd_head_v,
+        v_head=spec.n_embd_head_v_mla, q_lora=q_lora[0] if q_lora else 0, n_ff=spec.n_ff,
+        n_expert=spec.n_expert, n_expert_used=spec.n_expert_used, n_ff_exp=spec.n_ff_exp or spec.n_ff,
+        n_ff_shexp=spec.n_ff_shexp, n_kv=256 if lay.flash_attn else lay.n_ctx_seq, n_stream=lay.n_stream,
+        n_tokens=reserve_tokens(lay), n_outputs=reserve_outputs(lay), flash_attn=lay.flash_attn,
+        v_row_bytes=0 if lay.flash_attn else (4 if lay.type_k == GGMLType.F32 else 2) * lay.n_ctx_seq,
+    )  # fmt: skip
+
+
+@functools.lru_cache(maxsize=256)
+def _mla_layers_bytes(g: _MLAGraph) -> int:
+    """The absorbed MLA blocks' largest live set (the device's compute buffer through the last block, less its
+    copy of the KQ mask), as ggml-alloc's best fit (kvadvise.planner.galloc) places the reserve graph's tensors.
+
+    Which tensors are alive at the peak depends on where the previous block's residual (l_out) landed, so no one
+    sum holds for every shape. Measured (llama-fit-params b11312, one RPC device, GGML_SCHED_DEBUG=2), in f32 a
+    token, E = n_embd, H heads:
+    - the attention, at Qcur: the residual, attn_norm, Q's hole (its H (qk_nope + qk_rope)), Q_nope absorbed
+      (H kv_lora), the roped q_pe (H qk_rope, or in a hole of E) and Qcur (H (kv_lora + qk_rope)), stacked above
+      what the previous block left under its residual: two rows of E where the routed experts' down projection
+      ([E, n_expert_used]) did not fit in gate's and up's hole, so the next residual took it (Kimi-K2, DeepSeek-V2
+      and V3: V3's 128 heads 394.01 MiB at -ub 512 with 16k cells, 3 E + H (qk_nope + 3 qk_rope + 2 kv_lora)),
+      else that projection's rows and one E more (GLM-4.7-Flash's 40-head variant: 149.27);
+    - the first MoE block after the dense ones, at the down projection: ffn_norm, the hole of the attention's
+      output ([v_head, H], the ggml_cont of build_attn_mha's wv_b product), ffn_inp, gate, up and their SwiGLU,
+      the down projection ([E, n_expert_used]) on top: Kimi-K2's 268.01 MiB at -ub 512 (2 E + H v_head + 3
+      n_ff_exp n_expert_used + E n_expert_used: 129024 f32 a token), planned 324.08 (21 %) with a Qcur-sized hole;
+    - without flash attention the KQ scores [n_kv, n_tokens, H] beside V's transposed copy and Qcur.
+    The replay follows src/models/deepseek2.cpp (is_mla), build_attn / build_attn_mha with wv_b, build_ffn and
+    build_moe_ffn (src/llama-graph.cpp) node by node, views included (they keep their sources alive), as
+    ggml_backend_sched hands them to ggml-alloc (the inputs copied in first); the router's few per-token tensors
+    (probs bias, weight norm) are left out. It gives llama-fit-params' figure to the 0.01 MiB on the 25 printed
+    buffers of tests/test_mla_compute.py (16-128 heads, q_lora 0-1536, kv_lora 256/512, n_embd 2048-7168, -ub
+    512-2048, flash attention on and off, f16/q8_0 caches; the closed sums were up to 21 % over, 1 % under)."""
+    mask = -(-(2 if g.flash_attn else 4) * g.n_kv * g.n_tokens // 32) * 32  # an rpc-server's alignment, 32
+    return reserve_sizes(_mla_build(g), (32, 32))[0] - mask
+
+
+def _mla_build(g: _MLAGraph) -> Graph:
+    """The reserve graph of ``g``'s blocks on one device (buffer 0; the CPU's is 1), without the output layer:
+    the inputs copied in first (ggml_backend_sched_split_graph), then each block."""
+    ts: list[Tensor] = []
+    nodes: list[int] = []
+    leafs: list[int] = []
+    n_tok, n_embd, n_head = g.n_tokens, g.n_embd, g.n_head
+
+    def add(t: Tensor, *, node: bool = True) -> int:
+        ts.append(t)
+        (nodes if node else leafs).append(len(ts) - 1)
+        return len(ts) - 1
+
+    def op(name: str, kind: str, nbytes: int, *srcs: int) -> int:  # f32, laid out as wide as its bytes say
+        return add(Tensor(name, kind, nbytes, 0, (nbytes,), srcs))
+
+    def view(src: int, kind: str = "VIEW") -> int:
+        base = ts[src].view_src if ts[src].view_src is not None else src
+        return add(Tensor(f"{ts[src].name} ({kind})", kind, ts[src].nbytes, 0, ("view", len(ts)), (src,), base))
+
+    def weight(name: str) -> int:
+        return add(Tensor(name, "NONE", 0, 0, (), external=True), node=False)
+
+    def norm(name: str, t: int, nbytes: int) -> int:  # build_norm: rms_norm, then the weight's mul in place
+        return op(name, "MUL", nbytes, op(f"{name} (norm)", "RMS_NORM", nbytes, t), weight(f"{name}.weight"))
+
+    def ffn(name: str, cur: int, ff: int, out: int) -> int:  # build_ffn (LLM_FFN_SILU, LLM_FFN_PAR)
+        gate = op(f"gate-{name}", "MUL_MAT", ff, weight("gate"), cur)
+        up = op(f"up-{name}", "MUL_MAT", ff, weight("up"), cur)
+        return op(f"down-{name}", "MUL_MAT", out, weight("down"), op(f"swiglu-{name}", "GLU", ff, gate, up))
+
+    f32 = 4 * n_tok
+    inputs = {"embd": f32 * n_embd, "pos": 4 * n_tok, "k_idxs": 8 * n_tok, "mask": (2 if g.flash_attn else 4) * g.n_kv * n_tok,
+              "out_ids": 4 * g.n_outputs}  # fmt: skip
+    copy = {}
+    for name, nbytes in inputs.items():  # each host input, then its copy on the device (an input there)
+        src = add(Tensor(name, "NONE", nbytes, 1, (name,), is_input=True), node=False)
+        add(Tensor(f"{name} (dep)", "NONE", nbytes, 1, ("dep",), (src,), src))
+        copy[name] = add(Tensor(f"{name}#dev", "NONE", nbytes, 0, (name,), is_input=True))
+    x = copy["embd"]
+    q_row, absorbed, q_cat = n_head * (g.qk_nope + g.qk_rope), n_head * g.kv_lora, n_head * (g.kv_lora + g.qk_rope)
+    for il, dense in enumerate(g.dense):
+        last = il == len(g.dense) - 1
+        inp_sa = x
+        cur = norm(f"attn_norm-{il}", x, f32 * n_embd)
+        if g.q_lora:
+            q = norm(f"q_a_norm-{il}", op(f"q_a-{il}", "MUL_MAT", f32 * g.q_lora, weight("wq_a"), cur), f32 * g.q_lora)
+            q = op(f"q-{il}", "MUL_MAT", f32 * q_row, weight("wq_b"), q)
+        else:
+            q = op(f"q-{il}", "MUL_MAT", f32 * q_row, weight("wq"), cur)
+        q = view(q, "RESHAPE")
+        # Q_nope through wk_b, then the roped q_pe (each a view of Q: Q is freed after both), and their concat
+        qna = op(f"q_nope_absorbed-{il}", "MUL_MAT", f32 * absorbed, weight("wk_b"), view(view(q), "PERMUTE"))
+        qna = view(qna, "PERMUTE")
+        q_pe = op(f"q_pe-{il}", "ROPE", f32 * n_head * g.qk_rope, view(q), copy["pos"])
+        qcur = op(f"Qcur-{il}", "CONCAT", f32 * q_cat, qna, q_pe)
+        # build_attn expands V (kv_cmpr, normed) then K (its concat with the roped k_pe), then stores K
+        kv = op(f"kv_cmpr_pe-{il}", "MUL_MAT", f32 * (g.kv_lora + g.qk_rope), weight("wkv_a_mqa"), cur)
+        v = view(norm(f"kv_cmpr-{il}", view(kv), f32 * g.kv_lora), "RESHAPE")
+        k_pe = op(f"k_pe-{il}", "ROPE", f32 * g.qk_rope, view(kv), copy["pos"])
+        k = op(f"Kcur-{il}", "CONCAT", f32 * (g.kv_lora + g.qk_rope), v, k_pe)
+        cache = weight(f"cache_k_l{il}")
+        add(Tensor(f"set_rows-{il}", "SET_ROWS", 0, 0, (), (view(k), copy["k_idxs"], cache), cache))
+        qp = view(view(qcur), "PERMUTE")
+        k_4d = view(cache)
+        kc, vc = view(k_4d, "PERMUTE"), view(view(k_4d), "PERMUTE")  # V: a view of K's first kv_lora columns
+        if g.flash_attn:  # [kv_lora, H, T], then wv_b per head ([v_head, T, H]) and its ggml_cont
+            fa = op(f"fattn-{il}", "FLASH_ATTN_EXT", f32 * absorbed, qp, kc, vc, copy["mask"])
+            out = op(f"fattn_mla-{il}", "MUL_MAT", f32 * n_head * g.v_head, weight("wv_b"), view(fa, "PERMUTE"))
+        else:  # V transposed (ggml_cont, visited first), the scores (softmax in place), kqv, then wv_b
+            v_cont = op(f"v_cont-{il}", "CONT", g.v_row_bytes * g.kv_lora * g.n_stream, view(vc, "TRANSPOSE"))
+            kq = op(f"kq-{il}", "MUL_MAT", f32 * g.n_kv * n_head, kc, qp)
+            kq = op(f"kq_soft_max-{il}", "SOFT_MAX", ts[kq].nbytes, kq, copy["mask"])
+            out = op(f"kqv-{il}", "MUL_MAT", f32 * absorbed, v_cont, kq)
+            out = op(f"kqv_mla-{il}", "MUL_MAT", f32 * n_head * g.v_head, weight("wv_b"), out)
+        out = view(op(f"kqv_out-{il}", "CONT", f32 * n_head * g.v_head, view(out, "PERMUTE")), "RESHAPE")
+        cur = op(f"attn_out-{il}", "MUL_MAT", f32 * n_embd, weight("wo"), out)
+        rows = g.n_outputs if last else n_tok
+        if last:  # the output rows of the attention's output and of the residual (inp_out_ids)
+            cur = op(f"attn_rows-{il}", "GET_ROWS", 4 * rows * n_embd, cur, copy["out_ids"])
+            inp_sa = op(f"sa_rows-{il}", "GET_ROWS", 4 * rows * n_embd, inp_sa, copy["out_ids"])
+        ffn_inp = op(f"ffn_inp-{il}", "ADD", 4 * rows * n_embd, cur, inp_sa)
+        cur = norm(f"ffn_norm-{il}", ffn_inp, 4 * rows * n_embd)
+        if dense:
+            cur = ffn(f"{il}", cur, 4 * rows * g.n_ff, 4 * rows * n_embd)
+        else:  # build_moe_ffn: the router (softmax, top-k ids, their weights), gate/up/SwiGLU, down, weighted
+            n_exp, used = 4 * rows * g.n_expert, g.n_expert_used
+            probs = op(f"probs-{il}", "SOFT_MAX", n_exp, op(f"logits-{il}", "MUL_MAT", n_exp, weight("gate_inp"), cur))
+            probs_3d = view(probs, "RESHAPE")
+            top_k = view(op(f"argsort-{il}", "ARGSORT", n_exp, probs))
+            weights = op(f"weights-{il}", "GET_ROWS", 4 * rows * used, probs_3d, top_k)
+            cur_3d = view(cur, "RESHAPE")
+            ff = 4 * rows * g.n_ff_exp * used
+            gate = op(f"moe_gate-{il}", "MUL_MAT_ID", ff, weight("gate_exps"), cur_3d, top_k)
+            up = op(f"moe_up-{il}", "MUL_MAT_ID", ff, weight("up_exps"), cur_3d, top_k)
+            down = op(f"moe_down-{il}", "MUL_MAT_ID", 4 * rows * n_embd * used, weight("down_exps"),
+                      op(f"moe_swiglu-{il}", "GLU", ff, gate, up), top_k)  # fmt: skip
+            down = op(f"moe_weighted-{il}", "MUL", ts[down].nbytes, down, weights)
+            experts = [view(down) for _ in range(used)]  # "order the views before the adds"
+            moe = experts[0]
+            for i, e in enumerate(experts[1:], 1):
+                moe = op(f"moe_add{i}-{il}", "ADD", 4 * rows * n_embd, moe, e)
+            if g.n_ff_shexp:
+                shexp = ffn(f"shexp-{il}", cur, 4 * rows * g.n_ff_shexp, 4 * rows * n_embd)
+                moe = op(f"ffn_out-{il}", "ADD", 4 * rows * n_embd, moe, shexp)
+            cur = moe
+        x = op(f"l_out-{il}", "ADD", 4 * rows * n_embd, cur, ffn_inp)
+    return Graph(tuple(ts), tuple(nodes), tuple(leafs))
 
 
 def expert_activation_bytes(spec: ModelSpec, ub: int) -> tuple[int, int]:
