@@ -1055,11 +1055,11 @@ def host_experts_split_compute(
     first = layers[0]
     inflow = first > 0 and on_host(first - 1)
     if layers == (last,):  # the last block alone: its own rule, and at least the boundary's after host experts
-        own = cpu_experts_boundary_bytes(spec, lay, own_experts=True, last_block=True) if inflow else 0
+        own = cpu_experts_boundary_bytes(part.spec, lay, own_experts=True, last_block=True) if inflow else 0
         return max(unpipelined_split_compute(spec, lay, part), own) if inflow else None
     # the blocks that run their experts on the device at the whole batch (not a last block that gathers its rows)
     full_rows = [il for il in layers if not (il == last and gathers)]
-    s = graph_sizes(spec, lay)
+    s = graph_sizes(part.spec, lay)  # the masks of the attention it holds (a sliding-window block: that mask only)
     ff, eu = expert_activation_bytes(spec, lay.n_ubatch)
     masks = _device_masks(s, lay)
     if any(not on_host(il) for il in full_rows):
