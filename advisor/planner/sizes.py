@@ -201,7 +201,19 @@ def _moe_phase(spec: ModelSpec, ub: int, embd: int, q: int) -> int:
     f32 = 4
     ff, eu = expert_activation_bytes(spec, ub)
     router = f32 * ub * (2 * spec.n_expert + 8)
-    routed = 2 * embd + 3 * ff + max(embd, q) + (eu if eu > 2 * ff else 0)
+    attn_hole = max(embd, q)
+    if ff + router <= attn_hole and spec.architecture != "deepseek2":
+        # the gate fits the hole the attention's Q (its output before wo) leaves, beside the router's few tensors:
+        # ggml-alloc's best fit (ggml_dyn_tallocr_alloc, ggml-alloc.c b11312) puts it there, and only the up and
+        # the SwiGLU product stack; the down projection's output lands in that hole or in the up's once they are
+        # freed, if it fits one. GLM-4.5-Air's shape (F 22 MiB, Q 24 at n_ubatch 512): llama-fit-params b11312
+        # prints 164.01 / 328.02 MiB at -ub 512 / 1024, the masks and 2E + Q + 2F + Eu (3F had been planned).
+        # Not deepseek2's: its attention (MLA or not) leaves other holes than a Q (DeepSeek-V2-Lite's shape, 6 of
+        # 16 experts: 92.13 MiB printed at -ub 512 and 16k, the 3F rule's 92.12, 99.08 with this one)
+        fits = eu <= ff or eu + router <= attn_hole
+        routed = 2 * embd + attn_hole + 2 * ff + (0 if fits else eu)
+    else:
+        routed = 2 * embd + 3 * ff + attn_hole + (eu if eu > 2 * ff else 0)
     sh = f32 * ub * spec.n_ff_shexp
     shared = 3 * embd + 3 * sh + min((embd + sh) // 2, 3 * embd + ff) if sh else 0
     return max(routed, shared) + router
