@@ -183,25 +183,6 @@ def graph_sizes(spec: ModelSpec, lay: ContextLayout) -> GraphSizes:
     return GraphSizes(embd, q, logits, cells, scores, attn, mix, layer, ple, layer_inputs, lead)
 
 
-def _small_inputs(spec: ModelSpec, lay: ContextLayout) -> int:
-    """The device's copies of the graph inputs besides the masks, alive below a dense lead block's feed-forward: the
-    positions and output ids (i32 a token), the K and V row indices (i64 a token with flash attention, else V's
-    n_embd_v_gqa a token), and with a quantized cache the Hadamard rotations llama_kv_cache::build_input_k_rot /
-    _v_rot make (src/llama-kv-cache.cpp b11312: f32 [nrot, nrot], nrot the largest power of two from 128 dividing
-    n_embd_head_k for K, 64 for V; "attn_inp_k_rot" in GLM-4.5-Air's q8_0 graph: 0.07 MiB under without them)."""
-    ub = lay.n_ubatch
-    v_idxs = v_idxs_bytes(spec, lay) or 8 * ub
-    rot = 0
-    if is_quantized(lay.type_k) and spec.n_embd_head_k % 64 == 0:
-        nrot = 128
-        while spec.n_embd_head_k % (2 * nrot) == 0:
-            nrot *= 2
-        rot += 4 * nrot * nrot if spec.n_embd_head_k % nrot == 0 else 4 * 64 * 64
-    if is_quantized(lay.type_v) and spec.n_embd_head_v % 64 == 0:
-        rot += 4 * 64 * 64
-    return 4 * ub * 2 + 8 * ub + v_idxs + rot
-
-
 def expert_activation_bytes(spec: ModelSpec, ub: int) -> tuple[int, int]:
     """build_moe_ffn's per-ubatch tensors (src/llama-graph.cpp): gate, up or their GLU, [n_ff_exp, n_expert_used,
     n_ubatch] f32 (F), and the down projection's output, [n_embd, n_expert_used, n_ubatch] f32 (Eu)."""
@@ -255,6 +236,25 @@ def _moe_phase(spec: ModelSpec, ub: int, embd: int, q: int) -> int:
     sh = f32 * ub * spec.n_ff_shexp
     shared = 3 * embd + 3 * sh + min((embd + sh) // 2, 3 * embd + ff) if sh else 0
     return max(routed, shared) + router
+
+
+def _small_inputs(spec: ModelSpec, lay: ContextLayout) -> int:
+    """The device's copies of the graph inputs besides the masks, alive below a dense lead block's feed-forward: the
+    positions and output ids (i32 a token), the K and V row indices (i64 a token with flash attention, else V's
+    n_embd_v_gqa a token), and with a quantized cache the Hadamard rotations llama_kv_cache::build_input_k_rot /
+    _v_rot make (src/llama-kv-cache.cpp b11312: f32 [nrot, nrot], nrot the largest power of two from 128 dividing
+    n_embd_head_k for K, 64 for V; "attn_inp_k_rot" in GLM-4.5-Air's q8_0 graph: 0.07 MiB under without them)."""
+    ub = lay.n_ubatch
+    v_idxs = v_idxs_bytes(spec, lay) or 8 * ub
+    rot = 0
+    if is_quantized(lay.type_k) and spec.n_embd_head_k % 64 == 0:
+        nrot = 128
+        while spec.n_embd_head_k % (2 * nrot) == 0:
+            nrot *= 2
+        rot += 4 * nrot * nrot if spec.n_embd_head_k % nrot == 0 else 4 * 64 * 64
+    if is_quantized(lay.type_v) and spec.n_embd_head_v % 64 == 0:
+        rot += 4 * 64 * 64
+    return 4 * ub * 2 + 8 * ub + v_idxs + rot
 
 
 def _mixer_phase(spec: ModelSpec, ssm: SSMDims, ub: int, embd: int, n_seqs: int) -> int:
