@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from kvadvise.model.ggml import GGMLType, row_bytes
+from kvadvise.model.ggml import GGMLType, is_quantized, row_bytes
 from kvadvise.model.spec import ModelSpec, SSMDims
 from kvadvise.planner import builds
 from kvadvise.planner.galloc import Graph, Tensor, reserve_sizes
@@ -141,7 +141,17 @@ def graph_sizes(spec: ModelSpec, lay: ContextLayout) -> GraphSizes:
             # (kvadvise.planner.builds.FUSED_GLU); measured with the allocation pass of e1e8e09 (Ollama 0.6.8's
             # llama.cpp) on GLM-4-32B's and GLM-4-9B's shapes: within 8 MiB over
             ff = 4
-        phases.append(3 * embd + ff * f32 * ub * spec.n_ff + mla_out)
+        rows = f32 * ub * spec.n_ff
+        if spec.n_expert and not spec.is_mla and spec.architecture != "deepseek2" and ff == 3:
+            # a MoE model's dense lead block (glm4moe): its gate, up and product stack above the hole the
+            # attention's Q leaves, as the routed experts' do (_moe_phase), the gate in that hole where it fits.
+            # GLM-4.5-Air's widths with 64 heads, n_ff 9216 and 4 of 16 experts of 1024: llama-fit-params b11312
+            # prints the masks and 2E + Q + 3 rows (118.01 MiB at -ub 512 and 32k; 120.08 planned before, the routed
+            # phase's over-count hiding 3E + 3 rows' 8 MiB under)
+            stacked = q + 2 * rows if rows <= q else max(embd, q) + 3 * rows
+            phases.append(2 * embd + stacked + _small_inputs(spec, lay))
+        else:
+            phases.append(3 * embd + ff * rows + mla_out)
     if spec.n_expert:
         phases.append(_moe_phase(spec, ub, embd, q))
     if spec.ssm is not None:
@@ -405,7 +415,8 @@ def _moe_phase(spec: ModelSpec, ub: int, embd: int, q: int) -> int:
     n_expert_used, n_ubatch] (Eu), which takes the place of the freed gate and up where it fits (2F), else
     stacks on top. Measured with llama.cpp's own allocation pass (llama-fit-params, b11312) over 18 shapes of
     Qwen3-MoE, Mixtral, gpt-oss and GLM-4.5 layers: exact on 10, within 12 MiB on the rest but one (GLM-4.5-Air's
-    shape, 22 MiB over, the shared expert's tensors reuse more). Both phases hold the router's logits and
+    shape, 22 MiB over: its gate fits the hole the attention's Q leaves, so one F less stacks; since round 24b
+    within 0.2 MiB, tests/test_shared_expert_compute.py). Both phases hold the router's logits and
     probabilities ([n_expert, n_ubatch] f32 each) and a few per-token ids (measured: 0.07 MiB above the rows at
     n_ubatch 512 with 16 experts, 0.30 at 2048).
 
@@ -421,10 +432,49 @@ def _moe_phase(spec: ModelSpec, ub: int, embd: int, q: int) -> int:
     f32 = 4
     ff, eu = expert_activation_bytes(spec, ub)
     router = f32 * ub * (2 * spec.n_expert + 8)
-    routed = 2 * embd + 3 * ff + max(embd, q) + (eu if eu > 2 * ff else 0)
+    if ff + router <= q and spec.architecture != "deepseek2":
+        # the gate fits the hole the attention's Q (its output before wo) leaves, beside the router's few tensors:
+        # ggml-alloc's best fit (ggml_dyn_tallocr_alloc, ggml-alloc.c b11312) puts it there, and only the up and
+        # the SwiGLU product stack; the down projection's output lands in that hole or in the up's once they are
+        # freed, if it fits one. GLM-4.5-Air's shape (F 22 MiB, Q 24 at n_ubatch 512): llama-fit-params b11312
+        # prints 164.01 / 328.02 MiB at -ub 512 / 1024, the masks and 2E + Q + 2F + Eu (3F had been planned).
+        # Not deepseek2's: its attention (MLA or not) leaves other holes than a Q (DeepSeek-V2-Lite's shape, 6 of
+        # 16 experts: 92.13 MiB printed at -ub 512 and 16k, the 3F rule's 92.12, 99.08 with this one).
+        # The routed output (the first add of the experts' views, E) is allocated while the down projection's is
+        # alive: in the Q hole, or in the up's and SwiGLU's (2F, freed by then), else on top
+        q_free = q - router
+        if eu <= ff:  # the down projection in the up's hole: the Q hole and the SwiGLU's are left
+            moe_out_fits = embd <= max(q_free, ff)
+        elif eu <= q_free:  # in the Q hole: the up's and the SwiGLU's are left
+            moe_out_fits = embd <= 2 * ff
+        else:  # on top
+            moe_out_fits = embd <= max(q_free, 2 * ff)
+        down_on_top = eu > ff and eu > q_free
+        routed = 2 * embd + q + 2 * ff + (eu if down_on_top else 0) + (0 if moe_out_fits else embd)
+    else:
+        routed = 2 * embd + 3 * ff + max(embd, q) + (eu if eu > 2 * ff else 0)
     sh = f32 * ub * spec.n_ff_shexp
     shared = 3 * embd + 3 * sh + min((embd + sh) // 2, 3 * embd + ff) if sh else 0
     return max(routed, shared) + router
+
+
+def _small_inputs(spec: ModelSpec, lay: ContextLayout) -> int:
+    """The device's copies of the graph inputs besides the masks, alive below a dense lead block's feed-forward: the
+    positions and output ids (i32 a token), the K and V row indices (i64 a token with flash attention, else V's
+    n_embd_v_gqa a token), and with a quantized cache the Hadamard rotations llama_kv_cache::build_input_k_rot /
+    _v_rot make (src/llama-kv-cache.cpp b11312: f32 [nrot, nrot], nrot the largest power of two from 128 dividing
+    n_embd_head_k for K, 64 for V; "attn_inp_k_rot" in GLM-4.5-Air's q8_0 graph: 0.07 MiB under without them)."""
+    ub = lay.n_ubatch
+    v_idxs = v_idxs_bytes(spec, lay) or 8 * ub
+    rot = 0
+    if is_quantized(lay.type_k) and spec.n_embd_head_k % 64 == 0:
+        nrot = 128
+        while spec.n_embd_head_k % (2 * nrot) == 0:
+            nrot *= 2
+        rot += 4 * nrot * nrot if spec.n_embd_head_k % nrot == 0 else 4 * 64 * 64
+    if is_quantized(lay.type_v) and spec.n_embd_head_v % 64 == 0:
+        rot += 4 * 64 * 64
+    return 4 * ub * 2 + 8 * ub + v_idxs + rot
 
 
 def _mixer_phase(spec: ModelSpec, ssm: SSMDims, ub: int, embd: int, n_seqs: int) -> int:
