@@ -108,8 +108,10 @@ _HELD = {
             "gpt-oss-20b-65536-ub2048-f16",
             "gpt-oss-narrow-8-4096-ub512-q8_0",
         },
-        "gpt-oss's growth is planned for every --n-cpu-moe between 1 and n_layer - 2, where the first block's experts "
-        "on the host grow nothing (no device block runs before them) and 4k cells at -ub 512 hide it",
+        "gpt-oss's growth is planned for every --n-cpu-moe between 1 and n_layer - 2; at 1 these shapes grow nothing "
+        "from 8k cells up, but others do (4k-7k cells: 1.6-22.5 MiB; n_embd 2048 with 64 heads: a whole experts' output "
+        "at 1, none at 2; tests/test_output_layer_alone.py), so the bound stays: where ggml-alloc's best fit places "
+        "the copied-in output decides it (round 24c)",
     ),
     "test_moe_full_offload_compute": (
         set(),  # GLM-4.5-Air's three pass since round 24b (sizes._moe_phase: the gate in the attention's hole)
