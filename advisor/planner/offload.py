@@ -473,9 +473,8 @@ def partial_offload(
             # whole MoE layers on the CPU (plain -ngl): the first offloaded block's device takes in their experts' output
             nxt = owner[n_cpu] if n_cpu < spec.n_layer_all else owner[-1]
             if nxt >= 0:
-                if (
-                    n_cpu >= n_layer and not one_device
-                ):  # the output layer alone: its own figure, what comes in included
+                if n_cpu >= n_layer and not one_device:
+                    # the output layer alone on one of several devices: its own figure, what comes in included
                     cut[nxt] += output_layer_alone_bytes(spec, lay) - unpipelined_split_compute(spec, lay, parts[nxt])
                 else:
                     cut[nxt] += last_out * 3 // 2 if n_cpu >= n_layer else expert_out
