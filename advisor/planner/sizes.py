@@ -9,7 +9,7 @@ over several is kvadvise.planner.split's. Both read these sizes, so they live be
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvadvise.model.ggml import GGMLType, row_bytes
 from kvadvise.model.spec import ModelSpec, SSMDims
@@ -157,7 +157,13 @@ def graph_sizes(spec: ModelSpec, lay: ContextLayout) -> GraphSizes:
         replayed = _mla_layers_bytes(mla) + _PRINT_HALF_STEP
         layer = replayed if lay.device == "rpc" else max(layer, replayed)
     logits = f32 * reserve_outputs(lay) * spec.n_vocab
-    if spec.is_mla:
+    if mla is not None and lay.device == "rpc":
+        # the output phase replayed after the blocks (_mla_output_bytes): the logits and what lies under them, less
+        # the two rows of n_embd the device's figure adds (kvadvise.planner.memory: logits + 2 rows against masks +
+        # layer). Not below the logits and those rows, as before, where ggml-alloc put them in the mask's hole
+        out = _mla_output_bytes(replace(mla, n_vocab=spec.n_vocab, n_kv=lay.n_ctx_seq)) + _PRINT_HALF_STEP
+        logits = max(logits, out - 2 * embd)
+    elif spec.is_mla:
         # measured (llama-fit-params, b11312, DeepSeek-V2-Lite's shape): the logits land above two Q-sized
         # tensors the last MLA layer leaves at the top of the buffer (ggml-alloc's best fit), 36 MiB at n_ubatch 512;
         # over with other shapes (Kimi-K2's with its 163,840-token vocabulary: 362.00 MiB printed at 16k cells and
@@ -214,6 +220,10 @@ class _MLAGraph:
     # without flash attention, a row of V copied transposed (v_cont: n_kv cells of the K cache's type; a quantized
     # cache needs flash attention, llama_init_from_model)
     v_row_bytes: int
+    # the output layer (result_norm, then the logits of the n_outputs rows) after the blocks, 0: the blocks alone.
+    # The KQ mask's hole, freed after the last attention, is where the logits may land, so with it the mask is as
+    # wide as the cache (n_kv), not the padding above
+    n_vocab: int = 0
 
 
 # half the last digit llama.cpp prints a buffer with ("%8.2f MiB", rounded to nearest), added to an exact replay so
@@ -283,9 +293,25 @@ def _mla_layers_bytes(g: _MLAGraph) -> int:
     return reserve_sizes(_mla_build(g), (32, 32))[0] - mask
 
 
-def _mla_build(g: _MLAGraph) -> Graph:
-    """The reserve graph of ``g``'s blocks on one device (buffer 0; the CPU's is 1), without the output layer:
-    the inputs copied in first (ggml_backend_sched_split_graph), then each block."""
+@functools.lru_cache(maxsize=256)
+def _mla_output_bytes(g: _MLAGraph) -> int:
+    """The top of the output phase of ``g``'s graph (``g.n_vocab`` set, ``g.n_kv`` the cache's cells): result_norm and
+    the logits of the reserved rows, and what the last block left under them, as ggml-alloc's best fit places them.
+
+    Measured (llama-fit-params b11312 over one rpc-server): where the logits land is decided by the holes the last
+    block leaves, not by a fixed count of Q-sized tensors under them: Kimi-K2's widths with their 163,840-token
+    vocabulary at 16k cells and -ub 512 print 362.00 MiB, 320 of logits above three rows of n_embd (492 planned with
+    two Q); DeepSeek-V3's shapes 394.01 (568.50 planned); a small vocabulary's logits fit in the KQ mask's hole.
+    The top is read with a probe: a tensor larger than any hole, allocated last, lands at the top of what is alive
+    then (ggml_dyn_tallocr_alloc: the last block), result_norm and the logits being graph outputs, never freed."""
+    probe = 1 << 50
+    return reserve_sizes(_mla_build(g, probe_bytes=probe), (32, 32))[0] - probe
+
+
+def _mla_build(g: _MLAGraph, *, probe_bytes: int = 0) -> Graph:
+    """The reserve graph of ``g``'s blocks on one device (buffer 0; the CPU's is 1), and the output layer where
+    ``g.n_vocab`` is set: the inputs copied in first (ggml_backend_sched_split_graph), then each block. ``probe_bytes``:
+    a last node of that size on the logits (:func:`_mla_output_bytes`)."""
     ts: list[Tensor] = []
     nodes: list[int] = []
     leafs: list[int] = []
@@ -390,6 +416,16 @@ def _mla_build(g: _MLAGraph) -> Graph:
                 moe = op(f"ffn_out-{il}", "ADD", 4 * rows * n_embd, moe, shexp)
             cur = moe
         x = op(f"l_out-{il}", "ADD", 4 * rows * n_embd, cur, ffn_inp)
+    if g.n_vocab:
+        # deepseek2.cpp after its layer loop: build_norm (rms_norm in place over the last l_out, the weight's mul in
+        # place over it) is result_norm, then the lm_head's logits; llm_graph_result::set_outputs (src/llama-graph.cpp)
+        # marks both graph outputs, so ggml-alloc never frees them (nor lets an op take them in place)
+        norm_out = norm("result_norm", x, 4 * g.n_outputs * n_embd)
+        ts[norm_out] = replace(ts[norm_out], is_output=True)
+        logits = op("result_output", "MUL_MAT", 4 * g.n_outputs * g.n_vocab, weight("output"), norm_out)
+        ts[logits] = replace(ts[logits], is_output=True)
+        if probe_bytes:
+            op("probe", "MUL_MAT", probe_bytes, logits)
     return Graph(tuple(ts), tuple(nodes), tuple(leafs))
 
 
