@@ -150,14 +150,25 @@ def graph_sizes(spec: ModelSpec, lay: ContextLayout) -> GraphSizes:
     mix = max(phases) + (embd if spec.parallel_block else 0)
     layer = max(attn, mix)
     mla = _mla_graph(spec, lay) if spec.is_mla and (full or swa) else None
-    if mla is not None:
+    # a device of a split (kvadvise.planner.split's DeviceLayers.spec: the attention layers it holds, no others),
+    # where pipeline parallelism is off (its copies are split.split_compute's): its own blocks replayed
+    held = tuple(il for il in range(spec.n_layer) if spec.kv_layers[il])
+    part = None
+    if mla is not None and 0 < len(held) < spec.n_layer:
+        part = _mla_device_graph(spec, lay, held, output=held[-1] == spec.n_layer - 1, copies=1)
+    if part is not None:
+        mask = -(-(2 if lay.flash_attn else 4) * part.n_kv * part.n_tokens // 32) * 32  # as _mla_layers_bytes
+        layer = _mla_buffer_bytes(replace(part, n_vocab=0)) - mask + _PRINT_HALF_STEP
+    elif mla is not None:
         # the absorbed MLA blocks' peak is where ggml-alloc's best fit lands the previous block's residual
         # (_mla_layers_bytes): replayed, exact on an RPC device; elsewhere never below the phases above (a GPU's
         # graph_optimize may reorder the nodes, as memory._exact_device_compute keeps for llama's replay)
         replayed = _mla_layers_bytes(mla) + _PRINT_HALF_STEP
         layer = replayed if lay.device == "rpc" else max(layer, replayed)
     logits = f32 * reserve_outputs(lay) * spec.n_vocab
-    if mla is not None and lay.device == "rpc":
+    if part is not None and part.n_vocab:
+        logits = max(logits, _mla_output_bytes(part) + _PRINT_HALF_STEP - 2 * embd)
+    elif part is None and mla is not None and lay.device == "rpc":
         # the output phase replayed after the blocks (_mla_output_bytes): the logits and what lies under them, less
         # the two rows of n_embd the device's figure adds (kvadvise.planner.memory: logits + 2 rows against masks +
         # layer). Not below the logits and those rows, as before, where ggml-alloc put them in the mask's hole
@@ -224,6 +235,15 @@ class _MLAGraph:
     # The KQ mask's hole, freed after the last attention, is where the logits may land, so with it the mask is as
     # wide as the cache (n_kv), not the padding above
     n_vocab: int = 0
+    # a device of a split (kvadvise.planner.split): the replay's last block is not the model's last (no output rows
+    # gathered); the hidden state comes from the previous device (its last l_out and the next block's weightless
+    # rms_norm, which ggml_backend_sched leaves there); it ends with that rms_norm for the next device; ``copies``:
+    # pipeline parallelism's copies of each split input (flagged input and output: allocated first, never freed;
+    # ggml_backend_sched_split_graph, ggml-backend.cpp), 0 where the inputs are freed after their last use
+    last_block: bool = True
+    from_device: bool = False
+    to_device: bool = False
+    copies: int = 0
 
 
 # half the last digit llama.cpp prints a buffer with ("%8.2f MiB", rounded to nearest), added to an exact replay so
@@ -308,6 +328,43 @@ def _mla_output_bytes(g: _MLAGraph) -> int:
     return reserve_sizes(_mla_build(g, probe_bytes=probe), (32, 32))[0] - probe
 
 
+def mla_split_bytes(spec: ModelSpec, lay: ContextLayout, layers: tuple[int, ...], *, output: bool, copies: int) -> int | None:
+    """The compute buffer of one RPC device of a split that holds the absorbed-MLA blocks ``layers`` (and the output
+    layer with ``output``), replayed as for one device (_mla_layers_bytes, _mla_output_bytes) with the split's inputs:
+    the token embeddings on the first device, else the previous device's last l_out and the next block's rms_norm
+    (ggml_backend_sched leaves that weightless norm on the previous device, which ends with it); ``copies`` > 1:
+    pipeline parallelism's copies of each input, allocated first and never freed; 1: ordinary copies, freed after
+    their last use (ggml_backend_sched_split_graph, ggml-backend.cpp b11312). None where the replay does not
+    apply (not an RPC device, no absorbed-MLA graph, blocks that are not one run, the last block without the
+    output layer). Measured (llama-fit-params b11312 over two rpc-servers, -ts 1,1 / 1,2 / 2,1, the five shapes of
+    tests/test_mla_compute.py with their vocabularies and n_vocab 8000, 4k-16k cells, -ub 512/2048, flash attention
+    on and off): every device as printed, to the 0.01 MiB, with and without pipeline parallelism."""
+    g = _mla_device_graph(spec, lay, layers, output=output, copies=copies)
+    return None if g is None else _mla_buffer_bytes(g) + _PRINT_HALF_STEP
+
+
+def _mla_device_graph(
+    spec: ModelSpec, lay: ContextLayout, layers: tuple[int, ...], *, output: bool, copies: int
+) -> _MLAGraph | None:
+    """:func:`mla_split_bytes`'s graph (None where it does not apply)."""
+    g = _mla_graph(spec, lay) if spec.is_mla and lay.device == "rpc" else None
+    last_block = bool(layers) and layers[-1] == spec.n_layer - 1
+    if g is None or not layers or layers != tuple(range(layers[0], layers[-1] + 1)) or output != last_block:
+        return None
+    dense = tuple(not spec.n_expert or spec.layer_expert_bytes[il] == 0 for il in layers)
+    lead = dense.index(False) if False in dense else len(dense)
+    return replace(
+        g, dense=dense[: lead + _MLA_STEADY_BLOCKS], n_kv=lay.n_ctx_seq, n_vocab=spec.n_vocab if output else 0,
+        last_block=last_block, from_device=layers[0] > 0, to_device=not last_block, copies=copies if copies > 1 else 0,
+    )  # fmt: skip
+
+
+@functools.lru_cache(maxsize=256)
+def _mla_buffer_bytes(g: _MLAGraph) -> int:
+    """The whole buffer ggml-alloc's best fit makes of ``g``'s graph (the mask as wide as the cache)."""
+    return reserve_sizes(_mla_build(g), (32, 32))[0]
+
+
 def _mla_build(g: _MLAGraph, *, probe_bytes: int = 0) -> Graph:
     """The reserve graph of ``g``'s blocks on one device (buffer 0; the CPU's is 1), and the output layer where
     ``g.n_vocab`` is set: the inputs copied in first (ggml_backend_sched_split_graph), then each block. ``probe_bytes``:
@@ -341,19 +398,33 @@ def _mla_build(g: _MLAGraph, *, probe_bytes: int = 0) -> Graph:
         return op(f"down-{name}", "MUL_MAT", out, weight("down"), op(f"swiglu-{name}", "GLU", ff, gate, up))
 
     f32 = 4 * n_tok
-    inputs = {"embd": f32 * n_embd, "pos": 4 * n_tok, "k_idxs": 8 * n_tok, "mask": (2 if g.flash_attn else 4) * g.n_kv * n_tok,
-              "out_ids": 4 * g.n_outputs}  # fmt: skip
+    # the split's inputs in the order its nodes first read them (ggml_backend_sched_split_graph, pass 5)
+    hidden = {"norm": f32 * n_embd} if g.from_device else {"embd": f32 * n_embd}
+    inputs = {**hidden, "pos": 4 * n_tok, "k_idxs": 8 * n_tok, "mask": (2 if g.flash_attn else 4) * g.n_kv * n_tok}
+    if g.from_device:
+        inputs["l_in"] = f32 * n_embd
+    if g.last_block:
+        inputs["out_ids"] = 4 * g.n_outputs
     copy = {}
-    for name, nbytes in inputs.items():  # each host input, then its copy on the device (an input there)
+    for name, nbytes in inputs.items():
+        if g.copies:  # pipeline parallelism: the copies are leafs, allocated first and kept (graph outputs)
+            copies = [add(Tensor(f"{name}#{c}", "NONE", nbytes, 0, (name,), is_input=True, is_output=True), node=False)
+                      for c in range(g.copies)]  # fmt: skip
+            copy[name] = copies[0]
+            continue
+        # each host input, then its copy on the device (an input there)
         src = add(Tensor(name, "NONE", nbytes, 1, (name,), is_input=True), node=False)
         add(Tensor(f"{name} (dep)", "NONE", nbytes, 1, ("dep",), (src,), src))
         copy[name] = add(Tensor(f"{name}#dev", "NONE", nbytes, 0, (name,), is_input=True))
-    x = copy["embd"]
+    x = copy["l_in"] if g.from_device else copy["embd"]
     q_row, absorbed, q_cat = n_head * (g.qk_nope + g.qk_rope), n_head * g.kv_lora, n_head * (g.kv_lora + g.qk_rope)
     for il, dense in enumerate(g.dense):
-        last = il == len(g.dense) - 1
+        last = g.last_block and il == len(g.dense) - 1
         inp_sa = x
-        cur = norm(f"attn_norm-{il}", x, f32 * n_embd)
+        if il == 0 and g.from_device:  # attn_norm's weight over the rms_norm the previous device made
+            cur = op(f"attn_norm-{il}", "MUL", f32 * n_embd, copy["norm"], weight(f"attn_norm-{il}.weight"))
+        else:
+            cur = norm(f"attn_norm-{il}", x, f32 * n_embd)
         if g.q_lora:
             q = norm(f"q_a_norm-{il}", op(f"q_a-{il}", "MUL_MAT", f32 * g.q_lora, weight("wq_a"), cur), f32 * g.q_lora)
             q = op(f"q-{il}", "MUL_MAT", f32 * q_row, weight("wq_b"), q)
@@ -416,6 +487,10 @@ def _mla_build(g: _MLAGraph, *, probe_bytes: int = 0) -> Graph:
                 moe = op(f"ffn_out-{il}", "ADD", 4 * rows * n_embd, moe, shexp)
             cur = moe
         x = op(f"l_out-{il}", "ADD", 4 * rows * n_embd, cur, ffn_inp)
+    if g.to_device:  # the next block's rms_norm stays here; the next device copies it and l_out (views keep them)
+        nxt = op("attn_norm-next (norm)", "RMS_NORM", f32 * n_embd, x)
+        view(x)
+        view(nxt)
     if g.n_vocab:
         # deepseek2.cpp after its layer loop: build_norm (rms_norm in place over the last l_out, the weight's mul in
         # place over it) is result_norm, then the lm_head's logits; llm_graph_result::set_outputs (src/llama-graph.cpp)

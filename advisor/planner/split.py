@@ -26,6 +26,7 @@ from kvadvise.planner.sizes import (
     k_idxs_bytes,
     mask_bytes,
     mask_inputs,
+    mla_split_bytes,
     reserve_outputs,
     v_idxs_bytes,
 )
@@ -186,6 +187,8 @@ def split_compute(spec: ModelSpec, lay: ContextLayout, part: DeviceLayers, *, co
         hidden = row if gathers and not spec.parallel_block else 4 * ub * spec.n_embd
         gather = 0 if gathers else hidden
         return pad(copies * hidden + gather + 4 * rows_out * spec.n_vocab + 2 * row, ALIGNMENT["cuda"])
+    if (replayed := mla_split_bytes(spec, lay, part.layers, output=part.last, copies=copies)) is not None:
+        return pad(replayed, ALIGNMENT["cuda"])
     s = graph_sizes(part.spec, lay)
     f32_mask = f32_fa_mask(lay)
     masks = mask_inputs(s, lay)
