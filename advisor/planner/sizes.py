@@ -125,8 +125,9 @@ def graph_sizes(spec: ModelSpec, lay: ContextLayout) -> GraphSizes:
         # 256-512, q_lora 0-1536, n_embd 1024-7168: within 33 a head above on those; GLM-4.7-Flash's shape was
         # 6.4 % under with 2 Q). The attention's output before wo, [v_head, n_head] a token, leaves a hole the next
         # feed-forward's rows do not fit in where it is wider than n_embd (GLM-4.7-Flash: 24 MiB at -ub 2048).
-        # These sums are the phases a device of a split reads (kvadvise.planner.split); one device's buffer is the
-        # blocks' replay below (the sums: 11-21 % over on Kimi-K2's and DeepSeek-V3's shapes, and against the
+        # These sums are what a device other than an RPC one reads beside the replay below (a GPU's graph_optimize
+        # may reorder the nodes); on an RPC device the blocks are replayed, alone or as a device of a split
+        # (mla_split_bytes: the sums were 11-21 % over on Kimi-K2's and DeepSeek-V3's shapes, and against the
         # replay up to 7 % under on 17 of 500 random shapes, where the previous block's residual lands higher)
         kv_lora = spec.n_embd_head_v
         rope = max(0, spec.n_embd_head_k - kv_lora)
@@ -175,10 +176,10 @@ def graph_sizes(spec: ModelSpec, lay: ContextLayout) -> GraphSizes:
         out = _mla_output_bytes(replace(mla, n_vocab=spec.n_vocab, n_kv=lay.n_ctx_seq)) + _PRINT_HALF_STEP
         logits = max(logits, out - 2 * embd)
     elif spec.is_mla:
-        # measured (llama-fit-params, b11312, DeepSeek-V2-Lite's shape): the logits land above two Q-sized
-        # tensors the last MLA layer leaves at the top of the buffer (ggml-alloc's best fit), 36 MiB at n_ubatch 512;
-        # over with other shapes (Kimi-K2's with its 163,840-token vocabulary: 362.00 MiB printed at 16k cells and
-        # -ub 512, 492 planned), kept as the bound kvadvise.planner.split's measured rule takes two Q from
+        # off an RPC device (or where the blocks are not replayed): measured (llama-fit-params, b11312,
+        # DeepSeek-V2-Lite's shape) the logits land above two Q-sized tensors the last MLA layer leaves at the top of
+        # the buffer, 36 MiB at n_ubatch 512; an upper bound on the other shapes (Kimi-K2's with its 163,840-token
+        # vocabulary: 362.00 MiB printed at 16k cells and -ub 512, 492 so), kept where a GPU may reorder the graph
         logits += 2 * q
     elif legacy_mla:
         # measured (the same shape, the published vocabulary, 4k cells): the last layer leaves two such holes
@@ -328,7 +329,9 @@ def _mla_output_bytes(g: _MLAGraph) -> int:
     return reserve_sizes(_mla_build(g, probe_bytes=probe), (32, 32))[0] - probe
 
 
-def mla_split_bytes(spec: ModelSpec, lay: ContextLayout, layers: tuple[int, ...], *, output: bool, copies: int) -> int | None:
+def mla_split_bytes(
+    spec: ModelSpec, lay: ContextLayout, layers: tuple[int, ...], *, output: bool, copies: int
+) -> int | None:
     """The compute buffer of one RPC device of a split that holds the absorbed-MLA blocks ``layers`` (and the output
     layer with ``output``), replayed as for one device (_mla_layers_bytes, _mla_output_bytes) with the split's inputs:
     the token embeddings on the first device, else the previous device's last l_out and the next block's rms_norm
