@@ -159,7 +159,8 @@ def graph_sizes(spec: ModelSpec, lay: ContextLayout) -> GraphSizes:
         part = _mla_device_graph(spec, lay, held, output=held[-1] == spec.n_layer - 1, copies=1)
     if part is not None:
         mask = -(-(2 if lay.flash_attn else 4) * part.n_kv * part.n_tokens // 32) * 32  # as _mla_layers_bytes
-        layer = _mla_buffer_bytes(replace(part, n_vocab=0)) - mask + _PRINT_HALF_STEP
+        ways = _mla_boundaries(spec, part, held[0])
+        layer = max(_mla_buffer_bytes(replace(v, n_vocab=0)) for v in ways) - mask + _PRINT_HALF_STEP
     elif mla is not None:
         # the absorbed MLA blocks' peak is where ggml-alloc's best fit lands the previous block's residual
         # (_mla_layers_bytes): replayed, exact on an RPC device; elsewhere never below the phases above (a GPU's
@@ -168,7 +169,8 @@ def graph_sizes(spec: ModelSpec, lay: ContextLayout) -> GraphSizes:
         layer = replayed if lay.device == "rpc" else max(layer, replayed)
     logits = f32 * reserve_outputs(lay) * spec.n_vocab
     if part is not None and part.n_vocab:
-        logits = max(logits, _mla_output_bytes(part) + _PRINT_HALF_STEP - 2 * embd)
+        out = max(_mla_output_bytes(v) for v in _mla_boundaries(spec, part, held[0])) + _PRINT_HALF_STEP
+        logits = max(logits, out - 2 * embd)
     elif part is None and mla is not None and lay.device == "rpc":
         # the output phase replayed after the blocks (_mla_output_bytes): the logits and what lies under them, less
         # the two rows of n_embd the device's figure adds (kvadvise.planner.memory: logits + 2 rows against masks +
@@ -243,6 +245,11 @@ class _MLAGraph:
     # ggml_backend_sched_split_graph, ggml-backend.cpp), 0 where the inputs are freed after their last use
     last_block: bool = True
     from_device: bool = False
+    # the previous block on the CPU (-ngl N): ggml_backend_sched's "expand gpu up" gives the device every weightless
+    # op back to the CPU block's last matmul, so its feed-forward's outputs and ffn_inp come in: 3 rows of n_embd
+    # after a MoE block (ffn_moe_out, ffn_shexp, ffn_inp: GGML_SCHED_DEBUG=2, b11312), 2 after a dense one; the
+    # device adds them into l_out and makes the rms_norm (0: the previous block on a device, which made it)
+    host_rows: int = 0
     to_device: bool = False
     copies: int = 0
 
@@ -343,7 +350,19 @@ def mla_split_bytes(
     tests/test_mla_compute.py with their vocabularies and n_vocab 8000, 4k-16k cells, -ub 512/2048, flash attention
     on and off): every device as printed, to the 0.01 MiB, with and without pipeline parallelism."""
     g = _mla_device_graph(spec, lay, layers, output=output, copies=copies)
-    return None if g is None else _mla_buffer_bytes(g) + _PRINT_HALF_STEP
+    if g is None:
+        return None
+    return max(_mla_buffer_bytes(v) for v in _mla_boundaries(spec, g, layers[0])) + _PRINT_HALF_STEP
+
+
+def _mla_boundaries(spec: ModelSpec, g: _MLAGraph, first: int) -> tuple[_MLAGraph, ...]:
+    """``g`` and, where its blocks could follow the CPU's (no pipeline parallelism: a partial -ngl), ``g`` after
+    them: which one holds is not known from the device's blocks, so the larger is planned (llama-fit-params b11312
+    over two rpc-servers, -ngl 4-6: the CPU's boundary 266.01 MiB printed for Kimi-K2's widths, a device's 252.08)."""
+    if not g.from_device or g.copies:
+        return (g,)
+    moe = bool(spec.n_expert) and spec.layer_expert_bytes[first - 1] > 0
+    return g, replace(g, host_rows=2 + (moe and spec.n_ff_shexp > 0))
 
 
 def _mla_device_graph(
@@ -402,9 +421,15 @@ def _mla_build(g: _MLAGraph, *, probe_bytes: int = 0) -> Graph:
 
     f32 = 4 * n_tok
     # the split's inputs in the order its nodes first read them (ggml_backend_sched_split_graph, pass 5)
-    hidden = {"norm": f32 * n_embd} if g.from_device else {"embd": f32 * n_embd}
-    inputs = {**hidden, "pos": 4 * n_tok, "k_idxs": 8 * n_tok, "mask": (2 if g.flash_attn else 4) * g.n_kv * n_tok}
-    if g.from_device:
+    copied_norm = g.from_device and not g.host_rows
+    host = [f"host_out{i}" for i in range(g.host_rows)] if g.from_device else []
+    hidden = ["norm"] if copied_norm else host or ["embd"]
+    inputs = {name: f32 * n_embd for name in hidden}
+    inputs |= {"pos": 4 * n_tok, "k_idxs": 8 * n_tok, "mask": (2 if g.flash_attn else 4) * g.n_kv * n_tok}
+    # a first block that is the last reads the output ids (its attention's rows) before the residual
+    if g.last_block and len(g.dense) == 1:
+        inputs["out_ids"] = 4 * g.n_outputs
+    if copied_norm:
         inputs["l_in"] = f32 * n_embd
     if g.last_block:
         inputs["out_ids"] = 4 * g.n_outputs
@@ -419,12 +444,14 @@ def _mla_build(g: _MLAGraph, *, probe_bytes: int = 0) -> Graph:
         src = add(Tensor(name, "NONE", nbytes, 1, (name,), is_input=True), node=False)
         add(Tensor(f"{name} (dep)", "NONE", nbytes, 1, ("dep",), (src,), src))
         copy[name] = add(Tensor(f"{name}#dev", "NONE", nbytes, 0, (name,), is_input=True))
-    x = copy["l_in"] if g.from_device else copy["embd"]
+    x = copy["l_in"] if copied_norm else copy[host[0]] if host else copy["embd"]
+    for name in host[1:]:  # the CPU block's ffn_out (a MoE block's) and l_out, added here
+        x = op(f"{name} (add)", "ADD", f32 * n_embd, x, copy[name])
     q_row, absorbed, q_cat = n_head * (g.qk_nope + g.qk_rope), n_head * g.kv_lora, n_head * (g.kv_lora + g.qk_rope)
     for il, dense in enumerate(g.dense):
         last = g.last_block and il == len(g.dense) - 1
         inp_sa = x
-        if il == 0 and g.from_device:  # attn_norm's weight over the rms_norm the previous device made
+        if il == 0 and copied_norm:  # attn_norm's weight over the rms_norm the previous device made
             cur = op(f"attn_norm-{il}", "MUL", f32 * n_embd, copy["norm"], weight(f"attn_norm-{il}.weight"))
         else:
             cur = norm(f"attn_norm-{il}", x, f32 * n_embd)
