@@ -443,7 +443,9 @@ def _mla_build(g: _MLAGraph, *, probe_bytes: int = 0) -> Graph:
         # each host input, then its copy on the device (an input there)
         src = add(Tensor(name, "NONE", nbytes, 1, (name,), is_input=True), node=False)
         add(Tensor(f"{name} (dep)", "NONE", nbytes, 1, ("dep",), (src,), src))
-        copy[name] = add(Tensor(f"{name}#dev", "NONE", nbytes, 0, (name,), is_input=True))
+        # an f32 row of the hidden state is laid out as the ops' are (an op may take it in place: ggml_are_same_layout)
+        layout = (nbytes,) if name in ("norm", "l_in", "embd", *host) else (name,)
+        copy[name] = add(Tensor(f"{name}#dev", "NONE", nbytes, 0, layout, is_input=True))
     x = copy["l_in"] if copied_norm else copy[host[0]] if host else copy["embd"]
     for name in host[1:]:  # the CPU block's ffn_out (a MoE block's) and l_out, added here
         x = op(f"{name} (add)", "ADD", f32 * n_embd, x, copy[name])
