@@ -9,7 +9,7 @@ over several is kvadvise.planner.split's. Both read these sizes, so they live be
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvadvise.model.ggml import GGMLType, is_quantized, row_bytes
 from kvadvise.model.spec import ModelSpec, SSMDims
@@ -125,8 +125,9 @@ def graph_sizes(spec: ModelSpec, lay: ContextLayout) -> GraphSizes:
         # 256-512, q_lora 0-1536, n_embd 1024-7168: within 33 a head above on those; GLM-4.7-Flash's shape was
         # 6.4 % under with 2 Q). The attention's output before wo, [v_head, n_head] a token, leaves a hole the next
         # feed-forward's rows do not fit in where it is wider than n_embd (GLM-4.7-Flash: 24 MiB at -ub 2048).
-        # These sums are the phases a device of a split reads (kvadvise.planner.split); one device's buffer is the
-        # blocks' replay below (the sums: 11-21 % over on Kimi-K2's and DeepSeek-V3's shapes, and against the
+        # These sums are what a device other than an RPC one reads beside the replay below (a GPU's graph_optimize
+        # may reorder the nodes); on an RPC device the blocks are replayed, alone or as a device of a split
+        # (mla_split_bytes: the sums were 11-21 % over on Kimi-K2's and DeepSeek-V3's shapes, and against the
         # replay up to 7 % under on 17 of 500 random shapes, where the previous block's residual lands higher)
         kv_lora = spec.n_embd_head_v
         rope = max(0, spec.n_embd_head_k - kv_lora)
@@ -160,18 +161,37 @@ def graph_sizes(spec: ModelSpec, lay: ContextLayout) -> GraphSizes:
     mix = max(phases) + (embd if spec.parallel_block else 0)
     layer = max(attn, mix)
     mla = _mla_graph(spec, lay) if spec.is_mla and (full or swa) else None
-    if mla is not None:
+    # a device of a split (kvadvise.planner.split's DeviceLayers.spec: the attention layers it holds, no others),
+    # where pipeline parallelism is off (its copies are split.split_compute's): its own blocks replayed
+    held = tuple(il for il in range(spec.n_layer) if spec.kv_layers[il])
+    part = None
+    if mla is not None and 0 < len(held) < spec.n_layer:
+        part = _mla_device_graph(spec, lay, held, output=held[-1] == spec.n_layer - 1, copies=1)
+    if part is not None:
+        mask = -(-(2 if lay.flash_attn else 4) * part.n_kv * part.n_tokens // 32) * 32  # as _mla_layers_bytes
+        ways = _mla_boundaries(spec, part, held[0])
+        layer = max(_mla_buffer_bytes(replace(v, n_vocab=0)) for v in ways) - mask + _PRINT_HALF_STEP
+    elif mla is not None:
         # the absorbed MLA blocks' peak is where ggml-alloc's best fit lands the previous block's residual
         # (_mla_layers_bytes): replayed, exact on an RPC device; elsewhere never below the phases above (a GPU's
         # graph_optimize may reorder the nodes, as memory._exact_device_compute keeps for llama's replay)
         replayed = _mla_layers_bytes(mla) + _PRINT_HALF_STEP
         layer = replayed if lay.device == "rpc" else max(layer, replayed)
     logits = f32 * reserve_outputs(lay) * spec.n_vocab
-    if spec.is_mla:
-        # measured (llama-fit-params, b11312, DeepSeek-V2-Lite's shape): the logits land above two Q-sized
-        # tensors the last MLA layer leaves at the top of the buffer (ggml-alloc's best fit), 36 MiB at n_ubatch 512;
-        # over with other shapes (Kimi-K2's with its 163,840-token vocabulary: 362.00 MiB printed at 16k cells and
-        # -ub 512, 492 planned), kept as the bound kvadvise.planner.split's measured rule takes two Q from
+    if part is not None and part.n_vocab:
+        out = max(_mla_output_bytes(v) for v in _mla_boundaries(spec, part, held[0])) + _PRINT_HALF_STEP
+        logits = max(logits, out - 2 * embd)
+    elif part is None and mla is not None and lay.device == "rpc":
+        # the output phase replayed after the blocks (_mla_output_bytes): the logits and what lies under them, less
+        # the two rows of n_embd the device's figure adds (kvadvise.planner.memory: logits + 2 rows against masks +
+        # layer). Not below the logits and those rows, as before, where ggml-alloc put them in the mask's hole
+        out = _mla_output_bytes(replace(mla, n_vocab=spec.n_vocab, n_kv=lay.n_ctx_seq)) + _PRINT_HALF_STEP
+        logits = max(logits, out - 2 * embd)
+    elif spec.is_mla:
+        # off an RPC device (or where the blocks are not replayed): measured (llama-fit-params, b11312,
+        # DeepSeek-V2-Lite's shape) the logits land above two Q-sized tensors the last MLA layer leaves at the top of
+        # the buffer, 36 MiB at n_ubatch 512; an upper bound on the other shapes (Kimi-K2's with its 163,840-token
+        # vocabulary: 362.00 MiB printed at 16k cells and -ub 512, 492 so), kept where a GPU may reorder the graph
         logits += 2 * q
     elif legacy_mla:
         # measured (the same shape, the published vocabulary, 4k cells): the last layer leaves two such holes
@@ -224,6 +244,24 @@ class _MLAGraph:
     # without flash attention, a row of V copied transposed (v_cont: n_kv cells of the K cache's type; a quantized
     # cache needs flash attention, llama_init_from_model)
     v_row_bytes: int
+    # the output layer (result_norm, then the logits of the n_outputs rows) after the blocks, 0: the blocks alone.
+    # The KQ mask's hole, freed after the last attention, is where the logits may land, so with it the mask is as
+    # wide as the cache (n_kv), not the padding above
+    n_vocab: int = 0
+    # a device of a split (kvadvise.planner.split): the replay's last block is not the model's last (no output rows
+    # gathered); the hidden state comes from the previous device (its last l_out and the next block's weightless
+    # rms_norm, which ggml_backend_sched leaves there); it ends with that rms_norm for the next device; ``copies``:
+    # pipeline parallelism's copies of each split input (flagged input and output: allocated first, never freed;
+    # ggml_backend_sched_split_graph, ggml-backend.cpp), 0 where the inputs are freed after their last use
+    last_block: bool = True
+    from_device: bool = False
+    # the previous block on the CPU (-ngl N): ggml_backend_sched's "expand gpu up" gives the device every weightless
+    # op back to the CPU block's last matmul, so its feed-forward's outputs and ffn_inp come in: 3 rows of n_embd
+    # after a MoE block (ffn_moe_out, ffn_shexp, ffn_inp: GGML_SCHED_DEBUG=2, b11312), 2 after a dense one; the
+    # device adds them into l_out and makes the rms_norm (0: the previous block on a device, which made it)
+    host_rows: int = 0
+    to_device: bool = False
+    copies: int = 0
 
 
 # half the last digit llama.cpp prints a buffer with ("%8.2f MiB", rounded to nearest), added to an exact replay so
@@ -293,9 +331,76 @@ def _mla_layers_bytes(g: _MLAGraph) -> int:
     return reserve_sizes(_mla_build(g), (32, 32))[0] - mask
 
 
-def _mla_build(g: _MLAGraph) -> Graph:
-    """The reserve graph of ``g``'s blocks on one device (buffer 0; the CPU's is 1), without the output layer:
-    the inputs copied in first (ggml_backend_sched_split_graph), then each block."""
+@functools.lru_cache(maxsize=256)
+def _mla_output_bytes(g: _MLAGraph) -> int:
+    """The top of the output phase of ``g``'s graph (``g.n_vocab`` set, ``g.n_kv`` the cache's cells): result_norm and
+    the logits of the reserved rows, and what the last block left under them, as ggml-alloc's best fit places them.
+
+    Measured (llama-fit-params b11312 over one rpc-server): where the logits land is decided by the holes the last
+    block leaves, not by a fixed count of Q-sized tensors under them: Kimi-K2's widths with their 163,840-token
+    vocabulary at 16k cells and -ub 512 print 362.00 MiB, 320 of logits above three rows of n_embd (492 planned with
+    two Q); DeepSeek-V3's shapes 394.01 (568.50 planned); a small vocabulary's logits fit in the KQ mask's hole.
+    The top is read with a probe: a tensor larger than any hole, allocated last, lands at the top of what is alive
+    then (ggml_dyn_tallocr_alloc: the last block), result_norm and the logits being graph outputs, never freed."""
+    probe = 1 << 50
+    return reserve_sizes(_mla_build(g, probe_bytes=probe), (32, 32))[0] - probe
+
+
+def mla_split_bytes(
+    spec: ModelSpec, lay: ContextLayout, layers: tuple[int, ...], *, output: bool, copies: int
+) -> int | None:
+    """The compute buffer of one RPC device of a split that holds the absorbed-MLA blocks ``layers`` (and the output
+    layer with ``output``), replayed as for one device (_mla_layers_bytes, _mla_output_bytes) with the split's inputs:
+    the token embeddings on the first device, else the previous device's last l_out and the next block's rms_norm
+    (ggml_backend_sched leaves that weightless norm on the previous device, which ends with it); ``copies`` > 1:
+    pipeline parallelism's copies of each input, allocated first and never freed; 1: ordinary copies, freed after
+    their last use (ggml_backend_sched_split_graph, ggml-backend.cpp b11312). None where the replay does not
+    apply (not an RPC device, no absorbed-MLA graph, blocks that are not one run, the last block without the
+    output layer). Measured (llama-fit-params b11312 over two rpc-servers, -ts 1,1 / 1,2 / 2,1, the five shapes of
+    tests/test_mla_compute.py with their vocabularies and n_vocab 8000, 4k-16k cells, -ub 512/2048, flash attention
+    on and off): every device as printed, to the 0.01 MiB, with and without pipeline parallelism."""
+    g = _mla_device_graph(spec, lay, layers, output=output, copies=copies)
+    if g is None:
+        return None
+    return max(_mla_buffer_bytes(v) for v in _mla_boundaries(spec, g, layers[0])) + _PRINT_HALF_STEP
+
+
+def _mla_boundaries(spec: ModelSpec, g: _MLAGraph, first: int) -> tuple[_MLAGraph, ...]:
+    """``g`` and, where its blocks could follow the CPU's (no pipeline parallelism: a partial -ngl), ``g`` after
+    them: which one holds is not known from the device's blocks, so the larger is planned (llama-fit-params b11312
+    over two rpc-servers, -ngl 4-6: the CPU's boundary 266.01 MiB printed for Kimi-K2's widths, a device's 252.08)."""
+    if not g.from_device or g.copies:
+        return (g,)
+    moe = bool(spec.n_expert) and spec.layer_expert_bytes[first - 1] > 0
+    return g, replace(g, host_rows=2 + (moe and spec.n_ff_shexp > 0))
+
+
+def _mla_device_graph(
+    spec: ModelSpec, lay: ContextLayout, layers: tuple[int, ...], *, output: bool, copies: int
+) -> _MLAGraph | None:
+    """:func:`mla_split_bytes`'s graph (None where it does not apply)."""
+    g = _mla_graph(spec, lay) if spec.is_mla and lay.device == "rpc" else None
+    last_block = bool(layers) and layers[-1] == spec.n_layer - 1
+    if g is None or not layers or layers != tuple(range(layers[0], layers[-1] + 1)) or output != last_block:
+        return None
+    dense = tuple(not spec.n_expert or spec.layer_expert_bytes[il] == 0 for il in layers)
+    lead = dense.index(False) if False in dense else len(dense)
+    return replace(
+        g, dense=dense[: lead + _MLA_STEADY_BLOCKS], n_kv=lay.n_ctx_seq, n_vocab=spec.n_vocab if output else 0,
+        last_block=last_block, from_device=layers[0] > 0, to_device=not last_block, copies=copies if copies > 1 else 0,
+    )  # fmt: skip
+
+
+@functools.lru_cache(maxsize=256)
+def _mla_buffer_bytes(g: _MLAGraph) -> int:
+    """The whole buffer ggml-alloc's best fit makes of ``g``'s graph (the mask as wide as the cache)."""
+    return reserve_sizes(_mla_build(g), (32, 32))[0]
+
+
+def _mla_build(g: _MLAGraph, *, probe_bytes: int = 0) -> Graph:
+    """The reserve graph of ``g``'s blocks on one device (buffer 0; the CPU's is 1), and the output layer where
+    ``g.n_vocab`` is set: the inputs copied in first (ggml_backend_sched_split_graph), then each block. ``probe_bytes``:
+    a last node of that size on the logits (:func:`_mla_output_bytes`)."""
     ts: list[Tensor] = []
     nodes: list[int] = []
     leafs: list[int] = []
@@ -325,19 +430,43 @@ def _mla_build(g: _MLAGraph) -> Graph:
         return op(f"down-{name}", "MUL_MAT", out, weight("down"), op(f"swiglu-{name}", "GLU", ff, gate, up))
 
     f32 = 4 * n_tok
-    inputs = {"embd": f32 * n_embd, "pos": 4 * n_tok, "k_idxs": 8 * n_tok, "mask": (2 if g.flash_attn else 4) * g.n_kv * n_tok,
-              "out_ids": 4 * g.n_outputs}  # fmt: skip
+    # the split's inputs in the order its nodes first read them (ggml_backend_sched_split_graph, pass 5)
+    copied_norm = g.from_device and not g.host_rows
+    host = [f"host_out{i}" for i in range(g.host_rows)] if g.from_device else []
+    hidden = ["norm"] if copied_norm else host or ["embd"]
+    inputs = {name: f32 * n_embd for name in hidden}
+    inputs |= {"pos": 4 * n_tok, "k_idxs": 8 * n_tok, "mask": (2 if g.flash_attn else 4) * g.n_kv * n_tok}
+    # a first block that is the last reads the output ids (its attention's rows) before the residual
+    if g.last_block and len(g.dense) == 1:
+        inputs["out_ids"] = 4 * g.n_outputs
+    if copied_norm:
+        inputs["l_in"] = f32 * n_embd
+    if g.last_block:
+        inputs["out_ids"] = 4 * g.n_outputs
     copy = {}
-    for name, nbytes in inputs.items():  # each host input, then its copy on the device (an input there)
+    for name, nbytes in inputs.items():
+        if g.copies:  # pipeline parallelism: the copies are leafs, allocated first and kept (graph outputs)
+            copies = [add(Tensor(f"{name}#{c}", "NONE", nbytes, 0, (name,), is_input=True, is_output=True), node=False)
+                      for c in range(g.copies)]  # fmt: skip
+            copy[name] = copies[0]
+            continue
+        # each host input, then its copy on the device (an input there)
         src = add(Tensor(name, "NONE", nbytes, 1, (name,), is_input=True), node=False)
         add(Tensor(f"{name} (dep)", "NONE", nbytes, 1, ("dep",), (src,), src))
-        copy[name] = add(Tensor(f"{name}#dev", "NONE", nbytes, 0, (name,), is_input=True))
-    x = copy["embd"]
+        # an f32 row of the hidden state is laid out as the ops' are (an op may take it in place: ggml_are_same_layout)
+        layout = (nbytes,) if name in ("norm", "l_in", "embd", *host) else (name,)
+        copy[name] = add(Tensor(f"{name}#dev", "NONE", nbytes, 0, layout, is_input=True))
+    x = copy["l_in"] if copied_norm else copy[host[0]] if host else copy["embd"]
+    for name in host[1:]:  # the CPU block's ffn_out (a MoE block's) and l_out, added here
+        x = op(f"{name} (add)", "ADD", f32 * n_embd, x, copy[name])
     q_row, absorbed, q_cat = n_head * (g.qk_nope + g.qk_rope), n_head * g.kv_lora, n_head * (g.kv_lora + g.qk_rope)
     for il, dense in enumerate(g.dense):
-        last = il == len(g.dense) - 1
+        last = g.last_block and il == len(g.dense) - 1
         inp_sa = x
-        cur = norm(f"attn_norm-{il}", x, f32 * n_embd)
+        if il == 0 and copied_norm:  # attn_norm's weight over the rms_norm the previous device made
+            cur = op(f"attn_norm-{il}", "MUL", f32 * n_embd, copy["norm"], weight(f"attn_norm-{il}.weight"))
+        else:
+            cur = norm(f"attn_norm-{il}", x, f32 * n_embd)
         if g.q_lora:
             q = norm(f"q_a_norm-{il}", op(f"q_a-{il}", "MUL_MAT", f32 * g.q_lora, weight("wq_a"), cur), f32 * g.q_lora)
             q = op(f"q-{il}", "MUL_MAT", f32 * q_row, weight("wq_b"), q)
@@ -400,6 +529,20 @@ def _mla_build(g: _MLAGraph) -> Graph:
                 moe = op(f"ffn_out-{il}", "ADD", 4 * rows * n_embd, moe, shexp)
             cur = moe
         x = op(f"l_out-{il}", "ADD", 4 * rows * n_embd, cur, ffn_inp)
+    if g.to_device:  # the next block's rms_norm stays here; the next device copies it and l_out (views keep them)
+        nxt = op("attn_norm-next (norm)", "RMS_NORM", f32 * n_embd, x)
+        view(x)
+        view(nxt)
+    if g.n_vocab:
+        # deepseek2.cpp after its layer loop: build_norm (rms_norm in place over the last l_out, the weight's mul in
+        # place over it) is result_norm, then the lm_head's logits; llm_graph_result::set_outputs (src/llama-graph.cpp)
+        # marks both graph outputs, so ggml-alloc never frees them (nor lets an op take them in place)
+        norm_out = norm("result_norm", x, 4 * g.n_outputs * n_embd)
+        ts[norm_out] = replace(ts[norm_out], is_output=True)
+        logits = op("result_output", "MUL_MAT", 4 * g.n_outputs * g.n_vocab, weight("output"), norm_out)
+        ts[logits] = replace(ts[logits], is_output=True)
+        if probe_bytes:
+            op("probe", "MUL_MAT", probe_bytes, logits)
     return Graph(tuple(ts), tuple(nodes), tuple(leafs))
 
 

@@ -26,6 +26,7 @@ from kvadvise.planner.sizes import (
     k_idxs_bytes,
     mask_bytes,
     mask_inputs,
+    mla_split_bytes,
     reserve_outputs,
     v_idxs_bytes,
 )
@@ -186,6 +187,8 @@ def split_compute(spec: ModelSpec, lay: ContextLayout, part: DeviceLayers, *, co
         hidden = row if gathers and not spec.parallel_block else 4 * ub * spec.n_embd
         gather = 0 if gathers else hidden
         return pad(copies * hidden + gather + 4 * rows_out * spec.n_vocab + 2 * row, ALIGNMENT["cuda"])
+    if (replayed := mla_split_bytes(spec, lay, part.layers, output=part.last, copies=copies)) is not None:
+        return pad(replayed, ALIGNMENT["cuda"])
     s = graph_sizes(part.spec, lay)
     f32_mask = f32_fa_mask(lay)
     masks = mask_inputs(s, lay)
@@ -214,12 +217,15 @@ def split_compute(spec: ModelSpec, lay: ContextLayout, part: DeviceLayers, *, co
         mix = graph_sizes(part.spec, replace(lay, n_ubatch=rows_out)).mix_bytes
     layer = max(attn, mix) + s.layer_inputs_bytes + (s.mask_cells * ub * 2 if f32_mask else 0) if part.layers else 0
     logits = s.logits_bytes
+    if spec.is_mla:
+        # graph_sizes's MLA logits are a single device's output phase (replayed on an RPC device); here the logits of
+        # the reserved rows, and without flash attention two Q-sized holes under them (the rule measured before)
+        logits = 4 * rows_out * spec.n_vocab + (0 if lay.flash_attn else 2 * s.q_bytes)
     if spec.is_mla and lay.flash_attn:
         # measured on DeepSeek-V2-Lite's shape (bench_split.py, 4k and 32k cells, n_ubatch 512): with flash
         # attention the logits land two rows of n_embd above the inputs, not above the two Q-sized holes a single
-        # device's last MLA layer leaves (graph_sizes; 36 MiB over before), and a layer's live set is half a Q above
+        # device's last MLA layer leaves (36 MiB over before), and a layer's live set is half a Q above
         # the single device's (its freed input copy's hole is pinned here; 8.8 MiB under before)
-        logits -= 2 * s.q_bytes
         layer += s.q_bytes // 2 if part.layers else 0
     out = logits + 2 * s.embd_bytes + s.ple_bytes if part.last else 0
     return pad(copies * inputs + max(layer, out), ALIGNMENT["cuda"])
