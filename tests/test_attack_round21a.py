@@ -50,7 +50,7 @@ _HELD_DSV2_SHARE = pytest.mark.xfail(
         pytest.param([300], 16384, ["-ub", "2048"], id="one-device-ub2048"),
         pytest.param([350], 4096, ["-ub", "2048"], id="one-device-4k", marks=_HELD_DSV2_SHARE),
         pytest.param([400], 8192, ["-ub", "1024"], id="one-device-ub1024"),
-        pytest.param([300, 300], 16384, ["-ub", "2048"], id="two-devices", marks=_HELD_DSV2_SHARE),
+        pytest.param([300, 300], 16384, ["-ub", "2048"], id="two-devices"),
         pytest.param(
             [250, 250, 100], 16384, ["-ub", "2048", "-np", "2"], id="three-devices-np2", marks=_HELD_DSV2_SHARE
         ),
