@@ -154,3 +154,38 @@ def test_mla_two_devices_second_device_under(fit_params: Path, tmp_path: Path) -
     replay (_mla_graph/_mla_build) run on the device's own blocks (the last device's blocks plus the output phase,
     the first its blocks with the input): the replay should be run per device's part, as on one device."""
     _compare(tmp_path, fit_params, "deepseek2-mla", _DSV2_LITE, 2, 16384, ["-ub", "2048", "-fa", "on"])
+
+
+# --- 4. whole plans run by llama-server (test_attack_round19d's _case/_check: budgets, bar, --fit's share) --------
+
+# mistralai/Mixtral-8x7B config.json in 3 blocks (tests/test_attack_round23a.py MIXTRAL; experts q4_0)
+_MIXTRAL_8X7B = dict(n_layer=3, n_embd=4096, n_head=32, n_head_kv=8, head=128, n_ff=14336, n_expert=8, n_expert_used=2)
+
+
+@pytest.mark.parametrize(
+    ("budgets", "flags"),
+    [
+        pytest.param([1000, 1000], ["-ub", "1024", "-np", "2", "-ctk", "q8_0", "-ctv", "q8_0"], id="2dev-1000"),
+        pytest.param([200, 200, 200], ["-ub", "1024", "-np", "2", "-ctk", "q8_0", "-ctv", "q8_0"], id="3dev-200"),
+    ],
+)
+def test_mixtral_plan_leaves_weights_fit_places(budgets: list[int], flags: list[str], tmp_path: Path,
+                                                real_llama_server: Path) -> None:  # fmt: skip
+    """FEWER weights than --fit (and OVER on the bar). `kvadvise llamacpp mixtral(Mixtral-8x7B's widths, 3 blocks)
+    --rpc A=1000MiB --rpc B=1000MiB --margin 0 --ctx 16384 -ub 1024 -np 2 -ctk q8_0 -ctv q8_0` plans `-ngl 2 -ts
+    0.98,0.98` (one whole block on A, the output layer on B): predicted A 944.66, B 62.67 MiB; llama-server b11312
+    prints A 912.77 (OVER by 31.9 MiB, 3.5 %: off the bar) and B 62.61, 861.18 MiB of weights on the devices.
+    llama-server --fit on -fitt (FREE-1000 each) places 946.48 MiB (A 85.31, B 861.17: one block and the output on B,
+    the dense parts of the others on A) inside both budgets (233.42 / 975.28 MiB): 85.3 MiB more weights.
+    Three devices at 200 MiB each: kvadvise plans `-ngl 1 --n-cpu-moe 3` (62.52 MiB of weights, the output layer
+    alone); --fit places 147.84 (42.66 + 42.66 + 62.52: the blocks' attention on the first two devices, their
+    experts on the CPU) at 156.77 / 156.77 / 62.65 MiB, inside the budgets: 85.3 MiB more.
+
+    Source: llama-server b11312 over loopback rpc-servers (tests/test_attack_round19d.py _case), 2026-12-07.
+    Missing rule (guess): offload.partial_offload does not weigh the plans where every block's experts stay on the
+    CPU (--n-cpu-moe n_layer) and the blocks' dense parts spread over the devices beside the output layer, once one
+    whole Mixtral block (800 MiB of experts) no longer fits or leaves a device nearly empty; --fit's
+    common_params_fit_impl (common/fit.cpp) moves the layers first and the experts' tensors by override."""
+    from test_attack_round19d import _case, _check
+
+    _check(_case(tmp_path, "mixtral", _MIXTRAL_8X7B, budgets, 16384, flags, real_llama_server))
