@@ -189,3 +189,118 @@ def test_mixtral_plan_leaves_weights_fit_places(budgets: list[int], flags: list[
     from test_attack_round19d import _case, _check
 
     _check(_case(tmp_path, "mixtral", _MIXTRAL_8X7B, budgets, 16384, flags, real_llama_server))
+
+
+def _server_compute(tmp: Path, server: Path, recipe: str, dims: dict, n_dev: int, ctx: int, flags: list[str]) -> None:
+    """llama-server b11312 (-ngl 99 FLAGS, --fit off) over ``n_dev`` rpc-servers: each device's printed compute
+    buffer against ``kvadvise llamacpp ... --json`` (the default runtime, llama-server's one output row)."""
+    from llama_server_build import rpc_server
+    from rpc_devices import devices, run_server
+
+    from kvadvise.cli import main
+    from kvadvise.runtime.llamalog import parse
+
+    model = write_tiny_gguf(tmp / f"{recipe}.gguf", recipe, n_vocab=8000, n_ctx_train=131072, dims=dims, sparse=True)
+    with devices(rpc_server(), n_dev) as eps:
+        args = ["-c", str(ctx), "-ngl", "99", *flags, "--no-warmup", "--threads", "1"]
+        log = parse(run_server(server, model, args, eps).splitlines())
+        printed = [sum(b.mib for b in log.buffers if b.buft == f"RPC0[{ep}]" and b.kind == "compute") for ep in eps]
+        rpc = [a for ep in eps for a in ("--rpc", f"{ep}=100GiB")]
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf), contextlib.suppress(SystemExit):
+            main(["llamacpp", str(model), *rpc, "--margin", "0", "--ram", "64GiB", "--llama-build", "b11312", "--json",
+                  "--ctx", str(ctx), *flags])  # fmt: skip
+        doc = json.loads(buf.getvalue())
+    planned = [d["compute_bytes"] / MIB for d in doc["memory"]["devices"]]
+    assert len(printed) == len(planned) == n_dev, (printed, planned)
+    pairs = [f"RPC{i}: planned {p:.2f} printed {r:.2f}" for i, (p, r) in enumerate(zip(planned, printed, strict=True))]
+    assert all(p >= r - 0.5 for p, r in zip(planned, printed, strict=True)), "UNDER: " + "; ".join(pairs)
+    assert all(p <= r + max(16, 0.03 * r) for p, r in zip(planned, printed, strict=True)), "OVER: " + "; ".join(pairs)
+
+
+# gpt-oss-120b's widths, 4 experts (all used: the sparse file stays small for llama-server's RPC upload)
+_GPT_OSS_4 = dict(_GPT_OSS, n_expert=4)
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        pytest.param(["-ub", "2048", "-fa", "on", "--n-cpu-moe", "1"], id="ub2048-ncmoe1"),
+        pytest.param(["-ub", "2048", "-fa", "on", "--n-cpu-moe", "2"], id="ub2048-ncmoe2"),
+        pytest.param(["-ub", "1024", "-fa", "on", "-np", "4", "-ctk", "q8_0", "-ctv", "q8_0", "--n-cpu-moe", "1"],
+                     id="ub1024-np4-q8_0-ncmoe1"),  # fmt: skip
+        pytest.param(["-ub", "1024", "-fa", "off", "--n-cpu-moe", "6"], id="fa-off-ncmoe6"),
+    ],
+)
+def test_gpt_oss_llama_server_second_device_under(flags: list[str], tmp_path: Path, real_llama_server: Path) -> None:
+    """UNDER (llama-server, the default runtime). `kvadvise llamacpp gpt-oss(gpt-oss-120b's widths, 6 blocks, 4
+    experts) --rpc A=100GiB --rpc B=100GiB --margin 0 --ctx 16384 -ub 2048 -fa on --n-cpu-moe 1` plans A 510.12, B
+    411.12 MiB of compute; llama-server b11312 (-ngl 99, the default split: blocks 0-2 on A, 3-5 and the output
+    on B) prints A 421.04, B 421.07: B UNDER by 9.95 MiB (2.4 %), A 89 over. --n-cpu-moe 2: the same figures;
+    -ub 1024 -np 4 q8_0 --n-cpu-moe 1: B 181.56 planned, 184.10 printed (UNDER 2.54); -fa off -ub 1024
+    --n-cpu-moe 6: A 4246.75 / 4248.78 (UNDER 2.03), B 4246.75 / 4261.27 (UNDER 14.52). (The full offload, no
+    --n-cpu-moe, is under on A too: 729.50 planned, 733.28 printed; not this session's rule.)
+
+    Source: llama-server b11312 over two loopback rpc-servers (--fit off -lv 4, the "RPC0[EP] compute buffer size"
+    lines), measured here 2026-12-07.
+    Missing rule (guess): memory.host_experts_split_compute gives B (all of whose blocks run their experts, none
+    after a host block) the plain split figure unpipelined_split_compute, which for a gpt-oss takes the experts'
+    phase at the last block's gathered rows; the biased experts' output (ADD_ID) of block 3, run on the whole batch
+    after B's first block, is larger. Without flash attention the boundary copies add to the KQ peak (see
+    test_host_experts_fa_off_device_after_host_block_under)."""
+    _server_compute(tmp_path, real_llama_server, "gpt-oss", _GPT_OSS_4, 2, 16384, flags)
+
+
+# Qwen/Qwen1.5-MoE-A2.7B config.json (60 experts cut to 16): 4 used of 1408, a shared expert of 5632
+_QWEN15_MOE = dict(n_layer=6, n_embd=2048, n_head=16, n_head_kv=16, n_expert=16, n_expert_used=4, n_ff_exp=1408,
+                   n_ff_shexp=5632)  # fmt: skip
+# Qwen3.5-35B-A3B's widths in 8 layers, 32 of 256 experts (tests/test_attack_round23a.py HYBRID_SHARED)
+_QWEN35_A3B = dict(n_layer=8, n_embd=2048, n_head=16, n_head_kv=2, head=256, n_rot=64, n_expert=32, n_expert_used=8,
+                   n_ff_exp=512, n_ff_shexp=512, d_conv=4, gdn_head=128, n_k_heads=16, n_v_heads=32)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("recipe", "dims", "budgets", "flags"),
+    [
+        pytest.param("qwen2moe", _QWEN15_MOE, [1000, 1000], ["-ub", "2048"], id="qwen2moe-2x1000-ub2048"),
+        pytest.param("qwen2moe", _QWEN15_MOE, [250, 250], ["-ub", "1024", "-np", "2", "-ctk", "q8_0", "-ctv", "q8_0"],
+                     id="qwen2moe-2x250-np2"),  # fmt: skip
+        pytest.param("qwen2moe", _QWEN15_MOE, [450, 450, 450],
+                     ["-ub", "1024", "-np", "2", "-ctk", "q8_0", "-ctv", "q8_0"], id="qwen2moe-3x450-np2"),
+        pytest.param("qwen35moe", _QWEN35_A3B, [250, 250], ["-ub", "1024", "-np", "2", "-ctk", "q8_0", "-ctv", "q8_0"],
+                     id="qwen35moe-2x250-np2"),  # fmt: skip
+        pytest.param("gpt-oss", _GPT_OSS_4 | {"n_layer": 8}, [200, 200, 200],
+                     ["-ub", "1024", "-np", "2", "-ctk", "q8_0", "-ctv", "q8_0"], id="gpt-oss-3x200-np2"),
+    ],
+)
+def test_shared_expert_plans_leave_weights_fit_places(
+    recipe: str, dims: dict, budgets: list[int], flags: list[str], tmp_path: Path, real_llama_server: Path
+) -> None:
+    """FEWER weights than --fit (and OVER on the bar). `kvadvise llamacpp MODEL --rpc EP=BUDGET ... --margin 0 --ctx
+    16384 FLAGS`, run by llama-server b11312 over loopback rpc-servers, against llama-server --fit on -fitt
+    (FREE-BUDGET each) with the same cache settings (tests/test_attack_round19d.py _case/_check), MiB:
+    | model | budgets, flags | kvadvise's plan | predicted | printed (weights) | --fit printed (weights) |
+    | qwen2moe (Qwen1.5-MoE-A2.7B) | 2x1000, -ub 2048 | -ngl 3 -ts 1,2 | 768.48, 693.59 | 610.18, 605.55 (755.60) |
+      929.09, 892.00 (884.29) |
+    | the same | 2x250, -ub 1024 -np 2 q8_0 | -ngl 1 --n-cpu-moe 6 | 31.46, 0 | 31.35, 0 (31.26) | 222.27, 31.34
+      (129.43) |
+    | the same | 3x450, -np 2 q8_0 | -ngl 4 --n-cpu-moe 6 -ts 1,1,2 | 356.23, 287.33, 297.55 | 256.17, 256.25,
+      253.53 (325.77) | 438.44, 448.58, 31.34 (423.94) |
+    | qwen35moe (Qwen3.5-35B-A3B) | 2x250, -np 2 q8_0 | -ngl 1 --n-cpu-moe 8 | 55.35, 0 | 55.26 (31.26) | 179.58,
+      39.34 (89.54) |
+    | gpt-oss-120b's widths, 8 blocks, 4 experts | 3x200, -np 2 q8_0 | -ngl 1 --n-cpu-moe 8 | 111.47 | 111.48
+      (43.96) | 123.45, 151.29, 111.48 (145.40) |
+    The first row is also off the bar (768.48 predicted, 610.18 printed: OVER 158 MiB, 26 %), the third (356.23 vs
+    256.17: 39 % over). --fit is inside every budget in each row.
+
+    Source: llama-server b11312 (--fit off -lv 4 buffer lines; common/fit.cpp common_params_fit_impl for --fit),
+    measured here 2026-12-07.
+    Missing rule (guess): with a shared expert (qwen2moe, qwen35moe) memory.host_experts_split_compute returns None
+    and a device whose blocks' routed experts are on the CPU is planned at the full offload's compute (the shared
+    expert's and routed experts' whole-batch phase): 100-160 MiB too much, so the plan stops a block or more short
+    of what fits. The shared expert's FFN runs on the device at n_ff_shexp; the routed phase does not. The gpt-oss
+    row (no shared expert) is the -ngl 1 plan over three devices: the blocks' attention beside their host experts
+    on the first two devices (--fit's placement) is not among the plans offload.partial_offload weighs."""
+    from test_attack_round19d import _case, _check
+
+    _check(_case(tmp_path, recipe, dims, budgets, 16384, flags, real_llama_server))
