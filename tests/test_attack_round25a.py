@@ -269,6 +269,8 @@ _QWEN35_A3B = dict(n_layer=8, n_embd=2048, n_head=16, n_head_kv=2, head=256, n_r
                      ["-ub", "1024", "-np", "2", "-ctk", "q8_0", "-ctv", "q8_0"], id="qwen2moe-3x450-np2"),
         pytest.param("qwen35moe", _QWEN35_A3B, [250, 250], ["-ub", "1024", "-np", "2", "-ctk", "q8_0", "-ctv", "q8_0"],
                      id="qwen35moe-2x250-np2"),  # fmt: skip
+        pytest.param("qwen35moe", _QWEN35_A3B, [500, 500], ["-ub", "2048"], id="qwen35moe-2x500-ub2048"),
+        pytest.param("qwen35moe", _QWEN35_A3B, [450, 450, 450], ["-ub", "2048"], id="qwen35moe-3x450-ub2048"),
         pytest.param("gpt-oss", _GPT_OSS_4 | {"n_layer": 8}, [200, 200, 200],
                      ["-ub", "1024", "-np", "2", "-ctk", "q8_0", "-ctv", "q8_0"], id="gpt-oss-3x200-np2"),
     ],
@@ -288,10 +290,14 @@ def test_shared_expert_plans_leave_weights_fit_places(
       253.53 (325.77) | 438.44, 448.58, 31.34 (423.94) |
     | qwen35moe (Qwen3.5-35B-A3B) | 2x250, -np 2 q8_0 | -ngl 1 --n-cpu-moe 8 | 55.35, 0 | 55.26 (31.26) | 179.58,
       39.34 (89.54) |
+    | the same | 2x500, -ub 2048 | -ngl 3 --n-cpu-moe 8 -ts 1,2 (q8_0) | 433.02, 491.16 | 282.84, 330.86 (160.18) |
+      476.86, 47.30 (230.83) |
+    | the same | 3x450, -ub 2048 | -ngl 1 --n-cpu-moe 8 | 79.35, 0, 0 | 79.27 (31.26) | 323.50, 403.14, 47.30
+      (301.48) |
     | gpt-oss-120b's widths, 8 blocks, 4 experts | 3x200, -np 2 q8_0 | -ngl 1 --n-cpu-moe 8 | 111.47 | 111.48
       (43.96) | 123.45, 151.29, 111.48 (145.40) |
     The first row is also off the bar (768.48 predicted, 610.18 printed: OVER 158 MiB, 26 %), the third (356.23 vs
-    256.17: 39 % over). --fit is inside every budget in each row.
+    256.17: 39 % over), the qwen35moe at 2x500 (433.02 / 491.16 vs 282.84 / 330.86: 53 % / 48 % over). --fit is inside every budget in each row.
 
     Source: llama-server b11312 (--fit off -lv 4 buffer lines; common/fit.cpp common_params_fit_impl for --fit),
     measured here 2026-12-07.
