@@ -141,19 +141,36 @@ def test_gpt_oss_host_experts_bare_graph_under(ctx: int, flags: list[str], fit_p
 # --- 3. MLA (sizes.graph_sizes' replay) over several devices ----------------------------------------------------
 
 
-def test_mla_two_devices_second_device_under(fit_params: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("dims", "flags"),
+    [
+        pytest.param(_DSV2_LITE, ["-ub", "2048", "-fa", "on"], id="lite-ub2048"),
+        pytest.param(_DSV2_LITE, ["-ub", "512", "-fa", "on"], id="lite-ub512"),
+        pytest.param(_DSV2_LITE, ["-ub", "1024", "-fa", "on", "-np", "2", "-ctk", "q8_0", "-ctv", "q8_0"],
+                     id="lite-ub1024-np2-q8_0"),  # fmt: skip
+        pytest.param(_DSV2_LITE | {"n_dense_lead": 3}, ["-ub", "2048", "-fa", "on"], id="lite-3-dense-ub2048"),
+        pytest.param(_DSV2_LITE | {"n_embd": 4096}, ["-ub", "2048", "-fa", "on", "--n-cpu-moe", "3"],
+                     id="embd4096-ncmoe3"),  # fmt: skip
+    ],
+)
+def test_mla_two_devices_second_device_under(dims: dict, flags: list[str], fit_params: Path, tmp_path: Path) -> None:
     """UNDER. `kvadvise llamacpp deepseek2(DeepSeek-V2-Lite's widths: 16 heads, q_lora 0, kv_lora 512, 6 blocks, one
     dense lead) --rpc A=100GiB --rpc B=100GiB --runtime library --margin 0 --ctx 16384 -ub 2048 -fa on` (the full
     offload, default split) plans RPC0 660.75, RPC1 724.78 MiB; llama-fit-params b11312 prints 660.00 and 740.00:
-    RPC1 (blocks 3-5 and the output layer) UNDER by 15.22 MiB (2.1 %). The same shape with 3 dense lead blocks
-    (624/740 printed, 660.75/724.78 planned) is under the same way. On one rpc-server the replay is exact
-    (368.53 printed, 368.54 planned).
+    RPC1 (blocks 3-5 and the output layer) UNDER by 15.22 MiB (2.1 %). -ub 512: 181.20 planned, 185.00 printed
+    (UNDER 3.80); -ub 1024 -np 2 q8_0: 298.39 vs 306.00 (UNDER 7.61); 3 dense lead blocks: 724.78 vs 740.00 (and RPC0
+    624 printed, 660.75 planned); n_embd 4096 with --n-cpu-moe 3 (a shared expert: not
+    host_experts_split_compute's case): RPC1 534.04 planned, 550.00 printed (UNDER 15.96, 2.9 %). On one
+    rpc-server the replay is exact (368.53 printed, 368.54 planned at -ub 2048; 84.13 / 84.14 at -ub 512 -np 2 q8_0).
+    Over two devices with more heads the figures are far over instead (32 heads: 808.25 / 872.28 planned, 737 / 752
+    printed; 128 heads of Kimi/V3 width: 2408.25 / 2632.28 vs 1992 / 2172, 21 % over).
 
     Source: llama-fit-params b11312 over two loopback rpc-servers, measured here 2026-12-07.
-    Missing rule (guess): over several devices each device's MLA compute comes from the closed form, not from the
+    Missing rule (guess): over several devices each device's MLA compute comes from the closed sums, not from the
     replay (_mla_graph/_mla_build) run on the device's own blocks (the last device's blocks plus the output phase,
-    the first its blocks with the input): the replay should be run per device's part, as on one device."""
-    _compare(tmp_path, fit_params, "deepseek2-mla", _DSV2_LITE, 2, 16384, ["-ub", "2048", "-fa", "on"])
+    after the copies of the previous device's residual): the replay should be run per device's part, as on one
+    device, with the output layer's phase on the last one."""
+    _compare(tmp_path, fit_params, "deepseek2-mla", dims, 2, 16384, flags)
 
 
 # --- 4. whole plans run by llama-server (test_attack_round19d's _case/_check: budgets, bar, --fit's share) --------
