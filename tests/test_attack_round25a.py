@@ -370,3 +370,99 @@ def test_shared_expert_plans_leave_weights_fit_places(
     from test_attack_round19d import _case, _check
 
     _check(_case(tmp_path, recipe, dims, budgets, 16384, flags, real_llama_server))
+
+
+# --- 2. the output layer alone (-ngl 1) on a DeepSeek-V2 (memory.output_layer_alone_bytes) ----------------------
+
+# DeepSeek-V2-Lite's widths with 8 routed experts (6 used, 2 shared): a small sparse file for llama-server's upload
+_DSV2_LITE_8 = dict(_DSV2_LITE, n_expert=8)
+
+
+def _amx_server(real_llama_server: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The suite's llama-server build with AMX (tests/llama_server_build.py's directory without "-noamx"), run
+    without tests/conftest.py's LD_PRELOAD (loading only: --no-warmup), and plans for this CPU (no KVADVISE_CPU)."""
+    if "amx_tile" not in Path("/proc/cpuinfo").read_text():
+        pytest.skip("no AMX on this CPU")
+    amx = real_llama_server.parent.with_name(real_llama_server.parent.name.removesuffix("-noamx")) / "llama-server"
+    if not amx.exists():
+        pytest.skip(f"no AMX build at {amx}")
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    monkeypatch.delenv("KVADVISE_CPU", raising=False)
+    return amx
+
+
+@pytest.mark.parametrize(
+    ("ub", "fa", "n_par", "kv", "printed"),
+    [
+        pytest.param(2048, "on", 1, "f16", 90.0, id="ub2048"),
+        pytest.param(1024, "on", 4, "q8_0", 46.0, id="ub1024-np4-q8_0"),
+        pytest.param(512, "off", 2, "f16", 24.0, id="ub512-fa-off-np2"),
+    ],
+)
+def test_deepseek2_output_layer_alone_under(
+    ub: int, fa: str, n_par: int, kv: str, printed: float, real_llama_server: Path, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """UNDER (OOM side), on a CPU with AMX (llama.cpp built -march=native there: its AMX buffer type takes the CPU
+    blocks' 2-D weights; the suite's own build and LD_PRELOAD turn AMX off, and then the device holds 0.04 MiB).
+    llama-server b11312 `-c 16384 -ub 2048 -fa on -np 1 -ngl 1 --n-cpu-moe 6` over one
+    rpc-server, a DeepSeek-V2-Lite-shaped deepseek2 (MLA, 16 heads, kv_lora 512, 6 of 8 experts + 2 shared, one dense
+    lead block): the device's compute buffer is 90.00 MiB (46.00 at -ub 1024 -np 4 q8_0, 24.00 at -ub 512 -fa off
+    -np 2); memory.output_layer_alone_bytes says 0.12 (0.50, 0.25): UNDER by 89.9 MiB (99.9 %). Every other
+    architecture checked holds (qwen35moe 48.01 / 48.09, qwen3next 48.01 / 48.09, gpt-oss-20b 135.03 / 135.03,
+    glm4moe 0.05 / 0.26, lfm2moe 0.03 / 0.03, granitehybrid-moe 0.03 / 0.03; -np 2/4 and fa off the same).
+    Source: llama-server b11312 (--fit off -lv 4, "RPC0[EP] compute buffer size"), measured here 2026-12-07.
+    Missing rule (guess): ~45 KiB per token of the batch (5.6 rows of n_embd f32) comes to the output layer's
+    device where the CPU blocks' 2-D weights sit in the AMX buffer (ggml/src/ggml-cpu/amx/amx.cpp: its
+    supports_op takes only some MUL_MATs, so ggml_backend_sched_split_graph assigns the others, and the
+    weightless ops around them, by their inputs and "expand gpu up" to the output layer's device): the plan for
+    an AMX CPU (kvadvise.planner.repack knows it) keeps no such compute on the device."""
+    from llama_server_build import rpc_server
+    from rpc_devices import devices, run_server
+    from test_attack_round19d import _devices
+
+    from kvadvise.model.architecture import from_gguf
+    from kvadvise.model.ggml import GGMLType
+    from kvadvise.model.gguf import read_file
+    from kvadvise.planner.memory import RunConfig, output_layer_alone_bytes, resolve
+
+    model = write_tiny_gguf(tmp_path / "ds.gguf", "deepseek2-mla", n_vocab=8000, n_ctx_train=131072, dims=_DSV2_LITE_8,
+                            sparse=True)  # fmt: skip
+    spec = from_gguf(read_file(model))
+    t = GGMLType[kv.upper()]
+    lay = resolve(spec, RunConfig(n_ctx=16384, n_ubatch=ub, n_batch=2048, flash_attn=fa, type_k=t, type_v=t,
+                                  n_parallel=n_par, device="rpc", runtime="llama-server"))  # fmt: skip
+    args = ["-c", "16384", "-ub", str(ub), "-b", "2048", "-fa", fa, "-np", str(n_par), "-ngl", "1", "-ctk", kv,
+            "-ctv", kv, "--n-cpu-moe", str(spec.n_layer), "--no-warmup", "--threads", "1"]  # fmt: skip
+    server = _amx_server(real_llama_server, monkeypatch)
+    with devices(rpc_server(), 1) as eps:
+        dev = _devices(run_server(server, model, args, eps), eps)[0]
+    measured = dev.total - dev.weights  # the compute buffer (no KV on the device: every block on the CPU)
+    planned = output_layer_alone_bytes(spec, lay) / MIB
+    assert planned >= measured - 0.005, ("UNDER", planned, measured)
+
+
+@pytest.mark.parametrize(
+    ("budgets", "flags"),
+    [
+        pytest.param([80], ["-ub", "2048"], id="1dev-80"),
+        pytest.param([80, 80], ["-ub", "1024", "-np", "2"], id="2dev-80"),
+        pytest.param([60, 60, 60], ["-ub", "1024", "-np", "2"], id="3dev-60"),
+    ],
+)
+def test_deepseek2_output_layer_alone_plan_over_budget(
+    budgets: list[int], flags: list[str], tmp_path: Path, real_llama_server: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OVER A BUDGET (OOM), on a CPU with AMX (the plan for this CPU, llama-server built with AMX: _amx_server).
+    `kvadvise llamacpp deepseek2(DeepSeek-V2-Lite's widths, 8 experts) --rpc EP=80MiB
+    --margin 0 --ctx 16384 -ub 2048` plans `-ngl 1 --n-cpu-moe 6` (the output layer alone) at 31.38 MiB; llama-server
+    b11312 allocates 121.26 MiB on the device (31.26 of weights + 90.00 of compute): 41 MiB over its 80 MiB budget,
+    predicted 89.9 MiB (74 %) under. Two devices at 80 MiB, -ub 1024 -np 2: 31.51 predicted, 77.26 real (inside,
+    but 45.8 MiB under the prediction); three at 60 MiB: 77.26 real, 17 MiB over the budget.
+    Source: llama-server b11312 over loopback rpc-servers (tests/test_attack_round19d.py _case/_check), 2026-12-07.
+    Missing rule (guess): memory.output_layer_alone_bytes for deepseek2 (see
+    test_deepseek2_output_layer_alone_under): the last block's whole-batch tail on the output layer's device."""
+    from test_attack_round19d import _case, _check
+
+    server = _amx_server(real_llama_server, monkeypatch)
+    _check(_case(tmp_path, "deepseek2-mla", _DSV2_LITE_8, budgets, 16384, flags, server))
