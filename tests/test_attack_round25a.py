@@ -156,6 +156,8 @@ _QWEN3NEXT = dict(n_layer=8, n_embd=2048, n_head=16, n_head_kv=2, head=256, n_ro
                   n_expert_used=10, n_ff_exp=512, n_ff_shexp=512, interval=4)  # fmt: skip
 _GLM45_AIR = dict(n_layer_all=7, n_nextn=1, n_embd=4096, n_head=96, n_head_kv=8, head=128, n_rot=64, n_ff=10944,
                   n_expert=32, n_expert_used=8, n_expert_shared=1, n_ff_exp=1408, n_dense_lead=1)  # fmt: skip
+# GLM-4.5-Air's widths as round 23a writes them (4 blocks + MTP, 16 of 128 experts)
+_GLM45_AIR_5 = dict(_GLM45_AIR, n_layer_all=5, n_expert=16)
 _FA_ON = ["-ub", "2048", "-b", "2048", "-fa", "on", "-np", "1"]
 
 
@@ -466,3 +468,47 @@ def test_deepseek2_output_layer_alone_plan_over_budget(
 
     server = _amx_server(real_llama_server, monkeypatch)
     _check(_case(tmp_path, "deepseek2-mla", _DSV2_LITE_8, budgets, 16384, flags, server))
+
+
+@pytest.mark.parametrize(
+    "budgets",
+    [pytest.param([1300, 1300], id="2x1300"), pytest.param([1300, 1300, 1300], id="3x1300")],
+)
+def test_qwen3moe_fa_off_partial_plan_over_budget(budgets: list[int], tmp_path: Path, real_llama_server: Path) -> None:
+    """OVER A BUDGET (OOM). `kvadvise llamacpp qwen3moe(Qwen3-30B-A3B's widths, 6 blocks) --rpc A=1300MiB --rpc
+    B=1300MiB --margin 0 --ctx 4096 -ub 2048 -fa off` plans `-ngl 4 --n-cpu-moe 6 -ts 1.27,1.27` at A 1288.53, B
+    1275.52 MiB; llama-server b11312 allocates A 1312.62 (12.6 MiB over its 1300 MiB budget) and B 1299.61: both
+    UNDER by 24.1 MiB (1.9 %). Three devices at 1300 MiB: `-ngl 6 --n-cpu-moe 6`, 1288.53 / 1288.53 / 1275.52
+    predicted, 1312.62 / 1312.62 / 1299.61 real: two devices over their budgets. (At 2x1600 the plan `-ngl 7
+    --n-cpu-moe 5 -ts 5,2` is inside, B 24.1 under: 1563.52 / 1587.61.)
+    Source: llama-server b11312 over loopback rpc-servers (tests/test_attack_round19d.py _case/_check), 2026-12-07.
+    Missing rule (guess): the one of test_host_experts_fa_off_device_after_host_block_under, in
+    offload.partial_offload's tail_cut (memory.host_experts_split_compute): without flash attention a device whose
+    first block follows a block run on the CPU (or one whose experts ran there) holds the copies of that block's
+    output beside the KQ peak (+24 MiB at n_embd 2048, -ub 2048 here; +64 MiB with the whole batch's outputs)."""
+    from test_attack_round19d import _case, _check
+
+    _check(_case(tmp_path, "qwen3moe", _QWEN3_A3B, budgets, 4096, ["-ub", "2048", "-fa", "off"], real_llama_server))
+
+
+@pytest.mark.parametrize(
+    "budgets",
+    [pytest.param([800, 800], id="2x800"), pytest.param([900, 900, 900], id="3x900")],
+)
+def test_glm4moe_plan_counts_the_mtp_block_as_a_device_block(
+    budgets: list[int], tmp_path: Path, real_llama_server: Path
+) -> None:
+    """OVER (wastes a block). `kvadvise llamacpp glm4moe(GLM-4.5-Air's widths: 4 blocks + the MTP block, one dense
+    lead; tests/test_attack_round23a.py GLM4MOE) --rpc A=800MiB --rpc B=800MiB --margin 0 --ctx 16384 -ub 2048`
+    plans `-ngl 3 --n-cpu-moe 4 -ts 1,2` at A 721.40, B 742.83 MiB; llama-server b11312 allocates A 657.38 (241.34
+    of weights) and B 62.57 (the output layer's 62.52 and no block): B OVER by 680.3 MiB. Three devices at 900:
+    `-ngl 3 --n-cpu-moe 4 -ts 0.88,0.88,0.88`, 721.40 / 680.31 / 62.59 predicted, 657.38 / 0 / 62.57 real (303.86
+    MiB of weights), where --fit on -fitt places 457.60 MiB on the third device alone (873.64 MiB, inside 900).
+    Source: llama-server b11312 over loopback rpc-servers (tests/test_attack_round19d.py _case/_check), 2026-12-07.
+    Missing rule (guess): llama_model::load_tensors counts the MTP (nextn) block among -ngl's layers but b11312
+    creates none of its tensors for inference (TENSOR_SKIP) and builds no graph for it; kvadvise's split sizes B as
+    if it ran a block (its compute and a block's KV). -ngl should count the MTP block as one more layer that
+    costs nothing on its device."""
+    from test_attack_round19d import _case, _check
+
+    _check(_case(tmp_path, "glm4moe", _GLM45_AIR_5, budgets, 16384, ["-ub", "2048"], real_llama_server))
