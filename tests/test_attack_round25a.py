@@ -542,3 +542,72 @@ def test_qwen3moe_partial_plans_over(budgets: list[int], flags: list[str], tmp_p
     from test_attack_round19d import _case, _check
 
     _check(_case(tmp_path, "qwen3moe", _QWEN3_A3B, budgets, 16384, flags, real_llama_server))
+
+
+# --- regression guards (pass at this commit) ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("recipe", "dims", "n_dev", "flags"),
+    [
+        pytest.param("qwen3moe", _QWEN3_A3B, 2, ["-ub", "2048", "-fa", "on", "-np", "4", "-ctk", "q8_0", "-ctv", "q8_0",
+                                                 "-ts", "2,5", "--n-cpu-moe", "2"], id="qwen3moe-np4-q8_0-ts2,5"),
+        pytest.param("qwen3moe", _QWEN3_A3B, 2, ["-ub", "512", "-fa", "on", "--n-cpu-moe", "6"], id="qwen3moe-ub512"),
+        pytest.param("qwen3moe", _QWEN3_A3B, 2, ["-ub", "2048", "-fa", "on", "-np", "2", "--n-cpu-moe", "6"],
+                     id="qwen3moe-np2"),
+        pytest.param("mixtral", _MIXTRAL_6, 2, ["-ub", "2048", "-fa", "on", "--n-cpu-moe", "6"], id="mixtral-ncmoe6"),
+        pytest.param("mixtral", _MIXTRAL_6, 2, ["-ub", "512", "-fa", "on", "--n-cpu-moe", "6"], id="mixtral-ub512"),
+        pytest.param("gpt-oss", _GPT_OSS, 2, ["-ub", "2048", "-fa", "on", "--n-cpu-moe", "6"], id="gpt-oss-ncmoe6"),
+        pytest.param("qwen3moe", _QWEN3_A3B, 3, ["-ub", "2048", "-fa", "off"], id="qwen3moe-3dev-full-fa-off"),
+    ],
+)  # fmt: skip
+def test_guard_host_experts_split_holds(
+    recipe: str, dims: dict, n_dev: int, flags: list[str], fit_params: Path, tmp_path: Path
+) -> None:
+    """Regression guard (passes): rows of memory.host_experts_split_compute / without_routed_ffn that hold against
+    llama-fit-params b11312 (never under, within 16 MiB / 3 %): qwen3moe -np 4 q8_0 -ts 2,5 --n-cpu-moe 2 (208.75 /
+    384.00 planned, 208 / 384 printed), -ub 512 (64.19 / 84 vs 64 / 84), -np 2 (224.75 / 304 vs 224 / 304);
+    Mixtral's widths --n-cpu-moe 6 (224.23 vs 224, 56.06 vs 56 at -ub 512); gpt-oss-120b's (240.66 / 275.50 vs
+    240 / 266); three devices without flash attention and no host experts (1344.25 / 1408.25 / 1408.28 vs 1344 /
+    1408 / 1392). Measured here 2026-12-07."""
+    _compare(tmp_path, fit_params, recipe, dims, n_dev, 16384 if "off" not in flags else 4096, flags)
+
+
+@pytest.mark.parametrize(
+    ("recipe", "dims", "ub", "fa", "n_par", "kv"),
+    [
+        pytest.param("qwen35moe", _QWEN35_A3B, 1024, "on", 4, "q8_0", id="qwen35moe-np4-q8_0"),
+        pytest.param("qwen35moe", _QWEN35_A3B, 2048, "on", 2, "f16", id="qwen35moe-np2"),
+        pytest.param("gpt-oss", _GPT_OSS_4, 1024, "on", 4, "q8_0", id="gpt-oss-np4-q8_0"),
+        pytest.param("gpt-oss", _GPT_OSS_4, 512, "off", 2, "f16", id="gpt-oss-fa-off-np2"),
+        pytest.param("glm4moe", _GLM45_AIR_5 | {"n_expert": 8}, 2048, "on", 2, "f16", id="glm4moe-np2"),
+    ],
+)  # fmt: skip
+def test_guard_output_layer_alone_parallel(
+    recipe: str, dims: dict, ub: int, fa: str, n_par: int, kv: str, rpc_endpoint: str, real_llama_server: Path,
+    tmp_path: Path,
+) -> None:
+    """Regression guard (passes): memory.output_layer_alone_bytes at -np 2/4 (tests/test_output_layer_alone.py has
+    -np 1 only), llama-server b11312 `-ngl 1 --n-cpu-moe N` over one rpc-server: qwen35moe 24.00 printed / 24.15
+    planned (-ub 1024 -np 4 q8_0), 48.01 / 48.12 (-np 2); gpt-oss-120b's widths 67.52 / 67.52, 33.76 / 33.76;
+    glm4moe 0.09 / 0.53. Measured here 2026-12-07 (the suite's build without AMX)."""
+    from rpc_devices import run_server, within_bar
+    from test_attack_round19d import _devices
+
+    from kvadvise.model.architecture import from_gguf
+    from kvadvise.model.ggml import GGMLType
+    from kvadvise.model.gguf import read_file
+    from kvadvise.planner.memory import RunConfig, output_layer_alone_bytes, resolve
+
+    model = write_tiny_gguf(tmp_path / f"{recipe}.gguf", recipe, n_vocab=8000, n_ctx_train=131072, dims=dims,
+                            sparse=True)  # fmt: skip
+    spec = from_gguf(read_file(model))
+    t = GGMLType[kv.upper()]
+    lay = resolve(spec, RunConfig(n_ctx=16384, n_ubatch=ub, n_batch=2048, flash_attn=fa, type_k=t, type_v=t,
+                                  n_parallel=n_par, device="rpc", runtime="llama-server"))  # fmt: skip
+    args = ["-c", "16384", "-ub", str(ub), "-b", "2048", "-fa", fa, "-np", str(n_par), "-ngl", "1", "-ctk", kv,
+            "-ctv", kv, "--n-cpu-moe", str(spec.n_layer_all), "--no-warmup", "--threads", "1"]  # fmt: skip
+    dev = _devices(run_server(real_llama_server, model, args, [rpc_endpoint]), [rpc_endpoint])[0]
+    measured = dev.total - dev.weights
+    planned = output_layer_alone_bytes(spec, lay) / MIB
+    assert planned >= measured - 0.005 and within_bar(planned, measured), (planned, measured)
