@@ -127,8 +127,11 @@ def test_host_experts_fa_off_device_after_host_block_under(
     [
         pytest.param(16384, ["-ub", "2048", "-fa", "on", "-np", "4", "--n-cpu-moe", "6"], id="np4-ub2048"),
         pytest.param(16384, ["-ub", "512", "-fa", "on", "-np", "4", "--n-cpu-moe", "6"], id="np4-ub512"),
-        pytest.param(16384, ["-ub", "1024", "-fa", "on", "-np", "4", "-ctk", "q8_0", "-ctv", "q8_0", "--n-cpu-moe", "6"],
-                     id="np4-ub1024-q8_0"),  # fmt: skip
+        pytest.param(
+            16384,
+            ["-ub", "1024", "-fa", "on", "-np", "4", "-ctk", "q8_0", "-ctv", "q8_0", "--n-cpu-moe", "6"],
+            id="np4-ub1024-q8_0",
+        ),
         pytest.param(16384, ["-ub", "1024", "-fa", "off", "--n-cpu-moe", "6"], id="fa-off-ub1024"),
     ],
 )
@@ -206,11 +209,15 @@ def test_host_experts_split_over(
     [
         pytest.param(_DSV2_LITE, ["-ub", "2048", "-fa", "on"], id="lite-ub2048"),
         pytest.param(_DSV2_LITE, ["-ub", "512", "-fa", "on"], id="lite-ub512"),
-        pytest.param(_DSV2_LITE, ["-ub", "1024", "-fa", "on", "-np", "2", "-ctk", "q8_0", "-ctv", "q8_0"],
-                     id="lite-ub1024-np2-q8_0"),  # fmt: skip
+        pytest.param(
+            _DSV2_LITE,
+            ["-ub", "1024", "-fa", "on", "-np", "2", "-ctk", "q8_0", "-ctv", "q8_0"],
+            id="lite-ub1024-np2-q8_0",
+        ),
         pytest.param(_DSV2_LITE | {"n_dense_lead": 3}, ["-ub", "2048", "-fa", "on"], id="lite-3-dense-ub2048"),
-        pytest.param(_DSV2_LITE | {"n_embd": 4096}, ["-ub", "2048", "-fa", "on", "--n-cpu-moe", "3"],
-                     id="embd4096-ncmoe3"),  # fmt: skip
+        pytest.param(
+            _DSV2_LITE | {"n_embd": 4096}, ["-ub", "2048", "-fa", "on", "--n-cpu-moe", "3"], id="embd4096-ncmoe3"
+        ),
     ],
 )
 def test_mla_two_devices_second_device_under(dims: dict, flags: list[str], fit_params: Path, tmp_path: Path) -> None:
@@ -297,8 +304,10 @@ def _server_compute(tmp: Path, server: Path, recipe: str, dims: dict, n_dev: int
     [
         pytest.param(["-ub", "2048", "-fa", "on", "--n-cpu-moe", "1"], id="ub2048-ncmoe1"),
         pytest.param(["-ub", "2048", "-fa", "on", "--n-cpu-moe", "2"], id="ub2048-ncmoe2"),
-        pytest.param(["-ub", "1024", "-fa", "on", "-np", "4", "-ctk", "q8_0", "-ctv", "q8_0", "--n-cpu-moe", "1"],
-                     id="ub1024-np4-q8_0-ncmoe1"),  # fmt: skip
+        pytest.param(
+            ["-ub", "1024", "-fa", "on", "-np", "4", "-ctk", "q8_0", "-ctv", "q8_0", "--n-cpu-moe", "1"],
+            id="ub1024-np4-q8_0-ncmoe1",
+        ),
         pytest.param(["-ub", "1024", "-fa", "off", "--n-cpu-moe", "6"], id="fa-off-ncmoe6"),
     ],
 )
@@ -325,16 +334,36 @@ def test_gpt_oss_llama_server_second_device_under(flags: list[str], tmp_path: Pa
     ("recipe", "dims", "budgets", "flags"),
     [
         pytest.param("qwen2moe", _QWEN15_MOE, [1000, 1000], ["-ub", "2048"], id="qwen2moe-2x1000-ub2048"),
-        pytest.param("qwen2moe", _QWEN15_MOE, [250, 250], ["-ub", "1024", "-np", "2", "-ctk", "q8_0", "-ctv", "q8_0"],
-                     id="qwen2moe-2x250-np2"),  # fmt: skip
-        pytest.param("qwen2moe", _QWEN15_MOE, [450, 450, 450],
-                     ["-ub", "1024", "-np", "2", "-ctk", "q8_0", "-ctv", "q8_0"], id="qwen2moe-3x450-np2"),
-        pytest.param("qwen35moe", _QWEN35_A3B, [250, 250], ["-ub", "1024", "-np", "2", "-ctk", "q8_0", "-ctv", "q8_0"],
-                     id="qwen35moe-2x250-np2"),  # fmt: skip
+        pytest.param(
+            "qwen2moe",
+            _QWEN15_MOE,
+            [250, 250],
+            ["-ub", "1024", "-np", "2", "-ctk", "q8_0", "-ctv", "q8_0"],
+            id="qwen2moe-2x250-np2",
+        ),
+        pytest.param(
+            "qwen2moe",
+            _QWEN15_MOE,
+            [450, 450, 450],
+            ["-ub", "1024", "-np", "2", "-ctk", "q8_0", "-ctv", "q8_0"],
+            id="qwen2moe-3x450-np2",
+        ),
+        pytest.param(
+            "qwen35moe",
+            _QWEN35_A3B,
+            [250, 250],
+            ["-ub", "1024", "-np", "2", "-ctk", "q8_0", "-ctv", "q8_0"],
+            id="qwen35moe-2x250-np2",
+        ),
         pytest.param("qwen35moe", _QWEN35_A3B, [500, 500], ["-ub", "2048"], id="qwen35moe-2x500-ub2048"),
         pytest.param("qwen35moe", _QWEN35_A3B, [450, 450, 450], ["-ub", "2048"], id="qwen35moe-3x450-ub2048"),
-        pytest.param("gpt-oss", _GPT_OSS_4 | {"n_layer": 8}, [200, 200, 200],
-                     ["-ub", "1024", "-np", "2", "-ctk", "q8_0", "-ctv", "q8_0"], id="gpt-oss-3x200-np2"),
+        pytest.param(
+            "gpt-oss",
+            _GPT_OSS_4 | {"n_layer": 8},
+            [200, 200, 200],
+            ["-ub", "1024", "-np", "2", "-ctk", "q8_0", "-ctv", "q8_0"],
+            id="gpt-oss-3x200-np2",
+        ),
     ],
 )
 def test_shared_expert_plans_leave_weights_fit_places(
@@ -402,7 +431,13 @@ def _amx_server(real_llama_server: Path, monkeypatch: pytest.MonkeyPatch) -> Pat
     ],
 )
 def test_deepseek2_output_layer_alone_under(
-    ub: int, fa: str, n_par: int, kv: str, printed: float, real_llama_server: Path, tmp_path: Path,
+    ub: int,
+    fa: str,
+    n_par: int,
+    kv: str,
+    printed: float,
+    real_llama_server: Path,
+    tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """UNDER (OOM side), on a CPU with AMX (llama.cpp built -march=native there: its AMX buffer type takes the CPU
@@ -584,7 +619,14 @@ def test_guard_host_experts_split_holds(
     ],
 )  # fmt: skip
 def test_guard_output_layer_alone_parallel(
-    recipe: str, dims: dict, ub: int, fa: str, n_par: int, kv: str, rpc_endpoint: str, real_llama_server: Path,
+    recipe: str,
+    dims: dict,
+    ub: int,
+    fa: str,
+    n_par: int,
+    kv: str,
+    rpc_endpoint: str,
+    real_llama_server: Path,
     tmp_path: Path,
 ) -> None:
     """Regression guard (passes): memory.output_layer_alone_bytes at -np 2/4 (tests/test_output_layer_alone.py has
