@@ -676,3 +676,47 @@ def test_gpt_oss_partial_plan_ncmoe1(budgets: list[int], tmp_path: Path, real_ll
     from test_attack_round19d import _case, _check
 
     _check(_case(tmp_path, "gpt-oss", _GPT_OSS_4, budgets, 16384, ["-ub", "2048", "-fa", "on"], real_llama_server))
+
+
+# DeepSeek-V2-Lite's shape at n_embd 4096; Qwen3-Next-80B-A3B's widths in 8 blocks (32 of 512 experts)
+_DSV2_4096 = dict(_DSV2_LITE, n_embd=4096)
+
+
+@pytest.mark.parametrize(
+    ("recipe", "dims", "n_dev", "flags"),
+    [
+        pytest.param("deepseek2-mla", _DSV2_4096, 1, ["-ub", "2048", "-fa", "off", "--n-cpu-moe", "6"], id="ds-1dev"),
+        pytest.param("deepseek2-mla", _DSV2_4096, 2, ["-ub", "2048", "-fa", "off", "--n-cpu-moe", "6"], id="ds-2dev"),
+        pytest.param("deepseek2-mla", _DSV2_4096, 2, ["-ub", "1024", "-fa", "off", "--n-cpu-moe", "3"], id="ds-ncmoe3"),
+        pytest.param("deepseek2-mla", _DSV2_4096, 2, ["-ub", "512", "-fa", "on", "-np", "4", "--n-cpu-moe", "2"],
+                     id="ds-fa-on-np4"),
+        pytest.param("deepseek2-mla", _DSV2_LITE, 2, ["-ub", "2048", "-fa", "off", "--n-cpu-moe", "6"], id="lite-2dev"),
+        pytest.param("qwen3next", _QWEN3NEXT, 1, ["-ub", "2048", "-fa", "off", "--n-cpu-moe", "8"], id="qn-1dev"),
+        pytest.param("qwen3next", _QWEN3NEXT, 2, ["-ub", "2048", "-fa", "off", "--n-cpu-moe", "8"], id="qn-2dev"),
+        pytest.param("qwen3next", _QWEN3NEXT, 2, ["-ub", "1024", "-fa", "off", "--n-cpu-moe", "3"], id="qn-ncmoe3"),
+    ],
+)  # fmt: skip
+def test_shared_expert_host_experts_under(
+    recipe: str, dims: dict, n_dev: int, flags: list[str], fit_params: Path, tmp_path: Path
+) -> None:
+    """UNDER (the shared-expert MoEs host_experts_split_compute leaves alone). `kvadvise llamacpp MODEL --rpc
+    EP=100GiB [x n_dev] --runtime library --margin 0 --ctx 4096 FLAGS` against llama-fit-params b11312, MiB:
+    | model | devices, flags | planned | printed | under |
+    | deepseek2, DeepSeek-V2-Lite's shape at n_embd 4096 | 1, -ub 2048 -fa off --n-cpu-moe 6 | 776.04 | 848.02 |
+      72.0 (8.5 %) |
+    | the same | 2, the same | 776.04, 776.04 | 848, 864 | 72 / 88 (10.2 %) |
+    | the same | 2, -ub 1024 -fa off --n-cpu-moe 3 | 396.02, 396.02 | 424, 388 | 28 (6.6 %) |
+    | the same | 2, -ub 512 -fa on -np 4 --n-cpu-moe 2 | 118.51, 118.51 | 114, 122 | 3.5 |
+    | DeepSeek-V2-Lite | 2, -ub 2048 -fa off --n-cpu-moe 6 | 744.04, 744.04 | 761, 761 | 17 (2.2 %) |
+    | qwen3next (Qwen3-Next-80B-A3B's widths) | 1, -ub 2048 -fa off --n-cpu-moe 8 | 700.00 | 760.10 | 60.1 (7.9 %) |
+    | the same | 2, the same | 712.06, 728.07 | 760, 768 | 48 / 40 (6.3 %) |
+    | the same | 2, -ub 1024 -fa off --n-cpu-moe 3 | 356.03, 364.04 | 380, 340 | 24 (6.3 %) |
+    Without --n-cpu-moe the same shapes are planned at or over the print (deepseek2 n_embd 4096 fa off: 792.04 /
+    792.03 on one device; qwen3next 880.25 / 944.28 vs 880 / 928 on two).
+    Source: llama-fit-params b11312 over loopback rpc-servers, measured here 2026-12-07.
+    Missing rule (guess): a block whose routed experts run on the CPU (--n-cpu-moe) still runs its shared expert on
+    the device, between the copies of the routed output coming back and the residual: without flash attention
+    those copies ([n_embd, n_expert_used, n_ubatch] f32 and the routed sum) sit beside the KQ peak of the next
+    block's attention, and memory.host_experts_device_growth / the split keep only the full offload's figure for
+    shared-expert models."""
+    _compare(tmp_path, fit_params, recipe, dims, n_dev, 4096, flags)
