@@ -720,3 +720,28 @@ def test_shared_expert_host_experts_under(
     block's attention, and memory.host_experts_device_growth / the split keep only the full offload's figure for
     shared-expert models."""
     _compare(tmp_path, fit_params, recipe, dims, n_dev, 4096, flags)
+
+
+@pytest.mark.parametrize(
+    ("recipe", "dims", "budgets"),
+    [
+        pytest.param("qwen3next", _QWEN3NEXT | {"n_expert": 10}, [1000, 1000], id="qwen3next-2x1000"),
+        pytest.param("qwen3next", _QWEN3NEXT | {"n_expert": 10}, [1100, 1100], id="qwen3next-2x1100"),
+        pytest.param("deepseek2-mla", _DSV2_4096 | {"n_expert": 8}, [1100, 1100], id="deepseek2-2x1100"),
+    ],
+)
+def test_shared_expert_partial_plan_fa_off_over_budget(
+    recipe: str, dims: dict, budgets: list[int], tmp_path: Path, real_llama_server: Path
+) -> None:
+    """OVER A BUDGET (OOM). `kvadvise llamacpp qwen3next(Qwen3-Next-80B-A3B's widths, 8 blocks, 10 experts all used)
+    --rpc A=1000MiB --rpc B=1000MiB --margin 0 --ctx 4096 -ub 2048 -fa off` plans `-ngl 9 --n-cpu-moe 3 -ts 6,3` at
+    A 998.94, B 953.58 MiB; llama-server b11312 allocates A 1047.19: 47.2 MiB over its budget (UNDER 4.8 %). At
+    2x1100 (`--n-cpu-moe 1 -ts 4,5`): A 982.63 planned, 1014.88 real (UNDER 32.3). DeepSeek-V2-Lite's shape at
+    n_embd 4096 (8 experts) at 2x1100: `-ngl 3 --n-cpu-moe 6`, A 1030.34 planned, 1102.34 real (2.3 MiB over its
+    budget, UNDER 72.0 MiB, 6.5 %; the same with and without AMX).
+    Source: llama-server b11312 over loopback rpc-servers (tests/test_attack_round19d.py _case/_check), 2026-12-07.
+    Missing rule (guess): test_shared_expert_host_experts_under's, in offload.partial_offload: a shared-expert
+    block whose routed experts run on the CPU grows the device beside the KQ peak without flash attention."""
+    from test_attack_round19d import _case, _check
+
+    _check(_case(tmp_path, recipe, dims, budgets, 4096, ["-ub", "2048", "-fa", "off"], real_llama_server))
