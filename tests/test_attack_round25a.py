@@ -745,3 +745,25 @@ def test_shared_expert_partial_plan_fa_off_over_budget(
     from test_attack_round19d import _case, _check
 
     _check(_case(tmp_path, recipe, dims, budgets, 4096, ["-ub", "2048", "-fa", "off"], real_llama_server))
+
+
+@pytest.mark.parametrize(
+    ("recipe", "dims", "flags"),
+    [
+        pytest.param("qwen3moe", _QWEN3_A3B | {"n_expert": 8}, ["-ub", "512", "-fa", "off", "--n-cpu-moe", "5"],
+                     id="qwen3moe-fa-off-ub512"),
+        pytest.param("qwen3moe", _QWEN3_A3B | {"n_expert": 8},
+                     ["-ub", "1024", "-fa", "on", "-np", "4", "-ctk", "q8_0", "-ctv", "q8_0", "--n-cpu-moe", "5"],
+                     id="qwen3moe-np4-q8_0"),
+        pytest.param("mixtral", _MIXTRAL_8X7B | {"n_expert": 2}, ["-ub", "2048", "-fa", "off", "-np", "2",
+                                                                  "--n-cpu-moe", "2"], id="mixtral-fa-off-np2"),
+    ],
+)  # fmt: skip
+def test_guard_gathering_last_block_alone_keeps_experts(
+    recipe: str, dims: dict, flags: list[str], tmp_path: Path, real_llama_server: Path
+) -> None:
+    """Regression guard (passes): memory._offloaded's bare graph where an explicit --n-cpu-moe n_layer-1 leaves only
+    the gathering last block's experts on one rpc-server, llama-server b11312: qwen3moe -ub 512 -fa off 1082.01
+    printed / 1092.00 planned; -ub 1024 -np 4 q8_0 104.10 / 104.19; Mixtral's widths -ub 2048 -fa off -np 2
+    2256.02 / 2304.00 (2.1 % over). Measured here 2026-12-07."""
+    _server_compute(tmp_path, real_llama_server, recipe, dims, 1, 16384, flags)
