@@ -65,6 +65,7 @@ from kvadvise.planner.split import (
     output_pad_bytes,
     split_compute,
     split_host_compute,
+    trunk_only,
     unpipelined_last_block_compute,
 )
 
@@ -1355,6 +1356,7 @@ def unpipelined_split_compute(spec: ModelSpec, lay: ContextLayout, part: DeviceL
     published 023 (two RPC hosts at b6209): 588.01 MiB each as printed, 604.02 and 620.02 before. A hybrid's split
     (recurrent layers) keeps the rule with its copies (+3 to +48): the one-device rules are up to 24 MiB under
     there (Granite-4.0-H's last device at 32k; Qwen3.5-9B's middle device holds 18 MiB above one device's)."""
+    part = trunk_only(part)
     if not (part.layers or part.last):  # a device given no layer holds no graph
         return 0
     if (tail := unpipelined_last_block_compute(spec, lay, part)) is not None:

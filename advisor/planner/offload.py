@@ -81,6 +81,7 @@ from kvadvise.planner.split import (
     output_host_bytes,
     output_layer_bytes,
     output_weights_bytes,
+    trunk_only,
     unpipelined_last_block_compute,
 )
 
@@ -454,7 +455,8 @@ def partial_offload(
         ruled: set[int] = set()  # devices sized by memory.host_experts_split_compute, their boundary included
         parts = device_layers(spec, owner, n_dev, lay.device == "cuda")
         # -ngl 1 on one device: the output layer alone is output_only's (split_compute)
-        for d, part in enumerate(() if one_device and n_cpu >= n_layer else parts):
+        for d, full_part in enumerate(() if one_device and n_cpu >= n_layer else parts):
+            part = trunk_only(full_part)
             own = unpipelined_last_block_compute(spec, lay, part) if part.layers == (n_layer - 1,) else None
             if own is None and n_dev > 1 and expert_out and not offloads and n_cpu_moe > n_cpu:
                 # blocks whose experts run in CPU splits beside blocks that run theirs (memory.host_experts_split_compute)

@@ -70,6 +70,18 @@ class DeviceLayers:
     spec: ModelSpec
 
 
+def trunk_only(part: DeviceLayers) -> DeviceLayers:
+    """``part`` as the main context's graph runs it: without the MTP/NextN blocks, which that graph never builds (their
+    tensors skipped unless a draft-mtp context loads them, llama_model_deepseek2 / glm4-moe load_arch_tensors
+    TENSOR_SKIP, b11312; -ngl still counts them). A device given only the MTP block holds no graph: GLM-4.5-Air's
+    widths at -ngl 3 -ts 1,2, llama-server b11312 over two rpc-servers put only the output layer's 62.52 MiB on the
+    second device, where its compute and a block's had been planned (742.83 MiB; round 25a)."""
+    n_layer = part.spec.n_layer
+    if all(il < n_layer for il in part.layers):
+        return part
+    return replace(part, layers=tuple(il for il in part.layers if il < n_layer))
+
+
 _SPLITS_MAX = 256  # the splits remembered (compare plans dozens of cards per model)
 _SPLITS: dict[tuple[int, tuple[int, ...], int, bool], tuple[ModelSpec, tuple[DeviceLayers, ...]]] = {}
 
@@ -171,6 +183,7 @@ def split_compute(spec: ModelSpec, lay: ContextLayout, part: DeviceLayers, *, co
     later one the previous layer's output and the next layer's rms norm, which has no weight, so the scheduler
     leaves it on the previous device ("## SPLIT #2: ... [norm-15 (2M)] ... [l_out-14 (2M)]" in the
     worst-case batch llama_context::graph_reserve reserves first). Measured on benchmarks/bench_split.py's grid."""
+    part = trunk_only(part)
     ub = lay.n_ubatch
     rows_out = reserve_outputs(lay)
     gathers = gathers_in_last_block(spec)
@@ -242,6 +255,7 @@ def unpipelined_last_block_compute(spec: ModelSpec, lay: ContextLayout, part: De
     4096, -ngl 2 and the same block alone beside the output layer on a second device): 48.30, 24.29, 12.28 MiB at
     -ub 2048, 1024, 512 and 4k cells, 24.28 at 16k, 50.01 without flash attention (split_compute with one copy:
     72.06, 36.03, 18.02, 30.02, 54.02)."""
+    part = trunk_only(part)
     last = spec.n_layer - 1
     rows_out = reserve_outputs(lay)
     if (
