@@ -109,9 +109,7 @@ def _planned_mib(model: Path, endpoints: list[str], n_ctx: int, flags: str) -> f
 
 
 @pytest.mark.parametrize("case", CASES, ids=_id)
-def test_the_host_compute_buffer_is_planned_as_printed(
-    case: tuple[str, int, int, str, float], tmp_path: Path
-) -> None:
+def test_the_host_compute_buffer_is_planned_as_printed(case: tuple[str, int, int, str, float], tmp_path: Path) -> None:
     """The plan against the figure llama-fit-params printed (the table above): to 0.01 MiB, never under."""
     shape, n_rpc, n_ctx, flags, printed = case
     endpoints = [f"127.0.0.1:{50052 + i}" for i in range(n_rpc)]  # planned only: nothing is reached
