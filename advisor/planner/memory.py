@@ -1093,7 +1093,13 @@ def host_experts_host_compute_bytes(spec: ModelSpec, lay: ContextLayout, owner: 
         return base
     lay = replace(lay, n_ubatch=reserve_tokens(lay), n_outputs_max=reserve_outputs(lay))
     graph = _host_experts_cpu_graph(spec, lay, owner or (0,) * (spec.n_layer_all + 1))
-    return max(base, pad(reserve_sizes(graph, (ALIGNMENT["cpu"],))[0], ALIGNMENT["cuda"]))
+    return max(base, pad(_cpu_reserved(graph), ALIGNMENT["cuda"]))
+
+
+@functools.lru_cache(maxsize=256)
+def _cpu_reserved(graph: Graph) -> int:
+    """The CPU's buffer of ``graph`` (a few ms for a hundred blocks: a search plans the same context more than once)."""
+    return reserve_sizes(graph, (ALIGNMENT["cpu"],))[0]
 
 
 # multi-section RoPE (LLAMA_ROPE_TYPE_MROPE / IMROPE, llama_model_rope_type, src/llama-model.cpp b11312): the positions
