@@ -28,6 +28,8 @@ ones), planned by ``kvadvise llamacpp --runtime library`` (llama-fit-params rese
 | qwen2moe, Qwen1.5-MoE-A2.7B's widths | 2 | -ub 2048 -fa on --n-cpu-moe 1/2/4 | 228.52 | 212.05 | 228.52 |
 | qwen3next, Qwen3.5-35B-A3B's widths, 8 blocks | 1 | -ub 2048 -fa on --n-cpu-moe 1/4/8 | 320.55 | 240.09 | 320.55 |
 | qwen35moe (the recipe's widths) | 1 | -c 8192 -ub 2048 -fa on --n-cpu-moe 2 | 36.11 | 37.04 | 36.11 |
+| nemotron_h_moe (the recipe's widths: ungated relu^2 experts) | 1 | -c 8192 -ub 2048 -fa on --n-cpu-moe 2 | 37.08 | 36.04 | 37.09 |
+| nemotron_h_moe, n_embd 2688, 6 of 32 x 1856 | 1 | -ub 2048 -fa on --n-cpu-moe 2 | 319.30 | 346.07 | 319.30 |
 
 Of 171 such runs (these shapes and glm4moe, lfm2moe; --n-cpu-moe 1 to all, -ub 512 and 2048, flash attention on and
 off, one and two devices) 165 print the planned figure to 0.01 MiB and 6 print up to 0.3 MiB less; runs of the same
@@ -67,6 +69,9 @@ SHAPES: dict[str, tuple[str, dict[str, int]]] = {
                                       n_expert=64, n_expert_used=8, n_ff_exp=512, n_ff_shexp=512, d_conv=4,
                                       gdn_head=128, n_k_heads=16, n_v_heads=32)),
     "qwen35moe": ("qwen35moe", {}),
+    "nemotron-h-moe": ("nemotron_h_moe", {}),
+    "nemotron-h-moe-2688": ("nemotron_h_moe", dict(n_layer=7, n_embd=2688, n_head=32, n_head_kv=2, head=128, n_expert=32,
+                                                   n_expert_used=6, n_ff_exp=1856, n_ff_shexp=3712)),
 }  # fmt: skip
 # (shape, rpc-servers, cells, flags, printed MiB)
 CASES = [
@@ -83,6 +88,8 @@ CASES = [
     ("qwen1.5-moe", 2, 16384, "-ub 2048 -fa on --n-cpu-moe 2", 228.52),
     ("qwen3.5-a3b", 1, 16384, "-ub 2048 -fa on --n-cpu-moe 4", 320.55),
     ("qwen35moe", 1, 8192, "-ub 2048 -fa on --n-cpu-moe 2", 36.11),
+    ("nemotron-h-moe", 1, 8192, "-ub 2048 -fa on --n-cpu-moe 2", 37.08),
+    ("nemotron-h-moe-2688", 1, 16384, "-ub 2048 -fa on --n-cpu-moe 2", 319.30),
 ]
 
 

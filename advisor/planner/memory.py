@@ -1105,6 +1105,10 @@ def _cpu_reserved(graph: Graph) -> int:
 # multi-section RoPE (LLAMA_ROPE_TYPE_MROPE / IMROPE, llama_model_rope_type, src/llama-model.cpp b11312): the positions
 # input holds n_pos_per_embd() = 4 i32 a token (a qwen35moe at -ub 2048: a 32 KiB inp_pos)
 _MROPE_ARCHS = frozenset({"qwen2vl", "qwen3vl", "qwen3vlmoe", "qwen35", "qwen35moe"})
+# routed experts without a gate: up, relu and its square in place, down (build_moe_ffn's LLM_FFN_RELU_SQR without
+# gate_exps, src/llama-graph.cpp b11312; nemotron-h.cpp): no GLU beside up to take the norm's copy's hole (a tiny
+# nemotron_h_moe at -ub 2048: 37.08 MiB printed, 36.09 planned as gated)
+_UNGATED_EXPERTS = frozenset({"nemotron_h_moe"})
 
 
 def _reads_kind(attends: list[bool], swa_layers: tuple[bool, ...], swa: bool, il: int) -> bool:
@@ -1130,7 +1134,14 @@ def _host_experts_cpu_graph(spec: ModelSpec, lay: ContextLayout, owner: tuple[in
       rows first runs them at those rows."""
     ub, n_layer = lay.n_ubatch, spec.n_layer
     experts = spec.layer_expert_bytes
-    on_host = [not experts[il] if len(experts) >= n_layer else True for il in range(n_layer)]
+    # a block whose experts --n-cpu-moe moved holds none of their bytes (offload.cpu_moe_placement); a block that never
+    # had any (a dense first block) is not told apart and is planned as one (the safe side), but for Nemotron-H's
+    # blocks, whose one mixer is Mamba-2, attention or the MoE (src/models/nemotron-h.cpp)
+    on_host = [
+        (not experts[il] if len(experts) >= n_layer else True)
+        and not (spec.architecture in _UNGATED_EXPERTS and (spec.recurrent_layers[il] or spec.kv_layers[il]))
+        for il in range(n_layer)
+    ]
     mask_elt = 4 if not lay.flash_attn or f32_fa_mask(lay) else 2
     shapes = layer_shapes(spec)
     kinds = bool(shapes.kv_group) + bool(shapes.swa_group)
@@ -1199,9 +1210,15 @@ def _host_experts_cpu_graph(spec: ModelSpec, lay: ContextLayout, owner: tuple[in
         x = add("ffn_norm (copy)", "NONE", 4 * n * spec.n_embd)
         ids = add("ffn_moe_topk (copy)", "NONE", 4 * (spec.n_expert * (n - 1) + spec.n_expert_used))
         nodes += [x, ids]
-        glu = add("glu", "GLU", ff, (matmul("gate", ff, x, ids), matmul("up", ff, x, ids)))
-        nodes.append(glu)
-        dep(matmul("down", eu, glu, ids))
+        if spec.architecture in _UNGATED_EXPERTS:  # relu, then its square, in place on up's output
+            act = matmul("up", ff, x, ids)
+            for op in ("UNARY", "SQR"):
+                act = add(op, op, ff, (act,), layout="up")
+                nodes.append(act)
+        else:
+            act = add("glu", "GLU", ff, (matmul("gate", ff, x, ids), matmul("up", ff, x, ids)))
+            nodes.append(act)
+        dep(matmul("down", eu, act, ids))
     for i in frees.get(n_layer, ()):
         dep(i)
     return Graph(tuple(tensors), tuple(nodes), tuple(leafs))
