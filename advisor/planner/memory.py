@@ -38,7 +38,7 @@ from kvadvise.model.ggml import (
 )
 from kvadvise.model.spec import ModelSpec
 from kvadvise.planner import builds
-from kvadvise.planner.galloc import reserve_sizes
+from kvadvise.planner.galloc import Graph, Tensor, reserve_sizes
 from kvadvise.planner.layout import ContextLayout, layer_shapes
 from kvadvise.planner.llama_graph import LlamaShape, build
 from kvadvise.planner.repack import AMX_BUFFER, REPACK_BUFFER, plan_repack
@@ -49,6 +49,7 @@ from kvadvise.planner.sizes import (
     f32_fa_mask,
     graph_sizes,
     ids_bytes,
+    k_idxs_bytes,
     mask_inputs,
     reserve_outputs,
     reserve_tokens,
@@ -1075,33 +1076,155 @@ def host_experts_split_compute(
     return own
 
 
-def host_experts_host_compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
-    """The host's compute buffer when some layers' routed experts sit in a host buffer and the device does not
+def host_experts_host_compute_bytes(spec: ModelSpec, lay: ContextLayout, owner: tuple[int, ...] | None = None) -> int:
+    """The host's compute buffer when some blocks' routed experts sit in a host buffer and the device does not
     op-offload their matmuls (an RPC device; ggml-rpc has no offload_op): their MUL_MAT_IDs run in a CPU split
-    (ggml_backend_sched_backend_id_from_cur, ggml/src/ggml-backend.cpp 0c1e570: "operations with weights are
+    (ggml_backend_sched_backend_id_from_cur, ggml/src/ggml-backend.cpp b11312: "operations with weights are
     preferably run on the same backend as the weights"), so their activations are allocated in the CPU's buffer
-    beside the graph inputs, which live across every layer.
+    beside the graph inputs. ``owner``: the device of each block (split.layer_devices; None: one device).
 
-    The split copies in the normed hidden state ([n_embd, n_ubatch] f32) and the selected experts' ids, then
-    holds gate and up ([n_ff_exp, n_expert_used, n_ubatch] f32 each) and their GLU, and at the down projection
-    the GLU and its output ([n_embd, n_expert_used, n_ubatch] f32): the peak is the inputs and the larger of
-    those two live sets. Measured with llama-server b11312 on a loopback rpc-server, --n-cpu-moe 1-6 on four
-    qwen3moe shapes (n_embd 256-1024, 16-32 experts, 2-8 used, n_ff_exp 256-1024, ubatch 512-2048): the CPU
-    compute buffer to 0.1 MiB (164.05 MiB where the inputs alone are 24.05)."""
+    Which inputs are still alive there, and where the freed ones left holes, decides the peak, so the CPU's side of
+    the graph is replayed through ggml-alloc (:func:`_host_experts_cpu_graph`). Measured with llama-fit-params
+    b11312 over one and two loopback rpc-servers (qwen3moe, Mixtral, gpt-oss, qwen2moe, qwen3next, qwen35moe, glm4moe,
+    lfm2moe, deepseek2, gemma4, granitehybrid, nemotron_h_moe; --n-cpu-moe 1 to all, -ub 512 and 2048, flash
+    attention on and off): 182 of 183 runs to 0.01 MiB, one 0.08 over (tests/test_host_experts_host_compute.py). A
+    qwen3moe of Qwen3-30B-A3B's widths at 16k cells, -ub 2048: 352.05 MiB printed with one device, 368.30 with two
+    (240.08 planned before: the gate's 48 MiB does not fit the 64 MiB mask's hole beside the norm's copy and the ids,
+    and with two devices the mask lives on until the second device's first block)."""
     base = host_compute_bytes(spec, lay)
     if not spec.n_expert:
         return base
     lay = replace(lay, n_ubatch=reserve_tokens(lay), n_outputs_max=reserve_outputs(lay))
-    s = graph_sizes(spec, lay)
-    ub = lay.n_ubatch
-    ff, eu = expert_activation_bytes(spec, ub)
-    selected = 4 * ub * spec.n_expert_used  # i32 ids of the chosen experts
-    inputs = mask_inputs(s, lay) + v_idxs_bytes(spec, lay) + ids_bytes(lay) + s.ple_bytes
-    # Qwen3-Next / Qwen3.5-MoE (their layers' recurrent mixers and gated shared expert): one row of n_embd more
-    # (a small qwen3next at -ub 2048: 80.17 MiB printed, 72.05 without it)
-    rows = 2 if spec.architecture in ("qwen3next", "qwen35moe") else 1
-    peak = inputs + selected + max(rows * s.embd_bytes + 3 * ff, (rows - 1) * s.embd_bytes + ff + eu)
-    return max(base, pad(peak, ALIGNMENT["cuda"]))
+    graph = _host_experts_cpu_graph(spec, lay, owner or (0,) * (spec.n_layer_all + 1))
+    return max(base, pad(_cpu_reserved(graph), ALIGNMENT["cuda"]))
+
+
+@functools.lru_cache(maxsize=256)
+def _cpu_reserved(graph: Graph) -> int:
+    """The CPU's buffer of ``graph`` (a few ms for a hundred blocks: a search plans the same context more than once)."""
+    return reserve_sizes(graph, (ALIGNMENT["cpu"],))[0]
+
+
+# multi-section RoPE (LLAMA_ROPE_TYPE_MROPE / IMROPE, llama_model_rope_type, src/llama-model.cpp b11312): the positions
+# input holds n_pos_per_embd() = 4 i32 a token (a qwen35moe at -ub 2048: a 32 KiB inp_pos)
+_MROPE_ARCHS = frozenset({"qwen2vl", "qwen3vl", "qwen3vlmoe", "qwen35", "qwen35moe"})
+# routed experts without a gate: up, relu and its square in place, down (build_moe_ffn's LLM_FFN_RELU_SQR without
+# gate_exps, src/llama-graph.cpp b11312; nemotron-h.cpp): no GLU beside up to take the norm's copy's hole (a tiny
+# nemotron_h_moe at -ub 2048: 37.08 MiB printed, 36.09 planned as gated)
+_UNGATED_EXPERTS = frozenset({"nemotron_h_moe"})
+
+
+def _reads_kind(attends: list[bool], swa_layers: tuple[bool, ...], swa: bool, il: int) -> bool:
+    """Whether block ``il`` reads the inputs of the cache kind ``swa`` (its K/V row indices and KQ mask)."""
+    return attends[il] and swa_layers[il] == swa
+
+
+def _host_experts_cpu_graph(spec: ModelSpec, lay: ContextLayout, owner: tuple[int, ...]) -> Graph:
+    """The tensors of the CPU's buffer in the order ggml_backend_sched hands them to ggml-alloc (b11312):
+
+    - the graph inputs, leafs allocated first in the order the graph meets them (ggml_gallocr_alloc_graph_impl): the
+      token ids, build_inp_embd's f32 inp_embd (read by no node: never freed), the positions, per cache kind its K and
+      V row indices and its KQ mask, the output ids;
+    - token_embd's get_rows (split #0), copied to the first device at its first split;
+    - ggml_backend_sched_split_graph adds, at the start of the split that copies an input in, a view of it
+      (input_dep) as the input's last child, so the host frees each input once the last device that reads it has
+      taken its copy: at that device's first block that reads it (the masks of a kind its blocks read later live on);
+    - a block whose experts are on the host: its split's copies of the normed input and of ffn_moe_topk (a view of
+      the argsort's [n_expert, n_tokens] i32 rows: the copy keeps its strides, so it is as large as the argsort),
+      gate and up ([n_ff_exp, n_expert_used, n_tokens] f32; gpt-oss's biases added in place by ADD_ID), their GLU,
+      the down projection ([n_embd, n_expert_used, n_tokens]), freed when the next device split copies it out
+      (build_moe_ffn, src/llama-graph.cpp; the weighting runs on the device). A last block that gathers the output
+      rows first runs them at those rows."""
+    ub, n_layer = lay.n_ubatch, spec.n_layer
+    experts = spec.layer_expert_bytes
+    # a block whose experts --n-cpu-moe moved holds none of their bytes (offload.cpu_moe_placement); a block that never
+    # had any (a dense first block) is not told apart and is planned as one (the safe side), but for Nemotron-H's
+    # blocks, whose one mixer is Mamba-2, attention or the MoE (src/models/nemotron-h.cpp)
+    on_host = [
+        (not experts[il] if len(experts) >= n_layer else True)
+        and not (spec.architecture in _UNGATED_EXPERTS and (spec.recurrent_layers[il] or spec.kv_layers[il]))
+        for il in range(n_layer)
+    ]
+    mask_elt = 4 if not lay.flash_attn or f32_fa_mask(lay) else 2
+    shapes = layer_shapes(spec)
+    kinds = bool(shapes.kv_group) + bool(shapes.swa_group)
+    tensors: list[Tensor] = []
+    leafs: list[int] = []
+    nodes: list[int] = []
+    frees: dict[int, list[int]] = {}
+
+    def add(name: str, op: str, nbytes: int, srcs: tuple[int, ...] = (), layout: object = None) -> int:
+        tensors.append(Tensor(name, op, nbytes, 0, (layout or name,), srcs, is_input=op == "INPUT"))
+        return len(tensors) - 1
+
+    def freed_at(reads: Callable[[int], bool]) -> int:
+        """The block at whose split the last device that reads an input copies it in."""
+        layers = [il for il in range(n_layer) if reads(il)]
+        if not layers:
+            return n_layer
+        last = max(owner[il] for il in layers)
+        return min(il for il in layers if owner[il] == last)
+
+    def leaf(name: str, nbytes: int, reads: Callable[[int], bool] | None = None) -> int:
+        i = add(name, "INPUT", nbytes)
+        leafs.append(i)
+        if reads is not None and nbytes:
+            frees.setdefault(freed_at(reads), []).append(i)
+        return i
+
+    def dep(i: int) -> None:
+        tensors.append(Tensor(f"{tensors[i].name} (view)", "NONE", 0, 0, (), (i,), view_src=i))
+        nodes.append(len(tensors) - 1)
+
+    def matmul(name: str, nbytes: int, src: int, ids: int) -> int:
+        """A MUL_MAT_ID of host experts; gpt-oss adds its experts' biases in place (ggml_add_id, ggml_op_can_inplace)."""
+        i = add(name, "MUL_MAT_ID", nbytes, (src, ids))
+        nodes.append(i)
+        if spec.architecture in _EXPERT_BIAS_GROWTH:
+            i = add(f"{name}_biased", "ADD_ID", nbytes, (i, ids), layout=name)
+            nodes.append(i)
+        return i
+
+    tokens = leaf("inp_tokens", 4 * ub)
+    if not builds.older_than(lay.llama_build, builds.EMBD_SELECT):
+        leaf("inp_embd", 4 * ub * spec.n_embd)
+    attends = [bool(spec.kv_layers[il]) for il in range(n_layer)]
+    leaf("inp_pos", 4 * ub * (4 if spec.architecture in _MROPE_ARCHS else 1), lambda il: attends[il])
+    k_idxs = k_idxs_bytes(spec, lay) // max(1, kinds)
+    # V's row indices: one i64 a token, or a row of n_embd_v_gqa a token where V is transposed
+    v_idxs = v_idxs_bytes(spec, lay) // max(1, kinds) or k_idxs
+    for swa in sorted({spec.swa_layers[il] for il in range(n_layer) if attends[il]}, key=spec.swa_layers.index):
+        cells = lay.n_ctx_swa if swa else lay.n_ctx_seq
+        reads = functools.partial(_reads_kind, attends, spec.swa_layers, swa)
+        leaf("k_idxs", k_idxs, reads)
+        leaf("v_idxs", v_idxs, reads)
+        leaf("kq_mask", cells * ub * mask_elt, reads)
+    leaf("out_ids", 4 * min(ub, lay.n_outputs_max), lambda il: il == n_layer - 1)  # gathered in or after the last block
+    embd = add("embd", "GET_ROWS", 4 * ub * spec.n_embd, (tokens,))
+    nodes.append(embd)
+    frees.setdefault(0, []).insert(0, embd)
+    for il in range(n_layer):
+        for i in frees.get(il, ()):
+            dep(i)
+        if not on_host[il]:
+            continue
+        n = lay.n_outputs_max if il == n_layer - 1 and gathers_in_last_block(spec) else ub
+        ff, eu = expert_activation_bytes(spec, n)
+        x = add("ffn_norm (copy)", "NONE", 4 * n * spec.n_embd)
+        ids = add("ffn_moe_topk (copy)", "NONE", 4 * (spec.n_expert * (n - 1) + spec.n_expert_used))
+        nodes += [x, ids]
+        if spec.architecture in _UNGATED_EXPERTS:  # relu, then its square, in place on up's output
+            act = matmul("up", ff, x, ids)
+            for op in ("UNARY", "SQR"):
+                act = add(op, op, ff, (act,), layout="up")
+                nodes.append(act)
+        else:
+            act = add("glu", "GLU", ff, (matmul("gate", ff, x, ids), matmul("up", ff, x, ids)))
+            nodes.append(act)
+        dep(matmul("down", eu, act, ids))
+    for i in frees.get(n_layer, ()):
+        dep(i)
+    return Graph(tuple(tensors), tuple(nodes), tuple(leafs))
 
 
 def output_layer_compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
@@ -1482,7 +1605,7 @@ def _offloaded(
         devices.append(DeviceMemory(names[d], n_layers, weights, kv_d, rs_d, compute, overhead, total))
     host_compute = split_host_compute(spec, lay, copies=N_COPIES) if pipeline else host_compute_bytes(spec, lay)
     if cfg.host_experts:
-        host_compute = max(host_compute, host_experts_host_compute_bytes(spec, lay))
+        host_compute = max(host_compute, host_experts_host_compute_bytes(spec, lay, owner))
     host_w = spec.tok_embd_bytes + spec.input_extra_bytes  # the input layer (dev_input: the CPU)
     if cfg.output_on_host:
         host_w += output_host_bytes(spec)
