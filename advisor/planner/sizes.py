@@ -575,7 +575,10 @@ def _moe_phase(spec: ModelSpec, ub: int, embd: int, q: int) -> int:
     f32 = 4
     ff, eu = expert_activation_bytes(spec, ub)
     router = f32 * ub * (2 * spec.n_expert + 8)
-    if ff + router <= q and spec.architecture != "deepseek2":
+    # (not a device that runs none of the experts, memory.without_routed_ffn's one value wide: their output is copied
+    # in from the CPU's split, placed as the bare graph's measured rule says: Mixtral's widths at --n-cpu-moe 6 of 6
+    # over two rpc-servers, 224.00 MiB printed each, 256.22 with this placement; round 25a)
+    if ff + router <= q and spec.architecture != "deepseek2" and spec.n_ff_exp > 1:
         # the gate fits the hole the attention's Q (its output before wo) leaves, beside the router's few tensors:
         # ggml-alloc's best fit (ggml_dyn_tallocr_alloc, ggml-alloc.c b11312) puts it there, and only the up and
         # the SwiGLU product stack; the down projection's output lands in that hole or in the up's once they are
