@@ -1056,23 +1056,33 @@ def host_experts_split_compute(
     gathers = gathers_in_last_block(spec) and reserve_outputs(lay) < lay.n_ubatch
     first = layers[0]
     inflow = first > 0 and on_host(first - 1)
-    if layers == (last,):  # the last block alone: its own rule, and at least the boundary's after host experts
-        own = cpu_experts_boundary_bytes(part.spec, lay, own_experts=True, last_block=True) if inflow else 0
-        return max(unpipelined_split_compute(spec, lay, part), own) if inflow else None
-    # the blocks that run their experts on the device at the whole batch (not a last block that gathers its rows)
-    full_rows = [il for il in layers if not (il == last and gathers)]
     s = graph_sizes(part.spec, lay)  # the masks of the attention it holds (a sliding-window block: that mask only)
     ff, eu = expert_activation_bytes(spec, lay.n_ubatch)
     masks = _device_masks(s, lay)
+    # without flash attention the scores' phase, where the boundary's copies leave half an experts' output beside it
+    # (and 2.5 rows of n_embd fewer than one device keeps there): round 25a, Qwen3-30B-A3B's widths over two and
+    # three rpc-servers, llama-fit-params b11312: 1224 / 4392 / 1140 MiB printed at 4k / 16k / -ub 1024 -np 2, where
+    # 1200 / 4368 / 1128 had been planned (under); the device without the boundary 1160 / 4328 / 1108
+    scores = pad(masks + s.attn_bytes - 5 * s.embd_bytes // 2 + eu // 2, ALIGNMENT["cuda"])
+    scores = scores if inflow and not lay.flash_attn else 0
+    if layers == (last,):  # the last block alone: its own rule, and at least the boundary's after host experts
+        own = cpu_experts_boundary_bytes(part.spec, lay, own_experts=True, last_block=True) if inflow else 0
+        return max(unpipelined_split_compute(spec, lay, part), own, scores) if inflow else None
+    # the blocks that run their experts on the device at the whole batch (not a last block that gathers its rows)
+    full_rows = [il for il in layers if not (il == last and gathers)]
     if any(not on_host(il) for il in full_rows):
         own = unpipelined_split_compute(spec, lay, part)
         if inflow:
-            own = max(own, pad(masks + 2 * s.embd_bytes + 3 * ff + eu + eu // 2, ALIGNMENT["cuda"]))
+            own = max(
+                own,
+                pad(masks + 2 * s.embd_bytes + 3 * ff + eu + eu // 2, ALIGNMENT["cuda"]),
+                scores,
+            )
         return own
     own = unpipelined_split_compute(without_routed_ffn(spec), lay, replace(part, spec=without_routed_ffn(part.spec)))
     if inflow:  # one block's output copied in beside two rows; from the second block on, two outputs
         peak = masks + (2 * s.embd_bytes + eu if len(layers) == 1 else s.embd_bytes + 2 * eu)
-        own = max(own, pad(peak, ALIGNMENT["cuda"]))
+        own = max(own, pad(peak, ALIGNMENT["cuda"]), scores)
     return own
 
 
