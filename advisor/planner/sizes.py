@@ -115,6 +115,19 @@ def graph_sizes(spec: ModelSpec, lay: ContextLayout) -> GraphSizes:
             # above the hole of one of its rows the previous layer leaves (measured, llama-fit-params b11312:
             # Qwen2-57B-A14B's shape 37.3 MiB under at n_ubatch 512 before, Qwen1.5-MoE-A2.7B's 12.3)
             attn += f32 * ub * spec.n_ff_shexp + embd // 2
+        if not lay.flash_attn and spec.n_ff_shexp and not spec.is_mla and spec.architecture != "deepseek2":
+            # the scores land on top of the previous block's output: the routed experts' output, where the shared
+            # expert's sum and the residual's add run in place (_moe_out_top), above the inputs the device copies.
+            # Measured (llama-fit-params b11312, one RPC device, 4k cells, -ub 2048): glm4moe of n_embd 2048, 32
+            # heads, 8 of 16 experts of 1408 printed 1248.00 MiB (1200 planned before, 1248.47 now); qwen2moe of
+            # n_embd 2048 with 8 used experts 752.34 (640 before, 752.47 now). Without a shared expert the normed
+            # input is freed after the gate's and up's matmuls and the output takes its place: the rule does not
+            # apply (Qwen3-30B-A3B's, gpt-oss-20b's and Mixtral-8x7B's shapes: 1-3 % over as they are)
+            top, hole = _moe_out_top(spec, ub, embd)
+            # the next block's Q goes in the hole the down projection's output leaves below it, and Q's normed
+            # copy (Q/K norms: alive beside Q) too where both fit; what does not fit stacks on the output
+            stacked = 0 if 2 * q <= hole else q if q <= hole else 2 * q
+            attn = max(attn, top + stacked + _small_inputs(spec, lay) + scores)
     mla_out = 0
     if spec.is_mla and lay.flash_attn and (full or swa):
         # src/models/deepseek2.cpp (b11312), the absorbed MLA attention: Q before its split ([qk_nope + qk_rope]
@@ -153,7 +166,10 @@ def graph_sizes(spec: ModelSpec, lay: ContextLayout) -> GraphSizes:
         else:
             phases.append(3 * embd + ff * rows + mla_out)
     if spec.n_expert:
-        phases.append(_moe_phase(spec, ub, embd, q))
+        # without flash attention the device's copy of the V cache's row indices ([n_embd_v_gqa, n_ubatch] i64)
+        # lies below the experts' tensors (measured: qwen2moe of n_embd 1024, 8 of 16 experts of 2048, 4k cells,
+        # -ub 2048: 448.34 MiB printed, 440.31 planned before, 456.34 now: _moe_phase's row of max(E, Q) is free)
+        phases.append(_moe_phase(spec, ub, embd, q) + (0 if lay.flash_attn else _small_inputs(spec, lay)))
     if spec.ssm is not None:
         phases.append(_mixer_phase(spec, spec.ssm, ub, embd, lay.n_seq_max))
     # parallel blocks (command-r, cohere2) keep the attention's output alive through the feed-forward
@@ -456,6 +472,28 @@ def _moe_phase(spec: ModelSpec, ub: int, embd: int, q: int) -> int:
     sh = f32 * ub * spec.n_ff_shexp
     shared = 3 * embd + 3 * sh + min((embd + sh) // 2, 3 * embd + ff) if sh else 0
     return max(routed, shared) + router
+
+
+def _moe_out_top(spec: ModelSpec, ub: int, embd: int) -> tuple[int, int]:
+    """How high above the masks a MoE block's output ends: the tensor the next block's KQ scores are placed above
+    without flash attention (llama-graph.cpp build_attn_mha b11312: [n_kv, n_tokens, n_head] f32, larger than
+    any hole, so ggml-alloc's best fit (ggml_dyn_tallocr_alloc, ggml-alloc.c) puts it after the highest tensor
+    alive; Q, K and V sit in holes below it). That tensor is build_moe_ffn's output (src/llama-graph.cpp b11312:
+    the first ggml_add of the experts' views, allocated while the down projection's output is alive; the later
+    adds, the shared expert's sum (glm4-moe.cpp, qwen2moe.cpp: ggml_add(routed_out, shared_out)) and the
+    residual's add (l_out) run in place of it). Below the experts' tensors: the residual, the normed input and
+    the router's tensors. The down projection's output (Eu) takes the freed gate's and up's place (2F) where it
+    fits and the output lands on top of it; else it stacks on the three F and the output takes the 2F hole
+    where it fits, else it stacks too. Returns that height and the hole just below the output."""
+    ff, eu = expert_activation_bytes(spec, ub)
+    # the router's logits (the probabilities in place), the selection's biased copy and argsort's ids, [n_expert,
+    # n_tokens] each, alive when the first expert matmul is placed above them, and the weights of the used ones
+    router = 4 * ub * (3 * spec.n_expert + spec.n_expert_used)
+    if eu <= 2 * ff:
+        return 2 * embd + router + eu + embd, eu
+    if embd <= 2 * ff:  # at the foot of the freed experts' tensors: nothing free below it
+        return 2 * embd + router + embd, 0
+    return 2 * embd + router + 3 * ff + eu + embd, eu
 
 
 def _small_inputs(spec: ModelSpec, lay: ContextLayout) -> int:
