@@ -24,6 +24,11 @@ shapes, an 8,000-token vocabulary so that the layers make the peak); MiB printed
     qwen2moe n_embd 1024, 8 of 16 experts of 2048            4k -ub 2048   448.34 /  440.31 /  456.34
                                                              32k -ub 512   602.09 /  588.00 /  602.12
 
+The last block, with or without flash attention: once its attention has run the masks are freed, and where the
+hole they leave holds one expert tensor but not two, the gate goes there and the down projection's output stacks
+(kvadvise.planner.sizes._last_moe_block): glm4moe of n_embd 4096, 96 heads, 8 of 16 experts of 2048, flash
+attention, q8_0 cache, 64k cells, -ub 2048: 832.12 printed, 800.31 planned before, 832.44 now.
+
 The real models' shapes (Qwen3-30B-A3B, Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B, GLM-4.5-Air, gpt-oss-20b,
 Mixtral-8x7B; 4k-32k cells, -ub 512 and 2048) were over before and are unchanged: 0.75-80 MiB over (up to 3.4 %).
 """
@@ -37,6 +42,7 @@ import pytest
 from tinymodels import write_tiny_gguf
 
 from kvadvise.model.architecture import from_gguf
+from kvadvise.model.ggml import GGMLType
 from kvadvise.model.gguf import read_file
 from kvadvise.model.spec import ModelSpec
 from kvadvise.planner.memory import RunConfig, device_compute_bytes, resolve
@@ -113,3 +119,12 @@ def test_no_fa_moe_device_compute_against_llama_fit_params(
     printed = _device_mib(fit_params, model, args, rpc_endpoint)
     planned = _planned_mib(spec, 4096, 2048)
     assert printed <= planned <= printed + 1, (planned, printed)
+
+
+def test_last_block_gate_in_the_masks_hole(tmp_path: Path) -> None:
+    dims = {**_GLM, "n_embd": 4096, "n_head": 96, "n_ff": 10944, "n_ff_exp": 2048}
+    spec = from_gguf(read_file(write_tiny_gguf(tmp_path / "glm.gguf", "glm4moe", n_vocab=8000, n_ctx_train=131072,
+                                               dims=dims, sparse=True)))  # fmt: skip
+    lay = resolve(spec, RunConfig(n_ctx=65536, n_ubatch=2048, n_batch=2048, flash_attn="on", type_k=GGMLType.Q8_0,
+                                  type_v=GGMLType.Q8_0, device="rpc", runtime="library"))  # fmt: skip
+    assert 832.12 <= device_compute_bytes(spec, lay) / MIB <= 833

@@ -50,6 +50,9 @@ class GraphSizes:
     # before the first full-attention layer (gpt-oss's layer 0, Gemma 3's 0-4): the SWA mask, cast, and the
     # full-attention mask's f32 input, cast to f16 only at the first layer that reads it (0: no such layers)
     lead_swa_masks_bytes: int = 0
+    # a MoE model's last block, where the masks are dead after its attention: its routed experts' live set with the
+    # masks' hole below it, masks included (_last_moe_block; 0: none, or the hole cannot hold an expert tensor)
+    last_block_bytes: int = 0
 
 
 def reserve_tokens(lay: ContextLayout) -> int:
@@ -210,7 +213,29 @@ def graph_sizes(spec: ModelSpec, lay: ContextLayout) -> GraphSizes:
     attn_layers = [il for il, kv in enumerate(spec.kv_layers) if kv]
     if full and swa and lay.flash_attn and attn_layers and spec.swa_layers[attn_layers[0]]:
         lead = ub * (2 * lay.n_ctx_swa + 4 * lay.n_ctx_seq)
-    return GraphSizes(embd, q, logits, cells, scores, attn, mix, layer, ple, layer_inputs, lead)
+    last = _last_moe_block(spec, lay, embd, cells) if spec.n_expert and not spec.is_mla else 0
+    return GraphSizes(embd, q, logits, cells, scores, attn, mix, layer, ple, layer_inputs, lead, last)
+
+
+def _last_moe_block(spec: ModelSpec, lay: ContextLayout, embd: int, cells: int) -> int:
+    """The last block's routed experts once the KQ masks are freed (ggml-alloc frees a tensor after its last
+    consumer, the last attention; ggml/src/ggml-alloc.c b11312): the masks leave a hole at the foot of the buffer,
+    below the residual. Where one expert tensor (F = [n_ff_exp, n_expert_used, n_ubatch] f32) fits it and two do
+    not, best fit (ggml_dyn_tallocr_alloc) puts the gate there and the up and SwiGLU product stack above the
+    residual, so the down projection's output (Eu), wider than the hole, does not find the gate's and up's place
+    together (build_moe_ffn, src/llama-graph.cpp) and stacks too: the masks' hole, the normed input and the
+    residual, 2F and Eu. An upper bound: the normed input may take the hole first, and the gate then stacks. Measured
+    with llama-fit-params b11312 (one RPC device, flash attention, q8_0 cache, 64k cells, -ub 2048): glm4moe of
+    n_embd 4096, 96 heads, 8 of 16 experts of 2048 printed 832.12 MiB, 800.31 planned before (the masks and
+    the other blocks' routed phase)."""
+    ub = lay.n_ubatch
+    masks = cells * ub * (2 if lay.flash_attn else 4)
+    ff, eu = expert_activation_bytes(spec, ub)
+    router = 4 * ub * (2 * spec.n_expert + 8)
+    hole = masks - router  # the router's tensors, placed first, take the foot of it
+    if not ff or not ff <= hole < 2 * ff or eu <= hole:
+        return 0  # no gate there; or the up too, and the down projection in their place; or in the gate's
+    return masks + _small_inputs(spec, lay) + 2 * embd + router + 2 * ff + eu
 
 
 @dataclass(frozen=True, slots=True)
