@@ -29,6 +29,10 @@ hole they leave holds one expert tensor but not two, the gate goes there and the
 (kvadvise.planner.sizes._last_moe_block): glm4moe of n_embd 4096, 96 heads, 8 of 16 experts of 2048, flash
 attention, q8_0 cache, 64k cells, -ub 2048: 832.12 printed, 800.31 planned before, 832.44 now.
 
+With flash attention Q's normed copy stacks on the previous block's output the same way (glm4moe of n_embd 4096,
+96 heads, 4 of 16 experts of 256, 2 shared, -ub 2048: 360.42 printed at 4k cells and 472.42 at 32k, 320.31 and
+432.31 planned before, 360.45 and 472.45 now).
+
 The real models' shapes (Qwen3-30B-A3B, Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B, GLM-4.5-Air, gpt-oss-20b,
 Mixtral-8x7B; 4k-32k cells, -ub 512 and 2048) were over before and are unchanged: 0.75-80 MiB over (up to 3.4 %).
 """
@@ -128,3 +132,14 @@ def test_last_block_gate_in_the_masks_hole(tmp_path: Path) -> None:
     lay = resolve(spec, RunConfig(n_ctx=65536, n_ubatch=2048, n_batch=2048, flash_attn="on", type_k=GGMLType.Q8_0,
                                   type_v=GGMLType.Q8_0, device="rpc", runtime="library"))  # fmt: skip
     assert 832.12 <= device_compute_bytes(spec, lay) / MIB <= 833
+
+
+@pytest.mark.parametrize(("n_ctx", "printed"), [(4096, 360.42), (32768, 472.42)])
+def test_fa_q_stacks_on_the_previous_moe_output(n_ctx: int, printed: float, tmp_path: Path) -> None:
+    dims = {**_GLM, "n_embd": 4096, "n_head": 96, "n_ff": 9216, "n_expert_used": 4, "n_expert_shared": 2,
+            "n_ff_exp": 256}  # fmt: skip
+    spec = from_gguf(read_file(write_tiny_gguf(tmp_path / "glm.gguf", "glm4moe", n_vocab=8000, n_ctx_train=131072,
+                                               dims=dims, sparse=True)))  # fmt: skip
+    lay = resolve(spec, RunConfig(n_ctx=n_ctx, n_ubatch=2048, n_batch=2048, flash_attn="on", device="rpc",
+                                  runtime="library"))  # fmt: skip
+    assert printed <= device_compute_bytes(spec, lay) / MIB <= printed + 1

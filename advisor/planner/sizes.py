@@ -118,12 +118,14 @@ def graph_sizes(spec: ModelSpec, lay: ContextLayout) -> GraphSizes:
             # above the hole of one of its rows the previous layer leaves (measured, llama-fit-params b11312:
             # Qwen2-57B-A14B's shape 37.3 MiB under at n_ubatch 512 before, Qwen1.5-MoE-A2.7B's 12.3)
             attn += f32 * ub * spec.n_ff_shexp + embd // 2
-        if not lay.flash_attn and spec.n_ff_shexp and not spec.is_mla and spec.architecture != "deepseek2":
-            # the scores land on top of the previous block's output: the routed experts' output, where the shared
-            # expert's sum and the residual's add run in place (_moe_out_top), above the inputs the device copies.
-            # Measured (llama-fit-params b11312, one RPC device, 4k cells, -ub 2048): glm4moe of n_embd 2048, 32
-            # heads, 8 of 16 experts of 1408 printed 1248.00 MiB (1200 planned before, 1248.47 now); qwen2moe of
-            # n_embd 2048 with 8 used experts 752.34 (640 before, 752.47 now). Without a shared expert the normed
+        if spec.n_ff_shexp and not spec.is_mla and spec.architecture != "deepseek2":
+            # the scores (or with flash attention Q's normed copy) land on top of the previous block's output: the
+            # routed experts' output, where the shared expert's sum and the residual's add run in place
+            # (_moe_out_top), above the inputs the device copies. Measured (llama-fit-params b11312, one RPC device,
+            # 4k cells, -ub 2048): glm4moe of n_embd 2048, 32 heads, 8 of 16 experts of 1408 printed 1248.00 MiB
+            # without flash attention (1200 planned before, 1248.47 now); qwen2moe of n_embd 2048 with 8 used
+            # experts 752.34 (640 before, 752.47 now); glm4moe of n_embd 4096, 96 heads, 4 of 16 experts of 256
+            # with flash attention 360.42 (320.31 before, 360.45 now). Without a shared expert the normed
             # input is freed after the gate's and up's matmuls and the output takes its place: the rule does not
             # apply (Qwen3-30B-A3B's, gpt-oss-20b's and Mixtral-8x7B's shapes: 1-3 % over as they are)
             top, hole = _moe_out_top(spec, ub, embd)
