@@ -60,12 +60,16 @@ _QWEN2MOE = dict(n_layer=6, n_embd=2048, n_head=16, n_head_kv=16, n_expert=16, n
                  n_ff_shexp=5632)  # fmt: skip
 SHAPES: dict[str, tuple[str, dict[str, int]]] = {
     "glm4moe-2048": ("glm4moe", _GLM),
-    "glm4moe-1024": ("glm4moe", {**_GLM, "n_embd": 1024, "n_ff": 3072, "n_expert_used": 6, "n_expert_shared": 2,
-                                 "n_ff_exp": 512}),  # fmt: skip
+    "glm4moe-1024": (
+        "glm4moe",
+        {**_GLM, "n_embd": 1024, "n_ff": 3072, "n_expert_used": 6, "n_expert_shared": 2, "n_ff_exp": 512},
+    ),
     "qwen2moe-u8": ("qwen2moe", _QWEN2MOE),
     "qwen2moe-sh2816": ("qwen2moe", {**_QWEN2MOE, "n_expert_used": 4, "n_ff_shexp": 2816}),
-    "qwen2moe-1024": ("qwen2moe", {**_QWEN2MOE, "n_layer": 4, "n_embd": 1024, "n_head": 8, "n_head_kv": 8,
-                                   "n_ff_exp": 2048, "n_ff_shexp": 4096}),  # fmt: skip
+    "qwen2moe-1024": (
+        "qwen2moe",
+        {**_QWEN2MOE, "n_layer": 4, "n_embd": 1024, "n_head": 8, "n_head_kv": 8, "n_ff_exp": 2048, "n_ff_shexp": 4096},
+    ),
 }
 # (shape, n_ctx, n_ubatch, MiB llama-fit-params b11312 printed)
 MEASURED = (
