@@ -505,7 +505,7 @@ def _moe_out_top(spec: ModelSpec, ub: int, embd: int) -> tuple[int, int]:
     """How high above the masks a MoE block's output ends: the tensor the next block's KQ scores are placed above
     without flash attention (llama-graph.cpp build_attn_mha b11312: [n_kv, n_tokens, n_head] f32, larger than
     any hole, so ggml-alloc's best fit (ggml_dyn_tallocr_alloc, ggml-alloc.c) puts it after the highest tensor
-    alive; Q, K and V sit in holes below it). That tensor is build_moe_ffn's output (src/llama-graph.cpp b11312:
+    alive; Q, K and V sit in holes below it), and with flash attention Q's normed copy where no hole holds it. That tensor is build_moe_ffn's output (src/llama-graph.cpp b11312:
     the first ggml_add of the experts' views, allocated while the down projection's output is alive; the later
     adds, the shared expert's sum (glm4-moe.cpp, qwen2moe.cpp: ggml_add(routed_out, shared_out)) and the
     residual's add (l_out) run in place of it). Below the experts' tensors: the residual, the normed input and
