@@ -126,8 +126,6 @@ DRY_CONFIGS = (
 )
 # Where kvadvise's rule is known to miss by more than the tolerance, said and held (strict xfail)
 DRY_MISSES = {
-    ("glm4moe", 0): "GLM-4.5-Air's MoE shape: 22 MiB (12 %) over; the shared expert's and the routed experts' "
-    "activations reuse more of ggml-alloc's holes than kvadvise's rule for the down projection assumes",
     ("granitehybrid", 3): "Granite-4.0-H-Tiny's shape with its 100,352-token vocabulary, the whole batch's logits "
     "(the library) and flash attention: 227.01 MiB reserved, 202.00 planned (-25, 11 %): the logits land 31 MiB "
     "above the bottom of the buffer, behind what the last Mamba-2 layer leaves alive, where kvadvise plans two rows "

@@ -690,7 +690,7 @@ def _layer_peak(s: GraphSizes, lay: ContextLayout) -> int:
     ub = lay.n_ubatch
     f32_mask = f32_fa_mask(lay)
     masks = _device_masks(s, lay)
-    peak = masks + s.layer_bytes
+    peak = max(masks + s.layer_bytes, s.last_block_bytes)
     if f32_mask and s.attn_bytes:
         peak = max(peak, masks + s.mask_cells * ub * 4 + s.attn_bytes)
     if f32_mask and s.lead_swa_masks_bytes:

@@ -50,6 +50,9 @@ class GraphSizes:
     # before the first full-attention layer (gpt-oss's layer 0, Gemma 3's 0-4): the SWA mask, cast, and the
     # full-attention mask's f32 input, cast to f16 only at the first layer that reads it (0: no such layers)
     lead_swa_masks_bytes: int = 0
+    # a MoE model's last block, where the masks are dead after its attention: its routed experts' live set with the
+    # masks' hole below it, masks included (_last_moe_block; 0: none, or the hole cannot hold an expert tensor)
+    last_block_bytes: int = 0
 
 
 def reserve_tokens(lay: ContextLayout) -> int:
@@ -115,6 +118,21 @@ def graph_sizes(spec: ModelSpec, lay: ContextLayout) -> GraphSizes:
             # above the hole of one of its rows the previous layer leaves (measured, llama-fit-params b11312:
             # Qwen2-57B-A14B's shape 37.3 MiB under at n_ubatch 512 before, Qwen1.5-MoE-A2.7B's 12.3)
             attn += f32 * ub * spec.n_ff_shexp + embd // 2
+        if spec.n_ff_shexp and not spec.is_mla and spec.architecture != "deepseek2":
+            # the scores (or with flash attention Q's normed copy) land on top of the previous block's output: the
+            # routed experts' output, where the shared expert's sum and the residual's add run in place
+            # (_moe_out_top), above the inputs the device copies. Measured (llama-fit-params b11312, one RPC device,
+            # 4k cells, -ub 2048): glm4moe of n_embd 2048, 32 heads, 8 of 16 experts of 1408 printed 1248.00 MiB
+            # without flash attention (1200 planned before, 1248.47 now); qwen2moe of n_embd 2048 with 8 used
+            # experts 752.34 (640 before, 752.47 now); glm4moe of n_embd 4096, 96 heads, 4 of 16 experts of 256
+            # with flash attention 360.42 (320.31 before, 360.45 now). Without a shared expert the normed
+            # input is freed after the gate's and up's matmuls and the output takes its place: the rule does not
+            # apply (Qwen3-30B-A3B's, gpt-oss-20b's and Mixtral-8x7B's shapes: 1-3 % over as they are)
+            top, hole = _moe_out_top(spec, ub, embd)
+            # the next block's Q goes in the hole the down projection's output leaves below it, and Q's normed
+            # copy (Q/K norms: alive beside Q) too where both fit; what does not fit stacks on the output
+            stacked = 0 if 2 * q <= hole else q if q <= hole else 2 * q
+            attn = max(attn, top + stacked + _small_inputs(spec, lay) + scores)
     mla_out = 0
     if spec.is_mla and lay.flash_attn and (full or swa):
         # src/models/deepseek2.cpp (b11312), the absorbed MLA attention: Q before its split ([qk_nope + qk_rope]
@@ -154,7 +172,10 @@ def graph_sizes(spec: ModelSpec, lay: ContextLayout) -> GraphSizes:
         else:
             phases.append(3 * embd + ff * rows + mla_out)
     if spec.n_expert:
-        phases.append(_moe_phase(spec, ub, embd, q))
+        # without flash attention the device's copy of the V cache's row indices ([n_embd_v_gqa, n_ubatch] i64)
+        # lies below the experts' tensors (measured: qwen2moe of n_embd 1024, 8 of 16 experts of 2048, 4k cells,
+        # -ub 2048: 448.34 MiB printed, 440.31 planned before, 456.34 now: _moe_phase's row of max(E, Q) is free)
+        phases.append(_moe_phase(spec, ub, embd, q) + (0 if lay.flash_attn else _small_inputs(spec, lay)))
     if spec.ssm is not None:
         phases.append(_mixer_phase(spec, spec.ssm, ub, embd, lay.n_seq_max))
     # parallel blocks (command-r, cohere2) keep the attention's output alive through the feed-forward
@@ -214,7 +235,29 @@ def graph_sizes(spec: ModelSpec, lay: ContextLayout) -> GraphSizes:
     attn_layers = [il for il, kv in enumerate(spec.kv_layers) if kv]
     if full and swa and lay.flash_attn and attn_layers and spec.swa_layers[attn_layers[0]]:
         lead = ub * (2 * lay.n_ctx_swa + 4 * lay.n_ctx_seq)
-    return GraphSizes(embd, q, logits, cells, scores, attn, mix, layer, ple, layer_inputs, lead)
+    last = _last_moe_block(spec, lay, embd, cells) if spec.n_expert and not spec.is_mla else 0
+    return GraphSizes(embd, q, logits, cells, scores, attn, mix, layer, ple, layer_inputs, lead, last)
+
+
+def _last_moe_block(spec: ModelSpec, lay: ContextLayout, embd: int, cells: int) -> int:
+    """The last block's routed experts once the KQ masks are freed (ggml-alloc frees a tensor after its last
+    consumer, the last attention; ggml/src/ggml-alloc.c b11312): the masks leave a hole at the foot of the buffer,
+    below the residual. Where one expert tensor (F = [n_ff_exp, n_expert_used, n_ubatch] f32) fits it and two do
+    not, best fit (ggml_dyn_tallocr_alloc) puts the gate there and the up and SwiGLU product stack above the
+    residual, so the down projection's output (Eu), wider than the hole, does not find the gate's and up's place
+    together (build_moe_ffn, src/llama-graph.cpp) and stacks too: the masks' hole, the normed input and the
+    residual, 2F and Eu. An upper bound: the normed input may take the hole first, and the gate then stacks. Measured
+    with llama-fit-params b11312 (one RPC device, flash attention, q8_0 cache, 64k cells, -ub 2048): glm4moe of
+    n_embd 4096, 96 heads, 8 of 16 experts of 2048 printed 832.12 MiB, 800.31 planned before (the masks and
+    the other blocks' routed phase)."""
+    ub = lay.n_ubatch
+    masks = cells * ub * (2 if lay.flash_attn else 4)
+    ff, eu = expert_activation_bytes(spec, ub)
+    router = 4 * ub * (2 * spec.n_expert + 8)
+    hole = masks - router  # the router's tensors, placed first, take the foot of it
+    if not ff or not ff <= hole < 2 * ff or eu <= hole:
+        return 0  # no gate there; or the up too, and the down projection in their place; or in the gate's
+    return masks + _small_inputs(spec, lay) + 2 * embd + router + 2 * ff + eu
 
 
 @dataclass(frozen=True, slots=True)
@@ -602,6 +645,28 @@ def _moe_phase(spec: ModelSpec, ub: int, embd: int, q: int) -> int:
     sh = f32 * ub * spec.n_ff_shexp
     shared = 3 * embd + 3 * sh + min((embd + sh) // 2, 3 * embd + ff) if sh else 0
     return max(routed, shared) + router
+
+
+def _moe_out_top(spec: ModelSpec, ub: int, embd: int) -> tuple[int, int]:
+    """How high above the masks a MoE block's output ends: the tensor the next block's KQ scores are placed above
+    without flash attention (llama-graph.cpp build_attn_mha b11312: [n_kv, n_tokens, n_head] f32, larger than
+    any hole, so ggml-alloc's best fit (ggml_dyn_tallocr_alloc, ggml-alloc.c) puts it after the highest tensor
+    alive; Q, K and V sit in holes below it), and with flash attention Q's normed copy where no hole holds it. That tensor is build_moe_ffn's output (src/llama-graph.cpp b11312:
+    the first ggml_add of the experts' views, allocated while the down projection's output is alive; the later
+    adds, the shared expert's sum (glm4-moe.cpp, qwen2moe.cpp: ggml_add(routed_out, shared_out)) and the
+    residual's add (l_out) run in place of it). Below the experts' tensors: the residual, the normed input and
+    the router's tensors. The down projection's output (Eu) takes the freed gate's and up's place (2F) where it
+    fits and the output lands on top of it; else it stacks on the three F and the output takes the 2F hole
+    where it fits, else it stacks too. Returns that height and the hole just below the output."""
+    ff, eu = expert_activation_bytes(spec, ub)
+    # the router's logits (the probabilities in place), the selection's biased copy and argsort's ids, [n_expert,
+    # n_tokens] each, alive when the first expert matmul is placed above them, and the weights of the used ones
+    router = 4 * ub * (3 * spec.n_expert + spec.n_expert_used)
+    if eu <= 2 * ff:
+        return 2 * embd + router + eu + embd, eu
+    if embd <= 2 * ff:  # at the foot of the freed experts' tensors: nothing free below it
+        return 2 * embd + router + embd, 0
+    return 2 * embd + router + 3 * ff + eu + embd, eu
 
 
 def _small_inputs(spec: ModelSpec, lay: ContextLayout) -> int:
