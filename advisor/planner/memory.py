@@ -930,6 +930,38 @@ def biased_experts_grow(spec: ModelSpec) -> bool:
 _EXPERT_BIAS_GROWTH = frozenset({"gpt-oss"})
 
 
+# shared-expert MoEs measured without flash attention with routed experts in host memory (round 25a): DeepSeek-V2-Lite's
+# widths (MLA) and Qwen3-Next's (a hybrid); :func:`shared_experts_scores_bytes`
+_SHARED_SCORES_HOLE = frozenset({"deepseek2", "qwen3next"})
+
+
+def shared_experts_scores_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
+    """Without flash attention, the compute buffer of a device whose blocks run a shared expert after routed experts in
+    host memory (an RPC device: their matmuls in CPU splits): 0 where flash attention is on, or the model has no shared
+    expert or is not one of those measured.
+
+    ggml_backend_sched_split_graph (ggml/src/ggml-backend.cpp b11312) starts the device's split after such a block
+    with the copy of the down projection's output ([n_embd, n_expert_used, n_ubatch] f32, build_moe_ffn in
+    src/llama-graph.cpp), which the weighting reads and ggml-alloc then frees (ggml_gallocr_free_node): the next
+    attention's [n_kv, n_ubatch, n_head] scores (build_attn_mha without flash attention) do not fit that hole, so
+    they are placed above it, beside the masks, Q and two rows of n_embd: the masks, one experts' output, the scores,
+    Q, two rows and the shared expert's [n_ff_shexp, n_ubatch] (see below). llama-fit-params b11312 over one and two
+    loopback rpc-servers, -fa off, 4k cells, printed / planned (MiB):
+    DeepSeek-V2-Lite's shape at n_embd 4096, --n-cpu-moe 6: 848.02 / 864 printed, 894 (792.04 the full offload's,
+    776.04 planned before); -ub 1024 --n-cpu-moe 3: 424, 447; DeepSeek-V2-Lite's own widths: 761 / 761, 766;
+    Qwen3-Next's widths --n-cpu-moe 8: 760.10 / 768, 772; -ub 1024 --n-cpu-moe 3: 380, 386. Without the shared
+    expert's term the figures are 872 / 436 / 744 / 768 / 384: exact on Qwen3-Next's second device, 17 MiB under on
+    DeepSeek-V2-Lite's own widths, whose peak is not this sum (not settled: no replay of these copies yet)."""
+    if lay.flash_attn or not spec.n_expert or not spec.n_ff_shexp or spec.architecture not in _SHARED_SCORES_HOLE:
+        return 0
+    s = graph_sizes(spec, lay)
+    eu = expert_activation_bytes(spec, lay.n_ubatch)[1]
+    # the shared expert's [n_ff_shexp, n_ubatch] f32 on top: DeepSeek-V2-Lite's own widths need it (761 printed, 744
+    # without it); not settled which tensor it stands for (an upper bound: 894 vs 864 at n_embd 4096)
+    shexp = 4 * lay.n_ubatch * spec.n_ff_shexp
+    return pad(_device_masks(s, lay) + eu + s.scores_bytes + s.q_bytes + 2 * s.embd_bytes + shexp, ALIGNMENT["cuda"])
+
+
 def host_experts_device_growth(spec: ModelSpec, lay: ContextLayout, *, device_experts: bool = True) -> int:
     """How much a device's compute buffer grows when some of its layers' routed experts sit in a host buffer
     and the device does not op-offload their matmuls (an RPC device; ggml-rpc has no offload_op).
@@ -966,14 +998,16 @@ def host_experts_device_growth(spec: ModelSpec, lay: ContextLayout, *, device_ex
         # Mixtral (a llama-architecture MoE): one row of n_embd on the blocks after a host-experts block (round 23a,
         # llama-fit-params b11312: Mixtral-8x7B's widths 864.04 MiB at --n-cpu-moe 1, -ub 2048, 832.05 full)
         return pad(graph_sizes(spec, lay).embd_bytes, ALIGNMENT["cuda"]) if device_experts else 0
+    # without flash attention: the scores above the hole of the experts' output (shared_experts_scores_bytes)
+    scores = max(0, shared_experts_scores_bytes(spec, lay) - device_compute_bytes(spec, lay))
     if not spec.n_expert or not spec.n_ff_shexp or spec.architecture in _NO_HOST_EXPERTS_GROWTH:
-        return 0
+        return scores
     s = graph_sizes(spec, lay)
     ub, f32 = lay.n_ubatch, 4
     ff, eu = expert_activation_bytes(spec, ub)
     masks = _device_masks(s, lay)
     peak = masks + 2 * s.embd_bytes + 3 * ff + eu + eu // 2 + 2 * f32 * ub * spec.n_ff_shexp + f32 * ub * spec.n_expert
-    return max(0, pad(peak, ALIGNMENT["cuda"]) - device_compute_bytes(spec, lay))
+    return max(scores, pad(peak, ALIGNMENT["cuda"]) - device_compute_bytes(spec, lay))
 
 
 def cpu_experts_boundary_bytes(
@@ -1051,8 +1085,17 @@ def host_experts_split_compute(
       offload's."""
     layers = tuple(il for il in part.layers if il < spec.n_layer)
     last = spec.n_layer - 1
-    if not spec.n_expert or spec.n_ff_shexp or not layers:
+    if not spec.n_expert or not layers:
         return None
+    if spec.n_ff_shexp:
+        # a shared expert: only a device after host experts that runs none of its own, without flash attention (round
+        # 25a: DeepSeek-V2-Lite's shape at n_embd 4096 and Qwen3-Next's, the second of two rpc-servers at --n-cpu-moe
+        # 6 / 8: 864 / 768 printed, 776.04 / 728.07 planned before; one that runs its own grew by nothing: 388 / 340)
+        hole = shared_experts_scores_bytes(spec, lay)
+        inflow = layers[0] > 0 and on_host(layers[0] - 1)
+        if not hole or not inflow or not all(on_host(il) for il in layers):
+            return None
+        return max(unpipelined_split_compute(spec, lay, part), hole)
     gathers = gathers_in_last_block(spec) and reserve_outputs(lay) < lay.n_ubatch
     first = layers[0]
     inflow = first > 0 and on_host(first - 1)
