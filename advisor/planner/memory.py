@@ -51,6 +51,8 @@ from kvadvise.planner.sizes import (
     ids_bytes,
     k_idxs_bytes,
     mask_inputs,
+    mla_host_experts_growth,
+    mla_split_bytes,
     reserve_outputs,
     reserve_tokens,
     v_idxs_bytes,
@@ -930,9 +932,10 @@ def biased_experts_grow(spec: ModelSpec) -> bool:
 _EXPERT_BIAS_GROWTH = frozenset({"gpt-oss"})
 
 
-# shared-expert MoEs measured without flash attention with routed experts in host memory (round 25a): DeepSeek-V2-Lite's
-# widths (MLA) and Qwen3-Next's (a hybrid); :func:`shared_experts_scores_bytes`
-_SHARED_SCORES_HOLE = frozenset({"deepseek2", "qwen3next"})
+# the hybrids with a gated shared expert measured without flash attention with routed experts in host memory (round 25a:
+# Qwen3-Next's widths): :func:`shared_experts_scores_bytes`; deepseek2's MLA blocks are replayed
+# (sizes.mla_host_experts_growth)
+_SHARED_SCORES_HOLE = frozenset({"qwen3next"})
 
 
 def shared_experts_scores_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
@@ -942,24 +945,30 @@ def shared_experts_scores_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
 
     ggml_backend_sched_split_graph (ggml/src/ggml-backend.cpp b11312) starts the device's split after such a block
     with the copy of the down projection's output ([n_embd, n_expert_used, n_ubatch] f32, build_moe_ffn in
-    src/llama-graph.cpp), which the weighting reads and ggml-alloc then frees (ggml_gallocr_free_node): the next
-    attention's [n_kv, n_ubatch, n_head] scores (build_attn_mha without flash attention) do not fit that hole, so
-    they are placed above it, beside the masks, Q and two rows of n_embd: the masks, one experts' output, the scores,
-    Q, two rows and the shared expert's [n_ff_shexp, n_ubatch] (see below). llama-fit-params b11312 over one and two
-    loopback rpc-servers, -fa off, 4k cells, printed / planned (MiB):
-    DeepSeek-V2-Lite's shape at n_embd 4096, --n-cpu-moe 6: 848.02 / 864 printed, 894 (792.04 the full offload's,
-    776.04 planned before); -ub 1024 --n-cpu-moe 3: 424, 447; DeepSeek-V2-Lite's own widths: 761 / 761, 766;
-    Qwen3-Next's widths --n-cpu-moe 8: 760.10 / 768, 772; -ub 1024 --n-cpu-moe 3: 380, 386. Without the shared
-    expert's term the figures are 872 / 436 / 744 / 768 / 384: exact on Qwen3-Next's second device, 17 MiB under on
-    DeepSeek-V2-Lite's own widths, whose peak is not this sum (not settled: no replay of these copies yet)."""
+    src/llama-graph.cpp), which the weighting takes in place and ggml-alloc frees once the views' adds have read it
+    (ggml_gallocr_free_node): the next attention's [n_kv, n_ubatch, n_head] scores (build_attn_mha without flash
+    attention) do not fit that hole, so they are placed above it, beside Q and two rows of n_embd: the masks, one
+    experts' output, the scores, Q and two rows. llama-fit-params b11312 over one and two loopback rpc-servers,
+    -fa off, 4k cells, Qwen3-Next's widths: --n-cpu-moe 8 760.10 (one device) and 760 / 768 (two) MiB printed, 768
+    planned (688 the full offload's, 700 / 728.07 planned before); -ub 1024 --n-cpu-moe 3: 380 printed, 384 planned.
+    The same sum holds for the MLA replay's figures (DeepSeek-V2-Lite's shape at n_embd 4096: 872 where 848 / 864
+    print) but not for every shape (DeepSeek-V2-Lite's own: 744 where 761 prints), hence the replay there."""
     if lay.flash_attn or not spec.n_expert or not spec.n_ff_shexp or spec.architecture not in _SHARED_SCORES_HOLE:
         return 0
     s = graph_sizes(spec, lay)
     eu = expert_activation_bytes(spec, lay.n_ubatch)[1]
-    # the shared expert's [n_ff_shexp, n_ubatch] f32 on top: DeepSeek-V2-Lite's own widths need it (761 printed, 744
-    # without it); not settled which tensor it stands for (an upper bound: 894 vs 864 at n_embd 4096)
-    shexp = 4 * lay.n_ubatch * spec.n_ff_shexp
-    return pad(_device_masks(s, lay) + eu + s.scores_bytes + s.q_bytes + 2 * s.embd_bytes + shexp, ALIGNMENT["cuda"])
+    return pad(_device_masks(s, lay) + eu + s.scores_bytes + s.q_bytes + 2 * s.embd_bytes, ALIGNMENT["cuda"])
+
+
+def _shared_scores_growth(spec: ModelSpec, lay: ContextLayout) -> int:
+    """Without flash attention, what a shared-expert model's device grows by with routed experts in host memory: the
+    MLA replay's (sizes.mla_host_experts_growth) for deepseek2, :func:`shared_experts_scores_bytes` above the full
+    offload's for the others measured, else 0."""
+    if lay.flash_attn or not spec.n_ff_shexp:
+        return 0
+    if spec.architecture == "deepseek2" and lay.device == "rpc":
+        return mla_host_experts_growth(spec, lay) or 0
+    return max(0, shared_experts_scores_bytes(spec, lay) - device_compute_bytes(spec, lay))
 
 
 def host_experts_device_growth(spec: ModelSpec, lay: ContextLayout, *, device_experts: bool = True) -> int:
@@ -999,7 +1008,7 @@ def host_experts_device_growth(spec: ModelSpec, lay: ContextLayout, *, device_ex
         # llama-fit-params b11312: Mixtral-8x7B's widths 864.04 MiB at --n-cpu-moe 1, -ub 2048, 832.05 full)
         return pad(graph_sizes(spec, lay).embd_bytes, ALIGNMENT["cuda"]) if device_experts else 0
     # without flash attention: the scores above the hole of the experts' output (shared_experts_scores_bytes)
-    scores = max(0, shared_experts_scores_bytes(spec, lay) - device_compute_bytes(spec, lay))
+    scores = _shared_scores_growth(spec, lay) if spec.n_expert else 0
     if not spec.n_expert or not spec.n_ff_shexp or spec.architecture in _NO_HOST_EXPERTS_GROWTH:
         return scores
     s = graph_sizes(spec, lay)
@@ -1091,11 +1100,14 @@ def host_experts_split_compute(
         # a shared expert: only a device after host experts that runs none of its own, without flash attention (round
         # 25a: DeepSeek-V2-Lite's shape at n_embd 4096 and Qwen3-Next's, the second of two rpc-servers at --n-cpu-moe
         # 6 / 8: 864 / 768 printed, 776.04 / 728.07 planned before; one that runs its own grew by nothing: 388 / 340)
-        hole = shared_experts_scores_bytes(spec, lay)
         inflow = layers[0] > 0 and on_host(layers[0] - 1)
-        if not hole or not inflow or not all(on_host(il) for il in layers):
+        if lay.flash_attn or not inflow or not all(on_host(il) for il in layers):
             return None
-        return max(unpipelined_split_compute(spec, lay, part), hole)
+        if spec.architecture == "deepseek2":  # the MLA replay with the copies (sizes.mla_host_experts_growth)
+            last = layers[-1] == spec.n_layer - 1
+            return mla_split_bytes(spec, lay, layers, output=last, copies=1, host_experts=True)
+        hole = shared_experts_scores_bytes(spec, lay)
+        return max(unpipelined_split_compute(spec, lay, part), hole) if hole else None
     gathers = gathers_in_last_block(spec) and reserve_outputs(lay) < lay.n_ubatch
     first = layers[0]
     inflow = first > 0 and on_host(first - 1)

@@ -9,6 +9,7 @@ over several is kvadvise.planner.split's. Both read these sizes, so they live be
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from kvadvise.model.ggml import GGMLType, is_quantized, row_bytes
@@ -305,6 +306,10 @@ class _MLAGraph:
     host_rows: int = 0
     to_device: bool = False
     copies: int = 0
+    # per block (as ``dense``), the MoE blocks whose routed experts are in host memory (--n-cpu-moe) on a device that
+    # does not op-offload (ggml-rpc): their gate, up, SwiGLU and down projection run in a CPU split, whose output the
+    # device copies in at its next split (:func:`mla_host_experts_growth`)
+    host_experts: tuple[bool, ...] = ()
 
 
 # half the last digit llama.cpp prints a buffer with ("%8.2f MiB", rounded to nearest), added to an exact replay so
@@ -331,11 +336,12 @@ def _mla_graph(spec: ModelSpec, lay: ContextLayout) -> _MLAGraph | None:
         return None
     if spec.n_expert and len(spec.layer_expert_bytes) < spec.n_layer:
         return None
-    dense = tuple(not spec.n_expert or spec.layer_expert_bytes[il] == 0 for il in range(spec.n_layer))
+    dense, host = _mla_blocks(spec, lay.flash_attn, range(spec.n_layer))
     first_moe = dense.index(False) if False in dense else 0
     rope = spec.n_embd_head_k - spec.n_embd_head_v
     return _MLAGraph(
-        dense=dense[: first_moe + _MLA_STEADY_BLOCKS], n_embd=n_embd, n_head=n_head,
+        dense=dense[: first_moe + _MLA_STEADY_BLOCKS], host_experts=host[: first_moe + _MLA_STEADY_BLOCKS],
+        n_embd=n_embd, n_head=n_head,
         qk_nope=spec.n_embd_head_k_mla - rope, qk_rope=rope, kv_lora=spec.n_embd_head_v,
         v_head=spec.n_embd_head_v_mla, q_lora=q_lora[0] if q_lora else 0, n_ff=spec.n_ff,
         n_expert=spec.n_expert, n_expert_used=spec.n_expert_used, n_ff_exp=spec.n_ff_exp or spec.n_ff,
@@ -343,6 +349,22 @@ def _mla_graph(spec: ModelSpec, lay: ContextLayout) -> _MLAGraph | None:
         n_tokens=reserve_tokens(lay), n_outputs=reserve_outputs(lay), flash_attn=lay.flash_attn,
         v_row_bytes=0 if lay.flash_attn else (4 if lay.type_k == GGMLType.F32 else 2) * lay.n_ctx_seq,
     )  # fmt: skip
+
+
+def _mla_blocks(
+    spec: ModelSpec, flash_attn: bool, layers: Iterable[int]
+) -> tuple[tuple[bool, ...], tuple[bool, ...]]:
+    """Which of ``layers`` are dense, and which run their routed experts from host memory (experts among the block's
+    matmul weights, none of their bytes left on the device: offload.cpu_moe_placement). With flash attention a block
+    whose experts are in host memory is replayed as a dense one, as before round 25a (measured there: no growth)."""
+    have = {w.block for w in spec.matmul_weights if w.experts}
+    dense, host = [], []
+    for il in layers:
+        on_device = bool(spec.n_expert) and spec.layer_expert_bytes[il] > 0
+        moved = bool(spec.n_expert) and not on_device and il in have and not flash_attn
+        dense.append(not on_device and not moved)
+        host.append(moved)
+    return tuple(dense), tuple(host)
 
 
 @functools.lru_cache(maxsize=256)
@@ -390,7 +412,7 @@ def _mla_output_bytes(g: _MLAGraph) -> int:
 
 
 def mla_split_bytes(
-    spec: ModelSpec, lay: ContextLayout, layers: tuple[int, ...], *, output: bool, copies: int
+    spec: ModelSpec, lay: ContextLayout, layers: tuple[int, ...], *, output: bool, copies: int, host_experts: bool = False
 ) -> int | None:
     """The compute buffer of one RPC device of a split that holds the absorbed-MLA blocks ``layers`` (and the output
     layer with ``output``), replayed as for one device (_mla_layers_bytes, _mla_output_bytes) with the split's inputs:
@@ -401,11 +423,33 @@ def mla_split_bytes(
     apply (not an RPC device, no absorbed-MLA graph, blocks that are not one run, the last block without the
     output layer). Measured (llama-fit-params b11312 over two rpc-servers, -ts 1,1 / 1,2 / 2,1, the five shapes of
     tests/test_mla_compute.py with their vocabularies and n_vocab 8000, 4k-16k cells, -ub 512/2048, flash attention
-    on and off): every device as printed, to the 0.01 MiB, with and without pipeline parallelism."""
+    on and off): every device as printed, to the 0.01 MiB, with and without pipeline parallelism. ``host_experts``:
+    the blocks' routed experts in host memory (:func:`mla_host_experts_growth`)."""
     g = _mla_device_graph(spec, lay, layers, output=output, copies=copies)
     if g is None:
         return None
+    if host_experts:
+        g = replace(g, host_experts=tuple(not d for d in g.dense))
     return max(_mla_buffer_bytes(v) for v in _mla_boundaries(spec, g, layers[0])) + _PRINT_HALF_STEP
+
+
+def mla_host_experts_growth(spec: ModelSpec, lay: ContextLayout) -> int | None:
+    """How much one RPC device's absorbed-MLA blocks grow when their routed experts sit in host memory (--n-cpu-moe
+    past every MoE block: the replay's ``host_experts``; not replayed block by block, so a device that also runs some
+    of its own is planned as one that runs none, or as the full offload, whichever is larger), or None where the
+    blocks are not replayed (:func:`_mla_graph`).
+
+    ggml_backend_sched_split_graph (ggml-backend.cpp b11312) runs the experts' matmuls in a CPU split and allocates the
+    copy of their down projection's output ([n_embd, n_expert_used, n_ubatch] f32) at the start of the device's next
+    split; the weighting takes it in place and, once the views' adds have read it, it leaves a hole that the next
+    attention's scores (without flash attention) do not fit. llama-fit-params b11312 over one and two loopback
+    rpc-servers, -fa off, 4k cells, --n-cpu-moe 6 (3: -ub 1024): DeepSeek-V2-Lite's shape at n_embd 4096 848.02 MiB
+    printed at -ub 2048 (the replay 848.03; 792.04 the full offload's), 424 at -ub 1024 (424.02), the second of two
+    devices 864 (864.03); DeepSeek-V2-Lite's own 761 / 761 (761.08, no growth)."""
+    g = _mla_graph(spec, lay) if spec.is_mla else None
+    if g is None:
+        return None
+    return max(0, _mla_buffer_bytes(replace(g, host_experts=tuple(not d for d in g.dense))) - _mla_buffer_bytes(g))
 
 
 def _mla_boundaries(spec: ModelSpec, g: _MLAGraph, first: int) -> tuple[_MLAGraph, ...]:
@@ -414,7 +458,12 @@ def _mla_boundaries(spec: ModelSpec, g: _MLAGraph, first: int) -> tuple[_MLAGrap
     over two rpc-servers, -ngl 4-6: the CPU's boundary 266.01 MiB printed for Kimi-K2's widths, a device's 252.08)."""
     if not g.from_device or g.copies:
         return (g,)
-    moe = bool(spec.n_expert) and spec.layer_expert_bytes[first - 1] > 0
+    # a block whose experts are in host memory is a MoE block too (_mla_blocks: without flash attention; round 25a,
+    # DeepSeek-V2-Lite's shape at n_embd 4096, --n-cpu-moe 6 over two rpc-servers: 864 MiB printed on the second,
+    # the replay after three rows 864.03, after two 776.03)
+    moe = bool(spec.n_expert) and (
+        spec.layer_expert_bytes[first - 1] > 0 or _mla_blocks(spec, g.flash_attn, (first - 1,))[1][0]
+    )
     return g, replace(g, host_rows=2 + (moe and spec.n_ff_shexp > 0))
 
 
@@ -426,10 +475,10 @@ def _mla_device_graph(
     last_block = bool(layers) and layers[-1] == spec.n_layer - 1
     if g is None or not layers or layers != tuple(range(layers[0], layers[-1] + 1)) or output != last_block:
         return None
-    dense = tuple(not spec.n_expert or spec.layer_expert_bytes[il] == 0 for il in layers)
+    dense, host = _mla_blocks(spec, lay.flash_attn, layers)
     lead = dense.index(False) if False in dense else len(dense)
     return replace(
-        g, dense=dense[: lead + _MLA_STEADY_BLOCKS], n_kv=lay.n_ctx_seq, n_vocab=spec.n_vocab if output else 0,
+        g, dense=dense[: lead + _MLA_STEADY_BLOCKS], host_experts=host[: lead + _MLA_STEADY_BLOCKS], n_kv=lay.n_ctx_seq, n_vocab=spec.n_vocab if output else 0,
         last_block=last_block, from_device=layers[0] > 0, to_device=not last_block, copies=copies if copies > 1 else 0,
     )  # fmt: skip
 
@@ -558,10 +607,18 @@ def _mla_build(g: _MLAGraph, *, probe_bytes: int = 0) -> Graph:
             weights = op(f"weights-{il}", "GET_ROWS", 4 * rows * used, probs_3d, top_k)
             cur_3d = view(cur, "RESHAPE")
             ff = 4 * rows * g.n_ff_exp * used
-            gate = op(f"moe_gate-{il}", "MUL_MAT_ID", ff, weight("gate_exps"), cur_3d, top_k)
-            up = op(f"moe_up-{il}", "MUL_MAT_ID", ff, weight("up_exps"), cur_3d, top_k)
-            down = op(f"moe_down-{il}", "MUL_MAT_ID", 4 * rows * n_embd * used, weight("down_exps"),
-                      op(f"moe_swiglu-{il}", "GLU", ff, gate, up), top_k)  # fmt: skip
+            if il < len(g.host_experts) and g.host_experts[il]:
+                # the CPU split copies the normed input and the ids out (input_dep views keep them to its start), then
+                # the device's next split starts with the copy of the down projection's output
+                # (ggml_backend_sched_split_graph, ggml-backend.cpp b11312: "allocated at the start of the split")
+                view(cur_3d, "NONE")
+                view(top_k, "NONE")
+                down = op(f"moe_down-{il}#dev", "NONE", 4 * rows * n_embd * used)
+            else:
+                gate = op(f"moe_gate-{il}", "MUL_MAT_ID", ff, weight("gate_exps"), cur_3d, top_k)
+                up = op(f"moe_up-{il}", "MUL_MAT_ID", ff, weight("up_exps"), cur_3d, top_k)
+                down = op(f"moe_down-{il}", "MUL_MAT_ID", 4 * rows * n_embd * used, weight("down_exps"),
+                          op(f"moe_swiglu-{il}", "GLU", ff, gate, up), top_k)  # fmt: skip
             down = op(f"moe_weighted-{il}", "MUL", ts[down].nbytes, down, weights)
             experts = [view(down) for _ in range(used)]  # "order the views before the adds"
             moe = experts[0]
