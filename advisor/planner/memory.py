@@ -960,18 +960,20 @@ def shared_experts_scores_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     return pad(_device_masks(s, lay) + eu + s.scores_bytes + s.q_bytes + 2 * s.embd_bytes, ALIGNMENT["cuda"])
 
 
-def _shared_scores_growth(spec: ModelSpec, lay: ContextLayout) -> int:
+def _shared_scores_growth(spec: ModelSpec, lay: ContextLayout, base: int | None) -> int:
     """Without flash attention, what a shared-expert model's device grows by with routed experts in host memory: the
-    MLA replay's (sizes.mla_host_experts_growth) for deepseek2, :func:`shared_experts_scores_bytes` above the full
-    offload's for the others measured, else 0."""
+    MLA replay's (sizes.mla_host_experts_growth) for deepseek2, :func:`shared_experts_scores_bytes` above ``base``
+    (the device's figure without the growth; None: the full offload's) for the others measured, else 0."""
     if lay.flash_attn or not spec.n_ff_shexp:
         return 0
     if spec.architecture == "deepseek2" and lay.device == "rpc":
         return mla_host_experts_growth(spec, lay) or 0
-    return max(0, shared_experts_scores_bytes(spec, lay) - device_compute_bytes(spec, lay))
+    return max(0, shared_experts_scores_bytes(spec, lay) - (device_compute_bytes(spec, lay) if base is None else base))
 
 
-def host_experts_device_growth(spec: ModelSpec, lay: ContextLayout, *, device_experts: bool = True) -> int:
+def host_experts_device_growth(
+    spec: ModelSpec, lay: ContextLayout, *, device_experts: bool = True, base: int | None = None
+) -> int:
     """How much a device's compute buffer grows when some of its layers' routed experts sit in a host buffer
     and the device does not op-offload their matmuls (an RPC device; ggml-rpc has no offload_op).
 
@@ -990,7 +992,9 @@ def host_experts_device_growth(spec: ModelSpec, lay: ContextLayout, *, device_ex
     probabilities: within 0.12 MiB above on seven small shapes (n_embd 512-1024, 16-64 experts, 2-4 used,
     n_ff_exp and n_ff_shexp 256-1024, ubatch 512 and 2048, 4k and 16k), 2.5 MiB above on Qwen3.5-35B-A3B's
     shape at ubatch 512, 26 MiB (4.6 %) at 2048; never below. A qwen3moe of the same size (no shared expert)
-    moves by at most 0.5 MiB, inside kvadvise's full-offload figure: no growth is planned for it."""
+    moves by at most 0.5 MiB, inside kvadvise's full-offload figure: no growth is planned for it. Without flash
+    attention a shared-expert model's device holds at least :func:`_shared_scores_growth` above ``base`` (the device's
+    own figure in a split; None: the full offload's)."""
     if spec.n_expert and not spec.n_ff_shexp and spec.architecture in _EXPERT_BIAS_GROWTH:
         # ``device_experts``: some later blocks still run their experts on the device. Where ggml-alloc finds the room
         # depends on the tensors' sizes: experts narrower than n_embd (not gpt-oss's own shapes) grew by nothing with
@@ -1008,7 +1012,7 @@ def host_experts_device_growth(spec: ModelSpec, lay: ContextLayout, *, device_ex
         # llama-fit-params b11312: Mixtral-8x7B's widths 864.04 MiB at --n-cpu-moe 1, -ub 2048, 832.05 full)
         return pad(graph_sizes(spec, lay).embd_bytes, ALIGNMENT["cuda"]) if device_experts else 0
     # without flash attention: the scores above the hole of the experts' output (shared_experts_scores_bytes)
-    scores = _shared_scores_growth(spec, lay) if spec.n_expert else 0
+    scores = _shared_scores_growth(spec, lay, base) if spec.n_expert else 0
     if not spec.n_expert or not spec.n_ff_shexp or spec.architecture in _NO_HOST_EXPERTS_GROWTH:
         return scores
     s = graph_sizes(spec, lay)
@@ -1659,7 +1663,12 @@ def _offloaded(
         if d == 0 and cfg.op_offload_copy_bytes:  # the copy lives in a layer's live set (op_offload_growth)
             compute += op_offload_growth(spec, lay, cfg.op_offload_copy_bytes)
         if d == 0 and cfg.host_experts:
-            compute += host_experts_device_growth(cspec, lay, device_experts=bool(spec.expert_bytes) and not no_ffn)
+            # over several devices the scores' phase is measured against this device's own figure (round 25a:
+            # Qwen3-Next's widths over two rpc-servers, --n-cpu-moe 8: 760 MiB printed, 768 planned, 792 above the
+            # one device's full offload)
+            compute += host_experts_device_growth(
+                cspec, lay, device_experts=bool(spec.expert_bytes) and not no_ffn, base=compute if n_dev > 1 else None
+            )
         weights, n_layers = part.weights_bytes, part.n_layers
         if cfg.output_on_host:
             if part.last:  # output.weight, output_norm (a tied model's copy of token_embd) stay in host memory
