@@ -1080,7 +1080,8 @@ def host_experts_split_compute(
 ) -> int | None:
     """One device's compute buffer in a split over several devices that do not op-offload (ggml-rpc), where the
     blocks for which ``on_host`` is true run their routed experts on the CPU (--n-cpu-moe, or whole blocks left on the
-    CPU); None where this rule is not the one (no routed experts, a shared expert, the last block alone, no block).
+    CPU); None where this rule is not the one (no routed experts, a shared expert but without flash attention on a
+    device after host experts that runs none of its own, the last block alone, no block).
 
     ggml_backend_sched_split_graph (ggml/src/ggml-backend.cpp, b11312) runs those experts' matmuls in CPU splits; the
     ops after the down projection up to the next weight go to the device that holds it ("expand gpu up"), so a device

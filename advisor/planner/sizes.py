@@ -351,9 +351,7 @@ def _mla_graph(spec: ModelSpec, lay: ContextLayout) -> _MLAGraph | None:
     )  # fmt: skip
 
 
-def _mla_blocks(
-    spec: ModelSpec, flash_attn: bool, layers: Iterable[int]
-) -> tuple[tuple[bool, ...], tuple[bool, ...]]:
+def _mla_blocks(spec: ModelSpec, flash_attn: bool, layers: Iterable[int]) -> tuple[tuple[bool, ...], tuple[bool, ...]]:
     """Which of ``layers`` are dense, and which run their routed experts from host memory (experts among the block's
     matmul weights, none of their bytes left on the device: offload.cpu_moe_placement). With flash attention a block
     whose experts are in host memory is replayed as a dense one, as before round 25a (measured there: no growth)."""
@@ -412,7 +410,13 @@ def _mla_output_bytes(g: _MLAGraph) -> int:
 
 
 def mla_split_bytes(
-    spec: ModelSpec, lay: ContextLayout, layers: tuple[int, ...], *, output: bool, copies: int, host_experts: bool = False
+    spec: ModelSpec,
+    lay: ContextLayout,
+    layers: tuple[int, ...],
+    *,
+    output: bool,
+    copies: int,
+    host_experts: bool = False,
 ) -> int | None:
     """The compute buffer of one RPC device of a split that holds the absorbed-MLA blocks ``layers`` (and the output
     layer with ``output``), replayed as for one device (_mla_layers_bytes, _mla_output_bytes) with the split's inputs:
