@@ -1075,6 +1075,15 @@ def without_routed_ffn(spec: ModelSpec) -> ModelSpec:
     return replace(spec, n_ff_exp=1, n_ff=0 if spec.architecture in _ROUTED_ONLY_ARCHS else spec.n_ff)
 
 
+def experts_moved(spec: ModelSpec) -> tuple[bool, ...] | None:
+    """Per block of the trunk, whether its routed experts are in host memory in ``spec`` as offload.cpu_moe_placement
+    leaves it (a moved block holds none of their bytes); None where the blocks' expert bytes are unknown. A block
+    that never had experts (a dense lead block) is not told apart: it reads as moved (the safe side)."""
+    if len(spec.layer_expert_bytes) < spec.n_layer:
+        return None
+    return tuple(not spec.layer_expert_bytes[il] for il in range(spec.n_layer))
+
+
 def host_experts_split_compute(
     spec: ModelSpec, lay: ContextLayout, part: DeviceLayers, on_host: Callable[[int], bool]
 ) -> int | None:
@@ -1101,21 +1110,19 @@ def host_experts_split_compute(
     last = spec.n_layer - 1
     if not spec.n_expert or not layers:
         return None
+    first = layers[0]
+    inflow = first > 0 and on_host(first - 1)  # its first block follows a block whose experts ran on the CPU
     if spec.n_ff_shexp:
         # a shared expert: only a device after host experts that runs none of its own, without flash attention (round
         # 25a: DeepSeek-V2-Lite's shape at n_embd 4096 and Qwen3-Next's, the second of two rpc-servers at --n-cpu-moe
         # 6 / 8: 864 / 768 printed, 776.04 / 728.07 planned before; one that runs its own grew by nothing: 388 / 340)
-        inflow = layers[0] > 0 and on_host(layers[0] - 1)
         if lay.flash_attn or not inflow or not all(on_host(il) for il in layers):
             return None
         if spec.architecture == "deepseek2":  # the MLA replay with the copies (sizes.mla_host_experts_growth)
-            last = layers[-1] == spec.n_layer - 1
-            return mla_split_bytes(spec, lay, layers, output=last, copies=1, host_experts=True)
+            return mla_split_bytes(spec, lay, layers, output=layers[-1] == last, copies=1, host_experts=True)
         hole = shared_experts_scores_bytes(spec, lay)
         return max(unpipelined_split_compute(spec, lay, part), hole) if hole else None
     gathers = gathers_in_last_block(spec) and reserve_outputs(lay) < lay.n_ubatch
-    first = layers[0]
-    inflow = first > 0 and on_host(first - 1)
     s = graph_sizes(part.spec, lay)  # the masks of the attention it holds (a sliding-window block: that mask only)
     ff, eu = expert_activation_bytes(spec, lay.n_ubatch)
     masks = _device_masks(s, lay)
@@ -1206,13 +1213,11 @@ def _host_experts_cpu_graph(spec: ModelSpec, lay: ContextLayout, owner: tuple[in
       (build_moe_ffn, src/llama-graph.cpp; the weighting runs on the device). A last block that gathers the output
       rows first runs them at those rows."""
     ub, n_layer = lay.n_ubatch, spec.n_layer
-    experts = spec.layer_expert_bytes
-    # a block whose experts --n-cpu-moe moved holds none of their bytes (offload.cpu_moe_placement); a block that never
-    # had any (a dense first block) is not told apart and is planned as one (the safe side), but for Nemotron-H's
-    # blocks, whose one mixer is Mamba-2, attention or the MoE (src/models/nemotron-h.cpp)
+    # the moved blocks (:func:`experts_moved`; unknown: every block), but for Nemotron-H's blocks whose one mixer is
+    # Mamba-2 or attention, not the MoE (src/models/nemotron-h.cpp)
+    moved = experts_moved(spec) or (True,) * n_layer
     on_host = [
-        (not experts[il] if len(experts) >= n_layer else True)
-        and not (spec.architecture in _UNGATED_EXPERTS and (spec.recurrent_layers[il] or spec.kv_layers[il]))
+        moved[il] and not (spec.architecture in _UNGATED_EXPERTS and (spec.recurrent_layers[il] or spec.kv_layers[il]))
         for il in range(n_layer)
     ]
     mask_elt = 4 if not lay.flash_attn or f32_fa_mask(lay) else 2
@@ -1638,6 +1643,7 @@ def _offloaded(
         )
     )  # fmt: skip
     cspec = without_routed_ffn(spec) if no_ffn else spec
+    moved = experts_moved(spec)  # the blocks whose experts --n-cpu-moe moved (their matmuls in CPU splits)
     output_layer_weights = output_layer_bytes(spec, cuda)
     devices = []
     for d, part in enumerate(parts):
@@ -1654,10 +1660,9 @@ def _offloaded(
                 compute = split_compute(spec, lay, part, copies=N_COPIES)
             elif (
                 cfg.host_experts
-                and len(spec.layer_expert_bytes) >= spec.n_layer
-                and (got := host_experts_split_compute(spec, lay, part, lambda il: not spec.layer_expert_bytes[il]))
-                is not None
-            ):  # the blocks whose experts --n-cpu-moe moved hold none of their bytes (cpu_moe_placement)
+                and moved is not None
+                and (got := host_experts_split_compute(spec, lay, part, moved.__getitem__)) is not None
+            ):
                 compute = got
             else:
                 compute = unpipelined_split_compute(spec, lay, part)

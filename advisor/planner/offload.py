@@ -489,11 +489,11 @@ def partial_offload(
             # CPU block's experts' output beside its own (the first device's growth, split_compute, counted once)
             nxt = owner[n_cpu]
             grown = split_compute(n_cpu, n_cpu_moe) if nxt == 0 else 0
-            if nxt in ruled:
-                pass
-            elif nxt >= 0 and last_rows and n_cpu < n_layer - 1:  # measured where the last block gathers (qwen3moe)
+            # (a device memory.host_experts_split_compute sized has this boundary in its figure already)
+            takes_in = nxt >= 0 and nxt not in ruled
+            if takes_in and last_rows and n_cpu < n_layer - 1:  # measured where the last block gathers (qwen3moe)
                 cut[nxt] = max(cut[nxt], boundary_host - full_compute[nxt] - grown)
-            elif nxt >= 0 and last_alone:
+            elif takes_in and last_alone:
                 cut[nxt] = boundary_last - full_compute[nxt] - grown
         elif (
             expert_out and not offloads and n_dev == 1 and n_cpu == 0

@@ -12,7 +12,7 @@ import functools
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from kvadvise.model.ggml import GGMLType, is_quantized, row_bytes
+from kvadvise.model.ggml import ALIGNMENT, GGMLType, is_quantized, pad, row_bytes
 from kvadvise.model.spec import ModelSpec, SSMDims
 from kvadvise.planner import builds
 from kvadvise.planner.galloc import Graph, Tensor, reserve_sizes
@@ -190,7 +190,7 @@ def graph_sizes(spec: ModelSpec, lay: ContextLayout) -> GraphSizes:
     if mla is not None and 0 < len(held) < spec.n_layer:
         part = _mla_device_graph(spec, lay, held, output=held[-1] == spec.n_layer - 1, copies=1)
     if part is not None:
-        mask = -(-(2 if lay.flash_attn else 4) * part.n_kv * part.n_tokens // 32) * 32  # as _mla_layers_bytes
+        mask = _mla_mask_bytes(part)
         ways = _mla_boundaries(spec, part, held[0])
         layer = max(_mla_buffer_bytes(replace(v, n_vocab=0)) for v in ways) - mask + _PRINT_HALF_STEP
     elif mla is not None:
@@ -319,6 +319,8 @@ _PRINT_HALF_STEP = -(-MIB // 200)
 # blocks replayed past the leading dense ones: ggml-alloc's layout repeats from the third MoE block on (the
 # simulation below against 8 to 30 blocks: 1,200 random shapes, 1 and 3 dense blocks, flash attention on/off)
 _MLA_STEADY_BLOCKS = 6
+# the replay's two buffers' alignments: the device's (an rpc-server's CPU buffer type) and the host's
+_MLA_BUFFERS = (ALIGNMENT["rpc"], ALIGNMENT["cpu"])
 
 
 def _mla_graph(spec: ModelSpec, lay: ContextLayout) -> _MLAGraph | None:
@@ -390,8 +392,12 @@ def _mla_layers_bytes(g: _MLAGraph) -> int:
     (probs bias, weight norm) are left out. It gives llama-fit-params' figure to the 0.01 MiB on the 25 printed
     buffers of tests/test_mla_compute.py (16-128 heads, q_lora 0-1536, kv_lora 256/512, n_embd 2048-7168, -ub
     512-2048, flash attention on and off, f16/q8_0 caches; the closed sums were up to 21 % over, 1 % under)."""
-    mask = -(-(2 if g.flash_attn else 4) * g.n_kv * g.n_tokens // 32) * 32  # an rpc-server's alignment, 32
-    return reserve_sizes(_mla_build(g), (32, 32))[0] - mask
+    return _mla_buffer_bytes(g) - _mla_mask_bytes(g)
+
+
+def _mla_mask_bytes(g: _MLAGraph) -> int:
+    """The device's copy of the KQ mask in ``g``'s buffer (f16 with flash attention, else f32), as it is allocated."""
+    return pad((2 if g.flash_attn else 4) * g.n_kv * g.n_tokens, _MLA_BUFFERS[0])
 
 
 @functools.lru_cache(maxsize=256)
@@ -406,7 +412,7 @@ def _mla_output_bytes(g: _MLAGraph) -> int:
     The top is read with a probe: a tensor larger than any hole, allocated last, lands at the top of what is alive
     then (ggml_dyn_tallocr_alloc: the last block), result_norm and the logits being graph outputs, never freed."""
     probe = 1 << 50
-    return reserve_sizes(_mla_build(g, probe_bytes=probe), (32, 32))[0] - probe
+    return reserve_sizes(_mla_build(g, probe_bytes=probe), _MLA_BUFFERS)[0] - probe
 
 
 def mla_split_bytes(
@@ -490,7 +496,7 @@ def _mla_device_graph(
 @functools.lru_cache(maxsize=256)
 def _mla_buffer_bytes(g: _MLAGraph) -> int:
     """The whole buffer ggml-alloc's best fit makes of ``g``'s graph (the mask as wide as the cache)."""
-    return reserve_sizes(_mla_build(g), (32, 32))[0]
+    return reserve_sizes(_mla_build(g), _MLA_BUFFERS)[0]
 
 
 def _mla_build(g: _MLAGraph, *, probe_bytes: int = 0) -> Graph:
