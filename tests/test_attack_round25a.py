@@ -18,13 +18,13 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+from test_host_experts_split import _planned, _printed
 from tinymodels import write_tiny_gguf
 
 pytestmark = pytest.mark.llama
@@ -137,28 +137,6 @@ _QWEN35_A3B = dict(n_layer=8, n_embd=2048, n_head=16, n_head_kv=2, head=256, n_r
                    n_ff_exp=512, n_ff_shexp=512, d_conv=4, gdn_head=128, n_k_heads=16, n_v_heads=32)  # fmt: skip
 
 
-def _printed(binary: Path, model: Path, args: list[str], endpoints: list[str]) -> list[float]:
-    from kvadvise.runtime.dryrun import parse
-
-    cmd = [str(binary), "-m", str(model), "-fitp", "on", "-v", "--rpc", ",".join(endpoints), "-fit", "off", *args]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
-    assert p.returncode == 0, (p.stdout + p.stderr)[-2000:]
-    return [row.compute_mib for row in parse(p.stdout, p.stderr) if row.name.startswith("RPC")]
-
-
-def _planned(model: Path, ctx: int, args: list[str], endpoints: list[str]) -> list[float]:
-    from kvadvise.cli import main
-
-    rpc = [a for ep in endpoints for a in ("--rpc", f"{ep}=100GiB")]
-    argv = ["llamacpp", str(model), *rpc, "--runtime", "library", "--margin", "0", "--ram", "64GiB"]
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf), contextlib.suppress(SystemExit):
-        main([*argv, "--llama-build", "b11312", "--json", "--ctx", str(ctx), *args])
-    doc = json.loads(buf.getvalue())
-    assert doc["fits"] is True, doc
-    return [d["compute_bytes"] / MIB for d in doc["memory"]["devices"]]
-
-
 def _compare(tmp: Path, fit_params: Path, recipe: str, dims: dict, n_dev: int, ctx: int, flags: list[str]) -> None:
     from llama_server_build import rpc_server
     from rpc_devices import devices
@@ -166,7 +144,7 @@ def _compare(tmp: Path, fit_params: Path, recipe: str, dims: dict, n_dev: int, c
     model = write_tiny_gguf(tmp / f"{recipe}.gguf", recipe, n_vocab=8000, n_ctx_train=32768, dims=dims, sparse=True)
     with devices(rpc_server(), n_dev) as eps:
         printed = _printed(fit_params, model, ["-c", str(ctx), "-ngl", "99", *flags], eps)
-        planned = _planned(model, ctx, flags, eps)
+        planned = _planned(model, flags, eps, ctx)
     assert len(printed) == len(planned) == n_dev, (printed, planned)
     pairs = [f"RPC{i}: planned {p:.2f} printed {r:.2f}" for i, (p, r) in enumerate(zip(planned, printed, strict=True))]
     assert all(p >= r - 0.5 for p, r in zip(planned, printed, strict=True)), "UNDER: " + "; ".join(pairs)

@@ -75,22 +75,25 @@ def two_devices(fit_params: Path) -> Iterator[list[str]]:
 
 
 def _printed(binary: Path, model: Path, args: list[str], endpoints: list[str]) -> list[float]:
-    from kvadvise.runtime.dryrun import HOST, parse
+    """Each RPC device's compute buffer as llama-fit-params prints it (MiB; not the host's, nor a CPU_REPACK row)."""
+    from kvadvise.runtime.dryrun import parse
 
     cmd = [str(binary), "-m", str(model), "-fitp", "on", "-v", "--rpc", ",".join(endpoints), "-fit", "off", *args]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
     assert p.returncode == 0, (p.stdout + p.stderr)[-2000:]
-    return [row.compute_mib for row in parse(p.stdout, p.stderr) if row.name != HOST]
+    return [row.compute_mib for row in parse(p.stdout, p.stderr) if row.name.startswith("RPC")]
 
 
-def _planned(model: Path, args: list[str], endpoints: list[str]) -> list[float]:
+def _planned(model: Path, args: list[str], endpoints: list[str], ctx: int = 16384) -> list[float]:
+    """Each device's compute buffer as ``kvadvise llamacpp --runtime library`` plans it (MiB; the library's runtime
+    plans without reaching the endpoints)."""
     from kvadvise.cli import main
 
     rpc = [a for ep in endpoints for a in ("--rpc", f"{ep}=100GiB")]
     argv = ["llamacpp", str(model), *rpc, "--runtime", "library", "--margin", "0", "--ram", "64GiB"]
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf), contextlib.suppress(SystemExit):
-        main([*argv, "--llama-build", "b11312", "--json", "--ctx", "16384", *args])
+        main([*argv, "--llama-build", "b11312", "--json", "--ctx", str(ctx), *args])
     doc = json.loads(buf.getvalue())
     assert doc["fits"] is True, doc
     return [d["compute_bytes"] / MIB for d in doc["memory"]["devices"]]

@@ -26,15 +26,13 @@ tests/test_attack_round25a.py::test_shared_expert_host_experts_under's.
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+from test_host_experts_split import _planned
 from tinymodels import write_tiny_gguf
 
 MIB = 1 << 20
@@ -58,20 +56,6 @@ CASES = [
 ]
 
 
-def _planned(model: Path, n_dev: int, flags: list[str]) -> list[float]:
-    from kvadvise.cli import main
-
-    # --runtime library plans without reaching the endpoints
-    rpc = [a for i in range(n_dev) for a in ("--rpc", f"127.0.0.1:{50052 + i}=100GiB")]
-    argv = ["llamacpp", str(model), *rpc, "--runtime", "library", "--margin", "0", "--ram", "64GiB"]
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf), contextlib.suppress(SystemExit):
-        main([*argv, "--llama-build", "b11312", "--json", "--ctx", "4096", *flags])
-    doc = json.loads(buf.getvalue())
-    assert doc["fits"] is True, doc
-    return [d["compute_bytes"] / MIB for d in doc["memory"]["devices"]]
-
-
 @pytest.mark.parametrize(
     ("recipe", "dims", "n_dev", "flags", "printed", "within"),
     [pytest.param(*c[1:], id=c[0]) for c in CASES],
@@ -83,7 +67,9 @@ def test_planned_at_or_over_the_print(
     says (the module's table: ds-ncmoe3's and qn-ncmoe3's second devices keep 404.02 and 364.04, 16 and 24 over)."""
     model = write_tiny_gguf(tmp_path / f"{recipe}.gguf", recipe, n_vocab=8000, n_ctx_train=32768, dims=dims,
                             sparse=True)  # fmt: skip
-    planned = _planned(model, n_dev, flags.split())
+    # --runtime library plans without reaching the endpoints
+    endpoints = [f"127.0.0.1:{50052 + i}" for i in range(n_dev)]
+    planned = _planned(model, flags.split(), endpoints, 4096)
     assert len(planned) == n_dev
     for p, r, w in zip(planned, printed, within, strict=True):
         assert p >= r - 0.5, (planned, printed)
