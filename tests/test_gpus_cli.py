@@ -57,6 +57,9 @@ def test_json_lists_every_profile_and_the_machine(machine: Hardware, capsys: pyt
         "bandwidth_bytes_per_s",
         "unified_memory",
         "backend",
+        "speed_class",
+        "boost_clock_mhz",
+        "fp16_tflops",
         "source",
     }
     assert (
@@ -128,3 +131,20 @@ def test_amd_and_intel_cards_plan_under_their_backend(
     assert f"({speed_key})" in doc["decode_estimate"]["note"] and EFFICIENCY[speed_key] != EFFICIENCY["cuda"]
     rc, out, _ = run(capsys, "gpus", "--json")
     assert next(p for p in json.loads(out)["profiles"] if card in p["aliases"] or p["id"] == card)["backend"] == backend
+
+
+def test_json_names_each_cards_decode_class(capsys: pytest.CaptureFixture[str]) -> None:
+    """`gpus --json` says which decode class the speed estimate reads each card with (planner.speed.EFFICIENCY's
+    key), so a user who sees a speed can tell whether their card was taken as its architecture (an MI50 is GCN:
+    issue 37's 1.56x-too-fast MI50 came from CUDA's efficiency) or as its backend's default."""
+    from kvadvise.planner.speed import EFFICIENCY
+
+    rc, out, _ = run(capsys, "gpus", "--json", "--no-hardware")
+    assert rc == 0
+    cards = {p["id"]: p for p in json.loads(out)["profiles"]}
+    assert {p["speed_class"] for p in cards.values()} <= set(EFFICIENCY)
+    assert cards["mi50-16gb"]["speed_class"] == "rocm-gcn"
+    assert cards["rtx-4090"]["speed_class"] == "cuda"
+    assert cards["rtx-4090"]["boost_clock_mhz"] == 2520  # NVIDIA's published boost clock
+    apple = {i: p["speed_class"] for i, p in cards.items() if p["backend"] == "metal"}
+    assert {"metal-m1", "metal-m4"} <= set(apple.values())

@@ -24,6 +24,8 @@ GIB = 1 << 30
 
 
 def profile_dict(p: GpuProfile) -> dict[str, Any]:
+    from kvadvise.planner.speed import decode_key  # only --json reads it: the plain list starts without it
+
     return {
         "id": p.id,
         "name": p.name,
@@ -34,6 +36,12 @@ def profile_dict(p: GpuProfile) -> dict[str, Any]:
         "bandwidth_bytes_per_s": p.bandwidth_bytes_per_s,
         "unified_memory": p.unified_memory,
         "backend": p.backend,
+        # what the speed estimate reads of the card: its decode class (planner.speed.decode_key: the backend's
+        # own, or its architecture's, "rocm-gcn", "metal-m4"), the boost clock that scales the fixed time per
+        # layer, and the FP16 peak prompt processing is bounded by
+        "speed_class": decode_key(p.backend, p.speed_class or ""),
+        "boost_clock_mhz": p.boost_clock_mhz,
+        "fp16_tflops": p.fp16_tflops,
         "source": p.source,
     }
 
