@@ -228,8 +228,9 @@ def check_modelled(
     """The parsed version when this port computes Ollama's decision for the model there, else raise."""
     v = parse_version(version)
     if v < FIRST_VERSION or v > LAST_VERSION:
+        first, last = (".".join(map(str, t)) for t in (FIRST_VERSION, LAST_VERSION))
         raise LegacyVersionNotModelled(
-            f"Ollama {version}: its offload decision is not modelled by the llm/memory.go port (v0.9.3 to v0.12.10)",
+            f"Ollama {version}: its offload decision is not modelled by the llm/memory.go port (v{first} to v{last})",
             hint="v0.12.11 and later place layers by allocation fitting; older versions used other formulas",
         )
     if v >= (0, 11, 11) and model.architecture in _engine_required_archs(v):
@@ -794,6 +795,12 @@ def estimate_gpu_layers(
     else:  # v0.11.5: as few GPUs as possible, 1, 2, ... of the sorted list
         candidates += [(order[:n], tries[0]) for n in range(1, len(order) + 1)]
     chosen: LegacyEstimate | None = None
+    if v < (0, 11, 5) and len(gpus) == 1 and gpus[0].library == "cpu":
+        # sched.go processPending (v0.7.1..v0.11.4): "simplifying assumption of defaultParallel when in CPU
+        # mode": the one "cpu" device loads at once, an unset parallel as defaultParallel (2 before v0.10.0),
+        # NumCtx = origNumCtx x parallel, without pickBestFullFitByLibrary's fit check
+        candidates = []
+        chosen = run([0], tries[0])
     for idx, p in candidates:
         e = run(idx, p)
         if fits(e):
