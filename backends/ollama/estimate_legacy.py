@@ -161,7 +161,7 @@ class LegacyEstimate:
             split = ",".join(str(n) for n in self.layers_split) if len(self.layers_split) > 1 else ""
         return (
             f"layers.requested={self.layers_requested} layers.model={self.layers_model} "
-            f'layers.offload={self.layers_offload} layers.split="{split}" '
+            f"layers.offload={self.layers_offload} layers.split={_slog_text(split)} "
             f'memory.available="[{" ".join(human_bytes2(b) for b in self.available_bytes)}]" '
             f'memory.gpu_overhead="{human_bytes2(self.gpu_overhead_bytes)}" '
             f'memory.required.full="{human_bytes2(self.required_full_bytes)}" '
@@ -179,6 +179,13 @@ class LegacyEstimate:
             if self.projector_weights_bytes
             else ""
         )
+
+
+def _slog_text(value: str) -> str:
+    """A string attribute as log/slog's TextHandler writes it: bare unless it is empty or holds a space, '=' or
+    '"' (text_handler.go needsQuoting): layers.split=11,11,11,11 (ollama#9181), =[] and =[37], but ="" and
+    ="[4 4 9]" (ollama#11982)."""
+    return f'"{value}"' if not value or any(c in value for c in ' ="') else value
 
 
 def human_bytes2(b: int) -> str:
