@@ -68,7 +68,10 @@ def _header(spec: dict[str, Any]) -> LegacyModel:
                LegacyTensor(f"{p}.ffn_gate.weight", (e, ff), lo), LegacyTensor(f"{p}.ffn_up.weight", (e, ff), lo),
                LegacyTensor(f"{p}.ffn_down.weight", (ff, e), hi)]  # fmt: skip
         if spec["arch"] == "qwen2":  # q/k/v biases
-            ts += [LegacyTensor(f"{p}.attn_{x}.bias", (d,), F32) for x, d in (("q", heads * hd), ("k", kv * hd), ("v", kv * hd))]
+            ts += [
+                LegacyTensor(f"{p}.attn_{x}.bias", (d,), F32)
+                for x, d in (("q", heads * hd), ("k", kv * hd), ("v", kv * hd))
+            ]
     return LegacyModel(
         architecture=spec["arch"],
         block_count=n,
@@ -107,18 +110,20 @@ def _replay(doc: dict[str, Any], version: str) -> LegacyEstimate:
 
 # --- (1) published offload lines the port prints field for field, at every version the source lines allow ---------
 
-_WHOLE_LINE = [
-    ("ollama-legacy/r26b-gemma-host-ollama-0.12.0-0.12.3-cpu-llama32-3b.json", v) for v in ("0.12.0", "0.12.3")
-] + [
-    ("ollama-legacy/r26b-codexinfinity-ollama-0.7-0.9.2-cpu-tinyllama-np2.json", v)
-    for v in ("0.7.1", "0.8.0", "0.9.0", "0.9.2")
-] + [
-    ("ollama-legacy/r26b-gbstudio-ollama-0.9.6-cpu-llama3-8b-np2.json", "0.9.6"),
-    ("ollama-legacy/r26b-ru-logparser-ollama-0.9.3-0.9.6-cuda-qwen25-1.5b-np2.json", "0.9.3"),
-    ("ollama-legacy/r26b-ru-logparser-ollama-0.9.3-0.9.6-cuda-qwen25-1.5b-np2.json", "0.9.6"),
-    # v0.7.0 itself is refused (below); v0.7.1's memory.go differs from it only in the projector and layerSize
-    ("ollama-legacy/r26b-yuji-ollama-0.7.0-metal-m2pro-llama2-7b-np2.json", "0.7.1"),
-]
+_WHOLE_LINE = (
+    [("ollama-legacy/r26b-gemma-host-ollama-0.12.0-0.12.3-cpu-llama32-3b.json", v) for v in ("0.12.0", "0.12.3")]
+    + [
+        ("ollama-legacy/r26b-codexinfinity-ollama-0.7-0.9.2-cpu-tinyllama-np2.json", v)
+        for v in ("0.7.1", "0.8.0", "0.9.0", "0.9.2")
+    ]
+    + [
+        ("ollama-legacy/r26b-gbstudio-ollama-0.9.6-cpu-llama3-8b-np2.json", "0.9.6"),
+        ("ollama-legacy/r26b-ru-logparser-ollama-0.9.3-0.9.6-cuda-qwen25-1.5b-np2.json", "0.9.3"),
+        ("ollama-legacy/r26b-ru-logparser-ollama-0.9.3-0.9.6-cuda-qwen25-1.5b-np2.json", "0.9.6"),
+        # v0.7.0 itself is refused (below); v0.7.1's memory.go differs from it only in the projector and layerSize
+        ("ollama-legacy/r26b-yuji-ollama-0.7.0-metal-m2pro-llama2-7b-np2.json", "0.7.1"),
+    ]
+)
 
 
 @pytest.mark.parametrize(("name", "version"), _WHOLE_LINE)
@@ -244,7 +249,9 @@ def test_r26b_qwen25_3b_header_is_the_logged_blob() -> None:
     assert f"{total / MIB:.2f}" == f"{doc['published']['llama_cpp_mib']['CPU_model']:.2f}"
 
 
-def test_r26b_llama32_3b_cpu_llama_cpp_buffers(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_r26b_llama32_3b_cpu_llama_cpp_buffers(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Regression guard (passes). The 0.12.x llama3.2:3b CPU load's llama.cpp lines: CPU model 1918.35, KV 448.00,
     compute 256.50 MiB (flash_attn 0). Command: ``kvadvise ollama llama3.2:3b --ollama-version 0.12.3 --device cpu
     --ctx 4096 --ram 27GiB --json``: memory.devices[CPU] the same to the printed 0.01 MiB."""
