@@ -271,3 +271,33 @@ def test_r26b_llama32_3b_cpu_llama_cpp_buffers(
     got = {k: f"{cpu[f] / MIB:.2f}" for k, f in (("CPU_model", "weights_bytes"), ("CPU_KV", "kv_bytes"),
                                                   ("CPU_compute", "compute_bytes"))}  # fmt: skip
     assert got == {k: f"{pub[k]:.2f}" for k in got}
+
+
+# --- (4) Ollama 0.33.2 on llama-server, CPU only: the launch it decided ---------------------------------------------
+
+
+def test_r26b_ollama_0_33_2_cpu_launch_shape(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression guard (passes). Published 130 (Ollama 0.33.2, no usable GPU): "vram-based default context"
+    total_vram="0 B" default_num_ctx=4096, OLLAMA_NUM_PARALLEL:2, and the launch ``-c 8192 -np 2 ... -b 1024 -ub 1024
+    --flash-attn auto`` (llama.cpp: n_ctx 8192, n_ctx_seq 4096, kv_unified false, FA enabled). kvadvise:
+    rules.default_num_ctx(0) is 4096, and ``OLLAMA_NUM_PARALLEL=2 kvadvise ollama llama3.2:3b --ollama-version
+    0.33.2 --device cpu --ctx 4096 -np 2 --batch 1024 --json`` (a profile model of the same runner: the launch's
+    shape, not ministral-3's buffers, which 130 compares) plans n_ctx 8192, 2 slots, -b/-ub 1024, not unified, FA."""
+    from attack_helpers import run
+
+    from kvadvise.backends.ollama import rules
+
+    assert rules.default_num_ctx(0) == 4096
+    monkeypatch.setenv("KVADVISE_OLLAMA_REGISTRY", "off")
+    monkeypatch.setenv("OLLAMA_HOST", "127.0.0.1:9")
+    for k in ("OLLAMA_CONTEXT_LENGTH", "OLLAMA_KV_CACHE_TYPE", "OLLAMA_FLASH_ATTENTION"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("OLLAMA_NUM_PARALLEL", "2")
+    rc, out, err = run(capsys, "ollama", "llama3.2:3b", "--ollama-version", "0.33.2", "--device", "cpu", "--ctx", "4096",
+                       "-np", "2", "--batch", "1024", "-fa", "auto", "--ram", "6GiB", "--json")  # fmt: skip
+    assert rc == 0, err
+    c = json.loads(out)["config"]
+    got = (c["n_ctx"], c["n_parallel"], c["n_batch"], c["n_ubatch"], c["kv_unified"], c["flash_attn"], c["runtime"])
+    assert got == (8192, 2, 1024, 1024, False, True, "llama-server")
