@@ -161,7 +161,7 @@ class LegacyEstimate:
             split = ",".join(str(n) for n in self.layers_split) if len(self.layers_split) > 1 else ""
         return (
             f"layers.requested={self.layers_requested} layers.model={self.layers_model} "
-            f'layers.offload={self.layers_offload} layers.split="{split}" '
+            f"layers.offload={self.layers_offload} layers.split={_slog_text(split)} "
             f'memory.available="[{" ".join(human_bytes2(b) for b in self.available_bytes)}]" '
             f'memory.gpu_overhead="{human_bytes2(self.gpu_overhead_bytes)}" '
             f'memory.required.full="{human_bytes2(self.required_full_bytes)}" '
@@ -179,6 +179,13 @@ class LegacyEstimate:
             if self.projector_weights_bytes
             else ""
         )
+
+
+def _slog_text(value: str) -> str:
+    """A string attribute as log/slog's TextHandler writes it: bare unless it is empty or holds a space, '=' or
+    '"' (text_handler.go needsQuoting): layers.split=11,11,11,11 (ollama#9181), =[] and =[37], but ="" and
+    ="[4 4 9]" (ollama#11982)."""
+    return f'"{value}"' if not value or any(c in value for c in ' ="') else value
 
 
 def human_bytes2(b: int) -> str:
@@ -228,8 +235,9 @@ def check_modelled(
     """The parsed version when this port computes Ollama's decision for the model there, else raise."""
     v = parse_version(version)
     if v < FIRST_VERSION or v > LAST_VERSION:
+        first, last = (".".join(map(str, t)) for t in (FIRST_VERSION, LAST_VERSION))
         raise LegacyVersionNotModelled(
-            f"Ollama {version}: its offload decision is not modelled by the llm/memory.go port (v0.9.3 to v0.12.10)",
+            f"Ollama {version}: its offload decision is not modelled by the llm/memory.go port (v{first} to v{last})",
             hint="v0.12.11 and later place layers by allocation fitting; older versions used other formulas",
         )
     if v >= (0, 11, 11) and model.architecture in _engine_required_archs(v):
@@ -794,6 +802,12 @@ def estimate_gpu_layers(
     else:  # v0.11.5: as few GPUs as possible, 1, 2, ... of the sorted list
         candidates += [(order[:n], tries[0]) for n in range(1, len(order) + 1)]
     chosen: LegacyEstimate | None = None
+    if v < (0, 11, 5) and len(gpus) == 1 and gpus[0].library == "cpu":
+        # sched.go processPending (v0.7.1..v0.11.4): "simplifying assumption of defaultParallel when in CPU
+        # mode": the one "cpu" device loads at once, an unset parallel as defaultParallel (2 before v0.10.0),
+        # NumCtx = origNumCtx x parallel, without pickBestFullFitByLibrary's fit check
+        candidates = []
+        chosen = run([0], tries[0])
     for idx, p in candidates:
         e = run(idx, p)
         if fits(e):
