@@ -7,6 +7,8 @@ was 4 to 33 MiB off on them."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import published_logs
 import pytest
 
@@ -32,16 +34,53 @@ def test_the_old_logs_are_the_ones_expected() -> None:
     # (no pipeline parallelism: the log prints no "pipeline parallelism enabled" and one copy of the inputs on the
     # host), Qwen2.5-1.5B on an M4 at b4406; 058 (phi3 on an RTX 3070 at b5600, the analytic plan's 138.00 as
     # printed), 102, 106, 107 (round 19: GLM-Z1-32B on a CPU at b5192, Phi-3-mini and Llama-3-8B on a CPU at b6200
-    # and about b6150)
+    # and about b6150); 114, 117, 119, 122 (round 26a: R1-Distill-Qwen-1.5B on Vulkan at b4539, Llama 3.1 8B on
+    # Vulkan at b5781 with ggml_swiglu_split, builds.FUSED_GLU, R1-Distill-Llama-8B under Ollama 0.6's b4779,
+    # Phi-3-mini on a CPU at about b4300)
     assert [log.id[:3] for log in OLD] == [
         "006", "007", "010", "011", "017", "019", "023", "024", "026", "034", "038", "057", "058", "059", "060",
-        "062", "102", "106", "107",
+        "062", "102", "106", "107", "114", "117", "119", "122",
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize("log", OLD, ids=[log.id for log in OLD])
+# held: inside the published-log bar, not to the 0.01 MiB
+_NOT_EXACT = {
+    "122-cpu-phi3-mini-4k-rust-agent-b4300-c2048-fa-off": (
+        "held: +5.99 MiB (174.00 planned, 168.01 printed, inside the 16 MiB bar): phi3 before SET_ROWS gets the analytic "
+        "plan (memory._LEGACY_SET_ROWS_ONLY), which keeps the fused QKV output alive beside KQ; the legacy replay, "
+        "whose Q, K and V are views of it where that era copied them out, plans 144.01 (under), so neither is exact "
+        "on a CPU at 2,048 cells"
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    "log",
+    [
+        pytest.param(log, marks=pytest.mark.xfail(strict=True, reason=_NOT_EXACT[log.id])) if log.id in _NOT_EXACT
+        else log
+        for log in OLD
+    ],
+    ids=[log.id for log in OLD],
+)  # fmt: skip
 def test_the_compute_buffers_as_printed(log: published_logs.PublishedLog) -> None:
     rows = [r for r in published_logs.compare(log) if r.kind == "compute"]
     assert rows
     for r in rows:
         assert round(r.predicted_mib, 2) == pytest.approx(r.published_mib, abs=0.01), (r.buffer, r.predicted_mib)
+
+
+def test_llama_swiglu_split_can_be_the_larger_graph() -> None:
+    """builds.FUSED_GLU (ggml-org/llama.cpp#14158): llama's separate gate and up ran silu and mul in place before
+    ggml_swiglu_split; after it the product is a new tensor, and ggml-alloc's holes move. Llama 3.1 8B at 16,384
+    cells, -ub 1024, flash attention, the whole batch's logits (a Vulkan log of b5781, tests/data/published 117):
+    613.01 MiB with ggml_swiglu_split, as printed; the graph before it puts the logits at the bottom (517.00), so the
+    swiglu build is the larger here, the opposite of the fused-up architectures (test_glm4_old_builds)."""
+    log = next(log for log in published_logs.LOGS if log.id.startswith("117-"))
+    spec = from_config(log.hf_config, source=log.id)
+    before, after = (
+        published_logs.estimate(spec, replace(log.run, llama_build=b)).devices[0].compute_bytes / (1 << 20)
+        for b in (builds.FUSED_GLU - 1, builds.FUSED_GLU)
+    )
+    assert (round(before, 2), round(after, 2)) == (517.00, 613.01)
+    assert log.run.llama_build >= builds.FUSED_GLU

@@ -24,11 +24,16 @@ the exact build is not known, the earliest it can be, so that an older build is 
   build of early May 2025) on, so that a build between is planned for the larger cache.
 - MLA_V_LESS (#19067, merged 2026-01-24/25; b7813 of 2026-01-23 lacks it): MLA models keep no V tensor
   (llama_kv_cache ctor: has_v = !is_mla); before, V (kv_lora_rank wide) was allocated beside K.
-- FUSED_GLU (ggml-org/llama.cpp#14158, merged 2025-06-29: ggml_swiglu; the exact build is not known here, planned
-  from b6000 on, so that a build between is planned for the larger figure): a feed-forward whose up projection
-  holds gate and up (phi3, chatglm, glm4: build_ffn LLM_FFN_SWIGLU without a gate tensor) runs one ggml_swiglu;
-  before, it copied both halves of the up projection with ggml_cont and multiplied silu(x0) by x1 (llama-graph.cpp,
-  e1e8e09 as Ollama 0.6.8 vendors it): four [n_ff, n_ubatch] tensors alive, not three.
+- FUSED_GLU (ggml-org/llama.cpp#14158, merged 2025-06-29: ggml_swiglu, and ggml_swiglu_split for a separate gate
+  and up): a feed-forward whose up projection holds gate and up (phi3, chatglm, glm4: build_ffn LLM_FFN_SWIGLU
+  without a gate tensor) runs one ggml_swiglu; before, it copied both halves of the up projection with ggml_cont
+  and multiplied silu(x0) by x1 (llama-graph.cpp, e1e8e09 as Ollama 0.6.8 vendors it): four [n_ff, n_ubatch]
+  tensors alive, not three. A separate gate and up (llama's LLM_FFN_PAR) ran silu and mul in place on the gate; the
+  not-in-place ggml_swiglu_split moves where ggml-alloc leaves its holes, and that graph can be the larger: b5781
+  (ba3ef86c5, 2025-07-01) has it, a Vulkan load of Llama 3.1 8B at 16k cells, -ub 1024, flash attention printing
+  613.01 MiB, ggml-alloc's figure over the swiglu graph to the 0.01 MiB, where the graph before it gives 517.00
+  (the logits landing above the masks' 96 MiB; tests/data/published 117). Planned from b5781, the first build known
+  to carry it (b5274, tests/data/published 034, lacks it); the builds between are planned without it.
 - F16_MASK_FA (#23764, commit 031ddb2e0 = b9410): with flash attention the KQ mask is created f16
   (llm_graph_context::build_attn_inp_kq_mask); before, it was an f32 graph input on the host that the
   device copied and cast to f16, both alive at the first attention ("the f32 mask still uses the compute
@@ -136,7 +141,7 @@ from kvadvise.errors import InputError
 REFERENCE = 11312  # 0c1e570: the rules of kvadvise.planner.memory
 SWA_PAD_256 = 6900
 SET_ROWS = 6200
-FUSED_GLU = 6000
+FUSED_GLU = 5781
 MLA_V_LESS = 7830
 MLA_CACHE = 5274
 F16_MASK_FA = 9410
