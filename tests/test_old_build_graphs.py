@@ -36,10 +36,10 @@ def test_the_old_logs_are_the_ones_expected() -> None:
     # printed), 102, 106, 107 (round 19: GLM-Z1-32B on a CPU at b5192, Phi-3-mini and Llama-3-8B on a CPU at b6200
     # and about b6150); 114, 117, 119, 122 (round 26a: R1-Distill-Qwen-1.5B on Vulkan at b4539, Llama 3.1 8B on
     # Vulkan at b5781 with ggml_swiglu_split, builds.FUSED_GLU, R1-Distill-Llama-8B under Ollama 0.6's b4779,
-    # Phi-3-mini on a CPU at about b4300)
+    # Phi-3-mini on a CPU at about b4300); 131 (round 26b: Llama 3.2 3B under Ollama 0.12's runner on a CPU at b6301)
     assert [log.id[:3] for log in OLD] == [
         "006", "007", "010", "011", "017", "019", "023", "024", "026", "034", "038", "057", "058", "059", "060",
-        "062", "102", "106", "107", "114", "117", "119", "122",
+        "062", "102", "106", "107", "114", "117", "119", "122", "131",
     ]  # fmt: skip
 
 
