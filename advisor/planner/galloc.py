@@ -78,8 +78,9 @@ def dense_layout(shape: tuple[int, ...], dtype: str = "f32") -> Layout:
 
 
 def flat(nbytes: int, dtype: str = "f32") -> tuple[int, ...]:
-    """One row of ``nbytes``, for a replay that tracks bytes, not shapes: two such tensors of one type have the
-    same layout when they are as large (a replay of f32 rows does not tell [a, b] from [b, a])."""
+    """One row of ``nbytes`` (a multiple of the type's size), for a replay that tracks bytes, not shapes: two such
+    tensors of one type have the same layout when they are as large (a replay of f32 rows does not tell [a, b] from
+    [b, a])."""
     return (nbytes // ELT_BYTES[dtype],)
 
 
@@ -114,7 +115,7 @@ class GraphBuilder:
         """A graph input (flag INPUT), a leaf: allocated before every node; ``output``: never freed either (pipeline
         parallelism's copies). ``layout`` None: its own, which no op shares."""
         own = ("input", len(self.tensors))
-        t = Tensor(name, "NONE", nbytes, buffer, layout or own, is_input=True, is_output=output)
+        t = Tensor(name, "NONE", nbytes, buffer, own if layout is None else layout, is_input=True, is_output=output)
         return self._add(t, node=False)
 
     def input_copy(self, src: int, *, buffer: int, name: str | None = None) -> int:
