@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvadvise.planner.galloc import Graph, Tensor, reserve_sizes
+from kvadvise.planner.galloc import Graph, GraphBuilder, Tensor, dense_layout, reserve_sizes
 from kvadvise.planner.llama_graph import LlamaShape, build
 from kvadvise.planner.memory import MIB, RunConfig, estimate
 
@@ -56,6 +56,52 @@ def test_an_output_is_never_reused_in_place_nor_freed() -> None:
     )
     # x at 0, y at 1024, x freed, z into x's hole, z freed after u: u on top at 2048 (y stays)
     assert reserve_sizes(Graph(ts, nodes=(1, 2, 3)), (32,)) == (4096,)
+
+
+def _built_chain(z_dtype: str) -> tuple[int, ...]:
+    """_chain("ADD") through galloc.GraphBuilder, z of ``z_dtype``: as many bytes as y either way."""
+    b = GraphBuilder()
+    w, x = b.weight("w"), b.input("x", 1024)
+    y = b.op("y", "MUL_MAT", (256,), (w, x))
+    z = b.op("z", "ADD", (256,), (y, w), dtype=z_dtype)
+    b.set_output(b.op("logits", "MUL_MAT", (512,), (w, z)))
+    return reserve_sizes(b.graph(), (32,))
+
+
+def test_the_builder_keys_a_layout_by_type_and_shape() -> None:
+    # ggml_are_same_layout (ggml-impl.h b11312) compares the type, not the bytes: the same chain as above takes y in
+    # place where z is f32 (4096, as the hand-built graph), not where it is i32 of the same size (3072, as MUL_MAT's)
+    assert _built_chain("f32") == reserve_sizes(_chain("ADD"), (32,)) == (4096,)
+    assert _built_chain("i32") == reserve_sizes(_chain("MUL_MAT"), (32,)) == (3072,)
+
+
+def _copied_norm(host_layout: tuple[object, ...] | None) -> tuple[int, ...]:
+    """A host input, its split's copy on the device (buffer 0), an rms_norm of the copy, a graph output twice as wide."""
+    b = GraphBuilder()
+    w = b.weight("w")
+    h = b.input("h", 1024, buffer=1, layout=host_layout)
+    b.dep(h)  # the input_dep view: keeps h to the copy
+    n = b.op("norm", "RMS_NORM", (256,), (b.input_copy(h, buffer=0),))
+    b.set_output(b.op("out", "MUL_MAT", (512,), (w, n)))
+    return reserve_sizes(b.graph(), (32, 32))
+
+
+def test_a_copy_is_laid_out_as_its_source_and_an_input_as_no_op() -> None:
+    # an f32 row copied in: the norm takes the copy's bytes, the output lands above them (1024 + 2048); an input of
+    # its own layout: the norm beside the copy, whose 1024-byte hole the output does not fit (2048 + 2048)
+    assert _copied_norm(dense_layout((256,))) == (3072, 1024)
+    assert _copied_norm(None) == (4096, 1024)
+
+
+def test_a_view_keeps_the_tensor_with_data_alive_and_a_dependency_is_op_none() -> None:
+    b = GraphBuilder()
+    x = b.input("x", 64)
+    permuted = b.view(b.view(x), "PERMUTE")
+    dep = b.dep(permuted)
+    g = b.graph()
+    assert [g.tensors[i].view_src for i in (permuted, dep)] == [x, x]  # a view of a view: the first one's source
+    assert (g.tensors[dep].op, g.tensors[permuted].layout) == ("NONE", ())  # views have no layout: never own
+    assert (g.nodes, g.leafs) == ((1, 2, 3), (0,))
 
 
 LLAMA_32_3B = dict(n_layer=28, n_embd=3072, n_head=24, n_head_kv=8, n_embd_head=128, n_ff=8192, n_vocab=128256)

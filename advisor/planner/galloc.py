@@ -17,11 +17,14 @@ What is followed, function by function:
 
 The reserve pass runs with no tensor data set (llama-fit-params, no_alloc; a first reserve), so a view parent's
 ``view_src->data == parent->data`` is always true there.
+
+The replays (kvadvise.planner.llama_graph, sizes' MLA blocks, memory's host split of routed experts) build their
+graphs with :class:`GraphBuilder`, which makes each tensor's layout key and a view's source one way for all.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # ggml.c ggml_op_can_inplace (ggml-alloc.c): the ops whose result may take its parent's memory
 INPLACE_OPS = frozenset(
@@ -61,6 +64,93 @@ class Graph:
     tensors: tuple[Tensor, ...]
     nodes: tuple[int, ...]
     leafs: tuple[int, ...] = ()
+
+
+Layout = tuple[object, ...]
+# the element types the replays name (ggml_type_size): the type is part of ggml_are_same_layout
+ELT_BYTES = {"f32": 4, "f16": 2, "i32": 4}
+
+
+def dense_layout(shape: tuple[int, ...], dtype: str = "f32") -> Layout:
+    """The layout key of a contiguous tensor (ggml_are_same_layout, ggml-impl.h b11312: type, ne and nb; nb follows
+    from the type and ne): what an op may take over in place."""
+    return (dtype, *shape)
+
+
+def flat(nbytes: int, dtype: str = "f32") -> tuple[int, ...]:
+    """One row of ``nbytes`` (a multiple of the type's size), for a replay that tracks bytes, not shapes: two such
+    tensors of one type have the same layout when they are as large (a replay of f32 rows does not tell [a, b] from
+    [b, a])."""
+    return (nbytes // ELT_BYTES[dtype],)
+
+
+class GraphBuilder:
+    """A graph for :func:`reserve_sizes`, tensor by tensor in the order ggml_backend_sched hands them to ggml-alloc:
+    each call appends one tensor (a node, or a leaf for weights and graph inputs) and returns its index.
+
+    The layout key decides in-place reuse (ggml_gallocr_allocate_node, ggml-alloc.c b11312: an op of
+    ggml_op_can_inplace takes over a parent of the same layout): an op's is :func:`dense_layout` of its element type
+    and shape; an input's its own (no op takes it over) unless the replay gives one; a copy's is its source's
+    (ggml_dup_tensor). A view has none: it is never allocated, so it is never its own (ggml_gallocr_is_own) and
+    never taken over; it keeps its source alive (view_src: the first tensor with data of its own, a view of a view
+    resolved), and with op NONE it is a dependency only (ggml_backend_sched's input_dep: not counted as a view)."""
+
+    def __init__(self) -> None:
+        self.tensors: list[Tensor] = []
+        self.nodes: list[int] = []
+        self.leafs: list[int] = []
+
+    def _add(self, t: Tensor, *, node: bool = True) -> int:
+        self.tensors.append(t)
+        i = len(self.tensors) - 1
+        (self.nodes if node else self.leafs).append(i)
+        return i
+
+    def weight(self, name: str, *, buffer: int = 0) -> int:
+        """A tensor with data of its own (a weight, the KV cache): a leaf ggml-alloc never allocates."""
+        return self._add(Tensor(name, "NONE", 0, buffer, (), external=True), node=False)
+
+    def input(self, name: str, nbytes: int, *, buffer: int = 0, layout: Layout | None = None,
+              output: bool = False) -> int:  # fmt: skip
+        """A graph input (flag INPUT), a leaf: allocated before every node; ``output``: never freed either (pipeline
+        parallelism's copies). ``layout`` None: its own, which no op shares."""
+        own = ("input", len(self.tensors))
+        t = Tensor(name, "NONE", nbytes, buffer, own if layout is None else layout, is_input=True, is_output=output)
+        return self._add(t, node=False)
+
+    def input_copy(self, src: int, *, buffer: int, name: str | None = None) -> int:
+        """The copy of ``src`` a split starts with (ggml_backend_sched_split_graph, ggml-backend.cpp b11312): a node
+        flagged INPUT in ``buffer``, as large and laid out as ``src``."""
+        s = self.tensors[src]
+        return self._add(Tensor(name or f"{s.name}#copy", "NONE", s.nbytes, buffer, s.layout, is_input=True))
+
+    def op(self, name: str, op: str, shape: tuple[int, ...], srcs: tuple[int, ...], *, dtype: str = "f32",
+           buffer: int = 0) -> int:  # fmt: skip
+        """A node with memory of its own: ``shape``'s elements of ``dtype``, laid out densely."""
+        n = ELT_BYTES[dtype]
+        for d in shape:
+            n *= d
+        return self._add(Tensor(name, op, n, buffer, dense_layout(shape, dtype), srcs))
+
+    def view(self, src: int, op: str = "VIEW", *, name: str | None = None, srcs: tuple[int, ...] | None = None) -> int:
+        """A view of ``src`` (VIEW, RESHAPE, PERMUTE, TRANSPOSE; or an op whose result is a view of its destination:
+        SET_ROWS, CPY into a view of the cache), reading ``srcs`` (``src`` alone unless given)."""
+        s = self.tensors[src]
+        base = s.view_src if s.view_src is not None else src
+        t = Tensor(name or f"{s.name} ({op})", op, s.nbytes, s.buffer, (), srcs or (src,), view_src=base)
+        return self._add(t)
+
+    def dep(self, src: int, *, name: str | None = None) -> int:
+        """A view of op NONE: keeps ``src`` alive to here, not counted among its views (ggml-alloc.c b11312,
+        ggml_gallocr_alloc_graph_impl: "GGML_OP_NONE ... is used by ggml-backend to add dependencies")."""
+        return self.view(src, "NONE", name=name or f"{self.tensors[src].name} (dep)")
+
+    def set_output(self, i: int) -> None:
+        """Flag ``i`` a graph output (llm_graph_result::set_outputs): never freed nor taken over in place."""
+        self.tensors[i] = replace(self.tensors[i], is_output=True)
+
+    def graph(self) -> Graph:
+        return Graph(tuple(self.tensors), tuple(self.nodes), tuple(self.leafs))
 
 
 def _pad(n: int, alignment: int) -> int:

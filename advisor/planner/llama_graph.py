@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvadvise.planner.galloc import Graph, Tensor
+from kvadvise.planner.galloc import Graph, GraphBuilder
 
 DEVICE, HOST = 0, 1  # buffer ids: the device's compute buffer, the CPU's
 
@@ -74,37 +74,9 @@ class LlamaShape:
         return self.phi3 or self.glm4
 
 
-class _Builder:
-    def __init__(self) -> None:
-        self.tensors: list[Tensor] = []
-        self.nodes: list[int] = []
-        self.leafs: list[int] = []
-
-    def add(self, t: Tensor, *, node: bool = True) -> int:
-        self.tensors.append(t)
-        i = len(self.tensors) - 1
-        (self.nodes if node else self.leafs).append(i)
-        return i
-
-    def weight(self, name: str) -> int:
-        return self.add(Tensor(name, "NONE", 0, DEVICE, (), external=True), node=False)
-
-    def op(self, name: str, op: str, shape: tuple[int, ...], srcs: tuple[int, ...], *, elt: int = 4,
-           buffer: int = DEVICE) -> int:  # fmt: skip
-        n = elt
-        for d in shape:
-            n *= d
-        return self.add(Tensor(name, op, n, buffer, (elt, *shape), srcs))
-
-    def view(self, name: str, src: int, op: str = "VIEW") -> int:
-        s = self.tensors[src]
-        base = s.view_src if s.view_src is not None else src
-        return self.add(Tensor(name, op, s.nbytes, s.buffer, ("view", name), (src,), view_src=base))
-
-
 def build(s: LlamaShape) -> Graph:
     """The sched's graph for ``s`` (one device, the CPU beside it)."""
-    b = _Builder()
+    b = GraphBuilder()
     ub, E = s.n_ubatch, s.n_embd
     q_dim, kv_dim = s.n_head * s.n_embd_head, s.n_head_kv * s.n_embd_head
     # the mask's rows: GGML_PAD(n_tokens, GGML_KQ_MASK_PAD) in the e1e8e09 graph; an f32 input there, cast to f16
@@ -116,10 +88,10 @@ def build(s: LlamaShape) -> Graph:
     host = DEVICE if s.cpu_only else HOST
 
     def host_input(name: str, nbytes: int) -> int:
-        return b.add(Tensor(name, "NONE", nbytes, host, (name,), is_input=True), node=False)
+        return b.input(name, nbytes, buffer=host)
 
     tokens = host_input("inp_tokens", 4 * ub)
-    tok_embd = b.add(Tensor("token_embd.weight", "NONE", 0, host, (), external=True), node=False)
+    tok_embd = b.weight("token_embd.weight", buffer=host)
     pos = host_input("inp_pos", 4 * ub)
     idxs: tuple[int, ...] = ()
     if s.set_rows:
@@ -133,9 +105,8 @@ def build(s: LlamaShape) -> Graph:
     # split 1 (device): a copy of each input, in the order the split first reads them
     copies = {src: src for src in (embd, pos, *idxs, mask, out_ids)}
     for src in () if s.cpu_only else tuple(copies):
-        inp = b.tensors[src]
-        b.add(Tensor(inp.name + " (view)", "NONE", inp.nbytes, HOST, ("dep",), (src,), view_src=src))
-        copies[src] = b.add(Tensor(inp.name + "#RPC", "NONE", inp.nbytes, DEVICE, inp.layout, is_input=True))
+        b.dep(src)
+        copies[src] = b.input_copy(src, buffer=DEVICE, name=b.tensors[src].name + "#RPC")
     x = copies[embd]
     kq_mask = copies[mask]  # the f16 cast of the e1e8e09 graph replaces it at the first attention
 
@@ -144,7 +115,7 @@ def build(s: LlamaShape) -> Graph:
         t = b.op(name, "MUL_MAT", (s.n_embd_head * n_head, ub), (weight, inp))
         if s.qkv_bias:
             t = b.op(f"{name} (bias)", "ADD", (s.n_embd_head * n_head, ub), (t, b.weight(f"{name}.bias")))
-        t = b.view(f"{name} (reshaped)", t, "RESHAPE")
+        t = b.view(t, "RESHAPE", name=f"{name} (reshaped)")
         if s.qk_norm and normed:
             t = b.op(f"{name} (norm)", "RMS_NORM", (s.n_embd_head, n_head, ub), (t,))
             t = b.op(f"{name} (normed)", "MUL", (s.n_embd_head, n_head, ub), (t, b.weight(f"{name}.norm")))
@@ -165,11 +136,11 @@ def build(s: LlamaShape) -> Graph:
         cur = norm(f"attn_norm-{il}", x, ub, w["attn_norm"])
         if s.phi3:  # build_qkv with wqkv: 3-D views of one matmul (not contiguous: V is not reshaped in cpy_v)
             qkv = b.op(f"wqkv-{il}", "MUL_MAT", (q_dim + 2 * kv_dim, ub), (w["q"], cur))
-            q = b.view(f"Qcur-{il}", qkv)
+            q = b.view(qkv, name=f"Qcur-{il}")
             q = rope(f"Qcur-{il}", q, s.n_head)
             q = b.op(f"Qcur-{il} (scaled)", "SCALE", (s.n_embd_head, s.n_head, ub), (q,))
-            v = b.view(f"Vcur-{il}", qkv)
-            k = b.view(f"Kcur-{il}", qkv)
+            v = b.view(qkv, name=f"Vcur-{il}")
+            k = b.view(qkv, name=f"Kcur-{il}")
         elif s.legacy:  # build_attn (e1e8e09) expands Q, then K, then V
             q = rope(f"Qcur-{il}", proj(f"Qcur-{il}", w["q"], cur, s.n_head), s.n_head)
             k = rope(f"Kcur-{il}", proj(f"Kcur-{il}", w["k"], cur, s.n_head_kv), s.n_head_kv)
@@ -184,23 +155,27 @@ def build(s: LlamaShape) -> Graph:
         _store(b, s, il, k, v, cache_k, cache_v, copies, idxs)
         # build_attn_mha: Q viewed per stream and permuted; K and V: views of the cache
         if s.legacy:  # ggml_permute of Q, ggml_view_3d of each cache
-            qp = b.view(f"Qcur-{il} (permuted)", q, "PERMUTE")
-            kc = b.view(f"cache_k_l{il} (view 3d)", cache_k)
-            vc = b.view(f"cache_v_l{il} (view 3d)", cache_v)
+            qp = b.view(q, "PERMUTE", name=f"Qcur-{il} (permuted)")
+            kc = b.view(cache_k, name=f"cache_k_l{il} (view 3d)")
+            vc = b.view(cache_v, name=f"cache_v_l{il} (view 3d)")
         else:
-            qp = b.view(f"Qcur-{il} (view) (permuted)", b.view(f"Qcur-{il} (view)", q), "PERMUTE")
-            kc = b.view(f"cache_k_l{il} (view) (permuted)", b.view(f"cache_k_l{il} (view 4d)", cache_k), "PERMUTE")
-            vc = b.view(f"cache_v_l{il} (view) (permuted)", b.view(f"cache_v_l{il} (view 4d)", cache_v), "PERMUTE")
+            qp = b.view(b.view(q, name=f"Qcur-{il} (view)"), "PERMUTE", name=f"Qcur-{il} (view) (permuted)")
+            kc = b.view(
+                b.view(cache_k, name=f"cache_k_l{il} (view 4d)"), "PERMUTE", name=f"cache_k_l{il} (view) (permuted)"
+            )
+            vc = b.view(
+                b.view(cache_v, name=f"cache_v_l{il} (view 4d)"), "PERMUTE", name=f"cache_v_l{il} (view) (permuted)"
+            )
         if f32_mask and s.flash_attn and il == 0:  # kq_mask_cnv: ggml_cast (a CPY into a new f16 tensor)
-            kq_mask = b.op("attn_inp_kq_mask (f16)", "CPY", (s.n_kv, mask_rows), (kq_mask,), elt=2)
+            kq_mask = b.op("attn_inp_kq_mask (f16)", "CPY", (s.n_kv, mask_rows), (kq_mask,), dtype="f16")
         if s.flash_attn:
             fa = b.op(f"fattn-{il}", "FLASH_ATTN_EXT", (s.n_embd_head, s.n_head, ub), (qp, kc, vc, kq_mask))
-            kqv_out = b.view(f"kqv_out-{il}", fa, "RESHAPE")
+            kqv_out = b.view(fa, "RESHAPE", name=f"kqv_out-{il}")
         else:
             kq = b.op(f"kq-{il}", "MUL_MAT", (s.n_kv, ub, s.n_head), (kc, qp))
             kq = b.op(f"kq_soft_max-{il}", "SOFT_MAX", (s.n_kv, ub, s.n_head), (kq, kq_mask))
             kqv = b.op(f"kqv-{il}", "MUL_MAT", (s.n_embd_head, ub, s.n_head), (vc, kq))
-            kqv = b.view(f"kqv-{il} (permuted)", kqv, "PERMUTE")
+            kqv = b.view(kqv, "PERMUTE", name=f"kqv-{il} (permuted)")
             kqv_out = b.op(f"kqv_out-{il}", "CONT", (q_dim, ub), (kqv,))
         cur = b.op(f"attn_out-{il}", "MUL_MAT", (E, ub), (w["o"], kqv_out))
         rows = ub
@@ -221,15 +196,15 @@ def build(s: LlamaShape) -> Graph:
         x = b.op(f"l_out-{il}", "ADD", (E, rows), srcs)
     cur = norm("result_norm", x, s.n_outputs, b.weight("output_norm.weight"))
     if not s.legacy:
-        _set_output(b, cur)  # res->t_embd and res->t_logits: llm_graph_result::set_outputs
+        b.set_output(cur)  # res->t_embd and res->t_logits: llm_graph_result::set_outputs
     logits = b.op("result_output", "MUL_MAT", (s.n_vocab, s.n_outputs), (b.weight("output.weight"), cur))
     if not s.legacy:
-        _set_output(b, logits)
-    return Graph(tuple(b.tensors), tuple(b.nodes), tuple(b.leafs))
+        b.set_output(logits)
+    return b.graph()
 
 
 def _store(
-    b: _Builder, s: LlamaShape, il: int, k: int, v: int, cache_k: int, cache_v: int, copies: dict[int, int],
+    b: GraphBuilder, s: LlamaShape, il: int, k: int, v: int, cache_k: int, cache_v: int, copies: dict[int, int],
     idxs: tuple[int, ...],
 ) -> None:  # fmt: skip
     """K and V into the cache: ggml_set_rows with the row indices (llama_kv_cache::cpy_k / cpy_v), or before it
@@ -237,25 +212,24 @@ def _store(
     The transposed V cache (flash attention off) takes V as [n_embd_v_gqa, n_tokens]: a copy where V is a
     strided view."""
     kv_dim = s.n_head_kv * s.n_embd_head
-    kv = b.view(f"Kcur-{il} (view)", k) if s.set_rows else k  # ggml_cpy takes K as it is
+    kv = b.view(k, name=f"Kcur-{il} (view)") if s.set_rows else k  # ggml_cpy takes K as it is
     if s.flash_attn:
-        vv = b.view(f"Vcur-{il} (view)", v)
+        vv = b.view(v, name=f"Vcur-{il} (view)")
     else:
         if s.phi3:
             vv = b.op(f"Vcur-{il} (cont)", "CONT", (kv_dim, s.n_ubatch), (v,))
         else:
-            vv = b.view(f"Vcur-{il} (reshaped 2d)", v, "RESHAPE")
-        vv = b.view(f"Vcur-{il} (reshaped 1)", vv, "RESHAPE" if s.set_rows else "TRANSPOSE")
+            vv = b.view(v, "RESHAPE", name=f"Vcur-{il} (reshaped 2d)")
+        vv = b.view(vv, "RESHAPE" if s.set_rows else "TRANSPOSE", name=f"Vcur-{il} (reshaped 1)")
     for name, t, cache, j in ((f"cache_k_l{il}", kv, cache_k, 0), (f"cache_v_l{il}", vv, cache_v, 1)):
         if s.set_rows:
-            srcs = (t, copies[idxs[j]], cache)
-            b.add(Tensor(f"{name} (view)", "SET_ROWS", 0, DEVICE, (), srcs, view_src=cache))
+            b.view(cache, "SET_ROWS", name=f"{name} (view)", srcs=(t, copies[idxs[j]], cache))
         else:
-            dst = b.view(f"{name} (view)", cache)
-            b.add(Tensor(f"{name} (copy of)", "CPY", 0, DEVICE, (), (t, dst), view_src=cache))
+            dst = b.view(cache, name=f"{name} (view)")
+            b.view(dst, "CPY", name=f"{name} (copy of)", srcs=(t, dst))
 
 
-def _ffn(b: _Builder, s: LlamaShape, il: int, cur: int, rows: int, w: dict[str, int]) -> int:
+def _ffn(b: GraphBuilder, s: LlamaShape, il: int, cur: int, rows: int, w: dict[str, int]) -> int:
     """build_ffn: SwiGLU of a gate and an up projection (llama: LLM_FFN_SILU, LLM_FFN_PAR) or of one fused up
     projection (phi3, glm4: LLM_FFN_SWIGLU), then the down projection."""
     ff = s.n_ff
@@ -264,9 +238,9 @@ def _ffn(b: _Builder, s: LlamaShape, il: int, cur: int, rows: int, w: dict[str, 
         if s.swiglu:
             cur = b.op(f"ffn_swiglu-{il}", "GLU", (ff, rows), (up,))
         else:  # x0 = cont(view), x1 = cont(view); silu(x0) * x1, visited src[0] first
-            x0 = b.op(f"ffn_x0-{il}", "CONT", (ff, rows), (b.view(f"ffn_up-{il} (x0)", up),))
+            x0 = b.op(f"ffn_x0-{il}", "CONT", (ff, rows), (b.view(up, name=f"ffn_up-{il} (x0)"),))
             x0 = b.op(f"ffn_silu-{il}", "UNARY", (ff, rows), (x0,))
-            x1 = b.op(f"ffn_x1-{il}", "CONT", (ff, rows), (b.view(f"ffn_up-{il} (x1)", up),))
+            x1 = b.op(f"ffn_x1-{il}", "CONT", (ff, rows), (b.view(up, name=f"ffn_up-{il} (x1)"),))
             cur = b.op(f"ffn_mul-{il}", "MUL", (ff, rows), (x0, x1))
     elif s.swiglu:
         gate = b.op(f"ffn_gate-{il}", "MUL_MAT", (ff, rows), (w["gate"], cur))
@@ -278,8 +252,3 @@ def _ffn(b: _Builder, s: LlamaShape, il: int, cur: int, rows: int, w: dict[str, 
         up = b.op(f"ffn_up-{il}", "MUL_MAT", (ff, rows), (w["up"], cur))
         cur = b.op(f"ffn_gate_par-{il}", "MUL", (ff, rows), (gate, up))
     return b.op(f"ffn_out-{il}", "MUL_MAT", (s.n_embd, rows), (w["down"], cur))
-
-
-def _set_output(b: _Builder, i: int) -> None:
-    t = b.tensors[i]
-    b.tensors[i] = Tensor(t.name, t.op, t.nbytes, t.buffer, t.layout, t.srcs, t.view_src, t.is_input, True)

@@ -38,7 +38,7 @@ from kvadvise.model.ggml import (
 )
 from kvadvise.model.spec import ModelSpec
 from kvadvise.planner import builds
-from kvadvise.planner.galloc import Graph, Tensor, reserve_sizes
+from kvadvise.planner.galloc import Graph, GraphBuilder, flat, reserve_sizes
 from kvadvise.planner.layout import ContextLayout, layer_shapes
 from kvadvise.planner.llama_graph import LlamaShape, build
 from kvadvise.planner.repack import AMX_BUFFER, REPACK_BUFFER, plan_repack
@@ -1223,14 +1223,8 @@ def _host_experts_cpu_graph(spec: ModelSpec, lay: ContextLayout, owner: tuple[in
     mask_elt = 4 if not lay.flash_attn or f32_fa_mask(lay) else 2
     shapes = layer_shapes(spec)
     kinds = bool(shapes.kv_group) + bool(shapes.swa_group)
-    tensors: list[Tensor] = []
-    leafs: list[int] = []
-    nodes: list[int] = []
+    b = GraphBuilder()  # one buffer, the CPU's; the activations known by their bytes (galloc.flat)
     frees: dict[int, list[int]] = {}
-
-    def add(name: str, op: str, nbytes: int, srcs: tuple[int, ...] = (), layout: object = None) -> int:
-        tensors.append(Tensor(name, op, nbytes, 0, (layout or name,), srcs, is_input=op == "INPUT"))
-        return len(tensors) - 1
 
     def freed_at(reads: Callable[[int], bool]) -> int:
         """The block at whose split the last device that reads an input copies it in."""
@@ -1241,23 +1235,16 @@ def _host_experts_cpu_graph(spec: ModelSpec, lay: ContextLayout, owner: tuple[in
         return min(il for il in layers if owner[il] == last)
 
     def leaf(name: str, nbytes: int, reads: Callable[[int], bool] | None = None) -> int:
-        i = add(name, "INPUT", nbytes)
-        leafs.append(i)
+        i = b.input(name, nbytes)
         if reads is not None and nbytes:
             frees.setdefault(freed_at(reads), []).append(i)
         return i
 
-    def dep(i: int) -> None:
-        tensors.append(Tensor(f"{tensors[i].name} (view)", "NONE", 0, 0, (), (i,), view_src=i))
-        nodes.append(len(tensors) - 1)
-
     def matmul(name: str, nbytes: int, src: int, ids: int) -> int:
         """A MUL_MAT_ID of host experts; gpt-oss adds its experts' biases in place (ggml_add_id, ggml_op_can_inplace)."""
-        i = add(name, "MUL_MAT_ID", nbytes, (src, ids))
-        nodes.append(i)
+        i = b.op(name, "MUL_MAT_ID", flat(nbytes), (src, ids))
         if spec.architecture in _EXPERT_BIAS_GROWTH:
-            i = add(f"{name}_biased", "ADD_ID", nbytes, (i, ids), layout=name)
-            nodes.append(i)
+            i = b.op(f"{name}_biased", "ADD_ID", flat(nbytes), (i, ids))
         return i
 
     tokens = leaf("inp_tokens", 4 * ub)
@@ -1275,31 +1262,27 @@ def _host_experts_cpu_graph(spec: ModelSpec, lay: ContextLayout, owner: tuple[in
         leaf("v_idxs", v_idxs, reads)
         leaf("kq_mask", cells * ub * mask_elt, reads)
     leaf("out_ids", 4 * min(ub, lay.n_outputs_max), lambda il: il == n_layer - 1)  # gathered in or after the last block
-    embd = add("embd", "GET_ROWS", 4 * ub * spec.n_embd, (tokens,))
-    nodes.append(embd)
+    embd = b.op("embd", "GET_ROWS", (spec.n_embd, ub), (tokens,))
     frees.setdefault(0, []).insert(0, embd)
     for il in range(n_layer):
         for i in frees.get(il, ()):
-            dep(i)
+            b.dep(i)
         if not on_host[il]:
             continue
         n = lay.n_outputs_max if il == n_layer - 1 and gathers_in_last_block(spec) else ub
         ff, eu = expert_activation_bytes(spec, n)
-        x = add("ffn_norm (copy)", "NONE", 4 * n * spec.n_embd)
-        ids = add("ffn_moe_topk (copy)", "NONE", 4 * (spec.n_expert * (n - 1) + spec.n_expert_used))
-        nodes += [x, ids]
+        x = b.op("ffn_norm (copy)", "NONE", (spec.n_embd, n), ())
+        ids = b.op("ffn_moe_topk (copy)", "NONE", (spec.n_expert * (n - 1) + spec.n_expert_used,), (), dtype="i32")
         if spec.architecture in _UNGATED_EXPERTS:  # relu, then its square, in place on up's output
             act = matmul("up", ff, x, ids)
             for op in ("UNARY", "SQR"):
-                act = add(op, op, ff, (act,), layout="up")
-                nodes.append(act)
+                act = b.op(op, op, flat(ff), (act,))
         else:
-            act = add("glu", "GLU", ff, (matmul("gate", ff, x, ids), matmul("up", ff, x, ids)))
-            nodes.append(act)
-        dep(matmul("down", eu, act, ids))
+            act = b.op("glu", "GLU", flat(ff), (matmul("gate", ff, x, ids), matmul("up", ff, x, ids)))
+        b.dep(matmul("down", eu, act, ids))
     for i in frees.get(n_layer, ()):
-        dep(i)
-    return Graph(tuple(tensors), tuple(nodes), tuple(leafs))
+        b.dep(i)
+    return b.graph()
 
 
 def output_layer_compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from kvadvise.model.ggml import ALIGNMENT, GGMLType, is_quantized, pad, row_bytes
 from kvadvise.model.spec import ModelSpec, SSMDims
 from kvadvise.planner import builds
-from kvadvise.planner.galloc import Graph, Tensor, reserve_sizes
+from kvadvise.planner.galloc import Graph, GraphBuilder, dense_layout, flat, reserve_sizes
 from kvadvise.planner.layout import ContextLayout, layer_shapes
 
 MIB = 1 << 20
@@ -503,25 +503,12 @@ def _mla_build(g: _MLAGraph, *, probe_bytes: int = 0) -> Graph:
     """The reserve graph of ``g``'s blocks on one device (buffer 0; the CPU's is 1), and the output layer where
     ``g.n_vocab`` is set: the inputs copied in first (ggml_backend_sched_split_graph), then each block. ``probe_bytes``:
     a last node of that size on the logits (:func:`_mla_output_bytes`)."""
-    ts: list[Tensor] = []
-    nodes: list[int] = []
-    leafs: list[int] = []
+    b = GraphBuilder()
     n_tok, n_embd, n_head = g.n_tokens, g.n_embd, g.n_head
+    view, weight = b.view, b.weight
 
-    def add(t: Tensor, *, node: bool = True) -> int:
-        ts.append(t)
-        (nodes if node else leafs).append(len(ts) - 1)
-        return len(ts) - 1
-
-    def op(name: str, kind: str, nbytes: int, *srcs: int) -> int:  # f32, laid out as wide as its bytes say
-        return add(Tensor(name, kind, nbytes, 0, (nbytes,), srcs))
-
-    def view(src: int, kind: str = "VIEW") -> int:
-        base = ts[src].view_src if ts[src].view_src is not None else src
-        return add(Tensor(f"{ts[src].name} ({kind})", kind, ts[src].nbytes, 0, ("view", len(ts)), (src,), base))
-
-    def weight(name: str) -> int:
-        return add(Tensor(name, "NONE", 0, 0, (), external=True), node=False)
+    def op(name: str, kind: str, nbytes: int, *srcs: int) -> int:  # f32 rows: bytes, not shapes, decide the layout
+        return b.op(name, kind, flat(nbytes), srcs)
 
     def norm(name: str, t: int, nbytes: int) -> int:  # build_norm: rms_norm, then the weight's mul in place
         return op(name, "MUL", nbytes, op(f"{name} (norm)", "RMS_NORM", nbytes, t), weight(f"{name}.weight"))
@@ -548,16 +535,15 @@ def _mla_build(g: _MLAGraph, *, probe_bytes: int = 0) -> Graph:
     copy = {}
     for name, nbytes in inputs.items():
         if g.copies:  # pipeline parallelism: the copies are leafs, allocated first and kept (graph outputs)
-            copies = [add(Tensor(f"{name}#{c}", "NONE", nbytes, 0, (name,), is_input=True, is_output=True), node=False)
-                      for c in range(g.copies)]  # fmt: skip
+            copies = [b.input(f"{name}#{c}", nbytes, output=True) for c in range(g.copies)]
             copy[name] = copies[0]
             continue
-        # each host input, then its copy on the device (an input there)
-        src = add(Tensor(name, "NONE", nbytes, 1, (name,), is_input=True), node=False)
-        add(Tensor(f"{name} (dep)", "NONE", nbytes, 1, ("dep",), (src,), src))
-        # an f32 row of the hidden state is laid out as the ops' are (an op may take it in place: ggml_are_same_layout)
-        layout = (nbytes,) if name in ("norm", "l_in", "embd", *host) else (name,)
-        copy[name] = add(Tensor(f"{name}#dev", "NONE", nbytes, 0, layout, is_input=True))
+        # each host input, then its copy on the device (an input there); an f32 row of the hidden state is laid out as
+        # the ops' are (an op may take its copy in place: ggml_are_same_layout)
+        layout = dense_layout(flat(nbytes)) if name in ("norm", "l_in", "embd", *host) else None
+        src = b.input(name, nbytes, buffer=1, layout=layout)
+        b.dep(src)
+        copy[name] = b.input_copy(src, buffer=0, name=f"{name}#dev")
     x = copy["l_in"] if copied_norm else copy[host[0]] if host else copy["embd"]
     for name in host[1:]:  # the CPU block's ffn_out (a MoE block's) and l_out, added here
         x = op(f"{name} (add)", "ADD", f32 * n_embd, x, copy[name])
@@ -586,7 +572,7 @@ def _mla_build(g: _MLAGraph, *, probe_bytes: int = 0) -> Graph:
         k_pe = op(f"k_pe-{il}", "ROPE", f32 * g.qk_rope, view(kv), copy["pos"])
         k = op(f"Kcur-{il}", "CONCAT", f32 * (g.kv_lora + g.qk_rope), v, k_pe)
         cache = weight(f"cache_k_l{il}")
-        add(Tensor(f"set_rows-{il}", "SET_ROWS", 0, 0, (), (view(k), copy["k_idxs"], cache), cache))
+        view(cache, "SET_ROWS", name=f"set_rows-{il}", srcs=(view(k), copy["k_idxs"], cache))
         qp = view(view(qcur), "PERMUTE")
         k_4d = view(cache)
         kc, vc = view(k_4d, "PERMUTE"), view(view(k_4d), "PERMUTE")  # V: a view of K's first kv_lora columns
@@ -596,7 +582,7 @@ def _mla_build(g: _MLAGraph, *, probe_bytes: int = 0) -> Graph:
         else:  # V transposed (ggml_cont, visited first), the scores (softmax in place), kqv, then wv_b
             v_cont = op(f"v_cont-{il}", "CONT", g.v_row_bytes * g.kv_lora * g.n_stream, view(vc, "TRANSPOSE"))
             kq = op(f"kq-{il}", "MUL_MAT", f32 * g.n_kv * n_head, kc, qp)
-            kq = op(f"kq_soft_max-{il}", "SOFT_MAX", ts[kq].nbytes, kq, copy["mask"])
+            kq = op(f"kq_soft_max-{il}", "SOFT_MAX", b.tensors[kq].nbytes, kq, copy["mask"])
             out = op(f"kqv-{il}", "MUL_MAT", f32 * absorbed, v_cont, kq)
             out = op(f"kqv_mla-{il}", "MUL_MAT", f32 * n_head * g.v_head, weight("wv_b"), out)
         out = view(op(f"kqv_out-{il}", "CONT", f32 * n_head * g.v_head, view(out, "PERMUTE")), "RESHAPE")
@@ -613,7 +599,7 @@ def _mla_build(g: _MLAGraph, *, probe_bytes: int = 0) -> Graph:
             n_exp, used = 4 * rows * g.n_expert, g.n_expert_used
             probs = op(f"probs-{il}", "SOFT_MAX", n_exp, op(f"logits-{il}", "MUL_MAT", n_exp, weight("gate_inp"), cur))
             probs_3d = view(probs, "RESHAPE")
-            top_k = view(op(f"argsort-{il}", "ARGSORT", n_exp, probs))
+            top_k = view(b.op(f"argsort-{il}", "ARGSORT", flat(n_exp, "i32"), (probs,), dtype="i32"))
             weights = op(f"weights-{il}", "GET_ROWS", 4 * rows * used, probs_3d, top_k)
             cur_3d = view(cur, "RESHAPE")
             ff = 4 * rows * g.n_ff_exp * used
@@ -621,15 +607,15 @@ def _mla_build(g: _MLAGraph, *, probe_bytes: int = 0) -> Graph:
                 # the CPU split copies the normed input and the ids out (input_dep views keep them to its start), then
                 # the device's next split starts with the copy of the down projection's output
                 # (ggml_backend_sched_split_graph, ggml-backend.cpp b11312: "allocated at the start of the split")
-                view(cur_3d, "NONE")
-                view(top_k, "NONE")
+                b.dep(cur_3d)
+                b.dep(top_k)
                 down = op(f"moe_down-{il}#dev", "NONE", 4 * rows * n_embd * used)
             else:
                 gate = op(f"moe_gate-{il}", "MUL_MAT_ID", ff, weight("gate_exps"), cur_3d, top_k)
                 up = op(f"moe_up-{il}", "MUL_MAT_ID", ff, weight("up_exps"), cur_3d, top_k)
                 down = op(f"moe_down-{il}", "MUL_MAT_ID", 4 * rows * n_embd * used, weight("down_exps"),
                           op(f"moe_swiglu-{il}", "GLU", ff, gate, up), top_k)  # fmt: skip
-            down = op(f"moe_weighted-{il}", "MUL", ts[down].nbytes, down, weights)
+            down = op(f"moe_weighted-{il}", "MUL", b.tensors[down].nbytes, down, weights)
             experts = [view(down) for _ in range(used)]  # "order the views before the adds"
             moe = experts[0]
             for i, e in enumerate(experts[1:], 1):
@@ -648,12 +634,12 @@ def _mla_build(g: _MLAGraph, *, probe_bytes: int = 0) -> Graph:
         # place over it) is result_norm, then the lm_head's logits; llm_graph_result::set_outputs (src/llama-graph.cpp)
         # marks both graph outputs, so ggml-alloc never frees them (nor lets an op take them in place)
         norm_out = norm("result_norm", x, 4 * g.n_outputs * n_embd)
-        ts[norm_out] = replace(ts[norm_out], is_output=True)
+        b.set_output(norm_out)
         logits = op("result_output", "MUL_MAT", 4 * g.n_outputs * g.n_vocab, weight("output"), norm_out)
-        ts[logits] = replace(ts[logits], is_output=True)
+        b.set_output(logits)
         if probe_bytes:
             op("probe", "MUL_MAT", probe_bytes, logits)
-    return Graph(tuple(ts), tuple(nodes), tuple(leafs))
+    return b.graph()
 
 
 def expert_activation_bytes(spec: ModelSpec, ub: int) -> tuple[int, int]:
