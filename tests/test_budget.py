@@ -39,7 +39,9 @@ def _json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, object]:
 
 def test_compare_keeps_the_profile_headroom_a_plan_keeps(capsys: pytest.CaptureFixture[str]) -> None:
     """qwen3:32b on an RTX 4090: compare planned 28,672 tokens on 1 GiB margin + display only; the plan
-    keeps 3 % of the profile's 20 GB weights free too (572 MiB). Now both say 24,576 on the same budget."""
+    keeps 3 % of the profile's 20 GB weights free too (572 MiB). Now both say 23,552 on the same budget (24,576
+    before b11312's graph was replayed for a CUDA plan: Qwen3-32B's Q, 64 heads of 128, is wider than its n_embd
+    of 5120, and its compute buffer is 209.09 MiB, not the phases' 204: tests/test_replayed_compute_newest.py)."""
     plan = _json(capsys, "ollama", "qwen3:32b", "--gpu", "rtx-4090")
     (entry,) = _json(capsys, "compare", "qwen3:32b", "--gpu", "rtx-4090")["entries"]  # type: ignore[misc]
     budget = plan["budget"]
@@ -49,7 +51,7 @@ def test_compare_keeps_the_profile_headroom_a_plan_keeps(capsys: pytest.CaptureF
     expected = free - 1024 * MIB - -(-weights * 3 // 100) - DISPLAY_ALLOWANCE_BYTES
     assert entry["budget_bytes"] == budget["budget_bytes"] == expected
     assert budget["headroom_notes"][0].startswith("572 MiB: 3% of the weights")
-    assert entry["n_ctx"] == 24576
+    assert entry["n_ctx"] == 23552
 
 
 def test_a_single_rpc_host_keeps_no_display_allowance(gemma_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -22,6 +22,11 @@ the exact build is not known, the earliest it can be, so that an older build is 
   MLA keys and no attn_kv_b, which those builds cannot load: a config.json planned for them is the older
   conversion (kvadvise.planner.memory.mla_as_built). The exact build is not known here: planned from b5274 (a
   build of early May 2025) on, so that a build between is planned for the larger cache.
+- ATTN_ROT (ggml-org/llama.cpp#21038, "llama : rotate activations for better quantization", commit 744c0c73,
+  merged 2026-04-01, shipped in b8607 of that day): with a quantized cache whose head is a multiple of 64,
+  llama_kv_cache makes Hadamard matrices (graph inputs "attn_inp_k_rot", "attn_inp_v_rot") and build_attn
+  multiplies Q, K and V by them before the cache and the attention's output after it (llama_mul_mat_hadamard):
+  four more matmuls in every attention, their outputs in the compute buffer.
 - MLA_V_LESS (#19067, merged 2026-01-24/25; b7813 of 2026-01-23 lacks it): MLA models keep no V tensor
   (llama_kv_cache ctor: has_v = !is_mla); before, V (kv_lora_rank wide) was allocated beside K.
 - FUSED_GLU (ggml-org/llama.cpp#14158, merged 2025-06-29: ggml_swiglu, and ggml_swiglu_split for a separate gate
@@ -143,6 +148,7 @@ SWA_PAD_256 = 6900
 SET_ROWS = 6200
 FUSED_GLU = 5781
 MLA_V_LESS = 7830
+ATTN_ROT = 8607
 MLA_CACHE = 5274
 F16_MASK_FA = 9410
 SERVER_OUTPUT_LIMITS = 9467

@@ -63,6 +63,16 @@ class LlamaShape:
     # the CPU runs every layer: one backend, one split, one buffer (the inputs and the embeddings' get_rows in it,
     # no copies); the graph's inputs are leafs, allocated first in the order the graph first reads them
     cpu_only: bool = False
+    # builds.EMBD_SELECT on: build_inp_embd's f32 "inp_embd" input beside the tokens, which
+    # ggml_build_forward_select leaves unread at the reserve (a graph input: in the host's buffer beside a device,
+    # in the one buffer of a CPU that runs every layer)
+    embd_select: bool = False
+    # builds.ATTN_ROT on, with a quantized cache (llama_kv_cache: attn_rot_k where type_k is quantized and the head
+    # a multiple of 64, attn_rot_v alike): the Hadamard matrices' sizes (nrot; 0: no rotation). Q and K (k_rot),
+    # V and the attention's output (v_rot) each go through llama_mul_mat_hadamard (src/llama-impl.h): a matmul of
+    # the rotation and a 2-D reshape of the tensor (a ggml_cont first where it is not contiguous)
+    k_rot: int = 0
+    v_rot: int = 0
     # builds from b7847 to before ggml-org/llama.cpp#23764 (b9410): with flash attention the KQ mask is an f32 input,
     # its rows unpadded (GGML_KQ_MASK_PAD gone by ec98e2002), cast to f16 on the device at the first attention
     # (build_attn_inp_kv: ggml_cast(ctx0, inp->self_kq_mask, GGML_TYPE_F16), a5bb8ba4 as Ollama ef00199fb vendors it)
@@ -91,6 +101,8 @@ def build(s: LlamaShape) -> Graph:
         return b.input(name, nbytes, buffer=host)
 
     tokens = host_input("inp_tokens", 4 * ub)
+    if s.embd_select:
+        host_input("inp_embd", 4 * E * ub)
     tok_embd = b.weight("token_embd.weight", buffer=host)
     pos = host_input("inp_pos", 4 * ub)
     idxs: tuple[int, ...] = ()
@@ -99,11 +111,15 @@ def build(s: LlamaShape) -> Graph:
         v_idxs = host_input("attn_inp_v_idxs", 8 * (ub if s.flash_attn else ub * kv_dim))
         idxs = (k_idxs, v_idxs)
     mask = host_input("attn_inp_kq_mask", mask_elt * s.n_kv * mask_rows)
+    # build_attn_inp_kv_impl: the rotations after the mask (mctx_cur->build_input_k_rot / _v_rot)
+    rots = tuple(host_input(f"attn_inp_{kv}_rot", 4 * n * n) for kv, n in (("k", s.k_rot), ("v", s.v_rot)) if n)
+    k_rot = rots[0] if s.k_rot else None
+    v_rot = rots[-1] if s.v_rot else None
     out_ids = host_input("out_ids", 4 * s.n_outputs)
     # split 0 (CPU): the embeddings' get_rows
     embd = b.op("embd", "GET_ROWS", (E, ub), (tok_embd, tokens), buffer=host)
     # split 1 (device): a copy of each input, in the order the split first reads them
-    copies = {src: src for src in (embd, pos, *idxs, mask, out_ids)}
+    copies = {src: src for src in (embd, pos, *rots, *idxs, mask, out_ids)}
     for src in () if s.cpu_only else tuple(copies):
         b.dep(src)
         copies[src] = b.input_copy(src, buffer=DEVICE, name=b.tensors[src].name + "#RPC")
@@ -124,6 +140,16 @@ def build(s: LlamaShape) -> Graph:
     def rope(name: str, t: int, n_head: int) -> int:
         return b.op(f"{name} (rope)", "ROPE", (s.n_embd_head, n_head, ub), (t, copies[pos]))
 
+    def hadamard(name: str, t: int, rot: int | None, n: int, width: int, *, contiguous: bool = True) -> int:
+        """llama_mul_mat_hadamard of ``t`` ([width, n_ubatch] f32): ggml_cont_2d where it is not contiguous, else
+        ggml_reshape_2d; the matmul by the rotation; ggml_reshape_4d."""
+        if rot is None:
+            return t
+        rows = width * ub // n
+        t = b.op(f"{name} (cont)", "CONT", (n, rows), (t,)) if not contiguous else b.view(t, "RESHAPE")
+        t = b.op(f"{name} (rotated)", "MUL_MAT", (n, rows), (copies[rot], t))
+        return b.view(t, "RESHAPE")
+
     def norm(name: str, t: int, rows: int, weight: int) -> int:
         t = b.op(f"norm-{name}", "RMS_NORM", (E, rows), (t,))
         return b.op(name, "MUL", (E, rows), (t, weight))
@@ -139,19 +165,23 @@ def build(s: LlamaShape) -> Graph:
             q = b.view(qkv, name=f"Qcur-{il}")
             q = rope(f"Qcur-{il}", q, s.n_head)
             q = b.op(f"Qcur-{il} (scaled)", "SCALE", (s.n_embd_head, s.n_head, ub), (q,))
-            v = b.view(qkv, name=f"Vcur-{il}")
+            q = hadamard(f"Qcur-{il}", q, k_rot, s.k_rot, q_dim)
+            v = hadamard(f"Vcur-{il}", b.view(qkv, name=f"Vcur-{il}"), v_rot, s.v_rot, kv_dim, contiguous=False)
             k = b.view(qkv, name=f"Kcur-{il}")
         elif s.legacy:  # build_attn (e1e8e09) expands Q, then K, then V
             q = rope(f"Qcur-{il}", proj(f"Qcur-{il}", w["q"], cur, s.n_head), s.n_head)
             k = rope(f"Kcur-{il}", proj(f"Kcur-{il}", w["k"], cur, s.n_head_kv), s.n_head_kv)
             v = proj(f"Vcur-{il}", w["v"], cur, s.n_head_kv, normed=False)
         else:
+            # build_attn expands Q, V and K in that order, each with its rotation (none before builds.ATTN_ROT)
             q = proj(f"Qcur-{il}", w["q"], cur, s.n_head)
-            q = rope(f"Qcur-{il}", q, s.n_head)
+            q = hadamard(f"Qcur-{il}", rope(f"Qcur-{il}", q, s.n_head), k_rot, s.k_rot, q_dim)
             v = proj(f"Vcur-{il}", w["v"], cur, s.n_head_kv, normed=False)
+            v = hadamard(f"Vcur-{il}", v, v_rot, s.v_rot, kv_dim)
             k = rope(f"Kcur-{il}", proj(f"Kcur-{il}", w["k"], cur, s.n_head_kv), s.n_head_kv)
+            k = hadamard(f"Kcur-{il}", k, k_rot, s.k_rot, kv_dim)
         if s.phi3:
-            k = rope(f"Kcur-{il}", k, s.n_head_kv)
+            k = hadamard(f"Kcur-{il}", rope(f"Kcur-{il}", k, s.n_head_kv), k_rot, s.k_rot, kv_dim)
         _store(b, s, il, k, v, cache_k, cache_v, copies, idxs)
         # build_attn_mha: Q viewed per stream and permuted; K and V: views of the cache
         if s.legacy:  # ggml_permute of Q, ggml_view_3d of each cache
@@ -177,6 +207,7 @@ def build(s: LlamaShape) -> Graph:
             kqv = b.op(f"kqv-{il}", "MUL_MAT", (s.n_embd_head, ub, s.n_head), (vc, kq))
             kqv = b.view(kqv, "PERMUTE", name=f"kqv-{il} (permuted)")
             kqv_out = b.op(f"kqv_out-{il}", "CONT", (q_dim, ub), (kqv,))
+        kqv_out = hadamard(f"kqv_out-{il}", kqv_out, v_rot, s.v_rot, q_dim)  # V's rotation undone
         cur = b.op(f"attn_out-{il}", "MUL_MAT", (E, ub), (w["o"], kqv_out))
         rows = ub
         if last:  # the rows whose outputs are kept (inp_out_ids), of the attention's output and the residual

@@ -45,6 +45,7 @@ from kvadvise.planner.repack import AMX_BUFFER, REPACK_BUFFER, plan_repack
 from kvadvise.planner.repack import RULES as REPACK_RULES
 from kvadvise.planner.sizes import (
     GraphSizes,
+    attn_rot,
     expert_activation_bytes,
     f32_fa_mask,
     graph_sizes,
@@ -669,11 +670,13 @@ def compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     allocation pass (llama-fit-params, b11312) on real-size models of 20 families (tests/test_oracle.py).
     Builds before #15850: ggml-alloc's own figure where llama_graph builds the graph (_exact_device_compute)."""
     exact = _exact_device_compute(spec, lay)
-    if exact is not None:
+    if exact is not None and lay.llama_build is not None:
         return exact
     s = graph_sizes(spec, lay)
     layer = _layer_peak(s, lay) + s.layer_inputs_bytes
-    return pad(max(s.logits_bytes + 2 * s.embd_bytes + s.ple_bytes, layer + s.embd_bytes), ALIGNMENT["cuda"])
+    analytic = pad(max(s.logits_bytes + 2 * s.embd_bytes + s.ple_bytes, layer + s.embd_bytes), ALIGNMENT["cuda"])
+    # an unknown build is planned for the newest rules, the replay of b11312's graph a floor under the phases
+    return analytic if exact is None else max(exact, analytic)
 
 
 def _device_masks(s: GraphSizes, lay: ContextLayout) -> int:
@@ -724,8 +727,10 @@ def host_compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     rows = 1 if builds.older_than(lay.llama_build, builds.EMBD_SELECT) else 2
     # Gemma 3n/4: per_layer_token_embd is an input tensor on the CPU, so its get_rows for the batch is here
     # (one [n_embd_per_layer * n_layer, n_ubatch] f32; exact on 24 shapes of llama.cpp's allocation pass)
+    # the Hadamard rotations of a quantized cache are host inputs too (sizes.attn_rot)
+    rot = sum(4 * n * n for n in attn_rot(spec, lay))
     return pad(
-        mask_inputs(s, lay) + rows * s.embd_bytes + v_idxs_bytes(spec, lay) + ids_bytes(lay) + s.ple_bytes,
+        mask_inputs(s, lay) + rows * s.embd_bytes + v_idxs_bytes(spec, lay) + ids_bytes(lay) + s.ple_bytes + rot,
         ALIGNMENT["cuda"],
     )
 
@@ -750,9 +755,12 @@ def device_compute_bytes(spec: ModelSpec, lay: ContextLayout, *, weight_copy: in
     if not weight_copy:
         exact = _exact_device_compute(spec, lay)
         if exact is not None:
-            if lay.device == "cuda" and not builds.older_than(lay.llama_build, builds.GRAPH_OPTIMIZE):
-                # a b6302-b9409 GPU: kvadvise's "cuda" also plans Vulkan, whose graph_optimize reorders the graph
-                # ggml-alloc sees (CUDA's did not then): the larger of the replay and the phases
+            if (lay.device == "cuda" and not builds.older_than(lay.llama_build, builds.GRAPH_OPTIMIZE)) or (
+                lay.llama_build is None
+            ):
+                # a GPU from b6302 on: kvadvise's "cuda" also plans Vulkan, whose graph_optimize reorders the graph
+                # ggml-alloc sees (CUDA's does not, unless GGML_CUDA_GRAPH_OPT is set): the larger of the replay and
+                # the phases; an unknown build (the newest rules) alike
                 return max(exact, _analytic_device_compute(spec, lay))
             return exact
     return _analytic_device_compute(spec, lay, weight_copy)
@@ -771,7 +779,10 @@ def _analytic_device_compute(spec: ModelSpec, lay: ContextLayout, weight_copy: i
 
 
 # kvadvise.planner.llama_graph's graphs; granite's is llama's with in-place scales (src/models/granite.cpp)
-_EXACT_ARCHS = ("llama", "granite", "phi3", "qwen2", "qwen3")
+# mistral3 (Ministral 3, Mistral Small 3.x) is llama's graph and, with attention.temperature_scale, an in-place
+# scale of Q by a [1, 1, n_tokens] input (src/models/mistral3.cpp): llama-server b11312 prints llama's figures for
+# it (Ministral 3 3B's shape on a CPU: 168.02 MiB at -c 8192 -np 2 -ub 1024 both ways)
+_EXACT_ARCHS = ("llama", "granite", "phi3", "qwen2", "qwen3", "mistral3")
 # the legacy graphs checked against published logs and e1e8e09's allocation pass (tests/test_old_build_graphs.py,
 # tests/test_glm4_old_builds.py); not granite's: no old log
 _EXACT_ARCHS_LEGACY = ("llama", "qwen2", "qwen3", "glm4", "phi3")
@@ -779,6 +790,13 @@ _EXACT_ARCHS_LEGACY = ("llama", "qwen2", "qwen3", "glm4", "phi3")
 # 106: 288.01 MiB; the analytic plan, which keeps the fused QKV output alive through the attention, 306.00); before
 # it Q, K and V were copied out of the fused QKV and an RTX 3070 at b5600 printed 138.00 where the replay says 150
 _LEGACY_SET_ROWS_ONLY = ("phi3",)
+
+
+# b11312's graph of uniform layers allocates the same from the third layer on: replaying 3, 4 or 6 of 80 layers gives
+# the 80 layers' buffer to the byte on 1,440 shapes (llama, phi3, qwen3; flash attention on and off; rotated caches;
+# one device and the CPU alone), so the newest rules replay 8, twenty times faster on a 70B model's plan search. The
+# older graphs are replayed whole: truncated, phi3's differs there by up to 13 MiB
+_NEWEST_REPLAYED_LAYERS = 8
 
 
 def _exact_device_compute(spec: ModelSpec, lay: ContextLayout) -> int | None:
@@ -819,31 +837,36 @@ def _exact_device_compute(spec: ModelSpec, lay: ContextLayout) -> int | None:
     # a unified cache of several sequences (LLamaSharp's default kv_unified with SeqMax 40: 284.90 MiB as b8816
     # printed it, tests/data/published 035); CUDA's graph_optimize reordered nothing (kvadvise.planner.builds)
     mid = lay.llama_build is not None and builds.GRAPH_OPTIMIZE <= lay.llama_build < builds.F16_MASK_FA
+    # b11312's graph: an unknown build follows the newest rules (builds.older_than)
+    newest = lay.llama_build is None or lay.llama_build >= builds.REFERENCE
     uniform = len(set(spec.n_head)) == 1 and len(set(spec.n_head_kv)) == 1
     if not (
-        (lay.device == "rpc" or legacy or (mid and lay.device in ("cuda", "cpu")))
+        (lay.device in ("rpc", "cpu", "cuda") if newest else legacy or (mid and lay.device in ("cuda", "cpu")))
         and spec.architecture in (_EXACT_ARCHS_LEGACY if legacy else _EXACT_ARCHS)
         and not (legacy and spec.architecture in _LEGACY_SET_ROWS_ONLY and builds.older_than(lay.llama_build, builds.SET_ROWS))
         and uniform and spec.n_ff and not spec.n_expert
         and spec.n_swa == 0 and not spec.is_mla and not any(spec.recurrent_layers) and all(spec.kv_layers)
         and spec.n_layer_nextn == 0 and spec.n_embd_head_k == spec.n_embd_head_v and not spec.n_embd_per_layer
         and (legacy or mid or lay.n_stream == lay.n_seq_max) and GGMLType.F32 not in (lay.type_k, lay.type_v)
-        and lay.llama_build is not None and (legacy or mid or lay.llama_build >= builds.REFERENCE)
+        and (legacy or mid or newest)
     ):  # fmt: skip
         return None
     # llama_context::graph_reserve: the batch's tokens rounded up to a multiple of the sequences (one stream each,
     # or one unified stream of them all: the same tensors); the outputs as reserve_outputs says
     build_ = lay.llama_build
+    k_rot, v_rot = attn_rot(spec, lay)
     shape = LlamaShape(
-        n_layer=spec.n_layer, n_embd=spec.n_embd, n_head=spec.n_head[0], n_head_kv=spec.n_head_kv[0],
+        n_layer=spec.n_layer if legacy or mid else min(spec.n_layer, _NEWEST_REPLAYED_LAYERS), n_embd=spec.n_embd, n_head=spec.n_head[0], n_head_kv=spec.n_head_kv[0],
         n_embd_head=spec.n_embd_head_k, n_ff=spec.n_ff, n_vocab=spec.n_vocab,
         n_kv=lay.n_ctx if legacy else lay.n_ctx_seq,
         n_ubatch=reserve_tokens(lay), n_outputs=reserve_outputs(lay), flash_attn=lay.flash_attn,
         phi3=spec.architecture == "phi3", qkv_bias=spec.architecture == "qwen2", qk_norm=spec.architecture == "qwen3",
         glm4=spec.architecture == "glm4", legacy=legacy, swiglu=not builds.older_than(build_, builds.FUSED_GLU),
         set_rows=not builds.older_than(build_, builds.SET_ROWS), cpu_only=lay.device == "cpu", f32_fa_mask=mid,
+        embd_select=not builds.older_than(build_, builds.EMBD_SELECT),
+        k_rot=k_rot, v_rot=v_rot,
     )  # fmt: skip
-    return _reserved(shape, ALIGNMENT[lay.device] if legacy or mid else ALIGNMENT["rpc"])
+    return _reserved(shape, ALIGNMENT[lay.device])
 
 
 @functools.lru_cache(maxsize=256)

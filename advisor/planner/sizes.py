@@ -730,15 +730,23 @@ def _small_inputs(spec: ModelSpec, lay: ContextLayout) -> int:
     n_embd_head_k for K, 64 for V; "attn_inp_k_rot" in GLM-4.5-Air's q8_0 graph: 0.07 MiB under without them)."""
     ub = lay.n_ubatch
     v_idxs = v_idxs_bytes(spec, lay) or 8 * ub
-    rot = 0
+    return 4 * ub * 2 + 8 * ub + v_idxs + sum(4 * n * n for n in attn_rot(spec, lay))
+
+
+def attn_rot(spec: ModelSpec, lay: ContextLayout) -> tuple[int, int]:
+    """The sizes (nrot) of the Hadamard matrices that rotate K (with Q) and V (kvadvise.planner.builds.ATTN_ROT), 0
+    where there is none: llama_kv_cache's attn_rot_k / attn_rot_v (src/llama-kv-cache.cpp b11312: a quantized type
+    and a head a multiple of 64), build_input_k_rot (the largest power of two from 64 that divides the head) and
+    build_input_v_rot (64)."""
+    if builds.older_than(lay.llama_build, builds.ATTN_ROT):
+        return 0, 0
+    k_rot = 0
     if is_quantized(lay.type_k) and spec.n_embd_head_k % 64 == 0:
-        nrot = 128
-        while spec.n_embd_head_k % (2 * nrot) == 0:
-            nrot *= 2
-        rot += 4 * nrot * nrot if spec.n_embd_head_k % nrot == 0 else 4 * 64 * 64
-    if is_quantized(lay.type_v) and spec.n_embd_head_v % 64 == 0:
-        rot += 4 * 64 * 64
-    return 4 * ub * 2 + 8 * ub + v_idxs + rot
+        k_rot = 64
+        while spec.n_embd_head_k % (2 * k_rot) == 0:
+            k_rot *= 2
+    v_rot = 64 if is_quantized(lay.type_v) and spec.n_embd_head_v % 64 == 0 else 0
+    return k_rot, v_rot
 
 
 def _mixer_phase(spec: ModelSpec, ssm: SSMDims, ub: int, embd: int, n_seqs: int) -> int:
