@@ -195,14 +195,8 @@ def test_r26b_gemma3_4b_0_7_0_vision_placement_differs_from_0_7_1() -> None:
         assert got[k] == pub[k], (k, got[k], pub[k])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING: gemma3:4b profile OVER by 0.1 MiB: nonrepeating 525.1 vs 525.0 MiB, graph.full 517.1 vs 517.0 "
-    "MiB (ollama#10765); the profile takes Gemma3TextConfig's vocab_size 262208, Ollama's gemma3 blob holds 262144 "
-    "token rows (q6_K token_embd 2560 x 262144 = 525.0 MiB); gemma3:12b's 787.7 vs ollama#11819's 787.5 MiB alike",
-)
 def test_r26b_gemma3_4b_output_layer_and_full_graph() -> None:
-    """FINDING (weights/graph, OVER 0.13 MiB: harmless). Same replay. kvadvise: memory.weights.nonrepeating
+    """Fixed (was OVER 0.13 MiB): profiles/ollama_models.json's gemma3 profiles take the blob's 262,144 rows. Same replay. kvadvise: memory.weights.nonrepeating
     "525.1 MiB", memory.graph.full "517.1 MiB"; published "525.0 MiB", "517.0 MiB". Rule: the output layer is
     token_embd (tied), 2560 x vocab at q6_K (210/256 B a value): 262,144 rows give 550,502,400 B = 525.0 MiB, the
     profile's 262,208 rows 525.13 MiB; GraphSize's logits term 4 x batch x vocab moves graph.full by the same 64
