@@ -46,8 +46,8 @@ _HELD: dict[str, tuple[list[str], str]] = {
         "over / below --fit's share: the MTP block is fixed (split.trunk_only: 62.59 planned on the output's device, 62.57 printed); the first device keeps GLM-4.5-Air's shared-expert figure (+64 MiB) and the plan stays below --fit's weights",
     ),
     "test_gpt_oss_host_experts_bare_graph_under": (
-        ["fa-off-ub1024", "np4-ub1024-q8_0", "np4-ub2048", "np4-ub512"],
-        "UNDER 2.7 % (inside the bar, over it at --margin 0): gpt-oss's bare graph at -np 4 and without flash attention holds a few MiB the one-device rule does not place (sliding-window mask per sequence); kept for the next round",
+        ["fa-off-ub1024", "np4-ub2048"],
+        "RPC0 fixed (round 26d: memory.late_full_mask_bytes, 199.16 planned, 198 printed); np4-ub2048: RPC1 OVER (227.5 planned, 202 printed: the last device's masks); fa-off-ub1024: RPC1 UNDER 14.25 without flash attention",
     ),
     "test_gpt_oss_llama_server_second_device_under": (
         ["fa-off-ncmoe6", "ub1024-np4-q8_0-ncmoe1", "ub2048-ncmoe1", "ub2048-ncmoe2"],

@@ -1075,6 +1075,29 @@ def without_routed_ffn(spec: ModelSpec) -> ModelSpec:
     return replace(spec, n_ff_exp=1, n_ff=0 if spec.architecture in _ROUTED_ONLY_ARCHS else spec.n_ff)
 
 
+def late_full_mask_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
+    """What the device that runs block 0 holds above its bare graph's phases where block 0 is a sliding-window block
+    whose routed experts run on the CPU (--n-cpu-moe): 0 elsewhere.
+
+    ggml_backend_sched_split_graph (ggml/src/ggml-backend.cpp, b11312) copies a graph input into the first split that
+    reads it. Block 0's split reads the token embeddings' [n_embd, n_ubatch] f32 (token_embd's get_rows runs on the
+    CPU) and the sliding-window mask only; the full mask's copy comes in with the CPU split's experts' output, at the
+    split that runs block 1's attention (GGML_SCHED_DEBUG=2: "SPLIT #3: RPC0 ... [ffn_moe_down_biased-0]
+    [attn_inp_kq_mask]"), by when the embeddings' copy is freed: ggml-alloc's best fit puts the full mask in that
+    hole where it fits, and where it is smaller the hole's rest stays empty below the layer's tensors. So the foot of
+    the buffer holds the sliding-window mask and max(full mask, one row of n_embd). llama-fit-params b11312, gpt-oss-
+    120b's widths in 6 blocks, --n-cpu-moe 6, flash attention, one rpc-server: -ub 2048 -np 8 at 8k cells (1024 a
+    stream) 193.54 MiB printed, 175.66 planned before; over two, the first device 193 / 197 / 198 at 1024 / 2048 /
+    4096 cells a stream where 175.66 / 183.66 / 192.66 had been planned, 208 at 8192 (the full mask wider than the
+    row: nothing more). Without flash attention the peak is a full block's scores, which this hole does not reach
+    (-ub 2048 -np 8 at 8k cells: 685 printed, 691.5 planned without it, 706 with it)."""
+    kv = [il for il in range(spec.n_layer) if spec.kv_layers[il]]
+    if not lay.flash_attn or not spec.n_expert or not kv or not spec.swa_layers[kv[0]] or all(spec.swa_layers[il] for il in kv):
+        return 0
+    full_mask = lay.n_ctx_seq * lay.n_ubatch * (2 if lay.flash_attn else 4)
+    return max(0, graph_sizes(spec, lay).embd_bytes - full_mask)
+
+
 def experts_moved(spec: ModelSpec) -> tuple[bool, ...] | None:
     """Per block of the trunk, whether its routed experts are in host memory in ``spec`` as offload.cpu_moe_placement
     leaves it (a moved block holds none of their bytes); None where the blocks' expert bytes are unknown. A block
@@ -1147,6 +1170,8 @@ def host_experts_split_compute(
             )
         return own
     own = unpipelined_split_compute(without_routed_ffn(spec), lay, replace(part, spec=without_routed_ffn(part.spec)))
+    if first == 0:  # the full mask's copy made after block 0's experts ran on the CPU
+        own += late_full_mask_bytes(spec, lay)
     if inflow:  # one block's output copied in beside two rows; from the second block on, two outputs
         peak = masks + (2 * s.embd_bytes + eu if len(layers) == 1 else s.embd_bytes + 2 * eu)
         own = max(own, pad(peak, ALIGNMENT["cuda"]), scores)
@@ -1651,6 +1676,8 @@ def _offloaded(
             kv_d = sum(c.k_bytes + c.v_bytes for c in caches)
             rs_d = rs // rs_layers * rs_layers if rs_layers else 0
             compute = device_compute_bytes(cspec, lay)
+            if no_ffn:  # block 0's experts on the CPU: the full mask's copy made after them
+                compute += late_full_mask_bytes(spec, lay)
         else:
             kv_d = sum(sum(sizes[keys[il]]) for il in part.layers)
             rs_d = rs // rs_layers * sum(1 for il in part.layers if spec.recurrent_layers[il]) if rs_layers else 0
