@@ -1098,6 +1098,43 @@ def late_full_mask_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     return max(0, graph_sizes(spec, lay).embd_bytes - full_mask)
 
 
+def late_full_mask_scores_bytes(spec: ModelSpec, lay: ContextLayout, layers: tuple[int, ...]) -> int:
+    """Without flash attention, the peak of a device whose blocks ``layers`` run their routed experts on the CPU, the
+    first a sliding-window block (a later one attends to the whole context), where the first block is block 0 or
+    follows a block whose experts ran on the CPU: 0 elsewhere.
+
+    ggml_backend_sched_split_graph (ggml/src/ggml-backend.cpp, b11312) copies a graph input into the first split that
+    reads it, so the full mask's copy comes in after the first block's CPU split, after that split's output copy
+    ([n_embd, n_expert_used, n_ubatch] f32, Eu): both land on top of what the first split left (ggml-alloc's best fit:
+    no hole takes Eu), the mask in a hole only where it fits one; the full block's [n_ctx, n_ubatch, n_head] f32
+    scores stack on them. What the first split leaves: on block 0's device the token embeddings' hole (a row of
+    n_embd, the cache's row ids in it), the positions, the sliding-window mask, ffn_inp and the weighted sum's row
+    (3 rows); after a CPU block, that block's Eu and ffn_inp copied in, the positions (read to the device's last
+    block) pinning them (Eu less a row free for the mask). A traced ggml-alloc (round 26d, llama-fit-params b11312
+    with allocation prints, gpt-oss-120b's widths in 6 blocks, --n-cpu-moe 6, two rpc-servers): the first device
+    4343.55 MiB at -ub 2048 and 8k cells (4343 printed, 4341.5 planned before), 8503 / 2263 / 1221 / 685 at 16k /
+    -np 2 / 4 / 8 (this rule 8503.5 / 2263.5 / 1221.5 / 685.5); the second 4261.27 at -ub 1024 and 16k (4246.75
+    planned before), 2130 at -ub 512 (2122.38 before)."""
+    kv = [il for il in layers if spec.kv_layers[il]]
+    if lay.flash_attn or not spec.n_expert or not kv or not spec.swa_layers[kv[0]] or all(spec.swa_layers[il] for il in kv):
+        return 0
+    ub, embd = lay.n_ubatch, graph_sizes(spec, lay).embd_bytes
+    eu = expert_activation_bytes(spec, ub)[1]
+    full_mask = lay.n_ctx_seq * ub * 4
+    if layers[0] == 0:
+        shapes = layer_shapes(spec)
+        # the positions (i32) and the cache's row ids (i64 K, and V's of the sliding-window cache)
+        ids = 4 * ub + 8 * ub + v_idxs_bytes(spec, lay) // max(1, bool(shapes.kv_group) + bool(shapes.swa_group))
+        below, hole = 3 * embd + ids + lay.n_ctx_swa * ub * 4, embd - ids
+    else:
+        below, hole = eu + embd, eu - embd
+    stacked = full_mask if full_mask > hole else 0
+    if not stacked and layers[0] > 0:
+        return 0  # the mask in the copies' hole: another placement (measured under this one), not this rule's
+    scores = 4 * ub * lay.n_ctx_seq * max(spec.n_head)
+    return pad(below + eu + stacked + scores, ALIGNMENT["cuda"])
+
+
 def experts_moved(spec: ModelSpec) -> tuple[bool, ...] | None:
     """Per block of the trunk, whether its routed experts are in host memory in ``spec`` as offload.cpu_moe_placement
     leaves it (a moved block holds none of their bytes); None where the blocks' expert bytes are unknown. A block
@@ -1171,10 +1208,10 @@ def host_experts_split_compute(
         return own
     own = unpipelined_split_compute(without_routed_ffn(spec), lay, replace(part, spec=without_routed_ffn(part.spec)))
     if first == 0:  # the full mask's copy made after block 0's experts ran on the CPU
-        own += late_full_mask_bytes(spec, lay)
+        own = max(own + late_full_mask_bytes(spec, lay), late_full_mask_scores_bytes(spec, lay, layers))
     if inflow:  # one block's output copied in beside two rows; from the second block on, two outputs
         peak = masks + (2 * s.embd_bytes + eu if len(layers) == 1 else s.embd_bytes + 2 * eu)
-        own = max(own, pad(peak, ALIGNMENT["cuda"]), scores)
+        own = max(own, pad(peak, ALIGNMENT["cuda"]), scores, late_full_mask_scores_bytes(spec, lay, layers))
     return own
 
 
@@ -1677,7 +1714,8 @@ def _offloaded(
             rs_d = rs // rs_layers * rs_layers if rs_layers else 0
             compute = device_compute_bytes(cspec, lay)
             if no_ffn:  # block 0's experts on the CPU: the full mask's copy made after them
-                compute += late_full_mask_bytes(spec, lay)
+                blocks = tuple(range(spec.n_layer))
+                compute = max(compute + late_full_mask_bytes(spec, lay), late_full_mask_scores_bytes(spec, lay, blocks))
         else:
             kv_d = sum(sum(sizes[keys[il]]) for il in part.layers)
             rs_d = rs // rs_layers * sum(1 for il in part.layers if spec.recurrent_layers[il]) if rs_layers else 0
