@@ -1643,16 +1643,22 @@ def _split_layer_peak(spec: ModelSpec, layers: tuple[int, ...], s: GraphSizes, l
     the blocks from it on still read, and its feed-forward beside those after it. llama-server b11312 over two
     rpc-servers, Gemma 3 shapes at 16k cells, -ub 2048: a device whose global block comes first holds 122.07 MiB (its
     sliding-window blocks run without the 64 MiB full mask), one whose global block follows a sliding-window one
-    186.07. Other builds (the f32 flash-attention mask) and one cache kind: :func:`_layer_peak`."""
+    186.07. Other builds (the f32 flash-attention mask) and one cache kind: :func:`_layer_peak`.
+
+    A freed mask narrower than a row of n_embd stays a hole no tensor of the phases fits, under the mask and the row
+    ids copied in with it (round 26d, a traced ggml-alloc of llama-server b11312 over two rpc-servers: gpt-oss-120b's
+    widths, the device of blocks 4-5, -ub 2048, --n-cpu-moe 1: block 4's experts run above the 10 MiB hole of the
+    sliding-window mask, 421.07 MiB printed, 411.12 planned before)."""
     if f32_fa_mask(lay) or not spec.n_swa or not s.layer_bytes:
         return _layer_peak(s, lay)
     kinds = [spec.swa_layers[il] for il in sorted(layers) if spec.kv_layers[il]]
     if len(set(kinds)) < 2:
         return _layer_peak(s, lay)
     per_cell = lay.n_ubatch * (2 if lay.flash_attn else 4)
+    width = {False: per_cell * lay.n_ctx_seq, True: per_cell * lay.n_ctx_swa}
 
-    def masks(rest: list[bool]) -> int:  # the masks the blocks of ``rest`` still read
-        return per_cell * ((lay.n_ctx_seq if False in rest else 0) + (lay.n_ctx_swa if True in rest else 0))
+    def masks(rest: list[bool]) -> int:  # the masks the blocks of ``rest`` still read, and the holes of narrow ones
+        return sum(b for k, b in width.items() if k in rest or (rest and b < s.embd_bytes))
 
     return max(max(masks(kinds[i:]) + s.attn_bytes, masks(kinds[i + 1 :]) + s.mix_bytes) for i in range(len(kinds)))
 
