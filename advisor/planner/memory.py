@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -1075,6 +1075,15 @@ def without_routed_ffn(spec: ModelSpec) -> ModelSpec:
     return replace(spec, n_ff_exp=1, n_ff=0 if spec.architecture in _ROUTED_ONLY_ARCHS else spec.n_ff)
 
 
+def _full_mask_copied_late(spec: ModelSpec, layers: Iterable[int]) -> bool:
+    """Whether the first attention block of ``layers`` is a sliding-window one and a later one attends to the whole
+    context, so that a device running them copies the full mask in at a later split than the first
+    (ggml_backend_sched_split_graph, ggml-backend.cpp b11312: an input goes to the first split that reads it), where a
+    CPU split cuts the graph between them."""
+    kv = [il for il in layers if spec.kv_layers[il]]
+    return bool(kv) and spec.swa_layers[kv[0]] and not all(spec.swa_layers[il] for il in kv)
+
+
 def late_full_mask_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     """What the device that runs block 0 holds above its bare graph's phases where block 0 is a sliding-window block
     whose routed experts run on the CPU (--n-cpu-moe): 0 elsewhere.
@@ -1091,8 +1100,7 @@ def late_full_mask_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     4096 cells a stream where 175.66 / 183.66 / 192.66 had been planned, 208 at 8192 (the full mask wider than the
     row: nothing more). Without flash attention the peak is a full block's scores, which this hole does not reach
     (-ub 2048 -np 8 at 8k cells: 685 printed, 691.5 planned without it, 706 with it)."""
-    kv = [il for il in range(spec.n_layer) if spec.kv_layers[il]]
-    if not lay.flash_attn or not spec.n_expert or not kv or not spec.swa_layers[kv[0]] or all(spec.swa_layers[il] for il in kv):
+    if not lay.flash_attn or not spec.n_expert or not _full_mask_copied_late(spec, range(spec.n_layer)):
         return 0
     full_mask = lay.n_ctx_seq * lay.n_ubatch * (2 if lay.flash_attn else 4)
     return max(0, graph_sizes(spec, lay).embd_bytes - full_mask)
@@ -1115,8 +1123,7 @@ def late_full_mask_scores_bytes(spec: ModelSpec, lay: ContextLayout, layers: tup
     4343.55 MiB at -ub 2048 and 8k cells (4343 printed, 4341.5 planned before), 8503 / 2263 / 1221 / 685 at 16k /
     -np 2 / 4 / 8 (this rule 8503.5 / 2263.5 / 1221.5 / 685.5); the second 4261.27 at -ub 1024 and 16k (4246.75
     planned before), 2130 at -ub 512 (2122.38 before)."""
-    kv = [il for il in layers if spec.kv_layers[il]]
-    if lay.flash_attn or not spec.n_expert or not kv or not spec.swa_layers[kv[0]] or all(spec.swa_layers[il] for il in kv):
+    if lay.flash_attn or not spec.n_expert or not _full_mask_copied_late(spec, layers):
         return 0
     ub, embd = lay.n_ubatch, graph_sizes(spec, lay).embd_bytes
     eu = expert_activation_bytes(spec, ub)[1]
@@ -1210,7 +1217,16 @@ def host_experts_split_compute(
     if first == 0:  # the full mask's copy made after block 0's experts ran on the CPU
         own = max(own + late_full_mask_bytes(spec, lay), late_full_mask_scores_bytes(spec, lay, layers))
     if inflow:  # one block's output copied in beside two rows; from the second block on, two outputs
-        peak = masks + (2 * s.embd_bytes + eu if len(layers) == 1 else s.embd_bytes + 2 * eu)
+        held = masks
+        if lay.flash_attn and len(layers) > 1 and _full_mask_copied_late(spec, layers):
+            # a first sliding-window block: its mask is freed before the next block's output comes in, and the full
+            # mask, copied in at that split, takes the hole the first copies leave (Eu less the first block's Q)
+            # where it fits. Traced (round 26d, llama-fit-params b11312, gpt-oss-120b's widths, --n-cpu-moe 6, the
+            # second of two rpc-servers, -ub 2048): 202.54 MiB at -np 4 (both masks in holes; 227.5 planned before),
+            # 266 at 16k cells and -np 1 (the 64 MiB mask above; 275.5 before)
+            full_mask = lay.n_ctx_seq * lay.n_ubatch * 2
+            held = full_mask if full_mask > eu - s.q_bytes else 0
+        peak = held + (2 * s.embd_bytes + eu if len(layers) == 1 else s.embd_bytes + 2 * eu)
         own = max(own, pad(peak, ALIGNMENT["cuda"]), scores, late_full_mask_scores_bytes(spec, lay, layers))
     return own
 
