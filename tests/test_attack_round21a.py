@@ -233,15 +233,29 @@ def test_gpt_oss_eight_used_np2_host_experts_device_over_budget(
     _check(c)
 
 
-@pytest.mark.xfail(
+_HELD_SMALL_UNDER = pytest.mark.xfail(
     strict=True,
     reason="held: within the 16 MiB / 3 % bar but over a --margin 0 budget by 3-16 MiB (gpt-oss host experts, cohere2's split, gemma3 at -np 3-4: the SWA mask of several sequences): kvadvise's default margin covers these; at --margin 0 the bar is the promise",
 )
+
+
 @pytest.mark.parametrize(
     ("recipe", "dims", "budgets", "ctx", "flags"),
     [
-        pytest.param("gpt-oss", _GPT_OSS, [390, 60], 16384, ["-ub", "2048"], id="gpt-oss-390-60"),
-        pytest.param("gpt-oss", _GPT_OSS, [250, 100], 16384, ["-ub", "1024", "-np", "2"], id="gpt-oss-np2"),
+        pytest.param(
+            "gpt-oss", _GPT_OSS, [390, 60], 16384, ["-ub", "2048"], id="gpt-oss-390-60", marks=_HELD_SMALL_UNDER
+        ),
+        pytest.param(
+            "gpt-oss",
+            _GPT_OSS,
+            [250, 100],
+            16384,
+            ["-ub", "1024", "-np", "2"],
+            id="gpt-oss-np2",
+            marks=_HELD_SMALL_UNDER,
+        ),
+        # passes since round 26d (memory._split_layer_peak: a freed mask narrower than a row of n_embd stays a hole):
+        # -ngl 2 -ts 0.15,0.06 planned, A 97.16 predicted, 85.22 printed (the -ngl 3 plan's A had been 148.10 / 151.29)
         pytest.param("cohere2", "cohere2", [150, 60], 16384, ["-ub", "1024", "-np", "2"], id="cohere2-np2"),
         pytest.param(
             "gemma3",
@@ -250,6 +264,7 @@ def test_gpt_oss_eight_used_np2_host_experts_device_over_budget(
             16384,
             ["-ub", "2048", "-np", "3", "-ctk", "q8_0", "-ctv", "q8_0"],
             id="gemma3-np3",
+            marks=_HELD_SMALL_UNDER,
         ),
         pytest.param(
             "gemma3",
@@ -258,6 +273,7 @@ def test_gpt_oss_eight_used_np2_host_experts_device_over_budget(
             16384,
             ["-ub", "2048", "-np", "4", "-ctk", "q8_0", "-ctv", "q8_0"],
             id="gemma3-np4",
+            marks=_HELD_SMALL_UNDER,
         ),
         pytest.param(
             "cohere2",
@@ -266,6 +282,7 @@ def test_gpt_oss_eight_used_np2_host_experts_device_over_budget(
             32768,
             ["-ub", "2048", "-np", "4", "-ctk", "q8_0", "-ctv", "q8_0"],
             id="cohere2-np4-32k",
+            marks=_HELD_SMALL_UNDER,
         ),
     ],
 )

@@ -91,5 +91,7 @@ def test_mla_replay_takes_the_copies_in(tmp_path: Path) -> None:
         cfg = RunConfig(n_ctx=4096, n_ubatch=2048, n_batch=2048, flash_attn=fa, device="rpc", runtime="library")
         return mla_host_experts_growth(spec, resolve(spec, cfg))
 
-    assert growth(_DSV2_4096, "off", tmp_path / "a.gguf") == 56 * MIB
+    # 8 KiB less since round 26d: the output ids' copy comes in at the last block's split, after the last CPU split
+    # (sizes._mla_build), no longer under the whole replay (848.02 - 792.03 printed: 55.99 MiB)
+    assert growth(_DSV2_4096, "off", tmp_path / "a.gguf") == 56 * MIB - 8192
     assert growth(_DSV2_LITE, "off", tmp_path / "b.gguf") == 0

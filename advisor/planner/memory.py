@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -1098,6 +1098,73 @@ def without_routed_ffn(spec: ModelSpec) -> ModelSpec:
     return replace(spec, n_ff_exp=1, n_ff=0 if spec.architecture in _ROUTED_ONLY_ARCHS else spec.n_ff)
 
 
+def _full_mask_copied_late(spec: ModelSpec, layers: Iterable[int]) -> bool:
+    """Whether the first attention block of ``layers`` is a sliding-window one and a later one attends to the whole
+    context, so that a device running them copies the full mask in at a later split than the first
+    (ggml_backend_sched_split_graph, ggml-backend.cpp b11312: an input goes to the first split that reads it), where a
+    CPU split cuts the graph between them."""
+    kv = [il for il in layers if spec.kv_layers[il]]
+    return bool(kv) and spec.swa_layers[kv[0]] and not all(spec.swa_layers[il] for il in kv)
+
+
+def late_full_mask_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
+    """What the device that runs block 0 holds above its bare graph's phases where block 0 is a sliding-window block
+    whose routed experts run on the CPU (--n-cpu-moe): 0 elsewhere.
+
+    ggml_backend_sched_split_graph (ggml/src/ggml-backend.cpp, b11312) copies a graph input into the first split that
+    reads it. Block 0's split reads the token embeddings' [n_embd, n_ubatch] f32 (token_embd's get_rows runs on the
+    CPU) and the sliding-window mask only; the full mask's copy comes in with the CPU split's experts' output, at the
+    split that runs block 1's attention (GGML_SCHED_DEBUG=2: "SPLIT #3: RPC0 ... [ffn_moe_down_biased-0]
+    [attn_inp_kq_mask]"), by when the embeddings' copy is freed: ggml-alloc's best fit puts the full mask in that
+    hole where it fits, and where it is smaller the hole's rest stays empty below the layer's tensors. So the foot of
+    the buffer holds the sliding-window mask and max(full mask, one row of n_embd). llama-fit-params b11312, gpt-oss-
+    120b's widths in 6 blocks, --n-cpu-moe 6, flash attention, one rpc-server: -ub 2048 -np 8 at 8k cells (1024 a
+    stream) 193.54 MiB printed, 175.66 planned before; over two, the first device 193 / 197 / 198 at 1024 / 2048 /
+    4096 cells a stream where 175.66 / 183.66 / 192.66 had been planned, 208 at 8192 (the full mask wider than the
+    row: nothing more). Without flash attention the peak is a full block's scores, which this hole does not reach
+    (-ub 2048 -np 8 at 8k cells: 685 printed, 691.5 planned without it, 706 with it)."""
+    if not lay.flash_attn or not spec.n_expert or not _full_mask_copied_late(spec, range(spec.n_layer)):
+        return 0
+    full_mask = lay.n_ctx_seq * lay.n_ubatch * (2 if lay.flash_attn else 4)
+    return max(0, graph_sizes(spec, lay).embd_bytes - full_mask)
+
+
+def late_full_mask_scores_bytes(spec: ModelSpec, lay: ContextLayout, layers: tuple[int, ...]) -> int:
+    """Without flash attention, the peak of a device whose blocks ``layers`` run their routed experts on the CPU, the
+    first a sliding-window block (a later one attends to the whole context), where the first block is block 0 or
+    follows a block whose experts ran on the CPU: 0 elsewhere.
+
+    ggml_backend_sched_split_graph (ggml/src/ggml-backend.cpp, b11312) copies a graph input into the first split that
+    reads it, so the full mask's copy comes in after the first block's CPU split, after that split's output copy
+    ([n_embd, n_expert_used, n_ubatch] f32, Eu): both land on top of what the first split left (ggml-alloc's best fit:
+    no hole takes Eu), the mask in a hole only where it fits one; the full block's [n_ctx, n_ubatch, n_head] f32
+    scores stack on them. What the first split leaves: on block 0's device the token embeddings' hole (a row of
+    n_embd, the cache's row ids in it), the positions, the sliding-window mask, ffn_inp and the weighted sum's row
+    (3 rows); after a CPU block, that block's Eu and ffn_inp copied in, the positions (read to the device's last
+    block) pinning them (Eu less a row free for the mask). A traced ggml-alloc (round 26d, llama-fit-params b11312
+    with allocation prints, gpt-oss-120b's widths in 6 blocks, --n-cpu-moe 6, two rpc-servers): the first device
+    4343.55 MiB at -ub 2048 and 8k cells (4343 printed, 4341.5 planned before), 8503 / 2263 / 1221 / 685 at 16k /
+    -np 2 / 4 / 8 (this rule 8503.5 / 2263.5 / 1221.5 / 685.5); the second 4261.27 at -ub 1024 and 16k (4246.75
+    planned before), 2130 at -ub 512 (2122.38 before)."""
+    if lay.flash_attn or not spec.n_expert or not _full_mask_copied_late(spec, layers):
+        return 0
+    ub, embd = lay.n_ubatch, graph_sizes(spec, lay).embd_bytes
+    eu = expert_activation_bytes(spec, ub)[1]
+    full_mask = lay.n_ctx_seq * ub * 4
+    if layers[0] == 0:
+        shapes = layer_shapes(spec)
+        # the positions (i32) and the cache's row ids (i64 K, and V's of the sliding-window cache)
+        ids = 4 * ub + 8 * ub + v_idxs_bytes(spec, lay) // max(1, bool(shapes.kv_group) + bool(shapes.swa_group))
+        below, hole = 3 * embd + ids + lay.n_ctx_swa * ub * 4, embd - ids
+    else:
+        below, hole = eu + embd, eu - embd
+    stacked = full_mask if full_mask > hole else 0
+    if not stacked and layers[0] > 0:
+        return 0  # the mask in the copies' hole: another placement (measured under this one), not this rule's
+    scores = 4 * ub * lay.n_ctx_seq * max(spec.n_head)
+    return pad(below + eu + stacked + scores, ALIGNMENT["cuda"])
+
+
 def experts_moved(spec: ModelSpec) -> tuple[bool, ...] | None:
     """Per block of the trunk, whether its routed experts are in host memory in ``spec`` as offload.cpu_moe_placement
     leaves it (a moved block holds none of their bytes); None where the blocks' expert bytes are unknown. A block
@@ -1170,9 +1237,20 @@ def host_experts_split_compute(
             )
         return own
     own = unpipelined_split_compute(without_routed_ffn(spec), lay, replace(part, spec=without_routed_ffn(part.spec)))
+    if first == 0:  # the full mask's copy made after block 0's experts ran on the CPU
+        own = max(own + late_full_mask_bytes(spec, lay), late_full_mask_scores_bytes(spec, lay, layers))
     if inflow:  # one block's output copied in beside two rows; from the second block on, two outputs
-        peak = masks + (2 * s.embd_bytes + eu if len(layers) == 1 else s.embd_bytes + 2 * eu)
-        own = max(own, pad(peak, ALIGNMENT["cuda"]), scores)
+        held = masks
+        if lay.flash_attn and len(layers) > 1 and _full_mask_copied_late(spec, layers):
+            # a first sliding-window block: its mask is freed before the next block's output comes in, and the full
+            # mask, copied in at that split, takes the hole the first copies leave (Eu less the first block's Q)
+            # where it fits. Traced (round 26d, llama-fit-params b11312, gpt-oss-120b's widths, --n-cpu-moe 6, the
+            # second of two rpc-servers, -ub 2048): 202.54 MiB at -np 4 (both masks in holes; 227.5 planned before),
+            # 266 at 16k cells and -np 1 (the 64 MiB mask above; 275.5 before)
+            full_mask = lay.n_ctx_seq * lay.n_ubatch * 2
+            held = full_mask if full_mask > eu - s.q_bytes else 0
+        peak = held + (2 * s.embd_bytes + eu if len(layers) == 1 else s.embd_bytes + 2 * eu)
+        own = max(own, pad(peak, ALIGNMENT["cuda"]), scores, late_full_mask_scores_bytes(spec, lay, layers))
     return own
 
 
@@ -1587,16 +1665,22 @@ def _split_layer_peak(spec: ModelSpec, layers: tuple[int, ...], s: GraphSizes, l
     the blocks from it on still read, and its feed-forward beside those after it. llama-server b11312 over two
     rpc-servers, Gemma 3 shapes at 16k cells, -ub 2048: a device whose global block comes first holds 122.07 MiB (its
     sliding-window blocks run without the 64 MiB full mask), one whose global block follows a sliding-window one
-    186.07. Other builds (the f32 flash-attention mask) and one cache kind: :func:`_layer_peak`."""
+    186.07. Other builds (the f32 flash-attention mask) and one cache kind: :func:`_layer_peak`.
+
+    A freed mask narrower than a row of n_embd stays a hole no tensor of the phases fits, under the mask and the row
+    ids copied in with it (round 26d, a traced ggml-alloc of llama-server b11312 over two rpc-servers: gpt-oss-120b's
+    widths, the device of blocks 4-5, -ub 2048, --n-cpu-moe 1: block 4's experts run above the 10 MiB hole of the
+    sliding-window mask, 421.07 MiB printed, 411.12 planned before)."""
     if f32_fa_mask(lay) or not spec.n_swa or not s.layer_bytes:
         return _layer_peak(s, lay)
     kinds = [spec.swa_layers[il] for il in sorted(layers) if spec.kv_layers[il]]
     if len(set(kinds)) < 2:
         return _layer_peak(s, lay)
     per_cell = lay.n_ubatch * (2 if lay.flash_attn else 4)
+    width = {False: per_cell * lay.n_ctx_seq, True: per_cell * lay.n_ctx_swa}
 
-    def masks(rest: list[bool]) -> int:  # the masks the blocks of ``rest`` still read
-        return per_cell * ((lay.n_ctx_seq if False in rest else 0) + (lay.n_ctx_swa if True in rest else 0))
+    def masks(rest: list[bool]) -> int:  # the masks the blocks of ``rest`` still read, and the holes of narrow ones
+        return sum(b for k, b in width.items() if k in rest or (rest and b < s.embd_bytes))
 
     return max(max(masks(kinds[i:]) + s.attn_bytes, masks(kinds[i + 1 :]) + s.mix_bytes) for i in range(len(kinds)))
 
@@ -1657,6 +1741,9 @@ def _offloaded(
             kv_d = sum(c.k_bytes + c.v_bytes for c in caches)
             rs_d = rs // rs_layers * rs_layers if rs_layers else 0
             compute = device_compute_bytes(cspec, lay)
+            if no_ffn:  # block 0's experts on the CPU: the full mask's copy made after them
+                blocks = tuple(range(spec.n_layer))
+                compute = max(compute + late_full_mask_bytes(spec, lay), late_full_mask_scores_bytes(spec, lay, blocks))
         else:
             kv_d = sum(sum(sizes[keys[il]]) for il in part.layers)
             rs_d = rs // rs_layers * sum(1 for il in part.layers if spec.recurrent_layers[il]) if rs_layers else 0

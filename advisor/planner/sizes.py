@@ -355,13 +355,18 @@ def _mla_graph(spec: ModelSpec, lay: ContextLayout) -> _MLAGraph | None:
 
 def _mla_blocks(spec: ModelSpec, flash_attn: bool, layers: Iterable[int]) -> tuple[tuple[bool, ...], tuple[bool, ...]]:
     """Which of ``layers`` are dense, and which run their routed experts from host memory (experts among the block's
-    matmul weights, none of their bytes left on the device: offload.cpu_moe_placement). With flash attention a block
-    whose experts are in host memory is replayed as a dense one, as before round 25a (measured there: no growth)."""
+    matmul weights, none of their bytes left on the device: offload.cpu_moe_placement), with flash attention too:
+    round 26d, llama-fit-params b11312 over one and two rpc-servers, DeepSeek-V2-Lite's shape at n_embd 2048 and
+    4096, -ub 512/2048, --n-cpu-moe 1-6: every device of a split as printed (the first to 0.6 MiB), one device to
+    0.01 MiB but where only the last block runs its experts there (+63 MiB at -ub 2048 and n_embd 4096: the layers'
+    replay without the cache-wide mask), where the blocks had been replayed as dense ones (their n_ff 10944: up to
+    111 MiB over on one device, 31 on the first of two).
+    ``flash_attn`` is kept for the callers' signature."""
     have = {w.block for w in spec.matmul_weights if w.experts}
     dense, host = [], []
     for il in layers:
         on_device = bool(spec.n_expert) and spec.layer_expert_bytes[il] > 0
-        moved = bool(spec.n_expert) and not on_device and il in have and not flash_attn
+        moved = bool(spec.n_expert) and not on_device and il in have
         dense.append(not on_device and not moved)
         host.append(moved)
     return tuple(dense), tuple(host)
@@ -525,12 +530,19 @@ def _mla_build(g: _MLAGraph, *, probe_bytes: int = 0) -> Graph:
     hidden = ["norm"] if copied_norm else host or ["embd"]
     inputs = {name: f32 * n_embd for name in hidden}
     inputs |= {"pos": 4 * n_tok, "k_idxs": 8 * n_tok, "mask": (2 if g.flash_attn else 4) * g.n_kv * n_tok}
+    # the output ids are copied into the split that first reads them (ggml_backend_sched_split_graph, b11312): the
+    # last block's; where a block before it runs its routed experts in a CPU split, that is the device's split after
+    # the last such one, whose experts' output is copied in first (round 26d, a traced ggml-alloc: DeepSeek-V2-Lite's
+    # shape at n_embd 4096, --n-cpu-moe 5, the second of two rpc-servers: the 8 KiB of ids take the foot of the
+    # 32 MiB hole the next add fitted, which then stacks: 470.01 MiB printed, 455.05 replayed with them up front)
+    host_before = [il for il, h in enumerate(g.host_experts[: len(g.dense) - 1]) if h] if g.last_block else []
+    late_ids = host_before[-1] if host_before and not g.copies else None
     # a first block that is the last reads the output ids (its attention's rows) before the residual
     if g.last_block and len(g.dense) == 1:
         inputs["out_ids"] = 4 * g.n_outputs
     if copied_norm:
         inputs["l_in"] = f32 * n_embd
-    if g.last_block:
+    if g.last_block and late_ids is None:
         inputs["out_ids"] = 4 * g.n_outputs
     copy = {}
     for name, nbytes in inputs.items():
@@ -610,6 +622,8 @@ def _mla_build(g: _MLAGraph, *, probe_bytes: int = 0) -> Graph:
                 b.dep(cur_3d)
                 b.dep(top_k)
                 down = op(f"moe_down-{il}#dev", "NONE", 4 * rows * n_embd * used)
+                if il == late_ids:
+                    copy["out_ids"] = op("out_ids#dev", "NONE", 4 * g.n_outputs)
             else:
                 gate = op(f"moe_gate-{il}", "MUL_MAT_ID", ff, weight("gate_exps"), cur_3d, top_k)
                 up = op(f"moe_up-{il}", "MUL_MAT_ID", ff, weight("up_exps"), cur_3d, top_k)
