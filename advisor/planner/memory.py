@@ -879,7 +879,7 @@ def cpu_layers_attention_bytes(spec: ModelSpec, lay: ContextLayout, cpu_layers: 
     same run on a loopback device that op-offloads as CUDA does (benchmarks/bench_op_offload.py): nine architectures
     with 1 to 24 layers on the CPU, 8k-64k cells, f16 and q8_0 caches, never under (Qwen3 0.6B: 462.00 planned;
     92.5 before), at most 44 % over where no copy lands above. A device that can read host memory (Metal) copies
-    nothing."""
+    nothing. A hybrid (recurrent layers first) is :func:`_hybrid_cpu_attention_bytes`'s."""
     if lay.device != "cuda" or lay.n_ubatch < OP_OFFLOAD_MIN_BATCH:
         return 0
     kv = layer_kv_bytes(spec, lay)
