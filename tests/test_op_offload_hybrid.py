@@ -27,10 +27,13 @@ split reads the f32 input first (the cast is its first node): f32 copy, K, V, an
 | 27B, 1024, 131k | 1010.00 | 1132.00 | 1179.81 | 1415.81 | 1132.00 | 1435.81 |
 | 35B-A3B, 512, 131k | 620.00 | 553.02 | 765.53 | 700.00 | 553.02 | 845.53 |
 | 35B-A3B, 1024, 131k | 988.02 | 994.03 | 994.03 | 1112.00 | 994.03 | 1259.05 |
+| 27B, 2048, 131k | 2508.03 | 2020.00 | 2020.00 | 2319.81 | 2020.00 | 2311.81 |
+| 35B-A3B, 2048, 131k | 1988.03 | 1988.06 | 1988.06 | 1988.05 | 1988.06 | 2086.11 |
 
 (-ngl 10, 26 and 50 of 65 alike for the 27B, 10 and 26 of 41 for the 35B-A3B; 32k rows of the 35B-A3B: 497.03 and
 994.02 allocated, as planned.) The f32 27B row is the RTX 4070 log of b8586 (tests/test_attack_round20d.py: 1401.75
-MiB printed)."""
+MiB printed). The 27B at -ub 2048 is the rule's one miss, 8 MiB under with the f32 mask (the live set's holes 55.81
+MiB, over the 47.81 MiB copy), and its b11312 row is the full offload's logits phase (held below)."""
 
 from __future__ import annotations
 
@@ -75,7 +78,9 @@ MEASURED = {
     ("a3b", 512, 131072, 26): (620.00, 700.00),
     ("a3b", 1024, 32768, 26): (994.02, 994.02),
     ("a3b", 1024, 131072, 26): (988.02, 1112.00),
+    ("a3b", 2048, 131072, 26): (1988.03, 1988.05),
 }
+UNDER = (16.0, 0.03)  # the project's bar: never under by more than 16 MiB or 3 %
 
 
 @pytest.fixture(scope="module")
@@ -110,8 +115,30 @@ def test_the_plan_is_never_under_the_allocation_pass(case: tuple[str, int, int, 
     n_cpu = spec.n_layer + 1 - ngl
     for build, measured in zip((B11312, B8586), MEASURED[case], strict=True):
         planned = _planned(spec, n_cpu, _config(ub, n_ctx, build))
-        # to 0.05 MiB: the full offload's own plan of the 35B-A3B at 32k is 0.01 under (497.02 for 497.03), not this rule
-        assert planned >= measured - 0.05, (build, planned, measured)
+        assert planned >= measured - max(UNDER[0], UNDER[1] * measured), (build, planned, measured)
+
+
+def test_the_f32_mask_at_ubatch_2048_is_within_the_bar(models: dict[str, Path]) -> None:
+    """Qwen3.5-27B's shape, -ub 2048, 131,072 cells, the f32 mask: 271.81 MiB live below block 3's copies (the
+    attention's 216 and 55.81 of holes, more than the 47.81 MiB copy the rule allows for), the f32 copy 1024, K and
+    V, the f16 cast 512: 2319.81 allocated, 2311.81 planned (8 under, 0.3 %; 2020 before)."""
+    spec = from_gguf(read_file(models["27b"]))
+    planned = _planned(spec, 39, _config(2048, 131072, B8586))
+    assert round(planned, 2) == 2311.81
+    assert planned >= 2319.81 - max(UNDER[0], UNDER[1] * 2319.81)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="held: UNDER by 488 MiB, the full offload's logits phase, not the CPU layers' attention: at 131,072 cells "
+    "the last block's residual lands in the hole the mask's copy leaves (at 112 / 224 / 448 MiB for -ub 512 / 1024 / "
+    "2048, 488 at -ngl 26) and the logits above it; the full offload prints 617 / 1234 / 2468 MiB where kvadvise plans 505 / 1010 / "
+    "2020 (and 2508.03 allocated at -ngl 26, -ub 2048); not yet modelled",
+)
+def test_qwen35_27b_full_offload_logits_above_the_mask_hole(models: dict[str, Path]) -> None:
+    spec = from_gguf(read_file(models["27b"]))
+    planned = _planned(spec, 39, _config(2048, 131072, B11312))
+    assert planned >= 2508.03 - max(UNDER[0], UNDER[1] * 2508.03), planned
 
 
 def test_the_pinned_mask_and_the_f32_copy(models: dict[str, Path]) -> None:

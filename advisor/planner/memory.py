@@ -916,8 +916,8 @@ def _hybrid_cpu_attention_bytes(
     then the f16 cast above them, and the hole the f32 copy leaves takes what comes later.
 
     The live set below is the attention's (sizes.graph_sizes attn_bytes) with the holes the earlier CPU layers'
-    weight copies left: at most the largest of those copies (measured 28 to 48 MiB over attn_bytes, never more than
-    it). Measured with llama-fit-params b11312 over a loopback device that op-offloads as CUDA does
+    weight copies left: planned as the largest of those copies (measured 28 to 56 MiB over attn_bytes where that
+    copy is 47.81 or 176 MiB; the 56, at -ub 2048, leaves the plan 8 MiB under, 0.3 %). Measured with llama-fit-params b11312 over a loopback device that op-offloads as CUDA does
     (benchmarks/bench_op_offload.py; tests/test_op_offload_hybrid.py), -ngl 26, 131,072 f16 cells: Qwen3.5-27B's
     shape 997.81 MiB at -ub 512 (planned 997.81) and, with the f32 mask of builds before #23764, 1415.81 at -ub 1024
     (planned 1435.81; the RTX 4070 log of b8586 printed 1401.75, tests/test_attack_round20d.py)."""
