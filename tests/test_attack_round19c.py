@@ -15,49 +15,28 @@ ROCm 7.2.3 builds of the same commit. The rows that pass stay as regression guar
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
+from speed_holdout import holdout, load_bench, merged, read
 
-ROOT = Path(__file__).resolve().parent.parent
-EXTRA = ROOT / "tests" / "data" / "speed" / "holdout_round19.json"
+EXTRA = holdout(19)
 BAND = 0.25
-
-
-def _bench() -> Any:
-    # a module of its own name: bench_speed caches cards and specs at module level, and tests/test_speed.py
-    # loads it as "bench_speed"; this copy sees the merged doc from its first call on
-    spec = importlib.util.spec_from_file_location("bench_speed_r19c", ROOT / "benchmarks" / "bench_speed.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_speed_r19c"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def _extra() -> dict[str, Any]:
-    doc: dict[str, Any] = json.loads(EXTRA.read_text(encoding="utf-8"))
-    return doc
 
 
 @pytest.fixture(scope="module")
 def bench() -> Any:
-    return _bench()
+    return load_bench("bench_speed_r19c")
+
+
+def _extra() -> dict[str, Any]:
+    return read(EXTRA)
 
 
 @pytest.fixture(scope="module")
 def doc(bench: Any) -> dict[str, Any]:
     """measurements.json with this round's configs, cards and rows merged in (the rows keep their own ids)."""
-    d: dict[str, Any] = bench.load()
-    extra = _extra()
-    d["configs"].update(extra.get("configs", {}))
-    d["cards"].update(extra.get("cards", {}))
-    d["rows"] = d["rows"] + extra["rows"]
-    return d
+    return merged(bench, [EXTRA])
 
 
 def _row(doc: dict[str, Any], i: int) -> dict[str, Any]:

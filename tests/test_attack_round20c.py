@@ -18,13 +18,13 @@ and with today's, and asserts the change pushed none of them out of the band.
 from __future__ import annotations
 
 import importlib.util
-import json
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from speed_holdout import merged, read
 from test_attack_round19c import _check, _ratio, _row  # one row estimated and checked, as round 19c
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,19 +48,12 @@ def _bench(name: str, speed_module: Any = None) -> Any:
 
 
 def _extra(path: Path = EXTRA) -> dict[str, Any]:
-    doc: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    return doc
+    return read(path)
 
 
 def _merged(bench: Any) -> dict[str, Any]:
     """measurements.json with round 19c's and this round's configs, cards and rows merged in (ids kept)."""
-    d: dict[str, Any] = bench.load()
-    for path in (EXTRA_19, EXTRA):
-        extra = _extra(path)
-        d["configs"].update(extra.get("configs", {}))
-        d["cards"].update(extra.get("cards", {}))
-        d["rows"] = d["rows"] + extra["rows"]
-    return d
+    return merged(bench, [EXTRA_19, EXTRA])
 
 
 @pytest.fixture(scope="module")

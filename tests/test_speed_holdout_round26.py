@@ -24,53 +24,32 @@ Shares within ±25 % at writing: hybrid MoE 2/3, hybrid dense 3/5, plain MoE 11/
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from speed_holdout import holdout, load_bench, merged, read
 from test_attack_round19c import _check, _ratio, _row  # one row estimated and checked, as rounds 19c, 20c and 22c
 
-ROOT = Path(__file__).resolve().parent.parent
-EXTRA = ROOT / "tests" / "data" / "speed" / "holdout_round26.json"
-EARLIER = [ROOT / "tests" / "data" / "speed" / f"holdout_round{n}.json" for n in (19, 20, 22)]
+EXTRA = holdout(26)
+EARLIER = [holdout(n) for n in (19, 20, 22)]
 BAND = 0.25
 HYBRID = ("qwen35moe", "qwen35", "qwen3next", "nemotron_h_moe", "granitehybrid", "lfm2", "lfm2moe")
 
 
-def _bench() -> Any:
-    # a module of its own name: bench_speed caches cards and specs at module level (tests/test_speed.py loads it as
-    # "bench_speed", rounds 19c / 20c / 22c under their own names)
-    spec = importlib.util.spec_from_file_location("bench_speed_r26e", ROOT / "benchmarks" / "bench_speed.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_speed_r26e"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+@pytest.fixture(scope="module")
+def bench() -> Any:
+    return load_bench("bench_speed_r26e")
 
 
 def _extra(path: Path = EXTRA) -> dict[str, Any]:
-    doc: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    return doc
-
-
-@pytest.fixture(scope="module")
-def bench() -> Any:
-    return _bench()
+    return read(path)
 
 
 @pytest.fixture(scope="module")
 def doc(bench: Any) -> dict[str, Any]:
-    """measurements.json with rounds 19c's, 20c's, 22c's and this round's configs, cards and rows merged in."""
-    d: dict[str, Any] = bench.load()
-    for path in [*EARLIER, EXTRA]:
-        extra = _extra(path)
-        d["configs"].update(extra.get("configs", {}))
-        d["cards"].update(extra.get("cards", {}))
-        d["rows"] = d["rows"] + extra["rows"]
-    return d
+    """measurements.json with the earlier rounds' and this round's configs, cards and rows merged in (ids kept)."""
+    return merged(bench, [*EARLIER, EXTRA])
 
 
 # -- the data ----------------------------------------------------------------------------------------
