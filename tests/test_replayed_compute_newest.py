@@ -30,7 +30,6 @@ from kvadvise.model.ggml import GGMLType
 from kvadvise.model.gguf import read_file
 from kvadvise.planner import memory
 
-pytestmark = pytest.mark.llama
 MIB = 1 << 20
 
 SHAPES = {
@@ -99,6 +98,7 @@ _CPU = [
 ]
 
 
+@pytest.mark.llama
 @pytest.mark.parametrize(("name", "flags", "printed"), _CPU, ids=[f"{n}-{i}" for i, (n, _, _) in enumerate(_CPU)])
 def test_cpu_running_every_layer(
     name: str, flags: list[str], printed: float, models: dict[str, Path], real_llama_server: Path
@@ -115,6 +115,7 @@ _DEVICE = [
 ]
 
 
+@pytest.mark.llama
 @pytest.mark.parametrize(("name", "flags", "printed"), _DEVICE, ids=[f"{n}-{i}" for i, (n, _, _) in enumerate(_DEVICE)])
 def test_rotated_cache_on_a_device(
     name: str, flags: list[str], printed: float, models: dict[str, Path], real_llama_server: Path,
@@ -141,3 +142,18 @@ def test_unknown_build_and_cuda_plan_the_larger(models: dict[str, Path]) -> None
         assert exact is not None
         planned = memory.compute_bytes(spec, lay) if device == "cpu" else memory.device_compute_bytes(spec, lay)
         assert planned >= exact
+
+
+def test_no_rotation_without_attention(tmp_path: Path) -> None:
+    """llama_kv_cache rotates only where n_embd_head_k_all > 0: a Mamba-2 model (no attention, head 0) with a q8_0
+    cache has none (a head of 0 once looped forever looking for the largest power of two dividing it)."""
+    from kvadvise.planner.sizes import attn_rot
+
+    model = write_tiny_gguf(tmp_path / "mamba2.gguf", "mamba2", dims={"n_layer": 2, "n_embd": 256}, sparse=True)
+    spec = from_gguf(read_file(model))
+    cfg = memory.RunConfig(n_ctx=4096, type_k=GGMLType.Q8_0, type_v=GGMLType.Q8_0, flash_attn="on", device="cpu")
+    assert spec.n_embd_head_k == 0
+    assert attn_rot(spec, memory.resolve(spec, cfg)) == (0, 0)
+    qwen3 = from_gguf(read_file(write_tiny_gguf(tmp_path / "q.gguf", "qwen3", dims={"n_embd": 1024, "n_head": 8})))
+    assert qwen3.n_embd_head_k == 64
+    assert attn_rot(qwen3, memory.resolve(qwen3, cfg)) == (64, 64)  # K's: the largest power of two from 64 dividing it

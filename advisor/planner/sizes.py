@@ -755,11 +755,12 @@ def attn_rot(spec: ModelSpec, lay: ContextLayout) -> tuple[int, int]:
     if builds.older_than(lay.llama_build, builds.ATTN_ROT):
         return 0, 0
     k_rot = 0
-    if is_quantized(lay.type_k) and spec.n_embd_head_k % 64 == 0:
+    # n_embd_head_k_all > 0: a model without attention (Mamba) has no rotation
+    if is_quantized(lay.type_k) and spec.n_embd_head_k > 0 and spec.n_embd_head_k % 64 == 0:
         k_rot = 64
         while spec.n_embd_head_k % (2 * k_rot) == 0:
             k_rot *= 2
-    v_rot = 64 if is_quantized(lay.type_v) and spec.n_embd_head_v % 64 == 0 else 0
+    v_rot = 64 if is_quantized(lay.type_v) and spec.n_embd_head_v > 0 and spec.n_embd_head_v % 64 == 0 else 0
     return k_rot, v_rot
 
 
