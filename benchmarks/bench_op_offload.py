@@ -79,6 +79,21 @@ ANCHOR = "\nstatic const struct ggml_backend_device_i ggml_backend_rpc_device_i 
 SLOT = "/* .offload_op           = */ NULL,"
 
 
+def _home(archive: Path) -> Path:
+    return CACHE / f"op-offload-{hashlib.sha256(archive.read_bytes() + PATCH_FN.encode()).hexdigest()[:12]}"
+
+
+def cached_fit_params() -> Path | None:
+    """:func:`patched_fit_params` where it is already built (or named by KVADVISE_OFFLOAD_FIT_PARAMS), else None:
+    for tests that should not spend minutes building it."""
+    override = os.environ.get("KVADVISE_OFFLOAD_FIT_PARAMS")
+    if override:
+        return Path(override)
+    archives = sorted((CACHE / "llama.cpp-source").glob("llama.cpp-*.tar.gz"))
+    binary = _home(archives[-1]) / "llama-fit-params" if archives else None
+    return binary if binary is not None and binary.exists() else None
+
+
 def patched_fit_params() -> Path:
     """llama-fit-params of the tests' llama.cpp with the RPC device op-offloading as CUDA does (once, cached)."""
     override = os.environ.get("KVADVISE_OFFLOAD_FIT_PARAMS")
@@ -90,12 +105,11 @@ def patched_fit_params() -> Path:
 
         llama_server()  # writes the pruned archive
         archives = sorted((CACHE / "llama.cpp-source").glob("llama.cpp-*.tar.gz"))
-    archive = archives[-1]
-    digest = hashlib.sha256(archive.read_bytes() + PATCH_FN.encode()).hexdigest()[:12]
-    home = CACHE / f"op-offload-{digest}"
+    home = _home(archives[-1])
     binary = home / "llama-fit-params"
     if binary.exists():
         return binary
+    archive = archives[-1]
     home.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=home) as tmp:
         with tarfile.open(archive) as tar:

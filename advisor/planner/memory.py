@@ -902,17 +902,60 @@ def cpu_layers_attention_bytes(spec: ModelSpec, lay: ContextLayout, cpu_layers: 
     same run on a loopback device that op-offloads as CUDA does (benchmarks/bench_op_offload.py): nine architectures
     with 1 to 24 layers on the CPU, 8k-64k cells, f16 and q8_0 caches, never under (Qwen3 0.6B: 462.00 planned;
     92.5 before), at most 44 % over where no copy lands above. A device that can read host memory (Metal) copies
-    nothing."""
+    nothing. A hybrid (recurrent layers first) is :func:`_hybrid_cpu_attention_bytes`'s."""
     if lay.device != "cuda" or lay.n_ubatch < OP_OFFLOAD_MIN_BATCH:
         return 0
     kv = layer_kv_bytes(spec, lay)
-    views = [kv[il] for il in cpu_layers if il < len(kv) and spec.kv_layers[il] and kv[il][0] + kv[il][1] > 0]
-    if not views:
+    attn_layers = [il for il in cpu_layers if il < len(kv) and spec.kv_layers[il] and kv[il][0] + kv[il][1] > 0]
+    if not attn_layers:
         return 0
     s = graph_sizes(spec, lay)
-    copies = max(k + v for k, v in views) + max(max(k, v) for k, v in views)
     masks = _device_masks(s, lay)
+    if any(spec.recurrent_layers):
+        return _hybrid_cpu_attention_bytes(spec, lay, s, masks, list(cpu_layers), attn_layers, kv)
+    views = [kv[il] for il in attn_layers]
+    copies = max(k + v for k, v in views) + max(max(k, v) for k, v in views)
     return pad(masks + s.attn_bytes + copies + s.layer_inputs_bytes, ALIGNMENT["cuda"])
+
+
+def _hybrid_cpu_attention_bytes(
+    spec: ModelSpec,
+    lay: ContextLayout,
+    s: GraphSizes,
+    masks: int,
+    cpu_layers: list[int],
+    attn_layers: list[int],
+    kv: tuple[tuple[int, int], ...],
+) -> int:
+    """:func:`cpu_layers_attention_bytes` for a hybrid (recurrent layers before its first attention layer), whose
+    first CPU attention layer is where the GPU first reads the KQ mask.
+
+    ggml_backend_sched_split_graph (ggml-backend.cpp b11312) starts that layer's attention split with copies of its
+    inputs, allocated by ggml-alloc in the order the split reads them, above the live set the layers before left:
+    the layer's K and V views, then the mask (tensor_id_copy: the same copy serves every later split of the GPU, so
+    it stays there until the last attention layer). A later CPU attention layer's K/V copies, or a later CPU
+    layer's weight copy, that does not fit in the holes below it lands above it. Before #23764 (builds.F16_MASK_FA)
+    the split reads the f32 mask input first (its ggml_cast to f16 is the split's first node): the f32 copy, K, V,
+    then the f16 cast above them, and the hole the f32 copy leaves takes what comes later.
+
+    The live set below is the attention's (sizes.graph_sizes attn_bytes) with the holes the earlier CPU layers'
+    weight copies left: planned as the largest of those copies (measured 28 to 56 MiB over attn_bytes where that
+    copy is 47.81 or 176 MiB; the 56, at -ub 2048, leaves the plan 8 MiB under, 0.3 %). Measured with llama-fit-params b11312 over a loopback device that op-offloads as CUDA does
+    (benchmarks/bench_op_offload.py; tests/test_op_offload_hybrid.py), -ngl 26, 131,072 f16 cells: Qwen3.5-27B's
+    shape 997.81 MiB at -ub 512 (planned 997.81) and, with the f32 mask of builds before #23764, 1415.81 at -ub 1024
+    (planned 1435.81; the RTX 4070 log of b8586 printed 1401.75, tests/test_attack_round20d.py)."""
+    first = attn_layers[0]
+    k, v = kv[first]
+    largest = spec.layer_largest_tensor_bytes
+    before = max((largest[il] for il in cpu_layers if il < first and il < len(largest)), default=0)
+    below = s.attn_bytes + before
+    if f32_fa_mask(lay):
+        above = s.mask_cells * lay.n_ubatch * 4  # the f32 input's copy, read by the cast
+    else:
+        later_kv = [max(kv[il]) for il in attn_layers[1:]]
+        later_weights = [largest[il] for il in cpu_layers if il > first and il < len(largest)]
+        above = max([*later_kv, *later_weights], default=0)
+    return pad(below + k + v + masks + above + s.layer_inputs_bytes, ALIGNMENT["cuda"])
 
 
 def output_op_offload_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
