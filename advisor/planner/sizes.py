@@ -230,6 +230,8 @@ def graph_sizes(spec: ModelSpec, lay: ContextLayout) -> GraphSizes:
             # shape with its vocabulary: 60 MiB under with flash attention, 225 without at n_ubatch 2048; an upper
             # bound: Qwen1.5-MoE-A2.7B's needs none with flash attention, 22 MiB over)
             logits += 2 * f32 * ub * spec.n_ff_shexp
+    if spec.has_recurrent and spec.n_ff and not spec.n_expert and (full or swa):
+        logits += _hybrid_output_rows(spec, lay, embd, cells)
     ple = f32 * ub * spec.n_embd_per_layer * spec.n_layer
     layer_inputs = ple * 3 // 2 + embd * spec.n_altup // 2 if layer else 0
     lead = 0
@@ -238,6 +240,30 @@ def graph_sizes(spec: ModelSpec, lay: ContextLayout) -> GraphSizes:
         lead = ub * (2 * lay.n_ctx_swa + 4 * lay.n_ctx_seq)
     last = _last_moe_block(spec, lay, embd, cells) if spec.n_expert and not spec.is_mla else 0
     return GraphSizes(embd, q, logits, cells, scores, attn, mix, layer, ple, layer_inputs, lead, last)
+
+
+def _hybrid_output_rows(spec: ModelSpec, lay: ContextLayout, embd: int, cells: int) -> int:
+    """What a hybrid's (recurrent and attention layers, a dense feed-forward) output phase holds under the logits
+    beyond the two rows of n_embd the device's figure adds: ggml-alloc (ggml/src/ggml-alloc.c, b11312) frees the KQ
+    masks' copy after the last attention and places the later tensors by best fit, the logits above the highest one
+    alive. Measured (llama-fit-params b11312, one RPC device, the whole batch's logits):
+    - the last block attention (qwen35: Qwen3.5-27B's shape, vocab 248,320): where the masks' hole holds the
+      feed-forward's gate, up and product, they go in it and down's output, the residual's add and the final norm
+      above them, the logits above those: 3 rows of n_ff and 3 of n_embd (131,072 cells, -ub 512 / 1024 / 2048:
+      617 / 1234 / 2468 MiB allocated, 505 / 1010 / 2020 planned before); where the hole is narrower than a row
+      of n_embd the rows land above it (8,192 cells, flash attention: 513.02 at -ub 512, 2052.07 at 2048); between,
+      in it (two rows, as planned);
+    - the last block a Mamba-2 mixer (granitehybrid: Granite-4.0-H-Tiny's widths, vocab 100,352): its feed-forward and
+      the rows stack above the mixer's hole whatever the cells (8k-131k with flash attention: 229.00 at -ub 512, 916.00
+      at 2048; 202 and 808 planned before; 222.01 and 888.03 without flash attention); LFM2's short-conv last block
+      follows the masks' rule (LFM2-1.2B's widths: 184.03 at 131,072 cells, -ub 512, 136.00 at 8,192)."""
+    ub = lay.n_ubatch
+    ff_rows = 3 * 4 * ub * spec.n_ff
+    masks = cells * ub * (2 if lay.flash_attn else 4)  # memory._device_masks
+    mamba_last = spec.recurrent_layers[spec.n_layer - 1] and spec.ssm is not None and spec.ssm.kind == "mamba2"
+    if mamba_last or masks >= ff_rows:
+        return ff_rows + embd
+    return masks if masks < embd else 0
 
 
 def _last_moe_block(spec: ModelSpec, lay: ContextLayout, embd: int, cells: int) -> int:
