@@ -230,7 +230,10 @@ def graph_sizes(spec: ModelSpec, lay: ContextLayout) -> GraphSizes:
             # shape with its vocabulary: 60 MiB under with flash attention, 225 without at n_ubatch 2048; an upper
             # bound: Qwen1.5-MoE-A2.7B's needs none with flash attention, 22 MiB over)
             logits += 2 * f32 * ub * spec.n_ff_shexp
-    if spec.has_recurrent and spec.n_ff and not spec.n_expert and (full or swa):
+    # measured on b11312's graph only: before #23764 (builds.F16_MASK_FA) the f32 mask's copies leave other holes
+    # (Qwen3.5-27B's shape at -ngl 26, -ub 2048, 131k: 2319.81 MiB allocated, under the 2468 this would plan)
+    new_mask = not builds.older_than(lay.llama_build, builds.F16_MASK_FA)
+    if new_mask and spec.has_recurrent and spec.n_ff and not spec.n_expert and (full or swa):
         logits += _hybrid_output_rows(spec, lay, embd, cells)
     ple = f32 * ub * spec.n_embd_per_layer * spec.n_layer
     layer_inputs = ple * 3 // 2 + embd * spec.n_altup // 2 if layer else 0
