@@ -42,22 +42,27 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tinymodels import write_tiny_gguf  # noqa: E402
+from tinymodels import write_tiny_gguf
 
-from kvadvise.model.architecture import from_gguf  # noqa: E402
-from kvadvise.model.ggml import GGMLType  # noqa: E402
-from kvadvise.model.gguf import read_file  # noqa: E402
-from kvadvise.planner.memory import MIB, RunConfig, estimate  # noqa: E402
+from kvadvise.model.architecture import from_gguf
+from kvadvise.model.ggml import GGMLType
+from kvadvise.model.gguf import read_file
+from kvadvise.planner.memory import MIB, RunConfig, estimate
 
 QWEN35_27B = dict(n_layer=64, n_embd=5120, n_head=24, n_ff=17408, n_v_heads=48, n_head_kv=4, head=256, n_rot=64,
                   interval=4, d_conv=4, gdn_head=128, n_k_heads=16)  # fmt: skip
 QWEN35_27B_16 = {**QWEN35_27B, "n_layer": 16}
+QWEN35_9B_16 = dict(n_layer=16, n_embd=4096, n_head=16, n_head_kv=4, head=256, n_rot=64, n_ff=12288, interval=4, d_conv=4,
+                    gdn_head=128, n_k_heads=16, n_v_heads=32)  # fmt: skip
 GRANITE_H_TINY = dict(n_layer=40, n_embd=1536, n_head=12, n_head_kv=4, n_ff=4096, d_conv=4, d_state=128, n_ssm_head=48,
                       n_group=1)  # fmt: skip
 LFM2_1B = dict(n_layer=16, n_embd=2048, n_head=32, n_head_kv=8, n_ff=8192, l_cache=3)
 MODELS = {
     "qwen35-27b": ("qwen35", 248320, QWEN35_27B),
     "qwen35-27b-16": ("qwen35", 248320, QWEN35_27B_16),
+    "qwen35-9b": ("qwen35", 248320, QWEN35_9B_16),
+    "qwen35-ff8192": ("qwen35", 248320, {**QWEN35_27B_16, "n_ff": 8192}),
+    "qwen35-ff30720": ("qwen35", 248320, {**QWEN35_27B_16, "n_ff": 30720}),
     "granite-h-tiny": ("granitehybrid", 100352, GRANITE_H_TINY),
     "lfm2-1.2b": ("lfm2", 65536, LFM2_1B),
 }
@@ -76,6 +81,15 @@ MEASURED = {
     ("granite-h-tiny", 131072, 1024, "on", 1): (458.00, 458.00),
     ("granite-h-tiny", 131072, 2048, "on", 1): (916.00, 916.00),
     ("granite-h-tiny", 8192, 2048, "off", 1): (888.03, 916.00),
+    ("qwen35-27b-16", 65536, 512, "on", 1): (579.02, 579.00),
+    ("qwen35-27b-16", 65536, 2048, "on", 1): (2316.07, 2316.00),
+    ("qwen35-27b-16", 163840, 512, "on", 1): (617.00, 627.00),
+    ("qwen35-27b-16", 196608, 512, "on", 1): (505.00, 505.00),
+    ("qwen35-9b", 98304, 512, "on", 1): (589.00, 589.00),
+    ("qwen35-9b", 131072, 512, "on", 1): (501.00, 501.00),
+    ("qwen35-ff8192", 65536, 512, "on", 1): (553.00, 553.00),
+    ("qwen35-ff30720", 65536, 512, "on", 1): (579.02, 579.00),
+    ("qwen35-ff30720", 262144, 512, "on", 1): (695.00, 705.00),
     ("lfm2-1.2b", 131072, 512, "on", 1): (184.03, 188.00),
     ("lfm2-1.2b", 8192, 512, "on", 1): (136.00, 136.00),
     ("lfm2-1.2b", 8192, 2048, "on", 4): (552.05, 552.00),

@@ -247,26 +247,38 @@ def graph_sizes(spec: ModelSpec, lay: ContextLayout) -> GraphSizes:
 
 def _hybrid_output_rows(spec: ModelSpec, lay: ContextLayout, embd: int, cells: int) -> int:
     """What a hybrid's (recurrent and attention layers, a dense feed-forward) output phase holds under the logits
-    beyond the two rows of n_embd the device's figure adds: ggml-alloc (ggml/src/ggml-alloc.c, b11312) frees the KQ
-    masks' copy after the last attention and places the later tensors by best fit, the logits above the highest one
-    alive. Measured (llama-fit-params b11312, one RPC device, the whole batch's logits):
-    - the last block attention (qwen35: Qwen3.5-27B's shape, vocab 248,320): where the masks' hole holds the
-      feed-forward's gate, up and product, they go in it and down's output, the residual's add and the final norm
-      above them, the logits above those: 3 rows of n_ff and 3 of n_embd (131,072 cells, -ub 512 / 1024 / 2048:
-      617 / 1234 / 2468 MiB allocated, 505 / 1010 / 2020 planned before); where the hole is narrower than a row
-      of n_embd the rows land above it (8,192 cells, flash attention: 513.02 at -ub 512, 2052.07 at 2048); between,
-      in it (two rows, as planned);
-    - the last block a Mamba-2 mixer (granitehybrid: Granite-4.0-H-Tiny's widths, vocab 100,352): its feed-forward and
-      the rows stack above the mixer's hole whatever the cells (8k-131k with flash attention: 229.00 at -ub 512, 916.00
-      at 2048; 202 and 808 planned before; 222.01 and 888.03 without flash attention); LFM2's short-conv last block
-      follows the masks' rule (LFM2-1.2B's widths: 184.03 at 131,072 cells, -ub 512, 136.00 at 8,192)."""
+    beyond the two rows of n_embd the device's figure adds. ggml-alloc (ggml/src/ggml-alloc.c, b11312) frees the KQ
+    masks' copy after the last attention and gives each later tensor the smallest free block it fits (the end of the
+    buffer only where none does); the logits, wider than any hole, go above the highest tensor alive. With the last
+    block attention (src/models/qwen35.cpp), in the masks' hole of M bytes, for rows of n_ff of F bytes:
+    - M under a row of n_embd: the rows land above the hole (M + 2 rows);
+    - F <= M < 2F: the gate fills the hole, up and the product go above it, and down's output lands in up's freed
+      block (smaller than the hole): M + 3 rows under the logits;
+    - 3F <= M < 5F: gate, up and product fill the hole, and the rows after them (down's output, the residual's add,
+      the final norm) take the rest of it (smaller than the freed gate and up), as many as fit, up to those three;
+      the next goes above: 3F and one row more than fit (Qwen3.5-9B's shape at 98k: 3F + 4 rows, 589.00 MiB; the
+      27B's at 131k: 3F + 3 rows, 617.00);
+    - else the rows land low in a hole (two rows, as planned).
+    With a Mamba-2 block last (src/models/granite-hybrid.cpp) its feed-forward and the rows stack above the mixer's
+    hole whatever the cells: 3F + 3 rows. Each is returned less the two rows the device's figure adds. Measured
+    (llama-fit-params b11312, one RPC device, the whole batch's logits, tests/test_output_phase_long_context.py):
+    Qwen3.5-27B's shape at 131,072 cells, -ub 512 / 1024 / 2048: 617 / 1234 / 2468 MiB (505 / 1010 / 2020 planned
+    before, exact now), 513.02 at 8,192 cells (505 before); its n_ff varied (8,192 at 65k: 553.00; 30,720 at 65k:
+    579.02, at 262k: 695.00, 705 planned; the 9B's 12,288 at 98k: 589.00); Granite-4.0-H-Tiny's 229.00 / 458.00 /
+    916.00 (202 / 404 / 808 before). LFM2's short-conv last block stays over (184.03 allocated at 131k, 188 planned).
+    Measured on the device only: the CPU running every layer (memory.compute_bytes) holds one to two more rows there.
+    """
     ub = lay.n_ubatch
-    ff_rows = 3 * 4 * ub * spec.n_ff
+    ff = 4 * ub * spec.n_ff
     masks = cells * ub * (2 if lay.flash_attn else 4)  # memory._device_masks
     mamba_last = spec.recurrent_layers[spec.n_layer - 1] and spec.ssm is not None and spec.ssm.kind == "mamba2"
-    if mamba_last or masks >= ff_rows:
-        return ff_rows + embd
-    return masks if masks < embd else 0
+    if mamba_last:
+        return 3 * ff + embd
+    if 3 * ff <= masks < 5 * ff:
+        return 3 * ff + embd * min(3, (masks - 3 * ff) // embd) - embd
+    if masks < embd:
+        return masks
+    return masks + embd if ff <= masks < 2 * ff else 0
 
 
 def _last_moe_block(spec: ModelSpec, lay: ContextLayout, embd: int, cells: int) -> int:
