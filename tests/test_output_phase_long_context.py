@@ -30,7 +30,11 @@ it; at 32k (32 MiB) they land in it, as planned. Granite's last block is a Mamba
 rows stack above the mixer's hole whatever the cells. The other architectures of the grid (qwen35moe, gemma3, gpt-oss,
 qwen3moe, deepseek2 MLA, gemma2, command-r) were not under in the output phase at any of the 24 settings (their misses
 are the layers' phases: gemma2/gemma3 without flash attention 0.5-4 MiB, qwen35moe at -np 4 2-8 MiB), and
-llama-server's runtime (one row per slot) plans the same as before on all 78 hybrid settings.
+llama-server's runtime (one row per slot) plans the same as before on all 96 hybrid settings.
+
+The CPU running every layer (-ngl 0) was under too (Qwen3.5-27B's shape: 505 planned for 523.02 at 8k and 633.02 at
+131k; n_ff 8,192 at 262k: 505 for 761.02): its buffer holds the inputs themselves and the rows land above the masks'
+hole; planned as the bound M + 3 rows (MEASURED_CPU).
 """
 
 from __future__ import annotations
@@ -106,11 +110,14 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
 
 
-def _planned(model: Path, n_ctx: int, ub: int, fa: str, n_par: int, runtime: str = "library") -> float:
+def _planned(
+    model: Path, n_ctx: int, ub: int, fa: str, n_par: int, runtime: str = "library", device: str = "rpc"
+) -> float:
     spec = from_gguf(read_file(model))
-    cfg = RunConfig(n_ctx=n_ctx, flash_attn=fa, runtime=runtime, device="rpc", type_k=GGMLType.F16,
+    cfg = RunConfig(n_ctx=n_ctx, flash_attn=fa, runtime=runtime, device=device, type_k=GGMLType.F16,
                     type_v=GGMLType.F16, n_ubatch=ub, n_batch=ub, n_parallel=n_par, llama_build=11312)  # fmt: skip
-    return estimate(spec, cfg).devices[0].compute_bytes / MIB
+    plan = estimate(spec, cfg)
+    return (plan.compute_bytes if device == "cpu" else plan.devices[0].compute_bytes) / MIB
 
 
 @pytest.mark.parametrize("case", list(MEASURED), ids=["-".join(map(str, c)) for c in MEASURED])
@@ -118,6 +125,31 @@ def test_the_library_output_phase(case: tuple[str, int, int, str, int], models: 
     key, n_ctx, ub, fa, n_par = case
     allocated, expected = MEASURED[case]
     planned = _planned(models[key], n_ctx, ub, fa, n_par)
+    assert round(planned, 2) == expected
+    assert planned >= allocated - max(UNDER[0], UNDER[1] * allocated), (planned, allocated)
+
+
+# the CPU running every layer (llama-fit-params -ngl 0; kvadvise --device cpu): (allocated, planned), MiB
+MEASURED_CPU = {
+    ("qwen35-27b", 131072, 512, "on", 1): (633.02, 643.00),
+    ("qwen35-27b-16", 8192, 512, "on", 1): (523.02, 523.00),
+    ("qwen35-27b-16", 8192, 2048, "on", 1): (2092.08, 2092.00),
+    ("qwen35-27b-16", 32768, 512, "on", 1): (515.00, 547.00),
+    ("qwen35-ff8192", 262144, 512, "on", 1): (761.02, 771.00),
+    ("qwen35-9b", 262144, 512, "on", 1): (509.00, 765.00),
+    ("granite-h-tiny", 32768, 512, "on", 1): (202.00, 229.00),
+    ("lfm2-1.2b", 32768, 512, "on", 1): (136.00, 136.00),
+}
+
+
+@pytest.mark.parametrize("case", list(MEASURED_CPU), ids=["-".join(map(str, c)) for c in MEASURED_CPU])
+def test_the_cpu_output_phase(case: tuple[str, int, int, str, int], models: dict[str, Path]) -> None:
+    """The CPU's buffer holds its inputs itself (no copies): with the last block attention the rows land above the
+    masks' hole where it holds a row of n_ff, and the plan is the bound M + 3 rows under the logits (the 9B's shape
+    lands them low: over by the masks' 256 MiB at 262k)."""
+    key, n_ctx, ub, fa, n_par = case
+    allocated, expected = MEASURED_CPU[case]
+    planned = _planned(models[key], n_ctx, ub, fa, n_par, device="cpu")
     assert round(planned, 2) == expected
     assert planned >= allocated - max(UNDER[0], UNDER[1] * allocated), (planned, allocated)
 

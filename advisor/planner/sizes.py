@@ -266,7 +266,11 @@ def _hybrid_output_rows(spec: ModelSpec, lay: ContextLayout, embd: int, cells: i
     before, exact now), 513.02 at 8,192 cells (505 before); its n_ff varied (8,192 at 65k: 553.00; 30,720 at 65k:
     579.02, at 262k: 695.00, 705 planned; the 9B's 12,288 at 98k: 589.00); Granite-4.0-H-Tiny's 229.00 / 458.00 /
     916.00 (202 / 404 / 808 before). LFM2's short-conv last block stays over (184.03 allocated at 131k, 188 planned).
-    Measured on the device only: the CPU running every layer (memory.compute_bytes) holds one to two more rows there.
+    The CPU running every layer (memory.compute_bytes; its inputs in the same buffer, no copies) places them otherwise:
+    with the last block attention the rows land above the masks' hole wherever it holds a row of n_ff, three rows
+    where not (llama-fit-params -ngl 0: Qwen3.5-27B's shape 633.02 MiB at 131k, 523.02 at 8k, 515.00 at 32k; n_ff
+    8,192 at 262k 761.02): planned as the bound M + 3 rows, over where the rows land low (the 9B's shape: 509.00 at
+    65k-262k, 64-256 MiB over; LFM2's short-conv last block as on the device: 136.00 at 32k, as planned).
     """
     ub = lay.n_ubatch
     ff = 4 * ub * spec.n_ff
@@ -274,6 +278,8 @@ def _hybrid_output_rows(spec: ModelSpec, lay: ContextLayout, embd: int, cells: i
     mamba_last = spec.recurrent_layers[spec.n_layer - 1] and spec.ssm is not None and spec.ssm.kind == "mamba2"
     if mamba_last:
         return 3 * ff + embd
+    if lay.device == "cpu" and spec.kv_layers[spec.n_layer - 1]:
+        return masks + embd
     if 3 * ff <= masks < 5 * ff:
         return 3 * ff + embd * min(3, (masks - 3 * ff) // embd) - embd
     if masks < embd:
