@@ -235,6 +235,8 @@ def graph_sizes(spec: ModelSpec, lay: ContextLayout) -> GraphSizes:
     new_mask = not builds.older_than(lay.llama_build, builds.F16_MASK_FA)
     if new_mask and spec.has_recurrent and spec.n_ff and not spec.n_expert and (full or swa):
         logits += _hybrid_output_rows(spec, lay, embd, cells)
+    elif new_mask and spec.has_recurrent and spec.n_expert and not spec.is_mla and (full or swa):
+        logits += _hybrid_moe_output_rows(spec, lay, embd, cells)
     ple = f32 * ub * spec.n_embd_per_layer * spec.n_layer
     layer_inputs = ple * 3 // 2 + embd * spec.n_altup // 2 if layer else 0
     lead = 0
@@ -285,6 +287,28 @@ def _hybrid_output_rows(spec: ModelSpec, lay: ContextLayout, embd: int, cells: i
     if masks < embd:
         return masks
     return masks + embd if ff <= masks < 2 * ff else 0
+
+
+def _hybrid_moe_output_rows(spec: ModelSpec, lay: ContextLayout, embd: int, cells: int) -> int:
+    """A MoE hybrid's output phase beyond what graph_sizes plans for a MoE model's (the logits, three rows of n_embd and
+    the per-token tensors): ggml-alloc's best fit (ggml/src/ggml-alloc.c, b11312) as in :func:`_hybrid_output_rows`.
+    Measured (llama-fit-params b11312, one RPC device, flash attention, the whole batch's logits):
+    - the last block a Mamba-2 mixer and routed experts (src/models/granite-hybrid.cpp; granite-4.0-h-tiny's widths,
+      64 experts, 6 used, of 512): the experts' gate, up and product and their output stack above the mixer's hole,
+      the rows above them, whatever the cells: 3F + Eu + 3 rows (241.00 MiB at -ub 512, 964.00 at 2048, 8k-131k;
+      205.02 and 820.06 planned before);
+    - the last block routed experts alone after the last attention (src/models/nemotron-h.cpp's 'E' blocks;
+      Nemotron-3-Nano's widths, 14 blocks): the residual lands above the masks' hole and the logits above it: M + a
+      row (389.26 MiB at 131k, -ub 512, 1557.04 at -ub 2048; 271.77 and 1087.06 planned before);
+    - the last block attention or short conv (qwen35moe, lfm2moe): as planned (at most 8 MiB under at -np 4)."""
+    last = spec.n_layer - 1
+    if spec.recurrent_layers[last] and spec.ssm is not None and spec.ssm.kind == "mamba2":
+        ff, eu = expert_activation_bytes(spec, lay.n_ubatch)
+        return 3 * ff + eu
+    if not spec.recurrent_layers[last] and not spec.kv_layers[last]:
+        masks = cells * lay.n_ubatch * (2 if lay.flash_attn else 4)  # memory._device_masks
+        return max(0, masks - 2 * embd)
+    return 0
 
 
 def _last_moe_block(spec: ModelSpec, lay: ContextLayout, embd: int, cells: int) -> int:
