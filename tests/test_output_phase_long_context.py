@@ -22,15 +22,23 @@ fit; the logits (too large for any hole) go above the highest tensor alive. In a
 | Granite-4.0-H-Tiny, 131k, 1024, on, 1 | 458.00 | 404.00 | 458.00 |
 | Granite-4.0-H-Tiny, 131k, 2048, on, 1 | 916.00 | 808.00 | 916.00 |
 | LFM2-1.2B (65,536), 8k, 2048, on, 4 | 552.05 | 544.00 | 552.00 |
+| granite-4.0-h-tiny MoE (100,352), 8k-131k, 512, on, 1 | 241.00 | 205.02 | 241.02 |
+| granite-4.0-h-tiny MoE, 8k-131k, 2048, on, 1 | 964.00 | 820.06 | 964.06 |
+| Nemotron-3-Nano (131,072; 14 blocks), 131k, 512, on, 1 | 389.26 | 271.77 | 389.27 |
+| Nemotron-3-Nano, 131k, 2048, on, 1 | 1557.04 | 1087.06 | 1557.06 |
+| Nemotron-3-Nano, 32k, 512, on, 1 | 293.26 | 271.77 | 293.27 |
 
 Qwen3.5 (its last block attention): at 131k the masks' hole (128 MiB at -ub 512) holds the feed-forward's gate, up and
 product (3 x 34 MiB), down's output, the residual's add and the final norm stack above them: 3 rows of n_ff and 3 of
 n_embd under the logits; at 8k the hole (8 MiB) is narrower than a row of n_embd (10 MiB) and the two rows land above
 it; at 32k (32 MiB) they land in it, as planned. Granite's last block is a Mamba-2 mixer: its feed-forward and the
-rows stack above the mixer's hole whatever the cells. The other architectures of the grid (qwen35moe, gemma3, gpt-oss,
-qwen3moe, deepseek2 MLA, gemma2, command-r) were not under in the output phase at any of the 24 settings (their misses
+rows stack above the mixer's hole whatever the cells (with routed experts: their gate, up, product and output, then the
+rows). Nemotron-H's last block is routed experts alone after the last attention: the residual lands above the
+masks' hole and the logits above it (sizes._hybrid_moe_output_rows). The other architectures of the grid (qwen35moe,
+gemma3, gpt-oss, qwen3moe, deepseek2 MLA, gemma2, command-r) were not under in the output phase at any of the 24 settings (their misses
 are the layers' phases: gemma2/gemma3 without flash attention 0.5-4 MiB, qwen35moe at -np 4 2-8 MiB), and
-llama-server's runtime (one row per slot) plans the same as before on all 96 hybrid settings.
+llama-server's runtime (one row per slot) plans the same as before on all 384 settings measured, and no library plan
+moved down.
 
 The CPU running every layer (-ngl 0) was under too (Qwen3.5-27B's shape: 505 planned for 523.02 at 8k and 633.02 at
 131k; n_ff 8,192 at 262k: 505 for 761.02): its buffer holds the inputs themselves and the rows land above the masks'
@@ -56,10 +64,14 @@ from kvadvise.planner.memory import MIB, RunConfig, estimate
 QWEN35_27B = dict(n_layer=64, n_embd=5120, n_head=24, n_ff=17408, n_v_heads=48, n_head_kv=4, head=256, n_rot=64,
                   interval=4, d_conv=4, gdn_head=128, n_k_heads=16)  # fmt: skip
 QWEN35_27B_16 = {**QWEN35_27B, "n_layer": 16}
-QWEN35_9B_16 = dict(n_layer=16, n_embd=4096, n_head=16, n_head_kv=4, head=256, n_rot=64, n_ff=12288, interval=4, d_conv=4,
-                    gdn_head=128, n_k_heads=16, n_v_heads=32)  # fmt: skip
+QWEN35_9B_16 = dict(n_layer=16, n_embd=4096, n_head=16, n_head_kv=4, head=256, n_rot=64, n_ff=12288, interval=4,
+                    d_conv=4, gdn_head=128, n_k_heads=16, n_v_heads=32)  # fmt: skip
 GRANITE_H_TINY = dict(n_layer=40, n_embd=1536, n_head=12, n_head_kv=4, n_ff=4096, d_conv=4, d_state=128, n_ssm_head=48,
                       n_group=1)  # fmt: skip
+GRANITE_H_TINY_MOE = dict(n_layer=8, n_embd=1536, n_head=12, n_head_kv=4, n_ff=512, n_expert=64, n_expert_used=6,
+                          n_ff_shexp=1024, d_conv=4, d_state=128, n_ssm_head=48, n_group=1)  # fmt: skip
+NEMOTRON_NANO = dict(n_layer=14, n_embd=2688, n_head=32, n_head_kv=2, head=128, n_expert=32, n_expert_used=6,
+                     n_ff_exp=1856, n_ff_shexp=3712, d_conv=4, d_state=128, n_ssm_head=64, n_group=8)  # fmt: skip
 LFM2_1B = dict(n_layer=16, n_embd=2048, n_head=32, n_head_kv=8, n_ff=8192, l_cache=3)
 MODELS = {
     "qwen35-27b": ("qwen35", 248320, QWEN35_27B),
@@ -69,6 +81,8 @@ MODELS = {
     "qwen35-ff30720": ("qwen35", 248320, {**QWEN35_27B_16, "n_ff": 30720}),
     "granite-h-tiny": ("granitehybrid", 100352, GRANITE_H_TINY),
     "lfm2-1.2b": ("lfm2", 65536, LFM2_1B),
+    "granite-h-tiny-moe": ("granitehybrid-moe", 100352, GRANITE_H_TINY_MOE),
+    "nemotron-nano": ("nemotron_h_moe", 131072, NEMOTRON_NANO),
 }
 # (model, n_ctx, n_ubatch, flash attention, n_parallel): (llama-fit-params b11312 allocated, planned), MiB
 MEASURED = {
@@ -97,6 +111,13 @@ MEASURED = {
     ("lfm2-1.2b", 131072, 512, "on", 1): (184.03, 188.00),
     ("lfm2-1.2b", 8192, 512, "on", 1): (136.00, 136.00),
     ("lfm2-1.2b", 8192, 2048, "on", 4): (552.05, 552.00),
+    ("granite-h-tiny-moe", 8192, 512, "on", 1): (241.00, 241.02),
+    ("granite-h-tiny-moe", 131072, 2048, "on", 1): (964.00, 964.06),
+    ("nemotron-nano", 8192, 512, "on", 1): (269.26, 271.77),
+    ("nemotron-nano", 32768, 512, "on", 1): (293.26, 293.27),
+    ("nemotron-nano", 131072, 512, "on", 1): (389.26, 389.27),
+    ("nemotron-nano", 131072, 2048, "on", 1): (1557.04, 1557.06),
+    ("nemotron-nano", 131072, 2048, "on", 4): (1173.04, 1173.06),
 }
 UNDER = (16.0, 0.03)  # the project's bar: never under by more than 16 MiB or 3 %
 
