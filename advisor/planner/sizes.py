@@ -230,6 +230,13 @@ def graph_sizes(spec: ModelSpec, lay: ContextLayout) -> GraphSizes:
             # shape with its vocabulary: 60 MiB under with flash attention, 225 without at n_ubatch 2048; an upper
             # bound: Qwen1.5-MoE-A2.7B's needs none with flash attention, 22 MiB over)
             logits += 2 * f32 * ub * spec.n_ff_shexp
+    # measured on b11312's graph only: before #23764 (builds.F16_MASK_FA) the f32 mask's copies leave other holes
+    # (Qwen3.5-27B's shape at -ngl 26, -ub 2048, 131k: 2319.81 MiB allocated, under the 2468 this would plan)
+    new_mask = not builds.older_than(lay.llama_build, builds.F16_MASK_FA)
+    if new_mask and spec.has_recurrent and spec.n_ff and not spec.n_expert and (full or swa):
+        logits += _hybrid_output_rows(spec, lay, embd, cells)
+    elif new_mask and spec.has_recurrent and spec.n_expert and not spec.is_mla and (full or swa):
+        logits += _hybrid_moe_output_rows(spec, lay, embd, cells)
     ple = f32 * ub * spec.n_embd_per_layer * spec.n_layer
     layer_inputs = ple * 3 // 2 + embd * spec.n_altup // 2 if layer else 0
     lead = 0
@@ -238,6 +245,70 @@ def graph_sizes(spec: ModelSpec, lay: ContextLayout) -> GraphSizes:
         lead = ub * (2 * lay.n_ctx_swa + 4 * lay.n_ctx_seq)
     last = _last_moe_block(spec, lay, embd, cells) if spec.n_expert and not spec.is_mla else 0
     return GraphSizes(embd, q, logits, cells, scores, attn, mix, layer, ple, layer_inputs, lead, last)
+
+
+def _hybrid_output_rows(spec: ModelSpec, lay: ContextLayout, embd: int, cells: int) -> int:
+    """What a hybrid's (recurrent and attention layers, a dense feed-forward) output phase holds under the logits
+    beyond the two rows of n_embd the device's figure adds. ggml-alloc (ggml/src/ggml-alloc.c, b11312) frees the KQ
+    masks' copy after the last attention and gives each later tensor the smallest free block it fits (the end of the
+    buffer only where none does); the logits, wider than any hole, go above the highest tensor alive. With the last
+    block attention (src/models/qwen35.cpp), in the masks' hole of M bytes, for rows of n_ff of F bytes:
+    - M under a row of n_embd: the rows land above the hole (M + 2 rows);
+    - F <= M < 2F: the gate fills the hole, up and the product go above it, and down's output lands in up's freed
+      block (smaller than the hole): M + 3 rows under the logits;
+    - 3F <= M < 5F: gate, up and product fill the hole, and the rows after them (down's output, the residual's add,
+      the final norm) take the rest of it (smaller than the freed gate and up), as many as fit, up to those three;
+      the next goes above: 3F and one row more than fit (Qwen3.5-9B's shape at 98k: 3F + 4 rows, 589.00 MiB; the
+      27B's at 131k: 3F + 3 rows, 617.00);
+    - else the rows land low in a hole (two rows, as planned).
+    With a Mamba-2 block last (src/models/granite-hybrid.cpp) its feed-forward and the rows stack above the mixer's
+    hole whatever the cells: 3F + 3 rows. Each is returned less the two rows the device's figure adds. Measured
+    (llama-fit-params b11312, one RPC device, the whole batch's logits, tests/test_output_phase_long_context.py):
+    Qwen3.5-27B's shape at 131,072 cells, -ub 512 / 1024 / 2048: 617 / 1234 / 2468 MiB (505 / 1010 / 2020 planned
+    before, exact now), 513.02 at 8,192 cells (505 before); its n_ff varied (8,192 at 65k: 553.00; 30,720 at 65k:
+    579.02, at 262k: 695.00, 705 planned; the 9B's 12,288 at 98k: 589.00); Granite-4.0-H-Tiny's 229.00 / 458.00 /
+    916.00 (202 / 404 / 808 before). LFM2's short-conv last block stays over (184.03 allocated at 131k, 188 planned).
+    The CPU running every layer (memory.compute_bytes; its inputs in the same buffer, no copies) places them otherwise:
+    with the last block attention the rows land above the masks' hole wherever it holds a row of n_ff, three rows
+    where not (llama-fit-params -ngl 0: Qwen3.5-27B's shape 633.02 MiB at 131k, 523.02 at 8k, 515.00 at 32k; n_ff
+    8,192 at 262k 761.02): planned as the bound M + 3 rows, over where the rows land low (the 9B's shape: 509.00 at
+    65k-262k, 64-256 MiB over; LFM2's short-conv last block as on the device: 136.00 at 32k, as planned).
+    """
+    ub = lay.n_ubatch
+    ff = 4 * ub * spec.n_ff
+    masks = cells * ub * (2 if lay.flash_attn else 4)  # memory._device_masks
+    mamba_last = spec.recurrent_layers[spec.n_layer - 1] and spec.ssm is not None and spec.ssm.kind == "mamba2"
+    if mamba_last:
+        return 3 * ff + embd
+    if lay.device == "cpu" and spec.kv_layers[spec.n_layer - 1]:
+        return masks + embd
+    if 3 * ff <= masks < 5 * ff:
+        return 3 * ff + embd * min(3, (masks - 3 * ff) // embd) - embd
+    if masks < embd:
+        return masks
+    return masks + embd if ff <= masks < 2 * ff else 0
+
+
+def _hybrid_moe_output_rows(spec: ModelSpec, lay: ContextLayout, embd: int, cells: int) -> int:
+    """A MoE hybrid's output phase beyond what graph_sizes plans for a MoE model's (the logits, three rows of n_embd and
+    the per-token tensors): ggml-alloc's best fit (ggml/src/ggml-alloc.c, b11312) as in :func:`_hybrid_output_rows`.
+    Measured (llama-fit-params b11312, one RPC device, flash attention, the whole batch's logits):
+    - the last block a Mamba-2 mixer and routed experts (src/models/granite-hybrid.cpp; granite-4.0-h-tiny's widths,
+      64 experts, 6 used, of 512): the experts' gate, up and product and their output stack above the mixer's hole,
+      the rows above them, whatever the cells: 3F + Eu + 3 rows (241.00 MiB at -ub 512, 964.00 at 2048, 8k-131k;
+      205.02 and 820.06 planned before);
+    - the last block routed experts alone after the last attention (src/models/nemotron-h.cpp's 'E' blocks;
+      Nemotron-3-Nano's widths, 14 blocks): the residual lands above the masks' hole and the logits above it: M + a
+      row (389.26 MiB at 131k, -ub 512, 1557.04 at -ub 2048; 271.77 and 1087.06 planned before);
+    - the last block attention or short conv (qwen35moe, lfm2moe): as planned (at most 8 MiB under at -np 4)."""
+    last = spec.n_layer - 1
+    if spec.recurrent_layers[last] and spec.ssm is not None and spec.ssm.kind == "mamba2":
+        ff, eu = expert_activation_bytes(spec, lay.n_ubatch)
+        return 3 * ff + eu
+    if not spec.recurrent_layers[last] and not spec.kv_layers[last]:
+        masks = cells * lay.n_ubatch * (2 if lay.flash_attn else 4)  # memory._device_masks
+        return max(0, masks - 2 * embd)
+    return 0
 
 
 def _last_moe_block(spec: ModelSpec, lay: ContextLayout, embd: int, cells: int) -> int:
