@@ -96,20 +96,20 @@ def cached_fit_params() -> Path | None:
 
 def patched_fit_params() -> Path:
     """llama-fit-params of the tests' llama.cpp with the RPC device op-offloading as CUDA does (once, cached)."""
-    override = os.environ.get("KVADVISE_OFFLOAD_FIT_PARAMS")
-    if override:
-        return Path(override)
+    built = cached_fit_params()
+    if built is not None:
+        return built
     archives = sorted((CACHE / "llama.cpp-source").glob("llama.cpp-*.tar.gz"))
     if not archives:
         from llama_server_build import llama_server
 
         llama_server()  # writes the pruned archive
         archives = sorted((CACHE / "llama.cpp-source").glob("llama.cpp-*.tar.gz"))
-    home = _home(archives[-1])
+    archive = archives[-1]
+    home = _home(archive)
     binary = home / "llama-fit-params"
     if binary.exists():
         return binary
-    archive = archives[-1]
     home.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=home) as tmp:
         with tarfile.open(archive) as tar:
@@ -119,7 +119,9 @@ def patched_fit_params() -> Path:
         text = rpc.read_text()
         if text.count(ANCHOR) != 1 or text.count(SLOT) != 1:
             raise RuntimeError(f"{rpc}: the device interface moved; the patch does not apply")
-        rpc.write_text(text.replace(ANCHOR, PATCH_FN, 1).replace(SLOT, SLOT.replace("NULL", "ggml_backend_rpc_device_offload_op")))
+        rpc.write_text(
+            text.replace(ANCHOR, PATCH_FN, 1).replace(SLOT, SLOT.replace("NULL", "ggml_backend_rpc_device_offload_op"))
+        )
         build = Path(tmp) / "build"
         cmds = (
             ["cmake", "-S", str(src), "-B", str(build), *CMAKE_FLAGS, *cpu_flags()[0], "-DGGML_RPC=ON"],
@@ -266,14 +268,18 @@ def rows(only: set[str] | None, workdir: Path) -> list[dict[str, object]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", help="case names, comma-separated")
-    ap.add_argument("--json", type=Path, help="write the measured rows here (tests/data/measured/op_offload_b11312.json)")
+    ap.add_argument(
+        "--json", type=Path, help="write the measured rows here (tests/data/measured/op_offload_b11312.json)"
+    )
     args = ap.parse_args()
     print("| model, placement | flash attention | cache | n_ctx | full offload: llama.cpp / kvadvise | placed: llama.cpp / "
           "kvadvise | error |\n|---|---|---|---|---|---|---|")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         measured = rows(set(args.only.split(",")) if args.only else None, Path(tmp))
     if args.json:
-        source = "benchmarks/bench_op_offload.py: llama-fit-params b11312 (0c1e570), the RPC device op-offloading as CUDA"
+        source = (
+            "benchmarks/bench_op_offload.py: llama-fit-params b11312 (0c1e570), the RPC device op-offloading as CUDA"
+        )
         args.json.write_text(json.dumps({"source": source, "rows": measured}, indent=1) + "\n")
 
 

@@ -46,11 +46,13 @@ from kvadvise.planner.repack import RULES as REPACK_RULES
 from kvadvise.planner.sizes import (
     GraphSizes,
     attn_rot,
+    attn_rot_bytes,
     expert_activation_bytes,
     f32_fa_mask,
     graph_sizes,
     ids_bytes,
     k_idxs_bytes,
+    mask_copy_bytes,
     mask_inputs,
     mla_host_experts_growth,
     mla_split_bytes,
@@ -682,7 +684,7 @@ def compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
 def _device_masks(s: GraphSizes, lay: ContextLayout) -> int:
     """The device's copy of the KQ masks, alive from the first layer to the last attention: f16 with flash attention,
     else f32 (sizes.mask_inputs is the host's input, f32 with flash attention too before #23764)."""
-    return s.mask_cells * lay.n_ubatch * (2 if lay.flash_attn else 4)
+    return mask_copy_bytes(s.mask_cells, lay)
 
 
 def _layer_peak(s: GraphSizes, lay: ContextLayout) -> int:
@@ -728,7 +730,7 @@ def host_compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     # Gemma 3n/4: per_layer_token_embd is an input tensor on the CPU, so its get_rows for the batch is here
     # (one [n_embd_per_layer * n_layer, n_ubatch] f32; exact on 24 shapes of llama.cpp's allocation pass)
     # the Hadamard rotations of a quantized cache are host inputs too (sizes.attn_rot)
-    rot = sum(4 * n * n for n in attn_rot(spec, lay))
+    rot = attn_rot_bytes(spec, lay)
     return pad(
         mask_inputs(s, lay) + rows * s.embd_bytes + v_idxs_bytes(spec, lay) + ids_bytes(lay) + s.ple_bytes + rot,
         ALIGNMENT["cuda"],
@@ -856,7 +858,8 @@ def _exact_device_compute(spec: ModelSpec, lay: ContextLayout) -> int | None:
     build_ = lay.llama_build
     k_rot, v_rot = attn_rot(spec, lay)
     shape = LlamaShape(
-        n_layer=spec.n_layer if legacy or mid else min(spec.n_layer, _NEWEST_REPLAYED_LAYERS), n_embd=spec.n_embd, n_head=spec.n_head[0], n_head_kv=spec.n_head_kv[0],
+        n_layer=spec.n_layer if legacy or mid else min(spec.n_layer, _NEWEST_REPLAYED_LAYERS),
+        n_embd=spec.n_embd, n_head=spec.n_head[0], n_head_kv=spec.n_head_kv[0],
         n_embd_head=spec.n_embd_head_k, n_ff=spec.n_ff, n_vocab=spec.n_vocab,
         n_kv=lay.n_ctx if legacy else lay.n_ctx_seq,
         n_ubatch=reserve_tokens(lay), n_outputs=reserve_outputs(lay), flash_attn=lay.flash_attn,
@@ -1168,8 +1171,7 @@ def late_full_mask_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     (-ub 2048 -np 8 at 8k cells: 685 printed, 691.5 planned without it, 706 with it)."""
     if not lay.flash_attn or not spec.n_expert or not _full_mask_copied_late(spec, range(spec.n_layer)):
         return 0
-    full_mask = lay.n_ctx_seq * lay.n_ubatch * (2 if lay.flash_attn else 4)
-    return max(0, graph_sizes(spec, lay).embd_bytes - full_mask)
+    return max(0, graph_sizes(spec, lay).embd_bytes - mask_copy_bytes(lay.n_ctx_seq, lay))
 
 
 def late_full_mask_scores_bytes(spec: ModelSpec, lay: ContextLayout, layers: tuple[int, ...]) -> int:
@@ -1193,7 +1195,7 @@ def late_full_mask_scores_bytes(spec: ModelSpec, lay: ContextLayout, layers: tup
         return 0
     ub, embd = lay.n_ubatch, graph_sizes(spec, lay).embd_bytes
     eu = expert_activation_bytes(spec, ub)[1]
-    full_mask = lay.n_ctx_seq * ub * 4
+    full_mask = mask_copy_bytes(lay.n_ctx_seq, lay)  # f32: no flash attention
     if layers[0] == 0:
         shapes = layer_shapes(spec)
         # the positions (i32) and the cache's row ids (i64 K, and V's of the sliding-window cache)
@@ -1290,7 +1292,7 @@ def host_experts_split_compute(
             # where it fits. Traced (round 26d, llama-fit-params b11312, gpt-oss-120b's widths, --n-cpu-moe 6, the
             # second of two rpc-servers, -ub 2048): 202.54 MiB at -np 4 (both masks in holes; 227.5 planned before),
             # 266 at 16k cells and -np 1 (the 64 MiB mask above; 275.5 before)
-            full_mask = lay.n_ctx_seq * lay.n_ubatch * 2
+            full_mask = mask_copy_bytes(lay.n_ctx_seq, lay)
             held = full_mask if full_mask > eu - s.q_bytes else 0
         peak = held + (2 * s.embd_bytes + eu if len(layers) == 1 else s.embd_bytes + 2 * eu)
         own = max(own, pad(peak, ALIGNMENT["cuda"]), scores, late_full_mask_scores_bytes(spec, lay, layers))
@@ -1719,8 +1721,7 @@ def _split_layer_peak(spec: ModelSpec, layers: tuple[int, ...], s: GraphSizes, l
     kinds = [spec.swa_layers[il] for il in sorted(layers) if spec.kv_layers[il]]
     if len(set(kinds)) < 2:
         return _layer_peak(s, lay)
-    per_cell = lay.n_ubatch * (2 if lay.flash_attn else 4)
-    width = {False: per_cell * lay.n_ctx_seq, True: per_cell * lay.n_ctx_swa}
+    width = {False: mask_copy_bytes(lay.n_ctx_seq, lay), True: mask_copy_bytes(lay.n_ctx_swa, lay)}
 
     def masks(rest: list[bool]) -> int:  # the masks the blocks of ``rest`` still read, and the holes of narrow ones
         return sum(b for k, b in width.items() if k in rest or (rest and b < s.embd_bytes))

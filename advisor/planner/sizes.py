@@ -276,7 +276,7 @@ def _hybrid_output_rows(spec: ModelSpec, lay: ContextLayout, embd: int, cells: i
     """
     ub = lay.n_ubatch
     ff = 4 * ub * spec.n_ff
-    masks = cells * ub * (2 if lay.flash_attn else 4)  # memory._device_masks
+    masks = mask_copy_bytes(cells, lay)
     mamba_last = spec.recurrent_layers[spec.n_layer - 1] and spec.ssm is not None and spec.ssm.kind == "mamba2"
     if mamba_last:
         return 3 * ff + embd
@@ -306,7 +306,7 @@ def _hybrid_moe_output_rows(spec: ModelSpec, lay: ContextLayout, embd: int, cell
         ff, eu = expert_activation_bytes(spec, lay.n_ubatch)
         return 3 * ff + eu
     if not spec.recurrent_layers[last] and not spec.kv_layers[last]:
-        masks = cells * lay.n_ubatch * (2 if lay.flash_attn else 4)  # memory._device_masks
+        masks = mask_copy_bytes(cells, lay)
         return max(0, masks - 2 * embd)
     return 0
 
@@ -323,7 +323,7 @@ def _last_moe_block(spec: ModelSpec, lay: ContextLayout, embd: int, cells: int) 
     n_embd 4096, 96 heads, 8 of 16 experts of 2048 printed 832.12 MiB, 800.31 planned before (the masks and
     the other blocks' routed phase)."""
     ub = lay.n_ubatch
-    masks = cells * ub * (2 if lay.flash_attn else 4)
+    masks = mask_copy_bytes(cells, lay)
     ff, eu = expert_activation_bytes(spec, ub)
     router = 4 * ub * (2 * spec.n_expert + 8)
     hole = masks - router  # the router's tensors, placed first, take the foot of it
@@ -815,7 +815,18 @@ def _small_inputs(spec: ModelSpec, lay: ContextLayout) -> int:
     n_embd_head_k for K, 64 for V; "attn_inp_k_rot" in GLM-4.5-Air's q8_0 graph: 0.07 MiB under without them)."""
     ub = lay.n_ubatch
     v_idxs = v_idxs_bytes(spec, lay) or 8 * ub
-    return 4 * ub * 2 + 8 * ub + v_idxs + sum(4 * n * n for n in attn_rot(spec, lay))
+    return 4 * ub * 2 + 8 * ub + v_idxs + attn_rot_bytes(spec, lay)
+
+
+def mask_copy_bytes(cells: int, lay: ContextLayout) -> int:
+    """A device's copy of a KQ mask of ``cells`` columns for the reserve's n_ubatch rows: f16 with flash attention,
+    else f32 (mask_inputs is the host's input, f32 with flash attention too before #23764)."""
+    return cells * lay.n_ubatch * (2 if lay.flash_attn else 4)
+
+
+def attn_rot_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
+    """The Hadamard matrices of :func:`attn_rot`, f32 graph inputs."""
+    return sum(4 * n * n for n in attn_rot(spec, lay))
 
 
 def attn_rot(spec: ModelSpec, lay: ContextLayout) -> tuple[int, int]:
