@@ -291,6 +291,7 @@ def policy_of(
     ctx_floor: int = 0,
     expert_offload: bool = True,
     output_first: bool | None = None,
+    expert_overflow: bool = False,
 ) -> Policy:
     """The recommender's policy for the request on ``runtime``; ``quality``: what `verify quality` measured
     on the model (kvadvise.runtime.qualitycache), if anything."""
@@ -306,6 +307,7 @@ def policy_of(
         min_ctx=r.min_ctx,
         ctx_floor=ctx_floor,
         expert_offload=expert_offload,
+        expert_overflow=expert_overflow and expert_offload,
         output_first=output_first,
         repeatable=r.repeatable,
         allow_cpu=r.allow_cpu,
@@ -372,6 +374,7 @@ def _plan(
         ctx_floor=shaped.ctx_floor,
         expert_offload=shaped.expert_offload,
         output_first=shaped.output_first,
+        expert_overflow=shaped.expert_overflow,
     )
     plan = make_plan(
         spec,

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from kvadvise.model.spec import ModelSpec
 from kvadvise.planner.budget import Budget
 from kvadvise.planner.memory import MemoryEstimate, RunConfig
+from kvadvise.planner.offload import offload_flags
 from kvadvise.planner.planning import Plan
 from kvadvise.planner.policy import Option, needs_opt_in
 from kvadvise.planner.recommender import Recommendation
@@ -426,6 +427,7 @@ def offload_dict(off: Offload | None) -> dict[str, Any] | None:
         "n_gpu_layers": off.n_gpu_layers,
         "n_cpu_layers": off.n_cpu_layers,
         "n_cpu_moe": off.n_cpu_moe,
+        "expert_overflow": off.expert_overflow,
         "output_on_host": off.output_on_host,
         "device_bytes": off.device_bytes,
         "op_offload_bytes": off.op_offload_bytes,
@@ -486,7 +488,7 @@ def ram_line(r: HostRam) -> str:
 def offload_line(off: Offload, *, fits_gpu: bool | None) -> str:
     """``the plan that runs, part on the CPU: 65,536 tokens, K q8_0 / V q8_0, -ngl 49 --n-cpu-moe 21, 13.88 GiB
     on the GPU; decode (estimate) ≈ 38 t/s at 4k, ≈ 23 t/s at 64k``"""
-    flags = f"-ngl {off.n_gpu_layers}" + (f" --n-cpu-moe {off.n_cpu_moe}" if off.n_cpu_moe else "")
+    flags = offload_flags(off.n_gpu_layers, off.n_cpu_moe, off.expert_overflow)
     if fits_gpu is False:
         label = (
             "PLAN THAT RUNS (100% GPU does not fit), part on the CPU"

@@ -7,10 +7,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from kvadvise.planner.offload import offload_flags
 from kvadvise.planner.policy import kv_name
 from kvadvise.planner.speed import layer_shares
 from kvadvise.render import fmt_bytes
-from kvadvise.text import WIDTH, wrapped
+from kvadvise.text import WIDTH, command_lines, wrapped
 from kvadvise.text import lines as text_lines
 
 if TYPE_CHECKING:
@@ -99,8 +100,14 @@ def _memory(plan: Plan) -> list[str]:
     est, b = plan.estimate, plan.budget
     off = plan.partial
     if off is not None:
-        flags = f"-ngl {off.n_gpu_layers}" + (f" --n-cpu-moe {off.n_cpu_moe}" if off.n_cpu_moe else "")
+        flags = offload_flags(off.n_gpu_layers, off.n_cpu_moe)
         kept = f"the experts of {off.n_cpu_moe} layers" if off.n_cpu_moe else f"{off.n_cpu_layers} layers"
+        if off.expert_overflow:  # the -ot's pattern is the command's (and --json's): named here by what it keeps
+            n = off.n_cpu_moe - 1
+            kept = f"the experts of {n} layers and block {n}'s " + (
+                "gate and down" if off.expert_overflow == "up" else "down"
+            )
+            flags = offload_flags(off.n_gpu_layers, n) + " -ot"
         if off.n_cpu_moe and off.n_cpu_layers:
             kept += f" and {off.n_cpu_layers} whole layers"
         where = f"GPU {fmt_bytes(off.device_bytes)}"
@@ -283,7 +290,7 @@ def summary_text(
     out = wrapped(lines[0])
     for row in lines[1:said_settings]:
         prose = row.lstrip().startswith(("warning:", "note:", "runner:", "(")) or row.startswith("    ")  # a runner's
-        out += wrapped(row) if prose else [row]
+        out += wrapped(row) if prose else command_lines(row)
     for row in lines[said_settings:]:
         out += wrapped(row)
     return text_lines(out)

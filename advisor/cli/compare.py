@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from kvadvise.errors import EXIT_NO_FIT, InputError
+from kvadvise.planner.offload import offload_flags
 from kvadvise.request import MAX_GBS
 from kvadvise.ui import output
 from kvadvise.ui.flags import (
@@ -214,6 +215,7 @@ def partial_dict(p: Plan) -> dict[str, Any] | None:
         "type_v": off.type_v.type_name,
         "n_gpu_layers": off.n_gpu_layers,
         "n_cpu_moe": off.n_cpu_moe,
+        "expert_overflow": off.expert_overflow,
         "n_cpu_layers": off.n_cpu_layers,
         "device_bytes": off.device_bytes,
         "decode_tokens_per_s": off.decode_tokens_per_s,
@@ -309,7 +311,7 @@ def _partial(d: dict[str, Any] | None) -> str:
     if d is None:
         return "-"
     kv = d["type_k"] if d["type_k"] == d["type_v"] else f"{d['type_k']}/{d['type_v']}"
-    flags = f"-ngl {d['n_gpu_layers']}" + (f" --n-cpu-moe {d['n_cpu_moe']}" if d["n_cpu_moe"] else "")
+    flags = offload_flags(d["n_gpu_layers"], d["n_cpu_moe"], d["expert_overflow"])
     from kvadvise.planner.speed import tps_label
 
     tps = d["decode_tokens_per_s"]

@@ -46,6 +46,8 @@ from kvadvise.model.spec import SWA_CHUNKED, SWA_NONE, SWA_STANDARD, MatmulWeigh
 
 # llama.cpp's LLM_FFN_EXPS_REGEX (common/common.h), plus gate_up: routed experts
 _EXPERT_TENSOR = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch|)exps")
+_EXPERT_UP = re.compile(r"\.ffn_up_(ch|)exps")
+_EXPERT_GATE = re.compile(r"\.ffn_gate_(ch|)exps")
 _BLOCK_TENSOR = re.compile(r"blk\.(\d+)\.")
 # tensors outside blk.N that llama.cpp creates with block index 0, so on block 0's device (LLM_TENSOR_LAYER_REPEATING:
 # src/models/gemma3n.cpp and gemma4.cpp, create_tensor(tn(LLM_TENSOR_PER_LAYER_MODEL_PROJ, "weight", 0), ...), b11312)
@@ -660,11 +662,15 @@ def from_gguf(header: GGUFHeader, *, known_only: bool = True) -> ModelSpec:
     active_params = _active_params(loaded, k.num(LLM.EXPERT_COUNT, 0), k.num(LLM.EXPERT_USED_COUNT, 0))
     layer_bytes = [0] * n_layer_all
     layer_experts = [0] * n_layer_all
+    layer_up = [0] * n_layer_all
+    layer_gate = [0] * n_layer_all
     for t in loaded:
         if (il := _block_index(t.name)) is not None and il < n_layer_all:
             layer_bytes[il] += t.n_bytes
             if _EXPERT_TENSOR.search(t.name):
                 layer_experts[il] += t.n_bytes
+                layer_up[il] += t.n_bytes if _EXPERT_UP.search(t.name) else 0
+                layer_gate[il] += t.n_bytes if _EXPERT_GATE.search(t.name) else 0
     # the input layer's extra tables stay in the CPU's buffer: no CUDA padding (token_embd's pads its tied copy)
     cuda_pad = sum(
         cuda_alloc_bytes(t.ggml_type, t.shape[0], t.n_bytes) - t.n_bytes for t in loaded if t.name not in _INPUT_EXTRA
@@ -781,6 +787,8 @@ def from_gguf(header: GGUFHeader, *, known_only: bool = True) -> ModelSpec:
         expert_bytes=expert_bytes,
         layer_bytes=tuple(layer_bytes),
         layer_expert_bytes=tuple(layer_experts) if expert_bytes else (),
+        layer_expert_up_bytes=tuple(layer_up) if expert_bytes else (),
+        layer_expert_gate_bytes=tuple(layer_gate) if expert_bytes else (),
         cuda_pad_bytes=cuda_pad,
         layer_cuda_pad_bytes=tuple(layer_pad),
         matmul_weights=matmul_weights,

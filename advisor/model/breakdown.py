@@ -675,6 +675,8 @@ def with_parts(
     # the output matmul reads token_embd when they are tied (llama.cpp duplicates it as the output layer)
     # (an encoder has no output layer: nothing reads token_embd but its lookup)
     tied_read = bool(bd is not None and not bd.output and spec.architecture not in _ENCODERS)
+    ungated = spec.architecture in _UNGATED
+    experts = (*b.experts, *(0,) * spec.n_layer_nextn)
     active = spec.active_params if bd is None else bd.active + (bd.tok_embd if tied_read else 0)
     return dataclasses.replace(
         spec,
@@ -684,6 +686,10 @@ def with_parts(
         expert_bytes=sum(b.experts),
         layer_bytes=layers,
         layer_expert_bytes=(tuple(b.experts) + (0,) * spec.n_layer_nextn) if any(b.experts) else (),
+        # ffn_up_exps and ffn_gate_exps: a third of a block's experts each ({n_embd, n_ff_exp, n_expert}, as down),
+        # half and none for ungated experts (up and down only: nemotron-h.cpp)
+        layer_expert_up_bytes=tuple(x // (2 if ungated else 3) for x in experts) if any(b.experts) else (),
+        layer_expert_gate_bytes=tuple(0 if ungated else x // 3 for x in experts) if any(b.experts) else (),
         layer_largest_tensor_bytes=largest + (0,) * spec.n_layer_nextn,
         active_params=active,
     )

@@ -94,6 +94,11 @@ class ModelSpec:
     # the routed experts' bytes of each block (blk.N.ffn_*_exps, what --n-cpu-moe moves by block index); ()
     # when unknown (then expert_bytes spread over the layers that hold experts)
     layer_expert_bytes: tuple[int, ...] = ()
+    # of those, each block's ffn_up_exps and ffn_gate_exps (a fused gate_up counts as neither): what a partial
+    # offload can keep on the GPU of the last block whose experts are on the CPU (llama.cpp common/fit.cpp's
+    # LAYER_FRACTION_UP and _GATE); () when unknown
+    layer_expert_up_bytes: tuple[int, ...] = ()
+    layer_expert_gate_bytes: tuple[int, ...] = ()
     cuda_pad_bytes: int = 0  # extra bytes CUDA buffers add (128-byte alignment, quantized rows padded to 512)
     layer_cuda_pad_bytes: tuple[int, ...] = ()  # that padding per block, for a split over several devices
     # the quantized matmul weights of the types some CPU repacks (kvadvise.planner.repack), and the file
@@ -180,6 +185,8 @@ _PER_LAYER = ("n_head", "n_head_kv", "swa_layers", "recurrent_layers", "kv_layer
 _PER_LAYER_OR_NONE = (
     "layer_bytes",
     "layer_expert_bytes",
+    "layer_expert_up_bytes",
+    "layer_expert_gate_bytes",
     "layer_cuda_pad_bytes",
     "layer_largest_tensor_bytes",
 )  # () when unknown

@@ -40,6 +40,7 @@ does not op-offload, so the loopback RPC runs cannot show it).
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
@@ -143,6 +144,11 @@ class Offload:
     # -ts as this plan deals the offloaded layers over several devices: layers per device, filled as --fit fills
     # them; () the plan's own split
     tensor_split: tuple[float, ...] = ()
+    # of block n_cpu_moe - 1, the last whose experts are on the CPU, what stays on the GPU beside its attention:
+    # "up" its ffn_up_exps, "gate" its ffn_up_exps and ffn_gate_exps (llama.cpp's --fit: common/fit.cpp's
+    # LAYER_FRACTION_UP and LAYER_FRACTION_GATE); "" none. The command says it as --n-cpu-moe N - 1 and an -ot
+    # of that block's other experts (:func:`overflow_override`)
+    expert_overflow: str = ""
 
     @property
     def runnable(self) -> bool:
@@ -207,6 +213,7 @@ def _plan_offload(
                 experts=policy.expert_offload,
                 output_first=policy.output_first,
                 fill_split=policy.fit_split,
+                overflow_experts=policy.expert_overflow,
             ),
         )
         for k in dict.fromkeys(kvs if kv in kvs else [kv, *kvs])
@@ -245,6 +252,8 @@ def _faster(a: Offload, b: Offload) -> bool:
 def _kept(o: Offload, n_layer: int) -> str:
     if o.n_cpu_moe and o.n_cpu_layers:
         return f"the experts of all {n_layer} layers and {o.n_cpu_layers} whole"
+    if o.expert_overflow:
+        return f"the experts of {o.n_cpu_moe - 1} layers and part of one more"
     return f"the experts of {o.n_cpu_moe} layers" if o.n_cpu_moe else f"{o.n_cpu_layers} of {n_layer} layers"
 
 
@@ -273,6 +282,8 @@ class _Layers:
     weights: tuple[int, ...]  # per block: its weights as stored (what the CPU maps)
     output_device: int = 0  # the device that holds the output layer at full offload
     output_bytes: int = 0  # the output layer's weights there (with the device's row padding)
+    expert_up: tuple[int, ...] = ()  # per block: of its routed experts, ffn_up_exps (0 unknown or fused)
+    expert_gate: tuple[int, ...] = ()  # per block: of its routed experts, ffn_gate_exps (0: none, or fused)
 
 
 def _layers(spec: ModelSpec, full: MemoryEstimate, cfg: RunConfig) -> _Layers:
@@ -293,7 +304,9 @@ def _layers(spec: ModelSpec, full: MemoryEstimate, cfg: RunConfig) -> _Layers:
         fixed[owner[il]] -= block[il]
     out_dev = owner[n_all] if n_dev > 1 else 0
     out_w = output_layer_bytes(spec, lay.device == "cuda")
-    return _Layers(tuple(fixed), tuple(block), tuple(experts), tuple(kv), tuple(weights), out_dev, out_w)
+    up = spec.layer_expert_up_bytes or (0,) * n_all
+    gate = spec.layer_expert_gate_bytes or (0,) * n_all
+    return _Layers(tuple(fixed), tuple(block), tuple(experts), tuple(kv), tuple(weights), out_dev, out_w, up, gate)
 
 
 def _on_devices(
@@ -339,6 +352,7 @@ def partial_offload(
     experts: bool = True,
     output_first: bool | None = None,
     fill_split: bool = False,
+    overflow_experts: bool = False,
 ) -> Offload | None:
     """How much of the model must stay on the CPU for ``n_ctx_seq`` tokens (None: it all fits, or nothing does).
 
@@ -354,7 +368,8 @@ def partial_offload(
     builds.OUTPUT_FIRST keeps it on the CPU at a partial -ngl, and op-offloads its matmul with a copy of it).
     ``fill_split``: several devices whose split was not asked for (``Policy.fit_split``): where the plan's split
     leaves a device short, the layers per device are filled from the last device as llama.cpp's --fit fills them
-    (Offload.tensor_split, written as -ts).
+    (Offload.tensor_split, written as -ts). ``overflow_experts``: the runtime takes a tensor override (-ot), so the
+    last block whose experts are on the CPU may keep part of them on the GPU, as --fit does (Offload.expert_overflow).
     """
     if budget.device == "cpu" or not any(spec.layer_bytes):
         return None
@@ -575,13 +590,34 @@ def partial_offload(
     if found is None:
         return None  # even with every layer on the CPU the rest does not fit
     n_cpu, n_cpu_moe, each, split = found
+    overflow, kept = "", 0
+    if moe and overflow_experts and n_cpu == 0 and n_cpu_moe:
+        # "try to fit at least part of one more layer" (common/fit.cpp common_params_fit_impl, b11312): the last block
+        # whose experts are on the CPU keeps its ffn_up_exps on the GPU, then its ffn_gate_exps too, where every device
+        # stays within its budget. That block then runs part of its experts on the device, and the device's compute
+        # is that of --n-cpu-moe N - 1 (llama-server b11312 over an rpc-server, a qwen3moe with 8 used experts of 512
+        # at -ub 2048: 176.32 MiB with block 6's up, or up and gate, on the device, as at --n-cpu-moe 6; 144.14 at 7),
+        # less the block's expert tensors left on the CPU; op offload still copies the largest of those (CUDA, Metal)
+        il = n_cpu_moe - 1
+        dev = _partial_owner(spec.n_layer_all, len(each), split or cfg.tensor_split, 0, False)[il]
+        ts = split or cfg.tensor_split
+        fewer = totals(0, il, ts)
+        fewer[0] += max(0, copy_growth(0, n_cpu_moe) - copy_growth(0, il))
+        for name, extra in (("up", layers.expert_up[il]), ("gate", layers.expert_up[il] + layers.expert_gate[il])):
+            grown = list(fewer)
+            grown[dev] -= layers.experts[il] - extra
+            if not layers.expert_up[il] or not within(grown):
+                break
+            overflow, kept, each = name, extra, grown
     out_host = output_last and n_cpu > 0
     # llama_model::load_tensors's i_gpu_start: n_layer_all + 1 - ngl (n_layer_all - ngl before OUTPUT_FIRST)
     n_gpu_layers = spec.n_layer_all - n_cpu if out_host else spec.n_layer_all + 1 - n_cpu
     known = out_host or op_offload_bytes(spec, range(max(n_cpu, n_cpu_moe)), budget.device, ub) is not None
     op_copy = copy_growth(n_cpu, n_cpu_moe) if known else None
-    cpu_weights = sum(layers.weights[il] for il in range(n_cpu)) + sum(
-        layers.experts[il] for il in range(n_cpu, n_cpu_moe)
+    cpu_weights = (
+        sum(layers.weights[il] for il in range(n_cpu))
+        + sum(layers.experts[il] for il in range(n_cpu, n_cpu_moe))
+        - kept
     )
     if out_host:
         cpu_weights += output_host_bytes(spec)
@@ -603,6 +639,12 @@ def partial_offload(
     speed = speed_model.plan_decode(spec, cfg, budget, n_cpu_moe=n_cpu_moe, n_cpu_layers=n_cpu, cpu_output=out_host)
     tps = speed.tokens_per_s if speed is not None else None
     what = f"the experts of {n_cpu_moe} layers" if n_cpu_moe else f"{n_cpu} of {n_layer} layers"
+    if overflow:
+        kept_on_gpu = "ffn_up_exps" if overflow == "up" else "ffn_up_exps and ffn_gate_exps"
+        what += (
+            f" (all but block {n_cpu_moe - 1}'s {kept_on_gpu}, {kept / MIB:,.1f} MiB, which stay on the GPU as llama.cpp's "
+            "--fit keeps them)"
+        )
     if n_cpu_moe and n_cpu:
         first = "the first layer" if n_cpu == 1 else f"the first {n_cpu} layers"
         what = f"the experts of all {n_layer} layers and {first} whole"
@@ -658,7 +700,29 @@ def partial_offload(
         ram,
         out_host,
         split,
+        overflow,
     )
+
+
+def offload_flags(n_gpu_layers: int, n_cpu_moe: int, expert_overflow: str = "") -> str:
+    """``-ngl 49 --n-cpu-moe 21`` as the command says it; with an expert overflow ``--n-cpu-moe 20 -ot '...'``."""
+    override = overflow_override(n_cpu_moe, expert_overflow)
+    n = n_cpu_moe - 1 if override else n_cpu_moe
+    return (
+        f"-ngl {n_gpu_layers}"
+        + (f" --n-cpu-moe {n}" if n else "")
+        + (f" -ot {shlex.quote(override)}" if override else "")
+    )
+
+
+def overflow_override(n_cpu_moe: int, expert_overflow: str) -> str:
+    """The -ot that keeps on the CPU what :attr:`Offload.expert_overflow` leaves there of block ``n_cpu_moe - 1``
+    (llama.cpp's LLM_FFN_EXPS_REGEX, common/common.h, for that block and those tensors: its gate and down, or its
+    down alone), beside ``--n-cpu-moe n_cpu_moe - 1``; "" without an overflow."""
+    if not expert_overflow or n_cpu_moe < 1:
+        return ""
+    parts = "(gate|down)" if expert_overflow == "up" else "down"
+    return f"blk\\.{n_cpu_moe - 1}\\.ffn_{parts}_(ch|)exps=CPU"
 
 
 @dataclass(frozen=True, slots=True)

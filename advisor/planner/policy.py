@@ -91,6 +91,9 @@ class Policy:
     min_ctx: int = 0  # per sequence; fail (exit 3) below it
     ctx_floor: int = 0  # per sequence: the runtime runs at least this many (runtime.seam.Shaped.ctx_floor)
     expert_offload: bool = True  # a partial plan may keep a MoE model's experts on the CPU (runtime.seam.Shaped)
+    # the last block whose experts are on the CPU may keep its up (and gate) projections on the GPU: the runtime takes
+    # a tensor override or runs llama.cpp's --fit (runtime.seam.Shaped)
+    expert_overflow: bool = False
     output_first: bool | None = None  # a partial plan's output layer on the GPU first (runtime.seam.Shaped)
     repeatable: bool = False  # f16 only: quantized caches do not reproduce tokens exactly
     same_type_kv: bool = False  # the runtime has one cache type for K and V (Ollama)

@@ -12,6 +12,7 @@ from kvadvise.runtime.seam import LlamaCppRuntime
 class LlamaLibrary(LlamaCppRuntime):
     name = "library"
     program = "library"
+    takes_overrides = False  # llama-cpp-python, LM Studio and node-llama-cpp take no -ot
 
 
 class LlamaCli(LlamaCppRuntime):

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from kvadvise.model.ggml import GGMLType, is_quantized
 from kvadvise.planner import builds
 from kvadvise.planner.memory import RunConfig
+from kvadvise.planner.offload import overflow_override
 from kvadvise.planner.planning import AdviceSummary, Plan
 from kvadvise.request import PlanRequest
 from kvadvise.runtime.seam import LlamaCppRuntime, Writer
@@ -66,9 +67,16 @@ def _flash_attn_args(cfg: RunConfig) -> list[tuple[str, str, str | None]]:
 
 
 def server_args(
-    model: str | ModelSource, cfg: RunConfig, *, n_gpu_layers: int | None = None, n_cpu_moe: int = 0
+    model: str | ModelSource,
+    cfg: RunConfig,
+    *,
+    n_gpu_layers: int | None = None,
+    n_cpu_moe: int = 0,
+    expert_overflow: str = "",
 ) -> list[tuple[str, str, str | None]]:
-    """(flag, LLAMA_ARG_ variable, value) triples; value None = a switch. A str ``model`` is a local path."""
+    """(flag, LLAMA_ARG_ variable, value) triples; value None = a switch. A str ``model`` is a local path.
+    ``expert_overflow``: block ``n_cpu_moe - 1`` keeps part of its experts on the GPU (Offload.expert_overflow):
+    ``--n-cpu-moe N - 1`` and an -ot of what of that block stays on the CPU."""
     ngl = n_gpu_layers if n_gpu_layers is not None else ALL_LAYERS if cfg.device not in ("cpu", "auto") else 0
     source = model if isinstance(model, ModelSource) else ModelSource.path(model)
     out: list[tuple[str, str, str | None]] = [
@@ -80,8 +88,13 @@ def server_args(
         ("-ctv", "LLAMA_ARG_CACHE_TYPE_V", cfg.type_v.type_name),
         ("-ngl", "LLAMA_ARG_N_GPU_LAYERS", str(ngl)),
     ]
+    override = overflow_override(n_cpu_moe, expert_overflow)
+    if override:
+        n_cpu_moe -= 1
     if n_cpu_moe:
         out.append(("--n-cpu-moe", "LLAMA_ARG_N_CPU_MOE", str(n_cpu_moe)))
+    if override:  # common/arg.cpp -ot: pattern=buffer type, after --n-cpu-moe's own overrides (other blocks)
+        out.append(("-ot", "LLAMA_ARG_OVERRIDE_TENSOR", override))
     if cfg.devices:  # common/arg.cpp -dev: only these devices (a model that fits one card stays on it)
         out.append(("-dev", "LLAMA_ARG_DEVICE", ",".join(cfg.devices)))
     if cfg.rpc_servers:  # the hosts of llama.cpp's RPC backend, each running rpc-server (tools/rpc)
@@ -182,7 +195,9 @@ def plan_args(model: ModelSource, plan: Plan, off: Offload | None) -> list[tuple
         # (ggml_backend_sched expands the device up over weightless ops) and turns auto off for the whole context:
         # LFM2 at -ngl 3, -ub 2048, printed 596 MiB of compute (the 8 x 8192 x 2048 f32 KQ) where 112 were planned
         cfg = replace(cfg, flash_attn="on")
-    args = server_args(model, cfg, n_gpu_layers=off.n_gpu_layers, n_cpu_moe=off.n_cpu_moe)
+    args = server_args(
+        model, cfg, n_gpu_layers=off.n_gpu_layers, n_cpu_moe=off.n_cpu_moe, expert_overflow=off.expert_overflow
+    )
     return args + _ram_args(off.ram)
 
 

@@ -57,6 +57,9 @@ class Shaped:
     output_first: bool | None = None
     # the runtime's context keeps each output's embedding beside its logits (Ollama's llamarunner: params.embeddings)
     embeddings: bool = False
+    # the last block whose experts stay on the CPU may keep its up and gate projections on the GPU: a command that
+    # takes -ot (llama-server, llama-cli), or llama.cpp's --fit placing them itself (Ollama 0.30 on)
+    expert_overflow: bool = False
 
 
 def _no_hints(result: object, path: Path) -> tuple[str, ...]:
@@ -117,6 +120,8 @@ class LlamaCppRuntime:
     # optional (read with a default of True): its command states the layer split planned (-ts); Ollama's --fit
     # fills its own
     states_split = True
+    # its command takes a tensor override (-ot): Shaped.expert_overflow
+    takes_overrides = True
     refused: tuple[str, ...] = ()
     refused_why = ""
     refused_hint = ""
@@ -127,13 +132,14 @@ class LlamaCppRuntime:
         if spec.sampling_penalty_repeat != 1.0 and not request.sampling_penalties:
             return Shaped(
                 replace(request, sampling_penalties=True),
+                expert_overflow=self.takes_overrides,
                 notes=(
                     f"the file sets a repeat penalty of {spec.sampling_penalty_repeat:g} (general.sampling.penalty_repeat), "
                     "which llama.cpp samples with by default: a pass over the vocabulary on the CPU each token, counted "
                     "in the decode estimate (--repeat-penalty 1 avoids it)",
                 ),
             )
-        return Shaped(request)
+        return Shaped(request, expert_overflow=self.takes_overrides)
 
     def place(self, plan: Plan, replan: Callable[[Hardware], Plan]) -> Plan:
         """Several GPUs and a plan that fits: on the card with the most free memory alone when the same

@@ -281,6 +281,7 @@ class OllamaRuntime:
             # the runners inside Ollama's binary (0.11 - 0.24) place whole layers (llm/server.go assignLayers and
             # llm/memory.go): no expert override; llama-server's --fit (0.30 on) keeps experts on the CPU first
             expert_offload=not rel.in_process,
+            expert_overflow=not rel.in_process,  # --fit's LAYER_FRACTION_UP / _GATE (common/fit.cpp)
             # the Go engine lays the output layer out as Ollama's createLayout does (first, from the end); the
             # llamarunner passes a layer count to the vendored llama.cpp, which places it (before
             # builds.OUTPUT_FIRST: last)
