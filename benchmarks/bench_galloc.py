@@ -36,7 +36,8 @@ from tinymodels import write_tiny_gguf  # noqa: E402
 
 from kvadvise.model.architecture import from_gguf  # noqa: E402
 from kvadvise.model.gguf import read_file  # noqa: E402
-from kvadvise.planner.memory import MIB, RunConfig, _analytic_device_compute, estimate, resolve  # noqa: E402
+from kvadvise.planner.compute import _analytic_device_compute  # noqa: E402
+from kvadvise.planner.memory import MIB, RunConfig, estimate, resolve  # noqa: E402
 
 # Qwen shapes from each model's HF config.json (num_hidden_layers, hidden_size, num_attention_heads,
 # num_key_value_heads, head_dim, intermediate_size, vocab_size)

@@ -14,7 +14,7 @@ not in this pass.
     python benchmarks/bench_op_offload.py [--only NAME,...]
 
 One row per (model, placement, n_ctx): the device's compute buffer at full offload and with the placement, as
-llama.cpp allocates it and as kvadvise plans it (the growth: memory.op_offload_growth), MiB.
+llama.cpp allocates it and as kvadvise plans it (the growth: compute.op_offload_growth), MiB.
 """
 
 from __future__ import annotations
@@ -45,14 +45,8 @@ from kvadvise.model.architecture import from_gguf  # noqa: E402
 from kvadvise.model.ggml import GGMLType  # noqa: E402
 from kvadvise.model.gguf import read_file  # noqa: E402
 from kvadvise.model.spec import ModelSpec  # noqa: E402
-from kvadvise.planner.memory import (  # noqa: E402
-    MIB,
-    RunConfig,
-    cpu_layers_attention_bytes,
-    estimate,
-    op_offload_growth,
-    resolve,
-)
+from kvadvise.planner.compute import op_offload_growth  # noqa: E402
+from kvadvise.planner.memory import MIB, RunConfig, cpu_layers_attention_bytes, estimate, resolve  # noqa: E402
 from kvadvise.planner.offload import op_offload_bytes  # noqa: E402
 
 ENV = "KVADVISE_RPC_OFFLOAD_OP"
@@ -205,7 +199,7 @@ def config(fa: str, cache: str, n_ctx: int) -> RunConfig:
 def planned(case: Case, spec: ModelSpec, cfg: RunConfig) -> tuple[int, int]:
     """kvadvise's device compute at full offload and with the case's placement, as
     kvadvise.planner.offload.partial_offload plans it: the weights' copies in a layer's live set
-    (offload.op_offload_bytes, memory.op_offload_growth) or, for whole layers on the CPU, their attention with copies
+    (offload.op_offload_bytes, compute.op_offload_growth) or, for whole layers on the CPU, their attention with copies
     of their K and V (memory.cpu_layers_attention_bytes), whichever is higher; those rules are CUDA's (alignment 128)."""
     full = estimate(spec, cfg).devices[0].compute_bytes
     copy = op_offload_bytes(spec, case.cpu_blocks, "cuda", cfg.n_ubatch) or 0

@@ -81,6 +81,6 @@ def test_compute_buffers_are_never_under_llama_cpps_allocation_pass(
         "phi3",
         "qwen2",
         "qwen3",
-    ):  # planned by ggml-alloc's own allocation (memory._exact_device_compute)
+    ):  # planned by ggml-alloc's own allocation (compute._exact_device_compute)
         assert f"{got[0]:.2f}" == f"{measured[device]:.2f}", (got, measured)
     assert _over_ok(est.host.compute_bytes, measured["CPU"]), (got, measured)

@@ -100,7 +100,7 @@ def test_n_cpu_moe_glm4moe_device_compute_growth_is_not_there(
     Device compute buffer: predicted 228.25 MiB, llama-server prints 168.79 MiB (OVER by 59.5 MiB, 35 %);
     the host's compute is right (164.08 vs 164.05).
 
-    Rule: memory.host_experts_device_growth adds the peak it measured on qwen3next shapes (copies of the
+    Rule: host_experts.host_experts_device_growth adds the peak it measured on qwen3next shapes (copies of the
     down projection's output, three expert activations, two shared-expert rows) for any model with a shared
     expert; on glm4moe (llama-server b11312 over RPC, ggml_backend_sched_split_graph) the device's buffer with
     blk.1's experts in RAM is exactly its full-offload size (168.79 MiB both; kvadvise's full-offload plan says

@@ -19,7 +19,7 @@ ubatch. kvadvise's partial_offload (advisor/planner/offload.py) keeps every devi
 planned with a whole block's FFN activations.
 
 Fixed: partial_offload's tail_cut sizes such a device as a split's device without pipeline parallelism
-(memory.unpipelined_split_compute), where the last block alone is now split.unpipelined_last_block_compute:
+(compute.unpipelined_split_compute), where the last block alone is now split.unpipelined_last_block_compute:
 the masks and the attention less the hidden state copied in, or the output rows' FFN (48.30 MiB printed, 48.36
 planned at -ub 2048).
 """

@@ -90,7 +90,7 @@ def test_moe_last_block_alone_copies_in_the_cpu_layers_expert_outputs(tmp_path: 
     sum over the used experts in build_moe_ffn, src/llama-graph.cpp, then l_out-6 and block 7's rms_norm) to the
     next device's backend, so the device copies in block 6's down-projection output [n_embd, n_expert_used,
     n_ubatch] f32 (64 MiB at 8 used, -ub 2048) and weights it there: 96.10 = 1.5 x 64, the "one and a half of the
-    down projection's output" memory.host_experts_device_growth measures for shared-expert models. kvadvise's
+    down projection's output" host_experts.host_experts_device_growth measures for shared-expert models. kvadvise's
     partial_offload sizes the device as holding the last block alone (tail_cut ->
     split.unpipelined_last_block_compute: masks + attention, 48 MiB), and host_experts_device_growth plans no growth
     for a qwen3moe (no shared expert: "inside kvadvise's full-offload figure"), which the last-block figure is not.

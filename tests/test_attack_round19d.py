@@ -362,7 +362,7 @@ def test_moe_fit_puts_more_expert_weights_on_the_device(
             marks=pytest.mark.xfail(
                 strict=True,
                 reason="held: over, the safe side: a recurrent model's split keeps the rule with its copies "
-                "(memory.unpipelined_split_compute: 77.5 and 74.5 MiB planned, 57.0 and 58.0 printed), so fewer "
+                "(compute.unpipelined_split_compute: 77.5 and 74.5 MiB planned, 57.0 and 58.0 printed), so fewer "
                 "layers than --fit's are planned",
             ),
         ),

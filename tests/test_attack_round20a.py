@@ -142,7 +142,7 @@ def test_moe_plain_ngl_device_takes_the_cpu_layers_expert_outputs(
     expert outputs: ggml_backend_sched (ggml/src/ggml-backend.cpp) expands the device's backend up over the
     weightless ops after the last CPU layer's mul_mat_id (the weighted sum of the experts), so the device holds a
     copy of them. advisor/planner/offload.py partial_offload.split_compute adds the host-experts growth only where
-    n_cpu_moe > n_cpu (memory.host_experts_device_growth); a plain -ngl MoE plan (n_cpu_moe 0, n_cpu > 0), new in the
+    n_cpu_moe > n_cpu (host_experts.host_experts_device_growth); a plain -ngl MoE plan (n_cpu_moe 0, n_cpu > 0), new in the
     whole-layers branch, keeps the full offload's compute. The round-15c note in split._LAST_BLOCK_MEASURED describes
     the same copy for a MoE device that follows a CPU layer.
     """
@@ -233,7 +233,7 @@ def test_output_layer_device_after_host_experts_takes_their_outputs(
     B's compute, straight on llama-server with -ngl 4 --n-cpu-moe 8 -ts 3,1: 12.01 / 24.02 / 48.03 MiB at -ub 512 /
     1024 / 2048; with the experts on A (no --n-cpu-moe) 0.14.
 
-    Rule (best guess): 48.03 = 1.5 x [n_embd, n_expert_used, n_ubatch] f32 (memory.host_experts_device_growth's
+    Rule (best guess): 48.03 = 1.5 x [n_embd, n_expert_used, n_ubatch] f32 (host_experts.host_experts_device_growth's
     figure): the last block's expert outputs, computed on the CPU, are followed by weightless ops (the weighted sum,
     the residual add) that ggml_backend_sched (ggml/src/ggml-backend.cpp) hands to the next weighted op's device,
     here the output layer's on B, which then holds the copies. advisor/planner/offload.py partial_offload

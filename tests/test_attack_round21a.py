@@ -80,7 +80,7 @@ def test_deepseek2_partial_device_compute_over_budget(
     deepseek2.cpp, at b11312: q_nope absorbed through wk_b and concatenated with q_pe; the peak is in the attention
     block, not the experts: n_ff_exp 512 -> 1024 leaves the printed 208.30 unchanged). Varying the shape: n_head 8
     140.30 printed vs 136.00; n_expert_used 8 240.34 vs 200.31 (40 MiB under). With --n-cpu-moe on an RPC device the
-    printed buffer grows 7.7 MiB more (264.02 vs 256.30) where memory._NO_HOST_EXPERTS_GROWTH plans none for deepseek2.
+    printed buffer grows 7.7 MiB more (264.02 vs 256.30) where host_experts._NO_HOST_EXPERTS_GROWTH plans none for deepseek2.
     Rule (best guess): memory.graph_sizes' MLA attention term misses one query-sized f32 tensor per ubatch token (and
     its expert term the n_expert_used scaling of the peak); the partial plan inherits it.
     """
@@ -147,12 +147,12 @@ _QWEN3MOE_U8 = {**_QWEN3MOE, "n_expert_used": 8}  # Qwen3-30B-A3B's 8 used exper
 _GPT_OSS_U8 = {**_GPT_OSS, "n_expert_used": 8}
 
 
-# fixed (memory.cpu_experts_boundary_bytes: the qwen3moe device at its first block after the CPU's experts, the last
+# fixed (host_experts.cpu_experts_boundary_bytes: the qwen3moe device at its first block after the CPU's experts, the last
 # block alone, every expert on the host; llama-server b11312 over rpc-servers, 2-8 used experts): the qwen3moe cases
 # pass. Held: gpt-oss with 8 used experts narrower than n_embd (not gpt-oss's own shapes, where n_ff_exp = n_embd)
 _HELD_GPT_OSS_U8 = pytest.mark.xfail(
     strict=True,
-    reason="held: gpt-oss with 8 used experts of n_ff_exp = n_embd / 2 (not a shape gpt-oss ships): plain -ngl plans one experts' output of growth where 1.5 come (8 MiB under at -ub 1024) and the plan stops short of --fit's share or over-plans the CPU blocks' device by 80 MiB; at gpt-oss-20b's own dimensions (n_ff_exp = n_embd) the host experts' growth is exact (memory.host_experts_device_growth)",
+    reason="held: gpt-oss with 8 used experts of n_ff_exp = n_embd / 2 (not a shape gpt-oss ships): plain -ngl plans one experts' output of growth where 1.5 come (8 MiB under at -ub 1024) and the plan stops short of --fit's share or over-plans the CPU blocks' device by 80 MiB; at gpt-oss-20b's own dimensions (n_ff_exp = n_embd) the host experts' growth is exact (host_experts.host_experts_device_growth)",
 )
 
 
@@ -222,7 +222,7 @@ def test_gpt_oss_eight_used_np2_host_experts_device_over_budget(
     The same model at -ngl 99 -np 2 prints 177.07 MiB of compute (193.07 at -np 1); with --n-cpu-moe 5 at -np 2,
     257.04: +80 MiB = [n_embd, n_expert_used, n_ubatch] f32 (64 MiB) + 16, where at -np 1 --n-cpu-moe 3 the growth is
     8 MiB (217.12 vs 209.10). kvadvise plans no host-experts growth for a MoE without shared experts
-    (memory.host_experts_device_growth returns 0 without n_ff_shexp: "A qwen3moe of the same size ... moves by at most
+    (host_experts.host_experts_device_growth returns 0 without n_ff_shexp: "A qwen3moe of the same size ... moves by at most
     0.5 MiB", measured at n_expert_used 4, -np 1).
     Rule (best guess): with several sequences (-np 2, the sliding-window cache per sequence, its mask's shape) the
     device's peak moves to the split after the host experts, where the copy of the experts' output is live; the
@@ -254,7 +254,7 @@ _HELD_SMALL_UNDER = pytest.mark.xfail(
             id="gpt-oss-np2",
             marks=_HELD_SMALL_UNDER,
         ),
-        # passes since round 26d (memory._split_layer_peak: a freed mask narrower than a row of n_embd stays a hole):
+        # passes since round 26d (compute._split_layer_peak: a freed mask narrower than a row of n_embd stays a hole):
         # -ngl 2 -ts 0.15,0.06 planned, A 97.16 predicted, 85.22 printed (the -ngl 3 plan's A had been 148.10 / 151.29)
         pytest.param("cohere2", "cohere2", [150, 60], 16384, ["-ub", "1024", "-np", "2"], id="cohere2-np2"),
         pytest.param(
@@ -311,7 +311,7 @@ def test_small_under_inside_the_bar_still_over_a_budget(
     full offload's 8 MiB of slack hides half of it. cohere2 (8 layers, n_embd 1024, 8 heads, 2 kv, n_ff 4096, n_swa
     512, pattern 4): 3.2 MiB under at -np 1, 2 and 4 whenever A holds blocks 5-7 (the global block 7 among them) with
     B holding the output layer or nothing (also [140,60] 32k -ub 512 -np 2: 139.70 vs 140.87); likely the split
-    mask rule (memory._split_layer_peak) for cohere2, whose last layer is a global one, missing one [n_embd, n_ubatch]
+    mask rule (compute._split_layer_peak) for cohere2, whose last layer is a global one, missing one [n_embd, n_ubatch]
     f32 row or the SWA mask's padding. gemma3 (8 layers, n_embd 1024, 8 heads, 2 kv, head 128, n_ff 4096, n_swa 512;
     global block 5), B holding blocks 4-7 and the output layer: printed compute 144.30 MiB at -np 3 (KV 8.77 + 7.97),
     planned about 130; the same device is planned OVER by 7.8 MiB at -np 1 and 2 (243.83 vs 236.07, 246.49 vs

@@ -1,5 +1,5 @@
-"""Review round 23a: the new MoE and MLA compute rules (memory.cpu_experts_boundary_bytes / offload.tail_cut,
-memory.host_experts_device_growth for gpt-oss, sizes.graph_sizes' absorbed MLA attention, split._GATHER_AFTER_LOOP)
+"""Review round 23a: the new MoE and MLA compute rules (host_experts.cpu_experts_boundary_bytes / offload.tail_cut,
+host_experts.host_experts_device_growth for gpt-oss, sizes.graph_sizes' absorbed MLA attention, split._GATHER_AFTER_LOOP)
 against real allocations of llama.cpp b11312.
 
 Two harnesses:
@@ -39,7 +39,9 @@ from tinymodels import write_tiny_gguf
 from kvadvise.model.architecture import from_gguf
 from kvadvise.model.ggml import GGMLType
 from kvadvise.model.gguf import read_file
-from kvadvise.planner.memory import RunConfig, device_compute_bytes, host_experts_device_growth, resolve
+from kvadvise.planner.compute import device_compute_bytes
+from kvadvise.planner.host_experts import host_experts_device_growth
+from kvadvise.planner.memory import RunConfig, resolve
 
 pytestmark = pytest.mark.llama
 MIB = 1 << 20
@@ -161,7 +163,7 @@ def _hold(test: str, cases: list, idfn: object = None) -> list:
 def test_mla_full_offload_compute(case: tuple, fit_params: Path, rpc_endpoint: str, tmp_path: Path) -> None:
     """OVER (wastes memory; at --margin 0 a block fewer than --fit, test_partial_plans_over[kimi-k2-*]).
     `-ngl 99 -c N -ub U -fa F -ctk/-ctv T` over one rpc-server, llama-fit-params b11312's allocation pass (the
-    device's compute buffer) against memory.device_compute_bytes (sizes.graph_sizes' absorbed MLA attention):
+    device's compute buffer) against compute.device_compute_bytes (sizes.graph_sizes' absorbed MLA attention):
 
     | shape (deepseek2-mla, n_vocab 8000) | ctx, -ub, -fa, cache | printed | planned | off |
     | Kimi-K2 (n_embd 7168, 64 heads, q_lora 1536, n_ff 18432) | 16k, 512, on, f16 | 268.01 | 324.08 | +56.1 (21 %) |
@@ -193,7 +195,7 @@ def test_mla_full_offload_compute(case: tuple, fit_params: Path, rpc_endpoint: s
     assert planned >= 0.99 * measured * MIB and _close(planned, measured), (planned / MIB, measured)
 
 
-# gpt-oss's biased experts with --n-cpu-moe on an RPC device (memory.host_experts_device_growth)
+# gpt-oss's biased experts with --n-cpu-moe on an RPC device (host_experts.host_experts_device_growth)
 GPT_OSS = {
     # openai/gpt-oss-120b config.json: n_embd 2880, 64 heads of 64, 8 kv heads, 4 used experts of 2880, swa 128
     "gpt-oss-120b": dict(n_layer=8, n_embd=2880, n_head=64, n_head_kv=8, head=64, n_swa=128, n_expert=16,
@@ -222,7 +224,7 @@ _GPT_CASES = [
 )
 def test_gpt_oss_host_experts_growth(case: tuple, fit_params: Path, rpc_endpoint: str, tmp_path: Path) -> None:
     """gpt-oss with `-ngl 99 --n-cpu-moe N -fa on` over one rpc-server: llama-fit-params b11312's device compute
-    buffer against memory.device_compute_bytes + memory.host_experts_device_growth(device_experts=N < n_layer), the
+    buffer against compute.device_compute_bytes + host_experts.host_experts_device_growth(device_experts=N < n_layer), the
     figure offload.split_compute adds for one device at -ngl 99. Printed, N = 0..8 (8 layers):
     - gpt-oss-120b's widths (n_embd = n_ff_exp = 2880, 4 used), 16k, -ub 512: 103.52 103.51 126.01 x5 78.82 58.51;
       planned 103.58 at 0, 126.08 at 1-7, 103.58 at 8. N=1: OVER 22.6 MiB (22 %: the first block's experts on the
@@ -303,7 +305,7 @@ def test_moe_full_offload_compute(case: tuple, fit_params: Path, rpc_endpoint: s
     """OVER for GLM-4.5-Air's shape (glm4moe: n_embd 4096, 96 heads of 128, 8 kv, dense lead n_ff 10944, 16 of 128
     experts of 1408, 8 used, 1 shared, MTP block): `-ngl 99 -fa on` over one rpc-server, llama-fit-params b11312
     prints 164.01 / 328.02 / 848.12 MiB at -ub 512 / 1024 / 2048 (16k f16, 16k f16, 64k q8_0); kvadvise's
-    memory.device_compute_bytes says 186.08 / 372.16 / 936.31: OVER by 22 / 44 / 88 MiB (13.5 % / 13.5 % / 10.4 %).
+    compute.device_compute_bytes says 186.08 / 372.16 / 936.31: OVER by 22 / 44 / 88 MiB (13.5 % / 13.5 % / 10.4 %).
     44 KiB a token at every -ub = 11264 f32, about one [n_ff (10944), n_ubatch] f32 of the dense lead block (or
     n_head x head = 12288, Q): the likely miss is a tensor counted live at the peak that ggml-alloc has freed.
     The others (Qwen3-30B-A3B, Qwen3-235B, Mixtral-8x7B fa on/off) pass: regression guards.
@@ -355,7 +357,7 @@ def test_mixtral_one_layers_experts_on_the_host_said_to_fit_goes_over_the_budget
     llama-server b11312 prints 2758.52 (model 1702.48 + KV 192.00 + compute 864.04): UNDER by 31.85 MiB (1.2 % of
     the total, 3.8 % of the compute) and 18.5 MiB over the budget. At -ub 1024: 2310.58 planned, 2326.50 printed
     (16 under). The full offload of the same model is planned right (test_moe_full_offload_compute[mixtral-*]).
-    Rule (best guess): memory.host_experts_device_growth plans nothing for an MoE without shared experts and without
+    Rule (best guess): host_experts.host_experts_device_growth plans nothing for an MoE without shared experts and without
     biases; the device's blocks after a block whose experts ran on the CPU (ggml-rpc has no offload_op) grow by one
     [n_embd, n_ubatch] f32 (4096 x 2048 x 4 = 32 MiB; 16 at -ub 1024): the expert output copied back beside the
     residual, as for gpt-oss but one row, not n_expert_used of them (2 used experts of 14336, wider than n_embd).
@@ -380,7 +382,7 @@ def test_gpt_oss_narrow_experts_all_on_the_host_said_to_fit_goes_over_the_budget
     n_expert_used, n_ubatch] f32 expert output (64 MiB here) stay on the device, so with experts narrower than n_embd
     the device keeps the full offload's figure plus half an output (193 + 32 = 225).
     """
-    # fixed (memory.host_experts_device_growth: half an output for narrow experts all on the host, no "no FFN" cut):
+    # fixed (host_experts.host_experts_device_growth: half an output for narrow experts all on the host, no "no FFN" cut):
     # 354.27 planned, so at 320 MiB it is refused; at 360 it is said to fit and prints 354.31
     planned, real, cmd = _said_to_fit(tmp_path, "gpt-oss", GPT_OSS["gpt-oss-narrow-8"], 360, 16384,
                                       ["-ub", "2048", "-ctk", "f16", "-ctv", "f16", "--n-cpu-moe", "8"],
@@ -399,7 +401,7 @@ _LLAMA_MOE_GROWTH = [
 def test_mixtral_host_experts_growth(case: tuple, fit_params: Path, rpc_endpoint: str, tmp_path: Path) -> None:
     """UNDER (OOM side) at -ub 2048. `-ngl 99 --n-cpu-moe 1 -fa on -c 16384` over one rpc-server, llama-fit-params
     b11312's allocation pass (the device's compute buffer; the CPU_REPACK row of the q4_0 experts left out) against
-    kvadvise's figure for it (memory.device_compute_bytes + memory.host_experts_device_growth, which is what
+    kvadvise's figure for it (compute.device_compute_bytes + host_experts.host_experts_device_growth, which is what
     `kvadvise llamacpp` plans: 832.19 for Mixtral-8x7B's widths at -ub 2048 in its memory.devices, see
     test_mixtral_one_layers_experts_on_the_host_said_to_fit_goes_over_the_budget):
 
@@ -410,7 +412,7 @@ def test_mixtral_host_experts_growth(case: tuple, fit_params: Path, rpc_endpoint
 
     Rule (best guess): a llama-architecture MoE (no shared expert, no expert biases) grows by one [n_embd,
     n_ubatch] f32 (32 / 48 / 8 MiB here) on the device's blocks after a block whose experts ran on the CPU;
-    memory.host_experts_device_growth returns 0 for it. (At --n-cpu-moe 2 of 3 the buffer is 736.12, all 3: 224.00;
+    host_experts.host_experts_device_growth returns 0 for it. (At --n-cpu-moe 2 of 3 the buffer is 736.12, all 3: 224.00;
     planned 832.19 / 832.19: over, the safe side, test_partial_plans_said_to_fit_over.)
     """
     name, n_ctx, ub = case
@@ -643,7 +645,7 @@ def test_explicit_n_cpu_moe_said_to_fit(
       where 832.19 is planned): OVER 608 MiB (45 %).
     Rule (best guess): with only the last block's experts on the device (qwen3moe, whose last block gathers its
     output rows first, so those experts run at one row) or one block's after host experts (mixtral), the device
-    never holds the whole batch's gate/up/GLU of the host blocks: memory.cpu_experts_boundary_bytes' last-block
+    never holds the whole batch's gate/up/GLU of the host blocks: host_experts.cpu_experts_boundary_bytes' last-block
     case (masks, 2 rows of n_embd, one experts' output) should apply to -ngl 999 --n-cpu-moe n_layer-1 as well, and
     the all-host cut to blocks whose experts are on the host when only a few device blocks run theirs. (Note:
     llama-fit-params' no-alloc pass reports 736.12 MiB for the mixtral command, llama-server's own reserve prints
@@ -710,7 +712,7 @@ def test_last_block_alone_without_flash_attention_keeps_its_kq(
     [1000]: all inside their budgets.
 
     The device holds the last block alone (offload.tail_cut's ``last_alone`` branch: cut = boundary_last -
-    full_compute); memory.cpu_experts_boundary_bytes(last_block=True) is masks + 2 rows of n_embd + one experts'
+    full_compute); host_experts.cpu_experts_boundary_bytes(last_block=True) is masks + 2 rows of n_embd + one experts'
     output, measured with flash attention only. Without it, that block's attention still runs on the whole ubatch
     (the output rows are gathered after the attention, before the FFN, src/models/qwen3moe.cpp): its KQ
     [n_kv, n_ubatch, n_head] f32 (8192 x 512 x 32 x 4 = 512 MiB; 8192 x 1024 x 32 x 4 = 1024; 4096 x 512 x 64 x 4 =
@@ -740,7 +742,7 @@ def test_last_block_alone_with_wide_experts_is_two_rows_short(
     (--fit, asked for the same budget, places the output layer alone: 31.32). At -ub 1024: 931.40 vs 947.43, 16
     under. With `--ctx 32768 -ctk q8_0 -ctv q8_0 -np 2` (A=1200: 997.40 planned, 1029.53 printed, the same -ngl 2;
     the case runs it at A=1010 MiB, where the same plan is 19.5 MiB over). Rule (best guess):
-    memory.cpu_experts_boundary_bytes(last_block=True), masks 64 + 2 rows of n_embd 32 +
+    host_experts.cpu_experts_boundary_bytes(last_block=True), masks 64 + 2 rows of n_embd 32 +
     one experts' output 32 = 128 MiB, was fitted on 512-wide experts; here two more [n_embd, n_ubatch] f32 rows (the
     last block's attention output and residual at the whole batch before the gather, or the experts' input) are
     live at the peak: 4 rows, not 2. New with 872facf: its parent plans `-ngl 7 --n-cpu-moe 6` here (760.42

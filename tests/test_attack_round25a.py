@@ -1,4 +1,4 @@
-"""Review round 25a: the device compute rules of this session (memory.host_experts_split_compute /
+"""Review round 25a: the device compute rules of this session (host_experts.host_experts_split_compute /
 without_routed_ffn, memory.output_layer_alone_bytes, sizes.graph_sizes' MLA replay, and whole plans) against real
 allocations of llama.cpp b11312.
 
@@ -95,7 +95,7 @@ _HELD: dict[str, tuple[list[str], str]] = {
             "qwen35moe-2x500-ub2048",
             "qwen35moe-3x450-ub2048",
         ],
-        "over / below --fit's share: shared-expert and output-alone plans over several devices keep the full offload's figure (memory.host_experts_split_compute leaves shared experts out)",
+        "over / below --fit's share: shared-expert and output-alone plans over several devices keep the full offload's figure (host_experts.host_experts_split_compute leaves shared experts out)",
     ),
 }
 
@@ -143,7 +143,7 @@ def _compare(tmp: Path, fit_params: Path, recipe: str, dims: dict, n_dev: int, c
     assert all(p <= r + max(16, 0.03 * r) for p, r in zip(planned, printed, strict=True)), "OVER: " + "; ".join(pairs)
 
 
-# --- 1. host experts beside several RPC devices (memory.host_experts_split_compute) ------------------------------
+# --- 1. host experts beside several RPC devices (host_experts.host_experts_split_compute) ------------------------------
 
 
 @pytest.mark.parametrize(
@@ -193,7 +193,7 @@ def test_host_experts_fa_off_device_after_host_block_under(
             id="np4-ub1024-q8_0",
         ),
         pytest.param(16384, ["-ub", "1024", "-fa", "off", "--n-cpu-moe", "6"], id="fa-off-ub1024"),
-        # round 26d: the full mask copied after block 0's CPU split (memory.late_full_mask_bytes / _scores_bytes)
+        # round 26d: the full mask copied after block 0's CPU split (host_experts.late_full_mask_bytes / _scores_bytes)
         pytest.param(8192, ["-ub", "2048", "-fa", "on", "-np", "8", "--n-cpu-moe", "6"], id="np8-ctx8k-ub2048"),
         pytest.param(8192, ["-ub", "1024", "-fa", "on", "-np", "8", "--n-cpu-moe", "6"], id="np8-ctx8k-ub1024"),
         pytest.param(32768, ["-ub", "512", "-fa", "off", "-np", "2", "--n-cpu-moe", "6"], id="fa-off-ub512-np2-32k"),
@@ -208,7 +208,7 @@ def test_gpt_oss_host_experts_bare_graph_under(ctx: int, flags: list[str], fit_p
     -ub 1024 q8_0: 94.33 vs 97.00 (UNDER 2.67). -np 1 and -np 2 hold (240/240.66, 208/208.66), and -np 4 at 32k
     cells (208/208.66). Without flash attention, -ub 1024 --n-cpu-moe 6: RPC1 4246.75 planned, 4261.00 printed
     (UNDER 14.25). The full offload at -np 4 is exact (537/537.94, 627/627.97), so the miss is the bare graph's
-    (memory.without_routed_ffn / host_experts_split_compute on RPC0, whose blocks 0-2 run no routed experts).
+    (host_experts.without_routed_ffn / host_experts_split_compute on RPC0, whose blocks 0-2 run no routed experts).
 
     Source: llama-fit-params b11312 over two loopback rpc-servers, measured here 2026-12-07.
     Missing rule (guess): with the routed FFN gone the peak of a gpt-oss block moves to the attention phase, whose
@@ -219,8 +219,8 @@ def test_gpt_oss_host_experts_bare_graph_under(ctx: int, flags: list[str], fit_p
     Round 26d, the rule (a traced ggml-alloc: llama-fit-params b11312 built with allocation prints): block 0 is a
     sliding-window block and ggml_backend_sched_split_graph copies an input into the first split that reads it, so
     the full mask's copy comes in after block 0's CPU split, beside its experts' output copy, into the hole the token
-    embeddings' copy left (memory.late_full_mask_bytes); without flash attention the mask and that copy stack under
-    the first full block's scores (memory.late_full_mask_scores_bytes), on the second device after its first block's
+    embeddings' copy left (host_experts.late_full_mask_bytes); without flash attention the mask and that copy stack under
+    the first full block's scores (host_experts.late_full_mask_scores_bytes), on the second device after its first block's
     CPU split too. Printed / planned before / after, MiB (RPC0 but where named): np4-ub2048 198 / 192.66 / 199.16;
     np4-ub512 48 / 46.66 / 48.29; np4-ub1024-q8_0 97 / 94.33 / 97.58; fa-off-ub1024 RPC1 4261 / 4246.75 / 4261.25;
     np8-ctx8k-ub2048 193 / 175.66 / 194.16; np8-ctx8k-ub1024 96 / 87.83 / 97.08; fa-off-ub512-np2-32k RPC1 2130 /
@@ -441,7 +441,7 @@ def test_gpt_oss_llama_server_second_device_under(flags: list[str], tmp_path: Pa
 
     Source: llama-server b11312 over two loopback rpc-servers (--fit off -lv 4, the "RPC0[EP] compute buffer size"
     lines), measured here 2026-12-07.
-    Missing rule (guess): memory.host_experts_split_compute gives B (all of whose blocks run their experts, none
+    Missing rule (guess): host_experts.host_experts_split_compute gives B (all of whose blocks run their experts, none
     after a host block) the plain split figure unpipelined_split_compute, which for a gpt-oss takes the experts'
     phase at the last block's gathered rows; the biased experts' output (ADD_ID) of block 3, run on the whole batch
     after B's first block, is larger. Without flash attention the boundary copies add to the KQ peak (see
@@ -450,12 +450,12 @@ def test_gpt_oss_llama_server_second_device_under(flags: list[str], tmp_path: Pa
     Round 26d, a traced ggml-alloc (llama-server b11312 built with allocation prints): B's peak is block 4's experts
     (gpt-oss gathers its output rows after the last block, so both blocks run them on the whole batch) above both
     masks, the sliding-window one freed by then but a hole too narrow for any of the phase's tensors, under the full
-    mask and the row ids copied in after it (memory._split_layer_peak); and the 1 MiB left was the harness's: without
+    mask and the row ids copied in after it (compute._split_layer_peak); and the 1 MiB left was the harness's: without
     -np llama-server runs 4 slots in a unified cache (its sliding-window cache 2560 cells), where kvadvise's command
     states -np 1 (2304). Printed / planned before / after, MiB: ub2048-ncmoe1 and -ncmoe2 with -np 1: B 420.07 /
     411.12 / 420.12 (A 420.04 / 510.12, still over: the growth planned on the first device); -np 4 -kvu: 421.07 /
     421.12 after (--n-cpu-moe 1; np4-kvu-ncmoe6 and ub512-ncmoe6 within the bar); ub1024-np4-q8_0: B 184.10 / 181.56 / 184.06 (A 187.30 / 229.06); fa-off-ncmoe6 with -np 1: A
-    4247.78 / 4246.75 / 4247.76, B 4261.27 / 4246.75 / 4261.25 (memory.late_full_mask_scores_bytes)."""
+    4247.78 / 4246.75 / 4247.76, B 4261.27 / 4246.75 / 4261.25 (host_experts.late_full_mask_scores_bytes)."""
     _server_compute(tmp_path, real_llama_server, "gpt-oss", _GPT_OSS_4, 2, 16384, flags)
 
 
@@ -524,7 +524,7 @@ def test_shared_expert_plans_leave_weights_fit_places(
 
     Source: llama-server b11312 (--fit off -lv 4 buffer lines; common/fit.cpp common_params_fit_impl for --fit),
     measured here 2026-12-07.
-    Missing rule (guess): with a shared expert (qwen2moe, qwen35moe) memory.host_experts_split_compute returns None
+    Missing rule (guess): with a shared expert (qwen2moe, qwen35moe) host_experts.host_experts_split_compute returns None
     and a device whose blocks' routed experts are on the CPU is planned at the full offload's compute (the shared
     expert's and routed experts' whole-batch phase): 100-160 MiB too much, so the plan stops a block or more short
     of what fits. The shared expert's FFN runs on the device at n_ff_shexp; the routed phase does not. The gpt-oss
@@ -656,7 +656,7 @@ def test_qwen3moe_fa_off_partial_plan_over_budget(budgets: list[int], tmp_path: 
     --n-cpu-moe 5 -ts 5,2` is inside, B 24.1 under: 1563.52 / 1587.61.)
     Source: llama-server b11312 over loopback rpc-servers (tests/test_attack_round19d.py _case/_check), 2026-12-07.
     Missing rule (guess): the one of test_host_experts_fa_off_device_after_host_block_under, in
-    offload.partial_offload's tail_cut (memory.host_experts_split_compute): without flash attention a device whose
+    offload.partial_offload's tail_cut (host_experts.host_experts_split_compute): without flash attention a device whose
     first block follows a block run on the CPU (or one whose experts ran there) holds the copies of that block's
     output beside the KQ peak (+24 MiB at n_embd 2048, -ub 2048 here; +64 MiB with the whole batch's outputs)."""
     from test_attack_round19d import _case, _check
@@ -743,7 +743,7 @@ def test_qwen3moe_partial_plans_over(budgets: list[int], flags: list[str], tmp_p
 def test_guard_host_experts_split_holds(
     recipe: str, dims: dict, n_dev: int, flags: list[str], fit_params: Path, tmp_path: Path
 ) -> None:
-    """Regression guard (passes): rows of memory.host_experts_split_compute / without_routed_ffn that hold against
+    """Regression guard (passes): rows of host_experts.host_experts_split_compute / without_routed_ffn that hold against
     llama-fit-params b11312 (never under, within 16 MiB / 3 %): qwen3moe -np 4 q8_0 -ts 2,5 --n-cpu-moe 2 (208.75 /
     384.00 planned, 208 / 384 printed), -ub 512 (64.19 / 84 vs 64 / 84), -np 2 (224.75 / 304 vs 224 / 304);
     Mixtral's widths --n-cpu-moe 6 (224.23 vs 224, 56.06 vs 56 at -ub 512); gpt-oss-120b's (240.66 / 275.50 vs
@@ -817,7 +817,7 @@ def test_gpt_oss_partial_plan_ncmoe1(budgets: list[int], tmp_path: Path, real_ll
     Source: llama-server b11312 over loopback rpc-servers (tests/test_attack_round19d.py _case/_check), 2026-12-07.
     Missing rule (guess): the gpt-oss rule of test_gpt_oss_llama_server_second_device_under (a device whose blocks
     all run their biased experts on the whole batch, none after a host block, holds more than the split figure:
-    +9 MiB here), and on the first device (block 0's experts on the CPU) the growth memory.host_experts_device_growth
+    +9 MiB here), and on the first device (block 0's experts on the CPU) the growth host_experts.host_experts_device_growth
     adds (one experts' output and more) does not happen at these widths with flash attention (see
     tests/test_output_layer_alone.py's gpt-oss table: no growth from 8k cells)."""
     from test_attack_round19d import _case, _check
@@ -864,7 +864,7 @@ def test_shared_expert_host_experts_under(
     Missing rule (guess): a block whose routed experts run on the CPU (--n-cpu-moe) still runs its shared expert on
     the device, between the copies of the routed output coming back and the residual: without flash attention
     those copies ([n_embd, n_expert_used, n_ubatch] f32 and the routed sum) sit beside the KQ peak of the next
-    block's attention, and memory.host_experts_device_growth / the split keep only the full offload's figure for
+    block's attention, and host_experts.host_experts_device_growth / the split keep only the full offload's figure for
     shared-expert models."""
     _compare(tmp_path, fit_params, recipe, dims, n_dev, 4096, flags)
 

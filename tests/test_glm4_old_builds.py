@@ -22,8 +22,9 @@ from kvadvise.model.gguf import read_file
 from kvadvise.model.hfconfig import from_config
 from kvadvise.model.spec import ModelSpec
 from kvadvise.planner import builds
+from kvadvise.planner.compute import _analytic_device_compute
 from kvadvise.planner.llama_graph import LlamaShape, build
-from kvadvise.planner.memory import MIB, _analytic_device_compute, estimate, resolve
+from kvadvise.planner.memory import MIB, estimate, resolve
 
 LOG = published_logs.load(
     Path(__file__).resolve().parent / "data" / "published" / "034-cuda-glmz1-32b-b5274-sweepbench-c32768-fa.json"

@@ -6,7 +6,7 @@ offload_op, so what stays on the CPU runs in CPU splits): the small qwen3next of
 device buffer grows from 9.07 MiB at full offload to 12-13 MiB with --n-cpu-moe 1-4 (the plans that were 1 MiB
 over the budget), and Qwen3.5-35B-A3B's shape (qwen3next with its dimensions, a 32,000-token vocabulary so that
 the layers and not the logits make the peak). kvadvise's plan (its full-offload figure and
-kvadvise.planner.memory.host_experts_device_growth; the output phase alone for -ngl 1) must never be below what
+kvadvise.planner.host_experts.host_experts_device_growth; the output phase alone for -ngl 1) must never be below what
 llama.cpp reserves, and within 16 MiB or 3 % of it (Qwen3.5-35B-A3B's shape at n_ubatch 2048: 26-42 MiB over).
 """
 
@@ -22,13 +22,9 @@ from tinymodels import write_tiny_gguf
 from kvadvise.model.architecture import from_gguf
 from kvadvise.model.ggml import GGMLType
 from kvadvise.model.gguf import read_file
-from kvadvise.planner.memory import (
-    RunConfig,
-    device_compute_bytes,
-    host_experts_device_growth,
-    output_layer_compute_bytes,
-    resolve,
-)
+from kvadvise.planner.compute import device_compute_bytes
+from kvadvise.planner.host_experts import host_experts_device_growth
+from kvadvise.planner.memory import RunConfig, output_layer_compute_bytes, resolve
 
 MIB = 1 << 20
 SMALL = {"n_layer": 8, "n_embd": 512, "n_expert": 16, "n_ff_exp": 256, "n_ff_shexp": 256}  # bench_fit's qwen3next

@@ -1,5 +1,5 @@
 """The CPU's compute buffer when --n-cpu-moe leaves some blocks' routed experts in host memory beside RPC devices
-(memory.host_experts_host_compute_bytes): those blocks' MUL_MAT_IDs run in CPU splits, beside the graph inputs the
+(host_experts.host_experts_host_compute_bytes): those blocks' MUL_MAT_IDs run in CPU splits, beside the graph inputs the
 devices have not copied yet and in the holes of those they have.
 
 The rule: ggml_backend_sched_split_graph (ggml/src/ggml-backend.cpp b11312) adds a view of each split input at the

@@ -1,5 +1,5 @@
 """Each device's compute buffer over several RPC devices when --n-cpu-moe leaves some blocks' routed experts on the
-CPU (memory.host_experts_split_compute), against llama.cpp's own allocation pass: llama-fit-params b11312 over two
+CPU (host_experts.host_experts_split_compute), against llama.cpp's own allocation pass: llama-fit-params b11312 over two
 loopback rpc-servers (-fitp on, -fit off), the same flags planned by ``kvadvise llamacpp --runtime library`` (the
 library's outputs: llama-fit-params reserves the whole batch's, so its last block runs its experts on every row).
 

@@ -22,15 +22,9 @@ from pathlib import Path
 import pytest
 
 from kvadvise.model.hfconfig import from_config
-from kvadvise.planner.memory import (
-    MIB,
-    RunConfig,
-    _exact_device_compute,
-    estimate,
-    reserve_outputs,
-    reserve_tokens,
-    resolve,
-)
+from kvadvise.planner.compute import _exact_device_compute
+from kvadvise.planner.memory import MIB, RunConfig, estimate, resolve
+from kvadvise.planner.sizes import reserve_outputs, reserve_tokens
 
 DATA = (
     Path(__file__).resolve().parent

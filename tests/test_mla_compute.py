@@ -43,7 +43,8 @@ from kvadvise.model.architecture import from_gguf
 from kvadvise.model.ggml import GGMLType
 from kvadvise.model.gguf import read_file
 from kvadvise.model.spec import ModelSpec
-from kvadvise.planner.memory import RunConfig, device_compute_bytes, estimate, resolve, unpipelined_split_compute
+from kvadvise.planner.compute import device_compute_bytes, unpipelined_split_compute
+from kvadvise.planner.memory import RunConfig, estimate, resolve
 from kvadvise.planner.split import device_layers, layer_devices
 
 MIB = 1 << 20
@@ -277,7 +278,7 @@ def test_mla_split_devices_replayed(case: tuple, specs: Callable[[str, int], Mod
 
 # -ngl N over two rpc-servers (llama-fit-params b11312, -ts 1,1, 16k cells, -ub 512, flash attention): the CPU's blocks
 # first, then each device's; the first device takes in the CPU block's feed-forward outputs and ffn_inp. A shape, its
-# vocabulary, -ngl, printed, planned (memory.unpipelined_split_compute of each device's blocks)
+# vocabulary, -ngl, printed, planned (compute.unpipelined_split_compute of each device's blocks)
 PRINTED_PARTIAL = [
     ("kimi-k2", 163840, 5, (266.01, 362.00), (266.01, 362.01)),
     ("deepseek-v3", 129280, 5, (394.01, 383.01), (394.01, 394.01)),

@@ -49,7 +49,8 @@ from kvadvise.model.architecture import from_gguf
 from kvadvise.model.ggml import GGMLType
 from kvadvise.model.gguf import read_file
 from kvadvise.model.spec import ModelSpec
-from kvadvise.planner.memory import RunConfig, device_compute_bytes, resolve
+from kvadvise.planner.compute import device_compute_bytes
+from kvadvise.planner.memory import RunConfig, resolve
 
 MIB = 1 << 20
 _GLM = dict(

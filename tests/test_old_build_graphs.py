@@ -14,7 +14,7 @@ import pytest
 
 from kvadvise.model.hfconfig import from_config
 from kvadvise.planner import builds
-from kvadvise.planner.memory import _EXACT_ARCHS_LEGACY
+from kvadvise.planner.compute import _EXACT_ARCHS_LEGACY
 
 OLD = tuple(
     log
@@ -28,7 +28,7 @@ OLD = tuple(
 
 def test_the_old_logs_are_the_ones_expected() -> None:
     # 023, 024: RPC hosts without events (builds.RPC_EVENTS), so no pipeline parallelism: each device's buffer is
-    # one device's graph (memory.unpipelined_split_compute); 038: ROCm b5898 with every block on the CPU, the
+    # one device's graph (compute.unpipelined_split_compute); 038: ROCm b5898 with every block on the CPU, the
     # device's buffer the output layer's op-offload copy; 057-062 (found in issue 37's fifth round): Qwen3-0.6B on
     # a gfx1151 iGPU at b5398, Qwen2.5-Coder-32B at b4407 (q8_0 cache), Qwen2.5-32B over five MI50s at about b4870
     # (no pipeline parallelism: the log prints no "pipeline parallelism enabled" and one copy of the inputs on the
@@ -47,7 +47,7 @@ def test_the_old_logs_are_the_ones_expected() -> None:
 _NOT_EXACT = {
     "122-cpu-phi3-mini-4k-rust-agent-b4300-c2048-fa-off": (
         "held: +5.99 MiB (174.00 planned, 168.01 printed, inside the 16 MiB bar): phi3 before SET_ROWS gets the analytic "
-        "plan (memory._LEGACY_SET_ROWS_ONLY), which keeps the fused QKV output alive beside KQ; the legacy replay, "
+        "plan (compute._LEGACY_SET_ROWS_ONLY), which keeps the fused QKV output alive beside KQ; the legacy replay, "
         "whose Q, K and V are views of it where that era copied them out, plans 144.01 (under), so neither is exact "
         "on a CPU at 2,048 cells"
     ),

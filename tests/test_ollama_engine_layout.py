@@ -122,7 +122,7 @@ def test_gemma3_4b_kv_cache_bytes(gemma3_path: Path) -> None:
 
 
 # a graph for the layout tests: what graph_stand_in gives qwen3:8b at 8k with flash attention, 104.01 MiB (b11312's
-# graph replayed at CUDA's 128-byte alignment, above the phases' 104.00: kvadvise.planner.memory.device_compute_bytes)
+# graph replayed at CUDA's 128-byte alignment, above the phases' 104.00: kvadvise.planner.compute.device_compute_bytes)
 GRAPH = 109_062_272
 
 

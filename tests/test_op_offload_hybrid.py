@@ -58,14 +58,8 @@ from kvadvise.model.architecture import from_gguf  # noqa: E402
 from kvadvise.model.ggml import GGMLType  # noqa: E402
 from kvadvise.model.gguf import read_file  # noqa: E402
 from kvadvise.model.spec import ModelSpec  # noqa: E402
-from kvadvise.planner.memory import (  # noqa: E402
-    MIB,
-    RunConfig,
-    cpu_layers_attention_bytes,
-    estimate,
-    op_offload_growth,
-    resolve,
-)
+from kvadvise.planner.compute import op_offload_growth  # noqa: E402
+from kvadvise.planner.memory import MIB, RunConfig, cpu_layers_attention_bytes, estimate, resolve  # noqa: E402
 from kvadvise.planner.offload import op_offload_bytes  # noqa: E402
 
 B11312, B8586 = 11312, 8586  # the replay's build; a build before #23764 (the f32 mask)

@@ -43,13 +43,9 @@ from tinymodels import write_tiny_gguf
 from kvadvise.model.architecture import from_gguf
 from kvadvise.model.ggml import GGMLType
 from kvadvise.model.gguf import read_file
-from kvadvise.planner.memory import (
-    RunConfig,
-    device_compute_bytes,
-    host_experts_device_growth,
-    output_layer_alone_bytes,
-    resolve,
-)
+from kvadvise.planner.compute import device_compute_bytes
+from kvadvise.planner.host_experts import host_experts_device_growth
+from kvadvise.planner.memory import RunConfig, output_layer_alone_bytes, resolve
 
 pytestmark = pytest.mark.llama
 MIB = 1 << 20
@@ -132,7 +128,7 @@ def test_gpt_oss_first_blocks_experts_on_the_host_can_grow_the_device(
 
     The copied-in experts' output ([n_embd, n_expert_used, n_ubatch] f32, ggml_backend_sched_split_graph) lands in a
     hole or above the peak as ggml-alloc's best fit finds it, alternating with the blocks here (odd K grows, even K
-    does not): no condition on K alone holds, so memory.host_experts_device_growth keeps one output for every K
+    does not): no condition on K alone holds, so host_experts.host_experts_device_growth keeps one output for every K
     between 1 and n_layer - 2 (96.83 / 393.31 planned, 80.83 / 329.31 at full offload)."""
     model = write_tiny_gguf(tmp_path / "gpt-oss.gguf", "gpt-oss", n_vocab=8000, n_ctx_train=131072,
                             dims=_GPT_OSS_W2048_H64, sparse=True)  # fmt: skip

@@ -58,7 +58,8 @@ def test_op_offload_copy_sits_in_a_layer_not_beside_the_logits() -> None:
     import json
 
     from kvadvise.model.hfconfig import from_config
-    from kvadvise.planner.memory import RunConfig, device_compute_bytes, host_compute_bytes, op_offload_growth, resolve
+    from kvadvise.planner.compute import device_compute_bytes, host_compute_bytes, op_offload_growth
+    from kvadvise.planner.memory import RunConfig, resolve
 
     sizes = json.loads((ROOT / "tests" / "data" / "hf" / "qwen3.5-35b-a3b.json").read_text())
     spec = from_config(sizes, source="Qwen3.5-35B-A3B")

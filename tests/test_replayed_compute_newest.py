@@ -28,7 +28,7 @@ from tinymodels import write_tiny_gguf
 from kvadvise.model.architecture import from_gguf
 from kvadvise.model.ggml import GGMLType
 from kvadvise.model.gguf import read_file
-from kvadvise.planner import memory
+from kvadvise.planner import compute, memory
 
 MIB = 1 << 20
 
@@ -138,9 +138,9 @@ def test_unknown_build_and_cuda_plan_the_larger(models: dict[str, Path]) -> None
         cfg = memory.RunConfig(n_ctx=16384, n_parallel=2, n_ubatch=1024, type_k=GGMLType.Q8_0, type_v=GGMLType.Q8_0,
                                flash_attn="on", device=device, llama_build=build)  # fmt: skip
         lay = memory.resolve(spec, cfg)
-        exact = memory._exact_device_compute(spec, lay)
+        exact = compute._exact_device_compute(spec, lay)
         assert exact is not None
-        planned = memory.compute_bytes(spec, lay) if device == "cpu" else memory.device_compute_bytes(spec, lay)
+        planned = compute.compute_bytes(spec, lay) if device == "cpu" else compute.device_compute_bytes(spec, lay)
         assert planned >= exact
 
 

@@ -47,7 +47,8 @@ from tinymodels import write_tiny_gguf
 from kvadvise.model.architecture import from_gguf
 from kvadvise.model.ggml import GGMLType
 from kvadvise.model.gguf import read_file
-from kvadvise.planner.memory import RunConfig, device_compute_bytes, resolve
+from kvadvise.planner.compute import device_compute_bytes
+from kvadvise.planner.memory import RunConfig, resolve
 
 pytestmark = pytest.mark.llama
 

@@ -7,7 +7,7 @@ in src/llama-graph.cpp) at the start of the device's next split ("allocated by g
 split"); the weighting takes it in place, the views' adds read it, and the hole it leaves is too small for the next
 attention's [n_kv, n_ubatch, n_head] scores (build_attn_mha without flash attention), which ggml-alloc's best fit
 (ggml_dyn_tallocr_alloc, ggml/src/ggml-alloc.c) stacks above it. deepseek2's MLA blocks are replayed with that copy
-(sizes._MLAGraph.host_experts); Qwen3-Next's peak is the closed sum memory.shared_experts_scores_bytes (the masks,
+(sizes._MLAGraph.host_experts); Qwen3-Next's peak is the closed sum host_experts.shared_experts_scores_bytes (the masks,
 one experts' output, the scores, Q and two rows of n_embd).
 
 Printed: llama-fit-params b11312 ``-fitp on -v --rpc EPS -fit off -c 4096 -ngl 99 FLAGS`` over one or two loopback

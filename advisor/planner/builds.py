@@ -73,7 +73,7 @@ the exact build is not known, the earliest it can be, so that an older build is 
   From GRAPH_OPTIMIZE (b6302) to b9410 the reserve graph is the one kvadvise.planner.llama_graph builds with the f32
   flash-attention mask (LlamaShape.f32_fa_mask), and CUDA's graph_optimize reorders nothing (none before #16991,
   then only with GGML_CUDA_GRAPH_OPT=1: a5bb8ba4's ggml-cuda.cu): ggml-alloc's own figure is planned there
-  (kvadvise.planner.memory._exact_device_compute; Ollama 0.20.2 on ec98e2002, tests/data/published 045).
+  (kvadvise.planner.compute._exact_device_compute; Ollama 0.20.2 on ec98e2002, tests/data/published 045).
 - OUTPUT_FIRST (ggml-org/llama.cpp#18148, "llama: offload output layer to GPU first", opened 2025-12-17;
   ec98e2002 of 2025-12-16, the llama.cpp Ollama 0.13.5-0.24 vendor, lacks it): llama_model::load_tensors starts the
   GPU layers at ``n_layer + 1 - n_gpu_layers``, so ``-ngl N`` offloads the output layer and the last N - 1 blocks;

@@ -18,7 +18,7 @@ What is followed, function by function:
 The reserve pass runs with no tensor data set (llama-fit-params, no_alloc; a first reserve), so a view parent's
 ``view_src->data == parent->data`` is always true there.
 
-The replays (kvadvise.planner.llama_graph, sizes' MLA blocks, memory's host split of routed experts) build their
+The replays (kvadvise.planner.llama_graph, sizes' MLA blocks, host_experts' host split of routed experts) build their
 graphs with :class:`GraphBuilder`, which makes each tensor's layout key and a view's source one way for all.
 """
 

@@ -10,16 +10,17 @@ Follows llama.cpp 0c1e570 (vendored by llama-cpp-python 0.3.36):
 The compute buffer has no closed form (ggml-alloc's greedy reuse): it is the largest of the graph's live
 sets, each a closed form (kvadvise.planner.sizes), checked against llama.cpp's own allocation pass
 (llama-fit-params, real-size layers of 20 families, tests/test_oracle.py) and published logs within 16 MiB or
-3 %. The rules that moved between llama.cpp builds are kvadvise.planner.builds'. The context and the layers'
-shapes every size reads are kvadvise.planner.layout's; the split over several devices is
-kvadvise.planner.split's (this module puts it together with the rest in :func:`estimate`).
+3 %; one device's buffer (the CPU alone, a device, the host beside it) is kvadvise.planner.compute's, what routed
+experts kept in host memory (--n-cpu-moe) add to the devices' and the host's kvadvise.planner.host_experts'. The
+rules that moved between llama.cpp builds are kvadvise.planner.builds'. The context and the layers' shapes every
+size reads are kvadvise.planner.layout's; the split over several devices is kvadvise.planner.split's (this module
+puts them together with the rest in :func:`estimate`).
 """
 
 from __future__ import annotations
 
-import functools
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -38,27 +39,34 @@ from kvadvise.model.ggml import (
 )
 from kvadvise.model.spec import ModelSpec
 from kvadvise.planner import builds
-from kvadvise.planner.galloc import Graph, GraphBuilder, flat, reserve_sizes
+from kvadvise.planner.compute import (
+    compute_bytes,
+    device_compute_bytes,
+    host_compute_bytes,
+    op_offload_growth,
+    unpipelined_split_compute,
+)
+from kvadvise.planner.host_experts import (
+    EXPERT_BIAS_GROWTH,
+    biased_experts_grow,
+    experts_moved,
+    host_experts_device_growth,
+    host_experts_host_compute_bytes,
+    host_experts_split_compute,
+    late_full_mask_bytes,
+    late_full_mask_scores_bytes,
+    without_routed_ffn,
+)
 from kvadvise.planner.layout import ContextLayout, layer_shapes
-from kvadvise.planner.llama_graph import LlamaShape, build
 from kvadvise.planner.repack import AMX_BUFFER, REPACK_BUFFER, plan_repack
 from kvadvise.planner.repack import RULES as REPACK_RULES
 from kvadvise.planner.sizes import (
     GraphSizes,
-    attn_rot,
-    attn_rot_bytes,
+    device_masks,
     expert_activation_bytes,
     f32_fa_mask,
     graph_sizes,
-    ids_bytes,
-    k_idxs_bytes,
-    mask_copy_bytes,
-    mask_inputs,
-    mla_host_experts_growth,
-    mla_split_bytes,
     reserve_outputs,
-    reserve_tokens,
-    v_idxs_bytes,
 )
 from kvadvise.planner.split import (
     N_COPIES,
@@ -71,8 +79,6 @@ from kvadvise.planner.split import (
     output_pad_bytes,
     split_compute,
     split_host_compute,
-    trunk_only,
-    unpipelined_last_block_compute,
 )
 
 if TYPE_CHECKING:  # the projector's modules load only with --mmproj
@@ -162,10 +168,10 @@ class RunConfig:
     # rules kvadvise follows (b11312); the CLI finds the installed one or says it does not know it.
     llama_build: int | None = builds.REFERENCE
     # op offload's copy of the largest weight kept on the CPU (--n-cpu-moe; kvadvise.planner.offload): the first
-    # device's compute buffer holds it during that layer's matmul for prompt batches (memory.op_offload_growth)
+    # device's compute buffer holds it during that layer's matmul for prompt batches (compute.op_offload_growth)
     op_offload_copy_bytes: int = 0
     # --n-cpu-moe on a device that does not op-offload (ggml-rpc; a batch under 32): the experts run in CPU splits
-    # and the first device's compute buffer grows at the boundaries (memory.host_experts_device_growth)
+    # and the first device's compute buffer grows at the boundaries (host_experts.host_experts_device_growth)
     host_experts: bool = False
     # whether llama_context may split the layers with pipeline parallelism (:func:`pipeline_parallel`): False for
     # a tensor override (-ot, --n-cpu-moe: llama_model::has_tensor_overrides) and for the fixed costs of a partial
@@ -662,233 +668,6 @@ def output_bytes(spec: ModelSpec, lay: ContextLayout, *, embeddings: bool = Fals
     return (spec.n_vocab + (spec.n_embd if embeddings else 0)) * 4 * lay.n_seq_max
 
 
-def compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
-    """The compute buffer when the CPU runs every layer (one buffer; llama_context::sched_reserve).
-
-    ggml-alloc (ggml/src/ggml-alloc.c) allocates the graph inputs first and frees every tensor after its last
-    consumer: the KQ masks live from the first layer to the last attention, so a layer's peak is the masks
-    plus its largest live set (kvadvise.planner.sizes.graph_sizes) plus the token embeddings' get_rows; the
-    output layer's is the logits of the reserved rows and two rows of n_embd. Measured with llama.cpp's
-    allocation pass (llama-fit-params, b11312) on real-size models of 20 families (tests/test_oracle.py).
-    Builds before #15850: ggml-alloc's own figure where llama_graph builds the graph (_exact_device_compute)."""
-    exact = _exact_device_compute(spec, lay)
-    if exact is not None and lay.llama_build is not None:
-        return exact
-    s = graph_sizes(spec, lay)
-    layer = _layer_peak(s, lay) + s.layer_inputs_bytes
-    analytic = pad(max(s.logits_bytes + 2 * s.embd_bytes + s.ple_bytes, layer + s.embd_bytes), ALIGNMENT["cuda"])
-    # an unknown build is planned for the newest rules, the replay of b11312's graph a floor under the phases
-    return analytic if exact is None else max(exact, analytic)
-
-
-def _device_masks(s: GraphSizes, lay: ContextLayout) -> int:
-    """The device's copy of the KQ masks, alive from the first layer to the last attention: f16 with flash attention,
-    else f32 (sizes.mask_inputs is the host's input, f32 with flash attention too before #23764)."""
-    return mask_copy_bytes(s.mask_cells, lay)
-
-
-def _layer_peak(s: GraphSizes, lay: ContextLayout) -> int:
-    """A layer's peak: the masks (f16 with flash attention, else f32) and the layer's live set; before
-    ggml-org/llama.cpp#23764, with flash attention, also the f32 mask input until its f16 cast, which the
-    first attention reads (build_attn_inp_kq_mask: ggml_cast of the f32 input; the PR: "the f32 mask still
-    uses the compute buffer even though it is not used")."""
-    if not s.layer_bytes:
-        return 0
-    ub = lay.n_ubatch
-    f32_mask = f32_fa_mask(lay)
-    masks = _device_masks(s, lay)
-    peak = max(masks + s.layer_bytes, s.last_block_bytes)
-    if f32_mask and s.attn_bytes:
-        peak = max(peak, masks + s.mask_cells * ub * 4 + s.attn_bytes)
-    if f32_mask and s.lead_swa_masks_bytes:
-        # the leading sliding-window layers run with the full mask's f32 input alive (its ggml_cast is placed
-        # at the first full-attention layer): measured with the allocation pass of 364a7a6 (Ollama 0.12.5's
-        # llama.cpp) on Gemma 3 12B's layers at 32k, 181.5 MiB for 178 planned (146 without this)
-        peak = max(peak, s.lead_swa_masks_bytes + s.layer_bytes)
-    return peak
-
-
-def host_compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
-    """The CPU-side compute buffer of a run whose layers are on a device (CUDA_Host, or CPU beside RPC
-    devices), sized by its own allocation pass (ggml_backend_sched: one buffer per backend).
-
-    ggml_backend_sched_backend_id_from_cur (ggml/src/ggml-backend.cpp) puts every graph input on the
-    last backend, the CPU, whose buffer type is the GPU's pinned host type when there is a GPU
-    (src/llama-context.cpp, backend_buft): the KQ masks, the token ids, positions and output ids, and
-    without flash attention the V cache's row indices (i64 [n_embd_v_gqa * n_ubatch] per cache,
-    llm_graph_input_attn_kv::set_input, the V cache being transposed); token_embd stays on the CPU
-    (llama_model::load_tensors), so its get_rows is there too, and from #18898 (builds.EMBD_SELECT) beside it the
-    f32 inp_embd input build_inp_embd selects between: two [n_embd, n_ubatch] rows, one before; builds before
-    #23764 kept the mask f32 with flash attention. Every input is as wide as the reserve's batch, n_ubatch
-    rounded up to the sequences (reserve_tokens: LLamaSharp's SeqMax 40 reserves 520 tokens). Measured with
-    llama.cpp's allocation pass on RPC devices (b11312, 20 families, tests/test_oracle.py) and published logs
-    (b8816's CUDA_Host 16.26 MiB: a 2048 x 520 f32 mask, two rows of 520, the ids).
-    """
-    lay = replace(lay, n_ubatch=reserve_tokens(lay), n_outputs_max=reserve_outputs(lay))
-    s = graph_sizes(spec, lay)
-    rows = 1 if builds.older_than(lay.llama_build, builds.EMBD_SELECT) else 2
-    # Gemma 3n/4: per_layer_token_embd is an input tensor on the CPU, so its get_rows for the batch is here
-    # (one [n_embd_per_layer * n_layer, n_ubatch] f32; exact on 24 shapes of llama.cpp's allocation pass)
-    # the Hadamard rotations of a quantized cache are host inputs too (sizes.attn_rot)
-    rot = attn_rot_bytes(spec, lay)
-    return pad(
-        mask_inputs(s, lay) + rows * s.embd_bytes + v_idxs_bytes(spec, lay) + ids_bytes(lay) + s.ple_bytes + rot,
-        ALIGNMENT["cuda"],
-    )
-
-
-def device_compute_bytes(spec: ModelSpec, lay: ContextLayout, *, weight_copy: int = 0) -> int:
-    """The compute buffer of the one device that runs every layer (a GPU, or an RPC device).
-
-    ggml-alloc's peak is the largest of its live sets (ggml/src/ggml-alloc.c frees a tensor after its last
-    consumer; the graph inputs are allocated first and live in the host buffer, the device holds their
-    copies, also allocated first):
-    - the output layer: the logits of the reserved rows and up to two [n_embd, n_ubatch] rows (the normed
-      hidden state that makes them; the masks and the layers' activations are dead by then);
-    - a layer: the device's copy of the KQ masks, alive from the first layer to the last attention, and the
-      layer's largest live set (kvadvise.planner.sizes.graph_sizes); before ggml-org/llama.cpp#23764 (b9410)
-      the device also held the f32 mask input until its f16 cast at the first attention ("the f32 mask still
-      uses the compute buffer even though it is not used").
-    ``weight_copy``: op offload's copy of a CPU-resident weight (kvadvise.planner.offload), alive during a
-    layer's matmul, not beside the logits.
-    Measured with llama.cpp's allocation pass (llama-fit-params, b11312) on RPC devices, on real-size models
-    of 20 families (tests/test_oracle.py); published CUDA, Metal and Vulkan logs (tests/data/published).
-    """
-    if not weight_copy:
-        exact = _exact_device_compute(spec, lay)
-        if exact is not None:
-            if (lay.device == "cuda" and not builds.older_than(lay.llama_build, builds.GRAPH_OPTIMIZE)) or (
-                lay.llama_build is None
-            ):
-                # a GPU from b6302 on: kvadvise's "cuda" also plans Vulkan, whose graph_optimize reorders the graph
-                # ggml-alloc sees (CUDA's does not, unless GGML_CUDA_GRAPH_OPT is set): the larger of the replay and
-                # the phases; an unknown build (the newest rules) alike
-                return max(exact, _analytic_device_compute(spec, lay))
-            return exact
-    return _analytic_device_compute(spec, lay, weight_copy)
-
-
-def _analytic_device_compute(spec: ModelSpec, lay: ContextLayout, weight_copy: int = 0) -> int:
-    s = graph_sizes(spec, lay)
-    layer = _layer_peak(s, lay)
-    if weight_copy and s.layer_bytes:  # op offload: the copy beside a matmul's inputs and output, masks alive
-        layer = max(layer, _device_masks(s, lay) + s.layer_bytes + weight_copy)
-        if f32_fa_mask(lay) and s.lead_swa_masks_bytes:  # and in a leading sliding-window layer, the f32 mask (above)
-            layer = max(layer, s.lead_swa_masks_bytes + s.layer_bytes + weight_copy)
-    layer += s.layer_inputs_bytes
-    # the logits land above the per-layer inputs' hole (measured: + the inputs' size + 0 to 5 MiB)
-    return pad(max(s.logits_bytes + 2 * s.embd_bytes + s.ple_bytes, layer), ALIGNMENT["cuda"])
-
-
-# kvadvise.planner.llama_graph's graphs; granite's is llama's with in-place scales (src/models/granite.cpp)
-# mistral3 (Ministral 3, Mistral Small 3.x) is llama's graph and, with attention.temperature_scale, an in-place
-# scale of Q by a [1, 1, n_tokens] input (src/models/mistral3.cpp): llama-server b11312 prints llama's figures for
-# it (Ministral 3 3B's shape on a CPU: 168.02 MiB at -c 8192 -np 2 -ub 1024 both ways)
-_EXACT_ARCHS = ("llama", "granite", "phi3", "qwen2", "qwen3", "mistral3")
-# the legacy graphs checked against published logs and e1e8e09's allocation pass (tests/test_old_build_graphs.py,
-# tests/test_glm4_old_builds.py); not granite's: no old log
-_EXACT_ARCHS_LEGACY = ("llama", "qwen2", "qwen3", "glm4", "phi3")
-# phi3's once the cache was written with set_rows (builds.SET_ROWS): a CPU at b6200 as printed (tests/data/published
-# 106: 288.01 MiB; the analytic plan, which keeps the fused QKV output alive through the attention, 306.00); before
-# it Q, K and V were copied out of the fused QKV and an RTX 3070 at b5600 printed 138.00 where the replay says 150
-_LEGACY_SET_ROWS_ONLY = ("phi3",)
-
-
-# b11312's graph of uniform layers allocates the same from the third layer on: replaying 3, 4 or 6 of 80 layers gives
-# the 80 layers' buffer to the byte on 1,440 shapes (llama, phi3, qwen3; flash attention on and off; rotated caches;
-# one device and the CPU alone), so the newest rules replay 8, twenty times faster on a 70B model's plan search. The
-# older graphs are replayed whole: truncated, phi3's differs there by up to 13 MiB
-_NEWEST_REPLAYED_LAYERS = 8
-
-
-def _exact_device_compute(spec: ModelSpec, lay: ContextLayout) -> int | None:
-    """ggml-alloc's own figure (kvadvise.planner.galloc over kvadvise.planner.llama_graph's node sequence) where
-    that has been checked to the 0.01 MiB llama.cpp prints: a dense llama-architecture model (Llama 3.x,
-    Mistral), Granite 3.x (its residual and logit scales run in place: the same allocation), Phi-3 (fused QKV and gate+up, as its GGUFs are converted), Qwen2 / Qwen2.5 (Q/K/V biases, no
-    output bias) or Qwen3 (Q/K norms); a stream per sequence (one sequence, or -np N without a unified cache:
-    n_kv the cells of a stream); all layers on one RPC device (alignment 32: an rpc-server's CPU buffer type);
-    an f16 or quantized cache; b11312 or later. 220 of 220 buffers of benchmarks/bench_galloc.py's grid (11
-    shapes x flash attention on/off x 2k-32k cells x the whole batch's logits or one row). Elsewhere None: the
-    analytic plan, whose peaks (masks + a layer, logits + two rows) miss where ggml-alloc's best fit leaves
-    the final norm and the logits above holes (Llama 3.2 3B at 4,096 cells: 262.50 planned, 278.51 reserved;
-    Phi-3-mini: 74.62 planned, 84.64 reserved).
-
-    On builds before builds.GRAPH_OPTIMIZE no backend reordered the graph, so on any GPU device (its buffer
-    alignment) the graph as that era built it (LlamaShape.legacy, and GLM-4's llm_build_glm4): one cache of
-    n_ctx cells attended whole and n_ubatch tokens in one sequence (llama_context's reserve of e1e8e09:
-    n_seqs = 1). As printed on six published CUDA/ROCm logs of b4300-b5274 (tests/data/published 006, 007, 011,
-    019, 026, 034: the analytic plan was 4 to 33 MiB off); the allocation pass of e1e8e09 on a no-op device:
-    220.00 MiB for GLM-4-32B's layers with a 1,024-token vocabulary (tests/test_glm4_old_builds.py). The CPU
-    running every layer (compute_bytes) likewise, its graph one split in one buffer (LlamaShape.cpu_only):
-    TinyLlama at b4700 and Qwen3 1.7B at b6100 as printed (tests/data/published 010, 017; the analytic plan
-    was +12 and +4).
-
-    From b6302 to b9409 (builds.GRAPH_OPTIMIZE to builds.F16_MASK_FA) on CUDA, the CPU or an RPC device: the graph of
-    a5bb8ba4 (LlamaShape.f32_fa_mask: the f32 mask's device copy and its f16 cast beside the first attention), the
-    outputs as the build reserves them (raised to the rounded batch from b7847, sizes.reserve_outputs), a unified
-    cache of several sequences being one stream of all their tokens; CUDA's graph_optimize reordered nothing then
-    (none before #16991, and behind GGML_CUDA_GRAPH_OPT after it). LLamaSharp 0.27.0 (b8816) with SeqMax 40 as
-    printed (tests/data/published 035: 284.90 MiB; the analytic plan was 262.50), and its spike's 267 and 261 MiB at
-    8,192 and 16,384 cells (tests/test_llamasharp_b8816.py); Ollama 0.20.2's runner on ec98e2002 (planned as b7699),
-    Qwen2.5-Coder-7B at 32,768 cells: 382.01 MiB as printed, where the analytic plan's 311.00 (the logits and two
-    rows) missed the logits landing above the hole the f32 mask's copies leave (tests/data/published 045)."""
-    legacy = builds.older_than(lay.llama_build, builds.GRAPH_OPTIMIZE)
-    # b6302 to b9409: a5bb8ba4's graph (the f32 flash-attention mask) on CUDA, an RPC device or the CPU (no
-    # graph_optimize: allocated as built; Ollama 0.13's CPU runner at b6840 as printed, tests/data/published 103:
-    # 300.01 MiB, the analytic plan 320.00), one stream or
-    # a unified cache of several sequences (LLamaSharp's default kv_unified with SeqMax 40: 284.90 MiB as b8816
-    # printed it, tests/data/published 035); CUDA's graph_optimize reordered nothing (kvadvise.planner.builds)
-    mid = lay.llama_build is not None and builds.GRAPH_OPTIMIZE <= lay.llama_build < builds.F16_MASK_FA
-    # b11312's graph: an unknown build follows the newest rules (builds.older_than)
-    newest = lay.llama_build is None or lay.llama_build >= builds.REFERENCE
-    uniform = len(set(spec.n_head)) == 1 and len(set(spec.n_head_kv)) == 1
-    if not (
-        (lay.device in ("rpc", "cpu", "cuda") if newest else legacy or (mid and lay.device in ("cuda", "cpu")))
-        and spec.architecture in (_EXACT_ARCHS_LEGACY if legacy else _EXACT_ARCHS)
-        and not (legacy and spec.architecture in _LEGACY_SET_ROWS_ONLY and builds.older_than(lay.llama_build, builds.SET_ROWS))
-        and uniform and spec.n_ff and not spec.n_expert
-        and spec.n_swa == 0 and not spec.is_mla and not any(spec.recurrent_layers) and all(spec.kv_layers)
-        and spec.n_layer_nextn == 0 and spec.n_embd_head_k == spec.n_embd_head_v and not spec.n_embd_per_layer
-        and (legacy or mid or lay.n_stream == lay.n_seq_max) and GGMLType.F32 not in (lay.type_k, lay.type_v)
-        and (legacy or mid or newest)
-    ):  # fmt: skip
-        return None
-    # llama_context::graph_reserve: the batch's tokens rounded up to a multiple of the sequences (one stream each,
-    # or one unified stream of them all: the same tensors); the outputs as reserve_outputs says
-    build_ = lay.llama_build
-    k_rot, v_rot = attn_rot(spec, lay)
-    shape = LlamaShape(
-        n_layer=spec.n_layer if legacy or mid else min(spec.n_layer, _NEWEST_REPLAYED_LAYERS),
-        n_embd=spec.n_embd, n_head=spec.n_head[0], n_head_kv=spec.n_head_kv[0],
-        n_embd_head=spec.n_embd_head_k, n_ff=spec.n_ff, n_vocab=spec.n_vocab,
-        n_kv=lay.n_ctx if legacy else lay.n_ctx_seq,
-        n_ubatch=reserve_tokens(lay), n_outputs=reserve_outputs(lay), flash_attn=lay.flash_attn,
-        phi3=spec.architecture == "phi3", qkv_bias=spec.architecture == "qwen2", qk_norm=spec.architecture == "qwen3",
-        glm4=spec.architecture == "glm4", legacy=legacy, swiglu=not builds.older_than(build_, builds.FUSED_GLU),
-        set_rows=not builds.older_than(build_, builds.SET_ROWS), cpu_only=lay.device == "cpu", f32_fa_mask=mid,
-        embd_select=not builds.older_than(build_, builds.EMBD_SELECT),
-        k_rot=k_rot, v_rot=v_rot,
-    )  # fmt: skip
-    return _reserved(shape, ALIGNMENT[lay.device])
-
-
-@functools.lru_cache(maxsize=256)
-def _reserved(shape: LlamaShape, device_alignment: int) -> int:
-    """The device's buffer of ``shape``'s reserve graph (tens of ms for a large model: a context search asks
-    for the same shape more than once)."""
-    return reserve_sizes(build(shape), (device_alignment, ALIGNMENT["cpu"]))[0]
-
-
-def op_offload_growth(spec: ModelSpec, lay: ContextLayout, weight_copy: int) -> int:
-    """How much op offload's copy of a CPU-resident weight grows the device's compute buffer: the copy is
-    alive during the matmul that reads it, inside a layer's live set, not beside the output layer's logits
-    (ggml_backend_sched_split_graph: the weight is an input of its split). Checked on a published CUDA log
-    (Qwen3.6-35B-A3B, experts of 34 layers in host memory, tests/test_published_logs.py)."""
-    if weight_copy <= 0:
-        return 0
-    return _analytic_device_compute(spec, lay, weight_copy) - _analytic_device_compute(spec, lay)
-
-
 def cpu_layers_attention_bytes(spec: ModelSpec, lay: ContextLayout, cpu_layers: range) -> int:
     """The first GPU's compute buffer while it runs the attention of a layer left on the CPU (a partial -ngl plan,
     prompt batches), masks and all; 0 where nothing is op-offloaded.
@@ -913,7 +692,7 @@ def cpu_layers_attention_bytes(spec: ModelSpec, lay: ContextLayout, cpu_layers: 
     if not attn_layers:
         return 0
     s = graph_sizes(spec, lay)
-    masks = _device_masks(s, lay)
+    masks = device_masks(s, lay)
     if any(spec.recurrent_layers):
         return _hybrid_cpu_attention_bytes(spec, lay, s, masks, list(cpu_layers), attn_layers, kv)
     views = [kv[il] for il in attn_layers]
@@ -981,456 +760,6 @@ def output_op_offload_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     return pad(copy + logits + normed, ALIGNMENT[lay.device])
 
 
-# shared experts without a gate whose device buffer does not grow at all with --n-cpu-moe over an RPC device (llama-server
-# b11312, -ub 2048: a small deepseek2 MLA 90.30 MiB and glm4moe 168.79 with and without --n-cpu-moe 2, where the rule
-# below planned +46 and +56); the gated shared experts (qwen2moe +18, qwen3next +16 measured) keep it
-_NO_HOST_EXPERTS_GROWTH = frozenset({"deepseek2", "glm4moe"})
-
-
-def biased_experts_grow(spec: ModelSpec) -> bool:
-    """A gpt-oss whose experts are at least n_embd wide (its own shapes): the rules measured on its blocks."""
-    return spec.architecture in _EXPERT_BIAS_GROWTH and not spec.n_ff_shexp and spec.n_ff_exp >= spec.n_embd
-
-
-# routed experts with biases (src/models/openai-moe.cpp: ggml_add_id after each expert matmul, the biases matched by
-# --n-cpu-moe's pattern too): the device's blocks that run their experts after blocks whose experts are in host memory
-# hold one more [n_embd, n_expert_used, n_ubatch] f32 than at full offload (llama-fit-params b11312 over an
-# rpc-server, gpt-oss-20b's dimensions in 8 blocks at 16k cells: 510.04 MiB at -ub 2048 with --n-cpu-moe 3 where the
-# full offload reserves 420.08, 126.01 and 103.52 at -ub 512; tiny shapes with n_ff_exp = n_embd likewise; a qwen3moe
-# of Qwen3-30B-A3B's dimensions does not move; n_ff_exp / n_embd / n_expert_used varied on tiny shapes: the rule below)
-_EXPERT_BIAS_GROWTH = frozenset({"gpt-oss"})
-
-
-# the hybrids with a gated shared expert measured without flash attention with routed experts in host memory (round 25a:
-# Qwen3-Next's widths): :func:`shared_experts_scores_bytes`; deepseek2's MLA blocks are replayed
-# (sizes.mla_host_experts_growth)
-_SHARED_SCORES_HOLE = frozenset({"qwen3next"})
-
-
-def shared_experts_scores_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
-    """Without flash attention, the compute buffer of a device whose blocks run a shared expert after routed experts in
-    host memory (an RPC device: their matmuls in CPU splits): 0 where flash attention is on, or the model has no shared
-    expert or is not one of those measured.
-
-    ggml_backend_sched_split_graph (ggml/src/ggml-backend.cpp b11312) starts the device's split after such a block
-    with the copy of the down projection's output ([n_embd, n_expert_used, n_ubatch] f32, build_moe_ffn in
-    src/llama-graph.cpp), which the weighting takes in place and ggml-alloc frees once the views' adds have read it
-    (ggml_gallocr_free_node): the next attention's [n_kv, n_ubatch, n_head] scores (build_attn_mha without flash
-    attention) do not fit that hole, so they are placed above it, beside Q and two rows of n_embd: the masks, one
-    experts' output, the scores, Q and two rows. llama-fit-params b11312 over one and two loopback rpc-servers,
-    -fa off, 4k cells, Qwen3-Next's widths: --n-cpu-moe 8 760.10 (one device) and 760 / 768 (two) MiB printed, 768
-    planned (688 the full offload's, 700 / 728.07 planned before); -ub 1024 --n-cpu-moe 3: 380 printed, 384 planned.
-    The same sum holds for the MLA replay's figures (DeepSeek-V2-Lite's shape at n_embd 4096: 872 where 848 / 864
-    print) but not for every shape (DeepSeek-V2-Lite's own: 744 where 761 prints), hence the replay there."""
-    if lay.flash_attn or not spec.n_expert or not spec.n_ff_shexp or spec.architecture not in _SHARED_SCORES_HOLE:
-        return 0
-    s = graph_sizes(spec, lay)
-    eu = expert_activation_bytes(spec, lay.n_ubatch)[1]
-    return pad(_device_masks(s, lay) + eu + s.scores_bytes + s.q_bytes + 2 * s.embd_bytes, ALIGNMENT["cuda"])
-
-
-def _shared_scores_growth(spec: ModelSpec, lay: ContextLayout, base: int | None) -> int:
-    """Without flash attention, what a shared-expert model's device grows by with routed experts in host memory: the
-    MLA replay's (sizes.mla_host_experts_growth) for deepseek2, :func:`shared_experts_scores_bytes` above ``base``
-    (the device's figure without the growth; None: the full offload's) for the others measured, else 0."""
-    if lay.flash_attn or not spec.n_ff_shexp:
-        return 0
-    if spec.architecture == "deepseek2" and lay.device == "rpc":
-        return mla_host_experts_growth(spec, lay) or 0
-    return max(0, shared_experts_scores_bytes(spec, lay) - (device_compute_bytes(spec, lay) if base is None else base))
-
-
-def host_experts_device_growth(
-    spec: ModelSpec, lay: ContextLayout, *, device_experts: bool = True, base: int | None = None
-) -> int:
-    """How much a device's compute buffer grows when some of its layers' routed experts sit in a host buffer
-    and the device does not op-offload their matmuls (an RPC device; ggml-rpc has no offload_op).
-
-    ggml_backend_sched_split_graph (ggml/src/ggml-backend.cpp, 0c1e570; GGML_SCHED_DEBUG=2 shows it): the
-    gate, up, SwiGLU and down projection of those experts form a CPU split ("1.wgt"); the device's next split
-    starts with the copy of the down projection's output ([n_embd, n_expert_used, n_ubatch] f32) and of the
-    graph inputs it is the first to use (a hybrid's KQ masks when its first layers are recurrent), then
-    weights it, sums it and runs the shared expert. The copies are allocated where ggml-alloc's best fit
-    finds room at that point, not at the bottom of the buffer as at full offload, and the peak moves,
-    not monotonically in the number of such layers; the layers whose experts stay on the device still run their
-    routed experts there, above that. Measured with llama.cpp's allocation pass
-    (llama-fit-params b11312, an RPC device, --n-cpu-moe 1 to 4 and -ot of single layers) on qwen3next
-    shapes: the device's peak is at most the masks, two rows of n_embd, three of the routed experts'
-    [n_ff_exp, n_expert_used, n_ubatch] (gate, up, product), one and a half of the down projection's output,
-    two of the shared expert's [n_ff_shexp, n_ubatch] and the router's [n_expert, n_ubatch] f32
-    probabilities: within 0.12 MiB above on seven small shapes (n_embd 512-1024, 16-64 experts, 2-4 used,
-    n_ff_exp and n_ff_shexp 256-1024, ubatch 512 and 2048, 4k and 16k), 2.5 MiB above on Qwen3.5-35B-A3B's
-    shape at ubatch 512, 26 MiB (4.6 %) at 2048; never below. A qwen3moe of the same size (no shared expert)
-    moves by at most 0.5 MiB, inside kvadvise's full-offload figure: no growth is planned for it. Without flash
-    attention a shared-expert model's device holds at least :func:`_shared_scores_growth` above ``base`` (the device's
-    own figure in a split; None: the full offload's)."""
-    if spec.n_expert and not spec.n_ff_shexp and spec.architecture in _EXPERT_BIAS_GROWTH:
-        # ``device_experts``: some later blocks still run their experts on the device. Where ggml-alloc finds the room
-        # depends on the tensors' sizes: experts narrower than n_embd (not gpt-oss's own shapes) grew by nothing with
-        # 4 used experts and by one and a half outputs with 6 or 8 (tiny shapes, -ub 2048)
-        eu = expert_activation_bytes(spec, lay.n_ubatch)[1]
-        if spec.n_ff_exp >= spec.n_embd:
-            return eu if device_experts else 0
-        # narrow experts, 6 or more used: one and a half outputs, half of one with every expert on the host (round
-        # 23a, 8 of 16 experts of 512 beside n_embd 1024 at -ub 2048: 289.04 MiB, 225.04 at --n-cpu-moe 8; 193.08 full)
-        if spec.n_expert_used < 6:
-            return 0
-        return eu * 3 // 2 if device_experts else eu // 2
-    if spec.n_expert and not spec.n_ff_shexp and spec.architecture == "llama":
-        # Mixtral (a llama-architecture MoE): one row of n_embd on the blocks after a host-experts block (round 23a,
-        # llama-fit-params b11312: Mixtral-8x7B's widths 864.04 MiB at --n-cpu-moe 1, -ub 2048, 832.05 full)
-        return pad(graph_sizes(spec, lay).embd_bytes, ALIGNMENT["cuda"]) if device_experts else 0
-    # without flash attention: the scores above the hole of the experts' output (shared_experts_scores_bytes)
-    scores = _shared_scores_growth(spec, lay, base) if spec.n_expert else 0
-    if not spec.n_expert or not spec.n_ff_shexp or spec.architecture in _NO_HOST_EXPERTS_GROWTH:
-        return scores
-    s = graph_sizes(spec, lay)
-    ub, f32 = lay.n_ubatch, 4
-    ff, eu = expert_activation_bytes(spec, ub)
-    masks = _device_masks(s, lay)
-    peak = masks + 2 * s.embd_bytes + 3 * ff + eu + eu // 2 + 2 * f32 * ub * spec.n_ff_shexp + f32 * ub * spec.n_expert
-    return max(scores, pad(peak, ALIGNMENT["cuda"]) - device_compute_bytes(spec, lay))
-
-
-def cpu_experts_boundary_bytes(
-    spec: ModelSpec, lay: ContextLayout, *, own_experts: bool, last_block: bool = False
-) -> int:
-    """The compute buffer of a device that does not op-offload (ggml-rpc) at its first block after whole blocks left
-    on the CPU (a partial -ngl) ran their routed experts there: 0 for a dense model.
-
-    ggml_backend_sched_split_graph (ggml/src/ggml-backend.cpp, b11312) gives the ops between the CPU's down
-    projection and the device's first weight (the weighting by the router's probabilities, the sum over the used
-    experts, the residual add, the next norm) to the device ("expand gpu up"): its split starts with copies of the
-    experts' output and the residual, and ggml-alloc's best fit places the next block's tensors around the holes
-    they leave. Measured with llama-server b11312 over a loopback rpc-server (qwen3moe shapes: n_embd 1024-2048,
-    16-64 experts, 2-8 used, n_ff_exp 512-1536, -ub 512 and 2048, 16k cells, flash attention):
-    - ``own_experts`` (plain -ngl, the device runs its blocks' experts): the masks, a row of n_embd, the three
-      [n_ff_exp, n_expert_used, n_ubatch] tensors of its experts and one and a half of the experts' output [n_embd,
-      n_expert_used, n_ubatch]; exact at n_embd 1024 and 2-8 used experts of 512 (264.10 MiB at 8 used, -ub 2048,
-      where the full offload's 184.04 and one output more planned 248), at most 32 MiB over elsewhere;
-    - else (--n-cpu-moe past the CPU's blocks: the device's experts in host memory too): the masks, a row of n_embd
-      and two of the experts' output, exact on the same shapes (200.10 MiB at 8 used, nothing planned above the full
-      offload's 184.04 before);
-    - ``last_block``: the device's only block is the last one, which runs its feed-forward at the output rows alone
-      (split.gathers_in_last_block): the masks, two rows of n_embd and the experts' output, either way (144.13 MiB at
-      8 used experts and 112.10 at 4, as --fit's -ngl 2 prints; the full offload's 184.04 and one output more had
-      been planned)."""
-    if not spec.n_expert:
-        return 0
-    s = graph_sizes(spec, lay)
-    ub = lay.n_ubatch
-    ff, eu = expert_activation_bytes(spec, ub)
-    masks = _device_masks(s, lay)
-    if last_block:
-        # its attention still runs on the whole batch: without flash attention the [n_kv, n_ubatch, n_head] scores
-        # are the peak (round 23a: 653.5 MiB printed where the FFN's rows alone planned 139.5); experts wider than
-        # n_embd keep two more rows (qwen3moe with 2 used experts of 4096: 32 MiB at -ub 2048)
-        rows = 4 if ff > eu else 2
-        peak = max(masks + rows * s.embd_bytes + eu, masks + s.attn_bytes, s.logits_bytes + 2 * s.embd_bytes)
-    else:
-        peak = masks + s.embd_bytes + (3 * ff + eu + eu // 2 if own_experts else 2 * eu)
-    return pad(peak, ALIGNMENT["cuda"])
-
-
-# MoE architectures with no dense feed-forward block (their graphs never read n_ff as a dense width: Mixtral's is the
-# experts', qwen3moe's an unused key): a device that runs none of their routed experts runs no feed-forward of n_ff
-_ROUTED_ONLY_ARCHS = frozenset({"llama", "qwen3moe", "gpt-oss"})
-
-
-def without_routed_ffn(spec: ModelSpec) -> ModelSpec:
-    """The model as the graph of a device sees it where none of its blocks runs routed experts on the whole batch
-    (their gate, up and down projections in CPU splits): experts one value wide, and no dense feed-forward where the
-    architecture has none (others keep n_ff: an upper bound for their dense blocks)."""
-    return replace(spec, n_ff_exp=1, n_ff=0 if spec.architecture in _ROUTED_ONLY_ARCHS else spec.n_ff)
-
-
-def _full_mask_copied_late(spec: ModelSpec, layers: Iterable[int]) -> bool:
-    """Whether the first attention block of ``layers`` is a sliding-window one and a later one attends to the whole
-    context, so that a device running them copies the full mask in at a later split than the first
-    (ggml_backend_sched_split_graph, ggml-backend.cpp b11312: an input goes to the first split that reads it), where a
-    CPU split cuts the graph between them."""
-    kv = [il for il in layers if spec.kv_layers[il]]
-    return bool(kv) and spec.swa_layers[kv[0]] and not all(spec.swa_layers[il] for il in kv)
-
-
-def late_full_mask_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
-    """What the device that runs block 0 holds above its bare graph's phases where block 0 is a sliding-window block
-    whose routed experts run on the CPU (--n-cpu-moe): 0 elsewhere.
-
-    ggml_backend_sched_split_graph (ggml/src/ggml-backend.cpp, b11312) copies a graph input into the first split that
-    reads it. Block 0's split reads the token embeddings' [n_embd, n_ubatch] f32 (token_embd's get_rows runs on the
-    CPU) and the sliding-window mask only; the full mask's copy comes in with the CPU split's experts' output, at the
-    split that runs block 1's attention (GGML_SCHED_DEBUG=2: "SPLIT #3: RPC0 ... [ffn_moe_down_biased-0]
-    [attn_inp_kq_mask]"), by when the embeddings' copy is freed: ggml-alloc's best fit puts the full mask in that
-    hole where it fits, and where it is smaller the hole's rest stays empty below the layer's tensors. So the foot of
-    the buffer holds the sliding-window mask and max(full mask, one row of n_embd). llama-fit-params b11312, gpt-oss-
-    120b's widths in 6 blocks, --n-cpu-moe 6, flash attention, one rpc-server: -ub 2048 -np 8 at 8k cells (1024 a
-    stream) 193.54 MiB printed, 175.66 planned before; over two, the first device 193 / 197 / 198 at 1024 / 2048 /
-    4096 cells a stream where 175.66 / 183.66 / 192.66 had been planned, 208 at 8192 (the full mask wider than the
-    row: nothing more). Without flash attention the peak is a full block's scores, which this hole does not reach
-    (-ub 2048 -np 8 at 8k cells: 685 printed, 691.5 planned without it, 706 with it)."""
-    if not lay.flash_attn or not spec.n_expert or not _full_mask_copied_late(spec, range(spec.n_layer)):
-        return 0
-    return max(0, graph_sizes(spec, lay).embd_bytes - mask_copy_bytes(lay.n_ctx_seq, lay))
-
-
-def late_full_mask_scores_bytes(spec: ModelSpec, lay: ContextLayout, layers: tuple[int, ...]) -> int:
-    """Without flash attention, the peak of a device whose blocks ``layers`` run their routed experts on the CPU, the
-    first a sliding-window block (a later one attends to the whole context), where the first block is block 0 or
-    follows a block whose experts ran on the CPU: 0 elsewhere.
-
-    ggml_backend_sched_split_graph (ggml/src/ggml-backend.cpp, b11312) copies a graph input into the first split that
-    reads it, so the full mask's copy comes in after the first block's CPU split, after that split's output copy
-    ([n_embd, n_expert_used, n_ubatch] f32, Eu): both land on top of what the first split left (ggml-alloc's best fit:
-    no hole takes Eu), the mask in a hole only where it fits one; the full block's [n_ctx, n_ubatch, n_head] f32
-    scores stack on them. What the first split leaves: on block 0's device the token embeddings' hole (a row of
-    n_embd, the cache's row ids in it), the positions, the sliding-window mask, ffn_inp and the weighted sum's row
-    (3 rows); after a CPU block, that block's Eu and ffn_inp copied in, the positions (read to the device's last
-    block) pinning them (Eu less a row free for the mask). A traced ggml-alloc (round 26d, llama-fit-params b11312
-    with allocation prints, gpt-oss-120b's widths in 6 blocks, --n-cpu-moe 6, two rpc-servers): the first device
-    4343.55 MiB at -ub 2048 and 8k cells (4343 printed, 4341.5 planned before), 8503 / 2263 / 1221 / 685 at 16k /
-    -np 2 / 4 / 8 (this rule 8503.5 / 2263.5 / 1221.5 / 685.5); the second 4261.27 at -ub 1024 and 16k (4246.75
-    planned before), 2130 at -ub 512 (2122.38 before)."""
-    if lay.flash_attn or not spec.n_expert or not _full_mask_copied_late(spec, layers):
-        return 0
-    ub, embd = lay.n_ubatch, graph_sizes(spec, lay).embd_bytes
-    eu = expert_activation_bytes(spec, ub)[1]
-    full_mask = mask_copy_bytes(lay.n_ctx_seq, lay)  # f32: no flash attention
-    if layers[0] == 0:
-        shapes = layer_shapes(spec)
-        # the positions (i32) and the cache's row ids (i64 K, and V's of the sliding-window cache)
-        ids = 4 * ub + 8 * ub + v_idxs_bytes(spec, lay) // max(1, bool(shapes.kv_group) + bool(shapes.swa_group))
-        below, hole = 3 * embd + ids + lay.n_ctx_swa * ub * 4, embd - ids
-    else:
-        below, hole = eu + embd, eu - embd
-    stacked = full_mask if full_mask > hole else 0
-    if not stacked and layers[0] > 0:
-        return 0  # the mask in the copies' hole: another placement (measured under this one), not this rule's
-    scores = 4 * ub * lay.n_ctx_seq * max(spec.n_head)
-    return pad(below + eu + stacked + scores, ALIGNMENT["cuda"])
-
-
-def experts_moved(spec: ModelSpec) -> tuple[bool, ...] | None:
-    """Per block of the trunk, whether its routed experts are in host memory in ``spec`` as offload.cpu_moe_placement
-    leaves it (a moved block holds none of their bytes); None where the blocks' expert bytes are unknown. A block
-    that never had experts (a dense lead block) is not told apart: it reads as moved (the safe side)."""
-    if len(spec.layer_expert_bytes) < spec.n_layer:
-        return None
-    return tuple(not spec.layer_expert_bytes[il] for il in range(spec.n_layer))
-
-
-def host_experts_split_compute(
-    spec: ModelSpec, lay: ContextLayout, part: DeviceLayers, on_host: Callable[[int], bool]
-) -> int | None:
-    """One device's compute buffer in a split over several devices that do not op-offload (ggml-rpc), where the
-    blocks for which ``on_host`` is true run their routed experts on the CPU (--n-cpu-moe, or whole blocks left on the
-    CPU); None where this rule is not the one (no routed experts, a shared expert but without flash attention on a
-    device after host experts that runs none of its own, the last block alone, no block).
-
-    ggml_backend_sched_split_graph (ggml/src/ggml-backend.cpp, b11312) runs those experts' matmuls in CPU splits; the
-    ops after the down projection up to the next weight go to the device that holds it ("expand gpu up"), so a device
-    whose first block follows such a block starts its split with copies of the experts' output and the residual.
-    llama-fit-params b11312 over two loopback rpc-servers, qwen3moe shapes (n_embd 1024-4096, 2-8 used experts of
-    512-4096, -ub 2048, 16k cells), -ts and --n-cpu-moe moving the boundary:
-    - a device none of whose blocks runs its experts on the whole batch (the last block runs its FFN at the output
-      rows only) holds the bare graph (:func:`without_routed_ffn`): 152/160/256/448 MiB printed, 152.75/176/256.75/
-      448.5 planned, where the full offload's 184.56/320.31/400.56/736.31 had been planned; after such a block on
-      another device, at least the masks, a row of n_embd and two of the experts' output
-      (cpu_experts_boundary_bytes' host case: 200/336/608 MiB printed, exact);
-    - a device that runs some experts, after such a block: the masks, two rows of n_embd, the three [n_ff_exp,
-      n_expert_used, n_ubatch] tensors and one and a half outputs (800.0 printed on 8 used experts of 1536 at n_embd
-      4096, 432.0 at 2048, where the full offload's 736.31 and 400.56 were planned: under), else the full
-      offload's."""
-    layers = tuple(il for il in part.layers if il < spec.n_layer)
-    last = spec.n_layer - 1
-    if not spec.n_expert or not layers:
-        return None
-    first = layers[0]
-    inflow = first > 0 and on_host(first - 1)  # its first block follows a block whose experts ran on the CPU
-    if spec.n_ff_shexp:
-        # a shared expert: only a device after host experts that runs none of its own, without flash attention (round
-        # 25a: DeepSeek-V2-Lite's shape at n_embd 4096 and Qwen3-Next's, the second of two rpc-servers at --n-cpu-moe
-        # 6 / 8: 864 / 768 printed, 776.04 / 728.07 planned before; one that runs its own grew by nothing: 388 / 340)
-        if lay.flash_attn or not inflow or not all(on_host(il) for il in layers):
-            return None
-        if spec.architecture == "deepseek2":  # the MLA replay with the copies (sizes.mla_host_experts_growth)
-            return mla_split_bytes(spec, lay, layers, output=layers[-1] == last, copies=1, host_experts=True)
-        hole = shared_experts_scores_bytes(spec, lay)
-        return max(unpipelined_split_compute(spec, lay, part), hole) if hole else None
-    gathers = gathers_in_last_block(spec) and reserve_outputs(lay) < lay.n_ubatch
-    s = graph_sizes(part.spec, lay)  # the masks of the attention it holds (a sliding-window block: that mask only)
-    ff, eu = expert_activation_bytes(spec, lay.n_ubatch)
-    masks = _device_masks(s, lay)
-    # without flash attention the scores' phase, where the boundary's copies leave half an experts' output beside it
-    # (and 2.5 rows of n_embd fewer than one device keeps there): round 25a, Qwen3-30B-A3B's widths over two and
-    # three rpc-servers, llama-fit-params b11312: 1224 / 4392 / 1140 MiB printed at 4k / 16k / -ub 1024 -np 2, where
-    # 1200 / 4368 / 1128 had been planned (under); the device without the boundary 1160 / 4328 / 1108
-    scores = pad(masks + s.attn_bytes - 5 * s.embd_bytes // 2 + eu // 2, ALIGNMENT["cuda"])
-    scores = scores if inflow and not lay.flash_attn else 0
-    if layers == (last,):  # the last block alone: its own rule, and at least the boundary's after host experts
-        own = cpu_experts_boundary_bytes(part.spec, lay, own_experts=True, last_block=True) if inflow else 0
-        return max(unpipelined_split_compute(spec, lay, part), own, scores) if inflow else None
-    # the blocks that run their experts on the device at the whole batch (not a last block that gathers its rows)
-    full_rows = [il for il in layers if not (il == last and gathers)]
-    if any(not on_host(il) for il in full_rows):
-        own = unpipelined_split_compute(spec, lay, part)
-        if inflow:
-            own = max(
-                own,
-                pad(masks + 2 * s.embd_bytes + 3 * ff + eu + eu // 2, ALIGNMENT["cuda"]),
-                scores,
-            )
-        return own
-    own = unpipelined_split_compute(without_routed_ffn(spec), lay, replace(part, spec=without_routed_ffn(part.spec)))
-    if first == 0:  # the full mask's copy made after block 0's experts ran on the CPU
-        own = max(own + late_full_mask_bytes(spec, lay), late_full_mask_scores_bytes(spec, lay, layers))
-    if inflow:  # one block's output copied in beside two rows; from the second block on, two outputs
-        held = masks
-        if lay.flash_attn and len(layers) > 1 and _full_mask_copied_late(spec, layers):
-            # a first sliding-window block: its mask is freed before the next block's output comes in, and the full
-            # mask, copied in at that split, takes the hole the first copies leave (Eu less the first block's Q)
-            # where it fits. Traced (round 26d, llama-fit-params b11312, gpt-oss-120b's widths, --n-cpu-moe 6, the
-            # second of two rpc-servers, -ub 2048): 202.54 MiB at -np 4 (both masks in holes; 227.5 planned before),
-            # 266 at 16k cells and -np 1 (the 64 MiB mask above; 275.5 before)
-            full_mask = mask_copy_bytes(lay.n_ctx_seq, lay)
-            held = full_mask if full_mask > eu - s.q_bytes else 0
-        peak = held + (2 * s.embd_bytes + eu if len(layers) == 1 else s.embd_bytes + 2 * eu)
-        own = max(own, pad(peak, ALIGNMENT["cuda"]), scores, late_full_mask_scores_bytes(spec, lay, layers))
-    return own
-
-
-def host_experts_host_compute_bytes(spec: ModelSpec, lay: ContextLayout, owner: tuple[int, ...] | None = None) -> int:
-    """The host's compute buffer when some blocks' routed experts sit in a host buffer and the device does not
-    op-offload their matmuls (an RPC device; ggml-rpc has no offload_op): their MUL_MAT_IDs run in a CPU split
-    (ggml_backend_sched_backend_id_from_cur, ggml/src/ggml-backend.cpp b11312: "operations with weights are
-    preferably run on the same backend as the weights"), so their activations are allocated in the CPU's buffer
-    beside the graph inputs. ``owner``: the device of each block (split.layer_devices; None: one device).
-
-    Which inputs are still alive there, and where the freed ones left holes, decides the peak, so the CPU's side of
-    the graph is replayed through ggml-alloc (:func:`_host_experts_cpu_graph`). Measured with llama-fit-params
-    b11312 over one and two loopback rpc-servers (qwen3moe, Mixtral, gpt-oss, qwen2moe, qwen3next, qwen35moe, glm4moe,
-    lfm2moe, deepseek2, gemma4, granitehybrid, nemotron_h_moe; --n-cpu-moe 1 to all, -ub 512 and 2048, flash
-    attention on and off): 182 of 183 runs to 0.01 MiB, one 0.08 over (tests/test_host_experts_host_compute.py). A
-    qwen3moe of Qwen3-30B-A3B's widths at 16k cells, -ub 2048: 352.05 MiB printed with one device, 368.30 with two
-    (240.08 planned before: the gate's 48 MiB does not fit the 64 MiB mask's hole beside the norm's copy and the ids,
-    and with two devices the mask lives on until the second device's first block)."""
-    base = host_compute_bytes(spec, lay)
-    if not spec.n_expert:
-        return base
-    lay = replace(lay, n_ubatch=reserve_tokens(lay), n_outputs_max=reserve_outputs(lay))
-    graph = _host_experts_cpu_graph(spec, lay, owner or (0,) * (spec.n_layer_all + 1))
-    return max(base, pad(_cpu_reserved(graph), ALIGNMENT["cuda"]))
-
-
-@functools.lru_cache(maxsize=256)
-def _cpu_reserved(graph: Graph) -> int:
-    """The CPU's buffer of ``graph`` (a few ms for a hundred blocks: a search plans the same context more than once)."""
-    return reserve_sizes(graph, (ALIGNMENT["cpu"],))[0]
-
-
-# multi-section RoPE (LLAMA_ROPE_TYPE_MROPE / IMROPE, llama_model_rope_type, src/llama-model.cpp b11312): the positions
-# input holds n_pos_per_embd() = 4 i32 a token (a qwen35moe at -ub 2048: a 32 KiB inp_pos)
-_MROPE_ARCHS = frozenset({"qwen2vl", "qwen3vl", "qwen3vlmoe", "qwen35", "qwen35moe"})
-# routed experts without a gate: up, relu and its square in place, down (build_moe_ffn's LLM_FFN_RELU_SQR without
-# gate_exps, src/llama-graph.cpp b11312; nemotron-h.cpp): no GLU beside up to take the norm's copy's hole (a tiny
-# nemotron_h_moe at -ub 2048: 37.08 MiB printed, 36.09 planned as gated)
-_UNGATED_EXPERTS = frozenset({"nemotron_h_moe"})
-
-
-def _reads_kind(attends: list[bool], swa_layers: tuple[bool, ...], swa: bool, il: int) -> bool:
-    """Whether block ``il`` reads the inputs of the cache kind ``swa`` (its K/V row indices and KQ mask)."""
-    return attends[il] and swa_layers[il] == swa
-
-
-def _host_experts_cpu_graph(spec: ModelSpec, lay: ContextLayout, owner: tuple[int, ...]) -> Graph:
-    """The tensors of the CPU's buffer in the order ggml_backend_sched hands them to ggml-alloc (b11312):
-
-    - the graph inputs, leafs allocated first in the order the graph meets them (ggml_gallocr_alloc_graph_impl): the
-      token ids, build_inp_embd's f32 inp_embd (read by no node: never freed), the positions, per cache kind its K and
-      V row indices and its KQ mask, the output ids;
-    - token_embd's get_rows (split #0), copied to the first device at its first split;
-    - ggml_backend_sched_split_graph adds, at the start of the split that copies an input in, a view of it
-      (input_dep) as the input's last child, so the host frees each input once the last device that reads it has
-      taken its copy: at that device's first block that reads it (the masks of a kind its blocks read later live on);
-    - a block whose experts are on the host: its split's copies of the normed input and of ffn_moe_topk (a view of
-      the argsort's [n_expert, n_tokens] i32 rows: the copy keeps its strides, so it is as large as the argsort),
-      gate and up ([n_ff_exp, n_expert_used, n_tokens] f32; gpt-oss's biases added in place by ADD_ID), their GLU,
-      the down projection ([n_embd, n_expert_used, n_tokens]), freed when the next device split copies it out
-      (build_moe_ffn, src/llama-graph.cpp; the weighting runs on the device). A last block that gathers the output
-      rows first runs them at those rows."""
-    ub, n_layer = lay.n_ubatch, spec.n_layer
-    # the moved blocks (:func:`experts_moved`; unknown: every block), but for Nemotron-H's blocks whose one mixer is
-    # Mamba-2 or attention, not the MoE (src/models/nemotron-h.cpp)
-    moved = experts_moved(spec) or (True,) * n_layer
-    on_host = [
-        moved[il] and not (spec.architecture in _UNGATED_EXPERTS and (spec.recurrent_layers[il] or spec.kv_layers[il]))
-        for il in range(n_layer)
-    ]
-    mask_elt = 4 if not lay.flash_attn or f32_fa_mask(lay) else 2
-    shapes = layer_shapes(spec)
-    kinds = bool(shapes.kv_group) + bool(shapes.swa_group)
-    b = GraphBuilder()  # one buffer, the CPU's; the activations known by their bytes (galloc.flat)
-    frees: dict[int, list[int]] = {}
-
-    def freed_at(reads: Callable[[int], bool]) -> int:
-        """The block at whose split the last device that reads an input copies it in."""
-        layers = [il for il in range(n_layer) if reads(il)]
-        if not layers:
-            return n_layer
-        last = max(owner[il] for il in layers)
-        return min(il for il in layers if owner[il] == last)
-
-    def leaf(name: str, nbytes: int, reads: Callable[[int], bool] | None = None) -> int:
-        i = b.input(name, nbytes)
-        if reads is not None and nbytes:
-            frees.setdefault(freed_at(reads), []).append(i)
-        return i
-
-    def matmul(name: str, nbytes: int, src: int, ids: int) -> int:
-        """A MUL_MAT_ID of host experts; gpt-oss adds its experts' biases in place (ggml_add_id, ggml_op_can_inplace)."""
-        i = b.op(name, "MUL_MAT_ID", flat(nbytes), (src, ids))
-        if spec.architecture in _EXPERT_BIAS_GROWTH:
-            i = b.op(f"{name}_biased", "ADD_ID", flat(nbytes), (i, ids))
-        return i
-
-    tokens = leaf("inp_tokens", 4 * ub)
-    if not builds.older_than(lay.llama_build, builds.EMBD_SELECT):
-        leaf("inp_embd", 4 * ub * spec.n_embd)
-    attends = [bool(spec.kv_layers[il]) for il in range(n_layer)]
-    leaf("inp_pos", 4 * ub * (4 if spec.architecture in _MROPE_ARCHS else 1), lambda il: attends[il])
-    k_idxs = k_idxs_bytes(spec, lay) // max(1, kinds)
-    # V's row indices: one i64 a token, or a row of n_embd_v_gqa a token where V is transposed
-    v_idxs = v_idxs_bytes(spec, lay) // max(1, kinds) or k_idxs
-    for swa in sorted({spec.swa_layers[il] for il in range(n_layer) if attends[il]}, key=spec.swa_layers.index):
-        cells = lay.n_ctx_swa if swa else lay.n_ctx_seq
-        reads = functools.partial(_reads_kind, attends, spec.swa_layers, swa)
-        leaf("k_idxs", k_idxs, reads)
-        leaf("v_idxs", v_idxs, reads)
-        leaf("kq_mask", cells * ub * mask_elt, reads)
-    leaf("out_ids", 4 * min(ub, lay.n_outputs_max), lambda il: il == n_layer - 1)  # gathered in or after the last block
-    embd = b.op("embd", "GET_ROWS", (spec.n_embd, ub), (tokens,))
-    frees.setdefault(0, []).insert(0, embd)
-    for il in range(n_layer):
-        for i in frees.get(il, ()):
-            b.dep(i)
-        if not on_host[il]:
-            continue
-        n = lay.n_outputs_max if il == n_layer - 1 and gathers_in_last_block(spec) else ub
-        ff, eu = expert_activation_bytes(spec, n)
-        x = b.op("ffn_norm (copy)", "NONE", (spec.n_embd, n), ())
-        ids = b.op("ffn_moe_topk (copy)", "NONE", (spec.n_expert * (n - 1) + spec.n_expert_used,), (), dtype="i32")
-        if spec.architecture in _UNGATED_EXPERTS:  # relu, then its square, in place on up's output
-            act = matmul("up", ff, x, ids)
-            for op in ("UNARY", "SQR"):
-                act = b.op(op, op, flat(ff), (act,))
-        else:
-            act = b.op("glu", "GLU", flat(ff), (matmul("gate", ff, x, ids), matmul("up", ff, x, ids)))
-        b.dep(matmul("down", eu, act, ids))
-    for i in frees.get(n_layer, ()):
-        b.dep(i)
-    return b.graph()
-
-
 def output_layer_compute_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
     """The compute buffer of a device that holds the output layer and no repeating layer (-ngl 1), when it
     does not op-offload the layers kept on the CPU (ggml-rpc has no offload_op): the output phase alone, the
@@ -1483,7 +812,7 @@ def output_layer_alone_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
         return phase + eu * rows // ub * 3 // 2
     if spec.architecture in _SHARED_TAIL and spec.n_ff_shexp:
         return phase
-    if spec.architecture in _EXPERT_BIAS_GROWTH and not spec.n_ff_shexp:
+    if spec.architecture in EXPERT_BIAS_GROWTH and not spec.n_ff_shexp:
         s = graph_sizes(spec, lay)
         logits = 4 * rows * spec.n_vocab
         weights, ids = 4 * spec.n_expert_used * ub, 4 * rows
@@ -1669,66 +998,6 @@ def pipeline_parallel(cfg: RunConfig, names: tuple[str, ...]) -> bool:
     return True
 
 
-def unpipelined_split_compute(spec: ModelSpec, lay: ContextLayout, part: DeviceLayers) -> int:
-    """One device's compute buffer in a split without pipeline parallelism (:func:`pipeline_parallel`): the
-    one-device rules applied to the layers it holds, and the output phase on the device with the output layer.
-
-    ggml_backend_sched_split_graph flags a split's input copies input and output, so that ggml-alloc keeps them
-    for the whole graph, only when it keeps several copies (``if (sched->n_copies > 1)``, ggml-backend.cpp); with
-    one copy they are ordinary nodes, freed after their last consumer as on a single device, whose inputs are
-    copies from the host too. Measured with llama-fit-params b11312 on loopback RPC devices, pipeline parallelism
-    turned off by a tensor override (benchmarks/bench_split.py --no-pipeline): Llama 3.1 8B, Qwen3 0.6B and
-    30B-A3B, Qwen1.5-MoE, DeepSeek-V2-Lite, gpt-oss-20b and Gemma 3 12B at -2.0 to +18.4 MiB, where the rule with
-    its copies was -16.2 to +56 (477 of the grid's 616 buffers within 5 % or 8 MiB, 332 before); tests/data/
-    published 023 (two RPC hosts at b6209): 588.01 MiB each as printed, 604.02 and 620.02 before. A hybrid's split
-    (recurrent layers) keeps the rule with its copies (+3 to +48): the one-device rules are up to 24 MiB under
-    there (Granite-4.0-H's last device at 32k; Qwen3.5-9B's middle device holds 18 MiB above one device's)."""
-    part = trunk_only(part)
-    if not (part.layers or part.last):  # a device given no layer holds no graph
-        return 0
-    if (tail := unpipelined_last_block_compute(spec, lay, part)) is not None:
-        return tail
-    if any(spec.recurrent_layers) or not part.layers or part.layers == (spec.n_layer - 1,):
-        # (the output layer alone, or the last block alone: split_compute sizes them at the output rows they run)
-        return split_compute(spec, lay, part, copies=1)
-    if part.layers:
-        # a model whose layers are all alike (a dense Llama, Qwen2/3, Phi-3): one device's graph, replayed; a device
-        # without the output layer reserves no logits (one row stands for none: its live set is far below a layer's)
-        exact = _exact_device_compute(spec, lay if part.last else replace(lay, n_outputs_max=1))
-        if exact is not None:
-            return exact
-    s = graph_sizes(part.spec, lay)
-    layer = _split_layer_peak(spec, part.layers, s, lay) + s.layer_inputs_bytes if part.layers else 0
-    out = s.logits_bytes + 2 * s.embd_bytes + s.ple_bytes if part.last else 0
-    return pad(max(layer, out), ALIGNMENT["cuda"])
-
-
-def _split_layer_peak(spec: ModelSpec, layers: tuple[int, ...], s: GraphSizes, lay: ContextLayout) -> int:
-    """:func:`_layer_peak` for a device of a split without pipeline parallelism whose blocks read two cache kinds
-    (full and sliding-window attention): with one copy a mask is an ordinary node, copied in at the split's start
-    and freed after its last consumer (ggml_backend_sched_split_graph, ggml-alloc), so a block runs beside the masks
-    the blocks from it on still read, and its feed-forward beside those after it. llama-server b11312 over two
-    rpc-servers, Gemma 3 shapes at 16k cells, -ub 2048: a device whose global block comes first holds 122.07 MiB (its
-    sliding-window blocks run without the 64 MiB full mask), one whose global block follows a sliding-window one
-    186.07. Other builds (the f32 flash-attention mask) and one cache kind: :func:`_layer_peak`.
-
-    A freed mask narrower than a row of n_embd stays a hole no tensor of the phases fits, under the mask and the row
-    ids copied in with it (round 26d, a traced ggml-alloc of llama-server b11312 over two rpc-servers: gpt-oss-120b's
-    widths, the device of blocks 4-5, -ub 2048, --n-cpu-moe 1: block 4's experts run above the 10 MiB hole of the
-    sliding-window mask, 421.07 MiB printed, 411.12 planned before)."""
-    if f32_fa_mask(lay) or not spec.n_swa or not s.layer_bytes:
-        return _layer_peak(s, lay)
-    kinds = [spec.swa_layers[il] for il in sorted(layers) if spec.kv_layers[il]]
-    if len(set(kinds)) < 2:
-        return _layer_peak(s, lay)
-    width = {False: mask_copy_bytes(lay.n_ctx_seq, lay), True: mask_copy_bytes(lay.n_ctx_swa, lay)}
-
-    def masks(rest: list[bool]) -> int:  # the masks the blocks of ``rest`` still read, and the holes of narrow ones
-        return sum(b for k, b in width.items() if k in rest or (rest and b < s.embd_bytes))
-
-    return max(max(masks(kinds[i:]) + s.attn_bytes, masks(kinds[i + 1 :]) + s.mix_bytes) for i in range(len(kinds)))
-
-
 def _offloaded(
     spec: ModelSpec,
     cfg: RunConfig,
@@ -1766,13 +1035,13 @@ def _offloaded(
     no_ffn = (
         cfg.host_experts and spec.n_expert and n_dev == 1
         and (
-            (not spec.expert_bytes and (spec.architecture not in _EXPERT_BIAS_GROWTH or biased_experts_grow(spec)))
+            (not spec.expert_bytes and (spec.architecture not in EXPERT_BIAS_GROWTH or biased_experts_grow(spec)))
             or (last_only and biased_experts_grow(spec))
             # or only the last block's, which runs its FFN at the output rows alone (round 23a, llama-server b11312:
             # Qwen3-30B-A3B's widths at --n-cpu-moe 5 of 6, 256.04 MiB; Mixtral-8x7B's at 2 of 3, 224.04)
             or (
                 last_only and gathers_in_last_block(spec) and not spec.n_ff_shexp
-                and spec.architecture not in _EXPERT_BIAS_GROWTH
+                and spec.architecture not in EXPERT_BIAS_GROWTH
             )
         )
     )  # fmt: skip

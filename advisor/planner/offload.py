@@ -49,28 +49,27 @@ from kvadvise.model.spec import ModelSpec
 from kvadvise.planner import builds
 from kvadvise.planner import speed as speed_model
 from kvadvise.planner.budget import Budget
+from kvadvise.planner.compute import compute_bytes, device_compute_bytes, op_offload_growth, unpipelined_split_compute
 from kvadvise.planner.fitsplit import fill_back_to_front
+from kvadvise.planner.host_experts import (
+    biased_experts_grow,
+    cpu_experts_boundary_bytes,
+    host_experts_device_growth,
+    host_experts_split_compute,
+    without_routed_ffn,
+)
 from kvadvise.planner.hostram import HostRam, plan_host_ram
 from kvadvise.planner.memory import (
     OP_OFFLOAD_DEVICES,
     OP_OFFLOAD_MIN_BATCH,
     MemoryEstimate,
     RunConfig,
-    biased_experts_grow,
-    compute_bytes,
-    cpu_experts_boundary_bytes,
     cpu_layers_attention_bytes,
-    device_compute_bytes,
     estimate,
-    host_experts_device_growth,
-    host_experts_split_compute,
     layer_kv_bytes,
-    op_offload_growth,
     output_layer_alone_bytes,
     output_op_offload_bytes,
     resolve,
-    unpipelined_split_compute,
-    without_routed_ffn,
 )
 from kvadvise.planner.policy import KV, Policy, allowed_kvs, config_at, kv_name
 from kvadvise.planner.sizes import reserve_outputs
@@ -393,7 +392,7 @@ def partial_offload(
     ub = lay.n_ubatch
 
     def copy_bytes(n_blocks: int) -> int:  # what the op-offload copy for the first n_blocks on the CPU adds
-        # the copy lives in a layer's live set, not beside the logits (memory.op_offload_growth)
+        # the copy lives in a layer's live set, not beside the logits (compute.op_offload_growth)
         return op_offload_growth(spec, lay, op_offload_bytes(spec, range(n_blocks), budget.device, ub) or 0)
 
     # a device that does not op-offload (ggml-rpc; any device for batches under 32 tokens) runs what stays on
@@ -411,7 +410,7 @@ def partial_offload(
         if n_cpu >= n_layer:  # -ngl 1: the output layer alone (memory.output_layer_alone_bytes), whose figure holds
             # what it takes in from the CPU's last block: less the one and a half ``last_out`` tail_cut adds for it
             return output_only - (last_out * 3 // 2 if one_device and not offloads and expert_out else 0)
-        # experts of layers the device runs, in host memory (memory.host_experts_device_growth)
+        # experts of layers the device runs, in host memory (host_experts.host_experts_device_growth)
         # a gpt-oss grows where a block before the last runs its experts after host experts (not its last block's,
         # run after the masks are freed)
         some = n_cpu_moe < n_layer - (1 if biased else 0)
@@ -441,11 +440,11 @@ def partial_offload(
     # the last block's, where it gathers the output rows before its FFN (split.gathers_in_last_block): those rows
     # only (a tiny qwen3moe's output layer alone after every expert on the CPU: 0.04 MiB printed at -ub 2048)
     last_out = expert_out * reserve_outputs(lay) // ub if gathers_in_last_block(spec) else expert_out
-    # the device's buffer at its first block after the CPU's blocks ran their experts (memory.cpu_experts_boundary_bytes)
+    # the device's buffer at its first block after the CPU's blocks ran their experts (host_experts.cpu_experts_boundary_bytes)
     boundary_own = cpu_experts_boundary_bytes(spec, lay, own_experts=True)
     boundary_host = cpu_experts_boundary_bytes(spec, lay, own_experts=False)
     last_rows = 1 if gathers_in_last_block(spec) else 0  # a last block whose FFN runs at the output rows only
-    # measured where the last block alone has no shared expert (qwen3moe: memory.cpu_experts_boundary_bytes)
+    # measured where the last block alone has no shared expert (qwen3moe: host_experts.cpu_experts_boundary_bytes)
     last_alone = bool(last_rows) and not spec.n_ff_shexp
     boundary_last = cpu_experts_boundary_bytes(spec, lay, own_experts=True, last_block=True)
     no_ffn_compute = device_compute_bytes(without_routed_ffn(spec), lay) if spec.n_expert else 0
@@ -467,14 +466,14 @@ def partial_offload(
         if not full_compute or (offloads and n_dev == 1):
             return cut
         owner = _partial_owner(spec.n_layer_all, n_dev, ts, n_cpu, output_on_host)
-        ruled: set[int] = set()  # devices sized by memory.host_experts_split_compute, their boundary included
+        ruled: set[int] = set()  # devices sized by host_experts.host_experts_split_compute, their boundary included
         parts = device_layers(spec, owner, n_dev, lay.device == "cuda")
         # -ngl 1 on one device: the output layer alone is output_only's (split_compute)
         for d, full_part in enumerate(() if one_device and n_cpu >= n_layer else parts):
             part = trunk_only(full_part)
             own = unpipelined_last_block_compute(spec, lay, part) if part.layers == (n_layer - 1,) else None
             if own is None and n_dev > 1 and expert_out and not offloads and n_cpu_moe > n_cpu:
-                # blocks whose experts run in CPU splits beside blocks that run theirs (memory.host_experts_split_compute)
+                # blocks whose experts run in CPU splits beside blocks that run theirs (host_experts.host_experts_split_compute)
                 own = host_experts_split_compute(spec, lay, part, lambda il: il < n_cpu_moe)
                 if own is not None:
                     ruled.add(d)
@@ -504,7 +503,7 @@ def partial_offload(
             # CPU block's experts' output beside its own (the first device's growth, split_compute, counted once)
             nxt = owner[n_cpu]
             grown = split_compute(n_cpu, n_cpu_moe) if nxt == 0 else 0
-            # (a device memory.host_experts_split_compute sized has this boundary in its figure already)
+            # (a device host_experts.host_experts_split_compute sized has this boundary in its figure already)
             takes_in = nxt >= 0 and nxt not in ruled
             if takes_in and last_rows and n_cpu < n_layer - 1:  # measured where the last block gathers (qwen3moe)
                 cut[nxt] = max(cut[nxt], boundary_host - full_compute[nxt] - grown)

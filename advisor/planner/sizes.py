@@ -2,7 +2,7 @@
 the memory model is built from (:class:`GraphSizes`: the residual stream, Q, the logits, the masks, each
 layer's live set), and the graph inputs the host holds (the KQ masks, the ids, the V cache's row indices).
 
-The buffers themselves (one device, the host, the CPU alone) are kvadvise.planner.memory's; a device of a split
+The buffers themselves (one device, the host, the CPU alone) are kvadvise.planner.compute's; a device of a split
 over several is kvadvise.planner.split's. Both read these sizes, so they live below both.
 """
 
@@ -196,7 +196,7 @@ def graph_sizes(spec: ModelSpec, lay: ContextLayout) -> GraphSizes:
     elif mla is not None:
         # the absorbed MLA blocks' peak is where ggml-alloc's best fit lands the previous block's residual
         # (_mla_layers_bytes): replayed, exact on an RPC device; elsewhere never below the phases above (a GPU's
-        # graph_optimize may reorder the nodes, as memory._exact_device_compute keeps for llama's replay)
+        # graph_optimize may reorder the nodes, as compute._exact_device_compute keeps for llama's replay)
         replayed = _mla_layers_bytes(mla) + _PRINT_HALF_STEP
         layer = replayed if lay.device == "rpc" else max(layer, replayed)
     logits = f32 * reserve_outputs(lay) * spec.n_vocab
@@ -205,7 +205,7 @@ def graph_sizes(spec: ModelSpec, lay: ContextLayout) -> GraphSizes:
         logits = max(logits, out - 2 * embd)
     elif part is None and mla is not None and lay.device == "rpc":
         # the output phase replayed after the blocks (_mla_output_bytes): the logits and what lies under them, less
-        # the two rows of n_embd the device's figure adds (kvadvise.planner.memory: logits + 2 rows against masks +
+        # the two rows of n_embd the device's figure adds (kvadvise.planner.compute: logits + 2 rows against masks +
         # layer). Not below the logits and those rows, as before, where ggml-alloc put them in the mask's hole
         out = _mla_output_bytes(replace(mla, n_vocab=spec.n_vocab, n_kv=lay.n_ctx_seq)) + _PRINT_HALF_STEP
         logits = max(logits, out - 2 * embd)
@@ -268,7 +268,7 @@ def _hybrid_output_rows(spec: ModelSpec, lay: ContextLayout, embd: int, cells: i
     before, exact now), 513.02 at 8,192 cells (505 before); its n_ff varied (8,192 at 65k: 553.00; 30,720 at 65k:
     579.02, at 262k: 695.00, 705 planned; the 9B's 12,288 at 98k: 589.00); Granite-4.0-H-Tiny's 229.00 / 458.00 /
     916.00 (202 / 404 / 808 before). LFM2's short-conv last block stays over (184.03 allocated at 131k, 188 planned).
-    The CPU running every layer (memory.compute_bytes; its inputs in the same buffer, no copies) places them otherwise:
+    The CPU running every layer (compute.compute_bytes; its inputs in the same buffer, no copies) places them otherwise:
     with the last block attention the rows land above the masks' hole wherever it holds a row of n_ff, three rows
     where not (llama-fit-params -ngl 0: Qwen3.5-27B's shape 633.02 MiB at 131k, 523.02 at 8k, 515.00 at 32k; n_ff
     8,192 at 262k 761.02): planned as the bound M + 3 rows, over where the rows land low (the 9B's shape: 509.00 at
@@ -756,7 +756,7 @@ def _moe_phase(spec: ModelSpec, ub: int, embd: int, q: int) -> int:
     f32 = 4
     ff, eu = expert_activation_bytes(spec, ub)
     router = f32 * ub * (2 * spec.n_expert + 8)
-    # (not a device that runs none of the experts, memory.without_routed_ffn's one value wide: their output is copied
+    # (not a device that runs none of the experts, host_experts.without_routed_ffn's one value wide: their output is copied
     # in from the CPU's split, placed as the bare graph's measured rule says: Mixtral's widths at --n-cpu-moe 6 of 6
     # over two rpc-servers, 224.00 MiB printed each, 256.22 with this placement; round 25a)
     if ff + router <= q and spec.architecture != "deepseek2" and spec.n_ff_exp > 1:
@@ -822,6 +822,12 @@ def mask_copy_bytes(cells: int, lay: ContextLayout) -> int:
     """A device's copy of a KQ mask of ``cells`` columns for the reserve's n_ubatch rows: f16 with flash attention,
     else f32 (mask_inputs is the host's input, f32 with flash attention too before #23764)."""
     return cells * lay.n_ubatch * (2 if lay.flash_attn else 4)
+
+
+def device_masks(s: GraphSizes, lay: ContextLayout) -> int:
+    """The device's copy of the KQ masks, alive from the first layer to the last attention: f16 with flash attention,
+    else f32 (mask_inputs is the host's input, f32 with flash attention too before #23764)."""
+    return mask_copy_bytes(s.mask_cells, lay)
 
 
 def attn_rot_bytes(spec: ModelSpec, lay: ContextLayout) -> int:

@@ -1,7 +1,8 @@
 """The layers split over several devices (-sm layer, every layer offloaded): which device holds each layer
 (:func:`layer_devices`), each device's blocks and weights (:func:`device_layers`), and the compute buffers a
 split makes with pipeline parallelism: each device's (:func:`split_compute`) and the host's
-(:func:`split_host_compute`). One device is kvadvise.planner.memory's, which puts these parts together.
+(:func:`split_host_compute`). One device is kvadvise.planner.compute's (a device of a split without pipeline
+parallelism too, by the one-device rules); kvadvise.planner.memory puts these parts together.
 
 Follows llama.cpp 0c1e570 (b11312): llama_model::load_tensors (the split points, the output layer's device),
 ggml/src/ggml-backend.cpp ggml_backend_sched_split_graph (the split inputs and their copies); measured with
@@ -169,7 +170,7 @@ def _even_layers(spec: ModelSpec) -> list[int]:
 
 def split_compute(spec: ModelSpec, lay: ContextLayout, part: DeviceLayers, *, copies: int) -> int:
     """One device's compute buffer in a split over several devices (-sm layer, pipeline parallelism): the
-    single-device rules (kvadvise.planner.sizes.graph_sizes; kvadvise.planner.memory's layer peak) applied to the
+    single-device rules (kvadvise.planner.sizes.graph_sizes; kvadvise.planner.compute's layer peak) applied to the
     layers it holds (``part.spec``), the output phase on the device with the output layer, and below them
     ``copies`` copies of its split inputs.
 
