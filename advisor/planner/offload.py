@@ -596,15 +596,22 @@ def partial_offload(
         # stays within its budget. That block then runs part of its experts on the device, and the device's compute
         # is that of --n-cpu-moe N - 1 (llama-server b11312 over an rpc-server, a qwen3moe with 8 used experts of 512
         # at -ub 2048: 176.32 MiB with block 6's up, or up and gate, on the device, as at --n-cpu-moe 6; 144.14 at 7),
-        # less the block's expert tensors left on the CPU; op offload still copies the largest of those (CUDA, Metal)
+        # less the block's expert tensors left on the CPU; op offload still copies the largest of those (CUDA, Metal).
+        # It is at least --n-cpu-moe N's too: the block still makes a host-expert split (a qwen3next over two
+        # rpc-servers with block 0's up on the first: 311.08 MiB allocated where the full offload's 291.12 was planned)
         il = n_cpu_moe - 1
         dev = _partial_owner(spec.n_layer_all, len(each), split or cfg.tensor_split, 0, False)[il]
         ts = split or cfg.tensor_split
         fewer = totals(0, il, ts)
         fewer[0] += max(0, copy_growth(0, n_cpu_moe) - copy_growth(0, il))
+        # and at least --n-cpu-moe N's, whose host-expert split it still makes (the first block's: N - 1 = 0)
+        fewer = [
+            max(f - (layers.experts[il] if d == dev else 0), e)
+            for d, (f, e) in enumerate(zip(fewer, each, strict=True))
+        ]
         for name, extra in (("up", layers.expert_up[il]), ("gate", layers.expert_up[il] + layers.expert_gate[il])):
             grown = list(fewer)
-            grown[dev] -= layers.experts[il] - extra
+            grown[dev] += extra
             if not layers.expert_up[il] or not within(grown):
                 break
             overflow, kept, each = name, extra, grown
