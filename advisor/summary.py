@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from kvadvise.planner.offload import offload_flags
+from kvadvise.planner.offload import OVERFLOW_ON_CPU, offload_flags
 from kvadvise.planner.policy import kv_name
 from kvadvise.planner.speed import layer_shares
 from kvadvise.render import fmt_bytes
@@ -102,11 +102,9 @@ def _memory(plan: Plan) -> list[str]:
     if off is not None:
         flags = offload_flags(off.n_gpu_layers, off.n_cpu_moe)
         kept = f"the experts of {off.n_cpu_moe} layers" if off.n_cpu_moe else f"{off.n_cpu_layers} layers"
-        if off.expert_overflow:  # the -ot's pattern is the command's (and --json's): named here by what it keeps
+        if off.expert_overflow:  # the -ot's pattern is the command's (and --json's): named here by what it leaves
             n = off.n_cpu_moe - 1
-            kept = f"the experts of {n} layers and block {n}'s " + (
-                "gate and down" if off.expert_overflow == "up" else "down"
-            )
+            kept = f"the experts of {n} layers and block {n}'s " + " and ".join(OVERFLOW_ON_CPU[off.expert_overflow])
             flags = offload_flags(off.n_gpu_layers, n) + " -ot"
         if off.n_cpu_moe and off.n_cpu_layers:
             kept += f" and {off.n_cpu_layers} whole layers"

@@ -26,7 +26,7 @@ from tinymodels import write_tiny_gguf  # noqa: E402
 from kvadvise.cli import main  # noqa: E402
 from kvadvise.model.architecture import from_gguf  # noqa: E402
 from kvadvise.model.gguf import read_file  # noqa: E402
-from kvadvise.planner.offload import overflow_override  # noqa: E402
+from kvadvise.planner.offload import cpu_moe_flags  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -47,9 +47,9 @@ def _plan(model: Path, budget_mib: int, *extra: str) -> dict[str, object]:
 
 
 def test_the_override_names_what_stays_on_the_cpu() -> None:
-    assert overflow_override(5, "up") == r"blk\.4\.ffn_(gate|down)_(ch|)exps=CPU"
-    assert overflow_override(5, "gate") == r"blk\.4\.ffn_down_(ch|)exps=CPU"
-    assert overflow_override(5, "") == ""
+    assert cpu_moe_flags(5, "up") == (4, r"blk\.4\.ffn_(gate|down)_(ch|)exps=CPU")
+    assert cpu_moe_flags(5, "gate") == (4, r"blk\.4\.ffn_down_(ch|)exps=CPU")
+    assert cpu_moe_flags(5, "") == (5, "")
 
 
 def test_the_plan_keeps_the_up_and_gate_projections_and_the_command_says_so(qwen3moe: Path) -> None:

@@ -685,7 +685,7 @@ def with_parts(
         output_bytes=b.output,
         expert_bytes=sum(b.experts),
         layer_bytes=layers,
-        layer_expert_bytes=(tuple(b.experts) + (0,) * spec.n_layer_nextn) if any(b.experts) else (),
+        layer_expert_bytes=experts if any(b.experts) else (),
         # ffn_up_exps and ffn_gate_exps: a third of a block's experts each ({n_embd, n_ff_exp, n_expert}, as down),
         # half and none for ungated experts (up and down only: nemotron-h.cpp)
         layer_expert_up_bytes=tuple(x // (2 if ungated else 3) for x in experts) if any(b.experts) else (),

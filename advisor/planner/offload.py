@@ -146,7 +146,7 @@ class Offload:
     # of block n_cpu_moe - 1, the last whose experts are on the CPU, what stays on the GPU beside its attention:
     # "up" its ffn_up_exps, "gate" its ffn_up_exps and ffn_gate_exps (llama.cpp's --fit: common/fit.cpp's
     # LAYER_FRACTION_UP and LAYER_FRACTION_GATE); "" none. The command says it as --n-cpu-moe N - 1 and an -ot
-    # of that block's other experts (:func:`overflow_override`)
+    # of that block's other experts (:func:`cpu_moe_flags`)
     expert_overflow: str = ""
 
     @property
@@ -600,8 +600,8 @@ def partial_offload(
         # It is at least --n-cpu-moe N's too: the block still makes a host-expert split (a qwen3next over two
         # rpc-servers with block 0's up on the first: 311.08 MiB allocated where the full offload's 291.12 was planned)
         il = n_cpu_moe - 1
-        dev = _partial_owner(spec.n_layer_all, len(each), split or cfg.tensor_split, 0, False)[il]
         ts = split or cfg.tensor_split
+        dev = _partial_owner(spec.n_layer_all, len(each), ts, 0, False)[il]
         fewer = totals(0, il, ts)
         fewer[0] += max(0, copy_growth(0, n_cpu_moe) - copy_growth(0, il))
         # and at least --n-cpu-moe N's, whose host-expert split it still makes (the first block's: N - 1 = 0)
@@ -710,10 +710,13 @@ def partial_offload(
     )
 
 
+# of block n_cpu_moe - 1, the routed-expert tensors an Offload.expert_overflow leaves on the CPU
+OVERFLOW_ON_CPU = {"up": ("gate", "down"), "gate": ("down",)}
+
+
 def offload_flags(n_gpu_layers: int, n_cpu_moe: int, expert_overflow: str = "") -> str:
     """``-ngl 49 --n-cpu-moe 21`` as the command says it; with an expert overflow ``--n-cpu-moe 20 -ot '...'``."""
-    override = overflow_override(n_cpu_moe, expert_overflow)
-    n = n_cpu_moe - 1 if override else n_cpu_moe
+    n, override = cpu_moe_flags(n_cpu_moe, expert_overflow)
     return (
         f"-ngl {n_gpu_layers}"
         + (f" --n-cpu-moe {n}" if n else "")
@@ -721,14 +724,16 @@ def offload_flags(n_gpu_layers: int, n_cpu_moe: int, expert_overflow: str = "") 
     )
 
 
-def overflow_override(n_cpu_moe: int, expert_overflow: str) -> str:
-    """The -ot that keeps on the CPU what :attr:`Offload.expert_overflow` leaves there of block ``n_cpu_moe - 1``
-    (llama.cpp's LLM_FFN_EXPS_REGEX, common/common.h, for that block and those tensors: its gate and down, or its
-    down alone), beside ``--n-cpu-moe n_cpu_moe - 1``; "" without an overflow."""
+def cpu_moe_flags(n_cpu_moe: int, expert_overflow: str) -> tuple[int, str]:
+    """--n-cpu-moe's value and the -ot that place :attr:`Offload.n_cpu_moe` and :attr:`Offload.expert_overflow`:
+    ``n_cpu_moe`` and "" without an overflow; else ``n_cpu_moe - 1`` and an -ot that keeps on the CPU what the
+    overflow leaves there of block ``n_cpu_moe - 1`` (llama.cpp's LLM_FFN_EXPS_REGEX, common/common.h, for that
+    block and those tensors: its gate and down, or its down alone)."""
     if not expert_overflow or n_cpu_moe < 1:
-        return ""
-    parts = "(gate|down)" if expert_overflow == "up" else "down"
-    return f"blk\\.{n_cpu_moe - 1}\\.ffn_{parts}_(ch|)exps=CPU"
+        return n_cpu_moe, ""
+    left = OVERFLOW_ON_CPU[expert_overflow]
+    parts = left[0] if len(left) == 1 else "(" + "|".join(left) + ")"
+    return n_cpu_moe - 1, f"blk\\.{n_cpu_moe - 1}\\.ffn_{parts}_(ch|)exps=CPU"
 
 
 @dataclass(frozen=True, slots=True)

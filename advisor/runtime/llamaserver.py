@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from kvadvise.model.ggml import GGMLType, is_quantized
 from kvadvise.planner import builds
 from kvadvise.planner.memory import RunConfig
-from kvadvise.planner.offload import overflow_override
+from kvadvise.planner.offload import cpu_moe_flags
 from kvadvise.planner.planning import AdviceSummary, Plan
 from kvadvise.request import PlanRequest
 from kvadvise.runtime.seam import LlamaCppRuntime, Writer
@@ -88,9 +88,7 @@ def server_args(
         ("-ctv", "LLAMA_ARG_CACHE_TYPE_V", cfg.type_v.type_name),
         ("-ngl", "LLAMA_ARG_N_GPU_LAYERS", str(ngl)),
     ]
-    override = overflow_override(n_cpu_moe, expert_overflow)
-    if override:
-        n_cpu_moe -= 1
+    n_cpu_moe, override = cpu_moe_flags(n_cpu_moe, expert_overflow)
     if n_cpu_moe:
         out.append(("--n-cpu-moe", "LLAMA_ARG_N_CPU_MOE", str(n_cpu_moe)))
     if override:  # common/arg.cpp -ot: pattern=buffer type, after --n-cpu-moe's own overrides (other blocks)
