@@ -642,7 +642,10 @@ def partial_offload(
     )
     # at 4k and at the full context, as for a plan that fits: deep in the context the K/V read dominates;
     # each GPU at its bandwidth and share, what stays on the CPU at the system memory's
-    speed = speed_model.plan_decode(spec, cfg, budget, n_cpu_moe=n_cpu_moe, n_cpu_layers=n_cpu, cpu_output=out_host)
+    # the overflow block's up (and gate) projections are read on the GPU
+    speed = speed_model.plan_decode(
+        spec, cfg, budget, n_cpu_moe=n_cpu_moe, n_cpu_layers=n_cpu, cpu_output=out_host, gpu_overflow_bytes=kept
+    )
     tps = speed.tokens_per_s if speed is not None else None
     what = f"the experts of {n_cpu_moe} layers" if n_cpu_moe else f"{n_cpu} of {n_layer} layers"
     if overflow:

@@ -482,7 +482,7 @@ def seconds_per_token(
     kv_bytes: int,
     devices: Sequence[Device],
     *,
-    cpu_expert_layers: int = 0,
+    cpu_expert_layers: float = 0,
     cpu_dense_fraction: float = 0.0,
     cpu_bandwidth_bytes_per_s: int = CPU_BANDWIDTH_BYTES_PER_S,
     llama_build: int | None = None,
@@ -490,7 +490,8 @@ def seconds_per_token(
 ) -> float:
     """Time per token: each device's reads at its efficiency, plus the per-layer overhead, added up.
 
-    ``cpu_expert_layers``: layers whose experts stay on the CPU (--n-cpu-moe);
+    ``cpu_expert_layers``: layers whose experts stay on the CPU (--n-cpu-moe; a fraction of one where the plan keeps
+    part of its experts on the GPU, Offload.expert_overflow);
     ``cpu_dense_fraction``: the share of the other weights and KV on the CPU (whole layers kept there);
     ``cpu_output``: the output layer's weights on the CPU too (a build before builds.OUTPUT_FIRST at a partial -ngl);
     ``llama_build``: the build that runs it (None: the newest; an older one may take longer, :func:`early_build_seconds`).
@@ -640,7 +641,7 @@ def estimate(
     *,
     type_k: GGMLType = GGMLType.F16,
     type_v: GGMLType = GGMLType.F16,
-    cpu_expert_layers: int = 0,
+    cpu_expert_layers: float = 0,
     cpu_dense_fraction: float = 0.0,
     cpu_bandwidth_bytes_per_s: int = CPU_BANDWIDTH_BYTES_PER_S,
     source: str | None = None,
@@ -781,11 +782,17 @@ def ram_bandwidth(budget: Budget) -> tuple[int, str]:
     return r.bytes_per_s, r.source
 
 
-def cpu_expert_layers(spec: ModelSpec, n_cpu_moe: int) -> int:
-    """How many of the first ``n_cpu_moe`` layers hold routed experts (--n-cpu-moe moves only those)."""
+def cpu_expert_layers(spec: ModelSpec, n_cpu_moe: int, gpu_overflow_bytes: int = 0) -> float:
+    """How many of the first ``n_cpu_moe`` layers hold routed experts (--n-cpu-moe moves only those), less the share
+    of block ``n_cpu_moe - 1``'s experts that ``gpu_overflow_bytes`` keeps on the GPU (Offload.expert_overflow: its
+    ffn_up_exps, or up and gate, read there; a token reads the same share of each used expert's up, gate and down)."""
     if not n_cpu_moe or not spec.n_expert:
         return 0
-    return sum(1 for il in expert_layer_ids(spec) if il < n_cpu_moe)
+    n = sum(1 for il in expert_layer_ids(spec) if il < n_cpu_moe)
+    block = spec.layer_expert_bytes[n_cpu_moe - 1] if n_cpu_moe <= len(spec.layer_expert_bytes) else 0
+    if gpu_overflow_bytes and block:
+        return n - min(gpu_overflow_bytes, block) / block
+    return n
 
 
 def plan_decode(
@@ -796,19 +803,21 @@ def plan_decode(
     n_cpu_moe: int = 0,
     n_cpu_layers: int = 0,
     cpu_output: bool = False,
+    gpu_overflow_bytes: int = 0,
 ) -> SpeedEstimate | None:
     """Decode of one sequence at 4k and at the planned context for the plan's hardware: its GPUs, each
-    at its bandwidth and share, and what stays on the CPU (the experts of the first ``n_cpu_moe`` layers,
-    the first ``n_cpu_layers`` whole, the output layer with ``cpu_output``) at the system memory's bandwidth; a
-    CPU plan at that bandwidth."""
+    at its bandwidth and share, and what stays on the CPU (the experts of the first ``n_cpu_moe`` layers but the
+    ``gpu_overflow_bytes`` of block ``n_cpu_moe - 1``'s kept on the GPU, the first ``n_cpu_layers`` whole, the output
+    layer with ``cpu_output``) at the system memory's bandwidth; a CPU plan at that bandwidth."""
     from kvadvise.planner.memory import mla_as_built  # memory loads the graph port: only for a plan
 
     spec = mla_as_built(spec, cfg.llama_build)  # an older build reads the per-head K/V of its cache
     devs = plan_devices(spec, budget, cfg.tensor_split)
     if devs is None:
         return _over_cards_of_the_size(
-            spec, cfg, budget, n_cpu_moe=n_cpu_moe, n_cpu_layers=n_cpu_layers, cpu_output=cpu_output
-        )
+            spec, cfg, budget, n_cpu_moe=n_cpu_moe, n_cpu_layers=n_cpu_layers, cpu_output=cpu_output,
+            gpu_overflow_bytes=gpu_overflow_bytes,
+        )  # fmt: skip
     from kvadvise.planner.memory import attention_on_cpu  # memory loads the graph port: only for a plan
 
     cpu_attention = bool(devs) and attention_on_cpu(spec, cfg)
@@ -821,7 +830,7 @@ def plan_decode(
         devs,
         type_k=cfg.type_k,
         type_v=cfg.type_v,
-        cpu_expert_layers=cpu_expert_layers(spec, n_cpu_moe),
+        cpu_expert_layers=cpu_expert_layers(spec, n_cpu_moe, gpu_overflow_bytes),
         cpu_dense_fraction=n_cpu_layers / max(1, spec.n_layer),
         cpu_bandwidth_bytes_per_s=cpu_bw,
         source=budget.bandwidth_source,
@@ -837,8 +846,9 @@ SIZE_MATCH = 0.03  # a catalogue card "of that size": its published memory withi
 
 
 def _over_cards_of_the_size(
-    spec: ModelSpec, cfg: RunConfig, budget: Budget, *, n_cpu_moe: int, n_cpu_layers: int, cpu_output: bool = False
-) -> SpeedEstimate | None:
+    spec: ModelSpec, cfg: RunConfig, budget: Budget, *, n_cpu_moe: int, n_cpu_layers: int, cpu_output: bool = False,
+    gpu_overflow_bytes: int = 0,
+) -> SpeedEstimate | None:  # fmt: skip
     """A card given by its size (``--vram 8GiB``, no ``--bandwidth``): its speed is that of the catalogue's
     cards of that size (profiles/gpus.json), from the slowest to the fastest memory, with the CPU's share
     (the part kept in RAM, most of the time per token of a partial plan) at this machine's bandwidth."""
@@ -869,7 +879,10 @@ def _over_cards_of_the_size(
             # and at its own clock (the budget's card, given by its size, has none: factor 1 for every card)
             device_clocks_hz=(p.clock_hz,),
         )
-        e = plan_decode(spec, cfg, at, n_cpu_moe=n_cpu_moe, n_cpu_layers=n_cpu_layers, cpu_output=cpu_output)
+        e = plan_decode(
+            spec, cfg, at, n_cpu_moe=n_cpu_moe, n_cpu_layers=n_cpu_layers, cpu_output=cpu_output,
+            gpu_overflow_bytes=gpu_overflow_bytes,
+        )  # fmt: skip
         if e is not None:
             ests.append(e)
     if not ests:
