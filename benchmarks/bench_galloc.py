@@ -1,8 +1,8 @@
-"""Benchmark: the device's compute buffer of dense llama-architecture models as ggml-alloc sizes it, against
-kvadvise's exact plan (kvadvise.planner.galloc over kvadvise.planner.llama_graph) and its analytic model.
+"""Benchmark: the device's compute buffer of dense llama-architecture models and qwen3moe as ggml-alloc sizes it,
+against kvadvise's exact plan (kvadvise.planner.galloc over kvadvise.planner.llama_graph) and its analytic model.
 
 Grid: Llama 3.2 1B / 3B, Llama 3.1 8B, Mistral 7B v0.3, Granite 3.3 8B, Phi-3 mini / medium, Qwen2.5 3B / 7B,
-Qwen3 4B / 8B (published shapes, sparse GGUFs: header only,
+Qwen3 4B / 8B, Qwen3-30B-A3B and two tiny qwen3moe (published shapes, sparse GGUFs: header only,
 tests/tinymodels.py) x flash attention on/off x n_ctx 2048/4096/6144/8192/32768 x the logits reserved for
 the whole batch (the library: llama-fit-params -fitp on, tests/oracle.py dry_run) or for one row
 (llama-server b11312: n_outputs_max = n_parallel = 1; its -fit pass, a no-allocation reserve of the same
@@ -36,7 +36,7 @@ from tinymodels import write_tiny_gguf  # noqa: E402
 
 from kvadvise.model.architecture import from_gguf  # noqa: E402
 from kvadvise.model.gguf import read_file  # noqa: E402
-from kvadvise.planner.compute import _analytic_device_compute  # noqa: E402
+from kvadvise.planner.compute import analytic_device_compute  # noqa: E402
 from kvadvise.planner.memory import MIB, RunConfig, estimate, resolve  # noqa: E402
 
 # Qwen shapes from each model's HF config.json (num_hidden_layers, hidden_size, num_attention_heads,
@@ -47,7 +47,18 @@ QWEN_CASES = (
     Case("qwen3-4b", "qwen3", dict(n_layer=36, n_embd=2560, n_head=32, n_head_kv=8, head=128, n_ff=9728), 151936),
     Case("qwen3-8b", "qwen3", dict(n_layer=36, n_embd=4096, n_head=32, n_head_kv=8, head=128, n_ff=12288), 151936),
 )
-LLAMA_CASES = tuple(c for c in CASES if c.recipe in ("llama", "phi3", "granite")) + QWEN_CASES
+# qwen3moe (build_moe_ffn replayed): Qwen3-30B-A3B's widths (HF config.json: num_experts 128, num_experts_per_tok 8,
+# moe_intermediate_size 768; 8 of its 48 layers: b11312's graph of uniform blocks allocates the same from the third on)
+# and two tiny shapes (4 of 256 experts; one used expert, whose sum is a ggml_cont)
+MOE_CASES = (
+    Case("qwen3-30b-a3b", "qwen3moe", dict(n_layer=8, n_embd=2048, n_head=32, n_head_kv=4, head=128, n_ff=6144,
+                                           n_expert=128, n_expert_used=8, n_ff_exp=768), 151936),
+    Case("qwen3moe-tiny", "qwen3moe", dict(n_layer=6, n_embd=1024, n_head=16, n_head_kv=4, head=64, n_expert=256,
+                                           n_expert_used=4, n_ff_exp=256), 32000),
+    Case("qwen3moe-tiny-u1", "qwen3moe", dict(n_layer=6, n_embd=1024, n_head=16, n_head_kv=4, head=64, n_expert=16,
+                                              n_expert_used=1, n_ff_exp=512), 32000),
+)  # fmt: skip
+LLAMA_CASES = tuple(c for c in CASES if c.recipe in ("llama", "phi3", "granite")) + QWEN_CASES + MOE_CASES
 N_CTX = (2048, 4096, 6144, 8192, 32768)
 OUTPUTS = {"batch": "library", "1 row": "llama-server"}
 _COMPUTE = re.compile(r"sched_reserve:\s+(RPC\d+\[[^\]]*\]) compute buffer size =\s+([\d.]+) MiB")
@@ -118,7 +129,7 @@ def sweep(cases: Sequence[Case], folder: Path, endpoint: str) -> list[Row]:
                         (measured,) = [v for k, v in found.items() if k.startswith("RPC")]
                     plan = replace(cfg, device="rpc", device_names=("RPC0",))
                     est = estimate(spec, plan)
-                    analytic = _analytic_device_compute(spec, resolve(spec, plan))
+                    analytic = analytic_device_compute(spec, resolve(spec, plan))
                     rows.append(
                         Row(case.name, f"fa={fa} c={n_ctx} outputs={outputs}", measured, analytic,
                             est.devices[0].compute_bytes)

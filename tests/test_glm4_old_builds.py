@@ -22,7 +22,7 @@ from kvadvise.model.gguf import read_file
 from kvadvise.model.hfconfig import from_config
 from kvadvise.model.spec import ModelSpec
 from kvadvise.planner import builds
-from kvadvise.planner.compute import _analytic_device_compute
+from kvadvise.planner.compute import analytic_device_compute
 from kvadvise.planner.llama_graph import LlamaShape, build
 from kvadvise.planner.memory import MIB, estimate, resolve
 
@@ -85,7 +85,7 @@ def test_glm_z1_32b_at_b5274(tmp_path: Path) -> None:
         assert est.devices[0].compute_bytes / MIB == pytest.approx(LOG.compute_mib["CUDA0"], abs=0.01)
     # the analytic plan (the logits above two [n_embd, n_ubatch] rows) was 9.3 % under
     lay = resolve(header, LOG.run)
-    assert _analytic_device_compute(header, lay) / MIB == pytest.approx(320.0, abs=0.01)
+    assert analytic_device_compute(header, lay) / MIB == pytest.approx(320.0, abs=0.01)
 
 
 def test_the_graph_is_the_one_b5274_built() -> None:
@@ -114,7 +114,7 @@ def test_from_the_rule_on_the_analytic_plan() -> None:
         for b in (builds.GRAPH_OPTIMIZE - 1, builds.GRAPH_OPTIMIZE)
     )
     lay = resolve(spec, replace(LOG.run, llama_build=builds.GRAPH_OPTIMIZE))
-    assert new == _analytic_device_compute(spec, lay) != old
+    assert new == analytic_device_compute(spec, lay) != old
 
 
 def test_the_fused_up_projection_before_ggml_swiglu(tmp_path: Path) -> None:

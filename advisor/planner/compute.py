@@ -8,7 +8,7 @@ allocated first), src/llama-context.cpp llama_context::sched_reserve and graph_r
 ggml/src/ggml-backend.cpp ggml_backend_sched_split_graph (the inputs on the host, a split's copies of them). The buffer
 has no closed form: it is the largest of the graph's live sets, each a closed form (kvadvise.planner.sizes), or, for
 the dense llama-family graphs, ggml-alloc's own figure over the reserve graph (kvadvise.planner.galloc over
-kvadvise.planner.llama_graph). Checked against llama.cpp's own allocation pass (llama-fit-params b11312 on RPC
+kvadvise.planner.llama_graph, Qwen3-MoE's routed experts included). Checked against llama.cpp's own allocation pass (llama-fit-params b11312 on RPC
 devices, real-size layers of 20 families, tests/test_oracle.py; the 220 buffers of benchmarks/bench_galloc.py's grid,
 tests/test_galloc.py; a split without pipeline parallelism, benchmarks/bench_split.py --no-pipeline) and published
 CUDA, Metal and Vulkan logs (tests/data/published). The rules for routed experts kept in host memory are
@@ -138,12 +138,12 @@ def device_compute_bytes(spec: ModelSpec, lay: ContextLayout, *, weight_copy: in
                 # a GPU from b6302 on: kvadvise's "cuda" also plans Vulkan, whose graph_optimize reorders the graph
                 # ggml-alloc sees (CUDA's does not, unless GGML_CUDA_GRAPH_OPT is set): the larger of the replay and
                 # the phases; an unknown build (the newest rules) alike
-                return max(exact, _analytic_device_compute(spec, lay))
+                return max(exact, analytic_device_compute(spec, lay))
             return exact
-    return _analytic_device_compute(spec, lay, weight_copy)
+    return analytic_device_compute(spec, lay, weight_copy)
 
 
-def _analytic_device_compute(spec: ModelSpec, lay: ContextLayout, weight_copy: int = 0) -> int:
+def analytic_device_compute(spec: ModelSpec, lay: ContextLayout, weight_copy: int = 0) -> int:
     s = graph_sizes(spec, lay)
     layer = _layer_peak(s, lay)
     if weight_copy and s.layer_bytes:  # op offload: the copy beside a matmul's inputs and output, masks alive
@@ -160,6 +160,9 @@ def _analytic_device_compute(spec: ModelSpec, lay: ContextLayout, weight_copy: i
 # scale of Q by a [1, 1, n_tokens] input (src/models/mistral3.cpp): llama-server b11312 prints llama's figures for
 # it (Ministral 3 3B's shape on a CPU: 168.02 MiB at -c 8192 -np 2 -ub 1024 both ways)
 _EXACT_ARCHS = ("llama", "granite", "phi3", "qwen2", "qwen3", "mistral3")
+# the MoE graphs replayed (llama_graph's build_moe_ffn), b11312's rules only: qwen3's layer with routed experts in every
+# block and no shared expert (Qwen3-30B-A3B, Qwen3-Coder-30B, Qwen3-235B-A22B)
+_EXACT_MOE_ARCHS = ("qwen3moe",)
 # the legacy graphs checked against published logs and e1e8e09's allocation pass (tests/test_old_build_graphs.py,
 # tests/test_glm4_old_builds.py); not granite's: no old log
 _EXACT_ARCHS_LEGACY = ("llama", "qwen2", "qwen3", "glm4", "phi3")
@@ -180,7 +183,9 @@ def _exact_device_compute(spec: ModelSpec, lay: ContextLayout) -> int | None:
     """ggml-alloc's own figure (kvadvise.planner.galloc over kvadvise.planner.llama_graph's node sequence) where
     that has been checked to the 0.01 MiB llama.cpp prints: a dense llama-architecture model (Llama 3.x,
     Mistral), Granite 3.x (its residual and logit scales run in place: the same allocation), Phi-3 (fused QKV and gate+up, as its GGUFs are converted), Qwen2 / Qwen2.5 (Q/K/V biases, no
-    output bias) or Qwen3 (Q/K norms); a stream per sequence (one sequence, or -np N without a unified cache:
+    output bias) or Qwen3 (Q/K norms), and on b11312's rules Qwen3-MoE (llama_graph's build_moe_ffn: 59 of the 60
+    qwen3moe buffers of bench_galloc's grid to the 0.01 MiB, one 0.50 MiB over; the CPU alone as printed on 9 of 9;
+    the phases were 0.5 to 28 MiB over); a stream per sequence (one sequence, or -np N without a unified cache:
     n_kv the cells of a stream); all layers on one RPC device (alignment 32: an rpc-server's CPU buffer type);
     an f16 or quantized cache; b11312 or later. 220 of 220 buffers of benchmarks/bench_galloc.py's grid (11
     shapes x flash attention on/off x 2k-32k cells x the whole batch's logits or one row). Elsewhere None: the
@@ -217,11 +222,12 @@ def _exact_device_compute(spec: ModelSpec, lay: ContextLayout) -> int | None:
     # b11312's graph: an unknown build follows the newest rules (builds.older_than)
     newest = lay.llama_build is None or lay.llama_build >= builds.REFERENCE
     uniform = len(set(spec.n_head)) == 1 and len(set(spec.n_head_kv)) == 1
+    moe = newest and moe_replayed(spec)  # qwen3moe's build_moe_ffn, b11312's graph only
     if not (
         (lay.device in ("rpc", "cpu", "cuda") if newest else legacy or (mid and lay.device in ("cuda", "cpu")))
-        and spec.architecture in (_EXACT_ARCHS_LEGACY if legacy else _EXACT_ARCHS)
+        and (spec.architecture in (_EXACT_ARCHS_LEGACY if legacy else _EXACT_ARCHS) or moe)
         and not (legacy and spec.architecture in _LEGACY_SET_ROWS_ONLY and builds.older_than(lay.llama_build, builds.SET_ROWS))
-        and uniform and spec.n_ff and not spec.n_expert
+        and uniform and ((spec.n_ff and not spec.n_expert) or moe)
         and spec.n_swa == 0 and not spec.is_mla and not any(spec.recurrent_layers) and all(spec.kv_layers)
         and spec.n_layer_nextn == 0 and spec.n_embd_head_k == spec.n_embd_head_v and not spec.n_embd_per_layer
         and (legacy or mid or lay.n_stream == lay.n_seq_max) and GGMLType.F32 not in (lay.type_k, lay.type_v)
@@ -238,13 +244,27 @@ def _exact_device_compute(spec: ModelSpec, lay: ContextLayout) -> int | None:
         n_embd_head=spec.n_embd_head_k, n_ff=spec.n_ff, n_vocab=spec.n_vocab,
         n_kv=lay.n_ctx if legacy else lay.n_ctx_seq,
         n_ubatch=reserve_tokens(lay), n_outputs=reserve_outputs(lay), flash_attn=lay.flash_attn,
-        phi3=spec.architecture == "phi3", qkv_bias=spec.architecture == "qwen2", qk_norm=spec.architecture == "qwen3",
+        phi3=spec.architecture == "phi3", qkv_bias=spec.architecture == "qwen2",
+        qk_norm=spec.architecture in ("qwen3", "qwen3moe"),
         glm4=spec.architecture == "glm4", legacy=legacy, swiglu=not builds.older_than(build_, builds.FUSED_GLU),
         set_rows=not builds.older_than(build_, builds.SET_ROWS), cpu_only=lay.device == "cpu", f32_fa_mask=mid,
         embd_select=not builds.older_than(build_, builds.EMBD_SELECT),
         k_rot=k_rot, v_rot=v_rot,
+        n_expert=spec.n_expert if spec.n_expert else 0, n_expert_used=spec.n_expert_used if spec.n_expert else 0,
+        n_ff_exp=(spec.n_ff_exp or spec.n_ff) if spec.n_expert else 0,
     )  # fmt: skip
     return _reserved(shape, ALIGNMENT[lay.device])
+
+
+def moe_replayed(spec: ModelSpec) -> bool:
+    """A MoE whose graph llama_graph replays: qwen3moe with routed experts in every block (their weights on the device or
+    not: the graph is the same), no shared expert, no NextN block."""
+    return (
+        spec.architecture in _EXACT_MOE_ARCHS and spec.n_expert > 0 and spec.n_expert_used > 0 and not spec.n_ff_shexp
+        and len(spec.layer_expert_bytes) == spec.n_layer and all(spec.layer_expert_bytes)
+        # not host_experts.without_routed_ffn's experts one value wide: they stand for CPU splits not replayed here
+        and (spec.n_ff_exp or spec.n_ff) > 1
+    )  # fmt: skip
 
 
 @functools.lru_cache(maxsize=256)
@@ -261,7 +281,7 @@ def op_offload_growth(spec: ModelSpec, lay: ContextLayout, weight_copy: int) -> 
     (Qwen3.6-35B-A3B, experts of 34 layers in host memory, tests/test_published_logs.py)."""
     if weight_copy <= 0:
         return 0
-    return _analytic_device_compute(spec, lay, weight_copy) - _analytic_device_compute(spec, lay)
+    return analytic_device_compute(spec, lay, weight_copy) - analytic_device_compute(spec, lay)
 
 
 def unpipelined_split_compute(spec: ModelSpec, lay: ContextLayout, part: DeviceLayers) -> int:
@@ -286,7 +306,7 @@ def unpipelined_split_compute(spec: ModelSpec, lay: ContextLayout, part: DeviceL
     if any(spec.recurrent_layers) or not part.layers or part.layers == (spec.n_layer - 1,):
         # (the output layer alone, or the last block alone: split_compute sizes them at the output rows they run)
         return split_compute(spec, lay, part, copies=1)
-    if part.layers:
+    if part.layers and not spec.n_expert:
         # a model whose layers are all alike (a dense Llama, Qwen2/3, Phi-3): one device's graph, replayed; a device
         # without the output layer reserves no logits (one row stands for none: its live set is far below a layer's)
         exact = _exact_device_compute(spec, lay if part.last else replace(lay, n_outputs_max=1))

@@ -26,7 +26,13 @@ from dataclasses import replace
 from kvadvise.model.ggml import ALIGNMENT, pad
 from kvadvise.model.spec import ModelSpec
 from kvadvise.planner import builds
-from kvadvise.planner.compute import device_compute_bytes, host_compute_bytes, unpipelined_split_compute
+from kvadvise.planner.compute import (
+    analytic_device_compute,
+    device_compute_bytes,
+    host_compute_bytes,
+    moe_replayed,
+    unpipelined_split_compute,
+)
 from kvadvise.planner.galloc import Graph, GraphBuilder, flat, reserve_sizes
 from kvadvise.planner.layout import ContextLayout, layer_shapes
 from kvadvise.planner.sizes import (
@@ -145,6 +151,13 @@ def host_experts_device_growth(
         return pad(graph_sizes(spec, lay).embd_bytes, ALIGNMENT["cuda"]) if device_experts else 0
     # without flash attention: the scores above the hole of the experts' output (shared_experts_scores_bytes)
     scores = _shared_scores_growth(spec, lay, base) if spec.n_expert else 0
+    if moe_replayed(spec):
+        # a qwen3moe's full offload is ggml-alloc's own figure (compute.device_compute_bytes replays build_moe_ffn); its
+        # device with host experts also holds the copies of their output its next split starts with, placed where the
+        # best fit finds room, which that replay does not build: 0 to 16 MiB above it (llama-fit-params b11312 over an
+        # rpc-server, --n-cpu-moe 1 to n_layer; a tiny qwen3moe of one used expert at 16k and -ub 2048: 258.00 MiB
+        # full, 266.02 at --n-cpu-moe 1, 274.02 at 6 of 6), within the phases' figure on every shape measured (274.06)
+        return max(scores, analytic_device_compute(spec, lay) - device_compute_bytes(spec, lay))
     if not spec.n_expert or not spec.n_ff_shexp or spec.architecture in _NO_HOST_EXPERTS_GROWTH:
         return scores
     s = graph_sizes(spec, lay)

@@ -1,8 +1,9 @@
-"""The reserve graph of a dense llama-family model (llama, phi3, qwen2, qwen3; glm4 as spring 2025 built it) with
-every layer on one device, node by node, as ggml_backend_sched hands it to ggml-alloc (kvadvise.planner.galloc),
+"""The reserve graph of a llama-family model (llama, phi3, qwen2, qwen3, qwen3moe's routed experts; glm4 as spring
+2025 built it) with every layer on one device, node by node, as ggml_backend_sched hands it to ggml-alloc (kvadvise.planner.galloc),
 llama.cpp b11312 (0c1e570).
 
-Followed: src/models/llama.cpp (llama_model_llama::graph), src/models/phi3.cpp (its SWA is disabled by
+Followed: src/models/llama.cpp (llama_model_llama::graph), src/models/qwen3moe.cpp (qwen3's attention, then
+build_moe_ffn), src/models/phi3.cpp (its SWA is disabled by
 llama.cpp: graph<false>), src/models/qwen2.cpp and qwen3.cpp (src/models/granite.cpp is llama's graph with scales that run in place), llm_graph_context::build_norm, build_qkv,
 build_attn / build_attn_mha (src/llama-graph.cpp), build_ffn (LLM_FFN_SILU, LLM_FFN_PAR: ggml_swiglu_split),
 llama_kv_cache::cpy_k / cpy_v (src/llama-kv-cache.cpp), in the order ggml_build_forward_expand visits them
@@ -77,6 +78,11 @@ class LlamaShape:
     # its rows unpadded (GGML_KQ_MASK_PAD gone by ec98e2002), cast to f16 on the device at the first attention
     # (build_attn_inp_kv: ggml_cast(ctx0, inp->self_kq_mask, GGML_TYPE_F16), a5bb8ba4 as Ollama ef00199fb vendors it)
     f32_fa_mask: bool = False
+    # src/models/qwen3moe.cpp: every block's feed-forward is llm_graph_context::build_moe_ffn (src/llama-graph.cpp)
+    # with a softmax router, normalized top-k weights and SwiGLU experts of n_ff_exp (0: build_ffn, dense)
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_exp: int = 0
 
     @property
     def fused_up(self) -> bool:
@@ -220,7 +226,7 @@ def build(s: LlamaShape) -> Graph:
             cur = norm(f"post_attn_norm-{il}", cur, rows, b.weight(f"blk.{il}.post_attention_norm"))
         ffn_inp = b.op(f"ffn_inp-{il}", "ADD", (E, rows), (cur, inp_sa))
         cur = norm(f"ffn_norm-{il}", ffn_inp, rows, w["ffn_norm"])
-        cur = _ffn(b, s, il, cur, rows, w)
+        cur = _moe_ffn(b, s, il, cur, rows) if s.n_expert else _ffn(b, s, il, cur, rows, w)
         if s.glm4:
             cur = norm(f"post_ffw_norm-{il}", cur, rows, b.weight(f"blk.{il}.post_ffw_norm"))
         srcs = (ffn_inp, cur) if s.phi3 else (cur, ffn_inp)
@@ -283,3 +289,41 @@ def _ffn(b: GraphBuilder, s: LlamaShape, il: int, cur: int, rows: int, w: dict[s
         up = b.op(f"ffn_up-{il}", "MUL_MAT", (ff, rows), (w["up"], cur))
         cur = b.op(f"ffn_gate_par-{il}", "MUL", (ff, rows), (gate, up))
     return b.op(f"ffn_out-{il}", "MUL_MAT", (s.n_embd, rows), (w["down"], cur))
+
+
+def _moe_ffn(b: GraphBuilder, s: LlamaShape, il: int, cur: int, rows: int) -> int:
+    """build_moe_ffn as qwen3moe calls it (LLM_FFN_SILU, norm_w, no weight scale, softmax gating), in the order
+    ggml_build_forward_expand visits it: the router's logits, their softmax in place, ggml_argsort_top_k (an ARGSORT
+    of every expert and a view of the first n_expert_used), the selected probabilities (get_rows), normalized by
+    their clamped sum (sum_rows, clamp in place, div), expanded first ("call early so that topk-moe can be used");
+    then gate and up (MUL_MAT_ID, gate first: the SwiGLU's src[0]), their product, the down projection, weighted in
+    place, and its per-expert views ("order the views before the adds") summed, the first add a new tensor (a view
+    is never taken over), the rest in place."""
+    n_exp, used, ff, E = s.n_expert, s.n_expert_used, s.n_ff_exp, s.n_embd
+    logits = b.op(f"ffn_moe_logits-{il}", "MUL_MAT", (n_exp, rows), (b.weight(f"blk.{il}.ffn_gate_inp"), cur))
+    probs = b.op(f"ffn_moe_probs-{il}", "SOFT_MAX", (n_exp, rows), (logits,))
+    probs_3d = b.view(probs, "RESHAPE", name=f"ffn_moe_probs-{il} (reshaped)")
+    argsort = b.op(f"ffn_moe_argsort-{il}", "ARGSORT", (n_exp, rows), (probs,), dtype="i32")
+    top_k = b.view(argsort, name=f"ffn_moe_topk-{il}")
+    weights = b.op(f"ffn_moe_weights-{il}", "GET_ROWS", (1, used, rows), (probs_3d, top_k))
+    weights_2d = b.view(weights, "RESHAPE", name=f"ffn_moe_weights-{il} (reshaped)")
+    total = b.op(f"ffn_moe_weights_sum-{il}", "SUM_ROWS", (1, rows), (weights_2d,))
+    total = b.op(f"ffn_moe_weights_sum_clamped-{il}", "CLAMP", (1, rows), (total,))
+    weights = b.op(f"ffn_moe_weights_norm-{il}", "DIV", (used, rows), (weights_2d, total))
+    weights = b.view(weights, "RESHAPE", name=f"ffn_moe_weights_norm-{il} (reshaped)")
+    cur_3d = b.view(cur, "RESHAPE", name=f"ffn_norm-{il} (reshaped)")
+    gate = b.op(
+        f"ffn_moe_gate-{il}", "MUL_MAT_ID", (ff, used, rows), (b.weight(f"blk.{il}.ffn_gate_exps"), cur_3d, top_k)
+    )
+    up = b.op(f"ffn_moe_up-{il}", "MUL_MAT_ID", (ff, used, rows), (b.weight(f"blk.{il}.ffn_up_exps"), cur_3d, top_k))
+    cur = b.op(f"ffn_moe_swiglu-{il}", "GLU", (ff, used, rows), (gate, up))
+    down_w = b.weight(f"blk.{il}.ffn_down_exps")
+    experts = b.op(f"ffn_moe_down-{il}", "MUL_MAT_ID", (E, used, rows), (down_w, cur, top_k))
+    experts = b.op(f"ffn_moe_weighted-{il}", "MUL", (E, used, rows), (experts, weights))
+    views = [b.view(experts, name=f"ffn_moe_weighted-{il} (view {i})") for i in range(used)]
+    out = views[0]
+    for i, v in enumerate(views[1:], 1):
+        out = b.op(f"ffn_moe_out-{il} ({i})", "ADD", (E, rows), (out, v))
+    if used == 1:  # "avoid returning a non-contiguous tensor"
+        out = b.op(f"ffn_moe_out-{il}", "CONT", (E, rows), (out,))
+    return out
