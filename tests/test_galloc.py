@@ -164,8 +164,10 @@ def test_qwen3moe_as_llama_cpp_allocates_it(
 
 @pytest.fixture(scope="module")
 def servers() -> None:
-    """Skip unless llama-server and rpc-server are built (bench_galloc.server_fit_pass runs both)."""
+    """Skip unless llama-server and rpc-server are built (bench_galloc.server_fit_pass runs both); the benchmarks
+    importable."""
     sys.path.insert(0, str(ROOT / "tests"))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
     from llama_server_build import BuildUnavailable, llama_server, rpc_server
 
     try:
@@ -183,44 +185,50 @@ def servers() -> None:
 def test_one_row_of_logits_as_llama_servers_fit_pass_reserves(
     name: str, n_ctx: int, fa: str, servers: None, tmp_path: Path
 ) -> None:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from bench_galloc import LLAMA_CASES, server_fit_pass
-    from tinymodels import write_tiny_gguf
+    from bench_galloc import server_fit_pass
 
-    from kvadvise.model.architecture import from_gguf
-    from kvadvise.model.gguf import read_file
+    path = _case_gguf(name, tmp_path)
+    cfg = RunConfig(n_ctx=n_ctx, flash_attn=fa, runtime="llama-server")
+    assert f"{_planned_mib(path, cfg):.2f}" == f"{server_fit_pass(path, cfg):.2f}"
+
+
+def _case_gguf(name: str, tmp_path: Path) -> Path:
+    """bench_galloc's case ``name`` as a sparse GGUF (header only)."""
+    from bench_galloc import LLAMA_CASES
+    from tinymodels import write_tiny_gguf
 
     (case,) = [c for c in LLAMA_CASES if c.name == name]
     path = tmp_path / f"{name}.gguf"
     write_tiny_gguf(path, case.recipe, n_vocab=case.n_vocab, n_ctx_train=262144, dims=case.dims, sparse=True)
-    cfg = RunConfig(n_ctx=n_ctx, flash_attn=fa, runtime="llama-server")
-    measured = server_fit_pass(path, cfg)
-    est = estimate(from_gguf(read_file(path)), replace(cfg, device="rpc", device_names=("RPC0",)))
-    assert f"{est.devices[0].compute_bytes / MIB:.2f}" == f"{measured:.2f}"
+    return path
+
+
+def _fit_params_rpc(path: Path, cfg: RunConfig, extra: tuple[str, ...] = ()) -> float:
+    """The RPC device's compute buffer (MiB) llama-fit-params reserves for ``cfg`` over one loopback rpc-server."""
+    from llama_server_build import fit_params, rpc_server
+    from oracle import dry_run
+    from rpc_devices import devices
+
+    with devices(rpc_server(), 1) as eps:
+        found = dry_run(fit_params(), path, cfg, rpc=eps[0], extra=extra)
+    (measured,) = [v for k, v in found.items() if k.startswith("RPC")]
+    return measured
+
+
+def _planned_mib(path: Path, cfg: RunConfig, **plan: object) -> float:
+    from kvadvise.model.architecture import from_gguf
+    from kvadvise.model.gguf import read_file
+
+    est = estimate(from_gguf(read_file(path)), replace(cfg, device="rpc", device_names=("RPC0",), **plan))  # type: ignore[arg-type]
+    return est.devices[0].compute_bytes / MIB
 
 
 @pytest.mark.llama
 def test_a_stream_per_sequence_as_llama_fit_params_reserves(servers: None, tmp_path: Path) -> None:
     # -np 3: 2,048 cells a stream, the batch rounded up to 513 tokens (llama_context::graph_reserve), 512 outputs
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from bench_galloc import LLAMA_CASES
-    from llama_server_build import fit_params, rpc_server
-    from oracle import dry_run
-    from rpc_devices import devices
-    from tinymodels import write_tiny_gguf
-
-    from kvadvise.model.architecture import from_gguf
-    from kvadvise.model.gguf import read_file
-
-    (case,) = [c for c in LLAMA_CASES if c.name == "phi-3-mini"]
-    path = tmp_path / "phi-3-mini.gguf"
-    write_tiny_gguf(path, case.recipe, n_vocab=case.n_vocab, n_ctx_train=262144, dims=case.dims, sparse=True)
+    path = _case_gguf("phi-3-mini", tmp_path)
     cfg = RunConfig(n_ctx=6144, flash_attn="off", n_parallel=3, runtime="library")
-    with devices(rpc_server(), 1) as eps:
-        found = dry_run(fit_params(), path, cfg, rpc=eps[0])
-    (measured,) = [v for k, v in found.items() if k.startswith("RPC")]
-    est = estimate(from_gguf(read_file(path)), replace(cfg, device="rpc", device_names=("RPC0",)))
-    assert f"{est.devices[0].compute_bytes / MIB:.2f}" == f"{measured:.2f}"
+    assert f"{_planned_mib(path, cfg):.2f}" == f"{_fit_params_rpc(path, cfg):.2f}"
 
 
 @pytest.mark.llama
@@ -234,26 +242,23 @@ def test_qwen3moe_full_offload_as_llama_cpp_reserves(
     """The plan's device compute of a qwen3moe on one rpc-server is ggml-alloc's own figure (the replay of
     build_moe_ffn), to the 0.01 MiB: llama-server's -fit pass at -ub 2048 (one row), llama-fit-params with one used
     expert (its ggml_cont) and no flash attention (the whole batch's logits)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from bench_galloc import MOE_CASES, server_fit_pass
-    from llama_server_build import fit_params, rpc_server
-    from oracle import dry_run
-    from rpc_devices import devices
-    from tinymodels import write_tiny_gguf
+    from bench_galloc import server_fit_pass
 
-    from kvadvise.model.architecture import from_gguf
-    from kvadvise.model.gguf import read_file
-
-    (case,) = [c for c in MOE_CASES if c.name == name]
-    path = tmp_path / f"{name}.gguf"
-    write_tiny_gguf(path, case.recipe, n_vocab=case.n_vocab, n_ctx_train=262144, dims=case.dims, sparse=True)
+    path = _case_gguf(name, tmp_path)
     ub = 2048 if runtime == "llama-server" else 512
     cfg = RunConfig(n_ctx=n_ctx, flash_attn=fa, runtime=runtime, n_ubatch=ub, n_batch=max(ub, 2048))
-    if runtime == "llama-server":
-        measured = server_fit_pass(path, cfg)
-    else:
-        with devices(rpc_server(), 1) as eps:
-            found = dry_run(fit_params(), path, cfg, rpc=eps[0])
-        (measured,) = [v for k, v in found.items() if k.startswith("RPC")]
-    est = estimate(from_gguf(read_file(path)), replace(cfg, device="rpc", device_names=("RPC0",)))
-    assert f"{est.devices[0].compute_bytes / MIB:.2f}" == f"{measured:.2f}"
+    measured = server_fit_pass(path, cfg) if runtime == "llama-server" else _fit_params_rpc(path, cfg)
+    assert f"{_planned_mib(path, cfg):.2f}" == f"{measured:.2f}"
+
+
+@pytest.mark.llama
+def test_qwen3moe_host_experts_are_planned_above_the_replay(servers: None, tmp_path: Path) -> None:
+    """With routed experts in host memory the device also holds the copies of their output its next split starts with
+    (not replayed): llama-fit-params b11312 over an rpc-server, one used expert at 16k and -ub 2048, 258.00 MiB full,
+    266.02 at --n-cpu-moe 1, 274.02 at 6 of 6. The plan with host experts is never under and within the bar."""
+    path = _case_gguf("qwen3moe-tiny-u1", tmp_path)
+    cfg = RunConfig(n_ctx=16384, flash_attn="on", runtime="library", n_ubatch=2048, n_batch=2048)
+    assert f"{_planned_mib(path, cfg):.2f}" == f"{_fit_params_rpc(path, cfg):.2f}"
+    host = _planned_mib(path, cfg, host_experts=True)
+    measured = [_fit_params_rpc(path, cfg, ("--n-cpu-moe", n)) for n in ("1", "6")]
+    assert all(m <= host <= m + 16 for m in measured), (host, measured)

@@ -256,6 +256,16 @@ def _exact_device_compute(spec: ModelSpec, lay: ContextLayout) -> int | None:
     return _reserved(shape, ALIGNMENT[lay.device])
 
 
+def replay_surplus_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
+    """How far the phases' figure (:func:`analytic_device_compute`) lies above the one :func:`device_compute_bytes`
+    plans for a MoE whose graph is replayed (:func:`moe_replayed`; 0 elsewhere, and on a GPU, which plans the larger
+    of the two). The rules for routed experts in host memory (kvadvise.planner.host_experts) and for partial plans
+    (kvadvise.planner.offload) were measured as steps from the phases' figure: they start from it."""
+    if not moe_replayed(spec):
+        return 0
+    return max(0, analytic_device_compute(spec, lay) - device_compute_bytes(spec, lay))
+
+
 def moe_replayed(spec: ModelSpec) -> bool:
     """A MoE whose graph llama_graph replays: qwen3moe with routed experts in every block (their weights on the device or
     not: the graph is the same), no shared expert, no NextN block."""

@@ -1079,8 +1079,9 @@ def _offloaded(
             # Qwen3-Next's widths over two rpc-servers, --n-cpu-moe 8: 760 MiB printed, 768 planned, 792 above the
             # one device's full offload)
             compute += host_experts_device_growth(
-                cspec, lay, device_experts=bool(spec.expert_bytes) and not no_ffn, base=compute if n_dev > 1 else None
-            )
+                cspec, lay, device_experts=bool(spec.expert_bytes) and not no_ffn, base=compute if n_dev > 1 else None,
+                replayed=n_dev == 1,
+            )  # fmt: skip
         weights, n_layers = part.weights_bytes, part.n_layers
         if cfg.output_on_host:
             if part.last:  # output.weight, output_norm (a tied model's copy of token_embd) stay in host memory

@@ -49,7 +49,13 @@ from kvadvise.model.spec import ModelSpec
 from kvadvise.planner import builds
 from kvadvise.planner import speed as speed_model
 from kvadvise.planner.budget import Budget
-from kvadvise.planner.compute import compute_bytes, device_compute_bytes, op_offload_growth, unpipelined_split_compute
+from kvadvise.planner.compute import (
+    compute_bytes,
+    device_compute_bytes,
+    op_offload_growth,
+    replay_surplus_bytes,
+    unpipelined_split_compute,
+)
 from kvadvise.planner.fitsplit import fill_back_to_front
 from kvadvise.planner.host_experts import (
     biased_experts_grow,
@@ -285,6 +291,24 @@ class _Layers:
     expert_gate: tuple[int, ...] = ()  # per block: of its routed experts, ffn_gate_exps (0: none, or fused)
 
 
+def _partial_base(spec: ModelSpec, full: MemoryEstimate) -> MemoryEstimate:
+    """The full offload that a partial plan's steps start from: one device's compute at the phases' figure where its
+    own is a replayed graph's (compute.replay_surplus_bytes: a qwen3moe on an RPC device). The steps (whole blocks or
+    experts on the CPU, the output layer alone, the last block's rows) were measured from that figure; the replay does
+    not build the CPU splits they bring."""
+    if len(full.devices) != 1 or not (surplus := replay_surplus_bytes(spec, full.layout)):
+        return full
+    d = full.devices[0]
+    dev = replace(d, compute_bytes=d.compute_bytes + surplus, total_bytes=d.total_bytes + surplus)
+    return replace(
+        full,
+        devices=(dev,),
+        compute_bytes=full.compute_bytes + surplus,
+        total_bytes=full.total_bytes + surplus,
+        device_bytes=full.device_bytes + surplus,
+    )
+
+
 def _layers(spec: ModelSpec, full: MemoryEstimate, cfg: RunConfig) -> _Layers:
     lay = full.layout
     n_all = spec.n_layer_all
@@ -384,6 +408,7 @@ def partial_offload(
     # a partial plan's fixed costs, compute buffers and host buffers are those of the unpipelined split
     if len(full.devices) > 1:
         full = estimate(spec, replace(cfg, pipeline=False))
+    full = _partial_base(spec, full)
     layers = _layers(spec, full, cfg)
     if not per_device and len(layers.fixed) > 1:
         layers = replace(layers, fixed=(sum(layers.fixed),), output_device=0)
