@@ -53,7 +53,9 @@ def test_the_override_names_what_stays_on_the_cpu() -> None:
 
 
 def test_the_plan_keeps_the_up_and_gate_projections_and_the_command_says_so(qwen3moe: Path) -> None:
-    doc = _plan(qwen3moe, 109)
+    # 107 MiB (109 before the device with host experts was replayed: 109 now holds --n-cpu-moe 1, 90.8 MiB of weights,
+    # as --fit does)
+    doc = _plan(qwen3moe, 107)
     off = doc["offload"]
     assert isinstance(off, dict)
     assert off["n_cpu_moe"] == 2 and off["expert_overflow"] == "gate"
@@ -69,7 +71,7 @@ def test_the_plan_keeps_the_up_and_gate_projections_and_the_command_says_so(qwen
 
 def test_a_runtime_without_tensor_overrides_keeps_whole_blocks_of_experts(qwen3moe: Path) -> None:
     """llama-cpp-python, LM Studio and node-llama-cpp (``--runtime library``) take no -ot."""
-    off = _plan(qwen3moe, 109, "--runtime", "library")["offload"]
+    off = _plan(qwen3moe, 107, "--runtime", "library")["offload"]
     assert isinstance(off, dict)
     assert off["expert_overflow"] == "" and off["n_cpu_moe"] >= 2
 
@@ -77,13 +79,13 @@ def test_a_runtime_without_tensor_overrides_keeps_whole_blocks_of_experts(qwen3m
 def test_llama_server_places_the_plan_within_the_budget(
     qwen3moe: Path, real_llama_server: Path, rpc_binary: Path, tmp_path: Path
 ) -> None:
-    budget = 109 * MIB
+    budget = 107 * MIB
     with devices(rpc_binary, 1) as endpoints:
         row = run_case(real_llama_server, qwen3moe, endpoints[0], budget, 4096, "qwen3moe", tmp_path)
     ours = row.ours
     assert ours is not None and "-ot" in row.plan.server_args
     assert ours.device_bytes <= budget
-    assert ours.device_bytes <= row.plan.planned_bytes
+    assert ours.device_bytes <= row.plan.planned_bytes + 0.005 * MIB  # the log prints 0.01 MiB
     # the device holds every block's weights but block 0's experts and block 1's ffn_down_exps, as planned
     spec = from_gguf(read_file(qwen3moe))
     down = spec.layer_expert_bytes[1] - spec.layer_expert_up_bytes[1] - spec.layer_expert_gate_bytes[1]

@@ -215,6 +215,14 @@ def _fit_params_rpc(path: Path, cfg: RunConfig, extra: tuple[str, ...] = ()) -> 
     return measured
 
 
+def _as_printed(planned_mib: float, measured_mib: float) -> bool:
+    """``planned_mib`` as llama-fit-params printed it: to the 0.01 MiB of its -v log, or, where that line did not survive
+    its exit (common_log's worker is never joined: kvadvise.runtime.dryrun), to the whole MiB of its stdout table."""
+    if f"{planned_mib:.2f}" == f"{measured_mib:.2f}":
+        return True
+    return measured_mib.is_integer() and round(planned_mib) == measured_mib
+
+
 def _planned_mib(path: Path, cfg: RunConfig, **plan: object) -> float:
     from kvadvise.model.architecture import from_gguf
     from kvadvise.model.gguf import read_file
@@ -228,7 +236,7 @@ def test_a_stream_per_sequence_as_llama_fit_params_reserves(servers: None, tmp_p
     # -np 3: 2,048 cells a stream, the batch rounded up to 513 tokens (llama_context::graph_reserve), 512 outputs
     path = _case_gguf("phi-3-mini", tmp_path)
     cfg = RunConfig(n_ctx=6144, flash_attn="off", n_parallel=3, runtime="library")
-    assert f"{_planned_mib(path, cfg):.2f}" == f"{_fit_params_rpc(path, cfg):.2f}"
+    assert _as_printed(_planned_mib(path, cfg), _fit_params_rpc(path, cfg))
 
 
 @pytest.mark.llama
@@ -248,17 +256,33 @@ def test_qwen3moe_full_offload_as_llama_cpp_reserves(
     ub = 2048 if runtime == "llama-server" else 512
     cfg = RunConfig(n_ctx=n_ctx, flash_attn=fa, runtime=runtime, n_ubatch=ub, n_batch=max(ub, 2048))
     measured = server_fit_pass(path, cfg) if runtime == "llama-server" else _fit_params_rpc(path, cfg)
-    assert f"{_planned_mib(path, cfg):.2f}" == f"{measured:.2f}"
+    assert _as_printed(_planned_mib(path, cfg), measured)
+
+
+def _cli_device_compute_mib(path: Path, *args: str) -> float:
+    """The first device's compute buffer (MiB) of ``kvadvise llamacpp PATH --json ARGS``."""
+    import io
+    import json
+    from contextlib import redirect_stderr, redirect_stdout
+
+    from kvadvise.cli import main
+
+    out = io.StringIO()
+    with redirect_stdout(out), redirect_stderr(io.StringIO()):
+        assert main(["llamacpp", str(path), "--json", "--llama-build", "b11312", *args]) == 0
+    return float(json.loads(out.getvalue())["memory"]["devices"][0]["compute_bytes"]) / MIB
 
 
 @pytest.mark.llama
-def test_qwen3moe_host_experts_are_planned_above_the_replay(servers: None, tmp_path: Path) -> None:
-    """With routed experts in host memory the device also holds the copies of their output its next split starts with
-    (not replayed): llama-fit-params b11312 over an rpc-server, one used expert at 16k and -ub 2048, 258.00 MiB full,
-    266.02 at --n-cpu-moe 1, 274.02 at 6 of 6. The plan with host experts is never under and within the bar."""
+@pytest.mark.parametrize("n_cpu_moe", ["1", "3", "6"])
+def test_qwen3moe_host_experts_as_llama_cpp_reserves(n_cpu_moe: str, servers: None, tmp_path: Path) -> None:
+    """--n-cpu-moe on one rpc-server: the device also holds the copies of the experts' output each CPU split hands
+    back (compute.host_experts_device_compute replays them), not monotonic in the blocks moved. llama-fit-params
+    b11312, one used expert at 16k and -ub 2048: 258.00 MiB full, 266.02 at --n-cpu-moe 1, 258.00 at 3, 274.02 at 6 of
+    6 (the phases' figure, planned before, 274.06 for all three)."""
     path = _case_gguf("qwen3moe-tiny-u1", tmp_path)
     cfg = RunConfig(n_ctx=16384, flash_attn="on", runtime="library", n_ubatch=2048, n_batch=2048)
-    assert f"{_planned_mib(path, cfg):.2f}" == f"{_fit_params_rpc(path, cfg):.2f}"
-    host = _planned_mib(path, cfg, host_experts=True)
-    measured = [_fit_params_rpc(path, cfg, ("--n-cpu-moe", n)) for n in ("1", "6")]
-    assert all(m <= host <= m + 16 for m in measured), (host, measured)
+    measured = _fit_params_rpc(path, cfg, ("--n-cpu-moe", n_cpu_moe))
+    args = ("--rpc", "127.0.0.1:50052=10GiB", "--ctx", "16384", "-ub", "2048", "-b", "2048", "--runtime", "library")
+    planned = _cli_device_compute_mib(path, *args, "-fa", "on", "--n-cpu-moe", n_cpu_moe)
+    assert _as_printed(planned, measured), (planned, measured)

@@ -212,6 +212,12 @@ def _exact_device_compute(spec: ModelSpec, lay: ContextLayout) -> int | None:
     8,192 and 16,384 cells (tests/test_llamasharp_b8816.py); Ollama 0.20.2's runner on ec98e2002 (planned as b7699),
     Qwen2.5-Coder-7B at 32,768 cells: 382.01 MiB as printed, where the analytic plan's 311.00 (the logits and two
     rows) missed the logits landing above the hole the f32 mask's copies leave (tests/data/published 045)."""
+    shape = _replay_shape(spec, lay)
+    return None if shape is None else _reserved(shape, ALIGNMENT[lay.device])
+
+
+def _replay_shape(spec: ModelSpec, lay: ContextLayout) -> LlamaShape | None:
+    """The reserve graph :func:`_exact_device_compute` replays for ``spec`` at ``lay`` (None: not replayed)."""
     legacy = builds.older_than(lay.llama_build, builds.GRAPH_OPTIMIZE)
     # b6302 to b9409: a5bb8ba4's graph (the f32 flash-attention mask) on CUDA, an RPC device or the CPU (no
     # graph_optimize: allocated as built; Ollama 0.13's CPU runner at b6840 as printed, tests/data/published 103:
@@ -238,7 +244,7 @@ def _exact_device_compute(spec: ModelSpec, lay: ContextLayout) -> int | None:
     # or one unified stream of them all: the same tensors); the outputs as reserve_outputs says
     build_ = lay.llama_build
     k_rot, v_rot = attn_rot(spec, lay)
-    shape = LlamaShape(
+    return LlamaShape(
         n_layer=spec.n_layer if legacy or mid else min(spec.n_layer, _NEWEST_REPLAYED_LAYERS),
         n_embd=spec.n_embd, n_head=spec.n_head[0], n_head_kv=spec.n_head_kv[0],
         n_embd_head=spec.n_embd_head_k, n_ff=spec.n_ff, n_vocab=spec.n_vocab,
@@ -253,7 +259,33 @@ def _exact_device_compute(spec: ModelSpec, lay: ContextLayout) -> int | None:
         n_expert=spec.n_expert if spec.n_expert else 0, n_expert_used=spec.n_expert_used if spec.n_expert else 0,
         n_ff_exp=(spec.n_ff_exp or spec.n_ff) if spec.n_expert else 0,
     )  # fmt: skip
-    return _reserved(shape, ALIGNMENT[lay.device])
+
+
+def host_experts_device_compute(spec: ModelSpec, lay: ContextLayout, n_cpu_moe: int) -> int | None:
+    """One RPC device's compute buffer running every block of a qwen3moe whose first ``n_cpu_moe`` blocks keep their
+    routed experts in host memory (--n-cpu-moe): ggml-alloc's own figure over the graph ggml_backend_sched hands it, the
+    experts' gate, up and down in CPU splits and the copy of their output at the start of the device's next split
+    (llama_graph's ``host_experts``). llama-fit-params b11312 over an rpc-server, --n-cpu-moe 0 to n_layer on five
+    qwen3moe shapes (Qwen3-30B-A3B's widths, tiny ones of 1, 4 and 8 used experts) at 4k / 16k, -ub 512 / 2048, flash
+    attention on and off: 105 of 105 to the 0.01 MiB; the figure moves with the blocks moved, not monotonically (a tiny
+    qwen3moe of one used expert at 4k: 64.50 MiB full, 66.50 at 1, 2, 4 and 5 blocks, 64.50 at 3, 68.50 at 6 of 6).
+    None where not replayed: another architecture or build, or a device that op-offloads (a GPU copies the weights in)."""
+    if lay.device != "rpc" or n_cpu_moe <= 0 or len(spec.layer_expert_bytes) != spec.n_layer:
+        return None
+    # the graph is the same whichever blocks hold the experts' bytes: plan it as the full offload's
+    shape = _replay_shape(replace(spec, layer_expert_bytes=(1,) * spec.n_layer), lay)
+    if shape is None or not shape.n_expert:
+        return None
+    n = min(n_cpu_moe, spec.n_layer)
+    host, device = _fold(n), _fold(spec.n_layer - n)
+    return _reserved(replace(shape, n_layer=host + device, host_experts=host), ALIGNMENT[lay.device])
+
+
+def _fold(n_blocks: int) -> int:
+    """As many blocks of one kind (experts in host memory or not) as the replay needs for ``n_blocks`` of them: the
+    buffer repeats with a period of three blocks from the fourth on (480 of 480 folded replays of 20-48 blocks, every
+    --n-cpu-moe, equal to the whole graph's)."""
+    return n_blocks if n_blocks < 7 else 4 + (n_blocks - 4) % 3
 
 
 def replay_surplus_bytes(spec: ModelSpec, lay: ContextLayout) -> int:

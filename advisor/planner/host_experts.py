@@ -29,7 +29,6 @@ from kvadvise.planner import builds
 from kvadvise.planner.compute import (
     device_compute_bytes,
     host_compute_bytes,
-    replay_surplus_bytes,
     unpipelined_split_compute,
 )
 from kvadvise.planner.galloc import Graph, GraphBuilder, flat, reserve_sizes
@@ -109,7 +108,7 @@ def _shared_scores_growth(spec: ModelSpec, lay: ContextLayout, base: int | None)
 
 
 def host_experts_device_growth(
-    spec: ModelSpec, lay: ContextLayout, *, device_experts: bool = True, base: int | None = None, replayed: bool = False
+    spec: ModelSpec, lay: ContextLayout, *, device_experts: bool = True, base: int | None = None
 ) -> int:
     """How much a device's compute buffer grows when some of its layers' routed experts sit in a host buffer
     and the device does not op-offload their matmuls (an RPC device; ggml-rpc has no offload_op).
@@ -130,10 +129,10 @@ def host_experts_device_growth(
     n_ff_exp and n_ff_shexp 256-1024, ubatch 512 and 2048, 4k and 16k), 2.5 MiB above on Qwen3.5-35B-A3B's
     shape at ubatch 512, 26 MiB (4.6 %) at 2048; never below. A qwen3moe of the same size (no shared expert)
     moves by at most 0.5 MiB (up to 16 MiB on other shapes), inside the phases' full-offload figure: no growth is
-    planned from that figure (a partial plan's base, offload._partial_base), the rest of it from the replay's. Without flash
+    planned from that figure (a partial plan's base, offload._partial_base); one RPC device's figure is replayed
+    (compute.host_experts_device_compute). Without flash
     attention a shared-expert model's device holds at least :func:`_shared_scores_growth` above ``base`` (the device's
-    own figure in a split; None: the full offload's). ``replayed``: the growth is added to one device's
-    compute.device_compute_bytes, a replayed graph's figure (compute.replay_surplus_bytes), not to the phases' figure."""
+    own figure in a split; None: the full offload's)."""
     if spec.n_expert and not spec.n_ff_shexp and spec.architecture in EXPERT_BIAS_GROWTH:
         # ``device_experts``: some later blocks still run their experts on the device. Where ggml-alloc finds the room
         # depends on the tensors' sizes: experts narrower than n_embd (not gpt-oss's own shapes) grew by nothing with
@@ -152,13 +151,6 @@ def host_experts_device_growth(
         return pad(graph_sizes(spec, lay).embd_bytes, ALIGNMENT["cuda"]) if device_experts else 0
     # without flash attention: the scores above the hole of the experts' output (shared_experts_scores_bytes)
     scores = _shared_scores_growth(spec, lay, base) if spec.n_expert else 0
-    if replayed and (surplus := replay_surplus_bytes(spec, lay)):
-        # a qwen3moe's full offload is ggml-alloc's own figure (compute.device_compute_bytes replays build_moe_ffn); its
-        # device with host experts also holds the copies of their output its next split starts with, placed where the
-        # best fit finds room, which that replay does not build: 0 to 16 MiB above it (llama-fit-params b11312 over an
-        # rpc-server, --n-cpu-moe 1 to n_layer; a tiny qwen3moe of one used expert at 16k and -ub 2048: 258.00 MiB
-        # full, 266.02 at --n-cpu-moe 1, 274.02 at 6 of 6), within the phases' figure on every shape measured (274.06)
-        return max(scores, surplus)
     if not spec.n_expert or not spec.n_ff_shexp or spec.architecture in _NO_HOST_EXPERTS_GROWTH:
         return scores
     s = graph_sizes(spec, lay)

@@ -30,6 +30,7 @@ graph but with flash attention the KQ mask an f32 input, its rows unpadded, cast
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvadvise.planner.galloc import Graph, GraphBuilder
@@ -83,6 +84,9 @@ class LlamaShape:
     n_expert: int = 0
     n_expert_used: int = 0
     n_ff_exp: int = 0
+    # --n-cpu-moe: the first host_experts blocks' routed experts sit in host memory and a device that does not
+    # op-offload (ggml-rpc) runs their gate, up and down in CPU splits (ggml_backend_sched_split_graph, b11312)
+    host_experts: int = 0
 
     @property
     def fused_up(self) -> bool:
@@ -125,8 +129,17 @@ def build(s: LlamaShape) -> Graph:
     # split 0 (CPU): the embeddings' get_rows
     embd = b.op("embd", "GET_ROWS", (E, ub), (tok_embd, tokens), buffer=host)
     # split 1 (device): a copy of each input, in the order the split first reads them
+    # the output ids are copied into the split that first reads them, the last block's attention's: after the CPU
+    # split of the last block before it whose experts are in host memory, if any (the MLA replay's late_ids)
+    late_ids = min(s.host_experts, s.n_layer - 1) - 1 if s.host_experts and not s.cpu_only else -1
+
+    def late_copy() -> int:  # an ordinary node of that split (one copy: not flagged a graph input)
+        return b.op("out_ids#RPC", "NONE", (s.n_outputs,), (), dtype="i32")
+
     copies = {src: src for src in (embd, pos, *rots, *idxs, mask, out_ids)}
     for src in () if s.cpu_only else tuple(copies):
+        if src == out_ids and late_ids >= 0:
+            continue
         b.dep(src)
         copies[src] = b.input_copy(src, buffer=DEVICE, name=b.tensors[src].name + "#RPC")
     x = copies[embd]
@@ -226,7 +239,12 @@ def build(s: LlamaShape) -> Graph:
             cur = norm(f"post_attn_norm-{il}", cur, rows, b.weight(f"blk.{il}.post_attention_norm"))
         ffn_inp = b.op(f"ffn_inp-{il}", "ADD", (E, rows), (cur, inp_sa))
         cur = norm(f"ffn_norm-{il}", ffn_inp, rows, w["ffn_norm"])
-        cur = _moe_ffn(b, s, il, cur, rows) if s.n_expert else _ffn(b, s, il, cur, rows, w)
+        if not s.n_expert:
+            cur = _ffn(b, s, il, cur, rows, w)
+        elif il == late_ids:  # the ids are copied in right after the experts' output, at the start of the same split
+            cur = _moe_ffn(b, s, il, cur, rows, also_copied=lambda: copies.update({out_ids: late_copy()}))
+        else:
+            cur = _moe_ffn(b, s, il, cur, rows)
         if s.glm4:
             cur = norm(f"post_ffw_norm-{il}", cur, rows, b.weight(f"blk.{il}.post_ffw_norm"))
         srcs = (ffn_inp, cur) if s.phi3 else (cur, ffn_inp)
@@ -291,7 +309,9 @@ def _ffn(b: GraphBuilder, s: LlamaShape, il: int, cur: int, rows: int, w: dict[s
     return b.op(f"ffn_out-{il}", "MUL_MAT", (s.n_embd, rows), (w["down"], cur))
 
 
-def _moe_ffn(b: GraphBuilder, s: LlamaShape, il: int, cur: int, rows: int) -> int:
+def _moe_ffn(
+    b: GraphBuilder, s: LlamaShape, il: int, cur: int, rows: int, also_copied: Callable[[], object] | None = None
+) -> int:
     """build_moe_ffn as qwen3moe calls it (LLM_FFN_SILU, norm_w, no weight scale, softmax gating), in the order
     ggml_build_forward_expand visits it: the router's logits, their softmax in place, ggml_argsort_top_k (an ARGSORT
     of every expert and a view of the first n_expert_used), the selected probabilities (get_rows), normalized by
@@ -312,6 +332,16 @@ def _moe_ffn(b: GraphBuilder, s: LlamaShape, il: int, cur: int, rows: int) -> in
     weights = b.op(f"ffn_moe_weights_norm-{il}", "DIV", (used, rows), (weights_2d, total))
     weights = b.view(weights, "RESHAPE", name=f"ffn_moe_weights_norm-{il} (reshaped)")
     cur_3d = b.view(cur, "RESHAPE", name=f"ffn_norm-{il} (reshaped)")
+    if il < s.host_experts:
+        # the CPU split copies the normed input and the ids out (its input_dep views keep them to its start), runs
+        # gate, up, SwiGLU and down there, and the device's next split starts with the copy of the down projection's
+        # output (ggml_backend_sched_split_graph: "allocated at the start of the split"; one copy: an ordinary node)
+        b.dep(cur_3d)
+        b.dep(top_k)
+        experts = b.op(f"ffn_moe_down-{il}#RPC", "NONE", (E, used, rows), ())
+        if also_copied is not None:  # another input the device's next split is the first to read
+            also_copied()
+        return _moe_sum(b, s, il, experts, weights, rows)
     gate = b.op(
         f"ffn_moe_gate-{il}", "MUL_MAT_ID", (ff, used, rows), (b.weight(f"blk.{il}.ffn_gate_exps"), cur_3d, top_k)
     )
@@ -319,6 +349,12 @@ def _moe_ffn(b: GraphBuilder, s: LlamaShape, il: int, cur: int, rows: int) -> in
     cur = b.op(f"ffn_moe_swiglu-{il}", "GLU", (ff, used, rows), (gate, up))
     down_w = b.weight(f"blk.{il}.ffn_down_exps")
     experts = b.op(f"ffn_moe_down-{il}", "MUL_MAT_ID", (E, used, rows), (down_w, cur, top_k))
+    return _moe_sum(b, s, il, experts, weights, rows)
+
+
+def _moe_sum(b: GraphBuilder, s: LlamaShape, il: int, experts: int, weights: int, rows: int) -> int:
+    """build_moe_ffn's end: the down projection's output weighted in place, its per-expert views summed."""
+    used, E = s.n_expert_used, s.n_embd
     experts = b.op(f"ffn_moe_weighted-{il}", "MUL", (E, used, rows), (experts, weights))
     views = [b.view(experts, name=f"ffn_moe_weighted-{il} (view {i})") for i in range(used)]
     out = views[0]

@@ -42,6 +42,7 @@ from kvadvise.planner import builds
 from kvadvise.planner.compute import (
     compute_bytes,
     device_compute_bytes,
+    host_experts_device_compute,
     host_compute_bytes,
     op_offload_growth,
     unpipelined_split_compute,
@@ -1047,14 +1048,22 @@ def _offloaded(
     )  # fmt: skip
     cspec = without_routed_ffn(spec) if no_ffn else spec
     moved = experts_moved(spec)  # the blocks whose experts --n-cpu-moe moved (their matmuls in CPU splits)
+    # a replayed graph of the first blocks' experts in host memory (compute.host_experts_device_compute: qwen3moe on an
+    # RPC device), where the blocks moved are the first ones, as --n-cpu-moe moves them
+    n_moved = moved.index(False) if moved is not None and False in moved else len(moved or ())
+    host_replay = (
+        host_experts_device_compute(spec, lay, n_moved)
+        if cfg.host_experts and n_dev == 1 and moved is not None and not any(moved[n_moved:])
+        else None
+    )
     output_layer_weights = output_layer_bytes(spec, cuda)
     devices = []
     for d, part in enumerate(parts):
         if n_dev == 1:  # every KV layer is in one of the caches
             kv_d = sum(c.k_bytes + c.v_bytes for c in caches)
             rs_d = rs // rs_layers * rs_layers if rs_layers else 0
-            compute = device_compute_bytes(cspec, lay)
-            if no_ffn:  # block 0's experts on the CPU: the full mask's copy made after them
+            compute = device_compute_bytes(cspec, lay) if host_replay is None else host_replay
+            if no_ffn and host_replay is None:  # block 0's experts on the CPU: the full mask's copy made after them
                 blocks = tuple(range(spec.n_layer))
                 compute = max(compute + late_full_mask_bytes(spec, lay), late_full_mask_scores_bytes(spec, lay, blocks))
         else:
@@ -1074,14 +1083,13 @@ def _offloaded(
                 compute = unpipelined_split_compute(spec, lay, part)
         if d == 0 and cfg.op_offload_copy_bytes:  # the copy lives in a layer's live set (op_offload_growth)
             compute += op_offload_growth(spec, lay, cfg.op_offload_copy_bytes)
-        if d == 0 and cfg.host_experts:
+        if d == 0 and cfg.host_experts and host_replay is None:
             # over several devices the scores' phase is measured against this device's own figure (round 25a:
             # Qwen3-Next's widths over two rpc-servers, --n-cpu-moe 8: 760 MiB printed, 768 planned, 792 above the
             # one device's full offload)
             compute += host_experts_device_growth(
-                cspec, lay, device_experts=bool(spec.expert_bytes) and not no_ffn, base=compute if n_dev > 1 else None,
-                replayed=n_dev == 1,
-            )  # fmt: skip
+                cspec, lay, device_experts=bool(spec.expert_bytes) and not no_ffn, base=compute if n_dev > 1 else None
+            )
         weights, n_layers = part.weights_bytes, part.n_layers
         if cfg.output_on_host:
             if part.last:  # output.weight, output_norm (a tied model's copy of token_embd) stay in host memory

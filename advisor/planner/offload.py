@@ -40,6 +40,7 @@ does not op-offload, so the loopback RPC runs cannot show it).
 
 from __future__ import annotations
 
+import functools
 import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -52,6 +53,7 @@ from kvadvise.planner.budget import Budget
 from kvadvise.planner.compute import (
     compute_bytes,
     device_compute_bytes,
+    host_experts_device_compute,
     op_offload_growth,
     replay_surplus_bytes,
     unpipelined_split_compute,
@@ -293,9 +295,9 @@ class _Layers:
 
 def _partial_base(spec: ModelSpec, full: MemoryEstimate) -> MemoryEstimate:
     """The full offload that a partial plan's steps start from: one device's compute at the phases' figure where its
-    own is a replayed graph's (compute.replay_surplus_bytes: a qwen3moe on an RPC device). The steps (whole blocks or
-    experts on the CPU, the output layer alone, the last block's rows) were measured from that figure; the replay does
-    not build the CPU splits they bring."""
+    own is a replayed graph's (compute.replay_surplus_bytes: a qwen3moe on an RPC device). The steps for whole blocks
+    on the CPU (the output layer alone, the last block's rows, the experts' output taken in) were measured from that
+    figure; only the experts alone in host memory are replayed (compute.host_experts_device_compute, split_compute)."""
     if len(full.devices) != 1 or not (surplus := replay_surplus_bytes(spec, full.layout)):
         return full
     d = full.devices[0]
@@ -431,7 +433,15 @@ def partial_offload(
     experts_growth_all = 0 if offloads else host_experts_device_growth(spec, lay, device_experts=False)
     biased = biased_experts_grow(spec)
 
+    @functools.cache
+    def host_replay(n_cpu_moe: int) -> int | None:
+        # one RPC device, the experts of the first blocks in host memory, no whole block on the CPU: ggml-alloc's own
+        # figure of that graph (compute.host_experts_device_compute: a qwen3moe), in place of the steps below
+        return host_experts_device_compute(spec, lay, n_cpu_moe) if one_device and not offloads else None
+
     def split_compute(n_cpu: int, n_cpu_moe: int) -> int:  # the first device's compute beyond the full offload's
+        if n_cpu == 0 and n_cpu_moe > 0 and (exact := host_replay(n_cpu_moe)) is not None:
+            return exact - full.devices[0].compute_bytes
         if n_cpu >= n_layer:  # -ngl 1: the output layer alone (memory.output_layer_alone_bytes), whose figure holds
             # what it takes in from the CPU's last block: less the one and a half ``last_out`` tail_cut adds for it
             return output_only - (last_out * 3 // 2 if one_device and not offloads and expert_out else 0)
@@ -488,7 +498,7 @@ def partial_offload(
         output (``expert_out``)."""
         n_dev = len(layers.fixed)
         cut = [0] * n_dev
-        if not full_compute or (offloads and n_dev == 1):
+        if not full_compute or (offloads and n_dev == 1) or (n_cpu == 0 and n_cpu_moe > 0 and host_replay(n_cpu_moe)):
             return cut
         owner = _partial_owner(spec.n_layer_all, n_dev, ts, n_cpu, output_on_host)
         ruled: set[int] = set()  # devices sized by host_experts.host_experts_split_compute, their boundary included
