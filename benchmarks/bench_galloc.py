@@ -9,7 +9,10 @@ the whole batch (the library: llama-fit-params -fitp on, tests/oracle.py dry_run
 graph, read from its -v log: llama-fit-params takes no n_outputs_max). All layers on one loopback rpc-server
 device; n_batch 2048, n_ubatch 512. "agree" is equality to the 0.01 MiB llama.cpp prints.
 
-    python benchmarks/bench_galloc.py [--only NAME,...]
+    python benchmarks/bench_galloc.py [--only NAME,...] [--host-experts]
+
+``--host-experts``: qwen3moe shapes with the routed experts of the first N blocks in host memory (--n-cpu-moe 0, 1, 2,
+3 and the last three counts) at three configs, llama-fit-params against compute.host_experts_device_compute.
 """
 
 from __future__ import annotations
@@ -138,11 +141,63 @@ def sweep(cases: Sequence[Case], folder: Path, endpoint: str) -> list[Row]:
     return rows
 
 
+# --host-experts: bench_fit's tiny qwen3moe and the 8-used-experts shape of tests/test_attack_round21a.py beside MOE_CASES
+HOST_EXPERT_CASES = (
+    *MOE_CASES,
+    Case("qwen3moe-bench-fit", "qwen3moe", dict(n_layer=8, n_embd=512, n_head=8, n_head_kv=2, head=64, n_expert=16,
+                                                n_expert_used=4, n_ff_exp=256), 32000),
+    Case("qwen3moe-u8", "qwen3moe", dict(n_layer=8, n_embd=1024, n_head=16, n_head_kv=4, head=64, n_expert=16,
+                                         n_expert_used=8, n_ff_exp=512), 8000),
+)  # fmt: skip
+HOST_CONFIGS = (
+    RunConfig(n_ctx=4096, flash_attn="on", runtime="library"),
+    RunConfig(n_ctx=16384, flash_attn="on", n_ubatch=2048, n_batch=2048, runtime="library"),
+    RunConfig(n_ctx=8192, flash_attn="off", runtime="library"),
+)
+
+
+def host_experts_sweep(cases: Sequence[Case], folder: Path, endpoint: str) -> tuple[int, int]:
+    """--n-cpu-moe N on one rpc-server (llama-fit-params) against compute.host_experts_device_compute; prints a row per
+    case and config, returns (exact, runs)."""
+    from kvadvise.planner.compute import device_compute_bytes, host_experts_device_compute
+
+    exact = runs = 0
+    print("| model | config | --n-cpu-moe N: measured MiB (kvadvise's error) |\n|---|---|---|")
+    for case in cases:
+        path = folder / f"{case.name}.gguf"
+        write_tiny_gguf(path, case.recipe, n_vocab=case.n_vocab, n_ctx_train=262144, dims=case.dims, sparse=True)
+        spec = from_gguf(read_file(path))
+        for cfg in HOST_CONFIGS:
+            lay = resolve(spec, replace(cfg, device="rpc", device_names=("RPC0",)))
+            cells = []
+            for n in sorted({0, 1, 2, 3, spec.n_layer - 2, spec.n_layer - 1, spec.n_layer}):
+                found = dry_run(fit_params(), path, cfg, rpc=endpoint, extra=["--n-cpu-moe", str(n)] if n else [])
+                (measured,) = [v for k, v in found.items() if k.startswith("RPC")]
+                planned = (host_experts_device_compute(spec, lay, n) if n else device_compute_bytes(spec, lay)) or 0
+                runs += 1
+                # as printed: the -v log's 0.01 MiB, or the stdout table's whole MiB where that line was lost at exit
+                exact += f"{planned / MIB:.2f}" == f"{measured:.2f}" or (
+                    measured.is_integer() and round(planned / MIB) == measured
+                )
+                cells.append(f"{n}: {measured:.2f} ({planned / MIB - measured:+.2f})")
+            config = f"c={cfg.n_ctx} ub={cfg.n_ubatch} fa={cfg.flash_attn}"
+            print(f"| {case.name} | {config} | {', '.join(cells)} |", flush=True)
+    return exact, runs
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--only", default="", help="comma-separated case names (default: all)")
+    ap.add_argument("--host-experts", action="store_true",
+                    help="qwen3moe with --n-cpu-moe 0 to all (HOST_EXPERT_CASES) instead of the full offload grid")  # fmt: skip
     args = ap.parse_args(argv)
     names = {n for n in args.only.split(",") if n}
+    if args.host_experts:
+        with tempfile.TemporaryDirectory() as tmp, devices(rpc_server(), 1) as eps:
+            cases = [c for c in HOST_EXPERT_CASES if not names or c.name in names]
+            exact, runs = host_experts_sweep(cases, Path(tmp), eps[0])
+        print(f"\n{runs} runs; kvadvise's plan as llama.cpp printed it on {exact}")
+        return 0
     cases = [c for c in LLAMA_CASES if not names or c.name in names]
     print("| model | config | measured (MiB) | analytic (error) | exact plan (error) | agree |")
     print("|---|---|---|---|---|---|")

@@ -286,3 +286,28 @@ def test_qwen3moe_host_experts_as_llama_cpp_reserves(n_cpu_moe: str, servers: No
     args = ("--rpc", "127.0.0.1:50052=10GiB", "--ctx", "16384", "-ub", "2048", "-b", "2048", "--runtime", "library")
     planned = _cli_device_compute_mib(path, *args, "-fa", "on", "--n-cpu-moe", n_cpu_moe)
     assert _as_printed(planned, measured), (planned, measured)
+
+
+@pytest.mark.parametrize("flash_attn", ["on", "off"])
+def test_a_long_models_host_experts_replay_folds_to_the_whole_graphs(flash_attn: str, tmp_path: Path) -> None:
+    """compute.host_experts_device_compute replays at most 6 blocks of each kind (the buffer repeats every three blocks
+    from the fourth): equal to the whole graph's replay for every --n-cpu-moe of a 20-block qwen3moe."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from tinymodels import write_tiny_gguf
+
+    from kvadvise.model.architecture import from_gguf
+    from kvadvise.model.gguf import read_file
+    from kvadvise.planner.compute import _replay_shape, host_experts_device_compute
+    from kvadvise.planner.memory import resolve
+
+    dims = dict(n_layer=20, n_embd=1024, n_head=16, n_head_kv=4, head=64, n_expert=16, n_expert_used=1, n_ff_exp=512)
+    path = write_tiny_gguf(tmp_path / "q.gguf", "qwen3moe", n_vocab=32000, n_ctx_train=32768, dims=dims, sparse=True)
+    spec = from_gguf(read_file(path))
+    lay = resolve(spec, RunConfig(n_ctx=4096, flash_attn=flash_attn, runtime="library", device="rpc",
+                                  device_names=("RPC0",)))  # fmt: skip
+    shape = _replay_shape(spec, lay)
+    assert shape is not None
+    whole = [reserve_sizes(build(replace(shape, n_layer=20, host_experts=n)), (32, 32))[0] for n in range(1, 21)]
+    assert [host_experts_device_compute(spec, lay, n) for n in range(1, 21)] == whole
+    # with flash attention the figure moves with the blocks moved; without it the scores' phase dominates
+    assert (len(set(whole)) > 1) == (flash_attn == "on")

@@ -267,8 +267,9 @@ def host_experts_device_compute(spec: ModelSpec, lay: ContextLayout, n_cpu_moe: 
     experts' gate, up and down in CPU splits and the copy of their output at the start of the device's next split
     (llama_graph's ``host_experts``). llama-fit-params b11312 over an rpc-server, --n-cpu-moe 0 to n_layer on five
     qwen3moe shapes (Qwen3-30B-A3B's widths, tiny ones of 1, 4 and 8 used experts) at 4k / 16k, -ub 512 / 2048, flash
-    attention on and off: 105 of 105 to the 0.01 MiB; the figure moves with the blocks moved, not monotonically (a tiny
-    qwen3moe of one used expert at 4k: 64.50 MiB full, 66.50 at 1, 2, 4 and 5 blocks, 64.50 at 3, 68.50 at 6 of 6).
+    attention on and off: 105 of 105 as printed (benchmarks/bench_galloc.py --host-experts); the figure moves with the
+    blocks moved, not monotonically (a tiny qwen3moe of one used expert at 4k: 64.50 MiB full, 66.50 at 1, 2, 4 and 5
+    blocks, 64.50 at 3, 68.50 at 6 of 6).
     None where not replayed: another architecture or build, or a device that op-offloads (a GPU copies the weights in)."""
     if lay.device != "rpc" or n_cpu_moe <= 0 or len(spec.layer_expert_bytes) != spec.n_layer:
         return None
