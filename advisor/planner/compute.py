@@ -7,8 +7,8 @@ Follows llama.cpp 0c1e570 (b11312): ggml/src/ggml-alloc.c (a tensor freed after 
 allocated first), src/llama-context.cpp llama_context::sched_reserve and graph_reserve (the reserve graph),
 ggml/src/ggml-backend.cpp ggml_backend_sched_split_graph (the inputs on the host, a split's copies of them). The buffer
 has no closed form: it is the largest of the graph's live sets, each a closed form (kvadvise.planner.sizes), or, for
-the dense llama-family graphs, ggml-alloc's own figure over the reserve graph (kvadvise.planner.galloc over
-kvadvise.planner.llama_graph, Qwen3-MoE's routed experts included). Checked against llama.cpp's own allocation pass (llama-fit-params b11312 on RPC
+the dense llama-family graphs and Qwen3-MoE's, ggml-alloc's own figure over the reserve graph (kvadvise.planner.galloc
+over kvadvise.planner.llama_graph). Checked against llama.cpp's own allocation pass (llama-fit-params b11312 on RPC
 devices, real-size layers of 20 families, tests/test_oracle.py; the 220 buffers of benchmarks/bench_galloc.py's grid,
 tests/test_galloc.py; a split without pipeline parallelism, benchmarks/bench_split.py --no-pipeline) and published
 CUDA, Metal and Vulkan logs (tests/data/published). The rules for routed experts kept in host memory are
@@ -216,8 +216,10 @@ def _exact_device_compute(spec: ModelSpec, lay: ContextLayout) -> int | None:
     return None if shape is None else _reserved(shape, ALIGNMENT[lay.device])
 
 
-def _replay_shape(spec: ModelSpec, lay: ContextLayout) -> LlamaShape | None:
-    """The reserve graph :func:`_exact_device_compute` replays for ``spec`` at ``lay`` (None: not replayed)."""
+def _replay_shape(spec: ModelSpec, lay: ContextLayout, *, experts_anywhere: bool = False) -> LlamaShape | None:
+    """The reserve graph :func:`_exact_device_compute` replays for ``spec`` at ``lay`` (None: not replayed).
+    ``experts_anywhere``: a MoE's routed experts may be in host memory (:func:`host_experts_device_compute` builds their
+    CPU splits); else a MoE is replayed only with every block's experts on the device (:func:`moe_replayed`)."""
     legacy = builds.older_than(lay.llama_build, builds.GRAPH_OPTIMIZE)
     # b6302 to b9409: a5bb8ba4's graph (the f32 flash-attention mask) on CUDA, an RPC device or the CPU (no
     # graph_optimize: allocated as built; Ollama 0.13's CPU runner at b6840 as printed, tests/data/published 103:
@@ -228,7 +230,8 @@ def _replay_shape(spec: ModelSpec, lay: ContextLayout) -> LlamaShape | None:
     # b11312's graph: an unknown build follows the newest rules (builds.older_than)
     newest = lay.llama_build is None or lay.llama_build >= builds.REFERENCE
     uniform = len(set(spec.n_head)) == 1 and len(set(spec.n_head_kv)) == 1
-    moe = newest and moe_replayed(spec)  # qwen3moe's build_moe_ffn, b11312's graph only
+    # qwen3moe's build_moe_ffn, b11312's graph only
+    moe = newest and (_moe_graph(spec) if experts_anywhere else moe_replayed(spec))
     if not (
         (lay.device in ("rpc", "cpu", "cuda") if newest else legacy or (mid and lay.device in ("cuda", "cpu")))
         and (spec.architecture in (_EXACT_ARCHS_LEGACY if legacy else _EXACT_ARCHS) or moe)
@@ -271,10 +274,9 @@ def host_experts_device_compute(spec: ModelSpec, lay: ContextLayout, n_cpu_moe: 
     blocks moved, not monotonically (a tiny qwen3moe of one used expert at 4k: 64.50 MiB full, 66.50 at 1, 2, 4 and 5
     blocks, 64.50 at 3, 68.50 at 6 of 6).
     None where not replayed: another architecture or build, or a device that op-offloads (a GPU copies the weights in)."""
-    if lay.device != "rpc" or n_cpu_moe <= 0 or len(spec.layer_expert_bytes) != spec.n_layer:
+    if lay.device != "rpc" or n_cpu_moe <= 0:
         return None
-    # the graph is the same whichever blocks hold the experts' bytes: plan it as the full offload's
-    shape = _replay_shape(replace(spec, layer_expert_bytes=(1,) * spec.n_layer), lay)
+    shape = _replay_shape(spec, lay, experts_anywhere=True)
     if shape is None or not shape.n_expert:
         return None
     n = min(n_cpu_moe, spec.n_layer)
@@ -300,11 +302,16 @@ def replay_surplus_bytes(spec: ModelSpec, lay: ContextLayout) -> int:
 
 
 def moe_replayed(spec: ModelSpec) -> bool:
-    """A MoE whose graph llama_graph replays: qwen3moe with routed experts in every block (their weights on the device or
-    not: the graph is the same), no shared expert, no NextN block."""
+    """A MoE whose full offload llama_graph replays: :func:`_moe_graph`'s, every block's routed experts on the device (a
+    block --n-cpu-moe moved holds none of their bytes: its CPU split is :func:`host_experts_device_compute`'s)."""
+    return _moe_graph(spec) and all(spec.layer_expert_bytes)
+
+
+def _moe_graph(spec: ModelSpec) -> bool:
+    """A MoE whose graph llama_graph builds: qwen3moe with routed experts in every block, no shared expert."""
     return (
         spec.architecture in _EXACT_MOE_ARCHS and spec.n_expert > 0 and spec.n_expert_used > 0 and not spec.n_ff_shexp
-        and len(spec.layer_expert_bytes) == spec.n_layer and all(spec.layer_expert_bytes)
+        and len(spec.layer_expert_bytes) == spec.n_layer
         # not host_experts.without_routed_ffn's experts one value wide: they stand for CPU splits not replayed here
         and (spec.n_ff_exp or spec.n_ff) > 1
     )  # fmt: skip

@@ -26,11 +26,7 @@ from dataclasses import replace
 from kvadvise.model.ggml import ALIGNMENT, pad
 from kvadvise.model.spec import ModelSpec
 from kvadvise.planner import builds
-from kvadvise.planner.compute import (
-    device_compute_bytes,
-    host_compute_bytes,
-    unpipelined_split_compute,
-)
+from kvadvise.planner.compute import device_compute_bytes, host_compute_bytes, unpipelined_split_compute
 from kvadvise.planner.galloc import Graph, GraphBuilder, flat, reserve_sizes
 from kvadvise.planner.layout import ContextLayout, layer_shapes
 from kvadvise.planner.sizes import (
@@ -130,9 +126,8 @@ def host_experts_device_growth(
     shape at ubatch 512, 26 MiB (4.6 %) at 2048; never below. A qwen3moe of the same size (no shared expert)
     moves by at most 0.5 MiB (up to 16 MiB on other shapes), inside the phases' full-offload figure: no growth is
     planned from that figure (a partial plan's base, offload._partial_base); one RPC device's figure is replayed
-    (compute.host_experts_device_compute). Without flash
-    attention a shared-expert model's device holds at least :func:`_shared_scores_growth` above ``base`` (the device's
-    own figure in a split; None: the full offload's)."""
+    (compute.host_experts_device_compute). Without flash attention a shared-expert model's device holds at least
+    :func:`_shared_scores_growth` above ``base`` (the device's own figure in a split; None: the full offload's)."""
     if spec.n_expert and not spec.n_ff_shexp and spec.architecture in EXPERT_BIAS_GROWTH:
         # ``device_experts``: some later blocks still run their experts on the device. Where ggml-alloc finds the room
         # depends on the tensors' sizes: experts narrower than n_embd (not gpt-oss's own shapes) grew by nothing with

@@ -1,10 +1,9 @@
 """The reserve graph of a llama-family model (llama, phi3, qwen2, qwen3, qwen3moe's routed experts; glm4 as spring
-2025 built it) with every layer on one device, node by node, as ggml_backend_sched hands it to ggml-alloc (kvadvise.planner.galloc),
-llama.cpp b11312 (0c1e570).
+2025 built it) with every layer on one device, node by node, as ggml_backend_sched hands it to ggml-alloc
+(kvadvise.planner.galloc), llama.cpp b11312 (0c1e570).
 
 Followed: src/models/llama.cpp (llama_model_llama::graph), src/models/qwen3moe.cpp (qwen3's attention, then
-build_moe_ffn), src/models/phi3.cpp (its SWA is disabled by
-llama.cpp: graph<false>), src/models/qwen2.cpp and qwen3.cpp (src/models/granite.cpp is llama's graph with scales that run in place), llm_graph_context::build_norm, build_qkv,
+build_moe_ffn), src/models/phi3.cpp (its SWA is disabled by llama.cpp: graph<false>), src/models/qwen2.cpp and qwen3.cpp (src/models/granite.cpp is llama's graph with scales that run in place), llm_graph_context::build_norm, build_qkv,
 build_attn / build_attn_mha (src/llama-graph.cpp), build_ffn (LLM_FFN_SILU, LLM_FFN_PAR: ggml_swiglu_split),
 llama_kv_cache::cpy_k / cpy_v (src/llama-kv-cache.cpp), in the order ggml_build_forward_expand visits them
 (sources depth first; build_attn expands Q, then V, then K). ggml_backend_sched_split_graph

@@ -42,8 +42,8 @@ from kvadvise.planner import builds
 from kvadvise.planner.compute import (
     compute_bytes,
     device_compute_bytes,
-    host_experts_device_compute,
     host_compute_bytes,
+    host_experts_device_compute,
     op_offload_growth,
     unpipelined_split_compute,
 )
@@ -1050,11 +1050,10 @@ def _offloaded(
     moved = experts_moved(spec)  # the blocks whose experts --n-cpu-moe moved (their matmuls in CPU splits)
     # a replayed graph of the first blocks' experts in host memory (compute.host_experts_device_compute: qwen3moe on an
     # RPC device), where the blocks moved are the first ones, as --n-cpu-moe moves them
-    n_moved = moved.index(False) if moved is not None and False in moved else len(moved or ())
+    n_moved = sum(moved or ())
+    first_moved = moved == tuple(il < n_moved for il in range(spec.n_layer))
     host_replay = (
-        host_experts_device_compute(spec, lay, n_moved)
-        if cfg.host_experts and n_dev == 1 and moved is not None and not any(moved[n_moved:])
-        else None
+        host_experts_device_compute(spec, lay, n_moved) if cfg.host_experts and n_dev == 1 and first_moved else None
     )
     output_layer_weights = output_layer_bytes(spec, cuda)
     devices = []

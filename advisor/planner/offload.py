@@ -434,13 +434,15 @@ def partial_offload(
     biased = biased_experts_grow(spec)
 
     @functools.cache
-    def host_replay(n_cpu_moe: int) -> int | None:
+    def host_replay(n_cpu: int, n_cpu_moe: int) -> int | None:
         # one RPC device, the experts of the first blocks in host memory, no whole block on the CPU: ggml-alloc's own
         # figure of that graph (compute.host_experts_device_compute: a qwen3moe), in place of the steps below
-        return host_experts_device_compute(spec, lay, n_cpu_moe) if one_device and not offloads else None
+        if n_cpu or not n_cpu_moe or not one_device or offloads:
+            return None
+        return host_experts_device_compute(spec, lay, n_cpu_moe)
 
     def split_compute(n_cpu: int, n_cpu_moe: int) -> int:  # the first device's compute beyond the full offload's
-        if n_cpu == 0 and n_cpu_moe > 0 and (exact := host_replay(n_cpu_moe)) is not None:
+        if (exact := host_replay(n_cpu, n_cpu_moe)) is not None:
             return exact - full.devices[0].compute_bytes
         if n_cpu >= n_layer:  # -ngl 1: the output layer alone (memory.output_layer_alone_bytes), whose figure holds
             # what it takes in from the CPU's last block: less the one and a half ``last_out`` tail_cut adds for it
@@ -498,7 +500,7 @@ def partial_offload(
         output (``expert_out``)."""
         n_dev = len(layers.fixed)
         cut = [0] * n_dev
-        if not full_compute or (offloads and n_dev == 1) or (n_cpu == 0 and n_cpu_moe > 0 and host_replay(n_cpu_moe)):
+        if not full_compute or (offloads and n_dev == 1) or host_replay(n_cpu, n_cpu_moe) is not None:
             return cut
         owner = _partial_owner(spec.n_layer_all, n_dev, ts, n_cpu, output_on_host)
         ruled: set[int] = set()  # devices sized by host_experts.host_experts_split_compute, their boundary included
