@@ -199,7 +199,7 @@ def _config_request(cfg: RunConfig) -> PlanRequest:
 # RunConfig's fields the planner sets itself (placement, op offload, pipelining, the devices found): estimate()
 # takes them; plan() decides them, so one given to it is refused rather than dropped without a word
 _PLANNED_FIELDS: tuple[str, ...] = ("device_names", "devices", "rpc_servers", "op_offload_copy_bytes")
-_PLANNED_FIELDS += ("host_experts", "pipeline", "output_on_host")
+_PLANNED_FIELDS += ("host_experts", "pipeline", "output_on_host", "auto_batch")
 
 
 def _planner_fields(cfg: RunConfig) -> None:

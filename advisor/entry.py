@@ -365,6 +365,7 @@ def _plan(
         llama_build=llama_build,
         sampling_penalties=r.sampling_penalties,
         embeddings=shaped.embeddings,
+        auto_batch=shaped.auto_batch(hw) if shaped.auto_batch is not None else (),
     )
     policy = policy_of(
         r,

@@ -56,10 +56,6 @@ def _json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
 # --- (1) the CPU's automatic num_batch where kvadvise chooses the context ------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="held: Ollama's automatic num_batch is planned on the CPU for a context given with --ctx; where kvadvise picks the context (the recommendation, --target-ctx, --users, the API's target) the batch would have to follow every context tried",
-)
 def test_r21b_cpu_recommended_context_runs_ollamas_batch(qstore: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Command: ``kvadvise ollama qa --device cpu --json`` (no --ctx: kvadvise recommends the context).
     kvadvise: recommends num_ctx 32,768 (the Modelfile it prints and writes: ``PARAMETER num_ctx 32768``, no
@@ -71,6 +67,7 @@ def test_r21b_cpu_recommended_context_runs_ollamas_batch(qstore: Path, capsys: p
     appendBatchArgs). The compute buffer planned is about half what llama-server allocates (UNDER).
     Missing rule: runtime.shape applies the CPU batch only when the request names n_ctx; the recommendation's
     chosen context (and each option's) needs the same batch_for_context.
+    Fixed: the search plans every context it tries at the batch Ollama picks for it (RunConfig.auto_batch).
     """
     plan = _json(capsys, "qa", "--device", "cpu")
     ctx = plan["config"]["n_ctx"]
@@ -83,10 +80,6 @@ def test_r21b_cpu_recommended_context_runs_ollamas_batch(qstore: Path, capsys: p
         plan["memory"]["compute_bytes"], fixed["memory"]["compute_bytes"])  # fmt: skip
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="held: as test_r21b_cpu_recommended_context_runs_ollamas_batch (the batch of a context kvadvise picks)",
-)
 def test_r21b_cpu_target_ctx_past_32k_runs_2048(qstore: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Command: ``kvadvise ollama qa --device cpu --target-ctx 65536 --json``.
     kvadvise: num_ctx 65,536 (Modelfile ``PARAMETER num_ctx 65536``, no num_batch), planned at -b 2048 -ub 512;
@@ -101,10 +94,6 @@ def test_r21b_cpu_target_ctx_past_32k_runs_2048(qstore: Path, capsys: pytest.Cap
     assert plan["config"]["n_ubatch"] == _go_batch(ctx) == 2048, plan["config"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="held: as test_r21b_cpu_recommended_context_runs_ollamas_batch (the batch of a context kvadvise picks)",
-)
 def test_r21b_cpu_users_batch_is_the_whole_context(qstore: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Command: ``kvadvise ollama qa --device cpu --users 3 --json``.
     kvadvise: OLLAMA_NUM_PARALLEL=3, num_ctx 32,768 per user (n_ctx 98,304 in all), planned at -ub 512.
@@ -141,10 +130,6 @@ def test_r21b_cpu_4k_batch_is_512_both(qstore: Path, capsys: pytest.CaptureFixtu
     assert (plan["config"]["n_batch"], plan["config"]["n_ubatch"]) == (512, 512), plan["config"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="held: as test_r21b_cpu_recommended_context_runs_ollamas_batch (the batch of a context kvadvise picks)",
-)
 def test_r21b_api_plan_target_ctx_cpu_batch(qstore: Path) -> None:
     """API: ``kvadvise.plan("qa", PlanRequest(device="cpu", target_ctx=65536), runtime="ollama")``.
     kvadvise: config n_ctx 65,536, n_batch 2048, n_ubatch 512 (and PlanRequest(device="cpu") alone: 32,768 at
@@ -244,10 +229,6 @@ def _mib(b: int) -> float:
     return b / 2**20
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="held: as test_r21b_gpu_single_plan_runs_ollamas_batch (ollama#16480's -ub 1024 on a Strix Halo)",
-)
 def test_r21b_gpt_oss_120b_strix_halo_published_batch(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -261,11 +242,17 @@ def test_r21b_gpt_oss_120b_strix_halo_published_batch(
     ``Host 1104 + 0 + 281`` MiB: K/V 9,306 MiB (kvadvise 36 MiB UNDER: the SWA cache's n_ubatch cells) and host
     compute 281 MiB (kvadvise 141 MiB UNDER, 50 %). Missing rule: the single-model plan on a GPU never applies
     scheduler.automatic_batch (only together.py's scheduler replay and, since the last commit, the CPU do).
+    Fixed (RunConfig.auto_batch, scheduler.batch_steps), planned on the memory that machine's ROCm reported (120.6
+    GiB, ``--vram``): the catalogue card is its 96 GiB BIOS share, where Ollama's 75 % headroom for -ub 1024 is not
+    met by its 78.6 GB prediction (the file and an f16 K/V of 262,144 tokens) and -ub 512 is what it runs.
     """
     use_store(monkeypatch, tmp_path / "store", tmp_path)
-    plan = _json(capsys, "gpt-oss:120b", "--gpu", "ryzen-ai-max-395-128gb", "--device", "rocm", "--ctx", "262144",
-                 "--parallel", "2", "--ollama-version", "0.30.2")  # fmt: skip
+    plan = _json(capsys, "gpt-oss:120b", "--vram", "120.6GiB", "--bandwidth", "256", "--device", "rocm", "--ctx",
+                 "262144", "--parallel", "2", "--ollama-version", "0.30.2")  # fmt: skip
     assert plan["config"]["n_ubatch"] == 1024, plan["config"]
+    card = _json(capsys, "gpt-oss:120b", "--gpu", "ryzen-ai-max-395-128gb", "--device", "rocm", "--ctx", "262144",
+                 "--parallel", "2", "--ollama-version", "0.30.2")  # fmt: skip
+    assert card["config"]["n_ubatch"] == 512, card["config"]  # 96 GiB: 0.75 x 103.1 GB < 78.6 GB predicted
     dev = plan["memory"]["devices"][0]
     assert abs(_mib(dev["kv_bytes"]) - 9306) <= 1, _mib(dev["kv_bytes"])
     assert abs(_mib(plan["memory"]["host"]["compute_bytes"]) - 281) <= 2, _mib(plan["memory"]["host"]["compute_bytes"])
@@ -292,10 +279,6 @@ def test_r21b_gpt_oss_120b_strix_halo_rocm_compute(
     assert _mib(dev["compute_bytes"]) >= 796 * 0.95, _mib(dev["compute_bytes"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="held: Ollama's automatic num_batch for one model on a GPU reads the GPU's free memory at load (sched.go automaticGenerationBatch): not replayed for one model (docs/commands.md)",
-)
 def test_r21b_gpu_single_plan_runs_ollamas_batch(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -305,6 +288,7 @@ def test_r21b_gpu_single_plan_runs_ollamas_batch(
     generationBatchForContext 1024; generationBatchFits: a ~6 GiB prediction is under 75 % of the ~23.5 GiB free
     and the 768 MiB surcharge fits under 80 %; flash attention on/auto, so not the CUDA no-FA cap): Ollama runs
     ``-b 1024 -ub 1024`` on both cards; the compute buffer grows with -ub (UNDER). Missing rule: as above.
+    Fixed: scheduler.batch_steps replays automaticGenerationBatch for the plan's GPUs (RunConfig.auto_batch).
     """
     use_store(monkeypatch, tmp_path / "store", tmp_path)
     bad = []

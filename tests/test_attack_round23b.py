@@ -78,11 +78,13 @@ def test_gemma2_llama_server_swa_cache_is_window_sized(
     """Regression guard (passes). ``kvadvise ollama gemma2:9b --ollama-version 0.30.0 --vram 24GiB --ctx 8192``.
     From 0.30 Ollama runs llama-server (no --swa-full in llm/llama_server.go), whose common_params.swa_full is false:
     llama_kv_cache_iswa sizes the SWA cache min(n_ctx, GGML_PAD(n_swa + n_ubatch, 256)) = 4096 + 512 = 4608 cells
-    (b11312 src/llama-kv-cache-iswa.cpp), not the full 8192."""
+    (b11312 src/llama-kv-cache-iswa.cpp), not the full 8192; n_ubatch is Ollama's automatic num_batch at 8,192 tokens,
+    1,024 (server/sched.go automaticGenerationBatch), so 4096 + 1024 = 5120 cells."""
     plan = _ollama(capsys, monkeypatch, "gemma2:9b", "--ollama-version", "0.30.0", "--vram", "24GiB", "--ctx", "8192")
     assert plan["ollama"]["release"]["runner"] == "llama-server"
+    assert plan["config"]["n_ubatch"] == 1024
     c = _caches(plan)
-    assert c["swa"]["k_bytes"] == 21 * 4608 * G2_KV_ROW, c
+    assert c["swa"]["k_bytes"] == 21 * 5120 * G2_KV_ROW, c
     assert c["kv"]["k_bytes"] == 21 * 8192 * G2_KV_ROW, c
     assert plan["config"]["swa_full"] is False
 

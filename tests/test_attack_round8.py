@@ -261,13 +261,6 @@ def test_batch_is_ollamas_num_batch_for_both_b_and_ub(capsys: pytest.CaptureFixt
     assert (doc["config"]["n_batch"], doc["config"]["n_ubatch"]) == (4096, 4096), doc["config"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="not fixed: Ollama >= 0.30's automatic generation batch (sched.go applyAutomaticGenerationBatch: -b N -ub N "
-    "of 1024 past 4k tokens, 2048 past 32k where its prediction leaves the headroom) is replayed for several models "
-    "(backends/ollama/scheduler.automatic_batch) but the one-model plan keeps llama-server's -ub 512: the batch "
-    "depends on the plan's own prediction, a second pass the runtime seam has no hook for yet",
-)
 def test_the_plan_runs_the_num_batch_ollamas_scheduler_picks(capsys: pytest.CaptureFixture[str]) -> None:
     """`kvadvise ollama small --gpu rtx-4090 --ctx 16k --json`: config n_batch 2048, n_ubatch 512 (llama-server's
     own defaults). Ollama never runs those: a model without its own num_batch gets automaticGenerationBatch
@@ -276,7 +269,8 @@ def test_the_plan_runs_the_num_batch_ollamas_scheduler_picks(capsys: pytest.Capt
     prediction is well under 75 % of the 4090's free memory), which `kvadvise ollama small alice/helper --ctx 16k -v`
     prints itself ("loads on GPU 0 (num_batch 1024)", backends/ollama/together.py footprint: -b = -ub). The
     one-model plan's compute buffer is that of -ub 512 (for an 8B-shaped model with a 152k vocabulary at 64k,
-    q8_0: 240 MiB planned, 960 MiB at -ub 2048). Expected: the plan at Ollama's num_batch (1024 here)."""
+    q8_0: 240 MiB planned, 960 MiB at -ub 2048). Expected: the plan at Ollama's num_batch (1024 here).
+    Fixed: RunConfig.auto_batch, the steps scheduler.batch_steps replays for the plan's GPUs."""
     doc = run_json(capsys, "ollama", "small", "--gpu", "rtx-4090", "--ctx", "16k")
     assert (doc["config"]["n_batch"], doc["config"]["n_ubatch"]) == (1024, 1024), doc["config"]
 

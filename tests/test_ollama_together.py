@@ -103,6 +103,88 @@ def test_automatic_batch_without_flash_attention_on_a_small_cuda_card() -> None:
     assert sched.automatic_batch(r, GiB, 20 * GiB, gpus(20)) == 512
 
 
+def _lookup(steps: tuple[tuple[int, int], ...], ctx: int) -> int:
+    """RunConfig.auto_batch as memory.auto_batched reads it."""
+    return next((b for upto, b in steps if ctx <= upto), steps[-1][1])
+
+
+def test_batch_steps_by_hand() -> None:
+    """scheduler.batch_steps for one 24 GiB GPU with 20 GiB free and a 4 GiB file of Llama-3-8B's shape (Ollama's
+    prediction: the file + 131,072 bytes of f16 K/V per token). By hand, sched.go automaticGenerationBatch:
+    up to 4,096 tokens 512; past it 1024 while predicted <= 75 % of 20 GiB (15 GiB: 90,112 tokens) and the 768 MiB
+    surcharge fits under 80 % (16 GiB - 768 MiB: 92,160 tokens, the higher); past 32,768 2048 while predicted <= 60 %
+    (12 GiB: 65,536 tokens), then 1024 up to 90,112 tokens, then 512."""
+    r = req("m", 4.0)
+    steps = sched.batch_steps(r, gpus(20), upto=131072)
+    per_token = 2 * 32 * 8 * 128 * 2
+    assert per_token == 131072
+    assert steps == ((4096, 512), (32768, 1024), (65536, 2048), (90112, 1024), (131072, 512)), steps
+    assert ((15 - 4) * GiB // per_token, (16 * GiB - 768 * MiB - 4 * GiB) // per_token) == (90112, 92160)
+
+
+@pytest.mark.parametrize(
+    ("frees", "file_gib", "fa"),
+    [((20.0,), 4.0, True), ((7.5,), 2.0, True), ((7.5,), 2.0, False), ((23.0,), 20.0, True), ((),  4.0, True),
+     ((11.0, 5.0), 6.0, True), ((9.0, 9.0), 9.0, True), ((20.0,), 4.0, False)],
+)  # fmt: skip
+def test_batch_steps_is_automatic_batch_at_every_context(frees: tuple[float, ...], file_gib: float, fa: bool) -> None:
+    """The steps give at every whole context what automaticGenerationBatch gives for that context on the GPUs
+    selectLlamaServerPlacement picks (scheduler._placement), nothing loaded: checked at every 64th token and at each
+    step's bounds and the token after it, on one GPU, two, none, and CUDA without flash attention (256 past 4k on 8
+    GiB or less)."""
+    r = sched.Request(**{**_fields(req("m", file_gib)), "flash_attention": fa})
+    gs = tuple(sched.Gpu(i, f"GPU{i}", 8 * GiB if f < 8 else 24 * GiB, int(f * GiB)) for i, f in enumerate(frees))
+    upto = 262144
+    steps = sched.batch_steps(r, gs, upto=upto)
+    free = [g.free_bytes for g in gs]
+
+    def direct(ctx: int) -> int:
+        q = sched.Request(**{**_fields(r), "num_ctx": ctx})
+        p = sched.predict_server_vram(q)
+        where = sched._placement(free, gs, p, False) if gs else ()
+        return sched.automatic_batch(q, p, sum(free[i] for i in where), [gs[i] for i in where])
+
+    points = {*range(1, upto + 1, 64), *(u for u, _ in steps), *(u + 1 for u, _ in steps if u < upto)}
+    bad = [(c, _lookup(steps, c), direct(c)) for c in sorted(points) if _lookup(steps, c) != direct(c)]
+    assert not bad, (steps, bad[:5])
+    assert all(a[0] < b[0] and a[1] != b[1] for a, b in itertools.pairwise(steps)), steps  # compressed, ascending
+
+
+def test_one_model_plan_runs_ollamas_batch_at_the_context_it_picks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``kvadvise ollama`` on a GPU, the context recommended (no --ctx) and given: the plan's -b and -ub are the
+    automatic num_batch Ollama >= 0.30 picks for that whole context on that card (scheduler.batch_steps), its compute
+    buffer that of that -ub (RunConfig.auto_batch at every context the search tries), the Modelfile without a
+    num_batch (one would fix it), a note when it is not 512; --batch stays what it says."""
+    from attack_helpers import use_store
+    from tinymodels import write_tiny_gguf
+
+    g = write_tiny_gguf(tmp_path / "q.gguf", "qwen3", n_ctx_train=131072)
+    build_store(tmp_path / "ostore", g, SHA, model="qa")
+    use_store(monkeypatch, tmp_path / "ostore", tmp_path)
+    for extra in ((), ("--ctx", "16384"), ("--ctx", "65536"), ("--ctx", "4096")):
+        rc, out, err = run(capsys, "ollama", "qa", "--gpu", "rtx-4090", "--ollama-version", "0.32.15", "--json", *extra)
+        assert rc == 0, err
+        doc = json.loads(out)
+        cfg = doc["config"]
+        want = sched.batch_for_context(cfg["n_ctx"])  # a tiny file: every check passes on a 4090
+        assert (cfg["n_batch"], cfg["n_ubatch"]) == (want, want), (extra, cfg)
+        assert "num_batch" not in doc["ollama"]["modelfile_parameters"], doc["ollama"]["modelfile_parameters"]
+        said = [n for n in doc["notes"] if "automatic num_batch" in n]
+        assert bool(said) == (want != 512), (extra, said)
+        by_hand = estimate(
+            from_gguf(read_file(g)),
+            RunConfig(n_ctx=cfg["n_ctx"], n_batch=want, n_ubatch=want, flash_attn="on", device="cuda"),
+        )
+        assert doc["memory"]["compute_bytes"] == by_hand.compute_bytes
+    rc, out, err = run(capsys, "ollama", "qa", "--gpu", "rtx-4090", "--ctx", "65536", "--batch", "256", "--json")
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert (doc["config"]["n_batch"], doc["config"]["n_ubatch"]) == (256, 256)
+    assert doc["ollama"]["modelfile_parameters"]["num_batch"] == 256
+
+
 def test_first_model_loads_whatever_its_size_the_next_is_checked_at_80_percent() -> None:
     """load(): nothing loaded, no pre-flight (a model too large spills through --fit); with others loaded,
     the prediction plus the batch surcharge must be at most 80 % of the free memory, else one is evicted."""

@@ -189,6 +189,10 @@ class RunConfig:
     # the context keeps each output's embedding beside its logits (llama_context_params.embeddings: Ollama's
     # llamarunner sets it, v0.18.2:llama/llama.go NewContextParams): the output buffer holds n_embd more floats a row
     embeddings: bool = False
+    # -b = -ub chosen by the runtime from the whole context, not given (Ollama >= 0.30's automatic num_batch,
+    # server/sched.go automaticGenerationBatch): steps of (the largest n_ctx, the batch), ascending, the last for every
+    # larger context too (:func:`auto_batched`); () = n_batch and n_ubatch as given
+    auto_batch: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         # llama.cpp reads -c, -np, -b, -ub as int32 (common/arg.cpp std::stoi); a larger number would be
@@ -241,6 +245,13 @@ class RunConfig:
             "mmproj": ("a ProjectorSpec (kvadvise.model.projector.projector_from_gguf) or None", projector),
             "draft": ("a ModelSpec (kvadvise.load_model) or None", lambda v: v is None or isinstance(v, ModelSpec)),
             "tensor_split": ("a tuple of numbers", lambda v: isinstance(v, tuple)),
+            "auto_batch": (
+                "a tuple of (n_ctx, batch) pairs of whole numbers",
+                lambda v: (
+                    isinstance(v, tuple)
+                    and all(isinstance(x, tuple) and len(x) == 2 and all(whole(y) and y > 0 for y in x) for x in v)
+                ),
+            ),
         }
         for name in ("flash_attn", "device", "runtime", "cpu_repack"):
             kinds[name] = ("a string", lambda v: isinstance(v, str))
@@ -353,8 +364,20 @@ class MemoryEstimate:
     draft: MemoryEstimate | None = None  # -md: the draft model's own context (in the devices' and host totals)
 
 
+def auto_batched(cfg: RunConfig, n_ctx_train: int = 0) -> RunConfig:
+    """``cfg`` with the -b and -ub its runtime picks for its whole context (:attr:`RunConfig.auto_batch`; -c 0 is the
+    training context, ``n_ctx_train``): the first step whose n_ctx holds it, else the last."""
+    if not cfg.auto_batch:
+        return cfg
+    n_ctx = cfg.n_ctx or n_ctx_train
+    batch = next((b for upto, b in cfg.auto_batch if n_ctx <= upto), cfg.auto_batch[-1][1])
+    return cfg if cfg.n_batch == cfg.n_ubatch == batch else replace(cfg, n_batch=batch, n_ubatch=batch)
+
+
 def resolve(spec: ModelSpec, cfg: RunConfig) -> ContextLayout:
-    """llama_context::llama_context(): n_ctx, n_batch and n_ubatch as llama.cpp sets them."""
+    """llama_context::llama_context(): n_ctx, n_batch and n_ubatch as llama.cpp sets them (the runtime's own batch for
+    the context where it picks one: :func:`auto_batched`)."""
+    cfg = auto_batched(cfg, spec.n_ctx_train)
     if cfg.n_ctx < 0 or cfg.n_parallel < 1 or cfg.n_batch < 1 or cfg.n_ubatch < 1:
         raise ConfigError("n_ctx must be >= 0 and n_parallel, n_batch, n_ubatch >= 1")
     if cfg.n_outputs_max is not None and cfg.n_outputs_max < 0:

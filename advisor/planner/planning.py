@@ -13,7 +13,7 @@ from kvadvise.planner.budget import DEFAULT_MARGIN_BYTES, Budget, plan_budget
 from kvadvise.planner.fitsplit import refit
 from kvadvise.planner.hardware import Hardware, RpcHost
 from kvadvise.planner.hostram import HostRam, plan_host_ram
-from kvadvise.planner.memory import MemoryEstimate, RunConfig, estimate
+from kvadvise.planner.memory import MemoryEstimate, RunConfig, auto_batched, estimate
 from kvadvise.planner.policy import Policy
 from kvadvise.planner.recommender import (
     Recommendation,
@@ -273,6 +273,7 @@ def make_plan(
     cfg = replace(base, device=budget.device) if budget is not None and base.device == "auto" else base
     if cfg.device == "auto":
         cfg = replace(cfg, device="cpu")
+    cfg = auto_batched(cfg, spec.n_ctx_train)  # the batch the runtime picks for the context asked
     if budget is not None and policy.fixed_kv is None:  # --ctx alone: the cache type is still the policy's
         cfg, chosen = cache_for_ctx(spec, cfg, budget, policy)
         notes = (*notes, *chosen)

@@ -40,6 +40,7 @@ from kvadvise.model.spec import ModelSpec
 from kvadvise.planner.memory import (
     CTX_PAD,
     RunConfig,
+    auto_batched,
     auto_fa_missing,
     cuda_fattn_decides,
     cuda_flash_attn_missing,
@@ -168,14 +169,17 @@ def gqa_ratio(spec: ModelSpec) -> int:
 
 
 def config_at(base: RunConfig, n_ctx_seq: int, kv: KV, fa: bool, device: str) -> RunConfig:
-    """``base`` run with ``n_ctx_seq`` tokens per sequence, cache types ``kv`` and flash attention ``fa``."""
-    return replace(
-        base,
-        n_ctx=n_ctx_seq * base.n_parallel,
-        type_k=kv[0],
-        type_v=kv[1],
-        flash_attn="on" if fa else "off",
-        device=device,
+    """``base`` run with ``n_ctx_seq`` tokens per sequence, cache types ``kv`` and flash attention ``fa`` (and the batch
+    its runtime picks for that context: memory.auto_batched)."""
+    return auto_batched(
+        replace(
+            base,
+            n_ctx=n_ctx_seq * base.n_parallel,
+            type_k=kv[0],
+            type_v=kv[1],
+            flash_attn="on" if fa else "off",
+            device=device,
+        )
     )
 
 

@@ -60,6 +60,9 @@ class Shaped:
     # the last block whose experts stay on the CPU may keep its up and gate projections on the GPU: a command that
     # takes -ot (llama-server, llama-cli), or llama.cpp's --fit placing them itself (Ollama 0.30 on)
     expert_overflow: bool = False
+    # the runtime picks -b = -ub itself from the whole context and the machine (Ollama >= 0.30's automatic num_batch):
+    # the steps of RunConfig.auto_batch for the plan's hardware (None: the request's -b / -ub)
+    auto_batch: Callable[[Hardware | None], tuple[tuple[int, int], ...]] | None = None
 
 
 def _no_hints(result: object, path: Path) -> tuple[str, ...]:

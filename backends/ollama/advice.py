@@ -177,7 +177,8 @@ def advise(
         # left with it on: OLLAMA_FLASH_ATTENTION=0 would turn it off for every other model of the server
         flash_attention=cfg.flash_attn != "off"
         or (release is not None and release.refuses_flash_attention(model.spec)),
-        num_batch=runner_num_batch or (cfg.n_batch if cfg.n_batch != 2048 else None),
+        # Ollama's own automatic num_batch (RunConfig.auto_batch) is not written: a num_batch would fix it
+        num_batch=runner_num_batch or (cfg.n_batch if cfg.n_batch != 2048 and not cfg.auto_batch else None),
         fit_target_mib=fit_target,
         server_default=server_default,
         repeatable=repeatable,

@@ -210,6 +210,7 @@ class OllamaRuntime:
             )
         r = replace(request, type_k=kv, type_v=kv)
         notes: tuple[str, ...] = ()
+        auto_batch: Callable[[Hardware | None], tuple[tuple[int, int], ...]] | None = None
         # getRunner's floors (rules.run_num_ctx): 4 tokens in every release kvadvise knows (v0.11.0 has it), 2,048
         # for a vision model from 0.11.5
         vision = rules.is_vision(model) and (rel.v is None or rel.v >= rules.VISION_MIN_FROM)
@@ -242,16 +243,14 @@ class OllamaRuntime:
                 # llm/llama_server.go appendBatchArgs(embedding): -b = -ub = min(2048, the whole context), any device
                 batch = scheduler.embedding_batch(r.n_ctx)
                 r = replace(r, n_batch=batch, n_ubatch=batch)
-            elif r.device == "cpu" and r.n_ctx:
-                # server/sched.go automaticGenerationBatch (0.30 and later): without a GPU its memory checks always
-                # pass, so a CPU-only load runs the context's batch (1,024 past 4k tokens, 2,048 past 32k): a
-                # published CPU-only load of qwen2.5-coder 14B at 16k under 0.33.1 printed 274.02 MiB of compute at -ub
-                # 1024, 137 planned at 512 before
-                # (appendBatchArgs passes it as -b N -ub N, 512 too)
-                batch = scheduler.batch_for_context(r.n_ctx)
-                r = replace(r, n_batch=batch, n_ubatch=batch)
-                if batch != scheduler.BATCH_DEFAULT:
-                    notes = (*notes, f"Ollama's automatic num_batch on the CPU: -b {batch} -ub {batch}")
+            elif not scheduler.is_embedding(spec):
+                # server/sched.go automaticGenerationBatch (0.30 and later; routes.go usesAutomaticNumBatch: no
+                # num_batch given): the batch follows the whole context (1,024 past 4k tokens, 2,048 past 32k), lowered
+                # where Ollama's own prediction of the model leaves too little of the GPU's free memory; without a GPU
+                # its checks pass. appendBatchArgs passes it as -b N -ub N, 512 too. Planned at every context the
+                # search tries (RunConfig.auto_batch): a published CPU-only load of qwen2.5-coder 14B at 16k under
+                # 0.33.1 printed 274.02 MiB of compute at -ub 1024, 137 planned at 512 before
+                auto_batch = _auto_batch(model, r)
         if not rel.in_process:
             n_max = rules.mtp_draft_n_max(model)
             r = replace(r, spec_type="draft-mtp", spec_draft_n_max=n_max) if n_max else r
@@ -288,6 +287,7 @@ class OllamaRuntime:
             output_first=True if rel.runner == "ollamarunner" else None,
             # the llamarunner's context keeps each output's embedding (llama/llama.go NewContextParams: embeddings)
             embeddings=rel.runner == "llamarunner",
+            auto_batch=auto_batch,
         )
 
     def place(self, plan: Plan, replan: Callable[[Hardware], Plan]) -> Plan:
@@ -376,6 +376,13 @@ class OllamaRuntime:
                 f"the GPU's share {m.wired_limit_bytes / (1 << 30):.2f} GiB: macOS swaps (ollama#18131)"
             )
             return replace(plan, advice=advice, fits=False, offload=None, notes=(*plan.notes, note))
+        cfg = plan.config
+        if cfg.auto_batch and cfg.n_ubatch != scheduler.BATCH_DEFAULT:
+            note = (
+                f"Ollama runs -b {cfg.n_batch} -ub {cfg.n_ubatch} here, its automatic num_batch for {cfg.n_ctx:,} "
+                "tokens in all (server/sched.go automaticGenerationBatch), and so it is planned"
+            )
+            return replace(plan, advice=advice, notes=(*plan.notes, note))
         return replace(plan, advice=advice)
 
     def _runner(self, plan: Plan, num_ctx: int, server_version: str | None) -> RunnerPlan | None:
@@ -433,6 +440,31 @@ def release_build(rel: OllamaRelease) -> BuildChoice:
         return BuildChoice(p.build, f"{named} vendors it, Makefile.sync {p.commit[:9]}")
     why = f"{named} vendors it (Makefile.sync, pinned {p.pinned_on}); its build number is not known here"
     return BuildChoice(p.rules_build, f"{why}: planned by the rules of b{p.rules_build}", label=p.commit[:9])
+
+
+def _auto_batch(model: OllamaModel, r: PlanRequest) -> Callable[[Hardware | None], tuple[tuple[int, int], ...]]:
+    """Ollama's automatic num_batch for ``model`` loaded alone, by the whole context, on the plan's hardware
+    (scheduler.batch_steps: server/sched.go load -> applyAutomaticGenerationBatch with predictedCtx = num_ctx x slots,
+    PredictServerVRAM of the blob and the free memory of the GPUs selectLlamaServerPlacement picks); ``--device
+    cpu``: no GPU (its memory checks pass). Flash attention off on a CUDA GPU keeps 512 (256 past 4k on 8 GiB or
+    less: constrainedCUDAWithoutFlashAttention)."""
+    spec = model.spec
+    n_layer, n_embd, n_head_max, n_head_kv_min = scheduler.prediction_shape(spec)
+    alone = scheduler.Request(
+        name=model.ref, model_key=model.ref, file_bytes=model.model_bytes or spec.weights_bytes,
+        n_layer=n_layer, n_embd=n_embd, n_head_max=n_head_max, n_head_kv_min=n_head_kv_min,
+        num_ctx=0, num_parallel=1, completion=True, keep_alive_s=scheduler.DEFAULT_KEEP_ALIVE_S, fit_target_bytes=0,
+        footprint=lambda n_ctx, batch, frees: (), flash_attention=r.flash_attn != "off",
+    )  # fmt: skip
+    # the whole context Ollama runs: num_ctx per slot at most the training context (effectiveLlamaServerContext)
+    upto = spec.n_ctx_train * max(1, r.n_parallel) if spec.n_ctx_train else (r.n_ctx or 0) or 1 << 30
+
+    def steps(hw: Hardware | None) -> tuple[tuple[int, int], ...]:
+        on_gpu = hw is not None and hw.gpus and r.device != "cpu"
+        gpus = scheduler.scheduler_gpus(hw, headless=r.headless) if hw is not None and on_gpu else ()
+        return scheduler.batch_steps(alone, gpus, upto=upto, spread=rules.sched_spread())
+
+    return steps
 
 
 def in_process_request(spec: ModelSpec, r: PlanRequest, rel: OllamaRelease) -> tuple[PlanRequest, int, tuple[str, ...]]:

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from kvadvise.model.spec import ModelSpec
+    from kvadvise.planner.hardware import Hardware
 
 DEFAULT_MODELS_PER_GPU = 3  # sched.go defaultModelsPerGPU
 PLACEMENT_SHARE = (80, 100)  # sched.go: a prediction must be at most 80 % of the free memory
@@ -173,6 +174,34 @@ class Residency:
         return all(n in here for n in names)
 
 
+def scheduler_gpus(hw: Hardware, *, headless: bool) -> tuple[Gpu, ...]:
+    """The GPUs as the scheduler sees them: what each reports free, less what the plan keeps for a
+    display (kvadvise.planner.budget: the one budget rule; the fit margin is the scheduler's own here)."""
+    from kvadvise.planner.budget import plan_budget
+    from kvadvise.planner.planning import BACKEND_PREFIX
+
+    b = plan_budget(hw, 0, headless=headless)
+    frees = b.device_budgets if len(b.device_budgets) == len(hw.gpus) else (b.budget_bytes,)
+    # OLLAMA_GPU_OVERHEAD is not taken off here: from 0.30 server/sched.go reads it for a log line only ("gpu memory
+    # ... overhead"), placement, the 80 % rule and the batch read gpu.FreeMemory (it sizes the context tier:
+    # routes.go, rules.tier_vram_bytes)
+    return tuple(
+        Gpu(
+            g.index, g.name, g.total_bytes, f, integrated=g.unified_memory, cuda=g.backend == "cuda",
+            device=f"{BACKEND_PREFIX.get(g.backend, 'CUDA')}{g.index}",
+        )
+        for g, f in zip(hw.gpus, frees, strict=True)
+    )  # fmt: skip
+
+
+def prediction_shape(spec: ModelSpec) -> tuple[int, int, int, int]:
+    """What llm.PredictServerVRAM reads of the GGUF besides its size: (block_count, embedding_length,
+    max(head_count), HeadCountKVMin) (fs/ggml/ggml.go HeadCountKVMin: UintOrMinArrayValue("attention.head_count_kv",
+    1): 1 where the file does not say it)."""
+    kv_min = min(spec.n_head_kv, default=0) if spec.head_count_kv_in_file else 1
+    return spec.n_layer_all, spec.n_embd, max(spec.n_head, default=0), kv_min
+
+
 def predict_server_vram(r: Request) -> int:
     """llm.PredictServerVRAM (llm/llama_server.go): the file plus an f16 K/V at the context x slots,
     with Ollama's head size embedding_length / max(head_count) (it ignores key_length, sliding windows,
@@ -194,6 +223,42 @@ def automatic_batch(r: Request, predicted: int, available: int, gpus: Sequence[G
     while batch > BATCH_DEFAULT and not _batch_fits(batch, predicted, available):
         batch = BATCH_MEDIUM if batch > BATCH_MEDIUM else BATCH_DEFAULT
     return batch
+
+
+def batch_steps(r: Request, gpus: Sequence[Gpu], *, upto: int, spread: bool = False) -> tuple[tuple[int, int], ...]:
+    """automaticGenerationBatch for ``r`` loaded alone (server/sched.go load: nothing else loaded, so each GPU's free
+    memory as it reports it) at every whole context (num_ctx x slots) up to ``upto``, as steps (the largest context,
+    the batch), ascending: memory.RunConfig.auto_batch. The batch moves only where generationBatchForContext's tiers
+    begin (past 4,096 and 32,768 tokens) and where Ollama's prediction of the model (PredictServerVRAM, the file plus
+    a K/V linear in the context) crosses a limit of generationBatchFits (80 % of the free memory, the tiers'
+    headroom, the surcharge under 80 %) or a GPU's 80 % share (selectLlamaServerPlacement), so the function is worked
+    out at those contexts only. Without a GPU the memory checks pass: generationBatchForContext alone."""
+    free = [g.free_bytes for g in gpus]
+
+    def at(ctx: int) -> int:
+        q = replace(r, num_ctx=ctx, num_parallel=1)
+        predicted = predict_server_vram(q)
+        where = _placement(free, gpus, predicted, spread) if gpus else ()
+        return automatic_batch(q, predicted, sum(free[i] for i in where), [gpus[i] for i in where])
+
+    base = predict_server_vram(replace(r, num_ctx=0, num_parallel=1))
+    per_token = predict_server_vram(replace(r, num_ctx=1, num_parallel=1)) - base
+    limits: set[int] = set()
+    for avail in {*free, sum(free)} if gpus else set():
+        share = avail * PLACEMENT_SHARE[0] // PLACEMENT_SHARE[1]
+        limits |= {share, *(avail * n // d for n, d in BATCH_HEADROOM.values())}
+        limits |= {share - b for b in BATCH_SURCHARGE.values() if b}
+    edges = {4096, 32768, upto}
+    if per_token > 0:  # predicted > limit from the context (limit - base) // per_token + 1 on
+        edges |= {(lim - base) // per_token for lim in limits if lim >= base}
+    steps: list[tuple[int, int]] = []
+    for edge in sorted(e for e in edges if 0 < e <= upto):
+        batch = at(edge)  # the batch of every context from the edge before, exclusive, to this one
+        if steps and steps[-1][1] == batch:
+            steps[-1] = (edge, batch)
+        else:
+            steps.append((edge, batch))
+    return tuple(steps)
 
 
 def batch_for_context(ctx: int) -> int:

@@ -270,15 +270,15 @@ def request(m: OllamaModel, s: Settings, device: str, context_length: int, own_c
         return tuple(devs)
 
     model_key = spec.source if m.source.startswith("store:") else f"{NAME_KEY}{m.ref}"
+    n_layer, n_embd, n_head_max, n_head_kv_min = sched.prediction_shape(spec)
     return sched.Request(
         name=m.ref,
         model_key=model_key,
         file_bytes=m.model_bytes or spec.weights_bytes,
-        n_layer=spec.n_layer_all,
-        n_embd=spec.n_embd,
-        n_head_max=max(spec.n_head, default=0),
-        # fs/ggml/ggml.go HeadCountKVMin: UintOrMinArrayValue("attention.head_count_kv", 1)
-        n_head_kv_min=min(spec.n_head_kv, default=0) if spec.head_count_kv_in_file else 1,
+        n_layer=n_layer,
+        n_embd=n_embd,
+        n_head_max=n_head_max,
+        n_head_kv_min=n_head_kv_min,
         num_ctx=num_ctx,
         num_parallel=n_parallel,
         completion=not embedding,
@@ -288,27 +288,6 @@ def request(m: OllamaModel, s: Settings, device: str, context_length: int, own_c
         flash_attention=s.flash_attention,
         digest=m.digest,
     )
-
-
-def scheduler_gpus(hw: Hardware, *, headless: bool) -> tuple[sched.Gpu, ...]:
-    """The GPUs as the scheduler sees them: what each reports free, less what the plan keeps for a
-    display (kvadvise.planner.budget: the one budget rule; the fit margin is the scheduler's own here)."""
-    from kvadvise.planner.budget import plan_budget
-
-    b = plan_budget(hw, 0, headless=headless)
-    frees = b.device_budgets if len(b.device_budgets) == len(hw.gpus) else (b.budget_bytes,)
-    # OLLAMA_GPU_OVERHEAD is not taken off here: from 0.30 server/sched.go reads it for a log line only ("gpu memory
-    # ... overhead"), placement, the 80 % rule and the batch read gpu.FreeMemory (it sizes the context tier:
-    # routes.go, rules.tier_vram_bytes)
-    from kvadvise.planner.planning import BACKEND_PREFIX
-
-    return tuple(
-        sched.Gpu(
-            g.index, g.name, g.total_bytes, f, integrated=g.unified_memory, cuda=g.backend == "cuda",
-            device=f"{BACKEND_PREFIX.get(g.backend, 'CUDA')}{g.index}",
-        )
-        for g, f in zip(hw.gpus, frees, strict=True)
-    )  # fmt: skip
 
 
 def plan_together(
@@ -328,7 +307,7 @@ def plan_together(
     from kvadvise.planner.budget import plan_budget
     from kvadvise.planner.policy import default_target_ctx
 
-    gpus = scheduler_gpus(hw, headless=headless)
+    gpus = sched.scheduler_gpus(hw, headless=headless)
     names = [m.ref for m in models]
     replay = _replayer(models, hw, gpus, loaded)
     primary = models[0]
@@ -535,7 +514,7 @@ def _closest(
     primary = models[0]
     ctxs = {h.ref: helper_contexts(h)[-1] for h in models[1:]}
     ctxs[primary.ref] = min(USEFUL_CTX, primary.spec.n_ctx_train or USEFUL_CTX)
-    res = _replayer(models, hw, scheduler_gpus(hw, headless=headless), loaded)(st, ctxs)
+    res = _replayer(models, hw, sched.scheduler_gpus(hw, headless=headless), loaded)(st, ctxs)
     at = ", ".join(f"{ref} {c:,}" for ref, c in ctxs.items())
     for step in res.steps:
         if step.action == "evict":
@@ -581,7 +560,7 @@ def _card_that_holds(models: Sequence[OllamaModel], s: Settings, hw: Hardware, t
             kv_cache_type=kv,
             context_length=rules.default_num_ctx(rules.tier_vram_bytes((bigger.gpus[0].total_bytes,), overhead)),
         )
-        if stays(_replayer(models, bigger, scheduler_gpus(bigger, headless=False), ())(st, ctxs), models):
+        if stays(_replayer(models, bigger, sched.scheduler_gpus(bigger, headless=False), ())(st, ctxs), models):
             return f"a card of {p.memory_bytes / GIB:.0f} GiB ({p.id}) holds them all, {primary.ref} at {ctx:,} tokens"
     return None
 

@@ -84,7 +84,8 @@ def plan_combinations(t: Together, hw: Hardware, *, headless: bool) -> Combinati
     """The combinations of ``t``'s models that stay loaded together: each replayed alone on the machine at
     the plan's settings and the context each model is written with (kvadvise.backends.ollama.together
     routed). When the plan keeps them all loaded, every part of them fits: nothing to replay."""
-    from kvadvise.backends.ollama.together import _replayer, routed, scheduler_gpus, stays
+    from kvadvise.backends.ollama.scheduler import scheduler_gpus
+    from kvadvise.backends.ollama.together import _replayer, routed, stays
 
     if t.fits:
         return everything([m.ref for m in t.models])
