@@ -53,6 +53,7 @@ def plan_for(
         return _plan_users(spec, request, runtime, hardware=hardware, found_build=found_build)
     refuse(runtime, request)
     shaped = runtime.shape(spec, request)
+    spec = shaped.spec or spec  # the model as the runtime loads it
     check(shaped.request)
     hw = hardware if hardware is not None else hardware_of(shaped.request)
     if hardware is None and hw is not None:  # (compare checks its cards together: check_margin)

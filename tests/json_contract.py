@@ -97,7 +97,7 @@ CASES: tuple[Case, ...] = (
     # several models on one Ollama server
     Case(
         "ollama_together",
-        ("ollama", "qwen3-coder", "gemma3:4b", "nomic-embed-text", "--gpu", "rtx-4090", "--json"),
+        ("ollama", "qwen3-coder", "qwen3:4b", "nomic-embed-text", "--gpu", "rtx-4090", "--json"),
         "together.schema.json",
         (0, 3),
     ),

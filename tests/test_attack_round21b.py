@@ -378,10 +378,6 @@ def test_r21b_ollama_format_blob_runs_on_ollamas_llama_server(
 # --- Ollama >= 0.30: an in-blob tower is the runner's --mmproj --------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="held: Ollama >= 0.30 passes a blob with its own tower as --mmproj too and raises LLAMA_ARG_FIT_TARGET by it; kvadvise plans the text model's budget",
-)
 def test_r21b_inblob_tower_is_mmproj_with_raised_fit_target(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -408,6 +404,38 @@ def test_r21b_inblob_tower_is_mmproj_with_raised_fit_target(
     vision = _json(capsys, "g3v", *args)["budget"]["budget_bytes"]
     raise_mib = -(-mmproj // 2**20)
     assert plain - vision >= raise_mib * 2**20, (plain, vision, raise_mib)
+
+
+def test_r21b_inblob_tower_is_the_projector_not_text_weights(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, the whole plan (kvadvise.backends.ollama.towers). Ollama 0.32.15: llama/compat hides the tower from
+    the text model's loader (llama-ollama-compat.cpp add_skip_prefix "v.", "mm.") and mtmd loads it from the blob
+    (handle_gemma3_clip: patch and position embeddings promoted to F32): the text weights are g3t's to the byte, the
+    projector holds the tower's tensors (the two embeddings at 4 bytes a value) and the compute of one 896 x 896
+    warmup image, the budget is Ollama's raise (51 MiB) less, and no LLAMA_ARG_FIT_TARGET is advised (Ollama sets it;
+    one set on the server would stand for every model). Ollama 0.20.2's runners load the blob whole: unchanged."""
+    import numpy as np
+
+    vt = _gemma3_store(tmp_path, monkeypatch)
+    args = ("--gpu", "rtx-4090", "--ctx", "4096", "--ollama-version", "0.32.15")
+    plain, vision = _json(capsys, "g3t", *args), _json(capsys, "g3v", *args)
+    dev_t, dev_v = plain["memory"]["devices"][0], vision["memory"]["devices"][0]
+    assert dev_v["weights_bytes"] == dev_t["weights_bytes"]
+    proj = vision["memory"]["projector"]
+    stored = {n: int(np.prod(s)) * np.dtype(t).itemsize for n, (s, t) in vt.items()}
+    f32 = ("v.patch_embedding.weight", "v.position_embedding.weight")
+    want = sum(-(-(b * 2 if n in f32 else b) // 128) * 128 for n, b in stored.items())  # CUDA's 128-byte alignment
+    assert proj["weights_bytes"] == want, (proj["weights_bytes"], want)
+    assert proj["compute_bytes"] == 22 * 4096 * 1152  # kvadvise.planner.projector: flash attention's ViT block
+    assert plain["budget"]["budget_bytes"] - vision["budget"]["budget_bytes"] == 51 * 2**20
+    assert vision["ollama"]["settings"]["fit_target_mib"] is None
+    assert "LLAMA_ARG_FIT_TARGET" not in vision["ollama"]["env"], vision["ollama"]["env"]
+    assert any("its own --mmproj" in n for n in vision["notes"])
+    old = ("--gpu", "rtx-4090", "--ctx", "4096", "--ollama-version", "0.20.2")
+    t20, v20 = _json(capsys, "g3t", *old), _json(capsys, "g3v", *old)
+    assert v20["memory"].get("projector") is None
+    assert t20["budget"]["budget_bytes"] == v20["budget"]["budget_bytes"]
 
 
 def test_r21b_gptoss_store_blob_of_a_library_name_is_planned_from_its_profile(
@@ -460,3 +488,38 @@ def _gemma3_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, 
     build_store(root, g, hashlib.sha256(g.read_bytes()).hexdigest(), model="g3v")
     use_store(monkeypatch, root, tmp_path)
     return vt
+
+
+def test_r21b_inblob_tower_is_no_text_matmul(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """kvadvise.model.architecture.from_gguf on the blob with its tower: the tower's bytes stay ModelSpec.tower_bytes,
+    but no text token multiplies by them (active_params, the prompt's FLOPs) and the text model's loader does not
+    repack them (matmul_weights: a v.* weight was taken for the output layer's, block -1)."""
+    from kvadvise.model.architecture import from_gguf
+    from kvadvise.model.gguf import read_file
+
+    _gemma3_store(tmp_path, monkeypatch)
+    text, tower = from_gguf(read_file(tmp_path / "g3.gguf")), from_gguf(read_file(tmp_path / "g3v.gguf"))
+    assert tower.tower_bytes == 53_411_328 and text.tower_bytes == 0
+    assert tower.active_params == text.active_params
+    assert [(w.n_bytes, w.block) for w in tower.matmul_weights] == [(w.n_bytes, w.block) for w in text.matmul_weights]
+
+
+def test_r21b_profile_tower_is_the_projector_on_llama_server(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``kvadvise ollama gemma3:4b --gpu rtx-4090 --ctx 8192`` from the built-in profile (no blob in the store): the
+    library blob holds its 834 MB tower (profiles/ollama_library.json), which Ollama 0.32.15 passes as its own --mmproj
+    (kvadvise.backends.ollama.towers.profile_tower). Only its size is known, so it is planned as a projector blob whose
+    header does not read (rules.projector_margin_bytes): out of the text weights, the budget less
+    ceil((834 MB + 1 GiB) / MiB) MiB, nothing advised for LLAMA_ARG_FIT_TARGET. Ollama 0.20.2 (its own runners) loads
+    the blob whole: the weights keep the tower, the budget its 1 GiB margin."""
+    use_store(monkeypatch, tmp_path / "store", tmp_path)
+    args = ("gemma3:4b", "--gpu", "rtx-4090", "--ctx", "8192")
+    new, old = _json(capsys, *args, "--ollama-version", "0.32.15"), _json(capsys, *args, "--ollama-version", "0.20.2")
+    tower = 834_000_000
+    assert old["memory"]["weights_bytes"] - new["memory"]["weights_bytes"] == tower
+    raise_bytes = -(-(tower + 2**30) // 2**20) * 2**20
+    # (a profile's weights are a published size: 3 % of them is kept free, kvadvise.planner.budget, less 3 % of the tower)
+    assert old["budget"]["budget_bytes"] - new["budget"]["budget_bytes"] == raise_bytes - tower * 3 // 100
+    assert "LLAMA_ARG_FIT_TARGET" not in new["ollama"]["env"]
+    assert any("1 GiB of margin stands in" in n for n in new["notes"])

@@ -372,19 +372,20 @@ def test_the_context_that_keeps_them_together(fake: FakeOllama, capsys: pytest.C
 def test_the_expert_plan_for_a_coding_model_and_its_helpers(
     fake: FakeOllama, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    """qwen3-coder, gemma3:4b and nomic-embed-text on a 4090: at the server's settings gemma3:4b evicts the
-    coding model. The plan keeps the coding model at 16k with a q8_0 cache (at f16 it reaches only 8k beside
-    the others), gemma3:4b at 4k, the embedding model at its batch; never a server-wide 2k context. The
-    files: the env, a Modelfile each, the router preset, all written."""
+    """qwen3-coder, qwen3:4b and nomic-embed-text on a 4090. The plan keeps the coding model at 28k with a q8_0
+    cache (at f16 it reaches only 12k beside the others), qwen3:4b at 4k, the embedding model at its batch; never a
+    server-wide 2k context. The files: the env, a Modelfile each, the router preset, all written. (gemma3:4b was the
+    helper here until its vision tower was planned as Ollama >= 0.30 runs it, its own --mmproj with the fit target
+    raised by its 795 MiB: beside the coding model at 8k it no longer fits, and the plan says so with that target.)"""
     folder = tmp_path / "mf"
     env = tmp_path / "ollama.env"
-    args = ("ollama", "qwen3-coder", "gemma3:4b", "nomic-embed-text", "--gpu", "rtx-4090")
+    args = ("ollama", "qwen3-coder", "qwen3:4b", "nomic-embed-text", "--gpu", "rtx-4090")
     rc, out, err = run(capsys, *args, "--write-modelfiles", str(folder), "--write-env", str(env))
     assert rc == 0, err
     assert len(out.splitlines()) <= 30, out
-    assert "qwen3-coder-16k" in out and "OLLAMA_KV_CACHE_TYPE=q8_0" in out and "OLLAMA_CONTEXT_LENGTH" not in out
-    assert (folder / "qwen3-coder-16k.Modelfile").read_text().count("PARAMETER num_ctx 16384") == 1
-    assert "FROM gemma3:4b" in (folder / "gemma3-4b-4k.Modelfile").read_text()
+    assert "qwen3-coder-28k" in out and "OLLAMA_KV_CACHE_TYPE=q8_0" in out and "OLLAMA_CONTEXT_LENGTH" not in out
+    assert (folder / "qwen3-coder-28k.Modelfile").read_text().count("PARAMETER num_ctx 28672") == 1
+    assert "FROM qwen3:4b" in (folder / "qwen3-4b-4k.Modelfile").read_text()
     assert "OLLAMA_KV_CACHE_TYPE=q8_0" in env.read_text()
     # all or none: an --write-env refused (it exists, no --force) leaves no Modelfile folder made for nothing
     other = tmp_path / "mf2"
@@ -393,17 +394,21 @@ def test_the_expert_plan_for_a_coding_model_and_its_helpers(
     rc, out, _ = run(capsys, *args, "--json")
     doc = json.loads(out)
     assert doc["recommended_kv_cache_type"] == "q8_0"
-    assert doc["recommended_contexts"] == {"qwen3-coder:latest": 16384, "gemma3:4b": 4096}
+    assert doc["recommended_contexts"] == {"qwen3-coder:latest": 28672, "qwen3:4b": 4096}
     assert doc["tried"] == [
-        {"kv_cache_type": "f16", "first_model_ctx": 8192},
-        {"kv_cache_type": "q8_0", "first_model_ctx": 16384},
+        {"kv_cache_type": "f16", "first_model_ctx": 12288},
+        {"kv_cache_type": "q8_0", "first_model_ctx": 28672},
     ]
     # Ollama's own prediction decided: each model after the first within 80 % of what was free
     loads = [s for s in doc["recommended"]["steps"] if s["action"] == "load"]
     assert all(s["predicted_bytes"] <= 0.8 * s["available_bytes"] for s in loads[1:])
     # on a 16 GB card they do not: what to leave out, and which card would hold them, with the numbers
-    rc, out, _ = run(capsys, "ollama", "qwen3-coder", "gemma3:4b", "nomic-embed-text", "--gpu", "rtx-4060-ti-16gb")
+    rc, out, _ = run(capsys, "ollama", "qwen3-coder", "qwen3:4b", "nomic-embed-text", "--gpu", "rtx-4060-ti-16gb")
     assert rc == 3 and "at the least (" in out and "a card of" in out
+    # gemma3:4b's tower: --fit keeps ceil((834 MB + 1 GiB) / MiB) = 1,820 MiB free for it
+    rc, out, _ = run(capsys, "ollama", "qwen3-coder", "gemma3:4b", "nomic-embed-text", "--gpu", "rtx-4090")
+    said = " ".join(out.split())  # (the text is wrapped)
+    assert rc == 3 and "gemma3:4b needs" in said and "--fit keeps 1,820 MiB of it free" in said, out
 
 
 def test_options_for_one_model_are_refused(fake: FakeOllama, capsys: pytest.CaptureFixture[str]) -> None:

@@ -345,6 +345,8 @@ _REPACK_TYPES = frozenset(
 )  # fmt: skip
 # 2-D weights that are read by GET_ROWS or another op, never by a matmul (src/llama-arch.cpp LLM_TENSOR_INFOS)
 # llama-arch.cpp LLM_TENSOR_INFOS: the input layer's tensors besides token_embd (kept on the CPU with it)
+# an Ollama-format blob's own vision/audio tower beside the text model's tensors (ModelSpec.tower_bytes)
+TOWER_PREFIXES = ("v.", "mm.", "a.")
 _INPUT_EXTRA = frozenset({"per_layer_token_embd.weight", "position_embd.weight", "token_types.weight"})
 _NOT_MATMUL = re.compile(r"^(token_embd|per_layer_token_embd|pos_embd|token_types|enc\.token_embd)\.|conv1d|_norm\.")
 
@@ -659,7 +661,7 @@ def from_gguf(header: GGUFHeader, *, known_only: bool = True) -> ModelSpec:
     # covers (a buffer from the host pointer [first offset, last end)).
     weights_bytes = max(t.offset + t.n_bytes for t in loaded) - min(t.offset for t in loaded) if loaded else 0
     expert_bytes = sum(t.n_bytes for t in loaded if _EXPERT_TENSOR.search(t.name))
-    active_params = _active_params(loaded, k.num(LLM.EXPERT_COUNT, 0), k.num(LLM.EXPERT_USED_COUNT, 0))
+
     layer_bytes = [0] * n_layer_all
     layer_experts = [0] * n_layer_all
     layer_up = [0] * n_layer_all
@@ -682,7 +684,11 @@ def from_gguf(header: GGUFHeader, *, known_only: bool = True) -> ModelSpec:
             alloc = cuda_alloc_bytes(t.ggml_type, t.shape[0], t.n_bytes)
             layer_pad[il] += alloc - t.n_bytes
             layer_largest[il] = max(layer_largest[il], alloc)
-    matmul_weights, fixed_span = _matmul_weights(loaded, output is None and arch not in ENCODER_ARCHS)
+    # an Ollama-format blob's own tower (ModelSpec.tower_bytes) is no text matmul: never repacked by the text model's
+    # loader (llama/compat skips it) nor multiplied by a text token
+    text = [t for t in loaded if not t.name.startswith(TOWER_PREFIXES)]
+    matmul_weights, fixed_span = _matmul_weights(text, output is None and arch not in ENCODER_ARCHS)
+    active_params = _active_params(text, k.num(LLM.EXPERT_COUNT, 0), k.num(LLM.EXPERT_USED_COUNT, 0))
     # the MTP/NextN blocks, loaded only for a draft-mtp context (kvadvise.planner.mtp)
     nextn_bytes = [0] * n_layer_nextn
     nextn_pad = [0] * n_layer_nextn
@@ -805,7 +811,7 @@ def from_gguf(header: GGUFHeader, *, known_only: bool = True) -> ModelSpec:
         head_count_kv_in_file=k.raw(Attention.HEAD_COUNT_KV) is not None,
         # an Ollama-format blob's own vision/audio tower (v.*, mm.*, a.* tensors beside the text model's): loaded, never
         # read to decode a text token (a llama.cpp GGUF keeps its projector in a separate mmproj file)
-        tower_bytes=sum(t.n_bytes for t in loaded if t.name.startswith(("v.", "mm.", "a."))),
+        tower_bytes=sum(t.n_bytes for t in loaded if t.name.startswith(TOWER_PREFIXES)),
         sampling_penalty_repeat=_penalty_repeat(header),
         ssm=ssm,
         pooling=k.raw(LLM.POOLING_TYPE) is not None,

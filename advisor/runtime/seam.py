@@ -63,6 +63,9 @@ class Shaped:
     # the runtime picks -b = -ub itself from the whole context and the machine (Ollama >= 0.30's automatic num_batch):
     # the steps of RunConfig.auto_batch for the plan's hardware (None: the request's -b / -ub)
     auto_batch: Callable[[Hardware | None], tuple[tuple[int, int], ...]] | None = None
+    # the model as the runtime loads it, where that is not the file as read (Ollama >= 0.30: a blob's own vision
+    # tower loads as the projector, not as text weights); None: the file's
+    spec: ModelSpec | None = None
 
 
 def _no_hints(result: object, path: Path) -> tuple[str, ...]:

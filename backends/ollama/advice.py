@@ -152,11 +152,13 @@ def advise(
     release: OllamaRelease | None = None,
     server_vram_bytes: int | None = None,
     runner_num_batch: int = 0,
+    fit_raise_bytes: int = 0,
 ) -> OllamaAdvice:
     """The settings for ``plan`` and the warnings that go with them, for Ollama ``release`` (None: the newest).
     ``server_vram_bytes``: the VRAM of every GPU the server sees (the plan may be on one of them).
     ``runner_num_batch``: the num_batch a runner inside Ollama's binary was planned with (its -ub, and its -b per
-    slot from 0.13.3: not the plan's n_batch); 0: the plan's."""
+    slot from 0.13.3: not the plan's n_batch); 0: the plan's. ``fit_raise_bytes``: what Ollama raises its fit
+    target by for the model's projector (kvadvise.backends.ollama.rules.projector_margin_bytes)."""
     cfg = plan.config
     off = plan.offload_to_run
     if off is not None:  # the plan that runs: part on the CPU, placed by Ollama's --fit
@@ -166,7 +168,14 @@ def advise(
         n_ctx = cfg.n_ctx or model.spec.n_ctx_train
         num_ctx, kv_type, ram = num_ctx_per_slot(n_ctx, cfg.n_parallel), cfg.type_k.type_name, plan.ram
     fit_target = None
-    margin = plan.budget.margin_bytes // max(1, plan.budget.n_gpu) if plan.budget else DEFAULT_FIT_TARGET_MIB * MIB
+    # the margin asked for: what Ollama adds to the fit target itself for a projector (``fit_raise_bytes``, the plan's
+    # budget keeps it free) is not the user's to set, and LLAMA_ARG_FIT_TARGET on the server would override it for
+    # every model (llm/llama_server.go extraEnvsForStart keeps an inherited value)
+    margin = (
+        plan.budget.margin_bytes // max(1, plan.budget.n_gpu) - fit_raise_bytes
+        if plan.budget
+        else DEFAULT_FIT_TARGET_MIB * MIB
+    )
     if margin != DEFAULT_FIT_TARGET_MIB * MIB:
         fit_target = math.ceil(margin / MIB)
     settings = OllamaSettings(

@@ -58,8 +58,13 @@ def _from_store(root: Path, name: OllamaName) -> Listed:
         m = from_store(name, entry)
     except KvadviseError as e:
         return Listed(name=shown, source=f"store:{root}", size_bytes=0, spec=None, error=e.message)
-    from kvadvise.backends.ollama.rules import projector_margin_bytes
+    from kvadvise.backends.ollama.rules import fit_target_raise_bytes, projector_margin_bytes
+    from kvadvise.backends.ollama.towers import own_tower
 
+    # a blob's own tower, passed as its --mmproj (kvadvise.backends.ollama.towers): its bytes are in the weights
+    # listed here, so Ollama's raise of the fit target is what is left (its image's compute is not listed)
+    tower = own_tower(m)
+    raised = fit_target_raise_bytes(tower.file_bytes, planned=True) if tower is not None else 0
     return Listed(
         name=shown,
         source=m.source,
@@ -67,7 +72,7 @@ def _from_store(root: Path, name: OllamaName) -> Listed:
         spec=m.spec,
         digest=m.digest,
         model_ctx=m.default_num_ctx,
-        extra_margin_bytes=projector_margin_bytes(m),
+        extra_margin_bytes=projector_margin_bytes(m) or raised,
         notes=m.notes,
     )
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from kvadvise.model.spec import ModelSpec
 
 if TYPE_CHECKING:  # only a registry model carries one: the header reader is not imported for the others
+    from kvadvise.backends.ollama.towers import Tower
     from kvadvise.model.gguf import GGUFHeader
     from kvadvise.model.projector import ProjectorSpec
 
@@ -30,6 +31,8 @@ class OllamaModel:
     # the model's GGUF holds its own vision tower (<arch>.vision.block_count: Ollama's engine format, gemma3 of its
     # library): server/images.go Capabilities says vision, as for a projector
     vision_tower: bool = False
+    # that tower as Ollama >= 0.30 runs it: the blob itself as llama-server's --mmproj (kvadvise.backends.ollama.towers)
+    tower: Tower | None = None
 
     @property
     def ref(self) -> str:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from kvadvise.backends.ollama import store as ollama_store
 from kvadvise.backends.ollama.model import OllamaModel, has_vision_tower
 from kvadvise.backends.ollama.name import DEFAULT_HOST, OllamaName
+from kvadvise.backends.ollama.towers import inline_tower
 from kvadvise.deadline import within
 from kvadvise.errors import BackendUnreachable, InputError, KvadviseError
 from kvadvise.files import load_json
@@ -373,4 +374,5 @@ def build_model(manifest: Manifest, params: dict[str, Any], headers: Headers, *,
         digest=manifest.digest,
         projector=projector,
         vision_tower=has_vision_tower(headers.model),
+        tower=inline_tower(headers.model),
     )

@@ -30,6 +30,7 @@ from kvadvise.backends.ollama import store as ollama_store
 from kvadvise.backends.ollama.model import OllamaModel, has_vision_tower
 from kvadvise.backends.ollama.name import OllamaName, parse_name
 from kvadvise.backends.ollama.profiles import Profile, find_profile, suggestions
+from kvadvise.backends.ollama.towers import inline_tower, profile_tower
 from kvadvise.errors import BackendUnreachable, InputError
 from kvadvise.model.architecture import from_gguf
 
@@ -156,15 +157,17 @@ def _from_profile(name: OllamaName, profile: Profile, notes: tuple[str, ...]) ->
     """The model of a built-in profile of the library."""
     if profile.id.lower() != f"{name.model}:{name.tag}".lower():
         notes = (*notes, f"{name.display} is {profile.id} in Ollama's library")
+    spec = profile.spec()
     return OllamaModel(
         name=name.short,
         tag=name.tag,
-        spec=profile.spec(),
+        spec=spec,
         params={},
         projector_bytes=0,
         model_bytes=profile.download_bytes or 0,
         source=f"profile:{profile.id}",
         notes=notes,  # the profile's own notes are the spec's, printed with the plan
+        tower=profile_tower(spec),
     )
 
 
@@ -223,6 +226,7 @@ def from_store(name: OllamaName, entry: ollama_store.StoreEntry) -> OllamaModel:
         digest=entry.manifest_digest,
         projector_path=str(entry.projector_blob) if entry.projector_blob is not None else None,
         vision_tower=has_vision_tower(header),
+        tower=inline_tower(header),
     )
 
 
@@ -242,6 +246,7 @@ def _from_api(name: OllamaName, url: str, shown: ollama_api.ShownModel) -> Ollam
         model_bytes=spec.weights_bytes,
         source=f"api:{url}",
         vision_tower=has_vision_tower(shown.header),
+        tower=inline_tower(shown.header),
         notes=tuple(notes),
     )
 

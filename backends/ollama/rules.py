@@ -169,11 +169,17 @@ def projector_margin_bytes(model: OllamaModel, *, planned: bool = False) -> int:
     compute are in the plan (its header was read: kvadvise.planner.projector), so only Ollama's raise of
     the target is left, ceil(mmproj / MiB) beyond the 1 GiB margin; else the whole target stands in for
     the projector's own memory too."""
-    if not model.projector_bytes:
+    return fit_target_raise_bytes(model.projector_bytes, planned=planned)
+
+
+def fit_target_raise_bytes(mmproj_bytes: int, *, planned: bool) -> int:
+    """:func:`projector_margin_bytes` for a projector of ``mmproj_bytes`` as Ollama sizes it (mmprojMemoryRequirement:
+    a projector layer's tensors, or a blob's own tower's: kvadvise.backends.ollama.towers)."""
+    if not mmproj_bytes:
         return 0
     if planned:
-        return math.ceil(model.projector_bytes / MIB) * MIB
-    return math.ceil((model.projector_bytes + GIB) / MIB) * MIB
+        return math.ceil(mmproj_bytes / MIB) * MIB
+    return math.ceil((mmproj_bytes + GIB) / MIB) * MIB
 
 
 def tier_vram_bytes(gpu_totals_bytes: Iterable[int], gpu_overhead_bytes: int) -> int:

@@ -25,7 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvadvise.backends.ollama import rules, scheduler
+from kvadvise.backends.ollama import rules, scheduler, towers
 from kvadvise.backends.ollama.model import OllamaModel
 from kvadvise.backends.ollama.versions import blob_architecture
 from kvadvise.errors import ConfigError, InputError
@@ -133,6 +133,7 @@ class OllamaRuntime:
         self._server_vram_bytes: int | None = None
         self._server_version: tuple[str | None] | None = None  # /api/version, read once
         self._num_batch = 0  # the num_batch an in-process runner was planned with
+        self._fit_raise_bytes = 0  # what Ollama itself adds to LLAMA_ARG_FIT_TARGET for a projector (shape())
 
     def for_model(self, ref: str) -> tuple[ModelSpec, OllamaRuntime]:
         """``ref`` resolved as `kvadvise ollama REF` resolves it (on ``host``), and this runtime's options bound to
@@ -270,10 +271,20 @@ class OllamaRuntime:
         projector = readable_projector(model)  # read here, once: the plan and a replan take the header
         if projector is not None:
             r = replace(r, mmproj=projector)
+        margin = rules.projector_margin_bytes(model, planned=projector is not None)
+        text_spec = None
+        if not rel.in_process and (tower := towers.own_tower(model)) is not None:
+            # llm/llama_server.go NewLlamaServer: the blob itself as --mmproj (kvadvise.backends.ollama.towers)
+            text_spec = towers.text_model(spec, tower)
+            r = replace(r, mmproj=tower.projector) if tower.projector is not None else r
+            margin = rules.fit_target_raise_bytes(tower.file_bytes, planned=tower.projector is not None)
+            notes = (*notes, towers.tower_note(tower, rel.version))
+        self._fit_raise_bytes = margin
         return Shaped(
             r,
             notes,
-            extra_margin_bytes=rules.projector_margin_bytes(model, planned=projector is not None),
+            spec=text_spec,
+            extra_margin_bytes=margin,
             build=release_build(rel),  # the llama.cpp Ollama carries, not the one on PATH
             weights_uncertain=model.source.startswith("profile:"),
             ctx_floor=ctx_floor,
@@ -356,6 +367,7 @@ class OllamaRuntime:
             # the decision's graph is sized at Ollama's num_batch (gemma2:2b, --batch 256 over 2 slots on 0.18.2:
             # "compute graph" 252.2 MiB logged, 504.5 replayed at the plan's -b 512 before)
             runner_num_batch=self._num_batch if rel.in_process else 0,
+            fit_raise_bytes=self._fit_raise_bytes,
         )
         if rel.in_process:  # num_batch is the runner's -ub (and -b per slot), not llama-server's -b
             from kvadvise.backends.ollama.versions import NUM_BATCH_DEFAULT

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from kvadvise.backends.ollama import api as ollama_api
-from kvadvise.backends.ollama import rules
+from kvadvise.backends.ollama import rules, towers
 from kvadvise.backends.ollama import scheduler as sched
 from kvadvise.backends.ollama.model import OllamaModel
 from kvadvise.errors import ConfigError
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from kvadvise.runtime.router import RoutedModel
 
 GIB = rules.GIB
+MIB = rules.MIB
 NAME_KEY = "name:"  # the model key of a model whose file is not known here (sched.go keys by the blob path)
 USEFUL_CTX = 8192  # no model of the plan gets less (unless --ctx asks for it): a chat model needs that much
 HELPER_CTXS = (8192, 4096)  # a small chat model beside the first one: 8k, else 4k
@@ -246,6 +247,13 @@ def loaded_now(host: str | None, hw: Hardware, o: PlanRequest) -> tuple[tuple[sc
     return tuple(out), note
 
 
+def fit_target_bytes(m: OllamaModel) -> int:
+    """What llama-server's --fit keeps free for ``m`` (LLAMA_ARG_FIT_TARGET): 1 GiB, or with a projector Ollama's
+    raise of it (a blob's own tower is passed as --mmproj too: kvadvise.backends.ollama.towers; its bytes are in the
+    spec here, so the raise's other GiB stands for its compute)."""
+    return rules.fit_target_raise_bytes(towers.mmproj_bytes(m), planned=False) or rules.DEFAULT_FIT_TARGET_MIB * MIB
+
+
 def request(m: OllamaModel, s: Settings, device: str, context_length: int, own_ctx: int | None = None) -> sched.Request:
     """``m`` as the scheduler gets it: its own num_ctx (``own_ctx``: the plan's, by a Modelfile or the
     request's options.num_ctx; else the model's parameter) or the server's, the slots Ollama gives it."""
@@ -257,7 +265,7 @@ def request(m: OllamaModel, s: Settings, device: str, context_length: int, own_c
     if spec.n_ctx_train and num_ctx > spec.n_ctx_train:
         num_ctx = spec.n_ctx_train  # effectiveContext: the runner holds at most the training context
     n_parallel = sched.slots(spec, s.num_parallel)
-    fit_target = rules.projector_margin_bytes(m) or rules.DEFAULT_FIT_TARGET_MIB * rules.MIB
+    fit_target = fit_target_bytes(m)
     extra = m.projector_bytes  # Ollama passes the projector (--mmproj): it loads on the first device
 
     def footprint(n_ctx: int, batch: int, frees: tuple[int, ...]) -> tuple[int, ...]:
@@ -522,9 +530,12 @@ def _closest(
         if step.spilled:
             room = step.available_bytes / GIB
             need = sum(step.footprint_bytes) / GIB
+            kept = next(
+                (fit_target_bytes(m) for m in models if m.ref == step.model), rules.DEFAULT_FIT_TARGET_MIB * MIB
+            )
             return (
                 f"at the least ({at}; cache {kv}): {step.model} needs {need:.2f} GiB where {room:.2f} GiB is free "
-                f"and llama-server's --fit keeps {rules.DEFAULT_FIT_TARGET_MIB} MiB of it free: part would run on the CPU"
+                f"and llama-server's --fit keeps {kept // MIB:,} MiB of it free: part would run on the CPU"
             )
     return f"at the least ({at}; cache {kv}): they do not all stay loaded"
 
