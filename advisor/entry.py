@@ -118,12 +118,12 @@ def _plan_users(
     else:
         n_ctx_user = plan.recommendation.target_ctx  # --target-ctx, --use, else the policy's, per slot
     allowed = "kv_unified" not in runtime.refused
-    users_spec = spec
+    users_spec = plan.spec  # the model as the runtime loads it (Shaped.spec)
     if request.n_cpu_moe:  # the sessions on the GPUs as the plan holds the model: the experts of N layers in RAM
         from kvadvise.planner.offload import cpu_moe_placement
 
         users_spec = cpu_moe_placement(
-            spec, request.n_cpu_moe, plan.config.device, plan.config.n_ubatch, mtp=plan.config.mtp
+            plan.spec, request.n_cpu_moe, plan.config.device, plan.config.n_ubatch, mtp=plan.config.mtp
         ).gpu_spec
     answer = users_per_card(
         users_spec,

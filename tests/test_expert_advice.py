@@ -79,7 +79,7 @@ def test_token_counts_take_k_and_refuse_the_rest(capsys: pytest.CaptureFixture[s
         # machine's free memory decided whether it ran)
         (["ollama", "qwen3-coder", "--gpu", "rtx-4060", "--ram", "64GiB"], 0),
         (["ollama", "llama3.3:70b", "--gpu", "rtx-4060", "--gpu-only"], 3),  # does not fit
-        (["ollama", "qwen3-coder", "gemma3:4b", "nomic-embed-text", "--gpu", "rtx-4090"], 0),  # several models
+        (["ollama", "qwen3-coder", "qwen3:4b", "nomic-embed-text", "--gpu", "rtx-4090"], 0),  # several models
         (["hf", str(QWEN3_CODER_CONFIG), "--quant", "Q4_K_M", "--gpu", "rtx-4060", "--ram", "64GiB"], 0),
     ],
     ids=["fits", "partial", "no-fit", "several", "llamacpp-partial"],

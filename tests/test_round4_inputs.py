@@ -156,7 +156,7 @@ def test_one_model_under_two_names_is_planned_once(capsys: pytest.CaptureFixture
     'they do not stay loaded together'; the same name twice writes no duplicate preset section."""
     preset = tmp_path / "p.ini"
     rc, out, err = run(
-        capsys, "ollama", "qwen3-coder", "qwen3-coder:30b", "gemma3:4b", "--gpu", "rtx-4090",
+        capsys, "ollama", "qwen3-coder", "qwen3-coder:30b", "qwen3:4b", "--gpu", "rtx-4090",
         "--write-preset", str(preset),
     )  # fmt: skip
     assert rc == 0, out + err

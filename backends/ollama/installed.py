@@ -58,8 +58,7 @@ def _from_store(root: Path, name: OllamaName) -> Listed:
         m = from_store(name, entry)
     except KvadviseError as e:
         return Listed(name=shown, source=f"store:{root}", size_bytes=0, spec=None, error=e.message)
-    from kvadvise.backends.ollama.rules import fit_target_raise_bytes, projector_margin_bytes
-    from kvadvise.backends.ollama.towers import own_tower
+    from kvadvise.backends.ollama.rules import fit_target_raise_bytes, own_tower, projector_margin_bytes
 
     # a blob's own tower, passed as its --mmproj (kvadvise.backends.ollama.towers): its bytes are in the weights
     # listed here, so Ollama's raise of the fit target is what is left (its image's compute is not listed)

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
     from kvadvise.backends.ollama.model import OllamaModel
+    from kvadvise.backends.ollama.towers import Tower
     from kvadvise.planner.hardware import Gpu
     from kvadvise.planner.memory import RunConfig
 
@@ -170,6 +171,21 @@ def projector_margin_bytes(model: OllamaModel, *, planned: bool = False) -> int:
     the target is left, ceil(mmproj / MiB) beyond the 1 GiB margin; else the whole target stands in for
     the projector's own memory too."""
     return fit_target_raise_bytes(model.projector_bytes, planned=planned)
+
+
+def own_tower(model: OllamaModel) -> Tower | None:
+    """The blob's own tower that Ollama >= 0.30 passes as --mmproj: only for a model without a projector layer
+    (NewLlamaServer: ``len(projectors) == 0``)."""
+    if model.projector_bytes or model.projector_path is not None or model.projector is not None:
+        return None
+    return model.tower
+
+
+def mmproj_bytes(model: OllamaModel) -> int:
+    """Ollama's mmprojMemoryRequirement for ``model`` as Ollama >= 0.30 runs it: its projector layer's size, or its
+    own tower's."""
+    tower = own_tower(model)
+    return model.projector_bytes or (tower.file_bytes if tower is not None else 0)
 
 
 def fit_target_raise_bytes(mmproj_bytes: int, *, planned: bool) -> int:

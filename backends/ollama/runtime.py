@@ -273,7 +273,7 @@ class OllamaRuntime:
             r = replace(r, mmproj=projector)
         margin = rules.projector_margin_bytes(model, planned=projector is not None)
         text_spec = None
-        if not rel.in_process and (tower := towers.own_tower(model)) is not None:
+        if not rel.in_process and (tower := rules.own_tower(model)) is not None:
             # llm/llama_server.go NewLlamaServer: the blob itself as --mmproj (kvadvise.backends.ollama.towers)
             text_spec = towers.text_model(spec, tower)
             r = replace(r, mmproj=tower.projector) if tower.projector is not None else r

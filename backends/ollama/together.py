@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from kvadvise.backends.ollama import api as ollama_api
-from kvadvise.backends.ollama import rules, towers
+from kvadvise.backends.ollama import rules
 from kvadvise.backends.ollama import scheduler as sched
 from kvadvise.backends.ollama.model import OllamaModel
 from kvadvise.errors import ConfigError
@@ -251,7 +251,7 @@ def fit_target_bytes(m: OllamaModel) -> int:
     """What llama-server's --fit keeps free for ``m`` (LLAMA_ARG_FIT_TARGET): 1 GiB, or with a projector Ollama's
     raise of it (a blob's own tower is passed as --mmproj too: kvadvise.backends.ollama.towers; its bytes are in the
     spec here, so the raise's other GiB stands for its compute)."""
-    return rules.fit_target_raise_bytes(towers.mmproj_bytes(m), planned=False) or rules.DEFAULT_FIT_TARGET_MIB * MIB
+    return rules.fit_target_raise_bytes(rules.mmproj_bytes(m), planned=False) or rules.DEFAULT_FIT_TARGET_MIB * MIB
 
 
 def request(m: OllamaModel, s: Settings, device: str, context_length: int, own_ctx: int | None = None) -> sched.Request:

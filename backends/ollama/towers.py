@@ -14,16 +14,12 @@ on the first GPU with its compute buffer, llama-server adds that memory to its -
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 from kvadvise.model.architecture import TOWER_PREFIXES
 from kvadvise.model.ggml import GGMLType, cuda_alloc_bytes
 from kvadvise.model.gguf import GGUFHeader
 from kvadvise.model.projector import ProjectorSpec, ProjectorTensor
 from kvadvise.model.spec import ModelSpec
-
-if TYPE_CHECKING:
-    from kvadvise.backends.ollama.model import OllamaModel
 
 # llm/llama_server.go compatClipArches, and the projector type llama/compat's clip handler gives each
 # (llama-ollama-compat.cpp: gguf_set_val_str(meta, "clip.projector_type" / "clip.vision.projector_type", ...))
@@ -72,7 +68,7 @@ def inline_tower(header: GGUFHeader) -> Tower | None:
     promoted = _F32_AT_LOAD.get(arch, ())
     loaded = tuple(
         ProjectorTensor(GGMLType.F32, t.shape[0] if t.shape else 1, t.n_bytes * 2)  # 2-byte floats to 4
-        if t.name in promoted and t.ggml_type in (GGMLType.F16, GGMLType.BF16)
+        if t.name in promoted and t.ggml_type == GGMLType.F16  # (promote_tensor_to_f32: an F16 tensor only)
         else ProjectorTensor(t.ggml_type, t.shape[0] if t.shape else 1, t.n_bytes)
         for t in tensors
     )
@@ -109,21 +105,6 @@ def profile_tower(spec: ModelSpec) -> Tower | None:
     if spec.architecture not in CLIP_ARCHS or not spec.tower_bytes:
         return None
     return Tower(spec.tower_bytes, 0, None)
-
-
-def own_tower(model: OllamaModel) -> Tower | None:
-    """The blob's own tower that Ollama >= 0.30 passes as --mmproj: only for a model without a projector layer
-    (NewLlamaServer: ``len(projectors) == 0``)."""
-    if model.projector_bytes or model.projector_path is not None or model.projector is not None:
-        return None
-    return model.tower
-
-
-def mmproj_bytes(model: OllamaModel) -> int:
-    """Ollama's mmprojMemoryRequirement for ``model`` as Ollama >= 0.30 runs it: its projector layer's size, or its
-    own tower's."""
-    tower = own_tower(model)
-    return model.projector_bytes or (tower.file_bytes if tower is not None else 0)
 
 
 def text_model(spec: ModelSpec, tower: Tower) -> ModelSpec:
