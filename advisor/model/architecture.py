@@ -343,11 +343,11 @@ _REPACK_TYPES = frozenset(
         GGMLType.Q4_1, GGMLType.IQ4_XS, GGMLType.F16,
     )
 )  # fmt: skip
-# 2-D weights that are read by GET_ROWS or another op, never by a matmul (src/llama-arch.cpp LLM_TENSOR_INFOS)
-# llama-arch.cpp LLM_TENSOR_INFOS: the input layer's tensors besides token_embd (kept on the CPU with it)
 # an Ollama-format blob's own vision/audio tower beside the text model's tensors (ModelSpec.tower_bytes)
 TOWER_PREFIXES = ("v.", "mm.", "a.")
+# llama-arch.cpp LLM_TENSOR_INFOS: the input layer's tensors besides token_embd (kept on the CPU with it)
 _INPUT_EXTRA = frozenset({"per_layer_token_embd.weight", "position_embd.weight", "token_types.weight"})
+# 2-D weights that are read by GET_ROWS or another op, never by a matmul (src/llama-arch.cpp LLM_TENSOR_INFOS)
 _NOT_MATMUL = re.compile(r"^(token_embd|per_layer_token_embd|pos_embd|token_types|enc\.token_embd)\.|conv1d|_norm\.")
 
 
@@ -661,7 +661,6 @@ def from_gguf(header: GGUFHeader, *, known_only: bool = True) -> ModelSpec:
     # covers (a buffer from the host pointer [first offset, last end)).
     weights_bytes = max(t.offset + t.n_bytes for t in loaded) - min(t.offset for t in loaded) if loaded else 0
     expert_bytes = sum(t.n_bytes for t in loaded if _EXPERT_TENSOR.search(t.name))
-
     layer_bytes = [0] * n_layer_all
     layer_experts = [0] * n_layer_all
     layer_up = [0] * n_layer_all

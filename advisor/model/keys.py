@@ -82,6 +82,20 @@ class ShortConv:
     L_CACHE: Final = "{arch}.shortconv.l_cache"
 
 
+class Vision:
+    """A vision encoder's: ``{arch}`` is "clip" in an mmproj file (tools/mtmd/clip-impl.h KEY_*), the text model's in an
+    Ollama blob that holds its own tower (convert/convert_gemma3.go, read by server/images.go Capabilities)."""
+
+    IMAGE_SIZE: Final = "{arch}.vision.image_size"
+    PATCH_SIZE: Final = "{arch}.vision.patch_size"
+    EMBEDDING_LENGTH: Final = "{arch}.vision.embedding_length"
+    FEED_FORWARD_LENGTH: Final = "{arch}.vision.feed_forward_length"
+    HEAD_COUNT: Final = "{arch}.vision.attention.head_count"
+    BLOCK_COUNT: Final = "{arch}.vision.block_count"
+    PROJECTION_DIM: Final = "{arch}.vision.projection_dim"
+    PROJECTOR_TYPE: Final = "{arch}.vision.projector_type"
+
+
 class Tokenizer:
     LIST: Final = "tokenizer.ggml.tokens"
     MODEL: Final = "tokenizer.ggml.model"  # "llama" (SentencePiece), "gpt2" (BPE), ...

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from kvadvise.errors import GGUFError
 from kvadvise.model.ggml import GGMLType
 from kvadvise.model.gguf import GGUFHeader
+from kvadvise.model.keys import Vision, key
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +83,12 @@ def _n_embd_text(projector_type: str, header: GGUFHeader) -> int:
     return 0
 
 
+def count(header: GGUFHeader, name: str) -> int:
+    """The whole number the key ``name`` holds, 0 where it is absent or not a number (a projector's optional sizes)."""
+    v = header.metadata.get(name)
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0
+
+
 def projector_from_gguf(header: GGUFHeader) -> ProjectorSpec:
     """The projector described by an mmproj header; a file that is not one is refused (GGUFError)."""
     meta = header.metadata
@@ -92,31 +99,30 @@ def projector_from_gguf(header: GGUFHeader) -> ProjectorSpec:
             hint="--mmproj takes the mmproj-*.gguf file published beside a vision model",
         )
 
-    def num(key: str) -> int:
-        v = meta.get(key)
-        return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0
+    def num(template: str) -> int:
+        return count(header, key(template, "clip"))
 
-    def text(key: str) -> str:
-        v = meta.get(key)
+    def text(name: str) -> str:
+        v = meta.get(name)
         return v if isinstance(v, str) else ""
 
     has_vision = meta.get("clip.has_vision_encoder") is True
     has_audio = meta.get("clip.has_audio_encoder") is True
     if not has_vision and not has_audio:
         raise GGUFError(f"{header.source}: the projector has neither a vision nor an audio encoder")
-    projector_type = text("clip.projector_type") or text("clip.vision.projector_type") or "unknown"
+    projector_type = text("clip.projector_type") or text(key(Vision.PROJECTOR_TYPE, "clip")) or "unknown"
     return ProjectorSpec(
         source=header.source,
         projector_type=projector_type,
         has_vision=has_vision,
         has_audio=has_audio,
-        image_size=num("clip.vision.image_size") if has_vision else 0,
-        patch_size=num("clip.vision.patch_size") if has_vision else 0,
-        n_embd=num("clip.vision.embedding_length"),
-        n_ff=num("clip.vision.feed_forward_length"),
-        n_head=num("clip.vision.attention.head_count"),
-        n_layer=num("clip.vision.block_count"),
-        projection_dim=num("clip.vision.projection_dim"),
+        image_size=num(Vision.IMAGE_SIZE) if has_vision else 0,
+        patch_size=num(Vision.PATCH_SIZE) if has_vision else 0,
+        n_embd=num(Vision.EMBEDDING_LENGTH),
+        n_ff=num(Vision.FEED_FORWARD_LENGTH),
+        n_head=num(Vision.HEAD_COUNT),
+        n_layer=num(Vision.BLOCK_COUNT),
+        projection_dim=num(Vision.PROJECTION_DIM),
         tensors=tuple(ProjectorTensor(t.ggml_type, t.shape[0] if t.shape else 1, t.n_bytes) for t in header.tensors),
         n_embd_text=_n_embd_text(projector_type, header),
     )

@@ -1073,11 +1073,11 @@ def _offloaded(
     moved = experts_moved(spec)  # the blocks whose experts --n-cpu-moe moved (their matmuls in CPU splits)
     # a replayed graph of the first blocks' experts in host memory (compute.host_experts_device_compute: qwen3moe on an
     # RPC device), where the blocks moved are the first ones, as --n-cpu-moe moves them
-    n_moved = sum(moved or ())
-    first_moved = moved == tuple(il < n_moved for il in range(spec.n_layer))
-    host_replay = (
-        host_experts_device_compute(spec, lay, n_moved) if cfg.host_experts and n_dev == 1 and first_moved else None
-    )
+    host_replay = None
+    if cfg.host_experts and n_dev == 1 and moved:
+        n_moved = sum(moved)
+        if moved == tuple(il < n_moved for il in range(spec.n_layer)):
+            host_replay = host_experts_device_compute(spec, lay, n_moved)
     output_layer_weights = output_layer_bytes(spec, cuda)
     devices = []
     for d, part in enumerate(parts):

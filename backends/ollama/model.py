@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from kvadvise.model.keys import Vision, key
 from kvadvise.model.spec import ModelSpec
 
 if TYPE_CHECKING:  # only a registry model carries one: the header reader is not imported for the others
@@ -49,4 +50,4 @@ class OllamaModel:
 def has_vision_tower(header: GGUFHeader) -> bool:
     """The GGUF holds its own vision tower: server/images.go Capabilities reads ``f.KeyValue("vision.block_count")``,
     the key under the architecture's name (fs/ggml keyValue), and says the model has vision."""
-    return f"{header.architecture}.vision.block_count" in header.metadata
+    return key(Vision.BLOCK_COUNT, header.architecture) in header.metadata

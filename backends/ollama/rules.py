@@ -188,14 +188,14 @@ def mmproj_bytes(model: OllamaModel) -> int:
     return model.projector_bytes or (tower.file_bytes if tower is not None else 0)
 
 
-def fit_target_raise_bytes(mmproj_bytes: int, *, planned: bool) -> int:
-    """:func:`projector_margin_bytes` for a projector of ``mmproj_bytes`` as Ollama sizes it (mmprojMemoryRequirement:
+def fit_target_raise_bytes(projector_bytes: int, *, planned: bool) -> int:
+    """:func:`projector_margin_bytes` for a projector of ``projector_bytes`` as Ollama sizes it (:func:`mmproj_bytes`:
     a projector layer's tensors, or a blob's own tower's: kvadvise.backends.ollama.towers)."""
-    if not mmproj_bytes:
+    if not projector_bytes:
         return 0
     if planned:
-        return math.ceil(mmproj_bytes / MIB) * MIB
-    return math.ceil((mmproj_bytes + GIB) / MIB) * MIB
+        return math.ceil(projector_bytes / MIB) * MIB
+    return math.ceil((projector_bytes + GIB) / MIB) * MIB
 
 
 def tier_vram_bytes(gpu_totals_bytes: Iterable[int], gpu_overhead_bytes: int) -> int:

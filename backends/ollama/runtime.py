@@ -472,8 +472,9 @@ def _auto_batch(model: OllamaModel, r: PlanRequest) -> Callable[[Hardware | None
     upto = spec.n_ctx_train * max(1, r.n_parallel) if spec.n_ctx_train else (r.n_ctx or 0) or 1 << 30
 
     def steps(hw: Hardware | None) -> tuple[tuple[int, int], ...]:
-        on_gpu = hw is not None and hw.gpus and r.device != "cpu"
-        gpus = scheduler.scheduler_gpus(hw, headless=r.headless) if hw is not None and on_gpu else ()
+        if hw is None or not hw.gpus or r.device == "cpu":  # no GPU to check the batch on
+            return scheduler.batch_steps(alone, (), upto=upto)
+        gpus = scheduler.scheduler_gpus(hw, headless=r.headless)
         return scheduler.batch_steps(alone, gpus, upto=upto, spread=rules.sched_spread())
 
     return steps

@@ -18,7 +18,8 @@ from dataclasses import dataclass, replace
 from kvadvise.model.architecture import TOWER_PREFIXES
 from kvadvise.model.ggml import GGMLType, cuda_alloc_bytes
 from kvadvise.model.gguf import GGUFHeader
-from kvadvise.model.projector import ProjectorSpec, ProjectorTensor
+from kvadvise.model.keys import LLM, Vision, key
+from kvadvise.model.projector import ProjectorSpec, ProjectorTensor, count
 from kvadvise.model.spec import ModelSpec
 
 # llm/llama_server.go compatClipArches, and the projector type llama/compat's clip handler gives each
@@ -59,12 +60,6 @@ def inline_tower(header: GGUFHeader) -> Tower | None:
     if arch not in CLIP_ARCHS or not any(t.name.startswith("v.") for t in header.tensors):
         return None
     tensors = [t for t in header.tensors if t.name.startswith(TOWER_PREFIXES)]  # mmprojMemoryRequirement's prefixes
-    meta = header.metadata
-
-    def num(key: str) -> int:
-        v = meta.get(key)
-        return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0
-
     promoted = _F32_AT_LOAD.get(arch, ())
     loaded = tuple(
         ProjectorTensor(GGMLType.F32, t.shape[0] if t.shape else 1, t.n_bytes * 2)  # 2-byte floats to 4
@@ -73,23 +68,23 @@ def inline_tower(header: GGUFHeader) -> Tower | None:
         for t in tensors
     )
 
-    def vision(key: str) -> int:  # {arch}.vision.*, as Ollama's converter writes them (convert/convert_gemma3.go)
-        return num(f"{arch}.vision.{key}")
+    def num(template: str) -> int:  # a key under the blob's architecture (keys.Vision: convert/convert_gemma3.go)
+        return count(header, key(template, arch))
 
-    readable = vision("image_size") and vision("patch_size") and vision("embedding_length")
+    readable = num(Vision.IMAGE_SIZE) and num(Vision.PATCH_SIZE) and num(Vision.EMBEDDING_LENGTH)
     projector = (
         ProjectorSpec(
             source=header.source,
             projector_type=CLIP_ARCHS[arch],
             has_vision=True,
             has_audio=any(t.name.startswith("a.") for t in tensors),
-            image_size=vision("image_size"),
-            patch_size=vision("patch_size"),
-            n_embd=vision("embedding_length"),
-            n_ff=vision("feed_forward_length"),
-            n_head=vision("attention.head_count"),
-            n_layer=vision("block_count"),
-            projection_dim=num(f"{arch}.embedding_length"),  # handle_gemma3_clip: the text model's width
+            image_size=num(Vision.IMAGE_SIZE),
+            patch_size=num(Vision.PATCH_SIZE),
+            n_embd=num(Vision.EMBEDDING_LENGTH),
+            n_ff=num(Vision.FEED_FORWARD_LENGTH),
+            n_head=num(Vision.HEAD_COUNT),
+            n_layer=num(Vision.BLOCK_COUNT),
+            projection_dim=num(LLM.EMBEDDING_LENGTH),  # handle_gemma3_clip: the text model's width
             tensors=loaded,
         )
         if readable
